@@ -1,0 +1,140 @@
+"""Instruction trace: what the simulator records and the cost model times.
+
+Every `nki.isa` instruction the simulator executes appends one
+`Instruction` to the active `Trace` (if any). The record says which engine
+ran it, what it read and wrote (as `Region`s, so the cost model can derive
+read-after-write, write-after-read and write-after-write dependencies) and
+the sizes the engine cost depends on.
+
+Usage::
+
+    from nki_ssm.sim.trace import record
+    with record() as trace:
+        y = simulate(kernel)(x)
+    trace.instructions   # list[Instruction] in program order
+
+This module is the contract between `nki_ssm.sim` (producer) and
+`nki_ssm.perf` (consumer); it imports nothing from either.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Iterator
+
+# Engines an instruction can be charged to. "dma" covers every DMA queue;
+# the cost model spreads DMA instructions over the core's DMA engines.
+ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
+
+
+@dataclass(frozen=True)
+class Region:
+    """A contiguous span of memory an instruction reads or writes.
+
+    On-chip (``buffer`` "sbuf" or "psum"): partitions
+    ``[partition_start, partition_start + num_partitions)`` and, within each
+    of them, bytes ``[byte_start, byte_stop)`` of that storage's partition
+    row. HBM: ``partition_start = 0``, ``num_partitions = 1`` and the byte
+    span is within the tensor's flat storage. Strided accesses are recorded
+    as the smallest span that covers every byte touched (conservative for
+    dependencies).
+    """
+
+    buffer: str
+    storage_id: int
+    partition_start: int
+    num_partitions: int
+    byte_start: int
+    byte_stop: int
+
+    def overlaps(self, other: "Region") -> bool:
+        if self.storage_id != other.storage_id:
+            return False
+        p0, p1 = self.partition_start, self.partition_start + self.num_partitions
+        q0, q1 = other.partition_start, other.partition_start + other.num_partitions
+        if p1 <= q0 or q1 <= p0:
+            return False
+        return self.byte_start < other.byte_stop and other.byte_start < self.byte_stop
+
+
+@dataclass
+class Instruction:
+    """One executed ISA instruction.
+
+    ``free_size`` is the number of elements per partition the engine
+    streams: for VectorE/ScalarE/GpSimd the main input's elements per
+    partition; for ``nc_matmul`` the moving free size N; for DMA the
+    elements per partition of the destination. ``num_inputs`` counts tensor
+    (not scalar) data inputs. ``nbytes`` is the bytes moved for DMA and the
+    bytes written otherwise. ``attrs`` carries op-specific facts the cost
+    model needs, with these keys where they apply:
+
+    - nc_matmul / nc_transpose on TensorE: ``K``, ``M``, ``N``, ``fp32``
+      (an fp32/tf32 operand: quarter rate), ``onezero``, ``is_transpose``,
+      ``perf_mode``;
+    - DMA: ``partitions`` (SBUF-side partition count, or 0 for HBM->HBM),
+      ``bytes_per_partition``, ``dge_mode``, ``indirect`` (bool),
+      ``transpose`` (bool);
+    - VectorE/ScalarE/GpSimd: ``all_16bit`` (every tensor operand is a
+      2-byte float), ``psum_operand`` (any operand in PSUM), ``contiguous``
+      (innermost free stride is 1 for every operand), ``reduce`` (bool).
+    """
+
+    index: int
+    op: str
+    engine: str
+    reads: tuple[Region, ...]
+    writes: tuple[Region, ...]
+    num_partitions: int
+    free_size: int
+    num_inputs: int
+    nbytes: int
+    dtypes: dict[str, str] = field(default_factory=dict)
+    shapes: dict[str, tuple] = field(default_factory=dict)
+    attrs: dict = field(default_factory=dict)
+    name: str | None = None
+    program_id: int = 0
+
+
+@dataclass
+class Trace:
+    """Instructions in program order, for one target."""
+
+    target: str = "trn2"
+    instructions: list[Instruction] = field(default_factory=list)
+
+    def append(self, inst: Instruction) -> None:
+        inst.index = len(self.instructions)
+        self.instructions.append(inst)
+
+    def __len__(self) -> int:
+        return len(self.instructions)
+
+    def by_engine(self) -> dict[str, list[Instruction]]:
+        out: dict[str, list[Instruction]] = {e: [] for e in ENGINES}
+        for inst in self.instructions:
+            out.setdefault(inst.engine, []).append(inst)
+        return out
+
+
+_active: list[Trace] = []
+
+
+def current() -> Trace | None:
+    """The innermost trace being recorded, or None (the simulator then records nothing)."""
+    return _active[-1] if _active else None
+
+
+@contextlib.contextmanager
+def record(target: str | None = None) -> Iterator[Trace]:
+    """Record every instruction executed inside the block into a new Trace.
+
+    ``target`` defaults to the simulator's current target name, filled in by
+    the simulator on the first instruction if left None here.
+    """
+    trace = Trace(target=target or "")
+    _active.append(trace)
+    try:
+        yield trace
+    finally:
+        _active.remove(trace)
