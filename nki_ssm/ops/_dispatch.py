@@ -1,0 +1,108 @@
+"""Backend resolution and the launch/commit step shared by every op.
+
+``backend=None`` runs the kernel launcher of the op (module
+``nki_ssm.ops.launch.<family>``, function ``prefill`` / ``decode``) on the NKI
+implementation that ``nki_ssm.backend.name()`` picks ("sim" or "neuron"), or
+the float64 reference where no launcher exists yet. ``"sim"`` / ``"neuron"``
+require a launcher (NotImplementedError otherwise). ``"reference"`` always
+works.
+
+Pool safety: the reference returns new arrays, which are committed into the
+caller's pools (named slots only, cast to the pool dtype with
+round-to-nearest-even) after every output has been computed and cast. A
+launcher updates pools in place itself; if it raises, the named slots are
+restored from a snapshot taken before the launch, so a failed call leaves
+every pool as it was (a launcher writing outside the named slots is a kernel
+bug this cannot undo).
+"""
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+
+BACKENDS = (None, "reference", "sim", "neuron")
+_LAUNCH_PACKAGE = "nki_ssm.ops.launch"
+# Op names are <prefix>_<entry>; the launch module is named by family.
+_OP_PREFIX = {"short_conv": "short_conv", "mamba2_ssd": "ssd", "gated_delta": "gated_delta"}
+
+
+def _import(name: str):
+    """Import hook (tests replace modules through ``sys.modules``)."""
+    return importlib.import_module(name)
+
+
+def find_launcher(family: str, entry: str):
+    """``nki_ssm.ops.launch.<family>.<entry>`` or None when it does not exist.
+
+    Only a missing launch module or function means "no launcher"; any other
+    import error inside an existing launcher propagates.
+    """
+    module_name = f"{_LAUNCH_PACKAGE}.{family}"
+    try:
+        module = _import(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name in (_LAUNCH_PACKAGE, module_name):
+            return None
+        raise
+    launcher = getattr(module, entry, None)
+    return launcher if callable(launcher) else None
+
+
+def _default_nki_backend() -> str:
+    return _import("nki_ssm.backend").name()
+
+
+def resolve(family: str, entry: str, backend) -> tuple:
+    """-> ``("reference", None)`` or ``(nki_backend_name, launcher)``."""
+    op = f"{_OP_PREFIX[family]}_{entry}"
+    if not (backend is None or (isinstance(backend, str) and backend in BACKENDS)):
+        raise ValueError(
+            f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}"
+        )
+    if backend == "reference":
+        return "reference", None
+    launcher = find_launcher(family, entry)
+    if backend is None:
+        return ("reference", None) if launcher is None else (_default_nki_backend(), launcher)
+    if launcher is None:
+        raise NotImplementedError(
+            f"{op} has no NKI kernel launcher yet (nki_ssm.ops.launch.{family}.{entry}), "
+            f"so backend={backend!r} is unavailable; backends that work: None, 'reference'"
+        )
+    return backend, launcher
+
+
+def named_slots(state_indices: np.ndarray) -> np.ndarray:
+    """Pool slots this call may write: the non-padding state_indices."""
+    return state_indices[state_indices >= 0]
+
+
+def run(family: str, entry: str, kwargs: dict, *, pools: tuple, reference, backend):
+    """Launch one validated call and commit its pool updates.
+
+    ``kwargs``: the validated, normalised op arguments (pool arrays are the
+    caller's). ``pools``: the names of the pool arguments in ``kwargs``.
+    ``reference(**kwargs) -> (outputs, {pool_name: new_pool})`` where
+    ``outputs`` is what the op returns, already cast to the output dtypes.
+    """
+    kind, launcher = resolve(family, entry, backend)
+    slots = named_slots(kwargs["state_indices"])
+    if launcher is None:
+        outputs, new_pools = reference(**kwargs)
+        # Cast everything before the first write so a failing cast cannot
+        # leave a pool half-updated.
+        staged = {
+            name: np.asarray(new_pools[name][slots]).astype(kwargs[name].dtype)
+            for name in pools
+        }
+        for name, values in staged.items():
+            kwargs[name][slots] = values
+        return outputs
+    snapshot = {name: kwargs[name][slots].copy() for name in pools}
+    try:
+        return launcher(**kwargs, backend=kind)
+    except BaseException:
+        for name, values in snapshot.items():
+            kwargs[name][slots] = values
+        raise

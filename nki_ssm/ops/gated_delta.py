@@ -1,0 +1,161 @@
+"""Host API for the Gated DeltaNet layer (chunked prefill and recurrent decode).
+
+Math (docs/contracts.md): ``S <- exp(g) S; u = beta (v - S^T k);
+S <- S + k u^T; o = S^T (scale q)``, with gates given either as ``g`` (log
+decay) and ``beta``, or raw as ``a, b, A_log, dt_bias`` (``g = -exp(A_log) *
+softplus(a + dt_bias)``, ``beta = sigmoid(b)``) — exactly one of the two
+sets. Value head hv reads q/k head ``hv // (HV // H)``. State pool
+``ssm_states [slots, HV, K, V]``.
+
+dtype rule: q, k and v must share one dtype (float32 or bfloat16), which is
+also the output dtype; gate arrays may each be float32 or bfloat16.
+Intermediate states (decode, ``return_intermediate_states=True``) are
+returned in the pool dtype.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _dispatch
+from . import _validate as v
+
+_DIRECT = ("g", "beta")
+_RAW = ("a", "b", "A_log", "dt_bias")
+
+
+def _check_gates(gates: dict, lead: tuple, lead_shape: tuple, HV: int) -> dict:
+    """Exactly one gate set, each array shaped ``[*lead, HV]`` or ``[HV]``."""
+    given = [n for n in (*_DIRECT, *_RAW) if gates[n] is not None]
+    direct = [n for n in _DIRECT if gates[n] is not None]
+    raw = [n for n in _RAW if gates[n] is not None]
+    if direct and raw:
+        raise ValueError("gates: pass either g and beta, or a, b, A_log and dt_bias, not both; "
+                         f"got {', '.join(given)}")
+    if not given:
+        raise ValueError("gates: pass either g and beta, or a, b, A_log and dt_bias; got none")
+    chosen = _DIRECT if direct else _RAW
+    missing = [n for n in chosen if gates[n] is None]
+    if missing:
+        raise ValueError(f"{missing[0]} is required when {', '.join(direct or raw)} "
+                         f"{'is' if len(given) == 1 else 'are'} given "
+                         f"(gate set: {', '.join(chosen)})")
+    out = {n: None for n in (*_DIRECT, *_RAW)}
+    for n in chosen:
+        per_head = n in ("A_log", "dt_bias")
+        labels, shape = (("HV",), (HV,)) if per_head else ((*lead, "HV"), (*lead_shape, HV))
+        out[n] = v.optional_float(n, gates[n], labels, shape)
+    return out
+
+
+def _check_gdn(q, k, v_, gates, scale, use_qk_l2norm, ssm_states, lead: tuple) -> dict:
+    """Checks shared by prefill and decode; ``lead`` names q's leading dims."""
+    q = v.require_float("q", q)
+    qk_labels = (*lead, "H", "K")
+    v.require_ndim("q", q, qk_labels)
+    v.require_positive_dims("q", q, qk_labels, start=len(lead) if lead[0] == "num_tokens" else 0)
+    lead_shape = q.shape[: len(lead)]
+    H, K = q.shape[len(lead):]
+    k = v.require_float("k", k)
+    v.require_same_dtype("k", k, "q", q)
+    v.require_shape("k", k, qk_labels, q.shape)
+    v_ = v.require_float("v", v_)
+    v.require_same_dtype("v", v_, "q", q)
+    v_labels = (*lead, "HV", "V")
+    v.require_ndim("v", v_, v_labels)
+    v.require_shape("v", v_, v_labels, (*lead_shape, None, None))
+    v.require_positive_dims("v", v_, v_labels, start=len(lead))
+    HV, V = v_.shape[len(lead):]
+    v.require_divides("H", H, "HV", HV, "q.shape[-2] and v.shape[-2]")
+    kw = dict(q=q, k=k, v=v_, **_check_gates(gates, lead, lead_shape, HV))
+    kw["scale"] = v.check_scale(scale, K ** -0.5)
+    kw["use_qk_l2norm"] = v.require_bool("use_qk_l2norm", use_qk_l2norm)
+    kw["ssm_states"] = v.check_pool("ssm_states", ssm_states, ("slots", "HV", "K", "V"),
+                                    (HV, K, V))
+    return kw
+
+
+def validate_prefill(q, k, v_, *, gates: dict, scale, use_qk_l2norm, cu_seqlens, ssm_states,
+                     state_indices, has_initial_state, chunk_size) -> dict:
+    """All pre-launch checks of gated_delta_prefill -> normalised kwargs."""
+    kw = _check_gdn(q, k, v_, gates, scale, use_qk_l2norm, ssm_states, ("num_tokens",))
+    cu, num_seqs = v.check_cu_seqlens(cu_seqlens, kw["q"].shape[0], "q.shape[0]")
+    kw.update(
+        cu_seqlens=cu,
+        state_indices=v.check_state_indices(state_indices, num_seqs,
+                                            kw["ssm_states"].shape[0], "ssm_states"),
+        has_initial_state=v.check_has_initial_state(has_initial_state, num_seqs),
+        chunk_size=v.check_chunk_size(chunk_size),
+    )
+    return kw
+
+
+def validate_decode(q, k, v_, *, gates: dict, scale, use_qk_l2norm, ssm_states, state_indices,
+                    return_intermediate_states) -> dict:
+    """All pre-launch checks of gated_delta_decode -> normalised kwargs."""
+    kw = _check_gdn(q, k, v_, gates, scale, use_qk_l2norm, ssm_states, ("num_seqs", "T"))
+    num_seqs = v.check_num_seqs("q", kw["q"])
+    kw["state_indices"] = v.check_state_indices(state_indices, num_seqs,
+                                                kw["ssm_states"].shape[0], "ssm_states")
+    kw["return_intermediate_states"] = v.require_bool("return_intermediate_states",
+                                                      return_intermediate_states)
+    return kw
+
+
+def _reference_prefill(**kw):
+    from nki_ssm.reference.gated_delta import gated_delta_chunked as ref
+
+    args = {n: kw[n] for n in kw if n not in ("q", "k", "v")}
+    o, new_states = ref(kw["q"], kw["k"], kw["v"], **args)
+    return np.asarray(o).astype(kw["q"].dtype), {"ssm_states": new_states}
+
+
+def _reference_decode(**kw):
+    from nki_ssm.reference.gated_delta import gated_delta_decode as ref
+
+    args = {n: kw[n] for n in kw if n not in ("q", "k", "v")}
+    result = ref(kw["q"], kw["k"], kw["v"], **args)
+    o = np.asarray(result[0]).astype(kw["q"].dtype)
+    if kw["return_intermediate_states"]:
+        inter = np.asarray(result[2]).astype(kw["ssm_states"].dtype)
+        return (o, inter), {"ssm_states": result[1]}
+    return o, {"ssm_states": result[1]}
+
+
+def gated_delta_prefill(q, k, v, *, g=None, beta=None, a=None, b=None, A_log=None,
+                        dt_bias=None, scale=None, use_qk_l2norm=False, cu_seqlens, ssm_states,
+                        state_indices, has_initial_state, chunk_size=64, backend=None):
+    """Chunked gated delta rule over a ragged batch; updates ``ssm_states`` in place.
+
+    q, k ``[num_tokens, H, K]``, v ``[num_tokens, HV, V]`` (H | HV); g, beta
+    or a, b ``[num_tokens, HV]``; A_log, dt_bias ``[HV]``; scale None
+    (K**-0.5) or finite > 0; cu_seqlens ``[num_seqs + 1]``; ssm_states
+    ``[slots, HV, K, V]``; state_indices, has_initial_state ``[num_seqs]``;
+    chunk_size a multiple of 16 in 16..128. Returns o ``[num_tokens, HV, V]``
+    in q's dtype.
+    """
+    gates = dict(g=g, beta=beta, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
+    kw = validate_prefill(q, k, v, gates=gates, scale=scale, use_qk_l2norm=use_qk_l2norm,
+                          cu_seqlens=cu_seqlens, ssm_states=ssm_states,
+                          state_indices=state_indices, has_initial_state=has_initial_state,
+                          chunk_size=chunk_size)
+    return _dispatch.run("gated_delta", "prefill", kw, pools=("ssm_states",),
+                         reference=_reference_prefill, backend=backend)
+
+
+def gated_delta_decode(q, k, v, *, g=None, beta=None, a=None, b=None, A_log=None,
+                       dt_bias=None, scale=None, use_qk_l2norm=False, ssm_states,
+                       state_indices, return_intermediate_states=False, backend=None):
+    """Recurrent update for T tokens per sequence (T > 1: speculative decoding).
+
+    q, k ``[num_seqs, T, H, K]``, v ``[num_seqs, T, HV, V]``; gates
+    ``[num_seqs, T, HV]`` (A_log, dt_bias ``[HV]``). Returns o
+    ``[num_seqs, T, HV, V]`` in q's dtype, or ``(o, intermediate)`` with
+    intermediate ``[num_seqs, T, HV, K, V]`` (state after each token, pool
+    dtype) when return_intermediate_states.
+    """
+    gates = dict(g=g, beta=beta, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
+    kw = validate_decode(q, k, v, gates=gates, scale=scale, use_qk_l2norm=use_qk_l2norm,
+                         ssm_states=ssm_states, state_indices=state_indices,
+                         return_intermediate_states=return_intermediate_states)
+    return _dispatch.run("gated_delta", "decode", kw, pools=("ssm_states",),
+                         reference=_reference_decode, backend=backend)

@@ -1,0 +1,154 @@
+"""Host API for the Mamba-2 SSD layer (chunked prefill and selective state update).
+
+Math (docs/contracts.md): ``dt' = clip(softplus(dt + dt_bias) if dt_softplus
+else dt + dt_bias, *dt_limit)``; ``h = exp(dt' A) h + dt' x B^T``;
+``y = C h + D x``; ``y *= silu(z)`` when z is given. Head h uses group
+``h // (H // G)``. State pool ``ssm_states [slots, H, P, N]``.
+
+dtype rule: x, B, C and z are streamed together and must share one dtype
+(float32 or bfloat16), which is also the output dtype; dt, A, D, dt_bias
+may each be float32 or bfloat16.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import _dispatch
+from . import _validate as v
+
+# TensorE operand precision of the kernel's matmuls; the reference backend
+# computes in float64 whatever is asked.
+PRECISIONS = ("bf16", "fp32")
+
+
+def _check_ssd(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states,
+               lead: tuple) -> dict:
+    """Checks shared by prefill and decode; ``lead`` names x's leading dims."""
+    x_labels = (*lead, "H", "P")
+    v.require_positive_dims("x", x, x_labels, start=len(lead))
+    lead_shape = x.shape[: len(lead)]
+    H, P = x.shape[len(lead):]
+
+    dt = v.require_float("dt", dt)
+    v.require_shape("dt", dt, (*lead, "H"), (*lead_shape, H))
+    A = v.require_float("A", A)
+    v.require_shape("A", A, ("H",), (H,))
+
+    B = v.require_float("B", B)
+    v.require_same_dtype("B", B, "x", x)
+    v.require_ndim("B", B, (*lead, "G", "N"))
+    v.require_shape("B", B, (*lead, "G", "N"), (*lead_shape, None, None))
+    v.require_positive_dims("B", B, (*lead, "G", "N"), start=len(lead))
+    G, N = B.shape[len(lead):]
+    v.require_divides("G", G, "H", H, "B.shape[-2] and x.shape[-2]")
+    C = v.require_float("C", C)
+    v.require_same_dtype("C", C, "x", x)
+    v.require_shape("C", C, (*lead, "G", "N"), (*lead_shape, G, N))
+
+    if D is not None:
+        D = v.require_float("D", D)
+        if D.shape not in ((H,), (H, P)):
+            raise ValueError(f"D must have shape [H] = [{H}] or [H, P] = [{H}, {P}], "
+                             f"got {tuple(D.shape)}")
+    z = v.optional_float("z", z, x_labels, x.shape)
+    if z is not None:
+        v.require_same_dtype("z", z, "x", x)
+    dt_bias = v.optional_float("dt_bias", dt_bias, ("H",), (H,))
+    dt_softplus = v.require_bool("dt_softplus", dt_softplus)
+    dt_limit = v.check_dt_limit(dt_limit)
+    ssm_states = v.check_pool("ssm_states", ssm_states, ("slots", "H", "P", "N"), (H, P, N))
+    return dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+                dt_softplus=dt_softplus, dt_limit=dt_limit, ssm_states=ssm_states)
+
+
+def validate_prefill(x, dt, A, B, C, *, D, z, dt_bias, dt_softplus, dt_limit, cu_seqlens,
+                     ssm_states, state_indices, has_initial_state, chunk_size,
+                     precision) -> dict:
+    """All pre-launch checks of ssd_prefill -> normalised kwargs."""
+    x = v.require_float("x", x)
+    v.require_ndim("x", x, ("num_tokens", "H", "P"))
+    kw = _check_ssd(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states,
+                    ("num_tokens",))
+    cu, num_seqs = v.check_cu_seqlens(cu_seqlens, x.shape[0], "x.shape[0]")
+    kw.update(
+        cu_seqlens=cu,
+        state_indices=v.check_state_indices(state_indices, num_seqs,
+                                            kw["ssm_states"].shape[0], "ssm_states"),
+        has_initial_state=v.check_has_initial_state(has_initial_state, num_seqs),
+        chunk_size=v.check_chunk_size(chunk_size),
+        precision=v.require_choice("precision", precision, PRECISIONS),
+    )
+    return kw
+
+
+def validate_decode(x, dt, A, B, C, *, D, z, dt_bias, dt_softplus, dt_limit, ssm_states,
+                    state_indices) -> dict:
+    """All pre-launch checks of ssd_decode -> normalised kwargs.
+
+    x is ``[num_seqs, H, P]`` (one token) or ``[num_seqs, T, H, P]``.
+    """
+    x = v.require_float("x", x)
+    if x.ndim not in (3, 4):
+        raise ValueError(f"x must have shape [num_seqs, H, P] or [num_seqs, T, H, P], "
+                         f"got {x.ndim} dims {tuple(x.shape)}")
+    lead = ("num_seqs",) if x.ndim == 3 else ("num_seqs", "T")
+    num_seqs = v.check_num_seqs("x", x)
+    if x.ndim == 4 and x.shape[1] < 1:
+        raise ValueError(f"x.shape[1] (T) must be >= 1, got {x.shape[1]}")
+    kw = _check_ssd(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states, lead)
+    kw["state_indices"] = v.check_state_indices(state_indices, num_seqs,
+                                                kw["ssm_states"].shape[0], "ssm_states")
+    return kw
+
+
+def _reference_prefill(**kw):
+    from nki_ssm.reference.mamba2_ssd import ssd_chunked as ref
+
+    args = {k: kw[k] for k in kw if k not in ("x", "dt", "A", "B", "C", "precision")}
+    y, new_states = ref(kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], **args)
+    return np.asarray(y).astype(kw["x"].dtype), {"ssm_states": new_states}
+
+
+def _reference_decode(**kw):
+    from nki_ssm.reference.mamba2_ssd import ssd_decode as ref
+
+    args = {k: kw[k] for k in kw if k not in ("x", "dt", "A", "B", "C")}
+    y, new_states = ref(kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], **args)
+    return np.asarray(y).astype(kw["x"].dtype), {"ssm_states": new_states}
+
+
+def ssd_prefill(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False,
+                dt_limit=(0.0, math.inf), cu_seqlens, ssm_states, state_indices,
+                has_initial_state, chunk_size=128, precision="bf16", backend=None):
+    """Chunked SSD over a ragged batch; updates ``ssm_states`` in place.
+
+    x ``[num_tokens, H, P]``, dt ``[num_tokens, H]``, A ``[H]``, B and C
+    ``[num_tokens, G, N]`` (G | H), D ``[H]`` or ``[H, P]``, z
+    ``[num_tokens, H, P]``, dt_bias ``[H]``, cu_seqlens ``[num_seqs + 1]``,
+    ssm_states ``[slots, H, P, N]``, state_indices and has_initial_state
+    ``[num_seqs]``; chunk_size a multiple of 16 in 16..128; precision "bf16"
+    or "fp32" (kernel matmul operands). Returns y ``[num_tokens, H, P]`` in
+    x's dtype.
+    """
+    kw = validate_prefill(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                          dt_limit=dt_limit, cu_seqlens=cu_seqlens, ssm_states=ssm_states,
+                          state_indices=state_indices, has_initial_state=has_initial_state,
+                          chunk_size=chunk_size, precision=precision)
+    return _dispatch.run("mamba2_ssd", "prefill", kw, pools=("ssm_states",),
+                         reference=_reference_prefill, backend=backend)
+
+
+def ssd_decode(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False,
+               dt_limit=(0.0, math.inf), ssm_states, state_indices, backend=None):
+    """Selective state update for 1 or T tokens per sequence.
+
+    x ``[num_seqs, H, P]`` or ``[num_seqs, T, H, P]``; dt ``[num_seqs, (T,) H]``;
+    B, C ``[num_seqs, (T,) G, N]``; z like x; other arguments as in
+    ssd_prefill. Returns y shaped like x, in x's dtype.
+    """
+    kw = validate_decode(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                         dt_limit=dt_limit, ssm_states=ssm_states, state_indices=state_indices)
+    return _dispatch.run("mamba2_ssd", "decode", kw, pools=("ssm_states",),
+                         reference=_reference_decode, backend=backend)
