@@ -190,7 +190,8 @@ def _prepare(q, k, v, ssm_states, lead_name: str, gates: dict, scale, use_qk_l2n
     g64, beta64 = resolve_gates(lead, HV, **gates)
     if scale is None:
         scale = K ** -0.5
-    if isinstance(scale, bool) or not np.isscalar(scale) or not np.isfinite(scale):
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(scale):
         raise TypeError(f"scale must be a finite float or None, got {scale!r}")
     if use_qk_l2norm:
         q64, k64 = l2norm(q64), l2norm(k64)
