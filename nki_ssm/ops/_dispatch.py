@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 
+import ml_dtypes
 import numpy as np
 
 BACKENDS = (None, "reference", "sim", "neuron")
@@ -73,6 +74,28 @@ def resolve(family: str, entry: str, backend) -> tuple:
     return backend, launcher
 
 
+def cast_rne(values, dtype) -> np.ndarray:
+    """``values`` cast to ``dtype`` with one round-to-nearest-even.
+
+    ml_dtypes casts float64 -> bfloat16 through float32, rounding twice
+    (1 + 2**-8 + 2**-40 becomes 1.0 instead of 1 + 2**-7). Rounding float64
+    to float32 *to odd* first makes the second RNE step exact, because
+    float32 keeps more than bfloat16's 8 significant bits + 2.
+    """
+    dtype = np.dtype(dtype)
+    a = np.asarray(values)
+    if dtype != np.dtype(ml_dtypes.bfloat16) or a.dtype != np.float64:
+        return a.astype(dtype)
+    with np.errstate(over="ignore"):  # beyond float32 range is inf in bfloat16 too
+        f = a.astype(np.float32)
+    back = f.astype(np.float64)
+    fix = (back != a) & np.isfinite(f) & ((f.view(np.uint32) & 1) == 0)
+    if fix.any():
+        toward = np.where(a[fix] > back[fix], np.float32(np.inf), np.float32(-np.inf))
+        f[fix] = np.nextafter(f[fix], toward)
+    return f.astype(dtype)
+
+
 def named_slots(state_indices: np.ndarray) -> np.ndarray:
     """Pool slots this call may write: the non-padding state_indices."""
     return state_indices[state_indices >= 0]
@@ -84,7 +107,8 @@ def run(family: str, entry: str, kwargs: dict, *, pools: tuple, reference, backe
     ``kwargs``: the validated, normalised op arguments (pool arrays are the
     caller's). ``pools``: the names of the pool arguments in ``kwargs``.
     ``reference(**kwargs) -> (outputs, {pool_name: new_pool})`` where
-    ``outputs`` is what the op returns, already cast to the output dtypes.
+    ``outputs`` is what the op returns, already cast to the output dtypes
+    (with ``cast_rne``).
     """
     kind, launcher = resolve(family, entry, backend)
     slots = named_slots(kwargs["state_indices"])
@@ -93,7 +117,7 @@ def run(family: str, entry: str, kwargs: dict, *, pools: tuple, reference, backe
         # Cast everything before the first write so a failing cast cannot
         # leave a pool half-updated.
         staged = {
-            name: np.asarray(new_pools[name][slots]).astype(kwargs[name].dtype)
+            name: cast_rne(np.asarray(new_pools[name])[slots], kwargs[name].dtype)
             for name in pools
         }
         for name, values in staged.items():

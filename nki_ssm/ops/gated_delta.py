@@ -106,7 +106,7 @@ def _reference_prefill(**kw):
 
     args = {n: kw[n] for n in kw if n not in ("q", "k", "v")}
     o, new_states = ref(kw["q"], kw["k"], kw["v"], **args)
-    return np.asarray(o).astype(kw["q"].dtype), {"ssm_states": new_states}
+    return _dispatch.cast_rne(o, kw["q"].dtype), {"ssm_states": new_states}
 
 
 def _reference_decode(**kw):
@@ -114,9 +114,9 @@ def _reference_decode(**kw):
 
     args = {n: kw[n] for n in kw if n not in ("q", "k", "v")}
     result = ref(kw["q"], kw["k"], kw["v"], **args)
-    o = np.asarray(result[0]).astype(kw["q"].dtype)
+    o = _dispatch.cast_rne(result[0], kw["q"].dtype)
     if kw["return_intermediate_states"]:
-        inter = np.asarray(result[2]).astype(kw["ssm_states"].dtype)
+        inter = _dispatch.cast_rne(result[2], kw["ssm_states"].dtype)
         return (o, inter), {"ssm_states": result[1]}
     return o, {"ssm_states": result[1]}
 

@@ -108,7 +108,7 @@ def _reference_prefill(**kw):
 
     args = {k: kw[k] for k in kw if k not in ("x", "dt", "A", "B", "C", "precision")}
     y, new_states = ref(kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], **args)
-    return np.asarray(y).astype(kw["x"].dtype), {"ssm_states": new_states}
+    return _dispatch.cast_rne(y, kw["x"].dtype), {"ssm_states": new_states}
 
 
 def _reference_decode(**kw):
@@ -116,7 +116,7 @@ def _reference_decode(**kw):
 
     args = {k: kw[k] for k in kw if k not in ("x", "dt", "A", "B", "C")}
     y, new_states = ref(kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], **args)
-    return np.asarray(y).astype(kw["x"].dtype), {"ssm_states": new_states}
+    return _dispatch.cast_rne(y, kw["x"].dtype), {"ssm_states": new_states}
 
 
 def ssd_prefill(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False,

@@ -39,7 +39,7 @@ def _reference_prefill(**kw):
         cu_seqlens=kw["cu_seqlens"], conv_states=kw["conv_states"],
         state_indices=kw["state_indices"], has_initial_state=kw["has_initial_state"],
     )
-    return np.asarray(y).astype(x_dtype), {"conv_states": new_states}
+    return _dispatch.cast_rne(y, x_dtype), {"conv_states": new_states}
 
 
 def _reference_decode(**kw):
@@ -50,7 +50,7 @@ def _reference_decode(**kw):
         kw["x"], kw["weight"], kw["bias"], activation=kw["activation"],
         conv_states=kw["conv_states"], state_indices=kw["state_indices"],
     )
-    return np.asarray(y).astype(x_dtype), {"conv_states": new_states}
+    return _dispatch.cast_rne(y, x_dtype), {"conv_states": new_states}
 
 
 def validate_prefill(x, weight, bias, *, activation, cu_seqlens, conv_states,
