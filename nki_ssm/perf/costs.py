@@ -1,0 +1,133 @@
+"""Cost of one traced instruction on its engine (nki_spec §8.2 / §8.3 rules).
+
+``compute_ns(inst, hw)`` is the occupancy of a TensorE / VectorE / ScalarE /
+GpSimd instruction; ``dma_plan(inst, hw)`` says how many DMA engines a
+transfer uses and how long it keeps them busy (its fixed latency is added by
+the scheduler, not here). Only fields of ``nki_ssm.sim.trace.Instruction``
+are read.
+"""
+from __future__ import annotations
+
+import math
+
+from nki_ssm.perf.hardware import HardwareSpec
+
+# Ops whose VectorE cost is not the generic streaming rule.
+_VECTOR_RECIPROCAL_FACTOR = 8  # reciprocal on VectorE: max(MIN_II, 8N) [SHARED, nki_spec §8.2]
+
+
+def _attr(inst, key, default=None):
+    return inst.attrs.get(key, default) if inst.attrs else default
+
+
+def matmul_flops(inst) -> int:
+    """2*K*M*N for a matmul (0 for transposes and non-TensorE instructions)."""
+    if inst.engine != "tensor" or _attr(inst, "is_transpose", False) or "transpose" in inst.op:
+        return 0
+    k, m, n = _attr(inst, "K"), _attr(inst, "M"), _attr(inst, "N")
+    if k is None or m is None or n is None:
+        return 0
+    rows = 2 * int(k) if _attr(inst, "perf_mode") in ("double_row", "double_row_gen3") else int(k)
+    return 2 * rows * int(m) * int(n)
+
+
+def tensor_cycles(inst, hw: HardwareSpec) -> float:
+    """TensorE cycles: MM II = max(N, 64) x dtype factor; LS ~ M/4 hidden behind MM (max)."""
+    n = int(_attr(inst, "N", inst.free_size) or 0)
+    fp32 = bool(_attr(inst, "fp32", False))
+    if _attr(inst, "is_transpose", False) or "transpose" in inst.op:
+        return max(n, hw.mm_init_cycles) * (hw.transpose_fp32_factor if fp32 else 1.0)
+    if fp32:
+        factor = hw.mm_fp32_onezero_factor if _attr(inst, "onezero", False) else hw.mm_fp32_factor
+    else:
+        factor = 1.0
+    mm = max(n, hw.mm_init_cycles) * factor
+    ls = int(_attr(inst, "M", 128) or 0) / hw.ls_speedup
+    return max(mm, ls)
+
+
+def vector_cycles(inst, hw: HardwareSpec) -> float:
+    """VectorE cycles: overhead + inputs x N / rate, with NC-v3+ bf16 perf modes."""
+    n = max(int(inst.free_size), 1)
+    k = max(int(inst.num_inputs), 1)
+    rate = hw.vector_elems_per_cycle
+    if hw.vector_perf_modes and _attr(inst, "all_16bit", False):
+        psum = bool(_attr(inst, "psum_operand", False))
+        contiguous = bool(_attr(inst, "contiguous", True))
+        if k == 1:
+            rate *= 4.0 if (contiguous and not psum) else 2.0
+        elif not psum:
+            rate *= 2.0
+    stream = math.ceil(n * k / rate)
+    if "reciprocal" in inst.op:
+        stream = n * _VECTOR_RECIPROCAL_FACTOR
+    return hw.vector_overhead_cycles + stream
+
+
+def scalar_cycles(inst, hw: HardwareSpec) -> float:
+    """ScalarE cycles: overhead + N / lanes (scale, bias and add-reduce are free) + accumulator read."""
+    n = max(int(inst.free_size), 1)
+    rate = hw.scalar_elems_per_cycle_16bit if _attr(inst, "all_16bit", False) else hw.scalar_elems_per_cycle
+    k = max(int(inst.num_inputs), 1)
+    cycles = hw.scalar_overhead_cycles + math.ceil(n * k / rate)
+    if _attr(inst, "reduce", False):
+        cycles += hw.scalar_reduce_cycles
+    return cycles
+
+
+def gpsimd_cycles(inst, hw: HardwareSpec) -> float:
+    """GpSimd cycles: overhead + inputs x N / rate (no documented rule; see hardware.SOURCES)."""
+    n = max(int(inst.free_size), 1)
+    k = max(int(inst.num_inputs), 1)
+    rate = hw.gpsimd_elems_per_cycle_16bit if _attr(inst, "all_16bit", False) else hw.gpsimd_elems_per_cycle
+    return hw.gpsimd_overhead_cycles + math.ceil(n * k / rate)
+
+
+_CLOCK = {"tensor": "tensor_ghz", "vector": "vector_ghz", "scalar": "scalar_ghz", "gpsimd": "gpsimd_ghz"}
+_CYCLES = {"tensor": tensor_cycles, "vector": vector_cycles, "scalar": scalar_cycles, "gpsimd": gpsimd_cycles}
+
+
+def compute_ns(inst, hw: HardwareSpec) -> float:
+    """Occupancy in ns of a compute-engine instruction."""
+    try:
+        fn = _CYCLES[inst.engine]
+    except KeyError:
+        raise ValueError(
+            f"instruction {inst.index} ({inst.op}): engine must be one of {sorted(_CYCLES)} or 'dma', "
+            f"got {inst.engine!r}") from None
+    return fn(inst, hw) / getattr(hw, _CLOCK[inst.engine])
+
+
+def raw_latency_ns(engine: str, hw: HardwareSpec) -> float:
+    """Extra wait when an instruction reads what the same engine just wrote (pipeline drain)."""
+    if engine == "vector":
+        return hw.vector_raw_cycles / hw.vector_ghz
+    if engine == "scalar":
+        return hw.scalar_raw_cycles / hw.scalar_ghz
+    return 0.0
+
+
+def dma_plan(inst, hw: HardwareSpec) -> tuple[int, float]:
+    """(engines used, data-transfer time in ns) of a DMA instruction.
+
+    SBUF side over P partitions: min(16, ceil(P / 8)) engines, each at
+    ``dma_bw_per_engine * eff(bytes per partition)``. HBM->HBM transfers
+    (``partitions == 0``) have no partition side; they are treated as if laid
+    over up to 128 rows of >= 512 B (an assumption: descriptors of that size
+    are what the DMA engines split big copies into).
+    """
+    nbytes = int(inst.nbytes)
+    parts = _attr(inst, "partitions", inst.num_partitions)
+    parts = int(parts) if parts is not None else int(inst.num_partitions)
+    if parts <= 0:
+        parts = int(min(128, max(1, nbytes // 512)))
+        bpp = nbytes / parts
+    else:
+        bpp = _attr(inst, "bytes_per_partition", None)
+        bpp = float(bpp) if bpp else nbytes / max(parts, 1)
+    engines = int(min(hw.dma_engines, max(1, math.ceil(parts / hw.dma_partitions_per_engine))))
+    bw = engines * hw.dma_bw_per_engine * hw.dma_efficiency(bpp)
+    if _attr(inst, "transpose", False):
+        src_hbm = any(r.buffer == "hbm" for r in inst.reads)
+        bw *= hw.dma_transpose_hbm_factor if src_hbm else hw.dma_transpose_sbuf_factor
+    return engines, (nbytes / bw if nbytes > 0 else 0.0)

@@ -1,0 +1,236 @@
+"""Per-target hardware constants for the cost model, one table per target.
+
+Every number lives in a :class:`HardwareSpec` (one per target: ``trn1`` for
+calibration against the published NC-v2 figures, ``trn2`` the default,
+``trn3``) and its source sits next to it in ``SOURCES[name]``. Sources are
+``../shared/reference/nki_spec.md`` sections (and the NKI doc tags it cites,
+e.g. [A2] = Trainium2 architecture guide). Where a documented range left a
+choice, the comment says which value was taken and why. Calibration
+(``perf/calibration.py``) checks these numbers against published timings; no
+constant here has been moved by calibration unless ``CALIBRATED`` says so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """Timing constants of one NeuronCore of a target (times in ns, rates per cycle)."""
+
+    name: str
+    nc_version: int
+    # --- TensorE ---------------------------------------------------------
+    tensor_ghz: float
+    mm_init_cycles: int           # MM initiation-interval floor (MM_INIT_LATENCY)
+    mm_fp32_factor: float         # fp32/tf32 operand: quarter rate
+    mm_fp32_onezero_factor: float  # fp32 with a 0/1 operand: up to 2x faster than fp32
+    ls_speedup: float             # Fast LoadStationary: LS ~ M / ls_speedup cycles (hidden behind MM)
+    transpose_fp32_factor: float  # nc_transpose of fp32 data on TensorE
+    bf16_peak_flops: float        # dense bf16 FLOP/s per core (roofline)
+    fp32_peak_flops: float
+    # --- VectorE ---------------------------------------------------------
+    vector_ghz: float
+    vector_elems_per_cycle: float  # per partition per input, fp32 / no perf mode
+    vector_overhead_cycles: int    # static per-instruction cost (MIN_II)
+    vector_raw_cycles: int         # extra when the input was just produced on the same engine
+    vector_perf_modes: bool        # NC-v3+ bf16/fp16 perf modes (x2 / x4)
+    # --- ScalarE ---------------------------------------------------------
+    scalar_ghz: float
+    scalar_elems_per_cycle: float      # per partition, fp32
+    scalar_elems_per_cycle_16bit: float
+    scalar_overhead_cycles: int
+    scalar_raw_cycles: int
+    scalar_reduce_cycles: int          # ActReadAccumulator when reduce_res is read
+    # --- GpSimd ----------------------------------------------------------
+    gpsimd_ghz: float
+    gpsimd_elems_per_cycle: float      # per partition, 32-bit
+    gpsimd_elems_per_cycle_16bit: float
+    gpsimd_overhead_cycles: int
+    # --- DMA -------------------------------------------------------------
+    dma_engines: int
+    dma_bw_per_engine: float       # bytes / ns of one DMA engine at full efficiency
+    dma_fixed_ns: float            # descriptor + semaphore-to-start latency per DMA
+    dma_partitions_per_engine: int
+    dma_transpose_hbm_factor: float   # DMA transpose throughput relative to a copy, HBM source
+    dma_transpose_sbuf_factor: float  # SBUF -> SBUF
+    # efficiency vs bytes per partition (p_dim=128), piecewise log-linear
+    dma_eff_bytes: tuple = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+    dma_eff_value: tuple = (0.014, 0.026, 0.05, 0.10, 0.21, 0.42, 0.81, 0.97, 0.98, 0.99, 1.0)
+    # --- cross-engine ----------------------------------------------------
+    semaphore_ns: float = 0.0      # added when a consumer waits on another engine's producer
+    # --- memory / roofline -----------------------------------------------
+    hbm_bw_per_core: float = 0.0   # bytes / ns, device HBM / cores (information only)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def dma_bw_per_core(self) -> float:
+        """Aggregate DMA bandwidth of one core in bytes/ns (= GB/s); the roofline's memory term."""
+        return self.dma_engines * self.dma_bw_per_engine
+
+    def dma_efficiency(self, bytes_per_partition: float) -> float:
+        """Fraction of an engine's peak bandwidth reached at this many bytes per partition.
+
+        Interpolated in log2(bytes) between the digitized points of nki_spec
+        §8.2; clamped to the first point below 32 B and to 1.0 above 32 KiB.
+        """
+        b = float(bytes_per_partition)
+        if b <= 0:
+            return self.dma_eff_value[0]
+        xs = np.log2(np.asarray(self.dma_eff_bytes, dtype=np.float64))
+        return float(np.interp(np.log2(b), xs, np.asarray(self.dma_eff_value)))
+
+    def with_overrides(self, **kw) -> "HardwareSpec":
+        """A copy with some constants replaced (for what-if studies and tests)."""
+        return replace(self, **kw)
+
+
+# Shared sources: most rules are stated once for NC-v2 and assumed for later cores.
+_COMMON_SOURCES = {
+    "mm_init_cycles": "nki_spec §8.2: MM II ~ max(N, MM_INIT_LATENCY=64) cycles [A1, PERF Opt #7] (stated for NC-v2; assumed for v3/v4, §12)",
+    "mm_fp32_factor": "nki_spec §8.1/§8.2: fp32 at 1/4 of bf16 rate (23 vs 92 / 20 vs 79 TFLOPS) [A1-A3]",
+    "mm_fp32_onezero_factor": "nki_spec §8.2: is_*_onezero on an fp32 operand up to 2x faster [ISA] -> factor 2",
+    "ls_speedup": "nki_spec §8.2: Fast LoadStationary up to 4x faster than MM; background LS so a pair costs max(LS, MM) [PERF]",
+    "vector_elems_per_cycle": "nki_spec §8.2: NC-v2 one input ~N cycles, two inputs ~2N [A1] => 1 element/partition/cycle per input",
+    "vector_overhead_cycles": "nki_spec §8.2: MIN_II ~64 cycles [SHARED]; ~60-cycle SBUF access initiation [A1]",
+    "vector_raw_cycles": "nki_spec §8.2: '+~100 cycles' when an instruction depends on the previous one's output [A1]",
+    "scalar_overhead_cycles": "nki_spec §8.3: ScalarE overhead ~64 cycles (MIN_II) [SHARED]",
+    "scalar_raw_cycles": "nki_spec §9 row 10: dependent 1-element ScalarE chain II = 264 cycles = 64 (MIN_II) + 1 + 199 (this term); v2 figure reused",
+    "scalar_reduce_cycles": "nki_spec §8.2: ActReadAccumulator ~64 ScalarE cycles [A1]",
+    "gpsimd_elems_per_cycle": "nki_spec §8.1: 8 cores x 512-bit SIMD, 16 partitions per core => 1 x 32-bit (2 x 16-bit) element/partition/cycle [A1]; 'no rule of thumb' for GpSimd",
+    "gpsimd_overhead_cycles": "assumed equal to VectorE MIN_II (64): GpSimd has 'no rule of thumb' [A1]",
+    "dma_engines": "nki_spec §8.1/§8.2: 16 DMA engines per NC [DMA, DMABW]",
+    "dma_partitions_per_engine": "nki_spec §8.2: each SBUF-side engine covers 8 partitions (128/16) [DMA]",
+    "dma_fixed_ns": "nki_spec §8.2: ~1300 ns descriptor/sync/semaphore-to-start per DMA [DMABW]; modelled as latency (queues prefetch descriptors), not as queue occupancy",
+    "dma_eff_value": "nki_spec §8.2: bandwidth vs bytes/partition digitized from nki-dma-intro-1.jpg (+-3%) [DMABW]",
+    "dma_transpose_hbm_factor": "nki_spec §8.2: DMA transpose up to 90% of copy throughput HBM->SBUF (Trn2) [A2]; assumed for all targets",
+    "dma_transpose_sbuf_factor": "nki_spec §8.2: DMA transpose 50% of copy throughput SBUF->SBUF (Trn2) [A2]; assumed for all targets",
+    "scalar_elems_per_cycle": "nki_spec §8.1/§8.3: ScalarE 128 lanes => 1 element/partition/cycle (W_S = 128 on v2/v3, 128 for non-16-bit on v4)",
+    "scalar_elems_per_cycle_16bit": "nki_spec §8.1: ScalarE 128 lanes for every dtype on v2/v3 [A1, A2]",
+    "gpsimd_elems_per_cycle_16bit": "nki_spec §8.1: 32 x 16-bit lanes per GpSimd core of 16 partitions => 2/partition/cycle [A1]",
+    "semaphore_ns": "not documented (nki_spec §8.3 'fit it'); 0 by default: the per-instruction overheads above already include SBUF access initiation",
+}
+
+SOURCES: dict[str, dict[str, str]] = {}
+
+TRN1 = HardwareSpec(
+    name="trn1", nc_version=2,
+    tensor_ghz=2.8, mm_init_cycles=64, mm_fp32_factor=4.0, mm_fp32_onezero_factor=2.0,
+    ls_speedup=4.0, transpose_fp32_factor=4.0,
+    bf16_peak_flops=92e12, fp32_peak_flops=23e12,
+    vector_ghz=1.12, vector_elems_per_cycle=1.0, vector_overhead_cycles=64,
+    vector_raw_cycles=100, vector_perf_modes=False,
+    scalar_ghz=1.4, scalar_elems_per_cycle=1.0, scalar_elems_per_cycle_16bit=1.0,
+    scalar_overhead_cycles=64, scalar_raw_cycles=199, scalar_reduce_cycles=64,
+    gpsimd_ghz=1.4, gpsimd_elems_per_cycle=1.0, gpsimd_elems_per_cycle_16bit=2.0,
+    gpsimd_overhead_cycles=64,
+    dma_engines=16, dma_bw_per_engine=17.0, dma_fixed_ns=1300.0, dma_partitions_per_engine=8,
+    dma_transpose_hbm_factor=0.9, dma_transpose_sbuf_factor=0.5,
+    hbm_bw_per_core=410.0,
+)
+SOURCES["trn1"] = dict(
+    _COMMON_SOURCES,
+    tensor_ghz="nki_spec §8.1: TensorE 2.8 GHz [A1]",
+    bf16_peak_flops="nki_spec §8.1: 92 TFLOPS dense bf16 per NC-v2 [A1]",
+    fp32_peak_flops="nki_spec §8.1: 23 TFLOPS fp32 [A1]",
+    transpose_fp32_factor="nki_spec §8.3: fp32 transpose 4x on v2 (identity matmul at fp32 rate)",
+    vector_ghz="nki_spec §8.1: VectorE 1.12 GHz, 128 lanes [A1]",
+    vector_perf_modes="NC-v2 has no bf16 perf modes (introduced with NC-v3) [A2]",
+    scalar_ghz="nki_spec §8.1: ScalarE 1.4 GHz / 128 lanes [A1]",
+    scalar_elems_per_cycle="nki_spec §8.3: W_S = 128 lanes on v2 -> 1 element/partition/cycle",
+    gpsimd_ghz="nki_spec §8.1: GpSimd 1.4 GHz [A1]",
+    dma_bw_per_engine="nki_spec §8.1: 17 B/ns per engine (272 GB/s per NC) [DMABW]; the 27.2 GB/s 'theoretical' figure [DMA] is not reached",
+    hbm_bw_per_core="nki_spec §8.1: 820 GB/s / 2 NCs [A1] (information only; the roofline uses the DMA aggregate)",
+)
+
+TRN2 = HardwareSpec(
+    name="trn2", nc_version=3,
+    tensor_ghz=2.4, mm_init_cycles=64, mm_fp32_factor=4.0, mm_fp32_onezero_factor=2.0,
+    ls_speedup=4.0, transpose_fp32_factor=2.0,
+    bf16_peak_flops=79e12, fp32_peak_flops=20e12,
+    vector_ghz=0.96, vector_elems_per_cycle=1.0, vector_overhead_cycles=64,
+    vector_raw_cycles=100, vector_perf_modes=True,
+    scalar_ghz=1.2, scalar_elems_per_cycle=1.0, scalar_elems_per_cycle_16bit=1.0,
+    scalar_overhead_cycles=64, scalar_raw_cycles=199, scalar_reduce_cycles=64,
+    gpsimd_ghz=1.2, gpsimd_elems_per_cycle=1.0, gpsimd_elems_per_cycle_16bit=2.0,
+    gpsimd_overhead_cycles=64,
+    dma_engines=16, dma_bw_per_engine=23.0, dma_fixed_ns=1300.0, dma_partitions_per_engine=8,
+    dma_transpose_hbm_factor=0.9, dma_transpose_sbuf_factor=0.5,
+    hbm_bw_per_core=375.0,
+)
+SOURCES["trn2"] = dict(
+    _COMMON_SOURCES,
+    tensor_ghz="nki_spec §8.1: TensorE 2.4 GHz [A2]",
+    bf16_peak_flops="nki_spec §8.1: 79 TFLOPS dense bf16 per NC-v3 [A2, NC3]",
+    fp32_peak_flops="nki_spec §8.1: 20 TFLOPS fp32 [A2]",
+    transpose_fp32_factor="nki_spec §8.2: v3 transpose mode makes fp32 transposes 2x faster than fp32 matmul rate [A2]",
+    vector_ghz="nki_spec §8.1: VectorE 0.96 GHz [A2]",
+    vector_elems_per_cycle="nki_spec §8.2/§12: v3 fp32 per-cycle throughput unclear (128 or 256/cycle); took 128 (1/partition/cycle) because the perf-mode text implies no fp32 gain over NC-v2",
+    vector_perf_modes="nki_spec §8.2: NC-v3 bf16/fp16 perf modes: 1-input SBUF contiguous x4, non-contiguous or PSUM x2, 2-input all-SBUF x2 [A2]",
+    scalar_ghz="nki_spec §8.1: ScalarE 1.2 GHz / 128 lanes [A2]",
+    gpsimd_ghz="nki_spec §8.1: GpSimd 1.2 GHz [A2]",
+    dma_bw_per_engine="nki_spec §8.1: 23 B/ns per engine (368 GB/s per NC) [DMABW]; matches 32 KiB in 1416 ns on one engine [DMA]",
+    hbm_bw_per_core="nki_spec §8.1: 3 TB/s / 8 NCs [A2] (information only)",
+)
+
+TRN3 = HardwareSpec(
+    name="trn3", nc_version=4,
+    tensor_ghz=2.4, mm_init_cycles=64, mm_fp32_factor=4.0, mm_fp32_onezero_factor=2.0,
+    ls_speedup=4.0, transpose_fp32_factor=2.0,
+    bf16_peak_flops=79e12, fp32_peak_flops=20e12,
+    vector_ghz=1.2, vector_elems_per_cycle=1.0, vector_overhead_cycles=64,
+    vector_raw_cycles=100, vector_perf_modes=True,
+    scalar_ghz=1.2, scalar_elems_per_cycle=1.0, scalar_elems_per_cycle_16bit=2.0,
+    scalar_overhead_cycles=64, scalar_raw_cycles=199, scalar_reduce_cycles=64,
+    gpsimd_ghz=1.2, gpsimd_elems_per_cycle=1.0, gpsimd_elems_per_cycle_16bit=1.0,
+    gpsimd_overhead_cycles=64,
+    dma_engines=16, dma_bw_per_engine=33.0, dma_fixed_ns=1300.0, dma_partitions_per_engine=8,
+    dma_transpose_hbm_factor=0.9, dma_transpose_sbuf_factor=0.5,
+    hbm_bw_per_core=600.0,
+)
+SOURCES["trn3"] = dict(
+    _COMMON_SOURCES,
+    tensor_ghz="nki_spec §8.1: TensorE 2.4 GHz [A3]",
+    bf16_peak_flops="nki_spec §8.1: 79 TFLOPS dense bf16 per NC-v4 [A3, NC4] (MXFP8 315 not used: kernels here are bf16)",
+    fp32_peak_flops="nki_spec §8.1: 20 TFLOPS fp32 [A3]",
+    transpose_fp32_factor="nki_spec §8.2: transpose mode as v3 (assumed; v4 background transpose not modelled)",
+    vector_ghz="nki_spec §8.1: VectorE 1.2 GHz [A3]",
+    vector_elems_per_cycle="as trn2 (v4 fp32 rate not stated, §12)",
+    vector_perf_modes="nki_spec §8.2: v3 perf modes assumed on v4 (512 bf16 elem/cycle data path [A3])",
+    scalar_ghz="nki_spec §8.1: ScalarE 1.2 GHz [A3]",
+    scalar_elems_per_cycle_16bit="nki_spec §8.1: ScalarE 256 lanes for bf16/fp16/fp8 on v4 [A3] -> 2/partition/cycle",
+    gpsimd_ghz="nki_spec §8.1: GpSimd 1.2 GHz [A3]",
+    gpsimd_elems_per_cycle_16bit="nki_spec §8.1: v4 GpSimd 128 elem/cycle for all dtypes [A3]",
+    dma_bw_per_engine="nki_spec §8.1: 33 B/ns per engine (528 GB/s per NC) [DMABW]",
+    hbm_bw_per_core="nki_spec §8.1: 4.7-4.9 TB/s / 8 NCs [A3, T3] (information only)",
+)
+
+TARGETS: dict[str, HardwareSpec] = {"trn1": TRN1, "trn2": TRN2, "trn3": TRN3}
+_ALIASES = {"inf2": "trn1", "gen2": "trn1", "gen3": "trn2", "gen4": "trn3"}
+
+# Constants whose value was set or moved by fitting a published measurement
+# (name -> which calibration row). Everything else is read from the docs.
+CALIBRATED: dict[str, str] = {
+    "scalar_raw_cycles": "nki_spec §9 row 10 (dependent ScalarE chain, II 264 cycles) — the only data point for it",
+}
+
+
+def get_target(target: "str | HardwareSpec | None" = None) -> HardwareSpec:
+    """The spec of a target name (``trn1``/``trn2``/``trn3`` or gen2/3/4 aliases); None -> trn2."""
+    if isinstance(target, HardwareSpec):
+        return target
+    if target is None or target == "":
+        return TRN2
+    if not isinstance(target, str):
+        raise TypeError(f"target must be a str or HardwareSpec, got {type(target).__name__}")
+    key = _ALIASES.get(target.lower(), target.lower())
+    if key not in TARGETS:
+        raise ValueError(f"target must be one of {sorted(TARGETS)} (or gen2/gen3/gen4), got {target!r}")
+    return TARGETS[key]
+
+
+def source_of(target: str, constant: str) -> str:
+    """Where a constant of a target comes from (raises KeyError if undocumented)."""
+    return SOURCES[get_target(target).name][constant]

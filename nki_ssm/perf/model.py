@@ -1,0 +1,224 @@
+"""List scheduling of a simulator trace onto one NeuronCore's engines.
+
+Resources: TensorE, VectorE, ScalarE and GpSimd each run their instructions
+in program order; DMA transfers go to the core's 16 DMA engines. A transfer
+over P SBUF partitions uses ``min(16, ceil(P / 8))`` engines, taken as the
+ones free earliest; its data moves for ``bytes / (engines * BW * eff)`` and
+it starts no earlier than ``ready + dma_fixed_ns`` (descriptor and
+semaphore-to-start latency, overlappable with earlier transfers on the same
+queue since queues prefetch descriptors).
+
+An instruction starts when its engine is free and every instruction it
+depends on has finished. Dependencies come from overlapping ``Region``s:
+read-after-write (wait for the producer's end), write-after-read (the writer
+may not start before the reader ends) and write-after-write. Extra latency
+on a dependency: ``raw_latency_ns`` when a Vector/Scalar instruction reads
+what the same engine just wrote (the documented ~100-cycle static overhead
+of dependent instructions), ``semaphore_ns`` across engines (0 by default,
+see hardware.SOURCES).
+
+Dependency lookup is indexed per ``storage_id``: writes and reads are kept
+in short per-storage lists; a new write drops the entries it fully covers
+(later accesses depend on it, and it already waited for them), and a list
+longer than ``_MAX_RECORDS`` folds its oldest half into one covering record
+(conservative: it can only add dependencies on old, long-finished work).
+
+Not modelled (said in the report): PSUM bank occupancy beyond the region
+dependencies, SBUF capacity / buffer rotation (each ``nl.ndarray`` is a new
+storage, i.e. unlimited buffering), HWDGE issue time on the issuing engine,
+SWDGE descriptor time on GpSimd, compiler reordering beyond the in-order
+engine queues, kernel launch overhead.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from nki_ssm.perf import costs
+from nki_ssm.perf.hardware import HardwareSpec, get_target
+from nki_ssm.perf.timing import COMPUTE_ENGINES, ENGINE_ORDER, Schedule, Timing
+
+_MAX_RECORDS = 48
+
+
+class _Access:
+    __slots__ = ("p0", "p1", "b0", "b1", "end", "idx", "unit")
+
+    def __init__(self, p0, p1, b0, b1, end, idx, unit):
+        self.p0, self.p1, self.b0, self.b1 = p0, p1, b0, b1
+        self.end, self.idx, self.unit = end, idx, unit
+
+
+def _span(r):
+    return r.partition_start, r.partition_start + r.num_partitions, r.byte_start, r.byte_stop
+
+
+def _fold(records: list) -> None:
+    """Merge the oldest half of ``records`` into one covering record (in place)."""
+    half = len(records) // 2
+    old = records[:half]
+    last = max(old, key=lambda a: a.end)
+    merged = _Access(min(a.p0 for a in old), max(a.p1 for a in old), min(a.b0 for a in old),
+                     max(a.b1 for a in old), last.end, last.idx, last.unit)
+    records[:half] = [merged]
+
+
+def _instructions(trace_or_list):
+    return trace_or_list.instructions if hasattr(trace_or_list, "instructions") else list(trace_or_list)
+
+
+def model(trace, target: "str | HardwareSpec | None" = None, *, keep_schedule: bool = True) -> Timing:
+    """Time a trace (``trace.Trace`` or a list of ``trace.Instruction``) on ``target``.
+
+    ``target`` None uses the trace's own target (if it names one) else trn2.
+    """
+    insts = _instructions(trace)
+    if target is None:
+        target = getattr(trace, "target", None) or None
+    hw = get_target(target)
+    n = len(insts)
+    start = np.zeros(n)
+    end = np.zeros(n)
+    data_start = np.zeros(n)
+    pred = np.full(n, -1, dtype=np.int64)
+    dma_mask = np.zeros(n, dtype=np.int64)
+    pids = np.zeros(n, dtype=np.int64)
+    units: list = [None] * n
+    ops: list = [None] * n
+
+    engine_free: dict = {}   # (pid, engine) -> (time, last index)
+    dma_free: dict = {}      # pid -> (np.array free times, np.array last index)
+    writes: dict = {}
+    reads: dict = {}
+    dma_queue_busy: dict = {}
+    busy = dict.fromkeys(ENGINE_ORDER, 0.0)
+    dma_bytes = dma_transfers = flops = 0
+    raw_lat = {e: costs.raw_latency_ns(e, hw) for e in COMPUTE_ENGINES}
+    sem = hw.semaphore_ns
+
+    for i, inst in enumerate(insts):
+        unit = inst.engine
+        pid = int(getattr(inst, "program_id", 0) or 0)
+        units[i], ops[i], pids[i] = unit, inst.op, pid
+        ready, dep = 0.0, -1
+        # read-after-write
+        for r in inst.reads:
+            recs = writes.get(r.storage_id)
+            if not recs:
+                continue
+            p0, p1, b0, b1 = _span(r)
+            for a in recs:
+                if a.p0 < p1 and p0 < a.p1 and a.b0 < b1 and b0 < a.b1:
+                    t = a.end + (raw_lat.get(unit, 0.0) if a.unit == unit else sem)
+                    if t > ready:
+                        ready, dep = t, a.idx
+        # write-after-read and write-after-write
+        for w in inst.writes:
+            p0, p1, b0, b1 = _span(w)
+            for table in (reads, writes):
+                for a in table.get(w.storage_id, ()):
+                    if a.p0 < p1 and p0 < a.p1 and a.b0 < b1 and b0 < a.b1:
+                        t = a.end + (0.0 if a.unit == unit else sem)
+                        if t > ready:
+                            ready, dep = t, a.idx
+
+        if unit == "dma":
+            n_eng, xfer = costs.dma_plan(inst, hw)
+            if pid not in dma_free:
+                dma_free[pid] = (np.zeros(hw.dma_engines), np.full(hw.dma_engines, -1, dtype=np.int64))
+                dma_queue_busy[pid] = np.zeros(hw.dma_engines)
+            free, last = dma_free[pid]
+            chosen = np.argsort(free, kind="stable")[:n_eng]
+            eng_free = float(free[chosen].max())
+            earliest = ready + hw.dma_fixed_ns
+            if earliest >= eng_free:
+                t0, pred[i] = earliest, dep
+            else:
+                t0 = eng_free
+                pred[i] = int(last[chosen[int(np.argmax(free[chosen]))]])
+            t1 = t0 + xfer
+            free[chosen] = t1
+            last[chosen] = i
+            dma_queue_busy[pid][chosen] += xfer
+            mask = 0
+            for q in chosen:
+                mask |= 1 << int(q)
+            dma_mask[i] = mask
+            start[i], data_start[i], end[i] = ready, t0, t1
+            dma_bytes += int(inst.nbytes)
+            dma_transfers += 1
+        else:
+            dur = costs.compute_ns(inst, hw)
+            key = (pid, unit)
+            free_t, last_i = engine_free.get(key, (0.0, -1))
+            if ready > free_t:
+                t0, pred[i] = ready, dep
+            else:
+                t0, pred[i] = free_t, last_i
+            t1 = t0 + dur
+            engine_free[key] = (t1, i)
+            start[i], data_start[i], end[i] = t0, t0, t1
+            busy[unit] += dur
+            flops += costs.matmul_flops(inst)
+
+        t_end = end[i]
+        for r in inst.reads:
+            recs = reads.setdefault(r.storage_id, [])
+            recs.append(_Access(*_span(r), t_end, i, unit))
+            if len(recs) > _MAX_RECORDS:
+                _fold(recs)
+        for w in inst.writes:
+            p0, p1, b0, b1 = _span(w)
+            for table in (reads, writes):
+                recs = table.get(w.storage_id)
+                if recs:
+                    # entries fully covered by this write are implied by it from now on
+                    table[w.storage_id] = [a for a in recs if not (
+                        p0 <= a.p0 and a.p1 <= p1 and b0 <= a.b0 and a.b1 <= b1)]
+            recs = writes.setdefault(w.storage_id, [])
+            recs.append(_Access(p0, p1, b0, b1, t_end, i, unit))
+            if len(recs) > _MAX_RECORDS:
+                _fold(recs)
+
+    total = float(end.max()) if n else 0.0
+    busy["dma"] = _union_length(data_start, end, [u == "dma" for u in units])
+    critical = dict.fromkeys(ENGINE_ORDER, 0.0)
+    if n:
+        i = int(np.argmax(end))
+        while i >= 0:
+            p = int(pred[i])
+            critical[units[i]] = critical.get(units[i], 0.0) + end[i] - (end[p] if p >= 0 else 0.0)
+            i = p
+    binding = max(critical, key=lambda e: critical[e]) if n else "none"
+    busiest = max(busy, key=lambda e: busy[e]) if n else "none"
+    queue_busy = np.zeros(hw.dma_engines)
+    for q in dma_queue_busy.values():
+        queue_busy += q
+    num_cores = max(1, len(set(pids.tolist()))) if n else 1
+    sched = Schedule(start=start, end=end, unit=units, op=ops, dma_mask=dma_mask,
+                     dma_data_start=data_start, program_id=pids) if keep_schedule else None
+    return Timing(
+        target=hw.name, time_ns=total, busy_ns=busy, critical_ns=critical,
+        binding_engine=binding, busiest_engine=busiest, dma_queue_busy_ns=queue_busy.tolist(),
+        dma_bytes=dma_bytes, dma_transfers=dma_transfers, matmul_flops=flops,
+        num_instructions=n, op_counts=dict(Counter(ops)), bf16_peak_flops=hw.bf16_peak_flops,
+        dma_bw_bytes_per_ns=hw.dma_bw_per_core, num_cores=num_cores, schedule=sched)
+
+
+def _union_length(t0: np.ndarray, t1: np.ndarray, select: list) -> float:
+    """Total length of the union of intervals [t0, t1) where select is True."""
+    sel = np.asarray(select, dtype=bool)
+    if not sel.any():
+        return 0.0
+    a, b = t0[sel], t1[sel]
+    order = np.argsort(a, kind="stable")
+    a, b = a[order], b[order]
+    total, cur0, cur1 = 0.0, a[0], b[0]
+    for s, e in zip(a[1:], b[1:]):
+        if s > cur1:
+            total += cur1 - cur0
+            cur0, cur1 = s, e
+        elif e > cur1:
+            cur1 = e
+    return float(total + cur1 - cur0)

@@ -1,0 +1,54 @@
+"""`profile(kernel, *arrays, target=...)`: run a kernel in the simulator and time its trace."""
+from __future__ import annotations
+
+import contextlib
+import os
+
+from nki_ssm.perf.hardware import HardwareSpec, get_target
+from nki_ssm.perf.model import model
+from nki_ssm.perf.timing import Timing
+
+_ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
+
+
+@contextlib.contextmanager
+def platform_target(name: str):
+    """Set NEURON_PLATFORM_TARGET_OVERRIDE for the block (the simulator reads it), then restore it."""
+    old = os.environ.get(_ENV)
+    os.environ[_ENV] = name
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(_ENV, None)
+        else:
+            os.environ[_ENV] = old
+
+
+def _simulator():
+    """The simulator's `simulate(kernel) -> callable` (imported lazily: perf may run without it)."""
+    import nki_ssm.sim as sim
+
+    fn = getattr(sim, "simulate", None)
+    if fn is None:
+        fn = getattr(getattr(sim, "nki", None), "simulate", None)
+    if fn is None:
+        raise RuntimeError("nki_ssm.sim provides no `simulate`; cannot profile a kernel yet")
+    return fn
+
+
+def profile(kernel, *arrays, target: "str | HardwareSpec" = "trn2", **kwargs) -> tuple[object, Timing]:
+    """Run ``kernel(*arrays, **kwargs)`` through the simulator and model its trace.
+
+    Returns ``(outputs, Timing)``; outputs are what the simulated kernel
+    returns (HBM inputs it modifies are written back as the simulator does).
+    The simulator runs with NEURON_PLATFORM_TARGET_OVERRIDE = ``target`` so
+    target-gated instructions are checked for the target being timed.
+    """
+    from nki_ssm.sim.trace import record
+
+    hw = get_target(target)
+    simulate = _simulator()
+    with platform_target(hw.name), record(target=hw.name) as trace:
+        outputs = simulate(kernel)(*arrays, **kwargs)
+    return outputs, model(trace, hw)

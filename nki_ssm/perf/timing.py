@@ -1,0 +1,116 @@
+"""The result of timing one kernel run: :class:`Timing`.
+
+Every time is *modeled* for ``Timing.target`` on one NeuronCore (LNC=1), in
+nanoseconds unless a name says otherwise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+COMPUTE_ENGINES = ("tensor", "vector", "scalar", "gpsimd")
+ENGINE_ORDER = COMPUTE_ENGINES + ("dma",)
+
+
+@dataclass
+class Schedule:
+    """Per-instruction placement, in trace order (arrays of length num_instructions).
+
+    ``unit`` is the engine name, or ``"dma"`` for transfers whose queues are in
+    ``dma_mask`` (bit q set = DMA engine q used). ``start`` is when the engine
+    (or the data transfer) begins, ``end`` when the result is ready.
+    """
+
+    start: np.ndarray
+    end: np.ndarray
+    unit: list
+    op: list
+    dma_mask: np.ndarray
+    dma_data_start: np.ndarray
+    program_id: np.ndarray
+
+
+@dataclass
+class Timing:
+    """Modeled timing of one kernel run on one target.
+
+    ``binding_engine`` is the engine that owns the largest share of the
+    critical path: walking back from the instruction that finishes last,
+    each instruction's predecessor is whichever released it last (its
+    engine's previous instruction, or the producer it waited on); each step's
+    time (end minus predecessor's end) is charged to the instruction's
+    engine, so ``critical_ns`` sums to ``time_ns``. ``busiest_engine`` is
+    the engine with the largest busy share (DMA: time any queue is active).
+    """
+
+    target: str
+    time_ns: float
+    busy_ns: dict
+    critical_ns: dict
+    binding_engine: str
+    busiest_engine: str
+    dma_queue_busy_ns: list
+    dma_bytes: int
+    dma_transfers: int
+    matmul_flops: int
+    num_instructions: int
+    op_counts: dict
+    bf16_peak_flops: float
+    dma_bw_bytes_per_ns: float
+    num_cores: int = 1
+    schedule: Schedule | None = field(default=None, repr=False)
+
+    @property
+    def time_us(self) -> float:
+        return self.time_ns / 1e3
+
+    @property
+    def share(self) -> dict:
+        """Busy time / modeled time per engine (0..1)."""
+        t = self.time_ns * self.num_cores
+        return {e: (b / t if t > 0 else 0.0) for e, b in self.busy_ns.items()}
+
+    @property
+    def dma_queue_utilization(self) -> float:
+        """Mean busy fraction of the DMA engines."""
+        t = self.time_ns * self.num_cores
+        q = self.dma_queue_busy_ns
+        return float(sum(q) / (len(q) * t)) if (t > 0 and q) else 0.0
+
+    def roofline_ns(self, min_flops: float, min_hbm_bytes: float) -> float:
+        """max(min_flops / TensorE bf16 peak, min_hbm_bytes / core DMA bandwidth), in ns."""
+        if min_flops < 0 or min_hbm_bytes < 0:
+            raise ValueError(
+                f"min_flops and min_hbm_bytes must be >= 0, got {min_flops} and {min_hbm_bytes}")
+        compute = min_flops / self.bf16_peak_flops * 1e9
+        memory = min_hbm_bytes / self.dma_bw_bytes_per_ns
+        return max(compute, memory)
+
+    def roofline(self, min_flops: float, min_hbm_bytes: float) -> float:
+        """Achieved fraction of the roofline: roofline time / modeled time (1.0 = at the roof)."""
+        if self.time_ns <= 0:
+            return 0.0
+        return self.roofline_ns(min_flops, min_hbm_bytes) / self.time_ns
+
+    def roofline_bound(self, min_flops: float, min_hbm_bytes: float) -> str:
+        """'compute' or 'memory': which roofline term is larger."""
+        compute = min_flops / self.bf16_peak_flops * 1e9
+        return "compute" if compute >= min_hbm_bytes / self.dma_bw_bytes_per_ns else "memory"
+
+    def summary(self) -> str:
+        share = ", ".join(f"{e} {100 * s:.0f}%" for e, s in self.share.items())
+        return (f"{self.time_us:.2f} us modeled on {self.target}; binding {self.binding_engine}; "
+                f"busy {share}; {self.dma_transfers} DMAs / {self.dma_bytes / 1e6:.3f} MB; "
+                f"{self.matmul_flops / 1e9:.3f} GFLOP matmul; {self.num_instructions} instructions")
+
+    def to_dict(self) -> dict:
+        return {
+            "target": self.target, "time_ns": self.time_ns, "busy_ns": dict(self.busy_ns),
+            "share": self.share, "critical_ns": dict(self.critical_ns),
+            "binding_engine": self.binding_engine, "busiest_engine": self.busiest_engine,
+            "dma_queue_utilization": self.dma_queue_utilization, "dma_bytes": self.dma_bytes,
+            "dma_transfers": self.dma_transfers, "matmul_flops": self.matmul_flops,
+            "num_instructions": self.num_instructions, "op_counts": dict(self.op_counts),
+            "num_cores": self.num_cores,
+        }
