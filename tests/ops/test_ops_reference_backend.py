@@ -1,0 +1,177 @@
+"""Valid host-API calls on backend="reference" against the reference functions."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from ops_case_inputs import OPS, POOL_NAMES, base
+
+from nki_ssm.ops._dispatch import cast_rne
+from nki_ssm.reference import gated_delta as ref_gdn
+from nki_ssm.reference import mamba2_ssd as ref_ssd
+from nki_ssm.reference import short_conv as ref_conv
+from nki_ssm.reference.metrics import rel_fro
+
+BF16 = ml_dtypes.bfloat16
+F32 = np.float32
+
+# The reference each op must reproduce on backend="reference".
+REFERENCE = {
+    "short_conv_prefill": ref_conv.short_conv_prefill,
+    "short_conv_decode": ref_conv.short_conv_decode,
+    "ssd_prefill": ref_ssd.ssd_chunked,
+    "ssd_decode": ref_ssd.ssd_decode,
+    "gated_delta_prefill": ref_gdn.gated_delta_chunked,
+    "gated_delta_decode": ref_gdn.gated_delta_decode,
+}
+
+
+def _pool_name(kw):
+    return next(n for n in POOL_NAMES if n in kw)
+
+
+def _copy(kw):
+    return {n: (a.copy() if isinstance(a, np.ndarray) else a) for n, a in kw.items()}
+
+
+def _padding_rows(op, kw):
+    """Output rows that belong to padding sequences (state_indices == -1)."""
+    idx = kw["state_indices"]
+    if "cu_seqlens" not in kw:
+        return [np.s_[i] for i in np.flatnonzero(idx < 0)]
+    cu = kw["cu_seqlens"]
+    return [np.s_[cu[i]:cu[i + 1]] for i in np.flatnonzero(idx < 0)]
+
+
+@pytest.mark.parametrize("dtype,pool_dtype", [(F32, F32), (BF16, BF16), (F32, BF16), (BF16, F32)],
+                         ids=["f32-f32pool", "bf16-bf16pool", "f32-bf16pool", "bf16-f32pool"])
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_op_matches_reference_and_updates_pool_in_place(op, dtype, pool_dtype):
+    kw = base(op, dtype=dtype, pool_dtype=pool_dtype)
+    inputs_before = _copy(kw)
+    pool = kw[_pool_name(kw)]
+    pool_before = pool.copy()
+    ref_out, ref_pool = REFERENCE[op](**_copy(kw))[:2]
+
+    out = OPS[op](**kw, backend="reference")
+
+    assert out.dtype == np.dtype(dtype) and out.shape == ref_out.shape
+    assert out.tobytes() == cast_rne(ref_out, dtype).tobytes()
+    tol = 1e-6 if dtype is F32 else 2.0 ** -8
+    assert rel_fro(out.astype(np.float64), ref_out) <= tol
+    for rows in _padding_rows(op, kw):
+        assert not out[rows].astype(np.float64).any(), "padding output must be zeros"
+
+    # pool: same object and dtype, named slots = RNE of the reference, others bit-identical
+    assert kw[_pool_name(kw)] is pool and pool.dtype == np.dtype(pool_dtype)
+    idx = kw["state_indices"]
+    named = idx[idx >= 0]
+    unnamed = np.setdiff1d(np.arange(pool.shape[0]), named)
+    assert len(named) and len(unnamed)
+    assert pool[named].tobytes() == cast_rne(ref_pool[named], pool_dtype).tobytes()
+    assert pool[unnamed].tobytes() == pool_before[unnamed].tobytes()
+    assert not np.array_equal(pool[named], pool_before[named])
+
+    for n, a in inputs_before.items():  # nothing but the pool is modified
+        if isinstance(a, np.ndarray) and n != _pool_name(kw):
+            assert kw[n].tobytes() == a.tobytes(), f"{n} modified"
+
+
+def test_short_conv_default_activation_is_silu():
+    kw = base("short_conv_prefill")
+    del kw["activation"]
+    y = OPS["short_conv_prefill"](**kw, backend="reference")
+    kw2 = base("short_conv_prefill")
+    y_ref, _ = ref_conv.short_conv_prefill(**{**kw2, "activation": "silu"})
+    y_lin, _ = ref_conv.short_conv_prefill(**{**kw2, "activation": None})
+    assert rel_fro(y.astype(np.float64), y_ref) <= 1e-6
+    assert rel_fro(y.astype(np.float64), y_lin) > 1e-2
+
+
+@pytest.mark.parametrize("op", ["short_conv_decode", "ssd_decode"])
+def test_single_token_decode_form(op):
+    kw = base(op, T=None)
+    kw_t = base(op, T=None)
+    # the same token as [num_seqs, 1, ...]
+    for n in ("x", "dt", "B", "C", "z"):
+        if kw_t.get(n) is not None:
+            kw_t[n] = kw_t[n][:, None]
+    y = OPS[op](**kw, backend="reference")
+    y_t = OPS[op](**kw_t, backend="reference")
+    assert y.shape == kw["x"].shape
+    assert y.tobytes() == y_t[:, 0].tobytes()
+    pool = _pool_name(kw)
+    assert kw[pool].tobytes() == kw_t[pool].tobytes()
+
+
+@pytest.mark.parametrize("pool_dtype", [F32, BF16])
+def test_gated_delta_decode_intermediate_states(pool_dtype):
+    kw = base("gated_delta_decode", pool_dtype=pool_dtype)
+    o, inter = OPS["gated_delta_decode"](**kw, return_intermediate_states=True,
+                                         backend="reference")
+    kw2 = base("gated_delta_decode", pool_dtype=pool_dtype)
+    o2 = OPS["gated_delta_decode"](**kw2, backend="reference")
+    assert o.tobytes() == o2.tobytes()
+    assert inter.dtype == np.dtype(pool_dtype) and inter.shape == (3, 2, 4, 16, 8)
+    idx = kw["state_indices"]
+    for i in np.flatnonzero(idx >= 0):  # the last intermediate state is the new pool slot
+        assert inter[i, -1].tobytes() == kw["ssm_states"][idx[i]].tobytes()
+
+
+def test_ssd_prefill_matches_recurrent_ground_truth():
+    kw = base("ssd_prefill")
+    y_ref, pool_ref = ref_ssd.ssd_recurrent(**{n: a for n, a in _copy(kw).items()
+                                               if n != "chunk_size"})
+    y = OPS["ssd_prefill"](**kw, backend="reference")
+    named = kw["state_indices"][kw["state_indices"] >= 0]
+    assert rel_fro(y.astype(np.float64), y_ref) <= 1e-6
+    assert rel_fro(kw["ssm_states"][named].astype(np.float64), pool_ref[named]) <= 1e-6
+
+
+@pytest.mark.parametrize("op", ["short_conv_prefill", "gated_delta_prefill", "ssd_prefill"])
+def test_prefill_in_two_pieces_through_the_pool(op):
+    """Pools updated in place carry a sequence across calls (float32, one sequence)."""
+    seq = 21
+    kw = base(op)
+    # one sequence made of all tokens, starting from zeros, in slot 0
+    n = kw["cu_seqlens"][-1]
+    token_args = [a for a in ("x", "dt", "B", "C", "z", "q", "k", "v", "g", "beta")
+                  if isinstance(kw.get(a), np.ndarray)]
+    one = dict(kw, cu_seqlens=np.array([0, n], np.int32), state_indices=np.array([0], np.int32),
+               has_initial_state=np.array([False]))
+    pool_name = _pool_name(kw)
+    one[pool_name] = kw[pool_name].copy()
+    y_one = OPS[op](**one, backend="reference")
+
+    two = dict(one)
+    two[pool_name] = kw[pool_name].copy()
+    cut = min(seq, n - 3)
+    first = {a: two[a][:cut] for a in token_args}
+    second = {a: two[a][cut:] for a in token_args}
+    y1 = OPS[op](**{**two, **first, "cu_seqlens": np.array([0, cut], np.int32)},
+                 backend="reference")
+    y2 = OPS[op](**{**two, **second, "cu_seqlens": np.array([0, n - cut], np.int32),
+                    "has_initial_state": np.array([True])}, backend="reference")
+    y_two = np.concatenate([y1, y2]).astype(np.float64)
+    assert rel_fro(y_two, y_one.astype(np.float64)) <= 1e-5
+    assert rel_fro(two[pool_name][0].astype(np.float64),
+                   one[pool_name][0].astype(np.float64)) <= 1e-5
+
+
+def test_index_arrays_of_any_integer_dtype_and_pool_views():
+    """int64 / uint8 index arrays are accepted; a pool that is a view is written through."""
+    kw = base("short_conv_prefill")
+    expected = base("short_conv_prefill")
+    OPS["short_conv_prefill"](**expected, backend="reference")
+    kw["cu_seqlens"] = kw["cu_seqlens"].astype(np.int64)
+    si = kw["state_indices"].astype(np.int64)
+    kw["state_indices"] = si
+    si_before = si.copy()
+    backing = np.zeros((2,) + kw["conv_states"].shape, np.float32)
+    backing[1] = kw["conv_states"]
+    kw["conv_states"] = backing[1]
+    y = OPS["short_conv_prefill"](**kw, backend="reference")
+    assert backing[1].tobytes() == expected["conv_states"].tobytes()
+    assert not backing[0].any()
+    assert np.array_equal(si, si_before)
+    assert y.dtype == np.float32
