@@ -123,7 +123,8 @@ def test_cast_rne_rounds_once(x, expected):
 def test_cast_rne_is_correctly_rounded(mags, signs):
     x = np.array(mags) * np.where(np.array(signs[: len(mags)]), -1.0, 1.0)
     # Also hit near-ties: perturb onto the float64 neighbourhood of bf16 midpoints.
-    mid = _bf16_rne_oracle(x) + np.abs(_bf16_rne_oracle(x)) * 2.0 ** -8
+    # half a bf16 ulp away from zero (+2**44 on the float64 bits)
+    mid = (_bf16_rne_oracle(x).view(np.uint64) + (np.uint64(1) << np.uint64(44))).view(np.float64)
     for vals in (x, mid, np.nextafter(mid, np.inf), np.nextafter(mid, -np.inf)):
         got = cast_rne(vals, BF16).astype(np.float64)
         assert np.array_equal(got, _bf16_rne_oracle(vals))
