@@ -13,7 +13,7 @@ round-to-nearest-even) after every output has been computed and cast. A
 launcher updates pools in place itself; if it raises, the named slots are
 restored from a snapshot taken before the launch, so a failed call leaves
 every pool as it was (a launcher writing outside the named slots is a kernel
-bug this cannot undo).
+bug this cannot undo). Launchers see C-contiguous arrays only.
 """
 from __future__ import annotations
 
@@ -123,10 +123,31 @@ def run(family: str, entry: str, kwargs: dict, *, pools: tuple, reference, backe
         for name, values in staged.items():
             kwargs[name][slots] = values
         return outputs
-    snapshot = {name: kwargs[name][slots].copy() for name in pools}
+    return _launch(launcher, kind, kwargs, pools, slots)
+
+
+def _launch(launcher, kind: str, kwargs: dict, pools: tuple, slots: np.ndarray):
+    """Run a kernel launcher on C-contiguous arrays; restore named slots on failure.
+
+    Kernels address HBM tensors as dense row-major buffers, so strided
+    inputs are made contiguous. A strided pool (e.g. a view into a larger
+    cache) is replaced by a contiguous working copy whose named slots are
+    committed back only on success.
+    """
+    args = {n: np.ascontiguousarray(a) if isinstance(a, np.ndarray) and n not in pools else a
+            for n, a in kwargs.items()}
+    direct = [n for n in pools if kwargs[n].flags.c_contiguous]
+    for n in pools:
+        if n not in direct:
+            args[n] = np.ascontiguousarray(kwargs[n])
+    snapshot = {n: kwargs[n][slots].copy() for n in direct}
     try:
-        return launcher(**kwargs, backend=kind)
+        out = launcher(**args, backend=kind)
     except BaseException:
-        for name, values in snapshot.items():
-            kwargs[name][slots] = values
+        for n, values in snapshot.items():
+            kwargs[n][slots] = values
         raise
+    for n in pools:
+        if n not in direct:
+            kwargs[n][slots] = args[n][slots]
+    return out

@@ -161,3 +161,32 @@ def test_unknown_backend_type(monkeypatch):
     for bad in ("gpu", "", 1, "Reference"):
         with pytest.raises(ValueError, match=r"^backend must be one of None, 'reference'"):
             dispatch.resolve("short_conv", "prefill", bad)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_launcher_sees_contiguous_arrays_and_strided_pool_is_committed(fail, monkeypatch):
+    """A pool that is a strided view gets a contiguous working copy; named slots come back."""
+    rec = Recorder(fail=fail)
+    install(monkeypatch, {"short_conv": {"prefill": rec}})
+    kw = base("short_conv_prefill")
+    backing = np.zeros(kw["conv_states"].shape[:2] + (2 * kw["conv_states"].shape[2],),
+                       np.float32)
+    backing[..., ::2] = kw["conv_states"]
+    kw["conv_states"] = backing[..., ::2]           # strided view into a bigger cache
+    kw["x"] = np.asfortranarray(kw["x"])            # a strided activation
+    before = backing.tobytes()
+    if fail:
+        with pytest.raises(RuntimeError):
+            OPS["short_conv_prefill"](**kw)
+        assert backing.tobytes() == before
+        return
+    OPS["short_conv_prefill"](**kw)
+    (call,) = rec.calls
+    assert call["x"].flags.c_contiguous and call["conv_states"].flags.c_contiguous
+    assert call["conv_states"] is not kw["conv_states"]
+    idx = kw["state_indices"]
+    named, unnamed = idx[idx >= 0], np.setdiff1d(np.arange(backing.shape[0]), idx)
+    assert (backing[named][..., ::2] == 7.0).all()   # committed through the view
+    assert not backing[..., 1::2].any()               # the gaps never touched
+    assert backing[unnamed].tobytes() == np.frombuffer(before, np.float32).reshape(
+        backing.shape)[unnamed].tobytes()
