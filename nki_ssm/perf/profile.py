@@ -27,14 +27,17 @@ def platform_target(name: str):
 
 def _simulator():
     """The simulator's `simulate(kernel) -> callable` (imported lazily: perf may run without it)."""
-    import nki_ssm.sim as sim
+    import importlib
 
-    fn = getattr(sim, "simulate", None)
-    if fn is None:
-        fn = getattr(getattr(sim, "nki", None), "simulate", None)
-    if fn is None:
-        raise RuntimeError("nki_ssm.sim provides no `simulate`; cannot profile a kernel yet")
-    return fn
+    for module in ("nki_ssm.sim.jit", "nki_ssm.sim"):
+        try:
+            fn = getattr(importlib.import_module(module), "simulate", None)
+        except ModuleNotFoundError:
+            fn = None
+        if fn is not None:
+            return fn
+    raise RuntimeError("nki_ssm.sim provides no `simulate` (nki_ssm.sim.jit.simulate); "
+                       "cannot profile a kernel yet")
 
 
 def profile(kernel, *arrays, target: "str | HardwareSpec" = "trn2", **kwargs) -> tuple[object, Timing]:
