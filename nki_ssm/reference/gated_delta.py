@@ -171,11 +171,12 @@ def resolve_gates(lead: tuple, HV: int, *, g=None, beta=None, a=None, b=None,
 
 
 def _prepare(q, k, v, ssm_states, lead_name: str, gates: dict, scale, use_qk_l2norm):
-    """Common checks for all entry points; lead = leading axes of q (tokens or seqs, T)."""
+    """Common checks for all entry points; ``lead_name`` names q's leading axes
+    ("num_tokens" for prefill, "num_seqs, T" for decode)."""
     q64, k64, v64 = _as_f64("q", q), _as_f64("k", k), _as_f64("v", v)
     pool = _as_f64("ssm_states", ssm_states)
-    nlead = q64.ndim - 2
-    if q64.ndim < 3:
+    nlead = len(lead_name.split(","))
+    if q64.ndim != nlead + 2:
         raise ValueError(f"q must have shape [{lead_name}, H, K], got {q64.shape}")
     lead, (H, K) = q64.shape[:nlead], q64.shape[nlead:]
     _check_shape("k", k64, q64.shape)
@@ -290,8 +291,6 @@ def _prefill(q, k, v, gates, scale, use_qk_l2norm, cu_seqlens, ssm_states, state
              has_initial_state, run_sequence):
     q64, k64, v64, g64, beta64, pool = _prepare(
         q, k, v, ssm_states, "num_tokens", gates, scale, use_qk_l2norm)
-    if q64.ndim != 3:
-        raise ValueError(f"q must have shape [num_tokens, H, K], got {np.shape(q)}")
     num_tokens = q64.shape[0]
     cu = _as_int("cu_seqlens", cu_seqlens)
     _check_cu_seqlens(cu, num_tokens)
@@ -361,8 +360,6 @@ def gated_delta_decode(q, k, v, *, g=None, beta=None, a=None, b=None, A_log=None
     gates = dict(g=g, beta=beta, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
     q64, k64, v64, g64, beta64, pool = _prepare(
         q, k, v, ssm_states, "num_seqs, T", gates, scale, use_qk_l2norm)
-    if q64.ndim != 4:
-        raise ValueError(f"q must have shape [num_seqs, T, H, K], got {np.shape(q)}")
     num_seqs, T = q64.shape[:2]
     idx = _as_int("state_indices", state_indices, num_seqs)
     _check_state_indices(idx, pool.shape[0])

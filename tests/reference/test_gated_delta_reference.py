@@ -113,6 +113,16 @@ def test_realistic_gates_long_sequence_stays_finite():
     assert np.linalg.norm(o_r) > 0 and np.all(np.isfinite(o_r))
 
 
+@pytest.mark.slow
+def test_recurrent_matches_chunked_at_qwen3_next_shape():
+    """Qwen3-Next TP1 heads (H 16, HV 32, K = V = 128), realistic raw gates, ragged
+    lengths across chunk boundaries; ~1000 tokens (a few seconds)."""
+    rng = np.random.default_rng(18)
+    inp = make_gated_delta_inputs(rng, seqlens=[700, 1, 0, 300], H=16, HV=32, K=128, V=128,
+                                  raw_gates=True, use_qk_l2norm=True, padding=1)
+    _assert_forms_agree(inp, 64)
+
+
 # ----------------------------------------------------------------------------- gates
 
 @pytest.mark.parametrize("fn", [gated_delta_recurrent, gated_delta_chunked])
@@ -351,6 +361,7 @@ def _base():
     (lambda d: d.update(ssm_states=np.zeros((4, 2, 2, 3))), ValueError, "ssm_states"),
     (lambda d: d.update(q=d["q"].astype(np.int32)), TypeError, "q must have a floating"),
     (lambda d: d.update(scale="x"), TypeError, "scale"),
+    (lambda d: d.update(q=d["q"][None]), ValueError, "q must have shape [num_tokens, H, K]"),
 ])
 def test_bad_input_rejected(change, exc, words):
     inp = _base()
