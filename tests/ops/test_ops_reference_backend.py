@@ -4,10 +4,13 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from ops_case_inputs import OPS, POOL_NAMES, base
 
 from nki_ssm.ops._dispatch import cast_rne
 from nki_ssm.reference import gated_delta as ref_gdn
+from nki_ssm.reference import inputs as gen
 from nki_ssm.reference import mamba2_ssd as ref_ssd
 from nki_ssm.reference import short_conv as ref_conv
 from nki_ssm.reference.metrics import rel_fro
@@ -175,3 +178,78 @@ def test_index_arrays_of_any_integer_dtype_and_pool_views():
     assert not backing[0].any()
     assert np.array_equal(si, si_before)
     assert y.dtype == np.float32
+
+
+# ---------------------------------------------------------------- varying shapes
+
+
+def _check_against_reference(op, kw):
+    pool_name = _pool_name(kw)
+    pool_before = kw[pool_name].copy()
+    ref_out, ref_pool = REFERENCE[op](**_copy(kw))[:2]
+    out = OPS[op](**kw, backend="reference")
+    dtype = kw["x" if "x" in kw else "q"].dtype
+    assert out.dtype == dtype and out.tobytes() == cast_rne(ref_out, dtype).tobytes()
+    idx = kw["state_indices"]
+    named = idx[idx >= 0]
+    unnamed = np.setdiff1d(np.arange(pool_before.shape[0]), named)
+    pool = kw[pool_name]
+    assert pool[named].tobytes() == cast_rne(ref_pool[named], pool.dtype).tobytes()
+    assert pool[unnamed].tobytes() == pool_before[unnamed].tobytes()
+
+
+SHAPES = settings(max_examples=12, deadline=None)
+seqlens_st = st.lists(st.integers(0, 20), min_size=1, max_size=4)
+dtypes_st = st.sampled_from([F32, BF16])
+
+
+@SHAPES
+@given(seqlens=seqlens_st, dim=st.integers(1, 6), W=st.integers(2, 8), bias=st.booleans(),
+       dtype=dtypes_st, pool_dtype=dtypes_st, seed=st.integers(0, 2 ** 16), pad=st.booleans())
+def test_short_conv_prefill_any_shape(seqlens, dim, W, bias, dtype, pool_dtype, seed, pad):
+    kw = gen.make_short_conv_inputs(np.random.default_rng(seed), seqlens=seqlens, dim=dim, W=W,
+                                    bias=bias, dtype=dtype, pool_dtype=pool_dtype,
+                                    padding=int(pad and len(seqlens) > 1))
+    _check_against_reference("short_conv_prefill", kw)
+
+
+@SHAPES
+@given(seqlens=seqlens_st, H=st.sampled_from([1, 2, 4]), gpg=st.sampled_from([1, 2]),
+       P=st.integers(1, 4), N=st.integers(1, 5), chunk=st.sampled_from([16, 32, 128]),
+       dtype=dtypes_st, seed=st.integers(0, 2 ** 16), D=st.sampled_from([None, "H", "HP"]),
+       z=st.booleans())
+def test_ssd_prefill_any_shape(seqlens, H, gpg, P, N, chunk, dtype, seed, D, z):
+    G = max(H // gpg, 1)
+    kw = gen.make_ssd_inputs(np.random.default_rng(seed), seqlens=seqlens, H=H, P=P, N=N, G=G,
+                             D=D, z=z, dtype=dtype, padding=int(len(seqlens) > 2))
+    kw["chunk_size"] = chunk
+    _check_against_reference("ssd_prefill", kw)
+
+
+@SHAPES
+@given(seqlens=seqlens_st, H=st.sampled_from([1, 2]), rep=st.sampled_from([1, 2]),
+       K=st.integers(1, 8), V=st.integers(1, 8), raw=st.booleans(), l2=st.booleans(),
+       chunk=st.sampled_from([16, 48, 64]), dtype=dtypes_st, seed=st.integers(0, 2 ** 16))
+def test_gated_delta_prefill_any_shape(seqlens, H, rep, K, V, raw, l2, chunk, dtype, seed):
+    kw = gen.make_gated_delta_inputs(np.random.default_rng(seed), seqlens=seqlens, H=H,
+                                     HV=H * rep, K=K, V=V, raw_gates=raw, use_qk_l2norm=l2,
+                                     dtype=dtype, padding=int(len(seqlens) > 2))
+    kw["chunk_size"] = chunk
+    _check_against_reference("gated_delta_prefill", kw)
+
+
+@SHAPES
+@given(num_seqs=st.integers(1, 4), T=st.integers(1, 3), family=st.sampled_from(
+    ["short_conv_decode", "ssd_decode", "gated_delta_decode"]), dtype=dtypes_st,
+    pool_dtype=dtypes_st, seed=st.integers(0, 2 ** 16))
+def test_decode_any_shape(num_seqs, T, family, dtype, pool_dtype, seed):
+    rng = np.random.default_rng(seed)
+    common = dict(num_seqs=num_seqs, T=T, dtype=dtype, pool_dtype=pool_dtype,
+                  padding=int(num_seqs > 1))
+    if family == "short_conv_decode":
+        kw = gen.make_short_conv_decode_inputs(rng, dim=3, W=4, **common)
+    elif family == "ssd_decode":
+        kw = gen.make_ssd_decode_inputs(rng, H=2, P=3, N=4, G=1, **common)
+    else:
+        kw = gen.make_gated_delta_decode_inputs(rng, H=1, HV=2, K=4, V=3, **common)
+    _check_against_reference(family, kw)
