@@ -1,0 +1,234 @@
+"""Ragged prefill of the short causal conv1d with a state pool (one launch per batch).
+
+Engine plan (per channel group of up to 16 x 128 channels, per sequence, per
+chunk of up to 512 tokens):
+
+1. DMA: one ``dma_transpose`` brings ``x[t0-(W-1) : t0+tc, group]`` in as
+   ``xw [128 ch, n_tiles, W-1+tc]`` (channels on partitions, tokens on the
+   free axis). The first chunk of a sequence instead gets its W-1 halo
+   columns by an indirect gather from the pool (``vector_offset`` rows =
+   ``slot*dim + channel``) into a zeroed tile; rows of sequences without an
+   initial state are out of bounds and skipped (``oob_mode.skip``), so the
+   halo stays zero.
+2. TensorE: per 128-token block and 128-channel tile, W accumulating
+   matmuls ``psum[tok, ch] += xw[:, k:k+M].T @ diag(weight[:, k])``: the
+   shifted x window is the stationary, a diagonal weight matrix the moving
+   operand, so the conv taps and the token-major transpose of the output
+   happen in one pass; a bias is one more K=1 matmul (ones x bias row).
+   bfloat16 x with float32 weights uses a hi+lo bfloat16 split of the
+   weights (two matmuls per tap) so no weight precision is lost.
+3. ScalarE: one ``activation`` (SiLU or copy) per PSUM bank evicts
+   ``psum [128 tok, 512 ch]`` into the token-major output tile.
+4. DMA: contiguous store of ``[128 tok, group channels]`` rows of y; the
+   sequence's new state (last W-1 window columns) is scattered back to its
+   slot rows with ``vector_offset`` after its last chunk.
+
+Compile time vs run time: shapes, W, dtypes, the activation, and the batch
+layout (token ranges of the sequences and which sequences are padding) are
+compile-time, so the kernel is specialised per batch layout (they are part of
+the NKI cache key). Slot numbers and has_initial_state are run-time data (the
+gather/scatter row tables). A run-time-boundary version would read
+``cu_seqlens`` into registers and loop with ``nl.fori_loop`` over sequences
+and chunks with ``scalar_offset`` DMAs and masked partial blocks.
+
+Limits: dim any size (tiles of 128 channels, the last may be partial), W >=
+2 (W - 1 <= 512), any number of tokens per sequence (chunked), pool and x
+float32 or bfloat16. Matmul operands are float32 when x or the pool is
+float32 (quarter TensorE rate), else bfloat16.
+"""
+from nki_ssm.backend import nki, nl, nisa
+
+TILE = 128          # channels per partition tile / tokens per output block
+GROUP_TILES = 16    # channel tiles per group: 2048 channels -> 4 KiB bf16 store rows
+CHUNK = 512         # tokens per transposed load (n_tiles * 512 * 2 B = 16 KiB per partition)
+BANK = 512          # fp32 columns of one PSUM bank
+
+
+def _channel_groups(dim):
+    """[(c0, n_tiles, P)]: full 128-channel tiles in groups, then the partial tile."""
+    groups = []
+    n_full = dim // TILE
+    g0 = 0
+    while g0 < n_full:
+        n = min(GROUP_TILES, n_full - g0)
+        groups.append((g0 * TILE, n, TILE))
+        g0 += n
+    if dim % TILE:
+        groups.append((n_full * TILE, 1, dim % TILE))
+    return groups
+
+
+def _identity(dtype):
+    """[128, 128] identity built on GpSimd (ones where partition == column)."""
+    ones = nl.ndarray((TILE, TILE), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ones, value=1.0)
+    ident = nl.ndarray((TILE, TILE), dtype=dtype, buffer=nl.sbuf)
+    nisa.affine_select(dst=ident, pattern=[[-1, TILE]], channel_multiplier=1,
+                       on_true_tile=ones, on_false_value=0.0, cmp_op=nl.equal)
+    return ident
+
+
+def _split_parts(src_f32, shape, mm_dtype, split):
+    """Matmul-dtype copies of float32 values: (v,) or (hi, lo) with v = hi + lo to ~2^-17."""
+    hi = nl.ndarray(shape, dtype=mm_dtype, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=hi, src=src_f32)
+    if not split:
+        return (hi,)
+    rest = nl.ndarray(shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=rest, data1=src_f32, data2=hi, op=nl.subtract)
+    lo = nl.ndarray(shape, dtype=mm_dtype, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=lo, src=rest)
+    return (hi, lo)
+
+
+def _diag_weights(weight, ident, c0, n, P, W, mm_dtype, split):
+    """Per part: [128, n, W, 128] tiles with diag(weight[c0 + j*128 + p, k]) at [:, j, k, :].
+
+    One part: the weights rounded to the matmul dtype. Two parts (split):
+    hi = bf16(w) and lo = bf16(w - hi), so hi + lo carries w to ~2^-17.
+    """
+    w32 = nl.ndarray((TILE, n, W), dtype=nl.float32, buffer=nl.sbuf)
+    # channel c0 + j*128 + p -> partition p, free (j, k)
+    nisa.dma_copy(dst=w32[0:P, :, :],
+                  src=weight.ap(pattern=[[W, P], [TILE * W, n], [1, W]], offset=c0 * W))
+    wparts = (w32,)
+    if split:
+        hi = nl.ndarray((TILE, n, W), dtype=mm_dtype, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=hi[0:P, :, :], src=w32[0:P, :, :])
+        lo32 = nl.ndarray((TILE, n, W), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=lo32[0:P, :, :], data1=w32[0:P, :, :], data2=hi[0:P, :, :],
+                           op=nl.subtract)
+        wparts = (w32, lo32)
+    parts = []
+    for q in range(len(wparts)):
+        d = nl.ndarray((TILE, n, W, TILE), dtype=mm_dtype, buffer=nl.sbuf)
+        src = wparts[q]
+        for j in range(n):
+            for k in range(W):
+                # diag(w) = identity scaled per partition; the write rounds to mm_dtype
+                nisa.tensor_scalar(dst=d[0:P, j, k, 0:P], data=ident[0:P, 0:P],
+                                   op0=nl.multiply, operand0=src[0:P, j, k:k + 1])
+        parts.append(d)
+    return parts
+
+
+def _bias_parts(bias, c0, width, mm_dtype, split):
+    """Per part: a [1, width] bias row in the matmul dtype."""
+    b32 = nl.ndarray((1, width), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=b32, src=bias.ap(pattern=[[width, 1], [1, width]], offset=c0))
+    return _split_parts(b32, (1, width), mm_dtype, split)
+
+
+@nki.jit
+def short_conv_prefill_kernel(x, weight, bias, pool_rows, gather_rows, scatter_rows,
+                              segments, live, activation, has_bias, mm_fp32, x_stage,
+                              w_split, b_split):
+    """Causal depthwise conv1d over a ragged batch; the pool is updated in place.
+
+    x ``[num_tokens, dim]``; weight ``[dim, W]``; bias ``[dim]`` or None;
+    pool_rows ``[slots * dim, W-1]`` (the conv state pool viewed one channel
+    per row); gather_rows / scatter_rows int32 ``[num_seqs, dim]`` = ``slot *
+    dim + channel`` (gather: ``slots * dim``, out of bounds, when the sequence
+    starts from zeros); segments: tuple of (start, end) token ranges; live:
+    tuple of bools (False = padding: zero output, pool untouched);
+    activation "silu" or "none"; has_bias: bias given; mm_fp32 / x_stage /
+    w_split / b_split: matmul precision flags chosen by the launcher (fp32
+    operands; bf16 x cast up on chip; hi+lo split of fp32 weights / bias). Returns y ``[num_tokens, dim]``
+    in x's dtype.
+    """
+    num_tokens, dim = x.shape
+    W = weight.shape[1]
+    H = W - 1
+    mm_dtype = nl.float32 if mm_fp32 else nl.bfloat16
+    stage = x_stage                                # bf16 x cast up for fp32 matmuls
+    act_op = nl.silu if activation == "silu" else nl.copy
+    y = nl.ndarray((num_tokens, dim), dtype=x.dtype, buffer=nl.shared_hbm)
+
+    ident = _identity(mm_dtype)
+    ones = nl.ndarray((1, TILE), dtype=mm_dtype, buffer=nl.sbuf)
+    nisa.memset(dst=ones, value=1.0)
+    zeros = nl.ndarray((TILE, GROUP_TILES * TILE), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=zeros, value=0.0)
+
+    for (c0, n, P) in _channel_groups(dim):
+        gw = (n - 1) * TILE + P                      # channels in this group
+        dparts = _diag_weights(weight, ident, c0, n, P, W, mm_dtype, w_split)
+        bparts = _bias_parts(bias, c0, gw, mm_dtype, b_split) if has_bias else ()
+        for s in range(len(segments)):
+            start, end = segments[s]
+            L = end - start
+            if not live[s]:
+                for b0 in range(start, end, TILE):
+                    m = min(TILE, end - b0)
+                    nisa.dma_copy(dst=y[b0:b0 + m, c0:c0 + gw], src=zeros[0:m, 0:gw])
+                continue
+            # run-time slot rows of this sequence, one column per channel tile
+            g_idx = nl.ndarray((TILE, n), dtype=nl.int32, buffer=nl.sbuf)
+            nisa.dma_copy(dst=g_idx[0:P, :],
+                          src=gather_rows.ap(pattern=[[1, P], [TILE, n]], offset=s * dim + c0))
+            s_idx = nl.ndarray((TILE, n), dtype=nl.int32, buffer=nl.sbuf)
+            nisa.dma_copy(dst=s_idx[0:P, :],
+                          src=scatter_rows.ap(pattern=[[1, P], [TILE, n]], offset=s * dim + c0))
+            n_chunks = max(1, (L + CHUNK - 1) // CHUNK)
+            for ci in range(n_chunks):
+                t0 = start + ci * CHUNK
+                tc = min(CHUNK, end - t0)
+                xw = nl.ndarray((TILE, n, H + CHUNK), dtype=mm_dtype, buffer=nl.sbuf)
+                xs = xw
+                if stage:
+                    xs = nl.ndarray((TILE, n, H + CHUNK), dtype=x.dtype, buffer=nl.sbuf)
+                if ci == 0:
+                    # halo from the pool: zeros, overwritten where the gather row is valid
+                    nisa.memset(dst=xw[0:P, :, 0:H], value=0.0)
+                    for j in range(n):
+                        nisa.dma_copy(
+                            dst=xw[0:P, j, 0:H],
+                            src=pool_rows.ap(pattern=[[H, P], [1, H]], offset=0,
+                                             vector_offset=g_idx[0:P, j:j + 1], indirect_dim=0),
+                            oob_mode=nisa.oob_mode.skip)
+                    lo, first = H, t0
+                else:
+                    # later chunks re-read the W-1 tokens before t0 (same sequence)
+                    lo, first = 0, t0 - H
+                width = H + tc - lo
+                if tc > 0:
+                    nisa.dma_transpose(
+                        dst=xs[0:P, :, lo:lo + width],
+                        src=x.ap(pattern=[[dim, width], [TILE, n], [1, P]],
+                                 offset=first * dim + c0))
+                    if stage:
+                        nisa.tensor_copy(dst=xw[0:P, :, lo:lo + width],
+                                         src=xs[0:P, :, lo:lo + width])
+                for b in range(0, tc, TILE):
+                    m = min(TILE, tc - b)
+                    ot = nl.ndarray((TILE, GROUP_TILES * TILE), dtype=x.dtype, buffer=nl.sbuf)
+                    for bank0 in range(0, gw, BANK):
+                        bw = min(BANK, gw - bank0)
+                        ps = nl.ndarray((TILE, BANK), dtype=nl.float32, buffer=nl.psum)
+                        for q in range(len(bparts)):
+                            nisa.nc_matmul(dst=ps[0:m, 0:bw], stationary=ones[0:1, 0:m],
+                                           moving=bparts[q][0:1, bank0:bank0 + bw],
+                                           accumulate=(q > 0))
+                        for jj in range(bank0 // TILE, (bank0 + bw + TILE - 1) // TILE):
+                            pj = min(TILE, gw - jj * TILE)
+                            col = jj * TILE - bank0
+                            for q in range(len(dparts)):
+                                for k in range(W):
+                                    first_mm = (len(bparts) == 0) and q == 0 and k == 0
+                                    nisa.nc_matmul(
+                                        dst=ps[0:m, col:col + pj],
+                                        stationary=xw[0:pj, jj, b + k:b + k + m],
+                                        moving=dparts[q][0:pj, jj, k, 0:pj],
+                                        accumulate=not first_mm)
+                        nisa.activation(dst=ot[0:m, bank0:bank0 + bw], op=act_op,
+                                        data=ps[0:m, 0:bw])
+                    nisa.dma_copy(dst=y[t0 + b:t0 + b + m, c0:c0 + gw], src=ot[0:m, 0:gw])
+                if ci == n_chunks - 1:
+                    # new state = last W-1 window columns (old state when L < W-1)
+                    last = tc
+                    for j in range(n):
+                        nisa.dma_copy(
+                            dst=pool_rows.ap(pattern=[[H, P], [1, H]], offset=0,
+                                             vector_offset=s_idx[0:P, j:j + 1], indirect_dim=0),
+                            src=xw[0:P, j, last:last + H])
+    return y

@@ -1,0 +1,97 @@
+"""Launcher of the short causal conv1d kernels (``nki_ssm.kernels.short_conv``).
+
+Host side only arranges layouts: the pool is passed as a ``[slots * dim,
+W-1]`` view (one channel per row, so the kernel gathers and scatters a
+sequence's state with one ``vector_offset`` row per partition), the slot
+numbers become int32 row tables, the batch layout becomes compile-time
+tuples, and the matmul precision flags are chosen from the dtypes. All
+gathers and scatters happen inside the kernel; the pool is updated in place.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+_F32 = np.dtype(np.float32)
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+_INT32_MAX = np.iinfo(np.int32).max
+
+
+def _run(kernel, *args, backend):
+    from nki_ssm import backend as _backend
+
+    return _backend.run(kernel, *args, backend=backend)
+
+
+def _pool_rows(conv_states: np.ndarray) -> np.ndarray:
+    """``[slots * dim, W-1]`` view of the pool (a copy only if the pool is not C-contiguous)."""
+    slots, dim, h = conv_states.shape
+    if slots * dim > _INT32_MAX:
+        raise ValueError(f"conv_states must have slots * dim <= {_INT32_MAX} (int32 row "
+                         f"indices), got {slots} * {dim} = {slots * dim}")
+    return conv_states.reshape(slots * dim, h)
+
+
+def _row_table(slot: np.ndarray, use: np.ndarray, dim: int, oob: int) -> np.ndarray:
+    """int32 ``[num_seqs, dim]``: ``slot * dim + channel`` where ``use``, else ``oob``."""
+    rows = slot.astype(np.int64)[:, None] * dim + np.arange(dim, dtype=np.int64)[None, :]
+    return np.where(use[:, None], rows, oob).astype(np.int32)
+
+
+def _precision_flags(x, weight, bias, conv_states):
+    """(mm_fp32, x_stage, w_split, b_split) for the prefill kernel (see its docstring)."""
+    mm_fp32 = x.dtype == _F32 or conv_states.dtype == _F32
+    x_stage = mm_fp32 and x.dtype != _F32
+    w_split = (not mm_fp32) and weight.dtype == _F32
+    b_split = (not mm_fp32) and bias is not None and bias.dtype == _F32
+    return mm_fp32, x_stage, w_split, b_split
+
+
+def _prefill_launch(x, weight, bias, activation, cu_seqlens, conv_states, state_indices,
+                    has_initial_state, backend):
+    from nki_ssm.kernels.short_conv.prefill import short_conv_prefill_kernel
+
+    num_tokens, dim = x.shape
+    slots = conv_states.shape[0]
+    idx = np.asarray(state_indices, dtype=np.int64)
+    live = idx >= 0
+    oob = slots * dim                      # first row past the pool: gather skips it
+    gather_rows = _row_table(idx, live & np.asarray(has_initial_state, dtype=bool), dim, oob)
+    scatter_rows = _row_table(idx, live, dim, oob)
+    cu = [int(v) for v in np.asarray(cu_seqlens)]
+    segments = tuple((cu[s], cu[s + 1]) for s in range(len(cu) - 1))
+    live_t = tuple(bool(v) for v in live)
+    rows = _pool_rows(conv_states)
+    xk = x
+    if num_tokens == 0:
+        # the kernel needs a non-empty y; empty sequences still write their states
+        xk = np.zeros((1, dim), dtype=x.dtype)
+    flags = _precision_flags(x, weight, bias, conv_states)
+    y = _run(short_conv_prefill_kernel, np.ascontiguousarray(xk), np.ascontiguousarray(weight),
+             None if bias is None else np.ascontiguousarray(bias), rows, gather_rows,
+             scatter_rows, segments, live_t, "silu" if activation == "silu" else "none",
+             bias is not None, *flags, backend=backend)
+    if not np.shares_memory(rows, conv_states):
+        conv_states[...] = rows.reshape(conv_states.shape)
+    y = np.asarray(y)
+    return y[:num_tokens] if num_tokens == 0 else y
+
+
+def prefill(*, x, weight, bias, activation, cu_seqlens, conv_states, state_indices,
+            has_initial_state, backend):
+    """Run the prefill kernel: y ``[num_tokens, dim]`` in x's dtype; ``conv_states`` updated in place."""
+    return _prefill_launch(x, weight, bias, activation, cu_seqlens, conv_states,
+                           state_indices, has_initial_state, backend)
+
+
+def decode(*, x, weight, bias, activation, conv_states, state_indices, backend):
+    """Decode / multi-token update: y shaped like x (``[num_seqs, T, dim]`` or ``[num_seqs, dim]``)."""
+    squeeze = x.ndim == 2
+    x3 = x[:, None, :] if squeeze else x
+    num_seqs, T, dim = x3.shape
+    cu = np.arange(num_seqs + 1, dtype=np.int64) * T
+    y = _prefill_launch(np.ascontiguousarray(x3).reshape(num_seqs * T, dim), weight, bias,
+                        activation, cu, conv_states, state_indices,
+                        np.ones(num_seqs, dtype=bool), backend)
+    y = y.reshape(num_seqs, T, dim)
+    return y[:, 0, :] if squeeze else y

@@ -1,0 +1,198 @@
+"""Short causal conv1d NKI kernels on the simulator, against the float64 reference.
+
+Bounds:
+- float32 I/O: relative Frobenius error <= 1e-6 (the kernel accumulates W
+  exact fp32 products in fp32 PSUM and rounds once; observed ~1e-7).
+- bfloat16 I/O (x, weight, pool bf16): the kernel's only rounding that
+  matters is the final cast of y to bf16, so every element must be within
+  one bf16 unit roundoff of the float64 reference: |y - ref| <= 2^-8 |ref|
+  (+ 1e-5 max|ref| for the fp32 accumulation near zero crossings).
+- pools hold copies of inputs, so the updated slots must equal the reference
+  bit for bit, and unnamed slots must not change at all.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+pytest.importorskip("nki_ssm.backend")
+
+from nki_ssm import ops  # noqa: E402
+from nki_ssm.reference import short_conv as ref  # noqa: E402
+from nki_ssm.reference.inputs import make_short_conv_decode_inputs, make_short_conv_inputs  # noqa: E402
+from nki_ssm.reference.metrics import rel_fro  # noqa: E402
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F32_TOL = 1e-6
+
+
+def _kernel_prefill(inp):
+    """Run the op on the simulator; returns (y, pool after, pool before)."""
+    kw = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in inp.items()}
+    before = kw["conv_states"].copy()
+    y = ops.short_conv_prefill(kw.pop("x"), kw.pop("weight"), kw.pop("bias"), backend="sim", **kw)
+    return y, kw["conv_states"], before
+
+
+def _ref_prefill(inp, pool):
+    return ref.short_conv_prefill(inp["x"], inp["weight"], inp["bias"],
+                                  activation=inp["activation"], cu_seqlens=inp["cu_seqlens"],
+                                  conv_states=pool, state_indices=inp["state_indices"],
+                                  has_initial_state=inp["has_initial_state"])
+
+
+def _check_pool(after, before, ref_pool, state_indices):
+    named = np.asarray(state_indices)[np.asarray(state_indices) >= 0]
+    unnamed = np.setdiff1d(np.arange(before.shape[0]), named)
+    # unnamed slots: the very same bytes (NaN payloads included)
+    assert after[unnamed].tobytes() == before[unnamed].tobytes()
+    # named slots hold copies of inputs: exact after the cast to the pool dtype
+    np.testing.assert_array_equal(after[named].astype(np.float64),
+                                  ref_pool[named].astype(after.dtype).astype(np.float64))
+
+
+def _check_y(y, y_ref, dtype):
+    assert y.dtype == dtype and y.shape == y_ref.shape
+    if dtype == np.float32:
+        assert rel_fro(y, y_ref) <= F32_TOL
+    else:
+        err = np.abs(y.astype(np.float64) - y_ref)
+        bound = 2.0 ** -8 * np.abs(y_ref) + 1e-5 * max(np.abs(y_ref).max(), 1e-30)
+        assert np.all(err <= bound), float((err / bound).max())
+
+
+def _run_and_check(inp):
+    y, after, before = _kernel_prefill(inp)
+    y_ref, ref_pool = _ref_prefill(inp, before)
+    _check_y(y, y_ref, inp["x"].dtype)
+    _check_pool(after, before, ref_pool, inp["state_indices"])
+    return y, after
+
+
+# --------------------------------------------------------------------------- prefill
+
+@pytest.mark.parametrize("W", [2, 3, 4])
+@pytest.mark.parametrize("dtype", [np.float32, BF16])
+def test_prefill_ragged_edge_lengths(rng, W, dtype):
+    """T = 1, T < W-1, empty, a padding slot and a normal sequence in one launch."""
+    inp = make_short_conv_inputs(rng, seqlens=[1, W - 2, 0, 7, 5], dim=128, W=W, dtype=dtype,
+                                 pool_dtype=dtype, padding=1, has_initial_state="mixed")
+    y, _ = _run_and_check(inp)
+    pad = np.flatnonzero(inp["state_indices"] < 0)
+    cu = inp["cu_seqlens"]
+    for s in pad:
+        assert not np.any(y[cu[s]:cu[s + 1]].astype(np.float64))
+
+
+@pytest.mark.parametrize("x_dtype,pool_dtype,w_dtype", [
+    (np.float32, BF16, np.float32),     # fp32 matmuls, bf16 pool cast on store
+    (BF16, np.float32, BF16),           # bf16 x staged up to fp32 (fp32 pool values kept exact)
+    (BF16, BF16, np.float32),           # hi+lo bf16 split of fp32 weights
+])
+def test_prefill_mixed_dtypes(rng, x_dtype, pool_dtype, w_dtype):
+    inp = make_short_conv_inputs(rng, seqlens=[3, 1, 9], dim=128, W=4, dtype=x_dtype,
+                                 pool_dtype=pool_dtype, has_initial_state=[True, True, False])
+    inp["weight"] = inp["weight"].astype(np.float64).astype(w_dtype)
+    inp["bias"] = inp["bias"].astype(np.float64).astype(w_dtype)
+    _run_and_check(inp)
+
+
+def test_prefill_partial_tile_no_bias_no_activation(rng):
+    """dim 192 = one full and one 64-channel tile; identity activation, no bias."""
+    inp = make_short_conv_inputs(rng, seqlens=[4, 2], dim=192, W=3, bias=False, activation=None,
+                                 has_initial_state=True)
+    _run_and_check(inp)
+
+
+def test_prefill_long_sequence_crosses_chunks(rng):
+    """A 700-token sequence spans two 512-token chunks (halo re-read across the boundary)."""
+    inp = make_short_conv_inputs(rng, seqlens=[700, 130], dim=128, W=4, dtype=BF16,
+                                 pool_dtype=BF16, has_initial_state=True)
+    _run_and_check(inp)
+
+
+def test_prefill_repeated_calls_continue_sequences(rng):
+    """Two calls over the halves of each sequence == one call over the whole sequences."""
+    dim, W = 128, 4
+    full = make_short_conv_inputs(rng, seqlens=[6, 2, 9], dim=dim, W=W, has_initial_state=True)
+    lengths = np.diff(full["cu_seqlens"])
+    first_len = np.array([4, 1, 2])
+    pool = full["conv_states"].copy()
+    ys = []
+    for part in (0, 1):
+        lens = first_len if part == 0 else lengths - first_len
+        starts = full["cu_seqlens"][:-1] + (0 if part == 0 else first_len)
+        x = np.concatenate([full["x"][s:s + n] for s, n in zip(starts, lens)])
+        cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        ys.append(ops.short_conv_prefill(x, full["weight"], full["bias"], activation="silu",
+                                         cu_seqlens=cu, conv_states=pool,
+                                         state_indices=full["state_indices"],
+                                         has_initial_state=np.ones(3, bool), backend="sim"))
+    y_ref, pool_ref = _ref_prefill(full, full["conv_states"])
+    cu1 = np.concatenate([[0], np.cumsum(first_len)])
+    cu2 = np.concatenate([[0], np.cumsum(lengths - first_len)])
+    y = np.concatenate([np.concatenate([ys[0][cu1[s]:cu1[s + 1]], ys[1][cu2[s]:cu2[s + 1]]])
+                        for s in range(3)])
+    assert rel_fro(y, y_ref) <= F32_TOL
+    _check_pool(pool, full["conv_states"], pool_ref, full["state_indices"])
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_prefill_hypothesis_ragged(data):
+    seed = data.draw(st.integers(0, 2**31 - 1))
+    W = data.draw(st.sampled_from([2, 3, 4]))
+    dim = data.draw(st.sampled_from([128, 160, 256]))
+    lens = data.draw(st.lists(st.integers(0, 12), min_size=1, max_size=4))
+    padding = data.draw(st.integers(0, len(lens) - 1))
+    dtype = data.draw(st.sampled_from([np.float32, BF16]))
+    rng = np.random.default_rng(seed)
+    inp = make_short_conv_inputs(rng, seqlens=lens, dim=dim, W=W, dtype=dtype, pool_dtype=dtype,
+                                 padding=padding, has_initial_state="mixed",
+                                 bias=data.draw(st.booleans()))
+    _run_and_check(inp)
+
+
+def test_invalid_call_changes_nothing(rng):
+    inp = make_short_conv_inputs(rng, seqlens=[3, 2], dim=128, W=4)
+    pool = inp["conv_states"].copy()
+    bad = inp["state_indices"].copy()
+    bad[1] = pool.shape[0]          # out of range
+    with pytest.raises(ValueError, match="state_indices"):
+        ops.short_conv_prefill(inp["x"], inp["weight"], inp["bias"], activation="silu",
+                               cu_seqlens=inp["cu_seqlens"], conv_states=pool,
+                               state_indices=bad, has_initial_state=inp["has_initial_state"],
+                               backend="sim")
+    assert pool.tobytes() == inp["conv_states"].tobytes()
+
+
+# --------------------------------------------------------------------------- decode
+
+@pytest.mark.parametrize("T", [None, 1, 3])
+@pytest.mark.parametrize("dtype", [np.float32, BF16])
+def test_decode_matches_reference(rng, T, dtype):
+    inp = make_short_conv_decode_inputs(rng, num_seqs=5, T=T, dim=128, W=4, dtype=dtype,
+                                        pool_dtype=dtype, padding=1)
+    before = inp["conv_states"].copy()
+    pool = before.copy()
+    y = ops.short_conv_decode(inp["x"], inp["weight"], inp["bias"], activation="silu",
+                              conv_states=pool, state_indices=inp["state_indices"], backend="sim")
+    y_ref, pool_ref = ref.short_conv_decode(inp["x"], inp["weight"], inp["bias"],
+                                            activation="silu", conv_states=before,
+                                            state_indices=inp["state_indices"])
+    _check_y(y, y_ref, dtype)
+    _check_pool(pool, before, pool_ref, inp["state_indices"])
+    assert not np.any(y[inp["state_indices"] < 0].astype(np.float64))
+
+
+# --------------------------------------------------------------------------- docs
+
+def test_kernel_docstrings_state_layouts_limits_engine_plan():
+    from nki_ssm.kernels import short_conv
+
+    doc = short_conv.__doc__
+    for word in ("Layouts", "Limits", "Engine plan", "[num_tokens, dim]", "[slots, dim, W-1]",
+                 "compile-time", "modeled"):
+        assert word in doc, word
