@@ -1,0 +1,110 @@
+"""``nki.isa`` on the CPU: the instruction set of the bundled NKI simulator.
+
+Import it as ``nisa`` (``from nki_ssm.sim import isa as nisa``). Every call is
+destination-first with keyword arguments, validates its operands against the
+hardware rules of the current target (``NEURON_PLATFORM_TARGET_OVERRIDE``,
+default trn2), executes eagerly on NumPy, appends one
+:class:`nki_ssm.sim.trace.Instruction` to the active trace (if any) and
+returns an :class:`NkiInstruction` handle. Violations raise
+:class:`NkiValidationError` (a ``ValueError``) naming the instruction, the
+operand and the limit; a wrong Python type raises ``TypeError``.
+
+Numerics: Vector/Scalar/GpSimd arithmetic reads operands as float32, computes
+in float32 and rounds once to ``dst.dtype`` (round-to-nearest-even through
+ml_dtypes; float->int rounds to even and saturates). Bitvec operators act on
+raw integer bits. ``nc_matmul`` sums products in float64 and rounds once to
+float32 before adding into PSUM. DMA casts through float32 unless dtypes
+match (bit copy). ScalarE functions are the exact functions in float32/64:
+the hardware's piecewise polynomials (including ``sin`` without range
+reduction) are not modelled, and out-of-range inputs are not poisoned.
+
+Assumptions beyond the documentation (each marked in the code):
+- the start-partition rule (0 / 0,64 / 0,32,64,96 by partition count) is
+  applied to every compute instruction's operands (documented for NC-v2;
+  UNVERIFIED for v3/v4); DMA is exempt;
+- ``accumulate=None`` is tracked per PSUM element (first matmul write
+  overwrites, later ones add); ``accumulate=True`` on an element no matmul
+  has written raises on trn1/trn2 (undefined behaviour on hardware);
+- VectorE / ScalarE accumulator registers start as NaN, persist across
+  instructions per SPMD program, and are indexed by absolute partition;
+  ``select_reduce`` with ``reduce_cmd.idle`` leaves them NaN ("unknown");
+- ``memset`` accepts an int value for float dtypes (only float-for-int is
+  documented as rejected);
+- ``tensor_partition_reduce`` writes a ``(1, F)`` dst.
+
+Not implemented yet (documented nki.isa API of NKI 0.5/0.6; calling one of
+the functions below raises NotImplementedError naming it):
+``nc_matmul_mx``, ``activate2``, ``exponential``, ``tensor_copy_predicated``,
+``local_gather``, ``nc_n_gather``, ``max8``, ``nc_find_index8``,
+``nc_match_replace8``, ``topk``, ``nonzero_with_count``, ``sequence_bounds``,
+``rng``, ``rand2``, ``dropout``, ``set_rng_seed``, ``rand_set_state``,
+``rand_get_state``, ``quantize_mx``, ``dma_compute``, ``core_barrier``,
+``sendrecv``, ``register_alloc`` / ``register_move`` / ``register_load`` /
+``register_store`` (and ``VirtualRegister``), ``get_nc_sub_version`` returns
+0 always. Partially: ``dma_transpose`` without the indirect (swdge
+gather-transpose) form; ``dma_copy`` without ``scalar_offset`` indirection
+or ``priority`` effects; no ``.indirect()`` tensor indirection (v4) on any
+compute instruction; ``nc_transpose`` on trn1 TensorE is bit-exact (the
+hardware's identity-matmul NaN/Inf smearing is not modelled); tfloat32
+operands are not truncated to 10 mantissa bits in ``nc_matmul``.
+"""
+from __future__ import annotations
+
+from ..errors import NkiValidationError
+from ._enums import (NkiInstruction, dge_mode, dma_engine, engine, gpsimd_engine, matmul_perf_mode,
+                     nc_version, oob_mode, reduce_cmd, scalar_engine, tensor_engine, unknown_engine,
+                     vector_engine)
+from .dma import dma_copy, dma_transpose
+from .gpsimd import affine_select, iota, tensor_partition_reduce
+from .scalar import activation, activation_reduce
+from .tensor_engine import nc_matmul, nc_transpose
+from .vector import (FP32_MIN, bn_aggr, bn_stats, memset, nc_stream_shuffle, range_select,
+                     reciprocal, scalar_tensor_tensor, select_reduce, tensor_copy, tensor_reduce,
+                     tensor_scalar, tensor_scalar_cumulative, tensor_scalar_reduce, tensor_tensor,
+                     tensor_tensor_scan)
+
+
+def get_nc_version() -> nc_version:
+    """The ``nc_version`` of the current target (trn1 gen2, trn2 gen3, trn3 gen4)."""
+    from ..targets import current_target
+    return nc_version(current_target().nc_version)
+
+
+def get_nc_sub_version() -> int:
+    """Silicon sub-revision of the target; the simulator models revision 0 only."""
+    return 0
+
+
+def _missing(api: str):
+    def fn(*args, **kwargs):
+        raise NotImplementedError(
+            f"nki.isa.{api} is not implemented by the nki_ssm simulator yet "
+            f"(see nki_ssm.sim.isa docstring for the list)")
+    fn.__name__ = api
+    fn.__qualname__ = api
+    fn.__doc__ = f"Not implemented by the simulator yet: calling it raises NotImplementedError."
+    return fn
+
+
+NOT_IMPLEMENTED = (
+    "nc_matmul_mx", "activate2", "exponential", "tensor_copy_predicated", "local_gather",
+    "nc_n_gather", "max8", "nc_find_index8", "nc_match_replace8", "topk", "nonzero_with_count",
+    "sequence_bounds", "rng", "rand2", "dropout", "set_rng_seed", "rand_set_state",
+    "rand_get_state", "quantize_mx", "dma_compute", "core_barrier", "sendrecv", "register_alloc",
+    "register_move", "register_load", "register_store",
+)
+for _api in NOT_IMPLEMENTED:
+    globals()[_api] = _missing(_api)
+del _api
+
+__all__ = [
+    "NkiValidationError", "NkiInstruction", "engine", "reduce_cmd", "dge_mode", "oob_mode",
+    "matmul_perf_mode", "nc_version", "dma_engine", "tensor_engine", "vector_engine",
+    "scalar_engine", "gpsimd_engine", "unknown_engine", "FP32_MIN", "get_nc_version",
+    "get_nc_sub_version",
+    "dma_copy", "dma_transpose", "tensor_copy", "memset", "nc_matmul", "nc_transpose",
+    "tensor_tensor", "tensor_scalar", "scalar_tensor_tensor", "activation", "activation_reduce",
+    "tensor_reduce", "tensor_scalar_reduce", "tensor_tensor_scan", "tensor_scalar_cumulative",
+    "iota", "affine_select", "range_select", "select_reduce", "nc_stream_shuffle", "reciprocal",
+    "tensor_partition_reduce", "bn_stats", "bn_aggr", *NOT_IMPLEMENTED,
+]

@@ -1,0 +1,264 @@
+"""Shared machinery of the ISA: operand checks, fp32 reads, writes, tracing.
+
+Every instruction validates its operands with these helpers, which raise
+:class:`NkiValidationError` naming the instruction, the operand and the
+limit. Reads return 2-D ``[partitions, elements_per_partition]`` arrays, the
+layout every engine streams.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import trace as _trace
+from ..errors import NkiValidationError
+from ..targets import current_target
+from ._enums import NkiInstruction, engine
+
+PMAX = 128
+_F32 = np.dtype(np.float32)
+ENGINE_NAMES = {engine.tensor: "tensor", engine.vector: "vector", engine.scalar: "scalar",
+                engine.gpsimd: "gpsimd", engine.dma: "dma", engine.sync: "dma"}
+
+_TensorCls = None
+
+
+def tensor_cls():
+    """sim.tensor.NkiTensor, imported on first use (sim.tensor may import sim.isa)."""
+    global _TensorCls
+    if _TensorCls is None:
+        from ..tensor import NkiTensor
+        _TensorCls = NkiTensor
+    return _TensorCls
+
+
+def fail(inst: str, msg: str):
+    raise NkiValidationError(f"{inst}: {msg}")
+
+
+def target():
+    return current_target()
+
+
+def buffer_of(t) -> str:
+    """'hbm', 'sbuf' or 'psum' (shared/private HBM are 'hbm')."""
+    return t.storage.buffer
+
+
+def is_tensor(x) -> bool:
+    return isinstance(x, tensor_cls())
+
+
+def start_partition_ok(start: int, n: int) -> bool:
+    """The NC-v2 start-partition placement rule (trainium_inferentia2_arch.rst)."""
+    if n > 64:
+        return start == 0
+    if n > 32:
+        return start in (0, 64)
+    return start in (0, 32, 64, 96)
+
+
+def tile(inst: str, arg: str, t, buffers=("sbuf", "psum"), *, quadrant: bool = True):
+    """Check an on-chip operand ``t`` of instruction ``inst`` and return it.
+
+    Checks: it is an NkiTensor, lives in one of ``buffers``, spans at most 128
+    partitions, occupies a contiguous partition range and (``quadrant``)
+    starts where the placement rule allows.
+    """
+    if not isinstance(t, tensor_cls()):
+        raise TypeError(f"{inst}: {arg} must be an NkiTensor, got {type(t).__name__}")
+    buf = t.storage.buffer
+    if buf not in buffers:
+        where = " or ".join(b.upper() for b in buffers)
+        fail(inst, f"{arg} must be in {where}, got a tensor in {buf.upper()}")
+    if buf == "hbm":
+        return t
+    shape = t.shape
+    if len(shape) < 2:
+        fail(inst, f"{arg} must be at least 2-D [partitions, free...], got shape {tuple(shape)}")
+    n = shape[0]
+    if n > PMAX:
+        fail(inst, f"{arg} partition dimension {n} exceeds the maximum of {PMAX}")
+    if n > 1:
+        row = t.storage.row_elements(t.dtype.itemsize)
+        if t.strides[0] != row:
+            fail(inst, f"{arg} must occupy a contiguous range of partitions "
+                       f"(partition stride {t.strides[0]}, expected {row} elements)")
+    if quadrant:
+        # The placement rule is documented for NC-v2 (and for nc_stream_shuffle,
+        # .indirect() on v4). We assume it holds for every compute instruction on
+        # v3/v4 too: UNVERIFIED there (nki_spec.md §3.4), strict on purpose.
+        start = t.partition_start
+        if not start_partition_ok(start, n):
+            fail(inst, f"{arg} starts at partition {start} with {n} partitions; allowed starts are "
+                       f"{_allowed_starts(n)} (start-partition rule)")
+    return t
+
+
+def _allowed_starts(n: int) -> str:
+    if n > 64:
+        return "0"
+    if n > 32:
+        return "0/64"
+    return "0/32/64/96"
+
+
+def free_size(t) -> int:
+    """Elements per partition of an on-chip tensor."""
+    return t.elements_per_partition
+
+
+def same_shape(inst: str, a_name: str, a, b_name: str, b):
+    """Same partition count and same elements per partition (the ISA's "same shape")."""
+    if a.shape[0] != b.shape[0]:
+        fail(inst, f"{b_name} has {b.shape[0]} partitions but {a_name} has {a.shape[0]} "
+                   f"(partition counts must match)")
+    fa, fb = a.elements_per_partition, b.elements_per_partition
+    if fa != fb:
+        fail(inst, f"{b_name} has {fb} elements per partition but {a_name} has {fa} (must match)")
+
+
+def not_both_psum(inst: str, a_name: str, a, b_name: str, b):
+    if a.storage.buffer == "psum" and b.storage.buffer == "psum":
+        fail(inst, f"{a_name} and {b_name} cannot both be in PSUM")
+
+
+def column(inst: str, arg: str, t, P: int, *, fp32: bool = False):
+    """Check a per-partition ``(P, 1)`` operand tile."""
+    tile(inst, arg, t)
+    if t.shape[0] != P or t.elements_per_partition != 1:
+        fail(inst, f"{arg} must have shape ({P}, 1) (one element per partition), got {tuple(t.shape)}")
+    if fp32 and t.dtype.np != _F32:
+        fail(inst, f"{arg} must be float32, got {t.dtype}")
+    return t
+
+
+def scalar_or_column(inst: str, arg: str, v, P: int, *, fp32: bool = True, allow_none=False):
+    """A compile-time scalar (float32) or a ``(P, 1)`` tile read as float32 ``(P, 1)``.
+
+    Returns a float32 scalar or a float32 ``(P, 1)`` array.
+    """
+    if v is None:
+        if allow_none:
+            return None
+        fail(inst, f"{arg} is required (a scalar or a ({P}, 1) tile), got None")
+    if isinstance(v, tensor_cls()):
+        column(inst, arg, v, P, fp32=fp32)
+        return read_f32(v)
+    if isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{inst}: {arg} must be a float scalar or a ({P}, 1) tile, got bool {v!r}")
+    if isinstance(v, (int, float, np.integer, np.floating)):
+        return np.float32(v)
+    raise TypeError(f"{inst}: {arg} must be a float scalar or a ({P}, 1) tile, got {type(v).__name__}")
+
+
+# ---- data access -----------------------------------------------------------
+
+def read_raw(t) -> np.ndarray:
+    """A copy of the values of an on-chip tensor in its storage dtype, shaped [P, F]."""
+    return t.read().reshape(t.shape[0], -1)
+
+
+def read_f32(t) -> np.ndarray:
+    """Values as the engines see them: float32, shaped [P, F].
+
+    May be a live view of the tensor (no copy for float32): callers must not
+    write into it.
+    """
+    a = t.read(copy=False)
+    if a.dtype != _F32:
+        a = a.astype(_F32)
+    return a.reshape(t.shape[0], -1)
+
+
+_scratch: dict[tuple, np.ndarray] = {}
+
+
+def scratch(shape) -> np.ndarray:
+    """A reusable float32 buffer of ``shape`` (avoids a fresh large allocation per instruction).
+
+    Valid until the next call with the same shape; never hand it to user code.
+    """
+    buf = _scratch.get(shape)
+    if buf is None:
+        if len(_scratch) > 64:
+            _scratch.clear()
+        buf = np.empty(shape, dtype=_F32)
+        _scratch[shape] = buf
+    return buf
+
+
+def write(t, values: np.ndarray):
+    """Write [P, F] (or t.shape) values into t (cast to t.dtype by the tensor, RNE)."""
+    t.write(values.reshape(t.shape))
+
+
+def is_16bit_float(t) -> bool:
+    d = t.dtype
+    return d.is_float and d.itemsize == 2
+
+
+def inner_contiguous(t) -> bool:
+    return len(t.shape) < 2 or t.shape[-1] <= 1 or t.strides[-1] == 1
+
+
+# ---- tracing ---------------------------------------------------------------
+
+_program_id_fn = None
+
+
+def _program_id() -> int:
+    """The SPMD program id of the running kernel instance (0 outside jit)."""
+    global _program_id_fn
+    if _program_id_fn is None:
+        try:
+            from ..jit import current_program_id as fn  # sim-core's launcher
+        except ImportError:  # single-program use without the launcher
+            def fn():
+                return 0
+        _program_id_fn = fn
+    return int(_program_id_fn())
+
+
+def emit(op: str, eng: str, name, *, reads=(), writes=(), num_partitions: int, free: int,
+         num_inputs: int, nbytes: int, attrs: dict | None = None, operands: dict | None = None):
+    """Return the instruction handle; append an Instruction to the active trace, if any.
+
+    ``reads``/``writes``: tensors (their ``region()`` is recorded);
+    ``operands``: {arg name: tensor} for the dtypes/shapes maps.
+    """
+    tr = _trace.current()
+    if tr is None:
+        return NkiInstruction(op, name)
+    if not tr.target:
+        tr.target = current_target().name
+    dtypes, shapes = {}, {}
+    if operands:
+        for k, t in operands.items():
+            if t is not None and isinstance(t, tensor_cls()):
+                dtypes[k] = str(t.dtype)
+                shapes[k] = tuple(t.shape)
+    inst = _trace.Instruction(
+        index=0, op=op, engine=eng,
+        reads=tuple(t.region() for t in reads if t is not None),
+        writes=tuple(t.region() for t in writes if t is not None),
+        num_partitions=int(num_partitions), free_size=int(free), num_inputs=int(num_inputs),
+        nbytes=int(nbytes), dtypes=dtypes, shapes=shapes, attrs=attrs or {}, name=name,
+        program_id=_program_id())
+    tr.append(inst)
+    return NkiInstruction(op, name, inst.index)
+
+
+def compute_attrs(tensors, *, reduce: bool = False) -> dict:
+    """attrs for VectorE/ScalarE/GpSimd instructions (trace.py docstring)."""
+    ts = [t for t in tensors if t is not None]
+    return {
+        "all_16bit": all(is_16bit_float(t) for t in ts),
+        "psum_operand": any(t.storage.buffer == "psum" for t in ts),
+        "contiguous": all(inner_contiguous(t) for t in ts),
+        "reduce": bool(reduce),
+    }
+
+
+def check_name(inst: str, name):
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"{inst}: name must be a str or None, got {type(name).__name__}")

@@ -1,0 +1,42 @@
+"""Engine accumulator registers that persist across instructions.
+
+VectorE has one accumulator per lane shared by ``tensor_scalar_reduce``,
+``tensor_scalar_cumulative``, ``range_select``, ``select_reduce`` (and
+``exponential``); ScalarE has ``reduce_regs`` used by ``activation``. Both are
+per SPMD program and start as NaN, so a kernel reading them before a reset
+shows NaN instead of an accidental zero. Lanes are indexed by the absolute
+partition of the instruction's data operand.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _core as C
+
+_vector: dict[int, np.ndarray] = {}
+_scalar: dict[int, np.ndarray] = {}
+
+
+def _regs(table):
+    pid = C._program_id()
+    r = table.get(pid)
+    if r is None:
+        r = np.full(C.PMAX, np.nan, dtype=np.float32)
+        table[pid] = r
+    return r
+
+
+def vector_acc() -> np.ndarray:
+    """The VectorE accumulator (128 float32 lanes) of the running program."""
+    return _regs(_vector)
+
+
+def scalar_regs() -> np.ndarray:
+    """ScalarE reduce_regs (128 float32 lanes) of the running program."""
+    return _regs(_scalar)
+
+
+def reset_all():
+    """Forget all register state (every lane back to NaN)."""
+    _vector.clear()
+    _scalar.clear()

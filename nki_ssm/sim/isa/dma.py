@@ -1,0 +1,216 @@
+"""DMA instructions: ``dma_copy`` (with casting and indirect gather/scatter), ``dma_transpose``."""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _core as C
+from ..dtypes import cast
+from ._enums import check_enum, dge_mode as _dge, engine as _engine, oob_mode as _oob
+
+_DMA_BUFFERS = ("hbm", "sbuf")
+
+
+def _dma_operand(inst, arg, t):
+    # DMA queues reach HBM and SBUF only; PSUM must be evicted with tensor_copy first.
+    # The start-partition rule is an engine-lane rule and does not apply to DMA.
+    return C.tile(inst, arg, t, _DMA_BUFFERS, quadrant=False)
+
+
+def _indirect(t):
+    """The Indirection of an ``.ap(scalar_offset=/vector_offset=)`` view, or None."""
+    return getattr(t, "indirection", None)
+
+
+def _check_index(inst, arg, ind, P):
+    """Validate the index tensor of an indirect view (SBUF, int32/uint32, (P,1) for vector)."""
+    idx = ind.index
+    C.tile(inst, f"{arg} {ind.kind}_offset", idx, ("sbuf",), quadrant=False)
+    if idx.dtype.name not in ("int32", "uint32"):
+        C.fail(inst, f"{arg} {ind.kind}_offset must be int32 or uint32, got {idx.dtype}")
+    if ind.kind == "vector" and idx.shape[0] != P:
+        C.fail(inst, f"{arg} vector_offset must have {P} rows (one index per partition of the "
+                     f"access), got shape {tuple(idx.shape)}")
+
+
+def _valid_rows(inst, arg, t, oob):
+    """Row mask [rows] of in-bounds index values; raises for oob_mode.error."""
+    ind = t.indirection
+    valid = ind.valid()
+    if not valid.all() and oob is _oob.error:
+        bad = int(ind.values()[~valid][0])
+        C.fail(inst, f"{arg} {ind.kind}_offset value {bad} is out of bounds [0, {ind.bound}) "
+                     f"(oob_mode=error; oob_mode.skip skips such rows)")
+    return valid
+
+
+def _nbytes(t):
+    n = 1
+    for s in t.shape:
+        n *= s
+    return n * t.dtype.itemsize
+
+
+def _convert(values: np.ndarray, src_dtype, dst_dtype) -> np.ndarray:
+    """DMA cast: bit copy for equal dtypes, otherwise src -> fp32 -> dst (the dst write rounds)."""
+    if src_dtype.np == dst_dtype.np:
+        return values
+    return values.astype(np.float32)
+
+
+def dma_copy(dst, src, priority=None, oob_mode=_oob.error, dge_mode=_dge.unknown,
+             engine=_engine.unknown, name=None):
+    """``dst = src`` through the DMA queues (HBM/SBUF; never PSUM).
+
+    Element counts must match (shapes may differ); dtypes may differ and are
+    converted through float32, except with ``dge_mode.hwdge`` which needs equal
+    dtypes. ``.ap(vector_offset=idx)`` on the HBM side gathers (src) or scatters
+    (dst) one row per partition; out-of-range indices raise or, with
+    ``oob_mode.skip``, leave the destination rows untouched.
+    """
+    inst = "dma_copy"
+    C.check_name(inst, name)
+    oob_mode = check_enum(inst, "oob_mode", oob_mode, _oob)
+    dge_mode = check_enum(inst, "dge_mode", dge_mode, _dge)
+    engine = check_enum(inst, "engine", engine, _engine)
+    _dma_operand(inst, "dst", dst)
+    _dma_operand(inst, "src", src)
+    tgt = C.target()
+    if priority is not None:
+        if tgt.nc_version < 4:
+            C.fail(inst, f"priority is NeuronCore-v4 (trn3) only, target is {tgt.name}")
+        if not isinstance(priority, int) or not 0 <= priority <= 3:
+            C.fail(inst, f"priority must be an int in 0..3, got {priority!r}")
+    if engine not in (_engine.unknown, _engine.sync, _engine.scalar):
+        C.fail(inst, f"engine must be engine.sync or engine.scalar (HWDGE issue engine) or unknown, got {engine}")
+    if engine is not _engine.unknown and dge_mode is not _dge.hwdge:
+        C.fail(inst, f"engine={engine} is only valid with dge_mode=hwdge, got dge_mode={dge_mode}")
+    src_ind, dst_ind = _indirect(src), _indirect(dst)
+    if src_ind is not None and dst_ind is not None:
+        C.fail(inst, "indirect offsets on both src and dst are not supported (gather or scatter, not both)")
+    indirect = src_ind is not None or dst_ind is not None
+    vector_ind = any(i is not None and i.kind == "vector" for i in (src_ind, dst_ind))
+    if dge_mode is _dge.hwdge:
+        if tgt.nc_version < 3:
+            C.fail(inst, f"dge_mode=hwdge needs NeuronCore-v3 or newer, target is {tgt.name}")
+        if src.dtype.np != dst.dtype.np:
+            C.fail(inst, f"dge_mode=hwdge requires equal dtypes (use .view() to reinterpret), "
+                         f"got src {src.dtype} and dst {dst.dtype}")
+        if vector_ind:
+            C.fail(inst, "vector_offset gather/scatter needs dge_mode=swdge (or unknown), got hwdge")
+    if indirect and dge_mode is _dge.none:
+        C.fail(inst, "dynamic (scalar/vector offset) addresses need DGE (swdge, hwdge or unknown), got none")
+    for arg, t, ind in (("src", src, src_ind), ("dst", dst, dst_ind)):
+        if ind is not None and ind.kind == "vector" and t.storage.buffer != "hbm":
+            C.fail(inst, f"{arg}: vector_offset indexes the HBM side; {arg} is in {t.storage.buffer.upper()}")
+    n_src = int(np.prod(src.shape, dtype=np.int64))
+    n_dst = int(np.prod(dst.shape, dtype=np.int64))
+    if n_src != n_dst:
+        C.fail(inst, f"src has {n_src} elements but dst has {n_dst} (total element counts must match)")
+
+    if src_ind is not None:
+        _check_index(inst, "src", src_ind, src.shape[0])
+        valid = _valid_rows(inst, "src", src, oob_mode)
+        vals = _convert(src.storage.flat(src.dtype.np)[src.elements(clamp_oob=True)],
+                        src.dtype, dst.dtype)
+        if src_ind.kind == "scalar":
+            if valid.all():
+                dst.write(vals.reshape(dst.shape))
+        elif valid.all():
+            dst.write(vals.reshape(dst.shape))
+        else:
+            # skipped rows leave dst untouched: merge with dst's current values
+            if dst.shape[0] != src.shape[0]:
+                C.fail(inst, "oob_mode=skip gather needs dst with the same leading size as src")
+            cur = dst.read().reshape(dst.shape[0], -1)
+            new = cast(vals.reshape(cur.shape[0], -1), dst.dtype)
+            cur[valid] = new[valid]
+            dst.write(cur.reshape(dst.shape))
+    elif dst_ind is not None:
+        _check_index(inst, "dst", dst_ind, dst.shape[0])
+        valid = _valid_rows(inst, "dst", dst, oob_mode)
+        pos = dst.elements(clamp_oob=True)
+        vals = cast(_convert(src.read(), src.dtype, dst.dtype).reshape(pos.shape), dst.dtype)
+        flat = dst.storage.flat(dst.dtype.np)
+        if dst_ind.kind == "scalar":
+            if valid.all():
+                flat[pos] = vals
+        else:
+            flat[pos[valid]] = vals[valid]
+    else:
+        vals = _convert(src.read(copy=False), src.dtype, dst.dtype)
+        dst.write(vals.reshape(dst.shape))
+
+    # trace: the SBUF side sets the partition count the DMA engines split over
+    sb = dst if dst.storage.buffer == "sbuf" else (src if src.storage.buffer == "sbuf" else None)
+    parts = sb.shape[0] if sb is not None else 0
+    nbytes = max(_nbytes(src), _nbytes(dst))
+    bpp = (_nbytes(sb) // max(parts, 1)) if sb is not None else nbytes
+    free = (n_dst // dst.shape[0]) if dst.shape else n_dst
+    reads = [src] + [i.index for i in (src_ind, dst_ind) if i is not None]
+    return C.emit(inst, "dma", name, reads=reads, writes=[dst], num_partitions=max(parts, 1),
+                  free=free, num_inputs=1, nbytes=nbytes,
+                  attrs={"partitions": parts, "bytes_per_partition": bpp,
+                         "dge_mode": dge_mode.name, "indirect": indirect, "transpose": False},
+                  operands={"dst": dst, "src": src})
+
+
+_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
+
+
+def dma_transpose(dst, src, axes=None, priority=None, dge_mode=_dge.unknown,
+                  oob_mode=_oob.error, name=None):
+    """``dst = src.transpose(axes)`` by DMA: 2-D (1,0), 3-D (2,1,0), 4-D (3,1,2,0).
+
+    ``dst`` in SBUF, ``src`` in HBM or SBUF, equal dtypes, ``dst.shape`` equal
+    to the transposed ``src.shape`` (NKI 0.4.0+). ``hwdge`` adds: 2-byte dtype,
+    ``src.shape[0]`` == 16 (2-D) or in {1,2,4,8,16} with
+    ``src.shape[0]*src.shape[-2] % 16 == 0`` (3-D/4-D), ``src.shape[-1] <= 128``.
+    The indirect (gather-transpose, swdge) form is not simulated.
+    """
+    inst = "dma_transpose"
+    C.check_name(inst, name)
+    dge_mode = check_enum(inst, "dge_mode", dge_mode, _dge)
+    oob_mode = check_enum(inst, "oob_mode", oob_mode, _oob)
+    C.tile(inst, "dst", dst, ("sbuf",), quadrant=False)
+    _dma_operand(inst, "src", src)
+    tgt = C.target()
+    if priority is not None and tgt.nc_version < 4:
+        C.fail(inst, f"priority is NeuronCore-v4 (trn3) only, target is {tgt.name}")
+    if _indirect(src) is not None or _indirect(dst) is not None:
+        C.fail(inst, "indirect (scalar/vector offset) transpose is not implemented by this simulator")
+    if dge_mode not in (_dge.unknown, _dge.hwdge):
+        C.fail(inst, f"dge_mode must be unknown or hwdge for a direct transpose, got {dge_mode}")
+    if src.dtype.np != dst.dtype.np or src.dtype.name != dst.dtype.name:
+        C.fail(inst, f"src.dtype must equal dst.dtype, got src {src.dtype} and dst {dst.dtype}")
+    nd = len(src.shape)
+    if nd not in _AXES:
+        C.fail(inst, f"src must be 2-D, 3-D or 4-D, got shape {tuple(src.shape)}")
+    perm = _AXES[nd]
+    if axes is not None and tuple(axes) != perm:
+        C.fail(inst, f"axes for a {nd}-D src must be {perm}, got {tuple(axes)}")
+    want = tuple(src.shape[a] for a in perm)
+    if tuple(dst.shape) != want:
+        C.fail(inst, f"dst shape must equal the transposed src shape {want} (rank and sizes), "
+                     f"got {tuple(dst.shape)}")
+    if dge_mode is _dge.hwdge:
+        if tgt.nc_version < 3:
+            C.fail(inst, f"dge_mode=hwdge needs NeuronCore-v3 or newer, target is {tgt.name}")
+        if src.dtype.itemsize != 2:
+            C.fail(inst, f"dge_mode=hwdge transposes 2-byte dtypes only, got {src.dtype}")
+        s0 = src.shape[0]
+        if nd == 2 and s0 != 16:
+            C.fail(inst, f"dge_mode=hwdge 2-D transpose needs src.shape[0] == 16, got {s0}")
+        if nd > 2 and (s0 not in (1, 2, 4, 8, 16) or (s0 * src.shape[-2]) % 16):
+            C.fail(inst, f"dge_mode=hwdge {nd}-D transpose needs src.shape[0] in {{1,2,4,8,16}} and "
+                         f"src.shape[0]*src.shape[-2] % 16 == 0, got {tuple(src.shape)}")
+        if src.shape[-1] > 128:
+            C.fail(inst, f"dge_mode=hwdge needs src.shape[-1] <= 128, got {src.shape[-1]}")
+    vals = src.read().transpose(perm)
+    dst.write(np.ascontiguousarray(vals))
+    parts = dst.shape[0]
+    nb = _nbytes(dst)
+    return C.emit(inst, "dma", name, reads=[src], writes=[dst], num_partitions=parts,
+                  free=dst.elements_per_partition, num_inputs=1, nbytes=nb,
+                  attrs={"partitions": parts, "bytes_per_partition": nb // max(parts, 1),
+                         "dge_mode": dge_mode.name, "indirect": False, "transpose": True},
+                  operands={"dst": dst, "src": src})
