@@ -29,7 +29,7 @@ import weakref
 from typing import Iterator
 
 from .errors import NkiCapacityError
-from .targets import Target, current_target
+from .targets import Target, current_target, psum_usable_banks
 
 # Allocation granule for SBUF tiles. nl.tile_size.sbuf_min_align is not
 # documented numerically; 64 B is our assumption (a DMA-friendly granule), so
@@ -47,6 +47,7 @@ class MemoryTracker:
         self.peak_sbuf = 0
         self.peak_psum_banks = 0
         self.closed = False
+        self.psum_bank_limit = psum_usable_banks(self.target)
         # storage id -> (buffer, cost, description)
         self._live: dict[int, tuple[str, int, str]] = {}
 
@@ -80,7 +81,7 @@ class MemoryTracker:
             self.sbuf_live += cost
             self.peak_sbuf = max(self.peak_sbuf, self.sbuf_live)
         else:
-            limit = t.psum_num_banks
+            limit = self.psum_bank_limit
             if self.psum_banks_live + cost > limit:
                 raise NkiCapacityError(
                     f"PSUM capacity exceeded allocating {description}: "
@@ -107,7 +108,7 @@ class MemoryTracker:
         return {"target": self.target.name, "sbuf_live": self.sbuf_live,
                 "sbuf_peak": self.peak_sbuf, "sbuf_limit": self.target.sbuf_usable_bytes,
                 "psum_banks_live": self.psum_banks_live, "psum_banks_peak": self.peak_psum_banks,
-                "psum_banks_limit": self.target.psum_num_banks}
+                "psum_banks_limit": self.psum_bank_limit}
 
 
 _active: list[MemoryTracker] = []

@@ -81,6 +81,14 @@ _ALIASES = {
 }
 
 
+def psum_usable_banks(target: Target | None = None) -> int:
+    """PSUM banks a kernel may use: 8, or 7 when NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE=true
+    on trn2+ (bank 7 is then reserved for transposes, nl.tile_size docs)."""
+    t = target or current_target()
+    flag = os.environ.get("NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE", "").strip().lower() in ("1", "true")
+    return t.psum_num_banks - 1 if (flag and t.nc_version >= 3) else t.psum_num_banks
+
+
 def get_target(name: str | Target) -> Target:
     """The Target for ``name`` (any alias the SDK accepts, case-insensitive)."""
     if isinstance(name, Target):
@@ -106,4 +114,4 @@ def current_target() -> Target:
 
 
 __all__ = ["Target", "TARGETS", "TRN1", "TRN2", "TRN3", "ENV_VAR", "DEFAULT",
-           "SBUF_RESERVED_BYTES", "get_target", "current_target"]
+           "SBUF_RESERVED_BYTES", "psum_usable_banks", "get_target", "current_target"]

@@ -1,0 +1,277 @@
+"""Kernel entry points: ``jit``, ``Kernel``, ``simulate``, ``simulate_kernel``.
+
+``simulate(kernel)(*args, **kwargs)`` runs a kernel eagerly on the CPU:
+
+1. NumPy arrays (and torch CPU tensors) become HBM tensors holding copies;
+   Python ints/floats/bools/str/None, tuples of them, enums and NKIObject
+   instances pass through as compile-time values; lists are rejected (NKI
+   0.3.0: "no list kernel arguments").
+2. The function runs once per program of the LNC grid (``kernel[2]``: program
+   ids 0 and 1 one after the other), each with its own on-chip memory and
+   capacity accounting; ``nl.shared_hbm`` allocations are shared between
+   programs (the k-th shared allocation of program 1 is program 0's k-th).
+3. Returned tensors (one, or a tuple) must be in ``nl.shared_hbm`` (the NKI
+   0.3.0 compiler rejects other outputs) and come back as NumPy arrays.
+4. Inputs the kernel modified are written back into the caller's arrays —
+   only when every program completed, so a failed launch changes nothing.
+"""
+from __future__ import annotations
+
+import enum
+import functools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import memory as _memory
+from . import tensor as _tensor
+from . import trace as _trace
+from .errors import NkiValidationError
+from .targets import Target, current_target
+
+MAX_LNC = 2
+
+
+# ----------------------------------------------------------------- launch state
+
+@dataclass
+class _Launch:
+    target: Target
+    num_programs: int
+    grid_ndim: int
+    program_id: int = 0
+    shared: list = field(default_factory=list)   # shared_hbm tensors of program 0, in order
+    shared_cursor: int = 0
+    rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+
+
+_launches: list[_Launch] = []
+
+
+def current_program_id() -> int:
+    """``nl.program_id(0)`` of the running program (0 outside a launch)."""
+    return _launches[-1].program_id if _launches else 0
+
+
+def current_num_programs() -> int:
+    return _launches[-1].num_programs if _launches else 1
+
+
+def current_program_ndim() -> int:
+    return _launches[-1].grid_ndim if _launches else 0
+
+
+def launch_rng() -> np.random.Generator:
+    return _launches[-1].rng if _launches else np.random.default_rng(0)
+
+
+def seed_launch_rng(seed: int) -> None:
+    if _launches:
+        _launches[-1].rng = np.random.default_rng(seed)
+
+
+def allocate_in_launch(shape, dtype, buffer, name, fill) -> _tensor.NkiTensor:
+    """nl.ndarray inside a launch: shared_hbm tensors are shared by the programs."""
+    region = _tensor.as_region(buffer, "nl.ndarray buffer")
+    launch = _launches[-1] if _launches else None
+    if launch is None or region is not _tensor.MemoryRegion.shared_hbm or launch.num_programs == 1:
+        return _tensor.allocate(shape, dtype, region, name, fill)
+    if launch.program_id == 0:
+        t = _tensor.allocate(shape, dtype, region, name, fill)
+        launch.shared.append(t)
+        return t
+    k = launch.shared_cursor
+    launch.shared_cursor += 1
+    if k >= len(launch.shared):
+        raise NkiValidationError(
+            f"nl.ndarray: program {launch.program_id} allocates more shared_hbm tensors than "
+            "program 0 (LNC programs must run identical control flow)")
+    t = launch.shared[k]
+    from .dtypes import as_dtype
+    if tuple(t.shape) != tuple(shape) or t.dtype != as_dtype(dtype):
+        raise NkiValidationError(
+            f"nl.ndarray: shared_hbm allocation #{k} of program {launch.program_id} is "
+            f"{tuple(shape)} {dtype}, program 0's is {t.shape} {t.dtype} (LNC programs must "
+            "allocate the same shared tensors)")
+    return t
+
+
+# ----------------------------------------------------------------- arguments
+
+def _is_torch_tensor(x) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "detach") and hasattr(x, "numpy")
+
+
+_COMPILE_TIME = (int, float, bool, str, type(None), enum.Enum, np.integer, np.floating, np.bool_)
+
+
+def _convert_arg(name: str, value, inputs: list):
+    """Kernel argument -> NkiTensor (arrays) or compile-time value; records arrays in ``inputs``."""
+    from .language import NKIObject
+    if isinstance(value, _tensor.NkiTensor):
+        return value
+    if isinstance(value, np.ndarray) or _is_torch_tensor(value):
+        arr = value.detach().cpu().numpy() if _is_torch_tensor(value) else value
+        try:
+            t = _tensor.from_array(arr, _tensor.MemoryRegion.shared_hbm, name)
+        except TypeError as e:
+            raise TypeError(f"kernel argument {name!r}: {e}") from None
+        inputs.append((value, t))
+        return t
+    if isinstance(value, list):
+        raise TypeError(f"kernel argument {name!r}: lists are not accepted as kernel arguments "
+                        "(NKI 0.3.0); pass a tuple")
+    if isinstance(value, tuple):
+        return tuple(_convert_arg(f"{name}[{i}]", v, inputs) for i, v in enumerate(value))
+    if isinstance(value, _COMPILE_TIME) or isinstance(value, NKIObject):
+        return value
+    if isinstance(value, dict):
+        bad = [k for k in value if not isinstance(k, str)]
+        if bad:
+            raise TypeError(f"kernel argument {name!r}: dict keys must be str, got {bad[0]!r}")
+        return {k: _convert_arg(f"{name}[{k!r}]", v, inputs) for k, v in value.items()}
+    raise TypeError(f"kernel argument {name!r}: expected a NumPy array, a scalar, str, None, "
+                    f"a tuple, an Enum or an NKIObject, got {type(value).__name__}")
+
+
+def _convert_output(value, where: str = "output"):
+    if value is None:
+        return None
+    if isinstance(value, _tensor.NkiTensor):
+        if value.storage.kind is not _tensor.MemoryRegion.shared_hbm:
+            raise NkiValidationError(
+                f"kernel {where}: returned tensors must be allocated in nl.shared_hbm "
+                f"(NKI 0.3.0), got a tensor in {value.storage.kind.value}")
+        return value.read()
+    if isinstance(value, (tuple, list)):
+        return tuple(_convert_output(v, f"{where}[{i}]") for i, v in enumerate(value))
+    raise NkiValidationError(f"kernel {where}: a kernel returns shared_hbm tensors (or a tuple "
+                             f"of them, or None), got {type(value).__name__}")
+
+
+def _write_back(inputs) -> None:
+    for orig, t in inputs:
+        new = t.storage.data.reshape(t.shape)
+        if _is_torch_tensor(orig):
+            before = orig.detach().cpu().numpy()
+            if not np.array_equal(before.view(np.uint8), np.ascontiguousarray(new).view(np.uint8)):
+                import torch  # only reached with a torch argument
+                orig.data.copy_(torch.from_numpy(np.array(new)))
+            continue
+        if not np.array_equal(np.ascontiguousarray(orig).view(np.uint8).reshape(-1),
+                              np.ascontiguousarray(new).view(np.uint8).reshape(-1)):
+            orig[...] = new.reshape(orig.shape)
+
+
+# ----------------------------------------------------------------- running
+
+def _run(fn, num_programs: int, grid_ndim: int, args, kwargs, kernel=None):
+    if _launches:
+        # a kernel called from inside another kernel is inlined
+        return fn(*args, **kwargs)
+    target = current_target()
+    tr = _trace.current()
+    if tr is not None and not tr.target:
+        tr.target = target.name
+    inputs: list = []
+    names = _arg_names(fn, len(args))
+    cargs = tuple(_convert_arg(n, a, inputs) for n, a in zip(names, args))
+    ckwargs = {k: _convert_arg(k, v, inputs) for k, v in kwargs.items()}
+    launch = _Launch(target=target, num_programs=num_programs, grid_ndim=grid_ndim)
+    usage = []
+    result = None
+    _launches.append(launch)
+    try:
+        for pid in range(num_programs):
+            launch.program_id = pid
+            launch.shared_cursor = 0
+            with _memory.launch(target) as tracker:
+                result = fn(*cargs, **ckwargs)
+                out = _convert_output(result)
+                usage.append(tracker.usage())
+    finally:
+        _launches.remove(launch)
+    if kernel is not None:
+        kernel.last_memory_usage = usage
+    _write_back(inputs)
+    return out
+
+
+def _arg_names(fn, n: int) -> list[str]:
+    code = getattr(fn, "__code__", None)
+    names = list(code.co_varnames[:code.co_argcount]) if code is not None else []
+    return [names[i] if i < len(names) else f"arg{i}" for i in range(n)]
+
+
+class Kernel:
+    """A ``@nki.jit`` kernel. ``kernel[lnc]`` sets the LNC grid (1 or 2);
+    calling it with NumPy arrays simulates it (no Neuron device here)."""
+
+    def __init__(self, fn, **kwargs):
+        for bad in ("platform_target", "mode"):
+            if bad in kwargs:
+                raise NkiValidationError(
+                    f"nki.jit: '{bad}=' is not accepted since NKI 0.3.0; set "
+                    "NEURON_PLATFORM_TARGET_OVERRIDE and use nki.simulate(kernel) instead")
+        self.func = fn
+        self.kwargs = dict(kwargs)
+        self.grid = 1
+        self.last_memory_usage: list[dict] = []
+        functools.update_wrapper(self, fn)
+
+    def __getitem__(self, grid) -> "Kernel":
+        if isinstance(grid, tuple):
+            if len(grid) != 1:
+                raise NkiValidationError(f"kernel[grid]: only a 1-D LNC grid is supported, got {grid}")
+            grid = grid[0]
+        if isinstance(grid, bool) or not isinstance(grid, (int, np.integer)) or not 1 <= grid <= MAX_LNC:
+            raise NkiValidationError(f"kernel[lnc]: lnc must be 1 or 2 (one LNC spans at most two "
+                                     f"physical cores), got {grid!r}")
+        k = Kernel.__new__(Kernel)
+        k.__dict__.update(self.__dict__)
+        k.grid = int(grid)
+        k.last_memory_usage = []
+        return k
+
+    def simulate(self, *args, **kwargs):
+        return _run(self.func, self.grid, 1 if self.grid > 1 else 0, args, kwargs, self)
+
+    def __call__(self, *args, **kwargs):
+        return self.simulate(*args, **kwargs)
+
+    def with_schedule(self, schedule) -> "Kernel":
+        """Scheduling hints change nothing in program-order execution."""
+        return self
+
+    def __repr__(self):
+        return f"nki.jit({getattr(self.func, '__name__', self.func)!r}, grid={self.grid})"
+
+
+def jit(fn=None, **kwargs):
+    """``@nki.jit`` or ``@nki.jit(**options)``: wrap a kernel function in a Kernel."""
+    if fn is None:
+        return lambda f: Kernel(f, **kwargs)
+    if isinstance(fn, Kernel):
+        return fn
+    if not callable(fn):
+        raise TypeError(f"nki.jit: expected a function, got {type(fn).__name__}")
+    return Kernel(fn, **kwargs)
+
+
+def simulate(kernel):
+    """``nki.simulate(kernel)(*args, **kwargs)`` -> NumPy outputs (see module doc)."""
+    if isinstance(kernel, Kernel):
+        return kernel.simulate
+    if callable(kernel):
+        k = Kernel(kernel)
+        return k.simulate
+    raise TypeError(f"nki.simulate: expected a kernel, got {type(kernel).__name__}")
+
+
+def simulate_kernel(kernel, *args, **kwargs):
+    """Older spelling: ``simulate_kernel(kernel, *arrays)``."""
+    return simulate(kernel)(*args, **kwargs)
+
+
+__all__ = ["Kernel", "jit", "simulate", "simulate_kernel", "current_program_id",
+           "current_num_programs", "current_program_ndim", "MAX_LNC"]
