@@ -136,3 +136,45 @@ def test_conv_decode_matches_transformers_causal_conv1d_update(rng, module, T):
                                     _t(inp["weight"]), _t(inp["bias"]), activation="silu")
     assert rel_fro(y.transpose(1, 2).numpy(), y_ref[live]) <= F64_BAR
     assert rel_fro(state.numpy(), pool_ref[slots]) <= F64_BAR          # shifted in place
+
+
+# ----------------------------------------------------------------------------- whole mixer
+
+def test_conv_then_ssd_reproduce_transformers_mamba2_mixer_prefill():
+    """Mamba2Mixer's torch path (in_proj -> causal conv + SiLU -> chunk scan ->
+    gated RMSNorm -> out_proj) with our conv and SSD references substituted for
+    its middle two stages. The mixer's scan runs in float32 inside: bar 1e-5."""
+    cfg = mamba2.Mamba2Config(num_heads=4, head_dim=4, n_groups=2, state_size=8, hidden_size=8,
+                              expand=2, conv_kernel=4, chunk_size=8, num_hidden_layers=1,
+                              vocab_size=16)
+    torch.manual_seed(0)
+    mixer = mamba2.Mamba2Mixer(cfg, layer_idx=0).double().eval()
+    H, P, G, N = 4, 4, 2, 8
+    with torch.no_grad():
+        # realistic A in [-16, -1] (the default init is 1..H) and random dt_bias, D
+        mixer.A_log.copy_(torch.log(torch.empty(H).uniform_(1.0, 16.0)))
+        mixer.dt_bias.copy_(torch.empty(H).uniform_(-4.0, 1.0))
+        mixer.D.copy_(torch.empty(H).uniform_(0.5, 1.5))
+    b, L = 2, 13                                                       # 13: not a multiple of 8
+    hidden = torch.randn(b, L, cfg.hidden_size, dtype=torch.float64)
+    with torch.no_grad():
+        expect = mixer(hidden).numpy()
+        proj = mixer.in_proj(hidden)
+    inter, conv_dim = H * P, H * P + 2 * G * N
+    gate, xbc, dt = torch.split(proj, [inter, conv_dim, H], dim=-1)
+    flat = lambda t: t.reshape(b * L, -1).numpy()
+    cu = np.array([0, L, 2 * L], np.int32)
+    pools = dict(state_indices=np.array([0, 1], np.int32), has_initial_state=np.zeros(2, bool),
+                 cu_seqlens=cu)
+    xbc_c, _ = short_conv_prefill(flat(xbc), mixer.conv1d.weight.detach().squeeze(1).numpy(),
+                                  mixer.conv1d.bias.detach().numpy(), activation="silu",
+                                  conv_states=np.zeros((2, conv_dim, 3)), **pools)
+    x, B, C = np.split(xbc_c, [inter, inter + G * N], axis=1)
+    y, _ = ssd_chunked(x.reshape(-1, H, P), flat(dt), -np.exp(mixer.A_log.detach().numpy()),
+                       B.reshape(-1, G, N), C.reshape(-1, G, N), D=mixer.D.detach().numpy(),
+                       dt_bias=mixer.dt_bias.detach().numpy(), dt_softplus=True,
+                       dt_limit=tuple(cfg.time_step_limit), ssm_states=np.zeros((2, H, P, N)),
+                       chunk_size=8, **pools)
+    with torch.no_grad():
+        ours = mixer.out_proj(mixer.norm(torch.from_numpy(y.reshape(b, L, inter)), gate)).numpy()
+    assert rel_fro(ours, expect) <= F32_BAR
