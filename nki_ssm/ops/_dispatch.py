@@ -3,7 +3,8 @@
 ``backend=None`` runs the kernel launcher of the op (module
 ``nki_ssm.ops.launch.<family>``, function ``prefill`` / ``decode``) on the NKI
 implementation that ``nki_ssm.backend.name()`` picks ("sim" or "neuron"), or
-the float64 reference where no launcher exists yet. ``"sim"`` / ``"neuron"``
+the float64 reference where no launcher (or no ``nki_ssm.backend``) exists
+yet. ``"sim"`` / ``"neuron"``
 require a launcher (NotImplementedError otherwise). ``"reference"`` always
 works.
 
@@ -50,8 +51,15 @@ def find_launcher(family: str, entry: str):
     return launcher if callable(launcher) else None
 
 
-def _default_nki_backend() -> str:
-    return _import("nki_ssm.backend").name()
+def _default_nki_backend():
+    """``nki_ssm.backend.name()``, or None while that module does not exist yet."""
+    try:
+        module = _import("nki_ssm.backend")
+    except ModuleNotFoundError as exc:
+        if exc.name == "nki_ssm.backend":
+            return None
+        raise
+    return module.name()
 
 
 def resolve(family: str, entry: str, backend) -> tuple:
@@ -65,7 +73,8 @@ def resolve(family: str, entry: str, backend) -> tuple:
         return "reference", None
     launcher = find_launcher(family, entry)
     if backend is None:
-        return ("reference", None) if launcher is None else (_default_nki_backend(), launcher)
+        nki_backend = None if launcher is None else _default_nki_backend()
+        return ("reference", None) if nki_backend is None else (nki_backend, launcher)
     if launcher is None:
         raise NotImplementedError(
             f"{op} has no NKI kernel launcher yet (nki_ssm.ops.launch.{family}.{entry}), "

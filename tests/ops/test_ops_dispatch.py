@@ -16,17 +16,21 @@ FAMILY = {"short_conv_prefill": ("short_conv", "prefill"),
           "gated_delta_decode": ("gated_delta", "decode")}
 
 
-def install(monkeypatch, launchers: dict, nki_backend: str = "sim", broken: dict | None = None):
+def install(monkeypatch, launchers: dict, nki_backend: str | None = "sim",
+            broken: dict | None = None):
     """Make ``nki_ssm.ops.launch.<family>`` resolve to fake modules.
 
     ``launchers``: {family: {entry: fn}}; families not listed do not exist.
     ``broken``: {family: exception raised while importing that launcher}.
+    ``nki_backend`` None: ``nki_ssm.backend`` does not exist.
     """
     broken = broken or {}
     fake_backend = types.SimpleNamespace(name=lambda: nki_backend)
 
     def fake_import(name):
         if name == "nki_ssm.backend":
+            if nki_backend is None:
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
             return fake_backend
         family = name.rsplit(".", 1)[-1]
         if family in broken:
@@ -190,3 +194,13 @@ def test_launcher_sees_contiguous_arrays_and_strided_pool_is_committed(fail, mon
     assert not backing[..., 1::2].any()               # the gaps never touched
     assert backing[unnamed].tobytes() == np.frombuffer(before, np.float32).reshape(
         backing.shape)[unnamed].tobytes()
+
+
+def test_default_backend_is_reference_while_nki_backend_module_is_missing(monkeypatch):
+    rec = Recorder()
+    install(monkeypatch, {"short_conv": {"prefill": rec}}, nki_backend=None)
+    assert dispatch.resolve("short_conv", "prefill", None) == ("reference", None)
+    y = OPS["short_conv_prefill"](**base("short_conv_prefill"))
+    assert isinstance(y, np.ndarray) and not rec.calls
+    # an explicit NKI backend still goes to the launcher (which then reports what is missing)
+    assert dispatch.resolve("short_conv", "prefill", "sim") == ("sim", rec)
