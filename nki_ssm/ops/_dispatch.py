@@ -4,9 +4,8 @@
 ``nki_ssm.ops.launch.<family>``, function ``prefill`` / ``decode``) on the NKI
 implementation that ``nki_ssm.backend.name()`` picks ("sim" or "neuron"), or
 the float64 reference where no launcher (or no ``nki_ssm.backend``) exists
-yet. ``"sim"`` / ``"neuron"``
-require a launcher (NotImplementedError otherwise). ``"reference"`` always
-works.
+yet. ``"sim"`` / ``"neuron"`` require a launcher (NotImplementedError
+otherwise). ``"reference"`` always works.
 
 Pool safety: the reference returns new arrays, which are committed into the
 caller's pools (named slots only, cast to the pool dtype with
@@ -30,7 +29,7 @@ _OP_PREFIX = {"short_conv": "short_conv", "mamba2_ssd": "ssd", "gated_delta": "g
 
 
 def _import(name: str):
-    """Import hook (tests replace modules through ``sys.modules``)."""
+    """The one import point of this module (tests monkeypatch it with fake modules)."""
     return importlib.import_module(name)
 
 
