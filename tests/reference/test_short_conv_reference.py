@@ -221,3 +221,18 @@ def test_bad_arguments_raise_naming_the_argument(rng):
         short_conv_recurrent(**dict(inp, cu_seqlens=np.array([0, 2], np.int32)))
     with pytest.raises(ValueError, match="weight"):
         short_conv_prefill(**dict(inp, weight=np.ones((2, 1))))
+
+
+# ----------------------------------------------------------------------------- model shapes
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["qwen3-next", "mamba2-2.7b"])
+def test_recurrent_and_prefill_agree_at_model_shape(name):
+    from nki_ssm.reference.shapes import CONV_SHAPES
+
+    s = CONV_SHAPES[name]
+    rng = np.random.default_rng(12)
+    inp = make_short_conv_inputs(rng, seqlens=[130, 2, 1, 0], dim=s.dim, W=s.W, padding=1)
+    y_r, p_r = short_conv_recurrent(**inp)
+    y_p, p_p = short_conv_prefill(**inp)
+    assert rel_fro(y_p, y_r) <= TOL and rel_fro(p_p, p_r) <= TOL

@@ -293,3 +293,18 @@ def test_bad_arguments_raise_naming_the_argument(rng):
         ssd_recurrent(**dict(inp, state_indices=np.array([-2], np.int32)))
     with pytest.raises(ValueError, match="ssm_states"):
         ssd_chunked(**dict(inp, ssm_states=inp["ssm_states"][:, :, :, :1]))
+
+
+# ----------------------------------------------------------------------------- model shapes
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mamba2-2.7b", "granite-4.0-h"])
+def test_recurrent_and_chunked_agree_at_model_shape(name):
+    from nki_ssm.reference.shapes import SSD_SHAPES
+
+    s = SSD_SHAPES[name]
+    rng = np.random.default_rng(11)
+    # 131 = one full 128-chunk + a short one; plus T = 1 and an empty sequence
+    inp = make_ssd_inputs(rng, seqlens=[131, 1, 0], H=s.H, P=s.P, N=s.N, G=s.G, z=True,
+                          padding=0, has_initial_state=True)
+    _assert_forms_agree(inp, chunk_size=128)
