@@ -7,14 +7,34 @@ Modules: ``errors`` (NkiValidationError, NkiCapacityError), ``dtypes``,
 ``tensor`` (Storage, NkiTensor views), ``memory`` (capacity accounting),
 ``language`` (nki.language), ``isa`` (nki.isa), ``jit`` (jit, simulate),
 ``install`` (register the simulator as ``import nki``), ``trace``.
+
+``language``, ``isa`` and ``jit`` load on first attribute access, so importing
+``nki_ssm.sim.tensor`` alone stays cheap and cycle-free.
 """
 from __future__ import annotations
 
+import importlib
+
 from .errors import NkiCapacityError, NkiValidationError
+from .install import install, uninstall
 from .targets import current_target
 
 # Marker that lets nki_ssm.backend tell this package from the Neuron SDK even
 # when install() has registered it as ``nki``.
 IS_NKI_SSM_SIMULATOR = True
 
-__all__ = ["NkiValidationError", "NkiCapacityError", "current_target", "IS_NKI_SSM_SIMULATOR"]
+_LAZY = {"language": ".language", "isa": ".isa", "jit": ".jit", "tensor": ".tensor",
+         "memory": ".memory", "dtypes": ".dtypes", "targets": ".targets", "trace": ".trace"}
+_LAZY_ATTRS = {"simulate": "jit", "simulate_kernel": "jit", "Kernel": "jit", "NkiTensor": "tensor"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return importlib.import_module(_LAZY[name], __name__)
+    if name in _LAZY_ATTRS:
+        return getattr(importlib.import_module("." + _LAZY_ATTRS[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["NkiValidationError", "NkiCapacityError", "current_target", "install", "uninstall",
+           "simulate", "simulate_kernel", "Kernel", "NkiTensor", "IS_NKI_SSM_SIMULATOR"]

@@ -1,0 +1,84 @@
+"""Opt-in: make ``import nki`` resolve to the nki_ssm simulator.
+
+For users without the Neuron SDK who want to run an unmodified NKI kernel
+file (``import nki; import nki.language as nl; import nki.isa as nisa``)::
+
+    import nki_ssm.sim
+    nki_ssm.sim.install()          # no-op (returns False) if the SDK is importable
+    import my_kernel_file          # its `import nki` now gets the simulator
+    y = nki.simulate(my_kernel_file.kernel)(x)
+
+The registered modules carry ``IS_NKI_SSM_SIMULATOR = True`` so code (e.g.
+``nki_ssm.backend``) can tell them from the SDK.
+"""
+from __future__ import annotations
+
+import importlib.machinery
+import sys
+import types
+
+_NAMES = ("nki", "nki.language", "nki.isa", "nki.typing")
+
+
+def is_simulator_module(module) -> bool:
+    return bool(getattr(module, "IS_NKI_SSM_SIMULATOR", False))
+
+
+def sdk_importable() -> bool:
+    """True when a real ``nki`` package (not ours) can be imported."""
+    mod = sys.modules.get("nki")
+    if mod is not None:
+        return not is_simulator_module(mod)
+    return importlib.machinery.PathFinder.find_spec("nki") is not None
+
+
+def _build() -> dict[str, types.ModuleType]:
+    from . import isa, jit, language, tensor
+
+    nki = types.ModuleType("nki", "NKI API served by the nki_ssm CPU simulator")
+    nki.IS_NKI_SSM_SIMULATOR = True
+    nki.__version__ = "0.5.0+nki_ssm.sim"
+    nki.__path__ = []  # a package, so `import nki.language` looks in sys.modules
+    nki.jit = jit.jit
+    nki.simulate = jit.simulate
+    nki.simulate_kernel = jit.simulate_kernel
+    nki.Kernel = jit.Kernel
+    nki.language = language
+    nki.isa = isa
+
+    typing = types.ModuleType("nki.typing", "Type names for kernel annotations")
+    typing.IS_NKI_SSM_SIMULATOR = True
+    typing.tensor = tensor.NkiTensor
+    typing.NkiTensor = tensor.NkiTensor
+    nki.typing = typing
+    nki.tensor = tensor.NkiTensor
+
+    for m in (language, isa):
+        m.IS_NKI_SSM_SIMULATOR = True
+    return {"nki": nki, "nki.language": language, "nki.isa": isa, "nki.typing": typing}
+
+
+def install(force: bool = False) -> bool:
+    """Register the simulator as ``nki``, ``nki.language``, ``nki.isa``, ``nki.typing``.
+
+    Does nothing and returns False when the Neuron SDK is importable, unless
+    ``force``; returns True when the simulator is (now) registered.
+    """
+    if not force and sdk_importable():
+        return False
+    current = sys.modules.get("nki")
+    if current is not None and is_simulator_module(current):
+        return True
+    sys.modules.update(_build())
+    return True
+
+
+def uninstall() -> None:
+    """Remove the simulator's ``nki*`` entries from sys.modules (the SDK's stay)."""
+    for name in _NAMES:
+        mod = sys.modules.get(name)
+        if mod is not None and is_simulator_module(mod):
+            del sys.modules[name]
+
+
+__all__ = ["install", "uninstall", "sdk_importable", "is_simulator_module"]
