@@ -17,10 +17,22 @@ _vector: dict[int, np.ndarray] = {}
 _scalar: dict[int, np.ndarray] = {}
 
 
+def _key():
+    """(launch, program id): state is per program and does not leak across launches."""
+    try:
+        from .. import jit
+        launch = id(jit._launches[-1]) if jit._launches else None
+    except ImportError:
+        launch = None
+    return launch, C._program_id()
+
+
 def _regs(table):
-    pid = C._program_id()
+    pid = _key()
     r = table.get(pid)
     if r is None:
+        if len(table) > 16:
+            table.clear()
         r = np.full(C.PMAX, np.nan, dtype=np.float32)
         table[pid] = r
     return r
