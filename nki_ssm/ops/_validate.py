@@ -140,6 +140,8 @@ def check_scale(value, default: float) -> float:
 
 def check_dt_limit(value) -> tuple:
     """``dt_limit``: a (lo, hi) pair of numbers, neither NaN, lo <= hi."""
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        value = value.tolist()
     if not isinstance(value, (tuple, list)) or len(value) != 2:
         raise TypeError(f"dt_limit must be a (lo, hi) pair, got {value!r}")
     lo = _real("dt_limit[0]", value[0])

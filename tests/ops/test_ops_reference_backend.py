@@ -253,3 +253,48 @@ def test_decode_any_shape(num_seqs, T, family, dtype, pool_dtype, seed):
     else:
         kw = gen.make_gated_delta_decode_inputs(rng, H=1, HV=2, K=4, V=3, **common)
     _check_against_reference(family, kw)
+
+
+def _set(**changes):
+    return lambda kw: kw.update(changes)
+
+
+def _cast_arg(name, dtype):
+    def mutate(kw):
+        kw[name] = kw[name].astype(dtype)
+    return mutate
+
+
+# Valid variants the validation must not reject (mixed parameter dtypes, other index dtypes,
+# numpy scalars and flags, optional arguments present or absent).
+ACCEPTED = [
+    ("short_conv_prefill", _cast_arg("weight", BF16)),
+    ("short_conv_prefill", _set(bias=None, activation=None)),
+    ("short_conv_prefill", _cast_arg("cu_seqlens", np.uint16)),
+    ("short_conv_decode", _cast_arg("state_indices", np.int8)),
+    ("ssd_prefill", _cast_arg("dt", BF16)),
+    ("ssd_prefill", _set(D=np.ones((4, 8), np.float32), z=None, dt_bias=None,
+                         dt_softplus=np.bool_(False))),
+    ("ssd_prefill", _set(dt_limit=np.array([0.0, 2.0]), chunk_size=np.int32(32),
+                         precision="fp32")),
+    ("ssd_decode", _set(dt_limit=[0.001, 0.5])),
+    ("gated_delta_prefill", _set(scale=np.float32(0.5), use_qk_l2norm=True, chunk_size=48)),
+    ("gated_delta_prefill", _cast_arg("beta", BF16)),
+    ("gated_delta_decode", _set(scale=1)),
+]
+
+
+@pytest.mark.parametrize("op,mutate", ACCEPTED)
+def test_accepted_variants_match_reference(op, mutate):
+    kw = base(op)
+    mutate(kw)
+    ref_kw = _copy(kw)
+    ref_kw.pop("precision", None)
+    if op.startswith("ssd_prefill"):
+        ref_kw["dt_limit"] = tuple(ref_kw["dt_limit"])
+    ref_out, ref_pool = REFERENCE[op](**ref_kw)[:2]
+    out = OPS[op](**kw, backend="reference")
+    assert out.tobytes() == cast_rne(ref_out, out.dtype).tobytes()
+    named = kw["state_indices"][kw["state_indices"] >= 0].astype(np.int64)
+    pool = kw[_pool_name(kw)]
+    assert pool[named].tobytes() == cast_rne(ref_pool[named], pool.dtype).tobytes()
