@@ -54,7 +54,9 @@ def require_float(name: str, value) -> np.ndarray:
 def require_same_dtype(name: str, arr: np.ndarray, ref_name: str, ref: np.ndarray) -> None:
     """Activations that a kernel streams together must share one dtype."""
     if arr.dtype != ref.dtype:
-        raise TypeError(f"{name} must have the same dtype as {ref_name} ({ref.dtype}), got {arr.dtype}")
+        raise TypeError(
+            f"{name} must have the same dtype as {ref_name} ({ref.dtype}), got {arr.dtype}"
+        )
 
 
 def require_shape(name: str, arr: np.ndarray, labels: tuple, expected: tuple) -> None:
@@ -220,7 +222,9 @@ def check_pool(name: str, value, labels: tuple, expected_tail: tuple) -> np.ndar
     pool = require_float(name, value)
     require_shape(name, pool, labels, (None, *expected_tail))
     if not pool.flags.writeable:
-        raise ValueError(f"{name} must be writeable (it is updated in place), got a read-only array")
+        raise ValueError(
+            f"{name} must be writeable (it is updated in place), got a read-only array"
+        )
     return pool
 
 
