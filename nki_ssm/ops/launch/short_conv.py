@@ -85,13 +85,24 @@ def prefill(*, x, weight, bias, activation, cu_seqlens, conv_states, state_indic
 
 
 def decode(*, x, weight, bias, activation, conv_states, state_indices, backend):
-    """Decode / multi-token update: y shaped like x (``[num_seqs, T, dim]`` or ``[num_seqs, dim]``)."""
+    """Decode / multi-token update: y shaped like x (``[num_seqs, T, dim]`` or ``[num_seqs, dim]``).
+
+    Sequences go on partitions (decode kernel); the pool is passed as its
+    ``[slots, dim * (W-1)]`` row view, padding rows point one past the pool.
+    """
+    from nki_ssm.kernels.short_conv.decode import short_conv_decode_kernel
+
     squeeze = x.ndim == 2
     x3 = x[:, None, :] if squeeze else x
-    num_seqs, T, dim = x3.shape
-    cu = np.arange(num_seqs + 1, dtype=np.int64) * T
-    y = _prefill_launch(np.ascontiguousarray(x3).reshape(num_seqs * T, dim), weight, bias,
-                        activation, cu, conv_states, state_indices,
-                        np.ones(num_seqs, dtype=bool), backend)
-    y = y.reshape(num_seqs, T, dim)
+    slots, dim, h = conv_states.shape
+    idx = np.asarray(state_indices, dtype=np.int64)
+    rows = np.where(idx >= 0, idx, slots).astype(np.int32)
+    valid = (idx >= 0).astype(np.float32)
+    flat = conv_states.reshape(slots, dim * h)
+    y = _run(short_conv_decode_kernel, np.ascontiguousarray(x3), np.ascontiguousarray(weight),
+             None if bias is None else np.ascontiguousarray(bias), flat, rows, valid,
+             "silu" if activation == "silu" else "none", bias is not None, backend=backend)
+    if not np.shares_memory(flat, conv_states):
+        conv_states[...] = flat.reshape(conv_states.shape)
+    y = np.asarray(y)
     return y[:, 0, :] if squeeze else y
