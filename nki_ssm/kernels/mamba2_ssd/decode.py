@@ -1,0 +1,164 @@
+"""Mamba-2 selective state update (decode, 1..T tokens per sequence), state pool in place.
+
+Design: decode is bound by moving the state (``H*P*N`` floats per sequence,
+read and written once per call), so the layout is chosen for the DMA. The
+state of one sequence is gathered with ONE indirect DMA: row ``r = h*P + p``
+of ``[H*P, N]`` goes to partition ``r // nt``, column block ``r % nt``, so
+each partition reads ``nt*N`` contiguous pool elements (one row of the
+``[slots*pr, nt*N]`` view: 20 KiB per partition at Mamba-2 2.7B, the DMA's
+efficient regime), and partitions never straddle a group. Per-row
+quantities (dt, x, z, A, D, dt_bias) are then ``[pr, nt]`` tiles and every
+update is a per-partition-scalar instruction over N free elements:
+
+    ScalarE  tmp = S * exp(dt' A)               (activation copy, column scale)
+    VectorE  S   = B_bcast * (dt' x) + tmp      (scalar_tensor_tensor)
+    VectorE  y   = sum_n S * C_bcast            (tensor_tensor, tensor_reduce)
+
+B and C rows of each partition's group are broadcast to the ``pr``
+partitions on TensorE (a K=G 0/1 selection matmul, exact) and read straight
+from PSUM. T tokens keep the state in
+SBUF (float32); it is written back once. The launcher only reshapes per-row inputs
+(``[.., H*P] -> [.., pr, nt]``, per-head ones repeated P times).
+
+Compile time: num_seqs, T and the shapes (the cache key). Run time: pool
+slots (int32 row indices, -1 = padding: the gather and scatter are skipped
+and the output is multiplied by 0).
+
+Numerics: all float32 (no matmul precision choice: the only matmul is the
+exact 0/1 broadcast). A bfloat16 pool is widened on load and rounded once
+(RNE) on store.
+"""
+from __future__ import annotations
+
+from nki_ssm.backend import nki, nl, nisa
+
+
+@nki.jit
+def ssd_decode_step(x_rows, dt_rows, A_rows, B, C, group_sel, D_rows, z_rows, bias_rows,
+                    valid, pool, pool_idx, num_seqs, T, dt_softplus, dt_lo, dt_hi):
+    """Selective state update; returns y ``[num_seqs*T*pr, nt]`` float32 (row layout).
+
+    Row layout: state row ``r = h*P + p`` of a sequence sits at partition
+    ``r // nt``, column ``r % nt`` (``pr * nt = H*P``), so each partition
+    holds ``nt`` consecutive pool rows = one row of the ``pool`` view.
+    HBM arrays (prepared by the launcher):
+      x_rows, dt_rows ``[num_seqs*T*pr, nt]`` float32 (dt raw, per row's
+      head), z_rows same or None, A_rows, D_rows, bias_rows ``[pr, nt]``
+      float32 (D, dt_bias may be None), B, C ``[num_seqs*T*G, N]``,
+      group_sel ``[G, pr]`` (B's dtype, 1 where partition q's rows are in
+      group g), valid ``[num_seqs*pr, 1]`` float32 (0 for padding), pool
+      ``[slots*pr, nt*N]`` (the pool ``[slots, H, P, N]``, updated in place),
+      pool_idx ``[num_seqs*pr, 1]`` int32 (``slot*pr + q``; past the pool =
+      padding, skipped).
+    Compile-time: num_seqs, T, dt_softplus, dt_lo, dt_hi.
+    """
+    pr, nt = A_rows.shape
+    N = pool.shape[1] // nt
+    G = group_sel.shape[0]
+    y = nl.ndarray((num_seqs * T * pr, nt), dtype=nl.float32, buffer=nl.shared_hbm)
+
+    A_sb = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=A_sb, src=A_rows)
+    bias_sb = None
+    if bias_rows != None:  # noqa: E711  (NKI has no `is`)
+        bias_sb = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=bias_sb, src=bias_rows)
+    D_sb = None
+    if D_rows != None:  # noqa: E711
+        D_sb = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=D_sb, src=D_rows)
+    sel = nl.ndarray((G, pr), dtype=group_sel.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=sel, src=group_sel)
+
+    for s in range(num_seqs):
+        idx = nl.ndarray((pr, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=idx, src=pool_idx[s * pr:(s + 1) * pr, :])
+        vcol = nl.ndarray((pr, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=vcol, src=valid[s * pr:(s + 1) * pr, :])
+        nat = nl.ndarray((pr, nt * N), dtype=pool.dtype, buffer=nl.sbuf)
+        nisa.memset(dst=nat, value=0.0)
+        view = pool.ap(pattern=[[nt * N, pr], [1, nt * N]], offset=0, vector_offset=idx,
+                       indirect_dim=0)
+        nisa.dma_copy(dst=nat, src=view, oob_mode=nisa.oob_mode.skip)
+        if pool.dtype == nl.float32:
+            S = nat
+        else:
+            S = nl.ndarray((pr, nt * N), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=S, src=nat)
+
+        for tok in range(T):
+            _token(x_rows, dt_rows, z_rows, B, C, y, A_sb, bias_sb, D_sb, sel, vcol, S,
+                   s * T + tok, pr, nt, N, G, dt_softplus, dt_lo, dt_hi)
+
+        if pool.dtype != nl.float32:
+            nisa.tensor_copy(dst=nat, src=S)
+        view = pool.ap(pattern=[[nt * N, pr], [1, nt * N]], offset=0, vector_offset=idx,
+                       indirect_dim=0)
+        nisa.dma_copy(dst=view, src=nat, oob_mode=nisa.oob_mode.skip)
+    return y
+
+
+def _token(x_rows, dt_rows, z_rows, B, C, y, A_sb, bias_sb, D_sb, sel, vcol, S,
+           row, pr, nt, N, G, dt_softplus, dt_lo, dt_hi):
+    """One token of one sequence: update S [pr, nt*N] in place, write y rows."""
+    r0, r1 = row * pr, (row + 1) * pr
+    dt_c = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=dt_c, src=dt_rows[r0:r1, :])
+    x_c = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=x_c, src=x_rows[r0:r1, :])
+    b_g = nl.ndarray((G, N), dtype=B.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=b_g, src=B[row * G:(row + 1) * G, :])
+    c_g = nl.ndarray((G, N), dtype=C.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=c_g, src=C[row * G:(row + 1) * G, :])
+
+    # dt' = clip(softplus(dt + dt_bias)); decay exp(dt' A); input weight dt' x
+    dtp = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
+    src = dt_c
+    if bias_sb != None:  # noqa: E711
+        nisa.tensor_tensor(dst=dtp, data1=dt_c, data2=bias_sb, op=nl.add)
+        src = dtp
+    if dt_softplus:
+        nisa.activation(dst=dtp, op=nl.softplus, data=src)
+        src = dtp
+    if dt_hi < 3.0e38:
+        nisa.tensor_scalar(dst=dtp, data=src, op0=nl.maximum, operand0=dt_lo,
+                           op1=nl.minimum, operand1=dt_hi)
+    else:
+        nisa.tensor_scalar(dst=dtp, data=src, op0=nl.maximum, operand0=dt_lo)
+    dA = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=dA, data1=dtp, data2=A_sb, op=nl.multiply)
+    nisa.activation(dst=dA, op=nl.exp, data=dA)
+    dtx = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=dtx, data1=dtp, data2=x_c, op=nl.multiply)
+
+    # B and C of each partition's group on every partition (exact 0/1 matmul, K = G)
+    bb = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=bb, stationary=sel, moving=b_g, accumulate=False)
+    cc = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=cc, stationary=sel, moving=c_g, accumulate=False)
+
+    yc = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
+    for t in range(nt):
+        st = S[:, t * N:(t + 1) * N]
+        tmp = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=tmp, op=nl.copy, data=st, scale=dA[:, t:t + 1])
+        nisa.scalar_tensor_tensor(dst=st, data=bb, op0=nl.multiply, operand0=dtx[:, t:t + 1],
+                                  op1=nl.add, operand1=tmp)
+        prod = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=prod, data1=st, data2=cc, op=nl.multiply)
+        nisa.tensor_reduce(dst=yc[:, t:t + 1], op=nl.add, data=prod, axis=(1,))
+    del bb, cc
+
+    if D_sb != None:  # noqa: E711
+        xd = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=xd, data1=x_c, data2=D_sb, op=nl.multiply)
+        nisa.tensor_tensor(dst=yc, data1=yc, data2=xd, op=nl.add)
+    if z_rows != None:  # noqa: E711
+        z_c = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=z_c, src=z_rows[r0:r1, :])
+        nisa.activation(dst=z_c, op=nl.silu, data=z_c)
+        nisa.scalar_tensor_tensor(dst=yc, data=yc, op0=nl.multiply, operand0=vcol,
+                                  op1=nl.multiply, operand1=z_c)
+    else:
+        nisa.tensor_scalar(dst=yc, data=yc, op0=nl.multiply, operand0=vcol)
+    nisa.dma_copy(dst=y[r0:r1, :], src=yc)

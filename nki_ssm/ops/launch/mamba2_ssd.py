@@ -1,0 +1,173 @@
+"""Launcher of the Mamba-2 SSD kernels (``nki_ssm.kernels.mamba2_ssd``).
+
+Host side only arranges layouts and index tables; all math and every pool
+gather / scatter happens in the kernels:
+
+- the pool ``[slots, H, P, N]`` is passed as its ``[slots*H*P, N]`` row view
+  (no copy for a C-contiguous pool), so the kernels gather / scatter a
+  sequence's state with one int32 row index per partition;
+- slot numbers become int32 row tables (``slot*H*P + row``); padding and
+  ``has_initial_state == False`` (gather only) become the first row past the
+  pool, which the kernel's DMA skips (``oob_mode.skip``);
+- the batch layout (sequence lengths) becomes a compile-time tuple;
+- per-head parameters are repeated on 128 rows (prefill) or arranged as
+  per-row columns (decode), dt is widened to float32, tensors are flattened
+  to 2-D (contiguous reshapes).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+_PMAX = 128
+_INT32_MAX = np.iinfo(np.int32).max
+
+
+def _run(kernel, *args, backend):
+    from nki_ssm import backend as _backend
+
+    return _backend.run(kernel, *args, backend=backend)
+
+
+def _pool_rows(ssm_states: np.ndarray) -> np.ndarray:
+    """``[slots*H*P, N]`` view of the pool (the launcher contract makes it C-contiguous)."""
+    slots, H, P, N = ssm_states.shape
+    if slots * H * P > _INT32_MAX:
+        raise ValueError(f"ssm_states must have slots*H*P <= {_INT32_MAX} (int32 row indices), "
+                         f"got {slots}*{H}*{P} = {slots * H * P}")
+    return ssm_states.reshape(slots * H * P, N)
+
+
+def _rows(slot: np.ndarray, use: np.ndarray, stride: int, count: int, oob: int) -> np.ndarray:
+    """int32 ``[num_seqs*count, 1]``: ``slot*stride + q`` (q < count) where ``use``, else ``oob``."""
+    r = slot.astype(np.int64)[:, None] * stride + np.arange(count, dtype=np.int64)[None, :]
+    return np.where(use[:, None], r, oob).astype(np.int32).reshape(-1, 1)
+
+
+def _f32(a):
+    return None if a is None else np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _dt_limit(dt_limit):
+    lo, hi = (float(v) for v in dt_limit)
+    return lo, (hi if math.isfinite(hi) else math.inf)
+
+
+def _D_per_row(D, H, P):
+    """D as float32 ``[H*P]`` (``[H]`` repeated over P) or None."""
+    if D is None:
+        return None
+    d = np.asarray(D, dtype=np.float32)
+    return np.repeat(d, P) if d.shape == (H,) else d.reshape(H * P)
+
+
+def prefill(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, cu_seqlens, ssm_states,
+            state_indices, has_initial_state, chunk_size, precision, backend):
+    """Launch ``ssd_chunk_prefill``; returns y ``[num_tokens, H, P]`` in x's dtype.
+
+    ``ssm_states`` is updated in place (named slots only).
+    """
+    from nki_ssm.kernels.mamba2_ssd.chunk import ssd_chunk_prefill
+
+    T, H, P = x.shape
+    G, N = B.shape[1:]
+    slots = ssm_states.shape[0]
+    idx = np.asarray(state_indices, dtype=np.int64)
+    live = idx >= 0
+    oob = slots * H * P                   # first row past the pool: the DMA skips it
+    gather = _rows(idx, live & np.asarray(has_initial_state, dtype=bool), H * P, H * P, oob)
+    scatter = _rows(idx, live, H * P, H * P, oob)
+    cu = [int(v) for v in np.asarray(cu_seqlens)]
+    seq_lens = tuple(cu[s + 1] - cu[s] for s in range(len(cu) - 1))
+    valid = np.repeat(live.astype(np.float32), seq_lens).reshape(T, 1)
+
+    def tok2d(a, width, dtype=None):
+        if a is None:
+            return None
+        a = np.asarray(a).reshape(T, width)
+        if dtype is not None:
+            a = a.astype(dtype)
+        if T == 0:
+            a = np.zeros((1, width), dtype=a.dtype)
+        return np.ascontiguousarray(a)
+
+    D_row = _D_per_row(D, H, P)
+    lo, hi = _dt_limit(dt_limit)
+    rows = _pool_rows(ssm_states)
+    y = _run(ssd_chunk_prefill,
+             tok2d(x, H * P), tok2d(dt, H, np.float32),
+             np.ascontiguousarray(np.broadcast_to(_f32(A), (_PMAX, H))),
+             tok2d(B, G * N), tok2d(C, G * N),
+             None if D_row is None else np.ascontiguousarray(np.broadcast_to(D_row, (_PMAX, H * P))),
+             tok2d(z, H * P),
+             None if dt_bias is None else np.ascontiguousarray(
+                 np.broadcast_to(_f32(dt_bias), (_PMAX, H))),
+             tok2d(valid, 1) if T else np.zeros((1, 1), np.float32),
+             rows, gather, scatter,
+             seq_lens, int(H), bool(dt_softplus), lo, hi, int(chunk_size), precision == "fp32",
+             backend=backend)
+    if not np.shares_memory(rows, ssm_states):
+        ssm_states[...] = rows.reshape(ssm_states.shape)
+    y = np.asarray(y)
+    return y[:T].reshape(T, H, P) if T else np.zeros((0, H, P), dtype=x.dtype)
+
+
+def decode_layout(H: int, P: int, G: int) -> tuple[int, int]:
+    """(pr, nt) of the decode kernel: state rows r = h*P + p sit at partition
+    ``r // nt``, column ``r % nt`` (nt consecutive rows per partition, one
+    pool row each of the ``[slots*pr, nt*N]`` view). pr is the largest divisor
+    of H*P that is <= 128 and keeps each partition inside one group."""
+    HP, group_rows = H * P, (H // G) * P
+    for pr in range(min(_PMAX, HP), 0, -1):
+        if HP % pr == 0 and group_rows % (HP // pr) == 0:
+            return pr, HP // pr
+    raise AssertionError("unreachable: pr = G always qualifies")
+
+
+def decode(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states, state_indices,
+           backend):
+    """Launch ``ssd_decode_step``; returns y shaped like x, in x's dtype."""
+    from nki_ssm.kernels.mamba2_ssd.decode import ssd_decode_step
+    from nki_ssm.ops._dispatch import cast_rne
+
+    single = x.ndim == 3
+    S = x.shape[0]
+    T = 1 if single else x.shape[1]
+    H, P = x.shape[-2:]
+    G, N = B.shape[-2:]
+    slots = ssm_states.shape[0]
+    pr, nt = decode_layout(H, P, G)
+    if slots * pr > _INT32_MAX:
+        raise ValueError(f"ssm_states must have slots*{pr} <= {_INT32_MAX} (int32 row indices), "
+                         f"got {slots * pr}")
+    idx = np.asarray(state_indices, dtype=np.int64)
+    live = idx >= 0
+    row_idx = _rows(idx, live, pr, pr, slots * pr)
+    valid = np.repeat(live.astype(np.float32), pr).reshape(S * pr, 1)
+    # partition q of the B/C broadcast takes group (q*nt) // (H/G*P)
+    group_of = (np.arange(pr) * nt) // ((H // G) * P)
+    sel = np.ascontiguousarray((group_of[None, :] == np.arange(G)[:, None]).astype(B.dtype))
+
+    def rows(a, lead):  # [..., H*P] -> [lead*pr, nt], row r at [r // nt, r % nt]
+        return np.ascontiguousarray(np.asarray(a, np.float32).reshape(lead * pr, nt))
+
+    def per_head(a, lead):  # [lead, H] -> per-row values [lead*pr, nt]
+        return rows(np.repeat(np.asarray(a, np.float32).reshape(lead, H), P, axis=1), lead)
+
+    D_row = _D_per_row(D, H, P)
+    lo, hi = _dt_limit(dt_limit)
+    pool = ssm_states.reshape(slots * pr, nt * N)
+    y = _run(ssd_decode_step,
+             rows(x, S * T), per_head(dt, S * T),
+             per_head(A, 1), np.ascontiguousarray(np.asarray(B).reshape(S * T * G, N)),
+             np.ascontiguousarray(np.asarray(C).reshape(S * T * G, N)), sel,
+             None if D_row is None else rows(D_row, 1),
+             None if z is None else rows(z, S * T),
+             None if dt_bias is None else per_head(dt_bias, 1), valid, pool, row_idx,
+             int(S), int(T), bool(dt_softplus), lo, hi,
+             backend=backend)
+    if not np.shares_memory(pool, ssm_states):
+        ssm_states[...] = pool.reshape(ssm_states.shape)
+    y = np.asarray(y, dtype=np.float32).reshape(x.shape)
+    return cast_rne(y, x.dtype)
