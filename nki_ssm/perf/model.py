@@ -3,7 +3,10 @@
 Resources: TensorE, VectorE, ScalarE and GpSimd each run their instructions
 in program order; DMA transfers go to the core's 16 DMA engines. A transfer
 over P SBUF partitions uses ``min(16, ceil(P / 8))`` engines, taken as the
-ones free earliest; its data moves for ``bytes / (engines * BW * eff)`` and
+ones that can start it earliest (a piece may fill an earlier idle gap: each
+engine serves 16 queues, so a transfer ready early is not held behind one
+issued before it but ready late); its data moves for
+``bytes / (engines * BW * eff)`` and
 it starts no earlier than ``ready + dma_fixed_ns`` (descriptor and
 semaphore-to-start latency, overlappable with earlier transfers on the same
 queue since queues prefetch descriptors).
@@ -31,6 +34,7 @@ engine queues, kernel launch overhead.
 """
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 
 import numpy as np
@@ -91,7 +95,6 @@ def model(trace, target: "str | HardwareSpec | None" = None, *, keep_schedule: b
     dma_free: dict = {}      # pid -> (np.array free times, np.array last index)
     writes: dict = {}
     reads: dict = {}
-    dma_queue_busy: dict = {}
     busy = dict.fromkeys(ENGINE_ORDER, 0.0)
     dma_bytes = dma_transfers = flops = 0
     raw_lat = {e: costs.raw_latency_ns(e, hw) for e in COMPUTE_ENGINES}
@@ -126,24 +129,9 @@ def model(trace, target: "str | HardwareSpec | None" = None, *, keep_schedule: b
         if unit == "dma":
             n_eng, xfer = costs.dma_plan(inst, hw)
             if pid not in dma_free:
-                dma_free[pid] = (np.zeros(hw.dma_engines), np.full(hw.dma_engines, -1, dtype=np.int64))
-                dma_queue_busy[pid] = np.zeros(hw.dma_engines)
-            free, last = dma_free[pid]
-            chosen = np.argsort(free, kind="stable")[:n_eng]
-            eng_free = float(free[chosen].max())
-            earliest = ready + hw.dma_fixed_ns
-            if earliest >= eng_free:
-                t0, pred[i] = earliest, dep
-            else:
-                t0 = eng_free
-                pred[i] = int(last[chosen[int(np.argmax(free[chosen]))]])
-            t1 = t0 + xfer
-            free[chosen] = t1
-            last[chosen] = i
-            dma_queue_busy[pid][chosen] += xfer
-            mask = 0
-            for q in chosen:
-                mask |= 1 << int(q)
+                dma_free[pid] = _DmaEngines(hw.dma_engines)
+            t0, t1, mask, blocker = dma_free[pid].place(ready + hw.dma_fixed_ns, xfer, n_eng, i)
+            pred[i] = dep if blocker < 0 else blocker
             dma_mask[i] = mask
             start[i], data_start[i], end[i] = ready, t0, t1
             dma_bytes += int(inst.nbytes)
@@ -193,17 +181,64 @@ def model(trace, target: "str | HardwareSpec | None" = None, *, keep_schedule: b
     binding = max(critical, key=lambda e: critical[e]) if n else "none"
     busiest = max(busy, key=lambda e: busy[e]) if n else "none"
     queue_busy = np.zeros(hw.dma_engines)
-    for q in dma_queue_busy.values():
-        queue_busy += q
+    for engines in dma_free.values():
+        queue_busy += engines.busy
     num_cores = max(1, len(set(pids.tolist()))) if n else 1
     sched = Schedule(start=start, end=end, unit=units, op=ops, dma_mask=dma_mask,
-                     dma_data_start=data_start, program_id=pids) if keep_schedule else None
+                     dma_data_start=data_start, program_id=pids, pred=pred) if keep_schedule else None
     return Timing(
         target=hw.name, time_ns=total, busy_ns=busy, critical_ns=critical,
         binding_engine=binding, busiest_engine=busiest, dma_queue_busy_ns=queue_busy.tolist(),
         dma_bytes=dma_bytes, dma_transfers=dma_transfers, matmul_flops=flops,
         num_instructions=n, op_counts=dict(Counter(ops)), bf16_peak_flops=hw.bf16_peak_flops,
         dma_bw_bytes_per_ns=hw.dma_bw_per_core, num_cores=num_cores, schedule=sched)
+
+
+class _DmaEngines:
+    """Busy intervals of one core's DMA engines; a transfer piece may fill an earlier gap.
+
+    Each engine serves 16 queues (nki_spec §8.2), so a transfer that becomes
+    ready late does not hold back a later-issued one that is ready early:
+    pieces are placed at the earliest gap that fits (backfilling), not
+    behind the last placed transfer.
+    """
+
+    def __init__(self, n: int):
+        self.n = n
+        self.starts = [[] for _ in range(n)]
+        self.ends = [[] for _ in range(n)]
+        self.owner = [[] for _ in range(n)]
+        self.busy = np.zeros(n)
+
+    def _fit(self, q: int, earliest: float, dur: float):
+        starts, ends, owner = self.starts[q], self.ends[q], self.owner[q]
+        k = bisect.bisect_right(ends, earliest)
+        t, blocker = earliest, -1
+        while k < len(starts):
+            if starts[k] >= t + dur:
+                break
+            if ends[k] > t:
+                t, blocker = ends[k], owner[k]
+            k += 1
+        return t, k, blocker
+
+    def place(self, earliest: float, dur: float, engines: int, idx: int):
+        """-> (first piece start, end, engine bit mask, instruction that delayed the last piece or -1)."""
+        fits = [self._fit(q, earliest, dur) for q in range(self.n)]
+        chosen = sorted(range(self.n), key=lambda q: (fits[q][0], q))[:engines]
+        mask, first, last_q = 0, None, chosen[0]
+        for q in chosen:
+            t, k, _ = fits[q]
+            self.starts[q].insert(k, t)
+            self.ends[q].insert(k, t + dur)
+            self.owner[q].insert(k, idx)
+            self.busy[q] += dur
+            mask |= 1 << q
+            first = t if first is None else min(first, t)
+            if t >= fits[last_q][0]:
+                last_q = q
+        t_last, _, blocker = fits[last_q]
+        return first, t_last + dur, mask, (blocker if t_last > earliest else -1)
 
 
 def _union_length(t0: np.ndarray, t1: np.ndarray, select: list) -> float:

@@ -29,6 +29,17 @@ class Schedule:
     dma_mask: np.ndarray
     dma_data_start: np.ndarray
     program_id: np.ndarray
+    pred: np.ndarray | None = None   # instruction that released each one (-1: none); critical path
+
+    def critical_path(self) -> list:
+        """Indices of the critical path, first to last."""
+        if self.pred is None or len(self.end) == 0:
+            return []
+        i, out = int(np.argmax(self.end)), []
+        while i >= 0:
+            out.append(i)
+            i = int(self.pred[i])
+        return out[::-1]
 
 
 @dataclass

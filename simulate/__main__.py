@@ -1,0 +1,141 @@
+"""The main job: every op at model shapes, checked against float64, timed by the cost model.
+
+    python -m simulate                      # default set, trn2, report in reports/<timestamp>
+    python -m simulate --target trn3 --model qwen3 --op gated_delta
+    python -m simulate --full               # 16K / 64K tokens, 512-sequence decode, every shape
+    python -m simulate --smoke --out /tmp/r # tiny shapes (seconds)
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser(prog="python -m simulate", description=__doc__.splitlines()[0])
+    p.add_argument("--target", default="trn2", choices=["trn2", "trn3"],
+                   help="target the times are modeled for (default trn2)")
+    p.add_argument("--model", action="append", default=None,
+                   help="only cases whose model key contains this (repeatable), e.g. qwen3, mamba2, granite")
+    p.add_argument("--op", action="append", default=None,
+                   help="only these ops or families (repeatable), e.g. ssd_prefill, gated_delta, decode")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--full", action="store_true", help="the full set (16K/64K tokens, 512-seq decode)")
+    g.add_argument("--smoke", action="store_true", help="tiny shapes, for tests")
+    p.add_argument("--out", default=None, help="report folder (default reports/<timestamp>)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-calibration", action="store_true", help="skip the calibration table")
+    p.add_argument("--calibration-full", action="store_true",
+                   help="also run the long calibration rows (Mamba v3 at seq 8192)")
+    p.add_argument("--timeline", default=None,
+                   help="case id substring whose kernel gets the timeline plot (default: first kernel case)")
+    p.add_argument("--list", action="store_true", help="list the selected cases and exit")
+    return p.parse_args(argv)
+
+
+def _progress():
+    """(context manager, add_task, advance) using rich if available, else plain lines."""
+    try:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        prog = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                        TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                        TextColumn("{task.fields[case]}"))
+        return prog
+    except ImportError:
+        return None
+
+
+def main(argv=None) -> int:
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    from simulate import cases as C
+    from simulate.report import print_table, write_report
+    from simulate.run import run_case
+
+    if args.smoke:
+        case_set, selected = "smoke", C.smoke_cases()
+    elif args.full:
+        case_set, selected = "full", C.full_cases()
+    else:
+        case_set, selected = "default", C.default_cases()
+    selected = C.select(selected, models=args.model, ops=args.op)
+    if args.list:
+        for c in selected:
+            print(c.id)
+        return 0
+    if not selected:
+        print("no case matches --model/--op", file=sys.stderr)
+        return 2
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) if args.out else Path("reports") / stamp
+    command = "python -m simulate " + " ".join(sys.argv[1:] if argv is None else argv)
+    t_start = time.perf_counter()
+    results, timeline, timeline_case = [], None, None
+    prog = _progress()
+    steps = len(selected) + (0 if args.no_calibration else 1)
+
+    def one(c):
+        nonlocal timeline, timeline_case
+        want = timeline is None and (args.timeline is None or args.timeline in c.id)
+        res, timing = run_case(c, target=args.target, seed=args.seed, keep_timing=want)
+        if want and timing is not None:
+            timeline, timeline_case = timing, c.id
+        results.append(res)
+
+    cal_rows = None
+    if prog is not None:
+        with prog:
+            task = prog.add_task("simulate", total=steps, case="")
+            for c in selected:
+                prog.update(task, case=c.id)
+                one(c)
+                prog.advance(task)
+            if not args.no_calibration:
+                prog.update(task, case="calibration")
+                cal_rows = _calibration(args)
+                prog.advance(task)
+    else:
+        for k, c in enumerate(selected):
+            print(f"[{k + 1}/{steps}] {c.id}", flush=True)
+            one(c)
+        if not args.no_calibration:
+            print(f"[{steps}/{steps}] calibration", flush=True)
+            cal_rows = _calibration(args)
+    wall = time.perf_counter() - t_start
+    paths = write_report(out, results, target=args.target, case_set=case_set, command=command,
+                         wall_s=wall, calibration_rows=cal_rows, timeline_timing=timeline,
+                         timeline_case=timeline_case)
+    if not args.out:
+        _link_latest(out)
+    print_table(results)
+    if cal_rows is not None:
+        from nki_ssm.perf.calibration import summarize
+
+        print("\nCalibration (modeled / published):")
+        print(summarize(cal_rows))
+    print(f"\nreport: {paths['report']}  ({wall:.1f} s wall)")
+    return 1 if any(r.status == "error" for r in results) else 0
+
+
+def _calibration(args):
+    from nki_ssm.perf.calibration import run_calibration
+
+    return run_calibration(full=args.calibration_full)
+
+
+def _link_latest(out: Path) -> None:
+    latest = out.parent / "latest"
+    try:
+        if latest.is_symlink() or latest.exists():
+            latest.unlink()
+        os.symlink(out.name, latest)
+    except OSError:
+        pass  # a missing symlink is not worth failing the run
+
+
+if __name__ == "__main__":
+    sys.exit(main())

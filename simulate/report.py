@@ -1,0 +1,201 @@
+"""Write the main job's report folder: report.md, results.json, timeline / roofline PNGs."""
+from __future__ import annotations
+
+import json
+import math
+import platform
+from pathlib import Path
+
+from simulate.run import NO_KERNEL, CaseResult
+
+
+def _si(x: float | None, unit: str) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "—"
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {prefix}{unit}"
+    return f"{x:.3g} {unit}"
+
+
+def fmt_time(ns: float | None) -> str:
+    if ns is None:
+        return "—"
+    if ns >= 1e6:
+        return f"{ns / 1e6:.3g} ms"
+    if ns >= 1e3:
+        return f"{ns / 1e3:.4g} us"
+    return f"{ns:.4g} ns"
+
+
+def _err(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2e}"
+
+
+def throughput(r: CaseResult) -> str:
+    """tokens/s for prefill, bytes/s (of the minimal HBM traffic) for decode."""
+    if r.modeled_ns is None:
+        return "—"
+    if r.entry == "decode":
+        return _si(r.bytes_per_s, "B/s")
+    return _si(r.tokens_per_s, "tok/s")
+
+
+def row_cells(r: CaseResult) -> list[str]:
+    status = r.status if r.status != "error" else f"error: {r.error}"
+    roof = "—" if r.roofline_fraction is None else f"{100 * r.roofline_fraction:.1f}% ({r.roofline_bound})"
+    share = ", ".join(f"{e[:3]} {100 * v:.0f}%" for e, v in r.share.items() if v >= 0.005) or "—"
+    time_cell = "—" if r.modeled_ns is None else f"{fmt_time(r.modeled_ns)} (modeled, {r.target})"
+    return [r.case_id, status, _err(r.err_out), _err(r.err_state), time_cell, throughput(r), roof,
+            r.binding_engine or "—", share]
+
+
+HEADERS = ["case", "status", "rel err out", "rel err state", "time", "throughput", "roofline",
+           "binding", "busy share"]
+
+
+def markdown_table(results: list[CaseResult]) -> str:
+    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    for r in results:
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in row_cells(r)) + " |")
+    return "\n".join(lines)
+
+
+def print_table(results: list[CaseResult], console=None) -> None:
+    """The results table on the terminal (rich if installed, else plain text)."""
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        print(markdown_table(results))
+        return
+    console = console or Console()
+    target = results[0].target if results else "trn2"
+    table = Table(title=f"nki_ssm main job — times modeled for {target}, one NeuronCore",
+                  show_lines=False)
+    for h in HEADERS:
+        table.add_column(h, overflow="fold")
+    for r in results:
+        cells = row_cells(r)
+        style = {"kernel": None, NO_KERNEL: "dim", "error": "red"}.get(r.status)
+        table.add_row(*cells, style=style)
+    console.print(table)
+
+
+_NOTES = """\
+## Notes
+
+* Every time is **modeled** by `nki_ssm.perf` for the named target, per NeuronCore
+  (LNC=1); no Trainium was used. The model list-schedules the simulator's
+  instruction trace over in-order TensorE / VectorE / ScalarE / GpSimd queues and
+  the 16 DMA engines, with read-after-write, write-after-read and write-after-write
+  dependencies through the memory regions each instruction touches. Instruction
+  costs follow nki_spec.md §8 (every constant and its source:
+  `nki_ssm/perf/hardware.py`).
+* Not modelled: PSUM bank pressure beyond data dependencies, SBUF capacity and
+  buffer rotation (every allocation is its own buffer, i.e. unlimited
+  multi-buffering), HWDGE/SWDGE descriptor issue time on the issuing engine,
+  compiler reordering, kernel launch overhead.
+* Error = relative Frobenius norm against the float64 reference (chunked form for
+  prefill), for the output and for the updated state-pool slots; "max" is
+  max |err| / max |ref|.
+* Roofline = max(min FLOPs / TensorE bf16 peak, min HBM bytes / core DMA
+  bandwidth); the fraction is roofline time / modeled time. FLOP and byte models:
+  `simulate/cases.py` docstring. Decode throughput is the minimal HBM traffic
+  divided by the modeled time.
+* Binding engine: the engine owning the largest part of the critical path
+  (`nki_ssm/perf/timing.py`).
+* Yardsticks (peers.md §10, measured on one H100, not comparable per core
+  without scaling): GDN prefill ~14 Mtok/s per layer (Qwen3-Next TP1, 16K tokens);
+  SSD prefill 16.4 Mtok/s (Mamba-2 2.7B, 16K); GDN decode ~2.4 TB/s effective state
+  streaming at 128+ sequences.
+"""
+
+
+def write_report(out_dir, results: list[CaseResult], *, target: str, case_set: str, command: str,
+                 wall_s: float, calibration_rows=None, timeline_timing=None, timeline_case=None) -> dict:
+    """Write report.md, results.json and the PNGs into ``out_dir``; returns {name: path}."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    # plots (matplotlib lazily)
+    from nki_ssm.perf.plots import roofline_png, timeline_png
+
+    points = [dict(label=r.case_id, flops=r.min_flops, hbm_bytes=r.min_hbm_bytes,
+                   time_ns=r.modeled_ns, roofline_fraction=r.roofline_fraction)
+              for r in results if r.modeled_ns]
+    paths["roofline"] = roofline_png(points, out / "roofline.png", target=target,
+                                     title=f"Roofline of all kernel cases, modeled {target} (one NeuronCore)"
+                                     + ("" if points else " — no kernel case ran"))
+    if timeline_timing is not None:
+        paths["timeline"] = timeline_png(timeline_timing, out / "timeline.png",
+                                         title=f"{timeline_case}: engine timeline, modeled {target}, "
+                                               f"{timeline_timing.time_us:.1f} us, binding "
+                                               f"{timeline_timing.binding_engine}")
+        # zoom on the start so individual instructions are visible
+        span = _zoom_window(timeline_timing)
+        paths["timeline_zoom"] = timeline_png(timeline_timing, out / "timeline_zoom.png", window_ns=span,
+                                              title=f"{timeline_case}: first {span[1] / 1e3:.1f} us "
+                                                    f"(zoom), modeled {target}")
+    cal_md = None
+    if calibration_rows is not None:
+        from nki_ssm.perf.calibration import table_markdown
+
+        cal_md = table_markdown(calibration_rows)
+    n_kernel = sum(r.status == "kernel" for r in results)
+    md = [f"# nki_ssm main job — times modeled for {target}",
+          "",
+          f"Command: `{command}`  ",
+          f"Case set: {case_set}; {len(results)} cases, {n_kernel} with a kernel, "
+          f"{sum(r.status == NO_KERNEL for r in results)} reference only, "
+          f"{sum(r.status == 'error' for r in results)} errors.  ",
+          f"Wall time: {wall_s:.1f} s on {platform.node() or 'this machine'} "
+          f"({platform.machine()}, Python {platform.python_version()}).",
+          "",
+          "## Results",
+          "",
+          markdown_table(results),
+          ""]
+    if "timeline" in paths:
+        md += [f"## Engine timeline: {timeline_case}", "",
+               "![timeline](timeline.png)", "", "![timeline zoom](timeline_zoom.png)", ""]
+    md += ["## Roofline", "", "![roofline](roofline.png)", ""]
+    if cal_md is not None:
+        md += ["## Calibration (modeled / published)", "", cal_md, ""]
+    errors = [r for r in results if r.status == "error"]
+    if errors:
+        md += ["## Kernel errors", ""]
+        for r in errors:
+            md += [f"### {r.case_id}", "", "```", (r.traceback or r.error or "").strip(), "```", ""]
+    md.append(_NOTES)
+    (out / "report.md").write_text("\n".join(md))
+    paths["report"] = str(out / "report.md")
+    payload = {
+        "target": target, "case_set": case_set, "command": command, "wall_s": wall_s,
+        "time_unit": "ns (modeled)", "cases": [r.to_dict() for r in results],
+        "calibration": [c.to_dict() for c in calibration_rows] if calibration_rows is not None else None,
+    }
+    (out / "results.json").write_text(json.dumps(payload, indent=1, default=_json_default))
+    paths["json"] = str(out / "results.json")
+    return paths
+
+
+def _zoom_window(timing) -> tuple[float, float]:
+    s = timing.schedule
+    n = len(s.unit)
+    k = min(n - 1, 400)
+    end = float(s.end[: k + 1].max()) if n else 1.0
+    return (0.0, max(end, 1.0))
+
+
+def _json_default(o):
+    try:
+        import numpy as np
+
+        if isinstance(o, np.generic):
+            return o.item()
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+    except ImportError:
+        pass
+    return str(o)

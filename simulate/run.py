@@ -1,0 +1,143 @@
+"""Run one case: the float64 reference, and the kernel (if the op has one) in the simulator.
+
+The kernel runs through the host API (``nki_ssm.ops.<op>(..., backend="sim")``)
+inside ``nki_ssm.sim.trace.record()`` with NEURON_PLATFORM_TARGET_OVERRIDE
+set to the target, and the captured trace is timed by ``nki_ssm.perf.model``.
+An op "has a kernel" when ``nki_ssm.ops._dispatch.find_launcher`` finds its
+launcher; otherwise only the reference runs and the result says so (no time
+is invented).
+"""
+from __future__ import annotations
+
+import copy
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from nki_ssm.reference import metrics
+from simulate.cases import Case
+
+NO_KERNEL = "reference only, no kernel yet"
+
+
+@dataclass
+class CaseResult:
+    case_id: str
+    op: str
+    family: str
+    entry: str
+    model: str
+    shape: str
+    num_tokens: int
+    num_seqs: int
+    dtype: str
+    pool_dtype: str
+    target: str
+    status: str                      # "kernel", NO_KERNEL, or "error"
+    error: str | None = None
+    err_out: float | None = None     # rel Frobenius vs float64 reference
+    err_state: float | None = None
+    max_abs_out: float | None = None  # max |err| / max |ref|
+    modeled_ns: float | None = None
+    tokens_per_s: float | None = None
+    bytes_per_s: float | None = None
+    roofline_fraction: float | None = None
+    roofline_bound: str | None = None
+    roofline_ns: float | None = None
+    binding_engine: str | None = None
+    share: dict = field(default_factory=dict)
+    instructions: int | None = None
+    dma_bytes: int | None = None
+    dma_transfers: int | None = None
+    matmul_flops: int | None = None
+    min_flops: float = 0.0
+    min_hbm_bytes: float = 0.0
+    reference_wall_s: float | None = None
+    kernel_wall_s: float | None = None
+    traceback: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _reference_fn(case: Case):
+    from nki_ssm.reference import gated_delta, mamba2_ssd, short_conv
+
+    return {
+        ("short_conv", "prefill"): short_conv.short_conv_prefill,
+        ("short_conv", "decode"): short_conv.short_conv_decode,
+        ("mamba2_ssd", "prefill"): mamba2_ssd.ssd_chunked,
+        ("mamba2_ssd", "decode"): mamba2_ssd.ssd_decode,
+        ("gated_delta", "prefill"): gated_delta.gated_delta_chunked,
+        ("gated_delta", "decode"): gated_delta.gated_delta_decode,
+    }[(case.family, case.entry)]
+
+
+def _pool_name(case: Case) -> str:
+    return "conv_states" if case.family == "short_conv" else "ssm_states"
+
+
+def has_kernel(case: Case) -> bool:
+    from nki_ssm.ops._dispatch import find_launcher
+
+    return find_launcher(case.family, case.entry) is not None
+
+
+def run_case(case: Case, target: str = "trn2", seed: int = 0, *, keep_timing: bool = False):
+    """-> (CaseResult, Timing or None). Never raises for a failing kernel: status says it."""
+    from nki_ssm import ops, perf
+    from nki_ssm.perf.profile import platform_target
+
+    kw = case.make_inputs(seed)
+    res = CaseResult(
+        case_id=case.id, op=case.op, family=case.family, entry=case.entry, model=case.model,
+        shape=repr(case.shape), num_tokens=case.num_tokens,
+        num_seqs=len(case.seqlens) if case.entry == "prefill" else case.num_seqs,
+        dtype=np.dtype(case.dtype).name, pool_dtype=np.dtype(case.pool_dtype).name, target=target,
+        status=NO_KERNEL, min_flops=case.min_flops(), min_hbm_bytes=case.min_hbm_bytes(kw))
+    pool = _pool_name(case)
+    t0 = time.perf_counter()
+    ref_out, ref_pool = _reference_fn(case)(**copy.deepcopy(kw))[:2]
+    res.reference_wall_s = time.perf_counter() - t0
+    if not has_kernel(case):
+        return res, None
+
+    live = np.asarray(kw["state_indices"])
+    live = live[live >= 0]
+    args = dict(kw)
+    args[pool] = kw[pool].copy()
+    t0 = time.perf_counter()
+    try:
+        from nki_ssm.sim.trace import record
+
+        with platform_target(target), record(target=target) as trace:
+            out = getattr(ops, case.op)(**args, backend="sim")
+        if isinstance(out, tuple):
+            out = out[0]
+        timing = perf.model(trace, target=target, keep_schedule=keep_timing)
+    except Exception as exc:  # a kernel that fails is reported, not fatal
+        res.status = "error"
+        res.error = f"{type(exc).__name__}: {exc}"[:500]
+        res.kernel_wall_s = time.perf_counter() - t0
+        res.traceback = traceback.format_exc(limit=6)
+        return res, None
+    res.kernel_wall_s = time.perf_counter() - t0
+    res.status = "kernel"
+    res.err_out = metrics.rel_fro(out, ref_out)
+    res.max_abs_out = metrics.max_abs_scaled(out, ref_out)
+    res.err_state = metrics.rel_fro(args[pool][live], np.asarray(ref_pool)[live])
+    res.modeled_ns = timing.time_ns
+    if timing.time_ns > 0:
+        res.tokens_per_s = case.num_tokens / (timing.time_ns * 1e-9)
+        res.bytes_per_s = res.min_hbm_bytes / (timing.time_ns * 1e-9)
+    res.roofline_ns = timing.roofline_ns(res.min_flops, res.min_hbm_bytes)
+    res.roofline_fraction = timing.roofline(res.min_flops, res.min_hbm_bytes)
+    res.roofline_bound = timing.roofline_bound(res.min_flops, res.min_hbm_bytes)
+    res.binding_engine = timing.binding_engine
+    res.share = timing.share
+    res.instructions = timing.num_instructions
+    res.dma_bytes, res.dma_transfers = timing.dma_bytes, timing.dma_transfers
+    res.matmul_flops = timing.matmul_flops
+    return res, (timing if keep_timing else None)

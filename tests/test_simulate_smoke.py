@@ -1,0 +1,50 @@
+"""The main job end to end on tiny shapes: report files, JSON fields, valid PNGs."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from simulate.__main__ import main
+from simulate.run import NO_KERNEL
+
+pytest.importorskip("matplotlib")
+
+
+def test_smoke_run_writes_report(tmp_path):
+    import matplotlib.image as mpimg
+
+    out = tmp_path / "report"
+    code = main(["--smoke", "--out", str(out), "--no-calibration"])
+    assert (out / "report.md").is_file() and (out / "results.json").is_file()
+    data = json.loads((out / "results.json").read_text())
+    assert data["target"] == "trn2" and data["case_set"] == "smoke"
+    cases = data["cases"]
+    assert len(cases) == 6
+    for c in cases:
+        for key in ("case_id", "status", "err_out", "err_state", "modeled_ns", "tokens_per_s",
+                    "bytes_per_s", "roofline_fraction", "binding_engine", "min_flops", "min_hbm_bytes"):
+            assert key in c
+        assert c["status"] in ("kernel", NO_KERNEL, "error")
+        if c["status"] == "kernel":
+            assert c["modeled_ns"] > 0 and 0 < c["roofline_fraction"] <= 1.0
+            assert c["binding_engine"] in ("tensor", "vector", "scalar", "gpsimd", "dma")
+            assert c["err_out"] < 1e-2, c
+        if c["status"] == NO_KERNEL:
+            assert c["modeled_ns"] is None  # no invented times
+    assert code == (1 if any(c["status"] == "error" for c in cases) else 0)
+    md = (out / "report.md").read_text()
+    assert "modeled, trn2" in md or not any(c["status"] == "kernel" for c in cases)
+    img = mpimg.imread(out / "roofline.png")
+    assert img.ndim == 3 and img.shape[0] > 100
+    if any(c["status"] == "kernel" for c in cases):
+        for name in ("timeline.png", "timeline_zoom.png"):
+            assert mpimg.imread(out / name).shape[1] > 500
+
+
+def test_selection_and_list(capsys):
+    assert main(["--smoke", "--op", "ssd_decode", "--list"]) == 0
+    lines = capsys.readouterr().out.split()
+    assert lines == ["ssd_decode/tiny/2seq/bfloat16"]
+    assert main(["--smoke", "--model", "no-such-model", "--list"]) == 0
+    assert capsys.readouterr().out == ""
