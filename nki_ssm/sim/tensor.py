@@ -39,6 +39,21 @@ from .trace import Region
 
 PMAX = 128
 
+_new = object.__new__
+
+
+def _make_region(buffer, storage_id, p0, nparts, b0, b1) -> Region:
+    """Region(...) without the frozen-dataclass __init__ (2x faster; same object)."""
+    r = _new(Region)
+    d = r.__dict__
+    d["buffer"] = buffer
+    d["storage_id"] = storage_id
+    d["partition_start"] = p0
+    d["num_partitions"] = nparts
+    d["byte_start"] = b0
+    d["byte_stop"] = b1
+    return r
+
 
 # --------------------------------------------------------------------------- buffers
 
@@ -632,15 +647,25 @@ class NkiTensor:
         if r is not None:
             return r
         isz = self.dtype.itemsize
-        lo, hi = self._span(1 if self.storage.buffer != "hbm" else 0)
-        if self.storage.buffer == "hbm":
-            r = Region("hbm", self.storage.id, 0, 1, (self.offset + lo) * isz,
-                       (self.offset + hi + 1) * isz)
+        storage = self.storage
+        on_chip = storage.buffer != "hbm"
+        if self.indirection is None:
+            lo = hi = 0
+            for n, s in zip(self.shape[1:] if on_chip else self.shape,
+                            self.strides[1:] if on_chip else self.strides):
+                if s > 0:
+                    hi += s * (n - 1)
+                elif s < 0:
+                    lo += s * (n - 1)
         else:
-            F = self.storage.row_elements(isz)
-            p0, r0 = divmod(self.offset, F)
-            r = Region(self.storage.buffer, self.storage.id, p0, self.shape[0],
-                       (r0 + lo) * isz, (r0 + hi + 1) * isz)
+            lo, hi = self._span(1 if on_chip else 0)
+        if not on_chip:
+            r = _make_region("hbm", storage.id, 0, 1, (self.offset + lo) * isz,
+                             (self.offset + hi + 1) * isz)
+        else:
+            p0, r0 = divmod(self.offset, storage.bytes_per_partition // isz)
+            r = _make_region(storage.buffer, storage.id, p0, self.shape[0], (r0 + lo) * isz,
+                             (r0 + hi + 1) * isz)
         self._region = r
         return r
 
@@ -652,87 +677,133 @@ class NkiTensor:
                                      "tensor first, then apply the offset")
 
     def __getitem__(self, key) -> "NkiTensor":
-        what = "NkiTensor indexing"
-        self._no_indirect(what)
-        if not isinstance(key, tuple):
+        # Hot path (kernels index tiles in every instruction): one pass over the
+        # dims, no re-validation of the result (in-range indexing of a valid view
+        # stays valid), and the NumPy view derived by slicing the parent's.
+        if self.indirection is not None:
+            self._no_indirect("NkiTensor indexing")
+        if type(key) is not tuple:
             key = (key,)
-        ndim = len(self.shape)
-        n_ell = sum(1 for k in key if k is Ellipsis)
-        if n_ell > 1:
-            raise NkiValidationError(f"{what}: at most one '...' allowed, got {key!r}")
-        if n_ell:
-            i = next(j for j, k in enumerate(key) if k is Ellipsis)
-            fill = ndim - (len(key) - 1)
-            if fill < 0:
-                raise NkiValidationError(f"{what}: too many indices ({len(key) - 1}) for shape {self.shape}")
-            key = key[:i] + (slice(None),) * fill + key[i + 1:]
-        if len(key) > ndim:
-            raise NkiValidationError(f"{what}: too many indices ({len(key)}) for shape {self.shape}")
+        shape_in = self.shape
+        ndim = len(shape_in)
+        if len(key) != ndim or Ellipsis in key:
+            key = self._expand_key(key, ndim)
         on_chip = self.storage.buffer != "hbm"
         shape: list[int] = []
         strides: list[int] = []
-        dropped: list[tuple[int, int]] = []
+        np_key: list = []
+        dropped: list[tuple[int, int, int, int]] = []
         offset = self.offset
-        for d in range(ndim):
-            n, s = self.shape[d], self.strides[d]
-            k = key[d] if d < len(key) else slice(None)
-            if isinstance(k, DynSlice):
-                k = k.as_slice()
-            if isinstance(k, slice):
+        d = 0
+        for k, n, s in zip(key, shape_in, self.strides):
+            tk = type(k)
+            if tk is slice:
                 if k.start is None and k.stop is None and k.step is None:
                     shape.append(n)
                     strides.append(s)
+                    np_key.append(k)
+                    d += 1
                     continue
-                start, stop, step = k.start, k.stop, k.step
-                for nm, v in (("start", start), ("stop", stop), ("step", step)):
-                    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
-                        raise TypeError(f"{what}: slice {nm} on dim {d} must be an int, got {v!r}")
-                step = 1 if step is None else int(step)
-                if step < 1:
-                    raise NkiValidationError(f"{what}: slice step on dim {d} must be >= 1, got {step}")
-                start = 0 if start is None else int(start)
-                stop = n if stop is None else int(stop)
-                if start < 0:
-                    start += n
-                if stop < 0:
-                    stop += n
-                if not (0 <= start < stop <= n):
-                    raise NkiValidationError(
-                        f"{what}: slice {k.start}:{k.stop} on dim {d} of shape {self.shape} "
-                        f"is out of range or empty (resolved {start}:{stop})")
+                start, stop, step = self._slice_bounds(k, n, d)
                 if on_chip and d == 0 and step != 1:
                     raise NkiValidationError(
-                        f"{what}: partition dim cannot be strided (step {step}); partitions "
-                        "of an instruction operand are contiguous")
-                shape.append(len(range(start, stop, step)))
+                        "NkiTensor indexing: partition dim cannot be strided (step "
+                        f"{step}); partitions of an instruction operand are contiguous")
+                shape.append((stop - start + step - 1) // step)
                 strides.append(s * step)
                 offset += start * s
-            elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+                np_key.append(slice(start, stop, step))
+            elif tk is DynSlice:
+                start, size = k.start, k.size
+                if start < 0 or start + size > n:
+                    raise NkiValidationError(
+                        f"NkiTensor indexing: {k!r} on dim {d} of shape {shape_in} is out of range")
+                shape.append(size)
+                strides.append(s)
+                offset += start * s
+                np_key.append(slice(start, start + size))
+            elif (tk is int or isinstance(k, np.integer)) and tk is not bool:
                 i = int(k)
                 if i < 0:
                     i += n
                 if not 0 <= i < n:
-                    raise NkiValidationError(f"{what}: index {int(k)} out of range for dim {d} "
-                                             f"of size {n} (shape {self.shape})")
+                    raise NkiValidationError(
+                        f"NkiTensor indexing: index {int(k)} out of range for dim {d} of size "
+                        f"{n} (shape {shape_in})")
                 offset += i * s
                 if on_chip and d == 0:
                     shape.append(1)
                     strides.append(s)
+                    np_key.append(slice(i, i + 1))
                 else:
-                    dropped.append((len(shape), s))
+                    dropped.append((len(shape), s, len(np_key), i))
+                    np_key.append(i)
             elif isinstance(k, NkiTensor):
                 raise NkiValidationError(
-                    f"{what}: tensor index on dim {d}; use t.select({d}, index_tensor) or "
-                    ".ap(scalar_offset=...) for dynamic indexing")
+                    f"NkiTensor indexing: tensor index on dim {d}; use t.select({d}, index_tensor) "
+                    "or .ap(scalar_offset=...) for dynamic indexing")
             else:
-                raise TypeError(f"{what}: index on dim {d} must be an int, slice, nl.ds or '...', "
-                                f"got {type(k).__name__}")
+                raise TypeError(f"NkiTensor indexing: index on dim {d} must be an int, slice, "
+                                f"nl.ds or '...', got {tk.__name__}")
+            d += 1
         min_nd = 2 if on_chip else 1
         while len(shape) < min_nd and dropped:
-            pos, s = dropped.pop()
+            pos, s, kpos, i = dropped.pop()
             shape.insert(pos, 1)
             strides.insert(pos, s)
-        return self._derive(shape, strides, offset, what=what)
+            np_key[kpos] = slice(i, i + 1)
+        t = object.__new__(NkiTensor)
+        t.storage = self.storage
+        t.shape = tuple(shape)
+        t.strides = tuple(strides)
+        t.offset = offset
+        t.dtype = self.dtype
+        t.name = self.name
+        t.indirection = None
+        t._elems = None
+        t._region = None
+        parent = self._np
+        t._np = None if parent is None else parent[tuple(np_key)]
+        return t
+
+    def _expand_key(self, key: tuple, ndim: int) -> tuple:
+        n_ell = sum(1 for k in key if k is Ellipsis)
+        if n_ell > 1:
+            raise NkiValidationError(f"NkiTensor indexing: at most one '...' allowed, got {key!r}")
+        if n_ell:
+            i = next(j for j, k in enumerate(key) if k is Ellipsis)
+            fill = ndim - (len(key) - 1)
+            if fill < 0:
+                raise NkiValidationError(f"NkiTensor indexing: too many indices ({len(key) - 1}) "
+                                         f"for shape {self.shape}")
+            key = key[:i] + (slice(None),) * fill + key[i + 1:]
+        if len(key) > ndim:
+            raise NkiValidationError(f"NkiTensor indexing: too many indices ({len(key)}) for "
+                                     f"shape {self.shape}")
+        return key + (slice(None),) * (ndim - len(key))
+
+    def _slice_bounds(self, k: slice, n: int, d: int) -> tuple[int, int, int]:
+        """Resolved (start, stop, step) of slice ``k`` on a dim of size ``n``; no clamping."""
+        start, stop, step = k.start, k.stop, k.step
+        if type(start) is int and type(stop) is int and step is None and 0 <= start < stop <= n:
+            return start, stop, 1  # the common `a:b` case
+        for nm, v in (("start", start), ("stop", stop), ("step", step)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
+                raise TypeError(f"NkiTensor indexing: slice {nm} on dim {d} must be an int, got {v!r}")
+        step = 1 if step is None else int(step)
+        if step < 1:
+            raise NkiValidationError(f"NkiTensor indexing: slice step on dim {d} must be >= 1, got {step}")
+        start = 0 if start is None else int(start)
+        stop = n if stop is None else int(stop)
+        if start < 0:
+            start += n
+        if stop < 0:
+            stop += n
+        if not (0 <= start < stop <= n):
+            raise NkiValidationError(
+                f"NkiTensor indexing: slice {k.start}:{k.stop} on dim {d} of shape {self.shape} "
+                f"is out of range or empty (resolved {start}:{stop})")
+        return start, stop, step
 
     # -- 0.5.0 view methods -----------------------------------------------------
     def slice(self, dim: int, start: int, end: int, step: int = 1) -> "NkiTensor":

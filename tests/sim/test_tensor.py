@@ -404,6 +404,9 @@ def test_region_of_on_chip_view():
     assert (r.buffer, r.partition_start, r.num_partitions) == ("sbuf", 32, 32)
     assert (r.byte_start, r.byte_stop) == (8 * 4, 23 * 4)  # elements 8..22
     assert r.storage_id == t.storage.id
+    from nki_ssm.sim.trace import Region
+    assert r == Region("sbuf", t.storage.id, 32, 32, 32, 92) and hash(r) == hash(
+        Region("sbuf", t.storage.id, 32, 32, 32, 92))
 
 
 def test_region_of_hbm_view():
