@@ -160,7 +160,9 @@ _ROWS = [
      "scalar_raw_cycles was set from this row", _row_scalar_chain, True),
     ("mamba_v1_256ch", "trn1", "fused Mamba v1 [1, 512, 256, 16] fp32", 172.93e3,
      "nki_spec §9 row 2 [MAMBA]", "check",
-     "VectorE-bound (5 two-input fp32 passes per state/tile at the documented ~2N cycles)",
+     "VectorE-bound: 5 two-input fp32 passes per (state, tile) at the documented ~2N cycles. The published "
+     "figures disagree with each other: this one implies 5.3 us of VectorE per (state, tile), row 4 implies "
+     "3.1 us (launch overhead in this small run is a likely cause); the model (4.9 us) sits between",
      _mamba_row("mamba_v1", 256, 512, check_values=True), True),
     ("mamba_v1_4096ch", "trn1", "fused Mamba v1, channels 4096, seq 512", 2.34e6,
      "nki_spec §9 row 3 [MAMBA]", "check",
@@ -172,7 +174,9 @@ _ROWS = [
      "documented 2N the model uses", _mamba_row("mamba_v2", 4096, 512), True),
     ("selective_scan_v1", "trn1", "nki-library selective_scan [1, 128, 256, 16] (before A hoist)", 129.5e3,
      "nki_spec §9 row 8 [nki-library ebe57b2]", "check",
-     "per-state HBM carry round trips and 1-partition B/C loads; 4 nc_stream_shuffle per broadcast",
+     "modeled VectorE-bound; 83 small DMAs (avg 5.4 KB vs published 4.6 KB over 100). Under: per-DMA issue "
+     "cost (software DGE on trn1 GpSimd) and queue serialisation are not modelled, and the real kernel "
+     "(unpublished details) may serialise its carry DMAs more than this reconstruction",
      _row_selective_scan, True),
     ("mamba_v3_4096ch_8k", "trn1", "fused Mamba v3, channels 4096, seq 8192", 27.8e6,
      "nki_spec §9 row 6 [MAMBA]", "check",
