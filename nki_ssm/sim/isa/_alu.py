@@ -130,14 +130,29 @@ _ALIASES = {"max": "maximum", "min": "minimum", "mult": "multiply", "mul": "mult
             "sub": "subtract", "divide": "divide", "identity": "copy", "bypass": "bypass"}
 
 
+_name_cache: dict[int, tuple] = {}
+
+
 def op_name(op) -> str | None:
     """The canonical name of an ``nl`` operator object (or None if it has none)."""
+    hit = _name_cache.get(id(op))
+    if hit is not None and hit[0] is op:
+        return hit[1]
+    name = _op_name(op)
+    if name is not None and not isinstance(op, str):
+        if len(_name_cache) > 1024:
+            _name_cache.clear()
+        _name_cache[id(op)] = (op, name)
+    return name
+
+
+def _op_name(op) -> str | None:
     if op is None:
         return None
     if isinstance(op, str):
         name = op
     else:
-        name = getattr(op, "op_name", None) or getattr(op, "name", None) or getattr(op, "__name__", None)
+        name = getattr(op, "name", None) or getattr(op, "__name__", None)
         if not isinstance(name, str):
             return None
     name = name.rsplit(".", 1)[-1]

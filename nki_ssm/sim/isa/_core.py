@@ -64,7 +64,7 @@ def tile(inst: str, arg: str, t, buffers=("sbuf", "psum"), *, quadrant: bool = T
     partitions, occupies a contiguous partition range and (``quadrant``)
     starts where the placement rule allows.
     """
-    if not isinstance(t, tensor_cls()):
+    if not isinstance(t, _TensorCls or tensor_cls()):
         raise TypeError(f"{inst}: {arg} must be an NkiTensor, got {type(t).__name__}")
     buf = t.storage.buffer
     if buf not in buffers:
@@ -219,44 +219,63 @@ def _program_id() -> int:
     return int(_program_id_fn())
 
 
+_ACTIVE = _trace._active   # the trace stack (trace.current() without the call)
+
+
 def emit(op: str, eng: str, name, *, reads=(), writes=(), num_partitions: int, free: int,
-         num_inputs: int, nbytes: int, attrs: dict | None = None, operands: dict | None = None):
+         num_inputs: int, nbytes: int, attrs: dict | None = None, operands: dict | None = None,
+         compute=None, reduce: bool = False):
     """Return the instruction handle; append an Instruction to the active trace, if any.
 
     ``reads``/``writes``: tensors (their ``region()`` is recorded);
-    ``operands``: {arg name: tensor} for the dtypes/shapes maps.
+    ``operands``: {arg name: tensor or None} for the dtypes/shapes maps;
+    ``compute``: tensors whose VectorE/ScalarE/GpSimd attrs (all_16bit,
+    psum_operand, contiguous, ``reduce``) are added to ``attrs`` — computed
+    only when a trace is active.
     """
-    tr = _trace.current()
-    if tr is None:
+    if not _ACTIVE:
         return NkiInstruction(op, name)
+    tr = _ACTIVE[-1]
     if not tr.target:
         tr.target = current_target().name
+    if compute is not None:
+        a = compute_attrs(compute, reduce=reduce)
+        if attrs:
+            a.update(attrs)
+        attrs = a
     dtypes, shapes = {}, {}
     if operands:
         for k, t in operands.items():
-            if t is not None and isinstance(t, tensor_cls()):
-                dtypes[k] = str(t.dtype)
-                shapes[k] = tuple(t.shape)
+            if t is not None:
+                dtypes[k] = t.dtype.name
+                shapes[k] = t.shape
     inst = _trace.Instruction(
-        index=0, op=op, engine=eng,
-        reads=tuple(t.region() for t in reads if t is not None),
-        writes=tuple(t.region() for t in writes if t is not None),
-        num_partitions=int(num_partitions), free_size=int(free), num_inputs=int(num_inputs),
-        nbytes=int(nbytes), dtypes=dtypes, shapes=shapes, attrs=attrs or {}, name=name,
-        program_id=_program_id())
+        0, op, eng, tuple([t.region() for t in reads if t is not None]),
+        tuple([t.region() for t in writes if t is not None]),
+        int(num_partitions), int(free), int(num_inputs), int(nbytes), dtypes, shapes,
+        attrs if attrs is not None else {}, name, _program_id())
     tr.append(inst)
     return NkiInstruction(op, name, inst.index)
 
 
 def compute_attrs(tensors, *, reduce: bool = False) -> dict:
     """attrs for VectorE/ScalarE/GpSimd instructions (trace.py docstring)."""
-    ts = [t for t in tensors if t is not None]
-    return {
-        "all_16bit": all(is_16bit_float(t) for t in ts),
-        "psum_operand": any(t.storage.buffer == "psum" for t in ts),
-        "contiguous": all(inner_contiguous(t) for t in ts),
-        "reduce": bool(reduce),
-    }
+    all16 = True
+    psum = False
+    contig = True
+    for t in tensors:
+        if t is None:
+            continue
+        d = t.dtype
+        if all16 and not (d.itemsize == 2 and d.is_float):
+            all16 = False
+        if t.storage.buffer == "psum":
+            psum = True
+        if contig:
+            shp = t.shape
+            if len(shp) >= 2 and shp[-1] > 1 and t.strides[-1] != 1:
+                contig = False
+    return {"all_16bit": all16, "psum_operand": psum, "contiguous": contig, "reduce": bool(reduce)}
 
 
 def check_name(inst: str, name):

@@ -45,7 +45,7 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
     v = vals.astype(np.int32)
     dst.write(cast(v if dst.dtype.is_int else v.astype(np.float32), dst.dtype).reshape(dst.shape))
     return C.emit(inst, "gpsimd", name, writes=[dst], num_partitions=P, free=F, num_inputs=0,
-                  nbytes=P * F * dst.dtype.itemsize, attrs=C.compute_attrs((dst,)),
+                  nbytes=P * F * dst.dtype.itemsize, compute=(dst,),
                   operands={"dst": dst})
 
 
@@ -78,7 +78,7 @@ def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value
         C.write(dst, res.astype(_F32))
     return C.emit(inst, "gpsimd", name, reads=[on_true_tile], writes=[dst], num_partitions=P,
                   free=F, num_inputs=1, nbytes=P * F * dst.dtype.itemsize,
-                  attrs=C.compute_attrs((dst, on_true_tile)),
+                  compute=(dst, on_true_tile),
                   operands={"dst": dst, "on_true_tile": on_true_tile})
 
 
@@ -120,4 +120,4 @@ def tensor_partition_reduce(dst, op, data, name=None):
         C.write(dst, r.reshape(1, F))
     return C.emit(inst, "gpsimd", name, reads=[data], writes=[dst], num_partitions=P, free=F,
                   num_inputs=1, nbytes=F * dst.dtype.itemsize,
-                  attrs=C.compute_attrs((dst, data), reduce=True), operands={"dst": dst, "data": data})
+                  compute=(dst, data), reduce=True, operands={"dst": dst, "data": data})

@@ -76,8 +76,8 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
                   writes=[dst] + ([reduce_res] if reduce_res is not None else []),
                   num_partitions=P, free=data.elements_per_partition, num_inputs=1,
                   nbytes=P * F * dst.dtype.itemsize,
-                  attrs={**C.compute_attrs((dst, data), reduce=reduce_cmd in (_rc.reduce, _rc.reset_reduce)),
-                         "reduce_res": reduce_res is not None, "function": fn_name},
+                  compute=(dst, data), reduce=reduce_cmd in (_rc.reduce, _rc.reset_reduce),
+                  attrs={"reduce_res": reduce_res is not None, "function": fn_name},
                   operands={"dst": dst, "data": data, "reduce_res": reduce_res})
 
 

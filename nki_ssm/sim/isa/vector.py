@@ -72,7 +72,7 @@ def tensor_copy(dst, src, engine=_engine.unknown, name=None):
     return C.emit(inst, _engine_name(engine), name, reads=[src], writes=[dst],
                   num_partitions=dst.shape[0], free=src.elements_per_partition, num_inputs=1,
                   nbytes=dst.shape[0] * dst.elements_per_partition * dst.dtype.itemsize,
-                  attrs=C.compute_attrs((dst, src)), operands={"dst": dst, "src": src})
+                  compute=(dst, src), operands={"dst": dst, "src": src})
 
 
 def memset(dst, value, engine=_engine.unknown, name=None):
@@ -101,7 +101,7 @@ def memset(dst, value, engine=_engine.unknown, name=None):
     dst.write(np.broadcast_to(fill.reshape(1), dst.shape))
     return C.emit(inst, _engine_name(engine), name, writes=[dst], num_partitions=P, free=F,
                   num_inputs=0, nbytes=P * F * dst.dtype.itemsize,
-                  attrs=C.compute_attrs((dst,)), operands={"dst": dst})
+                  compute=(dst,), operands={"dst": dst})
 
 
 # ---- elementwise -------------------------------------------------------------
@@ -127,7 +127,7 @@ def tensor_tensor(dst, data1, data2, op, engine=_engine.unknown, name=None):
     C.not_both_psum(inst, "data1", data1, "data2", data2)
     any_psum = "psum" in (dst.storage.buffer, data1.storage.buffer, data2.storage.buffer)
     if engine is _engine.unknown:
-        all_i32 = all(t.dtype.name in ("int32", "uint32") for t in (dst, data1, data2))
+        all_i32 = data1.dtype.is_int and all(t.dtype.name in ("int32", "uint32") for t in (dst, data1, data2))
         engine = _engine.gpsimd if (opn == "power" or (all_i32 and not any_psum)) else _engine.vector
     if engine not in (_engine.vector, _engine.gpsimd):
         C.fail(inst, f"engine must be vector, gpsimd or unknown, got {engine}")
@@ -174,7 +174,7 @@ def tensor_tensor(dst, data1, data2, op, engine=_engine.unknown, name=None):
     P, F = dst.shape[0], dst.elements_per_partition
     return C.emit(inst, _engine_name(engine), name, reads=[data1, data2], writes=[dst],
                   num_partitions=P, free=F, num_inputs=2, nbytes=P * F * dst.dtype.itemsize,
-                  attrs=C.compute_attrs((dst, data1, data2)),
+                  compute=(dst, data1, data2),
                   operands={"dst": dst, "data1": data1, "data2": data2})
 
 
@@ -276,7 +276,7 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     F = dst.elements_per_partition
     return C.emit(inst, _engine_name(engine), name, reads=reads, writes=[dst], num_partitions=P,
                   free=data.elements_per_partition, num_inputs=1, nbytes=P * F * dst.dtype.itemsize,
-                  attrs=C.compute_attrs((dst, data)), operands={"dst": dst, "data": data})
+                  compute=(dst, data), operands={"dst": dst, "data": data})
 
 
 def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False,
@@ -312,7 +312,7 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     F = dst.elements_per_partition
     return C.emit(inst, "vector", name, reads=reads, writes=[dst], num_partitions=P, free=F,
                   num_inputs=2, nbytes=P * F * dst.dtype.itemsize,
-                  attrs=C.compute_attrs((dst, data, operand1)),
+                  compute=(dst, data, operand1),
                   operands={"dst": dst, "data": data, "operand1": operand1})
 
 
@@ -327,7 +327,7 @@ def reciprocal(dst, data, name=None):
     P, F = dst.shape[0], dst.elements_per_partition
     return C.emit(inst, "vector", name, reads=[data], writes=[dst], num_partitions=P, free=F,
                   num_inputs=1, nbytes=P * F * dst.dtype.itemsize,
-                  attrs=C.compute_attrs((dst, data)), operands={"dst": dst, "data": data})
+                  compute=(dst, data), operands={"dst": dst, "data": data})
 
 
 # ---- reductions ---------------------------------------------------------------
@@ -390,7 +390,7 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
     return C.emit(inst, "vector", name, reads=[data], writes=[dst], num_partitions=P,
                   free=data.elements_per_partition, num_inputs=1,
                   nbytes=P * kept * dst.dtype.itemsize,
-                  attrs=C.compute_attrs((dst, data), reduce=True), operands={"dst": dst, "data": data})
+                  compute=(dst, data), reduce=True, operands={"dst": dst, "data": data})
 
 
 def _acc_start(inst, cmd, op, acc_lanes, init, P, allowed):
@@ -462,7 +462,7 @@ def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, r
     return C.emit(inst, "vector", name, reads=[data] + ([operand0] if C.is_tensor(operand0) else []),
                   writes=[dst] + ([reduce_res] if reduce_res is not None else []), num_partitions=P,
                   free=F, num_inputs=1, nbytes=P * F * dst.dtype.itemsize,
-                  attrs=C.compute_attrs((dst, data), reduce=True),
+                  compute=(dst, data), reduce=True,
                   operands={"dst": dst, "data": data, "reduce_res": reduce_res})
 
 
@@ -522,7 +522,7 @@ def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, rev
     F = dst.elements_per_partition
     return C.emit(inst, "vector", name, reads=reads, writes=[dst], num_partitions=P, free=F,
                   num_inputs=2, nbytes=P * F * dst.dtype.itemsize,
-                  attrs=C.compute_attrs((dst, data0, data1)),
+                  compute=(dst, data0, data1),
                   operands={"dst": dst, "data0": data0, "data1": data1})
 
 
@@ -580,7 +580,7 @@ def tensor_scalar_cumulative(dst, src, op0, op1, imm0, imm1=None, reduce_cmd=_rc
     return C.emit(inst, "vector", name, reads=[src] + ([imm0] if C.is_tensor(imm0) else []),
                   writes=[dst], num_partitions=P, free=F, num_inputs=1,
                   nbytes=P * F * dst.dtype.itemsize,
-                  attrs=C.compute_attrs((dst, src), reduce=True), operands={"dst": dst, "src": src})
+                  compute=(dst, src), reduce=True, operands={"dst": dst, "src": src})
 
 
 # ---- selects -----------------------------------------------------------------
@@ -636,7 +636,7 @@ def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_c
     return C.emit(inst, "vector", name, reads=[on_true_tile, bound0, bound1],
                   writes=[dst] + ([reduce_res] if reduce_res is not None else []),
                   num_partitions=P, free=F, num_inputs=1, nbytes=P * F * dst.dtype.itemsize,
-                  attrs=C.compute_attrs((dst, on_true_tile), reduce=reduce_cmd is not _rc.idle),
+                  compute=(dst, on_true_tile), reduce=reduce_cmd is not _rc.idle,
                   operands={"dst": dst, "on_true_tile": on_true_tile})
 
 
@@ -696,7 +696,7 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd
     return C.emit(inst, "vector", name, reads=reads,
                   writes=[dst] + ([reduce_res] if reduce_res is not None else []),
                   num_partitions=P, free=F, num_inputs=2, nbytes=P * F * dst.dtype.itemsize,
-                  attrs=C.compute_attrs((dst, predicate, on_true), reduce=reduce_cmd is not _rc.idle),
+                  compute=(dst, predicate, on_true), reduce=reduce_cmd is not _rc.idle,
                   operands={"dst": dst, "predicate": predicate, "on_true": on_true})
 
 
@@ -744,7 +744,7 @@ def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
     F = dst.elements_per_partition
     return C.emit(inst, "vector", name, reads=[src], writes=[dst], num_partitions=max(sp, dp),
                   free=F, num_inputs=1, nbytes=dp * F * dst.dtype.itemsize,
-                  attrs=C.compute_attrs((dst, src)), operands={"dst": dst, "src": src})
+                  compute=(dst, src), operands={"dst": dst, "src": src})
 
 
 # ---- batch-norm statistics ---------------------------------------------------------
@@ -777,7 +777,7 @@ def bn_stats(dst, data, name=None):
     C.write(dst, out)
     return C.emit(inst, "vector", name, reads=[data], writes=[dst], num_partitions=P, free=F,
                   num_inputs=1, nbytes=P * 6 * dst.dtype.itemsize,
-                  attrs=C.compute_attrs((dst, data), reduce=True), operands={"dst": dst, "data": data})
+                  compute=(dst, data), reduce=True, operands={"dst": dst, "data": data})
 
 
 def bn_aggr(dst, data, name=None):
@@ -800,4 +800,4 @@ def bn_aggr(dst, data, name=None):
     C.write(dst, np.stack([mu, var], axis=1).astype(_F32))
     return C.emit(inst, "vector", name, reads=[data], writes=[dst], num_partitions=P, free=F,
                   num_inputs=1, nbytes=P * 2 * dst.dtype.itemsize,
-                  attrs=C.compute_attrs((dst, data), reduce=True), operands={"dst": dst, "data": data})
+                  compute=(dst, data), reduce=True, operands={"dst": dst, "data": data})
