@@ -272,37 +272,40 @@ class Indirection:
 
     ``kind`` "scalar": one index (a 1x1 tensor) moves the whole view by
     ``index * stride`` elements. ``kind`` "vector": row ``r`` (dim 0) of the
-    view starts at ``index[r] * stride`` (gather / scatter of rows). Valid
-    index values are ``0 <= v < bound``.
+    view starts at ``index[r] * stride`` (gather / scatter of rows).
+    ``bound`` is the size of the indexed dim; ``limit`` (<= bound, set when
+    the view is made) is the exclusive upper bound of index values whose
+    access stays inside the storage. Valid values are ``0 <= v < limit``.
     """
 
-    __slots__ = ("kind", "index", "stride", "bound")
+    __slots__ = ("kind", "index", "stride", "bound", "limit")
 
     def __init__(self, kind: str, index: "NkiTensor", stride: int, bound: int):
         self.kind = kind
         self.index = index
         self.stride = int(stride)
         self.bound = int(bound)
+        self.limit = int(bound)
 
     def values(self) -> np.ndarray:
         """The index values now, int64: shape (1,) for scalar, (rows,) for vector."""
         return self.index.read().reshape(-1).astype(np.int64)
 
     def valid(self) -> np.ndarray:
-        """Boolean mask of index values inside ``[0, bound)``."""
+        """Boolean mask of index values inside ``[0, limit)``."""
         v = self.values()
-        return (v >= 0) & (v < self.bound)
+        return (v >= 0) & (v < self.limit)
 
     def offsets(self, clamp: bool = False, what: str = "indirect access") -> np.ndarray:
         """Element offsets the index values add (out-of-bounds -> error, or 0 with clamp)."""
         v = self.values()
-        bad = (v < 0) | (v >= self.bound)
+        bad = (v < 0) | (v >= self.limit)
         if bad.any():
             if not clamp:
                 i = int(np.flatnonzero(bad)[0])
                 raise NkiValidationError(
                     f"{what}: index value {int(v[i])} at position {i} of {self.kind}_offset is "
-                    f"out of bounds [0, {self.bound})")
+                    f"out of bounds [0, {self.limit}) (indexed dim size {self.bound})")
             v = np.where(bad, 0, v)
         return v * self.stride
 
@@ -445,9 +448,10 @@ class NkiTensor:
         t._check_bounds(what)
         return t
 
-    def _span(self, first: int) -> tuple[int, int]:
+    def _span(self, first: int, indirect: bool = True) -> tuple[int, int]:
         """Lowest and highest element offset (relative to ``offset``) over dims
-        ``first..``, including every value an indirection may add."""
+        ``first..``; with ``indirect``, including every value the indirection
+        may add (index values in ``[0, limit)``)."""
         ind = self.indirection
         lo = hi = 0
         for k in range(first, len(self.shape)):
@@ -458,17 +462,28 @@ class NkiTensor:
                 hi += s * (n - 1)
             else:
                 lo += s * (n - 1)
-        if ind is not None:
-            span = ind.stride * (ind.bound - 1)
-            hi += max(span, 0)
-            lo += min(span, 0)
+        if indirect and ind is not None:
+            hi += ind.stride * (ind.limit - 1)
         return lo, hi
+
+    def _set_limit(self, start: int, hi: int, last: int, what: str) -> None:
+        """Largest index value range keeping elements ``start + hi + v*stride <= last``."""
+        ind = self.indirection
+        room = (last - start - hi) // ind.stride + 1 if ind.stride > 0 else ind.bound
+        ind.limit = min(ind.bound, room)
+        if ind.limit < 1:
+            raise NkiValidationError(
+                f"{what}: access pattern {self.get_pattern()} at offset {self.offset} leaves the "
+                f"storage even with {ind.kind}_offset 0")
 
     def _check_bounds(self, what: str) -> None:
         """The view addresses only its storage, and on-chip only whole rows."""
+        ind = self.indirection
         if not self.storage.on_chip:
             flat_len = self.storage.nbytes // self.dtype.itemsize
-            lo, hi = self._span(0)
+            lo, hi = self._span(0, indirect=False)
+            if ind is not None:
+                self._set_limit(self.offset, hi, flat_len - 1, what)
             if self.offset + lo < 0 or self.offset + hi >= flat_len:
                 raise NkiValidationError(
                     f"{what}: access pattern {self.get_pattern()} at offset {self.offset} reaches "
@@ -483,7 +498,9 @@ class NkiTensor:
         if self.shape[0] > PMAX:
             raise NkiValidationError(f"{what}: partition dim must be <= {PMAX}, got {self.shape[0]}")
         p0, r0 = divmod(self.offset, F)
-        lo, hi = self._span(1)
+        lo, hi = self._span(1, indirect=False)
+        if ind is not None:
+            self._set_limit(r0, hi, F - 1, what)
         if r0 + lo < 0 or r0 + hi >= F:
             raise NkiValidationError(
                 f"{what}: free access pattern {self.get_pattern()[1:]} at row offset {r0} reaches "
@@ -1000,7 +1017,11 @@ class NkiTensor:
         """An explicit access pattern ``[[step, num], ...]`` (outermost first) over the storage.
 
         The pattern ignores this view's shape/strides (``.ap`` is not
-        composable) but starts at this view's offset plus ``offset``.
+        composable). ``offset`` counts elements (of ``dtype``) from the start
+        of the storage; None keeps this view's offset. (The API docstring
+        speaks of composing with "the base offset"; the APS guide says the
+        view's offset is ignored — the two agree on base tensors, and we
+        follow the guide for views.)
         On-chip, the first pair is the partition pair and its step must equal
         the storage row size.
         """
@@ -1018,15 +1039,19 @@ class NkiTensor:
                 raise NkiValidationError(f"{what}: num must be >= 1, got {pair!r}")
             steps.append(int(pair[0]))
             nums.append(int(pair[1]))
-        base_bytes = self.offset * self.dtype.itemsize
-        if base_bytes % d.itemsize:
-            raise NkiValidationError(f"{what}: view offset of {base_bytes} bytes is not a whole "
-                                     f"number of {d} elements")
-        start = base_bytes // d.itemsize
-        if offset is not None:
+        if offset is None:
+            # None inherits this view's storage offset
+            base_bytes = self.offset * self.dtype.itemsize
+            if base_bytes % d.itemsize:
+                raise NkiValidationError(f"{what}: view offset of {base_bytes} bytes is not a "
+                                         f"whole number of {d} elements")
+            start = base_bytes // d.itemsize
+        else:
+            # an int is counted from the start of the storage (APS guide: .ap
+            # ignores the shape, strides and offset of the view it is called on)
             if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
                 raise TypeError(f"{what}: offset must be an int, got {offset!r}")
-            start += int(offset)
+            start = int(offset)
         if self.on_chip:
             F = self.storage.row_elements(d.itemsize)
             if len(nums) < 2:

@@ -309,12 +309,28 @@ def test_ap_example_from_aps_doc_on_hbm():
     np.testing.assert_array_equal(v.read(), (8 + 16 * w + z).astype(np.float32))
 
 
-def test_ap_ignores_view_strides_but_keeps_offset():
+def test_ap_ignores_the_view_except_offset_none():
     t = filled((1, 64), MemoryRegion.shared_hbm)
-    v = t[:, 10:20].ap(pattern=[[1, 4]])
-    np.testing.assert_array_equal(v.read(), [10, 11, 12, 13])
-    u = t[:, 0:64:2].ap(pattern=[[1, 3]], offset=5)
-    np.testing.assert_array_equal(u.read(), [5, 6, 7])
+    # offset=None inherits the view's offset; the view's strides are ignored
+    np.testing.assert_array_equal(t[:, 10:20].ap(pattern=[[1, 4]]).read(), [10, 11, 12, 13])
+    np.testing.assert_array_equal(t[:, 0:64:2].ap(pattern=[[1, 3]]).read(), [0, 1, 2])
+    # an int offset counts from the start of the storage (APS guide)
+    np.testing.assert_array_equal(t[:, 10:20].ap(pattern=[[1, 3]], offset=5).read(), [5, 6, 7])
+
+
+def test_ap_is_not_composable():
+    t = filled((128, 256))
+    inner = t.ap(pattern=[[256, 128], [2, 128]])
+    outer = inner.ap(pattern=[[256, 128], [1, 64]])
+    np.testing.assert_array_equal(outer.read(), t.read()[:, 0:64])
+
+
+def test_slice_equals_hand_written_ap():
+    t = sbuf((128, 64))
+    u = t.slice(dim=1, start=8, end=24)
+    v = t.ap(pattern=[[64, 128], [1, 16]], offset=8)
+    assert u.get_pattern() == v.get_pattern() == [[64, 128], [1, 16]]
+    assert u.offset == v.offset == 8
 
 
 def test_ap_hbm_sliding_window_im2col():
@@ -396,6 +412,29 @@ def test_ap_scalar_offset_and_dynamic_select():
     np.testing.assert_array_equal(src.select(0, s).read(), src.read()[1])
     with pytest.raises(NkiValidationError, match="not supported"):
         v[0]
+
+
+def test_ap_scalar_offset_doc_example_window_must_fit():
+    a = filled((512, 512), MemoryRegion.shared_hbm)
+    idx = allocate((1, 1), dt.int32, MemoryRegion.sbuf)
+    idx.write(np.array([[3 * 128]]))
+    v = a.ap(pattern=[[512, 128], [1, 256]], offset=0, scalar_offset=idx, indirect_dim=0)
+    np.testing.assert_array_equal(v.read(), a.read()[384:512, 0:256])
+    idx.write(np.array([[385]]))   # rows 385..512 would leave the tensor
+    assert not v.indirection.valid()[0]
+    with pytest.raises(NkiValidationError, match="out of bounds"):
+        v.read()
+
+
+def test_vector_select_doc_example():
+    a = filled((128, 512), MemoryRegion.shared_hbm)
+    offsets = allocate((64, 1), dt.int32, MemoryRegion.sbuf)
+    offsets.write(2 * np.arange(64).reshape(64, 1))
+    g = a.vector_select(0, offsets)
+    assert g.shape == (64, 512) and g.is_indirect()
+    np.testing.assert_array_equal(g.read(), a.read()[0:128:2])
+    with pytest.raises(NkiValidationError, match="HBM"):
+        sbuf((4, 8)).vector_select(0, offsets)
 
 
 def test_region_of_on_chip_view():
