@@ -529,8 +529,8 @@ def test_tensor_partition_reduce_op():
 
 
 def test_not_implemented_api_names_itself():
-    with pytest.raises(NotImplementedError, match="max8"):
-        nisa.max8(dst=sb((4, 8)), src=fsb((4, 8)))
+    with pytest.raises(NotImplementedError, match="topk"):
+        nisa.topk(val_dst=sb((4, 8)), idx_dst=sb((4, 8)), src=fsb((4, 8)), n=8)
 
 
 def test_fp8_e4m3_and_e4m3fn_cannot_mix(trn3):
@@ -540,3 +540,28 @@ def test_fp8_e4m3_and_e4m3fn_cannot_mix(trn3):
     nisa.memset(dst=m, value=1.0)
     raises(mm(ps((4, 8)), s, m), "nc_matmul", "float8_e4m3", "mixed")
     assert ml_dtypes.finfo(ml_dtypes.float8_e4m3).max == 240
+
+
+def test_exponential_is_trn3_only():
+    raises(lambda: nisa.exponential(dst=sb((4, 4)), src=fsb((4, 4))), "exponential", "trn3", "trn2")
+
+
+def test_activate2_op_combination(trn3):
+    raises(lambda: nisa.activate2(dst=sb((4, 4)), op=nl.exp, data=fsb((4, 4)), imm0=1.0, imm1=1.0,
+                                  op0=nl.add, op1=nl.add), "activate2", "op0", "op1")
+
+
+def test_tensor_copy_predicated_predicate_dtype():
+    raises(lambda: nisa.tensor_copy_predicated(dst=sb((4, 4)), src=fsb((4, 4)), predicate=fsb((4, 4))),
+           "tensor_copy_predicated", "predicate", "uint8")
+
+
+def test_max8_needs_eight_elements():
+    raises(lambda: nisa.max8(dst=sb((4, 8)), src=fsb((4, 4))), "max8", "src", "8 to 16384")
+
+
+def test_nc_n_gather_index_range():
+    idx = sb((4, 2), nl.uint32)
+    nisa.memset(dst=idx, value=9)
+    raises(lambda: nisa.nc_n_gather(dst=sb((4, 2)), data=fsb((4, 4)), indices=idx), "nc_n_gather",
+           "indices", "[0, 4)")

@@ -510,3 +510,63 @@ def test_instruction_handle_depends_on():
     assert b.depends_on(a) is b and b.dependencies == [a] and a.name == "a"
     with pytest.raises(TypeError, match="depends_on"):
         b.depends_on("a")
+
+
+# ---------------------------------------------------------------- further instructions
+
+def test_dma_copy_scalar_offset_moves_whole_view(rng):
+    data = rng.standard_normal((6, 4, 8)).astype(np.float32)
+    h = from_array(data)
+    off = load(np.array([[3]], np.int32))
+    t = sb((4, 8))
+    nisa.dma_copy(dst=t, src=h.ap(pattern=[[8, 4], [1, 8]], scalar_offset=off, indirect_dim=0))
+    np.testing.assert_array_equal(val(t), data[3])
+
+
+def test_exponential_trn3_with_running_sum(rng, monkeypatch):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    x = rng.standard_normal((4, 10)).astype(np.float32)
+    y = rng.standard_normal((4, 6)).astype(np.float32)
+    m = x.max(1, keepdims=True)
+    d1, d2, r = sb((4, 10)), sb((4, 6)), sb((4, 1))
+    nisa.exponential(dst=d1, src=load(x), max_value=load(m), reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    nisa.exponential(dst=d2, src=load(y), max_value=load(m), reduce_cmd=nisa.reduce_cmd.reduce,
+                     reduce_res=r)
+    np.testing.assert_allclose(val(d1), np.exp(x - m), rtol=1e-6)
+    want = np.exp(x - m).sum(1) + np.exp(y - m).sum(1)
+    np.testing.assert_allclose(val(r)[:, 0], want, rtol=1e-5)
+
+
+def test_activate2_trn3_scale_bias_prelu_and_max_reduce(rng, monkeypatch):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    x = rng.standard_normal((4, 10)).astype(np.float32)
+    d, r = sb((4, 10)), sb((4, 1))
+    nisa.activate2(dst=d, op=nl.prelu, data=load(x), imm0=2.0, imm1=0.5, op0=nl.multiply, op1=nl.subtract,
+                   relu_param=0.1, reduce_op=nl.maximum, reduce_cmd=nisa.reduce_cmd.reset_reduce,
+                   reduce_res=r)
+    z = x * np.float32(2) - np.float32(0.5)
+    want = np.where(z > 0, z, z * np.float32(0.1))
+    np.testing.assert_allclose(val(d), want, rtol=1e-6)
+    np.testing.assert_allclose(val(r)[:, 0], want.max(1), rtol=1e-6)
+
+
+def test_tensor_copy_predicated_tile_and_scalar(rng):
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    pred = (rng.random((4, 6)) > 0.5).astype(np.uint8)
+    d = sb((4, 6))
+    nisa.memset(dst=d, value=5.0)
+    nisa.tensor_copy_predicated(dst=d, src=load(x), predicate=load(pred))
+    np.testing.assert_array_equal(val(d), np.where(pred != 0, x, 5.0))
+    nisa.tensor_copy_predicated(dst=d, src=-1.0, predicate=load(pred), reverse_pred=True)
+    np.testing.assert_array_equal(val(d), np.where(pred != 0, x, -1.0))
+
+
+def test_max8_and_nc_n_gather(rng):
+    x = rng.standard_normal((4, 3, 7)).astype(np.float32)
+    d = sb((4, 8))
+    nisa.max8(dst=d, src=load(x))
+    np.testing.assert_array_equal(val(d), -np.sort(-x.reshape(4, -1), axis=1)[:, :8])
+    idx = rng.integers(0, 21, (4, 5)).astype(np.uint32)
+    g = sb((4, 5))
+    nisa.nc_n_gather(dst=g, data=load(x), indices=load(idx))
+    np.testing.assert_array_equal(val(g), np.take_along_axis(x.reshape(4, -1), idx.astype(np.int64), 1))

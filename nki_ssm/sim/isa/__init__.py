@@ -34,17 +34,17 @@ Assumptions beyond the documentation (each marked in the code):
 
 Not implemented yet (documented nki.isa API of NKI 0.5/0.6; calling one of
 the functions below raises NotImplementedError naming it):
-``nc_matmul_mx``, ``activate2``, ``exponential``, ``tensor_copy_predicated``,
-``local_gather``, ``nc_n_gather``, ``max8``, ``nc_find_index8``,
+``nc_matmul_mx``, ``local_gather``, ``nc_find_index8``,
 ``nc_match_replace8``, ``topk``, ``nonzero_with_count``, ``sequence_bounds``,
 ``rng``, ``rand2``, ``dropout``, ``set_rng_seed``, ``rand_set_state``,
 ``rand_get_state``, ``quantize_mx``, ``dma_compute``, ``core_barrier``,
 ``sendrecv``, ``register_alloc`` / ``register_move`` / ``register_load`` /
 ``register_store`` (and ``VirtualRegister``), ``get_nc_sub_version`` returns
 0 always. Partially: ``dma_transpose`` without the indirect (swdge
-gather-transpose) form; ``dma_copy`` without ``scalar_offset`` indirection
-or ``priority`` effects; no ``.indirect()`` tensor indirection (v4) on any
-compute instruction; ``nc_transpose`` on trn1 TensorE is bit-exact (the
+gather-transpose) form; ``dma_copy`` takes ``scalar_offset`` only as a 1x1
+SBUF tensor (no VirtualRegister) and ``priority`` has no effect; no
+``.indirect()`` tensor indirection (v4) on any compute instruction;
+``activate2`` ``prelu`` is modelled as ``x if x > 0 else relu_param * x``; ``nc_transpose`` on trn1 TensorE is bit-exact (the
 hardware's identity-matmul NaN/Inf smearing is not modelled); tfloat32
 operands are not truncated to 10 mantissa bits in ``nc_matmul``.
 """
@@ -55,6 +55,7 @@ from ._enums import (NkiInstruction, dge_mode, dma_engine, engine, gpsimd_engine
                      nc_version, oob_mode, reduce_cmd, scalar_engine, tensor_engine, unknown_engine,
                      vector_engine)
 from .dma import dma_copy, dma_transpose
+from .extra import activate2, exponential, max8, nc_n_gather, tensor_copy_predicated
 from .gpsimd import affine_select, iota, tensor_partition_reduce
 from .scalar import activation, activation_reduce
 from .tensor_engine import nc_matmul, nc_transpose
@@ -87,8 +88,7 @@ def _missing(api: str):
 
 
 NOT_IMPLEMENTED = (
-    "nc_matmul_mx", "activate2", "exponential", "tensor_copy_predicated", "local_gather",
-    "nc_n_gather", "max8", "nc_find_index8", "nc_match_replace8", "topk", "nonzero_with_count",
+    "nc_matmul_mx", "local_gather", "nc_find_index8", "nc_match_replace8", "topk", "nonzero_with_count",
     "sequence_bounds", "rng", "rand2", "dropout", "set_rng_seed", "rand_set_state",
     "rand_get_state", "quantize_mx", "dma_compute", "core_barrier", "sendrecv", "register_alloc",
     "register_move", "register_load", "register_store",
@@ -106,5 +106,6 @@ __all__ = [
     "tensor_tensor", "tensor_scalar", "scalar_tensor_tensor", "activation", "activation_reduce",
     "tensor_reduce", "tensor_scalar_reduce", "tensor_tensor_scan", "tensor_scalar_cumulative",
     "iota", "affine_select", "range_select", "select_reduce", "nc_stream_shuffle", "reciprocal",
-    "tensor_partition_reduce", "bn_stats", "bn_aggr", *NOT_IMPLEMENTED,
+    "tensor_partition_reduce", "bn_stats", "bn_aggr", "exponential", "activate2",
+    "tensor_copy_predicated", "max8", "nc_n_gather", *NOT_IMPLEMENTED,
 ]

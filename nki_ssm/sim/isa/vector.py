@@ -96,7 +96,8 @@ def memset(dst, value, engine=_engine.unknown, name=None):
                      f"(memset value type must match the dtype)")
     P, F = dst.shape[0], dst.elements_per_partition
     from ..dtypes import cast
-    fill = cast(np.asarray([value], dtype=np.float64 if not isinstance(value, (int, np.integer))
+    # float constants are fp32 immediates (rounded to fp32 first, then to dst)
+    fill = cast(np.asarray([value], dtype=np.float32 if not isinstance(value, (int, np.integer))
                            else np.int64), dst.dtype)
     dst.write(np.broadcast_to(fill.reshape(1), dst.shape))
     return C.emit(inst, _engine_name(engine), name, writes=[dst], num_partitions=P, free=F,
