@@ -21,6 +21,7 @@ import enum
 import functools
 from dataclasses import dataclass, field
 
+import ml_dtypes
 import numpy as np
 
 from . import memory as _memory
@@ -30,6 +31,7 @@ from .errors import NkiValidationError
 from .targets import Target, current_target
 
 MAX_LNC = 2
+_ml_bf16 = ml_dtypes.bfloat16
 
 
 # ----------------------------------------------------------------- launch state
@@ -105,15 +107,18 @@ def _is_torch_tensor(x) -> bool:
 _COMPILE_TIME = (int, float, bool, str, type(None), enum.Enum, np.integer, np.floating, np.bool_)
 
 
-def _convert_arg(name: str, value, inputs: list):
-    """Kernel argument -> NkiTensor (arrays) or compile-time value; records arrays in ``inputs``."""
+def _convert_arg(name: str, value, inputs: list, region=_tensor.MemoryRegion.private_hbm):
+    """Kernel argument -> NkiTensor (arrays) or compile-time value; records arrays in ``inputs``.
+
+    Arrays become ``nl.hbm`` tensors (``nl.shared_hbm`` under LNC2), as in the SDK simulator.
+    """
     from .language import NKIObject
     if isinstance(value, _tensor.NkiTensor):
         return value
     if isinstance(value, np.ndarray) or _is_torch_tensor(value):
-        arr = value.detach().cpu().numpy() if _is_torch_tensor(value) else value
+        arr = _to_numpy_from_torch(value) if _is_torch_tensor(value) else value
         try:
-            t = _tensor.from_array(arr, _tensor.MemoryRegion.shared_hbm, name)
+            t = _tensor.from_array(arr, region, name)
         except TypeError as e:
             raise TypeError(f"kernel argument {name!r}: {e}") from None
         inputs.append((value, t))
@@ -122,14 +127,14 @@ def _convert_arg(name: str, value, inputs: list):
         raise TypeError(f"kernel argument {name!r}: lists are not accepted as kernel arguments "
                         "(NKI 0.3.0); pass a tuple")
     if isinstance(value, tuple):
-        return tuple(_convert_arg(f"{name}[{i}]", v, inputs) for i, v in enumerate(value))
+        return tuple(_convert_arg(f"{name}[{i}]", v, inputs, region) for i, v in enumerate(value))
     if isinstance(value, _COMPILE_TIME) or isinstance(value, NKIObject):
         return value
     if isinstance(value, dict):
         bad = [k for k in value if not isinstance(k, str)]
         if bad:
             raise TypeError(f"kernel argument {name!r}: dict keys must be str, got {bad[0]!r}")
-        return {k: _convert_arg(f"{name}[{k!r}]", v, inputs) for k, v in value.items()}
+        return {k: _convert_arg(f"{name}[{k!r}]", v, inputs, region) for k, v in value.items()}
     raise TypeError(f"kernel argument {name!r}: expected a NumPy array, a scalar, str, None, "
                     f"a tuple, an Enum or an NKIObject, got {type(value).__name__}")
 
@@ -149,14 +154,33 @@ def _convert_output(value, where: str = "output"):
                              f"of them, or None), got {type(value).__name__}")
 
 
+def _to_torch(value):
+    """NumPy outputs -> torch tensors (when the kernel was given torch tensors)."""
+    if value is None:
+        return None
+    if isinstance(value, tuple):
+        return tuple(_to_torch(v) for v in value)
+    import torch  # only reached with a torch argument
+    if value.dtype == np.dtype(_ml_bf16):
+        return torch.from_numpy(np.ascontiguousarray(value).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(np.ascontiguousarray(value))
+
+
+def _to_numpy_from_torch(t) -> np.ndarray:
+    import torch  # only reached with a torch argument
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.contiguous().view(torch.int16).numpy().view(_ml_bf16)
+    return t.numpy()
+
+
 def _write_back(inputs) -> None:
     for orig, t in inputs:
         new = t.storage.data.reshape(t.shape)
         if _is_torch_tensor(orig):
-            before = orig.detach().cpu().numpy()
+            before = np.ascontiguousarray(_to_numpy_from_torch(orig))
             if not np.array_equal(before.view(np.uint8), np.ascontiguousarray(new).view(np.uint8)):
-                import torch  # only reached with a torch argument
-                orig.data.copy_(torch.from_numpy(np.array(new)))
+                orig.data.copy_(_to_torch(np.array(new)))
             continue
         if not np.array_equal(np.ascontiguousarray(orig).view(np.uint8).reshape(-1),
                               np.ascontiguousarray(new).view(np.uint8).reshape(-1)):
@@ -175,8 +199,9 @@ def _run(fn, num_programs: int, grid_ndim: int, args, kwargs, kernel=None):
         tr.target = target.name
     inputs: list = []
     names = _arg_names(fn, len(args))
-    cargs = tuple(_convert_arg(n, a, inputs) for n, a in zip(names, args))
-    ckwargs = {k: _convert_arg(k, v, inputs) for k, v in kwargs.items()}
+    region = _tensor.MemoryRegion.shared_hbm if num_programs > 1 else _tensor.MemoryRegion.private_hbm
+    cargs = tuple(_convert_arg(n, a, inputs, region) for n, a in zip(names, args))
+    ckwargs = {k: _convert_arg(k, v, inputs, region) for k, v in kwargs.items()}
     launch = _Launch(target=target, num_programs=num_programs, grid_ndim=grid_ndim)
     usage = []
     result = None
@@ -194,6 +219,8 @@ def _run(fn, num_programs: int, grid_ndim: int, args, kwargs, kernel=None):
     if kernel is not None:
         kernel.last_memory_usage = usage
     _write_back(inputs)
+    if any(_is_torch_tensor(orig) for orig, _ in inputs):
+        out = _to_torch(out)
     return out
 
 

@@ -189,3 +189,30 @@ def test_nested_kernel_call_is_inlined(rng):
 
     x = rng.standard_normal((4, 4)).astype(np.float32)
     np.testing.assert_array_equal(simulate(outer)(x), x * np.float32(2.0))
+
+
+def test_inputs_are_hbm_and_shared_under_lnc2():
+    seen = []
+
+    @jit
+    def k(x):
+        seen.append(x.buffer)
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=x)
+        return out
+
+    simulate(k)(np.ones((2, 2), np.float32))
+    simulate(k[2])(np.ones((2, 2), np.float32))
+    assert seen[0] == nl.hbm and seen[1] == nl.shared_hbm and seen[2] == nl.shared_hbm
+
+
+@pytest.mark.oracles
+def test_torch_tensors_in_and_out():
+    torch = pytest.importorskip("torch")
+    x = torch.arange(8, dtype=torch.bfloat16).reshape(2, 4)
+    y = simulate(scale_copy)(x, 2.0)
+    assert isinstance(y, torch.Tensor) and y.dtype == torch.bfloat16
+    assert torch.equal(y, x * 2)
+    s = torch.zeros((4, 8), dtype=torch.float32)
+    simulate(increment_in_place)(s, False)
+    assert torch.equal(s, torch.ones((4, 8)))
