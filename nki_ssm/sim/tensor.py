@@ -1057,6 +1057,10 @@ class NkiTensor:
             if len(nums) < 2:
                 raise NkiValidationError(f"{what}: on-chip patterns need a partition pair and at "
                                          f"least one free pair, got {pattern}")
+            if len(nums) > 5:
+                raise NkiValidationError(
+                    f"{what}: on-chip access patterns have a partition pair and at most 4 free "
+                    f"dims, got {len(nums)} pairs")
             if steps[0] != F:
                 raise NkiValidationError(
                     f"{what}: on-chip partition step must equal the storage's free size {F} "

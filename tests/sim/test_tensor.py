@@ -136,6 +136,31 @@ def test_on_chip_integer_on_free_dims_keeps_2d():
     assert t[:, 5].shape == (64, 64)          # free int drops the dim
 
 
+def test_language_guide_indexing_examples():
+    t = sbuf((64, 64, 64))
+    assert t[0, 0, 10].shape == (1, 1)
+    assert t[0:64, 0, 0:64].shape == (64, 64) and t[:, 0, :].shape == (64, 64)
+    assert t[:, :, ::2].shape == (64, 64, 32)
+    assert t[...].shape == (64, 64, 64) and t[:, ...].shape == (64, 64, 64)
+    u = t[0, ...]
+    assert u.shape == (1, 64, 64) and t[0, ..., :].shape == (1, 64, 64)
+    assert u[:, 0:32, :].shape == (1, 32, 64)
+    w = sbuf((128, 4, 16))[0:64, :, :].permute((0, 2, 1))[:, 0, :]
+    assert w.shape == (64, 4) and w.strides == (64, 16)
+    g = sbuf((128, 1024), dt.float16)
+    pattern = g.get_pattern()
+    pattern[0][1] = 64
+    assert g.ap(pattern=pattern).shape == (64, 1024)
+    assert g.ap(pattern=[(1024, 128), (2, 512)]).shape == (128, 512)
+
+
+def test_on_chip_ap_at_most_four_free_dims():
+    t = sbuf((4, 2, 2, 2, 2, 2))
+    assert t.ap([[32, 4], [16, 2], [8, 2], [4, 2], [1, 4]]).shape == (4, 2, 2, 2, 4)
+    with pytest.raises(NkiValidationError, match="at most 4 free dims"):
+        t.ap([[32, 4], [16, 2], [8, 2], [4, 2], [2, 2], [1, 2]])
+
+
 def test_hbm_integer_drops_dim():
     h = hbm((4, 128, 32))
     assert h[0].shape == (128, 32)
