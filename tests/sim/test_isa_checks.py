@@ -565,3 +565,9 @@ def test_nc_n_gather_index_range():
     nisa.memset(dst=idx, value=9)
     raises(lambda: nisa.nc_n_gather(dst=sb((4, 2)), data=fsb((4, 4)), indices=idx), "nc_n_gather",
            "indices", "[0, 4)")
+
+
+def test_bitvec_tensor_tensor_not_on_gpsimd():
+    raises(lambda: nisa.tensor_tensor(dst=fsb((4, 4), nl.int32), data1=fsb((4, 4), nl.int32),
+                                      data2=fsb((4, 4), nl.int32), op=nl.bitwise_or,
+                                      engine=nisa.engine.gpsimd), "tensor_tensor", "bitvec", "Vector")

@@ -150,7 +150,9 @@ def dma_copy(dst, src, priority=None, oob_mode=_oob.error, dge_mode=_dge.unknown
     return C.emit(inst, "dma", name, reads=reads, writes=[dst], num_partitions=max(parts, 1),
                   free=free, num_inputs=1, nbytes=nbytes,
                   attrs={"partitions": parts, "bytes_per_partition": bpp,
-                         "dge_mode": dge_mode.name, "indirect": indirect, "transpose": False},
+                         # vector gather/scatter forces software DGE
+                         "dge_mode": "swdge" if vector_ind and dge_mode is _dge.unknown else dge_mode.name,
+                         "indirect": indirect, "transpose": False},
                   operands={"dst": dst, "src": src})
 
 

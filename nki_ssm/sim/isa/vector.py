@@ -129,11 +129,14 @@ def tensor_tensor(dst, data1, data2, op, engine=_engine.unknown, name=None):
     any_psum = "psum" in (dst.storage.buffer, data1.storage.buffer, data2.storage.buffer)
     if engine is _engine.unknown:
         all_i32 = data1.dtype.is_int and all(t.dtype.name in ("int32", "uint32") for t in (dst, data1, data2))
-        engine = _engine.gpsimd if (opn == "power" or (all_i32 and not any_psum)) else _engine.vector
+        engine = (_engine.gpsimd if (opn == "power" or (all_i32 and not any_psum and kind == "arith"))
+                  else _engine.vector)
     if engine not in (_engine.vector, _engine.gpsimd):
         C.fail(inst, f"engine must be vector, gpsimd or unknown, got {engine}")
     if opn == "power" and engine is not _engine.gpsimd:
         C.fail(inst, "op=nl.power runs on the GpSimd engine only")
+    if kind == "bitvec" and engine is not _engine.vector:
+        C.fail(inst, f"bitvec operators (op=nl.{opn}) run on the Vector engine only, got engine={engine}")
     if engine is _engine.gpsimd and any_psum:
         C.fail(inst, "the GpSimd engine cannot access PSUM "
                      f"({'op=nl.power' if opn == 'power' else 'engine=gpsimd'}); move operands to SBUF")
@@ -302,7 +305,8 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     C.same_shape(inst, "data", data, "dst", dst)
     C.not_both_psum(inst, "data", data, "operand1", operand1)
     P = data.shape[0]
-    v0 = C.scalar_or_column(inst, "operand0", operand0, P, fp32=True)
+    # "All input tiles can be any supported NKI data type" (scalar_tensor_tensor doc)
+    v0 = C.scalar_or_column(inst, "operand0", operand0, P, fp32=False)
     x = C.read_f32(data)
     y = C.read_f32(operand1)
     with np.errstate(all="ignore"):
@@ -502,7 +506,8 @@ def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, rev
     C.same_shape(inst, "data0", data0, "dst", dst)
     C.not_both_psum(inst, "data0", data0, "data1", data1)
     P = data0.shape[0]
-    h0 = C.scalar_or_column(inst, "initial", initial, P, fp32=True)
+    # a tile initial may be any dtype (doc: "a tile ... with one element per partition")
+    h0 = C.scalar_or_column(inst, "initial", initial, P, fp32=False)
     h0 = np.broadcast_to(np.asarray(h0, dtype=_F32).reshape(-1), (P,)).copy()
     a, b = C.read_f32(data0), C.read_f32(data1)
     with np.errstate(all="ignore"):
@@ -675,7 +680,7 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd
             C.fail(inst, f"reduce_res must have a float dtype, got {reduce_res.dtype}")
     if not C.is_tensor(on_false) and not isinstance(on_false, (float, np.floating)):
         C.fail(inst, f"on_false must be a float32 scalar or a ({P}, 1) tile, got {on_false!r}")
-    f = C.scalar_or_column(inst, "on_false", on_false, P, fp32=True)
+    f = C.scalar_or_column(inst, "on_false", on_false, P, fp32=False)  # fp32 rule is for scalars
     pred = C.read_raw(predicate) != 0
     if reverse_pred:
         pred = ~pred
