@@ -343,7 +343,9 @@ def _is_scalar(v) -> bool:
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
 
 
+# unary nl ops without a ScalarE function: lowered to VectorE, or not simulated
 _VECTOR_UNARY = {"negative", "ceil", "floor", "trunc", "invert", "logical_not", "cos", "tan"}
+_NOT_SIMULATED = {"ceil", "floor", "trunc", "cos", "tan"}
 
 
 def _binary(op: NlOp, x, y, dtype=None):
@@ -381,7 +383,13 @@ def _unary(op: NlOp, x, dtype=None):
     out = ndarray(x.shape, dtype or x.dtype, sbuf)
     if op.name in ("copy", "identity"):
         nisa.tensor_copy(dst=out, src=x)
-    elif op.name in _VECTOR_UNARY:
+    elif op.name == "negative":
+        nisa.tensor_scalar(dst=out, data=x, op0=multiply, operand0=-1.0)
+    elif op.name == "logical_not":
+        nisa.tensor_scalar(dst=out, data=x, op0=equal, operand0=0.0)
+    elif op.name == "invert":
+        nisa.tensor_scalar(dst=out, data=x, op0=invert, operand0=0)
+    elif op.name in _NOT_SIMULATED:
         raise NotImplementedError(f"{what}: not implemented in the nki_ssm simulator")
     else:
         nisa.activation(dst=out, op=op, data=x)
@@ -528,6 +536,53 @@ def prod(x, axis, dtype=None, keepdims=False):
 
 def all(x, axis, dtype=None):  # noqa: A001
     return _reduce("logical_and", x, axis, dtype, False, "nl.all")
+
+
+def mean(x, axis, dtype=None, keepdims=False):
+    """Sum over ``axis`` times 1/count (VectorE reduce, then a scalar multiply)."""
+    from . import isa as nisa
+    total = _reduce("add", x, axis, float32, keepdims, "nl.mean")
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    count = 1
+    for a in axes:
+        count *= x.shape[a]
+    out = ndarray(total.shape, dtype or x.dtype, sbuf)
+    nisa.tensor_scalar(dst=out, data=total, op0=multiply, operand0=1.0 / count)
+    return out
+
+
+def softmax(x, axis=-1, dtype=None):
+    """Row softmax over the last free dim of a 2-D tile: exp(x - max) / sum."""
+    from . import isa as nisa
+    x = _tile_arg(x, "nl.softmax", "x")
+    if x.ndim != 2 or axis not in (-1, 1):
+        raise NkiValidationError(f"nl.softmax: supports 2-D tiles over axis -1, got shape "
+                                 f"{x.shape}, axis {axis}")
+    P = x.shape[0]
+    m = ndarray((P, 1), float32, sbuf)
+    nisa.tensor_reduce(dst=m, op=maximum, data=x, axis=1, negate=True)
+    e = ndarray(x.shape, float32, sbuf)
+    s = ndarray((P, 1), float32, sbuf)
+    nisa.activation_reduce(dst=e, op=exp, data=x, bias=m, reduce_op=add, reduce_res=s)
+    r = ndarray((P, 1), float32, sbuf)
+    nisa.reciprocal(dst=r, data=s)
+    out = ndarray(x.shape, dtype or x.dtype, sbuf)
+    nisa.tensor_scalar(dst=out, data=e, op0=multiply, operand0=r)
+    return out
+
+
+def load_transpose2d(src, dtype=None) -> NkiTensor:
+    """A new SBUF tile holding the 2-D HBM ``src`` transposed (DMA transpose)."""
+    from . import isa as nisa
+    if not isinstance(src, NkiTensor) or src.ndim != 2:
+        raise TypeError("nl.load_transpose2d: src must be a 2-D NkiTensor")
+    out = ndarray((src.shape[1], src.shape[0]), src.dtype, sbuf)
+    nisa.dma_transpose(dst=out, src=src)
+    if dtype is not None and dtype != src.dtype:
+        cast = ndarray(out.shape, dtype, sbuf)
+        nisa.tensor_copy(dst=cast, src=out)
+        return cast
+    return out
 
 
 def _reduce_max(x, axis, dtype=None, keepdims=False):

@@ -236,3 +236,29 @@ def test_device_print(capsys):
     assert "val:" in capsys.readouterr().out
     with pytest.raises(TypeError):
         nl.device_print("x", np.ones(2))
+
+
+def test_more_convenience_ops(rng):
+    xv = rng.standard_normal((8, 32)).astype(np.float32)
+    x = sb(xv)
+    np.testing.assert_array_equal(nl.negative(x).read(), -xv)
+    np.testing.assert_array_equal(nl.logical_not(sb((xv > 0).astype(np.float32))).read(),
+                                  (xv <= 0).astype(np.float32))
+    np.testing.assert_allclose(nl.mean(x, axis=1).read()[:, 0], xv.mean(axis=1), rtol=1e-5, atol=1e-6)
+    e = np.exp(xv - xv.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(nl.softmax(x).read(), e / e.sum(axis=1, keepdims=True), rtol=1e-5)
+    with pytest.raises(NotImplementedError, match="floor"):
+        nl.floor(x)
+
+
+def test_load_transpose2d(rng):
+    @jit
+    def k(a):
+        t = nl.load_transpose2d(a)
+        out = nl.ndarray(t.shape, t.dtype, buffer=nl.shared_hbm)
+        nl.store(out, t)
+        return out
+
+    import ml_dtypes
+    a = rng.standard_normal((16, 8)).astype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(simulate(k)(a), a.T)
