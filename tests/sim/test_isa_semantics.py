@@ -570,3 +570,25 @@ def test_max8_and_nc_n_gather(rng):
     g = sb((4, 5))
     nisa.nc_n_gather(dst=g, data=load(x), indices=load(idx))
     np.testing.assert_array_equal(val(g), np.take_along_axis(x.reshape(4, -1), idx.astype(np.int64), 1))
+
+
+_DTYPES = {"float32": np.float32, "bfloat16": BF16, "float16": np.float16, "int16": np.int16}
+
+
+@settings(max_examples=20, deadline=None)
+@given(P=st.integers(1, 128), F=st.integers(1, 48), seed=st.integers(0, 2 ** 16),
+       din=st.sampled_from(sorted(_DTYPES)), dout=st.sampled_from(sorted(_DTYPES)),
+       op=st.sampled_from(["add", "multiply", "maximum", "subtract"]))
+def test_tensor_tensor_and_scalar_one_rounding_property(P, F, seed, din, dout, op):
+    r = np.random.default_rng(seed)
+    a = (r.standard_normal((P, F)) * 50).astype(_DTYPES[din])
+    b = (r.standard_normal((P, F)) * 50).astype(_DTYPES[din])
+    ta, tb = load(a), load(b)
+    d = sb((P, F), getattr(nl, dout))
+    nisa.tensor_tensor(dst=d, data1=ta, data2=tb, op=getattr(nl, op))
+    exact = getattr(np, op)(a.astype(np.float32), b.astype(np.float32))
+    from nki_ssm.sim.dtypes import cast
+    np.testing.assert_array_equal(val(d), cast(exact, getattr(nl, dout)))
+    nisa.tensor_scalar(dst=d, data=ta, op0=getattr(nl, op), operand0=1.5)
+    np.testing.assert_array_equal(val(d), cast(getattr(np, op)(a.astype(np.float32), np.float32(1.5)),
+                                               getattr(nl, dout)))
