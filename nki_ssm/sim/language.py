@@ -109,10 +109,16 @@ tile_size = _TileSize()
 # ----------------------------------------------------------------- allocation
 
 
+_jit_module = None
+
+
 def _shared_alloc(shape, dtype, buffer, name, fill):
     """Allocate, sharing nl.shared_hbm tensors across the programs of an LNC grid."""
-    from . import jit as _jit
-    return _jit.allocate_in_launch(shape, dtype, buffer, name, fill)
+    global _jit_module
+    if _jit_module is None:
+        from . import jit as _jit_module_  # jit imports language lazily too
+        _jit_module = _jit_module_
+    return _jit_module.allocate_in_launch(shape, dtype, buffer, name, fill)
 
 
 def ndarray(shape, dtype, buffer=sbuf, name: str = "", address=None) -> NkiTensor:

@@ -14,7 +14,7 @@ Accounting, per partition:
   destination must sit in one bank, so tiles are not packed), at most
   ``Target.psum_num_banks`` (8) banks live.
 
-A storage is freed when Python garbage-collects it (``weakref.finalize``):
+A storage is freed when Python garbage-collects it (``Storage.__del__``):
 rebinding a loop-local tile frees the previous one, which mirrors the
 compiler's buffer rotation. (The old tile is still alive while the new one is
 allocated, so a rebound tile counts twice at that moment — as with the
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import weakref
 from typing import Iterator
 
 from .errors import NkiCapacityError
@@ -91,9 +90,10 @@ class MemoryTracker:
             self.psum_banks_live += cost
             self.peak_psum_banks = max(self.peak_psum_banks, self.psum_banks_live)
         self._live[storage.id] = (storage.buffer, cost, description)
-        weakref.finalize(storage, self._free, storage.id)
+        storage._tracker = self  # Storage.__del__ calls free()
 
-    def _free(self, storage_id: int) -> None:
+    def free(self, storage_id: int) -> None:
+        """Return a storage's capacity (called when it is garbage collected)."""
         entry = self._live.pop(storage_id, None)
         if entry is None or self.closed:
             return

@@ -27,6 +27,7 @@ further in this simulator.
 from __future__ import annotations
 
 import itertools
+import math
 from enum import Enum
 from typing import Sequence
 
@@ -83,10 +84,14 @@ class MemoryRegion(Enum):
     @property
     def kind(self) -> str:
         """Storage buffer name: "sbuf", "psum" or "hbm"."""
-        return "hbm" if self in _HBM_REGIONS else self.value
+        return self._kind
 
 
 _HBM_REGIONS = (MemoryRegion.private_hbm, MemoryRegion.shared_hbm)
+for _m in MemoryRegion:
+    # plain attribute: `kind` is read on every allocation and Enum __eq__ is slow
+    object.__setattr__(_m, "_kind", "hbm" if _m.value.endswith("hbm") else _m.value)
+del _m
 
 
 class BufferName(str):
@@ -140,7 +145,7 @@ class Storage:
     """One allocation: ``data`` is flat, in ``dtype`` (NumPy / ml_dtypes)."""
 
     __slots__ = ("id", "buffer", "kind", "dtype", "shape", "data", "name",
-                 "bytes_per_partition", "_flats", "__weakref__")
+                 "bytes_per_partition", "_flats", "_tracker", "__weakref__")
 
     def __init__(self, region: MemoryRegion, shape: tuple[int, ...], dtype, data: np.ndarray,
                  name: str = ""):
@@ -151,9 +156,19 @@ class Storage:
         self.shape = tuple(shape)
         self.data = data
         self.name = name
-        free = int(np.prod(self.shape[1:], dtype=np.int64)) if len(self.shape) > 1 else 1
+        free = math.prod(self.shape[1:])
         self.bytes_per_partition = free * self.dtype.itemsize
         self._flats: dict[np.dtype, np.ndarray] = {self.dtype: data}
+        self._tracker = None  # sim.memory tracker counting this storage, if any
+
+    def __del__(self):
+        # return the capacity when the last view of the storage goes away
+        tracker = self._tracker
+        if tracker is not None:
+            try:
+                tracker.free(self.id)
+            except Exception:  # interpreter shutdown
+                pass
 
     @property
     def on_chip(self) -> bool:
@@ -219,10 +234,11 @@ def allocate(shape, dtype, buffer=MemoryRegion.sbuf, name: str = "", fill=None,
         if shape[0] > PMAX:
             raise NkiValidationError(
                 f"{what}: partition dim (shape[0]) must be <= {PMAX}, got {shape[0]} in shape {shape}")
-    size = int(np.prod(shape, dtype=np.int64))
-    value = _sentinel(d) if fill is None else fill
-    data = np.empty(size, dtype=d.np)
-    data[...] = _dt.cast(np.asarray(value), d)
+    size = math.prod(shape)
+    if fill is None:
+        data = np.full(size, _sentinel(d), dtype=d.np)
+    else:
+        data = np.full(size, _dt.cast(np.asarray(fill), d), dtype=d.np)
     storage = Storage(region, shape, d.np, data, name)
     if region.kind != "hbm":
         _memory.track(storage, f"{name or 'tensor'} {shape} {d} on {region.value}")
@@ -521,7 +537,7 @@ class NkiTensor:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def itemsize(self) -> int:
