@@ -571,3 +571,25 @@ def test_bitvec_tensor_tensor_not_on_gpsimd():
     raises(lambda: nisa.tensor_tensor(dst=fsb((4, 4), nl.int32), data1=fsb((4, 4), nl.int32),
                                       data2=fsb((4, 4), nl.int32), op=nl.bitwise_or,
                                       engine=nisa.engine.gpsimd), "tensor_tensor", "bitvec", "Vector")
+
+
+def test_dma_compute_reduce_op_and_scales():
+    raises(lambda: nisa.dma_compute(dst=sb((4, 4)), srcs=[fsb((4, 4))], reduce_op=nl.multiply),
+           "dma_compute", "reduce_op", "nl.add")
+    raises(lambda: nisa.dma_compute(dst=sb((4, 4)), srcs=[fsb((4, 4))], reduce_op=nl.add, scales=[2.0]),
+           "dma_compute", "scales", "1.0")
+
+
+def test_register_read_before_write():
+    raises(lambda: nisa.register_store(sb((1, 1), nl.int32), nisa.register_alloc()), "register_store",
+           "before any value")
+
+
+def test_register_load_needs_single_element():
+    raises(lambda: nisa.register_load(nisa.register_alloc(), fsb((1, 2), nl.int32)), "register_load",
+           "src", "one element")
+
+
+def test_nc_find_index8_dst_dtype():
+    raises(lambda: nisa.nc_find_index8(dst=sb((4, 8)), data=fsb((4, 16)), vals=fsb((4, 8))),
+           "nc_find_index8", "dst", "uint32")

@@ -592,3 +592,44 @@ def test_tensor_tensor_and_scalar_one_rounding_property(P, F, seed, din, dout, o
     nisa.tensor_scalar(dst=d, data=ta, op0=getattr(nl, op), operand0=1.5)
     np.testing.assert_array_equal(val(d), cast(getattr(np, op)(a.astype(np.float32), np.float32(1.5)),
                                                getattr(nl, dout)))
+
+
+def test_nc_find_index8_and_match_replace8_doc_example():
+    data = np.array([[1, 2, 3, 4, 8, 8, 8, 8, 8, 8, 8]], np.float32)
+    vals = np.array([[3, 8, 8, 8, 8, 8, 8, 8]], np.float32)
+    d, idx = sb((1, 11)), sb((1, 8), nl.uint32)
+    nisa.nc_match_replace8(dst=d, data=load(data), vals=load(vals), imm=-1.0, dst_idx=idx)
+    np.testing.assert_array_equal(val(idx)[0], [2, 10, 9, 8, 7, 6, 5, 4])     # documented example
+    np.testing.assert_array_equal(val(d)[0], [1, 2, -1, 4, -1, -1, -1, -1, -1, -1, -1])
+    f = sb((1, 8), nl.uint32)
+    v2 = np.array([[8, 3, 8, 99, 1, 2, 4, 8]], np.float32)
+    nisa.nc_find_index8(dst=f, data=load(data), vals=load(v2))
+    np.testing.assert_array_equal(val(f)[0], [4, 2, 5, 0xFFFFFFFF, 0, 1, 3, 6])
+
+
+def test_dma_compute_add_and_scatter_rmw(rng):
+    a = rng.standard_normal((8, 4)).astype(np.float32)
+    b = rng.standard_normal((8, 4)).astype(np.float32)
+    d = sb((8, 4), nl.bfloat16)
+    nisa.dma_compute(dst=d, srcs=[load(a), from_array(b)], reduce_op=nl.add)
+    np.testing.assert_array_equal(val(d), (a + b).astype(BF16))
+    pool = rng.standard_normal((6, 4)).astype(np.float32)
+    hp = from_array(pool)
+    it = load(np.array([[4], [1]], np.int32))
+    upd = rng.standard_normal((2, 4)).astype(np.float32)
+    view = hp.ap(pattern=[[4, 2], [1, 4]], vector_offset=it, indirect_dim=0)
+    nisa.dma_compute(dst=view, srcs=[view, load(upd)], reduce_op=nl.add)
+    want = pool.copy()
+    want[[4, 1]] += upd
+    np.testing.assert_array_equal(hp.read(), want)
+
+
+def test_virtual_registers_load_move_store():
+    src = load(np.array([[7]], np.int32))
+    r = nisa.register_alloc()
+    nisa.register_load(r, src)
+    r2 = nisa.register_alloc(0)
+    nisa.register_move(r2, r)
+    out = sb((1, 1), nl.int32)
+    nisa.register_store(out, r2)
+    assert val(out)[0, 0] == 7 and list(nl.dynamic_range(r2)) == list(range(7))

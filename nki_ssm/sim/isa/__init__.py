@@ -34,13 +34,13 @@ Assumptions beyond the documentation (each marked in the code):
 
 Not implemented yet (documented nki.isa API of NKI 0.5/0.6; calling one of
 the functions below raises NotImplementedError naming it):
-``nc_matmul_mx``, ``local_gather``, ``nc_find_index8``,
-``nc_match_replace8``, ``topk``, ``nonzero_with_count``, ``sequence_bounds``,
-``rng``, ``rand2``, ``dropout``, ``set_rng_seed``, ``rand_set_state``,
-``rand_get_state``, ``quantize_mx``, ``dma_compute``, ``core_barrier``,
-``sendrecv``, ``register_alloc`` / ``register_move`` / ``register_load`` /
-``register_store`` (and ``VirtualRegister``), ``get_nc_sub_version`` returns
-0 always. Partially: ``dma_transpose`` without the indirect (swdge
+``nc_matmul_mx``, ``quantize_mx`` (MX formats), ``local_gather``, ``topk``,
+``nonzero_with_count``, ``sequence_bounds``, ``rng``, ``rand2``, ``dropout``,
+``set_rng_seed``, ``rand_set_state``, ``rand_get_state`` (random numbers),
+``core_barrier``, ``sendrecv`` (LNC programs run one after the other here,
+so cross-core synchronisation cannot be modelled); ``get_nc_sub_version``
+returns 0 always. Virtual registers hold Python ints and are not accepted
+as ``.ap(scalar_offset=...)`` (sim.tensor takes a 1x1 SBUF tensor). Partially: ``dma_transpose`` without the indirect (swdge
 gather-transpose) form; ``dma_copy`` takes ``scalar_offset`` only as a 1x1
 SBUF tensor (no VirtualRegister) and ``priority`` has no effect; no
 ``.indirect()`` tensor indirection (v4) on any compute instruction;
@@ -55,7 +55,9 @@ from ._enums import (NkiInstruction, dge_mode, dma_engine, engine, gpsimd_engine
                      nc_version, oob_mode, reduce_cmd, scalar_engine, tensor_engine, unknown_engine,
                      vector_engine)
 from .dma import dma_copy, dma_transpose
-from .extra import activate2, exponential, max8, nc_n_gather, tensor_copy_predicated
+from .extra import (activate2, dma_compute, exponential, max8, nc_find_index8, nc_match_replace8,
+                    nc_n_gather, tensor_copy_predicated)
+from .registers import VirtualRegister, register_alloc, register_load, register_move, register_store
 from .gpsimd import affine_select, iota, tensor_partition_reduce
 from .scalar import activation, activation_reduce
 from .tensor_engine import nc_matmul, nc_transpose
@@ -88,10 +90,9 @@ def _missing(api: str):
 
 
 NOT_IMPLEMENTED = (
-    "nc_matmul_mx", "local_gather", "nc_find_index8", "nc_match_replace8", "topk", "nonzero_with_count",
-    "sequence_bounds", "rng", "rand2", "dropout", "set_rng_seed", "rand_set_state",
-    "rand_get_state", "quantize_mx", "dma_compute", "core_barrier", "sendrecv", "register_alloc",
-    "register_move", "register_load", "register_store",
+    "nc_matmul_mx", "quantize_mx", "local_gather", "topk", "nonzero_with_count", "sequence_bounds",
+    "rng", "rand2", "dropout", "set_rng_seed", "rand_set_state", "rand_get_state", "core_barrier",
+    "sendrecv",
 )
 for _api in NOT_IMPLEMENTED:
     globals()[_api] = _missing(_api)
@@ -107,5 +108,7 @@ __all__ = [
     "tensor_reduce", "tensor_scalar_reduce", "tensor_tensor_scan", "tensor_scalar_cumulative",
     "iota", "affine_select", "range_select", "select_reduce", "nc_stream_shuffle", "reciprocal",
     "tensor_partition_reduce", "bn_stats", "bn_aggr", "exponential", "activate2",
-    "tensor_copy_predicated", "max8", "nc_n_gather", *NOT_IMPLEMENTED,
+    "tensor_copy_predicated", "max8", "nc_n_gather", "nc_find_index8", "nc_match_replace8",
+    "dma_compute", "VirtualRegister", "register_alloc", "register_move", "register_load",
+    "register_store", *NOT_IMPLEMENTED,
 ]

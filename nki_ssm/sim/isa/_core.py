@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import trace as _trace
-from ..errors import NkiValidationError
+from ..errors import NkiValidationError  # noqa: F401  (re-exported for submodules)
 from ..targets import current_target
 from ._enums import NkiInstruction, engine
 

@@ -235,3 +235,138 @@ def nc_n_gather(dst, data, indices, name=None):
     return C.emit(inst, "gpsimd", name, reads=[data, indices], writes=[dst], num_partitions=P,
                   free=n, num_inputs=2, nbytes=P * n * dst.dtype.itemsize,
                   compute=(dst, data, indices), operands={"dst": dst, "data": data, "indices": indices})
+
+
+def _find8_checks(inst, dst, data, vals):
+    C.tile(inst, "dst", dst)
+    C.tile(inst, "data", data)
+    C.tile(inst, "vals", vals)
+    P, F = data.shape[0], data.elements_per_partition
+    if not 8 <= F <= 16384:
+        C.fail(inst, f"data must have 8 to 16384 elements per partition, got {F}")
+    if vals.shape[0] != P or vals.elements_per_partition != 8:
+        C.fail(inst, f"vals must have {P} partitions and 8 elements per partition, got {tuple(vals.shape)}")
+    return P, F
+
+
+def nc_find_index8(dst, data, vals, name=None):
+    """Index of the first occurrence of each of the 8 ``vals`` in each partition of ``data``.
+
+    ``dst`` [P, 8] uint32 or uint16; a value that does not occur gives the
+    all-ones sentinel. Duplicate vals pair with successive matches in
+    ascending order (documented tie-break).
+    """
+    inst = "nc_find_index8"
+    C.check_name(inst, name)
+    P, F = _find8_checks(inst, dst, data, vals)
+    if dst.dtype.name not in ("uint32", "uint16") or dst.shape[0] != P or dst.elements_per_partition != 8:
+        C.fail(inst, f"dst must be [{P}, 8] uint32 or uint16, got {tuple(dst.shape)} {dst.dtype}")
+    x, v = C.read_f32(data), C.read_f32(vals)
+    sentinel = np.iinfo(dst.dtype.np).max
+    out = np.full((P, 8), sentinel, dtype=np.int64)
+    for p in range(P):
+        used = set()
+        for k in range(8):
+            hits = [i for i in np.flatnonzero(x[p] == v[p, k]) if i not in used]
+            if hits:
+                out[p, k] = hits[0]
+                used.add(hits[0])
+    dst.write(out.astype(dst.dtype.np).reshape(dst.shape))
+    return C.emit(inst, "vector", name, reads=[data, vals], writes=[dst], num_partitions=P, free=F,
+                  num_inputs=1, nbytes=P * 8 * dst.dtype.itemsize, compute=(data,), reduce=True,
+                  operands={"dst": dst, "data": data, "vals": vals})
+
+
+def nc_match_replace8(dst, data, vals, imm, dst_idx=None, name=None):
+    """``dst = data`` with the first occurrence of each of the 8 ``vals`` replaced by ``imm``.
+
+    ``dst_idx`` (optional, [P, 8]) receives the matched positions; vals are
+    processed in reverse order (i = 7..0), so duplicate vals fill their
+    ``dst_idx`` columns in descending order (documented tie-break).
+    """
+    inst = "nc_match_replace8"
+    C.check_name(inst, name)
+    P, F = _find8_checks(inst, dst, data, vals)
+    C.same_shape(inst, "data", data, "dst", dst)
+    if not isinstance(imm, (int, float, np.integer, np.floating)) or isinstance(imm, bool):
+        raise TypeError(f"{inst}: imm must be a float constant, got {type(imm).__name__}")
+    if dst_idx is not None:
+        C.tile(inst, "dst_idx", dst_idx)
+        if dst_idx.shape[0] != P or dst_idx.elements_per_partition != 8:
+            C.fail(inst, f"dst_idx must be [{P}, 8], got {tuple(dst_idx.shape)}")
+    x, v = C.read_f32(data).copy(), C.read_f32(vals)
+    idx = np.full((P, 8), -1, dtype=np.int64)
+    matched = np.zeros_like(x, dtype=bool)
+    for p in range(P):
+        for k in range(7, -1, -1):
+            hits = np.flatnonzero((x[p] == v[p, k]) & ~matched[p])
+            if hits.size:
+                matched[p, hits[0]] = True
+                idx[p, k] = hits[0]
+    x[matched] = np.float32(imm)
+    C.write(dst, x)
+    if dst_idx is not None:
+        from ..dtypes import cast
+        dst_idx.write(cast(idx, dst_idx.dtype).reshape(dst_idx.shape))
+    return C.emit(inst, "vector", name, reads=[data, vals],
+                  writes=[dst] + ([dst_idx] if dst_idx is not None else []), num_partitions=P, free=F,
+                  num_inputs=1, nbytes=P * F * dst.dtype.itemsize, compute=(dst, data),
+                  operands={"dst": dst, "data": data, "vals": vals})
+
+
+def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode=None, name=None):
+    """``dst = srcs[0] + srcs[1] + ...`` computed in float32 inside the DMA engines.
+
+    ``reduce_op`` must be nl.add and ``scales`` None or all 1.0; 1 to 16
+    sources with dst's element count; HBM or SBUF only. Read-modify-write
+    scatter (``dst`` = an HBM ``.ap(vector_offset=...)`` view, one source
+    the same view) and gather (one source an indirect HBM view) work because
+    every operand is read through its (indirect) element positions.
+    """
+    from ._enums import oob_mode as _oob
+    inst = "dma_compute"
+    C.check_name(inst, name)
+    oob_mode = _oob.error if oob_mode is None else check_enum(inst, "oob_mode", oob_mode, _oob)
+    A.require_op(inst, "reduce_op", reduce_op, ("add",), "nl.add")
+    if not isinstance(srcs, (list, tuple)) or not 1 <= len(srcs) <= 16:
+        C.fail(inst, f"srcs must be a list of 1 to 16 tensors, got {srcs!r}")
+    if scales is not None and (len(scales) != len(srcs) or any(float(s) != 1.0 for s in scales)):
+        C.fail(inst, f"scales must be None or all 1.0 (one per source), got {scales!r}")
+    if not unique_indices:
+        C.fail(inst, "unique_indices=False is not supported (documented)")
+    C.tile(inst, "dst", dst, ("hbm", "sbuf"), quadrant=False)
+    n = dst.size
+    for k, s in enumerate(srcs):
+        C.tile(inst, f"srcs[{k}]", s, ("hbm", "sbuf"), quadrant=False)
+        if s.size != n:
+            C.fail(inst, f"srcs[{k}] has {s.size} elements but dst has {n} (must match)")
+    ind = [t for t in [dst, *srcs] if t.indirection is not None]
+    valid = None
+    for t in ind:
+        v = t.indirection.valid()
+        if not v.all() and oob_mode is _oob.error:
+            C.fail(inst, f"{t.indirection.kind}_offset value out of bounds [0, {t.indirection.bound})")
+        valid = v if valid is None else valid & v
+    acc = None
+    for s in srcs:
+        x = s.storage.flat(s.dtype.np)[s.elements(clamp_oob=True)].astype(np.float32).reshape(dst.shape)
+        acc = x if acc is None else acc + x
+    from ..dtypes import cast
+    out = cast(acc, dst.dtype)
+    pos = dst.elements(clamp_oob=True)
+    flat = dst.storage.flat(dst.dtype.np)
+    if valid is None or valid.all():
+        flat[pos] = out
+    else:
+        rows = valid.reshape((-1,) + (1,) * (len(dst.shape) - 1))
+        keep = np.broadcast_to(rows, dst.shape)
+        flat[pos[keep]] = out[keep]
+    sb = dst if dst.storage.buffer == "sbuf" else next((s for s in srcs if s.storage.buffer == "sbuf"), None)
+    parts = sb.shape[0] if sb is not None else 0
+    nbytes = n * dst.dtype.itemsize
+    return C.emit(inst, "dma", name, reads=list(srcs), writes=[dst], num_partitions=max(parts, 1),
+                  free=n // max(dst.shape[0], 1), num_inputs=len(srcs), nbytes=nbytes * len(srcs),
+                  attrs={"partitions": parts, "bytes_per_partition": nbytes // max(parts, 1),
+                         "dge_mode": "swdge" if ind else "none", "indirect": bool(ind),
+                         "transpose": False},
+                  operands={"dst": dst})

@@ -1,0 +1,97 @@
+"""Virtual registers (``register_alloc/move/load/store``), executed eagerly.
+
+The simulator runs loops in Python, so a register simply holds a Python int.
+Like the SDK's parser frontend it can drive ``nl.dynamic_range`` and ``while``
+(``__index__`` / ``__bool__``); the tracer frontend would reject that.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _core as C
+
+
+class VirtualRegister:
+    """A 32-bit engine-sequencer register holding ``value`` (None until written)."""
+
+    __slots__ = ("value", "frozen")
+
+    def __init__(self, state=None, frozen=False):
+        self.value = None if state is None else _int32("VirtualRegister", "state", state)
+        self.frozen = bool(frozen)
+
+    def _get(self, what: str) -> int:
+        if self.value is None:
+            raise C.NkiValidationError(f"{what}: the register was read before any value was written")
+        return self.value
+
+    def __index__(self) -> int:
+        return self._get("VirtualRegister")
+
+    __int__ = __index__
+
+    def __bool__(self) -> bool:
+        return self._get("VirtualRegister") != 0
+
+    def __repr__(self):
+        return f"VirtualRegister({self.value})"
+
+
+def _int32(inst, arg, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{inst}: {arg} must be an int, got {type(v).__name__}")
+    v = int(v)
+    if not -2 ** 31 <= v < 2 ** 32:
+        C.fail(inst, f"{arg} {v} does not fit a 32-bit register")
+    return v
+
+
+def _reg(inst, arg, r) -> VirtualRegister:
+    if not isinstance(r, VirtualRegister):
+        raise TypeError(f"{inst}: {arg} must be a VirtualRegister from nisa.register_alloc, got "
+                        f"{type(r).__name__}")
+    return r
+
+
+def register_alloc(x=None) -> VirtualRegister:
+    """A new register, uninitialised (None) or holding the int ``x``."""
+    return VirtualRegister(None if x is None else _int32("register_alloc", "x", x))
+
+
+def register_move(dst, src):
+    """``dst = src`` (an int constant or another register)."""
+    inst = "register_move"
+    d = _reg(inst, "dst", dst)
+    if d.frozen:
+        C.fail(inst, "dst is a frozen register (a loop induction variable) and cannot be written")
+    d.value = src._get(inst) if isinstance(src, VirtualRegister) else _int32(inst, "src", src)
+
+
+def _single(inst, arg, t):
+    if not C.is_tensor(t):
+        raise TypeError(f"{inst}: {arg} must be an NkiTensor with one element, got {type(t).__name__}")
+    if t.storage.buffer == "psum":
+        C.fail(inst, f"{arg} must be in HBM or SBUF, got PSUM")
+    if t.size != 1:
+        C.fail(inst, f"{arg} must hold exactly one element (shape [1] or [1, 1]), got shape {tuple(t.shape)}")
+    if t.dtype.itemsize > 4:
+        C.fail(inst, f"{arg} must be a 32-bit (or narrower) value, got {t.dtype}")
+
+
+def register_load(dst, src):
+    """Load the single (integer) value of ``src`` (HBM or SBUF) into register ``dst``."""
+    inst = "register_load"
+    d = _reg(inst, "dst", dst)
+    _single(inst, "src", src)
+    if not src.dtype.is_int:
+        C.fail(inst, f"src must have an integer dtype, got {src.dtype}")
+    d.value = int(src.read().reshape(-1)[0])
+
+
+def register_store(dst, src):
+    """Store register ``src`` into the single-element tensor ``dst`` (HBM or SBUF)."""
+    inst = "register_store"
+    _single(inst, "dst", dst)
+    s = _reg(inst, "src", src)
+    from ..dtypes import cast
+    dst.write(cast(np.asarray([s._get(inst)], dtype=np.int64), dst.dtype).reshape(dst.shape))
