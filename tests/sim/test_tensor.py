@@ -494,3 +494,36 @@ def test_constructor_binds_storage():
     assert u.storage is t.storage and u.shape == (4, 8)
     with pytest.raises(NkiValidationError, match="does not cover"):
         NkiTensor((4, 4), dt.float32, t.storage)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_on_chip_indexing_rule_property(data):
+    shape = tuple(data.draw(st.lists(st.integers(1, 5), min_size=2, max_size=4)))
+    t = filled(shape)
+    key, np_key, want = [], [], []
+    dropped = []
+    for d, n in enumerate(shape):
+        if data.draw(st.booleans()):
+            i = data.draw(st.integers(-n, n - 1))
+            key.append(i)
+            np_key.append(slice(i % n, i % n + 1))
+            if d == 0:
+                want.append(1)
+            else:
+                dropped.append(len(want))
+        else:
+            a = data.draw(st.integers(0, n - 1))
+            b = data.draw(st.integers(a + 1, n))
+            step = 1 if d == 0 else data.draw(st.integers(1, 2))
+            key.append(slice(a, b, step))
+            np_key.append(slice(a, b, step))
+            want.append(len(range(a, b, step)))
+    while len(want) < 2:              # the last integer-indexed dim comes back as size 1
+        want.insert(dropped.pop(), 1)
+    v = t[tuple(key)]
+    assert v.shape == tuple(want)
+    ref = t.read()[tuple(np_key)]
+    np.testing.assert_array_equal(v.read(), ref.reshape(v.shape))
+    r = v.region()
+    assert r.partition_start == np_key[0].start and r.num_partitions == v.shape[0]
