@@ -1116,9 +1116,60 @@ class NkiTensor:
                 steps[0] = 0  # the leading step comes from the base tensor's row size
         return self._derive(nums, steps, start, dtype=d, indirection=ind, what=what)
 
-    def rearrange(self, src_pattern, dst_pattern, fixed_sizes=None):
-        raise NotImplementedError("NkiTensor.rearrange is not implemented in the nki_ssm "
-                                  "simulator; use reshape_dim / permute / flatten_dims")
+    def rearrange(self, src_pattern, dst_pattern, fixed_sizes=None) -> "NkiTensor":
+        """einops-style view: split grouped src dims, reorder, merge grouped dst dims.
+
+        ``t.rearrange(('b', ('h', 'w')), ('b', 'w', 'h'), {'h': 4})`` on a
+        (128, 24) tile gives (128, 6, 4). Built from reshape_dim, permute and
+        flatten_dims, so their rules (partition dim, contiguity) apply.
+        """
+        what = "NkiTensor.rearrange"
+        self._no_indirect(what)
+        sizes = dict(fixed_sizes or {})
+        if not isinstance(sizes, dict) or any(not isinstance(k, str) for k in sizes):
+            raise TypeError(f"{what}: fixed_sizes must be a dict of str -> int, got {fixed_sizes!r}")
+        src = tuple(src_pattern)
+        dst = tuple(dst_pattern)
+        if len(src) != self.ndim:
+            raise NkiValidationError(f"{what}: src_pattern has {len(src)} entries for a "
+                                     f"{self.ndim}-D tensor")
+
+        def names(group, where):
+            items = group if isinstance(group, tuple) else (group,)
+            if not items or any(not isinstance(x, str) for x in items):
+                raise TypeError(f"{what}: {where} entries must be names or tuples of names, got {group!r}")
+            return items
+
+        t = self
+        atoms: list[str] = []
+        dim = 0
+        for group, n in zip(src, self.shape):
+            items = names(group, "src_pattern")
+            if len(items) == 1:
+                if items[0] in sizes and sizes[items[0]] != n:
+                    raise NkiValidationError(f"{what}: {items[0]} is {n}, fixed_sizes says {sizes[items[0]]}")
+                sizes[items[0]] = n
+            else:
+                parts = tuple(sizes.get(x, -1) for x in items)
+                t = t.reshape_dim(dim, parts)
+                for x, m in zip(items, t.shape[dim:dim + len(items)]):
+                    sizes[x] = m
+            atoms.extend(items)
+            dim += len(items)
+        if len(set(atoms)) != len(atoms):
+            raise NkiValidationError(f"{what}: repeated name in src_pattern {src_pattern}")
+        dst_atoms = [x for g in dst for x in names(g, "dst_pattern")]
+        if sorted(dst_atoms) != sorted(atoms):
+            raise NkiValidationError(f"{what}: dst_pattern {dst_pattern} must use exactly the "
+                                     f"names of src_pattern {src_pattern}")
+        t = t.permute(tuple(atoms.index(x) for x in dst_atoms))
+        dim = 0
+        for g in dst:
+            k = len(names(g, "dst_pattern"))
+            if k > 1:
+                t = t.flatten_dims(dim, dim + k - 1)
+            dim += 1
+        return t
 
     def indirect(self, index, num_elem=None):
         raise NotImplementedError("NkiTensor.indirect (NeuronCore-v4 tensor indirection) is not "

@@ -527,3 +527,16 @@ def test_on_chip_indexing_rule_property(data):
     np.testing.assert_array_equal(v.read(), ref.reshape(v.shape))
     r = v.region()
     assert r.partition_start == np_key[0].start and r.num_partitions == v.shape[0]
+
+
+def test_rearrange_doc_example_and_errors():
+    t = filled((128, 24))
+    r = t.rearrange(("b", ("h", "w")), ("b", "w", "h"), {"h": 4})
+    assert r.shape == (128, 6, 4)
+    np.testing.assert_array_equal(r.read(), t.read().reshape(128, 4, 6).transpose(0, 2, 1))
+    m = filled((8, 2, 3)).rearrange(("p", "a", "b"), ("p", ("a", "b")))
+    np.testing.assert_array_equal(m.read(), filled((8, 2, 3)).read().reshape(8, 6))
+    with pytest.raises(NkiValidationError, match="exactly the names"):
+        t.rearrange(("b", "f"), ("b", "g"))
+    with pytest.raises(NkiValidationError, match="not contiguous"):
+        t.rearrange(("b", ("h", "w")), ("b", ("w", "h")), {"h": 4})
