@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import platform
+import sys
 from pathlib import Path
 
 from simulate.run import NO_KERNEL, CaseResult
@@ -69,7 +70,12 @@ def print_table(results: list[CaseResult], console=None) -> None:
     except ImportError:
         print(markdown_table(results))
         return
-    console = console or Console()
+    if console is None:
+        import shutil
+
+        # not a terminal (CI, pipes): use a wide table instead of folding every cell
+        width = None if sys.stdout.isatty() else max(200, shutil.get_terminal_size().columns)
+        console = Console(width=width)
     target = results[0].target if results else "trn2"
     table = Table(title=f"nki_ssm main job — times modeled for {target}, one NeuronCore",
                   show_lines=False)
