@@ -48,6 +48,12 @@ class _Launch:
 
 
 _launches: list[_Launch] = []
+_last_usage: list[dict] = []
+
+
+def last_memory_usage() -> list[dict]:
+    """Per-program SBUF/PSUM usage (live, peak, limit) of the last completed launch."""
+    return list(_last_usage)
 
 
 def current_program_id() -> int:
@@ -218,6 +224,8 @@ def _run(fn, num_programs: int, grid_ndim: int, args, kwargs, kernel=None):
         _launches.remove(launch)
     if kernel is not None:
         kernel.last_memory_usage = usage
+    global _last_usage
+    _last_usage = usage
     _write_back(inputs)
     if any(_is_torch_tensor(orig) for orig, _ in inputs):
         out = _to_torch(out)
@@ -300,5 +308,5 @@ def simulate_kernel(kernel, *args, **kwargs):
     return simulate(kernel)(*args, **kwargs)
 
 
-__all__ = ["Kernel", "jit", "simulate", "simulate_kernel", "current_program_id",
+__all__ = ["Kernel", "jit", "simulate", "simulate_kernel", "current_program_id", "last_memory_usage",
            "current_num_programs", "current_program_ndim", "MAX_LNC"]

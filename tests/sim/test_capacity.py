@@ -136,6 +136,13 @@ def test_each_launch_and_program_starts_empty():
     assert [u["sbuf_peak"] for u in k.last_memory_usage] == [200 * KiB, 200 * KiB]
 
 
+def test_last_memory_usage_of_plain_function():
+    from nki_ssm.sim.jit import last_memory_usage
+    simulate(hold_tiles.func)(X, 3, 256)
+    u = last_memory_usage()
+    assert len(u) == 1 and u[0]["sbuf_peak"] == 3 * KiB and u[0]["target"] == "trn2"
+
+
 def test_lnc_usage_per_program():
     k = hold_tiles[2]
     simulate(k)(X, 2, 256)
