@@ -196,3 +196,11 @@ def test_kernel_docstrings_state_layouts_limits_engine_plan():
     for word in ("Layouts", "Limits", "Engine plan", "[num_tokens, dim]", "[slots, dim, W-1]",
                  "compile-time", "modeled"):
         assert word in doc, word
+
+
+def test_prefill_several_channel_groups(rng):
+    """dim 2240 = a 16-tile group, a 1-tile group and a 64-channel partial tile; one
+    gather/scatter per (group, sequence) spans all tiles of the group."""
+    inp = make_short_conv_inputs(rng, seqlens=[5, 0, 2], dim=2240, W=4, dtype=BF16,
+                                 pool_dtype=BF16, has_initial_state=[True, True, False])
+    _run_and_check(inp)

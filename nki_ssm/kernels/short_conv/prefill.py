@@ -119,6 +119,95 @@ def _bias_parts(bias, c0, width, mm_dtype, split):
     return _split_parts(b32, (1, width), mm_dtype, split)
 
 
+def _work_items(dim, segments, live):
+    """[(group, seq, chunk)] in execution order: groups outer, live sequences, chunks."""
+    items = []
+    groups = _channel_groups(dim)
+    for g in range(len(groups)):
+        for s in range(len(segments)):
+            if live[s]:
+                L = segments[s][1] - segments[s][0]
+                for ci in range(max(1, (L + CHUNK - 1) // CHUNK)):
+                    items.append((g, s, ci))
+    return items
+
+
+def _load_window(x, pool_rows, gather_rows, scatter_rows, groups, segments, item, H,
+                 mm_dtype, stage):
+    """Stage 1 of an item: its x window ``[128 ch, n, W-1 + tc]`` (+ halo / slot rows).
+
+    Returns (xw, tc, s_idx): s_idx (scatter rows) only on a sequence's last chunk.
+    """
+    num_tokens, dim = x.shape
+    g, s, ci = item
+    c0, n, P = groups[g]
+    start, end = segments[s]
+    n_chunks = max(1, (end - start + CHUNK - 1) // CHUNK)
+    t0 = start + ci * CHUNK
+    tc = min(CHUNK, end - t0)
+    xw = nl.ndarray((TILE, n, H + CHUNK), dtype=mm_dtype, buffer=nl.sbuf)
+    xs = xw
+    if stage:
+        xs = nl.ndarray((TILE, n, H + CHUNK), dtype=x.dtype, buffer=nl.sbuf)
+    if ci == 0:
+        # halo from the pool: zeros, overwritten where the run-time gather row is valid
+        g_idx = nl.ndarray((TILE, n), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=g_idx[0:P, :],
+                      src=gather_rows.ap(pattern=[[1, P], [TILE, n]], offset=s * dim + c0))
+        nisa.memset(dst=xw[0:P, :, 0:H], value=0.0)
+        # one gather for the whole group: partition p starts at row slot*dim + c0 + p and
+        # the free pattern steps 128 rows per tile (rows of one slot are consecutive)
+        nisa.dma_copy(
+            dst=xw[0:P, :, 0:H],
+            src=pool_rows.ap(pattern=[[H, P], [TILE * H, n], [1, H]], offset=0,
+                             vector_offset=g_idx[0:P, 0:1], indirect_dim=0),
+            oob_mode=nisa.oob_mode.skip)
+        lo, first = H, t0
+    else:
+        # later chunks re-read the W-1 tokens before t0 (same sequence)
+        lo, first = 0, t0 - H
+    width = H + tc - lo
+    if tc > 0:
+        nisa.dma_transpose(dst=xs[0:P, :, lo:lo + width],
+                           src=x.ap(pattern=[[dim, width], [TILE, n], [1, P]],
+                                    offset=first * dim + c0))
+        if stage:
+            nisa.tensor_copy(dst=xw[0:P, :, lo:lo + width], src=xs[0:P, :, lo:lo + width])
+    s_idx = None
+    if ci == n_chunks - 1:
+        s_idx = nl.ndarray((TILE, n), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=s_idx[0:P, :],
+                      src=scatter_rows.ap(pattern=[[1, P], [TILE, n]], offset=s * dim + c0))
+    return (xw, tc, s_idx)
+
+
+def _conv_blocks(y, xw, dparts, bparts, ones, t0, tc, c0, n, P, W, act_op):
+    """Stage 2 of an item: TensorE taps per 128-token block, ScalarE eviction, row stores."""
+    gw = (n - 1) * TILE + P
+    for b in range(0, tc, TILE):
+        m = min(TILE, tc - b)
+        ot = nl.ndarray((TILE, GROUP_TILES * TILE), dtype=y.dtype, buffer=nl.sbuf)
+        for bank0 in range(0, gw, BANK):
+            bw = min(BANK, gw - bank0)
+            ps = nl.ndarray((TILE, BANK), dtype=nl.float32, buffer=nl.psum)
+            for q in range(len(bparts)):
+                nisa.nc_matmul(dst=ps[0:m, 0:bw], stationary=ones[0:1, 0:m],
+                               moving=bparts[q][0:1, bank0:bank0 + bw], accumulate=(q > 0))
+            for jj in range(bank0 // TILE, (bank0 + bw + TILE - 1) // TILE):
+                pj = min(TILE, gw - jj * TILE)
+                col = jj * TILE - bank0
+                for q in range(len(dparts)):
+                    for k in range(W):
+                        first_mm = len(bparts) == 0 and q == 0 and k == 0
+                        # psum[tok, ch] (+)= x[tok + k - (W-1), ch] * weight[ch, k]
+                        nisa.nc_matmul(dst=ps[0:m, col:col + pj],
+                                       stationary=xw[0:pj, jj, b + k:b + k + m],
+                                       moving=dparts[q][0:pj, jj, k, 0:pj],
+                                       accumulate=not first_mm)
+            nisa.activation(dst=ot[0:m, bank0:bank0 + bw], op=act_op, data=ps[0:m, 0:bw])
+        nisa.dma_copy(dst=y[t0 + b:t0 + b + m, c0:c0 + gw], src=ot[0:m, 0:gw])
+
+
 @nki.jit
 def short_conv_prefill_kernel(x, weight, bias, pool_rows, gather_rows, scatter_rows,
                               segments, live, activation, has_bias, mm_fp32, x_stage,
@@ -133,102 +222,76 @@ def short_conv_prefill_kernel(x, weight, bias, pool_rows, gather_rows, scatter_r
     tuple of bools (False = padding: zero output, pool untouched);
     activation "silu" or "none"; has_bias: bias given; mm_fp32 / x_stage /
     w_split / b_split: matmul precision flags chosen by the launcher (fp32
-    operands; bf16 x cast up on chip; hi+lo split of fp32 weights / bias). Returns y ``[num_tokens, dim]``
-    in x's dtype.
+    operands; bf16 x cast up on chip; hi+lo split of fp32 weights / bias).
+    Returns y ``[num_tokens, dim]`` in x's dtype.
+
+    Software pipeline: the window of work item i+1 (and, at a group change,
+    that group's diagonal weights) is issued before item i's matmuls, so its
+    DMA overlaps item i's TensorE work.
     """
     num_tokens, dim = x.shape
     W = weight.shape[1]
     H = W - 1
     mm_dtype = nl.float32 if mm_fp32 else nl.bfloat16
-    stage = x_stage                                # bf16 x cast up for fp32 matmuls
     act_op = nl.silu if activation == "silu" else nl.copy
     y = nl.ndarray((num_tokens, dim), dtype=x.dtype, buffer=nl.shared_hbm)
+    groups = _channel_groups(dim)
 
     ident = _identity(mm_dtype)
     ones = nl.ndarray((1, TILE), dtype=mm_dtype, buffer=nl.sbuf)
     nisa.memset(dst=ones, value=1.0)
+
+    # padding sequences: zero rows, pool untouched
     zeros = nl.ndarray((TILE, GROUP_TILES * TILE), dtype=x.dtype, buffer=nl.sbuf)
     nisa.memset(dst=zeros, value=0.0)
-
-    for (c0, n, P) in _channel_groups(dim):
-        gw = (n - 1) * TILE + P                      # channels in this group
-        dparts = _diag_weights(weight, ident, c0, n, P, W, mm_dtype, w_split)
-        bparts = _bias_parts(bias, c0, gw, mm_dtype, b_split) if has_bias else ()
-        for s in range(len(segments)):
-            start, end = segments[s]
-            L = end - start
-            if not live[s]:
-                for b0 in range(start, end, TILE):
-                    m = min(TILE, end - b0)
+    for s in range(len(segments)):
+        if not live[s]:
+            for (c0, n, P) in groups:
+                gw = (n - 1) * TILE + P
+                for b0 in range(segments[s][0], segments[s][1], TILE):
+                    m = min(TILE, segments[s][1] - b0)
                     nisa.dma_copy(dst=y[b0:b0 + m, c0:c0 + gw], src=zeros[0:m, 0:gw])
-                continue
-            # run-time slot rows of this sequence, one column per channel tile
-            g_idx = nl.ndarray((TILE, n), dtype=nl.int32, buffer=nl.sbuf)
-            nisa.dma_copy(dst=g_idx[0:P, :],
-                          src=gather_rows.ap(pattern=[[1, P], [TILE, n]], offset=s * dim + c0))
-            s_idx = nl.ndarray((TILE, n), dtype=nl.int32, buffer=nl.sbuf)
-            nisa.dma_copy(dst=s_idx[0:P, :],
-                          src=scatter_rows.ap(pattern=[[1, P], [TILE, n]], offset=s * dim + c0))
-            n_chunks = max(1, (L + CHUNK - 1) // CHUNK)
-            for ci in range(n_chunks):
-                t0 = start + ci * CHUNK
-                tc = min(CHUNK, end - t0)
-                xw = nl.ndarray((TILE, n, H + CHUNK), dtype=mm_dtype, buffer=nl.sbuf)
-                xs = xw
-                if stage:
-                    xs = nl.ndarray((TILE, n, H + CHUNK), dtype=x.dtype, buffer=nl.sbuf)
-                if ci == 0:
-                    # halo from the pool: zeros, overwritten where the gather row is valid
-                    nisa.memset(dst=xw[0:P, :, 0:H], value=0.0)
-                    for j in range(n):
-                        nisa.dma_copy(
-                            dst=xw[0:P, j, 0:H],
-                            src=pool_rows.ap(pattern=[[H, P], [1, H]], offset=0,
-                                             vector_offset=g_idx[0:P, j:j + 1], indirect_dim=0),
-                            oob_mode=nisa.oob_mode.skip)
-                    lo, first = H, t0
-                else:
-                    # later chunks re-read the W-1 tokens before t0 (same sequence)
-                    lo, first = 0, t0 - H
-                width = H + tc - lo
-                if tc > 0:
-                    nisa.dma_transpose(
-                        dst=xs[0:P, :, lo:lo + width],
-                        src=x.ap(pattern=[[dim, width], [TILE, n], [1, P]],
-                                 offset=first * dim + c0))
-                    if stage:
-                        nisa.tensor_copy(dst=xw[0:P, :, lo:lo + width],
-                                         src=xs[0:P, :, lo:lo + width])
-                for b in range(0, tc, TILE):
-                    m = min(TILE, tc - b)
-                    ot = nl.ndarray((TILE, GROUP_TILES * TILE), dtype=x.dtype, buffer=nl.sbuf)
-                    for bank0 in range(0, gw, BANK):
-                        bw = min(BANK, gw - bank0)
-                        ps = nl.ndarray((TILE, BANK), dtype=nl.float32, buffer=nl.psum)
-                        for q in range(len(bparts)):
-                            nisa.nc_matmul(dst=ps[0:m, 0:bw], stationary=ones[0:1, 0:m],
-                                           moving=bparts[q][0:1, bank0:bank0 + bw],
-                                           accumulate=(q > 0))
-                        for jj in range(bank0 // TILE, (bank0 + bw + TILE - 1) // TILE):
-                            pj = min(TILE, gw - jj * TILE)
-                            col = jj * TILE - bank0
-                            for q in range(len(dparts)):
-                                for k in range(W):
-                                    first_mm = (len(bparts) == 0) and q == 0 and k == 0
-                                    nisa.nc_matmul(
-                                        dst=ps[0:m, col:col + pj],
-                                        stationary=xw[0:pj, jj, b + k:b + k + m],
-                                        moving=dparts[q][0:pj, jj, k, 0:pj],
-                                        accumulate=not first_mm)
-                        nisa.activation(dst=ot[0:m, bank0:bank0 + bw], op=act_op,
-                                        data=ps[0:m, 0:bw])
-                    nisa.dma_copy(dst=y[t0 + b:t0 + b + m, c0:c0 + gw], src=ot[0:m, 0:gw])
-                if ci == n_chunks - 1:
-                    # new state = last W-1 window columns (old state when L < W-1)
-                    last = tc
-                    for j in range(n):
-                        nisa.dma_copy(
-                            dst=pool_rows.ap(pattern=[[H, P], [1, H]], offset=0,
-                                             vector_offset=s_idx[0:P, j:j + 1], indirect_dim=0),
-                            src=xw[0:P, j, last:last + H])
+
+    items = _work_items(dim, segments, live)
+    weights = []        # per group: (diag parts, bias parts), built one item ahead
+    for g in range(len(groups)):
+        weights.append(None)
+
+    nxt = None
+    if len(items) > 0:
+        # first window before the first weights: the DMA starts while VectorE builds diagonals
+        nxt = _load_window(x, pool_rows, gather_rows, scatter_rows, groups, segments,
+                           items[0], H, mm_dtype, x_stage)
+        g0 = items[0][0]
+        weights[g0] = _group_weights(weight, bias, ident, groups[g0], W, mm_dtype, has_bias,
+                                     w_split, b_split)
+    for i in range(len(items)):
+        cur = nxt
+        if i + 1 < len(items):
+            g1 = items[i + 1][0]
+            if weights[g1] == None:  # noqa: E711  (NKI has no `is`)
+                weights[g1] = _group_weights(weight, bias, ident, groups[g1], W, mm_dtype,
+                                             has_bias, w_split, b_split)
+            nxt = _load_window(x, pool_rows, gather_rows, scatter_rows, groups, segments,
+                               items[i + 1], H, mm_dtype, x_stage)
+        g, s, ci = items[i]
+        c0, n, P = groups[g]
+        xw, tc, s_idx = cur
+        dparts, bparts = weights[g]
+        _conv_blocks(y, xw, dparts, bparts, ones, segments[s][0] + ci * CHUNK, tc, c0, n, P,
+                     W, act_op)
+        if s_idx != None:  # noqa: E711
+            # new state = last W-1 window columns (the old state's tail when L < W-1)
+            nisa.dma_copy(dst=pool_rows.ap(pattern=[[H, P], [TILE * H, n], [1, H]], offset=0,
+                                           vector_offset=s_idx[0:P, 0:1], indirect_dim=0),
+                          src=xw[0:P, :, tc:tc + H])
     return y
+
+
+def _group_weights(weight, bias, ident, group, W, mm_dtype, has_bias, w_split, b_split):
+    """(diag weight parts, bias row parts) of one channel group."""
+    c0, n, P = group
+    gw = (n - 1) * TILE + P
+    dparts = _diag_weights(weight, ident, c0, n, P, W, mm_dtype, w_split)
+    bparts = _bias_parts(bias, c0, gw, mm_dtype, b_split) if has_bias else ()
+    return (dparts, bparts)
