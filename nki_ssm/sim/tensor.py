@@ -29,7 +29,6 @@ from __future__ import annotations
 import itertools
 import math
 from enum import Enum
-from typing import Sequence
 
 import numpy as np
 
@@ -87,7 +86,6 @@ class MemoryRegion(Enum):
         return self._kind
 
 
-_HBM_REGIONS = (MemoryRegion.private_hbm, MemoryRegion.shared_hbm)
 for _m in MemoryRegion:
     # plain attribute: `kind` is read on every allocation and Enum __eq__ is slow
     object.__setattr__(_m, "_kind", "hbm" if _m.value.endswith("hbm") else _m.value)
