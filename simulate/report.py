@@ -98,10 +98,10 @@ _NOTES = """\
   dependencies through the memory regions each instruction touches. Instruction
   costs follow nki_spec.md §8 (every constant and its source:
   `nki_ssm/perf/hardware.py`).
-* Not modelled: PSUM bank pressure beyond data dependencies, SBUF capacity and
-  buffer rotation (every allocation is its own buffer, i.e. unlimited
-  multi-buffering), HWDGE/SWDGE descriptor issue time on the issuing engine,
-  compiler reordering, kernel launch overhead.
+* On-chip capacity is modelled: a new SBUF tile or PSUM bank waits until the
+  tile it reuses is dead and its last access has finished (buffer rotation).
+* Not modelled: HWDGE/SWDGE descriptor issue time on the issuing engine,
+  compiler reordering beyond in-order engine queues, kernel launch overhead.
 * Error = relative Frobenius norm against the float64 reference (chunked form for
   prefill), for the output and for the updated state-pool slots; "max" is
   max |err| / max |ref|.

@@ -63,6 +63,10 @@ class HardwareSpec:
     semaphore_ns: float = 0.0      # added when a consumer waits on another engine's producer
     # --- memory / roofline -----------------------------------------------
     hbm_bw_per_core: float = 0.0   # bytes / ns, device HBM / cores (information only)
+    # --- on-chip capacity (buffer reuse waits for the previous occupant) ---
+    sbuf_bytes_per_partition: int = 0   # usable bytes per partition
+    psum_banks: int = 8
+    psum_bank_bytes: int = 2048
     extra: dict = field(default_factory=dict)
 
     @property
@@ -110,6 +114,8 @@ _COMMON_SOURCES = {
     "scalar_elems_per_cycle": "nki_spec §8.1/§8.3: ScalarE 128 lanes => 1 element/partition/cycle (W_S = 128 on v2/v3, 128 for non-16-bit on v4)",
     "scalar_elems_per_cycle_16bit": "nki_spec §8.1: ScalarE 128 lanes for every dtype on v2/v3 [A1, A2]",
     "gpsimd_elems_per_cycle_16bit": "nki_spec §8.1: 32 x 16-bit lanes per GpSimd core of 16 partitions => 2/partition/cycle [A1]",
+    "psum_banks": "nki_spec §3.2: PSUM 8 banks x 2 KiB per partition [A1-A3]",
+    "psum_bank_bytes": "nki_spec §3.2: 2 KiB (512 fp32) per bank per partition [A1]",
     "semaphore_ns": "not documented (nki_spec §8.3 'fit it'); 0 by default: the per-instruction overheads above already include SBUF access initiation",
 }
 
@@ -129,9 +135,11 @@ TRN1 = HardwareSpec(
     dma_engines=16, dma_bw_per_engine=17.0, dma_fixed_ns=1300.0, dma_partitions_per_engine=8,
     dma_transpose_hbm_factor=0.9, dma_transpose_sbuf_factor=0.5,
     hbm_bw_per_core=410.0,
+    sbuf_bytes_per_partition=(192 - 16) * 1024,
 )
 SOURCES["trn1"] = dict(
     _COMMON_SOURCES,
+    sbuf_bytes_per_partition="nki_spec §3.2: 192 KiB per partition [A1] less the 16 KiB reserve nki_ssm.sim.targets keeps (usable size undocumented, §12)",
     tensor_ghz="nki_spec §8.1: TensorE 2.8 GHz [A1]",
     bf16_peak_flops="nki_spec §8.1: 92 TFLOPS dense bf16 per NC-v2 [A1]",
     fp32_peak_flops="nki_spec §8.1: 23 TFLOPS fp32 [A1]",
@@ -159,9 +167,11 @@ TRN2 = HardwareSpec(
     dma_engines=16, dma_bw_per_engine=23.0, dma_fixed_ns=1300.0, dma_partitions_per_engine=8,
     dma_transpose_hbm_factor=0.9, dma_transpose_sbuf_factor=0.5,
     hbm_bw_per_core=375.0,
+    sbuf_bytes_per_partition=(224 - 16) * 1024,
 )
 SOURCES["trn2"] = dict(
     _COMMON_SOURCES,
+    sbuf_bytes_per_partition="nki_spec §3.2: 224 KiB per partition [A2] less the 16 KiB reserve nki_ssm.sim.targets keeps (usable size undocumented, §12)",
     tensor_ghz="nki_spec §8.1: TensorE 2.4 GHz [A2]",
     bf16_peak_flops="nki_spec §8.1: 79 TFLOPS dense bf16 per NC-v3 [A2, NC3]",
     fp32_peak_flops="nki_spec §8.1: 20 TFLOPS fp32 [A2]",
@@ -189,9 +199,11 @@ TRN3 = HardwareSpec(
     dma_engines=16, dma_bw_per_engine=33.0, dma_fixed_ns=1300.0, dma_partitions_per_engine=8,
     dma_transpose_hbm_factor=0.9, dma_transpose_sbuf_factor=0.5,
     hbm_bw_per_core=600.0,
+    sbuf_bytes_per_partition=(256 - 16) * 1024,
 )
 SOURCES["trn3"] = dict(
     _COMMON_SOURCES,
+    sbuf_bytes_per_partition="nki_spec §3.2: 256 KiB per partition [A3] less the 16 KiB reserve nki_ssm.sim.targets keeps (usable size undocumented, §12)",
     tensor_ghz="nki_spec §8.1: TensorE 2.4 GHz [A3]",
     bf16_peak_flops="nki_spec §8.1: 79 TFLOPS dense bf16 per NC-v4 [A3, NC4] (MXFP8 315 not used: kernels here are bf16)",
     fp32_peak_flops="nki_spec §8.1: 20 TFLOPS fp32 [A3]",

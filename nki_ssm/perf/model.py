@@ -26,15 +26,20 @@ in short per-storage lists; a new write drops the entries it fully covers
 longer than ``_MAX_RECORDS`` folds its oldest half into one covering record
 (conservative: it can only add dependencies on old, long-finished work).
 
-Not modelled (said in the report): PSUM bank occupancy beyond the region
-dependencies, SBUF capacity / buffer rotation (each ``nl.ndarray`` is a new
-storage, i.e. unlimited buffering), HWDGE issue time on the issuing engine,
+On-chip capacity: an SBUF tile (bytes per partition) or PSUM tile (whole
+banks) is live from its first to its last access in program order; a new
+tile that does not fit waits until enough dead tiles have been released
+(``_Pool``), which bounds DMA prefetch depth and makes TensorE wait for PSUM
+evictions once 8 banks are in use.
+
+Not modelled (said in the report): HWDGE issue time on the issuing engine,
 SWDGE descriptor time on GpSimd, compiler reordering beyond the in-order
 engine queues, kernel launch overhead.
 """
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections import Counter
 
 import numpy as np
@@ -99,6 +104,9 @@ def model(trace, target: "str | HardwareSpec | None" = None, *, keep_schedule: b
     dma_bytes = dma_transfers = flops = 0
     raw_lat = {e: costs.raw_latency_ns(e, hw) for e in COMPUTE_ENGINES}
     sem = hw.semaphore_ns
+    first_use, dies_at, size_of = _lifetimes(insts, hw)
+    pools: dict = {}         # (pid, buffer) -> _Pool
+    last_end: dict = {}      # storage id -> (latest end of an access, that instruction)
 
     for i, inst in enumerate(insts):
         unit = inst.engine
@@ -126,6 +134,17 @@ def model(trace, target: "str | HardwareSpec | None" = None, *, keep_schedule: b
                         if t > ready:
                             ready, dep = t, a.idx
 
+        # a new on-chip tile waits until the buffer it reuses is released
+        for sid in first_use.get(i, ()):
+            buf = size_of[sid][0]
+            pool = pools.get((pid, buf))
+            if pool is None:
+                cap = hw.sbuf_bytes_per_partition if buf == "sbuf" else hw.psum_banks
+                pool = pools[(pid, buf)] = _Pool(cap)
+            t, blocker = pool.allocate(size_of[sid][1])
+            if t > ready:
+                ready, dep = t, blocker
+
         if unit == "dma":
             n_eng, xfer = costs.dma_plan(inst, hw)
             if pid not in dma_free:
@@ -151,6 +170,13 @@ def model(trace, target: "str | HardwareSpec | None" = None, *, keep_schedule: b
             flops += costs.matmul_flops(inst)
 
         t_end = end[i]
+        for r in inst.reads + inst.writes:
+            prev = last_end.get(r.storage_id)
+            if prev is None or t_end > prev[0]:
+                last_end[r.storage_id] = (t_end, i)
+        for sid in dies_at.get(i, ()):
+            t_rel, who = last_end[sid]
+            pools[(pid, size_of[sid][0])].release(size_of[sid][1], t_rel, who)
         for r in inst.reads:
             recs = reads.setdefault(r.storage_id, [])
             recs.append(_Access(*_span(r), t_end, i, unit))
@@ -192,6 +218,72 @@ def model(trace, target: "str | HardwareSpec | None" = None, *, keep_schedule: b
         dma_bytes=dma_bytes, dma_transfers=dma_transfers, matmul_flops=flops,
         num_instructions=n, op_counts=dict(Counter(ops)), bf16_peak_flops=hw.bf16_peak_flops,
         dma_bw_bytes_per_ns=hw.dma_bw_per_core, num_cores=num_cores, schedule=sched)
+
+
+def _lifetimes(insts, hw: HardwareSpec):
+    """On-chip storages: first-use index, last-use index and (buffer, size) of each.
+
+    Size: SBUF bytes per partition (the largest byte offset touched, in 64 B
+    granules as the simulator allocates); PSUM whole 2 KiB banks.
+    """
+    first, last, size = {}, {}, {}
+    for i, inst in enumerate(insts):
+        for r in inst.reads + inst.writes:
+            if r.buffer not in ("sbuf", "psum"):
+                continue
+            sid = r.storage_id
+            if sid not in first:
+                first[sid] = i
+                size[sid] = [r.buffer, 0]
+            last[sid] = i
+            if r.byte_stop > size[sid][1]:
+                size[sid][1] = r.byte_stop
+    for sid, (buf, nbytes) in size.items():
+        if buf == "sbuf":
+            size[sid][1] = -(-nbytes // 64) * 64
+        else:
+            size[sid][1] = max(1, -(-nbytes // hw.psum_bank_bytes))
+    first_use, dies_at = {}, {}
+    for sid, i in first.items():
+        first_use.setdefault(i, []).append(sid)
+    for sid, i in last.items():
+        dies_at.setdefault(i, []).append(sid)
+    return first_use, dies_at, size
+
+
+class _Pool:
+    """On-chip capacity (SBUF bytes per partition or PSUM banks) of one core.
+
+    Tiles are live from their first to their last access in program order
+    (the simulator frees a tile when the kernel drops it). A new tile that
+    does not fit waits for enough dead tiles to be released (their last
+    access finished), earliest releases first — the allocator's buffer
+    rotation. If even that cannot make room (the kernel exceeds capacity,
+    which the simulator rejects), no wait is added.
+    """
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.live = 0
+        self.dead: list = []      # heap of (release time, size, instruction)
+        self.dead_total = 0
+
+    def allocate(self, size: int):
+        need = self.live + size + self.dead_total - self.capacity
+        t, who = 0.0, -1
+        while need > 0 and self.dead:
+            rel, sz, idx = heapq.heappop(self.dead)
+            need -= sz
+            self.dead_total -= sz
+            if rel > t:
+                t, who = rel, idx
+        self.live += size
+        return (t, who) if need <= 0 else (0.0, -1)
+
+    def release(self, size: int, when: float, who: int) -> None:
+        self.live -= size
+        self.dead_total += size
+        heapq.heappush(self.dead, (when, size, who))
 
 
 class _DmaEngines:
