@@ -20,9 +20,9 @@ from PSUM. T tokens keep the state in
 SBUF (float32); it is written back once. The launcher only reshapes per-row inputs
 (``[.., H*P] -> [.., pr, nt]``, per-head ones repeated P times).
 
-Compile time: num_seqs, T and the shapes (the cache key). Run time: pool
-slots (int32 row indices, -1 = padding: the gather and scatter are skipped
-and the output is multiplied by 0).
+Compile time: T, the shapes and which sequences are padding (the cache
+key; padding rows of y are written as zeros and their slots never
+touched). Run time: pool slots (int32 row indices into the pool view).
 
 Numerics: all float32 (no matmul precision choice: the only matmul is the
 exact 0/1 broadcast). A bfloat16 pool is widened on load and rounded once
@@ -35,7 +35,7 @@ from nki_ssm.backend import nki, nl, nisa
 
 @nki.jit
 def ssd_decode_step(x_rows, dt_rows, A_rows, B, C, group_sel, D_rows, z_rows, bias_rows,
-                    valid, pool, pool_idx, num_seqs, T, dt_softplus, dt_lo, dt_hi):
+                    pool, pool_idx, live, T, dt_softplus, dt_lo, dt_hi):
     """Selective state update; returns y ``[num_seqs*T*pr, nt]`` float32 (row layout).
 
     Row layout: state row ``r = h*P + p`` of a sequence sits at partition
@@ -46,13 +46,14 @@ def ssd_decode_step(x_rows, dt_rows, A_rows, B, C, group_sel, D_rows, z_rows, bi
       head), z_rows same or None, A_rows, D_rows, bias_rows ``[pr, nt]``
       float32 (D, dt_bias may be None), B, C ``[num_seqs*T*G, N]``,
       group_sel ``[G, pr]`` (B's dtype, 1 where partition q's rows are in
-      group g), valid ``[num_seqs*pr, 1]`` float32 (0 for padding), pool
+      group g), pool
       ``[slots*pr, nt*N]`` (the pool ``[slots, H, P, N]``, updated in place),
-      pool_idx ``[num_seqs*pr, 1]`` int32 (``slot*pr + q``; past the pool =
-      padding, skipped).
-    Compile-time: num_seqs, T, dt_softplus, dt_lo, dt_hi.
+      pool_idx ``[num_seqs*pr, 1]`` int32 (``slot*pr + q``).
+    Compile-time: live (tuple of bools, one per sequence: False = padding,
+      zero output, pool untouched), T, dt_softplus, dt_lo, dt_hi.
     """
     pr, nt = A_rows.shape
+    num_seqs = len(live)
     N = pool.shape[1] // nt
     G = group_sel.shape[0]
     y = nl.ndarray((num_seqs * T * pr, nt), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -71,15 +72,19 @@ def ssd_decode_step(x_rows, dt_rows, A_rows, B, C, group_sel, D_rows, z_rows, bi
     nisa.dma_copy(dst=sel, src=group_sel)
 
     for s in range(num_seqs):
+        if not live[s]:
+            zt = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.memset(dst=zt, value=0.0)
+            for tok in range(T):
+                r0 = (s * T + tok) * pr
+                nisa.dma_copy(dst=y[r0:r0 + pr, :], src=zt)
+            continue
         idx = nl.ndarray((pr, 1), dtype=nl.int32, buffer=nl.sbuf)
         nisa.dma_copy(dst=idx, src=pool_idx[s * pr:(s + 1) * pr, :])
-        vcol = nl.ndarray((pr, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=vcol, src=valid[s * pr:(s + 1) * pr, :])
         nat = nl.ndarray((pr, nt * N), dtype=pool.dtype, buffer=nl.sbuf)
-        nisa.memset(dst=nat, value=0.0)
         view = pool.ap(pattern=[[nt * N, pr], [1, nt * N]], offset=0, vector_offset=idx,
                        indirect_dim=0)
-        nisa.dma_copy(dst=nat, src=view, oob_mode=nisa.oob_mode.skip)
+        nisa.dma_copy(dst=nat, src=view)
         if pool.dtype == nl.float32:
             S = nat
         else:
@@ -87,18 +92,18 @@ def ssd_decode_step(x_rows, dt_rows, A_rows, B, C, group_sel, D_rows, z_rows, bi
             nisa.tensor_copy(dst=S, src=nat)
 
         for tok in range(T):
-            _token(x_rows, dt_rows, z_rows, B, C, y, A_sb, bias_sb, D_sb, sel, vcol, S,
+            _token(x_rows, dt_rows, z_rows, B, C, y, A_sb, bias_sb, D_sb, sel, S,
                    s * T + tok, pr, nt, N, G, dt_softplus, dt_lo, dt_hi)
 
         if pool.dtype != nl.float32:
             nisa.tensor_copy(dst=nat, src=S)
         view = pool.ap(pattern=[[nt * N, pr], [1, nt * N]], offset=0, vector_offset=idx,
                        indirect_dim=0)
-        nisa.dma_copy(dst=view, src=nat, oob_mode=nisa.oob_mode.skip)
+        nisa.dma_copy(dst=view, src=nat)
     return y
 
 
-def _token(x_rows, dt_rows, z_rows, B, C, y, A_sb, bias_sb, D_sb, sel, vcol, S,
+def _token(x_rows, dt_rows, z_rows, B, C, y, A_sb, bias_sb, D_sb, sel, S,
            row, pr, nt, N, G, dt_softplus, dt_lo, dt_hi):
     """One token of one sequence: update S [pr, nt*N] in place, write y rows."""
     r0, r1 = row * pr, (row + 1) * pr
@@ -157,8 +162,5 @@ def _token(x_rows, dt_rows, z_rows, B, C, y, A_sb, bias_sb, D_sb, sel, vcol, S,
         z_c = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=z_c, src=z_rows[r0:r1, :])
         nisa.activation(dst=z_c, op=nl.silu, data=z_c)
-        nisa.scalar_tensor_tensor(dst=yc, data=yc, op0=nl.multiply, operand0=vcol,
-                                  op1=nl.multiply, operand1=z_c)
-    else:
-        nisa.tensor_scalar(dst=yc, data=yc, op0=nl.multiply, operand0=vcol)
+        nisa.tensor_tensor(dst=yc, data1=yc, data2=z_c, op=nl.multiply)
     nisa.dma_copy(dst=y[r0:r1, :], src=yc)

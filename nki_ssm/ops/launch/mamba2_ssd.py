@@ -80,7 +80,6 @@ def prefill(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, cu_seqlens,
     scatter = _rows(idx, live, H * P, H * P, oob)
     cu = [int(v) for v in np.asarray(cu_seqlens)]
     seq_lens = tuple(cu[s + 1] - cu[s] for s in range(len(cu) - 1))
-    valid = np.repeat(live.astype(np.float32), seq_lens).reshape(T, 1)
 
     def tok2d(a, width, dtype=None):
         if a is None:
@@ -103,9 +102,8 @@ def prefill(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, cu_seqlens,
              tok2d(z, H * P),
              None if dt_bias is None else np.ascontiguousarray(
                  np.broadcast_to(_f32(dt_bias), (_PMAX, H))),
-             tok2d(valid, 1) if T else np.zeros((1, 1), np.float32),
              rows, gather, scatter,
-             seq_lens, int(H), bool(dt_softplus), lo, hi, int(chunk_size), precision == "fp32",
+             seq_lens, tuple(bool(v) for v in live), int(H), bool(dt_softplus), lo, hi, int(chunk_size), precision == "fp32",
              backend=backend)
     if not np.shares_memory(rows, ssm_states):
         ssm_states[...] = rows.reshape(ssm_states.shape)
@@ -144,7 +142,6 @@ def decode(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states, 
     idx = np.asarray(state_indices, dtype=np.int64)
     live = idx >= 0
     row_idx = _rows(idx, live, pr, pr, slots * pr)
-    valid = np.repeat(live.astype(np.float32), pr).reshape(S * pr, 1)
     # partition q of the B/C broadcast takes group (q*nt) // (H/G*P)
     group_of = (np.arange(pr) * nt) // ((H // G) * P)
     sel = np.ascontiguousarray((group_of[None, :] == np.arange(G)[:, None]).astype(B.dtype))
@@ -164,8 +161,8 @@ def decode(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states, 
              np.ascontiguousarray(np.asarray(C).reshape(S * T * G, N)), sel,
              None if D_row is None else rows(D_row, 1),
              None if z is None else rows(z, S * T),
-             None if dt_bias is None else per_head(dt_bias, 1), valid, pool, row_idx,
-             int(S), int(T), bool(dt_softplus), lo, hi,
+             None if dt_bias is None else per_head(dt_bias, 1), pool, row_idx,
+             tuple(bool(v) for v in live), int(T), bool(dt_softplus), lo, hi,
              backend=backend)
     if not np.shares_memory(pool, ssm_states):
         ssm_states[...] = pool.reshape(ssm_states.shape)
