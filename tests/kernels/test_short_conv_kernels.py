@@ -204,3 +204,21 @@ def test_prefill_several_channel_groups(rng):
     inp = make_short_conv_inputs(rng, seqlens=[5, 0, 2], dim=2240, W=4, dtype=BF16,
                                  pool_dtype=BF16, has_initial_state=[True, True, False])
     _run_and_check(inp)
+
+
+@pytest.mark.parametrize("num_seqs,dim,T", [(130, 128, 1), (3, 96, 2), (40, 256, 4)])
+def test_decode_row_split_and_groups(rng, num_seqs, dim, T):
+    """R = 1 with two partition groups (130 seqs); R = 32 (3 seqs, dim 96: blocks of 3
+    channels); R = 2 (40 seqs); W = 2, 3, 4 across the cases."""
+    W = {1: 2, 2: 3, 4: 4}[T]
+    inp = make_short_conv_decode_inputs(rng, num_seqs=num_seqs, T=T, dim=dim, W=W,
+                                        dtype=BF16, pool_dtype=np.float32, padding=2)
+    before = inp["conv_states"].copy()
+    pool = before.copy()
+    y = ops.short_conv_decode(inp["x"], inp["weight"], inp["bias"], activation="silu",
+                              conv_states=pool, state_indices=inp["state_indices"], backend="sim")
+    y_ref, pool_ref = ref.short_conv_decode(inp["x"], inp["weight"], inp["bias"],
+                                            activation="silu", conv_states=before,
+                                            state_indices=inp["state_indices"])
+    _check_y(y, y_ref, BF16)
+    _check_pool(pool, before, pool_ref, inp["state_indices"])

@@ -84,24 +84,39 @@ def prefill(*, x, weight, bias, activation, cu_seqlens, conv_states, state_indic
                            state_indices, has_initial_state, backend)
 
 
+def _row_split(num_seqs: int, dim: int) -> int:
+    """R: channel blocks per sequence so that num_seqs * R rows fill up to 128 partitions."""
+    r = 1
+    while num_seqs * r * 2 <= 128 and dim % (r * 2) == 0:
+        r *= 2
+    return r
+
+
 def decode(*, x, weight, bias, activation, conv_states, state_indices, backend):
     """Decode / multi-token update: y shaped like x (``[num_seqs, T, dim]`` or ``[num_seqs, dim]``).
 
-    Sequences go on partitions (decode kernel); the pool is passed as its
-    ``[slots, dim * (W-1)]`` row view, padding rows point one past the pool.
+    Rows (sequence, channel block) go on partitions (decode kernel); the pool
+    is passed as its ``[slots * R, (dim / R) * (W-1)]`` row view, padding rows
+    point one past the pool.
     """
     from nki_ssm.kernels.short_conv.decode import short_conv_decode_kernel
 
     squeeze = x.ndim == 2
     x3 = x[:, None, :] if squeeze else x
+    num_seqs = x3.shape[0]
     slots, dim, h = conv_states.shape
+    if slots * dim > _INT32_MAX:
+        raise ValueError(f"conv_states must have slots * dim <= {_INT32_MAX}, got {slots * dim}")
+    R = _row_split(num_seqs, dim)
     idx = np.asarray(state_indices, dtype=np.int64)
-    rows = np.where(idx >= 0, idx, slots).astype(np.int32)
-    valid = (idx >= 0).astype(np.float32)
-    flat = conv_states.reshape(slots, dim * h)
+    live = idx >= 0
+    rows = np.where(live[:, None], idx[:, None] * R + np.arange(R)[None, :], slots * R)
+    valid = np.repeat(live.astype(np.float32), R)
+    flat = conv_states.reshape(slots * R, (dim // R) * h)
     y = _run(short_conv_decode_kernel, np.ascontiguousarray(x3), np.ascontiguousarray(weight),
-             None if bias is None else np.ascontiguousarray(bias), flat, rows, valid,
-             "silu" if activation == "silu" else "none", bias is not None, backend=backend)
+             None if bias is None else np.ascontiguousarray(bias), flat,
+             rows.reshape(-1).astype(np.int32), valid,
+             "silu" if activation == "silu" else "none", bias is not None, R, backend=backend)
     if not np.shares_memory(flat, conv_states):
         conv_states[...] = flat.reshape(conv_states.shape)
     y = np.asarray(y)
