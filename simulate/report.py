@@ -165,6 +165,14 @@ def write_report(out_dir, results: list[CaseResult], *, target: str, case_set: s
     if "timeline" in paths:
         md += [f"## Engine timeline: {timeline_case}", "",
                "![timeline](timeline.png)", "", "![timeline zoom](timeline_zoom.png)", ""]
+    kernels = [r for r in results if r.status == "kernel"]
+    if kernels:
+        md += ["## Where the time goes (busy time of the top engine:op pairs, modeled)", "",
+               "| case | top instructions (count, busy time) |", "|---|---|"]
+        for r in kernels:
+            tops = "; ".join(f"{name} x{cnt}: {fmt_time(ns)}" for name, cnt, ns in r.top_ops)
+            md.append(f"| {r.case_id} | {tops} |")
+        md.append("")
     md += ["## Roofline", "", "![roofline](roofline.png)", ""]
     if cal_md is not None:
         md += ["## Calibration (modeled / published)", "", cal_md, ""]

@@ -57,6 +57,7 @@ class CaseResult:
     reference_wall_s: float | None = None
     kernel_wall_s: float | None = None
     traceback: str | None = None
+    top_ops: list = field(default_factory=list)   # [("engine:op", count, busy ns), ...]
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -140,4 +141,5 @@ def run_case(case: Case, target: str = "trn2", seed: int = 0, *, keep_timing: bo
     res.instructions = timing.num_instructions
     res.dma_bytes, res.dma_transfers = timing.dma_bytes, timing.dma_transfers
     res.matmul_flops = timing.matmul_flops
+    res.top_ops = timing.top_ops(5)
     return res, (timing if keep_timing else None)

@@ -101,6 +101,7 @@ def model(trace, target: "str | HardwareSpec | None" = None, *, keep_schedule: b
     writes: dict = {}
     reads: dict = {}
     busy = dict.fromkeys(ENGINE_ORDER, 0.0)
+    op_time: dict = {}       # "engine:op" -> busy ns (DMA: transfer time)
     dma_bytes = dma_transfers = flops = 0
     raw_lat = {e: costs.raw_latency_ns(e, hw) for e in COMPUTE_ENGINES}
     sem = hw.semaphore_ns
@@ -155,6 +156,8 @@ def model(trace, target: "str | HardwareSpec | None" = None, *, keep_schedule: b
             start[i], data_start[i], end[i] = ready, t0, t1
             dma_bytes += int(inst.nbytes)
             dma_transfers += 1
+            key = "dma:" + inst.op
+            op_time[key] = op_time.get(key, 0.0) + (t1 - t0)
         else:
             dur = costs.compute_ns(inst, hw)
             key = (pid, unit)
@@ -167,6 +170,8 @@ def model(trace, target: "str | HardwareSpec | None" = None, *, keep_schedule: b
             engine_free[key] = (t1, i)
             start[i], data_start[i], end[i] = t0, t0, t1
             busy[unit] += dur
+            key = unit + ":" + inst.op
+            op_time[key] = op_time.get(key, 0.0) + dur
             flops += costs.matmul_flops(inst)
 
         t_end = end[i]
@@ -216,7 +221,8 @@ def model(trace, target: "str | HardwareSpec | None" = None, *, keep_schedule: b
         target=hw.name, time_ns=total, busy_ns=busy, critical_ns=critical,
         binding_engine=binding, busiest_engine=busiest, dma_queue_busy_ns=queue_busy.tolist(),
         dma_bytes=dma_bytes, dma_transfers=dma_transfers, matmul_flops=flops,
-        num_instructions=n, op_counts=dict(Counter(ops)), bf16_peak_flops=hw.bf16_peak_flops,
+        num_instructions=n, op_counts=dict(Counter(f"{u}:{o}" for u, o in zip(units, ops))),
+        op_time_ns=op_time, bf16_peak_flops=hw.bf16_peak_flops,
         dma_bw_bytes_per_ns=hw.dma_bw_per_core, num_cores=num_cores, schedule=sched)
 
 

@@ -70,7 +70,13 @@ class Timing:
     bf16_peak_flops: float
     dma_bw_bytes_per_ns: float
     num_cores: int = 1
+    op_time_ns: dict = field(default_factory=dict)   # "engine:op" -> busy ns
     schedule: Schedule | None = field(default=None, repr=False)
+
+    def top_ops(self, k: int = 5) -> list:
+        """The k "engine:op" pairs with the most busy time: [(name, count, ns), ...]."""
+        items = sorted(self.op_time_ns.items(), key=lambda kv: -kv[1])[:k]
+        return [(name, int(self.op_counts.get(name, 0)), float(ns)) for name, ns in items]
 
     @property
     def time_us(self) -> float:
@@ -123,5 +129,5 @@ class Timing:
             "dma_queue_utilization": self.dma_queue_utilization, "dma_bytes": self.dma_bytes,
             "dma_transfers": self.dma_transfers, "matmul_flops": self.matmul_flops,
             "num_instructions": self.num_instructions, "op_counts": dict(self.op_counts),
-            "num_cores": self.num_cores,
+            "num_cores": self.num_cores, "op_time_ns": dict(self.op_time_ns),
         }
