@@ -28,6 +28,10 @@ def test_sim_backend_through_launcher(op, monkeypatch):
         pytest.skip(f"no launcher for {op} yet")
     monkeypatch.setenv("NKI_SSM_BACKEND", "sim")
     kw, kw_ref = base(op), base(op)
+    if op == "ssd_prefill":
+        # float32 I/O meets the 1e-5 target with fp32 matmul operands; the default
+        # precision="bf16" feeds TensorE bf16 operands (~3e-3 here, by design).
+        kw["precision"] = "fp32"
     pool_name = next(n for n in POOL_NAMES if n in kw)
     pool, before = kw[pool_name], kw[pool_name].copy()
     assert _dispatch.resolve(*FAMILY[op], None)[0] == "sim"
