@@ -30,9 +30,18 @@ from nki_ssm.backend import nki, nl, nisa
 PMAX = 128
 
 
-def _chunk_channels(T):
-    """Channels per chunk: ~(40 + 4T) bytes per channel per partition of SBUF, double-buffered."""
-    return 2048 if T <= 4 else 1024
+def _chunk_channels(n_groups, T, H, x_bytes, pool_bytes, D):
+    """Channels per chunk: two chunks of loads (every group's state and x) take at most
+    ~96 KiB per partition, and D splits into ~4+ chunks for overlap; a power of two in
+    [128, 2048], <= D."""
+    per_channel = 2 * n_groups * (H * pool_bytes + T * x_bytes)
+    cd = 2048
+    while cd > 128 and cd * per_channel > 96 * 1024:
+        cd = cd // 2
+    # at least ~4 chunks when D allows, so loads, arithmetic and stores overlap
+    while cd > 256 and cd * 4 > D:
+        cd = cd // 2
+    return min(cd, D)
 
 
 def _window(st, xs, P, cd, H, i):
@@ -59,14 +68,26 @@ def _load_group(x, pool_flat, rows_sb, v0, P, c0, cd, R, D, H, CD):
     return (st, xs)
 
 
+def _load_chunk(x, pool_flat, rows_groups, chunk, R, D, H, CD):
+    """[(state, x)] of every group for one chunk (channels [c0, c0 + cd) of each block)."""
+    g_rows, groups = rows_groups
+    c0, cd = chunk
+    out = []
+    for gi in range(len(groups)):
+        out.append(_load_group(x, pool_flat, g_rows[gi], groups[gi][0], groups[gi][1], c0, cd,
+                               R, D, H, CD))
+    return out
+
+
 def _load_weights(weight, bias, PB, c0, cd, R, D, W, CD, has_bias):
     """Weights (and bias) of chunk c0 broadcast to rows: row v gets block v % R."""
-    wb = nl.ndarray((PMAX, CD, W), dtype=nl.float32, buffer=nl.sbuf)
+    # float32 weights stay float32; bfloat16 ones are broadcast as they are (exact, half the bytes)
+    wb = nl.ndarray((PMAX, CD, W), dtype=weight.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=wb[0:PB, 0:cd, :],
                   src=weight.ap(pattern=[[0, PB // R], [D * W, R], [1, cd * W]], offset=c0 * W))
     bb = None
     if has_bias:
-        bb = nl.ndarray((PMAX, CD), dtype=nl.float32, buffer=nl.sbuf)
+        bb = nl.ndarray((PMAX, CD), dtype=bias.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=bb[0:PB, 0:cd],
                       src=bias.ap(pattern=[[0, PB // R], [D, R], [1, cd]], offset=c0))
     return (wb, bb)
@@ -89,12 +110,15 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows, valid, activation
     G = (PMAX // R) * R            # rows per group (whole sequences)
     act_op = nl.silu if activation == "silu" else nl.copy
     y = nl.ndarray((N, T, dim), dtype=x.dtype, buffer=nl.shared_hbm)
-    CD = min(_chunk_channels(T), D)
     PB = min(G, V)                 # rows that need the broadcast weights
 
     groups = []
     for v0 in range(0, V, G):
         groups.append((v0, min(G, V - v0)))
+    CD = _chunk_channels(len(groups), T, H, x.dtype.itemsize, pool_flat.dtype.itemsize, D)
+    chunks = []
+    for c0 in range(0, D, CD):
+        chunks.append((c0, min(CD, D - c0)))
     # run-time row indices and masks of every group, one column each
     g_rows = []
     g_valid = []
@@ -106,55 +130,64 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows, valid, activation
         g_rows.append(r)
         g_valid.append(v)
 
-    items = []
-    for c0 in range(0, D, CD):
+    # Software pipeline, PD chunks ahead: every group's gather of chunk c+PD is issued before
+    # the first scatter of chunk c (a scatter into the pool orders every later pool read, as
+    # the slots are run-time data). PD: as many chunks as fit ~96 KiB per partition (all of
+    # them for small batches, so every gather precedes every scatter).
+    chunk_bytes = len(groups) * CD * (H * pool_flat.dtype.itemsize + T * x.dtype.itemsize)
+    PD = max(1, min(len(chunks) - 1, (96 * 1024) // chunk_bytes - 1))
+    loads = []
+    for ci in range(len(chunks)):
+        loads.append(None)
+
+    def_rows = (g_rows, groups)
+    for ci in range(min(PD, len(chunks))):
+        loads[ci] = _load_chunk(x, pool_flat, def_rows, chunks[ci], R, D, H, CD)
+    nwts = _load_weights(weight, bias, PB, chunks[0][0], chunks[0][1], R, D, W, CD, has_bias)
+    for ci in range(len(chunks)):
+        c0, cd = chunks[ci]
+        if ci + PD < len(chunks):
+            loads[ci + PD] = _load_chunk(x, pool_flat, def_rows, chunks[ci + PD], R, D, H, CD)
+        cur = loads[ci]
+        loads[ci] = None          # the chunk's buffers die with this iteration
+        wb, bb = nwts
+        if ci + 1 < len(chunks):
+            c1, cd1 = chunks[ci + 1]
+            nwts = _load_weights(weight, bias, PB, c1, cd1, R, D, W, CD, has_bias)
         for gi in range(len(groups)):
-            items.append((c0, gi))
-
-    wts = _load_weights(weight, bias, PB, 0, min(CD, D), R, D, W, CD, has_bias)
-    nxt = _load_group(x, pool_flat, g_rows[0], groups[0][0], groups[0][1], 0, min(CD, D),
-                      R, D, H, CD)
-    for i in range(len(items)):
-        c0, gi = items[i]
-        cd = min(CD, D - c0)
-        v0, P = groups[gi]
-        st, xs = nxt
-        wb, bb = wts
-        if i + 1 < len(items):
-            c1, g1 = items[i + 1]
-            nxt = _load_group(x, pool_flat, g_rows[g1], groups[g1][0], groups[g1][1], c1,
-                              min(CD, D - c1), R, D, H, CD)
-            if c1 != c0:
-                wts = _load_weights(weight, bias, PB, c1, min(CD, D - c1), R, D, W, CD, has_bias)
-
-        yt = nl.ndarray((PMAX, T, CD), dtype=x.dtype, buffer=nl.sbuf)
-        for t in range(T):
-            acc = nl.ndarray((PMAX, CD), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=acc[0:P, 0:cd], data1=_window(st, xs, P, cd, H, t),
-                               data2=wb[0:P, 0:cd, 0], op=nl.multiply, engine=nisa.engine.gpsimd)
-            for k in range(1, W):
-                prod = nl.ndarray((PMAX, CD), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_tensor(dst=prod[0:P, 0:cd], data1=_window(st, xs, P, cd, H, t + k),
-                                   data2=wb[0:P, 0:cd, k], op=nl.multiply,
+            v0, P = groups[gi]
+            st, xs = cur[gi]
+            yt = nl.ndarray((PMAX, T, CD), dtype=x.dtype, buffer=nl.sbuf)
+            for t in range(T):
+                acc = nl.ndarray((PMAX, CD), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_tensor(dst=acc[0:P, 0:cd], data1=_window(st, xs, P, cd, H, t),
+                                   data2=wb[0:P, 0:cd, 0], op=nl.multiply,
                                    engine=nisa.engine.gpsimd)
-                nisa.tensor_tensor(dst=acc[0:P, 0:cd], data1=acc[0:P, 0:cd],
-                                   data2=prod[0:P, 0:cd], op=nl.add, engine=nisa.engine.vector)
-            if has_bias:
-                nisa.tensor_tensor(dst=acc[0:P, 0:cd], data1=acc[0:P, 0:cd], data2=bb[0:P, 0:cd],
-                                   op=nl.add, engine=nisa.engine.vector)
-            # padding rows: act(0 * acc) = 0
-            nisa.activation(dst=yt[0:P, t, 0:cd], op=act_op, data=acc[0:P, 0:cd],
-                            scale=g_valid[gi][0:P, :])
-        nisa.dma_copy(dst=y.ap(pattern=[[T * dim, P // R], [D, R], [dim, T], [1, cd]],
-                               offset=(v0 // R) * T * dim + c0),
-                      src=yt[0:P, :, 0:cd])
+                for k in range(1, W):
+                    prod = nl.ndarray((PMAX, CD), dtype=nl.float32, buffer=nl.sbuf)
+                    nisa.tensor_tensor(dst=prod[0:P, 0:cd],
+                                       data1=_window(st, xs, P, cd, H, t + k),
+                                       data2=wb[0:P, 0:cd, k], op=nl.multiply,
+                                       engine=nisa.engine.gpsimd)
+                    nisa.tensor_tensor(dst=acc[0:P, 0:cd], data1=acc[0:P, 0:cd],
+                                       data2=prod[0:P, 0:cd], op=nl.add,
+                                       engine=nisa.engine.vector)
+                if has_bias:
+                    nisa.tensor_tensor(dst=acc[0:P, 0:cd], data1=acc[0:P, 0:cd],
+                                       data2=bb[0:P, 0:cd], op=nl.add, engine=nisa.engine.vector)
+                # padding rows: act(0 * acc) = 0
+                nisa.activation(dst=yt[0:P, t, 0:cd], op=act_op, data=acc[0:P, 0:cd],
+                                scale=g_valid[gi][0:P, :])
+            nisa.dma_copy(dst=y.ap(pattern=[[T * dim, P // R], [D, R], [dim, T], [1, cd]],
+                                   offset=(v0 // R) * T * dim + c0),
+                          src=yt[0:P, :, 0:cd])
 
-        # new state = window columns T .. T+W-2, assembled contiguous for one scatter
-        ns = nl.ndarray((PMAX, CD, H), dtype=pool_flat.dtype, buffer=nl.sbuf)
-        for j in range(H):
-            nisa.tensor_copy(dst=ns[0:P, 0:cd, j], src=_window(st, xs, P, cd, H, T + j),
-                             engine=nisa.engine.scalar)
-        nisa.dma_copy(dst=pool_flat.ap(pattern=[[D * H, P], [H, cd], [1, H]], offset=c0 * H,
-                                       vector_offset=g_rows[gi][0:P, :], indirect_dim=0),
-                      src=ns[0:P, 0:cd, :], oob_mode=nisa.oob_mode.skip)
+            # new state = window columns T .. T+W-2, assembled contiguous for one scatter
+            ns = nl.ndarray((PMAX, CD, H), dtype=pool_flat.dtype, buffer=nl.sbuf)
+            for j in range(H):
+                nisa.tensor_copy(dst=ns[0:P, 0:cd, j], src=_window(st, xs, P, cd, H, T + j),
+                                 engine=nisa.engine.scalar)
+            nisa.dma_copy(dst=pool_flat.ap(pattern=[[D * H, P], [H, cd], [1, H]], offset=c0 * H,
+                                           vector_offset=g_rows[gi][0:P, :], indirect_dim=0),
+                          src=ns[0:P, 0:cd, :], oob_mode=nisa.oob_mode.skip)
     return y
