@@ -61,10 +61,10 @@ from .registers import VirtualRegister, register_alloc, register_load, register_
 from .gpsimd import affine_select, iota, tensor_partition_reduce
 from .scalar import activation, activation_reduce
 from .tensor_engine import nc_matmul, nc_transpose
-from .vector import (FP32_MIN, bn_aggr, bn_stats, memset, nc_stream_shuffle, range_select,
-                     reciprocal, scalar_tensor_tensor, select_reduce, tensor_copy, tensor_reduce,
-                     tensor_scalar, tensor_scalar_cumulative, tensor_scalar_reduce, tensor_tensor,
-                     tensor_tensor_scan)
+from .scan import tensor_scalar_cumulative, tensor_tensor_scan
+from .select import FP32_MIN, bn_aggr, bn_stats, nc_stream_shuffle, range_select, select_reduce
+from .vector import (memset, reciprocal, scalar_tensor_tensor, tensor_copy, tensor_reduce,
+                     tensor_scalar, tensor_scalar_reduce, tensor_tensor)
 
 
 def get_nc_version() -> nc_version:
