@@ -1,19 +1,22 @@
 """Decode / multi-token update of the short causal conv1d (one launch per batch).
 
-Layout: "virtual rows" on partitions. Each sequence's channels are split into
-R blocks of D = dim / R channels and row v = n * R + r (sequence n, block r)
-gets one partition, so a small batch still fills the 128 lanes (the launcher
-picks R: the largest power of two with num_seqs * R <= 128 dividing dim).
+Layout: "rows" on partitions. Each sequence's channels are split into R
+blocks of D = dim / R channels and each (sequence, block) row gets one
+partition, so a small batch still fills the 128 lanes (the launcher picks R:
+the largest power of two with num_seqs * R <= 128 dividing dim). A group
+holds up to 128 // R sequences, block-major: partition r * Pn + i is block r
+of the group's sequence i (so each block's rows are one partition range).
 Channels of the block run along the free axis, so every HBM stream is a
 contiguous run per partition: the pool is viewed as ``[slots * R, D * (W-1)]``
 and one ``vector_offset`` DMA per group gathers (later scatters) ``chunk *
 (W-1)`` contiguous state elements per row; x ``[num_seqs, T, dim]`` and y
-load/store through 4-D access patterns ``[seqs, R, T, chunk]``.
+load/store through 4-D access patterns ``[R, seqs, T, chunk]``.
 
 Engine plan per channel chunk (up to 2048 channels of a block) and group of
 up to 128 rows: the window (state ++ x) is read per tap through views, never
-copied; GpSimd multiplies each tap by the weight row (broadcast over
-partitions once per chunk by a stride-0 DMA), VectorE accumulates the taps
+copied; GpSimd multiplies each tap by the weight row (each block's
+weights are loaded once per chunk onto one partition and spread over its rows
+by a TensorE matmul with a 0/1 block selector, then evicted by ScalarE), VectorE accumulates the taps
 (and the bias) in float32, ScalarE applies SiLU/copy scaled by the run-time
 ``valid`` column (padding rows give act(0) = 0) and assembles the shifted new
 state, and DMA scatters it back (padding rows are out of bounds and
@@ -51,9 +54,11 @@ def _window(st, xs, P, cd, H, i):
     return xs[0:P, i - H, 0:cd]
 
 
-def _load_group(x, pool_flat, rows_sb, v0, P, c0, cd, R, D, H, CD):
-    """Gather the state rows and load x of rows [v0, v0 + P), channels [c0, c0 + cd) of each block."""
+def _load_group(x, pool_flat, rows_sb, group, c0, cd, R, D, H, CD):
+    """Gather the state rows and load x of one group, channels [c0, c0 + cd) of each block."""
     N, T, dim = x.shape
+    n0, Pn = group
+    P = R * Pn
     st = nl.ndarray((PMAX, CD, H), dtype=pool_flat.dtype, buffer=nl.sbuf)
     nisa.memset(dst=st[0:P, 0:cd, :], value=0.0)
     nisa.dma_copy(dst=st[0:P, 0:cd, :],
@@ -61,36 +66,81 @@ def _load_group(x, pool_flat, rows_sb, v0, P, c0, cd, R, D, H, CD):
                                    vector_offset=rows_sb[0:P, :], indirect_dim=0),
                   oob_mode=nisa.oob_mode.skip)
     xs = nl.ndarray((PMAX, T, CD), dtype=x.dtype, buffer=nl.sbuf)
-    # row v = n*R + r reads x[n, :, r*D + c0 : r*D + c0 + cd]
+    # partition r*Pn + i reads x[n0 + i, :, r*D + c0 : r*D + c0 + cd]
     nisa.dma_copy(dst=xs[0:P, :, 0:cd],
-                  src=x.ap(pattern=[[T * dim, P // R], [D, R], [dim, T], [1, cd]],
-                           offset=(v0 // R) * T * dim + c0))
+                  src=x.ap(pattern=[[D, R], [T * dim, Pn], [dim, T], [1, cd]],
+                           offset=n0 * T * dim + c0))
     return (st, xs)
 
 
 def _load_chunk(x, pool_flat, rows_groups, chunk, R, D, H, CD):
-    """[(state, x)] of every group for one chunk (channels [c0, c0 + cd) of each block)."""
+    """[(state, x)] of every group for one chunk."""
     g_rows, groups = rows_groups
     c0, cd = chunk
     out = []
     for gi in range(len(groups)):
-        out.append(_load_group(x, pool_flat, g_rows[gi], groups[gi][0], groups[gi][1], c0, cd,
-                               R, D, H, CD))
+        out.append(_load_group(x, pool_flat, g_rows[gi], groups[gi], c0, cd, R, D, H, CD))
     return out
 
 
-def _load_weights(weight, bias, PB, c0, cd, R, D, W, CD, has_bias):
-    """Weights (and bias) of chunk c0 broadcast to rows: row v gets block v % R."""
-    # float32 weights stay float32; bfloat16 ones are broadcast as they are (exact, half the bytes)
-    wb = nl.ndarray((PMAX, CD, W), dtype=weight.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=wb[0:PB, 0:cd, :],
-                  src=weight.ap(pattern=[[0, PB // R], [D * W, R], [1, cd * W]], offset=c0 * W))
-    bb = None
+def _selector(R, Pn, dtype):
+    """0/1 [R, R*Pn]: sel[r, p] = 1 where r*Pn <= p < (r+1)*Pn (block r's rows)."""
+    P = R * Pn
+    ones = nl.ndarray((R, PMAX), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ones[:, 0:P], value=1.0)
+    lower = nl.ndarray((R, PMAX), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.affine_select(dst=lower[:, 0:P], pattern=[[1, P]], channel_multiplier=-Pn,
+                       on_true_tile=ones[:, 0:P], on_false_value=0.0, cmp_op=nl.greater_equal,
+                       offset=0)
+    sel = nl.ndarray((R, PMAX), dtype=dtype, buffer=nl.sbuf)
+    nisa.affine_select(dst=sel[:, 0:P], pattern=[[-1, P]], channel_multiplier=Pn,
+                       on_true_tile=lower[:, 0:P], on_false_value=0.0, cmp_op=nl.greater_equal,
+                       offset=Pn - 1)
+    return sel
+
+
+def _spread(dst, src_blk, sel, P, ncols):
+    """dst[p, :] = src_blk[block(p), :] for ncols columns: 0/1 matmuls, 512 columns per
+    PSUM bank, evicted by ScalarE (exact: one nonzero product per element)."""
+    R = src_blk.shape[0]
+    for f0 in range(0, ncols, 512):
+        fw = min(512, ncols - f0)
+        ps = nl.ndarray((PMAX, 512), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=ps[0:P, 0:fw], stationary=sel[0:R, 0:P],
+                       moving=src_blk[0:R, f0:f0 + fw], accumulate=False)
+        nisa.tensor_copy(dst=dst[0:P, f0:f0 + fw], src=ps[0:P, 0:fw], engine=nisa.engine.scalar)
+
+
+def _load_weights(weight, bias, sels, c0, cd, R, D, W, CD, has_bias):
+    """Per distinct group size: (Pn, weights [rows, cd, W], bias [rows, cd]) of chunk c0."""
+    wdt = nl.float32 if weight.dtype == nl.float32 else nl.bfloat16
+    wblk = nl.ndarray((R, CD * W), dtype=wdt, buffer=nl.sbuf)
+    # block r's weights on partition r
+    nisa.dma_copy(dst=wblk[:, 0:cd * W],
+                  src=weight.ap(pattern=[[D * W, R], [1, cd * W]], offset=c0 * W))
+    bblk = None
     if has_bias:
-        bb = nl.ndarray((PMAX, CD), dtype=bias.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=bb[0:PB, 0:cd],
-                      src=bias.ap(pattern=[[0, PB // R], [D, R], [1, cd]], offset=c0))
-    return (wb, bb)
+        bdt = nl.float32 if bias.dtype == nl.float32 else nl.bfloat16
+        bblk = nl.ndarray((R, CD), dtype=bdt, buffer=nl.sbuf)
+        nisa.dma_copy(dst=bblk[:, 0:cd], src=bias.ap(pattern=[[D, R], [1, cd]], offset=c0))
+    out = []
+    for (Pn, sel_w, sel_b) in sels:
+        P = R * Pn
+        wb = nl.ndarray((PMAX, CD * W), dtype=wdt, buffer=nl.sbuf)
+        _spread(wb, wblk, sel_w, P, cd * W)
+        bb = None
+        if has_bias:
+            bb = nl.ndarray((PMAX, CD), dtype=bblk.dtype, buffer=nl.sbuf)
+            _spread(bb, bblk, sel_b, P, cd)
+        out.append((Pn, wb, bb))
+    return out
+
+
+def _weights_for(wts, Pn):
+    for (q, wb, bb) in wts:
+        if q == Pn:
+            return (wb, bb)
+    return None
 
 
 @nki.jit
@@ -107,14 +157,13 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows, valid, activation
     H = W - 1
     D = dim // R
     V = N * R
-    G = (PMAX // R) * R            # rows per group (whole sequences)
+    Ng = PMAX // R                 # sequences per group
     act_op = nl.silu if activation == "silu" else nl.copy
     y = nl.ndarray((N, T, dim), dtype=x.dtype, buffer=nl.shared_hbm)
-    PB = min(G, V)                 # rows that need the broadcast weights
 
-    groups = []
-    for v0 in range(0, V, G):
-        groups.append((v0, min(G, V - v0)))
+    groups = []                    # (first sequence, sequences); rows of group g start at R*n0
+    for n0 in range(0, N, Ng):
+        groups.append((n0, min(Ng, N - n0)))
     CD = _chunk_channels(len(groups), T, H, x.dtype.itemsize, pool_flat.dtype.itemsize, D)
     chunks = []
     for c0 in range(0, D, CD):
@@ -122,7 +171,9 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows, valid, activation
     # run-time row indices and masks of every group, one column each
     g_rows = []
     g_valid = []
-    for (v0, P) in groups:
+    for (n0, Pn) in groups:
+        v0 = R * n0
+        P = R * Pn
         r = nl.ndarray((PMAX, 1), dtype=nl.int32, buffer=nl.sbuf)
         nisa.dma_copy(dst=r[0:P, :], src=rows.ap(pattern=[[1, P], [1, 1]], offset=v0))
         v = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -143,31 +194,45 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows, valid, activation
     def_rows = (g_rows, groups)
     for ci in range(min(PD, len(chunks))):
         loads[ci] = _load_chunk(x, pool_flat, def_rows, chunks[ci], R, D, H, CD)
-    nwts = _load_weights(weight, bias, PB, chunks[0][0], chunks[0][1], R, D, W, CD, has_bias)
+    # block selectors for each distinct group size (the last group may be smaller)
+    wdt = nl.float32 if weight.dtype == nl.float32 else nl.bfloat16
+    bdt = wdt
+    if has_bias:
+        bdt = nl.float32 if bias.dtype == nl.float32 else nl.bfloat16
+    sels = []
+    for (n0, Pn) in groups:
+        known = False
+        for sel in sels:
+            known = known or sel[0] == Pn
+        if not known:
+            sels.append((Pn, _selector(R, Pn, wdt), _selector(R, Pn, bdt)))
+    nwts = _load_weights(weight, bias, sels, chunks[0][0], chunks[0][1], R, D, W, CD, has_bias)
     for ci in range(len(chunks)):
         c0, cd = chunks[ci]
         if ci + PD < len(chunks):
             loads[ci + PD] = _load_chunk(x, pool_flat, def_rows, chunks[ci + PD], R, D, H, CD)
         cur = loads[ci]
         loads[ci] = None          # the chunk's buffers die with this iteration
-        wb, bb = nwts
+        wts = nwts
         if ci + 1 < len(chunks):
             c1, cd1 = chunks[ci + 1]
-            nwts = _load_weights(weight, bias, PB, c1, cd1, R, D, W, CD, has_bias)
+            nwts = _load_weights(weight, bias, sels, c1, cd1, R, D, W, CD, has_bias)
         for gi in range(len(groups)):
-            v0, P = groups[gi]
+            n0, Pn = groups[gi]
+            P = R * Pn
             st, xs = cur[gi]
+            wb, bb = _weights_for(wts, Pn)
             yt = nl.ndarray((PMAX, T, CD), dtype=x.dtype, buffer=nl.sbuf)
             for t in range(T):
                 acc = nl.ndarray((PMAX, CD), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.tensor_tensor(dst=acc[0:P, 0:cd], data1=_window(st, xs, P, cd, H, t),
-                                   data2=wb[0:P, 0:cd, 0], op=nl.multiply,
+                                   data2=wb[0:P, 0:cd * W:W], op=nl.multiply,
                                    engine=nisa.engine.gpsimd)
                 for k in range(1, W):
                     prod = nl.ndarray((PMAX, CD), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.tensor_tensor(dst=prod[0:P, 0:cd],
                                        data1=_window(st, xs, P, cd, H, t + k),
-                                       data2=wb[0:P, 0:cd, k], op=nl.multiply,
+                                       data2=wb[0:P, k:cd * W:W], op=nl.multiply,
                                        engine=nisa.engine.gpsimd)
                     nisa.tensor_tensor(dst=acc[0:P, 0:cd], data1=acc[0:P, 0:cd],
                                        data2=prod[0:P, 0:cd], op=nl.add,
@@ -178,8 +243,8 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows, valid, activation
                 # padding rows: act(0 * acc) = 0
                 nisa.activation(dst=yt[0:P, t, 0:cd], op=act_op, data=acc[0:P, 0:cd],
                                 scale=g_valid[gi][0:P, :])
-            nisa.dma_copy(dst=y.ap(pattern=[[T * dim, P // R], [D, R], [dim, T], [1, cd]],
-                                   offset=(v0 // R) * T * dim + c0),
+            nisa.dma_copy(dst=y.ap(pattern=[[D, R], [T * dim, Pn], [dim, T], [1, cd]],
+                                   offset=n0 * T * dim + c0),
                           src=yt[0:P, :, 0:cd])
 
             # new state = window columns T .. T+W-2, assembled contiguous for one scatter
