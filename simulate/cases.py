@@ -4,8 +4,9 @@ A :class:`Case` names an op (family + entry), a model shape, the batch
 layout (prefill: sequence lengths; decode: sequences x tokens) and dtypes,
 and knows its algorithmic minimum FLOPs and HBM bytes for the roofline.
 
-Sets: ``smoke`` (tiny, for the test), ``default`` (model shapes, a few
-minutes on 2 cores), ``full`` (adds 16K / 64K tokens, 512-sequence decode,
+Sets: ``smoke`` (tiny, for the test), ``default`` (model shapes: one 2K-token
+prefill per family, 128 tokens for the other shapes, 64-sequence decode; a
+few minutes on 2 cores), ``full`` (adds 16K / 64K tokens, 512-sequence decode,
 ragged batches, every shape).
 
 FLOP models (stated so they can be checked; the "minimum" is the work of the
@@ -168,18 +169,19 @@ def smoke_cases() -> list[Case]:
 
 
 def default_cases() -> list[Case]:
-    """Model shapes at 2K-token prefill and 64-sequence decode (a few minutes on 2 cores)."""
+    """Model shapes; one 2K-token prefill per family, 128 tokens for the other shapes,
+    64-sequence decode (a few minutes on 2 cores)."""
     q3, q3tp4 = S.GDN_SHAPES["qwen3-next"], S.GDN_SHAPES["qwen3-next-tp4"]
     m2, gr = S.SSD_SHAPES["mamba2-2.7b"], S.SSD_SHAPES["granite-4.0-h"]
     return [
         _prefill("short_conv", "qwen3-next", S.CONV_SHAPES["qwen3-next"], [2048]),
-        _prefill("short_conv", "mamba2-2.7b", S.CONV_SHAPES["mamba2-2.7b"], [2048]),
+        _prefill("short_conv", "mamba2-2.7b", S.CONV_SHAPES["mamba2-2.7b"], [128]),
         _decode("short_conv", "qwen3-next", S.CONV_SHAPES["qwen3-next"], 64),
         _prefill("mamba2_ssd", "mamba2-2.7b", m2, [2048]),
-        _prefill("mamba2_ssd", "granite-4.0-h", gr, [2048]),
+        _prefill("mamba2_ssd", "granite-4.0-h", gr, [128]),
         _decode("mamba2_ssd", "mamba2-2.7b", m2, 64),
         _prefill("gated_delta", "qwen3-next-tp4", q3tp4, [2048]),
-        _prefill("gated_delta", "qwen3-next", q3, [2048]),
+        _prefill("gated_delta", "qwen3-next", q3, [128]),
         _decode("gated_delta", "qwen3-next", q3, 64),
     ]
 

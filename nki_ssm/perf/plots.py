@@ -58,8 +58,10 @@ def timeline_png(timing_or_trace, path, *, title: str | None = None, window_ns=N
         else:
             bars[(row_of[unit], op)].append((s.start[i] * scale, (s.end[i] - s.start[i]) * scale))
     ops = sorted({op for _, op in bars})
-    cmap = plt.get_cmap("tab20")
-    color = {op: cmap(k % 20) for k, op in enumerate(ops)}
+    # distinct hues first (tab10), then more (Dark2, Set1); tab20's light/dark pairs confuse ops
+    palette = (list(plt.get_cmap("tab10").colors) + list(plt.get_cmap("Dark2").colors)
+               + list(plt.get_cmap("Set1").colors))
+    color = {op: palette[k % len(palette)] for k, op in enumerate(ops)}
     fig, ax = plt.subplots(figsize=(14, 0.32 * len(rows) + 2.2))
     for (row, op), segs in bars.items():
         ax.broken_barh(segs, (row - 0.4, 0.8), facecolors=color[op], edgecolor="white", linewidth=0.4)
