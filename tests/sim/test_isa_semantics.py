@@ -633,3 +633,14 @@ def test_virtual_registers_load_move_store():
     out = sb((1, 1), nl.int32)
     nisa.register_store(out, r2)
     assert val(out)[0, 0] == 7 and list(nl.dynamic_range(r2)) == list(range(7))
+
+
+def test_single_thread_gemm_helper_matches_and_restores(rng):
+    from nki_ssm.sim.isa import _blas
+    a = rng.standard_normal((64, 128))
+    b = rng.standard_normal((128, 32))
+    np.testing.assert_array_equal(_blas.matmul_f64(a, b), a @ b)
+    if _blas._set_local:   # bundled OpenBLAS: the per-thread setting is restored after the call
+        before = _blas._set_local(3)
+        _blas.matmul_f64(a, b)
+        assert _blas._set_local(before) == 3

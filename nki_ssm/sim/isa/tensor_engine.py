@@ -6,6 +6,7 @@ import weakref
 import numpy as np
 
 from . import _core as C
+from ._blas import matmul_f64
 from ._enums import check_enum, engine as _engine, matmul_perf_mode as _pm
 
 _MM_IN = ("float8_e4m3", "float8_e5m2", "bfloat16", "float16", "tfloat32", "float32")
@@ -161,7 +162,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         if perf_mode is _pm.double_row:
             s = s.reshape(K, 2, M).reshape(2 * K, M)
             m = m.reshape(K, 2, N).reshape(2 * K, N)
-        prod = (s.T @ m).astype(np.float32)
+        prod = matmul_f64(s.T, m).astype(np.float32)
         pos = _positions(dst)
         bm = _bitmap(dst)
         prev = bm[pos]
