@@ -48,3 +48,31 @@ def test_selection_and_list(capsys):
     assert lines == ["ssd_decode/tiny/2seq/bfloat16"]
     assert main(["--smoke", "--model", "no-such-model", "--list"]) == 0
     assert capsys.readouterr().out == ""
+
+
+def test_flop_models_match_peers_yardstick_counts():
+    # peers.md §10.1: GDN 180,224 FLOP per token per value head (K=V=128, C=64);
+    # SSD 131,072 per token per head (P=64, N=128, C=256)
+    from nki_ssm.reference import shapes as S
+    from simulate.cases import Case
+
+    gdn = Case("gated_delta", "prefill", "x", S.GDNShape("g", H=1, HV=1, K=128, V=128), seqlens=(10,))
+    assert gdn.min_flops() == 10 * 180_224
+    ssd = Case("mamba2_ssd", "prefill", "x", S.SSDShape("s", H=1, P=64, N=128, G=1), seqlens=(10,),
+               chunk_size=256)
+    assert ssd.min_flops() == 10 * 131_072
+
+
+def test_min_hbm_bytes_counts_inputs_outputs_and_named_slots():
+    import numpy as np
+
+    from nki_ssm.reference import shapes as S
+    from simulate.cases import Case
+
+    c = Case("gated_delta", "decode", "x", S.GDNShape("g", H=1, HV=2, K=128, V=128), num_seqs=3)
+    kw = c.make_inputs(0)
+    live = int((kw["state_indices"] >= 0).sum())
+    state = 2 * 128 * 128 * np.dtype(c.pool_dtype).itemsize
+    small = sum(v.nbytes for k, v in kw.items()
+                if isinstance(v, np.ndarray) and k != "ssm_states" and v.dtype.kind == "f")
+    assert c.min_hbm_bytes(kw) == small + 2 * live * state + kw["v"].nbytes
