@@ -91,15 +91,18 @@ def prefill(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, cu_seqlens,
             a = np.zeros((1, width), dtype=a.dtype)
         return np.ascontiguousarray(a)
 
-    D_row = _D_per_row(D, H, P)
+    # D [H] is folded into TensorE (D_h * I); D [H, P] is applied per channel
+    D_heads = D_row = None
+    if D is not None and np.shape(D) == (H,):
+        D_heads = np.ascontiguousarray(np.broadcast_to(_f32(D), (_PMAX, H)))
+    elif D is not None:
+        D_row = np.ascontiguousarray(np.broadcast_to(_D_per_row(D, H, P), (_PMAX, H * P)))
     lo, hi = _dt_limit(dt_limit)
     rows = _pool_rows(ssm_states)
     y = _run(ssd_chunk_prefill,
              tok2d(x, H * P), tok2d(dt, H, np.float32),
              np.ascontiguousarray(np.broadcast_to(_f32(A), (_PMAX, H))),
-             tok2d(B, G * N), tok2d(C, G * N),
-             None if D_row is None else np.ascontiguousarray(np.broadcast_to(D_row, (_PMAX, H * P))),
-             tok2d(z, H * P),
+             tok2d(B, G * N), tok2d(C, G * N), D_heads, D_row, tok2d(z, H * P),
              None if dt_bias is None else np.ascontiguousarray(
                  np.broadcast_to(_f32(dt_bias), (_PMAX, H))),
              rows, gather, scatter,
