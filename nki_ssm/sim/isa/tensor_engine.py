@@ -36,6 +36,12 @@ def _positions(t) -> np.ndarray:
     return t.elements().reshape(t.shape[0], -1)
 
 
+def _bitmap_view(t) -> np.ndarray:
+    """The bitmap entries of view ``t`` as a live strided view (bool: 1 byte per element)."""
+    bm = _bitmap(t)
+    return np.lib.stride_tricks.as_strided(bm[t.offset:], shape=t.shape, strides=t.strides)
+
+
 def _tile_mode(inst, tile_position, tile_size, tgt, K, M, perf_mode):
     """Validate tiling mode; return (row_size, col_size)."""
     if not isinstance(tile_position, (tuple, list)) or not isinstance(tile_size, (tuple, list)):
@@ -163,9 +169,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
             s = s.reshape(K, 2, M).reshape(2 * K, M)
             m = m.reshape(K, 2, N).reshape(2 * K, N)
         prod = matmul_f64(s.T, m).astype(np.float32)
-        pos = _positions(dst)
-        bm = _bitmap(dst)
-        prev = bm[pos]
+        bmv = _bitmap_view(dst)                      # live [dst.shape] view
+        prev = bmv.reshape(M, N) if bmv.flags.c_contiguous else bmv.copy().reshape(M, N)
         if accumulate is True:
             if not prev.all() and tgt.nc_version <= 3:
                 C.fail(inst, "accumulate=True on PSUM elements no matmul has written (undefined behaviour "
@@ -175,13 +180,11 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
             add = np.zeros_like(prev)
         else:
             add = prev
-        data = dst.storage.flat(dst.dtype.np)
         if add.any():
-            old = data[pos].astype(np.float32)
+            old = C.read_f32(dst)
             prod = np.where(add, old + prod, prod)
-        from ..dtypes import cast
-        data[pos] = cast(prod, dst.dtype)
-        bm[pos] = True
+        C.write(dst, prod)
+        bmv[...] = True
 
     fp32 = sd in _FP32ISH or md in _FP32ISH
     onezero = bool(is_stationary_onezero or is_moving_onezero)
