@@ -139,7 +139,7 @@ def test_prefill_repeated_calls_continue_sequences(rng):
     _check_pool(pool, full["conv_states"], pool_ref, full["state_indices"])
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_prefill_hypothesis_ragged(data):
     seed = data.draw(st.integers(0, 2**31 - 1))

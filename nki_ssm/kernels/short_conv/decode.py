@@ -164,7 +164,9 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows, valid, activation
     groups = []                    # (first sequence, sequences); rows of group g start at R*n0
     for n0 in range(0, N, Ng):
         groups.append((n0, min(Ng, N - n0)))
-    CD = _chunk_channels(len(groups), T, H, x.dtype.itemsize, pool_flat.dtype.itemsize, D)
+    x_bytes = 4 if x.dtype == nl.float32 else 2
+    pool_bytes = 4 if pool_flat.dtype == nl.float32 else 2
+    CD = _chunk_channels(len(groups), T, H, x_bytes, pool_bytes, D)
     chunks = []
     for c0 in range(0, D, CD):
         chunks.append((c0, min(CD, D - c0)))
@@ -185,7 +187,7 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows, valid, activation
     # the first scatter of chunk c (a scatter into the pool orders every later pool read, as
     # the slots are run-time data). PD: as many chunks as fit ~96 KiB per partition (all of
     # them for small batches, so every gather precedes every scatter).
-    chunk_bytes = len(groups) * CD * (H * pool_flat.dtype.itemsize + T * x.dtype.itemsize)
+    chunk_bytes = len(groups) * CD * (H * pool_bytes + T * x_bytes)
     PD = max(1, min(len(chunks) - 1, (96 * 1024) // chunk_bytes - 1))
     loads = []
     for ci in range(len(chunks)):
