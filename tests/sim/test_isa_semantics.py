@@ -644,3 +644,37 @@ def test_single_thread_gemm_helper_matches_and_restores(rng):
         before = _blas._set_local(3)
         _blas.matmul_f64(a, b)
         assert _blas._set_local(before) == 3
+
+
+# ---------------------------------------------------------------- SDK simulator bug-fix regressions (RN 0.4-0.6)
+
+def test_oob_skip_gather_keeps_integer_bits():
+    data = np.array([[2 ** 31 - 1, -7], [123456789, 5]], np.int32)
+    g = sb((2, 2), nl.int32)
+    nisa.memset(dst=g, value=-(2 ** 31))
+    it = load(np.array([[1], [9]], np.int32))
+    nisa.dma_copy(dst=g, src=from_array(data).ap(pattern=[[2, 2], [1, 2]], vector_offset=it, indirect_dim=0),
+                  oob_mode=nisa.oob_mode.skip)
+    np.testing.assert_array_equal(val(g), [[123456789, 5], [-(2 ** 31), -(2 ** 31)]])
+
+
+def test_activation_reduce_res_aliasing_dst(rng):
+    x = rng.standard_normal((4, 1)).astype(np.float32)
+    t = load(x)
+    nisa.activation(dst=t, op=nl.exp, data=t, reduce_op=nl.add, reduce_res=t,
+                    reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    np.testing.assert_allclose(val(t), np.exp(x), rtol=1e-6)
+
+
+def test_iota_and_affine_select_take_register_offset():
+    r = nisa.register_alloc(10)
+    d = sb((2, 3), nl.int32)
+    nisa.iota(dst=d, pattern=[[1, 3]], offset=r, channel_multiplier=5)
+    np.testing.assert_array_equal(val(d), [[10, 11, 12], [15, 16, 17]])
+    m = sb((2, 3))
+    ones = sb((2, 3))
+    nisa.memset(dst=ones, value=1.0)
+    nisa.register_move(r, -1)
+    nisa.affine_select(dst=m, pattern=[[1, 3]], channel_multiplier=0, on_true_tile=ones,
+                       on_false_value=0.0, cmp_op=nl.greater_equal, offset=r)
+    np.testing.assert_array_equal(val(m), [[0, 1, 1], [0, 1, 1]])

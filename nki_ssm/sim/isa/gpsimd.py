@@ -26,9 +26,12 @@ def _affine(inst, pattern, offset, channel_multiplier, P, F):
         total *= num
     if total != F:
         C.fail(inst, f"pattern covers {total} elements but dst has {F} elements per partition (must match)")
+    from .registers import VirtualRegister
+    if isinstance(offset, VirtualRegister):   # run-time offsets from a register (NKI 0.4.0+)
+        offset = int(offset)
     for arg, v in (("offset", offset), ("channel_multiplier", channel_multiplier)):
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
-            raise TypeError(f"{inst}: {arg} must be an int32 compile-time constant, got {v!r}")
+            raise TypeError(f"{inst}: {arg} must be an int32 constant (or a register for offset), got {v!r}")
     out = int(offset) + np.arange(P, dtype=np.int64)[:, None] * int(channel_multiplier) + vals.reshape(1, F)
     # int32 arithmetic wraps
     return ((out + 2 ** 31) % 2 ** 32 - 2 ** 31).astype(np.int64)
