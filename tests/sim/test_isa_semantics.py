@@ -678,3 +678,32 @@ def test_iota_and_affine_select_take_register_offset():
     nisa.affine_select(dst=m, pattern=[[1, 3]], channel_multiplier=0, on_true_tile=ones,
                        on_false_value=0.0, cmp_op=nl.greater_equal, offset=r)
     np.testing.assert_array_equal(val(m), [[0, 1, 1], [0, 1, 1]])
+
+
+@settings(max_examples=15, deadline=None)
+@given(shape=st.lists(st.integers(1, 6), min_size=2, max_size=4), nred=st.integers(1, 3),
+       keep=st.booleans(), seed=st.integers(0, 2 ** 16), op=st.sampled_from(["add", "maximum", "minimum"]))
+def test_tensor_reduce_trailing_axes_property(shape, nred, keep, seed, op):
+    shape = [min(shape[0] * 16, 128)] + shape[1:]
+    nred = min(nred, len(shape) - 1)
+    axes = tuple(range(len(shape) - nred, len(shape)))
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    want = getattr(np, op).reduce(x, axis=axes, keepdims=keep)
+    out_shape = want.shape if want.ndim >= 2 else (shape[0], 1)
+    d = sb(out_shape)
+    nisa.tensor_reduce(dst=d, op=getattr(nl, op), data=load(x), axis=axes, keepdims=keep)
+    np.testing.assert_allclose(val(d).reshape(want.shape), want, rtol=1e-5, atol=1e-6)
+
+
+@settings(max_examples=15, deadline=None)
+@given(src=st.sampled_from(["float32", "bfloat16", "float16", "int8", "int32", "float8_e4m3"]),
+       dst=st.sampled_from(["float32", "bfloat16", "float16", "int8", "int32", "uint8", "float8_e5m2"]),
+       seed=st.integers(0, 2 ** 16))
+def test_dma_cast_goes_through_fp32_property(src, dst, seed):
+    from nki_ssm.sim.dtypes import cast
+    r = np.random.default_rng(seed)
+    x = cast((r.standard_normal((8, 16)) * 100).astype(np.float32), getattr(nl, src))
+    t = sb((8, 16), getattr(nl, dst))
+    nisa.dma_copy(dst=t, src=from_array(x))
+    want = x if src == dst else cast(x.astype(np.float32), getattr(nl, dst))
+    assert np.array_equal(val(t), want, equal_nan=True)
