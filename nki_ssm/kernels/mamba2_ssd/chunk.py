@@ -95,9 +95,7 @@ from __future__ import annotations
 from nki_ssm.backend import nki, nl, nisa
 
 _PSUM_F = 512      # fp32 elements of one PSUM bank per partition
-_LAG = 1
-def _ORDER(n):
-    return range(n - 1, -1, -1)
+
 _PMAX = 128
 
 
@@ -251,11 +249,8 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool2d
             ST.append(nl.ndarray((nt, HP), dtype=nl.float32, buffer=nl.sbuf))
         _load_state(pool2d, gather_idx, s, ST, HP, P, N, n_tiles)
 
-        for c0 in range(0, n_s, Q):
-            L = min(Q, n_s - c0)
-            t0 = start + c0
-            _chunk(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST, t0, L,
-                   H, P, N, G, HPG, hb, n_tiles, md, dt_softplus, dt_lo, dt_hi)
+        _sequence(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST, start, n_s, Q,
+                  H, P, N, G, HPG, hb, n_tiles, md, dt_softplus, dt_lo, dt_hi)
 
         _store_state(pool2d, scatter_idx, s, ST, HP, P, N, n_tiles)
         start += n_s
@@ -288,7 +283,8 @@ def _d_identities(D_heads, ones, Q, H):
 
 def _chunk(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST,
            t0, L, H, P, N, G, HPG, hb, n_tiles, md, dt_softplus, dt_lo, dt_hi):
-    """One chunk of L tokens starting at token t0, all heads; updates ST in place."""
+    """Prologue of one chunk of L tokens at token t0 (loads, dt', decay sums,
+    C^T and masked CB per group) -> the chunk context the stages use."""
     HP = H * P
     GN = G * N
     # ---- loads (one DMA per tensor, all heads); x widened to fp32 by the DMA
@@ -322,6 +318,11 @@ def _chunk(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST,
         nisa.tensor_scalar(dst=dtp, data=src, op0=nl.maximum, operand0=dt_lo)
     dtA = nl.ndarray((L, H), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=dtA, data1=dtp, data2=A_sb[0:L, :], op=nl.multiply)
+    # ln dt' (clamped into the ScalarE log range; a dt' below 1e-18 contributes
+    # < 1e-18 of its term instead of 0)
+    lndt = nl.ndarray((L, H), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=lndt, data=dtp, op0=nl.maximum, operand0=1.0e-18)
+    nisa.activation(dst=lndt, op=nl.log, data=lndt)
 
     # ---- decay sums for all heads (fp32 matmuls with 0/1 operators), then exp
     ecs = _exp_of_matmul(U[0:L, 0:L], dtA, L, H)        # exp(cs_i), cs inclusive cumsum
@@ -358,73 +359,146 @@ def _chunk(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST,
         CTs.append(CT)
         cbms.append(cbm)
 
-    # ---- head blocks, software-pipelined over five stages: in step b, stage k
-    # works on block b-k, so each engine's in-order queue holds independent
-    # work back to back while a block's chain hops between engines
     y_sb = nl.ndarray((L, HP), dtype=y.dtype, buffer=nl.sbuf)
+    return {"x_in": x_in, "B_mm": B_mm, "z_in": z_in, "D_sb": D_sb, "DI": DI,
+            "y_sb": y_sb, "U": U, "Ls": Ls, "CTs": CTs, "cbms": cbms, "ST": ST, "dtA": dtA,
+            "dtp": dtp, "lndt": lndt, "ecs": ecs, "wd": wd, "elast": elast, "L": L, "P": P,
+            "N": N, "n_tiles": n_tiles, "md": md, "t0": t0}
+
+
+def _sequence(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST, start, n_s, Q,
+              H, P, N, G, HPG, hb, n_tiles, md, dt_softplus, dt_lo, dt_hi):
+    """All chunks of one sequence as one software pipeline over (chunk, head block) items.
+
+    Ten stages per item (``_STAGES``, one engine each); in step b, stage k
+    works on item b - k, so each engine's in-order queue holds work whose
+    inputs were produced in earlier steps while an item's chain hops between
+    engines. A chunk's prologue (loads, dt, cumsums, CB) is issued ``pre``
+    steps before its first item so it overlaps the previous chunk's blocks;
+    its y rows are stored once its last item leaves the pipeline.
+    """
     blocks = []
     for g in range(G):
         for h0 in range(g * HPG, (g + 1) * HPG, hb):
             blocks.append((g, h0, min(hb, (g + 1) * HPG - h0)))
-    ctx = {"x_in": x_in, "B_mm": B_mm, "z_in": z_in, "D_sb": D_sb, "DI": DI,
-           "y_sb": y_sb, "U": U, "Ls": Ls, "CTs": CTs, "cbms": cbms, "ST": ST, "dtA": dtA,
-           "dtp": dtp, "ecs": ecs, "wd": wd, "elast": elast, "L": L, "P": P, "N": N,
-           "n_tiles": n_tiles, "md": md}
-    stages = (_stage_decay, _stage_mt, _stage_out_mm, _stage_y, _stage_state)
     nb = len(blocks)
-    work = [None] * nb
-    lag = _LAG
-    for b in range(nb + lag * (len(stages) - 1)):
-        for k in _ORDER(len(stages)):
-            i = b - k * lag
-            if 0 <= i < nb:
-                if k == 0:
-                    work[i] = {}
-                stages[k](ctx, blocks[i], work[i])
-                if k == len(stages) - 1:
-                    work[i] = None
+    chunks = []
+    for c0 in range(0, n_s, Q):
+        chunks.append((start + c0, min(Q, n_s - c0)))
+    nc = len(chunks)
+    stages = _STAGES
+    ns = len(stages)
+    # item (c+1, j) reads the state item (c, j) writes: its state-reading stage
+    # must come after that state-writing stage, i.e. nb > _S_WRITE - _S_READ;
+    # otherwise drain the pipeline at every chunk boundary
+    across = nb > _S_WRITE - _S_READ
+    pre = max(1, nb // 2)
+    ctxs = [None] * nc
+    work = [None] * (nc * nb)
+    n_items = nc * nb
 
-    nisa.dma_copy(dst=y[t0:t0 + L, :], src=y_sb)
+    def prologue(c):
+        t0, L = chunks[c]
+        ctxs[c] = _chunk(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST, t0, L,
+                         H, P, N, G, HPG, hb, n_tiles, md, dt_softplus, dt_lo, dt_hi)
+
+    if across:
+        steps = []
+        for b in range(n_items + ns - 1):
+            steps.append([(k, b - k) for k in range(ns) if 0 <= b - k < n_items])
+    else:
+        steps = []
+        for c in range(nc):
+            for b in range(nb + ns - 1):
+                steps.append([(k, c * nb + b - k) for k in range(ns) if 0 <= b - k < nb])
+    made = 0
+    for step in steps:
+        first = n_items
+        for k, i in step:
+            if k == 0:
+                first = i
+        # chunk prologues ahead of their first item
+        while made < nc and (made * nb <= first + pre):
+            prologue(made)
+            made += 1
+        for k, i in step:
+            c, j = i // nb, i % nb
+            if k == 0:
+                work[i] = {}
+            stages[k](ctxs[c], blocks[j], work[i])
+            if k == ns - 1:
+                work[i] = None
+                if j == nb - 1:
+                    t0, L = chunks[c]
+                    nisa.dma_copy(dst=y[t0:t0 + L, :], src=ctxs[c]["y_sb"])
+                    ctxs[c] = None
 
 
-def _stage_decay(ctx, blk, w):
-    """W[k, (h,i)] = dtA[k,h] U[k,i] (ScalarE); seg = Ls^T W (fp32, 0/1 stationary)."""
+# Stages of one (chunk, head block) item. Each stage runs on one engine
+# (mostly), so in a pipeline step every engine's queue holds work whose
+# inputs were produced in earlier steps.
+
+def _st_w(ctx, blk, w):
+    """VectorE: W[k, (h,i)] = dtA[k,h] U[k,i] (fp32)."""
     g, h0, nh = blk
     L, dtA = ctx["L"], ctx["dtA"]
     W = nl.ndarray((L, nh * L), dtype=nl.float32, buffer=nl.sbuf)
     for k in range(nh):
         nisa.tensor_scalar(dst=W[:, k * L:(k + 1) * L], data=ctx["U"][0:L, 0:L],
-                           op0=nl.multiply, operand0=dtA[:, h0 + k:h0 + k + 1],
-                           engine=nisa.engine.scalar)
+                           op0=nl.multiply, operand0=dtA[:, h0 + k:h0 + k + 1])
+    w["W"] = W
+
+
+def _st_seg(ctx, blk, w):
+    """TensorE: seg[j, (h,i)] = sum_{j<k<=i} dtA[k,h] = Ls^T W (fp32, exactly 0 for j >= i)."""
+    g, h0, nh = blk
+    L = ctx["L"]
     seg_ps = nl.ndarray((L, nh * L), dtype=nl.float32, buffer=nl.psum)
-    # seg[j, (h,i)] = sum_{j<k<=i} dtA[k,h]: exactly 0 for j >= i
-    nisa.nc_matmul(dst=seg_ps, stationary=ctx["Ls"][0:L, 0:L], moving=W, accumulate=False,
+    nisa.nc_matmul(dst=seg_ps, stationary=ctx["Ls"][0:L, 0:L], moving=w["W"], accumulate=False,
                    is_stationary_onezero=True)
+    w["W"] = None
     w["seg"] = seg_ps
 
 
-def _stage_mt(ctx, blk, w):
-    """Mt[j, i] = CBmask[j,i] dt'_j exp(seg(j,i)) per head (ScalarE exp, VectorE product)."""
+def _st_exp(ctx, blk, w):
+    """ScalarE: Dm = exp(seg + ln dt'_j) (dt'_j enters as the exponent bias)."""
     g, h0, nh = blk
     L = ctx["L"]
     Dm = nl.ndarray((L, nh * L), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=Dm, op=nl.exp, data=w["seg"])
+    for k in range(nh):
+        nisa.activation(dst=Dm[:, k * L:(k + 1) * L], op=nl.exp, data=w["seg"][:, k * L:(k + 1) * L],
+                        bias=ctx["lndt"][:, h0 + k:h0 + k + 1])
     w["seg"] = None
+    w["Dm"] = Dm
+
+
+def _st_mt(ctx, blk, w):
+    """GpSimd: Mt = Dm * CBmask per head; the bf16 copy of the block's state (bf16 mode)."""
+    g, h0, nh = blk
+    L, P, md, ST = ctx["L"], ctx["P"], ctx["md"], ctx["ST"]
     Mt = nl.ndarray((L, nh * L), dtype=nl.float32, buffer=nl.sbuf)
     for k in range(nh):
-        nisa.scalar_tensor_tensor(dst=Mt[:, k * L:(k + 1) * L], data=Dm[:, k * L:(k + 1) * L],
-                                  op0=nl.multiply, operand0=ctx["dtp"][:, h0 + k:h0 + k + 1],
-                                  op1=nl.multiply, operand1=ctx["cbms"][g])
+        nisa.tensor_tensor(dst=Mt[:, k * L:(k + 1) * L], data1=w["Dm"][:, k * L:(k + 1) * L],
+                           data2=ctx["cbms"][g], op=nl.multiply, engine=nisa.engine.gpsimd)
+    w["Dm"] = None
     w["Mt"] = Mt
-
-
-def _stage_out_mm(ctx, blk, w):
-    """y_intra (+ D x) matmuls (fp32) and y_off matmuls (precision mode) into PSUM."""
-    g, h0, nh = blk
-    L, P, md, ST, x_in = ctx["L"], ctx["P"], ctx["md"], ctx["ST"], ctx["x_in"]
     c0, c1 = h0 * P, (h0 + nh) * P
+    smm = []
+    for t in range(ctx["n_tiles"]):
+        if md == nl.float32:
+            smm.append(ST[t][:, c0:c1])
+        else:
+            s_mm = nl.ndarray((ST[t].shape[0], nh * P), dtype=md, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=s_mm, src=ST[t][:, c0:c1], engine=nisa.engine.gpsimd)
+            smm.append(s_mm)
+    w["S"] = smm
+
+
+def _st_out_mm(ctx, blk, w):
+    """TensorE: y_intra (+ D x) fp32 matmuls per head, y_off per N tile (precision mode)."""
+    g, h0, nh = blk
+    L, P, x_in = ctx["L"], ctx["P"], ctx["x_in"]
     Mt = w["Mt"]
-    w["Mt"] = None
     yi_ps = nl.ndarray((L, nh * P), dtype=nl.float32, buffer=nl.psum)
     for k in range(nh):
         h = h0 + k
@@ -434,48 +508,32 @@ def _stage_out_mm(ctx, blk, w):
             # + D_h x_i
             nisa.nc_matmul(dst=yi_ps[:, k * P:(k + 1) * P], stationary=ctx["DI"][h][0:L, 0:L],
                            moving=x_in[:, h * P:(h + 1) * P], accumulate=True)
+    w["Mt"] = None
     yo_ps = nl.ndarray((L, nh * P), dtype=nl.float32, buffer=nl.psum)
     for t in range(ctx["n_tiles"]):
-        if md == nl.float32:
-            s_mm = ST[t][:, c0:c1]
-        else:
-            s_mm = nl.ndarray((ST[t].shape[0], nh * P), dtype=md, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=s_mm, src=ST[t][:, c0:c1], engine=nisa.engine.scalar)
-        nisa.nc_matmul(dst=yo_ps, stationary=ctx["CTs"][g][t], moving=s_mm, accumulate=(t > 0))
+        nisa.nc_matmul(dst=yo_ps, stationary=ctx["CTs"][g][t], moving=w["S"][t],
+                       accumulate=(t > 0))
+    w["S"] = None
     w["yi"] = yi_ps
     w["yo"] = yo_ps
 
 
-def _stage_y(ctx, blk, w):
-    """y columns of one block (y_off decay + y_intra, D, z gate) and the chunk-state operand."""
+def _st_scalar(ctx, blk, w):
+    """ScalarE: y_off * exp(cs_i) per head, silu(z), chunk-state operand Xd = x dt' exp(ex)."""
     g, h0, nh = blk
-    L, P = ctx["L"], ctx["P"]
+    L, P, md, x_in, ecs = ctx["L"], ctx["P"], ctx["md"], ctx["x_in"], ctx["ecs"]
     c0, c1 = h0 * P, (h0 + nh) * P
-    x_in, ecs, D_sb, z_in = ctx["x_in"], ctx["ecs"], ctx["D_sb"], ctx["z_in"]
-    yo_ps = w["yo"]
     yb = nl.ndarray((L, nh * P), dtype=nl.float32, buffer=nl.sbuf)
     for k in range(nh):
-        # state-to-output term decays by exp(cs_i) from the chunk start
-        nisa.activation(dst=yb[:, k * P:(k + 1) * P], op=nl.copy, data=yo_ps[:, k * P:(k + 1) * P],
-                        scale=ecs[:, h0 + k:h0 + k + 1])
-    nisa.tensor_tensor(dst=yb, data1=yb, data2=w["yi"], op=nl.add)
+        nisa.activation(dst=yb[:, k * P:(k + 1) * P], op=nl.copy,
+                        data=w["yo"][:, k * P:(k + 1) * P], scale=ecs[:, h0 + k:h0 + k + 1])
     w["yo"] = None
-    w["yi"] = None
-    if D_sb != None:  # noqa: E711
-        xd = nl.ndarray((L, nh * P), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=xd, data1=x_in[:, c0:c1], data2=D_sb[0:L, c0:c1], op=nl.multiply,
-                           engine=nisa.engine.gpsimd)
-        nisa.tensor_tensor(dst=yb, data1=yb, data2=xd, op=nl.add, engine=nisa.engine.gpsimd)
-    y_sb = ctx["y_sb"]
-    if z_in != None:  # noqa: E711
+    w["yb"] = yb
+    if ctx["z_in"] != None:  # noqa: E711
         sz = nl.ndarray((L, nh * P), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=sz, op=nl.silu, data=z_in[:, c0:c1])
-        nisa.tensor_tensor(dst=y_sb[:, c0:c1], data1=yb, data2=sz, op=nl.multiply,
-                           engine=nisa.engine.gpsimd)
-    else:
-        nisa.tensor_copy(dst=y_sb[:, c0:c1], src=yb, engine=nisa.engine.gpsimd)
-    # chunk-state operand Xd = x * dt' * exp(decay to chunk end), rounded once to md
-    Xd = nl.ndarray((L, nh * P), dtype=ctx["md"], buffer=nl.sbuf)
+        nisa.activation(dst=sz, op=nl.silu, data=ctx["z_in"][:, c0:c1])
+        w["sz"] = sz
+    Xd = nl.ndarray((L, nh * P), dtype=md, buffer=nl.sbuf)
     for k in range(nh):
         h = h0 + k
         nisa.tensor_scalar(dst=Xd[:, k * P:(k + 1) * P], data=x_in[:, h * P:(h + 1) * P],
@@ -484,22 +542,65 @@ def _stage_y(ctx, blk, w):
     w["Xd"] = Xd
 
 
-def _stage_state(ctx, blk, w):
-    """State update of one block: S^T <- exp(total) S^T + B^T Xd (per N tile)."""
+def _st_yadd(ctx, blk, w):
+    """VectorE: y = y_off + y_intra (PSUM operand)."""
+    nisa.tensor_tensor(dst=w["yb"], data1=w["yb"], data2=w["yi"], op=nl.add)
+    w["yi"] = None
+
+
+def _st_yout(ctx, blk, w):
+    """GpSimd: + x D (D per channel), * silu(z), into the chunk's y tile."""
     g, h0, nh = blk
-    P, N, md, ST, B_mm, elast = ctx["P"], ctx["N"], ctx["md"], ctx["ST"], ctx["B_mm"], ctx["elast"]
-    L = ctx["L"]
-    Xd = w["Xd"]
-    w["Xd"] = None
+    L, P, D_sb, x_in = ctx["L"], ctx["P"], ctx["D_sb"], ctx["x_in"]
+    c0, c1 = h0 * P, (h0 + nh) * P
+    yb = w["yb"]
+    if D_sb != None:  # noqa: E711
+        xd = nl.ndarray((L, nh * P), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=xd, data1=x_in[:, c0:c1], data2=D_sb[0:L, c0:c1], op=nl.multiply,
+                           engine=nisa.engine.gpsimd)
+        nisa.tensor_tensor(dst=yb, data1=yb, data2=xd, op=nl.add, engine=nisa.engine.gpsimd)
+    y_sb = ctx["y_sb"]
+    if ctx["z_in"] != None:  # noqa: E711
+        nisa.tensor_tensor(dst=y_sb[:, c0:c1], data1=yb, data2=w["sz"], op=nl.multiply,
+                           engine=nisa.engine.gpsimd)
+        w["sz"] = None
+    else:
+        nisa.tensor_copy(dst=y_sb[:, c0:c1], src=yb, engine=nisa.engine.gpsimd)
+    w["yb"] = None
+
+
+def _st_state_mm(ctx, blk, w):
+    """TensorE: chunk state B^T Xd per N tile."""
+    g, h0, nh = blk
+    P, N, ST, B_mm = ctx["P"], ctx["N"], ctx["ST"], ctx["B_mm"]
+    sps = []
     for t in range(ctx["n_tiles"]):
         n0 = g * N + t * _PMAX
         nt = ST[t].shape[0]
         st_ps = nl.ndarray((nt, nh * P), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=st_ps, stationary=B_mm[:, n0:n0 + nt], moving=Xd, accumulate=False)
+        nisa.nc_matmul(dst=st_ps, stationary=B_mm[:, n0:n0 + nt], moving=w["Xd"],
+                       accumulate=False)
+        sps.append(st_ps)
+    w["Xd"] = None
+    w["st"] = sps
+
+
+def _st_state(ctx, blk, w):
+    """VectorE: S^T <- exp(total) S^T + chunk state, per head (fp32)."""
+    g, h0, nh = blk
+    P, ST, elast = ctx["P"], ctx["ST"], ctx["elast"]
+    for t in range(ctx["n_tiles"]):
         for k in range(nh):
             h = h0 + k
             nisa.scalar_tensor_tensor(dst=ST[t][:, h * P:(h + 1) * P],
                                       data=ST[t][:, h * P:(h + 1) * P], op0=nl.multiply,
                                       operand0=elast[t][:, h:h + 1], op1=nl.add,
-                                      operand1=st_ps[:, k * P:(k + 1) * P])
-        del st_ps
+                                      operand1=w["st"][t][:, k * P:(k + 1) * P])
+    w["st"] = None
+
+
+_STAGES = (_st_w, _st_seg, _st_exp, _st_mt, _st_out_mm, _st_scalar, _st_yadd, _st_yout,
+           _st_state_mm, _st_state)
+# stage reading the state (the bf16 copy / fp32 view in _st_mt) and the stage
+# writing it: item (c+1, j) may only read after item (c, j) wrote
+_S_READ, _S_WRITE = 3, 9
