@@ -125,3 +125,18 @@ def test_no_trace_outside_record():
     with record() as tr:
         h2 = nisa.memset(dst=t, value=0.0)
     assert h2.index == 0 and len(tr) == 1
+
+
+def test_accumulating_matmul_also_reads_its_psum_tile():
+    s = nl.ndarray((8, 4), dtype=nl.float32, buffer=nl.sbuf)
+    m = nl.ndarray((8, 16), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=s, value=1.0)
+    nisa.memset(dst=m, value=1.0)
+    p = nl.ndarray((4, 16), dtype=nl.float32, buffer=nl.psum)
+    with record() as tr:
+        nisa.nc_matmul(dst=p, stationary=s, moving=m, accumulate=False)
+        nisa.nc_matmul(dst=p, stationary=s, moving=m, accumulate=True)
+    first, second = tr.instructions
+    assert len(first.reads) == 2 and first.attrs["fp32"] is True
+    assert len(second.reads) == 3 and second.reads[2] == p.region()
+    assert second.attrs["accumulate"] is True

@@ -154,6 +154,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
                          f"{bank}-byte PSUM bank boundary (one bank per matmul on {tgt.name})")
 
     # ---- compute ----
+    accumulated = False   # PSUM read-modify-write: dst is also read (traced)
     if is_transpose and tgt.nc_version >= 3:
         mv = C.read_f32(moving)
         if mv.shape != (K, N) or not np.array_equal(mv, np.eye(K, N, dtype=np.float32)) or N != K:
@@ -180,7 +181,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
             add = np.zeros_like(prev)
         else:
             add = prev
-        if add.any():
+        accumulated = bool(add.any())
+        if accumulated:
             old = C.read_f32(dst)
             prod = np.where(add, old + prod, prod)
         C.write(dst, prod)
@@ -188,7 +190,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
 
     fp32 = sd in _FP32ISH or md in _FP32ISH
     onezero = bool(is_stationary_onezero or is_moving_onezero)
-    return C.emit(inst, "tensor", name, reads=[stationary, moving], writes=[dst],
+    return C.emit(inst, "tensor", name, reads=[stationary, moving] + ([dst] if accumulated else []),
+                  writes=[dst],
                   num_partitions=K, free=N, num_inputs=2,
                   nbytes=M * N * dst.dtype.itemsize,
                   attrs={"K": K * (2 if perf_mode is _pm.double_row else 1), "M": M, "N": N,
