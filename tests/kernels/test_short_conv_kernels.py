@@ -222,3 +222,23 @@ def test_decode_row_split_and_groups(rng, num_seqs, dim, T):
                                             state_indices=inp["state_indices"])
     _check_y(y, y_ref, BF16)
     _check_pool(pool, before, pool_ref, inp["state_indices"])
+
+
+@pytest.mark.slow
+def test_model_dim_prefill_and_decode(rng):
+    """Qwen3-Next conv dim 8192 (4 channel groups): a ragged prefill across a chunk
+    boundary with T = 1, empty and padding sequences, then a 2-token decode of 130
+    sequences (two partition groups) continuing from the same pool."""
+    inp = make_short_conv_inputs(rng, seqlens=[600, 1, 0, 37], dim=8192, W=4, dtype=BF16,
+                                 pool_dtype=BF16, padding=1, slots=140, bias=False)
+    _run_and_check(inp)
+    dec = make_short_conv_decode_inputs(rng, num_seqs=130, T=2, dim=8192, W=4, dtype=BF16,
+                                        pool_dtype=BF16, padding=3, slots=140, bias=False)
+    before = dec["conv_states"].copy()
+    pool = before.copy()
+    y = ops.short_conv_decode(dec["x"], dec["weight"], None, activation="silu",
+                              conv_states=pool, state_indices=dec["state_indices"], backend="sim")
+    y_ref, pool_ref = ref.short_conv_decode(dec["x"], dec["weight"], None, activation="silu",
+                                            conv_states=before, state_indices=dec["state_indices"])
+    _check_y(y, y_ref, BF16)
+    _check_pool(pool, before, pool_ref, dec["state_indices"])

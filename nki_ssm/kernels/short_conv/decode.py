@@ -1,28 +1,28 @@
 """Decode / multi-token update of the short causal conv1d (one launch per batch).
 
 Layout: "rows" on partitions. Each sequence's channels are split into R
-blocks of D = dim / R channels and each (sequence, block) row gets one
-partition, so a small batch still fills the 128 lanes (the launcher picks R:
-the largest power of two with num_seqs * R <= 128 dividing dim). A group
-holds up to 128 // R sequences, block-major: partition r * Pn + i is block r
-of the group's sequence i (so each block's rows are one partition range).
-Channels of the block run along the free axis, so every HBM stream is a
-contiguous run per partition: the pool is viewed as ``[slots * R, D * (W-1)]``
-and one ``vector_offset`` DMA per group gathers (later scatters) ``chunk *
-(W-1)`` contiguous state elements per row; x ``[num_seqs, T, dim]`` and y
-load/store through 4-D access patterns ``[R, seqs, T, chunk]``.
+blocks of D = dim / R channels and row v = n * R + r (sequence n, block r)
+gets one partition, so a small batch still fills the 128 lanes (the launcher
+picks R: the largest power of two with num_seqs * R <= 128 dividing dim). A
+group is up to 128 rows (128 // R whole sequences). Channels of a block run
+along the free axis, so every HBM stream is a contiguous run per partition:
+the pool is viewed as ``[slots * R, D * (W-1)]`` and one ``vector_offset``
+DMA per group gathers (later scatters) ``chunk * (W-1)`` contiguous state
+elements per row; x ``[num_seqs, T, dim]`` and y load/store through 4-D
+access patterns ``[seqs, R, T, chunk]``.
 
-Engine plan per channel chunk (up to 2048 channels of a block) and group of
-up to 128 rows: the window (state ++ x) is read per tap through views, never
-copied; GpSimd multiplies each tap by the weight row (each block's
-weights are loaded once per chunk onto one partition and spread over its rows
-by a TensorE matmul with a 0/1 block selector, then evicted by ScalarE), VectorE accumulates the taps
-(and the bias) in float32, ScalarE applies SiLU/copy scaled by the run-time
-``valid`` column (padding rows give act(0) = 0) and assembles the shifted new
-state, and DMA scatters it back (padding rows are out of bounds and
-skipped). The next group's gather and x load are issued before the current
-group's arithmetic (software pipeline). Decode needs no TensorE: the work
-per byte is W multiply-adds.
+Engine plan per channel chunk (up to 2048 channels of a block) and group:
+the window (state ++ x) is read per tap through views, never copied; GpSimd
+multiplies each tap by the weight row, VectorE accumulates the taps (and the
+bias) in float32, ScalarE applies SiLU/copy scaled by the run-time ``valid``
+column (padding rows give act(0) = 0) and assembles the shifted new state,
+and DMA scatters it back (padding rows are out of bounds and skipped). The
+weights of a chunk are loaded once (block r on partition r) and spread over
+the rows by a TensorE matmul with a 0/1 block selector (row v gets block
+v % R), evicted by ScalarE: no 128x broadcast DMA. Gathers run PD chunks
+ahead of the scatters (software pipeline; all of them up front for small
+batches). Decode needs no TensorE arithmetic: the work per byte is W
+multiply-adds.
 
 Run-time: slots and the valid mask (row tables); compile-time: shapes,
 dtypes, W, T, R, activation, bias presence. Padding sequences must carry
@@ -31,17 +31,23 @@ finite x (their outputs are act(0 * acc)).
 from nki_ssm.backend import nki, nl, nisa
 
 PMAX = 128
+LOAD_BUDGET = 96 * 1024     # bytes per partition for in-flight chunk loads (state + x)
+OTHER_BUDGET = 64 * 1024    # weights (2 chunks), bias, accumulators, output and new state
 
 
-def _chunk_channels(n_groups, T, H, x_bytes, pool_bytes, D):
-    """Channels per chunk: two chunks of loads (every group's state and x) take at most
-    ~96 KiB per partition, and D splits into ~4+ chunks for overlap; a power of two in
-    [128, 2048], <= D."""
-    per_channel = 2 * n_groups * (H * pool_bytes + T * x_bytes)
+def _nbytes(dtype):
+    return 4 if dtype == nl.float32 else 2
+
+
+def _chunk_channels(n_groups, T, H, W, x_bytes, pool_bytes, w_bytes, D):
+    """Channels per chunk: a power of two in [128, 2048], <= D, such that two chunks of
+    loads fit LOAD_BUDGET and the per-chunk working set fits OTHER_BUDGET; D splits into
+    ~4+ chunks when it allows, so loads, arithmetic and stores overlap."""
+    load = 2 * n_groups * (H * pool_bytes + T * x_bytes)
+    other = 2 * W * w_bytes + 2 * 4 + 4 + 4 + T * x_bytes + H * pool_bytes
     cd = 2048
-    while cd > 128 and cd * per_channel > 96 * 1024:
+    while cd > 128 and (cd * load > LOAD_BUDGET or cd * other > OTHER_BUDGET):
         cd = cd // 2
-    # at least ~4 chunks when D allows, so loads, arithmetic and stores overlap
     while cd > 256 and cd * 4 > D:
         cd = cd // 2
     return min(cd, D)
@@ -66,16 +72,15 @@ def _load_group(x, pool_flat, rows_sb, group, c0, cd, R, D, H, CD):
                                    vector_offset=rows_sb[0:P, :], indirect_dim=0),
                   oob_mode=nisa.oob_mode.skip)
     xs = nl.ndarray((PMAX, T, CD), dtype=x.dtype, buffer=nl.sbuf)
-    # partition r*Pn + i reads x[n0 + i, :, r*D + c0 : r*D + c0 + cd]
+    # row n*R + r reads x[n, :, r*D + c0 : r*D + c0 + cd]
     nisa.dma_copy(dst=xs[0:P, :, 0:cd],
-                  src=x.ap(pattern=[[D, R], [T * dim, Pn], [dim, T], [1, cd]],
+                  src=x.ap(pattern=[[T * dim, Pn], [D, R], [dim, T], [1, cd]],
                            offset=n0 * T * dim + c0))
     return (st, xs)
 
 
-def _load_chunk(x, pool_flat, rows_groups, chunk, R, D, H, CD):
+def _load_chunk(x, pool_flat, g_rows, groups, chunk, R, D, H, CD):
     """[(state, x)] of every group for one chunk."""
-    g_rows, groups = rows_groups
     c0, cd = chunk
     out = []
     for gi in range(len(groups)):
@@ -83,64 +88,48 @@ def _load_chunk(x, pool_flat, rows_groups, chunk, R, D, H, CD):
     return out
 
 
-def _selector(R, Pn, dtype):
-    """0/1 [R, R*Pn]: sel[r, p] = 1 where r*Pn <= p < (r+1)*Pn (block r's rows)."""
-    P = R * Pn
+def _selector(R, PB, dtype):
+    """0/1 [R, PB]: sel[r, v] = 1 where v % R == r (row v holds channel block v % R)."""
     ones = nl.ndarray((R, PMAX), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=ones[:, 0:P], value=1.0)
-    lower = nl.ndarray((R, PMAX), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.affine_select(dst=lower[:, 0:P], pattern=[[1, P]], channel_multiplier=-Pn,
-                       on_true_tile=ones[:, 0:P], on_false_value=0.0, cmp_op=nl.greater_equal,
-                       offset=0)
+    nisa.memset(dst=ones[:, 0:PB], value=1.0)
     sel = nl.ndarray((R, PMAX), dtype=dtype, buffer=nl.sbuf)
-    nisa.affine_select(dst=sel[:, 0:P], pattern=[[-1, P]], channel_multiplier=Pn,
-                       on_true_tile=lower[:, 0:P], on_false_value=0.0, cmp_op=nl.greater_equal,
-                       offset=Pn - 1)
+    # free index v = i*R + j as a [PB/R, R] pattern: keep where j - r == 0
+    nisa.affine_select(dst=sel[:, 0:PB], pattern=[[0, PB // R], [1, R]], channel_multiplier=-1,
+                       on_true_tile=ones[:, 0:PB], on_false_value=0.0, cmp_op=nl.equal,
+                       offset=0)
     return sel
 
 
-def _spread(dst, src_blk, sel, P, ncols):
-    """dst[p, :] = src_blk[block(p), :] for ncols columns: 0/1 matmuls, 512 columns per
+def _spread(dst, src_blk, sel, PB, ncols):
+    """dst[v, :] = src_blk[v % R, :] for ncols columns: 0/1 matmuls, 512 columns per
     PSUM bank, evicted by ScalarE (exact: one nonzero product per element)."""
     R = src_blk.shape[0]
     for f0 in range(0, ncols, 512):
         fw = min(512, ncols - f0)
         ps = nl.ndarray((PMAX, 512), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=ps[0:P, 0:fw], stationary=sel[0:R, 0:P],
+        nisa.nc_matmul(dst=ps[0:PB, 0:fw], stationary=sel[0:R, 0:PB],
                        moving=src_blk[0:R, f0:f0 + fw], accumulate=False)
-        nisa.tensor_copy(dst=dst[0:P, f0:f0 + fw], src=ps[0:P, 0:fw], engine=nisa.engine.scalar)
+        nisa.tensor_copy(dst=dst[0:PB, f0:f0 + fw], src=ps[0:PB, 0:fw], engine=nisa.engine.scalar)
 
 
-def _load_weights(weight, bias, sels, c0, cd, R, D, W, CD, has_bias):
-    """Per distinct group size: (Pn, weights [rows, cd, W], bias [rows, cd]) of chunk c0."""
+def _load_weights(weight, bias, sel_w, sel_b, PB, chunk, R, D, W, CD, has_bias):
+    """(weights [rows, cd * W], bias [rows, cd] or None) of one chunk, on PB rows."""
+    c0, cd = chunk
     wdt = nl.float32 if weight.dtype == nl.float32 else nl.bfloat16
     wblk = nl.ndarray((R, CD * W), dtype=wdt, buffer=nl.sbuf)
-    # block r's weights on partition r
+    # block r's weights on partition r (contiguous rows of weight)
     nisa.dma_copy(dst=wblk[:, 0:cd * W],
                   src=weight.ap(pattern=[[D * W, R], [1, cd * W]], offset=c0 * W))
-    bblk = None
+    wb = nl.ndarray((PMAX, CD * W), dtype=wdt, buffer=nl.sbuf)
+    _spread(wb, wblk, sel_w, PB, cd * W)
+    bb = None
     if has_bias:
         bdt = nl.float32 if bias.dtype == nl.float32 else nl.bfloat16
         bblk = nl.ndarray((R, CD), dtype=bdt, buffer=nl.sbuf)
         nisa.dma_copy(dst=bblk[:, 0:cd], src=bias.ap(pattern=[[D, R], [1, cd]], offset=c0))
-    out = []
-    for (Pn, sel_w, sel_b) in sels:
-        P = R * Pn
-        wb = nl.ndarray((PMAX, CD * W), dtype=wdt, buffer=nl.sbuf)
-        _spread(wb, wblk, sel_w, P, cd * W)
-        bb = None
-        if has_bias:
-            bb = nl.ndarray((PMAX, CD), dtype=bblk.dtype, buffer=nl.sbuf)
-            _spread(bb, bblk, sel_b, P, cd)
-        out.append((Pn, wb, bb))
-    return out
-
-
-def _weights_for(wts, Pn):
-    for (q, wb, bb) in wts:
-        if q == Pn:
-            return (wb, bb)
-    return None
+        bb = nl.ndarray((PMAX, CD), dtype=bdt, buffer=nl.sbuf)
+        _spread(bb, bblk, sel_b, PB, cd)
+    return (wb, bb)
 
 
 @nki.jit
@@ -156,74 +145,66 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows, valid, activation
     W = weight.shape[1]
     H = W - 1
     D = dim // R
-    V = N * R
     Ng = PMAX // R                 # sequences per group
+    PB = min(Ng, N) * R            # rows of the largest group
     act_op = nl.silu if activation == "silu" else nl.copy
     y = nl.ndarray((N, T, dim), dtype=x.dtype, buffer=nl.shared_hbm)
 
-    groups = []                    # (first sequence, sequences); rows of group g start at R*n0
+    groups = []                    # (first sequence, sequences); its rows start at R * n0
     for n0 in range(0, N, Ng):
         groups.append((n0, min(Ng, N - n0)))
-    x_bytes = 4 if x.dtype == nl.float32 else 2
-    pool_bytes = 4 if pool_flat.dtype == nl.float32 else 2
-    CD = _chunk_channels(len(groups), T, H, x_bytes, pool_bytes, D)
+    x_bytes = _nbytes(x.dtype)
+    pool_bytes = _nbytes(pool_flat.dtype)
+    CD = _chunk_channels(len(groups), T, H, W, x_bytes, pool_bytes, _nbytes(weight.dtype), D)
     chunks = []
     for c0 in range(0, D, CD):
         chunks.append((c0, min(CD, D - c0)))
+
     # run-time row indices and masks of every group, one column each
     g_rows = []
     g_valid = []
     for (n0, Pn) in groups:
-        v0 = R * n0
         P = R * Pn
         r = nl.ndarray((PMAX, 1), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=r[0:P, :], src=rows.ap(pattern=[[1, P], [1, 1]], offset=v0))
+        nisa.dma_copy(dst=r[0:P, :], src=rows.ap(pattern=[[1, P], [1, 1]], offset=R * n0))
         v = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=v[0:P, :], src=valid.ap(pattern=[[1, P], [1, 1]], offset=v0))
+        nisa.dma_copy(dst=v[0:P, :], src=valid.ap(pattern=[[1, P], [1, 1]], offset=R * n0))
         g_rows.append(r)
         g_valid.append(v)
 
     # Software pipeline, PD chunks ahead: every group's gather of chunk c+PD is issued before
     # the first scatter of chunk c (a scatter into the pool orders every later pool read, as
-    # the slots are run-time data). PD: as many chunks as fit ~96 KiB per partition (all of
-    # them for small batches, so every gather precedes every scatter).
+    # the slots are run-time data). PD: as many chunks as fit LOAD_BUDGET (all of them for
+    # small batches, so every gather precedes every scatter).
     chunk_bytes = len(groups) * CD * (H * pool_bytes + T * x_bytes)
-    PD = max(1, min(len(chunks) - 1, (96 * 1024) // chunk_bytes - 1))
+    PD = max(1, min(len(chunks) - 1, LOAD_BUDGET // chunk_bytes - 1))
     loads = []
     for ci in range(len(chunks)):
         loads.append(None)
-
-    def_rows = (g_rows, groups)
     for ci in range(min(PD, len(chunks))):
-        loads[ci] = _load_chunk(x, pool_flat, def_rows, chunks[ci], R, D, H, CD)
-    # block selectors for each distinct group size (the last group may be smaller)
+        loads[ci] = _load_chunk(x, pool_flat, g_rows, groups, chunks[ci], R, D, H, CD)
+
     wdt = nl.float32 if weight.dtype == nl.float32 else nl.bfloat16
-    bdt = wdt
+    sel_w = _selector(R, PB, wdt)
+    sel_b = sel_w
     if has_bias:
-        bdt = nl.float32 if bias.dtype == nl.float32 else nl.bfloat16
-    sels = []
-    for (n0, Pn) in groups:
-        known = False
-        for sel in sels:
-            known = known or sel[0] == Pn
-        if not known:
-            sels.append((Pn, _selector(R, Pn, wdt), _selector(R, Pn, bdt)))
-    nwts = _load_weights(weight, bias, sels, chunks[0][0], chunks[0][1], R, D, W, CD, has_bias)
+        sel_b = _selector(R, PB, nl.float32 if bias.dtype == nl.float32 else nl.bfloat16)
+    nwts = _load_weights(weight, bias, sel_w, sel_b, PB, chunks[0], R, D, W, CD, has_bias)
     for ci in range(len(chunks)):
         c0, cd = chunks[ci]
         if ci + PD < len(chunks):
-            loads[ci + PD] = _load_chunk(x, pool_flat, def_rows, chunks[ci + PD], R, D, H, CD)
+            loads[ci + PD] = _load_chunk(x, pool_flat, g_rows, groups, chunks[ci + PD],
+                                         R, D, H, CD)
         cur = loads[ci]
         loads[ci] = None          # the chunk's buffers die with this iteration
-        wts = nwts
+        wb, bb = nwts
         if ci + 1 < len(chunks):
-            c1, cd1 = chunks[ci + 1]
-            nwts = _load_weights(weight, bias, sels, c1, cd1, R, D, W, CD, has_bias)
+            nwts = _load_weights(weight, bias, sel_w, sel_b, PB, chunks[ci + 1], R, D, W, CD,
+                                 has_bias)
         for gi in range(len(groups)):
             n0, Pn = groups[gi]
             P = R * Pn
             st, xs = cur[gi]
-            wb, bb = _weights_for(wts, Pn)
             yt = nl.ndarray((PMAX, T, CD), dtype=x.dtype, buffer=nl.sbuf)
             for t in range(T):
                 acc = nl.ndarray((PMAX, CD), dtype=nl.float32, buffer=nl.sbuf)
@@ -245,7 +226,7 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows, valid, activation
                 # padding rows: act(0 * acc) = 0
                 nisa.activation(dst=yt[0:P, t, 0:cd], op=act_op, data=acc[0:P, 0:cd],
                                 scale=g_valid[gi][0:P, :])
-            nisa.dma_copy(dst=y.ap(pattern=[[D, R], [T * dim, Pn], [dim, T], [1, cd]],
+            nisa.dma_copy(dst=y.ap(pattern=[[T * dim, Pn], [D, R], [dim, T], [1, cd]],
                                    offset=n0 * T * dim + c0),
                           src=yt[0:P, :, 0:cd])
 
