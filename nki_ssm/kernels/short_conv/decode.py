@@ -178,29 +178,39 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows, valid, activation
     # small batches, so every gather precedes every scatter).
     chunk_bytes = len(groups) * CD * (H * pool_bytes + T * x_bytes)
     PD = max(1, min(len(chunks) - 1, LOAD_BUDGET // chunk_bytes - 1))
-    loads = []
-    for ci in range(len(chunks)):
-        loads.append(None)
-    for ci in range(min(PD, len(chunks))):
-        loads[ci] = _load_chunk(x, pool_flat, g_rows, groups, chunks[ci], R, D, H, CD)
-
+    # weights: all chunks up front when they fit 32 KiB per partition (small batches: the
+    # ScalarE evictions then never queue between two chunks' arithmetic), else one ahead
+    WD = 1
+    if D * W * _nbytes(weight.dtype) <= 32 * 1024:
+        WD = len(chunks)
     wdt = nl.float32 if weight.dtype == nl.float32 else nl.bfloat16
     sel_w = _selector(R, PB, wdt)
     sel_b = sel_w
     if has_bias:
         sel_b = _selector(R, PB, nl.float32 if bias.dtype == nl.float32 else nl.bfloat16)
-    nwts = _load_weights(weight, bias, sel_w, sel_b, PB, chunks[0], R, D, W, CD, has_bias)
+    loads = []
+    wts = []
+    for ci in range(len(chunks)):
+        loads.append(None)
+        wts.append(None)
+    wts[0] = _load_weights(weight, bias, sel_w, sel_b, PB, chunks[0], R, D, W, CD, has_bias)
+    for ci in range(min(PD, len(chunks))):
+        loads[ci] = _load_chunk(x, pool_flat, g_rows, groups, chunks[ci], R, D, H, CD)
+    for ci in range(1, min(WD, len(chunks))):
+        wts[ci] = _load_weights(weight, bias, sel_w, sel_b, PB, chunks[ci], R, D, W, CD,
+                                has_bias)
     for ci in range(len(chunks)):
         c0, cd = chunks[ci]
         if ci + PD < len(chunks):
             loads[ci + PD] = _load_chunk(x, pool_flat, g_rows, groups, chunks[ci + PD],
                                          R, D, H, CD)
+        if ci + WD < len(chunks):
+            wts[ci + WD] = _load_weights(weight, bias, sel_w, sel_b, PB, chunks[ci + WD], R, D,
+                                         W, CD, has_bias)
         cur = loads[ci]
+        wb, bb = wts[ci]
         loads[ci] = None          # the chunk's buffers die with this iteration
-        wb, bb = nwts
-        if ci + 1 < len(chunks):
-            nwts = _load_weights(weight, bias, sel_w, sel_b, PB, chunks[ci + 1], R, D, W, CD,
-                                 has_bias)
+        wts[ci] = None
         for gi in range(len(groups)):
             n0, Pn = groups[gi]
             P = R * Pn
