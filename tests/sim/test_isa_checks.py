@@ -593,3 +593,19 @@ def test_register_load_needs_single_element():
 def test_nc_find_index8_dst_dtype():
     raises(lambda: nisa.nc_find_index8(dst=sb((4, 8)), data=fsb((4, 16)), vals=fsb((4, 8))),
            "nc_find_index8", "dst", "uint32")
+
+
+def test_rng_needs_integer_dst():
+    raises(lambda: nisa.rng(dst=sb((4, 4))), "rng", "dst", "integer")
+
+
+def test_rand2_is_trn3_only():
+    raises(lambda: nisa.rand2(dst=sb((4, 4)), min=0.0, max=1.0), "rand2", "trn3")
+
+
+def test_rand_set_state_word_count():
+    raises(lambda: nisa.rand_set_state(src_seeds=fsb((4, 5), nl.uint32)), "rand_set_state", "src_seeds", "6")
+
+
+def test_dropout_dtype_must_match():
+    raises(lambda: nisa.dropout(dst=sb((4, 4), nl.bfloat16), data=fsb((4, 4)), prob=0.5), "dropout", "dst")

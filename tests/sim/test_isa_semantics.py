@@ -707,3 +707,49 @@ def test_dma_cast_goes_through_fp32_property(src, dst, seed):
     nisa.dma_copy(dst=t, src=from_array(x))
     want = x if src == dst else cast(x.astype(np.float32), getattr(nl, dst))
     assert np.array_equal(val(t), want, equal_nan=True)
+
+
+# ---------------------------------------------------------------- random numbers
+
+def test_rng_uniform_bits_and_seed_determinism():
+    seed = load(np.array([[1234]], np.uint32))
+    a, b = sb((128, 256), nl.uint32), sb((128, 256), nl.uint32)
+    nisa.set_rng_seed(src_seeds=seed)
+    nisa.rng(dst=a)
+    nisa.set_rng_seed(src_seeds=seed)
+    nisa.rng(dst=b)
+    assert np.array_equal(val(a), val(b))
+    u = val(a).astype(np.float64) / 2 ** 32
+    assert abs(u.mean() - 0.5) < 0.01 and abs(u.std() - 12 ** -0.5) < 0.01
+    assert len(np.unique(val(a)[:, 0])) == 128          # lanes are decorrelated
+    nisa.rng(dst=b)
+    assert not np.array_equal(val(a), val(b))            # the stream advances
+    small = sb((4, 8), nl.uint8)
+    nisa.rng(dst=small, engine=nisa.engine.gpsimd)
+    assert val(small).dtype == np.uint8
+
+
+def test_rand_state_roundtrip_and_dropout():
+    st = sb((16, 6), nl.uint32)
+    nisa.rand_get_state(dst=st)
+    x1, x2 = sb((16, 32), nl.uint32), sb((16, 32), nl.uint32)
+    nisa.rng(dst=x1, engine=nisa.engine.gpsimd)
+    nisa.rand_set_state(src_seeds=st)
+    nisa.rng(dst=x2, engine=nisa.engine.gpsimd)
+    assert np.array_equal(val(x1), val(x2))
+    data = load(np.ones((128, 200), np.float32))
+    d = sb((128, 200))
+    nisa.dropout(dst=d, data=data, prob=0.25)
+    assert abs((val(d) == 0).mean() - 0.25) < 0.02 and set(np.unique(val(d))) <= {0.0, 1.0}
+    nisa.dropout(dst=d, data=data, prob=1.0)
+    assert (val(d) == 0).all()
+    nisa.dropout(dst=d, data=data, prob=0.0)
+    assert (val(d) == 1).all()
+
+
+def test_rand2_range_on_trn3(monkeypatch):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    d = sb((64, 128))
+    nisa.rand2(dst=d, min=-2.0, max=3.0)
+    v = val(d)
+    assert v.min() >= -2.0 and v.max() <= 3.0 and abs(v.mean() - 0.5) < 0.05

@@ -35,16 +35,16 @@ Assumptions beyond the documentation (each marked in the code):
 Not implemented yet (documented nki.isa API of NKI 0.5/0.6; calling one of
 the functions below raises NotImplementedError naming it):
 ``nc_matmul_mx``, ``quantize_mx`` (MX formats), ``local_gather``, ``topk``,
-``nonzero_with_count``, ``sequence_bounds``, ``rng``, ``rand2``, ``dropout``,
-``set_rng_seed``, ``rand_set_state``, ``rand_get_state`` (random numbers),
-``core_barrier``, ``sendrecv`` (LNC programs run one after the other here,
+``nonzero_with_count``, ``sequence_bounds``, ``core_barrier``, ``sendrecv`` (LNC programs run one after the other here,
 so cross-core synchronisation cannot be modelled); ``get_nc_sub_version``
 returns 0 always. Virtual registers hold Python ints and are not accepted
 as ``.ap(scalar_offset=...)`` (sim.tensor takes a 1x1 SBUF tensor). Partially: ``dma_transpose`` without the indirect (swdge
 gather-transpose) form; ``dma_copy`` takes ``scalar_offset`` only as a 1x1
 SBUF tensor (no VirtualRegister) and ``priority`` has no effect; no
 ``.indirect()`` tensor indirection (v4) on any compute instruction;
-``activate2`` ``prelu`` is modelled as ``x if x > 0 else relu_param * x``; ``nc_transpose`` on trn1 TensorE is bit-exact (the
+``activate2`` ``prelu`` is modelled as ``x if x > 0 else relu_param * x``;
+the random instructions run XORWOW per lane with our own state layout and
+seeding (see ``isa.random``): deterministic, not the hardware's bits; ``nc_transpose`` on trn1 TensorE is bit-exact (the
 hardware's identity-matmul NaN/Inf smearing is not modelled); tfloat32
 operands are not truncated to 10 mantissa bits in ``nc_matmul``.
 """
@@ -57,6 +57,7 @@ from ._enums import (NkiInstruction, dge_mode, dma_engine, engine, gpsimd_engine
 from .dma import dma_copy, dma_transpose
 from .extra import (activate2, dma_compute, exponential, max8, nc_find_index8, nc_match_replace8,
                     nc_n_gather, tensor_copy_predicated)
+from .random import dropout, rand2, rand_get_state, rand_set_state, rng, set_rng_seed
 from .registers import VirtualRegister, register_alloc, register_load, register_move, register_store
 from .gpsimd import affine_select, iota, tensor_partition_reduce
 from .scalar import activation, activation_reduce
@@ -91,8 +92,7 @@ def _missing(api: str):
 
 NOT_IMPLEMENTED = (
     "nc_matmul_mx", "quantize_mx", "local_gather", "topk", "nonzero_with_count", "sequence_bounds",
-    "rng", "rand2", "dropout", "set_rng_seed", "rand_set_state", "rand_get_state", "core_barrier",
-    "sendrecv",
+    "core_barrier", "sendrecv",
 )
 for _api in NOT_IMPLEMENTED:
     globals()[_api] = _missing(_api)
@@ -110,5 +110,6 @@ __all__ = [
     "tensor_partition_reduce", "bn_stats", "bn_aggr", "exponential", "activate2",
     "tensor_copy_predicated", "max8", "nc_n_gather", "nc_find_index8", "nc_match_replace8",
     "dma_compute", "VirtualRegister", "register_alloc", "register_move", "register_load",
-    "register_store", *NOT_IMPLEMENTED,
+    "register_store", "rng", "rand2", "dropout", "set_rng_seed", "rand_set_state", "rand_get_state",
+    *NOT_IMPLEMENTED,
 ]

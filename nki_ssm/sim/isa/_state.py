@@ -15,6 +15,7 @@ from . import _core as C
 
 _vector: dict[int, np.ndarray] = {}
 _scalar: dict[int, np.ndarray] = {}
+_rng: dict[tuple, dict] = {}
 
 
 def _key():
@@ -48,7 +49,20 @@ def scalar_regs() -> np.ndarray:
     return _regs(_scalar)
 
 
+def rng_states() -> dict:
+    """{engine name: [128, words] uint32 PRNG lane states} of the running program."""
+    key = _key()
+    r = _rng.get(key)
+    if r is None:
+        if len(_rng) > 16:
+            _rng.clear()
+        r = {}
+        _rng[key] = r
+    return r
+
+
 def reset_all():
-    """Forget all register state (every lane back to NaN)."""
+    """Forget all register state (every lane back to NaN, generators unseeded)."""
     _vector.clear()
     _scalar.clear()
+    _rng.clear()
