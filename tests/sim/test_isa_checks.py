@@ -609,3 +609,13 @@ def test_rand_set_state_word_count():
 
 def test_dropout_dtype_must_match():
     raises(lambda: nisa.dropout(dst=sb((4, 4), nl.bfloat16), data=fsb((4, 4)), prob=0.5), "dropout", "dst")
+
+
+def test_local_gather_index_dtype():
+    raises(lambda: nisa.local_gather(dst=sb((16, 4)), src_buffer=fsb((16, 8)), index=fsb((16, 1), nl.int32)),
+           "local_gather", "index", "uint16")
+
+
+def test_nonzero_with_count_dst_width():
+    raises(lambda: nisa.nonzero_with_count(dst=sb((16, 8), nl.int32), src=fsb((16, 8))),
+           "nonzero_with_count", "dst", "9 elements")

@@ -753,3 +753,34 @@ def test_rand2_range_on_trn3(monkeypatch):
     nisa.rand2(dst=d, min=-2.0, max=3.0)
     v = val(d)
     assert v.min() >= -2.0 and v.max() <= 3.0 and abs(v.mean() - 0.5) < 0.05
+
+
+def test_sequence_bounds_documented_example():
+    seg = load(np.array([[0, 1, 1, 2, 2, 2, 0, 3, 3]], np.int32))
+    d = sb((1, 2, 9), nl.int32)
+    nisa.sequence_bounds(dst=d, segment_ids=seg)
+    np.testing.assert_array_equal(val(d)[0], [[9, 1, 1, 3, 3, 3, 9, 7, 7], [-1, 3, 3, 6, 6, 6, -1, 9, 9]])
+
+
+def test_nonzero_with_count_documented_example():
+    x = np.zeros((32, 8), np.float32)
+    x[0] = [0, 1, 1, 0, 0, 1, 0, 0]
+    x[16] = [2, 0, 0, 0, 0, 0, 0, 3]
+    x[5] = 1.0                                   # not a core's first partition: ignored
+    d = sb((32, 9), nl.int32)
+    nisa.memset(dst=d, value=7)
+    nisa.nonzero_with_count(dst=d, src=load(x), index_offset=16, padding_val=-1)
+    np.testing.assert_array_equal(val(d)[0], [17, 18, 21, -1, -1, -1, -1, -1, 3])
+    np.testing.assert_array_equal(val(d)[16], [16, 23, -1, -1, -1, -1, -1, -1, 2])
+    assert (val(d)[5] == 7).all()
+
+
+def test_local_gather_per_core_groups(rng):
+    src = rng.standard_normal((32, 64)).astype(np.float32)
+    idx = rng.integers(0, 16, (32, 2)).astype(np.uint16) * 4
+    d = sb((32, 8 * 4))
+    nisa.local_gather(dst=d, src_buffer=load(src), index=load(idx), num_elem_per_idx=4, num_valid_indices=8)
+    for g in range(2):
+        flat = idx[16 * g:16 * g + 16].reshape(-1, order="F")[:8].astype(np.int64)
+        pos = (flat[:, None] + np.arange(4)).reshape(-1)
+        np.testing.assert_array_equal(val(d)[16 * g:16 * g + 16], src[16 * g:16 * g + 16][:, pos])

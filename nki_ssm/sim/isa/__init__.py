@@ -34,8 +34,8 @@ Assumptions beyond the documentation (each marked in the code):
 
 Not implemented yet (documented nki.isa API of NKI 0.5/0.6; calling one of
 the functions below raises NotImplementedError naming it):
-``nc_matmul_mx``, ``quantize_mx`` (MX formats), ``local_gather``, ``topk``,
-``nonzero_with_count``, ``sequence_bounds``, ``core_barrier``, ``sendrecv`` (LNC programs run one after the other here,
+``nc_matmul_mx``, ``quantize_mx`` (MX formats), ``topk`` (its "16P input
+snake" layout is not specified precisely enough to model), ``core_barrier``, ``sendrecv`` (LNC programs run one after the other here,
 so cross-core synchronisation cannot be modelled); ``get_nc_sub_version``
 returns 0 always. Virtual registers hold Python ints and are not accepted
 as ``.ap(scalar_offset=...)`` (sim.tensor takes a 1x1 SBUF tensor). Partially: ``dma_transpose`` without the indirect (swdge
@@ -59,7 +59,8 @@ from .extra import (activate2, dma_compute, exponential, max8, nc_find_index8, n
                     nc_n_gather, tensor_copy_predicated)
 from .random import dropout, rand2, rand_get_state, rand_set_state, rng, set_rng_seed
 from .registers import VirtualRegister, register_alloc, register_load, register_move, register_store
-from .gpsimd import affine_select, iota, tensor_partition_reduce
+from .gpsimd import (affine_select, iota, local_gather, nonzero_with_count, sequence_bounds,
+                     tensor_partition_reduce)
 from .scalar import activation, activation_reduce
 from .tensor_engine import nc_matmul, nc_transpose
 from .scan import tensor_scalar_cumulative, tensor_tensor_scan
@@ -91,8 +92,7 @@ def _missing(api: str):
 
 
 NOT_IMPLEMENTED = (
-    "nc_matmul_mx", "quantize_mx", "local_gather", "topk", "nonzero_with_count", "sequence_bounds",
-    "core_barrier", "sendrecv",
+    "nc_matmul_mx", "quantize_mx", "topk", "core_barrier", "sendrecv",
 )
 for _api in NOT_IMPLEMENTED:
     globals()[_api] = _missing(_api)
@@ -110,6 +110,6 @@ __all__ = [
     "tensor_partition_reduce", "bn_stats", "bn_aggr", "exponential", "activate2",
     "tensor_copy_predicated", "max8", "nc_n_gather", "nc_find_index8", "nc_match_replace8",
     "dma_compute", "VirtualRegister", "register_alloc", "register_move", "register_load",
-    "register_store", "rng", "rand2", "dropout", "set_rng_seed", "rand_set_state", "rand_get_state",
+    "register_store", "local_gather", "sequence_bounds", "nonzero_with_count", "rng", "rand2", "dropout", "set_rng_seed", "rand_set_state", "rand_get_state",
     *NOT_IMPLEMENTED,
 ]
