@@ -142,9 +142,11 @@ def test_prefill_repeated_calls_continue_sequences(rng):
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_prefill_hypothesis_ragged(data):
+    """Random ragged batches: lengths 0..12 (T = 1, T < W-1, empty), padding, mixed
+    initial states, W 2..8, partial channel tiles, both dtypes, bias or not."""
     seed = data.draw(st.integers(0, 2**31 - 1))
-    W = data.draw(st.sampled_from([2, 3, 4]))
-    dim = data.draw(st.sampled_from([128, 160, 256]))
+    W = data.draw(st.sampled_from([2, 3, 4, 8]))
+    dim = data.draw(st.sampled_from([64, 128, 160, 256]))
     lens = data.draw(st.lists(st.integers(0, 12), min_size=1, max_size=4))
     padding = data.draw(st.integers(0, len(lens) - 1))
     dtype = data.draw(st.sampled_from([np.float32, BF16]))
@@ -173,6 +175,7 @@ def test_invalid_call_changes_nothing(rng):
 @pytest.mark.parametrize("T", [None, 1, 3])
 @pytest.mark.parametrize("dtype", [np.float32, BF16])
 def test_decode_matches_reference(rng, T, dtype):
+    """T = 1 ([num_seqs, dim] and [num_seqs, 1, dim]) and a 3-token speculative step."""
     inp = make_short_conv_decode_inputs(rng, num_seqs=5, T=T, dim=128, W=4, dtype=dtype,
                                         pool_dtype=dtype, padding=1)
     before = inp["conv_states"].copy()
@@ -242,3 +245,27 @@ def test_model_dim_prefill_and_decode(rng):
                                             conv_states=before, state_indices=dec["state_indices"])
     _check_y(y, y_ref, BF16)
     _check_pool(pool, before, pool_ref, dec["state_indices"])
+
+
+@settings(max_examples=12, deadline=None)
+@given(data=st.data())
+def test_decode_hypothesis(data):
+    """Random decode batches: 1..140 sequences (R from 1 to 64 channel blocks), T 1..4,
+    W 2..8, padding, dims that are not powers of two, bias or not, both dtypes."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1)))
+    num_seqs = data.draw(st.integers(1, 140))
+    dtype = data.draw(st.sampled_from([np.float32, BF16]))
+    inp = make_short_conv_decode_inputs(
+        rng, num_seqs=num_seqs, T=data.draw(st.integers(1, 4)),
+        dim=data.draw(st.sampled_from([64, 96, 128, 200])), W=data.draw(st.sampled_from([2, 3, 4, 8])),
+        dtype=dtype, pool_dtype=data.draw(st.sampled_from([np.float32, BF16])),
+        padding=data.draw(st.integers(0, num_seqs - 1)), bias=data.draw(st.booleans()))
+    before = inp["conv_states"].copy()
+    pool = before.copy()
+    y = ops.short_conv_decode(inp["x"], inp["weight"], inp["bias"], activation="silu",
+                              conv_states=pool, state_indices=inp["state_indices"], backend="sim")
+    y_ref, pool_ref = ref.short_conv_decode(inp["x"], inp["weight"], inp["bias"],
+                                            activation="silu", conv_states=before,
+                                            state_indices=inp["state_indices"])
+    _check_y(y, y_ref, dtype)
+    _check_pool(pool, before, pool_ref, inp["state_indices"])
