@@ -18,35 +18,55 @@ match (bit copy). ScalarE functions are the exact functions in float32/64:
 the hardware's piecewise polynomials (including ``sin`` without range
 reduction) are not modelled, and out-of-range inputs are not poisoned.
 
+Module layout: ``dma`` (dma_copy, dma_transpose), ``tensor_engine``
+(nc_matmul, nc_transpose), ``vector`` (copies, fills, elementwise,
+reductions), ``scan`` (tensor_tensor_scan, tensor_scalar_cumulative),
+``select`` (range/select_reduce, nc_stream_shuffle, bn_stats/aggr),
+``scalar`` (activation), ``gpsimd`` (iota, affine_select, partition reduce,
+local_gather, ...), ``extra`` (exponential, activate2, max8, ...),
+``random``, ``registers``; shared checks in ``_core``, ALU/activation tables
+in ``_alu``, accumulator and PRNG state in ``_state``.
+
 Assumptions beyond the documentation (each marked in the code):
+
 - the start-partition rule (0 / 0,64 / 0,32,64,96 by partition count) is
-  applied to every compute instruction's operands (documented for NC-v2;
-  UNVERIFIED for v3/v4); DMA is exempt;
+  applied to every compute instruction's operands (documented for NC-v2 and
+  nc_stream_shuffle; UNVERIFIED for other instructions on v3/v4); DMA is
+  exempt;
 - ``accumulate=None`` is tracked per PSUM element (first matmul write
   overwrites, later ones add); ``accumulate=True`` on an element no matmul
   has written raises on trn1/trn2 (undefined behaviour on hardware);
 - VectorE / ScalarE accumulator registers start as NaN, persist across
   instructions per SPMD program, and are indexed by absolute partition;
-  ``select_reduce`` with ``reduce_cmd.idle`` leaves them NaN ("unknown");
+  ``select_reduce`` / ``exponential`` with ``reduce_cmd.idle`` leave them NaN
+  (the docs: "accumulator state unknown");
 - ``memset`` accepts an int value for float dtypes (only float-for-int is
-  documented as rejected);
-- ``tensor_partition_reduce`` writes a ``(1, F)`` dst.
+  documented as rejected); float values are fp32 immediates;
+- ``tensor_partition_reduce`` writes a ``(1, F)`` dst;
+- ``activate2`` ``prelu`` is ``x if x > 0 else relu_param * x``;
+- the random instructions run XORWOW per lane with our own state layout and
+  seeding (see ``isa.random``): deterministic streams, not the hardware's
+  bits;
+- ``local_gather`` and ``sequence_bounds`` follow the NumPy references in
+  the SDK's legacy tests (test_nki_isa_local_gather / _sequence_bounds).
 
-Not implemented yet (documented nki.isa API of NKI 0.5/0.6; calling one of
-the functions below raises NotImplementedError naming it):
-``nc_matmul_mx``, ``quantize_mx`` (MX formats), ``topk`` (its "16P input
-snake" layout is not specified precisely enough to model), ``core_barrier``, ``sendrecv`` (LNC programs run one after the other here,
-so cross-core synchronisation cannot be modelled); ``get_nc_sub_version``
-returns 0 always. Virtual registers hold Python ints and are not accepted
-as ``.ap(scalar_offset=...)`` (sim.tensor takes a 1x1 SBUF tensor). Partially: ``dma_transpose`` without the indirect (swdge
-gather-transpose) form; ``dma_copy`` takes ``scalar_offset`` only as a 1x1
-SBUF tensor (no VirtualRegister) and ``priority`` has no effect; no
-``.indirect()`` tensor indirection (v4) on any compute instruction;
-``activate2`` ``prelu`` is modelled as ``x if x > 0 else relu_param * x``;
-the random instructions run XORWOW per lane with our own state layout and
-seeding (see ``isa.random``): deterministic, not the hardware's bits; ``nc_transpose`` on trn1 TensorE is bit-exact (the
-hardware's identity-matmul NaN/Inf smearing is not modelled); tfloat32
-operands are not truncated to 10 mantissa bits in ``nc_matmul``.
+Not implemented (documented nki.isa API of NKI 0.5/0.6; each raises
+NotImplementedError naming itself): ``nc_matmul_mx`` and ``quantize_mx``
+(MX formats; the packed x4 dtypes are not in sim.dtypes), ``topk`` (its
+"16P input snake" layout is not specified precisely enough to model),
+``core_barrier`` and ``sendrecv`` (LNC programs run one after the other
+here, so cross-core synchronisation cannot be modelled).
+
+Partially implemented: ``get_nc_sub_version`` always returns 0;
+``dma_transpose`` lacks the indirect (swdge gather-transpose) form;
+``dma_copy`` takes ``scalar_offset`` only as a 1x1 SBUF tensor (virtual
+registers hold Python ints and cannot address memory) and ``priority`` has
+no effect; no ``.indirect()`` tensor indirection (v4) on compute
+instructions; ``nc_transpose`` on trn1 TensorE is bit-exact (the hardware's
+identity-matmul NaN/Inf smearing is not modelled); tfloat32 operands are not
+truncated to 10 mantissa bits in ``nc_matmul``; ScalarE activation
+functions are exact (no polynomial approximation, no out-of-range
+poisoning).
 """
 from __future__ import annotations
 
