@@ -282,3 +282,15 @@ def test_sbuf_capacity_bounds_prefetch():
     # two 100 KiB tiles fit in 208 KiB; the third load waits for the first tile's reader
     assert s.dma_data_start[4] >= s.end[1]
     assert s.dma_data_start[2] < s.end[1]
+
+
+def test_optional_semaphore_latency_delays_cross_engine_consumers_only():
+    hw = TRN2.with_overrides(semaphore_ns=250.0)
+    a, b, c, d = (new_storage() for _ in range(4))
+    prod = act([sbuf(a)], [sbuf(b)])
+    cross = vec([sbuf(b)], [sbuf(c)])
+    same = act([sbuf(b)], [sbuf(d)])
+    t = perf.model(trace_of(prod, cross, same), target=hw)
+    s = t.schedule
+    assert s.start[1] == pytest.approx(s.end[0] + 250.0)
+    assert s.start[2] == pytest.approx(s.end[0] + TRN2.scalar_raw_cycles / TRN2.scalar_ghz)
