@@ -784,3 +784,13 @@ def test_local_gather_per_core_groups(rng):
         flat = idx[16 * g:16 * g + 16].reshape(-1, order="F")[:8].astype(np.int64)
         pos = (flat[:, None] + np.arange(4)).reshape(-1)
         np.testing.assert_array_equal(val(d)[16 * g:16 * g + 16], src[16 * g:16 * g + 16][:, pos])
+
+
+def test_sin_arctan_nan_outside_valid_range():
+    x = load(np.array([[0.5, -3.0, 9.0, 1.6]], np.float32))
+    d = sb((1, 4))
+    nisa.activation(dst=d, op=nl.sin, data=x)
+    np.testing.assert_allclose(val(d)[0, :2], np.sin([0.5, -3.0]), rtol=1e-6)
+    assert np.isnan(val(d)[0, 2])
+    nisa.activation(dst=d, op=nl.arctan, data=x)
+    assert np.isnan(val(d)[0, 3]) and not np.isnan(val(d)[0, 0])

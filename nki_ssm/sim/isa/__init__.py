@@ -65,8 +65,9 @@ no effect; no ``.indirect()`` tensor indirection (v4) on compute
 instructions; ``nc_transpose`` on trn1 TensorE is bit-exact (the hardware's
 identity-matmul NaN/Inf smearing is not modelled); tfloat32 operands are not
 truncated to 10 mantissa bits in ``nc_matmul``; ScalarE activation
-functions are exact (no polynomial approximation, no out-of-range
-poisoning).
+functions are exact (no polynomial approximation); of the range-limited
+ones only ``sin`` and ``arctan`` (no range reduction on hardware) return NaN
+outside their valid ranges.
 """
 from __future__ import annotations
 

@@ -239,6 +239,20 @@ def _erf_dx(x):
     return (2.0 / math.sqrt(math.pi) * np.exp(-x64 * x64)).astype(_F32)
 
 
+def _ranged(fn, lo, hi):
+    """fn inside its documented valid input range, NaN outside.
+
+    ScalarE evaluates a fitted polynomial with no range reduction, so inputs
+    outside the valid range give wrong values on hardware (``sin(9.0)`` is
+    about 27.65, nki.api.shared.rst); NaN makes such use visible here.
+    """
+    def g(x):
+        with np.errstate(all="ignore"):
+            y = fn(x).astype(_F32)
+        return np.where((x >= lo) & (x <= hi), y, _F32(np.nan)).astype(_F32)
+    return g
+
+
 def _f32(fn):
     def g(x):
         with np.errstate(all="ignore"):
@@ -247,8 +261,10 @@ def _f32(fn):
 
 
 # Exact functions in float32/float64; the hardware's piecewise polynomials are
-# not modelled (their accuracy is undocumented), nor are out-of-range inputs
-# poisoned (see the isa package docstring).
+# not modelled (their accuracy is undocumented). sin and arctan, which have no
+# range reduction, give NaN outside their valid ranges; log/sqrt/rsqrt/
+# reciprocal keep exact values (their ranges only exclude extremes and 0,
+# where a NaN would punish legitimate padding rows).
 ACTIVATIONS = {
     "copy": lambda x: x,
     "square": _f32(np.square),
@@ -268,8 +284,8 @@ ACTIVATIONS = {
     "erf_dx": _erf_dx,
     "exp": _f32(np.exp),
     "log": _f32(np.log),
-    "sin": _f32(np.sin),
-    "arctan": _f32(np.arctan),
+    "sin": _ranged(np.sin, -np.pi, np.pi),
+    "arctan": _ranged(np.arctan, -np.pi / 2, np.pi / 2),
     "sqrt": _f32(np.sqrt),
     "rsqrt": _rsqrt,
     "reciprocal": _recip,
