@@ -143,6 +143,9 @@ def write_report(out_dir, results: list[CaseResult], *, target: str, case_set: s
         paths["timeline_zoom"] = timeline_png(timeline_timing, out / "timeline_zoom.png", window_ns=span,
                                               title=f"{timeline_case}: first {span[1] / 1e3:.1f} us "
                                                     f"(zoom), modeled {target}")
+    kernels = [r for r in results if r.status == "kernel"]
+    if kernels:
+        paths["engines"] = _engine_share_png(kernels, out / "engines.png", target)
     cal_md = None
     if calibration_rows is not None:
         from nki_ssm.perf.calibration import table_markdown
@@ -173,6 +176,8 @@ def write_report(out_dir, results: list[CaseResult], *, target: str, case_set: s
             tops = "; ".join(f"{name} x{cnt}: {fmt_time(ns)}" for name, cnt, ns in r.top_ops)
             md.append(f"| {r.case_id} | {tops} |")
         md.append("")
+    if "engines" in paths:
+        md += ["## Engine busy share per case", "", "![engines](engines.png)", ""]
     md += ["## Roofline", "", "![roofline](roofline.png)", ""]
     if cal_md is not None:
         md += ["## Calibration (modeled / published)", "", cal_md, ""]
@@ -192,6 +197,42 @@ def write_report(out_dir, results: list[CaseResult], *, target: str, case_set: s
     (out / "results.json").write_text(json.dumps(payload, indent=1, default=_json_default))
     paths["json"] = str(out / "results.json")
     return paths
+
+
+def _engine_share_png(kernels: list, path, target: str) -> str:
+    """Grouped bars: busy share of each engine per kernel case (binding engine marked)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    engines = ["tensor", "vector", "scalar", "gpsimd", "dma"]
+    n = len(kernels)
+    fig, ax = plt.subplots(figsize=(max(8, 1.3 * n + 3), 5))
+    width = 0.8 / len(engines)
+    x = np.arange(n)
+    colors = plt.get_cmap("tab10").colors
+    for k, e in enumerate(engines):
+        vals = [100 * r.share.get(e, 0.0) for r in kernels]
+        bars = ax.bar(x + (k - 2) * width, vals, width, label=e, color=colors[k])
+        for j, r in enumerate(kernels):
+            if r.binding_engine == e:
+                bars[j].set_edgecolor("black")
+                bars[j].set_linewidth(1.5)
+    ax.set_xticks(x)
+    ax.set_xticklabels([r.case_id.replace("/", "\n", 2) for r in kernels], fontsize=7)
+    ax.set_ylabel("busy share of modeled time (%)")
+    ax.set_ylim(0, 105)
+    ax.set_title(f"Engine busy share per kernel case, modeled {target} (black edge: binding engine)",
+                 fontsize=10)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[k]) for k in range(len(engines))]
+    ax.legend(handles, engines, fontsize=8, ncol=5, loc="upper center")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
 
 
 def _zoom_window(timing) -> tuple[float, float]:

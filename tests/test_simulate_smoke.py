@@ -38,7 +38,7 @@ def test_smoke_run_writes_report(tmp_path):
     img = mpimg.imread(out / "roofline.png")
     assert img.ndim == 3 and img.shape[0] > 100
     if any(c["status"] == "kernel" for c in cases):
-        for name in ("timeline.png", "timeline_zoom.png"):
+        for name in ("timeline.png", "timeline_zoom.png", "engines.png"):
             assert mpimg.imread(out / name).shape[1] > 500
 
 
