@@ -65,12 +65,16 @@ def vector_cycles(inst, hw: HardwareSpec) -> float:
 
 
 def scalar_cycles(inst, hw: HardwareSpec) -> float:
-    """ScalarE cycles: overhead + N / lanes (scale, bias and add-reduce are free) + accumulator read."""
+    """ScalarE cycles: overhead + N / lanes (scale, bias and add-reduce are free) + accumulator read.
+
+    The ~64-cycle ActReadAccumulator is charged when the instruction writes
+    ``reduce_res`` (attrs ``reduce_res``), not for accumulating itself.
+    """
     n = max(int(inst.free_size), 1)
     rate = hw.scalar_elems_per_cycle_16bit if _attr(inst, "all_16bit", False) else hw.scalar_elems_per_cycle
     k = max(int(inst.num_inputs), 1)
     cycles = hw.scalar_overhead_cycles + math.ceil(n * k / rate)
-    if _attr(inst, "reduce", False):
+    if _attr(inst, "reduce_res", False):
         cycles += hw.scalar_reduce_cycles
     return cycles
 

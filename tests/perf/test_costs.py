@@ -51,8 +51,10 @@ def test_vector_rules_and_perf_modes():
 def test_scalar_rules():
     a = vec([], [], n=512, inputs=1, engine="scalar", op="activation")
     assert costs.scalar_cycles(a, TRN2) == 64 + 512
-    r = vec([], [], n=512, inputs=1, engine="scalar", op="activation", reduce=True)
-    assert costs.scalar_cycles(r, TRN2) == 64 + 512 + 64
+    acc = vec([], [], n=512, inputs=1, engine="scalar", op="activation", reduce=True)
+    assert costs.scalar_cycles(acc, TRN2) == 64 + 512            # accumulating is free
+    r = vec([], [], n=512, inputs=1, engine="scalar", op="activation", reduce=True, reduce_res=True)
+    assert costs.scalar_cycles(r, TRN2) == 64 + 512 + 64         # reading reduce_res is not
     b = vec([], [], n=512, inputs=1, engine="scalar", op="activation", all_16bit=True)
     assert costs.scalar_cycles(b, TRN3) == 64 + 256
 
