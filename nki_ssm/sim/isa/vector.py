@@ -13,7 +13,6 @@ from . import _state as S
 from ._enums import check_enum, engine as _engine, reduce_cmd as _rc
 
 _F32 = np.float32
-_INT_NAMES = ("int8", "int16", "int32", "uint8", "uint16", "uint32")
 
 
 def _binary(inst, arg, op):
