@@ -293,14 +293,10 @@ def _chunk(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST,
     nisa.dma_copy(dst=x_in, src=x[t0:t0 + L, :])
     dt_in = nl.ndarray((L, H), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=dt_in, src=dt[t0:t0 + L, :])
-    B_mm = nl.ndarray((L, GN), dtype=md, buffer=nl.sbuf)
+    B_mm = nl.ndarray((L, GN), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=B_mm, src=B[t0:t0 + L, :])
     C_mm = nl.ndarray((L, GN), dtype=md, buffer=nl.sbuf)
     nisa.dma_copy(dst=C_mm, src=C[t0:t0 + L, :])
-    z_in = None
-    if z != None:  # noqa: E711
-        z_in = nl.ndarray((L, HP), dtype=z.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=z_in, src=z[t0:t0 + L, :])
 
     # ---- dt' and dt'*A for all heads, fp32
     dtp = nl.ndarray((L, H), dtype=nl.float32, buffer=nl.sbuf)
@@ -346,9 +342,14 @@ def _chunk(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST,
         for t in range(n_tiles):
             n0 = g * N + t * _PMAX
             nt = min(_PMAX, N - t * _PMAX)
-            BT = _transpose_to_sbuf(B_mm[:, n0:n0 + nt], L, nt, md)
+            BT = _transpose_to_sbuf(B_mm[:, n0:n0 + nt], L, nt, nl.float32)
+            CTf = CT[t]
+            if md != nl.float32:
+                # CB in fp32 from the C values (bf16-exact for bf16 inputs)
+                CTf = nl.ndarray((nt, L), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_copy(dst=CTf, src=CT[t], engine=nisa.engine.gpsimd)
             # cb[j, i] = sum_n B[j, n] C[i, n]
-            nisa.nc_matmul(dst=cb_ps, stationary=BT, moving=CT[t], accumulate=(t > 0))
+            nisa.nc_matmul(dst=cb_ps, stationary=BT, moving=CTf, accumulate=(t > 0))
         cb = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_copy(dst=cb, src=cb_ps)
         del cb_ps
@@ -359,9 +360,8 @@ def _chunk(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST,
         CTs.append(CT)
         cbms.append(cbm)
 
-    y_sb = nl.ndarray((L, HP), dtype=y.dtype, buffer=nl.sbuf)
-    return {"x_in": x_in, "B_mm": B_mm, "z_in": z_in, "D_sb": D_sb, "DI": DI,
-            "y_sb": y_sb, "U": U, "Ls": Ls, "CTs": CTs, "cbms": cbms, "ST": ST, "dtA": dtA,
+    return {"x_in": x_in, "B_mm": B_mm, "z": z, "y": y, "D_sb": D_sb, "DI": DI, "U": U,
+            "Ls": Ls, "CTs": CTs, "cbms": cbms, "ST": ST, "dtA": dtA,
             "dtp": dtp, "lndt": lndt, "ecs": ecs, "wd": wd, "elast": elast, "L": L, "P": P,
             "N": N, "n_tiles": n_tiles, "md": md, "t0": t0}
 
@@ -429,8 +429,6 @@ def _sequence(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST, start
             if k == ns - 1:
                 work[i] = None
                 if j == nb - 1:
-                    t0, L = chunks[c]
-                    nisa.dma_copy(dst=y[t0:t0 + L, :], src=ctxs[c]["y_sb"])
                     ctxs[c] = None
 
 
@@ -529,11 +527,15 @@ def _st_scalar(ctx, blk, w):
                         data=w["yo"][:, k * P:(k + 1) * P], scale=ecs[:, h0 + k:h0 + k + 1])
     w["yo"] = None
     w["yb"] = yb
-    if ctx["z_in"] != None:  # noqa: E711
+    if ctx["z"] != None:  # noqa: E711
+        # z and y move per block (not per chunk) to keep two chunks' tiles in SBUF
+        t0 = ctx["t0"]
+        z_b = nl.ndarray((L, nh * P), dtype=ctx["z"].dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=z_b, src=ctx["z"][t0:t0 + L, c0:c1])
         sz = nl.ndarray((L, nh * P), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=sz, op=nl.silu, data=ctx["z_in"][:, c0:c1])
+        nisa.activation(dst=sz, op=nl.silu, data=z_b)
         w["sz"] = sz
-    Xd = nl.ndarray((L, nh * P), dtype=md, buffer=nl.sbuf)
+    Xd = nl.ndarray((L, nh * P), dtype=nl.float32, buffer=nl.sbuf)
     for k in range(nh):
         h = h0 + k
         nisa.tensor_scalar(dst=Xd[:, k * P:(k + 1) * P], data=x_in[:, h * P:(h + 1) * P],
@@ -559,13 +561,15 @@ def _st_yout(ctx, blk, w):
         nisa.tensor_tensor(dst=xd, data1=x_in[:, c0:c1], data2=D_sb[0:L, c0:c1], op=nl.multiply,
                            engine=nisa.engine.gpsimd)
         nisa.tensor_tensor(dst=yb, data1=yb, data2=xd, op=nl.add, engine=nisa.engine.gpsimd)
-    y_sb = ctx["y_sb"]
-    if ctx["z_in"] != None:  # noqa: E711
-        nisa.tensor_tensor(dst=y_sb[:, c0:c1], data1=yb, data2=w["sz"], op=nl.multiply,
+    y_b = nl.ndarray((L, nh * P), dtype=ctx["y"].dtype, buffer=nl.sbuf)
+    if ctx["z"] != None:  # noqa: E711
+        nisa.tensor_tensor(dst=y_b, data1=yb, data2=w["sz"], op=nl.multiply,
                            engine=nisa.engine.gpsimd)
         w["sz"] = None
     else:
-        nisa.tensor_copy(dst=y_sb[:, c0:c1], src=yb, engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=y_b, src=yb, engine=nisa.engine.gpsimd)
+    t0 = ctx["t0"]
+    nisa.dma_copy(dst=ctx["y"][t0:t0 + L, c0:c1], src=y_b)
     w["yb"] = None
 
 

@@ -12,7 +12,8 @@ update is a per-partition-scalar instruction over N free elements:
 
     ScalarE  tmp = S * exp(dt' A)               (activation copy, column scale)
     VectorE  S   = B_bcast * (dt' x) + tmp      (scalar_tensor_tensor)
-    VectorE  y   = sum_n S * C_bcast            (tensor_tensor, tensor_reduce)
+    GpSimd   prod = S * C_bcast                 (tensor_tensor)
+    ScalarE  y   = sum_n prod                   (activation copy, add-reduce)
 
 B and C rows of each partition's group are broadcast to the ``pr``
 partitions on TensorE (a K=G 0/1 selection matmul, exact) and read straight
@@ -71,6 +72,10 @@ def ssd_decode_step(x_rows, dt_rows, A_rows, B, C, group_sel, D_rows, z_rows, bi
     sel = nl.ndarray((G, pr), dtype=group_sel.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=sel, src=group_sel)
 
+    # Gathers run _AHEAD sequences ahead of the compute: the pool is one HBM
+    # tensor with run-time indices, so a gather issued after a scatter must
+    # wait for it; issuing it before keeps the DMA queues streaming.
+    live_ids = [s for s in range(num_seqs) if live[s]]
     for s in range(num_seqs):
         if not live[s]:
             zt = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
@@ -78,29 +83,42 @@ def ssd_decode_step(x_rows, dt_rows, A_rows, B, C, group_sel, D_rows, z_rows, bi
             for tok in range(T):
                 r0 = (s * T + tok) * pr
                 nisa.dma_copy(dst=y[r0:r0 + pr, :], src=zt)
-            continue
-        idx = nl.ndarray((pr, 1), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=idx, src=pool_idx[s * pr:(s + 1) * pr, :])
-        nat = nl.ndarray((pr, nt * N), dtype=pool.dtype, buffer=nl.sbuf)
-        view = pool.ap(pattern=[[nt * N, pr], [1, nt * N]], offset=0, vector_offset=idx,
-                       indirect_dim=0)
-        nisa.dma_copy(dst=nat, src=view)
-        if pool.dtype == nl.float32:
-            S = nat
-        else:
-            S = nl.ndarray((pr, nt * N), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=S, src=nat)
-
-        for tok in range(T):
-            _token(x_rows, dt_rows, z_rows, B, C, y, A_sb, bias_sb, D_sb, sel, S,
-                   s * T + tok, pr, nt, N, G, dt_softplus, dt_lo, dt_hi)
-
-        if pool.dtype != nl.float32:
-            nisa.tensor_copy(dst=nat, src=S)
-        view = pool.ap(pattern=[[nt * N, pr], [1, nt * N]], offset=0, vector_offset=idx,
-                       indirect_dim=0)
-        nisa.dma_copy(dst=view, src=nat)
+    got = {}
+    for n in range(len(live_ids) + _AHEAD):
+        if n < len(live_ids):
+            got[str(n)] = _gather(pool, pool_idx, live_ids[n], pr, nt, N)
+        m = n - _AHEAD
+        if m >= 0:
+            s = live_ids[m]
+            idx, nat = got.pop(str(m))
+            if pool.dtype == nl.float32:
+                S = nat
+            else:
+                S = nl.ndarray((pr, nt * N), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_copy(dst=S, src=nat)
+            for tok in range(T):
+                _token(x_rows, dt_rows, z_rows, B, C, y, A_sb, bias_sb, D_sb, sel, S,
+                       s * T + tok, pr, nt, N, G, dt_softplus, dt_lo, dt_hi)
+            if pool.dtype != nl.float32:
+                nisa.tensor_copy(dst=nat, src=S)
+            view = pool.ap(pattern=[[nt * N, pr], [1, nt * N]], offset=0, vector_offset=idx,
+                           indirect_dim=0)
+            nisa.dma_copy(dst=view, src=nat)
     return y
+
+
+_AHEAD = 2   # sequences whose state is gathered ahead of the one being updated
+
+
+def _gather(pool, pool_idx, s, pr, nt, N):
+    """(row indices, state tile [pr, nt*N] in the pool dtype) of sequence s (one DMA)."""
+    idx = nl.ndarray((pr, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=idx, src=pool_idx[s * pr:(s + 1) * pr, :])
+    nat = nl.ndarray((pr, nt * N), dtype=pool.dtype, buffer=nl.sbuf)
+    view = pool.ap(pattern=[[nt * N, pr], [1, nt * N]], offset=0, vector_offset=idx,
+                   indirect_dim=0)
+    nisa.dma_copy(dst=nat, src=view)
+    return idx, nat
 
 
 def _token(x_rows, dt_rows, z_rows, B, C, y, A_sb, bias_sb, D_sb, sel, S,
@@ -142,17 +160,38 @@ def _token(x_rows, dt_rows, z_rows, B, C, y, A_sb, bias_sb, D_sb, sel, S,
     cc = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=cc, stationary=sel, moving=c_g, accumulate=False)
 
+    # C on SBUF as well: GpSimd (the product below) cannot read PSUM
+    c_sb = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=c_sb, src=cc)
+    del cc
     yc = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
-    for t in range(nt):
-        st = S[:, t * N:(t + 1) * N]
-        tmp = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=tmp, op=nl.copy, data=st, scale=dA[:, t:t + 1])
-        nisa.scalar_tensor_tensor(dst=st, data=bb, op0=nl.multiply, operand0=dtx[:, t:t + 1],
-                                  op1=nl.add, operand1=tmp)
-        prod = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=prod, data1=st, data2=cc, op=nl.multiply)
-        nisa.tensor_reduce(dst=yc[:, t:t + 1], op=nl.add, data=prod, axis=(1,))
-    del bb, cc
+    # per row block t: ScalarE decay, VectorE input, GpSimd C product, ScalarE
+    # free-dim sum; software-pipelined (step b: stage k on block b-k) so each
+    # engine's in-order queue never waits on work issued in the same step
+    tmps = [None] * nt
+    prods = [None] * nt
+    for b in range(nt + 3):
+        t = b
+        if t < nt:
+            tmps[t] = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=tmps[t], op=nl.copy, data=S[:, t * N:(t + 1) * N],
+                            scale=dA[:, t:t + 1])
+        t = b - 1
+        if 0 <= t < nt:
+            nisa.scalar_tensor_tensor(dst=S[:, t * N:(t + 1) * N], data=bb, op0=nl.multiply,
+                                      operand0=dtx[:, t:t + 1], op1=nl.add, operand1=tmps[t])
+            tmps[t] = None
+        t = b - 2
+        if 0 <= t < nt:
+            prods[t] = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=prods[t], data1=S[:, t * N:(t + 1) * N], data2=c_sb,
+                               op=nl.multiply, engine=nisa.engine.gpsimd)
+        t = b - 3
+        if 0 <= t < nt:
+            nisa.activation(dst=prods[t], op=nl.copy, data=prods[t], reduce_op=nl.add,
+                            reduce_res=yc[:, t:t + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
+            prods[t] = None
+    del bb
 
     if D_sb != None:  # noqa: E711
         xd = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
