@@ -794,3 +794,22 @@ def test_sin_arctan_nan_outside_valid_range():
     assert np.isnan(val(d)[0, 2])
     nisa.activation(dst=d, op=nl.arctan, data=x)
     assert np.isnan(val(d)[0, 3]) and not np.isnan(val(d)[0, 0])
+
+
+@settings(max_examples=15, deadline=None)
+@given(P=st.integers(1, 16), F=st.integers(1, 30), seed=st.integers(0, 2 ** 16),
+       op1=st.sampled_from(["add", "subtract", "multiply", "maximum", "minimum"]))
+def test_tensor_scalar_cumulative_matches_sequential_loop(P, F, seed, op1):
+    r = np.random.default_rng(seed)
+    x = r.uniform(0.5, 1.5, (P, F)).astype(np.float32)
+    init = r.uniform(0.5, 1.5, (P, 1)).astype(np.float32)
+    d = sb((P, F))
+    nisa.tensor_scalar_cumulative(dst=d, src=load(x), op0=nl.multiply, op1=getattr(nl, op1), imm0=1.25,
+                                  imm1=load(init), reduce_cmd=nisa.reduce_cmd.load_reduce)
+    f = getattr(np, op1)
+    reg = init[:, 0].copy()
+    want = np.empty_like(x)
+    for i in range(F):
+        reg = f(x[:, i] * np.float32(1.25), reg).astype(np.float32)   # reg = op1(op0(src, imm0), reg)
+        want[:, i] = reg
+    np.testing.assert_array_equal(val(d), want)

@@ -109,11 +109,11 @@ def tensor_scalar_cumulative(dst, src, op0, op1, imm0, imm1=None, reduce_cmd=_rc
     f0, f1 = A.ARITH_BINARY[n0], A.ARITH_BINARY[n1]
     with np.errstate(all="ignore"):
         t = np.asarray(f0(x, v0), dtype=_F32)
-        if n1 == "add" and np.all(np.isfinite(reg)):
-            # sequential float32 running sum (np.add.accumulate is strictly in order)
-            tt = t.copy()
-            tt[:, 0] = tt[:, 0] + reg
-            out = np.add.accumulate(tt, axis=1, dtype=_F32)
+        if n1 in ("add", "multiply", "maximum", "minimum"):
+            # commutative op1: reg_i = op1(reg_{i-1}, t_i) is the ufunc's
+            # accumulate, which runs strictly in order in float32
+            tt = np.concatenate([np.asarray(reg, _F32).reshape(-1, 1), t], axis=1)
+            out = f1.accumulate(tt, axis=1, dtype=_F32)[:, 1:]
         else:
             tt = np.ascontiguousarray(t.T)
             out = np.empty_like(tt)
