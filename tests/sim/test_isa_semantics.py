@@ -813,3 +813,25 @@ def test_tensor_scalar_cumulative_matches_sequential_loop(P, F, seed, op1):
         reg = f(x[:, i] * np.float32(1.25), reg).astype(np.float32)   # reg = op1(op0(src, imm0), reg)
         want[:, i] = reg
     np.testing.assert_array_equal(val(d), want)
+
+
+@settings(max_examples=15, deadline=None)
+@given(windows=st.lists(st.tuples(st.integers(0, 24), st.integers(1, 8), st.sampled_from([None, False])),
+                        min_size=1, max_size=5), seed=st.integers(0, 2 ** 16))
+def test_matmul_first_write_rule_per_element_property(windows, seed):
+    """accumulate=None adds only where an earlier matmul wrote; False overwrites its window."""
+    r = np.random.default_rng(seed)
+    p = ps((4, 32))
+    want = np.full((4, 32), np.nan, np.float32)
+    written = np.zeros(32, bool)
+    for start, width, acc in windows:
+        width = min(width, 32 - start)
+        s = r.standard_normal((3, 4)).astype(np.float32)
+        m = r.standard_normal((3, width)).astype(np.float32)
+        nisa.nc_matmul(dst=p[:, start:start + width], stationary=load(s), moving=load(m), accumulate=acc)
+        prod = (s.astype(np.float64).T @ m).astype(np.float32)
+        cols = slice(start, start + width)
+        add = written[cols] if acc is None else np.zeros(width, bool)
+        want[:, cols] = np.where(add, want[:, cols] + prod, prod)
+        written[cols] = True
+    np.testing.assert_array_equal(val(p), want)
