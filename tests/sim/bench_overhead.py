@@ -1,6 +1,7 @@
 """Simulator overhead per instruction: a [128, 512] float32 tensor_tensor inside a running kernel.
 
-Run: ``python3 tests/sim/bench_overhead.py [calls]``. Prints the median
+Run from the repo root: ``PYTHONPATH=. python3 tests/sim/bench_overhead.py [calls]``
+(or plain ``python3`` in the installed venv). Prints the median
 microseconds per call over several batches, without and with an active
 trace (goal: under 30 us). ``measure()`` is also used by
 tests/sim/test_isa_overhead.py.
