@@ -34,6 +34,8 @@ def _parse(argv):
     p.add_argument("--timeline", default=None,
                    help="case id substring whose kernel gets the timeline plot (default: an SSD, else GDN, "
                         "else conv prefill case)")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="skip cases with more tokens than this (the full set's 64K cases take long)")
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
     return p.parse_args(argv)
 
@@ -64,6 +66,8 @@ def main(argv=None) -> int:
     else:
         case_set, selected = "default", C.default_cases()
     selected = C.select(selected, models=args.model, ops=args.op)
+    if args.max_tokens is not None:
+        selected = [c for c in selected if c.num_tokens <= args.max_tokens]
     if args.list:
         for c in selected:
             print(c.id)

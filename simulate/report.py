@@ -189,8 +189,15 @@ def write_report(out_dir, results: list[CaseResult], *, target: str, case_set: s
     md.append(_NOTES)
     (out / "report.md").write_text("\n".join(md))
     paths["report"] = str(out / "report.md")
+    from dataclasses import asdict
+
+    from nki_ssm.perf.hardware import CALIBRATED, SOURCES, get_target
+
+    spec = get_target(target)
     payload = {
         "target": target, "case_set": case_set, "command": command, "wall_s": wall_s,
+        "hardware": {k: v for k, v in asdict(spec).items() if k != "extra"},
+        "hardware_sources": SOURCES[spec.name], "calibrated_constants": CALIBRATED,
         "time_unit": "ns (modeled)", "cases": [r.to_dict() for r in results],
         "calibration": [c.to_dict() for c in calibration_rows] if calibration_rows is not None else None,
     }

@@ -1,7 +1,9 @@
 """Pictures of a modeled run (matplotlib, imported lazily by callers).
 
 ``timeline_png``: an engine Gantt chart like a hardware profiler's view, one
-row per compute engine and per DMA queue, bars coloured by instruction.
+row per compute engine and per DMA queue, bars coloured by instruction; the
+top row shows which instruction holds the critical path at each moment (each
+step drawn from its predecessor's end to its own end).
 ``roofline_png``: every case on a roofline chart (arithmetic intensity vs
 achieved FLOP/s, with the target's compute and DMA roofs).
 """
@@ -41,7 +43,7 @@ def timeline_png(timing_or_trace, path, *, title: str | None = None, window_ns=N
         raise ValueError("timing_or_trace: Timing has no schedule (modeled with keep_schedule=False)")
     plt = _pyplot()
     ndma = len(timing.dma_queue_busy_ns) or 16
-    rows = list(COMPUTE_ENGINES) + [f"DMA q{q}" for q in range(ndma)]
+    rows = ["critical path"] + list(COMPUTE_ENGINES) + [f"DMA q{q}" for q in range(ndma)]
     row_of = {e: i for i, e in enumerate(rows)}
     bars = defaultdict(list)  # (row, op) -> [(x, width)]
     scale = 1e-3  # ns -> us
@@ -57,6 +59,12 @@ def timeline_png(timing_or_trace, path, *, title: str | None = None, window_ns=N
                     bars[(row_of[f"DMA q{q}"], op)].append((x0 * scale, (x1 - x0) * scale))
         else:
             bars[(row_of[unit], op)].append((s.start[i] * scale, (s.end[i] - s.start[i]) * scale))
+    # top row: which engine the critical path is on at each moment
+    crit = defaultdict(list)
+    chain = s.critical_path()
+    for k, i in enumerate(chain):
+        t0 = s.end[chain[k - 1]] if k > 0 else 0.0
+        crit[s.op[i]].append((t0 * scale, (s.end[i] - t0) * scale))
     ops = sorted({op for _, op in bars})
     # distinct hues first (tab10), then more (Dark2, Set1); tab20's light/dark pairs confuse ops
     palette = (list(plt.get_cmap("tab10").colors) + list(plt.get_cmap("Dark2").colors)
@@ -65,9 +73,15 @@ def timeline_png(timing_or_trace, path, *, title: str | None = None, window_ns=N
     fig, ax = plt.subplots(figsize=(14, 0.32 * len(rows) + 2.2))
     for (row, op), segs in bars.items():
         ax.broken_barh(segs, (row - 0.4, 0.8), facecolors=color[op], edgecolor="white", linewidth=0.4)
+    for op, segs in crit.items():
+        ax.broken_barh(segs, (-0.4, 0.8), facecolors=color.get(op, "black"), edgecolor="none")
+    ax.axhline(0.5, color="black", lw=0.6)
     ax.set_yticks(range(len(rows)))
     labels = []
     for r in rows:
+        if r == "critical path":
+            labels.append("critical path")
+            continue
         if r in timing.busy_ns:
             labels.append(f"{r} ({100 * timing.share.get(r, 0.0):.0f}%)")
         else:

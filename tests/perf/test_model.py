@@ -294,3 +294,26 @@ def test_optional_semaphore_latency_delays_cross_engine_consumers_only():
     s = t.schedule
     assert s.start[1] == pytest.approx(s.end[0] + 250.0)
     assert s.start[2] == pytest.approx(s.end[0] + TRN2.scalar_raw_cycles / TRN2.scalar_ghz)
+
+
+def test_narrow_operand_as_moving_is_cheaper():
+    # nki_spec §8.2 [PERF Opt #7]: [1,128] x [128,128] ~64 cycles with the vector moving,
+    # ~128 with it stationary
+    vec_moving = mm([], [], K=128, M=128, N=1)
+    vec_stationary = mm([], [], K=128, M=1, N=128)
+    assert costs.tensor_cycles(vec_moving, TRN2) == 64
+    assert costs.tensor_cycles(vec_stationary, TRN2) == 128
+
+
+def test_lnc2_programs_run_on_separate_cores():
+    insts = []
+    for pid in (0, 1):
+        for _ in range(4):
+            v = vec([sbuf(new_storage())], [sbuf(new_storage())], n=2048)
+            v.program_id = pid
+            insts.append(v)
+    t = perf.model(trace_of(*insts))
+    one = costs.compute_ns(insts[0], TRN2)
+    assert t.num_cores == 2
+    assert t.time_ns == pytest.approx(4 * one)      # the two cores overlap
+    assert t.share["vector"] == pytest.approx(1.0)
