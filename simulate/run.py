@@ -100,7 +100,12 @@ def run_case(case: Case, target: str = "trn2", seed: int = 0, *, keep_timing: bo
         status=NO_KERNEL, min_flops=case.min_flops(), min_hbm_bytes=case.min_hbm_bytes(kw))
     pool = _pool_name(case)
     t0 = time.perf_counter()
-    ref_out, ref_pool = _reference_fn(case)(**copy.deepcopy(kw))[:2]
+    try:
+        ref_out, ref_pool = _reference_fn(case)(**copy.deepcopy(kw))[:2]
+    except Exception as exc:  # a broken reference is reported like a broken kernel
+        res.status, res.error = "error", f"reference: {type(exc).__name__}: {exc}"[:500]
+        res.traceback = traceback.format_exc(limit=6)
+        return res, None
     res.reference_wall_s = time.perf_counter() - t0
     if not has_kernel(case):
         return res, None

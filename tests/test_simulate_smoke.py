@@ -76,3 +76,20 @@ def test_min_hbm_bytes_counts_inputs_outputs_and_named_slots():
     small = sum(v.nbytes for k, v in kw.items()
                 if isinstance(v, np.ndarray) and k != "ssm_states" and v.dtype.kind == "f")
     assert c.min_hbm_bytes(kw) == small + 2 * live * state + kw["v"].nbytes
+
+
+def test_failing_kernel_is_reported_not_fatal(monkeypatch):
+    from simulate import run as run_mod
+    from simulate.cases import smoke_cases
+
+    case = next(c for c in smoke_cases() if c.op == "ssd_decode")
+    monkeypatch.setattr(run_mod, "has_kernel", lambda c: True)
+
+    def boom(**kw):
+        raise RuntimeError("kernel exploded")
+
+    import nki_ssm.ops as ops
+    monkeypatch.setattr(ops, "ssd_decode", boom)
+    res, timing = run_mod.run_case(case)
+    assert res.status == "error" and "kernel exploded" in res.error
+    assert timing is None and res.modeled_ns is None
