@@ -119,6 +119,20 @@ def test_prefill_bf16_mode_within_3e3(case):
            inp["cu_seqlens"])
 
 
+@pytest.mark.parametrize("precision, tol", [("fp32", EXACT_TOL), ("bf16", BF16_MODE_TOL)])
+def test_prefill_pipelined_across_chunks(precision, tol):
+    # > 6 head blocks (H 32, P 64, chunk 128 -> 4 heads per block, 8 blocks):
+    # the kernel pipelines blocks across chunk boundaries (the small
+    # hypothesis shapes drain the pipeline at each chunk instead)
+    rng = np.random.default_rng(11)
+    dtype = np.float32 if precision == "fp32" else BF16
+    inp = make_ssd_inputs(rng, seqlens=[300, 0, 129], H=32, P=64, N=16, G=2, z=True,
+                          dtype=dtype, padding=0)
+    y_ref, pool_ref = ssd_recurrent(**inp)
+    y, after, before = _prefill(inp, precision=precision, chunk_size=128)
+    _check(y, after, before, y_ref, pool_ref, inp["state_indices"], tol, inp["cu_seqlens"])
+
+
 def test_prefill_bf16_io_and_pool_round_once():
     rng = np.random.default_rng(3)
     inp = make_ssd_inputs(rng, seqlens=[37, 0, 20], H=4, P=16, N=32, G=2, z=True,

@@ -16,10 +16,20 @@ update is a per-partition-scalar instruction over N free elements:
     ScalarE  y   = sum_n prod                   (activation copy, add-reduce)
 
 B and C rows of each partition's group are broadcast to the ``pr``
-partitions on TensorE (a K=G 0/1 selection matmul, exact) and read straight
-from PSUM. T tokens keep the state in
-SBUF (float32); it is written back once. The launcher only reshapes per-row inputs
-(``[.., H*P] -> [.., pr, nt]``, per-head ones repeated P times).
+partitions on TensorE (a K=G 0/1 selection matmul, exact); B is read
+straight from PSUM, C copied to SBUF for GpSimd. T tokens keep the state in
+SBUF (float32); it is written back once. The launcher only reshapes
+per-row inputs (``[.., H*P] -> [.., pr, nt]``, per-head values repeated P
+times).
+
+Overlap: the four per-block instructions are software-pipelined over the
+row blocks (step b: decay of block b, input of b-1, product of b-2, sum of
+b-3), so the three engines run concurrently; state gathers are issued two
+sequences ahead of the compute, because a gather issued after a scatter to
+the same pool (run-time indices) has to wait for it. Modeled on trn2
+(Mamba-2 2.7B, float32 pool, one token): 1 / 32 / 512 sequences reach
+37 % / 74 % / 76 % of the 368 GB/s DMA bandwidth (state read + write plus
+inputs and y over modeled time), DMA-bound at 32 and 512 sequences.
 
 Compile time: T, the shapes and which sequences are padding (the cache
 key; padding rows of y are written as zeros and their slots never
