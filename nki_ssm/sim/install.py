@@ -43,6 +43,8 @@ def _build() -> dict[str, types.ModuleType]:
     nki.simulate = jit.simulate
     nki.simulate_kernel = jit.simulate_kernel
     nki.Kernel = jit.Kernel
+    from .dtypes import DType
+    nki.dtype = DType  # used in kernel signatures as an annotation (nki-library: `dtype: nki.dtype`)
     nki.language = language
     nki.isa = isa
 

@@ -206,8 +206,9 @@ def shared_constant(constant, dtype=None) -> NkiTensor:
 
 
 def shared_identity_matrix(n, dtype=uint8, dst=None) -> NkiTensor:
-    """An ``n x n`` identity in shared HBM (default dtype uint8, as the SDK)."""
-    t = dst if dst is not None else ndarray((n, n), dtype, shared_hbm, "identity")
+    """An ``n x n`` identity in SBUF (default dtype uint8, as the SDK: "Create an identity
+    matrix in SBUF"; nki-library passes it straight to nc_matmul as ``moving``)."""
+    t = dst if dst is not None else ndarray((n, n), dtype, sbuf, "identity")
     t.write(np.eye(n))
     return t
 
