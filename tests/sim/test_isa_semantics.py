@@ -835,3 +835,12 @@ def test_matmul_first_write_rule_per_element_property(windows, seed):
         want[:, cols] = np.where(add, want[:, cols] + prod, prod)
         written[cols] = True
     np.testing.assert_array_equal(val(p), want)
+
+
+def test_nc_version_is_ordered(monkeypatch):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    v = nisa.get_nc_version()
+    assert v == nisa.nc_version.gen3 and v >= nisa.nc_version.gen3 and v < nisa.nc_version.gen4
+    assert v >= 3 and not v > 3 and nisa.nc_version.gen2 <= v
+    with pytest.raises(TypeError):
+        v < "gen4"

@@ -56,11 +56,38 @@ class matmul_perf_mode(Enum):
 
 
 class nc_version(Enum):
-    """NeuronCore generation of the current target."""
+    """NeuronCore generation of the current target.
+
+    Ordered (``get_nc_version() >= nc_version.gen3``; an int such as ``3`` on
+    the right also works), as nki-library kernels compare it.
+    """
 
     gen2 = 2
     gen3 = 3
     gen4 = 4
+
+    def _key(self, other):
+        if isinstance(other, nc_version):
+            return other.value
+        if isinstance(other, int) and not isinstance(other, bool):
+            return other
+        return NotImplemented
+
+    def __lt__(self, other):
+        k = self._key(other)
+        return k if k is NotImplemented else self.value < k
+
+    def __le__(self, other):
+        k = self._key(other)
+        return k if k is NotImplemented else self.value <= k
+
+    def __gt__(self, other):
+        k = self._key(other)
+        return k if k is NotImplemented else self.value > k
+
+    def __ge__(self, other):
+        k = self._key(other)
+        return k if k is NotImplemented else self.value >= k
 
 
 class dma_engine(Enum):
