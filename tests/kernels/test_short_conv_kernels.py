@@ -94,9 +94,18 @@ def test_prefill_ragged_edge_lengths(rng, W, dtype):
 def test_prefill_mixed_dtypes(rng, x_dtype, pool_dtype, w_dtype):
     inp = make_short_conv_inputs(rng, seqlens=[3, 1, 9], dim=128, W=4, dtype=x_dtype,
                                  pool_dtype=pool_dtype, has_initial_state=[True, True, False])
-    inp["weight"] = inp["weight"].astype(np.float64).astype(w_dtype)
-    inp["bias"] = inp["bias"].astype(np.float64).astype(w_dtype)
+    _with_param_dtype(rng, inp, w_dtype)
     _run_and_check(inp)
+
+
+def _with_param_dtype(rng, inp, w_dtype):
+    """weight / bias in w_dtype; float32 ones get full float32 mantissas (not bf16 values),
+    so the kernel's hi + lo split is exercised."""
+    for name in ("weight", "bias"):
+        v = inp[name].astype(np.float64)
+        if w_dtype == np.float32:
+            v = v * (1.0 + 1e-3 * rng.standard_normal(v.shape))
+        inp[name] = v.astype(w_dtype)
 
 
 def test_prefill_partial_tile_no_bias_no_activation(rng):
@@ -269,3 +278,30 @@ def test_decode_hypothesis(data):
                                             state_indices=inp["state_indices"])
     _check_y(y, y_ref, dtype)
     _check_pool(pool, before, pool_ref, inp["state_indices"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("x_dtype,pool_dtype,w_dtype", [
+    (np.float32, np.float32, np.float32),   # fp32 matmuls: smaller channel groups fit SBUF
+    (BF16, np.float32, np.float32),         # staged bf16 x, fp32 weights
+    (BF16, BF16, np.float32),               # hi + lo split weights
+])
+def test_model_dim_prefill_precisions(rng, x_dtype, pool_dtype, w_dtype):
+    """dim 8192 with every precision plan (the SBUF working set depends on it)."""
+    inp = make_short_conv_inputs(rng, seqlens=[130, 2], dim=8192, W=4, dtype=x_dtype,
+                                 pool_dtype=pool_dtype, has_initial_state=True)
+    _with_param_dtype(rng, inp, w_dtype)
+    _run_and_check(inp)
+
+
+def test_precision_flags_split_only_non_bf16_weights():
+    """fp32 weights that are bf16 values need no hi/lo split; others do."""
+    from nki_ssm.ops.launch.short_conv import _precision_flags
+
+    x = np.zeros((4, 128), BF16)
+    pool = np.zeros((2, 128, 3), BF16)
+    w_exact = np.ones((128, 4), np.float32) * 0.375
+    w_full = np.full((128, 4), 0.1, np.float32)
+    assert _precision_flags(x, w_exact, None, pool) == (False, False, False, False)
+    assert _precision_flags(x, w_full, w_full[:, 0], pool) == (False, False, True, True)
+    assert _precision_flags(x, w_full, None, pool.astype(np.float32)) == (True, True, False, False)

@@ -39,18 +39,33 @@ float32 (quarter TensorE rate), else bfloat16.
 from nki_ssm.backend import nki, nl, nisa
 
 TILE = 128          # channels per partition tile / tokens per output block
-GROUP_TILES = 16    # channel tiles per group: 2048 channels -> 4 KiB bf16 store rows
+GROUP_TILES = 16    # most channel tiles per group: 2048 channels -> 4 KiB bf16 store rows
+SBUF_BUDGET = 150 * 1024   # bytes per partition for the per-group working set
 CHUNK = 512         # tokens per transposed load (n_tiles * 512 * 2 B = 16 KiB per partition)
 BANK = 512          # fp32 columns of one PSUM bank
 
 
-def _channel_groups(dim):
-    """[(c0, n_tiles, P)]: full 128-channel tiles in groups, then the partial tile."""
+def _group_tiles(W, mm_bytes, n_parts, x_bytes, stage):
+    """Channel tiles per group (16, 8, ... 1) so that the live working set fits
+    SBUF_BUDGET: two groups' diagonal weights, three x windows (current, prefetched,
+    staging) and three output tiles, per 128-channel tile."""
+    per_tile = (2 * n_parts * W * TILE * mm_bytes
+                + 3 * (W - 1 + CHUNK) * mm_bytes
+                + (2 * (W - 1 + CHUNK) * x_bytes if stage else 0)
+                + 3 * TILE * x_bytes)
+    g = GROUP_TILES
+    while g > 1 and g * per_tile > SBUF_BUDGET:
+        g = g // 2
+    return g
+
+
+def _channel_groups(dim, gt):
+    """[(c0, n_tiles, P)]: full 128-channel tiles in groups of gt, then the partial tile."""
     groups = []
     n_full = dim // TILE
     g0 = 0
     while g0 < n_full:
-        n = min(GROUP_TILES, n_full - g0)
+        n = min(gt, n_full - g0)
         groups.append((g0 * TILE, n, TILE))
         g0 += n
     if dim % TILE:
@@ -119,10 +134,9 @@ def _bias_parts(bias, c0, width, mm_dtype, split):
     return _split_parts(b32, (1, width), mm_dtype, split)
 
 
-def _work_items(dim, segments, live):
+def _work_items(groups, segments, live):
     """[(group, seq, chunk)] in execution order: groups outer, live sequences, chunks."""
     items = []
-    groups = _channel_groups(dim)
     for g in range(len(groups)):
         for s in range(len(segments)):
             if live[s]:
@@ -186,7 +200,7 @@ def _conv_blocks(y, xw, dparts, bparts, ones, t0, tc, c0, n, P, W, act_op):
     gw = (n - 1) * TILE + P
     for b in range(0, tc, TILE):
         m = min(TILE, tc - b)
-        ot = nl.ndarray((TILE, GROUP_TILES * TILE), dtype=y.dtype, buffer=nl.sbuf)
+        ot = nl.ndarray((TILE, n * TILE), dtype=y.dtype, buffer=nl.sbuf)
         for bank0 in range(0, gw, BANK):
             bw = min(BANK, gw - bank0)
             ps = nl.ndarray((TILE, BANK), dtype=nl.float32, buffer=nl.psum)
@@ -235,14 +249,16 @@ def short_conv_prefill_kernel(x, weight, bias, pool_rows, gather_rows, scatter_r
     mm_dtype = nl.float32 if mm_fp32 else nl.bfloat16
     act_op = nl.silu if activation == "silu" else nl.copy
     y = nl.ndarray((num_tokens, dim), dtype=x.dtype, buffer=nl.shared_hbm)
-    groups = _channel_groups(dim)
+    x_bytes = 4 if x.dtype == nl.float32 else 2
+    gt = _group_tiles(W, 4 if mm_fp32 else 2, 2 if w_split else 1, x_bytes, x_stage)
+    groups = _channel_groups(dim, gt)
 
     ident = _identity(mm_dtype)
     ones = nl.ndarray((1, TILE), dtype=mm_dtype, buffer=nl.sbuf)
     nisa.memset(dst=ones, value=1.0)
 
     # padding sequences: zero rows, pool untouched
-    zeros = nl.ndarray((TILE, GROUP_TILES * TILE), dtype=x.dtype, buffer=nl.sbuf)
+    zeros = nl.ndarray((TILE, gt * TILE), dtype=x.dtype, buffer=nl.sbuf)
     nisa.memset(dst=zeros, value=0.0)
     for s in range(len(segments)):
         if not live[s]:
@@ -252,7 +268,7 @@ def short_conv_prefill_kernel(x, weight, bias, pool_rows, gather_rows, scatter_r
                     m = min(TILE, segments[s][1] - b0)
                     nisa.dma_copy(dst=y[b0:b0 + m, c0:c0 + gw], src=zeros[0:m, 0:gw])
 
-    items = _work_items(dim, segments, live)
+    items = _work_items(groups, segments, live)
     weights = []        # per group: (diag parts, bias parts), built one item ahead
     for g in range(len(groups)):
         weights.append(None)
@@ -280,6 +296,8 @@ def short_conv_prefill_kernel(x, weight, bias, pool_rows, gather_rows, scatter_r
         dparts, bparts = weights[g]
         _conv_blocks(y, xw, dparts, bparts, ones, segments[s][0] + ci * CHUNK, tc, c0, n, P,
                      W, act_op)
+        if i + 1 == len(items) or items[i + 1][0] != g:
+            weights[g] = None     # last item of the group: its diagonals die here
         if s_idx != None:  # noqa: E711
             # new state = last W-1 window columns (the old state's tail when L < W-1)
             nisa.dma_copy(dst=pool_rows.ap(pattern=[[H, P], [TILE * H, n], [1, H]], offset=0,

@@ -38,12 +38,25 @@ def _row_table(slot: np.ndarray, use: np.ndarray, dim: int, oob: int) -> np.ndar
     return np.where(use[:, None], rows, oob).astype(np.int32)
 
 
+def _needs_split(a) -> bool:
+    """float32 values that bfloat16 does not hold exactly need a hi + lo split."""
+    if a is None or a.dtype != _F32:
+        return False
+    return not np.array_equal(a.astype(_BF16).astype(_F32), a)
+
+
 def _precision_flags(x, weight, bias, conv_states):
-    """(mm_fp32, x_stage, w_split, b_split) for the prefill kernel (see its docstring)."""
+    """(mm_fp32, x_stage, w_split, b_split) for the prefill kernel (see its docstring).
+
+    Matmuls are float32 when x or the pool is float32 (pool values must pass
+    through exactly); otherwise bfloat16, with float32 weights / bias split in
+    hi + lo bfloat16 parts unless they are bfloat16 values already (a host
+    check of dim * W numbers; part of the kernel's compile-time flags).
+    """
     mm_fp32 = x.dtype == _F32 or conv_states.dtype == _F32
     x_stage = mm_fp32 and x.dtype != _F32
-    w_split = (not mm_fp32) and weight.dtype == _F32
-    b_split = (not mm_fp32) and bias is not None and bias.dtype == _F32
+    w_split = (not mm_fp32) and _needs_split(weight)
+    b_split = (not mm_fp32) and _needs_split(bias)
     return mm_fp32, x_stage, w_split, b_split
 
 
