@@ -844,3 +844,20 @@ def test_nc_version_is_ordered(monkeypatch):
     assert v >= 3 and not v > 3 and nisa.nc_version.gen2 <= v
     with pytest.raises(TypeError):
         v < "gen4"
+
+
+def test_matmul_tfloat32_operands_keep_10_mantissa_bits():
+    one_plus = np.float32(1 + 2 ** -12)            # needs 12 mantissa bits: rounds to 1.0 in tf32
+    s = sb((1, 1), nl.tfloat32)
+    m = sb((1, 1), nl.tfloat32)
+    nisa.memset(dst=s, value=float(one_plus))
+    nisa.memset(dst=m, value=3.0)
+    p = ps((1, 1))
+    nisa.nc_matmul(dst=p, stationary=s, moving=m)
+    assert val(p)[0, 0] == 3.0
+    f = sb((1, 1))
+    nisa.memset(dst=f, value=float(one_plus))
+    g = sb((1, 1))
+    nisa.memset(dst=g, value=3.0)
+    nisa.nc_matmul(dst=p, stationary=f, moving=g, accumulate=False)   # float32: exact
+    assert val(p)[0, 0] == np.float32(3 * (1 + 2 ** -12))

@@ -63,8 +63,9 @@ Partially implemented: ``get_nc_sub_version`` always returns 0;
 registers hold Python ints and cannot address memory) and ``priority`` has
 no effect; no ``.indirect()`` tensor indirection (v4) on compute
 instructions; ``nc_transpose`` on trn1 TensorE is bit-exact (the hardware's
-identity-matmul NaN/Inf smearing is not modelled); tfloat32 operands are not
-truncated to 10 mantissa bits in ``nc_matmul``; ScalarE activation
+identity-matmul NaN/Inf smearing is not modelled); ``nc_matmul`` rounds
+tfloat32 operands to 10 mantissa bits with round-to-nearest-even (the
+hardware's rounding of tf32 is undocumented; float32 operands are exact); ScalarE activation
 functions are exact (no polynomial approximation); of the range-limited
 ones only ``sin`` and ``arctan`` (no range reduction on hardware) return NaN
 outside their valid ranges.

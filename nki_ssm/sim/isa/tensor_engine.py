@@ -42,6 +42,19 @@ def _bitmap_view(t) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(bm[t.offset:], shape=t.shape, strides=t.strides)
 
 
+def _tf32(a: np.ndarray) -> np.ndarray:
+    """float32 values rounded to tfloat32 (10 mantissa bits, nearest-even); inf/NaN kept.
+
+    Applied to operands whose dtype is tfloat32 (stored as float32 in the
+    simulator). The hardware's exact tf32 rounding is not documented; RNE is
+    our assumption.
+    """
+    b = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    finite = (b & 0x7F800000) != 0x7F800000
+    r = ((b + np.uint32(0xFFF) + ((b >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000))
+    return np.where(finite, r, b).view(np.float32)
+
+
 def _tile_mode(inst, tile_position, tile_size, tgt, K, M, perf_mode):
     """Validate tiling mode; return (row_size, col_size)."""
     if not isinstance(tile_position, (tuple, list)) or not isinstance(tile_size, (tuple, list)):
@@ -164,8 +177,14 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         dst.storage.flat(dst.dtype.np)[pos] = res.reshape(pos.shape)
         _bitmap(dst)[pos] = True
     else:
-        s = C.read_f32(stationary).astype(np.float64)
-        m = C.read_f32(moving).astype(np.float64)
+        s = C.read_f32(stationary)
+        m = C.read_f32(moving)
+        if sd == "tfloat32":
+            s = _tf32(s)
+        if md == "tfloat32":
+            m = _tf32(m)
+        s = s.astype(np.float64)
+        m = m.astype(np.float64)
         if perf_mode is _pm.double_row:
             s = s.reshape(K, 2, M).reshape(2 * K, M)
             m = m.reshape(K, 2, N).reshape(2 * K, N)
