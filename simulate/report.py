@@ -100,8 +100,15 @@ _NOTES = """\
   `nki_ssm/perf/hardware.py`).
 * On-chip capacity is modelled: a new SBUF tile or PSUM bank waits until the
   tile it reuses is dead and its last access has finished (buffer rotation).
-* Not modelled: HWDGE/SWDGE descriptor issue time on the issuing engine,
-  compiler reordering beyond in-order engine queues, kernel launch overhead.
+* Dynamic DMAs (hwdge, swdge, vector-offset gathers) spend ~600 ns generating
+  descriptors (2 hardware DGE blocks per trn2/trn3 core, or GpSimd time for
+  software DGE) before their data moves.
+* GpSimd elementwise throughput is taken from the one documented figure
+  (rsqrt 4x slower than ScalarE on v2/v3); VectorE fp32 is 1 element per
+  partition per cycle per input on trn2 (the documented range is 1-2): the two
+  largest uncertainties for VectorE/GpSimd-bound kernels.
+* Not modelled: compiler reordering beyond in-order engine queues, kernel launch
+  overhead.
 * Error = relative Frobenius norm against the float64 reference (chunked form for
   prefill), for the output and for the updated state-pool slots; "max" is
   max |err| / max |ref|.

@@ -174,9 +174,10 @@ _ROWS = [
      "documented 2N the model uses", _mamba_row("mamba_v2", 4096, 512), True),
     ("selective_scan_v1", "trn1", "nki-library selective_scan [1, 128, 256, 16] (before A hoist)", 129.5e3,
      "nki_spec §9 row 8 [nki-library ebe57b2]", "check",
-     "modeled VectorE-bound; 83 small DMAs (avg 5.4 KB vs published 4.6 KB over 100). Under: per-DMA issue "
-     "cost (software DGE on trn1 GpSimd) and queue serialisation are not modelled, and the real kernel "
-     "(unpublished details) may serialise its carry DMAs more than this reconstruction",
+     "modeled VectorE-bound (8 nc_stream_shuffle + 3 tensor_tensor + 1 scan per state); 83 static DMAs "
+     "(avg 5.4 KB vs published 4.6 KB over 100). Under by ~1.8x: fixed per-launch overhead (not modelled, "
+     "weighs most on this smallest workload) and the unpublished details of the library kernel are the "
+     "likely causes",
      _row_selective_scan, True),
     ("mamba_v3_4096ch_8k", "trn1", "fused Mamba v3, channels 4096, seq 8192", 27.8e6,
      "nki_spec §9 row 6 [MAMBA]", "check",

@@ -47,7 +47,12 @@ def tensor_cycles(inst, hw: HardwareSpec) -> float:
 
 
 def vector_cycles(inst, hw: HardwareSpec) -> float:
-    """VectorE cycles: overhead + inputs x N / rate, with NC-v3+ bf16 perf modes."""
+    """VectorE cycles: max(MIN_II, inputs x N / rate), with NC-v3+ bf16 perf modes.
+
+    Independent instructions pipeline, so the ~64-cycle initiation interval is
+    a floor, not an addition ([SHARED] cost table ``max(MIN_II, N)``); the
+    extra latency of dependent instructions is the scheduler's raw latency.
+    """
     n = max(int(inst.free_size), 1)
     k = max(int(inst.num_inputs), 1)
     rate = hw.vector_elems_per_cycle
@@ -61,11 +66,11 @@ def vector_cycles(inst, hw: HardwareSpec) -> float:
     stream = math.ceil(n * k / rate)
     if "reciprocal" in inst.op:
         stream = n * _VECTOR_RECIPROCAL_FACTOR
-    return hw.vector_overhead_cycles + stream
+    return max(hw.vector_overhead_cycles, stream)
 
 
 def scalar_cycles(inst, hw: HardwareSpec) -> float:
-    """ScalarE cycles: overhead + N / lanes (scale, bias and add-reduce are free) + accumulator read.
+    """ScalarE cycles: max(MIN_II, N / lanes) (scale, bias and add-reduce are free) + accumulator read.
 
     The ~64-cycle ActReadAccumulator is charged when the instruction writes
     ``reduce_res`` (attrs ``reduce_res``), not for accumulating itself.
@@ -73,18 +78,22 @@ def scalar_cycles(inst, hw: HardwareSpec) -> float:
     n = max(int(inst.free_size), 1)
     rate = hw.scalar_elems_per_cycle_16bit if _attr(inst, "all_16bit", False) else hw.scalar_elems_per_cycle
     k = max(int(inst.num_inputs), 1)
-    cycles = hw.scalar_overhead_cycles + math.ceil(n * k / rate)
+    cycles = max(hw.scalar_overhead_cycles, math.ceil(n * k / rate))
     if _attr(inst, "reduce_res", False):
         cycles += hw.scalar_reduce_cycles
     return cycles
 
 
 def gpsimd_cycles(inst, hw: HardwareSpec) -> float:
-    """GpSimd cycles: overhead + inputs x N / rate (no documented rule; see hardware.SOURCES)."""
+    """GpSimd cycles: max(MIN_II, N / rate), whatever the number of inputs.
+
+    The only documented GpSimd throughput is "rsqrt 4x lower than ScalarE"
+    on v2/v3 ([SHARED]) and "128 elements/cycle" on v4 ([A3]); both are
+    per-element figures, so the input count is not multiplied in.
+    """
     n = max(int(inst.free_size), 1)
-    k = max(int(inst.num_inputs), 1)
     rate = hw.gpsimd_elems_per_cycle_16bit if _attr(inst, "all_16bit", False) else hw.gpsimd_elems_per_cycle
-    return hw.gpsimd_overhead_cycles + math.ceil(n * k / rate)
+    return max(hw.gpsimd_overhead_cycles, math.ceil(n / rate))
 
 
 _CLOCK = {"tensor": "tensor_ghz", "vector": "vector_ghz", "scalar": "scalar_ghz", "gpsimd": "gpsimd_ghz"}
@@ -135,3 +144,21 @@ def dma_plan(inst, hw: HardwareSpec) -> tuple[int, float]:
         src_hbm = any(r.buffer == "hbm" for r in inst.reads)
         bw *= hw.dma_transpose_hbm_factor if src_hbm else hw.dma_transpose_sbuf_factor
     return engines, (nbytes / bw if nbytes > 0 else 0.0)
+
+
+def dge_mode(inst, hw: HardwareSpec) -> str | None:
+    """"hwdge", "swdge" or None (static descriptors, no on-device generation) for a DMA.
+
+    ``none``: host-built descriptors. ``unknown`` (compiler's choice): static
+    patterns are taken as ``none``; dynamic ones (``indirect``) as hwdge on
+    targets that have it, else swdge. Vector-offset gathers are recorded as
+    swdge by the simulator (nki-dge.rst: they force software DGE).
+    """
+    mode = _attr(inst, "dge_mode", "unknown") or "unknown"
+    if mode == "unknown":
+        if not _attr(inst, "indirect", False):
+            return None
+        mode = "hwdge" if hw.hwdge_instances > 0 else "swdge"
+    if mode == "hwdge" and hw.hwdge_instances <= 0:
+        mode = "swdge"
+    return mode if mode in ("hwdge", "swdge") else None

@@ -61,6 +61,10 @@ class HardwareSpec:
     dma_eff_value: tuple = (0.014, 0.026, 0.05, 0.10, 0.21, 0.42, 0.81, 0.97, 0.98, 0.99, 1.0)
     # --- cross-engine ----------------------------------------------------
     semaphore_ns: float = 0.0      # added when a consumer waits on another engine's producer
+    # --- descriptor generation (DGE) for dynamic DMAs -----------------------
+    hwdge_instances: int = 0       # hardware DGE blocks per core (0: none)
+    hwdge_issue_ns: float = 600.0  # per hwdge DMA instruction
+    swdge_issue_ns: float = 600.0  # GpSimd time per software-DGE DMA instruction
     # --- memory / roofline -----------------------------------------------
     hbm_bw_per_core: float = 0.0   # bytes / ns, device HBM / cores (information only)
     # --- on-chip capacity (buffer reuse waits for the previous occupant) ---
@@ -98,12 +102,12 @@ _COMMON_SOURCES = {
     "mm_fp32_onezero_factor": "nki_spec §8.2: is_*_onezero on an fp32 operand up to 2x faster [ISA] -> factor 2",
     "ls_speedup": "nki_spec §8.2: Fast LoadStationary up to 4x faster than MM; background LS so a pair costs max(LS, MM) [PERF]",
     "vector_elems_per_cycle": "nki_spec §8.2: NC-v2 one input ~N cycles, two inputs ~2N [A1] => 1 element/partition/cycle per input",
-    "vector_overhead_cycles": "nki_spec §8.2: MIN_II ~64 cycles [SHARED]; ~60-cycle SBUF access initiation [A1]",
+    "vector_overhead_cycles": "nki_spec §8.2: MIN_II ~64 cycles, cost = max(MIN_II, N) [SHARED engine-selection table]; a floor, not an addition",
     "vector_raw_cycles": "nki_spec §8.2: '+~100 cycles' when an instruction depends on the previous one's output [A1]",
-    "scalar_overhead_cycles": "nki_spec §8.3: ScalarE overhead ~64 cycles (MIN_II) [SHARED]",
-    "scalar_raw_cycles": "nki_spec §9 row 10: dependent 1-element ScalarE chain II = 264 cycles = 64 (MIN_II) + 1 + 199 (this term); v2 figure reused",
+    "scalar_overhead_cycles": "nki_spec §8.2: ScalarE cost max(MIN_II, N), MIN_II ~64 cycles [SHARED]",
+    "scalar_raw_cycles": "nki_spec §9 row 10: dependent 1-element ScalarE chain II = 264 cycles = max(MIN_II, 1) + 200 (this term); NC-v2 figure reused for v3/v4",
     "scalar_reduce_cycles": "nki_spec §8.2: ActReadAccumulator ~64 ScalarE cycles [A1]",
-    "gpsimd_elems_per_cycle": "nki_spec §8.1: 8 cores x 512-bit SIMD, 16 partitions per core => 1 x 32-bit (2 x 16-bit) element/partition/cycle [A1]; 'no rule of thumb' for GpSimd",
+    "gpsimd_elems_per_cycle": "nki_spec §8.2: rsqrt on GpSimd has 4x lower throughput than on ScalarE (N cycles) [SHARED] => 0.25 element/partition/cycle; the only documented GpSimd rate, applied to every GpSimd op ('no rule of thumb' [A1])",
     "gpsimd_overhead_cycles": "assumed equal to VectorE MIN_II (64): GpSimd has 'no rule of thumb' [A1]",
     "dma_engines": "nki_spec §8.1/§8.2: 16 DMA engines per NC [DMA, DMABW]",
     "dma_partitions_per_engine": "nki_spec §8.2: each SBUF-side engine covers 8 partitions (128/16) [DMA]",
@@ -113,9 +117,11 @@ _COMMON_SOURCES = {
     "dma_transpose_sbuf_factor": "nki_spec §8.2: DMA transpose 50% of copy throughput SBUF->SBUF (Trn2) [A2]; assumed for all targets",
     "scalar_elems_per_cycle": "nki_spec §8.1/§8.3: ScalarE 128 lanes => 1 element/partition/cycle (W_S = 128 on v2/v3, 128 for non-16-bit on v4)",
     "scalar_elems_per_cycle_16bit": "nki_spec §8.1: ScalarE 128 lanes for every dtype on v2/v3 [A1, A2]",
-    "gpsimd_elems_per_cycle_16bit": "nki_spec §8.1: 32 x 16-bit lanes per GpSimd core of 16 partitions => 2/partition/cycle [A1]",
+    "gpsimd_elems_per_cycle_16bit": "as gpsimd_elems_per_cycle: no 16-bit GpSimd rate is documented for v2/v3",
     "psum_banks": "nki_spec §3.2: PSUM 8 banks x 2 KiB per partition [A1-A3]",
     "psum_bank_bytes": "nki_spec §3.2: 2 KiB (512 fp32) per bank per partition [A1]",
+    "hwdge_issue_ns": "nki_spec §8.1 / nki-dge.rst: each hardware-DGE DMA instruction takes ~600 ns [A2, DGE]",
+    "swdge_issue_ns": "not documented: software DGE 'consumes GpSimd cycles' [DGE]; assumed equal to the hwdge figure (600 ns per instruction)",
     "semaphore_ns": "not documented (nki_spec §8.3 'fit it'); 0 by default: the per-instruction overheads above already include SBUF access initiation",
 }
 
@@ -129,8 +135,8 @@ TRN1 = HardwareSpec(
     vector_ghz=1.12, vector_elems_per_cycle=1.0, vector_overhead_cycles=64,
     vector_raw_cycles=100, vector_perf_modes=False,
     scalar_ghz=1.4, scalar_elems_per_cycle=1.0, scalar_elems_per_cycle_16bit=1.0,
-    scalar_overhead_cycles=64, scalar_raw_cycles=199, scalar_reduce_cycles=64,
-    gpsimd_ghz=1.4, gpsimd_elems_per_cycle=1.0, gpsimd_elems_per_cycle_16bit=2.0,
+    scalar_overhead_cycles=64, scalar_raw_cycles=200, scalar_reduce_cycles=64,
+    gpsimd_ghz=1.4, gpsimd_elems_per_cycle=0.25, gpsimd_elems_per_cycle_16bit=0.25,
     gpsimd_overhead_cycles=64,
     dma_engines=16, dma_bw_per_engine=17.0, dma_fixed_ns=1300.0, dma_partitions_per_engine=8,
     dma_transpose_hbm_factor=0.9, dma_transpose_sbuf_factor=0.5,
@@ -139,6 +145,7 @@ TRN1 = HardwareSpec(
 )
 SOURCES["trn1"] = dict(
     _COMMON_SOURCES,
+    hwdge_instances="nki_spec §8.1: no hardware DGE on NC-v2 (software DGE on GpSimd) [A2, DGE]",
     sbuf_bytes_per_partition="nki_spec §3.2: 192 KiB per partition [A1] less the 16 KiB reserve nki_ssm.sim.targets keeps (usable size undocumented, §12)",
     tensor_ghz="nki_spec §8.1: TensorE 2.8 GHz [A1]",
     bf16_peak_flops="nki_spec §8.1: 92 TFLOPS dense bf16 per NC-v2 [A1]",
@@ -161,16 +168,18 @@ TRN2 = HardwareSpec(
     vector_ghz=0.96, vector_elems_per_cycle=1.0, vector_overhead_cycles=64,
     vector_raw_cycles=100, vector_perf_modes=True,
     scalar_ghz=1.2, scalar_elems_per_cycle=1.0, scalar_elems_per_cycle_16bit=1.0,
-    scalar_overhead_cycles=64, scalar_raw_cycles=199, scalar_reduce_cycles=64,
-    gpsimd_ghz=1.2, gpsimd_elems_per_cycle=1.0, gpsimd_elems_per_cycle_16bit=2.0,
+    scalar_overhead_cycles=64, scalar_raw_cycles=200, scalar_reduce_cycles=64,
+    gpsimd_ghz=1.2, gpsimd_elems_per_cycle=0.25, gpsimd_elems_per_cycle_16bit=0.25,
     gpsimd_overhead_cycles=64,
     dma_engines=16, dma_bw_per_engine=23.0, dma_fixed_ns=1300.0, dma_partitions_per_engine=8,
     dma_transpose_hbm_factor=0.9, dma_transpose_sbuf_factor=0.5,
     hbm_bw_per_core=375.0,
     sbuf_bytes_per_partition=(224 - 16) * 1024,
+    hwdge_instances=2,
 )
 SOURCES["trn2"] = dict(
     _COMMON_SOURCES,
+    hwdge_instances="nki-dge.rst: 'Each TRN2 NeuronCore has two DGE instances' [DGE]",
     sbuf_bytes_per_partition="nki_spec §3.2: 224 KiB per partition [A2] less the 16 KiB reserve nki_ssm.sim.targets keeps (usable size undocumented, §12)",
     tensor_ghz="nki_spec §8.1: TensorE 2.4 GHz [A2]",
     bf16_peak_flops="nki_spec §8.1: 79 TFLOPS dense bf16 per NC-v3 [A2, NC3]",
@@ -193,16 +202,18 @@ TRN3 = HardwareSpec(
     vector_ghz=1.2, vector_elems_per_cycle=1.0, vector_overhead_cycles=64,
     vector_raw_cycles=100, vector_perf_modes=True,
     scalar_ghz=1.2, scalar_elems_per_cycle=1.0, scalar_elems_per_cycle_16bit=2.0,
-    scalar_overhead_cycles=64, scalar_raw_cycles=199, scalar_reduce_cycles=64,
+    scalar_overhead_cycles=64, scalar_raw_cycles=200, scalar_reduce_cycles=64,
     gpsimd_ghz=1.2, gpsimd_elems_per_cycle=1.0, gpsimd_elems_per_cycle_16bit=1.0,
     gpsimd_overhead_cycles=64,
     dma_engines=16, dma_bw_per_engine=33.0, dma_fixed_ns=1300.0, dma_partitions_per_engine=8,
     dma_transpose_hbm_factor=0.9, dma_transpose_sbuf_factor=0.5,
     hbm_bw_per_core=600.0,
     sbuf_bytes_per_partition=(256 - 16) * 1024,
+    hwdge_instances=2,
 )
 SOURCES["trn3"] = dict(
     _COMMON_SOURCES,
+    hwdge_instances="not restated for NC-v4 (nki_spec §8.1); trn2's two instances assumed",
     sbuf_bytes_per_partition="nki_spec §3.2: 256 KiB per partition [A3] less the 16 KiB reserve nki_ssm.sim.targets keeps (usable size undocumented, §12)",
     tensor_ghz="nki_spec §8.1: TensorE 2.4 GHz [A3]",
     bf16_peak_flops="nki_spec §8.1: 79 TFLOPS dense bf16 per NC-v4 [A3, NC4] (MXFP8 315 not used: kernels here are bf16)",
@@ -214,6 +225,7 @@ SOURCES["trn3"] = dict(
     scalar_ghz="nki_spec §8.1: ScalarE 1.2 GHz [A3]",
     scalar_elems_per_cycle_16bit="nki_spec §8.1: ScalarE 256 lanes for bf16/fp16/fp8 on v4 [A3] -> 2/partition/cycle",
     gpsimd_ghz="nki_spec §8.1: GpSimd 1.2 GHz [A3]",
+    gpsimd_elems_per_cycle="nki_spec §8.1: v4 GpSimd 128 elem/cycle for all dtypes [A3] => 1/partition/cycle",
     gpsimd_elems_per_cycle_16bit="nki_spec §8.1: v4 GpSimd 128 elem/cycle for all dtypes [A3]",
     dma_bw_per_engine="nki_spec §8.1: 33 B/ns per engine (528 GB/s per NC) [DMABW]",
     hbm_bw_per_core="nki_spec §8.1: 4.7-4.9 TB/s / 8 NCs [A3, T3] (information only)",

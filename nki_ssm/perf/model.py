@@ -32,8 +32,12 @@ tile that does not fit waits until enough dead tiles have been released
 (``_Pool``), which bounds DMA prefetch depth and makes TensorE wait for PSUM
 evictions once 8 banks are in use.
 
-Not modelled (said in the report): HWDGE issue time on the issuing engine,
-SWDGE descriptor time on GpSimd, compiler reordering beyond the in-order
+Descriptor generation: a DMA with dynamic descriptors (``dge_mode`` hwdge,
+or swdge / vector-offset gathers; see ``costs.dge_mode``) first occupies a
+hardware DGE instance (hwdge, 2 per core on trn2/trn3) or the in-order GpSimd
+queue (swdge) for ~600 ns; its data moves no earlier than the end of that.
+
+Not modelled (said in the report): compiler reordering beyond the in-order
 engine queues, kernel launch overhead.
 """
 from __future__ import annotations
@@ -97,6 +101,10 @@ def model(trace, target: "str | HardwareSpec | None" = None, *, keep_schedule: b
     ops: list = [None] * n
 
     engine_free: dict = {}   # (pid, engine) -> (time, last index)
+    dge_free: dict = {}      # pid -> [[free time, last index] per hardware DGE instance]
+    issue_start = np.full(n, np.nan)
+    issue_end = np.full(n, np.nan)
+    issue_unit: list = [None] * n
     dma_free: dict = {}      # pid -> (np.array free times, np.array last index)
     writes: dict = {}
     reads: dict = {}
@@ -150,8 +158,32 @@ def model(trace, target: "str | HardwareSpec | None" = None, *, keep_schedule: b
             n_eng, xfer = costs.dma_plan(inst, hw)
             if pid not in dma_free:
                 dma_free[pid] = _DmaEngines(hw.dma_engines)
-            t0, t1, mask, blocker = dma_free[pid].place(ready + hw.dma_fixed_ns, xfer, n_eng, i)
-            pred[i] = dep if blocker < 0 else blocker
+            earliest, early_dep = ready + hw.dma_fixed_ns, dep
+            dge = costs.dge_mode(inst, hw)
+            if dge is not None:
+                # descriptors are generated (after the DMA's inputs are ready) before data can move
+                if dge == "hwdge":
+                    slots = dge_free.setdefault(pid, [[0.0, -1] for _ in range(hw.hwdge_instances)])
+                    slot = min(slots, key=lambda x: x[0])
+                    t_iss = max(ready, slot[0])
+                    who = slot[1] if slot[0] > ready else dep
+                    slot[0], slot[1] = t_iss + hw.hwdge_issue_ns, i
+                    t_iss_end = slot[0]
+                else:
+                    gkey = (pid, "gpsimd")
+                    g_free, g_last = engine_free.get(gkey, (0.0, -1))
+                    t_iss = max(ready, g_free)
+                    who = g_last if g_free > ready else dep
+                    t_iss_end = t_iss + hw.swdge_issue_ns
+                    engine_free[gkey] = (t_iss_end, i)
+                    busy["gpsimd"] += hw.swdge_issue_ns
+                    okey = "gpsimd:swdge descriptors"
+                    op_time[okey] = op_time.get(okey, 0.0) + hw.swdge_issue_ns
+                issue_start[i], issue_end[i], issue_unit[i] = t_iss, t_iss_end, dge
+                if t_iss_end > earliest:
+                    earliest, early_dep = t_iss_end, who
+            t0, t1, mask, blocker = dma_free[pid].place(earliest, xfer, n_eng, i)
+            pred[i] = early_dep if blocker < 0 else blocker
             dma_mask[i] = mask
             start[i], data_start[i], end[i] = ready, t0, t1
             dma_bytes += int(inst.nbytes)
@@ -216,7 +248,8 @@ def model(trace, target: "str | HardwareSpec | None" = None, *, keep_schedule: b
         queue_busy += engines.busy
     num_cores = max(1, len(set(pids.tolist()))) if n else 1
     sched = Schedule(start=start, end=end, unit=units, op=ops, dma_mask=dma_mask,
-                     dma_data_start=data_start, program_id=pids, pred=pred) if keep_schedule else None
+                     dma_data_start=data_start, program_id=pids, pred=pred,
+                     issue_start=issue_start, issue_end=issue_end, issue_unit=issue_unit) if keep_schedule else None
     return Timing(
         target=hw.name, time_ns=total, busy_ns=busy, critical_ns=critical,
         binding_engine=binding, busiest_engine=busiest, dma_queue_busy_ns=queue_busy.tolist(),

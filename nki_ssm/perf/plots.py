@@ -52,6 +52,9 @@ def timeline_png(timing_or_trace, path, *, title: str | None = None, window_ns=N
             continue  # one core's view
         op = s.op[i]
         if unit == "dma":
+            if s.issue_unit is not None and s.issue_unit[i] == "swdge":
+                bars[(row_of["gpsimd"], "swdge descriptors")].append(
+                    (s.issue_start[i] * scale, (s.issue_end[i] - s.issue_start[i]) * scale))
             x0, x1 = s.dma_data_start[i], s.end[i]
             mask = int(s.dma_mask[i])
             for q in range(ndma):

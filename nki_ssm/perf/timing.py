@@ -30,6 +30,9 @@ class Schedule:
     dma_data_start: np.ndarray
     program_id: np.ndarray
     pred: np.ndarray | None = None   # instruction that released each one (-1: none); critical path
+    issue_start: np.ndarray | None = None   # DMA descriptor generation (NaN: static descriptors)
+    issue_end: np.ndarray | None = None
+    issue_unit: list | None = None          # "hwdge", "swdge" or None
 
     def critical_path(self) -> list:
         """Indices of the critical path, first to last."""

@@ -37,26 +37,28 @@ def test_matmul_initiation_interval():
 
 def test_vector_rules_and_perf_modes():
     two = vec([], [], n=512, inputs=2)
-    assert costs.vector_cycles(two, TRN1) == 64 + 1024             # ~2N + MIN_II
+    assert costs.vector_cycles(two, TRN1) == 1024                  # ~2N
     one16 = vec([], [], n=512, inputs=1, all_16bit=True, contiguous=True, psum_operand=False)
-    assert costs.vector_cycles(one16, TRN1) == 64 + 512            # no perf mode on NC-v2
-    assert costs.vector_cycles(one16, TRN2) == 64 + 128            # x4
+    assert costs.vector_cycles(one16, TRN1) == 512                 # no perf mode on NC-v2
+    assert costs.vector_cycles(one16, TRN2) == 128                 # x4
     psum16 = vec([], [], n=512, inputs=1, all_16bit=True, psum_operand=True)
-    assert costs.vector_cycles(psum16, TRN2) == 64 + 256           # x2
+    assert costs.vector_cycles(psum16, TRN2) == 256                # x2
     two16 = vec([], [], n=512, inputs=2, all_16bit=True, psum_operand=False)
-    assert costs.vector_cycles(two16, TRN2) == 64 + 512            # x2
-    assert costs.vector_cycles(vec([], [], n=512, inputs=1, op="reciprocal"), TRN2) == 64 + 8 * 512
+    assert costs.vector_cycles(two16, TRN2) == 512                 # x2
+    assert costs.vector_cycles(vec([], [], n=512, inputs=1, op="reciprocal"), TRN2) == 8 * 512
+    # small tiles sit at the initiation-interval floor: max(MIN_II, N) [SHARED]
+    assert costs.vector_cycles(vec([], [], n=8, inputs=2), TRN2) == 64
 
 
 def test_scalar_rules():
     a = vec([], [], n=512, inputs=1, engine="scalar", op="activation")
-    assert costs.scalar_cycles(a, TRN2) == 64 + 512
+    assert costs.scalar_cycles(a, TRN2) == 512
     acc = vec([], [], n=512, inputs=1, engine="scalar", op="activation", reduce=True)
-    assert costs.scalar_cycles(acc, TRN2) == 64 + 512            # accumulating is free
+    assert costs.scalar_cycles(acc, TRN2) == 512                 # accumulating is free
     r = vec([], [], n=512, inputs=1, engine="scalar", op="activation", reduce=True, reduce_res=True)
-    assert costs.scalar_cycles(r, TRN2) == 64 + 512 + 64         # reading reduce_res is not
+    assert costs.scalar_cycles(r, TRN2) == 512 + 64              # reading reduce_res is not
     b = vec([], [], n=512, inputs=1, engine="scalar", op="activation", all_16bit=True)
-    assert costs.scalar_cycles(b, TRN3) == 64 + 256
+    assert costs.scalar_cycles(b, TRN3) == 256
 
 
 def test_dma_single_engine_32k_matches_published_rate():
@@ -94,3 +96,13 @@ def test_bad_engine_and_target_named_in_error():
     with pytest.raises(TypeError, match="target must be"):
         get_target(3)
     assert get_target("gen4") is TRN3 and get_target(None) is TRN2
+
+
+def test_gpsimd_rate_from_the_documented_rsqrt_ratio():
+    # [SHARED]: rsqrt on GpSimd has 4x lower throughput than on ScalarE (N cycles)
+    g = vec([], [], n=512, inputs=1, engine="gpsimd", op="tensor_scalar")
+    s = vec([], [], n=512, inputs=1, engine="scalar", op="activation")
+    assert costs.gpsimd_cycles(g, TRN2) == 4 * costs.scalar_cycles(s, TRN2)
+    two = vec([], [], n=512, inputs=2, engine="gpsimd")
+    assert costs.gpsimd_cycles(two, TRN2) == 4 * 512          # per-element figure, inputs not multiplied
+    assert costs.gpsimd_cycles(two, TRN3) == 512              # v4: 128 elements/cycle [A3]

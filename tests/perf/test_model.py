@@ -317,3 +317,27 @@ def test_lnc2_programs_run_on_separate_cores():
     assert t.num_cores == 2
     assert t.time_ns == pytest.approx(4 * one)      # the two cores overlap
     assert t.share["vector"] == pytest.approx(1.0)
+
+
+def test_dynamic_dma_descriptor_generation():
+    def gather(mode):
+        return dma(hbm(new_storage(), 4096), sbuf(new_storage(), nbytes=32), 4096,
+                   dge_mode=mode, indirect=True)
+
+    static = dma(hbm(new_storage(), 4096), sbuf(new_storage(), nbytes=32), 4096, dge_mode="none")
+    t = perf.model(trace_of(static))
+    assert t.schedule.dma_data_start[0] == pytest.approx(TRN2.dma_fixed_ns)
+    # software DGE: 600 ns of GpSimd per instruction, in GpSimd program order
+    sw = perf.model(trace_of(gather("swdge"), gather("swdge")))
+    assert sw.busy_ns["gpsimd"] == pytest.approx(2 * TRN2.swdge_issue_ns)
+    assert sw.schedule.issue_start[1] == pytest.approx(TRN2.swdge_issue_ns)
+    assert sw.schedule.dma_data_start[1] >= 2 * TRN2.swdge_issue_ns
+    # hardware DGE: two instances per trn2 core, the third instruction waits for one
+    hw3 = perf.model(trace_of(*(gather("hwdge") for _ in range(3))))
+    iss = hw3.schedule.issue_start
+    assert iss[0] == 0 and iss[1] == 0 and iss[2] == pytest.approx(TRN2.hwdge_issue_ns)
+    assert hw3.busy_ns["gpsimd"] == 0
+    # compiler's choice for a dynamic DMA: hwdge on trn2, GpSimd (software DGE) on trn1
+    auto = trace_of(gather("unknown"))
+    assert perf.model(auto, target="trn2").schedule.issue_unit[0] == "hwdge"
+    assert perf.model(auto, target="trn1").schedule.issue_unit[0] == "swdge"
