@@ -1,63 +1,60 @@
 """Decode / multi-token update of the short causal conv1d (one launch per batch).
 
-Layout: "rows" on partitions. Each sequence's channels are split into R
-blocks of D = dim / R channels and row v = n * R + r (sequence n, block r)
-gets one partition, so a small batch still fills the 128 lanes (the launcher
-picks R: the largest power of two with num_seqs * R <= 128 dividing dim). A
-group is up to 128 rows (128 // R whole sequences). Channels of a block run
-along the free axis, so every HBM stream is a contiguous run per partition:
-the pool is viewed as ``[slots * R, D * (W-1)]`` and one ``vector_offset``
-DMA per group gathers (later scatters) ``chunk * (W-1)`` contiguous state
-elements per row; x ``[num_seqs, T, dim]`` and y load/store through 4-D
-access patterns ``[seqs, R, T, chunk]``.
+Memory layout: "rows" on partitions. Each sequence's channels are split into R
+blocks of D = dim / R channels and each (sequence, block) row gets one
+partition, so a small batch still fills the 128 lanes (the launcher picks R:
+the largest power of two with num_seqs * R <= 128 dividing dim). A group
+holds up to 128 // R sequences, block-major: partition r * Pn + i is block r
+of the group's sequence i. Channels of a block run along the free axis, so
+every HBM stream is a contiguous run per partition: the pool is viewed as
+``[slots * R, D * (W-1)]`` and one ``vector_offset`` DMA per group and chunk
+gathers (later scatters) ``chunk * (W-1)`` contiguous state elements per
+row; x ``[num_seqs, T, dim]`` and y move through 4-D access patterns
+``[R, seqs, T, chunk]``.
 
-Engine plan per channel chunk (up to 2048 channels of a block) and group:
-the window (state ++ x) is read per tap through views, never copied; GpSimd
-multiplies each tap by the weight row, VectorE accumulates the taps (and the
-bias) in float32, ScalarE applies SiLU/copy scaled by the run-time ``valid``
-column (padding rows give act(0) = 0) and assembles the shifted new state,
-and DMA scatters it back (padding rows are out of bounds and skipped). The
-weights of a chunk are loaded once (block r on partition r) and spread over
-the rows by a TensorE matmul with a 0/1 block selector (row v gets block
-v % R), evicted by ScalarE: no 128x broadcast DMA. Gathers run PD chunks
-ahead of the scatters (software pipeline; all of them up front for small
-batches). Decode needs no TensorE arithmetic: the work per byte is W
-multiply-adds.
+Engine plan, per group, per 128-channel sub-tile of a chunk:
+- TensorE transposes every window column (W-1 state columns and the T new
+  tokens) to channel-major ``[128 ch, rows]`` in PSUM, so each channel's
+  weight becomes a per-partition scalar;
+- ScalarE applies the first tap (``activation(copy, scale=w[:, 0])`` from
+  PSUM), VectorE fuses the other taps as multiply-adds
+  (``scalar_tensor_tensor`` with the weight column, reading PSUM), all in
+  float32; ScalarE applies bias + SiLU (per-partition bias);
+- TensorE transposes the result back to rows, and ScalarE evicts it scaled
+  by the run-time ``valid`` column (padding rows give 0).
+The new state (window columns T .. T+W-2) is assembled row-major by ScalarE
+copies and scattered back with one DMA per group and chunk (padding rows are
+out of bounds and skipped). Gathers run PD chunks ahead of the scatters
+(software pipeline; all of them up front for small batches): a scatter into
+the pool orders every later pool read, as the slots are run-time data.
 
 Run-time: slots and the valid mask (row tables); compile-time: shapes,
 dtypes, W, T, R, activation, bias presence. Padding sequences must carry
-finite x (their outputs are act(0 * acc)).
+finite x (their outputs are 0 * act(...)).
 """
 from nki_ssm.backend import nki, nl, nisa
 
 PMAX = 128
+SUB = 128                   # channels per transposed sub-tile
+BATCH = 2                   # sub-tiles per pipeline step (2 steps of windows + outputs fit PSUM)
 LOAD_BUDGET = 96 * 1024     # bytes per partition for in-flight chunk loads (state + x)
-OTHER_BUDGET = 64 * 1024    # weights (2 chunks), bias, accumulators, output and new state
 
 
 def _nbytes(dtype):
     return 4 if dtype == nl.float32 else 2
 
 
-def _chunk_channels(n_groups, T, H, W, x_bytes, pool_bytes, w_bytes, D):
-    """Channels per chunk: a power of two in [128, 2048], <= D, such that two chunks of
-    loads fit LOAD_BUDGET and the per-chunk working set fits OTHER_BUDGET; D splits into
-    ~4+ chunks when it allows, so loads, arithmetic and stores overlap."""
-    load = 2 * n_groups * (H * pool_bytes + T * x_bytes)
-    other = 2 * W * w_bytes + 2 * 4 + 4 + 4 + T * x_bytes + H * pool_bytes
+def _chunk_channels(n_groups, T, H, x_bytes, pool_bytes, D):
+    """Channels per chunk: a power of two in [128, 2048] (or D), two chunks of loads
+    within LOAD_BUDGET; D splits into ~4+ chunks when it allows, so loads, arithmetic
+    and stores overlap."""
+    load = 2 * n_groups * (H * pool_bytes + T * x_bytes) + 3 * T * x_bytes + H * pool_bytes
     cd = 2048
-    while cd > 128 and (cd * load > LOAD_BUDGET or cd * other > OTHER_BUDGET):
+    while cd > 128 and cd * load > LOAD_BUDGET:
         cd = cd // 2
     while cd > 256 and cd * 4 > D:
         cd = cd // 2
     return min(cd, D)
-
-
-def _window(st, xs, P, cd, H, i):
-    """Window column i of (state ++ x) as a [P, cd] view (no copy)."""
-    if i < H:
-        return st[0:P, 0:cd, i]
-    return xs[0:P, i - H, 0:cd]
 
 
 def _load_group(x, pool_flat, rows_sb, group, c0, cd, R, D, H, CD):
@@ -72,9 +69,9 @@ def _load_group(x, pool_flat, rows_sb, group, c0, cd, R, D, H, CD):
                                    vector_offset=rows_sb[0:P, :], indirect_dim=0),
                   oob_mode=nisa.oob_mode.skip)
     xs = nl.ndarray((PMAX, T, CD), dtype=x.dtype, buffer=nl.sbuf)
-    # row n*R + r reads x[n, :, r*D + c0 : r*D + c0 + cd]
+    # partition r*Pn + i reads x[n0 + i, :, r*D + c0 : r*D + c0 + cd]
     nisa.dma_copy(dst=xs[0:P, :, 0:cd],
-                  src=x.ap(pattern=[[T * dim, Pn], [D, R], [dim, T], [1, cd]],
+                  src=x.ap(pattern=[[D, R], [T * dim, Pn], [dim, T], [1, cd]],
                            offset=n0 * T * dim + c0))
     return (st, xs)
 
@@ -88,65 +85,148 @@ def _load_chunk(x, pool_flat, g_rows, groups, chunk, R, D, H, CD):
     return out
 
 
-def _selector(R, PB, dtype):
-    """0/1 [R, PB]: sel[r, v] = 1 where v % R == r (row v holds channel block v % R)."""
-    ones = nl.ndarray((R, PMAX), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=ones[:, 0:PB], value=1.0)
-    sel = nl.ndarray((R, PMAX), dtype=dtype, buffer=nl.sbuf)
-    # free index v = i*R + j as a [PB/R, R] pattern: keep where j - r == 0
-    nisa.affine_select(dst=sel[:, 0:PB], pattern=[[0, PB // R], [1, R]], channel_multiplier=-1,
-                       on_true_tile=ones[:, 0:PB], on_false_value=0.0, cmp_op=nl.equal,
-                       offset=0)
-    return sel
+def _channel_columns(src, R, D, width, dst):
+    """dst[p, r, s, :] = src[r*D + s*128 + p, ...] (channel-major per-partition columns)."""
+    nsub = (D + SUB - 1) // SUB
+    nfull = D // SUB
+    inner = width
+    if nfull > 0:
+        nisa.dma_copy(dst=dst[:, :, 0:nfull, :],
+                      src=src.ap(pattern=[[inner, SUB], [D * inner, R], [SUB * inner, nfull],
+                                          [1, inner]], offset=0))
+    if nsub > nfull:
+        wl = D - nfull * SUB
+        nisa.dma_copy(dst=dst[0:wl, :, nfull, :],
+                      src=src.ap(pattern=[[inner, wl], [D * inner, R], [1, inner]],
+                                 offset=nfull * SUB * inner))
 
 
-def _spread(dst, src_blk, sel, PB, ncols):
-    """dst[v, :] = src_blk[v % R, :] for ncols columns: 0/1 matmuls, 512 columns per
-    PSUM bank, evicted by ScalarE (exact: one nonzero product per element)."""
-    R = src_blk.shape[0]
-    for f0 in range(0, ncols, 512):
-        fw = min(512, ncols - f0)
-        ps = nl.ndarray((PMAX, 512), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=ps[0:PB, 0:fw], stationary=sel[0:R, 0:PB],
-                       moving=src_blk[0:R, f0:f0 + fw], accumulate=False)
-        nisa.tensor_copy(dst=dst[0:PB, f0:f0 + fw], src=ps[0:PB, 0:fw], engine=nisa.engine.scalar)
+def _window_tiles(st, xs, P, j0, w, H, T):
+    """TensorE transposes of the window columns (state ++ x) of channels [j0, j0 + w):
+    a list of (psum tile, column) per window column i = 0 .. H+T-1, each [w, P]. Columns
+    of one dtype share PSUM tiles of one bank (2 KiB) each."""
+    cols = []
+    tiles = []                     # [tile, used columns, dtype bytes, is state dtype]
+    for i in range(H + T):
+        src = st if i < H else xs
+        nb = _nbytes(src.dtype)
+        same = st.dtype == xs.dtype
+        key = True if same else (i < H)
+        per_bank = 2048 // (PMAX * nb)
+        if len(tiles) == 0 or tiles[-1][1] == per_bank or tiles[-1][3] != key:
+            ps = nl.ndarray((PMAX, per_bank, PMAX), dtype=src.dtype, buffer=nl.psum)
+            tiles.append([ps, 0, nb, key])
+        ps = tiles[-1][0]
+        slot = tiles[-1][1]
+        if i < H:
+            data = st[0:P, j0:j0 + w, i]
+        else:
+            data = xs[0:P, i - H, j0:j0 + w]
+        nisa.nc_transpose(dst=ps[0:w, slot, 0:P], data=data)
+        cols.append((ps, slot))
+        tiles[-1][1] = slot + 1
+    return cols
 
 
-def _load_weights(weight, bias, sel_w, sel_b, PB, chunk, R, D, W, CD, has_bias):
-    """(weights [rows, cd * W], bias [rows, cd] or None) of one chunk, on PB rows."""
-    c0, cd = chunk
-    wdt = nl.float32 if weight.dtype == nl.float32 else nl.bfloat16
-    wblk = nl.ndarray((R, CD * W), dtype=wdt, buffer=nl.sbuf)
-    # block r's weights on partition r (contiguous rows of weight)
-    nisa.dma_copy(dst=wblk[:, 0:cd * W],
-                  src=weight.ap(pattern=[[D * W, R], [1, cd * W]], offset=c0 * W))
-    wb = nl.ndarray((PMAX, CD * W), dtype=wdt, buffer=nl.sbuf)
-    _spread(wb, wblk, sel_w, PB, cd * W)
-    bb = None
-    if has_bias:
-        bdt = nl.float32 if bias.dtype == nl.float32 else nl.bfloat16
-        bblk = nl.ndarray((R, CD), dtype=bdt, buffer=nl.sbuf)
-        nisa.dma_copy(dst=bblk[:, 0:cd], src=bias.ap(pattern=[[D, R], [1, cd]], offset=c0))
-        bb = nl.ndarray((PMAX, CD), dtype=bdt, buffer=nl.sbuf)
-        _spread(bb, bblk, sel_b, PB, cd)
-    return (wb, bb)
+def _psum_plan(st_bytes, x_bytes, same, H, T):
+    """(sub-tiles per pipeline step, PSUM banks) so that two steps' window tiles and one
+    output tile fit the 8 PSUM banks."""
+    if same:
+        per_sub = (H + T + 2048 // (PMAX * st_bytes) - 1) // (2048 // (PMAX * st_bytes))
+    else:
+        pb_s = 2048 // (PMAX * st_bytes)
+        pb_x = 2048 // (PMAX * x_bytes)
+        per_sub = (H + pb_s - 1) // pb_s + (T + pb_x - 1) // pb_x
+    batch = BATCH
+    while batch > 1:
+        ybanks = (T * batch * SUB * x_bytes + 2047) // 2048
+        if 2 * batch * per_sub + ybanks <= 8:
+            break
+        batch = batch - 1
+    return batch
+
+
+def _front(unit, j_list, w_all, R, Pn, s0, H, T, W):
+    """Pipeline stage 1 of a step: TensorE transposes of the window columns of each
+    sub-tile, ScalarE first tap (scaled copy out of PSUM) into float32 accumulators."""
+    st, xs = unit
+    P = R * Pn
+    subs = []
+    for (j0, w) in j_list:
+        s = s0 + j0 // SUB
+        win = _window_tiles(st, xs, P, j0, w, H, T)
+        accs = []
+        for t in range(T):
+            acc = nl.ndarray((SUB, PMAX), dtype=nl.float32, buffer=nl.sbuf)
+            ps, slot = win[t]
+            for r in range(R):
+                a, b = r * Pn, (r + 1) * Pn         # block r's rows
+                nisa.activation(dst=acc[0:w, a:b], op=nl.copy, data=ps[0:w, slot, a:b],
+                                scale=w_all[0:w, r, s, 0:1])
+            accs.append(acc)
+        subs.append((j0, w, s, win, accs))
+    return subs
+
+
+def _middle(subs, w_all, R, Pn, T, W):
+    """Stage 2: VectorE multiply-adds of the other taps; independent accumulators are
+    interleaved so no instruction waits on the one just before it."""
+    for k in range(1, W):
+        for t in range(T):
+            for (j0, w, s, win, accs) in subs:
+                ps, slot = win[t + k]
+                for r in range(R):
+                    a, b = r * Pn, (r + 1) * Pn
+                    nisa.scalar_tensor_tensor(dst=accs[t][0:w, a:b], data=ps[0:w, slot, a:b],
+                                              op0=nl.multiply,
+                                              operand0=w_all[0:w, r, s, k:k + 1],
+                                              op1=nl.add, operand1=accs[t][0:w, a:b])
+
+
+def _back(subs, yt, b_all, valid_col, R, Pn, T, act_op, has_bias, x_dtype):
+    """Stage 3: ScalarE bias + activation, TensorE transposes back to rows, one ScalarE
+    eviction scaled by the valid column into the rows' output tile."""
+    P = R * Pn
+    j_first = subs[0][0]
+    span = 0
+    ps_y = nl.ndarray((PMAX, T, len(subs) * SUB), dtype=x_dtype, buffer=nl.psum)
+    for (j0, w, s, win, accs) in subs:
+        yT = nl.ndarray((SUB, T, PMAX), dtype=x_dtype, buffer=nl.sbuf)
+        for t in range(T):
+            for r in range(R):
+                a, b = r * Pn, (r + 1) * Pn
+                if has_bias:
+                    nisa.activation(dst=yT[0:w, t, a:b], op=act_op, data=accs[t][0:w, a:b],
+                                    bias=b_all[0:w, r, s, 0:1])
+                else:
+                    nisa.activation(dst=yT[0:w, t, a:b], op=act_op, data=accs[t][0:w, a:b])
+        for t in range(T):
+            nisa.nc_transpose(dst=ps_y[0:P, t, j0 - j_first:j0 - j_first + w], data=yT[0:w, t, 0:P])
+        span = j0 - j_first + w
+    nisa.activation(dst=yt[0:P, :, j_first:j_first + span], op=nl.copy, data=ps_y[0:P, :, 0:span],
+                    scale=valid_col)
 
 
 @nki.jit
 def short_conv_decode_kernel(x, weight, bias, pool_flat, rows, valid, activation, has_bias, R):
     """x ``[num_seqs, T, dim]``; weight ``[dim, W]``; bias ``[dim]`` or None;
     pool_flat ``[slots * R, (dim / R) * (W-1)]`` (the pool, updated in place);
-    rows int32 ``[num_seqs * R]`` (``slot * R + r``, or ``slots * R`` = out of
-    bounds for padding); valid float32 ``[num_seqs * R]`` (1 live, 0
-    padding); activation "silu" or "none"; R channel blocks per sequence.
-    Returns y ``[num_seqs, T, dim]`` in x's dtype.
+    rows int32 ``[num_seqs * R]`` in the kernel's row order (group-wise,
+    block-major: ``slot * R + r``, or ``slots * R`` = out of bounds for
+    padding); valid float32 ``[num_seqs * R]`` (1 live, 0 padding);
+    activation "silu" or "none"; R channel blocks per sequence. Returns y
+    ``[num_seqs, T, dim]`` in x's dtype.
+
+    Steps of BATCH sub-tiles run as a three-stage software pipeline: the
+    transposes and first tap of step i+1 are issued before the multiply-adds
+    and outputs of step i, so TensorE, VectorE and ScalarE overlap.
     """
     N, T, dim = x.shape
     W = weight.shape[1]
     H = W - 1
     D = dim // R
     Ng = PMAX // R                 # sequences per group
-    PB = min(Ng, N) * R            # rows of the largest group
+    nsub = (D + SUB - 1) // SUB
     act_op = nl.silu if activation == "silu" else nl.copy
     y = nl.ndarray((N, T, dim), dtype=x.dtype, buffer=nl.shared_hbm)
 
@@ -155,10 +235,18 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows, valid, activation
         groups.append((n0, min(Ng, N - n0)))
     x_bytes = _nbytes(x.dtype)
     pool_bytes = _nbytes(pool_flat.dtype)
-    CD = _chunk_channels(len(groups), T, H, W, x_bytes, pool_bytes, _nbytes(weight.dtype), D)
+    CD = _chunk_channels(len(groups), T, H, x_bytes, pool_bytes, D)
     chunks = []
     for c0 in range(0, D, CD):
         chunks.append((c0, min(CD, D - c0)))
+
+    # channel-major weights / bias of every block: w_all[p, r, s, k] = weight[r*D + s*128 + p, k]
+    w_all = nl.ndarray((SUB, R, nsub, W), dtype=nl.float32, buffer=nl.sbuf)
+    _channel_columns(weight, R, D, W, w_all)
+    b_all = None
+    if has_bias:
+        b_all = nl.ndarray((SUB, R, nsub, 1), dtype=nl.float32, buffer=nl.sbuf)
+        _channel_columns(bias, R, D, 1, b_all)
 
     # run-time row indices and masks of every group, one column each
     g_rows = []
@@ -172,80 +260,74 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows, valid, activation
         g_rows.append(r)
         g_valid.append(v)
 
-    # Software pipeline, PD chunks ahead: every group's gather of chunk c+PD is issued before
-    # the first scatter of chunk c (a scatter into the pool orders every later pool read, as
-    # the slots are run-time data). PD: as many chunks as fit LOAD_BUDGET (all of them for
-    # small batches, so every gather precedes every scatter).
+    # Gathers run PD chunks ahead of the scatters: a scatter into the pool orders every
+    # later pool read (slots are run-time data); all up front for small batches.
     chunk_bytes = len(groups) * CD * (H * pool_bytes + T * x_bytes)
     PD = max(1, min(len(chunks) - 1, LOAD_BUDGET // chunk_bytes - 1))
-    # weights: all chunks up front when they fit 32 KiB per partition (small batches: the
-    # ScalarE evictions then never queue between two chunks' arithmetic), else one ahead
-    WD = 1
-    if D * W * _nbytes(weight.dtype) <= 32 * 1024:
-        WD = len(chunks)
-    wdt = nl.float32 if weight.dtype == nl.float32 else nl.bfloat16
-    sel_w = _selector(R, PB, wdt)
-    sel_b = sel_w
-    if has_bias:
-        sel_b = _selector(R, PB, nl.float32 if bias.dtype == nl.float32 else nl.bfloat16)
     loads = []
-    wts = []
     for ci in range(len(chunks)):
         loads.append(None)
-        wts.append(None)
-    wts[0] = _load_weights(weight, bias, sel_w, sel_b, PB, chunks[0], R, D, W, CD, has_bias)
     for ci in range(min(PD, len(chunks))):
         loads[ci] = _load_chunk(x, pool_flat, g_rows, groups, chunks[ci], R, D, H, CD)
-    for ci in range(1, min(WD, len(chunks))):
-        wts[ci] = _load_weights(weight, bias, sel_w, sel_b, PB, chunks[ci], R, D, W, CD,
-                                has_bias)
-    for ci in range(len(chunks)):
-        c0, cd = chunks[ci]
-        if ci + PD < len(chunks):
-            loads[ci + PD] = _load_chunk(x, pool_flat, g_rows, groups, chunks[ci + PD],
-                                         R, D, H, CD)
-        if ci + WD < len(chunks):
-            wts[ci + WD] = _load_weights(weight, bias, sel_w, sel_b, PB, chunks[ci + WD], R, D,
-                                         W, CD, has_bias)
-        cur = loads[ci]
-        wb, bb = wts[ci]
-        loads[ci] = None          # the chunk's buffers die with this iteration
-        wts[ci] = None
-        for gi in range(len(groups)):
-            n0, Pn = groups[gi]
-            P = R * Pn
-            st, xs = cur[gi]
-            yt = nl.ndarray((PMAX, T, CD), dtype=x.dtype, buffer=nl.sbuf)
-            for t in range(T):
-                acc = nl.ndarray((PMAX, CD), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_tensor(dst=acc[0:P, 0:cd], data1=_window(st, xs, P, cd, H, t),
-                                   data2=wb[0:P, 0:cd * W:W], op=nl.multiply,
-                                   engine=nisa.engine.gpsimd)
-                for k in range(1, W):
-                    prod = nl.ndarray((PMAX, CD), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.tensor_tensor(dst=prod[0:P, 0:cd],
-                                       data1=_window(st, xs, P, cd, H, t + k),
-                                       data2=wb[0:P, k:cd * W:W], op=nl.multiply,
-                                       engine=nisa.engine.gpsimd)
-                    nisa.tensor_tensor(dst=acc[0:P, 0:cd], data1=acc[0:P, 0:cd],
-                                       data2=prod[0:P, 0:cd], op=nl.add,
-                                       engine=nisa.engine.vector)
-                if has_bias:
-                    nisa.tensor_tensor(dst=acc[0:P, 0:cd], data1=acc[0:P, 0:cd],
-                                       data2=bb[0:P, 0:cd], op=nl.add, engine=nisa.engine.vector)
-                # padding rows: act(0 * acc) = 0
-                nisa.activation(dst=yt[0:P, t, 0:cd], op=act_op, data=acc[0:P, 0:cd],
-                                scale=g_valid[gi][0:P, :])
-            nisa.dma_copy(dst=y.ap(pattern=[[T * dim, Pn], [D, R], [dim, T], [1, cd]],
-                                   offset=n0 * T * dim + c0),
-                          src=yt[0:P, :, 0:cd])
 
-            # new state = window columns T .. T+W-2, assembled contiguous for one scatter
-            ns = nl.ndarray((PMAX, CD, H), dtype=pool_flat.dtype, buffer=nl.sbuf)
-            for j in range(H):
-                nisa.tensor_copy(dst=ns[0:P, 0:cd, j], src=_window(st, xs, P, cd, H, T + j),
-                                 engine=nisa.engine.scalar)
-            nisa.dma_copy(dst=pool_flat.ap(pattern=[[D * H, P], [H, cd], [1, H]], offset=c0 * H,
-                                           vector_offset=g_rows[gi][0:P, :], indirect_dim=0),
-                          src=ns[0:P, 0:cd, :], oob_mode=nisa.oob_mode.skip)
+    # pipeline steps: (chunk, group, sub-tiles [(j0, width)], last step of the unit)
+    batch = _psum_plan(pool_bytes, x_bytes, pool_flat.dtype == x.dtype, H, T)
+    steps = []
+    for ci in range(len(chunks)):
+        cd = chunks[ci][1]
+        for gi in range(len(groups)):
+            subs = []
+            for j0 in range(0, cd, SUB):
+                subs.append((j0, min(SUB, cd - j0)))
+            for b0 in range(0, len(subs), batch):
+                steps.append((ci, gi, subs[b0:b0 + batch], b0 + batch >= len(subs)))
+
+    units = []                     # per (chunk, group): (state, x, output tile), while live
+    for ci in range(len(chunks)):
+        units.append(None)
+    prev = None
+    for i in range(len(steps) + 1):
+        nxt = None
+        if i < len(steps):
+            ci, gi, j_list, last = steps[i]
+            if units[ci] == None:  # noqa: E711  first step of chunk ci
+                if ci + PD < len(chunks):
+                    loads[ci + PD] = _load_chunk(x, pool_flat, g_rows, groups,
+                                                 chunks[ci + PD], R, D, H, CD)
+                units[ci] = []
+                for gj in range(len(groups)):
+                    yt = nl.ndarray((PMAX, T, CD), dtype=x.dtype, buffer=nl.sbuf)
+                    units[ci].append((loads[ci][gj][0], loads[ci][gj][1], yt))
+                loads[ci] = None
+            st, xs, yt = units[ci][gi]
+            nxt = (ci, gi, last, _front((st, xs), j_list, w_all, R, groups[gi][1],
+                                        chunks[ci][0] // SUB, H, T, W))
+        if prev != None:  # noqa: E711
+            pci, pgi, plast, subs = prev
+            n0, Pn = groups[pgi]
+            P = R * Pn
+            c0, cd = chunks[pci]
+            st, xs, yt = units[pci][pgi]
+            _middle(subs, w_all, R, Pn, T, W)
+            _back(subs, yt, b_all, g_valid[pgi][0:P, :], R, Pn, T, act_op, has_bias, x.dtype)
+            if plast:
+                nisa.dma_copy(dst=y.ap(pattern=[[D, R], [T * dim, Pn], [dim, T], [1, cd]],
+                                       offset=n0 * T * dim + c0),
+                              src=yt[0:P, :, 0:cd])
+                # new state = window columns T .. T+W-2, contiguous rows for one scatter
+                ns = nl.ndarray((PMAX, CD, H), dtype=pool_flat.dtype, buffer=nl.sbuf)
+                for jj in range(H):
+                    col = T + jj
+                    if col < H:
+                        src = st[0:P, 0:cd, col]
+                    else:
+                        src = xs[0:P, col - H, 0:cd]
+                    nisa.tensor_copy(dst=ns[0:P, 0:cd, jj], src=src, engine=nisa.engine.scalar)
+                nisa.dma_copy(dst=pool_flat.ap(pattern=[[D * H, P], [H, cd], [1, H]],
+                                               offset=c0 * H, vector_offset=g_rows[pgi][0:P, :],
+                                               indirect_dim=0),
+                              src=ns[0:P, 0:cd, :], oob_mode=nisa.oob_mode.skip)
+                if pgi == len(groups) - 1:
+                    units[pci] = None     # the chunk's buffers die here
+        prev = nxt
     return y

@@ -123,9 +123,16 @@ def decode(*, x, weight, bias, activation, conv_states, state_indices, backend):
     R = _row_split(num_seqs, dim)
     idx = np.asarray(state_indices, dtype=np.int64)
     live = idx >= 0
-    # row v = n * R + r: block r of sequence n
-    n_of = np.repeat(np.arange(num_seqs), R)
-    r_of = np.tile(np.arange(R), num_seqs)
+    # kernel row order: groups of 128 // R sequences, block-major inside a group
+    # (partition r * Pn + i = block r of the group's sequence i)
+    pieces = []
+    per_group = 128 // R
+    for n0 in range(0, num_seqs, per_group):
+        seqs = np.arange(n0, min(num_seqs, n0 + per_group))
+        for r in range(R):
+            pieces.append(np.stack([seqs, np.full_like(seqs, r)], axis=1))
+    pairs = np.concatenate(pieces)
+    n_of, r_of = pairs[:, 0], pairs[:, 1]
     rows = np.where(live[n_of], idx[n_of] * R + r_of, slots * R)
     valid = live[n_of].astype(np.float32)
     flat = conv_states.reshape(slots * R, (dim // R) * h)
