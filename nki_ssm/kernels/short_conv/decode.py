@@ -16,12 +16,13 @@ Engine plan, per group, per 128-channel sub-tile of a chunk:
 - TensorE transposes every window column (W-1 state columns and the T new
   tokens) to channel-major ``[128 ch, rows]`` in PSUM, so each channel's
   weight becomes a per-partition scalar;
-- ScalarE applies the first tap (``activation(copy, scale=w[:, 0])`` from
-  PSUM), VectorE fuses the other taps as multiply-adds
+- ScalarE applies the first tap and the bias (``activation(copy, scale=w[:, 0],
+  bias=b)`` from PSUM), VectorE fuses the other taps as multiply-adds
   (``scalar_tensor_tensor`` with the weight column, reading PSUM), all in
-  float32; ScalarE applies bias + SiLU (per-partition bias);
-- TensorE transposes the result back to rows, and ScalarE evicts it scaled
-  by the run-time ``valid`` column (padding rows give 0).
+  float32;
+- TensorE transposes the float32 result back to rows, and one ScalarE
+  instruction per step applies SiLU (or copy) to ``valid * acc`` while
+  evicting (padding rows give act(0) = 0).
 The new state (window columns T .. T+W-2) is assembled row-major by ScalarE
 copies and scattered back with one DMA per group and chunk (padding rows are
 out of bounds and skipped). Gathers run PD chunks ahead of the scatters
@@ -30,7 +31,7 @@ the pool orders every later pool read, as the slots are run-time data.
 
 Run-time: slots and the valid mask (row tables); compile-time: shapes,
 dtypes, W, T, R, activation, bias presence. Padding sequences must carry
-finite x (their outputs are 0 * act(...)).
+finite x (their outputs are act(0 * acc)).
 """
 from nki_ssm.backend import nki, nl, nisa
 
@@ -139,16 +140,17 @@ def _psum_plan(st_bytes, x_bytes, same, H, T):
         per_sub = (H + pb_s - 1) // pb_s + (T + pb_x - 1) // pb_x
     batch = BATCH
     while batch > 1:
-        ybanks = (T * batch * SUB * x_bytes + 2047) // 2048
+        ybanks = (T * batch * SUB * 4 + 2047) // 2048     # float32 accumulators
         if 2 * batch * per_sub + ybanks <= 8:
             break
         batch = batch - 1
     return batch
 
 
-def _front(unit, j_list, w_all, R, Pn, s0, H, T, W):
+def _front(unit, j_list, w_all, b_all, has_bias, R, Pn, s0, H, T, W):
     """Pipeline stage 1 of a step: TensorE transposes of the window columns of each
-    sub-tile, ScalarE first tap (scaled copy out of PSUM) into float32 accumulators."""
+    sub-tile, ScalarE first tap plus bias (scaled copy out of PSUM) into float32
+    accumulators."""
     st, xs = unit
     P = R * Pn
     subs = []
@@ -161,8 +163,13 @@ def _front(unit, j_list, w_all, R, Pn, s0, H, T, W):
             ps, slot = win[t]
             for r in range(R):
                 a, b = r * Pn, (r + 1) * Pn         # block r's rows
-                nisa.activation(dst=acc[0:w, a:b], op=nl.copy, data=ps[0:w, slot, a:b],
-                                scale=w_all[0:w, r, s, 0:1])
+                # acc = x_0 * w_0 (+ bias): the bias rides on the first tap for free
+                if has_bias:
+                    nisa.activation(dst=acc[0:w, a:b], op=nl.copy, data=ps[0:w, slot, a:b],
+                                    scale=w_all[0:w, r, s, 0:1], bias=b_all[0:w, r, s, 0:1])
+                else:
+                    nisa.activation(dst=acc[0:w, a:b], op=nl.copy, data=ps[0:w, slot, a:b],
+                                    scale=w_all[0:w, r, s, 0:1])
             accs.append(acc)
         subs.append((j0, w, s, win, accs))
     return subs
@@ -183,27 +190,20 @@ def _middle(subs, w_all, R, Pn, T, W):
                                               op1=nl.add, operand1=accs[t][0:w, a:b])
 
 
-def _back(subs, yt, b_all, valid_col, R, Pn, T, act_op, has_bias, x_dtype):
-    """Stage 3: ScalarE bias + activation, TensorE transposes back to rows, one ScalarE
-    eviction scaled by the valid column into the rows' output tile."""
+def _back(subs, yt, valid_col, R, Pn, T, act_op):
+    """Stage 3: TensorE transposes the float32 accumulators back to rows; one ScalarE
+    instruction applies the activation to valid * acc (padding rows give act(0) = 0)
+    while evicting into the rows' output tile."""
     P = R * Pn
     j_first = subs[0][0]
     span = 0
-    ps_y = nl.ndarray((PMAX, T, len(subs) * SUB), dtype=x_dtype, buffer=nl.psum)
+    ps_y = nl.ndarray((PMAX, T, len(subs) * SUB), dtype=nl.float32, buffer=nl.psum)
     for (j0, w, s, win, accs) in subs:
-        yT = nl.ndarray((SUB, T, PMAX), dtype=x_dtype, buffer=nl.sbuf)
         for t in range(T):
-            for r in range(R):
-                a, b = r * Pn, (r + 1) * Pn
-                if has_bias:
-                    nisa.activation(dst=yT[0:w, t, a:b], op=act_op, data=accs[t][0:w, a:b],
-                                    bias=b_all[0:w, r, s, 0:1])
-                else:
-                    nisa.activation(dst=yT[0:w, t, a:b], op=act_op, data=accs[t][0:w, a:b])
-        for t in range(T):
-            nisa.nc_transpose(dst=ps_y[0:P, t, j0 - j_first:j0 - j_first + w], data=yT[0:w, t, 0:P])
+            nisa.nc_transpose(dst=ps_y[0:P, t, j0 - j_first:j0 - j_first + w],
+                              data=accs[t][0:w, 0:P])
         span = j0 - j_first + w
-    nisa.activation(dst=yt[0:P, :, j_first:j_first + span], op=nl.copy, data=ps_y[0:P, :, 0:span],
+    nisa.activation(dst=yt[0:P, :, j_first:j_first + span], op=act_op, data=ps_y[0:P, :, 0:span],
                     scale=valid_col)
 
 
@@ -300,8 +300,8 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows, valid, activation
                     units[ci].append((loads[ci][gj][0], loads[ci][gj][1], yt))
                 loads[ci] = None
             st, xs, yt = units[ci][gi]
-            nxt = (ci, gi, last, _front((st, xs), j_list, w_all, R, groups[gi][1],
-                                        chunks[ci][0] // SUB, H, T, W))
+            nxt = (ci, gi, last, _front((st, xs), j_list, w_all, b_all, has_bias, R,
+                                        groups[gi][1], chunks[ci][0] // SUB, H, T, W))
         if prev != None:  # noqa: E711
             pci, pgi, plast, subs = prev
             n0, Pn = groups[pgi]
@@ -309,7 +309,7 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows, valid, activation
             c0, cd = chunks[pci]
             st, xs, yt = units[pci][pgi]
             _middle(subs, w_all, R, Pn, T, W)
-            _back(subs, yt, b_all, g_valid[pgi][0:P, :], R, Pn, T, act_op, has_bias, x.dtype)
+            _back(subs, yt, g_valid[pgi][0:P, :], R, Pn, T, act_op)
             if plast:
                 nisa.dma_copy(dst=y.ap(pattern=[[D, R], [T * dim, Pn], [dim, T], [1, cd]],
                                        offset=n0 * T * dim + c0),
