@@ -106,6 +106,7 @@ from nki_ssm.backend import nki, nl, nisa
 _PSUM_F = 512      # fp32 elements of one PSUM bank per partition
 
 _PMAX = 128
+_IO_BLOCKS = 4     # head blocks per z / y DMA
 
 
 def _tri_consts(Q):
@@ -240,7 +241,7 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool2d
         nisa.dma_copy(dst=D_sb, src=D_rows)
     DI = None
     if D_heads != None:  # noqa: E711
-        DI = _d_identities(D_heads, ones, Q, H)
+        DI = _d_heads(D_heads, ones, Q, H)
 
     # heads per block: one PSUM bank for seg [L, hb*L] and y [L, hb*P]
     hb = max(1, min(HPG, _PSUM_F // Q, _PSUM_F // P))
@@ -275,19 +276,14 @@ def _zero_rows(y, start, n, HP):
         nisa.dma_copy(dst=y[start + r0:start + r0 + nr, :], src=zt)
 
 
-def _d_identities(D_heads, ones, Q, H):
-    """Per head D_h * I [Q, Q] fp32: D x enters the fp32 y_intra matmul exactly."""
+def _d_heads(D_heads, ones, Q, H):
+    """(D per head on Q rows [Q, H] fp32, identity [Q, Q] fp32) for the TensorE D x term."""
     Dh = nl.ndarray((Q, H), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=Dh, src=D_heads[0:Q, :])
     ident = nl.ndarray((Q, Q), dtype=nl.float32, buffer=nl.sbuf)
     nisa.affine_select(dst=ident, pattern=[[-1, Q]], channel_multiplier=1,
                        on_true_tile=ones[:, 0:Q], on_false_value=0.0, cmp_op=nl.equal, offset=0)
-    out = []
-    for h in range(H):
-        di = nl.ndarray((Q, Q), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=di, data=ident, op0=nl.multiply, operand0=Dh[:, h:h + 1])
-        out.append(di)
-    return out
+    return Dh, ident
 
 
 def _chunk(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST,
@@ -296,8 +292,8 @@ def _chunk(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST,
     C^T and masked CB per group) -> the chunk context the stages use."""
     HP = H * P
     GN = G * N
-    # ---- loads (one DMA per tensor, all heads); x widened to fp32 by the DMA
-    # (y_intra and D x are fp32 matmuls in both modes)
+    # ---- loads (one DMA per tensor, all heads; z and y move per block). x is
+    # widened to fp32 by the DMA: y_intra and D x are fp32 matmuls in both modes
     x_in = nl.ndarray((L, HP), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=x_in, src=x[t0:t0 + L, :])
     dt_in = nl.ndarray((L, H), dtype=nl.float32, buffer=nl.sbuf)
@@ -356,7 +352,7 @@ def _chunk(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST,
             if md != nl.float32:
                 # CB in fp32 from the C values (bf16-exact for bf16 inputs)
                 CTf = nl.ndarray((nt, L), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_copy(dst=CTf, src=CT[t], engine=nisa.engine.gpsimd)
+                nisa.tensor_copy(dst=CTf, src=CT[t], engine=nisa.engine.scalar)
             # cb[j, i] = sum_n B[j, n] C[i, n]
             nisa.nc_matmul(dst=cb_ps, stationary=BT, moving=CTf, accumulate=(t > 0))
         cb = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
@@ -369,7 +365,9 @@ def _chunk(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST,
         CTs.append(CT)
         cbms.append(cbm)
 
-    return {"x_in": x_in, "B_mm": B_mm, "z": z, "y": y, "D_sb": D_sb, "DI": DI, "U": U,
+    return {"x_in": x_in, "B_mm": B_mm, "z": z, "y": y, "D_sb": D_sb,
+            "Dh": DI[0] if DI != None else None,  # noqa: E711
+            "ident": DI[1] if DI != None else None, "U": U,  # noqa: E711
             "Ls": Ls, "CTs": CTs, "cbms": cbms, "ST": ST, "dtA": dtA,
             "dtp": dtp, "lndt": lndt, "ecs": ecs, "wd": wd, "elast": elast, "L": L, "P": P,
             "N": N, "n_tiles": n_tiles, "md": md, "t0": t0}
@@ -390,6 +388,16 @@ def _sequence(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST, start
     for g in range(G):
         for h0 in range(g * HPG, (g + 1) * HPG, hb):
             blocks.append((g, h0, min(hb, (g + 1) * HPG - h0)))
+    # z / y move in groups of _IO_BLOCKS consecutive blocks (>= 2 KiB per
+    # partition per DMA for bf16 at P = 64) instead of per chunk (SBUF) or per
+    # block (DMA efficiency); item tuple: (g, h0, nh, io group, first, last, c0, c1)
+    nb0 = len(blocks)
+    for j in range(nb0):
+        q = j // _IO_BLOCKS
+        j0, j1 = q * _IO_BLOCKS, min(nb0, (q + 1) * _IO_BLOCKS) - 1
+        g, h0, nh = blocks[j]
+        blocks[j] = (g, h0, nh, q, j == j0, j == j1, blocks[j0][1] * P,
+                     (blocks[j1][1] + blocks[j1][2]) * P)
     nb = len(blocks)
     chunks = []
     for c0 in range(0, n_s, Q):
@@ -446,19 +454,20 @@ def _sequence(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST, start
 # inputs were produced in earlier steps.
 
 def _st_w(ctx, blk, w):
-    """VectorE: W[k, (h,i)] = dtA[k,h] U[k,i] (fp32)."""
-    g, h0, nh = blk
+    """ScalarE: W[k, (h,i)] = dtA[k,h] U[k,i] (fp32)."""
+    g, h0, nh = blk[0], blk[1], blk[2]
     L, dtA = ctx["L"], ctx["dtA"]
     W = nl.ndarray((L, nh * L), dtype=nl.float32, buffer=nl.sbuf)
     for k in range(nh):
         nisa.tensor_scalar(dst=W[:, k * L:(k + 1) * L], data=ctx["U"][0:L, 0:L],
-                           op0=nl.multiply, operand0=dtA[:, h0 + k:h0 + k + 1])
+                           op0=nl.multiply, operand0=dtA[:, h0 + k:h0 + k + 1],
+                           engine=nisa.engine.scalar)
     w["W"] = W
 
 
 def _st_seg(ctx, blk, w):
     """TensorE: seg[j, (h,i)] = sum_{j<k<=i} dtA[k,h] = Ls^T W (fp32, exactly 0 for j >= i)."""
-    g, h0, nh = blk
+    g, h0, nh = blk[0], blk[1], blk[2]
     L = ctx["L"]
     seg_ps = nl.ndarray((L, nh * L), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=seg_ps, stationary=ctx["Ls"][0:L, 0:L], moving=w["W"], accumulate=False,
@@ -469,7 +478,7 @@ def _st_seg(ctx, blk, w):
 
 def _st_exp(ctx, blk, w):
     """ScalarE: Dm = exp(seg + ln dt'_j) (dt'_j enters as the exponent bias)."""
-    g, h0, nh = blk
+    g, h0, nh = blk[0], blk[1], blk[2]
     L = ctx["L"]
     Dm = nl.ndarray((L, nh * L), dtype=nl.float32, buffer=nl.sbuf)
     for k in range(nh):
@@ -480,13 +489,15 @@ def _st_exp(ctx, blk, w):
 
 
 def _st_mt(ctx, blk, w):
-    """GpSimd: Mt = Dm * CBmask per head; the bf16 copy of the block's state (bf16 mode)."""
-    g, h0, nh = blk
+    """GpSimd / VectorE: Mt = Dm * CBmask per head; ScalarE: bf16 copy of the block's state."""
+    g, h0, nh = blk[0], blk[1], blk[2]
     L, P, md, ST = ctx["L"], ctx["P"], ctx["md"], ctx["ST"]
     Mt = nl.ndarray((L, nh * L), dtype=nl.float32, buffer=nl.sbuf)
     for k in range(nh):
+        # alternate heads between GpSimd and VectorE (engine balance)
         nisa.tensor_tensor(dst=Mt[:, k * L:(k + 1) * L], data1=w["Dm"][:, k * L:(k + 1) * L],
-                           data2=ctx["cbms"][g], op=nl.multiply, engine=nisa.engine.gpsimd)
+                           data2=ctx["cbms"][g], op=nl.multiply,
+                           engine=nisa.engine.gpsimd if k % 2 else nisa.engine.vector)
     w["Dm"] = None
     w["Mt"] = Mt
     c0, c1 = h0 * P, (h0 + nh) * P
@@ -496,14 +507,14 @@ def _st_mt(ctx, blk, w):
             smm.append(ST[t][:, c0:c1])
         else:
             s_mm = nl.ndarray((ST[t].shape[0], nh * P), dtype=md, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=s_mm, src=ST[t][:, c0:c1], engine=nisa.engine.gpsimd)
+            nisa.tensor_copy(dst=s_mm, src=ST[t][:, c0:c1], engine=nisa.engine.scalar)
             smm.append(s_mm)
     w["S"] = smm
 
 
 def _st_out_mm(ctx, blk, w):
     """TensorE: y_intra (+ D x) fp32 matmuls per head, y_off per N tile (precision mode)."""
-    g, h0, nh = blk
+    g, h0, nh = blk[0], blk[1], blk[2]
     L, P, x_in = ctx["L"], ctx["P"], ctx["x_in"]
     Mt = w["Mt"]
     yi_ps = nl.ndarray((L, nh * P), dtype=nl.float32, buffer=nl.psum)
@@ -511,10 +522,13 @@ def _st_out_mm(ctx, blk, w):
         h = h0 + k
         nisa.nc_matmul(dst=yi_ps[:, k * P:(k + 1) * P], stationary=Mt[:, k * L:(k + 1) * L],
                        moving=x_in[:, h * P:(h + 1) * P], accumulate=False)
-        if ctx["DI"] != None:  # noqa: E711
-            # + D_h x_i
-            nisa.nc_matmul(dst=yi_ps[:, k * P:(k + 1) * P], stationary=ctx["DI"][h][0:L, 0:L],
-                           moving=x_in[:, h * P:(h + 1) * P], accumulate=True)
+        if ctx["Dh"] != None:  # noqa: E711
+            # + D_h x_i: identity stationary, moving x_h D_h (ScalarE, fp32)
+            xD = nl.ndarray((L, P), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=xD, data=x_in[:, h * P:(h + 1) * P], op0=nl.multiply,
+                               operand0=ctx["Dh"][0:L, h:h + 1], engine=nisa.engine.scalar)
+            nisa.nc_matmul(dst=yi_ps[:, k * P:(k + 1) * P], stationary=ctx["ident"][0:L, 0:L],
+                           moving=xD, accumulate=True, is_stationary_onezero=True)
     w["Mt"] = None
     yo_ps = nl.ndarray((L, nh * P), dtype=nl.float32, buffer=nl.psum)
     for t in range(ctx["n_tiles"]):
@@ -527,7 +541,7 @@ def _st_out_mm(ctx, blk, w):
 
 def _st_scalar(ctx, blk, w):
     """ScalarE: y_off * exp(cs_i) per head, silu(z), chunk-state operand Xd = x dt' exp(ex)."""
-    g, h0, nh = blk
+    g, h0, nh = blk[0], blk[1], blk[2]
     L, P, md, x_in, ecs = ctx["L"], ctx["P"], ctx["md"], ctx["x_in"], ctx["ecs"]
     c0, c1 = h0 * P, (h0 + nh) * P
     yb = nl.ndarray((L, nh * P), dtype=nl.float32, buffer=nl.sbuf)
@@ -537,10 +551,14 @@ def _st_scalar(ctx, blk, w):
     w["yo"] = None
     w["yb"] = yb
     if ctx["z"] != None:  # noqa: E711
-        # z and y move per block (not per chunk) to keep two chunks' tiles in SBUF
-        t0 = ctx["t0"]
-        z_b = nl.ndarray((L, nh * P), dtype=ctx["z"].dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=z_b, src=ctx["z"][t0:t0 + L, c0:c1])
+        t0, q, gc0, gc1 = ctx["t0"], blk[3], blk[6], blk[7]
+        if blk[4]:
+            zg = nl.ndarray((L, gc1 - gc0), dtype=ctx["z"].dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=zg, src=ctx["z"][t0:t0 + L, gc0:gc1])
+            ctx["zg" + str(q)] = zg
+        z_b = ctx["zg" + str(q)][:, c0 - gc0:c1 - gc0]
+        if blk[5]:
+            ctx["zg" + str(q)] = None
         sz = nl.ndarray((L, nh * P), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=sz, op=nl.silu, data=z_b)
         w["sz"] = sz
@@ -561,7 +579,7 @@ def _st_yadd(ctx, blk, w):
 
 def _st_yout(ctx, blk, w):
     """GpSimd: + x D (D per channel), * silu(z), into the chunk's y tile."""
-    g, h0, nh = blk
+    g, h0, nh = blk[0], blk[1], blk[2]
     L, P, D_sb, x_in = ctx["L"], ctx["P"], ctx["D_sb"], ctx["x_in"]
     c0, c1 = h0 * P, (h0 + nh) * P
     yb = w["yb"]
@@ -570,21 +588,26 @@ def _st_yout(ctx, blk, w):
         nisa.tensor_tensor(dst=xd, data1=x_in[:, c0:c1], data2=D_sb[0:L, c0:c1], op=nl.multiply,
                            engine=nisa.engine.gpsimd)
         nisa.tensor_tensor(dst=yb, data1=yb, data2=xd, op=nl.add, engine=nisa.engine.gpsimd)
-    y_b = nl.ndarray((L, nh * P), dtype=ctx["y"].dtype, buffer=nl.sbuf)
+    t0, q, gc0, gc1 = ctx["t0"], blk[3], blk[6], blk[7]
+    if blk[4]:
+        ctx["yg" + str(q)] = nl.ndarray((L, gc1 - gc0), dtype=ctx["y"].dtype, buffer=nl.sbuf)
+    yg = ctx["yg" + str(q)]
+    y_b = yg[:, c0 - gc0:c1 - gc0]
     if ctx["z"] != None:  # noqa: E711
         nisa.tensor_tensor(dst=y_b, data1=yb, data2=w["sz"], op=nl.multiply,
                            engine=nisa.engine.gpsimd)
         w["sz"] = None
     else:
         nisa.tensor_copy(dst=y_b, src=yb, engine=nisa.engine.gpsimd)
-    t0 = ctx["t0"]
-    nisa.dma_copy(dst=ctx["y"][t0:t0 + L, c0:c1], src=y_b)
+    if blk[5]:
+        nisa.dma_copy(dst=ctx["y"][t0:t0 + L, gc0:gc1], src=yg)
+        ctx["yg" + str(q)] = None
     w["yb"] = None
 
 
 def _st_state_mm(ctx, blk, w):
     """TensorE: chunk state B^T Xd per N tile."""
-    g, h0, nh = blk
+    g, h0, nh = blk[0], blk[1], blk[2]
     P, N, ST, B_mm = ctx["P"], ctx["N"], ctx["ST"], ctx["B_mm"]
     sps = []
     for t in range(ctx["n_tiles"]):
@@ -600,7 +623,7 @@ def _st_state_mm(ctx, blk, w):
 
 def _st_state(ctx, blk, w):
     """VectorE: S^T <- exp(total) S^T + chunk state, per head (fp32)."""
-    g, h0, nh = blk
+    g, h0, nh = blk[0], blk[1], blk[2]
     P, ST, elast = ctx["P"], ctx["ST"], ctx["elast"]
     for t in range(ctx["n_tiles"]):
         for k in range(nh):
