@@ -41,22 +41,25 @@ total, broadcast on the N partitions); ScalarE exp of each. Per group:
 C^T (TensorE transpose), CB^T [L, L] (fp32, contract N, accumulate N
 tiles), causal mask on GpSimd (affine_select).
 
-Per (chunk, head block) item: ten stages, one engine each
----------------------------------------------------------
+Per (chunk, head block) item: ten stages, one engine each (mostly)
+-----------------------------------------------------------------
 Blocks hold ``hb`` heads of one group (``hb*L <= 512`` and ``hb*P <= 512``:
 one PSUM bank per tile; hb = 4 at L = 128, P = 64).
- 0 VectorE  W[k, (h,i)] = dtA[k,h] U[k,i]
+ 0 ScalarE  W[k, (h,i)] = dtA[k,h] U[k,i]
  1 TensorE  seg = Ls^T W -> seg[j,(h,i)] = sum_{j<k<=i} dtA[k,h] (fp32;
             exactly 0 for j >= i), one matmul for the block
  2 ScalarE  Dm = exp(seg + ln dt'_j) (dt'_j as the exponent bias)
- 3 GpSimd   Mt = Dm * CBmask per head; bf16 copy of the block's S^T
- 4 TensorE  y_intra = Mt^T x_h (+ (D_h I)^T x_h), fp32, per head;
-            y_off = C S^T for the block (one matmul per N tile)
+ 3 V / G    Mt = Dm * CBmask per head (alternating VectorE / GpSimd);
+            ScalarE: bf16 copy of the block's S^T (bf16 mode)
+ 4 TensorE  y_intra = Mt^T x_h + I^T (x_h D_h) per head, fp32 (x*D on
+            ScalarE); y_off = C S^T for the block (one matmul per N tile)
  5 ScalarE  y_off * exp(cs_i) per head; silu(z); Xd = x_h dt'_j exp(ex_j)
  6 VectorE  y = y_off + y_intra (PSUM operand)
- 7 GpSimd   (+ x*D for D [H, P]) * silu(z) -> y block, DMA out
+ 7 GpSimd   (+ x*D for D [H, P]) * silu(z) -> y
  8 TensorE  chunk state B^T Xd per N tile (fp32)
  9 VectorE  S^T <- exp(tot) S^T + chunk state, per head (fp32)
+z is loaded and y stored per group of 4 blocks (2 KiB per partition per DMA
+at P = 64, bf16), x once per chunk (fp32 via the DMA).
 
 Overlap
 -------
@@ -67,20 +70,21 @@ were produced in earlier steps and the five engines run concurrently. A
 chunk's prologue is issued half a chunk of steps before its first item;
 item (c+1, j) reads the state item (c, j) writes, which the step distance
 guarantees when a chunk has more than 6 blocks (otherwise the pipeline
-drains at each chunk boundary). Modeled on trn2 (Mamba-2 2.7B, bf16, 16K
-tokens): 2.68 M tokens/s per NeuronCore, VectorE binding at 96 % busy,
-TensorE ~60 %, ScalarE / GpSimd ~75 %, DMA ~40 %.
+drains at each chunk boundary). Modeled figures: see the report of the
+kernel (Mamba-2 2.7B, bf16, 16K tokens: above the 2 M tokens/s goal, one of
+ScalarE / GpSimd / VectorE binding with the others close behind).
 
 SBUF / PSUM budget (bytes per partition; Q = 128)
 --------------------------------------------------
-State S^T ``H*P*4`` per N tile (2.7B 20 KiB, Granite 32 KiB); per live
-chunk context (two are live while the pipeline crosses a chunk boundary):
-x fp32 ``H*P*4`` (20 / 32 KiB) + B, C, dt, decay columns (< 4 KiB); D_h*I
-stationaries ``H*Q*4`` (40 / 64 KiB); items in flight (~10) hold W, Dm, Mt
-(``hb*L*4`` = 2 KiB each) and y / Xd / S copies (1 KiB each). Peak ~150 /
-~200 KiB of 208 KiB usable (the simulator enforces the budget). PSUM: one
-bank per tile; seg, y_intra, y_off and state tiles of the items in flight
-stay within the 8 banks (the simulator counts live banks).
+State S^T ``H*P*4`` per N tile (2.7B 20 KiB, Granite-like 32 KiB); per
+live chunk context (two are live while the pipeline crosses a chunk
+boundary): x fp32 ``H*P*4`` (20 / 32 KiB) + B, C, dt, decay columns
+(< 10 KiB); items in flight (~10) hold W, Dm, Mt (``hb*L*4`` = 2 KiB each),
+y / Xd / S copies (1 KiB each) and z / y group tiles (2 KiB). The simulator
+enforces the 208 KiB usable (224 KiB less its reserve); Granite-like in
+exact mode is the tightest case and fits. PSUM: one bank per tile; the seg,
+y_intra, y_off and state tiles of the items in flight stay within the 8
+banks (the simulator counts live banks).
 
 Numerics
 --------
@@ -357,7 +361,7 @@ def _chunk(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST,
             nisa.nc_matmul(dst=cb_ps, stationary=BT, moving=CTf, accumulate=(t > 0))
         cb = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_copy(dst=cb, src=cb_ps)
-        del cb_ps
+        cb_ps = None
         cbm = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
         # keep i >= j (j = partition): the causal mask of the decay matrix too
         nisa.affine_select(dst=cbm, pattern=[[1, L]], channel_multiplier=-1, on_true_tile=cb,
@@ -414,31 +418,37 @@ def _sequence(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST, start
     work = [None] * (nc * nb)
     n_items = nc * nb
 
-    def prologue(c):
-        t0, L = chunks[c]
-        ctxs[c] = _chunk(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST, t0, L,
-                         H, P, N, G, HPG, hb, n_tiles, md, dt_softplus, dt_lo, dt_hi)
-
+    # steps: lists of (stage, item); pro: step -> chunk whose prologue starts it
+    steps = []
+    pro = {}
     if across:
-        steps = []
         for b in range(n_items + ns - 1):
-            steps.append([(k, b - k) for k in range(ns) if 0 <= b - k < n_items])
-    else:
-        steps = []
+            step = []
+            for k in range(ns):
+                if 0 <= b - k < n_items:
+                    step.append((k, b - k))
+            steps.append(step)
         for c in range(nc):
+            pro[str(max(0, c * nb - pre))] = c
+    else:
+        for c in range(nc):
+            pro[str(len(steps))] = c
             for b in range(nb + ns - 1):
-                steps.append([(k, c * nb + b - k) for k in range(ns) if 0 <= b - k < nb])
-    made = 0
-    for step in steps:
-        first = n_items
-        for k, i in step:
-            if k == 0:
-                first = i
-        # chunk prologues ahead of their first item
-        while made < nc and (made * nb <= first + pre):
-            prologue(made)
-            made += 1
-        for k, i in step:
+                step = []
+                for k in range(ns):
+                    if 0 <= b - k < nb:
+                        step.append((k, c * nb + b - k))
+                steps.append(step)
+    for si in range(len(steps)):
+        if str(si) in pro:
+            # chunk prologue, ahead of the chunk's first item
+            c = pro[str(si)]
+            t0, L = chunks[c]
+            ctxs[c] = _chunk(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST,
+                             t0, L, H, P, N, G, HPG, hb, n_tiles, md, dt_softplus, dt_lo,
+                             dt_hi)
+        for e in range(len(steps[si])):
+            k, i = steps[si][e]
             c, j = i // nb, i % nb
             if k == 0:
                 work[i] = {}

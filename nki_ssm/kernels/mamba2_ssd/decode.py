@@ -85,7 +85,10 @@ def ssd_decode_step(x_rows, dt_rows, A_rows, B, C, group_sel, D_rows, z_rows, bi
     # Gathers run _AHEAD sequences ahead of the compute: the pool is one HBM
     # tensor with run-time indices, so a gather issued after a scatter must
     # wait for it; issuing it before keeps the DMA queues streaming.
-    live_ids = [s for s in range(num_seqs) if live[s]]
+    live_ids = []
+    for s in range(num_seqs):
+        if live[s]:
+            live_ids.append(s)
     for s in range(num_seqs):
         if not live[s]:
             zt = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
@@ -173,7 +176,7 @@ def _token(x_rows, dt_rows, z_rows, B, C, y, A_sb, bias_sb, D_sb, sel, S,
     # C on SBUF as well: GpSimd (the product below) cannot read PSUM
     c_sb = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=c_sb, src=cc)
-    del cc
+    cc = None
     yc = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
     # per row block t: ScalarE decay, VectorE input, GpSimd C product, ScalarE
     # free-dim sum; software-pipelined (step b: stage k on block b-k) so each
@@ -201,7 +204,7 @@ def _token(x_rows, dt_rows, z_rows, B, C, y, A_sb, bias_sb, D_sb, sel, S,
             nisa.activation(dst=prods[t], op=nl.copy, data=prods[t], reduce_op=nl.add,
                             reduce_res=yc[:, t:t + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
             prods[t] = None
-    del bb
+    bb = None
 
     if D_sb != None:  # noqa: E711
         xd = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)

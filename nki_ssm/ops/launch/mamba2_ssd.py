@@ -3,16 +3,19 @@
 Host side only arranges layouts and index tables; all math and every pool
 gather / scatter happens in the kernels:
 
-- the pool ``[slots, H, P, N]`` is passed as its ``[slots*H*P, N]`` row view
-  (no copy for a C-contiguous pool), so the kernels gather / scatter a
-  sequence's state with one int32 row index per partition;
-- slot numbers become int32 row tables (``slot*H*P + row``); padding and
-  ``has_initial_state == False`` (gather only) become the first row past the
-  pool, which the kernel's DMA skips (``oob_mode.skip``);
-- the batch layout (sequence lengths) becomes a compile-time tuple;
-- per-head parameters are repeated on 128 rows (prefill) or arranged as
-  per-row columns (decode), dt is widened to float32, tensors are flattened
-  to 2-D (contiguous reshapes).
+- the pool ``[slots, H, P, N]`` is passed as a row view (no copy for a
+  C-contiguous pool): ``[slots*H*P, N]`` for prefill, ``[slots*pr, nt*N]``
+  for decode, so the kernels gather / scatter a sequence's state with one
+  int32 row index per partition (``.ap(vector_offset=...)``);
+- slot numbers become int32 row tables; ``has_initial_state == False``
+  (prefill gather only) becomes the first row past the pool, which the
+  kernel's DMA skips (``oob_mode.skip``: zero initial state);
+- the batch layout (sequence lengths, which sequences are padding) becomes
+  compile-time tuples (padding: zero output, no instructions, pool untouched);
+- per-head parameters are repeated on 128 rows (prefill; D [H] goes to the
+  TensorE identity path, D [H, P] to the per-channel path) or arranged as
+  per-row ``[pr, nt]`` tiles (decode); dt is widened to float32; tensors are
+  flattened to 2-D (contiguous reshapes).
 """
 from __future__ import annotations
 
