@@ -124,7 +124,7 @@ def _diag_weights(weight, ident, c0, n, P, W, mm_dtype, split):
                 nisa.tensor_scalar(dst=d[0:P, j, k, 0:P], data=ident[0:P, 0:P],
                                    op0=nl.multiply, operand0=src[0:P, j, k:k + 1])
         parts.append(d)
-    return parts
+    return (parts, w32)
 
 
 def _bias_parts(bias, c0, width, mm_dtype, split):
@@ -195,8 +195,27 @@ def _load_window(x, pool_rows, gather_rows, scatter_rows, groups, segments, item
     return (xw, tc, s_idx)
 
 
-def _conv_blocks(y, xw, dparts, bparts, ones, t0, tc, c0, n, P, W, act_op):
-    """Stage 2 of an item: TensorE taps per 128-token block, ScalarE eviction, row stores."""
+def _vector_tile(ps, col, xw, w32, bcols, jj, pj, b, m, W):
+    """One 128-channel tile of a token block on VectorE (channel-major, float32), then a
+    TensorE transpose into its token-major PSUM columns: takes work off TensorE."""
+    acc = nl.ndarray((TILE, TILE), dtype=nl.float32, buffer=nl.sbuf)
+    if bcols != None:  # noqa: E711
+        nisa.tensor_scalar(dst=acc[0:pj, 0:m], data=xw[0:pj, jj, b:b + m], op0=nl.multiply,
+                           operand0=w32[0:pj, jj, 0:1], op1=nl.add, operand1=bcols[0:pj, jj:jj + 1])
+    else:
+        nisa.tensor_scalar(dst=acc[0:pj, 0:m], data=xw[0:pj, jj, b:b + m], op0=nl.multiply,
+                           operand0=w32[0:pj, jj, 0:1])
+    for k in range(1, W):
+        nisa.scalar_tensor_tensor(dst=acc[0:pj, 0:m], data=xw[0:pj, jj, b + k:b + k + m],
+                                  op0=nl.multiply, operand0=w32[0:pj, jj, k:k + 1],
+                                  op1=nl.add, operand1=acc[0:pj, 0:m])
+    nisa.nc_transpose(dst=ps[0:m, col:col + pj], data=acc[0:pj, 0:m])
+
+
+def _conv_blocks(y, xw, weights, ones, t0, tc, c0, n, P, W, act_op, vec_every):
+    """Stage 2 of an item: per 128-token block, TensorE taps (every vec_every-th channel
+    tile on VectorE instead), ScalarE eviction, row stores."""
+    dparts, bparts, w32, bcols = weights
     gw = (n - 1) * TILE + P
     for b in range(0, tc, TILE):
         m = min(TILE, tc - b)
@@ -204,12 +223,17 @@ def _conv_blocks(y, xw, dparts, bparts, ones, t0, tc, c0, n, P, W, act_op):
         for bank0 in range(0, gw, BANK):
             bw = min(BANK, gw - bank0)
             ps = nl.ndarray((TILE, BANK), dtype=nl.float32, buffer=nl.psum)
-            for q in range(len(bparts)):
-                nisa.nc_matmul(dst=ps[0:m, 0:bw], stationary=ones[0:1, 0:m],
-                               moving=bparts[q][0:1, bank0:bank0 + bw], accumulate=(q > 0))
             for jj in range(bank0 // TILE, (bank0 + bw + TILE - 1) // TILE):
                 pj = min(TILE, gw - jj * TILE)
                 col = jj * TILE - bank0
+                if vec_every > 0 and jj % vec_every == vec_every - 1:
+                    _vector_tile(ps, col, xw, w32, bcols, jj, pj, b, m, W)
+                    continue
+                for q in range(len(bparts)):
+                    # bias row of this tile: ones[tok] x bias[ch] (K = 1)
+                    nisa.nc_matmul(dst=ps[0:m, col:col + pj], stationary=ones[0:1, 0:m],
+                                   moving=bparts[q][0:1, jj * TILE:jj * TILE + pj],
+                                   accumulate=(q > 0))
                 for q in range(len(dparts)):
                     for k in range(W):
                         first_mm = len(bparts) == 0 and q == 0 and k == 0
@@ -252,6 +276,14 @@ def short_conv_prefill_kernel(x, weight, bias, pool_rows, gather_rows, scatter_r
     x_bytes = 4 if x.dtype == nl.float32 else 2
     gt = _group_tiles(W, 4 if mm_fp32 else 2, 2 if w_split else 1, x_bytes, x_stage)
     groups = _channel_groups(dim, gt)
+    # every vec_every-th channel tile of a group runs on VectorE (+ a TensorE transpose)
+    # so TensorE and VectorE finish together: per 128 x 128 block TensorE needs W (x parts)
+    # matmuls of 128 cycles (x4 for float32), VectorE ~1000-1200 cycles at 0.4 of its clock
+    vec_every = 7
+    if mm_fp32:
+        vec_every = 2
+    elif w_split:
+        vec_every = 4
 
     ident = _identity(mm_dtype)
     ones = nl.ndarray((1, TILE), dtype=mm_dtype, buffer=nl.sbuf)
@@ -293,9 +325,8 @@ def short_conv_prefill_kernel(x, weight, bias, pool_rows, gather_rows, scatter_r
         g, s, ci = items[i]
         c0, n, P = groups[g]
         xw, tc, s_idx = cur
-        dparts, bparts = weights[g]
-        _conv_blocks(y, xw, dparts, bparts, ones, segments[s][0] + ci * CHUNK, tc, c0, n, P,
-                     W, act_op)
+        _conv_blocks(y, xw, weights[g], ones, segments[s][0] + ci * CHUNK, tc, c0, n, P,
+                     W, act_op, vec_every)
         if i + 1 == len(items) or items[i + 1][0] != g:
             weights[g] = None     # last item of the group: its diagonals die here
         if s_idx != None:  # noqa: E711
@@ -307,9 +338,15 @@ def short_conv_prefill_kernel(x, weight, bias, pool_rows, gather_rows, scatter_r
 
 
 def _group_weights(weight, bias, ident, group, W, mm_dtype, has_bias, w_split, b_split):
-    """(diag weight parts, bias row parts) of one channel group."""
+    """(diag weight parts, bias row parts, float32 weight columns [128, n, W], float32
+    bias columns [128, n] or None) of one channel group."""
     c0, n, P = group
     gw = (n - 1) * TILE + P
-    dparts = _diag_weights(weight, ident, c0, n, P, W, mm_dtype, w_split)
-    bparts = _bias_parts(bias, c0, gw, mm_dtype, b_split) if has_bias else ()
-    return (dparts, bparts)
+    dparts, w32 = _diag_weights(weight, ident, c0, n, P, W, mm_dtype, w_split)
+    bparts = ()
+    bcols = None
+    if has_bias:
+        bparts = _bias_parts(bias, c0, gw, mm_dtype, b_split)
+        bcols = nl.ndarray((TILE, n), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=bcols[0:P, :], src=bias.ap(pattern=[[1, P], [TILE, n]], offset=c0))
+    return (dparts, bparts, w32, bcols)
