@@ -7,26 +7,35 @@ window stream ``xx = (state ++ x)``; the state is the last W-1 inputs.
 Layouts
 -------
 - x ``[num_tokens, dim]`` (prefill, ragged by compile-time sequence ranges)
-  and y ``[num_tokens, dim]``, token-major as serving engines hold them;
-  decode x ``[num_seqs * T, dim]`` is the same stream with T tokens per
-  sequence.
+  and y ``[num_tokens, dim]``, token-major as serving engines hold them.
 - conv state pool ``[slots, dim, W-1]`` (oldest first), passed as its
   ``[slots * dim, W-1]`` row view and updated in place; gather/scatter row
   tables int32 ``[num_seqs, dim]`` (``slot * dim + channel``).
-- On chip: channels on the 128 partitions and tokens on the free axis for the
-  input window ``xw [128 ch, tiles, W-1 + 512 tok]``; tokens on partitions
-  for the PSUM result ``[128 tok, 512 ch]`` and the output tile, so both
-  HBM streams are contiguous rows.
+- Prefill on chip: channels on the 128 partitions and tokens on the free
+  axis for the input window ``xw [128 ch, tiles, W-1 + 512 tok]``; tokens on
+  partitions for the PSUM result ``[128 tok, 512 ch]`` and the output tile,
+  so both HBM streams are contiguous rows.
+- Decode: the pool as its ``[slots * R, (dim / R) * (W-1)]`` row view, one
+  partition per (sequence, channel block) row (R blocks fill 128 lanes for
+  small batches); x ``[num_seqs, T, dim]``.
 
 Engine plan
 -----------
-DMA transposed load of x (``dma_transpose``, 3-D, 16 channel tiles x up to
-515 tokens per instruction), pool halo gather / new-state scatter with
-``vector_offset`` inside the kernel; TensorE does the W taps as accumulating
-matmuls with the shifted x window as stationary and ``diag(weight[:, k])``
-as moving, which also turns the result token-major; ScalarE applies SiLU (or
-copy) while evicting each PSUM bank; DMA stores contiguous 4 KiB rows. See
-``prefill.py`` for the details and the precision flags.
+Prefill (``prefill.py``): DMA transposed load of x (``dma_transpose``, 3-D,
+up to 16 channel tiles x 515 tokens per instruction), pool halo gather /
+new-state scatter with ``vector_offset`` inside the kernel; TensorE does the
+W taps as accumulating matmuls with the shifted x window as stationary and
+``diag(weight[:, k])`` as moving, which also turns the result token-major
+(every 7th channel tile instead runs its taps on VectorE in float32 and is
+transposed by TensorE, to share the load); ScalarE applies SiLU (or copy)
+while evicting each PSUM bank; DMA stores contiguous rows of up to 4 KiB.
+A one-item-ahead software pipeline overlaps the loads with the matmuls.
+
+Decode (``decode.py``): (sequence, channel block) rows on partitions for
+every HBM stream (contiguous per-row gathers/scatters of the pool), TensorE
+transposes of the window to channel-major so weights are per-partition
+scalars, ScalarE first tap + bias, VectorE fused multiply-adds, TensorE
+transpose back, ScalarE SiLU on eviction, three-stage software pipeline.
 
 Compile-time vs run-time
 ------------------------
@@ -43,25 +52,32 @@ Any dim (the last channel tile may be partial), W >= 2, any sequence length
 (512-token chunks re-read W-1 tokens at each chunk boundary), empty
 sequences, padding slots; x and pool float32 or bfloat16 (matmul operands
 are float32 when either is float32: quarter TensorE rate); ``slots * dim``
-< 2^31. Decode runs through the same kernel with T tokens per sequence.
+< 2^31. Decode: any T >= 1 (speculative steps), any number of sequences
+(groups of up to 128 rows); padding rows must carry finite x. Kernels are
+written for trn2 limits (PSUM N <= 512, 8 banks) and run unchanged on trn3.
 
 Performance (modeled, trn2, one NeuronCore, LNC=1)
 --------------------------------------------------
 Command: ``PYTHONPATH=. python3 tests/kernels/short_conv_perf.py`` (Qwen3-Next
 conv shape: dim 8192, W 4, bfloat16 x / weight / pool, no bias, SiLU; the
-bound is the minimal HBM bytes over the core's 368 GB/s DMA bandwidth).
+bound is the minimal HBM bytes -- x, y and the named slots' state in and out
+-- over the core's 368 GB/s DMA bandwidth; cost model of nki_ssm.perf as of
+this commit).
 
-- prefill 16K tokens, one sequence: 1763 us, 305 GB/s = 82.8 % of DMA
-  bandwidth; TensorE-bound (99 % busy; 4 taps x 128 cycles per 128 x 128
-  block is the ceiling, 83 %), DMA 90 % busy.
-- prefill 8 x 2K ragged: 1763 us, 305 GB/s = 82.9 %.
-- decode 512 sequences: 258 us = 1.41x the bytes-moved bound (183 us);
-  VectorE-bound (93 %), GpSimd 88 %, DMA 77 %.
-- decode 32 sequences: 33.7 us = 2.96x the bound (11.4 us): latency-bound,
-  4 MB moved in 4 pipelined chunks; the engines' arithmetic alone is ~15 us.
+- prefill 16K tokens, one sequence: 1656 us, 324 GB/s = 88.1 % of DMA
+  bandwidth (TensorE 99 %, DMA 96 %, VectorE 59 % busy).
+- prefill 8 x 2K ragged: 1714 us, 314 GB/s = 85.2 % (DMA-bound, 98 % busy).
+- decode 512 sequences x 1 token: 280 us = 1.53x the bytes-moved bound
+  (182 us); VectorE-bound (82 %), DMA 71 %.
+- decode 32 sequences x 1 token: 21.9 us = 1.92x the bound (11.4 us);
+  VectorE 66 %, DMA 79 %: latency of a 4-chunk pipeline over 4 MB.
+- on trn3 (``--target trn3``, same trace): prefill 16K 1651 us = 61.6 % of
+  its larger 528 GB/s (TensorE-bound: same clock, more DMA); decode 512
+  202 us = 1.59x.
 
-Costs not in those figures: a bias adds one K=1 matmul per PSUM bank (+25 %
-TensorE in prefill); float32 x or pool makes the prefill matmuls float32
-(quarter rate: ~4x TensorE time); float32 weights with bfloat16 x double the
-prefill matmuls (hi + lo split).
+Other precision plans (2K tokens x dim 8192, bfloat16 unless said, scratch
+measurement): with bias (one K=1 matmul per tile) 68 %; float32 x and pool
+(quarter-rate float32 matmuls, half the tiles on VectorE) 53 %; bfloat16 x
+with float32 weights that are not bfloat16 values (hi + lo split) 49 %
+(float32 weights holding bfloat16 values skip the split: 81 %).
 """
