@@ -148,7 +148,7 @@ def test_prefill_repeated_calls_continue_sequences(rng):
     _check_pool(pool, full["conv_states"], pool_ref, full["state_indices"])
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_prefill_hypothesis_ragged(data):
     """Random ragged batches: lengths 0..12 (T = 1, T < W-1, empty), padding, mixed
@@ -256,7 +256,7 @@ def test_model_dim_prefill_and_decode(rng):
     _check_pool(pool, before, pool_ref, dec["state_indices"])
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(data=st.data())
 def test_decode_hypothesis(data):
     """Random decode batches: 1..140 sequences (R from 1 to 64 channel blocks), T 1..4,

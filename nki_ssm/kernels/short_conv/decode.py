@@ -329,5 +329,6 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows, valid, activation
                               src=ns[0:P, 0:cd, :], oob_mode=nisa.oob_mode.skip)
                 if pgi == len(groups) - 1:
                     units[pci] = None     # the chunk's buffers die here
+            subs = None                   # step i-1's PSUM windows die before step i+1's
         prev = nxt
     return y
