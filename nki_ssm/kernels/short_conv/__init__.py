@@ -9,8 +9,9 @@ Layouts
 - x ``[num_tokens, dim]`` (prefill, ragged by compile-time sequence ranges)
   and y ``[num_tokens, dim]``, token-major as serving engines hold them.
 - conv state pool ``[slots, dim, W-1]`` (oldest first), passed as its
-  ``[slots * dim, W-1]`` row view and updated in place; gather/scatter row
-  tables int32 ``[num_seqs, dim]`` (``slot * dim + channel``).
+  ``[slots * dim, W-1]`` row view and updated in place (prefill); gather /
+  scatter row tables int32 ``[num_seqs, 128]`` (``slot * dim + partition``,
+  the channel group's first channel added as a compile-time offset).
 - Prefill on chip: channels on the 128 partitions and tokens on the free
   axis for the input window ``xw [128 ch, tiles, W-1 + 512 tok]``; tokens on
   partitions for the PSUM result ``[128 tok, 512 ch]`` and the output tile,

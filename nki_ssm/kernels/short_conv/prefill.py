@@ -165,15 +165,15 @@ def _load_window(x, pool_rows, gather_rows, scatter_rows, groups, segments, item
         xs = nl.ndarray((TILE, n, H + CHUNK), dtype=x.dtype, buffer=nl.sbuf)
     if ci == 0:
         # halo from the pool: zeros, overwritten where the run-time gather row is valid
-        g_idx = nl.ndarray((TILE, n), dtype=nl.int32, buffer=nl.sbuf)
+        g_idx = nl.ndarray((TILE, 1), dtype=nl.int32, buffer=nl.sbuf)
         nisa.dma_copy(dst=g_idx[0:P, :],
-                      src=gather_rows.ap(pattern=[[1, P], [TILE, n]], offset=s * dim + c0))
+                      src=gather_rows.ap(pattern=[[1, P], [1, 1]], offset=s * TILE))
         nisa.memset(dst=xw[0:P, :, 0:H], value=0.0)
-        # one gather for the whole group: partition p starts at row slot*dim + c0 + p and
-        # the free pattern steps 128 rows per tile (rows of one slot are consecutive)
+        # one gather for the whole group: partition p starts at row slot*dim + p (run-time
+        # index) + c0 (compile-time offset), the free pattern steps 128 rows per tile
         nisa.dma_copy(
             dst=xw[0:P, :, 0:H],
-            src=pool_rows.ap(pattern=[[H, P], [TILE * H, n], [1, H]], offset=0,
+            src=pool_rows.ap(pattern=[[H, P], [TILE * H, n], [1, H]], offset=c0 * H,
                              vector_offset=g_idx[0:P, 0:1], indirect_dim=0),
             oob_mode=nisa.oob_mode.skip)
         lo, first = H, t0
@@ -189,9 +189,9 @@ def _load_window(x, pool_rows, gather_rows, scatter_rows, groups, segments, item
             nisa.tensor_copy(dst=xw[0:P, :, lo:lo + width], src=xs[0:P, :, lo:lo + width])
     s_idx = None
     if ci == n_chunks - 1:
-        s_idx = nl.ndarray((TILE, n), dtype=nl.int32, buffer=nl.sbuf)
+        s_idx = nl.ndarray((TILE, 1), dtype=nl.int32, buffer=nl.sbuf)
         nisa.dma_copy(dst=s_idx[0:P, :],
-                      src=scatter_rows.ap(pattern=[[1, P], [TILE, n]], offset=s * dim + c0))
+                      src=scatter_rows.ap(pattern=[[1, P], [1, 1]], offset=s * TILE))
     return (xw, tc, s_idx)
 
 
@@ -254,9 +254,9 @@ def short_conv_prefill_kernel(x, weight, bias, pool_rows, gather_rows, scatter_r
 
     x ``[num_tokens, dim]``; weight ``[dim, W]``; bias ``[dim]`` or None;
     pool_rows ``[slots * dim, W-1]`` (the conv state pool viewed one channel
-    per row); gather_rows / scatter_rows int32 ``[num_seqs, dim]`` = ``slot *
-    dim + channel`` (gather: ``slots * dim``, out of bounds, when the sequence
-    starts from zeros); segments: tuple of (start, end) token ranges; live:
+    per row); gather_rows / scatter_rows int32 ``[num_seqs, 128]`` = ``slot *
+    dim + p`` for partition p (gather: ``slots * dim``, out of bounds, when
+    the sequence starts from zeros); segments: tuple of (start, end) token ranges; live:
     tuple of bools (False = padding: zero output, pool untouched);
     activation "silu" or "none"; has_bias: bias given; mm_fp32 / x_stage /
     w_split / b_split: matmul precision flags chosen by the launcher (fp32
@@ -331,7 +331,7 @@ def short_conv_prefill_kernel(x, weight, bias, pool_rows, gather_rows, scatter_r
             weights[g] = None     # last item of the group: its diagonals die here
         if s_idx != None:  # noqa: E711
             # new state = last W-1 window columns (the old state's tail when L < W-1)
-            nisa.dma_copy(dst=pool_rows.ap(pattern=[[H, P], [TILE * H, n], [1, H]], offset=0,
+            nisa.dma_copy(dst=pool_rows.ap(pattern=[[H, P], [TILE * H, n], [1, H]], offset=c0 * H,
                                            vector_offset=s_idx[0:P, 0:1], indirect_dim=0),
                           src=xw[0:P, :, tc:tc + H])
     return y

@@ -1,11 +1,13 @@
 """Launcher of the short causal conv1d kernels (``nki_ssm.kernels.short_conv``).
 
-Host side only arranges layouts: the pool is passed as a ``[slots * dim,
-W-1]`` view (one channel per row, so the kernel gathers and scatters a
-sequence's state with one ``vector_offset`` row per partition), the slot
-numbers become int32 row tables, the batch layout becomes compile-time
-tuples, and the matmul precision flags are chosen from the dtypes. All
-gathers and scatters happen inside the kernel; the pool is updated in place.
+Host side only arranges layouts: for prefill the pool is passed as a
+``[slots * dim, W-1]`` view (one channel per row, so the kernel gathers and
+scatters a sequence's state with one ``vector_offset`` row per partition),
+the slot numbers become int32 row tables ``[num_seqs, 128]``, the batch
+layout becomes compile-time tuples, and the matmul precision flags are
+chosen from the dtypes; for decode the pool is a ``[slots * R, (dim / R) *
+(W-1)]`` view with one row per (sequence, channel block). All gathers and
+scatters happen inside the kernels; the pool is updated in place.
 """
 from __future__ import annotations
 
@@ -33,8 +35,9 @@ def _pool_rows(conv_states: np.ndarray) -> np.ndarray:
 
 
 def _row_table(slot: np.ndarray, use: np.ndarray, dim: int, oob: int) -> np.ndarray:
-    """int32 ``[num_seqs, dim]``: ``slot * dim + channel`` where ``use``, else ``oob``."""
-    rows = slot.astype(np.int64)[:, None] * dim + np.arange(dim, dtype=np.int64)[None, :]
+    """int32 ``[num_seqs, 128]``: pool row ``slot * dim + p`` of partition p where ``use``,
+    else ``oob`` (the kernel adds each channel group's first channel as a constant)."""
+    rows = slot.astype(np.int64)[:, None] * dim + np.arange(128, dtype=np.int64)[None, :]
     return np.where(use[:, None], rows, oob).astype(np.int32)
 
 
