@@ -1,27 +1,33 @@
 """Ragged prefill of the short causal conv1d with a state pool (one launch per batch).
 
-Engine plan (per channel group of up to 16 x 128 channels, per sequence, per
-chunk of up to 512 tokens):
+Engine plan (per channel group of up to 16 x 128 channels -- fewer when the
+float32 / split working set needs it -- per sequence, per chunk of up to 512
+tokens):
 
 1. DMA: one ``dma_transpose`` brings ``x[t0-(W-1) : t0+tc, group]`` in as
    ``xw [128 ch, n_tiles, W-1+tc]`` (channels on partitions, tokens on the
    free axis). The first chunk of a sequence instead gets its W-1 halo
-   columns by an indirect gather from the pool (``vector_offset`` rows =
-   ``slot*dim + channel``) into a zeroed tile; rows of sequences without an
-   initial state are out of bounds and skipped (``oob_mode.skip``), so the
-   halo stays zero.
+   columns by one indirect gather from the pool (``vector_offset`` row =
+   ``slot*dim + partition``, plus the group's first channel as a constant)
+   into a zeroed tile; rows of sequences without an initial state are out of
+   bounds and skipped (``oob_mode.skip``), so the halo stays zero.
 2. TensorE: per 128-token block and 128-channel tile, W accumulating
    matmuls ``psum[tok, ch] += xw[:, k:k+M].T @ diag(weight[:, k])``: the
    shifted x window is the stationary, a diagonal weight matrix the moving
    operand, so the conv taps and the token-major transpose of the output
    happen in one pass; a bias is one more K=1 matmul (ones x bias row).
-   bfloat16 x with float32 weights uses a hi+lo bfloat16 split of the
-   weights (two matmuls per tap) so no weight precision is lost.
+   bfloat16 x with float32 weights that bfloat16 does not hold uses a hi+lo
+   bfloat16 split (two matmuls per tap) so no weight precision is lost.
+   VectorE takes every 7th tile (every 2nd for float32, 4th for split): W
+   float32 multiply-adds with per-partition weights, then one TensorE
+   transpose into the same PSUM bank -- it balances TensorE and VectorE.
 3. ScalarE: one ``activation`` (SiLU or copy) per PSUM bank evicts
    ``psum [128 tok, 512 ch]`` into the token-major output tile.
 4. DMA: contiguous store of ``[128 tok, group channels]`` rows of y; the
    sequence's new state (last W-1 window columns) is scattered back to its
    slot rows with ``vector_offset`` after its last chunk.
+A one-item-ahead software pipeline issues item i+1's window (and, at a
+group change, its diagonal weights) before item i's matmuls.
 
 Compile time vs run time: shapes, W, dtypes, the activation, and the batch
 layout (token ranges of the sequences and which sequences are padding) are
@@ -34,7 +40,8 @@ and chunks with ``scalar_offset`` DMAs and masked partial blocks.
 Limits: dim any size (tiles of 128 channels, the last may be partial), W >=
 2 (W - 1 <= 512), any number of tokens per sequence (chunked), pool and x
 float32 or bfloat16. Matmul operands are float32 when x or the pool is
-float32 (quarter TensorE rate), else bfloat16.
+float32 (quarter TensorE rate; pool values must pass through exactly), else
+bfloat16.
 """
 from nki_ssm.backend import nki, nl, nisa
 
