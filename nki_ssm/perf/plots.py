@@ -74,8 +74,13 @@ def timeline_png(timing_or_trace, path, *, title: str | None = None, window_ns=N
                + list(plt.get_cmap("Set1").colors))
     color = {op: palette[k % len(palette)] for k, op in enumerate(ops)}
     fig, ax = plt.subplots(figsize=(14, 0.32 * len(rows) + 2.2))
+    per_row = defaultdict(int)
+    for (row, _), segs in bars.items():
+        per_row[row] += len(segs)
     for (row, op), segs in bars.items():
-        ax.broken_barh(segs, (row - 0.4, 0.8), facecolors=color[op], edgecolor="white", linewidth=0.4)
+        # thin white separators help on sparse rows but wash out dense ones
+        edge = ("white", 0.4) if per_row[row] < 200 else ("none", 0.0)
+        ax.broken_barh(segs, (row - 0.4, 0.8), facecolors=color[op], edgecolor=edge[0], linewidth=edge[1])
     for op, segs in crit.items():
         ax.broken_barh(segs, (-0.4, 0.8), facecolors=color.get(op, "black"), edgecolor="none")
     ax.axhline(0.5, color="black", lw=0.6)
