@@ -12,24 +12,29 @@ update is a per-partition-scalar instruction over N free elements:
 
     ScalarE  tmp = S * exp(dt' A)               (activation copy, column scale)
     VectorE  S   = B_bcast * (dt' x) + tmp      (scalar_tensor_tensor)
-    GpSimd   prod = S * C_bcast                 (tensor_tensor)
+    VectorE  prod = S * C_bcast                 (tensor_tensor)
     ScalarE  y   = sum_n prod                   (activation copy, add-reduce)
 
+GpSimd stays free of compute: it generates the descriptors of the indirect
+(vector_offset, software-DGE) state gathers and scatters, and any compute
+queued on it delays them (the cost model, like the hardware, runs GpSimd
+in order).
+
 B and C rows of each partition's group are broadcast to the ``pr``
-partitions on TensorE (a K=G 0/1 selection matmul, exact); B is read
-straight from PSUM, C copied to SBUF for GpSimd. T tokens keep the state in
+partitions on TensorE (a K=G 0/1 selection matmul, exact) and read
+straight from PSUM (the other operand of each instruction is in SBUF). T tokens keep the state in
 SBUF (float32); it is written back once. The launcher only reshapes
 per-row inputs (``[.., H*P] -> [.., pr, nt]``, per-head values repeated P
 times).
 
 Overlap: the four per-block instructions are software-pipelined over the
 row blocks (step b: decay of block b, input of b-1, product of b-2, sum of
-b-3), so the three engines run concurrently; state gathers are issued two
+b-3), so ScalarE and VectorE run concurrently; state gathers are issued two
 sequences ahead of the compute, because a gather issued after a scatter to
-the same pool (run-time indices) has to wait for it. Modeled on trn2
-(Mamba-2 2.7B, float32 pool, one token): 1 / 32 / 512 sequences reach
-37 % / 74 % / 76 % of the 368 GB/s DMA bandwidth (state read + write plus
-inputs and y over modeled time), DMA-bound at 32 and 512 sequences.
+the same pool (run-time indices) has to wait for it. Modeled figures (DMA
+bandwidth fraction at 1 / 32 / 512 sequences) are in the report; at 32 and
+more sequences VectorE (two fp32 passes per state element) and the DMA
+queues are both near their limits.
 
 Compile time: T, the shapes and which sequences are padding (the cache
 key; padding rows of y are written as zeros and their slots never
@@ -173,10 +178,6 @@ def _token(x_rows, dt_rows, z_rows, B, C, y, A_sb, bias_sb, D_sb, sel, S,
     cc = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=cc, stationary=sel, moving=c_g, accumulate=False)
 
-    # C on SBUF as well: GpSimd (the product below) cannot read PSUM
-    c_sb = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=c_sb, src=cc)
-    cc = None
     yc = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
     # per row block t: ScalarE decay, VectorE input, GpSimd C product, ScalarE
     # free-dim sum; software-pipelined (step b: stage k on block b-k) so each
@@ -197,14 +198,16 @@ def _token(x_rows, dt_rows, z_rows, B, C, y, A_sb, bias_sb, D_sb, sel, S,
         t = b - 2
         if 0 <= t < nt:
             prods[t] = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=prods[t], data1=S[:, t * N:(t + 1) * N], data2=c_sb,
-                               op=nl.multiply, engine=nisa.engine.gpsimd)
+            nisa.tensor_tensor(dst=prods[t], data1=S[:, t * N:(t + 1) * N], data2=cc,
+                               op=nl.multiply,
+                               engine=nisa.engine.vector)
         t = b - 3
         if 0 <= t < nt:
             nisa.activation(dst=prods[t], op=nl.copy, data=prods[t], reduce_op=nl.add,
                             reduce_res=yc[:, t:t + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
             prods[t] = None
     bb = None
+    cc = None
 
     if D_sb != None:  # noqa: E711
         xd = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
