@@ -27,8 +27,8 @@ def matmul_flops(inst) -> int:
     k, m, n = _attr(inst, "K"), _attr(inst, "M"), _attr(inst, "N")
     if k is None or m is None or n is None:
         return 0
-    rows = 2 * int(k) if _attr(inst, "perf_mode") in ("double_row", "double_row_gen3") else int(k)
-    return 2 * rows * int(m) * int(n)
+    # K is the contraction length as recorded (the simulator already doubles it for double_row)
+    return 2 * int(k) * int(m) * int(n)
 
 
 def tensor_cycles(inst, hw: HardwareSpec) -> float:
