@@ -218,13 +218,17 @@ def test_prefill_several_channel_groups(rng):
     _run_and_check(inp)
 
 
-@pytest.mark.parametrize("num_seqs,dim,T", [(130, 128, 1), (3, 96, 2), (40, 256, 4)])
-def test_decode_row_split_and_groups(rng, num_seqs, dim, T):
-    """R = 1 with two partition groups (130 seqs); R = 32 (3 seqs, dim 96: blocks of 3
-    channels); R = 2 (40 seqs); W = 2, 3, 4 across the cases."""
+@pytest.mark.parametrize("num_seqs,dim,T,pool_dtype", [
+    (130, 128, 1, np.float32),   # R = 1, two groups, ScalarE/VectorE taps (fp32 pool)
+    (100, 256, 2, BF16),         # R = 1, all bf16: TensorE taps with diagonal weights
+    (3, 96, 2, np.float32),      # R = 32 blocks of 3 channels
+    (40, 256, 4, BF16),          # R = 2
+])
+def test_decode_row_split_and_groups(rng, num_seqs, dim, T, pool_dtype):
+    """Row splits R = 1, 2, 32, partition groups, both tap engines; W = 2, 3, 4."""
     W = {1: 2, 2: 3, 4: 4}[T]
     inp = make_short_conv_decode_inputs(rng, num_seqs=num_seqs, T=T, dim=dim, W=W,
-                                        dtype=BF16, pool_dtype=np.float32, padding=2)
+                                        dtype=BF16, pool_dtype=pool_dtype, padding=2)
     before = inp["conv_states"].copy()
     pool = before.copy()
     y = ops.short_conv_decode(inp["x"], inp["weight"], inp["bias"], activation="silu",

@@ -12,7 +12,7 @@ gathers (later scatters) ``chunk * (W-1)`` contiguous state elements per
 row; x ``[num_seqs, T, dim]`` and y move through 4-D access patterns
 ``[R, seqs, T, chunk]``.
 
-Engine plan, per group, per 128-channel sub-tile of a chunk:
+Engine plan, per group, per 128-channel sub-tile of a chunk (general path):
 - TensorE transposes every window column (W-1 state columns and the T new
   tokens) to channel-major ``[128 ch, rows]`` in PSUM, so each channel's
   weight becomes a per-partition scalar;
@@ -23,6 +23,11 @@ Engine plan, per group, per 128-channel sub-tile of a chunk:
 - TensorE transposes the float32 result back to rows, and one ScalarE
   instruction per step applies SiLU (or copy) to ``valid * acc`` while
   evicting (padding rows give act(0) = 0).
+TensorE-taps path (one channel block, R == 1, and bfloat16 x / pool /
+weight values): the transposed window columns are evicted to SBUF by VectorE
+and the W taps (+ a K=1 bias matmul) accumulate in PSUM as
+``psum[rows, ch] += window_k[ch, rows].T @ diag(weight[:, k])``, already
+row-major, so no transpose back; ScalarE applies SiLU on eviction.
 The new state (window columns T .. T+W-2) is assembled row-major by ScalarE
 copies and scattered back with one DMA per group and chunk (padding rows are
 out of bounds and skipped). Gathers run PD chunks ahead of the scatters
@@ -207,15 +212,80 @@ def _back(subs, yt, valid_col, R, Pn, T, act_op):
                     scale=valid_col)
 
 
+def _identity(dtype):
+    """[128, 128] identity built on GpSimd (ones where partition == column)."""
+    ones = nl.ndarray((SUB, SUB), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ones, value=1.0)
+    ident = nl.ndarray((SUB, SUB), dtype=dtype, buffer=nl.sbuf)
+    nisa.affine_select(dst=ident, pattern=[[-1, SUB]], channel_multiplier=1,
+                       on_true_tile=ones, on_false_value=0.0, cmp_op=nl.equal)
+    return ident
+
+
+def _chunk_diagonals(ident, w_all, s0, nsc, D, W, dtype):
+    """[128, nsc, W, 128]: diag(weight[(s0 + j)*128 + p, k]) for the sub-tiles of a chunk
+    (VectorE; the write rounds to the matmul dtype -- exact for bfloat16 weights)."""
+    d = nl.ndarray((SUB, nsc, W, SUB), dtype=dtype, buffer=nl.sbuf)
+    for j in range(nsc):
+        w = min(SUB, D - (s0 + j) * SUB)
+        for k in range(W):
+            nisa.tensor_scalar(dst=d[0:w, j, k, 0:w], data=ident[0:w, 0:w], op0=nl.multiply,
+                               operand0=w_all[0:w, 0, s0 + j, k:k + 1])
+    return d
+
+
+def _front_mm(unit, j_list, P, s0, H, T):
+    """TensorE-taps stage 1: transposes of the window columns to channel-major, evicted by
+    VectorE to SBUF (matmul operands live in SBUF) as [128 ch, H+T, rows]."""
+    st, xs = unit
+    subs = []
+    for (j0, w) in j_list:
+        win = _window_tiles(st, xs, P, j0, w, H, T)
+        wsb = nl.ndarray((SUB, H + T, PMAX), dtype=st.dtype, buffer=nl.sbuf)
+        i0 = 0
+        while i0 < H + T:
+            ps, slot = win[i0]
+            n = 1
+            while i0 + n < H + T and win[i0 + n][0] == ps:
+                n = n + 1
+            nisa.tensor_copy(dst=wsb[0:w, i0:i0 + n, 0:P], src=ps[0:w, slot:slot + n, 0:P],
+                             engine=nisa.engine.vector)
+            i0 = i0 + n
+        subs.append((j0, w, s0 + j0 // SUB, wsb))
+    return subs
+
+
+def _middle_mm(subs, diag, c_s0, b_row, ones, P, T, W, has_bias):
+    """TensorE-taps stage 2: psum[rows, ch] (+)= window_k[ch, rows].T @ diag(w_k), plus a
+    K=1 bias matmul; the result comes out row-major, no transpose back."""
+    j_first = subs[0][0]
+    ps_o = nl.ndarray((PMAX, T, len(subs) * SUB), dtype=nl.float32, buffer=nl.psum)
+    for (j0, w, s, wsb) in subs:
+        col = j0 - j_first
+        for t in range(T):
+            if has_bias:
+                nisa.nc_matmul(dst=ps_o[0:P, t, col:col + w], stationary=ones[0:1, 0:P],
+                               moving=b_row[0:1, s * SUB:s * SUB + w], accumulate=False)
+            for k in range(W):
+                nisa.nc_matmul(dst=ps_o[0:P, t, col:col + w], stationary=wsb[0:w, t + k, 0:P],
+                               moving=diag[0:w, s - c_s0, k, 0:w],
+                               accumulate=has_bias or k > 0)
+    return ps_o
+
+
 @nki.jit
-def short_conv_decode_kernel(x, weight, bias, pool_flat, rows, valid, activation, has_bias, R):
+def short_conv_decode_kernel(x, weight, bias, pool_flat, rows, valid, activation, has_bias, R,
+                             tensor_taps):
     """x ``[num_seqs, T, dim]``; weight ``[dim, W]``; bias ``[dim]`` or None;
     pool_flat ``[slots * R, (dim / R) * (W-1)]`` (the pool, updated in place);
     rows int32 ``[num_seqs * R]`` in the kernel's row order (group-wise,
     block-major: ``slot * R + r``, or ``slots * R`` = out of bounds for
     padding); valid float32 ``[num_seqs * R]`` (1 live, 0 padding);
-    activation "silu" or "none"; R channel blocks per sequence. Returns y
-    ``[num_seqs, T, dim]`` in x's dtype.
+    activation "silu" or "none"; R channel blocks per sequence; tensor_taps:
+    do the taps as TensorE matmuls with diagonal weights (launcher: R == 1,
+    bfloat16 x and pool, weights / bias holding bfloat16 values) instead of
+    ScalarE + VectorE multiply-adds. Returns y ``[num_seqs, T, dim]`` in x's
+    dtype.
 
     Steps of BATCH sub-tiles run as a three-stage software pipeline: the
     transposes and first tap of step i+1 are issued before the multiply-adds
@@ -272,6 +342,19 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows, valid, activation
 
     # pipeline steps: (chunk, group, sub-tiles [(j0, width)], last step of the unit)
     batch = _psum_plan(pool_bytes, x_bytes, pool_flat.dtype == x.dtype, H, T)
+    ident = None
+    ones = None
+    b_row = None
+    diags = []
+    for ci in range(len(chunks)):
+        diags.append(None)
+    if tensor_taps:
+        ident = _identity(nl.bfloat16)
+        ones = nl.ndarray((1, PMAX), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.memset(dst=ones, value=1.0)
+        if has_bias:
+            b_row = nl.ndarray((1, D), dtype=nl.bfloat16, buffer=nl.sbuf)
+            nisa.dma_copy(dst=b_row, src=bias.ap(pattern=[[D, 1], [1, D]], offset=0))
     steps = []
     for ci in range(len(chunks)):
         cd = chunks[ci][1]
@@ -294,22 +377,37 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows, valid, activation
                 if ci + PD < len(chunks):
                     loads[ci + PD] = _load_chunk(x, pool_flat, g_rows, groups,
                                                  chunks[ci + PD], R, D, H, CD)
+                if tensor_taps:
+                    diags[ci] = _chunk_diagonals(ident, w_all, chunks[ci][0] // SUB,
+                                                 (chunks[ci][1] + SUB - 1) // SUB, D, W,
+                                                 nl.bfloat16)
                 units[ci] = []
                 for gj in range(len(groups)):
                     yt = nl.ndarray((PMAX, T, CD), dtype=x.dtype, buffer=nl.sbuf)
                     units[ci].append((loads[ci][gj][0], loads[ci][gj][1], yt))
                 loads[ci] = None
             st, xs, yt = units[ci][gi]
-            nxt = (ci, gi, last, _front((st, xs), j_list, w_all, b_all, has_bias, R,
-                                        groups[gi][1], chunks[ci][0] // SUB, H, T, W))
+            if tensor_taps:
+                front = _front_mm((st, xs), j_list, R * groups[gi][1], chunks[ci][0] // SUB,
+                                  H, T)
+            else:
+                front = _front((st, xs), j_list, w_all, b_all, has_bias, R, groups[gi][1],
+                               chunks[ci][0] // SUB, H, T, W)
+            nxt = (ci, gi, last, front)
         if prev != None:  # noqa: E711
             pci, pgi, plast, subs = prev
             n0, Pn = groups[pgi]
             P = R * Pn
             c0, cd = chunks[pci]
             st, xs, yt = units[pci][pgi]
-            _middle(subs, w_all, R, Pn, T, W)
-            _back(subs, yt, g_valid[pgi][0:P, :], R, Pn, T, act_op)
+            if tensor_taps:
+                ps_o = _middle_mm(subs, diags[pci], c0 // SUB, b_row, ones, P, T, W, has_bias)
+                span = subs[-1][0] + subs[-1][1] - subs[0][0]
+                nisa.activation(dst=yt[0:P, :, subs[0][0]:subs[0][0] + span], op=act_op,
+                                data=ps_o[0:P, :, 0:span], scale=g_valid[pgi][0:P, :])
+            else:
+                _middle(subs, w_all, R, Pn, T, W)
+                _back(subs, yt, g_valid[pgi][0:P, :], R, Pn, T, act_op)
             if plast:
                 nisa.dma_copy(dst=y.ap(pattern=[[D, R], [T * dim, Pn], [dim, T], [1, cd]],
                                        offset=n0 * T * dim + c0),
@@ -329,6 +427,7 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows, valid, activation
                               src=ns[0:P, 0:cd, :], oob_mode=nisa.oob_mode.skip)
                 if pgi == len(groups) - 1:
                     units[pci] = None     # the chunk's buffers die here
+                    diags[pci] = None
             subs = None                   # step i-1's PSUM windows die before step i+1's
         prev = nxt
     return y

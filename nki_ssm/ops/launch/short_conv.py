@@ -139,10 +139,14 @@ def decode(*, x, weight, bias, activation, conv_states, state_indices, backend):
     rows = np.where(live[n_of], idx[n_of] * R + r_of, slots * R)
     valid = live[n_of].astype(np.float32)
     flat = conv_states.reshape(slots * R, (dim // R) * h)
+    # TensorE taps need one channel block (rows = sequences) and bfloat16-exact operands
+    tensor_taps = (R == 1 and x.dtype == _BF16 and conv_states.dtype == _BF16
+                   and not _needs_split(weight) and not _needs_split(bias))
     y = _run(short_conv_decode_kernel, np.ascontiguousarray(x3), np.ascontiguousarray(weight),
              None if bias is None else np.ascontiguousarray(bias), flat,
              rows.reshape(-1).astype(np.int32), valid,
-             "silu" if activation == "silu" else "none", bias is not None, R, backend=backend)
+             "silu" if activation == "silu" else "none", bias is not None, R, bool(tensor_taps),
+             backend=backend)
     if not np.shares_memory(flat, conv_states):
         conv_states[...] = flat.reshape(conv_states.shape)
     y = np.asarray(y)
