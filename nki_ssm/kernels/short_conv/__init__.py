@@ -76,7 +76,7 @@ this commit).
   VectorE 66 %, DMA 79 %: latency of a 4-chunk pipeline over 4 MB.
 - on trn3 (``--target trn3``, same trace): prefill 16K 1651 us = 61.6 % of
   its larger 528 GB/s (TensorE-bound: same clock, more DMA); decode 512
-  202 us = 1.59x.
+  155 us = 1.22x.
 
 Other precision plans (2K tokens x dim 8192, bfloat16 unless said, scratch
 measurement): with bias (one K=1 matmul per tile) 68 %; float32 x and pool
