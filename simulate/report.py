@@ -47,6 +47,8 @@ def row_cells(r: CaseResult) -> list[str]:
     roof = "—" if r.roofline_fraction is None else f"{100 * r.roofline_fraction:.1f}% ({r.roofline_bound})"
     share = ", ".join(f"{e[:3]} {100 * v:.0f}%" for e, v in r.share.items() if v >= 0.005) or "—"
     time_cell = "—" if r.modeled_ns is None else f"{fmt_time(r.modeled_ns)} (modeled, {r.target})"
+    if r.modeled_ns_optimistic is not None and r.modeled_ns:
+        time_cell += f" [{fmt_time(r.modeled_ns_optimistic)} optimistic]"
     return [r.case_id, status, _err(r.err_out), _err(r.err_state), time_cell, throughput(r), roof,
             r.binding_engine or "—", share]
 
@@ -107,6 +109,11 @@ _NOTES = """\
   (rsqrt 4x slower than ScalarE on v2/v3); VectorE fp32 is 1 element per
   partition per cycle per input on trn2 (the documented range is 1-2): the two
   largest uncertainties for VectorE/GpSimd-bound kernels.
+* "optimistic": the same trace modeled with the faster end of every documented
+  range (VectorE fp32 2 elements/partition/cycle on v3/v4, GpSimd 1, the
+  "theoretical" DMA engine bandwidth, free software DGE;
+  `nki_ssm.perf.hardware.optimistic`). The main figure uses the documented
+  conservative values; the truth is most likely between the two.
 * Not modelled: compiler reordering beyond in-order engine queues, kernel launch
   overhead.
 * Error = relative Frobenius norm against the float64 reference (chunked form for

@@ -106,3 +106,18 @@ def test_gpsimd_rate_from_the_documented_rsqrt_ratio():
     two = vec([], [], n=512, inputs=2, engine="gpsimd")
     assert costs.gpsimd_cycles(two, TRN2) == 4 * 512          # per-element figure, inputs not multiplied
     assert costs.gpsimd_cycles(two, TRN3) == 512              # v4: 128 elements/cycle [A3]
+
+
+def test_optimistic_bracket_only_speeds_up():
+    from nki_ssm.perf.hardware import OPTIMISTIC_SOURCES, optimistic
+
+    for name in TARGETS:
+        fast = optimistic(name)
+        base = TARGETS[name]
+        assert fast.name == base.name
+        assert fast.vector_elems_per_cycle >= base.vector_elems_per_cycle
+        assert fast.gpsimd_elems_per_cycle >= base.gpsimd_elems_per_cycle
+        assert fast.dma_bw_per_engine > base.dma_bw_per_engine
+    assert optimistic("trn1").vector_elems_per_cycle == 1.0     # v2: 128 lanes, no range
+    assert optimistic("trn2").vector_elems_per_cycle == 2.0
+    assert set(OPTIMISTIC_SOURCES) >= {"vector_elems_per_cycle", "gpsimd_elems_per_cycle", "dma_bw_per_engine"}

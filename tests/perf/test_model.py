@@ -341,3 +341,11 @@ def test_dynamic_dma_descriptor_generation():
     auto = trace_of(gather("unknown"))
     assert perf.model(auto, target="trn2").schedule.issue_unit[0] == "hwdge"
     assert perf.model(auto, target="trn1").schedule.issue_unit[0] == "swdge"
+
+
+def test_optimistic_bracket_speeds_up_a_compute_loop():
+    from nki_ssm.perf.hardware import optimistic
+
+    tr = _loop(6, True)
+    base, fast = perf.model(tr, target="trn2"), perf.model(tr, target=optimistic("trn2"))
+    assert fast.time_ns < base.time_ns and fast.target == "trn2"
