@@ -28,8 +28,10 @@ concatenated on the free dim (x as ``[L, H*P]``, dt as ``[L, H]``). The
 running state of a sequence lives in SBUF in float32 as ``S^T [N, H*P]``
 (dstate on partitions, one tile per 128 of N: N up to 256 and beyond), so
 both state matmuls contract over partitions without per-chunk transposes; it
-is transposed on TensorE only when gathered from / scattered to the pool
-(natural rows ``(h, p)`` of N values, one pool row per partition).
+is transposed on TensorE only when gathered from / scattered to the pool,
+one DMA each per sequence (partition q holds the nt consecutive state rows
+``q*nt ..``, ``pr*nt = H*P``: 20 KiB per partition at 2.7B, the DMA's
+efficient regime).
 
 Per chunk (prologue, all heads at once)
 ---------------------------------------
@@ -147,60 +149,61 @@ def _transpose_to_sbuf(src, rows, cols, dtype):
     return out
 
 
-def _row_block(H, P):
-    """State rows (h, p) per pool DMA / transpose: whole heads, at most 128."""
-    return max(1, _PMAX // P) * P if P <= _PMAX else P
+def _load_state(pool, gather_idx, s, ST, HP, N, n_tiles):
+    """Gather one sequence's state with one DMA and transpose it into the S^T tiles.
 
-
-def _load_state(pool2d, gather_idx, s, ST, HP, P, N, n_tiles):
-    """Gather one sequence's state rows and transpose them into the S^T tiles.
-
-    ``pool2d`` [slots*H*P, N]; ``gather_idx`` [num_seqs*H*P, 1] int32 (row
-    ``slot*H*P + r`` of state row r = h*P + p, or past the pool: skipped, the
-    zero fill stays = zero initial state); ``ST[t]`` fp32 [Nt, H*P]. Each
-    partition reads exactly its own pool row (one row-gather DMA per block of
-    whole heads).
+    ``pool`` [slots*pr, nt*N]: partition q of the gather reads state rows
+    ``q*nt .. q*nt+nt-1`` (r = h*P + p), one pool row of ``nt*N`` contiguous
+    elements, at index ``gather_idx[s*pr + q]`` (``slot*pr + q``, or past the
+    pool: skipped, the zero fill stays = zero initial state). Column block j
+    of the tile holds rows ``q*nt + j``: its transpose lands in the strided
+    S^T columns ``j, j+nt, ...``. ``ST[t]`` fp32 [Nt, H*P].
     """
-    rb = _row_block(HP // P, P)
-    for r0 in range(0, HP, rb):
-        nr = min(rb, HP - r0)
-        idx = nl.ndarray((nr, 1), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=idx, src=gather_idx[s * HP + r0:s * HP + r0 + nr, :])
-        nat = nl.ndarray((nr, N), dtype=pool2d.dtype, buffer=nl.sbuf)
-        nisa.memset(dst=nat, value=0.0)
-        src = pool2d.ap(pattern=[[N, nr], [1, N]], offset=0, vector_offset=idx, indirect_dim=0)
-        nisa.dma_copy(dst=nat, src=src, oob_mode=nisa.oob_mode.skip)
+    nt = pool.shape[1] // N
+    pr = HP // nt
+    idx = nl.ndarray((pr, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=idx, src=gather_idx[s * pr:(s + 1) * pr, :])
+    nat = nl.ndarray((pr, nt * N), dtype=pool.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=nat, value=0.0)
+    src = pool.ap(pattern=[[nt * N, pr], [1, nt * N]], offset=0, vector_offset=idx,
+                  indirect_dim=0)
+    nisa.dma_copy(dst=nat, src=src, oob_mode=nisa.oob_mode.skip)
+    for j in range(nt):
         for t in range(n_tiles):
             n0 = t * _PMAX
-            nt = min(_PMAX, N - n0)
-            ps = nl.ndarray((nt, nr), dtype=pool2d.dtype, buffer=nl.psum)
-            nisa.nc_transpose(dst=ps, data=nat[:, n0:n0 + nt])
-            nisa.tensor_copy(dst=ST[t][:, r0:r0 + nr], src=ps)
+            ntile = min(_PMAX, N - n0)
+            ps = nl.ndarray((ntile, pr), dtype=pool.dtype, buffer=nl.psum)
+            nisa.nc_transpose(dst=ps, data=nat[:, j * N + n0:j * N + n0 + ntile])
+            nisa.tensor_copy(dst=ST[t][:, j:HP:nt], src=ps,
+                             engine=nisa.engine.scalar if j % 2 else nisa.engine.vector)
 
 
-def _store_state(pool2d, scatter_idx, s, ST, HP, P, N, n_tiles):
-    """Transpose S^T back to natural [rows, N] and scatter them (rows past the pool: skipped)."""
-    rb = _row_block(HP // P, P)
-    for r0 in range(0, HP, rb):
-        nr = min(rb, HP - r0)
-        idx = nl.ndarray((nr, 1), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=idx, src=scatter_idx[s * HP + r0:s * HP + r0 + nr, :])
-        ps = nl.ndarray((nr, N), dtype=nl.float32, buffer=nl.psum)
+def _store_state(pool, scatter_idx, s, ST, HP, N, n_tiles):
+    """Transpose S^T back to the gather layout and scatter it with one DMA (index past
+    the pool: skipped)."""
+    nt = pool.shape[1] // N
+    pr = HP // nt
+    idx = nl.ndarray((pr, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=idx, src=scatter_idx[s * pr:(s + 1) * pr, :])
+    nat = nl.ndarray((pr, nt * N), dtype=pool.dtype, buffer=nl.sbuf)
+    for j in range(nt):
+        ps = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.psum)
         for t in range(n_tiles):
             n0 = t * _PMAX
-            nt = min(_PMAX, N - n0)
-            nisa.nc_transpose(dst=ps[:, n0:n0 + nt], data=ST[t][:, r0:r0 + nr])
-        nat = nl.ndarray((nr, N), dtype=pool2d.dtype, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=nat, src=ps)
-        dst = pool2d.ap(pattern=[[N, nr], [1, N]], offset=0, vector_offset=idx, indirect_dim=0)
-        nisa.dma_copy(dst=dst, src=nat, oob_mode=nisa.oob_mode.skip)
+            ntile = min(_PMAX, N - n0)
+            nisa.nc_transpose(dst=ps[:, n0:n0 + ntile], data=ST[t][:, j:HP:nt])
+        nisa.tensor_copy(dst=nat[:, j * N:(j + 1) * N], src=ps,
+                         engine=nisa.engine.scalar if j % 2 else nisa.engine.vector)
+    dst = pool.ap(pattern=[[nt * N, pr], [1, nt * N]], offset=0, vector_offset=idx,
+                  indirect_dim=0)
+    nisa.dma_copy(dst=dst, src=nat, oob_mode=nisa.oob_mode.skip)
 
 
 @nki.jit
-def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool2d, gather_idx,
-                      scatter_idx, seq_lens, live, heads, dt_softplus, dt_lo, dt_hi, chunk_size,
-                      exact):
-    """Chunked SSD prefill; returns y ``[num_tokens, H*P]`` and updates ``pool2d`` in place.
+def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, gather_idx,
+                      scatter_idx, seq_lens, live, heads, dstate, dt_softplus, dt_lo, dt_hi,
+                      chunk_size, exact):
+    """Chunked SSD prefill; returns y ``[num_tokens, H*P]`` and updates ``pool`` in place.
 
     HBM arrays (prepared by the launcher):
       x ``[num_tokens, H*P]`` (float32 or bfloat16; y has this dtype),
@@ -209,20 +212,22 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool2d
       D_heads ``[128, H]`` float32 or None (D per head, repeated on 128 rows;
       folded into TensorE as D_h * I), D_rows ``[128, H*P]`` float32 or None
       (D per head and channel, applied on GpSimd), z ``[num_tokens, H*P]`` or None,
-      bias_rows ``[128, H]`` float32 or None, pool2d ``[slots*H*P, N]`` (float32 or
-      bfloat16, the state pool ``[slots, H, P, N]`` viewed as rows, updated in
-      place), gather_idx / scatter_idx ``[num_seqs*H*P, 1]`` int32 (pool row
-      ``slot*H*P + r`` of state row r of sequence s at ``s*H*P + r``; the
-      first row past the pool = skip: no initial state (gather) / padding).
+      bias_rows ``[128, H]`` float32 or None, pool ``[slots*pr, nt*N]`` (float32
+      or bfloat16: the state pool ``[slots, H, P, N]`` viewed as pr rows of nt
+      state rows per slot, ``pr*nt = H*P``, pr <= 128; updated in place),
+      gather_idx / scatter_idx ``[num_seqs*pr, 1]`` int32 (pool row
+      ``slot*pr + q`` for partition q of sequence s at ``s*pr + q``; the first
+      row past the pool = skip: no initial state (gather) / padding).
     Compile-time: seq_lens (tuple of ints, sum = num_tokens), live (tuple of
       bools: False = padding sequence, zero output, pool untouched), heads (H),
+      dstate (N),
       dt_softplus (bool), dt_lo, dt_hi (floats, dt_hi may be inf), chunk_size
       (<= 128), exact (bool: fp32 matmul operands).
     """
     T, HP = x.shape
     H = heads
     P = HP // H
-    N = pool2d.shape[1]
+    N = dstate
     GN = B.shape[1]
     G = GN // N
     HPG = H // G
@@ -261,12 +266,12 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool2d
         for t in range(n_tiles):
             nt = min(_PMAX, N - t * _PMAX)
             ST.append(nl.ndarray((nt, HP), dtype=nl.float32, buffer=nl.sbuf))
-        _load_state(pool2d, gather_idx, s, ST, HP, P, N, n_tiles)
+        _load_state(pool, gather_idx, s, ST, HP, N, n_tiles)
 
         _sequence(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST, start, n_s, Q,
                   H, P, N, G, HPG, hb, n_tiles, md, dt_softplus, dt_lo, dt_hi)
 
-        _store_state(pool2d, scatter_idx, s, ST, HP, P, N, n_tiles)
+        _store_state(pool, scatter_idx, s, ST, HP, N, n_tiles)
         start += n_s
     return y
 

@@ -3,10 +3,10 @@
 Host side only arranges layouts and index tables; all math and every pool
 gather / scatter happens in the kernels:
 
-- the pool ``[slots, H, P, N]`` is passed as a row view (no copy for a
-  C-contiguous pool): ``[slots*H*P, N]`` for prefill, ``[slots*pr, nt*N]``
-  for decode, so the kernels gather / scatter a sequence's state with one
-  int32 row index per partition (``.ap(vector_offset=...)``);
+- the pool ``[slots, H, P, N]`` is passed as its ``[slots*pr, nt*N]`` row
+  view (``pr*nt = H*P``, no copy for a C-contiguous pool), so the kernels
+  gather / scatter a sequence's whole state with one DMA and one int32 row
+  index per partition (``.ap(vector_offset=...)``);
 - slot numbers become int32 row tables; ``has_initial_state == False``
   (prefill gather only) becomes the first row past the pool, which the
   kernel's DMA skips (``oob_mode.skip``: zero initial state);
@@ -78,9 +78,10 @@ def prefill(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, cu_seqlens,
     slots = ssm_states.shape[0]
     idx = np.asarray(state_indices, dtype=np.int64)
     live = idx >= 0
-    oob = slots * H * P                   # first row past the pool: the DMA skips it
-    gather = _rows(idx, live & np.asarray(has_initial_state, dtype=bool), H * P, H * P, oob)
-    scatter = _rows(idx, live, H * P, H * P, oob)
+    pr, nt = decode_layout(H, P, 1)       # pr partitions x nt state rows each
+    oob = slots * pr                      # first row past the pool: the DMA skips it
+    gather = _rows(idx, live & np.asarray(has_initial_state, dtype=bool), pr, pr, oob)
+    scatter = _rows(idx, live, pr, pr, oob)
     cu = [int(v) for v in np.asarray(cu_seqlens)]
     seq_lens = tuple(cu[s + 1] - cu[s] for s in range(len(cu) - 1))
 
@@ -101,7 +102,8 @@ def prefill(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, cu_seqlens,
     elif D is not None:
         D_row = np.ascontiguousarray(np.broadcast_to(_D_per_row(D, H, P), (_PMAX, H * P)))
     lo, hi = _dt_limit(dt_limit)
-    rows = _pool_rows(ssm_states)
+    _pool_rows(ssm_states)                # int32 range check
+    rows = ssm_states.reshape(slots * pr, nt * N)
     y = _run(ssd_chunk_prefill,
              tok2d(x, H * P), tok2d(dt, H, np.float32),
              np.ascontiguousarray(np.broadcast_to(_f32(A), (_PMAX, H))),
@@ -109,7 +111,7 @@ def prefill(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, cu_seqlens,
              None if dt_bias is None else np.ascontiguousarray(
                  np.broadcast_to(_f32(dt_bias), (_PMAX, H))),
              rows, gather, scatter,
-             seq_lens, tuple(bool(v) for v in live), int(H), bool(dt_softplus), lo, hi, int(chunk_size), precision == "fp32",
+             seq_lens, tuple(bool(v) for v in live), int(H), int(N), bool(dt_softplus), lo, hi, int(chunk_size), precision == "fp32",
              backend=backend)
     if not np.shares_memory(rows, ssm_states):
         ssm_states[...] = rows.reshape(ssm_states.shape)
