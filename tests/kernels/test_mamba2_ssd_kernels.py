@@ -134,6 +134,22 @@ def test_prefill_pipelined_across_chunks(precision, tol):
     _check(y, after, before, y_ref, pool_ref, inp["state_indices"], tol, inp["cu_seqlens"])
 
 
+def test_largest_head_dim_and_dstate():
+    # P = 128 (one head fills the partitions), N = 256 (Falcon-H1: two dstate
+    # tiles), G = 2; prefill and a 2-token decode
+    rng = np.random.default_rng(12)
+    inp = make_ssd_inputs(rng, seqlens=[70, 33], H=4, P=128, N=256, G=2, z=True, D="HP")
+    y_ref, pool_ref = ssd_recurrent(**inp)
+    y, after, before = _prefill(inp, precision="fp32", chunk_size=64)
+    _check(y, after, before, y_ref, pool_ref, inp["state_indices"], EXACT_TOL, inp["cu_seqlens"])
+    dec = make_ssd_decode_inputs(rng, num_seqs=2, T=2, H=4, P=128, N=256, G=2, z=True)
+    yd_ref, dpool_ref = ssd_decode(**dec)
+    yd, dafter, dbefore = _decode(dec)
+    assert rel_fro(yd, yd_ref) <= EXACT_TOL
+    named = _named(dec["state_indices"])
+    assert rel_fro(dafter[named], dpool_ref[named]) <= EXACT_TOL
+
+
 def test_prefill_bf16_io_and_pool_round_once():
     rng = np.random.default_rng(3)
     inp = make_ssd_inputs(rng, seqlens=[37, 0, 20], H=4, P=16, N=32, G=2, z=True,
