@@ -31,7 +31,9 @@ Overlap: the four per-block instructions are software-pipelined over the
 row blocks (step b: decay of block b, input of b-1, product of b-2, sum of
 b-3), so ScalarE and VectorE run concurrently; state gathers are issued two
 sequences ahead of the compute, because a gather issued after a scatter to
-the same pool (run-time indices) has to wait for it. Modeled figures (DMA
+the same pool (run-time indices) has to wait for it. With only one or two
+sequences, each state moves in 4 DMAs so the first row blocks update while
+the rest arrives, and each part is scattered as soon as it is done. Modeled figures (DMA
 bandwidth fraction at 1 / 32 / 512 sequences) are in the report; at 32 and
 more sequences VectorE (two fp32 passes per state element) and the DMA
 queues are both near their limits.
@@ -101,10 +103,14 @@ def ssd_decode_step(x_rows, dt_rows, A_rows, B, C, group_sel, D_rows, z_rows, bi
             for tok in range(T):
                 r0 = (s * T + tok) * pr
                 nisa.dma_copy(dst=y[r0:r0 + pr, :], src=zt)
+    # few sequences: split each state DMA in parts so the update of the first
+    # row blocks overlaps the gather of the later ones (and their scatter the
+    # rest of the update); many sequences overlap across sequences instead
+    parts = _PARTS if len(live_ids) <= 2 else 1
     got = {}
     for n in range(len(live_ids) + _AHEAD):
         if n < len(live_ids):
-            got[str(n)] = _gather(pool, pool_idx, live_ids[n], pr, nt, N)
+            got[str(n)] = _gather(pool, pool_idx, live_ids[n], pr, nt, N, parts)
         m = n - _AHEAD
         if m >= 0:
             s = live_ids[m]
@@ -115,33 +121,53 @@ def ssd_decode_step(x_rows, dt_rows, A_rows, B, C, group_sel, D_rows, z_rows, bi
                 S = nl.ndarray((pr, nt * N), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.tensor_copy(dst=S, src=nat)
             for tok in range(T):
+                # the last token scatters each part as soon as its blocks are updated
+                out = (pool, idx, nat, parts) if tok == T - 1 else None
                 _token(x_rows, dt_rows, z_rows, B, C, y, A_sb, bias_sb, D_sb, sel, S,
-                       s * T + tok, pr, nt, N, G, dt_softplus, dt_lo, dt_hi)
-            if pool.dtype != nl.float32:
-                nisa.tensor_copy(dst=nat, src=S)
-            view = pool.ap(pattern=[[nt * N, pr], [1, nt * N]], offset=0, vector_offset=idx,
-                           indirect_dim=0)
-            nisa.dma_copy(dst=view, src=nat)
+                       s * T + tok, pr, nt, N, G, dt_softplus, dt_lo, dt_hi, out)
     return y
 
 
 _AHEAD = 2   # sequences whose state is gathered ahead of the one being updated
+_PARTS = 4   # state DMAs per sequence when only one or two sequences are live
 
 
-def _gather(pool, pool_idx, s, pr, nt, N):
-    """(row indices, state tile [pr, nt*N] in the pool dtype) of sequence s (one DMA)."""
+def _part_bounds(nt, parts, k):
+    """Row blocks [a, b) of part k of ``parts``."""
+    tp = (nt + parts - 1) // parts
+    return min(nt, k * tp), min(nt, (k + 1) * tp)
+
+
+def _gather(pool, pool_idx, s, pr, nt, N, parts):
+    """(row indices, state tile [pr, nt*N] in the pool dtype) of sequence s (``parts`` DMAs)."""
     idx = nl.ndarray((pr, 1), dtype=nl.int32, buffer=nl.sbuf)
     nisa.dma_copy(dst=idx, src=pool_idx[s * pr:(s + 1) * pr, :])
     nat = nl.ndarray((pr, nt * N), dtype=pool.dtype, buffer=nl.sbuf)
-    view = pool.ap(pattern=[[nt * N, pr], [1, nt * N]], offset=0, vector_offset=idx,
-                   indirect_dim=0)
-    nisa.dma_copy(dst=nat, src=view)
+    for k in range(parts):
+        a, b = _part_bounds(nt, parts, k)
+        if b > a:
+            view = pool.ap(pattern=[[nt * N, pr], [1, (b - a) * N]], offset=a * N,
+                           vector_offset=idx, indirect_dim=0)
+            nisa.dma_copy(dst=nat[:, a * N:b * N], src=view)
     return idx, nat
 
 
+def _scatter(pool, idx, nat, S, pr, nt, N, a, b):
+    """Row blocks [a, b) of the updated state back to the pool (one DMA)."""
+    if pool.dtype != nl.float32:
+        nisa.tensor_copy(dst=nat[:, a * N:b * N], src=S[:, a * N:b * N])
+    view = pool.ap(pattern=[[nt * N, pr], [1, (b - a) * N]], offset=a * N, vector_offset=idx,
+                   indirect_dim=0)
+    nisa.dma_copy(dst=view, src=nat[:, a * N:b * N])
+
+
 def _token(x_rows, dt_rows, z_rows, B, C, y, A_sb, bias_sb, D_sb, sel, S,
-           row, pr, nt, N, G, dt_softplus, dt_lo, dt_hi):
-    """One token of one sequence: update S [pr, nt*N] in place, write y rows."""
+           row, pr, nt, N, G, dt_softplus, dt_lo, dt_hi, out):
+    """One token of one sequence: update S [pr, nt*N] in place, write y rows.
+
+    ``out``: None, or (pool, idx, nat, parts) on the last token: each part
+    of the state is scattered right after its last row block is updated.
+    """
     r0, r1 = row * pr, (row + 1) * pr
     dt_c = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=dt_c, src=dt_rows[r0:r1, :])
@@ -195,6 +221,11 @@ def _token(x_rows, dt_rows, z_rows, B, C, y, A_sb, bias_sb, D_sb, sel, S,
             nisa.scalar_tensor_tensor(dst=S[:, t * N:(t + 1) * N], data=bb, op0=nl.multiply,
                                       operand0=dtx[:, t:t + 1], op1=nl.add, operand1=tmps[t])
             tmps[t] = None
+            if out != None:  # noqa: E711
+                for k in range(out[3]):
+                    a, e = _part_bounds(nt, out[3], k)
+                    if e > a and t == e - 1:
+                        _scatter(out[0], out[1], out[2], S, pr, nt, N, a, e)
         t = b - 2
         if 0 <= t < nt:
             prods[t] = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf)
