@@ -36,6 +36,9 @@ def _parse(argv):
                         "else conv prefill case)")
     p.add_argument("--max-tokens", type=int, default=None,
                    help="skip cases with more tokens than this (the full set's 64K cases take long)")
+    p.add_argument("--max-pool-gb", type=float, default=1.5,
+                   help="skip cases whose state pool exceeds this many GB (the float64 reference and "
+                        "the simulator hold several copies; default 1.5)")
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
     return p.parse_args(argv)
 
@@ -57,7 +60,7 @@ def main(argv=None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     from simulate import cases as C
     from simulate.report import print_table, write_report
-    from simulate.run import run_case
+    from simulate.run import run_case, skipped
 
     if args.smoke:
         case_set, selected = "smoke", C.smoke_cases()
@@ -87,6 +90,10 @@ def main(argv=None) -> int:
 
     def one(c):
         nonlocal timeline, timeline_case
+        if c.pool_bytes() > args.max_pool_gb * 1e9:
+            results.append(skipped(c, args.target, f"state pool {c.pool_bytes() / 1e9:.1f} GB "
+                                                   f"> --max-pool-gb {args.max_pool_gb}"))
+            return
         rank = _timeline_rank(c, args.timeline)
         want = rank < best[0]
         res, timing = run_case(c, target=args.target, seed=args.seed, keep_timing=want)
@@ -126,7 +133,7 @@ def main(argv=None) -> int:
         print("\nCalibration (modeled / published):")
         print(summarize(cal_rows))
     print(f"\nreport: {paths['report']}  ({wall:.1f} s wall)")
-    return 1 if any(r.status == "error" for r in results) else 0
+    return 1 if any(r.status == "error" for r in results) else 0  # skipped cases are not errors
 
 
 # the kernel drawn on the timeline: the first case of the first op here that has a kernel

@@ -112,6 +112,15 @@ class Case:
                                                         pool_dtype=self.pool_dtype)
         return kw
 
+    def pool_bytes(self) -> int:
+        """Bytes of the state pool this case allocates (slots = num_seqs + 3, as the generators)."""
+        s = self.shape
+        per_slot = {"short_conv": lambda: s.dim * (s.W - 1),
+                    "mamba2_ssd": lambda: s.H * s.P * s.N,
+                    "gated_delta": lambda: s.HV * s.K * s.V}[self.family]()
+        seqs = len(self.seqlens) if self.entry == "prefill" else self.num_seqs
+        return int((seqs + 3) * per_slot * np.dtype(self.pool_dtype).itemsize)
+
     # ---- roofline inputs -----------------------------------------------------
     def min_flops(self) -> float:
         s, n = self.shape, self.num_tokens

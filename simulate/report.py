@@ -43,7 +43,7 @@ def throughput(r: CaseResult) -> str:
 
 
 def row_cells(r: CaseResult) -> list[str]:
-    status = r.status if r.status != "error" else f"error: {r.error}"
+    status = f"{r.status}: {r.error}" if r.status in ("error", "skipped") else r.status
     roof = "—" if r.roofline_fraction is None else f"{100 * r.roofline_fraction:.1f}% ({r.roofline_bound})"
     share = ", ".join(f"{e[:3]} {100 * v:.0f}%" for e, v in r.share.items() if v >= 0.005) or "—"
     time_cell = "—" if r.modeled_ns is None else f"{fmt_time(r.modeled_ns)} (modeled, {r.target})"
@@ -85,7 +85,7 @@ def print_table(results: list[CaseResult], console=None) -> None:
         table.add_column(h, overflow="fold")
     for r in results:
         cells = row_cells(r)
-        style = {"kernel": None, NO_KERNEL: "dim", "error": "red"}.get(r.status)
+        style = {"kernel": None, NO_KERNEL: "dim", "error": "red", "skipped": "yellow"}.get(r.status)
         table.add_row(*cells, style=style)
     console.print(table)
 
@@ -171,7 +171,8 @@ def write_report(out_dir, results: list[CaseResult], *, target: str, case_set: s
           f"Command: `{command}`  ",
           f"Case set: {case_set}; {len(results)} cases, {n_kernel} with a kernel, "
           f"{sum(r.status == NO_KERNEL for r in results)} reference only, "
-          f"{sum(r.status == 'error' for r in results)} errors.  ",
+          f"{sum(r.status == 'error' for r in results)} errors, "
+          f"{sum(r.status == 'skipped' for r in results)} skipped.  ",
           f"Wall time: {wall_s:.1f} s on {platform.node() or 'this machine'} "
           f"({platform.machine()}, Python {platform.python_version()}).",
           "",

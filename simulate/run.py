@@ -9,7 +9,6 @@ is invented).
 """
 from __future__ import annotations
 
-import copy
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -35,7 +34,7 @@ class CaseResult:
     dtype: str
     pool_dtype: str
     target: str
-    status: str                      # "kernel", NO_KERNEL, or "error"
+    status: str                      # "kernel", NO_KERNEL, "error" or "skipped"
     error: str | None = None
     err_out: float | None = None     # rel Frobenius vs float64 reference
     err_state: float | None = None
@@ -87,8 +86,30 @@ def has_kernel(case: Case) -> bool:
     return find_launcher(case.family, case.entry) is not None
 
 
+def skipped(case: Case, target: str, reason: str) -> CaseResult:
+    """A result row for a case that was not run (status "skipped", reason in ``error``)."""
+    return CaseResult(
+        case_id=case.id, op=case.op, family=case.family, entry=case.entry, model=case.model,
+        shape=repr(case.shape), num_tokens=case.num_tokens,
+        num_seqs=len(case.seqlens) if case.entry == "prefill" else case.num_seqs,
+        dtype=np.dtype(case.dtype).name, pool_dtype=np.dtype(case.pool_dtype).name, target=target,
+        status="skipped", error=reason, min_flops=case.min_flops())
+
+
+def _fail(res: CaseResult, where: str, exc: BaseException) -> None:
+    res.status = "error"
+    res.error = f"{where}{type(exc).__name__}: {exc}"[:500]
+    res.traceback = traceback.format_exc(limit=6)
+
+
 def run_case(case: Case, target: str = "trn2", seed: int = 0, *, keep_timing: bool = False):
-    """-> (CaseResult, Timing or None). Never raises for a failing kernel: status says it."""
+    """-> (CaseResult, Timing or None). Never raises for a failing kernel: status says it.
+
+    Memory: 512-sequence decode pools are ~1 GB (fp32); the kernel runs first
+    on a copy of the pool, only its named slots are kept, and the float64
+    reference (which copies the pool itself; references never modify their
+    inputs) runs after, so at most a few pool-sized arrays are alive.
+    """
     from nki_ssm import ops, perf
     from nki_ssm.perf.hardware import optimistic
     from nki_ssm.perf.profile import platform_target
@@ -101,43 +122,49 @@ def run_case(case: Case, target: str = "trn2", seed: int = 0, *, keep_timing: bo
         dtype=np.dtype(case.dtype).name, pool_dtype=np.dtype(case.pool_dtype).name, target=target,
         status=NO_KERNEL, min_flops=case.min_flops(), min_hbm_bytes=case.min_hbm_bytes(kw))
     pool = _pool_name(case)
-    t0 = time.perf_counter()
-    try:
-        ref_out, ref_pool = _reference_fn(case)(**copy.deepcopy(kw))[:2]
-    except Exception as exc:  # a broken reference is reported like a broken kernel
-        res.status, res.error = "error", f"reference: {type(exc).__name__}: {exc}"[:500]
-        res.traceback = traceback.format_exc(limit=6)
-        return res, None
-    res.reference_wall_s = time.perf_counter() - t0
-    if not has_kernel(case):
-        return res, None
-
     live = np.asarray(kw["state_indices"])
     live = live[live >= 0]
-    args = dict(kw)
-    args[pool] = kw[pool].copy()
+
+    timing = out = new_slots = None
+    if has_kernel(case):
+        args = dict(kw)
+        args[pool] = kw[pool].copy()
+        t0 = time.perf_counter()
+        try:
+            from nki_ssm.sim.trace import record
+
+            with platform_target(target), record(target=target) as trace:
+                out = getattr(ops, case.op)(**args, backend="sim")
+            if isinstance(out, tuple):
+                out = out[0]
+            timing = perf.model(trace, target=target, keep_schedule=keep_timing)
+            res.modeled_ns_optimistic = perf.model(trace, target=optimistic(target),
+                                                   keep_schedule=False).time_ns
+            del trace
+        except Exception as exc:  # a kernel that fails is reported, not fatal
+            _fail(res, "", exc)
+            res.kernel_wall_s = time.perf_counter() - t0
+            return res, None
+        res.kernel_wall_s = time.perf_counter() - t0
+        new_slots = args[pool][live]
+        del args
+
     t0 = time.perf_counter()
     try:
-        from nki_ssm.sim.trace import record
-
-        with platform_target(target), record(target=target) as trace:
-            out = getattr(ops, case.op)(**args, backend="sim")
-        if isinstance(out, tuple):
-            out = out[0]
-        timing = perf.model(trace, target=target, keep_schedule=keep_timing)
-        res.modeled_ns_optimistic = perf.model(trace, target=optimistic(target),
-                                               keep_schedule=False).time_ns
-    except Exception as exc:  # a kernel that fails is reported, not fatal
-        res.status = "error"
-        res.error = f"{type(exc).__name__}: {exc}"[:500]
-        res.kernel_wall_s = time.perf_counter() - t0
-        res.traceback = traceback.format_exc(limit=6)
+        ref_out, ref_pool = _reference_fn(case)(**kw)[:2]
+        ref_slots = np.asarray(ref_pool)[live]
+        del ref_pool
+    except Exception as exc:  # a broken reference is reported like a broken kernel
+        _fail(res, "reference: ", exc)
         return res, None
-    res.kernel_wall_s = time.perf_counter() - t0
+    res.reference_wall_s = time.perf_counter() - t0
+    if timing is None:
+        return res, None
+
     res.status = "kernel"
     res.err_out = metrics.rel_fro(out, ref_out)
     res.max_abs_out = metrics.max_abs_scaled(out, ref_out)
-    res.err_state = metrics.rel_fro(args[pool][live], np.asarray(ref_pool)[live])
+    res.err_state = metrics.rel_fro(new_slots, ref_slots)
     res.modeled_ns = timing.time_ns
     if timing.time_ns > 0:
         res.tokens_per_s = case.num_tokens / (timing.time_ns * 1e-9)

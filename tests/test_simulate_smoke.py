@@ -94,3 +94,12 @@ def test_failing_kernel_is_reported_not_fatal(monkeypatch):
     res, timing = run_mod.run_case(case)
     assert res.status == "error" and "kernel exploded" in res.error
     assert timing is None and res.modeled_ns is None
+
+
+def test_cases_over_the_pool_budget_are_skipped(tmp_path):
+    out = tmp_path / "r"
+    assert main(["--smoke", "--op", "ssd_decode", "--max-pool-gb", "0", "--no-calibration",
+                 "--out", str(out)]) == 0
+    data = json.loads((out / "results.json").read_text())
+    (c,) = data["cases"]
+    assert c["status"] == "skipped" and "state pool" in c["error"] and c["modeled_ns"] is None
