@@ -103,3 +103,24 @@ def test_cases_over_the_pool_budget_are_skipped(tmp_path):
     data = json.loads((out / "results.json").read_text())
     (c,) = data["cases"]
     assert c["status"] == "skipped" and "state pool" in c["error"] and c["modeled_ns"] is None
+
+
+def test_grouped_decode_reference_matches_one_call(monkeypatch):
+    import numpy as np
+
+    from nki_ssm.reference import shapes as S
+    from simulate import run as run_mod
+    from simulate.cases import Case
+
+    for case in (Case("mamba2_ssd", "decode", "x", S.SSDShape("s", H=2, P=8, N=16, G=1), num_seqs=7),
+                 Case("gated_delta", "decode", "x", S.GDNShape("g", H=1, HV=2, K=16, V=16), num_seqs=7, T=2),
+                 Case("short_conv", "decode", "x", S.ConvShape("c", dim=32, W=4), num_seqs=7)):
+        kw = case.make_inputs(3)
+        kw["state_indices"][2] = -1      # a padding sequence in the middle
+        pool = run_mod._pool_name(case)
+        whole_out, whole_slots = run_mod._reference_slots(case, kw, pool)
+        monkeypatch.setattr(run_mod, "_REF_GROUP_BYTES", kw[pool][0].size * 8 * 3)  # groups of 3
+        out, slots = run_mod._reference_slots(case, kw, pool)
+        np.testing.assert_array_equal(out, whole_out)
+        np.testing.assert_array_equal(slots, whole_slots)
+        monkeypatch.undo()
