@@ -72,9 +72,23 @@ were produced in earlier steps and the five engines run concurrently. A
 chunk's prologue is issued half a chunk of steps before its first item;
 item (c+1, j) reads the state item (c, j) writes, which the step distance
 guarantees when a chunk has more than 6 blocks (otherwise the pipeline
-drains at each chunk boundary). Modeled figures: see the report of the
-kernel (Mamba-2 2.7B, bf16, 16K tokens: above the 2 M tokens/s goal, one of
-ScalarE / GpSimd / VectorE binding with the others close behind).
+drains at each chunk boundary).
+
+Engine budget (modeled, trn2, nki_ssm.perf; Mamba-2 2.7B, bf16, 16K tokens)
+----------------------------------------------------------------------------
+5.08 ms = 3.22 M tokens/s per NeuronCore (goal 2 M). Busy per 128-token
+chunk: ScalarE 38.9 us (binding, 98 %), GpSimd 34.6, VectorE 33.1, TensorE
+32.6, DMA 18.7 us; modeled 39.7 us per chunk. Roofline: 1.41 ms (520 MB of
+minimal HBM traffic at 368 GB/s; the minimal matmul work takes 0.82 ms at
+the bf16 peak), so 28 % of the roofline. What binds is elementwise work: per
+chunk and head three passes over the L x L decay matrix (W, exp, Mt) and
+~6 passes over the L x P output / state columns; TensorE is not the limit
+(the exact mode, all-fp32 TensorE, models at 3.24 M tokens/s with TensorE
+99 % busy). Closer to the roof needs fewer elementwise passes (bf16 perf
+modes where the precision budget allows; trn3's VectorE exponential) rather
+than faster matmuls. Chunk 64 models slower (2.0 M tokens/s at 2K tokens:
+per-instruction overheads); 128 is the right chunk on trn2. Granite-like
+(H 128, G 8) 16K: 1.91 M tokens/s, ScalarE binding.
 
 SBUF / PSUM budget (bytes per partition; Q = 128)
 --------------------------------------------------
