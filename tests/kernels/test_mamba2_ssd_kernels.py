@@ -30,7 +30,7 @@ from nki_ssm.reference.metrics import rel_fro  # noqa: E402
 BF16 = np.dtype(ml_dtypes.bfloat16)
 EXACT_TOL = 1e-5
 BF16_MODE_TOL = 3e-3
-_HYP = settings(max_examples=20, deadline=None,
+_HYP = settings(max_examples=40, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 

@@ -47,7 +47,7 @@ Per (chunk, head block) item: ten stages, one engine each (mostly)
 -----------------------------------------------------------------
 Blocks hold ``hb`` heads of one group (``hb*L <= 512`` and ``hb*P <= 512``:
 one PSUM bank per tile; hb = 4 at L = 128, P = 64).
- 0 ScalarE  W[k, (h,i)] = dtA[k,h] U[k,i]
+ 0 ScalarE  W[k, (h,i)] = dtA[k,h] U[k,i] (one head of the block on VectorE)
  1 TensorE  seg = Ls^T W -> seg[j,(h,i)] = sum_{j<k<=i} dtA[k,h] (fp32;
             exactly 0 for j >= i), one matmul for the block
  2 ScalarE  Dm = exp(seg + ln dt'_j) (dt'_j as the exponent bias)
@@ -76,11 +76,11 @@ drains at each chunk boundary).
 
 Engine budget (modeled, trn2, nki_ssm.perf; Mamba-2 2.7B, bf16, 16K tokens)
 ----------------------------------------------------------------------------
-5.08 ms = 3.22 M tokens/s per NeuronCore (goal 2 M). Busy per 128-token
-chunk: ScalarE 38.9 us (binding, 98 %), GpSimd 34.6, VectorE 33.1, TensorE
-32.6, DMA 18.7 us; modeled 39.7 us per chunk. Roofline: 1.41 ms (520 MB of
+4.81 ms = 3.41 M tokens/s per NeuronCore (goal 2 M). Busy per 128-token
+chunk: ScalarE 36.7 us (binding, 98 %), VectorE 35.8, GpSimd 34.6, TensorE
+32.6, DMA 18.7 us; modeled 37.6 us per chunk. Roofline: 1.41 ms (520 MB of
 minimal HBM traffic at 368 GB/s; the minimal matmul work takes 0.82 ms at
-the bf16 peak), so 28 % of the roofline. What binds is elementwise work: per
+the bf16 peak), so 29 % of the roofline. What binds is elementwise work: per
 chunk and head three passes over the L x L decay matrix (W, exp, Mt) and
 ~6 passes over the L x P output / state columns; TensorE is not the limit
 (the exact mode, all-fp32 TensorE, models at 3.24 M tokens/s with TensorE
@@ -127,6 +127,7 @@ _PSUM_F = 512      # fp32 elements of one PSUM bank per partition
 
 _PMAX = 128
 _IO_BLOCKS = 4     # head blocks per z / y DMA
+_W_ON_VECTOR = 0   # block head whose W build runs on VectorE (engine balance)
 
 
 def _tri_consts(Q):
@@ -490,7 +491,7 @@ def _st_w(ctx, blk, w):
     for k in range(nh):
         nisa.tensor_scalar(dst=W[:, k * L:(k + 1) * L], data=ctx["U"][0:L, 0:L],
                            op0=nl.multiply, operand0=dtA[:, h0 + k:h0 + k + 1],
-                           engine=nisa.engine.scalar)
+                           engine=nisa.engine.vector if k == _W_ON_VECTOR else nisa.engine.scalar)
     w["W"] = W
 
 
