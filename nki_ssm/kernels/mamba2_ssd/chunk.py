@@ -88,7 +88,7 @@ chunk and head three passes over the L x L decay matrix (W, exp, Mt) and
 modes where the precision budget allows; trn3's VectorE exponential) rather
 than faster matmuls. Chunk 64 models slower (2.0 M tokens/s at 2K tokens:
 per-instruction overheads); 128 is the right chunk on trn2. Granite-like
-(H 128, G 8) 16K: 1.91 M tokens/s, ScalarE binding.
+(H 128, G 8) 16K: 2.01 M tokens/s, ScalarE binding.
 
 SBUF / PSUM budget (bytes per partition; Q = 128)
 --------------------------------------------------
