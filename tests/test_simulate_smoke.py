@@ -108,6 +108,7 @@ def test_cases_over_the_pool_budget_are_skipped(tmp_path):
 def test_grouped_decode_reference_matches_one_call(monkeypatch):
     import numpy as np
 
+    from nki_ssm.reference import metrics
     from nki_ssm.reference import shapes as S
     from simulate import run as run_mod
     from simulate.cases import Case
@@ -118,9 +119,15 @@ def test_grouped_decode_reference_matches_one_call(monkeypatch):
         kw = case.make_inputs(3)
         kw["state_indices"][2] = -1      # a padding sequence in the middle
         pool = run_mod._pool_name(case)
-        whole_out, whole_slots = run_mod._reference_slots(case, kw, pool)
+        idx = kw["state_indices"]
+        ref_out, ref_pool = run_mod._reference_fn(case)(**kw)[:2]
+        noisy = np.asarray(ref_pool)[idx[idx >= 0]] * (1 + 1e-3)   # a "kernel" state 1e-3 off
+        whole_out, whole_err = run_mod._reference_errors(case, kw, pool, noisy)
         monkeypatch.setattr(run_mod, "_REF_GROUP_BYTES", kw[pool][0].size * 8 * 3)  # groups of 3
-        out, slots = run_mod._reference_slots(case, kw, pool)
-        np.testing.assert_array_equal(out, whole_out)
-        np.testing.assert_array_equal(slots, whole_slots)
+        out, err = run_mod._reference_errors(case, kw, pool, noisy)
         monkeypatch.undo()
+        np.testing.assert_array_equal(out, whole_out)
+        np.testing.assert_array_equal(out, ref_out)
+        assert whole_err == pytest.approx(1e-3, rel=1e-6)
+        assert err == pytest.approx(whole_err, rel=1e-12)
+        assert err == pytest.approx(metrics.rel_fro(noisy, np.asarray(ref_pool)[idx[idx >= 0]]), rel=1e-12)

@@ -72,6 +72,7 @@ class _Run:
         self.issue_unit: list = [None] * n
         self.busy = dict.fromkeys(ENGINE_ORDER, 0.0)
         self.op_time: dict = {}    # "engine:op" -> busy ns (DMA: transfer time)
+        self.extra_counts: Counter = Counter()   # work that is not its own instruction (swdge)
         self.dma_bytes = self.dma_transfers = self.flops = 0
 
     def charge(self, key: str, ns: float) -> None:
@@ -97,6 +98,7 @@ def _place_dma(i, inst, core: _Core, hw: HardwareSpec, run: _Run, ready: float, 
             t_iss_end = t_iss + hw.swdge_issue_ns
             run.busy["gpsimd"] += hw.swdge_issue_ns
             run.charge("gpsimd:swdge descriptors", hw.swdge_issue_ns)
+            run.extra_counts["gpsimd:swdge descriptors"] += 1
         run.issue_start[i], run.issue_end[i], run.issue_unit[i] = t_iss, t_iss_end, dge
         if t_iss_end > earliest:
             earliest, early_dep = t_iss_end, who
@@ -190,7 +192,8 @@ def _timing(run: _Run, hw: HardwareSpec, cores: dict, keep_schedule: bool) -> Ti
         target=hw.name, time_ns=float(run.end.max()) if n else 0.0, busy_ns=busy, critical_ns=critical,
         binding_engine=binding, busiest_engine=busiest, dma_queue_busy_ns=queue_busy.tolist(),
         dma_bytes=run.dma_bytes, dma_transfers=run.dma_transfers, matmul_flops=run.flops,
-        num_instructions=n, op_counts=dict(Counter(f"{u}:{o}" for u, o in zip(run.units, run.ops))),
+        num_instructions=n,
+        op_counts=dict(Counter(f"{u}:{o}" for u, o in zip(run.units, run.ops)) + run.extra_counts),
         op_time_ns=run.op_time, bf16_peak_flops=hw.bf16_peak_flops,
         dma_bw_bytes_per_ns=hw.dma_bw_per_core, num_cores=max(1, len(cores)), schedule=sched)
 

@@ -349,3 +349,10 @@ def test_optimistic_bracket_speeds_up_a_compute_loop():
     tr = _loop(6, True)
     base, fast = perf.model(tr, target="trn2"), perf.model(tr, target=optimistic("trn2"))
     assert fast.time_ns < base.time_ns and fast.target == "trn2"
+
+
+def test_swdge_descriptor_work_is_counted():
+    g = dma(hbm(new_storage(), 4096), sbuf(new_storage(), nbytes=32), 4096, dge_mode="swdge", indirect=True)
+    t = perf.model(trace_of(g))
+    (name, count, ns), = [x for x in t.top_ops(5) if x[0] == "gpsimd:swdge descriptors"]
+    assert count == 1 and ns == pytest.approx(TRN2.swdge_issue_ns)
