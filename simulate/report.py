@@ -231,6 +231,8 @@ def _engine_share_png(kernels: list, path, target: str) -> str:
 
     engines = ["tensor", "vector", "scalar", "gpsimd", "dma"]
     n = len(kernels)
+    if n > 10:
+        return _engine_share_heatmap(kernels, engines, path, target, plt, np)
     fig, ax = plt.subplots(figsize=(max(8, 1.3 * n + 3), 5))
     width = 0.8 / len(engines)
     x = np.arange(n)
@@ -251,6 +253,30 @@ def _engine_share_png(kernels: list, path, target: str) -> str:
     handles = [plt.Rectangle((0, 0), 1, 1, color=colors[k]) for k in range(len(engines))]
     ax.legend(handles, engines, fontsize=8, ncol=5, loc="upper center")
     ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def _engine_share_heatmap(kernels, engines, path, target, plt, np) -> str:
+    """Many cases: one row per case, one column per engine, busy share in %; binding boxed."""
+    vals = np.array([[100 * r.share.get(e, 0.0) for e in engines] for r in kernels])
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(kernels) + 1.8))
+    im = ax.imshow(vals, cmap="viridis", vmin=0, vmax=100, aspect="auto")
+    for i, r in enumerate(kernels):
+        for j, e in enumerate(engines):
+            ax.text(j, i, f"{vals[i, j]:.0f}", ha="center", va="center", fontsize=7,
+                    color="white" if vals[i, j] < 60 else "black")
+            if r.binding_engine == e:
+                ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="red", lw=1.8))
+    ax.set_xticks(range(len(engines)))
+    ax.set_xticklabels(engines)
+    ax.set_yticks(range(len(kernels)))
+    ax.set_yticklabels([r.case_id for r in kernels], fontsize=7)
+    ax.set_title(f"Engine busy share (%) per kernel case, modeled {target} (red box: binding engine)",
+                 fontsize=10)
+    fig.colorbar(im, ax=ax, fraction=0.03)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -116,33 +116,47 @@ def roofline_png(points, path, *, target: str = "trn2", title: str | None = None
     """Roofline chart. ``points``: dicts with ``label``, ``flops``, ``hbm_bytes``, ``time_ns``.
 
     x = arithmetic intensity (min FLOPs / min HBM bytes), y = achieved FLOP/s
-    (min FLOPs / modeled time). Memory-only cases (no FLOPs) are drawn at
-    the bottom edge with their bandwidth fraction in the label.
+    (min FLOPs / modeled time). Up to 12 points get one legend entry each
+    (with their roofline fraction); more are grouped: colour = the label's
+    first part (the op), marker = its second part (the model).
     """
     hw = get_target(target)
     plt = _pyplot()
     peak = hw.bf16_peak_flops
     bw = hw.dma_bw_per_core * 1e9  # bytes/s
-    fig, ax = plt.subplots(figsize=(9, 6))
+    fig, ax = plt.subplots(figsize=(12, 6.5))
     xs = np.logspace(-2, 4, 200)
     ax.loglog(xs, np.minimum(peak, xs * bw), "k-", lw=1.5,
               label=f"roof: {peak / 1e12:.0f} TFLOP/s bf16, {bw / 1e9:.0f} GB/s DMA")
     ax.axhline(hw.fp32_peak_flops, color="gray", ls=":", lw=1, label=f"fp32 {hw.fp32_peak_flops / 1e12:.0f} TFLOP/s")
-    cmap = plt.get_cmap("tab10")
+    pts = [p for p in points if p["time_ns"] and p["time_ns"] > 0 and p["hbm_bytes"] > 0]
     ymin = 1e9
-    for k, p in enumerate(points):
-        if p["time_ns"] <= 0 or p["hbm_bytes"] <= 0:
-            continue
+    palette = list(plt.get_cmap("tab10").colors)
+    markers = ["o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">"]
+    few = len(pts) <= 12
+    groups = sorted({p["label"].split("/")[0] for p in pts})
+    models = sorted({(p["label"].split("/") + [""])[1] for p in pts})
+    for k, p in enumerate(pts):
         ai = max(p["flops"], 1.0) / p["hbm_bytes"]
-        y = max(p["flops"], 1.0) / (p["time_ns"] * 1e-9)
-        frac = p.get("roofline_fraction")
-        lab = p["label"] + (f" ({100 * frac:.0f}% of roof)" if frac is not None else "")
-        ax.loglog([ai], [max(y, ymin)], "o", color=cmap(k % 10), ms=7, label=lab)
+        y = max(max(p["flops"], 1.0) / (p["time_ns"] * 1e-9), ymin)
+        parts = p["label"].split("/") + [""]
+        if few:
+            frac = p.get("roofline_fraction")
+            lab = p["label"] + (f" ({100 * frac:.0f}% of roof)" if frac is not None else "")
+            ax.loglog([ai], [y], "o", color=palette[k % 10], ms=7, label=lab)
+        else:
+            ax.loglog([ai], [y], markers[models.index(parts[1]) % len(markers)],
+                      color=palette[groups.index(parts[0]) % 10], ms=7, alpha=0.85)
+    if not few:
+        for g in groups:
+            ax.plot([], [], "o", color=palette[groups.index(g) % 10], label=g)
+        for m in models:
+            ax.plot([], [], markers[models.index(m) % len(markers)], color="gray", label=m)
     ax.set_xlabel("arithmetic intensity (min FLOPs / min HBM bytes)")
     ax.set_ylabel("achieved FLOP/s (min FLOPs / modeled time)")
     ax.set_ylim(ymin, peak * 3)
     ax.set_title(title or f"Roofline, modeled {hw.name} (one NeuronCore)", fontsize=10)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.grid(True, which="both", alpha=0.25)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -29,3 +29,13 @@ def test_roofline_png_is_an_image(tmp_path):
            dict(label="b", flops=0, hbm_bytes=1e6, time_ns=1e4)]
     out = roofline_png(pts, tmp_path / "roof.png", target="trn2")
     assert mpimg.imread(out).ndim == 3
+
+
+def test_roofline_png_groups_many_points(tmp_path):
+    import matplotlib.image as mpimg
+
+    pts = [dict(label=f"op{k % 3}/model{k % 4}/x/bf16", flops=1e9 * (k + 1), hbm_bytes=1e7, time_ns=1e5)
+           for k in range(20)]
+    out = roofline_png(pts, tmp_path / "roof.png", target="trn3")
+    img = mpimg.imread(out)
+    assert img.ndim == 3 and img.shape[1] < 2000   # legend grouped, not one entry per point
