@@ -127,19 +127,26 @@ _COMMON_SOURCES = {
 
 SOURCES: dict[str, dict[str, str]] = {}
 
-TRN1 = HardwareSpec(
-    name="trn1", nc_version=2,
-    tensor_ghz=2.8, mm_init_cycles=64, mm_fp32_factor=4.0, mm_fp32_onezero_factor=2.0,
-    ls_speedup=4.0, transpose_fp32_factor=4.0,
-    bf16_peak_flops=92e12, fp32_peak_flops=23e12,
-    vector_ghz=1.12, vector_elems_per_cycle=1.0, vector_overhead_cycles=64,
-    vector_raw_cycles=100, vector_perf_modes=False,
-    scalar_ghz=1.4, scalar_elems_per_cycle=1.0, scalar_elems_per_cycle_16bit=1.0,
+# The values of the constants _COMMON_SOURCES documents (each stated once for
+# NC-v2 and assumed for later cores; a later target overrides one only with its
+# own source, as trn3 does below). Constants with a dataclass default are not repeated.
+_COMMON_VALUES = dict(
+    mm_init_cycles=64, mm_fp32_factor=4.0, mm_fp32_onezero_factor=2.0, ls_speedup=4.0,
+    vector_elems_per_cycle=1.0, vector_overhead_cycles=64, vector_raw_cycles=100,
+    scalar_elems_per_cycle=1.0, scalar_elems_per_cycle_16bit=1.0,
     scalar_overhead_cycles=64, scalar_raw_cycles=200, scalar_reduce_cycles=64,
-    gpsimd_ghz=1.4, gpsimd_elems_per_cycle=0.25, gpsimd_elems_per_cycle_16bit=0.25,
-    gpsimd_overhead_cycles=64,
-    dma_engines=16, dma_bw_per_engine=17.0, dma_fixed_ns=1300.0, dma_partitions_per_engine=8,
+    gpsimd_elems_per_cycle=0.25, gpsimd_elems_per_cycle_16bit=0.25, gpsimd_overhead_cycles=64,
+    dma_engines=16, dma_fixed_ns=1300.0, dma_partitions_per_engine=8,
     dma_transpose_hbm_factor=0.9, dma_transpose_sbuf_factor=0.5,
+)
+
+TRN1 = HardwareSpec(
+    name="trn1", nc_version=2, **_COMMON_VALUES,
+    tensor_ghz=2.8, transpose_fp32_factor=4.0,
+    bf16_peak_flops=92e12, fp32_peak_flops=23e12,
+    vector_ghz=1.12, vector_perf_modes=False,
+    scalar_ghz=1.4, gpsimd_ghz=1.4,
+    dma_bw_per_engine=17.0,
     hbm_bw_per_core=410.0,
     sbuf_bytes_per_partition=(192 - 16) * 1024,
 )
@@ -161,18 +168,12 @@ SOURCES["trn1"] = dict(
 )
 
 TRN2 = HardwareSpec(
-    name="trn2", nc_version=3,
-    tensor_ghz=2.4, mm_init_cycles=64, mm_fp32_factor=4.0, mm_fp32_onezero_factor=2.0,
-    ls_speedup=4.0, transpose_fp32_factor=2.0,
+    name="trn2", nc_version=3, **_COMMON_VALUES,
+    tensor_ghz=2.4, transpose_fp32_factor=2.0,
     bf16_peak_flops=79e12, fp32_peak_flops=20e12,
-    vector_ghz=0.96, vector_elems_per_cycle=1.0, vector_overhead_cycles=64,
-    vector_raw_cycles=100, vector_perf_modes=True,
-    scalar_ghz=1.2, scalar_elems_per_cycle=1.0, scalar_elems_per_cycle_16bit=1.0,
-    scalar_overhead_cycles=64, scalar_raw_cycles=200, scalar_reduce_cycles=64,
-    gpsimd_ghz=1.2, gpsimd_elems_per_cycle=0.25, gpsimd_elems_per_cycle_16bit=0.25,
-    gpsimd_overhead_cycles=64,
-    dma_engines=16, dma_bw_per_engine=23.0, dma_fixed_ns=1300.0, dma_partitions_per_engine=8,
-    dma_transpose_hbm_factor=0.9, dma_transpose_sbuf_factor=0.5,
+    vector_ghz=0.96, vector_perf_modes=True,
+    scalar_ghz=1.2, gpsimd_ghz=1.2,
+    dma_bw_per_engine=23.0,
     hbm_bw_per_core=375.0,
     sbuf_bytes_per_partition=(224 - 16) * 1024,
     hwdge_instances=2,
@@ -194,22 +195,16 @@ SOURCES["trn2"] = dict(
     hbm_bw_per_core="nki_spec §8.1: 3 TB/s / 8 NCs [A2] (information only)",
 )
 
-TRN3 = HardwareSpec(
-    name="trn3", nc_version=4,
-    tensor_ghz=2.4, mm_init_cycles=64, mm_fp32_factor=4.0, mm_fp32_onezero_factor=2.0,
-    ls_speedup=4.0, transpose_fp32_factor=2.0,
-    bf16_peak_flops=79e12, fp32_peak_flops=20e12,
-    vector_ghz=1.2, vector_elems_per_cycle=1.0, vector_overhead_cycles=64,
-    vector_raw_cycles=100, vector_perf_modes=True,
-    scalar_ghz=1.2, scalar_elems_per_cycle=1.0, scalar_elems_per_cycle_16bit=2.0,
-    scalar_overhead_cycles=64, scalar_raw_cycles=200, scalar_reduce_cycles=64,
-    gpsimd_ghz=1.2, gpsimd_elems_per_cycle=1.0, gpsimd_elems_per_cycle_16bit=1.0,
-    gpsimd_overhead_cycles=64,
-    dma_engines=16, dma_bw_per_engine=33.0, dma_fixed_ns=1300.0, dma_partitions_per_engine=8,
-    dma_transpose_hbm_factor=0.9, dma_transpose_sbuf_factor=0.5,
+# trn3 = trn2 except the values below. The values it shares (e.g. TensorE 2.4 GHz,
+# 79/20 TFLOPS, two DGE instances) keep their own NC-v4 sources in SOURCES["trn3"].
+TRN3 = replace(
+    TRN2, name="trn3", nc_version=4,
+    vector_ghz=1.2,
+    scalar_elems_per_cycle_16bit=2.0,
+    gpsimd_elems_per_cycle=1.0, gpsimd_elems_per_cycle_16bit=1.0,
+    dma_bw_per_engine=33.0,
     hbm_bw_per_core=600.0,
     sbuf_bytes_per_partition=(256 - 16) * 1024,
-    hwdge_instances=2,
 )
 SOURCES["trn3"] = dict(
     _COMMON_SOURCES,
