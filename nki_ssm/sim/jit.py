@@ -14,6 +14,9 @@
    0.3.0 compiler rejects other outputs) and come back as NumPy arrays.
 4. Inputs the kernel modified are written back into the caller's arrays —
    only when every program completed, so a failed launch changes nothing.
+
+Before the first run the kernel's source (and every helper it reaches) is
+checked against the Python subset the NKI compiler accepts (``subset.py``).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import ml_dtypes
 import numpy as np
 
 from . import memory as _memory
+from . import subset as _subset
 from . import tensor as _tensor
 from . import trace as _trace
 from .errors import NkiValidationError
@@ -199,6 +203,8 @@ def _run(fn, num_programs: int, grid_ndim: int, args, kwargs, kernel=None):
     if _launches:
         # a kernel called from inside another kernel is inlined
         return fn(*args, **kwargs)
+    # the compiler parses the source: Python it rejects fails here, before anything runs
+    _subset.check_kernel(fn)
     target = current_target()
     tr = _trace.current()
     if tr is not None and not tr.target:

@@ -39,7 +39,9 @@ def rotate_tiles(x, n_iters, cols):
 
 @jit
 def psum_tiles(x, n_tiles, cols):
-    tiles = [nl.ndarray((128, cols), nl.float32, buffer=nl.psum) for _ in range(n_tiles)]
+    tiles = []
+    for i in range(n_tiles):
+        tiles.append(nl.ndarray((128, cols), nl.float32, buffer=nl.psum))
     out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
     nisa.dma_copy(dst=out, src=x)
     return out

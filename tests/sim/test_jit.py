@@ -107,7 +107,7 @@ def test_returning_on_chip_tensor_rejected():
 def test_tuple_outputs_and_compile_time_values():
     @jit
     def two(x, shape, flag, label, nothing):
-        assert shape == (2, 3) and flag is True and label == "a" and nothing is None
+        assert shape == (2, 3) and flag == True and label == "a" and nothing == None  # noqa: E711,E712
         a = nl.ndarray(shape, x.dtype, buffer=nl.shared_hbm)
         b = nl.ndarray(shape, x.dtype, buffer=nl.shared_hbm)
         nisa.dma_copy(dst=a, src=x)

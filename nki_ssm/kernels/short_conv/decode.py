@@ -159,7 +159,8 @@ def _front(unit, j_list, w_all, b_all, has_bias, R, Pn, s0, H, T, W):
     st, xs = unit
     P = R * Pn
     subs = []
-    for (j0, w) in j_list:
+    for entry in j_list:
+        j0, w = entry
         s = s0 + j0 // SUB
         win = _window_tiles(st, xs, P, j0, w, H, T)
         accs = []
@@ -185,7 +186,8 @@ def _middle(subs, w_all, R, Pn, T, W):
     interleaved so no instruction waits on the one just before it."""
     for k in range(1, W):
         for t in range(T):
-            for (j0, w, s, win, accs) in subs:
+            for entry in subs:
+                j0, w, s, win, accs = entry
                 ps, slot = win[t + k]
                 for r in range(R):
                     a, b = r * Pn, (r + 1) * Pn
@@ -203,7 +205,8 @@ def _back(subs, yt, valid_col, R, Pn, T, act_op):
     j_first = subs[0][0]
     span = 0
     ps_y = nl.ndarray((PMAX, T, len(subs) * SUB), dtype=nl.float32, buffer=nl.psum)
-    for (j0, w, s, win, accs) in subs:
+    for entry in subs:
+        j0, w, s, win, accs = entry
         for t in range(T):
             nisa.nc_transpose(dst=ps_y[0:P, t, j0 - j_first:j0 - j_first + w],
                               data=accs[t][0:w, 0:P])
@@ -239,7 +242,8 @@ def _front_mm(unit, j_list, P, s0, H, T):
     VectorE to SBUF (matmul operands live in SBUF) as [128 ch, H+T, rows]."""
     st, xs = unit
     subs = []
-    for (j0, w) in j_list:
+    for entry in j_list:
+        j0, w = entry
         win = _window_tiles(st, xs, P, j0, w, H, T)
         wsb = nl.ndarray((SUB, H + T, PMAX), dtype=st.dtype, buffer=nl.sbuf)
         i0 = 0
@@ -260,7 +264,8 @@ def _middle_mm(subs, diag, c_s0, b_row, ones, P, T, W, has_bias):
     K=1 bias matmul; the result comes out row-major, no transpose back."""
     j_first = subs[0][0]
     ps_o = nl.ndarray((PMAX, T, len(subs) * SUB), dtype=nl.float32, buffer=nl.psum)
-    for (j0, w, s, wsb) in subs:
+    for entry in subs:
+        j0, w, s, wsb = entry
         col = j0 - j_first
         for t in range(T):
             if has_bias:
@@ -321,7 +326,8 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows, valid, activation
     # run-time row indices and masks of every group, one column each
     g_rows = []
     g_valid = []
-    for (n0, Pn) in groups:
+    for entry in groups:
+        n0, Pn = entry
         P = R * Pn
         r = nl.ndarray((PMAX, 1), dtype=nl.int32, buffer=nl.sbuf)
         nisa.dma_copy(dst=r[0:P, :], src=rows.ap(pattern=[[1, P], [1, 1]], offset=R * n0))

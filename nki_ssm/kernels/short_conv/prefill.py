@@ -301,7 +301,8 @@ def short_conv_prefill_kernel(x, weight, bias, pool_rows, gather_rows, scatter_r
     nisa.memset(dst=zeros, value=0.0)
     for s in range(len(segments)):
         if not live[s]:
-            for (c0, n, P) in groups:
+            for entry in groups:
+                c0, n, P = entry
                 gw = (n - 1) * TILE + P
                 for b0 in range(segments[s][0], segments[s][1], TILE):
                     m = min(TILE, segments[s][1] - b0)
