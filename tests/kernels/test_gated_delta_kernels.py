@@ -1,0 +1,184 @@
+"""Gated DeltaNet decode kernel on the simulator, through the host API, against float64.
+
+Targets (DESIGN.md, Numerics): float32 I/O <= 1e-5 relative Frobenius per
+output, final state and intermediate states; bfloat16 I/O <= 3e-3. Every
+case also checks that slots no sequence names stay bit-identical and that
+padding sequences give zero output (and zero intermediate states).
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+pytest.importorskip("nki_ssm.backend")
+
+from nki_ssm import ops  # noqa: E402
+from nki_ssm.reference.gated_delta import gated_delta_decode, gated_delta_recurrent  # noqa: E402
+from nki_ssm.reference.inputs import (make_gated_delta_decode_inputs,  # noqa: E402
+                                      make_gated_delta_inputs)
+from nki_ssm.reference.metrics import rel_fro  # noqa: E402
+
+BF16 = ml_dtypes.bfloat16
+F32_TOL, BF16_TOL = 1e-5, 3e-3
+_HYP = settings(max_examples=40, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def _copy(inp):
+    return {n: (x.copy() if isinstance(x, np.ndarray) else x) for n, x in inp.items()}
+
+
+def _f64(x):
+    return np.asarray(x).astype(np.float64)
+
+
+def _run_and_check(inp, tol, inter=False):
+    """Kernel (backend="sim") vs float64 reference; returns the kernel's outputs."""
+    ref_in = _copy(inp)
+    before = inp["ssm_states"].copy()
+    out = ops.gated_delta_decode(**inp, return_intermediate_states=inter, backend="sim")
+    ref = gated_delta_decode(**ref_in, return_intermediate_states=inter)
+    o = out[0] if inter else out
+    idx = inp["state_indices"]
+    named = idx[idx >= 0]
+    unnamed = np.setdiff1d(np.arange(before.shape[0]), named)
+    pool = inp["ssm_states"]
+    assert o.dtype == inp["q"].dtype and o.shape == ref[0].shape
+    assert rel_fro(_f64(o), ref[0]) <= tol
+    if named.size:
+        assert rel_fro(_f64(pool[named]), ref[1][named]) <= tol
+    assert pool[unnamed].tobytes() == before[unnamed].tobytes()
+    pad = idx < 0
+    assert not np.any(_f64(o[pad]))
+    if inter:
+        it = out[1]
+        assert it.dtype == pool.dtype and it.shape == ref[2].shape
+        assert rel_fro(_f64(it), ref[2]) <= tol
+        assert not np.any(_f64(it[pad]))
+        # the last intermediate state is the final state
+        assert it[~pad, -1].tobytes() == pool[idx[~pad]].tobytes()
+    return out
+
+
+@st.composite
+def _decode_case(draw, dtype=np.float32):
+    H = draw(st.sampled_from([1, 2]))
+    HV = H * draw(st.sampled_from([1, 2])) if H == 2 else draw(st.sampled_from([2, 4]))
+    K = draw(st.sampled_from([16, 32, 64]))
+    V = draw(st.sampled_from([16, 32, 64]))
+    T = draw(st.sampled_from([1, 1, 2, 3]))
+    num_seqs = draw(st.integers(1, 3))
+    padding = draw(st.integers(0, min(1, num_seqs - 1)))
+    raw = draw(st.booleans())
+    l2 = draw(st.booleans())
+    seed = draw(st.integers(0, 2**31 - 1))
+    inp = make_gated_delta_decode_inputs(
+        np.random.default_rng(seed), num_seqs=num_seqs, T=T, H=H, HV=HV, K=K, V=V,
+        raw_gates=raw, use_qk_l2norm=l2, dtype=dtype, pool_dtype=dtype, padding=padding)
+    return inp, draw(st.booleans())
+
+
+@_HYP
+@given(case=_decode_case())
+def test_decode_f32_matches_reference(case):
+    inp, inter = case
+    _run_and_check(inp, F32_TOL, inter=inter)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=_decode_case(dtype=BF16))
+def test_decode_bf16_matches_reference(case):
+    inp, inter = case
+    _run_and_check(inp, BF16_TOL, inter=inter)
+
+
+def test_decode_explicit_scale_and_mixed_pool_dtype():
+    """bf16 pool with float32 activations: state rounded once on store; scale honoured."""
+    inp = make_gated_delta_decode_inputs(np.random.default_rng(3), num_seqs=2, T=2, H=1, HV=2,
+                                         K=32, V=16, pool_dtype=BF16)
+    inp["scale"] = 0.37
+    _run_and_check(inp, BF16_TOL, inter=True)
+
+
+def test_decode_multi_token_equals_single_steps():
+    """T tokens in one call == T calls of one token (same float32 operation order)."""
+    rng = np.random.default_rng(11)
+    inp = make_gated_delta_decode_inputs(rng, num_seqs=2, T=3, H=2, HV=4, K=16, V=32,
+                                         raw_gates=True, use_qk_l2norm=True)
+    step = _copy(inp)
+    o_all = ops.gated_delta_decode(**inp, backend="sim")
+    outs = []
+    for t in range(3):
+        kw = {n: (x[:, t:t + 1] if n in ("q", "k", "v", "a", "b") else x)
+              for n, x in step.items()}
+        outs.append(ops.gated_delta_decode(**kw, backend="sim"))
+    assert np.concatenate(outs, axis=1).tobytes() == o_all.tobytes()
+    assert step["ssm_states"].tobytes() == inp["ssm_states"].tobytes()
+
+
+def test_decode_continues_a_prefill():
+    """Prefill (reference) then one kernel decode step == the recurrence over L+1 tokens."""
+    rng = np.random.default_rng(5)
+    H, HV, K, V, L = 1, 2, 32, 32, 7
+    full = make_gated_delta_inputs(rng, seqlens=[L + 1], H=H, HV=HV, K=K, V=V, slots=2,
+                                   has_initial_state=True)
+    ref_o, ref_pool = gated_delta_recurrent(**_copy(full))
+    pre = {n: (x[:L] if n in ("q", "k", "v", "g", "beta") else x) for n, x in _copy(full).items()}
+    pre["cu_seqlens"] = np.array([0, L], dtype=np.int32)
+    ops.gated_delta_prefill(**pre, backend="reference")
+    dec = dict(q=full["q"][L:][None], k=full["k"][L:][None], v=full["v"][L:][None],
+               g=full["g"][L:][None], beta=full["beta"][L:][None], ssm_states=pre["ssm_states"],
+               state_indices=full["state_indices"])
+    o = ops.gated_delta_decode(**dec, backend="sim")
+    slot = int(full["state_indices"][0])
+    assert rel_fro(_f64(o[0]), ref_o[L:]) <= F32_TOL
+    assert rel_fro(_f64(pre["ssm_states"][slot]), ref_pool[slot]) <= F32_TOL
+
+
+def test_decode_huge_gates_do_not_overflow():
+    """Strong decay (g ~ -500) and beta ~ 1: the state collapses onto the new token, no NaN."""
+    rng = np.random.default_rng(9)
+    inp = make_gated_delta_decode_inputs(rng, num_seqs=2, T=2, H=1, HV=2, K=16, V=16)
+    inp["g"] = np.full_like(inp["g"], -500.0)
+    inp["beta"] = np.ones_like(inp["beta"])
+    out = _run_and_check(inp, F32_TOL)
+    assert np.all(np.isfinite(out))
+
+
+def test_decode_all_padding_touches_nothing():
+    inp = make_gated_delta_decode_inputs(np.random.default_rng(2), num_seqs=2, T=2, H=1, HV=2,
+                                         K=16, V=16)
+    inp["state_indices"] = np.array([-1, -1], dtype=np.int32)
+    before = inp["ssm_states"].copy()
+    o, inter = ops.gated_delta_decode(**inp, return_intermediate_states=True, backend="sim")
+    assert not np.any(o) and not np.any(inter)
+    assert inp["ssm_states"].tobytes() == before.tobytes()
+
+
+def test_decode_tables_layout():
+    """Launcher tables: k/q interleaved columns with k on rows, v on rows, int32 pool rows."""
+    from nki_ssm.ops.launch.gated_delta import decode_tables
+
+    rng = np.random.default_rng(0)
+    S, T, H, HV, K, V = 2, 2, 2, 4, 3, 5
+    q, k = rng.standard_normal((2, S, T, H, K))
+    v = rng.standard_normal((S, T, HV, V))
+    kq, kr, vc, idx = decode_tables(q, k, v, np.array([4, -1]), slots=6)
+    s, t, h, kk = 1, 1, 0, 2
+    assert kq[s * K + kk, (t * H + h) * 2] == k[s, t, h, kk]
+    assert kq[s * K + kk, (t * H + h) * 2 + 1] == q[s, t, h, kk]
+    assert kr[s, (t * H + h) * K + kk] == k[s, t, h, kk]
+    assert vc[s * V + 3, t * HV + 2] == v[s, t, 2, 3]
+    assert idx.dtype == np.int32 and idx[:K, 0].tolist() == [4 * HV * K + i for i in range(K)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype, tol", [(np.float32, F32_TOL), (BF16, BF16_TOL)])
+def test_decode_qwen3_next_tp8_shape(dtype, tol):
+    """Qwen3-Next Gated DeltaNet at TP8 (H=2, HV=4, K=V=128), two speculative tokens."""
+    inp = make_gated_delta_decode_inputs(np.random.default_rng(1), num_seqs=3, T=2, H=2, HV=4,
+                                         K=128, V=128, raw_gates=True, use_qk_l2norm=True,
+                                         dtype=dtype, pool_dtype=dtype, padding=1)
+    _run_and_check(inp, tol, inter=True)
