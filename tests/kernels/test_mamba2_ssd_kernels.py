@@ -15,6 +15,8 @@ Model shapes (Mamba-2 2.7B, Granite-like G=8, 2K tokens) are ``slow``.
 """
 from __future__ import annotations
 
+import contextlib
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -314,6 +316,80 @@ def test_decode_step_continues_a_prefill():
     assert rel_fro(pool, pool_all) <= 1e-6
 
 
+@contextlib.contextmanager
+def _unit_bytes(value):
+    """Decode state-unit budget set to ``value`` (small shapes then take the
+    split-state path that N = 256 at model size takes)."""
+    from nki_ssm.kernels.mamba2_ssd import decode as dec_kernel
+    old = dec_kernel._UNIT_BYTES
+    dec_kernel._UNIT_BYTES = value
+    try:
+        yield
+    finally:
+        dec_kernel._UNIT_BYTES = old
+
+
+def test_decode_units_cover_each_state_once():
+    from nki_ssm.kernels.mamba2_ssd.decode import _units
+    # Falcon-H1 (nt 64, N 256): 64 KiB fp32 per sequence -> two 32-row units;
+    # Mamba-2 2.7B (nt 40, N 128) bf16 pool: 30 KiB -> one unit
+    assert _units([0, 3], 64, 256, True) == [(0, 0, 32), (0, 32, 64), (3, 0, 32), (3, 32, 64)]
+    assert _units([5], 64, 256, False) == [(5, 0, 32), (5, 32, 64)]
+    assert _units([1], 40, 128, False) == [(1, 0, 40)]
+    with _unit_bytes(1):          # never below one row block per unit
+        assert _units([0], 3, 8, True) == [(0, 0, 1), (0, 1, 2), (0, 2, 3)]
+
+
+@pytest.mark.parametrize("num_seqs, T, pool_dtype", [(1, None, np.float32), (3, 2, np.float32),
+                                                     (3, None, BF16), (2, 3, BF16)])
+def test_decode_split_state_dstate_256_equals_whole_state_bitwise(num_seqs, T, pool_dtype):
+    # N = 256 with 2 row blocks per partition (H 4, P 64 -> pr 128, nt 2); a
+    # one-block unit budget cuts every state in two units, as Falcon-H1's 64
+    # KiB state is cut at model size. Per element the math is the same, so y
+    # and the pool must match the whole-state run bit for bit, and the reference.
+    rng = np.random.default_rng(13)
+    inp = make_ssd_decode_inputs(rng, num_seqs=num_seqs, T=T, H=4, P=64, N=256, G=2, z=True,
+                                 D="HP", pool_dtype=pool_dtype, padding=int(num_seqs > 2))
+    y_whole, pool_whole, _ = _decode(inp)
+    with _unit_bytes(256 * 4):
+        y, after, before = _decode(inp)
+    assert y.tobytes() == y_whole.tobytes()
+    assert after.tobytes() == pool_whole.tobytes()
+    y_ref, pool_ref = ssd_decode(**inp)
+    assert rel_fro(y, y_ref) <= EXACT_TOL
+    named = _named(inp["state_indices"])
+    unnamed = np.setdiff1d(np.arange(before.shape[0]), named)
+    assert after[unnamed].tobytes() == before[unnamed].tobytes()
+    if pool_dtype == np.float32:
+        assert rel_fro(after[named], pool_ref[named]) <= EXACT_TOL
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(H=st.sampled_from([2, 3, 6]), P=st.sampled_from([24, 64]), N=st.sampled_from([8, 136, 256]),
+       S=st.integers(1, 4), T=st.sampled_from([None, 2]), rows=st.integers(1, 3),
+       pool_dtype=st.sampled_from([np.float32, BF16]), seed=st.integers(0, 2**31 - 1))
+def test_decode_split_state_matches_reference(H, P, N, S, T, rows, pool_dtype, seed):
+    # H*P > 128 gives several row blocks per partition; a budget of `rows`
+    # row blocks per unit cuts the states into units of 1..3 blocks
+    inp = make_ssd_decode_inputs(np.random.default_rng(seed), num_seqs=S, T=T, H=H, P=P, N=N,
+                                 G=1, z=True, D="H", pool_dtype=pool_dtype,
+                                 padding=int(S > 1))
+    row_bytes = N * (4 if pool_dtype == np.float32 else 6)
+    with _unit_bytes(rows * row_bytes):
+        y, after, before = _decode(inp)
+    y_ref, pool_ref = ssd_decode(**inp)
+    assert rel_fro(y, y_ref) <= EXACT_TOL
+    named = _named(inp["state_indices"])
+    unnamed = np.setdiff1d(np.arange(before.shape[0]), named)
+    assert after[unnamed].tobytes() == before[unnamed].tobytes()
+    ref = pool_ref[named]
+    err = np.abs(after[named].astype(np.float64) - ref)
+    if pool_dtype == np.float32:
+        assert rel_fro(after[named], ref) <= EXACT_TOL
+    else:                         # float32 state rounded once to the bf16 pool
+        assert np.all(err <= 2.0**-8 * np.abs(ref) + 1e-5 * np.abs(ref).max())
+
+
 # ----------------------------------------------------------------------------- model shapes
 
 @pytest.mark.slow
@@ -332,3 +408,39 @@ def test_prefill_model_shapes_2k_tokens(H, P, N, G, precision, tol):
     y, after, _ = _prefill(inp, precision=precision, chunk_size=128)
     assert rel_fro(y, y_ref) <= tol
     assert rel_fro(after, pool_ref) <= tol
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pool_dtype", [np.float32, BF16])
+def test_decode_falcon_h1_shape(pool_dtype):
+    # H 128, P 64, N 256: 64 KiB of fp32 state per partition and sequence,
+    # more than SBUF holds for the three sequences in flight unless cut
+    rng = np.random.default_rng(14)
+    inp = make_ssd_decode_inputs(rng, num_seqs=4, T=None, H=128, P=64, N=256, z=True,
+                                 pool_dtype=pool_dtype, padding=1)
+    y_ref, pool_ref = ssd_decode(**inp)
+    y, after, before = _decode(inp)
+    assert rel_fro(y, y_ref) <= EXACT_TOL
+    named = _named(inp["state_indices"])
+    unnamed = np.setdiff1d(np.arange(before.shape[0]), named)
+    assert after[unnamed].tobytes() == before[unnamed].tobytes()
+    # a bf16 pool holds the float32 state rounded once (RNE: <= 2^-9 relative)
+    tol = EXACT_TOL if pool_dtype == np.float32 else 2.0**-9 + EXACT_TOL
+    assert rel_fro(after[named], pool_ref[named]) <= tol
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision, pool_dtype", [("bf16", np.float32), ("fp32", BF16)])
+def test_prefill_falcon_h1_shape(precision, pool_dtype):
+    rng = np.random.default_rng(15)
+    dtype = BF16 if precision == "bf16" else np.float32
+    inp = make_ssd_inputs(rng, seqlens=[150, 106], H=128, P=64, N=256, G=1, z=True,
+                          dtype=dtype, pool_dtype=pool_dtype, slots=2, has_initial_state=True)
+    from nki_ssm.reference.mamba2_ssd import ssd_chunked
+    y_ref, pool_ref = ssd_chunked(**inp)
+    y, after, _ = _prefill(inp, precision=precision, chunk_size=128)
+    tol = EXACT_TOL if precision == "fp32" else BF16_MODE_TOL
+    assert rel_fro(y, y_ref) <= tol
+    # a bf16 pool holds the float32 state rounded once (RNE: <= 2^-9 relative)
+    state_tol = tol if pool_dtype == np.float32 else 2.0**-9 + EXACT_TOL
+    assert rel_fro(after, pool_ref) <= state_tol

@@ -122,6 +122,7 @@ states ~1e-7 (float32 pool).
 from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
+from nki_ssm.kernels.mamba2_ssd._common import dt_prime, load_f32
 
 _PSUM_F = 512      # fp32 elements of one PSUM bank per partition
 
@@ -253,16 +254,9 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     y = nl.ndarray((T, HP), dtype=x.dtype, buffer=nl.shared_hbm)
 
     ones, U, Ls = _tri_consts(Q)
-    A_sb = nl.ndarray((_PMAX, H), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=A_sb, src=A_rows)
-    bias_sb = None
-    if bias_rows != None:  # noqa: E711  (NKI has no `is`)
-        bias_sb = nl.ndarray((_PMAX, H), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=bias_sb, src=bias_rows)
-    D_sb = None
-    if D_rows != None:  # noqa: E711
-        D_sb = nl.ndarray((_PMAX, HP), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=D_sb, src=D_rows)
+    A_sb = load_f32(A_rows, _PMAX, H)
+    bias_sb = load_f32(bias_rows, _PMAX, H)
+    D_sb = load_f32(D_rows, _PMAX, HP)
     DI = None
     if D_heads != None:  # noqa: E711
         DI = _d_heads(D_heads, ones, Q, H)
@@ -328,19 +322,7 @@ def _chunk(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST,
     nisa.dma_copy(dst=C_mm, src=C[t0:t0 + L, :])
 
     # ---- dt' and dt'*A for all heads, fp32
-    dtp = nl.ndarray((L, H), dtype=nl.float32, buffer=nl.sbuf)
-    src = dt_in
-    if bias_sb != None:  # noqa: E711
-        nisa.tensor_tensor(dst=dtp, data1=dt_in, data2=bias_sb[0:L, :], op=nl.add)
-        src = dtp
-    if dt_softplus:
-        nisa.activation(dst=dtp, op=nl.softplus, data=src)
-        src = dtp
-    if dt_hi < 3.0e38:
-        nisa.tensor_scalar(dst=dtp, data=src, op0=nl.maximum, operand0=dt_lo,
-                           op1=nl.minimum, operand1=dt_hi)
-    else:
-        nisa.tensor_scalar(dst=dtp, data=src, op0=nl.maximum, operand0=dt_lo)
+    dtp = dt_prime(dt_in, bias_sb, L, H, dt_softplus, dt_lo, dt_hi)
     dtA = nl.ndarray((L, H), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=dtA, data1=dtp, data2=A_sb[0:L, :], op=nl.multiply)
     # ln dt' (clamped into the ScalarE log range; a dt' below 1e-18 contributes
@@ -460,7 +442,7 @@ def _sequence(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST, start
                         step.append((k, c * nb + b - k))
                 steps.append(step)
     for si in range(len(steps)):
-        if str(si) in pro:
+        if pro.get(str(si)) != None:  # noqa: E711  (NKI: no 'in' on a dict)
             # chunk prologue, ahead of the chunk's first item
             c = pro[str(si)]
             t0, L = chunks[c]

@@ -49,6 +49,7 @@ exact 0/1 broadcast). A bfloat16 pool is widened on load and rounded once
 from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
+from nki_ssm.kernels.mamba2_ssd._common import dt_prime, load_f32
 
 
 @nki.jit
@@ -76,22 +77,12 @@ def ssd_decode_step(x_rows, dt_rows, A_rows, B, C, group_sel, D_rows, z_rows, bi
     G = group_sel.shape[0]
     y = nl.ndarray((num_seqs * T * pr, nt), dtype=nl.float32, buffer=nl.shared_hbm)
 
-    A_sb = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=A_sb, src=A_rows)
-    bias_sb = None
-    if bias_rows != None:  # noqa: E711  (NKI has no `is`)
-        bias_sb = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=bias_sb, src=bias_rows)
-    D_sb = None
-    if D_rows != None:  # noqa: E711
-        D_sb = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=D_sb, src=D_rows)
+    A_sb = load_f32(A_rows, pr, nt)
+    bias_sb = load_f32(bias_rows, pr, nt)
+    D_sb = load_f32(D_rows, pr, nt)
     sel = nl.ndarray((G, pr), dtype=group_sel.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=sel, src=group_sel)
 
-    # Gathers run _AHEAD sequences ahead of the compute: the pool is one HBM
-    # tensor with run-time indices, so a gather issued after a scatter must
-    # wait for it; issuing it before keeps the DMA queues streaming.
     live_ids = []
     for s in range(num_seqs):
         if live[s]:
@@ -103,71 +94,117 @@ def ssd_decode_step(x_rows, dt_rows, A_rows, B, C, group_sel, D_rows, z_rows, bi
             for tok in range(T):
                 r0 = (s * T + tok) * pr
                 nisa.dma_copy(dst=y[r0:r0 + pr, :], src=zt)
-    # few sequences: split each state DMA in parts so the update of the first
+
+    units = _units(live_ids, nt, N, pool.dtype == nl.float32)
+    # few sequences: split each unit's DMA in parts so the update of the first
     # row blocks overlaps the gather of the later ones (and their scatter the
     # rest of the update); many sequences overlap across sequences instead
-    parts = _PARTS if len(live_ids) <= 2 else 1
+    parts = 1
+    if len(live_ids) <= 2:
+        parts = max(1, _PARTS // (len(units) // len(live_ids)))
+    # Gathers run _AHEAD units ahead of the compute: the pool is one HBM
+    # tensor with run-time indices, so a gather issued after a scatter must
+    # wait for it; issuing it before keeps the DMA queues streaming.
     got = {}
-    for n in range(len(live_ids) + _AHEAD):
-        if n < len(live_ids):
-            got[str(n)] = _gather(pool, pool_idx, live_ids[n], pr, nt, N, parts)
+    idxs = {}
+    toks = []
+    for n in range(len(units) + _AHEAD):
+        if n < len(units):
+            s, a, b = units[n][0], units[n][1], units[n][2]
+            if a == 0:
+                idx = nl.ndarray((pr, 1), dtype=nl.int32, buffer=nl.sbuf)
+                nisa.dma_copy(dst=idx, src=pool_idx[s * pr:(s + 1) * pr, :])
+                idxs[str(s)] = idx
+            got[str(n)] = _gather(pool, idxs[str(s)], pr, nt, N, a, b, parts)
         m = n - _AHEAD
         if m >= 0:
-            s = live_ids[m]
-            idx, nat = got.pop(str(m))
+            s, a, b = units[m][0], units[m][1], units[m][2]
+            if a == 0:
+                # per-token inputs of the sequence, shared by all its units
+                toks = []
+                for tok in range(T):
+                    toks.append(_tok_in(x_rows, dt_rows, B, C, A_sb, bias_sb, s * T + tok,
+                                        pr, nt, N, G, dt_softplus, dt_lo, dt_hi))
+            nat = got[str(m)]
+            got[str(m)] = None
             if pool.dtype == nl.float32:
                 S = nat
             else:
-                S = nl.ndarray((pr, nt * N), dtype=nl.float32, buffer=nl.sbuf)
+                S = nl.ndarray((pr, (b - a) * N), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.tensor_copy(dst=S, src=nat)
             for tok in range(T):
                 # the last token scatters each part as soon as its blocks are updated
-                out = (pool, idx, nat, parts) if tok == T - 1 else None
-                _token(x_rows, dt_rows, z_rows, B, C, y, A_sb, bias_sb, D_sb, sel, S,
-                       s * T + tok, pr, nt, N, G, dt_softplus, dt_lo, dt_hi, out)
+                out = None
+                if tok == T - 1:
+                    out = (pool, idxs[str(s)], nat, parts)
+                _tok_update(toks[tok], sel, S, a, b, pr, nt, N, out)
+            S = None
+            nat = None
+            if b == nt:
+                for tok in range(T):
+                    _tok_out(toks[tok], z_rows, D_sb, y, s * T + tok, pr, nt)
+                toks = []
+                idxs[str(s)] = None
     return y
 
 
-_AHEAD = 2   # sequences whose state is gathered ahead of the one being updated
-_PARTS = 4   # state DMAs per sequence when only one or two sequences are live
+_AHEAD = 2            # state units gathered ahead of the one being updated
+_PARTS = 4            # state DMAs per sequence when only one or two sequences are live
+_UNIT_BYTES = 48 * 1024   # SBUF bytes per partition of one state unit (fp32 state + pool copy)
 
 
-def _part_bounds(nt, parts, k):
-    """Row blocks [a, b) of part k of ``parts``."""
-    tp = (nt + parts - 1) // parts
-    return min(nt, k * tp), min(nt, (k + 1) * tp)
+def _units(live_ids, nt, N, f32_pool):
+    """State units ``(seq, a, b)``: row blocks [a, b) of a sequence's state.
 
-
-def _gather(pool, pool_idx, s, pr, nt, N, parts):
-    """(row indices, state tile [pr, nt*N] in the pool dtype) of sequence s (``parts`` DMAs)."""
-    idx = nl.ndarray((pr, 1), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=idx, src=pool_idx[s * pr:(s + 1) * pr, :])
-    nat = nl.ndarray((pr, nt * N), dtype=pool.dtype, buffer=nl.sbuf)
-    for k in range(parts):
-        a, b = _part_bounds(nt, parts, k)
-        if b > a:
-            view = pool.ap(pattern=[[nt * N, pr], [1, (b - a) * N]], offset=a * N,
-                           vector_offset=idx, indirect_dim=0)
-            nisa.dma_copy(dst=nat[:, a * N:b * N], src=view)
-    return idx, nat
-
-
-def _scatter(pool, idx, nat, S, pr, nt, N, a, b):
-    """Row blocks [a, b) of the updated state back to the pool (one DMA)."""
-    if pool.dtype != nl.float32:
-        nisa.tensor_copy(dst=nat[:, a * N:b * N], src=S[:, a * N:b * N])
-    view = pool.ap(pattern=[[nt * N, pr], [1, (b - a) * N]], offset=a * N, vector_offset=idx,
-                   indirect_dim=0)
-    nisa.dma_copy(dst=view, src=nat[:, a * N:b * N])
-
-
-def _token(x_rows, dt_rows, z_rows, B, C, y, A_sb, bias_sb, D_sb, sel, S,
-           row, pr, nt, N, G, dt_softplus, dt_lo, dt_hi, out):
-    """One token of one sequence: update S [pr, nt*N] in place, write y rows.
-
-    ``out``: None, or (pool, idx, nat, parts) on the last token: each part
-    of the state is scattered right after its last row block is updated.
+    A sequence is cut into as few equal units as keep one unit within
+    _UNIT_BYTES per partition, so the _AHEAD + 1 units in flight fit in SBUF
+    at any dstate (Falcon-H1, N = 256: 64 KiB fp32 per sequence -> 2 units;
+    Mamba-2 2.7B and Granite-like: 1 unit).
     """
+    row_bytes = N * 4
+    if not f32_pool:
+        row_bytes = N * 6     # fp32 working copy + the bf16 pool tile
+    split = min(nt, (nt * row_bytes + _UNIT_BYTES - 1) // _UNIT_BYTES)
+    span = (nt + split - 1) // split
+    units = []
+    for s in live_ids:
+        for a in range(0, nt, span):
+            units.append((s, a, min(nt, a + span)))
+    return units
+
+
+def _part_bounds(n, parts, k):
+    """Blocks [a, b) of part k of ``parts`` over n blocks."""
+    tp = (n + parts - 1) // parts
+    return min(n, k * tp), min(n, (k + 1) * tp)
+
+
+def _gather(pool, idx, pr, nt, N, a, b, parts):
+    """Row blocks [a, b) of a sequence's state -> new tile [pr, (b-a)*N] in the
+    pool dtype (``parts`` DMAs; ``idx`` [pr, 1] int32 pool rows)."""
+    nat = nl.ndarray((pr, (b - a) * N), dtype=pool.dtype, buffer=nl.sbuf)
+    for k in range(parts):
+        pa, pe = _part_bounds(b - a, parts, k)
+        if pe > pa:
+            view = pool.ap(pattern=[[nt * N, pr], [1, (pe - pa) * N]], offset=(a + pa) * N,
+                           vector_offset=idx, indirect_dim=0)
+            nisa.dma_copy(dst=nat[:, pa * N:pe * N], src=view)
+    return nat
+
+
+def _scatter(pool, idx, nat, S, pr, nt, N, a, pa, pe):
+    """Local blocks [pa, pe) of the unit at block a back to the pool (one DMA)."""
+    if pool.dtype != nl.float32:
+        nisa.tensor_copy(dst=nat[:, pa * N:pe * N], src=S[:, pa * N:pe * N])
+    view = pool.ap(pattern=[[nt * N, pr], [1, (pe - pa) * N]], offset=(a + pa) * N,
+                   vector_offset=idx, indirect_dim=0)
+    nisa.dma_copy(dst=view, src=nat[:, pa * N:pe * N])
+
+
+def _tok_in(x_rows, dt_rows, B, C, A_sb, bias_sb, row, pr, nt, N, G, dt_softplus, dt_lo,
+            dt_hi):
+    """Per-row inputs of one token of one sequence: decay exp(dt' A), dt' x,
+    B and C rows, the y accumulator (all [pr, nt] fp32 but B, C [G, N])."""
     r0, r1 = row * pr, (row + 1) * pr
     dt_c = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=dt_c, src=dt_rows[r0:r1, :])
@@ -178,71 +215,73 @@ def _token(x_rows, dt_rows, z_rows, B, C, y, A_sb, bias_sb, D_sb, sel, S,
     c_g = nl.ndarray((G, N), dtype=C.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=c_g, src=C[row * G:(row + 1) * G, :])
 
-    # dt' = clip(softplus(dt + dt_bias)); decay exp(dt' A); input weight dt' x
-    dtp = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
-    src = dt_c
-    if bias_sb != None:  # noqa: E711
-        nisa.tensor_tensor(dst=dtp, data1=dt_c, data2=bias_sb, op=nl.add)
-        src = dtp
-    if dt_softplus:
-        nisa.activation(dst=dtp, op=nl.softplus, data=src)
-        src = dtp
-    if dt_hi < 3.0e38:
-        nisa.tensor_scalar(dst=dtp, data=src, op0=nl.maximum, operand0=dt_lo,
-                           op1=nl.minimum, operand1=dt_hi)
-    else:
-        nisa.tensor_scalar(dst=dtp, data=src, op0=nl.maximum, operand0=dt_lo)
+    dtp = dt_prime(dt_c, bias_sb, pr, nt, dt_softplus, dt_lo, dt_hi)
     dA = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=dA, data1=dtp, data2=A_sb, op=nl.multiply)
     nisa.activation(dst=dA, op=nl.exp, data=dA)
     dtx = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=dtx, data1=dtp, data2=x_c, op=nl.multiply)
+    yc = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
+    return {"x": x_c, "dA": dA, "dtx": dtx, "b": b_g, "c": c_g, "y": yc}
 
+
+def _tok_update(tk, sel, S, a, b, pr, nt, N, out):
+    """One token on row blocks [a, b): update S [pr, (b-a)*N] in place, y columns [a, b).
+
+    ``out``: None, or (pool, idx, nat, parts) on the last token: each part
+    of the unit is scattered right after its last row block is updated.
+    """
+    dA, dtx, yc = tk["dA"], tk["dtx"], tk["y"]
     # B and C of each partition's group on every partition (exact 0/1 matmul, K = G)
     bb = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=bb, stationary=sel, moving=b_g, accumulate=False)
+    nisa.nc_matmul(dst=bb, stationary=sel, moving=tk["b"], accumulate=False)
     cc = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=cc, stationary=sel, moving=c_g, accumulate=False)
+    nisa.nc_matmul(dst=cc, stationary=sel, moving=tk["c"], accumulate=False)
 
-    yc = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
-    # per row block t: ScalarE decay, VectorE input, GpSimd C product, ScalarE
-    # free-dim sum; software-pipelined (step b: stage k on block b-k) so each
+    # per row block u: ScalarE decay, VectorE input, VectorE C product, ScalarE
+    # free-dim sum; software-pipelined (step i: stage k on block i-k) so each
     # engine's in-order queue never waits on work issued in the same step
-    tmps = [None] * nt
-    prods = [None] * nt
-    for b in range(nt + 3):
-        t = b
-        if t < nt:
-            tmps[t] = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=tmps[t], op=nl.copy, data=S[:, t * N:(t + 1) * N],
+    nu = b - a
+    tmps = [None] * nu
+    prods = [None] * nu
+    for i in range(nu + 3):
+        u = i
+        if u < nu:
+            t = a + u
+            tmps[u] = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=tmps[u], op=nl.copy, data=S[:, u * N:(u + 1) * N],
                             scale=dA[:, t:t + 1])
-        t = b - 1
-        if 0 <= t < nt:
-            nisa.scalar_tensor_tensor(dst=S[:, t * N:(t + 1) * N], data=bb, op0=nl.multiply,
-                                      operand0=dtx[:, t:t + 1], op1=nl.add, operand1=tmps[t])
-            tmps[t] = None
+        u = i - 1
+        if 0 <= u < nu:
+            t = a + u
+            nisa.scalar_tensor_tensor(dst=S[:, u * N:(u + 1) * N], data=bb, op0=nl.multiply,
+                                      operand0=dtx[:, t:t + 1], op1=nl.add, operand1=tmps[u])
+            tmps[u] = None
             if out != None:  # noqa: E711
                 for k in range(out[3]):
-                    a, e = _part_bounds(nt, out[3], k)
-                    if e > a and t == e - 1:
-                        _scatter(out[0], out[1], out[2], S, pr, nt, N, a, e)
-        t = b - 2
-        if 0 <= t < nt:
-            prods[t] = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=prods[t], data1=S[:, t * N:(t + 1) * N], data2=cc,
-                               op=nl.multiply,
-                               engine=nisa.engine.vector)
-        t = b - 3
-        if 0 <= t < nt:
-            nisa.activation(dst=prods[t], op=nl.copy, data=prods[t], reduce_op=nl.add,
+                    pa, pe = _part_bounds(nu, out[3], k)
+                    if pe > pa and u == pe - 1:
+                        _scatter(out[0], out[1], out[2], S, pr, nt, N, a, pa, pe)
+        u = i - 2
+        if 0 <= u < nu:
+            prods[u] = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=prods[u], data1=S[:, u * N:(u + 1) * N], data2=cc,
+                               op=nl.multiply, engine=nisa.engine.vector)
+        u = i - 3
+        if 0 <= u < nu:
+            t = a + u
+            nisa.activation(dst=prods[u], op=nl.copy, data=prods[u], reduce_op=nl.add,
                             reduce_res=yc[:, t:t + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
-            prods[t] = None
-    bb = None
-    cc = None
+            prods[u] = None
 
+
+def _tok_out(tk, z_rows, D_sb, y, row, pr, nt):
+    """y rows of one token: (sum_n S C + D x) * silu(z), stored."""
+    r0, r1 = row * pr, (row + 1) * pr
+    yc = tk["y"]
     if D_sb != None:  # noqa: E711
         xd = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=xd, data1=x_c, data2=D_sb, op=nl.multiply)
+        nisa.tensor_tensor(dst=xd, data1=tk["x"], data2=D_sb, op=nl.multiply)
         nisa.tensor_tensor(dst=yc, data1=yc, data2=xd, op=nl.add)
     if z_rows != None:  # noqa: E711
         z_c = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
