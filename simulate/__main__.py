@@ -1,6 +1,7 @@
 """The main job: every op at model shapes, checked against float64, timed by the cost model.
 
     python -m simulate                      # default set, trn2, report in reports/<timestamp>
+    python -m simulate --set judged         # only the cases issues 5 and 6 are judged on
     python -m simulate --target trn3 --model qwen3 --op gated_delta
     python -m simulate --full               # 16K / 64K tokens, 512-sequence decode, every shape
     python -m simulate --smoke --out /tmp/r # tiny shapes (seconds)
@@ -24,8 +25,10 @@ def _parse(argv):
     p.add_argument("--op", action="append", default=None,
                    help="only these ops or families (repeatable), e.g. ssd_prefill, gated_delta, decode")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--full", action="store_true", help="the full set (16K/64K tokens, 512-seq decode)")
-    g.add_argument("--smoke", action="store_true", help="tiny shapes, for tests")
+    g.add_argument("--set", dest="case_set", default=None, choices=["smoke", "judged", "default", "full"],
+                   help="case set (default: default = the judged cases + small cases of the other shapes)")
+    g.add_argument("--full", action="store_true", help="the full set (16K/64K tokens, every shape); = --set full")
+    g.add_argument("--smoke", action="store_true", help="tiny shapes, for tests; = --set smoke")
     p.add_argument("--out", default=None, help="report folder (default reports/<timestamp>)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-calibration", action="store_true", help="skip the calibration table")
@@ -59,15 +62,11 @@ def _progress():
 def main(argv=None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     from simulate import cases as C
-    from simulate.report import print_table, write_report
+    from simulate.report import print_goals, print_table, write_report
     from simulate.run import run_case, skipped
 
-    if args.smoke:
-        case_set, selected = "smoke", C.smoke_cases()
-    elif args.full:
-        case_set, selected = "full", C.full_cases()
-    else:
-        case_set, selected = "default", C.default_cases()
+    case_set = args.case_set or ("smoke" if args.smoke else "full" if args.full else "default")
+    selected = C.SETS[case_set]()
     selected = C.select(selected, models=args.model, ops=args.op)
     if args.max_tokens is not None:
         selected = [c for c in selected if c.num_tokens <= args.max_tokens]
@@ -127,6 +126,7 @@ def main(argv=None) -> int:
     if not args.out:
         _link_latest(out)
     print_table(results)
+    print_goals(results)
     if cal_rows is not None:
         from nki_ssm.perf.calibration import summarize
 

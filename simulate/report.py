@@ -7,6 +7,9 @@ import platform
 import sys
 from pathlib import Path
 
+from nki_ssm.perf.calibration import fmt_ns
+from simulate.goals import evaluate as evaluate_goals
+from simulate.goals import markdown as goals_markdown
 from simulate.run import NO_KERNEL, CaseResult
 
 
@@ -19,14 +22,7 @@ def _si(x: float | None, unit: str) -> str:
     return f"{x:.3g} {unit}"
 
 
-def fmt_time(ns: float | None) -> str:
-    if ns is None:
-        return "—"
-    if ns >= 1e6:
-        return f"{ns / 1e6:.3g} ms"
-    if ns >= 1e3:
-        return f"{ns / 1e3:.4g} us"
-    return f"{ns:.4g} ns"
+fmt_time = fmt_ns   # one formatter for the report and the calibration table
 
 
 def _err(x: float | None) -> str:
@@ -49,12 +45,19 @@ def row_cells(r: CaseResult) -> list[str]:
     time_cell = "—" if r.modeled_ns is None else f"{fmt_time(r.modeled_ns)} (modeled, {r.target})"
     if r.modeled_ns_optimistic is not None and r.modeled_ns:
         time_cell += f" [{fmt_time(r.modeled_ns_optimistic)} optimistic]"
-    return [r.case_id, status, _err(r.err_out), _err(r.err_state), time_cell, throughput(r), roof,
-            r.binding_engine or "—", share]
+    return [r.case_id, status, _err(r.err_out), _err(r.err_state), time_cell, throughput(r),
+            hbm_cell(r), roof, r.binding_engine or "—", share]
 
 
-HEADERS = ["case", "status", "rel err out", "rel err state", "time", "throughput", "roofline",
-           "binding", "busy share"]
+def hbm_cell(r: CaseResult) -> str:
+    """Achieved HBM bandwidth (minimal bytes / modeled time) and its share of the core's DMA bandwidth."""
+    if r.hbm_fraction is None:
+        return "—"
+    return f"{_si(r.bytes_per_s, 'B/s')} ({100 * r.hbm_fraction:.1f}%)"
+
+
+HEADERS = ["case", "status", "rel err out", "rel err state", "time", "throughput",
+           "HBM B/s (% of DMA bw)", "roofline", "binding", "busy share"]
 
 
 def markdown_table(results: list[CaseResult]) -> str:
@@ -90,6 +93,14 @@ def print_table(results: list[CaseResult], console=None) -> None:
     console.print(table)
 
 
+def print_goals(results: list[CaseResult]) -> None:
+    """The goals section on the terminal (plain Markdown; nothing when no judged case ran)."""
+    rows = evaluate_goals(results)
+    if rows:
+        print("\nGoals (issues 5 and 6; values modeled, per NeuronCore):")
+        print(goals_markdown(rows))
+
+
 _NOTES = """\
 ## Notes
 
@@ -121,8 +132,13 @@ _NOTES = """\
   max |err| / max |ref|.
 * Roofline = max(min FLOPs / TensorE bf16 peak, min HBM bytes / core DMA
   bandwidth); the fraction is roofline time / modeled time. FLOP and byte models:
-  `simulate/cases.py` docstring. Decode throughput is the minimal HBM traffic
-  divided by the modeled time.
+  `simulate/cases.py` docstring. Decode throughput and the "HBM B/s" column are
+  the minimal HBM traffic divided by the modeled time (the % is of the core's
+  DMA bandwidth: for a memory-bound case it equals the roofline fraction).
+* Case ids carry the layer configuration: dtype of x, conv weight dtype, conv
+  bias or not, state-pool dtype (conv: model dtype and bias as in the model;
+  SSD / GDN: float32 state). The SSD prefill reference runs the float64 chunked
+  form with chunk 64 (exact for any chunk size, faster in NumPy than 128).
 * Binding engine: the engine owning the largest part of the critical path
   (`nki_ssm/perf/timing.py`).
 * Yardsticks (peers.md §10, measured on one H100, not comparable per core
@@ -176,10 +192,19 @@ def write_report(out_dir, results: list[CaseResult], *, target: str, case_set: s
           f"Wall time: {wall_s:.1f} s on {platform.node() or 'this machine'} "
           f"({platform.machine()}, Python {platform.python_version()}).",
           "",
-          "## Results",
-          "",
-          markdown_table(results),
-          ""]
+          ]
+    goal_rows = evaluate_goals(results, target=target)
+    if goal_rows:
+        met = sum(g.status == "met" for g in goal_rows)
+        judged = sum(g.status in ("met", "not met") for g in goal_rows)
+        md += ["## Goals", "",
+               f"The figures issues 5 and 6 are judged on, computed from this run: {met} of {judged} "
+               "goals met. Performance goals are stated for trn2, per NeuronCore.", "",
+               goals_markdown(goal_rows), ""]
+    md += ["## Results",
+           "",
+           markdown_table(results),
+           ""]
     if "timeline" in paths:
         md += [f"## Engine timeline: {timeline_case}", "",
                "![timeline](timeline.png)", "", "![timeline zoom](timeline_zoom.png)", ""]

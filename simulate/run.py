@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from nki_ssm.reference import metrics
-from simulate.cases import Case
+from simulate.cases import SSD_REFERENCE_CHUNK, Case
 
 NO_KERNEL = "reference only, no kernel yet"
 
@@ -34,7 +34,8 @@ class CaseResult:
     dtype: str
     pool_dtype: str
     target: str
-    status: str                      # "kernel", NO_KERNEL, "error" or "skipped"
+    config: str = ""                 # layer dtypes / options as in the case id
+    status: str = NO_KERNEL          # "kernel", NO_KERNEL, "error" or "skipped"
     error: str | None = None
     err_out: float | None = None     # rel Frobenius vs float64 reference
     err_state: float | None = None
@@ -42,7 +43,9 @@ class CaseResult:
     modeled_ns: float | None = None
     modeled_ns_optimistic: float | None = None   # same trace, faster end of the documented ranges
     tokens_per_s: float | None = None
-    bytes_per_s: float | None = None
+    bytes_per_s: float | None = None          # minimal HBM bytes / modeled time
+    dma_bw_bytes_per_s: float | None = None   # the target core's DMA bandwidth (roofline memory roof)
+    hbm_fraction: float | None = None         # bytes_per_s / dma_bw_bytes_per_s
     roofline_fraction: float | None = None
     roofline_bound: str | None = None
     roofline_ns: float | None = None
@@ -123,6 +126,8 @@ def _reference_errors(case: Case, kw: dict, pool: str, new_slots=None):
     and a 512-sequence pool would need several GB at once.
     """
     fn = _reference_fn(case)
+    if case.family == "mamba2_ssd" and case.entry == "prefill":
+        kw = dict(kw, chunk_size=SSD_REFERENCE_CHUNK)  # exact for any chunk; faster in NumPy
     idx = np.asarray(kw["state_indices"])
     err = _FroError()
     per_slot = kw[pool][0].size * 8
@@ -153,24 +158,24 @@ def _reference_errors(case: Case, kw: dict, pool: str, new_slots=None):
     return np.concatenate(outs), err.value()
 
 
-def _pool_name(case: Case) -> str:
-    return "conv_states" if case.family == "short_conv" else "ssm_states"
-
-
 def has_kernel(case: Case) -> bool:
     from nki_ssm.ops._dispatch import find_launcher
 
     return find_launcher(case.family, case.entry) is not None
 
 
-def skipped(case: Case, target: str, reason: str) -> CaseResult:
-    """A result row for a case that was not run (status "skipped", reason in ``error``)."""
+def _new_result(case: Case, target: str, **kw) -> CaseResult:
     return CaseResult(
         case_id=case.id, op=case.op, family=case.family, entry=case.entry, model=case.model,
         shape=repr(case.shape), num_tokens=case.num_tokens,
         num_seqs=len(case.seqlens) if case.entry == "prefill" else case.num_seqs,
         dtype=np.dtype(case.dtype).name, pool_dtype=np.dtype(case.pool_dtype).name, target=target,
-        status="skipped", error=reason, min_flops=case.min_flops())
+        config=case.config, min_flops=case.min_flops(), **kw)
+
+
+def skipped(case: Case, target: str, reason: str) -> CaseResult:
+    """A result row for a case that was not run (status "skipped", reason in ``error``)."""
+    return _new_result(case, target, status="skipped", error=reason)
 
 
 def _fail(res: CaseResult, where: str, exc: BaseException) -> None:
@@ -192,13 +197,8 @@ def run_case(case: Case, target: str = "trn2", seed: int = 0, *, keep_timing: bo
     from nki_ssm.perf.profile import platform_target
 
     kw = case.make_inputs(seed)
-    res = CaseResult(
-        case_id=case.id, op=case.op, family=case.family, entry=case.entry, model=case.model,
-        shape=repr(case.shape), num_tokens=case.num_tokens,
-        num_seqs=len(case.seqlens) if case.entry == "prefill" else case.num_seqs,
-        dtype=np.dtype(case.dtype).name, pool_dtype=np.dtype(case.pool_dtype).name, target=target,
-        status=NO_KERNEL, min_flops=case.min_flops(), min_hbm_bytes=case.min_hbm_bytes(kw))
-    pool = _pool_name(case)
+    res = _new_result(case, target, status=NO_KERNEL, min_hbm_bytes=case.min_hbm_bytes(kw))
+    pool = case.pool_name
     live = np.asarray(kw["state_indices"])
     live = live[live >= 0]
 
@@ -244,6 +244,8 @@ def run_case(case: Case, target: str = "trn2", seed: int = 0, *, keep_timing: bo
     if timing.time_ns > 0:
         res.tokens_per_s = case.num_tokens / (timing.time_ns * 1e-9)
         res.bytes_per_s = res.min_hbm_bytes / (timing.time_ns * 1e-9)
+        res.dma_bw_bytes_per_s = timing.dma_bw_bytes_per_ns * 1e9
+        res.hbm_fraction = res.bytes_per_s / res.dma_bw_bytes_per_s
     res.roofline_ns = timing.roofline_ns(res.min_flops, res.min_hbm_bytes)
     res.roofline_fraction = timing.roofline(res.min_flops, res.min_hbm_bytes)
     res.roofline_bound = timing.roofline_bound(res.min_flops, res.min_hbm_bytes)

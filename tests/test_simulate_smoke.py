@@ -46,7 +46,7 @@ def test_smoke_run_writes_report(tmp_path):
 def test_selection_and_list(capsys):
     assert main(["--smoke", "--op", "ssd_decode", "--list"]) == 0
     lines = capsys.readouterr().out.split()
-    assert lines == ["ssd_decode/tiny/2seq/bfloat16"]
+    assert lines == ["ssd_decode/tiny/2seq/bf16,state-fp32"]
     assert main(["--smoke", "--model", "no-such-model", "--list"]) == 0
     assert capsys.readouterr().out == ""
 
@@ -65,18 +65,87 @@ def test_flop_models_match_peers_yardstick_counts():
 
 
 def test_min_hbm_bytes_counts_inputs_outputs_and_named_slots():
-    import numpy as np
-
+    # counted by hand from the shapes, so a dtype filter that drops bfloat16 arrays
+    # (their dtype kind is "V") fails here
     from nki_ssm.reference import shapes as S
-    from simulate.cases import Case
+    from simulate.cases import BF16, Case
 
     c = Case("gated_delta", "decode", "x", S.GDNShape("g", H=1, HV=2, K=128, V=128), num_seqs=3)
     kw = c.make_inputs(0)
+    assert kw["q"].dtype == BF16
     live = int((kw["state_indices"] >= 0).sum())
-    state = 2 * 128 * 128 * np.dtype(c.pool_dtype).itemsize
-    small = sum(v.nbytes for k, v in kw.items()
-                if isinstance(v, np.ndarray) and k != "ssm_states" and v.dtype.kind == "f")
-    assert c.min_hbm_bytes(kw) == small + 2 * live * state + kw["v"].nbytes
+    state = 2 * 128 * 128 * 4                      # float32 pool
+    arrays = [k for k, v in kw.items() if hasattr(v, "nbytes") and k != "ssm_states"]
+    read = sum(kw[k].nbytes for k in arrays)
+    assert c.min_hbm_bytes(kw) == read + 2 * live * state + 3 * 2 * 128 * 2
+
+    conv = Case("short_conv", "prefill", "x", S.ConvShape("c", dim=256, W=4), seqlens=(10, 6),
+                bias=False)
+    kw = conv.make_inputs(1)
+    assert kw["bias"] is None and kw["weight"].dtype == BF16 and kw["conv_states"].dtype == BF16
+    reads = int(kw["has_initial_state"][kw["state_indices"] >= 0].sum())
+    expected = (2 * 16 * 256 * 2            # x read, y written (bf16)
+                + 256 * 4 * 2               # weight
+                + 3 * 4 + 2 * 4 + 2         # cu_seqlens, state_indices, has_initial_state
+                + (reads + 2) * 256 * 3 * 2)  # named slots read (initial state) and written
+    assert conv.min_hbm_bytes(kw) == expected
+
+
+def test_case_config_follows_the_model_and_is_in_the_id():
+    from simulate.cases import BF16, F32, default_cases, full_cases, judged_cases
+
+    judged = {c.id: c for c in judged_cases()}
+    conv = judged["short_conv_prefill/qwen3-next/1x16384/bf16,w-bf16,nobias,pool-bf16"]
+    assert not conv.bias and conv.pool_dtype == BF16 and conv.weight_dtype == BF16
+    kw = judged["short_conv_decode/qwen3-next/512seq/bf16,w-bf16,nobias,pool-bf16"].make_inputs(0)
+    assert kw["bias"] is None and kw["weight"].dtype == BF16 and kw["x"].shape == (512, 1, 8192)
+    for n in (1, 32, 512):
+        assert judged[f"ssd_decode/mamba2-2.7b/{n}seq/bf16,state-fp32"].pool_dtype == F32
+    ssd = judged["ssd_prefill/mamba2-2.7b/1x16384/bf16,state-fp32"]
+    assert (ssd.shape.H, ssd.shape.P, ssd.shape.N, ssd.shape.G) == (80, 64, 128, 1)
+    assert judged["short_conv_prefill/qwen3-next/8x2048/bf16,w-bf16,nobias,pool-bf16"].seqlens == (2048,) * 8
+    # Mamba-2's conv has a bias (use_conv_bias=True)
+    assert any(c.id.startswith("short_conv_prefill/mamba2-2.7b/") and c.bias for c in default_cases())
+    assert set(judged) <= {c.id for c in default_cases()}
+    full = full_cases()
+    assert len({c.id for c in full}) == len(full) == 3 * 10 + 3 * 10 + 4 * 11
+
+
+def test_goals_are_computed_from_results():
+    from dataclasses import replace
+
+    from simulate.goals import evaluate, goals
+    from simulate.run import CaseResult
+
+    gl = goals()
+    conv_prefill = next(g for g in gl if g.case.op == "short_conv_prefill" and g.op == ">=")
+    ssd_rate = next(g for g in gl if g.case.op == "ssd_prefill" and g.figure.startswith("tokens"))
+    base = dict(op="", family="", entry="", model="", shape="", num_tokens=0, num_seqs=0, dtype="",
+                pool_dtype="", target="trn2", status="kernel", modeled_ns=1e3, bytes_per_s=1.0,
+                dma_bw_bytes_per_s=1.0, roofline_fraction=0.5, roofline_bound="compute",
+                binding_engine="tensor")
+    r_conv = CaseResult(case_id=conv_prefill.case.id, hbm_fraction=0.71, **base)
+    r_ssd = CaseResult(case_id=ssd_rate.case.id, tokens_per_s=1.9e6, **base)
+    rows = evaluate([r_conv, r_ssd], [conv_prefill, ssd_rate])
+    assert [r.status for r in rows] == ["met", "not met"]
+    assert rows[0].value.startswith("71.0 %") and rows[1].goal == ">= 2.00 M tok/s"
+    rows = evaluate([replace(r_conv, hbm_fraction=0.69), replace(r_ssd, status="error", error="x")],
+                    [conv_prefill, ssd_rate])
+    assert rows[0].status == "not met" and rows[1].status.startswith("not run: error")
+    # performance goals are stated for trn2: reported only on trn3
+    assert evaluate([replace(r_conv, target="trn3")], [conv_prefill])[0].status == "reported"
+    # SSD decode at 1 and 32 sequences: reported, at 512: judged against 60 %
+    dec = [g for g in gl if g.case.op == "ssd_decode" and g.figure.startswith("bytes")]
+    assert [(g.case.num_seqs, g.op, g.threshold) for g in dec] == [(1, None, None), (32, None, None),
+                                                                  (512, ">=", 0.60)]
+
+
+def test_report_and_calibration_share_the_time_format():
+    from nki_ssm.perf.calibration import fmt_ns
+    from simulate.report import fmt_time
+
+    assert fmt_time is fmt_ns
+    assert [fmt_ns(x) for x in (None, 12.0, 165.6e3, 2.5e6)] == ["—", "12 ns", "165.6 us", "2.5 ms"]
 
 
 def test_failing_kernel_is_reported_not_fatal(monkeypatch):
@@ -118,7 +187,7 @@ def test_grouped_decode_reference_matches_one_call(monkeypatch):
                  Case("short_conv", "decode", "x", S.ConvShape("c", dim=32, W=4), num_seqs=7)):
         kw = case.make_inputs(3)
         kw["state_indices"][2] = -1      # a padding sequence in the middle
-        pool = run_mod._pool_name(case)
+        pool = case.pool_name
         idx = kw["state_indices"]
         ref_out, ref_pool = run_mod._reference_fn(case)(**kw)[:2]
         noisy = np.asarray(ref_pool)[idx[idx >= 0]] * (1 + 1e-3)   # a "kernel" state 1e-3 off

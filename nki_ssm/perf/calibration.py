@@ -222,7 +222,8 @@ def run_calibration(full: bool = False, names=None, seed: int = 0) -> list[Calib
     return rows
 
 
-def _fmt_ns(ns: float | None) -> str:
+def fmt_ns(ns: float | None) -> str:
+    """A time in ns as ns / us / ms text ("—" for None); also used by simulate/'s report."""
     if ns is None:
         return "—"
     if ns >= 1e6:
@@ -239,8 +240,8 @@ def table_markdown(rows: list[CalibrationRow]) -> str:
     for r in rows:
         ratio = "not run: " + (r.error or "?") if r.ratio is None else f"{r.ratio:.2f}"
         lines.append(
-            f"| {r.name} | {r.target} | {r.workload} | {_fmt_ns(r.published_ns)} ({r.source}) | "
-            f"{_fmt_ns(r.modeled_ns)} modeled, {r.target} | {ratio} | {r.kind} | "
+            f"| {r.name} | {r.target} | {r.workload} | {fmt_ns(r.published_ns)} ({r.source}) | "
+            f"{fmt_ns(r.modeled_ns)} modeled, {r.target} | {ratio} | {r.kind} | "
             f"{r.binding_engine or '—'} | {r.note} |")
     lo, hi = CHECK_BAND
     lines.append("")
@@ -251,8 +252,8 @@ def table_markdown(rows: list[CalibrationRow]) -> str:
 
 def summarize(rows: list[CalibrationRow]) -> str:
     return "\n".join(
-        f"{r.name:24s} {r.target}: published {_fmt_ns(r.published_ns):>10s}  modeled "
-        f"{_fmt_ns(r.modeled_ns):>10s}  ratio {('%.2f' % r.ratio) if r.ratio else 'n/a':>5s}  "
+        f"{r.name:24s} {r.target}: published {fmt_ns(r.published_ns):>10s}  modeled "
+        f"{fmt_ns(r.modeled_ns):>10s}  ratio {('%.2f' % r.ratio) if r.ratio else 'n/a':>5s}  "
         f"[{r.kind}] {r.error or ''}" for r in rows)
 
 
@@ -267,5 +268,5 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["CalibrationRow", "run_calibration", "table_markdown", "summarize", "CHECK_BAND",
+__all__ = ["CalibrationRow", "run_calibration", "table_markdown", "summarize", "fmt_ns", "CHECK_BAND",
            "FIT_BAND", "Timing"]

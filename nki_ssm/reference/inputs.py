@@ -142,12 +142,14 @@ def _cast(a, dtype):
 
 # ----------------------------------------------------------------------------- short conv
 
-def _conv_params(rng, dim, W, bias, dtype):
+def _conv_params(rng, dim, W, bias, dtype, weight_dtype=None):
+    """weight `[dim, W]` and bias `[dim]` (or None) in `weight_dtype` (None: `dtype`)."""
     if W < 2:
         raise ValueError(f"W must be >= 2, got {W}")
+    wdt = dtype if weight_dtype is None else weight_dtype
     bound = 1.0 / np.sqrt(W)
-    weight = _cast(rng.uniform(-bound, bound, size=(dim, W)), dtype)
-    b = _cast(rng.uniform(-bound, bound, size=(dim,)), dtype) if bias else None
+    weight = _cast(rng.uniform(-bound, bound, size=(dim, W)), wdt)
+    b = _cast(rng.uniform(-bound, bound, size=(dim,)), wdt) if bias else None
     return weight, b
 
 
@@ -155,15 +157,15 @@ def make_short_conv_inputs(rng: np.random.Generator, *, seqlens, dim: int, W: in
                            slots: int | None = None, dtype=np.float32,
                            pool_dtype=np.float32, padding: int = 0,
                            has_initial_state="mixed", bias: bool = True,
-                           activation: str | None = "silu") -> dict:
+                           activation: str | None = "silu", weight_dtype=None) -> dict:
     """Prefill inputs: x `[num_tokens, dim]`, weight `[dim, W]`, bias `[dim]` or None,
     activation, cu_seqlens, conv_states `[slots, dim, W-1]`, state_indices,
-    has_initial_state."""
+    has_initial_state. weight and bias are in `weight_dtype` (None: `dtype`)."""
     lengths = _lengths(seqlens)
     cu = cu_seqlens_from_lengths(lengths)
     slots, idx, init = make_slots(rng, len(lengths), slots, padding=padding,
                                   has_initial_state=has_initial_state)
-    weight, b = _conv_params(rng, dim, W, bias, dtype)
+    weight, b = _conv_params(rng, dim, W, bias, dtype, weight_dtype)
     return dict(
         x=_cast(rng.standard_normal((int(cu[-1]), dim)), dtype),
         weight=weight, bias=b, activation=activation, cu_seqlens=cu,
@@ -175,11 +177,13 @@ def make_short_conv_inputs(rng: np.random.Generator, *, seqlens, dim: int, W: in
 def make_short_conv_decode_inputs(rng: np.random.Generator, *, num_seqs: int, T: int | None = 1,
                                   dim: int, W: int, slots: int | None = None,
                                   dtype=np.float32, pool_dtype=np.float32, padding: int = 0,
-                                  bias: bool = True, activation: str | None = "silu") -> dict:
+                                  bias: bool = True, activation: str | None = "silu",
+                                  weight_dtype=None) -> dict:
     """Decode inputs: x `[num_seqs, T, dim]` (or `[num_seqs, dim]` when T is None),
-    weight, bias, activation, conv_states `[slots, dim, W-1]`, state_indices."""
+    weight, bias, activation, conv_states `[slots, dim, W-1]`, state_indices.
+    weight and bias are in `weight_dtype` (None: `dtype`)."""
     slots, idx, _ = make_slots(rng, num_seqs, slots, padding=padding)
-    weight, b = _conv_params(rng, dim, W, bias, dtype)
+    weight, b = _conv_params(rng, dim, W, bias, dtype, weight_dtype)
     xshape = (num_seqs, dim) if T is None else (num_seqs, T, dim)
     return dict(
         x=_cast(rng.standard_normal(xshape), dtype), weight=weight, bias=b,

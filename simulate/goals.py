@@ -1,0 +1,165 @@
+"""The figures the open issues are judged on, each computed from a result next to its goal.
+
+A :class:`Goal` names a judged case (by its :class:`~simulate.cases.Case`, so
+ids are never typed twice), the figure, how to compute it from the
+:class:`~simulate.run.CaseResult`, and the goal as a comparison (``>=`` or
+``<=`` a threshold) or none ("reported": the issue asks for the figure only).
+
+Figures (all modeled for the run's target, per NeuronCore):
+  * HBM fraction = minimal HBM bytes / modeled time / the core's DMA
+    bandwidth (``CaseResult.hbm_fraction``); issue 5 prefill >= 70 %,
+    issue 6 decode at 512 sequences >= 60 %.
+  * x bytes-moved bound = modeled time / (minimal HBM bytes / DMA bandwidth)
+    = 1 / HBM fraction; issue 5 decode <= 2.
+  * tokens/s; issue 6 prefill >= 2 M per NeuronCore.
+  * errors vs float64 (relative Frobenius): issue 6 bf16 mode <= 3e-3 for y
+    and the states; issue 5 bf16 I/O "within the rounding of a bfloat16
+    output": <= 2^-8, bfloat16's unit roundoff (a rounded value is within
+    2^-8 relative of the exact one, so is the Frobenius norm of the rounding).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import ml_dtypes
+import numpy as np
+
+from simulate.cases import Case, judged_cases
+
+BF16_UNIT_ROUNDOFF = float(ml_dtypes.finfo(ml_dtypes.bfloat16).eps) / 2   # 2^-8
+
+
+@dataclass(frozen=True)
+class Goal:
+    issue: str
+    case: Case
+    figure: str
+    value: Callable                  # CaseResult -> float or None
+    fmt: Callable                    # float -> str
+    op: str | None = None            # ">=", "<=" or None (reported only)
+    threshold: float | None = None
+    context: Callable | None = None  # CaseResult -> str, shown after the value
+
+    @property
+    def goal_text(self) -> str:
+        if self.op is None:
+            return "— (reported)"
+        return f"{self.op} {self.fmt(self.threshold)}"
+
+
+@dataclass(frozen=True)
+class GoalRow:
+    issue: str
+    case_id: str
+    figure: str
+    value: str
+    goal: str
+    status: str                      # "met", "not met", "reported", "not run: ..."
+
+    def cells(self) -> list[str]:
+        return [self.issue, self.case_id, self.figure, self.value, self.goal, self.status]
+
+
+HEADERS = ["issue", "case", "figure", "value (modeled)", "goal", "status"]
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+def _times(x: float) -> str:
+    return f"{x:.2f}x"
+
+
+def _rate(x: float) -> str:
+    return f"{x / 1e6:.2f} M tok/s"
+
+
+def _err(x: float) -> str:
+    return f"{x:.2e}"
+
+
+def _inv(x):
+    return None if not x else 1.0 / x
+
+
+def _hbm_context(r) -> str:
+    return (f"{r.bytes_per_s / 1e9:.0f} GB/s of {r.dma_bw_bytes_per_s / 1e9:.0f} GB/s, "
+            f"{r.modeled_ns / 1e3:.1f} us")
+
+
+def _ssd_prefill_context(r) -> str:
+    return (f"binding {r.binding_engine}; roofline {100 * r.roofline_fraction:.1f} % "
+            f"({r.roofline_bound}); {r.modeled_ns / 1e3:.1f} us")
+
+
+def goals() -> list[Goal]:
+    """The goals of issues 5 and 6, over :func:`simulate.cases.judged_cases`."""
+    out = []
+    for c in judged_cases():
+        issue = c.tags[0]
+        if c.family == "short_conv":
+            if c.entry == "prefill":
+                out.append(Goal(issue, c, "HBM bandwidth / core DMA bandwidth",
+                                lambda r: r.hbm_fraction, _pct, ">=", 0.70, context=_hbm_context))
+            else:
+                out.append(Goal(issue, c, "modeled time / bytes-moved bound",
+                                lambda r: _inv(r.hbm_fraction), _times, "<=", 2.0,
+                                context=_hbm_context))
+            out.append(Goal(issue, c, "rel err y (bf16 rounding)", lambda r: r.err_out, _err, "<=",
+                            BF16_UNIT_ROUNDOFF))
+        else:
+            if c.entry == "prefill":
+                out.append(Goal(issue, c, "tokens/s per NeuronCore", lambda r: r.tokens_per_s, _rate,
+                                ">=", 2e6, context=_ssd_prefill_context))
+            else:
+                at_512 = c.num_seqs == 512
+                out.append(Goal(issue, c, "bytes/s / core DMA bandwidth", lambda r: r.hbm_fraction,
+                                _pct, ">=" if at_512 else None, 0.60 if at_512 else None,
+                                context=_hbm_context))
+            out.append(Goal(issue, c, "rel err y (bf16 mode)", lambda r: r.err_out, _err, "<=", 3e-3))
+            out.append(Goal(issue, c, "rel err state (bf16 mode)", lambda r: r.err_state, _err, "<=",
+                            3e-3))
+    return out
+
+
+def evaluate(results, goal_list: list[Goal] | None = None, target: str | None = None) -> list[GoalRow]:
+    """One row per goal whose case is in ``results`` (matched by case id).
+
+    The performance goals are stated for trn2: on another target the rows
+    say so and are "reported" only.
+    """
+    by_id = {r.case_id: r for r in results}
+    rows = []
+    for g in goals() if goal_list is None else goal_list:
+        r = by_id.get(g.case.id)
+        if r is None:
+            continue
+        goal_text = g.goal_text
+        if r.status != "kernel":
+            rows.append(GoalRow(g.issue, g.case.id, g.figure, "—", goal_text,
+                                f"not run: {r.status}" + (f" ({r.error})" if r.error else "")))
+            continue
+        v = g.value(r)
+        if v is None or not np.isfinite(v):
+            rows.append(GoalRow(g.issue, g.case.id, g.figure, "—", goal_text, "not met: no value"))
+            continue
+        value = g.fmt(v) + (f" ({g.context(r)})" if g.context is not None else "")
+        perf_goal = not g.figure.startswith("rel err")
+        if g.op is None:
+            status = "reported"
+        elif perf_goal and (target or r.target) != "trn2":
+            status, goal_text = "reported", goal_text + " (stated for trn2)"
+        else:
+            ok = v >= g.threshold if g.op == ">=" else v <= g.threshold
+            status = "met" if ok else "not met"
+        rows.append(GoalRow(g.issue, g.case.id, g.figure, value, goal_text, status))
+    return rows
+
+
+def markdown(rows: list[GoalRow]) -> str:
+    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    for row in rows:
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in row.cells()) + " |")
+    return "\n".join(lines)
