@@ -200,3 +200,20 @@ def test_grouped_decode_reference_matches_one_call(monkeypatch):
         assert whole_err == pytest.approx(1e-3, rel=1e-6)
         assert err == pytest.approx(whole_err, rel=1e-12)
         assert err == pytest.approx(metrics.rel_fro(noisy, np.asarray(ref_pool)[idx[idx >= 0]]), rel=1e-12)
+
+
+def test_conv_generators_weight_dtype_keeps_the_draws():
+    import numpy as np
+
+    from nki_ssm.reference import inputs as inp
+    from simulate.cases import BF16, F32
+
+    for make, kw in ((inp.make_short_conv_inputs, dict(seqlens=[5, 3])),
+                     (inp.make_short_conv_decode_inputs, dict(num_seqs=3))):
+        base = make(np.random.default_rng(4), dim=64, W=4, dtype=BF16, **kw)
+        wide = make(np.random.default_rng(4), dim=64, W=4, dtype=BF16, weight_dtype=F32, **kw)
+        assert base["weight"].dtype == base["bias"].dtype == BF16
+        assert wide["weight"].dtype == wide["bias"].dtype == F32
+        np.testing.assert_array_equal(wide["weight"].astype(BF16), base["weight"])
+        np.testing.assert_array_equal(wide["x"], base["x"])   # same draws, only the cast differs
+        assert not np.array_equal(wide["weight"], base["weight"].astype(F32))
