@@ -9,4 +9,6 @@ numpy (and ml_dtypes for bf16 inputs) only; signatures in docs/contracts.md,
     inputs        realistic random inputs per family (make_*_inputs, make_*_decode_inputs)
     metrics       rel_fro, max_abs_scaled (float64, 0/0 = 0)
     shapes        the model shapes of DESIGN.md as dataclasses
+    testing       checks the tests of every layer share (named slots, padding rows,
+                  untouched arrays, two forms agreeing)
 """

@@ -5,6 +5,7 @@ import numpy as np
 
 from nki_ssm import ops
 from nki_ssm.reference import inputs as gen
+from nki_ssm.reference.testing import array_snapshot, assert_arrays_unchanged
 
 OPS = {
     "short_conv_prefill": ops.short_conv_prefill,
@@ -15,6 +16,12 @@ OPS = {
     "gated_delta_decode": ops.gated_delta_decode,
 }
 POOL_NAMES = ("conv_states", "ssm_states")
+# (launcher family, entry point) of each op: nki_ssm.ops.launch.<family>.<entry>
+FAMILY = {"short_conv_prefill": ("short_conv", "prefill"),
+          "short_conv_decode": ("short_conv", "decode"),
+          "ssd_prefill": ("mamba2_ssd", "prefill"), "ssd_decode": ("mamba2_ssd", "decode"),
+          "gated_delta_prefill": ("gated_delta", "prefill"),
+          "gated_delta_decode": ("gated_delta", "decode")}
 
 # Lengths cover an empty sequence and one that is not a multiple of the chunk (16).
 SEQLENS = [5, 0, 19]
@@ -48,14 +55,15 @@ def base(op: str, *, seed: int = 0, dtype=np.float32, pool_dtype=np.float32, **e
     raise KeyError(op)
 
 
+def pool_name(kw: dict) -> str:
+    """The name of the pool argument of a call (conv_states or ssm_states)."""
+    return next(n for n in POOL_NAMES if n in kw)
+
+
 def pool_snapshot(kw: dict) -> dict:
-    """Raw bytes of every pool argument (bit-identity, NaN payloads included)."""
-    return {n: (kw[n].dtype, kw[n].shape, kw[n].tobytes())
-            for n in POOL_NAMES if isinstance(kw.get(n), np.ndarray)}
+    """dtype, shape and raw bytes of every pool argument (bit-identity, NaN payloads included)."""
+    return array_snapshot(kw, POOL_NAMES)
 
 
 def assert_pools_unchanged(kw: dict, before: dict) -> None:
-    after = pool_snapshot(kw)
-    assert after.keys() == before.keys()
-    for name in before:
-        assert after[name] == before[name], f"{name} changed by a rejected call"
+    assert_arrays_unchanged(kw, before, "changed by a rejected call")

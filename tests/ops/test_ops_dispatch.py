@@ -5,15 +5,10 @@ import types
 
 import numpy as np
 import pytest
-from ops_case_inputs import OPS, assert_pools_unchanged, base, pool_snapshot
+from ops_case_inputs import FAMILY, OPS, assert_pools_unchanged, base, pool_name, pool_snapshot
 
 import nki_ssm.ops._dispatch as dispatch
-
-FAMILY = {"short_conv_prefill": ("short_conv", "prefill"),
-          "short_conv_decode": ("short_conv", "decode"),
-          "ssd_prefill": ("mamba2_ssd", "prefill"), "ssd_decode": ("mamba2_ssd", "decode"),
-          "gated_delta_prefill": ("gated_delta", "prefill"),
-          "gated_delta_decode": ("gated_delta", "decode")}
+from nki_ssm.reference.testing import named_slots, unnamed_slots
 
 
 def install(monkeypatch, launchers: dict, nki_backend: str | None = "sim",
@@ -50,9 +45,8 @@ class Recorder:
 
     def __call__(self, **kw):
         self.calls.append(kw)
-        pool = next(kw[n] for n in ("conv_states", "ssm_states") if n in kw)
-        idx = kw["state_indices"]
-        pool[idx[idx >= 0]] = 7.0  # a kernel updating in place
+        pool = kw[pool_name(kw)]
+        pool[named_slots(kw["state_indices"])] = 7.0  # a kernel updating in place
         if self.fail:
             raise RuntimeError("kernel failed mid-launch")
         return "launcher-output"
@@ -188,8 +182,8 @@ def test_launcher_sees_contiguous_arrays_and_strided_pool_is_committed(fail, mon
     (call,) = rec.calls
     assert call["x"].flags.c_contiguous and call["conv_states"].flags.c_contiguous
     assert call["conv_states"] is not kw["conv_states"]
-    idx = kw["state_indices"]
-    named, unnamed = idx[idx >= 0], np.setdiff1d(np.arange(backing.shape[0]), idx)
+    named = named_slots(kw["state_indices"])
+    unnamed = unnamed_slots(kw["state_indices"], backing.shape[0])
     assert (backing[named][..., ::2] == 7.0).all()   # committed through the view
     assert not backing[..., 1::2].any()               # the gaps never touched
     assert backing[unnamed].tobytes() == np.frombuffer(before, np.float32).reshape(

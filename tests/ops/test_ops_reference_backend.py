@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ops_case_inputs import OPS, POOL_NAMES, base
+from ops_case_inputs import OPS, base, pool_name
 
 from nki_ssm.ops._dispatch import cast_rne
 from nki_ssm.reference import gated_delta as ref_gdn
@@ -14,6 +14,13 @@ from nki_ssm.reference import inputs as gen
 from nki_ssm.reference import mamba2_ssd as ref_ssd
 from nki_ssm.reference import short_conv as ref_conv
 from nki_ssm.reference.metrics import rel_fro
+from nki_ssm.reference.testing import (
+    array_snapshot,
+    assert_arrays_unchanged,
+    named_slots,
+    padding_rows,
+    unnamed_slots,
+)
 
 BF16 = ml_dtypes.bfloat16
 F32 = np.float32
@@ -29,21 +36,18 @@ REFERENCE = {
 }
 
 
-def _pool_name(kw):
-    return next(n for n in POOL_NAMES if n in kw)
-
-
 def _copy(kw):
     return {n: (a.copy() if isinstance(a, np.ndarray) else a) for n, a in kw.items()}
 
 
-def _padding_rows(op, kw):
-    """Output rows that belong to padding sequences (state_indices == -1)."""
-    idx = kw["state_indices"]
-    if "cu_seqlens" not in kw:
-        return [np.s_[i] for i in np.flatnonzero(idx < 0)]
-    cu = kw["cu_seqlens"]
-    return [np.s_[cu[i]:cu[i + 1]] for i in np.flatnonzero(idx < 0)]
+def _assert_pool_is_reference(pool, pool_before, ref_pool, state_indices):
+    """Named slots hold the reference's new state rounded (RNE) to the pool dtype;
+    unnamed slots are bit-identical to ``pool_before``. -> (named, unnamed) slots."""
+    named = named_slots(state_indices)
+    unnamed = unnamed_slots(state_indices, pool_before.shape[0])
+    assert pool[named].tobytes() == cast_rne(ref_pool[named], pool.dtype).tobytes()
+    assert pool[unnamed].tobytes() == pool_before[unnamed].tobytes()
+    return named, unnamed
 
 
 @pytest.mark.parametrize("dtype,pool_dtype", [(F32, F32), (BF16, BF16), (F32, BF16), (BF16, F32)],
@@ -51,8 +55,9 @@ def _padding_rows(op, kw):
 @pytest.mark.parametrize("op", sorted(OPS))
 def test_op_matches_reference_and_updates_pool_in_place(op, dtype, pool_dtype):
     kw = base(op, dtype=dtype, pool_dtype=pool_dtype)
-    inputs_before = _copy(kw)
-    pool = kw[_pool_name(kw)]
+    pool_arg = pool_name(kw)
+    inputs_before = array_snapshot(kw, [n for n in kw if n != pool_arg])
+    pool = kw[pool_arg]
     pool_before = pool.copy()
     ref_out, ref_pool = REFERENCE[op](**_copy(kw))[:2]
 
@@ -62,22 +67,16 @@ def test_op_matches_reference_and_updates_pool_in_place(op, dtype, pool_dtype):
     assert out.tobytes() == cast_rne(ref_out, dtype).tobytes()
     tol = 1e-6 if dtype is F32 else 2.0 ** -8
     assert rel_fro(out.astype(np.float64), ref_out) <= tol
-    for rows in _padding_rows(op, kw):
+    for rows in padding_rows(kw):
         assert not out[rows].astype(np.float64).any(), "padding output must be zeros"
 
     # pool: same object and dtype, named slots = RNE of the reference, others bit-identical
-    assert kw[_pool_name(kw)] is pool and pool.dtype == np.dtype(pool_dtype)
-    idx = kw["state_indices"]
-    named = idx[idx >= 0]
-    unnamed = np.setdiff1d(np.arange(pool.shape[0]), named)
+    assert kw[pool_arg] is pool and pool.dtype == np.dtype(pool_dtype)
+    named, unnamed = _assert_pool_is_reference(pool, pool_before, ref_pool, kw["state_indices"])
     assert len(named) and len(unnamed)
-    assert pool[named].tobytes() == cast_rne(ref_pool[named], pool_dtype).tobytes()
-    assert pool[unnamed].tobytes() == pool_before[unnamed].tobytes()
     assert not np.array_equal(pool[named], pool_before[named])
 
-    for n, a in inputs_before.items():  # nothing but the pool is modified
-        if isinstance(a, np.ndarray) and n != _pool_name(kw):
-            assert kw[n].tobytes() == a.tobytes(), f"{n} modified"
+    assert_arrays_unchanged(kw, inputs_before)  # nothing but the pool is modified
 
 
 def test_short_conv_default_activation_is_silu():
@@ -103,7 +102,7 @@ def test_single_token_decode_form(op):
     y_t = OPS[op](**kw_t, backend="reference")
     assert y.shape == kw["x"].shape
     assert y.tobytes() == y_t[:, 0].tobytes()
-    pool = _pool_name(kw)
+    pool = pool_name(kw)
     assert kw[pool].tobytes() == kw_t[pool].tobytes()
 
 
@@ -126,7 +125,7 @@ def test_ssd_prefill_matches_recurrent_ground_truth():
     y_ref, pool_ref = ref_ssd.ssd_recurrent(**{n: a for n, a in _copy(kw).items()
                                                if n != "chunk_size"})
     y = OPS["ssd_prefill"](**kw, backend="reference")
-    named = kw["state_indices"][kw["state_indices"] >= 0]
+    named = named_slots(kw["state_indices"])
     assert rel_fro(y.astype(np.float64), y_ref) <= 1e-6
     assert rel_fro(kw["ssm_states"][named].astype(np.float64), pool_ref[named]) <= 1e-6
 
@@ -142,12 +141,12 @@ def test_prefill_in_two_pieces_through_the_pool(op):
                   if isinstance(kw.get(a), np.ndarray)]
     one = dict(kw, cu_seqlens=np.array([0, n], np.int32), state_indices=np.array([0], np.int32),
                has_initial_state=np.array([False]))
-    pool_name = _pool_name(kw)
-    one[pool_name] = kw[pool_name].copy()
+    pool_arg = pool_name(kw)
+    one[pool_arg] = kw[pool_arg].copy()
     y_one = OPS[op](**one, backend="reference")
 
     two = dict(one)
-    two[pool_name] = kw[pool_name].copy()
+    two[pool_arg] = kw[pool_arg].copy()
     cut = min(seq, n - 3)
     first = {a: two[a][:cut] for a in token_args}
     second = {a: two[a][cut:] for a in token_args}
@@ -157,8 +156,8 @@ def test_prefill_in_two_pieces_through_the_pool(op):
                     "has_initial_state": np.array([True])}, backend="reference")
     y_two = np.concatenate([y1, y2]).astype(np.float64)
     assert rel_fro(y_two, y_one.astype(np.float64)) <= 1e-5
-    assert rel_fro(two[pool_name][0].astype(np.float64),
-                   one[pool_name][0].astype(np.float64)) <= 1e-5
+    assert rel_fro(two[pool_arg][0].astype(np.float64),
+                   one[pool_arg][0].astype(np.float64)) <= 1e-5
 
 
 def test_index_arrays_of_any_integer_dtype_and_pool_views():
@@ -184,18 +183,12 @@ def test_index_arrays_of_any_integer_dtype_and_pool_views():
 
 
 def _check_against_reference(op, kw):
-    pool_name = _pool_name(kw)
-    pool_before = kw[pool_name].copy()
+    pool_before = kw[pool_name(kw)].copy()
     ref_out, ref_pool = REFERENCE[op](**_copy(kw))[:2]
     out = OPS[op](**kw, backend="reference")
     dtype = kw["x" if "x" in kw else "q"].dtype
     assert out.dtype == dtype and out.tobytes() == cast_rne(ref_out, dtype).tobytes()
-    idx = kw["state_indices"]
-    named = idx[idx >= 0]
-    unnamed = np.setdiff1d(np.arange(pool_before.shape[0]), named)
-    pool = kw[pool_name]
-    assert pool[named].tobytes() == cast_rne(ref_pool[named], pool.dtype).tobytes()
-    assert pool[unnamed].tobytes() == pool_before[unnamed].tobytes()
+    _assert_pool_is_reference(kw[pool_name(kw)], pool_before, ref_pool, kw["state_indices"])
 
 
 SHAPES = settings(max_examples=12, deadline=None)
@@ -295,6 +288,6 @@ def test_accepted_variants_match_reference(op, mutate):
     ref_out, ref_pool = REFERENCE[op](**ref_kw)[:2]
     out = OPS[op](**kw, backend="reference")
     assert out.tobytes() == cast_rne(ref_out, out.dtype).tobytes()
-    named = kw["state_indices"][kw["state_indices"] >= 0].astype(np.int64)
-    pool = kw[_pool_name(kw)]
+    named = named_slots(kw["state_indices"])
+    pool = kw[pool_name(kw)]
     assert pool[named].tobytes() == cast_rne(ref_pool[named], pool.dtype).tobytes()

@@ -10,16 +10,11 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from ops_case_inputs import OPS, POOL_NAMES, base
+from ops_case_inputs import FAMILY, OPS, base, pool_name
 
 from nki_ssm.ops import _dispatch
 from nki_ssm.reference.metrics import rel_fro
-
-FAMILY = {"short_conv_prefill": ("short_conv", "prefill"),
-          "short_conv_decode": ("short_conv", "decode"),
-          "ssd_prefill": ("mamba2_ssd", "prefill"), "ssd_decode": ("mamba2_ssd", "decode"),
-          "gated_delta_prefill": ("gated_delta", "prefill"),
-          "gated_delta_decode": ("gated_delta", "decode")}
+from nki_ssm.reference.testing import named_slots, unnamed_slots
 
 
 # DESIGN.md, Numerics: float32 I/O <= 1e-5; bfloat16 I/O <= 3e-3 (relative Frobenius).
@@ -39,8 +34,8 @@ def test_sim_backend_through_launcher(op, dtype, target, monkeypatch):
         # float32 I/O meets the 1e-5 target with fp32 matmul operands; the default
         # precision="bf16" feeds TensorE bf16 operands (~3e-3 here, by design).
         kw["precision"] = "fp32"
-    pool_name = next(n for n in POOL_NAMES if n in kw)
-    pool, before = kw[pool_name], kw[pool_name].copy()
+    pool_arg = pool_name(kw)
+    pool, before = kw[pool_arg], kw[pool_arg].copy()
     assert _dispatch.resolve(*FAMILY[op], None)[0] == "sim"
 
     y = OPS[op](**kw)  # default backend: the kernel on the simulator
@@ -48,10 +43,9 @@ def test_sim_backend_through_launcher(op, dtype, target, monkeypatch):
 
     assert y.dtype == np.dtype(dtype) and y.shape == y_ref.shape
     assert rel_fro(y.astype(np.float64), y_ref.astype(np.float64)) <= target
-    assert kw[pool_name] is pool and pool.dtype == np.dtype(dtype)
-    idx = kw["state_indices"]
-    named = idx[idx >= 0]
-    unnamed = np.setdiff1d(np.arange(pool.shape[0]), named)
+    assert kw[pool_arg] is pool and pool.dtype == np.dtype(dtype)
+    named = named_slots(kw["state_indices"])
+    unnamed = unnamed_slots(kw["state_indices"], pool.shape[0])
     assert pool[unnamed].tobytes() == before[unnamed].tobytes()
     assert rel_fro(pool[named].astype(np.float64),
-                   kw_ref[pool_name][named].astype(np.float64)) <= target
+                   kw_ref[pool_arg][named].astype(np.float64)) <= target

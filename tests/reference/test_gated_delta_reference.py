@@ -22,24 +22,20 @@ from nki_ssm.reference.inputs import (
     softplus,
 )
 from nki_ssm.reference.metrics import rel_fro
-
-TOL = 1e-10  # DESIGN.md: the two float64 forms agree to 1e-10
-
-
-def _named(idx):
-    return [int(s) for s in idx if s >= 0]
+from nki_ssm.reference.testing import FORMS_TOL as TOL
+from nki_ssm.reference.testing import (
+    array_snapshot,
+    assert_arrays_unchanged,
+    assert_forms_agree,
+    assert_pool_hygiene,
+    named_slots,
+    unnamed_slots,
+)
 
 
 def _assert_forms_agree(inp, chunk_size):
-    o_r, p_r = gated_delta_recurrent(**inp)
-    o_c, p_c = gated_delta_chunked(**inp, chunk_size=chunk_size)
-    assert np.all(np.isfinite(o_c)) and np.all(np.isfinite(p_c))
-    assert rel_fro(o_c, o_r) <= TOL
-    assert rel_fro(p_c, p_r) <= TOL
-    # per touched slot too: the untouched slots would otherwise dilute the error
-    for s in _named(inp["state_indices"]):
-        assert rel_fro(p_c[s], p_r[s]) <= TOL, s
-    return o_r, p_r
+    return assert_forms_agree(
+        gated_delta_recurrent, lambda **kw: gated_delta_chunked(**kw, chunk_size=chunk_size), inp)
 
 
 # ----------------------------------------------------------------------------- recurrent vs chunked
@@ -283,23 +279,14 @@ def test_unnamed_slots_identical_and_inputs_unmodified(name, fn, decode, pool_dt
         inp = make_gated_delta_inputs(rng, seqlens=[9, 0, 14], H=1, HV=2, K=3, V=4, slots=7,
                                       padding=1, pool_dtype=pool_dtype, raw_gates=True,
                                       dtype=ml_dtypes.bfloat16)
-    before = {n: (v.copy() if isinstance(v, np.ndarray) else v) for n, v in inp.items()}
+    before = array_snapshot(inp)
     out = fn(**inp)
     pool_out = out[1]
-    for n, v in before.items():
-        if isinstance(v, np.ndarray):
-            assert inp[n].dtype == v.dtype
-            np.testing.assert_array_equal(inp[n].view(np.uint8), v.view(np.uint8), err_msg=n)
+    assert_arrays_unchanged(inp, before)
     assert all(r.dtype == np.float64 for r in out)
     assert not np.shares_memory(pool_out, inp["ssm_states"])
-    named = _named(inp["state_indices"])
-    unnamed = [s for s in range(7) if s not in named]
-    assert len(unnamed) >= 4
-    np.testing.assert_array_equal(pool_out[unnamed],
-                                  inp["ssm_states"][unnamed].astype(np.float64))
-    # the named slots did change (the check above is not vacuous)
-    for s in named:
-        assert not np.array_equal(pool_out[s], inp["ssm_states"][s].astype(np.float64))
+    assert len(unnamed_slots(inp["state_indices"], 7)) >= 4
+    assert_pool_hygiene(pool_out, inp, pool_name="ssm_states", every_named=True)
 
 
 def test_has_initial_state_false_ignores_pool_contents():
@@ -311,7 +298,7 @@ def test_has_initial_state_false_ignores_pool_contents():
         o1, p1 = fn(**inp)
         o2, p2 = fn(**dict(inp, ssm_states=zero_pool))
         np.testing.assert_array_equal(o1, o2)
-        named = _named(inp["state_indices"])
+        named = named_slots(inp["state_indices"])
         np.testing.assert_array_equal(p1[named], p2[named])
         # the empty sequence without initial state leaves the zero state in its slot
         assert not p1[int(inp["state_indices"][1])].any()

@@ -32,6 +32,7 @@ from nki_ssm.reference.gated_delta import (  # noqa: E402
 from nki_ssm.reference.inputs import make_gated_delta_inputs, make_slots  # noqa: E402
 from nki_ssm.reference.metrics import rel_fro  # noqa: E402
 from nki_ssm.reference.short_conv import short_conv_decode  # noqa: E402
+from nki_ssm.reference.testing import FORMS_TOL  # noqa: E402
 
 pytestmark = pytest.mark.oracles
 
@@ -41,14 +42,15 @@ torch_recurrent = inspect.unwrap(qwen3_next.torch_recurrent_gated_delta_rule)
 torch_conv_update = inspect.unwrap(qwen3_next.causal_conv1d_update)
 
 
-def _dense_inputs(seed, B, T, H, HV, K, V, dtype=np.float32, gates="qwen"):
+def _dense_inputs(seed, B, T, H, HV, K, V, dtype=np.float32, gates="qwen", with_state=True):
     """Equal-length batch from the shared generator, raw q/k (the oracle normalises them
     with use_qk_l2norm_in_kernel=True). gates "qwen": realistic, exp(A_log) in [1, 16]
     (state memory of a few tokens); "mild": g = -U(0, 0.05), so the initial state and
-    long-range terms of the chunk matter (as in transformers' own test, g = -rand)."""
+    long-range terms of the chunk matter (as in transformers' own test, g = -rand).
+    with_state: every sequence starts from its pool slot (True) or from zeros (False)."""
     rng = np.random.default_rng(seed)
     inp = make_gated_delta_inputs(rng, seqlens=[T] * B, H=H, HV=HV, K=K, V=V,
-                                  use_qk_l2norm=True, slots=B, has_initial_state=True,
+                                  use_qk_l2norm=True, slots=B, has_initial_state=with_state,
                                   dtype=dtype)
     if gates == "mild":
         inp["g"] = (-0.05 * rng.random(inp["g"].shape)).astype(np.float32)
@@ -84,27 +86,28 @@ CASES = [  # (B, T, H, HV, K, V, chunk_size)
 ]
 
 
-@pytest.mark.parametrize("gates", ["qwen", "mild"])
-@pytest.mark.parametrize("with_state", [True, False], ids=["h0", "zero"])
-@pytest.mark.parametrize("B,T,H,HV,K,V,cs", CASES)
+def _over_prefill_cases(test):
+    """Run ``test`` over CASES x initial state (h0 / zero) x gate regime (qwen / mild)."""
+    test = pytest.mark.parametrize("B,T,H,HV,K,V,cs", CASES)(test)
+    test = pytest.mark.parametrize("with_state", [True, False], ids=["h0", "zero"])(test)
+    return pytest.mark.parametrize("gates", ["qwen", "mild"])(test)
+
+
+@_over_prefill_cases
 def test_chunk_oracle(B, T, H, HV, K, V, cs, with_state, gates):
-    inp = _dense_inputs(100 + T, B, T, H, HV, K, V, gates=gates)
-    inp["has_initial_state"] = np.full(B, with_state)
+    inp = _dense_inputs(100 + T, B, T, H, HV, K, V, gates=gates, with_state=with_state)
     o_ref, p_ref = gated_delta_chunked(**inp, chunk_size=cs)
     o_t, s_t = _run_oracle(torch_chunk, inp, B, T, with_state, chunk_size=cs)
     assert rel_fro(o_t, o_ref) <= FP32_BAR
     assert rel_fro(s_t, p_ref) <= FP32_BAR
     # and the recurrent reference agrees with the chunked one to float64 precision
     o_rec, p_rec = gated_delta_recurrent(**inp)
-    assert rel_fro(o_rec, o_ref) <= 1e-10 and rel_fro(p_rec, p_ref) <= 1e-10
+    assert rel_fro(o_rec, o_ref) <= FORMS_TOL and rel_fro(p_rec, p_ref) <= FORMS_TOL
 
 
-@pytest.mark.parametrize("gates", ["qwen", "mild"])
-@pytest.mark.parametrize("with_state", [True, False], ids=["h0", "zero"])
-@pytest.mark.parametrize("B,T,H,HV,K,V,cs", CASES)
+@_over_prefill_cases
 def test_recurrent_oracle(B, T, H, HV, K, V, cs, with_state, gates):
-    inp = _dense_inputs(200 + T, B, T, H, HV, K, V, gates=gates)
-    inp["has_initial_state"] = np.full(B, with_state)
+    inp = _dense_inputs(200 + T, B, T, H, HV, K, V, gates=gates, with_state=with_state)
     o_ref, p_ref = gated_delta_recurrent(**inp)
     o_t, s_t = _run_oracle(torch_recurrent, inp, B, T, with_state)
     assert rel_fro(o_t, o_ref) <= FP32_BAR

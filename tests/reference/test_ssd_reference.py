@@ -19,24 +19,19 @@ from nki_ssm.reference.inputs import (
 )
 from nki_ssm.reference.mamba2_ssd import ssd_chunked, ssd_decode, ssd_dt, ssd_recurrent
 from nki_ssm.reference.metrics import rel_fro
-
-TOL = 1e-10  # DESIGN.md: the two float64 forms agree to 1e-10
-
-
-def _named(idx):
-    return [int(s) for s in idx if s >= 0]
+from nki_ssm.reference.testing import FORMS_TOL as TOL
+from nki_ssm.reference.testing import (
+    array_snapshot,
+    assert_arrays_unchanged,
+    assert_forms_agree,
+    assert_pool_hygiene,
+    padding_rows,
+)
 
 
 def _assert_forms_agree(inp, chunk_size):
-    y_r, p_r = ssd_recurrent(**inp)
-    y_c, p_c = ssd_chunked(**inp, chunk_size=chunk_size)
-    assert np.all(np.isfinite(y_c)) and np.all(np.isfinite(p_c))
-    assert rel_fro(y_c, y_r) <= TOL
-    assert rel_fro(p_c, p_r) <= TOL
-    # per touched slot too: untouched slots would otherwise dilute the error
-    for s in _named(inp["state_indices"]):
-        assert rel_fro(p_c[s], p_r[s]) <= TOL, s
-    return y_r, p_r
+    return assert_forms_agree(
+        ssd_recurrent, lambda **kw: ssd_chunked(**kw, chunk_size=chunk_size), inp)
 
 
 # ----------------------------------------------------------------------------- hand-computed
@@ -214,25 +209,15 @@ def test_padding_and_unnamed_slots_untouched(rng, form):
     if form == "decode":
         inp = make_ssd_decode_inputs(rng, num_seqs=4, T=2, H=2, P=2, N=2, padding=2, slots=9)
         y, pool = ssd_decode(**inp)
-        pad_rows = [y[s] for s in range(4) if inp["state_indices"][s] < 0]
-        lengths = [2] * 4
     else:
         inp = make_ssd_inputs(rng, seqlens=[3, 4, 0, 2], H=2, P=2, N=2, padding=2, slots=9)
         fn = ssd_recurrent if form == "recurrent" else ssd_chunked
         y, pool = fn(**inp)
-        cu = inp["cu_seqlens"]
-        pad_rows = [y[cu[s]:cu[s + 1]] for s in range(4) if inp["state_indices"][s] < 0]
-        lengths = np.diff(cu)
+    pad_rows = padding_rows(inp)
     assert len(pad_rows) == 2
     for rows in pad_rows:
-        np.testing.assert_array_equal(rows, 0.0)
-    before = inp["ssm_states"]
-    named = _named(inp["state_indices"])
-    for s in sorted(set(range(9)) - set(named)):
-        np.testing.assert_array_equal(pool[s], before[s])    # bit-identical values
-    for s, slot in enumerate(inp["state_indices"]):
-        if slot >= 0 and lengths[s] > 0:
-            assert not np.array_equal(pool[slot], before[slot])
+        np.testing.assert_array_equal(y[rows], 0.0)
+    assert_pool_hygiene(pool, inp, pool_name="ssm_states")    # bit-identical unnamed slots
 
 
 def test_empty_sequence_writes_its_initial_state(rng):
@@ -253,11 +238,9 @@ def test_references_never_modify_inputs(rng, form):
     else:
         inp = make_ssd_inputs(rng, seqlens=[4, 2], H=2, P=2, N=2, z=True, D="HP")
         fn = ssd_recurrent if form == "recurrent" else ssd_chunked
-    copies = {k: v.copy() for k, v in inp.items() if isinstance(v, np.ndarray)}
+    before = array_snapshot(inp)
     fn(**inp)
-    for k, v in copies.items():
-        np.testing.assert_array_equal(inp[k], v, err_msg=k)
-        assert inp[k].dtype == v.dtype
+    assert_arrays_unchanged(inp, before)
 
 
 def test_bf16_inputs_accepted_and_exact_in_float64(rng):

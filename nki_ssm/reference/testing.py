@@ -1,0 +1,88 @@
+"""Checks shared by the tests of every layer: pool slots, padding rows, untouched
+arrays, and "two forms of one op agree". numpy only (no pytest): plain ``assert``.
+
+The batch dicts are the keyword arguments of a reference or host-API call (as
+``inputs.make_*_inputs`` builds them): ``state_indices [num_seqs]`` names each
+sequence's pool slot (-1 = padding); prefill batches carry ``cu_seqlens
+[num_seqs + 1]``, decode batches do not.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .metrics import rel_fro
+
+__all__ = ["FORMS_TOL", "named_slots", "unnamed_slots", "padding_rows", "array_snapshot",
+           "assert_arrays_unchanged", "assert_forms_agree", "assert_pool_hygiene"]
+
+FORMS_TOL = 1e-10  # DESIGN.md: two float64 forms of one op agree to 1e-10
+
+
+def named_slots(state_indices) -> np.ndarray:
+    """The pool slots a batch names, in batch order (padding -1 dropped), int64 `[n]`."""
+    idx = np.asarray(state_indices).astype(np.int64)
+    return idx[idx >= 0]
+
+
+def unnamed_slots(state_indices, slots: int) -> np.ndarray:
+    """The pool slots of `[0, slots)` the batch does not name, ascending, int64."""
+    return np.setdiff1d(np.arange(slots, dtype=np.int64), named_slots(state_indices))
+
+
+def padding_rows(batch: dict) -> list:
+    """Index expressions of the output rows of padding sequences (state_indices == -1):
+    token ranges of a prefill batch (``cu_seqlens`` given), sequence rows of a decode batch."""
+    pad = np.flatnonzero(np.asarray(batch["state_indices"]) < 0)
+    if "cu_seqlens" not in batch:
+        return [np.s_[int(i)] for i in pad]
+    cu = np.asarray(batch["cu_seqlens"])
+    return [np.s_[int(cu[i]):int(cu[i + 1])] for i in pad]
+
+
+def array_snapshot(batch: dict, names=None) -> dict:
+    """dtype, shape and raw bytes of the array arguments (all, or those in ``names``):
+    what :func:`assert_arrays_unchanged` compares bit for bit (NaN payloads, -0.0 included)."""
+    return {n: (a.dtype, a.shape, a.tobytes()) for n, a in batch.items()
+            if isinstance(a, np.ndarray) and (names is None or n in names)}
+
+
+def assert_arrays_unchanged(batch: dict, before: dict, what: str = "modified") -> None:
+    """The arrays of ``before`` (an :func:`array_snapshot`) are all still there, bit-identical."""
+    names = set(before)
+    after = array_snapshot(batch, names)
+    assert after.keys() == before.keys(), f"arrays {sorted(names - after.keys())} gone"
+    for n in before:
+        assert after[n] == before[n], f"{n} {what}"
+
+
+def assert_forms_agree(truth, other, batch: dict, tol: float = FORMS_TOL):
+    """``truth(**batch)`` and ``other(**batch)`` (each -> (out, pool)) agree to ``tol``
+    relative Frobenius, on the output, the whole pool and each named slot alone (the
+    untouched slots would otherwise dilute the error); ``other`` is finite.
+    Returns ``truth``'s (out, pool)."""
+    out_t, pool_t = truth(**batch)
+    out_o, pool_o = other(**batch)
+    assert np.all(np.isfinite(out_o)) and np.all(np.isfinite(pool_o))
+    assert rel_fro(out_o, out_t) <= tol
+    assert rel_fro(pool_o, pool_t) <= tol
+    for s in named_slots(batch["state_indices"]):
+        assert rel_fro(pool_o[s], pool_t[s]) <= tol, int(s)
+    return out_t, pool_t
+
+
+def assert_pool_hygiene(pool_out, batch: dict, *, pool_name: str, every_named: bool = False):
+    """Slots the batch does not name keep their input values exactly; the named slots of
+    non-empty sequences (of every named slot with ``every_named``) did change, so the first
+    check is not vacuous. ``pool_out`` is the returned pool (any float dtype)."""
+    pool_in = batch[pool_name]
+    idx = np.asarray(batch["state_indices"])
+    for s in unnamed_slots(idx, pool_in.shape[0]):
+        np.testing.assert_array_equal(pool_out[s], pool_in[s].astype(pool_out.dtype),
+                                      err_msg=f"unnamed slot {s}")
+    lengths = (np.diff(np.asarray(batch["cu_seqlens"])) if "cu_seqlens" in batch
+               else np.ones(idx.shape[0], np.int64))   # decode: every sequence has tokens
+    for n, slot in enumerate(idx):
+        if slot >= 0 and (every_named or lengths[n] > 0):
+            assert not np.array_equal(pool_out[slot], pool_in[slot].astype(pool_out.dtype)), \
+                f"named slot {int(slot)} unchanged"
