@@ -22,7 +22,7 @@ Layouts
 
 Engine plan
 -----------
-Prefill (``prefill.py``): DMA transposed load of x (``dma_transpose``, 3-D,
+Prefill (``prefill.py``): DMA transposed load of x (``dma_transpose``, 4-D access patterns,
 up to 16 channel tiles x 515 tokens per instruction), pool halo gather /
 new-state scatter with ``vector_offset`` inside the kernel; TensorE does the
 W taps as accumulating matmuls with the shifted x window as stationary and

@@ -189,8 +189,11 @@ def _load_window(x, pool_rows, gather_rows, scatter_rows, groups, segments, item
         lo, first = 0, t0 - H
     width = H + tc - lo
     if tc > 0:
-        nisa.dma_transpose(dst=xs[0:P, :, lo:lo + width],
-                           src=x.ap(pattern=[[dim, width], [TILE, n], [1, P]],
+        # 4-D form [width, n, 1, P] -> [P, n, 1, width] (permutation (3, 1, 2, 0)): the NKI
+        # front end asserts 4-D dma_transpose operands (see nki_ssm/sim/isa/dma.py)
+        nisa.dma_transpose(dst=xs.ap(pattern=[[n * (H + CHUNK), P], [H + CHUNK, n], [1, 1],
+                                              [1, width]], offset=lo),
+                           src=x.ap(pattern=[[dim, width], [TILE, n], [1, 1], [1, P]],
                                     offset=first * dim + c0))
         if stage:
             nisa.tensor_copy(dst=xw[0:P, :, lo:lo + width], src=xs[0:P, :, lo:lo + width])

@@ -78,7 +78,7 @@ def memset(dst, value, engine=_engine.unknown, name=None):
     """Fill ``dst`` with the compile-time constant ``value`` (VectorE default, or GpSimd).
 
     ``value`` must match the dtype kind: an int for integer dtypes (a float is
-    rejected, NKI 0.3.0); an int or float for float dtypes.
+    rejected, NKI 0.3.0); a float for float dtypes (an int is rejected too).
     """
     inst = "memset"
     C.check_name(inst, name)
@@ -92,6 +92,11 @@ def memset(dst, value, engine=_engine.unknown, name=None):
         raise TypeError(f"{inst}: value must be a Python int or float constant, got {type(value).__name__}")
     if dst.dtype.is_int and not isinstance(value, (int, np.integer)):
         C.fail(inst, f"value must be an int for integer dst dtype {dst.dtype}, got {value!r} "
+                     f"(memset value type must match the dtype)")
+    if not dst.dtype.is_int and not isinstance(value, (float, np.floating)):
+        # NKI 0.3.0 migration guide: "the value argument must match the destination
+        # tensor's dtype"; we read it both ways (write 0.0, not 0, for a float tile)
+        C.fail(inst, f"value must be a float for float dst dtype {dst.dtype}, got {value!r} "
                      f"(memset value type must match the dtype)")
     P, F = dst.shape[0], dst.elements_per_partition
     from ..dtypes import cast
