@@ -138,6 +138,11 @@ def _convert_arg(name: str, value, inputs: list, region=_tensor.MemoryRegion.pri
                         "(NKI 0.3.0); pass a tuple")
     if isinstance(value, tuple):
         return tuple(_convert_arg(f"{name}[{i}]", v, inputs, region) for i, v in enumerate(value))
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) \
+            and not -2**31 <= int(value) < 2**31:
+        # the front end holds compile-time ints as 32-bit (KLR interop/klr/gather.c)
+        raise NkiValidationError(f"kernel argument {name!r}: integer {int(value)} is outside the "
+                                 f"32-bit range NKI compile-time ints have")
     if isinstance(value, _COMPILE_TIME) or isinstance(value, NKIObject):
         return value
     if isinstance(value, dict):

@@ -358,6 +358,7 @@ def test_square_as_tensor_scalar_op_is_trn3_only():
 
 def test_memset_value_kind_must_match_dtype():
     raises(lambda: nisa.memset(dst=sb((4, 4), nl.int32), value=2.0), "memset", "value", "int")
+    raises(lambda: nisa.memset(dst=sb((4, 4), nl.bfloat16), value=0), "memset", "value", "float")
 
 
 def test_memset_engine_rejected():

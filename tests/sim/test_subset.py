@@ -219,3 +219,13 @@ def test_project_kernels_pass_the_subset_check():
     from nki_ssm.kernels.short_conv import decode, prefill
     for k in (prefill.short_conv_prefill_kernel, decode.short_conv_decode_kernel):
         check_kernel(k.func)
+
+
+def test_compile_time_ints_are_32_bit():
+    def k(x, n):
+        return _copy(x)
+    np.testing.assert_array_equal(simulate(jit(k))(X, 2**31 - 1), X)
+    with pytest.raises(NkiValidationError, match="32-bit"):
+        simulate(jit(k))(X, 2**31)
+    with pytest.raises(NkiValidationError, match="32-bit"):
+        simulate(jit(k))(X, (1, -2**31 - 1))
