@@ -107,28 +107,40 @@ class _Params:
         return y
 
 
+def _prefill(p, cu_seqlens, state_indices, has_initial_state, run_sequence):
+    """The ragged walk both prefill forms share: per non-padding sequence, its initial
+    state (pool slot or zeros), ``run_sequence(seg, S0) -> (y [L, H, P] without D/z,
+    S_end [H, P, N])``, then D/z and the slot write. -> (y [num_tokens, H, P], pool)."""
+    y = np.zeros_like(p.x)
+    for seg in ragged_segments(p.x.shape[0], cu_seqlens, state_indices, has_initial_state,
+                               p.pool.shape[0]):
+        if seg.is_padding:
+            continue   # zero output, no slot touched
+        S = p.pool[seg.slot].copy() if seg.has_initial_state else np.zeros((p.H, p.P, p.N))
+        rows = slice(seg.start, seg.end)
+        y_seq, S = run_sequence(seg, S)
+        y[rows] = p.finish(y_seq, p.x[rows], None if p.z is None else p.z[rows])
+        p.pool[seg.slot] = S
+    return y, p.pool
+
+
 def ssd_recurrent(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False,
                   dt_limit=(0.0, _INF), cu_seqlens, ssm_states, state_indices,
                   has_initial_state):
     """Token by token, per head, straight from the math. -> (y [num_tokens, H, P], ssm_states)."""
     p = _Params(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states, lead=1)
-    y = np.zeros_like(p.x)
-    for seg in ragged_segments(p.x.shape[0], cu_seqlens, state_indices, has_initial_state,
-                               p.pool.shape[0]):
-        if seg.is_padding:
-            continue
-        S = p.pool[seg.slot].copy() if seg.has_initial_state else np.zeros((p.H, p.P, p.N))
-        for t in range(seg.start, seg.end):
+
+    def run_sequence(seg, S):
+        y = np.zeros((seg.length, p.H, p.P))
+        for i, t in enumerate(range(seg.start, seg.end)):
             for h in range(p.H):
                 g = p.group[h]
                 S[h] = (math.exp(p.dt[t, h] * p.A[h]) * S[h]
                         + p.dt[t, h] * np.outer(p.x[t, h], p.B[t, g]))
-                y[t, h] = S[h] @ p.C[t, g]
-        y[seg.start:seg.end] = p.finish(
-            y[seg.start:seg.end], p.x[seg.start:seg.end],
-            None if p.z is None else p.z[seg.start:seg.end])
-        p.pool[seg.slot] = S
-    return y, p.pool
+                y[i, h] = S[h] @ p.C[t, g]
+        return y, S
+
+    return _prefill(p, cu_seqlens, state_indices, has_initial_state, run_sequence)
 
 
 def _chunk(p, S0, x, dt, B, C):
@@ -165,20 +177,16 @@ def ssd_chunked(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
         raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
     p = _Params(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states, lead=1)
     Bh, Ch = p.B[:, p.group, :], p.C[:, p.group, :]           # [num_tokens, H, N]
-    y = np.zeros_like(p.x)
-    for seg in ragged_segments(p.x.shape[0], cu_seqlens, state_indices, has_initial_state,
-                               p.pool.shape[0]):
-        if seg.is_padding:
-            continue
-        S = p.pool[seg.slot].copy() if seg.has_initial_state else np.zeros((p.H, p.P, p.N))
+
+    def run_sequence(seg, S):
+        y = np.zeros((seg.length, p.H, p.P))
         for c0 in range(seg.start, seg.end, chunk_size):
             c1 = min(c0 + chunk_size, seg.end)
-            y[c0:c1], S = _chunk(p, S, p.x[c0:c1], p.dt[c0:c1], Bh[c0:c1], Ch[c0:c1])
-        y[seg.start:seg.end] = p.finish(
-            y[seg.start:seg.end], p.x[seg.start:seg.end],
-            None if p.z is None else p.z[seg.start:seg.end])
-        p.pool[seg.slot] = S
-    return y, p.pool
+            y[c0 - seg.start:c1 - seg.start], S = _chunk(
+                p, S, p.x[c0:c1], p.dt[c0:c1], Bh[c0:c1], Ch[c0:c1])
+        return y, S
+
+    return _prefill(p, cu_seqlens, state_indices, has_initial_state, run_sequence)
 
 
 def ssd_decode(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False,
