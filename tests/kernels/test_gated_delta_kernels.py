@@ -158,7 +158,8 @@ def test_decode_all_padding_touches_nothing():
 
 
 def test_decode_tables_layout():
-    """Launcher tables: k/q interleaved columns with k on rows, v on rows, int32 pool rows."""
+    """Launcher tables: k on rows with k/q interleaved columns, k as one row, v on rows,
+    int32 pool rows (columns run over sequence, token, head)."""
     from nki_ssm.ops.launch.gated_delta import decode_tables
 
     rng = np.random.default_rng(0)
@@ -167,10 +168,10 @@ def test_decode_tables_layout():
     v = rng.standard_normal((S, T, HV, V))
     kq, kr, vc, idx = decode_tables(q, k, v, np.array([4, -1]), slots=6)
     s, t, h, kk = 1, 1, 0, 2
-    assert kq[s * K + kk, (t * H + h) * 2] == k[s, t, h, kk]
-    assert kq[s * K + kk, (t * H + h) * 2 + 1] == q[s, t, h, kk]
-    assert kr[s, (t * H + h) * K + kk] == k[s, t, h, kk]
-    assert vc[s * V + 3, t * HV + 2] == v[s, t, 2, 3]
+    assert kq[kk, ((s * T + t) * H + h) * 2] == k[s, t, h, kk]
+    assert kq[kk, ((s * T + t) * H + h) * 2 + 1] == q[s, t, h, kk]
+    assert kr[0, ((s * T + t) * H + h) * K + kk] == k[s, t, h, kk]
+    assert vc[3, (s * T + t) * HV + 2] == v[s, t, 2, 3]
     assert idx.dtype == np.int32 and idx[:K, 0].tolist() == [4 * HV * K + i for i in range(K)]
 
 
@@ -182,3 +183,14 @@ def test_decode_qwen3_next_tp8_shape(dtype, tol):
                                          K=128, V=128, raw_gates=True, use_qk_l2norm=True,
                                          dtype=dtype, pool_dtype=dtype, padding=1)
     _run_and_check(inp, tol, inter=True)
+
+
+@pytest.mark.parametrize("inter", [False, True])
+def test_decode_many_sequences_across_io_groups(inter):
+    """More sequences than one I/O group (16) with padding spread over both groups:
+    interleaved pairs, odd leftovers and group boundaries all match the reference."""
+    rng = np.random.default_rng(21)
+    inp = make_gated_delta_decode_inputs(rng, num_seqs=19, T=2, H=1, HV=2, K=16, V=16,
+                                         raw_gates=True, use_qk_l2norm=True, padding=4)
+    assert np.sum(inp["state_indices"] < 0) == 4
+    _run_and_check(inp, F32_TOL, inter=inter)

@@ -41,21 +41,25 @@ TensorE HV matmuls of 2 fp32 columns (~HV*256 cycles) + H outer products of
 ``rep*V`` fp32 columns (~4*HV*V cycles); VectorE HV ``scalar_tensor_tensor``
 of V elements, two inputs (~2*HV*V cycles); DMA 2*HV*K*V*4 bytes of state
 per sequence (gather + scatter), plus ``HV*K*V`` per token with
-``want_inter``. State gathers run ``_AHEAD`` sequences ahead of the compute.
+``want_inter``. Sequences run in batches of ``_STREAMS`` whose per-token
+instruction streams are interleaved (one sequence's matmuls fill the other's
+waits); state gathers run one batch ahead of the compute; q/k/v/gates and o
+move in one DMA per I/O group of ``_GROUP // T`` sequences (k rows per sequence).
 
-HBM arguments (prepared by the launcher, ``nki_ssm.ops.launch.gated_delta``):
-  kq_cols  ``[num_seqs*K, T*H*2]`` (q dtype): row ``s*K + k``, column
-           ``(t*H + h)*2 + c`` holds ``k[s,t,h,k]`` (c=0) / ``q[s,t,h,k]`` (c=1);
-  k_rows   ``[num_seqs, T*H*K]`` (q dtype): k of a sequence, token-major;
-  v_cols   ``[num_seqs*V, T*HV]`` (q dtype): row ``s*V + v``, column ``t*HV + hv``;
-  gate_rows ``[num_seqs, 2*T*HV]`` float32: g then beta (raw: a then b);
+HBM arguments (prepared by the launcher, ``nki_ssm.ops.launch.gated_delta``);
+columns run over (sequence s, token t, head), head fastest:
+  kq_cols  ``[K, num_seqs*T*H*2]`` (q dtype): row k, column ``((s*T + t)*H + h)*2 + c``
+           holds ``k[s,t,h,k]`` (c=0) / ``q[s,t,h,k]`` (c=1);
+  k_rows   ``[1, num_seqs*T*H*K]`` (q dtype): k, token-major, as one row;
+  v_cols   ``[V, num_seqs*T*HV]`` (q dtype): row v, column ``(s*T + t)*HV + hv``;
+  gate_rows ``[2, num_seqs*T*HV]`` float32: g and beta (raw: a and b), columns as v_cols;
   head_params ``[1, 2*HV]`` float32 (A_log then dt_bias) or None (g/beta given);
   pool     ``[slots*HV*K, V]`` float32 or bfloat16, updated in place;
   pool_idx ``[num_seqs*K, 1]`` int32: ``slot*HV*K + k``.
 Compile time: live (tuple of bools; False = padding: zero output, zero
 intermediate states, pool untouched), T, H, raw_gates, use_qk_l2norm,
 scale, want_inter.
-Returns ``o [num_seqs*V, T*HV]`` float32 (v-major, the launcher transposes)
+Returns ``o [V, num_seqs*T*HV]`` float32 (v-major, the launcher transposes)
 and, with ``want_inter``, ``inter [num_seqs*T*HV*K, V]`` in the pool dtype
 (state after each token, rows ``((s*T + t)*HV + hv)*K + k``).
 
@@ -68,7 +72,8 @@ from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
 
-_AHEAD = 2            # sequences whose state is gathered ahead of the one being updated
+_GROUP = 16           # (sequence, token) pairs per input / output DMA (>= 2 KiB per partition)
+_STREAMS = 2          # sequences whose per-token instruction streams are interleaved
 _L2NORM_EPS = 1e-6    # FLA / transformers: x / sqrt(sum x^2 + eps)
 _MM_COLS = 512        # moving columns of one fp32 matmul (one PSUM bank on trn2)
 
@@ -79,74 +84,78 @@ def gdn_decode_step(kq_cols, k_rows, v_cols, gate_rows, head_params, pool, pool_
     """Recurrent gated delta rule for T tokens per sequence (layouts in the module docstring)."""
     num_seqs = len(live)
     V = pool.shape[1]
-    K = kq_cols.shape[0] // num_seqs
-    HV = v_cols.shape[1] // T
-    rep = HV // H
+    K = kq_cols.shape[0]
+    THV = v_cols.shape[1] // num_seqs
+    HV = THV // T
     PB = K
     if V > K:
         PB = V
-    THV = T * HV
-    o = nl.ndarray((num_seqs * V, THV), dtype=nl.float32, buffer=nl.shared_hbm)
+    o = nl.ndarray((V, num_seqs * THV), dtype=nl.float32, buffer=nl.shared_hbm)
     inter = None
     if want_inter:
         inter = nl.ndarray((num_seqs * T * HV * K, V), dtype=pool.dtype, buffer=nl.shared_hbm)
 
-    ones_row = nl.ndarray((1, PB), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=ones_row, value=1.0)
-    ones_kp = nl.ndarray((K, PB), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=ones_kp, value=1.0)
-
-    # -exp(A_log) and dt_bias on every partition [PB, HV] (raw gates only)
-    neg_A = None
-    dt_b = None
+    cst = {}
+    cst["ones_row"] = nl.ndarray((1, PB), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=cst["ones_row"], value=1.0)
+    cst["ones_kp"] = nl.ndarray((K, PB), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=cst["ones_kp"], value=1.0)
     if raw_gates:
+        # -exp(A_log) and dt_bias on every partition [PB, HV]
         hp = nl.ndarray((1, 2 * HV), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=hp, src=head_params)
         hp_b = nl.ndarray((PB, 2 * HV), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=hp_b, stationary=ones_row, moving=hp, is_stationary_onezero=True)
+        nisa.nc_matmul(dst=hp_b, stationary=cst["ones_row"], moving=hp,
+                       is_stationary_onezero=True)
         neg_A = nl.ndarray((PB, HV), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=neg_A, op=nl.exp, data=hp_b[:, 0:HV])
         nisa.tensor_scalar(dst=neg_A, data=neg_A, op0=nl.multiply, operand0=-1.0)
         dt_b = nl.ndarray((PB, HV), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_copy(dst=dt_b, src=hp_b[:, HV:2 * HV])
         hp_b = None
+        cst["neg_A"] = neg_A
+        cst["dt_b"] = dt_b
 
-    zero_o = None
     zero_s = None
-    live_ids = []
     for s in range(num_seqs):
-        if live[s]:
-            live_ids.append(s)
-        else:
-            if zero_o == None:  # noqa: E711  (NKI has no `is`)
-                zero_o = nl.ndarray((V, THV), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.memset(dst=zero_o, value=0.0)
-            nisa.dma_copy(dst=o[s * V:(s + 1) * V, :], src=zero_o)
-            if want_inter:
-                if zero_s == None:  # noqa: E711
-                    zero_s = nl.ndarray((K, HV * V), dtype=pool.dtype, buffer=nl.sbuf)
-                    nisa.memset(dst=zero_s, value=0.0)
-                for t in range(T):
-                    _store_state(inter, zero_s, (s * T + t) * HV * K, HV, K, V)
+        if want_inter and not live[s]:
+            if zero_s == None:  # noqa: E711  (NKI has no `is`)
+                zero_s = nl.ndarray((K, HV * V), dtype=pool.dtype, buffer=nl.sbuf)
+                nisa.memset(dst=zero_s, value=0.0)
+            for t in range(T):
+                _store_state(inter, zero_s, (s * T + t) * HV * K, HV, K, V)
 
-    got = {}
-    for n in range(len(live_ids) + _AHEAD):
-        if n < len(live_ids):
-            got[str(n)] = _gather(pool, pool_idx, live_ids[n], HV, K, V)
-        m = n - _AHEAD
-        if m >= 0:
-            s = live_ids[m]
-            idx, nat = got.pop(str(m))
-            if pool.dtype == nl.float32:
-                S = nat
-            else:
-                S = nl.ndarray((K, HV * V), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_copy(dst=S, src=nat)
-            _sequence(kq_cols, k_rows, v_cols, gate_rows, o, inter, S, s, T, H, HV, K, V, rep,
-                      PB, ones_row, ones_kp, neg_A, dt_b, raw_gates, use_qk_l2norm, scale)
-            if pool.dtype != nl.float32:
-                nisa.tensor_copy(dst=nat, src=S)
-            nisa.dma_copy(dst=_pool_view(pool, idx, HV, K, V), src=nat)
+    # I/O groups of G sequences; batches of up to _STREAMS live sequences inside a group
+    G = max(_STREAMS, _GROUP // T)
+    batches = []
+    for g0 in range(0, num_seqs, G):
+        ids = []
+        for s in range(g0, min(g0 + G, num_seqs)):
+            if live[s]:
+                ids.append(s)
+        for i in range(0, len(ids), _STREAMS):
+            batches.append(ids[i:i + _STREAMS])
+    # state gathers run one batch ahead of the compute (a gather issued after a
+    # scatter to the same pool, run-time indices, would have to wait for it)
+    states = {}
+    if len(batches) > 0:
+        states["0"] = _gather_batch(pool, pool_idx, batches[0], HV, K, V)
+    io = None
+    for g0 in range(0, num_seqs, G):
+        g1 = min(g0 + G, num_seqs)
+        io = _load_group(kq_cols, k_rows, v_cols, gate_rows, cst, live, g0, g1, T, H, HV, K,
+                         V, PB, raw_gates, use_qk_l2norm, scale)
+        for bi in range(len(batches)):
+            seqs = batches[bi]
+            if seqs[0] >= g0 and seqs[0] < g1:
+                if bi + 1 < len(batches):
+                    states[str(bi + 1)] = _gather_batch(pool, pool_idx, batches[bi + 1], HV, K, V)
+                got = states.pop(str(bi))
+                _run_batch(io, k_rows, inter, got, seqs, g0, T, H, HV, K, V, want_inter)
+                for j in range(len(seqs)):
+                    _scatter(pool, got[j], HV, K, V)
+        nisa.dma_copy(dst=o[:, g0 * THV:g1 * THV], src=io["ot"])
+        io = None
     if want_inter:
         return o, inter
     return o
@@ -158,13 +167,25 @@ def _pool_view(pool, idx, HV, K, V):
                    indirect_dim=0)
 
 
-def _gather(pool, pool_idx, s, HV, K, V):
-    """(row indices [K, 1], state tile [K, HV*V] in the pool dtype) of sequence s."""
-    idx = nl.ndarray((K, 1), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=idx, src=pool_idx[s * K:(s + 1) * K, :])
-    nat = nl.ndarray((K, HV * V), dtype=pool.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=nat, src=_pool_view(pool, idx, HV, K, V))
-    return idx, nat
+def _gather_batch(pool, pool_idx, seqs, HV, K, V):
+    """Per sequence: {idx [K, 1] int32, nat [K, HV*V] pool dtype, S [K, HV*V] float32}."""
+    out = []
+    for j in range(len(seqs)):
+        s = seqs[j]
+        st = {}
+        st["idx"] = nl.ndarray((K, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=st["idx"], src=pool_idx[s * K:(s + 1) * K, :])
+        st["nat"] = nl.ndarray((K, HV * V), dtype=pool.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=st["nat"], src=_pool_view(pool, st["idx"], HV, K, V))
+        out.append(st)
+    return out
+
+
+def _scatter(pool, st, HV, K, V):
+    """The updated state of one sequence back to its slot (rounded once to the pool dtype)."""
+    if pool.dtype != nl.float32:
+        nisa.tensor_copy(dst=st["nat"], src=st["S"])
+    nisa.dma_copy(dst=_pool_view(pool, st["idx"], HV, K, V), src=st["nat"])
 
 
 def _store_state(inter, S, row0, HV, K, V):
@@ -195,143 +216,189 @@ def _partition_sums(dst, data, ones_kp, width):
         ps = None
 
 
-def _per_value_head(dst, src, T, H, rep):
-    """dst [P, T*H*rep] = src [P, T*H] repeated over the rep value heads of each q/k head."""
+def _per_value_head(dst, src, n, rep):
+    """dst [P, n*rep] = src [P, n] with each column repeated for the rep value heads."""
     P = src.shape[0]
-    view = src.reshape((P, T * H, 1)).broadcast(2, rep)
-    nisa.tensor_copy(dst=dst.reshape((P, T * H, rep)), src=view)
+    view = src.reshape((P, n, 1)).broadcast(2, rep)
+    nisa.tensor_copy(dst=dst.reshape((P, n, rep)), src=view)
 
 
-def _sequence(kq_cols, k_rows, v_cols, gate_rows, o, inter, S, s, T, H, HV, K, V, rep, PB,
-              ones_row, ones_kp, neg_A, dt_b, raw_gates, use_qk_l2norm, scale):
-    """All T tokens of live sequence s: S [K, HV*V] float32 updated in place, o rows written."""
+def _load_group(kq_cols, k_rows, v_cols, gate_rows, cst, live, g0, g1, T, H, HV, K, V, PB,
+                raw_gates, use_qk_l2norm, scale):
+    """Inputs of sequences [g0, g1) in one DMA each, and everything that does not depend
+    on the state: gates (dec = exp(g), beta), k.q and the l2norm factors, per value head.
+    Column of (sequence j = s - g0, token t, value head hv): (j*T + t)*HV + hv."""
+    n = g1 - g0
     THV = T * HV
-    TH2 = T * H * 2
-    kq = nl.ndarray((K, TH2), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=kq, src=kq_cols[s * K:(s + 1) * K, :])
-    krow = nl.ndarray((1, T * H * K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=krow, src=k_rows[s:s + 1, :])
-    vt = nl.ndarray((V, THV), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=vt, src=v_cols[s * V:(s + 1) * V, :])
-    grow = nl.ndarray((1, 2 * THV), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=grow, src=gate_rows[s:s + 1, :])
+    NT = n * T          # (sequence, token) pairs of the group
+    NTH = NT * H
+    io = {}
+    kq = nl.ndarray((K, NTH * 2), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=kq, src=kq_cols[:, g0 * T * H * 2:g1 * T * H * 2])
+    io["kq"] = kq
+    io["vt"] = nl.ndarray((V, n * THV), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=io["vt"], src=v_cols[:, g0 * THV:g1 * THV])
+    grow = nl.ndarray((1, 2 * n * THV), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=grow[:, 0:n * THV], src=gate_rows[0:1, g0 * THV:g1 * THV])
+    nisa.dma_copy(dst=grow[:, n * THV:2 * n * THV], src=gate_rows[1:2, g0 * THV:g1 * THV])
+    io["ot"] = nl.ndarray((V, n * THV), dtype=nl.float32, buffer=nl.sbuf)
+    for s in range(g0, g1):
+        if not live[s]:
+            nisa.memset(dst=io["ot"][:, (s - g0) * THV:(s - g0 + 1) * THV], value=0.0)
 
-    # gates on every partition: dec = exp(g), beta
-    gb = nl.ndarray((PB, 2 * THV), dtype=nl.float32, buffer=nl.sbuf)
-    _broadcast_rows(gb, grow, ones_row, 2 * THV)
-    dec = nl.ndarray((PB, THV), dtype=nl.float32, buffer=nl.sbuf)
-    beta = nl.ndarray((PB, THV), dtype=nl.float32, buffer=nl.sbuf)
+    # gates on every partition
+    gb = nl.ndarray((PB, 2 * n * THV), dtype=nl.float32, buffer=nl.sbuf)
+    _broadcast_rows(gb, grow, cst["ones_row"], 2 * n * THV)
+    dec = nl.ndarray((PB, n * THV), dtype=nl.float32, buffer=nl.sbuf)
+    beta = nl.ndarray((PB, n * THV), dtype=nl.float32, buffer=nl.sbuf)
     if raw_gates:
         # g = -exp(A_log) * softplus(a + dt_bias); beta = sigmoid(b)
-        x3 = dec.reshape((PB, T, HV))
-        nisa.tensor_tensor(dst=x3, data1=gb[:, 0:THV].reshape((PB, T, HV)),
-                           data2=dt_b.reshape((PB, 1, HV)).broadcast(1, T), op=nl.add)
+        x3 = dec.reshape((PB, NT, HV))
+        nisa.tensor_tensor(dst=x3, data1=gb[:, 0:n * THV].reshape((PB, NT, HV)),
+                           data2=cst["dt_b"].reshape((PB, 1, HV)).broadcast(1, NT), op=nl.add)
         nisa.activation(dst=dec, op=nl.softplus, data=dec)
-        nisa.tensor_tensor(dst=x3, data1=x3, data2=neg_A.reshape((PB, 1, HV)).broadcast(1, T),
+        nisa.tensor_tensor(dst=x3, data1=x3,
+                           data2=cst["neg_A"].reshape((PB, 1, HV)).broadcast(1, NT),
                            op=nl.multiply)
         nisa.activation(dst=dec, op=nl.exp, data=dec)
-        nisa.activation(dst=beta, op=nl.sigmoid, data=gb[:, THV:2 * THV])
+        nisa.activation(dst=beta, op=nl.sigmoid, data=gb[:, n * THV:2 * n * THV])
     else:
-        nisa.activation(dst=dec, op=nl.exp, data=gb[:, 0:THV])
-        nisa.tensor_copy(dst=beta, src=gb[:, THV:2 * THV])
+        nisa.activation(dst=dec, op=nl.exp, data=gb[:, 0:n * THV])
+        nisa.tensor_copy(dst=beta, src=gb[:, n * THV:2 * n * THV])
+    io["dec"] = dec
+    io["beta"] = beta
 
-    # per (token, q/k head): k.q, and the l2norm factors, on every partition
-    kq3 = kq.reshape((K, T * H, 2))
-    prod = nl.ndarray((K, T * H), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=prod.reshape((K, T * H, 1)), data1=kq3[:, :, 0:1],
+    # per (sequence, token, q/k head): k.q and the l2norm factors, on every partition
+    rep = HV // H
+    kq3 = kq.reshape((K, NTH, 2))
+    prod = nl.ndarray((K, NTH), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=prod.reshape((K, NTH, 1)), data1=kq3[:, :, 0:1],
                        data2=kq3[:, :, 1:2], op=nl.multiply)
-    dot = nl.ndarray((PB, T * H), dtype=nl.float32, buffer=nl.sbuf)
-    _partition_sums(dot, prod, ones_kp, T * H)
-    rk = None
-    rq = nl.ndarray((PB, T * H), dtype=nl.float32, buffer=nl.sbuf)
+    dot = nl.ndarray((PB, NTH), dtype=nl.float32, buffer=nl.sbuf)
+    _partition_sums(dot, prod, cst["ones_kp"], NTH)
+    rq = nl.ndarray((PB, NTH), dtype=nl.float32, buffer=nl.sbuf)
+    io["rkv"] = None
     if use_qk_l2norm:
-        sq = nl.ndarray((K, TH2), dtype=nl.float32, buffer=nl.sbuf)
+        sq = nl.ndarray((K, NTH * 2), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=sq, data1=kq, data2=kq, op=nl.multiply)
-        rn = nl.ndarray((PB, TH2), dtype=nl.float32, buffer=nl.sbuf)
-        _partition_sums(rn, sq, ones_kp, TH2)
+        rn = nl.ndarray((PB, NTH * 2), dtype=nl.float32, buffer=nl.sbuf)
+        _partition_sums(rn, sq, cst["ones_kp"], NTH * 2)
         nisa.tensor_scalar(dst=rn, data=rn, op0=nl.add, operand0=_L2NORM_EPS)
         nisa.activation(dst=rn, op=nl.rsqrt, data=rn)
-        rn3 = rn.reshape((PB, T * H, 2))
-        rk = nl.ndarray((PB, T * H), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=rk.reshape((PB, T * H, 1)), src=rn3[:, :, 0:1])
-        nisa.tensor_scalar(dst=rq.reshape((PB, T * H, 1)), data=rn3[:, :, 1:2],
+        rn3 = rn.reshape((PB, NTH, 2))
+        rk = nl.ndarray((PB, NTH), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=rk.reshape((PB, NTH, 1)), src=rn3[:, :, 0:1])
+        nisa.tensor_scalar(dst=rq.reshape((PB, NTH, 1)), data=rn3[:, :, 1:2],
                            op0=nl.multiply, operand0=scale)
         nisa.tensor_tensor(dst=dot, data1=dot, data2=rk, op=nl.multiply)
         nisa.tensor_tensor(dst=dot, data1=dot, data2=rq, op=nl.multiply)
+        io["rkv"] = nl.ndarray((PB, n * THV), dtype=nl.float32, buffer=nl.sbuf)
+        _per_value_head(io["rkv"], rk, NTH, rep)
     else:
         nisa.memset(dst=rq, value=scale)
         nisa.tensor_scalar(dst=dot, data=dot, op0=nl.multiply, operand0=scale)
-    # per value head [PB, T*HV]
-    dotv = nl.ndarray((PB, THV), dtype=nl.float32, buffer=nl.sbuf)
-    _per_value_head(dotv, dot, T, H, rep)
-    rqv = nl.ndarray((PB, THV), dtype=nl.float32, buffer=nl.sbuf)
-    _per_value_head(rqv, rq, T, H, rep)
-    rkv = None
-    if use_qk_l2norm:
-        rkv = nl.ndarray((PB, THV), dtype=nl.float32, buffer=nl.sbuf)
-        _per_value_head(rkv, rk, T, H, rep)
+    io["dotv"] = nl.ndarray((PB, n * THV), dtype=nl.float32, buffer=nl.sbuf)
+    _per_value_head(io["dotv"], dot, NTH, rep)
+    io["rqv"] = nl.ndarray((PB, n * THV), dtype=nl.float32, buffer=nl.sbuf)
+    _per_value_head(io["rqv"], rq, NTH, rep)
+    return io
 
-    ot = nl.ndarray((V, THV), dtype=nl.float32, buffer=nl.sbuf)
-    for t in range(T):
-        c0, c1 = t * HV, (t + 1) * HV
-        # [kS | qS] of the old state, v on partitions
-        p1 = nl.ndarray((V, 2 * HV), dtype=nl.float32, buffer=nl.psum)
-        for hv in range(HV):
-            j = (t * H + hv // rep) * 2
-            nisa.nc_matmul(dst=p1[:, 2 * hv:2 * hv + 2], stationary=S[:, hv * V:(hv + 1) * V],
-                           moving=kq[:, j:j + 2])
-        p3 = p1.reshape((V, HV, 2))
-        ks = p3[:, :, 0:1].reshape((V, HV))
-        qs = p3[:, :, 1:2].reshape((V, HV))
-        # u = beta (v - a rk kS)
-        u = nl.ndarray((V, HV), dtype=nl.float32, buffer=nl.sbuf)
-        if use_qk_l2norm:
-            nisa.tensor_tensor(dst=u, data1=ks, data2=rkv[0:V, c0:c1], op=nl.multiply)
-            nisa.tensor_tensor(dst=u, data1=u, data2=dec[0:V, c0:c1], op=nl.multiply)
+
+def _run_batch(io, k_rows, inter, got, seqs, g0, T, H, HV, K, V, want_inter):
+    """All T tokens of the batch's sequences, their instruction streams interleaved:
+    per token, every sequence's front half (reductions, o, u row) is issued before any
+    back half (outer products and state update), so one sequence's matmuls and vector
+    work fill the other's waits."""
+    for j in range(len(seqs)):
+        st = got[j]
+        # k of the sequence as one row on partition 0 (the outer products' stationary)
+        st["krow"] = nl.ndarray((1, T * H * K), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=st["krow"], src=k_rows[:, seqs[j] * T * H * K:(seqs[j] + 1) * T * H * K])
+        if st["nat"].dtype == nl.float32:
+            st["S"] = st["nat"]
         else:
-            nisa.tensor_tensor(dst=u, data1=ks, data2=dec[0:V, c0:c1], op=nl.multiply)
-        nisa.tensor_tensor(dst=u, data1=vt[:, c0:c1], data2=u, op=nl.subtract)
-        nisa.tensor_tensor(dst=u, data1=u, data2=beta[0:V, c0:c1], op=nl.multiply)
-        # o = a rq qS + (k.q) u
-        nisa.tensor_tensor(dst=ot[:, c0:c1], data1=qs, data2=rqv[0:V, c0:c1], op=nl.multiply)
-        nisa.tensor_tensor(dst=ot[:, c0:c1], data1=ot[:, c0:c1], data2=dec[0:V, c0:c1],
-                           op=nl.multiply)
-        w = nl.ndarray((V, HV), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=w, data1=u, data2=dotv[0:V, c0:c1], op=nl.multiply)
-        nisa.tensor_tensor(dst=ot[:, c0:c1], data1=ot[:, c0:c1], data2=w, op=nl.add)
-        p1 = None
-        # rk u as one row on partition 0: TensorE transpose, then an SBUF->SBUF DMA
-        if use_qk_l2norm:
-            nisa.tensor_tensor(dst=u, data1=u, data2=rkv[0:V, c0:c1], op=nl.multiply)
-        uT_ps = nl.ndarray((HV, V), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_transpose(dst=uT_ps, data=u, engine=nisa.engine.tensor)
-        uT = nl.ndarray((HV, V), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=uT, src=uT_ps)
-        uT_ps = None
-        urow = nl.ndarray((1, HV * V), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=urow, src=uT)
-        # S_hv = a_hv S_hv + k_h (rk u_hv)^T, heads of one q/k head per matmul group
-        for h in range(H):
-            kst = krow[:, (t * H + h) * K:(t * H + h + 1) * K]
-            step = (_MM_COLS // V) * V   # whole heads per PSUM bank
-            for g0 in range(0, rep * V, step):
-                wdt = min(step, rep * V - g0)
-                ku = nl.ndarray((K, wdt), dtype=nl.float32, buffer=nl.psum)
-                base = h * rep * V + g0
-                nisa.nc_matmul(dst=ku, stationary=kst, moving=urow[:, base:base + wdt])
-                for e0 in range(0, wdt, V):
-                    hv = (base + e0) // V
-                    Sh = S[:, hv * V:(hv + 1) * V]
-                    nisa.scalar_tensor_tensor(dst=Sh, data=Sh, op0=nl.multiply,
-                                              operand0=dec[0:K, c0 + hv:c0 + hv + 1],
-                                              op1=nl.add, operand1=ku[:, e0:e0 + V])
-                ku = None
-        if inter != None:  # noqa: E711
-            row0 = (s * T + t) * HV * K
-            if inter.dtype == nl.float32:
-                _store_state(inter, S, row0, HV, K, V)
-            else:
-                Sc = nl.ndarray((K, HV * V), dtype=inter.dtype, buffer=nl.sbuf)
-                nisa.tensor_copy(dst=Sc, src=S)
-                _store_state(inter, Sc, row0, HV, K, V)
-    nisa.dma_copy(dst=o[s * V:(s + 1) * V, :], src=ot)
+            st["S"] = nl.ndarray((K, HV * V), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=st["S"], src=st["nat"])
+    for t in range(T):
+        urows = []
+        for j in range(len(seqs)):
+            c0 = ((seqs[j] - g0) * T + t) * HV
+            urows.append(_front(io, got[j]["S"], c0, H, HV, K, V))
+        for j in range(len(seqs)):
+            s = seqs[j]
+            c0 = ((s - g0) * T + t) * HV
+            _back(io, got[j]["S"], got[j]["krow"], urows[j], c0, t * H, H, HV, K, V)
+            if want_inter:
+                row0 = (s * T + t) * HV * K
+                if inter.dtype == nl.float32:
+                    _store_state(inter, got[j]["S"], row0, HV, K, V)
+                else:
+                    Sc = nl.ndarray((K, HV * V), dtype=inter.dtype, buffer=nl.sbuf)
+                    nisa.tensor_copy(dst=Sc, src=got[j]["S"])
+                    _store_state(inter, Sc, row0, HV, K, V)
+
+
+def _front(io, S, c0, H, HV, K, V):
+    """One token of one sequence up to the state update: writes o columns [c0, c0+HV) of
+    io["ot"]; returns rk*u as a row [1, HV*V] on partition 0."""
+    c1 = c0 + HV
+    rep = HV // H
+    jt = c0 // HV                                              # (sequence, token) index
+    # [kS | qS] of the old state, v on partitions
+    p1 = nl.ndarray((V, 2 * HV), dtype=nl.float32, buffer=nl.psum)
+    for hv in range(HV):
+        col = (jt * H + hv // rep) * 2
+        nisa.nc_matmul(dst=p1[:, 2 * hv:2 * hv + 2], stationary=S[:, hv * V:(hv + 1) * V],
+                       moving=io["kq"][:, col:col + 2])
+    p3 = p1.reshape((V, HV, 2))
+    ks = p3[:, :, 0:1].reshape((V, HV))
+    qs = p3[:, :, 1:2].reshape((V, HV))
+    dec = io["dec"][0:V, c0:c1]
+    # u = beta (v - a rk kS)
+    u = nl.ndarray((V, HV), dtype=nl.float32, buffer=nl.sbuf)
+    if io["rkv"] != None:  # noqa: E711
+        nisa.tensor_tensor(dst=u, data1=ks, data2=io["rkv"][0:V, c0:c1], op=nl.multiply)
+        nisa.tensor_tensor(dst=u, data1=u, data2=dec, op=nl.multiply)
+    else:
+        nisa.tensor_tensor(dst=u, data1=ks, data2=dec, op=nl.multiply)
+    nisa.tensor_tensor(dst=u, data1=io["vt"][:, c0:c1], data2=u, op=nl.subtract)
+    nisa.tensor_tensor(dst=u, data1=u, data2=io["beta"][0:V, c0:c1], op=nl.multiply)
+    # o = a rq qS + (k.q) u
+    ot = io["ot"][:, c0:c1]
+    nisa.tensor_tensor(dst=ot, data1=qs, data2=io["rqv"][0:V, c0:c1], op=nl.multiply)
+    nisa.tensor_tensor(dst=ot, data1=ot, data2=dec, op=nl.multiply)
+    w = nl.ndarray((V, HV), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=w, data1=u, data2=io["dotv"][0:V, c0:c1], op=nl.multiply)
+    nisa.tensor_tensor(dst=ot, data1=ot, data2=w, op=nl.add)
+    p1 = None
+    # rk u as one row on partition 0: TensorE transpose, then an SBUF->SBUF DMA
+    if io["rkv"] != None:  # noqa: E711
+        nisa.tensor_tensor(dst=u, data1=u, data2=io["rkv"][0:V, c0:c1], op=nl.multiply)
+    uT_ps = nl.ndarray((HV, V), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=uT_ps, data=u, engine=nisa.engine.tensor)
+    uT = nl.ndarray((HV, V), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=uT, op=nl.copy, data=uT_ps)
+    uT_ps = None
+    urow = nl.ndarray((1, HV * V), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=urow, src=uT)
+    return urow
+
+
+def _back(io, S, krow, urow, c0, kcol0, H, HV, K, V):
+    """S_hv = a_hv S_hv + k_h (rk u_hv)^T for every value head (in place)."""
+    rep = HV // H
+    step = (_MM_COLS // V) * V   # whole heads per PSUM bank
+    for h in range(H):
+        kst = krow[:, (kcol0 + h) * K:(kcol0 + h + 1) * K]
+        for g0 in range(0, rep * V, step):
+            wdt = min(step, rep * V - g0)
+            ku = nl.ndarray((K, wdt), dtype=nl.float32, buffer=nl.psum)
+            base = h * rep * V + g0
+            nisa.nc_matmul(dst=ku, stationary=kst, moving=urow[:, base:base + wdt])
+            for e0 in range(0, wdt, V):
+                hv = (base + e0) // V
+                Sh = S[:, hv * V:(hv + 1) * V]
+                nisa.scalar_tensor_tensor(dst=Sh, data=Sh, op0=nl.multiply,
+                                          operand0=io["dec"][0:K, c0 + hv:c0 + hv + 1],
+                                          op1=nl.add, operand1=ku[:, e0:e0 + V])
+            ku = None
