@@ -262,6 +262,18 @@ def check_has_initial_state(value, num_seqs: int) -> np.ndarray:
     return arr.copy()
 
 
+def check_ragged_batch(cu_seqlens, state_indices, has_initial_state, *, num_tokens: int,
+                       tokens_source: str, pool: np.ndarray, pool_name: str) -> dict:
+    """The batch arguments every prefill takes, checked in this order ->
+    ``dict(cu_seqlens=, state_indices=, has_initial_state=)`` (int32 / bool copies)."""
+    cu, num_seqs = check_cu_seqlens(cu_seqlens, num_tokens, tokens_source)
+    return dict(
+        cu_seqlens=cu,
+        state_indices=check_state_indices(state_indices, num_seqs, pool.shape[0], pool_name),
+        has_initial_state=check_has_initial_state(has_initial_state, num_seqs),
+    )
+
+
 def check_num_seqs(name: str, arr: np.ndarray) -> int:
     """Decode batches: ``num_seqs = arr.shape[0] >= 1``."""
     if arr.ndim == 0 or arr.shape[0] < 1:

@@ -78,14 +78,10 @@ def validate_prefill(q, k, v_, *, gates: dict, scale, use_qk_l2norm, cu_seqlens,
                      state_indices, has_initial_state, chunk_size) -> dict:
     """All pre-launch checks of gated_delta_prefill -> normalised kwargs."""
     kw = _check_gdn(q, k, v_, gates, scale, use_qk_l2norm, ssm_states, ("num_tokens",))
-    cu, num_seqs = v.check_cu_seqlens(cu_seqlens, kw["q"].shape[0], "q.shape[0]")
-    kw.update(
-        cu_seqlens=cu,
-        state_indices=v.check_state_indices(state_indices, num_seqs,
-                                            kw["ssm_states"].shape[0], "ssm_states"),
-        has_initial_state=v.check_has_initial_state(has_initial_state, num_seqs),
-        chunk_size=v.check_chunk_size(chunk_size),
-    )
+    kw.update(v.check_ragged_batch(cu_seqlens, state_indices, has_initial_state,
+                                   num_tokens=kw["q"].shape[0], tokens_source="q.shape[0]",
+                                   pool=kw["ssm_states"], pool_name="ssm_states"))
+    kw["chunk_size"] = v.check_chunk_size(chunk_size)
     return kw
 
 

@@ -71,15 +71,11 @@ def validate_prefill(x, dt, A, B, C, *, D, z, dt_bias, dt_softplus, dt_limit, cu
     v.require_ndim("x", x, ("num_tokens", "H", "P"))
     kw = _check_ssd(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states,
                     ("num_tokens",))
-    cu, num_seqs = v.check_cu_seqlens(cu_seqlens, x.shape[0], "x.shape[0]")
-    kw.update(
-        cu_seqlens=cu,
-        state_indices=v.check_state_indices(state_indices, num_seqs,
-                                            kw["ssm_states"].shape[0], "ssm_states"),
-        has_initial_state=v.check_has_initial_state(has_initial_state, num_seqs),
-        chunk_size=v.check_chunk_size(chunk_size),
-        precision=v.require_choice("precision", precision, PRECISIONS),
-    )
+    kw.update(v.check_ragged_batch(cu_seqlens, state_indices, has_initial_state,
+                                   num_tokens=x.shape[0], tokens_source="x.shape[0]",
+                                   pool=kw["ssm_states"], pool_name="ssm_states"))
+    kw["chunk_size"] = v.check_chunk_size(chunk_size)
+    kw["precision"] = v.require_choice("precision", precision, PRECISIONS)
     return kw
 
 
