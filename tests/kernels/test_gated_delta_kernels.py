@@ -194,3 +194,14 @@ def test_decode_many_sequences_across_io_groups(inter):
                                          raw_gates=True, use_qk_l2norm=True, padding=4)
     assert np.sum(inp["state_indices"] < 0) == 4
     _run_and_check(inp, F32_TOL, inter=inter)
+
+
+@pytest.mark.slow
+def test_decode_qwen3_next_full_shape_speculative():
+    """Full Qwen3-Next layer (H=16, HV=32, K=V=128), 3 sequences x 4 tokens, bf16 pool and
+    I/O with intermediate states: fits SBUF/PSUM on trn2 and meets the bf16 target."""
+    inp = make_gated_delta_decode_inputs(np.random.default_rng(4), num_seqs=3, T=4, H=16,
+                                         HV=32, K=128, V=128, raw_gates=True,
+                                         use_qk_l2norm=True, dtype=BF16, pool_dtype=BF16,
+                                         padding=1)
+    _run_and_check(inp, BF16_TOL, inter=True)

@@ -74,6 +74,7 @@ from nki_ssm.backend import nki, nl, nisa
 
 _GROUP = 16           # (sequence, token) pairs per input / output DMA (>= 2 KiB per partition)
 _STREAMS = 2          # sequences whose per-token instruction streams are interleaved
+_PREFETCH = 1         # batches whose states are gathered ahead of the compute (2: no gain modeled)
 _L2NORM_EPS = 1e-6    # FLA / transformers: x / sqrt(sum x^2 + eps)
 _MM_COLS = 512        # moving columns of one fp32 matmul (one PSUM bank on trn2)
 
@@ -138,8 +139,8 @@ def gdn_decode_step(kq_cols, k_rows, v_cols, gate_rows, head_params, pool, pool_
     # state gathers run one batch ahead of the compute (a gather issued after a
     # scatter to the same pool, run-time indices, would have to wait for it)
     states = {}
-    if len(batches) > 0:
-        states["0"] = _gather_batch(pool, pool_idx, batches[0], HV, K, V)
+    for bi in range(min(_PREFETCH, len(batches))):
+        states[str(bi)] = _gather_batch(pool, pool_idx, batches[bi], HV, K, V)
     io = None
     for g0 in range(0, num_seqs, G):
         g1 = min(g0 + G, num_seqs)
@@ -148,8 +149,9 @@ def gdn_decode_step(kq_cols, k_rows, v_cols, gate_rows, head_params, pool, pool_
         for bi in range(len(batches)):
             seqs = batches[bi]
             if seqs[0] >= g0 and seqs[0] < g1:
-                if bi + 1 < len(batches):
-                    states[str(bi + 1)] = _gather_batch(pool, pool_idx, batches[bi + 1], HV, K, V)
+                if bi + _PREFETCH < len(batches):
+                    states[str(bi + _PREFETCH)] = _gather_batch(pool, pool_idx,
+                                                                batches[bi + _PREFETCH], HV, K, V)
                 got = states.pop(str(bi))
                 _run_batch(io, k_rows, inter, got, seqs, g0, T, H, HV, K, V, want_inter)
                 for j in range(len(seqs)):
@@ -311,9 +313,6 @@ def _run_batch(io, k_rows, inter, got, seqs, g0, T, H, HV, K, V, want_inter):
     work fill the other's waits."""
     for j in range(len(seqs)):
         st = got[j]
-        # k of the sequence as one row on partition 0 (the outer products' stationary)
-        st["krow"] = nl.ndarray((1, T * H * K), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=st["krow"], src=k_rows[:, seqs[j] * T * H * K:(seqs[j] + 1) * T * H * K])
         if st["nat"].dtype == nl.float32:
             st["S"] = st["nat"]
         else:
@@ -321,13 +320,20 @@ def _run_batch(io, k_rows, inter, got, seqs, g0, T, H, HV, K, V, want_inter):
             nisa.tensor_copy(dst=st["S"], src=st["nat"])
     for t in range(T):
         urows = []
+        krows = []
+        for j in range(len(seqs)):
+            # k of this token as one row on partition 0 (the outer products' stationary)
+            r0 = (seqs[j] * T + t) * H * K
+            kr = nl.ndarray((1, H * K), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.dma_copy(dst=kr, src=k_rows[:, r0:r0 + H * K])
+            krows.append(kr)
         for j in range(len(seqs)):
             c0 = ((seqs[j] - g0) * T + t) * HV
             urows.append(_front(io, got[j]["S"], c0, H, HV, K, V))
         for j in range(len(seqs)):
             s = seqs[j]
             c0 = ((s - g0) * T + t) * HV
-            _back(io, got[j]["S"], got[j]["krow"], urows[j], c0, t * H, H, HV, K, V)
+            _back(io, got[j]["S"], krows[j], urows[j], c0, H, HV, K, V)
             if want_inter:
                 row0 = (s * T + t) * HV * K
                 if inter.dtype == nl.float32:
@@ -384,12 +390,12 @@ def _front(io, S, c0, H, HV, K, V):
     return urow
 
 
-def _back(io, S, krow, urow, c0, kcol0, H, HV, K, V):
+def _back(io, S, krow, urow, c0, H, HV, K, V):
     """S_hv = a_hv S_hv + k_h (rk u_hv)^T for every value head (in place)."""
     rep = HV // H
     step = (_MM_COLS // V) * V   # whole heads per PSUM bank
     for h in range(H):
-        kst = krow[:, (kcol0 + h) * K:(kcol0 + h + 1) * K]
+        kst = krow[:, h * K:(h + 1) * K]
         for g0 in range(0, rep * V, step):
             wdt = min(step, rep * V - g0)
             ku = nl.ndarray((K, wdt), dtype=nl.float32, buffer=nl.psum)
