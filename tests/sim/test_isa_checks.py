@@ -211,6 +211,18 @@ def test_dma_transpose_dst_shape_must_be_transposed():
     raises(lambda: nisa.dma_transpose(dst=sb((8, 4)), src=fsb((8, 4))), "dma_transpose", "dst", "(4, 8)")
 
 
+def test_dma_transpose_dst_32_byte_aligned():
+    t = sb((16, 64), nl.bfloat16)
+    # start 2 elements (4 bytes) into the partition
+    raises(lambda: nisa.dma_transpose(dst=t[:, 2:18], src=fsb((16, 16), nl.bfloat16)),
+           "dma_transpose", "dst", "32-byte")
+    # rows of 12 bf16 = 24 bytes apart
+    u = sb((16, 4, 12), nl.bfloat16)
+    raises(lambda: nisa.dma_transpose(dst=u[:, :, 0:8], src=hbm((8, 4, 16), ml_dtypes.bfloat16)),
+           "dma_transpose", "dst dim 1", "32-byte")
+    nisa.dma_transpose(dst=t[:, 16:32], src=fsb((16, 16), nl.bfloat16))   # 32 bytes in: fine
+
+
 def test_dma_transpose_hwdge_two_byte_only():
     raises(lambda: nisa.dma_transpose(dst=sb((4, 16)), src=fsb((16, 4)), dge_mode=nisa.dge_mode.hwdge),
            "dma_transpose", "hwdge", "2-byte")

@@ -110,9 +110,9 @@ def test_dma_transpose_2d_and_3d(rng):
     d = sb((24, 16), nl.bfloat16)
     nisa.dma_transpose(dst=d, src=t)
     np.testing.assert_array_equal(val(d), x.T)
-    y = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    y = rng.standard_normal((8, 3, 4)).astype(np.float32)   # rows of 8 fp32: 32-byte aligned
     hy = from_array(y)
-    d3 = sb((4, 3, 2))
+    d3 = sb((4, 3, 8))
     nisa.dma_transpose(dst=d3, src=hy, axes=(2, 1, 0))
     np.testing.assert_array_equal(val(d3), y.transpose(2, 1, 0))
 

@@ -13,7 +13,8 @@ Layouts
   scatter row tables int32 ``[num_seqs, 128]`` (``slot * dim + partition``,
   the channel group's first channel added as a compile-time offset).
 - Prefill on chip: channels on the 128 partitions and tokens on the free
-  axis for the input window ``xw [128 ch, tiles, W-1 + 512 tok]``; tokens on
+  axis for the input window ``xw [128 ch, tiles, 16 + 512 tok]`` (the W-1
+  halo ends at column 16 so the DMA-transposed tokens start 32-byte aligned); tokens on
   partitions for the PSUM result ``[128 tok, 512 ch]`` and the output tile,
   so both HBM streams are contiguous rows.
 - Decode: the pool as its ``[slots * R, (dim / R) * (W-1)]`` row view, one
@@ -67,9 +68,9 @@ bound is the minimal HBM bytes -- x, y and the named slots' state in and out
 -- over the core's 368 GB/s DMA bandwidth; cost model of nki_ssm.perf as of
 this commit).
 
-- prefill 16K tokens, one sequence: 1656 us, 324 GB/s = 88.1 % of DMA
+- prefill 16K tokens, one sequence: 1653 us, 325 GB/s = 88.3 % of DMA
   bandwidth (TensorE 99 %, DMA 96 %, VectorE 59 % busy).
-- prefill 8 x 2K ragged: 1714 us, 314 GB/s = 85.2 % (DMA-bound, 98 % busy).
+- prefill 8 x 2K ragged: 1696 us, 317 GB/s = 86.2 % (DMA-bound, 97 % busy).
 - decode 512 sequences x 1 token: 213 us = 1.17x the bytes-moved bound
   (182 us), 315 GB/s; DMA-bound (93 % busy), TensorE taps.
 - decode 32 sequences x 1 token: 21.9 us = 1.92x the bound (11.4 us);

@@ -4,10 +4,11 @@ Engine plan (per channel group of up to 16 x 128 channels -- fewer when the
 float32 / split working set needs it -- per sequence, per chunk of up to 512
 tokens):
 
-1. DMA: one ``dma_transpose`` brings ``x[t0-(W-1) : t0+tc, group]`` in as
-   ``xw [128 ch, n_tiles, W-1+tc]`` (channels on partitions, tokens on the
-   free axis). The first chunk of a sequence instead gets its W-1 halo
-   columns by one indirect gather from the pool (``vector_offset`` row =
+1. DMA: one ``dma_transpose`` (4-D access patterns, destination 32-byte
+   aligned) brings ``x[t0-16 : t0+tc, group]`` in as ``xw [128 ch, n_tiles,
+   16+tc]`` (channels on partitions, tokens on the free axis; the window's
+   W-1 halo columns end at column 16). The first chunk of a sequence
+   instead gets its W-1 halo columns by one indirect gather from the pool (``vector_offset`` row =
    ``slot*dim + partition``, plus the group's first channel as a constant)
    into a zeroed tile; rows of sequences without an initial state are out of
    bounds and skipped (``oob_mode.skip``), so the halo stays zero.
@@ -50,6 +51,14 @@ GROUP_TILES = 16    # most channel tiles per group: 2048 channels -> 4 KiB bf16 
 SBUF_BUDGET = 150 * 1024   # bytes per partition for the per-group working set
 CHUNK = 512         # tokens per transposed load (n_tiles * 512 * 2 B = 16 KiB per partition)
 BANK = 512          # fp32 columns of one PSUM bank
+ALIGN = 16          # window offsets in elements: 32 B (bf16) / 64 B (fp32), the DMA
+                    # transpose destination alignment (nki_ssm/sim/isa/dma.py)
+
+
+def _margin(H):
+    """Columns before token t0 in a window tile: the W-1 halo ends where the transposed
+    tokens start, on an ALIGN boundary; window column c sits at index c + _margin(H) - H."""
+    return (H + ALIGN - 1) // ALIGN * ALIGN
 
 
 def _group_tiles(W, mm_bytes, n_parts, x_bytes, stage):
@@ -57,8 +66,8 @@ def _group_tiles(W, mm_bytes, n_parts, x_bytes, stage):
     SBUF_BUDGET: two groups' diagonal weights, three x windows (current, prefetched,
     staging) and three output tiles, per 128-channel tile."""
     per_tile = (2 * n_parts * W * TILE * mm_bytes
-                + 3 * (W - 1 + CHUNK) * mm_bytes
-                + (2 * (W - 1 + CHUNK) * x_bytes if stage else 0)
+                + 3 * (_margin(W - 1) + CHUNK) * mm_bytes
+                + (2 * (_margin(W - 1) + CHUNK) * x_bytes if stage else 0)
                 + 3 * TILE * x_bytes)
     g = GROUP_TILES
     while g > 1 and g * per_tile > SBUF_BUDGET:
@@ -166,33 +175,36 @@ def _load_window(x, pool_rows, gather_rows, scatter_rows, groups, segments, item
     n_chunks = max(1, (end - start + CHUNK - 1) // CHUNK)
     t0 = start + ci * CHUNK
     tc = min(CHUNK, end - t0)
-    xw = nl.ndarray((TILE, n, H + CHUNK), dtype=mm_dtype, buffer=nl.sbuf)
+    M = _margin(H)
+    RB = M + CHUNK      # a multiple of ALIGN: every tile's row starts aligned
+    xw = nl.ndarray((TILE, n, RB), dtype=mm_dtype, buffer=nl.sbuf)
     xs = xw
     if stage:
-        xs = nl.ndarray((TILE, n, H + CHUNK), dtype=x.dtype, buffer=nl.sbuf)
+        xs = nl.ndarray((TILE, n, RB), dtype=x.dtype, buffer=nl.sbuf)
     if ci == 0:
         # halo from the pool: zeros, overwritten where the run-time gather row is valid
         g_idx = nl.ndarray((TILE, 1), dtype=nl.int32, buffer=nl.sbuf)
         nisa.dma_copy(dst=g_idx[0:P, :],
                       src=gather_rows.ap(pattern=[[1, P], [1, 1]], offset=s * TILE))
-        nisa.memset(dst=xw[0:P, :, 0:H], value=0.0)
+        nisa.memset(dst=xw[0:P, :, M - H:M], value=0.0)
         # one gather for the whole group: partition p starts at row slot*dim + p (run-time
         # index) + c0 (compile-time offset), the free pattern steps 128 rows per tile
         nisa.dma_copy(
-            dst=xw[0:P, :, 0:H],
+            dst=xw[0:P, :, M - H:M],
             src=pool_rows.ap(pattern=[[H, P], [TILE * H, n], [1, H]], offset=c0 * H,
                              vector_offset=g_idx[0:P, 0:1], indirect_dim=0),
             oob_mode=nisa.oob_mode.skip)
-        lo, first = H, t0
+        lo, first = M, t0
     else:
-        # later chunks re-read the W-1 tokens before t0 (same sequence)
-        lo, first = 0, t0 - H
-    width = H + tc - lo
+        # later chunks re-read the M >= W-1 tokens before t0 (same sequence, as M <= CHUNK)
+        # so the transposed block starts at column 0, aligned
+        lo, first = 0, t0 - M
+    width = M + tc - lo
     if tc > 0:
         # 4-D form [width, n, 1, P] -> [P, n, 1, width] (permutation (3, 1, 2, 0)): the NKI
         # front end asserts 4-D dma_transpose operands (see nki_ssm/sim/isa/dma.py)
-        nisa.dma_transpose(dst=xs.ap(pattern=[[n * (H + CHUNK), P], [H + CHUNK, n], [1, 1],
-                                              [1, width]], offset=lo),
+        nisa.dma_transpose(dst=xs.ap(pattern=[[n * RB, P], [RB, n], [1, 1], [1, width]],
+                                     offset=lo),
                            src=x.ap(pattern=[[dim, width], [TILE, n], [1, 1], [1, P]],
                                     offset=first * dim + c0))
         if stage:
@@ -227,6 +239,7 @@ def _conv_blocks(y, xw, weights, ones, t0, tc, c0, n, P, W, act_op, vec_every):
     tile on VectorE instead), ScalarE eviction, row stores."""
     dparts, bparts, w32, bcols = weights
     gw = (n - 1) * TILE + P
+    base = _margin(W - 1) - (W - 1)     # window column 0 (token t0 - (W-1)) in xw
     for b in range(0, tc, TILE):
         m = min(TILE, tc - b)
         ot = nl.ndarray((TILE, n * TILE), dtype=y.dtype, buffer=nl.sbuf)
@@ -237,7 +250,7 @@ def _conv_blocks(y, xw, weights, ones, t0, tc, c0, n, P, W, act_op, vec_every):
                 pj = min(TILE, gw - jj * TILE)
                 col = jj * TILE - bank0
                 if vec_every > 0 and jj % vec_every == vec_every - 1:
-                    _vector_tile(ps, col, xw, w32, bcols, jj, pj, b, m, W)
+                    _vector_tile(ps, col, xw, w32, bcols, jj, pj, base + b, m, W)
                     continue
                 for q in range(len(bparts)):
                     # bias row of this tile: ones[tok] x bias[ch] (K = 1)
@@ -249,7 +262,7 @@ def _conv_blocks(y, xw, weights, ones, t0, tc, c0, n, P, W, act_op, vec_every):
                         first_mm = len(bparts) == 0 and q == 0 and k == 0
                         # psum[tok, ch] (+)= x[tok + k - (W-1), ch] * weight[ch, k]
                         nisa.nc_matmul(dst=ps[0:m, col:col + pj],
-                                       stationary=xw[0:pj, jj, b + k:b + k + m],
+                                       stationary=xw[0:pj, jj, base + b + k:base + b + k + m],
                                        moving=dparts[q][0:pj, jj, k, 0:pj],
                                        accumulate=not first_mm)
             nisa.activation(dst=ot[0:m, bank0:bank0 + bw], op=act_op, data=ps[0:m, 0:bw])
@@ -344,7 +357,7 @@ def short_conv_prefill_kernel(x, weight, bias, pool_rows, gather_rows, scatter_r
             # new state = last W-1 window columns (the old state's tail when L < W-1)
             nisa.dma_copy(dst=pool_rows.ap(pattern=[[H, P], [TILE * H, n], [1, H]], offset=c0 * H,
                                            vector_offset=s_idx[0:P, 0:1], indirect_dim=0),
-                          src=xw[0:P, :, tc:tc + H])
+                          src=xw[0:P, :, _margin(H) - H + tc:_margin(H) + tc])
     return y
 
 

@@ -158,13 +158,35 @@ def dma_copy(dst, src, priority=None, oob_mode=_oob.error, dge_mode=_dge.unknown
 
 _AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
 
+# SBUF destinations of a DMA transpose start on 32-byte boundaries. Not in the API docs;
+# nki-library states it where it allocates transpose destinations ("DMA transpose
+# requires 32-byte alignment", experimental/moe/bwd/bwmm_bwd_dropless.py; "xbar
+# transpose requires 32B alignment", core/mlp/mlp_cte/mlp_cte_allocation.py; align_to=32
+# "align for dma transpose", core/attention/attention_cte.py). We require it of the
+# view's start within its partition and of every contiguous run the view writes.
+DMA_TRANSPOSE_ALIGN = 32
+
+
+def _check_transpose_alignment(inst, dst):
+    isz = dst.dtype.itemsize
+    row = dst.storage.row_elements(isz)
+    start = (dst.offset % row) * isz
+    if start % DMA_TRANSPOSE_ALIGN:
+        C.fail(inst, f"dst starts {start} bytes into its partition; DMA transpose destinations "
+                     f"must start on a {DMA_TRANSPOSE_ALIGN}-byte boundary")
+    for d in range(1, len(dst.shape) - 1):
+        if dst.shape[d] > 1 and (dst.strides[d] * isz) % DMA_TRANSPOSE_ALIGN:
+            C.fail(inst, f"dst dim {d} steps {dst.strides[d] * isz} bytes; every row a DMA "
+                         f"transpose writes must start on a {DMA_TRANSPOSE_ALIGN}-byte boundary")
+
 
 def dma_transpose(dst, src, axes=None, priority=None, dge_mode=_dge.unknown,
                   oob_mode=_oob.error, name=None):
     """``dst = src.transpose(axes)`` by DMA: 2-D (1,0), 3-D (2,1,0), 4-D (3,1,2,0).
 
     ``dst`` in SBUF, ``src`` in HBM or SBUF, equal dtypes, ``dst.shape`` equal
-    to the transposed ``src.shape`` (NKI 0.4.0+). ``hwdge`` adds: 2-byte dtype,
+    to the transposed ``src.shape`` (NKI 0.4.0+), ``dst`` 32-byte aligned (see
+    DMA_TRANSPOSE_ALIGN). ``hwdge`` adds: 2-byte dtype,
     ``src.shape[0]`` == 16 (2-D) or in {1,2,4,8,16} with
     ``src.shape[0]*src.shape[-2] % 16 == 0`` (3-D/4-D), ``src.shape[-1] <= 128``.
     The indirect (gather-transpose, swdge) form is not simulated.
@@ -207,6 +229,7 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=_dge.unknown,
                          f"src.shape[0]*src.shape[-2] % 16 == 0, got {tuple(src.shape)}")
         if src.shape[-1] > 128:
             C.fail(inst, f"dge_mode=hwdge needs src.shape[-1] <= 128, got {src.shape[-1]}")
+    _check_transpose_alignment(inst, dst)
     vals = src.read().transpose(perm)
     dst.write(np.ascontiguousarray(vals))
     parts = dst.shape[0]
