@@ -223,6 +223,18 @@ def test_dma_transpose_dst_32_byte_aligned():
     nisa.dma_transpose(dst=t[:, 16:32], src=fsb((16, 16), nl.bfloat16))   # 32 bytes in: fine
 
 
+def test_dma_transpose_hwdge_nki_050_shapes():
+    # NKI 0.6.0 accepts src.shape[0] = 8 and a last dim < 128; the 0.5.0 compiler does not
+    raises(lambda: nisa.dma_transpose(dst=sb((128, 1, 8), nl.bfloat16),
+                                      src=hbm((8, 1, 128), ml_dtypes.bfloat16),
+                                      dge_mode=nisa.dge_mode.hwdge), "hwdge", "src.shape[0] == 16")
+    raises(lambda: nisa.dma_transpose(dst=sb((64, 16), nl.bfloat16),
+                                      src=hbm((16, 64), ml_dtypes.bfloat16),
+                                      dge_mode=nisa.dge_mode.hwdge), "hwdge", "src.shape[-1] == 128")
+    nisa.dma_transpose(dst=sb((128, 16), nl.bfloat16), src=hbm((16, 128), ml_dtypes.bfloat16),
+                       dge_mode=nisa.dge_mode.hwdge)
+
+
 def test_dma_transpose_hwdge_two_byte_only():
     raises(lambda: nisa.dma_transpose(dst=sb((4, 16)), src=fsb((16, 4)), dge_mode=nisa.dge_mode.hwdge),
            "dma_transpose", "hwdge", "2-byte")

@@ -186,9 +186,8 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=_dge.unknown,
 
     ``dst`` in SBUF, ``src`` in HBM or SBUF, equal dtypes, ``dst.shape`` equal
     to the transposed ``src.shape`` (NKI 0.4.0+), ``dst`` 32-byte aligned (see
-    DMA_TRANSPOSE_ALIGN). ``hwdge`` adds: 2-byte dtype,
-    ``src.shape[0]`` == 16 (2-D) or in {1,2,4,8,16} with
-    ``src.shape[0]*src.shape[-2] % 16 == 0`` (3-D/4-D), ``src.shape[-1] <= 128``.
+    DMA_TRANSPOSE_ALIGN). ``hwdge`` adds (NKI 0.5.0): 2-byte dtype,
+    ``src.shape[0] == 16``, ``src.shape[-1] == 128``.
     The indirect (gather-transpose, swdge) form is not simulated.
     """
     inst = "dma_transpose"
@@ -221,14 +220,16 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=_dge.unknown,
             C.fail(inst, f"dge_mode=hwdge needs NeuronCore-v3 or newer, target is {tgt.name}")
         if src.dtype.itemsize != 2:
             C.fail(inst, f"dge_mode=hwdge transposes 2-byte dtypes only, got {src.dtype}")
+        # NKI 0.5.0 (our target) rules: src.shape[0] == 16 and src.shape[-1] == 128; NKI
+        # 0.6.0 relaxed them to {1,2,4,8,16} and <= 128 (release notes 0.6.0, "DmaTranspose
+        # relaxations"), which a 0.5.0 compiler rejects
         s0 = src.shape[0]
-        if nd == 2 and s0 != 16:
-            C.fail(inst, f"dge_mode=hwdge 2-D transpose needs src.shape[0] == 16, got {s0}")
-        if nd > 2 and (s0 not in (1, 2, 4, 8, 16) or (s0 * src.shape[-2]) % 16):
-            C.fail(inst, f"dge_mode=hwdge {nd}-D transpose needs src.shape[0] in {{1,2,4,8,16}} and "
-                         f"src.shape[0]*src.shape[-2] % 16 == 0, got {tuple(src.shape)}")
-        if src.shape[-1] > 128:
-            C.fail(inst, f"dge_mode=hwdge needs src.shape[-1] <= 128, got {src.shape[-1]}")
+        if s0 != 16:
+            C.fail(inst, f"dge_mode=hwdge transpose needs src.shape[0] == 16 on NKI 0.5.0, got "
+                         f"{tuple(src.shape)}")
+        if src.shape[-1] != 128:
+            C.fail(inst, f"dge_mode=hwdge transpose needs src.shape[-1] == 128 on NKI 0.5.0, got "
+                         f"{tuple(src.shape)}")
     _check_transpose_alignment(inst, dst)
     vals = src.read().transpose(perm)
     dst.write(np.ascontiguousarray(vals))
