@@ -14,7 +14,8 @@ import numpy as np
 from .metrics import rel_fro
 
 __all__ = ["FORMS_TOL", "named_slots", "unnamed_slots", "padding_rows", "array_snapshot",
-           "assert_arrays_unchanged", "assert_forms_agree", "assert_pool_hygiene"]
+           "assert_arrays_unchanged", "assert_forms_agree", "assert_padding_outputs_zero",
+           "assert_pool_hygiene"]
 
 FORMS_TOL = 1e-10  # DESIGN.md: two float64 forms of one op agree to 1e-10
 
@@ -38,6 +39,15 @@ def padding_rows(batch: dict) -> list:
         return [np.s_[int(i)] for i in pad]
     cu = np.asarray(batch["cu_seqlens"])
     return [np.s_[int(cu[i]):int(cu[i + 1])] for i in pad]
+
+
+def assert_padding_outputs_zero(out, batch: dict) -> int:
+    """Every output row of a padding sequence is 0 (no NaN). -> number of padding sequences,
+    for the caller to check that the batch had some."""
+    rows = padding_rows(batch)
+    for r in rows:
+        assert not np.asarray(out[r], dtype=np.float64).any(), f"padding output rows {r} not 0"
+    return len(rows)
 
 
 def array_snapshot(batch: dict, names=None) -> dict:

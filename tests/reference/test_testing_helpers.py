@@ -9,6 +9,7 @@ from nki_ssm.reference.testing import (
     array_snapshot,
     assert_arrays_unchanged,
     assert_forms_agree,
+    assert_padding_outputs_zero,
     assert_pool_hygiene,
     named_slots,
     padding_rows,
@@ -31,6 +32,16 @@ def test_slots_and_padding_rows():
     decode = dict(b, state_indices=np.array([-1, 2, -1]))
     del decode["cu_seqlens"]
     assert padding_rows(decode) == [np.s_[0], np.s_[2]]
+
+
+def test_padding_outputs_zero():
+    b = dict(_batch(), cu_seqlens=np.array([0, 2, 4, 5], np.int32))   # padding owns rows 2:4
+    out = np.ones((5, 3))
+    out[2:4] = 0.0
+    assert assert_padding_outputs_zero(out, b) == 1
+    out[3, 1] = np.nan
+    with pytest.raises(AssertionError, match="padding output"):
+        assert_padding_outputs_zero(out, b)
 
 
 def test_arrays_unchanged_sees_one_bit_and_a_dtype():
