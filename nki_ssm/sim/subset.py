@@ -233,6 +233,12 @@ def _check_tree(fn) -> None:
                 closure[nm] = cell.cell_contents
         for name in loads - local_names:
             val = closure.get(name, glb.get(name))
+            if type(val).__name__ == "Kernel" and type(val).__module__.endswith("sim.jit"):
+                # migration guide, "Remove nki.jit decorator on sub-kernels": the
+                # compiler rejects a call to a jit-decorated function from a kernel
+                raise NkiValidationError(
+                    f"{where}: calls {name}, which is decorated with nki.jit; helpers called "
+                    f"from a kernel must be plain functions (the NKI compiler inlines them)")
             found = []
             _reachable(val, found)
             for g in found:

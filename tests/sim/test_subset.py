@@ -229,3 +229,17 @@ def test_compile_time_ints_are_32_bit():
         simulate(jit(k))(X, 2**31)
     with pytest.raises(NkiValidationError, match="32-bit"):
         simulate(jit(k))(X, (1, -2**31 - 1))
+
+
+@jit
+def _jit_helper(x):
+    return _copy(x)
+
+
+def k_calls_jit(x):
+    return _jit_helper(x)
+
+
+def test_jit_decorated_helper_rejected():
+    with pytest.raises(NkiValidationError, match="decorated with nki.jit"):
+        simulate(jit(k_calls_jit))(X)
