@@ -2,9 +2,9 @@
 
 Design: decode is bound by moving the state (``H*P*N`` floats per sequence,
 read and written once per call), so the layout is chosen for the DMA. The
-state of one sequence is gathered with ONE indirect DMA: row ``r = h*P + p``
-of ``[H*P, N]`` goes to partition ``r // nt``, column block ``r % nt``, so
-each partition reads ``nt*N`` contiguous pool elements (one row of the
+state of one sequence is gathered by indirect DMA: row ``r = h*P + p`` of
+``[H*P, N]`` goes to partition ``r // nt``, column block ``r % nt``, so each
+partition reads ``nt*N`` contiguous pool elements (one row of the
 ``[slots*pr, nt*N]`` view: 20 KiB per partition at Mamba-2 2.7B, the DMA's
 efficient regime), and partitions never straddle a group. Per-row
 quantities (dt, x, z, A, D, dt_bias) are then ``[pr, nt]`` tiles and every
@@ -12,31 +12,52 @@ update is a per-partition-scalar instruction over N free elements:
 
     ScalarE  tmp = S * exp(dt' A)               (activation copy, column scale)
     VectorE  S   = B_bcast * (dt' x) + tmp      (scalar_tensor_tensor)
-    VectorE  prod = S * C_bcast                 (tensor_tensor)
+    VectorE  prod = S * C_bcast                 (tensor_tensor; every 2nd on
+                                                 GpSimd with 1-2 sequences)
     ScalarE  y   = sum_n prod                   (activation copy, add-reduce)
 
-GpSimd stays free of compute: it generates the descriptors of the indirect
-(vector_offset, software-DGE) state gathers and scatters, and any compute
-queued on it delays them (the cost model, like the hardware, runs GpSimd
-in order).
+State units (SBUF): a sequence's state is cut into as few equal units of
+row blocks as keep a unit within ``_UNIT_BYTES`` (48 KiB) per partition,
+counting the fp32 working copy and, for a bfloat16 pool, the pool-dtype
+tile. Mamba-2 2.7B (20 KiB fp32) and Granite-like (32 KiB fp32, 48 KiB
+with a bf16 pool) use one unit; Falcon-H1-like (N = 256: 64 KiB fp32,
+96 KiB with a bf16 pool) two. The _AHEAD + 1 = 3 units in flight then take
+<= 144 KiB of the 208 KiB usable (Falcon-H1 peak 136 KiB modeled with 4
+sequences), whatever the dstate. Units are independent (rows are), so the
+results do not depend on the cut (tested bit for bit).
+
+GpSimd generates the descriptors of the indirect (vector_offset,
+software-DGE) state gathers and scatters; any compute queued on it delays
+them (the cost model, like the hardware, runs GpSimd in order). With many
+sequences it does no compute. With one or two it takes every second C
+product (from an SBUF copy of C: GpSimd cannot read PSUM), since its few
+descriptors are made up front.
 
 B and C rows of each partition's group are broadcast to the ``pr``
-partitions on TensorE (a K=G 0/1 selection matmul, exact) and read
-straight from PSUM (the other operand of each instruction is in SBUF). T tokens keep the state in
-SBUF (float32); it is written back once. The launcher only reshapes
-per-row inputs (``[.., H*P] -> [.., pr, nt]``, per-head values repeated P
-times).
+partitions on TensorE (one K=G 0/1 selection matmul for [B | C], exact)
+and read straight from PSUM. T tokens keep the state in SBUF (float32);
+it is written back once. Small DMAs cost ~1 us each in the model (latency,
+low efficiency at < 512 B per partition), so the launcher packs x | dt | z
+per token, A | dt_bias | D, and B | C into one array each.
 
 Overlap: the four per-block instructions are software-pipelined over the
 row blocks (step b: decay of block b, input of b-1, product of b-2, sum of
 b-3), so ScalarE and VectorE run concurrently; state gathers are issued two
-sequences ahead of the compute, because a gather issued after a scatter to
-the same pool (run-time indices) has to wait for it. With only one or two
-sequences, each state moves in 4 DMAs so the first row blocks update while
-the rest arrives, and each part is scattered as soon as it is done. Modeled figures (DMA
-bandwidth fraction at 1 / 32 / 512 sequences) are in the report; at 32 and
-more sequences VectorE (two fp32 passes per state element) and the DMA
-queues are both near their limits.
+units ahead of the compute, because a DMA to or from the pool (run-time
+indices) has to wait for every earlier one that may overlap it. A
+sequence's token inputs are loaded just before its first gather (DMA
+queues are FIFO: behind the gathers they held up the first compute by the
+whole gather). With only one or two sequences, each unit moves in up to 4
+DMAs so the first row blocks update while the rest arrives; each part is
+scattered ``_SCATTER_LAG`` blocks after its last update (so the GpSimd
+products just issued are not queued behind the scatter's descriptors,
+which wait for the last gather).
+
+Modeled (trn2, nki_ssm.perf, Mamba-2 2.7B, float32 state, bf16 I/O; bytes
+= minimal HBM traffic, against 368 GB/s): 1 sequence 24.8 us (58 %, was
+38.5 us / 37 %), 32 sequences 62 % (VectorE ~93 % busy: two fp32 2-input
+passes per state element; the pool DMAs are serialised by their run-time
+indices, so more GpSimd offload only moves the bound to the DMA).
 
 Compile time: T, the shapes and which sequences are padding (the cache
 key; padding rows of y are written as zeros and their slots never
@@ -49,65 +70,67 @@ exact 0/1 broadcast). A bfloat16 pool is widened on load and rounded once
 from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
-from nki_ssm.kernels.mamba2_ssd._common import dt_prime, load_f32
+from nki_ssm.kernels.mamba2_ssd._common import dt_prime
 
 
 @nki.jit
-def ssd_decode_step(x_rows, dt_rows, A_rows, B, C, group_sel, D_rows, z_rows, bias_rows,
-                    pool, pool_idx, live, T, dt_softplus, dt_lo, dt_hi):
+def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, pool_idx, live, T, has_z, has_bias,
+                    has_D, dt_softplus, dt_lo, dt_hi):
     """Selective state update; returns y ``[num_seqs*T*pr, nt]`` float32 (row layout).
 
     Row layout: state row ``r = h*P + p`` of a sequence sits at partition
     ``r // nt``, column ``r % nt`` (``pr * nt = H*P``), so each partition
     holds ``nt`` consecutive pool rows = one row of the ``pool`` view.
-    HBM arrays (prepared by the launcher):
-      x_rows, dt_rows ``[num_seqs*T*pr, nt]`` float32 (dt raw, per row's
-      head), z_rows same or None, A_rows, D_rows, bias_rows ``[pr, nt]``
-      float32 (D, dt_bias may be None), B, C ``[num_seqs*T*G, N]``,
-      group_sel ``[G, pr]`` (B's dtype, 1 where partition q's rows are in
+    HBM arrays (prepared by the launcher; per-token and per-row inputs are
+    packed so each moves with one DMA: small DMAs cost ~1 us each):
+      xdt_rows ``[num_seqs*T*pr, k*nt]`` float32: x, raw dt (per row's
+      head) and, if has_z, z, as consecutive ``nt``-column blocks;
+      params ``[pr, k*nt]`` float32: A, then dt_bias if has_bias, then D if
+      has_D (per row); BC ``[num_seqs*T*G, 2*N]``: B then C;
+      group_sel ``[G, pr]`` (BC's dtype, 1 where partition q's rows are in
       group g), pool
       ``[slots*pr, nt*N]`` (the pool ``[slots, H, P, N]``, updated in place),
       pool_idx ``[num_seqs*pr, 1]`` int32 (``slot*pr + q``).
     Compile-time: live (tuple of bools, one per sequence: False = padding,
-      zero output, pool untouched), T, dt_softplus, dt_lo, dt_hi.
+      zero output, pool untouched), T, has_z, has_bias, has_D, dt_softplus,
+      dt_lo, dt_hi.
     """
-    pr, nt = A_rows.shape
+    pr = params.shape[0]
+    k = 2
+    if has_z:
+        k = 3
+    nt = xdt_rows.shape[1] // k
     num_seqs = len(live)
     N = pool.shape[1] // nt
     G = group_sel.shape[0]
     y = nl.ndarray((num_seqs * T * pr, nt), dtype=nl.float32, buffer=nl.shared_hbm)
 
-    A_sb = load_f32(A_rows, pr, nt)
-    bias_sb = load_f32(bias_rows, pr, nt)
-    D_sb = load_f32(D_rows, pr, nt)
-    sel = nl.ndarray((G, pr), dtype=group_sel.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=sel, src=group_sel)
-
     live_ids = []
     for s in range(num_seqs):
         if live[s]:
             live_ids.append(s)
-    for s in range(num_seqs):
-        if not live[s]:
-            zt = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.memset(dst=zt, value=0.0)
-            for tok in range(T):
-                r0 = (s * T + tok) * pr
-                nisa.dma_copy(dst=y[r0:r0 + pr, :], src=zt)
-
     units = _units(live_ids, nt, N, pool.dtype == nl.float32)
     # few sequences: split each unit's DMA in parts so the update of the first
     # row blocks overlaps the gather of the later ones (and their scatter the
-    # rest of the update); many sequences overlap across sequences instead
+    # rest of the update), and let GpSimd take some C products (its queue is
+    # free once the few gathers' descriptors are made); many sequences overlap
+    # across sequences instead, and GpSimd only makes descriptors
     parts = 1
+    gp_every = 0
     if len(live_ids) <= 2:
         parts = max(1, _PARTS // (len(units) // len(live_ids)))
+        gp_every = _GPSIMD_EVERY
+
     # Gathers run _AHEAD units ahead of the compute: the pool is one HBM
     # tensor with run-time indices, so a gather issued after a scatter must
-    # wait for it; issuing it before keeps the DMA queues streaming.
+    # wait for it; issuing it before keeps the DMA queues streaming. A
+    # sequence's token inputs are loaded right before its first gather (DMA
+    # queues are FIFO: behind the gathers they would hold up the compute).
     got = {}
     idxs = {}
-    toks = []
+    toks = {}
+    prm = None
+    sel = None
     for n in range(len(units) + _AHEAD):
         if n < len(units):
             s, a, b = units[n][0], units[n][1], units[n][2]
@@ -115,16 +138,23 @@ def ssd_decode_step(x_rows, dt_rows, A_rows, B, C, group_sel, D_rows, z_rows, bi
                 idx = nl.ndarray((pr, 1), dtype=nl.int32, buffer=nl.sbuf)
                 nisa.dma_copy(dst=idx, src=pool_idx[s * pr:(s + 1) * pr, :])
                 idxs[str(s)] = idx
+                if n == 0:
+                    prm = nl.ndarray((pr, params.shape[1]), dtype=nl.float32, buffer=nl.sbuf)
+                    nisa.dma_copy(dst=prm, src=params)
+                    sel = nl.ndarray((G, pr), dtype=group_sel.dtype, buffer=nl.sbuf)
+                    nisa.dma_copy(dst=sel, src=group_sel)
+                tl = []
+                for tok in range(T):
+                    tl.append(_tok_load(xdt_rows, BC, s * T + tok, pr, G, N))
+                toks[str(s)] = tl
             got[str(n)] = _gather(pool, idxs[str(s)], pr, nt, N, a, b, parts)
         m = n - _AHEAD
         if m >= 0:
             s, a, b = units[m][0], units[m][1], units[m][2]
+            tl = toks[str(s)]
             if a == 0:
-                # per-token inputs of the sequence, shared by all its units
-                toks = []
                 for tok in range(T):
-                    toks.append(_tok_in(x_rows, dt_rows, B, C, A_sb, bias_sb, s * T + tok,
-                                        pr, nt, N, G, dt_softplus, dt_lo, dt_hi))
+                    _tok_prep(tl[tok], prm, pr, nt, has_bias, dt_softplus, dt_lo, dt_hi)
             nat = got[str(m)]
             got[str(m)] = None
             if pool.dtype == nl.float32:
@@ -137,19 +167,30 @@ def ssd_decode_step(x_rows, dt_rows, A_rows, B, C, group_sel, D_rows, z_rows, bi
                 out = None
                 if tok == T - 1:
                     out = (pool, idxs[str(s)], nat, parts)
-                _tok_update(toks[tok], sel, S, a, b, pr, nt, N, out)
+                _tok_update(tl[tok], sel, S, a, b, pr, nt, N, gp_every, out)
             S = None
             nat = None
             if b == nt:
                 for tok in range(T):
-                    _tok_out(toks[tok], z_rows, D_sb, y, s * T + tok, pr, nt)
-                toks = []
+                    _tok_out(tl[tok], prm, y, s * T + tok, pr, nt, has_z, has_bias, has_D)
+                toks[str(s)] = None
                 idxs[str(s)] = None
+    # padding sequences: zero rows of y, no pool access (after the live work:
+    # their small stores would otherwise queue ahead of the first gather)
+    for s in range(num_seqs):
+        if not live[s]:
+            zt = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.memset(dst=zt, value=0.0)
+            for tok in range(T):
+                r0 = (s * T + tok) * pr
+                nisa.dma_copy(dst=y[r0:r0 + pr, :], src=zt)
     return y
 
 
 _AHEAD = 2            # state units gathered ahead of the one being updated
 _PARTS = 4            # state DMAs per sequence when only one or two sequences are live
+_GPSIMD_EVERY = 2
+_SCATTER_LAG = 4
 _UNIT_BYTES = 48 * 1024   # SBUF bytes per partition of one state unit (fp32 state + pool copy)
 
 
@@ -201,42 +242,52 @@ def _scatter(pool, idx, nat, S, pr, nt, N, a, pa, pe):
     nisa.dma_copy(dst=view, src=nat[:, pa * N:pe * N])
 
 
-def _tok_in(x_rows, dt_rows, B, C, A_sb, bias_sb, row, pr, nt, N, G, dt_softplus, dt_lo,
-            dt_hi):
-    """Per-row inputs of one token of one sequence: decay exp(dt' A), dt' x,
-    B and C rows, the y accumulator (all [pr, nt] fp32 but B, C [G, N])."""
-    r0, r1 = row * pr, (row + 1) * pr
-    dt_c = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=dt_c, src=dt_rows[r0:r1, :])
-    x_c = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=x_c, src=x_rows[r0:r1, :])
-    b_g = nl.ndarray((G, N), dtype=B.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=b_g, src=B[row * G:(row + 1) * G, :])
-    c_g = nl.ndarray((G, N), dtype=C.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=c_g, src=C[row * G:(row + 1) * G, :])
+def _tok_load(xdt_rows, BC, row, pr, G, N):
+    """Start the loads of one token's inputs: x | dt | z rows and B | C (one DMA each)."""
+    xdt = nl.ndarray((pr, xdt_rows.shape[1]), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=xdt, src=xdt_rows[row * pr:(row + 1) * pr, :])
+    bc = nl.ndarray((G, 2 * N), dtype=BC.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=bc, src=BC[row * G:(row + 1) * G, :])
+    return {"xdt": xdt, "bc": bc}
 
-    dtp = dt_prime(dt_c, bias_sb, pr, nt, dt_softplus, dt_lo, dt_hi)
+
+def _tok_prep(tk, prm, pr, nt, has_bias, dt_softplus, dt_lo, dt_hi):
+    """Per-row quantities of one token, into ``tk``: decay exp(dt' A), dt' x,
+    and the y accumulator (all [pr, nt] fp32)."""
+    xdt = tk["xdt"]
+    bias = None
+    if has_bias:
+        bias = prm[:, nt:2 * nt]
+    dtp = dt_prime(xdt[:, nt:2 * nt], bias, pr, nt, dt_softplus, dt_lo, dt_hi)
     dA = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=dA, data1=dtp, data2=A_sb, op=nl.multiply)
+    nisa.tensor_tensor(dst=dA, data1=dtp, data2=prm[:, 0:nt], op=nl.multiply)
     nisa.activation(dst=dA, op=nl.exp, data=dA)
     dtx = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=dtx, data1=dtp, data2=x_c, op=nl.multiply)
-    yc = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
-    return {"x": x_c, "dA": dA, "dtx": dtx, "b": b_g, "c": c_g, "y": yc}
+    nisa.tensor_tensor(dst=dtx, data1=dtp, data2=xdt[:, 0:nt], op=nl.multiply)
+    tk["dA"] = dA
+    tk["dtx"] = dtx
+    tk["y"] = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
 
 
-def _tok_update(tk, sel, S, a, b, pr, nt, N, out):
+def _tok_update(tk, sel, S, a, b, pr, nt, N, gp_every, out):
     """One token on row blocks [a, b): update S [pr, (b-a)*N] in place, y columns [a, b).
 
     ``out``: None, or (pool, idx, nat, parts) on the last token: each part
     of the unit is scattered right after its last row block is updated.
     """
     dA, dtx, yc = tk["dA"], tk["dtx"], tk["y"]
-    # B and C of each partition's group on every partition (exact 0/1 matmul, K = G)
-    bb = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=bb, stationary=sel, moving=tk["b"], accumulate=False)
-    cc = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=cc, stationary=sel, moving=tk["c"], accumulate=False)
+    # B and C of each partition's group on every partition (exact 0/1 matmul,
+    # K = G, one PSUM bank for [B | C] up to N = 256)
+    bc = nl.ndarray((pr, 2 * N), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=bc, stationary=sel, moving=tk["bc"], accumulate=False)
+    bb = bc[:, 0:N]
+    cc = bc[:, N:2 * N]
+    # GpSimd takes every gp_every-th C product (VectorE balance); it cannot
+    # read PSUM, so it gets an SBUF copy of C (ScalarE)
+    cc_g = cc
+    if gp_every > 0:
+        cc_g = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=cc_g, op=nl.copy, data=cc)
 
     # per row block u: ScalarE decay, VectorE input, VectorE C product, ScalarE
     # free-dim sum; software-pipelined (step i: stage k on block i-k) so each
@@ -260,13 +311,17 @@ def _tok_update(tk, sel, S, a, b, pr, nt, N, out):
             if out != None:  # noqa: E711
                 for k in range(out[3]):
                     pa, pe = _part_bounds(nu, out[3], k)
-                    if pe > pa and u == pe - 1:
+                    if pe > pa and u == min(pe - 1 + _SCATTER_LAG, nu - 1):
                         _scatter(out[0], out[1], out[2], S, pr, nt, N, a, pa, pe)
         u = i - 2
         if 0 <= u < nu:
             prods[u] = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=prods[u], data1=S[:, u * N:(u + 1) * N], data2=cc,
-                               op=nl.multiply, engine=nisa.engine.vector)
+            if gp_every > 0 and u % gp_every == gp_every - 1:
+                nisa.tensor_tensor(dst=prods[u], data1=S[:, u * N:(u + 1) * N], data2=cc_g,
+                                   op=nl.multiply, engine=nisa.engine.gpsimd)
+            else:
+                nisa.tensor_tensor(dst=prods[u], data1=S[:, u * N:(u + 1) * N], data2=cc,
+                                   op=nl.multiply, engine=nisa.engine.vector)
         u = i - 3
         if 0 <= u < nu:
             t = a + u
@@ -275,17 +330,19 @@ def _tok_update(tk, sel, S, a, b, pr, nt, N, out):
             prods[u] = None
 
 
-def _tok_out(tk, z_rows, D_sb, y, row, pr, nt):
+def _tok_out(tk, prm, y, row, pr, nt, has_z, has_bias, has_D):
     """y rows of one token: (sum_n S C + D x) * silu(z), stored."""
     r0, r1 = row * pr, (row + 1) * pr
-    yc = tk["y"]
-    if D_sb != None:  # noqa: E711
+    yc, xdt = tk["y"], tk["xdt"]
+    if has_D:
+        d0 = nt
+        if has_bias:
+            d0 = 2 * nt
         xd = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=xd, data1=tk["x"], data2=D_sb, op=nl.multiply)
+        nisa.tensor_tensor(dst=xd, data1=xdt[:, 0:nt], data2=prm[:, d0:d0 + nt], op=nl.multiply)
         nisa.tensor_tensor(dst=yc, data1=yc, data2=xd, op=nl.add)
-    if z_rows != None:  # noqa: E711
-        z_c = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=z_c, src=z_rows[r0:r1, :])
-        nisa.activation(dst=z_c, op=nl.silu, data=z_c)
-        nisa.tensor_tensor(dst=yc, data1=yc, data2=z_c, op=nl.multiply)
+    if has_z:
+        sz = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=sz, op=nl.silu, data=xdt[:, 2 * nt:3 * nt])
+        nisa.tensor_tensor(dst=yc, data1=yc, data2=sz, op=nl.multiply)
     nisa.dma_copy(dst=y[r0:r1, :], src=yc)

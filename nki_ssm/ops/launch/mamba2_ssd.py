@@ -152,25 +152,32 @@ def decode(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states, 
     row_idx = _rows(idx, live, pr, pr, slots * pr)
     # partition q of the B/C broadcast takes group (q*nt) // (H/G*P)
     group_of = (np.arange(pr) * nt) // ((H // G) * P)
-    sel = np.ascontiguousarray((group_of[None, :] == np.arange(G)[:, None]).astype(B.dtype))
+    sel = group_of[None, :] == np.arange(G)[:, None]
 
     def rows(a, lead):  # [..., H*P] -> [lead*pr, nt], row r at [r // nt, r % nt]
-        return np.ascontiguousarray(np.asarray(a, np.float32).reshape(lead * pr, nt))
+        return np.asarray(a, np.float32).reshape(lead * pr, nt)
 
     def per_head(a, lead):  # [lead, H] -> per-row values [lead*pr, nt]
         return rows(np.repeat(np.asarray(a, np.float32).reshape(lead, H), P, axis=1), lead)
 
-    D_row = _D_per_row(D, H, P)
+    # one DMA per token for x | dt | z, one for the per-row parameters, one
+    # for B | C (the kernel's small DMAs cost ~1 us each, see its docstring)
+    n = S * T
+    xdt = [rows(x, n), per_head(dt, n)] + ([] if z is None else [rows(z, n)])
+    params = [per_head(A, 1)]
+    if dt_bias is not None:
+        params.append(per_head(dt_bias, 1))
+    if D is not None:
+        params.append(rows(_D_per_row(D, H, P), 1))
+    BC = np.concatenate([np.asarray(B).reshape(n * G, N), np.asarray(C).reshape(n * G, N)],
+                        axis=1)
     lo, hi = _dt_limit(dt_limit)
     pool = ssm_states.reshape(slots * pr, nt * N)
     y = _run(ssd_decode_step,
-             rows(x, S * T), per_head(dt, S * T),
-             per_head(A, 1), np.ascontiguousarray(np.asarray(B).reshape(S * T * G, N)),
-             np.ascontiguousarray(np.asarray(C).reshape(S * T * G, N)), sel,
-             None if D_row is None else rows(D_row, 1),
-             None if z is None else rows(z, S * T),
-             None if dt_bias is None else per_head(dt_bias, 1), pool, row_idx,
-             tuple(bool(v) for v in live), int(T), bool(dt_softplus), lo, hi,
+             np.ascontiguousarray(np.concatenate(xdt, axis=1)),
+             np.ascontiguousarray(np.concatenate(params, axis=1)), np.ascontiguousarray(BC),
+             np.ascontiguousarray(sel.astype(BC.dtype)), pool, row_idx, tuple(bool(v) for v in live), int(T), z is not None,
+             dt_bias is not None, D is not None, bool(dt_softplus), lo, hi,
              backend=backend)
     if not np.shares_memory(pool, ssm_states):
         ssm_states[...] = pool.reshape(ssm_states.shape)
