@@ -206,7 +206,8 @@ def _write_back(inputs) -> None:
 
 def _run(fn, num_programs: int, grid_ndim: int, args, kwargs, kernel=None):
     if _launches:
-        # a kernel called from inside another kernel is inlined
+        # (only reached when the outer source cannot be read: the subset check rejects
+        # calls to jit kernels from a kernel) run it inline
         return fn(*args, **kwargs)
     # the compiler parses the source: Python it rejects fails here, before anything runs
     _subset.check_kernel(fn)

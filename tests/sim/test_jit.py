@@ -182,13 +182,24 @@ def test_trace_records_target_and_instructions(set_target):
     assert [i.op for i in tr.instructions][0] == "dma_copy" and len(tr) == 3
 
 
-def test_nested_kernel_call_is_inlined(rng):
+def test_plain_helper_is_inlined_jit_helper_rejected(rng):
+    """Sub-kernels are plain functions (inlined); a call to an nki.jit-decorated
+    function from a kernel is rejected (migration guide: remove nki.jit on sub-kernels)."""
+    plain = scale_copy.func
+
     @jit
     def outer(x):
-        return scale_copy(x, 2.0)
+        return plain(x, 2.0)
 
     x = rng.standard_normal((4, 4)).astype(np.float32)
     np.testing.assert_array_equal(simulate(outer)(x), x * np.float32(2.0))
+
+    @jit
+    def outer_jit(x):
+        return scale_copy(x, 2.0)
+
+    with pytest.raises(NkiValidationError, match="decorated with nki.jit"):
+        simulate(outer_jit)(x)
 
 
 def test_inputs_are_hbm_and_shared_under_lnc2():
