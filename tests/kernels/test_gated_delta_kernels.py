@@ -205,3 +205,151 @@ def test_decode_qwen3_next_full_shape_speculative():
                                          use_qk_l2norm=True, dtype=BF16, pool_dtype=BF16,
                                          padding=1)
     _run_and_check(inp, BF16_TOL, inter=True)
+
+
+# ----------------------------------------------------------------------------- prefill
+
+def _prefill_check(inp, tol, chunk_size):
+    """Chunked kernel vs the float64 token-by-token reference; returns the output."""
+    ref_in = _copy(inp)
+    before = inp["ssm_states"].copy()
+    o = ops.gated_delta_prefill(**inp, chunk_size=chunk_size, backend="sim")
+    ref_o, ref_pool = gated_delta_recurrent(**ref_in)
+    idx = inp["state_indices"]
+    named = idx[idx >= 0]
+    unnamed = np.setdiff1d(np.arange(before.shape[0]), named)
+    pool = inp["ssm_states"]
+    assert o.dtype == inp["q"].dtype and o.shape == ref_o.shape
+    assert rel_fro(_f64(o), ref_o) <= tol
+    if named.size:
+        assert rel_fro(_f64(pool[named]), ref_pool[named]) <= tol
+    assert pool[unnamed].tobytes() == before[unnamed].tobytes()
+    cu = inp["cu_seqlens"]
+    for n in np.flatnonzero(idx < 0):
+        assert not np.any(_f64(o[cu[n]:cu[n + 1]]))
+    return o
+
+
+@st.composite
+def _prefill_case(draw, dtype=np.float32):
+    H = draw(st.sampled_from([1, 2]))
+    HV = H * draw(st.sampled_from([1, 2]))
+    K = draw(st.sampled_from([16, 32, 64]))
+    V = draw(st.sampled_from([16, 32, 64]))
+    lens = draw(st.lists(st.integers(0, 80), min_size=1, max_size=3))
+    padding = draw(st.integers(0, len(lens) - 1))
+    chunk = draw(st.sampled_from([16, 32, 64, 128]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    inp = make_gated_delta_inputs(np.random.default_rng(seed), seqlens=lens, H=H, HV=HV, K=K,
+                                  V=V, raw_gates=draw(st.booleans()),
+                                  use_qk_l2norm=draw(st.booleans()), dtype=dtype,
+                                  pool_dtype=dtype, padding=padding)
+    return inp, chunk
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=_prefill_case())
+def test_prefill_f32_matches_recurrent_reference(case):
+    inp, chunk = case
+    _prefill_check(inp, F32_TOL, chunk)
+
+
+@settings(max_examples=8, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=_prefill_case(dtype=BF16))
+def test_prefill_bf16_matches_recurrent_reference(case):
+    inp, chunk = case
+    _prefill_check(inp, BF16_TOL, chunk)
+
+
+def test_prefill_length_one_and_empty_sequences():
+    """T = 1, empty sequences with and without initial state (the latter zero their slot)."""
+    inp = make_gated_delta_inputs(np.random.default_rng(8), seqlens=[1, 0, 0, 3], H=1, HV=2,
+                                  K=16, V=16, has_initial_state=np.array([True, True, False,
+                                                                          False]))
+    inp["state_indices"] = np.array([0, 1, 2, 3], dtype=np.int32)
+    slot1 = inp["ssm_states"][1].copy()
+    _prefill_check(inp, F32_TOL, 16)
+    assert inp["ssm_states"][1].tobytes() == slot1.tobytes()
+    assert not np.any(inp["ssm_states"][2])
+
+
+def test_prefill_continuation_through_pool_equals_one_long_prefill():
+    """Two prefills (the second from the pool) == one prefill over the whole sequence."""
+    rng = np.random.default_rng(13)
+    L1, L2 = 45, 38
+    full = make_gated_delta_inputs(rng, seqlens=[L1 + L2], H=2, HV=4, K=32, V=32,
+                                   raw_gates=True, use_qk_l2norm=True, slots=2,
+                                   has_initial_state=True)
+    one = _copy(full)
+    o_one = ops.gated_delta_prefill(**one, chunk_size=32, backend="sim")
+    split = _copy(full)
+    parts = []
+    for s0, s1 in ((0, L1), (L1, L1 + L2)):
+        kw = {n: (x[s0:s1] if n in ("q", "k", "v", "a", "b") else x) for n, x in split.items()}
+        kw["cu_seqlens"] = np.array([0, s1 - s0], dtype=np.int32)
+        parts.append(ops.gated_delta_prefill(**kw, chunk_size=32, backend="sim"))
+    o_split = np.concatenate(parts)
+    assert rel_fro(_f64(o_split), _f64(o_one)) <= 1e-6
+    assert rel_fro(_f64(split["ssm_states"]), _f64(one["ssm_states"])) <= 1e-6
+
+
+def test_prefill_ragged_batch_equals_separate_calls_bitwise():
+    rng = np.random.default_rng(17)
+    lens = [23, 70, 5]
+    inp = make_gated_delta_inputs(rng, seqlens=lens, H=1, HV=2, K=32, V=16, raw_gates=True)
+    batch = _copy(inp)
+    o_batch = ops.gated_delta_prefill(**batch, chunk_size=32, backend="sim")
+    sep = _copy(inp)
+    cu = inp["cu_seqlens"]
+    outs = []
+    for n in range(len(lens)):
+        s0, s1 = int(cu[n]), int(cu[n + 1])
+        kw = {m: (x[s0:s1] if m in ("q", "k", "v", "a", "b") else x) for m, x in sep.items()}
+        kw["cu_seqlens"] = np.array([0, s1 - s0], dtype=np.int32)
+        kw["state_indices"] = inp["state_indices"][n:n + 1]
+        kw["has_initial_state"] = inp["has_initial_state"][n:n + 1]
+        outs.append(ops.gated_delta_prefill(**kw, chunk_size=32, backend="sim"))
+    assert np.concatenate(outs).tobytes() == o_batch.tobytes()
+    assert sep["ssm_states"].tobytes() == batch["ssm_states"].tobytes()
+
+
+def test_prefill_huge_gates_do_not_overflow():
+    """g ~ -500 per token: cumulative log decay reaches -4e4 in a chunk; masked
+    exp(min(c_i - c_j, 0)) keeps everything finite and exact."""
+    inp = make_gated_delta_inputs(np.random.default_rng(9), seqlens=[80], H=1, HV=2, K=16,
+                                  V=16)
+    inp["g"] = np.full_like(inp["g"], -500.0)
+    o = _prefill_check(inp, F32_TOL, 64)
+    assert np.all(np.isfinite(o))
+
+
+def test_prefill_then_decode_kernels_equal_recurrence():
+    """Kernel prefill then kernel decode step == float64 recurrence over all tokens."""
+    rng = np.random.default_rng(6)
+    L = 50
+    full = make_gated_delta_inputs(rng, seqlens=[L + 1], H=1, HV=2, K=32, V=32, slots=2,
+                                   use_qk_l2norm=True, has_initial_state=True)
+    ref_o, ref_pool = gated_delta_recurrent(**_copy(full))
+    pre = {n: (x[:L] if n in ("q", "k", "v", "g", "beta") else x) for n, x in _copy(full).items()}
+    pre["cu_seqlens"] = np.array([0, L], dtype=np.int32)
+    o_pre = ops.gated_delta_prefill(**pre, chunk_size=32, backend="sim")
+    dec = dict(q=full["q"][L:][None], k=full["k"][L:][None], v=full["v"][L:][None],
+               g=full["g"][L:][None], beta=full["beta"][L:][None], use_qk_l2norm=True,
+               ssm_states=pre["ssm_states"], state_indices=full["state_indices"])
+    o_dec = ops.gated_delta_decode(**dec, backend="sim")
+    slot = int(full["state_indices"][0])
+    assert rel_fro(_f64(o_pre), ref_o[:L]) <= F32_TOL
+    assert rel_fro(_f64(o_dec[0]), ref_o[L:]) <= F32_TOL
+    assert rel_fro(_f64(pre["ssm_states"][slot]), ref_pool[slot]) <= F32_TOL
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype, tol", [(np.float32, F32_TOL), (BF16, BF16_TOL)])
+def test_prefill_qwen3_next_tp8_shape(dtype, tol):
+    """Qwen3-Next at TP8 (H=2, HV=4, K=V=128), 300 ragged tokens, chunk 64."""
+    inp = make_gated_delta_inputs(np.random.default_rng(3), seqlens=[170, 130], H=2, HV=4,
+                                  K=128, V=128, raw_gates=True, use_qk_l2norm=True,
+                                  dtype=dtype, pool_dtype=dtype)
+    _prefill_check(inp, tol, 64)

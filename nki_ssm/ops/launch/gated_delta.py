@@ -1,9 +1,10 @@
 """Launcher of the Gated DeltaNet kernels (``nki_ssm.kernels.gated_delta``).
 
-Only ``decode`` exists: ``gated_delta_prefill`` has no kernel yet, so with
-``backend=None`` the host API resolves it to the float64 reference (no
-``prefill`` attribute here = "no launcher", see ``nki_ssm.ops._dispatch``),
-and ``backend="sim"|"neuron"`` raises NotImplementedError for it.
+``decode`` launches ``decode.gdn_decode_step`` (recurrent, T tokens per
+sequence); ``prefill`` launches ``chunk.gdn_chunk_prefill`` (chunked WY / UT
+form; sequence lengths, padding and has_initial_state are compile-time
+tuples; q/k/v flattened to ``[num_tokens, heads*dim]``, gates widened to
+float32, A_log / dt_bias repeated on 128 rows).
 
 Host side only arranges layouts and index tables; all math and every pool
 gather / scatter happens in the kernel:
@@ -37,17 +38,21 @@ def decode_tables(q, k, v, state_indices, slots):
     """(kq_cols, k_rows, v_cols, pool_idx) of ``gdn_decode_step`` (layouts in its docstring)."""
     S, T, H, K = q.shape
     HV, V = v.shape[2:]
-    if slots * HV * K > _INT32_MAX:
-        raise ValueError(f"ssm_states must have slots*HV*K <= {_INT32_MAX} (int32 row indices), "
-                         f"got {slots}*{HV}*{K} = {slots * HV * K}")
     kq = np.stack([np.asarray(k), np.asarray(q)], axis=-1)            # [S, T, H, K, 2]
     kq_cols = np.ascontiguousarray(kq.transpose(3, 0, 1, 2, 4)).reshape(K, S * T * H * 2)
     k_rows = np.ascontiguousarray(np.asarray(k).reshape(1, S * T * H * K))
     v_cols = np.ascontiguousarray(np.asarray(v).transpose(3, 0, 1, 2)).reshape(V, S * T * HV)
+    return kq_cols, k_rows, v_cols, _pool_rows(state_indices, slots, HV, K)
+
+
+def _pool_rows(state_indices, slots, HV, K):
+    """int32 ``[num_seqs*K, 1]``: ``slot*HV*K + k`` (0 for padding, never used)."""
+    if slots * HV * K > _INT32_MAX:
+        raise ValueError(f"ssm_states must have slots*HV*K <= {_INT32_MAX} (int32 row indices), "
+                         f"got {slots}*{HV}*{K} = {slots * HV * K}")
     idx = np.asarray(state_indices, dtype=np.int64)
     rows = np.where(idx[:, None] >= 0, idx[:, None] * HV * K + np.arange(K)[None, :], 0)
-    pool_idx = rows.astype(np.int32).reshape(S * K, 1)
-    return kq_cols, k_rows, v_cols, pool_idx
+    return rows.astype(np.int32).reshape(-1, 1)
 
 
 def decode(*, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_qk_l2norm, ssm_states,
@@ -85,3 +90,45 @@ def decode(*, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_qk_l2norm, ssm_
         inter = np.asarray(out[1]).reshape(S, T, HV, K, V).astype(ssm_states.dtype, copy=False)
         return o, inter
     return o
+
+
+def prefill(*, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_qk_l2norm, cu_seqlens,
+            ssm_states, state_indices, has_initial_state, chunk_size, backend):
+    """Launch ``gdn_chunk_prefill``; returns o ``[num_tokens, HV, V]`` in q's dtype.
+
+    ``ssm_states`` is updated in place (named slots only). Sequence lengths,
+    padding and has_initial_state become compile-time tuples.
+    """
+    from nki_ssm.kernels.gated_delta.chunk import gdn_chunk_prefill
+    from nki_ssm.ops._dispatch import cast_rne
+    T, H, K = q.shape
+    HV, V = v.shape[1:]
+    slots = ssm_states.shape[0]
+    raw = g is None
+    first, second = (a, b) if raw else (g, beta)
+    def tok2d(x, width, dtype=None):
+        x = np.asarray(x).reshape(T, width)
+        if dtype is not None:
+            x = x.astype(dtype)
+        if T == 0:
+            x = np.zeros((1, width), dtype=x.dtype)
+        return np.ascontiguousarray(x)
+    hp = None
+    if raw:
+        hp = np.ascontiguousarray(np.broadcast_to(np.concatenate(
+            [np.asarray(A_log, np.float32), np.asarray(dt_bias, np.float32)]), (128, 2 * HV)))
+    idx = np.asarray(state_indices, dtype=np.int64)
+    pool_idx = _pool_rows(idx, slots, HV, K)
+    cu = [int(x) for x in np.asarray(cu_seqlens)]
+    seq_lens = tuple(cu[i + 1] - cu[i] for i in range(len(cu) - 1))
+    live = tuple(bool(i >= 0) for i in idx)
+    init = tuple(bool(x) for x in np.asarray(has_initial_state))
+    pool = ssm_states.reshape(slots * HV * K, V)
+    o = _run(gdn_chunk_prefill, tok2d(q, H * K), tok2d(k, H * K), tok2d(v, HV * V),
+             tok2d(first, HV, np.float32), tok2d(second, HV, np.float32), hp, pool, pool_idx,
+             seq_lens, live, init, int(H), bool(raw), bool(use_qk_l2norm), float(scale),
+             int(chunk_size), backend=backend)
+    if not np.shares_memory(pool, ssm_states):
+        ssm_states[...] = pool.reshape(ssm_states.shape)
+    o = np.asarray(o, dtype=np.float32)[:T].reshape(T, HV, V)
+    return cast_rne(o, q.dtype)

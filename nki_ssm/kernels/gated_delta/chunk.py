@@ -1,0 +1,319 @@
+"""Gated DeltaNet chunked prefill (WY / UT form), state pool in place.
+
+Per sequence, per chunk of ``L <= chunk`` tokens (chunks start at the
+sequence's first token; the last one may be short), per value head ``hv``
+(q/k head ``h = hv // (HV // H)``), with ``c = cumsum(g)`` inside the chunk:
+
+    D[i, j]  = exp(min(c_i - c_j, 0)) for i >= j, else 0     (never exp(c_i) exp(-c_j))
+    A        = strictly-lower(beta_i (k_i . k_j) D[i, j])
+    [W | U]  = (I + A)^{-1} [beta e^c k | beta v]           (exact 32-row blocks)
+    v_new    = U - W S
+    o        = (e^c q) S + (tril(q k^T) * D) v_new             (q already scaled)
+    S       <- e^{c_last} S + (e^{c_last - c} k)^T v_new
+
+Engine plan: tokens on partitions for the chunk tiles (one DMA each for q, k,
+v, gates per chunk); every product is a TensorE matmul with float32 operands
+(``dst = stationary^T @ moving``, so transposes of k, q, A and W are made on
+TensorE); the cumsum is a matmul with an upper-triangular 0/1 operator; the
+pairwise decays come from ``c_j`` broadcast along the free dim (a matmul of
+``tri_up * g`` with a ones stationary) minus ``c_i`` as a per-partition scalar,
+``min(., 0)``, ``exp`` and a 0/1 mask. The triangular system is solved by
+forward substitution over 32-row blocks, each diagonal block inverted
+exactly by nilpotent doubling (``(I - N)^{-1} = (I + N)(I + N^2)...``, 4
+rounds for 32 rows), never a Neumann series over the whole chunk. The state
+``S [K, HV*V]`` (k on partitions) lives in SBUF in float32 for the whole
+sequence; it is gathered / scattered with one indirect DMA each (same pool
+view as the decode kernel).
+
+HBM arguments (prepared by ``nki_ssm.ops.launch.gated_delta.prefill``):
+  q2, k2 ``[num_tokens, H*K]``, v2 ``[num_tokens, HV*V]`` (q dtype);
+  gate1, gate2 ``[num_tokens, HV]`` float32: g and beta, or raw a and b;
+  head_params ``[128, 2*HV]`` float32 (A_log, dt_bias on every row) or None;
+  pool ``[slots*HV*K, V]`` (updated in place), pool_idx ``[num_seqs*K, 1]`` int32.
+Compile time: seq_lens, live, init (tuples, one entry per sequence), H,
+raw_gates, use_qk_l2norm, scale, chunk.
+Returns o ``[num_tokens, HV*V]`` float32.
+
+Limits: K, V, chunk <= 128; K + V <= 512. Numerics: float32 throughout
+(TensorE float32 operands: exact mode; no bf16 operand path yet). Performance
+is not tuned: per (chunk, head) the kernel issues ~40 small instructions, so
+TensorE fixed costs dominate (see the report for the modeled figure).
+"""
+from __future__ import annotations
+
+from nki_ssm.backend import nki, nl, nisa
+
+_BLOCK = 32           # rows per exactly-inverted diagonal block
+_L2NORM_EPS = 1e-6
+
+
+@nki.jit
+def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, pool_idx, seq_lens, live,
+                      init, H, raw_gates, use_qk_l2norm, scale, chunk):
+    """Chunked gated delta rule over a ragged batch (layouts in the module docstring)."""
+    num_seqs = len(seq_lens)
+    V = pool.shape[1]
+    K = q2.shape[1] // H
+    HV = v2.shape[1] // V
+    rep = HV // H
+    C = chunk
+    o = nl.ndarray((q2.shape[0], HV * V), dtype=nl.float32, buffer=nl.shared_hbm)
+
+    cst = _constants(C, K)
+    if raw_gates:
+        hp = nl.ndarray((128, 2 * HV), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=hp, src=head_params)
+        negA = nl.ndarray((128, HV), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=negA, op=nl.exp, data=hp[:, 0:HV])
+        nisa.tensor_scalar(dst=negA, data=negA, op0=nl.multiply, operand0=-1.0)
+        cst["negA"] = negA
+        cst["dtb"] = hp[:, HV:2 * HV]
+
+    b0 = 0
+    for s in range(num_seqs):
+        n = seq_lens[s]
+        if not live[s]:
+            if n > 0:
+                z = nl.ndarray((C, HV * V), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.memset(dst=z, value=0.0)
+                for t0 in range(b0, b0 + n, C):
+                    L = min(C, b0 + n - t0)
+                    nisa.dma_copy(dst=o[t0:t0 + L, :], src=z[0:L, :])
+        else:
+            _sequence(q2, k2, v2, gate1, gate2, o, cst, pool, pool_idx, s, b0, n, init[s], C,
+                      H, HV, K, V, rep, raw_gates, use_qk_l2norm, scale)
+        b0 = b0 + n
+    return o
+
+
+def _sequence(q2, k2, v2, gate1, gate2, o, cst, pool, pool_idx, s, b0, n, has_init, C, H, HV,
+              K, V, rep, raw_gates, use_qk_l2norm, scale):
+    """Live sequence s (tokens [b0, b0+n)): state gathered (or zero), chunks, scattered."""
+    idx = nl.ndarray((K, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=idx, src=pool_idx[s * K:(s + 1) * K, :])
+    view = pool.ap(pattern=[[V, K], [K * V, HV], [1, V]], offset=0, vector_offset=idx,
+                   indirect_dim=0)
+    nat = nl.ndarray((K, HV * V), dtype=pool.dtype, buffer=nl.sbuf)
+    S = nat
+    if pool.dtype != nl.float32:
+        S = nl.ndarray((K, HV * V), dtype=nl.float32, buffer=nl.sbuf)
+    if has_init:
+        nisa.dma_copy(dst=nat, src=view)
+        if pool.dtype != nl.float32:
+            nisa.tensor_copy(dst=S, src=nat)
+    else:
+        nisa.memset(dst=S, value=0.0)
+    for t0 in range(b0, b0 + n, C):
+        L = min(C, b0 + n - t0)
+        _chunk(q2, k2, v2, gate1, gate2, o, cst, S, t0, L, H, HV, K, V, rep, raw_gates,
+               use_qk_l2norm, scale)
+    if pool.dtype != nl.float32:
+        nisa.tensor_copy(dst=nat, src=S)
+    if n > 0 or not has_init:
+        nisa.dma_copy(dst=view, src=nat)
+
+
+def _constants(C, K):
+    """0/1 operators [C, C] (float32) and a ones tile."""
+    cst = {}
+    ones = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ones, value=1.0)
+    cst["ones"] = ones
+    # tri_up[p, f] = 1 if f >= p (cumsum operator: c_j = sum_{m <= j} g_m)
+    cst["tri_up"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.affine_select(dst=cst["tri_up"], pattern=[[1, C]], channel_multiplier=-1,
+                       on_true_tile=ones[0:C, 0:C], on_false_value=0.0, cmp_op=nl.greater_equal)
+    # tri_lo[p, f] = 1 if p >= f; strict: p > f
+    cst["tri_lo"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.affine_select(dst=cst["tri_lo"], pattern=[[-1, C]], channel_multiplier=1,
+                       on_true_tile=ones[0:C, 0:C], on_false_value=0.0, cmp_op=nl.greater_equal)
+    cst["tri_lo_s"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.affine_select(dst=cst["tri_lo_s"], pattern=[[-1, C]], channel_multiplier=1, offset=-1,
+                       on_true_tile=ones[0:C, 0:C], on_false_value=0.0, cmp_op=nl.greater_equal)
+    cst["ident"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.affine_select(dst=cst["ident"], pattern=[[-1, C]], channel_multiplier=1,
+                       on_true_tile=ones[0:C, 0:C], on_false_value=0.0, cmp_op=nl.equal)
+    return cst
+
+
+def _transpose(src, P, F):
+    """SBUF [P, F] -> SBUF [F, P] (TensorE transpose, float32)."""
+    ps = nl.ndarray((F, P), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=ps, data=src, engine=nisa.engine.tensor)
+    out = nl.ndarray((F, P), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=out, src=ps)
+    return out
+
+
+def _mm(st, mv, M, N):
+    """SBUF [M, N] = st^T @ mv (float32 matmul through PSUM)."""
+    ps = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ps, stationary=st, moving=mv)
+    out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=out, src=ps)
+    return out
+
+
+def _l2norm_rows(x, L, H, K):
+    """x [L, H*K] (SBUF, in place): each head's K values divided by sqrt(sum x^2 + eps)."""
+    sq = nl.ndarray((L, H * K), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=sq, data1=x, data2=x, op=nl.multiply)
+    ss = nl.ndarray((L, H), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=ss, op=nl.add, data=sq.reshape((L, H, K)), axis=(2,))
+    nisa.tensor_scalar(dst=ss, data=ss, op0=nl.add, operand0=_L2NORM_EPS)
+    nisa.activation(dst=ss, op=nl.rsqrt, data=ss)
+    nisa.tensor_tensor(dst=x.reshape((L, H, K)), data1=x.reshape((L, H, K)),
+                       data2=ss.reshape((L, H, 1)).broadcast(2, K), op=nl.multiply)
+
+
+def _solve(A, AT, B, L, N, ident):
+    """X [L, N] = (I + A)^{-1} B for strictly-lower A [L, L] (AT its transpose):
+    forward substitution over _BLOCK-row blocks, diagonal blocks inverted exactly."""
+    X = nl.ndarray((L, N), dtype=nl.float32, buffer=nl.sbuf)
+    for r0 in range(0, L, _BLOCK):
+        r1 = min(r0 + _BLOCK, L)
+        nb = r1 - r0
+        R = nl.ndarray((nb, N), dtype=nl.float32, buffer=nl.sbuf)
+        if r0 == 0:
+            nisa.tensor_copy(dst=R, src=B[0:nb, :])
+        else:
+            ps = nl.ndarray((nb, N), dtype=nl.float32, buffer=nl.psum)
+            nisa.nc_matmul(dst=ps, stationary=AT[0:r0, r0:r1], moving=X[0:r0, :])
+            nisa.tensor_tensor(dst=R, data1=B[r0:r1, :], data2=ps, op=nl.subtract)
+            ps = None
+        # N_b = -A_bb; inv = sum_{m < covered} N_b^m; only inv^T is kept (it is the
+        # stationary of the final product)
+        P = nl.ndarray((nb, nb), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=P, data=A[r0:r1, r0:r1], op0=nl.multiply, operand0=-1.0)
+        PT = nl.ndarray((nb, nb), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=PT, data=AT[r0:r1, r0:r1], op0=nl.multiply, operand0=-1.0)
+        invT = nl.ndarray((nb, nb), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=invT, data1=PT, data2=ident[0:nb, 0:nb], op=nl.add)
+        covered = 2
+        while covered < nb:
+            P2 = _mm(PT, P, nb, nb)          # P @ P
+            P2T = _mm(P, PT, nb, nb)         # P^T @ P^T
+            P = P2
+            PT = P2T
+            ps = nl.ndarray((nb, nb), dtype=nl.float32, buffer=nl.psum)
+            nisa.nc_matmul(dst=ps, stationary=P, moving=invT)   # (inv @ P)^T
+            nisa.tensor_tensor(dst=invT, data1=invT, data2=ps, op=nl.add)
+            ps = None
+            covered = covered * 2
+        ps = nl.ndarray((nb, N), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=ps, stationary=invT, moving=R)
+        nisa.tensor_copy(dst=X[r0:r1, :], src=ps)
+        ps = None
+    return X
+
+
+def _chunk(q2, k2, v2, gate1, gate2, o, cst, S, t0, L, H, HV, K, V, rep, raw_gates,
+           use_qk_l2norm, scale):
+    """One chunk of L tokens starting at token t0: o rows written, S updated in place."""
+    qc = nl.ndarray((L, H * K), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=qc, src=q2[t0:t0 + L, :])
+    kc = nl.ndarray((L, H * K), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=kc, src=k2[t0:t0 + L, :])
+    vc = nl.ndarray((L, HV * V), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=vc, src=v2[t0:t0 + L, :])
+    g = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=g, src=gate1[t0:t0 + L, :])
+    beta = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=beta, src=gate2[t0:t0 + L, :])
+    if raw_gates:
+        # g = -exp(A_log) softplus(a + dt_bias); beta = sigmoid(b)
+        nisa.tensor_tensor(dst=g, data1=g, data2=cst["dtb"][0:L, :], op=nl.add)
+        nisa.activation(dst=g, op=nl.softplus, data=g)
+        nisa.tensor_tensor(dst=g, data1=g, data2=cst["negA"][0:L, :], op=nl.multiply)
+        nisa.activation(dst=beta, op=nl.sigmoid, data=beta)
+    if use_qk_l2norm:
+        _l2norm_rows(qc, L, H, K)
+        _l2norm_rows(kc, L, H, K)
+    nisa.tensor_scalar(dst=qc, data=qc, op0=nl.multiply, operand0=scale)
+
+    tri_up = cst["tri_up"][0:L, 0:L]
+    c_col = _mm(tri_up, g, L, HV)            # c_i of every head, tokens on partitions
+    ec = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=ec, op=nl.exp, data=c_col)
+    oc = nl.ndarray((L, HV * V), dtype=nl.float32, buffer=nl.sbuf)
+    for h in range(H):
+        kh = kc[:, h * K:(h + 1) * K]
+        kT = _transpose(kh, L, K)              # [K, L]
+        qT = _transpose(qc[:, h * K:(h + 1) * K], L, K)
+        kkT = _mm(kT, kT, L, L)                # k_i . k_j
+        kqT = _mm(kT, qT, L, L)                # [j, i] = k_j . q_i
+        for r in range(rep):
+            hv = h * rep + r
+            _head(cst, S, kh, qT, kkT, kqT, vc, g, beta, c_col, ec, oc, hv, L, K, V)
+    nisa.dma_copy(dst=o[t0:t0 + L, :], src=oc)
+
+
+def _head(cst, S, kh, qT, kkT, kqT, vc, g, beta, c_col, ec, oc, hv, L, K, V):
+    """One value head of one chunk (see the module docstring for the math)."""
+    Sh = S[:, hv * V:(hv + 1) * V]
+    c_i = c_col[:, hv:hv + 1]
+    # c_j along the free dim, on L and on K partitions
+    gU = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=gU, data=cst["tri_up"][0:L, 0:L], op0=nl.multiply,
+                       operand0=g[:, hv:hv + 1])
+    crow = _mm(cst["ones"][0:L, 0:L], gU, L, L)
+    crowK = _mm(cst["ones"][0:L, 0:K], gU, K, L)
+    # D[i, j] = exp(min(c_i - c_j, 0)) (i >= j); DT[j, i] = D[i, j]
+    D = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=D, data=crow, op0=nl.multiply, operand0=-1.0, op1=nl.add,
+                       operand1=c_i)
+    nisa.tensor_scalar(dst=D, data=D, op0=nl.minimum, operand0=0.0)
+    nisa.activation(dst=D, op=nl.exp, data=D)
+    nisa.tensor_tensor(dst=D, data1=D, data2=cst["tri_lo"][0:L, 0:L], op=nl.multiply)
+    DT = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=DT, data=crow, op0=nl.subtract, operand0=c_i, op1=nl.minimum,
+                       operand1=0.0)
+    nisa.activation(dst=DT, op=nl.exp, data=DT)
+    nisa.tensor_tensor(dst=DT, data1=DT, data2=cst["tri_up"][0:L, 0:L], op=nl.multiply)
+    # A = strictly-lower(beta_i k_i.k_j D_ij)
+    A = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=A, data1=kkT, data2=D, op=nl.multiply)
+    nisa.tensor_scalar(dst=A, data=A, op0=nl.multiply, operand0=beta[:, hv:hv + 1])
+    nisa.tensor_tensor(dst=A, data1=A, data2=cst["tri_lo_s"][0:L, 0:L], op=nl.multiply)
+    AT = _transpose(A, L, L)
+    # [W | U] = (I + A)^{-1} [beta e^c k | beta v]
+    bec = nl.ndarray((L, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=bec, data1=beta[:, hv:hv + 1], data2=ec[:, hv:hv + 1],
+                       op=nl.multiply)
+    B = nl.ndarray((L, K + V), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=B[:, 0:K], data=kh, op0=nl.multiply, operand0=bec)
+    nisa.tensor_scalar(dst=B[:, K:K + V], data=vc[:, hv * V:(hv + 1) * V], op0=nl.multiply,
+                       operand0=beta[:, hv:hv + 1])
+    X = _solve(A, AT, B, L, K + V, cst["ident"])
+    WT = _transpose(X[:, 0:K], L, K)
+    # v_new = U - W S
+    ps = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ps, stationary=WT, moving=Sh)
+    vnew = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=vnew, data1=X[:, K:K + V], data2=ps, op=nl.subtract)
+    ps = None
+    # o = (e^c q) S + (tril(q k^T) D) v_new
+    Erow = nl.ndarray((K, L), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=Erow, op=nl.exp, data=crowK)
+    qTe = nl.ndarray((K, L), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=qTe, data1=qT, data2=Erow, op=nl.multiply)
+    MT = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=MT, data1=kqT, data2=DT, op=nl.multiply)
+    po = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=po, stationary=qTe, moving=Sh, accumulate=False)
+    nisa.nc_matmul(dst=po, stationary=MT, moving=vnew, accumulate=True)
+    nisa.tensor_copy(dst=oc[:, hv * V:(hv + 1) * V], src=po)
+    po = None
+    # S <- e^{c_last} S + (e^{c_last - c} k)^T v_new
+    dl = nl.ndarray((L, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=dl, data1=crow[:, L - 1:L], data2=c_i, op=nl.subtract)
+    nisa.activation(dst=dl, op=nl.exp, data=dl)
+    kd = nl.ndarray((L, K), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=kd, data=kh, op0=nl.multiply, operand0=dl)
+    el = nl.ndarray((K, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=el, op=nl.exp, data=crowK[:, L - 1:L])
+    su = nl.ndarray((K, V), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=su, stationary=kd, moving=vnew)
+    nisa.scalar_tensor_tensor(dst=Sh, data=Sh, op0=nl.multiply, operand0=el, op1=nl.add,
+                              operand1=su)
+    su = None
