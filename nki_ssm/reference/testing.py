@@ -15,7 +15,7 @@ from .metrics import rel_fro
 
 __all__ = ["FORMS_TOL", "named_slots", "unnamed_slots", "padding_rows", "array_snapshot",
            "assert_arrays_unchanged", "assert_forms_agree", "assert_padding_outputs_zero",
-           "assert_pool_hygiene"]
+           "assert_pool_hygiene", "token_range", "one_sequence"]
 
 FORMS_TOL = 1e-10  # DESIGN.md: two float64 forms of one op agree to 1e-10
 
@@ -39,6 +39,22 @@ def padding_rows(batch: dict) -> list:
         return [np.s_[int(i)] for i in pad]
     cu = np.asarray(batch["cu_seqlens"])
     return [np.s_[int(cu[i]):int(cu[i + 1])] for i in pad]
+
+
+def token_range(batch: dict, start: int, stop: int, token_args) -> dict:
+    """``batch`` cut to tokens [start, stop) as one sequence: the per-token arrays named in
+    ``token_args`` sliced (None ones skipped), ``cu_seqlens = [0, stop - start]``; every
+    other argument as it is (so state_indices / has_initial_state must already be length 1)."""
+    return dict(batch, cu_seqlens=np.array([0, stop - start], np.int32),
+                **{k: batch[k][start:stop] for k in token_args if batch.get(k) is not None})
+
+
+def one_sequence(batch: dict, n: int, token_args) -> dict:
+    """Sequence ``n`` of a prefill batch alone: its tokens, slot and has_initial_state."""
+    cu = np.asarray(batch["cu_seqlens"])
+    return dict(token_range(batch, int(cu[n]), int(cu[n + 1]), token_args),
+                state_indices=batch["state_indices"][n:n + 1],
+                has_initial_state=batch["has_initial_state"][n:n + 1])
 
 
 def assert_padding_outputs_zero(out, batch: dict) -> int:

@@ -19,6 +19,7 @@ from nki_ssm.reference.testing import (
     assert_arrays_unchanged,
     assert_padding_outputs_zero,
     named_slots,
+    token_range,
     unnamed_slots,
 )
 
@@ -147,12 +148,9 @@ def test_prefill_in_two_pieces_through_the_pool(op):
     two = dict(one)
     two[pool_arg] = kw[pool_arg].copy()
     cut = min(seq, n - 3)
-    first = {a: two[a][:cut] for a in token_args}
-    second = {a: two[a][cut:] for a in token_args}
-    y1 = OPS[op](**{**two, **first, "cu_seqlens": np.array([0, cut], np.int32)},
-                 backend="reference")
-    y2 = OPS[op](**{**two, **second, "cu_seqlens": np.array([0, n - cut], np.int32),
-                    "has_initial_state": np.array([True])}, backend="reference")
+    y1 = OPS[op](**token_range(two, 0, cut, token_args), backend="reference")
+    y2 = OPS[op](**dict(token_range(two, cut, n, token_args),
+                        has_initial_state=np.array([True])), backend="reference")
     y_two = np.concatenate([y1, y2]).astype(np.float64)
     assert rel_fro(y_two, y_one.astype(np.float64)) <= 1e-5
     assert rel_fro(two[pool_arg][0].astype(np.float64),

@@ -15,7 +15,6 @@ from nki_ssm.reference.gated_delta import (
     gated_delta_recurrent,
 )
 from nki_ssm.reference.inputs import (
-    cu_seqlens_from_lengths,
     make_gated_delta_decode_inputs,
     make_gated_delta_inputs,
     sigmoid,
@@ -29,6 +28,8 @@ from nki_ssm.reference.testing import (
     assert_forms_agree,
     assert_pool_hygiene,
     named_slots,
+    one_sequence,
+    token_range,
     unnamed_slots,
 )
 
@@ -150,13 +151,9 @@ def test_ragged_equals_separate_calls(fn):
     o_all, p_all = fn(**inp)
     cu = inp["cu_seqlens"]
     pool = inp["ssm_states"]
-    for n, L in enumerate(lengths):
+    for n in range(len(lengths)):
         s, e = int(cu[n]), int(cu[n + 1])
-        one = dict(inp, q=inp["q"][s:e], k=inp["k"][s:e], v=inp["v"][s:e],
-                   g=inp["g"][s:e], beta=inp["beta"][s:e],
-                   cu_seqlens=np.array([0, L], np.int32), ssm_states=pool,
-                   state_indices=inp["state_indices"][n:n + 1],
-                   has_initial_state=inp["has_initial_state"][n:n + 1])
+        one = dict(one_sequence(inp, n, ("q", "k", "v", "g", "beta")), ssm_states=pool)
         o_n, pool = fn(**one)
         np.testing.assert_array_equal(o_n, o_all[s:e])
     np.testing.assert_array_equal(pool, p_all)
@@ -173,11 +170,9 @@ def test_prefill_in_two_pieces_through_pool(fn, tol, split):
                                   has_initial_state=[False], raw_gates=True)
     o_one, p_one = fn(**inp)
     tok = ("q", "k", "v", "a", "b")
-    first = dict(inp, cu_seqlens=np.array([0, split], np.int32),
-                 **{n: inp[n][:split] for n in tok})
-    o1, pool = fn(**first)
-    second = dict(inp, cu_seqlens=np.array([0, L - split], np.int32), ssm_states=pool,
-                  has_initial_state=np.array([True]), **{n: inp[n][split:] for n in tok})
+    o1, pool = fn(**token_range(inp, 0, split, tok))
+    second = dict(token_range(inp, split, L, tok), ssm_states=pool,
+                  has_initial_state=np.array([True]))
     o2, pool = fn(**second)
     assert rel_fro(np.concatenate([o1, o2]), o_one) <= tol
     assert rel_fro(pool, p_one) <= tol

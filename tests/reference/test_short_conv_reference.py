@@ -27,6 +27,8 @@ from nki_ssm.reference.testing import (
     assert_forms_agree,
     assert_padding_outputs_zero,
     assert_pool_hygiene,
+    one_sequence,
+    token_range,
 )
 
 
@@ -92,10 +94,7 @@ def test_ragged_batch_equals_separate_calls(rng, form):
     y, pool = form(**inp)
     cu = inp["cu_seqlens"]
     for s in range(4):
-        one = dict(inp, x=inp["x"][cu[s]:cu[s + 1]], cu_seqlens=cu_seqlens_from_lengths([cu[s + 1] - cu[s]]),
-                   state_indices=inp["state_indices"][s:s + 1],
-                   has_initial_state=inp["has_initial_state"][s:s + 1])
-        y1, pool1 = form(**one)
+        y1, pool1 = form(**one_sequence(inp, s, ("x",)))
         np.testing.assert_array_equal(y1, y[cu[s]:cu[s + 1]])
         slot = inp["state_indices"][s]
         if slot >= 0:
@@ -107,10 +106,9 @@ def test_prefill_in_two_pieces_equals_one(rng, split):
     # splits below W-1 = 3 exercise "the new state takes the tail of (old state ++ x)"
     inp = make_short_conv_inputs(rng, seqlens=[10], dim=3, W=4, has_initial_state="mixed")
     y, pool = short_conv_prefill(**inp)
-    first = dict(inp, x=inp["x"][:split], cu_seqlens=cu_seqlens_from_lengths([split]))
-    y_a, pool_a = short_conv_recurrent(**first)
-    second = dict(inp, x=inp["x"][split:], cu_seqlens=cu_seqlens_from_lengths([10 - split]),
-                  conv_states=pool_a, has_initial_state=np.array([True]))
+    y_a, pool_a = short_conv_recurrent(**token_range(inp, 0, split, ("x",)))
+    second = dict(token_range(inp, split, 10, ("x",)), conv_states=pool_a,
+                  has_initial_state=np.array([True]))
     y_b, pool_b = short_conv_recurrent(**second)
     assert rel_fro(np.concatenate([y_a, y_b]), y) <= TOL
     assert rel_fro(pool_b, pool) <= TOL

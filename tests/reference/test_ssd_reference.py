@@ -26,6 +26,8 @@ from nki_ssm.reference.testing import (
     assert_forms_agree,
     assert_padding_outputs_zero,
     assert_pool_hygiene,
+    one_sequence,
+    token_range,
 )
 
 
@@ -127,11 +129,7 @@ def test_ragged_batch_equals_separate_calls(rng, form):
     cu = inp["cu_seqlens"]
     per_token = ("x", "dt", "B", "C", "z")
     for s in range(4):
-        one = dict(inp, cu_seqlens=cu_seqlens_from_lengths([cu[s + 1] - cu[s]]),
-                   state_indices=inp["state_indices"][s:s + 1],
-                   has_initial_state=inp["has_initial_state"][s:s + 1],
-                   **{k: inp[k][cu[s]:cu[s + 1]] for k in per_token})
-        y1, pool1 = form(**one)
+        y1, pool1 = form(**one_sequence(inp, s, per_token))
         assert rel_fro(y1, y[cu[s]:cu[s + 1]]) <= TOL
         slot = inp["state_indices"][s]
         if slot >= 0:
@@ -143,11 +141,9 @@ def test_prefill_in_two_pieces_equals_one(rng, split):
     inp = make_ssd_inputs(rng, seqlens=[13], H=2, P=2, N=3, D="HP", z=True)
     y, pool = ssd_chunked(**inp, chunk_size=4)
     per_token = ("x", "dt", "B", "C", "z")
-    first = dict(inp, cu_seqlens=cu_seqlens_from_lengths([split]),
-                 **{k: inp[k][:split] for k in per_token})
-    y_a, pool_a = ssd_chunked(**first, chunk_size=4)
-    second = dict(inp, cu_seqlens=cu_seqlens_from_lengths([13 - split]), ssm_states=pool_a,
-                  has_initial_state=np.array([True]), **{k: inp[k][split:] for k in per_token})
+    y_a, pool_a = ssd_chunked(**token_range(inp, 0, split, per_token), chunk_size=4)
+    second = dict(token_range(inp, split, 13, per_token), ssm_states=pool_a,
+                  has_initial_state=np.array([True]))
     y_b, pool_b = ssd_chunked(**second, chunk_size=4)
     assert rel_fro(np.concatenate([y_a, y_b]), y) <= TOL
     assert rel_fro(pool_b, pool) <= TOL

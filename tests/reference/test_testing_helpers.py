@@ -12,7 +12,9 @@ from nki_ssm.reference.testing import (
     assert_padding_outputs_zero,
     assert_pool_hygiene,
     named_slots,
+    one_sequence,
     padding_rows,
+    token_range,
     unnamed_slots,
 )
 
@@ -32,6 +34,17 @@ def test_slots_and_padding_rows():
     decode = dict(b, state_indices=np.array([-1, 2, -1]))
     del decode["cu_seqlens"]
     assert padding_rows(decode) == [np.s_[0], np.s_[2]]
+
+
+def test_token_range_and_one_sequence():
+    b = dict(_batch(), z=None, has_initial_state=np.array([True, False, True]))
+    part = token_range(b, 1, 4, ("x", "z"))
+    assert part["x"].tolist() == [1, 2, 3] and part["z"] is None
+    assert part["cu_seqlens"].tolist() == [0, 3] and part["cu_seqlens"].dtype == np.int32
+    assert part["pool"] is b["pool"] and b["x"].shape == (5,)    # the rest shared, untouched
+    last = one_sequence(b, 2, ("x",))
+    assert last["x"].tolist() == [2, 3, 4] and last["cu_seqlens"].tolist() == [0, 3]
+    assert last["state_indices"].tolist() == [0] and last["has_initial_state"].tolist() == [True]
 
 
 def test_padding_outputs_zero():
