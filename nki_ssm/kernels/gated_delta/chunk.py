@@ -44,6 +44,7 @@ from __future__ import annotations
 from nki_ssm.backend import nki, nl, nisa
 
 _BLOCK = 32           # rows per exactly-inverted diagonal block
+_HEADS = 4            # value heads whose instruction streams advance in lockstep
 _L2NORM_EPS = 1e-6
 
 
@@ -141,7 +142,7 @@ def _transpose(src, P, F):
     ps = nl.ndarray((F, P), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_transpose(dst=ps, data=src, engine=nisa.engine.tensor)
     out = nl.ndarray((F, P), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=out, src=ps)
+    nisa.tensor_copy(dst=out, src=ps, engine=nisa.engine.scalar)
     return out
 
 
@@ -150,7 +151,7 @@ def _mm(st, mv, M, N):
     ps = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=ps, stationary=st, moving=mv)
     out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=out, src=ps)
+    nisa.tensor_copy(dst=out, src=ps, engine=nisa.engine.scalar)
     return out
 
 
@@ -166,45 +167,62 @@ def _l2norm_rows(x, L, H, K):
                        data2=ss.reshape((L, H, 1)).broadcast(2, K), op=nl.multiply)
 
 
-def _solve(A, AT, B, L, N, ident):
-    """X [L, N] = (I + A)^{-1} B for strictly-lower A [L, L] (AT its transpose):
-    forward substitution over _BLOCK-row blocks, diagonal blocks inverted exactly."""
-    X = nl.ndarray((L, N), dtype=nl.float32, buffer=nl.sbuf)
+def _solve_many(As, ATs, Bs, L, N, ident):
+    """Xs[i] [L, N] = (I + As[i])^{-1} Bs[i] for strictly-lower As[i] [L, L] (ATs their
+    transposes): forward substitution over _BLOCK-row blocks, each diagonal block inverted
+    exactly by nilpotent doubling. The heads advance in lockstep so one head's matmuls
+    fill the waits of another's dependent chain."""
+    nh = len(As)
+    Xs = []
+    for i in range(nh):
+        Xs.append(nl.ndarray((L, N), dtype=nl.float32, buffer=nl.sbuf))
     for r0 in range(0, L, _BLOCK):
         r1 = min(r0 + _BLOCK, L)
         nb = r1 - r0
-        R = nl.ndarray((nb, N), dtype=nl.float32, buffer=nl.sbuf)
-        if r0 == 0:
-            nisa.tensor_copy(dst=R, src=B[0:nb, :])
-        else:
-            ps = nl.ndarray((nb, N), dtype=nl.float32, buffer=nl.psum)
-            nisa.nc_matmul(dst=ps, stationary=AT[0:r0, r0:r1], moving=X[0:r0, :])
-            nisa.tensor_tensor(dst=R, data1=B[r0:r1, :], data2=ps, op=nl.subtract)
-            ps = None
-        # N_b = -A_bb; inv = sum_{m < covered} N_b^m; only inv^T is kept (it is the
-        # stationary of the final product)
-        P = nl.ndarray((nb, nb), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=P, data=A[r0:r1, r0:r1], op0=nl.multiply, operand0=-1.0)
-        PT = nl.ndarray((nb, nb), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=PT, data=AT[r0:r1, r0:r1], op0=nl.multiply, operand0=-1.0)
-        invT = nl.ndarray((nb, nb), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=invT, data1=PT, data2=ident[0:nb, 0:nb], op=nl.add)
+        Rs = []
+        Ps = []
+        PTs = []
+        invTs = []
+        for i in range(nh):
+            R = nl.ndarray((nb, N), dtype=nl.float32, buffer=nl.sbuf)
+            if r0 == 0:
+                nisa.tensor_copy(dst=R, src=Bs[i][0:nb, :], engine=nisa.engine.scalar)
+            else:
+                ps = nl.ndarray((nb, N), dtype=nl.float32, buffer=nl.psum)
+                nisa.nc_matmul(dst=ps, stationary=ATs[i][0:r0, r0:r1], moving=Xs[i][0:r0, :])
+                nisa.tensor_tensor(dst=R, data1=Bs[i][r0:r1, :], data2=ps, op=nl.subtract)
+                ps = None
+            Rs.append(R)
+            # N_b = -A_bb; inv = sum_{m < covered} N_b^m; only inv^T is kept (it is the
+            # stationary of the final product)
+            P = nl.ndarray((nb, nb), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=P, data=As[i][r0:r1, r0:r1], op0=nl.multiply, operand0=-1.0)
+            PT = nl.ndarray((nb, nb), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=PT, data=ATs[i][r0:r1, r0:r1], op0=nl.multiply,
+                               operand0=-1.0)
+            invT = nl.ndarray((nb, nb), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=invT, data1=PT, data2=ident[0:nb, 0:nb], op=nl.add)
+            Ps.append(P)
+            PTs.append(PT)
+            invTs.append(invT)
         covered = 2
         while covered < nb:
-            P2 = _mm(PT, P, nb, nb)          # P @ P
-            P2T = _mm(P, PT, nb, nb)         # P^T @ P^T
-            P = P2
-            PT = P2T
-            ps = nl.ndarray((nb, nb), dtype=nl.float32, buffer=nl.psum)
-            nisa.nc_matmul(dst=ps, stationary=P, moving=invT)   # (inv @ P)^T
-            nisa.tensor_tensor(dst=invT, data1=invT, data2=ps, op=nl.add)
-            ps = None
+            for i in range(nh):
+                P2 = _mm(PTs[i], Ps[i], nb, nb)          # P @ P
+                P2T = _mm(Ps[i], PTs[i], nb, nb)         # P^T @ P^T
+                Ps[i] = P2
+                PTs[i] = P2T
+                ps = nl.ndarray((nb, nb), dtype=nl.float32, buffer=nl.psum)
+                nisa.nc_matmul(dst=ps, stationary=P2, moving=invTs[i])   # (inv @ P)^T
+                nisa.tensor_tensor(dst=invTs[i], data1=invTs[i], data2=ps, op=nl.add)
+                ps = None
             covered = covered * 2
-        ps = nl.ndarray((nb, N), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=ps, stationary=invT, moving=R)
-        nisa.tensor_copy(dst=X[r0:r1, :], src=ps)
-        ps = None
-    return X
+        for i in range(nh):
+            ps = nl.ndarray((nb, N), dtype=nl.float32, buffer=nl.psum)
+            nisa.nc_matmul(dst=ps, stationary=invTs[i], moving=Rs[i])
+            nisa.tensor_copy(dst=Xs[i][r0:r1, :], src=ps, engine=nisa.engine.scalar)
+            ps = None
+    return Xs
 
 
 def _chunk(q2, k2, v2, gate1, gate2, o, cst, S, t0, L, H, HV, K, V, rep, raw_gates,
@@ -236,21 +254,44 @@ def _chunk(q2, k2, v2, gate1, gate2, o, cst, S, t0, L, H, HV, K, V, rep, raw_gat
     ec = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=ec, op=nl.exp, data=c_col)
     oc = nl.ndarray((L, HV * V), dtype=nl.float32, buffer=nl.sbuf)
-    for h in range(H):
-        kh = kc[:, h * K:(h + 1) * K]
-        kT = _transpose(kh, L, K)              # [K, L]
-        qT = _transpose(qc[:, h * K:(h + 1) * K], L, K)
-        kkT = _mm(kT, kT, L, L)                # k_i . k_j
-        kqT = _mm(kT, qT, L, L)                # [j, i] = k_j . q_i
-        for r in range(rep):
-            hv = h * rep + r
-            _head(cst, S, kh, qT, kkT, kqT, vc, g, beta, c_col, ec, oc, hv, L, K, V)
+    qk = {}
+    for hv0 in range(0, HV, _HEADS):
+        hvs = []
+        for hv in range(hv0, min(hv0 + _HEADS, HV)):
+            hvs.append(hv)
+        pre = []
+        for i in range(len(hvs)):
+            h = hvs[i] // rep
+            if qk.get(str(h)) == None:  # noqa: E711  (NKI has no `is`)
+                kh = kc[:, h * K:(h + 1) * K]
+                kT = _transpose(kh, L, K)              # [K, L]
+                qT = _transpose(qc[:, h * K:(h + 1) * K], L, K)
+                d = {}
+                d["kh"] = kh
+                d["qT"] = qT
+                d["kkT"] = _mm(kT, kT, L, L)           # k_i . k_j
+                d["kqT"] = _mm(kT, qT, L, L)           # [j, i] = k_j . q_i
+                qk[str(h)] = d
+            pre.append(_head_pre(cst, qk[str(h)], vc, g, beta, c_col, ec, hvs[i], L, K, V))
+        As = []
+        ATs = []
+        Bs = []
+        for i in range(len(hvs)):
+            As.append(pre[i]["A"])
+            ATs.append(pre[i]["AT"])
+            Bs.append(pre[i]["B"])
+        Xs = _solve_many(As, ATs, Bs, L, K + V, cst["ident"])
+        for i in range(len(hvs)):
+            h = hvs[i] // rep
+            _head_post(S, qk[str(h)], pre[i], Xs[i], c_col, oc, hvs[i], L, K, V)
     nisa.dma_copy(dst=o[t0:t0 + L, :], src=oc)
 
 
-def _head(cst, S, kh, qT, kkT, kqT, vc, g, beta, c_col, ec, oc, hv, L, K, V):
-    """One value head of one chunk (see the module docstring for the math)."""
-    Sh = S[:, hv * V:(hv + 1) * V]
+def _head_pre(cst, qk, vc, g, beta, c_col, ec, hv, L, K, V):
+    """Value head hv of one chunk up to the triangular system: decays, A, A^T and the
+    right-hand side [beta e^c k | beta v] (see the module docstring for the math)."""
+    kh = qk["kh"]
+    kkT = qk["kkT"]
     c_i = c_col[:, hv:hv + 1]
     # c_j along the free dim, on L and on K partitions
     gU = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
@@ -258,23 +299,25 @@ def _head(cst, S, kh, qT, kkT, kqT, vc, g, beta, c_col, ec, oc, hv, L, K, V):
                        operand0=g[:, hv:hv + 1])
     crow = _mm(cst["ones"][0:L, 0:L], gU, L, L)
     crowK = _mm(cst["ones"][0:L, 0:K], gU, K, L)
-    # D[i, j] = exp(min(c_i - c_j, 0)) (i >= j); DT[j, i] = D[i, j]
+    # D[i, j] = exp(min(c_i - c_j, 0)) (i >= j, else 0); DT[j, i] = D[i, j]
     D = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=D, data=crow, op0=nl.multiply, operand0=-1.0, op1=nl.add,
-                       operand1=c_i)
-    nisa.tensor_scalar(dst=D, data=D, op0=nl.minimum, operand0=0.0)
+    nisa.tensor_scalar(dst=D, data=crow, op0=nl.subtract, operand0=c_i, reverse0=True,
+                       op1=nl.minimum, operand1=0.0)
     nisa.activation(dst=D, op=nl.exp, data=D)
-    nisa.tensor_tensor(dst=D, data1=D, data2=cst["tri_lo"][0:L, 0:L], op=nl.multiply)
+    nisa.affine_select(dst=D, pattern=[[-1, L]], channel_multiplier=1, on_true_tile=D,
+                       on_false_value=0.0, cmp_op=nl.greater_equal)
     DT = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=DT, data=crow, op0=nl.subtract, operand0=c_i, op1=nl.minimum,
                        operand1=0.0)
     nisa.activation(dst=DT, op=nl.exp, data=DT)
-    nisa.tensor_tensor(dst=DT, data1=DT, data2=cst["tri_up"][0:L, 0:L], op=nl.multiply)
+    nisa.affine_select(dst=DT, pattern=[[1, L]], channel_multiplier=-1, on_true_tile=DT,
+                       on_false_value=0.0, cmp_op=nl.greater_equal)
     # A = strictly-lower(beta_i k_i.k_j D_ij)
     A = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=A, data1=kkT, data2=D, op=nl.multiply)
-    nisa.tensor_scalar(dst=A, data=A, op0=nl.multiply, operand0=beta[:, hv:hv + 1])
-    nisa.tensor_tensor(dst=A, data1=A, data2=cst["tri_lo_s"][0:L, 0:L], op=nl.multiply)
+    nisa.scalar_tensor_tensor(dst=A, data=kkT, op0=nl.multiply, operand0=beta[:, hv:hv + 1],
+                              op1=nl.multiply, operand1=D)
+    nisa.affine_select(dst=A, pattern=[[-1, L]], channel_multiplier=1, offset=-1,
+                       on_true_tile=A, on_false_value=0.0, cmp_op=nl.greater_equal)
     AT = _transpose(A, L, L)
     # [W | U] = (I + A)^{-1} [beta e^c k | beta v]
     bec = nl.ndarray((L, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -284,7 +327,23 @@ def _head(cst, S, kh, qT, kkT, kqT, vc, g, beta, c_col, ec, oc, hv, L, K, V):
     nisa.tensor_scalar(dst=B[:, 0:K], data=kh, op0=nl.multiply, operand0=bec)
     nisa.tensor_scalar(dst=B[:, K:K + V], data=vc[:, hv * V:(hv + 1) * V], op0=nl.multiply,
                        operand0=beta[:, hv:hv + 1])
-    X = _solve(A, AT, B, L, K + V, cst["ident"])
+    d = {}
+    d["A"] = A
+    d["AT"] = AT
+    d["B"] = B
+    d["crow"] = crow
+    d["crowK"] = crowK
+    d["DT"] = DT
+    return d
+
+
+def _head_post(S, qk, d, X, c_col, oc, hv, L, K, V):
+    """Value head hv of one chunk after the solve: v_new, o columns, state update."""
+    Sh = S[:, hv * V:(hv + 1) * V]
+    c_i = c_col[:, hv:hv + 1]
+    kh = qk["kh"]
+    crow = d["crow"]
+    crowK = d["crowK"]
     WT = _transpose(X[:, 0:K], L, K)
     # v_new = U - W S
     ps = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
@@ -296,13 +355,13 @@ def _head(cst, S, kh, qT, kkT, kqT, vc, g, beta, c_col, ec, oc, hv, L, K, V):
     Erow = nl.ndarray((K, L), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=Erow, op=nl.exp, data=crowK)
     qTe = nl.ndarray((K, L), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=qTe, data1=qT, data2=Erow, op=nl.multiply)
+    nisa.tensor_tensor(dst=qTe, data1=qk["qT"], data2=Erow, op=nl.multiply)
     MT = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=MT, data1=kqT, data2=DT, op=nl.multiply)
+    nisa.tensor_tensor(dst=MT, data1=qk["kqT"], data2=d["DT"], op=nl.multiply)
     po = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=po, stationary=qTe, moving=Sh, accumulate=False)
     nisa.nc_matmul(dst=po, stationary=MT, moving=vnew, accumulate=True)
-    nisa.tensor_copy(dst=oc[:, hv * V:(hv + 1) * V], src=po)
+    nisa.tensor_copy(dst=oc[:, hv * V:(hv + 1) * V], src=po, engine=nisa.engine.scalar)
     po = None
     # S <- e^{c_last} S + (e^{c_last - c} k)^T v_new
     dl = nl.ndarray((L, 1), dtype=nl.float32, buffer=nl.sbuf)
