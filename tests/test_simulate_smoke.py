@@ -174,7 +174,9 @@ def test_cases_over_the_pool_budget_are_skipped(tmp_path):
     assert c["status"] == "skipped" and "state pool" in c["error"] and c["modeled_ns"] is None
 
 
-def test_grouped_decode_reference_matches_one_call(monkeypatch):
+def test_piecewise_reference_matches_one_call(monkeypatch):
+    # decode in groups of sequences, conv prefill in blocks of channels: the errors of a
+    # "kernel" 1e-3 off (output and state) equal the one-call figures
     import numpy as np
 
     from nki_ssm.reference import metrics
@@ -182,24 +184,33 @@ def test_grouped_decode_reference_matches_one_call(monkeypatch):
     from simulate import run as run_mod
     from simulate.cases import Case
 
+    F64 = np.float64
     for case in (Case("mamba2_ssd", "decode", "x", S.SSDShape("s", H=2, P=8, N=16, G=1), num_seqs=7),
                  Case("gated_delta", "decode", "x", S.GDNShape("g", H=1, HV=2, K=16, V=16), num_seqs=7, T=2),
-                 Case("short_conv", "decode", "x", S.ConvShape("c", dim=32, W=4), num_seqs=7)):
+                 Case("short_conv", "decode", "x", S.ConvShape("c", dim=32, W=4), num_seqs=7),
+                 Case("short_conv", "prefill", "x", S.ConvShape("c", dim=40, W=4), seqlens=(5, 2, 9),
+                      dtype=F64)):
         kw = case.make_inputs(3)
-        kw["state_indices"][2] = -1      # a padding sequence in the middle
+        kw["state_indices"][1] = -1      # a padding sequence in the middle
         pool = case.pool_name
         idx = kw["state_indices"]
         ref_out, ref_pool = run_mod._reference_fn(case)(**kw)[:2]
-        noisy = np.asarray(ref_pool)[idx[idx >= 0]] * (1 + 1e-3)   # a "kernel" state 1e-3 off
-        whole_out, whole_err = run_mod._reference_errors(case, kw, pool, noisy)
+        ramp = 1 + 1e-3 * np.linspace(0, 1, ref_out.size).reshape(ref_out.shape)
+        out = np.asarray(ref_out) * ramp                             # uneven error: pieces differ
+        named = np.asarray(ref_pool)[idx[idx >= 0]]
+        noisy = named * (1 + 1e-3 * np.linspace(0, 1, named.size).reshape(named.shape))
+        whole = run_mod._reference_errors(case, kw, out, noisy)
         monkeypatch.setattr(run_mod, "_REF_GROUP_BYTES", kw[pool][0].size * 8 * 3)  # groups of 3
-        out, err = run_mod._reference_errors(case, kw, pool, noisy)
+        monkeypatch.setattr(run_mod, "_CONV_REF_CHANNELS", 16)                      # blocks of 16
+        pieces = list(run_mod._pieces(case, kw))
+        parts = run_mod._reference_errors(case, kw, out, noisy)
         monkeypatch.undo()
-        np.testing.assert_array_equal(out, whole_out)
-        np.testing.assert_array_equal(out, ref_out)
-        assert whole_err == pytest.approx(1e-3, rel=1e-6)
-        assert err == pytest.approx(whole_err, rel=1e-12)
-        assert err == pytest.approx(metrics.rel_fro(noisy, np.asarray(ref_pool)[idx[idx >= 0]]), rel=1e-12)
+        assert len(pieces) == 3, case          # 7 sequences / 3, or 40 channels / 16
+        for (o, s), ref_o, ref_s in ((whole, out, noisy), (parts, out, noisy)):
+            assert o.value() == pytest.approx(metrics.rel_fro(ref_o, ref_out), rel=1e-9)
+            assert o.max_scaled() == pytest.approx(metrics.max_abs_scaled(ref_o, ref_out), rel=1e-12)
+            assert s.value() == pytest.approx(metrics.rel_fro(ref_s, named), rel=1e-9)
+        assert 1e-4 < parts[0].value() < 1e-3 and 1e-4 < parts[1].value() < 1e-3
 
 
 def test_conv_generators_weight_dtype_keeps_the_draws():
