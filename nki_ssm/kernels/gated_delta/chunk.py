@@ -44,7 +44,7 @@ from __future__ import annotations
 from nki_ssm.backend import nki, nl, nisa
 
 _BLOCK = 32           # rows per exactly-inverted diagonal block
-_HEADS = 4            # value heads whose instruction streams advance in lockstep
+_HEADS = 8            # value heads whose instruction streams advance in lockstep
 _L2NORM_EPS = 1e-6
 
 
@@ -209,7 +209,7 @@ def _solve_many(As, ATs, Bs, L, N, ident):
         while covered < nb:
             for i in range(nh):
                 P2 = _mm(PTs[i], Ps[i], nb, nb)          # P @ P
-                P2T = _mm(Ps[i], PTs[i], nb, nb)         # P^T @ P^T
+                P2T = _transpose(P2, nb, nb)             # (P @ P)^T, half a matmul
                 Ps[i] = P2
                 PTs[i] = P2T
                 ps = nl.ndarray((nb, nb), dtype=nl.float32, buffer=nl.psum)
