@@ -15,7 +15,7 @@ from .metrics import rel_fro
 
 __all__ = ["FORMS_TOL", "named_slots", "unnamed_slots", "padding_rows", "array_snapshot",
            "assert_arrays_unchanged", "assert_forms_agree", "assert_padding_outputs_zero",
-           "assert_pool_hygiene", "token_range", "one_sequence"]
+           "assert_pool_hygiene", "assert_reads_bf16_exactly", "token_range", "one_sequence"]
 
 FORMS_TOL = 1e-10  # DESIGN.md: two float64 forms of one op agree to 1e-10
 
@@ -95,6 +95,16 @@ def assert_forms_agree(truth, other, batch: dict, tol: float = FORMS_TOL):
     for s in named_slots(batch["state_indices"]):
         assert rel_fro(pool_o[s], pool_t[s]) <= tol, int(s)
     return out_t, pool_t
+
+
+def assert_reads_bf16_exactly(fn, batch: dict) -> None:
+    """``fn(**batch)`` with bfloat16 arrays equals, bit for bit, ``fn`` on their exact float64
+    values (a reference widens its inputs, it never rounds them); ``batch`` has some bf16."""
+    wide = {k: (v.astype(np.float64) if isinstance(v, np.ndarray) and v.dtype.name == "bfloat16"
+                else v) for k, v in batch.items()}
+    assert any(wide[k] is not batch[k] for k in batch), "no bfloat16 array in the batch"
+    for got, exact in zip(fn(**batch), fn(**wide), strict=True):
+        np.testing.assert_array_equal(got, exact)
 
 
 def assert_pool_hygiene(pool_out, batch: dict, *, pool_name: str, every_named: bool = False):

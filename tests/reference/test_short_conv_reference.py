@@ -27,6 +27,7 @@ from nki_ssm.reference.testing import (
     assert_forms_agree,
     assert_padding_outputs_zero,
     assert_pool_hygiene,
+    assert_reads_bf16_exactly,
     one_sequence,
     token_range,
 )
@@ -180,13 +181,7 @@ def test_bf16_inputs_accepted_and_exact_in_float64(rng):
     inp = make_short_conv_inputs(rng, seqlens=[6, 3], dim=4, W=4, dtype=ml_dtypes.bfloat16,
                                  pool_dtype=ml_dtypes.bfloat16)
     assert inp["x"].dtype == ml_dtypes.bfloat16
-    y, pool = short_conv_prefill(**inp)
-    # the reference works on the exact float64 values of the bf16 inputs
-    wide = {k: (v.astype(np.float64) if isinstance(v, np.ndarray) and v.dtype == ml_dtypes.bfloat16
-                else v) for k, v in inp.items()}
-    y64, pool64 = short_conv_prefill(**wide)
-    np.testing.assert_array_equal(y, y64)
-    np.testing.assert_array_equal(pool, pool64)
+    assert_reads_bf16_exactly(short_conv_prefill, inp)
 
 
 def test_bad_arguments_raise_naming_the_argument(rng):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -11,6 +12,7 @@ from nki_ssm.reference.testing import (
     assert_forms_agree,
     assert_padding_outputs_zero,
     assert_pool_hygiene,
+    assert_reads_bf16_exactly,
     named_slots,
     one_sequence,
     padding_rows,
@@ -114,3 +116,16 @@ def test_pool_hygiene_catches_a_touched_unnamed_slot_and_an_untouched_named_one(
     assert_pool_hygiene(stay, empty, pool_name="pool")
     with pytest.raises(AssertionError, match="named slot 3 unchanged"):
         assert_pool_hygiene(stay, empty, pool_name="pool", every_named=True)
+
+
+def test_reads_bf16_exactly_catches_a_rounding_reference():
+    b = dict(x=np.array([1.0, 1 + 2.0 ** -7, -3.5], ml_dtypes.bfloat16), scale=2.0)
+    exact = lambda x, scale: (np.asarray(x, np.float64) * scale,)
+    assert_reads_bf16_exactly(exact, b)
+    # a "reference" that rounds its input to a coarser grid than bf16 differs on the wide copy
+    coarse = lambda x, scale: (np.round(np.asarray(x, np.float64) * 64) / 64 * scale,)
+    with pytest.raises(AssertionError):
+        assert_reads_bf16_exactly(lambda x, scale: exact(x, scale) if x.dtype.name == "bfloat16"
+                                  else coarse(x, scale), b)
+    with pytest.raises(AssertionError, match="no bfloat16"):
+        assert_reads_bf16_exactly(exact, dict(b, x=b["x"].astype(np.float32)))
