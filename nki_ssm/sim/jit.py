@@ -138,6 +138,12 @@ def _convert_arg(name: str, value, inputs: list, region=_tensor.MemoryRegion.pri
                         "(NKI 0.3.0); pass a tuple")
     if isinstance(value, tuple):
         return tuple(_convert_arg(f"{name}[{i}]", v, inputs, region) for i, v in enumerate(value))
+    if isinstance(value, (np.integer, np.bool_)) or (isinstance(value, np.floating)
+                                                     and not isinstance(value, float)):
+        # the front end converts Python bool/int/float only (KLR interop/klr/gather.c
+        # const_expr / value); a NumPy scalar is not one (np.float64 is a float subclass)
+        raise TypeError(f"kernel argument {name!r}: NumPy scalar {value!r} "
+                        f"({type(value).__name__}); pass a Python int, float or bool")
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) \
             and not -2**31 <= int(value) < 2**31:
         # the front end holds compile-time ints as 32-bit (KLR interop/klr/gather.c)

@@ -257,3 +257,12 @@ def k_calls_jit(x):
 def test_jit_decorated_helper_rejected():
     with pytest.raises(NkiValidationError, match="decorated with nki.jit"):
         simulate(jit(k_calls_jit))(X)
+
+
+def test_numpy_scalar_kernel_args_rejected():
+    def k(x, n):
+        return _copy(x)
+    for bad in (np.int32(3), np.int64(3), np.float32(1.5), np.bool_(True), (1, np.int64(2))):
+        with pytest.raises(TypeError, match="NumPy scalar"):
+            simulate(jit(k))(X, bad)
+    np.testing.assert_array_equal(simulate(jit(k))(X, np.float64(1.5)), X)   # a float subclass
