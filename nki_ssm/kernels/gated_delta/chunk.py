@@ -45,6 +45,7 @@ from nki_ssm.backend import nki, nl, nisa
 
 _BLOCK = 32           # rows per exactly-inverted diagonal block
 _HEADS = 8            # value heads whose instruction streams advance in lockstep
+_PACK = 4             # heads whose diagonal blocks share one 128-partition inversion
 _L2NORM_EPS = 1e-6
 
 
@@ -115,7 +116,7 @@ def _sequence(q2, k2, v2, gate1, gate2, o, cst, pool, pool_idx, s, b0, n, has_in
 
 
 def _constants(C, K):
-    """0/1 operators [C, C] (float32) and a ones tile."""
+    """Cumsum operator tri_up [C, C], identity [128, 128] and ones [128, 128] (float32)."""
     cst = {}
     ones = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ones, value=1.0)
@@ -124,16 +125,9 @@ def _constants(C, K):
     cst["tri_up"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.affine_select(dst=cst["tri_up"], pattern=[[1, C]], channel_multiplier=-1,
                        on_true_tile=ones[0:C, 0:C], on_false_value=0.0, cmp_op=nl.greater_equal)
-    # tri_lo[p, f] = 1 if p >= f; strict: p > f
-    cst["tri_lo"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.affine_select(dst=cst["tri_lo"], pattern=[[-1, C]], channel_multiplier=1,
-                       on_true_tile=ones[0:C, 0:C], on_false_value=0.0, cmp_op=nl.greater_equal)
-    cst["tri_lo_s"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.affine_select(dst=cst["tri_lo_s"], pattern=[[-1, C]], channel_multiplier=1, offset=-1,
-                       on_true_tile=ones[0:C, 0:C], on_false_value=0.0, cmp_op=nl.greater_equal)
-    cst["ident"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.affine_select(dst=cst["ident"], pattern=[[-1, C]], channel_multiplier=1,
-                       on_true_tile=ones[0:C, 0:C], on_false_value=0.0, cmp_op=nl.equal)
+    cst["ident"] = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.affine_select(dst=cst["ident"], pattern=[[-1, 128]], channel_multiplier=1,
+                       on_true_tile=ones, on_false_value=0.0, cmp_op=nl.equal)
     return cst
 
 
@@ -169,58 +163,67 @@ def _l2norm_rows(x, L, H, K):
 
 def _solve_many(As, ATs, Bs, L, N, ident):
     """Xs[i] [L, N] = (I + As[i])^{-1} Bs[i] for strictly-lower As[i] [L, L] (ATs their
-    transposes): forward substitution over _BLOCK-row blocks, each diagonal block inverted
-    exactly by nilpotent doubling. The heads advance in lockstep so one head's matmuls
-    fill the waits of another's dependent chain."""
+    transposes): forward substitution over _BLOCK-row blocks; the diagonal blocks of up to
+    four heads are packed block-diagonally on 128 partitions (head i at partition 32*i)
+    and inverted together, exactly, by nilpotent doubling; one matmul applies the four
+    inverses to their right-hand sides."""
     nh = len(As)
     Xs = []
     for i in range(nh):
         Xs.append(nl.ndarray((L, N), dtype=nl.float32, buffer=nl.sbuf))
-    for r0 in range(0, L, _BLOCK):
-        r1 = min(r0 + _BLOCK, L)
-        nb = r1 - r0
-        Rs = []
-        Ps = []
-        PTs = []
-        invTs = []
-        for i in range(nh):
-            R = nl.ndarray((nb, N), dtype=nl.float32, buffer=nl.sbuf)
-            if r0 == 0:
-                nisa.tensor_copy(dst=R, src=Bs[i][0:nb, :], engine=nisa.engine.scalar)
-            else:
-                ps = nl.ndarray((nb, N), dtype=nl.float32, buffer=nl.psum)
-                nisa.nc_matmul(dst=ps, stationary=ATs[i][0:r0, r0:r1], moving=Xs[i][0:r0, :])
-                nisa.tensor_tensor(dst=R, data1=Bs[i][r0:r1, :], data2=ps, op=nl.subtract)
+    for p0 in range(0, nh, _PACK):
+        npk = min(_PACK, nh - p0)
+        W = npk * _BLOCK
+        for r0 in range(0, L, _BLOCK):
+            r1 = min(r0 + _BLOCK, L)
+            nb = r1 - r0
+            # unused rows / columns stay zero so the packed products stay block-diagonal
+            R = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.sbuf)
+            P = nl.ndarray((W, W), dtype=nl.float32, buffer=nl.sbuf)
+            PT = nl.ndarray((W, W), dtype=nl.float32, buffer=nl.sbuf)
+            if nb < _BLOCK:
+                nisa.memset(dst=R, value=0.0)
+            nisa.memset(dst=P, value=0.0)
+            nisa.memset(dst=PT, value=0.0)
+            ps = None
+            if r0 > 0:
+                ps = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.psum)
+            for j in range(npk):
+                i = p0 + j
+                q0 = j * _BLOCK
+                if r0 == 0:
+                    nisa.tensor_copy(dst=R[q0:q0 + nb, :], src=Bs[i][0:nb, :],
+                                     engine=nisa.engine.scalar)
+                else:
+                    nisa.nc_matmul(dst=ps[q0:q0 + nb, :], stationary=ATs[i][0:r0, r0:r1],
+                                   moving=Xs[i][0:r0, :])
+                    nisa.tensor_tensor(dst=R[q0:q0 + nb, :], data1=Bs[i][r0:r1, :],
+                                       data2=ps[q0:q0 + nb, :], op=nl.subtract)
+                # N_b = -A_bb (and its transpose) on the diagonal block of head i
+                nisa.tensor_scalar(dst=P[q0:q0 + nb, q0:q0 + nb], data=As[i][r0:r1, r0:r1],
+                                   op0=nl.multiply, operand0=-1.0)
+                nisa.tensor_scalar(dst=PT[q0:q0 + nb, q0:q0 + nb], data=ATs[i][r0:r1, r0:r1],
+                                   op0=nl.multiply, operand0=-1.0)
+            ps = None
+            # inv = sum_{m < covered} N^m; only inv^T is kept (the final stationary)
+            invT = nl.ndarray((W, W), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=invT, data1=PT, data2=ident[0:W, 0:W], op=nl.add)
+            covered = 2
+            while covered < nb:
+                P2 = _mm(PT, P, W, W)            # P @ P
+                PT = _transpose(P2, W, W)        # (P @ P)^T
+                P = P2
+                ps = nl.ndarray((W, W), dtype=nl.float32, buffer=nl.psum)
+                nisa.nc_matmul(dst=ps, stationary=P, moving=invT)   # (inv @ P)^T
+                nisa.tensor_tensor(dst=invT, data1=invT, data2=ps, op=nl.add)
                 ps = None
-            Rs.append(R)
-            # N_b = -A_bb; inv = sum_{m < covered} N_b^m; only inv^T is kept (it is the
-            # stationary of the final product)
-            P = nl.ndarray((nb, nb), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=P, data=As[i][r0:r1, r0:r1], op0=nl.multiply, operand0=-1.0)
-            PT = nl.ndarray((nb, nb), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=PT, data=ATs[i][r0:r1, r0:r1], op0=nl.multiply,
-                               operand0=-1.0)
-            invT = nl.ndarray((nb, nb), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=invT, data1=PT, data2=ident[0:nb, 0:nb], op=nl.add)
-            Ps.append(P)
-            PTs.append(PT)
-            invTs.append(invT)
-        covered = 2
-        while covered < nb:
-            for i in range(nh):
-                P2 = _mm(PTs[i], Ps[i], nb, nb)          # P @ P
-                P2T = _transpose(P2, nb, nb)             # (P @ P)^T, half a matmul
-                Ps[i] = P2
-                PTs[i] = P2T
-                ps = nl.ndarray((nb, nb), dtype=nl.float32, buffer=nl.psum)
-                nisa.nc_matmul(dst=ps, stationary=P2, moving=invTs[i])   # (inv @ P)^T
-                nisa.tensor_tensor(dst=invTs[i], data1=invTs[i], data2=ps, op=nl.add)
-                ps = None
-            covered = covered * 2
-        for i in range(nh):
-            ps = nl.ndarray((nb, N), dtype=nl.float32, buffer=nl.psum)
-            nisa.nc_matmul(dst=ps, stationary=invTs[i], moving=Rs[i])
-            nisa.tensor_copy(dst=Xs[i][r0:r1, :], src=ps, engine=nisa.engine.scalar)
+                covered = covered * 2
+            ps = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.psum)
+            nisa.nc_matmul(dst=ps, stationary=invT, moving=R)
+            for j in range(npk):
+                q0 = j * _BLOCK
+                nisa.tensor_copy(dst=Xs[p0 + j][r0:r1, :], src=ps[q0:q0 + nb, :],
+                                 engine=nisa.engine.scalar)
             ps = None
     return Xs
 
