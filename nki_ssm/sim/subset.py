@@ -29,7 +29,7 @@ import types
 from .errors import NkiValidationError
 
 # Python builtins the NKI front end defines (KLR/Trace/*.lean ``builtin.python.*``) plus
-# ``range`` (for-loop iterators only). Any other builtin called in a kernel is an error.
+# ``range`` (for-loop headers only). Any other builtin called in a kernel is an error.
 NKI_BUILTINS = frozenset({
     "abs", "bool", "dict", "divmod", "float", "int", "isinstance", "len", "list", "max", "min",
     "print", "slice", "str", "tuple", "type", "range",
@@ -98,6 +98,7 @@ def _check_body(fn_node: ast.AST, where: str, is_kernel: bool, local_names: set)
         _fail(where, fn_node, "a '*' keyword-only separator in a kernel signature (NKI 0.3.0 "
                               "migration guide)")
     dicts = _dict_names(fn_node)
+    loop_iters = {id(n.iter) for n in ast.walk(fn_node) if isinstance(n, ast.For)}
     loads = set()
     for node in ast.walk(fn_node):
         if node is not fn_node:
@@ -133,6 +134,10 @@ def _check_body(fn_node: ast.AST, where: str, is_kernel: bool, local_names: set)
                 if kw.arg is None:
                     _fail(where, node, "keyword expansion (**kwargs) in a call")
             f = node.func
+            if isinstance(f, ast.Name) and f.id == "range" and "range" not in local_names \
+                    and id(node) not in loop_iters:
+                # KLR/Trace/NKI.lean: "range, but only in a for-loop context"
+                _fail(where, node, "range() outside a for-loop header")
             if isinstance(f, ast.Name) and f.id not in local_names and f.id not in NKI_BUILTINS \
                     and f.id in _PY_BUILTINS:
                 _fail(where, node, f"the Python builtin {f.id}() (NKI defines only "

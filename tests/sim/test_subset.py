@@ -133,6 +133,11 @@ def k_for_else(x):
     return _copy(x)
 
 
+def k_range_value(x):
+    r = list(range(3))
+    return _copy(x)
+
+
 def k_set(x):
     s = {1, 2}
     return _copy(x)
@@ -170,7 +175,7 @@ def k_table(x):
     (k_zip, "zip()"), (k_enumerate, "enumerate()"), (k_format_spec, "format specifiers"),
     (k_nested_def, "inner function"), (k_del, "'del'"), (k_with_as, "with-statements"),
     (k_kwexpand, "keyword expansion"), (k_for_else, "for/while ... else"),
-    (k_set, "set literals"), (k_in_chain, "chained comparison"),
+    (k_set, "set literals"), (k_range_value, "range() outside"), (k_in_chain, "chained comparison"),
     (k_helper, "list comprehensions"), (k_table, "list comprehensions"),
 ])
 def test_rejected_construct_names_itself(kernel, words):
