@@ -129,6 +129,7 @@ _PSUM_F = 512      # fp32 elements of one PSUM bank per partition
 _PMAX = 128
 _IO_BLOCKS = 4     # head blocks per z / y DMA
 _W_ON_VECTOR = 0   # block head whose W build runs on VectorE (engine balance)
+_PREFETCH_BYTES = 32 * 1024   # state bytes per partition gathered a sequence ahead
 
 
 def _tri_consts(Q):
@@ -165,15 +166,13 @@ def _transpose_to_sbuf(src, rows, cols, dtype):
     return out
 
 
-def _load_state(pool, gather_idx, s, ST, HP, N, n_tiles):
-    """Gather one sequence's state with one DMA and transpose it into the S^T tiles.
+def _gather_state(pool, gather_idx, s, HP, N):
+    """Start the gather of one sequence's state: (new tile [pr, nt*N] in the pool dtype).
 
     ``pool`` [slots*pr, nt*N]: partition q of the gather reads state rows
     ``q*nt .. q*nt+nt-1`` (r = h*P + p), one pool row of ``nt*N`` contiguous
     elements, at index ``gather_idx[s*pr + q]`` (``slot*pr + q``, or past the
-    pool: skipped, the zero fill stays = zero initial state). Column block j
-    of the tile holds rows ``q*nt + j``: its transpose lands in the strided
-    S^T columns ``j, j+nt, ...``. ``ST[t]`` fp32 [Nt, H*P].
+    pool: skipped, the zero fill stays = zero initial state).
     """
     nt = pool.shape[1] // N
     pr = HP // nt
@@ -184,11 +183,21 @@ def _load_state(pool, gather_idx, s, ST, HP, N, n_tiles):
     src = pool.ap(pattern=[[nt * N, pr], [1, nt * N]], offset=0, vector_offset=idx,
                   indirect_dim=0)
     nisa.dma_copy(dst=nat, src=src, oob_mode=nisa.oob_mode.skip)
+    return nat
+
+
+def _state_in(nat, ST, HP, N, n_tiles):
+    """Gathered state tile -> S^T tiles (TensorE transposes). Column block j
+    of ``nat`` holds rows ``q*nt + j``: its transpose lands in the strided
+    S^T columns ``j, j+nt, ...``. ``ST[t]`` fp32 [Nt, H*P].
+    """
+    pr = nat.shape[0]
+    nt = HP // pr
     for j in range(nt):
         for t in range(n_tiles):
             n0 = t * _PMAX
             ntile = min(_PMAX, N - n0)
-            ps = nl.ndarray((ntile, pr), dtype=pool.dtype, buffer=nl.psum)
+            ps = nl.ndarray((ntile, pr), dtype=nat.dtype, buffer=nl.psum)
             nisa.nc_transpose(dst=ps, data=nat[:, j * N + n0:j * N + n0 + ntile])
             nisa.tensor_copy(dst=ST[t][:, j:HP:nt], src=ps,
                              engine=nisa.engine.scalar if j % 2 else nisa.engine.vector)
@@ -264,6 +273,25 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     # heads per block: one PSUM bank for seg [L, hb*L] and y [L, hb*P]
     hb = max(1, min(HPG, _PSUM_F // Q, _PSUM_F // P))
 
+    # With a small state (<= _PREFETCH_BYTES per partition) the next live
+    # sequence's state is gathered during this one's chunks (after the first
+    # chunk's loads), not after this one's scatter: pool DMAs have run-time
+    # indices, so a gather issued after a scatter waits for it (2.7B, 4 x 256
+    # tokens: 413 -> 386 us modeled). A large state (Falcon-H1: 64 KiB) is
+    # gathered in turn: two would not fit next to the chunk pipeline.
+    nxt = []
+    for s in range(len(seq_lens)):
+        nxt.append(-1)
+    last = -1
+    for s in range(len(seq_lens) - 1, -1, -1):
+        nxt[s] = last
+        if live[s]:
+            last = s
+    itemsize = 4
+    if pool.dtype != nl.float32:
+        itemsize = 2
+    early = pool.shape[1] * itemsize <= _PREFETCH_BYTES
+    pre = {}
     start = 0
     for s in range(len(seq_lens)):
         n_s = seq_lens[s]
@@ -275,10 +303,18 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
         for t in range(n_tiles):
             nt = min(_PMAX, N - t * _PMAX)
             ST.append(nl.ndarray((nt, HP), dtype=nl.float32, buffer=nl.sbuf))
-        _load_state(pool, gather_idx, s, ST, HP, N, n_tiles)
-
-        _sequence(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST, start, n_s, Q,
-                  H, P, N, G, HPG, hb, n_tiles, md, dt_softplus, dt_lo, dt_hi)
+        if pre.get(str(s)) == None:  # noqa: E711
+            pre[str(s)] = _gather_state(pool, gather_idx, s, HP, N)
+        _state_in(pre[str(s)], ST, HP, N, n_tiles)
+        pre[str(s)] = None
+        ahead = None
+        if early and nxt[s] >= 0:
+            ahead = (pool, gather_idx, nxt[s])
+        nat = _sequence(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST, start, n_s,
+                        Q, H, P, N, G, HPG, hb, n_tiles, md, dt_softplus, dt_lo, dt_hi, ahead)
+        if ahead != None:  # noqa: E711
+            pre[str(nxt[s])] = nat
+        nat = None
 
         _store_state(pool, scatter_idx, s, ST, HP, N, n_tiles)
         start += n_s
@@ -380,8 +416,13 @@ def _chunk(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST,
 
 
 def _sequence(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST, start, n_s, Q,
-              H, P, N, G, HPG, hb, n_tiles, md, dt_softplus, dt_lo, dt_hi):
+              H, P, N, G, HPG, hb, n_tiles, md, dt_softplus, dt_lo, dt_hi, ahead):
     """All chunks of one sequence as one software pipeline over (chunk, head block) items.
+
+    ``ahead``: None, or (pool, gather_idx, s) of the next sequence, whose
+    state gather is issued right after the first chunk's prologue (its DMA
+    then queues behind this sequence's first loads, not ahead of them);
+    returns that gathered tile (or None).
 
     Ten stages per item (``_STAGES``, one engine each); in step b, stage k
     works on item b - k, so each engine's in-order queue holds work whose
@@ -421,6 +462,7 @@ def _sequence(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST, start
     n_items = nc * nb
 
     # steps: lists of (stage, item); pro: step -> chunk whose prologue starts it
+    nat = None
     steps = []
     pro = {}
     if across:
@@ -449,6 +491,8 @@ def _sequence(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST, start
             ctxs[c] = _chunk(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST,
                              t0, L, H, P, N, G, HPG, hb, n_tiles, md, dt_softplus, dt_lo,
                              dt_hi)
+            if c == 0 and ahead != None:  # noqa: E711
+                nat = _gather_state(ahead[0], ahead[1], ahead[2], H * P, N)
         for e in range(len(steps[si])):
             k, i = steps[si][e]
             c, j = i // nb, i % nb
@@ -459,6 +503,7 @@ def _sequence(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST, start
                 work[i] = None
                 if j == nb - 1:
                     ctxs[c] = None
+    return nat
 
 
 # Stages of one (chunk, head block) item. Each stage runs on one engine
