@@ -142,6 +142,20 @@ def _check_body(fn_node: ast.AST, where: str, is_kernel: bool, local_names: set)
                     and f.id in _PY_BUILTINS:
                 _fail(where, node, f"the Python builtin {f.id}() (NKI defines only "
                                    f"{', '.join(sorted(NKI_BUILTINS))})")
+        elif isinstance(node, ast.Assign):
+            # KLR/NKI/Simplify.lean letSet / pattern: a tuple target holds names only, and at
+            # most one target of a chained assignment mutates (a[i] = ..., x.f = ...)
+            sets = 0
+            for t in node.targets:
+                if isinstance(t, (ast.Tuple, ast.List)):
+                    if not all(isinstance(e, ast.Name) or isinstance(e, (ast.Tuple, ast.List))
+                               for e in ast.walk(t) if e is not t and not isinstance(e, ast.expr_context)):
+                        _fail(where, node, "tuple assignment targets other than plain names "
+                                           "(assign subscripts / attributes one per statement)")
+                elif not isinstance(t, ast.Name):
+                    sets += 1
+            if sets > 1:
+                _fail(where, node, "several mutating targets in one assignment")
         elif isinstance(node, (ast.For, ast.While)):
             if node.orelse:
                 _fail(where, node, "for/while ... else")

@@ -138,6 +138,19 @@ def k_range_value(x):
     return _copy(x)
 
 
+def k_tuple_subscript_target(x):
+    d = {}
+    d["a"], n = 1, 2
+    return _copy(x)
+
+
+def k_two_sets(x):
+    a = [0]
+    b = [0]
+    a[0] = b[0] = 1
+    return _copy(x)
+
+
 def k_set(x):
     s = {1, 2}
     return _copy(x)
@@ -175,7 +188,8 @@ def k_table(x):
     (k_zip, "zip()"), (k_enumerate, "enumerate()"), (k_format_spec, "format specifiers"),
     (k_nested_def, "inner function"), (k_del, "'del'"), (k_with_as, "with-statements"),
     (k_kwexpand, "keyword expansion"), (k_for_else, "for/while ... else"),
-    (k_set, "set literals"), (k_range_value, "range() outside"), (k_in_chain, "chained comparison"),
+    (k_tuple_subscript_target, "tuple assignment targets"),
+    (k_two_sets, "several mutating targets"), (k_set, "set literals"), (k_range_value, "range() outside"), (k_in_chain, "chained comparison"),
     (k_helper, "list comprehensions"), (k_table, "list comprehensions"),
 ])
 def test_rejected_construct_names_itself(kernel, words):
@@ -194,6 +208,8 @@ def k_allowed(x, flag, n):
     v = d.get("k1")
     if v != None and 0 <= n < 4 and 2 in lst and 1 in (1, 2):  # noqa: E711
         m = n if flag else 0
+    a0, (b0, c0) = 1, (2, 3)
+    lst[0] = v2 = 7
     i = 0
     while i < 2:
         i += 1
