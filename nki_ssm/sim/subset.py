@@ -258,6 +258,14 @@ def _check_tree(fn) -> None:
                 raise NkiValidationError(
                     f"{where}: calls {name}, which is decorated with nki.jit; helpers called "
                     f"from a kernel must be plain functions (the NKI compiler inlines them)")
+            if isinstance(val, (list, dict, set, bytearray)) and name not in closure:
+                # the compiler copies a global into the kernel at trace time; the simulator
+                # would share (and let the kernel mutate) one object across calls, and the
+                # kernel cache would keep the first value (language guide, "pure functions")
+                raise NkiValidationError(
+                    f"{where}: reads the mutable module global {name!r} "
+                    f"({type(val).__name__}); kernels must be pure functions of their "
+                    f"arguments: use a tuple or pass it in")
             found = []
             _reachable(val, found)
             for g in found:

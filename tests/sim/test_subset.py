@@ -287,3 +287,16 @@ def test_numpy_scalar_kernel_args_rejected():
         with pytest.raises(TypeError, match="NumPy scalar"):
             simulate(jit(k))(X, bad)
     np.testing.assert_array_equal(simulate(jit(k))(X, np.float64(1.5)), X)   # a float subclass
+
+
+_MUTABLE = [1, 2]
+
+
+def k_mutable_global(x):
+    n = _MUTABLE[0]
+    return _copy(x)
+
+
+def test_mutable_module_global_rejected():
+    with pytest.raises(NkiValidationError, match="mutable module global '_MUTABLE'"):
+        simulate(jit(k_mutable_global))(X)
