@@ -6,7 +6,10 @@ Modules: ``errors`` (NkiValidationError, NkiCapacityError), ``dtypes``,
 ``targets`` (trn1/trn2/trn3 limits, NEURON_PLATFORM_TARGET_OVERRIDE),
 ``tensor`` (Storage, NkiTensor views), ``memory`` (capacity accounting),
 ``language`` (nki.language), ``isa`` (nki.isa), ``jit`` (jit, simulate),
-``install`` (register the simulator as ``import nki``), ``trace``.
+``install`` (register the simulator as ``import nki``), ``trace``,
+``subset`` (every launched kernel's Python is checked against the subset the
+NKI compiler's front end accepts: no comprehensions, lambda, raise, try, ``is``,
+tuple for-targets, ``in`` on a dict, NumPy-scalar or >32-bit int arguments, ...).
 
 ``language``, ``isa`` and ``jit`` load on first attribute access, so importing
 ``nki_ssm.sim.tensor`` alone stays cheap and cycle-free.
