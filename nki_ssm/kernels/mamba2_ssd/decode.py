@@ -8,14 +8,25 @@ partition reads ``nt*N`` contiguous pool elements (one row of the
 ``[slots*pr, nt*N]`` view: 20 KiB per partition at Mamba-2 2.7B, the DMA's
 efficient regime), and partitions never straddle a group. Per-row
 quantities (dt, x, z, A, D, dt_bias) are then ``[pr, nt]`` tiles and every
-update is a per-partition-scalar instruction over N free elements:
+update is a per-partition-scalar instruction over N free elements, in a
+five-stage pipeline per row block t:
 
     ScalarE  tmp = S * exp(dt' A)               (activation copy, column scale)
-    VectorE  S   = B_bcast * (dt' x) + tmp      (scalar_tensor_tensor)
+    input, alternating by block (engine balance):
+      t even: VectorE  S = B_bcast * (dt' x) + tmp        (scalar_tensor_tensor)
+      t odd:  ScalarE  inp = B_bcast * (dt' x); TensorE PSUM = I tmp + I inp
+              (fp32 identity matmuls, 0/1 stationary); ScalarE S = PSUM
     VectorE  prod = S * C_bcast                 (tensor_tensor; every 2nd on
                                                  GpSimd with 1-2 sequences)
     ScalarE  y   = sum_n prod                   (activation copy, add-reduce)
     ScalarE  pool tile = S                      (bf16 pool, last token only)
+
+Two fp32 2-input VectorE passes per state element made VectorE the bound
+(~98 % busy at 512 sequences); the TensorE path of odd blocks moves half
+of one pass to ScalarE (1-input, faster clock) and TensorE, which were
+idle (2.7B, 16 sequences: 375 -> 291 us modeled). Like the prefill's
+exact mode it takes fp32 TensorE products and PSUM accumulation as exact
+(a 0/1 stationary: each output is 1.0 * tmp + 1.0 * inp, one fp32 add).
 
 State units (SBUF): a sequence's state is cut into as few equal units of
 row blocks as keep a unit within ``_UNIT_BYTES`` (48 KiB) per partition,
@@ -55,10 +66,11 @@ products just issued are not queued behind the scatter's descriptors,
 which wait for the last gather).
 
 Modeled (trn2, nki_ssm.perf, Mamba-2 2.7B, float32 state, bf16 I/O; bytes
-= minimal HBM traffic, against 368 GB/s): 1 sequence 24.8 us (58 %, was
-38.5 us / 37 %), 32 sequences 62 % (VectorE ~93 % busy: two fp32 2-input
-passes per state element; the pool DMAs are serialised by their run-time
-indices, so more GpSimd offload only moves the bound to the DMA).
+= minimal HBM traffic, against 368 GB/s): see the figures in the latest
+commit messages / report; before this round 1 sequence 38.5 us (37 %),
+32 sequences 61 %, 512 sequences 64 % (VectorE bound). The pool DMAs are
+serialised by their run-time indices (each waits for the earlier ones that
+may overlap it), which bounds the many-sequence case near 80 %.
 
 Compile time: T, the shapes and which sequences are padding (the cache
 key; padding rows of y are written as zeros and their slots never
@@ -135,6 +147,7 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, pool_idx, live, T, ha
     toks = {}
     prm = None
     sel = None
+    ident = None
     for n in range(len(units) + _AHEAD):
         if n < len(units):
             s, a, b = units[n][0], units[n][1], units[n][2]
@@ -147,6 +160,7 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, pool_idx, live, T, ha
                     nisa.dma_copy(dst=prm, src=params)
                     sel = nl.ndarray((G, pr), dtype=group_sel.dtype, buffer=nl.sbuf)
                     nisa.dma_copy(dst=sel, src=group_sel)
+                    ident = _identity(pr)
                 tl = []
                 for tok in range(T):
                     tl.append(_tok_load(xdt_rows, BC, s * T + tok, pr, G, N))
@@ -174,7 +188,7 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, pool_idx, live, T, ha
                 S_in = S
                 if tok == 0:
                     S_in = nat
-                _tok_update(tl[tok], sel, S_in, S, a, b, pr, nt, N, gp_every, out)
+                _tok_update(tl[tok], sel, ident, S_in, S, a, b, pr, nt, N, gp_every, out)
             S = None
             nat = None
             if b == nt:
@@ -198,6 +212,7 @@ _AHEAD = 2            # state units gathered ahead of the one being updated
 _PARTS = 4            # state DMAs per sequence when only one or two sequences are live
 _GPSIMD_EVERY = 2
 _SCATTER_LAG = 4
+_PE_CYCLE = 2       # blocks t % _PE_CYCLE != 0 take the TensorE input path
 _UNIT_BYTES = 48 * 1024   # SBUF bytes per partition of one state unit (fp32 state + pool copy)
 
 
@@ -274,14 +289,24 @@ def _tok_prep(tk, prm, pr, nt, has_bias, dt_softplus, dt_lo, dt_hi):
     tk["y"] = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
 
 
-def _tok_update(tk, sel, S_in, S, a, b, pr, nt, N, gp_every, out):
+def _identity(pr):
+    """fp32 identity [pr, pr] (the TensorE add of the input path)."""
+    ones = nl.ndarray((pr, pr), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ones, value=1.0)
+    ident = nl.ndarray((pr, pr), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.affine_select(dst=ident, pattern=[[-1, pr]], channel_multiplier=1, on_true_tile=ones,
+                       on_false_value=0.0, cmp_op=nl.equal, offset=0)
+    return ident
+
+
+def _tok_update(tk, sel, ident, S_in, S, a, b, pr, nt, N, gp_every, out):
     """One token on row blocks [a, b): S [pr, (b-a)*N] fp32 <- update of S_in
     (S itself, or the pool-dtype tile on the first token), y columns [a, b).
 
     ``out``: None, or (pool, idx, nat, parts) on the last token: each part
     of the unit is scattered (``_SCATTER_LAG`` blocks) after its last row
     block is final; a non-fp32 pool tile ``nat`` is first rounded from S
-    block by block on ScalarE (a fifth pipeline stage).
+    block by block on ScalarE.
     """
     narrow = False
     if out != None:  # noqa: E711
@@ -300,28 +325,54 @@ def _tok_update(tk, sel, S_in, S, a, b, pr, nt, N, gp_every, out):
         cc_g = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=cc_g, op=nl.copy, data=cc)
 
-    # per row block u: ScalarE decay, VectorE input, VectorE C product, ScalarE
-    # free-dim sum; software-pipelined (step i: stage k on block i-k) so each
-    # engine's in-order queue never waits on work issued in the same step
+    # per row block u, five stages, software-pipelined (step i: stage k on
+    # block i-k) so each engine's in-order queue never waits on work issued
+    # in the same step:
+    #   0 ScalarE decay tmp = S_in dA (and, TensorE path, inp = B dt'x)
+    #   1 input: VectorE S = B dt'x + tmp, or TensorE PSUM = I tmp + I inp
+    #   2 ScalarE S = PSUM (TensorE path)
+    #   3 VectorE / GpSimd prod = S C
+    #   4 ScalarE y = sum prod (and the bf16 pool copy of S)
+    # The TensorE path (blocks t % _PE_CYCLE != 0) moves one 2-input fp32
+    # pass per element from VectorE to ScalarE / TensorE (engine balance).
     nu = b - a
     tmps = [None] * nu
+    inps = [None] * nu
+    pss = [None] * nu
     prods = [None] * nu
-    for i in range(nu + 3):
+    for i in range(nu + 4):
         u = i
         if u < nu:
             t = a + u
             tmps[u] = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=tmps[u], op=nl.copy, data=S_in[:, u * N:(u + 1) * N],
                             scale=dA[:, t:t + 1])
+            if t % _PE_CYCLE != 0:
+                inps[u] = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.activation(dst=inps[u], op=nl.copy, data=bb, scale=dtx[:, t:t + 1])
         u = i - 1
         if 0 <= u < nu:
             t = a + u
-            nisa.scalar_tensor_tensor(dst=S[:, u * N:(u + 1) * N], data=bb, op0=nl.multiply,
-                                      operand0=dtx[:, t:t + 1], op1=nl.add, operand1=tmps[u])
+            if t % _PE_CYCLE != 0:
+                pss[u] = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.psum)
+                nisa.nc_matmul(dst=pss[u], stationary=ident, moving=tmps[u], accumulate=False,
+                               is_stationary_onezero=True)
+                nisa.nc_matmul(dst=pss[u], stationary=ident, moving=inps[u], accumulate=True,
+                               is_stationary_onezero=True)
+                inps[u] = None
+            else:
+                nisa.scalar_tensor_tensor(dst=S[:, u * N:(u + 1) * N], data=bb,
+                                          op0=nl.multiply, operand0=dtx[:, t:t + 1],
+                                          op1=nl.add, operand1=tmps[u])
             tmps[u] = None
+        u = i - 2
+        if 0 <= u < nu:
+            if pss[u] != None:  # noqa: E711
+                nisa.activation(dst=S[:, u * N:(u + 1) * N], op=nl.copy, data=pss[u])
+                pss[u] = None
             if out != None and not narrow:  # noqa: E711
                 _scatter_due(out, u, nu, pr, nt, N, a)
-        u = i - 2
+        u = i - 3
         if 0 <= u < nu:
             prods[u] = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf)
             if gp_every > 0 and u % gp_every == gp_every - 1:
@@ -330,7 +381,7 @@ def _tok_update(tk, sel, S_in, S, a, b, pr, nt, N, gp_every, out):
             else:
                 nisa.tensor_tensor(dst=prods[u], data1=S[:, u * N:(u + 1) * N], data2=cc,
                                    op=nl.multiply, engine=nisa.engine.vector)
-        u = i - 3
+        u = i - 4
         if 0 <= u < nu:
             t = a + u
             nisa.activation(dst=prods[u], op=nl.copy, data=prods[u], reduce_op=nl.add,
