@@ -186,7 +186,7 @@ def _gather_batch(pool, pool_idx, seqs, HV, K, V):
 def _scatter(pool, st, HV, K, V):
     """The updated state of one sequence back to its slot (rounded once to the pool dtype)."""
     if pool.dtype != nl.float32:
-        nisa.tensor_copy(dst=st["nat"], src=st["S"])
+        nisa.tensor_copy(dst=st["nat"], src=st["S"], engine=nisa.engine.scalar)
     nisa.dma_copy(dst=_pool_view(pool, st["idx"], HV, K, V), src=st["nat"])
 
 
@@ -317,7 +317,7 @@ def _run_batch(io, k_rows, inter, got, seqs, g0, T, H, HV, K, V, want_inter):
             st["S"] = st["nat"]
         else:
             st["S"] = nl.ndarray((K, HV * V), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=st["S"], src=st["nat"])
+            nisa.tensor_copy(dst=st["S"], src=st["nat"], engine=nisa.engine.scalar)
     for t in range(T):
         urows = []
         krows = []
@@ -340,7 +340,7 @@ def _run_batch(io, k_rows, inter, got, seqs, g0, T, H, HV, K, V, want_inter):
                     _store_state(inter, got[j]["S"], row0, HV, K, V)
                 else:
                     Sc = nl.ndarray((K, HV * V), dtype=inter.dtype, buffer=nl.sbuf)
-                    nisa.tensor_copy(dst=Sc, src=got[j]["S"])
+                    nisa.tensor_copy(dst=Sc, src=got[j]["S"], engine=nisa.engine.scalar)
                     _store_state(inter, Sc, row0, HV, K, V)
 
 
