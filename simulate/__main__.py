@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     if not args.out:
         _link_latest(out)
     print_table(results)
-    print_goals(results)
+    print_goals(results, case_set)
     if cal_rows is not None:
         from nki_ssm.perf.calibration import summarize
 

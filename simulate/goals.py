@@ -62,6 +62,7 @@ class GoalRow:
 
 
 HEADERS = ["issue", "case", "figure", "value (modeled)", "goal", "status"]
+NOT_IN_RUN = "not in this run (python -m simulate --set judged)"
 
 
 def _pct(x: float) -> str:
@@ -124,8 +125,10 @@ def goals() -> list[Goal]:
     return out
 
 
-def evaluate(results, goal_list: list[Goal] | None = None, target: str | None = None) -> list[GoalRow]:
-    """One row per goal whose case is in ``results`` (matched by case id).
+def evaluate(results, goal_list: list[Goal] | None = None, target: str | None = None,
+             all_goals: bool = False) -> list[GoalRow]:
+    """One row per goal whose case is in ``results`` (matched by case id); with
+    ``all_goals`` also a "not in this run" row for each goal whose case is not.
 
     The performance goals are stated for trn2: on another target the rows
     say so and are "reported" only.
@@ -134,9 +137,11 @@ def evaluate(results, goal_list: list[Goal] | None = None, target: str | None = 
     rows = []
     for g in goals() if goal_list is None else goal_list:
         r = by_id.get(g.case.id)
-        if r is None:
-            continue
         goal_text = g.goal_text
+        if r is None:
+            if all_goals:
+                rows.append(GoalRow(g.issue, g.case.id, g.figure, "—", goal_text, NOT_IN_RUN))
+            continue
         if r.status != "kernel":
             rows.append(GoalRow(g.issue, g.case.id, g.figure, "—", goal_text,
                                 f"not run: {r.status}" + (f" ({r.error})" if r.error else "")))

@@ -106,7 +106,12 @@ def test_case_config_follows_the_model_and_is_in_the_id():
     assert judged["short_conv_prefill/qwen3-next/8x2048/bf16,w-bf16,nobias,pool-bf16"].seqlens == (2048,) * 8
     # Mamba-2's conv has a bias (use_conv_bias=True)
     assert any(c.id.startswith("short_conv_prefill/mamba2-2.7b/") and c.bias for c in default_cases())
-    assert set(judged) <= {c.id for c in default_cases()}
+    from simulate.cases import DEFAULT_LEAVES_OUT
+
+    default_ids = {c.id for c in default_cases()}
+    left_out = {i for i in judged if i not in default_ids}
+    assert len(left_out) == len(DEFAULT_LEAVES_OUT) == 2
+    assert all(i.startswith(DEFAULT_LEAVES_OUT) for i in left_out)
     full = full_cases()
     assert len({c.id for c in full}) == len(full) == 3 * 10 + 3 * 10 + 4 * 11
 
@@ -132,6 +137,10 @@ def test_goals_are_computed_from_results():
     rows = evaluate([replace(r_conv, hbm_fraction=0.69), replace(r_ssd, status="error", error="x")],
                     [conv_prefill, ssd_rate])
     assert rows[0].status == "not met" and rows[1].status.startswith("not run: error")
+    # goals of judged cases absent from the run: listed only on request
+    assert len(evaluate([r_conv], [conv_prefill, ssd_rate])) == 1
+    absent = evaluate([r_conv], [conv_prefill, ssd_rate], all_goals=True)[1]
+    assert absent.case_id == ssd_rate.case.id and absent.status.startswith("not in this run")
     # performance goals are stated for trn2: reported only on trn3
     assert evaluate([replace(r_conv, target="trn3")], [conv_prefill])[0].status == "reported"
     # SSD decode at 1 and 32 sequences: reported, at 512: judged against 60 %
