@@ -63,11 +63,10 @@ def validate_prefill(x, weight, bias, *, activation, cu_seqlens, conv_states,
     weight, bias, activation, conv_states = _check_conv_params(
         dim, weight, bias, activation, conv_states
     )
-    cu, num_seqs = v.check_cu_seqlens(cu_seqlens, num_tokens, "x.shape[0]")
-    idx = v.check_state_indices(state_indices, num_seqs, conv_states.shape[0], "conv_states")
-    his = v.check_has_initial_state(has_initial_state, num_seqs)
-    return dict(x=x, weight=weight, bias=bias, activation=activation, cu_seqlens=cu,
-                conv_states=conv_states, state_indices=idx, has_initial_state=his)
+    return dict(x=x, weight=weight, bias=bias, activation=activation, conv_states=conv_states,
+                **v.check_ragged_batch(cu_seqlens, state_indices, has_initial_state,
+                                       num_tokens=num_tokens, tokens_source="x.shape[0]",
+                                       pool=conv_states, pool_name="conv_states"))
 
 
 def validate_decode(x, weight, bias, *, activation, conv_states, state_indices) -> dict:
