@@ -45,6 +45,8 @@ per sequence (gather + scatter), plus ``HV*K*V`` per token with
 instruction streams are interleaved (one sequence's matmuls fill the other's
 waits); state gathers run one batch ahead of the compute; q/k/v/gates and o
 move in one DMA per I/O group of ``_GROUP // T`` sequences (k rows per sequence).
+A lone batch (1-2 sequences) gathers and scatters each state in ``_PARTS``
+pieces by q/k head.
 
 HBM arguments (prepared by the launcher, ``nki_ssm.ops.launch.gated_delta``);
 columns run over (sequence s, token t, head), head fastest:
@@ -70,8 +72,9 @@ and intermediates rounded once (RNE) on store (widen / narrow on ScalarE).
 
 Modeled (trn2, one NeuronCore, Qwen3-Next H=16 HV=32 K=V=128, T=1, raw
 gates, l2norm, float32 pool; "bound" = state bytes read + written over the
-368 GB/s DMA bandwidth): 1 sequence 31 us (0.36 of the bound: one state
-gather, the token's dependent chain, one scatter), 32 sequences 465 us
+368 GB/s DMA bandwidth): 1 sequence 26.5 us (0.43 of the bound: the state
+moves in 4 parts so the first heads' work overlaps the rest of the gather
+and their scatter the rest of the update), 2 sequences 45.7 us (0.50), 32 sequences 465 us
 (0.78), 512 sequences 7.26 ms (0.80); DMA on the critical path, TensorE
 ~72 % and VectorE ~67 % busy. A bfloat16 pool halves the bytes and the
 kernel becomes compute bound (32 sequences 558 us, 0.33 of its bound).
@@ -83,6 +86,7 @@ from nki_ssm.backend import nki, nl, nisa
 
 _GROUP = 16           # (sequence, token) pairs per input / output DMA (>= 2 KiB per partition)
 _STREAMS = 2          # sequences whose per-token instruction streams are interleaved
+_PARTS = 4            # state DMAs per sequence when the batch is the only one (latency)
 _PREFETCH = 1         # batches whose states are gathered ahead of the compute (2: no gain modeled)
 _L2NORM_EPS = 1e-6    # FLA / transformers: x / sqrt(sum x^2 + eps)
 _MM_COLS = 512        # moving columns of one fp32 matmul (one PSUM bank on trn2)
@@ -147,9 +151,14 @@ def gdn_decode_step(kq_cols, k_rows, v_cols, gate_rows, head_params, pool, pool_
             batches.append(ids[i:i + _STREAMS])
     # state gathers run one batch ahead of the compute (a gather issued after a
     # scatter to the same pool, run-time indices, would have to wait for it)
+    # a lone batch moves each state in parts (by q/k head) so the first heads'
+    # reductions overlap the rest of the gather, and their scatter the rest of the update
+    parts = 1
+    if len(batches) == 1:
+        parts = min(_PARTS, H)
     states = {}
     for bi in range(min(_PREFETCH, len(batches))):
-        states[str(bi)] = _gather_batch(pool, pool_idx, batches[bi], HV, K, V)
+        states[str(bi)] = _gather_batch(pool, pool_idx, batches[bi], H, HV, K, V, parts)
     io = None
     for g0 in range(0, num_seqs, G):
         g1 = min(g0 + G, num_seqs)
@@ -159,12 +168,10 @@ def gdn_decode_step(kq_cols, k_rows, v_cols, gate_rows, head_params, pool, pool_
             seqs = batches[bi]
             if seqs[0] >= g0 and seqs[0] < g1:
                 if bi + _PREFETCH < len(batches):
-                    states[str(bi + _PREFETCH)] = _gather_batch(pool, pool_idx,
-                                                                batches[bi + _PREFETCH], HV, K, V)
+                    states[str(bi + _PREFETCH)] = _gather_batch(
+                        pool, pool_idx, batches[bi + _PREFETCH], H, HV, K, V, parts)
                 got = states.pop(str(bi))
-                _run_batch(io, k_rows, inter, got, seqs, g0, T, H, HV, K, V, want_inter)
-                for j in range(len(seqs)):
-                    _scatter(pool, got[j], HV, K, V)
+                _run_batch(io, k_rows, inter, got, seqs, g0, T, H, HV, K, V, want_inter, pool)
         nisa.dma_copy(dst=o[:, g0 * THV:g1 * THV], src=io["ot"])
         io = None
     if want_inter:
@@ -172,14 +179,22 @@ def gdn_decode_step(kq_cols, k_rows, v_cols, gate_rows, head_params, pool, pool_
     return o
 
 
-def _pool_view(pool, idx, HV, K, V):
-    """Indirect view of one sequence's state: partition k -> rows idx[k] + hv*K, hv < HV."""
-    return pool.ap(pattern=[[V, K], [K * V, HV], [1, V]], offset=0, vector_offset=idx,
-                   indirect_dim=0)
+def _pool_view(pool, idx, hv0, nh, K, V):
+    """Indirect view of heads [hv0, hv0+nh) of one sequence's state: partition k -> rows
+    idx[k] + hv*K."""
+    return pool.ap(pattern=[[V, K], [K * V, nh], [1, V]], offset=hv0 * K * V,
+                   vector_offset=idx, indirect_dim=0)
 
 
-def _gather_batch(pool, pool_idx, seqs, HV, K, V):
-    """Per sequence: {idx [K, 1] int32, nat [K, HV*V] pool dtype, S [K, HV*V] float32}."""
+def _part_heads(H, parts, k):
+    """q/k heads [a, b) of state part k of ``parts``."""
+    return (k * H) // parts, ((k + 1) * H) // parts
+
+
+def _gather_batch(pool, pool_idx, seqs, H, HV, K, V, parts):
+    """Per sequence: {idx [K, 1] int32, nat [K, HV*V] pool dtype, parts}, gathered with
+    ``parts`` indirect DMAs (by q/k head)."""
+    rep = HV // H
     out = []
     for j in range(len(seqs)):
         s = seqs[j]
@@ -187,16 +202,24 @@ def _gather_batch(pool, pool_idx, seqs, HV, K, V):
         st["idx"] = nl.ndarray((K, 1), dtype=nl.int32, buffer=nl.sbuf)
         nisa.dma_copy(dst=st["idx"], src=pool_idx[s * K:(s + 1) * K, :])
         st["nat"] = nl.ndarray((K, HV * V), dtype=pool.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=st["nat"], src=_pool_view(pool, st["idx"], HV, K, V))
+        st["parts"] = parts
+        for k in range(parts):
+            h0, h1 = _part_heads(H, parts, k)
+            a, b = h0 * rep, h1 * rep
+            nisa.dma_copy(dst=st["nat"][:, a * V:b * V],
+                          src=_pool_view(pool, st["idx"], a, b - a, K, V))
         out.append(st)
     return out
 
 
-def _scatter(pool, st, HV, K, V):
-    """The updated state of one sequence back to its slot (rounded once to the pool dtype)."""
+def _scatter_heads(pool, st, a, b, V):
+    """Value heads [a, b) of one sequence's updated state back to its slot (rounded once
+    to the pool dtype)."""
+    K = st["nat"].shape[0]
     if pool.dtype != nl.float32:
-        nisa.tensor_copy(dst=st["nat"], src=st["S"], engine=nisa.engine.scalar)
-    nisa.dma_copy(dst=_pool_view(pool, st["idx"], HV, K, V), src=st["nat"])
+        nisa.tensor_copy(dst=st["nat"][:, a * V:b * V], src=st["S"][:, a * V:b * V],
+                         engine=nisa.engine.scalar)
+    nisa.dma_copy(dst=_pool_view(pool, st["idx"], a, b - a, K, V), src=st["nat"][:, a * V:b * V])
 
 
 def _store_state(inter, S, row0, HV, K, V):
@@ -315,7 +338,7 @@ def _load_group(kq_cols, k_rows, v_cols, gate_rows, cst, live, g0, g1, T, H, HV,
     return io
 
 
-def _run_batch(io, k_rows, inter, got, seqs, g0, T, H, HV, K, V, want_inter):
+def _run_batch(io, k_rows, inter, got, seqs, g0, T, H, HV, K, V, want_inter, pool):
     """All T tokens of the batch's sequences, their instruction streams interleaved:
     per token, every sequence's front half (reductions, o, u row) is issued before any
     back half (outer products and state update), so one sequence's matmuls and vector
@@ -326,7 +349,11 @@ def _run_batch(io, k_rows, inter, got, seqs, g0, T, H, HV, K, V, want_inter):
             st["S"] = st["nat"]
         else:
             st["S"] = nl.ndarray((K, HV * V), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=st["S"], src=st["nat"], engine=nisa.engine.scalar)
+            for k in range(st["parts"]):
+                h0, h1 = _part_heads(H, st["parts"], k)
+                a, b = h0 * (HV // H) * V, h1 * (HV // H) * V
+                nisa.tensor_copy(dst=st["S"][:, a:b], src=st["nat"][:, a:b],
+                                 engine=nisa.engine.scalar)
     for t in range(T):
         urows = []
         krows = []
@@ -342,7 +369,11 @@ def _run_batch(io, k_rows, inter, got, seqs, g0, T, H, HV, K, V, want_inter):
         for j in range(len(seqs)):
             s = seqs[j]
             c0 = ((s - g0) * T + t) * HV
-            _back(io, got[j]["S"], krows[j], urows[j], c0, H, HV, K, V)
+            # the last token scatters each state part as soon as its heads are updated
+            out = None
+            if t == T - 1:
+                out = (pool, got[j])
+            _back(io, got[j]["S"], krows[j], urows[j], c0, H, HV, K, V, out)
             if want_inter:
                 row0 = (s * T + t) * HV * K
                 if inter.dtype == nl.float32:
@@ -399,8 +430,9 @@ def _front(io, S, c0, H, HV, K, V):
     return urow
 
 
-def _back(io, S, krow, urow, c0, H, HV, K, V):
-    """S_hv = a_hv S_hv + k_h (rk u_hv)^T for every value head (in place)."""
+def _back(io, S, krow, urow, c0, H, HV, K, V, out):
+    """S_hv = a_hv S_hv + k_h (rk u_hv)^T for every value head (in place); ``out``: None
+    or (pool, state dict): scatter each state part right after its last head."""
     rep = HV // H
     step = (_MM_COLS // V) * V   # whole heads per PSUM bank
     for h in range(H):
@@ -417,3 +449,9 @@ def _back(io, S, krow, urow, c0, H, HV, K, V):
                                           operand0=io["dec"][0:K, c0 + hv:c0 + hv + 1],
                                           op1=nl.add, operand1=ku[:, e0:e0 + V])
             ku = None
+        if out != None:  # noqa: E711
+            st = out[1]
+            for k in range(st["parts"]):
+                h0, h1 = _part_heads(H, st["parts"], k)
+                if h == h1 - 1:
+                    _scatter_heads(out[0], st, h0 * rep, h1 * rep, V)
