@@ -218,6 +218,16 @@ def test_prefill_several_channel_groups(rng):
     _run_and_check(inp)
 
 
+def test_prefill_one_row_per_dma_fallback(rng, monkeypatch):
+    """The documented one-base-row-per-partition gather/scatter form (ONE_ROW_PER_DMA):
+    two groups (16 tiles + partial), mixed initial states, a chunk boundary."""
+    from nki_ssm.kernels.short_conv import prefill
+    monkeypatch.setattr(prefill, "ONE_ROW_PER_DMA", True)
+    inp = make_short_conv_inputs(rng, seqlens=[5, 600, 2], dim=2240, W=4, dtype=BF16,
+                                 pool_dtype=BF16, has_initial_state=[True, True, False])
+    _run_and_check(inp)
+
+
 @pytest.mark.parametrize("num_seqs,dim,T,pool_dtype", [
     (130, 128, 1, np.float32),   # R = 1, two groups, ScalarE/VectorE taps (fp32 pool)
     (100, 256, 2, BF16),         # R = 1, all bf16: TensorE taps with diagonal weights

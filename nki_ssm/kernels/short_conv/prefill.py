@@ -51,6 +51,7 @@ GROUP_TILES = 16    # most channel tiles per group: 2048 channels -> 4 KiB bf16 
 SBUF_BUDGET = 150 * 1024   # bytes per partition for the per-group working set
 CHUNK = 512         # tokens per transposed load (n_tiles * 512 * 2 B = 16 KiB per partition)
 BANK = 512          # fp32 columns of one PSUM bank
+ONE_ROW_PER_DMA = False   # pool halo gather / state scatter: one DMA per tile (see _pool_rows_dma)
 ALIGN = 16          # window offsets in elements: 32 B (bf16) / 64 B (fp32), the DMA
                     # transpose destination alignment (nki_ssm/sim/isa/dma.py)
 
@@ -187,13 +188,7 @@ def _load_window(x, pool_rows, gather_rows, scatter_rows, groups, segments, item
         nisa.dma_copy(dst=g_idx[0:P, :],
                       src=gather_rows.ap(pattern=[[1, P], [1, 1]], offset=s * TILE))
         nisa.memset(dst=xw[0:P, :, M - H:M], value=0.0)
-        # one gather for the whole group: partition p starts at row slot*dim + p (run-time
-        # index) + c0 (compile-time offset), the free pattern steps 128 rows per tile
-        nisa.dma_copy(
-            dst=xw[0:P, :, M - H:M],
-            src=pool_rows.ap(pattern=[[H, P], [TILE * H, n], [1, H]], offset=c0 * H,
-                             vector_offset=g_idx[0:P, 0:1], indirect_dim=0),
-            oob_mode=nisa.oob_mode.skip)
+        _pool_rows_dma(pool_rows, xw, g_idx, c0, n, P, H, M - H, gather=True)
         lo, first = M, t0
     else:
         # later chunks re-read the M >= W-1 tokens before t0 (same sequence, as M <= CHUNK)
@@ -215,6 +210,36 @@ def _load_window(x, pool_rows, gather_rows, scatter_rows, groups, segments, item
         nisa.dma_copy(dst=s_idx[0:P, :],
                       src=scatter_rows.ap(pattern=[[1, P], [1, 1]], offset=s * TILE))
     return (xw, tc, s_idx)
+
+
+def _pool_rows_dma(pool_rows, xw, idx, c0, n, P, H, col, gather):
+    """Halo gather (pool -> xw[:, j, col:col+H]) or state scatter (back) of one group.
+
+    Partition p of tile j is pool row ``idx[p] + c0 + j*128`` (idx = slot*dim + p, run
+    time). Default: ONE indirect DMA for the n tiles, its per-partition pattern stepping
+    128 rows of the [slots*dim, W-1] base tensor per tile. The APS guide defines
+    vector_offset by a general formula (static pattern + index * base row size), which
+    covers this, but every documented example keeps a partition inside one base row.
+    ONE_ROW_PER_DMA = True uses that documented form instead (one DMA per tile), at a
+    modeled cost of 1653 -> 1743 us (16K tokens) and 1696 -> 2428 us (8 x 2K) on trn2:
+    flip it if the compiler or the DMA rejects the multi-row pattern on hardware.
+    Gather rows past the pool (no initial state) are skipped: the halo stays zero.
+    """
+    if not ONE_ROW_PER_DMA:
+        view = pool_rows.ap(pattern=[[H, P], [TILE * H, n], [1, H]], offset=c0 * H,
+                            vector_offset=idx[0:P, 0:1], indirect_dim=0)
+        if gather:
+            nisa.dma_copy(dst=xw[0:P, :, col:col + H], src=view, oob_mode=nisa.oob_mode.skip)
+        else:
+            nisa.dma_copy(dst=view, src=xw[0:P, :, col:col + H])
+        return
+    for j in range(n):
+        view = pool_rows.ap(pattern=[[H, P], [1, H]], offset=(c0 + j * TILE) * H,
+                            vector_offset=idx[0:P, 0:1], indirect_dim=0)
+        if gather:
+            nisa.dma_copy(dst=xw[0:P, j, col:col + H], src=view, oob_mode=nisa.oob_mode.skip)
+        else:
+            nisa.dma_copy(dst=view, src=xw[0:P, j, col:col + H])
 
 
 def _vector_tile(ps, col, xw, w32, bcols, jj, pj, b, m, W):
@@ -355,9 +380,8 @@ def short_conv_prefill_kernel(x, weight, bias, pool_rows, gather_rows, scatter_r
             weights[g] = None     # last item of the group: its diagonals die here
         if s_idx != None:  # noqa: E711
             # new state = last W-1 window columns (the old state's tail when L < W-1)
-            nisa.dma_copy(dst=pool_rows.ap(pattern=[[H, P], [TILE * H, n], [1, H]], offset=c0 * H,
-                                           vector_offset=s_idx[0:P, 0:1], indirect_dim=0),
-                          src=xw[0:P, :, _margin(H) - H + tc:_margin(H) + tc])
+            _pool_rows_dma(pool_rows, xw, s_idx, c0, n, P, H, _margin(H) - H + tc,
+                           gather=False)
     return y
 
 
