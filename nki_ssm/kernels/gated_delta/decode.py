@@ -78,7 +78,7 @@ and their scatter the rest of the update), 2 sequences 45.7 us (0.50), 32 sequen
 (0.78), 512 sequences 7.26 ms (0.80); DMA on the critical path, TensorE
 ~72 % and VectorE ~67 % busy. A bfloat16 pool halves the bytes and the
 kernel becomes compute bound (32 sequences 558 us, 0.33 of its bound).
-trn3: 1 sequence 25.6 us, 32 sequences 384 us (0.66 of 528 GB/s).
+trn3: 1 sequence 22.0 us, 32 sequences 384 us (0.66 of 528 GB/s).
 """
 from __future__ import annotations
 
