@@ -199,9 +199,6 @@ def _solve_many(As, ATs, Bs, L, N, ident):
                 nisa.memset(dst=R, value=0.0)
             nisa.memset(dst=P, value=0.0)
             nisa.memset(dst=PT, value=0.0)
-            ps = None
-            if r0 > 0:
-                ps = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.psum)
             for j in range(npk):
                 i = p0 + j
                 q0 = j * _BLOCK
@@ -209,16 +206,19 @@ def _solve_many(As, ATs, Bs, L, N, ident):
                     nisa.tensor_copy(dst=R[q0:q0 + nb, :], src=Bs[i][0:nb, :],
                                      engine=nisa.engine.scalar)
                 else:
-                    nisa.nc_matmul(dst=ps[q0:q0 + nb, :], stationary=ATs[i][0:r0, r0:r1],
+                    # matmul output on partitions 0..nb; the subtraction moves it to the
+                    # head's quadrant (cross-quadrant moves of <= 32 partitions are legal)
+                    ps = nl.ndarray((nb, N), dtype=nl.float32, buffer=nl.psum)
+                    nisa.nc_matmul(dst=ps, stationary=ATs[i][0:r0, r0:r1],
                                    moving=Xs[i][0:r0, :])
                     nisa.tensor_tensor(dst=R[q0:q0 + nb, :], data1=Bs[i][r0:r1, :],
-                                       data2=ps[q0:q0 + nb, :], op=nl.subtract)
+                                       data2=ps, op=nl.subtract)
+                    ps = None
                 # N_b = -A_bb (and its transpose) on the diagonal block of head i
                 nisa.tensor_scalar(dst=P[q0:q0 + nb, q0:q0 + nb], data=As[i][r0:r1, r0:r1],
                                    op0=nl.multiply, operand0=-1.0)
                 nisa.tensor_scalar(dst=PT[q0:q0 + nb, q0:q0 + nb], data=ATs[i][r0:r1, r0:r1],
                                    op0=nl.multiply, operand0=-1.0)
-            ps = None
             # inv = sum_{m < covered} N^m; only inv^T is kept (the final stationary)
             invT = nl.ndarray((W, W), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=invT, data1=PT, data2=ident[0:W, 0:W], op=nl.add)
