@@ -76,7 +76,9 @@ drains at each chunk boundary).
 
 Engine budget (modeled, trn2, nki_ssm.perf; Mamba-2 2.7B, bf16, 16K tokens)
 ----------------------------------------------------------------------------
-4.81 ms = 3.41 M tokens/s per NeuronCore (goal 2 M). Busy per 128-token
+4.81 ms = 3.41 M tokens/s per NeuronCore (goal 2 M); the current cost
+model gives 4.67 ms = 3.50 M tokens/s, binding VectorE, 29.1 % of the
+roofline (``python3 -m simulate --set judged --op mamba2_ssd``). Busy per 128-token
 chunk: ScalarE 36.7 us (binding, 98 %), VectorE 35.8, GpSimd 34.6, TensorE
 32.6, DMA 18.7 us; modeled 37.6 us per chunk. Roofline: 1.41 ms (520 MB of
 minimal HBM traffic at 368 GB/s; the minimal matmul work takes 0.82 ms at

@@ -65,12 +65,16 @@ scattered ``_SCATTER_LAG`` blocks after its last update (so the GpSimd
 products just issued are not queued behind the scatter's descriptors,
 which wait for the last gather).
 
-Modeled (trn2, nki_ssm.perf, Mamba-2 2.7B, float32 state, bf16 I/O; bytes
-= minimal HBM traffic, against 368 GB/s): see the figures in the latest
-commit messages / report; before this round 1 sequence 38.5 us (37 %),
-32 sequences 61 %, 512 sequences 64 % (VectorE bound). The pool DMAs are
-serialised by their run-time indices (each waits for the earlier ones that
-may overlap it), which bounds the many-sequence case near 80 %.
+Modeled (trn2, nki_ssm.perf; ``python3 -m simulate --set judged --op
+mamba2_ssd``; Mamba-2 2.7B, float32 state, bf16 I/O; bytes = minimal HBM
+traffic against the 368 GB/s core DMA bandwidth):
+  1 sequence     24.3 us   58.8 %  (DMA-bound: pool DMAs serialised)
+  32 sequences  563.6 us   81.2 %  (VectorE 94 %, DMA queues 92 % busy)
+  512 sequences  8.74 ms   83.8 %  (goal >= 60 %)
+(before this round: 38.5 us / 37 %, 750 us / 61 %, 11.45 ms / 64 %). The
+pool DMAs are serialised by their run-time indices (each waits for the
+earlier ones that may overlap it), which bounds the many-sequence case
+not far above this.
 
 Compile time: T, the shapes and which sequences are padding (the cache
 key; padding rows of y are written as zeros and their slots never
