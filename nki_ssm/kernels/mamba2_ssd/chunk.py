@@ -72,7 +72,12 @@ were produced in earlier steps and the five engines run concurrently. A
 chunk's prologue is issued half a chunk of steps before its first item;
 item (c+1, j) reads the state item (c, j) writes, which the step distance
 guarantees when a chunk has more than 6 blocks (otherwise the pipeline
-drains at each chunk boundary).
+drains at each chunk boundary). Sequences run one after another (the
+pipeline drains at each sequence end); the next sequence's state gather is
+issued after the current one's first chunk prologue when the state is
+<= 32 KiB per partition (2.7B, Granite-like), so it does not wait for the
+current scatter (pool DMAs have run-time indices); Falcon-H1's 64 KiB
+state is gathered in turn (SBUF).
 
 Engine budget (modeled, trn2, nki_ssm.perf; Mamba-2 2.7B, bf16, 16K tokens)
 ----------------------------------------------------------------------------
