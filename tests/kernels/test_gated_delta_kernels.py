@@ -353,3 +353,19 @@ def test_prefill_qwen3_next_tp8_shape(dtype, tol):
                                   K=128, V=128, raw_gates=True, use_qk_l2norm=True,
                                   dtype=dtype, pool_dtype=dtype)
     _prefill_check(inp, tol, 64)
+
+
+@pytest.mark.parametrize("op", ["prefill", "decode"])
+def test_head_dim_over_128_is_rejected_and_pool_untouched(op):
+    """K = 160 does not fit the partition dim: ValueError naming K, no slot changed."""
+    rng = np.random.default_rng(0)
+    if op == "prefill":
+        inp = make_gated_delta_inputs(rng, seqlens=[3], H=1, HV=1, K=160, V=16)
+        call = ops.gated_delta_prefill
+    else:
+        inp = make_gated_delta_decode_inputs(rng, num_seqs=1, H=1, HV=1, K=160, V=16)
+        call = ops.gated_delta_decode
+    before = inp["ssm_states"].copy()
+    with pytest.raises(ValueError, match=r"K \(q.shape\[-1\]\) must be <= 128.*got 160"):
+        call(**inp, backend="sim")
+    assert inp["ssm_states"].tobytes() == before.tobytes()

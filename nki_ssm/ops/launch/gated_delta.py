@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 _INT32_MAX = np.iinfo(np.int32).max
+_PMAX = 128
 
 
 def _run(kernel, *args, backend):
@@ -38,11 +39,20 @@ def decode_tables(q, k, v, state_indices, slots):
     """(kq_cols, k_rows, v_cols, pool_idx) of ``gdn_decode_step`` (layouts in its docstring)."""
     S, T, H, K = q.shape
     HV, V = v.shape[2:]
+    _check_limits(K, V, HV)
     kq = np.stack([np.asarray(k), np.asarray(q)], axis=-1)            # [S, T, H, K, 2]
     kq_cols = np.ascontiguousarray(kq.transpose(3, 0, 1, 2, 4)).reshape(K, S * T * H * 2)
     k_rows = np.ascontiguousarray(np.asarray(k).reshape(1, S * T * H * K))
     v_cols = np.ascontiguousarray(np.asarray(v).transpose(3, 0, 1, 2)).reshape(V, S * T * HV)
     return kq_cols, k_rows, v_cols, _pool_rows(state_indices, slots, HV, K)
+
+
+def _check_limits(K, V, HV):
+    """The kernels keep K, V (and, in decode, HV) on partitions: each must be <= 128."""
+    for name, val in (("K (q.shape[-1])", K), ("V (v.shape[-1])", V), ("HV (v.shape[-2])", HV)):
+        if val > _PMAX:
+            raise ValueError(f"{name} must be <= {_PMAX} for the gated delta kernels "
+                             f"(partition dim), got {val}; use backend='reference'")
 
 
 def _pool_rows(state_indices, slots, HV, K):
@@ -103,6 +113,7 @@ def prefill(*, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_qk_l2norm, cu_
     from nki_ssm.ops._dispatch import cast_rne
     T, H, K = q.shape
     HV, V = v.shape[1:]
+    _check_limits(K, V, HV)
     slots = ssm_states.shape[0]
     raw = g is None
     first, second = (a, b) if raw else (g, beta)
