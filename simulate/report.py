@@ -316,8 +316,8 @@ def _engine_share_heatmap(kernels, engines, path, target, plt, np) -> str:
     ax.set_title(f"Engine busy share (%) per kernel case, modeled {target} (red box: binding engine)",
                  fontsize=10)
     fig.colorbar(im, ax=ax, fraction=0.03)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    # long case ids: grow the canvas to every label (tight_layout alone clipped them)
+    fig.savefig(path, dpi=110, bbox_inches="tight", pad_inches=0.2)
     plt.close(fig)
     return str(path)
 

@@ -143,7 +143,8 @@ def roofline_png(points, path, *, target: str = "trn2", title: str | None = None
         if few:
             frac = p.get("roofline_fraction")
             lab = p["label"] + (f" ({100 * frac:.0f}% of roof)" if frac is not None else "")
-            ax.loglog([ai], [y], "o", color=palette[k % 10], ms=7, label=lab)
+            # 10 colours: the 11th and 12th points change marker so no two look alike
+            ax.loglog([ai], [y], "o" if k < 10 else "s", color=palette[k % 10], ms=7, label=lab)
         else:
             ax.loglog([ai], [y], markers[models.index(parts[1]) % len(markers)],
                       color=palette[groups.index(parts[0]) % 10], ms=7, alpha=0.85)
