@@ -644,3 +644,12 @@ def test_local_gather_index_dtype():
 def test_nonzero_with_count_dst_width():
     raises(lambda: nisa.nonzero_with_count(dst=sb((16, 8), nl.int32), src=fsb((16, 8))),
            "nonzero_with_count", "dst", "9 elements")
+
+
+def test_at_most_four_free_dims():
+    t = sb((4, 4, 4, 4, 4, 4))
+    # every free dim stepped by 2: strides (512, 128, 32, 8, 2), none merges: 5 entries
+    v = t[:, 0:4:2, 0:4:2, 0:4:2, 0:4:2, 0:4:2]
+    raises(lambda: nisa.memset(dst=v, value=0.0), "memset", "dst", "free-dim", "at most 4")
+    nisa.memset(dst=t, value=0.0)                                  # dense: one entry
+    nisa.memset(dst=t[:, 0:4:2, 0:4:2, 0:4:2, 0:4:2, 0], value=0.0)  # 4 entries

@@ -57,6 +57,28 @@ def start_partition_ok(start: int, n: int) -> bool:
     return start in (0, 32, 64, 96)
 
 
+# "Within each SBUF/PSUM partition, the tensor read/write logic ... supports accessing
+# elements from up to four-dimensional arrays, though most instructions only support
+# 1D/2D/3D in the free dimension" (nki/deep-dives/nki-aps.rst). Which instructions take
+# the 4th is not documented; we enforce the hard limit of 4.
+MAX_FREE_DIMS = 4
+
+
+def free_dims(t) -> int:
+    """Free-dim pattern entries of an on-chip view: size-1 dims dropped, a dim merged
+    into the next inner one when it steps exactly over it."""
+    dims = [(n, st) for n, st in zip(t.shape[1:], t.strides[1:]) if n != 1]
+    count = 0
+    inner = None
+    for n, st in reversed(dims):
+        if inner is not None and st == inner[0] * inner[1]:
+            inner = (n * inner[0], inner[1])     # merges with the inner dim
+            continue
+        count += 1
+        inner = (n, st)
+    return count
+
+
 def tile(inst: str, arg: str, t, buffers=("sbuf", "psum"), *, quadrant: bool = True):
     """Check an on-chip operand ``t`` of instruction ``inst`` and return it.
 
@@ -83,6 +105,11 @@ def tile(inst: str, arg: str, t, buffers=("sbuf", "psum"), *, quadrant: bool = T
         if t.strides[0] != row:
             fail(inst, f"{arg} must occupy a contiguous range of partitions "
                        f"(partition stride {t.strides[0]}, expected {row} elements)")
+    nd = free_dims(t)
+    if nd > MAX_FREE_DIMS:
+        fail(inst, f"{arg} needs {nd} free-dim access-pattern entries (after dropping size-1 "
+                   f"dims and merging contiguous ones); the SBUF/PSUM access logic has at most "
+                   f"{MAX_FREE_DIMS} (APS guide, 'Hardware Capability')")
     if quadrant:
         # The placement rule is documented for NC-v2 (and for nc_stream_shuffle,
         # .indirect() on v4). We assume it holds for every compute instruction on
