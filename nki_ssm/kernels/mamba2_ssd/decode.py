@@ -214,8 +214,8 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, pool_idx, live, T, ha
 
 _AHEAD = 2            # state units gathered ahead of the one being updated
 _PARTS = 4            # state DMAs per sequence when only one or two sequences are live
-_GPSIMD_EVERY = 2
-_SCATTER_LAG = 4
+_GPSIMD_EVERY = 2     # with 1-2 sequences, every 2nd C product runs on GpSimd
+_SCATTER_LAG = 4      # blocks between a part's last update and its scatter (few sequences)
 _PE_CYCLE = 2       # blocks t % _PE_CYCLE != 0 take the TensorE input path
 _UNIT_BYTES = 48 * 1024   # SBUF bytes per partition of one state unit (fp32 state + pool copy)
 
