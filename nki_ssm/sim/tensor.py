@@ -980,6 +980,16 @@ class NkiTensor:
         if isinstance(shape, (int, np.integer)):
             shape = (shape,)
         new = _resolve_minus_one(shape, self.size, what)
+        # NkiTensor.reshape "fails if the current memory layout is incompatible
+        # with the requested shape (e.g. after a non-contiguous slice or
+        # permute)"; the compiler front end rejects any non-simple access
+        # pattern, so require a dense row-major view even where NumPy could
+        # re-stride without a copy.
+        if not self.is_contiguous_free():
+            raise NkiValidationError(
+                f"{what}: the view of shape {self.shape} with strides {self.strides} is not "
+                f"contiguous (a non-contiguous slice or permute); reshape needs a dense "
+                f"row-major view: index or slice the reshaped base tensor instead")
         if self.on_chip:
             if len(new) < 2 or new[0] != self.shape[0]:
                 raise NkiValidationError(f"{what}: on-chip reshape must keep the partition dim "

@@ -257,8 +257,24 @@ def test_reshape_contiguous_and_rejects_incompatible():
         t.reshape((8, 25))
     with pytest.raises(NkiValidationError, match="partition dim"):
         t.reshape((4, 48))
-    with pytest.raises(NkiValidationError, match="without a copy"):
+    with pytest.raises(NkiValidationError, match="not contiguous"):
         t[:, 0:24:2].permute((0, 1)).reshape_dim(1, (3, 4)).permute((0, 2, 1)).reshape((8, 12))
+    # NumPy could re-stride this slice without a copy, but NKI's reshape
+    # rejects any non-contiguous view (API docs; compiler front end)
+    with pytest.raises(NkiValidationError, match="not contiguous"):
+        t[:, 0:24:2].reshape((8, 3, 4))
+    with pytest.raises(NkiValidationError, match="not contiguous"):
+        t.reshape((8, 12, 2))[:, :, 0:1].reshape((8, 12))
+    # a contiguous slice of the free dim still reshapes
+    np.testing.assert_array_equal(t[:, 0:12].reshape((8, 3, 4)).read(),
+                                  t.read()[:, 0:12].reshape(8, 3, 4))
+
+
+def test_hbm_reshape_of_a_strided_slice_is_rejected():
+    h = filled((4, 6), MemoryRegion.shared_hbm)
+    with pytest.raises(NkiValidationError, match="not contiguous"):
+        h[:, 0:3].reshape((12,))
+    np.testing.assert_array_equal(h[1:3].reshape((12,)).read(), h.read()[1:3].reshape(12))
 
 
 def test_hbm_reshape_any_leading_dim():

@@ -396,9 +396,11 @@ def _front(io, S, c0, H, HV, K, V):
         col = (jt * H + hv // rep) * 2
         nisa.nc_matmul(dst=p1[:, 2 * hv:2 * hv + 2], stationary=S[:, hv * V:(hv + 1) * V],
                        moving=io["kq"][:, col:col + 2])
+    # an integer index on a free dim drops it (a strided [V, HV] view); reshaping
+    # the strided slice instead is rejected by the compiler front end
     p3 = p1.reshape((V, HV, 2))
-    ks = p3[:, :, 0:1].reshape((V, HV))
-    qs = p3[:, :, 1:2].reshape((V, HV))
+    ks = p3[:, :, 0]
+    qs = p3[:, :, 1]
     dec = io["dec"][0:V, c0:c1]
     # u = beta (v - a rk kS)
     u = nl.ndarray((V, HV), dtype=nl.float32, buffer=nl.sbuf)
