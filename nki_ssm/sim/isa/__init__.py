@@ -40,8 +40,9 @@ Assumptions beyond the documentation (each marked in the code):
   instructions per SPMD program, and are indexed by absolute partition;
   ``select_reduce`` / ``exponential`` with ``reduce_cmd.idle`` leave them NaN
   (the docs: "accumulator state unknown");
-- ``memset`` accepts an int value for float dtypes (only float-for-int is
-  documented as rejected); float values are fp32 immediates;
+- ``memset`` rejects an int value for float dtypes as well as a float for
+  integer dtypes (the 0.3.0 rule "value must match the dtype" read both
+  ways); float values are fp32 immediates;
 - ``tensor_partition_reduce`` writes a ``(1, F)`` dst;
 - ``activate2`` ``prelu`` is ``x if x > 0 else relu_param * x``;
 - the random instructions run XORWOW per lane with our own state layout and
