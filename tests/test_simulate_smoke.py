@@ -110,8 +110,17 @@ def test_case_config_follows_the_model_and_is_in_the_id():
 
     default_ids = {c.id for c in default_cases()}
     left_out = {i for i in judged if i not in default_ids}
-    assert len(left_out) == len(DEFAULT_LEAVES_OUT) == 2
-    assert all(i.startswith(DEFAULT_LEAVES_OUT) for i in left_out)
+    assert all(DEFAULT_LEAVES_OUT and i.startswith(DEFAULT_LEAVES_OUT) for i in left_out)
+    assert len(left_out) == sum(any(i.startswith(p) for i in judged) for p in DEFAULT_LEAVES_OUT)
+    import simulate.cases as cases_mod
+
+    prefix = "ssd_decode/mamba2-2.7b/512seq/"
+    old, cases_mod.DEFAULT_LEAVES_OUT = cases_mod.DEFAULT_LEAVES_OUT, (prefix,)
+    try:
+        fewer = {c.id for c in cases_mod.default_cases()}
+    finally:
+        cases_mod.DEFAULT_LEAVES_OUT = old
+    assert {i for i in judged if i not in fewer} == {prefix + "bf16,state-fp32"}
     full = full_cases()
     assert len({c.id for c in full}) == len(full) == 3 * 10 + 3 * 10 + 4 * 11
 
