@@ -7,7 +7,7 @@ from . import _alu as A
 from . import _core as C
 from . import _state as S
 from ._enums import check_enum, reduce_cmd as _rc
-from .vector import _acc_start, _gate, _lanes
+from .vector import _acc_start, _gate, _lanes, _two_arith_ops
 
 _F32 = np.float32
 
@@ -36,10 +36,7 @@ def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, rev
     """
     inst = "tensor_tensor_scan"
     C.check_name(inst, name)
-    n0 = A.require_op(inst, "op0", op0, tuple(A.ARITH_BINARY), "a binary arithmetic operator")
-    n1 = A.require_op(inst, "op1", op1, tuple(A.ARITH_BINARY), "a binary arithmetic operator")
-    _gate(inst, "op0", n0)
-    _gate(inst, "op1", n1)
+    n0, n1 = _two_arith_ops(inst, op0, op1)
     C.tile(inst, "dst", dst)
     C.tile(inst, "data0", data0)
     C.tile(inst, "data1", data1)

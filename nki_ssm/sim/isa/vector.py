@@ -33,6 +33,16 @@ def _gate(inst, arg, name):
         C.fail(inst, f"{arg}=nl.{name} is NeuronCore-v4 (trn3) only, target is {C.target().name}")
 
 
+def _two_arith_ops(inst, op0, op1):
+    """op0 and op1 of a fused two-op instruction: binary arithmetic ALU ops
+    available on the target -> their names."""
+    n0 = A.require_op(inst, "op0", op0, tuple(A.ARITH_BINARY), "a binary arithmetic operator")
+    n1 = A.require_op(inst, "op1", op1, tuple(A.ARITH_BINARY), "a binary arithmetic operator")
+    _gate(inst, "op0", n0)
+    _gate(inst, "op1", n1)
+    return n0, n1
+
+
 def _require_int(inst, tensors):
     for arg, t in tensors:
         if not t.dtype.is_int:
@@ -296,10 +306,7 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     """
     inst = "scalar_tensor_tensor"
     C.check_name(inst, name)
-    n0 = A.require_op(inst, "op0", op0, tuple(A.ARITH_BINARY), "a binary arithmetic operator")
-    n1 = A.require_op(inst, "op1", op1, tuple(A.ARITH_BINARY), "a binary arithmetic operator")
-    _gate(inst, "op0", n0)
-    _gate(inst, "op1", n1)
+    n0, n1 = _two_arith_ops(inst, op0, op1)
     C.tile(inst, "dst", dst)
     C.tile(inst, "data", data)
     if not C.is_tensor(operand1):
