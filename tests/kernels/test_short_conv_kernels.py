@@ -71,6 +71,20 @@ def _run_and_check(inp):
     return y, after
 
 
+def _run_decode_and_check(inp, dtype):
+    """Kernel decode on a copy of the pool vs the float64 reference -> y."""
+    before = inp["conv_states"].copy()
+    pool = before.copy()
+    y = ops.short_conv_decode(inp["x"], inp["weight"], inp["bias"], activation="silu",
+                              conv_states=pool, state_indices=inp["state_indices"], backend="sim")
+    y_ref, pool_ref = ref.short_conv_decode(inp["x"], inp["weight"], inp["bias"],
+                                            activation="silu", conv_states=before,
+                                            state_indices=inp["state_indices"])
+    _check_y(y, y_ref, dtype)
+    _check_pool(pool, before, pool_ref, inp["state_indices"])
+    return y
+
+
 # --------------------------------------------------------------------------- prefill
 
 @pytest.mark.parametrize("W", [2, 3, 4])
@@ -187,15 +201,7 @@ def test_decode_matches_reference(rng, T, dtype):
     """T = 1 ([num_seqs, dim] and [num_seqs, 1, dim]) and a 3-token speculative step."""
     inp = make_short_conv_decode_inputs(rng, num_seqs=5, T=T, dim=128, W=4, dtype=dtype,
                                         pool_dtype=dtype, padding=1)
-    before = inp["conv_states"].copy()
-    pool = before.copy()
-    y = ops.short_conv_decode(inp["x"], inp["weight"], inp["bias"], activation="silu",
-                              conv_states=pool, state_indices=inp["state_indices"], backend="sim")
-    y_ref, pool_ref = ref.short_conv_decode(inp["x"], inp["weight"], inp["bias"],
-                                            activation="silu", conv_states=before,
-                                            state_indices=inp["state_indices"])
-    _check_y(y, y_ref, dtype)
-    _check_pool(pool, before, pool_ref, inp["state_indices"])
+    y = _run_decode_and_check(inp, dtype)
     assert not np.any(y[inp["state_indices"] < 0].astype(np.float64))
 
 
@@ -239,15 +245,7 @@ def test_decode_row_split_and_groups(rng, num_seqs, dim, T, pool_dtype):
     W = {1: 2, 2: 3, 4: 4}[T]
     inp = make_short_conv_decode_inputs(rng, num_seqs=num_seqs, T=T, dim=dim, W=W,
                                         dtype=BF16, pool_dtype=pool_dtype, padding=2)
-    before = inp["conv_states"].copy()
-    pool = before.copy()
-    y = ops.short_conv_decode(inp["x"], inp["weight"], inp["bias"], activation="silu",
-                              conv_states=pool, state_indices=inp["state_indices"], backend="sim")
-    y_ref, pool_ref = ref.short_conv_decode(inp["x"], inp["weight"], inp["bias"],
-                                            activation="silu", conv_states=before,
-                                            state_indices=inp["state_indices"])
-    _check_y(y, y_ref, BF16)
-    _check_pool(pool, before, pool_ref, inp["state_indices"])
+    _run_decode_and_check(inp, BF16)
 
 
 @pytest.mark.slow
@@ -260,14 +258,8 @@ def test_model_dim_prefill_and_decode(rng):
     _run_and_check(inp)
     dec = make_short_conv_decode_inputs(rng, num_seqs=130, T=2, dim=8192, W=4, dtype=BF16,
                                         pool_dtype=BF16, padding=3, slots=140, bias=False)
-    before = dec["conv_states"].copy()
-    pool = before.copy()
-    y = ops.short_conv_decode(dec["x"], dec["weight"], None, activation="silu",
-                              conv_states=pool, state_indices=dec["state_indices"], backend="sim")
-    y_ref, pool_ref = ref.short_conv_decode(dec["x"], dec["weight"], None, activation="silu",
-                                            conv_states=before, state_indices=dec["state_indices"])
-    _check_y(y, y_ref, BF16)
-    _check_pool(pool, before, pool_ref, dec["state_indices"])
+    assert dec["bias"] is None  # Qwen3-Next conv has no bias
+    _run_decode_and_check(dec, BF16)
 
 
 @settings(max_examples=30, deadline=None)
@@ -283,15 +275,7 @@ def test_decode_hypothesis(data):
         dim=data.draw(st.sampled_from([64, 96, 128, 200])), W=data.draw(st.sampled_from([2, 3, 4, 8])),
         dtype=dtype, pool_dtype=data.draw(st.sampled_from([np.float32, BF16])),
         padding=data.draw(st.integers(0, num_seqs - 1)), bias=data.draw(st.booleans()))
-    before = inp["conv_states"].copy()
-    pool = before.copy()
-    y = ops.short_conv_decode(inp["x"], inp["weight"], inp["bias"], activation="silu",
-                              conv_states=pool, state_indices=inp["state_indices"], backend="sim")
-    y_ref, pool_ref = ref.short_conv_decode(inp["x"], inp["weight"], inp["bias"],
-                                            activation="silu", conv_states=before,
-                                            state_indices=inp["state_indices"])
-    _check_y(y, y_ref, dtype)
-    _check_pool(pool, before, pool_ref, inp["state_indices"])
+    _run_decode_and_check(inp, dtype)
 
 
 @pytest.mark.slow
