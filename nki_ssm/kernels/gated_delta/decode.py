@@ -228,19 +228,9 @@ def _store_state(inter, S, row0, HV, K, V):
     nisa.dma_copy(dst=view, src=S)
 
 
-def _broadcast_rows(dst, row, ones_row, width):
-    """dst [PB, width] (SBUF) = row [1, width] on every partition (exact 0/1 matmuls)."""
-    for c0 in range(0, width, _MM_COLS):
-        w = min(_MM_COLS, width - c0)
-        ps = nl.ndarray((dst.shape[0], w), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=ps, stationary=ones_row, moving=row[:, c0:c0 + w],
-                       is_stationary_onezero=True)
-        nisa.tensor_copy(dst=dst[:, c0:c0 + w], src=ps)
-        ps = None
-
-
 def _partition_sums(dst, data, ones_kp, width):
-    """dst [PB, width] (SBUF) = column sums of data [K, width] on every partition."""
+    """dst [PB, width] (SBUF) = column sums of data [K, width] on every partition
+    (0/1 matmuls; with K = 1 this broadcasts a row [1, width] exactly)."""
     for c0 in range(0, width, _MM_COLS):
         w = min(_MM_COLS, width - c0)
         ps = nl.ndarray((dst.shape[0], w), dtype=nl.float32, buffer=nl.psum)
@@ -282,7 +272,7 @@ def _load_group(kq_cols, k_rows, v_cols, gate_rows, cst, live, g0, g1, T, H, HV,
 
     # gates on every partition
     gb = nl.ndarray((PB, 2 * n * THV), dtype=nl.float32, buffer=nl.sbuf)
-    _broadcast_rows(gb, grow, cst["ones_row"], 2 * n * THV)
+    _partition_sums(gb, grow, cst["ones_row"], 2 * n * THV)
     dec = nl.ndarray((PB, n * THV), dtype=nl.float32, buffer=nl.sbuf)
     beta = nl.ndarray((PB, n * THV), dtype=nl.float32, buffer=nl.sbuf)
     if raw_gates:
