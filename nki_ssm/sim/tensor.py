@@ -349,6 +349,14 @@ def _norm_dim(dim, ndim: int, what: str) -> int:
     return d
 
 
+def _row_major_strides(shape) -> list[int]:
+    """Element strides of a dense row-major array of ``shape``."""
+    strides = [1] * len(shape)
+    for k in range(len(shape) - 2, -1, -1):
+        strides[k] = strides[k + 1] * shape[k + 1]
+    return strides
+
+
 def _nocopy_strides(old_shape, old_strides, new_shape) -> list[int] | None:
     """Strides giving ``new_shape`` over the same elements without a copy, or None.
 
@@ -426,9 +434,7 @@ class NkiTensor:
         if int(np.prod(shape)) * d.itemsize != storage.nbytes:
             raise NkiValidationError(f"NkiTensor: shape {shape} of {d} does not cover storage "
                                      f"{storage.shape} of {storage.dtype}")
-        strides = [1] * len(shape)
-        for k in range(len(shape) - 2, -1, -1):
-            strides[k] = strides[k + 1] * shape[k + 1]
+        strides = _row_major_strides(shape)
         self._init(storage, shape, tuple(strides), 0, d, name, None)
 
     # -- construction ---------------------------------------------------------
@@ -447,9 +453,7 @@ class NkiTensor:
     @classmethod
     def _full(cls, storage: Storage, dtype: _dt.DType, name: str) -> "NkiTensor":
         shape = storage.shape
-        strides = [1] * len(shape)
-        for k in range(len(shape) - 2, -1, -1):
-            strides[k] = strides[k + 1] * shape[k + 1]
+        strides = _row_major_strides(shape)
         t = object.__new__(cls)
         t._init(storage, shape, tuple(strides), 0, dtype, name, None)
         return t
@@ -994,13 +998,10 @@ class NkiTensor:
             if len(new) < 2 or new[0] != self.shape[0]:
                 raise NkiValidationError(f"{what}: on-chip reshape must keep the partition dim "
                                          f"{self.shape[0]} first and 2+ dims, got {new}")
-            st = _nocopy_strides(self.shape[1:], self.strides[1:], new[1:])
-            strides = None if st is None else [self.strides[0]] + st
+            # a contiguous view keeps its partition stride; the free dims re-stride densely
+            strides = [self.strides[0]] + _row_major_strides(new[1:])
         else:
-            strides = _nocopy_strides(self.shape, self.strides, new)
-        if strides is None:
-            raise NkiValidationError(f"{what}: the layout of shape {self.shape} with strides "
-                                     f"{self.strides} cannot be viewed as {new} without a copy")
+            strides = _row_major_strides(new)
         return self._derive(new, strides, self.offset, what=what)
 
     def view(self, dtype) -> "NkiTensor":
