@@ -108,46 +108,73 @@ def _row_split(num_seqs: int, dim: int) -> int:
     return r
 
 
+def decode_tables(state_indices, num_seqs: int, R: int):
+    """(seq_rows, pool_rows, num_groups) of ``short_conv_decode_kernel`` for a batch
+    padded to ``num_seqs`` (the bucket) sequences; layouts in the kernel's docstring.
+
+    Vectorised, each step one torch op on device (no per-sequence host loop):
+    ``live = idx >= 0``; ``order = argsort(~live, stable)`` (torch.argsort(stable=True):
+    live sequences first, in order); ``num_live = live.sum()``; position q of the
+    compacted batch takes ``order[q]`` if ``q < num_live`` else ``order`` of its group's
+    first position (torch.where + index_select: padding positions mirror a live sequence
+    of their own group); the pool row is ``slot * R + r`` (broadcast add); num_groups =
+    ``ceil(num_live / Pn)``.
+    """
+    idx = np.asarray(state_indices, dtype=np.int64)
+    Pn = min(128 // R, num_seqs)
+    G = -(-num_seqs // Pn)
+    live = idx >= 0
+    order = np.argsort(~live, kind="stable")
+    num_live = int(live.sum())
+    q = np.arange(G * Pn)
+    src = np.where(q < num_live, q, (q // Pn) * Pn)
+    seq = order[np.minimum(src, num_seqs - 1)]
+    slot = np.maximum(idx[seq], 0)
+    r = np.arange(R)[None, :, None]
+    seq_rows = np.broadcast_to(seq.reshape(G, 1, Pn), (G, R, Pn)).reshape(G, R * Pn)
+    pool_rows = (slot.reshape(G, 1, Pn) * R + r).reshape(G, R * Pn)
+    num_groups = np.array([[-(-num_live // Pn)]], dtype=np.int32)
+    return (np.ascontiguousarray(seq_rows, dtype=np.int32),
+            np.ascontiguousarray(pool_rows, dtype=np.int32), num_groups)
+
+
 def decode(*, x, weight, bias, activation, conv_states, state_indices, backend):
     """Decode / multi-token update: y shaped like x (``[num_seqs, T, dim]`` or ``[num_seqs, dim]``).
 
-    Rows (sequence, channel block) go on partitions (decode kernel); the pool
-    is passed as its ``[slots * R, (dim / R) * (W-1)]`` row view, padding rows
-    point one past the pool.
+    The batch is padded to ``seq_bucket(num_seqs)`` sequences (state index -1, x
+    zeros; torch: ``F.pad``), so the kernel is compiled once per (bucket, layer
+    shape); the tables (``decode_tables``) list the live sequences only, so
+    padding is never read. Rows (sequence, channel block) go on partitions; the
+    pool is passed as its ``[slots * R, (dim / R) * (W-1)]`` row view and updated
+    by the kernel's own scatters. y rows of padding sequences are zeros
+    (``where(live, y, 0)``, torch.where).
     """
     from nki_ssm.kernels.short_conv.decode import short_conv_decode_kernel
+    from nki_ssm.ops.launch.buckets import seq_bucket
 
     squeeze = x.ndim == 2
     x3 = x[:, None, :] if squeeze else x
-    num_seqs = x3.shape[0]
+    num_seqs, T, dim = x3.shape
     slots, dim, h = conv_states.shape
     if slots * dim > _INT32_MAX:
         raise ValueError(f"conv_states must have slots * dim <= {_INT32_MAX}, got {slots * dim}")
-    R = _row_split(num_seqs, dim)
-    idx = np.asarray(state_indices, dtype=np.int64)
-    live = idx >= 0
-    # kernel row order: groups of 128 // R sequences, block-major inside a group
-    # (partition r * Pn + i = block r of the group's sequence i)
-    pieces = []
-    per_group = 128 // R
-    for n0 in range(0, num_seqs, per_group):
-        seqs = np.arange(n0, min(num_seqs, n0 + per_group))
-        for r in range(R):
-            pieces.append(np.stack([seqs, np.full_like(seqs, r)], axis=1))
-    pairs = np.concatenate(pieces)
-    n_of, r_of = pairs[:, 0], pairs[:, 1]
-    rows = np.where(live[n_of], idx[n_of] * R + r_of, slots * R)
-    valid = live[n_of].astype(np.float32)
+    nb = seq_bucket(num_seqs)
+    R = _row_split(nb, dim)
+    idx = np.full(nb, -1, dtype=np.int64)
+    idx[:num_seqs] = np.asarray(state_indices, dtype=np.int64)
+    xk = np.zeros((nb, T, dim), dtype=x.dtype)
+    xk[:num_seqs] = x3
+    seq_rows, pool_rows, num_groups = decode_tables(idx, nb, R)
     flat = conv_states.reshape(slots * R, (dim // R) * h)
     # TensorE taps need one channel block (rows = sequences) and bfloat16-exact operands
     tensor_taps = (R == 1 and x.dtype == _BF16 and conv_states.dtype == _BF16
                    and not _needs_split(weight) and not _needs_split(bias))
-    y = _run(short_conv_decode_kernel, np.ascontiguousarray(x3), np.ascontiguousarray(weight),
-             None if bias is None else np.ascontiguousarray(bias), flat,
-             rows.reshape(-1).astype(np.int32), valid,
-             "silu" if activation == "silu" else "none", bias is not None, R, bool(tensor_taps),
-             backend=backend)
+    y = _run(short_conv_decode_kernel, xk, np.ascontiguousarray(weight),
+             None if bias is None else np.ascontiguousarray(bias), flat, seq_rows, pool_rows,
+             num_groups, "silu" if activation == "silu" else "none", bias is not None, R,
+             bool(tensor_taps), backend=backend)
     if not np.shares_memory(flat, conv_states):
         conv_states[...] = flat.reshape(conv_states.shape)
-    y = np.asarray(y)
+    live = idx[:num_seqs] >= 0
+    y = np.where(live[:, None, None], np.asarray(y)[:num_seqs], np.zeros((), dtype=x.dtype))
     return y[:, 0, :] if squeeze else y
