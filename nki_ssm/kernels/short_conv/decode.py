@@ -96,21 +96,20 @@ def _chunk_channels(T, H, x_bytes, pool_bytes, D):
     return min(cd, D)
 
 
-def _load_group(x, pool_flat, sidx, prow, c0, cd, R, Pn, D, H, CD):
-    """Gather the state rows and the x rows of one group, channels [c0, c0 + cd) of
-    each block: one pool row per partition, one x sequence row per partition."""
-    N, T, dim = x.shape
+def _load_group(x, pool_flat, g, prow, c0, cd, R, D, H, CD):
+    """Gather the state rows (one pool row per partition) and load the x rows of group
+    g (register), channels [c0, c0 + cd) of each block."""
+    G, Pn, T, dim = x.shape
     P = R * Pn
     st = nl.ndarray((PMAX, CD, H), dtype=pool_flat.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=st[0:P, 0:cd, :],
                   src=pool_flat.ap(pattern=[[D * H, P], [H, cd], [1, H]], offset=c0 * H,
                                    vector_offset=prow[0:P, :], indirect_dim=0))
     xs = nl.ndarray((PMAX, T, CD), dtype=x.dtype, buffer=nl.sbuf)
-    for r in range(R):
-        # partition r*Pn + i reads x[seq_i, :, r*D + c0 : r*D + c0 + cd] (its own row)
-        nisa.dma_copy(dst=xs[r * Pn:(r + 1) * Pn, :, 0:cd],
-                      src=x.ap(pattern=[[T * dim, Pn], [dim, T], [1, cd]], offset=r * D + c0,
-                               vector_offset=sidx[r * Pn:(r + 1) * Pn, :], indirect_dim=0))
+    # partition r*Pn + i reads x[g, i, :, r*D + c0 : r*D + c0 + cd]
+    nisa.dma_copy(dst=xs[0:P, :, 0:cd],
+                  src=x.ap(pattern=[[D, R], [T * dim, Pn], [dim, T], [1, cd]], offset=c0,
+                           scalar_offset=g, indirect_dim=0))
     return (st, xs)
 
 
@@ -324,15 +323,14 @@ def _plan_steps(chunks, batch, tn, T):
     return steps
 
 
-def _store_chunk(y, pool_flat, yt, st, xs, sidx, prow, c0, cd, R, Pn, D, H, T, CD):
-    """y rows of the chunk (one sequence row per partition, one DMA per block) and the
-    new state (window columns T .. T+W-2, assembled contiguous) back to the pool rows."""
-    N, T_, dim = y.shape
+def _store_chunk(y, pool_flat, yt, st, xs, g, prow, c0, cd, R, D, H, CD):
+    """y rows of group g (register) for the chunk and the new state (window columns
+    T .. T+W-2, assembled contiguous) back to the pool rows (one row per partition)."""
+    G, Pn, T, dim = y.shape
     P = R * Pn
-    for r in range(R):
-        nisa.dma_copy(dst=y.ap(pattern=[[T * dim, Pn], [dim, T], [1, cd]], offset=r * D + c0,
-                               vector_offset=sidx[r * Pn:(r + 1) * Pn, :], indirect_dim=0),
-                      src=yt[r * Pn:(r + 1) * Pn, :, 0:cd])
+    nisa.dma_copy(dst=y.ap(pattern=[[D, R], [T * dim, Pn], [dim, T], [1, cd]], offset=c0,
+                           scalar_offset=g, indirect_dim=0),
+                  src=yt[0:P, :, 0:cd])
     ns = nl.ndarray((PMAX, CD, H), dtype=pool_flat.dtype, buffer=nl.sbuf)
     for jj in range(H):
         col = T + jj
@@ -347,32 +345,31 @@ def _store_chunk(y, pool_flat, yt, st, xs, sidx, prow, c0, cd, R, Pn, D, H, T, C
 
 
 @nki.jit
-def short_conv_decode_kernel(x, weight, bias, pool_flat, seq_rows, pool_rows, num_groups,
+def short_conv_decode_kernel(x, weight, bias, pool_flat, pool_rows, num_groups,
                              activation, has_bias, R, tensor_taps):
-    """x ``[num_seqs, T, dim]`` (num_seqs = the sequence bucket); weight ``[dim, W]``;
-    bias ``[dim]`` or None; pool_flat ``[slots * R, (dim / R) * (W-1)]`` (the pool,
-    updated in place by the kernel's scatters); seq_rows / pool_rows int32 ``[G, R * Pn]``
-    (per group and partition: the sequence row of x / y and the pool row ``slot * R +
-    r``; see the module docstring); num_groups int32 ``[1, 1]`` (groups to run);
+    """x ``[G, Pn, T, dim]`` (the compacted batch in groups, see the module docstring);
+    weight ``[dim, W]``; bias ``[dim]`` or None; pool_flat ``[slots * R, (dim / R) *
+    (W-1)]`` (the pool, updated in place by the kernel's scatters); pool_rows int32
+    ``[G, R * Pn]`` (per group and partition ``r * Pn + i``: pool row ``slot * R + r``);
+    num_groups int32 ``[1, 1]`` (groups to run);
     activation "silu" or "none"; R channel blocks per sequence; tensor_taps: do the taps
     as TensorE matmuls with diagonal weights (launcher: R == 1, bfloat16 x and pool,
     weights / bias holding bfloat16 values) instead of ScalarE + VectorE multiply-adds.
-    Returns y ``[num_seqs, T, dim]`` in x's dtype (rows of sequences not named by the
-    tables are not written).
+    Returns y ``[G, Pn, T, dim]`` in x's dtype (groups past num_groups are not
+    written).
 
     Inside a group, steps of ``batch`` sub-tiles run as a three-stage software
     pipeline: the transposes and first tap of step i+1 are issued before the
     multiply-adds and outputs of step i, so TensorE, VectorE and ScalarE overlap.
     """
-    N, T, dim = x.shape
+    G, Pn, T, dim = x.shape
     W = weight.shape[1]
     H = W - 1
     D = dim // R
-    Pn = seq_rows.shape[1] // R     # sequence positions per group
     P = R * Pn
     nsub = (D + SUB - 1) // SUB
     act_op = nl.silu if activation == "silu" else nl.copy
-    y = nl.ndarray((N, T, dim), dtype=x.dtype, buffer=nl.shared_hbm)
+    y = nl.ndarray((G, Pn, T, dim), dtype=x.dtype, buffer=nl.shared_hbm)
 
     x_bytes = _nbytes(x.dtype)
     pool_bytes = _nbytes(pool_flat.dtype)
@@ -415,10 +412,7 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, seq_rows, pool_rows, nu
     groups = nisa.register_alloc()
     nisa.register_load(dst=groups, src=num_groups)
     for g in nl.dynamic_range(groups):
-        # this group's tables: row g of [G, P] (one entry per partition)
-        sidx = nl.ndarray((PMAX, 1), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=sidx[0:P, :], src=seq_rows.ap(pattern=[[1, P], [1, 1]], offset=0,
-                                                         scalar_offset=g, indirect_dim=0))
+        # this group's pool rows: row g of [G, P] (one entry per partition)
         prow = nl.ndarray((PMAX, 1), dtype=nl.int32, buffer=nl.sbuf)
         nisa.dma_copy(dst=prow[0:P, :], src=pool_rows.ap(pattern=[[1, P], [1, 1]], offset=0,
                                                           scalar_offset=g, indirect_dim=0))
@@ -428,8 +422,8 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, seq_rows, pool_rows, nu
             loads.append(None)
             units.append(None)
         for ci in range(min(PD, len(chunks))):
-            loads[ci] = _load_group(x, pool_flat, sidx, prow, chunks[ci][0], chunks[ci][1],
-                                    R, Pn, D, H, CD)
+            loads[ci] = _load_group(x, pool_flat, g, prow, chunks[ci][0], chunks[ci][1],
+                                    R, D, H, CD)
         prev = None
         for i in range(len(steps) + 1):
             nxt = None
@@ -437,9 +431,9 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, seq_rows, pool_rows, nu
                 ci, j_list, t0, n, last = steps[i]
                 if units[ci] == None:  # noqa: E711  first step of chunk ci
                     if ci + PD < len(chunks):
-                        loads[ci + PD] = _load_group(x, pool_flat, sidx, prow,
+                        loads[ci + PD] = _load_group(x, pool_flat, g, prow,
                                                      chunks[ci + PD][0], chunks[ci + PD][1],
-                                                     R, Pn, D, H, CD)
+                                                     R, D, H, CD)
                     yt = nl.ndarray((PMAX, T, CD), dtype=x.dtype, buffer=nl.sbuf)
                     units[ci] = (loads[ci][0], loads[ci][1], yt)
                     loads[ci] = None
@@ -465,8 +459,7 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, seq_rows, pool_rows, nu
                     _middle(subs, w_all, R, Pn, pn, W)
                     _back(subs, yt, P, pt0, pn, act_op)
                 if plast:
-                    _store_chunk(y, pool_flat, yt, st, xs, sidx, prow, c0, cd, R, Pn, D, H, T,
-                                 CD)
+                    _store_chunk(y, pool_flat, yt, st, xs, g, prow, c0, cd, R, D, H, CD)
                     units[pci] = None     # the chunk's buffers die here
                 subs = None               # step i-1's PSUM windows die before step i+1's
             prev = nxt
