@@ -93,21 +93,21 @@ _MM_COLS = 512        # moving columns of one fp32 matmul (one PSUM bank on trn2
 
 
 @nki.jit
-def gdn_decode_step(kq_cols, k_rows, v_cols, gate_rows, head_params, pool, pool_idx, live,
-                    T, H, raw_gates, use_qk_l2norm, scale, want_inter):
+def gdn_decode_step(kq_cols, k_rows, v_cols, gate_rows, head_params, pool, pool_idx,
+                    num_iters, T, H, raw_gates, use_qk_l2norm, scale, want_inter):
     """Recurrent gated delta rule for T tokens per sequence (layouts in the module docstring)."""
-    num_seqs = len(live)
+    K, n_it, c_kq = kq_cols.shape
     V = pool.shape[1]
-    K = kq_cols.shape[0]
-    THV = v_cols.shape[1] // num_seqs
+    SPI = pool_idx.shape[1] // K       # sequence positions per loop iteration
+    THV = v_cols.shape[2] // SPI
     HV = THV // T
     PB = K
     if V > K:
         PB = V
-    o = nl.ndarray((V, num_seqs * THV), dtype=nl.float32, buffer=nl.shared_hbm)
+    o = nl.ndarray((V, n_it, SPI * THV), dtype=nl.float32, buffer=nl.shared_hbm)
     inter = None
     if want_inter:
-        inter = nl.ndarray((num_seqs * T * HV * K, V), dtype=pool.dtype, buffer=nl.shared_hbm)
+        inter = nl.ndarray((n_it, SPI * T * HV * K, V), dtype=pool.dtype, buffer=nl.shared_hbm)
 
     cst = {}
     cst["ones_row"] = nl.ndarray((1, PB), dtype=nl.float32, buffer=nl.sbuf)
@@ -120,7 +120,7 @@ def gdn_decode_step(kq_cols, k_rows, v_cols, gate_rows, head_params, pool, pool_
         nisa.dma_copy(dst=hp, src=head_params)
         hp_b = nl.ndarray((PB, 2 * HV), dtype=nl.float32, buffer=nl.psum)
         nisa.nc_matmul(dst=hp_b, stationary=cst["ones_row"], moving=hp,
-                       is_stationary_onezero=True)
+                       is_stationary_onezero=True, accumulate=False)
         neg_A = nl.ndarray((PB, HV), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=neg_A, op=nl.exp, data=hp_b[:, 0:HV])
         nisa.tensor_scalar(dst=neg_A, data=neg_A, op0=nl.multiply, operand0=-1.0)
@@ -130,49 +130,35 @@ def gdn_decode_step(kq_cols, k_rows, v_cols, gate_rows, head_params, pool, pool_
         cst["neg_A"] = neg_A
         cst["dt_b"] = dt_b
 
-    zero_s = None
-    for s in range(num_seqs):
-        if want_inter and not live[s]:
-            if zero_s == None:  # noqa: E711  (NKI has no `is`)
-                zero_s = nl.ndarray((K, HV * V), dtype=pool.dtype, buffer=nl.sbuf)
-                nisa.memset(dst=zero_s, value=0.0)
-            for t in range(T):
-                _store_state(inter, zero_s, (s * T + t) * HV * K, HV, K, V)
-
-    # I/O groups of G sequences; batches of up to _STREAMS live sequences inside a group
-    G = max(_STREAMS, _GROUP // T)
+    # one loop iteration = SPI sequence positions of the compacted batch, run as batches
+    # of _STREAMS whose instruction streams interleave; every gather of the iteration is
+    # issued before its first scatter (positions past the live count mirror the
+    # iteration's first sequence: same reads, same bytes written)
     batches = []
-    for g0 in range(0, num_seqs, G):
+    for j0 in range(0, SPI, _STREAMS):
         ids = []
-        for s in range(g0, min(g0 + G, num_seqs)):
-            if live[s]:
-                ids.append(s)
-        for i in range(0, len(ids), _STREAMS):
-            batches.append(ids[i:i + _STREAMS])
-    # state gathers run one batch ahead of the compute (a gather issued after a
-    # scatter to the same pool, run-time indices, would have to wait for it)
+        for j in range(j0, min(j0 + _STREAMS, SPI)):
+            ids.append(j)
+        batches.append(ids)
     # a lone batch moves each state in parts (by q/k head) so the first heads'
     # reductions overlap the rest of the gather, and their scatter the rest of the update
     parts = 1
     if len(batches) == 1:
         parts = min(_PARTS, H)
-    states = {}
-    for bi in range(min(_PREFETCH, len(batches))):
-        states[str(bi)] = _gather_batch(pool, pool_idx, batches[bi], H, HV, K, V, parts)
-    io = None
-    for g0 in range(0, num_seqs, G):
-        g1 = min(g0 + G, num_seqs)
-        io = _load_group(kq_cols, k_rows, v_cols, gate_rows, cst, live, g0, g1, T, H, HV, K,
-                         V, PB, raw_gates, use_qk_l2norm, scale)
+    iters = nisa.register_alloc()
+    nisa.register_load(dst=iters, src=num_iters)
+    for it in nl.dynamic_range(iters):
+        io = _load_group(kq_cols, v_cols, gate_rows, cst, it, SPI, T, H, HV, K, V, PB,
+                         raw_gates, use_qk_l2norm, scale)
+        states = []
         for bi in range(len(batches)):
-            seqs = batches[bi]
-            if seqs[0] >= g0 and seqs[0] < g1:
-                if bi + _PREFETCH < len(batches):
-                    states[str(bi + _PREFETCH)] = _gather_batch(
-                        pool, pool_idx, batches[bi + _PREFETCH], H, HV, K, V, parts)
-                got = states.pop(str(bi))
-                _run_batch(io, k_rows, inter, got, seqs, g0, T, H, HV, K, V, want_inter, pool)
-        nisa.dma_copy(dst=o[:, g0 * THV:g1 * THV], src=io["ot"])
+            states.append(_gather_batch(pool, pool_idx, it, batches[bi], H, HV, K, V, parts))
+        for bi in range(len(batches)):
+            _run_batch(io, k_rows, inter, states[bi], it, batches[bi], T, H, HV, K, V,
+                       want_inter, pool)
+            states[bi] = None
+        nisa.dma_copy(dst=o.ap(pattern=[[n_it * SPI * THV, V], [1, SPI * THV]], offset=0,
+                               scalar_offset=it, indirect_dim=1), src=io["ot"])
         io = None
     if want_inter:
         return o, inter
@@ -191,16 +177,18 @@ def _part_heads(H, parts, k):
     return (k * H) // parts, ((k + 1) * H) // parts
 
 
-def _gather_batch(pool, pool_idx, seqs, H, HV, K, V, parts):
-    """Per sequence: {idx [K, 1] int32, nat [K, HV*V] pool dtype, parts}, gathered with
-    ``parts`` indirect DMAs (by q/k head)."""
+def _gather_batch(pool, pool_idx, it, seqs, H, HV, K, V, parts):
+    """Per sequence position j of iteration ``it`` (register): {idx [K, 1] int32, nat
+    [K, HV*V] pool dtype, parts}, gathered with ``parts`` indirect DMAs (by q/k head),
+    one pool row per partition."""
     rep = HV // H
     out = []
     for j in range(len(seqs)):
         s = seqs[j]
         st = {}
         st["idx"] = nl.ndarray((K, 1), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=st["idx"], src=pool_idx[s * K:(s + 1) * K, :])
+        nisa.dma_copy(dst=st["idx"], src=pool_idx.ap(pattern=[[1, K], [1, 1]], offset=s * K,
+                                                     scalar_offset=it, indirect_dim=0))
         st["nat"] = nl.ndarray((K, HV * V), dtype=pool.dtype, buffer=nl.sbuf)
         st["parts"] = parts
         for k in range(parts):
@@ -222,9 +210,10 @@ def _scatter_heads(pool, st, a, b, V):
     nisa.dma_copy(dst=_pool_view(pool, st["idx"], a, b - a, K, V), src=st["nat"][:, a * V:b * V])
 
 
-def _store_state(inter, S, row0, HV, K, V):
-    """S [K, HV*V] (inter's dtype) -> inter rows row0 + hv*K + k."""
-    view = inter.ap(pattern=[[V, K], [K * V, HV], [1, V]], offset=row0 * V)
+def _store_state(inter, S, it, row0, HV, K, V):
+    """S [K, HV*V] (inter's dtype) -> inter[it] rows row0 + hv*K + k."""
+    view = inter.ap(pattern=[[V, K], [K * V, HV], [1, V]], offset=row0 * V, scalar_offset=it,
+                    indirect_dim=0)
     nisa.dma_copy(dst=view, src=S)
 
 
@@ -235,7 +224,7 @@ def _partition_sums(dst, data, ones_kp, width):
         w = min(_MM_COLS, width - c0)
         ps = nl.ndarray((dst.shape[0], w), dtype=nl.float32, buffer=nl.psum)
         nisa.nc_matmul(dst=ps, stationary=ones_kp, moving=data[:, c0:c0 + w],
-                       is_stationary_onezero=True)
+                       is_stationary_onezero=True, accumulate=False)
         nisa.tensor_copy(dst=dst[:, c0:c0 + w], src=ps)
         ps = None
 
@@ -247,28 +236,31 @@ def _per_value_head(dst, src, n, rep):
     nisa.tensor_copy(dst=dst.reshape((P, n, rep)), src=view)
 
 
-def _load_group(kq_cols, k_rows, v_cols, gate_rows, cst, live, g0, g1, T, H, HV, K, V, PB,
+def _load_group(kq_cols, v_cols, gate_rows, cst, it, n, T, H, HV, K, V, PB,
                 raw_gates, use_qk_l2norm, scale):
-    """Inputs of sequences [g0, g1) in one DMA each, and everything that does not depend
-    on the state: gates (dec = exp(g), beta), k.q and the l2norm factors, per value head.
-    Column of (sequence j = s - g0, token t, value head hv): (j*T + t)*HV + hv."""
-    n = g1 - g0
+    """Inputs of the n sequence positions of iteration ``it`` (register) in one DMA each,
+    and everything that does not depend on the state: gates (dec = exp(g), beta), k.q
+    and the l2norm factors, per value head. Column of (position j, token t, value head
+    hv): (j*T + t)*HV + hv."""
     THV = T * HV
-    NT = n * T          # (sequence, token) pairs of the group
+    NT = n * T          # (sequence, token) pairs of the iteration
     NTH = NT * H
+    n_it = kq_cols.shape[1]
     io = {}
     kq = nl.ndarray((K, NTH * 2), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=kq, src=kq_cols[:, g0 * T * H * 2:g1 * T * H * 2])
+    nisa.dma_copy(dst=kq, src=kq_cols.ap(pattern=[[n_it * NTH * 2, K], [1, NTH * 2]], offset=0,
+                                         scalar_offset=it, indirect_dim=1))
     io["kq"] = kq
     io["vt"] = nl.ndarray((V, n * THV), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=io["vt"], src=v_cols[:, g0 * THV:g1 * THV])
+    nisa.dma_copy(dst=io["vt"], src=v_cols.ap(pattern=[[n_it * n * THV, V], [1, n * THV]],
+                                              offset=0, scalar_offset=it, indirect_dim=1))
     grow = nl.ndarray((1, 2 * n * THV), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=grow[:, 0:n * THV], src=gate_rows[0:1, g0 * THV:g1 * THV])
-    nisa.dma_copy(dst=grow[:, n * THV:2 * n * THV], src=gate_rows[1:2, g0 * THV:g1 * THV])
+    for r in range(2):
+        nisa.dma_copy(dst=grow[:, r * n * THV:(r + 1) * n * THV],
+                      src=gate_rows.ap(pattern=[[n_it * n * THV, 1], [1, n * THV]],
+                                       offset=r * n_it * n * THV, scalar_offset=it,
+                                       indirect_dim=1))
     io["ot"] = nl.ndarray((V, n * THV), dtype=nl.float32, buffer=nl.sbuf)
-    for s in range(g0, g1):
-        if not live[s]:
-            nisa.memset(dst=io["ot"][:, (s - g0) * THV:(s - g0 + 1) * THV], value=0.0)
 
     # gates on every partition
     gb = nl.ndarray((PB, 2 * n * THV), dtype=nl.float32, buffer=nl.sbuf)
@@ -328,7 +320,7 @@ def _load_group(kq_cols, k_rows, v_cols, gate_rows, cst, live, g0, g1, T, H, HV,
     return io
 
 
-def _run_batch(io, k_rows, inter, got, seqs, g0, T, H, HV, K, V, want_inter, pool):
+def _run_batch(io, k_rows, inter, got, it, seqs, T, H, HV, K, V, want_inter, pool):
     """All T tokens of the batch's sequences, their instruction streams interleaved:
     per token, every sequence's front half (reductions, o, u row) is issued before any
     back half (outer products and state update), so one sequence's matmuls and vector
@@ -351,14 +343,15 @@ def _run_batch(io, k_rows, inter, got, seqs, g0, T, H, HV, K, V, want_inter, poo
             # k of this token as one row on partition 0 (the outer products' stationary)
             r0 = (seqs[j] * T + t) * H * K
             kr = nl.ndarray((1, H * K), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.dma_copy(dst=kr, src=k_rows[:, r0:r0 + H * K])
+            nisa.dma_copy(dst=kr, src=k_rows.ap(pattern=[[k_rows.shape[1], 1], [1, H * K]],
+                                                offset=r0, scalar_offset=it, indirect_dim=0))
             krows.append(kr)
         for j in range(len(seqs)):
-            c0 = ((seqs[j] - g0) * T + t) * HV
+            c0 = (seqs[j] * T + t) * HV
             urows.append(_front(io, got[j]["S"], c0, H, HV, K, V))
         for j in range(len(seqs)):
             s = seqs[j]
-            c0 = ((s - g0) * T + t) * HV
+            c0 = (s * T + t) * HV
             # the last token scatters each state part as soon as its heads are updated
             out = None
             if t == T - 1:
@@ -367,11 +360,11 @@ def _run_batch(io, k_rows, inter, got, seqs, g0, T, H, HV, K, V, want_inter, poo
             if want_inter:
                 row0 = (s * T + t) * HV * K
                 if inter.dtype == nl.float32:
-                    _store_state(inter, got[j]["S"], row0, HV, K, V)
+                    _store_state(inter, got[j]["S"], it, row0, HV, K, V)
                 else:
                     Sc = nl.ndarray((K, HV * V), dtype=inter.dtype, buffer=nl.sbuf)
                     nisa.tensor_copy(dst=Sc, src=got[j]["S"], engine=nisa.engine.scalar)
-                    _store_state(inter, Sc, row0, HV, K, V)
+                    _store_state(inter, Sc, it, row0, HV, K, V)
 
 
 def _front(io, S, c0, H, HV, K, V):
@@ -384,8 +377,9 @@ def _front(io, S, c0, H, HV, K, V):
     p1 = nl.ndarray((V, 2 * HV), dtype=nl.float32, buffer=nl.psum)
     for hv in range(HV):
         col = (jt * H + hv // rep) * 2
+        # disjoint column slices of one PSUM bank: each matmul writes (not adds) its own
         nisa.nc_matmul(dst=p1[:, 2 * hv:2 * hv + 2], stationary=S[:, hv * V:(hv + 1) * V],
-                       moving=io["kq"][:, col:col + 2])
+                       moving=io["kq"][:, col:col + 2], accumulate=False)
     # an integer index on a free dim drops it (a strided [V, HV] view); reshaping
     # the strided slice instead is rejected by the compiler front end
     p3 = p1.reshape((V, HV, 2))
@@ -433,7 +427,8 @@ def _back(io, S, krow, urow, c0, H, HV, K, V, out):
             wdt = min(step, rep * V - g0)
             ku = nl.ndarray((K, wdt), dtype=nl.float32, buffer=nl.psum)
             base = h * rep * V + g0
-            nisa.nc_matmul(dst=ku, stationary=kst, moving=urow[:, base:base + wdt])
+            nisa.nc_matmul(dst=ku, stationary=kst, moving=urow[:, base:base + wdt],
+                           accumulate=False)
             for e0 in range(0, wdt, V):
                 hv = (base + e0) // V
                 Sh = S[:, hv * V:(hv + 1) * V]

@@ -35,8 +35,36 @@ def _run(kernel, *args, backend):
     return _backend.run(kernel, *args, backend=backend)
 
 
+_SPI = 4    # sequence positions per decode loop iteration (2 batches of 2 interleaved streams)
+
+
+def decode_order(state_indices, num_seqs: int):
+    """(order, pos, num_iters) of the compacted decode batch for a batch padded to
+    ``num_seqs`` (the bucket) sequences.
+
+    ``order [n_it * SPI]``: the sequence computed at each position: live sequences
+    first (``argsort(idx < 0, stable)``, torch.argsort(stable=True)); positions past
+    the live count mirror the first position of their loop iteration (torch.where +
+    index_select), so they read and write exactly what that sequence does. ``pos``:
+    where each sequence is computed (``argsort(perm)``, the inverse permutation).
+    ``num_iters [1, 1]`` int32 = ``ceil(live / SPI)`` (torch: sum, then integer ops).
+    """
+    idx = np.asarray(state_indices, dtype=np.int64)
+    spi = min(_SPI, num_seqs)
+    n_it = -(-num_seqs // spi)
+    live = idx >= 0
+    perm = np.argsort(~live, kind="stable")
+    num_live = int(live.sum())
+    q = np.arange(n_it * spi)
+    order = perm[np.minimum(np.where(q < num_live, q, (q // spi) * spi), num_seqs - 1)]
+    pos = np.argsort(perm, kind="stable")
+    return order, pos, np.array([[-(-num_live // spi)]], dtype=np.int32)
+
+
 def decode_tables(q, k, v, state_indices, slots):
-    """(kq_cols, k_rows, v_cols, pool_idx) of ``gdn_decode_step`` (layouts in its docstring)."""
+    """(kq_cols, k_rows, v_cols, pool_idx) of ``gdn_decode_step`` for the sequences in
+    the order given, as 2-D tables (the launcher splits their columns / rows into
+    loop iterations; layouts in the kernel's docstring)."""
     S, T, H, K = q.shape
     HV, V = v.shape[2:]
     _check_limits(K, V, HV)
@@ -69,36 +97,60 @@ def decode(*, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_qk_l2norm, ssm_
            state_indices, return_intermediate_states, backend):
     """Launch ``gdn_decode_step``; returns o ``[num_seqs, T, HV, V]`` in q's dtype, or
     ``(o, intermediate [num_seqs, T, HV, K, V])`` (pool dtype) with
-    return_intermediate_states. ``ssm_states`` is updated in place (named slots only)."""
+    return_intermediate_states. ``ssm_states`` is updated in place (named slots only).
+
+    The batch is padded to ``seq_bucket(num_seqs)`` and compacted (``decode_order``):
+    the per-sequence inputs are gathered in that order (``x[order]``, index_select)
+    while being laid out; outputs come back by the inverse permutation, padding
+    sequences zeroed (torch.where).
+    """
     from nki_ssm.kernels.gated_delta.decode import gdn_decode_step
     from nki_ssm.ops._dispatch import cast_rne
+    from nki_ssm.ops.launch.buckets import seq_bucket
 
     S, T, H, K = q.shape
     HV, V = v.shape[2:]
+    _check_limits(K, V, HV)
     slots = ssm_states.shape[0]
     raw = g is None
-    kq_cols, k_rows, v_cols, pool_idx = decode_tables(q, k, v, state_indices, slots)
+    nb = seq_bucket(S)
+    idx = np.full(nb, -1, dtype=np.int64)
+    idx[:S] = np.asarray(state_indices, dtype=np.int64)
+    order, pos, num_iters = decode_order(idx, nb)
+    src = np.minimum(order, S - 1)        # positions past the batch mirror live sequences
+    spi = min(_SPI, nb)
+    kq_cols, k_rows, v_cols, pool_idx = decode_tables(
+        np.asarray(q)[src], np.asarray(k)[src], np.asarray(v)[src], idx[order], slots)
+    n_pos = order.shape[0]
+    n_it = n_pos // spi
+    # one block of columns (rows) per loop iteration: the kernel offsets by the iteration
+    kq_cols = kq_cols.reshape(K, n_it, -1)
+    k_rows = k_rows.reshape(n_it, -1)
+    v_cols = v_cols.reshape(V, n_it, -1)
+    pool_idx = pool_idx.reshape(n_it, spi * K)
     first, second = (a, b) if raw else (g, beta)
-    gate_rows = np.stack([np.asarray(first, np.float32).reshape(S * T * HV),
-                          np.asarray(second, np.float32).reshape(S * T * HV)])
+    gate_rows = np.stack([np.asarray(first, np.float32).reshape(S, T * HV)[src],
+                          np.asarray(second, np.float32).reshape(S, T * HV)[src]])
+    gate_rows = np.ascontiguousarray(gate_rows.reshape(2, n_it, spi * T * HV))
     head_params = None
     if raw:
         head_params = np.concatenate([np.asarray(A_log, np.float32),
                                       np.asarray(dt_bias, np.float32)]).reshape(1, 2 * HV)
-    live = tuple(bool(i >= 0) for i in np.asarray(state_indices))
     pool = ssm_states.reshape(slots * HV * K, V)
-    out = _run(gdn_decode_step, kq_cols, k_rows, v_cols, np.ascontiguousarray(gate_rows),
-               head_params, pool, pool_idx, live, int(T), int(H), bool(raw),
-               bool(use_qk_l2norm), float(scale), bool(return_intermediate_states),
-               backend=backend)
+    out = _run(gdn_decode_step, kq_cols, k_rows, v_cols, gate_rows, head_params, pool,
+               pool_idx, num_iters, int(T), int(H), bool(raw), bool(use_qk_l2norm),
+               float(scale), bool(return_intermediate_states), backend=backend)
     if not np.shares_memory(pool, ssm_states):
         ssm_states[...] = pool.reshape(ssm_states.shape)
+    live = idx[:S] >= 0
+    at = pos[:S]
     o_cols = out[0] if return_intermediate_states else out
-    o = np.asarray(o_cols, dtype=np.float32).reshape(V, S, T, HV).transpose(1, 2, 3, 0)
-    o = cast_rne(o, q.dtype)
+    o = np.asarray(o_cols, dtype=np.float32).reshape(V, n_pos, T, HV).transpose(1, 2, 3, 0)[at]
+    o = cast_rne(np.where(live[:, None, None, None], o, np.float32(0)), q.dtype)
     if return_intermediate_states:
-        inter = np.asarray(out[1]).reshape(S, T, HV, K, V).astype(ssm_states.dtype, copy=False)
-        return o, inter
+        inter = np.asarray(out[1]).reshape(n_pos, T, HV, K, V)[at]
+        inter = np.where(live[:, None, None, None, None], inter, np.zeros((), inter.dtype))
+        return o, inter.astype(ssm_states.dtype, copy=False)
     return o
 
 
