@@ -93,12 +93,12 @@ _MM_COLS = 512        # moving columns of one fp32 matmul (one PSUM bank on trn2
 
 
 @nki.jit
-def gdn_decode_step(kq_cols, k_rows, v_cols, gate_rows, head_params, pool, pool_idx,
+def gdn_decode_step(kq_cols, k_rows, v_cols, gate_rows, head_params, pool, pool_slots,
                     num_iters, T, H, raw_gates, use_qk_l2norm, scale, want_inter):
     """Recurrent gated delta rule for T tokens per sequence (layouts in the module docstring)."""
     K, n_it, c_kq = kq_cols.shape
-    V = pool.shape[1]
-    SPI = pool_idx.shape[1] // K       # sequence positions per loop iteration
+    V = v_cols.shape[0]
+    SPI = pool_slots.shape[1]          # sequence positions per loop iteration
     THV = v_cols.shape[2] // SPI
     HV = THV // T
     PB = K
@@ -131,45 +131,68 @@ def gdn_decode_step(kq_cols, k_rows, v_cols, gate_rows, head_params, pool, pool_
         cst["dt_b"] = dt_b
 
     # one loop iteration = SPI sequence positions of the compacted batch, run as batches
-    # of _STREAMS whose instruction streams interleave; every gather of the iteration is
-    # issued before its first scatter (positions past the live count mirror the
-    # iteration's first sequence: same reads, same bytes written)
+    # of _STREAMS whose instruction streams interleave (positions past the live count
+    # mirror the iteration's first sequence: same reads, same bytes written, and every
+    # state they read is gathered before that sequence's scatter)
     batches = []
     for j0 in range(0, SPI, _STREAMS):
         ids = []
         for j in range(j0, min(j0 + _STREAMS, SPI)):
             ids.append(j)
         batches.append(ids)
-    # a lone batch moves each state in parts (by q/k head) so the first heads'
-    # reductions overlap the rest of the gather, and their scatter the rest of the update
-    parts = 1
-    if len(batches) == 1:
-        parts = min(_PARTS, H)
     iters = nisa.register_alloc()
     nisa.register_load(dst=iters, src=num_iters)
-    for it in nl.dynamic_range(iters):
-        io = _load_group(kq_cols, v_cols, gate_rows, cst, it, SPI, T, H, HV, K, V, PB,
-                         raw_gates, use_qk_l2norm, scale)
-        states = []
-        for bi in range(len(batches)):
-            states.append(_gather_batch(pool, pool_idx, it, batches[bi], H, HV, K, V, parts))
-        for bi in range(len(batches)):
-            _run_batch(io, k_rows, inter, states[bi], it, batches[bi], T, H, HV, K, V,
-                       want_inter, pool)
-            states[bi] = None
-        nisa.dma_copy(dst=o.ap(pattern=[[n_it * SPI * THV, V], [1, SPI * THV]], offset=0,
-                               scalar_offset=it, indirect_dim=1), src=io["ot"])
-        io = None
+    if len(batches) == 1:
+        # a lone batch (bucket <= _STREAMS, at most one iteration) moves each state in
+        # parts (by q/k head) so the first heads' reductions overlap the rest of the
+        # gather, and their scatter the rest of the update
+        parts = min(_PARTS, H)
+        for it in nl.dynamic_range(iters):
+            io = _load_group(kq_cols, v_cols, gate_rows, cst, it, SPI, T, H, HV, K, V, PB,
+                             raw_gates, use_qk_l2norm, scale)
+            st = _new_states(len(batches[0]), pool, HV, V, K, parts)
+            _gather(st, pool, pool_slots, it, 0, batches[0], H, HV, K, V)
+            _run_batch(io, k_rows, inter, st, it, batches[0], T, H, HV, K, V, want_inter,
+                       pool)
+            _store_o(o, io, it)
+    else:
+        # two batches A, B per iteration, software-pipelined across iterations: B's
+        # states are gathered while A runs, and the next iteration's A while B runs (a
+        # gather issued after a scatter to the pool waits for it: slots are run-time data)
+        stA = _new_states(len(batches[0]), pool, HV, V, K, 1)
+        stB = _new_states(len(batches[1]), pool, HV, V, K, 1)
+        _gather(stA, pool, pool_slots, None, 0, batches[0], H, HV, K, V)
+        for it in nl.dynamic_range(iters):
+            _gather(stB, pool, pool_slots, it, 0, batches[1], H, HV, K, V)
+            io = _load_group(kq_cols, v_cols, gate_rows, cst, it, SPI, T, H, HV, K, V, PB,
+                             raw_gates, use_qk_l2norm, scale)
+            _run_batch(io, k_rows, inter, stA, it, batches[0], T, H, HV, K, V, want_inter,
+                       pool)
+            # the next iteration's first batch (table row it + 1; past the live count it
+            # is read and never used)
+            _gather(stA, pool, pool_slots, it, 1, batches[0], H, HV, K, V)
+            _run_batch(io, k_rows, inter, stB, it, batches[1], T, H, HV, K, V, want_inter,
+                       pool)
+            _store_o(o, io, it)
     if want_inter:
         return o, inter
     return o
 
 
-def _pool_view(pool, idx, hv0, nh, K, V):
-    """Indirect view of heads [hv0, hv0+nh) of one sequence's state: partition k -> rows
-    idx[k] + hv*K."""
+def _store_o(o, io, it):
+    """o columns of iteration ``it`` (register): [V, SPI*T*HV] in one DMA."""
+    V, n_it, width = o.shape
+    nisa.dma_copy(dst=o.ap(pattern=[[n_it * width, V], [1, width]], offset=0,
+                           scalar_offset=it, indirect_dim=1), src=io["ot"])
+
+
+def _pool_view(pool, slot, hv0, nh, K, V):
+    """Heads [hv0, hv0+nh) of one sequence's state in the pool ``[slots, HV*K*V]``: the
+    slot's contiguous block at a run-time start (``slot``: 1x1 int32 SBUF tile),
+    partition k -> elements ``hv*K*V + k*V + v`` (a static pattern, no per-partition
+    indices)."""
     return pool.ap(pattern=[[V, K], [K * V, nh], [1, V]], offset=hv0 * K * V,
-                   vector_offset=idx, indirect_dim=0)
+                   scalar_offset=slot, indirect_dim=0)
 
 
 def _part_heads(H, parts, k):
@@ -177,27 +200,37 @@ def _part_heads(H, parts, k):
     return (k * H) // parts, ((k + 1) * H) // parts
 
 
-def _gather_batch(pool, pool_idx, it, seqs, H, HV, K, V, parts):
-    """Per sequence position j of iteration ``it`` (register): {idx [K, 1] int32, nat
-    [K, HV*V] pool dtype, parts}, gathered with ``parts`` indirect DMAs (by q/k head),
-    one pool row per partition."""
-    rep = HV // H
+def _new_states(n, pool, HV, V, K, parts):
+    """Per sequence of a batch: {slot [1, 1] int32, nat [K, HV*V] pool dtype, parts}."""
     out = []
-    for j in range(len(seqs)):
-        s = seqs[j]
+    for j in range(n):
         st = {}
-        st["idx"] = nl.ndarray((K, 1), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=st["idx"], src=pool_idx.ap(pattern=[[1, K], [1, 1]], offset=s * K,
-                                                     scalar_offset=it, indirect_dim=0))
+        st["slot"] = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
         st["nat"] = nl.ndarray((K, HV * V), dtype=pool.dtype, buffer=nl.sbuf)
         st["parts"] = parts
+        out.append(st)
+    return out
+
+
+def _gather(states, pool, pool_slots, it, ahead, seqs, H, HV, K, V):
+    """Gather the states of positions ``seqs`` of iteration ``it`` + ``ahead`` (``it``: a
+    register, or None for iteration 0) into ``states``, each in its ``parts`` DMAs."""
+    rep = HV // H
+    n_rows, spi = pool_slots.shape
+    for j in range(len(seqs)):
+        st = states[j]
+        if it == None:  # noqa: E711  (NKI has no `is`)
+            src = pool_slots[ahead:ahead + 1, seqs[j]:seqs[j] + 1]
+        else:
+            src = pool_slots.ap(pattern=[[spi, 1], [1, 1]], offset=ahead * spi + seqs[j],
+                                scalar_offset=it, indirect_dim=0)
+        nisa.dma_copy(dst=st["slot"], src=src)
+        parts = st["parts"]
         for k in range(parts):
             h0, h1 = _part_heads(H, parts, k)
             a, b = h0 * rep, h1 * rep
             nisa.dma_copy(dst=st["nat"][:, a * V:b * V],
-                          src=_pool_view(pool, st["idx"], a, b - a, K, V))
-        out.append(st)
-    return out
+                          src=_pool_view(pool, st["slot"], a, b - a, K, V))
 
 
 def _scatter_heads(pool, st, a, b, V):
@@ -207,7 +240,7 @@ def _scatter_heads(pool, st, a, b, V):
     if pool.dtype != nl.float32:
         nisa.tensor_copy(dst=st["nat"][:, a * V:b * V], src=st["S"][:, a * V:b * V],
                          engine=nisa.engine.scalar)
-    nisa.dma_copy(dst=_pool_view(pool, st["idx"], a, b - a, K, V), src=st["nat"][:, a * V:b * V])
+    nisa.dma_copy(dst=_pool_view(pool, st["slot"], a, b - a, K, V), src=st["nat"][:, a * V:b * V])
 
 
 def _store_state(inter, S, it, row0, HV, K, V):

@@ -119,7 +119,7 @@ def decode(*, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_qk_l2norm, ssm_
     order, pos, num_iters = decode_order(idx, nb)
     src = np.minimum(order, S - 1)        # positions past the batch mirror live sequences
     spi = min(_SPI, nb)
-    kq_cols, k_rows, v_cols, pool_idx = decode_tables(
+    kq_cols, k_rows, v_cols, _ = decode_tables(
         np.asarray(q)[src], np.asarray(k)[src], np.asarray(v)[src], idx[order], slots)
     n_pos = order.shape[0]
     n_it = n_pos // spi
@@ -127,7 +127,10 @@ def decode(*, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_qk_l2norm, ssm_
     kq_cols = kq_cols.reshape(K, n_it, -1)
     k_rows = k_rows.reshape(n_it, -1)
     v_cols = v_cols.reshape(V, n_it, -1)
-    pool_idx = pool_idx.reshape(n_it, spi * K)
+    # slot of each position, one row per iteration plus one (the pipelined kernel reads
+    # the next iteration's first slots one iteration ahead); padding never named: 0
+    pool_slots = np.zeros((n_it + 1, spi), dtype=np.int32)
+    pool_slots[:n_it] = np.maximum(idx[order], 0).reshape(n_it, spi)
     first, second = (a, b) if raw else (g, beta)
     gate_rows = np.stack([np.asarray(first, np.float32).reshape(S, T * HV)[src],
                           np.asarray(second, np.float32).reshape(S, T * HV)[src]])
@@ -136,9 +139,9 @@ def decode(*, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_qk_l2norm, ssm_
     if raw:
         head_params = np.concatenate([np.asarray(A_log, np.float32),
                                       np.asarray(dt_bias, np.float32)]).reshape(1, 2 * HV)
-    pool = ssm_states.reshape(slots * HV * K, V)
+    pool = ssm_states.reshape(slots, HV * K * V)
     out = _run(gdn_decode_step, kq_cols, k_rows, v_cols, gate_rows, head_params, pool,
-               pool_idx, num_iters, int(T), int(H), bool(raw), bool(use_qk_l2norm),
+               pool_slots, num_iters, int(T), int(H), bool(raw), bool(use_qk_l2norm),
                float(scale), bool(return_intermediate_states), backend=backend)
     if not np.shares_memory(pool, ssm_states):
         ssm_states[...] = pool.reshape(ssm_states.shape)
