@@ -94,7 +94,7 @@ _MM_COLS = 512        # moving columns of one fp32 matmul (one PSUM bank on trn2
 
 @nki.jit
 def gdn_decode_step(kq_cols, k_rows, v_cols, gate_rows, head_params, pool, pool_slots,
-                    num_iters, T, H, raw_gates, use_qk_l2norm, scale, want_inter):
+                    num_iters, batch_live, T, H, raw_gates, use_qk_l2norm, scale, want_inter):
     """Recurrent gated delta rule for T tokens per sequence (layouts in the module docstring)."""
     K, n_it, c_kq = kq_cols.shape
     V = v_cols.shape[0]
@@ -142,7 +142,9 @@ def gdn_decode_step(kq_cols, k_rows, v_cols, gate_rows, head_params, pool, pool_
         batches.append(ids)
     iters = nisa.register_alloc()
     nisa.register_load(dst=iters, src=num_iters)
-    if len(batches) == 1:
+    NB = len(batches)
+    bsz = len(batches[0]) * T * H * K
+    if NB == 1:
         # a lone batch (bucket <= _STREAMS, at most one iteration) moves each state in
         # parts (by q/k head) so the first heads' reductions overlap the rest of the
         # gather, and their scatter the rest of the update
@@ -150,33 +152,71 @@ def gdn_decode_step(kq_cols, k_rows, v_cols, gate_rows, head_params, pool, pool_
         for it in nl.dynamic_range(iters):
             io = _load_group(kq_cols, v_cols, gate_rows, cst, it, SPI, T, H, HV, K, V, PB,
                              raw_gates, use_qk_l2norm, scale)
+            kr = None
+            if T == 1:
+                kr = nl.ndarray((1, bsz), dtype=nl.float32, buffer=nl.sbuf)
+                _load_krow(kr, k_rows, it, 0, batches[0], T, H, K)
             st = _new_states(len(batches[0]), pool, HV, V, K, parts)
             _gather(st, pool, pool_slots, it, 0, batches[0], H, HV, K, V)
-            _run_batch(io, k_rows, inter, st, it, batches[0], T, H, HV, K, V, want_inter,
+            _run_batch(io, k_rows, kr, inter, st, it, batches[0], T, H, HV, K, V, want_inter,
                        pool)
             _store_o(o, io, it)
     else:
-        # two batches A, B per iteration, software-pipelined across iterations: B's
-        # states are gathered while A runs, and the next iteration's A while B runs (a
-        # gather issued after a scatter to the pool waits for it: slots are run-time data)
-        stA = _new_states(len(batches[0]), pool, HV, V, K, 1)
-        stB = _new_states(len(batches[1]), pool, HV, V, K, 1)
-        _gather(stA, pool, pool_slots, None, 0, batches[0], H, HV, K, V)
+        # NB batches per iteration, software-pipelined: batch b+1's states are gathered
+        # while batch b runs, and the next iteration's first batch while the last one
+        # runs (a gather issued after a scatter to the pool waits for it: slots are
+        # run-time data). Two state sets alternate; NB is even. A batch runs only if it
+        # holds a live position (batch_live: a zero- or one-trip runtime loop); positions
+        # past the live count mirror their batch's first sequence.
+        sets = (_new_states(_STREAMS, pool, HV, V, K, 1), _new_states(_STREAMS, pool, HV, V, K, 1))
+        # T == 1: each batch's k rows in one small DMA issued ahead of its state gather;
+        # longer steps load them per token (the rows would not fit one partition twice)
+        krs = [None, None]
+        if T == 1:
+            for q in range(2):
+                krs[q] = nl.ndarray((1, bsz), dtype=nl.float32, buffer=nl.sbuf)
+        flag_regs = []
+        for bi in range(NB):
+            flag_regs.append(nisa.register_alloc())
+        _gather(sets[0], pool, pool_slots, None, 0, batches[0], H, HV, K, V)
         for it in nl.dynamic_range(iters):
-            _gather(stB, pool, pool_slots, it, 0, batches[1], H, HV, K, V)
             io = _load_group(kq_cols, v_cols, gate_rows, cst, it, SPI, T, H, HV, K, V, PB,
                              raw_gates, use_qk_l2norm, scale)
-            _run_batch(io, k_rows, inter, stA, it, batches[0], T, H, HV, K, V, want_inter,
-                       pool)
-            # the next iteration's first batch (table row it + 1; past the live count it
-            # is read and never used)
-            _gather(stA, pool, pool_slots, it, 1, batches[0], H, HV, K, V)
-            _run_batch(io, k_rows, inter, stB, it, batches[1], T, H, HV, K, V, want_inter,
-                       pool)
+            flags = nl.ndarray((1, NB), dtype=nl.int32, buffer=nl.sbuf)
+            nisa.dma_copy(dst=flags, src=batch_live.ap(pattern=[[NB, 1], [1, NB]], offset=0,
+                                                       scalar_offset=it, indirect_dim=0))
+            for bi in range(NB):
+                nisa.register_load(dst=flag_regs[bi], src=flags[0:1, bi:bi + 1])
+            if T == 1:
+                _load_krow(krs[0], k_rows, it, 0, batches[0], T, H, K)
+            for bi in range(NB):
+                if bi + 1 < NB:
+                    if T == 1:
+                        # inputs first: a small DMA issued after a state transfer waits for it
+                        _load_krow(krs[(bi + 1) % 2], k_rows, it, 0, batches[bi + 1], T, H, K)
+                    _gather(sets[(bi + 1) % 2], pool, pool_slots, it, 0, batches[bi + 1], H,
+                            HV, K, V)
+                else:
+                    # the next iteration's first batch (table row it + 1; past the live
+                    # count it is read and never used)
+                    _gather(sets[0], pool, pool_slots, it, 1, batches[0], H, HV, K, V)
+                for _ in nl.dynamic_range(flag_regs[bi]):
+                    _run_batch(io, k_rows, krs[bi % 2], inter, sets[bi % 2], it, batches[bi],
+                               T, H, HV, K, V, want_inter, pool)
             _store_o(o, io, it)
     if want_inter:
         return o, inter
     return o
+
+
+def _load_krow(dst, k_rows, it, ahead, seqs, T, H, K):
+    """k of every token of the batch's positions as one row on partition 0 (the outer
+    products' stationary): k_rows row ``it + ahead`` (register), contiguous columns."""
+    n_it, width = k_rows.shape
+    per = T * H * K
+    nisa.dma_copy(dst=dst, src=k_rows.ap(pattern=[[width, 1], [1, len(seqs) * per]],
+                                         offset=ahead * width + seqs[0] * per,
+                                         scalar_offset=it, indirect_dim=0))
 
 
 def _store_o(o, io, it):
@@ -353,7 +393,7 @@ def _load_group(kq_cols, v_cols, gate_rows, cst, it, n, T, H, HV, K, V, PB,
     return io
 
 
-def _run_batch(io, k_rows, inter, got, it, seqs, T, H, HV, K, V, want_inter, pool):
+def _run_batch(io, k_rows, krow, inter, got, it, seqs, T, H, HV, K, V, want_inter, pool):
     """All T tokens of the batch's sequences, their instruction streams interleaved:
     per token, every sequence's front half (reductions, o, u row) is issued before any
     back half (outer products and state update), so one sequence's matmuls and vector
@@ -374,11 +414,16 @@ def _run_batch(io, k_rows, inter, got, it, seqs, T, H, HV, K, V, want_inter, poo
         krows = []
         for j in range(len(seqs)):
             # k of this token as one row on partition 0 (the outer products' stationary)
-            r0 = (seqs[j] * T + t) * H * K
-            kr = nl.ndarray((1, H * K), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.dma_copy(dst=kr, src=k_rows.ap(pattern=[[k_rows.shape[1], 1], [1, H * K]],
-                                                offset=r0, scalar_offset=it, indirect_dim=0))
-            krows.append(kr)
+            if krow == None:  # noqa: E711  (T > 1: one small DMA per token)
+                r0 = (seqs[j] * T + t) * H * K
+                kr = nl.ndarray((1, H * K), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.dma_copy(dst=kr, src=k_rows.ap(pattern=[[k_rows.shape[1], 1], [1, H * K]],
+                                                    offset=r0, scalar_offset=it,
+                                                    indirect_dim=0))
+                krows.append(kr)
+            else:
+                r0 = ((seqs[j] - seqs[0]) * T + t) * H * K
+                krows.append(krow[:, r0:r0 + H * K])
         for j in range(len(seqs)):
             c0 = (seqs[j] * T + t) * HV
             urows.append(_front(io, got[j]["S"], c0, H, HV, K, V))

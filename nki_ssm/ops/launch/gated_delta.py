@@ -35,28 +35,38 @@ def _run(kernel, *args, backend):
     return _backend.run(kernel, *args, backend=backend)
 
 
-_SPI = 4    # sequence positions per decode loop iteration (2 batches of 2 interleaved streams)
+_GROUP = 16    # (sequence, token) pairs per decode loop iteration (inputs in one DMA each)
+_STREAMS = 2   # sequences per batch (gdn_decode_step's interleaved instruction streams)
 
 
-def decode_order(state_indices, num_seqs: int):
+def _positions_per_iteration(num_seqs: int, T: int) -> int:
+    """Sequence positions per loop iteration: _GROUP // T rounded down to a multiple of
+    2 * _STREAMS (an even number of batches; at least 2), or the whole bucket if smaller."""
+    spi = max(2 * _STREAMS, (_GROUP // T) // (2 * _STREAMS) * (2 * _STREAMS))
+    return min(spi, num_seqs)
+
+
+def decode_order(state_indices, num_seqs: int, T: int = 1):
     """(order, pos, num_iters) of the compacted decode batch for a batch padded to
     ``num_seqs`` (the bucket) sequences.
 
     ``order [n_it * SPI]``: the sequence computed at each position: live sequences
     first (``argsort(idx < 0, stable)``, torch.argsort(stable=True)); positions past
-    the live count mirror the first position of their loop iteration (torch.where +
-    index_select), so they read and write exactly what that sequence does. ``pos``:
+    the live count mirror the first position of their batch of _STREAMS (torch.where +
+    index_select), so they read and write exactly what that sequence does (batches
+    without a live position do not run: ``batch_live``). ``pos``:
     where each sequence is computed (``argsort(perm)``, the inverse permutation).
     ``num_iters [1, 1]`` int32 = ``ceil(live / SPI)`` (torch: sum, then integer ops).
     """
     idx = np.asarray(state_indices, dtype=np.int64)
-    spi = min(_SPI, num_seqs)
+    spi = _positions_per_iteration(num_seqs, T)
     n_it = -(-num_seqs // spi)
     live = idx >= 0
     perm = np.argsort(~live, kind="stable")
     num_live = int(live.sum())
     q = np.arange(n_it * spi)
-    order = perm[np.minimum(np.where(q < num_live, q, (q // spi) * spi), num_seqs - 1)]
+    order = perm[np.minimum(np.where(q < num_live, q, (q // _STREAMS) * _STREAMS),
+                            num_seqs - 1)]
     pos = np.argsort(perm, kind="stable")
     return order, pos, np.array([[-(-num_live // spi)]], dtype=np.int32)
 
@@ -116,9 +126,9 @@ def decode(*, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_qk_l2norm, ssm_
     nb = seq_bucket(S)
     idx = np.full(nb, -1, dtype=np.int64)
     idx[:S] = np.asarray(state_indices, dtype=np.int64)
-    order, pos, num_iters = decode_order(idx, nb)
+    order, pos, num_iters = decode_order(idx, nb, T)
     src = np.minimum(order, S - 1)        # positions past the batch mirror live sequences
-    spi = min(_SPI, nb)
+    spi = _positions_per_iteration(nb, T)
     kq_cols, k_rows, v_cols, _ = decode_tables(
         np.asarray(q)[src], np.asarray(k)[src], np.asarray(v)[src], idx[order], slots)
     n_pos = order.shape[0]
@@ -131,6 +141,10 @@ def decode(*, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_qk_l2norm, ssm_
     # the next iteration's first slots one iteration ahead); padding never named: 0
     pool_slots = np.zeros((n_it + 1, spi), dtype=np.int32)
     pool_slots[:n_it] = np.maximum(idx[order], 0).reshape(n_it, spi)
+    # 1 where a batch of _STREAMS positions holds a live sequence (compare, reshape)
+    n_batch = -(-spi // _STREAMS)
+    first = np.arange(n_it * n_batch) * min(_STREAMS, spi)
+    batch_live = (first < int((idx >= 0).sum())).astype(np.int32).reshape(n_it, n_batch)
     first, second = (a, b) if raw else (g, beta)
     gate_rows = np.stack([np.asarray(first, np.float32).reshape(S, T * HV)[src],
                           np.asarray(second, np.float32).reshape(S, T * HV)[src]])
@@ -141,7 +155,7 @@ def decode(*, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_qk_l2norm, ssm_
                                       np.asarray(dt_bias, np.float32)]).reshape(1, 2 * HV)
     pool = ssm_states.reshape(slots, HV * K * V)
     out = _run(gdn_decode_step, kq_cols, k_rows, v_cols, gate_rows, head_params, pool,
-               pool_slots, num_iters, int(T), int(H), bool(raw), bool(use_qk_l2norm),
+               pool_slots, num_iters, batch_live, int(T), int(H), bool(raw), bool(use_qk_l2norm),
                float(scale), bool(return_intermediate_states), backend=backend)
     if not np.shares_memory(pool, ssm_states):
         ssm_states[...] = pool.reshape(ssm_states.shape)
