@@ -43,27 +43,61 @@ of V elements, two inputs (~2*HV*V cycles); DMA 2*HV*K*V*4 bytes of state
 per sequence (gather + scatter), plus ``HV*K*V`` per token with
 ``want_inter``. Sequences run in batches of ``_STREAMS`` whose per-token
 instruction streams are interleaved (one sequence's matmuls fill the other's
-waits); state gathers run one batch ahead of the compute; q/k/v/gates and o
-move in one DMA per I/O group of ``_GROUP // T`` sequences (k rows per sequence).
-A lone batch (1-2 sequences) gathers and scatters each state in ``_PARTS``
-pieces by q/k head.
+waits). A lone batch (bucket of 1-2 sequences) gathers and scatters each
+state in ``_PARTS`` pieces by q/k head.
+
+Design note (issue 10): batch composition is run-time data
+---------------------------------------------------------
+Compile-time arguments: shapes (sequence bucket, T, heads, K, V, slots),
+dtypes and the layer flags (raw_gates, use_qk_l2norm, scale, want_inter).
+The launcher pads the batch to ``seq_bucket(num_seqs)`` and *compacts* it:
+live sequences first (a stable argsort of ``state_indices < 0``); positions
+past the live count mirror the first sequence of their batch of
+``_STREAMS`` (same inputs, same slot), so they read what it reads and write
+bit-identical bytes to the same pool block; a batch holding no live
+sequence does not run. Padding never reaches the kernel, so its inputs
+(NaN included) are never read; the launcher zeroes the padding rows of o
+and of the intermediate states (``where``).
+
+Loops: one runtime loop (``nl.dynamic_range`` over a register loaded from
+``num_iters = ceil(live / SPI)``) over iterations of SPI = ``_GROUP // T``
+positions (a multiple of 2 * ``_STREAMS``; the whole bucket if smaller).
+Inside an iteration, unrolled and bounded by SPI, T and the heads: the
+inputs of the SPI positions in one DMA each (dynamic column offset), the gate
+math, and NB = SPI / ``_STREAMS`` batches. Batch b runs inside a zero- or
+one-trip runtime loop on ``batch_live[it, b]`` (a runtime conditional).
+Software pipeline: two state sets alternate; batch b+1's states are
+gathered while batch b runs, and the next iteration's first batch while the
+last one runs (table row it + 1; past the live count it is read and never
+used). A gather issued after a scatter to the pool waits for it (slots are
+run-time data), which is why mirrors stay inside their batch.
+
+State moves: a sequence's state is one contiguous block of the pool
+``[slots, HV*K*V]``; each gather / scatter is one DMA with a run-time start
+(``scalar_offset`` = the slot, a 1x1 SBUF int32 tile) and a static pattern
+(partition k -> ``hv*K*V + k*V + v``): no per-partition row indices, no
+row-stepping ``vector_offset`` pattern, no ``oob_mode.skip``. Matmuls that
+share a PSUM bank pass ``accumulate=False`` explicitly.
+
+What binds (modeled, trn2, float32 pool): DMA of the states (64 sequences:
+933 us, 79 % of the DMA bandwidth; the per-iteration input loads and gate
+math sit between the last scatter of one iteration and the first compute of
+the next); TensorE ~70 %, VectorE ~63 % busy.
 
 HBM arguments (prepared by the launcher, ``nki_ssm.ops.launch.gated_delta``);
-columns run over (sequence s, token t, head), head fastest:
-  kq_cols  ``[K, num_seqs*T*H*2]`` (q dtype): row k, column ``((s*T + t)*H + h)*2 + c``
-           holds ``k[s,t,h,k]`` (c=0) / ``q[s,t,h,k]`` (c=1);
-  k_rows   ``[1, num_seqs*T*H*K]`` (q dtype): k, token-major, as one row;
-  v_cols   ``[V, num_seqs*T*HV]`` (q dtype): row v, column ``(s*T + t)*HV + hv``;
-  gate_rows ``[2, num_seqs*T*HV]`` float32: g and beta (raw: a and b), columns as v_cols;
+columns run over (position j of the iteration, token t, head), head fastest:
+  kq_cols  ``[K, n_it, SPI*T*H*2]`` (q dtype): row k, iteration i, column
+           ``((j*T + t)*H + h)*2 + c`` holds ``k`` (c=0) / ``q`` (c=1);
+  k_rows   ``[n_it, SPI*T*H*K]`` (q dtype): k, token-major, one row per iteration;
+  v_cols   ``[V, n_it, SPI*T*HV]`` (q dtype): row v, column ``(j*T + t)*HV + hv``;
+  gate_rows ``[2, n_it, SPI*T*HV]`` float32: g and beta (raw: a and b), columns as v_cols;
   head_params ``[1, 2*HV]`` float32 (A_log then dt_bias) or None (g/beta given);
-  pool     ``[slots*HV*K, V]`` float32 or bfloat16, updated in place;
-  pool_idx ``[num_seqs*K, 1]`` int32: ``slot*HV*K + k``.
-Compile time: live (tuple of bools; False = padding: zero output, zero
-intermediate states, pool untouched), T, H, raw_gates, use_qk_l2norm,
-scale, want_inter.
-Returns ``o [V, num_seqs*T*HV]`` float32 (v-major, the launcher transposes)
-and, with ``want_inter``, ``inter [num_seqs*T*HV*K, V]`` in the pool dtype
-(state after each token, rows ``((s*T + t)*HV + hv)*K + k``).
+  pool     ``[slots, HV*K*V]`` float32 or bfloat16, updated in place by the kernel;
+  pool_slots ``[n_it + 1, SPI]`` int32: slot of each position (last row: any slot);
+  num_iters ``[1, 1]`` int32; batch_live ``[n_it, SPI / _STREAMS]`` int32 (0 / 1).
+Returns ``o [V, n_it, SPI*T*HV]`` float32 (v-major, the launcher transposes
+and un-permutes) and, with ``want_inter``, ``inter [n_it, SPI*T*HV*K, V]`` in
+the pool dtype (state after each token, rows ``((j*T + t)*HV + hv)*K + k``).
 
 Limits: K, V, HV <= 128; ``2*HV <= 512``; ``(HV // H) * V`` is split in
 <= 512-column pieces. Numerics: all float32 (state, gates, matmuls: fp32

@@ -9,15 +9,19 @@ float32, A_log / dt_bias repeated on 128 rows).
 Host side only arranges layouts and index tables; all math and every pool
 gather / scatter happens in the kernel:
 
-- the pool ``[slots, HV, K, V]`` is passed as its ``[slots*HV*K, V]`` row
-  view (no copy for a C-contiguous pool); partition k of a sequence's state
-  tile reads rows ``slot*HV*K + hv*K + k`` (int32 ``[num_seqs*K, 1]`` table);
+- decode: the pool ``[slots, HV, K, V]`` is passed as its ``[slots, HV*K*V]``
+  view (one contiguous block per slot, moved with a run-time start); the batch
+  is padded to its sequence bucket and compacted (``decode_order``) and the
+  per-iteration tables are built with vectorised ops (see ``decode``);
+- prefill: the pool is passed as its ``[slots*HV*K, V]`` row view (no copy for a
+  C-contiguous pool); partition k of a sequence's state tile reads rows
+  ``slot*HV*K + hv*K + k`` (int32 ``[num_seqs*K, 1]`` table);
 - q and k become one ``[K, num_seqs*T*H*2]`` column table (k on partitions,
   k / q columns interleaved per head) plus k as one row ``[1, num_seqs*T*H*K]``;
   v becomes ``[V, num_seqs*T*HV]`` (v on partitions); gates are widened to
   float32 rows ``[2, num_seqs*T*HV]``; A_log / dt_bias one float32 row;
-- which sequences are padding is a compile-time tuple (zero output, zero
-  intermediate states, no instructions on the pool);
+- prefill: which sequences are padding is a compile-time tuple (zero output, no
+  instructions on the pool); decode: run-time tables only;
 - the kernel's v-major output ``[V, num_seqs*T*HV]`` is transposed back and
   rounded once (RNE) to q's dtype.
 """
