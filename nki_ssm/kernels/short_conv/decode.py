@@ -66,8 +66,13 @@ tiles and one output tile must fit the 8 banks, so for long speculative
 steps (T >= 15 at W = 4) the tokens are processed in slices (``_psum_plan``).
 
 Limits: any T >= 1, any dim, W >= 2, any number of sequences (groups of up
-to 128 rows). What binds (modeled, trn2, dim 8192): DMA for 512 sequences,
-the VectorE taps and the per-group pipeline latency for 32.
+to 128 rows). What binds (modeled, trn2, dim 8192, bf16, one token;
+``tests/kernels/short_conv_perf.py d32 d512``): DMA for 512 sequences
+(200.8 us, 1.10x the bytes-moved bound; 4 groups, TensorE taps), the VectorE
+taps and the pipeline latency for 32 (21.9 us, one group, R = 4). Program
+size: 897 static instructions for every bucket >= 128 sequences (R = 1),
+374 at 32 (R = 4): R is a layout choice per bucket; forcing one R for both
+costs 316 us at 512 (R = 4) or 55.6 us at 32 (R = 1).
 """
 from nki_ssm.backend import nki, nl, nisa
 
