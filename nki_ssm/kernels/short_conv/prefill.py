@@ -1,74 +1,116 @@
-"""Ragged prefill of the short causal conv1d with a state pool (one launch per batch).
+"""Ragged prefill of the short causal conv1d with a state pool: one compiled program per
+(token bucket, sequence bucket, layer shape).
 
-Engine plan (per channel group of up to 16 x 128 channels -- fewer when the
-float32 / split working set needs it -- per sequence, per chunk of up to 512
-tokens):
+Shapes: x ``[NB, dim]`` (the batch padded to the token bucket NB), weight
+``[dim, W]``, bias ``[dim]`` or None, pool ``[slots, dim, W-1]`` (updated in
+place by the kernel's own DMA writes), y ``[NB + M, dim]`` in x's dtype
+(``M = _margin(W-1)`` scratch rows at the end; the host keeps rows
+``[0, num_tokens)``). x / pool float32 or bfloat16.
 
-1. DMA: one ``dma_transpose`` (4-D access patterns, destination 32-byte
-   aligned) brings ``x[t0-16 : t0+tc, group]`` in as ``xw [128 ch, n_tiles,
-   16+tc]`` (channels on partitions, tokens on the free axis; the window's
-   W-1 halo columns end at column 16). The first chunk of a sequence
-   instead gets its W-1 halo columns by one indirect gather from the pool (``vector_offset`` row =
-   ``slot*dim + partition``, plus the group's first channel as a constant)
-   into a zeroed tile; rows of sequences without an initial state are out of
-   bounds and skipped (``oob_mode.skip``), so the halo stays zero.
-2. TensorE: per 128-token block and 128-channel tile, W accumulating
-   matmuls ``psum[tok, ch] += xw[:, k:k+M].T @ diag(weight[:, k])``: the
-   shifted x window is the stationary, a diagonal weight matrix the moving
-   operand, so the conv taps and the token-major transpose of the output
-   happen in one pass; a bias is one more K=1 matmul (ones x bias row).
-   bfloat16 x with float32 weights that bfloat16 does not hold uses a hi+lo
-   bfloat16 split (two matmuls per tap) so no weight precision is lost.
-   VectorE takes every 7th tile (every 2nd for float32, 4th for split): W
-   float32 multiply-adds with per-partition weights, then one TensorE
-   transpose into the same PSUM bank -- it balances TensorE and VectorE.
-3. ScalarE: one ``activation`` (SiLU or copy) per PSUM bank evicts
-   ``psum [128 tok, 512 ch]`` into the token-major output tile.
-4. DMA: contiguous store of ``[128 tok, group channels]`` rows of y; the
-   sequence's new state (last W-1 window columns) is scattered back to its
-   slot rows with ``vector_offset`` after its last chunk.
-A one-item-ahead software pipeline issues item i+1's window (and, at a
-group change, its diagonal weights) before item i's matmuls.
+Design note (issue 10): batch composition is run-time data
+---------------------------------------------------------
+Compile-time arguments: shapes (NB, the sequence bucket SB, dim, W, slots),
+dtypes, the activation, the bias flag and the matmul precision flags. The
+batch arrives as int32 / uint32 tables the launcher builds with a few
+vectorised array ops (``nki_ssm.ops.launch.short_conv.prefill_tables``):
 
-Compile time vs run time: shapes, W, dtypes, the activation, and the batch
-layout (token ranges of the sequences and which sequences are padding) are
-compile-time, so the kernel is specialised per batch layout (they are part of
-the NKI cache key). Slot numbers and has_initial_state are run-time data (the
-gather/scatter row tables). A run-time-boundary version would read
-``cu_seqlens`` into registers and loop with ``nl.fori_loop`` over sequences
-and chunks with ``scalar_offset`` DMAs and masked partial blocks.
+- ``win_rows [n_pairs, 2, 128, NI]`` uint32: for chunk ``2k + a`` the x row of
+  every window column (``chunk * CHUNK - M + column``, clamped into the
+  bucket; column-major over the [128, NI] index tile), and ``chunk_start
+  [n_pairs, 2]`` its first token -- both functions of the bucket only;
+- ``seq_rows [SB, 2*NH, 1]`` uint32: per live sequence (compacted: live
+  sequences first, in order) the x rows of its first NH tokens and of its
+  last NH tokens (clamped into the bucket); ``seq_yrows [SB, H, 1]`` int32:
+  the y rows of its first H tokens (``NB + k`` scratch rows for k >= length);
+  ``seq_info [SB, H + 3]`` int32: slot, has-initial-state flag, and a one-hot
+  of ``min(length, H)``;
+- ``counts [1, 2]``: chunk pairs to run (``ceil(ceil(num_tokens / CHUNK) / 2)``)
+  and live sequences.
 
-Limits: dim any size (tiles of 128 channels, the last may be partial), W >=
-2 (W - 1 <= 512), any number of tokens per sequence (chunked), pool and x
-float32 or bfloat16. Matmul operands are float32 when x or the pool is
-float32 (quarter TensorE rate; pool values must pass through exactly), else
-bfloat16.
+Two runtime loops per channel group (``nl.dynamic_range`` over registers
+loaded from ``counts``; everything unrolled inside is bounded by the layer
+shape: channel tiles, taps, the 4 token blocks of a chunk, H):
+
+1. **Stream loop** over the token stream in fixed chunks of CHUNK (512, or
+   the bucket if smaller) tokens, two chunks (buffers A, B) per iteration so
+   one chunk's window DMA overlaps the other's matmuls. The window of a chunk
+   is one *indirect* ``dma_transpose`` (``dma_gather_transpose``, software
+   DGE): x rows ``t0 - M .. t0 + CHUNK`` by index, transposed to ``[128 ch,
+   tiles, M + CHUNK tok]``. Sequence boundaries are ignored here, so the
+   first H tokens of every sequence (and tokens whose window is clamped at
+   row 0) get wrong values; every other token's window lies inside its own
+   sequence. TensorE does the W taps as accumulating matmuls ``psum[tok, ch]
+   += xw[:, k:k+128].T @ diag(weight[:, k])`` (explicit ``accumulate`` on
+   every matmul of a PSUM bank), every 7th channel tile (2nd fp32, 4th split)
+   runs on VectorE plus a TensorE transpose; ScalarE applies SiLU / copy
+   evicting each bank; 128-token blocks are stored as contiguous rows with a
+   ``scalar_offset`` (dynamic start) DMA. An odd number of chunks is rounded up
+   by one chunk of the padding region, or by a *mirror* of the last chunk when
+   the bucket is full (same window, bit-identical bytes to the same rows).
+2. **Head loop** over live sequences: a 48-column window per group -- the
+   old state (``scalar_offset`` DMA of the slot, inside a zero-trip / one-trip
+   ``dynamic_range`` on the has-initial-state flag; zeros otherwise) at
+   columns ``M-H .. M``, then one gather transpose of the sequence's first
+   and last NH tokens -- gives the first H outputs (same TensorE taps), which
+   are scattered to their y rows one row per partition (k >= length goes to
+   a scratch row, so no ``oob_mode.skip``), overwriting the stream loop's
+   values; the new state (window columns ``M-H+L .. M+L`` for ``L = length <
+   H``, the last H tokens otherwise) is written to the slot by one
+   ``scalar_offset`` DMA under the one-hot ``dynamic_range`` of its case.
+   Padding sequences (``state_indices < 0``) are compacted away: they never
+   touch the pool; the host zeroes their y rows.
+
+What binds (modeled, trn2, dim 8192, W 4, bf16): TensorE and DMA together
+(see the package docstring for the figures). float32 x cannot use the
+gather transpose (2-byte dtypes only): its window is gathered token-major
+(``vector_offset``, one x row per partition) and transposed on TensorE, and
+its head window likewise (``_token_major_window``).
+
+Limits: dim any size (tiles of 128 channels, the last may be partial),
+2 <= W <= 65 (``W - 1 <= 64``: both NH-token head windows fit one 128-index
+gather), any number of tokens per sequence, empty sequences, padding
+sequences. Matmul operands are float32 when x or the pool is float32 (pool
+values pass through exactly), else bfloat16 (hi + lo split of float32
+weights / bias that bfloat16 does not hold).
 """
 from nki_ssm.backend import nki, nl, nisa
 
 TILE = 128          # channels per partition tile / tokens per output block
 GROUP_TILES = 16    # most channel tiles per group: 2048 channels -> 4 KiB bf16 store rows
 SBUF_BUDGET = 150 * 1024   # bytes per partition for the per-group working set
-CHUNK = 512         # tokens per transposed load (n_tiles * 512 * 2 B = 16 KiB per partition)
+CHUNK = 512         # tokens per stream window (n_tiles * 528 * 2 B = 16.5 KiB per partition)
 BANK = 512          # fp32 columns of one PSUM bank
-ONE_ROW_PER_DMA = False   # pool halo gather / state scatter: one DMA per tile (see _pool_rows_dma)
+PSUM_TILES = 7      # rotating one-bank PSUM tiles (of 8 banks)
 ALIGN = 16          # window offsets in elements: 32 B (bf16) / 64 B (fp32), the DMA
                     # transpose destination alignment (nki_ssm/sim/isa/dma.py)
+MAX_HALO = 64       # W - 1 limit: two head windows of _margin(W-1) rows in one gather
 
 
 def _margin(H):
-    """Columns before token t0 in a window tile: the W-1 halo ends where the transposed
-    tokens start, on an ALIGN boundary; window column c sits at index c + _margin(H) - H."""
+    """Columns before token t0 in a window tile: the W-1 halo ends where the chunk's
+    tokens start, on an ALIGN boundary; window column c holds token t0 - M + c."""
     return (H + ALIGN - 1) // ALIGN * ALIGN
 
 
-def _group_tiles(W, mm_bytes, n_parts, x_bytes, stage):
+def _chunk_tokens(NB):
+    """Tokens per stream chunk: CHUNK, or the whole bucket when it is smaller."""
+    return min(CHUNK, NB)
+
+
+def _index_columns(F):
+    """Columns of a [128, NI] uint32 gather-index tile covering F window rows."""
+    return (F + TILE - 1) // TILE
+
+
+def _group_tiles(W, mm_bytes, n_parts, x_bytes, stage, tok_major, F):
     """Channel tiles per group (16, 8, ... 1) so that the live working set fits
-    SBUF_BUDGET: two groups' diagonal weights, three x windows (current, prefetched,
-    staging) and three output tiles, per 128-channel tile."""
+    SBUF_BUDGET: two groups' diagonal weights, two stream windows (A, B) and the head
+    window, their staging copies, three output tiles, per 128-channel tile."""
+    FH = _margin(W - 1) + 2 * _margin(W - 1)
     per_tile = (2 * n_parts * W * TILE * mm_bytes
-                + 3 * (_margin(W - 1) + CHUNK) * mm_bytes
-                + (2 * (_margin(W - 1) + CHUNK) * x_bytes if stage else 0)
+                + (2 * F + FH) * mm_bytes
+                + ((2 * F + FH) * x_bytes if stage else 0)
+                + (2 * _index_columns(F) * TILE * x_bytes if tok_major else 0)
                 + 3 * TILE * x_bytes)
     g = GROUP_TILES
     while g > 1 and g * per_tile > SBUF_BUDGET:
@@ -151,101 +193,10 @@ def _bias_parts(bias, c0, width, mm_dtype, split):
     return _split_parts(b32, (1, width), mm_dtype, split)
 
 
-def _work_items(groups, segments, live):
-    """[(group, seq, chunk)] in execution order: groups outer, live sequences, chunks."""
-    items = []
-    for g in range(len(groups)):
-        for s in range(len(segments)):
-            if live[s]:
-                L = segments[s][1] - segments[s][0]
-                for ci in range(max(1, (L + CHUNK - 1) // CHUNK)):
-                    items.append((g, s, ci))
-    return items
-
-
-def _load_window(x, pool_rows, gather_rows, scatter_rows, groups, segments, item, H,
-                 mm_dtype, stage):
-    """Stage 1 of an item: its x window ``[128 ch, n, W-1 + tc]`` (+ halo / slot rows).
-
-    Returns (xw, tc, s_idx): s_idx (scatter rows) only on a sequence's last chunk.
-    """
-    num_tokens, dim = x.shape
-    g, s, ci = item
-    c0, n, P = groups[g]
-    start, end = segments[s]
-    n_chunks = max(1, (end - start + CHUNK - 1) // CHUNK)
-    t0 = start + ci * CHUNK
-    tc = min(CHUNK, end - t0)
-    M = _margin(H)
-    RB = M + CHUNK      # a multiple of ALIGN: every tile's row starts aligned
-    xw = nl.ndarray((TILE, n, RB), dtype=mm_dtype, buffer=nl.sbuf)
-    xs = xw
-    if stage:
-        xs = nl.ndarray((TILE, n, RB), dtype=x.dtype, buffer=nl.sbuf)
-    if ci == 0:
-        # halo from the pool: zeros, overwritten where the run-time gather row is valid
-        g_idx = nl.ndarray((TILE, 1), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=g_idx[0:P, :],
-                      src=gather_rows.ap(pattern=[[1, P], [1, 1]], offset=s * TILE))
-        nisa.memset(dst=xw[0:P, :, M - H:M], value=0.0)
-        _pool_rows_dma(pool_rows, xw, g_idx, c0, n, P, H, M - H, gather=True)
-        lo, first = M, t0
-    else:
-        # later chunks re-read the M >= W-1 tokens before t0 (same sequence, as M <= CHUNK)
-        # so the transposed block starts at column 0, aligned
-        lo, first = 0, t0 - M
-    width = M + tc - lo
-    if tc > 0:
-        # 4-D form [width, n, 1, P] -> [P, n, 1, width] (permutation (3, 1, 2, 0)): the NKI
-        # front end asserts 4-D dma_transpose operands (see nki_ssm/sim/isa/dma.py)
-        nisa.dma_transpose(dst=xs.ap(pattern=[[n * RB, P], [RB, n], [1, 1], [1, width]],
-                                     offset=lo),
-                           src=x.ap(pattern=[[dim, width], [TILE, n], [1, 1], [1, P]],
-                                    offset=first * dim + c0))
-        if stage:
-            nisa.tensor_copy(dst=xw[0:P, :, lo:lo + width], src=xs[0:P, :, lo:lo + width])
-    s_idx = None
-    if ci == n_chunks - 1:
-        s_idx = nl.ndarray((TILE, 1), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=s_idx[0:P, :],
-                      src=scatter_rows.ap(pattern=[[1, P], [1, 1]], offset=s * TILE))
-    return (xw, tc, s_idx)
-
-
-def _pool_rows_dma(pool_rows, xw, idx, c0, n, P, H, col, gather):
-    """Halo gather (pool -> xw[:, j, col:col+H]) or state scatter (back) of one group.
-
-    Partition p of tile j is pool row ``idx[p] + c0 + j*128`` (idx = slot*dim + p, run
-    time). Default: ONE indirect DMA for the n tiles, its per-partition pattern stepping
-    128 rows of the [slots*dim, W-1] base tensor per tile. The APS guide defines
-    vector_offset by a general formula (static pattern + index * base row size), which
-    covers this, but every documented example keeps a partition inside one base row.
-    ONE_ROW_PER_DMA = True uses that documented form instead (one DMA per tile), at a
-    modeled cost of 1653 -> 1743 us (16K tokens) and 1696 -> 2428 us (8 x 2K) on trn2:
-    flip it if the compiler or the DMA rejects the multi-row pattern on hardware.
-    Gather rows past the pool (no initial state) are skipped: the halo stays zero.
-    """
-    if not ONE_ROW_PER_DMA:
-        view = pool_rows.ap(pattern=[[H, P], [TILE * H, n], [1, H]], offset=c0 * H,
-                            vector_offset=idx[0:P, 0:1], indirect_dim=0)
-        if gather:
-            nisa.dma_copy(dst=xw[0:P, :, col:col + H], src=view, oob_mode=nisa.oob_mode.skip)
-        else:
-            nisa.dma_copy(dst=view, src=xw[0:P, :, col:col + H])
-        return
-    for j in range(n):
-        view = pool_rows.ap(pattern=[[H, P], [1, H]], offset=(c0 + j * TILE) * H,
-                            vector_offset=idx[0:P, 0:1], indirect_dim=0)
-        if gather:
-            nisa.dma_copy(dst=xw[0:P, j, col:col + H], src=view, oob_mode=nisa.oob_mode.skip)
-        else:
-            nisa.dma_copy(dst=view, src=xw[0:P, j, col:col + H])
-
-
-def _vector_tile(ps, col, xw, w32, bcols, jj, pj, b, m, W):
-    """One 128-channel tile of a token block on VectorE (channel-major, float32), then a
-    TensorE transpose into its token-major PSUM columns: takes work off TensorE."""
-    acc = nl.ndarray((TILE, TILE), dtype=nl.float32, buffer=nl.sbuf)
+def _vector_tile(ps, col, xw, w32, bcols, jj, pj, b, m, W, acc):
+    """One 128-channel tile of a token block on VectorE (channel-major, float32, into the
+    accumulator ``acc``), then a TensorE transpose into its token-major PSUM columns:
+    takes work off TensorE."""
     if bcols != None:  # noqa: E711
         nisa.tensor_scalar(dst=acc[0:pj, 0:m], data=xw[0:pj, jj, b:b + m], op0=nl.multiply,
                            operand0=w32[0:pj, jj, 0:1], op1=nl.add, operand1=bcols[0:pj, jj:jj + 1])
@@ -259,72 +210,231 @@ def _vector_tile(ps, col, xw, w32, bcols, jj, pj, b, m, W):
     nisa.nc_transpose(dst=ps[0:m, col:col + pj], data=acc[0:pj, 0:m])
 
 
-def _conv_blocks(y, xw, weights, ones, t0, tc, c0, n, P, W, act_op, vec_every):
-    """Stage 2 of an item: per 128-token block, TensorE taps (every vec_every-th channel
-    tile on VectorE instead), ScalarE eviction, row stores."""
+def _rotation(banks, outs, accs):
+    """Rotating buffers allocated once, outside the runtime loops: [PSUM banks, output
+    tiles, VectorE accumulators, use counters]. Each loop body restarts the counters so
+    every iteration uses the same tiles (one static body)."""
+    return [banks, outs, accs, [0, 0, 0]]
+
+
+def _take(rot, kind):
+    """The next tile of kind 0 (PSUM bank), 1 (output tile) or 2 (accumulator)."""
+    tiles = rot[kind]
+    i = rot[3][kind]
+    rot[3][kind] = i + 1
+    return tiles[i % len(tiles)]
+
+
+def _restart(rot):
+    rot[3][0] = 0
+    rot[3][1] = 0
+    rot[3][2] = 0
+
+
+def _window_load(x, idx, rows, xw, xs, tm, col0, c0, n, P, rot):
+    """Window columns ``col0 .. col0 + rows`` of ``xw[0:P, 0:n]`` <- x rows ``idx``
+    (flat column-major over the index tile), channel-major.
+
+    2-byte x: one indirect ``dma_transpose`` (gather transpose; into the x-dtype staging
+    tile ``xs`` and a copy up when the matmuls are float32). float32 x (``tm`` given):
+    the gather transpose takes 2-byte dtypes only, so one ``vector_offset`` gather per
+    128 rows (one x row per partition) brings the rows token-major and TensorE
+    transposes each [rows, 128 ch] block into PSUM, copied to the window.
+    """
+    num_rows, dim = x.shape
+    gw = (n - 1) * TILE + P
+    if tm == None:  # noqa: E711
+        dst_t = xw
+        if xs != None:  # noqa: E711
+            dst_t = xs
+        row = dst_t.shape[1] * dst_t.shape[2]
+        RB = dst_t.shape[2]
+        nisa.dma_transpose(dst=dst_t.ap(pattern=[[row, P], [RB, n], [1, 1], [1, rows]],
+                                        offset=col0),
+                           src=x.ap(pattern=[[dim, rows], [TILE, n], [1, 1], [1, P]], offset=c0,
+                                    vector_offset=idx, indirect_dim=0),
+                           axes=(3, 1, 2, 0))
+        if xs != None:  # noqa: E711
+            nisa.tensor_copy(dst=xw[0:P, 0:n, col0:col0 + rows], src=xs[0:P, 0:n, col0:col0 + rows])
+        return
+    nblk = (rows + TILE - 1) // TILE
+    for j in range(nblk):
+        nr = min(TILE, rows - j * TILE)
+        nisa.dma_copy(dst=tm[0:nr, j, 0:gw],
+                      src=x.ap(pattern=[[dim, nr], [1, gw]], offset=c0,
+                               vector_offset=idx[0:nr, j:j + 1], indirect_dim=0))
+    per_bank = BANK // TILE
+    for jj in range(n):
+        pj = min(TILE, gw - jj * TILE)
+        for j0 in range(0, nblk, per_bank):
+            ps = _take(rot, 0)
+            ncols = 0
+            for j in range(j0, min(nblk, j0 + per_bank)):
+                nr = min(TILE, rows - j * TILE)
+                nisa.nc_transpose(dst=ps[0:pj, ncols:ncols + nr],
+                                  data=tm[0:nr, j, jj * TILE:jj * TILE + pj])
+                ncols = ncols + nr
+            c = col0 + j0 * TILE
+            nisa.tensor_copy(dst=xw[0:pj, jj, c:c + ncols], src=ps[0:pj, 0:ncols])
+
+
+def _taps(ps, col, xw, weights, ones, jj, pj, first_col, m, W):
+    """psum[0:m, col:col+pj] = bias + sum_k xw[:, jj, first_col + k + t] * w[:, k] for
+    the m tokens t: TensorE with the shifted window as stationary and diag(w_k) moving
+    (accumulate given explicitly on every matmul into the bank)."""
+    dparts, bparts, w32, bcols = weights
+    for q in range(len(bparts)):
+        # bias row of this tile: ones[tok] x bias[ch] (K = 1)
+        nisa.nc_matmul(dst=ps[0:m, col:col + pj], stationary=ones[0:1, 0:m],
+                       moving=bparts[q][0:1, jj * TILE:jj * TILE + pj], accumulate=(q > 0))
+    for q in range(len(dparts)):
+        for k in range(W):
+            first_mm = len(bparts) == 0 and q == 0 and k == 0
+            nisa.nc_matmul(dst=ps[0:m, col:col + pj],
+                           stationary=xw[0:pj, jj, first_col + k:first_col + k + m],
+                           moving=dparts[q][0:pj, jj, k, 0:pj], accumulate=not first_mm)
+
+
+def _conv_block(xw, weights, ones, b, n, P, W, act_op, vec_every, base, rot):
+    """One 128-token block of a stream chunk (window columns base + b ..): TensorE taps
+    (every vec_every-th channel tile on VectorE instead), ScalarE eviction -> the output
+    tile [128 tok, gw ch]."""
     dparts, bparts, w32, bcols = weights
     gw = (n - 1) * TILE + P
-    base = _margin(W - 1) - (W - 1)     # window column 0 (token t0 - (W-1)) in xw
-    for b in range(0, tc, TILE):
-        m = min(TILE, tc - b)
-        ot = nl.ndarray((TILE, n * TILE), dtype=y.dtype, buffer=nl.sbuf)
-        for bank0 in range(0, gw, BANK):
-            bw = min(BANK, gw - bank0)
-            ps = nl.ndarray((TILE, BANK), dtype=nl.float32, buffer=nl.psum)
-            for jj in range(bank0 // TILE, (bank0 + bw + TILE - 1) // TILE):
-                pj = min(TILE, gw - jj * TILE)
-                col = jj * TILE - bank0
-                if vec_every > 0 and jj % vec_every == vec_every - 1:
-                    _vector_tile(ps, col, xw, w32, bcols, jj, pj, base + b, m, W)
-                    continue
-                for q in range(len(bparts)):
-                    # bias row of this tile: ones[tok] x bias[ch] (K = 1)
-                    nisa.nc_matmul(dst=ps[0:m, col:col + pj], stationary=ones[0:1, 0:m],
-                                   moving=bparts[q][0:1, jj * TILE:jj * TILE + pj],
-                                   accumulate=(q > 0))
-                for q in range(len(dparts)):
-                    for k in range(W):
-                        first_mm = len(bparts) == 0 and q == 0 and k == 0
-                        # psum[tok, ch] (+)= x[tok + k - (W-1), ch] * weight[ch, k]
-                        nisa.nc_matmul(dst=ps[0:m, col:col + pj],
-                                       stationary=xw[0:pj, jj, base + b + k:base + b + k + m],
-                                       moving=dparts[q][0:pj, jj, k, 0:pj],
-                                       accumulate=not first_mm)
-            nisa.activation(dst=ot[0:m, bank0:bank0 + bw], op=act_op, data=ps[0:m, 0:bw])
-        nisa.dma_copy(dst=y[t0 + b:t0 + b + m, c0:c0 + gw], src=ot[0:m, 0:gw])
+    ot = _take(rot, 1)
+    for bank0 in range(0, gw, BANK):
+        bw = min(BANK, gw - bank0)
+        ps = _take(rot, 0)
+        for jj in range(bank0 // TILE, (bank0 + bw + TILE - 1) // TILE):
+            pj = min(TILE, gw - jj * TILE)
+            col = jj * TILE - bank0
+            if vec_every > 0 and jj % vec_every == vec_every - 1:
+                _vector_tile(ps, col, xw, w32, bcols, jj, pj, base + b, TILE, W, _take(rot, 2))
+            else:
+                _taps(ps, col, xw, weights, ones, jj, pj, base + b, TILE, W)
+        nisa.activation(dst=ot[0:TILE, bank0:bank0 + bw], op=act_op, data=ps[0:TILE, 0:bw])
+    return ot
+
+
+def _stream_pair(x, y, win_rows, chunk_start, k, bufs, weights, ones, group, W, act_op,
+                 vec_every, rot):
+    """Iteration k of the stream loop: chunks 2k (buffers A) and 2k+1 (B). Both windows
+    are issued before A's matmuls, so B's DMA overlaps A's compute and the next
+    iteration's A window overlaps B's."""
+    num_rows, dim = x.shape
+    c0, n, P = group
+    gw = (n - 1) * TILE + P
+    idx2, cs, wins = bufs
+    NI = idx2.shape[2]
+    F = wins[0][0].shape[2]
+    CH = F - _margin(W - 1)
+    _restart(rot)
+    # this pair's gather indices [128, 2, NI] and first tokens [1, 2] (row k of the tables)
+    nisa.dma_copy(dst=idx2, src=win_rows.ap(pattern=[[NI, TILE], [TILE * NI, 2], [1, NI]],
+                                            offset=0, scalar_offset=k, indirect_dim=0))
+    nisa.dma_copy(dst=cs, src=chunk_start.ap(pattern=[[2, 1], [1, 2]], offset=0,
+                                             scalar_offset=k, indirect_dim=0))
+    for a in range(2):
+        xw, xs, tm = wins[a]
+        _window_load(x, idx2[0:TILE, a, 0:NI], F, xw, xs, tm, 0, c0, n, P, rot)
+    base = _margin(W - 1) - (W - 1)     # window column of token t0 - (W-1)
+    for a in range(2):
+        xw = wins[a][0]
+        for b in range(0, CH, TILE):
+            ot = _conv_block(xw, weights, ones, b, n, P, W, act_op, vec_every, base, rot)
+            # rows t0 + b .. t0 + b + 128 of y (t0 = chunk_start[k, a], run time)
+            nisa.dma_copy(dst=y.ap(pattern=[[dim, TILE], [1, gw]], offset=b * dim + c0,
+                                   scalar_offset=cs[0:1, a:a + 1], indirect_dim=0),
+                          src=ot[0:TILE, 0:gw])
+
+
+def _head_sequence(x, y, pool, seq_rows, seq_yrows, seq_info, s, hbufs, regs, weights, ones,
+                   group, W, act_op, rot):
+    """Iteration s of the head loop: the first H outputs of live sequence s (y rows from
+    seq_yrows, one row per partition) and its new state (one-hot case of min(length, H)),
+    from a window [old state | first NH tokens | last NH tokens]."""
+    num_rows, dim = x.shape
+    c0, n, P = group
+    gw = (n - 1) * TILE + P
+    H = W - 1
+    M = _margin(H)
+    sidx, yr, info, wt, ws, tmh = hbufs
+    init_reg, case_regs = regs
+    NH2 = sidx.shape[0]
+    _restart(rot)
+    nisa.dma_copy(dst=sidx, src=seq_rows.ap(pattern=[[1, NH2], [1, 1]], offset=0,
+                                            scalar_offset=s, indirect_dim=0))
+    nisa.dma_copy(dst=yr, src=seq_yrows.ap(pattern=[[1, H], [1, 1]], offset=0, scalar_offset=s,
+                                           indirect_dim=0))
+    K = info.shape[1]
+    nisa.dma_copy(dst=info, src=seq_info.ap(pattern=[[K, 1], [1, K]], offset=0, scalar_offset=s,
+                                            indirect_dim=0))
+    nisa.register_load(dst=init_reg, src=info[0:1, 1:2])
+    for c in range(H + 1):
+        nisa.register_load(dst=case_regs[c], src=info[0:1, 2 + c:3 + c])
+    slot = info[0:1, 0:1]
+    state = pool.ap(pattern=[[H, P], [TILE * H, n], [1, H]], offset=c0 * H, scalar_offset=slot,
+                    indirect_dim=0)
+    # old state at columns M-H .. M: the slot's values, or zeros without an initial state
+    nisa.memset(dst=wt[0:P, 0:n, M - H:M], value=0.0)
+    for _ in nl.dynamic_range(init_reg):
+        nisa.dma_copy(dst=wt[0:P, 0:n, M - H:M], src=state)
+    _window_load(x, sidx, NH2, wt, ws, tmh, M, c0, n, P, rot)
+    ot = _take(rot, 1)
+    for bank0 in range(0, gw, BANK):
+        bw = min(BANK, gw - bank0)
+        ps = _take(rot, 0)
+        for jj in range(bank0 // TILE, (bank0 + bw + TILE - 1) // TILE):
+            pj = min(TILE, gw - jj * TILE)
+            _taps(ps, jj * TILE - bank0, wt, weights, ones, jj, pj, M - H, H, W)
+        nisa.activation(dst=ot[0:H, bank0:bank0 + bw], op=act_op, data=ps[0:H, 0:bw])
+    # token k of the sequence -> its y row (a scratch row past the bucket when k >= length)
+    nisa.dma_copy(dst=y.ap(pattern=[[dim, H], [1, gw]], offset=c0, vector_offset=yr[0:H, 0:1],
+                           indirect_dim=0),
+                  src=ot[0:H, 0:gw])
+    # new state = window columns L .. L+H of (old state ++ tokens): for L < H inside the
+    # head, else the last H tokens (end of the window)
+    for c in range(H + 1):
+        col = M - H + c
+        if c == H:
+            col = M + NH2 - H
+        for _ in nl.dynamic_range(case_regs[c]):
+            nisa.dma_copy(dst=state, src=wt[0:P, 0:n, col:col + H])
 
 
 @nki.jit
-def short_conv_prefill_kernel(x, weight, bias, pool_rows, gather_rows, scatter_rows,
-                              segments, live, activation, has_bias, mm_fp32, x_stage,
-                              w_split, b_split):
+def short_conv_prefill_kernel(x, weight, bias, pool, win_rows, chunk_start, seq_rows,
+                              seq_yrows, seq_info, counts, activation, has_bias, mm_fp32,
+                              x_stage, w_split, b_split):
     """Causal depthwise conv1d over a ragged batch; the pool is updated in place.
 
-    x ``[num_tokens, dim]``; weight ``[dim, W]``; bias ``[dim]`` or None;
-    pool_rows ``[slots * dim, W-1]`` (the conv state pool viewed one channel
-    per row); gather_rows / scatter_rows int32 ``[num_seqs, 128]`` = ``slot *
-    dim + p`` for partition p (gather: ``slots * dim``, out of bounds, when
-    the sequence starts from zeros); segments: tuple of (start, end) token ranges; live:
-    tuple of bools (False = padding: zero output, pool untouched);
-    activation "silu" or "none"; has_bias: bias given; mm_fp32 / x_stage /
-    w_split / b_split: matmul precision flags chosen by the launcher (fp32
-    operands; bf16 x cast up on chip; hi+lo split of fp32 weights / bias).
-    Returns y ``[num_tokens, dim]`` in x's dtype.
-
-    Software pipeline: the window of work item i+1 (and, at a group change,
-    that group's diagonal weights) is issued before item i's matmuls, so its
-    DMA overlaps item i's TensorE work.
+    x ``[NB, dim]`` (token bucket NB); weight ``[dim, W]``; bias ``[dim]`` or None; pool
+    ``[slots, dim, W-1]``; the int32 / uint32 batch tables of the module docstring
+    (``nki_ssm.ops.launch.short_conv.prefill_tables``); activation "silu" or "none";
+    has_bias: bias given; mm_fp32 / x_stage / w_split / b_split: matmul precision flags
+    chosen by the launcher (fp32 operands; bf16 x cast up on chip; hi+lo split of fp32
+    weights / bias). Returns y ``[NB + M, dim]`` in x's dtype (rows past the batch's
+    tokens are scratch).
     """
-    num_tokens, dim = x.shape
+    NB, dim = x.shape
     W = weight.shape[1]
     H = W - 1
+    M = _margin(H)
+    CH = _chunk_tokens(NB)
+    F = M + CH
+    NI = _index_columns(F)
+    NH2 = seq_rows.shape[1]
+    FH = M + NH2
     mm_dtype = nl.float32 if mm_fp32 else nl.bfloat16
     act_op = nl.silu if activation == "silu" else nl.copy
-    y = nl.ndarray((num_tokens, dim), dtype=x.dtype, buffer=nl.shared_hbm)
+    y = nl.ndarray((NB + M, dim), dtype=x.dtype, buffer=nl.shared_hbm)
     x_bytes = 4 if x.dtype == nl.float32 else 2
-    gt = _group_tiles(W, 4 if mm_fp32 else 2, 2 if w_split else 1, x_bytes, x_stage)
+    tok_major = x.dtype == nl.float32
+    gt = _group_tiles(W, 4 if mm_fp32 else 2, 2 if w_split else 1, x_bytes, x_stage,
+                      tok_major, F)
     groups = _channel_groups(dim, gt)
-    # every vec_every-th channel tile of a group runs on VectorE (+ a TensorE transpose)
+    GW = gt * TILE
+    # every vec_every-th channel tile of a chunk runs on VectorE (+ a TensorE transpose)
     # so TensorE and VectorE finish together: per 128 x 128 block TensorE needs W (x parts)
     # matmuls of 128 cycles (x4 for float32), VectorE ~1000-1200 cycles at 0.4 of its clock
     vec_every = 7
@@ -337,51 +447,66 @@ def short_conv_prefill_kernel(x, weight, bias, pool_rows, gather_rows, scatter_r
     ones = nl.ndarray((1, TILE), dtype=mm_dtype, buffer=nl.sbuf)
     nisa.memset(dst=ones, value=1.0)
 
-    # padding sequences: zero rows, pool untouched
-    zeros = nl.ndarray((TILE, gt * TILE), dtype=x.dtype, buffer=nl.sbuf)
-    nisa.memset(dst=zeros, value=0.0)
-    for s in range(len(segments)):
-        if not live[s]:
-            for entry in groups:
-                c0, n, P = entry
-                gw = (n - 1) * TILE + P
-                for b0 in range(segments[s][0], segments[s][1], TILE):
-                    m = min(TILE, segments[s][1] - b0)
-                    nisa.dma_copy(dst=y[b0:b0 + m, c0:c0 + gw], src=zeros[0:m, 0:gw])
+    # every buffer the runtime loops use is allocated here, once
+    banks = []
+    for i in range(PSUM_TILES):
+        banks.append(nl.ndarray((TILE, BANK), dtype=nl.float32, buffer=nl.psum))
+    outs = []
+    for i in range(3):
+        outs.append(nl.ndarray((TILE, GW), dtype=x.dtype, buffer=nl.sbuf))
+    accs = []
+    for i in range(2):
+        accs.append(nl.ndarray((TILE, TILE), dtype=nl.float32, buffer=nl.sbuf))
+    rot = _rotation(banks, outs, accs)
+    wins = []
+    for a in range(2):
+        xw = nl.ndarray((TILE, gt, F), dtype=mm_dtype, buffer=nl.sbuf)
+        xs = None
+        tm = None
+        if x_stage:
+            xs = nl.ndarray((TILE, gt, F), dtype=x.dtype, buffer=nl.sbuf)
+        if tok_major:
+            tm = nl.ndarray((TILE, NI, GW), dtype=x.dtype, buffer=nl.sbuf)
+        wins.append((xw, xs, tm))
+    idx2 = nl.ndarray((TILE, 2, NI), dtype=nl.uint32, buffer=nl.sbuf)
+    cs = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
+    bufs = (idx2, cs, wins)
+    wt = nl.ndarray((TILE, gt, FH), dtype=mm_dtype, buffer=nl.sbuf)
+    ws = None
+    tmh = None
+    if x_stage:
+        ws = nl.ndarray((TILE, gt, FH), dtype=x.dtype, buffer=nl.sbuf)
+    if tok_major:
+        tmh = nl.ndarray((TILE, 1, GW), dtype=x.dtype, buffer=nl.sbuf)
+    hbufs = (nl.ndarray((NH2, 1), dtype=nl.uint32, buffer=nl.sbuf),
+             nl.ndarray((H, 1), dtype=nl.int32, buffer=nl.sbuf),
+             nl.ndarray((1, H + 3), dtype=nl.int32, buffer=nl.sbuf), wt, ws, tmh)
+    case_regs = []
+    for c in range(H + 1):
+        case_regs.append(nisa.register_alloc(0))
+    regs = (nisa.register_alloc(0), case_regs)
+    pairs = nisa.register_alloc(0)
+    nisa.register_load(dst=pairs, src=counts[0:1, 0:1])
+    live = nisa.register_alloc(0)
+    nisa.register_load(dst=live, src=counts[0:1, 1:2])
 
-    items = _work_items(groups, segments, live)
-    weights = []        # per group: (diag parts, bias parts), built one item ahead
+    weights = []
     for g in range(len(groups)):
         weights.append(None)
-
-    nxt = None
-    if len(items) > 0:
-        # first window before the first weights: the DMA starts while VectorE builds diagonals
-        nxt = _load_window(x, pool_rows, gather_rows, scatter_rows, groups, segments,
-                           items[0], H, mm_dtype, x_stage)
-        g0 = items[0][0]
-        weights[g0] = _group_weights(weight, bias, ident, groups[g0], W, mm_dtype, has_bias,
-                                     w_split, b_split)
-    for i in range(len(items)):
-        cur = nxt
-        if i + 1 < len(items):
-            g1 = items[i + 1][0]
-            if weights[g1] == None:  # noqa: E711  (NKI has no `is`)
-                weights[g1] = _group_weights(weight, bias, ident, groups[g1], W, mm_dtype,
-                                             has_bias, w_split, b_split)
-            nxt = _load_window(x, pool_rows, gather_rows, scatter_rows, groups, segments,
-                               items[i + 1], H, mm_dtype, x_stage)
-        g, s, ci = items[i]
-        c0, n, P = groups[g]
-        xw, tc, s_idx = cur
-        _conv_blocks(y, xw, weights[g], ones, segments[s][0] + ci * CHUNK, tc, c0, n, P,
-                     W, act_op, vec_every)
-        if i + 1 == len(items) or items[i + 1][0] != g:
-            weights[g] = None     # last item of the group: its diagonals die here
-        if s_idx != None:  # noqa: E711
-            # new state = last W-1 window columns (the old state's tail when L < W-1)
-            _pool_rows_dma(pool_rows, xw, s_idx, c0, n, P, H, _margin(H) - H + tc,
-                           gather=False)
+    weights[0] = _group_weights(weight, bias, ident, groups[0], W, mm_dtype, has_bias,
+                                w_split, b_split)
+    for g in range(len(groups)):
+        if g + 1 < len(groups):
+            # the next group's diagonals are built (VectorE) while this group streams
+            weights[g + 1] = _group_weights(weight, bias, ident, groups[g + 1], W, mm_dtype,
+                                            has_bias, w_split, b_split)
+        for k in nl.dynamic_range(pairs):
+            _stream_pair(x, y, win_rows, chunk_start, k, bufs, weights[g], ones, groups[g], W,
+                         act_op, vec_every, rot)
+        for s in nl.dynamic_range(live):
+            _head_sequence(x, y, pool, seq_rows, seq_yrows, seq_info, s, hbufs, regs,
+                           weights[g], ones, groups[g], W, act_op, rot)
+        weights[g] = None     # the group's diagonals die here
     return y
 
 

@@ -25,22 +25,6 @@ def _run(kernel, *args, backend):
     return _backend.run(kernel, *args, backend=backend)
 
 
-def _pool_rows(conv_states: np.ndarray) -> np.ndarray:
-    """``[slots * dim, W-1]`` view of the pool (a copy only if the pool is not C-contiguous)."""
-    slots, dim, h = conv_states.shape
-    if slots * dim > _INT32_MAX:
-        raise ValueError(f"conv_states must have slots * dim <= {_INT32_MAX} (int32 row "
-                         f"indices), got {slots} * {dim} = {slots * dim}")
-    return conv_states.reshape(slots * dim, h)
-
-
-def _row_table(slot: np.ndarray, use: np.ndarray, dim: int, oob: int) -> np.ndarray:
-    """int32 ``[num_seqs, 128]``: pool row ``slot * dim + p`` of partition p where ``use``,
-    else ``oob`` (the kernel adds each channel group's first channel as a constant)."""
-    rows = slot.astype(np.int64)[:, None] * dim + np.arange(128, dtype=np.int64)[None, :]
-    return np.where(use[:, None], rows, oob).astype(np.int32)
-
-
 def _needs_split(a) -> bool:
     """float32 values that bfloat16 does not hold exactly need a hi + lo split."""
     if a is None or a.dtype != _F32:
@@ -63,39 +47,118 @@ def _precision_flags(x, weight, bias, conv_states):
     return mm_fp32, x_stage, w_split, b_split
 
 
+def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_bucket: int,
+                   num_seqs_bucket: int, W: int):
+    """The run-time batch tables of ``short_conv_prefill_kernel`` (layouts in its module
+    docstring) for a batch padded to the buckets.
+
+    Returns (win_rows, chunk_start, seq_rows, seq_yrows, seq_info, counts). Every step
+    is a vectorised array op with a torch equivalent that runs on device (no
+    per-sequence host loop):
+
+    - stream tables (functions of the bucket only): ``arange`` of chunks x window
+      columns, ``minimum`` (mirror of the last chunk past the bucket), ``clip`` into the
+      bucket, ``reshape``/``transpose`` to the column-major index tiles;
+    - ``live = idx >= 0``; ``perm = argsort(~live, stable)`` (torch.argsort(stable=True):
+      live sequences first, in order); ``num_live = live.sum()``;
+    - ``start, end = cu[:-1][perm], cu[1:][perm]`` (index_select); ``length = end - start``;
+    - head / tail rows: broadcast adds of ``arange(NH)`` to start and end - NH, ``clip``;
+    - y rows of the first H tokens: ``where(arange(H) < length, start + arange(H), NB +
+      arange(H))`` (scratch rows past the bucket);
+    - seq_info: slot (``where(live, idx, 0)``), ``has_initial_state & live``, one-hot of
+      ``minimum(length, H)`` (``eq`` with ``arange(H + 1)``), stacked;
+    - counts: ``ceil(ceil(num_tokens / CHUNK) / 2)`` chunk pairs (integer ops on
+      ``cu[-1]``) and num_live.
+    """
+    from nki_ssm.kernels.short_conv.prefill import TILE, _chunk_tokens, _index_columns, _margin
+
+    NB, SB, H = int(num_tokens_bucket), int(num_seqs_bucket), W - 1
+    M = _margin(H)
+    NH = M
+    CH = _chunk_tokens(NB)
+    F = M + CH
+    NI = _index_columns(F)
+    n_chunks = NB // CH
+    n_pairs = (n_chunks + 1) // 2
+    chunk = np.minimum(np.arange(2 * n_pairs), n_chunks - 1)        # mirror past the bucket
+    start = chunk * CH
+    flat = np.clip(start[:, None] - M + np.arange(NI * TILE)[None, :], 0, NB - 1)
+    # index tile [128, NI] read column-major: flat position j * 128 + p at [p, j]
+    win_rows = flat.reshape(n_pairs, 2, NI, TILE).transpose(0, 1, 3, 2)
+    chunk_start = start.reshape(n_pairs, 2)
+
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    idx = np.asarray(state_indices, dtype=np.int64)
+    init = np.asarray(has_initial_state, dtype=bool)
+    S = idx.shape[0]
+    live = np.zeros(SB, dtype=bool)
+    live[:S] = idx >= 0
+    seq_start = np.full(SB, cu[-1], dtype=np.int64)
+    seq_end = np.full(SB, cu[-1], dtype=np.int64)
+    seq_start[:S], seq_end[:S] = cu[:-1], cu[1:]
+    slot = np.zeros(SB, dtype=np.int64)
+    slot[:S] = np.where(idx >= 0, idx, 0)
+    has_init = np.zeros(SB, dtype=bool)
+    has_init[:S] = init & (idx >= 0)
+    perm = np.argsort(~live, kind="stable")
+    num_live = int(live.sum())
+    s0, s1 = seq_start[perm], seq_end[perm]
+    length = s1 - s0
+    k = np.arange(NH)[None, :]
+    head = np.clip(s0[:, None] + k, 0, NB - 1)
+    tail = np.clip(s1[:, None] - NH + k, 0, NB - 1)
+    seq_rows = np.concatenate([head, tail], axis=1)[:, :, None]
+    kh = np.arange(H)[None, :]
+    seq_yrows = np.where(kh < length[:, None], s0[:, None] + kh, NB + kh)[:, :, None]
+    case = (np.minimum(length, H)[:, None] == np.arange(H + 1)[None, :])
+    seq_info = np.concatenate([slot[perm][:, None], has_init[perm][:, None], case], axis=1)
+    n_real = -(-int(cu[-1]) // CH)
+    counts = np.array([[(n_real + 1) // 2, num_live]], dtype=np.int64)
+    u32 = lambda a: np.ascontiguousarray(a, dtype=np.uint32)  # noqa: E731
+    i32 = lambda a: np.ascontiguousarray(a, dtype=np.int32)  # noqa: E731
+    return (u32(win_rows), i32(chunk_start), u32(seq_rows), i32(seq_yrows), i32(seq_info),
+            i32(counts))
+
+
 def _prefill_launch(x, weight, bias, activation, cu_seqlens, conv_states, state_indices,
                     has_initial_state, backend):
-    from nki_ssm.kernels.short_conv.prefill import short_conv_prefill_kernel
+    from nki_ssm.kernels.short_conv.prefill import MAX_HALO, short_conv_prefill_kernel
+    from nki_ssm.ops.launch.buckets import seq_bucket, token_bucket
 
     num_tokens, dim = x.shape
-    slots = conv_states.shape[0]
-    idx = np.asarray(state_indices, dtype=np.int64)
-    live = idx >= 0
-    oob = slots * dim                      # first row past the pool: gather skips it
-    gather_rows = _row_table(idx, live & np.asarray(has_initial_state, dtype=bool), dim, oob)
-    scatter_rows = _row_table(idx, live, dim, oob)
-    cu = [int(v) for v in np.asarray(cu_seqlens)]
-    segments = tuple((cu[s], cu[s + 1]) for s in range(len(cu) - 1))
-    live_t = tuple(bool(v) for v in live)
-    rows = _pool_rows(conv_states)
-    xk = x
-    if num_tokens == 0:
-        # the kernel needs a non-empty y; empty sequences still write their states
-        xk = np.zeros((1, dim), dtype=x.dtype)
+    slots, _, h = conv_states.shape
+    if h > MAX_HALO:
+        raise ValueError(f"weight must have W - 1 <= {MAX_HALO} taps of history for the prefill "
+                         f"kernel, got W = {h + 1}")
+    if slots * dim * h > _INT32_MAX:
+        raise ValueError(f"conv_states must have slots * dim * (W-1) <= {_INT32_MAX} (int32 "
+                         f"element offsets), got {slots} * {dim} * {h}")
+    NB = token_bucket(num_tokens)
+    num_seqs = len(state_indices)
+    SB = seq_bucket(num_seqs)
+    tables = prefill_tables(cu_seqlens, state_indices, has_initial_state, NB, SB, h + 1)
+    # padding tokens (zeros) up to the bucket: they belong to no sequence
+    xk = np.zeros((NB, dim), dtype=x.dtype)
+    xk[:num_tokens] = x
+    pool = conv_states if conv_states.flags.c_contiguous else np.ascontiguousarray(conv_states)
     flags = _precision_flags(x, weight, bias, conv_states)
-    y = _run(short_conv_prefill_kernel, np.ascontiguousarray(xk), np.ascontiguousarray(weight),
-             None if bias is None else np.ascontiguousarray(bias), rows, gather_rows,
-             scatter_rows, segments, live_t, "silu" if activation == "silu" else "none",
-             bias is not None, *flags, backend=backend)
-    if not np.shares_memory(rows, conv_states):
-        conv_states[...] = rows.reshape(conv_states.shape)
-    y = np.asarray(y)
-    return y[:num_tokens] if num_tokens == 0 else y
+    y = _run(short_conv_prefill_kernel, xk, np.ascontiguousarray(weight),
+             None if bias is None else np.ascontiguousarray(bias), pool, *tables,
+             "silu" if activation == "silu" else "none", bias is not None, *flags,
+             backend=backend)
+    if pool is not conv_states:
+        conv_states[...] = pool
+    # tokens of padding sequences are zero (torch.repeat_interleave + where on device)
+    lengths = np.diff(np.asarray(cu_seqlens, dtype=np.int64))
+    token_live = np.repeat(np.asarray(state_indices) >= 0, lengths)
+    y = np.asarray(y)[:num_tokens]
+    return np.where(token_live[:, None], y, np.zeros((), dtype=x.dtype))
 
 
 def prefill(*, x, weight, bias, activation, cu_seqlens, conv_states, state_indices,
             has_initial_state, backend):
-    """Run the prefill kernel: y ``[num_tokens, dim]`` in x's dtype; ``conv_states`` updated in place."""
+    """Run the prefill kernel: y ``[num_tokens, dim]`` in x's dtype; ``conv_states`` updated
+    in place (by the kernel's own writes when it is C-contiguous)."""
     return _prefill_launch(x, weight, bias, activation, cu_seqlens, conv_states,
                            state_indices, has_initial_state, backend)
 
