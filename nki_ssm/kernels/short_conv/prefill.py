@@ -102,18 +102,22 @@ def _index_columns(F):
     return (F + TILE - 1) // TILE
 
 
-def _group_tiles(W, mm_bytes, n_parts, x_bytes, stage, tok_major, F):
+def _group_tiles(W, mm_bytes, n_parts, x_bytes, stage, tok_major, F, dim):
     """Channel tiles per group (16, 8, ... 1) so that the live working set fits
-    SBUF_BUDGET: two groups' diagonal weights, two stream windows (A, B) and the head
-    window, their staging copies, three output tiles, per 128-channel tile."""
-    FH = _margin(W - 1) + 2 * _margin(W - 1)
+    SBUF_BUDGET: per 128-channel tile of a group two groups' diagonal weights, two
+    stream windows (A, B), their staging copies and two chunk output tiles; plus the
+    head-loop buffers, which exist for every channel tile at once."""
+    H = W - 1
+    FH = 3 * _margin(H)
+    head = (FH * mm_bytes + 2 * H * 4 + TILE * x_bytes + (FH * x_bytes if stage else 0))
+    budget = SBUF_BUDGET - (dim + TILE - 1) // TILE * head
     per_tile = (2 * n_parts * W * TILE * mm_bytes
-                + (2 * F + FH) * mm_bytes
-                + ((2 * F + FH) * x_bytes if stage else 0)
+                + 2 * F * mm_bytes
+                + (2 * F * x_bytes if stage else 0)
                 + (2 * _index_columns(F) * TILE * x_bytes if tok_major else 0)
-                + 3 * TILE * x_bytes)
+                + 2 * CHUNK * x_bytes)
     g = GROUP_TILES
-    while g > 1 and g * per_tile > SBUF_BUDGET:
+    while g > 1 and g * per_tile > budget:
         g = g // 2
     return g
 
@@ -295,13 +299,12 @@ def _taps(ps, col, xw, weights, ones, jj, pj, first_col, m, W):
                            moving=dparts[q][0:pj, jj, k, 0:pj], accumulate=not first_mm)
 
 
-def _conv_block(xw, weights, ones, b, n, P, W, act_op, vec_every, base, rot):
+def _conv_block(xw, ot, weights, ones, b, n, P, W, act_op, vec_every, base, rot):
     """One 128-token block of a stream chunk (window columns base + b ..): TensorE taps
-    (every vec_every-th channel tile on VectorE instead), ScalarE eviction -> the output
-    tile [128 tok, gw ch]."""
+    (every vec_every-th channel tile on VectorE instead), ScalarE eviction into the
+    output tile ``ot [128 tok, gw ch]``."""
     dparts, bparts, w32, bcols = weights
     gw = (n - 1) * TILE + P
-    ot = _take(rot, 1)
     for bank0 in range(0, gw, BANK):
         bw = min(BANK, gw - bank0)
         ps = _take(rot, 0)
@@ -316,62 +319,89 @@ def _conv_block(xw, weights, ones, b, n, P, W, act_op, vec_every, base, rot):
     return ot
 
 
-def _stream_pair(x, y, win_rows, chunk_start, k, bufs, weights, ones, group, W, act_op,
-                 vec_every, rot):
-    """Iteration k of the stream loop: chunks 2k (buffers A) and 2k+1 (B). Both windows
+def _chunk_indices(run, st, sti, base, idx2, NB, CH):
+    """This iteration's window rows, computed on chip (no table DMA in the loop): chunk
+    ``a`` of the pair starts at ``st[:, a] = min(run + a * CH, NB - CH)`` (the last chunk
+    mirrored past the bucket); its index tile is ``clamp(base + st, 0, NB - 1)`` with
+    ``base[p, j] = j * 128 + p - M``. ``sti`` gets the starts as int32 (store offsets)."""
+    NI = base.shape[1]
+    for a in range(2):
+        nisa.tensor_scalar(dst=st[:, a:a + 1], data=run, op0=nl.add, operand0=float(a * CH),
+                           op1=nl.minimum, operand1=float(NB - CH))
+        nisa.tensor_scalar(dst=idx2[:, a, 0:NI], data=base, op0=nl.add, operand0=st[:, a:a + 1],
+                           op1=nl.maximum, operand1=0.0)
+        nisa.tensor_scalar(dst=idx2[:, a, 0:NI], data=idx2[:, a, 0:NI], op0=nl.minimum,
+                           operand0=float(NB - 1))
+    nisa.tensor_copy(dst=sti, src=st[0:1, 0:2])
+
+
+def _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot):
+    """One iteration of the stream loop: chunks 2k (buffers A) and 2k+1 (B). Both windows
     are issued before A's matmuls, so B's DMA overlaps A's compute and the next
     iteration's A window overlaps B's."""
-    num_rows, dim = x.shape
+    NB, dim = x.shape
     c0, n, P = group
     gw = (n - 1) * TILE + P
-    idx2, cs, wins = bufs
+    run, st, sti, base, idx2, wins, outs = bufs
     NI = idx2.shape[2]
     F = wins[0][0].shape[2]
     CH = F - _margin(W - 1)
     _restart(rot)
-    # this pair's gather indices [128, 2, NI] and first tokens [1, 2] (row k of the tables)
-    nisa.dma_copy(dst=idx2, src=win_rows.ap(pattern=[[NI, TILE], [TILE * NI, 2], [1, NI]],
-                                            offset=0, scalar_offset=k, indirect_dim=0))
-    nisa.dma_copy(dst=cs, src=chunk_start.ap(pattern=[[2, 1], [1, 2]], offset=0,
-                                             scalar_offset=k, indirect_dim=0))
+    _chunk_indices(run, st, sti, base, idx2, NB, CH)
     for a in range(2):
         xw, xs, tm = wins[a]
         _window_load(x, idx2[0:TILE, a, 0:NI], F, xw, xs, tm, 0, c0, n, P, rot)
-    base = _margin(W - 1) - (W - 1)     # window column of token t0 - (W-1)
+    nisa.tensor_scalar(dst=run, data=run, op0=nl.add, operand0=float(2 * CH))
+    base_col = _margin(W - 1) - (W - 1)     # window column of token t0 - (W-1)
+    nblk = CH // TILE
     for a in range(2):
         xw = wins[a][0]
-        for b in range(0, CH, TILE):
-            ot = _conv_block(xw, weights, ones, b, n, P, W, act_op, vec_every, base, rot)
-            # rows t0 + b .. t0 + b + 128 of y (t0 = chunk_start[k, a], run time)
-            nisa.dma_copy(dst=y.ap(pattern=[[dim, TILE], [1, gw]], offset=b * dim + c0,
-                                   scalar_offset=cs[0:1, a:a + 1], indirect_dim=0),
-                          src=ot[0:TILE, 0:gw])
+        for b in range(nblk):
+            _conv_block(xw, outs[a][0:TILE, b, :], weights, ones, b * TILE, n, P, W, act_op,
+                        vec_every, base_col, rot)
+        # one store per chunk: rows t0 .. t0 + CH of y (t0 = sti[a], run time). Stores with
+        # run-time addresses are ordered after each other (their rows cannot be told apart
+        # at compile time), so few large ones keep that chain short.
+        nisa.dma_copy(dst=y.ap(pattern=[[dim, TILE], [TILE * dim, nblk], [1, gw]], offset=c0,
+                               scalar_offset=sti[0:1, a:a + 1], indirect_dim=0),
+                      src=outs[a][0:TILE, 0:nblk, 0:gw])
 
 
-def _head_sequence(x, y, pool, seq_rows, seq_yrows, seq_info, s, hbufs, regs, weights, ones,
-                   group, W, act_op, rot):
-    """Iteration s of the head loop: the first H outputs of live sequence s (y rows from
-    seq_yrows, one row per partition) and its new state (one-hot case of min(length, H)),
-    from a window [old state | first NH tokens | last NH tokens]."""
-    num_rows, dim = x.shape
-    c0, n, P = group
-    gw = (n - 1) * TILE + P
-    H = W - 1
-    M = _margin(H)
-    sidx, yr, info, wt, ws, tmh = hbufs
+def _head_tables(seq_rows, seq_yrows, seq_info, s, tabs, regs, H):
+    """Row s of the head tables into SBUF; the has-initial-state flag and the one-hot
+    case of min(length, H) into registers (runtime conditionals)."""
+    sidx, yr, info = tabs
     init_reg, case_regs = regs
     NH2 = sidx.shape[0]
-    _restart(rot)
+    K = info.shape[1]
     nisa.dma_copy(dst=sidx, src=seq_rows.ap(pattern=[[1, NH2], [1, 1]], offset=0,
                                             scalar_offset=s, indirect_dim=0))
     nisa.dma_copy(dst=yr, src=seq_yrows.ap(pattern=[[1, H], [1, 1]], offset=0, scalar_offset=s,
                                            indirect_dim=0))
-    K = info.shape[1]
     nisa.dma_copy(dst=info, src=seq_info.ap(pattern=[[K, 1], [1, K]], offset=0, scalar_offset=s,
                                             indirect_dim=0))
     nisa.register_load(dst=init_reg, src=info[0:1, 1:2])
     for c in range(H + 1):
         nisa.register_load(dst=case_regs[c], src=info[0:1, 2 + c:3 + c])
+
+
+def _head_group(x, y, pool, tabs, regs, hb, w_all, b_all, group, t0, W, act_op, rot):
+    """One channel group of a head-loop iteration: the first H outputs of the sequence
+    (y rows from seq_yrows, one row per partition) and its new state (one-hot case of
+    min(length, H)), from a window [old state | first NH tokens | last NH tokens].
+
+    The taps run on VectorE in float32 (weights as per-channel columns broadcast over
+    the H tokens; the diagonal-weight matmuls would need every group's diagonals
+    resident), then TensorE transposes the [128 ch, H] results to token rows."""
+    num_rows, dim = x.shape
+    c0, n, P = group
+    gw = (n - 1) * TILE + P
+    H = W - 1
+    M = _margin(H)
+    sidx, yr, info = tabs
+    init_reg, case_regs = regs
+    wt, ws, tmh, acc, tmp, ot = hb
+    NH2 = sidx.shape[0]
     slot = info[0:1, 0:1]
     state = pool.ap(pattern=[[H, P], [TILE * H, n], [1, H]], offset=c0 * H, scalar_offset=slot,
                     indirect_dim=0)
@@ -380,13 +410,28 @@ def _head_sequence(x, y, pool, seq_rows, seq_yrows, seq_info, s, hbufs, regs, we
     for _ in nl.dynamic_range(init_reg):
         nisa.dma_copy(dst=wt[0:P, 0:n, M - H:M], src=state)
     _window_load(x, sidx, NH2, wt, ws, tmh, M, c0, n, P, rot)
-    ot = _take(rot, 1)
+    nt = w_all.shape[1]
+    Wk = w_all.shape[2]
+    for k in range(W):
+        # weight[c, k] broadcast over the H tokens (free step 0)
+        wk = w_all.ap(pattern=[[nt * Wk, P], [Wk, n], [0, H]], offset=t0 * Wk + k)
+        win = wt[0:P, 0:n, M - H + k:M + k]
+        if k == 0:
+            nisa.tensor_tensor(dst=acc[0:P, 0:n, :], data1=win, data2=wk, op=nl.multiply)
+        else:
+            nisa.tensor_tensor(dst=tmp[0:P, 0:n, :], data1=win, data2=wk, op=nl.multiply)
+            nisa.tensor_tensor(dst=acc[0:P, 0:n, :], data1=acc[0:P, 0:n, :],
+                               data2=tmp[0:P, 0:n, :], op=nl.add)
+    if b_all != None:  # noqa: E711
+        bk = b_all.ap(pattern=[[nt, P], [1, n], [0, H]], offset=t0)
+        nisa.tensor_tensor(dst=acc[0:P, 0:n, :], data1=acc[0:P, 0:n, :], data2=bk, op=nl.add)
     for bank0 in range(0, gw, BANK):
         bw = min(BANK, gw - bank0)
         ps = _take(rot, 0)
         for jj in range(bank0 // TILE, (bank0 + bw + TILE - 1) // TILE):
             pj = min(TILE, gw - jj * TILE)
-            _taps(ps, jj * TILE - bank0, wt, weights, ones, jj, pj, M - H, H, W)
+            nisa.nc_transpose(dst=ps[0:H, jj * TILE - bank0:jj * TILE - bank0 + pj],
+                              data=acc[0:pj, jj, 0:H])
         nisa.activation(dst=ot[0:H, bank0:bank0 + bw], op=act_op, data=ps[0:H, 0:bw])
     # token k of the sequence -> its y row (a scratch row past the bucket when k >= length)
     nisa.dma_copy(dst=y.ap(pattern=[[dim, H], [1, gw]], offset=c0, vector_offset=yr[0:H, 0:1],
@@ -402,10 +447,22 @@ def _head_sequence(x, y, pool, seq_rows, seq_yrows, seq_info, s, hbufs, regs, we
             nisa.dma_copy(dst=state, src=wt[0:P, 0:n, col:col + H])
 
 
+def _channel_columns(src, dim, width, dst):
+    """dst[p, t, :] = src[t*128 + p, :] (per-channel columns of weight / bias, fp32)."""
+    nfull = dim // TILE
+    if nfull > 0:
+        nisa.dma_copy(dst=dst[:, 0:nfull, :],
+                      src=src.ap(pattern=[[width, TILE], [TILE * width, nfull], [1, width]],
+                                 offset=0))
+    if dim % TILE:
+        nisa.dma_copy(dst=dst[0:dim % TILE, nfull, :],
+                      src=src.ap(pattern=[[width, dim % TILE], [1, width]],
+                                 offset=nfull * TILE * width))
+
+
 @nki.jit
-def short_conv_prefill_kernel(x, weight, bias, pool, win_rows, chunk_start, seq_rows,
-                              seq_yrows, seq_info, counts, activation, has_bias, mm_fp32,
-                              x_stage, w_split, b_split):
+def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yrows, seq_info,
+                              counts, activation, has_bias, mm_fp32, x_stage, w_split, b_split):
     """Causal depthwise conv1d over a ragged batch; the pool is updated in place.
 
     x ``[NB, dim]`` (token bucket NB); weight ``[dim, W]``; bias ``[dim]`` or None; pool
@@ -422,7 +479,7 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_rows, chunk_start, seq_
     M = _margin(H)
     CH = _chunk_tokens(NB)
     F = M + CH
-    NI = _index_columns(F)
+    NI = win_base.shape[1]
     NH2 = seq_rows.shape[1]
     FH = M + NH2
     mm_dtype = nl.float32 if mm_fp32 else nl.bfloat16
@@ -431,9 +488,10 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_rows, chunk_start, seq_
     x_bytes = 4 if x.dtype == nl.float32 else 2
     tok_major = x.dtype == nl.float32
     gt = _group_tiles(W, 4 if mm_fp32 else 2, 2 if w_split else 1, x_bytes, x_stage,
-                      tok_major, F)
+                      tok_major, F, dim)
     groups = _channel_groups(dim, gt)
     GW = gt * TILE
+    nt = (dim + TILE - 1) // TILE
     # every vec_every-th channel tile of a chunk runs on VectorE (+ a TensorE transpose)
     # so TensorE and VectorE finish together: per 128 x 128 block TensorE needs W (x parts)
     # matmuls of 128 cycles (x4 for float32), VectorE ~1000-1200 cycles at 0.4 of its clock
@@ -446,19 +504,24 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_rows, chunk_start, seq_
     ident = _identity(mm_dtype)
     ones = nl.ndarray((1, TILE), dtype=mm_dtype, buffer=nl.sbuf)
     nisa.memset(dst=ones, value=1.0)
+    # float32 weight / bias columns of every channel tile (head taps on VectorE)
+    w_all = nl.ndarray((TILE, nt, W), dtype=nl.float32, buffer=nl.sbuf)
+    _channel_columns(weight, dim, W, w_all)
+    b_all = None
+    if has_bias:
+        b_all = nl.ndarray((TILE, nt, 1), dtype=nl.float32, buffer=nl.sbuf)
+        _channel_columns(bias, dim, 1, b_all)
 
     # every buffer the runtime loops use is allocated here, once
     banks = []
     for i in range(PSUM_TILES):
         banks.append(nl.ndarray((TILE, BANK), dtype=nl.float32, buffer=nl.psum))
-    outs = []
-    for i in range(3):
-        outs.append(nl.ndarray((TILE, GW), dtype=x.dtype, buffer=nl.sbuf))
     accs = []
     for i in range(2):
         accs.append(nl.ndarray((TILE, TILE), dtype=nl.float32, buffer=nl.sbuf))
-    rot = _rotation(banks, outs, accs)
+    rot = _rotation(banks, [], accs)
     wins = []
+    outs = []
     for a in range(2):
         xw = nl.ndarray((TILE, gt, F), dtype=mm_dtype, buffer=nl.sbuf)
         xs = None
@@ -468,28 +531,20 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_rows, chunk_start, seq_
         if tok_major:
             tm = nl.ndarray((TILE, NI, GW), dtype=x.dtype, buffer=nl.sbuf)
         wins.append((xw, xs, tm))
+        outs.append(nl.ndarray((TILE, CH // TILE, GW), dtype=x.dtype, buffer=nl.sbuf))
+    base = nl.ndarray((TILE, NI), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=base, src=win_base)
+    run = nl.ndarray((TILE, 1), dtype=nl.float32, buffer=nl.sbuf)
+    st = nl.ndarray((TILE, 2), dtype=nl.float32, buffer=nl.sbuf)
+    sti = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
     idx2 = nl.ndarray((TILE, 2, NI), dtype=nl.uint32, buffer=nl.sbuf)
-    cs = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
-    bufs = (idx2, cs, wins)
-    wt = nl.ndarray((TILE, gt, FH), dtype=mm_dtype, buffer=nl.sbuf)
-    ws = None
-    tmh = None
-    if x_stage:
-        ws = nl.ndarray((TILE, gt, FH), dtype=x.dtype, buffer=nl.sbuf)
-    if tok_major:
-        tmh = nl.ndarray((TILE, 1, GW), dtype=x.dtype, buffer=nl.sbuf)
-    hbufs = (nl.ndarray((NH2, 1), dtype=nl.uint32, buffer=nl.sbuf),
-             nl.ndarray((H, 1), dtype=nl.int32, buffer=nl.sbuf),
-             nl.ndarray((1, H + 3), dtype=nl.int32, buffer=nl.sbuf), wt, ws, tmh)
-    case_regs = []
-    for c in range(H + 1):
-        case_regs.append(nisa.register_alloc(0))
-    regs = (nisa.register_alloc(0), case_regs)
+    bufs = (run, st, sti, base, idx2, wins, outs)
     pairs = nisa.register_alloc(0)
     nisa.register_load(dst=pairs, src=counts[0:1, 0:1])
     live = nisa.register_alloc(0)
     nisa.register_load(dst=live, src=counts[0:1, 1:2])
 
+    # 1. stream loops, one per channel group
     weights = []
     for g in range(len(groups)):
         weights.append(None)
@@ -500,13 +555,38 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_rows, chunk_start, seq_
             # the next group's diagonals are built (VectorE) while this group streams
             weights[g + 1] = _group_weights(weight, bias, ident, groups[g + 1], W, mm_dtype,
                                             has_bias, w_split, b_split)
+        nisa.memset(dst=run, value=0.0)
         for k in nl.dynamic_range(pairs):
-            _stream_pair(x, y, win_rows, chunk_start, k, bufs, weights[g], ones, groups[g], W,
-                         act_op, vec_every, rot)
-        for s in nl.dynamic_range(live):
-            _head_sequence(x, y, pool, seq_rows, seq_yrows, seq_info, s, hbufs, regs,
-                           weights[g], ones, groups[g], W, act_op, rot)
+            _stream_pair(x, y, bufs, weights[g], ones, groups[g], W, act_op, vec_every, rot)
         weights[g] = None     # the group's diagonals die here
+
+    # 2. head loop over live sequences: every group per sequence (own buffers per group,
+    # so the groups' DMA chains overlap)
+    tabs = (nl.ndarray((NH2, 1), dtype=nl.uint32, buffer=nl.sbuf),
+            nl.ndarray((H, 1), dtype=nl.int32, buffer=nl.sbuf),
+            nl.ndarray((1, H + 3), dtype=nl.int32, buffer=nl.sbuf))
+    case_regs = []
+    for c in range(H + 1):
+        case_regs.append(nisa.register_alloc(0))
+    regs = (nisa.register_alloc(0), case_regs)
+    tmh = None
+    if tok_major:
+        tmh = nl.ndarray((TILE, 1, GW), dtype=x.dtype, buffer=nl.sbuf)
+    hbs = []
+    for g in range(len(groups)):
+        ws = None
+        if x_stage:
+            ws = nl.ndarray((TILE, gt, FH), dtype=x.dtype, buffer=nl.sbuf)
+        hbs.append((nl.ndarray((TILE, gt, FH), dtype=mm_dtype, buffer=nl.sbuf), ws, tmh,
+                    nl.ndarray((TILE, gt, H), dtype=nl.float32, buffer=nl.sbuf),
+                    nl.ndarray((TILE, gt, H), dtype=nl.float32, buffer=nl.sbuf),
+                    nl.ndarray((H, GW), dtype=x.dtype, buffer=nl.sbuf)))
+    for s in nl.dynamic_range(live):
+        _restart(rot)
+        _head_tables(seq_rows, seq_yrows, seq_info, s, tabs, regs, H)
+        for g in range(len(groups)):
+            _head_group(x, y, pool, tabs, regs, hbs[g], w_all, b_all, groups[g],
+                        groups[g][0] // TILE, W, act_op, rot)
     return y
 
 

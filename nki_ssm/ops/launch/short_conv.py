@@ -52,13 +52,13 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_buck
     """The run-time batch tables of ``short_conv_prefill_kernel`` (layouts in its module
     docstring) for a batch padded to the buckets.
 
-    Returns (win_rows, chunk_start, seq_rows, seq_yrows, seq_info, counts). Every step
-    is a vectorised array op with a torch equivalent that runs on device (no
-    per-sequence host loop):
+    Returns (win_base, seq_rows, seq_yrows, seq_info, counts). Every step is a
+    vectorised array op with a torch equivalent that runs on device (no per-sequence
+    host loop):
 
-    - stream tables (functions of the bucket only): ``arange`` of chunks x window
-      columns, ``minimum`` (mirror of the last chunk past the bucket), ``clip`` into the
-      bucket, ``reshape``/``transpose`` to the column-major index tiles;
+    - ``win_base [128, NI]`` (a function of the bucket only): ``arange`` broadcast adds,
+      the window row offsets ``j * 128 + p - M`` (float32: the kernel adds each chunk's
+      start on VectorE and clamps into the bucket);
     - ``live = idx >= 0``; ``perm = argsort(~live, stable)`` (torch.argsort(stable=True):
       live sequences first, in order); ``num_live = live.sum()``;
     - ``start, end = cu[:-1][perm], cu[1:][perm]`` (index_select); ``length = end - start``;
@@ -76,17 +76,9 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_buck
     M = _margin(H)
     NH = M
     CH = _chunk_tokens(NB)
-    F = M + CH
-    NI = _index_columns(F)
-    n_chunks = NB // CH
-    n_pairs = (n_chunks + 1) // 2
-    chunk = np.minimum(np.arange(2 * n_pairs), n_chunks - 1)        # mirror past the bucket
-    start = chunk * CH
-    flat = np.clip(start[:, None] - M + np.arange(NI * TILE)[None, :], 0, NB - 1)
-    # index tile [128, NI] read column-major: flat position j * 128 + p at [p, j]
-    win_rows = flat.reshape(n_pairs, 2, NI, TILE).transpose(0, 1, 3, 2)
-    chunk_start = start.reshape(n_pairs, 2)
-
+    NI = _index_columns(M + CH)
+    # window column j * 128 + p of a chunk starting at t0 holds token t0 - M + j * 128 + p
+    win_base = (np.arange(NI)[None, :] * TILE + np.arange(TILE)[:, None] - M)
     cu = np.asarray(cu_seqlens, dtype=np.int64)
     idx = np.asarray(state_indices, dtype=np.int64)
     init = np.asarray(has_initial_state, dtype=bool)
@@ -114,10 +106,10 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_buck
     seq_info = np.concatenate([slot[perm][:, None], has_init[perm][:, None], case], axis=1)
     n_real = -(-int(cu[-1]) // CH)
     counts = np.array([[(n_real + 1) // 2, num_live]], dtype=np.int64)
+    f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)  # noqa: E731
     u32 = lambda a: np.ascontiguousarray(a, dtype=np.uint32)  # noqa: E731
     i32 = lambda a: np.ascontiguousarray(a, dtype=np.int32)  # noqa: E731
-    return (u32(win_rows), i32(chunk_start), u32(seq_rows), i32(seq_yrows), i32(seq_info),
-            i32(counts))
+    return (f32(win_base), u32(seq_rows), i32(seq_yrows), i32(seq_info), i32(counts))
 
 
 def _prefill_launch(x, weight, bias, activation, cu_seqlens, conv_states, state_indices,
