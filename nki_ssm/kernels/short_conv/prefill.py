@@ -319,59 +319,100 @@ def _conv_block(xw, ot, weights, ones, b, n, P, W, act_op, vec_every, base, rot)
     return ot
 
 
-def _chunk_indices(run, st, sti, base, idx2, NB, CH):
-    """This iteration's window rows, computed on chip (no table DMA in the loop): chunk
-    ``a`` of the pair starts at ``st[:, a] = min(run + a * CH, NB - CH)`` (the last chunk
-    mirrored past the bucket); its index tile is ``clamp(base + st, 0, NB - 1)`` with
-    ``base[p, j] = j * 128 + p - M``. ``sti`` gets the starts as int32 (store offsets)."""
-    NI = base.shape[1]
-    for a in range(2):
-        nisa.tensor_scalar(dst=st[:, a:a + 1], data=run, op0=nl.add, operand0=float(a * CH),
-                           op1=nl.minimum, operand1=float(NB - CH))
-        nisa.tensor_scalar(dst=idx2[:, a, 0:NI], data=base, op0=nl.add, operand0=st[:, a:a + 1],
-                           op1=nl.maximum, operand1=0.0)
-        nisa.tensor_scalar(dst=idx2[:, a, 0:NI], data=idx2[:, a, 0:NI], op0=nl.minimum,
-                           operand0=float(NB - 1))
-    nisa.tensor_copy(dst=sti, src=st[0:1, 0:2])
-
-
-def _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot):
-    """One iteration of the stream loop: chunks 2k (buffers A) and 2k+1 (B). Both windows
-    are issued before A's matmuls, so B's DMA overlaps A's compute and the next
-    iteration's A window overlaps B's."""
+def _next_window(x, bufs, a, group, W, rot):
+    """Issue the window of the next chunk in slot ``a`` (A = 0, B = 1): its first token
+    ``st[:, a] = min(run + a * CH, NB - CH)`` (past the bucket: the last chunk again, a
+    mirror) and gather indices ``clamp(base + st, 0, NB - 1)`` with ``base[p, j] = j * 128
+    + p - M`` are computed on VectorE (no table DMA in the loop), then one gather
+    transpose (or the float32 path) loads ``x[t0 - M : t0 + CH]`` channel-major."""
     NB, dim = x.shape
+    c0, n, P = group
+    run, st, sti, base, idx2, wins, outs = bufs
+    NI = base.shape[1]
+    xw, xs, tm = wins[a]
+    F = xw.shape[2]
+    CH = F - _margin(W - 1)
+    nisa.tensor_scalar(dst=st[:, a:a + 1], data=run, op0=nl.add, operand0=float(a * CH),
+                       op1=nl.minimum, operand1=float(NB - CH))
+    nisa.tensor_scalar(dst=idx2[:, a, 0:NI], data=base, op0=nl.add, operand0=st[:, a:a + 1],
+                       op1=nl.maximum, operand1=0.0)
+    nisa.tensor_scalar(dst=idx2[:, a, 0:NI], data=idx2[:, a, 0:NI], op0=nl.minimum,
+                       operand0=float(NB - 1))
+    _window_load(x, idx2[0:TILE, a, 0:NI], F, xw, xs, tm, 0, c0, n, P, rot)
+
+
+def _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot):
+    """Compute the chunk whose window is in slot ``a`` and store it: one DMA of its CH
+    rows at the run-time first token (copied to the int32 ``sti[a]`` just before)."""
+    rows, dim = y.shape
     c0, n, P = group
     gw = (n - 1) * TILE + P
     run, st, sti, base, idx2, wins, outs = bufs
-    NI = idx2.shape[2]
-    F = wins[0][0].shape[2]
-    CH = F - _margin(W - 1)
-    _restart(rot)
-    _chunk_indices(run, st, sti, base, idx2, NB, CH)
-    for a in range(2):
-        xw, xs, tm = wins[a]
-        _window_load(x, idx2[0:TILE, a, 0:NI], F, xw, xs, tm, 0, c0, n, P, rot)
-    nisa.tensor_scalar(dst=run, data=run, op0=nl.add, operand0=float(2 * CH))
-    base_col = _margin(W - 1) - (W - 1)     # window column of token t0 - (W-1)
+    xw = wins[a][0]
+    CH = xw.shape[2] - _margin(W - 1)
     nblk = CH // TILE
+    base_col = _margin(W - 1) - (W - 1)     # window column of token t0 - (W-1)
+    for b in range(nblk):
+        _conv_block(xw, outs[a][0:TILE, b, :], weights, ones, b * TILE, n, P, W, act_op,
+                    vec_every, base_col, rot)
+    nisa.tensor_copy(dst=sti[0:1, a:a + 1], src=st[0:1, a:a + 1])
+    # Stores with run-time addresses are ordered after each other (their rows cannot be
+    # told apart at compile time), so one large store per chunk keeps that chain short.
+    nisa.dma_copy(dst=y.ap(pattern=[[dim, TILE], [TILE * dim, nblk], [1, gw]], offset=c0,
+                           scalar_offset=sti[0:1, a:a + 1], indirect_dim=0),
+                  src=outs[a][0:TILE, 0:nblk, 0:gw])
+
+
+def _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, ctl, head):
+    """One iteration of the stream loop (software pipelined across iterations): chunk
+    2k (slot A) is computed while 2k+1's window (slot B) arrives, then A's slot is
+    refilled with chunk 2k+2 while 2k+1 is computed, and B's with 2k+3 -- the refills
+    only while pairs remain (a one-trip / zero-trip ``dynamic_range`` on a flag computed
+    on chip), so the next group's first windows follow without a wasted load.
+
+    ``head`` (or None): the head of sequence k for the previous channel group, in two
+    halves -- its loads before this pair's matmuls, its compute after them -- under the
+    flag ``k < live``, so its DMA latency hides under the stream."""
+    run = bufs[0]
+    cnt, fl, more_reg, head_reg = ctl
+    CH = bufs[5][0][0].shape[2] - _margin(W - 1)
+    _restart(rot)
+    # flags of this iteration: head (k < live), refill (k + 1 < pairs); cnt counts k
+    nisa.tensor_tensor(dst=fl[0:1, 0:1], data1=cnt[0:1, 0:1], data2=cnt[0:1, 2:3], op=nl.less)
+    nisa.tensor_scalar(dst=cnt[0:1, 0:1], data=cnt[0:1, 0:1], op0=nl.add, operand0=1.0)
+    nisa.tensor_tensor(dst=fl[0:1, 1:2], data1=cnt[0:1, 0:1], data2=cnt[0:1, 1:2], op=nl.less)
+    nisa.register_load(dst=head_reg, src=fl[0:1, 0:1])
+    nisa.register_load(dst=more_reg, src=fl[0:1, 1:2])
+    if head != None:  # noqa: E711
+        for _ in nl.dynamic_range(head_reg):
+            _head_load(head[0], head[1], head[2])
     for a in range(2):
-        xw = wins[a][0]
-        for b in range(nblk):
-            _conv_block(xw, outs[a][0:TILE, b, :], weights, ones, b * TILE, n, P, W, act_op,
-                        vec_every, base_col, rot)
-        # one store per chunk: rows t0 .. t0 + CH of y (t0 = sti[a], run time). Stores with
-        # run-time addresses are ordered after each other (their rows cannot be told apart
-        # at compile time), so few large ones keep that chain short.
-        nisa.dma_copy(dst=y.ap(pattern=[[dim, TILE], [TILE * dim, nblk], [1, gw]], offset=c0,
-                               scalar_offset=sti[0:1, a:a + 1], indirect_dim=0),
-                      src=outs[a][0:TILE, 0:nblk, 0:gw])
+        _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot)
+        if a == 0:
+            nisa.tensor_scalar(dst=run, data=run, op0=nl.add, operand0=float(2 * CH))
+        for _ in nl.dynamic_range(more_reg):
+            _next_window(x, bufs, a, group, W, rot)
+    if head != None:  # noqa: E711
+        for _ in nl.dynamic_range(head_reg):
+            _head_compute(head[0], head[1], head[2])
 
 
-def _head_tables(seq_rows, seq_yrows, seq_info, s, tabs, regs, H):
-    """Row s of the head tables into SBUF; the has-initial-state flag and the one-hot
-    case of min(length, H) into registers (runtime conditionals)."""
+def _head_load(hctx, s, g):
+    """Loads of a head: row s of the head tables, the has-initial-state / case flags into
+    registers, and the window [old state | first NH tokens | last NH tokens] of one
+    channel group (old state at columns M-H .. M: the slot's values, or zeros)."""
+    x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot = hctx
+    hb = hbs[g]
+    group = groups[g]
+    t0 = group[0] // TILE
+    num_rows, dim = x.shape
+    c0, n, P = group
+    H = W - 1
+    M = _margin(H)
     sidx, yr, info = tabs
     init_reg, case_regs = regs
+    seq_rows, seq_yrows, seq_info = seq_tabs
+    wt, ws, tmh, acc, tmp, ot = hb
     NH2 = sidx.shape[0]
     K = info.shape[1]
     nisa.dma_copy(dst=sidx, src=seq_rows.ap(pattern=[[1, NH2], [1, 1]], offset=0,
@@ -383,16 +424,26 @@ def _head_tables(seq_rows, seq_yrows, seq_info, s, tabs, regs, H):
     nisa.register_load(dst=init_reg, src=info[0:1, 1:2])
     for c in range(H + 1):
         nisa.register_load(dst=case_regs[c], src=info[0:1, 2 + c:3 + c])
+    state = pool.ap(pattern=[[H, P], [TILE * H, n], [1, H]], offset=c0 * H,
+                    scalar_offset=info[0:1, 0:1], indirect_dim=0)
+    nisa.memset(dst=wt[0:P, 0:n, M - H:M], value=0.0)
+    for _ in nl.dynamic_range(init_reg):
+        nisa.dma_copy(dst=wt[0:P, 0:n, M - H:M], src=state)
+    _window_load(x, sidx, NH2, wt, ws, tmh, M, c0, n, P, rot)
 
 
-def _head_group(x, y, pool, tabs, regs, hb, w_all, b_all, group, t0, W, act_op, rot):
-    """One channel group of a head-loop iteration: the first H outputs of the sequence
-    (y rows from seq_yrows, one row per partition) and its new state (one-hot case of
-    min(length, H)), from a window [old state | first NH tokens | last NH tokens].
+def _head_compute(hctx, s, g):
+    """Compute of a head: the first H outputs of the sequence (y rows from seq_yrows,
+    one row per partition; k >= length goes to a scratch row) and its new state (window
+    columns L .. L+H of old state ++ tokens, under the one-hot case of min(L, H)).
 
     The taps run on VectorE in float32 (weights as per-channel columns broadcast over
-    the H tokens; the diagonal-weight matmuls would need every group's diagonals
+    the H tokens; the diagonal-weight matmuls would need the group's diagonals
     resident), then TensorE transposes the [128 ch, H] results to token rows."""
+    x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot = hctx
+    hb = hbs[g]
+    group = groups[g]
+    t0 = group[0] // TILE
     num_rows, dim = x.shape
     c0, n, P = group
     gw = (n - 1) * TILE + P
@@ -402,14 +453,6 @@ def _head_group(x, y, pool, tabs, regs, hb, w_all, b_all, group, t0, W, act_op, 
     init_reg, case_regs = regs
     wt, ws, tmh, acc, tmp, ot = hb
     NH2 = sidx.shape[0]
-    slot = info[0:1, 0:1]
-    state = pool.ap(pattern=[[H, P], [TILE * H, n], [1, H]], offset=c0 * H, scalar_offset=slot,
-                    indirect_dim=0)
-    # old state at columns M-H .. M: the slot's values, or zeros without an initial state
-    nisa.memset(dst=wt[0:P, 0:n, M - H:M], value=0.0)
-    for _ in nl.dynamic_range(init_reg):
-        nisa.dma_copy(dst=wt[0:P, 0:n, M - H:M], src=state)
-    _window_load(x, sidx, NH2, wt, ws, tmh, M, c0, n, P, rot)
     nt = w_all.shape[1]
     Wk = w_all.shape[2]
     for k in range(W):
@@ -433,12 +476,11 @@ def _head_group(x, y, pool, tabs, regs, hb, w_all, b_all, group, t0, W, act_op, 
             nisa.nc_transpose(dst=ps[0:H, jj * TILE - bank0:jj * TILE - bank0 + pj],
                               data=acc[0:pj, jj, 0:H])
         nisa.activation(dst=ot[0:H, bank0:bank0 + bw], op=act_op, data=ps[0:H, 0:bw])
-    # token k of the sequence -> its y row (a scratch row past the bucket when k >= length)
     nisa.dma_copy(dst=y.ap(pattern=[[dim, H], [1, gw]], offset=c0, vector_offset=yr[0:H, 0:1],
                            indirect_dim=0),
                   src=ot[0:H, 0:gw])
-    # new state = window columns L .. L+H of (old state ++ tokens): for L < H inside the
-    # head, else the last H tokens (end of the window)
+    state = pool.ap(pattern=[[H, P], [TILE * H, n], [1, H]], offset=c0 * H,
+                    scalar_offset=info[0:1, 0:1], indirect_dim=0)
     for c in range(H + 1):
         col = M - H + c
         if c == H:
@@ -543,25 +585,15 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     nisa.register_load(dst=pairs, src=counts[0:1, 0:1])
     live = nisa.register_alloc(0)
     nisa.register_load(dst=live, src=counts[0:1, 1:2])
+    # loop control on chip: cnt = [iteration, pairs, live] (float32), fl = flags
+    cnt_i = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=cnt_i, src=counts)
+    cnt = nl.ndarray((1, 3), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=cnt[0:1, 1:3], src=cnt_i)
+    fl = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
+    ctl = (cnt, fl, nisa.register_alloc(0), nisa.register_alloc(0))
 
-    # 1. stream loops, one per channel group
-    weights = []
-    for g in range(len(groups)):
-        weights.append(None)
-    weights[0] = _group_weights(weight, bias, ident, groups[0], W, mm_dtype, has_bias,
-                                w_split, b_split)
-    for g in range(len(groups)):
-        if g + 1 < len(groups):
-            # the next group's diagonals are built (VectorE) while this group streams
-            weights[g + 1] = _group_weights(weight, bias, ident, groups[g + 1], W, mm_dtype,
-                                            has_bias, w_split, b_split)
-        nisa.memset(dst=run, value=0.0)
-        for k in nl.dynamic_range(pairs):
-            _stream_pair(x, y, bufs, weights[g], ones, groups[g], W, act_op, vec_every, rot)
-        weights[g] = None     # the group's diagonals die here
-
-    # 2. head loop over live sequences: every group per sequence (own buffers per group,
-    # so the groups' DMA chains overlap)
+    # head buffers: one set per channel group, tables and flag registers shared
     tabs = (nl.ndarray((NH2, 1), dtype=nl.uint32, buffer=nl.sbuf),
             nl.ndarray((H, 1), dtype=nl.int32, buffer=nl.sbuf),
             nl.ndarray((1, H + 3), dtype=nl.int32, buffer=nl.sbuf))
@@ -569,6 +601,7 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     for c in range(H + 1):
         case_regs.append(nisa.register_alloc(0))
     regs = (nisa.register_alloc(0), case_regs)
+    seq_tabs = (seq_rows, seq_yrows, seq_info)
     tmh = None
     if tok_major:
         tmh = nl.ndarray((TILE, 1, GW), dtype=x.dtype, buffer=nl.sbuf)
@@ -581,12 +614,45 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
                     nl.ndarray((TILE, gt, H), dtype=nl.float32, buffer=nl.sbuf),
                     nl.ndarray((TILE, gt, H), dtype=nl.float32, buffer=nl.sbuf),
                     nl.ndarray((H, GW), dtype=x.dtype, buffer=nl.sbuf)))
+
+    hctx = (x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot)
+    # Per channel group g: a stream loop over the token chunks, which also carries the
+    # heads of group g-1 (sequence k in iteration k, k < live); sequences past the pair
+    # count get their group g-1 heads in a loop right after. The last group's heads run
+    # in a final loop. A head rewrites rows the stream of its group has written.
+    weights = []
+    for g in range(len(groups)):
+        weights.append(None)
+    weights[0] = _group_weights(weight, bias, ident, groups[0], W, mm_dtype, has_bias,
+                                w_split, b_split)
+    for g in range(len(groups)):
+        # prologue: chunks 0 and 1 in flight; each iteration computes two and refills
+        nisa.memset(dst=run, value=0.0)
+        nisa.memset(dst=cnt[0:1, 0:1], value=0.0)
+        _restart(rot)
+        for a in range(2):
+            _next_window(x, bufs, a, groups[g], W, rot)
+        if g + 1 < len(groups):
+            # the next group's diagonals are built (VectorE) while this group streams
+            weights[g + 1] = _group_weights(weight, bias, ident, groups[g + 1], W, mm_dtype,
+                                            has_bias, w_split, b_split)
+        for k in nl.dynamic_range(pairs):
+            head = None
+            if g > 0:
+                head = (hctx, k, g - 1)
+            _stream_pair(x, y, bufs, weights[g], ones, groups[g], W, act_op, vec_every, rot,
+                         ctl, head)
+        weights[g] = None     # the group's diagonals die here
+        if g > 0:
+            for s in nl.dynamic_range(pairs, live):
+                _restart(rot)
+                _head_load(hctx, s, g - 1)
+                _head_compute(hctx, s, g - 1)
+    last = len(groups) - 1
     for s in nl.dynamic_range(live):
         _restart(rot)
-        _head_tables(seq_rows, seq_yrows, seq_info, s, tabs, regs, H)
-        for g in range(len(groups)):
-            _head_group(x, y, pool, tabs, regs, hbs[g], w_all, b_all, groups[g],
-                        groups[g][0] // TILE, W, act_op, rot)
+        _head_load(hctx, s, last)
+        _head_compute(hctx, s, last)
     return y
 
 
