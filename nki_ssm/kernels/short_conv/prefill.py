@@ -319,7 +319,7 @@ def _conv_block(xw, ot, weights, ones, b, n, P, W, act_op, vec_every, base, rot)
     return ot
 
 
-def _next_window(x, bufs, a, group, W, rot):
+def _next_window(x, bufs, a, group, W, rot, first=False):
     """Issue the window of the next chunk in slot ``a`` (A = 0, B = 1): its first token
     ``st[:, a] = min(run + a * CH, NB - CH)`` (past the bucket: the last chunk again, a
     mirror) and gather indices ``clamp(base + st, 0, NB - 1)`` with ``base[p, j] = j * 128
@@ -327,11 +327,17 @@ def _next_window(x, bufs, a, group, W, rot):
     transpose (or the float32 path) loads ``x[t0 - M : t0 + CH]`` channel-major."""
     NB, dim = x.shape
     c0, n, P = group
-    run, st, sti, base, idx2, wins, outs = bufs
+    run, st, sti, base, idx2, wins, outs, idx0, st0 = bufs
     NI = base.shape[1]
     xw, xs, tm = wins[a]
     F = xw.shape[2]
     CH = F - _margin(W - 1)
+    if first:
+        # chunks 0 and 1 of every group: indices computed once, so the DMA can start as
+        # soon as the slot is free (not behind the previous group's VectorE work)
+        nisa.tensor_copy(dst=st[:, a:a + 1], src=st0[:, a:a + 1])
+        _window_load(x, idx0[0:TILE, a, 0:NI], F, xw, xs, tm, 0, c0, n, P, rot)
+        return
     nisa.tensor_scalar(dst=st[:, a:a + 1], data=run, op0=nl.add, operand0=float(a * CH),
                        op1=nl.minimum, operand1=float(NB - CH))
     nisa.tensor_scalar(dst=idx2[:, a, 0:NI], data=base, op0=nl.add, operand0=st[:, a:a + 1],
@@ -347,7 +353,7 @@ def _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot):
     rows, dim = y.shape
     c0, n, P = group
     gw = (n - 1) * TILE + P
-    run, st, sti, base, idx2, wins, outs = bufs
+    run, st, sti, base, idx2, wins, outs, idx0, st0 = bufs
     xw = wins[a][0]
     CH = xw.shape[2] - _margin(W - 1)
     nblk = CH // TILE
@@ -363,45 +369,70 @@ def _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot):
                   src=outs[a][0:TILE, 0:nblk, 0:gw])
 
 
+def _loop_flags(cnt, flags):
+    """On-chip loop control of iteration k (``cnt = [k, pairs, live]``, float32; flags
+    copied to int32 for register loads): fl[2] = k < live (compute head k); then k += 1,
+    fl[0] = k < live (load head k+1), fl[1] = k < pairs (refill the windows)."""
+    fl, fli = flags
+    nisa.tensor_tensor(dst=fl[0:1, 2:3], data1=cnt[0:1, 0:1], data2=cnt[0:1, 2:3], op=nl.less)
+    nisa.tensor_scalar(dst=cnt[0:1, 0:1], data=cnt[0:1, 0:1], op0=nl.add, operand0=1.0)
+    nisa.tensor_tensor(dst=fl[0:1, 0:1], data1=cnt[0:1, 0:1], data2=cnt[0:1, 2:3], op=nl.less)
+    nisa.tensor_tensor(dst=fl[0:1, 1:2], data1=cnt[0:1, 0:1], data2=cnt[0:1, 1:2], op=nl.less)
+    nisa.tensor_copy(dst=fli, src=fl)
+
+
+def _first_head(hctx, ctl, zero, g):
+    """Load head 0 of group g (when live > 0) before the loop that computes it; resets the
+    iteration counter."""
+    cnt, flags = ctl[0], ctl[1]
+    fl, fli = flags
+    nisa.memset(dst=cnt[0:1, 0:1], value=0.0)
+    nisa.tensor_tensor(dst=fl[0:1, 0:1], data1=cnt[0:1, 0:1], data2=cnt[0:1, 2:3], op=nl.less)
+    nisa.tensor_copy(dst=fli[0:1, 0:1], src=fl[0:1, 0:1])
+    nisa.register_load(dst=ctl[3], src=fli[0:1, 0:1])
+    for _ in nl.dynamic_range(ctl[3]):
+        _head_load(hctx, zero, g, 0)
+
+
 def _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, ctl, head):
-    """One iteration of the stream loop (software pipelined across iterations): chunk
+    """One iteration k of the stream loop (software pipelined across iterations): chunk
     2k (slot A) is computed while 2k+1's window (slot B) arrives, then A's slot is
     refilled with chunk 2k+2 while 2k+1 is computed, and B's with 2k+3 -- the refills
     only while pairs remain (a one-trip / zero-trip ``dynamic_range`` on a flag computed
     on chip), so the next group's first windows follow without a wasted load.
 
-    ``head`` (or None): the head of sequence k for the previous channel group, in two
-    halves -- its loads before this pair's matmuls, its compute after them -- under the
-    flag ``k < live``, so its DMA latency hides under the stream."""
+    ``head`` = (hctx, k, previous group) or None: the loop also carries the heads of the
+    previous channel group, loaded one iteration ahead -- head k is computed first (its
+    inputs arrived during iteration k-1, or before the loop for k = 0), then head k+1's
+    tables and window are loaded -- so no in-order engine waits for a head's DMAs."""
     run = bufs[0]
-    cnt, fl, more_reg, head_reg = ctl
+    cnt, flags, more_reg, head_reg, hc_reg = ctl
+    fli = flags[1]
     CH = bufs[5][0][0].shape[2] - _margin(W - 1)
     _restart(rot)
-    # flags of this iteration: head (k < live), refill (k + 1 < pairs); cnt counts k
-    nisa.tensor_tensor(dst=fl[0:1, 0:1], data1=cnt[0:1, 0:1], data2=cnt[0:1, 2:3], op=nl.less)
-    nisa.tensor_scalar(dst=cnt[0:1, 0:1], data=cnt[0:1, 0:1], op0=nl.add, operand0=1.0)
-    nisa.tensor_tensor(dst=fl[0:1, 1:2], data1=cnt[0:1, 0:1], data2=cnt[0:1, 1:2], op=nl.less)
-    nisa.register_load(dst=head_reg, src=fl[0:1, 0:1])
-    nisa.register_load(dst=more_reg, src=fl[0:1, 1:2])
+    _loop_flags(cnt, flags)
+    nisa.register_load(dst=head_reg, src=fli[0:1, 0:1])
+    nisa.register_load(dst=more_reg, src=fli[0:1, 1:2])
+    nisa.register_load(dst=hc_reg, src=fli[0:1, 2:3])
     if head != None:  # noqa: E711
+        for _ in nl.dynamic_range(hc_reg):
+            _head_compute(head[0], head[1], head[2])
         for _ in nl.dynamic_range(head_reg):
-            _head_load(head[0], head[1], head[2])
+            # table row k + 1: a static one-row offset on the run-time row k
+            _head_load(head[0], head[1], head[2], 1)
     for a in range(2):
         _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot)
         if a == 0:
             nisa.tensor_scalar(dst=run, data=run, op0=nl.add, operand0=float(2 * CH))
         for _ in nl.dynamic_range(more_reg):
             _next_window(x, bufs, a, group, W, rot)
-    if head != None:  # noqa: E711
-        for _ in nl.dynamic_range(head_reg):
-            _head_compute(head[0], head[1], head[2])
 
 
-def _head_load(hctx, s, g):
-    """Loads of a head: row s of the head tables, the has-initial-state / case flags into
+def _head_load(hctx, s, g, shift):
+    """Loads of a head: row s + shift of the head tables, the has-initial-state / case flags into
     registers, and the window [old state | first NH tokens | last NH tokens] of one
     channel group (old state at columns M-H .. M: the slot's values, or zeros)."""
-    x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot = hctx
+    x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot, zhalo = hctx
     hb = hbs[g]
     group = groups[g]
     t0 = group[0] // TILE
@@ -415,18 +446,20 @@ def _head_load(hctx, s, g):
     wt, ws, tmh, acc, tmp, ot = hb
     NH2 = sidx.shape[0]
     K = info.shape[1]
-    nisa.dma_copy(dst=sidx, src=seq_rows.ap(pattern=[[1, NH2], [1, 1]], offset=0,
+    nisa.dma_copy(dst=sidx, src=seq_rows.ap(pattern=[[1, NH2], [1, 1]], offset=shift * NH2,
                                             scalar_offset=s, indirect_dim=0))
-    nisa.dma_copy(dst=yr, src=seq_yrows.ap(pattern=[[1, H], [1, 1]], offset=0, scalar_offset=s,
-                                           indirect_dim=0))
-    nisa.dma_copy(dst=info, src=seq_info.ap(pattern=[[K, 1], [1, K]], offset=0, scalar_offset=s,
-                                            indirect_dim=0))
+    nisa.dma_copy(dst=yr, src=seq_yrows.ap(pattern=[[1, H], [1, 1]], offset=shift * H,
+                                           scalar_offset=s, indirect_dim=0))
+    nisa.dma_copy(dst=info, src=seq_info.ap(pattern=[[K, 1], [1, K]], offset=shift * K,
+                                            scalar_offset=s, indirect_dim=0))
     nisa.register_load(dst=init_reg, src=info[0:1, 1:2])
     for c in range(H + 1):
         nisa.register_load(dst=case_regs[c], src=info[0:1, 2 + c:3 + c])
     state = pool.ap(pattern=[[H, P], [TILE * H, n], [1, H]], offset=c0 * H,
                     scalar_offset=info[0:1, 0:1], indirect_dim=0)
-    nisa.memset(dst=wt[0:P, 0:n, M - H:M], value=0.0)
+    # zeros by DMA from a zero tile (a memset would hold VectorE, in order, until the
+    # previous head's state write has read these columns)
+    nisa.dma_copy(dst=wt[0:P, 0:n, M - H:M], src=zhalo[0:P, 0:n, :])
     for _ in nl.dynamic_range(init_reg):
         nisa.dma_copy(dst=wt[0:P, 0:n, M - H:M], src=state)
     _window_load(x, sidx, NH2, wt, ws, tmh, M, c0, n, P, rot)
@@ -440,7 +473,7 @@ def _head_compute(hctx, s, g):
     The taps run on VectorE in float32 (weights as per-channel columns broadcast over
     the H tokens; the diagonal-weight matmuls would need the group's diagonals
     resident), then TensorE transposes the [128 ch, H] results to token rows."""
-    x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot = hctx
+    x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot, zhalo = hctx
     hb = hbs[g]
     group = groups[g]
     t0 = group[0] // TILE
@@ -580,7 +613,17 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     st = nl.ndarray((TILE, 2), dtype=nl.float32, buffer=nl.sbuf)
     sti = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
     idx2 = nl.ndarray((TILE, 2, NI), dtype=nl.uint32, buffer=nl.sbuf)
-    bufs = (run, st, sti, base, idx2, wins, outs)
+    # indices of chunks 0 and 1 (every group's prologue)
+    st0 = nl.ndarray((TILE, 2), dtype=nl.float32, buffer=nl.sbuf)
+    idx0 = nl.ndarray((TILE, 2, NI), dtype=nl.uint32, buffer=nl.sbuf)
+    for a in range(2):
+        nisa.memset(dst=st0[:, a:a + 1], value=float(min(a * CH, NB - CH)))
+        nisa.tensor_scalar(dst=idx0[:, a, 0:NI], data=base, op0=nl.add,
+                           operand0=float(min(a * CH, NB - CH)), op1=nl.maximum, operand1=0.0)
+        nisa.tensor_scalar(dst=idx0[:, a, 0:NI], data=idx0[:, a, 0:NI], op0=nl.minimum,
+                           operand0=float(NB - 1))
+    bufs = (run, st, sti, base, idx2, wins, outs, idx0, st0)
+    zero = nisa.register_alloc(0)
     pairs = nisa.register_alloc(0)
     nisa.register_load(dst=pairs, src=counts[0:1, 0:1])
     live = nisa.register_alloc(0)
@@ -590,8 +633,10 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     nisa.dma_copy(dst=cnt_i, src=counts)
     cnt = nl.ndarray((1, 3), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=cnt[0:1, 1:3], src=cnt_i)
-    fl = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
-    ctl = (cnt, fl, nisa.register_alloc(0), nisa.register_alloc(0))
+    fl = nl.ndarray((1, 4), dtype=nl.float32, buffer=nl.sbuf)
+    fli = nl.ndarray((1, 4), dtype=nl.int32, buffer=nl.sbuf)
+    ctl = (cnt, (fl, fli), nisa.register_alloc(0), nisa.register_alloc(0),
+           nisa.register_alloc(0))
 
     # head buffers: one set per channel group, tables and flag registers shared
     tabs = (nl.ndarray((NH2, 1), dtype=nl.uint32, buffer=nl.sbuf),
@@ -615,7 +660,9 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
                     nl.ndarray((TILE, gt, H), dtype=nl.float32, buffer=nl.sbuf),
                     nl.ndarray((H, GW), dtype=x.dtype, buffer=nl.sbuf)))
 
-    hctx = (x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot)
+    zhalo = nl.ndarray((TILE, gt, H), dtype=mm_dtype, buffer=nl.sbuf)
+    nisa.memset(dst=zhalo, value=0.0)
+    hctx = (x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot, zhalo)
     # Per channel group g: a stream loop over the token chunks, which also carries the
     # heads of group g-1 (sequence k in iteration k, k < live); sequences past the pair
     # count get their group g-1 heads in a loop right after. The last group's heads run
@@ -626,12 +673,15 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     weights[0] = _group_weights(weight, bias, ident, groups[0], W, mm_dtype, has_bias,
                                 w_split, b_split)
     for g in range(len(groups)):
-        # prologue: chunks 0 and 1 in flight; each iteration computes two and refills
+        # prologue: chunks 0 and 1 in flight (each iteration computes two and refills),
+        # head 0 of the previous group loaded
         nisa.memset(dst=run, value=0.0)
-        nisa.memset(dst=cnt[0:1, 0:1], value=0.0)
         _restart(rot)
         for a in range(2):
-            _next_window(x, bufs, a, groups[g], W, rot)
+            _next_window(x, bufs, a, groups[g], W, rot, True)
+        if g > 0:
+            _first_head(hctx, ctl, zero, g - 1)
+        nisa.memset(dst=cnt[0:1, 0:1], value=0.0)
         if g + 1 < len(groups):
             # the next group's diagonals are built (VectorE) while this group streams
             weights[g + 1] = _group_weights(weight, bias, ident, groups[g + 1], W, mm_dtype,
@@ -644,15 +694,22 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
                          ctl, head)
         weights[g] = None     # the group's diagonals die here
         if g > 0:
+            # sequences past the pair count (their first head was loaded in the last
+            # iteration; loading it again is harmless)
             for s in nl.dynamic_range(pairs, live):
                 _restart(rot)
-                _head_load(hctx, s, g - 1)
+                _head_load(hctx, s, g - 1, 0)
                 _head_compute(hctx, s, g - 1)
     last = len(groups) - 1
+    _first_head(hctx, ctl, zero, last)
+    nisa.memset(dst=cnt[0:1, 0:1], value=0.0)
     for s in nl.dynamic_range(live):
         _restart(rot)
-        _head_load(hctx, s, last)
+        _loop_flags(cnt, ctl[1])
+        nisa.register_load(dst=ctl[3], src=ctl[1][1][0:1, 0:1])
         _head_compute(hctx, s, last)
+        for _ in nl.dynamic_range(ctl[3]):
+            _head_load(hctx, s, last, 1)
     return y
 
 
