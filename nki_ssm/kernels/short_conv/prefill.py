@@ -371,12 +371,16 @@ def _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot):
 
 def _loop_flags(cnt, flags):
     """On-chip loop control of iteration k (``cnt = [k, pairs, live]``, float32; flags
-    copied to int32 for register loads): fl[2] = k < live (compute head k); then k += 1,
-    fl[0] = k < live (load head k+1), fl[1] = k < pairs (refill the windows)."""
+    copied to int32 for register loads): fl[2] = k < live (compute head k), fl[0] = 1 <=
+    k < live (load head k); then k += 1 and fl[1] = k < pairs (refill the windows)."""
     fl, fli = flags
+    # fl[0] = (k < live) * (k >= 1): load head k here (head 0 was loaded before the loop)
     nisa.tensor_tensor(dst=fl[0:1, 2:3], data1=cnt[0:1, 0:1], data2=cnt[0:1, 2:3], op=nl.less)
+    nisa.tensor_scalar(dst=fl[0:1, 0:1], data=cnt[0:1, 0:1], op0=nl.greater_equal,
+                       operand0=1.0)
+    nisa.tensor_tensor(dst=fl[0:1, 0:1], data1=fl[0:1, 0:1], data2=fl[0:1, 2:3],
+                       op=nl.multiply)
     nisa.tensor_scalar(dst=cnt[0:1, 0:1], data=cnt[0:1, 0:1], op0=nl.add, operand0=1.0)
-    nisa.tensor_tensor(dst=fl[0:1, 0:1], data1=cnt[0:1, 0:1], data2=cnt[0:1, 2:3], op=nl.less)
     nisa.tensor_tensor(dst=fl[0:1, 1:2], data1=cnt[0:1, 0:1], data2=cnt[0:1, 1:2], op=nl.less)
     nisa.tensor_copy(dst=fli, src=fl)
 
@@ -402,9 +406,9 @@ def _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, ct
     on chip), so the next group's first windows follow without a wasted load.
 
     ``head`` = (hctx, k, previous group) or None: the loop also carries the heads of the
-    previous channel group, loaded one iteration ahead -- head k is computed first (its
-    inputs arrived during iteration k-1, or before the loop for k = 0), then head k+1's
-    tables and window are loaded -- so no in-order engine waits for a head's DMAs."""
+    previous channel group: head k's tables and window are loaded at the start of the
+    iteration (head 0 before the loop) and computed at its end, after the pair's
+    matmuls, so no in-order engine waits for a head's DMAs."""
     run = bufs[0]
     cnt, flags, more_reg, head_reg, hc_reg = ctl
     fli = flags[1]
@@ -415,17 +419,17 @@ def _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, ct
     nisa.register_load(dst=more_reg, src=fli[0:1, 1:2])
     nisa.register_load(dst=hc_reg, src=fli[0:1, 2:3])
     if head != None:  # noqa: E711
-        for _ in nl.dynamic_range(hc_reg):
-            _head_compute(head[0], head[1], head[2])
         for _ in nl.dynamic_range(head_reg):
-            # table row k + 1: a static one-row offset on the run-time row k
-            _head_load(head[0], head[1], head[2], 1)
+            _head_load(head[0], head[1], head[2], 0)
     for a in range(2):
         _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot)
         if a == 0:
             nisa.tensor_scalar(dst=run, data=run, op0=nl.add, operand0=float(2 * CH))
         for _ in nl.dynamic_range(more_reg):
             _next_window(x, bufs, a, group, W, rot)
+    if head != None:  # noqa: E711
+        for _ in nl.dynamic_range(hc_reg):
+            _head_compute(head[0], head[1], head[2])
 
 
 def _head_load(hctx, s, g, shift):
@@ -703,10 +707,16 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     last = len(groups) - 1
     _first_head(hctx, ctl, zero, last)
     nisa.memset(dst=cnt[0:1, 0:1], value=0.0)
+    fl, fli = ctl[1]
     for s in nl.dynamic_range(live):
+        # compute head s (loaded before the loop or in the previous iteration), then load
+        # head s + 1 (a static one-row offset on table row s) while s + 1 < live
         _restart(rot)
-        _loop_flags(cnt, ctl[1])
-        nisa.register_load(dst=ctl[3], src=ctl[1][1][0:1, 0:1])
+        nisa.tensor_scalar(dst=cnt[0:1, 0:1], data=cnt[0:1, 0:1], op0=nl.add, operand0=1.0)
+        nisa.tensor_tensor(dst=fl[0:1, 3:4], data1=cnt[0:1, 0:1], data2=cnt[0:1, 2:3],
+                           op=nl.less)
+        nisa.tensor_copy(dst=fli[0:1, 3:4], src=fl[0:1, 3:4])
+        nisa.register_load(dst=ctl[3], src=fli[0:1, 3:4])
         _head_compute(hctx, s, last)
         for _ in nl.dynamic_range(ctl[3]):
             _head_load(hctx, s, last, 1)
