@@ -22,10 +22,11 @@ vectorised array ops (``nki_ssm.ops.launch.short_conv.prefill_tables``):
   sequences first, in order) the x rows of its first NH tokens and of its
   last NH tokens (clamped into the bucket); ``seq_yrows [SB, H, 1]`` int32:
   the y rows of its first H tokens (``NB + k`` scratch rows for k >= length);
-  ``seq_info [SB, H + 3]`` int32: slot, has-initial-state flag, and a one-hot
-  of ``min(length, H)``;
-- ``counts [1, 2]``: chunk pairs to run (``ceil(ceil(num_tokens / CHUNK) / 2)``)
-  and live sequences.
+  ``seq_info [SB, H + 4]`` int32: slot, has-initial-state flag, a one-hot of
+  ``min(length, H)``, no-initial-state flag;
+- ``counts [1, 4]``: chunk pairs to run (``ceil(ceil(num_tokens / CHUNK) / 2)``),
+  live sequences, iterations between carried heads (``max(1, pairs // live)``)
+  and ``ceil(live / 2)``.
 
 Two runtime loops per channel group (``nl.dynamic_range`` over registers
 loaded from ``counts``; everything unrolled inside is bounded by the layer
@@ -369,33 +370,48 @@ def _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot):
                   src=outs[a][0:TILE, 0:nblk, 0:gw])
 
 
-def _loop_flags(cnt, flags):
-    """On-chip loop control of iteration k (``cnt = [k, pairs, live]``, float32; flags
-    copied to int32 for register loads): fl[2] = k < live (compute head k), fl[0] = 1 <=
-    k < live (load head k); then k += 1 and fl[1] = k < pairs (refill the windows)."""
+def _flag(fl, j, cnt, c, add, op, c2):
+    """fl[j] = (cnt[c] + add) op cnt[c2] (1.0 / 0.0), one VectorE instruction."""
+    nisa.tensor_scalar(dst=fl[0:1, j:j + 1], data=cnt[0:1, c:c + 1], op0=nl.add,
+                       operand0=float(add), op1=op, operand1=cnt[0:1, c2:c2 + 1])
+
+
+def _loop_flags(cnt, flags, rowi):
+    """On-chip control of stream iteration k. ``cnt`` (float32) = [k, pairs, live,
+    spacing, ctr, hidx, -, 1.0]: a head of the previous group is carried every
+    ``spacing`` iterations (ctr counts to it), hidx is the next head. Flags (copied to
+    int32 for register loads): fl[2] = carry and hidx < live (compute head hidx at the
+    end), fl[0] = fl[2] and hidx >= 1 (load it at the start; head 0 is loaded before the
+    loop), fl[1] = k + 1 < pairs (refill the windows); rowi[0] = hidx (its table row)."""
     fl, fli = flags
-    # fl[0] = (k < live) * (k >= 1): load head k here (head 0 was loaded before the loop)
-    nisa.tensor_tensor(dst=fl[0:1, 2:3], data1=cnt[0:1, 0:1], data2=cnt[0:1, 2:3], op=nl.less)
-    nisa.tensor_scalar(dst=fl[0:1, 0:1], data=cnt[0:1, 0:1], op0=nl.greater_equal,
-                       operand0=1.0)
-    nisa.tensor_tensor(dst=fl[0:1, 0:1], data1=fl[0:1, 0:1], data2=fl[0:1, 2:3],
-                       op=nl.multiply)
-    nisa.tensor_scalar(dst=cnt[0:1, 0:1], data=cnt[0:1, 0:1], op0=nl.add, operand0=1.0)
-    nisa.tensor_tensor(dst=fl[0:1, 1:2], data1=cnt[0:1, 0:1], data2=cnt[0:1, 1:2], op=nl.less)
+    _flag(fl, 4, cnt, 4, 0, nl.less, 7)                  # carry: ctr < 1
+    _flag(fl, 5, cnt, 5, 0, nl.less, 2)                  # hidx < live
+    nisa.tensor_tensor(dst=fl[0:1, 2:3], data1=fl[0:1, 4:5], data2=fl[0:1, 5:6], op=nl.multiply)
+    _flag(fl, 6, cnt, 5, 0, nl.greater_equal, 7)         # hidx >= 1
+    nisa.tensor_tensor(dst=fl[0:1, 0:1], data1=fl[0:1, 2:3], data2=fl[0:1, 6:7], op=nl.multiply)
+    nisa.tensor_copy(dst=rowi[0:1, 0:1], src=cnt[0:1, 5:6])
+    _flag(fl, 1, cnt, 0, 1, nl.less, 1)                  # k + 1 < pairs
     nisa.tensor_copy(dst=fli, src=fl)
+    # k += 1; hidx += carry; ctr = (ctr + 1) if ctr + 1 < spacing else 0
+    nisa.tensor_scalar(dst=cnt[0:1, 0:1], data=cnt[0:1, 0:1], op0=nl.add, operand0=1.0)
+    nisa.tensor_tensor(dst=cnt[0:1, 5:6], data1=cnt[0:1, 5:6], data2=fl[0:1, 4:5], op=nl.add)
+    _flag(fl, 6, cnt, 4, 1, nl.less, 3)
+    nisa.tensor_scalar(dst=cnt[0:1, 4:5], data=cnt[0:1, 4:5], op0=nl.add, operand0=1.0)
+    nisa.tensor_tensor(dst=cnt[0:1, 4:5], data1=cnt[0:1, 4:5], data2=fl[0:1, 6:7], op=nl.multiply)
 
 
-def _first_head(hctx, ctl, zero, g):
-    """Load head 0 of group g (when live > 0) before the loop that computes it; resets the
-    iteration counter."""
+def _first_head(hctx, ctl, zero, g, sel):
+    """Load head 0 of group g (when live > 0) before the loop that computes it; resets
+    the loop counters (k, ctr, hidx)."""
     cnt, flags = ctl[0], ctl[1]
     fl, fli = flags
     nisa.memset(dst=cnt[0:1, 0:1], value=0.0)
-    nisa.tensor_tensor(dst=fl[0:1, 0:1], data1=cnt[0:1, 0:1], data2=cnt[0:1, 2:3], op=nl.less)
+    nisa.memset(dst=cnt[0:1, 4:6], value=0.0)
+    _flag(fl, 0, cnt, 0, 0, nl.less, 2)
     nisa.tensor_copy(dst=fli[0:1, 0:1], src=fl[0:1, 0:1])
     nisa.register_load(dst=ctl[3], src=fli[0:1, 0:1])
     for _ in nl.dynamic_range(ctl[3]):
-        _head_load(hctx, zero, g, 0)
+        _head_load(hctx, zero, g, 0, sel)
 
 
 def _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, ctl, head):
@@ -406,21 +422,22 @@ def _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, ct
     on chip), so the next group's first windows follow without a wasted load.
 
     ``head`` = (hctx, k, previous group) or None: the loop also carries the heads of the
-    previous channel group: head k's tables and window are loaded at the start of the
-    iteration (head 0 before the loop) and computed at its end, after the pair's
-    matmuls, so no in-order engine waits for a head's DMAs."""
+    previous channel group, one every ``spacing = max(1, pairs // live)`` iterations (so
+    their small DMAs spread over the stream): a head's tables and window are loaded at
+    the start of the iteration (head 0 before the loop) and it is computed at the end,
+    after the pair's matmuls, so no in-order engine waits for a head's DMAs."""
     run = bufs[0]
-    cnt, flags, more_reg, head_reg, hc_reg = ctl
+    cnt, flags, more_reg, head_reg, hc_reg, rowi = ctl
     fli = flags[1]
     CH = bufs[5][0][0].shape[2] - _margin(W - 1)
     _restart(rot)
-    _loop_flags(cnt, flags)
+    _loop_flags(cnt, flags, rowi)
     nisa.register_load(dst=head_reg, src=fli[0:1, 0:1])
     nisa.register_load(dst=more_reg, src=fli[0:1, 1:2])
     nisa.register_load(dst=hc_reg, src=fli[0:1, 2:3])
     if head != None:  # noqa: E711
         for _ in nl.dynamic_range(head_reg):
-            _head_load(head[0], head[1], head[2], 0)
+            _head_load(head[0], rowi[0:1, 0:1], head[2], 0, (0, head[2]))
     for a in range(2):
         _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot)
         if a == 0:
@@ -429,15 +446,19 @@ def _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, ct
             _next_window(x, bufs, a, group, W, rot)
     if head != None:  # noqa: E711
         for _ in nl.dynamic_range(hc_reg):
-            _head_compute(head[0], head[1], head[2])
+            _head_compute(head[0], head[1], head[2], (0, head[2]))
 
 
-def _head_load(hctx, s, g, shift):
-    """Loads of a head: row s + shift of the head tables, the has-initial-state / case flags into
+def _head_load(hctx, s, g, shift, sel):
+    """Loads of a head (s: a register or a [1, 1] int32 tile): row s + shift of the head
+    tables, the has-initial-state / case flags into
     registers, and the window [old state | first NH tokens | last NH tokens] of one
     channel group (old state at columns M-H .. M: the slot's values, or zeros)."""
-    x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot, zhalo = hctx
-    hb = hbs[g]
+    x, y, pool, tabsets, regsets, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot, zhalo = hctx
+    # sel = (table / register set, head buffer set): two heads can be in flight
+    tabs = tabsets[sel[0]]
+    regs = regsets[sel[0]]
+    hb = hbs[sel[1]]
     group = groups[g]
     t0 = group[0] // TILE
     num_rows, dim = x.shape
@@ -456,20 +477,23 @@ def _head_load(hctx, s, g, shift):
                                            scalar_offset=s, indirect_dim=0))
     nisa.dma_copy(dst=info, src=seq_info.ap(pattern=[[K, 1], [1, K]], offset=shift * K,
                                             scalar_offset=s, indirect_dim=0))
-    nisa.register_load(dst=init_reg, src=info[0:1, 1:2])
+    nisa.register_load(dst=init_reg[0], src=info[0:1, 1:2])
+    nisa.register_load(dst=init_reg[1], src=info[0:1, H + 3:H + 4])
     for c in range(H + 1):
         nisa.register_load(dst=case_regs[c], src=info[0:1, 2 + c:3 + c])
     state = pool.ap(pattern=[[H, P], [TILE * H, n], [1, H]], offset=c0 * H,
                     scalar_offset=info[0:1, 0:1], indirect_dim=0)
-    # zeros by DMA from a zero tile (a memset would hold VectorE, in order, until the
-    # previous head's state write has read these columns)
-    nisa.dma_copy(dst=wt[0:P, 0:n, M - H:M], src=zhalo[0:P, 0:n, :])
-    for _ in nl.dynamic_range(init_reg):
+    # old state: the slot, or (no initial state) zeros by DMA from a zero tile -- a
+    # memset would hold VectorE, in order, until the previous head's state write has
+    # read these columns
+    for _ in nl.dynamic_range(init_reg[1]):
+        nisa.dma_copy(dst=wt[0:P, 0:n, M - H:M], src=zhalo[0:P, 0:n, :])
+    for _ in nl.dynamic_range(init_reg[0]):
         nisa.dma_copy(dst=wt[0:P, 0:n, M - H:M], src=state)
     _window_load(x, sidx, NH2, wt, ws, tmh, M, c0, n, P, rot)
 
 
-def _head_compute(hctx, s, g):
+def _head_compute(hctx, s, g, sel):
     """Compute of a head: the first H outputs of the sequence (y rows from seq_yrows,
     one row per partition; k >= length goes to a scratch row) and its new state (window
     columns L .. L+H of old state ++ tokens, under the one-hot case of min(L, H)).
@@ -477,8 +501,11 @@ def _head_compute(hctx, s, g):
     The taps run on VectorE in float32 (weights as per-channel columns broadcast over
     the H tokens; the diagonal-weight matmuls would need the group's diagonals
     resident), then TensorE transposes the [128 ch, H] results to token rows."""
-    x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot, zhalo = hctx
-    hb = hbs[g]
+    x, y, pool, tabsets, regsets, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot, zhalo = hctx
+    # sel = (table / register set, head buffer set): two heads can be in flight
+    tabs = tabsets[sel[0]]
+    regs = regsets[sel[0]]
+    hb = hbs[sel[1]]
     group = groups[g]
     t0 = group[0] // TILE
     num_rows, dim = x.shape
@@ -524,6 +551,48 @@ def _head_compute(hctx, s, g):
             col = M + NH2 - H
         for _ in nl.dynamic_range(case_regs[c]):
             nisa.dma_copy(dst=state, src=wt[0:P, 0:n, col:col + H])
+
+
+def _final_heads(hctx, ctl, zero, live_pairs, g):
+    """Heads of the last channel group: a runtime loop over pairs of live sequences
+    (2j: table / buffer set A, 2j+1: set B), each head loaded one iteration ahead, so
+    two heads' DMA chains are in flight while the other computes."""
+    cnt, flags, rowi = ctl[0], ctl[1], ctl[5]
+    fl, fli = flags
+    A = (0, g)
+    B = (1, len(hctx[9]))
+    rot = hctx[12]
+    nisa.memset(dst=cnt[0:1, 0:1], value=0.0)
+    nisa.memset(dst=rowi[0:1, 3:4], value=1)
+    for j in range(2):
+        _flag(fl, j, cnt, 0, j, nl.less, 2)
+    nisa.tensor_copy(dst=fli[0:1, 0:2], src=fl[0:1, 0:2])
+    nisa.register_load(dst=ctl[2], src=fli[0:1, 0:1])
+    nisa.register_load(dst=ctl[3], src=fli[0:1, 1:2])
+    for _ in nl.dynamic_range(ctl[2]):
+        _head_load(hctx, zero, g, 0, A)
+    for _ in nl.dynamic_range(ctl[3]):
+        _head_load(hctx, rowi[0:1, 3:4], g, 0, B)
+    for i in nl.dynamic_range(live_pairs):
+        # c = 2i: fl[1] = c+1 < live (head B), fl[2] / fl[3] = c+2 / c+3 < live (next
+        # loads), rows c+2, c+3
+        _restart(rot)
+        for j in range(1, 4):
+            _flag(fl, j, cnt, 0, j, nl.less, 2)
+        nisa.tensor_copy(dst=fli[0:1, 1:4], src=fl[0:1, 1:4])
+        nisa.tensor_scalar(dst=rowi[0:1, 1:2], data=cnt[0:1, 0:1], op0=nl.add, operand0=2.0)
+        nisa.tensor_scalar(dst=rowi[0:1, 2:3], data=cnt[0:1, 0:1], op0=nl.add, operand0=3.0)
+        nisa.tensor_scalar(dst=cnt[0:1, 0:1], data=cnt[0:1, 0:1], op0=nl.add, operand0=2.0)
+        nisa.register_load(dst=ctl[2], src=fli[0:1, 1:2])
+        nisa.register_load(dst=ctl[3], src=fli[0:1, 2:3])
+        nisa.register_load(dst=ctl[4], src=fli[0:1, 3:4])
+        _head_compute(hctx, i, g, A)
+        for _ in nl.dynamic_range(ctl[3]):
+            _head_load(hctx, rowi[0:1, 1:2], g, 0, A)
+        for _ in nl.dynamic_range(ctl[2]):
+            _head_compute(hctx, i, g, B)
+        for _ in nl.dynamic_range(ctl[4]):
+            _head_load(hctx, rowi[0:1, 2:3], g, 0, B)
 
 
 def _channel_columns(src, dim, width, dst):
@@ -632,30 +701,40 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     nisa.register_load(dst=pairs, src=counts[0:1, 0:1])
     live = nisa.register_alloc(0)
     nisa.register_load(dst=live, src=counts[0:1, 1:2])
-    # loop control on chip: cnt = [iteration, pairs, live] (float32), fl = flags
-    cnt_i = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
+    live_pairs = nisa.register_alloc(0)
+    nisa.register_load(dst=live_pairs, src=counts[0:1, 3:4])
+    # loop control on chip (see _loop_flags): cnt = [k, pairs, live, spacing, ctr, hidx,
+    # -, 1.0] in float32 (exact small integers), flags fl / fli, table rows rowi
+    cnt_i = nl.ndarray((1, 4), dtype=nl.int32, buffer=nl.sbuf)
     nisa.dma_copy(dst=cnt_i, src=counts)
-    cnt = nl.ndarray((1, 3), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=cnt[0:1, 1:3], src=cnt_i)
-    fl = nl.ndarray((1, 4), dtype=nl.float32, buffer=nl.sbuf)
-    fli = nl.ndarray((1, 4), dtype=nl.int32, buffer=nl.sbuf)
+    cnt = nl.ndarray((1, 8), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=cnt, value=0.0)
+    nisa.tensor_copy(dst=cnt[0:1, 1:4], src=cnt_i[0:1, 0:3])
+    nisa.memset(dst=cnt[0:1, 7:8], value=1.0)
+    fl = nl.ndarray((1, 8), dtype=nl.float32, buffer=nl.sbuf)
+    fli = nl.ndarray((1, 8), dtype=nl.int32, buffer=nl.sbuf)
+    rowi = nl.ndarray((1, 4), dtype=nl.int32, buffer=nl.sbuf)
     ctl = (cnt, (fl, fli), nisa.register_alloc(0), nisa.register_alloc(0),
-           nisa.register_alloc(0))
+           nisa.register_alloc(0), rowi)
 
-    # head buffers: one set per channel group, tables and flag registers shared
-    tabs = (nl.ndarray((NH2, 1), dtype=nl.uint32, buffer=nl.sbuf),
-            nl.ndarray((H, 1), dtype=nl.int32, buffer=nl.sbuf),
-            nl.ndarray((1, H + 3), dtype=nl.int32, buffer=nl.sbuf))
-    case_regs = []
-    for c in range(H + 1):
-        case_regs.append(nisa.register_alloc(0))
-    regs = (nisa.register_alloc(0), case_regs)
+    # head buffers: one set per channel group plus one (two heads in flight in the final
+    # loop); two table / register sets
+    tabsets = []
+    regsets = []
+    for t in range(2):
+        tabsets.append((nl.ndarray((NH2, 1), dtype=nl.uint32, buffer=nl.sbuf),
+                        nl.ndarray((H, 1), dtype=nl.int32, buffer=nl.sbuf),
+                        nl.ndarray((1, H + 4), dtype=nl.int32, buffer=nl.sbuf)))
+        case_regs = []
+        for c in range(H + 1):
+            case_regs.append(nisa.register_alloc(0))
+        regsets.append(((nisa.register_alloc(0), nisa.register_alloc(0)), case_regs))
     seq_tabs = (seq_rows, seq_yrows, seq_info)
     tmh = None
     if tok_major:
         tmh = nl.ndarray((TILE, 1, GW), dtype=x.dtype, buffer=nl.sbuf)
     hbs = []
-    for g in range(len(groups)):
+    for g in range(len(groups) + 1):
         ws = None
         if x_stage:
             ws = nl.ndarray((TILE, gt, FH), dtype=x.dtype, buffer=nl.sbuf)
@@ -663,14 +742,15 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
                     nl.ndarray((TILE, gt, H), dtype=nl.float32, buffer=nl.sbuf),
                     nl.ndarray((TILE, gt, H), dtype=nl.float32, buffer=nl.sbuf),
                     nl.ndarray((H, GW), dtype=x.dtype, buffer=nl.sbuf)))
-
     zhalo = nl.ndarray((TILE, gt, H), dtype=mm_dtype, buffer=nl.sbuf)
     nisa.memset(dst=zhalo, value=0.0)
-    hctx = (x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot, zhalo)
+    hctx = (x, y, pool, tabsets, regsets, seq_tabs, hbs, w_all, b_all, groups, W, act_op,
+            rot, zhalo)
+
     # Per channel group g: a stream loop over the token chunks, which also carries the
-    # heads of group g-1 (sequence k in iteration k, k < live); sequences past the pair
-    # count get their group g-1 heads in a loop right after. The last group's heads run
-    # in a final loop. A head rewrites rows the stream of its group has written.
+    # heads of group g-1; sequences past the pair count get their group g-1 heads in a
+    # loop right after. The last group's heads run in a final loop, two in flight. A
+    # head rewrites rows the stream of its group has written.
     weights = []
     for g in range(len(groups)):
         weights.append(None)
@@ -684,7 +764,7 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
         for a in range(2):
             _next_window(x, bufs, a, groups[g], W, rot, True)
         if g > 0:
-            _first_head(hctx, ctl, zero, g - 1)
+            _first_head(hctx, ctl, zero, g - 1, (0, g - 1))
         nisa.memset(dst=cnt[0:1, 0:1], value=0.0)
         if g + 1 < len(groups):
             # the next group's diagonals are built (VectorE) while this group streams
@@ -698,28 +778,13 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
                          ctl, head)
         weights[g] = None     # the group's diagonals die here
         if g > 0:
-            # sequences past the pair count (their first head was loaded in the last
-            # iteration; loading it again is harmless)
+            # sequences past the pair count (only when live > pairs, so spacing is 1 and
+            # heads 0 .. pairs-1 were carried; head `pairs` is loaded again, harmlessly)
             for s in nl.dynamic_range(pairs, live):
                 _restart(rot)
-                _head_load(hctx, s, g - 1, 0)
-                _head_compute(hctx, s, g - 1)
-    last = len(groups) - 1
-    _first_head(hctx, ctl, zero, last)
-    nisa.memset(dst=cnt[0:1, 0:1], value=0.0)
-    fl, fli = ctl[1]
-    for s in nl.dynamic_range(live):
-        # compute head s (loaded before the loop or in the previous iteration), then load
-        # head s + 1 (a static one-row offset on table row s) while s + 1 < live
-        _restart(rot)
-        nisa.tensor_scalar(dst=cnt[0:1, 0:1], data=cnt[0:1, 0:1], op0=nl.add, operand0=1.0)
-        nisa.tensor_tensor(dst=fl[0:1, 3:4], data1=cnt[0:1, 0:1], data2=cnt[0:1, 2:3],
-                           op=nl.less)
-        nisa.tensor_copy(dst=fli[0:1, 3:4], src=fl[0:1, 3:4])
-        nisa.register_load(dst=ctl[3], src=fli[0:1, 3:4])
-        _head_compute(hctx, s, last)
-        for _ in nl.dynamic_range(ctl[3]):
-            _head_load(hctx, s, last, 1)
+                _head_load(hctx, s, g - 1, 0, (0, g - 1))
+                _head_compute(hctx, s, g - 1, (0, g - 1))
+    _final_heads(hctx, ctl, zero, live_pairs, len(groups) - 1)
     return y
 
 

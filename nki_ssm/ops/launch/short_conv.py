@@ -66,9 +66,10 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_buck
     - y rows of the first H tokens: ``where(arange(H) < length, start + arange(H), NB +
       arange(H))`` (scratch rows past the bucket);
     - seq_info: slot (``where(live, idx, 0)``), ``has_initial_state & live``, one-hot of
-      ``minimum(length, H)`` (``eq`` with ``arange(H + 1)``), stacked;
-    - counts: ``ceil(ceil(num_tokens / CHUNK) / 2)`` chunk pairs (integer ops on
-      ``cu[-1]``) and num_live.
+      ``minimum(length, H)`` (``eq`` with ``arange(H + 1)``), its negation, stacked;
+    - counts: ``pairs = ceil(ceil(num_tokens / CHUNK) / 2)`` chunk pairs, num_live,
+      ``max(1, pairs // num_live)`` (iterations between carried heads) and
+      ``ceil(num_live / 2)`` (integer ops on scalars of ``cu[-1]`` and num_live).
     """
     from nki_ssm.kernels.short_conv.prefill import TILE, _chunk_tokens, _index_columns, _margin
 
@@ -103,9 +104,12 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_buck
     kh = np.arange(H)[None, :]
     seq_yrows = np.where(kh < length[:, None], s0[:, None] + kh, NB + kh)[:, :, None]
     case = (np.minimum(length, H)[:, None] == np.arange(H + 1)[None, :])
-    seq_info = np.concatenate([slot[perm][:, None], has_init[perm][:, None], case], axis=1)
+    seq_info = np.concatenate([slot[perm][:, None], has_init[perm][:, None], case,
+                               ~has_init[perm][:, None]], axis=1)
     n_real = -(-int(cu[-1]) // CH)
-    counts = np.array([[(n_real + 1) // 2, num_live]], dtype=np.int64)
+    pairs = (n_real + 1) // 2
+    spacing = max(1, pairs // max(num_live, 1))
+    counts = np.array([[pairs, num_live, spacing, (num_live + 1) // 2]], dtype=np.int64)
     f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)  # noqa: E731
     u32 = lambda a: np.ascontiguousarray(a, dtype=np.uint32)  # noqa: E731
     i32 = lambda a: np.ascontiguousarray(a, dtype=np.int32)  # noqa: E731
