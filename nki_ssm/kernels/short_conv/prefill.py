@@ -4,68 +4,87 @@
 Shapes: x ``[NB, dim]`` (the batch padded to the token bucket NB), weight
 ``[dim, W]``, bias ``[dim]`` or None, pool ``[slots, dim, W-1]`` (updated in
 place by the kernel's own DMA writes), y ``[NB + M, dim]`` in x's dtype
-(``M = _margin(W-1)`` scratch rows at the end; the host keeps rows
-``[0, num_tokens)``). x / pool float32 or bfloat16.
+(``M = _margin(W-1)`` = 16 for W <= 17: scratch rows at the end; the host keeps
+rows ``[0, num_tokens)``). x / pool float32 or bfloat16. H = W - 1, NH = M.
 
 Design note (issue 10): batch composition is run-time data
 ---------------------------------------------------------
 Compile-time arguments: shapes (NB, the sequence bucket SB, dim, W, slots),
-dtypes, the activation, the bias flag and the matmul precision flags. The
-batch arrives as int32 / uint32 tables the launcher builds with a few
-vectorised array ops (``nki_ssm.ops.launch.short_conv.prefill_tables``):
+dtypes, the activation, the bias flag and the matmul precision flags. The batch
+arrives as int32 / uint32 / float32 tables the launcher builds with a few
+vectorised array ops (``nki_ssm.ops.launch.short_conv.prefill_tables``, each
+step named there with its torch equivalent):
 
-- ``win_rows [n_pairs, 2, 128, NI]`` uint32: for chunk ``2k + a`` the x row of
-  every window column (``chunk * CHUNK - M + column``, clamped into the
-  bucket; column-major over the [128, NI] index tile), and ``chunk_start
-  [n_pairs, 2]`` its first token -- both functions of the bucket only;
+- ``win_base [128, NI]``: window row offsets ``j * 128 + p - M`` of the
+  column-major gather-index tile (a function of the bucket only);
 - ``seq_rows [SB, 2*NH, 1]`` uint32: per live sequence (compacted: live
-  sequences first, in order) the x rows of its first NH tokens and of its
-  last NH tokens (clamped into the bucket); ``seq_yrows [SB, H, 1]`` int32:
-  the y rows of its first H tokens (``NB + k`` scratch rows for k >= length);
-  ``seq_info [SB, H + 4]`` int32: slot, has-initial-state flag, a one-hot of
-  ``min(length, H)``, no-initial-state flag;
-- ``counts [1, 4]``: chunk pairs to run (``ceil(ceil(num_tokens / CHUNK) / 2)``),
-  live sequences, iterations between carried heads (``max(1, pairs // live)``)
-  and ``ceil(live / 2)``.
+  sequences first, in order) the x rows of its first NH and last NH tokens
+  (clamped into the bucket); ``seq_yrows [SB, H, 1]`` int32: the y rows of its
+  first H tokens (scratch rows ``NB + k`` for k >= length); ``seq_info [SB, H +
+  4]`` int32: slot, has-initial-state, one-hot of ``min(length, H)``, no initial
+  state;
+- ``counts [1, 4]``: chunk pairs (``ceil(ceil(num_tokens / CHUNK) / 2)``), live
+  sequences, iterations between carried heads (``max(1, pairs // live)``),
+  ``ceil(live / 2)``.
 
-Two runtime loops per channel group (``nl.dynamic_range`` over registers
-loaded from ``counts``; everything unrolled inside is bounded by the layer
-shape: channel tiles, taps, the 4 token blocks of a chunk, H):
+Loops (``nl.dynamic_range`` on registers loaded from ``counts`` or from flags
+computed on chip; everything unrolled inside is bounded by the layer shape:
+channel tiles of a group, taps, the CH / 128 token blocks of a chunk, H):
 
-1. **Stream loop** over the token stream in fixed chunks of CHUNK (512, or
-   the bucket if smaller) tokens, two chunks (buffers A, B) per iteration so
-   one chunk's window DMA overlaps the other's matmuls. The window of a chunk
-   is one *indirect* ``dma_transpose`` (``dma_gather_transpose``, software
-   DGE): x rows ``t0 - M .. t0 + CHUNK`` by index, transposed to ``[128 ch,
-   tiles, M + CHUNK tok]``. Sequence boundaries are ignored here, so the
-   first H tokens of every sequence (and tokens whose window is clamped at
-   row 0) get wrong values; every other token's window lies inside its own
-   sequence. TensorE does the W taps as accumulating matmuls ``psum[tok, ch]
-   += xw[:, k:k+128].T @ diag(weight[:, k])`` (explicit ``accumulate`` on
-   every matmul of a PSUM bank), every 7th channel tile (2nd fp32, 4th split)
-   runs on VectorE plus a TensorE transpose; ScalarE applies SiLU / copy
-   evicting each bank; 128-token blocks are stored as contiguous rows with a
-   ``scalar_offset`` (dynamic start) DMA. An odd number of chunks is rounded up
-   by one chunk of the padding region, or by a *mirror* of the last chunk when
-   the bucket is full (same window, bit-identical bytes to the same rows).
-2. **Head loop** over live sequences: a 48-column window per group -- the
-   old state (``scalar_offset`` DMA of the slot, inside a zero-trip / one-trip
-   ``dynamic_range`` on the has-initial-state flag; zeros otherwise) at
-   columns ``M-H .. M``, then one gather transpose of the sequence's first
-   and last NH tokens -- gives the first H outputs (same TensorE taps), which
-   are scattered to their y rows one row per partition (k >= length goes to
-   a scratch row, so no ``oob_mode.skip``), overwriting the stream loop's
-   values; the new state (window columns ``M-H+L .. M+L`` for ``L = length <
-   H``, the last H tokens otherwise) is written to the slot by one
+1. **Stream loop**, one per channel group (up to 16 tiles of 128 channels), over
+   the whole token stream in fixed chunks of CH = 512 tokens (or the bucket if
+   smaller), two chunks (slots A, B) per iteration, software pipelined: a
+   chunk's slot is refilled with the chunk two ahead as soon as its matmuls are
+   done, so windows load while the other slot computes; the refill sits in a
+   one-trip / zero-trip ``dynamic_range`` on a flag (k + 1 < pairs) so the next
+   group's first windows follow without a wasted load. The window of a chunk is
+   one *indirect* ``dma_transpose`` (the documented ``dma_gather_transpose``,
+   software DGE): x rows ``t0 - M .. t0 + CH`` by a uint32 index tile computed
+   on VectorE (``clamp(win_base + t0, 0, NB - 1)``, t0 a running chunk start;
+   no table DMA in the loop), transposed to ``[128 ch, tiles, M + CH tok]``.
+   Sequence boundaries are ignored: the first H tokens of every sequence (and
+   tokens whose window is clamped at row 0) get wrong values, rewritten by the
+   heads; every other token's window lies inside its own sequence. TensorE does
+   the W taps as accumulating matmuls ``psum[tok, ch] += xw[:, k:k+128].T @
+   diag(weight[:, k])`` (``accumulate`` given on every matmul into a bank),
+   every 7th channel tile (2nd fp32, 4th split) on VectorE plus a TensorE
+   transpose; ScalarE applies SiLU / copy evicting each bank; a chunk is stored
+   by ONE ``scalar_offset`` DMA of its CH rows (stores with run-time addresses
+   are ordered after each other, so few large ones). Past the bucket the chunk
+   start is clamped to ``NB - CH``: a *mirror* of the last chunk (same window,
+   bit-identical bytes to the same rows); tokens of the padding region compute
+   garbage that the host drops.
+2. **Heads**: for each live sequence and channel group, a window ``[old state |
+   first NH tokens | last NH tokens]``: the old state by a ``scalar_offset`` DMA
+   of the slot (``dynamic_range`` on has-initial-state; zeros by DMA from a
+   zero tile otherwise), the tokens by one gather transpose of ``seq_rows``. The
+   first H outputs are computed on VectorE in float32 (weights as per-channel
+   columns broadcast over the H tokens: no group's diagonals need to stay
+   resident), TensorE transposes them to token rows, ScalarE applies the
+   activation, and one ``vector_offset`` DMA (one y row per partition; k >=
+   length goes to a scratch row, so no ``oob_mode.skip``) overwrites the stream
+   loop's rows. The new state (window columns ``L .. L+H`` of ``old state ++
+   tokens`` for ``L < H``, else the last H tokens) goes to the slot by one
    ``scalar_offset`` DMA under the one-hot ``dynamic_range`` of its case.
-   Padding sequences (``state_indices < 0``) are compacted away: they never
-   touch the pool; the host zeroes their y rows.
+   Heads of group g-1 are *carried* by group g's stream loop -- loaded at the
+   start of an iteration, computed at its end, one every ``spacing`` iterations
+   -- so their small DMAs and latency hide under the stream; sequences past the
+   pair count get a short loop after it; the last group's heads run in a final
+   loop over pairs of sequences with two heads in flight. Padding sequences
+   (``state_indices < 0``) are compacted away: they never touch the pool, and
+   the host zeroes their y rows.
 
-What binds (modeled, trn2, dim 8192, W 4, bf16): TensorE and DMA together
-(see the package docstring for the figures). float32 x cannot use the
-gather transpose (2-byte dtypes only): its window is gathered token-major
-(``vector_offset``, one x row per partition) and transposed on TensorE, and
-its head window likewise (``_token_major_window``).
+What binds (modeled, trn2, dim 8192, W 4, bf16, bf16 pool, cost model of this
+commit; ``tests/kernels/short_conv_perf.py 16k 8x2k 2k``): TensorE (93 % busy
+at 16K) with DMA close behind (91 %); 16K tokens in one sequence 1760 us (was
+1653 with a compile-time batch layout), 8 x 2K 1838 us (was 1696: the heads
+of 8 sequences and the final head loop), 2K 255 us; program size 2804 static
+instructions at both 2K and 16K (was 36.8K at 16K).
+
+float32 x: the gather transpose takes 2-byte dtypes only (API page), so its
+windows are gathered token-major by ``vector_offset`` DMAs (one x row per
+partition) and transposed on TensorE (fp32 transposes, plus a PSUM-to-SBUF copy
+per 512 columns): see the package docstring for the cost.
 
 Limits: dim any size (tiles of 128 channels, the last may be partial),
 2 <= W <= 65 (``W - 1 <= 64``: both NH-token head windows fit one 128-index
@@ -106,12 +125,14 @@ def _index_columns(F):
 def _group_tiles(W, mm_bytes, n_parts, x_bytes, stage, tok_major, F, dim):
     """Channel tiles per group (16, 8, ... 1) so that the live working set fits
     SBUF_BUDGET: per 128-channel tile of a group two groups' diagonal weights, two
-    stream windows (A, B), their staging copies and two chunk output tiles; plus the
-    head-loop buffers, which exist for every channel tile at once."""
+    stream windows (A, B), their staging copies (x-dtype windows when staged,
+    token-major windows for float32 x) and two chunk output tiles; plus the head
+    buffers, which exist for every channel tile at once, and one head output row set."""
     H = W - 1
     FH = 3 * _margin(H)
-    head = (FH * mm_bytes + 2 * H * 4 + TILE * x_bytes + (FH * x_bytes if stage else 0))
-    budget = SBUF_BUDGET - (dim + TILE - 1) // TILE * head
+    head = FH * mm_bytes + 2 * H * 4 + (FH * x_bytes if stage else 0)
+    tiles = (dim + TILE - 1) // TILE
+    budget = SBUF_BUDGET - (tiles + GROUP_TILES) * head - GROUP_TILES * TILE * x_bytes
     per_tile = (2 * n_parts * W * TILE * mm_bytes
                 + 2 * F * mm_bytes
                 + (2 * F * x_bytes if stage else 0)
@@ -280,7 +301,9 @@ def _window_load(x, idx, rows, xw, xs, tm, col0, c0, n, P, rot):
                                   data=tm[0:nr, j, jj * TILE:jj * TILE + pj])
                 ncols = ncols + nr
             c = col0 + j0 * TILE
-            nisa.tensor_copy(dst=xw[0:pj, jj, c:c + ncols], src=ps[0:pj, 0:ncols])
+            # ScalarE evicts (VectorE carries every other channel tile's taps in fp32)
+            nisa.tensor_copy(dst=xw[0:pj, jj, c:c + ncols], src=ps[0:pj, 0:ncols],
+                             engine=nisa.engine.scalar)
 
 
 def _taps(ps, col, xw, weights, ones, jj, pj, first_col, m, W):
@@ -674,10 +697,10 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
         xw = nl.ndarray((TILE, gt, F), dtype=mm_dtype, buffer=nl.sbuf)
         xs = None
         tm = None
-        if x_stage:
-            xs = nl.ndarray((TILE, gt, F), dtype=x.dtype, buffer=nl.sbuf)
         if tok_major:
             tm = nl.ndarray((TILE, NI, GW), dtype=x.dtype, buffer=nl.sbuf)
+        if x_stage:
+            xs = nl.ndarray((TILE, gt, F), dtype=x.dtype, buffer=nl.sbuf)
         wins.append((xw, xs, tm))
         outs.append(nl.ndarray((TILE, CH // TILE, GW), dtype=x.dtype, buffer=nl.sbuf))
     base = nl.ndarray((TILE, NI), dtype=nl.float32, buffer=nl.sbuf)
@@ -734,14 +757,14 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     if tok_major:
         tmh = nl.ndarray((TILE, 1, GW), dtype=x.dtype, buffer=nl.sbuf)
     hbs = []
+    hot = nl.ndarray((H, GW), dtype=x.dtype, buffer=nl.sbuf)     # head output rows, shared
     for g in range(len(groups) + 1):
         ws = None
         if x_stage:
             ws = nl.ndarray((TILE, gt, FH), dtype=x.dtype, buffer=nl.sbuf)
         hbs.append((nl.ndarray((TILE, gt, FH), dtype=mm_dtype, buffer=nl.sbuf), ws, tmh,
                     nl.ndarray((TILE, gt, H), dtype=nl.float32, buffer=nl.sbuf),
-                    nl.ndarray((TILE, gt, H), dtype=nl.float32, buffer=nl.sbuf),
-                    nl.ndarray((H, GW), dtype=x.dtype, buffer=nl.sbuf)))
+                    nl.ndarray((TILE, gt, H), dtype=nl.float32, buffer=nl.sbuf), hot))
     zhalo = nl.ndarray((TILE, gt, H), dtype=mm_dtype, buffer=nl.sbuf)
     nisa.memset(dst=zhalo, value=0.0)
     hctx = (x, y, pool, tabsets, regsets, seq_tabs, hbs, w_all, b_all, groups, W, act_op,
