@@ -540,11 +540,10 @@ def _head_compute(hctx, s, g, sel):
     init_reg, case_regs = regs
     wt, ws, tmh, acc, tmp, ot = hb
     NH2 = sidx.shape[0]
-    nt = w_all.shape[1]
-    Wk = w_all.shape[2]
     for k in range(W):
-        # weight[c, k] broadcast over the H tokens (free step 0)
-        wk = w_all.ap(pattern=[[nt * Wk, P], [Wk, n], [0, H]], offset=t0 * Wk + k)
+        # weight[c, k] broadcast over the H tokens (NkiTensor.broadcast: a size-1 free dim
+        # repeated without a copy)
+        wk = w_all[0:P, t0:t0 + n, k:k + 1].broadcast(2, H)
         win = wt[0:P, 0:n, M - H + k:M + k]
         if k == 0:
             nisa.tensor_tensor(dst=acc[0:P, 0:n, :], data1=win, data2=wk, op=nl.multiply)
@@ -553,7 +552,7 @@ def _head_compute(hctx, s, g, sel):
             nisa.tensor_tensor(dst=acc[0:P, 0:n, :], data1=acc[0:P, 0:n, :],
                                data2=tmp[0:P, 0:n, :], op=nl.add)
     if b_all != None:  # noqa: E711
-        bk = b_all.ap(pattern=[[nt, P], [1, n], [0, H]], offset=t0)
+        bk = b_all[0:P, t0:t0 + n, 0:1].broadcast(2, H)
         nisa.tensor_tensor(dst=acc[0:P, 0:n, :], data1=acc[0:P, 0:n, :], data2=bk, op=nl.add)
     for bank0 in range(0, gw, BANK):
         bw = min(BANK, gw - bank0)

@@ -1,11 +1,12 @@
 """Launcher of the short causal conv1d kernels (``nki_ssm.kernels.short_conv``).
 
-Host side only arranges layouts: for prefill the pool is passed as a
-``[slots * dim, W-1]`` view (one channel per row, so the kernel gathers and
-scatters a sequence's state with one ``vector_offset`` row per partition),
-the slot numbers become int32 row tables ``[num_seqs, 128]``, the batch
-layout becomes compile-time tuples, and the matmul precision flags are
-chosen from the dtypes; for decode the pool is a ``[slots * R, (dim / R) *
+Host side only arranges layouts and run-time tables, each a few vectorised
+array ops a torch path runs on device (named in ``prefill_tables`` /
+``decode_tables``): for prefill x is padded to the token bucket and the batch
+(cu_seqlens, state_indices, has_initial_state) becomes the int32 / uint32
+tables of the kernel's design note, padded to the sequence bucket, so the
+kernel compiles once per (bucket, layer shape); the matmul precision flags are
+chosen from the dtypes. For decode the pool is a ``[slots * R, (dim / R) *
 (W-1)]`` view with one row per (sequence, channel block). All gathers and
 scatters happen inside the kernels; the pool is updated in place.
 """
