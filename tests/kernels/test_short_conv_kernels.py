@@ -260,14 +260,14 @@ def test_prefill_program_size_does_not_grow_with_tokens(rng):
 
 def test_prefill_tables_from_cu_seqlens():
     """The launcher's tables: live sequences compacted first, head rows clamped into the
-    bucket, scratch y rows past the bucket for k >= length, one-hot of min(length, H),
-    loop counts."""
+    bucket, y rows per (token, channel tile) (scratch rows past the bucket for k >=
+    length), one-hot of min(length, H), loop counts."""
     from nki_ssm.ops.launch.short_conv import prefill_tables
 
     cu = np.array([0, 2, 2, 7, 600])                 # lengths 2, 0, 5, 593
     idx = np.array([4, -1, 0, 3])
     init = np.array([True, True, False, True])
-    win_base, rows, yrows, info, counts = prefill_tables(cu, idx, init, 1024, 4, 4)
+    win_base, rows, yrows, info, counts = prefill_tables(cu, idx, init, 1024, 4, 4, 256)
     H, M = 3, 16
     assert win_base.shape == (128, 5) and win_base[0, 0] == -M and win_base[1, 2] == 256 + 1 - M
     live_order = [0, 2, 3]                           # the padding sequence goes last
@@ -275,7 +275,10 @@ def test_prefill_tables_from_cu_seqlens():
     assert rows.shape == (4, 2 * M, 1) and rows.dtype == np.uint32
     np.testing.assert_array_equal(rows[:3, :M, 0], np.clip(starts[:, None] + np.arange(M), 0, 1023))
     np.testing.assert_array_equal(rows[:3, M:, 0], np.clip(ends[:, None] - M + np.arange(M), 0, 1023))
-    assert yrows[:3, :, 0].tolist() == [[0, 1, 1024 + 2], [2, 3, 4], [7, 8, 9]]
+    assert yrows.shape == (4, 16 * H, 1)
+    # y as 128-channel rows (2 per token at dim 256): token row * 2 + tile at tile * H + k
+    assert (yrows[:3, 0:H, 0] // 2).tolist() == [[0, 1, 1024 + 2], [2, 3, 4], [7, 8, 9]]
+    assert yrows[2, 5 * H + 1, 0] == 8 * 2 + 5
     assert info[:3, 0].tolist() == [4, 0, 3] and info[:3, 1].tolist() == [1, 0, 1]
     assert info[:3, 2:2 + H + 1].tolist() == [[0, 0, 1, 0], [0, 0, 0, 1], [0, 0, 0, 1]]
     assert info[:3, H + 3].tolist() == [0, 1, 0]

@@ -3,9 +3,10 @@
 
 Shapes: x ``[NB, dim]`` (the batch padded to the token bucket NB), weight
 ``[dim, W]``, bias ``[dim]`` or None, pool ``[slots, dim, W-1]`` (updated in
-place by the kernel's own DMA writes), y ``[NB + M, dim]`` in x's dtype
-(``M = _margin(W-1)`` = 16 for W <= 17: scratch rows at the end; the host keeps
-rows ``[0, num_tokens)``). x / pool float32 or bfloat16. H = W - 1, NH = M.
+place by the kernel's own DMA writes), y ``[(NB + M) * NT, 128]`` in x's dtype:
+token t's channels as NT = ceil(dim / 128) rows of 128 (the host views it as
+``[NB + M, NT * 128]`` and keeps ``[:num_tokens, :dim]``; ``M = _margin(W-1)`` =
+16 for W <= 17 scratch token rows at the end). x / pool float32 or bfloat16. H = W - 1, NH = M.
 
 Design note (issue 10): batch composition is run-time data
 ---------------------------------------------------------
@@ -19,8 +20,10 @@ step named there with its torch equivalent):
   column-major gather-index tile (a function of the bucket only);
 - ``seq_rows [SB, 2*NH, 1]`` uint32: per live sequence (compacted: live
   sequences first, in order) the x rows of its first NH and last NH tokens
-  (clamped into the bucket); ``seq_yrows [SB, H, 1]`` int32: the y rows of its
-  first H tokens (scratch rows ``NB + k`` for k >= length); ``seq_info [SB, H +
+  (clamped into the bucket); ``seq_yrows [SB, 16 * H, 1]`` int32: at ``j * H +
+  k`` the y row ``row_k * NT + j`` of its token k in channel tile j of a group
+  (y kept as 128-channel rows; ``row_k = NB + k``, a scratch row, for k >=
+  length); ``seq_info [SB, H +
   4]`` int32: slot, has-initial-state, one-hot of ``min(length, H)``, no initial
   state;
 - ``counts [1, 4]``: chunk pairs (``ceil(ceil(num_tokens / CHUNK) / 2)``), live
@@ -60,10 +63,11 @@ channel tiles of a group, taps, the CH / 128 token blocks of a chunk, H):
    zero tile otherwise), the tokens by one gather transpose of ``seq_rows``. The
    first H outputs are computed on VectorE in float32 (weights as per-channel
    columns broadcast over the H tokens: no group's diagonals need to stay
-   resident), TensorE transposes them to token rows, ScalarE applies the
-   activation, and one ``vector_offset`` DMA (one y row per partition; k >=
-   length goes to a scratch row, so no ``oob_mode.skip``) overwrites the stream
-   loop's rows. The new state (window columns ``L .. L+H`` of ``old state ++
+   resident), one TensorE transpose turns ``[128 ch, tiles x H]`` into (tile,
+   token) rows, ScalarE applies the activation, and one ``vector_offset`` DMA in
+   the 1-D element-offset form (one contiguous 128-channel run per partition;
+   k >= length goes to a scratch row, so no ``oob_mode.skip``) overwrites the
+   stream loop's values. The new state (window columns ``L .. L+H`` of ``old state ++
    tokens`` for ``L < H``, else the last H tokens) goes to the slot by one
    ``scalar_offset`` DMA under the one-hot ``dynamic_range`` of its case.
    Heads of group g-1 are *carried* by group g's stream loop -- loaded at the
@@ -351,7 +355,7 @@ def _next_window(x, bufs, a, group, W, rot, first=False):
     transpose (or the float32 path) loads ``x[t0 - M : t0 + CH]`` channel-major."""
     NB, dim = x.shape
     c0, n, P = group
-    run, st, sti, base, idx2, wins, outs, idx0, st0 = bufs
+    run, st, sti, base, idx2, wins, outs, idx0, st0, NT = bufs
     NI = base.shape[1]
     xw, xs, tm = wins[a]
     F = xw.shape[2]
@@ -373,11 +377,13 @@ def _next_window(x, bufs, a, group, W, rot, first=False):
 
 def _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot):
     """Compute the chunk whose window is in slot ``a`` and store it: one DMA of its CH
-    rows at the run-time first token (copied to the int32 ``sti[a]`` just before)."""
-    rows, dim = y.shape
+    token rows at the run-time first token (``sti[a] = t0 * NT``, y being stored as
+    ``[(NB + M) * NT, 128]``: NT rows of 128 channels per token)."""
+    NT = bufs[9]
+    DP = NT * TILE
     c0, n, P = group
     gw = (n - 1) * TILE + P
-    run, st, sti, base, idx2, wins, outs, idx0, st0 = bufs
+    run, st, sti, base, idx2, wins, outs, idx0, st0, NT = bufs
     xw = wins[a][0]
     CH = xw.shape[2] - _margin(W - 1)
     nblk = CH // TILE
@@ -385,10 +391,11 @@ def _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot):
     for b in range(nblk):
         _conv_block(xw, outs[a][0:TILE, b, :], weights, ones, b * TILE, n, P, W, act_op,
                     vec_every, base_col, rot)
-    nisa.tensor_copy(dst=sti[0:1, a:a + 1], src=st[0:1, a:a + 1])
+    nisa.tensor_scalar(dst=sti[0:1, a:a + 1], data=st[0:1, a:a + 1], op0=nl.multiply,
+                       operand0=float(NT))
     # Stores with run-time addresses are ordered after each other (their rows cannot be
     # told apart at compile time), so one large store per chunk keeps that chain short.
-    nisa.dma_copy(dst=y.ap(pattern=[[dim, TILE], [TILE * dim, nblk], [1, gw]], offset=c0,
+    nisa.dma_copy(dst=y.ap(pattern=[[DP, TILE], [TILE * DP, nblk], [1, gw]], offset=c0,
                            scalar_offset=sti[0:1, a:a + 1], indirect_dim=0),
                   src=outs[a][0:TILE, 0:nblk, 0:gw])
 
@@ -405,7 +412,8 @@ def _loop_flags(cnt, flags, rowi):
     ``spacing`` iterations (ctr counts to it), hidx is the next head. Flags (copied to
     int32 for register loads): fl[2] = carry and hidx < live (compute head hidx at the
     end), fl[0] = fl[2] and hidx >= 1 (load it at the start; head 0 is loaded before the
-    loop), fl[1] = k + 1 < pairs (refill the windows); rowi[0] = hidx (its table row)."""
+    loop), fl[1] = k + 1 < pairs (refill the windows), fl[3] = the last iteration (load
+    the next group's first windows); rowi[0] = hidx (its table row)."""
     fl, fli = flags
     _flag(fl, 4, cnt, 4, 0, nl.less, 7)                  # carry: ctr < 1
     _flag(fl, 5, cnt, 5, 0, nl.less, 2)                  # hidx < live
@@ -414,6 +422,7 @@ def _loop_flags(cnt, flags, rowi):
     nisa.tensor_tensor(dst=fl[0:1, 0:1], data1=fl[0:1, 2:3], data2=fl[0:1, 6:7], op=nl.multiply)
     nisa.tensor_copy(dst=rowi[0:1, 0:1], src=cnt[0:1, 5:6])
     _flag(fl, 1, cnt, 0, 1, nl.less, 1)                  # k + 1 < pairs
+    _flag(fl, 3, cnt, 0, 1, nl.greater_equal, 1)         # last iteration
     nisa.tensor_copy(dst=fli, src=fl)
     # k += 1; hidx += carry; ctr = (ctr + 1) if ctr + 1 < spacing else 0
     nisa.tensor_scalar(dst=cnt[0:1, 0:1], data=cnt[0:1, 0:1], op0=nl.add, operand0=1.0)
@@ -437,12 +446,14 @@ def _first_head(hctx, ctl, zero, g, sel):
         _head_load(hctx, zero, g, 0, sel)
 
 
-def _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, ctl, head):
+def _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, ctl, head,
+                 next_group):
     """One iteration k of the stream loop (software pipelined across iterations): chunk
     2k (slot A) is computed while 2k+1's window (slot B) arrives, then A's slot is
     refilled with chunk 2k+2 while 2k+1 is computed, and B's with 2k+3 -- the refills
     only while pairs remain (a one-trip / zero-trip ``dynamic_range`` on a flag computed
-    on chip), so the next group's first windows follow without a wasted load.
+    on chip); in the last iteration the slots take the next group's first chunks
+    instead, so its windows load under this group's last matmuls.
 
     ``head`` = (hctx, k, previous group) or None: the loop also carries the heads of the
     previous channel group, one every ``spacing = max(1, pairs // live)`` iterations (so
@@ -450,7 +461,7 @@ def _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, ct
     the start of the iteration (head 0 before the loop) and it is computed at the end,
     after the pair's matmuls, so no in-order engine waits for a head's DMAs."""
     run = bufs[0]
-    cnt, flags, more_reg, head_reg, hc_reg, rowi = ctl
+    cnt, flags, more_reg, head_reg, hc_reg, rowi, last_reg = ctl
     fli = flags[1]
     CH = bufs[5][0][0].shape[2] - _margin(W - 1)
     _restart(rot)
@@ -458,6 +469,7 @@ def _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, ct
     nisa.register_load(dst=head_reg, src=fli[0:1, 0:1])
     nisa.register_load(dst=more_reg, src=fli[0:1, 1:2])
     nisa.register_load(dst=hc_reg, src=fli[0:1, 2:3])
+    nisa.register_load(dst=last_reg, src=fli[0:1, 3:4])
     if head != None:  # noqa: E711
         for _ in nl.dynamic_range(head_reg):
             _head_load(head[0], rowi[0:1, 0:1], head[2], 0, (0, head[2]))
@@ -467,6 +479,11 @@ def _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, ct
             nisa.tensor_scalar(dst=run, data=run, op0=nl.add, operand0=float(2 * CH))
         for _ in nl.dynamic_range(more_reg):
             _next_window(x, bufs, a, group, W, rot)
+        if next_group != None:  # noqa: E711
+            # last iteration: the slot takes the next group's chunk a, ahead of this
+            # iteration's remaining stores in DMA order
+            for _ in nl.dynamic_range(last_reg):
+                _next_window(x, bufs, a, next_group, W, rot, True)
     if head != None:  # noqa: E711
         for _ in nl.dynamic_range(hc_reg):
             _head_compute(head[0], head[1], head[2], (0, head[2]))
@@ -496,7 +513,8 @@ def _head_load(hctx, s, g, shift, sel):
     K = info.shape[1]
     nisa.dma_copy(dst=sidx, src=seq_rows.ap(pattern=[[1, NH2], [1, 1]], offset=shift * NH2,
                                             scalar_offset=s, indirect_dim=0))
-    nisa.dma_copy(dst=yr, src=seq_yrows.ap(pattern=[[1, H], [1, 1]], offset=shift * H,
+    YH = yr.shape[0]
+    nisa.dma_copy(dst=yr, src=seq_yrows.ap(pattern=[[1, YH], [1, 1]], offset=shift * YH,
                                            scalar_offset=s, indirect_dim=0))
     nisa.dma_copy(dst=info, src=seq_info.ap(pattern=[[K, 1], [1, K]], offset=shift * K,
                                             scalar_offset=s, indirect_dim=0))
@@ -523,7 +541,8 @@ def _head_compute(hctx, s, g, sel):
 
     The taps run on VectorE in float32 (weights as per-channel columns broadcast over
     the H tokens; the diagonal-weight matmuls would need the group's diagonals
-    resident), then TensorE transposes the [128 ch, H] results to token rows."""
+    resident), then TensorE transposes the [128 ch, tiles x H] results to (tile, token)
+    rows."""
     x, y, pool, tabsets, regsets, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot, zhalo = hctx
     # sel = (table / register set, head buffer set): two heads can be in flight
     tabs = tabsets[sel[0]]
@@ -554,17 +573,21 @@ def _head_compute(hctx, s, g, sel):
     if b_all != None:  # noqa: E711
         bk = b_all[0:P, t0:t0 + n, 0:1].broadcast(2, H)
         nisa.tensor_tensor(dst=acc[0:P, 0:n, :], data1=acc[0:P, 0:n, :], data2=bk, op=nl.add)
-    for bank0 in range(0, gw, BANK):
-        bw = min(BANK, gw - bank0)
+    # one TensorE transpose per 128 // H tiles: [P ch, (tile j, token k)] -> rows (j, k);
+    # row (j, k) holds channels c0 + j*128 .. + P of token k and goes to y's row
+    # ``yr[j*H + k] + c0 / 128`` (y stored as 128-channel rows: ``row_k * NT + j``; one
+    # contiguous run per partition; k >= length -> a scratch row)
+    row = acc.shape[1] * acc.shape[2]
+    tb = TILE // H
+    for j0 in range(0, n, tb):
+        nb = min(tb, n - j0)
         ps = _take(rot, 0)
-        for jj in range(bank0 // TILE, (bank0 + bw + TILE - 1) // TILE):
-            pj = min(TILE, gw - jj * TILE)
-            nisa.nc_transpose(dst=ps[0:H, jj * TILE - bank0:jj * TILE - bank0 + pj],
-                              data=acc[0:pj, jj, 0:H])
-        nisa.activation(dst=ot[0:H, bank0:bank0 + bw], op=act_op, data=ps[0:H, 0:bw])
-    nisa.dma_copy(dst=y.ap(pattern=[[dim, H], [1, gw]], offset=c0, vector_offset=yr[0:H, 0:1],
-                           indirect_dim=0),
-                  src=ot[0:H, 0:gw])
+        nisa.nc_transpose(dst=ps[0:nb * H, 0:P],
+                          data=acc.ap(pattern=[[row, P], [1, nb * H]], offset=j0 * H))
+        nisa.activation(dst=ot[0:nb * H, 0:P], op=act_op, data=ps[0:nb * H, 0:P])
+        nisa.dma_copy(dst=y.ap(pattern=[[TILE, nb * H], [1, P]], offset=c0,
+                                vector_offset=yr[j0 * H:(j0 + nb) * H, 0:1], indirect_dim=0),
+                      src=ot[0:nb * H, 0:P])
     state = pool.ap(pattern=[[H, P], [TILE * H, n], [1, H]], offset=c0 * H,
                     scalar_offset=info[0:1, 0:1], indirect_dim=0)
     for c in range(H + 1):
@@ -640,8 +663,8 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     (``nki_ssm.ops.launch.short_conv.prefill_tables``); activation "silu" or "none";
     has_bias: bias given; mm_fp32 / x_stage / w_split / b_split: matmul precision flags
     chosen by the launcher (fp32 operands; bf16 x cast up on chip; hi+lo split of fp32
-    weights / bias). Returns y ``[NB + M, dim]`` in x's dtype (rows past the batch's
-    tokens are scratch).
+    weights / bias). Returns y ``[(NB + M) * NT, 128]`` in x's dtype (NT = ceil(dim /
+    128) rows per token; rows past the batch's tokens are scratch).
     """
     NB, dim = x.shape
     W = weight.shape[1]
@@ -654,14 +677,17 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     FH = M + NH2
     mm_dtype = nl.float32 if mm_fp32 else nl.bfloat16
     act_op = nl.silu if activation == "silu" else nl.copy
-    y = nl.ndarray((NB + M, dim), dtype=x.dtype, buffer=nl.shared_hbm)
+    nt = (dim + TILE - 1) // TILE
+    # y as rows of 128 channels ([token, channel tile] flattened): the stream stores a
+    # chunk's token rows at a run-time row offset, the heads scatter one (token, tile) row
+    # per partition
+    y = nl.ndarray(((NB + M) * nt, TILE), dtype=x.dtype, buffer=nl.shared_hbm)
     x_bytes = 4 if x.dtype == nl.float32 else 2
     tok_major = x.dtype == nl.float32
     gt = _group_tiles(W, 4 if mm_fp32 else 2, 2 if w_split else 1, x_bytes, x_stage,
                       tok_major, F, dim)
     groups = _channel_groups(dim, gt)
     GW = gt * TILE
-    nt = (dim + TILE - 1) // TILE
     # every vec_every-th channel tile of a chunk runs on VectorE (+ a TensorE transpose)
     # so TensorE and VectorE finish together: per 128 x 128 block TensorE needs W (x parts)
     # matmuls of 128 cycles (x4 for float32), VectorE ~1000-1200 cycles at 0.4 of its clock
@@ -717,7 +743,7 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
                            operand0=float(min(a * CH, NB - CH)), op1=nl.maximum, operand1=0.0)
         nisa.tensor_scalar(dst=idx0[:, a, 0:NI], data=idx0[:, a, 0:NI], op0=nl.minimum,
                            operand0=float(NB - 1))
-    bufs = (run, st, sti, base, idx2, wins, outs, idx0, st0)
+    bufs = (run, st, sti, base, idx2, wins, outs, idx0, st0, nt)
     zero = nisa.register_alloc(0)
     pairs = nisa.register_alloc(0)
     nisa.register_load(dst=pairs, src=counts[0:1, 0:1])
@@ -737,7 +763,7 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     fli = nl.ndarray((1, 8), dtype=nl.int32, buffer=nl.sbuf)
     rowi = nl.ndarray((1, 4), dtype=nl.int32, buffer=nl.sbuf)
     ctl = (cnt, (fl, fli), nisa.register_alloc(0), nisa.register_alloc(0),
-           nisa.register_alloc(0), rowi)
+           nisa.register_alloc(0), rowi, nisa.register_alloc(0))
 
     # head buffers: one set per channel group plus one (two heads in flight in the final
     # loop); two table / register sets
@@ -745,7 +771,7 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     regsets = []
     for t in range(2):
         tabsets.append((nl.ndarray((NH2, 1), dtype=nl.uint32, buffer=nl.sbuf),
-                        nl.ndarray((H, 1), dtype=nl.int32, buffer=nl.sbuf),
+                        nl.ndarray((seq_yrows.shape[1], 1), dtype=nl.int32, buffer=nl.sbuf),
                         nl.ndarray((1, H + 4), dtype=nl.int32, buffer=nl.sbuf)))
         case_regs = []
         for c in range(H + 1):
@@ -756,7 +782,7 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     if tok_major:
         tmh = nl.ndarray((TILE, 1, GW), dtype=x.dtype, buffer=nl.sbuf)
     hbs = []
-    hot = nl.ndarray((H, GW), dtype=x.dtype, buffer=nl.sbuf)     # head output rows, shared
+    hot = nl.ndarray((TILE, TILE), dtype=x.dtype, buffer=nl.sbuf)  # head output rows, shared
     for g in range(len(groups) + 1):
         ws = None
         if x_stage:
@@ -783,8 +809,10 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
         # head 0 of the previous group loaded
         nisa.memset(dst=run, value=0.0)
         _restart(rot)
-        for a in range(2):
-            _next_window(x, bufs, a, groups[g], W, rot, True)
+        if g == 0:
+            # (later groups' first windows are loaded by the previous loop's last iteration)
+            for a in range(2):
+                _next_window(x, bufs, a, groups[g], W, rot, True)
         if g > 0:
             _first_head(hctx, ctl, zero, g - 1, (0, g - 1))
         nisa.memset(dst=cnt[0:1, 0:1], value=0.0)
@@ -796,8 +824,11 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
             head = None
             if g > 0:
                 head = (hctx, k, g - 1)
+            next_group = None
+            if g + 1 < len(groups):
+                next_group = groups[g + 1]
             _stream_pair(x, y, bufs, weights[g], ones, groups[g], W, act_op, vec_every, rot,
-                         ctl, head)
+                         ctl, head, next_group)
         weights[g] = None     # the group's diagonals die here
         if g > 0:
             # sequences past the pair count (only when live > pairs, so spacing is 1 and

@@ -49,7 +49,7 @@ def _precision_flags(x, weight, bias, conv_states):
 
 
 def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_bucket: int,
-                   num_seqs_bucket: int, W: int):
+                   num_seqs_bucket: int, W: int, dim: int):
     """The run-time batch tables of ``short_conv_prefill_kernel`` (layouts in its module
     docstring) for a batch padded to the buckets.
 
@@ -64,15 +64,17 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_buck
       live sequences first, in order); ``num_live = live.sum()``;
     - ``start, end = cu[:-1][perm], cu[1:][perm]`` (index_select); ``length = end - start``;
     - head / tail rows: broadcast adds of ``arange(NH)`` to start and end - NH, ``clip``;
-    - y rows of the first H tokens: ``where(arange(H) < length, start + arange(H), NB +
-      arange(H))`` (scratch rows past the bucket);
+    - y rows (y as 128-channel rows, ``nt = ceil(dim / 128)`` per token) of the first H
+      tokens per channel tile j of a group: ``where(arange(H) < length, start +
+      arange(H), NB + arange(H)) * nt + j`` (scratch rows past the bucket; broadcast ops);
     - seq_info: slot (``where(live, idx, 0)``), ``has_initial_state & live``, one-hot of
       ``minimum(length, H)`` (``eq`` with ``arange(H + 1)``), its negation, stacked;
     - counts: ``pairs = ceil(ceil(num_tokens / CHUNK) / 2)`` chunk pairs, num_live,
       ``max(1, pairs // num_live)`` (iterations between carried heads) and
       ``ceil(num_live / 2)`` (integer ops on scalars of ``cu[-1]`` and num_live).
     """
-    from nki_ssm.kernels.short_conv.prefill import TILE, _chunk_tokens, _index_columns, _margin
+    from nki_ssm.kernels.short_conv.prefill import (GROUP_TILES, TILE, _chunk_tokens,
+                                                     _index_columns, _margin)
 
     NB, SB, H = int(num_tokens_bucket), int(num_seqs_bucket), W - 1
     M = _margin(H)
@@ -103,7 +105,10 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_buck
     tail = np.clip(s1[:, None] - NH + k, 0, NB - 1)
     seq_rows = np.concatenate([head, tail], axis=1)[:, :, None]
     kh = np.arange(H)[None, :]
-    seq_yrows = np.where(kh < length[:, None], s0[:, None] + kh, NB + kh)[:, :, None]
+    y_row = np.where(kh < length[:, None], s0[:, None] + kh, NB + kh)          # [SB, H]
+    nt = -(-dim // TILE)
+    tiles = np.arange(GROUP_TILES)[None, :, None]
+    seq_yrows = (y_row[:, None, :] * nt + tiles).reshape(SB, GROUP_TILES * H, 1)
     case = (np.minimum(length, H)[:, None] == np.arange(H + 1)[None, :])
     seq_info = np.concatenate([slot[perm][:, None], has_init[perm][:, None], case,
                                ~has_init[perm][:, None]], axis=1)
@@ -133,7 +138,7 @@ def _prefill_launch(x, weight, bias, activation, cu_seqlens, conv_states, state_
     NB = token_bucket(num_tokens)
     num_seqs = len(state_indices)
     SB = seq_bucket(num_seqs)
-    tables = prefill_tables(cu_seqlens, state_indices, has_initial_state, NB, SB, h + 1)
+    tables = prefill_tables(cu_seqlens, state_indices, has_initial_state, NB, SB, h + 1, dim)
     # padding tokens (zeros) up to the bucket: they belong to no sequence
     xk = np.zeros((NB, dim), dtype=x.dtype)
     xk[:num_tokens] = x
@@ -148,7 +153,8 @@ def _prefill_launch(x, weight, bias, activation, cu_seqlens, conv_states, state_
     # tokens of padding sequences are zero (torch.repeat_interleave + where on device)
     lengths = np.diff(np.asarray(cu_seqlens, dtype=np.int64))
     token_live = np.repeat(np.asarray(state_indices) >= 0, lengths)
-    y = np.asarray(y)[:num_tokens]
+    nt = -(-dim // 128)
+    y = np.asarray(y).reshape(-1, nt * 128)[:num_tokens, :dim]
     return np.where(token_live[:, None], y, np.zeros((), dtype=x.dtype))
 
 
