@@ -52,8 +52,8 @@ config (W, activation, bias and precision flags) as compile-time arguments;
 sequence lengths, slots, padding and has_initial_state are run-time tables
 built by a few vectorised array ops in the launcher, and every loop that grows
 with tokens or sequences is a runtime loop (design notes in prefill.py and
-decode.py). One program per bucket: prefill 2804 static instructions at
-every token bucket >= 2K (dim 8192, W 4, bf16).
+decode.py). One program per bucket: prefill 2736 static instructions at 2K
+and 16K tokens (dim 8192, W 4, bf16).
 
 Limits
 ------
@@ -74,10 +74,10 @@ this commit).
 
 - prefill 16K tokens, one sequence: 1760 us, 305 GB/s = 82.9 % of DMA
   bandwidth (TensorE 93 %, DMA 91 %, VectorE 61 % busy); the compile-time-
-  layout kernel it replaces: 1653 us (+6.5 %). Program 2804 static / 37.9K
+  layout kernel it replaces: 1653 us (+6.5 %). Program 2736 static / 37.9K
   dynamic instructions (was 36.8K static).
-- prefill 8 x 2K ragged: 1838 us (was 1696: +8.4 %, the 8 sequences' heads).
-- prefill 2K tokens, one sequence: 255 us, program 2804 static instructions.
+- prefill 8 x 2K ragged: 1840 us (was 1696: +8.5 %, the 8 sequences' heads).
+- prefill 2K tokens, one sequence: 254 us, program 2736 static instructions.
 - decode 512 sequences x 1 token: 200.8 us = 1.10x the bytes-moved bound
   (182 us), 334 GB/s; DMA-bound (93 % busy), TensorE taps (runtime group
   loop over compacted live sequences, see decode.py).

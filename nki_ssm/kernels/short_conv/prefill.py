@@ -79,11 +79,13 @@ channel tiles of a group, taps, the CH / 128 token blocks of a chunk, H):
    the host zeroes their y rows.
 
 What binds (modeled, trn2, dim 8192, W 4, bf16, bf16 pool, cost model of this
-commit; ``tests/kernels/short_conv_perf.py 16k 8x2k 2k``): TensorE (93 % busy
-at 16K) with DMA close behind (91 %); 16K tokens in one sequence 1760 us (was
-1653 with a compile-time batch layout), 8 x 2K 1838 us (was 1696: the heads
-of 8 sequences and the final head loop), 2K 255 us; program size 2804 static
-instructions at both 2K and 16K (was 36.8K at 16K).
+commit; ``tests/kernels/short_conv_perf.py 16k 8x2k 2k``): DMA (91 % busy at
+16K) and TensorE (93 %) together; 16K tokens in one sequence 1760 us (1653 with
+the compile-time batch layout it replaces: +6.5 %), 8 x 2K 1840 us (was 1696:
++8.5 %, the heads of 8 sequences, mostly the last group's final loop), 2K 254
+us; program size 2736 static instructions at both 2K and 16K (was 36.8K at
+16K; 2777 for 8 x 2K, where more of the runtime conditionals run -- the
+compiled program holds all of them either way).
 
 float32 x: the gather transpose takes 2-byte dtypes only (API page), so its
 windows are gathered token-major by ``vector_offset`` DMAs (one x row per
