@@ -28,7 +28,9 @@ def test_smoke_run_writes_report(tmp_path):
         assert c["status"] in ("kernel", NO_KERNEL, "error")
         if c["status"] == "kernel":
             assert c["modeled_ns"] > 0 and 0 < c["roofline_fraction"] <= 1.0
-            assert 0 < c["modeled_ns_optimistic"] <= c["modeled_ns"] * 1.05
+            assert 0 < c["modeled_ns_low"] <= c["modeled_ns"] <= c["modeled_ns_high"]
+            assert c["modeled_ns_optimistic"] == c["modeled_ns_low"]
+            assert 0 < c["program_instructions"] <= c["instructions"]
             assert c["binding_engine"] in ("tensor", "vector", "scalar", "gpsimd", "dma")
             assert c["err_out"] < 1e-2, c
         if c["status"] == NO_KERNEL:

@@ -63,7 +63,7 @@ class HardwareSpec:
     semaphore_ns: float = 100.0    # added when a consumer waits on another compute engine's producer
     dma_completion_ns: float = 300.0  # added when a consumer waits on a DMA's completion semaphore
     # --- DMA descriptors: efficiency by contiguous run, sustained rate ------
-    dma_min_run_bytes: int = 512   # a descriptor's contiguous run below this moves at run / this of peak
+    dma_min_run_bytes: int = 1024  # a descriptor's contiguous run below this moves at run / this of peak
     dma_sustained: float = 0.85    # sustained fraction of the per-engine peak rate
     # --- ScalarE activation tables -------------------------------------------
     act_table_load_ns: float = 1283.0  # ScalarE time to load another function's table
@@ -126,7 +126,7 @@ _COMMON_SOURCES = {
     "dma_partitions_per_engine": "nki_spec §8.2: each SBUF-side engine covers 8 partitions (128/16) [DMA]",
     "dma_fixed_ns": "trigger to first data, as latency (queues prefetch descriptors), not as queue occupancy: AWS's trn2 DMA-overview profiles (nki-dma-intro-3/-5.png) show ~700-900 ns from trigger to data; [DMABW] quotes ~1300 ns for setup + sync + semaphore-to-start (the completion part is dma_completion_ns). Central 900, range 700-1300",
     "dma_completion_ns": "AWS's trn2 DMA-overview profiles (nki-dma-intro-3/-5.png): the consumer (ScalarE) starts ~275-320 ns after the last DMA engine finishes. Central 300, range 250-350 (two samples)",
-    "dma_min_run_bytes": "issue 11 (the perf guide's >= 512 B rule, as the issue quotes it; the sentence was not found in the pinned docs snapshot): a descriptor's contiguous run r < 512 B moves at r / 512 of the peak. Central 512, range 256-2048 ([DMABW] recommends >= 2 KiB contiguous per partition)",
+    "dma_min_run_bytes": "a descriptor's contiguous run r below this moves at r / this of the sustained rate. Range 512 (issue 11's '>= 512 B' rule; the sentence was not found in the pinned docs) to 2048 ([DMABW]: '256 B - 2 KiB improving but still below peak', >= 2 KiB recommended); central 1024, the geometric middle, chosen knowing the tutorial matmul rows (tiled kernel modeled/published 0.60 at 512, 0.80 at 1024, 1.61 at 2048): see CALIBRATED",
     "dma_sustained": "[PERF Opt #9] large DMAs reach 'close to 70%' utilization; a single engine reaches 23 B/ns = dma_bw_per_engine on its own [DMA Example 1]; central 0.85, range 0.70-1.0",
     "act_table_load_ns": "ScalarE activation-table load when an activation needs another function's table: ~1.26-1.3 us bars in AWS's trn2 DMA-overview profiles; 1283 ns in the public trn2 microbenchmark log (single unofficial source). Which functions share a table is undocumented: every distinct function is taken as its own table, copy/identity as none (estimate)",
     "mm_fp32_ls_exposed": "estimate (issue 11): Fast/background LoadStationary is documented for bf16-class operands [PERF]; an fp32 stationary is loaded at the fp32 rate (M x 4 / ls_speedup cycles) before its matmul instead of behind the previous one",
@@ -254,7 +254,9 @@ _ALIASES = {"inf2": "trn1", "gen2": "trn1", "gen3": "trn2", "gen4": "trn3"}
 # (name -> which calibration row). Everything else is read from the docs.
 CALIBRATED: dict[str, str] = {
     "scalar_raw_cycles": "nki_spec §9 row 10 (dependent ScalarE chain, II 264 cycles) — the only data point for it",
-    "vector_overhead_cycles": "not fitted: its central value is [A1]'s ~100 cycles; the trn2 log's [128, 512] row is listed as a fit row only because the range's high end is read off it",
+    "dma_min_run_bytes": "central 1024 chosen with the NKI matmul tutorial's DMA-bound trn1 rows in view (calibration rows matmul_tiled / matmul_hoist_load / matmul_block_free, listed as fit rows)",
+    "act_table_load_ns": "read off the ~1.3 us bars of AWS's trn2 DMA-overview profiles and the trn2 log's 1283 ns (calibration row act_table_load)",
+    "launch_ns": "the trn2 log's ~16 us (calibration row launch_overhead)",
 }
 
 
@@ -269,7 +271,7 @@ _COMMON_RANGES = {
     "semaphore_ns": (64.0, 150.0),
     "dma_completion_ns": (250.0, 350.0),
     "dma_fixed_ns": (700.0, 1300.0),
-    "dma_min_run_bytes": (256, 2048),
+    "dma_min_run_bytes": (512, 2048),
     "dma_sustained": (1.0, 0.70),
     "act_table_load_ns": (1260.0, 1300.0),
     "launch_ns": (12000.0, 20000.0),
