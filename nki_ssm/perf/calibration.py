@@ -270,14 +270,15 @@ def _rows() -> list:
     mm = "matrix multiplication [4096, 8192] @ [8192, 8192]"
     rows = [
         # --- trn1, published kernels: TensorE / DMA, bf16
-        (R("matmul_tiled", "trn1", "bf16", "dma", f"{mm}, nki_matmul_tiled_", 51.80e6, MM_SOURCE, "fit",
-           "kernel+launch", "DMA-bound (lhsT tiles 256 B rows, rhs 1 KiB rows); dma_min_run_bytes was chosen "
-           "knowing this row", "published"), _matmul("nki_matmul_tiled_"), False),
+        (R("matmul_tiled", "trn1", "bf16", "dma", f"{mm}, nki_matmul_tiled_", 51.80e6, MM_SOURCE, "check",
+           "kernel+launch", "DMA-bound: per (m, n, k) a [128, 128] lhsT tile (256 B rows) and a [128, 512] rhs "
+           "tile (1 KiB rows)", "published"), _matmul("nki_matmul_tiled_"), False),
         (R("matmul_hoist_load", "trn1", "bf16", "dma", f"{mm}, nki_matmul_hoist_load_", 42.96e6, MM_SOURCE,
-           "fit", "kernel+launch", "DMA-bound on the rhs reloads (1 KiB rows); fit row as above",
+           "fit", "kernel+launch", "DMA-bound on the rhs reloads (4.3 GB of [128, 512] tiles, 1 KiB rows); "
+           "trn1 dma_sustained was fitted to it",
            "published"), _matmul("nki_matmul_hoist_load_"), False),
         (R("matmul_block_free", "trn1", "bf16", "dma", f"{mm}, nki_matmul_block_free_dimension_", 22.07e6,
-           MM_SOURCE, "fit", "kernel+launch", "DMA-bound, half the rhs traffic; fit row as above",
+           MM_SOURCE, "check", "kernel+launch", "DMA-bound, half the rhs traffic of hoist_load",
            "published"), _matmul("nki_matmul_block_free_dimension_"), False),
         (R("matmul_fully_optimized", "trn1", "bf16", "tensor", f"{mm}, nki_matmul_fully_optimized_", 6.97e6,
            MM_SOURCE, "check", "kernel+launch", "TensorE-bound (published HFU 85%)", "published"),
@@ -287,16 +288,21 @@ def _rows() -> list:
            172.93e3, MAMBA_SOURCE, "check", "kernel+launch", "VectorE 98.71% active (published)",
            "published"), _mamba("mamba_v1", 256, 512), False),
         (R("mamba_v1_4096ch", "trn1", "fp32", "vector", "mamba_v1, 4096 channels, seq 512", 2.34e6,
-           MAMBA_SOURCE, "check", "kernel+launch", "published: input-reload stalls, VectorE 92.16%",
+           MAMBA_SOURCE, "check", "kernel+launch",
+           "published: input-reload stalls, VectorE 92.16% (delta/u reloaded per state: DMA and VectorE)",
            "published"), _mamba("mamba_v1", 4096, 512), False),
         (R("mamba_v2_4096ch", "trn1", "fp32", "vector", "mamba_v2, 4096 channels, seq 512", 1.61e6,
-           MAMBA_SOURCE, "check", "kernel+launch", "published: VectorE 99.63%", "published"),
+           MAMBA_SOURCE, "fit", "kernel+launch", "published: VectorE 99.63%; vector_second_input was fitted to it",
+           "published"),
          _mamba("mamba_v2", 4096, 512), False),
         (R("mamba_v3_4096ch_2k", "trn1", "fp32", "vector", "mamba_v3, 4096 channels, seq 2048", 6.6e6,
-           MAMBA_SOURCE + " (scaling table)", "check", "kernel+launch", "seq tiled by 512", "published"),
+           MAMBA_SOURCE + " (scaling table)", "check", "kernel+launch",
+           "seq tiled by 512; the VectorE mix of the fitted v2 row: checks tiling and carries, not the rate",
+           "published"),
          _mamba("mamba_v3", 4096, 2048), False),
         (R("mamba_v3_4096ch_8k", "trn1", "fp32", "vector", "mamba_v3, 4096 channels, seq 8192", 27.8e6,
-           MAMBA_SOURCE, "check", "kernel+launch", "published: VectorE 94.85%, no spills", "published"),
+           MAMBA_SOURCE, "check", "kernel+launch",
+           "published: VectorE 94.85%, no spills; VectorE mix of the fitted v2 row", "published"),
          _mamba("mamba_v3", 4096, 8192), False),
         # --- trn2, AWS's DMA-overview profiles (own micro kernels doing what the example does)
         (R("dma_4x4096_one_engine", "trn2", "bf16", "dma", "[4, 4096] bf16 HBM->SBUF: one DMA engine",

@@ -56,7 +56,11 @@ def tensor_cycles(inst, hw: HardwareSpec) -> float:
 
 
 def vector_cycles(inst, hw: HardwareSpec) -> float:
-    """VectorE cycles: inputs x N / rate + fixed overhead, with NC-v3+ bf16 perf modes.
+    """VectorE cycles: passes x N / rate + fixed overhead, with NC-v3+ bf16 perf modes.
+
+    Without a perf mode a k-input op makes 1 + (k - 1) x ``vector_second_input``
+    passes (documented 2N for two inputs is the slow end; the published trn1
+    profiles imply ~1.4N); with one, ``k`` passes at the multiplied rate.
 
     The fixed cost (SBUF access initiation and dispatch, ``vector_overhead_cycles``)
     is added to the stream, not used as a floor (issue 11; the trn2 log's
@@ -66,6 +70,7 @@ def vector_cycles(inst, hw: HardwareSpec) -> float:
     n = max(int(inst.free_size), 1)
     k = max(int(inst.num_inputs), 1)
     rate = hw.vector_elems_per_cycle
+    passes = float(k)
     if hw.vector_perf_modes and _attr(inst, "all_16bit", False):
         psum = bool(_attr(inst, "psum_operand", False))
         contiguous = bool(_attr(inst, "contiguous", True))
@@ -73,7 +78,10 @@ def vector_cycles(inst, hw: HardwareSpec) -> float:
             rate *= 4.0 if (contiguous and not psum) else 2.0
         elif not psum:
             rate *= 2.0
-    stream = math.ceil(n * k / rate)
+    if rate == hw.vector_elems_per_cycle and k > 1:
+        # no perf mode: inputs after the first cost a share of a pass (vector_second_input)
+        passes = 1.0 + (k - 1) * hw.vector_second_input
+    stream = math.ceil(n * passes / rate)
     if "reciprocal" in inst.op:
         stream = n * _VECTOR_RECIPROCAL_FACTOR
     return stream + hw.vector_overhead_cycles

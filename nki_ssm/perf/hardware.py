@@ -36,6 +36,7 @@ class HardwareSpec:
     vector_elems_per_cycle: float  # per partition per input, fp32 / no perf mode
     vector_overhead_cycles: int    # fixed cycles added to every instruction (access + dispatch)
     vector_raw_cycles: int         # extra when the input was just produced on the same engine
+    vector_second_input: float     # share of a full pass each input after the first costs (no perf mode)
     vector_perf_modes: bool        # NC-v3+ bf16/fp16 perf modes (x2 / x4)
     # --- ScalarE ---------------------------------------------------------
     scalar_ghz: float
@@ -63,7 +64,7 @@ class HardwareSpec:
     semaphore_ns: float = 100.0    # added when a consumer waits on another compute engine's producer
     dma_completion_ns: float = 300.0  # added when a consumer waits on a DMA's completion semaphore
     # --- DMA descriptors: efficiency by contiguous run, sustained rate ------
-    dma_min_run_bytes: int = 1024  # a descriptor's contiguous run below this moves at run / this of peak
+    dma_min_run_bytes: int = 512   # a descriptor's contiguous run below this moves at run / this of peak
     dma_sustained: float = 0.85    # sustained fraction of the per-engine peak rate
     # --- ScalarE activation tables -------------------------------------------
     act_table_load_ns: float = 1283.0  # ScalarE time to load another function's table
@@ -115,19 +116,20 @@ _COMMON_SOURCES = {
     "mm_fp32_onezero_factor": "nki_spec §8.2: is_*_onezero on an fp32 operand up to 2x faster [ISA] -> factor 2",
     "ls_speedup": "nki_spec §8.2: Fast LoadStationary up to 4x faster than MM; background LS so a pair costs max(LS, MM) [PERF]",
     "vector_elems_per_cycle": "nki_spec §8.2: NC-v2 one input ~N cycles, two inputs ~2N [A1] => 1 element/partition/cycle per input",
-    "vector_overhead_cycles": "added to the streaming cycles (issue 11: a floor hides it): [A1] 'add ~100 cycles static overhead' for small/dependent instructions (central 100); range 60 ([A1] SBUF/PSUM access initiation ~60 cycles) to 150 (public trn2 microbenchmark log, single unofficial source: [128, 512] VectorE op ~685 ns = N + ~150 cycles)",
+    "vector_overhead_cycles": "added to the streaming cycles, not used as a floor (issue 11): [SHARED] MIN_II ~64 cycles and [A1] SBUF/PSUM access initiation ~60 cycles 'partly hidden by ILP' -> central 64; range 32 (half hidden, estimate) to 150 (public trn2 microbenchmark log, single unofficial source: [128, 512] VectorE op ~685 ns = N + ~150 cycles). [A1]'s '+~100 cycles' for dependent instructions is vector_raw_cycles, not this",
+    "vector_second_input": "a two-input op without a perf mode costs N x (1 + this) / rate: [A1] documents ~2N (this = 1, the slow end); the NKI fused-Mamba tutorial's VectorE-saturated trn1 profile (mamba_v2 at 4096 channels, 99.63% VectorE) fits 0.1 (CALIBRATED; nki_spec §9's check estimated 1.0-1.4N); fast end 0 (both inputs in one pass). Bf16 perf modes keep the documented rule",
     "vector_raw_cycles": "nki_spec §8.2: '+~100 cycles' when an instruction depends on the previous one's output [A1]",
-    "scalar_overhead_cycles": "as vector_overhead_cycles (estimate, central 100, range 60-150); AWS's trn2 DMA-overview profiles show an isolated exp costing ~300 ns over its N/1.2 GHz stream (latency, of which this is the pipelined part)",
-    "scalar_raw_cycles": "nki_spec §9 row 10: dependent 1-element ScalarE chain II = 264 cycles = 1 + scalar_overhead_cycles (100) + 163 (this term); NC-v2 figure reused for v3/v4",
+    "scalar_overhead_cycles": "as vector_overhead_cycles (central 64, range 32-150); AWS's trn2 DMA-overview profiles show an isolated exp costing ~300 ns over its N/1.2 GHz stream (latency, of which this is the pipelined part)",
+    "scalar_raw_cycles": "nki_spec §9 row 10: dependent 1-element ScalarE chain II = 264 cycles = 1 + scalar_overhead_cycles (64) + 199 (this term); NC-v2 figure reused for v3/v4",
     "scalar_reduce_cycles": "nki_spec §8.2: ActReadAccumulator ~64 ScalarE cycles [A1]",
     "gpsimd_elems_per_cycle": "nki_spec §8.2: rsqrt on GpSimd has 4x lower throughput than on ScalarE (N cycles) [SHARED] => 0.25 element/partition/cycle; the only documented GpSimd rate, applied to every GpSimd op ('no rule of thumb' [A1])",
-    "gpsimd_overhead_cycles": "estimate: as vector_overhead_cycles (central 100, range 60-150); GpSimd has 'no rule of thumb' [A1]",
+    "gpsimd_overhead_cycles": "estimate: as vector_overhead_cycles (central 64, range 32-150); GpSimd has 'no rule of thumb' [A1]",
     "dma_engines": "nki_spec §8.1/§8.2: 16 DMA engines per NC [DMA, DMABW]",
     "dma_partitions_per_engine": "nki_spec §8.2: each SBUF-side engine covers 8 partitions (128/16) [DMA]",
     "dma_fixed_ns": "trigger to first data, as latency (queues prefetch descriptors), not as queue occupancy: AWS's trn2 DMA-overview profiles (nki-dma-intro-3/-5.png) show ~700-900 ns from trigger to data; [DMABW] quotes ~1300 ns for setup + sync + semaphore-to-start (the completion part is dma_completion_ns). Central 900, range 700-1300",
     "dma_completion_ns": "AWS's trn2 DMA-overview profiles (nki-dma-intro-3/-5.png): the consumer (ScalarE) starts ~275-320 ns after the last DMA engine finishes. Central 300, range 250-350 (two samples)",
-    "dma_min_run_bytes": "a descriptor's contiguous run r below this moves at r / this of the sustained rate. Range 512 (issue 11's '>= 512 B' rule; the sentence was not found in the pinned docs) to 2048 ([DMABW]: '256 B - 2 KiB improving but still below peak', >= 2 KiB recommended); central 1024, the geometric middle, chosen knowing the tutorial matmul rows (tiled kernel modeled/published 0.60 at 512, 0.80 at 1024, 1.61 at 2048): see CALIBRATED",
-    "dma_sustained": "[PERF Opt #9] large DMAs reach 'close to 70%' utilization; a single engine reaches 23 B/ns = dma_bw_per_engine on its own [DMA Example 1]; central 0.85, range 0.70-1.0",
+    "dma_min_run_bytes": "a descriptor's contiguous run r below this moves at r / this of the sustained rate: issue 11's '>= 512 B' rule (the sentence was not found in the pinned docs), central 512; range 256 (estimate) to 2048 ([DMABW]: '256 B - 2 KiB improving but still below peak', >= 2 KiB recommended). The NKI matmul tutorial's DMA-bound trn1 rows are insensitive to the row length (256 B and 1 KiB rows move at the same ~120 GB/s): trn1's dma_sustained, not this, carries them",
+    "dma_sustained": "trn2/trn3: a single trn2 engine reaches 23 B/ns = dma_bw_per_engine [DMA Example 1] and 16 engines ~21 B/ns each (nki-dma-intro-5.png); [PERF Opt #9] 'close to 70%' for large DMAs -> central 0.85, range 0.60-1.0 (the low end allows for the trn1 finding below on strided tiles, unmeasured on trn2)",
     "act_table_load_ns": "ScalarE activation-table load when an activation needs another function's table: ~1.26-1.3 us bars in AWS's trn2 DMA-overview profiles; 1283 ns in the public trn2 microbenchmark log (single unofficial source). Which functions share a table is undocumented: every distinct function is taken as its own table, copy/identity as none (estimate)",
     "mm_fp32_ls_exposed": "estimate (issue 11): Fast/background LoadStationary is documented for bf16-class operands [PERF]; an fp32 stationary is loaded at the fp32 rate (M x 4 / ls_speedup cycles) before its matmul instead of behind the previous one",
     "launch_ns": "kernel prologue + epilogue ~16 us measured on trn2 (public trn2 microbenchmark log, single unofficial source); estimate range 12-20 us; also charged for trn1 (no figure). Reported as its own line, not in time_ns",
@@ -153,10 +155,11 @@ SOURCES: dict[str, dict[str, str]] = {}
 # own source, as trn3 does below). Constants with a dataclass default are not repeated.
 _COMMON_VALUES = dict(
     mm_init_cycles=64, mm_fp32_factor=4.0, mm_fp32_onezero_factor=2.0, ls_speedup=4.0,
-    vector_elems_per_cycle=1.0, vector_overhead_cycles=100, vector_raw_cycles=100,
+    vector_elems_per_cycle=1.0, vector_overhead_cycles=64, vector_raw_cycles=100,
+    vector_second_input=0.1,
     scalar_elems_per_cycle=1.0, scalar_elems_per_cycle_16bit=1.0,
-    scalar_overhead_cycles=100, scalar_raw_cycles=163, scalar_reduce_cycles=64,
-    gpsimd_elems_per_cycle=0.25, gpsimd_elems_per_cycle_16bit=0.25, gpsimd_overhead_cycles=100,
+    scalar_overhead_cycles=64, scalar_raw_cycles=199, scalar_reduce_cycles=64,
+    gpsimd_elems_per_cycle=0.25, gpsimd_elems_per_cycle_16bit=0.25, gpsimd_overhead_cycles=64,
     dma_engines=16, dma_fixed_ns=900.0, dma_partitions_per_engine=8,
     dma_transpose_hbm_factor=0.9, dma_transpose_sbuf_factor=0.5,
 )
@@ -167,7 +170,7 @@ TRN1 = HardwareSpec(
     bf16_peak_flops=92e12, fp32_peak_flops=23e12,
     vector_ghz=1.12, vector_perf_modes=False,
     scalar_ghz=1.4, gpsimd_ghz=1.4,
-    dma_bw_per_engine=17.0,
+    dma_bw_per_engine=17.0, dma_sustained=0.45,
     hbm_bw_per_core=410.0,
     sbuf_bytes_per_partition=(192 - 16) * 1024,
 )
@@ -185,6 +188,7 @@ SOURCES["trn1"] = dict(
     scalar_elems_per_cycle="nki_spec §8.3: W_S = 128 lanes on v2 -> 1 element/partition/cycle",
     gpsimd_ghz="nki_spec §8.1: GpSimd 1.4 GHz [A1]",
     dma_bw_per_engine="nki_spec §8.1: 17 B/ns per engine (272 GB/s per NC) [DMABW]; the 27.2 GB/s 'theoretical' figure [DMA] is not reached",
+    dma_sustained="fitted (CALIBRATED): the NKI matmul tutorial's DMA-bound trn1 kernels move their [128, 512] / [128, 128] bf16 tiles (1 KiB / 256 B rows, 8-16 KiB apart) at ~100-120 GB/s per core, ~0.45 of 16 x 17 B/ns, whatever the row length; range 0.40-0.70 ([PERF Opt #9] 'close to 70%')",
     hbm_bw_per_core="nki_spec §8.1: 820 GB/s / 2 NCs [A1] (information only; the roofline uses the DMA aggregate)",
 )
 
@@ -254,9 +258,10 @@ _ALIASES = {"inf2": "trn1", "gen2": "trn1", "gen3": "trn2", "gen4": "trn3"}
 # (name -> which calibration row). Everything else is read from the docs.
 CALIBRATED: dict[str, str] = {
     "scalar_raw_cycles": "nki_spec §9 row 10 (dependent ScalarE chain, II 264 cycles) — the only data point for it",
-    "dma_min_run_bytes": "central 1024 chosen with the NKI matmul tutorial's DMA-bound trn1 rows in view (calibration rows matmul_tiled / matmul_hoist_load / matmul_block_free, listed as fit rows)",
     "act_table_load_ns": "read off the ~1.3 us bars of AWS's trn2 DMA-overview profiles and the trn2 log's 1283 ns (calibration row act_table_load)",
     "launch_ns": "the trn2 log's ~16 us (calibration row launch_overhead)",
+    "vector_second_input": "fitted to the fused-Mamba tutorial's mamba_v2 at 4096 channels (1.61 ms, VectorE 99.63%; calibration row mamba_v2_4096ch); the documented 2N rule puts that row at 1.73x",
+    "dma_sustained": "trn1 only: fitted to the NKI matmul tutorial's nki_matmul_hoist_load_ (42.96 ms; calibration row matmul_hoist_load); trn2/trn3 keep the profile-based 0.85",
 }
 
 
@@ -265,14 +270,14 @@ CALIBRATED: dict[str, str] = {
 # the central value; ``bracket(spec, "low")`` / ``bracket(spec, "high")`` give
 # the tables whose modeled times bound the central one. Nothing here is fitted.
 _COMMON_RANGES = {
-    "vector_overhead_cycles": (60, 150),
-    "scalar_overhead_cycles": (60, 150),
-    "gpsimd_overhead_cycles": (60, 150),
+    "vector_overhead_cycles": (32, 150),
+    "vector_second_input": (0.0, 1.0),
+    "scalar_overhead_cycles": (32, 150),
+    "gpsimd_overhead_cycles": (32, 150),
     "semaphore_ns": (64.0, 150.0),
     "dma_completion_ns": (250.0, 350.0),
     "dma_fixed_ns": (700.0, 1300.0),
-    "dma_min_run_bytes": (512, 2048),
-    "dma_sustained": (1.0, 0.70),
+    "dma_min_run_bytes": (256, 2048),
     "act_table_load_ns": (1260.0, 1300.0),
     "launch_ns": (12000.0, 20000.0),
     "loop_branch_ns": (25.0, 100.0),
@@ -286,6 +291,7 @@ RANGE_SOURCES = {
     "gpsimd_elems_per_cycle": "nki_spec §8.1: 8 cores x 16 fp32 lanes = 128 lanes => 1/partition/cycle (v2/v3 fast end)",
     "gpsimd_elems_per_cycle_16bit": "as gpsimd_elems_per_cycle",
     "swdge_issue_ns": "undocumented; assumed 600 ns (hwdge figure), range 300-900",
+    "dma_sustained": "see SOURCES",
     **{k: "see SOURCES (central value and its range)" for k in _COMMON_RANGES if k != "swdge_issue_ns"},
 }
 
@@ -294,6 +300,7 @@ def ranges(spec: "HardwareSpec | str") -> dict:
     """name -> (fast-end value, slow-end value) for ``spec``'s uncertain constants."""
     spec = get_target(spec)
     out = dict(_COMMON_RANGES)
+    out["dma_sustained"] = (0.70, 0.40) if spec.nc_version == 2 else (1.0, 0.60)
     if spec.nc_version >= 3:
         out["vector_elems_per_cycle"] = (2.0, spec.vector_elems_per_cycle)
     else:
