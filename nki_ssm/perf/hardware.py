@@ -170,7 +170,7 @@ TRN1 = HardwareSpec(
     bf16_peak_flops=92e12, fp32_peak_flops=23e12,
     vector_ghz=1.12, vector_perf_modes=False,
     scalar_ghz=1.4, gpsimd_ghz=1.4,
-    dma_bw_per_engine=17.0, dma_sustained=0.45,
+    dma_bw_per_engine=17.0, dma_sustained=0.40,
     hbm_bw_per_core=410.0,
     sbuf_bytes_per_partition=(192 - 16) * 1024,
 )
@@ -188,7 +188,7 @@ SOURCES["trn1"] = dict(
     scalar_elems_per_cycle="nki_spec §8.3: W_S = 128 lanes on v2 -> 1 element/partition/cycle",
     gpsimd_ghz="nki_spec §8.1: GpSimd 1.4 GHz [A1]",
     dma_bw_per_engine="nki_spec §8.1: 17 B/ns per engine (272 GB/s per NC) [DMABW]; the 27.2 GB/s 'theoretical' figure [DMA] is not reached",
-    dma_sustained="fitted (CALIBRATED): the NKI matmul tutorial's DMA-bound trn1 kernels move their [128, 512] / [128, 128] bf16 tiles (1 KiB / 256 B rows, 8-16 KiB apart) at ~100-120 GB/s per core, ~0.45 of 16 x 17 B/ns, whatever the row length; range 0.40-0.70 ([PERF Opt #9] 'close to 70%')",
+    dma_sustained="fitted (CALIBRATED): the NKI matmul tutorial's DMA-bound trn1 kernels move their [128, 512] / [128, 128] bf16 tiles (1 KiB / 256 B rows, 8-16 KiB apart) at ~100-120 GB/s per core, ~0.40 of 16 x 17 B/ns, whatever the row length; range 0.35-0.70 ([PERF Opt #9] 'close to 70%')",
     hbm_bw_per_core="nki_spec §8.1: 820 GB/s / 2 NCs [A1] (information only; the roofline uses the DMA aggregate)",
 )
 
@@ -300,7 +300,7 @@ def ranges(spec: "HardwareSpec | str") -> dict:
     """name -> (fast-end value, slow-end value) for ``spec``'s uncertain constants."""
     spec = get_target(spec)
     out = dict(_COMMON_RANGES)
-    out["dma_sustained"] = (0.70, 0.40) if spec.nc_version == 2 else (1.0, 0.60)
+    out["dma_sustained"] = (0.70, 0.35) if spec.nc_version == 2 else (1.0, 0.60)
     if spec.nc_version >= 3:
         out["vector_elems_per_cycle"] = (2.0, spec.vector_elems_per_cycle)
     else:

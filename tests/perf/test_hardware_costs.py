@@ -81,9 +81,9 @@ def test_sustained_dma_rate_is_below_the_peak():
     assert ns == pytest.approx(nbytes / (16 * 23.0 * 0.85))
     _, slow = costs.dma_plan(big, bracket(TRN2, "high"))
     assert slow == pytest.approx(nbytes / (16 * 23.0 * 0.60))
-    # trn1's tutorial kernels moved their tiles at ~0.45 of 16 x 17 B/ns (fitted, hardware.CALIBRATED)
+    # trn1's tutorial kernels moved their tiles at ~0.40 of 16 x 17 B/ns (fitted, hardware.CALIBRATED)
     _, trn1 = costs.dma_plan(big, TRN1)
-    assert trn1 == pytest.approx(nbytes / (16 * 17.0 * 0.45))
+    assert trn1 == pytest.approx(nbytes / (16 * 17.0 * 0.40))
 
 
 def test_second_input_costs_a_share_of_a_pass():
