@@ -464,6 +464,19 @@ def fmt_ns(ns: float | None) -> str:
     return f"{ns:.4g} ns"
 
 
+_TAGS = {"MM": MM_SOURCE, "MAMBA": MAMBA_SOURCE, "DMA-OV": DMA_SOURCE, "LOG": LOG_SOURCE,
+         "PERF": f"{SDK}/blob/{SDK_COMMIT}/nki/deep-dives/nki_perf_guide.rst"}
+
+
+def _source_cell(r: CalibrationRow) -> str:
+    """[TAG] plus what the row adds to the tagged source (the legend under the table)."""
+    for tag, text in _TAGS.items():
+        if r.source.startswith(text):
+            rest = r.source[len(text):].strip()
+            return f"[{tag}]" + (f" {rest}" if rest else "")
+    return r.source
+
+
 def _modeled_cell(r: CalibrationRow) -> str:
     if r.modeled_ns is None:
         return "—"
@@ -485,7 +498,7 @@ def table_markdown(rows: list[CalibrationRow]) -> str:
                 continue
             ratio = "not run: " + (r.error or "?") if r.ratio is None else f"{r.ratio:.2f}"
             lines.append(
-                f"| {r.name} | {r.target} | {r.dtype} | {r.regime} | {fmt_ns(r.published_ns)} ({r.source}) | "
+                f"| {r.name} | {r.target} | {r.dtype} | {r.regime} | {fmt_ns(r.published_ns)} {_source_cell(r)} | "
                 f"{_modeled_cell(r)} modeled, {r.target} | {ratio} | {r.measure} | {r.binding_engine or '—'} | "
                 f"{r.origin} | {r.note} |")
     checks = [r for r in rows if r.kind == "check" and r.ratio is not None]
@@ -503,6 +516,7 @@ def table_markdown(rows: list[CalibrationRow]) -> str:
         lines.append(f"Published-kernel rows: {data.get('how')} (model fingerprint "
                      f"{data.get('model_fingerprint')}{', STALE: re-run' if stale else ', current'}).")
     lines.append("Compares: " + "; ".join(f"{k} = {v}" for k, v in MEASURES.items()) + ".")
+    lines.append("Sources: " + "; ".join(f"[{k}] {v}" for k, v in _TAGS.items()) + ".")
     return "\n".join(lines).lstrip()
 
 
