@@ -286,8 +286,8 @@ _COMMON_RANGES = {
 }
 RANGE_SOURCES = {
     "vector_elems_per_cycle": "nki_spec §8.1: VectorE data path 256 elements/cycle for non-16-bit dtypes on v3/v4 "
-                              "(= 2/partition/cycle, fast end); v2: nki_spec §9 check, measured fused-Mamba VectorE "
-                              "time implies ~1.4N cycles per two-input fp32 op (fast end 1.43) vs the documented 2N",
+                              "(= 2/partition/cycle, fast end); v2: 128 lanes, no range (its two-input evidence "
+                              "is vector_second_input's)",
     "gpsimd_elems_per_cycle": "nki_spec §8.1: 8 cores x 16 fp32 lanes = 128 lanes => 1/partition/cycle (v2/v3 fast end)",
     "gpsimd_elems_per_cycle_16bit": "as gpsimd_elems_per_cycle",
     "swdge_issue_ns": "undocumented; assumed 600 ns (hwdge figure), range 300-900",
@@ -303,8 +303,6 @@ def ranges(spec: "HardwareSpec | str") -> dict:
     out["dma_sustained"] = (0.70, 0.35) if spec.nc_version == 2 else (1.0, 0.60)
     if spec.nc_version >= 3:
         out["vector_elems_per_cycle"] = (2.0, spec.vector_elems_per_cycle)
-    else:
-        out["vector_elems_per_cycle"] = (1.43, spec.vector_elems_per_cycle)
     out["gpsimd_elems_per_cycle"] = (max(1.0, spec.gpsimd_elems_per_cycle), spec.gpsimd_elems_per_cycle)
     out["gpsimd_elems_per_cycle_16bit"] = (max(1.0, spec.gpsimd_elems_per_cycle_16bit),
                                            spec.gpsimd_elems_per_cycle_16bit)
