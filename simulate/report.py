@@ -55,7 +55,10 @@ def instructions_cell(r: CaseResult) -> str:
     if r.instructions is None:
         return "—"
     prog = "—" if r.program_instructions is None else f"{r.program_instructions:,}"
-    return f"{r.instructions:,} / {prog}"
+    cell = f"{r.instructions:,} / {prog}"
+    if r.loop_iterations:
+        cell += f"; {r.loop_iterations:,} loop iterations ({fmt_time(r.loop_overhead_ns)} sync charged)"
+    return cell
 
 
 def hbm_cell(r: CaseResult) -> str:

@@ -56,6 +56,7 @@ class CaseResult:
     instructions: int | None = None          # dynamic: every executed instruction
     program_instructions: int | None = None  # static: what the compiler emits (loop bodies once)
     loop_iterations: int | None = None       # runtime-loop iterations charged a boundary
+    loop_overhead_ns: float | None = None    # iterations x (barrier + branch) charged
     act_table_loads: int | None = None
     dma_bytes: int | None = None
     dma_transfers: int | None = None
@@ -299,6 +300,7 @@ def run_case(case: Case, target: str = "trn2", seed: int = 0, *, keep_timing: bo
     res.instructions = timing.num_instructions
     res.program_instructions = timing.program_instructions
     res.loop_iterations, res.act_table_loads = timing.loop_iterations, timing.act_table_loads
+    res.loop_overhead_ns = timing.loop_overhead_ns
     res.dma_bytes, res.dma_transfers = timing.dma_bytes, timing.dma_transfers
     res.matmul_flops = timing.matmul_flops
     res.top_ops = timing.top_ops(5)
