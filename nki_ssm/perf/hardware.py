@@ -67,7 +67,7 @@ class HardwareSpec:
     dma_min_run_bytes: int = 512   # a descriptor's contiguous run below this moves at run / this of peak
     dma_sustained: float = 0.85    # sustained fraction of the per-engine peak rate
     # --- ScalarE activation tables -------------------------------------------
-    act_table_load_ns: float = 1283.0  # ScalarE time to load another function's table
+    act_table_load_ns: float = 1300.0  # ScalarE time to load another function's table
     # --- TensorE fp32 weights ------------------------------------------------
     mm_fp32_ls_exposed: bool = True    # fp32 stationary load not hidden behind the previous matmul
     # --- launch and runtime loops ------------------------------------------
@@ -130,7 +130,7 @@ _COMMON_SOURCES = {
     "dma_completion_ns": "AWS's trn2 DMA-overview profiles (nki-dma-intro-3/-5.png): the consumer (ScalarE) starts ~275-320 ns after the last DMA engine finishes. Central 300, range 250-350 (two samples)",
     "dma_min_run_bytes": "a descriptor's contiguous run r below this moves at r / this of the sustained rate: issue 11's '>= 512 B' rule (the sentence was not found in the pinned docs), central 512; range 256 (estimate) to 2048 ([DMABW]: '256 B - 2 KiB improving but still below peak', >= 2 KiB recommended). The NKI matmul tutorial's DMA-bound trn1 rows are insensitive to the row length (256 B and 1 KiB rows move at the same ~120 GB/s): trn1's dma_sustained, not this, carries them",
     "dma_sustained": "trn2/trn3: a single trn2 engine reaches 23 B/ns = dma_bw_per_engine [DMA Example 1] and 16 engines ~21 B/ns each (nki-dma-intro-5.png); [PERF Opt #9] 'close to 70%' for large DMAs -> central 0.85, range 0.60-1.0 (the low end allows for the trn1 finding below on strided tiles, unmeasured on trn2)",
-    "act_table_load_ns": "ScalarE activation-table load when an activation needs another function's table: ~1.26-1.3 us bars in AWS's trn2 DMA-overview profiles; 1283 ns in the public trn2 microbenchmark log (single unofficial source). Which functions share a table is undocumented: every distinct function is taken as its own table, copy/identity as none (estimate)",
+    "act_table_load_ns": "ScalarE activation-table load when an activation needs another function's table: 1.32 / 1.34 us bars in AWS's trn2 DMA-overview profiles (nki-dma-intro-5/-3.png); 1283 ns in the public trn2 microbenchmark log (single unofficial source). Central 1300, range 1283-1340. Which functions share a table is undocumented: every distinct function is taken as its own table, copy/identity as none (estimate)",
     "mm_fp32_ls_exposed": "estimate (issue 11): Fast/background LoadStationary is documented for bf16-class operands [PERF]; an fp32 stationary is loaded at the fp32 rate (M x 4 / ls_speedup cycles) before its matmul instead of behind the previous one",
     "launch_ns": "kernel prologue + epilogue ~16 us measured on trn2 (public trn2 microbenchmark log, single unofficial source); estimate range 12-20 us; also charged for trn1 (no figure). Reported as its own line, not in time_ns",
     "loop_branch_ns": "estimate (no public figure): each engine's sequencer takes a branch per runtime-loop iteration; central 50 ns, range 25-100",
@@ -258,7 +258,7 @@ _ALIASES = {"inf2": "trn1", "gen2": "trn1", "gen3": "trn2", "gen4": "trn3"}
 # (name -> which calibration row). Everything else is read from the docs.
 CALIBRATED: dict[str, str] = {
     "scalar_raw_cycles": "nki_spec §9 row 10 (dependent ScalarE chain, II 264 cycles) — the only data point for it",
-    "act_table_load_ns": "read off the ~1.3 us bars of AWS's trn2 DMA-overview profiles and the trn2 log's 1283 ns (calibration row act_table_load)",
+    "act_table_load_ns": "read off the 1.32-1.34 us bars of AWS's trn2 DMA-overview profiles and the trn2 log's 1283 ns (calibration row act_table_load)",
     "launch_ns": "the trn2 log's ~16 us (calibration row launch_overhead)",
     "vector_second_input": "fitted to the fused-Mamba tutorial's mamba_v2 at 4096 channels (1.61 ms, VectorE 99.63%; calibration row mamba_v2_4096ch); the documented 2N rule puts that row at 1.73x",
     "dma_sustained": "trn1 only: fitted to the NKI matmul tutorial's nki_matmul_hoist_load_ (42.96 ms; calibration row matmul_hoist_load); trn2/trn3 keep the profile-based 0.85",
@@ -278,7 +278,7 @@ _COMMON_RANGES = {
     "dma_completion_ns": (250.0, 350.0),
     "dma_fixed_ns": (700.0, 1300.0),
     "dma_min_run_bytes": (256, 2048),
-    "act_table_load_ns": (1260.0, 1300.0),
+    "act_table_load_ns": (1283.0, 1340.0),
     "launch_ns": (12000.0, 20000.0),
     "loop_branch_ns": (25.0, 100.0),
     "loop_barrier_ns": (100.0, 400.0),
