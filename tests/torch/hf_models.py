@@ -25,6 +25,12 @@ def _qwen3_5():
     return tf.Qwen3_5ForCausalLM(tf.Qwen3_5TextConfig(**_DECODER, **_GDN))
 
 
+def _qwen3_5_moe():
+    return tf.Qwen3_5MoeForCausalLM(tf.Qwen3_5MoeTextConfig(
+        **_DECODER, **_GDN, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+        shared_expert_intermediate_size=16))
+
+
 def _mamba2():
     return tf.Mamba2ForCausalLM(tf.Mamba2Config(
         **_TOKENS, hidden_size=32, num_hidden_layers=2, num_heads=8, head_dim=8, n_groups=2,
@@ -62,7 +68,7 @@ def _zamba2():
 
 
 BUILDERS = {
-    "qwen3_next": _qwen3_next, "qwen3_5": _qwen3_5, "mamba2": _mamba2, "bamba": _bamba,
+    "qwen3_next": _qwen3_next, "qwen3_5": _qwen3_5, "qwen3_5_moe": _qwen3_5_moe, "mamba2": _mamba2, "bamba": _bamba,
     "granitemoehybrid": _granitemoehybrid, "falcon_h1": _falcon_h1, "nemotron_h": _nemotron_h,
     "zamba2": _zamba2,
 }
