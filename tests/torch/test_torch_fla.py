@@ -15,9 +15,7 @@ TOL = 1e-5
 
 @pytest.fixture(scope="module")
 def hf():
-    from transformers.models.qwen3_5 import modeling_qwen3_5 as q35
-
-    return q35
+    return pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
 
 
 def _inputs(B=2, T=13, H=2, HV=4, K=16, V=8, seed=0):
