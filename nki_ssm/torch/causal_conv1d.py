@@ -21,6 +21,9 @@ each sequence's last ``W - 1`` inputs) on ``x [dim, total_tokens]``; ``pad_slot_
 entries of ``cache_indices`` are padding. ``activation`` keeps the causal-conv1d default
 (None) there too.
 
+``seq_idx`` and ``conv_state_indices`` with padding are read on the host (a graph
+break under ``torch.compile``); dense calls trace fully.
+
 Width ``W`` may be 2..8 (the peer: 2..4); float32 and bfloat16 (float16 raises
 TypeError). Errors name the argument; the peer's ``assert`` checks raise
 ``ArgumentError`` (a ValueError and an AssertionError).

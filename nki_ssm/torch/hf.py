@@ -16,6 +16,15 @@ take are dropped). transformers' decorators on ``forward`` (accelerate hooks,
 deprecated keyword names) are kept. Other models and other instances of the
 same class keep the stock path; nothing in transformers is modified.
 
+Why not the hub mapping itself: it resolves each name through the ``kernels``
+package to a Hub repository per device type (``cuda``, ``rocm``, ``xpu``,
+``mps``, ``npu``; no ``neuron`` or ``cpu``), once, at import, for every model
+of the process. Swapping the same names per layer gives the same effect for
+the layers asked for, needs no ``kernels`` package or download, and keeps
+the patched layer traceable by ``torch.compile(fullgraph=True)`` (the patched
+globals live in a module registered in ``sys.modules``, which dynamo needs to
+build its guards).
+
 Known layers: Qwen3-Next, Qwen3.5 and Qwen3.5-MoE Gated DeltaNet; the Mamba-2
 mixers of Mamba2, Bamba, FalconH1, NemotronH, GraniteMoeHybrid and Zamba2
 (those the installed transformers ships). ``patch`` returns the

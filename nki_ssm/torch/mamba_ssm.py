@@ -20,6 +20,8 @@ follow the peer:
   of each ``cu_seqlens`` sequence, whose boundaries must be sequence boundaries of
   ``seq_idx`` (the peer would otherwise read states carried across them:
   ArgumentError). States come back in ``state_dtype``, else C's dtype, as in the peer.
+  The sequences of ``seq_idx`` / ``cu_seqlens`` are read on the host (their count
+  is data: a graph break under ``torch.compile``); dense calls trace fully.
 - ``selective_state_update`` updates ``state`` in place (named slots) and applies
   no ``dt_limit`` (the peer has none). Mamba2 passes per-head values broadcast
   to the per-head-dim forms ``dt [B, H, P]``, ``A [H, P, N]``, ``dt_bias [H, P]``

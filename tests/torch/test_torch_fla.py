@@ -122,3 +122,26 @@ def test_initial_state_is_not_written():
         fla.chunk_gated_delta_rule(a["q"], a["k"], a["v"], a["g"], a["beta"],
                                    initial_state=a["h0"], output_final_state=True)
     assert torch.equal(a["h0"], h0)
+
+
+def test_bfloat16_output_dtype_float32_final_state(hf):
+    a = _inputs(B=1, T=9)
+    q, k, v = (a[n].to(torch.bfloat16) for n in ("q", "k", "v"))
+    with use_backend("sim"):
+        o, s = fla.chunk_gated_delta_rule(q, k, v, a["g"], a["beta"].to(torch.bfloat16),
+                                          initial_state=a["h0"][:1].to(torch.bfloat16),
+                                          output_final_state=True, use_qk_l2norm_in_kernel=True)
+    assert o.dtype == torch.bfloat16 and s.dtype == torch.float32
+    o_ref, s_ref = hf.torch_chunk_gated_delta_rule(
+        q.float(), k.float(), v.float(), g=a["g"], beta=a["beta"].to(torch.bfloat16).float(),
+        initial_state=a["h0"][:1].to(torch.bfloat16).float(), output_final_state=True,
+        use_qk_l2norm_in_kernel=True)
+    # DESIGN.md, Numerics: bfloat16 I/O target 3e-3 (relative Frobenius)
+    assert rel(o, o_ref) < 3e-3 and rel(s, s_ref) < 3e-3
+
+
+def test_float16_is_refused_naming_the_argument():
+    a = _inputs(B=1, T=4)
+    with pytest.raises(TypeError, match="q must have dtype"):
+        fla.chunk_gated_delta_rule(a["q"].half(), a["k"].half(), a["v"].half(), a["g"],
+                                   a["beta"])
