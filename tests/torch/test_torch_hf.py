@@ -133,10 +133,14 @@ def test_patch_refuses_unknown_model_and_is_idempotent():
     assert "forward" not in vars(layer)
 
 
-def test_patched_qwen3_next_layer_compiles_fullgraph():
-    stock, patched = _models("qwen3_next")
-    layer = patched.model.layers[0].linear_attn
-    ref_layer = stock.model.layers[0].linear_attn
+@pytest.mark.parametrize("family,path,scan_op", [
+    ("qwen3_next", "model.layers.0.linear_attn", "nki_ssm.gated_delta_prefill"),
+    ("qwen3_5", "model.layers.0.linear_attn", "nki_ssm.gated_delta_prefill"),
+    ("mamba2", "backbone.layers.0.mixer", "nki_ssm.ssd_prefill"),
+])
+def test_patched_layer_compiles_fullgraph(family, path, scan_op):
+    stock, patched = _models(family)
+    layer, ref_layer = patched.get_submodule(path), stock.get_submodule(path)
     x = torch.randn(2, 7, 32)
     traced = []
 
@@ -150,4 +154,4 @@ def test_patched_qwen3_next_layer_compiles_fullgraph():
         got = compiled(x)
         assert rel(got, ref_layer(x)) < TOL
     assert "nki_ssm.short_conv_prefill" in traced
-    assert "nki_ssm.gated_delta_prefill" in traced
+    assert scan_op in traced
