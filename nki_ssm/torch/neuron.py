@@ -172,7 +172,7 @@ def _conv_prefill_args(t, kw):
 
 def short_conv_prefill(**args):
     """``torch.ops.nki_ssm.short_conv_prefill`` on device tensors."""
-    t, kw, y = _launch(_conv_host.validate_prefill, _conv_prefill_args, args)
+    t, _, y = _launch(_conv_host.validate_prefill, _conv_prefill_args, args)
     return y[:0] if t["x"].shape[0] == 0 else y
 
 
@@ -207,7 +207,7 @@ def _conv_decode_args(t, kw):
 
 def short_conv_decode(**args):
     """``torch.ops.nki_ssm.short_conv_decode`` on device tensors."""
-    t, kw, y = _launch(_conv_host.validate_decode, _conv_decode_args, args)
+    t, _, y = _launch(_conv_host.validate_decode, _conv_decode_args, args)
     return y[:, 0, :] if t["x"].dim() == 2 else y
 
 
@@ -252,7 +252,7 @@ def _ssd_prefill_args(t, kw):
 
 def ssd_prefill(**args):
     """``torch.ops.nki_ssm.ssd_prefill`` on device tensors."""
-    t, kw, y = _launch(_ssd_host.validate_prefill, _ssd_prefill_args, args)
+    t, _, y = _launch(_ssd_host.validate_prefill, _ssd_prefill_args, args)
     T, H, P = t["x"].shape
     return y[:T].reshape(T, H, P) if T else t["x"].new_zeros((0, H, P))
 
@@ -297,7 +297,7 @@ def _ssd_decode_args(t, kw):
 
 def ssd_decode(**args):
     """``torch.ops.nki_ssm.ssd_decode`` on device tensors."""
-    t, kw, y = _launch(_ssd_host.validate_decode, _ssd_decode_args, args)
+    t, _, y = _launch(_ssd_host.validate_decode, _ssd_decode_args, args)
     return y.to(torch.float32).reshape(t["x"].shape).to(t["x"].dtype)
 
 
@@ -380,7 +380,7 @@ def _gdn_prefill_args(t, kw):
 
 def gated_delta_prefill(**args):
     """``torch.ops.nki_ssm.gated_delta_prefill`` on device tensors."""
-    t, kw, o = _launch(_gdn_validator(_gdn_host.validate_prefill), _gdn_prefill_args, args)
+    t, _, o = _launch(_gdn_validator(_gdn_host.validate_prefill), _gdn_prefill_args, args)
     T = t["q"].shape[0]
     HV, V = t["v"].shape[1:]
     return o.to(torch.float32)[:T].reshape(T, HV, V).to(t["q"].dtype)
