@@ -9,6 +9,7 @@ a rejected call never reaches the device. The real run needs a trn instance.
 """
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -21,6 +22,7 @@ from nki_ssm import ops as host  # noqa: E402
 from nki_ssm.torch import neuron  # noqa: E402
 from nki_ssm.torch._convert import from_numpy, to_numpy  # noqa: E402
 
+BF16 = dict(dtype=ml_dtypes.bfloat16, pool_dtype=ml_dtypes.bfloat16)
 DEFAULTS = {"bias": None, "D": None, "z": None, "dt_bias": None, "g": None, "beta": None,
             "a": None, "b": None, "A_log": None, "scale": None, "dt_softplus": False,
             "dt_limit": (0.0, float("inf")), "use_qk_l2norm": False,
@@ -57,10 +59,13 @@ def _first(out):
     return out[0] if isinstance(out, tuple) else out
 
 
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
 @pytest.mark.parametrize("op", OPS)
-def test_same_result_as_host_sim_path_and_pool_aliased(op, device, monkeypatch):
+def test_same_result_as_host_sim_path_and_pool_aliased(op, dtype, device, monkeypatch):
     monkeypatch.setenv("NKI_SSM_BACKEND", "sim")
-    kw = numpy_case(op)
+    kw = numpy_case(op, **BF16) if dtype == "bf16" else numpy_case(op)
+    if dtype == "bf16" and "weight" in kw:     # float32 weights: the hi + lo split flags
+        kw["weight"] = kw["weight"].astype(np.float32) + np.float32(1e-3)
     tkw = to_torch(kw)
     name = pool_name(kw)
     pool = tkw[name]
