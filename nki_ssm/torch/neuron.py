@@ -41,6 +41,7 @@ from nki_ssm.ops import short_conv as _conv_host
 from nki_ssm.ops.launch import gated_delta as _gdn_launch
 from nki_ssm.ops.launch import mamba2_ssd as _ssd_launch
 from nki_ssm.ops.launch import short_conv as _conv_launch
+from nki_ssm.ops.launch.buckets import seq_bucket
 
 _PMAX = 128
 _INT32_MAX = np.iinfo(np.int32).max
@@ -106,13 +107,13 @@ def _commit(view: torch.Tensor, strided) -> None:
 
 def _launch(validator, build, args: dict):
     """Validate, build the kernel's arguments, call the device, commit a staged pool
-    -> (the op's arguments, the normalised host values, the kernel's output)."""
+    -> (the op's arguments, the build's host values for the way back, the kernel's output)."""
     t = dict(args)
     kw = _validate(validator, args)
-    kernel, kernel_args, pool_view, strided = build(t, kw)
+    kernel, kernel_args, pool_view, strided, back = build(t, kw)
     out = device_call(kernel, *kernel_args)
     _commit(pool_view, strided)
-    return t, kw, out
+    return t, back, out
 
 
 def _f32(t):
@@ -167,7 +168,7 @@ def _conv_prefill_args(t, kw):
             _device(_conv_launch._row_table(idx, live, dim, oob), x),
             tuple((cu[s], cu[s + 1]) for s in range(len(cu) - 1)), tuple(bool(v) for v in live),
             "silu" if kw["activation"] == "silu" else "none", bias is not None, *flags)
-    return short_conv_prefill_kernel, args, rows, strided
+    return short_conv_prefill_kernel, args, rows, strided, None
 
 
 def short_conv_prefill(**args):
@@ -176,16 +177,11 @@ def short_conv_prefill(**args):
     return y[:0] if t["x"].shape[0] == 0 else y
 
 
-def _conv_decode_rows(idx, live, num_seqs, dim, slots):
-    """(R, pool row of each kernel row, valid mask) in the decode launcher's row order:
-    groups of 128 // R sequences, block-major inside a group."""
-    R = _conv_launch._row_split(num_seqs, dim)
-    per_group = _PMAX // R
-    groups = [np.arange(n0, min(num_seqs, n0 + per_group)) for n0 in range(0, num_seqs, per_group)]
-    seq = np.concatenate([np.tile(g, R) for g in groups])
-    block = np.concatenate([np.repeat(np.arange(R), len(g)) for g in groups])
-    rows = np.where(live[seq], idx[seq] * R + block, slots * R).astype(np.int32)
-    return R, rows, live[seq].astype(np.float32)
+def _padded_indices(state_indices, num_seqs: int, bucket: int):
+    """``state_indices`` padded with -1 to the launcher's sequence bucket (host int64)."""
+    idx = np.full(bucket, -1, dtype=np.int64)
+    idx[:num_seqs] = np.asarray(state_indices, dtype=np.int64)
+    return idx
 
 
 def _conv_decode_args(t, kw):
@@ -193,22 +189,39 @@ def _conv_decode_args(t, kw):
 
     x, weight, bias, pool = t["x"], t["weight"], t["bias"], t["conv_states"]
     x3 = x[:, None, :] if x.dim() == 2 else x
-    slots, dim, h = pool.shape
-    idx, live, _ = _batch(kw)
-    R, rows_tab, valid = _conv_decode_rows(idx, live, x3.shape[0], dim, slots)
+    num_seqs, T, dim = x3.shape
+    slots, _, h = pool.shape
+    bucket = seq_bucket(num_seqs)
+    R = _conv_launch._row_split(bucket, dim)
+    idx = _padded_indices(kw["state_indices"], num_seqs, bucket)
+    order, pos, pool_rows, num_groups = _conv_launch.decode_tables(idx, bucket, R)
+    G = pool_rows.shape[0]
+    Pn = order.shape[0] // G
+    # the compacted batch: positions past the caller's sequences mirror live ones
+    xk = x3.index_select(0, _device(np.minimum(order, num_seqs - 1), x)).reshape(G, Pn, T, dim)
     flat, strided = _rows_view(pool, slots * R, (dim // R) * h)
     taps = (R == 1 and x.dtype == torch.bfloat16 and pool.dtype == torch.bfloat16
             and not _needs_split(weight) and not _needs_split(bias))
-    args = (x3.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous(),
-            flat, _device(rows_tab, x), _device(valid, x),
+    args = (xk.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous(),
+            flat, _device(pool_rows, x), _device(num_groups, x),
             "silu" if kw["activation"] == "silu" else "none", bias is not None, R, bool(taps))
-    return short_conv_decode_kernel, args, flat, strided
+    back = dict(at=pos[:num_seqs], live=idx[:num_seqs] >= 0, rows=G * Pn)
+    return short_conv_decode_kernel, args, flat, strided, back
+
+
+def _uncompact(out, back, like, tail: tuple):
+    """Rows of the compacted batch back in the caller's order, padding sequences zero."""
+    rows = out.reshape((back["rows"],) + tail).index_select(0, _device(back["at"], like))
+    live = _device(back["live"], like).reshape((-1,) + (1,) * len(tail))
+    return torch.where(live, rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
 
 
 def short_conv_decode(**args):
     """``torch.ops.nki_ssm.short_conv_decode`` on device tensors."""
-    t, _, y = _launch(_conv_host.validate_decode, _conv_decode_args, args)
-    return y[:, 0, :] if t["x"].dim() == 2 else y
+    t, back, y = _launch(_conv_host.validate_decode, _conv_decode_args, args)
+    x = t["x"]
+    y = _uncompact(y, back, x, (1 if x.dim() == 2 else x.shape[1], x.shape[-1]))
+    return y[:, 0, :] if x.dim() == 2 else y
 
 
 # ------------------------------------------------------------------ Mamba-2 SSD
@@ -247,7 +260,7 @@ def _ssd_prefill_args(t, kw):
             _device(_ssd_launch._rows(idx, live, pr, pr, oob), x),
             seq_lens, tuple(bool(v) for v in live), int(H), int(N), bool(kw["dt_softplus"]),
             lo, hi, int(kw["chunk_size"]), kw["precision"] == "fp32")
-    return ssd_chunk_prefill, args, rows, strided
+    return ssd_chunk_prefill, args, rows, strided, None
 
 
 def ssd_prefill(**args):
@@ -292,7 +305,7 @@ def _ssd_decode_args(t, kw):
             _device(_ssd_launch._rows(idx, live, pr, pr, slots * pr), x),
             tuple(bool(v) for v in live), int(T), t["z"] is not None,
             t["dt_bias"] is not None, t["D"] is not None, bool(kw["dt_softplus"]), lo, hi)
-    return ssd_decode_step, args, pool_view, strided
+    return ssd_decode_step, args, pool_view, strided, None
 
 
 def ssd_decode(**args):
@@ -328,33 +341,49 @@ def _gdn_decode_args(t, kw):
     HV, V = v.shape[2:]
     slots = pool.shape[0]
     _gdn_launch._check_limits(K, V, HV)
-    idx, live, _ = _batch(kw)
+    bucket = seq_bucket(S)
+    idx = _padded_indices(kw["state_indices"], S, bucket)
+    order, pos, num_iters = _gdn_launch.decode_order(idx, bucket, T)
+    spi = _gdn_launch._positions_per_iteration(bucket, T)
+    n_pos = order.shape[0]
+    n_it = n_pos // spi
+    src = _device(np.minimum(order, S - 1), q)     # positions past the batch mirror live ones
+    qs, ks, vs = (a.index_select(0, src) for a in (q, k, v))
+    kq_cols = torch.stack([ks, qs], dim=-1).permute(3, 0, 1, 2, 4).reshape(K, n_it, -1)
+    # slot of each position, one row per iteration plus one (read one iteration ahead)
+    pool_slots = np.zeros((n_it + 1, spi), dtype=np.int32)
+    pool_slots[:n_it] = np.maximum(idx[order], 0).reshape(n_it, spi)
+    streams = _gdn_launch._STREAMS
+    n_batch = -(-spi // streams)
+    first_pos = np.arange(n_it * n_batch) * min(streams, spi)
+    batch_live = (first_pos < int((idx >= 0).sum())).astype(np.int32).reshape(n_it, n_batch)
     first, second, raw, heads = _gdn_gates(t)
-    kq_cols = torch.stack([k, q], dim=-1).permute(3, 0, 1, 2, 4).reshape(K, S * T * H * 2)
-    gate_rows = torch.stack([first.to(torch.float32).reshape(S * T * HV),
-                             second.to(torch.float32).reshape(S * T * HV)])
-    pool_view, strided = _rows_view(pool, slots * HV * K, V)
-    args = (kq_cols.contiguous(), k.reshape(1, S * T * H * K).contiguous(),
-            v.permute(3, 0, 1, 2).reshape(V, S * T * HV).contiguous(), gate_rows.contiguous(),
+    gate_rows = torch.stack([g.to(torch.float32).reshape(S, T * HV).index_select(0, src)
+                             for g in (first, second)]).reshape(2, n_it, spi * T * HV)
+    pool_view, strided = _rows_view(pool, slots, HV * K * V)
+    args = (kq_cols.contiguous(), ks.reshape(n_it, -1).contiguous(),
+            vs.permute(3, 0, 1, 2).reshape(V, n_it, -1).contiguous(), gate_rows.contiguous(),
             None if heads is None else heads.reshape(1, 2 * HV).contiguous(), pool_view,
-            _device(_gdn_launch._pool_rows(idx, slots, HV, K), q),
-            tuple(bool(i) for i in live), int(T), int(H), bool(raw),
-            bool(kw["use_qk_l2norm"]), float(kw["scale"]),
+            _device(pool_slots, q), _device(num_iters, q), _device(batch_live, q), int(T),
+            int(H), bool(raw), bool(kw["use_qk_l2norm"]), float(kw["scale"]),
             bool(kw["return_intermediate_states"]))
-    return gdn_decode_step, args, pool_view, strided
+    back = dict(at=pos[:S], live=idx[:S] >= 0, rows=n_pos)
+    return gdn_decode_step, args, pool_view, strided, back
 
 
 def gated_delta_decode(**args):
     """``torch.ops.nki_ssm.gated_delta_decode`` on device tensors -> (o, intermediate or [0])."""
-    t, kw, out = _launch(_gdn_validator(_gdn_host.validate_decode), _gdn_decode_args, args)
+    t, back, out = _launch(_gdn_validator(_gdn_host.validate_decode), _gdn_decode_args, args)
     q, v, pool = t["q"], t["v"], t["ssm_states"]
-    S, T, _, K = q.shape
+    T, _, K = q.shape[1:]
     HV, V = v.shape[2:]
-    o_cols = out[0] if kw["return_intermediate_states"] else out
-    o = o_cols.to(torch.float32).reshape(V, S, T, HV).permute(1, 2, 3, 0).to(q.dtype)
-    if kw["return_intermediate_states"]:
-        return o.contiguous(), out[1].reshape(S, T, HV, K, V).to(pool.dtype)
-    return o.contiguous(), pool.new_empty((0,))
+    want_inter = t["return_intermediate_states"]
+    o_cols = (out[0] if want_inter else out).to(torch.float32)
+    o_rows = o_cols.reshape(V, back["rows"], T, HV).permute(1, 2, 3, 0)
+    o = _uncompact(o_rows, back, q, (T, HV, V)).to(q.dtype)
+    if want_inter:
+        return o, _uncompact(out[1], back, q, (T, HV, K, V)).to(pool.dtype)
+    return o, pool.new_empty((0,))
 
 
 def _gdn_prefill_args(t, kw):
@@ -375,7 +404,7 @@ def _gdn_prefill_args(t, kw):
             _device(_gdn_launch._pool_rows(idx, slots, HV, K), q), seq_lens,
             tuple(bool(i) for i in live), init, int(H), bool(raw), bool(kw["use_qk_l2norm"]),
             float(kw["scale"]), int(kw["chunk_size"]))
-    return gdn_chunk_prefill, args, pool_view, strided
+    return gdn_chunk_prefill, args, pool_view, strided, None
 
 
 def gated_delta_prefill(**args):

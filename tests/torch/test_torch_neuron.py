@@ -86,21 +86,33 @@ def test_same_result_as_host_sim_path_and_pool_aliased(op, dtype, device, monkey
 
 
 def test_layouts_of_gated_delta_decode(device, monkeypatch):
+    from nki_ssm.ops.launch import gated_delta as launch
+    from nki_ssm.ops.launch.buckets import seq_bucket
+
     monkeypatch.setenv("NKI_SSM_BACKEND", "sim")
     tkw = to_torch(numpy_case("gated_delta_decode"))
     _call("gated_delta_decode", tkw)
     _, args = device[0]
-    q, k, v = tkw["q"], tkw["k"], tkw["v"]
+    q, k, v, pool = tkw["q"], tkw["k"], tkw["v"], tkw["ssm_states"]
     S, T, H, K = q.shape
-    kq_cols, k_rows, v_cols, gate_rows, head_params, pool, pool_idx = args[:7]
-    assert kq_cols.shape == (K, S * T * H * 2)
-    assert torch.equal(kq_cols[:, 0], k[0, 0, 0]) and torch.equal(kq_cols[:, 1], q[0, 0, 0])
-    assert torch.equal(k_rows.reshape(S, T, H, K), k)
-    assert torch.equal(v_cols[:, 0], v[0, 0, 0])
+    HV, V = v.shape[2:]
+    nb = seq_bucket(S)
+    idx = np.full(nb, -1)
+    idx[:S] = tkw["state_indices"].numpy()
+    order, _, num_iters = launch.decode_order(idx, nb, T)
+    src = torch.as_tensor(np.minimum(order, S - 1))
+    kq_cols, k_rows, v_cols, gate_rows, head_params, pool_view, pool_slots = args[:7]
+    n_it = kq_cols.shape[1]
+    # compacted order (live sequences first), k / q interleaved per head, K on partitions
+    want_kq = torch.stack([k[src], q[src]], -1).permute(3, 0, 1, 2, 4).reshape(K, n_it, -1)
+    assert torch.equal(kq_cols, want_kq)
+    assert torch.equal(k_rows.reshape(-1), k[src].reshape(-1))
+    assert torch.equal(v_cols.reshape(V, -1), v[src].permute(3, 0, 1, 2).reshape(V, -1))
     assert gate_rows.dtype == torch.float32 and head_params is None
-    assert pool_idx.dtype == torch.int32 and pool_idx.shape == (S * K, 1)
-    live = tkw["state_indices"] >= 0
-    assert args[7] == tuple(bool(b) for b in live)
+    assert pool_view.shape == (pool.shape[0], HV * K * V)
+    assert pool_view.data_ptr() == pool.data_ptr()
+    assert pool_slots.dtype == torch.int32 and pool_slots.shape[0] == n_it + 1
+    assert torch.equal(args[7], torch.as_tensor(num_iters))
 
 
 def test_strided_pool_is_staged_and_copied_back(device, monkeypatch):
