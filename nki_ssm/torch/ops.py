@@ -17,6 +17,9 @@ API's guarantee that a rejected call leaves them untouched. Tensors on any
 other device go to ``nki_ssm.torch.neuron`` (the kernels called with device
 tensors, pools aliased).
 
+Forward only (inference and serving): no autograd formula is registered, so
+a backward through these ops raises.
+
 ``gated_delta_decode`` always returns ``(o, intermediate)``; intermediate is
 an empty ``[0]`` tensor unless ``return_intermediate_states`` (schemas have
 a fixed number of outputs). The Python wrappers of this module
