@@ -4,42 +4,15 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
-F = torch.nn.functional
 
+from torch_cases import ref_conv as ref_fn  # noqa: E402
+from torch_cases import ref_conv_update as ref_update  # noqa: E402
 from torch_cases import rel  # noqa: E402
 
 from nki_ssm.torch import causal_conv1d as cc  # noqa: E402
 from nki_ssm.torch import use_backend  # noqa: E402
 
 TOL = 1e-5  # float32 I/O target (DESIGN.md, Numerics)
-
-
-def ref_fn(x, w, b=None, initial_states=None, activation=None):
-    """[B, D, T] causal depthwise conv (F.conv1d), initial_states prepended: (out, final)."""
-    width = w.shape[1]
-    pre = x.new_zeros(x.shape[0], x.shape[1], width - 1) if initial_states is None else initial_states
-    full = torch.cat([pre, x], dim=-1)
-    if x.shape[2] == 0:
-        return x.clone(), full
-    out = F.conv1d(full, w.unsqueeze(1), b, groups=x.shape[1])
-    out = out if activation is None else F.silu(out)
-    return out, full[..., -(width - 1):]
-
-
-def ref_update(x, state, w, b=None, activation=None, cache_seqlens=None):
-    """The peer's update semantics on a [B, D, S] state (in place), x [B, D, T]."""
-    width, S = w.shape[1], state.shape[2]
-    T = x.shape[2]
-    if cache_seqlens is None:
-        full = torch.cat([state, x], dim=-1)
-        state.copy_(full[..., -S:])
-    else:
-        win = torch.remainder(cache_seqlens[:, None].long() + torch.arange(-(width - 1), 0), S)
-        full = torch.cat([state.gather(2, win[:, None].expand(-1, x.shape[1], -1)), x], -1)
-        put = torch.remainder(cache_seqlens[:, None].long() + torch.arange(T), S)
-        state.scatter_(2, put[:, None].expand(-1, x.shape[1], -1), x)
-    out = F.conv1d(full, w.unsqueeze(1), b, groups=x.shape[1])[..., -T:]
-    return out if activation is None else F.silu(out)
 
 
 def test_default_activation_is_none_and_swish_is_silu():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from nki_ssm.reference import inputs as gen
 from nki_ssm.torch._convert import from_numpy
@@ -50,3 +51,31 @@ def rel(actual: torch.Tensor, ref: torch.Tensor) -> float:
     """Relative Frobenius error in float64."""
     a, r = actual.double(), ref.double()
     return float(torch.linalg.vector_norm(a - r) / max(float(torch.linalg.vector_norm(r)), 1e-30))
+
+
+def ref_conv(x, w, b=None, initial_states=None, activation=None):
+    """[B, D, T] causal depthwise conv (F.conv1d), initial_states prepended: (out, final)."""
+    width = w.shape[1]
+    pre = x.new_zeros(x.shape[0], x.shape[1], width - 1) if initial_states is None else initial_states
+    full = torch.cat([pre, x], dim=-1)
+    if x.shape[2] == 0:
+        return x.clone(), full
+    out = F.conv1d(full, w.unsqueeze(1), b, groups=x.shape[1])
+    out = out if activation is None else F.silu(out)
+    return out, full[..., -(width - 1):]
+
+
+def ref_conv_update(x, state, w, b=None, activation=None, cache_seqlens=None):
+    """The peer's update semantics on a [B, D, S] state (in place), x [B, D, T]."""
+    width, S = w.shape[1], state.shape[2]
+    T = x.shape[2]
+    if cache_seqlens is None:
+        full = torch.cat([state, x], dim=-1)
+        state.copy_(full[..., -S:])
+    else:
+        win = torch.remainder(cache_seqlens[:, None].long() + torch.arange(-(width - 1), 0), S)
+        full = torch.cat([state.gather(2, win[:, None].expand(-1, x.shape[1], -1)), x], -1)
+        put = torch.remainder(cache_seqlens[:, None].long() + torch.arange(T), S)
+        state.scatter_(2, put[:, None].expand(-1, x.shape[1], -1), x)
+    out = F.conv1d(full, w.unsqueeze(1), b, groups=x.shape[1])[..., -T:]
+    return out if activation is None else F.silu(out)
