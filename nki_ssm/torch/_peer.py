@@ -50,9 +50,7 @@ def constant_over(name: str, t: torch.Tensor, dims: tuple, what: str) -> torch.T
     """``t`` indexed at 0 along ``dims`` after checking it does not vary along them
     (free when those strides are 0, as Mamba2's ``repeat`` views; otherwise a value
     check). ValueError naming ``name`` when it varies."""
-    if all(t.stride(d) == 0 or t.shape[d] == 1 for d in dims):
-        pass
-    else:
+    if not all(t.stride(d) == 0 or t.shape[d] == 1 for d in dims):
         first = t
         for d in dims:
             first = first.narrow(d, 0, 1)

@@ -117,7 +117,9 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
         else:
             pool[first] = initial_states.to(torch.float32)
             has_init[first] = True
-    flat = lambda t: None if t is None else t.reshape((batch * seqlen,) + tuple(t.shape[2:]))  # noqa: E731
+    def flat(t):      # [batch, seqlen, ...] -> [batch * seqlen, ...]
+        return None if t is None else t.reshape((batch * seqlen,) + tuple(t.shape[2:]))
+
     y = _ops.ssd_prefill(
         flat(x), flat(dt), A, flat(B), flat(C), D=D, z=flat(z), dt_bias=dt_bias,
         dt_softplus=bool(dt_softplus), dt_limit=tuple(dt_limit), cu_seqlens=cu,
