@@ -21,8 +21,8 @@ def resolve_ami(ec2, ssm, s: LaunchSettings) -> dict:
         images = ec2.describe_images(
             Owners=[C.DLAMI_OWNER],
             Filters=[{"Name": "name", "Values": [C.DLAMI_NAME_PATTERN]},
-                     {"Name": "description", "Values": [f"*Neuron SDK {s.sdk_release}*"]},
-                     {"Name": "architecture", "Values": ["x86_64"]}])["Images"]
+                     {"Name": "description", "Values": [f"*Neuron SDK {s.sdk_release}*"]}])["Images"]
+        images = [im for im in images if im.get("Architecture", "x86_64") == "x86_64"]
         images.sort(key=lambda im: im.get("CreationDate", ""), reverse=True)
         source = f"describe-images, Neuron SDK {s.sdk_release}"
         if not images:
@@ -71,12 +71,15 @@ def instance_types(ec2, pattern: str) -> list[dict]:
     return sorted(out, key=lambda d: (d["vcpus"] or 0, d["InstanceType"]))
 
 
-def offerings(ec2, pattern: str) -> dict[str, list[str]]:
-    """{instance type: [availability zones of the client's region offering it]}."""
+def offerings(ec2, names: list[str]) -> dict[str, list[str]]:
+    """{instance type: [availability zones of the client's region offering it]} for the
+    exact type names (those describe-instance-types listed)."""
     zones: dict[str, list[str]] = {}
+    if not names:
+        return zones
     for o in _pages(ec2.describe_instance_type_offerings, "InstanceTypeOfferings",
                     LocationType="availability-zone",
-                    Filters=[{"Name": "instance-type", "Values": [pattern]}]):
+                    Filters=[{"Name": "instance-type", "Values": list(names)}]):
         zones.setdefault(o["InstanceType"], []).append(o["Location"])
     return {k: sorted(v) for k, v in zones.items()}
 

@@ -236,9 +236,8 @@ def ami_calls(s: LaunchSettings) -> list[Call]:
         return [Call("ec2", "describe_images", {
             "Owners": [C.DLAMI_OWNER],
             "Filters": [{"Name": "name", "Values": [C.DLAMI_NAME_PATTERN]},
-                        {"Name": "description", "Values": [f"*Neuron SDK {s.sdk_release}*"]},
-                        {"Name": "architecture", "Values": ["x86_64"]}]},
-            f"newest Neuron DLAMI of SDK {s.sdk_release}")]
+                        {"Name": "description", "Values": [f"*Neuron SDK {s.sdk_release}*"]}]},
+            f"newest x86_64 Neuron DLAMI of SDK {s.sdk_release}")]
     name = C.DLAMI_SSM_PARAMETERS[s.dlami]
     return [Call("ssm", "get_parameter", {"Name": name}, f"AMI of the {s.dlami} DLAMI (latest)"),
             Call("ec2", "describe_images", {"ImageIds": ["<from ssm>"]},
@@ -254,8 +253,9 @@ def discovery_calls(s: LaunchSettings) -> list[Call]:
              "vCPUs, memory, Neuron devices of the type(s)"),
         Call("ec2", "describe_instance_type_offerings",
              {"LocationType": "availability-zone",
-              "Filters": [{"Name": "instance-type", "Values": [pattern]}]},
-             "zones of the region that offer the type"),
+              "Filters": [{"Name": "instance-type", "Values": [
+                  "<the types listed above>" if s.family else s.instance_type]}]},
+             "zones of the region that offer the type(s)"),
         Call("pricing", "get_products", pricing_filters(s.instance_type, s.region),
              "on-demand Linux price per hour (Price List API, us-east-1 endpoint)"),
     ]

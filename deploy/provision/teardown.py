@@ -64,7 +64,9 @@ def find(ec2, iam, run_id: str | None = None, *, expired: bool = False) -> Found
             found.security_groups.append(sg["GroupId"])
     for prof in iam.list_instance_profiles(PathPrefix=C.IAM_PATH).get("InstanceProfiles", []):
         name = prof["InstanceProfileName"]
-        tags = _tag_map(iam.list_instance_profile_tags(InstanceProfileName=name).get("Tags"))
+        # GetInstanceProfile returns the tags (listings may omit them)
+        tags = _tag_map(prof.get("Tags") or iam.get_instance_profile(
+            InstanceProfileName=name)["InstanceProfile"].get("Tags"))
         if _selected(tags, run_id, expired, now):
             found.instance_profiles.append(name)
     for role in iam.list_roles(PathPrefix=C.IAM_PATH).get("Roles", []):
