@@ -6,6 +6,7 @@ report) with the teardown in a ``finally``.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,6 +84,8 @@ def price(clients: dict | None, s: P.LaunchSettings) -> tuple[float | None, str]
 def plan_text(s: P.LaunchSettings, r: Resolved | None, *, with_run: bool, bench_args: list[str]) -> str:
     """The full plan: settings, resolved values, and every API call in order."""
     names = P.Names(s.run_id)
+    if s.family and r is None:   # the type is not known until describe-instance-types answers
+        s = dataclasses.replace(s, instance_type=f"<smallest offered {s.family} type>")
     ami = (f"{r.image['ImageId']} ({r.image['Name']}; {r.image['Description']}; via {r.image['source']})"
            if r and r.image else
            (f"{s.ami_id} (given)" if s.ami_id else
