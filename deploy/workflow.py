@@ -141,8 +141,8 @@ def plan_text(s: P.LaunchSettings, r: Resolved | None, *, with_run: bool, bench_
     return "\n".join(lines)
 
 
-def run_calls(s: P.LaunchSettings, *, instance_id: str, bench_args: list[str],
-              timeout_s: int = 6 * 3600) -> list[P.Call]:
+def run_calls(s: P.LaunchSettings, *, instance_id: str, bench_args: list[str]) -> list[P.Call]:
+    timeout_s = bench_timeout_s(s.ttl_hours)
     names = P.Names(s.run_id)
     prefix = names.results_prefix
     cmds = R.bench_commands(bucket=s.bucket, prefix=prefix, region=s.region, run_id=s.run_id,
@@ -165,8 +165,13 @@ def run_calls(s: P.LaunchSettings, *, instance_id: str, bench_args: list[str],
     ]
 
 
+def bench_timeout_s(ttl_hours: float) -> int:
+    """The Run Command's execution timeout: the TTL less 10 minutes to copy results out."""
+    return max(600, int(ttl_hours * 3600) - 600)
+
+
 def run_all(clients: dict, s: P.LaunchSettings, *, bench_args: list[str], reports_dir,
-            keep: bool = False, timeout_s: int = 6 * 3600, poll_s: float = 30, log=print,
+            keep: bool = False, timeout_s: int | None = None, poll_s: float = 30, log=print,
             retry_delay: float = 5.0) -> dict:
     """Launch, run the bench through SSM, collect, report; tear down in ``finally``.
 
@@ -178,6 +183,7 @@ def run_all(clients: dict, s: P.LaunchSettings, *, bench_args: list[str], report
     from deploy.provision import launch as L
     from deploy.provision import teardown as T
 
+    timeout_s = bench_timeout_s(s.ttl_hours) if timeout_s is None else timeout_s
     r = resolve(clients, s)
     log(plan_text(s, r, with_run=True, bench_args=bench_args).split("\nAPI calls")[0])
     prefix = P.Names(s.run_id).results_prefix

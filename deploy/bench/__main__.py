@@ -161,14 +161,14 @@ def time_case(case, case_dir: Path, res: dict, a) -> dict | None:
 
     if a.compile_only or a.timer == "none" or res.get("status") != "passed":
         return None
-    launches, neffs = res.get("launches") or [], res.get("neffs") or []
-    if len(neffs) != len(launches) or not neffs:
-        return {"error": f"{len(launches)} launches but {len(neffs)} NEFFs: cannot pair them"}
+    launches = res.get("launches") or []
+    if not launches or not all(ln.get("neff") for ln in launches):
+        return {"error": "a launch has no NEFF to profile"}
     totals = None
-    for k, (launch, neff) in enumerate(zip(launches, neffs)):
-        inputs = [(i["name"], i["file"]) for i in launch["inputs"] if "file" in i]
+    for k, launch in enumerate(launches):
+        inputs = [(i["name"], i["file"]) for i in launch["inputs"]]
         try:
-            t = PR.profile(Path(neff["path"]), inputs, case_dir / "profile" / f"launch_{k}",
+            t = PR.profile(Path(launch["neff"]["path"]), inputs, case_dir / "profile" / f"launch_{k}",
                            warmup=a.warmup, runs=a.runs, tool=PR.tool_path(a.tools_bin),
                            timeout_s=a.timeout)
         except Exception as exc:  # the row says why; the case's check result stands

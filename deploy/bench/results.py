@@ -85,7 +85,8 @@ def measured_row(case, worker: dict, timing: dict | None, modeled: dict | None, 
     neffs = worker.get("neffs") or []
     row = MeasuredRow(
         case_id=case.id, op=case.op, target=target, instance_type=instance_type,
-        status=worker.get("status") or "error", error=worker.get("error"),
+        status=worker.get("status") or "error",
+        error="; ".join(filter(None, [worker.get("error"), worker.get("hint")])) or None,
         compile_s=worker.get("compile_s"), call_s=worker.get("call_s"),
         neff_bytes=sum(n["bytes"] for n in neffs) if neffs else None,
         warnings=list(worker.get("warnings") or []) + list(extra_warnings),

@@ -14,7 +14,8 @@ arrays) compiles, writes the NEFF under NKI_ARTIFACTS_DIR, then executes. On
 a host without a Neuron device the execution fails after the NEFF is written
 (nrtpy tutorial "Test and debug a NKI kernel end-to-end", step 2): with
 ``--compile-only`` a NEFF on disk is the compile's success. Compile time = the
-NEFF's modification time - the launch time (execution comes after it).
+NEFF's modification time - the launch time (execution comes after it); each
+launch's NEFF is copied next to its inputs (a later launch may overwrite it).
 
 Writes ``<out>/worker.json``; exit 0 when the case passed (compiled, and on a
 device: within tolerance with every other pool slot bit-identical).
@@ -26,6 +27,7 @@ import contextlib
 import inspect
 import json
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -34,10 +36,20 @@ from pathlib import Path
 
 import numpy as np
 
+def _newest_neff(artifacts: Path, since: float) -> Path | None:
+    """The newest NEFF under ``artifacts`` written at or after ``since`` (None: none)."""
+    if not artifacts.is_dir():
+        return None
+    fresh = [p for p in artifacts.rglob("*.neff") if p.stat().st_mtime >= since - 1.0]
+    return max(fresh, key=lambda p: p.stat().st_mtime) if fresh else None
+
+
 @contextlib.contextmanager
-def capture_launches(out_dir: Path | None):
-    """Wrap ``nki_ssm.backend.run``: record each launch (kernel name, array arguments
-    by parameter name, saved as raw C-order ``.bin`` files under ``out_dir``)."""
+def capture_launches(out_dir: Path, artifacts: Path):
+    """Wrap ``nki_ssm.backend.run`` while the op runs. Per launch: the kernel's name, its
+    array arguments by parameter name (raw C-order ``.bin`` files, saved before the launch
+    can modify a pool), and a copy of the NEFF it produced (``launch_<k>/kernel.neff``: a
+    later launch may overwrite the file in NKI_ARTIFACTS_DIR), with its compile time."""
     from nki_ssm import backend
 
     launches = []
@@ -45,26 +57,32 @@ def capture_launches(out_dir: Path | None):
 
     def run(kernel, *args, backend=None, **kwargs):  # noqa: A002 - same keyword as the original
         k = len(launches)
+        here = out_dir / f"launch_{k}"
+        here.mkdir(parents=True, exist_ok=True)
         fn = getattr(kernel, "func", None) or getattr(kernel, "fn", None) or kernel
         entry = {"index": k, "kernel": getattr(fn, "__name__", type(kernel).__name__),
-                 "module": getattr(fn, "__module__", None), "inputs": []}
+                 "module": getattr(fn, "__module__", None), "inputs": [], "neff": None}
         try:
-            bound = inspect.signature(fn).bind(*args, **kwargs)
-            named = list(bound.arguments.items())
+            named = list(inspect.signature(fn).bind(*args, **kwargs).arguments.items())
         except (TypeError, ValueError):
             named = [(f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
         for name, value in named:
             if isinstance(value, np.ndarray):
-                item = {"name": name, "shape": list(value.shape), "dtype": str(value.dtype)}
-                if out_dir is not None:
-                    path = out_dir / f"launch_{k}" / f"{name}.bin"
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    np.ascontiguousarray(value).tofile(path)   # before the launch modifies pools
-                    item["file"] = str(path)
-                entry["inputs"].append(item)
-        entry["t_launch"] = time.time()
+                path = here / f"{name}.bin"
+                np.ascontiguousarray(value).tofile(path)
+                entry["inputs"].append({"name": name, "shape": list(value.shape),
+                                        "dtype": str(value.dtype), "file": str(path)})
         launches.append(entry)
-        return original(kernel, *args, backend=backend, **kwargs)
+        t0 = entry["t_launch"] = time.time()
+        try:
+            return original(kernel, *args, backend=backend, **kwargs)
+        finally:   # compiled even when the execution then fails (no device)
+            neff = _newest_neff(artifacts, t0)
+            if neff is not None:
+                copy = here / "kernel.neff"
+                shutil.copy2(neff, copy)
+                entry["neff"] = {"path": str(copy), "bytes": copy.stat().st_size,
+                                 "compile_s": max(0.0, neff.stat().st_mtime - t0)}
 
     backend.run = run
     try:
@@ -91,7 +109,7 @@ def run_case(case, out: Path, *, compile_only: bool, seed: int = 0) -> dict:
     out_arr = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with capture_launches(out / "inputs") as launches:
+        with capture_launches(out / "inputs", artifacts) as launches:
             try:
                 out_arr = getattr(ops, case.op)(**args, backend="neuron")
             except Exception as exc:   # compile error, or (compile-only) no device to run on
@@ -99,16 +117,16 @@ def run_case(case, out: Path, *, compile_only: bool, seed: int = 0) -> dict:
                 res["traceback"] = traceback.format_exc(limit=8)
     res["call_s"] = time.time() - t0
     res["launches"] = launches
-    neffs = sorted(artifacts.rglob("*.neff"), key=lambda p: p.stat().st_mtime) if artifacts.is_dir() else []
-    res["neffs"] = [{"path": str(p), "bytes": p.stat().st_size} for p in neffs]
-    if neffs:
-        first = launches[0]["t_launch"] if launches else t0
-        res["compile_s"] = max(0.0, neffs[-1].stat().st_mtime - first)
+    res["neffs"] = [ln["neff"] for ln in launches if ln["neff"]]
+    if res["neffs"]:
+        res["compile_s"] = sum(n["compile_s"] for n in res["neffs"])
     # the compiler's own output goes to the process's stdout / stderr: the bench reads it
     res["warnings"] = [f"{w.category.__name__}: {w.message}" for w in caught][:50]
-    if not neffs:
+    if not launches or len(res["neffs"]) < len(launches):
         res["status"] = "compile_error"
-        res["error"] = res["error"] or "no NEFF was written"
+        res["error"] = res["error"] or ("the op launched no kernel" if not launches else
+                                        f"{len(launches) - len(res['neffs'])} of {len(launches)} "
+                                        "launches wrote no NEFF")
         return res
     if compile_only:
         res["status"] = "compiled"
@@ -127,6 +145,10 @@ def run_case(case, out: Path, *, compile_only: bool, seed: int = 0) -> dict:
     res["pool_untouched"] = bool(args[pool][others].tobytes() == kw[pool][others].tobytes())
     ok = (res["err_out"] <= res["tol"] and res["err_state"] <= res["tol"] and res["pool_untouched"])
     res["status"] = "passed" if ok else "failed"
+    if not ok and live.size and args[pool][live].tobytes() == kw[pool][live].tobytes():
+        res["hint"] = ("the named pool slots are unchanged after the call: the kernel's in-place "
+                       "writes to its pool input did not come back to the host array (standalone "
+                       "mode may copy inputs to the device without copying them back)")
     if not ok:
         res["error"] = (f"rel err out {res['err_out']:.3g}, state {res['err_state']:.3g} (tol "
                         f"{res['tol']:g}); other pool slots untouched: {res['pool_untouched']}")

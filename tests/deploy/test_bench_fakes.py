@@ -69,6 +69,16 @@ def test_compile_error_is_reported_not_fatal(tmp_path, fake_toolchain, monkeypat
     assert "compile_error" in (out / "report.md").read_text()
 
 
+def test_lost_pool_writes_fail_the_check_with_a_hint(tmp_path, fake_toolchain, monkeypatch):
+    monkeypatch.setenv("FAKE_NKI_NO_WRITEBACK", "1")
+    code, data, _ = _run(tmp_path, "--no-model")
+    assert code == 1
+    (m,) = data["measured"]
+    assert m["status"] == "failed" and m["err_state"] > m["tol"] and m["pool_untouched"] is True
+    assert "did not come back to the host array" in m["error"]
+    assert m["measured_ns_p50"] is None                # a wrong answer is not timed
+
+
 def test_version_mismatch_stops_before_compiling(tmp_path, fake_toolchain, monkeypatch):
     from deploy import config as C
 

@@ -65,3 +65,18 @@ def test_missing_credentials_fail_clearly_before_any_call(no_credentials, no_api
 def test_launch_needs_a_bucket(capsys):
     assert main(["launch"]) == 2
     assert "--bucket is required" in capsys.readouterr().err
+
+
+def test_neuron_extra_pins_the_sdk_release_of_config():
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")   # Python 3.11+
+
+    from deploy import config as C
+
+    py = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    extras = py["project"]["optional-dependencies"]
+    assert sorted(extras["neuron"]) == sorted(f"{k}=={v}" for k, v in C.PIP_PINS.items())
+    assert any(d.startswith("boto3") for d in extras["deploy"])
+    for need in ("boto3", "moto", "cfn-lint"):      # CI installs the test extra
+        assert any(d.startswith(need) for d in extras["test"])

@@ -6,7 +6,8 @@ with NumPy arrays does what the SDK's standalone mode does, in miniature:
 "compiles" (prints a compiler warning, writes ``kernel.neff`` under
 NKI_ARTIFACTS_DIR), then executes: on the simulator when FAKE_NEURON_DEVICE=1,
 else fails like a host without a Neuron device. FAKE_NKI_COMPILE_ERROR=<text>
-makes kernels whose name contains <text> fail to compile (no NEFF).
+makes kernels whose name contains <text> fail to compile (no NEFF);
+FAKE_NKI_NO_WRITEBACK=1 runs on copies of the inputs (in-place writes are lost).
 """
 import os
 import sys
@@ -35,6 +36,8 @@ class Kernel:
             fh.write(b"FAKE-NEFF " + name.encode() + b"\0" * 4096)
         if os.environ.get("FAKE_NEURON_DEVICE") != "1":
             raise RuntimeError("NRT Error NRT_FAILURE(1): no Neuron device (fake)")
+        if os.environ.get("FAKE_NKI_NO_WRITEBACK") == "1":
+            args = [a.copy() if hasattr(a, "copy") and hasattr(a, "dtype") else a for a in args]
         return _sim_jit.simulate(self._sim)(*args, **kwargs)
 
 
