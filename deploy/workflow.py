@@ -135,9 +135,15 @@ def plan_text(s: P.LaunchSettings, r: Resolved | None, *, with_run: bool, bench_
                             vpc_id=(r.vpc_id if r and r.vpc_id else "<default vpc>"), root_device=root)
     if with_run:
         calls += run_calls(s, instance_id="<instance id>", bench_args=bench_args)
+    down = P.teardown_calls(s.run_id)
     lines.append("")
     lines.append(f"API calls, in order ({sum(c.creates for c in calls)} create something):")
     lines += [c.render() for c in calls]
+    lines.append("")
+    lines.append("Teardown (" + ("at the end, and after any failure" if with_run else
+                                 "after a failed launch, or `python -m deploy teardown --run-id "
+                                 f"{s.run_id}`") + "):")
+    lines += [c.render() for c in down]
     return "\n".join(lines)
 
 
@@ -159,9 +165,6 @@ def run_calls(s: P.LaunchSettings, *, instance_id: str, bench_args: list[str]) -
                "poll until done"),
         P.Call("s3", "list_objects_v2", {"Bucket": s.bucket, "Prefix": f"{prefix}/results/"},
                "collect results into reports/<run id>/"),
-        P.Call("ec2", "describe_instances", {"Filters": [
-            {"Name": f"tag:{C.TAG_RUN_ID}", "Values": [s.run_id]}]},
-            "teardown: find everything by tag (also after a failure), then terminate / delete"),
     ]
 
 

@@ -24,6 +24,7 @@ from deploy import config as C
 
 _IAM_NAME = re.compile(r"^[A-Za-z0-9+=,.@_-]+$")
 _RUN_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+_READS = ("describe", "get", "list", "head")
 
 
 @dataclass
@@ -36,10 +37,17 @@ class Call:
     why: str = ""
     creates: bool = False      # makes something that costs or must be torn down
 
+    @property
+    def kind(self) -> str:
+        """"create" (must be torn down), "read" (no side effect) or "write"."""
+        if self.creates:
+            return "create"
+        return "read" if self.operation.startswith(_READS) else "write"
+
     def render(self) -> str:
         body = json.dumps(self.params, indent=2, sort_keys=True, default=str)
         body = "\n".join("      " + line for line in body.splitlines())
-        mark = "CREATE " if self.creates else "read   "
+        mark = {"create": "CREATE ", "read": "read   ", "write": "write  "}[self.kind]
         return f"  {mark}{self.service}.{self.operation}  # {self.why}\n{body}"
 
 
@@ -308,4 +316,35 @@ def create_calls(s: LaunchSettings, *, image_id="<ami>", subnet_id="<subnet in a
             user_data_script=user_data(s.run_id, s.ttl_hours, expires), resource_tags=tg,
             root_device=root_device, capacity_reservation_id=s.capacity_reservation_id),
             f"the host; terminates itself after {s.ttl_hours:g} h", creates=True),
+    ]
+
+
+def teardown_calls(run_id: str) -> list[Call]:
+    """What teardown does, in order (ids and names come from the tag look-ups)."""
+    names = Names(run_id)
+    by_tag = [{"Name": f"tag:{C.TAG_RUN_ID}", "Values": [run_id]}]
+    return [
+        Call("ec2", "describe_instances", {"Filters": by_tag + [
+            {"Name": "instance-state-name",
+             "Values": ["pending", "running", "stopping", "stopped", "shutting-down"]}]},
+            "teardown: the run's instances, by tag"),
+        Call("ec2", "describe_security_groups", {"Filters": by_tag}, "its security group, by tag"),
+        Call("iam", "list_instance_profiles", {"PathPrefix": C.IAM_PATH}, "profiles under the path"),
+        Call("iam", "get_instance_profile", {"InstanceProfileName": names.instance_profile},
+             "its tags and roles"),
+        Call("iam", "list_roles", {"PathPrefix": C.IAM_PATH}, "roles under the path"),
+        Call("iam", "list_role_tags", {"RoleName": names.role}, "the role's tags"),
+        Call("ec2", "terminate_instances", {"InstanceIds": ["<found>"]},
+             "then describe_instances until terminated"),
+        Call("ec2", "delete_security_group", {"GroupId": "<found>"}, ""),
+        Call("iam", "remove_role_from_instance_profile", {"InstanceProfileName": names.instance_profile,
+                                                          "RoleName": names.role}, ""),
+        Call("iam", "delete_instance_profile", {"InstanceProfileName": names.instance_profile}, ""),
+        Call("iam", "list_attached_role_policies", {"RoleName": names.role}, ""),
+        Call("iam", "detach_role_policy", {"RoleName": names.role, "PolicyArn": C.SSM_CORE_POLICY_ARN}, ""),
+        Call("iam", "list_role_policies", {"RoleName": names.role}, ""),
+        Call("iam", "delete_role_policy", {"RoleName": names.role, "PolicyName": "results-prefix"}, ""),
+        Call("iam", "list_instance_profiles_for_role", {"RoleName": names.role},
+             "any profile still holding the role"),
+        Call("iam", "delete_role", {"RoleName": names.role}, "S3 results are kept"),
     ]

@@ -42,6 +42,8 @@ def test_dry_run_prints_the_plan_without_credentials(no_credentials, no_api_call
     assert '"HttpTokens": "required"' in out and '"InstanceInitiatedShutdownBehavior": "terminate"' in out
     assert "KeyName" not in out and "authorize_security_group_ingress" not in out
     assert '"Key": "nki-ssm:ttl-expires"' in out
+    assert "CREATE ec2.run_instances" in out and "read   ssm.get_parameter" in out
+    assert out.index("Teardown (") < out.index("ec2.terminate_instances") < out.index("iam.delete_role ")
 
 
 def test_run_dry_run_adds_the_ssm_steps_and_a_family(no_credentials, no_api_calls, capsys):

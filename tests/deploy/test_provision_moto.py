@@ -92,12 +92,30 @@ def test_run_instances_payload_is_exact(aws):
     assert "shutdown -h +120" in params["UserData"]
 
 
+def _op_log(clients):
+    """Operation names (snake_case) every client sends, in order (botocore event hook)."""
+    import re
+
+    sent = []
+
+    def hook(model, **_):
+        sent.append(re.sub(r"(?<!^)(?=[A-Z])", "_", model.name).lower())
+
+    for cl in clients.values():
+        cl.meta.events.register("before-call.*.*", hook)
+    return sent
+
+
 def test_create_find_by_tag_teardown(aws):
     s = _settings()
     r = W.resolve(aws.clients, s)
     assert r.image["ImageId"] == aws.ami and r.image["source"].startswith("ssm:/aws/service/neuron/")
+    sent = _op_log(aws.clients)
     got = L.create(aws.clients, s, image_id=r.image["ImageId"], subnet_id=r.subnet_id,
                    vpc_id=r.vpc_id, log=lambda *_: None, retry_delay=0)
+    # exactly the calls the plan prints, in its order
+    assert sent == [c.operation for c in P.create_calls(s)]
+    sent.clear()
     ec2, iam = aws.clients["ec2"], aws.clients["iam"]
     inst = ec2.describe_instances(InstanceIds=[got.instance_id])["Reservations"][0]["Instances"][0]
     assert inst["MetadataOptions"]["HttpTokens"] == "required" and "KeyName" not in inst
@@ -118,7 +136,11 @@ def test_create_find_by_tag_teardown(aws):
     assert found.instances == [got.instance_id]
     assert found.security_groups == [got.security_group_id]
     assert found.instance_profiles == [got.instance_profile] and found.roles == [got.role]
+    sent.clear()
+    found = T.find(ec2, iam, s.run_id)
     T.teardown(ec2, iam, found, log=lambda *_: None, delay=0)
+    planned = [c.operation for c in P.teardown_calls(s.run_id)]
+    assert set(sent) == set(planned)            # the plan lists every call teardown makes
     assert T.find(ec2, iam, s.run_id).empty()
     state = ec2.describe_instances(InstanceIds=[got.instance_id])["Reservations"][0]["Instances"][0]
     assert state["State"]["Name"] == "terminated"
