@@ -264,6 +264,10 @@ def discovery_calls(s: LaunchSettings) -> list[Call]:
               "Filters": [{"Name": "instance-type", "Values": [
                   "<the types listed above>" if s.family else s.instance_type]}]},
              "zones of the region that offer the type(s)"),
+        Call("ec2", "describe_subnets", ({"SubnetIds": [s.subnet_id]} if s.subnet_id else {"Filters": [
+            {"Name": "default-for-az", "Values": ["true"]},
+            {"Name": "availability-zone", "Values": ["<the offering zones>"]}]}),
+            "the subnet (default: the default VPC's, in a zone offering the type)"),
         Call("pricing", "get_products", pricing_filters(s.instance_type, s.region),
              "on-demand Linux price per hour (Price List API, us-east-1 endpoint)"),
     ]

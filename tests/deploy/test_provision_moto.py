@@ -108,9 +108,12 @@ def _op_log(clients):
 
 def test_create_find_by_tag_teardown(aws):
     s = _settings()
-    r = W.resolve(aws.clients, s)
-    assert r.image["ImageId"] == aws.ami and r.image["source"].startswith("ssm:/aws/service/neuron/")
     sent = _op_log(aws.clients)
+    r = W.resolve(aws.clients, s)
+    # the read-only look-ups are those the plan prints (no pricing client under moto)
+    assert sent == [c.operation for c in P.ami_calls(s) + P.discovery_calls(s) if c.service != "pricing"]
+    assert r.image["ImageId"] == aws.ami and r.image["source"].startswith("ssm:/aws/service/neuron/")
+    sent.clear()
     got = L.create(aws.clients, s, image_id=r.image["ImageId"], subnet_id=r.subnet_id,
                    vpc_id=r.vpc_id, log=lambda *_: None, retry_delay=0)
     # exactly the calls the plan prints, in its order
