@@ -10,10 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from moto_env import BUCKET, REGION
 
 FAKES = Path(__file__).parent / "fakes"
-REGION = "us-east-2"
-BUCKET = "nki-ssm-bench-results-test"
 TOOLS = ("neuron-explorer", "neuron-ls", "neuronx-cc", "dpkg-query")
 
 

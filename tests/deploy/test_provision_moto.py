@@ -13,7 +13,7 @@ from deploy.provision import launch as L
 from deploy.provision import plan as P
 from deploy.provision import teardown as T
 
-from conftest import BUCKET, REGION
+from moto_env import BUCKET, REGION
 
 NOW = _dt.datetime(2026, 11, 24, 12, 0, 0, tzinfo=_dt.timezone.utc)
 
