@@ -110,7 +110,7 @@ def _plan(a, with_run: bool) -> int:
         if aws.has_credentials(sess):
             s.region = a.region or sess.region_name or C.DEFAULT_REGION
             try:
-                r = W.resolve(W.make_clients(sess, s.region), s, need_subnet=False)
+                r = W.resolve(W.make_clients(sess, s.region, quick=True), s, need_subnet=False)
             except Exception as exc:   # a plan is still printed; say what could not be looked up
                 r = None
                 print(f"(read-only look-ups failed: {type(exc).__name__}: {exc}; placeholders shown)")

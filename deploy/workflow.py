@@ -35,9 +35,16 @@ class Resolved:
     notes: list = field(default_factory=list)
 
 
-def make_clients(sess, region: str) -> dict:
-    out = {svc: sess.client(svc, region_name=region) for svc in CLIENT_SERVICES}
-    out["pricing"] = sess.client("pricing", region_name="us-east-1")  # the Price List API's endpoint
+def make_clients(sess, region: str, *, quick: bool = False) -> dict:
+    """boto3 clients of the verbs; ``quick`` (the dry run's look-ups): short timeouts and
+    few retries, so a plan without network access is printed within seconds."""
+    from botocore.config import Config
+
+    cfg = (Config(connect_timeout=5, read_timeout=15, retries={"mode": "standard", "max_attempts": 2})
+           if quick else Config(connect_timeout=20, read_timeout=120,
+                                retries={"mode": "standard", "max_attempts": 5}))
+    out = {svc: sess.client(svc, region_name=region, config=cfg) for svc in CLIENT_SERVICES}
+    out["pricing"] = sess.client("pricing", region_name="us-east-1", config=cfg)  # Price List API endpoint
     return out
 
 
@@ -76,7 +83,7 @@ def price(clients: dict | None, s: P.LaunchSettings) -> tuple[float | None, str]
         else:
             note = "not in the Price List API; "
     else:
-        note = "no credentials for the Price List API; "
+        note = "Price List API not asked (no credentials, or the look-ups failed); "
     value, source = D.reference_price(s.instance_type)
     return value, note + source
 

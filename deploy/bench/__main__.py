@@ -58,6 +58,11 @@ def _parse(argv):
     return p.parse_args(argv)
 
 
+# runtime settings of every execution (worker and profiler): kernels launch without a
+# grid, i.e. LNC 1, and the cost model is per NeuronCore; compiler and runtime must agree
+RUNTIME_ENV = {"NEURON_LOGICAL_NC_CONFIG": "1", "NEURON_RT_VISIBLE_CORES": "0"}
+
+
 def worker_env(case_dir: Path, target: str) -> dict:
     """Environment of one case's worker (everything the SDK reads at import time)."""
     return {
@@ -65,8 +70,7 @@ def worker_env(case_dir: Path, target: str) -> dict:
         "NKI_SSM_BACKEND": "neuron",                       # kernels built with the SDK's nki.jit
         "NEURON_PLATFORM_TARGET_OVERRIDE": target,
         "NEURON_FRAMEWORK_DEBUG": "1",                     # keep artifacts, source mapping
-        "NEURON_LOGICAL_NC_CONFIG": "1",                   # kernels launch without a grid: LNC 1
-        "NEURON_RT_VISIBLE_CORES": "0",
+        **RUNTIME_ENV,
     }
 
 
@@ -96,15 +100,16 @@ def dry_run(cases, out: Path, a) -> int:
         d = out / "cases" / slug(c.id)
         print(f"\n[{k}/{len(cases)}] {c.id}")
         print(f"  shape {c.shape!r}; {c.num_tokens} tokens; dtype {c.config}; tol {tolerance(c):g}")
-        print("  compile: " + _shell(worker_env(d, a.target), worker_argv(c.id, d, a.compile_only, a.seed)))
+        env = dict(worker_env(d, a.target), PYTHONPATH=str(REPO_ROOT))
+        print("  compile: " + _shell(env, worker_argv(c.id, d, a.compile_only, a.seed)))
         if not a.compile_only and a.timer == "explorer":
-            n = a.warmup + a.runs
-            print("  time:    " + " ".join(PR.capture_argv(tool, str(d / "artifacts" / "<kernel>.neff"),
-                                                           str(d / "profile" / "profile.ntff"),
-                                                           [("<param>", str(d / "inputs" / "launch_0" /
-                                                                            "<param>.bin"))], n)))
-            print("           then per execution: " + " ".join(
-                PR.view_argv(tool, "<neff>", "profile_exec_<k>.ntff")) + f"  (first {a.warmup} dropped)")
+            launch = d / "inputs" / "launch_0"
+            capture = PR.capture_argv(tool, str(launch / "kernel.neff"), str(d / "profile" / "launch_0" / "profile.ntff"),
+                                      [("<param>", str(launch / "<param>.bin")), ("...", "...")],
+                                      a.warmup + a.runs)
+            print("  time:    " + _shell(RUNTIME_ENV, capture))
+            view = PR.view_argv(tool, str(launch / "kernel.neff"), "profile_exec_<k>.ntff")
+            print(f"           then per execution: {' '.join(view)}  (first {a.warmup} dropped)")
     return 0
 
 
@@ -170,7 +175,7 @@ def time_case(case, case_dir: Path, res: dict, a) -> dict | None:
         try:
             t = PR.profile(Path(launch["neff"]["path"]), inputs, case_dir / "profile" / f"launch_{k}",
                            warmup=a.warmup, runs=a.runs, tool=PR.tool_path(a.tools_bin),
-                           timeout_s=a.timeout)
+                           timeout_s=a.timeout, env=RUNTIME_ENV)
         except Exception as exc:  # the row says why; the case's check result stands
             return {"error": f"{type(exc).__name__}: {exc}"[:1000]}
         if totals is None:

@@ -88,14 +88,18 @@ def stats_ns(times_s: list[float], warmup: int) -> dict:
 
 
 def profile(neff: Path, inputs: list[tuple[str, str]], out_dir: Path, *, warmup: int, runs: int,
-            tool: str, run=None, timeout_s: float = 1800) -> dict:
+            tool: str, run=None, timeout_s: float = 1800, env: dict | None = None) -> dict:
     """Capture ``warmup + runs`` executions of ``neff`` and summarise each.
 
     -> {"p50_ns", "p90_ns", "min_ns", "mean_ns", "runs", "warmup", "per_exec_s",
     "summary" (the median execution's summary fields), "commands", "ntff"}.
-    ``run(argv, cwd, stdout_path)`` executes a command (default: subprocess).
+    ``run(argv, cwd, stdout_path, timeout_s)`` executes a command (default: a subprocess
+    with ``env`` added to this process's environment: the runtime's LNC and cores must be
+    those the NEFF was compiled for).
     """
-    run = run or _run
+    if run is None:
+        def run(argv, cwd, stdout_path, timeout):
+            _run(argv, cwd, stdout_path, timeout, env)
     out_dir.mkdir(parents=True, exist_ok=True)
     n = warmup + runs
     first = out_dir / "profile.ntff"
@@ -120,11 +124,12 @@ def profile(neff: Path, inputs: list[tuple[str, str]], out_dir: Path, *, warmup:
     return st
 
 
-def _run(argv, cwd, stdout_path, timeout_s):
+def _run(argv, cwd, stdout_path, timeout_s, env=None):
     import subprocess
 
     with open(stdout_path, "wb") as fh:
-        proc = subprocess.run(argv, cwd=cwd, stdout=fh, stderr=subprocess.PIPE, timeout=timeout_s)
+        proc = subprocess.run(argv, cwd=cwd, stdout=fh, stderr=subprocess.PIPE, timeout=timeout_s,
+                              env=dict(os.environ, **(env or {})))
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(argv[:2])} exited {proc.returncode}: "
                            f"{proc.stderr.decode(errors='replace')[-800:]}")
