@@ -202,6 +202,21 @@ def _modeled(cases, a) -> dict:
     return out
 
 
+def _hardware(target: str) -> dict:
+    """The cost model's hardware table for ``target``, as simulate's results.json holds it."""
+    from dataclasses import asdict
+
+    try:
+        from nki_ssm.perf.hardware import CALIBRATED, SOURCES, get_target
+
+        spec = get_target(target)
+        return {"hardware": {k: v for k, v in asdict(spec).items() if k != "extra"},
+                "hardware_sources": SOURCES[spec.name], "calibrated_constants": CALIBRATED}
+    except (ImportError, AttributeError, KeyError, TypeError) as exc:   # the perf layer moved on
+        return {"hardware": None, "hardware_sources": None, "calibrated_constants": None,
+                "hardware_error": f"{type(exc).__name__}: {exc}"}
+
+
 def main(argv=None) -> int:
     a = _parse(sys.argv[1:] if argv is None else argv)
     from deploy.bench import cases as BC
@@ -241,17 +256,13 @@ def main(argv=None) -> int:
         rows.append(row)
         p50 = f", p50 {row.measured_ns_p50 / 1e3:.1f} us" if row.measured_ns_p50 else ""
         print(f"    {row.status}{p50}" + (f": {row.error}" if row.error else ""), flush=True)
-    from nki_ssm.perf.hardware import CALIBRATED, SOURCES, get_target
-    from dataclasses import asdict
-
-    spec = get_target(a.target)
+    hardware = _hardware(a.target)
     payload = {
         "schema": RS.SCHEMA, "target": a.target, "case_set": "+".join(sets),
         "command": "python -m deploy.bench " + " ".join(sys.argv[1:] if argv is None else argv),
         "wall_s": time.perf_counter() - t0, "mode": "compile-only" if a.compile_only else "device",
         "instance_type": itype, "toolchain": tc,
-        "hardware": {k: v for k, v in asdict(spec).items() if k != "extra"},
-        "hardware_sources": SOURCES[spec.name], "calibrated_constants": CALIBRATED,
+        **hardware,
         "time_unit": "ns (cases: modeled; measured: measured on the device)",
         "cases": [modeled[c.id] for c in cases if c.id in modeled],
         "calibration": None,

@@ -23,6 +23,10 @@ def test_device_run_checks_times_and_models(tmp_path, fake_toolchain):
     code, data, out = _run(tmp_path)
     assert code == 0
     assert data["mode"] == "device" and data["toolchain"]["ok"] and data["toolchain"]["devices"] == 1
+    # simulate's results.json keys, plus the measured rows
+    assert {"target", "case_set", "command", "wall_s", "hardware", "hardware_sources",
+            "calibrated_constants", "time_unit", "cases", "calibration", "measured"} <= set(data)
+    assert data["hardware"]["name"] == "trn2"
     (m,) = data["measured"]
     assert m["case_id"] == CASE and m["status"] == "passed"
     assert m["err_out"] <= m["tol"] == 3e-3 and m["err_state"] <= 3e-3

@@ -41,6 +41,8 @@ def test_reserved_names_are_refused_as_by_aws(aws):
     with pytest.raises(Exception, match="reserved parameter name|AccessDenied"):
         aws.clients["ssm"].put_parameter(Name="/aws/service/neuron/dlami/x/latest/image_id",
                                          Value="ami-1", Type="String")
+    # moto accepts reserved tag keys and over-long IAM names that AWS refuses: deploy checks
+    # them itself, before any call, so a bad name never fails half-way through a launch
     with pytest.raises(ValueError, match="'aws:' prefix is reserved"):
         P.check_tags([{"Key": "aws:cloudformation:stack-name", "Value": "x"}])
     with pytest.raises(ValueError, match="1-128"):
