@@ -203,7 +203,7 @@ def run_instances_params(*, image_id: str, instance_type: str, subnet_id: str,
         "TagSpecifications": [{"ResourceType": "instance", "Tags": resource_tags},
                               {"ResourceType": "volume", "Tags": resource_tags}],
     }
-    if capacity_reservation_id:   # an EC2 Capacity Block or ODCR (README: prerequisites)
+    if capacity_reservation_id:   # an EC2 Capacity Block for ML (README: prerequisites)
         params["CapacityReservationSpecification"] = {
             "CapacityReservationTarget": {"CapacityReservationId": capacity_reservation_id}}
         params["InstanceMarketOptions"] = {"MarketType": "capacity-block"}
