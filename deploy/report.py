@@ -108,7 +108,7 @@ def write(results, out_dir=None) -> dict:
     png = plot(rows, out / "measured_vs_modeled.png", title)
     tc = data.get("toolchain") or {}
     n = {s: sum(m["status"] == s for m in rows) for s in
-         ("passed", "compiled", "failed", "compile_error", "run_error", "error")}
+         ("passed", "compiled", "failed", "compile_error", "run_error", "no_kernel", "error")}
     md = [f"# {title}", "",
           f"Command: `{data.get('command')}`  ",
           f"Mode: {data.get('mode')}; {len(rows)} cases: " + ", ".join(f"{v} {k}" for k, v in n.items() if v)
@@ -127,7 +127,7 @@ def write(results, out_dir=None) -> dict:
         md += ["## Compiler warnings", ""]
         for m in warn:
             md += [f"### {m['case_id']}", "", "```", *m["warnings"][:20], "```", ""]
-    bad = [m for m in rows if m["status"] not in ("passed", "compiled")]
+    bad = [m for m in rows if m["status"] not in ("passed", "compiled", "no_kernel")]
     if bad:
         md += ["## Failures", ""]
         for m in bad:

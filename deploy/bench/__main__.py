@@ -89,6 +89,7 @@ def dry_run(cases, out: Path, a) -> int:
     from deploy import config as C
     from deploy.bench import profiler as PR
     from deploy.bench.cases import slug, tolerance
+    from nki_ssm.ops._dispatch import find_launcher
 
     mode = "compile only" if a.compile_only else "compile, run on the device, check, time"
     print(f"deploy.bench dry run: {len(cases)} cases, {mode}, target {a.target}; output {out}")
@@ -100,6 +101,9 @@ def dry_run(cases, out: Path, a) -> int:
         d = out / "cases" / slug(c.id)
         print(f"\n[{k}/{len(cases)}] {c.id}")
         print(f"  shape {c.shape!r}; {c.num_tokens} tokens; dtype {c.config}; tol {tolerance(c):g}")
+        print(f"  op nki_ssm.ops.{c.op}(..., backend='neuron') -> launcher "
+              f"nki_ssm.ops.launch.{c.family}.{c.entry}"
+              + ("" if find_launcher(c.family, c.entry) else " (missing: the row will say no_kernel)"))
         env = dict(worker_env(d, a.target), PYTHONPATH=str(REPO_ROOT))
         print("  compile: " + _shell(env, worker_argv(c.id, d, a.compile_only, a.seed)))
         if not a.compile_only and a.timer == "explorer":
@@ -274,7 +278,7 @@ def main(argv=None) -> int:
     paths = REP.write(path)
     print(REP.summary_text(path))
     print(f"\nresults: {path}\nreport: {paths['report']}")
-    bad = [r for r in rows if r.status not in ("compiled", "passed")]
+    bad = [r for r in rows if r.status not in ("compiled", "passed", "no_kernel")]
     return 1 if bad else 0
 
 

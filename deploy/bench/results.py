@@ -16,7 +16,7 @@ class MeasuredRow:
     op: str
     target: str
     instance_type: str | None
-    status: str                        # compiled, compile_error, passed, failed, run_error, error
+    status: str    # compiled, compile_error, passed, failed, run_error, no_kernel, error
     error: str | None = None
     compile_s: float | None = None     # NEFF written - launch
     call_s: float | None = None        # the whole op call (compile + load + run)

@@ -104,3 +104,18 @@ def test_dry_run_lists_every_case_and_command(capsys):
     assert text.count("-m deploy.bench.worker --case") == len(cases)
     assert text.count("--compile-only") == len(cases)
     assert "NKI_ARTIFACTS_DIR=" in text and "neuron-explorer capture" not in text
+
+
+def test_every_smoke_op_passes_on_the_fake_device(tmp_path, fake_toolchain):
+    """All six ops through nki_ssm.ops(backend="neuron") on the fake SDK: the same check
+    the real device gets (the fake device is the simulator, so every case must pass)."""
+    out = tmp_path / "bench"
+    code = bench_main(["--set", "smoke", "--out", str(out), "--no-model", "--timer", "none"])
+    data = json.loads((out / "results.json").read_text())
+    assert [m["status"] for m in data["measured"]] == ["passed"] * 6, [
+        (m["case_id"], m["error"]) for m in data["measured"]]
+    assert code == 0
+    assert {m["op"] for m in data["measured"]} == {
+        "short_conv_prefill", "short_conv_decode", "ssd_prefill", "ssd_decode",
+        "gated_delta_prefill", "gated_delta_decode"}
+    assert all(m["pool_untouched"] and m["neff_bytes"] for m in data["measured"])
