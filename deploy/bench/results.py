@@ -27,6 +27,7 @@ class MeasuredRow:
     err_state: float | None = None
     max_abs_out: float | None = None
     pool_untouched: bool | None = None  # slots no sequence names stayed bit-identical
+    padding_zero: bool | None = None    # output rows of padding sequences (slot -1) are 0
     measured_ns_p50: float | None = None
     measured_ns_p90: float | None = None
     measured_ns_min: float | None = None
@@ -92,6 +93,7 @@ def measured_row(case, worker: dict, timing: dict | None, modeled: dict | None, 
         warnings=list(worker.get("warnings") or []) + list(extra_warnings),
         tol=worker.get("tol"), err_out=worker.get("err_out"), err_state=worker.get("err_state"),
         max_abs_out=worker.get("max_abs_out"), pool_untouched=worker.get("pool_untouched"),
+        padding_zero=worker.get("padding_zero"),
         modeled_ns=central, modeled_ns_low=low, modeled_ns_high=high, modeled_instructions=instr)
     if timing:
         if "error" in timing:

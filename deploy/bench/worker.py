@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+
 def _newest_neff(artifacts: Path, since: float) -> Path | None:
     """The newest NEFF under ``artifacts`` written at or after ``since`` (None: none)."""
     if not artifacts.is_dir():
@@ -93,7 +94,7 @@ def capture_launches(out_dir: Path, artifacts: Path):
 
 def run_case(case, out: Path, *, compile_only: bool, seed: int = 0) -> dict:
     from nki_ssm import ops
-    from nki_ssm.reference.testing import unnamed_slots
+    from nki_ssm.reference.testing import padding_rows, unnamed_slots
     from simulate.run import _reference_errors
 
     from deploy.bench.cases import tolerance
@@ -148,7 +149,10 @@ def run_case(case, out: Path, *, compile_only: bool, seed: int = 0) -> dict:
     res["max_abs_out"] = err_out.max_scaled()
     others = unnamed_slots(idx, kw[pool].shape[0])
     res["pool_untouched"] = bool(args[pool][others].tobytes() == kw[pool][others].tobytes())
-    ok = (res["err_out"] <= res["tol"] and res["err_state"] <= res["tol"] and res["pool_untouched"])
+    out64 = np.asarray(out_arr, dtype=np.float64)
+    res["padding_zero"] = all(not out64[r].any() for r in padding_rows(kw))   # contracts: zeros
+    ok = (res["err_out"] <= res["tol"] and res["err_state"] <= res["tol"] and res["pool_untouched"]
+          and res["padding_zero"])
     res["status"] = "passed" if ok else "failed"
     if not ok and live.size and args[pool][live].tobytes() == kw[pool][live].tobytes():
         res["hint"] = ("the named pool slots are unchanged after the call: the kernel's in-place "
@@ -156,7 +160,8 @@ def run_case(case, out: Path, *, compile_only: bool, seed: int = 0) -> dict:
                        "mode may copy inputs to the device without copying them back)")
     if not ok:
         res["error"] = (f"rel err out {res['err_out']:.3g}, state {res['err_state']:.3g} (tol "
-                        f"{res['tol']:g}); other pool slots untouched: {res['pool_untouched']}")
+                        f"{res['tol']:g}); other pool slots untouched: {res['pool_untouched']}; "
+                        f"padding outputs zero: {res['padding_zero']}")
     return res
 
 

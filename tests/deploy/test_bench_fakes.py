@@ -30,7 +30,7 @@ def test_device_run_checks_times_and_models(tmp_path, fake_toolchain):
     (m,) = data["measured"]
     assert m["case_id"] == CASE and m["status"] == "passed"
     assert m["err_out"] <= m["tol"] == 3e-3 and m["err_state"] <= 3e-3
-    assert m["pool_untouched"] is True
+    assert m["pool_untouched"] is True and m["padding_zero"] is True
     assert m["neff_bytes"] > 4096 and m["compile_s"] is not None and m["compile_s"] >= 0
     assert any("fake compile" in w for w in m["warnings"])        # compiler output kept
     # fake times: executions 1-3 are warm-up (60 us), then 10 + k % 3 us for k = 4..9
