@@ -65,8 +65,12 @@ def create(clients: dict, s: P.LaunchSettings, *, image_id: str, subnet_id: str,
                     sg_id = resp["GroupId"]
     except BaseException:
         log(f"launch failed; tearing down everything tagged {s.run_id}")
-        found = T.find(clients["ec2"], clients["iam"], s.run_id)
-        T.teardown(clients["ec2"], clients["iam"], found, log=log, delay=retry_delay)
+        try:
+            found = T.find(clients["ec2"], clients["iam"], s.run_id)
+            T.teardown(clients["ec2"], clients["iam"], found, log=log, delay=retry_delay)
+        except Exception as exc:  # keep the launch's own error the one raised
+            log(f"TEARDOWN INCOMPLETE ({exc}); run `python -m deploy teardown --run-id {s.run_id}` "
+                "(the instance, if any, still ends itself at its TTL)")
         raise
     return Launched(s.run_id, instance_id, s.instance_type, image_id, sg_id,
                     names.instance_profile, names.role, names.results_prefix)
