@@ -21,6 +21,42 @@ from . import _validate as v
 # TensorE operand precision of the kernel's matmuls; the reference backend
 # computes in float64 whatever is asked.
 PRECISIONS = ("bf16", "fp32")
+# Kernel limits (nki_ssm/kernels/mamba2_ssd/*.py docstrings): decode moves
+# [B | C] (2N columns) through one fp32 PSUM bank of 512; prefill keeps a
+# head's P output columns in one bank.
+MAX_DECODE_N = 256
+MAX_PREFILL_P = 512
+
+
+def _dt_prime(kw: dict) -> np.ndarray:
+    """dt' = clip(softplus(dt + dt_bias) if dt_softplus else dt + dt_bias, *dt_limit), float64."""
+    d = kw["dt"].astype(np.float64)
+    if kw["dt_bias"] is not None:
+        d = d + kw["dt_bias"].astype(np.float64)
+    if kw["dt_softplus"]:
+        d = np.logaddexp(0.0, d)
+    return np.clip(d, *kw["dt_limit"])
+
+
+def _check_decay_values(kw: dict, live: np.ndarray) -> None:
+    """A finite and <= 0; on the tokens of non-padding sequences dt' finite
+    and >= 0, with dt' * A >= ``LOG_DECAY_FLOOR``.
+
+    One rule for every backend: the kernels build decays from chunk sums of
+    dt' A and weight inputs by ln dt', which is the recurrence only for
+    decaying states. ``live`` marks real tokens (dt's leading dims).
+    """
+    A = kw["A"].astype(np.float64)
+    bad = ~(np.isfinite(A) & (A <= 0))
+    if bad.any():
+        h = int(np.argmax(bad))
+        raise ValueError(f"A must be finite and <= 0 (A = -exp(A_log)), got A[{h}] = {float(A[h])!r}")
+    with np.errstate(over="ignore", invalid="ignore"):
+        dtp = _dt_prime(kw)
+        ok = np.isfinite(dtp) & (dtp >= 0) & (dtp * A >= v.LOG_DECAY_FLOOR)
+    v.require_on_live_tokens(
+        "dt' = clip(softplus(dt + dt_bias) or dt + dt_bias, *dt_limit)", ok, live, dtp,
+        f"finite and >= 0 with dt' * A >= {v.LOG_DECAY_FLOOR:.3g}", element="dt'")
 
 
 def _check_ssd(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states,
@@ -76,6 +112,9 @@ def validate_prefill(x, dt, A, B, C, *, D, z, dt_bias, dt_softplus, dt_limit, cu
                                    pool=kw["ssm_states"], pool_name="ssm_states"))
     kw["chunk_size"] = v.check_chunk_size(chunk_size)
     kw["precision"] = v.require_choice("precision", precision, PRECISIONS)
+    v.require_at_most("P (x.shape[-1])", x.shape[-1], MAX_PREFILL_P,
+                      "ssd_prefill kernel: a head's outputs fill one PSUM bank")
+    _check_decay_values(kw, v.live_tokens(kw["cu_seqlens"], kw["state_indices"]))
     return kw
 
 
@@ -96,6 +135,9 @@ def validate_decode(x, dt, A, B, C, *, D, z, dt_bias, dt_softplus, dt_limit, ssm
     kw = _check_ssd(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states, lead)
     kw["state_indices"] = v.check_state_indices(state_indices, num_seqs,
                                                 kw["ssm_states"].shape[0], "ssm_states")
+    v.require_at_most("N (B.shape[-1])", kw["B"].shape[-1], MAX_DECODE_N,
+                      "ssd_decode kernel: B and C share one PSUM bank of 512 fp32 columns")
+    _check_decay_values(kw, kw["state_indices"] >= 0)
     return kw
 
 

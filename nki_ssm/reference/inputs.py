@@ -110,18 +110,25 @@ def make_slots(rng: np.random.Generator, num_seqs: int, slots: int | None = None
     """(slots, state_indices int32 [num_seqs], has_initial_state bool [num_seqs]).
 
     `state_indices` are distinct random slots; `padding` of them (random
-    positions) are replaced by -1. `has_initial_state`: "mixed" (random),
+    positions) are replaced by -1. `slots` may be below num_seqs (down to
+    num_seqs - padding, 0 for an all-padding batch). `has_initial_state`: "mixed" (random),
     True, False, or a bool sequence of length num_seqs.
     """
     if slots is None:
         slots = num_seqs + 3
-    if slots < num_seqs:
-        raise ValueError(f"slots must be >= num_seqs = {num_seqs}, got {slots}")
     if not 0 <= padding <= num_seqs:
         raise ValueError(f"padding must be in [0, num_seqs = {num_seqs}], got {padding}")
-    idx = rng.permutation(slots)[:num_seqs].astype(np.int32)
-    if padding:
-        idx[rng.permutation(num_seqs)[:padding]] = -1
+    if slots < num_seqs - padding:
+        raise ValueError(f"slots must be >= the non-padding sequences num_seqs - padding = "
+                         f"{num_seqs - padding}, got {slots}")
+    if slots >= num_seqs:
+        idx = rng.permutation(slots)[:num_seqs].astype(np.int32)
+        if padding:
+            idx[rng.permutation(num_seqs)[:padding]] = -1
+    else:   # fewer slots than sequences (down to 0): only the padding ones go without
+        idx = np.full(num_seqs, -1, np.int32)
+        live = np.sort(rng.permutation(num_seqs)[padding:])
+        idx[live] = rng.permutation(slots)[:live.size]
     if isinstance(has_initial_state, str):
         if has_initial_state != "mixed":
             raise ValueError(f"has_initial_state must be 'mixed', a bool or a bool array, "
