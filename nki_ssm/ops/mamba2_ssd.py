@@ -169,6 +169,14 @@ def ssd_prefill(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
     ``[num_seqs]``; chunk_size a multiple of 16 in 16..128; precision "bf16"
     or "fp32" (kernel matmul operands). Returns y ``[num_tokens, H, P]`` in
     x's dtype.
+
+    Precision: the default "bf16" rounds the state-to-output matmul's
+    operands (C, the float32 state) to bfloat16, so even float32 callers get
+    y only within ~2e-3 of float64 (measured 1.6e-3..2.6e-3 relative
+    Frobenius on the simulator, ``python3 docs/measure_numerics.py
+    precision``; states stay ~1e-7); pass precision="fp32" for the 1e-5
+    float32 target (~1e-7). Limits (every backend): P <= 512; A <= 0 and,
+    on tokens of non-padding sequences, dt' finite and >= 0.
     """
     kw = validate_prefill(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
                           dt_limit=dt_limit, cu_seqlens=cu_seqlens, ssm_states=ssm_states,
@@ -184,7 +192,8 @@ def ssd_decode(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fals
 
     x ``[num_seqs, H, P]`` or ``[num_seqs, T, H, P]``; dt ``[num_seqs, (T,) H]``;
     B, C ``[num_seqs, (T,) G, N]``; z like x; other arguments as in
-    ssd_prefill. Returns y shaped like x, in x's dtype.
+    ssd_prefill. Returns y shaped like x, in x's dtype. Limits (every
+    backend): N <= 256; A <= 0 and dt' >= 0 as in ssd_prefill.
     """
     kw = validate_decode(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
                          dt_limit=dt_limit, ssm_states=ssm_states, state_indices=state_indices)
