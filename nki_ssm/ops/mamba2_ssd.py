@@ -38,13 +38,15 @@ def _dt_prime(kw: dict) -> np.ndarray:
     return np.clip(d, *kw["dt_limit"])
 
 
-def _check_decay_values(kw: dict, live: np.ndarray) -> None:
-    """A finite and <= 0; on the tokens of non-padding sequences dt' finite
-    and >= 0, with dt' * A >= ``LOG_DECAY_FLOOR``.
+def _check_decay_values(kw: dict, live: np.ndarray, *, decaying: bool) -> None:
+    """A finite and <= 0; on the tokens of non-padding sequences dt' finite,
+    with dt' * A >= ``LOG_DECAY_FLOOR``, and (``decaying``, prefill) dt' >= 0.
 
-    One rule for every backend: the kernels build decays from chunk sums of
-    dt' A and weight inputs by ln dt', which is the recurrence only for
-    decaying states. ``live`` marks real tokens (dt's leading dims).
+    One rule for every backend: the prefill kernel builds decays from chunk
+    sums of dt' A and weights inputs by ln dt', which is the recurrence only
+    for decaying states. Decode steps the recurrence directly, so a negative
+    dt' (which mamba_ssm's selective_state_update accepts) is valid there.
+    ``live`` marks real tokens (dt's leading dims).
     """
     A = kw["A"].astype(np.float64)
     bad = ~(np.isfinite(A) & (A <= 0))
@@ -53,10 +55,13 @@ def _check_decay_values(kw: dict, live: np.ndarray) -> None:
         raise ValueError(f"A must be finite and <= 0 (A = -exp(A_log)), got A[{h}] = {float(A[h])!r}")
     with np.errstate(over="ignore", invalid="ignore"):
         dtp = _dt_prime(kw)
-        ok = np.isfinite(dtp) & (dtp >= 0) & (dtp * A >= v.LOG_DECAY_FLOOR)
+        ok = np.isfinite(dtp) & (dtp * A >= v.LOG_DECAY_FLOOR)
+        if decaying:
+            ok &= dtp >= 0
     v.require_on_live_tokens(
         "dt' = clip(softplus(dt + dt_bias) or dt + dt_bias, *dt_limit)", ok, live, dtp,
-        f"finite and >= 0 with dt' * A >= {v.LOG_DECAY_FLOOR:.3g}", element="dt'")
+        f"finite{' and >= 0' if decaying else ''} with dt' * A >= {v.LOG_DECAY_FLOOR:.3g}",
+        element="dt'")
 
 
 def _check_ssd(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states,
@@ -114,7 +119,7 @@ def validate_prefill(x, dt, A, B, C, *, D, z, dt_bias, dt_softplus, dt_limit, cu
     kw["precision"] = v.require_choice("precision", precision, PRECISIONS)
     v.require_at_most("P (x.shape[-1])", x.shape[-1], MAX_PREFILL_P,
                       "ssd_prefill kernel: a head's outputs fill one PSUM bank")
-    _check_decay_values(kw, v.live_tokens(kw["cu_seqlens"], kw["state_indices"]))
+    _check_decay_values(kw, v.live_tokens(kw["cu_seqlens"], kw["state_indices"]), decaying=True)
     return kw
 
 
@@ -137,7 +142,7 @@ def validate_decode(x, dt, A, B, C, *, D, z, dt_bias, dt_softplus, dt_limit, ssm
                                                 kw["ssm_states"].shape[0], "ssm_states")
     v.require_at_most("N (B.shape[-1])", kw["B"].shape[-1], MAX_DECODE_N,
                       "ssd_decode kernel: B and C share one PSUM bank of 512 fp32 columns")
-    _check_decay_values(kw, kw["state_indices"] >= 0)
+    _check_decay_values(kw, kw["state_indices"] >= 0, decaying=False)
     return kw
 
 
@@ -193,7 +198,7 @@ def ssd_decode(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fals
     x ``[num_seqs, H, P]`` or ``[num_seqs, T, H, P]``; dt ``[num_seqs, (T,) H]``;
     B, C ``[num_seqs, (T,) G, N]``; z like x; other arguments as in
     ssd_prefill. Returns y shaped like x, in x's dtype. Limits (every
-    backend): N <= 256; A <= 0 and dt' >= 0 as in ssd_prefill.
+    backend): N <= 256; A <= 0; dt' finite (negative dt' is valid in decode).
     """
     kw = validate_decode(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
                          dt_limit=dt_limit, ssm_states=ssm_states, state_indices=state_indices)
