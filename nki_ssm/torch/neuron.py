@@ -58,13 +58,20 @@ def device_call(kernel, *args):
 
 # ------------------------------------------------------------------ validation
 
-def _standin(t):
-    """Shape and dtype of tensor ``t`` as a zero-stride writeable ndarray (no data)."""
+_POOL_ARGS = ("conv_states", "ssm_states")
+
+
+def _standin(t, layout: bool = False):
+    """Shape and dtype of tensor ``t`` as a writeable ndarray with no data: zero strides
+    (every read is the one element), or with ``layout`` the tensor's own strides, so the
+    host API's pool-overlap check sees the device pool's layout. A ``layout`` stand-in must
+    never be read: the host API's pool checks look at shape, dtype and strides only."""
     dtype = _NP_DTYPE.get(t.dtype)
     if dtype is None:
         dtype = torch.empty((), dtype=t.dtype).numpy().dtype
+    strides = tuple(s * dtype.itemsize for s in t.stride()) if layout else (0,) * t.dim()
     return np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape=tuple(t.shape),
-                                           strides=(0,) * t.dim(), writeable=True)
+                                           strides=strides, writeable=True)
 
 
 def _validate(validator, args: dict, **extra) -> dict:
@@ -80,7 +87,7 @@ def _validate(validator, args: dict, **extra) -> dict:
         elif name in _INDEX_ARGS:
             host[name] = value.detach().cpu().numpy()
         else:
-            host[name] = _standin(value)
+            host[name] = _standin(value, layout=name in _POOL_ARGS)
     return validator(**host, **extra)
 
 
