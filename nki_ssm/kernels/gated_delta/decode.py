@@ -148,7 +148,7 @@ def gdn_decode_step(kq_cols, k_rows, v_cols, gate_rows, head_params, pool, pool_
             if live[s]:
                 ids.append(s)
         for i in range(0, len(ids), _STREAMS):
-            batches.append(ids[i:i + _STREAMS])
+            batches.append(ids[i:min(i + _STREAMS, len(ids))])   # NKI: no slice past the end
     # state gathers run one batch ahead of the compute (a gather issued after a
     # scatter to the same pool, run-time indices, would have to wait for it)
     # a lone batch moves each state in parts (by q/k head) so the first heads'

@@ -369,7 +369,8 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows, valid, activation
             for j0 in range(0, cd, SUB):
                 subs.append((j0, min(SUB, cd - j0)))
             for b0 in range(0, len(subs), batch):
-                steps.append((ci, gi, subs[b0:b0 + batch], b0 + batch >= len(subs)))
+                b1 = min(b0 + batch, len(subs))      # NKI: no slice past the end
+                steps.append((ci, gi, subs[b0:b1], b1 == len(subs)))
 
     units = []                     # per (chunk, group): (state, x, output tile), while live
     for ci in range(len(chunks)):
