@@ -214,22 +214,23 @@ class _FunctionCheck:
             elif isinstance(node, ast.Subscript):
                 for e in (node.slice.elts if isinstance(node.slice, ast.Tuple) else (node.slice,)):
                     self.subscript_index.add(id(e))
-        for stmt in fn.body:
-            for node in ast.walk(stmt):
-                self.node(node)
+        todo = list(reversed(fn.body))
+        while todo:
+            node = todo.pop()
+            if self.node(node):
+                todo.extend(reversed(list(ast.iter_child_nodes(node))))
 
-    def node(self, node) -> None:
-        cls = _REJECTED_STMTS.get(type(node))
-        if cls is not None:
-            self.fail(node, cls)
-            return
-        why = _REJECTED_EXPRS.get(type(node))
+    def node(self, node) -> bool:
+        """Check one node; False when it is rejected as a whole (its inside is not checked:
+        the front end stops at it too)."""
+        why = _REJECTED_STMTS.get(type(node)) or _REJECTED_EXPRS.get(type(node))
         if why is not None:
             self.fail(node, why)
-            return
+            return False
         meth = getattr(self, "n_" + type(node).__name__, None)
         if meth is not None:
             meth(node)
+        return True
 
     # -- expressions
     def n_Compare(self, node) -> None:
