@@ -159,6 +159,7 @@ class _FunctionCheck:
         self.errors: list = []
         self.warnings: list = []
         self.loads: list = []           # global names read, in source order
+        self.attr_refs: list = []       # values of module.attr reads, in source order
         self.dicts = self._dict_names()
         self.range_headers = set()      # id() of Call nodes that are for-loop range headers
         self.subscript_index = set()    # id() of Constant(...) nodes used as an index
@@ -276,6 +277,8 @@ class _FunctionCheck:
                             "front end, KLR/Trace/Term.lean 469-530; use an f-string)")
         elif isinstance(node.value, ast.Name) and isinstance(node.ctx, ast.Load):
             mod = self._global(node.value.id)
+            if isinstance(mod, types.ModuleType):
+                self.attr_refs.append(getattr(mod, node.attr, None))
             if mod is math and node.attr not in MATH_NAMES:
                 self.fail(node, f"math.{node.attr} (the front end's math module has only "
                                 f"{', '.join(sorted(MATH_NAMES))}; KLR/Trace/Python.lean 34-39, "
@@ -504,6 +507,13 @@ def _check_tree(fn) -> Checked:
             found = []
             _reachable(val, found)
             todo.extend((g, False) for g in found)
+        # helpers reached as module.attr (gather.c reference(), Attribute_kind, follows them
+        # too); only the kernel's own package: the NKI API and the stdlib are not kernel code
+        top = (getattr(fn, "__module__", "") or "").split(".")[0]
+        for val in chk.attr_refs:
+            if isinstance(val, types.FunctionType) and top \
+                    and (val.__module__ or "").split(".")[0] == top:
+                todo.append((val, False))
     out.errors.sort()
     return out
 

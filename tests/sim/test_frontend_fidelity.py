@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -209,6 +210,20 @@ def test_errors_are_reported_in_source_order():
     assert "_helper_with_error" in body[4]          # helpers after the kernel
     assert ["sorted()" in body[0], "not string constants" in body[1], "lambda" in body[2],
             "list comprehensions" in body[3]] == [True] * 4
+
+
+_THIS = sys.modules[__name__]
+
+
+def k_helper_by_attribute(x):
+    _THIS._helper_with_error(x)
+    return _copy(x)
+
+
+def test_helpers_reached_as_module_attributes_are_checked():
+    """gather.c ``reference`` (Attribute_kind) follows ``module.function`` paths to the
+    functions a kernel calls, so their Python is checked too."""
+    _rejects(k_helper_by_attribute, words="list comprehensions")
 
 
 # ---- 6. min / max ------------------------------------------------------------------------
