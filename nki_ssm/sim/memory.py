@@ -105,16 +105,18 @@ class _Buffer:
     """A buffer the allocator places: one allocation, or the allocations of one loop-body
     position (every iteration), with the union of their live ranges."""
 
-    __slots__ = ("buffer", "cost", "desc", "start", "end", "site", "count")
+    __slots__ = ("buffer", "cost", "desc", "start", "end", "site", "count", "first")
 
     def __init__(self, a: _Alloc, start: int, end: int):
         self.buffer, self.cost, self.desc = a.buffer, a.cost, a.desc
         self.start, self.end, self.site, self.count = start, end, a.site, 1
+        self.first = a.first            # its own first access (start may be a loop's start)
 
     def merge(self, a: _Alloc, start: int, end: int) -> None:
         self.cost = max(self.cost, a.cost)
-        if start < self.start:
-            self.start, self.site = start, a.site
+        self.start = min(self.start, start)
+        if a.first < self.first:
+            self.first, self.site = a.first, a.site
         self.end = max(self.end, end)
         self.count += 1
 
@@ -294,19 +296,26 @@ class MemoryTracker:
         used = sum(b.cost for b in old)
         need = sum(b.cost for b in new)
         op = self._ops[t] if t < len(self._ops) else "an access after the last instruction"
-        site = new[0].site if new else "?"
+        unit = " B" if kind == "sbuf" else " bank(s)"
+        if new and all(b.first > t for b in new):
+            where = (f"instruction #{t} ({op}), the first instruction of a runtime loop: the "
+                     "tiles used inside the loop are live for the whole loop")
+        else:
+            where = f"instruction #{t} ({op}, {new[0].site if new else '?'})"
+        needed = "; ".join(f"{b.desc} ({b.cost}{unit}, first access #{b.first} at {b.site})"
+                           for b in new[:_LIST_LIVE])
+        if len(new) > _LIST_LIVE:
+            needed += f"; and {len(new) - _LIST_LIVE} more"
         if kind == "sbuf":
-            unit = " B"
-            head = (f"SBUF capacity exceeded at instruction #{t} ({op}, {site}): it needs "
-                    f"{', '.join(b.desc for b in new)} ({need} bytes per partition) while "
-                    f"{used} bytes per partition are live; limit {tg.sbuf_usable_bytes} bytes "
-                    f"per partition on {tg.name} ({tg.sbuf_bytes_per_partition // 1024} KiB less "
+            head = (f"SBUF capacity exceeded at {where}; it needs {need} bytes per partition "
+                    f"more ({needed}) while {used} bytes per partition are live; limit "
+                    f"{tg.sbuf_usable_bytes} bytes per partition on {tg.name} "
+                    f"({tg.sbuf_bytes_per_partition // 1024} KiB less "
                     f"{tg.sbuf_reserved_bytes // 1024} KiB reserve)")
         else:
-            unit = " bank(s)"
-            head = (f"PSUM capacity exceeded at instruction #{t} ({op}, {site}): it needs "
-                    f"{', '.join(b.desc for b in new)} ({need} bank(s) of {tg.psum_bank_bytes} B) "
-                    f"while {used} bank(s) are live; limit {self.psum_bank_limit} banks on {tg.name}")
+            head = (f"PSUM capacity exceeded at {where}; it needs {need} more bank(s) of "
+                    f"{tg.psum_bank_bytes} B ({needed}) while {used} bank(s) are live; limit "
+                    f"{self.psum_bank_limit} banks on {tg.name} (each PSUM tile takes whole banks)")
         shown = old[:_LIST_LIVE]
         more = f"; and {len(old) - len(shown)} more" if len(old) > len(shown) else ""
         listed = "; ".join(b.label(unit) for b in shown) or "none"

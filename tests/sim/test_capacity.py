@@ -94,7 +94,8 @@ def test_kernel_over_sbuf_capacity_names_instruction_and_live_tiles():
     msg = str(e.value)
     assert "SBUF capacity exceeded at instruction #4 (memset" in msg
     assert "test_capacity.py" in msg                       # the kernel line that needed it
-    assert "tile4 (128, 12800) float32 on sbuf (51200 bytes per partition)" in msg
+    assert ("it needs 51200 bytes per partition more (tile4 (128, 12800) float32 on sbuf (51200 B, "
+            "first access #4 at") in msg
     for i in range(4):                                     # the four tiles already live
         assert f"tile{i} (128, 12800) float32 on sbuf: 51200 B, live #{i}..#{5 + i}" in msg
 
@@ -163,7 +164,8 @@ def test_psum_eight_banks_fit_nine_rejected_with_live_tiles_named():
         simulate(psum_tiles)(X, 9, 512)
     msg = str(e.value)
     assert msg.startswith("PSUM capacity exceeded at instruction #8 (memset")
-    assert "needs acc8 (128, 512) float32 on psum (1 bank(s) of 2048 B) while 8 bank(s) are live" in msg
+    assert ("it needs 1 more bank(s) of 2048 B (acc8 (128, 512) float32 on psum (1 bank(s), first "
+            "access #8 at") in msg and "while 8 bank(s) are live" in msg
     assert all(f"acc{i} (128, 512) float32 on psum: 1 bank(s)" in msg for i in range(8))
 
 
@@ -291,5 +293,6 @@ def test_tiles_live_during_a_runtime_loop_are_live_for_the_whole_loop():
     np.testing.assert_array_equal(simulate(tile_before_loop)(X, cols_a, cols_b, False), X)
     with pytest.raises(NkiCapacityError) as e:
         simulate(tile_before_loop)(X, cols_a, cols_b, True)
-    assert "needs b (128, 25600) float32" in str(e.value)
+    assert "the first instruction of a runtime loop" in str(e.value)
+    assert "b (128, 25600) float32 on sbuf (102400 B, first access #2" in str(e.value)
     assert "a (128, 30720) float32 on sbuf: 122880 B" in str(e.value)
