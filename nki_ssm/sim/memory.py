@@ -4,19 +4,33 @@ The SDK simulator does not check capacity; the compiler does, by allocating
 every on-chip tensor and spilling or failing when they do not fit. It
 allocates by use, not by Python lifetime: a tile occupies memory from the
 first instruction that accesses it to the last (a tile that no instruction
-touches takes nothing). Two rules from the NKI docs shape the ranges:
+touches takes nothing). Runtime loops (``nl.dynamic_range``, ``fori_loop``,
+``while_loop``) are compiled once and re-executed, and the NKI docs say
+(``nki/deep-dives/nki-dynamic-loops.rst``, "Register Allocation
+Implications"): "Inside a dynamic_range loop the compiler must keep all live
+tensors in on-chip memory (SBUF/PSUM) for the entire duration of the loop
+... Tensors allocated inside the loop body are allocated once and reused
+across iterations." The tracker reads that as:
 
-- dynamic loops (``nki/deep-dives/nki-dynamic-loops.rst``, "Register
-  Allocation Implications"): "Inside a dynamic_range loop the compiler must
-  keep all live tensors in on-chip memory (SBUF/PSUM) for the entire duration
-  of the loop", and "Tensors allocated inside the loop body are allocated
-  once and reused across iterations". So a tile live at any point of a
-  runtime loop is live for the whole loop, and the k-th allocation of every
-  iteration of one loop body is ONE buffer (not one per iteration);
-- everything else (Python loops, ``nl.affine_range`` ...) is unrolled, so a
-  tile allocated per unrolled iteration is its own buffer, live only while
-  it is used (the allocator rotates buffers; NKI performance guide, "declare
-  buffers inside the loop body").
+- a tile allocated outside a runtime loop and accessed inside it is live for
+  the whole loop (from the loop's first instruction to its last: the body may
+  run again and read it);
+- a tile allocated inside the body is one buffer reused by every iteration,
+  live from its first to its last access within the iteration (the body's
+  own tiles share memory by use, as in straight-line code).
+
+The stricter reading (every tile allocated in the body live for the whole
+loop) is available as ``WHOLE_LOOP_BODY_TILES = True`` but is not the
+default: released nki-library code contradicts it. ``bwmm_shard_on_I.py``
+(aws-neuron/nki-library, ``blockwise_mm_baseline_shard_intermediate_hybrid``,
+line 573) runs ``compute_one_block`` inside ``nl.dynamic_range``, and that
+body allocates one PSUM bank per transposed hidden-state tile
+(``transpose_hidden_states_allocated``, line 770: ``H / 128`` of them, 32 at
+``H = 4096``), far more than PSUM's 8 banks if all were live at once.
+Everything outside runtime loops (Python loops, ``nl.affine_range`` ...) is
+unrolled, so a tile allocated per unrolled iteration is its own buffer, live
+only while it is used (the allocator rotates buffers; NKI performance guide,
+"declare buffers inside the loop body").
 
 Because an eager simulator only knows a tile's last use at the end, the
 tracker records each allocation's first and last access (by instruction
@@ -55,6 +69,11 @@ from .targets import Target, current_target, psum_usable_banks
 # many tiny tiles cost what they would under a real aligned allocator.
 SBUF_ALIGN = 64
 
+# Which reading of nki-dynamic-loops.rst the tracker applies to tiles allocated inside a
+# runtime loop body (see the module docstring). False (default): by use inside the body,
+# one buffer reused by every iteration. True: live for the whole loop.
+WHOLE_LOOP_BODY_TILES = False
+
 # how many live tiles an overflow message lists (largest first)
 _LIST_LIVE = 12
 
@@ -89,9 +108,9 @@ def _kernel_site() -> str:
 class _Alloc:
     """One on-chip allocation: cost and first/last access (instruction index)."""
 
-    __slots__ = ("buffer", "cost", "desc", "first", "last", "site", "key")
+    __slots__ = ("buffer", "cost", "desc", "first", "last", "site", "key", "depth", "loops")
 
-    def __init__(self, buffer, cost, desc, key):
+    def __init__(self, buffer, cost, desc, key, depth):
         self.buffer = buffer
         self.cost = cost
         self.desc = desc
@@ -99,11 +118,13 @@ class _Alloc:
         self.last = -1
         self.site = ""
         self.key = key
+        self.depth = depth      # runtime loops enclosing the allocation
+        self.loops = None       # id() of loop entries (not enclosing it) it was accessed in
 
 
 class _Buffer:
-    """A buffer the allocator places: one allocation, or the allocations of one loop-body
-    position (every iteration), with the union of their live ranges."""
+    """A buffer the allocator places: one allocation, or (``WHOLE_LOOP_BODY_TILES``) the
+    allocations of one loop-body position in every iteration, with their joint live range."""
 
     __slots__ = ("buffer", "cost", "desc", "start", "end", "site", "count", "first")
 
@@ -136,7 +157,7 @@ class MemoryTracker:
         self._allocs: dict[int, _Alloc] = {}
         self._ops: list[str] = []           # op name of instruction k
         self._op_sites: dict[int, str] = {}
-        # outermost runtime loop entries: id(frame) -> [frame, first, last instruction]
+        # runtime loop entries: id(frame) -> [frame, first, last instruction, depth]
         self._entries: dict[int, list] = {}
         # innermost loop entry -> [iteration, allocations made in it]
         self._ordinals: dict[int, list] = {}
@@ -170,7 +191,8 @@ class MemoryTracker:
             # the k-th allocation of every iteration of one loop body is one buffer
             key = ("loop", getattr(inner, "loop_id", id(inner)), slot[2])
             slot[2] += 1
-        self._allocs[storage.id] = _Alloc(storage.buffer, self.cost(storage), description, key)
+        self._allocs[storage.id] = _Alloc(storage.buffer, self.cost(storage), description, key,
+                                          len(stack))
         self._result = None
         storage._tracker = self
 
@@ -179,63 +201,78 @@ class MemoryTracker:
         a = self._allocs.get(storage_id)
         if a is None:
             return
-        self._stamp(a)
         stack = _loop_stack()
+        self._stamp(a, stack)
         if stack:
-            self._note_loop(stack[0], self.clock)
+            self._note_loops(stack, self.clock)
 
-    def _stamp(self, a: _Alloc) -> None:
+    def _stamp(self, a: _Alloc, stack) -> None:
         c = self.clock
         if a.first < 0:
             a.first = c
             a.site = _kernel_site()
         a.last = c
+        if len(stack) > a.depth:
+            # accessed inside a runtime loop that does not enclose its allocation: live for
+            # that whole loop (the outermost such loop)
+            if a.loops is None:
+                a.loops = set()
+            a.loops.add(id(stack[a.depth]))
         self._result = None
 
     def instruction(self, op: str, tensors=()) -> None:
         """Instruction ``clock`` was issued, accessing ``tensors``; the clock moves on."""
         allocs = self._allocs
+        stack = _loop_stack()
         for t in tensors:
             if t is None:
                 continue
             a = allocs.get(t.storage.id)
             if a is not None:
-                self._stamp(a)
+                self._stamp(a, stack)
             ind = t.indirection
             if ind is not None:
                 st = getattr(ind.index, "storage", None)
                 a = allocs.get(st.id) if st is not None else None
                 if a is not None:
-                    self._stamp(a)
-        stack = _loop_stack()
+                    self._stamp(a, stack)
         if stack:
-            self._note_loop(stack[0], self.clock)
+            self._note_loops(stack, self.clock)
         self._ops.append(op)
         self.clock += 1
         self._result = None
 
-    def _note_loop(self, frame, c: int) -> None:
-        e = self._entries.get(id(frame))
-        if e is None:
-            begin = getattr(frame, "begin_access", c)
-            self._entries[id(frame)] = [frame, min(begin, c), c]
-        elif c > e[2]:
-            e[2] = c
+    def _note_loops(self, stack, c: int) -> None:
+        for depth, frame in enumerate(stack):
+            e = self._entries.get(id(frame))
+            if e is None:
+                begin = getattr(frame, "begin_access", c)
+                self._entries[id(frame)] = [frame, min(begin, c), c, depth]
+            elif c > e[2]:
+                e[2] = c
 
     # -- analysis
     def _buffers(self) -> list[_Buffer]:
-        spans = sorted((e[1], e[2]) for e in self._entries.values())
+        whole = WHOLE_LOOP_BODY_TILES
+        outer = sorted((e[1], e[2]) for e in self._entries.values() if e[3] == 0)
         out: dict = {}
         for a in self._allocs.values():
             if a.first < 0:
                 continue        # never accessed: the compiler allocates nothing for it
             r0, r1 = a.first, a.last
-            for b, e in spans:  # live during a runtime loop -> live for the whole loop
-                if b <= r1 and e >= r0:
+            if whole:           # live during a runtime loop -> live for the whole loop
+                for b, e in outer:
+                    if b <= r1 and e >= r0:
+                        r0, r1 = min(r0, b), max(r1, e)
+                key = a.key     # and one buffer per loop-body allocation
+            else:               # live across a loop it is used in, by use inside its own body
+                for loop in a.loops or ():
+                    _, b, e, _ = self._entries[loop]
                     r0, r1 = min(r0, b), max(r1, e)
-            buf = out.get(a.key)
+                key = id(a)     # iterations' copies never overlap: each one counts alone
+            buf = out.get(key)
             if buf is None:
-                out[a.key] = _Buffer(a, r0, r1)
+                out[key] = _Buffer(a, r0, r1)
             else:
                 buf.merge(a, r0, r1)
         return list(out.values())
@@ -298,8 +335,9 @@ class MemoryTracker:
         op = self._ops[t] if t < len(self._ops) else "an access after the last instruction"
         unit = " B" if kind == "sbuf" else " bank(s)"
         if new and all(b.first > t for b in new):
-            where = (f"instruction #{t} ({op}), the first instruction of a runtime loop: the "
-                     "tiles used inside the loop are live for the whole loop")
+            where = (f"instruction #{t} ({op}), the first instruction of a runtime loop: tiles "
+                     "used inside a loop they were allocated outside of are live for the whole "
+                     "loop")
         else:
             where = f"instruction #{t} ({op}, {new[0].site if new else '?'})"
         needed = "; ".join(f"{b.desc} ({b.cost}{unit}, first access #{b.first} at {b.site})"
