@@ -156,13 +156,11 @@ class MemoryTracker:
         self.closed = False
         self._allocs: dict[int, _Alloc] = {}
         self._ops: list[str] = []           # op name of instruction k
-        self._op_sites: dict[int, str] = {}
         # runtime loop entries: id(frame) -> [frame, first, last instruction, depth]
         self._entries: dict[int, list] = {}
         # innermost loop entry -> [iteration, allocations made in it]
         self._ordinals: dict[int, list] = {}
         self._result = None
-        self._result_at = None
 
     # -- cost of one storage on its buffer (bytes per partition, or banks)
     def cost(self, storage) -> int:
