@@ -20,6 +20,13 @@ functions ``subset.check_kernel`` walked), with the same source lines:
 - ``for x in it`` (not a range loop): the front end iterates a tuple, a list or
   None (no iterations), nothing else (Python.lean 246-254); ``dict.keys()`` /
   ``values()`` / ``items()`` are lists there (Python.lean 360-370).
+- list / dict methods: only those the front end has (KLR/Trace/Term.lean
+  475-498); ``list.count`` / ``list.pop(i)`` / ``list.sort`` are rejected (the
+  front end returns the length, ignores ``i``, has no sort: Python.lean
+  293-312), ``list.index`` returns None when absent and ``list.remove`` drops
+  every equal item, as there (Python.lean 301-316); tuples and strs have no
+  methods; ``lst[i] = v`` needs ``0 <= i < len`` and ``d[k] = v`` a str key
+  (KLR/Trace/NKI.lean 340-360).
 - module-level lists and dicts a kernel reads are constants copied when the
   kernel is traced (KLR interop/klr/gather.c ``const_expr``): the copy gets
   fresh copies at every launch, so a kernel never changes module state.
@@ -43,13 +50,17 @@ RT_NAME = "__nki_frontend__"
 
 # ----------------------------------------------------------------- run-time rules
 
-def _where(depth: int = 2) -> str:
-    f = sys._getframe(depth)
-    return f"{f.f_code.co_filename}:{f.f_code.co_name}:{f.f_lineno}"
+def _where() -> str:
+    """``file:function:line`` of the kernel code that made the call (the innermost frame
+    outside this module)."""
+    f = sys._getframe(1)
+    while f is not None and f.f_globals.get("__name__") == __name__:
+        f = f.f_back
+    return f"{f.f_code.co_filename}:{f.f_code.co_name}:{f.f_lineno}" if f else "?"
 
 
 def _reject(what: str) -> None:
-    raise NkiValidationError(f"{_where(3)}: the NKI compiler rejects {what}")
+    raise NkiValidationError(f"{_where()}: the NKI compiler rejects {what}")
 
 
 def _check_slice(seq, key: slice) -> None:
@@ -60,13 +71,13 @@ def _check_slice(seq, key: slice) -> None:
     kind = type(seq).__name__
     if step <= 0:
         raise NkiValidationError(
-            f"{_where(3)}: the NKI compiler rejects a {kind} slice with step {step} (\"slice step "
+            f"{_where()}: the NKI compiler rejects a {kind} slice with step {step} (\"slice step "
             "cannot be zero or negative\", KLR/Trace/Term.lean 316)")
     s = n + start if start < 0 else start
     e = n + stop if stop < 0 else stop
     if s < 0 or s > n or e < 0 or e > n:
         raise NkiValidationError(
-            f"{_where(3)}: the NKI compiler rejects the slice [{key.start}:{key.stop}] of a {kind} "
+            f"{_where()}: the NKI compiler rejects the slice [{key.start}:{key.stop}] of a {kind} "
             f"of length {n} (\"slice index out of bounds\", KLR/Trace/Term.lean 317-320; Python "
             "would clamp it): slice to at most the length")
 
@@ -95,6 +106,29 @@ class _Runtime:
         return item not in container
 
     @staticmethod
+    def method(obj, name, *args, **kw):
+        t = type(obj)
+        if t is list:
+            return _list_method(obj, name, args, kw)
+        if t is dict:
+            return _dict_method(obj, name, args, kw)
+        if t is tuple or t is str:
+            _reject(f"{t.__name__}.{name}() (a {t.__name__} has no attributes in the front "
+                    "end, KLR/Trace/Term.lean 469-545)")
+        return getattr(obj, name)(*args, **kw)
+
+    @staticmethod
+    def setitem(obj, key, value):
+        t = type(obj)
+        if t is list and (type(key) is not int or not 0 <= key < len(obj)):
+            _reject(f"list item assignment at index {key!r} of a list of length {len(obj)} (the "
+                    "front end takes an index 0 <= i < len, KLR/Trace/NKI.lean 340-350)")
+        if t is dict and type(key) is not str:
+            _reject(f"dict item assignment with a {type(key).__name__} key (dict keys are strs, "
+                    "KLR/Trace/NKI.lean 352-360)")
+        obj[key] = value
+
+    @staticmethod
     def iterate(value):
         t = type(value)
         if t is tuple or t is list:
@@ -107,6 +141,56 @@ class _Runtime:
                 "tuple, a list or None; KLR/Trace/Python.lean 246-254)")
 
 
+# methods the front end has (KLR/Trace/Term.lean 475-498; builtins in KLR/Trace/Python.lean
+# 281-383); tuples and strs have no attributes there (Term.lean 469-545)
+_LIST_METHODS = frozenset({"append", "clear", "copy", "count", "extend", "index", "pop",
+                           "remove", "reverse", "sort"})
+_DICT_METHODS = frozenset({"clear", "copy", "get", "items", "keys", "pop", "setdefault",
+                           "values"})
+WATCHED_METHODS = _LIST_METHODS | _DICT_METHODS | {"insert", "update", "popitem"}
+
+
+def _list_method(obj: list, name: str, args, kw):
+    if name not in _LIST_METHODS:
+        _reject(f"list.{name}() (\"{name} is not an attribute of list\", "
+                "KLR/Trace/Term.lean 475-487)")
+    if name == "sort":
+        _reject("list.sort() (named in KLR/Trace/Term.lean 486 but the front end has no "
+                "builtin.list.sort)")
+    if name == "count":
+        _reject("list.count(x) (the front end's list.count returns the list's length, "
+                "KLR/Trace/Python.lean 293-295)")
+    if name == "pop" and (args or kw):
+        _reject("list.pop(i) (the front end pops the last item and ignores i, "
+                "KLR/Trace/Python.lean 309-312)")
+    if name == "extend":
+        return obj.extend(_Runtime.iterate(args[0]) if args else ())
+    if name == "index":        # None when absent (KLR/Trace/Python.lean 301-306), no error
+        value = args[0]
+        start = args[1] if len(args) > 1 else 0
+        stop = args[2] if len(args) > 2 else len(obj)
+        for i, v in enumerate(obj):
+            if v == value:
+                return i if start <= i < stop else None
+        return None
+    if name == "remove":       # every equal item (KLR/Trace/Python.lean 314-316)
+        obj[:] = [v for v in obj if v != args[0]]
+        return None
+    return getattr(obj, name)(*args, **kw)
+
+
+def _dict_method(obj: dict, name: str, args, kw):
+    if name not in _DICT_METHODS:
+        _reject(f"dict.{name}() (\"{name} is not an attribute of dict\", "
+                "KLR/Trace/Term.lean 488-498)")
+    if name in ("get", "pop", "setdefault") and args and type(args[0]) is not str:
+        _reject(f"dict.{name}() with a {type(args[0]).__name__} key (dict keys are strs, "
+                "KLR/Trace/Python.lean 354-383)")
+    if name in ("items", "keys", "values"):    # lists in the front end (Python.lean 360-370)
+        return list(getattr(obj, name)())
+    return getattr(obj, name)(*args, **kw)
+
+
 def _check_in(item, container) -> None:
     t = type(container)
     if t is tuple or t is list:
@@ -114,7 +198,7 @@ def _check_in(item, container) -> None:
     if t is str and type(item) is str:
         return
     raise NkiValidationError(
-        f"{_where(3)}: the NKI compiler rejects 'in' on a {type(item).__name__} and a "
+        f"{_where()}: the NKI compiler rejects 'in' on a {type(item).__name__} and a "
         f"{t.__name__} (the front end's 'in' takes a tuple, a list or two strs, "
         "KLR/Trace/Python.lean 58-72; for a dict use d.get(key) != None)")
 
@@ -153,6 +237,26 @@ class _Rewrite(ast.NodeTransformer):
             return node       # x is None: the same test in both (Simplify.lean 205-208)
         node.ops = [ast.Eq() if isinstance(op, ast.Is) else ast.NotEq() if isinstance(op, ast.IsNot)
                     else op for op in ops]
+        return node
+
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        f = node.func
+        if isinstance(f, ast.Attribute) and f.attr in WATCHED_METHODS:
+            return ast.copy_location(
+                ast.Call(func=_rt("method"), args=[f.value, ast.Constant(value=f.attr), *node.args],
+                         keywords=node.keywords), node)
+        return node
+
+    def visit_Assign(self, node):
+        self.generic_visit(node)
+        if len(node.targets) == 1 and isinstance(node.targets[0], ast.Subscript):
+            t = node.targets[0]
+            key = t.slice
+            if isinstance(key, ast.Slice):
+                key = _slice_call(key)
+            return ast.copy_location(ast.Expr(value=_call("setitem", [t.value, key, node.value],
+                                                          node)), node)
         return node
 
     def visit_For(self, node):

@@ -276,6 +276,73 @@ def test_str_subscript_rejected():
     _rejects(k_str_subscript, "abc", words="a subscript of a str", line_text="s[0]")
 
 
+# ---- list / dict / tuple methods and item assignment ------------------------------------
+
+def k_list_methods(x):
+    lst = [3, 1, 3, 2]
+    lst.remove(3)                      # the front end drops every 3
+    assert lst == [1, 2] and lst.index(7) == None and lst.index(2) == 1  # noqa: E711
+    lst.extend((5,))
+    assert lst.pop() == 5 and lst.copy() == [1, 2]
+    d = {"a": 1}
+    assert d.keys() == ["a"] and d.items() == [("a", 1)] and d.get("b", 0) == 0
+    lst[1] = 9
+    d["b"] = 2
+    return _copy(x)
+
+
+def k_list_count(x):
+    n = [1, 1, 2].count(1)
+    return _copy(x)
+
+
+def k_list_pop_index(x):
+    lst = [1, 2, 3]
+    v = lst.pop(0)
+    return _copy(x)
+
+
+def k_list_insert(x):
+    lst = [1]
+    lst.insert(0, 2)
+    return _copy(x)
+
+
+def k_tuple_index(x):
+    t = (1, 2)
+    i = t.index(2)
+    return _copy(x)
+
+
+def k_dict_update(x):
+    d = {"a": 1}
+    d.update({"b": 2})
+    return _copy(x)
+
+
+def k_negative_item_assignment(x):
+    lst = [1, 2]
+    lst[-1] = 3
+    return _copy(x)
+
+
+def test_list_dict_methods_follow_the_front_end():
+    """KLR/Trace/Term.lean 475-498: the methods a list / dict has (tuples and strs have none,
+    469-545); KLR/Trace/Python.lean 281-383 their meaning: ``remove`` drops every equal item,
+    ``index`` returns None when absent, ``keys``/``items``/``values`` are lists; ``count``
+    returns the length and ``pop`` ignores an index (so both are rejected here: the result
+    would differ from Python's); ``lst[i] = v`` needs 0 <= i < len (KLR/Trace/NKI.lean
+    340-350)."""
+    _runs(k_list_methods)
+    _rejects(k_list_count, words="list.count(x)", line_text=".count(1)")
+    _rejects(k_list_pop_index, words="list.pop(i)", line_text="lst.pop(0)")
+    _rejects(k_list_insert, words="list.insert()", line_text="lst.insert(0, 2)")
+    _rejects(k_tuple_index, words="tuple.index()", line_text="t.index(2)")
+    _rejects(k_dict_update, words="dict.update()", line_text="d.update(")
+    _rejects(k_negative_item_assignment, words="list item assignment at index -1",
+             line_text="lst[-1] = 3")
+
+
 # ---- 8. builtins and Python forms --------------------------------------------------------
 
 def k_accepted_forms(x, n):
