@@ -59,15 +59,15 @@ LOG_SOURCE = ("public trn2 microbenchmark log, SINGLE UNOFFICIAL SOURCE, figures
 class CalibrationRow:
     name: str
     target: str
-    dtype: str
-    regime: str                     # what binds on hardware: tensor / dma / vector / scalar / latency
     workload: str
     published_ns: float
     source: str
     kind: str                       # "check" or "fit"
-    measure: str                    # what is compared (see MEASURES)
     note: str
-    origin: str = "own"             # "published" (their kernel file) or "own" (micro kernel)
+    dtype: str = ""
+    regime: str = ""                # what binds on hardware: tensor / dma / vector / scalar / latency
+    measure: str = "kernel"         # what is compared (see MEASURES)
+    origin: str = "own"             # "published" (their kernel file), "own" (micro kernel), "measured"
     modeled_ns: float | None = None
     low_ns: float | None = None
     high_ns: float | None = None
@@ -95,6 +95,7 @@ class CalibrationRow:
 
 
 MEASURES = {
+    "kernel": "modeled kernel time (time_ns) against the figure as recorded (e.g. deploy.bench p50)",
     "kernel+launch": "modeled kernel time + launch_ns (a device profile / benchmark of one call)",
     "span": "first DMA trigger to last DMA completion (the profile's timeline of the kernel body)",
     "transfer": "one DMA engine's data-transfer bar of the first load",
@@ -273,10 +274,15 @@ def _mamba(fn_name, channels, seq):
 
 # --------------------------------------------------------------- the rows
 
+def _row(name, target, dtype, regime, workload, published_ns, source, kind, measure, note, origin="own"):
+    return CalibrationRow(name=name, target=target, workload=workload, published_ns=published_ns, source=source,
+                          kind=kind, note=note, dtype=dtype, regime=regime, measure=measure, origin=origin)
+
+
 def _rows() -> list:
     """(CalibrationRow template, runner, runs by default). Published kernels' runners take the
     checkout directory; micro kernels' runners take ``calibration_kernels.build()``."""
-    R = CalibrationRow
+    R = _row
     mm = "matrix multiplication [4096, 8192] @ [8192, 8192]"
     rows = [
         # --- trn1, published kernels: TensorE / DMA, bf16
