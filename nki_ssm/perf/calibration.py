@@ -369,14 +369,15 @@ def _rows() -> list:
 def fingerprint() -> str:
     """Hash of every constant table and the cost code: a stored modeled figure is only
     valid for the model that produced it (tests compare it with the data file's)."""
-    from nki_ssm.perf import costs, deps, hardware, model, resources
+    from nki_ssm.perf import hardware
 
     h = hashlib.sha256()
     for name in sorted(hardware.TARGETS):
         h.update(repr(hardware.TARGETS[name]).encode())
         h.update(repr(sorted(hardware.ranges(name).items())).encode())
-    for mod in (costs, deps, model, resources):
-        h.update(inspect.getsource(mod).encode())
+    # modules by name: nki_ssm.perf.model the attribute is the function perf.model
+    for mod in ("costs", "deps", "model", "resources", "timing"):
+        h.update(inspect.getsource(importlib.import_module(f"nki_ssm.perf.{mod}")).encode())
     return h.hexdigest()[:16]
 
 

@@ -85,6 +85,7 @@ class Timing:
     time_low_ns: float | None = None
     time_high_ns: float | None = None
     launch_low_ns: float | None = None
+    range_clamped: bool = False       # an end's schedule crossed the central one (list-scheduling anomaly)
     launch_high_ns: float | None = None
 
     def top_ops(self, k: int = 5) -> list:
@@ -161,4 +162,5 @@ class Timing:
             "loop_iterations": self.loop_iterations, "loop_overhead_ns": self.loop_overhead_ns,
             "program_instructions": self.program_instructions,
             "time_low_ns": self.time_low_ns, "time_high_ns": self.time_high_ns,
+            "range_clamped": self.range_clamped,
         }

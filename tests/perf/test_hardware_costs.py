@@ -148,8 +148,21 @@ def test_ranges_bracket_the_central_time():
     t = perf.model_range(tr, "trn2")
     assert t.time_low_ns < t.time_ns < t.time_high_ns
     assert t.launch_low_ns < t.launch_ns < t.launch_high_ns
+    assert not t.range_clamped
     t1 = perf.model_range(tr, TRN1)
     assert t1.target == "trn1" and t1.time_low_ns < t1.time_ns
+
+
+def test_range_always_contains_the_central_figure(monkeypatch):
+    # list scheduling is not monotone: if the fast end's schedule comes out slower, the
+    # range is widened to the central figure and says so
+    from nki_ssm.perf import hardware
+
+    tr = trace_of(*_independent_vector_ops(4, n=256))
+    swapped = {k: (b, a) for k, (a, b) in hardware.ranges("trn2").items()}
+    monkeypatch.setattr(hardware, "ranges", lambda spec: swapped)
+    t = perf.model_range(tr, "trn2")
+    assert t.time_low_ns == t.time_ns == t.time_high_ns and t.range_clamped
 
 
 # ------------------------------------------------------------ with the simulator
