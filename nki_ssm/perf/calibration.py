@@ -549,7 +549,7 @@ def summarize(rows: list[CalibrationRow]) -> str:
 
 
 def main(argv=None) -> int:
-    """python -m nki_ssm.perf.calibration [--kernels-from DIR] [--only NAME,...]"""
+    """python -m nki_ssm.perf.calibration [--kernels-from DIR] [--only NAME,...] [--measured FILE]"""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m nki_ssm.perf.calibration", description=__doc__.split("\n")[0])
@@ -557,6 +557,9 @@ def main(argv=None) -> int:
                     help="checkout of aws-neuron/aws-neuron-sdk (or a dir holding its nki/examples): re-run "
                          "the published kernels and rewrite calibration_published.json")
     ap.add_argument("--only", help="comma-separated row names")
+    ap.add_argument("--measured", metavar="FILE",
+                    help="results.json of a deploy.bench run on a trn instance: print its measured "
+                         "rows as calibration check rows (measured vs modeled) after the table")
     args = ap.parse_args(argv)
     names = set(args.only.split(",")) if args.only else None
     if args.kernels_from:
@@ -565,6 +568,12 @@ def main(argv=None) -> int:
         save_published(run_published(args.kernels_from, names))
     rows = run_calibration(names=names)
     print(table_markdown(rows))
+    if args.measured:
+        from .measured import calibration_rows
+        if not os.path.isfile(args.measured):
+            ap.error(f"--measured: {args.measured} is not a file")
+        print()
+        print(table_markdown(calibration_rows(args.measured)))
     return 0
 
 

@@ -44,3 +44,17 @@ def test_reads_a_file_or_folder_and_rejects_other_json(tmp_path, capsys):
     assert main([str(tmp_path / "results.json")]) == 0
     assert "a/x/1seq/bf16" in capsys.readouterr().out
     assert main([]) == 2
+
+
+def test_calibration_cli_prints_measured_rows_after_the_table(capsys):
+    """`python -m nki_ssm.perf.calibration --measured results.json` (issue 13 item 3)."""
+    from pathlib import Path
+
+    from nki_ssm.perf import calibration
+
+    path = Path(__file__).parents[1] / "deploy" / "data" / "results_fabricated.json"
+    want = [r.name for r in calibration_rows(str(path))]
+    assert want
+    assert calibration.main(["--only", "launch_overhead", "--measured", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "launch_overhead" in out and all(name in out for name in want)
