@@ -330,8 +330,9 @@ def _plan_steps(chunks, batch, tn, T):
         for t0 in range(0, T, tn):
             n = min(tn, T - t0)
             for b0 in range(0, len(subs), batch):
-                last = t0 + n >= T and b0 + batch >= len(subs)
-                steps.append((ci, subs[b0:b0 + batch], t0, n, last))
+                b1 = min(b0 + batch, len(subs))      # NKI: no slice past the end
+                last = t0 + n >= T and b1 == len(subs)
+                steps.append((ci, subs[b0:b1], t0, n, last))
     return steps
 
 
