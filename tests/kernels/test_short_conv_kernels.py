@@ -243,12 +243,12 @@ def test_prefill_one_specialisation_per_bucket(dtype, pool_dtype):
 
 
 def test_prefill_program_size_does_not_grow_with_tokens(rng):
-    """One sequence of 1500 tokens (bucket 2048: 2 chunk pairs) and of 4000 (bucket
-    4096: 4 pairs): the same static program (each runtime loop body once)."""
+    """One sequence of 3000 tokens (bucket 4096: 3 chunk pairs) and of 9000 (bucket
+    16384: 9 pairs): the same static program (each runtime loop body once)."""
     from nki_ssm.sim.trace import record
 
     sizes = []
-    for n in (1500, 4000):
+    for n in (3000, 9000):
         inp = make_short_conv_inputs(rng, seqlens=[n], dim=128, W=4, dtype=BF16,
                                      pool_dtype=BF16, has_initial_state=True, bias=False)
         with record() as trace:
@@ -282,8 +282,8 @@ def test_prefill_tables_from_cu_seqlens():
     assert info[:3, 0].tolist() == [4, 0, 3] and info[:3, 1].tolist() == [1, 0, 1]
     assert info[:3, 2:2 + H + 1].tolist() == [[0, 0, 1, 0], [0, 0, 0, 1], [0, 0, 0, 1]]
     assert info[:3, H + 3].tolist() == [0, 1, 0]
-    # 600 tokens -> 2 chunks of 512 -> 1 pair; 3 live; spacing 1; ceil(3 / 2) = 2
-    assert counts.tolist() == [[1, 3, 1, 2]]
+    # 600 tokens -> 2 chunks of 512 -> 1 pair: 0 loop iterations + the peeled last pair
+    assert counts.tolist() == [[0, 3, 1]]
 
 
 # --------------------------------------------------------------------------- decode

@@ -402,165 +402,102 @@ def _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot):
                   src=outs[a][0:TILE, 0:nblk, 0:gw])
 
 
-def _flag(fl, j, cnt, c, add, op, c2):
-    """fl[j] = (cnt[c] + add) op cnt[c2] (1.0 / 0.0), one VectorE instruction."""
-    nisa.tensor_scalar(dst=fl[0:1, j:j + 1], data=cnt[0:1, c:c + 1], op0=nl.add,
-                       operand0=float(add), op1=op, operand1=cnt[0:1, c2:c2 + 1])
-
-
-def _loop_flags(cnt, flags, rowi):
-    """On-chip control of stream iteration k. ``cnt`` (float32) = [k, pairs, live,
-    spacing, ctr, hidx, -, 1.0]: a head of the previous group is carried every
-    ``spacing`` iterations (ctr counts to it), hidx is the next head. Flags (copied to
-    int32 for register loads): fl[2] = carry and hidx < live (compute head hidx at the
-    end), fl[0] = fl[2] and hidx >= 1 (load it at the start; head 0 is loaded before the
-    loop), fl[1] = k + 1 < pairs (refill the windows), fl[3] = the last iteration (load
-    the next group's first windows); rowi[0] = hidx (its table row)."""
-    fl, fli = flags
-    _flag(fl, 4, cnt, 4, 0, nl.less, 7)                  # carry: ctr < 1
-    _flag(fl, 5, cnt, 5, 0, nl.less, 2)                  # hidx < live
-    nisa.tensor_tensor(dst=fl[0:1, 2:3], data1=fl[0:1, 4:5], data2=fl[0:1, 5:6], op=nl.multiply)
-    _flag(fl, 6, cnt, 5, 0, nl.greater_equal, 7)         # hidx >= 1
-    nisa.tensor_tensor(dst=fl[0:1, 0:1], data1=fl[0:1, 2:3], data2=fl[0:1, 6:7], op=nl.multiply)
-    nisa.tensor_copy(dst=rowi[0:1, 0:1], src=cnt[0:1, 5:6])
-    _flag(fl, 1, cnt, 0, 1, nl.less, 1)                  # k + 1 < pairs
-    _flag(fl, 3, cnt, 0, 1, nl.greater_equal, 1)         # last iteration
-    nisa.tensor_copy(dst=fli, src=fl)
-    # k += 1; hidx += carry; ctr = (ctr + 1) if ctr + 1 < spacing else 0
-    nisa.tensor_scalar(dst=cnt[0:1, 0:1], data=cnt[0:1, 0:1], op0=nl.add, operand0=1.0)
-    nisa.tensor_tensor(dst=cnt[0:1, 5:6], data1=cnt[0:1, 5:6], data2=fl[0:1, 4:5], op=nl.add)
-    _flag(fl, 6, cnt, 4, 1, nl.less, 3)
-    nisa.tensor_scalar(dst=cnt[0:1, 4:5], data=cnt[0:1, 4:5], op0=nl.add, operand0=1.0)
-    nisa.tensor_tensor(dst=cnt[0:1, 4:5], data1=cnt[0:1, 4:5], data2=fl[0:1, 6:7], op=nl.multiply)
-
-
-def _first_head(hctx, ctl, zero, g, sel):
-    """Load head 0 of group g (when live > 0) before the loop that computes it; resets
-    the loop counters (k, ctr, hidx)."""
-    cnt, flags = ctl[0], ctl[1]
-    fl, fli = flags
-    nisa.memset(dst=cnt[0:1, 0:1], value=0.0)
-    nisa.memset(dst=cnt[0:1, 4:6], value=0.0)
-    _flag(fl, 0, cnt, 0, 0, nl.less, 2)
-    nisa.tensor_copy(dst=fli[0:1, 0:1], src=fl[0:1, 0:1])
-    nisa.register_load(dst=ctl[3], src=fli[0:1, 0:1])
-    for _ in nl.dynamic_range(ctl[3]):
-        _head_load(hctx, zero, g, 0, sel)
-
-
-def _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, ctl, head,
+def _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, refill,
                  next_group):
-    """One iteration k of the stream loop (software pipelined across iterations): chunk
-    2k (slot A) is computed while 2k+1's window (slot B) arrives, then A's slot is
-    refilled with chunk 2k+2 while 2k+1 is computed, and B's with 2k+3 -- the refills
-    only while pairs remain (a one-trip / zero-trip ``dynamic_range`` on a flag computed
-    on chip); in the last iteration the slots take the next group's first chunks
-    instead, so its windows load under this group's last matmuls.
-
-    ``head`` = (hctx, k, previous group) or None: the loop also carries the heads of the
-    previous channel group, one every ``spacing = max(1, pairs // live)`` iterations (so
-    their small DMAs spread over the stream): a head's tables and window are loaded at
-    the start of the iteration (head 0 before the loop) and it is computed at the end,
-    after the pair's matmuls, so no in-order engine waits for a head's DMAs."""
+    """Two chunks (slots A, B): A is computed while B's window arrives; when ``refill``,
+    each slot is reloaded with the chunk two ahead as soon as its matmuls are done (the
+    DMAs run on across the loop's iteration boundary, where the compute engines
+    synchronise); ``next_group`` (the peeled last pair of a group): the slots take the
+    next group's first chunks instead, so its windows load under this pair's matmuls."""
     run = bufs[0]
-    cnt, flags, more_reg, head_reg, hc_reg, rowi, last_reg = ctl
-    fli = flags[1]
     CH = bufs[5][0][0].shape[2] - _margin(W - 1)
     _restart(rot)
-    _loop_flags(cnt, flags, rowi)
-    nisa.register_load(dst=head_reg, src=fli[0:1, 0:1])
-    nisa.register_load(dst=more_reg, src=fli[0:1, 1:2])
-    nisa.register_load(dst=hc_reg, src=fli[0:1, 2:3])
-    nisa.register_load(dst=last_reg, src=fli[0:1, 3:4])
-    if head != None:  # noqa: E711
-        for _ in nl.dynamic_range(head_reg):
-            _head_load(head[0], rowi[0:1, 0:1], head[2], 0, (0, head[2]))
     for a in range(2):
         _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot)
-        if a == 0:
-            nisa.tensor_scalar(dst=run, data=run, op0=nl.add, operand0=float(2 * CH))
-        for _ in nl.dynamic_range(more_reg):
+        if refill:
+            if a == 0:
+                nisa.tensor_scalar(dst=run, data=run, op0=nl.add, operand0=float(2 * CH))
             _next_window(x, bufs, a, group, W, rot)
-        if next_group != None:  # noqa: E711
-            # last iteration: the slot takes the next group's chunk a, ahead of this
-            # iteration's remaining stores in DMA order
-            for _ in nl.dynamic_range(last_reg):
-                _next_window(x, bufs, a, next_group, W, rot, True)
-    if head != None:  # noqa: E711
-        for _ in nl.dynamic_range(hc_reg):
-            _head_compute(head[0], head[1], head[2], (0, head[2]))
+        elif next_group != None:  # noqa: E711
+            _next_window(x, bufs, a, next_group, W, rot, True)
 
 
-def _head_load(hctx, s, g, shift, sel):
-    """Loads of a head (s: a register or a [1, 1] int32 tile): row s + shift of the head
-    tables, the has-initial-state / case flags into
-    registers, and the window [old state | first NH tokens | last NH tokens] of one
-    channel group (old state at columns M-H .. M: the slot's values, or zeros)."""
-    x, y, pool, tabsets, regsets, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot, zhalo = hctx
-    # sel = (table / register set, head buffer set): two heads can be in flight
-    tabs = tabsets[sel[0]]
-    regs = regsets[sel[0]]
-    hb = hbs[sel[1]]
-    group = groups[g]
-    t0 = group[0] // TILE
-    num_rows, dim = x.shape
-    c0, n, P = group
+def _head_sequence(hctx, s):
+    """Iteration s of the head loop: for every channel group (own buffers, so the groups'
+    DMA chains overlap) the window [old state | first NH tokens | last NH tokens] of
+    live sequence s, its first H outputs and its new state. The old state / zeros and
+    the new-state case are each one runtime conditional around all groups' DMAs."""
+    (x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot,
+     zhalo) = hctx
     H = W - 1
     M = _margin(H)
     sidx, yr, info = tabs
     init_reg, case_regs = regs
     seq_rows, seq_yrows, seq_info = seq_tabs
-    wt, ws, tmh, acc, tmp, ot = hb
     NH2 = sidx.shape[0]
     K = info.shape[1]
-    nisa.dma_copy(dst=sidx, src=seq_rows.ap(pattern=[[1, NH2], [1, 1]], offset=shift * NH2,
-                                            scalar_offset=s, indirect_dim=0))
     YH = yr.shape[0]
-    nisa.dma_copy(dst=yr, src=seq_yrows.ap(pattern=[[1, YH], [1, 1]], offset=shift * YH,
+    _restart(rot)
+    nisa.dma_copy(dst=sidx, src=seq_rows.ap(pattern=[[1, NH2], [1, 1]], offset=0,
+                                            scalar_offset=s, indirect_dim=0))
+    nisa.dma_copy(dst=yr, src=seq_yrows.ap(pattern=[[1, YH], [1, 1]], offset=0,
                                            scalar_offset=s, indirect_dim=0))
-    nisa.dma_copy(dst=info, src=seq_info.ap(pattern=[[K, 1], [1, K]], offset=shift * K,
+    nisa.dma_copy(dst=info, src=seq_info.ap(pattern=[[K, 1], [1, K]], offset=0,
                                             scalar_offset=s, indirect_dim=0))
     nisa.register_load(dst=init_reg[0], src=info[0:1, 1:2])
     nisa.register_load(dst=init_reg[1], src=info[0:1, H + 3:H + 4])
     for c in range(H + 1):
         nisa.register_load(dst=case_regs[c], src=info[0:1, 2 + c:3 + c])
-    state = pool.ap(pattern=[[H, P], [TILE * H, n], [1, H]], offset=c0 * H,
-                    scalar_offset=info[0:1, 0:1], indirect_dim=0)
-    # old state: the slot, or (no initial state) zeros by DMA from a zero tile -- a
-    # memset would hold VectorE, in order, until the previous head's state write has
-    # read these columns
+    states = []
+    for g in range(len(groups)):
+        c0, n, P = groups[g]
+        states.append(pool.ap(pattern=[[H, P], [TILE * H, n], [1, H]], offset=c0 * H,
+                              scalar_offset=info[0:1, 0:1], indirect_dim=0))
+    # old state at columns M-H .. M: the slot, or zeros (by DMA: a memset would wait, in
+    # VectorE's order, for the previous sequence's state writes to read these columns)
     for _ in nl.dynamic_range(init_reg[1]):
-        nisa.dma_copy(dst=wt[0:P, 0:n, M - H:M], src=zhalo[0:P, 0:n, :])
+        for g in range(len(groups)):
+            c0, n, P = groups[g]
+            nisa.dma_copy(dst=hbs[g][0][0:P, 0:n, M - H:M], src=zhalo[0:P, 0:n, :])
     for _ in nl.dynamic_range(init_reg[0]):
-        nisa.dma_copy(dst=wt[0:P, 0:n, M - H:M], src=state)
-    _window_load(x, sidx, NH2, wt, ws, tmh, M, c0, n, P, rot)
+        for g in range(len(groups)):
+            c0, n, P = groups[g]
+            nisa.dma_copy(dst=hbs[g][0][0:P, 0:n, M - H:M], src=states[g])
+    for g in range(len(groups)):
+        c0, n, P = groups[g]
+        wt, ws, tmh, acc, tmp, ot = hbs[g]
+        _window_load(x, sidx, NH2, wt, ws, tmh, M, c0, n, P, rot)
+    for g in range(len(groups)):
+        _head_outputs(hctx, g)
+    # new state = window columns L .. L+H of (old state ++ tokens): for L < H inside the
+    # head, else the last H tokens (end of the window)
+    for c in range(H + 1):
+        col = M - H + c
+        if c == H:
+            col = M + NH2 - H
+        for _ in nl.dynamic_range(case_regs[c]):
+            for g in range(len(groups)):
+                c0, n, P = groups[g]
+                nisa.dma_copy(dst=states[g], src=hbs[g][0][0:P, 0:n, col:col + H])
 
 
-def _head_compute(hctx, s, g, sel):
-    """Compute of a head: the first H outputs of the sequence (y rows from seq_yrows,
-    one row per partition; k >= length goes to a scratch row) and its new state (window
-    columns L .. L+H of old state ++ tokens, under the one-hot case of min(L, H)).
+def _head_outputs(hctx, g):
+    """The first H outputs of the sequence for channel group g, from its head window.
 
     The taps run on VectorE in float32 (weights as per-channel columns broadcast over
-    the H tokens; the diagonal-weight matmuls would need the group's diagonals
-    resident), then TensorE transposes the [128 ch, tiles x H] results to (tile, token)
-    rows."""
-    x, y, pool, tabsets, regsets, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot, zhalo = hctx
-    # sel = (table / register set, head buffer set): two heads can be in flight
-    tabs = tabsets[sel[0]]
-    regs = regsets[sel[0]]
-    hb = hbs[sel[1]]
-    group = groups[g]
-    t0 = group[0] // TILE
-    num_rows, dim = x.shape
-    c0, n, P = group
-    gw = (n - 1) * TILE + P
+    the H tokens: no group's diagonals need to stay resident), one TensorE transpose
+    per 128 // H tiles turns ``[P ch, (tile j, token k)]`` into rows (j, k), ScalarE
+    applies the activation, and one DMA writes row (j, k) -- channels c0 + j*128 .. + P
+    of token k -- to y's 128-channel row ``yr[j*H + k] + c0 / 128`` (``row_k * NT +
+    j``; one contiguous run per partition; k >= length -> a scratch row)."""
+    (x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot,
+     zhalo) = hctx
+    c0, n, P = groups[g]
+    t0 = c0 // TILE
     H = W - 1
     M = _margin(H)
-    sidx, yr, info = tabs
-    init_reg, case_regs = regs
-    wt, ws, tmh, acc, tmp, ot = hb
-    NH2 = sidx.shape[0]
+    yr = tabs[1]
+    wt, ws, tmh, acc, tmp, ot = hbs[g]
     for k in range(W):
         # weight[c, k] broadcast over the H tokens (NkiTensor.broadcast: a size-1 free dim
         # repeated without a copy)
@@ -575,10 +512,6 @@ def _head_compute(hctx, s, g, sel):
     if b_all != None:  # noqa: E711
         bk = b_all[0:P, t0:t0 + n, 0:1].broadcast(2, H)
         nisa.tensor_tensor(dst=acc[0:P, 0:n, :], data1=acc[0:P, 0:n, :], data2=bk, op=nl.add)
-    # one TensorE transpose per 128 // H tiles: [P ch, (tile j, token k)] -> rows (j, k);
-    # row (j, k) holds channels c0 + j*128 .. + P of token k and goes to y's row
-    # ``yr[j*H + k] + c0 / 128`` (y stored as 128-channel rows: ``row_k * NT + j``; one
-    # contiguous run per partition; k >= length -> a scratch row)
     row = acc.shape[1] * acc.shape[2]
     tb = TILE // H
     for j0 in range(0, n, tb):
@@ -588,58 +521,8 @@ def _head_compute(hctx, s, g, sel):
                           data=acc.ap(pattern=[[row, P], [1, nb * H]], offset=j0 * H))
         nisa.activation(dst=ot[0:nb * H, 0:P], op=act_op, data=ps[0:nb * H, 0:P])
         nisa.dma_copy(dst=y.ap(pattern=[[TILE, nb * H], [1, P]], offset=c0,
-                                vector_offset=yr[j0 * H:(j0 + nb) * H, 0:1], indirect_dim=0),
+                               vector_offset=yr[j0 * H:(j0 + nb) * H, 0:1], indirect_dim=0),
                       src=ot[0:nb * H, 0:P])
-    state = pool.ap(pattern=[[H, P], [TILE * H, n], [1, H]], offset=c0 * H,
-                    scalar_offset=info[0:1, 0:1], indirect_dim=0)
-    for c in range(H + 1):
-        col = M - H + c
-        if c == H:
-            col = M + NH2 - H
-        for _ in nl.dynamic_range(case_regs[c]):
-            nisa.dma_copy(dst=state, src=wt[0:P, 0:n, col:col + H])
-
-
-def _final_heads(hctx, ctl, zero, live_pairs, g):
-    """Heads of the last channel group: a runtime loop over pairs of live sequences
-    (2j: table / buffer set A, 2j+1: set B), each head loaded one iteration ahead, so
-    two heads' DMA chains are in flight while the other computes."""
-    cnt, flags, rowi = ctl[0], ctl[1], ctl[5]
-    fl, fli = flags
-    A = (0, g)
-    B = (1, len(hctx[9]))
-    rot = hctx[12]
-    nisa.memset(dst=cnt[0:1, 0:1], value=0.0)
-    nisa.memset(dst=rowi[0:1, 3:4], value=1)
-    for j in range(2):
-        _flag(fl, j, cnt, 0, j, nl.less, 2)
-    nisa.tensor_copy(dst=fli[0:1, 0:2], src=fl[0:1, 0:2])
-    nisa.register_load(dst=ctl[2], src=fli[0:1, 0:1])
-    nisa.register_load(dst=ctl[3], src=fli[0:1, 1:2])
-    for _ in nl.dynamic_range(ctl[2]):
-        _head_load(hctx, zero, g, 0, A)
-    for _ in nl.dynamic_range(ctl[3]):
-        _head_load(hctx, rowi[0:1, 3:4], g, 0, B)
-    for i in nl.dynamic_range(live_pairs):
-        # c = 2i: fl[1] = c+1 < live (head B), fl[2] / fl[3] = c+2 / c+3 < live (next
-        # loads), rows c+2, c+3
-        _restart(rot)
-        for j in range(1, 4):
-            _flag(fl, j, cnt, 0, j, nl.less, 2)
-        nisa.tensor_copy(dst=fli[0:1, 1:4], src=fl[0:1, 1:4])
-        nisa.tensor_scalar(dst=rowi[0:1, 1:2], data=cnt[0:1, 0:1], op0=nl.add, operand0=2.0)
-        nisa.tensor_scalar(dst=rowi[0:1, 2:3], data=cnt[0:1, 0:1], op0=nl.add, operand0=3.0)
-        nisa.tensor_scalar(dst=cnt[0:1, 0:1], data=cnt[0:1, 0:1], op0=nl.add, operand0=2.0)
-        nisa.register_load(dst=ctl[2], src=fli[0:1, 1:2])
-        nisa.register_load(dst=ctl[3], src=fli[0:1, 2:3])
-        nisa.register_load(dst=ctl[4], src=fli[0:1, 3:4])
-        _head_compute(hctx, i, g, A)
-        for _ in nl.dynamic_range(ctl[3]):
-            _head_load(hctx, rowi[0:1, 1:2], g, 0, A)
-        for _ in nl.dynamic_range(ctl[2]):
-            _head_compute(hctx, i, g, B)
-        for _ in nl.dynamic_range(ctl[4]):
-            _head_load(hctx, rowi[0:1, 2:3], g, 0, B)
 
 
 def _channel_columns(src, dim, width, dst):
@@ -747,45 +630,57 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
                            operand0=float(NB - 1))
     bufs = (run, st, sti, base, idx2, wins, outs, idx0, st0, nt)
     zero = nisa.register_alloc(0)
+    # loop counts: chunk pairs before the last one, live sequences, (pairs >= 1)
     pairs = nisa.register_alloc(0)
     nisa.register_load(dst=pairs, src=counts[0:1, 0:1])
     live = nisa.register_alloc(0)
     nisa.register_load(dst=live, src=counts[0:1, 1:2])
-    live_pairs = nisa.register_alloc(0)
-    nisa.register_load(dst=live_pairs, src=counts[0:1, 3:4])
-    # loop control on chip (see _loop_flags): cnt = [k, pairs, live, spacing, ctr, hidx,
-    # -, 1.0] in float32 (exact small integers), flags fl / fli, table rows rowi
-    cnt_i = nl.ndarray((1, 4), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=cnt_i, src=counts)
-    cnt = nl.ndarray((1, 8), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=cnt, value=0.0)
-    nisa.tensor_copy(dst=cnt[0:1, 1:4], src=cnt_i[0:1, 0:3])
-    nisa.memset(dst=cnt[0:1, 7:8], value=1.0)
-    fl = nl.ndarray((1, 8), dtype=nl.float32, buffer=nl.sbuf)
-    fli = nl.ndarray((1, 8), dtype=nl.int32, buffer=nl.sbuf)
-    rowi = nl.ndarray((1, 4), dtype=nl.int32, buffer=nl.sbuf)
-    ctl = (cnt, (fl, fli), nisa.register_alloc(0), nisa.register_alloc(0),
-           nisa.register_alloc(0), rowi, nisa.register_alloc(0))
+    has_last = nisa.register_alloc(0)
+    nisa.register_load(dst=has_last, src=counts[0:1, 2:3])
 
-    # head buffers: one set per channel group plus one (two heads in flight in the final
-    # loop); two table / register sets
-    tabsets = []
-    regsets = []
-    for t in range(2):
-        tabsets.append((nl.ndarray((NH2, 1), dtype=nl.uint32, buffer=nl.sbuf),
-                        nl.ndarray((seq_yrows.shape[1], 1), dtype=nl.int32, buffer=nl.sbuf),
-                        nl.ndarray((1, H + 4), dtype=nl.int32, buffer=nl.sbuf)))
-        case_regs = []
-        for c in range(H + 1):
-            case_regs.append(nisa.register_alloc(0))
-        regsets.append(((nisa.register_alloc(0), nisa.register_alloc(0)), case_regs))
+    # 1. stream loops, one per channel group, each followed by its peeled last pair
+    weights = []
+    for g in range(len(groups)):
+        weights.append(None)
+    weights[0] = _group_weights(weight, bias, ident, groups[0], W, mm_dtype, has_bias,
+                                w_split, b_split)
+    _restart(rot)
+    for a in range(2):
+        # group 0's first windows (later groups': the previous group's last pair)
+        _next_window(x, bufs, a, groups[0], W, rot, True)
+    for g in range(len(groups)):
+        nisa.memset(dst=run, value=0.0)
+        if g + 1 < len(groups):
+            # the next group's diagonals are built (VectorE) while this group streams
+            weights[g + 1] = _group_weights(weight, bias, ident, groups[g + 1], W, mm_dtype,
+                                            has_bias, w_split, b_split)
+        for k in nl.dynamic_range(pairs):
+            _stream_pair(x, y, bufs, weights[g], ones, groups[g], W, act_op, vec_every, rot,
+                         True, None)
+        next_group = None
+        if g + 1 < len(groups):
+            next_group = groups[g + 1]
+        for _ in nl.dynamic_range(has_last):
+            _stream_pair(x, y, bufs, weights[g], ones, groups[g], W, act_op, vec_every, rot,
+                         False, next_group)
+        weights[g] = None     # the group's diagonals die here
+
+    # 2. head loop over live sequences (every group per iteration); a head rewrites rows
+    # the stream loops wrote
+    tabs = (nl.ndarray((NH2, 1), dtype=nl.uint32, buffer=nl.sbuf),
+            nl.ndarray((seq_yrows.shape[1], 1), dtype=nl.int32, buffer=nl.sbuf),
+            nl.ndarray((1, H + 4), dtype=nl.int32, buffer=nl.sbuf))
+    case_regs = []
+    for c in range(H + 1):
+        case_regs.append(nisa.register_alloc(0))
+    regs = ((nisa.register_alloc(0), nisa.register_alloc(0)), case_regs)
     seq_tabs = (seq_rows, seq_yrows, seq_info)
     tmh = None
     if tok_major:
         tmh = nl.ndarray((TILE, 1, GW), dtype=x.dtype, buffer=nl.sbuf)
-    hbs = []
     hot = nl.ndarray((TILE, TILE), dtype=x.dtype, buffer=nl.sbuf)  # head output rows, shared
-    for g in range(len(groups) + 1):
+    hbs = []
+    for g in range(len(groups)):
         ws = None
         if x_stage:
             ws = nl.ndarray((TILE, gt, FH), dtype=x.dtype, buffer=nl.sbuf)
@@ -794,52 +689,10 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
                     nl.ndarray((TILE, gt, H), dtype=nl.float32, buffer=nl.sbuf), hot))
     zhalo = nl.ndarray((TILE, gt, H), dtype=mm_dtype, buffer=nl.sbuf)
     nisa.memset(dst=zhalo, value=0.0)
-    hctx = (x, y, pool, tabsets, regsets, seq_tabs, hbs, w_all, b_all, groups, W, act_op,
-            rot, zhalo)
-
-    # Per channel group g: a stream loop over the token chunks, which also carries the
-    # heads of group g-1; sequences past the pair count get their group g-1 heads in a
-    # loop right after. The last group's heads run in a final loop, two in flight. A
-    # head rewrites rows the stream of its group has written.
-    weights = []
-    for g in range(len(groups)):
-        weights.append(None)
-    weights[0] = _group_weights(weight, bias, ident, groups[0], W, mm_dtype, has_bias,
-                                w_split, b_split)
-    for g in range(len(groups)):
-        # prologue: chunks 0 and 1 in flight (each iteration computes two and refills),
-        # head 0 of the previous group loaded
-        nisa.memset(dst=run, value=0.0)
-        _restart(rot)
-        if g == 0:
-            # (later groups' first windows are loaded by the previous loop's last iteration)
-            for a in range(2):
-                _next_window(x, bufs, a, groups[g], W, rot, True)
-        if g > 0:
-            _first_head(hctx, ctl, zero, g - 1, (0, g - 1))
-        nisa.memset(dst=cnt[0:1, 0:1], value=0.0)
-        if g + 1 < len(groups):
-            # the next group's diagonals are built (VectorE) while this group streams
-            weights[g + 1] = _group_weights(weight, bias, ident, groups[g + 1], W, mm_dtype,
-                                            has_bias, w_split, b_split)
-        for k in nl.dynamic_range(pairs):
-            head = None
-            if g > 0:
-                head = (hctx, k, g - 1)
-            next_group = None
-            if g + 1 < len(groups):
-                next_group = groups[g + 1]
-            _stream_pair(x, y, bufs, weights[g], ones, groups[g], W, act_op, vec_every, rot,
-                         ctl, head, next_group)
-        weights[g] = None     # the group's diagonals die here
-        if g > 0:
-            # sequences past the pair count (only when live > pairs, so spacing is 1 and
-            # heads 0 .. pairs-1 were carried; head `pairs` is loaded again, harmlessly)
-            for s in nl.dynamic_range(pairs, live):
-                _restart(rot)
-                _head_load(hctx, s, g - 1, 0, (0, g - 1))
-                _head_compute(hctx, s, g - 1, (0, g - 1))
-    _final_heads(hctx, ctl, zero, live_pairs, len(groups) - 1)
+    hctx = (x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot,
+            zhalo)
+    for s in nl.dynamic_range(live):
+        _head_sequence(hctx, s)
     return y
 
 

@@ -69,9 +69,9 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_buck
       arange(H), NB + arange(H)) * nt + j`` (scratch rows past the bucket; broadcast ops);
     - seq_info: slot (``where(live, idx, 0)``), ``has_initial_state & live``, one-hot of
       ``minimum(length, H)`` (``eq`` with ``arange(H + 1)``), its negation, stacked;
-    - counts: ``pairs = ceil(ceil(num_tokens / CHUNK) / 2)`` chunk pairs, num_live,
-      ``max(1, pairs // num_live)`` (iterations between carried heads) and
-      ``ceil(num_live / 2)`` (integer ops on scalars of ``cu[-1]`` and num_live).
+    - counts: with ``pairs = ceil(ceil(num_tokens / CHUNK) / 2)`` chunk pairs,
+      ``max(pairs - 1, 0)`` (the stream loop; the last pair is peeled), num_live and
+      ``pairs >= 1`` (integer ops on scalars of ``cu[-1]`` and num_live).
     """
     from nki_ssm.kernels.short_conv.prefill import (GROUP_TILES, TILE, _chunk_tokens,
                                                      _index_columns, _margin)
@@ -114,8 +114,7 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_buck
                                ~has_init[perm][:, None]], axis=1)
     n_real = -(-int(cu[-1]) // CH)
     pairs = (n_real + 1) // 2
-    spacing = max(1, pairs // max(num_live, 1))
-    counts = np.array([[pairs, num_live, spacing, (num_live + 1) // 2]], dtype=np.int64)
+    counts = np.array([[max(pairs - 1, 0), num_live, int(pairs >= 1)]], dtype=np.int64)
     f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)  # noqa: E731
     u32 = lambda a: np.ascontiguousarray(a, dtype=np.uint32)  # noqa: E731
     i32 = lambda a: np.ascontiguousarray(a, dtype=np.int32)  # noqa: E731
