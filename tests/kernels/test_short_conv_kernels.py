@@ -275,10 +275,14 @@ def test_prefill_tables_from_cu_seqlens():
     assert rows.shape == (4, 2 * M, 1) and rows.dtype == np.uint32
     np.testing.assert_array_equal(rows[:3, :M, 0], np.clip(starts[:, None] + np.arange(M), 0, 1023))
     np.testing.assert_array_equal(rows[:3, M:, 0], np.clip(ends[:, None] - M + np.arange(M), 0, 1023))
-    assert yrows.shape == (4, 16 * H, 1)
-    # y as 128-channel rows (2 per token at dim 256): token row * 2 + tile at tile * H + k
-    assert (yrows[:3, 0:H, 0] // 2).tolist() == [[0, 1, 1024 + 2], [2, 3, 4], [7, 8, 9]]
-    assert yrows[2, 5 * H + 1, 0] == 8 * 2 + 5
+    # y as 128-channel rows (2 per token at dim 256): row_k * 2 + tile j at (j * H + k) of
+    # one column (128 // H = 42 tiles per column)
+    assert yrows.shape == (4, 1, 128)
+    assert (yrows[:3, 0, 0:H] // 2).tolist() == [[0, 1, 1024 + 2], [2, 3, 4], [7, 8, 9]]
+    assert yrows[2, 0, 1 * H + 1] == 8 * 2 + 1
+    # dim 300: two full tiles in column 0, the 44-channel tile alone in column 1
+    _, _, yr300, _, _ = prefill_tables(cu, idx, init, 1024, 4, 4, 300)
+    assert yr300.shape == (4, 2, 128) and yr300[1, 1, 0:H].tolist() == [2 * 3 + 2, 3 * 3 + 2, 4 * 3 + 2]
     assert info[:3, 0].tolist() == [4, 0, 3] and info[:3, 1].tolist() == [1, 0, 1]
     assert info[:3, 2:2 + H + 1].tolist() == [[0, 0, 1, 0], [0, 0, 0, 1], [0, 0, 0, 1]]
     assert info[:3, H + 3].tolist() == [0, 1, 0]

@@ -290,26 +290,31 @@ def _window_load(x, idx, rows, xw, xs, tm, col0, c0, n, P, rot):
             nisa.tensor_copy(dst=xw[0:P, 0:n, col0:col0 + rows], src=xs[0:P, 0:n, col0:col0 + rows])
         return
     nblk = (rows + TILE - 1) // TILE
-    for j in range(nblk):
-        nr = min(TILE, rows - j * TILE)
-        nisa.dma_copy(dst=tm[0:nr, j, 0:gw],
-                      src=x.ap(pattern=[[dim, nr], [1, gw]], offset=c0,
-                               vector_offset=idx[0:nr, j:j + 1], indirect_dim=0))
     per_bank = BANK // TILE
-    for jj in range(n):
-        pj = min(TILE, gw - jj * TILE)
-        for j0 in range(0, nblk, per_bank):
-            ps = _take(rot, 0)
-            ncols = 0
-            for j in range(j0, min(nblk, j0 + per_bank)):
-                nr = min(TILE, rows - j * TILE)
-                nisa.nc_transpose(dst=ps[0:pj, ncols:ncols + nr],
-                                  data=tm[0:nr, j, jj * TILE:jj * TILE + pj])
-                ncols = ncols + nr
-            c = col0 + j0 * TILE
-            # ScalarE evicts (VectorE carries every other channel tile's taps in fp32)
-            nisa.tensor_copy(dst=xw[0:pj, jj, c:c + ncols], src=ps[0:pj, 0:ncols],
-                             engine=nisa.engine.scalar)
+    st_tiles = tm.shape[2] // TILE        # channel tiles the staging tile holds at once
+    for s0 in range(0, n, st_tiles):
+        sn = min(st_tiles, n - s0)
+        sw = min(sn * TILE, gw - s0 * TILE)
+        for j in range(nblk):
+            nr = min(TILE, rows - j * TILE)
+            nisa.dma_copy(dst=tm[0:nr, j, 0:sw],
+                          src=x.ap(pattern=[[dim, nr], [1, sw]], offset=c0 + s0 * TILE,
+                                   vector_offset=idx[0:nr, j:j + 1], indirect_dim=0))
+        for jj in range(s0, s0 + sn):
+            pj = min(TILE, gw - jj * TILE)
+            lo = (jj - s0) * TILE
+            for j0 in range(0, nblk, per_bank):
+                ps = _take(rot, 0)
+                ncols = 0
+                for j in range(j0, min(nblk, j0 + per_bank)):
+                    nr = min(TILE, rows - j * TILE)
+                    nisa.nc_transpose(dst=ps[0:pj, ncols:ncols + nr],
+                                      data=tm[0:nr, j, lo:lo + pj])
+                    ncols = ncols + nr
+                c = col0 + j0 * TILE
+                # ScalarE evicts (VectorE carries every other channel tile's taps in fp32)
+                nisa.tensor_copy(dst=xw[0:pj, jj, c:c + ncols], src=ps[0:pj, 0:ncols],
+                                 engine=nisa.engine.scalar)
 
 
 def _taps(ps, col, xw, weights, ones, jj, pj, first_col, m, W):
@@ -423,10 +428,12 @@ def _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, re
 
 
 def _head_sequence(hctx, s):
-    """Iteration s of the head loop: for every channel group (own buffers, so the groups'
-    DMA chains overlap) the window [old state | first NH tokens | last NH tokens] of
-    live sequence s, its first H outputs and its new state. The old state / zeros and
-    the new-state case are each one runtime conditional around all groups' DMAs."""
+    """Iteration s of the head loop: for the full 128-channel tiles at once (and the
+    partial last tile, if any: ``groups`` here are these one or two head groups) the
+    window [old state | first NH tokens | last NH tokens] of live sequence s, its first
+    H outputs and its new state -- one DMA per head group for each. The old state /
+    zeros and the new-state case are each one runtime conditional around all head
+    groups' DMAs."""
     (x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot,
      zhalo) = hctx
     H = W - 1
@@ -436,11 +443,11 @@ def _head_sequence(hctx, s):
     seq_rows, seq_yrows, seq_info = seq_tabs
     NH2 = sidx.shape[0]
     K = info.shape[1]
-    YH = yr.shape[0]
+    YB = yr.shape[1]
     _restart(rot)
     nisa.dma_copy(dst=sidx, src=seq_rows.ap(pattern=[[1, NH2], [1, 1]], offset=0,
                                             scalar_offset=s, indirect_dim=0))
-    nisa.dma_copy(dst=yr, src=seq_yrows.ap(pattern=[[1, YH], [1, 1]], offset=0,
+    nisa.dma_copy(dst=yr, src=seq_yrows.ap(pattern=[[1, TILE], [TILE, YB]], offset=0,
                                            scalar_offset=s, indirect_dim=0))
     nisa.dma_copy(dst=info, src=seq_info.ap(pattern=[[K, 1], [1, K]], offset=0,
                                             scalar_offset=s, indirect_dim=0))
@@ -487,9 +494,10 @@ def _head_outputs(hctx, g):
     The taps run on VectorE in float32 (weights as per-channel columns broadcast over
     the H tokens: no group's diagonals need to stay resident), one TensorE transpose
     per 128 // H tiles turns ``[P ch, (tile j, token k)]`` into rows (j, k), ScalarE
-    applies the activation, and one DMA writes row (j, k) -- channels c0 + j*128 .. + P
-    of token k -- to y's 128-channel row ``yr[j*H + k] + c0 / 128`` (``row_k * NT +
-    j``; one contiguous run per partition; k >= length -> a scratch row)."""
+    applies the activation, and one DMA writes row (j, k) -- channels j*128 .. + P of
+    token k -- to y's 128-channel row ``row_k * NT + j`` (from column j // (128 // H)
+    of the yr tile, the partial tile in the last column; one contiguous run per
+    partition; k >= length -> a scratch row)."""
     (x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot,
      zhalo) = hctx
     c0, n, P = groups[g]
@@ -497,6 +505,10 @@ def _head_outputs(hctx, g):
     H = W - 1
     M = _margin(H)
     yr = tabs[1]
+    tb = TILE // H
+    col0 = 0
+    if g > 0:
+        col0 = (groups[0][1] + tb - 1) // tb      # the partial tile's column of yr
     wt, ws, tmh, acc, tmp, ot = hbs[g]
     for k in range(W):
         # weight[c, k] broadcast over the H tokens (NkiTensor.broadcast: a size-1 free dim
@@ -513,15 +525,16 @@ def _head_outputs(hctx, g):
         bk = b_all[0:P, t0:t0 + n, 0:1].broadcast(2, H)
         nisa.tensor_tensor(dst=acc[0:P, 0:n, :], data1=acc[0:P, 0:n, :], data2=bk, op=nl.add)
     row = acc.shape[1] * acc.shape[2]
-    tb = TILE // H
     for j0 in range(0, n, tb):
         nb = min(tb, n - j0)
+        b = col0 + j0 // tb
         ps = _take(rot, 0)
         nisa.nc_transpose(dst=ps[0:nb * H, 0:P],
                           data=acc.ap(pattern=[[row, P], [1, nb * H]], offset=j0 * H))
+        ot = _take(rot, 1)
         nisa.activation(dst=ot[0:nb * H, 0:P], op=act_op, data=ps[0:nb * H, 0:P])
-        nisa.dma_copy(dst=y.ap(pattern=[[TILE, nb * H], [1, P]], offset=c0,
-                               vector_offset=yr[j0 * H:(j0 + nb) * H, 0:1], indirect_dim=0),
+        nisa.dma_copy(dst=y.ap(pattern=[[TILE, nb * H], [1, P]], offset=0,
+                               vector_offset=yr[0:nb * H, b:b + 1], indirect_dim=0),
                       src=ot[0:nb * H, 0:P])
 
 
@@ -668,8 +681,14 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     # 2. head loop over live sequences (every group per iteration); a head rewrites rows
     # the stream loops wrote
     tabs = (nl.ndarray((NH2, 1), dtype=nl.uint32, buffer=nl.sbuf),
-            nl.ndarray((seq_yrows.shape[1], 1), dtype=nl.int32, buffer=nl.sbuf),
+            nl.ndarray((TILE, seq_yrows.shape[1]), dtype=nl.int32, buffer=nl.sbuf),
             nl.ndarray((1, H + 4), dtype=nl.int32, buffer=nl.sbuf))
+    # head groups: every full 128-channel tile at once, then the partial tile
+    hgroups = []
+    if dim // TILE > 0:
+        hgroups.append((0, dim // TILE, TILE))
+    if dim % TILE:
+        hgroups.append((dim // TILE * TILE, 1, dim % TILE))
     case_regs = []
     for c in range(H + 1):
         case_regs.append(nisa.register_alloc(0))
@@ -678,18 +697,22 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     tmh = None
     if tok_major:
         tmh = nl.ndarray((TILE, 1, GW), dtype=x.dtype, buffer=nl.sbuf)
-    hot = nl.ndarray((TILE, TILE), dtype=x.dtype, buffer=nl.sbuf)  # head output rows, shared
     hbs = []
-    for g in range(len(groups)):
+    for g in range(len(hgroups)):
+        hn = hgroups[g][1]
         ws = None
         if x_stage:
-            ws = nl.ndarray((TILE, gt, FH), dtype=x.dtype, buffer=nl.sbuf)
-        hbs.append((nl.ndarray((TILE, gt, FH), dtype=mm_dtype, buffer=nl.sbuf), ws, tmh,
-                    nl.ndarray((TILE, gt, H), dtype=nl.float32, buffer=nl.sbuf),
-                    nl.ndarray((TILE, gt, H), dtype=nl.float32, buffer=nl.sbuf), hot))
-    zhalo = nl.ndarray((TILE, gt, H), dtype=mm_dtype, buffer=nl.sbuf)
+            ws = nl.ndarray((TILE, hn, FH), dtype=x.dtype, buffer=nl.sbuf)
+        hbs.append((nl.ndarray((TILE, hn, FH), dtype=mm_dtype, buffer=nl.sbuf), ws, tmh,
+                    nl.ndarray((TILE, hn, H), dtype=nl.float32, buffer=nl.sbuf),
+                    nl.ndarray((TILE, hn, H), dtype=nl.float32, buffer=nl.sbuf), None))
+    zhalo = nl.ndarray((TILE, max(1, dim // TILE), H), dtype=mm_dtype, buffer=nl.sbuf)
     nisa.memset(dst=zhalo, value=0.0)
-    hctx = (x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot,
+    hots = []
+    for i in range(2):
+        hots.append(nl.ndarray((TILE, TILE), dtype=x.dtype, buffer=nl.sbuf))
+    hrot = _rotation(banks, hots, accs)
+    hctx = (x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, hgroups, W, act_op, hrot,
             zhalo)
     for s in nl.dynamic_range(live):
         _head_sequence(hctx, s)

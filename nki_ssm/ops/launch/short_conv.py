@@ -65,16 +65,16 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_buck
     - ``start, end = cu[:-1][perm], cu[1:][perm]`` (index_select); ``length = end - start``;
     - head / tail rows: broadcast adds of ``arange(NH)`` to start and end - NH, ``clip``;
     - y rows (y as 128-channel rows, ``nt = ceil(dim / 128)`` per token) of the first H
-      tokens per channel tile j of a group: ``where(arange(H) < length, start +
-      arange(H), NB + arange(H)) * nt + j`` (scratch rows past the bucket; broadcast ops);
+      tokens per channel tile j: ``where(arange(H) < length, start + arange(H), NB +
+      arange(H)) * nt + j`` (scratch rows past the bucket; broadcast ops and one
+      scatter into the [SB, columns, 128] layout the kernel reads);
     - seq_info: slot (``where(live, idx, 0)``), ``has_initial_state & live``, one-hot of
       ``minimum(length, H)`` (``eq`` with ``arange(H + 1)``), its negation, stacked;
     - counts: with ``pairs = ceil(ceil(num_tokens / CHUNK) / 2)`` chunk pairs,
       ``max(pairs - 1, 0)`` (the stream loop; the last pair is peeled), num_live and
       ``pairs >= 1`` (integer ops on scalars of ``cu[-1]`` and num_live).
     """
-    from nki_ssm.kernels.short_conv.prefill import (GROUP_TILES, TILE, _chunk_tokens,
-                                                     _index_columns, _margin)
+    from nki_ssm.kernels.short_conv.prefill import TILE, _chunk_tokens, _index_columns, _margin
 
     NB, SB, H = int(num_tokens_bucket), int(num_seqs_bucket), W - 1
     M = _margin(H)
@@ -106,9 +106,20 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_buck
     seq_rows = np.concatenate([head, tail], axis=1)[:, :, None]
     kh = np.arange(H)[None, :]
     y_row = np.where(kh < length[:, None], s0[:, None] + kh, NB + kh)          # [SB, H]
+    # y rows (y as 128-channel rows, nt per token) of token k, tile j: row_k * nt + j, in
+    # columns of 128 // H tiles (row (j % tb) * H + k of column j // tb), the partial
+    # tile (if any) in its own last column
     nt = -(-dim // TILE)
-    tiles = np.arange(GROUP_TILES)[None, :, None]
-    seq_yrows = (y_row[:, None, :] * nt + tiles).reshape(SB, GROUP_TILES * H, 1)
+    nfull = dim // TILE
+    tb = TILE // H
+    nb_full = -(-nfull // tb)
+    ncol = nb_full + (1 if dim % TILE else 0)
+    seq_yrows = np.zeros((SB, ncol, TILE), dtype=np.int64)
+    j = np.arange(nfull)
+    pos = (j % tb)[:, None] * H + np.arange(H)[None, :]              # [nfull, H]
+    seq_yrows[:, j[:, None] // tb, pos] = y_row[:, None, :] * nt + j[None, :, None]
+    if dim % TILE:
+        seq_yrows[:, nb_full, :H] = y_row * nt + nfull
     case = (np.minimum(length, H)[:, None] == np.arange(H + 1)[None, :])
     seq_info = np.concatenate([slot[perm][:, None], has_init[perm][:, None], case,
                                ~has_init[perm][:, None]], axis=1)
