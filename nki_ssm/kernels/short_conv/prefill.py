@@ -174,55 +174,77 @@ def _identity(dtype):
     return ident
 
 
-def _split_parts(src_f32, shape, mm_dtype, split):
-    """Matmul-dtype copies of float32 values: (v,) or (hi, lo) with v = hi + lo to ~2^-17."""
-    hi = nl.ndarray(shape, dtype=mm_dtype, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=hi, src=src_f32)
-    if not split:
-        return (hi,)
-    rest = nl.ndarray(shape, dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=rest, data1=src_f32, data2=hi, op=nl.subtract)
-    lo = nl.ndarray(shape, dtype=mm_dtype, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=lo, src=rest)
-    return (hi, lo)
-
-
-def _diag_weights(weight, ident, c0, n, P, W, mm_dtype, split):
-    """Per part: [128, n, W, 128] tiles with diag(weight[c0 + j*128 + p, k]) at [:, j, k, :].
-
-    One part: the weights rounded to the matmul dtype. Two parts (split):
-    hi = bf16(w) and lo = bf16(w - hi), so hi + lo carries w to ~2^-17.
-    """
+def _weight_tiles(group, W, mm_dtype, has_bias, w_split, b_split):
+    """The SBUF tiles of one channel group's weights (allocated outside the runtime loops,
+    filled by _weight_loads / _weight_build): float32 columns w32 [128, n, W] (and the
+    lo part when split), diagonal parts [128, n, W, 128] in the matmul dtype, bias row
+    [1, gw] (+ parts) and float32 bias columns [128, n]."""
+    c0, n, P = group
+    gw = (n - 1) * TILE + P
     w32 = nl.ndarray((TILE, n, W), dtype=nl.float32, buffer=nl.sbuf)
+    nparts = 2 if w_split else 1
+    diags = []
+    for q in range(nparts):
+        diags.append(nl.ndarray((TILE, n, W, TILE), dtype=mm_dtype, buffer=nl.sbuf))
+    bias_t = None
+    if has_bias:
+        bparts = []
+        for q in range(2 if b_split else 1):
+            bparts.append(nl.ndarray((1, gw), dtype=mm_dtype, buffer=nl.sbuf))
+        bias_t = (nl.ndarray((1, gw), dtype=nl.float32, buffer=nl.sbuf), bparts,
+                  nl.ndarray((TILE, n), dtype=nl.float32, buffer=nl.sbuf))
+    return (w32, diags, bias_t)
+
+
+def _weight_loads(weight, bias, tiles, group, W):
+    """DMAs of a group's weight (and bias) values into its tiles."""
+    c0, n, P = group
+    gw = (n - 1) * TILE + P
+    w32, diags, bias_t = tiles
     # channel c0 + j*128 + p -> partition p, free (j, k)
-    nisa.dma_copy(dst=w32[0:P, :, :],
+    nisa.dma_copy(dst=w32[0:P, 0:n, :],
                   src=weight.ap(pattern=[[W, P], [TILE * W, n], [1, W]], offset=c0 * W))
+    if bias_t != None:  # noqa: E711
+        b32, bparts, bcols = bias_t
+        nisa.dma_copy(dst=b32[0:1, 0:gw], src=bias.ap(pattern=[[gw, 1], [1, gw]], offset=c0))
+        nisa.dma_copy(dst=bcols[0:P, 0:n], src=bias.ap(pattern=[[1, P], [TILE, n]], offset=c0))
+
+
+def _weight_build(tiles, ident, group, W, mm_dtype):
+    """VectorE: diag(weight[c0 + j*128 + p, k]) at [:, j, k, :] per part -- one part: the
+    weights rounded to the matmul dtype; two (split): hi = bf16(w) and lo = bf16(w - hi),
+    so hi + lo carries w to ~2^-17 -- and the bias row parts. Returns the group's
+    (diag parts, bias row parts, float32 weight columns, float32 bias columns or None)."""
+    c0, n, P = group
+    gw = (n - 1) * TILE + P
+    w32, diags, bias_t = tiles
     wparts = (w32,)
-    if split:
+    if len(diags) > 1:
         hi = nl.ndarray((TILE, n, W), dtype=mm_dtype, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=hi[0:P, :, :], src=w32[0:P, :, :])
+        nisa.tensor_copy(dst=hi[0:P, :, :], src=w32[0:P, 0:n, :])
         lo32 = nl.ndarray((TILE, n, W), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=lo32[0:P, :, :], data1=w32[0:P, :, :], data2=hi[0:P, :, :],
+        nisa.tensor_tensor(dst=lo32[0:P, :, :], data1=w32[0:P, 0:n, :], data2=hi[0:P, :, :],
                            op=nl.subtract)
         wparts = (w32, lo32)
-    parts = []
-    for q in range(len(wparts)):
-        d = nl.ndarray((TILE, n, W, TILE), dtype=mm_dtype, buffer=nl.sbuf)
+    for q in range(len(diags)):
+        d = diags[q]
         src = wparts[q]
         for j in range(n):
             for k in range(W):
                 # diag(w) = identity scaled per partition; the write rounds to mm_dtype
                 nisa.tensor_scalar(dst=d[0:P, j, k, 0:P], data=ident[0:P, 0:P],
                                    op0=nl.multiply, operand0=src[0:P, j, k:k + 1])
-        parts.append(d)
-    return (parts, w32)
-
-
-def _bias_parts(bias, c0, width, mm_dtype, split):
-    """Per part: a [1, width] bias row in the matmul dtype."""
-    b32 = nl.ndarray((1, width), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=b32, src=bias.ap(pattern=[[width, 1], [1, width]], offset=c0))
-    return _split_parts(b32, (1, width), mm_dtype, split)
+    bparts = ()
+    bcols = None
+    if bias_t != None:  # noqa: E711
+        b32, bparts, bcols = bias_t
+        nisa.tensor_copy(dst=bparts[0][0:1, 0:gw], src=b32[0:1, 0:gw])
+        if len(bparts) > 1:
+            rest = nl.ndarray((1, gw), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=rest, data1=b32[0:1, 0:gw], data2=bparts[0][0:1, 0:gw],
+                               op=nl.subtract)
+            nisa.tensor_copy(dst=bparts[1][0:1, 0:gw], src=rest)
+    return (diags, bparts, w32, bcols)
 
 
 def _vector_tile(ps, col, xw, w32, bcols, jj, pj, b, m, W, acc):
@@ -408,12 +430,13 @@ def _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot):
 
 
 def _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, refill,
-                 next_group):
+                 next_group, next_build):
     """Two chunks (slots A, B): A is computed while B's window arrives; when ``refill``,
     each slot is reloaded with the chunk two ahead as soon as its matmuls are done (the
     DMAs run on across the loop's iteration boundary, where the compute engines
     synchronise); ``next_group`` (the peeled last pair of a group): the slots take the
-    next group's first chunks instead, so its windows load under this pair's matmuls."""
+    next group's first chunks instead, so its windows load under this pair's matmuls,
+    and ``next_build`` (its diagonal weights) runs on VectorE after chunk A."""
     run = bufs[0]
     CH = bufs[5][0][0].shape[2] - _margin(W - 1)
     _restart(rot)
@@ -425,6 +448,10 @@ def _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, re
             _next_window(x, bufs, a, group, W, rot)
         elif next_group != None:  # noqa: E711
             _next_window(x, bufs, a, next_group, W, rot, True)
+            if a == 0:
+                # the next group's diagonals (VectorE) while this group's chunk B computes
+                _weight_build(next_build[0], next_build[1], next_build[2], next_build[3],
+                              next_build[4])
 
 
 def _head_sequence(hctx, s):
@@ -598,13 +625,6 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     ident = _identity(mm_dtype)
     ones = nl.ndarray((1, TILE), dtype=mm_dtype, buffer=nl.sbuf)
     nisa.memset(dst=ones, value=1.0)
-    # float32 weight / bias columns of every channel tile (head taps on VectorE)
-    w_all = nl.ndarray((TILE, nt, W), dtype=nl.float32, buffer=nl.sbuf)
-    _channel_columns(weight, dim, W, w_all)
-    b_all = None
-    if has_bias:
-        b_all = nl.ndarray((TILE, nt, 1), dtype=nl.float32, buffer=nl.sbuf)
-        _channel_columns(bias, dim, 1, b_all)
 
     # every buffer the runtime loops use is allocated here, once
     banks = []
@@ -652,34 +672,53 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     nisa.register_load(dst=has_last, src=counts[0:1, 2:3])
 
     # 1. stream loops, one per channel group, each followed by its peeled last pair
-    weights = []
+    # weight tiles of two groups (the current one and the next), alternating
+    wtiles = []
+    for i in range(2):
+        wtiles.append(_weight_tiles(groups[0], W, mm_dtype, has_bias, w_split, b_split))
+    _weight_loads(weight, bias, wtiles[0], groups[0], W)
+    builds = []
     for g in range(len(groups)):
-        weights.append(None)
-    weights[0] = _group_weights(weight, bias, ident, groups[0], W, mm_dtype, has_bias,
-                                w_split, b_split)
+        builds.append((wtiles[g % 2], ident, groups[g], W, mm_dtype))
+    weights = _weight_build(wtiles[0], ident, groups[0], W, mm_dtype)
     _restart(rot)
     for a in range(2):
         # group 0's first windows (later groups': the previous group's last pair)
         _next_window(x, bufs, a, groups[0], W, rot, True)
     for g in range(len(groups)):
         nisa.memset(dst=run, value=0.0)
-        if g + 1 < len(groups):
-            # the next group's diagonals are built (VectorE) while this group streams
-            weights[g + 1] = _group_weights(weight, bias, ident, groups[g + 1], W, mm_dtype,
-                                            has_bias, w_split, b_split)
-        for k in nl.dynamic_range(pairs):
-            _stream_pair(x, y, bufs, weights[g], ones, groups[g], W, act_op, vec_every, rot,
-                         True, None)
         next_group = None
+        next_build = None
         if g + 1 < len(groups):
             next_group = groups[g + 1]
+            next_build = builds[g + 1]
+            # the next group's weight DMAs run on under this group's loop
+            _weight_loads(weight, bias, wtiles[(g + 1) % 2], next_group, W)
+        for k in nl.dynamic_range(pairs):
+            _stream_pair(x, y, bufs, weights, ones, groups[g], W, act_op, vec_every, rot,
+                         True, None, None)
         for _ in nl.dynamic_range(has_last):
-            _stream_pair(x, y, bufs, weights[g], ones, groups[g], W, act_op, vec_every, rot,
-                         False, next_group)
-        weights[g] = None     # the group's diagonals die here
+            _stream_pair(x, y, bufs, weights, ones, groups[g], W, act_op, vec_every, rot,
+                         False, next_group, next_build)
+        if g + 1 < len(groups):
+            g1 = groups[g + 1]
+            w32, diags, bias_t = wtiles[(g + 1) % 2]
+            bparts = ()
+            bcols = None
+            if bias_t != None:  # noqa: E711
+                bparts = bias_t[1]
+                bcols = bias_t[2]
+            weights = (diags, bparts, w32, bcols)
 
     # 2. head loop over live sequences (every group per iteration); a head rewrites rows
-    # the stream loops wrote
+    # the stream loops wrote. Float32 weight / bias columns of every channel tile for the
+    # head taps (loaded here: the DMA queues serve the stream's first windows first)
+    w_all = nl.ndarray((TILE, nt, W), dtype=nl.float32, buffer=nl.sbuf)
+    _channel_columns(weight, dim, W, w_all)
+    b_all = None
+    if has_bias:
+        b_all = nl.ndarray((TILE, nt, 1), dtype=nl.float32, buffer=nl.sbuf)
+        _channel_columns(bias, dim, 1, b_all)
     tabs = (nl.ndarray((NH2, 1), dtype=nl.uint32, buffer=nl.sbuf),
             nl.ndarray((TILE, seq_yrows.shape[1]), dtype=nl.int32, buffer=nl.sbuf),
             nl.ndarray((1, H + 4), dtype=nl.int32, buffer=nl.sbuf))
@@ -717,18 +756,3 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     for s in nl.dynamic_range(live):
         _head_sequence(hctx, s)
     return y
-
-
-def _group_weights(weight, bias, ident, group, W, mm_dtype, has_bias, w_split, b_split):
-    """(diag weight parts, bias row parts, float32 weight columns [128, n, W], float32
-    bias columns [128, n] or None) of one channel group."""
-    c0, n, P = group
-    gw = (n - 1) * TILE + P
-    dparts, w32 = _diag_weights(weight, ident, c0, n, P, W, mm_dtype, w_split)
-    bparts = ()
-    bcols = None
-    if has_bias:
-        bparts = _bias_parts(bias, c0, gw, mm_dtype, b_split)
-        bcols = nl.ndarray((TILE, n), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=bcols[0:P, :], src=bias.ap(pattern=[[1, P], [TILE, n]], offset=c0))
-    return (dparts, bparts, w32, bcols)
