@@ -32,10 +32,10 @@ moving, which also turns the result token-major (every 7th channel tile
 instead runs its taps on VectorE in float32 and is transposed by TensorE, to
 share the load); ScalarE applies SiLU (or copy) while evicting each PSUM bank;
 one ``scalar_offset`` DMA stores a chunk's rows. Sequence boundaries are
-handled afterwards by "heads": per live sequence the first W-1 outputs are
-recomputed from the old state (VectorE taps) and scattered over the stream's
-values, and the new state is written to the slot; the heads of one channel
-group ride in the next group's stream loop.
+handled afterwards by a runtime head loop over live sequences: the first W-1
+outputs are recomputed from the old state (VectorE taps over every channel
+tile at once) and written over the stream's values, and the new state goes to
+the slot.
 
 Decode (``decode.py``): (sequence, channel block) rows on partitions for
 every HBM stream (contiguous per-row gathers/scatters of the pool), TensorE
@@ -52,7 +52,7 @@ config (W, activation, bias and precision flags) as compile-time arguments;
 sequence lengths, slots, padding and has_initial_state are run-time tables
 built by a few vectorised array ops in the launcher, and every loop that grows
 with tokens or sequences is a runtime loop (design notes in prefill.py and
-decode.py). One program per bucket: prefill 2736 static instructions at 2K
+decode.py). One program per bucket: prefill 4859 static instructions at 2K
 and 16K tokens (dim 8192, W 4, bf16).
 
 Limits
@@ -72,12 +72,12 @@ bound is the minimal HBM bytes -- x, y and the named slots' state in and out
 -- over the core's 368 GB/s DMA bandwidth; cost model of nki_ssm.perf as of
 this commit).
 
-- prefill 16K tokens, one sequence: 1760 us, 305 GB/s = 82.9 % of DMA
-  bandwidth (TensorE 93 %, DMA 91 %, VectorE 61 % busy); the compile-time-
-  layout kernel it replaces: 1653 us (+6.5 %). Program 2736 static / 37.9K
-  dynamic instructions (was 36.8K static).
-- prefill 8 x 2K ragged: 1840 us (was 1696: +8.5 %, the 8 sequences' heads).
-- prefill 2K tokens, one sequence: 254 us, program 2736 static instructions.
+- prefill 16K tokens, one sequence: 1967 us, 273 GB/s = 74.2 % of DMA
+  bandwidth (cost model with runtime-loop synchronisation; the compile-time-
+  layout kernel it replaces: 1913 us under the same model, +2.9 %). Program
+  4859 static instructions, equal at 2K (was 36.8K at 16K).
+- prefill 8 x 2K ragged: 2238 us (was 2159: +3.7 %, the heads of 8 sequences).
+- prefill 2K tokens, one sequence: 340 us (was 301).
 - decode 512 sequences x 1 token: 200.8 us = 1.10x the bytes-moved bound
   (182 us), 334 GB/s; DMA-bound (93 % busy), TensorE taps (runtime group
   loop over compacted live sequences, see decode.py).
@@ -93,9 +93,9 @@ matmul per tile) 68 %; float32 x and pool (quarter-rate float32 matmuls,
 half the tiles on VectorE) 53 %; bfloat16 x with float32 weights that are not
 bfloat16 values (hi + lo split) 49 % (float32 weights holding bfloat16 values
 skip the split: 81 %). Runtime-batch prefill, float32 x and pool, 2K tokens:
-1022 us modeled (was 683): the gather transpose is 2-byte only, so float32
-windows are gathered token-major (one x row per partition) and transposed on
-TensorE (5 fp32 transposes + a ScalarE eviction per tile and chunk), and the
-extra staging halves the channel group (4 tiles), doubling the per-group
-prologues and heads.
+1154 us modeled (688 for the compile-time-layout kernel, same model): the
+gather transpose is 2-byte only, so float32 windows are gathered token-major
+(one x row per partition) and transposed on TensorE (5 fp32 transposes + a
+ScalarE eviction per tile and chunk), and the extra staging halves the channel
+group (4 tiles).
 """

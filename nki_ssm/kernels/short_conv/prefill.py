@@ -26,71 +26,73 @@ step named there with its torch equivalent):
   length); ``seq_info [SB, H +
   4]`` int32: slot, has-initial-state, one-hot of ``min(length, H)``, no initial
   state;
-- ``counts [1, 4]``: chunk pairs (``ceil(ceil(num_tokens / CHUNK) / 2)``), live
-  sequences, iterations between carried heads (``max(1, pairs // live)``),
-  ``ceil(live / 2)``.
+- ``counts [1, 3]``: with ``pairs = ceil(ceil(num_tokens / CHUNK) / 2)``,
+  ``max(pairs - 1, 0)`` (stream loop trips), live sequences, ``pairs >= 1``.
 
-Loops (``nl.dynamic_range`` on registers loaded from ``counts`` or from flags
-computed on chip; everything unrolled inside is bounded by the layer shape:
-channel tiles of a group, taps, the CH / 128 token blocks of a chunk, H):
+Loops (``nl.dynamic_range`` on registers loaded from ``counts`` or the head
+tables; everything unrolled inside is bounded by the layer shape: channel tiles,
+taps, the CH / 128 token blocks of a chunk, H). The cost model synchronises
+every compute engine at each iteration start (conditionals included), so the
+stream loop has no conditional inside, and work that must not wait sits in
+DMAs, which run on across iteration boundaries.
 
 1. **Stream loop**, one per channel group (up to 16 tiles of 128 channels), over
    the whole token stream in fixed chunks of CH = 512 tokens (or the bucket if
-   smaller), two chunks (slots A, B) per iteration, software pipelined: a
-   chunk's slot is refilled with the chunk two ahead as soon as its matmuls are
-   done, so windows load while the other slot computes; the refill sits in a
-   one-trip / zero-trip ``dynamic_range`` on a flag (k + 1 < pairs) so the next
-   group's first windows follow without a wasted load. The window of a chunk is
-   one *indirect* ``dma_transpose`` (the documented ``dma_gather_transpose``,
-   software DGE): x rows ``t0 - M .. t0 + CH`` by a uint32 index tile computed
-   on VectorE (``clamp(win_base + t0, 0, NB - 1)``, t0 a running chunk start;
-   no table DMA in the loop), transposed to ``[128 ch, tiles, M + CH tok]``.
-   Sequence boundaries are ignored: the first H tokens of every sequence (and
-   tokens whose window is clamped at row 0) get wrong values, rewritten by the
-   heads; every other token's window lies inside its own sequence. TensorE does
-   the W taps as accumulating matmuls ``psum[tok, ch] += xw[:, k:k+128].T @
-   diag(weight[:, k])`` (``accumulate`` given on every matmul into a bank),
-   every 7th channel tile (2nd fp32, 4th split) on VectorE plus a TensorE
-   transpose; ScalarE applies SiLU / copy evicting each bank; a chunk is stored
-   by ONE ``scalar_offset`` DMA of its CH rows (stores with run-time addresses
-   are ordered after each other, so few large ones). Past the bucket the chunk
-   start is clamped to ``NB - CH``: a *mirror* of the last chunk (same window,
-   bit-identical bytes to the same rows); tokens of the padding region compute
-   garbage that the host drops.
-2. **Heads**: for each live sequence and channel group, a window ``[old state |
-   first NH tokens | last NH tokens]``: the old state by a ``scalar_offset`` DMA
-   of the slot (``dynamic_range`` on has-initial-state; zeros by DMA from a
-   zero tile otherwise), the tokens by one gather transpose of ``seq_rows``. The
-   first H outputs are computed on VectorE in float32 (weights as per-channel
-   columns broadcast over the H tokens: no group's diagonals need to stay
-   resident), one TensorE transpose turns ``[128 ch, tiles x H]`` into (tile,
-   token) rows, ScalarE applies the activation, and one ``vector_offset`` DMA in
-   the 1-D element-offset form (one contiguous 128-channel run per partition;
-   k >= length goes to a scratch row, so no ``oob_mode.skip``) overwrites the
-   stream loop's values. The new state (window columns ``L .. L+H`` of ``old state ++
-   tokens`` for ``L < H``, else the last H tokens) goes to the slot by one
-   ``scalar_offset`` DMA under the one-hot ``dynamic_range`` of its case.
-   Heads of group g-1 are *carried* by group g's stream loop -- loaded at the
-   start of an iteration, computed at its end, one every ``spacing`` iterations
-   -- so their small DMAs and latency hide under the stream; sequences past the
-   pair count get a short loop after it; the last group's heads run in a final
-   loop over pairs of sequences with two heads in flight. Padding sequences
-   (``state_indices < 0``) are compacted away: they never touch the pool, and
-   the host zeroes their y rows.
+   smaller), two chunks (slots A, B) per iteration: each slot is refilled with
+   the chunk two ahead as soon as its matmuls are done, so the windows of the
+   next iteration load during this one. The last pair of a group is peeled (a
+   one-trip ``dynamic_range`` on ``pairs >= 1``): instead of refilling, its slots
+   take the next group's first chunks, and VectorE builds the next group's
+   diagonal weights there (their DMAs were issued before the group's loop). The
+   window of a chunk is one *indirect* ``dma_transpose`` (the documented
+   ``dma_gather_transpose``, software DGE): x rows ``t0 - M .. t0 + CH`` by a
+   uint32 index tile computed on VectorE (``clamp(win_base + t0, 0, NB - 1)``,
+   t0 a running chunk start; no table DMA in the loop), transposed to ``[128
+   ch, tiles, M + CH tok]``. Sequence boundaries are ignored: the first H
+   tokens of every sequence (and tokens whose window is clamped at row 0) get
+   wrong values, rewritten by the heads; every other token's window lies inside
+   its own sequence. TensorE does the W taps as accumulating matmuls
+   ``psum[tok, ch] += xw[:, k:k+128].T @ diag(weight[:, k])`` (``accumulate``
+   given on every matmul into a bank), every 7th channel tile (2nd fp32, 4th
+   split) on VectorE plus a TensorE transpose; ScalarE applies SiLU / copy
+   evicting each bank; a chunk is stored by ONE ``scalar_offset`` DMA of its CH
+   token rows (stores with run-time addresses are ordered after each other, so
+   few large ones). Past the bucket the chunk start is clamped to ``NB - CH``:
+   a *mirror* of the last chunk (same window, bit-identical bytes to the same
+   rows); tokens of the padding region compute garbage that the host drops.
+2. **Head loop** over live sequences, after every stream loop: per sequence,
+   for all full channel tiles at once (and the partial tile, if any), a window
+   ``[old state | first NH tokens | last NH tokens]``: the old state by one
+   ``scalar_offset`` DMA of the slot (a ``dynamic_range`` on has-initial-state;
+   zeros by DMA from a zero tile otherwise), the tokens by one gather transpose
+   of ``seq_rows``. The first H outputs are computed on VectorE in float32
+   (weights as per-channel columns broadcast over the H tokens: no diagonals
+   needed), TensorE transposes ``[128 ch, tiles x H]`` into (tile, token) rows,
+   ScalarE applies the activation, and one ``vector_offset`` DMA per 128 rows
+   writes each (tile, token) row -- one contiguous 128-channel run per
+   partition; k >= length goes to a scratch row, so no ``oob_mode.skip`` --
+   over the stream loop's values. The new state (window columns ``L .. L+H`` of
+   ``old state ++ tokens`` for ``L < H``, else the last H tokens) goes to the
+   slot by one ``scalar_offset`` DMA under the one-hot ``dynamic_range`` of its
+   case. Padding sequences (``state_indices < 0``) are compacted away: they
+   never touch the pool, and the host zeroes their y rows.
 
-What binds (modeled, trn2, dim 8192, W 4, bf16, bf16 pool, cost model of this
-commit; ``tests/kernels/short_conv_perf.py 16k 8x2k 2k``): DMA (91 % busy at
-16K) and TensorE (93 %) together; 16K tokens in one sequence 1760 us (1653 with
-the compile-time batch layout it replaces: +6.5 %), 8 x 2K 1840 us (was 1696:
-+8.5 %, the heads of 8 sequences, mostly the last group's final loop), 2K 254
-us; program size 2736 static instructions at both 2K and 16K (was 36.8K at
-16K; 2777 for 8 x 2K, where more of the runtime conditionals run -- the
-compiled program holds all of them either way).
+What binds (modeled, trn2, dim 8192, W 4, bf16, bf16 pool, the cost model of
+this commit with its loop synchronisation; ``tests/kernels/short_conv_perf.py
+16k 8x2k 2k``): DMA (the windows and stores, plus the pool's 6-byte state
+runs in the heads) with TensorE close behind. 16K tokens in one sequence
+1967 us (the compile-time-layout kernel it replaces: 1913 us under the same
+model, +2.9 %); 8 x 2K 2238 us (was 2159, +3.7 %); 2K 340 us (was 301: fixed
+costs of the group boundaries and the head loop weigh more). Program size 4859
+static instructions at both 2K and 16K (was 4844 at 2K, 36.8K at 16K; the
+peeled last pair repeats the stream body once per group).
 
 float32 x: the gather transpose takes 2-byte dtypes only (API page), so its
 windows are gathered token-major by ``vector_offset`` DMAs (one x row per
-partition) and transposed on TensorE (fp32 transposes, plus a PSUM-to-SBUF copy
-per 512 columns): see the package docstring for the cost.
+partition) and transposed on TensorE (fp32 transposes, plus a ScalarE
+PSUM-to-SBUF copy per 512 columns): 2K tokens of float32 x and pool 1154 us
+modeled against 688 for the compile-time-layout kernel (the extra staging also
+halves the channel group to 4 tiles).
 
 Limits: dim any size (tiles of 128 channels, the last may be partial),
 2 <= W <= 65 (``W - 1 <= 64``: both NH-token head windows fit one 128-index
