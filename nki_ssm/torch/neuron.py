@@ -41,7 +41,7 @@ from nki_ssm.ops import short_conv as _conv_host
 from nki_ssm.ops.launch import gated_delta as _gdn_launch
 from nki_ssm.ops.launch import mamba2_ssd as _ssd_launch
 from nki_ssm.ops.launch import short_conv as _conv_launch
-from nki_ssm.ops.launch.buckets import seq_bucket
+from nki_ssm.ops.launch.buckets import seq_bucket, token_bucket
 
 _PMAX = 128
 _INT32_MAX = np.iinfo(np.int32).max
@@ -161,27 +161,36 @@ def _conv_prefill_args(t, kw):
     x, weight, bias, pool = t["x"], t["weight"], t["bias"], t["conv_states"]
     num_tokens, dim = x.shape
     slots, _, h = pool.shape
-    idx, live, _ = _batch(kw)
-    oob = slots * dim
-    init = np.asarray(kw["has_initial_state"], dtype=bool)
-    cu = [int(v) for v in kw["cu_seqlens"]]
-    rows, strided = _rows_view(pool, slots * dim, h)
+    nb = token_bucket(num_tokens)
+    num_seqs = len(kw["state_indices"])
+    # the launcher's run-time tables (batch padded to the token / sequence buckets)
+    tables = _conv_launch.prefill_tables(kw["cu_seqlens"], kw["state_indices"],
+                                         kw["has_initial_state"], nb, seq_bucket(num_seqs),
+                                         h + 1, dim)
+    xk = x.new_zeros((nb, dim))
+    xk[:num_tokens] = x
+    flat, strided = _rows_view(pool, slots, dim * h)
     mm_fp32 = x.dtype == torch.float32 or pool.dtype == torch.float32
     flags = (mm_fp32, mm_fp32 and x.dtype != torch.float32,
              (not mm_fp32) and _needs_split(weight), (not mm_fp32) and _needs_split(bias))
-    args = (x.contiguous() if num_tokens else x.new_zeros((1, dim)), weight.contiguous(),
-            None if bias is None else bias.contiguous(), rows,
-            _device(_conv_launch._row_table(idx, live & init, dim, oob), x),
-            _device(_conv_launch._row_table(idx, live, dim, oob), x),
-            tuple((cu[s], cu[s + 1]) for s in range(len(cu) - 1)), tuple(bool(v) for v in live),
+    args = (xk, weight.contiguous(), None if bias is None else bias.contiguous(),
+            flat) + tuple(_device(tb, x) for tb in tables) + (
             "silu" if kw["activation"] == "silu" else "none", bias is not None, *flags)
-    return short_conv_prefill_kernel, args, rows, strided, None
+    lengths = np.diff(np.asarray(kw["cu_seqlens"], dtype=np.int64))
+    back = dict(live=np.repeat(np.asarray(kw["state_indices"]) >= 0, lengths), dim=dim)
+    return short_conv_prefill_kernel, args, flat, strided, back
 
 
 def short_conv_prefill(**args):
     """``torch.ops.nki_ssm.short_conv_prefill`` on device tensors."""
-    t, _, y = _launch(_conv_host.validate_prefill, _conv_prefill_args, args)
-    return y[:0] if t["x"].shape[0] == 0 else y
+    t, back, y = _launch(_conv_host.validate_prefill, _conv_prefill_args, args)
+    x = t["x"]
+    dim = back["dim"]
+    nt = -(-dim // 128)
+    # y comes as 128-channel rows; tokens of padding sequences are zero
+    y = y.reshape(-1, nt * 128)[:x.shape[0], :dim]
+    live = _device(back["live"], x).reshape(-1, 1)
+    return torch.where(live, y, torch.zeros((), dtype=y.dtype, device=y.device))
 
 
 def _padded_indices(state_indices, num_seqs: int, bucket: int):

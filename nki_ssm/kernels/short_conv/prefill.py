@@ -2,8 +2,9 @@
 (token bucket, sequence bucket, layer shape).
 
 Shapes: x ``[NB, dim]`` (the batch padded to the token bucket NB), weight
-``[dim, W]``, bias ``[dim]`` or None, pool ``[slots, dim, W-1]`` (updated in
-place by the kernel's own DMA writes), y ``[(NB + M) * NT, 128]`` in x's dtype:
+``[dim, W]``, bias ``[dim]`` or None, pool ``[slots, dim * (W-1)]`` (the
+``[slots, dim, W-1]`` pool's row view, updated in place by the kernel's own DMA
+writes), y ``[(NB + M) * NT, 128]`` in x's dtype:
 token t's channels as NT = ceil(dim / 128) rows of 128 (the host views it as
 ``[NB + M, NT * 128]`` and keeps ``[:num_tokens, :dim]``; ``M = _margin(W-1)`` =
 16 for W <= 17 scratch token rows at the end). x / pool float32 or bfloat16. H = W - 1, NH = M.
@@ -586,7 +587,7 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     """Causal depthwise conv1d over a ragged batch; the pool is updated in place.
 
     x ``[NB, dim]`` (token bucket NB); weight ``[dim, W]``; bias ``[dim]`` or None; pool
-    ``[slots, dim, W-1]``; the int32 / uint32 batch tables of the module docstring
+    ``[slots, dim * (W-1)]`` (row view of the ``[slots, dim, W-1]`` pool); the int32 / uint32 batch tables of the module docstring
     (``nki_ssm.ops.launch.short_conv.prefill_tables``); activation "silu" or "none";
     has_bias: bias given; mm_fp32 / x_stage / w_split / b_split: matmul precision flags
     chosen by the launcher (fp32 operands; bf16 x cast up on chip; hi+lo split of fp32

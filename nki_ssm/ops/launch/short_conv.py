@@ -152,14 +152,15 @@ def _prefill_launch(x, weight, bias, activation, cu_seqlens, conv_states, state_
     # padding tokens (zeros) up to the bucket: they belong to no sequence
     xk = np.zeros((NB, dim), dtype=x.dtype)
     xk[:num_tokens] = x
-    pool = conv_states if conv_states.flags.c_contiguous else np.ascontiguousarray(conv_states)
+    # the pool as its [slots, dim * (W-1)] row view (one slot's state per row)
+    pool = np.ascontiguousarray(conv_states).reshape(slots, dim * h)
     flags = _precision_flags(x, weight, bias, conv_states)
     y = _run(short_conv_prefill_kernel, xk, np.ascontiguousarray(weight),
              None if bias is None else np.ascontiguousarray(bias), pool, *tables,
              "silu" if activation == "silu" else "none", bias is not None, *flags,
              backend=backend)
-    if pool is not conv_states:
-        conv_states[...] = pool
+    if not np.shares_memory(pool, conv_states):
+        conv_states[...] = pool.reshape(conv_states.shape)
     # tokens of padding sequences are zero (torch.repeat_interleave + where on device)
     lengths = np.diff(np.asarray(cu_seqlens, dtype=np.int64))
     token_live = np.repeat(np.asarray(state_indices) >= 0, lengths)
