@@ -78,14 +78,14 @@ this commit).
   4859 static instructions, equal at 2K (was 36.8K at 16K).
 - prefill 8 x 2K ragged: 2238 us (was 2159: +3.7 %, the heads of 8 sequences).
 - prefill 2K tokens, one sequence: 340 us (was 301).
-- decode 512 sequences x 1 token: 200.8 us = 1.10x the bytes-moved bound
-  (182 us), 334 GB/s; DMA-bound (93 % busy), TensorE taps (runtime group
-  loop over compacted live sequences, see decode.py).
-- decode 32 sequences x 1 token: 21.9 us = 1.92x the bound (11.4 us);
-  VectorE 66 %, DMA 79 %: latency of a 4-chunk pipeline over 4 MB.
-- on trn3 (``--target trn3``, same trace; compile-time-layout prefill, not
-  re-measured): prefill 16K 1651 us = 61.6 % of its larger 528 GB/s; decode
-  512 155 us = 1.22x.
+- decode 512 sequences x 1 token: 274.9 us = 1.51x the bytes-moved bound
+  (182 us); DMA-bound (88 % busy), TensorE taps (runtime group loop over
+  compacted live sequences, see decode.py); 200.8 us under the earlier model
+  without runtime-loop synchronisation.
+- decode 32 sequences x 1 token: 55.3 us = 4.85x the bound (11.4 us); DMA 73 %
+  (21.9 us under the earlier model).
+- on trn3: not re-measured under the current model (earlier model, compile-
+  time-layout prefill: 16K 1651 us; decode 512 155 us).
 
 Other precision plans (2K tokens x dim 8192, bfloat16 unless said; figures of
 the compile-time-layout prefill, scratch measurement): with bias (one K=1
