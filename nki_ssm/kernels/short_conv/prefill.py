@@ -4,10 +4,10 @@
 Shapes: x ``[NB, dim]`` (the batch padded to the token bucket NB), weight
 ``[dim, W]``, bias ``[dim]`` or None, pool ``[slots, dim * (W-1)]`` (the
 ``[slots, dim, W-1]`` pool's row view, updated in place by the kernel's own DMA
-writes), y ``[(NB + M) * NT, 128]`` in x's dtype:
-token t's channels as NT = ceil(dim / 128) rows of 128 (the host views it as
-``[NB + M, NT * 128]`` and keeps ``[:num_tokens, :dim]``; ``M = _margin(W-1)`` =
-16 for W <= 17 scratch token rows at the end). x / pool float32 or bfloat16. H = W - 1, NH = M.
+writes), y ``[(NB + M) * NT, 128]`` in x's dtype: token t's channels as NT =
+ceil(dim / 128) rows of 128 (the host views it as ``[NB + M, NT * 128]`` and
+keeps ``[:num_tokens, :dim]``; ``M = _margin(W-1)`` = 16 for W <= 17 scratch
+token rows at the end). x / pool float32 or bfloat16. H = W - 1, NH = M.
 
 Design note (issue 10): batch composition is run-time data
 ---------------------------------------------------------
@@ -21,12 +21,12 @@ step named there with its torch equivalent):
   column-major gather-index tile (a function of the bucket only);
 - ``seq_rows [SB, 2*NH, 1]`` uint32: per live sequence (compacted: live
   sequences first, in order) the x rows of its first NH and last NH tokens
-  (clamped into the bucket); ``seq_yrows [SB, 16 * H, 1]`` int32: at ``j * H +
-  k`` the y row ``row_k * NT + j`` of its token k in channel tile j of a group
-  (y kept as 128-channel rows; ``row_k = NB + k``, a scratch row, for k >=
-  length); ``seq_info [SB, H +
-  4]`` int32: slot, has-initial-state, one-hot of ``min(length, H)``, no initial
-  state;
+  (clamped into the bucket); ``seq_yrows [SB, columns, 128]`` int32: the y row
+  ``row_k * NT + j`` of its token k in channel tile j (y kept as 128-channel
+  rows; ``row_k = NB + k``, a scratch row, for k >= length), at ``(j % tb) * H +
+  k`` of column ``j // tb`` with ``tb = 128 // H`` (the partial tile, if any, in
+  a last column of its own); ``seq_info [SB, H + 4]`` int32: slot,
+  has-initial-state, one-hot of ``min(length, H)``, no initial state;
 - ``counts [1, 3]``: with ``pairs = ceil(ceil(num_tokens / CHUNK) / 2)``,
   ``max(pairs - 1, 0)`` (stream loop trips), live sequences, ``pairs >= 1``.
 
