@@ -465,7 +465,7 @@ def _head_sequence(hctx, s):
     zeros and the new-state case are each one runtime conditional around all head
     groups' DMAs."""
     (x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot,
-     zhalo) = hctx
+     zhalo, srows) = hctx
     H = W - 1
     M = _margin(H)
     sidx, yr, info = tabs
@@ -499,7 +499,10 @@ def _head_sequence(hctx, s):
     for _ in nl.dynamic_range(init_reg[0]):
         for g in range(len(groups)):
             c0, n, P = groups[g]
-            nisa.dma_copy(dst=hbs[g][0][0:P, 0:n, M - H:M], src=states[g])
+            if P == TILE:
+                _state_in(pool, info, srows, hbs[g][0], n, H, M, rot)
+            else:
+                nisa.dma_copy(dst=hbs[g][0][0:P, 0:n, M - H:M], src=states[g])
     for g in range(len(groups)):
         c0, n, P = groups[g]
         wt, ws, tmh, acc, tmp, ot = hbs[g]
@@ -515,7 +518,68 @@ def _head_sequence(hctx, s):
         for _ in nl.dynamic_range(case_regs[c]):
             for g in range(len(groups)):
                 c0, n, P = groups[g]
-                nisa.dma_copy(dst=states[g], src=hbs[g][0][0:P, 0:n, col:col + H])
+                if P == TILE:
+                    # into the staging tile; written out below for every case at once
+                    nisa.tensor_copy(dst=srows[2][0:TILE, 0:n, :],
+                                     src=hbs[g][0][0:TILE, 0:n, col:col + H])
+                else:
+                    nisa.dma_copy(dst=states[g], src=hbs[g][0][0:P, 0:n, col:col + H])
+    if groups[0][2] == TILE:
+        _state_out(pool, info, srows, groups[0][1], H, rot)
+
+
+def _state_in(pool, info, srows, wt, n, H, M, rot):
+    """The slot's old state for n full channel tiles into window columns M-H .. M.
+
+    The pool row holds channel-major ``[dim, H]``: read channel-on-partition it is one
+    H-element (6-byte) run per channel. Instead rows of 128 channels go on partitions
+    (tile j' on partition j', a contiguous 128 * H run), and one TensorE transpose per
+    state column h turns ``[tiles, 128 ch]`` into the window's ``[128 ch, tiles]``
+    (values pass through float32 exactly)."""
+    sr, s32, ns = srows
+    row = sr.shape[1]
+    for j0 in range(0, n, TILE):
+        nb = min(TILE, n - j0)
+        nisa.dma_copy(dst=sr[0:nb, 0:TILE * H],
+                      src=pool.ap(pattern=[[TILE * H, nb], [1, TILE * H]], offset=j0 * TILE * H,
+                                  scalar_offset=info[0:1, 0:1], indirect_dim=0))
+        nisa.tensor_copy(dst=s32[0:nb, 0:TILE * H], src=sr[0:nb, 0:TILE * H])
+        hpb = BANK // nb                      # state columns per PSUM bank
+        for h0 in range(0, H, hpb):
+            hn = min(hpb, H - h0)
+            ps = _take(rot, 0)
+            for h in range(h0, h0 + hn):
+                nisa.nc_transpose(dst=ps[0:TILE, (h - h0) * nb:(h - h0 + 1) * nb],
+                                  data=s32.ap(pattern=[[row, nb], [H, TILE]], offset=h))
+            # window column M-H+h of tile j0 + j <- psum column (h - h0) * nb + j
+            nisa.tensor_copy(dst=wt[0:TILE, j0:j0 + nb, M - H + h0:M - H + h0 + hn],
+                             src=ps.ap(pattern=[[ps.shape[1], TILE], [1, nb], [nb, hn]],
+                                       offset=0))
+
+
+def _state_out(pool, info, srows, n, H, rot):
+    """The new state of n full channel tiles (staged channel-on-partition in ``ns
+    [128, tiles, H]``) back to the slot's pool row: one TensorE transpose per column h
+    to ``[tiles, 128 ch]``, interleaved to ``[tiles, (ch, h)]``, one contiguous run per
+    tile."""
+    sr, s32, ns = srows
+    for j0 in range(0, n, TILE):
+        nb = min(TILE, n - j0)
+        hpb = BANK // TILE
+        for h0 in range(0, H, hpb):
+            hn = min(hpb, H - h0)
+            ps = _take(rot, 0)
+            for h in range(h0, h0 + hn):
+                nisa.nc_transpose(dst=ps[0:nb, (h - h0) * TILE:(h - h0 + 1) * TILE],
+                                  data=ns[0:TILE, j0:j0 + nb, h])
+            # pool element (j, ch, h) <- psum [j, (h - h0) * 128 + ch]
+            nisa.tensor_copy(dst=sr.ap(pattern=[[sr.shape[1], nb], [H, TILE], [1, hn]],
+                                       offset=h0),
+                             src=ps.ap(pattern=[[ps.shape[1], nb], [1, TILE], [TILE, hn]],
+                                       offset=0))
+        nisa.dma_copy(dst=pool.ap(pattern=[[TILE * H, nb], [1, TILE * H]], offset=j0 * TILE * H,
+                                  scalar_offset=info[0:1, 0:1], indirect_dim=0),
+                      src=sr[0:nb, 0:TILE * H])
 
 
 def _head_outputs(hctx, g):
@@ -529,7 +593,7 @@ def _head_outputs(hctx, g):
     of the yr tile, the partial tile in the last column; one contiguous run per
     partition; k >= length -> a scratch row)."""
     (x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot,
-     zhalo) = hctx
+     zhalo, srows) = hctx
     c0, n, P = groups[g]
     t0 = c0 // TILE
     H = W - 1
@@ -754,8 +818,12 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     for i in range(2):
         hots.append(nl.ndarray((TILE, TILE), dtype=x.dtype, buffer=nl.sbuf))
     hrot = _rotation(banks, hots, accs)
+    # staging for the full tiles' state rows (pool dtype, float32) and the new state
+    srows = (nl.ndarray((TILE, TILE * H), dtype=pool.dtype, buffer=nl.sbuf),
+             nl.ndarray((TILE, TILE * H), dtype=nl.float32, buffer=nl.sbuf),
+             nl.ndarray((TILE, max(1, dim // TILE), H), dtype=nl.float32, buffer=nl.sbuf))
     hctx = (x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, hgroups, W, act_op, hrot,
-            zhalo)
+            zhalo, srows)
     for s in nl.dynamic_range(live):
         _head_sequence(hctx, s)
     return y
