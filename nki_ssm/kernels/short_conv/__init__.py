@@ -52,7 +52,7 @@ config (W, activation, bias and precision flags) as compile-time arguments;
 sequence lengths, slots, padding and has_initial_state are run-time tables
 built by a few vectorised array ops in the launcher, and every loop that grows
 with tokens or sequences is a runtime loop (design notes in prefill.py and
-decode.py). One program per bucket: prefill 4859 static instructions at 2K
+decode.py). One program per bucket: prefill 4869 static instructions at 2K
 and 16K tokens (dim 8192, W 4, bf16).
 
 Limits
@@ -72,12 +72,12 @@ bound is the minimal HBM bytes -- x, y and the named slots' state in and out
 -- over the core's 368 GB/s DMA bandwidth; cost model of nki_ssm.perf as of
 this commit).
 
-- prefill 16K tokens, one sequence: 1967 us, 273 GB/s = 74.2 % of DMA
+- prefill 16K tokens, one sequence: 1944 us, 276 GB/s = 75.1 % of DMA
   bandwidth (cost model with runtime-loop synchronisation; the compile-time-
-  layout kernel it replaces: 1913 us under the same model, +2.9 %). Program
-  4859 static instructions, equal at 2K (was 36.8K at 16K).
-- prefill 8 x 2K ragged: 2238 us (was 2159: +3.7 %, the heads of 8 sequences).
-- prefill 2K tokens, one sequence: 340 us (was 301).
+  layout kernel it replaces: 1913 us under the same model, +1.6 %). Program
+  4869 static instructions, equal at 2K and 8 x 2K (was 36.8K at 16K).
+- prefill 8 x 2K ragged: 2049 us (was 2159: -5.1 %).
+- prefill 2K tokens, one sequence: 316 us (was 301).
 - decode 512 sequences x 1 token: 274.9 us = 1.51x the bytes-moved bound
   (182 us); DMA-bound (88 % busy), TensorE taps (runtime group loop over
   compacted live sequences, see decode.py); 200.8 us under the earlier model
@@ -93,7 +93,7 @@ matmul per tile) 68 %; float32 x and pool (quarter-rate float32 matmuls,
 half the tiles on VectorE) 53 %; bfloat16 x with float32 weights that are not
 bfloat16 values (hi + lo split) 49 % (float32 weights holding bfloat16 values
 skip the split: 81 %). Runtime-batch prefill, float32 x and pool, 2K tokens:
-1154 us modeled (688 for the compile-time-layout kernel, same model): the
+1130 us modeled (688 for the compile-time-layout kernel, same model): the
 gather transpose is 2-byte only, so float32 windows are gathered token-major
 (one x row per partition) and transposed on TensorE (5 fp32 transposes + a
 ScalarE eviction per tile and chunk), and the extra staging halves the channel

@@ -64,9 +64,11 @@ DMAs, which run on across iteration boundaries.
 2. **Head loop** over live sequences, after every stream loop: per sequence,
    for all full channel tiles at once (and the partial tile, if any), a window
    ``[old state | first NH tokens | last NH tokens]``: the old state by one
-   ``scalar_offset`` DMA of the slot (a ``dynamic_range`` on has-initial-state;
-   zeros by DMA from a zero tile otherwise), the tokens by one gather transpose
-   of ``seq_rows``. The first H outputs are computed on VectorE in float32
+   ``scalar_offset`` DMA of the slot as rows of 128 channels (contiguous 128 *
+   H runs; the pool is channel-major ``[dim, H]``, so channel-on-partition reads
+   would be 6-byte runs) and TensorE transposes into the window (a
+   ``dynamic_range`` on has-initial-state; zeros by DMA from a zero tile
+   otherwise), the tokens by one gather transpose of ``seq_rows``. The first H outputs are computed on VectorE in float32
    (weights as per-channel columns broadcast over the H tokens: no diagonals
    needed), TensorE transposes ``[128 ch, tiles x H]`` into (tile, token) rows,
    ScalarE applies the activation, and one ``vector_offset`` DMA per 128 rows
@@ -75,23 +77,24 @@ DMAs, which run on across iteration boundaries.
    over the stream loop's values. The new state (window columns ``L .. L+H`` of
    ``old state ++ tokens`` for ``L < H``, else the last H tokens) goes to the
    slot by one ``scalar_offset`` DMA under the one-hot ``dynamic_range`` of its
-   case. Padding sequences (``state_indices < 0``) are compacted away: they
-   never touch the pool, and the host zeroes their y rows.
+   case (staged, transposed back to 128-channel rows, one DMA). Padding
+   sequences (``state_indices < 0``) are compacted away: they never touch the
+   pool, and the host zeroes their y rows.
 
 What binds (modeled, trn2, dim 8192, W 4, bf16, bf16 pool, the cost model of
 this commit with its loop synchronisation; ``tests/kernels/short_conv_perf.py
-16k 8x2k 2k``): DMA (the windows and stores, plus the pool's 6-byte state
-runs in the heads) with TensorE close behind. 16K tokens in one sequence
-1967 us (the compile-time-layout kernel it replaces: 1913 us under the same
-model, +2.9 %); 8 x 2K 2238 us (was 2159, +3.7 %); 2K 340 us (was 301: fixed
-costs of the group boundaries and the head loop weigh more). Program size 4859
-static instructions at both 2K and 16K (was 4844 at 2K, 36.8K at 16K; the
-peeled last pair repeats the stream body once per group).
+16k 8x2k 2k``): DMA (98 % busy at 16K: the windows and the stores) with
+TensorE behind (84 %). 16K tokens in one sequence 1944 us (the compile-time-
+layout kernel it replaces: 1913 us under the same model, +1.6 %); 8 x 2K 2049
+us (was 2159, -5.1 %); 2K 316 us (was 301, +5 %: the group boundaries and the
+head loop are fixed costs). Program size 4869 static instructions at 2K, 16K
+and 8 x 2K (was 4844 at 2K and 36.8K at 16K; the peeled last pair repeats the
+stream body once per group).
 
 float32 x: the gather transpose takes 2-byte dtypes only (API page), so its
 windows are gathered token-major by ``vector_offset`` DMAs (one x row per
 partition) and transposed on TensorE (fp32 transposes, plus a ScalarE
-PSUM-to-SBUF copy per 512 columns): 2K tokens of float32 x and pool 1154 us
+PSUM-to-SBUF copy per 512 columns): 2K tokens of float32 x and pool 1130 us
 modeled against 688 for the compile-time-layout kernel (the extra staging also
 halves the channel group to 4 tiles).
 
