@@ -333,14 +333,18 @@ def _unit_bytes(value):
 
 
 def test_decode_units_cover_each_state_once():
-    from nki_ssm.kernels.mamba2_ssd.decode import _units
+    from nki_ssm.kernels.mamba2_ssd.decode import _unit_spans, entries_per_iteration
     # Falcon-H1 (nt 64, N 256): 64 KiB fp32 per sequence -> two 32-row units;
     # Mamba-2 2.7B (nt 40, N 128) bf16 pool: 30 KiB -> one unit
-    assert _units([0, 3], 64, 256, True) == [(0, 0, 32), (0, 32, 64), (3, 0, 32), (3, 32, 64)]
-    assert _units([5], 64, 256, False) == [(5, 0, 32), (5, 32, 64)]
-    assert _units([1], 40, 128, False) == [(1, 0, 40)]
+    assert _unit_spans(64, 256, True) == [(0, 32), (32, 64)]
+    assert _unit_spans(64, 256, False) == [(0, 32), (32, 64)]
+    assert _unit_spans(40, 128, False) == [(0, 40)]
+    # the units of one loop iteration alternate two buffers: an even number
+    assert entries_per_iteration(40, 128, False) == 2
+    assert entries_per_iteration(64, 256, True) == 1
     with _unit_bytes(1):          # never below one row block per unit
-        assert _units([0], 3, 8, True) == [(0, 0, 1), (0, 1, 2), (0, 2, 3)]
+        assert _unit_spans(3, 8, True) == [(0, 1), (1, 2), (2, 3)]
+        assert entries_per_iteration(3, 8, True) == 2
 
 
 @pytest.mark.parametrize("num_seqs, T, pool_dtype", [(1, None, np.float32), (3, 2, np.float32),

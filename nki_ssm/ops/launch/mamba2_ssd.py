@@ -23,6 +23,8 @@ import math
 
 import numpy as np
 
+from nki_ssm.ops.launch.buckets import seq_bucket, token_bucket
+
 _PMAX = 128
 _INT32_MAX = np.iinfo(np.int32).max
 
@@ -131,10 +133,34 @@ def decode_layout(H: int, P: int, G: int) -> tuple[int, int]:
     raise AssertionError("unreachable: pr = G always qualifies")
 
 
+def decode_tables(state_indices, num_seqs: int, pr: int, per: int):
+    """Run-time batch tables of ``ssd_decode_step`` (its module docstring):
+    ``(seq_table [num_seqs+2, 128, 2], pad_table [num_seqs, 1], counts [1, 2])`` int32.
+
+    ``num_seqs`` is the bucket (>= len(state_indices)); ``per`` the kernel's
+    sequences per loop iteration. Built with vectorised array ops only, each
+    a torch op on device: ``nonzero`` of ``state_indices >= 0`` / ``< 0``
+    (live and padding order), an ``arange`` broadcast add (pool rows
+    ``slot*pr + q``), indexed writes into zero tables, and two counts
+    (``ceil(n_live / per)`` by integer ops).
+    """
+    idx = np.asarray(state_indices, dtype=np.int64)
+    live = np.flatnonzero(idx >= 0)
+    pad = np.flatnonzero(idx < 0)
+    seq_table = np.zeros((num_seqs + 2, _PMAX, 2), dtype=np.int32)
+    seq_table[:live.size, :pr, 0] = idx[live][:, None] * pr + np.arange(pr)[None, :]
+    seq_table[:live.size, 0, 1] = live
+    seq_table[:live.size, 1, 1] = 1
+    pad_table = np.zeros((num_seqs, 1), dtype=np.int32)
+    pad_table[:pad.size, 0] = pad
+    counts = np.array([[(live.size + per - 1) // per, pad.size]], dtype=np.int32)
+    return seq_table, pad_table, counts
+
+
 def decode(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states, state_indices,
            backend):
     """Launch ``ssd_decode_step``; returns y shaped like x, in x's dtype."""
-    from nki_ssm.kernels.mamba2_ssd.decode import ssd_decode_step
+    from nki_ssm.kernels.mamba2_ssd.decode import entries_per_iteration, ssd_decode_step
     from nki_ssm.ops._dispatch import cast_rne
 
     single = x.ndim == 3
@@ -147,9 +173,7 @@ def decode(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states, 
     if slots * pr > _INT32_MAX:
         raise ValueError(f"ssm_states must have slots*{pr} <= {_INT32_MAX} (int32 row indices), "
                          f"got {slots * pr}")
-    idx = np.asarray(state_indices, dtype=np.int64)
-    live = idx >= 0
-    row_idx = _rows(idx, live, pr, pr, slots * pr)
+    Sb = seq_bucket(S)                    # sequences the kernel is compiled for
     # partition q of the B/C broadcast takes group (q*nt) // (H/G*P)
     group_of = (np.arange(pr) * nt) // ((H // G) * P)
     sel = group_of[None, :] == np.arange(G)[:, None]
@@ -162,24 +186,33 @@ def decode(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states, 
 
     # one DMA per token for x | dt | z, one for the per-row parameters, one
     # for B | C (the kernel's small DMAs cost ~1 us each, see its docstring)
-    n = S * T
-    xdt = [rows(x, n), per_head(dt, n)] + ([] if z is None else [rows(z, n)])
+    n = Sb * T
+
+    def pad_seqs(a):   # [S, ...] -> [Sb, ...] (zero sequences appended)
+        a = np.asarray(a)
+        return a if Sb == S else np.concatenate(
+            [a, np.zeros((Sb - S,) + a.shape[1:], dtype=a.dtype)])
+
+    xdt = [rows(pad_seqs(x), n), per_head(pad_seqs(dt), n)] + (
+        [] if z is None else [rows(pad_seqs(z), n)])
     params = [per_head(A, 1)]
     if dt_bias is not None:
         params.append(per_head(dt_bias, 1))
     if D is not None:
         params.append(rows(_D_per_row(D, H, P), 1))
-    BC = np.concatenate([np.asarray(B).reshape(n * G, N), np.asarray(C).reshape(n * G, N)],
-                        axis=1)
+    BC = np.concatenate([pad_seqs(B).reshape(n * G, N), pad_seqs(C).reshape(n * G, N)], axis=1)
     lo, hi = _dt_limit(dt_limit)
     pool = ssm_states.reshape(slots * pr, nt * N)
+    per = entries_per_iteration(nt, N, ssm_states.dtype == np.float32)
+    seq_table, pad_table, counts = decode_tables(state_indices, Sb, pr, per)
     y = _run(ssd_decode_step,
-             np.ascontiguousarray(np.concatenate(xdt, axis=1)),
-             np.ascontiguousarray(np.concatenate(params, axis=1)), np.ascontiguousarray(BC),
-             np.ascontiguousarray(sel.astype(BC.dtype)), pool, row_idx, tuple(bool(v) for v in live), int(T), z is not None,
-             dt_bias is not None, D is not None, bool(dt_softplus), lo, hi,
+             np.ascontiguousarray(np.concatenate(xdt, axis=1)).reshape(Sb, T * pr, -1),
+             np.ascontiguousarray(np.concatenate(params, axis=1)),
+             np.ascontiguousarray(BC).reshape(Sb, T * G, 2 * N),
+             np.ascontiguousarray(sel.astype(BC.dtype)), pool, seq_table, pad_table, counts,
+             z is not None, dt_bias is not None, D is not None, bool(dt_softplus), lo, hi,
              backend=backend)
     if not np.shares_memory(pool, ssm_states):
         ssm_states[...] = pool.reshape(ssm_states.shape)
-    y = np.asarray(y, dtype=np.float32).reshape(x.shape)
+    y = np.asarray(y, dtype=np.float32)[:S].reshape(x.shape)
     return cast_rne(y, x.dtype)
