@@ -132,11 +132,176 @@ from nki_ssm.backend import nki, nl, nisa
 from nki_ssm.kernels.mamba2_ssd._common import dt_prime, load_f32
 
 _PSUM_F = 512      # fp32 elements of one PSUM bank per partition
-
 _PMAX = 128
-_IO_BLOCKS = 4     # head blocks per z / y DMA
 _W_ON_VECTOR = 0   # block head whose W build runs on VectorE (engine balance)
-_PREFETCH_BYTES = 32 * 1024   # state bytes per partition gathered a sequence ahead
+_NAT_BYTES = 8 * 1024   # bytes per partition of one piece of a state gather / scatter
+# engine of the elementwise float products the static kernel ran on GpSimd
+# (half the Mt heads, the y epilogue): VectorE, as the ISA routes float binary
+# ops there (issue 14 item 9); nisa.engine.gpsimd restores the old balance
+_ALT_ENGINE = nisa.engine.vector
+
+
+@nki.jit
+def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, seq_table,
+                      chunk_table, zero_table, counts, heads, dstate, dt_softplus, dt_lo, dt_hi,
+                      chunk_size, exact):
+    """Chunked SSD prefill; returns y ``[num_tokens + 1, H*P]`` and updates ``pool`` in place.
+
+    ``num_tokens`` is the padded token bucket; row ``num_tokens`` of every
+    token input is zero (the masked-row source) and of y a dump row.
+    HBM arrays (prepared by the launcher):
+      x ``[num_tokens + 1, H*P]`` (float32 or bfloat16; y has this dtype),
+      dt ``[num_tokens + 1, H]`` float32 (raw dt), A_rows ``[128, H]`` float32
+      (A repeated on 128 rows), B, C ``[num_tokens + 1, G*N]`` (x's dtype),
+      D_heads ``[128, H]`` float32 or None (D per head on 128 rows; folded
+      into TensorE as D_h * I), D_rows ``[128, H*P]`` float32 or None (D per
+      head and channel), z ``[num_tokens + 1, H*P]`` or None, bias_rows
+      ``[128, H]`` float32 or None, pool ``[slots*pr, nt*N]`` (float32 or
+      bfloat16: the state pool ``[slots, H, P, N]`` as pr rows of nt state
+      rows per slot, ``pr*nt = H*P``, pr <= 128; updated in place by the
+      kernel's scatters),
+      seq_table ``[num_seqs, 128, 4]``, chunk_table ``[chunk_rows, Q, 2]``,
+      zero_table ``[zero_blocks, 128, 1]``, counts ``[1, 2]`` int32: the batch
+      composition (module docstring).
+    Compile-time: heads (H), dstate (N), dt_softplus (bool), dt_lo, dt_hi
+      (floats, dt_hi may be inf), chunk_size Q (16..128), exact (bool: fp32
+      matmul operands), and the shapes.
+    Limits: N <= 256 (two dstate tiles; the host API checks it), P <= 256,
+      H*P*4 bytes per partition of fp32 state per dstate tile within SBUF.
+    """
+    T1, HP = x.shape
+    H = heads
+    P = HP // H
+    N = dstate
+    GN = B.shape[1]
+    G = GN // N
+    HPG = H // G
+    Q = chunk_size
+    n_tiles = (N + _PMAX - 1) // _PMAX
+    md = nl.float32 if exact else nl.bfloat16
+    y = nl.ndarray((T1, HP), dtype=x.dtype, buffer=nl.shared_hbm)
+
+    ones, U, Ls = _tri_consts(Q)
+    A_sb = load_f32(A_rows, _PMAX, H)
+    bias_sb = load_f32(bias_rows, _PMAX, H)
+    D_sb = load_f32(D_rows, _PMAX, HP)
+    DI = None
+    if D_heads != None:  # noqa: E711
+        DI = _d_heads(D_heads, ones, Q, H)
+    # heads per block: seg [Q, hb*Q], y [Q, 2*hb*P] and the state [., n_tiles*hb*P]
+    # each fill at most one PSUM bank
+    hb = max(1, min(HPG, _PSUM_F // Q, (_PSUM_F // 2) // P, (_PSUM_F // n_tiles) // P))
+    blocks = []
+    for g in range(G):
+        for h0 in range(g * HPG, (g + 1) * HPG, hb):
+            blocks.append((g, h0, min(hb, (g + 1) * HPG - h0)))
+
+    cst = {"ones": ones, "U": U, "Ls": Ls, "A": A_sb, "bias": bias_sb, "D_sb": D_sb,
+           "Dh": None, "ident": None, "H": H, "P": P, "N": N, "G": G, "Q": Q,
+           "n_tiles": n_tiles, "md": md, "dt_softplus": dt_softplus, "dt_lo": dt_lo,
+           "dt_hi": dt_hi, "x": x, "dt": dt, "B": B, "C": C, "z": z, "y": y}
+    if DI != None:  # noqa: E711
+        cst["Dh"] = DI[0]
+        cst["ident"] = DI[1]
+    # prologue PSUM scratch (two banks, alternating) and temporaries
+    cst["pps"] = nl.ndarray((_PMAX, _PSUM_F), dtype=nl.float32, buffer=nl.psum)
+    cst["CTf"] = nl.ndarray((_PMAX, Q), dtype=nl.float32, buffer=nl.sbuf)
+    cst["BT"] = nl.ndarray((_PMAX, Q), dtype=nl.float32, buffer=nl.sbuf)
+    cst["cb"] = nl.ndarray((Q, Q), dtype=nl.float32, buffer=nl.sbuf)
+
+    # running state S^T, fp32, one tile per 128 of N (persistent)
+    ST = []
+    for t in range(n_tiles):
+        ST.append(nl.ndarray((min(_PMAX, N - t * _PMAX), HP), dtype=nl.float32, buffer=nl.sbuf))
+    cst["ST"] = ST
+    ctxs = [_ctx_tiles(cst, G, n_tiles), _ctx_tiles(cst, G, n_tiles)]
+    rings = _item_rings(cst, hb)
+
+    cnt = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=cnt, src=counts)
+    r_live = nisa.register_alloc()
+    nisa.register_load(dst=r_live, src=cnt[0:1, 0:1])
+    r_zero = nisa.register_alloc()
+    nisa.register_load(dst=r_zero, src=cnt[0:1, 1:2])
+    srow = _counter()
+    tab = nl.ndarray((_PMAX, 4), dtype=nl.int32, buffer=nl.sbuf)
+    r_pairs = nisa.register_alloc()
+    r_init = nisa.register_alloc()
+    r_noinit = nisa.register_alloc()
+    nt_rows = pool.shape[1] // N            # state rows per pool row
+    pr = HP // nt_rows
+    jb = max(1, min(nt_rows, _NAT_BYTES // (N * _itemsize(pool.dtype))))
+    nat = nl.ndarray((pr, jb * N), dtype=pool.dtype, buffer=nl.sbuf)
+    if pool.dtype != nl.float32:
+        cst["ident_pool"] = nl.ndarray((_PMAX, _PMAX), dtype=pool.dtype, buffer=nl.sbuf)
+        nisa.affine_select(dst=cst["ident_pool"], pattern=[[-1, _PMAX]], channel_multiplier=1,
+                           on_true_tile=ones[0:_PMAX, 0:_PMAX] if Q == _PMAX else _ones128(),
+                           on_false_value=0.0, cmp_op=nl.equal, offset=0)
+
+    for _ in nl.dynamic_range(r_live):
+        # ---- this sequence's row: pool rows, pairs of chunks, has_initial_state, chunk row
+        nisa.dma_copy(dst=tab, src=seq_table.ap(pattern=[[4, _PMAX], [1, 4]], offset=0,
+                                                scalar_offset=srow[0:1, 0:1], indirect_dim=0))
+        _advance(srow)
+        nisa.register_load(dst=r_pairs, src=tab[0:1, 1:2])
+        nisa.register_load(dst=r_init, src=tab[1:2, 1:2])
+        nisa.register_load(dst=r_noinit, src=tab[2:3, 1:2])
+        crow = tab[0:1, 2:4]                # chunk_table row counter (value, 1)
+        # ---- initial state: the pool slot's state or zeros (a select by
+        # runtime conditionals: pool bytes of an uninitialised slot are never read)
+        for _ in nl.dynamic_range(r_init):
+            _state_in(pool, tab, nat, cst, pr, nt_rows, jb)
+        for _ in nl.dynamic_range(r_noinit):
+            for t in range(n_tiles):
+                nisa.memset(dst=ST[t], value=0.0)
+        # ---- chunks, two per iteration (contexts 0 and 1 alternate); the
+        # first chunk's prologue is issued before the loop, each later one
+        # inside the previous chunk's items
+        _prologue(cst, ctxs[0], chunk_table, crow)
+        for _ in nl.dynamic_range(r_pairs):
+            _pair(cst, ctxs, blocks, rings, chunk_table, crow)
+        # ---- final state to the pool
+        _state_out(pool, tab, nat, cst, pr, nt_rows, jb)
+
+    # ---- tokens of padding sequences: zero rows of y (128 rows per DMA; unused
+    # partitions write the dump row)
+    zt = nl.ndarray((_PMAX, HP), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=zt, value=0.0)
+    zrow = _counter()
+    zidx = nl.ndarray((_PMAX, 1), dtype=nl.int32, buffer=nl.sbuf)
+    for _ in nl.dynamic_range(r_zero):
+        nisa.dma_copy(dst=zidx, src=zero_table.ap(pattern=[[1, _PMAX], [1, 1]], offset=0,
+                                                  scalar_offset=zrow[0:1, 0:1], indirect_dim=0))
+        _advance(zrow)
+        nisa.dma_copy(dst=y.ap(pattern=[[HP, _PMAX], [1, HP]], offset=0, vector_offset=zidx,
+                               indirect_dim=0), src=zt)
+    return y
+
+
+def _ones128():
+    t = nl.ndarray((_PMAX, _PMAX), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=t, value=1.0)
+    return t
+
+
+def _itemsize(dtype):
+    if dtype == nl.float32:
+        return 4
+    return 2
+
+
+def _counter():
+    """A run-time row counter [1, 2] int32 SBUF: (value 0, constant 1)."""
+    row = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.memset(dst=row, value=0, engine=nisa.engine.gpsimd)
+    nisa.memset(dst=row[0:1, 1:2], value=1, engine=nisa.engine.gpsimd)
+    return row
+
+
+def _advance(row):
+    """counter += 1 (GpSimd integer add of the constant beside it: off VectorE)."""
+    nisa.tensor_tensor(dst=row[0:1, 0:1], data1=row[0:1, 0:1], data2=row[0:1, 1:2], op=nl.add,
+                       engine=nisa.engine.gpsimd)
 
 
 def _tri_consts(Q):
@@ -154,189 +319,6 @@ def _tri_consts(Q):
     return ones, U, Ls
 
 
-def _exp_of_matmul(stationary, moving, rows, cols):
-    """exp(stationary^T @ moving) as a new fp32 SBUF tile [rows, cols] (fp32 matmul, 0/1 stationary)."""
-    ps = nl.ndarray((rows, cols), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=stationary, moving=moving, accumulate=False,
-                   is_stationary_onezero=True)
-    out = nl.ndarray((rows, cols), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=out, op=nl.exp, data=ps)
-    return out
-
-
-def _transpose_to_sbuf(src, rows, cols, dtype):
-    """src [rows, cols] (SBUF) -> new SBUF tile [cols, rows] of ``dtype`` via TensorE."""
-    ps = nl.ndarray((cols, rows), dtype=src.dtype, buffer=nl.psum)
-    nisa.nc_transpose(dst=ps, data=src)
-    out = nl.ndarray((cols, rows), dtype=dtype, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=out, src=ps)
-    return out
-
-
-def _gather_state(pool, gather_idx, s, HP, N):
-    """Start the gather of one sequence's state: (new tile [pr, nt*N] in the pool dtype).
-
-    ``pool`` [slots*pr, nt*N]: partition q of the gather reads state rows
-    ``q*nt .. q*nt+nt-1`` (r = h*P + p), one pool row of ``nt*N`` contiguous
-    elements, at index ``gather_idx[s*pr + q]`` (``slot*pr + q``, or past the
-    pool: skipped, the zero fill stays = zero initial state).
-    """
-    nt = pool.shape[1] // N
-    pr = HP // nt
-    idx = nl.ndarray((pr, 1), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=idx, src=gather_idx[s * pr:(s + 1) * pr, :])
-    nat = nl.ndarray((pr, nt * N), dtype=pool.dtype, buffer=nl.sbuf)
-    nisa.memset(dst=nat, value=0.0)
-    src = pool.ap(pattern=[[nt * N, pr], [1, nt * N]], offset=0, vector_offset=idx,
-                  indirect_dim=0)
-    nisa.dma_copy(dst=nat, src=src, oob_mode=nisa.oob_mode.skip)
-    return nat
-
-
-def _state_in(nat, ST, HP, N, n_tiles):
-    """Gathered state tile -> S^T tiles (TensorE transposes). Column block j
-    of ``nat`` holds rows ``q*nt + j``: its transpose lands in the strided
-    S^T columns ``j, j+nt, ...``. ``ST[t]`` fp32 [Nt, H*P].
-    """
-    pr = nat.shape[0]
-    nt = HP // pr
-    for j in range(nt):
-        for t in range(n_tiles):
-            n0 = t * _PMAX
-            ntile = min(_PMAX, N - n0)
-            ps = nl.ndarray((ntile, pr), dtype=nat.dtype, buffer=nl.psum)
-            nisa.nc_transpose(dst=ps, data=nat[:, j * N + n0:j * N + n0 + ntile])
-            nisa.tensor_copy(dst=ST[t][:, j:HP:nt], src=ps,
-                             engine=nisa.engine.scalar if j % 2 else nisa.engine.vector)
-
-
-def _store_state(pool, scatter_idx, s, ST, HP, N, n_tiles):
-    """Transpose S^T back to the gather layout and scatter it with one DMA (index past
-    the pool: skipped)."""
-    nt = pool.shape[1] // N
-    pr = HP // nt
-    idx = nl.ndarray((pr, 1), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=idx, src=scatter_idx[s * pr:(s + 1) * pr, :])
-    nat = nl.ndarray((pr, nt * N), dtype=pool.dtype, buffer=nl.sbuf)
-    for j in range(nt):
-        ps = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.psum)
-        for t in range(n_tiles):
-            n0 = t * _PMAX
-            ntile = min(_PMAX, N - n0)
-            nisa.nc_transpose(dst=ps[:, n0:n0 + ntile], data=ST[t][:, j:HP:nt])
-        nisa.tensor_copy(dst=nat[:, j * N:(j + 1) * N], src=ps,
-                         engine=nisa.engine.scalar if j % 2 else nisa.engine.vector)
-    dst = pool.ap(pattern=[[nt * N, pr], [1, nt * N]], offset=0, vector_offset=idx,
-                  indirect_dim=0)
-    nisa.dma_copy(dst=dst, src=nat, oob_mode=nisa.oob_mode.skip)
-
-
-@nki.jit
-def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, gather_idx,
-                      scatter_idx, seq_lens, live, heads, dstate, dt_softplus, dt_lo, dt_hi,
-                      chunk_size, exact):
-    """Chunked SSD prefill; returns y ``[num_tokens, H*P]`` and updates ``pool`` in place.
-
-    HBM arrays (prepared by the launcher):
-      x ``[num_tokens, H*P]`` (float32 or bfloat16; y has this dtype),
-      dt ``[num_tokens, H]`` float32 (raw dt), A_rows ``[128, H]`` float32 (A
-      repeated on 128 rows), B, C ``[num_tokens, G*N]`` (x's dtype),
-      D_heads ``[128, H]`` float32 or None (D per head, repeated on 128 rows;
-      folded into TensorE as D_h * I), D_rows ``[128, H*P]`` float32 or None
-      (D per head and channel, applied on GpSimd), z ``[num_tokens, H*P]`` or None,
-      bias_rows ``[128, H]`` float32 or None, pool ``[slots*pr, nt*N]`` (float32
-      or bfloat16: the state pool ``[slots, H, P, N]`` viewed as pr rows of nt
-      state rows per slot, ``pr*nt = H*P``, pr <= 128; updated in place),
-      gather_idx / scatter_idx ``[num_seqs*pr, 1]`` int32 (pool row
-      ``slot*pr + q`` for partition q of sequence s at ``s*pr + q``; the first
-      row past the pool = skip: no initial state (gather) / padding).
-    Compile-time: seq_lens (tuple of ints, sum = num_tokens), live (tuple of
-      bools: False = padding sequence, zero output, pool untouched), heads (H),
-      dstate (N),
-      dt_softplus (bool), dt_lo, dt_hi (floats, dt_hi may be inf), chunk_size
-      (<= 128), exact (bool: fp32 matmul operands).
-    """
-    T, HP = x.shape
-    H = heads
-    P = HP // H
-    N = dstate
-    GN = B.shape[1]
-    G = GN // N
-    HPG = H // G
-    Q = chunk_size
-    n_tiles = (N + _PMAX - 1) // _PMAX
-    md = nl.float32 if exact else nl.bfloat16
-
-    y = nl.ndarray((T, HP), dtype=x.dtype, buffer=nl.shared_hbm)
-
-    ones, U, Ls = _tri_consts(Q)
-    A_sb = load_f32(A_rows, _PMAX, H)
-    bias_sb = load_f32(bias_rows, _PMAX, H)
-    D_sb = load_f32(D_rows, _PMAX, HP)
-    DI = None
-    if D_heads != None:  # noqa: E711
-        DI = _d_heads(D_heads, ones, Q, H)
-
-    # heads per block: one PSUM bank for seg [L, hb*L] and y [L, hb*P]
-    hb = max(1, min(HPG, _PSUM_F // Q, _PSUM_F // P))
-
-    # With a small state (<= _PREFETCH_BYTES per partition) the next live
-    # sequence's state is gathered during this one's chunks (after the first
-    # chunk's loads), not after this one's scatter: pool DMAs have run-time
-    # indices, so a gather issued after a scatter waits for it (2.7B, 4 x 256
-    # tokens: 413 -> 386 us modeled). A large state (Falcon-H1: 64 KiB) is
-    # gathered in turn: two would not fit next to the chunk pipeline.
-    nxt = []
-    for s in range(len(seq_lens)):
-        nxt.append(-1)
-    last = -1
-    for s in range(len(seq_lens) - 1, -1, -1):
-        nxt[s] = last
-        if live[s]:
-            last = s
-    itemsize = 4
-    if pool.dtype != nl.float32:
-        itemsize = 2
-    early = pool.shape[1] * itemsize <= _PREFETCH_BYTES
-    pre = {}
-    start = 0
-    for s in range(len(seq_lens)):
-        n_s = seq_lens[s]
-        if not live[s]:
-            _zero_rows(y, start, n_s, HP)
-            start += n_s
-            continue
-        ST = []
-        for t in range(n_tiles):
-            nt = min(_PMAX, N - t * _PMAX)
-            ST.append(nl.ndarray((nt, HP), dtype=nl.float32, buffer=nl.sbuf))
-        if pre.get(str(s)) == None:  # noqa: E711
-            pre[str(s)] = _gather_state(pool, gather_idx, s, HP, N)
-        _state_in(pre[str(s)], ST, HP, N, n_tiles)
-        pre[str(s)] = None
-        ahead = None
-        if early and nxt[s] >= 0:
-            ahead = (pool, gather_idx, nxt[s])
-        nat = _sequence(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST, start, n_s,
-                        Q, H, P, N, G, HPG, hb, n_tiles, md, dt_softplus, dt_lo, dt_hi, ahead)
-        if ahead != None:  # noqa: E711
-            pre[str(nxt[s])] = nat
-        nat = None
-
-        _store_state(pool, scatter_idx, s, ST, HP, N, n_tiles)
-        start += n_s
-    return y
-
-
-def _zero_rows(y, start, n, HP):
-    """y rows [start, start+n) = 0 (a padding sequence)."""
-    for r0 in range(0, n, _PMAX):
-        nr = min(_PMAX, n - r0)
-        zt = nl.ndarray((nr, HP), dtype=y.dtype, buffer=nl.sbuf)
-        nisa.memset(dst=zt, value=0.0)
-        nisa.dma_copy(dst=y[start + r0:start + r0 + nr, :], src=zt)
-
-
 def _d_heads(D_heads, ones, Q, H):
     """(D per head on Q rows [Q, H] fp32, identity [Q, Q] fp32) for the TensorE D x term."""
     Dh = nl.ndarray((Q, H), dtype=nl.float32, buffer=nl.sbuf)
@@ -347,360 +329,428 @@ def _d_heads(D_heads, ones, Q, H):
     return Dh, ident
 
 
-def _chunk(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST,
-           t0, L, H, P, N, G, HPG, hb, n_tiles, md, dt_softplus, dt_lo, dt_hi):
-    """Prologue of one chunk of L tokens at token t0 (loads, dt', decay sums,
-    C^T and masked CB per group) -> the chunk context the stages use."""
-    HP = H * P
-    GN = G * N
-    # ---- loads (one DMA per tensor, all heads; z and y move per block). x is
-    # widened to fp32 by the DMA: y_intra and D x are fp32 matmuls in both modes
-    x_in = nl.ndarray((L, HP), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=x_in, src=x[t0:t0 + L, :])
-    dt_in = nl.ndarray((L, H), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=dt_in, src=dt[t0:t0 + L, :])
-    B_mm = nl.ndarray((L, GN), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=B_mm, src=B[t0:t0 + L, :])
-    C_mm = nl.ndarray((L, GN), dtype=md, buffer=nl.sbuf)
-    nisa.dma_copy(dst=C_mm, src=C[t0:t0 + L, :])
+def _pps(cst):
+    """The prologue / state-transfer PSUM scratch bank (one: seg, y and the chunk
+    state take the other seven)."""
+    return cst["pps"]
 
-    # ---- dt' and dt'*A for all heads, fp32
-    dtp = dt_prime(dt_in, bias_sb, L, H, dt_softplus, dt_lo, dt_hi)
-    dtA = nl.ndarray((L, H), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=dtA, data1=dtp, data2=A_sb[0:L, :], op=nl.multiply)
+
+def _state_in(pool, tab, nat, cst, pr, nt, jb):
+    """The slot's state (pool rows in column 0 of ``tab``) -> S^T tiles: gathered in
+    pieces of jb state rows per partition (one pool-row segment per partition),
+    each transposed on TensorE. Piece column j holds state rows ``q*nt + j``:
+    its transpose lands in the strided S^T columns ``j, j+nt, ...``."""
+    N, n_tiles, ST, HP = cst["N"], cst["n_tiles"], cst["ST"], cst["H"] * cst["P"]
+    for j0 in range(0, nt, jb):
+        nj = min(jb, nt - j0)
+        src = pool.ap(pattern=[[nt * N, pr], [1, nj * N]], offset=j0 * N,
+                      vector_offset=tab[0:pr, 0:1], indirect_dim=0)
+        nisa.dma_copy(dst=nat[:, 0:nj * N], src=src)
+        for jj in range(nj):
+            j = j0 + jj
+            for t in range(n_tiles):
+                n0 = t * _PMAX
+                ntile = min(_PMAX, N - n0)
+                ps = _pps(cst)[0:ntile, 0:pr]
+                if nat.dtype == nl.float32:
+                    nisa.nc_transpose(dst=ps, data=nat[:, jj * N + n0:jj * N + n0 + ntile])
+                else:
+                    # a bf16 transpose would need a bf16 PSUM bank: transpose by an
+                    # exact identity matmul into the fp32 scratch instead
+                    nisa.nc_matmul(dst=ps, stationary=nat[:, jj * N + n0:jj * N + n0 + ntile],
+                                   moving=cst["ident_pool"][0:pr, 0:pr], accumulate=False)
+                nisa.tensor_copy(dst=ST[t][:, j:HP:nt], src=ps,
+                                 engine=nisa.engine.scalar if j % 2 else nisa.engine.vector)
+
+
+def _state_out(pool, tab, nat, cst, pr, nt, jb):
+    """S^T back to the gather layout (TensorE transposes, in pieces) and scattered."""
+    N, n_tiles, ST, HP = cst["N"], cst["n_tiles"], cst["ST"], cst["H"] * cst["P"]
+    for j0 in range(0, nt, jb):
+        nj = min(jb, nt - j0)
+        for jj in range(nj):
+            j = j0 + jj
+            ps = _pps(cst)[0:pr, 0:N]
+            for t in range(n_tiles):
+                n0 = t * _PMAX
+                ntile = min(_PMAX, N - n0)
+                nisa.nc_transpose(dst=ps[:, n0:n0 + ntile], data=ST[t][:, j:HP:nt])
+            nisa.tensor_copy(dst=nat[:, jj * N:(jj + 1) * N], src=ps,
+                             engine=nisa.engine.scalar if j % 2 else nisa.engine.vector)
+        dst = pool.ap(pattern=[[nt * N, pr], [1, nj * N]], offset=j0 * N,
+                      vector_offset=tab[0:pr, 0:1], indirect_dim=0)
+        nisa.dma_copy(dst=dst, src=nat[:, 0:nj * N])
+
+
+def _ctx_tiles(cst, G, n_tiles):
+    """SBUF tiles of one chunk context (allocated once; two contexts alternate)."""
+    Q, H, P, N, md = cst["Q"], cst["H"], cst["P"], cst["N"], cst["md"]
+    HP, GN = H * P, G * N
+    f32 = nl.float32
+    c = {"rows": nl.ndarray((Q, 2), dtype=nl.int32, buffer=nl.sbuf),
+         "mask": nl.ndarray((Q, 1), dtype=f32, buffer=nl.sbuf),
+         "x_in": nl.ndarray((Q, HP), dtype=f32, buffer=nl.sbuf),
+         "dt_in": nl.ndarray((Q, H), dtype=f32, buffer=nl.sbuf),
+         "B_mm": nl.ndarray((Q, GN), dtype=f32, buffer=nl.sbuf),
+         "C_in": nl.ndarray((Q, GN), dtype=f32, buffer=nl.sbuf),
+         "z": None, "elast": [], "CTs": [], "CTfs": [], "cbms": []}
+    for name in ("dtp", "dtA", "lndt", "ecs", "wd"):
+        c[name] = nl.ndarray((Q, H), dtype=f32, buffer=nl.sbuf)
+    if cst["z"] != None:  # noqa: E711
+        # y is written over z's columns once silu(z) of the block is taken
+        c["z"] = nl.ndarray((Q, HP), dtype=cst["z"].dtype, buffer=nl.sbuf)
+        c["yt"] = c["z"]
+    else:
+        c["yt"] = nl.ndarray((Q, HP), dtype=cst["y"].dtype, buffer=nl.sbuf)
+    for t in range(n_tiles):
+        ntile = min(_PMAX, N - t * _PMAX)
+        c["elast"].append(nl.ndarray((ntile, H), dtype=f32, buffer=nl.sbuf))
+    for g in range(G):
+        CT = []
+        for t in range(n_tiles):
+            ntile = min(_PMAX, N - t * _PMAX)
+            CT.append(nl.ndarray((ntile, Q), dtype=md, buffer=nl.sbuf))
+        c["CTs"].append(CT)
+        c["cbms"].append(nl.ndarray((Q, Q), dtype=f32, buffer=nl.sbuf))
+    return c
+
+
+def _item_rings(cst, hb):
+    """Per-item temporaries, reused round-robin by item index: a buffer written
+    in stage k and last read in stage k' needs k' - k + 1 of them (program
+    order then keeps every read before the next write)."""
+    Q, P, n_tiles, md, N = cst["Q"], cst["P"], cst["n_tiles"], cst["md"], cst["N"]
+    f32 = nl.float32
+
+    r = {"W": _ring(2, (Q, hb * Q), f32, nl.sbuf), "seg": _ring(2, (Q, hb * Q), f32, nl.psum),
+         "Dm": _ring(2, (Q, hb * Q), f32, nl.sbuf), "Mt": _ring(2, (Q, hb * Q), f32, nl.sbuf),
+         "yps": _ring(3, (Q, 2 * hb * P), f32, nl.psum), "yb": _ring(3, (Q, hb * P), f32, nl.sbuf),
+         "sz": _ring(3, (Q, hb * P), f32, nl.sbuf), "Xd": _ring(4, (Q, hb * P), f32, nl.sbuf),
+         "st": _ring(2, (_PMAX, n_tiles * hb * P), f32, nl.psum),
+         "xD": _ring(2, (Q, P), f32, nl.sbuf), "xd": _ring(2, (Q, hb * P), f32, nl.sbuf), "S": []}
+    if md != f32:
+        for i in range(2):
+            S = []
+            for t in range(n_tiles):
+                S.append(nl.ndarray((min(_PMAX, N - t * _PMAX), hb * P), dtype=md,
+                                    buffer=nl.sbuf))
+            r["S"].append(S)
+    return r
+
+
+def _ring(n, shape, dtype, buf):
+    """n tiles of one shape (a round-robin buffer)."""
+    out = []
+    for i in range(n):
+        out.append(nl.ndarray(shape, dtype=dtype, buffer=buf))
+    return out
+
+
+def _gather_rows(dst, src, idx, width):
+    """dst [Q, width] <- rows idx[q] of the HBM tensor src [rows, width] (one row per
+    partition; masked partitions name the zero row)."""
+    nisa.dma_copy(dst=dst, src=src.ap(pattern=[[width, dst.shape[0]], [1, width]], offset=0,
+                                      vector_offset=idx, indirect_dim=0))
+
+
+def _prologue(cst, c, chunk_table, crow):
+    """One chunk: its token rows (chunk_table row ``crow``, then crow += 1), the
+    gathers of x, dt, B, C, z, dt' (masked: 0 past the sequence end), decay
+    sums, C^T and the masked CB per group, into the context ``c``."""
+    Q, H, P, N, G, md, n_tiles = cst["Q"], cst["H"], cst["P"], cst["N"], cst["G"], cst["md"], \
+        cst["n_tiles"]
+    HP, GN = H * P, G * N
+    nisa.dma_copy(dst=c["rows"], src=chunk_table.ap(pattern=[[2, Q], [1, 2]], offset=0,
+                                                    scalar_offset=crow[0:1, 0:1],
+                                                    indirect_dim=0))
+    _advance(crow)
+    idx = c["rows"][:, 0:1]
+    # x widened to fp32 by the DMA: y_intra and D x are fp32 matmuls in both modes
+    _gather_rows(c["x_in"], cst["x"], idx, HP)
+    _gather_rows(c["dt_in"], cst["dt"], idx, H)
+    _gather_rows(c["B_mm"], cst["B"], idx, GN)
+    _gather_rows(c["C_in"], cst["C"], idx, GN)
+    if c["z"] != None:  # noqa: E711
+        _gather_rows(c["z"], cst["z"], idx, HP)
+    nisa.tensor_copy(dst=c["mask"], src=c["rows"][:, 1:2], engine=nisa.engine.gpsimd)
+
+    # ---- dt' (0 on masked rows: decay 1, no input) and dt'*A, fp32
+    dtp0 = dt_prime(c["dt_in"], cst["bias"], Q, H, cst["dt_softplus"], cst["dt_lo"],
+                    cst["dt_hi"])
+    dtp, dtA, lndt = c["dtp"], c["dtA"], c["lndt"]
+    nisa.tensor_scalar(dst=dtp, data=dtp0, op0=nl.multiply, operand0=c["mask"][:, 0:1])
+    nisa.tensor_tensor(dst=dtA, data1=dtp, data2=cst["A"][0:Q, :], op=nl.multiply)
     # ln dt' (clamped into the ScalarE log range; a dt' below 1e-18 contributes
-    # < 1e-18 of its term instead of 0)
-    lndt = nl.ndarray((L, H), dtype=nl.float32, buffer=nl.sbuf)
+    # < 1e-18 of its term instead of 0: masked rows only feed masked outputs)
     nisa.tensor_scalar(dst=lndt, data=dtp, op0=nl.maximum, operand0=1.0e-18)
     nisa.activation(dst=lndt, op=nl.log, data=lndt)
 
     # ---- decay sums for all heads (fp32 matmuls with 0/1 operators), then exp
-    ecs = _exp_of_matmul(U[0:L, 0:L], dtA, L, H)        # exp(cs_i), cs inclusive cumsum
-    wd = _exp_of_matmul(Ls[0:L, 0:L], dtA, L, H)        # exp(sum_{k>j} dtA_k)
-    nisa.tensor_tensor(dst=wd, data1=wd, data2=dtp, op=nl.multiply)   # * dt'_j
-    elast = []
+    _exp_of_matmul(cst, c["ecs"], cst["U"], dtA, Q, H)     # exp(cs_i), inclusive cumsum
+    _exp_of_matmul(cst, c["wd"], cst["Ls"], dtA, Q, H)     # exp(sum_{k>j} dtA_k)
+    nisa.tensor_tensor(dst=c["wd"], data1=c["wd"], data2=dtp, op=nl.multiply)   # * dt'_j
     for t in range(n_tiles):
-        nt = min(_PMAX, N - t * _PMAX)
-        # chunk total decay, the same value on each of the nt state partitions
-        elast.append(_exp_of_matmul(ones[0:L, 0:nt], dtA, nt, H))
+        ntile = min(_PMAX, N - t * _PMAX)
+        # chunk total decay, the same value on each of the ntile state partitions
+        _exp_of_matmul(cst, c["elast"][t], cst["ones"][0:Q, 0:ntile], dtA, ntile, H)
 
-    # ---- per group: C^T tiles and the causally masked CB^T
-    CTs, cbms = [], []
+    # ---- per group: C^T tiles and the causally masked CB^T (fp32)
     for g in range(G):
-        CT = []
+        tp = _pps(cst)                       # C^T at [0, Q), B^T at [Q, 2Q), CB at [2Q, 3Q)
+        cb_ps = tp[0:Q, 2 * Q:3 * Q]
         for t in range(n_tiles):
             n0 = g * N + t * _PMAX
-            nt = min(_PMAX, N - t * _PMAX)
-            CT.append(_transpose_to_sbuf(C_mm[:, n0:n0 + nt], L, nt, md))
-        cb_ps = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.psum)
-        for t in range(n_tiles):
-            n0 = g * N + t * _PMAX
-            nt = min(_PMAX, N - t * _PMAX)
-            BT = _transpose_to_sbuf(B_mm[:, n0:n0 + nt], L, nt, nl.float32)
-            CTf = CT[t]
+            ntile = min(_PMAX, N - t * _PMAX)
+            ct_ps = tp[0:ntile, 0:Q]
+            nisa.nc_transpose(dst=ct_ps, data=c["C_in"][:, n0:n0 + ntile])
+            CT = c["CTs"][g][t]
+            nisa.tensor_copy(dst=CT, src=ct_ps, engine=nisa.engine.scalar)
+            CTf = CT
             if md != nl.float32:
-                # CB in fp32 from the C values (bf16-exact for bf16 inputs)
-                CTf = nl.ndarray((nt, L), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_copy(dst=CTf, src=CT[t], engine=nisa.engine.scalar)
+                CTf = cst["CTf"][0:ntile, :]
+                nisa.tensor_copy(dst=CTf, src=ct_ps)
+            bt_ps = tp[0:ntile, Q:2 * Q]
+            nisa.nc_transpose(dst=bt_ps, data=c["B_mm"][:, n0:n0 + ntile])
+            BT = cst["BT"][0:ntile, :]
+            nisa.tensor_copy(dst=BT, src=bt_ps, engine=nisa.engine.scalar)
             # cb[j, i] = sum_n B[j, n] C[i, n]
             nisa.nc_matmul(dst=cb_ps, stationary=BT, moving=CTf, accumulate=(t > 0))
-        cb = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=cb, src=cb_ps)
-        cb_ps = None
-        cbm = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=cst["cb"], src=cb_ps)
         # keep i >= j (j = partition): the causal mask of the decay matrix too
-        nisa.affine_select(dst=cbm, pattern=[[1, L]], channel_multiplier=-1, on_true_tile=cb,
-                           on_false_value=0.0, cmp_op=nl.greater_equal, offset=0)
-        CTs.append(CT)
-        cbms.append(cbm)
-
-    return {"x_in": x_in, "B_mm": B_mm, "z": z, "y": y, "D_sb": D_sb,
-            "Dh": DI[0] if DI != None else None,  # noqa: E711
-            "ident": DI[1] if DI != None else None, "U": U,  # noqa: E711
-            "Ls": Ls, "CTs": CTs, "cbms": cbms, "ST": ST, "dtA": dtA,
-            "dtp": dtp, "lndt": lndt, "ecs": ecs, "wd": wd, "elast": elast, "L": L, "P": P,
-            "N": N, "n_tiles": n_tiles, "md": md, "t0": t0}
+        nisa.affine_select(dst=c["cbms"][g], pattern=[[1, Q]], channel_multiplier=-1,
+                           on_true_tile=cst["cb"], on_false_value=0.0,
+                           cmp_op=nl.greater_equal, offset=0)
 
 
-def _sequence(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST, start, n_s, Q,
-              H, P, N, G, HPG, hb, n_tiles, md, dt_softplus, dt_lo, dt_hi, ahead):
-    """All chunks of one sequence as one software pipeline over (chunk, head block) items.
+def _exp_of_matmul(cst, out, stationary, moving, rows, cols):
+    """out [rows, cols] = exp(stationary^T @ moving) (fp32 matmul, 0/1 stationary)."""
+    ps = _pps(cst)[0:rows, 0:cols]
+    nisa.nc_matmul(dst=ps, stationary=stationary, moving=moving, accumulate=False,
+                   is_stationary_onezero=True)
+    nisa.activation(dst=out, op=nl.exp, data=ps)
 
-    ``ahead``: None, or (pool, gather_idx, s) of the next sequence, whose
-    state gather is issued right after the first chunk's prologue (its DMA
-    then queues behind this sequence's first loads, not ahead of them);
-    returns that gathered tile (or None).
+
+def _store_y(cst, c):
+    """The chunk's y rows, scattered to its token rows (masked rows: the dump row)."""
+    HP = c["yt"].shape[1]
+    nisa.dma_copy(dst=cst["y"].ap(pattern=[[HP, cst["Q"]], [1, HP]], offset=0,
+                                  vector_offset=c["rows"][:, 0:1], indirect_dim=0),
+                  src=c["yt"])
+
+
+def _pair(cst, ctxs, blocks, rings, chunk_table, crow):
+    """Two chunks of one sequence (contexts 0 and 1) as one software pipeline
+    over (chunk, head block) items; context 1's prologue is issued inside
+    context 0's items, the next iteration's context-0 prologue inside context
+    1's (after context 0's last read).
 
     Ten stages per item (``_STAGES``, one engine each); in step b, stage k
     works on item b - k, so each engine's in-order queue holds work whose
-    inputs were produced in earlier steps while an item's chain hops between
-    engines. A chunk's prologue (loads, dt, cumsums, CB) is issued ``pre``
-    steps before its first item so it overlaps the previous chunk's blocks;
-    its y rows are stored once its last item leaves the pipeline.
+    inputs were produced in earlier steps. Item (1, j) reads the state item
+    (0, j) writes: with more than _S_WRITE - _S_READ blocks the two chunks
+    share one pipeline, else it drains between them.
     """
-    blocks = []
-    for g in range(G):
-        for h0 in range(g * HPG, (g + 1) * HPG, hb):
-            blocks.append((g, h0, min(hb, (g + 1) * HPG - h0)))
-    # z / y move in groups of _IO_BLOCKS consecutive blocks (>= 2 KiB per
-    # partition per DMA for bf16 at P = 64) instead of per chunk (SBUF) or per
-    # block (DMA efficiency); item tuple: (g, h0, nh, io group, first, last, c0, c1)
-    nb0 = len(blocks)
-    for j in range(nb0):
-        q = j // _IO_BLOCKS
-        j0, j1 = q * _IO_BLOCKS, min(nb0, (q + 1) * _IO_BLOCKS) - 1
-        g, h0, nh = blocks[j]
-        blocks[j] = (g, h0, nh, q, j == j0, j == j1, blocks[j0][1] * P,
-                     (blocks[j1][1] + blocks[j1][2]) * P)
     nb = len(blocks)
-    chunks = []
-    for c0 in range(0, n_s, Q):
-        chunks.append((start + c0, min(Q, n_s - c0)))
-    nc = len(chunks)
-    stages = _STAGES
-    ns = len(stages)
-    # item (c+1, j) reads the state item (c, j) writes: its state-reading stage
-    # must come after that state-writing stage, i.e. nb > _S_WRITE - _S_READ;
-    # otherwise drain the pipeline at every chunk boundary
-    across = nb > _S_WRITE - _S_READ
+    ns = len(_STAGES)
     pre = max(1, nb // 2)
-    ctxs = [None] * nc
-    work = [None] * (nc * nb)
-    n_items = nc * nb
-
-    # steps: lists of (stage, item); pro: step -> chunk whose prologue starts it
-    nat = None
-    steps = []
-    pro = {}
-    if across:
-        for b in range(n_items + ns - 1):
+    steps = []        # lists of (stage, item)
+    pro = []          # (step, context) prologues, issued at the start of the step
+    if nb > _S_WRITE - _S_READ:
+        for b in range(2 * nb + ns - 1):
             step = []
             for k in range(ns):
-                if 0 <= b - k < n_items:
+                if 0 <= b - k < 2 * nb:
                     step.append((k, b - k))
             steps.append(step)
-        for c in range(nc):
-            pro[str(max(0, c * nb - pre))] = c
+        pro.append((max(0, nb - pre), 1))
+        pro.append((max(2 * nb - pre, nb + ns - 1), 0))
     else:
-        for c in range(nc):
-            pro[str(len(steps))] = c
+        for c in range(2):
             for b in range(nb + ns - 1):
                 step = []
                 for k in range(ns):
                     if 0 <= b - k < nb:
                         step.append((k, c * nb + b - k))
                 steps.append(step)
-    for si in range(len(steps)):
-        if pro.get(str(si)) != None:  # noqa: E711  (NKI: no 'in' on a dict)
-            # chunk prologue, ahead of the chunk's first item
-            c = pro[str(si)]
-            t0, L = chunks[c]
-            ctxs[c] = _chunk(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST,
-                             t0, L, H, P, N, G, HPG, hb, n_tiles, md, dt_softplus, dt_lo,
-                             dt_hi)
-            if c == 0 and ahead != None:  # noqa: E711
-                nat = _gather_state(ahead[0], ahead[1], ahead[2], H * P, N)
-        for e in range(len(steps[si])):
-            k, i = steps[si][e]
-            c, j = i // nb, i % nb
-            if k == 0:
-                work[i] = {}
-            stages[k](ctxs[c], blocks[j], work[i])
-            if k == ns - 1:
-                work[i] = None
-                if j == nb - 1:
-                    ctxs[c] = None
-    return nat
+        pro.append((max(0, nb - pre), 1))
+        pro.append((nb + ns - 1 + max(0, nb - pre), 0))
+    work = []
+    for i in range(2 * nb):
+        work.append(None)
+    for si in range(len(steps) + 1):
+        for e in range(len(pro)):
+            if pro[e][0] == si:
+                _prologue(cst, ctxs[pro[e][1]], chunk_table, crow)
+        if si < len(steps):
+            for e in range(len(steps[si])):
+                k, i = steps[si][e]
+                c, j = i // nb, i % nb
+                if k == 0:
+                    work[i] = {"i": i}
+                _STAGES[k](cst, ctxs[c], blocks[j], work[i], rings)
+                if k == ns - 1:
+                    work[i] = None
+                if k == _S_YOUT and j == nb - 1:
+                    _store_y(cst, ctxs[c])
 
 
 # Stages of one (chunk, head block) item. Each stage runs on one engine
 # (mostly), so in a pipeline step every engine's queue holds work whose
 # inputs were produced in earlier steps.
 
-def _st_w(ctx, blk, w):
+def _st_w(cst, ctx, blk, w, r):
     """ScalarE: W[k, (h,i)] = dtA[k,h] U[k,i] (fp32)."""
-    g, h0, nh = blk[0], blk[1], blk[2]
-    L, dtA = ctx["L"], ctx["dtA"]
-    W = nl.ndarray((L, nh * L), dtype=nl.float32, buffer=nl.sbuf)
+    g, h0, nh = blk
+    Q, dtA = cst["Q"], ctx["dtA"]
+    W = r["W"][w["i"] % 2]
     for k in range(nh):
-        nisa.tensor_scalar(dst=W[:, k * L:(k + 1) * L], data=ctx["U"][0:L, 0:L],
+        nisa.tensor_scalar(dst=W[:, k * Q:(k + 1) * Q], data=cst["U"][0:Q, 0:Q],
                            op0=nl.multiply, operand0=dtA[:, h0 + k:h0 + k + 1],
                            engine=nisa.engine.vector if k == _W_ON_VECTOR else nisa.engine.scalar)
-    w["W"] = W
 
 
-def _st_seg(ctx, blk, w):
+def _st_seg(cst, ctx, blk, w, r):
     """TensorE: seg[j, (h,i)] = sum_{j<k<=i} dtA[k,h] = Ls^T W (fp32, exactly 0 for j >= i)."""
-    g, h0, nh = blk[0], blk[1], blk[2]
-    L = ctx["L"]
-    seg_ps = nl.ndarray((L, nh * L), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=seg_ps, stationary=ctx["Ls"][0:L, 0:L], moving=w["W"], accumulate=False,
+    g, h0, nh = blk
+    Q = cst["Q"]
+    nisa.nc_matmul(dst=r["seg"][w["i"] % 2][:, 0:nh * Q], stationary=cst["Ls"][0:Q, 0:Q],
+                   moving=r["W"][w["i"] % 2][:, 0:nh * Q], accumulate=False,
                    is_stationary_onezero=True)
-    w["W"] = None
-    w["seg"] = seg_ps
 
 
-def _st_exp(ctx, blk, w):
+def _st_exp(cst, ctx, blk, w, r):
     """ScalarE: Dm = exp(seg + ln dt'_j) (dt'_j enters as the exponent bias)."""
-    g, h0, nh = blk[0], blk[1], blk[2]
-    L = ctx["L"]
-    Dm = nl.ndarray((L, nh * L), dtype=nl.float32, buffer=nl.sbuf)
+    g, h0, nh = blk
+    Q = cst["Q"]
+    Dm, seg = r["Dm"][w["i"] % 2], r["seg"][w["i"] % 2]
     for k in range(nh):
-        nisa.activation(dst=Dm[:, k * L:(k + 1) * L], op=nl.exp, data=w["seg"][:, k * L:(k + 1) * L],
+        nisa.activation(dst=Dm[:, k * Q:(k + 1) * Q], op=nl.exp, data=seg[:, k * Q:(k + 1) * Q],
                         bias=ctx["lndt"][:, h0 + k:h0 + k + 1])
-    w["seg"] = None
-    w["Dm"] = Dm
 
 
-def _st_mt(ctx, blk, w):
-    """GpSimd / VectorE: Mt = Dm * CBmask per head; ScalarE: bf16 copy of the block's state."""
-    g, h0, nh = blk[0], blk[1], blk[2]
-    L, P, md, ST = ctx["L"], ctx["P"], ctx["md"], ctx["ST"]
-    Mt = nl.ndarray((L, nh * L), dtype=nl.float32, buffer=nl.sbuf)
+def _st_mt(cst, ctx, blk, w, r):
+    """VectorE (alternate heads on _ALT_ENGINE): Mt = Dm * CBmask per head;
+    ScalarE: bf16 copy of the block's state (bf16 mode)."""
+    g, h0, nh = blk
+    Q, P, md, ST = cst["Q"], cst["P"], cst["md"], cst["ST"]
+    Dm, Mt = r["Dm"][w["i"] % 2], r["Mt"][w["i"] % 2]
     for k in range(nh):
-        # alternate heads between GpSimd and VectorE (engine balance)
-        nisa.tensor_tensor(dst=Mt[:, k * L:(k + 1) * L], data1=w["Dm"][:, k * L:(k + 1) * L],
+        nisa.tensor_tensor(dst=Mt[:, k * Q:(k + 1) * Q], data1=Dm[:, k * Q:(k + 1) * Q],
                            data2=ctx["cbms"][g], op=nl.multiply,
-                           engine=nisa.engine.gpsimd if k % 2 else nisa.engine.vector)
-    w["Dm"] = None
-    w["Mt"] = Mt
+                           engine=_ALT_ENGINE if k % 2 else nisa.engine.vector)
     c0, c1 = h0 * P, (h0 + nh) * P
-    smm = []
-    for t in range(ctx["n_tiles"]):
-        if md == nl.float32:
-            smm.append(ST[t][:, c0:c1])
-        else:
-            s_mm = nl.ndarray((ST[t].shape[0], nh * P), dtype=md, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=s_mm, src=ST[t][:, c0:c1], engine=nisa.engine.scalar)
-            smm.append(s_mm)
-    w["S"] = smm
+    if md != nl.float32:
+        for t in range(cst["n_tiles"]):
+            nisa.tensor_copy(dst=r["S"][w["i"] % 2][t][:, 0:nh * P], src=ST[t][:, c0:c1],
+                             engine=nisa.engine.scalar)
 
 
-def _st_out_mm(ctx, blk, w):
-    """TensorE: y_intra (+ D x) fp32 matmuls per head, y_off per N tile (precision mode)."""
-    g, h0, nh = blk[0], blk[1], blk[2]
-    L, P, x_in = ctx["L"], ctx["P"], ctx["x_in"]
-    Mt = w["Mt"]
-    yi_ps = nl.ndarray((L, nh * P), dtype=nl.float32, buffer=nl.psum)
+def _st_out_mm(cst, ctx, blk, w, r):
+    """TensorE: y_intra (+ D x) fp32 matmuls per head, y_off per N tile (precision
+    mode), into one PSUM bank: y_intra at columns [0, nh*P), y_off after."""
+    g, h0, nh = blk
+    Q, P, x_in, md = cst["Q"], cst["P"], ctx["x_in"], cst["md"]
+    Mt, yps = r["Mt"][w["i"] % 2], r["yps"][w["i"] % 3]
     for k in range(nh):
         h = h0 + k
-        nisa.nc_matmul(dst=yi_ps[:, k * P:(k + 1) * P], stationary=Mt[:, k * L:(k + 1) * L],
+        yi = yps[:, k * P:(k + 1) * P]
+        nisa.nc_matmul(dst=yi, stationary=Mt[:, k * Q:(k + 1) * Q],
                        moving=x_in[:, h * P:(h + 1) * P], accumulate=False)
-        if ctx["Dh"] != None:  # noqa: E711
+        if cst["Dh"] != None:  # noqa: E711
             # + D_h x_i: identity stationary, moving x_h D_h (ScalarE, fp32)
-            xD = nl.ndarray((L, P), dtype=nl.float32, buffer=nl.sbuf)
+            xD = r["xD"][(w["i"] * nh + k) % 2]
             nisa.tensor_scalar(dst=xD, data=x_in[:, h * P:(h + 1) * P], op0=nl.multiply,
-                               operand0=ctx["Dh"][0:L, h:h + 1], engine=nisa.engine.scalar)
-            nisa.nc_matmul(dst=yi_ps[:, k * P:(k + 1) * P], stationary=ctx["ident"][0:L, 0:L],
-                           moving=xD, accumulate=True, is_stationary_onezero=True)
-    w["Mt"] = None
-    yo_ps = nl.ndarray((L, nh * P), dtype=nl.float32, buffer=nl.psum)
-    for t in range(ctx["n_tiles"]):
-        nisa.nc_matmul(dst=yo_ps, stationary=ctx["CTs"][g][t], moving=w["S"][t],
-                       accumulate=(t > 0))
-    w["S"] = None
-    w["yi"] = yi_ps
-    w["yo"] = yo_ps
-
-
-def _st_scalar(ctx, blk, w):
-    """ScalarE: y_off * exp(cs_i) per head, silu(z), chunk-state operand Xd = x dt' exp(ex)."""
-    g, h0, nh = blk[0], blk[1], blk[2]
-    L, P, md, x_in, ecs = ctx["L"], ctx["P"], ctx["md"], ctx["x_in"], ctx["ecs"]
+                               operand0=cst["Dh"][0:Q, h:h + 1], engine=nisa.engine.scalar)
+            nisa.nc_matmul(dst=yi, stationary=cst["ident"][0:Q, 0:Q], moving=xD,
+                           accumulate=True, is_stationary_onezero=True)
+    yo = yps[:, nh * P:2 * nh * P]
     c0, c1 = h0 * P, (h0 + nh) * P
-    yb = nl.ndarray((L, nh * P), dtype=nl.float32, buffer=nl.sbuf)
+    for t in range(cst["n_tiles"]):
+        S = cst["ST"][t][:, c0:c1]
+        if md != nl.float32:
+            S = r["S"][w["i"] % 2][t][:, 0:nh * P]
+        nisa.nc_matmul(dst=yo, stationary=ctx["CTs"][g][t], moving=S, accumulate=(t > 0))
+
+
+def _st_scalar(cst, ctx, blk, w, r):
+    """ScalarE: y_off * exp(cs_i) per head, silu(z), chunk-state operand Xd = x dt' exp(ex)."""
+    g, h0, nh = blk
+    P, x_in = cst["P"], ctx["x_in"]
+    c0, c1 = h0 * P, (h0 + nh) * P
+    yps, yb = r["yps"][w["i"] % 3], r["yb"][w["i"] % 3]
     for k in range(nh):
         nisa.activation(dst=yb[:, k * P:(k + 1) * P], op=nl.copy,
-                        data=w["yo"][:, k * P:(k + 1) * P], scale=ecs[:, h0 + k:h0 + k + 1])
-    w["yo"] = None
-    w["yb"] = yb
+                        data=yps[:, (nh + k) * P:(nh + k + 1) * P],
+                        scale=ctx["ecs"][:, h0 + k:h0 + k + 1])
     if ctx["z"] != None:  # noqa: E711
-        t0, q, gc0, gc1 = ctx["t0"], blk[3], blk[6], blk[7]
-        if blk[4]:
-            zg = nl.ndarray((L, gc1 - gc0), dtype=ctx["z"].dtype, buffer=nl.sbuf)
-            nisa.dma_copy(dst=zg, src=ctx["z"][t0:t0 + L, gc0:gc1])
-            ctx["zg" + str(q)] = zg
-        z_b = ctx["zg" + str(q)][:, c0 - gc0:c1 - gc0]
-        if blk[5]:
-            ctx["zg" + str(q)] = None
-        sz = nl.ndarray((L, nh * P), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=sz, op=nl.silu, data=z_b)
-        w["sz"] = sz
-    Xd = nl.ndarray((L, nh * P), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=r["sz"][w["i"] % 3][:, 0:nh * P], op=nl.silu,
+                        data=ctx["z"][:, c0:c1])
+    Xd = r["Xd"][w["i"] % 4]
     for k in range(nh):
         h = h0 + k
         nisa.tensor_scalar(dst=Xd[:, k * P:(k + 1) * P], data=x_in[:, h * P:(h + 1) * P],
                            op0=nl.multiply, operand0=ctx["wd"][:, h:h + 1],
                            engine=nisa.engine.scalar)
-    w["Xd"] = Xd
 
 
-def _st_yadd(ctx, blk, w):
+def _st_yadd(cst, ctx, blk, w, r):
     """VectorE: y = y_off + y_intra (PSUM operand)."""
-    nisa.tensor_tensor(dst=w["yb"], data1=w["yb"], data2=w["yi"], op=nl.add)
-    w["yi"] = None
+    g, h0, nh = blk
+    P = cst["P"]
+    yb = r["yb"][w["i"] % 3][:, 0:nh * P]
+    nisa.tensor_tensor(dst=yb, data1=yb, data2=r["yps"][w["i"] % 3][:, 0:nh * P], op=nl.add)
 
 
-def _st_yout(ctx, blk, w):
-    """GpSimd: + x D (D per channel), * silu(z), into the chunk's y tile."""
-    g, h0, nh = blk[0], blk[1], blk[2]
-    L, P, D_sb, x_in = ctx["L"], ctx["P"], ctx["D_sb"], ctx["x_in"]
+def _st_yout(cst, ctx, blk, w, r):
+    """_ALT_ENGINE: + x D (D per channel), * silu(z), into the chunk's y tile."""
+    g, h0, nh = blk
+    P, D_sb, x_in, Q = cst["P"], cst["D_sb"], ctx["x_in"], cst["Q"]
     c0, c1 = h0 * P, (h0 + nh) * P
-    yb = w["yb"]
+    yb = r["yb"][w["i"] % 3][:, 0:nh * P]
     if D_sb != None:  # noqa: E711
-        xd = nl.ndarray((L, nh * P), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=xd, data1=x_in[:, c0:c1], data2=D_sb[0:L, c0:c1], op=nl.multiply,
-                           engine=nisa.engine.gpsimd)
-        nisa.tensor_tensor(dst=yb, data1=yb, data2=xd, op=nl.add, engine=nisa.engine.gpsimd)
-    t0, q, gc0, gc1 = ctx["t0"], blk[3], blk[6], blk[7]
-    if blk[4]:
-        ctx["yg" + str(q)] = nl.ndarray((L, gc1 - gc0), dtype=ctx["y"].dtype, buffer=nl.sbuf)
-    yg = ctx["yg" + str(q)]
-    y_b = yg[:, c0 - gc0:c1 - gc0]
+        xd = r["xd"][w["i"] % 2][:, 0:nh * P]
+        nisa.tensor_tensor(dst=xd, data1=x_in[:, c0:c1], data2=D_sb[0:Q, c0:c1], op=nl.multiply,
+                           engine=_ALT_ENGINE)
+        nisa.tensor_tensor(dst=yb, data1=yb, data2=xd, op=nl.add, engine=_ALT_ENGINE)
+    y_b = ctx["yt"][:, c0:c1]
     if ctx["z"] != None:  # noqa: E711
-        nisa.tensor_tensor(dst=y_b, data1=yb, data2=w["sz"], op=nl.multiply,
-                           engine=nisa.engine.gpsimd)
-        w["sz"] = None
+        nisa.tensor_tensor(dst=y_b, data1=yb, data2=r["sz"][w["i"] % 3][:, 0:nh * P],
+                           op=nl.multiply, engine=_ALT_ENGINE)
     else:
         nisa.tensor_copy(dst=y_b, src=yb, engine=nisa.engine.gpsimd)
-    if blk[5]:
-        nisa.dma_copy(dst=ctx["y"][t0:t0 + L, gc0:gc1], src=yg)
-        ctx["yg" + str(q)] = None
-    w["yb"] = None
 
 
-def _st_state_mm(ctx, blk, w):
-    """TensorE: chunk state B^T Xd per N tile."""
-    g, h0, nh = blk[0], blk[1], blk[2]
-    P, N, ST, B_mm = ctx["P"], ctx["N"], ctx["ST"], ctx["B_mm"]
-    sps = []
-    for t in range(ctx["n_tiles"]):
+def _st_state_mm(cst, ctx, blk, w, r):
+    """TensorE: chunk state B^T Xd per N tile (one PSUM bank for all tiles)."""
+    g, h0, nh = blk
+    P, N, B_mm = cst["P"], cst["N"], ctx["B_mm"]
+    st = r["st"][w["i"] % 2]
+    for t in range(cst["n_tiles"]):
         n0 = g * N + t * _PMAX
-        nt = ST[t].shape[0]
-        st_ps = nl.ndarray((nt, nh * P), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=st_ps, stationary=B_mm[:, n0:n0 + nt], moving=w["Xd"],
-                       accumulate=False)
-        sps.append(st_ps)
-    w["Xd"] = None
-    w["st"] = sps
+        ntile = min(_PMAX, N - t * _PMAX)
+        nisa.nc_matmul(dst=st[0:ntile, t * nh * P:(t + 1) * nh * P],
+                       stationary=B_mm[:, n0:n0 + ntile],
+                       moving=r["Xd"][w["i"] % 4][:, 0:nh * P], accumulate=False)
 
 
-def _st_state(ctx, blk, w):
+def _st_state(cst, ctx, blk, w, r):
     """VectorE: S^T <- exp(total) S^T + chunk state, per head (fp32)."""
-    g, h0, nh = blk[0], blk[1], blk[2]
-    P, ST, elast = ctx["P"], ctx["ST"], ctx["elast"]
-    for t in range(ctx["n_tiles"]):
+    g, h0, nh = blk
+    P, ST, elast = cst["P"], cst["ST"], ctx["elast"]
+    st = r["st"][w["i"] % 2]
+    for t in range(cst["n_tiles"]):
+        ntile = ST[t].shape[0]
         for k in range(nh):
             h = h0 + k
             nisa.scalar_tensor_tensor(dst=ST[t][:, h * P:(h + 1) * P],
                                       data=ST[t][:, h * P:(h + 1) * P], op0=nl.multiply,
                                       operand0=elast[t][:, h:h + 1], op1=nl.add,
-                                      operand1=w["st"][t][:, k * P:(k + 1) * P])
-    w["st"] = None
+                                      operand1=st[0:ntile, (t * nh + k) * P:(t * nh + k + 1) * P])
 
 
 _STAGES = (_st_w, _st_seg, _st_exp, _st_mt, _st_out_mm, _st_scalar, _st_yadd, _st_yout,
            _st_state_mm, _st_state)
-# stage reading the state (the bf16 copy / fp32 view in _st_mt) and the stage
-# writing it: item (c+1, j) may only read after item (c, j) wrote
+# stage reading the state (the bf16 copy / fp32 view in _st_mt / _st_out_mm) and
+# the stage writing it: item (1, j) may only read after item (0, j) wrote
 _S_READ, _S_WRITE = 3, 9
+_S_YOUT = 7        # stage writing the y tile (the chunk's y store follows its last block)

@@ -67,35 +67,91 @@ def _D_per_row(D, H, P):
     return np.repeat(d, P) if d.shape == (H,) else d.reshape(H * P)
 
 
+def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens: int,
+                   num_seqs: int, chunk_size: int, pr: int):
+    """Run-time batch tables of ``ssd_chunk_prefill`` (its module docstring):
+    ``(seq_table [num_seqs, 128, 4], chunk_table [chunk_rows, Q, 2],
+    zero_table [num_tokens // 128, 128, 1], counts [1, 2])`` int32.
+
+    ``num_tokens`` / ``num_seqs`` are the buckets; row ``num_tokens`` is the
+    zero (inputs) / dump (y) row that masked chunk rows name. Shapes depend
+    only on the buckets and Q: ``chunk_rows = num_tokens // Q + 2 * num_seqs + 1``
+    (each live sequence takes an even number of chunk rows, a trailing row
+    serves the last prefetch). Built with vectorised array ops only, each a
+    torch op on device: ``diff`` / integer ceil-division (lengths, chunks,
+    pairs), ``nonzero`` of ``state_indices >= 0`` (live order), an exclusive
+    ``cumsum`` (chunk row bases), ``repeat_interleave`` (row -> sequence and
+    token -> sequence), ``arange`` broadcast adds, comparisons and ``where``
+    (token rows, valid flags, masked rows -> the zero row), indexed writes
+    into zero tables.
+    """
+    Q = chunk_size
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    idx = np.asarray(state_indices, dtype=np.int64)
+    lens = cu[1:] - cu[:-1]
+    live = np.flatnonzero(idx >= 0)
+    n_live = live.size
+    lens_l = lens[live]
+    pairs = (lens_l + 2 * Q - 1) // (2 * Q)         # iterations of two chunks
+    rows_per = 2 * pairs
+    base = np.concatenate([[0], np.cumsum(rows_per)[:-1]]).astype(np.int64) if n_live else \
+        np.zeros(0, np.int64)
+    seq_table = np.zeros((num_seqs, _PMAX, 4), dtype=np.int32)
+    seq_table[:n_live, :pr, 0] = idx[live][:, None] * pr + np.arange(pr)[None, :]
+    init = np.asarray(has_initial_state, dtype=bool)[live]
+    seq_table[:n_live, 0, 1] = pairs
+    seq_table[:n_live, 1, 1] = init
+    seq_table[:n_live, 2, 1] = ~init
+    seq_table[:n_live, 0, 2] = base
+    seq_table[:n_live, 0, 3] = 1
+    chunk_rows = num_tokens // Q + 2 * num_seqs + 1
+    chunk_table = np.zeros((chunk_rows, Q, 2), dtype=np.int32)
+    chunk_table[:, :, 0] = num_tokens
+    total = int(rows_per.sum())
+    if total:
+        seq_of_row = np.repeat(np.arange(n_live), rows_per)
+        local = np.arange(total) - base[seq_of_row]               # chunk index in its sequence
+        offs = local[:, None] * Q + np.arange(Q)[None, :]         # token offset in the sequence
+        valid = offs < lens_l[seq_of_row][:, None]
+        tok = cu[live][seq_of_row][:, None] + offs
+        chunk_table[:total, :, 0] = np.where(valid, tok, num_tokens)
+        chunk_table[:total, :, 1] = valid
+    # tokens of padding sequences -> zero rows of y, 128 per DMA
+    seq_of_tok = np.repeat(np.arange(lens.size), lens)
+    pad_tok = np.flatnonzero(idx[seq_of_tok] < 0)
+    zero_blocks = max(1, num_tokens // _PMAX)
+    zero_table = np.full((zero_blocks * _PMAX, 1), num_tokens, dtype=np.int32)
+    zero_table[:pad_tok.size, 0] = pad_tok
+    counts = np.array([[n_live, (pad_tok.size + _PMAX - 1) // _PMAX]], dtype=np.int32)
+    return seq_table, chunk_table, zero_table.reshape(zero_blocks, _PMAX, 1), counts
+
+
 def prefill(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, cu_seqlens, ssm_states,
             state_indices, has_initial_state, chunk_size, precision, backend):
     """Launch ``ssd_chunk_prefill``; returns y ``[num_tokens, H, P]`` in x's dtype.
 
-    ``ssm_states`` is updated in place (named slots only).
+    ``ssm_states`` is updated in place (named slots only). Token inputs are
+    padded to the token bucket plus one zero row (the row masked chunk rows
+    read), the batch to the sequence bucket.
     """
     from nki_ssm.kernels.mamba2_ssd.chunk import ssd_chunk_prefill
 
     T, H, P = x.shape
     G, N = B.shape[1:]
+    S = len(state_indices)
     slots = ssm_states.shape[0]
-    idx = np.asarray(state_indices, dtype=np.int64)
-    live = idx >= 0
+    Tb, Sb = token_bucket(T), seq_bucket(S)
     pr, nt = decode_layout(H, P, 1)       # pr partitions x nt state rows each
-    oob = slots * pr                      # first row past the pool: the DMA skips it
-    gather = _rows(idx, live & np.asarray(has_initial_state, dtype=bool), pr, pr, oob)
-    scatter = _rows(idx, live, pr, pr, oob)
-    cu = [int(v) for v in np.asarray(cu_seqlens)]
-    seq_lens = tuple(cu[s + 1] - cu[s] for s in range(len(cu) - 1))
+    seq_table, chunk_table, zero_table, counts = prefill_tables(
+        cu_seqlens, state_indices, has_initial_state, Tb, Sb, int(chunk_size), pr)
 
-    def tok2d(a, width, dtype=None):
+    def tok2d(a, width, dtype=None):      # [T, ...] -> [Tb + 1, width], zero rows appended
         if a is None:
             return None
         a = np.asarray(a).reshape(T, width)
-        if dtype is not None:
-            a = a.astype(dtype)
-        if T == 0:
-            a = np.zeros((1, width), dtype=a.dtype)
-        return np.ascontiguousarray(a)
+        out = np.zeros((Tb + 1, width), dtype=a.dtype if dtype is None else dtype)
+        out[:T] = a
+        return out
 
     # D [H] is folded into TensorE (D_h * I); D [H, P] is applied per channel
     D_heads = D_row = None
@@ -112,13 +168,13 @@ def prefill(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, cu_seqlens,
              tok2d(B, G * N), tok2d(C, G * N), D_heads, D_row, tok2d(z, H * P),
              None if dt_bias is None else np.ascontiguousarray(
                  np.broadcast_to(_f32(dt_bias), (_PMAX, H))),
-             rows, gather, scatter,
-             seq_lens, tuple(bool(v) for v in live), int(H), int(N), bool(dt_softplus), lo, hi, int(chunk_size), precision == "fp32",
+             rows, seq_table, chunk_table, zero_table, counts,
+             int(H), int(N), bool(dt_softplus), lo, hi, int(chunk_size), precision == "fp32",
              backend=backend)
     if not np.shares_memory(rows, ssm_states):
         ssm_states[...] = rows.reshape(ssm_states.shape)
     y = np.asarray(y)
-    return y[:T].reshape(T, H, P) if T else np.zeros((0, H, P), dtype=x.dtype)
+    return y[:T].reshape(T, H, P)
 
 
 def decode_layout(H: int, P: int, G: int) -> tuple[int, int]:
