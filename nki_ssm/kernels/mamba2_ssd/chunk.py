@@ -1,113 +1,137 @@
 """Mamba-2 SSD chunked prefill over a ragged batch with an in-place state pool.
 
 Kernel: ``ssd_chunk_prefill`` (``@nki.jit``). The host launcher
-(``nki_ssm/ops/launch/mamba2_ssd.py``) prepares the layouts described in the
-kernel docstring; this note is the design.
+(``nki_ssm/ops/launch/mamba2_ssd.py``) pads the batch to its buckets and
+builds the run-time tables described here; this note is the design.
 
 Design note
 ===========
 
-Compile time vs run time
-------------------------
-The ragged layout (``seq_lens``) and which sequences are padding (``live``)
-are compile-time tuples, part of the kernel cache key: chunk boundaries
-decide instruction shapes (a short last chunk has fewer partitions), and NKI
-loops are unrolled at trace time, so a layout-generic kernel would need
-dynamic loops with run-time partition counts, which NKI 0.5.0 does not
-offer. Padding sequences get zero rows of y and no instructions at all.
-Pool slots are run-time data: int32 row indices, gathered / scattered inside
-the kernel by indirect DMA (``.ap(vector_offset=...)``, one pool row per
-partition); ``has_initial_state == False`` is encoded by the launcher as a
-gather index past the pool, which the DMA skips (``oob_mode.skip``) and so
-leaves the zero-filled tile (zero initial state).
+One compiled program per shape bucket
+-------------------------------------
+Compile-time arguments are shapes (the token bucket, the sequence bucket,
+H, P, N, G, chunk_size Q) and layer configuration (dt_softplus, dt limits,
+precision) only. The batch composition is run-time int32 data:
+
+- ``seq_table [num_seqs, 128, 4]``, one row per *live* sequence (padding
+  sequences are compacted out by the launcher), in order: column 0 holds
+  the pool row ``slot*pr + q`` of partition q (q < pr); column 1 holds at
+  partition 0 the number of chunk pairs, at 1 has_initial_state, at 2 its
+  negation; column 2 at partition 0 the sequence's first chunk_table row
+  (the chunk counter), column 3 at partition 0 a constant 1 (the counter's
+  increment);
+- ``chunk_table [num_tokens/Q + 2*num_seqs + 1, Q, 2]``: per chunk, the
+  token row of each of its Q partitions and a 0/1 valid flag. A sequence's
+  chunk k covers its tokens ``k*Q ..``; rows past its end (and whole dummy
+  chunks: every live sequence takes an even number of rows) are masked and
+  name row ``num_tokens``, a zero row the launcher appends to every token
+  input (and y's dump row);
+- ``zero_table [num_tokens/128, 128, 1]``: the token rows of padding
+  sequences, 128 per row (unused entries name the dump row);
+- ``counts [1, 2]``: live sequences, zero_table rows in use.
+
+Loops
+-----
+Every loop that grows with the batch is an ``nl.dynamic_range`` over a
+register (``register_load`` from a table); table rows are addressed by
+run-time counters (1x1 int32 tiles used as ``scalar_offset``, advanced by a
+GpSimd integer add); token rows and pool rows by ``vector_offset`` (one row
+per partition). What is unrolled inside a body is bounded by the layer
+shape (head blocks, dstate tiles, groups).
+
+1. Sequence loop (trip count: live sequences). Its body loads the
+   sequence's row, then its initial state: under a runtime conditional
+   (``dynamic_range`` over the has_initial_state register, 0 or 1 trips)
+   the slot's state is gathered and transposed into S^T; under the negated
+   flag S^T is zeroed. So an uninitialised slot is never read (no NaN * 0).
+2. Chunk-pair loop (trip count: the sequence's pairs). The body runs two
+   chunks (contexts 0 and 1, double-buffered SBUF tiles) as one software
+   pipeline over (chunk, head block) items; context 1's prologue is issued
+   inside context 0's items, the next iteration's context-0 prologue
+   inside context 1's (the first one before the loop). A sequence with an
+   odd number of chunks ends with a dummy chunk whose rows are all masked:
+   it leaves the state exactly unchanged (decay exp(0) = 1, zero input) and
+   its y rows go to the dump row. The pipeline drains at the end of each
+   iteration (the loop body is one static region).
+3. After the pair loop the state is transposed back and scattered to the
+   slot (the kernel's own writes to its HBM input are the pool update).
+4. Zero loop (trip count: zero_table rows in use): zero rows of y for the
+   tokens of padding sequences.
+
+Masking
+-------
+Masked rows of a chunk (past the sequence end, or a dummy chunk) are
+*gathered from the zero row*: x, B, C, z and raw dt are exactly 0 there, so
+no value of another sequence or of a padding token (which may hold NaN)
+enters the chunk, and no NaN * 0 can arise. dt' is multiplied by the 0/1
+valid flag (dt' = 0: decay 1, no input; its log is clamped to 1e-18, which
+only feeds masked outputs since masked rows are the last of the chunk).
+Every y row is written exactly once: a live token's row by its chunk's
+scatter (masked partitions write the dump row, sliced off by the host), a
+padding token's row by the zero loop; bucket padding rows are never
+written and are sliced off.
 
 Layout
 ------
-Tokens of one chunk (Q <= 128, ``chunk_size``) sit on partitions; heads are
-concatenated on the free dim (x as ``[L, H*P]``, dt as ``[L, H]``). The
-running state of a sequence lives in SBUF in float32 as ``S^T [N, H*P]``
-(dstate on partitions, one tile per 128 of N: N up to 256 and beyond), so
-both state matmuls contract over partitions without per-chunk transposes; it
-is transposed on TensorE only when gathered from / scattered to the pool,
-one DMA each per sequence (partition q holds the nt consecutive state rows
-``q*nt ..``, ``pr*nt = H*P``: 20 KiB per partition at 2.7B, the DMA's
-efficient regime).
+Tokens of one chunk (Q <= 128) sit on partitions; heads are concatenated on
+the free dim (x as ``[Q, H*P]``, dt as ``[Q, H]``). The running state of a
+sequence lives in SBUF in float32 as ``S^T [N, H*P]`` (dstate on
+partitions, one tile per 128 of N, N <= 256), so both state matmuls
+contract over partitions without per-chunk transposes; it is transposed on
+TensorE only when gathered from / scattered to the pool, in pieces of
+<= 8 KiB per partition (partition q holds state rows ``q*nt ..``, one pool
+row segment per partition; a bf16 pool is transposed by an exact identity
+matmul into the fp32 PSUM scratch).
 
 Per chunk (prologue, all heads at once)
 ---------------------------------------
-DMA x (widened to fp32 by the DMA), dt, B, C. VectorE/ScalarE:
-dt' = clip(softplus(dt + dt_bias)), dtA = dt' A, ln dt' ([L, H]). TensorE
-(fp32, 0/1 stationaries flagged onezero): cs = U^T dtA (inclusive cumsum),
-ex = Ls^T dtA (sum over the chunk's later tokens), tot = 1^T dtA (chunk
-total, broadcast on the N partitions); ScalarE exp of each. Per group:
-C^T (TensorE transpose), CB^T [L, L] (fp32, contract N, accumulate N
-tiles), causal mask on GpSimd (affine_select).
+Chunk_table row; gathers of x (widened to fp32 by the DMA), dt, B, C (fp32)
+and z. VectorE/ScalarE: dt' = clip(softplus(dt + dt_bias)) * valid,
+dtA = dt' A, ln dt' ([Q, H]). TensorE (fp32, 0/1 stationaries flagged
+onezero): cs = U^T dtA (inclusive cumsum), ex = Ls^T dtA (sum over the
+chunk's later tokens), tot = 1^T dtA (chunk total, broadcast on the N
+partitions); ScalarE exp of each. Per group: C^T and B^T (TensorE
+transposes, fp32), CB^T [Q, Q] (fp32, contract N, accumulate N tiles),
+causal mask on GpSimd (affine_select).
 
 Per (chunk, head block) item: ten stages, one engine each (mostly)
 -----------------------------------------------------------------
-Blocks hold ``hb`` heads of one group (``hb*L <= 512`` and ``hb*P <= 512``:
-one PSUM bank per tile; hb = 4 at L = 128, P = 64).
+Blocks hold ``hb`` heads of one group (hb*Q <= 512, 2*hb*P <= 512 and
+n_tiles*hb*P <= 512: one PSUM bank per tile; hb = 4 at Q = 128, P = 64).
  0 ScalarE  W[k, (h,i)] = dtA[k,h] U[k,i] (one head of the block on VectorE)
  1 TensorE  seg = Ls^T W -> seg[j,(h,i)] = sum_{j<k<=i} dtA[k,h] (fp32;
             exactly 0 for j >= i), one matmul for the block
  2 ScalarE  Dm = exp(seg + ln dt'_j) (dt'_j as the exponent bias)
- 3 V / G    Mt = Dm * CBmask per head (alternating VectorE / GpSimd);
+ 3 VectorE  Mt = Dm * CBmask per head (every second head on _ALT_ENGINE);
             ScalarE: bf16 copy of the block's S^T (bf16 mode)
  4 TensorE  y_intra = Mt^T x_h + I^T (x_h D_h) per head, fp32 (x*D on
-            ScalarE); y_off = C S^T for the block (one matmul per N tile)
+            ScalarE); y_off = C S^T for the block (one matmul per N tile),
+            both into one PSUM bank
  5 ScalarE  y_off * exp(cs_i) per head; silu(z); Xd = x_h dt'_j exp(ex_j)
  6 VectorE  y = y_off + y_intra (PSUM operand)
- 7 GpSimd   (+ x*D for D [H, P]) * silu(z) -> y
- 8 TensorE  chunk state B^T Xd per N tile (fp32)
+ 7 _ALT_ENGINE (+ x*D for D [H, P]) * silu(z) -> the chunk's y tile
+            (written over z's columns: z's SBUF tile doubles as y's)
+ 8 TensorE  chunk state B^T Xd per N tile (fp32, one PSUM bank)
  9 VectorE  S^T <- exp(tot) S^T + chunk state, per head (fp32)
-z is loaded and y stored per group of 4 blocks (2 KiB per partition per DMA
-at P = 64, bf16), x once per chunk (fp32 via the DMA).
+The chunk's y tile is scattered to its token rows after its last block.
+Item (1, j) reads the state item (0, j) writes: with more than 6 blocks the
+two chunks share one pipeline, else it drains between them.
 
-Overlap
--------
-The items of a whole sequence (chunk by chunk, block by block) form one
-software pipeline: in step b, stage k works on item b - k, stages issued
-in order, so every engine's in-order queue only holds work whose inputs
-were produced in earlier steps and the five engines run concurrently. A
-chunk's prologue is issued half a chunk of steps before its first item;
-item (c+1, j) reads the state item (c, j) writes, which the step distance
-guarantees when a chunk has more than 6 blocks (otherwise the pipeline
-drains at each chunk boundary). Sequences run one after another (the
-pipeline drains at each sequence end); the next sequence's state gather is
-issued after the current one's first chunk prologue when the state is
-<= 32 KiB per partition (2.7B, Granite-like), so it does not wait for the
-current scatter (pool DMAs have run-time indices); Falcon-H1's 64 KiB
-state is gathered in turn (SBUF).
+_ALT_ENGINE is VectorE: float tensor_tensor on GpSimd may be illegal
+(issue 14 item 9: the ISA routes float binary ops to VectorE; the static
+kernel put ~320 per 1K tokens there). Setting it to GpSimd restores the
+old engine balance if the coordinator rules it legal.
 
-Engine budget (modeled, trn2, nki_ssm.perf; Mamba-2 2.7B, bf16, 16K tokens)
-----------------------------------------------------------------------------
-4.81 ms = 3.41 M tokens/s per NeuronCore (goal 2 M); the current cost
-model gives 4.67 ms = 3.50 M tokens/s, binding VectorE, 29.1 % of the
-roofline (``python3 -m simulate --set judged --op mamba2_ssd``). Busy per 128-token
-chunk: ScalarE 36.7 us (binding, 98 %), VectorE 35.8, GpSimd 34.6, TensorE
-32.6, DMA 18.7 us; modeled 37.6 us per chunk. Roofline: 1.41 ms (520 MB of
-minimal HBM traffic at 368 GB/s; the minimal matmul work takes 0.82 ms at
-the bf16 peak), so 29 % of the roofline. What binds is elementwise work: per
-chunk and head three passes over the L x L decay matrix (W, exp, Mt) and
-~6 passes over the L x P output / state columns; TensorE is not the limit
-(the exact mode, all-fp32 TensorE, models at 3.24 M tokens/s with TensorE
-99 % busy). Closer to the roof needs fewer elementwise passes (bf16 perf
-modes where the precision budget allows; trn3's VectorE exponential) rather
-than faster matmuls. Chunk 64 models slower (2.0 M tokens/s at 2K tokens:
-per-instruction overheads); 128 is the right chunk on trn2. Granite-like
-(H 128, G 8) 16K: 2.01 M tokens/s, ScalarE binding.
-
-SBUF / PSUM budget (bytes per partition; Q = 128)
---------------------------------------------------
-State S^T ``H*P*4`` per N tile (2.7B 20 KiB, Granite-like 32 KiB); per
-live chunk context (two are live while the pipeline crosses a chunk
-boundary): x fp32 ``H*P*4`` (20 / 32 KiB) + B, C, dt, decay columns
-(< 10 KiB); items in flight (~10) hold W, Dm, Mt (``hb*L*4`` = 2 KiB each),
-y / Xd / S copies (1 KiB each) and z / y group tiles (2 KiB). The simulator
-enforces the 208 KiB usable (224 KiB less its reserve); Granite-like in
-exact mode is the tightest case and fits. PSUM: one bank per tile; the seg,
-y_intra, y_off and state tiles of the items in flight stay within the 8
-banks (the simulator counts live banks).
+SBUF / PSUM budget
+------------------
+Tiles allocated in a dynamic loop body are live for the whole loop, so all
+tiles are allocated before the loops: two chunk contexts (x fp32 ``H*P*4``
++ z / y ``H*P*2`` + B, C, dt, decay columns, C^T and CB per group), the
+state S^T (``H*P*4`` per N tile), a <= 8 KiB state-transfer piece, and the
+item temporaries as round-robin rings (a buffer written in stage k and last
+read in stage k' has k' - k + 1 copies). PSUM (8 banks of 2 KiB per
+partition): seg x2, y_intra|y_off x3, chunk state x2, one prologue /
+state-transfer scratch bank.
 
 Numerics
 --------
@@ -119,12 +143,11 @@ A = -16 is tested). ``exact=True`` (precision "fp32"): every matmul operand
 float32. ``exact=False`` (precision "bf16", the default): only the
 state-to-output matmul y_off = C S^T takes bfloat16 operands (C exact for
 bf16 models, the fp32 state rounded once); y_intra, D x, CB, the decay sums
-and the chunk-state matmul stay fp32. Rounding Mt or x*dt'*decay to bf16
-instead costs ~1e-3 of relative error in y and in the states, and the cost
-model says those matmuls are not the bottleneck (TensorE ~60 % busy with
-fp32, VectorE binding), so the extra precision is free. Measured at model
-shapes with bf16 I/O: y error = the bf16 output rounding (~1.6e-3),
-states ~1e-7 (float32 pool).
+and the chunk-state matmul stay fp32.
+
+Engine budget and what binds
+----------------------------
+MEASURED_PLACEHOLDER
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ Compile-time arguments are shapes (the padded ``num_seqs`` bucket, T, H, P,
 N, G) and layer flags only. The batch composition is run-time int32 data
 built by the launcher (``nki_ssm/ops/launch/mamba2_ssd.py``):
 
-- ``seq_table [num_seqs + 2, 128, 2]``: row i (i < n_live) describes the
+- ``seq_table [num_seqs + 3, 128, 2]``: row i (i < n_live) describes the
   i-th live sequence: column 0 holds the pool row ``slot*pr + q`` of
   partition q (q < pr), column 1 holds at partition 0 the sequence's index
   in the batch (for its x / B / C / y rows) and at partition 1 a 1 ("this
@@ -125,7 +125,7 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, pad_table,
       group_sel ``[G, pr]`` (BC's dtype, 1 where partition q's rows are in
       group g); pool ``[slots*pr, nt*N]`` float32 or bfloat16 (the pool
       ``[slots, H, P, N]``, updated in place by the kernel's scatters);
-      seq_table ``[num_seqs+2, 128, 2]``, pad_table ``[num_seqs, 1]``,
+      seq_table ``[num_seqs+3, 128, 2]``, pad_table ``[num_seqs, 1]``,
       counts ``[1, 2]`` int32 (the batch composition: module docstring).
     Compile-time: has_z, has_bias, has_D, dt_softplus, dt_lo, dt_hi (layer
       configuration) and the shapes.
@@ -174,31 +174,41 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, pad_table,
             work.append(nl.ndarray((pr, span_max * N), dtype=nl.float32, buffer=nl.sbuf))
         else:
             work.append(nats[b])
-    # table tiles: entry 0 of the body (cur), entry 1 (per == 2), the next body's entry 0
+    # table rows are loaded one iteration ahead (a table DMA then never holds up
+    # the gather that needs it): tabs = this iteration's entries, ntabs = the
+    # next iteration's; token inputs of the next iteration's entry 0 are staged
+    # with its first gather and copied to the working set when it starts
     tabs = []
+    ntabs = []
     toks = []
-    for e in range(per + 1):
+    regs = []
+    for e in range(per):
         tabs.append(nl.ndarray((128, 2), dtype=nl.int32, buffer=nl.sbuf))
+        ntabs.append(nl.ndarray((128, 2), dtype=nl.int32, buffer=nl.sbuf))
         toks.append(_tok_tiles(xdt_rows.shape[2], BC.dtype, pr, nt, T, G, N))
-    nxt = per
-    rings = _rings(pr, N)
-    regs = [None]
-    for e in range(1, per + 1):
         regs.append(nisa.register_alloc())
+    staged = _tok_tiles(xdt_rows.shape[2], BC.dtype, pr, nt, T, G, N)
+    r_next = nisa.register_alloc()
+    rings = _rings(pr, N)
 
-    # prefetch: the first live sequence's table row, tokens and first unit
-    _load_entry(seq_table, row, tabs[nxt], regs[nxt])
-    for _ in nl.dynamic_range(regs[nxt]):
-        _tok_load(xdt_rows, BC, tabs[nxt], toks[nxt], T, pr, G)
-        _gather(pool, tabs[nxt], nats[0], pr, nt, N, spans[0], parts)
+    # prefetch: the first iteration's table rows, tokens and first unit
+    for e in range(per):
+        _load_row(seq_table, row, ntabs[e])
+    nisa.register_load(dst=r_next, src=ntabs[0][1:2, 1:2])
+    for _ in nl.dynamic_range(r_next):
+        _tok_load(xdt_rows, BC, ntabs[0], staged, T, pr, G)
+        _gather(pool, ntabs[0], nats[0], pr, nt, N, spans[0], parts)
 
     for _ in nl.dynamic_range(r_iters):
-        # entry 0 exists on every iteration: take over the prefetched row and tokens
-        nisa.tensor_copy(dst=tabs[0], src=tabs[nxt], engine=nisa.engine.gpsimd)
-        _tok_copy(toks[nxt], toks[0], T)
+        for e in range(per):
+            nisa.tensor_copy(dst=tabs[e], src=ntabs[e], engine=nisa.engine.gpsimd)
+        for e in range(per):
+            _load_row(seq_table, row, ntabs[e])
+        # entry 0 exists on every iteration: take over its staged tokens
+        _tok_copy(staged, toks[0], T)
         _tok_prep_all(toks[0], prm, T, pr, nt, has_bias, dt_softplus, dt_lo, dt_hi)
-        if per == 2:
-            _load_entry(seq_table, row, tabs[1], regs[1])
+        for e in range(1, per):
+            nisa.register_load(dst=regs[e], src=tabs[e][1:2, 1:2])
         for m in range(K):
             e, j = m // nu, m % nu
             # issue the gather of the unit after m (next entry of this body, or
@@ -214,10 +224,10 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, pad_table,
                             _tok_load(xdt_rows, BC, tabs[e1], toks[e1], T, pr, G)
                         _gather(pool, tabs[e1], nats[m1 % 2], pr, nt, N, spans[j1], parts)
             else:
-                _load_entry(seq_table, row, tabs[nxt], regs[nxt])
-                for _ in nl.dynamic_range(regs[nxt]):
-                    _tok_load(xdt_rows, BC, tabs[nxt], toks[nxt], T, pr, G)
-                    _gather(pool, tabs[nxt], nats[0], pr, nt, N, spans[0], parts)
+                nisa.register_load(dst=r_next, src=ntabs[0][1:2, 1:2])
+                for _ in nl.dynamic_range(r_next):
+                    _tok_load(xdt_rows, BC, ntabs[0], staged, T, pr, G)
+                    _gather(pool, ntabs[0], nats[0], pr, nt, N, spans[0], parts)
             if e == 0:
                 _unit(toks[0], tabs[0], y, sel, ident, pool, nats[m % 2], work[m % 2],
                       spans[j], j == nu - 1, rings, T, pr, nt, N, parts, prm, has_z,
@@ -294,12 +304,11 @@ def _advance(row):
                        engine=nisa.engine.gpsimd)
 
 
-def _load_entry(seq_table, row, tab, reg):
-    """seq_table row ``row`` -> ``tab`` [128, 2]; its "exists" flag -> ``reg``; row += 1."""
+def _load_row(seq_table, row, tab):
+    """seq_table row ``row`` -> ``tab`` [128, 2]; row += 1."""
     nisa.dma_copy(dst=tab, src=seq_table.ap(pattern=[[2, 128], [1, 2]], offset=0,
                                             scalar_offset=row[0:1, 0:1], indirect_dim=0))
     _advance(row)
-    nisa.register_load(dst=reg, src=tab[1:2, 1:2])
 
 
 def _rings(pr, N):

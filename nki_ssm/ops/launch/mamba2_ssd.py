@@ -191,7 +191,7 @@ def decode_layout(H: int, P: int, G: int) -> tuple[int, int]:
 
 def decode_tables(state_indices, num_seqs: int, pr: int, per: int):
     """Run-time batch tables of ``ssd_decode_step`` (its module docstring):
-    ``(seq_table [num_seqs+2, 128, 2], pad_table [num_seqs, 1], counts [1, 2])`` int32.
+    ``(seq_table [num_seqs+3, 128, 2], pad_table [num_seqs, 1], counts [1, 2])`` int32.
 
     ``num_seqs`` is the bucket (>= len(state_indices)); ``per`` the kernel's
     sequences per loop iteration. Built with vectorised array ops only, each
@@ -203,7 +203,7 @@ def decode_tables(state_indices, num_seqs: int, pr: int, per: int):
     idx = np.asarray(state_indices, dtype=np.int64)
     live = np.flatnonzero(idx >= 0)
     pad = np.flatnonzero(idx < 0)
-    seq_table = np.zeros((num_seqs + 2, _PMAX, 2), dtype=np.int32)
+    seq_table = np.zeros((num_seqs + 3, _PMAX, 2), dtype=np.int32)
     seq_table[:live.size, :pr, 0] = idx[live][:, None] * pr + np.arange(pr)[None, :]
     seq_table[:live.size, 0, 1] = live
     seq_table[:live.size, 1, 1] = 1
