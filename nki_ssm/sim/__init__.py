@@ -5,7 +5,11 @@ limits, engine/buffer rules, SBUF/PSUM capacity) and an instruction trace.
 Modules: ``errors`` (NkiValidationError, NkiCapacityError), ``dtypes``,
 ``targets`` (trn1/trn2/trn3 limits, NEURON_PLATFORM_TARGET_OVERRIDE),
 ``tensor`` (Storage, NkiTensor views), ``memory`` (capacity accounting),
-``language`` (nki.language), ``isa`` (nki.isa), ``jit`` (jit, simulate),
+``language`` (nki.language), ``isa`` (nki.isa), ``control`` (runtime loops:
+``nl.dynamic_range`` / ``fori_loop`` / ``while_loop`` with VirtualRegisters, recorded
+with their loop structure so the trace gives both the dynamic instruction count and the
+program size), ``jit`` (jit, simulate, ``specialisations()``: the compiles the real
+toolchain would make),
 ``install`` (register the simulator as ``import nki``), ``trace``,
 ``subset`` (every launched kernel's Python is checked against the subset the
 NKI compiler's front end accepts: no comprehensions, lambda, raise, try, ``is``,
@@ -27,8 +31,10 @@ from .targets import current_target
 IS_NKI_SSM_SIMULATOR = True
 
 _LAZY = {"language": ".language", "isa": ".isa", "jit": ".jit", "tensor": ".tensor",
+         "control": ".control",
          "memory": ".memory", "dtypes": ".dtypes", "targets": ".targets", "trace": ".trace"}
-_LAZY_ATTRS = {"simulate": "jit", "simulate_kernel": "jit", "Kernel": "jit", "NkiTensor": "tensor"}
+_LAZY_ATTRS = {"simulate": "jit", "simulate_kernel": "jit", "Kernel": "jit", "NkiTensor": "tensor",
+               "specialisations": "jit", "reset_specialisations": "jit"}
 
 
 def __getattr__(name):
@@ -40,4 +46,5 @@ def __getattr__(name):
 
 
 __all__ = ["NkiValidationError", "NkiCapacityError", "current_target", "install", "uninstall",
-           "simulate", "simulate_kernel", "Kernel", "NkiTensor", "IS_NKI_SSM_SIMULATOR"]
+           "simulate", "simulate_kernel", "Kernel", "NkiTensor", "IS_NKI_SSM_SIMULATOR",
+           "specialisations", "reset_specialisations"]

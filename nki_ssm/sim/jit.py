@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import ml_dtypes
 import numpy as np
 
+from . import control as _control
 from . import memory as _memory
 from . import subset as _subset
 from . import tensor as _tensor
@@ -208,6 +209,49 @@ def _write_back(inputs) -> None:
             orig[...] = new.reshape(orig.shape)
 
 
+# ----------------------------------------------------------------- specialisations
+
+_specialisations: dict[str, set] = {}
+
+
+def _static_key(value):
+    """The cache-key part of one kernel argument: shape and dtype for arrays (and tensors),
+    the value itself for compile-time constants (NKI language guide, "Kernel Caching")."""
+    if isinstance(value, np.ndarray) or _is_torch_tensor(value):
+        return ("tensor", tuple(value.shape), str(value.dtype))
+    if isinstance(value, tuple):
+        return ("tuple", tuple(_static_key(v) for v in value))
+    if isinstance(value, float):
+        return ("float", value.hex())
+    if isinstance(value, enum.Enum):
+        return ("enum", type(value).__qualname__, value.name)
+    try:
+        hash(value)
+        return (type(value).__qualname__, value)
+    except TypeError:
+        return (type(value).__qualname__, repr(value))
+
+
+def _note_specialisation(fn, num_programs, args, kwargs) -> None:
+    from .targets import current_target
+    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+    key = (current_target().name, num_programs, tuple(_static_key(a) for a in args),
+           tuple(sorted((k, _static_key(v)) for k, v in kwargs.items())))
+    _specialisations.setdefault(name, set()).add(key)
+
+
+def specialisations() -> dict[str, int]:
+    """For each kernel launched in this process: how many distinct programs the real toolchain
+    would have compiled (distinct cache keys: tensor shapes and dtypes, the value of every
+    non-tensor argument, the LNC grid and the target)."""
+    return {name: len(keys) for name, keys in _specialisations.items()}
+
+
+def reset_specialisations() -> None:
+    """Forget every kernel seen so far (tests count specialisations from a clean slate)."""
+    _specialisations.clear()
+
+
 # ----------------------------------------------------------------- running
 
 def _run(fn, num_programs: int, grid_ndim: int, args, kwargs, kernel=None):
@@ -217,6 +261,7 @@ def _run(fn, num_programs: int, grid_ndim: int, args, kwargs, kernel=None):
         return fn(*args, **kwargs)
     # the compiler parses the source: Python it rejects fails here, before anything runs
     _subset.check_kernel(fn)
+    _note_specialisation(fn, num_programs, args, kwargs)
     target = current_target()
     tr = _trace.current()
     if tr is not None and not tr.target:
@@ -234,10 +279,14 @@ def _run(fn, num_programs: int, grid_ndim: int, args, kwargs, kernel=None):
         for pid in range(num_programs):
             launch.program_id = pid
             launch.shared_cursor = 0
-            with _memory.launch(target) as tracker:
-                result = fn(*cargs, **ckwargs)
-                out = _convert_output(result)
-                usage.append(tracker.usage())
+            _control.begin_program()
+            try:
+                with _memory.launch(target) as tracker:
+                    result = fn(*cargs, **ckwargs)
+                    out = _convert_output(result)
+                    usage.append(tracker.usage())
+            finally:
+                _control.end_program()
     finally:
         _launches.remove(launch)
     if kernel is not None:
@@ -326,5 +375,5 @@ def simulate_kernel(kernel, *args, **kwargs):
     return simulate(kernel)(*args, **kwargs)
 
 
-__all__ = ["Kernel", "jit", "simulate", "simulate_kernel", "current_program_id", "last_memory_usage",
+__all__ = ["Kernel", "jit", "specialisations", "reset_specialisations", "simulate", "simulate_kernel", "current_program_id", "last_memory_usage",
            "current_num_programs", "current_program_ndim", "MAX_LNC"]

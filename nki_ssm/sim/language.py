@@ -17,6 +17,7 @@ import os
 import numpy as np
 
 from . import dtypes as _dt
+from . import control as _control
 from . import tensor as _tensor
 from .dtypes import (bfloat16, bool_, float8_e4m3, float8_e4m3fn, float8_e5m2, float8_e8m0fnu,
                      float16, float32, int8, int16, int32, tfloat32, uint8, uint16, uint32)
@@ -230,28 +231,31 @@ static_range = affine_range
 
 
 def dynamic_range(start, stop=None, step=1):
-    """Runs eagerly as range (the simulator has no loop registers)."""
-    return affine_range(start, stop, step)
+    """A runtime loop (NKI 0.5): the body is compiled once; ``i`` is a frozen VirtualRegister.
+
+    See ``nki_ssm.sim.control`` for what the simulator records and checks."""
+    return _control.dynamic_range(start, stop, step)
 
 
 def fori_loop(lower, upper, body_fun, step=1):
-    """Calls ``body_fun(i)`` with Python ints (eager; no VirtualRegister)."""
-    for i in range(lower, upper, step):
-        body_fun(i)
+    """A runtime counted loop (NKI 0.6): ``body_fun(i)`` with a frozen VirtualRegister ``i``."""
+    _control.fori_loop(lower, upper, body_fun, step)
 
 
 def while_loop(init, body_fun):
-    """Calls ``body_fun(r)`` while the returned condition is non-zero (eager)."""
-    r = init
-    while r:
-        r = body_fun(r)
-    return r
+    """A runtime loop (NKI 0.6) while register ``r`` is non-zero: ``r = body_fun(r)``."""
+    return _control.while_loop(init, body_fun)
 
 
 @contextlib.contextmanager
 def no_reorder():
-    """Program order is already the execution order in the simulator."""
-    yield
+    """Program order is already the execution order in the simulator; runtime loops are
+    rejected inside the block (nl.no_reorder API docs)."""
+    _control.enter_no_reorder()
+    try:
+        yield
+    finally:
+        _control.exit_no_reorder()
 
 
 def program_id(axis=0) -> int:

@@ -282,7 +282,8 @@ class DynSlice:
 # --------------------------------------------------------------------------- indirection
 
 class Indirection:
-    """Run-time indexing of a view: an SBUF index tensor read at access time.
+    """Run-time indexing of a view: an SBUF index tensor (or, for ``scalar_offset``, a
+    VirtualRegister) read at access time.
 
     ``kind`` "scalar": one index (a 1x1 tensor) moves the whole view by
     ``index * stride`` elements. ``kind`` "vector": row ``r`` (dim 0) of the
@@ -303,6 +304,8 @@ class Indirection:
 
     def values(self) -> np.ndarray:
         """The index values now, int64: shape (1,) for scalar, (rows,) for vector."""
+        if not isinstance(self.index, NkiTensor):   # a VirtualRegister (scalar_offset=reg)
+            return np.array([self.index.runtime_value("scalar_offset")], dtype=np.int64)
         return self.index.read().reshape(-1).astype(np.int64)
 
     def valid(self) -> np.ndarray:
@@ -1108,7 +1111,9 @@ class NkiTensor:
                 if self.on_chip and indirect_dim == 0:
                     raise NkiValidationError(f"{what}: scalar_offset on the partition dim of an "
                                              "on-chip tensor is not allowed (indirect_dim must be > 0)")
-                _check_index_tensor(scalar_offset, what, "scalar")
+                from .isa.registers import VirtualRegister
+                if not isinstance(scalar_offset, VirtualRegister):   # a register or a 1x1 tile
+                    _check_index_tensor(scalar_offset, what, "scalar")
                 ind = Indirection("scalar", scalar_offset, stride, sshape[indirect_dim])
             else:
                 if self.on_chip:

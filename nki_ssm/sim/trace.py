@@ -94,6 +94,24 @@ class Instruction:
     attrs: dict = field(default_factory=dict)
     name: str | None = None
     program_id: int = 0
+    # ((loop_id, iteration), ...) of the enclosing runtime loops, outermost first (sim.control)
+    loop_path: tuple = ()
+
+
+@dataclass
+class Loop:
+    """A runtime loop of the program (``nl.dynamic_range`` / ``fori_loop`` / ``while_loop``).
+
+    ``loop_id`` is its static identity (see ``nki_ssm.sim.control``); ``entries`` counts how
+    often the loop was started (once per iteration of its enclosing loop), ``iterations``
+    the iterations run over all entries (0 for a loop whose trip count was 0 every time).
+    """
+
+    loop_id: tuple
+    kind: str
+    program_id: int = 0
+    entries: int = 0
+    iterations: int = 0
 
 
 @dataclass
@@ -102,10 +120,46 @@ class Trace:
 
     target: str = "trn2"
     instructions: list[Instruction] = field(default_factory=list)
+    loops: dict = field(default_factory=dict)     # (program_id, loop_id) -> Loop
 
     def append(self, inst: Instruction) -> None:
         inst.index = len(self.instructions)
         self.instructions.append(inst)
+
+    # -- runtime loops (called by nki_ssm.sim.control)
+    def loop_entered(self, loop_id: tuple, kind: str, program_id: int = 0) -> None:
+        key = (program_id, loop_id)
+        lp = self.loops.get(key)
+        if lp is None:
+            lp = self.loops[key] = Loop(loop_id, kind, program_id)
+        lp.entries += 1
+
+    def loop_iterated(self, loop_id: tuple, kind: str, program_id: int = 0) -> None:
+        key = (program_id, loop_id)
+        lp = self.loops.get(key)
+        if lp is None:   # the trace started inside the loop
+            lp = self.loops[key] = Loop(loop_id, kind, program_id, entries=1)
+        lp.iterations += 1
+
+    def program_instructions(self, program_id: int = 0) -> int:
+        """Static instructions of one SPMD program: what the compiler emits, each runtime
+        loop body once (the largest iteration of each loop; a loop that never ran adds 0)."""
+        top = 0
+        per_iter: dict = {}
+        for inst in self.instructions:
+            if inst.program_id != program_id:
+                continue
+            path = inst.loop_path
+            if not path:
+                top += 1
+            else:
+                key = path[-1]
+                per_iter[key] = per_iter.get(key, 0) + 1
+        body: dict = {}
+        for (loop_id, _it), n in per_iter.items():
+            if n > body.get(loop_id, 0):
+                body[loop_id] = n
+        return top + sum(body.values())
 
     def __len__(self) -> int:
         return len(self.instructions)

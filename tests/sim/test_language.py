@@ -91,12 +91,6 @@ def test_ds_and_ranges():
         nl.ds(0.5, 2)
 
 
-def test_fori_loop_calls_body_eagerly():
-    seen = []
-    nl.fori_loop(0, 6, seen.append, step=2)
-    assert seen == [0, 2, 4]
-
-
 def test_program_id_axis_checked():
     with pytest.raises(NkiValidationError, match="axis"):
         nl.program_id(1)

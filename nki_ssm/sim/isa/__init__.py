@@ -60,9 +60,7 @@ here, so cross-core synchronisation cannot be modelled).
 
 Partially implemented: ``get_nc_sub_version`` always returns 0;
 ``dma_transpose`` lacks the indirect (swdge gather-transpose) form;
-``dma_copy`` takes ``scalar_offset`` only as a 1x1 SBUF tensor (virtual
-registers hold Python ints and cannot address memory) and ``priority`` has
-no effect; no ``.indirect()`` tensor indirection (v4) on compute
+``priority`` has no effect on ``dma_copy``; no ``.indirect()`` tensor indirection (v4) on compute
 instructions; ``nc_transpose`` on trn1 TensorE is bit-exact (the hardware's
 identity-matmul NaN/Inf smearing is not modelled); ``nc_matmul`` rounds
 tfloat32 operands to 10 mantissa bits with round-to-nearest-even (the

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import control as _control
 from .. import trace as _trace
 from ..errors import NkiValidationError  # noqa: F401  (re-exported for submodules)
 from ..targets import current_target
@@ -260,6 +261,8 @@ def emit(op: str, eng: str, name, *, reads=(), writes=(), num_partitions: int, f
     psum_operand, contiguous, ``reduce``) are added to ``attrs`` — computed
     only when a trace is active.
     """
+    if _control._state:
+        _control.note_instruction(op, eng)
     if not _ACTIVE:
         return NkiInstruction(op, name)
     tr = _ACTIVE[-1]
@@ -280,7 +283,7 @@ def emit(op: str, eng: str, name, *, reads=(), writes=(), num_partitions: int, f
         0, op, eng, tuple([t.region() for t in reads if t is not None]),
         tuple([t.region() for t in writes if t is not None]),
         int(num_partitions), int(free), int(num_inputs), int(nbytes), dtypes, shapes,
-        attrs if attrs is not None else {}, name, _program_id())
+        attrs if attrs is not None else {}, name, _program_id(), _control.loop_path())
     tr.append(inst)
     return NkiInstruction(op, name, inst.index)
 

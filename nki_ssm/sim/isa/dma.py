@@ -24,6 +24,8 @@ def _indirect(t):
 def _check_index(inst, arg, ind, P):
     """Validate the index tensor of an indirect view (SBUF, int32/uint32, (P,1) for vector)."""
     idx = ind.index
+    if not C.is_tensor(idx):   # scalar_offset from a VirtualRegister: nothing in memory to check
+        return
     C.tile(inst, f"{arg} {ind.kind}_offset", idx, ("sbuf",), quadrant=False)
     if idx.dtype.name not in ("int32", "uint32"):
         C.fail(inst, f"{arg} {ind.kind}_offset must be int32 or uint32, got {idx.dtype}")
@@ -146,7 +148,7 @@ def dma_copy(dst, src, priority=None, oob_mode=_oob.error, dge_mode=_dge.unknown
     nbytes = max(_nbytes(src), _nbytes(dst))
     bpp = (_nbytes(sb) // max(parts, 1)) if sb is not None else nbytes
     free = (n_dst // dst.shape[0]) if dst.shape else n_dst
-    reads = [src] + [i.index for i in (src_ind, dst_ind) if i is not None]
+    reads = [src] + [i.index for i in (src_ind, dst_ind) if i is not None and C.is_tensor(i.index)]
     return C.emit(inst, "dma", name, reads=reads, writes=[dst], num_partitions=max(parts, 1),
                   free=free, num_inputs=1, nbytes=nbytes,
                   attrs={"partitions": parts, "bytes_per_partition": bpp,

@@ -28,7 +28,7 @@ def _affine(inst, pattern, offset, channel_multiplier, P, F):
         C.fail(inst, f"pattern covers {total} elements but dst has {F} elements per partition (must match)")
     from .registers import VirtualRegister
     if isinstance(offset, VirtualRegister):   # run-time offsets from a register (NKI 0.4.0+)
-        offset = int(offset)
+        offset = offset.runtime_value(inst)
     for arg, v in (("offset", offset), ("channel_multiplier", channel_multiplier)):
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
             raise TypeError(f"{inst}: {arg} must be an int32 constant (or a register for offset), got {v!r}")

@@ -1,8 +1,14 @@
 """Virtual registers (``register_alloc/move/load/store``), executed eagerly.
 
-The simulator runs loops in Python, so a register simply holds a Python int.
-Like the SDK's parser frontend it can drive ``nl.dynamic_range`` and ``while``
-(``__index__`` / ``__bool__``); the tracer frontend would reject that.
+A register holds a 32-bit value that exists only at run time. As under the
+NKI tracer front end, it cannot drive Python control flow: ``if reg``,
+``while reg``, ``bool(reg)``, ``int(reg)``, ``range(reg)`` or indexing with it
+raise ``TypeError`` (nki.isa.VirtualRegister API page, NKI 2.32 docs: "using
+a register in Python control flow (if/while) or converting it with int() /
+range() raises TypeError"). Registers bound runtime loops
+(``nl.dynamic_range``, ``nl.fori_loop``, ``nl.while_loop``; see
+``sim.control``) and address memory through ``.ap(scalar_offset=reg)``.
+NKI 0.5/0.6 has no arithmetic on registers.
 """
 from __future__ import annotations
 
@@ -25,13 +31,19 @@ class VirtualRegister:
             raise C.NkiValidationError(f"{what}: the register was read before any value was written")
         return self.value
 
-    def __index__(self) -> int:
-        return self._get("VirtualRegister")
+    def runtime_value(self, what: str) -> int:
+        """The value the hardware would hold now (for the simulator's own use)."""
+        return self._get(what)
 
-    __int__ = __index__
+    def _set_runtime(self, v: int) -> None:
+        self.value = int(v)
 
-    def __bool__(self) -> bool:
-        return self._get("VirtualRegister") != 0
+    def _no_python(self, *args, **kwargs):
+        raise TypeError("a VirtualRegister holds a run-time value: it cannot drive Python control "
+                        "flow (if / while / bool / int / range / indexing); use nl.dynamic_range, "
+                        "nl.fori_loop or nl.while_loop, and .ap(scalar_offset=reg) for addressing")
+
+    __index__ = __int__ = __bool__ = __float__ = _no_python
 
     def __repr__(self):
         return f"VirtualRegister({self.value})"
