@@ -33,10 +33,12 @@ precision) only. The batch composition is run-time int32 data:
 Loops
 -----
 Every loop that grows with the batch is an ``nl.dynamic_range`` over a
-register (``register_load`` from a table); table rows are addressed by
-run-time counters (1x1 int32 tiles used as ``scalar_offset``, advanced by a
-GpSimd integer add); token rows and pool rows by ``vector_offset`` (one row
-per partition). What is unrolled inside a body is bounded by the layer
+register (``register_load`` from a table). Rows of seq_table and zero_table
+are addressed by the loop's induction register (``scalar_offset``); rows of
+chunk_table by a run-time counter (a 1x1 int32 tile of the sequence's
+seq_table row used as ``scalar_offset``, advanced by a GpSimd integer add
+of the constant beside it: registers have no arithmetic); token rows and
+pool rows by ``vector_offset`` (one row per partition). What is unrolled inside a body is bounded by the layer
 shape (head blocks, dstate tiles, groups).
 
 1. Sequence loop (trip count: live sequences). Its body loads the
@@ -246,7 +248,6 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     nisa.register_load(dst=r_live, src=cnt[0:1, 0:1])
     r_zero = nisa.register_alloc()
     nisa.register_load(dst=r_zero, src=cnt[0:1, 1:2])
-    srow = _counter()
     tab = nl.ndarray((_PMAX, 4), dtype=nl.int32, buffer=nl.sbuf)
     r_pairs = nisa.register_alloc()
     r_init = nisa.register_alloc()
@@ -261,11 +262,10 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
                            on_true_tile=ones[0:_PMAX, 0:_PMAX] if Q == _PMAX else _ones128(),
                            on_false_value=0.0, cmp_op=nl.equal, offset=0)
 
-    for _ in nl.dynamic_range(r_live):
+    for s in nl.dynamic_range(r_live):
         # ---- this sequence's row: pool rows, pairs of chunks, has_initial_state, chunk row
         nisa.dma_copy(dst=tab, src=seq_table.ap(pattern=[[4, _PMAX], [1, 4]], offset=0,
-                                                scalar_offset=srow[0:1, 0:1], indirect_dim=0))
-        _advance(srow)
+                                                scalar_offset=s, indirect_dim=0))
         nisa.register_load(dst=r_pairs, src=tab[0:1, 1:2])
         nisa.register_load(dst=r_init, src=tab[1:2, 1:2])
         nisa.register_load(dst=r_noinit, src=tab[2:3, 1:2])
@@ -290,12 +290,10 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     # partitions write the dump row)
     zt = nl.ndarray((_PMAX, HP), dtype=x.dtype, buffer=nl.sbuf)
     nisa.memset(dst=zt, value=0.0)
-    zrow = _counter()
     zidx = nl.ndarray((_PMAX, 1), dtype=nl.int32, buffer=nl.sbuf)
-    for _ in nl.dynamic_range(r_zero):
+    for zb in nl.dynamic_range(r_zero):
         nisa.dma_copy(dst=zidx, src=zero_table.ap(pattern=[[1, _PMAX], [1, 1]], offset=0,
-                                                  scalar_offset=zrow[0:1, 0:1], indirect_dim=0))
-        _advance(zrow)
+                                                  scalar_offset=zb, indirect_dim=0))
         nisa.dma_copy(dst=y.ap(pattern=[[HP, _PMAX], [1, HP]], offset=0, vector_offset=zidx,
                                indirect_dim=0), src=zt)
     return y
@@ -311,14 +309,6 @@ def _itemsize(dtype):
     if dtype == nl.float32:
         return 4
     return 2
-
-
-def _counter():
-    """A run-time row counter [1, 2] int32 SBUF: (value 0, constant 1)."""
-    row = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.memset(dst=row, value=0, engine=nisa.engine.gpsimd)
-    nisa.memset(dst=row[0:1, 1:2], value=1, engine=nisa.engine.gpsimd)
-    return row
 
 
 def _advance(row):

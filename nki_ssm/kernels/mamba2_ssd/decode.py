@@ -6,14 +6,17 @@ Compile-time arguments are shapes (the padded ``num_seqs`` bucket, T, H, P,
 N, G) and layer flags only. The batch composition is run-time int32 data
 built by the launcher (``nki_ssm/ops/launch/mamba2_ssd.py``):
 
-- ``seq_table [num_seqs + 3, 128, 2]``: row i (i < n_live) describes the
-  i-th live sequence: column 0 holds the pool row ``slot*pr + q`` of
-  partition q (q < pr), column 1 holds at partition 0 the sequence's index
-  in the batch (for its x / B / C / y rows) and at partition 1 a 1 ("this
-  entry exists"); rows past n_live are all 0 (entry absent);
+- ``seq_table [ceil(num_seqs / per) + 1, 128, 2*per]``: row q describes
+  loop iteration q - 1 (row 0: the first iteration, loaded before the
+  loop), ``per`` entries (live sequences, in order) of two columns each:
+  the first holds the pool row ``slot*pr + q`` of partition q (q < pr),
+  the second holds at partition 0 the sequence's index in the batch (for
+  its x / B / C / y rows) and at partition 1 a 1 ("this entry exists");
+  entries past the last live sequence are all 0 (absent);
 - ``pad_table [num_seqs, 1]``: the indices of the padding sequences
   (``state_indices == -1``) first, then zeros;
-- ``counts [1, 2]``: iterations of the live loop, number of padding sequences.
+- ``counts [1, 2]``: iterations of the live loop + 1, number of padding
+  sequences.
 
 Loops. Every loop that grows with the batch is a runtime loop
 (``nl.dynamic_range`` over a register loaded from ``counts``); what is
@@ -29,10 +32,12 @@ runtime conditional: a ``nl.dynamic_range`` over the entry's 0/1 "exists"
 register, so it reads and writes nothing (no dummy pool accesses, no
 ``oob_mode.skip``). A second runtime loop writes zero rows of y for the
 padding sequences (after the live work: small stores would otherwise queue
-ahead of the first gather). Table rows are addressed by run-time counters
-(1x1 int32 SBUF tiles, advanced by one GpSimd integer add per table row)
-used as ``scalar_offset``; pool rows by ``vector_offset`` (one pool row per
-partition).
+ahead of the first gather). Table rows are addressed by the loop's
+induction register as ``scalar_offset`` (the live loop runs i = 1 ..
+iterations and loads row i, the next iteration's, one iteration ahead:
+a table DMA never holds up the gather that needs it); x / B / C / y rows
+by a 1x1 int32 tile of the table (``scalar_offset``); pool rows by
+``vector_offset`` (one pool row per partition).
 
 Layout. Decode is bound by moving the state (``H*P*N`` floats per sequence,
 read and written once per call), so the layout is chosen for the DMA. The
@@ -157,11 +162,10 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, pad_table,
     ident = _identity(pr)
     cnt = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
     nisa.dma_copy(dst=cnt, src=counts)
-    r_iters = nisa.register_alloc()
-    nisa.register_load(dst=r_iters, src=cnt[0:1, 0:1])
+    r_stop = nisa.register_alloc()           # live-loop iterations + 1
+    nisa.register_load(dst=r_stop, src=cnt[0:1, 0:1])
     r_pads = nisa.register_alloc()
     nisa.register_load(dst=r_pads, src=cnt[0:1, 1:2])
-    row = _counter()                  # next seq_table row
 
     span_max = 0
     for j in range(nu):
@@ -174,36 +178,38 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, pad_table,
             work.append(nl.ndarray((pr, span_max * N), dtype=nl.float32, buffer=nl.sbuf))
         else:
             work.append(nats[b])
-    # table rows are loaded one iteration ahead (a table DMA then never holds up
-    # the gather that needs it): tabs = this iteration's entries, ntabs = the
-    # next iteration's; token inputs of the next iteration's entry 0 are staged
-    # with its first gather and copied to the working set when it starts
+    # an iteration's table row is loaded one iteration ahead (row i by the loop
+    # register i), so a table DMA never holds up the gather that needs it: tab =
+    # this iteration's entries (columns 2e, 2e+1 of entry e), ntab = the next
+    # iteration's; token inputs of the next iteration's entry 0 are staged with
+    # its first gather and copied to the working set when it starts
+    tab = nl.ndarray((128, 2 * per), dtype=nl.int32, buffer=nl.sbuf)
+    ntab = nl.ndarray((128, 2 * per), dtype=nl.int32, buffer=nl.sbuf)
     tabs = []
     ntabs = []
     toks = []
     regs = []
     for e in range(per):
-        tabs.append(nl.ndarray((128, 2), dtype=nl.int32, buffer=nl.sbuf))
-        ntabs.append(nl.ndarray((128, 2), dtype=nl.int32, buffer=nl.sbuf))
+        tabs.append(tab[:, 2 * e:2 * e + 2])
+        ntabs.append(ntab[:, 2 * e:2 * e + 2])
         toks.append(_tok_tiles(xdt_rows.shape[2], BC.dtype, pr, nt, T, G, N))
         regs.append(nisa.register_alloc())
     staged = _tok_tiles(xdt_rows.shape[2], BC.dtype, pr, nt, T, G, N)
     r_next = nisa.register_alloc()
     rings = _rings(pr, N)
 
-    # prefetch: the first iteration's table rows, tokens and first unit
-    for e in range(per):
-        _load_row(seq_table, row, ntabs[e])
-    nisa.register_load(dst=r_next, src=ntabs[0][1:2, 1:2])
+    # prefetch: the first iteration's table row, tokens and first unit
+    nisa.dma_copy(dst=ntab, src=seq_table[0, :, :])
+    nisa.register_load(dst=r_next, src=ntab[1:2, 1:2])
     for _ in nl.dynamic_range(r_next):
         _tok_load(xdt_rows, BC, ntabs[0], staged, T, pr, G)
         _gather(pool, ntabs[0], nats[0], pr, nt, N, spans[0], parts)
 
-    for _ in nl.dynamic_range(r_iters):
-        for e in range(per):
-            nisa.tensor_copy(dst=tabs[e], src=ntabs[e], engine=nisa.engine.gpsimd)
-        for e in range(per):
-            _load_row(seq_table, row, ntabs[e])
+    for it in nl.dynamic_range(1, r_stop):
+        nisa.tensor_copy(dst=tab, src=ntab, engine=nisa.engine.gpsimd)
+        w = 2 * per
+        nisa.dma_copy(dst=ntab, src=seq_table.ap(pattern=[[w, 128], [1, w]], offset=0,
+                                                 scalar_offset=it, indirect_dim=0))
         # entry 0 exists on every iteration: take over its staged tokens
         _tok_copy(staged, toks[0], T)
         _tok_prep_all(toks[0], prm, T, pr, nt, has_bias, dt_softplus, dt_lo, dt_hi)
@@ -242,12 +248,10 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, pad_table,
     # their small stores would otherwise queue ahead of the first gather)
     zt = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=zt, value=0.0)
-    prow = _counter()
     pad = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
-    for _ in nl.dynamic_range(r_pads):
+    for i in nl.dynamic_range(r_pads):
         nisa.dma_copy(dst=pad, src=pad_table.ap(pattern=[[1, 1], [1, 1]], offset=0,
-                                                scalar_offset=prow[0:1, 0:1], indirect_dim=0))
-        _advance(prow)
+                                                scalar_offset=i, indirect_dim=0))
         for tok in range(T):
             nisa.dma_copy(dst=y.ap(pattern=[[nt, pr], [1, nt]], offset=tok * pr * nt,
                                    scalar_offset=pad, indirect_dim=0), src=zt)
@@ -288,27 +292,6 @@ def entries_per_iteration(nt, N, f32_pool):
     if len(_unit_spans(nt, N, f32_pool)) % 2 == 1:
         return 2
     return 1
-
-
-def _counter():
-    """A run-time row counter: a 1x1 int32 SBUF tile (a ``scalar_offset``) at 0."""
-    row = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.memset(dst=row, value=0, engine=nisa.engine.gpsimd)
-    nisa.memset(dst=row[0:1, 1:2], value=1, engine=nisa.engine.gpsimd)
-    return row
-
-
-def _advance(row):
-    """counter += 1 (GpSimd integer add of the constant beside it: off VectorE)."""
-    nisa.tensor_tensor(dst=row[0:1, 0:1], data1=row[0:1, 0:1], data2=row[0:1, 1:2], op=nl.add,
-                       engine=nisa.engine.gpsimd)
-
-
-def _load_row(seq_table, row, tab):
-    """seq_table row ``row`` -> ``tab`` [128, 2]; row += 1."""
-    nisa.dma_copy(dst=tab, src=seq_table.ap(pattern=[[2, 128], [1, 2]], offset=0,
-                                            scalar_offset=row[0:1, 0:1], indirect_dim=0))
-    _advance(row)
 
 
 def _rings(pr, N):
