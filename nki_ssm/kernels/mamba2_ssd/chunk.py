@@ -401,6 +401,7 @@ def _ctx_tiles(cst, G, n_tiles):
     HP, GN = H * P, G * N
     f32 = nl.float32
     c = {"rows": nl.ndarray((Q, 2), dtype=nl.int32, buffer=nl.sbuf),
+         "yrows": nl.ndarray((Q, 1), dtype=nl.int32, buffer=nl.sbuf),
          "mask": nl.ndarray((Q, 1), dtype=f32, buffer=nl.sbuf),
          "x_in": nl.ndarray((Q, HP), dtype=f32, buffer=nl.sbuf),
          "dt_in": nl.ndarray((Q, H), dtype=f32, buffer=nl.sbuf),
@@ -410,11 +411,8 @@ def _ctx_tiles(cst, G, n_tiles):
     for name in ("dtp", "dtA", "lndt", "ecs", "wd"):
         c[name] = nl.ndarray((Q, H), dtype=f32, buffer=nl.sbuf)
     if cst["z"] != None:  # noqa: E711
-        # y is written over z's columns once silu(z) of the block is taken
         c["z"] = nl.ndarray((Q, HP), dtype=cst["z"].dtype, buffer=nl.sbuf)
-        c["yt"] = c["z"]
-    else:
-        c["yt"] = nl.ndarray((Q, HP), dtype=cst["y"].dtype, buffer=nl.sbuf)
+    c["yt"] = nl.ndarray((Q, HP), dtype=cst["y"].dtype, buffer=nl.sbuf)
     for t in range(n_tiles):
         ntile = min(_PMAX, N - t * _PMAX)
         c["elast"].append(nl.ndarray((ntile, H), dtype=f32, buffer=nl.sbuf))
@@ -467,11 +465,15 @@ def _gather_rows(dst, src, idx, width):
 
 
 def _prologue(cst, c, chunk_table, crow):
-    """One chunk: its token rows (chunk_table row ``crow``, then crow += 1), the
-    gathers of x, dt, B, C, z, dt' (masked: 0 past the sequence end), decay
-    sums, C^T and the masked CB per group, into the context ``c``."""
-    Q, H, P, N, G, md, n_tiles = cst["Q"], cst["H"], cst["P"], cst["N"], cst["G"], cst["md"], \
-        cst["n_tiles"]
+    """The whole prologue of one chunk (rows, loads, then compute)."""
+    _prologue_loads(cst, c, chunk_table, crow)
+    _prologue_compute(cst, c)
+
+
+def _prologue_loads(cst, c, chunk_table, crow):
+    """One chunk's token rows (chunk_table row ``crow``, then crow += 1) and the
+    gathers of x, dt, B, C, z into the context ``c`` (masked rows: the zero row)."""
+    Q, H, P, N, G = cst["Q"], cst["H"], cst["P"], cst["N"], cst["G"]
     HP, GN = H * P, G * N
     nisa.dma_copy(dst=c["rows"], src=chunk_table.ap(pattern=[[2, Q], [1, 2]], offset=0,
                                                     scalar_offset=crow[0:1, 0:1],
@@ -485,7 +487,15 @@ def _prologue(cst, c, chunk_table, crow):
     _gather_rows(c["C_in"], cst["C"], idx, GN)
     if c["z"] != None:  # noqa: E711
         _gather_rows(c["z"], cst["z"], idx, HP)
+
+
+def _prologue_compute(cst, c):
+    """dt' (masked: 0 past the sequence end), decay sums, C^T and the masked CB per
+    group, from the context's loaded tiles."""
+    Q, H, N, G, md, n_tiles = cst["Q"], cst["H"], cst["N"], cst["G"], cst["md"], cst["n_tiles"]
     nisa.tensor_copy(dst=c["mask"], src=c["rows"][:, 1:2], engine=nisa.engine.gpsimd)
+    # the y store's rows: the next chunk's rows may land in c["rows"] before it
+    nisa.tensor_copy(dst=c["yrows"], src=c["rows"][:, 0:1], engine=nisa.engine.gpsimd)
 
     # ---- dt' (0 on masked rows: decay 1, no input) and dt'*A, fp32
     dtp0 = dt_prime(c["dt_in"], cst["bias"], Q, H, cst["dt_softplus"], cst["dt_lo"],
@@ -547,7 +557,7 @@ def _store_y(cst, c):
     """The chunk's y rows, scattered to its token rows (masked rows: the dump row)."""
     HP = c["yt"].shape[1]
     nisa.dma_copy(dst=cst["y"].ap(pattern=[[HP, cst["Q"]], [1, HP]], offset=0,
-                                  vector_offset=c["rows"][:, 0:1], indirect_dim=0),
+                                  vector_offset=c["yrows"], indirect_dim=0),
                   src=c["yt"])
 
 
@@ -567,7 +577,14 @@ def _pair(cst, ctxs, blocks, rings, chunk_table, crow):
     ns = len(_STAGES)
     pre = max(1, nb // 2)
     steps = []        # lists of (stage, item)
-    pro = []          # (step, context) prologues, issued at the start of the step
+    # prologue parts: (step, part, context), issued at the start of the step.
+    # Context 1 loads at step 1 (its tiles were last read in the previous
+    # iteration), computes at nb - pre; the next iteration's context 0 loads
+    # once context 0's last item has left the pipeline and computes after the
+    # last step, so its DMAs (behind context 0's y store: z's tile is y's) have
+    # ~nb steps to land before an in-order engine waits for them
+    pro = []
+    last0 = nb + ns - 1               # first step after context 0's last item
     if nb > _S_WRITE - _S_READ:
         for b in range(2 * nb + ns - 1):
             step = []
@@ -575,8 +592,6 @@ def _pair(cst, ctxs, blocks, rings, chunk_table, crow):
                 if 0 <= b - k < 2 * nb:
                     step.append((k, b - k))
             steps.append(step)
-        pro.append((max(0, nb - pre), 1))
-        pro.append((max(2 * nb - pre, nb + ns - 1), 0))
     else:
         for c in range(2):
             for b in range(nb + ns - 1):
@@ -585,15 +600,27 @@ def _pair(cst, ctxs, blocks, rings, chunk_table, crow):
                     if 0 <= b - k < nb:
                         step.append((k, c * nb + b - k))
                 steps.append(step)
-        pro.append((max(0, nb - pre), 1))
-        pro.append((nb + ns - 1 + max(0, nb - pre), 0))
+    pro.append((min(1, len(steps)), 0, 1))
+    pro.append((max(min(1, len(steps)), nb - pre), 1, 1))
+    pro.append((last0, 0, 0))
+    pro.append((len(steps), 1, 0))
+    # y stores: DMA queues are FIFO, so a store (ready only when its chunk's
+    # last block is out) must not sit ahead of loads the pipeline needs sooner:
+    # context 0's store follows the next context-0 loads, context 1's ends the body
+    ystore = [last0, len(steps)]
     work = []
     for i in range(2 * nb):
         work.append(None)
     for si in range(len(steps) + 1):
         for e in range(len(pro)):
             if pro[e][0] == si:
-                _prologue(cst, ctxs[pro[e][1]], chunk_table, crow)
+                if pro[e][1] == 0:
+                    _prologue_loads(cst, ctxs[pro[e][2]], chunk_table, crow)
+                else:
+                    _prologue_compute(cst, ctxs[pro[e][2]])
+        for c in range(2):
+            if ystore[c] == si:
+                _store_y(cst, ctxs[c])
         if si < len(steps):
             for e in range(len(steps[si])):
                 k, i = steps[si][e]
@@ -603,8 +630,6 @@ def _pair(cst, ctxs, blocks, rings, chunk_table, crow):
                 _STAGES[k](cst, ctxs[c], blocks[j], work[i], rings)
                 if k == ns - 1:
                     work[i] = None
-                if k == _S_YOUT and j == nb - 1:
-                    _store_y(cst, ctxs[c])
 
 
 # Stages of one (chunk, head block) item. Each stage runs on one engine
@@ -766,4 +791,3 @@ _STAGES = (_st_w, _st_seg, _st_exp, _st_mt, _st_out_mm, _st_scalar, _st_yadd, _s
 # stage reading the state (the bf16 copy / fp32 view in _st_mt / _st_out_mm) and
 # the stage writing it: item (1, j) may only read after item (0, j) wrote
 _S_READ, _S_WRITE = 3, 9
-_S_YOUT = 7        # stage writing the y tile (the chunk's y store follows its last block)
