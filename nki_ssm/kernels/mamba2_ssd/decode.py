@@ -183,14 +183,15 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, pad_table,
     # this iteration's entries (columns 2e, 2e+1 of entry e), ntab = the next
     # iteration's; token inputs of the next iteration's entry 0 are staged with
     # its first gather and copied to the working set when it starts
-    tab = nl.ndarray((128, 2 * per), dtype=nl.int32, buffer=nl.sbuf)
     ntab = nl.ndarray((128, 2 * per), dtype=nl.int32, buffer=nl.sbuf)
     tabs = []
     ntabs = []
     toks = []
     regs = []
     for e in range(per):
-        tabs.append(tab[:, 2 * e:2 * e + 2])
+        # one tile per entry: copying entry 0 in must not wait for the previous
+        # iteration's last scatter, which reads entry 1's pool rows
+        tabs.append(nl.ndarray((128, 2), dtype=nl.int32, buffer=nl.sbuf))
         ntabs.append(ntab[:, 2 * e:2 * e + 2])
         toks.append(_tok_tiles(xdt_rows.shape[2], BC.dtype, pr, nt, T, G, N))
         regs.append(nisa.register_alloc())
@@ -206,12 +207,18 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, pad_table,
         _gather(pool, ntabs[0], nats[0], pr, nt, N, spans[0], parts)
 
     for it in nl.dynamic_range(1, r_stop):
-        nisa.tensor_copy(dst=tab, src=ntab, engine=nisa.engine.gpsimd)
+        # this iteration's rows in, then the next iteration's row loaded (by the
+        # induction register); entry 0 exists on every iteration: take over its
+        # staged tokens. Entry e > 0's copy waits for the previous iteration's
+        # last scatter (it reads those pool rows): GpSimd work needed before
+        # that is issued first
+        nisa.tensor_copy(dst=tabs[0], src=ntabs[0], engine=nisa.engine.gpsimd)
+        _tok_copy(staged, toks[0], T)
+        for e in range(1, per):
+            nisa.tensor_copy(dst=tabs[e], src=ntabs[e], engine=nisa.engine.gpsimd)
         w = 2 * per
         nisa.dma_copy(dst=ntab, src=seq_table.ap(pattern=[[w, 128], [1, w]], offset=0,
                                                  scalar_offset=it, indirect_dim=0))
-        # entry 0 exists on every iteration: take over its staged tokens
-        _tok_copy(staged, toks[0], T)
         _tok_prep_all(toks[0], prm, T, pr, nt, has_bias, dt_softplus, dt_lo, dt_hi)
         for e in range(1, per):
             nisa.register_load(dst=regs[e], src=tabs[e][1:2, 1:2])
