@@ -637,14 +637,20 @@ def _pair(cst, ctxs, blocks, rings, chunk_table, crow):
 # inputs were produced in earlier steps.
 
 def _st_w(cst, ctx, blk, w, r):
-    """ScalarE: W[k, (h,i)] = dtA[k,h] U[k,i] (fp32)."""
+    """ScalarE: W[k, (h,i)] = dtA[k,h] U[k,i] (fp32); one head of the block on
+    VectorE when GpSimd takes float products (_ALT_ENGINE: engine balance).
+    (A GpSimd affine_select of dtA broadcast along i builds the same W in one
+    instruction per block, but at GpSimd's rate it delays the software-DGE
+    descriptors of the chunk gathers: 517 -> 534 us modeled, 2.7B, 1K tokens.)"""
     g, h0, nh = blk
     Q, dtA = cst["Q"], ctx["dtA"]
     W = r["W"][w["i"] % 2]
     for k in range(nh):
+        eng = nisa.engine.scalar
+        if k == _W_ON_VECTOR and _ALT_ENGINE == nisa.engine.gpsimd:
+            eng = nisa.engine.vector
         nisa.tensor_scalar(dst=W[:, k * Q:(k + 1) * Q], data=cst["U"][0:Q, 0:Q],
-                           op0=nl.multiply, operand0=dtA[:, h0 + k:h0 + k + 1],
-                           engine=nisa.engine.vector if k == _W_ON_VECTOR else nisa.engine.scalar)
+                           op0=nl.multiply, operand0=dtA[:, h0 + k:h0 + k + 1], engine=eng)
 
 
 def _st_seg(cst, ctx, blk, w, r):
