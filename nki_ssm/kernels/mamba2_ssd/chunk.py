@@ -240,7 +240,12 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
         ST.append(nl.ndarray((min(_PMAX, N - t * _PMAX), HP), dtype=nl.float32, buffer=nl.sbuf))
     cst["ST"] = ST
     ctxs = [_ctx_tiles(cst, G, n_tiles), _ctx_tiles(cst, G, n_tiles)]
-    rings = _item_rings(cst, hb)
+    # the modulo-scheduled chunk loop (no pipeline drain per iteration) needs more
+    # blocks than stages, an even block count (ring sizes 2 and 4 divide the
+    # items per iteration) and the chunk-state PSUM pair in one bank
+    nb = len(blocks)
+    modulo = nb > len(_STAGES) and nb % 2 == 0 and 2 * n_tiles * hb * P <= _PSUM_F
+    rings = _item_rings(cst, hb, modulo)
 
     cnt = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
     nisa.dma_copy(dst=cnt, src=counts)
@@ -280,9 +285,12 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
         # ---- chunks, two per iteration (contexts 0 and 1 alternate); the
         # first chunk's prologue is issued before the loop, each later one
         # inside the previous chunk's items
-        _prologue(cst, ctxs[0], chunk_table, crow)
-        for _ in nl.dynamic_range(r_pairs):
-            _pair(cst, ctxs, blocks, rings, chunk_table, crow)
+        if modulo:
+            _pairs_modulo(cst, ctxs, blocks, rings, chunk_table, crow, r_pairs)
+        else:
+            _prologue(cst, ctxs[0], chunk_table, crow)
+            for _ in nl.dynamic_range(r_pairs):
+                _pair(cst, ctxs, blocks, rings, chunk_table, crow)
         # ---- final state to the pool
         _state_out(pool, tab, nat, cst, pr, nt_rows, jb)
 
@@ -426,19 +434,31 @@ def _ctx_tiles(cst, G, n_tiles):
     return c
 
 
-def _item_rings(cst, hb):
-    """Per-item temporaries, reused round-robin by item index: a buffer written
-    in stage k and last read in stage k' needs k' - k + 1 of them (program
-    order then keeps every read before the next write)."""
+def _item_rings(cst, hb, modulo):
+    """Per-item temporaries, reused round-robin by item index (``_pick``): a buffer
+    written in stage k and last read in stage k' needs k' - k + 1 of them
+    (program order then keeps every read before the next write). The modulo-
+    scheduled loop (``_pairs_modulo``) needs ring sizes dividing the items per
+    iteration, so 3 becomes 4 there, and the two chunk-state PSUM tiles share
+    one bank (PSUM: seg 2 + y 4 + state 1 + scratch 1 = 8 banks)."""
     Q, P, n_tiles, md, N = cst["Q"], cst["P"], cst["n_tiles"], cst["md"], cst["N"]
     f32 = nl.float32
-
+    three = 3
+    if modulo:
+        three = 4
     r = {"W": _ring(2, (Q, hb * Q), f32, nl.sbuf), "seg": _ring(2, (Q, hb * Q), f32, nl.psum),
          "Dm": _ring(2, (Q, hb * Q), f32, nl.sbuf), "Mt": _ring(2, (Q, hb * Q), f32, nl.sbuf),
-         "yps": _ring(3, (Q, 2 * hb * P), f32, nl.psum), "yb": _ring(3, (Q, hb * P), f32, nl.sbuf),
-         "sz": _ring(3, (Q, hb * P), f32, nl.sbuf), "Xd": _ring(4, (Q, hb * P), f32, nl.sbuf),
-         "st": _ring(2, (_PMAX, n_tiles * hb * P), f32, nl.psum),
-         "xD": _ring(2, (Q, P), f32, nl.sbuf), "xd": _ring(2, (Q, hb * P), f32, nl.sbuf), "S": []}
+         "yps": _ring(three, (Q, 2 * hb * P), f32, nl.psum),
+         "yb": _ring(three, (Q, hb * P), f32, nl.sbuf),
+         "sz": _ring(three, (Q, hb * P), f32, nl.sbuf), "Xd": _ring(4, (Q, hb * P), f32, nl.sbuf),
+         "xD": _ring(2, (Q, P), f32, nl.sbuf), "xd": _ring(2, (Q, hb * P), f32, nl.sbuf),
+         "S": []}
+    w = n_tiles * hb * P
+    if modulo:
+        st = nl.ndarray((_PMAX, 2 * w), dtype=f32, buffer=nl.psum)
+        r["st"] = [st[:, 0:w], st[:, w:2 * w]]
+    else:
+        r["st"] = _ring(2, (_PMAX, w), f32, nl.psum)
     if md != f32:
         for i in range(2):
             S = []
@@ -449,6 +469,11 @@ def _item_rings(cst, hb):
     return r
 
 
+def _pick(ring, w):
+    """The buffer of item ``w["i"]`` in a round-robin ring."""
+    return ring[w["i"] % len(ring)]
+
+
 def _ring(n, shape, dtype, buf):
     """n tiles of one shape (a round-robin buffer)."""
     out = []
@@ -457,11 +482,12 @@ def _ring(n, shape, dtype, buf):
     return out
 
 
-def _gather_rows(dst, src, idx, width):
-    """dst [Q, width] <- rows idx[q] of the HBM tensor src [rows, width] (one row per
-    partition; masked partitions name the zero row)."""
+def _load_rows(dst, src, start, width):
+    """dst [Q, width] <- rows start .. start+Q-1 of the HBM tensor src [rows, width]
+    (``start``: a 1x1 int32 tile; a dynamic offset, so hardware DGE on trn2 and
+    no GpSimd descriptor work)."""
     nisa.dma_copy(dst=dst, src=src.ap(pattern=[[width, dst.shape[0]], [1, width]], offset=0,
-                                      vector_offset=idx, indirect_dim=0))
+                                      scalar_offset=start, indirect_dim=0))
 
 
 def _prologue(cst, c, chunk_table, crow):
@@ -471,22 +497,25 @@ def _prologue(cst, c, chunk_table, crow):
 
 
 def _prologue_loads(cst, c, chunk_table, crow):
-    """One chunk's token rows (chunk_table row ``crow``, then crow += 1) and the
-    gathers of x, dt, B, C, z into the context ``c`` (masked rows: the zero row)."""
+    """One chunk's rows (chunk_table row ``crow``, then crow += 1) and the loads of
+    x, dt, B, C, z for its Q tokens from its first token on, into the context ``c``.
+    Rows past the sequence end hold the next sequence's tokens or zeros (the
+    launcher zeroes padding sequences' tokens and pads the inputs with Q zero
+    rows): finite values, masked by dt' = 0."""
     Q, H, P, N, G = cst["Q"], cst["H"], cst["P"], cst["N"], cst["G"]
     HP, GN = H * P, G * N
     nisa.dma_copy(dst=c["rows"], src=chunk_table.ap(pattern=[[2, Q], [1, 2]], offset=0,
                                                     scalar_offset=crow[0:1, 0:1],
                                                     indirect_dim=0))
     _advance(crow)
-    idx = c["rows"][:, 0:1]
+    t0 = c["rows"][0:1, 0:1]
     # x widened to fp32 by the DMA: y_intra and D x are fp32 matmuls in both modes
-    _gather_rows(c["x_in"], cst["x"], idx, HP)
-    _gather_rows(c["dt_in"], cst["dt"], idx, H)
-    _gather_rows(c["B_mm"], cst["B"], idx, GN)
-    _gather_rows(c["C_in"], cst["C"], idx, GN)
+    _load_rows(c["x_in"], cst["x"], t0, HP)
+    _load_rows(c["dt_in"], cst["dt"], t0, H)
+    _load_rows(c["B_mm"], cst["B"], t0, GN)
+    _load_rows(c["C_in"], cst["C"], t0, GN)
     if c["z"] != None:  # noqa: E711
-        _gather_rows(c["z"], cst["z"], idx, HP)
+        _load_rows(c["z"], cst["z"], t0, HP)
 
 
 def _prologue_compute(cst, c):
@@ -561,6 +590,58 @@ def _store_y(cst, c):
                   src=c["yt"])
 
 
+def _pairs_modulo(cst, ctxs, blocks, rings, chunk_table, crow, r_pairs):
+    """All chunk pairs of a sequence as one modulo-scheduled software pipeline.
+
+    Items (chunk, head block) are numbered j = 0 .. 2nb-1 within a pair; over
+    the whole sequence stage k works on item g - k in global step g. The
+    first ns - 1 steps (the fill of pair 0) run before the loop; iteration p
+    runs the next 2nb steps: in its step b, stage k works on item
+    j = ns-1 + b - k, of pair p if j < 2nb, else item j - 2nb of pair p + 1
+    (its first items, context 0). So every iteration completes pair p and
+    fills pair p + 1: the pipeline never drains inside a sequence (the last
+    iteration's fill works on the sequence's trailing all-masked chunk row
+    and is discarded: it writes no state and stores no y). Context 1 loads
+    at step 0 and computes at nb - ns; context 0 (next pair) loads at step
+    nb, once its last item has passed stage 9, and computes at 2nb - ns, one
+    step before its first item's stage 0; y of context 0 is stored at step
+    nb (after those loads: FIFO DMA queues), of context 1 after the last step.
+    Ring sizes divide 2nb, so an item's buffers are the same in the
+    iteration that fills it and the one that completes it.
+    """
+    nb = len(blocks)
+    ns = len(_STAGES)
+    _prologue(cst, ctxs[0], chunk_table, crow)
+    for g in range(ns - 1):
+        for k in range(ns):
+            if g - k >= 0:
+                _run_stage(cst, ctxs, blocks, rings, k, g - k)
+    for _ in nl.dynamic_range(r_pairs):
+        for b in range(2 * nb):
+            if b == 0:
+                _prologue_loads(cst, ctxs[1], chunk_table, crow)
+            if b == nb - ns:
+                _prologue_compute(cst, ctxs[1])
+            if b == nb:
+                _prologue_loads(cst, ctxs[0], chunk_table, crow)
+                _store_y(cst, ctxs[0])
+            if b == 2 * nb - ns:
+                _prologue_compute(cst, ctxs[0])
+            for k in range(ns):
+                _run_stage(cst, ctxs, blocks, rings, k, ns - 1 + b - k)
+        _store_y(cst, ctxs[1])
+
+
+def _run_stage(cst, ctxs, blocks, rings, k, j):
+    """Stage k of item j of the modulo schedule (j >= 2nb: item j - 2nb of the next
+    pair, context 0; ring buffers by j, whose sizes divide 2nb)."""
+    nb = len(blocks)
+    c = 1
+    if j < nb or j >= 2 * nb:
+        c = 0
+    _STAGES[k](cst, ctxs[c], blocks[j % nb], {"i": j}, rings)
+
+
 def _pair(cst, ctxs, blocks, rings, chunk_table, crow):
     """Two chunks of one sequence (contexts 0 and 1) as one software pipeline
     over (chunk, head block) items; context 1's prologue is issued inside
@@ -608,9 +689,6 @@ def _pair(cst, ctxs, blocks, rings, chunk_table, crow):
     # last block is out) must not sit ahead of loads the pipeline needs sooner:
     # context 0's store follows the next context-0 loads, context 1's ends the body
     ystore = [last0, len(steps)]
-    work = []
-    for i in range(2 * nb):
-        work.append(None)
     for si in range(len(steps) + 1):
         for e in range(len(pro)):
             if pro[e][0] == si:
@@ -625,11 +703,7 @@ def _pair(cst, ctxs, blocks, rings, chunk_table, crow):
             for e in range(len(steps[si])):
                 k, i = steps[si][e]
                 c, j = i // nb, i % nb
-                if k == 0:
-                    work[i] = {"i": i}
-                _STAGES[k](cst, ctxs[c], blocks[j], work[i], rings)
-                if k == ns - 1:
-                    work[i] = None
+                _STAGES[k](cst, ctxs[c], blocks[j], {"i": i}, rings)
 
 
 # Stages of one (chunk, head block) item. Each stage runs on one engine
@@ -644,7 +718,7 @@ def _st_w(cst, ctx, blk, w, r):
     descriptors of the chunk gathers: 517 -> 534 us modeled, 2.7B, 1K tokens.)"""
     g, h0, nh = blk
     Q, dtA = cst["Q"], ctx["dtA"]
-    W = r["W"][w["i"] % 2]
+    W = _pick(r["W"], w)
     for k in range(nh):
         eng = nisa.engine.scalar
         if k == _W_ON_VECTOR and _ALT_ENGINE == nisa.engine.gpsimd:
@@ -657,8 +731,8 @@ def _st_seg(cst, ctx, blk, w, r):
     """TensorE: seg[j, (h,i)] = sum_{j<k<=i} dtA[k,h] = Ls^T W (fp32, exactly 0 for j >= i)."""
     g, h0, nh = blk
     Q = cst["Q"]
-    nisa.nc_matmul(dst=r["seg"][w["i"] % 2][:, 0:nh * Q], stationary=cst["Ls"][0:Q, 0:Q],
-                   moving=r["W"][w["i"] % 2][:, 0:nh * Q], accumulate=False,
+    nisa.nc_matmul(dst=_pick(r["seg"], w)[:, 0:nh * Q], stationary=cst["Ls"][0:Q, 0:Q],
+                   moving=_pick(r["W"], w)[:, 0:nh * Q], accumulate=False,
                    is_stationary_onezero=True)
 
 
@@ -666,7 +740,7 @@ def _st_exp(cst, ctx, blk, w, r):
     """ScalarE: Dm = exp(seg + ln dt'_j) (dt'_j enters as the exponent bias)."""
     g, h0, nh = blk
     Q = cst["Q"]
-    Dm, seg = r["Dm"][w["i"] % 2], r["seg"][w["i"] % 2]
+    Dm, seg = _pick(r["Dm"], w), _pick(r["seg"], w)
     for k in range(nh):
         nisa.activation(dst=Dm[:, k * Q:(k + 1) * Q], op=nl.exp, data=seg[:, k * Q:(k + 1) * Q],
                         bias=ctx["lndt"][:, h0 + k:h0 + k + 1])
@@ -677,7 +751,7 @@ def _st_mt(cst, ctx, blk, w, r):
     ScalarE: bf16 copy of the block's state (bf16 mode)."""
     g, h0, nh = blk
     Q, P, md, ST = cst["Q"], cst["P"], cst["md"], cst["ST"]
-    Dm, Mt = r["Dm"][w["i"] % 2], r["Mt"][w["i"] % 2]
+    Dm, Mt = _pick(r["Dm"], w), _pick(r["Mt"], w)
     for k in range(nh):
         nisa.tensor_tensor(dst=Mt[:, k * Q:(k + 1) * Q], data1=Dm[:, k * Q:(k + 1) * Q],
                            data2=ctx["cbms"][g], op=nl.multiply,
@@ -685,7 +759,7 @@ def _st_mt(cst, ctx, blk, w, r):
     c0, c1 = h0 * P, (h0 + nh) * P
     if md != nl.float32:
         for t in range(cst["n_tiles"]):
-            nisa.tensor_copy(dst=r["S"][w["i"] % 2][t][:, 0:nh * P], src=ST[t][:, c0:c1],
+            nisa.tensor_copy(dst=_pick(r["S"], w)[t][:, 0:nh * P], src=ST[t][:, c0:c1],
                              engine=nisa.engine.scalar)
 
 
@@ -694,7 +768,7 @@ def _st_out_mm(cst, ctx, blk, w, r):
     mode), into one PSUM bank: y_intra at columns [0, nh*P), y_off after."""
     g, h0, nh = blk
     Q, P, x_in, md = cst["Q"], cst["P"], ctx["x_in"], cst["md"]
-    Mt, yps = r["Mt"][w["i"] % 2], r["yps"][w["i"] % 3]
+    Mt, yps = _pick(r["Mt"], w), _pick(r["yps"], w)
     for k in range(nh):
         h = h0 + k
         yi = yps[:, k * P:(k + 1) * P]
@@ -702,7 +776,7 @@ def _st_out_mm(cst, ctx, blk, w, r):
                        moving=x_in[:, h * P:(h + 1) * P], accumulate=False)
         if cst["Dh"] != None:  # noqa: E711
             # + D_h x_i: identity stationary, moving x_h D_h (ScalarE, fp32)
-            xD = r["xD"][(w["i"] * nh + k) % 2]
+            xD = r["xD"][k % 2]
             nisa.tensor_scalar(dst=xD, data=x_in[:, h * P:(h + 1) * P], op0=nl.multiply,
                                operand0=cst["Dh"][0:Q, h:h + 1], engine=nisa.engine.scalar)
             nisa.nc_matmul(dst=yi, stationary=cst["ident"][0:Q, 0:Q], moving=xD,
@@ -712,7 +786,7 @@ def _st_out_mm(cst, ctx, blk, w, r):
     for t in range(cst["n_tiles"]):
         S = cst["ST"][t][:, c0:c1]
         if md != nl.float32:
-            S = r["S"][w["i"] % 2][t][:, 0:nh * P]
+            S = _pick(r["S"], w)[t][:, 0:nh * P]
         nisa.nc_matmul(dst=yo, stationary=ctx["CTs"][g][t], moving=S, accumulate=(t > 0))
 
 
@@ -721,15 +795,15 @@ def _st_scalar(cst, ctx, blk, w, r):
     g, h0, nh = blk
     P, x_in = cst["P"], ctx["x_in"]
     c0, c1 = h0 * P, (h0 + nh) * P
-    yps, yb = r["yps"][w["i"] % 3], r["yb"][w["i"] % 3]
+    yps, yb = _pick(r["yps"], w), _pick(r["yb"], w)
     for k in range(nh):
         nisa.activation(dst=yb[:, k * P:(k + 1) * P], op=nl.copy,
                         data=yps[:, (nh + k) * P:(nh + k + 1) * P],
                         scale=ctx["ecs"][:, h0 + k:h0 + k + 1])
     if ctx["z"] != None:  # noqa: E711
-        nisa.activation(dst=r["sz"][w["i"] % 3][:, 0:nh * P], op=nl.silu,
+        nisa.activation(dst=_pick(r["sz"], w)[:, 0:nh * P], op=nl.silu,
                         data=ctx["z"][:, c0:c1])
-    Xd = r["Xd"][w["i"] % 4]
+    Xd = _pick(r["Xd"], w)
     for k in range(nh):
         h = h0 + k
         nisa.tensor_scalar(dst=Xd[:, k * P:(k + 1) * P], data=x_in[:, h * P:(h + 1) * P],
@@ -741,8 +815,8 @@ def _st_yadd(cst, ctx, blk, w, r):
     """VectorE: y = y_off + y_intra (PSUM operand)."""
     g, h0, nh = blk
     P = cst["P"]
-    yb = r["yb"][w["i"] % 3][:, 0:nh * P]
-    nisa.tensor_tensor(dst=yb, data1=yb, data2=r["yps"][w["i"] % 3][:, 0:nh * P], op=nl.add)
+    yb = _pick(r["yb"], w)[:, 0:nh * P]
+    nisa.tensor_tensor(dst=yb, data1=yb, data2=_pick(r["yps"], w)[:, 0:nh * P], op=nl.add)
 
 
 def _st_yout(cst, ctx, blk, w, r):
@@ -750,15 +824,15 @@ def _st_yout(cst, ctx, blk, w, r):
     g, h0, nh = blk
     P, D_sb, x_in, Q = cst["P"], cst["D_sb"], ctx["x_in"], cst["Q"]
     c0, c1 = h0 * P, (h0 + nh) * P
-    yb = r["yb"][w["i"] % 3][:, 0:nh * P]
+    yb = _pick(r["yb"], w)[:, 0:nh * P]
     if D_sb != None:  # noqa: E711
-        xd = r["xd"][w["i"] % 2][:, 0:nh * P]
+        xd = _pick(r["xd"], w)[:, 0:nh * P]
         nisa.tensor_tensor(dst=xd, data1=x_in[:, c0:c1], data2=D_sb[0:Q, c0:c1], op=nl.multiply,
                            engine=_ALT_ENGINE)
         nisa.tensor_tensor(dst=yb, data1=yb, data2=xd, op=nl.add, engine=_ALT_ENGINE)
     y_b = ctx["yt"][:, c0:c1]
     if ctx["z"] != None:  # noqa: E711
-        nisa.tensor_tensor(dst=y_b, data1=yb, data2=r["sz"][w["i"] % 3][:, 0:nh * P],
+        nisa.tensor_tensor(dst=y_b, data1=yb, data2=_pick(r["sz"], w)[:, 0:nh * P],
                            op=nl.multiply, engine=_ALT_ENGINE)
     else:
         nisa.tensor_copy(dst=y_b, src=yb, engine=nisa.engine.gpsimd)
@@ -768,20 +842,20 @@ def _st_state_mm(cst, ctx, blk, w, r):
     """TensorE: chunk state B^T Xd per N tile (one PSUM bank for all tiles)."""
     g, h0, nh = blk
     P, N, B_mm = cst["P"], cst["N"], ctx["B_mm"]
-    st = r["st"][w["i"] % 2]
+    st = _pick(r["st"], w)
     for t in range(cst["n_tiles"]):
         n0 = g * N + t * _PMAX
         ntile = min(_PMAX, N - t * _PMAX)
         nisa.nc_matmul(dst=st[0:ntile, t * nh * P:(t + 1) * nh * P],
                        stationary=B_mm[:, n0:n0 + ntile],
-                       moving=r["Xd"][w["i"] % 4][:, 0:nh * P], accumulate=False)
+                       moving=_pick(r["Xd"], w)[:, 0:nh * P], accumulate=False)
 
 
 def _st_state(cst, ctx, blk, w, r):
     """VectorE: S^T <- exp(total) S^T + chunk state, per head (fp32)."""
     g, h0, nh = blk
     P, ST, elast = cst["P"], cst["ST"], ctx["elast"]
-    st = r["st"][w["i"] % 2]
+    st = _pick(r["st"], w)
     for t in range(cst["n_tiles"]):
         ntile = ST[t].shape[0]
         for k in range(nh):

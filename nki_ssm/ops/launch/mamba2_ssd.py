@@ -75,9 +75,10 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens: int
 
     ``num_tokens`` / ``num_seqs`` are the buckets; row ``num_tokens`` is the
     zero (inputs) / dump (y) row that masked chunk rows name. Shapes depend
-    only on the buckets and Q: ``chunk_rows = num_tokens // Q + 2 * num_seqs + 1``
-    (each live sequence takes an even number of chunk rows, a trailing row
-    serves the last prefetch). Built with vectorised array ops only, each a
+    only on the buckets and Q: ``chunk_rows = num_tokens // Q + 3 * num_seqs``
+    (a live sequence takes 2 * pairs + 1 rows: its chunks, an all-masked one
+    when their number is odd, and a trailing all-masked row for the kernel's
+    last prefetch). Built with vectorised array ops only, each a
     torch op on device: ``diff`` / integer ceil-division (lengths, chunks,
     pairs), ``nonzero`` of ``state_indices >= 0`` (live order), an exclusive
     ``cumsum`` (chunk row bases), ``repeat_interleave`` (row -> sequence and
@@ -93,7 +94,7 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens: int
     n_live = live.size
     lens_l = lens[live]
     pairs = (lens_l + 2 * Q - 1) // (2 * Q)         # iterations of two chunks
-    rows_per = 2 * pairs
+    rows_per = 2 * pairs + 1      # + a trailing all-masked row (the kernel's last prefetch)
     base = np.concatenate([[0], np.cumsum(rows_per)[:-1]]).astype(np.int64) if n_live else \
         np.zeros(0, np.int64)
     seq_table = np.zeros((num_seqs, _PMAX, 4), dtype=np.int32)
@@ -104,7 +105,7 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens: int
     seq_table[:n_live, 2, 1] = ~init
     seq_table[:n_live, 0, 2] = base
     seq_table[:n_live, 0, 3] = 1
-    chunk_rows = num_tokens // Q + 2 * num_seqs + 1
+    chunk_rows = num_tokens // Q + 3 * num_seqs
     chunk_table = np.zeros((chunk_rows, Q, 2), dtype=np.int32)
     chunk_table[:, :, 0] = num_tokens
     total = int(rows_per.sum())
@@ -145,12 +146,19 @@ def prefill(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, cu_seqlens,
     seq_table, chunk_table, zero_table, counts = prefill_tables(
         cu_seqlens, state_indices, has_initial_state, Tb, Sb, int(chunk_size), pr)
 
-    def tok2d(a, width, dtype=None):      # [T, ...] -> [Tb + 1, width], zero rows appended
+    # tokens of padding sequences are zeroed (a masked fill): a chunk reads the Q
+    # rows from its first token on, so rows past a sequence's end must be finite
+    # (they are masked by dt' = 0, and 0 * NaN would not be 0)
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    pad_tok = np.repeat(np.asarray(state_indices) < 0, cu[1:] - cu[:-1])
+
+    def tok2d(a, width, dtype=None):      # [T, ...] -> [Tb + Q, width], zero rows appended
         if a is None:
             return None
         a = np.asarray(a).reshape(T, width)
-        out = np.zeros((Tb + 1, width), dtype=a.dtype if dtype is None else dtype)
+        out = np.zeros((Tb + int(chunk_size), width), dtype=a.dtype if dtype is None else dtype)
         out[:T] = a
+        out[:T][pad_tok] = 0
         return out
 
     # D [H] is folded into TensorE (D_h * I); D [H, P] is applied per channel
