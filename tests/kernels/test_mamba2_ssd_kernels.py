@@ -592,3 +592,29 @@ def test_prefill_strong_then_weak_decay_in_one_chunk(chunk):
     assert rel_fro(y, y_ref) <= EXACT_TOL
     named = _named(inp["state_indices"])
     assert rel_fro(after[named], pool_ref[named]) <= EXACT_TOL
+
+
+@pytest.mark.parametrize("precision, tol", [("fp32", EXACT_TOL), ("bf16", BF16_MODE_TOL)])
+def test_prefill_modulo_scheduled_pair_loop(precision, tol):
+    # 12 head blocks (H 48, P 64 -> 4 heads per block) > 10 stages: the chunk-pair
+    # loop runs modulo-scheduled (each iteration fills the next pair's first
+    # items); lengths with odd chunk counts, an empty live sequence and padding
+    rng = np.random.default_rng(17)
+    dtype = np.float32 if precision == "fp32" else BF16
+    inp = make_ssd_inputs(rng, seqlens=[100, 0, 70, 1], H=48, P=64, N=16, G=2, z=True,
+                          D="HP", dtype=dtype, padding=1)
+    y_ref, pool_ref = ssd_recurrent(**inp)
+    y, after, before = _prefill(inp, precision=precision, chunk_size=32)
+    _check(y, after, before, y_ref, pool_ref, inp["state_indices"], tol, inp["cu_seqlens"])
+
+
+def test_prefill_single_context_equals_double_bitwise(monkeypatch):
+    # shapes whose two chunk contexts would not fit SBUF (Falcon-H1-like) use
+    # one; same arithmetic, so the results are bit-identical
+    from nki_ssm.kernels.mamba2_ssd import chunk as chunk_kernel
+    rng = np.random.default_rng(18)
+    inp = make_ssd_inputs(rng, seqlens=[70, 33, 0], H=4, P=16, N=32, G=2, z=True, padding=1)
+    y2, after2, _ = _prefill(inp, precision="bf16", chunk_size=16)
+    monkeypatch.setattr(chunk_kernel, "_SBUF_BUDGET", 0)
+    y1, after1, _ = _prefill(inp, precision="bf16", chunk_size=16)
+    assert y1.tobytes() == y2.tobytes() and after1.tobytes() == after2.tobytes()

@@ -26,8 +26,8 @@ precision) only. The batch composition is run-time int32 data:
   chunks: every live sequence takes an even number of rows) are masked and
   name row ``num_tokens``, a zero row the launcher appends to every token
   input (and y's dump row);
-- ``zero_table [num_tokens/128, 128, 1]``: the token rows of padding
-  sequences, 128 per row (unused entries name the dump row);
+- ``zero_table [num_tokens/Q, Q, 1]``: the token rows of padding
+  sequences, Q per row (unused entries name the dump row);
 - ``counts [1, 2]``: live sequences, zero_table rows in use.
 
 Loops
@@ -81,7 +81,7 @@ sequence lives in SBUF in float32 as ``S^T [N, H*P]`` (dstate on
 partitions, one tile per 128 of N, N <= 256), so both state matmuls
 contract over partitions without per-chunk transposes; it is transposed on
 TensorE only when gathered from / scattered to the pool, in pieces of
-<= 8 KiB per partition (partition q holds state rows ``q*nt ..``, one pool
+<= 4 KiB per partition (partition q holds state rows ``q*nt ..``, one pool
 row segment per partition; a bf16 pool is transposed by an exact identity
 matmul into the fp32 PSUM scratch).
 
@@ -159,7 +159,8 @@ from nki_ssm.kernels.mamba2_ssd._common import dt_prime, load_f32
 _PSUM_F = 512      # fp32 elements of one PSUM bank per partition
 _PMAX = 128
 _W_ON_VECTOR = 0   # block head whose W build runs on VectorE (engine balance)
-_NAT_BYTES = 8 * 1024   # bytes per partition of one piece of a state gather / scatter
+_SBUF_BUDGET = 200 * 1024   # bytes per partition the tile estimate may plan for (of 208 KiB)
+_NAT_BYTES = 4 * 1024   # bytes per partition of one piece of a state gather / scatter
 # engine of the elementwise float products the static kernel ran on GpSimd
 # (half the Mt heads, the y epilogue): VectorE, as the ISA routes float binary
 # ops there (issue 14 item 9); nisa.engine.gpsimd restores the old balance
@@ -186,7 +187,7 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
       rows per slot, ``pr*nt = H*P``, pr <= 128; updated in place by the
       kernel's scatters),
       seq_table ``[num_seqs, 128, 4]``, chunk_table ``[chunk_rows, Q, 2]``,
-      zero_table ``[zero_blocks, 128, 1]``, counts ``[1, 2]`` int32: the batch
+      zero_table ``[num_tokens / Q, Q, 1]``, counts ``[1, 2]`` int32: the batch
       composition (module docstring).
     Compile-time: heads (H), dstate (N), dt_softplus (bool), dt_lo, dt_hi
       (floats, dt_hi may be inf), chunk_size Q (16..128), exact (bool: fp32
@@ -239,12 +240,27 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     for t in range(n_tiles):
         ST.append(nl.ndarray((min(_PMAX, N - t * _PMAX), HP), dtype=nl.float32, buffer=nl.sbuf))
     cst["ST"] = ST
-    ctxs = [_ctx_tiles(cst, G, n_tiles), _ctx_tiles(cst, G, n_tiles)]
+    # two chunk contexts (double-buffered loads) when they fit in SBUF beside the
+    # state, else one (its loads then wait for the previous chunk's last block:
+    # the pipeline drains between the two chunks of an iteration)
+    zbytes = _itemsize(x.dtype)
+    if z != None:  # noqa: E711
+        zbytes = _itemsize(z.dtype)
+    mdb = _itemsize(md)
+    ctx_bytes = HP * (4 + zbytes) + GN * 8 + H * 4 * (6 + n_tiles) + G * Q * (n_tiles * mdb + 4)
+    # state + transfer piece + item rings (W, Dm; yb, sz, Xd, xd) + constants
+    fixed = n_tiles * HP * 4 + _NAT_BYTES + 6 * hb * Q * 4 + 14 * hb * P * 4 + 10 * _PMAX * 4
+    double = fixed + 2 * ctx_bytes <= _SBUF_BUDGET
+    c0 = _ctx_tiles(cst, G, n_tiles)
+    ctxs = [c0, c0]
+    if double:
+        ctxs[1] = _ctx_tiles(cst, G, n_tiles)
     # the modulo-scheduled chunk loop (no pipeline drain per iteration) needs more
     # blocks than stages, an even block count (ring sizes 2 and 4 divide the
-    # items per iteration) and the chunk-state PSUM pair in one bank
+    # items per iteration), the chunk-state PSUM pair in one bank, two contexts
     nb = len(blocks)
-    modulo = nb > len(_STAGES) and nb % 2 == 0 and 2 * n_tiles * hb * P <= _PSUM_F
+    modulo = (double and nb > len(_STAGES) and nb % 2 == 0
+              and 2 * n_tiles * hb * P <= _PSUM_F)
     rings = _item_rings(cst, hb, modulo)
 
     cnt = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
@@ -290,19 +306,20 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
         else:
             _prologue(cst, ctxs[0], chunk_table, crow)
             for _ in nl.dynamic_range(r_pairs):
-                _pair(cst, ctxs, blocks, rings, chunk_table, crow)
+                _pair(cst, ctxs, blocks, rings, chunk_table, crow, double)
         # ---- final state to the pool
         _state_out(pool, tab, nat, cst, pr, nt_rows, jb)
 
-    # ---- tokens of padding sequences: zero rows of y (128 rows per DMA; unused
-    # partitions write the dump row)
-    zt = nl.ndarray((_PMAX, HP), dtype=x.dtype, buffer=nl.sbuf)
+    # ---- tokens of padding sequences: zero rows of y, Q rows per DMA (unused
+    # partitions write the dump row); the zeros come from context 0's x tile
+    # (dead by now: SBUF is tight at H*P = 8192)
+    zt = ctxs[0]["x_in"]
     nisa.memset(dst=zt, value=0.0)
-    zidx = nl.ndarray((_PMAX, 1), dtype=nl.int32, buffer=nl.sbuf)
+    zidx = ctxs[0]["yrows"]
     for zb in nl.dynamic_range(r_zero):
-        nisa.dma_copy(dst=zidx, src=zero_table.ap(pattern=[[1, _PMAX], [1, 1]], offset=0,
+        nisa.dma_copy(dst=zidx, src=zero_table.ap(pattern=[[1, Q], [1, 1]], offset=0,
                                                   scalar_offset=zb, indirect_dim=0))
-        nisa.dma_copy(dst=y.ap(pattern=[[HP, _PMAX], [1, HP]], offset=0, vector_offset=zidx,
+        nisa.dma_copy(dst=y.ap(pattern=[[HP, Q], [1, HP]], offset=0, vector_offset=zidx,
                                indirect_dim=0), src=zt)
     return y
 
@@ -419,8 +436,13 @@ def _ctx_tiles(cst, G, n_tiles):
     for name in ("dtp", "dtA", "lndt", "ecs", "wd"):
         c[name] = nl.ndarray((Q, H), dtype=f32, buffer=nl.sbuf)
     if cst["z"] != None:  # noqa: E711
+        # y is written over z's columns once silu(z) of the block is taken (SBUF:
+        # H*P*2 bytes per partition and context); the chunk's y store is issued
+        # before the context's next loads
         c["z"] = nl.ndarray((Q, HP), dtype=cst["z"].dtype, buffer=nl.sbuf)
-    c["yt"] = nl.ndarray((Q, HP), dtype=cst["y"].dtype, buffer=nl.sbuf)
+        c["yt"] = c["z"]
+    else:
+        c["yt"] = nl.ndarray((Q, HP), dtype=cst["y"].dtype, buffer=nl.sbuf)
     for t in range(n_tiles):
         ntile = min(_PMAX, N - t * _PMAX)
         c["elast"].append(nl.ndarray((ntile, H), dtype=f32, buffer=nl.sbuf))
@@ -447,7 +469,7 @@ def _item_rings(cst, hb, modulo):
     if modulo:
         three = 4
     r = {"W": _ring(2, (Q, hb * Q), f32, nl.sbuf), "seg": _ring(2, (Q, hb * Q), f32, nl.psum),
-         "Dm": _ring(2, (Q, hb * Q), f32, nl.sbuf), "Mt": _ring(2, (Q, hb * Q), f32, nl.sbuf),
+         "Dm": _ring(three, (Q, hb * Q), f32, nl.sbuf),
          "yps": _ring(three, (Q, 2 * hb * P), f32, nl.psum),
          "yb": _ring(three, (Q, hb * P), f32, nl.sbuf),
          "sz": _ring(three, (Q, hb * P), f32, nl.sbuf), "Xd": _ring(4, (Q, hb * P), f32, nl.sbuf),
@@ -605,7 +627,7 @@ def _pairs_modulo(cst, ctxs, blocks, rings, chunk_table, crow, r_pairs):
     at step 0 and computes at nb - ns; context 0 (next pair) loads at step
     nb, once its last item has passed stage 9, and computes at 2nb - ns, one
     step before its first item's stage 0; y of context 0 is stored at step
-    nb (after those loads: FIFO DMA queues), of context 1 after the last step.
+    nb (before those loads: z's tile is y's), of context 1 after the last step.
     Ring sizes divide 2nb, so an item's buffers are the same in the
     iteration that fills it and the one that completes it.
     """
@@ -623,8 +645,8 @@ def _pairs_modulo(cst, ctxs, blocks, rings, chunk_table, crow, r_pairs):
             if b == nb - ns:
                 _prologue_compute(cst, ctxs[1])
             if b == nb:
-                _prologue_loads(cst, ctxs[0], chunk_table, crow)
                 _store_y(cst, ctxs[0])
+                _prologue_loads(cst, ctxs[0], chunk_table, crow)
             if b == 2 * nb - ns:
                 _prologue_compute(cst, ctxs[0])
             for k in range(ns):
@@ -642,7 +664,7 @@ def _run_stage(cst, ctxs, blocks, rings, k, j):
     _STAGES[k](cst, ctxs[c], blocks[j % nb], {"i": j}, rings)
 
 
-def _pair(cst, ctxs, blocks, rings, chunk_table, crow):
+def _pair(cst, ctxs, blocks, rings, chunk_table, crow, double):
     """Two chunks of one sequence (contexts 0 and 1) as one software pipeline
     over (chunk, head block) items; context 1's prologue is issued inside
     context 0's items, the next iteration's context-0 prologue inside context
@@ -666,7 +688,7 @@ def _pair(cst, ctxs, blocks, rings, chunk_table, crow):
     # ~nb steps to land before an in-order engine waits for them
     pro = []
     last0 = nb + ns - 1               # first step after context 0's last item
-    if nb > _S_WRITE - _S_READ:
+    if double and nb > _S_WRITE - _S_READ:
         for b in range(2 * nb + ns - 1):
             step = []
             for k in range(ns):
@@ -681,24 +703,31 @@ def _pair(cst, ctxs, blocks, rings, chunk_table, crow):
                     if 0 <= b - k < nb:
                         step.append((k, c * nb + b - k))
                 steps.append(step)
-    pro.append((min(1, len(steps)), 0, 1))
-    pro.append((max(min(1, len(steps)), nb - pre), 1, 1))
-    pro.append((last0, 0, 0))
-    pro.append((len(steps), 1, 0))
-    # y stores: DMA queues are FIFO, so a store (ready only when its chunk's
-    # last block is out) must not sit ahead of loads the pipeline needs sooner:
-    # context 0's store follows the next context-0 loads, context 1's ends the body
+    if double:
+        pro.append((min(1, len(steps)), 0, 1))
+        pro.append((max(min(1, len(steps)), nb - pre), 1, 1))
+        pro.append((last0, 0, 0))
+        pro.append((len(steps), 1, 0))
+    else:
+        # one context: chunk 1 loads once chunk 0's items are done (the drained
+        # pipelines meet at last0), the next chunk 0 after chunk 1's
+        pro.append((last0, 0, 1))
+        pro.append((last0, 1, 1))
+        pro.append((len(steps), 0, 0))
+        pro.append((len(steps), 1, 0))
+    # y stores: context 0's right before the next context-0 loads (z's tile is
+    # y's), context 1's at the end of the body
     ystore = [last0, len(steps)]
     for si in range(len(steps) + 1):
+        for c in range(2):
+            if ystore[c] == si:
+                _store_y(cst, ctxs[c])
         for e in range(len(pro)):
             if pro[e][0] == si:
                 if pro[e][1] == 0:
                     _prologue_loads(cst, ctxs[pro[e][2]], chunk_table, crow)
                 else:
                     _prologue_compute(cst, ctxs[pro[e][2]])
-        for c in range(2):
-            if ystore[c] == si:
-                _store_y(cst, ctxs[c])
         if si < len(steps):
             for e in range(len(steps[si])):
                 k, i = steps[si][e]
@@ -751,7 +780,8 @@ def _st_mt(cst, ctx, blk, w, r):
     ScalarE: bf16 copy of the block's state (bf16 mode)."""
     g, h0, nh = blk
     Q, P, md, ST = cst["Q"], cst["P"], cst["md"], cst["ST"]
-    Dm, Mt = _pick(r["Dm"], w), _pick(r["Mt"], w)
+    Dm = _pick(r["Dm"], w)
+    Mt = Dm            # in place: the Dm buffer carries Mt to stage 4
     for k in range(nh):
         nisa.tensor_tensor(dst=Mt[:, k * Q:(k + 1) * Q], data1=Dm[:, k * Q:(k + 1) * Q],
                            data2=ctx["cbms"][g], op=nl.multiply,
@@ -768,7 +798,7 @@ def _st_out_mm(cst, ctx, blk, w, r):
     mode), into one PSUM bank: y_intra at columns [0, nh*P), y_off after."""
     g, h0, nh = blk
     Q, P, x_in, md = cst["Q"], cst["P"], ctx["x_in"], cst["md"]
-    Mt, yps = _pick(r["Mt"], w), _pick(r["yps"], w)
+    Mt, yps = _pick(r["Dm"], w), _pick(r["yps"], w)
     for k in range(nh):
         h = h0 + k
         yi = yps[:, k * P:(k + 1) * P]

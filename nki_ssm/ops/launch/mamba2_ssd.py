@@ -71,7 +71,7 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens: int
                    num_seqs: int, chunk_size: int, pr: int):
     """Run-time batch tables of ``ssd_chunk_prefill`` (its module docstring):
     ``(seq_table [num_seqs, 128, 4], chunk_table [chunk_rows, Q, 2],
-    zero_table [num_tokens // 128, 128, 1], counts [1, 2])`` int32.
+    zero_table [num_tokens // Q, Q, 1], counts [1, 2])`` int32.
 
     ``num_tokens`` / ``num_seqs`` are the buckets; row ``num_tokens`` is the
     zero (inputs) / dump (y) row that masked chunk rows name. Shapes depend
@@ -117,14 +117,14 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens: int
         tok = cu[live][seq_of_row][:, None] + offs
         chunk_table[:total, :, 0] = np.where(valid, tok, num_tokens)
         chunk_table[:total, :, 1] = valid
-    # tokens of padding sequences -> zero rows of y, 128 per DMA
+    # tokens of padding sequences -> zero rows of y, Q per DMA
     seq_of_tok = np.repeat(np.arange(lens.size), lens)
     pad_tok = np.flatnonzero(idx[seq_of_tok] < 0)
-    zero_blocks = max(1, num_tokens // _PMAX)
-    zero_table = np.full((zero_blocks * _PMAX, 1), num_tokens, dtype=np.int32)
+    zero_blocks = num_tokens // Q
+    zero_table = np.full((zero_blocks * Q, 1), num_tokens, dtype=np.int32)
     zero_table[:pad_tok.size, 0] = pad_tok
-    counts = np.array([[n_live, (pad_tok.size + _PMAX - 1) // _PMAX]], dtype=np.int32)
-    return seq_table, chunk_table, zero_table.reshape(zero_blocks, _PMAX, 1), counts
+    counts = np.array([[n_live, (pad_tok.size + Q - 1) // Q]], dtype=np.int32)
+    return seq_table, chunk_table, zero_table.reshape(zero_blocks, Q, 1), counts
 
 
 def prefill(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, cu_seqlens, ssm_states,
