@@ -20,12 +20,12 @@ precision) only. The batch composition is run-time int32 data:
   negation; column 2 at partition 0 the sequence's first chunk_table row
   (the chunk counter), column 3 at partition 0 a constant 1 (the counter's
   increment);
-- ``chunk_table [num_tokens/Q + 2*num_seqs + 1, Q, 2]``: per chunk, the
+- ``chunk_table [num_tokens/Q + 3*num_seqs, Q, 2]``: per chunk, the
   token row of each of its Q partitions and a 0/1 valid flag. A sequence's
-  chunk k covers its tokens ``k*Q ..``; rows past its end (and whole dummy
-  chunks: every live sequence takes an even number of rows) are masked and
-  name row ``num_tokens``, a zero row the launcher appends to every token
-  input (and y's dump row);
+  chunk k covers its tokens ``k*Q ..``; a live sequence takes 2*pairs + 1
+  rows: its chunks, an all-masked one when their number is odd, and a
+  trailing all-masked row for the kernel's last prefetch. Masked entries
+  name row ``num_tokens`` (y's dump row; the inputs are zero there);
 - ``zero_table [num_tokens/Q, Q, 1]``: the token rows of padding
   sequences, Q per row (unused entries name the dump row);
 - ``counts [1, 2]``: live sequences, zero_table rows in use.
@@ -37,24 +37,31 @@ register (``register_load`` from a table). Rows of seq_table and zero_table
 are addressed by the loop's induction register (``scalar_offset``); rows of
 chunk_table by a run-time counter (a 1x1 int32 tile of the sequence's
 seq_table row used as ``scalar_offset``, advanced by a GpSimd integer add
-of the constant beside it: registers have no arithmetic); token rows and
-pool rows by ``vector_offset`` (one row per partition). What is unrolled inside a body is bounded by the layer
-shape (head blocks, dstate tiles, groups).
+of the constant beside it: registers have no arithmetic); a chunk's tokens
+by its first token row (``scalar_offset``: one contiguous DMA per input,
+hardware DGE on trn2, no GpSimd descriptor work); y rows and pool rows by
+``vector_offset`` (one row per partition). What is unrolled inside a body
+is bounded by the layer shape (head blocks, dstate tiles, groups).
 
 1. Sequence loop (trip count: live sequences). Its body loads the
    sequence's row, then its initial state: under a runtime conditional
    (``dynamic_range`` over the has_initial_state register, 0 or 1 trips)
    the slot's state is gathered and transposed into S^T; under the negated
    flag S^T is zeroed. So an uninitialised slot is never read (no NaN * 0).
-2. Chunk-pair loop (trip count: the sequence's pairs). The body runs two
-   chunks (contexts 0 and 1, double-buffered SBUF tiles) as one software
-   pipeline over (chunk, head block) items; context 1's prologue is issued
-   inside context 0's items, the next iteration's context-0 prologue
-   inside context 1's (the first one before the loop). A sequence with an
-   odd number of chunks ends with a dummy chunk whose rows are all masked:
-   it leaves the state exactly unchanged (decay exp(0) = 1, zero input) and
-   its y rows go to the dump row. The pipeline drains at the end of each
-   iteration (the loop body is one static region).
+2. Chunk-pair loop (trip count: the sequence's pairs, two chunks per
+   iteration in contexts 0 and 1). Modulo-scheduled (``_pairs_modulo``)
+   when a chunk has more head blocks than the pipeline has stages (an even
+   number; Mamba-2 2.7B: 20, Granite-like: 32): each iteration completes
+   its pair and runs the first stages of the next pair's first items, so
+   the pipeline never drains inside a sequence; the fill of pair 0 runs
+   before the loop, the last iteration's fill works on the trailing
+   all-masked row and is discarded (it writes no state, stores no y).
+   Otherwise (small shapes, Falcon-H1-like) ``_pair``: the two chunks of an
+   iteration share one pipeline (> 6 blocks) or drain between them, and
+   the pipeline drains at the iteration end. A sequence with an odd number
+   of chunks ends with an all-masked chunk: it leaves the state exactly
+   unchanged (decay exp(0) = 1, zero input) and its y rows go to the dump
+   row.
 3. After the pair loop the state is transposed back and scattered to the
    slot (the kernel's own writes to its HBM input are the pool update).
 4. Zero loop (trip count: zero_table rows in use): zero rows of y for the
@@ -62,16 +69,19 @@ shape (head blocks, dstate tiles, groups).
 
 Masking
 -------
-Masked rows of a chunk (past the sequence end, or a dummy chunk) are
-*gathered from the zero row*: x, B, C, z and raw dt are exactly 0 there, so
-no value of another sequence or of a padding token (which may hold NaN)
-enters the chunk, and no NaN * 0 can arise. dt' is multiplied by the 0/1
-valid flag (dt' = 0: decay 1, no input; its log is clamped to 1e-18, which
-only feeds masked outputs since masked rows are the last of the chunk).
+A chunk loads the Q token rows from its first token on. Rows past the
+sequence end hold the next sequence's tokens or zeros: the launcher zeroes
+the tokens of padding sequences (a masked fill on the copy it makes to pad
+the batch to its bucket; a padding token may hold NaN) and appends Q zero
+rows, so every loaded value is finite (NaN * 0 cannot arise). Masked rows
+get dt' = 0 (dt' times the 0/1 valid flag): decay exp(0) = 1 and input
+x dt' = 0 exactly, so a masked row adds exactly 0 to the state and to the
+valid outputs (CB is causally masked by select, and masked rows are the
+last of a chunk; ln dt' is clamped to 1e-18, which only feeds masked
+outputs). A ragged batch therefore equals separate calls bit for bit.
 Every y row is written exactly once: a live token's row by its chunk's
 scatter (masked partitions write the dump row, sliced off by the host), a
-padding token's row by the zero loop; bucket padding rows are never
-written and are sliced off.
+padding token's row by the zero loop; bucket padding rows are sliced off.
 
 Layout
 ------
@@ -85,55 +95,64 @@ TensorE only when gathered from / scattered to the pool, in pieces of
 row segment per partition; a bf16 pool is transposed by an exact identity
 matmul into the fp32 PSUM scratch).
 
-Per chunk (prologue, all heads at once)
----------------------------------------
-Chunk_table row; gathers of x (widened to fp32 by the DMA), dt, B, C (fp32)
-and z. VectorE/ScalarE: dt' = clip(softplus(dt + dt_bias)) * valid,
-dtA = dt' A, ln dt' ([Q, H]). TensorE (fp32, 0/1 stationaries flagged
-onezero): cs = U^T dtA (inclusive cumsum), ex = Ls^T dtA (sum over the
-chunk's later tokens), tot = 1^T dtA (chunk total, broadcast on the N
-partitions); ScalarE exp of each. Per group: C^T and B^T (TensorE
-transposes, fp32), CB^T [Q, Q] (fp32, contract N, accumulate N tiles),
-causal mask on GpSimd (affine_select).
+Per chunk (prologue: loads issued early, compute later)
+-------------------------------------------------------
+Loads: chunk_table row; x (widened to fp32 by the DMA), dt, B, C (fp32) and
+z. Compute: dt' = clip(softplus(dt + dt_bias)) * valid, dtA = dt' A,
+ln dt' ([Q, H]). TensorE (fp32, 0/1 stationaries flagged onezero):
+cs = U^T dtA (inclusive cumsum), ex = Ls^T dtA (sum over the chunk's later
+tokens), tot = 1^T dtA (chunk total, broadcast on the N partitions); ScalarE
+exp of each. Per group: C^T and B^T (TensorE transposes, fp32), CB^T
+[Q, Q] (fp32, contract N, accumulate N tiles), causal mask on GpSimd
+(affine_select). The loads of a context are issued as soon as its previous
+chunk's last block has read it, the compute ~10 pipeline steps later (DMA
+queues and engines are in order: an engine reaching the compute earlier
+would wait for the loads).
 
 Per (chunk, head block) item: ten stages, one engine each (mostly)
 -----------------------------------------------------------------
 Blocks hold ``hb`` heads of one group (hb*Q <= 512, 2*hb*P <= 512 and
 n_tiles*hb*P <= 512: one PSUM bank per tile; hb = 4 at Q = 128, P = 64).
- 0 ScalarE  W[k, (h,i)] = dtA[k,h] U[k,i] (one head of the block on VectorE)
+ 0 ScalarE  W[k, (h,i)] = dtA[k,h] U[k,i] (one head on VectorE when
+            _ALT_ENGINE is GpSimd)
  1 TensorE  seg = Ls^T W -> seg[j,(h,i)] = sum_{j<k<=i} dtA[k,h] (fp32;
             exactly 0 for j >= i), one matmul for the block
  2 ScalarE  Dm = exp(seg + ln dt'_j) (dt'_j as the exponent bias)
- 3 VectorE  Mt = Dm * CBmask per head (every second head on _ALT_ENGINE);
-            ScalarE: bf16 copy of the block's S^T (bf16 mode)
- 4 TensorE  y_intra = Mt^T x_h + I^T (x_h D_h) per head, fp32 (x*D on
-            ScalarE); y_off = C S^T for the block (one matmul per N tile),
-            both into one PSUM bank
+ 3 VectorE  Mt = Dm * CBmask per head, in place (every second head on
+            _ALT_ENGINE); ScalarE: bf16 copy of the block's S^T (bf16 mode),
+            x_h D_h per head (D [H])
+ 4 TensorE  y_intra = Mt^T x_h + I^T (x_h D_h) per head, fp32; y_off =
+            C S^T for the block (one matmul per N tile), both in one PSUM bank
  5 ScalarE  y_off * exp(cs_i) per head; silu(z); Xd = x_h dt'_j exp(ex_j)
  6 VectorE  y = y_off + y_intra (PSUM operand)
  7 _ALT_ENGINE (+ x*D for D [H, P]) * silu(z) -> the chunk's y tile
             (written over z's columns: z's SBUF tile doubles as y's)
- 8 TensorE  chunk state B^T Xd per N tile (fp32, one PSUM bank)
+ 8 TensorE  chunk state B^T Xd per N tile (fp32)
  9 VectorE  S^T <- exp(tot) S^T + chunk state, per head (fp32)
-The chunk's y tile is scattered to its token rows after its last block.
-Item (1, j) reads the state item (0, j) writes: with more than 6 blocks the
-two chunks share one pipeline, else it drains between them.
+A chunk's y tile is scattered to its token rows before its context's next
+loads. Item (1, j) reads the state item (0, j) writes (and item (0, j) of
+the next pair what item (1, j) writes): more than 6 blocks keep them
+apart in a shared pipeline.
 
 _ALT_ENGINE is VectorE: float tensor_tensor on GpSimd may be illegal
 (issue 14 item 9: the ISA routes float binary ops to VectorE; the static
-kernel put ~320 per 1K tokens there). Setting it to GpSimd restores the
-old engine balance if the coordinator rules it legal.
+kernel put ~320 per 1K tokens there). Setting it to nisa.engine.gpsimd
+restores the old engine balance if the coordinator rules it legal.
 
 SBUF / PSUM budget
 ------------------
 Tiles allocated in a dynamic loop body are live for the whole loop, so all
-tiles are allocated before the loops: two chunk contexts (x fp32 ``H*P*4``
+tiles are allocated before the loops: the chunk contexts (x fp32 ``H*P*4``
 + z / y ``H*P*2`` + B, C, dt, decay columns, C^T and CB per group), the
-state S^T (``H*P*4`` per N tile), a <= 8 KiB state-transfer piece, and the
+state S^T (``H*P*4`` per N tile), a <= 4 KiB state-transfer piece, and the
 item temporaries as round-robin rings (a buffer written in stage k and last
-read in stage k' has k' - k + 1 copies). PSUM (8 banks of 2 KiB per
-partition): seg x2, y_intra|y_off x3, chunk state x2, one prologue /
-state-transfer scratch bank.
+read in stage k' has k' - k + 1 copies; in the modulo schedule sizes 2 and
+4, which divide the 2nb items of an iteration). Two contexts when the
+estimate fits ``_SBUF_BUDGET`` (200 of the 208 KiB usable), else one (its
+loads then wait for the previous chunk: Falcon-H1-like, 64 KiB of state;
+bit-identical results, tested). PSUM (8 banks of 2 KiB per partition):
+seg x2, y_intra|y_off x3 (x4 modulo), chunk state x2 (modulo: both in one
+bank), one prologue / state-transfer scratch bank.
 
 Numerics
 --------
@@ -473,7 +492,7 @@ def _item_rings(cst, hb, modulo):
          "yps": _ring(three, (Q, 2 * hb * P), f32, nl.psum),
          "yb": _ring(three, (Q, hb * P), f32, nl.sbuf),
          "sz": _ring(three, (Q, hb * P), f32, nl.sbuf), "Xd": _ring(4, (Q, hb * P), f32, nl.sbuf),
-         "xD": _ring(2, (Q, P), f32, nl.sbuf), "xd": _ring(2, (Q, hb * P), f32, nl.sbuf),
+         "xD": _ring(2, (Q, hb * P), f32, nl.sbuf), "xd": _ring(2, (Q, hb * P), f32, nl.sbuf),
          "S": []}
     w = n_tiles * hb * P
     if modulo:
@@ -791,6 +810,16 @@ def _st_mt(cst, ctx, blk, w, r):
         for t in range(cst["n_tiles"]):
             nisa.tensor_copy(dst=_pick(r["S"], w)[t][:, 0:nh * P], src=ST[t][:, c0:c1],
                              engine=nisa.engine.scalar)
+    if cst["Dh"] != None:  # noqa: E711
+        # x_h D_h for stage 4's identity matmul (ScalarE, fp32; a stage ahead,
+        # so ScalarE never waits for the matmul that frees the buffer)
+        xD = _pick(r["xD"], w)
+        Q = cst["Q"]
+        for k in range(nh):
+            h = h0 + k
+            nisa.tensor_scalar(dst=xD[:, k * P:(k + 1) * P], data=ctx["x_in"][:, h * P:(h + 1) * P],
+                               op0=nl.multiply, operand0=cst["Dh"][0:Q, h:h + 1],
+                               engine=nisa.engine.scalar)
 
 
 def _st_out_mm(cst, ctx, blk, w, r):
@@ -805,12 +834,10 @@ def _st_out_mm(cst, ctx, blk, w, r):
         nisa.nc_matmul(dst=yi, stationary=Mt[:, k * Q:(k + 1) * Q],
                        moving=x_in[:, h * P:(h + 1) * P], accumulate=False)
         if cst["Dh"] != None:  # noqa: E711
-            # + D_h x_i: identity stationary, moving x_h D_h (ScalarE, fp32)
-            xD = r["xD"][k % 2]
-            nisa.tensor_scalar(dst=xD, data=x_in[:, h * P:(h + 1) * P], op0=nl.multiply,
-                               operand0=cst["Dh"][0:Q, h:h + 1], engine=nisa.engine.scalar)
-            nisa.nc_matmul(dst=yi, stationary=cst["ident"][0:Q, 0:Q], moving=xD,
-                           accumulate=True, is_stationary_onezero=True)
+            # + D_h x_i: identity stationary, moving x_h D_h (stage 3)
+            nisa.nc_matmul(dst=yi, stationary=cst["ident"][0:Q, 0:Q],
+                           moving=_pick(r["xD"], w)[:, k * P:(k + 1) * P], accumulate=True,
+                           is_stationary_onezero=True)
     yo = yps[:, nh * P:2 * nh * P]
     c0, c1 = h0 * P, (h0 + nh) * P
     for t in range(cst["n_tiles"]):

@@ -1,17 +1,24 @@
 """Launcher of the Mamba-2 SSD kernels (``nki_ssm.kernels.mamba2_ssd``).
 
-Host side only arranges layouts and index tables; all math and every pool
-gather / scatter happens in the kernels:
+Host side only pads to buckets, arranges layouts and builds int32 tables;
+all math and every pool gather / scatter happens in the kernels, one
+compiled program per (bucket, layer shape, dtypes):
 
+- ``num_tokens`` (prefill) is padded to ``token_bucket`` and ``num_seqs``
+  (prefill and decode) to ``seq_bucket`` (``buckets.py``); token inputs get
+  Q more zero rows (prefill: the rows a chunk past the last token reads),
+  and the tokens of padding sequences are zeroed in that copy (a masked
+  fill: the kernel may read them as rows past a live sequence's end, and
+  they may hold NaN); outputs are sliced back to the caller's sizes;
+- the batch composition (which sequences are live, their lengths, slots,
+  has_initial_state) becomes run-time int32 tables (``prefill_tables``,
+  ``decode_tables``: each a few vectorised array ops that the torch path
+  can run on device, listed in their docstrings), never compile-time
+  arguments;
 - the pool ``[slots, H, P, N]`` is passed as its ``[slots*pr, nt*N]`` row
   view (``pr*nt = H*P``, no copy for a C-contiguous pool), so the kernels
-  gather / scatter a sequence's whole state with one DMA and one int32 row
-  index per partition (``.ap(vector_offset=...)``);
-- slot numbers become int32 row tables; ``has_initial_state == False``
-  (prefill gather only) becomes the first row past the pool, which the
-  kernel's DMA skips (``oob_mode.skip``: zero initial state);
-- the batch layout (sequence lengths, which sequences are padding) becomes
-  compile-time tuples (padding: zero output, no instructions, pool untouched);
+  gather / scatter a sequence's state with one int32 row index per
+  partition (``.ap(vector_offset=...)``) and update it in place;
 - per-head parameters are repeated on 128 rows (prefill; D [H] goes to the
   TensorE identity path, D [H, P] to the per-channel path) or arranged as
   per-row ``[pr, nt]`` tiles (decode); dt is widened to float32; tensors are
@@ -42,12 +49,6 @@ def _pool_rows(ssm_states: np.ndarray) -> np.ndarray:
         raise ValueError(f"ssm_states must have slots*H*P <= {_INT32_MAX} (int32 row indices), "
                          f"got {slots}*{H}*{P} = {slots * H * P}")
     return ssm_states.reshape(slots * H * P, N)
-
-
-def _rows(slot: np.ndarray, use: np.ndarray, stride: int, count: int, oob: int) -> np.ndarray:
-    """int32 ``[num_seqs*count, 1]``: ``slot*stride + q`` (q < count) where ``use``, else ``oob``."""
-    r = slot.astype(np.int64)[:, None] * stride + np.arange(count, dtype=np.int64)[None, :]
-    return np.where(use[:, None], r, oob).astype(np.int32).reshape(-1, 1)
 
 
 def _f32(a):
