@@ -124,7 +124,9 @@ n_tiles*hb*P <= 512: one PSUM bank per tile; hb = 4 at Q = 128, P = 64).
  4 TensorE  y_intra = Mt^T x_h + I^T (x_h D_h) per head, fp32; y_off =
             C S^T for the block (one matmul per N tile), both in one PSUM bank
  5 ScalarE  y_off * exp(cs_i) per head; silu(z); Xd = x_h dt'_j exp(ex_j)
- 6 VectorE  y = y_off + y_intra (PSUM operand)
+ 6 VectorE  y = y_off + y_intra (PSUM operand); modulo schedule with
+            _ALT_ENGINE = VectorE: TensorE identity matmul accumulating
+            y_off * exp(cs) into y_intra's PSUM bank (y ring of 4 banks)
  7 _ALT_ENGINE (+ x*D for D [H, P]) * silu(z) -> the chunk's y tile
             (written over z's columns: z's SBUF tile doubles as y's)
  8 TensorE  chunk state B^T Xd per N tile (fp32)
@@ -248,6 +250,8 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     if DI != None:  # noqa: E711
         cst["Dh"] = DI[0]
         cst["ident"] = DI[1]
+    else:
+        cst["ident"] = _identity(ones, Q)
     # prologue PSUM scratch (two banks, alternating) and temporaries
     cst["pps"] = nl.ndarray((_PMAX, _PSUM_F), dtype=nl.float32, buffer=nl.psum)
     cst["CTf"] = nl.ndarray((_PMAX, Q), dtype=nl.float32, buffer=nl.sbuf)
@@ -281,6 +285,10 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     modulo = (double and nb > len(_STAGES) and nb % 2 == 0
               and 2 * n_tiles * hb * P <= _PSUM_F)
     rings = _item_rings(cst, hb, modulo)
+    # y_off * exp(cs) is added to y_intra on TensorE (identity matmul into the PSUM
+    # bank) instead of VectorE when the float products run on VectorE and the y
+    # ring has the 4 banks that longer PSUM lifetime needs (modulo schedule)
+    cst["pe_add"] = modulo and _ALT_ENGINE == nisa.engine.vector
 
     cnt = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
     nisa.dma_copy(dst=cnt, src=counts)
@@ -376,14 +384,19 @@ def _tri_consts(Q):
     return ones, U, Ls
 
 
+def _identity(ones, Q):
+    """fp32 identity [Q, Q] (TensorE adds: the D x term, y_off into y_intra)."""
+    ident = nl.ndarray((Q, Q), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.affine_select(dst=ident, pattern=[[-1, Q]], channel_multiplier=1,
+                       on_true_tile=ones[:, 0:Q], on_false_value=0.0, cmp_op=nl.equal, offset=0)
+    return ident
+
+
 def _d_heads(D_heads, ones, Q, H):
     """(D per head on Q rows [Q, H] fp32, identity [Q, Q] fp32) for the TensorE D x term."""
     Dh = nl.ndarray((Q, H), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=Dh, src=D_heads[0:Q, :])
-    ident = nl.ndarray((Q, Q), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.affine_select(dst=ident, pattern=[[-1, Q]], channel_multiplier=1,
-                       on_true_tile=ones[:, 0:Q], on_false_value=0.0, cmp_op=nl.equal, offset=0)
-    return Dh, ident
+    return Dh, _identity(ones, Q)
 
 
 def _pps(cst):
@@ -869,30 +882,43 @@ def _st_scalar(cst, ctx, blk, w, r):
 
 
 def _st_yadd(cst, ctx, blk, w, r):
-    """VectorE: y = y_off + y_intra (PSUM operand)."""
+    """y = y_off + y_intra: VectorE (PSUM operand), or with ``pe_add`` TensorE
+    (fp32 identity matmul accumulating y_off * exp(cs) into y_intra's PSUM)."""
     g, h0, nh = blk
-    P = cst["P"]
+    P, Q = cst["P"], cst["Q"]
     yb = _pick(r["yb"], w)[:, 0:nh * P]
-    nisa.tensor_tensor(dst=yb, data1=yb, data2=_pick(r["yps"], w)[:, 0:nh * P], op=nl.add)
+    yi = _pick(r["yps"], w)[:, 0:nh * P]
+    if cst["pe_add"]:
+        nisa.nc_matmul(dst=yi, stationary=cst["ident"][0:Q, 0:Q], moving=yb, accumulate=True,
+                       is_stationary_onezero=True)
+    else:
+        nisa.tensor_tensor(dst=yb, data1=yb, data2=yi, op=nl.add)
 
 
 def _st_yout(cst, ctx, blk, w, r):
-    """_ALT_ENGINE: + x D (D per channel), * silu(z), into the chunk's y tile."""
+    """_ALT_ENGINE: + x D (D per channel), * silu(z), into the chunk's y tile (the
+    sum is in PSUM with ``pe_add``: VectorE then, GpSimd cannot read PSUM)."""
     g, h0, nh = blk
     P, D_sb, x_in, Q = cst["P"], cst["D_sb"], ctx["x_in"], cst["Q"]
     c0, c1 = h0 * P, (h0 + nh) * P
     yb = _pick(r["yb"], w)[:, 0:nh * P]
+    ysum = yb
+    if cst["pe_add"]:
+        ysum = _pick(r["yps"], w)[:, 0:nh * P]
     if D_sb != None:  # noqa: E711
         xd = _pick(r["xd"], w)[:, 0:nh * P]
         nisa.tensor_tensor(dst=xd, data1=x_in[:, c0:c1], data2=D_sb[0:Q, c0:c1], op=nl.multiply,
                            engine=_ALT_ENGINE)
-        nisa.tensor_tensor(dst=yb, data1=yb, data2=xd, op=nl.add, engine=_ALT_ENGINE)
+        nisa.tensor_tensor(dst=yb, data1=ysum, data2=xd, op=nl.add, engine=_ALT_ENGINE)
+        ysum = yb
     y_b = ctx["yt"][:, c0:c1]
     if ctx["z"] != None:  # noqa: E711
-        nisa.tensor_tensor(dst=y_b, data1=yb, data2=_pick(r["sz"], w)[:, 0:nh * P],
+        nisa.tensor_tensor(dst=y_b, data1=ysum, data2=_pick(r["sz"], w)[:, 0:nh * P],
                            op=nl.multiply, engine=_ALT_ENGINE)
+    elif cst["pe_add"]:
+        nisa.tensor_copy(dst=y_b, src=ysum, engine=nisa.engine.vector)
     else:
-        nisa.tensor_copy(dst=y_b, src=yb, engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=y_b, src=ysum, engine=nisa.engine.gpsimd)
 
 
 def _st_state_mm(cst, ctx, blk, w, r):
