@@ -179,6 +179,7 @@ from nki_ssm.kernels.mamba2_ssd._common import dt_prime, load_f32
 
 _PSUM_F = 512      # fp32 elements of one PSUM bank per partition
 _PMAX = 128
+_PE_STATE_CYCLE = 2   # one block in this many keeps the VectorE state update (pe_state)
 _W_ON_VECTOR = 0   # block head whose W build runs on VectorE (engine balance)
 _SBUF_BUDGET = 200 * 1024   # bytes per partition the tile estimate may plan for (of 208 KiB)
 _NAT_BYTES = 4 * 1024   # bytes per partition of one piece of a state gather / scatter
@@ -289,6 +290,15 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     # bank) instead of VectorE when the float products run on VectorE and the y
     # ring has the 4 banks that longer PSUM lifetime needs (modulo schedule)
     cst["pe_add"] = modulo and _ALT_ENGINE == nisa.engine.vector
+    # ... and the state update of most blocks goes the same way: ScalarE e*S,
+    # TensorE accumulates it into the chunk-state PSUM, ScalarE copies back
+    cst["pe_state"] = cst["pe_add"] and n_tiles == 1
+    cst["nb"] = nb
+    if cst["pe_state"]:
+        rings["eS"] = _ring(4, (N, hb * P), nl.float32, nl.sbuf)
+        cst["ident_n"] = cst["ident"]
+        if Q != N:
+            cst["ident_n"] = _identity(_ones_n(N), N)
 
     cnt = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
     nisa.dma_copy(dst=cnt, src=counts)
@@ -349,6 +359,12 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
         nisa.dma_copy(dst=y.ap(pattern=[[HP, Q], [1, HP]], offset=0, vector_offset=zidx,
                                indirect_dim=0), src=zt)
     return y
+
+
+def _ones_n(n):
+    t = nl.ndarray((n, n), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=t, value=1.0)
+    return t
 
 
 def _ones128():
@@ -772,20 +788,24 @@ def _pair(cst, ctxs, blocks, rings, chunk_table, crow, double):
 # inputs were produced in earlier steps.
 
 def _st_w(cst, ctx, blk, w, r):
-    """ScalarE: W[k, (h,i)] = dtA[k,h] U[k,i] (fp32); one head of the block on
-    VectorE when GpSimd takes float products (_ALT_ENGINE: engine balance).
-    (A GpSimd affine_select of dtA broadcast along i builds the same W in one
-    instruction per block, but at GpSimd's rate it delays the software-DGE
-    descriptors of the chunk gathers: 517 -> 534 us modeled, 2.7B, 1K tokens.)"""
+    """W[k, (h,i)] = dtA[k,h] U[k,i] (fp32). With the float products on VectorE
+    (_ALT_ENGINE) GpSimd is otherwise idle: one affine_select for the block
+    (dtA broadcast along i by a zero-step access pattern, kept where i >= k);
+    else ScalarE per head (one head on VectorE: engine balance)."""
     g, h0, nh = blk
-    Q, dtA = cst["Q"], ctx["dtA"]
+    Q, dtA, H = cst["Q"], ctx["dtA"], cst["H"]
     W = _pick(r["W"], w)
-    for k in range(nh):
-        eng = nisa.engine.scalar
-        if k == _W_ON_VECTOR and _ALT_ENGINE == nisa.engine.gpsimd:
-            eng = nisa.engine.vector
-        nisa.tensor_scalar(dst=W[:, k * Q:(k + 1) * Q], data=cst["U"][0:Q, 0:Q],
-                           op0=nl.multiply, operand0=dtA[:, h0 + k:h0 + k + 1], engine=eng)
+    if _ALT_ENGINE == nisa.engine.vector:
+        nisa.affine_select(dst=W[:, 0:nh * Q], pattern=[[0, nh], [1, Q]], channel_multiplier=-1,
+                           on_true_tile=dtA.ap(pattern=[[H, Q], [1, nh], [0, Q]], offset=h0),
+                           on_false_value=0.0, cmp_op=nl.greater_equal, offset=0)
+    else:
+        for k in range(nh):
+            eng = nisa.engine.scalar
+            if k == _W_ON_VECTOR:
+                eng = nisa.engine.vector
+            nisa.tensor_scalar(dst=W[:, k * Q:(k + 1) * Q], data=cst["U"][0:Q, 0:Q],
+                               op0=nl.multiply, operand0=dtA[:, h0 + k:h0 + k + 1], engine=eng)
 
 
 def _st_seg(cst, ctx, blk, w, r):
@@ -879,6 +899,14 @@ def _st_scalar(cst, ctx, blk, w, r):
         nisa.tensor_scalar(dst=Xd[:, k * P:(k + 1) * P], data=x_in[:, h * P:(h + 1) * P],
                            op0=nl.multiply, operand0=ctx["wd"][:, h:h + 1],
                            engine=nisa.engine.scalar)
+    if _pe_state(cst, w):
+        # e^tot * S (the block's state, final since the previous chunk's stage 9)
+        eS = _pick(r["eS"], w)
+        for k in range(nh):
+            h = h0 + k
+            nisa.activation(dst=eS[:, k * P:(k + 1) * P], op=nl.copy,
+                            data=cst["ST"][0][:, h * P:(h + 1) * P],
+                            scale=ctx["elast"][0][:, h:h + 1])
 
 
 def _st_yadd(cst, ctx, blk, w, r):
@@ -932,13 +960,22 @@ def _st_state_mm(cst, ctx, blk, w, r):
         nisa.nc_matmul(dst=st[0:ntile, t * nh * P:(t + 1) * nh * P],
                        stationary=B_mm[:, n0:n0 + ntile],
                        moving=_pick(r["Xd"], w)[:, 0:nh * P], accumulate=False)
+    if _pe_state(cst, w):
+        nisa.nc_matmul(dst=st[0:N, 0:nh * P], stationary=cst["ident_n"][0:N, 0:N],
+                       moving=_pick(r["eS"], w)[:, 0:nh * P], accumulate=True,
+                       is_stationary_onezero=True)
 
 
 def _st_state(cst, ctx, blk, w, r):
-    """VectorE: S^T <- exp(total) S^T + chunk state, per head (fp32)."""
+    """VectorE: S^T <- exp(total) S^T + chunk state, per head (fp32); blocks on the
+    TensorE path (``_pe_state``): ScalarE copies the PSUM sum back."""
     g, h0, nh = blk
     P, ST, elast = cst["P"], cst["ST"], ctx["elast"]
     st = _pick(r["st"], w)
+    if _pe_state(cst, w):
+        nisa.activation(dst=ST[0][:, h0 * P:(h0 + nh) * P], op=nl.copy,
+                        data=st[0:ST[0].shape[0], 0:nh * P])
+        return
     for t in range(cst["n_tiles"]):
         ntile = ST[t].shape[0]
         for k in range(nh):
@@ -947,6 +984,12 @@ def _st_state(cst, ctx, blk, w, r):
                                       data=ST[t][:, h * P:(h + 1) * P], op0=nl.multiply,
                                       operand0=elast[t][:, h:h + 1], op1=nl.add,
                                       operand1=st[0:ntile, (t * nh + k) * P:(t * nh + k + 1) * P])
+
+
+def _pe_state(cst, w):
+    """Whether item ``w``'s block updates the state on TensorE / ScalarE (two of
+    every three blocks: VectorE / ScalarE balance)."""
+    return cst["pe_state"] and (w["i"] % cst["nb"]) % _PE_STATE_CYCLE != _PE_STATE_CYCLE - 1
 
 
 _STAGES = (_st_w, _st_seg, _st_exp, _st_mt, _st_out_mm, _st_scalar, _st_yadd, _st_yout,
