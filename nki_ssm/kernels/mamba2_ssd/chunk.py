@@ -238,7 +238,8 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
         DI = _d_heads(D_heads, ones, Q, H)
     # heads per block: seg [Q, hb*Q], y [Q, 2*hb*P] and the state [., n_tiles*hb*P]
     # each fill at most one PSUM bank
-    hb = max(1, min(HPG, _PSUM_F // Q, (_PSUM_F // 2) // P, (_PSUM_F // n_tiles) // P))
+    # (two-argument min / max only: the NKI front end rejects more)
+    hb = max(1, min(min(HPG, _PSUM_F // Q), min((_PSUM_F // 2) // P, (_PSUM_F // n_tiles) // P)))
     blocks = []
     for g in range(G):
         for h0 in range(g * HPG, (g + 1) * HPG, hb):

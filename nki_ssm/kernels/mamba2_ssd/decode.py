@@ -89,18 +89,23 @@ per token, A | dt_bias | D, and B | C into one array each; a sequence's
 token inputs are loaded with the gather of its first unit (DMA queues are
 FIFO) into a staging set, copied to the working set when its update starts.
 
-Limits: H*P and N such that a state row block fits the tiles: N <= 256
-(the [B | C] broadcast is one PSUM bank of 2N fp32; the host API rejects
-N > 256 up front), pr <= 128 partitions (any H*P: pr is the largest
-divisor of H*P <= 128 keeping partitions inside one group), T tokens per
-sequence with T * 2 + 2 PSUM tiles (T <= 3 with the 8 PSUM banks);
-any number of sequences (runtime), slots*pr < 2^31.
+Limits: N <= 256 (the [B | C] broadcast is one PSUM bank of 2N fp32; the
+host API rejects N > 256 up front); pr <= 128 partitions for any H*P (pr is
+the largest divisor of H*P <= 128 keeping partitions inside one group); T
+tokens per sequence (a shape: unrolled, program size grows with T); any
+number of sequences (run time); slots*pr < 2^31 (int32 pool rows).
 
-Modeled (trn2, nki_ssm.perf; ``python3 -m simulate --set judged --op
-mamba2_ssd``; Mamba-2 2.7B, float32 state, bf16 I/O): see the report of
-the runtime-loop rewrite in the module's git history; before it (static
-per-batch program): 1 sequence 24.3 us (58.8 % of DMA bandwidth), 32
-sequences 563.6 us (81.2 %), 512 sequences 8.74 ms (83.8 %).
+Modeled (trn2, nki_ssm.perf, no per-iteration loop cost yet; ``python -m
+simulate --set judged --op ssd_decode``; Mamba-2 2.7B, float32 state, bf16
+I/O; share of the 368 GB/s core DMA bandwidth): 1 sequence 26.3 us
+(54.4 %), 32 sequences 594.3 us (77.0 %), 512 sequences 9.26 ms (79.1 %),
+DMA-bound beyond a few sequences (the two unit buffers serialise each
+gather behind the previous scatter of its buffer) and VectorE-bound for
+one. The static per-batch kernel it replaces: 24.3 us, 563.6 us, 8.74 ms
+(+8 %, +5 %, +6 %): it kept three units in flight and let GpSimd take
+every second C product for one or two sequences. Program size: 487 static
+instructions at 32 and at 512 sequences (2.7B; Granite-like 751,
+Falcon-H1-like 385).
 
 Numerics: all float32 (no matmul precision choice: the only matmul is the
 exact 0/1 broadcast). A bfloat16 pool is widened by the first token's
