@@ -179,7 +179,7 @@ from nki_ssm.kernels.mamba2_ssd._common import dt_prime, load_f32
 
 _PSUM_F = 512      # fp32 elements of one PSUM bank per partition
 _PMAX = 128
-_PE_STATE_CYCLE = 2   # one block in this many keeps the VectorE state update (pe_state)
+_PE_STATE_CYCLE = 2   # one block in this many updates the state on TensorE (pe_state)
 _W_ON_VECTOR = 0   # block head whose W build runs on VectorE (engine balance)
 _SBUF_BUDGET = 200 * 1024   # bytes per partition the tile estimate may plan for (of 208 KiB)
 _NAT_BYTES = 4 * 1024   # bytes per partition of one piece of a state gather / scatter
@@ -917,7 +917,7 @@ def _st_yadd(cst, ctx, blk, w, r):
     P, Q = cst["P"], cst["Q"]
     yb = _pick(r["yb"], w)[:, 0:nh * P]
     yi = _pick(r["yps"], w)[:, 0:nh * P]
-    if cst["pe_add"]:
+    if _pe_add(cst, w):
         nisa.nc_matmul(dst=yi, stationary=cst["ident"][0:Q, 0:Q], moving=yb, accumulate=True,
                        is_stationary_onezero=True)
     else:
@@ -932,7 +932,7 @@ def _st_yout(cst, ctx, blk, w, r):
     c0, c1 = h0 * P, (h0 + nh) * P
     yb = _pick(r["yb"], w)[:, 0:nh * P]
     ysum = yb
-    if cst["pe_add"]:
+    if _pe_add(cst, w):
         ysum = _pick(r["yps"], w)[:, 0:nh * P]
     if D_sb != None:  # noqa: E711
         xd = _pick(r["xd"], w)[:, 0:nh * P]
@@ -944,7 +944,7 @@ def _st_yout(cst, ctx, blk, w, r):
     if ctx["z"] != None:  # noqa: E711
         nisa.tensor_tensor(dst=y_b, data1=ysum, data2=_pick(r["sz"], w)[:, 0:nh * P],
                            op=nl.multiply, engine=_ALT_ENGINE)
-    elif cst["pe_add"]:
+    elif _pe_add(cst, w):
         nisa.tensor_copy(dst=y_b, src=ysum, engine=nisa.engine.vector)
     else:
         nisa.tensor_copy(dst=y_b, src=ysum, engine=nisa.engine.gpsimd)
@@ -988,9 +988,15 @@ def _st_state(cst, ctx, blk, w, r):
 
 
 def _pe_state(cst, w):
-    """Whether item ``w``'s block updates the state on TensorE / ScalarE (two of
-    every three blocks: VectorE / ScalarE balance)."""
-    return cst["pe_state"] and (w["i"] % cst["nb"]) % _PE_STATE_CYCLE != _PE_STATE_CYCLE - 1
+    """Whether item ``w``'s block updates the state on TensorE / ScalarE (one block
+    in _PE_STATE_CYCLE: TensorE / VectorE / ScalarE balance)."""
+    return cst["pe_state"] and (w["i"] % cst["nb"]) % _PE_STATE_CYCLE == 0
+
+
+def _pe_add(cst, w):
+    """Whether item ``w``'s block adds y_off to y_intra on TensorE (every block when
+    ``pe_add``: measured better than leaving some on VectorE)."""
+    return cst["pe_add"]
 
 
 _STAGES = (_st_w, _st_seg, _st_exp, _st_mt, _st_out_mm, _st_scalar, _st_yadd, _st_yout,
