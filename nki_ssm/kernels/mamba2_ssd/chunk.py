@@ -103,8 +103,8 @@ ln dt' ([Q, H]). TensorE (fp32, 0/1 stationaries flagged onezero):
 cs = U^T dtA (inclusive cumsum), ex = Ls^T dtA (sum over the chunk's later
 tokens), tot = 1^T dtA (chunk total, broadcast on the N partitions); ScalarE
 exp of each. Per group: C^T and B^T (TensorE transposes, fp32), CB^T
-[Q, Q] (fp32, contract N, accumulate N tiles), causal mask on GpSimd
-(affine_select). The loads of a context are issued as soon as its previous
+[Q, Q] (fp32, contract N, accumulate N tiles), causal mask (VectorE
+product with the 0/1 matrix U, from PSUM). The loads of a context are issued as soon as its previous
 chunk's last block has read it, the compute ~10 pipeline steps later (DMA
 queues and engines are in order: an engine reaching the compute earlier
 would wait for the loads).
@@ -201,6 +201,7 @@ from nki_ssm.kernels.mamba2_ssd._common import dt_prime, load_f32
 
 _PSUM_F = 512      # fp32 elements of one PSUM bank per partition
 _PMAX = 128
+_CB_AHEAD = 2         # steps between a context's prologue compute and its CB (modulo loop)
 _PE_STATE_CYCLE = 2   # one block in this many updates the state on TensorE (pe_state)
 _W_ON_VECTOR = 0   # block head whose W build runs on VectorE (engine balance)
 _SBUF_BUDGET = 200 * 1024   # bytes per partition the tile estimate may plan for (of 208 KiB)
@@ -280,7 +281,6 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     cst["pps"] = nl.ndarray((_PMAX, _PSUM_F), dtype=nl.float32, buffer=nl.psum)
     cst["CTf"] = nl.ndarray((_PMAX, Q), dtype=nl.float32, buffer=nl.sbuf)
     cst["BT"] = nl.ndarray((_PMAX, Q), dtype=nl.float32, buffer=nl.sbuf)
-    cst["cb"] = nl.ndarray((Q, Q), dtype=nl.float32, buffer=nl.sbuf)
 
     # running state S^T, fp32, one tile per 128 of N (persistent)
     ST = []
@@ -335,8 +335,9 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     r_noinit = nisa.register_alloc()
     nt_rows = pool.shape[1] // N            # state rows per pool row
     pr = HP // nt_rows
-    jb = max(1, min(nt_rows, _NAT_BYTES // (N * _itemsize(pool.dtype))))
-    nat = nl.ndarray((pr, jb * N), dtype=pool.dtype, buffer=nl.sbuf)
+    # two halves of _NAT_BYTES: a state piece is jb pool-row blocks per partition
+    jb = max(1, min(nt_rows, (_NAT_BYTES // 2) // (N * _itemsize(pool.dtype))))
+    nat = nl.ndarray((pr, 2 * jb * N), dtype=pool.dtype, buffer=nl.sbuf)
     if pool.dtype != nl.float32:
         cst["ident_pool"] = nl.ndarray((_PMAX, _PMAX), dtype=pool.dtype, buffer=nl.sbuf)
         nisa.affine_select(dst=cst["ident_pool"], pattern=[[-1, _PMAX]], channel_multiplier=1,
@@ -446,49 +447,63 @@ def _pps(cst):
 
 def _state_in(pool, tab, nat, cst, pr, nt, jb):
     """The slot's state (pool rows in column 0 of ``tab``) -> S^T tiles: gathered in
-    pieces of jb state rows per partition (one pool-row segment per partition),
-    each transposed on TensorE. Piece column j holds state rows ``q*nt + j``:
-    its transpose lands in the strided S^T columns ``j, j+nt, ...``."""
+    pieces of jb state rows per partition (one pool-row segment per partition;
+    the two halves of ``nat`` alternate, so a piece's gather overlaps the
+    previous piece's transposes), each transposed on TensorE into one of four
+    rotating column regions of the PSUM scratch (so TensorE runs ahead of the
+    copies). Piece column j holds state rows ``q*nt + j``: its transpose lands
+    in the strided S^T columns ``j, j+nt, ...``."""
     N, n_tiles, ST, HP = cst["N"], cst["n_tiles"], cst["ST"], cst["H"] * cst["P"]
+    n_reg = _PSUM_F // _PMAX
+    n = 0
     for j0 in range(0, nt, jb):
         nj = min(jb, nt - j0)
+        half = nat[:, ((j0 // jb) % 2) * jb * N:((j0 // jb) % 2 + 1) * jb * N]
         src = pool.ap(pattern=[[nt * N, pr], [1, nj * N]], offset=j0 * N,
                       vector_offset=tab[0:pr, 0:1], indirect_dim=0)
-        nisa.dma_copy(dst=nat[:, 0:nj * N], src=src)
+        nisa.dma_copy(dst=half[:, 0:nj * N], src=src)
         for jj in range(nj):
             j = j0 + jj
             for t in range(n_tiles):
                 n0 = t * _PMAX
                 ntile = min(_PMAX, N - n0)
-                ps = _pps(cst)[0:ntile, 0:pr]
+                reg = (n % n_reg) * _PMAX
+                n += 1
+                ps = _pps(cst)[0:ntile, reg:reg + pr]
                 if nat.dtype == nl.float32:
-                    nisa.nc_transpose(dst=ps, data=nat[:, jj * N + n0:jj * N + n0 + ntile])
+                    nisa.nc_transpose(dst=ps, data=half[:, jj * N + n0:jj * N + n0 + ntile])
                 else:
                     # a bf16 transpose would need a bf16 PSUM bank: transpose by an
                     # exact identity matmul into the fp32 scratch instead
-                    nisa.nc_matmul(dst=ps, stationary=nat[:, jj * N + n0:jj * N + n0 + ntile],
+                    nisa.nc_matmul(dst=ps, stationary=half[:, jj * N + n0:jj * N + n0 + ntile],
                                    moving=cst["ident_pool"][0:pr, 0:pr], accumulate=False)
                 nisa.tensor_copy(dst=ST[t][:, j:HP:nt], src=ps,
-                                 engine=nisa.engine.scalar if j % 2 else nisa.engine.vector)
+                                 engine=nisa.engine.scalar if n % 2 else nisa.engine.vector)
 
 
 def _state_out(pool, tab, nat, cst, pr, nt, jb):
-    """S^T back to the gather layout (TensorE transposes, in pieces) and scattered."""
+    """S^T back to the gather layout (TensorE transposes into rotating PSUM
+    regions, in pieces alternating the halves of ``nat``) and scattered."""
     N, n_tiles, ST, HP = cst["N"], cst["n_tiles"], cst["ST"], cst["H"] * cst["P"]
+    n_reg = _PSUM_F // N
+    n = 0
     for j0 in range(0, nt, jb):
         nj = min(jb, nt - j0)
+        half = nat[:, ((j0 // jb) % 2) * jb * N:((j0 // jb) % 2 + 1) * jb * N]
         for jj in range(nj):
             j = j0 + jj
-            ps = _pps(cst)[0:pr, 0:N]
+            reg = (n % n_reg) * N
+            n += 1
+            ps = _pps(cst)[0:pr, reg:reg + N]
             for t in range(n_tiles):
                 n0 = t * _PMAX
                 ntile = min(_PMAX, N - n0)
                 nisa.nc_transpose(dst=ps[:, n0:n0 + ntile], data=ST[t][:, j:HP:nt])
-            nisa.tensor_copy(dst=nat[:, jj * N:(jj + 1) * N], src=ps,
-                             engine=nisa.engine.scalar if j % 2 else nisa.engine.vector)
+            nisa.tensor_copy(dst=half[:, jj * N:(jj + 1) * N], src=ps,
+                             engine=nisa.engine.scalar if n % 2 else nisa.engine.vector)
         dst = pool.ap(pattern=[[nt * N, pr], [1, nj * N]], offset=j0 * N,
                       vector_offset=tab[0:pr, 0:1], indirect_dim=0)
-        nisa.dma_copy(dst=dst, src=nat[:, 0:nj * N])
+        nisa.dma_copy(dst=dst, src=half[:, 0:nj * N])
 
 
 def _ctx_tiles(cst, G, n_tiles):
@@ -611,10 +626,16 @@ def _prologue_loads(cst, c, chunk_table, crow):
         _load_rows(c["z"], cst["z"], t0, HP)
 
 
-def _prologue_compute(cst, c):
+def _prologue_compute(cst, c, part=0):
     """dt' (masked: 0 past the sequence end), decay sums, C^T and the masked CB per
-    group, from the context's loaded tiles."""
+    group, from the context's loaded tiles. ``part`` 0: all; 1: all but the CB
+    matmul, its copy and mask (one group and dstate tile only: their inputs then
+    wait in SBUF temporaries), 2: those (issued a few steps later, so the in-order
+    TensorE does not stall on the transposes' copies)."""
     Q, H, N, G, md, n_tiles = cst["Q"], cst["H"], cst["N"], cst["G"], cst["md"], cst["n_tiles"]
+    if part == 2:
+        _cb_masked(cst, c, 0, 0)
+        return
     nisa.tensor_copy(dst=c["mask"], src=c["rows"][:, 1:2], engine=nisa.engine.gpsimd)
     # the y store's rows: the next chunk's rows may land in c["rows"] before it
     nisa.tensor_copy(dst=c["yrows"], src=c["rows"][:, 0:1], engine=nisa.engine.gpsimd)
@@ -631,13 +652,19 @@ def _prologue_compute(cst, c):
     nisa.activation(dst=lndt, op=nl.log, data=lndt)
 
     # ---- decay sums for all heads (fp32 matmuls with 0/1 operators), then exp
-    _exp_of_matmul(cst, c["ecs"], cst["U"], dtA, Q, H)     # exp(cs_i), inclusive cumsum
-    _exp_of_matmul(cst, c["wd"], cst["Ls"], dtA, Q, H)     # exp(sum_{k>j} dtA_k)
+    # each sum in its own PSUM columns while they fit the bank (TensorE then
+    # does not wait for the previous sum's exp)
+    step = 0
+    if (2 + n_tiles) * H <= _PSUM_F:
+        step = H
+    _exp_of_matmul(cst, c["ecs"], cst["U"], dtA, Q, H, 0)          # exp(cs_i), inclusive cumsum
+    _exp_of_matmul(cst, c["wd"], cst["Ls"], dtA, Q, H, step)       # exp(sum_{k>j} dtA_k)
     nisa.tensor_tensor(dst=c["wd"], data1=c["wd"], data2=dtp, op=nl.multiply)   # * dt'_j
     for t in range(n_tiles):
         ntile = min(_PMAX, N - t * _PMAX)
         # chunk total decay, the same value on each of the ntile state partitions
-        _exp_of_matmul(cst, c["elast"][t], cst["ones"][0:Q, 0:ntile], dtA, ntile, H)
+        _exp_of_matmul(cst, c["elast"][t], cst["ones"][0:Q, 0:ntile], dtA, ntile, H,
+                       (2 + t) * step)
 
     # ---- per group: C^T tiles and the causally masked CB^T (fp32)
     for g in range(G):
@@ -658,18 +685,33 @@ def _prologue_compute(cst, c):
             nisa.nc_transpose(dst=bt_ps, data=c["B_mm"][:, n0:n0 + ntile])
             BT = cst["BT"][0:ntile, :]
             nisa.tensor_copy(dst=BT, src=bt_ps, engine=nisa.engine.scalar)
-            # cb[j, i] = sum_n B[j, n] C[i, n]
-            nisa.nc_matmul(dst=cb_ps, stationary=BT, moving=CTf, accumulate=(t > 0))
-        nisa.tensor_copy(dst=cst["cb"], src=cb_ps)
-        # keep i >= j (j = partition): the causal mask of the decay matrix too
-        nisa.affine_select(dst=c["cbms"][g], pattern=[[1, Q]], channel_multiplier=-1,
-                           on_true_tile=cst["cb"], on_false_value=0.0,
-                           cmp_op=nl.greater_equal, offset=0)
+            cst["CTf_of"] = CTf
+            if part == 0:
+                # cb[j, i] = sum_n B[j, n] C[i, n]
+                nisa.nc_matmul(dst=cb_ps, stationary=BT, moving=CTf, accumulate=(t > 0))
+        if part == 0:
+            _cb_masked(cst, c, g, -1)
 
 
-def _exp_of_matmul(cst, out, stationary, moving, rows, cols):
-    """out [rows, cols] = exp(stationary^T @ moving) (fp32 matmul, 0/1 stationary)."""
-    ps = _pps(cst)[0:rows, 0:cols]
+def _cb_masked(cst, c, g, t):
+    """CB^T of group g (t >= 0: its one dstate tile's matmul first) -> cbm (the
+    causal mask by select: also the decay matrix's)."""
+    Q = cst["Q"]
+    cb_ps = _pps(cst)[0:Q, 2 * Q:3 * Q]
+    if t >= 0:
+        nisa.nc_matmul(dst=cb_ps, stationary=cst["BT"][0:cst["N"], :], moving=cst["CTf_of"],
+                       accumulate=False)
+    # keep i >= j (j = partition): the causal mask of the decay matrix too; a
+    # VectorE product with the 0/1 matrix U straight from PSUM (CB is finite:
+    # every loaded row is), not a GpSimd select, whose queue holds the W builds
+    # TensorE waits for
+    nisa.tensor_tensor(dst=c["cbms"][g], data1=cb_ps, data2=cst["U"][0:Q, 0:Q], op=nl.multiply)
+
+
+def _exp_of_matmul(cst, out, stationary, moving, rows, cols, col0):
+    """out [rows, cols] = exp(stationary^T @ moving) (fp32 matmul, 0/1 stationary;
+    PSUM scratch columns from col0)."""
+    ps = _pps(cst)[0:rows, col0:col0 + cols]
     nisa.nc_matmul(dst=ps, stationary=stationary, moving=moving, accumulate=False,
                    is_stationary_onezero=True)
     nisa.activation(dst=out, op=nl.exp, data=ps)
@@ -704,6 +746,17 @@ def _pairs_modulo(cst, ctxs, blocks, rings, chunk_table, crow, r_pairs):
     """
     nb = len(blocks)
     ns = len(_STAGES)
+    split = 0
+    if cst["G"] == 1 and cst["n_tiles"] == 1:
+        split = 1
+    # steps of the prologue computes (a: dt', sums, transposes; b: CB and its mask):
+    # context 1 before its first item's stage 0 at nb - ns + 1, the next context 0
+    # before 2nb - ns + 1 and after its loads at nb; the CB mask (GpSimd) a step
+    # ahead of the W builds queued behind it there
+    a1 = max(1, nb - ns - 1 - _CB_AHEAD)
+    b1 = max(a1, nb - ns - 1)
+    a0 = max(nb + 1, 2 * nb - ns - 1 - _CB_AHEAD)
+    b0 = max(a0, 2 * nb - ns - 1)
     _prologue(cst, ctxs[0], chunk_table, crow)
     for g in range(ns - 1):
         for k in range(ns):
@@ -713,13 +766,17 @@ def _pairs_modulo(cst, ctxs, blocks, rings, chunk_table, crow, r_pairs):
         for b in range(2 * nb):
             if b == 0:
                 _prologue_loads(cst, ctxs[1], chunk_table, crow)
-            if b == nb - ns:
-                _prologue_compute(cst, ctxs[1])
+            if b == a1:
+                _prologue_compute(cst, ctxs[1], split)
+            if split == 1 and b == b1:
+                _prologue_compute(cst, ctxs[1], 2)
             if b == nb:
                 _store_y(cst, ctxs[0])
                 _prologue_loads(cst, ctxs[0], chunk_table, crow)
-            if b == 2 * nb - ns:
-                _prologue_compute(cst, ctxs[0])
+            if b == a0:
+                _prologue_compute(cst, ctxs[0], split)
+            if split == 1 and b == b0:
+                _prologue_compute(cst, ctxs[0], 2)
             for k in range(ns):
                 _run_stage(cst, ctxs, blocks, rings, k, ns - 1 + b - k)
         _store_y(cst, ctxs[1])
