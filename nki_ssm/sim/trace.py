@@ -124,6 +124,10 @@ class Trace:
 
     def append(self, inst: Instruction) -> None:
         inst.index = len(self.instructions)
+        if _lowering:
+            # the convenience op (nki.language) that emitted it: the cost model prices the
+            # compiler's lowering of that op, not every instruction the simulator uses
+            inst.attrs = dict(inst.attrs or {}, lowering=_lowering[-1])
         self.instructions.append(inst)
 
     # -- runtime loops (called by nki_ssm.sim.control)
@@ -153,9 +157,10 @@ class Trace:
             if not path:
                 top += 1
             else:
-                # the whole path: an inner loop's iteration i under different outer
-                # iterations is a different dynamic iteration of the same static body
-                per_iter[path] = per_iter.get(path, 0) + 1
+                # the whole path: a nested loop's iteration i is a different body run in
+                # every iteration of the loops around it
+                key = path
+                per_iter[key] = per_iter.get(key, 0) + 1
         body: dict = {}
         for path, n in per_iter.items():
             loop_id = path[-1][0]
@@ -174,6 +179,17 @@ class Trace:
 
 
 _active: list[Trace] = []
+_lowering: list[str] = []
+
+
+@contextlib.contextmanager
+def lowering(op: str) -> Iterator[None]:
+    """Tag every instruction recorded inside the block with ``attrs["lowering"] = op``."""
+    _lowering.append(op)
+    try:
+        yield
+    finally:
+        _lowering.pop()
 
 
 def current() -> Trace | None:
