@@ -165,12 +165,16 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, pad_table,
     sel = nl.ndarray((G, pr), dtype=group_sel.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=sel, src=group_sel)
     ident = _identity(pr)
-    cnt = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
+    cnt = nl.ndarray((1, 4), dtype=nl.int32, buffer=nl.sbuf)
     nisa.dma_copy(dst=cnt, src=counts)
-    r_stop = nisa.register_alloc()           # live-loop iterations + 1
+    r_stop = nisa.register_alloc()           # full iterations + 1
     nisa.register_load(dst=r_stop, src=cnt[0:1, 0:1])
     r_pads = nisa.register_alloc()
     nisa.register_load(dst=r_pads, src=cnt[0:1, 1:2])
+    r_any = nisa.register_alloc()            # 1 if any sequence is live
+    nisa.register_load(dst=r_any, src=cnt[0:1, 2:3])
+    r_tail = nisa.register_alloc()           # 1 if a last iteration has only entry 0
+    nisa.register_load(dst=r_tail, src=cnt[0:1, 3:4])
 
     span_max = 0
     for j in range(nu):
@@ -184,77 +188,49 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, pad_table,
         else:
             work.append(nats[b])
     # an iteration's table row is loaded one iteration ahead (row i by the loop
-    # register i), so a table DMA never holds up the gather that needs it: tab =
-    # this iteration's entries (columns 2e, 2e+1 of entry e), ntab = the next
-    # iteration's; token inputs of the next iteration's entry 0 are staged with
-    # its first gather and copied to the working set when it starts
+    # register i), so a table DMA never holds up the gather that needs it: tabs =
+    # this iteration's entries (columns 2e, 2e+1 of entry e of the row), ntab =
+    # the next iteration's; token inputs of the next iteration's entry 0 are
+    # staged with its first gather and copied to the working set when it starts.
+    # No runtime conditional inside the loop body (the compiler drains every
+    # engine at each loop entry): every entry of a full iteration exists, a last
+    # partial iteration (entry 0 only) runs in its own conditional body, and the
+    # prefetch after the last one reads a dummy row (a live sequence's rows:
+    # a harmless read, discarded)
     ntab = nl.ndarray((128, 2 * per), dtype=nl.int32, buffer=nl.sbuf)
     tabs = []
     ntabs = []
     toks = []
-    regs = []
     for e in range(per):
         # one tile per entry: copying entry 0 in must not wait for the previous
         # iteration's last scatter, which reads entry 1's pool rows
         tabs.append(nl.ndarray((128, 2), dtype=nl.int32, buffer=nl.sbuf))
         ntabs.append(ntab[:, 2 * e:2 * e + 2])
         toks.append(_tok_tiles(xdt_rows.shape[2], BC.dtype, pr, nt, T, G, N))
-        regs.append(nisa.register_alloc())
     staged = _tok_tiles(xdt_rows.shape[2], BC.dtype, pr, nt, T, G, N)
-    r_next = nisa.register_alloc()
     rings = _rings(pr, N)
+    args = (xdt_rows, BC, pool, y, sel, ident, prm, rings, T, pr, nt, N, G, parts, has_z,
+            has_bias, has_D, dt_softplus, dt_lo, dt_hi)
 
     # prefetch: the first iteration's table row, tokens and first unit
     nisa.dma_copy(dst=ntab, src=seq_table[0, :, :])
-    nisa.register_load(dst=r_next, src=ntab[1:2, 1:2])
-    for _ in nl.dynamic_range(r_next):
+    for _ in nl.dynamic_range(r_any):
         _tok_load(xdt_rows, BC, ntabs[0], staged, T, pr, G)
         _gather(pool, ntabs[0], nats[0], pr, nt, N, spans[0], parts)
 
     for it in nl.dynamic_range(1, r_stop):
-        # this iteration's rows in, then the next iteration's row loaded (by the
-        # induction register); entry 0 exists on every iteration: take over its
-        # staged tokens. Entry e > 0's copy waits for the previous iteration's
-        # last scatter (it reads those pool rows): GpSimd work needed before
-        # that is issued first
-        nisa.tensor_copy(dst=tabs[0], src=ntabs[0], engine=nisa.engine.gpsimd)
-        _tok_copy(staged, toks[0], T)
-        for e in range(1, per):
-            nisa.tensor_copy(dst=tabs[e], src=ntabs[e], engine=nisa.engine.gpsimd)
+        _take_over(tabs, ntabs, staged, toks, per, T)
         w = 2 * per
         nisa.dma_copy(dst=ntab, src=seq_table.ap(pattern=[[w, 128], [1, w]], offset=0,
                                                  scalar_offset=it, indirect_dim=0))
         _tok_prep_all(toks[0], prm, T, pr, nt, has_bias, dt_softplus, dt_lo, dt_hi)
-        for e in range(1, per):
-            nisa.register_load(dst=regs[e], src=tabs[e][1:2, 1:2])
-        for m in range(K):
-            e, j = m // nu, m % nu
-            # issue the gather of the unit after m (next entry of this body, or
-            # the first unit of the next body's entry 0) before updating m
-            m1 = m + 1
-            if m1 < K:
-                e1, j1 = m1 // nu, m1 % nu
-                if e1 == 0:
-                    _gather(pool, tabs[0], nats[m1 % 2], pr, nt, N, spans[j1], parts)
-                else:
-                    for _ in nl.dynamic_range(regs[e1]):
-                        if j1 == 0:
-                            _tok_load(xdt_rows, BC, tabs[e1], toks[e1], T, pr, G)
-                        _gather(pool, tabs[e1], nats[m1 % 2], pr, nt, N, spans[j1], parts)
-            else:
-                nisa.register_load(dst=r_next, src=ntabs[0][1:2, 1:2])
-                for _ in nl.dynamic_range(r_next):
-                    _tok_load(xdt_rows, BC, ntabs[0], staged, T, pr, G)
-                    _gather(pool, ntabs[0], nats[0], pr, nt, N, spans[0], parts)
-            if e == 0:
-                _unit(toks[0], tabs[0], y, sel, ident, pool, nats[m % 2], work[m % 2],
-                      spans[j], j == nu - 1, rings, T, pr, nt, N, parts, prm, has_z,
-                      has_bias, has_D, False, dt_softplus, dt_lo, dt_hi)
-            else:
-                for _ in nl.dynamic_range(regs[e]):
-                    _unit(toks[e], tabs[e], y, sel, ident, pool, nats[m % 2], work[m % 2],
-                          spans[j], j == nu - 1, rings, T, pr, nt, N, parts, prm, has_z,
-                          has_bias, has_D, j == 0, dt_softplus, dt_lo, dt_hi)
+        _units_of(args, tabs, ntabs, toks, staged, nats, work, spans, per, per)
+
+    # a last iteration with entry 0 only (odd number of live sequences, per = 2)
+    for _ in nl.dynamic_range(r_tail):
+        _take_over(tabs, ntabs, staged, toks, 1, T)
+        _tok_prep_all(toks[0], prm, T, pr, nt, has_bias, dt_softplus, dt_lo, dt_hi)
+        _units_of(args, tabs, ntabs, toks, staged, nats, work, spans, per, 1)
 
     # padding sequences: zero rows of y, no pool access (after the live work:
     # their small stores would otherwise queue ahead of the first gather)
@@ -268,6 +244,39 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, pad_table,
             nisa.dma_copy(dst=y.ap(pattern=[[nt, pr], [1, nt]], offset=tok * pr * nt,
                                    scalar_offset=pad, indirect_dim=0), src=zt)
     return y
+
+
+def _take_over(tabs, ntabs, staged, toks, n, T):
+    """This iteration's table entries (n of them) and entry 0's staged tokens in."""
+    nisa.tensor_copy(dst=tabs[0], src=ntabs[0], engine=nisa.engine.gpsimd)
+    _tok_copy(staged, toks[0], T)
+    for e in range(1, n):
+        nisa.tensor_copy(dst=tabs[e], src=ntabs[e], engine=nisa.engine.gpsimd)
+
+
+def _units_of(args, tabs, ntabs, toks, staged, nats, work, spans, per, n):
+    """The units of the first n entries of an iteration: unit m's update follows the
+    gather of unit m + 1 (the next entry's first unit, or with m the iteration's
+    last unit of a full iteration, the next iteration's entry 0); the units
+    alternate the two buffers (per * units per entry is even)."""
+    (xdt_rows, BC, pool, y, sel, ident, prm, rings, T, pr, nt, N, G, parts, has_z, has_bias,
+     has_D, dt_softplus, dt_lo, dt_hi) = args
+    nu = len(spans)
+    K = n * nu
+    for m in range(K):
+        e, j = m // nu, m % nu
+        m1 = m + 1
+        if m1 < K:
+            e1, j1 = m1 // nu, m1 % nu
+            if j1 == 0:
+                _tok_load(xdt_rows, BC, tabs[e1], toks[e1], T, pr, G)
+            _gather(pool, tabs[e1], nats[m1 % 2], pr, nt, N, spans[j1], parts)
+        elif n == per:
+            _tok_load(xdt_rows, BC, ntabs[0], staged, T, pr, G)
+            _gather(pool, ntabs[0], nats[0], pr, nt, N, spans[0], parts)
+        _unit(toks[e], tabs[e], y, sel, ident, pool, nats[m % 2], work[m % 2], spans[j],
+              j == nu - 1, rings, T, pr, nt, N, parts, prm, has_z, has_bias, has_D,
+              e > 0 and j == 0, dt_softplus, dt_lo, dt_hi)
 
 
 _PARTS = 4            # state DMAs per unit when the bucket holds one or two sequences

@@ -201,30 +201,38 @@ def decode_layout(H: int, P: int, G: int) -> tuple[int, int]:
 def decode_tables(state_indices, num_seqs: int, pr: int, per: int):
     """Run-time batch tables of ``ssd_decode_step`` (its module docstring):
     ``(seq_table [ceil(num_seqs / per) + 1, 128, 2*per], pad_table [num_seqs, 1],
-    counts [1, 2])`` int32.
+    counts [1, 4])`` int32.
 
     ``num_seqs`` is the bucket (>= len(state_indices)); ``per`` the kernel's
     sequences per loop iteration: live sequence i is entry ``i % per`` of row
-    ``i // per``. Built with vectorised array ops only, each a torch op on
-    device: ``nonzero`` of ``state_indices >= 0`` / ``< 0`` (live and padding
-    order), an ``arange`` broadcast add (pool rows ``slot*pr + q``), indexed
-    writes into zero tables (``index_put``), and two counts
-    (``ceil(n_live / per) + 1`` by integer ops).
+    ``i // per``; entries past the last live sequence repeat live sequence 0
+    (the kernel's last prefetch reads them and discards the data; it never
+    writes them). counts: full iterations + 1, padding sequences, any live
+    (0/1), a last partial iteration (0/1). Built with vectorised array ops
+    only, each a torch op on device: ``nonzero`` of ``state_indices >= 0`` /
+    ``< 0`` (live and padding order), an ``arange`` broadcast add (pool rows
+    ``slot*pr + q``), a ``where`` (dummy entries), indexed writes into zero
+    tables (``index_put``) and integer counts.
     """
     idx = np.asarray(state_indices, dtype=np.int64)
     live = np.flatnonzero(idx >= 0)
     pad = np.flatnonzero(idx < 0)
     rows = (num_seqs + per - 1) // per + 1
     entries = np.zeros((rows * per, _PMAX, 2), dtype=np.int32)
-    entries[:live.size, :pr, 0] = idx[live][:, None] * pr + np.arange(pr)[None, :]
-    entries[:live.size, 0, 1] = live
-    entries[:live.size, 1, 1] = 1
+    if live.size:
+        order = np.where(np.arange(rows * per) < live.size,
+                         np.arange(rows * per), 0)           # dummies: live sequence 0
+        seqs = live[np.minimum(order, live.size - 1)]
+        entries[:, :pr, 0] = idx[seqs][:, None] * pr + np.arange(pr)[None, :]
+        entries[:, 0, 1] = seqs
+        entries[:live.size, 1, 1] = 1
     # [rows*per, 128, 2] -> [rows, 128, per*2]: entry e of a row at columns 2e, 2e+1
     seq_table = np.ascontiguousarray(
         entries.reshape(rows, per, _PMAX, 2).transpose(0, 2, 1, 3).reshape(rows, _PMAX, 2 * per))
     pad_table = np.zeros((num_seqs, 1), dtype=np.int32)
     pad_table[:pad.size, 0] = pad
-    counts = np.array([[(live.size + per - 1) // per + 1, pad.size]], dtype=np.int32)
+    counts = np.array([[live.size // per + 1, pad.size, int(live.size > 0),
+                        int(live.size % per != 0)]], dtype=np.int32)
     return seq_table, pad_table, counts
 
 
