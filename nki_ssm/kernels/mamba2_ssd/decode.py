@@ -60,6 +60,14 @@ five-stage pipeline per row block t:
     ScalarE  y   = sum_n prod                   (activation copy, add-reduce)
     ScalarE  pool tile = S                      (bf16 pool, last token only)
 
+The TensorE path (blocks with ``t % _PE_CYCLE != 0``) moves half of one
+VectorE pass to ScalarE and TensorE; it paid off under the earlier cost
+model (VectorE-bound). With per-instruction costs and semaphores modeled
+ScalarE binds, so every block takes the VectorE path (``_PE_CYCLE = 1``;
+2.7B, 32 sequences 882 -> 761 us, 1 sequence 32.6 -> 28.8 us modeled); the
+switch stays for other cost figures. The TensorE path takes fp32 products
+and PSUM accumulation as exact (0/1 stationary: 1.0 * tmp + 1.0 * inp).
+
 No float ``tensor_tensor`` runs on GpSimd (issue 14: the ISA routes float
 binary ops to VectorE); GpSimd generates the descriptors of the indirect
 (vector_offset, software-DGE) pool gathers and scatters and does the
@@ -281,7 +289,7 @@ def _units_of(args, tabs, ntabs, toks, staged, nats, work, spans, per, n):
 
 _PARTS = 4            # state DMAs per unit when the bucket holds one or two sequences
 _SCATTER_LAG = 4      # blocks between a part's last update and its scatter (parts > 1)
-_PE_CYCLE = 2       # blocks t % _PE_CYCLE != 0 take the TensorE input path
+_PE_CYCLE = 1       # blocks t % _PE_CYCLE != 0 take the TensorE input path (1: none; module doc)
 _UNIT_BYTES = 48 * 1024   # SBUF bytes per partition of one state unit (fp32 state + pool copy)
 _RING = 3           # buffers per pipeline-stage temporary (write-to-last-read distance + 1)
 
