@@ -170,27 +170,29 @@ and the chunk-state matmul stay fp32.
 
 Engine budget and what binds
 ----------------------------
-Modeled (trn2, nki_ssm.perf, no per-iteration loop cost yet; Mamba-2 2.7B,
-bf16 I/O, float32 pool, one 16K-token sequence; ``python -m simulate --set
-judged --op ssd_prefill``):
+Modeled (trn2, nki_ssm.perf with per-instruction costs, semaphores, ACT
+table loads and the runtime-loop iteration cost, which drains every engine
+at each loop entry; Mamba-2 2.7B, bf16 I/O, float32 pool, one 16K-token
+sequence; ``python -m simulate --set judged --op ssd_prefill``): 7.38 ms =
+2.22 M tokens/s, ScalarE-bound (97 %; TensorE 90 %, GpSimd 63 %, VectorE
+54 %, DMA 24 %; 66 loop iterations, 16.5 us of sync). The static
+per-batch kernel it replaces, same model: 7.61 ms (ScalarE 98 %; one
+program per batch composition, 111.5K instructions at 16K tokens).
 
-- default (_ALT_ENGINE = VectorE, no float tensor_tensor on GpSimd): 5.06 ms
-  = 3.24 M tokens/s, TensorE-bound (99 % busy; GpSimd 89 %, VectorE 84 %,
-  ScalarE 77 %, DMA 35 %). Without GpSimd's float products the elementwise
-  work (per chunk and head: the W, exp and Mt passes over the Q x Q decay
-  matrix; per block: y, silu(z), Xd, state) lands on VectorE and ScalarE;
-  it is rebalanced by moving W to GpSimd (one affine_select per block),
-  y_off + y_intra and every second block's state update to TensorE identity
-  matmuls (fp32, 0/1 stationary: exact), which makes TensorE the bound
-  (first try, everything on VectorE: 7.14 ms, VectorE-bound);
-- _ALT_ENGINE = GpSimd (the static kernel's balance): 4.86 ms, ScalarE-bound;
-- the static per-batch kernel this replaces: 4.67 ms (ScalarE-bound, one
-  program per batch composition: 111.5K instructions at 16K tokens), so
-  +8 % (default) / +4 % (GpSimd balance). At 2K tokens: 691 us / 632 us.
+Without GpSimd's float products (_ALT_ENGINE = VectorE) the elementwise
+work (per chunk and head: the W, exp and Mt passes over the Q x Q decay
+matrix; per block: y, silu(z), Xd, state) lands on VectorE and ScalarE; it
+is rebalanced by moving W to GpSimd (one affine_select per block), y_off +
+y_intra and every second block's state update to TensorE identity matmuls
+(fp32, 0/1 stationary: exact). Under the earlier cost model (no
+per-instruction costs) this made TensorE the bound: 5.06 ms against the
+static kernel's 4.67 ms (4.86 ms with _ALT_ENGINE = GpSimd; 7.14 ms with
+everything on VectorE).
 
 Program size (static instructions, ``Trace.program_instructions()``):
-2.7B 2,117 at 2K and at 16K tokens; Granite-like 3,356 (2K and 16K);
-Falcon-H1-like 3,646 (one context). Closer to the roof needs fewer elementwise passes
+2.7B 2,070 at 2K and at 16K tokens (2,117 in the simulator's count before
+the loop-body liveness change); Granite-like 3,356; Falcon-H1-like 3,646
+(one context). Closer to the roof needs fewer elementwise passes
 (trn3's VectorE exponential, bf16 perf modes where the precision budget
 allows), not faster matmuls.
 

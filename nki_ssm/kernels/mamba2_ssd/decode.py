@@ -103,17 +103,14 @@ the largest divisor of H*P <= 128 keeping partitions inside one group); T
 tokens per sequence (a shape: unrolled, program size grows with T); any
 number of sequences (run time); slots*pr < 2^31 (int32 pool rows).
 
-Modeled (trn2, nki_ssm.perf, no per-iteration loop cost yet; ``python -m
-simulate --set judged --op ssd_decode``; Mamba-2 2.7B, float32 state, bf16
-I/O; share of the 368 GB/s core DMA bandwidth): 1 sequence 26.3 us
-(54.4 %), 32 sequences 594.3 us (77.0 %), 512 sequences 9.26 ms (79.1 %),
-DMA-bound beyond a few sequences (the two unit buffers serialise each
-gather behind the previous scatter of its buffer) and VectorE-bound for
-one. The static per-batch kernel it replaces: 24.3 us, 563.6 us, 8.74 ms
-(+8 %, +5 %, +6 %): it kept three units in flight and let GpSimd take
-every second C product for one or two sequences. Program size: 487 static
-instructions at 32 and at 512 sequences (2.7B; Granite-like 751,
-Falcon-H1-like 385).
+Modeled (trn2, nki_ssm.perf with per-instruction costs, semaphores and the
+runtime-loop iteration cost; ``python -m simulate --set judged --op
+ssd_decode``; Mamba-2 2.7B, float32 state, bf16 I/O; share of the 368 GB/s
+core DMA bandwidth): 1 sequence 28.2 us (50.7 %), 32 sequences 716 us
+(63.9 %), 512 sequences 11.2 ms (65.2 %), VectorE / ScalarE / DMA each
+~80 % busy. The static per-batch kernel it replaces, same cost model:
+29.1 us, 823 us, 12.9 ms (ScalarE-bound). Program size: 363 static
+instructions at 32 and at 512 sequences (2.7B).
 
 Numerics: all float32 (no matmul precision choice: the only matmul is the
 exact 0/1 broadcast). A bfloat16 pool is widened by the first token's
