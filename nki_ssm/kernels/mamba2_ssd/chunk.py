@@ -190,9 +190,9 @@ static kernel's 4.67 ms (4.86 ms with _ALT_ENGINE = GpSimd; 7.14 ms with
 everything on VectorE).
 
 Program size (static instructions, ``Trace.program_instructions()``):
-2.7B 2,070 at 2K and at 16K tokens (2,117 in the simulator's count before
-the loop-body liveness change); Granite-like 3,356; Falcon-H1-like 3,646
-(one context). Closer to the roof needs fewer elementwise passes
+2.7B 2,070 at 16K tokens in simulate's report, equal at 2K and 16K
+(2,117 and 2,117 counted from a ``sim.trace.record`` around the host op);
+Granite-like 3,356 at 2K and 16K; Falcon-H1-like 3,646 (one context). Closer to the roof needs fewer elementwise passes
 (trn3's VectorE exponential, bf16 perf modes where the precision budget
 allows), not faster matmuls.
 
