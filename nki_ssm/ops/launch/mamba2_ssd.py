@@ -128,6 +128,17 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens: int
     return seq_table, chunk_table, zero_table.reshape(zero_blocks, Q, 1), counts
 
 
+_MAX_KERNEL_P = 256   # the prefill kernel packs y_intra | y_off ([Q, 2P] fp32) in one PSUM bank
+
+
+def _head_split(P: int) -> int:
+    """Smallest k with P % k == 0 and P / k <= _MAX_KERNEL_P."""
+    k = 2
+    while P % k or P // k > _MAX_KERNEL_P:
+        k += 1
+    return k
+
+
 def prefill(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, cu_seqlens, ssm_states,
             state_indices, has_initial_state, chunk_size, precision, backend):
     """Launch ``ssd_chunk_prefill``; returns y ``[num_tokens, H, P]`` in x's dtype.
@@ -139,6 +150,28 @@ def prefill(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, cu_seqlens,
     from nki_ssm.kernels.mamba2_ssd.chunk import ssd_chunk_prefill
 
     T, H, P = x.shape
+    if P > _MAX_KERNEL_P:
+        # the recurrence is independent along P: a head of P channels is k heads
+        # of P / k channels sharing its dt, A, D (per head), dt_bias (contiguous
+        # reshapes of x, z, D [H, P] and the pool; repeats of the per-head arrays)
+        k = _head_split(P)
+        Hk, Pk = H * k, P // k
+        pool = ssm_states.reshape(ssm_states.shape[0], Hk, Pk, ssm_states.shape[-1])
+
+        def per_head(a):
+            return None if a is None else np.repeat(np.asarray(a), k, axis=-1)
+
+        Dk = None if D is None else (per_head(D) if np.shape(D) == (H,)
+                                     else np.asarray(D).reshape(Hk, Pk))
+        y = prefill(x=x.reshape(T, Hk, Pk), dt=per_head(dt), A=per_head(A), B=B, C=C, D=Dk,
+                    z=None if z is None else z.reshape(T, Hk, Pk), dt_bias=per_head(dt_bias),
+                    dt_softplus=dt_softplus, dt_limit=dt_limit, cu_seqlens=cu_seqlens,
+                    ssm_states=pool, state_indices=state_indices,
+                    has_initial_state=has_initial_state, chunk_size=chunk_size,
+                    precision=precision, backend=backend)
+        if not np.shares_memory(pool, ssm_states):
+            ssm_states[...] = pool.reshape(ssm_states.shape)
+        return y.reshape(T, H, P)
     G, N = B.shape[1:]
     S = len(state_indices)
     slots = ssm_states.shape[0]
