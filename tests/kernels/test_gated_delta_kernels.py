@@ -369,3 +369,27 @@ def test_head_dim_over_128_is_rejected_and_pool_untouched(op):
     with pytest.raises(ValueError, match=r"K \(q.shape\[-1\]\) must be <= 128.*got 160"):
         call(**inp, backend="sim")
     assert inp["ssm_states"].tobytes() == before.tobytes()
+
+
+def _strong_then_weak(g, cu, chunk, strong=-20.0, weak=-1e-3):
+    """Gate pattern of issue 9: inside every chunk (chunks start at each sequence's first
+    token) the first half decays strongly, the rest barely; c_i - c_j of two running
+    sums over the weak half is a small difference of two large numbers."""
+    g = np.array(g, dtype=np.float32, copy=True)
+    for n in range(len(cu) - 1):
+        for t0 in range(int(cu[n]), int(cu[n + 1]), chunk):
+            t1 = min(t0 + chunk, int(cu[n + 1]))
+            half = t0 + chunk // 2
+            g[t0:min(half, t1)] = strong
+            g[min(half, t1):t1] = weak
+    return g
+
+
+@pytest.mark.parametrize("chunk", [16, 32, 64, 128])
+def test_prefill_strong_then_weak_decay_inside_one_chunk(chunk):
+    """float32 I/O stays within 1e-5 when a chunk decays strongly then weakly (issue 9:
+    pairwise decays from direct segment sums, never a difference of running sums)."""
+    inp = make_gated_delta_inputs(np.random.default_rng(40 + chunk), seqlens=[2 * chunk + 5, chunk],
+                                  H=1, HV=2, K=16, V=16, has_initial_state=True)
+    inp["g"] = _strong_then_weak(inp["g"], inp["cu_seqlens"], chunk)
+    _prefill_check(inp, F32_TOL, chunk)

@@ -4,7 +4,7 @@ Per sequence, per chunk of ``L <= chunk`` tokens (chunks start at the
 sequence's first token; the last one may be short), per value head ``hv``
 (q/k head ``h = hv // (HV // H)``), with ``c = cumsum(g)`` inside the chunk:
 
-    D[i, j]  = exp(min(c_i - c_j, 0)) for i >= j, else 0     (never exp(c_i) exp(-c_j))
+    D[i, j]  = exp(sum_{j < m <= i} g_m) for i >= j, else 0  (a direct segment sum)
     A        = strictly-lower(beta_i (k_i . k_j) D[i, j])
     [W | U]  = (I + A)^{-1} [beta e^c k | beta v]           (exact 32-row blocks)
     v_new    = U - W S
@@ -15,10 +15,10 @@ Engine plan: tokens on partitions for the chunk tiles (one DMA each for q, k,
 v, gates per chunk); every product is a TensorE matmul with float32 operands
 (``dst = stationary^T @ moving``, so transposes of k, q, A and W are made on
 TensorE); the cumsum is a matmul with an upper-triangular 0/1 operator; the
-pairwise decays come from ``c_j`` broadcast along the free dim (a matmul of
-``tri_up * g`` with a ones stationary) minus ``c_i`` as a per-partition scalar,
-``min(., 0)``, ``exp`` and a GpSimd select (masked entries never reach a
-product). The triangular system is solved by forward substitution over
+pairwise decays come from direct segment sums (one fp32 matmul of a 0/1
+triangular stationary with ``g`` masked by the other triangle, so no
+difference of two running sums ever cancels), ``exp`` and a GpSimd select
+(masked entries never reach a product). The triangular system is solved by forward substitution over
 32-row blocks, each diagonal block inverted exactly by nilpotent doubling
 (``(I - N)^{-1} = (I + N)(I + N^2)...``, 4 rounds for 32 rows), never a
 Neumann series over the whole chunk; the diagonal blocks of 4 heads are
@@ -138,6 +138,10 @@ def _constants(C, K):
     # tri_up[p, f] = 1 if f >= p (cumsum operator: c_j = sum_{m <= j} g_m)
     cst["tri_up"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.affine_select(dst=cst["tri_up"], pattern=[[1, C]], channel_multiplier=-1,
+                       on_true_tile=ones[0:C, 0:C], on_false_value=0.0, cmp_op=nl.greater_equal)
+    # tri_lo[p, f] = 1 if p > f (segment sums over m > j)
+    cst["tri_lo"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.affine_select(dst=cst["tri_lo"], pattern=[[-1, C]], channel_multiplier=1, offset=-1,
                        on_true_tile=ones[0:C, 0:C], on_false_value=0.0, cmp_op=nl.greater_equal)
     cst["ident"] = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
     nisa.affine_select(dst=cst["ident"], pattern=[[-1, 128]], channel_multiplier=1,
@@ -309,24 +313,23 @@ def _head_pre(cst, qk, vc, g, beta, c_col, ec, hv, L, K, V):
     right-hand side [beta e^c k | beta v] (see the module docstring for the math)."""
     kh = qk["kh"]
     kkT = qk["kkT"]
-    c_i = c_col[:, hv:hv + 1]
-    # c_j along the free dim, on L and on K partitions
-    gU = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
+    # pairwise decays from direct segment sums seg(j, i] = sum_{j < m <= i} g_m (fp32 matmuls
+    # with 0/1 operators), never c_i - c_j of two running sums (that difference cancels)
+    gU = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)     # [m, i] = g_m (m <= i)
     nisa.tensor_scalar(dst=gU, data=cst["tri_up"][0:L, 0:L], op0=nl.multiply,
                        operand0=g[:, hv:hv + 1])
-    crow = _mm(cst["ones"][0:L, 0:L], gU, L, L)
-    crowK = _mm(cst["ones"][0:L, 0:K], gU, K, L)
-    # D[i, j] = exp(min(c_i - c_j, 0)) (i >= j, else 0); DT[j, i] = D[i, j]
-    D = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=D, data=crow, op0=nl.subtract, operand0=c_i, reverse0=True,
-                       op1=nl.minimum, operand1=0.0)
+    gL = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)     # [m, j] = g_m (m > j)
+    nisa.tensor_scalar(dst=gL, data=cst["tri_lo"][0:L, 0:L], op0=nl.multiply,
+                       operand0=g[:, hv:hv + 1])
+    crowK = _mm(cst["ones"][0:L, 0:K], gU, K, L)                   # c_i on K partitions
+    # D[i, j] = exp(seg(j, i]) for i >= j, else 0; DT[j, i] = D[i, j]
+    D = _mm(cst["tri_up"][0:L, 0:L], gL, L, L)
     nisa.activation(dst=D, op=nl.exp, data=D)
     nisa.affine_select(dst=D, pattern=[[-1, L]], channel_multiplier=1, on_true_tile=D,
                        on_false_value=0.0, cmp_op=nl.greater_equal)
+    segT = _mm(cst["tri_lo"][0:L, 0:L], gU, L, L)
     DT = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=DT, data=crow, op0=nl.subtract, operand0=c_i, op1=nl.minimum,
-                       operand1=0.0)
-    nisa.activation(dst=DT, op=nl.exp, data=DT)
+    nisa.activation(dst=DT, op=nl.exp, data=segT)
     nisa.affine_select(dst=DT, pattern=[[1, L]], channel_multiplier=-1, on_true_tile=DT,
                        on_false_value=0.0, cmp_op=nl.greater_equal)
     # A = strictly-lower(beta_i k_i.k_j D_ij)
@@ -348,7 +351,7 @@ def _head_pre(cst, qk, vc, g, beta, c_col, ec, hv, L, K, V):
     d["A"] = A
     d["AT"] = AT
     d["B"] = B
-    d["crow"] = crow
+    d["segT"] = segT
     d["crowK"] = crowK
     d["DT"] = DT
     return d
@@ -357,9 +360,7 @@ def _head_pre(cst, qk, vc, g, beta, c_col, ec, hv, L, K, V):
 def _head_post(S, qk, d, X, c_col, oc, hv, L, K, V):
     """Value head hv of one chunk after the solve: v_new, o columns, state update."""
     Sh = S[:, hv * V:(hv + 1) * V]
-    c_i = c_col[:, hv:hv + 1]
     kh = qk["kh"]
-    crow = d["crow"]
     crowK = d["crowK"]
     WT = _transpose(X[:, 0:K], L, K)
     # v_new = U - W S
@@ -381,9 +382,8 @@ def _head_post(S, qk, d, X, c_col, oc, hv, L, K, V):
     nisa.tensor_copy(dst=oc[:, hv * V:(hv + 1) * V], src=po, engine=nisa.engine.scalar)
     po = None
     # S <- e^{c_last} S + (e^{c_last - c} k)^T v_new
-    dl = nl.ndarray((L, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=dl, data1=crow[:, L - 1:L], data2=c_i, op=nl.subtract)
-    nisa.activation(dst=dl, op=nl.exp, data=dl)
+    dl = nl.ndarray((L, 1), dtype=nl.float32, buffer=nl.sbuf)    # exp(seg(i, L-1])
+    nisa.activation(dst=dl, op=nl.exp, data=d["segT"][:, L - 1:L])
     kd = nl.ndarray((L, K), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=kd, data=kh, op0=nl.multiply, operand0=dl)
     el = nl.ndarray((K, 1), dtype=nl.float32, buffer=nl.sbuf)
