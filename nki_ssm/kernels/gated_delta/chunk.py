@@ -64,16 +64,18 @@ _L2NORM_EPS = 1e-6
 
 
 @nki.jit
-def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, pool_idx, seq_lens, live,
-                      init, H, raw_gates, use_qk_l2norm, scale, chunk):
+def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, seq_tab,
+                      pool_rows, pad_rows, counts, H, raw_gates, use_qk_l2norm, scale, chunk,
+                      bf16):
     """Chunked gated delta rule over a ragged batch (layouts in the module docstring)."""
-    num_seqs = len(seq_lens)
+    T1 = q2.shape[0]
     V = pool.shape[1]
     K = q2.shape[1] // H
     HV = v2.shape[1] // V
     rep = HV // H
     C = chunk
-    o = nl.ndarray((q2.shape[0], HV * V), dtype=nl.float32, buffer=nl.shared_hbm)
+    odt = q2.dtype
+    o = nl.ndarray((T1, HV * V), dtype=odt, buffer=nl.shared_hbm)
 
     cst = _constants(C, K)
     if raw_gates:
@@ -85,48 +87,72 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, pool_idx, seq
         cst["negA"] = negA
         cst["dtb"] = hp[:, HV:2 * HV]
 
-    b0 = 0
-    for s in range(num_seqs):
-        n = seq_lens[s]
-        if not live[s]:
-            if n > 0:
-                z = nl.ndarray((C, HV * V), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.memset(dst=z, value=0.0)
-                for t0 in range(b0, b0 + n, C):
-                    L = min(C, b0 + n - t0)
-                    nisa.dma_copy(dst=o[t0:t0 + L, :], src=z[0:L, :])
-        else:
-            _sequence(q2, k2, v2, gate1, gate2, o, cst, pool, pool_idx, s, b0, n, init[s], C,
-                      H, HV, K, V, rep, raw_gates, use_qk_l2norm, scale)
-        b0 = b0 + n
-    return o
+    cnt = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=cnt, src=counts)
+    n_live = nisa.register_alloc()
+    nisa.register_load(dst=n_live, src=cnt[0:1, 0:1])
+    n_pad = nisa.register_alloc()
+    nisa.register_load(dst=n_pad, src=cnt[0:1, 1:2])
 
+    # rows of padding sequences: zeros, C rows per table entry (unused entries -> trash row)
+    zt = nl.ndarray((C, HV * V), dtype=odt, buffer=nl.sbuf)
+    nisa.memset(dst=zt, value=0.0)
+    for z in nl.dynamic_range(n_pad):
+        zr = _table_rows(pad_rows, z, C)
+        nisa.dma_copy(dst=_rows_view(o, zr, C, HV * V), src=zt)
 
-def _sequence(q2, k2, v2, gate1, gate2, o, cst, pool, pool_idx, s, b0, n, has_init, C, H, HV,
-              K, V, rep, raw_gates, use_qk_l2norm, scale):
-    """Live sequence s (tokens [b0, b0+n)): state gathered (or zero), chunks, scattered."""
-    idx = nl.ndarray((K, 1), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=idx, src=pool_idx[s * K:(s + 1) * K, :])
-    view = pool.ap(pattern=[[V, K], [K * V, HV], [1, V]], offset=0, vector_offset=idx,
-                   indirect_dim=0)
+    # live sequences (compacted): state in, chunks, state out
     nat = nl.ndarray((K, HV * V), dtype=pool.dtype, buffer=nl.sbuf)
     S = nat
     if pool.dtype != nl.float32:
         S = nl.ndarray((K, HV * V), dtype=nl.float32, buffer=nl.sbuf)
-    if has_init:
-        nisa.dma_copy(dst=nat, src=view)
-        if pool.dtype != nl.float32:
-            nisa.tensor_copy(dst=S, src=nat)
-    else:
+    for s in nl.dynamic_range(n_live):
+        st = nl.ndarray((1, 3), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=st, src=seq_tab.ap(pattern=[[3, 1], [1, 3]], offset=0,
+                                              scalar_offset=s, indirect_dim=0))
+        prow = nl.ndarray((K, HV), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=prow, src=pool_rows.ap(pattern=[[HV, K], [1, HV]], offset=0,
+                                                  scalar_offset=s, indirect_dim=0))
+        has_init = nisa.register_alloc()
+        nisa.register_load(dst=has_init, src=st[0:1, 0:1])
+        c_lo = nisa.register_alloc()
+        nisa.register_load(dst=c_lo, src=st[0:1, 1:2])
+        c_hi = nisa.register_alloc()
+        nisa.register_load(dst=c_hi, src=st[0:1, 2:3])
         nisa.memset(dst=S, value=0.0)
-    for t0 in range(b0, b0 + n, C):
-        L = min(C, b0 + n - t0)
-        _chunk(q2, k2, v2, gate1, gate2, o, cst, S, t0, L, H, HV, K, V, rep, raw_gates,
-               use_qk_l2norm, scale)
-    if pool.dtype != nl.float32:
-        nisa.tensor_copy(dst=nat, src=S)
-    if n > 0 or not has_init:
-        nisa.dma_copy(dst=view, src=nat)
+        for _ in nl.dynamic_range(has_init):     # 0 or 1 trips: gather the initial state
+            for hv in range(HV):
+                nisa.dma_copy(dst=nat[:, hv * V:(hv + 1) * V],
+                              src=_pool_view(pool, prow[:, hv:hv + 1], K, V))
+            if pool.dtype != nl.float32:
+                nisa.tensor_copy(dst=S, src=nat)
+        for c in nl.dynamic_range(c_lo, c_hi):
+            _chunk(q2, k2, v2, gate1, gate2, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep,
+                   raw_gates, use_qk_l2norm, scale, C, bf16)
+        if pool.dtype != nl.float32:
+            nisa.tensor_copy(dst=nat, src=S)
+        for hv in range(HV):
+            nisa.dma_copy(dst=_pool_view(pool, prow[:, hv:hv + 1], K, V),
+                          src=nat[:, hv * V:(hv + 1) * V])
+    return o
+
+
+def _table_rows(table, r, C):
+    """Row ``r`` (register) of an int32 ``[entries, C]`` table as a ``[C, 1]`` SBUF column."""
+    t = nl.ndarray((C, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=table.ap(pattern=[[1, C], [1, 1]], offset=0, scalar_offset=r,
+                                      indirect_dim=0))
+    return t
+
+
+def _rows_view(x, rows, C, width):
+    """Rows ``rows[p]`` of HBM ``x [n, width]``, one per partition (indirect gather/scatter)."""
+    return x.ap(pattern=[[width, C], [1, width]], offset=0, vector_offset=rows, indirect_dim=0)
+
+
+def _pool_view(pool, idx, K, V):
+    """One pool row ``[V]`` per partition: rows ``idx[k]`` of the ``[slots*HV*K, V]`` view."""
+    return pool.ap(pattern=[[V, K], [1, V]], offset=0, vector_offset=idx, indirect_dim=0)
 
 
 def _constants(C, K):
@@ -150,10 +176,10 @@ def _constants(C, K):
 
 
 def _transpose(src, P, F):
-    """SBUF [P, F] -> SBUF [F, P] (TensorE transpose, float32)."""
-    ps = nl.ndarray((F, P), dtype=nl.float32, buffer=nl.psum)
+    """SBUF [P, F] -> SBUF [F, P] (TensorE transpose, bit-exact in src's dtype)."""
+    ps = nl.ndarray((F, P), dtype=src.dtype, buffer=nl.psum)
     nisa.nc_transpose(dst=ps, data=src, engine=nisa.engine.tensor)
-    out = nl.ndarray((F, P), dtype=nl.float32, buffer=nl.sbuf)
+    out = nl.ndarray((F, P), dtype=src.dtype, buffer=nl.sbuf)
     nisa.tensor_copy(dst=out, src=ps, engine=nisa.engine.scalar)
     return out
 
@@ -246,35 +272,48 @@ def _solve_many(As, ATs, Bs, L, N, ident):
     return Xs
 
 
-def _chunk(q2, k2, v2, gate1, gate2, o, cst, S, t0, L, H, HV, K, V, rep, raw_gates,
-           use_qk_l2norm, scale):
-    """One chunk of L tokens starting at token t0: o rows written, S updated in place."""
-    qc = nl.ndarray((L, H * K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=qc, src=q2[t0:t0 + L, :])
-    kc = nl.ndarray((L, H * K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=kc, src=k2[t0:t0 + L, :])
-    vc = nl.ndarray((L, HV * V), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=vc, src=v2[t0:t0 + L, :])
+def _chunk(q2, k2, v2, gate1, gate2, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep,
+           raw_gates, use_qk_l2norm, scale, C, bf16):
+    """Chunk ``c`` (row ``c`` of chunk_rows): C token rows gathered (rows past the sequence
+    end read the zero row), o rows scattered (those rows go to the trash row), S updated."""
+    L = C
+    rows = _table_rows(chunk_rows, c, C)
+    xdt = nl.float32
+    if bf16:
+        xdt = nl.bfloat16
+    # normalised q / k are not bf16 values: they stay float32
+    qkdt = xdt
+    if use_qk_l2norm:
+        qkdt = nl.float32
+    qc = nl.ndarray((L, H * K), dtype=qkdt, buffer=nl.sbuf)
+    nisa.dma_copy(dst=qc, src=_rows_view(q2, rows, C, H * K))
+    kc = nl.ndarray((L, H * K), dtype=qkdt, buffer=nl.sbuf)
+    nisa.dma_copy(dst=kc, src=_rows_view(k2, rows, C, H * K))
+    vc = nl.ndarray((L, HV * V), dtype=xdt, buffer=nl.sbuf)
+    nisa.dma_copy(dst=vc, src=_rows_view(v2, rows, C, HV * V))
     g = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=g, src=gate1[t0:t0 + L, :])
+    nisa.dma_copy(dst=g, src=_rows_view(gate1, rows, C, HV))
     beta = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=beta, src=gate2[t0:t0 + L, :])
+    nisa.dma_copy(dst=beta, src=_rows_view(gate2, rows, C, HV))
     if raw_gates:
-        # g = -exp(A_log) softplus(a + dt_bias); beta = sigmoid(b)
+        # g = -exp(A_log) softplus(a + dt_bias); beta = sigmoid(b). The zero row's a = 0
+        # would give g != 0: rows past the sequence end get g = 0 (no decay of S).
         nisa.tensor_tensor(dst=g, data1=g, data2=cst["dtb"][0:L, :], op=nl.add)
         nisa.activation(dst=g, op=nl.softplus, data=g)
-        nisa.tensor_tensor(dst=g, data1=g, data2=cst["negA"][0:L, :], op=nl.multiply)
+        live = nl.ndarray((L, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=live, data=rows, op0=nl.less, operand0=T1 - 1)
+        nisa.scalar_tensor_tensor(dst=g, data=g, op0=nl.multiply, operand0=live,
+                                  op1=nl.multiply, operand1=cst["negA"][0:L, :])
         nisa.activation(dst=beta, op=nl.sigmoid, data=beta)
     if use_qk_l2norm:
         _l2norm_rows(qc, L, H, K)
         _l2norm_rows(kc, L, H, K)
-    nisa.tensor_scalar(dst=qc, data=qc, op0=nl.multiply, operand0=scale)
 
     tri_up = cst["tri_up"][0:L, 0:L]
     c_col = _mm(tri_up, g, L, HV)            # c_i of every head, tokens on partitions
     ec = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=ec, op=nl.exp, data=c_col)
-    oc = nl.ndarray((L, HV * V), dtype=nl.float32, buffer=nl.sbuf)
+    oc = nl.ndarray((L, HV * V), dtype=o.dtype, buffer=nl.sbuf)
     qk = {}
     for hv0 in range(0, HV, _HEADS):
         hvs = []
@@ -304,8 +343,8 @@ def _chunk(q2, k2, v2, gate1, gate2, o, cst, S, t0, L, H, HV, K, V, rep, raw_gat
         Xs = _solve_many(As, ATs, Bs, L, K + V, cst["ident"])
         for i in range(len(hvs)):
             h = hvs[i] // rep
-            _head_post(S, qk[str(h)], pre[i], Xs[i], c_col, oc, hvs[i], L, K, V)
-    nisa.dma_copy(dst=o[t0:t0 + L, :], src=oc)
+            _head_post(S, qk[str(h)], pre[i], Xs[i], c_col, oc, hvs[i], L, K, V, scale)
+    nisa.dma_copy(dst=_rows_view(o, rows, C, HV * V), src=oc)
 
 
 def _head_pre(cst, qk, vc, g, beta, c_col, ec, hv, L, K, V):
@@ -357,7 +396,7 @@ def _head_pre(cst, qk, vc, g, beta, c_col, ec, hv, L, K, V):
     return d
 
 
-def _head_post(S, qk, d, X, c_col, oc, hv, L, K, V):
+def _head_post(S, qk, d, X, c_col, oc, hv, L, K, V, scale):
     """Value head hv of one chunk after the solve: v_new, o columns, state update."""
     Sh = S[:, hv * V:(hv + 1) * V]
     kh = qk["kh"]
@@ -373,9 +412,11 @@ def _head_post(S, qk, d, X, c_col, oc, hv, L, K, V):
     Erow = nl.ndarray((K, L), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=Erow, op=nl.exp, data=crowK)
     qTe = nl.ndarray((K, L), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=qTe, data1=qk["qT"], data2=Erow, op=nl.multiply)
+    nisa.scalar_tensor_tensor(dst=qTe, data=qk["qT"], op0=nl.multiply, operand0=scale,
+                              op1=nl.multiply, operand1=Erow)
     MT = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=MT, data1=qk["kqT"], data2=d["DT"], op=nl.multiply)
+    nisa.scalar_tensor_tensor(dst=MT, data=qk["kqT"], op0=nl.multiply, operand0=scale,
+                              op1=nl.multiply, operand1=d["DT"])
     po = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=po, stationary=qTe, moving=Sh, accumulate=False)
     nisa.nc_matmul(dst=po, stationary=MT, moving=vnew, accumulate=True)
