@@ -184,10 +184,10 @@ def _transpose(src, P, F):
     return out
 
 
-def _mm(st, mv, M, N):
-    """SBUF [M, N] = st^T @ mv (float32 matmul through PSUM)."""
+def _mm(st, mv, M, N, onezero=False):
+    """SBUF [M, N] = st^T @ mv through PSUM (``onezero``: st holds only 0 / 1)."""
     ps = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=st, moving=mv)
+    nisa.nc_matmul(dst=ps, stationary=st, moving=mv, is_stationary_onezero=onezero)
     out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=out, src=ps, engine=nisa.engine.scalar)
     return out
@@ -310,7 +310,7 @@ def _chunk(q2, k2, v2, gate1, gate2, o, cst, S, chunk_rows, c, T1, H, HV, K, V, 
         _l2norm_rows(kc, L, H, K)
 
     tri_up = cst["tri_up"][0:L, 0:L]
-    c_col = _mm(tri_up, g, L, HV)            # c_i of every head, tokens on partitions
+    c_col = _mm(tri_up, g, L, HV, True)            # c_i of every head, tokens on partitions
     ec = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=ec, op=nl.exp, data=c_col)
     oc = nl.ndarray((L, HV * V), dtype=o.dtype, buffer=nl.sbuf)
@@ -343,7 +343,7 @@ def _chunk(q2, k2, v2, gate1, gate2, o, cst, S, chunk_rows, c, T1, H, HV, K, V, 
         Xs = _solve_many(As, ATs, Bs, L, K + V, cst["ident"])
         for i in range(len(hvs)):
             h = hvs[i] // rep
-            _head_post(S, qk[str(h)], pre[i], Xs[i], c_col, oc, hvs[i], L, K, V, scale)
+            _head_post(S, qk[str(h)], pre[i], Xs[i], c_col, oc, hvs[i], L, K, V, scale, xdt)
     nisa.dma_copy(dst=_rows_view(o, rows, C, HV * V), src=oc)
 
 
@@ -360,13 +360,13 @@ def _head_pre(cst, qk, vc, g, beta, c_col, ec, hv, L, K, V):
     gL = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)     # [m, j] = g_m (m > j)
     nisa.tensor_scalar(dst=gL, data=cst["tri_lo"][0:L, 0:L], op0=nl.multiply,
                        operand0=g[:, hv:hv + 1])
-    crowK = _mm(cst["ones"][0:L, 0:K], gU, K, L)                   # c_i on K partitions
+    crowK = _mm(cst["ones"][0:L, 0:K], gU, K, L, True)                   # c_i on K partitions
     # D[i, j] = exp(seg(j, i]) for i >= j, else 0; DT[j, i] = D[i, j]
-    D = _mm(cst["tri_up"][0:L, 0:L], gL, L, L)
+    D = _mm(cst["tri_up"][0:L, 0:L], gL, L, L, True)
     nisa.activation(dst=D, op=nl.exp, data=D)
     nisa.affine_select(dst=D, pattern=[[-1, L]], channel_multiplier=1, on_true_tile=D,
                        on_false_value=0.0, cmp_op=nl.greater_equal)
-    segT = _mm(cst["tri_lo"][0:L, 0:L], gU, L, L)
+    segT = _mm(cst["tri_lo"][0:L, 0:L], gU, L, L, True)
     DT = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=DT, op=nl.exp, data=segT)
     nisa.affine_select(dst=DT, pattern=[[1, L]], channel_multiplier=-1, on_true_tile=DT,
@@ -396,41 +396,59 @@ def _head_pre(cst, qk, vc, g, beta, c_col, ec, hv, L, K, V):
     return d
 
 
-def _head_post(S, qk, d, X, c_col, oc, hv, L, K, V, scale):
-    """Value head hv of one chunk after the solve: v_new, o columns, state update."""
+def _head_post(S, qk, d, X, c_col, oc, hv, L, K, V, scale, mdt):
+    """Value head hv of one chunk after the solve: v_new, o columns, state update. The
+    state-side products take ``mdt`` operands (bf16 in bf16 mode), fp32 accumulation."""
     Sh = S[:, hv * V:(hv + 1) * V]
     kh = qk["kh"]
     crowK = d["crowK"]
-    WT = _transpose(X[:, 0:K], L, K)
+    Wm = X[:, 0:K]
+    Sm = Sh
+    if mdt != nl.float32:
+        Wm = nl.ndarray((L, K), dtype=mdt, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=Wm, src=X[:, 0:K])
+        Sm = nl.ndarray((K, V), dtype=mdt, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=Sm, src=Sh, engine=nisa.engine.scalar)
+    WT = _transpose(Wm, L, K)
     # v_new = U - W S
     ps = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=WT, moving=Sh)
+    nisa.nc_matmul(dst=ps, stationary=WT, moving=Sm)
     vnew = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=vnew, data1=X[:, K:K + V], data2=ps, op=nl.subtract)
     ps = None
+    vparts = [vnew]
+    if mdt != nl.float32:
+        # v_new as a sum of two bf16 parts: its rounding would dominate the bf16 error
+        vhi = nl.ndarray((L, V), dtype=mdt, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=vhi, src=vnew, engine=nisa.engine.scalar)
+        vlo = nl.ndarray((L, V), dtype=mdt, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=vlo, data1=vnew, data2=vhi, op=nl.subtract)
+        vparts = [vhi, vlo]
     # o = (e^c q) S + (tril(q k^T) D) v_new
     Erow = nl.ndarray((K, L), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=Erow, op=nl.exp, data=crowK)
-    qTe = nl.ndarray((K, L), dtype=nl.float32, buffer=nl.sbuf)
+    qTe = nl.ndarray((K, L), dtype=mdt, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=qTe, data=qk["qT"], op0=nl.multiply, operand0=scale,
                               op1=nl.multiply, operand1=Erow)
-    MT = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
+    MT = nl.ndarray((L, L), dtype=mdt, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=MT, data=qk["kqT"], op0=nl.multiply, operand0=scale,
                               op1=nl.multiply, operand1=d["DT"])
     po = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=po, stationary=qTe, moving=Sh, accumulate=False)
-    nisa.nc_matmul(dst=po, stationary=MT, moving=vnew, accumulate=True)
+    nisa.nc_matmul(dst=po, stationary=qTe, moving=Sm, accumulate=False)
+    for vp in vparts:
+        nisa.nc_matmul(dst=po, stationary=MT, moving=vp, accumulate=True)
     nisa.tensor_copy(dst=oc[:, hv * V:(hv + 1) * V], src=po, engine=nisa.engine.scalar)
     po = None
     # S <- e^{c_last} S + (e^{c_last - c} k)^T v_new
     dl = nl.ndarray((L, 1), dtype=nl.float32, buffer=nl.sbuf)    # exp(seg(i, L-1])
     nisa.activation(dst=dl, op=nl.exp, data=d["segT"][:, L - 1:L])
-    kd = nl.ndarray((L, K), dtype=nl.float32, buffer=nl.sbuf)
+    kd = nl.ndarray((L, K), dtype=mdt, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=kd, data=kh, op0=nl.multiply, operand0=dl)
     el = nl.ndarray((K, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=el, op=nl.exp, data=crowK[:, L - 1:L])
     su = nl.ndarray((K, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=su, stationary=kd, moving=vnew)
+    for j in range(len(vparts)):
+        nisa.nc_matmul(dst=su, stationary=kd, moving=vparts[j], accumulate=j > 0)
     nisa.scalar_tensor_tensor(dst=Sh, data=Sh, op0=nl.multiply, operand0=el, op1=nl.add,
                               operand1=su)
     su = None
