@@ -393,3 +393,82 @@ def test_prefill_strong_then_weak_decay_inside_one_chunk(chunk):
                                   H=1, HV=2, K=16, V=16, has_initial_state=True)
     inp["g"] = _strong_then_weak(inp["g"], inp["cu_seqlens"], chunk)
     _prefill_check(inp, F32_TOL, chunk)
+
+
+# --------------------------------------------- one program per bucket (issue 10)
+
+_BUCKET_LAYER = dict(H=1, HV=2, K=16, V=16)
+_BUCKET_CHUNK = 32
+_KERNEL = "nki_ssm.kernels.gated_delta.chunk.gdn_chunk_prefill"
+
+
+@st.composite
+def _bucket_batch(draw, dtype, pool_dtype):
+    """A ragged batch inside one bucket (<= 128 tokens, 3 or 4 sequences -> 4) on one pool
+    (8 slots: the pool is a persistent buffer, its shape part of the program key): lengths
+    0, 1, short and several chunks, padding slots, mixed has_initial_state."""
+    num_seqs = draw(st.integers(3, 4))
+    lens = draw(st.lists(st.sampled_from([0, 1, 2, 7, 31, 32, 33, 70]), min_size=num_seqs,
+                         max_size=num_seqs).filter(lambda x: sum(x) <= 128))
+    padding = draw(st.integers(0, num_seqs - 1))
+    init = np.array(draw(st.lists(st.booleans(), min_size=num_seqs, max_size=num_seqs)))
+    inp = make_gated_delta_inputs(np.random.default_rng(draw(st.integers(0, 2**31 - 1))),
+                                  seqlens=lens, **_BUCKET_LAYER, dtype=dtype,
+                                  pool_dtype=pool_dtype, padding=padding, slots=8,
+                                  has_initial_state=init)
+    return inp
+
+
+@pytest.mark.parametrize("dtype, pool_dtype", [(np.float32, np.float32), (BF16, BF16),
+                                               (BF16, np.float32)])
+def test_prefill_one_specialisation_per_bucket(dtype, pool_dtype):
+    """Batch composition is runtime data: every ragged batch of one bucket runs the same
+    compiled program (exactly one specialisation), and each matches float64."""
+    from nki_ssm import sim
+
+    sim.reset_specialisations()
+
+    @settings(max_examples=12, deadline=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                     HealthCheck.filter_too_much])
+    @given(inp=_bucket_batch(dtype, pool_dtype))
+    def run(inp):
+        tol = F32_TOL if dtype == np.float32 and pool_dtype == np.float32 else BF16_TOL
+        _prefill_check(inp, tol, _BUCKET_CHUNK)
+        assert sim.specialisations().get(_KERNEL, 0) <= 1
+
+    run()
+    assert sim.specialisations()[_KERNEL] == 1
+
+
+def test_prefill_program_size_does_not_grow_with_tokens():
+    """Static program size (each runtime loop body once) is equal at 2K and 16K tokens."""
+    from nki_ssm.sim.trace import record
+
+    sizes = []
+    for n in (2048, 16384):
+        inp = make_gated_delta_inputs(np.random.default_rng(0), seqlens=[n], H=1, HV=2, K=16,
+                                      V=16)
+        with record() as tr:
+            ops.gated_delta_prefill(**inp, chunk_size=128, backend="sim")
+        sizes.append(tr.program_instructions())
+    assert sizes[0] == sizes[1]
+
+
+def test_prefill_tables_layout():
+    """Launcher tables: chunk rows (past a sequence end -> the zero row = bucket), live
+    sequences compacted with their chunk ranges, pool rows, padding rows, counts."""
+    from nki_ssm.ops.launch.gated_delta import prefill_tables
+
+    cu = np.array([0, 5, 5, 9, 12])
+    chunk_rows, seq_tab, pool_rows, pad_rows, counts = prefill_tables(
+        cu, np.array([2, 0, -1, 1]), np.array([True, False, True, False]), slots=3, HV=2,
+        K=2, chunk_size=4, num_tokens_bucket=128, num_seqs_bucket=4)
+    assert chunk_rows.shape == pad_rows.shape == (128 // 4 + 4, 4)
+    assert chunk_rows[:3].tolist() == [[0, 1, 2, 3], [4, 128, 128, 128], [9, 10, 11, 128]]
+    assert (chunk_rows[3:] == 128).all()
+    assert seq_tab.tolist() == [[1, 0, 2], [0, 2, 2], [0, 2, 3], [0, 0, 0]]
+    assert pad_rows[0].tolist() == [5, 6, 7, 8] and (pad_rows[1:] == 128).all()
+    assert counts.tolist() == [[3, 1]]
+    # sequence 0 -> slot 2: row slot*HV*K + hv*K + k at [k, hv]
+    assert pool_rows.reshape(4, 2, 2)[0].tolist() == [[8, 10], [9, 11]]
