@@ -309,10 +309,19 @@ def _chunk(q2, k2, v2, gate1, gate2, o, cst, S, chunk_rows, c, T1, H, HV, K, V, 
         _l2norm_rows(qc, L, H, K)
         _l2norm_rows(kc, L, H, K)
 
-    tri_up = cst["tri_up"][0:L, 0:L]
-    c_col = _mm(tri_up, g, L, HV, True)            # c_i of every head, tokens on partitions
+    # per-token decays of every head at once (fp32, 0/1 stationaries):
+    #   c_i = sum_{m <= i} g_m,  to_end_i = sum_{m > i} g_m (direct segment sums),
+    #   c_last on K partitions (decay of S over the chunk)
+    c_col = _mm(cst["tri_up"][0:L, 0:L], g, L, HV, True)
     ec = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=ec, op=nl.exp, data=c_col)
+    qs = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)    # scale e^{c_i}
+    nisa.tensor_scalar(dst=qs, data=ec, op0=nl.multiply, operand0=scale)
+    nbe = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)   # -beta e^{c_i}
+    nisa.scalar_tensor_tensor(dst=nbe, data=ec, op0=nl.multiply, operand0=-1.0,
+                              op1=nl.multiply, operand1=beta)
+    dl = _exp_of_mm(cst["tri_lo"][0:L, 0:L], g, L, HV)           # e^{c_last - c_i}
+    el = _exp_of_mm(cst["ones"][0:L, 0:K], g, K, HV)             # e^{c_last}
     oc = nl.ndarray((L, HV * V), dtype=o.dtype, buffer=nl.sbuf)
     qk = {}
     for hv0 in range(0, HV, _HEADS):
@@ -323,124 +332,124 @@ def _chunk(q2, k2, v2, gate1, gate2, o, cst, S, chunk_rows, c, T1, H, HV, K, V, 
         for i in range(len(hvs)):
             h = hvs[i] // rep
             if qk.get(str(h)) == None:  # noqa: E711  (NKI has no `is`)
-                kh = kc[:, h * K:(h + 1) * K]
-                kT = _transpose(kh, L, K)              # [K, L]
-                qT = _transpose(qc[:, h * K:(h + 1) * K], L, K)
-                d = {}
-                d["kh"] = kh
-                d["qT"] = qT
-                d["kkT"] = _mm(kT, kT, L, L)           # k_i . k_j
-                d["kqT"] = _mm(kT, qT, L, L)           # [j, i] = k_j . q_i
-                qk[str(h)] = d
-            pre.append(_head_pre(cst, qk[str(h)], vc, g, beta, c_col, ec, hvs[i], L, K, V))
+                qk[str(h)] = _qk_head(cst, kc, qc, h, L, K)
+            pre.append(_head_pre(cst, qk[str(h)], S, vc, g, beta, nbe, hvs[i], L, K, V, qkdt))
         As = []
         ATs = []
-        Bs = []
+        Rs = []
         for i in range(len(hvs)):
             As.append(pre[i]["A"])
             ATs.append(pre[i]["AT"])
-            Bs.append(pre[i]["B"])
-        Xs = _solve_many(As, ATs, Bs, L, K + V, cst["ident"])
+            Rs.append(pre[i]["R"])
+        Xs = _solve_many(As, ATs, Rs, L, V, cst["ident"])
         for i in range(len(hvs)):
             h = hvs[i] // rep
-            _head_post(S, qk[str(h)], pre[i], Xs[i], c_col, oc, hvs[i], L, K, V, scale, xdt)
+            _head_post(S, qk[str(h)], pre[i], Xs[i], qs, dl, el, oc, hvs[i], L, K, V, scale)
     nisa.dma_copy(dst=_rows_view(o, rows, C, HV * V), src=oc)
 
 
-def _head_pre(cst, qk, vc, g, beta, c_col, ec, hv, L, K, V):
-    """Value head hv of one chunk up to the triangular system: decays, A, A^T and the
-    right-hand side [beta e^c k | beta v] (see the module docstring for the math)."""
-    kh = qk["kh"]
-    kkT = qk["kkT"]
-    # pairwise decays from direct segment sums seg(j, i] = sum_{j < m <= i} g_m (fp32 matmuls
-    # with 0/1 operators), never c_i - c_j of two running sums (that difference cancels)
-    gU = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)     # [m, i] = g_m (m <= i)
-    nisa.tensor_scalar(dst=gU, data=cst["tri_up"][0:L, 0:L], op0=nl.multiply,
-                       operand0=g[:, hv:hv + 1])
-    gL = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)     # [m, j] = g_m (m > j)
-    nisa.tensor_scalar(dst=gL, data=cst["tri_lo"][0:L, 0:L], op0=nl.multiply,
-                       operand0=g[:, hv:hv + 1])
-    crowK = _mm(cst["ones"][0:L, 0:K], gU, K, L, True)                   # c_i on K partitions
-    # D[i, j] = exp(seg(j, i]) for i >= j, else 0; DT[j, i] = D[i, j]
-    D = _mm(cst["tri_up"][0:L, 0:L], gL, L, L, True)
-    nisa.activation(dst=D, op=nl.exp, data=D)
-    nisa.affine_select(dst=D, pattern=[[-1, L]], channel_multiplier=1, on_true_tile=D,
-                       on_false_value=0.0, cmp_op=nl.greater_equal)
-    segT = _mm(cst["tri_lo"][0:L, 0:L], gU, L, L, True)
-    DT = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=DT, op=nl.exp, data=segT)
-    nisa.affine_select(dst=DT, pattern=[[1, L]], channel_multiplier=-1, on_true_tile=DT,
-                       on_false_value=0.0, cmp_op=nl.greater_equal)
-    # A = strictly-lower(beta_i k_i.k_j D_ij)
-    A = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=A, data=kkT, op0=nl.multiply, operand0=beta[:, hv:hv + 1],
-                              op1=nl.multiply, operand1=D)
-    nisa.affine_select(dst=A, pattern=[[-1, L]], channel_multiplier=1, offset=-1,
-                       on_true_tile=A, on_false_value=0.0, cmp_op=nl.greater_equal)
-    AT = _transpose(A, L, L)
-    # [W | U] = (I + A)^{-1} [beta e^c k | beta v]
-    bec = nl.ndarray((L, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=bec, data1=beta[:, hv:hv + 1], data2=ec[:, hv:hv + 1],
-                       op=nl.multiply)
-    B = nl.ndarray((L, K + V), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=B[:, 0:K], data=kh, op0=nl.multiply, operand0=bec)
-    nisa.tensor_scalar(dst=B[:, K:K + V], data=vc[:, hv * V:(hv + 1) * V], op0=nl.multiply,
-                       operand0=beta[:, hv:hv + 1])
+def _exp_of_mm(st, mv, M, N):
+    """SBUF [M, N] = exp(st^T @ mv), the exp reading PSUM (st holds only 0 / 1)."""
+    ps = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ps, stationary=st, moving=mv, is_stationary_onezero=True)
+    out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=out, op=nl.exp, data=ps)
+    return out
+
+
+def _qk_head(cst, kc, qc, h, L, K):
+    """q/k head h of one chunk: k^T, q^T (operand dtype) and the masked products
+    kk[i, j] = k_i . k_j (i > j) and kq[j, i] = k_j . q_i (j <= i), float32. The masks
+    ride on the PSUM evictions, so no decay matrix needs one (exp(0) = 1 above them)."""
     d = {}
-    d["A"] = A
-    d["AT"] = AT
-    d["B"] = B
-    d["segT"] = segT
-    d["crowK"] = crowK
-    d["DT"] = DT
+    d["kh"] = kc[:, h * K:(h + 1) * K]
+    d["kT"] = _transpose(d["kh"], L, K)                       # [K, L]
+    d["qT"] = _transpose(qc[:, h * K:(h + 1) * K], L, K)
+    d["kk"] = _masked_mm(d["kT"], d["kT"], cst["tri_lo"][0:L, 0:L], L)
+    d["kq"] = _masked_mm(d["kT"], d["qT"], cst["tri_up"][0:L, 0:L], L)
     return d
 
 
-def _head_post(S, qk, d, X, c_col, oc, hv, L, K, V, scale, mdt):
-    """Value head hv of one chunk after the solve: v_new, o columns, state update. W S and
-    q S take ``mdt`` operands (bf16 in bf16 mode); the products with v_new stay float32
-    (rounding v_new, the decayed keys or the masked q k^T to bf16 costs 1-2e-3 of the
-    3e-3 budget at small head dims: measured)."""
-    Sh = S[:, hv * V:(hv + 1) * V]
-    kh = qk["kh"]
-    crowK = d["crowK"]
-    Wm = X[:, 0:K]
-    Sm = Sh
-    if mdt != nl.float32:
-        Wm = nl.ndarray((L, K), dtype=mdt, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=Wm, src=X[:, 0:K])
-        Sm = nl.ndarray((K, V), dtype=mdt, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=Sm, src=Sh, engine=nisa.engine.scalar)
-    WT = _transpose(Wm, L, K)
-    # v_new = U - W S
+def _masked_mm(st, mv, mask, L):
+    """SBUF [L, L] = (st^T @ mv) * mask, the mask applied by the PSUM eviction."""
+    ps = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ps, stationary=st, moving=mv)
+    out = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=out, data1=ps, data2=mask, op=nl.multiply)
+    return out
+
+
+def _head_pre(cst, qk, S, vc, g, beta, nbe, hv, L, K, V, xdt):
+    """Value head hv of one chunk up to the triangular system: the decays, A, A^T and the
+    right-hand side R = beta (v - e^c (k S)) (see the module docstring for the math)."""
+    # pairwise decays from direct segment sums seg(j, i] = sum_{j < m <= i} g_m (fp32 matmuls
+    # with 0/1 operators), never c_i - c_j of two running sums (that difference cancels)
+    gU = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)     # [m, i] = g_m (m <= i)
+    nisa.activation(dst=gU, op=nl.copy, data=cst["tri_up"][0:L, 0:L], scale=g[:, hv:hv + 1])
+    gL = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)     # [m, j] = g_m (m > j)
+    nisa.tensor_scalar(dst=gL, data=cst["tri_lo"][0:L, 0:L], op0=nl.multiply,
+                       operand0=g[:, hv:hv + 1])
+    D = _exp_of_mm(cst["tri_up"][0:L, 0:L], gL, L, L)            # D[i, j], i-major
+    DT = _exp_of_mm(cst["tri_lo"][0:L, 0:L], gU, L, L)           # D[i, j] at [j, i]
+    # A = strictly-lower(beta_i k_i.k_j D_ij) (kk carries the mask)
+    A = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=A, data=qk["kk"], op0=nl.multiply,
+                              operand0=beta[:, hv:hv + 1], op1=nl.multiply, operand1=D)
+    AT = _transpose(A, L, L)
+    # R = beta v - beta e^c (k S): the delta of every token against the chunk's entry state
+    Sm = _state_operand(S, hv, K, V, xdt)
     ps = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=WT, moving=Sm)
-    vnew = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=vnew, data1=X[:, K:K + V], data2=ps, op=nl.subtract)
-    ps = None
-    # o = (e^c q) S + (tril(q k^T) D) v_new
-    Erow = nl.ndarray((K, L), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=Erow, op=nl.exp, data=crowK)
-    qTe = nl.ndarray((K, L), dtype=mdt, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=qTe, data=qk["qT"], op0=nl.multiply, operand0=scale,
-                              op1=nl.multiply, operand1=Erow)
+    nisa.nc_matmul(dst=ps, stationary=qk["kT"], moving=Sm)
+    vb = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=vb, op=nl.copy, data=vc[:, hv * V:(hv + 1) * V],
+                    scale=beta[:, hv:hv + 1])
+    R = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=R, data=ps, op0=nl.multiply, operand0=nbe[:, hv:hv + 1],
+                              op1=nl.add, operand1=vb)
+    d = {}
+    d["A"] = A
+    d["AT"] = AT
+    d["R"] = R
+    d["DT"] = DT
+    d["Sm"] = Sm
+    return d
+
+
+def _state_operand(S, hv, K, V, xdt):
+    """Head hv's state [K, V] as a matmul operand: the fp32 state itself, or its bf16
+    copy in bf16 mode (q S and k S; the products with v_new stay fp32)."""
+    Sh = S[:, hv * V:(hv + 1) * V]
+    if xdt == nl.float32:
+        return Sh
+    Sm = nl.ndarray((K, V), dtype=xdt, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=Sm, src=Sh, engine=nisa.engine.scalar)
+    return Sm
+
+
+def _head_post(S, qk, d, vnew, qs, dl, el, oc, hv, L, K, V, scale):
+    """Value head hv of one chunk after the solve (vnew = (I + A)^{-1} R): o columns and
+    the state update. The products with v_new stay float32 (rounding v_new, the decayed
+    keys or the masked q k^T to bf16 costs 1-2e-3 of the 3e-3 budget at small head dims:
+    measured)."""
+    Sh = S[:, hv * V:(hv + 1) * V]
+    # o = scale e^c (q S) + (scale tril(q k^T) D) v_new
     MT = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=MT, data=qk["kqT"], op0=nl.multiply, operand0=scale,
+    nisa.scalar_tensor_tensor(dst=MT, data=qk["kq"], op0=nl.multiply, operand0=scale,
                               op1=nl.multiply, operand1=d["DT"])
-    po = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=po, stationary=qTe, moving=Sm, accumulate=False)
-    nisa.nc_matmul(dst=po, stationary=MT, moving=vnew, accumulate=True)
-    nisa.tensor_copy(dst=oc[:, hv * V:(hv + 1) * V], src=po, engine=nisa.engine.scalar)
-    po = None
+    pq = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=pq, stationary=qk["qT"], moving=d["Sm"])
+    pm = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=pm, stationary=MT, moving=vnew)
+    oq = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=oq, op=nl.copy, data=pq, scale=qs[:, hv:hv + 1])
+    nisa.tensor_tensor(dst=oc[:, hv * V:(hv + 1) * V], data1=pm, data2=oq, op=nl.add)
+    pq = None
+    pm = None
     # S <- e^{c_last} S + (e^{c_last - c} k)^T v_new
-    dl = nl.ndarray((L, 1), dtype=nl.float32, buffer=nl.sbuf)    # exp(seg(i, L-1])
-    nisa.activation(dst=dl, op=nl.exp, data=d["segT"][:, L - 1:L])
     kd = nl.ndarray((L, K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=kd, data=kh, op0=nl.multiply, operand0=dl)
-    el = nl.ndarray((K, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=el, op=nl.exp, data=crowK[:, L - 1:L])
+    nisa.activation(dst=kd, op=nl.copy, data=qk["kh"], scale=dl[:, hv:hv + 1])
     su = nl.ndarray((K, V), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=su, stationary=kd, moving=vnew)
-    nisa.scalar_tensor_tensor(dst=Sh, data=Sh, op0=nl.multiply, operand0=el, op1=nl.add,
-                              operand1=su)
+    nisa.scalar_tensor_tensor(dst=Sh, data=Sh, op0=nl.multiply, operand0=el[:, hv:hv + 1],
+                              op1=nl.add, operand1=su)
     su = None
