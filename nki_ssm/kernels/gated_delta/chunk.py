@@ -255,7 +255,8 @@ def _solve_many(As, ATs, Bs, L, N, ident):
             covered = 2
             while covered < nb:
                 P2 = _mm(PT, P, W, W)            # P @ P
-                PT = _transpose(P2, W, W)        # (P @ P)^T
+                if covered * 2 < nb:             # the last round needs no transpose
+                    PT = _transpose(P2, W, W)    # (P @ P)^T
                 P = P2
                 ps = nl.ndarray((W, W), dtype=nl.float32, buffer=nl.psum)
                 nisa.nc_matmul(dst=ps, stationary=P, moving=invT)   # (inv @ P)^T
