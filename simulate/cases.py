@@ -166,7 +166,7 @@ class Case:
                 kw = inp.make_gated_delta_inputs(rng, seqlens=self.seqlens, H=s.H, HV=s.HV, K=s.K,
                                                  V=s.V, dtype=self.dtype, pool_dtype=self.pool_dtype)
                 # None: the kernel's default chunk (min_flops keeps FLA's C = 64 count)
-                kw["chunk_size"] = self.chunk_size
+                kw["chunk_size"] = self.chunk_size or None
             else:
                 kw = inp.make_gated_delta_decode_inputs(rng, num_seqs=self.num_seqs, T=self.T, H=s.H,
                                                         HV=s.HV, K=s.K, V=s.V, dtype=self.dtype,

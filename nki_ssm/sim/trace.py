@@ -153,10 +153,13 @@ class Trace:
             if not path:
                 top += 1
             else:
-                key = path[-1]
+                # the whole path: an inner loop's iteration k of different outer iterations
+                # (different entries) are different executions of the same body
+                key = tuple(path)
                 per_iter[key] = per_iter.get(key, 0) + 1
         body: dict = {}
-        for (loop_id, _it), n in per_iter.items():
+        for path, n in per_iter.items():
+            loop_id = path[-1][0]
             if n > body.get(loop_id, 0):
                 body[loop_id] = n
         return top + sum(body.values())

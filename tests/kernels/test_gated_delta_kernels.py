@@ -442,17 +442,18 @@ def test_prefill_one_specialisation_per_bucket(dtype, pool_dtype):
 
 
 def test_prefill_program_size_does_not_grow_with_tokens():
-    """Static program size (each runtime loop body once) is equal at 2K and 16K tokens."""
+    """Static program size (each runtime loop body once) is equal at 2K and 16K tokens and
+    for 8 sequences of 256 (the chunk loop nested in the sequence loop counts once)."""
     from nki_ssm.sim.trace import record
 
     sizes = []
-    for n in (2048, 16384):
-        inp = make_gated_delta_inputs(np.random.default_rng(0), seqlens=[n], H=1, HV=2, K=16,
+    for lens in ([2048], [16384], [256] * 8):
+        inp = make_gated_delta_inputs(np.random.default_rng(0), seqlens=lens, H=1, HV=2, K=16,
                                       V=16)
         with record() as tr:
             ops.gated_delta_prefill(**inp, chunk_size=128, backend="sim")
         sizes.append(tr.program_instructions())
-    assert sizes[0] == sizes[1]
+    assert sizes[0] == sizes[1] == sizes[2]
 
 
 def test_prefill_tables_layout():
