@@ -225,10 +225,11 @@ def _solve_many(As, ATs, Bs, L, N, ident):
             R = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.sbuf)
             P = nl.ndarray((W, W), dtype=nl.float32, buffer=nl.sbuf)
             PT = nl.ndarray((W, W), dtype=nl.float32, buffer=nl.sbuf)
+            # (GpSimd: the Vector engine is the busiest)
             if nb < _BLOCK:
-                nisa.memset(dst=R, value=0.0)
-            nisa.memset(dst=P, value=0.0)
-            nisa.memset(dst=PT, value=0.0)
+                nisa.memset(dst=R, value=0.0, engine=nisa.engine.gpsimd)
+            nisa.memset(dst=P, value=0.0, engine=nisa.engine.gpsimd)
+            nisa.memset(dst=PT, value=0.0, engine=nisa.engine.gpsimd)
             for j in range(npk):
                 i = p0 + j
                 q0 = j * _BLOCK
@@ -245,10 +246,10 @@ def _solve_many(As, ATs, Bs, L, N, ident):
                                        data2=ps, op=nl.subtract)
                     ps = None
                 # N_b = -A_bb (and its transpose) on the diagonal block of head i
-                nisa.tensor_scalar(dst=P[q0:q0 + nb, q0:q0 + nb], data=As[i][r0:r1, r0:r1],
-                                   op0=nl.multiply, operand0=-1.0)
-                nisa.tensor_scalar(dst=PT[q0:q0 + nb, q0:q0 + nb], data=ATs[i][r0:r1, r0:r1],
-                                   op0=nl.multiply, operand0=-1.0)
+                nisa.activation(dst=P[q0:q0 + nb, q0:q0 + nb], op=nl.copy,
+                                data=As[i][r0:r1, r0:r1], scale=-1.0)
+                nisa.activation(dst=PT[q0:q0 + nb, q0:q0 + nb], op=nl.copy,
+                                data=ATs[i][r0:r1, r0:r1], scale=-1.0)
             # inv = sum_{m < covered} N^m; only inv^T is kept (the final stationary)
             invT = nl.ndarray((W, W), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=invT, data1=PT, data2=ident[0:W, 0:W], op=nl.add)
@@ -388,8 +389,7 @@ def _head_pre(cst, qk, S, vc, g, beta, nbe, hv, L, K, V, xdt):
     gU = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)     # [m, i] = g_m (m <= i)
     nisa.activation(dst=gU, op=nl.copy, data=cst["tri_up"][0:L, 0:L], scale=g[:, hv:hv + 1])
     gL = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)     # [m, j] = g_m (m > j)
-    nisa.tensor_scalar(dst=gL, data=cst["tri_lo"][0:L, 0:L], op0=nl.multiply,
-                       operand0=g[:, hv:hv + 1])
+    nisa.activation(dst=gL, op=nl.copy, data=cst["tri_lo"][0:L, 0:L], scale=g[:, hv:hv + 1])
     D = _exp_of_mm(cst["tri_up"][0:L, 0:L], gL, L, L)            # D[i, j], i-major
     DT = _exp_of_mm(cst["tri_lo"][0:L, 0:L], gU, L, L)           # D[i, j] at [j, i]
     # A = strictly-lower(beta_i k_i.k_j D_ij) (kk carries the mask)
