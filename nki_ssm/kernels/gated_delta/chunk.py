@@ -1,57 +1,92 @@
-"""Gated DeltaNet chunked prefill (WY / UT form), state pool in place.
+"""Gated DeltaNet chunked prefill (WY / UT form) over a ragged batch, state pool in place.
 
-Per sequence, per chunk of ``L <= chunk`` tokens (chunks start at the
-sequence's first token; the last one may be short), per value head ``hv``
-(q/k head ``h = hv // (HV // H)``), with ``c = cumsum(g)`` inside the chunk:
+Kernel: ``gdn_chunk_prefill`` (``@nki.jit``); launcher ``nki_ssm.ops.launch.gated_delta.prefill``.
 
-    D[i, j]  = exp(sum_{j < m <= i} g_m) for i >= j, else 0  (a direct segment sum)
-    A        = strictly-lower(beta_i (k_i . k_j) D[i, j])
-    [W | U]  = (I + A)^{-1} [beta e^c k | beta v]           (exact 32-row blocks)
-    v_new    = U - W S
-    o        = (e^c q) S + (tril(q k^T) * D) v_new             (q already scaled)
-    S       <- e^{c_last} S + (e^{c_last - c} k)^T v_new
+Math, per chunk of C tokens of one sequence (chunks start at the sequence's first
+token; rows past its end are masked, below), per value head ``hv`` (q/k head
+``hv // (HV // H)``), state ``S [K, V]`` entering the chunk::
 
-Engine plan: tokens on partitions for the chunk tiles (one DMA each for q, k,
-v, gates per chunk); every product is a TensorE matmul with float32 operands
-(``dst = stationary^T @ moving``, so transposes of k, q, A and W are made on
-TensorE); the cumsum is a matmul with an upper-triangular 0/1 operator; the
-pairwise decays come from direct segment sums (one fp32 matmul of a 0/1
-triangular stationary with ``g`` masked by the other triangle, so no
-difference of two running sums ever cancels), ``exp`` and a GpSimd select
-(masked entries never reach a product). The triangular system is solved by forward substitution over
-32-row blocks, each diagonal block inverted exactly by nilpotent doubling
-(``(I - N)^{-1} = (I + N)(I + N^2)...``, 4 rounds for 32 rows), never a
-Neumann series over the whole chunk; the diagonal blocks of 4 heads are
-packed block-diagonally on 128 partitions so one doubling and one apply
-serve them all. Value heads advance in lockstep groups of ``_HEADS`` (one
-head's matmuls fill another's dependent waits); PSUM evictions run on
-ScalarE, the elementwise math on VectorE. The state
-``S [K, HV*V]`` (k on partitions) lives in SBUF in float32 for the whole
-sequence; it is gathered / scattered with one indirect DMA each (same pool
-view as the decode kernel).
+    seg(j, i] = sum_{j < m <= i} g_m          direct segment sums, never c_i - c_j
+    D[i, j]   = exp(seg(j, i])  (i >= j)      of two running sums (that cancels)
+    A         = strictly-lower(beta_i (k_i . k_j) D[i, j])
+    v_new     = (I + A)^{-1} beta (v - e^{c} (k S))          c_i = seg(start, i]
+    o         = scale e^{c} (q S) + scale (tril(q k^T) D) v_new
+    S        <- e^{c_last} S + (e^{c_last - c} k)^T v_new
 
-HBM arguments (prepared by ``nki_ssm.ops.launch.gated_delta.prefill``):
-  q2, k2 ``[num_tokens, H*K]``, v2 ``[num_tokens, HV*V]`` (q dtype);
-  gate1, gate2 ``[num_tokens, HV]`` float32: g and beta, or raw a and b;
-  head_params ``[128, 2*HV]`` float32 (A_log, dt_bias on every row) or None;
-  pool ``[slots*HV*K, V]`` (updated in place), pool_idx ``[num_seqs*K, 1]`` int32.
-Compile time: seq_lens, live, init (tuples, one entry per sequence), H,
-raw_gates, use_qk_l2norm, scale, chunk.
-Returns o ``[num_tokens, HV*V]`` float32.
+(``W S`` of the textbook form is folded into the right-hand side: one system of
+width V per head, no W.) The triangular system is solved exactly on 32-row
+blocks (DESIGN.md): forward substitution over the blocks, each diagonal block
+inverted by nilpotent doubling ``(I - N)^{-1} = (I + N)(I + N^2)(I + N^4)...``
+(4 rounds, fp32), the diagonal blocks of 4 heads packed block-diagonally on the
+128 partitions so one doubling serves 4 heads; never a series over the whole chunk.
 
-Limits: K, V, chunk <= 128; K + V <= 512. Every chunk and head is unrolled
-at trace time (~100 instructions per (chunk, head)): fine to a few thousand
-tokens, long for 64K-token sequences. Numerics: float32 throughout (TensorE
-float32 operands: the exact mode; no bf16 operand path yet), f32 I/O ~1e-6
-relative Frobenius against the float64 recurrence.
+Batch composition is runtime data (issue 10)
+--------------------------------------------
+Compile-time arguments: shapes, dtypes, H, raw_gates, use_qk_l2norm, scale,
+chunk, bf16 (= the activations are bfloat16). Everything per batch is an int32
+table built by the launcher from cu_seqlens / state_indices / has_initial_state
+with a few vectorised array ops (``prefill_tables``; shapes depend only on the
+token / sequence buckets):
 
-Modeled (trn2, one NeuronCore, Qwen3-Next H=16 HV=32 K=V=128, one 2K-token
-sequence, bf16 I/O): 6.7 ms at chunk 64 (0.31 M tokens/s), 5.7 ms at chunk
-128 (0.36 M tokens/s; trn3 0.41 M); TensorE on the critical path (fp32
-matmuls at the 64-column floor, x4 for fp32), VectorE ~60 % busy. This is
-far from the roofline (~0.14 ms, HBM bytes): the next steps are bf16
-operands for the chunk-local products (bf16 I/O budget 3e-3) and packing
-several heads per matmul beyond the solve.
+- ``chunk_rows [Tb // C + Nb, C]``: the token row of every row of every chunk of
+  the live sequences, in order; rows past a sequence end hold ``Tb``, the zero
+  row the launcher appends to every token array (and the trash row of ``o``);
+- ``seq_tab [Nb, 3]``: (has_initial_state, first chunk, end chunk) of each live
+  sequence, compacted; ``pool_rows [Nb, K*HV]``: pool row ``slot*HV*K + hv*K + k``;
+- ``pad_rows``: the rows of padding sequences (chunked as above), which get
+  zeros; ``counts [1, 2]``: live sequences, padding chunks.
+
+Loops: ``for z in dynamic_range(n_pad)`` writes zeros; ``for s in
+dynamic_range(n_live)``: state gathered (``dynamic_range(has_init)``: 0 or 1
+trips; else zeros), ``for c in dynamic_range(first, end)`` runs the chunk body,
+state scattered. What is unrolled inside the chunk body is bounded by the layer
+(heads, 32-row blocks). Program size: 2329 static instructions at Qwen3-Next
+TP1, 601 at TP4, equal at 2K and 16K tokens and for 8 x 2K.
+
+Short and padded chunks: every chunk is C rows. Its rows are gathered with
+indirect DMAs (one row per partition) from ``chunk_rows``; rows past the
+sequence end read the zero row, so q = k = v = 0, g = 0, beta = 0 there
+(raw gates: g is multiplied by a row-valid column, as softplus(dt_bias) != 0).
+With k = v = 0 such a row adds nothing to A, to v_new of the real rows (they
+precede it: strictly lower products never reach them) or to S, and g = 0
+leaves every decay exact; its output row is scattered to the trash row. Padding
+tokens are never read as data of a live sequence, so non-finite padding
+cannot leak. Pool slots move one pool row per partition (HV DMAs per sequence);
+the pool update is the kernel's own scatter.
+
+Engines, per chunk (tokens on partitions; all heads in one body)
+----------------------------------------------------------------
+- DMA: 5 row gathers (q, k, v, g, beta) + 1 row scatter (o, in q's dtype).
+- all heads at once: cumsum / to-end sums / c_last as 0/1 fp32 matmuls; exps.
+- per q/k head: k^T, q^T (TensorE transposes, operand dtype), kk^T and kq^T
+  (masks applied by the PSUM evictions).
+- per value head: two segment-sum matmuls (fp32, 0/1 stationary) and their
+  exps read straight from PSUM, A (VectorE), A^T, k S (TensorE), R (VectorE);
+  the packed solve; q S, (M v_new), (kd^T v_new), o and S updates.
+Operand precision: float32 callers get fp32 operands everywhere (the exact
+mode, ~1e-7 relative). bfloat16 callers (``bf16``): q, k, v stay bf16 for the
+transposes and q/k products (exact: they are the inputs) and S is rounded to
+bf16 for k S and q S; the products with v_new, the solve and all decays stay
+fp32 — rounding v_new, the decayed keys or the masked q k^T to bf16 measured
+1-2e-3 of the 3e-3 budget at small head dims. Measured: Qwen3-Next TP4 2K
+realistic gates, output 1.7e-3 (bf16 output rounding ~1.1e-3 of it), state 2e-8.
+
+What binds (modeled, trn2, bf16 I/O, fp32 pool, chunk 128, today's model):
+TensorE and VectorE about equally (~55 % busy each), per (chunk, head) ~7 us:
+TensorE ~14 fp32 128-column matmuls (8 of them the doubling, 4 the substitution
+and apply, 2 the products with v_new) plus bf16 ones; VectorE ~15 ops of
+[128, 128]; ScalarE evictions and exps ~40 %. Chunk 128 beats 64 (fewer state
+products and evictions per token). Figures (tokens/s per NeuronCore; in
+brackets the optimistic end of the documented ranges): Qwen3-Next TP1 16K
+0.59 M (0.68), TP1 2K 0.57 M, 8 x 2K 0.58 M, TP4 16K 2.22 M (2.59; 3.8x TP1),
+TP4 2K 2.16 M; 4 % of the roofline (TensorE bf16). The issue-15 goal (2 M
+tokens/s at TP1) is not reached: it needs ~4x fewer engine-microseconds per
+(chunk, head) — the solve (8 fp32 doubling matmuls and their evictions per
+head) and the per-head [128, 128] elementwise ops are what is left; a bf16
+solve was not attempted (the doubling's intermediate powers grow for uniform
+keys, DESIGN.md numerics).
+
+Limits: K, V <= 128; chunk a multiple of 16 up to 128.
 """
 from __future__ import annotations
 
