@@ -473,3 +473,16 @@ def test_prefill_tables_layout():
     assert counts.tolist() == [[3, 1]]
     # sequence 0 -> slot 2: row slot*HV*K + hv*K + k at [k, hv]
     assert pool_rows.reshape(4, 2, 2)[0].tolist() == [[8, 10], [9, 11]]
+
+
+def test_prefill_nan_padding_tokens_never_reach_live_outputs():
+    """Rows past a live sequence's end read the launcher's zero row, never the next
+    (padding) sequence's tokens: NaN there leaves live outputs exact and padding zero."""
+    inp = make_gated_delta_inputs(np.random.default_rng(23), seqlens=[37, 20, 9], H=1, HV=2,
+                                  K=16, V=16, has_initial_state=True)
+    inp["state_indices"] = np.array([0, -1, 2], dtype=np.int32)
+    cu = inp["cu_seqlens"]
+    for name in ("q", "k", "v"):
+        inp[name][cu[1]:cu[2]] = np.nan
+    o = _prefill_check(inp, F32_TOL, 32)
+    assert np.all(np.isfinite(o))

@@ -79,7 +79,11 @@ and apply, 2 the products with v_new) plus bf16 ones; VectorE ~15 ops of
 products and evictions per token). Figures (tokens/s per NeuronCore; in
 brackets the optimistic end of the documented ranges): Qwen3-Next TP1 16K
 0.59 M (0.68), TP1 2K 0.57 M, 8 x 2K 0.58 M, TP4 16K 2.22 M (2.59; 3.8x TP1),
-TP4 2K 2.16 M; 4 % of the roofline (TensorE bf16). The issue-15 goal (2 M
+TP4 2K 2.16 M; 4 % of the roofline (TensorE bf16). With the recalibrated cost
+model of issue 11 (per-instruction overheads, semaphores, loop barriers; branch
+``cost`` at the time of writing): TP1 2K 0.39 M (range 0.27-0.49), TP4 2K
+1.50 M (1.02-1.89), ScalarE binding (many small evictions and block copies);
+chunk 64 is slower there too (TP1 2K 0.32 M). The issue-15 goal (2 M
 tokens/s at TP1) is not reached: it needs ~4x fewer engine-microseconds per
 (chunk, head) — the solve (8 fp32 doubling matmuls and their evictions per
 head) and the per-head [128, 128] elementwise ops are what is left; a bf16
