@@ -308,7 +308,7 @@ def _solve_many(As, ATs, Bs, L, N, ident):
             for j in range(npk):
                 q0 = j * _BLOCK
                 nisa.tensor_copy(dst=Xs[p0 + j][r0:r1, :], src=ps[q0:q0 + nb, :],
-                                 engine=nisa.engine.scalar)
+                                 engine=nisa.engine.vector)
             ps = None
     return Xs
 
