@@ -20,6 +20,14 @@ inverted by nilpotent doubling ``(I - N)^{-1} = (I + N)(I + N^2)(I + N^4)...``
 (4 rounds, fp32), the diagonal blocks of 4 heads packed block-diagonally on the
 128 partitions so one doubling serves 4 heads; never a series over the whole chunk.
 
+HBM arguments (prepared by the launcher; Tb = the token bucket, Nb = the sequence bucket):
+  q2, k2 ``[Tb + 1, H*K]``, v2 ``[Tb + 1, HV*V]`` (q's dtype; row Tb and rows past
+  num_tokens are zero); gate1, gate2 ``[Tb + 1, HV]`` float32: g and beta, or raw
+  a and b; head_params ``[128, 2*HV]`` float32 (A_log, dt_bias on every row) or
+  None; pool ``[slots*HV*K, V]`` (the ``[slots, HV, K, V]`` pool, updated in
+  place); the int32 tables below. Returns o ``[Tb + 1, HV*V]`` in q's dtype (rows
+  of padding sequences zero; the launcher slices ``[:num_tokens]``).
+
 Batch composition is runtime data (issue 10)
 --------------------------------------------
 Compile-time arguments: shapes, dtypes, H, raw_gates, use_qk_l2norm, scale,
