@@ -80,23 +80,23 @@ fp32 — rounding v_new, the decayed keys or the masked q k^T to bf16 measured
 realistic gates, output 1.7e-3 (bf16 output rounding ~1.1e-3 of it), state 2e-8.
 
 What binds (modeled, trn2, bf16 I/O, fp32 pool, chunk 128, today's model):
-TensorE and VectorE about equally (~55 % busy each), per (chunk, head) ~7 us:
-TensorE ~14 fp32 128-column matmuls (8 of them the doubling, 4 the substitution
-and apply, 2 the products with v_new) plus bf16 ones; VectorE ~15 ops of
-[128, 128]; ScalarE evictions and exps ~40 %. Chunk 128 beats 64 (fewer state
-products and evictions per token). Figures (tokens/s per NeuronCore; in
+VectorE (~60 % busy) with TensorE close behind (~55 %), per (chunk, head)
+~7 us: TensorE ~14 fp32 128-column matmuls (8 of them the doubling, 4 the
+substitution and apply, 2 the products with v_new) plus bf16 ones; VectorE ~15
+ops of [128, 128]; ScalarE evictions and exps ~33 %. Chunk 128 beats 64 (fewer
+state products and evictions per token). Figures (tokens/s per NeuronCore; in
 brackets the optimistic end of the documented ranges): Qwen3-Next TP1 16K
-0.59 M (0.68), TP1 2K 0.57 M, 8 x 2K 0.58 M, TP4 16K 2.22 M (2.59; 3.8x TP1),
-TP4 2K 2.16 M; 4 % of the roofline (TensorE bf16). With the recalibrated cost
+0.58 M (0.70), TP1 2K 0.57 M, 8 x 2K 0.57 M, TP4 16K 2.19 M (2.66; 3.8x TP1),
+TP4 2K 2.14 M; 4 % of the roofline (TensorE bf16). With the recalibrated cost
 model of issue 11 (per-instruction overheads, semaphores, loop barriers; branch
-``cost`` at the time of writing): TP1 2K 0.39 M (range 0.27-0.49), TP4 2K
-1.50 M (1.02-1.89), ScalarE binding (many small evictions and block copies);
-chunk 64 is slower there too (TP1 2K 0.32 M). The issue-15 goal (2 M
-tokens/s at TP1) is not reached: it needs ~4x fewer engine-microseconds per
-(chunk, head) — the solve (8 fp32 doubling matmuls and their evictions per
-head) and the per-head [128, 128] elementwise ops are what is left; a bf16
-solve was not attempted (the doubling's intermediate powers grow for uniform
-keys, DESIGN.md numerics).
+``cost`` at the time of writing): TP1 2K 0.40 M (range 0.28-0.50), TP4 2K
+1.54 M (1.04-1.94), TensorE binding; chunk 64 is slower there too (TP1 2K
+0.32 M). The issue-15 goal (2 M tokens/s at TP1) is not reached: it needs
+~4x fewer engine-microseconds per (chunk, head) — the solve (8 fp32 doubling
+matmuls, their evictions and the block packing copies per head) and the
+per-head [128, 128] elementwise ops are what is left; a bf16 solve was not
+attempted (the doubling's intermediate powers grow for uniform keys,
+DESIGN.md numerics).
 
 Limits: K, V <= 128; chunk a multiple of 16 up to 128.
 """
