@@ -1,4 +1,8 @@
-"""Shared test fixtures (kept small: each area keeps its helpers in its own tests)."""
+"""Shared test fixtures (kept small: each area keeps its helpers in its own tests).
+
+Hypothesis runs under the profiles of tests/hypothesis_profiles.py: ``ci``
+(deterministic, the default) or ``fuzz`` (``HYPOTHESIS_PROFILE=fuzz``).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,14 @@ import zlib
 
 import numpy as np
 import pytest
+
+import hypothesis_profiles
+
+hypothesis_profiles.register_and_load()
+
+
+def pytest_collection_modifyitems(config, items):
+    hypothesis_profiles.scale_collected(items)
 
 
 @pytest.fixture

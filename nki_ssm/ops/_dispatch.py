@@ -7,6 +7,9 @@ the float64 reference where no launcher (or no ``nki_ssm.backend``) exists
 yet. ``"sim"`` / ``"neuron"`` require a launcher (NotImplementedError
 otherwise). ``"reference"`` always works.
 
+A pool with zero slots (every sequence then is padding) launches nothing on
+any backend: the call returns zero outputs, computed by the reference.
+
 Pool safety: the reference returns new arrays, which are committed into the
 caller's pools (named slots only, cast to the pool dtype with
 round-to-nearest-even) after every output has been computed and cast. A
@@ -120,6 +123,11 @@ def run(family: str, entry: str, kwargs: dict, *, pools: tuple, reference, backe
     """
     kind, launcher = resolve(family, entry, backend)
     slots = named_slots(kwargs["state_indices"])
+    if any(kwargs[name].shape[0] == 0 for name in pools):
+        # A pool without slots admits only padding sequences (a shape fact,
+        # known before launch): nothing to launch; the reference gives the
+        # contract's all-padding result (zero outputs) without touching it.
+        launcher = None
     if launcher is None:
         outputs, new_pools = reference(**kwargs)
         # Cast everything before the first write so a failing cast cannot

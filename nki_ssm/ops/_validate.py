@@ -30,6 +30,11 @@ CHUNK_MULTIPLE = 16
 MIN_CHUNK_SIZE = 16
 MAX_CHUNK_SIZE = 128
 _INT32 = np.iinfo(np.int32)
+# Pools whose strides do not nest are checked for overlap element by element up to this size.
+EXACT_OVERLAP_CHECK_ELEMENTS = 1 << 22
+# Log decays (GDN g, SSD dt' * A) at or above this bound: a chunk of up to
+# MAX_CHUNK_SIZE of them sums to a finite float32 in the kernels.
+LOG_DECAY_FLOOR = -float(np.finfo(np.float32).max) / MAX_CHUNK_SIZE
 
 
 def _dtype_names(dtypes) -> str:
@@ -99,6 +104,12 @@ def require_divides(small_label: str, small: int, big_label: str, big: int, sour
             f"{big_label} must be a multiple of {small_label} ({source}), "
             f"got {big_label} = {big}, {small_label} = {small}"
         )
+
+
+def require_at_most(label: str, value: int, limit: int, reason: str) -> None:
+    """A kernel limit on a size (``label`` names the size and the argument it comes from)."""
+    if value > limit:
+        raise ValueError(f"{label} must be <= {limit} ({reason}), got {value}")
 
 
 def optional_float(name: str, value, labels: tuple, expected: tuple):
@@ -200,7 +211,7 @@ def check_cu_seqlens(value, num_tokens: int, tokens_source: str) -> tuple:
         )
     if cu[0] != 0:
         raise ValueError(f"cu_seqlens[0] must be 0, got {cu[0]}")
-    steps = np.diff(cu)
+    steps = np.diff(cu.astype(np.int64))   # int32 differences wrap (2**31 - 1 -> -2**31)
     if (steps < 0).any():
         i = int(np.argmax(steps < 0))
         raise ValueError(
@@ -225,7 +236,45 @@ def check_pool(name: str, value, labels: tuple, expected_tail: tuple) -> np.ndar
         raise ValueError(
             f"{name} must be writeable (it is updated in place), got a read-only array"
         )
+    require_distinct_memory(name, pool)
     return pool
+
+
+def _strides_nest(arr: np.ndarray) -> bool:
+    """Sufficient for distinct element addresses: with the dims sorted by
+    stride, each stride reaches past everything the smaller dims span."""
+    reach = arr.itemsize
+    for stride, n in sorted((abs(st), n) for st, n in zip(arr.strides, arr.shape) if n > 1):
+        if stride < reach:
+            return False
+        reach += stride * (n - 1)
+    return True
+
+
+def require_distinct_memory(name: str, arr: np.ndarray) -> None:
+    """No two elements of ``arr`` share memory (e.g. a zero-stride or
+    overlapping ``as_strided`` view): a pool is updated in place slot by
+    slot, and a write to one slot must not change another.
+
+    Strides that nest (every C/F-ordered array and slice) pass at once;
+    other layouts are checked element by element up to
+    ``EXACT_OVERLAP_CHECK_ELEMENTS`` elements and rejected above.
+    """
+    if arr.size <= 1 or _strides_nest(arr):
+        return
+    shown = f"shape {tuple(arr.shape)}, strides {tuple(arr.strides)} bytes"
+    if arr.size <= EXACT_OVERLAP_CHECK_ELEMENTS:
+        offsets = np.zeros((), np.int64)
+        for n, stride in zip(arr.shape, arr.strides):
+            offsets = np.add.outer(offsets, np.arange(n, dtype=np.int64) * stride)
+        if np.unique(offsets).size == arr.size:
+            return
+        raise ValueError(f"{name} must not overlap itself in memory (every slot is updated "
+                         f"in place and must own its bytes), got a view whose elements "
+                         f"share memory ({shown})")
+    raise ValueError(f"{name} must be a pool whose strides nest (e.g. C-contiguous) when it "
+                     f"has more than {EXACT_OVERLAP_CHECK_ELEMENTS} elements, so that its "
+                     f"slots are known not to overlap; got {shown}")
 
 
 def check_state_indices(value, num_seqs: int, slots: int, pool_name: str) -> np.ndarray:
@@ -279,3 +328,25 @@ def check_num_seqs(name: str, arr: np.ndarray) -> int:
     if arr.ndim == 0 or arr.shape[0] < 1:
         raise ValueError(f"{name}.shape[0] (num_seqs) must be >= 1, got shape {tuple(arr.shape)}")
     return arr.shape[0]
+
+
+def live_tokens(cu_seqlens: np.ndarray, state_indices: np.ndarray) -> np.ndarray:
+    """bool ``[num_tokens]``: tokens of non-padding sequences (checked cu_seqlens / state_indices)."""
+    return np.repeat(state_indices >= 0, np.diff(cu_seqlens.astype(np.int64)))
+
+
+def require_on_live_tokens(name: str, ok: np.ndarray, live: np.ndarray, values: np.ndarray,
+                           what: str, element: str | None = None) -> None:
+    """``ok[i]`` must hold wherever ``live`` (broadcast over ``ok``'s trailing dims) does.
+
+    Padding tokens are exempt: the kernels never read their values, and
+    serving engines leave garbage there. The message names the first
+    offending element (of ``element``, default ``name``) and its value.
+    """
+    live = np.reshape(live, live.shape + (1,) * (ok.ndim - live.ndim))
+    bad = ~ok & live
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        shown = ", ".join(map(str, where))
+        raise ValueError(f"{name} must be {what} on every token of a non-padding sequence, "
+                         f"got {element or name}[{shown}] = {float(values[where])!r}")

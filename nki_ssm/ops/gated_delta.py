@@ -21,6 +21,10 @@ from . import _validate as v
 
 _DIRECT = ("g", "beta")
 _RAW = ("a", "b", "A_log", "dt_bias")
+# Kernel limits (nki_ssm/kernels/gated_delta/*.py docstrings): K and V sit on
+# the 128 partitions in both kernels, and so do the value heads of decode's
+# per-token [V, HV] gate tiles.
+MAX_K = MAX_V = MAX_HV = 128
 
 
 def _check_gates(gates: dict, lead: tuple, lead_shape: tuple, HV: int) -> dict:
@@ -66,12 +70,40 @@ def _check_gdn(q, k, v_, gates, scale, use_qk_l2norm, ssm_states, lead: tuple) -
     v.require_positive_dims("v", v_, v_labels, start=len(lead))
     HV, V = v_.shape[len(lead):]
     v.require_divides("H", H, "HV", HV, "q.shape[-2] and v.shape[-2]")
+    for label, value, limit in (("K (q.shape[-1])", K, MAX_K), ("V (v.shape[-1])", V, MAX_V),
+                                ("HV (v.shape[-2])", HV, MAX_HV)):
+        v.require_at_most(label, value, limit, "gated delta kernels: partition dim")
     kw = dict(q=q, k=k, v=v_, **_check_gates(gates, lead, lead_shape, HV))
     kw["scale"] = v.check_scale(scale, K ** -0.5)
     kw["use_qk_l2norm"] = v.require_bool("use_qk_l2norm", use_qk_l2norm)
     kw["ssm_states"] = v.check_pool("ssm_states", ssm_states, ("slots", "HV", "K", "V"),
                                     (HV, K, V))
     return kw
+
+
+def _check_gate_values(kw: dict, live: np.ndarray) -> None:
+    """Log decays on the tokens of non-padding sequences: finite, <= 0 and
+    >= ``LOG_DECAY_FLOOR``, given as g or computed from the raw gates.
+
+    One rule for every backend: the chunked kernels decay by exp(min(c_i -
+    c_j, 0)) of chunk sums of g, which is the recurrence only for g <= 0,
+    and the float64 reference applies the same rule (padding exempt).
+    ``live`` marks real tokens (``[num_tokens]`` or ``[num_seqs, T]``).
+    """
+    what = f"finite, <= 0 (a log decay) and >= {v.LOG_DECAY_FLOOR:.3g}"
+    if kw["g"] is not None:
+        g = kw["g"].astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            ok = np.isfinite(g) & (g <= 0) & (g >= v.LOG_DECAY_FLOOR)
+        v.require_on_live_tokens("g", ok, live, g, what)
+        return
+    a = kw["a"].astype(np.float64)
+    pre = a + kw["dt_bias"].astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        g = -np.exp(kw["A_log"].astype(np.float64)) * np.logaddexp(0.0, pre)
+        ok = np.isfinite(g) & (g <= 0) & (g >= v.LOG_DECAY_FLOOR)
+    v.require_on_live_tokens("g = -exp(A_log) * softplus(a + dt_bias)", ok, live, g, what,
+                             element="g")
 
 
 def validate_prefill(q, k, v_, *, gates: dict, scale, use_qk_l2norm, cu_seqlens, ssm_states,
@@ -83,6 +115,7 @@ def validate_prefill(q, k, v_, *, gates: dict, scale, use_qk_l2norm, cu_seqlens,
                                    pool=kw["ssm_states"], pool_name="ssm_states"))
     # None: the kernel's default chunk for the layer shape (ops.launch.gated_delta)
     kw["chunk_size"] = None if chunk_size is None else v.check_chunk_size(chunk_size)
+    _check_gate_values(kw, v.live_tokens(kw["cu_seqlens"], kw["state_indices"]))
     return kw
 
 
@@ -95,6 +128,7 @@ def validate_decode(q, k, v_, *, gates: dict, scale, use_qk_l2norm, ssm_states, 
                                                 kw["ssm_states"].shape[0], "ssm_states")
     kw["return_intermediate_states"] = v.require_bool("return_intermediate_states",
                                                       return_intermediate_states)
+    _check_gate_values(kw, kw["state_indices"] >= 0)
     return kw
 
 

@@ -21,6 +21,47 @@ from . import _validate as v
 # TensorE operand precision of the kernel's matmuls; the reference backend
 # computes in float64 whatever is asked.
 PRECISIONS = ("bf16", "fp32")
+# Kernel limits (nki_ssm/kernels/mamba2_ssd/*.py docstrings): decode moves
+# [B | C] (2N columns) through one fp32 PSUM bank of 512; prefill keeps a
+# head's P output columns in one bank.
+MAX_DECODE_N = 256
+MAX_PREFILL_P = 512
+
+
+def _dt_prime(kw: dict) -> np.ndarray:
+    """dt' = clip(softplus(dt + dt_bias) if dt_softplus else dt + dt_bias, *dt_limit), float64."""
+    d = kw["dt"].astype(np.float64)
+    if kw["dt_bias"] is not None:
+        d = d + kw["dt_bias"].astype(np.float64)
+    if kw["dt_softplus"]:
+        d = np.logaddexp(0.0, d)
+    return np.clip(d, *kw["dt_limit"])
+
+
+def _check_decay_values(kw: dict, live: np.ndarray, *, decaying: bool) -> None:
+    """A finite and <= 0; on the tokens of non-padding sequences dt' finite,
+    with dt' * A >= ``LOG_DECAY_FLOOR``, and (``decaying``, prefill) dt' >= 0.
+
+    One rule for every backend: the prefill kernel builds decays from chunk
+    sums of dt' A and weights inputs by ln dt', which is the recurrence only
+    for decaying states. Decode steps the recurrence directly, so a negative
+    dt' (which mamba_ssm's selective_state_update accepts) is valid there.
+    ``live`` marks real tokens (dt's leading dims).
+    """
+    A = kw["A"].astype(np.float64)
+    bad = ~(np.isfinite(A) & (A <= 0))
+    if bad.any():
+        h = int(np.argmax(bad))
+        raise ValueError(f"A must be finite and <= 0 (A = -exp(A_log)), got A[{h}] = {float(A[h])!r}")
+    with np.errstate(over="ignore", invalid="ignore"):
+        dtp = _dt_prime(kw)
+        ok = np.isfinite(dtp) & (dtp * A >= v.LOG_DECAY_FLOOR)
+        if decaying:
+            ok &= dtp >= 0
+    v.require_on_live_tokens(
+        "dt' = clip(softplus(dt + dt_bias) or dt + dt_bias, *dt_limit)", ok, live, dtp,
+        f"finite{' and >= 0' if decaying else ''} with dt' * A >= {v.LOG_DECAY_FLOOR:.3g}",
+        element="dt'")
 
 
 def _check_ssd(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states,
@@ -76,6 +117,9 @@ def validate_prefill(x, dt, A, B, C, *, D, z, dt_bias, dt_softplus, dt_limit, cu
                                    pool=kw["ssm_states"], pool_name="ssm_states"))
     kw["chunk_size"] = v.check_chunk_size(chunk_size)
     kw["precision"] = v.require_choice("precision", precision, PRECISIONS)
+    v.require_at_most("P (x.shape[-1])", x.shape[-1], MAX_PREFILL_P,
+                      "ssd_prefill kernel: a head's outputs fill one PSUM bank")
+    _check_decay_values(kw, v.live_tokens(kw["cu_seqlens"], kw["state_indices"]), decaying=True)
     return kw
 
 
@@ -96,6 +140,9 @@ def validate_decode(x, dt, A, B, C, *, D, z, dt_bias, dt_softplus, dt_limit, ssm
     kw = _check_ssd(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states, lead)
     kw["state_indices"] = v.check_state_indices(state_indices, num_seqs,
                                                 kw["ssm_states"].shape[0], "ssm_states")
+    v.require_at_most("N (B.shape[-1])", kw["B"].shape[-1], MAX_DECODE_N,
+                      "ssd_decode kernel: B and C share one PSUM bank of 512 fp32 columns")
+    _check_decay_values(kw, kw["state_indices"] >= 0, decaying=False)
     return kw
 
 
@@ -127,6 +174,14 @@ def ssd_prefill(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
     ``[num_seqs]``; chunk_size a multiple of 16 in 16..128; precision "bf16"
     or "fp32" (kernel matmul operands). Returns y ``[num_tokens, H, P]`` in
     x's dtype.
+
+    Precision: the default "bf16" rounds the state-to-output matmul's
+    operands (C, the float32 state) to bfloat16, so even float32 callers get
+    y only within ~2e-3 of float64 (measured 1.6e-3..2.6e-3 relative
+    Frobenius on the simulator, ``python3 docs/measure_numerics.py
+    precision``; states stay ~1e-7); pass precision="fp32" for the 1e-5
+    float32 target (~1e-7). Limits (every backend): P <= 512; A <= 0 and,
+    on tokens of non-padding sequences, dt' finite and >= 0.
     """
     kw = validate_prefill(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
                           dt_limit=dt_limit, cu_seqlens=cu_seqlens, ssm_states=ssm_states,
@@ -142,7 +197,8 @@ def ssd_decode(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fals
 
     x ``[num_seqs, H, P]`` or ``[num_seqs, T, H, P]``; dt ``[num_seqs, (T,) H]``;
     B, C ``[num_seqs, (T,) G, N]``; z like x; other arguments as in
-    ssd_prefill. Returns y shaped like x, in x's dtype.
+    ssd_prefill. Returns y shaped like x, in x's dtype. Limits (every
+    backend): N <= 256; A <= 0; dt' finite (negative dt' is valid in decode).
     """
     kw = validate_decode(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
                          dt_limit=dt_limit, ssm_states=ssm_states, state_indices=state_indices)

@@ -31,6 +31,7 @@ __all__ = [
     "gated_delta_chunked",
     "gated_delta_decode",
     "resolve_gates",
+    "check_log_decay",
     "l2norm",
 ]
 
@@ -132,12 +133,21 @@ def _check_cu_seqlens(cu: np.ndarray, num_tokens: int) -> None:
 
 
 def resolve_gates(lead: tuple, HV: int, *, g=None, beta=None, a=None, b=None,
-                  A_log=None, dt_bias=None) -> tuple[np.ndarray, np.ndarray]:
+                  A_log=None, dt_bias=None, live=None) -> tuple[np.ndarray, np.ndarray]:
     """Return float64 ``(g, beta)`` of shape ``lead + (HV,)``.
 
     Exactly one of the pairs (g, beta) or (a, b, A_log, dt_bias) must be given.
-    ``g = -exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)``; ``g`` must be <= 0.
+    ``g = -exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)``; ``g`` must be
+    finite and <= 0 wherever ``live`` (bool ``lead``, None = everywhere) holds.
     """
+    g64, beta64 = _gates_f64(lead, HV, g=g, beta=beta, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
+    check_log_decay(g64, live)
+    return g64, beta64
+
+
+def _gates_f64(lead: tuple, HV: int, *, g=None, beta=None, a=None, b=None,
+               A_log=None, dt_bias=None) -> tuple[np.ndarray, np.ndarray]:
+    """``resolve_gates`` without the value check."""
     given = (g is not None or beta is not None)
     raw = any(x is not None for x in (a, b, A_log, dt_bias))
     if given and raw:
@@ -162,17 +172,29 @@ def resolve_gates(lead: tuple, HV: int, *, g=None, beta=None, a=None, b=None,
         _check_shape("b", b64, shape)
         _check_shape("A_log", A64, (HV,))
         _check_shape("dt_bias", dtb64, (HV,))
-        g64 = -np.exp(A64) * _softplus(a64 + dtb64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            g64 = -np.exp(A64) * _softplus(a64 + dtb64)
         beta64 = _sigmoid(b64)
-    if not np.all(np.isfinite(g64) & (g64 <= 0)):
-        bad = g64[~(np.isfinite(g64) & (g64 <= 0))].flat[0]
-        raise ValueError(f"g must be finite and <= 0 everywhere (log decay), got {bad!r}")
     return g64, beta64
+
+
+def check_log_decay(g64: np.ndarray, live=None) -> None:
+    """g finite and <= 0 (a log decay) wherever ``live`` holds (a bool mask of
+    g's leading dims; None = everywhere). Padding tokens are exempt: their
+    values never enter the math (the host API applies the same rule)."""
+    ok = np.isfinite(g64) & (g64 <= 0)
+    if live is not None:
+        live = np.asarray(live, dtype=bool)
+        ok |= ~live.reshape(live.shape + (1,) * (g64.ndim - live.ndim))
+    if not ok.all():
+        raise ValueError(f"g must be finite and <= 0 (log decay) on every token of a "
+                         f"non-padding sequence, got {g64[~ok].flat[0]!r}")
 
 
 def _prepare(q, k, v, ssm_states, lead_name: str, gates: dict, scale, use_qk_l2norm):
     """Common checks for all entry points; ``lead_name`` names q's leading axes
-    ("num_tokens" for prefill, "num_seqs, T" for decode)."""
+    ("num_tokens" for prefill, "num_seqs, T" for decode). The gate values are
+    checked by the caller once it knows which tokens are padding."""
     q64, k64, v64 = _as_f64("q", q), _as_f64("k", k), _as_f64("v", v)
     pool = _as_f64("ssm_states", ssm_states)
     nlead = len(lead_name.split(","))
@@ -188,7 +210,7 @@ def _prepare(q, k, v, ssm_states, lead_name: str, gates: dict, scale, use_qk_l2n
         raise ValueError(f"v heads HV must be a multiple of q/k heads H = {H}, got HV = {HV}")
     if pool.ndim != 4 or pool.shape[1:] != (HV, K, V):
         raise ValueError(f"ssm_states must have shape [slots, {HV}, {K}, {V}], got {pool.shape}")
-    g64, beta64 = resolve_gates(lead, HV, **gates)
+    g64, beta64 = _gates_f64(lead, HV, **gates)
     if scale is None:
         scale = K ** -0.5
     if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)) \
@@ -297,6 +319,7 @@ def _prefill(q, k, v, gates, scale, use_qk_l2norm, cu_seqlens, ssm_states, state
     num_seqs = cu.shape[0] - 1
     idx = _as_int("state_indices", state_indices, num_seqs)
     _check_state_indices(idx, pool.shape[0])
+    check_log_decay(g64, np.repeat(idx >= 0, np.diff(cu)))
     init = _as_bool("has_initial_state", has_initial_state, num_seqs)
     o = np.zeros(v64.shape)
     HV, K, V = pool.shape[1:]
@@ -363,6 +386,7 @@ def gated_delta_decode(q, k, v, *, g=None, beta=None, a=None, b=None, A_log=None
     num_seqs, T = q64.shape[:2]
     idx = _as_int("state_indices", state_indices, num_seqs)
     _check_state_indices(idx, pool.shape[0])
+    check_log_decay(g64, idx >= 0)
     o = np.zeros(v64.shape)
     inter = np.zeros((num_seqs, T) + pool.shape[1:]) if return_intermediate_states else None
     for n in range(num_seqs):

@@ -17,6 +17,16 @@ Realism (DESIGN.md, Numerics):
   * Gated DeltaNet: g = -exp(A_log) * softplus(a + dt_bias), exp(A_log) in
     [1, 16]; beta = sigmoid(b); keys (and queries) L2-normalised, or raw
     with `use_qk_l2norm=True`; v ~ N(0, 1).
+  * `gate_pattern="strong_then_weak"` (SSD and GDN generators): in every
+    block of `PATTERN_BLOCK` = 16 tokens from each sequence's start (so
+    every chunk of 16, 32, ..., 128 tokens holds whole blocks), the first
+    `PATTERN_STRONG` = 8 tokens decay strongly and the other 8 barely:
+    GDN `a + dt_bias` ~ U(2, 5) then U(-8, -6) (g about -2..-80, then
+    -3e-4..-4e-2); SSD dt' ~ U(1, 4) then U(1e-4, 1e-3) (dt' A about
+    -1..-64, then -1e-4..-1.6e-2). Chunk sums of the
+    log decays then grow large while neighbouring tokens differ by little,
+    which exposes decays formed as differences of running sums (they
+    cancel in float32). The default "realistic" draws as described above.
   * Conv: weight ~ U(-1/sqrt(W), 1/sqrt(W)), bias likewise.
   * Pools are filled with random values (so "untouched slot" checks mean
     something); `state_indices` is a random subset of distinct slots, some
@@ -40,7 +50,13 @@ __all__ = [
     "make_short_conv_inputs", "make_short_conv_decode_inputs",
     "make_ssd_inputs", "make_ssd_decode_inputs",
     "make_gated_delta_inputs", "make_gated_delta_decode_inputs",
+    "GATE_PATTERNS", "PATTERN_BLOCK", "PATTERN_STRONG", "strong_decay_tokens",
 ]
+
+# Gate patterns of the SSD and GDN generators (module docstring).
+GATE_PATTERNS = ("realistic", "strong_then_weak")
+PATTERN_BLOCK = 16    # tokens per strong-then-weak block: the smallest chunk size
+PATTERN_STRONG = 8    # strong-decay tokens at the start of each block
 
 
 # ----------------------------------------------------------------------------- math helpers
@@ -79,6 +95,30 @@ def seqlens_from_cu(cu_seqlens) -> list[int]:
     return [int(n) for n in np.diff(cu)]
 
 
+def strong_decay_tokens(positions) -> np.ndarray:
+    """bool: which tokens (by position in their sequence) decay strongly under
+    ``gate_pattern="strong_then_weak"``."""
+    return np.asarray(positions) % PATTERN_BLOCK < PATTERN_STRONG
+
+
+def _positions(cu: np.ndarray) -> np.ndarray:
+    """int64 ``[num_tokens]``: each token's position inside its sequence."""
+    cu = np.asarray(cu, dtype=np.int64)
+    lengths = np.diff(cu)
+    return np.arange(int(cu[-1])) - np.repeat(cu[:-1], lengths)
+
+
+def _decode_positions(lead: tuple) -> np.ndarray:
+    """Token positions of a decode batch ``[num_seqs, (T)]``: t (0 for one token)."""
+    return np.broadcast_to(np.arange(lead[1]) if len(lead) == 2 else np.zeros(1, np.int64),
+                           lead)
+
+
+def _check_pattern(gate_pattern: str) -> None:
+    if gate_pattern not in GATE_PATTERNS:
+        raise ValueError(f"gate_pattern must be one of {GATE_PATTERNS}, got {gate_pattern!r}")
+
+
 def random_seqlens(rng: np.random.Generator, num_seqs: int, max_len: int, *,
                    min_len: int = 0) -> list[int]:
     """`num_seqs` lengths uniform in [min_len, max_len] (min_len 0 allows empty sequences)."""
@@ -110,18 +150,25 @@ def make_slots(rng: np.random.Generator, num_seqs: int, slots: int | None = None
     """(slots, state_indices int32 [num_seqs], has_initial_state bool [num_seqs]).
 
     `state_indices` are distinct random slots; `padding` of them (random
-    positions) are replaced by -1. `has_initial_state`: "mixed" (random),
+    positions) are replaced by -1. `slots` may be below num_seqs (down to
+    num_seqs - padding, 0 for an all-padding batch). `has_initial_state`: "mixed" (random),
     True, False, or a bool sequence of length num_seqs.
     """
     if slots is None:
         slots = num_seqs + 3
-    if slots < num_seqs:
-        raise ValueError(f"slots must be >= num_seqs = {num_seqs}, got {slots}")
     if not 0 <= padding <= num_seqs:
         raise ValueError(f"padding must be in [0, num_seqs = {num_seqs}], got {padding}")
-    idx = rng.permutation(slots)[:num_seqs].astype(np.int32)
-    if padding:
-        idx[rng.permutation(num_seqs)[:padding]] = -1
+    if slots < num_seqs - padding:
+        raise ValueError(f"slots must be >= the non-padding sequences num_seqs - padding = "
+                         f"{num_seqs - padding}, got {slots}")
+    if slots >= num_seqs:
+        idx = rng.permutation(slots)[:num_seqs].astype(np.int32)
+        if padding:
+            idx[rng.permutation(num_seqs)[:padding]] = -1
+    else:   # fewer slots than sequences (down to 0): only the padding ones go without
+        idx = np.full(num_seqs, -1, np.int32)
+        live = np.sort(rng.permutation(num_seqs)[padding:])
+        idx[live] = rng.permutation(slots)[:live.size]
     if isinstance(has_initial_state, str):
         if has_initial_state != "mixed":
             raise ValueError(f"has_initial_state must be 'mixed', a bool or a bool array, "
@@ -195,20 +242,32 @@ def make_short_conv_decode_inputs(rng: np.random.Generator, *, num_seqs: int, T:
 
 # ----------------------------------------------------------------------------- Mamba-2 SSD
 
-def _ssd_dt(rng, shape, H, dt_mode):
-    """dt (raw), dt_bias, dt_softplus for the two dt conventions."""
+def _softplus_inv(y):
+    """x with softplus(x) = y > 0, float64."""
+    y = np.asarray(y, dtype=np.float64)
+    return y + np.log(-np.expm1(-y))
+
+
+def _ssd_dt(rng, shape, H, dt_mode, positions=None):
+    """dt (raw), dt_bias, dt_softplus for the two dt conventions; with token
+    ``positions`` (gate_pattern "strong_then_weak") dt' follows the pattern."""
+    if dt_mode not in ("softplus", "raw"):
+        raise ValueError(f"dt_mode must be 'softplus' or 'raw', got {dt_mode!r}")
     # Mamba-2 init: dt_bias = softplus^-1(dt0), dt0 log-uniform in [1e-3, 1e-1].
     dt0 = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), size=H))
-    dt_bias = dt0 + np.log(-np.expm1(-dt0))
+    dt_bias = _softplus_inv(dt0)
     raw = 1.5 * rng.standard_normal(shape)
     # a few large spikes: dt' up to ~10, so dt' * A reaches -160 (state wiped)
     spikes = rng.random(shape) < 0.05
     raw = np.where(spikes, rng.uniform(2.0, 10.0, size=shape), raw)
+    if positions is not None:
+        strong = strong_decay_tokens(positions)[..., None]
+        target = np.where(strong, rng.uniform(1.0, 4.0, size=shape),
+                          rng.uniform(1e-4, 1e-3, size=shape))
+        raw = _softplus_inv(target) - dt_bias
     if dt_mode == "softplus":
         return _f32(raw), _f32(dt_bias), True
-    if dt_mode == "raw":
-        return softplus(raw + dt_bias), None, False
-    raise ValueError(f"dt_mode must be 'softplus' or 'raw', got {dt_mode!r}")
+    return softplus(raw + dt_bias), None, False
 
 
 def _f32(a):
@@ -237,19 +296,22 @@ def make_ssd_inputs(rng: np.random.Generator, *, seqlens, H: int, P: int, N: int
                     slots: int | None = None, dtype=np.float32, pool_dtype=np.float32,
                     padding: int = 0, has_initial_state="mixed", D: str | None = "H",
                     z: bool = False, dt_mode: str = "softplus",
-                    dt_limit=(0.0, float("inf"))) -> dict:
+                    dt_limit=(0.0, float("inf")), gate_pattern: str = "realistic") -> dict:
     """Prefill inputs: x `[num_tokens, H, P]`, dt `[num_tokens, H]`, A `[H]`,
     B, C `[num_tokens, G, N]`, D (`[H]` for D="H", `[H, P]` for "HP", or None),
     z `[num_tokens, H, P]` or None, dt_bias `[H]` or None, dt_softplus, dt_limit,
-    cu_seqlens, ssm_states `[slots, H, P, N]`, state_indices, has_initial_state."""
+    cu_seqlens, ssm_states `[slots, H, P, N]`, state_indices, has_initial_state.
+    `gate_pattern`: "realistic" or "strong_then_weak" (module docstring)."""
     _check_groups(H, G)
+    _check_pattern(gate_pattern)
     lengths = _lengths(seqlens)
     cu = cu_seqlens_from_lengths(lengths)
     T = int(cu[-1])
     slots, idx, init = make_slots(rng, len(lengths), slots, padding=padding,
                                   has_initial_state=has_initial_state)
     A, Dv = _ssd_params(rng, H, P, D, dtype)
-    dt, dt_bias, sp = _ssd_dt(rng, (T, H), H, dt_mode)
+    dt, dt_bias, sp = _ssd_dt(rng, (T, H), H, dt_mode,
+                              None if gate_pattern == "realistic" else _positions(cu))
     return dict(
         x=_cast(rng.standard_normal((T, H, P)), dtype), dt=_cast(dt, dtype), A=A,
         B=_cast(rng.standard_normal((T, G, N)), dtype),
@@ -265,15 +327,19 @@ def make_ssd_decode_inputs(rng: np.random.Generator, *, num_seqs: int, T: int | 
                            H: int, P: int, N: int, G: int = 1, slots: int | None = None,
                            dtype=np.float32, pool_dtype=np.float32, padding: int = 0,
                            D: str | None = "H", z: bool = False, dt_mode: str = "softplus",
-                           dt_limit=(0.0, float("inf"))) -> dict:
+                           dt_limit=(0.0, float("inf")),
+                           gate_pattern: str = "realistic") -> dict:
     """Decode inputs: x `[num_seqs, H, P]` (T None) or `[num_seqs, T, H, P]`,
     dt `[num_seqs, (T,) H]`, A, B, C `[num_seqs, (T,) G, N]`, D, z, dt_bias,
-    dt_softplus, dt_limit, ssm_states `[slots, H, P, N]`, state_indices."""
+    dt_softplus, dt_limit, ssm_states `[slots, H, P, N]`, state_indices.
+    `gate_pattern` as in make_ssd_inputs (token t of each sequence is at position t)."""
     _check_groups(H, G)
+    _check_pattern(gate_pattern)
     slots, idx, _ = make_slots(rng, num_seqs, slots, padding=padding)
     lead = (num_seqs,) if T is None else (num_seqs, T)
     A, Dv = _ssd_params(rng, H, P, D, dtype)
-    dt, dt_bias, sp = _ssd_dt(rng, lead + (H,), H, dt_mode)
+    dt, dt_bias, sp = _ssd_dt(rng, lead + (H,), H, dt_mode,
+                              None if gate_pattern == "realistic" else _decode_positions(lead))
     return dict(
         x=_cast(rng.standard_normal(lead + (H, P)), dtype), dt=_cast(dt, dtype), A=A,
         B=_cast(rng.standard_normal(lead + (G, N)), dtype),
@@ -287,7 +353,9 @@ def make_ssd_decode_inputs(rng: np.random.Generator, *, num_seqs: int, T: int | 
 
 # ----------------------------------------------------------------------------- Gated DeltaNet
 
-def _gdn_tensors(rng, lead, H, HV, K, V, raw_gates, use_qk_l2norm, dtype):
+def _gdn_tensors(rng, lead, H, HV, K, V, raw_gates, use_qk_l2norm, dtype, positions=None):
+    """q, k, v and the gates; token ``positions`` (gate_pattern
+    "strong_then_weak") replace the realistic a by the pattern's."""
     if H < 1 or HV % H:
         raise ValueError(f"HV must be a multiple of H = {H}, got HV = {HV}")
     q = rng.standard_normal(lead + (H, K))
@@ -302,6 +370,11 @@ def _gdn_tensors(rng, lead, H, HV, K, V, raw_gates, use_qk_l2norm, dtype):
     out = dict(q=_cast(q, dtype), k=_cast(k, dtype),
                v=_cast(rng.standard_normal(lead + (HV, V)), dtype),
                use_qk_l2norm=bool(use_qk_l2norm), scale=None)
+    if positions is not None:
+        strong = strong_decay_tokens(positions)[..., None]
+        pre = np.where(strong, rng.uniform(2.0, 5.0, size=lead + (HV,)),
+                       rng.uniform(-8.0, -6.0, size=lead + (HV,)))
+        a = pre - dt_bias
     if raw_gates:
         out.update(g=None, beta=None, a=_cast(a, dtype), b=_cast(b, dtype),
                    A_log=_f32(A_log), dt_bias=_f32(dt_bias))
@@ -317,17 +390,20 @@ def make_gated_delta_inputs(rng: np.random.Generator, *, seqlens, H: int, HV: in
                             V: int, raw_gates: bool = False, use_qk_l2norm: bool = False,
                             slots: int | None = None, dtype=np.float32,
                             pool_dtype=np.float32, padding: int = 0,
-                            has_initial_state="mixed") -> dict:
+                            has_initial_state="mixed", gate_pattern: str = "realistic") -> dict:
     """Prefill inputs: q, k `[num_tokens, H, K]`, v `[num_tokens, HV, V]`, either
     g, beta `[num_tokens, HV]` (raw_gates False) or a, b `[num_tokens, HV]` with
     A_log, dt_bias `[HV]` (raw_gates True; the unused ones are None), scale None,
     use_qk_l2norm, cu_seqlens, ssm_states `[slots, HV, K, V]`, state_indices,
-    has_initial_state."""
+    has_initial_state. `gate_pattern`: "realistic" or "strong_then_weak"
+    (module docstring)."""
+    _check_pattern(gate_pattern)
     lengths = _lengths(seqlens)
     cu = cu_seqlens_from_lengths(lengths)
     slots, idx, init = make_slots(rng, len(lengths), slots, padding=padding,
                                   has_initial_state=has_initial_state)
-    out = _gdn_tensors(rng, (int(cu[-1]),), H, HV, K, V, raw_gates, use_qk_l2norm, dtype)
+    out = _gdn_tensors(rng, (int(cu[-1]),), H, HV, K, V, raw_gates, use_qk_l2norm, dtype,
+                       None if gate_pattern == "realistic" else _positions(cu))
     out.update(cu_seqlens=cu,
                ssm_states=_cast(0.1 * rng.standard_normal((slots, HV, K, V)), pool_dtype),
                state_indices=idx, has_initial_state=init)
@@ -338,12 +414,14 @@ def make_gated_delta_decode_inputs(rng: np.random.Generator, *, num_seqs: int, T
                                    H: int, HV: int, K: int, V: int, raw_gates: bool = False,
                                    use_qk_l2norm: bool = False, slots: int | None = None,
                                    dtype=np.float32, pool_dtype=np.float32,
-                                   padding: int = 0) -> dict:
+                                   padding: int = 0, gate_pattern: str = "realistic") -> dict:
     """Decode inputs: q, k `[num_seqs, T, H, K]`, v `[num_seqs, T, HV, V]`, gates
-    `[num_seqs, T, HV]` (as make_gated_delta_inputs), ssm_states
-    `[slots, HV, K, V]`, state_indices."""
+    `[num_seqs, T, HV]` (as make_gated_delta_inputs; token t of each sequence is
+    at position t of `gate_pattern`), ssm_states `[slots, HV, K, V]`, state_indices."""
+    _check_pattern(gate_pattern)
     slots, idx, _ = make_slots(rng, num_seqs, slots, padding=padding)
-    out = _gdn_tensors(rng, (num_seqs, T), H, HV, K, V, raw_gates, use_qk_l2norm, dtype)
+    out = _gdn_tensors(rng, (num_seqs, T), H, HV, K, V, raw_gates, use_qk_l2norm, dtype,
+                       None if gate_pattern == "realistic" else _decode_positions((num_seqs, T)))
     out.update(ssm_states=_cast(0.1 * rng.standard_normal((slots, HV, K, V)), pool_dtype),
                state_indices=idx)
     return out

@@ -4,7 +4,8 @@ limits, engine/buffer rules, SBUF/PSUM capacity) and an instruction trace.
 
 Modules: ``errors`` (NkiValidationError, NkiCapacityError), ``dtypes``,
 ``targets`` (trn1/trn2/trn3 limits, NEURON_PLATFORM_TARGET_OVERRIDE),
-``tensor`` (Storage, NkiTensor views), ``memory`` (capacity accounting),
+``tensor`` (Storage, NkiTensor views), ``memory`` (SBUF/PSUM capacity by access
+liveness: first to last access, whole runtime loops),
 ``language`` (nki.language), ``isa`` (nki.isa), ``control`` (runtime loops:
 ``nl.dynamic_range`` / ``fori_loop`` / ``while_loop`` with VirtualRegisters, recorded
 with their loop structure so the trace gives both the dynamic instruction count and the
@@ -12,8 +13,11 @@ program size), ``jit`` (jit, simulate, ``specialisations()``: the compiles the r
 toolchain would make),
 ``install`` (register the simulator as ``import nki``), ``trace``,
 ``subset`` (every launched kernel's Python is checked against the subset the
-NKI compiler's front end accepts: no comprehensions, lambda, raise, try, ``is``,
-tuple for-targets, ``in`` on a dict, NumPy-scalar or >32-bit int arguments, ...).
+NKI front end, leanprover/KLR, accepts: no comprehensions, lambda, raise, try,
+tuple for-targets, min/max of 3+ values, builtins outside KLR's table, ...; every
+violation reported in source order), ``frontend`` (the launch runs a rewritten copy
+of the kernel that applies KLR's trace-time rules: list/tuple slices inside the
+sequence, ``in`` on tuple/list/str only, ``is`` as ``==``, module lists/dicts copied).
 
 ``language``, ``isa`` and ``jit`` load on first attribute access, so importing
 ``nki_ssm.sim.tensor`` alone stays cheap and cycle-free.

@@ -28,6 +28,7 @@ import ml_dtypes
 import numpy as np
 
 from . import control as _control
+from . import frontend as _frontend
 from . import memory as _memory
 from . import subset as _subset
 from . import tensor as _tensor
@@ -259,8 +260,9 @@ def _run(fn, num_programs: int, grid_ndim: int, args, kwargs, kernel=None):
         # (only reached when the outer source cannot be read: the subset check rejects
         # calls to jit kernels from a kernel) run it inline
         return fn(*args, **kwargs)
-    # the compiler parses the source: Python it rejects fails here, before anything runs
-    _subset.check_kernel(fn)
+    # the compiler parses the source: Python it rejects fails here, before anything runs;
+    # the launch runs a copy that applies the front end's trace-time rules (sim.frontend)
+    runner = _frontend.prepare(fn, _subset.check_kernel(fn))
     _note_specialisation(fn, num_programs, args, kwargs)
     target = current_target()
     tr = _trace.current()
@@ -282,7 +284,7 @@ def _run(fn, num_programs: int, grid_ndim: int, args, kwargs, kernel=None):
             _control.begin_program()
             try:
                 with _memory.launch(target) as tracker:
-                    result = fn(*cargs, **ckwargs)
+                    result = runner(*cargs, **ckwargs)
                     out = _convert_output(result)
                     usage.append(tracker.usage())
             finally:

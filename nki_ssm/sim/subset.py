@@ -1,39 +1,96 @@
-"""Static check of a kernel's Python against the subset the NKI compiler accepts.
+"""Static check of a kernel's Python against the subset the NKI front end accepts.
 
 The simulator runs kernels as ordinary Python, so without this check any
-construct would "work" here and fail to compile on a real Neuron SDK. The NKI
-0.5.0 compiler front end (the "parser" frontend: it parses the kernel's source,
-it does not run it) accepts a fixed subset of Python. The rules below come from
-(a) the NKI migration guide, 0.3.0 section (no ``is`` / ``is not``, no ``*``
-keyword-only separator, no list kernel arguments) and the NKI language guide
-(dict keys are strings; ``range``/list/tuple loops; classes inherit only
-NKIObject), and (b) the front end's public source, github.com/leanprover/KLR
-at 7ccd18c (``interop/klr/gather.c``: statements and expressions it turns into
-errors; ``KLR/NKI/Simplify.lean``: for-loop targets must be one name, no
-``in`` inside chained comparisons, no ``*`` / ``**`` expansion, no ``@``;
-``KLR/Trace/Python.lean``: the builtins that exist and ``in`` only on
-tuple / list / str).
+construct would "work" here and fail to compile on a real Neuron SDK (or be
+rejected here although the compiler takes it). The NKI front end parses the
+kernel's source and traces it; its public source is github.com/leanprover/KLR.
+Every rule below cites KLR at commit 7ccd18c (file and lines), or the NKI docs
+where they say more:
+
+- ``interop/klr/gather.c``: the Python it converts. Expressions (``expr``,
+  lines 904-1081): constants, names, attributes, tuple/list/dict displays,
+  subscripts and slices, boolean/binary/unary operators, comparisons,
+  conditional expressions, calls, starred (rejected later), f-strings without
+  format specifiers (1053-1058); anything else is "unsupported expression"
+  (1077-1080): comprehensions, generator expressions, lambda, set displays,
+  ``:=``, await/yield. Statements (``stmt``, 1220-1375): pass, expression,
+  assert, return, assignments, if, for, break, continue, while, with; inner
+  ``def``/``class`` (1322-1328), ``del`` (1330), ``type`` (1334), async
+  (1338-1342), ``match`` (1344), ``raise`` (1348), ``try`` (1352-1355),
+  ``import`` (1357-1360), ``global``/``nonlocal`` (1362-1368) are errors.
+- ``KLR/NKI/Simplify.lean``: ``is``/``is not`` become ``==``/``!=`` (83-88,
+  with a warning; ``is None`` silently, 205-208); a single ``in``/``not in``
+  becomes ``builtin.op.in`` (209-212) but ``in`` inside a chained comparison
+  is "not supported" (89-90); ``@`` (106); starred expansion (224); keyword
+  expansion (263-264); f-string conversions other than !r/!s/!a (226-231);
+  assignment targets (293-330: names and nested tuples of names, at most one
+  subscript/attribute target); for-loop target a single name (372); for/while
+  ``else`` (370-381); ``with`` a single argument-less call without ``as``
+  (382-393); ``*args`` parameters (415-416; ``**kwargs`` only warned,
+  417-418); decorators only staticmethod / dataclass / nki.jit (432-443);
+  ``...`` only as an index (60, 237).
+- ``KLR/NKI/Annotations.lean``: ``range`` and the ``nl.*_range`` loops only as
+  a for-loop iterator with 1-3 positional arguments (115-138); ``with`` only
+  ``no_reorder`` (140-143).
+- ``KLR/Trace/Python.lean``: the Python builtins that exist (45-400: abs,
+  bool, dict, divmod, float, int, isinstance, len, list, max, min, print,
+  slice, str, tuple, type); ``min``/``max`` take one tuple/list or exactly two
+  values (150-191); ``in`` only on a tuple, list or str (58-72); the math
+  module has only ceil, floor, gcd, log2, log10, pow, sqrt, pi, e, inf, nan
+  (34-39, 405-424); ``dict()`` takes no keywords (340).
+- ``KLR/Trace/NKI.lean`` 549-560: globals from the numpy module are dropped, so
+  a kernel cannot use numpy.
+- gather.c ``const_expr`` (489-560): a module-level tuple, list or dict a
+  kernel reads becomes a compile-time constant (a set or bytearray silently
+  becomes None, so it is rejected here).
+- NKI 0.3.0 release notes (release-notes/components/nki.rst 412): no ``*``
+  keyword-only separator in a kernel signature. KLR itself binds keyword-only
+  parameters (KLR/Python.lean 191-192); the docs are followed here because the
+  restriction is on the ``nki.jit`` entry point, not the tracer.
+
+What depends on run-time values (a slice of a list past its end, ``in`` on a
+dict, iterating over a dict, a str subscript) is checked while the kernel runs,
+by ``frontend.py``, which executes a rewritten copy of the kernel.
 
 ``check_kernel(fn)`` walks the kernel function and every plain Python function
-it reaches by name (module helpers, functions stored in module-level tuples)
-and raises ``NkiValidationError`` naming the file, line and construct.
+it reaches by name (module helpers, functions stored in module-level tuples),
+and raises ``NkiValidationError`` listing every violation in source order
+(kernel first, then helpers in the order the kernel reaches them), each with
+file, function and line.
 """
 from __future__ import annotations
 
 import ast
 import builtins
 import inspect
+import math
 import textwrap
 import types
+import warnings
 
 from .errors import NkiValidationError
 
-# Python builtins the NKI front end defines (KLR/Trace/*.lean ``builtin.python.*``) plus
-# ``range`` (for-loop headers only). Any other builtin called in a kernel is an error.
+
+class NkiFrontendWarning(UserWarning):
+    """What the front end accepts with a warning (``is``, ``**kwargs``, reading a module
+    global list or dict)."""
+
+
+# Python builtins the NKI front end defines (KLR/Trace/Python.lean ``builtin.python.*``) plus
+# ``range`` (for-loop headers only). Any other builtin used in a kernel is an error.
 NKI_BUILTINS = frozenset({
     "abs", "bool", "dict", "divmod", "float", "int", "isinstance", "len", "list", "max", "min",
     "print", "slice", "str", "tuple", "type", "range",
 })
+# the math module as the front end defines it (KLR/Trace/Python.lean 34-39, 405-424)
+MATH_NAMES = frozenset({"ceil", "floor", "gcd", "log2", "log10", "pow", "sqrt",
+                        "pi", "e", "inf", "nan"})
+# loop iterators the front end turns into loops (KLR/NKI/Annotations.lean 115-121)
+RANGE_NAMES = frozenset({"range", "static_range", "affine_range", "sequential_range",
+                         "dynamic_range"})
+_DECORATORS = frozenset({"jit", "staticmethod", "dataclass"})
+_MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "update",
+                       "setdefault", "sort", "reverse", "popitem", "__setitem__"})
 
 _REJECTED_STMTS = {
     ast.FunctionDef: "inner function definitions (def inside a kernel function)",
@@ -68,115 +125,264 @@ _REJECTED_EXPRS = {
     ast.Starred: "tuple expansion (*x)",
 }
 
-
-def _fail(where: str, node: ast.AST, what: str) -> None:
-    raise NkiValidationError(f"{where}:{getattr(node, 'lineno', '?')}: the NKI compiler rejects "
-                             f"{what}")
-
-
-def _dict_names(fn_node: ast.AST) -> set:
-    """Names bound to a dict ({...} or dict()) anywhere in the function."""
-    out = set()
-    for node in ast.walk(fn_node):
-        if isinstance(node, ast.Assign):
-            v = node.value
-            is_dict = isinstance(v, ast.Dict) or (
-                isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "dict")
-            if is_dict:
-                for t in node.targets:
-                    if isinstance(t, ast.Name):
-                        out.add(t.id)
-    return out
-
-
-def _check_body(fn_node: ast.AST, where: str, is_kernel: bool, local_names: set) -> set:
-    """Check one function's AST; returns the global names it loads."""
-    args = fn_node.args
-    if args.vararg is not None:
-        _fail(where, fn_node, f"*{args.vararg.arg} parameters (varargs)")
-    if is_kernel and args.kwonlyargs:
-        _fail(where, fn_node, "a '*' keyword-only separator in a kernel signature (NKI 0.3.0 "
-                              "migration guide)")
-    dicts = _dict_names(fn_node)
-    loop_iters = {id(n.iter) for n in ast.walk(fn_node) if isinstance(n, ast.For)}
-    loads = set()
-    for node in ast.walk(fn_node):
-        if node is not fn_node:
-            for cls, why in _REJECTED_STMTS.items():
-                if isinstance(node, cls):
-                    _fail(where, node, why)
-        for cls, why in _REJECTED_EXPRS.items():
-            if isinstance(node, cls):
-                _fail(where, node, why)
-        if isinstance(node, ast.Compare):
-            for op in node.ops:
-                if isinstance(op, (ast.Is, ast.IsNot)):
-                    _fail(where, node, "'is' / 'is not' (use == / != None; NKI 0.3.0 "
-                                       "migration guide)")
-            if any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
-                if len(node.ops) > 1:
-                    _fail(where, node, "'in' inside a chained comparison")
-                rhs = node.comparators[0]
-                if isinstance(rhs, (ast.Dict, ast.DictComp)) or (
-                        isinstance(rhs, ast.Name) and rhs.id in dicts):
-                    _fail(where, node, "'in' on a dict (the front end's 'in' takes a tuple, "
-                                       "list or str; use d.get(key) != None)")
-        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
-            _fail(where, node, "the @ operator")
-        elif isinstance(node, ast.Dict):
-            for k in node.keys:
-                if k is None:
-                    _fail(where, node, "dict unpacking (**d)")
-                if not (isinstance(k, ast.Constant) and isinstance(k.value, str)):
-                    _fail(where, node, "dict literal keys that are not string constants")
-        elif isinstance(node, ast.Call):
-            for kw in node.keywords:
-                if kw.arg is None:
-                    _fail(where, node, "keyword expansion (**kwargs) in a call")
-            f = node.func
-            if isinstance(f, ast.Name) and f.id == "range" and "range" not in local_names \
-                    and id(node) not in loop_iters:
-                # KLR/Trace/NKI.lean: "range, but only in a for-loop context"
-                _fail(where, node, "range() outside a for-loop header")
-            if isinstance(f, ast.Name) and f.id not in local_names and f.id not in NKI_BUILTINS \
-                    and f.id in _PY_BUILTINS:
-                _fail(where, node, f"the Python builtin {f.id}() (NKI defines only "
-                                   f"{', '.join(sorted(NKI_BUILTINS))})")
-        elif isinstance(node, ast.Assign):
-            # KLR/NKI/Simplify.lean letSet / pattern: a tuple target holds names only, and at
-            # most one target of a chained assignment mutates (a[i] = ..., x.f = ...)
-            sets = 0
-            for t in node.targets:
-                if isinstance(t, (ast.Tuple, ast.List)):
-                    if not all(isinstance(e, ast.Name) or isinstance(e, (ast.Tuple, ast.List))
-                               for e in ast.walk(t) if e is not t and not isinstance(e, ast.expr_context)):
-                        _fail(where, node, "tuple assignment targets other than plain names "
-                                           "(assign subscripts / attributes one per statement)")
-                elif not isinstance(t, ast.Name):
-                    sets += 1
-            if sets > 1:
-                _fail(where, node, "several mutating targets in one assignment")
-        elif isinstance(node, (ast.For, ast.While)):
-            if node.orelse:
-                _fail(where, node, "for/while ... else")
-            if isinstance(node, ast.For) and not isinstance(node.target, ast.Name):
-                _fail(where, node, "a for-loop target that is not a single name (unpack the "
-                                   "tuple in the loop body)")
-        elif isinstance(node, ast.With):
-            ok = (len(node.items) == 1 and node.items[0].optional_vars is None
-                  and isinstance(node.items[0].context_expr, ast.Call)
-                  and not node.items[0].context_expr.args
-                  and not node.items[0].context_expr.keywords)
-            if not ok:
-                _fail(where, node, "with-statements other than one argument-less call without 'as'")
-        elif isinstance(node, ast.FormattedValue) and node.format_spec is not None:
-            _fail(where, node, "format specifiers in f-strings")
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-            loads.add(node.id)
-    return loads
-
-
 _PY_BUILTINS = frozenset(n for n in dir(builtins) if not n.startswith("_"))
+_MISSING = object()
+
+
+def _tail(node: ast.AST) -> str | None:
+    """The last name of ``a.b.c`` / ``c`` (None for other expressions)."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def _is_pattern(t: ast.AST) -> bool:
+    """A let-pattern: a name, or a tuple of patterns (KLR/NKI/Simplify.lean 293-308)."""
+    if isinstance(t, ast.Name):
+        return True
+    return isinstance(t, ast.Tuple) and all(_is_pattern(e) for e in t.elts)
+
+
+class _FunctionCheck:
+    """The static rules for one function; collects (line, col, message) errors."""
+
+    def __init__(self, fn_node, where: str, is_kernel: bool, local_names: set, resolve,
+                 closure_names=frozenset()):
+        self.fn = fn_node
+        self.where = where
+        self.is_kernel = is_kernel
+        self.local = local_names
+        self.resolve = resolve          # name -> value in the function's scope, or _MISSING
+        self.closure_names = closure_names
+        self.errors: list = []
+        self.warnings: list = []
+        self.loads: list = []           # global names read, in source order
+        self.attr_refs: list = []       # values of module.attr reads, in source order
+        self.dicts = self._dict_names()
+        self.range_headers = set()      # id() of Call nodes that are for-loop range headers
+        self.subscript_index = set()    # id() of Constant(...) nodes used as an index
+
+    def fail(self, node, what: str) -> None:
+        self.errors.append((getattr(node, "lineno", 0), getattr(node, "col_offset", 0),
+                            f"{self.where}:{getattr(node, 'lineno', '?')}: the NKI compiler "
+                            f"rejects {what}"))
+
+    def warn(self, node, what: str) -> None:
+        self.warnings.append(f"{self.where}:{getattr(node, 'lineno', '?')}: {what}")
+
+    def _dict_names(self) -> set:
+        """Names bound to a dict ({...} or dict()) anywhere in the function."""
+        out = set()
+        for node in ast.walk(self.fn):
+            if isinstance(node, ast.Assign):
+                v = node.value
+                if isinstance(v, ast.Dict) or (isinstance(v, ast.Call) and isinstance(v.func, ast.Name)
+                                               and v.func.id == "dict"):
+                    out.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        return out
+
+    def _global(self, name: str):
+        if name in self.local:
+            return _MISSING
+        return self.resolve(name)
+
+    def _builtin(self, name: str) -> bool:
+        """``name`` is the Python builtin (not a local or module global of that name)."""
+        return name in _PY_BUILTINS and name not in self.local and self.resolve(name) is _MISSING
+
+    def run(self) -> None:
+        fn = self.fn
+        args = fn.args
+        if args.vararg is not None:
+            self.fail(fn, f"*{args.vararg.arg} parameters (varargs; KLR/NKI/Simplify.lean 415)")
+        if args.kwarg is not None:
+            self.warn(fn, f"**{args.kwarg.arg}: variable keyword arguments are not supported in "
+                          "NKI (KLR/NKI/Simplify.lean 417-418: a warning; it must stay empty)")
+        if self.is_kernel and args.kwonlyargs:
+            self.fail(fn, "a '*' keyword-only separator in a kernel signature (NKI 0.3.0 release "
+                          "notes)")
+        for dec in fn.decorator_list:
+            d = dec.func if isinstance(dec, ast.Call) else dec
+            if _tail(d) not in _DECORATORS:
+                self.fail(dec, f"the decorator @{ast.unparse(dec)} (only staticmethod, dataclass "
+                               "and nki.jit; KLR/NKI/Simplify.lean 432-443)")
+        for node in ast.walk(fn):
+            if isinstance(node, ast.For) and isinstance(node.iter, ast.Call) \
+                    and _tail(node.iter.func) in RANGE_NAMES:
+                self.range_headers.add(id(node.iter))
+            elif isinstance(node, ast.Subscript):
+                for e in (node.slice.elts if isinstance(node.slice, ast.Tuple) else (node.slice,)):
+                    self.subscript_index.add(id(e))
+        todo = list(reversed(fn.body))
+        while todo:
+            node = todo.pop()
+            if self.node(node):
+                todo.extend(reversed(list(ast.iter_child_nodes(node))))
+
+    def node(self, node) -> bool:
+        """Check one node; False when it is rejected as a whole (its inside is not checked:
+        the front end stops at it too)."""
+        why = _REJECTED_STMTS.get(type(node)) or _REJECTED_EXPRS.get(type(node))
+        if why is not None:
+            self.fail(node, why)
+            return False
+        meth = getattr(self, "n_" + type(node).__name__, None)
+        if meth is not None:
+            meth(node)
+        return True
+
+    # -- expressions
+    def n_Compare(self, node) -> None:
+        ops = node.ops
+        if len(ops) == 1 and isinstance(ops[0], (ast.Is, ast.IsNot)) \
+                and isinstance(node.comparators[0], ast.Constant) and node.comparators[0].value is None:
+            pass        # x is None / x is not None: == / != None (Simplify.lean 205-208)
+        elif any(isinstance(op, (ast.Is, ast.IsNot)) for op in ops):
+            self.warn(node, "the 'is' operator is not supported in NKI; the front end compares "
+                            "with == / != instead (KLR/NKI/Simplify.lean 83-88)")
+        if any(isinstance(op, (ast.In, ast.NotIn)) for op in ops):
+            if len(ops) > 1:
+                self.fail(node, "'in' inside a chained comparison (KLR/NKI/Simplify.lean 89-90)")
+                return
+            rhs = node.comparators[0]
+            if isinstance(rhs, ast.Dict) or (isinstance(rhs, ast.Name) and rhs.id in self.dicts):
+                self.fail(node, "'in' on a dict (the front end's 'in' takes a tuple, list or str, "
+                                "KLR/Trace/Python.lean 58-72; use d.get(key) != None)")
+
+    def n_BinOp(self, node) -> None:
+        if isinstance(node.op, ast.MatMult):
+            self.fail(node, "the @ operator (KLR/NKI/Simplify.lean 106)")
+
+    def n_Dict(self, node) -> None:
+        for k in node.keys:
+            if k is None:
+                self.fail(node, "dict unpacking (**d)")
+            elif not (isinstance(k, ast.Constant) and isinstance(k.value, str)):
+                self.fail(node, "dict literal keys that are not string constants "
+                                "(KLR/NKI/Simplify.lean 194-199)")
+
+    def n_Constant(self, node) -> None:
+        if node.value is Ellipsis and id(node) not in self.subscript_index:
+            self.fail(node, "'...' outside an index (KLR/NKI/Simplify.lean 60)")
+
+    def n_FormattedValue(self, node) -> None:
+        if node.format_spec is not None:
+            self.fail(node, "format specifiers in f-strings (KLR interop/klr/gather.c 1055-1058)")
+
+    def n_Attribute(self, node) -> None:
+        if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            self.fail(node, f"the str method .{node.attr}() (strings have no attributes in the "
+                            "front end, KLR/Trace/Term.lean 469-530; use an f-string)")
+        elif isinstance(node.value, ast.Name) and isinstance(node.ctx, ast.Load):
+            mod = self._global(node.value.id)
+            if isinstance(mod, types.ModuleType):
+                self.attr_refs.append(getattr(mod, node.attr, None))
+            if mod is math and node.attr not in MATH_NAMES:
+                self.fail(node, f"math.{node.attr} (the front end's math module has only "
+                                f"{', '.join(sorted(MATH_NAMES))}; KLR/Trace/Python.lean 34-39, "
+                                "405-424)")
+            elif isinstance(mod, types.ModuleType) and mod.__name__.split(".")[0] == "numpy":
+                self.fail(node, f"numpy ({node.value.id}.{node.attr}) inside a kernel (the "
+                                "front end drops numpy globals, KLR/Trace/NKI.lean 549-560; "
+                                "use nl dtypes and nisa instructions)")
+
+    def n_Name(self, node) -> None:
+        if not isinstance(node.ctx, ast.Load):
+            return
+        name = node.id
+        if name not in self.local:
+            self.loads.append(name)
+        if self._builtin(name) and name not in NKI_BUILTINS:
+            self.fail(node, f"the Python builtin {name}() (NKI defines only "
+                            f"{', '.join(sorted(NKI_BUILTINS))}; KLR/Trace/Python.lean)")
+
+    def n_Call(self, node) -> None:
+        for kw in node.keywords:
+            if kw.arg is None:
+                self.fail(node, "keyword expansion (**kwargs) in a call (KLR/NKI/Simplify.lean "
+                                "263-264)")
+        f = node.func
+        name = _tail(f)
+        if name in RANGE_NAMES and (isinstance(f, ast.Attribute) or self._builtin(name)):
+            if id(node) not in self.range_headers:
+                self.fail(node, f"{name}() outside a for-loop header (KLR/NKI/Annotations.lean "
+                                "115-138: range loops are a for-loop form only)")
+            elif node.keywords or not 1 <= len(node.args) <= 3:
+                self.fail(node, f"{name}() with keywords or other than 1-3 positional arguments "
+                                "(KLR/NKI/Annotations.lean 127-137)")
+        if isinstance(f, ast.Name) and self._builtin(f.id):
+            if f.id in ("min", "max") and (node.keywords or len(node.args) not in (1, 2)):
+                self.fail(node, f"{f.id}() with {len(node.args)} positional argument(s)"
+                                f"{' and keywords' if node.keywords else ''} (the front end's "
+                                f"{f.id} takes one tuple/list or exactly two values; "
+                                "KLR/Trace/Python.lean 150-191)")
+            elif f.id == "dict" and node.keywords:
+                self.fail(node, "dict() with keyword arguments (KLR/Trace/Python.lean 340: use "
+                                "a {'key': value} literal)")
+        # mutating a module-level list/dict through its name
+        if isinstance(f, ast.Attribute) and f.attr in _MUTATORS and isinstance(f.value, ast.Name):
+            self._global_mutation(node, f.value.id, f".{f.attr}()")
+
+    # -- statements
+    def _global_mutation(self, node, name: str, how: str) -> None:
+        if name in self.local or name in self.closure_names:
+            return
+        val = self.resolve(name)
+        if isinstance(val, (list, dict)):
+            self.fail(node, f"mutating the module global {name!r} ({how}): the compiler works on "
+                            "a copy taken when the kernel is traced and caches the result, so a "
+                            "kernel must not depend on or change module state (NKI 0.5.0 release "
+                            "notes, known issues: kernels are pure functions of their arguments)")
+
+    def n_Assign(self, node) -> None:
+        sets = 0
+        for t in node.targets:
+            if isinstance(t, ast.Name):
+                continue
+            if isinstance(t, ast.Tuple) and _is_pattern(t):
+                continue
+            if isinstance(t, (ast.Tuple, ast.List)):
+                self.fail(node, "assignment targets other than names and tuples of names (list "
+                                "patterns, subscripts or attributes inside a tuple; "
+                                "KLR/NKI/Simplify.lean 293-316)")
+                return
+            sets += 1
+            self._target_mutation(node, t)
+        if sets > 1:
+            self.fail(node, "several mutating targets in one assignment (KLR/NKI/Simplify.lean "
+                            "316)")
+
+    def _target_mutation(self, node, t) -> None:
+        if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name):
+            self._global_mutation(node, t.value.id, "item assignment")
+
+    def n_AugAssign(self, node) -> None:
+        self._target_mutation(node, node.target)
+
+    def n_For(self, node) -> None:
+        if node.orelse:
+            self.fail(node, "for/while ... else (KLR/NKI/Simplify.lean 370-371)")
+        if not isinstance(node.target, ast.Name):
+            self.fail(node, "a for-loop target that is not a single name (unpack the tuple in the "
+                            "loop body; KLR/NKI/Simplify.lean 372)")
+
+    def n_While(self, node) -> None:
+        if node.orelse:
+            self.fail(node, "for/while ... else (KLR/NKI/Simplify.lean 379-380)")
+
+    def n_With(self, node) -> None:
+        items = node.items
+        ok = (len(items) == 1 and items[0].optional_vars is None
+              and isinstance(items[0].context_expr, ast.Call)
+              and not items[0].context_expr.args and not items[0].context_expr.keywords)
+        if not ok:
+            self.fail(node, "with-statements other than one argument-less call without 'as' "
+                            "(KLR/NKI/Simplify.lean 382-393)")
+        elif _tail(items[0].context_expr.func) != "no_reorder":
+            self.fail(node, f"the with-context {ast.unparse(items[0].context_expr)} (only "
+                            "nl.no_reorder(); KLR/NKI/Annotations.lean 140-143)")
 
 
 def _parse(fn):
@@ -203,81 +409,137 @@ def _reachable(value, out: list) -> None:
             _reachable(v, out)
 
 
-_checked: dict = {}
+def _local_names(node) -> set:
+    names = {a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs}
+    for a in (node.args.vararg, node.args.kwarg):
+        if a is not None:
+            names.add(a.arg)
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+            names.add(sub.id)
+    return names
 
 
-def check_kernel(fn) -> None:
-    """Raise NkiValidationError if ``fn`` or a helper it reaches uses Python the NKI compiler
-    rejects. Results are cached per function object (a kernel is checked once)."""
-    key = getattr(fn, "__code__", None)
-    if key is None:
-        return
-    err = _checked.get(key)
-    if err is not None:
-        if err:
-            raise NkiValidationError(err)
-        return
-    try:
-        _check_tree(fn)
-    except NkiValidationError as e:
-        _checked[key] = str(e)
-        raise
-    _checked[key] = ""
+def _closure(f) -> dict:
+    out = {}
+    for nm, cell in zip(f.__code__.co_freevars, f.__closure__ or ()):
+        try:
+            out[nm] = cell.cell_contents
+        except ValueError:
+            pass
+    return out
 
 
-def _check_tree(fn) -> None:
+def _is_api(f) -> bool:
+    mod = getattr(f, "__module__", "") or ""
+    return mod.startswith("nki_ssm.sim") or mod.startswith("nki.") or mod == "nki"
+
+
+class Checked:
+    """The result of checking one kernel: the functions reached (kernel first), their parsed
+    definitions and the module globals they read."""
+
+    def __init__(self):
+        self.functions: list = []        # (function, ast node, file)
+        self.global_reads: dict = {}     # id(globals dict) -> set of names read
+        self.errors: list = []
+        self.warnings: list = []
+
+
+def _check_tree(fn) -> Checked:
+    out = Checked()
     seen = set()
     todo = [(fn, True)]
+    order = 0
     while todo:
-        f, is_kernel = todo.pop()
-        if f.__code__ in seen:
+        f, is_kernel = todo.pop(0)           # breadth first, in the order names are read
+        if f.__code__ in seen or _is_api(f):
             continue
         seen.add(f.__code__)
         node, file = _parse(f)
         if node is None:
             continue
-        mod = getattr(f, "__module__", "") or ""
-        if mod.startswith("nki_ssm.sim") or mod.startswith("nki.") or mod == "nki":
-            continue        # the NKI API itself, not kernel code
-        local_names = {a.arg for a in node.args.args + node.args.kwonlyargs}
-        for sub in ast.walk(node):
-            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
-                local_names.add(sub.id)
-        where = f"{file}:{f.__name__}"
-        loads = _check_body(node, where, is_kernel, local_names)
         glb = getattr(f, "__globals__", {})
-        closure = {}
-        for nm, cell in zip(f.__code__.co_freevars, f.__closure__ or ()):
-            if _cell_ok(cell):
-                closure[nm] = cell.cell_contents
-        for name in loads - local_names:
-            val = closure.get(name, glb.get(name))
+        closure = _closure(f)
+
+        def resolve(name, glb=glb, closure=closure):
+            if name in closure:
+                return closure[name]
+            return glb.get(name, _MISSING)
+
+        where = f"{file}:{f.__name__}"
+        chk = _FunctionCheck(node, where, is_kernel, _local_names(node), resolve, set(closure))
+        chk.run()
+        out.functions.append((f, node, file))
+        out.errors.extend((order, line, col, msg) for line, col, msg in chk.errors)
+        out.warnings.extend(chk.warnings)
+        order += 1
+        reads = out.global_reads.setdefault(id(glb), set())
+        done = set()
+        for name in chk.loads:
+            if name in done:
+                continue
+            done.add(name)
+            val = resolve(name)
+            if val is _MISSING:
+                continue
+            if name not in closure:
+                reads.add(name)
             if type(val).__name__ == "Kernel" and type(val).__module__.endswith("sim.jit"):
                 # migration guide, "Remove nki.jit decorator on sub-kernels": the
                 # compiler rejects a call to a jit-decorated function from a kernel
-                raise NkiValidationError(
-                    f"{where}: calls {name}, which is decorated with nki.jit; helpers called "
-                    f"from a kernel must be plain functions (the NKI compiler inlines them)")
-            if isinstance(val, (list, dict, set, bytearray)) and name not in closure:
-                # the compiler copies a global into the kernel at trace time; the simulator
-                # would share (and let the kernel mutate) one object across calls, and the
-                # kernel cache would keep the first value (language guide, "pure functions")
-                raise NkiValidationError(
-                    f"{where}: reads the mutable module global {name!r} "
-                    f"({type(val).__name__}); kernels must be pure functions of their "
-                    f"arguments: use a tuple or pass it in")
+                out.errors.append((order - 1, 0, 0,
+                                   f"{where}: calls {name}, which is decorated with nki.jit; "
+                                   "helpers called from a kernel must be plain functions (the "
+                                   "NKI compiler inlines them)"))
+            elif isinstance(val, (set, frozenset, bytearray)) and name not in closure:
+                # gather.c const_expr turns a set into None (it is no tuple, list or dict)
+                out.errors.append((order - 1, 0, 0,
+                                   f"{where}: reads the module global {name!r} "
+                                   f"({type(val).__name__}); the front end converts only tuples, "
+                                   "lists and dicts of constants (KLR interop/klr/gather.c "
+                                   "const_expr): use a tuple"))
+            elif isinstance(val, (list, dict)) and name not in closure:
+                out.warnings.append(
+                    f"{where}: reads the module global {name!r} ({type(val).__name__}); the "
+                    "compiler copies it when the kernel is traced and caches the kernel, so "
+                    "later edits to it are not seen (NKI 0.5.0 release notes, known issues)")
             found = []
             _reachable(val, found)
-            for g in found:
-                todo.append((g, False))
+            todo.extend((g, False) for g in found)
+        # helpers reached as module.attr (gather.c reference(), Attribute_kind, follows them
+        # too); only the kernel's own package: the NKI API and the stdlib are not kernel code
+        top = (getattr(fn, "__module__", "") or "").split(".")[0]
+        for val in chk.attr_refs:
+            if isinstance(val, types.FunctionType) and top \
+                    and (val.__module__ or "").split(".")[0] == top:
+                todo.append((val, False))
+    out.errors.sort()
+    return out
 
 
-def _cell_ok(cell) -> bool:
-    try:
-        cell.cell_contents
-    except ValueError:
-        return False
-    return True
+_checked: dict = {}
 
 
-__all__ = ["check_kernel", "NKI_BUILTINS"]
+def check_kernel(fn) -> Checked | None:
+    """Raise NkiValidationError if ``fn`` or a helper it reaches uses Python the NKI compiler
+    rejects (every violation, in source order); warn (NkiFrontendWarning) where it only
+    warns. Results are cached per function object (a kernel is checked once)."""
+    key = getattr(fn, "__code__", None)
+    if key is None:
+        return None
+    res = _checked.get(key)
+    if res is None:
+        res = _check_tree(fn)
+        _checked[key] = res
+        for w in res.warnings:
+            warnings.warn(w, NkiFrontendWarning, stacklevel=3)
+    if res.errors:
+        lines = [msg for _, _, _, msg in res.errors]
+        head = lines[0] if len(lines) == 1 else (
+            f"{lines[0]}\n({len(lines)} violations, in source order:)\n" + "\n".join(lines))
+        raise NkiValidationError(head)
+    return res
+
+
+__all__ = ["check_kernel", "NKI_BUILTINS", "MATH_NAMES", "NkiFrontendWarning", "Checked"]

@@ -157,16 +157,7 @@ class Storage:
         free = math.prod(self.shape[1:])
         self.bytes_per_partition = free * self.dtype.itemsize
         self._flats: dict[np.dtype, np.ndarray] = {self.dtype: data}
-        self._tracker = None  # sim.memory tracker counting this storage, if any
-
-    def __del__(self):
-        # return the capacity when the last view of the storage goes away
-        tracker = self._tracker
-        if tracker is not None:
-            try:
-                tracker.free(self.id)
-            except Exception:  # interpreter shutdown
-                pass
+        self._tracker = None  # sim.memory tracker recording this storage's accesses, if any
 
     @property
     def on_chip(self) -> bool:
@@ -639,6 +630,9 @@ class NkiTensor:
         values raise NkiValidationError, or with ``clamp_oob`` address index 0
         (callers skip those rows with ``indirection.valid()``).
         """
+        tr = self.storage._tracker
+        if tr is not None:
+            tr.touch(self.storage.id)
         e = self._elems
         if e is None:
             e = np.full(self.shape, self.offset, dtype=np.int64)
@@ -666,6 +660,9 @@ class NkiTensor:
         ``copy=False`` returns a live view for a direct tensor (read-only use:
         callers must not write into it); indirect views always copy.
         """
+        tr = self.storage._tracker
+        if tr is not None:      # capacity by access liveness (sim.memory)
+            tr.touch(self.storage.id)
         if self.indirection is None:
             v = self._array()
             return v.copy() if copy else v
@@ -673,6 +670,9 @@ class NkiTensor:
 
     def write(self, values) -> None:
         """Store ``values`` (broadcast to ``shape``) with NKI rounding (dtypes.cast)."""
+        tr = self.storage._tracker
+        if tr is not None:
+            tr.touch(self.storage.id)
         vals = _dt.cast(values, self.dtype)
         if self.indirection is None:
             self._array()[...] = vals

@@ -153,9 +153,9 @@ class Trace:
             if not path:
                 top += 1
             else:
-                # the whole path: an inner loop's iteration k of different outer iterations
-                # (different entries) are different executions of the same body
-                key = tuple(path)
+                # the whole path: a nested loop's iteration i is a different body run in
+                # every iteration of the loops around it
+                key = path
                 per_iter[key] = per_iter.get(key, 0) + 1
         body: dict = {}
         for path, n in per_iter.items():

@@ -341,3 +341,117 @@ def test_kernels_import_only_the_backend_and_take_tuples(rng, monkeypatch):
     for args in seen:
         for a in args:
             assert a is None or isinstance(a, (np.ndarray, bool, int, str, tuple)), type(a)
+
+
+# --------------------------------------------------------------------------- decode: runtime batch
+
+def _decode_both(inp, dtype):
+    """(reference y, sim y) of one decode call, each on its own copy of the pool; the
+    sim result is also checked against the reference (y and pools)."""
+    kw = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in inp.items()}
+    y_ref = ops.short_conv_decode(kw.pop("x"), kw.pop("weight"), kw.pop("bias"),
+                                  backend="reference", **kw)
+    return y_ref, _run_decode_and_check(inp, dtype)
+
+
+@pytest.mark.parametrize("num_seqs,dim,T", [
+    (1, 8192, 16),      # issue 9 row 2: PSUM ran out for T >= 15 at W = 4
+    (1, 200, 16),       # dim not a multiple of 128 (R = 8, partial sub-tiles)
+    (3, 131, 17),       # odd dim: one channel block (R = 1), odd T
+    (70, 128, 16),      # > 64 sequences (R = 1, one group of 128 positions)
+])
+def test_decode_long_speculative_steps_fit_psum(rng, num_seqs, dim, T):
+    """Issue 9 row 2: any T works (tokens processed in PSUM-sized slices) on every
+    backend, and the kernel matches the reference."""
+    inp = make_short_conv_decode_inputs(rng, num_seqs=num_seqs, T=T, dim=dim, W=4,
+                                        dtype=BF16, pool_dtype=BF16, bias=False)
+    y_ref, y = _decode_both(inp, BF16)
+    assert y_ref.shape == y.shape == (num_seqs, T, dim)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, 1e30])
+def test_decode_padding_row_nan_gives_zeros(rng, bad):
+    """Issue 9 row 3: a padding row's x is never read, so NaN / Inf / huge garbage there
+    gives zeros (the contract) on every backend, and the live rows are unaffected."""
+    inp = make_short_conv_decode_inputs(rng, num_seqs=3, T=2, dim=128, W=4)
+    inp["state_indices"] = np.array([1, 3, -1], dtype=np.int32)
+    inp["x"][2] = bad
+    y_ref, y = _decode_both(inp, np.float32)
+    for out in (y_ref, y):
+        assert np.all(np.isfinite(out)) and not np.any(out[2])
+
+
+@pytest.mark.parametrize("num_seqs,padding", [(1, 0), (1, 1), (3, 0), (5, 2), (7, 0), (6, 5)])
+def test_decode_one_and_odd_numbers_of_live_sequences(rng, num_seqs, padding):
+    """1 sequence, odd numbers of live sequences and an all-but-one-padding batch: the
+    last group's unused positions mirror a live sequence (issue 14 item 7)."""
+    inp = make_short_conv_decode_inputs(rng, num_seqs=num_seqs, T=1, dim=256, W=4,
+                                        padding=padding)
+    _run_decode_and_check(inp, np.float32)
+
+
+def test_decode_all_padding_touches_nothing(rng):
+    inp = make_short_conv_decode_inputs(rng, num_seqs=4, T=1, dim=128, W=3, padding=4)
+    y = _run_decode_and_check(inp, np.float32)
+    assert not np.any(y)
+
+
+def test_decode_tables_compact_live_sequences_and_mirror_padding():
+    """The launcher's tables: live sequences first (stable), padding positions of the
+    last live group mirror its first sequence, num_groups counts live groups only."""
+    from nki_ssm.ops.launch.short_conv import decode_tables
+
+    idx = np.array([-1, 5, -1, 2, 7, -1, -1, -1])
+    order, pos, pool_rows, num_groups = decode_tables(idx, 8, R=16)    # Pn = 8: one group
+    assert list(order) == [1, 3, 4, 1, 1, 1, 1, 1]
+    assert list(pos[[1, 3, 4]]) == [0, 1, 2]
+    assert num_groups.tolist() == [[1]] and num_groups.dtype == np.int32
+    assert pool_rows.shape == (1, 128)
+    assert list(pool_rows[0, :8]) == [80, 32, 112, 80, 80, 80, 80, 80]    # slot * 16 + 0
+    assert list(pool_rows[0, 8:11]) == [81, 33, 113]                      # block r = 1
+    order, _, pool_rows, num_groups = decode_tables(idx, 8, R=32)      # Pn = 4: two groups
+    # the second group is not run (num_groups = 1); its positions are never read
+    assert list(order[:4]) == [1, 3, 4, 1] and num_groups.tolist() == [[1]]
+    _, _, _, none = decode_tables(np.full(8, -1), 8, R=16)
+    assert none.tolist() == [[0]]
+
+
+@pytest.mark.parametrize("pool_dtype", [np.float32, BF16])
+def test_decode_one_specialisation_per_bucket(pool_dtype):
+    """Many random batches within one bucket (5..8 sequences -> bucket 8; padding slots
+    anywhere, all-padding included): the kernel is compiled once, and every call
+    matches the float64 reference (y, named and unnamed pool slots)."""
+    from nki_ssm import sim
+
+    sim.reset_specialisations()
+
+    @settings(max_examples=12, deadline=None)
+    @given(data=st.data())
+    def check(data):
+        rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1)))
+        num_seqs = data.draw(st.integers(5, 8))
+        inp = make_short_conv_decode_inputs(rng, num_seqs=num_seqs, T=2, dim=256, W=4,
+                                            dtype=BF16, pool_dtype=pool_dtype, slots=11,
+                                            padding=data.draw(st.integers(0, num_seqs)))
+        _run_decode_and_check(inp, BF16)
+
+    check()
+    spec = {k: v for k, v in sim.specialisations().items() if "short_conv_decode" in k}
+    assert list(spec.values()) == [1], spec
+
+
+def test_decode_program_size_does_not_grow_with_sequences(rng):
+    """Buckets of 128 and 512 sequences compile the same program (runtime group loop)."""
+    from nki_ssm.sim.trace import record
+
+    sizes = []
+    for n in (128, 512):
+        inp = make_short_conv_decode_inputs(rng, num_seqs=n, T=1, dim=256, W=4, dtype=BF16,
+                                            pool_dtype=BF16, bias=False)
+        kw = dict(inp)
+        with record() as trace:
+            ops.short_conv_decode(kw.pop("x"), kw.pop("weight"), kw.pop("bias"),
+                                  backend="sim", **kw)
+        sizes.append(trace.program_instructions())
+        assert len(trace) > trace.program_instructions() or n == 128
+    assert sizes[0] == sizes[1], sizes

@@ -33,7 +33,7 @@ GDN = dict(H=2, HV=4, K=16, V=8)
 def base(op: str, *, seed: int = 0, dtype=np.float32, pool_dtype=np.float32, **extra) -> dict:
     """Fresh keyword arguments of a valid call of ``op`` (one padding sequence)."""
     rng = np.random.default_rng(seed)
-    common = dict(dtype=dtype, pool_dtype=pool_dtype, padding=1, **extra)
+    common = {"dtype": dtype, "pool_dtype": pool_dtype, "padding": 1, **extra}
     if op == "short_conv_prefill":
         return gen.make_short_conv_inputs(rng, seqlens=SEQLENS, **CONV, **common)
     if op == "short_conv_decode":

@@ -11,10 +11,12 @@ import pytest
 
 from nki_ssm.reference import inputs as I
 from nki_ssm.reference import shapes
-from nki_ssm.reference.gated_delta import gated_delta_decode, gated_delta_recurrent
-from nki_ssm.reference.mamba2_ssd import ssd_decode, ssd_dt, ssd_recurrent
+from nki_ssm.reference.gated_delta import (gated_delta_chunked, gated_delta_decode,
+                                           gated_delta_recurrent)
+from nki_ssm.reference.mamba2_ssd import ssd_chunked, ssd_decode, ssd_dt, ssd_recurrent
 from nki_ssm.reference.metrics import abs_max, max_abs_scaled, rel_fro
 from nki_ssm.reference.short_conv import short_conv_decode, short_conv_recurrent
+from nki_ssm.reference.testing import assert_forms_agree
 
 
 # ----------------------------------------------------------------------------- ragged helpers
@@ -34,6 +36,15 @@ def test_random_cu_seqlens_bounds(rng):
     assert cu.dtype == np.int32 and cu[0] == 0 and lengths.size == 50
     assert lengths.min() >= 2 and lengths.max() <= 7
     assert len(set(lengths.tolist())) > 1
+
+
+def test_make_slots_with_fewer_slots_than_sequences(rng):
+    slots, idx, _ = I.make_slots(rng, 5, 2, padding=3)
+    assert slots == 2 and sorted(idx[idx >= 0].tolist()) == [0, 1] and (idx == -1).sum() == 3
+    slots, idx, _ = I.make_slots(rng, 3, 0, padding=3)
+    assert slots == 0 and (idx == -1).all()
+    with pytest.raises(ValueError, match="slots must be >= the non-padding sequences"):
+        I.make_slots(rng, 5, 2, padding=2)
 
 
 def test_make_slots_distinct_padding_and_mixed_init(rng):
@@ -116,6 +127,73 @@ def test_gated_delta_inputs_are_realistic(rng, raw_gates):
     assert np.abs(np.linalg.norm(l2["k"].astype(np.float64), axis=-1) - 1).max() > 1e-2
     dd = I.make_gated_delta_decode_inputs(rng, num_seqs=3, T=2, H=2, HV=4, K=8, V=5)
     assert set(dd) <= _kwargs_of(gated_delta_decode) and dd["q"].shape == (3, 2, 2, 8)
+
+
+# ----------------------------------------------------------------------------- gate patterns
+
+def _pattern_positions(cu):
+    cu = np.asarray(cu)
+    return np.concatenate([np.arange(n) for n in np.diff(cu)] or [np.zeros(0, int)])
+
+
+@pytest.mark.parametrize("raw_gates", [False, True])
+def test_gdn_strong_then_weak_gates(rng, raw_gates):
+    d = I.make_gated_delta_inputs(rng, seqlens=[40, 0, 23], H=1, HV=3, K=4, V=2,
+                                  raw_gates=raw_gates, gate_pattern="strong_then_weak")
+    if raw_gates:
+        g = -np.exp(d["A_log"].astype(np.float64)) * I.softplus(
+            d["a"].astype(np.float64) + d["dt_bias"].astype(np.float64))
+    else:
+        g = d["g"].astype(np.float64)
+    strong = I.strong_decay_tokens(_pattern_positions(d["cu_seqlens"]))
+    assert strong.sum() == 3 * 8 + (8 + 7) and strong[:8].all() and not strong[8:16].any()
+    assert strong[40:48].all()                       # blocks restart at each sequence
+    assert g[strong].max() < -2.0 and g[strong].min() >= -16 * 5.01
+    assert g[~strong].min() > -16 * 2.5e-3 and g[~strong].max() < 0
+    dd = I.make_gated_delta_decode_inputs(rng, num_seqs=2, T=10, H=1, HV=2, K=4, V=2,
+                                          gate_pattern="strong_then_weak")
+    gd = dd["g"].astype(np.float64)
+    assert gd[:, :8].max() < -2.0 and gd[:, 8:].min() > -0.05
+
+
+@pytest.mark.parametrize("dt_mode", ["softplus", "raw"])
+def test_ssd_strong_then_weak_dt(rng, dt_mode):
+    d = I.make_ssd_inputs(rng, seqlens=[33, 20], H=3, P=2, N=2, dt_mode=dt_mode,
+                          gate_pattern="strong_then_weak")
+    dtp = ssd_dt(d["dt"], d["dt_bias"], d["dt_softplus"], d["dt_limit"])
+    strong = I.strong_decay_tokens(_pattern_positions(d["cu_seqlens"]))
+    assert dtp[strong].min() > 0.99 and dtp[strong].max() < 4.01
+    assert dtp[~strong].min() > 0.99e-4 and dtp[~strong].max() < 1.01e-3
+    dd = I.make_ssd_decode_inputs(rng, num_seqs=2, T=12, H=2, P=2, N=2,
+                                  gate_pattern="strong_then_weak")
+    dtd = ssd_dt(dd["dt"], dd["dt_bias"], dd["dt_softplus"], dd["dt_limit"])
+    assert dtd[:, :8].min() > 0.99 and dtd[:, 8:].max() < 1.01e-3
+
+
+def test_strong_then_weak_keeps_the_float64_forms_in_agreement(rng):
+    """The pattern is hard on float32 kernels, not on the float64 references."""
+    gdn = I.make_gated_delta_inputs(rng, seqlens=[150, 37], H=1, HV=2, K=8, V=4,
+                                    gate_pattern="strong_then_weak")
+    for chunk in (16, 64, 128):
+        assert_forms_agree(gated_delta_recurrent,
+                           lambda **kw: gated_delta_chunked(**kw, chunk_size=chunk), gdn)
+    ssd = I.make_ssd_inputs(rng, seqlens=[150, 37], H=2, P=4, N=8,
+                            gate_pattern="strong_then_weak")
+    for chunk in (16, 128):
+        assert_forms_agree(ssd_recurrent, lambda **kw: ssd_chunked(**kw, chunk_size=chunk), ssd)
+
+
+def test_realistic_is_the_default_gate_pattern():
+    for make, shape in ((I.make_gated_delta_inputs, dict(seqlens=[9, 4], H=1, HV=2, K=4, V=2)),
+                        (I.make_ssd_inputs, dict(seqlens=[9, 4], H=2, P=2, N=2))):
+        a = make(np.random.default_rng(3), **shape)
+        b = make(np.random.default_rng(3), **shape, gate_pattern="realistic")
+        for k, v in a.items():
+            if isinstance(v, np.ndarray):
+                np.testing.assert_array_equal(v, b[k], err_msg=k)
+    with pytest.raises(ValueError, match="gate_pattern must be one of"):
+        I.make_ssd_decode_inputs(np.random.default_rng(0), num_seqs=1, H=1, P=1, N=1,
+                                 gate_pattern="weak")
 
 
 def test_generators_are_deterministic_given_the_seed():

@@ -173,14 +173,15 @@ def too_big_kernel(x):
         t = nl.ndarray((128, 4096), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=t, src=x)
         keep.append(t)
-    nisa.dma_copy(dst=out, src=keep[-1])
+    for t in keep:        # read again at the end: all 16 are live at once
+        nisa.dma_copy(dst=out, src=t)
     return out
 
 
 @nki.jit
 def fits_kernel(x):
     out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
-    for i in range(16):   # rebinding frees the previous tile: at most two live
+    for i in range(16):   # each tile is used by one instruction: one live at a time
         t = nl.ndarray((128, 4096), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=t, src=x)
     nisa.dma_copy(dst=out, src=t)

@@ -43,27 +43,62 @@ of V elements, two inputs (~2*HV*V cycles); DMA 2*HV*K*V*4 bytes of state
 per sequence (gather + scatter), plus ``HV*K*V`` per token with
 ``want_inter``. Sequences run in batches of ``_STREAMS`` whose per-token
 instruction streams are interleaved (one sequence's matmuls fill the other's
-waits); state gathers run one batch ahead of the compute; q/k/v/gates and o
-move in one DMA per I/O group of ``_GROUP // T`` sequences (k rows per sequence).
-A lone batch (1-2 sequences) gathers and scatters each state in ``_PARTS``
-pieces by q/k head.
+waits). A lone batch (bucket of 1-2 sequences) gathers and scatters each
+state in ``_PARTS`` pieces by q/k head.
+
+Design note (issue 10): batch composition is run-time data
+---------------------------------------------------------
+Compile-time arguments: shapes (sequence bucket, T, heads, K, V, slots),
+dtypes and the layer flags (raw_gates, use_qk_l2norm, scale, want_inter).
+The launcher pads the batch to ``seq_bucket(num_seqs)`` and *compacts* it:
+live sequences first (a stable argsort of ``state_indices < 0``); positions
+past the live count mirror the first sequence of their batch of
+``_STREAMS`` (same inputs, same slot), so they read what it reads and write
+bit-identical bytes to the same pool block; a batch holding no live
+sequence does not run. Padding never reaches the kernel, so its inputs
+(NaN included) are never read; the launcher zeroes the padding rows of o
+and of the intermediate states (``where``).
+
+Loops: one runtime loop (``nl.dynamic_range`` over a register loaded from
+``num_iters = ceil(live / SPI)``) over iterations of SPI = ``_GROUP // T``
+positions (a multiple of 2 * ``_STREAMS``; the whole bucket if smaller).
+Inside an iteration, unrolled and bounded by SPI, T and the heads: the
+inputs of the SPI positions in one DMA each (dynamic column offset), the gate
+math, and NB = SPI / ``_STREAMS`` batches. Batch b runs inside a zero- or
+one-trip runtime loop on ``batch_live[it, b]`` (a runtime conditional).
+Software pipeline: two state sets alternate; batch b+1's states are
+gathered while batch b runs, and the next iteration's first batch while the
+last one runs (table row it + 1; past the live count it is read and never
+used). A gather issued after a scatter to the pool waits for it (slots are
+run-time data), which is why mirrors stay inside their batch.
+
+State moves: a sequence's state is one contiguous block of the pool
+``[slots, HV*K*V]``; each gather / scatter is one DMA with a run-time start
+(``scalar_offset`` = the slot, a 1x1 SBUF int32 tile) and a static pattern
+(partition k -> ``hv*K*V + k*V + v``): no per-partition row indices, no
+row-stepping ``vector_offset`` pattern, no ``oob_mode.skip``. Matmuls that
+share a PSUM bank pass ``accumulate=False`` explicitly.
+
+What binds (modeled, trn2, float32 pool; 32 / 64 / 512 sequences 474 us / 933 us /
+7.37 ms, program 1521 static instructions for every bucket >= 16): DMA of the states (64 sequences:
+933 us, 79 % of the DMA bandwidth; the per-iteration input loads and gate
+math sit between the last scatter of one iteration and the first compute of
+the next); TensorE ~70 %, VectorE ~63 % busy.
 
 HBM arguments (prepared by the launcher, ``nki_ssm.ops.launch.gated_delta``);
-columns run over (sequence s, token t, head), head fastest:
-  kq_cols  ``[K, num_seqs*T*H*2]`` (q dtype): row k, column ``((s*T + t)*H + h)*2 + c``
-           holds ``k[s,t,h,k]`` (c=0) / ``q[s,t,h,k]`` (c=1);
-  k_rows   ``[1, num_seqs*T*H*K]`` (q dtype): k, token-major, as one row;
-  v_cols   ``[V, num_seqs*T*HV]`` (q dtype): row v, column ``(s*T + t)*HV + hv``;
-  gate_rows ``[2, num_seqs*T*HV]`` float32: g and beta (raw: a and b), columns as v_cols;
+columns run over (position j of the iteration, token t, head), head fastest:
+  kq_cols  ``[K, n_it, SPI*T*H*2]`` (q dtype): row k, iteration i, column
+           ``((j*T + t)*H + h)*2 + c`` holds ``k`` (c=0) / ``q`` (c=1);
+  k_rows   ``[n_it, SPI*T*H*K]`` (q dtype): k, token-major, one row per iteration;
+  v_cols   ``[V, n_it, SPI*T*HV]`` (q dtype): row v, column ``(j*T + t)*HV + hv``;
+  gate_rows ``[2, n_it, SPI*T*HV]`` float32: g and beta (raw: a and b), columns as v_cols;
   head_params ``[1, 2*HV]`` float32 (A_log then dt_bias) or None (g/beta given);
-  pool     ``[slots*HV*K, V]`` float32 or bfloat16, updated in place;
-  pool_idx ``[num_seqs*K, 1]`` int32: ``slot*HV*K + k``.
-Compile time: live (tuple of bools; False = padding: zero output, zero
-intermediate states, pool untouched), T, H, raw_gates, use_qk_l2norm,
-scale, want_inter.
-Returns ``o [V, num_seqs*T*HV]`` float32 (v-major, the launcher transposes)
-and, with ``want_inter``, ``inter [num_seqs*T*HV*K, V]`` in the pool dtype
-(state after each token, rows ``((s*T + t)*HV + hv)*K + k``).
+  pool     ``[slots, HV*K*V]`` float32 or bfloat16, updated in place by the kernel;
+  pool_slots ``[n_it + 1, SPI]`` int32: slot of each position (last row: any slot);
+  num_iters ``[1, 1]`` int32; batch_live ``[n_it, SPI / _STREAMS]`` int32 (0 / 1).
+Returns ``o [V, n_it, SPI*T*HV]`` float32 (v-major, the launcher transposes
+and un-permutes) and, with ``want_inter``, ``inter [n_it, SPI*T*HV*K, V]`` in
+the pool dtype (state after each token, rows ``((j*T + t)*HV + hv)*K + k``).
 
 Limits: K, V, HV <= 128; ``2*HV <= 512``; ``(HV // H) * V`` is split in
 <= 512-column pieces. Numerics: all float32 (state, gates, matmuls: fp32
@@ -93,21 +128,21 @@ _MM_COLS = 512        # moving columns of one fp32 matmul (one PSUM bank on trn2
 
 
 @nki.jit
-def gdn_decode_step(kq_cols, k_rows, v_cols, gate_rows, head_params, pool, pool_idx, live,
-                    T, H, raw_gates, use_qk_l2norm, scale, want_inter):
+def gdn_decode_step(kq_cols, k_rows, v_cols, gate_rows, head_params, pool, pool_slots,
+                    num_iters, batch_live, T, H, raw_gates, use_qk_l2norm, scale, want_inter):
     """Recurrent gated delta rule for T tokens per sequence (layouts in the module docstring)."""
-    num_seqs = len(live)
-    V = pool.shape[1]
-    K = kq_cols.shape[0]
-    THV = v_cols.shape[1] // num_seqs
+    K, n_it, c_kq = kq_cols.shape
+    V = v_cols.shape[0]
+    SPI = pool_slots.shape[1]          # sequence positions per loop iteration
+    THV = v_cols.shape[2] // SPI
     HV = THV // T
     PB = K
     if V > K:
         PB = V
-    o = nl.ndarray((V, num_seqs * THV), dtype=nl.float32, buffer=nl.shared_hbm)
+    o = nl.ndarray((V, n_it, SPI * THV), dtype=nl.float32, buffer=nl.shared_hbm)
     inter = None
     if want_inter:
-        inter = nl.ndarray((num_seqs * T * HV * K, V), dtype=pool.dtype, buffer=nl.shared_hbm)
+        inter = nl.ndarray((n_it, SPI * T * HV * K, V), dtype=pool.dtype, buffer=nl.shared_hbm)
 
     cst = {}
     cst["ones_row"] = nl.ndarray((1, PB), dtype=nl.float32, buffer=nl.sbuf)
@@ -120,7 +155,7 @@ def gdn_decode_step(kq_cols, k_rows, v_cols, gate_rows, head_params, pool, pool_
         nisa.dma_copy(dst=hp, src=head_params)
         hp_b = nl.ndarray((PB, 2 * HV), dtype=nl.float32, buffer=nl.psum)
         nisa.nc_matmul(dst=hp_b, stationary=cst["ones_row"], moving=hp,
-                       is_stationary_onezero=True)
+                       is_stationary_onezero=True, accumulate=False)
         neg_A = nl.ndarray((PB, HV), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=neg_A, op=nl.exp, data=hp_b[:, 0:HV])
         nisa.tensor_scalar(dst=neg_A, data=neg_A, op0=nl.multiply, operand0=-1.0)
@@ -130,60 +165,109 @@ def gdn_decode_step(kq_cols, k_rows, v_cols, gate_rows, head_params, pool, pool_
         cst["neg_A"] = neg_A
         cst["dt_b"] = dt_b
 
-    zero_s = None
-    for s in range(num_seqs):
-        if want_inter and not live[s]:
-            if zero_s == None:  # noqa: E711  (NKI has no `is`)
-                zero_s = nl.ndarray((K, HV * V), dtype=pool.dtype, buffer=nl.sbuf)
-                nisa.memset(dst=zero_s, value=0.0)
-            for t in range(T):
-                _store_state(inter, zero_s, (s * T + t) * HV * K, HV, K, V)
-
-    # I/O groups of G sequences; batches of up to _STREAMS live sequences inside a group
-    G = max(_STREAMS, _GROUP // T)
+    # one loop iteration = SPI sequence positions of the compacted batch, run as batches
+    # of _STREAMS whose instruction streams interleave (positions past the live count
+    # mirror the iteration's first sequence: same reads, same bytes written, and every
+    # state they read is gathered before that sequence's scatter)
     batches = []
-    for g0 in range(0, num_seqs, G):
+    for j0 in range(0, SPI, _STREAMS):
         ids = []
-        for s in range(g0, min(g0 + G, num_seqs)):
-            if live[s]:
-                ids.append(s)
-        for i in range(0, len(ids), _STREAMS):
-            batches.append(ids[i:i + _STREAMS])
-    # state gathers run one batch ahead of the compute (a gather issued after a
-    # scatter to the same pool, run-time indices, would have to wait for it)
-    # a lone batch moves each state in parts (by q/k head) so the first heads'
-    # reductions overlap the rest of the gather, and their scatter the rest of the update
-    parts = 1
-    if len(batches) == 1:
+        for j in range(j0, min(j0 + _STREAMS, SPI)):
+            ids.append(j)
+        batches.append(ids)
+    iters = nisa.register_alloc()
+    nisa.register_load(dst=iters, src=num_iters)
+    NB = len(batches)
+    bsz = len(batches[0]) * T * H * K
+    if NB == 1:
+        # a lone batch (bucket <= _STREAMS, at most one iteration) moves each state in
+        # parts (by q/k head) so the first heads' reductions overlap the rest of the
+        # gather, and their scatter the rest of the update
         parts = min(_PARTS, H)
-    states = {}
-    for bi in range(min(_PREFETCH, len(batches))):
-        states[str(bi)] = _gather_batch(pool, pool_idx, batches[bi], H, HV, K, V, parts)
-    io = None
-    for g0 in range(0, num_seqs, G):
-        g1 = min(g0 + G, num_seqs)
-        io = _load_group(kq_cols, k_rows, v_cols, gate_rows, cst, live, g0, g1, T, H, HV, K,
-                         V, PB, raw_gates, use_qk_l2norm, scale)
-        for bi in range(len(batches)):
-            seqs = batches[bi]
-            if seqs[0] >= g0 and seqs[0] < g1:
-                if bi + _PREFETCH < len(batches):
-                    states[str(bi + _PREFETCH)] = _gather_batch(
-                        pool, pool_idx, batches[bi + _PREFETCH], H, HV, K, V, parts)
-                got = states.pop(str(bi))
-                _run_batch(io, k_rows, inter, got, seqs, g0, T, H, HV, K, V, want_inter, pool)
-        nisa.dma_copy(dst=o[:, g0 * THV:g1 * THV], src=io["ot"])
-        io = None
+        for it in nl.dynamic_range(iters):
+            io = _load_group(kq_cols, v_cols, gate_rows, cst, it, SPI, T, H, HV, K, V, PB,
+                             raw_gates, use_qk_l2norm, scale)
+            kr = None
+            if T == 1:
+                kr = nl.ndarray((1, bsz), dtype=nl.float32, buffer=nl.sbuf)
+                _load_krow(kr, k_rows, it, 0, batches[0], T, H, K)
+            st = _new_states(len(batches[0]), pool, HV, V, K, parts)
+            _gather(st, pool, pool_slots, it, 0, batches[0], H, HV, K, V)
+            _run_batch(io, k_rows, kr, inter, st, it, batches[0], T, H, HV, K, V, want_inter,
+                       pool)
+            _store_o(o, io, it)
+    else:
+        # NB batches per iteration, software-pipelined: batch b+1's states are gathered
+        # while batch b runs, and the next iteration's first batch while the last one
+        # runs (a gather issued after a scatter to the pool waits for it: slots are
+        # run-time data). Two state sets alternate; NB is even. A batch runs only if it
+        # holds a live position (batch_live: a zero- or one-trip runtime loop); positions
+        # past the live count mirror their batch's first sequence.
+        sets = (_new_states(_STREAMS, pool, HV, V, K, 1), _new_states(_STREAMS, pool, HV, V, K, 1))
+        # T == 1: each batch's k rows in one small DMA issued ahead of its state gather;
+        # longer steps load them per token (the rows would not fit one partition twice)
+        krs = [None, None]
+        if T == 1:
+            for q in range(2):
+                krs[q] = nl.ndarray((1, bsz), dtype=nl.float32, buffer=nl.sbuf)
+        flag_regs = []
+        for bi in range(NB):
+            flag_regs.append(nisa.register_alloc())
+        _gather(sets[0], pool, pool_slots, None, 0, batches[0], H, HV, K, V)
+        for it in nl.dynamic_range(iters):
+            io = _load_group(kq_cols, v_cols, gate_rows, cst, it, SPI, T, H, HV, K, V, PB,
+                             raw_gates, use_qk_l2norm, scale)
+            flags = nl.ndarray((1, NB), dtype=nl.int32, buffer=nl.sbuf)
+            nisa.dma_copy(dst=flags, src=batch_live.ap(pattern=[[NB, 1], [1, NB]], offset=0,
+                                                       scalar_offset=it, indirect_dim=0))
+            for bi in range(NB):
+                nisa.register_load(dst=flag_regs[bi], src=flags[0:1, bi:bi + 1])
+            if T == 1:
+                _load_krow(krs[0], k_rows, it, 0, batches[0], T, H, K)
+            for bi in range(NB):
+                if bi + 1 < NB:
+                    if T == 1:
+                        # inputs first: a small DMA issued after a state transfer waits for it
+                        _load_krow(krs[(bi + 1) % 2], k_rows, it, 0, batches[bi + 1], T, H, K)
+                    _gather(sets[(bi + 1) % 2], pool, pool_slots, it, 0, batches[bi + 1], H,
+                            HV, K, V)
+                else:
+                    # the next iteration's first batch (table row it + 1; past the live
+                    # count it is read and never used)
+                    _gather(sets[0], pool, pool_slots, it, 1, batches[0], H, HV, K, V)
+                for _ in nl.dynamic_range(flag_regs[bi]):
+                    _run_batch(io, k_rows, krs[bi % 2], inter, sets[bi % 2], it, batches[bi],
+                               T, H, HV, K, V, want_inter, pool)
+            _store_o(o, io, it)
     if want_inter:
         return o, inter
     return o
 
 
-def _pool_view(pool, idx, hv0, nh, K, V):
-    """Indirect view of heads [hv0, hv0+nh) of one sequence's state: partition k -> rows
-    idx[k] + hv*K."""
+def _load_krow(dst, k_rows, it, ahead, seqs, T, H, K):
+    """k of every token of the batch's positions as one row on partition 0 (the outer
+    products' stationary): k_rows row ``it + ahead`` (register), contiguous columns."""
+    n_it, width = k_rows.shape
+    per = T * H * K
+    nisa.dma_copy(dst=dst, src=k_rows.ap(pattern=[[width, 1], [1, len(seqs) * per]],
+                                         offset=ahead * width + seqs[0] * per,
+                                         scalar_offset=it, indirect_dim=0))
+
+
+def _store_o(o, io, it):
+    """o columns of iteration ``it`` (register): [V, SPI*T*HV] in one DMA."""
+    V, n_it, width = o.shape
+    nisa.dma_copy(dst=o.ap(pattern=[[n_it * width, V], [1, width]], offset=0,
+                           scalar_offset=it, indirect_dim=1), src=io["ot"])
+
+
+def _pool_view(pool, slot, hv0, nh, K, V):
+    """Heads [hv0, hv0+nh) of one sequence's state in the pool ``[slots, HV*K*V]``: the
+    slot's contiguous block at a run-time start (``slot``: 1x1 int32 SBUF tile),
+    partition k -> elements ``hv*K*V + k*V + v`` (a static pattern, no per-partition
+    indices)."""
     return pool.ap(pattern=[[V, K], [K * V, nh], [1, V]], offset=hv0 * K * V,
-                   vector_offset=idx, indirect_dim=0)
+                   scalar_offset=slot, indirect_dim=0)
 
 
 def _part_heads(H, parts, k):
@@ -191,25 +275,37 @@ def _part_heads(H, parts, k):
     return (k * H) // parts, ((k + 1) * H) // parts
 
 
-def _gather_batch(pool, pool_idx, seqs, H, HV, K, V, parts):
-    """Per sequence: {idx [K, 1] int32, nat [K, HV*V] pool dtype, parts}, gathered with
-    ``parts`` indirect DMAs (by q/k head)."""
-    rep = HV // H
+def _new_states(n, pool, HV, V, K, parts):
+    """Per sequence of a batch: {slot [1, 1] int32, nat [K, HV*V] pool dtype, parts}."""
     out = []
-    for j in range(len(seqs)):
-        s = seqs[j]
+    for j in range(n):
         st = {}
-        st["idx"] = nl.ndarray((K, 1), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=st["idx"], src=pool_idx[s * K:(s + 1) * K, :])
+        st["slot"] = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
         st["nat"] = nl.ndarray((K, HV * V), dtype=pool.dtype, buffer=nl.sbuf)
         st["parts"] = parts
+        out.append(st)
+    return out
+
+
+def _gather(states, pool, pool_slots, it, ahead, seqs, H, HV, K, V):
+    """Gather the states of positions ``seqs`` of iteration ``it`` + ``ahead`` (``it``: a
+    register, or None for iteration 0) into ``states``, each in its ``parts`` DMAs."""
+    rep = HV // H
+    n_rows, spi = pool_slots.shape
+    for j in range(len(seqs)):
+        st = states[j]
+        if it == None:  # noqa: E711  (NKI has no `is`)
+            src = pool_slots[ahead:ahead + 1, seqs[j]:seqs[j] + 1]
+        else:
+            src = pool_slots.ap(pattern=[[spi, 1], [1, 1]], offset=ahead * spi + seqs[j],
+                                scalar_offset=it, indirect_dim=0)
+        nisa.dma_copy(dst=st["slot"], src=src)
+        parts = st["parts"]
         for k in range(parts):
             h0, h1 = _part_heads(H, parts, k)
             a, b = h0 * rep, h1 * rep
             nisa.dma_copy(dst=st["nat"][:, a * V:b * V],
-                          src=_pool_view(pool, st["idx"], a, b - a, K, V))
-        out.append(st)
-    return out
+                          src=_pool_view(pool, st["slot"], a, b - a, K, V))
 
 
 def _scatter_heads(pool, st, a, b, V):
@@ -219,12 +315,13 @@ def _scatter_heads(pool, st, a, b, V):
     if pool.dtype != nl.float32:
         nisa.tensor_copy(dst=st["nat"][:, a * V:b * V], src=st["S"][:, a * V:b * V],
                          engine=nisa.engine.scalar)
-    nisa.dma_copy(dst=_pool_view(pool, st["idx"], a, b - a, K, V), src=st["nat"][:, a * V:b * V])
+    nisa.dma_copy(dst=_pool_view(pool, st["slot"], a, b - a, K, V), src=st["nat"][:, a * V:b * V])
 
 
-def _store_state(inter, S, row0, HV, K, V):
-    """S [K, HV*V] (inter's dtype) -> inter rows row0 + hv*K + k."""
-    view = inter.ap(pattern=[[V, K], [K * V, HV], [1, V]], offset=row0 * V)
+def _store_state(inter, S, it, row0, HV, K, V):
+    """S [K, HV*V] (inter's dtype) -> inter[it] rows row0 + hv*K + k."""
+    view = inter.ap(pattern=[[V, K], [K * V, HV], [1, V]], offset=row0 * V, scalar_offset=it,
+                    indirect_dim=0)
     nisa.dma_copy(dst=view, src=S)
 
 
@@ -235,7 +332,7 @@ def _partition_sums(dst, data, ones_kp, width):
         w = min(_MM_COLS, width - c0)
         ps = nl.ndarray((dst.shape[0], w), dtype=nl.float32, buffer=nl.psum)
         nisa.nc_matmul(dst=ps, stationary=ones_kp, moving=data[:, c0:c0 + w],
-                       is_stationary_onezero=True)
+                       is_stationary_onezero=True, accumulate=False)
         nisa.tensor_copy(dst=dst[:, c0:c0 + w], src=ps)
         ps = None
 
@@ -247,28 +344,31 @@ def _per_value_head(dst, src, n, rep):
     nisa.tensor_copy(dst=dst.reshape((P, n, rep)), src=view)
 
 
-def _load_group(kq_cols, k_rows, v_cols, gate_rows, cst, live, g0, g1, T, H, HV, K, V, PB,
+def _load_group(kq_cols, v_cols, gate_rows, cst, it, n, T, H, HV, K, V, PB,
                 raw_gates, use_qk_l2norm, scale):
-    """Inputs of sequences [g0, g1) in one DMA each, and everything that does not depend
-    on the state: gates (dec = exp(g), beta), k.q and the l2norm factors, per value head.
-    Column of (sequence j = s - g0, token t, value head hv): (j*T + t)*HV + hv."""
-    n = g1 - g0
+    """Inputs of the n sequence positions of iteration ``it`` (register) in one DMA each,
+    and everything that does not depend on the state: gates (dec = exp(g), beta), k.q
+    and the l2norm factors, per value head. Column of (position j, token t, value head
+    hv): (j*T + t)*HV + hv."""
     THV = T * HV
-    NT = n * T          # (sequence, token) pairs of the group
+    NT = n * T          # (sequence, token) pairs of the iteration
     NTH = NT * H
+    n_it = kq_cols.shape[1]
     io = {}
     kq = nl.ndarray((K, NTH * 2), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=kq, src=kq_cols[:, g0 * T * H * 2:g1 * T * H * 2])
+    nisa.dma_copy(dst=kq, src=kq_cols.ap(pattern=[[n_it * NTH * 2, K], [1, NTH * 2]], offset=0,
+                                         scalar_offset=it, indirect_dim=1))
     io["kq"] = kq
     io["vt"] = nl.ndarray((V, n * THV), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=io["vt"], src=v_cols[:, g0 * THV:g1 * THV])
+    nisa.dma_copy(dst=io["vt"], src=v_cols.ap(pattern=[[n_it * n * THV, V], [1, n * THV]],
+                                              offset=0, scalar_offset=it, indirect_dim=1))
     grow = nl.ndarray((1, 2 * n * THV), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=grow[:, 0:n * THV], src=gate_rows[0:1, g0 * THV:g1 * THV])
-    nisa.dma_copy(dst=grow[:, n * THV:2 * n * THV], src=gate_rows[1:2, g0 * THV:g1 * THV])
+    for r in range(2):
+        nisa.dma_copy(dst=grow[:, r * n * THV:(r + 1) * n * THV],
+                      src=gate_rows.ap(pattern=[[n_it * n * THV, 1], [1, n * THV]],
+                                       offset=r * n_it * n * THV, scalar_offset=it,
+                                       indirect_dim=1))
     io["ot"] = nl.ndarray((V, n * THV), dtype=nl.float32, buffer=nl.sbuf)
-    for s in range(g0, g1):
-        if not live[s]:
-            nisa.memset(dst=io["ot"][:, (s - g0) * THV:(s - g0 + 1) * THV], value=0.0)
 
     # gates on every partition
     gb = nl.ndarray((PB, 2 * n * THV), dtype=nl.float32, buffer=nl.sbuf)
@@ -328,7 +428,7 @@ def _load_group(kq_cols, k_rows, v_cols, gate_rows, cst, live, g0, g1, T, H, HV,
     return io
 
 
-def _run_batch(io, k_rows, inter, got, seqs, g0, T, H, HV, K, V, want_inter, pool):
+def _run_batch(io, k_rows, krow, inter, got, it, seqs, T, H, HV, K, V, want_inter, pool):
     """All T tokens of the batch's sequences, their instruction streams interleaved:
     per token, every sequence's front half (reductions, o, u row) is issued before any
     back half (outer products and state update), so one sequence's matmuls and vector
@@ -349,16 +449,22 @@ def _run_batch(io, k_rows, inter, got, seqs, g0, T, H, HV, K, V, want_inter, poo
         krows = []
         for j in range(len(seqs)):
             # k of this token as one row on partition 0 (the outer products' stationary)
-            r0 = (seqs[j] * T + t) * H * K
-            kr = nl.ndarray((1, H * K), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.dma_copy(dst=kr, src=k_rows[:, r0:r0 + H * K])
-            krows.append(kr)
+            if krow == None:  # noqa: E711  (T > 1: one small DMA per token)
+                r0 = (seqs[j] * T + t) * H * K
+                kr = nl.ndarray((1, H * K), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.dma_copy(dst=kr, src=k_rows.ap(pattern=[[k_rows.shape[1], 1], [1, H * K]],
+                                                    offset=r0, scalar_offset=it,
+                                                    indirect_dim=0))
+                krows.append(kr)
+            else:
+                r0 = ((seqs[j] - seqs[0]) * T + t) * H * K
+                krows.append(krow[:, r0:r0 + H * K])
         for j in range(len(seqs)):
-            c0 = ((seqs[j] - g0) * T + t) * HV
+            c0 = (seqs[j] * T + t) * HV
             urows.append(_front(io, got[j]["S"], c0, H, HV, K, V))
         for j in range(len(seqs)):
             s = seqs[j]
-            c0 = ((s - g0) * T + t) * HV
+            c0 = (s * T + t) * HV
             # the last token scatters each state part as soon as its heads are updated
             out = None
             if t == T - 1:
@@ -367,11 +473,11 @@ def _run_batch(io, k_rows, inter, got, seqs, g0, T, H, HV, K, V, want_inter, poo
             if want_inter:
                 row0 = (s * T + t) * HV * K
                 if inter.dtype == nl.float32:
-                    _store_state(inter, got[j]["S"], row0, HV, K, V)
+                    _store_state(inter, got[j]["S"], it, row0, HV, K, V)
                 else:
                     Sc = nl.ndarray((K, HV * V), dtype=inter.dtype, buffer=nl.sbuf)
                     nisa.tensor_copy(dst=Sc, src=got[j]["S"], engine=nisa.engine.scalar)
-                    _store_state(inter, Sc, row0, HV, K, V)
+                    _store_state(inter, Sc, it, row0, HV, K, V)
 
 
 def _front(io, S, c0, H, HV, K, V):
@@ -384,8 +490,9 @@ def _front(io, S, c0, H, HV, K, V):
     p1 = nl.ndarray((V, 2 * HV), dtype=nl.float32, buffer=nl.psum)
     for hv in range(HV):
         col = (jt * H + hv // rep) * 2
+        # disjoint column slices of one PSUM bank: each matmul writes (not adds) its own
         nisa.nc_matmul(dst=p1[:, 2 * hv:2 * hv + 2], stationary=S[:, hv * V:(hv + 1) * V],
-                       moving=io["kq"][:, col:col + 2])
+                       moving=io["kq"][:, col:col + 2], accumulate=False)
     # an integer index on a free dim drops it (a strided [V, HV] view); reshaping
     # the strided slice instead is rejected by the compiler front end
     p3 = p1.reshape((V, HV, 2))
@@ -433,7 +540,8 @@ def _back(io, S, krow, urow, c0, H, HV, K, V, out):
             wdt = min(step, rep * V - g0)
             ku = nl.ndarray((K, wdt), dtype=nl.float32, buffer=nl.psum)
             base = h * rep * V + g0
-            nisa.nc_matmul(dst=ku, stationary=kst, moving=urow[:, base:base + wdt])
+            nisa.nc_matmul(dst=ku, stationary=kst, moving=urow[:, base:base + wdt],
+                           accumulate=False)
             for e0 in range(0, wdt, V):
                 hv = (base + e0) // V
                 Sh = S[:, hv * V:(hv + 1) * V]

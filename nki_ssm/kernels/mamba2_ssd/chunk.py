@@ -278,7 +278,7 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
         DI = _d_heads(D_heads, ones, Q, H)
 
     # heads per block: one PSUM bank for seg [L, hb*L] and y [L, hb*P]
-    hb = max(1, min(HPG, _PSUM_F // Q, _PSUM_F // P))
+    hb = max(1, min(HPG, min(_PSUM_F // Q, _PSUM_F // P)))  # min takes 2 args in NKI
 
     # With a small state (<= _PREFETCH_BYTES per partition) the next live
     # sequence's state is gathered during this one's chunks (after the first

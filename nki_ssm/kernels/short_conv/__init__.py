@@ -43,9 +43,11 @@ run on TensorE instead (diagonal weights, as in prefill).
 
 Compile-time vs run-time
 ------------------------
-Shapes, dtypes, W, the activation and the batch layout (sequence token
-ranges, which sequences are padding) are compile-time: the kernel is
-specialised per batch layout (it is in the NKI cache key). Slots and
+Prefill: shapes, dtypes, W, the activation and the batch layout (sequence
+token ranges, which sequences are padding) are compile-time: the kernel is
+specialised per batch layout (it is in the NKI cache key). Decode: only
+shapes (the sequence bucket), dtypes and layer config; the batch is run-time
+tables (decode.py design note). Slots and
 has_initial_state are run-time (the row tables). A run-time-boundary
 version needs ``nl.fori_loop`` over sequences/chunks with ``scalar_offset``
 DMAs reading ``cu_seqlens`` and masked partial token blocks.
@@ -71,8 +73,9 @@ this commit).
 - prefill 16K tokens, one sequence: 1653 us, 325 GB/s = 88.3 % of DMA
   bandwidth (TensorE 99 %, DMA 96 %, VectorE 59 % busy).
 - prefill 8 x 2K ragged: 1696 us, 317 GB/s = 86.2 % (DMA-bound, 97 % busy).
-- decode 512 sequences x 1 token: 213 us = 1.17x the bytes-moved bound
-  (182 us), 315 GB/s; DMA-bound (93 % busy), TensorE taps.
+- decode 512 sequences x 1 token: 200.8 us = 1.10x the bytes-moved bound
+  (182 us), 334 GB/s; DMA-bound (93 % busy), TensorE taps (runtime group
+  loop over compacted live sequences, see decode.py).
 - decode 32 sequences x 1 token: 21.9 us = 1.92x the bound (11.4 us);
   VectorE 66 %, DMA 79 %: latency of a 4-chunk pipeline over 4 MB.
 - on trn3 (``--target trn3``, same trace): prefill 16K 1651 us = 61.6 % of

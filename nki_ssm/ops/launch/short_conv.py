@@ -108,46 +108,77 @@ def _row_split(num_seqs: int, dim: int) -> int:
     return r
 
 
+def decode_tables(state_indices, num_seqs: int, R: int):
+    """(order, pos, pool_rows, num_groups) of ``short_conv_decode_kernel`` for a batch
+    padded to ``num_seqs`` (the bucket) sequences; layouts in the kernel's docstring.
+
+    ``order [G * Pn]``: the sequence at each position of the compacted batch (the host
+    gathers x rows by it); ``pos [num_seqs]``: the position where each live sequence is
+    computed (its y row; ``argsort(perm)``, the inverse permutation). Vectorised, each step one torch op
+    on device (no per-sequence host loop): ``live = idx >= 0``; ``perm = argsort(~live,
+    stable)`` (torch.argsort(stable=True): live sequences first, in order);
+    ``num_live = live.sum()``; position q takes ``perm[q]`` if ``q < num_live`` else
+    ``perm`` at its group's first position (torch.where + index_select: a padding
+    position mirrors a live sequence of its own group); pool rows ``slot * R + r``
+    (broadcast add); ``num_groups = ceil(num_live / Pn)``.
+    """
+    idx = np.asarray(state_indices, dtype=np.int64)
+    Pn = min(128 // R, num_seqs)
+    G = -(-num_seqs // Pn)
+    live = idx >= 0
+    perm = np.argsort(~live, kind="stable")
+    num_live = int(live.sum())
+    q = np.arange(G * Pn)
+    order = perm[np.minimum(np.where(q < num_live, q, (q // Pn) * Pn), num_seqs - 1)]
+    slot = np.maximum(idx[order], 0)
+    r = np.arange(R)[None, :, None]
+    pool_rows = (slot.reshape(G, 1, Pn) * R + r).reshape(G, R * Pn)
+    num_groups = np.array([[-(-num_live // Pn)]], dtype=np.int32)
+    pos = np.argsort(perm, kind="stable")
+    return order, pos, np.ascontiguousarray(pool_rows, dtype=np.int32), num_groups
+
+
 def decode(*, x, weight, bias, activation, conv_states, state_indices, backend):
     """Decode / multi-token update: y shaped like x (``[num_seqs, T, dim]`` or ``[num_seqs, dim]``).
 
-    Rows (sequence, channel block) go on partitions (decode kernel); the pool
-    is passed as its ``[slots * R, (dim / R) * (W-1)]`` row view, padding rows
-    point one past the pool.
+    The batch is padded to ``seq_bucket(num_seqs)`` sequences, so the kernel is
+    compiled once per (bucket, layer shape); x is gathered into the compacted
+    order of ``decode_tables`` (live sequences first, padding positions mirroring a
+    live one: ``x[order]``, torch.index_select), so a padding sequence's x is never
+    read. Rows (sequence, channel block) go on partitions; the pool is passed as
+    its ``[slots * R, (dim / R) * (W-1)]`` row view and updated by the kernel's own
+    scatters. y comes back in the compacted order: ``y[pos]`` with ``pos`` the
+    inverse permutation (torch.argsort), zeros for padding (torch.where).
     """
     from nki_ssm.kernels.short_conv.decode import short_conv_decode_kernel
+    from nki_ssm.ops.launch.buckets import seq_bucket
 
     squeeze = x.ndim == 2
     x3 = x[:, None, :] if squeeze else x
-    num_seqs = x3.shape[0]
+    num_seqs, T, dim = x3.shape
     slots, dim, h = conv_states.shape
     if slots * dim > _INT32_MAX:
         raise ValueError(f"conv_states must have slots * dim <= {_INT32_MAX}, got {slots * dim}")
-    R = _row_split(num_seqs, dim)
-    idx = np.asarray(state_indices, dtype=np.int64)
-    live = idx >= 0
-    # kernel row order: groups of 128 // R sequences, block-major inside a group
-    # (partition r * Pn + i = block r of the group's sequence i)
-    pieces = []
-    per_group = 128 // R
-    for n0 in range(0, num_seqs, per_group):
-        seqs = np.arange(n0, min(num_seqs, n0 + per_group))
-        for r in range(R):
-            pieces.append(np.stack([seqs, np.full_like(seqs, r)], axis=1))
-    pairs = np.concatenate(pieces)
-    n_of, r_of = pairs[:, 0], pairs[:, 1]
-    rows = np.where(live[n_of], idx[n_of] * R + r_of, slots * R)
-    valid = live[n_of].astype(np.float32)
+    nb = seq_bucket(num_seqs)
+    R = _row_split(nb, dim)
+    idx = np.full(nb, -1, dtype=np.int64)
+    idx[:num_seqs] = np.asarray(state_indices, dtype=np.int64)
+    order, pos, pool_rows, num_groups = decode_tables(idx, nb, R)
+    G = pool_rows.shape[0]
+    Pn = order.shape[0] // G
+    # positions past the caller's batch mirror live sequences, so clamping is never used
+    xk = np.ascontiguousarray(x3[np.minimum(order, num_seqs - 1)]).reshape(G, Pn, T, dim)
     flat = conv_states.reshape(slots * R, (dim // R) * h)
     # TensorE taps need one channel block (rows = sequences) and bfloat16-exact operands
     tensor_taps = (R == 1 and x.dtype == _BF16 and conv_states.dtype == _BF16
                    and not _needs_split(weight) and not _needs_split(bias))
-    y = _run(short_conv_decode_kernel, np.ascontiguousarray(x3), np.ascontiguousarray(weight),
-             None if bias is None else np.ascontiguousarray(bias), flat,
-             rows.reshape(-1).astype(np.int32), valid,
-             "silu" if activation == "silu" else "none", bias is not None, R, bool(tensor_taps),
-             backend=backend)
+    yk = _run(short_conv_decode_kernel, xk, np.ascontiguousarray(weight),
+              None if bias is None else np.ascontiguousarray(bias), flat, pool_rows,
+              num_groups, "silu" if activation == "silu" else "none", bias is not None, R,
+              bool(tensor_taps), backend=backend)
     if not np.shares_memory(flat, conv_states):
         conv_states[...] = flat.reshape(conv_states.shape)
-    y = np.asarray(y)
+    live = idx[:num_seqs] >= 0
+    y = np.asarray(yk).reshape(G * Pn, T, dim)[pos[:num_seqs]]
+    y = np.where(live[:, None, None], y, np.zeros((), dtype=x.dtype))
     return y[:, 0, :] if squeeze else y

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import control as _control
+from .. import memory as _memory
 from .. import trace as _trace
 from ..errors import NkiValidationError  # noqa: F401  (re-exported for submodules)
 from ..targets import current_target
@@ -248,6 +249,7 @@ def _program_id() -> int:
 
 
 _ACTIVE = _trace._active   # the trace stack (trace.current() without the call)
+_MEMORY = _memory._active  # the capacity trackers of running launches
 
 
 def emit(op: str, eng: str, name, *, reads=(), writes=(), num_partitions: int, free: int,
@@ -263,6 +265,9 @@ def emit(op: str, eng: str, name, *, reads=(), writes=(), num_partitions: int, f
     """
     if _control._state:
         _control.note_instruction(op, eng)
+    if _MEMORY:
+        # capacity by access liveness: this instruction touches its operands
+        _MEMORY[-1].instruction(op, (*reads, *writes))
     if not _ACTIVE:
         return NkiInstruction(op, name)
     tr = _ACTIVE[-1]

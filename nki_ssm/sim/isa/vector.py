@@ -87,8 +87,12 @@ def tensor_copy(dst, src, engine=_engine.unknown, name=None):
 def memset(dst, value, engine=_engine.unknown, name=None):
     """Fill ``dst`` with the compile-time constant ``value`` (VectorE default, or GpSimd).
 
-    ``value`` must match the dtype kind: an int for integer dtypes (a float is
-    rejected, NKI 0.3.0); a float for float dtypes (an int is rejected too).
+    A float ``value`` into an integer dtype is rejected (NKI 0.3.0 release notes,
+    ``nisa.memset``: "Kernels that pass float values to integer-typed tensors ... will now
+    raise an error"). An int into a float dtype is accepted and converted: the notes forbid
+    only the float-into-int direction, KLR's ``builtin.isa.memset`` takes any ``Immediate``
+    (KLR/Trace/ISA.lean 679-693 at 7ccd18c), and released nki-library kernels write
+    ``value=0`` into float tiles (e.g. output_projection_cte_tensor_io.py 414).
     """
     inst = "memset"
     C.check_name(inst, name)
@@ -102,12 +106,7 @@ def memset(dst, value, engine=_engine.unknown, name=None):
         raise TypeError(f"{inst}: value must be a Python int or float constant, got {type(value).__name__}")
     if dst.dtype.is_int and not isinstance(value, (int, np.integer)):
         C.fail(inst, f"value must be an int for integer dst dtype {dst.dtype}, got {value!r} "
-                     f"(memset value type must match the dtype)")
-    if not dst.dtype.is_int and not isinstance(value, (float, np.floating)):
-        # NKI 0.3.0 migration guide: "the value argument must match the destination
-        # tensor's dtype"; we read it both ways (write 0.0, not 0, for a float tile)
-        C.fail(inst, f"value must be a float for float dst dtype {dst.dtype}, got {value!r} "
-                     f"(memset value type must match the dtype)")
+                     f"(a float value into an integer tile is rejected since NKI 0.3.0)")
     P, F = dst.shape[0], dst.elements_per_partition
     from ..dtypes import cast
     # float constants are fp32 immediates (rounded to fp32 first, then to dst)

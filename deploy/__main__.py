@@ -1,0 +1,198 @@
+"""python -m deploy {launch,run,collect,report,teardown}: a trn2 / trn3 benchmark host.
+
+    python -m deploy launch --dry-run                    # the plan and price, no credentials needed
+    python -m deploy run --bucket my-bucket              # the one command: launch, bench, collect,
+                                                         # report, teardown (also after a failure)
+    python -m deploy launch --bucket my-bucket           # only the host (ends itself after --ttl-hours)
+    python -m deploy collect --run-id RUN --bucket B     # s3://B/nki-ssm-bench/RUN/results -> reports/RUN
+    python -m deploy report reports/RUN                  # measured vs modeled (table + plot)
+    python -m deploy teardown --run-id RUN               # everything tagged with RUN
+    python -m deploy teardown --expired                  # every run past its TTL
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from deploy import config as C
+
+DEFAULT_BENCH_ARGS = "--set smoke --set judged"
+
+
+def _launch_flags(p):
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan (every API call, type, AMI, price) and exit; creates nothing")
+    p.add_argument("--region", default=None, help=f"AWS region (default: the profile's, else {C.DEFAULT_REGION})")
+    p.add_argument("--profile", default=None, help="AWS profile name")
+    p.add_argument("--instance-type", default=C.DEFAULT_INSTANCE_TYPE,
+                   help=f"instance type (default {C.DEFAULT_INSTANCE_TYPE})")
+    p.add_argument("--family", default=None, choices=C.DISCOVERED_FAMILIES,
+                   help="use the smallest offered type of this family, discovered with "
+                        "describe-instance-types / describe-instance-type-offerings (e.g. trn3)")
+    p.add_argument("--dlami", default=C.DEFAULT_DLAMI, choices=sorted(C.DLAMI_SSM_PARAMETERS),
+                   help="which DLAMI SSM parameter gives the AMI (default pytorch-2.9: SDK <= 2.31)")
+    p.add_argument("--sdk-release", default=None,
+                   help=f"pin the AMI by Neuron SDK release instead (e.g. {C.SDK_RELEASE}; describe-images)")
+    p.add_argument("--ami-id", default=None, help="launch this AMI")
+    p.add_argument("--bucket", default=None, help="S3 bucket for the source and the results (must exist)")
+    p.add_argument("--ttl-hours", type=float, default=C.DEFAULT_TTL_HOURS,
+                   help=f"the host terminates itself after this long (default {C.DEFAULT_TTL_HOURS:g}, "
+                        f"max {C.MAX_TTL_HOURS:g})")
+    p.add_argument("--subnet-id", default=None, help="subnet (default: a default-VPC subnet in an "
+                                                     "offering zone)")
+    p.add_argument("--capacity-reservation-id", default=None,
+                   help="launch into this EC2 Capacity Block (cr-...)")
+    p.add_argument("--hourly-price", type=float, default=None, help="USD per hour to show in the plan")
+    p.add_argument("--run-id", default=None, help="name of the run (default: UTC time + 4 hex digits)")
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser(prog="python -m deploy", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.splitlines()[2:]))
+    sub = p.add_subparsers(dest="verb", required=True, metavar="{launch,run,collect,report,teardown}")
+    pl = sub.add_parser("launch", help="provision the host (IMDSv2, no key, no open port, TTL)")
+    _launch_flags(pl)
+    pr = sub.add_parser("run", help="launch, run the bench through SSM, collect, report, tear down")
+    _launch_flags(pr)
+    pr.add_argument("--bench-args", default=DEFAULT_BENCH_ARGS,
+                    help=f"arguments of python -m deploy.bench on the host (default {DEFAULT_BENCH_ARGS!r})")
+    pr.add_argument("--keep", action="store_true", help="do not tear down at the end (the TTL still applies)")
+    pr.add_argument("--reports", default="reports", help="local folder for the results (default reports/)")
+    pc = sub.add_parser("collect", help="results of a run from S3 to reports/<run id>/")
+    pc.add_argument("--run-id", required=True)
+    pc.add_argument("--bucket", required=True)
+    pc.add_argument("--region", default=None)
+    pc.add_argument("--profile", default=None)
+    pc.add_argument("--out", default=None, help="default reports/<run id>")
+    prep = sub.add_parser("report", help="measured vs modeled report of a results.json (table + plot)")
+    prep.add_argument("results", help="results.json, or the folder holding it")
+    prep.add_argument("--out", default=None, help="folder for the report (default: next to results.json)")
+    pt = sub.add_parser("teardown", help="delete everything tagged with a run id (or every expired run)")
+    g = pt.add_mutually_exclusive_group(required=True)
+    g.add_argument("--run-id")
+    g.add_argument("--expired", action="store_true", help="every run whose TTL tag lies in the past")
+    pt.add_argument("--region", default=None)
+    pt.add_argument("--profile", default=None)
+    pt.add_argument("--dry-run", action="store_true", help="only list what would be deleted")
+    return p.parse_args(argv)
+
+
+def _settings(a):
+    from deploy.provision.plan import LaunchSettings
+
+    return LaunchSettings(region=a.region or C.DEFAULT_REGION, instance_type=a.instance_type,
+                          family=a.family, dlami=a.dlami, sdk_release=a.sdk_release, ami_id=a.ami_id,
+                          bucket=a.bucket or "<your-bucket>", ttl_hours=a.ttl_hours,
+                          subnet_id=a.subnet_id, capacity_reservation_id=a.capacity_reservation_id,
+                          hourly_price=a.hourly_price, run_id=a.run_id or "")
+
+
+def _session(a, verb):
+    from deploy.provision import aws
+
+    sess = aws.session(getattr(a, "region", None), getattr(a, "profile", None))
+    aws.require_credentials(sess, verb)   # before any call
+    return sess, (getattr(a, "region", None) or sess.region_name or C.DEFAULT_REGION)
+
+
+def _plan(a, with_run: bool) -> int:
+    """--dry-run: read-only look-ups when credentials exist, placeholders otherwise."""
+    from deploy import workflow as W
+
+    s = _settings(a)
+    r = None
+    try:
+        from deploy.provision import aws
+
+        sess = aws.session(a.region, a.profile)
+        if aws.has_credentials(sess):
+            s.region = a.region or sess.region_name or C.DEFAULT_REGION
+            try:
+                r = W.resolve(W.make_clients(sess, s.region, quick=True), s, need_subnet=False)
+            except Exception as exc:   # a plan is still printed; say what could not be looked up
+                r = None
+                print(f"(read-only look-ups failed: {type(exc).__name__}: {exc}; placeholders shown)")
+        else:
+            print("(no AWS credentials: nothing is looked up; the AMI and zones are resolved at launch)")
+    except ImportError:
+        print("(boto3 not installed: nothing is looked up; pip install -e '.[deploy]' to launch)")
+    args = shlex.split(getattr(a, "bench_args", DEFAULT_BENCH_ARGS))
+    print(W.plan_text(s, r, with_run=with_run, bench_args=args))
+    print("\ndry run: nothing was created.")
+    return 0
+
+
+def main(argv=None) -> int:
+    a = _parse(sys.argv[1:] if argv is None else argv)
+    if a.verb == "report":
+        from deploy import report as REP
+
+        paths = REP.write(a.results, out_dir=a.out)
+        print(REP.summary_text(paths["json"]))
+        print(f"\nreport: {paths['report']}  plot: {paths['plot']}")
+        return 0
+    if a.verb in ("launch", "run"):
+        if a.dry_run:
+            return _plan(a, with_run=a.verb == "run")
+        if not a.bucket:
+            print("--bucket is required (results go to s3://<bucket>/nki-ssm-bench/<run id>/)",
+                  file=sys.stderr)
+            return 2
+    from deploy.provision.aws import MissingCredentials
+
+    try:
+        return _real(a)
+    except MissingCredentials as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _real(a) -> int:
+    from deploy import workflow as W
+
+    if a.verb in ("launch", "run"):
+        sess, region = _session(a, a.verb)
+        s = _settings(a)
+        s.region = region
+        clients = W.make_clients(sess, region)
+        if a.verb == "run":
+            out = W.run_all(clients, s, bench_args=shlex.split(a.bench_args), reports_dir=a.reports,
+                            keep=a.keep)
+            print(f"run {out['run_id']}: bench {out['status']}; {len(out['files'])} files in "
+                  f"{a.reports}/{out['run_id']}; report {out['report'] and out['report']['report']}")
+            return 0 if out["status"] == "Success" else 1
+        from deploy.provision import launch as L
+
+        r = W.resolve(clients, s)
+        print(W.plan_text(s, r, with_run=False, bench_args=[]).split("\nAPI calls")[0])
+        got = L.create(clients, s, image_id=r.image["ImageId"], subnet_id=r.subnet_id, vpc_id=r.vpc_id,
+                       root_device=r.image["RootDeviceName"])
+        print(f"launched {got.instance_id} (run {got.run_id}); ends itself after {s.ttl_hours:g} h; "
+              f"`python -m deploy teardown --run-id {got.run_id}` ends it now")
+        return 0
+    if a.verb == "collect":
+        from deploy import collect as COL
+        from deploy.provision.plan import Names
+
+        sess, region = _session(a, "collect")
+        COL.collect(sess.client("s3", region_name=region), a.bucket, Names(a.run_id).results_prefix,
+                    a.out or f"reports/{a.run_id}")
+        return 0
+    if a.verb == "teardown":
+        from deploy.provision import teardown as T
+
+        sess, region = _session(a, "teardown")
+        ec2, iam = sess.client("ec2", region_name=region), sess.client("iam")
+        found = T.find(ec2, iam, a.run_id, expired=a.expired)
+        print("found: " + ", ".join(f"{k}={v}" for k, v in found.to_dict().items()))
+        if a.dry_run or found.empty():
+            return 0
+        T.teardown(ec2, iam, found)
+        return 0
+    raise AssertionError(a.verb)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,286 @@
+"""python -m deploy.bench: compile, check and time every kernel on this host's Neuron SDK.
+
+    python -m deploy.bench                                # smoke + judged cases, trn2, reports/bench-<time>
+    python -m deploy.bench --compile-only                 # any x86 host with the Neuron pip packages
+    python -m deploy.bench --compile-only --dry-run       # list the cases and the commands, run nothing
+    python -m deploy.bench --set full --case ssd_decode   # other simulate sets, id substrings
+
+Per case: compile through the host API on the SDK (``deploy.bench.worker``,
+one process per case), run it on the device and compare with the float64
+reference (tolerances and pool checks of the tests), time it with
+``neuron-explorer capture`` (warm-up + runs, p50 / p90), and model it with
+the cost model for the same target. Output: results.json (simulate's schema
++ ``measured`` rows), report.md and measured_vs_modeled.png.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser(prog="python -m deploy.bench", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.splitlines()[2:]))
+    p.add_argument("--set", dest="sets", action="append", default=None,
+                   choices=["smoke", "judged", "default", "full"],
+                   help="simulate case sets (repeatable; default: smoke and judged)")
+    p.add_argument("--case", action="append", default=None, help="only case ids containing this")
+    p.add_argument("--op", action="append", default=None, help="only these ops / families")
+    p.add_argument("--target", default="trn2", choices=["trn2", "trn3"],
+                   help="NEURON_PLATFORM_TARGET_OVERRIDE and the cost model's target (default trn2)")
+    p.add_argument("--compile-only", action="store_true",
+                   help="compile only (no device needed); no check, no timing")
+    p.add_argument("--dry-run", action="store_true", help="list every case and the commands; run nothing")
+    p.add_argument("--out", default=None, help="output folder (default reports/bench-<UTC time>)")
+    p.add_argument("--warmup", type=int, default=3, help="executions dropped before timing (default 3)")
+    p.add_argument("--runs", type=int, default=20, help="timed executions (default 20)")
+    p.add_argument("--timer", default="explorer", choices=["explorer", "none"],
+                   help="explorer: neuron-explorer capture + summary-json (default); none: no timing")
+    p.add_argument("--tools-bin", default=None, help="Neuron tools folder (default /opt/aws/neuron/bin)")
+    p.add_argument("--modeled", default=None,
+                   help="take the modeled figures from this simulate results.json instead of "
+                        "running the cost model here")
+    p.add_argument("--no-model", action="store_true", help="skip the cost model")
+    p.add_argument("--allow-version-mismatch", action="store_true",
+                   help="go on when the toolchain does not match the SDK pins (results say so)")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds per case compile / run")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+# runtime settings of every execution (worker and profiler): kernels launch without a
+# grid, i.e. LNC 1, and the cost model is per NeuronCore; compiler and runtime must agree
+RUNTIME_ENV = {"NEURON_LOGICAL_NC_CONFIG": "1", "NEURON_RT_VISIBLE_CORES": "0"}
+
+
+def worker_env(case_dir: Path, target: str) -> dict:
+    """Environment of one case's worker (everything the SDK reads at import time)."""
+    return {
+        "NKI_ARTIFACTS_DIR": str(case_dir / "artifacts"),  # NEFF lands here (read at `import nki`)
+        "NKI_SSM_BACKEND": "neuron",                       # kernels built with the SDK's nki.jit
+        "NEURON_PLATFORM_TARGET_OVERRIDE": target,
+        "NEURON_FRAMEWORK_DEBUG": "1",                     # keep artifacts, source mapping
+        **RUNTIME_ENV,
+    }
+
+
+def worker_argv(case_id: str, case_dir: Path, compile_only: bool, seed: int) -> list[str]:
+    argv = [sys.executable, "-m", "deploy.bench.worker", "--case", case_id, "--out", str(case_dir),
+            "--seed", str(seed)]
+    return argv + (["--compile-only"] if compile_only else [])
+
+
+def _shell(env: dict, argv: list[str]) -> str:
+    return " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + " ".join(
+        shlex.quote(a) for a in argv)
+
+
+def dry_run(cases, out: Path, a) -> int:
+    from deploy import config as C
+    from deploy.bench import profiler as PR
+    from deploy.bench.cases import slug, tolerance
+    from nki_ssm.ops._dispatch import find_launcher
+
+    mode = "compile only" if a.compile_only else "compile, run on the device, check, time"
+    print(f"deploy.bench dry run: {len(cases)} cases, {mode}, target {a.target}; output {out}")
+    print(f"toolchain check: pip {', '.join(f'{k}=={v}' for k, v in C.PIP_PINS.items())} "
+          f"(SDK {C.SDK_RELEASE}); neuronx-cc --version"
+          + ("" if a.compile_only else "; dpkg-query " + ", ".join(C.APT_PINS) + "; neuron-ls --json-output"))
+    tool = PR.tool_path(a.tools_bin)
+    for k, c in enumerate(cases, 1):
+        d = out / "cases" / slug(c.id)
+        print(f"\n[{k}/{len(cases)}] {c.id}")
+        print(f"  shape {c.shape!r}; {c.num_tokens} tokens; dtype {c.config}; tol {tolerance(c):g}")
+        print(f"  op nki_ssm.ops.{c.op}(..., backend='neuron') -> launcher "
+              f"nki_ssm.ops.launch.{c.family}.{c.entry}"
+              + ("" if find_launcher(c.family, c.entry) else " (missing: the row will say no_kernel)"))
+        env = dict(worker_env(d, a.target), PYTHONPATH=str(REPO_ROOT))
+        print("  compile: " + _shell(env, worker_argv(c.id, d, a.compile_only, a.seed)))
+        if not a.compile_only and a.timer == "explorer":
+            launch = d / "inputs" / "launch_0"
+            capture = PR.capture_argv(tool, str(launch / "kernel.neff"), str(d / "profile" / "launch_0" / "profile.ntff"),
+                                      [("<param>", str(launch / "<param>.bin")), ("...", "...")],
+                                      a.warmup + a.runs)
+            print("  time:    " + _shell(RUNTIME_ENV, capture))
+            view = PR.view_argv(tool, str(launch / "kernel.neff"), "profile_exec_<k>.ntff")
+            print(f"           then per execution: {' '.join(view)}  (first {a.warmup} dropped)")
+    return 0
+
+
+def _instance_type() -> str | None:
+    """The EC2 instance type through IMDSv2 (None off EC2); one short attempt."""
+    import urllib.request
+
+    try:
+        req = urllib.request.Request("http://169.254.169.254/latest/api/token", method="PUT",
+                                     headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"})
+        token = urllib.request.urlopen(req, timeout=1).read().decode()
+        req = urllib.request.Request("http://169.254.169.254/latest/meta-data/instance-type",
+                                     headers={"X-aws-ec2-metadata-token": token})
+        return urllib.request.urlopen(req, timeout=1).read().decode()
+    except OSError:
+        return None
+
+
+def run_worker(case, case_dir: Path, a) -> dict:
+    """The case's worker process -> its worker.json (+ compiler warnings from its output)."""
+    case_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, **worker_env(case_dir, a.target))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    log = case_dir / "worker.log"
+    try:
+        with open(log, "wb") as fh:
+            subprocess.run(worker_argv(case.id, case_dir, a.compile_only, a.seed), env=env, cwd=case_dir,
+                           stdout=fh, stderr=subprocess.STDOUT, timeout=a.timeout)
+    except subprocess.TimeoutExpired:
+        return {"case_id": case.id, "status": "error", "error": f"timed out after {a.timeout:.0f} s"}
+    path = case_dir / "worker.json"
+    if not path.is_file():
+        tail = log.read_text(errors="replace")[-1500:]
+        return {"case_id": case.id, "status": "error", "error": f"worker wrote no result: {tail}"}
+    res = json.loads(path.read_text())
+    res["warnings"] = compiler_warnings(log.read_text(errors="replace")) + list(res.get("warnings") or [])
+    return res
+
+
+def compiler_warnings(text: str, limit: int = 50) -> list[str]:
+    """Lines of the compile output that are warnings (neuronx-cc / nki print 'WARNING' / 'Warning')."""
+    import re
+
+    pat = re.compile(r"\bwarn(ing)?\b", re.IGNORECASE)
+    out = []
+    for line in text.splitlines():
+        if pat.search(line) and line.strip() not in out:
+            out.append(line.strip()[:300])
+    return out[:limit]
+
+
+def time_case(case, case_dir: Path, res: dict, a) -> dict | None:
+    from deploy.bench import profiler as PR
+
+    if a.compile_only or a.timer == "none" or res.get("status") != "passed":
+        return None
+    launches = res.get("launches") or []
+    if not launches or not all(ln.get("neff") for ln in launches):
+        return {"error": "a launch has no NEFF to profile"}
+    totals = None
+    for k, launch in enumerate(launches):
+        inputs = [(i["name"], i["file"]) for i in launch["inputs"]]
+        try:
+            t = PR.profile(Path(launch["neff"]["path"]), inputs, case_dir / "profile" / f"launch_{k}",
+                           warmup=a.warmup, runs=a.runs, tool=PR.tool_path(a.tools_bin),
+                           timeout_s=a.timeout, env=RUNTIME_ENV)
+        except Exception as exc:  # the row says why; the case's check result stands
+            return {"error": f"{type(exc).__name__}: {exc}"[:1000]}
+        if totals is None:
+            totals = t
+        else:   # an op of several launches: the times add up
+            for key in ("p50_ns", "p90_ns", "min_ns", "mean_ns"):
+                totals[key] += t[key]
+    return totals
+
+
+def _modeled(cases, a) -> dict:
+    """{case id: simulate CaseResult dict} from --modeled, or the cost model run here."""
+    if a.no_model:
+        return {}
+    if a.modeled:
+        data = json.loads(Path(a.modeled).read_text())
+        return {c["case_id"]: c for c in data.get("cases", [])}
+    from simulate.run import run_case
+
+    out = {}
+    for c in cases:
+        res, _ = run_case(c, target=a.target, seed=a.seed)
+        out[c.id] = res.to_dict()
+    return out
+
+
+def _hardware(target: str) -> dict:
+    """The cost model's hardware table for ``target``, as simulate's results.json holds it."""
+    from dataclasses import asdict
+
+    try:
+        from nki_ssm.perf.hardware import CALIBRATED, SOURCES, get_target
+
+        spec = get_target(target)
+        return {"hardware": {k: v for k, v in asdict(spec).items() if k != "extra"},
+                "hardware_sources": SOURCES[spec.name], "calibrated_constants": CALIBRATED}
+    except (ImportError, AttributeError, KeyError, TypeError) as exc:   # the perf layer moved on
+        return {"hardware": None, "hardware_sources": None, "calibrated_constants": None,
+                "hardware_error": f"{type(exc).__name__}: {exc}"}
+
+
+def main(argv=None) -> int:
+    a = _parse(sys.argv[1:] if argv is None else argv)
+    from deploy.bench import cases as BC
+
+    sets = a.sets or list(BC.DEFAULT_SETS)
+    cases = BC.select(sets, contains=a.case, ops=a.op)
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out = (Path(a.out) if a.out else Path("reports") / f"bench-{stamp}").resolve()
+    if not cases:
+        print("no case matches --set / --case / --op", file=sys.stderr)
+        return 2
+    if a.dry_run:
+        return dry_run(cases, out, a)
+    # this process runs the cost model: kernels must be built against the simulator here
+    # (the workers build them with the SDK's nki.jit)
+    os.environ["NKI_SSM_BACKEND"] = "sim"
+    from deploy.bench import results as RS
+    from deploy.bench import toolchain as TC
+
+    t0 = time.perf_counter()
+    tc = TC.check(compile_only=a.compile_only, tools_bin=a.tools_bin)
+    for m in tc["mismatches"]:
+        print(f"toolchain: {m}", file=sys.stderr)
+    if not tc["ok"] and not a.allow_version_mismatch:
+        print("toolchain does not match the pins; fix it or pass --allow-version-mismatch",
+              file=sys.stderr)
+        return 2
+    itype = _instance_type()
+    modeled = _modeled(cases, a)
+    rows = []
+    for k, c in enumerate(cases, 1):
+        d = out / "cases" / BC.slug(c.id)
+        print(f"[{k}/{len(cases)}] {c.id}", flush=True)
+        res = run_worker(c, d, a)
+        timing = time_case(c, d, res, a)
+        row = RS.measured_row(c, res, timing, modeled.get(c.id), target=a.target, instance_type=itype)
+        rows.append(row)
+        p50 = f", p50 {row.measured_ns_p50 / 1e3:.1f} us" if row.measured_ns_p50 else ""
+        print(f"    {row.status}{p50}" + (f": {row.error}" if row.error else ""), flush=True)
+    hardware = _hardware(a.target)
+    payload = {
+        "schema": RS.SCHEMA, "target": a.target, "case_set": "+".join(sets),
+        "command": "python -m deploy.bench " + " ".join(sys.argv[1:] if argv is None else argv),
+        "wall_s": time.perf_counter() - t0, "mode": "compile-only" if a.compile_only else "device",
+        "instance_type": itype, "toolchain": tc,
+        **hardware,
+        "time_unit": "ns (cases: modeled; measured: measured on the device)",
+        "cases": [modeled[c.id] for c in cases if c.id in modeled],
+        "calibration": None,
+        "measured": [r.to_dict() for r in rows],
+    }
+    path = RS.write(out, payload=payload)
+    from deploy import report as REP
+
+    paths = REP.write(path)
+    print(REP.summary_text(path))
+    print(f"\nresults: {path}\nreport: {paths['report']}")
+    bad = [r for r in rows if r.status not in ("compiled", "passed", "no_kernel")]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""The verbs' work, with the boto3 clients passed in (the CLI makes them; tests use moto).
+
+``plan_text`` is what ``--dry-run`` prints; ``resolve`` does the read-only
+look-ups; ``run_all`` is the one command (launch, bench through SSM, collect,
+report) with the teardown in a ``finally``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from deploy import config as C
+from deploy.provision import discover as D
+from deploy.provision import plan as P
+from deploy.provision import remote as R
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CLIENT_SERVICES = ("ec2", "iam", "ssm", "s3")
+
+
+@dataclass
+class Resolved:
+    """What the read-only look-ups found (None: not looked up, e.g. no credentials)."""
+
+    image: dict | None = None
+    instance_type: str = C.DEFAULT_INSTANCE_TYPE
+    type_info: dict | None = None
+    zones: list = field(default_factory=list)
+    family_types: list = field(default_factory=list)
+    subnet_id: str | None = None
+    vpc_id: str | None = None
+    price: float | None = None
+    price_source: str = ""
+    notes: list = field(default_factory=list)
+
+
+def make_clients(sess, region: str, *, quick: bool = False) -> dict:
+    """boto3 clients of the verbs; ``quick`` (the dry run's look-ups): short timeouts and
+    few retries, so a plan without network access is printed within seconds."""
+    from botocore.config import Config
+
+    cfg = (Config(connect_timeout=5, read_timeout=15, retries={"mode": "standard", "max_attempts": 2})
+           if quick else Config(connect_timeout=20, read_timeout=120,
+                                retries={"mode": "standard", "max_attempts": 5}))
+    out = {svc: sess.client(svc, region_name=region, config=cfg) for svc in CLIENT_SERVICES}
+    out["pricing"] = sess.client("pricing", region_name="us-east-1", config=cfg)  # Price List API endpoint
+    return out
+
+
+def resolve(clients: dict, s: P.LaunchSettings, *, need_subnet: bool = True) -> Resolved:
+    """AMI, instance type (family discovered), zones, subnet, price: read-only calls only."""
+    r = Resolved(instance_type=s.instance_type)
+    ec2 = clients["ec2"]
+    r.image = D.resolve_ami(ec2, clients["ssm"], s)
+    pattern = f"{s.family}.*" if s.family else s.instance_type
+    r.family_types = D.instance_types(ec2, pattern)
+    zones = D.offerings(ec2, [t["InstanceType"] for t in r.family_types])
+    r.instance_type = D.choose_type(r.family_types, zones, s.family, s.instance_type)
+    s.instance_type = r.instance_type
+    r.zones = zones.get(r.instance_type, [])
+    r.type_info = next((t for t in r.family_types if t["InstanceType"] == r.instance_type), None)
+    if need_subnet:
+        if s.subnet_id:
+            r.subnet_id, r.vpc_id = D.subnet_vpc(ec2, s.subnet_id)
+        else:
+            r.subnet_id, r.vpc_id = D.default_subnet(ec2, r.zones)
+    r.price, r.price_source = price(clients, s)
+    return r
+
+
+def price(clients: dict | None, s: P.LaunchSettings) -> tuple[float | None, str]:
+    """--hourly-price, else the Price List API (with credentials), else the reference table."""
+    if s.hourly_price is not None:
+        return s.hourly_price, "--hourly-price"
+    if clients is not None and "pricing" in clients:
+        try:
+            got = D.hourly_price(clients["pricing"], s.instance_type, s.region)
+            if got is not None:
+                return got, f"AWS Price List API, on-demand Linux, {s.region}"
+        except Exception as exc:  # no pricing:GetProducts permission, no network
+            note = f"Price List API failed ({type(exc).__name__}); "
+        else:
+            note = "not in the Price List API; "
+    else:
+        note = "Price List API not asked (no credentials, or the look-ups failed); "
+    value, source = D.reference_price(s.instance_type)
+    return value, note + source
+
+
+def plan_text(s: P.LaunchSettings, r: Resolved | None, *, with_run: bool, bench_args: list[str]) -> str:
+    """The full plan: settings, resolved values, and every API call in order."""
+    names = P.Names(s.run_id)
+    if s.family and r is None:   # the type is not known until describe-instance-types answers
+        s = dataclasses.replace(s, instance_type=f"<smallest offered {s.family} type>")
+    ami = (f"{r.image['ImageId']} ({r.image['Name']}; {r.image['Description']}; via {r.image['source']})"
+           if r and r.image else
+           (f"{s.ami_id} (given)" if s.ami_id else
+            f"newest 'Deep Learning AMI Neuron*' described 'Neuron SDK {s.sdk_release}' (describe-images)"
+            if s.sdk_release else
+            f"resolved at launch from SSM parameter {C.DLAMI_SSM_PARAMETERS[s.dlami]}"))
+    if r is not None:
+        p, psrc = r.price, r.price_source
+    else:
+        p, psrc = price(None, s)
+    price_txt = (f"${p:.3f}/h ({psrc}); TTL {s.ttl_hours:g} h -> at most ${p * s.ttl_hours:.2f}"
+                 if p is not None else f"unknown ({psrc}); pass --hourly-price")
+    if s.family:
+        itype = (f"{r.instance_type} (smallest offered {s.family} type, describe-instance-types)"
+                 if r else f"the smallest offered {s.family}.* type (discovered at run time)")
+    else:
+        itype = s.instance_type
+    lines = [
+        f"{C.PROJECT} plan — run {s.run_id}",
+        f"  region          {s.region}",
+        f"  instance type   {itype}",
+    ]
+    if r and r.type_info:
+        t = r.type_info
+        lines.append(f"                  {t['vcpus']} vCPU, {t['memory_mib']} MiB, {t['neuron_devices']} x "
+                     f"{t['neuron_device']} ({t['cores_per_device']} cores each); zones {', '.join(r.zones)}")
+    if r and s.family:
+        lines.append("  family types    " + ", ".join(t["InstanceType"] for t in r.family_types))
+    lines += [
+        f"  AMI             {ami}",
+        f"  SDK pins        {C.SDK_RELEASE}: " + ", ".join(f"{k}=={v}" for k, v in C.PIP_PINS.items()),
+        f"  hourly price    {price_txt}",
+        f"  time to live    {s.ttl_hours:g} h: shutdown behaviour terminate + on-host timer + "
+        f"tag {C.TAG_TTL_EXPIRES}",
+        "  access          IMDSv2 only, no key pair, no inbound rule; commands via SSM Run Command",
+        f"  instance role   {names.role}: AmazonSSMManagedInstanceCore + s3://{s.bucket}/"
+        f"{names.results_prefix}/* only",
+        f"  tags            {C.TAG_PROJECT}={C.PROJECT}, {C.TAG_RUN_ID}={s.run_id}, Name, {C.TAG_TTL_EXPIRES}",
+    ]
+    for note in (r.notes if r else []):
+        lines.append(f"  note            {note}")
+    calls = P.ami_calls(s) + P.discovery_calls(s)
+    img = r.image["ImageId"] if r and r.image else "<ami>"
+    root = r.image["RootDeviceName"] if r and r.image else "/dev/sda1"
+    calls += P.create_calls(s, image_id=img, subnet_id=(r.subnet_id if r and r.subnet_id else
+                                                         "<default subnet in an offering zone>"),
+                            vpc_id=(r.vpc_id if r and r.vpc_id else "<default vpc>"), root_device=root)
+    if with_run:
+        calls += run_calls(s, instance_id="<instance id>", bench_args=bench_args)
+    down = P.teardown_calls(s.run_id)
+    lines.append("")
+    lines.append(f"API calls, in order ({sum(c.creates for c in calls)} create something):")
+    lines += [c.render() for c in calls]
+    lines.append("")
+    lines.append("Teardown (" + ("at the end, and after any failure" if with_run else
+                                 "after a failed launch, or `python -m deploy teardown --run-id "
+                                 f"{s.run_id}`") + "):")
+    lines += [c.render() for c in down]
+    return "\n".join(lines)
+
+
+def run_calls(s: P.LaunchSettings, *, instance_id: str, bench_args: list[str]) -> list[P.Call]:
+    timeout_s = bench_timeout_s(s.ttl_hours)
+    names = P.Names(s.run_id)
+    prefix = names.results_prefix
+    cmds = R.bench_commands(bucket=s.bucket, prefix=prefix, region=s.region, run_id=s.run_id,
+                            bench_args=bench_args)
+    return [
+        P.Call("s3", "put_object", {"Bucket": s.bucket, "Key": f"{prefix}/{R.SOURCE_KEY}",
+                                    "Body": "<git ls-files tarball>"}, "the project source"),
+        P.Call("ssm", "describe_instance_information",
+               {"Filters": [{"Key": "InstanceIds", "Values": [instance_id]}]}, "wait for the SSM agent"),
+        P.Call("ssm", "send_command", R.send_command_params(
+            instance_id=instance_id, commands=cmds, bucket=s.bucket, prefix=prefix, run_id=s.run_id,
+            timeout_s=timeout_s), "the bench, as root, on the host"),
+        P.Call("ssm", "get_command_invocation", {"CommandId": "<id>", "InstanceId": instance_id},
+               "poll until done"),
+        P.Call("s3", "list_objects_v2", {"Bucket": s.bucket, "Prefix": f"{prefix}/results/"},
+               "collect results into reports/<run id>/"),
+    ]
+
+
+def bench_timeout_s(ttl_hours: float) -> int:
+    """The Run Command's execution timeout: the TTL less 10 minutes to copy results out."""
+    return max(600, int(ttl_hours * 3600) - 600)
+
+
+def run_all(clients: dict, s: P.LaunchSettings, *, bench_args: list[str], reports_dir,
+            keep: bool = False, timeout_s: int | None = None, poll_s: float = 30, log=print,
+            retry_delay: float = 5.0) -> dict:
+    """Launch, run the bench through SSM, collect, report; tear down in ``finally``.
+
+    -> {"run_id", "instance_id", "status", "files", "report"}. A failure at any
+    step still tears down everything tagged with the run id (unless ``keep``;
+    the TTL still ends the host), then re-raises.
+    """
+    from deploy import collect as COL
+    from deploy.provision import launch as L
+    from deploy.provision import teardown as T
+
+    timeout_s = bench_timeout_s(s.ttl_hours) if timeout_s is None else timeout_s
+    r = resolve(clients, s)
+    log(plan_text(s, r, with_run=True, bench_args=bench_args).split("\nAPI calls")[0])
+    prefix = P.Names(s.run_id).results_prefix
+    out = {"run_id": s.run_id, "instance_id": None, "status": "launching", "files": [], "report": None}
+    launched = L.create(clients, s, image_id=r.image["ImageId"], subnet_id=r.subnet_id,
+                        vpc_id=r.vpc_id, root_device=r.image["RootDeviceName"], log=log,
+                        retry_delay=retry_delay)
+    out["instance_id"] = launched.instance_id
+    try:
+        R.upload_source(clients["s3"], s.bucket, prefix, REPO_ROOT)
+        R.wait_online(clients["ssm"], launched.instance_id, poll_s=poll_s, log=log)
+        cmds = R.bench_commands(bucket=s.bucket, prefix=prefix, region=s.region, run_id=s.run_id,
+                                bench_args=bench_args)
+        sent = clients["ssm"].send_command(**R.send_command_params(
+            instance_id=launched.instance_id, commands=cmds, bucket=s.bucket, prefix=prefix,
+            run_id=s.run_id, timeout_s=timeout_s))
+        inv = R.wait_command(clients["ssm"], sent["Command"]["CommandId"], launched.instance_id,
+                             timeout_s=timeout_s + 900, poll_s=poll_s, log=log)
+        out["status"] = inv.get("Status")
+        out["files"] = COL.collect(clients["s3"], s.bucket, prefix, Path(reports_dir) / s.run_id, log=log)
+        results = Path(reports_dir) / s.run_id / "results.json"
+        if results.is_file():
+            from deploy import report as REP
+
+            out["report"] = REP.write(results)
+    finally:
+        if keep:
+            log(f"--keep: {launched.instance_id} stays until its TTL; "
+                f"`python -m deploy teardown --run-id {s.run_id}` ends it now")
+        else:
+            log(f"teardown of run {s.run_id}")
+            T.teardown(clients["ec2"], clients["iam"], T.find(clients["ec2"], clients["iam"], s.run_id),
+                       log=log, delay=retry_delay)
+    return out

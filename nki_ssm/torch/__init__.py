@@ -1,0 +1,18 @@
+"""PyTorch integration (optional extra ``torch``): custom ops, drop-ins and model patching.
+
+- ``nki_ssm.torch.ops``: ``torch.library`` custom ops ``torch.ops.nki_ssm.*`` for the six
+  pool-based ops of ``nki_ssm.ops`` (fake kernels, pools declared mutated);
+- ``nki_ssm.torch.fla``, ``.mamba_ssm``, ``.causal_conv1d``: drop-ins with the GPU peers'
+  signatures, defaults and return values, running on our kernels;
+- ``nki_ssm.torch.hf.patch(model)``: puts our kernels under a transformers model's
+  Gated DeltaNet / Mamba-2 layers;
+- ``nki_ssm.torch.neuron``: the device path (torch-neuronx tensors -> ``@nki.jit`` kernels).
+
+``set_backend`` / ``use_backend`` choose the backend the drop-ins pass to the ops
+(None: the kernel on the NKI implementation ``NKI_SSM_BACKEND`` picks; "reference":
+the float64 reference; "sim" / "neuron": that NKI implementation).
+"""
+from . import ops
+from ._convert import get_backend, set_backend, use_backend
+
+__all__ = ["ops", "get_backend", "set_backend", "use_backend"]

@@ -1,0 +1,250 @@
+"""torch.library custom ops for the six pool-based ops of ``nki_ssm.ops`` (the serving contract).
+
+``torch.ops.nki_ssm.<name>`` with ``<name>`` one of ``short_conv_prefill``,
+``short_conv_decode``, ``ssd_prefill``, ``ssd_decode``,
+``gated_delta_prefill``, ``gated_delta_decode``. Arguments, shapes, limits
+and errors are those of ``nki_ssm.ops`` (docs/contracts.md, Host API), with
+torch tensors in place of arrays; the state pool argument (``conv_states`` /
+``ssm_states``) is declared mutated and updated in place, named slots only.
+Each op has a fake (meta) kernel, so it traces under
+``torch.compile(fullgraph=True)`` and passes ``torch.library.opcheck``.
+
+Execution: CPU tensors run through ``nki_ssm.ops`` on NumPy views of the
+caller's tensors (``backend`` argument: None = the NKI kernel on the
+implementation ``NKI_SSM_BACKEND`` picks, or "reference" / "sim" /
+"neuron"); the pools are updated in the caller's memory, with the host
+API's guarantee that a rejected call leaves them untouched. Tensors on any
+other device go to ``nki_ssm.torch.neuron`` (the kernels called with device
+tensors, pools aliased).
+
+Forward only (inference and serving): no autograd formula is registered, so
+a backward through these ops raises.
+
+``gated_delta_decode`` always returns ``(o, intermediate)``; intermediate is
+an empty ``[0]`` tensor unless ``return_intermediate_states`` (schemas have
+a fixed number of outputs). The Python wrappers of this module
+(``short_conv_prefill(...)`` etc.) take the host API's keyword names and
+return what the host API returns.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from nki_ssm import ops as _host
+
+from ._convert import from_numpy, to_numpy
+
+_NS = "nki_ssm"
+
+
+def _on_cpu(t: Tensor) -> bool:
+    return t.device.type == "cpu"
+
+
+def _host_call(fn, args: dict):
+    """Run host-API op ``fn`` on NumPy views of the tensors in ``args`` (pools in place)."""
+    return fn(**{k: to_numpy(v) if isinstance(v, Tensor) else v for k, v in args.items()})
+
+
+def _neuron():
+    from . import neuron
+
+    return neuron
+
+
+# ------------------------------------------------------------------ short conv
+
+@torch.library.custom_op(f"{_NS}::short_conv_prefill", mutates_args=("conv_states",))
+def _short_conv_prefill(x: Tensor, weight: Tensor, bias: Optional[Tensor],
+                        activation: Optional[str], cu_seqlens: Tensor, conv_states: Tensor,
+                        state_indices: Tensor, has_initial_state: Tensor,
+                        backend: Optional[str]) -> Tensor:
+    args = dict(x=x, weight=weight, bias=bias, activation=activation, cu_seqlens=cu_seqlens,
+                conv_states=conv_states, state_indices=state_indices,
+                has_initial_state=has_initial_state, backend=backend)
+    if not _on_cpu(x):
+        return _neuron().short_conv_prefill(**args)
+    return from_numpy(_host_call(_host.short_conv_prefill, args))
+
+
+@_short_conv_prefill.register_fake
+def _(x, weight, bias, activation, cu_seqlens, conv_states, state_indices, has_initial_state,
+      backend):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op(f"{_NS}::short_conv_decode", mutates_args=("conv_states",))
+def _short_conv_decode(x: Tensor, weight: Tensor, bias: Optional[Tensor],
+                       activation: Optional[str], conv_states: Tensor, state_indices: Tensor,
+                       backend: Optional[str]) -> Tensor:
+    args = dict(x=x, weight=weight, bias=bias, activation=activation, conv_states=conv_states,
+                state_indices=state_indices, backend=backend)
+    if not _on_cpu(x):
+        return _neuron().short_conv_decode(**args)
+    return from_numpy(_host_call(_host.short_conv_decode, args))
+
+
+@_short_conv_decode.register_fake
+def _(x, weight, bias, activation, conv_states, state_indices, backend):
+    return torch.empty_like(x)
+
+
+# ------------------------------------------------------------------ Mamba-2 SSD
+
+@torch.library.custom_op(f"{_NS}::ssd_prefill", mutates_args=("ssm_states",))
+def _ssd_prefill(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Optional[Tensor],
+                 z: Optional[Tensor], dt_bias: Optional[Tensor], dt_softplus: bool,
+                 dt_limit: Sequence[float], cu_seqlens: Tensor, ssm_states: Tensor,
+                 state_indices: Tensor, has_initial_state: Tensor, chunk_size: int,
+                 precision: str, backend: Optional[str]) -> Tensor:
+    args = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                dt_limit=tuple(dt_limit), cu_seqlens=cu_seqlens, ssm_states=ssm_states,
+                state_indices=state_indices, has_initial_state=has_initial_state,
+                chunk_size=chunk_size, precision=precision, backend=backend)
+    if not _on_cpu(x):
+        return _neuron().ssd_prefill(**args)
+    return from_numpy(_host_call(_host.ssd_prefill, args))
+
+
+@_ssd_prefill.register_fake
+def _(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, cu_seqlens, ssm_states,
+      state_indices, has_initial_state, chunk_size, precision, backend):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op(f"{_NS}::ssd_decode", mutates_args=("ssm_states",))
+def _ssd_decode(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Optional[Tensor],
+                z: Optional[Tensor], dt_bias: Optional[Tensor], dt_softplus: bool,
+                dt_limit: Sequence[float], ssm_states: Tensor, state_indices: Tensor,
+                backend: Optional[str]) -> Tensor:
+    args = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                dt_limit=tuple(dt_limit), ssm_states=ssm_states, state_indices=state_indices,
+                backend=backend)
+    if not _on_cpu(x):
+        return _neuron().ssd_decode(**args)
+    return from_numpy(_host_call(_host.ssd_decode, args))
+
+
+@_ssd_decode.register_fake
+def _(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states, state_indices, backend):
+    return torch.empty_like(x)
+
+
+# ------------------------------------------------------------------ Gated DeltaNet
+
+@torch.library.custom_op(f"{_NS}::gated_delta_prefill", mutates_args=("ssm_states",))
+def _gated_delta_prefill(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor],
+                         beta: Optional[Tensor], a: Optional[Tensor], b: Optional[Tensor],
+                         A_log: Optional[Tensor], dt_bias: Optional[Tensor],
+                         scale: Optional[float], use_qk_l2norm: bool, cu_seqlens: Tensor,
+                         ssm_states: Tensor, state_indices: Tensor, has_initial_state: Tensor,
+                         chunk_size: int, backend: Optional[str]) -> Tensor:
+    args = dict(q=q, k=k, v=v, g=g, beta=beta, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
+                scale=scale, use_qk_l2norm=use_qk_l2norm, cu_seqlens=cu_seqlens,
+                ssm_states=ssm_states, state_indices=state_indices,
+                has_initial_state=has_initial_state, chunk_size=chunk_size, backend=backend)
+    if not _on_cpu(q):
+        return _neuron().gated_delta_prefill(**args)
+    return from_numpy(_host_call(_host.gated_delta_prefill, args))
+
+
+@_gated_delta_prefill.register_fake
+def _(q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_qk_l2norm, cu_seqlens, ssm_states,
+      state_indices, has_initial_state, chunk_size, backend):
+    return q.new_empty((q.shape[0], v.shape[1], v.shape[2]))
+
+
+@torch.library.custom_op(f"{_NS}::gated_delta_decode", mutates_args=("ssm_states",))
+def _gated_delta_decode(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor],
+                        beta: Optional[Tensor], a: Optional[Tensor], b: Optional[Tensor],
+                        A_log: Optional[Tensor], dt_bias: Optional[Tensor],
+                        scale: Optional[float], use_qk_l2norm: bool, ssm_states: Tensor,
+                        state_indices: Tensor, return_intermediate_states: bool,
+                        backend: Optional[str]) -> tuple[Tensor, Tensor]:
+    args = dict(q=q, k=k, v=v, g=g, beta=beta, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
+                scale=scale, use_qk_l2norm=use_qk_l2norm, ssm_states=ssm_states,
+                state_indices=state_indices,
+                return_intermediate_states=return_intermediate_states, backend=backend)
+    if not _on_cpu(q):
+        return _neuron().gated_delta_decode(**args)
+    out = _host_call(_host.gated_delta_decode, args)
+    if return_intermediate_states:
+        return from_numpy(out[0]), from_numpy(out[1])
+    return from_numpy(out), ssm_states.new_empty((0,))
+
+
+@_gated_delta_decode.register_fake
+def _(q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_qk_l2norm, ssm_states, state_indices,
+      return_intermediate_states, backend):
+    S, T = q.shape[:2]
+    HV, V = v.shape[2:]
+    o = q.new_empty((S, T, HV, V))
+    if return_intermediate_states:
+        return o, ssm_states.new_empty((S, T, HV, q.shape[3], V))
+    return o, ssm_states.new_empty((0,))
+
+
+# ------------------------------------------------------------------ host-API-shaped wrappers
+
+def short_conv_prefill(x, weight, bias=None, *, activation="silu", cu_seqlens, conv_states,
+                       state_indices, has_initial_state, backend=None):
+    """``nki_ssm.ops.short_conv_prefill`` on tensors (``conv_states`` updated in place)."""
+    return torch.ops.nki_ssm.short_conv_prefill(x, weight, bias, activation, cu_seqlens,
+                                                conv_states, state_indices, has_initial_state,
+                                                backend)
+
+
+def short_conv_decode(x, weight, bias=None, *, activation="silu", conv_states, state_indices,
+                      backend=None):
+    """``nki_ssm.ops.short_conv_decode`` on tensors (``conv_states`` updated in place)."""
+    return torch.ops.nki_ssm.short_conv_decode(x, weight, bias, activation, conv_states,
+                                               state_indices, backend)
+
+
+def ssd_prefill(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False,
+                dt_limit=(0.0, math.inf), cu_seqlens, ssm_states, state_indices,
+                has_initial_state, chunk_size=128, precision="bf16", backend=None):
+    """``nki_ssm.ops.ssd_prefill`` on tensors (``ssm_states`` updated in place)."""
+    return torch.ops.nki_ssm.ssd_prefill(x, dt, A, B, C, D, z, dt_bias, dt_softplus,
+                                         _pair(dt_limit), cu_seqlens, ssm_states,
+                                         state_indices, has_initial_state, chunk_size,
+                                         precision, backend)
+
+
+def ssd_decode(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False,
+               dt_limit=(0.0, math.inf), ssm_states, state_indices, backend=None):
+    """``nki_ssm.ops.ssd_decode`` on tensors (``ssm_states`` updated in place)."""
+    return torch.ops.nki_ssm.ssd_decode(x, dt, A, B, C, D, z, dt_bias, dt_softplus,
+                                        _pair(dt_limit), ssm_states, state_indices, backend)
+
+
+def gated_delta_prefill(q, k, v, *, g=None, beta=None, a=None, b=None, A_log=None,
+                        dt_bias=None, scale=None, use_qk_l2norm=False, cu_seqlens, ssm_states,
+                        state_indices, has_initial_state, chunk_size=64, backend=None):
+    """``nki_ssm.ops.gated_delta_prefill`` on tensors (``ssm_states`` updated in place)."""
+    return torch.ops.nki_ssm.gated_delta_prefill(q, k, v, g, beta, a, b, A_log, dt_bias, scale,
+                                                 use_qk_l2norm, cu_seqlens, ssm_states,
+                                                 state_indices, has_initial_state, chunk_size,
+                                                 backend)
+
+
+def gated_delta_decode(q, k, v, *, g=None, beta=None, a=None, b=None, A_log=None,
+                       dt_bias=None, scale=None, use_qk_l2norm=False, ssm_states,
+                       state_indices, return_intermediate_states=False, backend=None):
+    """``nki_ssm.ops.gated_delta_decode`` on tensors: o, or ``(o, intermediate)``."""
+    o, inter = torch.ops.nki_ssm.gated_delta_decode(q, k, v, g, beta, a, b, A_log, dt_bias,
+                                                    scale, use_qk_l2norm, ssm_states,
+                                                    state_indices, return_intermediate_states,
+                                                    backend)
+    return (o, inter) if return_intermediate_states else o
+
+
+def _pair(dt_limit) -> list:
+    """``dt_limit`` as the two-float list the schema takes (TypeError as the host API words it)."""
+    if not isinstance(dt_limit, (tuple, list)) or len(dt_limit) != 2:
+        raise TypeError(f"dt_limit must be a (lo, hi) pair, got {dt_limit!r}")
+    return [float(dt_limit[0]), float(dt_limit[1])]

@@ -1,0 +1,123 @@
+"""Fixtures of the deploy tests: a moto-backed AWS account seeded like a real one, and the
+FAKE Neuron toolchain (fake `nki` package, neuronx-cc, neuron-ls, neuron-explorer, dpkg-query)."""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import stat
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from moto_env import BUCKET, REGION
+
+FAKES = Path(__file__).parent / "fakes"
+TOOLS = ("neuron-explorer", "neuron-ls", "neuronx-cc", "dpkg-query")
+
+
+@pytest.fixture
+def no_credentials(monkeypatch, tmp_path):
+    """An environment with no AWS credentials anywhere (env, files, profile)."""
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+              "AWS_DEFAULT_PROFILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+              "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_WEB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")   # no IMDS look-up for credentials
+
+
+def seed_reserved_parameter(name: str, value: str, region: str = REGION) -> None:
+    """Put a parameter under /aws/... into moto's SSM backend. PutParameter on a reserved
+    name is refused (as by AWS), so the backend is written directly."""
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.ssm.models import Parameter, ssm_backends
+
+    backend = ssm_backends[DEFAULT_ACCOUNT_ID][region]
+    backend._parameters[name].append(Parameter(
+        account_id=DEFAULT_ACCOUNT_ID, name=name, value=value, parameter_type="String",
+        description=None, allowed_pattern=None, keyid=None,
+        last_modified_date=_dt.datetime.now(_dt.timezone.utc), version=1, data_type="aws:ec2:image"))
+
+
+def offer(instance_type: str, zones=("us-east-2a", "us-east-2b"), region: str = REGION, monkeypatch=None):
+    """Add an instance-type offering to moto's data (moto 5.2 lists no trn2.3xlarge in us-east-2)."""
+    from moto.ec2.models import instance_types as it
+
+    table = it.INSTANCE_TYPE_OFFERINGS["availability-zone"]
+    rows = list(table.get(region, []))
+    rows += [{"InstanceType": instance_type, "LocationType": "availability-zone", "Location": z}
+             for z in zones]
+    monkeypatch.setitem(table, region, rows)
+
+
+def seed_managed_policy(name: str) -> None:
+    """One AWS managed policy in moto's IAM backend (loading all of them costs seconds per test)."""
+    import json
+
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.iam.aws_managed_policies import aws_managed_policies_data
+    from moto.iam.models import AWSManagedPolicy, iam_backends
+
+    backend = iam_backends[DEFAULT_ACCOUNT_ID]["global"]
+    policy = AWSManagedPolicy.from_data(name, DEFAULT_ACCOUNT_ID, backend.region_name,
+                                        json.loads(aws_managed_policies_data)[name])
+    backend.managed_policies[policy.arn] = policy
+
+
+@dataclass
+class AwsEnv:
+    session: object
+    clients: dict
+    ami: str
+    bucket: str = BUCKET
+    region: str = REGION
+
+
+@pytest.fixture
+def aws(monkeypatch, no_credentials):
+    """moto account: Neuron DLAMI registered and its SSM parameter seeded, trn2.3xlarge
+    offered in two zones, the results bucket created; dummy credentials in the env."""
+    boto3 = pytest.importorskip("boto3")
+    from moto import mock_aws
+
+    from deploy import config as C
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    with mock_aws():
+        offer("trn2.3xlarge", monkeypatch=monkeypatch)
+        seed_managed_policy(C.SSM_CORE_POLICY_ARN.rsplit("/", 1)[1])
+        sess = boto3.session.Session(region_name=REGION)
+        clients = {svc: sess.client(svc, region_name=REGION) for svc in ("ec2", "iam", "ssm", "s3")}
+        ami = clients["ec2"].register_image(
+            Name="Deep Learning AMI Neuron PyTorch 2.9 (Ubuntu 24.04) 20260710",
+            Description="Neuron SDK 2.31.1, PyTorch 2.9", Architecture="x86_64",
+            RootDeviceName="/dev/sda1")["ImageId"]
+        seed_reserved_parameter(C.DLAMI_SSM_PARAMETERS["pytorch-2.9"], ami)
+        clients["s3"].create_bucket(Bucket=BUCKET,
+                                    CreateBucketConfiguration={"LocationConstraint": REGION})
+        yield AwsEnv(sess, clients, ami)
+
+
+@pytest.fixture
+def fake_toolchain(tmp_path, monkeypatch):
+    """FAKE Neuron SDK on PATH / sys.path: tools in tmp/bin, the fake `nki` package and the
+    pinned packages' metadata (tests/deploy/fakes/sdk). Device present unless told."""
+    bin_dir = tmp_path / "fakebin"
+    bin_dir.mkdir()
+    for name in TOOLS:
+        script = bin_dir / name
+        script.write_text(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(FAKES)!r})\n"
+                          f"from tools import main\nsys.exit(main({name!r}, sys.argv[1:]))\n")
+        script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    sdk = str(FAKES / "sdk")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [sdk, os.environ.get("PYTHONPATH")])))
+    monkeypatch.syspath_prepend(sdk)          # package metadata for the in-process toolchain check
+    monkeypatch.setenv("NKI_SSM_BACKEND", "sim")   # restored after the test (the bench sets it)
+    monkeypatch.setenv("FAKE_NEURON_DEVICE", "1")
+    monkeypatch.delenv("FAKE_NKI_COMPILE_ERROR", raising=False)
+    return bin_dir

@@ -1,0 +1,47 @@
+"""FAKE Neuron SDK `nki` package for the deploy tests (not the real SDK).
+
+``nki.language`` / ``nki.isa`` are the bundled simulator's modules, so the
+project's kernels import and trace unchanged. Calling a ``@nki.jit`` kernel
+with NumPy arrays does what the SDK's standalone mode does, in miniature:
+"compiles" (prints a compiler warning, writes ``kernel.neff`` under
+NKI_ARTIFACTS_DIR), then executes: on the simulator when FAKE_NEURON_DEVICE=1,
+else fails like a host without a Neuron device. FAKE_NKI_COMPILE_ERROR=<text>
+makes kernels whose name contains <text> fail to compile (no NEFF);
+FAKE_NKI_NO_WRITEBACK=1 runs on copies of the inputs (in-place writes are lost).
+"""
+import os
+import sys
+
+from nki_ssm.sim import isa, language
+from nki_ssm.sim import jit as _sim_jit
+
+sys.modules[__name__ + ".language"] = language
+sys.modules[__name__ + ".isa"] = isa
+
+
+class Kernel:
+    def __init__(self, func, **options):
+        self.func = func
+        self._sim = _sim_jit.jit(func)
+
+    def __call__(self, *args, **kwargs):
+        name = self.func.__name__
+        bad = os.environ.get("FAKE_NKI_COMPILE_ERROR")
+        if bad and bad in name:
+            raise RuntimeError(f"[fake neuronx-cc] ERROR: {name}: PSUM allocation failed")
+        print(f"[fake neuronx-cc] WARNING: {name}: fake compile of a fake NEFF", file=sys.stderr)
+        art = os.environ.get("NKI_ARTIFACTS_DIR", ".")
+        os.makedirs(art, exist_ok=True)
+        with open(os.path.join(art, "kernel.neff"), "wb") as fh:
+            fh.write(b"FAKE-NEFF " + name.encode() + b"\0" * 4096)
+        if os.environ.get("FAKE_NEURON_DEVICE") != "1":
+            raise RuntimeError("NRT Error NRT_FAILURE(1): no Neuron device (fake)")
+        if os.environ.get("FAKE_NKI_NO_WRITEBACK") == "1":
+            args = [a.copy() if hasattr(a, "copy") and hasattr(a, "dtype") else a for a in args]
+        return _sim_jit.simulate(self._sim)(*args, **kwargs)
+
+
+def jit(func=None, **options):
+    if func is None:
+        return lambda f: Kernel(f, **options)
+    return Kernel(func, **options)

@@ -1,0 +1,160 @@
+"""The Neuron device path (nki_ssm.torch.neuron) on CPU, with the device call replaced.
+
+The replacement records what the adapter hands the kernel and runs the kernel
+on the simulator through NumPy views of exactly those tensors, so: outputs
+must equal the host API's sim path bit for bit (same layouts), the pool
+argument must be a view of the caller's pool (the kernel's writes land in the
+caller's tensor: no write-back), a strided pool is staged and copied back, and
+a rejected call never reaches the device. The real run needs a trn instance.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch_cases import OPS, numpy_case, pool_name, to_torch  # noqa: E402
+
+from nki_ssm import backend as nki_backend  # noqa: E402
+from nki_ssm import ops as host  # noqa: E402
+from nki_ssm.torch import neuron  # noqa: E402
+from nki_ssm.torch._convert import from_numpy, to_numpy  # noqa: E402
+
+BF16 = dict(dtype=ml_dtypes.bfloat16, pool_dtype=ml_dtypes.bfloat16)
+DEFAULTS = {"bias": None, "D": None, "z": None, "dt_bias": None, "g": None, "beta": None,
+            "a": None, "b": None, "A_log": None, "scale": None, "dt_softplus": False,
+            "dt_limit": (0.0, float("inf")), "use_qk_l2norm": False,
+            "return_intermediate_states": False, "activation": "silu"}
+# keyword arguments each op's custom-op schema passes to nki_ssm.torch.neuron.<op>
+SCHEMA = {op: [a.name for a in getattr(torch.ops.nki_ssm, op).default._schema.arguments]
+          for op in OPS}
+
+
+@pytest.fixture
+def device(monkeypatch):
+    """Replace the device boundary: record (kernel, args), run the kernel on the simulator."""
+    calls = []
+
+    def call(kernel, *args):
+        calls.append((kernel, args))
+        arrays = [to_numpy(a) if isinstance(a, torch.Tensor) else a for a in args]
+        out = nki_backend.run(kernel, *arrays, backend="sim")
+        if isinstance(out, (tuple, list)):
+            return tuple(from_numpy(np.asarray(o)) for o in out)
+        return from_numpy(np.asarray(out))
+
+    monkeypatch.setattr(neuron, "device_call", call)
+    return calls
+
+
+def _call(op, tkw):
+    args = {n: tkw.get(n, DEFAULTS.get(n)) for n in SCHEMA[op]}
+    args["backend"] = None
+    return getattr(neuron, op)(**args)
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("op", OPS)
+def test_same_result_as_host_sim_path_and_pool_aliased(op, dtype, device, monkeypatch):
+    monkeypatch.setenv("NKI_SSM_BACKEND", "sim")
+    kw = numpy_case(op, **BF16) if dtype == "bf16" else numpy_case(op)
+    if dtype == "bf16" and "weight" in kw:     # float32 weights: the hi + lo split flags
+        kw["weight"] = kw["weight"].astype(np.float32) + np.float32(1e-3)
+    tkw = to_torch(kw)
+    name = pool_name(kw)
+    pool = tkw[name]
+    expected = getattr(host, op)(**kw, backend="sim")
+    got = _call(op, tkw)
+    np.testing.assert_array_equal(to_numpy(_first(got)), expected)
+    np.testing.assert_array_equal(to_numpy(pool), kw[name])
+    assert len(device) == 1
+    kernel, args = device[0]
+    views = [a for a in args if isinstance(a, torch.Tensor)
+             and a.untyped_storage().data_ptr() == pool.untyped_storage().data_ptr()]
+    assert len(views) == 1, "exactly one kernel argument aliases the caller's pool"
+    assert views[0].dim() == 2 and views[0].numel() == pool.numel()
+    for a in args:
+        if isinstance(a, torch.Tensor) and a is not views[0]:
+            assert a.untyped_storage().data_ptr() != pool.untyped_storage().data_ptr()
+            assert a.is_contiguous()
+
+
+def test_layouts_of_gated_delta_decode(device, monkeypatch):
+    from nki_ssm.ops.launch import gated_delta as launch
+    from nki_ssm.ops.launch.buckets import seq_bucket
+
+    monkeypatch.setenv("NKI_SSM_BACKEND", "sim")
+    tkw = to_torch(numpy_case("gated_delta_decode"))
+    _call("gated_delta_decode", tkw)
+    _, args = device[0]
+    q, k, v, pool = tkw["q"], tkw["k"], tkw["v"], tkw["ssm_states"]
+    S, T, H, K = q.shape
+    HV, V = v.shape[2:]
+    nb = seq_bucket(S)
+    idx = np.full(nb, -1)
+    idx[:S] = tkw["state_indices"].numpy()
+    order, _, num_iters = launch.decode_order(idx, nb, T)
+    src = torch.as_tensor(np.minimum(order, S - 1))
+    kq_cols, k_rows, v_cols, gate_rows, head_params, pool_view, pool_slots = args[:7]
+    n_it = kq_cols.shape[1]
+    # compacted order (live sequences first), k / q interleaved per head, K on partitions
+    want_kq = torch.stack([k[src], q[src]], -1).permute(3, 0, 1, 2, 4).reshape(K, n_it, -1)
+    assert torch.equal(kq_cols, want_kq)
+    assert torch.equal(k_rows.reshape(-1), k[src].reshape(-1))
+    assert torch.equal(v_cols.reshape(V, -1), v[src].permute(3, 0, 1, 2).reshape(V, -1))
+    assert gate_rows.dtype == torch.float32 and head_params is None
+    assert pool_view.shape == (pool.shape[0], HV * K * V)
+    assert pool_view.data_ptr() == pool.data_ptr()
+    assert pool_slots.dtype == torch.int32 and pool_slots.shape[0] == n_it + 1
+    assert torch.equal(args[7], torch.as_tensor(num_iters))
+
+
+def test_strided_pool_is_staged_and_copied_back(device, monkeypatch):
+    monkeypatch.setenv("NKI_SSM_BACKEND", "sim")
+    kw = numpy_case("ssd_decode")
+    tkw = to_torch(kw)
+    strided = tkw["ssm_states"].transpose(0, 1).contiguous().transpose(0, 1)
+    assert not strided.is_contiguous()
+    tkw["ssm_states"] = strided
+    expected = host.ssd_decode(**kw, backend="sim")
+    np.testing.assert_array_equal(to_numpy(_call("ssd_decode", tkw)), expected)
+    np.testing.assert_array_equal(to_numpy(strided), kw["ssm_states"])
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_rejected_call_never_reaches_the_device(op, device):
+    tkw = to_torch(numpy_case(op))
+    name = pool_name(tkw)
+    before = tkw[name].clone()
+    tkw["state_indices"] = tkw["state_indices"].clone()
+    tkw["state_indices"][0] = tkw[name].shape[0]
+    with pytest.raises(ValueError, match=r"state_indices\[0\] must be -1 or in \[0, slots\)"):
+        _call(op, tkw)
+    assert not device and torch.equal(tkw[name], before)
+    with pytest.raises(ValueError, match="backend"):
+        getattr(neuron, op)(**{**{n: tkw.get(n, DEFAULTS.get(n)) for n in SCHEMA[op]},
+                               "backend": "reference"})
+
+
+@pytest.mark.trn
+def test_on_a_neuron_device():
+    """The real run: every op on a NeuronCore equals the CPU path (needs torch-neuronx)."""
+    xla = pytest.importorskip("torch_xla")
+    if nki_backend.name() != "neuron":
+        pytest.skip("needs the Neuron SDK's nki (trn instance)")
+    dev = xla.device()
+    for op in OPS:
+        kw = numpy_case(op)
+        cpu, on_dev = to_torch(kw), {k: v.to(dev) if isinstance(v, torch.Tensor) else v
+                                     for k, v in to_torch(kw).items()}
+        from nki_ssm.torch import ops as tops
+
+        want = _first(getattr(tops, op)(**cpu, backend="sim"))
+        got = _first(getattr(tops, op)(**on_dev))
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
