@@ -486,3 +486,13 @@ def test_prefill_nan_padding_tokens_never_reach_live_outputs():
         inp[name][cu[1]:cu[2]] = np.nan
     o = _prefill_check(inp, F32_TOL, 32)
     assert np.all(np.isfinite(o))
+
+
+@pytest.mark.parametrize("chunk", [16, 64, 128])
+@pytest.mark.parametrize("raw", [False, True])
+def test_prefill_strong_then_weak_generator_pattern(chunk, raw):
+    """The shared generator's strong-then-weak gates (issue 9): float32 within 1e-5."""
+    inp = make_gated_delta_inputs(np.random.default_rng(60 + chunk), seqlens=[2 * chunk + 9, 40],
+                                  H=1, HV=2, K=16, V=16, raw_gates=raw, has_initial_state=True,
+                                  gate_pattern="strong_then_weak")
+    _prefill_check(inp, F32_TOL, chunk)

@@ -2,9 +2,9 @@
 
 ``decode`` launches ``decode.gdn_decode_step`` (recurrent, T tokens per
 sequence); ``prefill`` launches ``chunk.gdn_chunk_prefill`` (chunked WY / UT
-form; sequence lengths, padding and has_initial_state are compile-time
-tuples; q/k/v flattened to ``[num_tokens, heads*dim]``, gates widened to
-float32, A_log / dt_bias repeated on 128 rows).
+form; batch composition as run-time int32 tables, ``prefill_tables``; q/k/v
+flattened to ``[num_tokens, heads*dim]`` and padded to the token bucket plus
+one zero row, gates widened to float32, A_log / dt_bias repeated on 128 rows).
 
 Host side only arranges layouts and index tables; all math and every pool
 gather / scatter happens in the kernel:
@@ -14,14 +14,14 @@ gather / scatter happens in the kernel:
   is padded to its sequence bucket and compacted (``decode_order``) and the
   per-iteration tables are built with vectorised ops (see ``decode``);
 - prefill: the pool is passed as its ``[slots*HV*K, V]`` row view (no copy for a
-  C-contiguous pool); partition k of a sequence's state tile reads rows
-  ``slot*HV*K + hv*K + k`` (int32 ``[num_seqs*K, 1]`` table);
+  C-contiguous pool); partition k of head hv's state tile reads row
+  ``slot*HV*K + hv*K + k`` (one pool row per partition; table ``pool_rows``);
 - q and k become one ``[K, num_seqs*T*H*2]`` column table (k on partitions,
   k / q columns interleaved per head) plus k as one row ``[1, num_seqs*T*H*K]``;
   v becomes ``[V, num_seqs*T*HV]`` (v on partitions); gates are widened to
   float32 rows ``[2, num_seqs*T*HV]``; A_log / dt_bias one float32 row;
-- prefill: which sequences are padding is a compile-time tuple (zero output, no
-  instructions on the pool); decode: run-time tables only;
+- prefill and decode: run-time tables only (padding sequences: zero output, no
+  instructions on the pool);
 - the kernel's v-major output ``[V, num_seqs*T*HV]`` is transposed back and
   rounded once (RNE) to q's dtype.
 """
@@ -228,7 +228,8 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K
 
 def default_chunk_size(K, V, HV):
     """The chunk the cost model runs the model shapes fastest at: 128 (Qwen3-Next TP1 2K
-    bf16, modeled trn2: 0.36 M tokens/s at 128 vs 0.32 M at 64; the kernel's design note)."""
+    bf16, modeled trn2: 0.57 M tokens/s at 128 vs 0.50 M at 64 today; 0.40 vs 0.32 M
+    with the recalibrated model; the kernel's design note)."""
     return 128
 
 
