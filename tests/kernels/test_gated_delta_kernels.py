@@ -496,3 +496,15 @@ def test_prefill_strong_then_weak_generator_pattern(chunk, raw):
                                   H=1, HV=2, K=16, V=16, raw_gates=raw, has_initial_state=True,
                                   gate_pattern="strong_then_weak")
     _prefill_check(inp, F32_TOL, chunk)
+
+
+def test_prefill_program_size_at_qwen3_next_tp1_is_bounded():
+    """Qwen3-Next TP1 (H=16, HV=32, K=V=128): the static program stays under 20,000
+    instructions (program size does not depend on the token count: 128 tokens suffice)."""
+    from nki_ssm.sim.trace import record
+
+    inp = make_gated_delta_inputs(np.random.default_rng(0), seqlens=[100, 28], H=16, HV=32,
+                                  K=128, V=128, dtype=BF16)
+    with record() as tr:
+        ops.gated_delta_prefill(**inp, backend="sim")
+    assert tr.program_instructions() <= 20_000
