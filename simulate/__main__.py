@@ -33,7 +33,9 @@ def _parse(argv):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-calibration", action="store_true", help="skip the calibration table")
     p.add_argument("--calibration-full", action="store_true",
-                   help="also run the long calibration rows (Mamba v3 at seq 8192)")
+                   help="kept for compatibility: the published-kernel rows come from "
+                        "nki_ssm/perf/calibration_published.json (regenerate with python -m "
+                        "nki_ssm.perf.calibration --kernels-from DIR)")
     p.add_argument("--timeline", default=None,
                    help="case id substring whose kernel gets the timeline plot (default: an SSD, else GDN, "
                         "else conv prefill case)")

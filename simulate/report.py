@@ -44,10 +44,21 @@ def row_cells(r: CaseResult) -> list[str]:
     roof = "—" if r.roofline_fraction is None else f"{100 * r.roofline_fraction:.1f}% ({r.roofline_bound})"
     share = ", ".join(f"{e[:3]} {100 * v:.0f}%" for e, v in r.share.items() if v >= 0.005) or "—"
     time_cell = "—" if r.modeled_ns is None else f"{fmt_time(r.modeled_ns)} (modeled, {r.target})"
-    if r.modeled_ns_optimistic is not None and r.modeled_ns:
-        time_cell += f" [{fmt_time(r.modeled_ns_optimistic)} optimistic]"
+    if r.modeled_ns_low is not None and r.modeled_ns_high is not None and r.modeled_ns:
+        time_cell += f" [{fmt_time(r.modeled_ns_low)}–{fmt_time(r.modeled_ns_high)}]"
     return [r.case_id, status, _err(r.err_out), _err(r.err_state), time_cell, throughput(r),
-            hbm_cell(r), roof, r.binding_engine or "—", share]
+            hbm_cell(r), roof, r.binding_engine or "—", share, instructions_cell(r)]
+
+
+def instructions_cell(r: CaseResult) -> str:
+    """Executed instructions / static program instructions (runtime loop bodies counted once)."""
+    if r.instructions is None:
+        return "—"
+    prog = "—" if r.program_instructions is None else f"{r.program_instructions:,}"
+    cell = f"{r.instructions:,} / {prog}"
+    if r.loop_iterations:
+        cell += f"; {r.loop_iterations:,} loop iterations ({fmt_time(r.loop_overhead_ns)} sync charged)"
+    return cell
 
 
 def hbm_cell(r: CaseResult) -> str:
@@ -57,8 +68,8 @@ def hbm_cell(r: CaseResult) -> str:
     return f"{_si(r.bytes_per_s, 'B/s')} ({100 * r.hbm_fraction:.1f}%)"
 
 
-HEADERS = ["case", "status", "rel err out", "rel err state", "time", "throughput",
-           "HBM B/s (% of DMA bw)", "roofline", "binding", "busy share"]
+HEADERS = ["case", "status", "rel err out", "rel err state", "time [range]", "throughput",
+           "HBM B/s (% of DMA bw)", "roofline", "binding", "busy share", "instructions executed / program"]
 
 
 def markdown_table(results: list[CaseResult]) -> str:
@@ -117,17 +128,24 @@ _NOTES = """\
 * Dynamic DMAs (hwdge, swdge, vector-offset gathers) spend ~600 ns generating
   descriptors (2 hardware DGE blocks per trn2/trn3 core, or GpSimd time for
   software DGE) before their data moves.
+* Every instruction pays a fixed cost on top of its streaming cycles; cross-engine
+  waits pay a semaphore latency (DMA completions their own); ScalarE loads an
+  activation table when the function changes; DMA efficiency is keyed on each
+  descriptor's contiguous run, at a sustained rate below the peak; fp32 matmul
+  weights load unhidden; each runtime-loop iteration pays a cross-engine
+  boundary (barrier + branch). Kernel launch (~16 us) is its own line, not in
+  the time. Sources and ranges: `nki_ssm/perf/hardware.py`, `nki_ssm/perf/README.md`.
 * GpSimd elementwise throughput is taken from the one documented figure
   (rsqrt 4x slower than ScalarE on v2/v3); VectorE fp32 is 1 element per
   partition per cycle per input on trn2 (the documented range is 1-2): the two
   largest uncertainties for VectorE/GpSimd-bound kernels.
-* "optimistic": the same trace modeled with the faster end of every documented
-  range (VectorE fp32 2 elements/partition/cycle on v3/v4, GpSimd 1, the
-  "theoretical" DMA engine bandwidth, free software DGE;
-  `nki_ssm.perf.hardware.optimistic`). The main figure uses the documented
-  conservative values; the truth is most likely between the two.
-* Not modelled: compiler reordering beyond in-order engine queues, kernel launch
-  overhead.
+* "time [range]": the central figure (goals are judged on it) and the range
+  from modeling the same trace with every uncertain constant at the fast and at
+  the slow end of its documented (or estimated) range
+  (`nki_ssm.perf.hardware.bracket`, `nki_ssm.perf.model_range`).
+* "instructions executed / program": dynamic instructions run in this call and
+  the static program the compiler emits (runtime loop bodies counted once).
+* Not modelled: compiler reordering beyond in-order engine queues.
 * Error = relative Frobenius norm against the float64 reference (chunked form for
   prefill), for the output and for the updated state-pool slots; "max" is
   max |err| / max |ref|.

@@ -40,7 +40,10 @@ class CaseResult:
     err_state: float | None = None
     max_abs_out: float | None = None  # max |err| / max |ref|
     modeled_ns: float | None = None
-    modeled_ns_optimistic: float | None = None   # same trace, faster end of the documented ranges
+    modeled_ns_low: float | None = None      # same trace, every uncertain constant at its fast end
+    modeled_ns_high: float | None = None     # ... at its slow end (perf.model_range)
+    modeled_ns_optimistic: float | None = None   # = modeled_ns_low (older readers)
+    launch_ns: float | None = None           # kernel launch, its own line (not in modeled_ns)
     tokens_per_s: float | None = None
     bytes_per_s: float | None = None          # minimal HBM bytes / modeled time
     dma_bw_bytes_per_s: float | None = None   # the target core's DMA bandwidth (roofline memory roof)
@@ -50,7 +53,11 @@ class CaseResult:
     roofline_ns: float | None = None
     binding_engine: str | None = None
     share: dict = field(default_factory=dict)
-    instructions: int | None = None
+    instructions: int | None = None          # dynamic: every executed instruction
+    program_instructions: int | None = None  # static: what the compiler emits (loop bodies once)
+    loop_iterations: int | None = None       # runtime-loop iterations charged a boundary
+    loop_overhead_ns: float | None = None    # iterations x (barrier + branch) charged
+    act_table_loads: int | None = None
     dma_bytes: int | None = None
     dma_transfers: int | None = None
     matmul_flops: int | None = None
@@ -233,8 +240,7 @@ def run_case(case: Case, target: str = "trn2", seed: int = 0, *, keep_timing: bo
     inputs) runs after, so at most a few pool-sized arrays are alive.
     """
     from nki_ssm import ops, perf
-    from nki_ssm.perf.hardware import optimistic
-    from nki_ssm.perf.profile import platform_target
+    from nki_ssm.perf.profile import platform_target, program_instructions
 
     kw = case.make_inputs(seed)
     res = _new_result(case, target, status=NO_KERNEL, min_hbm_bytes=case.min_hbm_bytes(kw))
@@ -254,9 +260,8 @@ def run_case(case: Case, target: str = "trn2", seed: int = 0, *, keep_timing: bo
                 out = getattr(ops, case.op)(**args, backend="sim")
             if isinstance(out, tuple):
                 out = out[0]
-            timing = perf.model(trace, target=target, keep_schedule=keep_timing)
-            res.modeled_ns_optimistic = perf.model(trace, target=optimistic(target),
-                                                   keep_schedule=False).time_ns
+            timing = perf.model_range(trace, target=target, keep_schedule=keep_timing)
+            timing.program_instructions = program_instructions(trace)
             del trace
         except Exception as exc:  # a kernel that fails is reported, not fatal
             _fail(res, "", exc)
@@ -281,6 +286,9 @@ def run_case(case: Case, target: str = "trn2", seed: int = 0, *, keep_timing: bo
     res.max_abs_out = err_out.max_scaled()
     res.err_state = err_state.value()
     res.modeled_ns = timing.time_ns
+    res.modeled_ns_low, res.modeled_ns_high = timing.time_low_ns, timing.time_high_ns
+    res.modeled_ns_optimistic = timing.time_low_ns
+    res.launch_ns = timing.launch_ns
     if timing.time_ns > 0:
         res.tokens_per_s = case.num_tokens / (timing.time_ns * 1e-9)
         res.bytes_per_s = res.min_hbm_bytes / (timing.time_ns * 1e-9)
@@ -292,6 +300,9 @@ def run_case(case: Case, target: str = "trn2", seed: int = 0, *, keep_timing: bo
     res.binding_engine = timing.binding_engine
     res.share = timing.share
     res.instructions = timing.num_instructions
+    res.program_instructions = timing.program_instructions
+    res.loop_iterations, res.act_table_loads = timing.loop_iterations, timing.act_table_loads
+    res.loop_overhead_ns = timing.loop_overhead_ns
     res.dma_bytes, res.dma_transfers = timing.dma_bytes, timing.dma_transfers
     res.matmul_flops = timing.matmul_flops
     res.top_ops = timing.top_ops(5)

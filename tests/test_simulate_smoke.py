@@ -28,7 +28,9 @@ def test_smoke_run_writes_report(tmp_path):
         assert c["status"] in ("kernel", NO_KERNEL, "error")
         if c["status"] == "kernel":
             assert c["modeled_ns"] > 0 and 0 < c["roofline_fraction"] <= 1.0
-            assert 0 < c["modeled_ns_optimistic"] <= c["modeled_ns"] * 1.05
+            assert 0 < c["modeled_ns_low"] <= c["modeled_ns"] <= c["modeled_ns_high"]
+            assert c["modeled_ns_optimistic"] == c["modeled_ns_low"]
+            assert 0 < c["program_instructions"] <= c["instructions"]
             assert c["binding_engine"] in ("tensor", "vector", "scalar", "gpsimd", "dma")
             assert c["err_out"] < 1e-2, c
         if c["status"] == NO_KERNEL:
@@ -246,3 +248,17 @@ def test_conv_generators_weight_dtype_keeps_the_draws():
         np.testing.assert_array_equal(wide["weight"].astype(BF16), base["weight"])
         np.testing.assert_array_equal(wide["x"], base["x"])   # same draws, only the cast differs
         assert not np.array_equal(wide["weight"], base["weight"].astype(F32))
+
+
+def test_table_shows_range_and_program_instructions():
+    from simulate.report import row_cells
+    from simulate.run import CaseResult
+
+    r = CaseResult(case_id="c", op="ssd_prefill", family="mamba2_ssd", entry="prefill", model="m",
+                   shape="1x128", num_tokens=128, num_seqs=1, dtype="bf16", pool_dtype="fp32",
+                   target="trn2", status="kernel", modeled_ns=2.0e6, modeled_ns_low=1.5e6,
+                   modeled_ns_high=3.0e6, instructions=5000, program_instructions=700,
+                   loop_iterations=16, loop_overhead_ns=4000.0)
+    cells = row_cells(r)
+    assert cells[4] == "2 ms (modeled, trn2) [1.5 ms–3 ms]"
+    assert cells[-1] == "5,000 / 700; 16 loop iterations (4 us sync charged)"

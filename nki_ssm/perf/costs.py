@@ -32,30 +32,45 @@ def matmul_flops(inst) -> int:
 
 
 def tensor_cycles(inst, hw: HardwareSpec) -> float:
-    """TensorE cycles: MM II = max(N, 64) x dtype factor; LS ~ M/4 hidden behind MM (max)."""
+    """TensorE cycles: MM II = max(N, 64) x dtype factor; LS ~ M/4 hidden behind MM (max).
+
+    fp32 operands (``hw.mm_fp32_ls_exposed``): the stationary load runs at the
+    fp32 rate (M x 4 / ls_speedup cycles) before the matmul, not behind it.
+    A ones-matmul lowered from ``nl.broadcast_to`` is priced as the compiler's
+    lowering: its stationary is all ones, so the 0/1 rate applies.
+    """
     n = int(_attr(inst, "N", inst.free_size) or 0)
     fp32 = bool(_attr(inst, "fp32", False))
     if _attr(inst, "is_transpose", False) or "transpose" in inst.op:
         return max(n, hw.mm_init_cycles) * (hw.transpose_fp32_factor if fp32 else 1.0)
+    onezero = _attr(inst, "onezero", False) or _attr(inst, "lowering") == "nl.broadcast_to"
     if fp32:
-        factor = hw.mm_fp32_onezero_factor if _attr(inst, "onezero", False) else hw.mm_fp32_factor
+        factor = hw.mm_fp32_onezero_factor if onezero else hw.mm_fp32_factor
     else:
         factor = 1.0
     mm = max(n, hw.mm_init_cycles) * factor
-    ls = int(_attr(inst, "M", 128) or 0) / hw.ls_speedup
-    return max(mm, ls)
+    m = int(_attr(inst, "M", 128) or 0)
+    if fp32 and hw.mm_fp32_ls_exposed:
+        return mm + m * hw.mm_fp32_factor / hw.ls_speedup
+    return max(mm, m / hw.ls_speedup)
 
 
 def vector_cycles(inst, hw: HardwareSpec) -> float:
-    """VectorE cycles: max(MIN_II, inputs x N / rate), with NC-v3+ bf16 perf modes.
+    """VectorE cycles: passes x N / rate + fixed overhead, with NC-v3+ bf16 perf modes.
 
-    Independent instructions pipeline, so the ~64-cycle initiation interval is
-    a floor, not an addition ([SHARED] cost table ``max(MIN_II, N)``); the
-    extra latency of dependent instructions is the scheduler's raw latency.
+    Without a perf mode a k-input op makes 1 + (k - 1) x ``vector_second_input``
+    passes (documented 2N for two inputs is the slow end; the published trn1
+    profiles imply ~1.4N); with one, ``k`` passes at the multiplied rate.
+
+    The fixed cost (SBUF access initiation and dispatch, ``vector_overhead_cycles``)
+    is added to the stream, not used as a floor (issue 11; the trn2 log's
+    [128, 512] op at N + ~150 cycles); the extra latency of dependent
+    instructions is the scheduler's raw latency.
     """
     n = max(int(inst.free_size), 1)
     k = max(int(inst.num_inputs), 1)
     rate = hw.vector_elems_per_cycle
+    passes = float(k)
     if hw.vector_perf_modes and _attr(inst, "all_16bit", False):
         psum = bool(_attr(inst, "psum_operand", False))
         contiguous = bool(_attr(inst, "contiguous", True))
@@ -63,14 +78,17 @@ def vector_cycles(inst, hw: HardwareSpec) -> float:
             rate *= 4.0 if (contiguous and not psum) else 2.0
         elif not psum:
             rate *= 2.0
-    stream = math.ceil(n * k / rate)
+    if rate == hw.vector_elems_per_cycle and k > 1:
+        # no perf mode: inputs after the first cost a share of a pass (vector_second_input)
+        passes = 1.0 + (k - 1) * hw.vector_second_input
+    stream = math.ceil(n * passes / rate)
     if "reciprocal" in inst.op:
         stream = n * _VECTOR_RECIPROCAL_FACTOR
-    return max(hw.vector_overhead_cycles, stream)
+    return stream + hw.vector_overhead_cycles
 
 
 def scalar_cycles(inst, hw: HardwareSpec) -> float:
-    """ScalarE cycles: max(MIN_II, N / lanes) (scale, bias and add-reduce are free) + accumulator read.
+    """ScalarE cycles: N / lanes + fixed overhead (scale, bias and add-reduce are free) + accumulator read.
 
     The ~64-cycle ActReadAccumulator is charged when the instruction writes
     ``reduce_res`` (attrs ``reduce_res``), not for accumulating itself.
@@ -78,14 +96,14 @@ def scalar_cycles(inst, hw: HardwareSpec) -> float:
     n = max(int(inst.free_size), 1)
     rate = hw.scalar_elems_per_cycle_16bit if _attr(inst, "all_16bit", False) else hw.scalar_elems_per_cycle
     k = max(int(inst.num_inputs), 1)
-    cycles = max(hw.scalar_overhead_cycles, math.ceil(n * k / rate))
+    cycles = math.ceil(n * k / rate) + hw.scalar_overhead_cycles
     if _attr(inst, "reduce_res", False):
         cycles += hw.scalar_reduce_cycles
     return cycles
 
 
 def gpsimd_cycles(inst, hw: HardwareSpec) -> float:
-    """GpSimd cycles: max(MIN_II, N / rate), whatever the number of inputs.
+    """GpSimd cycles: N / rate + fixed overhead, whatever the number of inputs.
 
     The only documented GpSimd throughput is "rsqrt 4x lower than ScalarE"
     on v2/v3 ([SHARED]) and "128 elements/cycle" on v4 ([A3]); both are
@@ -93,15 +111,31 @@ def gpsimd_cycles(inst, hw: HardwareSpec) -> float:
     """
     n = max(int(inst.free_size), 1)
     rate = hw.gpsimd_elems_per_cycle_16bit if _attr(inst, "all_16bit", False) else hw.gpsimd_elems_per_cycle
-    return max(hw.gpsimd_overhead_cycles, math.ceil(n / rate))
+    return math.ceil(n / rate) + hw.gpsimd_overhead_cycles
 
 
 _CLOCK = {"tensor": "tensor_ghz", "vector": "vector_ghz", "scalar": "scalar_ghz", "gpsimd": "gpsimd_ghz"}
 _CYCLES = {"tensor": tensor_cycles, "vector": vector_cycles, "scalar": scalar_cycles, "gpsimd": gpsimd_cycles}
 
 
+# Instructions the simulator emits inside a convenience op whose compiler lowering has
+# no such instruction: ``nl.broadcast_to`` across partitions is one TensorE ones-matmul
+# read by its consumer (fused_mamba.rst: "partition-dim broadcast often requires a
+# separate instruction on TensorE"); the staging copy, the ones memset (a constant the
+# compiler hoists) and the PSUM->SBUF copy cost nothing.
+_FREE_IN_LOWERING = {"nl.broadcast_to": ("tensor_copy", "memset")}
+
+
+def absent_in_lowering(inst) -> bool:
+    """True for an instruction the compiler's lowering of its convenience op does not emit."""
+    lowering = _attr(inst, "lowering")
+    return lowering is not None and inst.engine != "tensor" and inst.op in _FREE_IN_LOWERING.get(lowering, ())
+
+
 def compute_ns(inst, hw: HardwareSpec) -> float:
     """Occupancy in ns of a compute-engine instruction."""
+    if absent_in_lowering(inst):
+        return 0.0
     try:
         fn = _CYCLES[inst.engine]
     except KeyError:
@@ -124,10 +158,12 @@ def dma_plan(inst, hw: HardwareSpec) -> tuple[int, float]:
     """(engines used, data-transfer time in ns) of a DMA instruction.
 
     SBUF side over P partitions: min(16, ceil(P / 8)) engines, each at
-    ``dma_bw_per_engine * eff(bytes per partition)``. HBM->HBM transfers
-    (``partitions == 0``) have no partition side; they are treated as if laid
-    over up to 128 rows of >= 512 B (an assumption: descriptors of that size
-    are what the DMA engines split big copies into).
+    ``dma_bw_per_engine * hw.dma_efficiency(run)``, ``run`` = the contiguous
+    bytes of one descriptor: ``attrs["run_bytes"]`` when the trace records it,
+    else the bytes per partition (a contiguous row per partition). HBM->HBM
+    transfers (``partitions == 0``) have no partition side; they are treated as
+    if laid over up to 128 rows of >= 512 B (an assumption: descriptors of that
+    size are what the DMA engines split big copies into).
     """
     nbytes = int(inst.nbytes)
     parts = _attr(inst, "partitions", inst.num_partitions)
@@ -138,8 +174,10 @@ def dma_plan(inst, hw: HardwareSpec) -> tuple[int, float]:
     else:
         bpp = _attr(inst, "bytes_per_partition", None)
         bpp = float(bpp) if bpp else nbytes / max(parts, 1)
+    run = _attr(inst, "run_bytes", None)
+    run = float(run) if run else bpp
     engines = int(min(hw.dma_engines, max(1, math.ceil(parts / hw.dma_partitions_per_engine))))
-    bw = engines * hw.dma_bw_per_engine * hw.dma_efficiency(bpp)
+    bw = engines * hw.dma_bw_per_engine * hw.dma_efficiency(run)
     if _attr(inst, "transpose", False):
         src_hbm = any(r.buffer == "hbm" for r in inst.reads)
         bw *= hw.dma_transpose_hbm_factor if src_hbm else hw.dma_transpose_sbuf_factor

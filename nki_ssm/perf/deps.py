@@ -3,8 +3,10 @@
 ``DependencyIndex.ready(inst, unit)`` is the earliest time ``inst`` may start
 given every earlier instruction that touched overlapping regions:
 read-after-write (the producer's end, plus ``same_engine_latency[unit]``
-when the producer ran on the same engine, else ``cross_engine_ns``),
-write-after-read and write-after-write (the earlier access's end).
+when the producer ran on the same compute engine, ``dma_completion_ns`` when
+it is a DMA (the completion semaphore), else ``cross_engine_ns``),
+write-after-read and write-after-write (the earlier access's end, plus the
+same semaphore latency when the engines differ).
 ``record`` adds an instruction's accesses once it is placed.
 
 Per storage the index keeps short lists of writes and reads. A new write
@@ -17,6 +19,7 @@ indexed in seconds.
 from __future__ import annotations
 
 MAX_RECORDS = 48
+LOWERED = "lowered"   # pseudo-unit of instructions absent from the compiler's lowering
 
 
 class _Access:
@@ -43,11 +46,22 @@ def _fold(records: list) -> None:
 
 
 class DependencyIndex:
-    def __init__(self, same_engine_latency: dict, cross_engine_ns: float):
+    def __init__(self, same_engine_latency: dict, cross_engine_ns: float, dma_completion_ns: float = None):
         self.same = same_engine_latency
         self.cross = cross_engine_ns
+        self.dma = cross_engine_ns if dma_completion_ns is None else dma_completion_ns
         self.writes: dict = {}
         self.reads: dict = {}
+
+    def _sync(self, producer: str, consumer: str) -> float:
+        """Semaphore latency between two different engines (a DMA signals completion).
+
+        ``LOWERED`` marks an instruction the compiler does not emit (costs.absent_in_lowering):
+        it passes its producer's value on at once, so the sync is paid once per real hop.
+        """
+        if producer == LOWERED:
+            return 0.0
+        return self.dma if producer == "dma" else self.cross
 
     def ready(self, inst, unit: str) -> tuple[float, int]:
         """(earliest start, index of the instruction that sets it or -1)."""
@@ -60,7 +74,7 @@ class DependencyIndex:
             p0, p1, b0, b1 = span(r)
             for a in recs:
                 if a.p0 < p1 and p0 < a.p1 and a.b0 < b1 and b0 < a.b1:
-                    t = a.end + (raw_same if a.unit == unit else self.cross)
+                    t = a.end + (raw_same if (a.unit == unit and unit != "dma") else self._sync(a.unit, unit))
                     if t > ready:
                         ready, dep = t, a.idx
         for w in inst.writes:
@@ -68,7 +82,7 @@ class DependencyIndex:
             for table in (self.reads, self.writes):
                 for a in table.get(w.storage_id, ()):
                     if a.p0 < p1 and p0 < a.p1 and a.b0 < b1 and b0 < a.b1:
-                        t = a.end + (0.0 if a.unit == unit else self.cross)
+                        t = a.end + (0.0 if (a.unit == unit and unit != "dma") else self._sync(a.unit, unit))
                         if t > ready:
                             ready, dep = t, a.idx
         return ready, dep

@@ -29,8 +29,22 @@ or swdge / vector-offset gathers; see ``costs.dge_mode``) first occupies a
 hardware DGE instance (hwdge, 2 per core on trn2/trn3) or the in-order GpSimd
 queue (swdge) for ~600 ns; its data moves no earlier than the end of that.
 
+ScalarE activation tables: an activation whose function needs a different
+table than the one loaded (every distinct function its own table; copy /
+identity none) first loads it for ``act_table_load_ns`` on ScalarE.
+
+Runtime loops: an instruction whose ``loop_path`` starts a new iteration of a
+runtime loop (``nl.dynamic_range`` etc.) first waits for the iteration
+boundary: every compute engine drains (the compiler's cross-engine sync),
+then ``loop_barrier_ns``, then each engine's sequencer branches
+(``loop_branch_ns``). DMAs in flight continue. ``Timing.loop_iterations`` and
+``loop_overhead_ns`` report it.
+
+Kernel launch (``launch_ns``) is reported as ``Timing.launch_ns``, not in
+``time_ns``.
+
 Not modelled (said in the report): compiler reordering beyond the in-order
-engine queues, kernel launch overhead.
+engine queues.
 """
 from __future__ import annotations
 
@@ -39,7 +53,7 @@ from collections import Counter
 import numpy as np
 
 from nki_ssm.perf import costs
-from nki_ssm.perf.deps import DependencyIndex
+from nki_ssm.perf.deps import LOWERED, DependencyIndex
 from nki_ssm.perf.hardware import HardwareSpec, get_target
 from nki_ssm.perf.resources import BufferPool, DmaEngines, InOrderEngine, lifetimes
 from nki_ssm.perf.timing import COMPUTE_ENGINES, ENGINE_ORDER, Schedule, Timing
@@ -53,6 +67,10 @@ class _Core:
         self.dma = DmaEngines(hw.dma_engines)
         self.dge = [InOrderEngine() for _ in range(hw.hwdge_instances)]
         self.pools = {"sbuf": BufferPool(hw.sbuf_bytes_per_partition), "psum": BufferPool(hw.psum_banks)}
+        self.act_table = None       # function whose activation table ScalarE holds
+        self.loop_path = ()         # loop_path of the previous instruction
+        self.floor = 0.0            # nothing starts before the last iteration boundary
+        self.floor_who = -1
 
 
 class _Run:
@@ -74,6 +92,9 @@ class _Run:
         self.op_time: dict = {}    # "engine:op" -> busy ns (DMA: transfer time)
         self.extra_counts: Counter = Counter()   # work that is not its own instruction (swdge)
         self.dma_bytes = self.dma_transfers = self.flops = 0
+        self.act_table_loads = 0
+        self.loop_iterations = 0
+        self.loop_overhead_ns = 0.0
 
     def charge(self, key: str, ns: float) -> None:
         self.op_time[key] = self.op_time.get(key, 0.0) + ns
@@ -111,8 +132,50 @@ def _place_dma(i, inst, core: _Core, hw: HardwareSpec, run: _Run, ready: float, 
     run.charge("dma:" + inst.op, t1 - t0)
 
 
+# ScalarE functions that need no activation table (a pass-through)
+_NO_TABLE = (None, "copy", "identity", "bypass")
+
+
+def _table_load_ns(inst, core: _Core, hw: HardwareSpec, run: _Run) -> float:
+    """ScalarE time to load the activation table ``inst`` needs (0 if it is loaded)."""
+    if inst.engine != "scalar" or not inst.attrs:
+        return 0.0
+    fn = inst.attrs.get("function")
+    if fn in _NO_TABLE or fn == core.act_table:
+        return 0.0
+    core.act_table = fn
+    run.act_table_loads += 1
+    run.extra_counts["scalar:act_table_load"] += 1
+    run.charge("scalar:act_table_load", hw.act_table_load_ns)
+    return hw.act_table_load_ns
+
+
+def _iteration_starts(old: tuple, new: tuple) -> int:
+    """How many runtime-loop iterations begin between two consecutive loop paths."""
+    k = 0
+    while k < len(old) and k < len(new) and old[k] == new[k]:
+        k += 1
+    return len(new) - k
+
+
+def _loop_boundary(inst, core: _Core, hw: HardwareSpec, run: _Run) -> None:
+    """Charge the iteration boundaries ``inst`` crosses: drain, barrier, branch (module doc)."""
+    path = tuple(getattr(inst, "loop_path", ()) or ())
+    starts = _iteration_starts(core.loop_path, path)
+    core.loop_path = path
+    if not starts:
+        return
+    last = max(core.engines.values(), key=lambda e: e.free)
+    t = max(last.free, core.floor) + starts * (hw.loop_barrier_ns + hw.loop_branch_ns)
+    for e in core.engines.values():
+        e.free, e.last = t, last.last
+    core.floor, core.floor_who = t, last.last
+    run.loop_iterations += starts
+    run.loop_overhead_ns += starts * (hw.loop_barrier_ns + hw.loop_branch_ns)
+
+
 def _place_compute(i, inst, core: _Core, hw: HardwareSpec, run: _Run, ready: float, dep: int) -> None:
-    dur = costs.compute_ns(inst, hw)
+    dur = costs.compute_ns(inst, hw) + _table_load_ns(inst, core, hw, run)
     t0, run.pred[i] = core.engines[inst.engine].place(ready, dep, dur, i)
     run.start[i], run.data_start[i], run.end[i] = t0, t0, t0 + dur
     run.busy[inst.engine] += dur
@@ -131,7 +194,8 @@ def model(trace, target: "str | HardwareSpec | None" = None, *, keep_schedule: b
     hw = get_target(target)
     n = len(insts)
     run = _Run(n)
-    deps = DependencyIndex({e: costs.raw_latency_ns(e, hw) for e in COMPUTE_ENGINES}, hw.semaphore_ns)
+    deps = DependencyIndex({e: costs.raw_latency_ns(e, hw) for e in COMPUTE_ENGINES}, hw.semaphore_ns,
+                           hw.dma_completion_ns)
     first_use, dies_at, size_of = lifetimes(insts, hw.psum_bank_bytes)
     cores: dict = {}
     last_end: dict = {}      # storage id -> (latest end of an access, that instruction)
@@ -143,28 +207,69 @@ def model(trace, target: "str | HardwareSpec | None" = None, *, keep_schedule: b
         pid = int(getattr(inst, "program_id", 0) or 0)
         core = cores.get(pid) or cores.setdefault(pid, _Core(hw))
         run.units[i], run.ops[i], run.pids[i] = unit, inst.op, pid
-        ready, dep = deps.ready(inst, unit)
+        _loop_boundary(inst, core, hw, run)
+        lowered = unit != "dma" and costs.absent_in_lowering(inst)
+        ready, dep = deps.ready(inst, LOWERED if lowered else unit)
+        if core.floor > ready:
+            ready, dep = core.floor, core.floor_who
         # a new on-chip tile waits until the buffer it reuses is released
         for sid in first_use.get(i, ()):
             buf, size = size_of[sid]
             t, blocker = core.pools[buf].allocate(size)
             if t > ready:
                 ready, dep = t, blocker
+        if lowered:
+            # not in the compiled program: passes its inputs on, occupies no engine
+            run.start[i] = run.data_start[i] = run.end[i] = ready
+            run.pred[i] = dep
+            _track_lifetimes(i, inst, core, run, last_end, dies_at, size_of)
+            deps.record(inst, LOWERED, ready, i)
+            continue
         if unit == "dma":
             _place_dma(i, inst, core, hw, run, ready, dep)
         else:
             _place_compute(i, inst, core, hw, run, ready, dep)
-        t_end = run.end[i]
-        for r in inst.reads + inst.writes:
-            prev = last_end.get(r.storage_id)
-            if prev is None or t_end > prev[0]:
-                last_end[r.storage_id] = (t_end, i)
-        for sid in dies_at.get(i, ()):
-            t_rel, who = last_end[sid]
-            buf, size = size_of[sid]
-            core.pools[buf].release(size, t_rel, who)
-        deps.record(inst, unit, t_end, i)
+        _track_lifetimes(i, inst, core, run, last_end, dies_at, size_of)
+        deps.record(inst, unit, run.end[i], i)
     return _timing(run, hw, cores, keep_schedule)
+
+
+def _track_lifetimes(i, inst, core: _Core, run: _Run, last_end: dict, dies_at: dict, size_of: dict) -> None:
+    """Note the latest access of each storage; release the tiles whose last access this is."""
+    t_end = run.end[i]
+    for r in inst.reads + inst.writes:
+        prev = last_end.get(r.storage_id)
+        if prev is None or t_end > prev[0]:
+            last_end[r.storage_id] = (t_end, i)
+    for sid in dies_at.get(i, ()):
+        t_rel, who = last_end[sid]
+        buf, size = size_of[sid]
+        core.pools[buf].release(size, t_rel, who)
+
+
+def model_range(trace, target: "str | HardwareSpec | None" = None, *, keep_schedule: bool = True) -> Timing:
+    """``model(trace, target)`` with ``time_low_ns`` / ``time_high_ns`` filled in: the same
+    trace modeled with every uncertain constant at its fast and slow end
+    (``hardware.bracket``), widened to include the central figure when the scheduler's
+    greedy order makes an end cross it (``range_clamped``). Goals are judged on the
+    central ``time_ns``."""
+    from nki_ssm.perf.hardware import bracket
+
+    if target is None:
+        target = getattr(trace, "target", None) or None
+    hw = get_target(target)
+    central = model(trace, hw, keep_schedule=keep_schedule)
+    low, high = bracket(hw, "low"), bracket(hw, "high")
+    t_low = model(trace, low, keep_schedule=False).time_ns
+    t_high = model(trace, high, keep_schedule=False).time_ns
+    # greedy list scheduling is not monotone: every constant at its fast end can still
+    # reorder DMAs / buffer reuse into a slower schedule (seen: gated delta decode, +6 %).
+    # The range then includes the central figure rather than sitting beside it.
+    central.range_clamped = t_low > central.time_ns or t_high < central.time_ns
+    central.time_low_ns = min(t_low, central.time_ns)
+    central.time_high_ns = max(t_high, central.time_ns)
+    central.launch_low_ns, central.launch_high_ns = low.launch_ns, high.launch_ns
+    return central
 
 
 def _timing(run: _Run, hw: HardwareSpec, cores: dict, keep_schedule: bool) -> Timing:
@@ -192,7 +297,8 @@ def _timing(run: _Run, hw: HardwareSpec, cores: dict, keep_schedule: bool) -> Ti
         target=hw.name, time_ns=float(run.end.max()) if n else 0.0, busy_ns=busy, critical_ns=critical,
         binding_engine=binding, busiest_engine=busiest, dma_queue_busy_ns=queue_busy.tolist(),
         dma_bytes=run.dma_bytes, dma_transfers=run.dma_transfers, matmul_flops=run.flops,
-        num_instructions=n,
+        num_instructions=n, launch_ns=hw.launch_ns, act_table_loads=run.act_table_loads,
+        loop_iterations=run.loop_iterations, loop_overhead_ns=run.loop_overhead_ns,
         op_counts=dict(Counter(f"{u}:{o}" for u, o in zip(run.units, run.ops)) + run.extra_counts),
         op_time_ns=run.op_time, bf16_peak_flops=hw.bf16_peak_flops,
         dma_bw_bytes_per_ns=hw.dma_bw_per_core, num_cores=max(1, len(cores)), schedule=sched)

@@ -5,7 +5,7 @@ import contextlib
 import os
 
 from nki_ssm.perf.hardware import HardwareSpec, get_target
-from nki_ssm.perf.model import model
+from nki_ssm.perf.model import model, model_range
 from nki_ssm.perf.timing import Timing
 
 _ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
@@ -40,13 +40,23 @@ def _simulator():
                        "cannot profile a kernel yet")
 
 
-def profile(kernel, *arrays, target: "str | HardwareSpec" = "trn2", **kwargs) -> tuple[object, Timing]:
+def program_instructions(trace) -> int:
+    """Static instructions the compiler emits (runtime loop bodies once): the trace's
+    ``program_instructions()`` when the simulator provides it, else ``len(trace)``."""
+    fn = getattr(trace, "program_instructions", None)
+    return int(fn()) if callable(fn) else len(trace)
+
+
+def profile(kernel, *arrays, target: "str | HardwareSpec" = "trn2", ranges: bool = True,
+            **kwargs) -> tuple[object, Timing]:
     """Run ``kernel(*arrays, **kwargs)`` through the simulator and model its trace.
 
     Returns ``(outputs, Timing)``; outputs are what the simulated kernel
     returns (HBM inputs it modifies are written back as the simulator does).
     The simulator runs with NEURON_PLATFORM_TARGET_OVERRIDE = ``target`` so
     target-gated instructions are checked for the target being timed.
+    ``ranges``: also model the fast and slow ends (``Timing.time_low_ns`` /
+    ``time_high_ns``; three scheduling passes instead of one).
     """
     from nki_ssm.sim.trace import record
 
@@ -54,4 +64,6 @@ def profile(kernel, *arrays, target: "str | HardwareSpec" = "trn2", **kwargs) ->
     simulate = _simulator()
     with platform_target(hw.name), record(target=hw.name) as trace:
         outputs = simulate(kernel)(*arrays, **kwargs)
-    return outputs, model(trace, hw)
+    timing = model_range(trace, hw) if ranges else model(trace, hw)
+    timing.program_instructions = program_instructions(trace)
+    return outputs, timing

@@ -36,6 +36,12 @@ class InOrderEngine:
         return start, who
 
 
+# How many later transfers of a queue a new piece may be slotted in front of (backfill).
+# Bounds the search: a kernel issuing 1e5 DMAs ahead of their consumers would otherwise
+# scan every queued interval for each new piece (quadratic).
+MAX_BACKFILL = 64
+
+
 class DmaEngines:
     """Busy intervals of one core's DMA engines."""
 
@@ -49,6 +55,10 @@ class DmaEngines:
     def _fit(self, q: int, earliest: float, dur: float):
         starts, ends, owner = self.starts[q], self.ends[q], self.owner[q]
         k = bisect.bisect_right(ends, earliest)
+        if len(starts) - k > MAX_BACKFILL:
+            # too deep to search: queue behind the last transfer
+            k = len(starts)
+            return (ends[-1], k, owner[-1]) if ends[-1] > earliest else (earliest, k, -1)
         t, blocker = earliest, -1
         while k < len(starts):
             if starts[k] >= t + dur:

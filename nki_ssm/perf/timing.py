@@ -75,6 +75,18 @@ class Timing:
     num_cores: int = 1
     op_time_ns: dict = field(default_factory=dict)   # "engine:op" -> busy ns
     schedule: Schedule | None = field(default=None, repr=False)
+    # kernel launch (prologue + epilogue): its own line, not part of time_ns
+    launch_ns: float = 0.0
+    act_table_loads: int = 0          # ScalarE activation-table loads charged
+    loop_iterations: int = 0          # runtime-loop iterations (each charged a boundary)
+    loop_overhead_ns: float = 0.0     # iterations x (barrier + branch) charged
+    program_instructions: int | None = None   # static instructions (runtime loop bodies once)
+    # range from the documented ranges of the constants (perf.model_range); None if not run
+    time_low_ns: float | None = None
+    time_high_ns: float | None = None
+    launch_low_ns: float | None = None
+    range_clamped: bool = False       # an end's schedule crossed the central one (list-scheduling anomaly)
+    launch_high_ns: float | None = None
 
     def top_ops(self, k: int = 5) -> list:
         """The k "engine:op" pairs with the most busy time: [(name, count, ns), ...]."""
@@ -84,6 +96,11 @@ class Timing:
     @property
     def time_us(self) -> float:
         return self.time_ns / 1e3
+
+    @property
+    def time_with_launch_ns(self) -> float:
+        """Kernel time plus launch overhead (what a device profile of one call shows)."""
+        return self.time_ns + self.launch_ns
 
     @property
     def share(self) -> dict:
@@ -120,9 +137,17 @@ class Timing:
 
     def summary(self) -> str:
         share = ", ".join(f"{e} {100 * s:.0f}%" for e, s in self.share.items())
-        return (f"{self.time_us:.2f} us modeled on {self.target}; binding {self.binding_engine}; "
+        rng = ""
+        if self.time_low_ns is not None and self.time_high_ns is not None:
+            rng = f" (range {self.time_low_ns / 1e3:.2f}-{self.time_high_ns / 1e3:.2f})"
+        return (f"{self.time_us:.2f} us{rng} modeled on {self.target} + {self.launch_ns / 1e3:.0f} us launch; "
+                f"binding {self.binding_engine}; "
                 f"busy {share}; {self.dma_transfers} DMAs / {self.dma_bytes / 1e6:.3f} MB; "
-                f"{self.matmul_flops / 1e9:.3f} GFLOP matmul; {self.num_instructions} instructions")
+                f"{self.matmul_flops / 1e9:.3f} GFLOP matmul; {self.num_instructions} instructions"
+                + (f" ({self.program_instructions} in the program)" if self.program_instructions is not None else "")
+                + (f"; {self.loop_iterations} loop iterations ({self.loop_overhead_ns / 1e3:.2f} us sync)"
+                   if self.loop_iterations else "")
+                + (f"; {self.act_table_loads} ACT table loads" if self.act_table_loads else ""))
 
     def to_dict(self) -> dict:
         return {
@@ -133,4 +158,9 @@ class Timing:
             "dma_transfers": self.dma_transfers, "matmul_flops": self.matmul_flops,
             "num_instructions": self.num_instructions, "op_counts": dict(self.op_counts),
             "num_cores": self.num_cores, "op_time_ns": dict(self.op_time_ns),
+            "launch_ns": self.launch_ns, "act_table_loads": self.act_table_loads,
+            "loop_iterations": self.loop_iterations, "loop_overhead_ns": self.loop_overhead_ns,
+            "program_instructions": self.program_instructions,
+            "time_low_ns": self.time_low_ns, "time_high_ns": self.time_high_ns,
+            "range_clamped": self.range_clamped,
         }

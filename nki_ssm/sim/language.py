@@ -19,6 +19,7 @@ import numpy as np
 from . import dtypes as _dt
 from . import control as _control
 from . import tensor as _tensor
+from . import trace as _trace
 from .dtypes import (bfloat16, bool_, float8_e4m3, float8_e4m3fn, float8_e5m2, float8_e8m0fnu,
                      float16, float32, int8, int16, int32, tfloat32, uint8, uint16, uint32)
 from .errors import NkiValidationError
@@ -496,7 +497,13 @@ def broadcast_to(x, shape, dtype=None) -> NkiTensor:
     if shape[0] == x.shape[0]:
         nisa.tensor_copy(dst=out, src=src)
         return out
-    # partition broadcast: ones[1, P] (stationary) x row[1, F] (moving) -> [P, F]
+    with _trace.lowering("nl.broadcast_to"):
+        return _broadcast_partitions(src, out, shape)
+
+
+def _broadcast_partitions(src, out, shape) -> NkiTensor:
+    """Partition broadcast: ones[1, P] (stationary) x row[1, F] (moving) -> [P, F]."""
+    from . import isa as nisa
     row = ndarray((1,) + shape[1:], float32, sbuf)
     nisa.tensor_copy(dst=row, src=src)
     flat = row.reshape((1, int(np.prod(shape[1:]))))

@@ -124,6 +124,10 @@ class Trace:
 
     def append(self, inst: Instruction) -> None:
         inst.index = len(self.instructions)
+        if _lowering:
+            # the convenience op (nki.language) that emitted it: the cost model prices the
+            # compiler's lowering of that op, not every instruction the simulator uses
+            inst.attrs = dict(inst.attrs or {}, lowering=_lowering[-1])
         self.instructions.append(inst)
 
     # -- runtime loops (called by nki_ssm.sim.control)
@@ -175,6 +179,17 @@ class Trace:
 
 
 _active: list[Trace] = []
+_lowering: list[str] = []
+
+
+@contextlib.contextmanager
+def lowering(op: str) -> Iterator[None]:
+    """Tag every instruction recorded inside the block with ``attrs["lowering"] = op``."""
+    _lowering.append(op)
+    try:
+        yield
+    finally:
+        _lowering.pop()
 
 
 def current() -> Trace | None:

@@ -29,7 +29,7 @@ def test_only_passed_timed_modeled_rows_become_check_rows():
     assert isinstance(r, CalibrationRow)
     assert r.name == "a/x/1seq/bf16" and r.target == "trn2" and r.kind == "check"
     assert r.published_ns == 2000.0 and r.modeled_ns == 1000.0 and r.ratio == pytest.approx(0.5)
-    assert r.within_band                      # 0.5 is the edge of the check band
+    assert not r.within_band                  # 0.5 is outside the 0.77-1.30 check band (issue 11)
     assert "trn2.3xlarge" in r.source and "SDK 2.31.1" in r.source and "20 runs" in r.source
     assert r.extra["measured_ns_p90"] == pytest.approx(2200.0) and r.extra["modeled_ns_low"] == 700.0
 
@@ -44,3 +44,17 @@ def test_reads_a_file_or_folder_and_rejects_other_json(tmp_path, capsys):
     assert main([str(tmp_path / "results.json")]) == 0
     assert "a/x/1seq/bf16" in capsys.readouterr().out
     assert main([]) == 2
+
+
+def test_calibration_cli_prints_measured_rows_after_the_table(capsys):
+    """`python -m nki_ssm.perf.calibration --measured results.json` (issue 13 item 3)."""
+    from pathlib import Path
+
+    from nki_ssm.perf import calibration
+
+    path = Path(__file__).parents[1] / "deploy" / "data" / "results_fabricated.json"
+    want = [r.name for r in calibration_rows(str(path))]
+    assert want
+    assert calibration.main(["--only", "launch_overhead", "--measured", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "launch_overhead" in out and all(name in out for name in want)

@@ -67,8 +67,9 @@ def test_trace_matmul_record():
 def test_trace_dma_record():
     tr = _run()
     d = tr.instructions[1]
-    assert d.attrs == {"partitions": 128, "bytes_per_partition": 512, "dge_mode": "unknown",
-                       "indirect": False, "transpose": False}
+    # run_bytes: the HBM side is one contiguous run (the rows are adjacent)
+    assert d.attrs == {"partitions": 128, "bytes_per_partition": 512, "run_bytes": 128 * 256 * 2,
+                       "dge_mode": "unknown", "indirect": False, "transpose": False}
     assert d.nbytes == 128 * 256 * 2 and d.free_size == 256
     (r,) = d.reads
     assert r.buffer == "hbm" and r.byte_stop - r.byte_start == 128 * 256 * 2

@@ -52,6 +52,20 @@ def _nbytes(t):
     return n * t.dtype.itemsize
 
 
+def _run_bytes(t, first_dim: int = 0) -> int:
+    """Contiguous bytes of one run of view ``t`` (dims from ``first_dim`` on, innermost
+    first, merged while each steps by the size of the ones inside it). For the cost
+    model: a DMA descriptor moves one run (perf.costs.dma_plan)."""
+    run = 1
+    for d in range(len(t.shape) - 1, first_dim - 1, -1):
+        if t.shape[d] == 1:
+            continue
+        if t.strides[d] != run:
+            break
+        run *= t.shape[d]
+    return run * t.dtype.itemsize
+
+
 def _convert(values: np.ndarray, src_dtype, dst_dtype) -> np.ndarray:
     """DMA cast: bit copy for equal dtypes, otherwise src -> fp32 -> dst (the dst write rounds)."""
     if src_dtype.np == dst_dtype.np:
@@ -147,11 +161,16 @@ def dma_copy(dst, src, priority=None, oob_mode=_oob.error, dge_mode=_dge.unknown
     parts = sb.shape[0] if sb is not None else 0
     nbytes = max(_nbytes(src), _nbytes(dst))
     bpp = (_nbytes(sb) // max(parts, 1)) if sb is not None else nbytes
+    # the HBM side's contiguous run (rows may merge), else the SBUF row's
+    hb = src if src.storage.buffer == "hbm" else (dst if dst.storage.buffer == "hbm" else None)
+    # (an indirect view gathers rows: its run is one row)
+    run = _run_bytes(hb, 1 if indirect else 0) if hb is not None else (
+        _run_bytes(sb, 1) if sb is not None else nbytes)
     free = (n_dst // dst.shape[0]) if dst.shape else n_dst
     reads = [src] + [i.index for i in (src_ind, dst_ind) if i is not None and C.is_tensor(i.index)]
     return C.emit(inst, "dma", name, reads=reads, writes=[dst], num_partitions=max(parts, 1),
                   free=free, num_inputs=1, nbytes=nbytes,
-                  attrs={"partitions": parts, "bytes_per_partition": bpp,
+                  attrs={"partitions": parts, "bytes_per_partition": bpp, "run_bytes": run,
                          # vector gather/scatter forces software DGE
                          "dge_mode": "swdge" if vector_ind and dge_mode is _dge.unknown else dge_mode.name,
                          "indirect": indirect, "transpose": False},
