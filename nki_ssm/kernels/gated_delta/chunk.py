@@ -257,11 +257,14 @@ def _solve_many(As, ATs, Bs, L, N, ident):
     transposes): forward substitution over _BLOCK-row blocks; the diagonal blocks of up to
     four heads are packed block-diagonally on 128 partitions (head i at partition 32*i)
     and inverted together, exactly, by nilpotent doubling; one matmul applies the four
-    inverses to their right-hand sides."""
+    inverses to their right-hand sides. The doublings do not depend on the right-hand
+    sides: all of them advance round by round together (independent chains interleave on
+    the engines), then the substitution runs block by block."""
     nh = len(As)
     Xs = []
     for i in range(nh):
         Xs.append(nl.ndarray((L, N), dtype=nl.float32, buffer=nl.sbuf))
+    items = []
     for p0 in range(0, nh, _PACK):
         npk = min(_PACK, nh - p0)
         W = npk * _BLOCK
@@ -269,29 +272,14 @@ def _solve_many(As, ATs, Bs, L, N, ident):
             r1 = min(r0 + _BLOCK, L)
             nb = r1 - r0
             # unused rows / columns stay zero so the packed products stay block-diagonal
-            R = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.sbuf)
+            # (GpSimd: the Vector engine is the busiest)
             P = nl.ndarray((W, W), dtype=nl.float32, buffer=nl.sbuf)
             PT = nl.ndarray((W, W), dtype=nl.float32, buffer=nl.sbuf)
-            # (GpSimd: the Vector engine is the busiest)
-            if nb < _BLOCK:
-                nisa.memset(dst=R, value=0.0, engine=nisa.engine.gpsimd)
             nisa.memset(dst=P, value=0.0, engine=nisa.engine.gpsimd)
             nisa.memset(dst=PT, value=0.0, engine=nisa.engine.gpsimd)
             for j in range(npk):
                 i = p0 + j
                 q0 = j * _BLOCK
-                if r0 == 0:
-                    nisa.tensor_copy(dst=R[q0:q0 + nb, :], src=Bs[i][0:nb, :],
-                                     engine=nisa.engine.scalar)
-                else:
-                    # matmul output on partitions 0..nb; the subtraction moves it to the
-                    # head's quadrant (cross-quadrant moves of <= 32 partitions are legal)
-                    ps = nl.ndarray((nb, N), dtype=nl.float32, buffer=nl.psum)
-                    nisa.nc_matmul(dst=ps, stationary=ATs[i][0:r0, r0:r1],
-                                   moving=Xs[i][0:r0, :])
-                    nisa.tensor_tensor(dst=R[q0:q0 + nb, :], data1=Bs[i][r0:r1, :],
-                                       data2=ps, op=nl.subtract)
-                    ps = None
                 # N_b = -A_bb (and its transpose) on the diagonal block of head i
                 nisa.activation(dst=P[q0:q0 + nb, q0:q0 + nb], op=nl.copy,
                                 data=As[i][r0:r1, r0:r1], scale=-1.0)
@@ -300,24 +288,60 @@ def _solve_many(As, ATs, Bs, L, N, ident):
             # inv = sum_{m < covered} N^m; only inv^T is kept (the final stationary)
             invT = nl.ndarray((W, W), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=invT, data1=PT, data2=ident[0:W, 0:W], op=nl.add)
-            covered = 2
-            while covered < nb:
-                P2 = _mm(PT, P, W, W)            # P @ P
-                if covered * 2 < nb:             # the last round needs no transpose
-                    PT = _transpose(P2, W, W)    # (P @ P)^T
-                P = P2
+            it = {}
+            it["p0"] = p0
+            it["npk"] = npk
+            it["W"] = W
+            it["r0"] = r0
+            it["nb"] = nb
+            it["P"] = P
+            it["PT"] = PT
+            it["invT"] = invT
+            items.append(it)
+    covered = 2
+    while covered < _BLOCK:
+        for it in items:
+            if covered < it["nb"]:
+                W = it["W"]
+                P2 = _mm(it["PT"], it["P"], W, W)            # P @ P
+                if covered * 2 < it["nb"]:                   # the last round needs no transpose
+                    it["PT"] = _transpose(P2, W, W)          # (P @ P)^T
+                it["P"] = P2
+        for it in items:
+            if covered < it["nb"]:
+                W = it["W"]
                 ps = nl.ndarray((W, W), dtype=nl.float32, buffer=nl.psum)
-                nisa.nc_matmul(dst=ps, stationary=P, moving=invT)   # (inv @ P)^T
-                nisa.tensor_tensor(dst=invT, data1=invT, data2=ps, op=nl.add)
+                nisa.nc_matmul(dst=ps, stationary=it["P"], moving=it["invT"])  # (inv @ P)^T
+                nisa.tensor_tensor(dst=it["invT"], data1=it["invT"], data2=ps, op=nl.add)
                 ps = None
-                covered = covered * 2
-            ps = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.psum)
-            nisa.nc_matmul(dst=ps, stationary=invT, moving=R)
-            for j in range(npk):
-                q0 = j * _BLOCK
-                nisa.tensor_copy(dst=Xs[p0 + j][r0:r1, :], src=ps[q0:q0 + nb, :],
-                                 engine=nisa.engine.vector)
-            ps = None
+        covered = covered * 2
+    for it in items:
+        p0, npk, W, r0, nb = it["p0"], it["npk"], it["W"], it["r0"], it["nb"]
+        r1 = r0 + nb
+        R = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.sbuf)
+        if nb < _BLOCK:
+            nisa.memset(dst=R, value=0.0, engine=nisa.engine.gpsimd)
+        for j in range(npk):
+            i = p0 + j
+            q0 = j * _BLOCK
+            if r0 == 0:
+                nisa.tensor_copy(dst=R[q0:q0 + nb, :], src=Bs[i][0:nb, :],
+                                 engine=nisa.engine.scalar)
+            else:
+                # matmul output on partitions 0..nb; the subtraction moves it to the
+                # head's quadrant (cross-quadrant moves of <= 32 partitions are legal)
+                ps = nl.ndarray((nb, N), dtype=nl.float32, buffer=nl.psum)
+                nisa.nc_matmul(dst=ps, stationary=ATs[i][0:r0, r0:r1], moving=Xs[i][0:r0, :])
+                nisa.tensor_tensor(dst=R[q0:q0 + nb, :], data1=Bs[i][r0:r1, :], data2=ps,
+                                   op=nl.subtract)
+                ps = None
+        ps = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=ps, stationary=it["invT"], moving=R)
+        for j in range(npk):
+            q0 = j * _BLOCK
+            nisa.tensor_copy(dst=Xs[p0 + j][r0:r1, :], src=ps[q0:q0 + nb, :],
+                             engine=nisa.engine.vector)
+        ps = None
     return Xs
 
 
