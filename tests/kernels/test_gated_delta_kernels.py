@@ -462,12 +462,13 @@ def test_prefill_tables_layout():
     from nki_ssm.ops.launch.gated_delta import prefill_tables
 
     cu = np.array([0, 5, 5, 9, 12])
-    chunk_rows, seq_tab, pool_rows, pad_rows, counts = prefill_tables(
+    chunk_rows, next_rows, seq_tab, pool_rows, pad_rows, counts = prefill_tables(
         cu, np.array([2, 0, -1, 1]), np.array([True, False, True, False]), slots=3, HV=2,
         K=2, chunk_size=4, num_tokens_bucket=128, num_seqs_bucket=4)
     assert chunk_rows.shape == pad_rows.shape == (128 // 4 + 4, 4)
     assert chunk_rows[:3].tolist() == [[0, 1, 2, 3], [4, 128, 128, 128], [9, 10, 11, 128]]
     assert (chunk_rows[3:] == 128).all()
+    assert (next_rows[:-1] == chunk_rows[1:]).all() and (next_rows[-1] == 128).all()
     assert seq_tab.tolist() == [[1, 0, 2], [0, 2, 2], [0, 2, 3], [0, 0, 0]]
     assert pad_rows[0].tolist() == [5, 6, 7, 8] and (pad_rows[1:] == 128).all()
     assert counts.tolist() == [[3, 1]]

@@ -39,6 +39,8 @@ token / sequence buckets):
 - ``chunk_rows [Tb // C + Nb, C]``: the token row of every row of every chunk of
   the live sequences, in order; rows past a sequence end hold ``Tb``, the zero
   row the launcher appends to every token array (and the trash row of ``o``);
+  ``next_rows``: the same shifted up one row (chunk c's body gathers chunk c + 1,
+  so the gathers' fixed latencies overlap its tail and the loop boundary);
 - ``seq_tab [Nb, 3]``: (has_initial_state, first chunk, end chunk) of each live
   sequence, compacted; ``pool_rows [Nb, K*HV]``: pool row ``slot*HV*K + hv*K + k``;
 - ``pad_rows``: the rows of padding sequences (chunked as above), which get
@@ -111,9 +113,9 @@ _L2NORM_EPS = 1e-6
 
 
 @nki.jit
-def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, seq_tab,
-                      pool_rows, pad_rows, counts, H, raw_gates, use_qk_l2norm, scale, chunk,
-                      bf16):
+def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, next_rows,
+                      seq_tab, pool_rows, pad_rows, counts, H, raw_gates, use_qk_l2norm, scale,
+                      chunk, bf16):
     """Chunked gated delta rule over a ragged batch (layouts in the module docstring)."""
     T1 = q2.shape[0]
     V = pool.shape[1]
@@ -148,6 +150,12 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, s
         zr = _table_rows(pad_rows, z, C)
         nisa.dma_copy(dst=_rows_view(o, zr, C, HV * V), src=zt)
 
+    # chunk inputs: gathered one chunk ahead (chunk 0 here, chunk c + 1 at the end of
+    # chunk c's body, through next_rows), so the gathers' fixed latencies overlap the
+    # previous chunk's tail and the loop boundary (DMAs in flight continue across it)
+    buf = _chunk_buffers(H, HV, K, V, C, bf16, use_qk_l2norm)
+    _gather_chunk(buf, q2, k2, v2, gate1, gate2, chunk_rows, None, C, H, HV, K, V)
+
     # live sequences (compacted): state in, chunks, state out
     nat = nl.ndarray((K, HV * V), dtype=pool.dtype, buffer=nl.sbuf)
     S = nat
@@ -174,8 +182,9 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, s
             if pool.dtype != nl.float32:
                 nisa.tensor_copy(dst=S, src=nat)
         for c in nl.dynamic_range(c_lo, c_hi):
-            _chunk(q2, k2, v2, gate1, gate2, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep,
-                   raw_gates, use_qk_l2norm, scale, C, bf16)
+            _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates,
+                   use_qk_l2norm, scale, C)
+            _gather_chunk(buf, q2, k2, v2, gate1, gate2, next_rows, c, C, H, HV, K, V)
         if pool.dtype != nl.float32:
             nisa.tensor_copy(dst=nat, src=S)
         for hv in range(HV):
@@ -185,11 +194,43 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, s
 
 
 def _table_rows(table, r, C):
-    """Row ``r`` (register) of an int32 ``[entries, C]`` table as a ``[C, 1]`` SBUF column."""
+    """Row ``r`` (register; None: row 0) of an int32 ``[entries, C]`` table as a ``[C, 1]``
+    SBUF column."""
     t = nl.ndarray((C, 1), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=t, src=table.ap(pattern=[[1, C], [1, 1]], offset=0, scalar_offset=r,
-                                      indirect_dim=0))
+    if r == None:  # noqa: E711  (NKI has no `is`)
+        nisa.dma_copy(dst=t, src=table.ap(pattern=[[1, C], [1, 1]], offset=0))
+    else:
+        nisa.dma_copy(dst=t, src=table.ap(pattern=[[1, C], [1, 1]], offset=0, scalar_offset=r,
+                                          indirect_dim=0))
     return t
+
+
+def _chunk_buffers(H, HV, K, V, C, bf16, use_qk_l2norm):
+    """The chunk input tiles: q, k ``[C, H*K]``, v ``[C, HV*V]`` (bf16 for bf16 callers; q / k
+    float32 when they are normalised in the kernel), g, beta ``[C, HV]`` float32."""
+    xdt = nl.float32
+    if bf16:
+        xdt = nl.bfloat16
+    qkdt = xdt
+    if use_qk_l2norm:
+        qkdt = nl.float32
+    buf = {}
+    buf["q"] = nl.ndarray((C, H * K), dtype=qkdt, buffer=nl.sbuf)
+    buf["k"] = nl.ndarray((C, H * K), dtype=qkdt, buffer=nl.sbuf)
+    buf["v"] = nl.ndarray((C, HV * V), dtype=xdt, buffer=nl.sbuf)
+    buf["g"] = nl.ndarray((C, HV), dtype=nl.float32, buffer=nl.sbuf)
+    buf["beta"] = nl.ndarray((C, HV), dtype=nl.float32, buffer=nl.sbuf)
+    return buf
+
+
+def _gather_chunk(buf, q2, k2, v2, gate1, gate2, table, r, C, H, HV, K, V):
+    """Gather the token rows listed in row ``r`` of ``table`` into the chunk tiles."""
+    rows = _table_rows(table, r, C)
+    nisa.dma_copy(dst=buf["q"], src=_rows_view(q2, rows, C, H * K))
+    nisa.dma_copy(dst=buf["k"], src=_rows_view(k2, rows, C, H * K))
+    nisa.dma_copy(dst=buf["v"], src=_rows_view(v2, rows, C, HV * V))
+    nisa.dma_copy(dst=buf["g"], src=_rows_view(gate1, rows, C, HV))
+    nisa.dma_copy(dst=buf["beta"], src=_rows_view(gate2, rows, C, HV))
 
 
 def _rows_view(x, rows, C, width):
@@ -345,29 +386,20 @@ def _solve_many(As, ATs, Bs, L, N, ident):
     return Xs
 
 
-def _chunk(q2, k2, v2, gate1, gate2, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep,
-           raw_gates, use_qk_l2norm, scale, C, bf16):
-    """Chunk ``c`` (row ``c`` of chunk_rows): C token rows gathered (rows past the sequence
-    end read the zero row), o rows scattered (those rows go to the trash row), S updated."""
+def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_qk_l2norm,
+           scale, C):
+    """Chunk ``c`` (row ``c`` of chunk_rows) from the tiles in ``buf`` (gathered by the
+    previous iteration: rows past the sequence end read the zero row); o rows scattered
+    (those rows go to the trash row), S updated."""
     L = C
-    rows = _table_rows(chunk_rows, c, C)
-    xdt = nl.float32
-    if bf16:
-        xdt = nl.bfloat16
-    # normalised q / k are not bf16 values: they stay float32
-    qkdt = xdt
-    if use_qk_l2norm:
-        qkdt = nl.float32
-    qc = nl.ndarray((L, H * K), dtype=qkdt, buffer=nl.sbuf)
-    nisa.dma_copy(dst=qc, src=_rows_view(q2, rows, C, H * K))
-    kc = nl.ndarray((L, H * K), dtype=qkdt, buffer=nl.sbuf)
-    nisa.dma_copy(dst=kc, src=_rows_view(k2, rows, C, H * K))
-    vc = nl.ndarray((L, HV * V), dtype=xdt, buffer=nl.sbuf)
-    nisa.dma_copy(dst=vc, src=_rows_view(v2, rows, C, HV * V))
-    g = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=g, src=_rows_view(gate1, rows, C, HV))
-    beta = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=beta, src=_rows_view(gate2, rows, C, HV))
+    rows = _table_rows(chunk_rows, c, C)          # this chunk's rows: the output scatter
+    qc = buf["q"]
+    kc = buf["k"]
+    vc = buf["v"]
+    g = buf["g"]
+    beta = buf["beta"]
+    xdt = vc.dtype
+    qkdt = qc.dtype
     if raw_gates:
         # g = -exp(A_log) softplus(a + dt_bias); beta = sigmoid(b). The zero row's a = 0
         # would give g != 0: rows past the sequence end get g = 0 (no decay of S).

@@ -183,8 +183,9 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K
     device (named in the comments), so a serving loop builds them without a
     host round trip: ``diff``, ``where``, ``cumsum``, ``nonzero`` (stable
     compaction), ``repeat_interleave``, ``arange``, broadcasting arithmetic.
-    Shapes depend only on the buckets and the layer: ``chunk_rows`` and
-    ``pad_rows`` ``[num_tokens_bucket // C + num_seqs_bucket, C]``, ``seq_tab``
+    Shapes depend only on the buckets and the layer: ``chunk_rows``, ``next_rows``
+    (chunk_rows shifted up by one row) and ``pad_rows``
+    ``[num_tokens_bucket // C + num_seqs_bucket, C]``, ``seq_tab``
     ``[num_seqs_bucket, 3]``, ``pool_rows`` ``[num_seqs_bucket, K*HV]``,
     ``counts`` ``[1, 2]``. Row index ``num_tokens_bucket`` is the zero / trash row.
     """
@@ -223,7 +224,9 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K
     pool_rows[:ids.size] = (idx[ids][:, None, None] * HV * K + np.arange(HV)[None, None, :] * K
                             + np.arange(K)[None, :, None])
     counts = np.array([[ids.size, n_pad]], dtype=np.int32)
-    return chunk_rows, seq_tab, pool_rows.reshape(Nb, K * HV), pad_rows, counts
+    # the kernel gathers chunk c + 1 while it finishes chunk c: row c of next_rows
+    next_rows = np.concatenate([chunk_rows[1:], np.full((1, C), Tb, np.int32)])   # torch.roll
+    return chunk_rows, next_rows, seq_tab, pool_rows.reshape(Nb, K * HV), pad_rows, counts
 
 
 def default_chunk_size(K, V, HV):
