@@ -107,7 +107,7 @@ from __future__ import annotations
 from nki_ssm.backend import nki, nl, nisa
 
 _BLOCK = 32           # rows per exactly-inverted diagonal block
-_HEADS = 8            # value heads whose instruction streams advance in lockstep
+_HEADS = 4            # value heads whose instruction streams advance in lockstep
 _PACK = 4             # heads whose diagonal blocks share one 128-partition inversion
 _L2NORM_EPS = 1e-6
 
@@ -429,27 +429,41 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
     el = _exp_of_mm(cst["ones"][0:L, 0:K], g, K, HV)             # e^{c_last}
     oc = nl.ndarray((L, HV * V), dtype=o.dtype, buffer=nl.sbuf)
     qk = {}
+    groups = []
     for hv0 in range(0, HV, _HEADS):
         hvs = []
         for hv in range(hv0, min(hv0 + _HEADS, HV)):
             hvs.append(hv)
-        pre = []
-        for i in range(len(hvs)):
-            h = hvs[i] // rep
-            if qk.get(str(h)) == None:  # noqa: E711  (NKI has no `is`)
-                qk[str(h)] = _qk_head(cst, kc, qc, h, L, K)
-            pre.append(_head_pre(cst, qk[str(h)], S, vc, g, beta, nbe, hvs[i], L, K, V, qkdt))
-        As = []
-        ATs = []
-        Rs = []
-        for i in range(len(hvs)):
-            As.append(pre[i]["A"])
-            ATs.append(pre[i]["AT"])
-            Rs.append(pre[i]["R"])
-        Xs = _solve_many(As, ATs, Rs, L, V, cst["ident"])
-        for i in range(len(hvs)):
-            h = hvs[i] // rep
-            _head_post(S, qk[str(h)], pre[i], Xs[i], qs, dl, el, oc, hvs[i], L, K, V, scale)
+        groups.append(hvs)
+    # software pipeline over head groups: in step t the pre-solve work of group t, the
+    # solve of group t-1 and the post-solve work of group t-2 are issued, so every
+    # in-order engine queue holds independent work between a group's dependent steps
+    pres = []
+    sols = []
+    for t in range(len(groups) + 2):
+        if t < len(groups):
+            pre = []
+            for hv in groups[t]:
+                h = hv // rep
+                if qk.get(str(h)) == None:  # noqa: E711  (NKI has no `is`)
+                    qk[str(h)] = _qk_head(cst, kc, qc, h, L, K)
+                pre.append(_head_pre(cst, qk[str(h)], S, vc, g, beta, nbe, hv, L, K, V, qkdt))
+            pres.append(pre)
+        if 0 <= t - 1 and t - 1 < len(groups):
+            pre = pres[t - 1]
+            As = []
+            ATs = []
+            Rs = []
+            for d in pre:
+                As.append(d["A"])
+                ATs.append(d["AT"])
+                Rs.append(d["R"])
+            sols.append(_solve_many(As, ATs, Rs, L, V, cst["ident"]))
+        if 0 <= t - 2:
+            hvs = groups[t - 2]
+            for i in range(len(hvs)):
+                _head_post(S, qk[str(hvs[i] // rep)], pres[t - 2][i], sols[t - 2][i], qs, dl, el,
+                           oc, hvs[i], L, K, V, scale)
     nisa.dma_copy(dst=_rows_view(o, rows, C, HV * V), src=oc)
 
 
