@@ -50,8 +50,10 @@ Loops: ``for z in dynamic_range(n_pad)`` writes zeros; ``for s in
 dynamic_range(n_live)``: state gathered (``dynamic_range(has_init)``: 0 or 1
 trips; else zeros), ``for c in dynamic_range(first, end)`` runs the chunk body,
 state scattered. What is unrolled inside the chunk body is bounded by the layer
-(heads, 32-row blocks). Program size: 2329 static instructions at Qwen3-Next
-TP1, 601 at TP4, equal at 2K and 16K tokens and for 8 x 2K.
+(heads, 32-row blocks); head groups of 4 run as a software pipeline (pre-solve
+of group t, solve of t-1, post-solve of t-2 issued together). Program size:
+2336 static instructions at Qwen3-Next TP1, 608 at TP4, equal at 2K and 16K
+tokens and for 8 x 2K.
 
 Short and padded chunks: every chunk is C rows. Its rows are gathered with
 indirect DMAs (one row per partition) from ``chunk_rows``; rows past the
@@ -81,24 +83,24 @@ fp32 — rounding v_new, the decayed keys or the masked q k^T to bf16 measured
 1-2e-3 of the 3e-3 budget at small head dims. Measured: Qwen3-Next TP4 2K
 realistic gates, output 1.7e-3 (bf16 output rounding ~1.1e-3 of it), state 2e-8.
 
-What binds (modeled, trn2, bf16 I/O, fp32 pool, chunk 128, today's model):
-VectorE (~60 % busy) with TensorE close behind (~55 %), per (chunk, head)
-~7 us: TensorE ~14 fp32 128-column matmuls (8 of them the doubling, 4 the
-substitution and apply, 2 the products with v_new) plus bf16 ones; VectorE ~15
-ops of [128, 128]; ScalarE evictions and exps ~33 %. Chunk 128 beats 64 (fewer
-state products and evictions per token). Figures (tokens/s per NeuronCore; in
-brackets the optimistic end of the documented ranges): Qwen3-Next TP1 16K
-0.58 M (0.70), TP1 2K 0.57 M, 8 x 2K 0.57 M, TP4 16K 2.19 M (2.66; 3.8x TP1),
-TP4 2K 2.14 M; 4 % of the roofline (TensorE bf16). With the recalibrated cost
-model of issue 11 (per-instruction overheads, semaphores, loop barriers; branch
-``cost`` at the time of writing): TP1 2K 0.40 M (range 0.28-0.50), TP4 2K
-1.54 M (1.04-1.94), TensorE binding; chunk 64 is slower there too (TP1 2K
-0.32 M). The issue-15 goal (2 M tokens/s at TP1) is not reached: it needs
-~4x fewer engine-microseconds per (chunk, head) — the solve (8 fp32 doubling
-matmuls, their evictions and the block packing copies per head) and the
-per-head [128, 128] elementwise ops are what is left; a bf16 solve was not
-attempted (the doubling's intermediate powers grow for uniform keys,
-DESIGN.md numerics).
+What binds (modeled, trn2, bf16 I/O, fp32 pool, chunk 128; main's cost model with
+per-instruction overheads, semaphores and loop barriers): the schedule is latency-
+bound — TensorE owns most of the critical path at ~48 % busy, VectorE ~40 %,
+ScalarE ~37 %, GpSimd (descriptor generation, memsets) ~12 %; per (chunk, head)
+~9.6 us at TP1. TensorE per (chunk, head): ~14 fp32 128-column matmuls (8 the
+doubling, 4 the substitution and apply, 2 the products with v_new; fp32 also
+exposes its stationary load) plus bf16 ones; VectorE ~15 [128, 128] ops.
+Chunk 128 beats 64 (fewer state products and evictions per token: TP1 2K 0.41
+vs 0.34 M). Figures, tokens/s per NeuronCore (range = the constants' documented
+ends): Qwen3-Next TP1 16K 0.418 M (0.29-0.51), TP1 2K 0.412 M, 8 x 2K 0.414 M,
+TP4 16K 1.69 M (1.18-2.07; 4.0x TP1), TP4 2K 1.66 M; 3 % of the roofline
+(TensorE bf16). The kernel this one replaces, same model: TP1 2K 0.221 M,
+TP4 2K 0.88 M (62,790 / 15,942 static instructions). The issue-15 goal (2 M
+tokens/s at TP1) is not reached: it needs ~5x fewer engine-microseconds and
+handoffs per (chunk, head) — the solve (8 fp32 doubling matmuls, their
+evictions and the block packing copies per head) and the per-head [128, 128]
+elementwise ops are what is left; a bf16 solve was not attempted (the
+doubling's intermediate powers grow for uniform keys, DESIGN.md numerics).
 
 Limits: K, V <= 128; chunk a multiple of 16 up to 128.
 """

@@ -231,8 +231,7 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K
 
 def default_chunk_size(K, V, HV):
     """The chunk the cost model runs the model shapes fastest at: 128 (Qwen3-Next TP1 2K
-    bf16, modeled trn2: 0.57 M tokens/s at 128 vs 0.50 M at 64 today; 0.40 vs 0.32 M
-    with the recalibrated model; the kernel's design note)."""
+    bf16, modeled trn2: 0.41 M tokens/s at 128 vs 0.34 M at 64; the kernel's design note)."""
     return 128
 
 
