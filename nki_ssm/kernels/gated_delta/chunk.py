@@ -109,7 +109,7 @@ from __future__ import annotations
 from nki_ssm.backend import nki, nl, nisa
 
 _BLOCK = 32           # rows per exactly-inverted diagonal block
-_HEADS = 4            # value heads whose instruction streams advance in lockstep
+_HEADS = 4            # value heads per software-pipeline group (pre-solve, solve, post-solve)
 _PACK = 4             # heads whose diagonal blocks share one 128-partition inversion
 _L2NORM_EPS = 1e-6
 
