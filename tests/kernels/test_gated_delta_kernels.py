@@ -457,23 +457,23 @@ def test_prefill_program_size_does_not_grow_with_tokens():
 
 
 def test_prefill_tables_layout():
-    """Launcher tables: chunk rows (past a sequence end -> the zero row = bucket), live
-    sequences compacted with their chunk ranges, pool rows, padding rows, counts."""
+    """Launcher tables: chunk rows (past a sequence end -> the zero row = bucket) and the
+    same shifted by one, live sequences compacted with their chunk ranges and first pool
+    rows, padding rows, counts."""
     from nki_ssm.ops.launch.gated_delta import prefill_tables
 
     cu = np.array([0, 5, 5, 9, 12])
-    chunk_rows, next_rows, seq_tab, pool_rows, pad_rows, counts = prefill_tables(
+    chunk_rows, next_rows, seq_tab, pad_rows, counts = prefill_tables(
         cu, np.array([2, 0, -1, 1]), np.array([True, False, True, False]), slots=3, HV=2,
         K=2, chunk_size=4, num_tokens_bucket=128, num_seqs_bucket=4)
-    assert chunk_rows.shape == pad_rows.shape == (128 // 4 + 4, 4)
+    assert chunk_rows.shape == pad_rows.shape == next_rows.shape == (128 // 4 + 4, 4)
     assert chunk_rows[:3].tolist() == [[0, 1, 2, 3], [4, 128, 128, 128], [9, 10, 11, 128]]
     assert (chunk_rows[3:] == 128).all()
     assert (next_rows[:-1] == chunk_rows[1:]).all() and (next_rows[-1] == 128).all()
-    assert seq_tab.tolist() == [[1, 0, 2], [0, 2, 2], [0, 2, 3], [0, 0, 0]]
+    # live sequences compacted: (has_initial_state, first chunk, end chunk, slot*HV*K)
+    assert seq_tab.tolist() == [[1, 0, 2, 8], [0, 2, 2, 0], [0, 2, 3, 4], [0, 0, 0, 0]]
     assert pad_rows[0].tolist() == [5, 6, 7, 8] and (pad_rows[1:] == 128).all()
     assert counts.tolist() == [[3, 1]]
-    # sequence 0 -> slot 2: row slot*HV*K + hv*K + k at [k, hv]
-    assert pool_rows.reshape(4, 2, 2)[0].tolist() == [[8, 10], [9, 11]]
 
 
 def test_prefill_nan_padding_tokens_never_reach_live_outputs():

@@ -41,8 +41,8 @@ token / sequence buckets):
   row the launcher appends to every token array (and the trash row of ``o``);
   ``next_rows``: the same shifted up one row (chunk c's body gathers chunk c + 1,
   so the gathers' fixed latencies overlap its tail and the loop boundary);
-- ``seq_tab [Nb, 3]``: (has_initial_state, first chunk, end chunk) of each live
-  sequence, compacted; ``pool_rows [Nb, K*HV]``: pool row ``slot*HV*K + hv*K + k``;
+- ``seq_tab [Nb, 4]``: (has_initial_state, first chunk, end chunk, first pool row
+  ``slot*HV*K``) of each live sequence, compacted;
 - ``pad_rows``: the rows of padding sequences (chunked as above), which get
   zeros; ``counts [1, 2]``: live sequences, padding chunks.
 
@@ -63,8 +63,9 @@ With k = v = 0 such a row adds nothing to A, to v_new of the real rows (they
 precede it: strictly lower products never reach them) or to S, and g = 0
 leaves every decay exact; its output row is scattered to the trash row. Padding
 tokens are never read as data of a live sequence, so non-finite padding
-cannot leak. Pool slots move one pool row per partition (HV DMAs per sequence);
-the pool update is the kernel's own scatter.
+cannot leak. A slot is one contiguous ``[HV*K, V]`` block of the pool, moved by
+one DMA with a run-time start (``scalar_offset``, no per-partition indices) each
+way per sequence; the pool update is the kernel's own write.
 
 Engines, per chunk (tokens on partitions; all heads in one body)
 ----------------------------------------------------------------
@@ -116,8 +117,8 @@ _L2NORM_EPS = 1e-6
 
 @nki.jit
 def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, next_rows,
-                      seq_tab, pool_rows, pad_rows, counts, H, raw_gates, use_qk_l2norm, scale,
-                      chunk, bf16):
+                      seq_tab, pad_rows, counts, H, raw_gates, use_qk_l2norm, scale, chunk,
+                      bf16):
     """Chunked gated delta rule over a ragged batch (layouts in the module docstring)."""
     T1 = q2.shape[0]
     V = pool.shape[1]
@@ -164,23 +165,24 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, n
     if pool.dtype != nl.float32:
         S = nl.ndarray((K, HV * V), dtype=nl.float32, buffer=nl.sbuf)
     for s in nl.dynamic_range(n_live):
-        st = nl.ndarray((1, 3), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=st, src=seq_tab.ap(pattern=[[3, 1], [1, 3]], offset=0,
+        st = nl.ndarray((1, 4), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=st, src=seq_tab.ap(pattern=[[4, 1], [1, 4]], offset=0,
                                               scalar_offset=s, indirect_dim=0))
-        prow = nl.ndarray((K, HV), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=prow, src=pool_rows.ap(pattern=[[HV, K], [1, HV]], offset=0,
-                                                  scalar_offset=s, indirect_dim=0))
         has_init = nisa.register_alloc()
         nisa.register_load(dst=has_init, src=st[0:1, 0:1])
         c_lo = nisa.register_alloc()
         nisa.register_load(dst=c_lo, src=st[0:1, 1:2])
         c_hi = nisa.register_alloc()
         nisa.register_load(dst=c_hi, src=st[0:1, 2:3])
+        slot_row = nisa.register_alloc()
+        nisa.register_load(dst=slot_row, src=st[0:1, 3:4])
+        # the slot is one contiguous [HV*K, V] block of the pool: one DMA with a run-time
+        # start moves it (partition k holds rows (hv, k) of every head)
+        slot = pool.ap(pattern=[[V, K], [K * V, HV], [1, V]], offset=0, scalar_offset=slot_row,
+                       indirect_dim=0)
         nisa.memset(dst=S, value=0.0)
         for _ in nl.dynamic_range(has_init):     # 0 or 1 trips: gather the initial state
-            for hv in range(HV):
-                nisa.dma_copy(dst=nat[:, hv * V:(hv + 1) * V],
-                              src=_pool_view(pool, prow[:, hv:hv + 1], K, V))
+            nisa.dma_copy(dst=nat, src=slot)
             if pool.dtype != nl.float32:
                 nisa.tensor_copy(dst=S, src=nat)
         for c in nl.dynamic_range(c_lo, c_hi):
@@ -189,9 +191,7 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, n
             _gather_chunk(buf, q2, k2, v2, gate1, gate2, next_rows, c, C, H, HV, K, V)
         if pool.dtype != nl.float32:
             nisa.tensor_copy(dst=nat, src=S)
-        for hv in range(HV):
-            nisa.dma_copy(dst=_pool_view(pool, prow[:, hv:hv + 1], K, V),
-                          src=nat[:, hv * V:(hv + 1) * V])
+        nisa.dma_copy(dst=slot, src=nat)
     return o
 
 
@@ -238,11 +238,6 @@ def _gather_chunk(buf, q2, k2, v2, gate1, gate2, table, r, C, H, HV, K, V):
 def _rows_view(x, rows, C, width):
     """Rows ``rows[p]`` of HBM ``x [n, width]``, one per partition (indirect gather/scatter)."""
     return x.ap(pattern=[[width, C], [1, width]], offset=0, vector_offset=rows, indirect_dim=0)
-
-
-def _pool_view(pool, idx, K, V):
-    """One pool row ``[V]`` per partition: rows ``idx[k]`` of the ``[slots*HV*K, V]`` view."""
-    return pool.ap(pattern=[[V, K], [1, V]], offset=0, vector_offset=idx, indirect_dim=0)
 
 
 def _constants(C, K):

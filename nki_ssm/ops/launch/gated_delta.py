@@ -14,8 +14,8 @@ gather / scatter happens in the kernel:
   is padded to its sequence bucket and compacted (``decode_order``) and the
   per-iteration tables are built with vectorised ops (see ``decode``);
 - prefill: the pool is passed as its ``[slots*HV*K, V]`` row view (no copy for a
-  C-contiguous pool); partition k of head hv's state tile reads row
-  ``slot*HV*K + hv*K + k`` (one pool row per partition; table ``pool_rows``);
+  C-contiguous pool); a slot is the contiguous block from row ``slot*HV*K``
+  (``seq_tab``), moved with a run-time start;
 - q and k become one ``[K, num_seqs*T*H*2]`` column table (k on partitions,
   k / q columns interleaved per head) plus k as one row ``[1, num_seqs*T*H*K]``;
   v becomes ``[V, num_seqs*T*HV]`` (v on partitions); gates are widened to
@@ -186,8 +186,8 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K
     Shapes depend only on the buckets and the layer: ``chunk_rows``, ``next_rows``
     (chunk_rows shifted up by one row) and ``pad_rows``
     ``[num_tokens_bucket // C + num_seqs_bucket, C]``, ``seq_tab``
-    ``[num_seqs_bucket, 3]``, ``pool_rows`` ``[num_seqs_bucket, K*HV]``,
-    ``counts`` ``[1, 2]``. Row index ``num_tokens_bucket`` is the zero / trash row.
+    ``[num_seqs_bucket, 4]`` (has_initial_state, first chunk, end chunk, first pool
+    row ``slot*HV*K``), ``counts`` ``[1, 2]``. Row index ``num_tokens_bucket`` is the zero / trash row.
     """
     C = int(chunk_size)
     Tb, Nb = int(num_tokens_bucket), int(num_seqs_bucket)
@@ -218,15 +218,12 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K
     chunk_rows, lo, hi, _ = chunk_table(live)
     pad_rows, _, _, n_pad = chunk_table(~live)
     ids = np.flatnonzero(live)                                    # torch.nonzero (stable)
-    seq_tab = np.zeros((Nb, 3), dtype=np.int32)
-    seq_tab[:ids.size] = np.stack([init[ids], lo[ids], hi[ids]], axis=1)
-    pool_rows = np.zeros((Nb, K, HV), dtype=np.int32)
-    pool_rows[:ids.size] = (idx[ids][:, None, None] * HV * K + np.arange(HV)[None, None, :] * K
-                            + np.arange(K)[None, :, None])
+    seq_tab = np.zeros((Nb, 4), dtype=np.int32)
+    seq_tab[:ids.size] = np.stack([init[ids], lo[ids], hi[ids], idx[ids] * HV * K], axis=1)
     counts = np.array([[ids.size, n_pad]], dtype=np.int32)
     # the kernel gathers chunk c + 1 while it finishes chunk c: row c of next_rows
     next_rows = np.concatenate([chunk_rows[1:], np.full((1, C), Tb, np.int32)])   # torch.roll
-    return chunk_rows, next_rows, seq_tab, pool_rows.reshape(Nb, K * HV), pad_rows, counts
+    return chunk_rows, next_rows, seq_tab, pad_rows, counts
 
 
 def default_chunk_size(K, V, HV):
