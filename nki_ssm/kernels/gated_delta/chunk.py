@@ -52,8 +52,8 @@ trips; else zeros), ``for c in dynamic_range(first, end)`` runs the chunk body,
 state scattered. What is unrolled inside the chunk body is bounded by the layer
 (heads, 32-row blocks); head groups of 4 run as a software pipeline (pre-solve
 of group t, solve of t-1, post-solve of t-2 issued together). Program size:
-2336 static instructions at Qwen3-Next TP1, 608 at TP4, equal at 2K and 16K
-tokens and for 8 x 2K.
+2273 static instructions at Qwen3-Next TP1, 593 at TP4, equal at 2K and 16K
+tokens and for 8 x 2K. Every matmul passes ``accumulate=`` explicitly.
 
 Short and padded chunks: every chunk is C rows. Its rows are gathered with
 indirect DMAs (one row per partition) from ``chunk_rows``; rows past the
@@ -93,8 +93,8 @@ doubling, 4 the substitution and apply, 2 the products with v_new; fp32 also
 exposes its stationary load) plus bf16 ones; VectorE ~15 [128, 128] ops.
 Chunk 128 beats 64 (fewer state products and evictions per token: TP1 2K 0.41
 vs 0.34 M). Figures, tokens/s per NeuronCore (range = the constants' documented
-ends): Qwen3-Next TP1 16K 0.418 M (0.29-0.51), TP1 2K 0.412 M, 8 x 2K 0.414 M,
-TP4 16K 1.69 M (1.18-2.07; 4.0x TP1), TP4 2K 1.66 M; 3 % of the roofline
+ends): Qwen3-Next TP1 16K 0.418 M (0.29-0.52), TP1 2K 0.417 M, 8 x 2K 0.414 M,
+TP4 16K 1.69 M (1.18-2.08; 4.0x TP1), TP4 2K 1.68 M; 3 % of the roofline
 (TensorE bf16). The kernel this one replaces, same model: TP1 2K 0.221 M,
 TP4 2K 0.88 M (62,790 / 15,942 static instructions). The issue-15 goal (2 M
 tokens/s at TP1) is not reached: it needs ~5x fewer engine-microseconds and
@@ -272,7 +272,8 @@ def _transpose(src, P, F):
 def _mm(st, mv, M, N, onezero=False):
     """SBUF [M, N] = st^T @ mv through PSUM (``onezero``: st holds only 0 / 1)."""
     ps = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=st, moving=mv, is_stationary_onezero=onezero)
+    nisa.nc_matmul(dst=ps, stationary=st, moving=mv, is_stationary_onezero=onezero,
+                   accumulate=False)
     out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=out, src=ps, engine=nisa.engine.scalar)
     return out
@@ -349,7 +350,8 @@ def _solve_many(As, ATs, Bs, L, N, ident):
             if covered < it["nb"]:
                 W = it["W"]
                 ps = nl.ndarray((W, W), dtype=nl.float32, buffer=nl.psum)
-                nisa.nc_matmul(dst=ps, stationary=it["P"], moving=it["invT"])  # (inv @ P)^T
+                nisa.nc_matmul(dst=ps, stationary=it["P"], moving=it["invT"],
+                               accumulate=False)                  # (inv @ P)^T
                 nisa.tensor_tensor(dst=it["invT"], data1=it["invT"], data2=ps, op=nl.add)
                 ps = None
         covered = covered * 2
@@ -369,12 +371,13 @@ def _solve_many(As, ATs, Bs, L, N, ident):
                 # matmul output on partitions 0..nb; the subtraction moves it to the
                 # head's quadrant (cross-quadrant moves of <= 32 partitions are legal)
                 ps = nl.ndarray((nb, N), dtype=nl.float32, buffer=nl.psum)
-                nisa.nc_matmul(dst=ps, stationary=ATs[i][0:r0, r0:r1], moving=Xs[i][0:r0, :])
+                nisa.nc_matmul(dst=ps, stationary=ATs[i][0:r0, r0:r1], moving=Xs[i][0:r0, :],
+                               accumulate=False)
                 nisa.tensor_tensor(dst=R[q0:q0 + nb, :], data1=Bs[i][r0:r1, :], data2=ps,
                                    op=nl.subtract)
                 ps = None
         ps = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=ps, stationary=it["invT"], moving=R)
+        nisa.nc_matmul(dst=ps, stationary=it["invT"], moving=R, accumulate=False)
         for j in range(npk):
             q0 = j * _BLOCK
             nisa.tensor_copy(dst=Xs[p0 + j][r0:r1, :], src=ps[q0:q0 + nb, :],
@@ -467,7 +470,8 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
 def _exp_of_mm(st, mv, M, N):
     """SBUF [M, N] = exp(st^T @ mv), the exp reading PSUM (st holds only 0 / 1)."""
     ps = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=st, moving=mv, is_stationary_onezero=True)
+    nisa.nc_matmul(dst=ps, stationary=st, moving=mv, is_stationary_onezero=True,
+                   accumulate=False)
     out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=out, op=nl.exp, data=ps)
     return out
@@ -489,7 +493,7 @@ def _qk_head(cst, kc, qc, h, L, K):
 def _masked_mm(st, mv, mask, L):
     """SBUF [L, L] = (st^T @ mv) * mask, the mask applied by the PSUM eviction."""
     ps = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=st, moving=mv)
+    nisa.nc_matmul(dst=ps, stationary=st, moving=mv, accumulate=False)
     out = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=out, data1=ps, data2=mask, op=nl.multiply)
     return out
@@ -514,7 +518,7 @@ def _head_pre(cst, qk, S, vc, g, beta, nbe, hv, L, K, V, xdt):
     # R = beta v - beta e^c (k S): the delta of every token against the chunk's entry state
     Sm = _state_operand(S, hv, K, V, xdt)
     ps = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=qk["kT"], moving=Sm)
+    nisa.nc_matmul(dst=ps, stationary=qk["kT"], moving=Sm, accumulate=False)
     vb = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=vb, op=nl.copy, data=vc[:, hv * V:(hv + 1) * V],
                     scale=beta[:, hv:hv + 1])
@@ -552,9 +556,9 @@ def _head_post(S, qk, d, vnew, qs, dl, el, oc, hv, L, K, V, scale):
     nisa.scalar_tensor_tensor(dst=MT, data=qk["kq"], op0=nl.multiply, operand0=scale,
                               op1=nl.multiply, operand1=d["DT"])
     pq = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pq, stationary=qk["qT"], moving=d["Sm"])
+    nisa.nc_matmul(dst=pq, stationary=qk["qT"], moving=d["Sm"], accumulate=False)
     pm = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pm, stationary=MT, moving=vnew)
+    nisa.nc_matmul(dst=pm, stationary=MT, moving=vnew, accumulate=False)
     oq = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=oq, op=nl.copy, data=pq, scale=qs[:, hv:hv + 1])
     nisa.tensor_tensor(dst=oc[:, hv * V:(hv + 1) * V], data1=pm, data2=oq, op=nl.add)
@@ -564,7 +568,7 @@ def _head_post(S, qk, d, vnew, qs, dl, el, oc, hv, L, K, V, scale):
     kd = nl.ndarray((L, K), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=kd, op=nl.copy, data=qk["kh"], scale=dl[:, hv:hv + 1])
     su = nl.ndarray((K, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=su, stationary=kd, moving=vnew)
+    nisa.nc_matmul(dst=su, stationary=kd, moving=vnew, accumulate=False)
     nisa.scalar_tensor_tensor(dst=Sh, data=Sh, op0=nl.multiply, operand0=el[:, hv:hv + 1],
                               op1=nl.add, operand1=su)
     su = None
