@@ -93,7 +93,7 @@ doubling, 4 the substitution and apply, 2 the products with v_new; fp32 also
 exposes its stationary load) plus bf16 ones; VectorE ~15 [128, 128] ops.
 Chunk 128 beats 64 (fewer state products and evictions per token: TP1 2K 0.41
 vs 0.34 M). Figures, tokens/s per NeuronCore (range = the constants' documented
-ends): Qwen3-Next TP1 16K 0.418 M (0.29-0.52), TP1 2K 0.417 M, 8 x 2K 0.414 M,
+ends): Qwen3-Next TP1 16K 0.418 M (0.29-0.52), TP1 2K 0.417 M, 8 x 2K 0.417 M,
 TP4 16K 1.69 M (1.18-2.08; 4.0x TP1), TP4 2K 1.68 M; 3 % of the roofline
 (TensorE bf16). The kernel this one replaces, same model: TP1 2K 0.221 M,
 TP4 2K 0.88 M (62,790 / 15,942 static instructions). The issue-15 goal (2 M
