@@ -4,10 +4,11 @@ A :class:`Case` names an op (family + entry), a model shape, the batch
 layout (prefill: sequence lengths; decode: sequences x tokens) and dtypes,
 and knows its algorithmic minimum FLOPs and HBM bytes for the roofline.
 
-Sets: ``smoke`` (tiny, for the test), ``judged`` (the cases issues 5 and 6
+Sets: ``smoke`` (tiny, for the test), ``judged`` (the cases issues 5, 6 and 15
 are judged on, at their exact shapes: Qwen3-Next conv 16K x 1 and 8 x 2K
 ragged, conv decode at 32 / 512 sequences, Mamba-2 2.7B SSD 16K, SSD decode
-at 1 / 32 / 512 sequences with a float32 state pool), ``default`` (the judged
+at 1 / 32 / 512 sequences with a float32 state pool, GDN prefill Qwen3-Next TP1 16K,
+2K and 8 x 2K ragged, TP4 16K), ``default`` (the judged
 cases, plus one small case of every other shape and the GDN cases; ~2.5
 minutes on this machine's 2 cores when they are not shared), ``full`` (every shape at 128 / 2K / 16K / 64K tokens,
 8 x 2K ragged, decode batches 1..512).
@@ -164,7 +165,8 @@ class Case:
             if self.entry == "prefill":
                 kw = inp.make_gated_delta_inputs(rng, seqlens=self.seqlens, H=s.H, HV=s.HV, K=s.K,
                                                  V=s.V, dtype=self.dtype, pool_dtype=self.pool_dtype)
-                kw["chunk_size"] = self.chunk
+                # None: the kernel's default chunk (min_flops keeps FLA's C = 64 count)
+                kw["chunk_size"] = self.chunk_size or None
             else:
                 kw = inp.make_gated_delta_decode_inputs(rng, num_seqs=self.num_seqs, T=self.T, H=s.H,
                                                         HV=s.HV, K=s.K, V=s.V, dtype=self.dtype,
@@ -241,9 +243,11 @@ def smoke_cases() -> list[Case]:
 
 
 def judged_cases() -> list[Case]:
-    """The cases issues 5 (conv) and 6 (SSD) are judged on, at their exact shapes (bf16)."""
+    """The cases issues 5 (conv), 6 (SSD) and 15 (GDN prefill) are judged on, at their exact
+    shapes (bf16)."""
     conv, m2 = S.CONV_SHAPES["qwen3-next"], S.SSD_SHAPES["mamba2-2.7b"]
-    i5, i6 = ("issue 5",), ("issue 6",)
+    q3, q3tp4 = S.GDN_SHAPES["qwen3-next"], S.GDN_SHAPES["qwen3-next-tp4"]
+    i5, i6, i15 = ("issue 5",), ("issue 6",), ("issue 15",)
     return [
         _prefill("short_conv", "qwen3-next", conv, [16384], tags=i5),
         _prefill("short_conv", "qwen3-next", conv, [2048] * 8, tags=i5),
@@ -253,6 +257,10 @@ def judged_cases() -> list[Case]:
         _decode("mamba2_ssd", "mamba2-2.7b", m2, 1, tags=i6),
         _decode("mamba2_ssd", "mamba2-2.7b", m2, 32, tags=i6),
         _decode("mamba2_ssd", "mamba2-2.7b", m2, 512, tags=i6),
+        _prefill("gated_delta", "qwen3-next", q3, [16384], tags=i15),
+        _prefill("gated_delta", "qwen3-next", q3, [2048], tags=i15),
+        _prefill("gated_delta", "qwen3-next", q3, [2048] * 8, tags=i15),
+        _prefill("gated_delta", "qwen3-next-tp4", q3tp4, [16384], tags=i15),
     ]
 
 
@@ -265,12 +273,15 @@ DEFAULT_LEAVES_OUT: tuple = ()
 
 
 def default_cases() -> list[Case]:
-    """The judged cases (but any in :data:`DEFAULT_LEAVES_OUT`), a 128-token prefill of
-    the other conv / SSD shapes, and the GDN cases (Qwen3-Next TP4 2K, TP1 128 tokens,
-    64-sequence decode)."""
+    """The judged cases (but any in :data:`DEFAULT_LEAVES_OUT`); a 2K-token prefill beside
+    each judged 16K one (conv, SSD; GDN's is judged), so the two program sizes sit side by
+    side (issue 10); a 128-token prefill of the other conv / SSD shapes; and the GDN cases
+    (Qwen3-Next TP4 2K, TP1 128 tokens, 64-sequence decode)."""
     q3, q3tp4 = S.GDN_SHAPES["qwen3-next"], S.GDN_SHAPES["qwen3-next-tp4"]
     judged = [c for c in judged_cases() if not (DEFAULT_LEAVES_OUT and c.id.startswith(DEFAULT_LEAVES_OUT))]
     return judged + [
+        _prefill("short_conv", "qwen3-next", S.CONV_SHAPES["qwen3-next"], [2048]),
+        _prefill("mamba2_ssd", "mamba2-2.7b", S.SSD_SHAPES["mamba2-2.7b"], [2048]),
         _prefill("short_conv", "mamba2-2.7b", S.CONV_SHAPES["mamba2-2.7b"], [128]),
         _prefill("mamba2_ssd", "granite-4.0-h", S.SSD_SHAPES["granite-4.0-h"], [128]),
         _prefill("gated_delta", "qwen3-next-tp4", q3tp4, [2048]),

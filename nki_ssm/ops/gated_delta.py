@@ -113,7 +113,8 @@ def validate_prefill(q, k, v_, *, gates: dict, scale, use_qk_l2norm, cu_seqlens,
     kw.update(v.check_ragged_batch(cu_seqlens, state_indices, has_initial_state,
                                    num_tokens=kw["q"].shape[0], tokens_source="q.shape[0]",
                                    pool=kw["ssm_states"], pool_name="ssm_states"))
-    kw["chunk_size"] = v.check_chunk_size(chunk_size)
+    # None: the kernel's default chunk for the layer shape (ops.launch.gated_delta)
+    kw["chunk_size"] = None if chunk_size is None else v.check_chunk_size(chunk_size)
     _check_gate_values(kw, v.live_tokens(kw["cu_seqlens"], kw["state_indices"]))
     return kw
 
@@ -135,6 +136,8 @@ def _reference_prefill(**kw):
     from nki_ssm.reference.gated_delta import gated_delta_chunked as ref
 
     args = {n: kw[n] for n in kw if n not in ("q", "k", "v")}
+    if args["chunk_size"] is None:
+        args["chunk_size"] = 64     # the chunked form is exact for any chunk size
     o, new_states = ref(kw["q"], kw["k"], kw["v"], **args)
     return _dispatch.cast_rne(o, kw["q"].dtype), {"ssm_states": new_states}
 
@@ -153,14 +156,15 @@ def _reference_decode(**kw):
 
 def gated_delta_prefill(q, k, v, *, g=None, beta=None, a=None, b=None, A_log=None,
                         dt_bias=None, scale=None, use_qk_l2norm=False, cu_seqlens, ssm_states,
-                        state_indices, has_initial_state, chunk_size=64, backend=None):
+                        state_indices, has_initial_state, chunk_size=None, backend=None):
     """Chunked gated delta rule over a ragged batch; updates ``ssm_states`` in place.
 
     q, k ``[num_tokens, H, K]``, v ``[num_tokens, HV, V]`` (H | HV); g, beta
     or a, b ``[num_tokens, HV]``; A_log, dt_bias ``[HV]``; scale None
     (K**-0.5) or finite > 0; cu_seqlens ``[num_seqs + 1]``; ssm_states
     ``[slots, HV, K, V]``; state_indices, has_initial_state ``[num_seqs]``;
-    chunk_size a multiple of 16 in 16..128. Returns o ``[num_tokens, HV, V]``
+    chunk_size a multiple of 16 in 16..128 or None (the kernel's default for the
+    layer shape). Returns o ``[num_tokens, HV, V]``
     in q's dtype.
     """
     gates = dict(g=g, beta=beta, a=a, b=b, A_log=A_log, dt_bias=dt_bias)

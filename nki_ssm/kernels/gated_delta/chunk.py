@@ -1,79 +1,133 @@
-"""Gated DeltaNet chunked prefill (WY / UT form), state pool in place.
+"""Gated DeltaNet chunked prefill (WY / UT form) over a ragged batch, state pool in place.
 
-Per sequence, per chunk of ``L <= chunk`` tokens (chunks start at the
-sequence's first token; the last one may be short), per value head ``hv``
-(q/k head ``h = hv // (HV // H)``), with ``c = cumsum(g)`` inside the chunk:
+Kernel: ``gdn_chunk_prefill`` (``@nki.jit``); launcher ``nki_ssm.ops.launch.gated_delta.prefill``.
 
-    D[i, j]  = exp(min(c_i - c_j, 0)) for i >= j, else 0     (never exp(c_i) exp(-c_j))
-    A        = strictly-lower(beta_i (k_i . k_j) D[i, j])
-    [W | U]  = (I + A)^{-1} [beta e^c k | beta v]           (exact 32-row blocks)
-    v_new    = U - W S
-    o        = (e^c q) S + (tril(q k^T) * D) v_new             (q already scaled)
-    S       <- e^{c_last} S + (e^{c_last - c} k)^T v_new
+Math, per chunk of C tokens of one sequence (chunks start at the sequence's first
+token; rows past its end are masked, below), per value head ``hv`` (q/k head
+``hv // (HV // H)``), state ``S [K, V]`` entering the chunk::
 
-Engine plan: tokens on partitions for the chunk tiles (one DMA each for q, k,
-v, gates per chunk); every product is a TensorE matmul with float32 operands
-(``dst = stationary^T @ moving``, so transposes of k, q, A and W are made on
-TensorE); the cumsum is a matmul with an upper-triangular 0/1 operator; the
-pairwise decays come from ``c_j`` broadcast along the free dim (a matmul of
-``tri_up * g`` with a ones stationary) minus ``c_i`` as a per-partition scalar,
-``min(., 0)``, ``exp`` and a GpSimd select (masked entries never reach a
-product). The triangular system is solved by forward substitution over
-32-row blocks, each diagonal block inverted exactly by nilpotent doubling
-(``(I - N)^{-1} = (I + N)(I + N^2)...``, 4 rounds for 32 rows), never a
-Neumann series over the whole chunk; the diagonal blocks of 4 heads are
-packed block-diagonally on 128 partitions so one doubling and one apply
-serve them all. Value heads advance in lockstep groups of ``_HEADS`` (one
-head's matmuls fill another's dependent waits); PSUM evictions run on
-ScalarE, the elementwise math on VectorE. The state
-``S [K, HV*V]`` (k on partitions) lives in SBUF in float32 for the whole
-sequence; it is gathered / scattered with one indirect DMA each (same pool
-view as the decode kernel).
+    seg(j, i] = sum_{j < m <= i} g_m          direct segment sums, never c_i - c_j
+    D[i, j]   = exp(seg(j, i])  (i >= j)      of two running sums (that cancels)
+    A         = strictly-lower(beta_i (k_i . k_j) D[i, j])
+    v_new     = (I + A)^{-1} beta (v - e^{c} (k S))          c_i = seg(start, i]
+    o         = scale e^{c} (q S) + scale (tril(q k^T) D) v_new
+    S        <- e^{c_last} S + (e^{c_last - c} k)^T v_new
 
-HBM arguments (prepared by ``nki_ssm.ops.launch.gated_delta.prefill``):
-  q2, k2 ``[num_tokens, H*K]``, v2 ``[num_tokens, HV*V]`` (q dtype);
-  gate1, gate2 ``[num_tokens, HV]`` float32: g and beta, or raw a and b;
-  head_params ``[128, 2*HV]`` float32 (A_log, dt_bias on every row) or None;
-  pool ``[slots*HV*K, V]`` (updated in place), pool_idx ``[num_seqs*K, 1]`` int32.
-Compile time: seq_lens, live, init (tuples, one entry per sequence), H,
-raw_gates, use_qk_l2norm, scale, chunk.
-Returns o ``[num_tokens, HV*V]`` float32.
+(``W S`` of the textbook form is folded into the right-hand side: one system of
+width V per head, no W.) The triangular system is solved exactly on 32-row
+blocks (DESIGN.md): forward substitution over the blocks, each diagonal block
+inverted by nilpotent doubling ``(I - N)^{-1} = (I + N)(I + N^2)(I + N^4)...``
+(4 rounds, fp32), the diagonal blocks of 4 heads packed block-diagonally on the
+128 partitions so one doubling serves 4 heads; never a series over the whole chunk.
 
-Limits: K, V, chunk <= 128; K + V <= 512. Every chunk and head is unrolled
-at trace time (~100 instructions per (chunk, head)): fine to a few thousand
-tokens, long for 64K-token sequences. Numerics: float32 throughout (TensorE
-float32 operands: the exact mode; no bf16 operand path yet), f32 I/O ~1e-6
-relative Frobenius against the float64 recurrence.
+HBM arguments (prepared by the launcher; Tb = the token bucket, Nb = the sequence bucket):
+  q2, k2 ``[Tb + 1, H*K]``, v2 ``[Tb + 1, HV*V]`` (q's dtype; row Tb and rows past
+  num_tokens are zero); gate1, gate2 ``[Tb + 1, HV]`` float32: g and beta, or raw
+  a and b; head_params ``[128, 2*HV]`` float32 (A_log, dt_bias on every row) or
+  None; pool ``[slots*HV*K, V]`` (the ``[slots, HV, K, V]`` pool, updated in
+  place); the int32 tables below. Returns o ``[Tb + 1, HV*V]`` in q's dtype (rows
+  of padding sequences zero; the launcher slices ``[:num_tokens]``).
 
-Modeled (trn2, one NeuronCore, Qwen3-Next H=16 HV=32 K=V=128, one 2K-token
-sequence, bf16 I/O): 6.7 ms at chunk 64 (0.31 M tokens/s), 5.7 ms at chunk
-128 (0.36 M tokens/s; trn3 0.41 M); TensorE on the critical path (fp32
-matmuls at the 64-column floor, x4 for fp32), VectorE ~60 % busy. This is
-far from the roofline (~0.14 ms, HBM bytes): the next steps are bf16
-operands for the chunk-local products (bf16 I/O budget 3e-3) and packing
-several heads per matmul beyond the solve.
+Batch composition is runtime data (issue 10)
+--------------------------------------------
+Compile-time arguments: shapes, dtypes, H, raw_gates, use_qk_l2norm, scale,
+chunk, bf16 (= the activations are bfloat16). Everything per batch is an int32
+table built by the launcher from cu_seqlens / state_indices / has_initial_state
+with a few vectorised array ops (``prefill_tables``; shapes depend only on the
+token / sequence buckets):
+
+- ``chunk_rows [Tb // C + Nb, C]``: the token row of every row of every chunk of
+  the live sequences, in order; rows past a sequence end hold ``Tb``, the zero
+  row the launcher appends to every token array (and the trash row of ``o``);
+  ``next_rows``: the same shifted up one row (chunk c's body gathers chunk c + 1,
+  so the gathers' fixed latencies overlap its tail and the loop boundary);
+- ``seq_tab [Nb, 4]``: (has_initial_state, first chunk, end chunk, first pool row
+  ``slot*HV*K``) of each live sequence, compacted;
+- ``pad_rows``: the rows of padding sequences (chunked as above), which get
+  zeros; ``counts [1, 2]``: live sequences, padding chunks.
+
+Loops: ``for z in dynamic_range(n_pad)`` writes zeros; ``for s in
+dynamic_range(n_live)``: state gathered (``dynamic_range(has_init)``: 0 or 1
+trips; else zeros), ``for c in dynamic_range(first, end)`` runs the chunk body,
+state scattered. What is unrolled inside the chunk body is bounded by the layer
+(heads, 32-row blocks); head groups of 4 run as a software pipeline (pre-solve
+of group t, solve of t-1, post-solve of t-2 issued together). Program size:
+2273 static instructions at Qwen3-Next TP1, 593 at TP4, equal at 2K and 16K
+tokens and for 8 x 2K. Every matmul passes ``accumulate=`` explicitly.
+
+Short and padded chunks: every chunk is C rows. Its rows are gathered with
+indirect DMAs (one row per partition) from ``chunk_rows``; rows past the
+sequence end read the zero row, so q = k = v = 0, g = 0, beta = 0 there
+(raw gates: g is multiplied by a row-valid column, as softplus(dt_bias) != 0).
+With k = v = 0 such a row adds nothing to A, to v_new of the real rows (they
+precede it: strictly lower products never reach them) or to S, and g = 0
+leaves every decay exact; its output row is scattered to the trash row. Padding
+tokens are never read as data of a live sequence, so non-finite padding
+cannot leak. A slot is one contiguous ``[HV*K, V]`` block of the pool, moved by
+one DMA with a run-time start (``scalar_offset``, no per-partition indices) each
+way per sequence; the pool update is the kernel's own write.
+
+Engines, per chunk (tokens on partitions; all heads in one body)
+----------------------------------------------------------------
+- DMA: 5 row gathers (q, k, v, g, beta) + 1 row scatter (o, in q's dtype).
+- all heads at once: cumsum / to-end sums / c_last as 0/1 fp32 matmuls; exps.
+- per q/k head: k^T, q^T (TensorE transposes, operand dtype), kk^T and kq^T
+  (masks applied by the PSUM evictions).
+- per value head: two segment-sum matmuls (fp32, 0/1 stationary) and their
+  exps read straight from PSUM, A (VectorE), A^T, k S (TensorE), R (VectorE);
+  the packed solve; q S, (M v_new), (kd^T v_new), o and S updates.
+Operand precision: float32 callers get fp32 operands everywhere (the exact
+mode, ~1e-7 relative). bfloat16 callers (``bf16``): q, k, v stay bf16 for the
+transposes and q/k products (exact: they are the inputs) and S is rounded to
+bf16 for k S and q S; the products with v_new, the solve and all decays stay
+fp32 — rounding v_new, the decayed keys or the masked q k^T to bf16 measured
+1-2e-3 of the 3e-3 budget at small head dims. Measured: Qwen3-Next TP4 2K
+realistic gates, output 1.7e-3 (bf16 output rounding ~1.1e-3 of it), state 2e-8.
+
+What binds (modeled, trn2, bf16 I/O, fp32 pool, chunk 128; main's cost model with
+per-instruction overheads, semaphores and loop barriers): the schedule is latency-
+bound — TensorE owns most of the critical path at ~48 % busy, VectorE ~40 %,
+ScalarE ~37 %, GpSimd (descriptor generation, memsets) ~12 %; per (chunk, head)
+~9.6 us at TP1. TensorE per (chunk, head): ~14 fp32 128-column matmuls (8 the
+doubling, 4 the substitution and apply, 2 the products with v_new; fp32 also
+exposes its stationary load) plus bf16 ones; VectorE ~15 [128, 128] ops.
+Chunk 128 beats 64 (fewer state products and evictions per token: TP1 2K 0.41
+vs 0.34 M). Figures, tokens/s per NeuronCore (range = the constants' documented
+ends): Qwen3-Next TP1 16K 0.418 M (0.29-0.52), TP1 2K 0.417 M, 8 x 2K 0.417 M,
+TP4 16K 1.69 M (1.18-2.08; 4.0x TP1), TP4 2K 1.68 M; 3 % of the roofline
+(TensorE bf16). The kernel this one replaces, same model: TP1 2K 0.221 M,
+TP4 2K 0.88 M (62,790 / 15,942 static instructions). The issue-15 goal (2 M
+tokens/s at TP1) is not reached: it needs ~5x fewer engine-microseconds and
+handoffs per (chunk, head) — the solve (8 fp32 doubling matmuls, their
+evictions and the block packing copies per head) and the per-head [128, 128]
+elementwise ops are what is left; a bf16 solve was not attempted (the
+doubling's intermediate powers grow for uniform keys, DESIGN.md numerics).
+
+Limits: K, V <= 128; chunk a multiple of 16 up to 128.
 """
 from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
 
 _BLOCK = 32           # rows per exactly-inverted diagonal block
-_HEADS = 8            # value heads whose instruction streams advance in lockstep
+_HEADS = 4            # value heads per software-pipeline group (pre-solve, solve, post-solve)
 _PACK = 4             # heads whose diagonal blocks share one 128-partition inversion
 _L2NORM_EPS = 1e-6
 
 
 @nki.jit
-def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, pool_idx, seq_lens, live,
-                      init, H, raw_gates, use_qk_l2norm, scale, chunk):
+def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, next_rows,
+                      seq_tab, pad_rows, counts, H, raw_gates, use_qk_l2norm, scale, chunk,
+                      bf16):
     """Chunked gated delta rule over a ragged batch (layouts in the module docstring)."""
-    num_seqs = len(seq_lens)
+    T1 = q2.shape[0]
     V = pool.shape[1]
     K = q2.shape[1] // H
     HV = v2.shape[1] // V
     rep = HV // H
     C = chunk
-    o = nl.ndarray((q2.shape[0], HV * V), dtype=nl.float32, buffer=nl.shared_hbm)
+    odt = q2.dtype
+    o = nl.ndarray((T1, HV * V), dtype=odt, buffer=nl.shared_hbm)
 
     cst = _constants(C, K)
     if raw_gates:
@@ -85,48 +139,105 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, pool_idx, seq
         cst["negA"] = negA
         cst["dtb"] = hp[:, HV:2 * HV]
 
-    b0 = 0
-    for s in range(num_seqs):
-        n = seq_lens[s]
-        if not live[s]:
-            if n > 0:
-                z = nl.ndarray((C, HV * V), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.memset(dst=z, value=0.0)
-                for t0 in range(b0, b0 + n, C):
-                    L = min(C, b0 + n - t0)
-                    nisa.dma_copy(dst=o[t0:t0 + L, :], src=z[0:L, :])
-        else:
-            _sequence(q2, k2, v2, gate1, gate2, o, cst, pool, pool_idx, s, b0, n, init[s], C,
-                      H, HV, K, V, rep, raw_gates, use_qk_l2norm, scale)
-        b0 = b0 + n
-    return o
+    cnt = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=cnt, src=counts)
+    n_live = nisa.register_alloc()
+    nisa.register_load(dst=n_live, src=cnt[0:1, 0:1])
+    n_pad = nisa.register_alloc()
+    nisa.register_load(dst=n_pad, src=cnt[0:1, 1:2])
 
+    # rows of padding sequences: zeros, C rows per table entry (unused entries -> trash row)
+    zt = nl.ndarray((C, HV * V), dtype=odt, buffer=nl.sbuf)
+    nisa.memset(dst=zt, value=0.0)
+    for z in nl.dynamic_range(n_pad):
+        zr = _table_rows(pad_rows, z, C)
+        nisa.dma_copy(dst=_rows_view(o, zr, C, HV * V), src=zt)
 
-def _sequence(q2, k2, v2, gate1, gate2, o, cst, pool, pool_idx, s, b0, n, has_init, C, H, HV,
-              K, V, rep, raw_gates, use_qk_l2norm, scale):
-    """Live sequence s (tokens [b0, b0+n)): state gathered (or zero), chunks, scattered."""
-    idx = nl.ndarray((K, 1), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=idx, src=pool_idx[s * K:(s + 1) * K, :])
-    view = pool.ap(pattern=[[V, K], [K * V, HV], [1, V]], offset=0, vector_offset=idx,
-                   indirect_dim=0)
+    # chunk inputs: gathered one chunk ahead (chunk 0 here, chunk c + 1 at the end of
+    # chunk c's body, through next_rows), so the gathers' fixed latencies overlap the
+    # previous chunk's tail and the loop boundary (DMAs in flight continue across it)
+    buf = _chunk_buffers(H, HV, K, V, C, bf16, use_qk_l2norm)
+    _gather_chunk(buf, q2, k2, v2, gate1, gate2, chunk_rows, None, C, H, HV, K, V)
+
+    # live sequences (compacted): state in, chunks, state out
     nat = nl.ndarray((K, HV * V), dtype=pool.dtype, buffer=nl.sbuf)
     S = nat
     if pool.dtype != nl.float32:
         S = nl.ndarray((K, HV * V), dtype=nl.float32, buffer=nl.sbuf)
-    if has_init:
-        nisa.dma_copy(dst=nat, src=view)
-        if pool.dtype != nl.float32:
-            nisa.tensor_copy(dst=S, src=nat)
-    else:
+    for s in nl.dynamic_range(n_live):
+        st = nl.ndarray((1, 4), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=st, src=seq_tab.ap(pattern=[[4, 1], [1, 4]], offset=0,
+                                              scalar_offset=s, indirect_dim=0))
+        has_init = nisa.register_alloc()
+        nisa.register_load(dst=has_init, src=st[0:1, 0:1])
+        c_lo = nisa.register_alloc()
+        nisa.register_load(dst=c_lo, src=st[0:1, 1:2])
+        c_hi = nisa.register_alloc()
+        nisa.register_load(dst=c_hi, src=st[0:1, 2:3])
+        slot_row = nisa.register_alloc()
+        nisa.register_load(dst=slot_row, src=st[0:1, 3:4])
+        # the slot is one contiguous [HV*K, V] block of the pool: one DMA with a run-time
+        # start moves it (partition k holds rows (hv, k) of every head)
+        slot = pool.ap(pattern=[[V, K], [K * V, HV], [1, V]], offset=0, scalar_offset=slot_row,
+                       indirect_dim=0)
         nisa.memset(dst=S, value=0.0)
-    for t0 in range(b0, b0 + n, C):
-        L = min(C, b0 + n - t0)
-        _chunk(q2, k2, v2, gate1, gate2, o, cst, S, t0, L, H, HV, K, V, rep, raw_gates,
-               use_qk_l2norm, scale)
-    if pool.dtype != nl.float32:
-        nisa.tensor_copy(dst=nat, src=S)
-    if n > 0 or not has_init:
-        nisa.dma_copy(dst=view, src=nat)
+        for _ in nl.dynamic_range(has_init):     # 0 or 1 trips: gather the initial state
+            nisa.dma_copy(dst=nat, src=slot)
+            if pool.dtype != nl.float32:
+                nisa.tensor_copy(dst=S, src=nat)
+        for c in nl.dynamic_range(c_lo, c_hi):
+            _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates,
+                   use_qk_l2norm, scale, C)
+            _gather_chunk(buf, q2, k2, v2, gate1, gate2, next_rows, c, C, H, HV, K, V)
+        if pool.dtype != nl.float32:
+            nisa.tensor_copy(dst=nat, src=S)
+        nisa.dma_copy(dst=slot, src=nat)
+    return o
+
+
+def _table_rows(table, r, C):
+    """Row ``r`` (register; None: row 0) of an int32 ``[entries, C]`` table as a ``[C, 1]``
+    SBUF column."""
+    t = nl.ndarray((C, 1), dtype=nl.int32, buffer=nl.sbuf)
+    if r == None:  # noqa: E711  (NKI has no `is`)
+        nisa.dma_copy(dst=t, src=table.ap(pattern=[[1, C], [1, 1]], offset=0))
+    else:
+        nisa.dma_copy(dst=t, src=table.ap(pattern=[[1, C], [1, 1]], offset=0, scalar_offset=r,
+                                          indirect_dim=0))
+    return t
+
+
+def _chunk_buffers(H, HV, K, V, C, bf16, use_qk_l2norm):
+    """The chunk input tiles: q, k ``[C, H*K]``, v ``[C, HV*V]`` (bf16 for bf16 callers; q / k
+    float32 when they are normalised in the kernel), g, beta ``[C, HV]`` float32."""
+    xdt = nl.float32
+    if bf16:
+        xdt = nl.bfloat16
+    qkdt = xdt
+    if use_qk_l2norm:
+        qkdt = nl.float32
+    buf = {}
+    buf["q"] = nl.ndarray((C, H * K), dtype=qkdt, buffer=nl.sbuf)
+    buf["k"] = nl.ndarray((C, H * K), dtype=qkdt, buffer=nl.sbuf)
+    buf["v"] = nl.ndarray((C, HV * V), dtype=xdt, buffer=nl.sbuf)
+    buf["g"] = nl.ndarray((C, HV), dtype=nl.float32, buffer=nl.sbuf)
+    buf["beta"] = nl.ndarray((C, HV), dtype=nl.float32, buffer=nl.sbuf)
+    return buf
+
+
+def _gather_chunk(buf, q2, k2, v2, gate1, gate2, table, r, C, H, HV, K, V):
+    """Gather the token rows listed in row ``r`` of ``table`` into the chunk tiles."""
+    rows = _table_rows(table, r, C)
+    nisa.dma_copy(dst=buf["q"], src=_rows_view(q2, rows, C, H * K))
+    nisa.dma_copy(dst=buf["k"], src=_rows_view(k2, rows, C, H * K))
+    nisa.dma_copy(dst=buf["v"], src=_rows_view(v2, rows, C, HV * V))
+    nisa.dma_copy(dst=buf["g"], src=_rows_view(gate1, rows, C, HV))
+    nisa.dma_copy(dst=buf["beta"], src=_rows_view(gate2, rows, C, HV))
+
+
+def _rows_view(x, rows, C, width):
+    """Rows ``rows[p]`` of HBM ``x [n, width]``, one per partition (indirect gather/scatter)."""
+    return x.ap(pattern=[[width, C], [1, width]], offset=0, vector_offset=rows, indirect_dim=0)
 
 
 def _constants(C, K):
@@ -139,6 +250,10 @@ def _constants(C, K):
     cst["tri_up"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.affine_select(dst=cst["tri_up"], pattern=[[1, C]], channel_multiplier=-1,
                        on_true_tile=ones[0:C, 0:C], on_false_value=0.0, cmp_op=nl.greater_equal)
+    # tri_lo[p, f] = 1 if p > f (segment sums over m > j)
+    cst["tri_lo"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.affine_select(dst=cst["tri_lo"], pattern=[[-1, C]], channel_multiplier=1, offset=-1,
+                       on_true_tile=ones[0:C, 0:C], on_false_value=0.0, cmp_op=nl.greater_equal)
     cst["ident"] = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
     nisa.affine_select(dst=cst["ident"], pattern=[[-1, 128]], channel_multiplier=1,
                        on_true_tile=ones, on_false_value=0.0, cmp_op=nl.equal)
@@ -146,18 +261,19 @@ def _constants(C, K):
 
 
 def _transpose(src, P, F):
-    """SBUF [P, F] -> SBUF [F, P] (TensorE transpose, float32)."""
-    ps = nl.ndarray((F, P), dtype=nl.float32, buffer=nl.psum)
+    """SBUF [P, F] -> SBUF [F, P] (TensorE transpose, bit-exact in src's dtype)."""
+    ps = nl.ndarray((F, P), dtype=src.dtype, buffer=nl.psum)
     nisa.nc_transpose(dst=ps, data=src, engine=nisa.engine.tensor)
-    out = nl.ndarray((F, P), dtype=nl.float32, buffer=nl.sbuf)
+    out = nl.ndarray((F, P), dtype=src.dtype, buffer=nl.sbuf)
     nisa.tensor_copy(dst=out, src=ps, engine=nisa.engine.scalar)
     return out
 
 
-def _mm(st, mv, M, N):
-    """SBUF [M, N] = st^T @ mv (float32 matmul through PSUM)."""
+def _mm(st, mv, M, N, onezero=False):
+    """SBUF [M, N] = st^T @ mv through PSUM (``onezero``: st holds only 0 / 1)."""
     ps = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=st, moving=mv)
+    nisa.nc_matmul(dst=ps, stationary=st, moving=mv, is_stationary_onezero=onezero,
+                   accumulate=False)
     out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=out, src=ps, engine=nisa.engine.scalar)
     return out
@@ -180,11 +296,14 @@ def _solve_many(As, ATs, Bs, L, N, ident):
     transposes): forward substitution over _BLOCK-row blocks; the diagonal blocks of up to
     four heads are packed block-diagonally on 128 partitions (head i at partition 32*i)
     and inverted together, exactly, by nilpotent doubling; one matmul applies the four
-    inverses to their right-hand sides."""
+    inverses to their right-hand sides. The doublings do not depend on the right-hand
+    sides: all of them advance round by round together (independent chains interleave on
+    the engines), then the substitution runs block by block."""
     nh = len(As)
     Xs = []
     for i in range(nh):
         Xs.append(nl.ndarray((L, N), dtype=nl.float32, buffer=nl.sbuf))
+    items = []
     for p0 in range(0, nh, _PACK):
         npk = min(_PACK, nh - p0)
         W = npk * _BLOCK
@@ -192,204 +311,264 @@ def _solve_many(As, ATs, Bs, L, N, ident):
             r1 = min(r0 + _BLOCK, L)
             nb = r1 - r0
             # unused rows / columns stay zero so the packed products stay block-diagonal
-            R = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.sbuf)
+            # (GpSimd: the Vector engine is the busiest)
             P = nl.ndarray((W, W), dtype=nl.float32, buffer=nl.sbuf)
             PT = nl.ndarray((W, W), dtype=nl.float32, buffer=nl.sbuf)
-            if nb < _BLOCK:
-                nisa.memset(dst=R, value=0.0)
-            nisa.memset(dst=P, value=0.0)
-            nisa.memset(dst=PT, value=0.0)
+            nisa.memset(dst=P, value=0.0, engine=nisa.engine.gpsimd)
+            nisa.memset(dst=PT, value=0.0, engine=nisa.engine.gpsimd)
             for j in range(npk):
                 i = p0 + j
                 q0 = j * _BLOCK
-                if r0 == 0:
-                    nisa.tensor_copy(dst=R[q0:q0 + nb, :], src=Bs[i][0:nb, :],
-                                     engine=nisa.engine.scalar)
-                else:
-                    # matmul output on partitions 0..nb; the subtraction moves it to the
-                    # head's quadrant (cross-quadrant moves of <= 32 partitions are legal)
-                    ps = nl.ndarray((nb, N), dtype=nl.float32, buffer=nl.psum)
-                    nisa.nc_matmul(dst=ps, stationary=ATs[i][0:r0, r0:r1],
-                                   moving=Xs[i][0:r0, :])
-                    nisa.tensor_tensor(dst=R[q0:q0 + nb, :], data1=Bs[i][r0:r1, :],
-                                       data2=ps, op=nl.subtract)
-                    ps = None
                 # N_b = -A_bb (and its transpose) on the diagonal block of head i
-                nisa.tensor_scalar(dst=P[q0:q0 + nb, q0:q0 + nb], data=As[i][r0:r1, r0:r1],
-                                   op0=nl.multiply, operand0=-1.0)
-                nisa.tensor_scalar(dst=PT[q0:q0 + nb, q0:q0 + nb], data=ATs[i][r0:r1, r0:r1],
-                                   op0=nl.multiply, operand0=-1.0)
+                nisa.activation(dst=P[q0:q0 + nb, q0:q0 + nb], op=nl.copy,
+                                data=As[i][r0:r1, r0:r1], scale=-1.0)
+                nisa.activation(dst=PT[q0:q0 + nb, q0:q0 + nb], op=nl.copy,
+                                data=ATs[i][r0:r1, r0:r1], scale=-1.0)
             # inv = sum_{m < covered} N^m; only inv^T is kept (the final stationary)
             invT = nl.ndarray((W, W), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=invT, data1=PT, data2=ident[0:W, 0:W], op=nl.add)
-            covered = 2
-            while covered < nb:
-                P2 = _mm(PT, P, W, W)            # P @ P
-                PT = _transpose(P2, W, W)        # (P @ P)^T
-                P = P2
+            it = {}
+            it["p0"] = p0
+            it["npk"] = npk
+            it["W"] = W
+            it["r0"] = r0
+            it["nb"] = nb
+            it["P"] = P
+            it["PT"] = PT
+            it["invT"] = invT
+            items.append(it)
+    covered = 2
+    while covered < _BLOCK:
+        for it in items:
+            if covered < it["nb"]:
+                W = it["W"]
+                P2 = _mm(it["PT"], it["P"], W, W)            # P @ P
+                if covered * 2 < it["nb"]:                   # the last round needs no transpose
+                    it["PT"] = _transpose(P2, W, W)          # (P @ P)^T
+                it["P"] = P2
+        for it in items:
+            if covered < it["nb"]:
+                W = it["W"]
                 ps = nl.ndarray((W, W), dtype=nl.float32, buffer=nl.psum)
-                nisa.nc_matmul(dst=ps, stationary=P, moving=invT)   # (inv @ P)^T
-                nisa.tensor_tensor(dst=invT, data1=invT, data2=ps, op=nl.add)
+                nisa.nc_matmul(dst=ps, stationary=it["P"], moving=it["invT"],
+                               accumulate=False)                  # (inv @ P)^T
+                nisa.tensor_tensor(dst=it["invT"], data1=it["invT"], data2=ps, op=nl.add)
                 ps = None
-                covered = covered * 2
-            ps = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.psum)
-            nisa.nc_matmul(dst=ps, stationary=invT, moving=R)
-            for j in range(npk):
-                q0 = j * _BLOCK
-                nisa.tensor_copy(dst=Xs[p0 + j][r0:r1, :], src=ps[q0:q0 + nb, :],
+        covered = covered * 2
+    for it in items:
+        p0, npk, W, r0, nb = it["p0"], it["npk"], it["W"], it["r0"], it["nb"]
+        r1 = r0 + nb
+        R = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.sbuf)
+        if nb < _BLOCK:
+            nisa.memset(dst=R, value=0.0, engine=nisa.engine.gpsimd)
+        for j in range(npk):
+            i = p0 + j
+            q0 = j * _BLOCK
+            if r0 == 0:
+                nisa.tensor_copy(dst=R[q0:q0 + nb, :], src=Bs[i][0:nb, :],
                                  engine=nisa.engine.scalar)
-            ps = None
+            else:
+                # matmul output on partitions 0..nb; the subtraction moves it to the
+                # head's quadrant (cross-quadrant moves of <= 32 partitions are legal)
+                ps = nl.ndarray((nb, N), dtype=nl.float32, buffer=nl.psum)
+                nisa.nc_matmul(dst=ps, stationary=ATs[i][0:r0, r0:r1], moving=Xs[i][0:r0, :],
+                               accumulate=False)
+                nisa.tensor_tensor(dst=R[q0:q0 + nb, :], data1=Bs[i][r0:r1, :], data2=ps,
+                                   op=nl.subtract)
+                ps = None
+        ps = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=ps, stationary=it["invT"], moving=R, accumulate=False)
+        for j in range(npk):
+            q0 = j * _BLOCK
+            nisa.tensor_copy(dst=Xs[p0 + j][r0:r1, :], src=ps[q0:q0 + nb, :],
+                             engine=nisa.engine.vector)
+        ps = None
     return Xs
 
 
-def _chunk(q2, k2, v2, gate1, gate2, o, cst, S, t0, L, H, HV, K, V, rep, raw_gates,
-           use_qk_l2norm, scale):
-    """One chunk of L tokens starting at token t0: o rows written, S updated in place."""
-    qc = nl.ndarray((L, H * K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=qc, src=q2[t0:t0 + L, :])
-    kc = nl.ndarray((L, H * K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=kc, src=k2[t0:t0 + L, :])
-    vc = nl.ndarray((L, HV * V), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=vc, src=v2[t0:t0 + L, :])
-    g = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=g, src=gate1[t0:t0 + L, :])
-    beta = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=beta, src=gate2[t0:t0 + L, :])
+def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_qk_l2norm,
+           scale, C):
+    """Chunk ``c`` (row ``c`` of chunk_rows) from the tiles in ``buf`` (gathered by the
+    previous iteration: rows past the sequence end read the zero row); o rows scattered
+    (those rows go to the trash row), S updated."""
+    L = C
+    rows = _table_rows(chunk_rows, c, C)          # this chunk's rows: the output scatter
+    qc = buf["q"]
+    kc = buf["k"]
+    vc = buf["v"]
+    g = buf["g"]
+    beta = buf["beta"]
+    xdt = vc.dtype
+    qkdt = qc.dtype
     if raw_gates:
-        # g = -exp(A_log) softplus(a + dt_bias); beta = sigmoid(b)
+        # g = -exp(A_log) softplus(a + dt_bias); beta = sigmoid(b). The zero row's a = 0
+        # would give g != 0: rows past the sequence end get g = 0 (no decay of S).
         nisa.tensor_tensor(dst=g, data1=g, data2=cst["dtb"][0:L, :], op=nl.add)
         nisa.activation(dst=g, op=nl.softplus, data=g)
-        nisa.tensor_tensor(dst=g, data1=g, data2=cst["negA"][0:L, :], op=nl.multiply)
+        live = nl.ndarray((L, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=live, data=rows, op0=nl.less, operand0=T1 - 1)
+        nisa.scalar_tensor_tensor(dst=g, data=g, op0=nl.multiply, operand0=live,
+                                  op1=nl.multiply, operand1=cst["negA"][0:L, :])
         nisa.activation(dst=beta, op=nl.sigmoid, data=beta)
     if use_qk_l2norm:
         _l2norm_rows(qc, L, H, K)
         _l2norm_rows(kc, L, H, K)
-    nisa.tensor_scalar(dst=qc, data=qc, op0=nl.multiply, operand0=scale)
 
-    tri_up = cst["tri_up"][0:L, 0:L]
-    c_col = _mm(tri_up, g, L, HV)            # c_i of every head, tokens on partitions
+    # per-token decays of every head at once (fp32, 0/1 stationaries):
+    #   c_i = sum_{m <= i} g_m,  to_end_i = sum_{m > i} g_m (direct segment sums),
+    #   c_last on K partitions (decay of S over the chunk)
+    c_col = _mm(cst["tri_up"][0:L, 0:L], g, L, HV, True)
     ec = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=ec, op=nl.exp, data=c_col)
-    oc = nl.ndarray((L, HV * V), dtype=nl.float32, buffer=nl.sbuf)
+    qs = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)    # scale e^{c_i}
+    nisa.tensor_scalar(dst=qs, data=ec, op0=nl.multiply, operand0=scale)
+    nbe = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)   # -beta e^{c_i}
+    nisa.scalar_tensor_tensor(dst=nbe, data=ec, op0=nl.multiply, operand0=-1.0,
+                              op1=nl.multiply, operand1=beta)
+    dl = _exp_of_mm(cst["tri_lo"][0:L, 0:L], g, L, HV)           # e^{c_last - c_i}
+    el = _exp_of_mm(cst["ones"][0:L, 0:K], g, K, HV)             # e^{c_last}
+    oc = nl.ndarray((L, HV * V), dtype=o.dtype, buffer=nl.sbuf)
     qk = {}
+    groups = []
     for hv0 in range(0, HV, _HEADS):
         hvs = []
         for hv in range(hv0, min(hv0 + _HEADS, HV)):
             hvs.append(hv)
-        pre = []
-        for i in range(len(hvs)):
-            h = hvs[i] // rep
-            if qk.get(str(h)) == None:  # noqa: E711  (NKI has no `is`)
-                kh = kc[:, h * K:(h + 1) * K]
-                kT = _transpose(kh, L, K)              # [K, L]
-                qT = _transpose(qc[:, h * K:(h + 1) * K], L, K)
-                d = {}
-                d["kh"] = kh
-                d["qT"] = qT
-                d["kkT"] = _mm(kT, kT, L, L)           # k_i . k_j
-                d["kqT"] = _mm(kT, qT, L, L)           # [j, i] = k_j . q_i
-                qk[str(h)] = d
-            pre.append(_head_pre(cst, qk[str(h)], vc, g, beta, c_col, ec, hvs[i], L, K, V))
-        As = []
-        ATs = []
-        Bs = []
-        for i in range(len(hvs)):
-            As.append(pre[i]["A"])
-            ATs.append(pre[i]["AT"])
-            Bs.append(pre[i]["B"])
-        Xs = _solve_many(As, ATs, Bs, L, K + V, cst["ident"])
-        for i in range(len(hvs)):
-            h = hvs[i] // rep
-            _head_post(S, qk[str(h)], pre[i], Xs[i], c_col, oc, hvs[i], L, K, V)
-    nisa.dma_copy(dst=o[t0:t0 + L, :], src=oc)
+        groups.append(hvs)
+    # software pipeline over head groups: in step t the pre-solve work of group t, the
+    # solve of group t-1 and the post-solve work of group t-2 are issued, so every
+    # in-order engine queue holds independent work between a group's dependent steps
+    pres = []
+    sols = []
+    for t in range(len(groups) + 2):
+        if t < len(groups):
+            pre = []
+            for hv in groups[t]:
+                h = hv // rep
+                if qk.get(str(h)) == None:  # noqa: E711  (NKI has no `is`)
+                    qk[str(h)] = _qk_head(cst, kc, qc, h, L, K)
+                pre.append(_head_pre(cst, qk[str(h)], S, vc, g, beta, nbe, hv, L, K, V, qkdt))
+            pres.append(pre)
+        if 0 <= t - 1 and t - 1 < len(groups):
+            pre = pres[t - 1]
+            As = []
+            ATs = []
+            Rs = []
+            for d in pre:
+                As.append(d["A"])
+                ATs.append(d["AT"])
+                Rs.append(d["R"])
+            sols.append(_solve_many(As, ATs, Rs, L, V, cst["ident"]))
+        if 0 <= t - 2:
+            hvs = groups[t - 2]
+            for i in range(len(hvs)):
+                _head_post(S, qk[str(hvs[i] // rep)], pres[t - 2][i], sols[t - 2][i], qs, dl, el,
+                           oc, hvs[i], L, K, V, scale)
+    nisa.dma_copy(dst=_rows_view(o, rows, C, HV * V), src=oc)
 
 
-def _head_pre(cst, qk, vc, g, beta, c_col, ec, hv, L, K, V):
-    """Value head hv of one chunk up to the triangular system: decays, A, A^T and the
-    right-hand side [beta e^c k | beta v] (see the module docstring for the math)."""
-    kh = qk["kh"]
-    kkT = qk["kkT"]
-    c_i = c_col[:, hv:hv + 1]
-    # c_j along the free dim, on L and on K partitions
-    gU = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=gU, data=cst["tri_up"][0:L, 0:L], op0=nl.multiply,
-                       operand0=g[:, hv:hv + 1])
-    crow = _mm(cst["ones"][0:L, 0:L], gU, L, L)
-    crowK = _mm(cst["ones"][0:L, 0:K], gU, K, L)
-    # D[i, j] = exp(min(c_i - c_j, 0)) (i >= j, else 0); DT[j, i] = D[i, j]
-    D = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=D, data=crow, op0=nl.subtract, operand0=c_i, reverse0=True,
-                       op1=nl.minimum, operand1=0.0)
-    nisa.activation(dst=D, op=nl.exp, data=D)
-    nisa.affine_select(dst=D, pattern=[[-1, L]], channel_multiplier=1, on_true_tile=D,
-                       on_false_value=0.0, cmp_op=nl.greater_equal)
-    DT = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=DT, data=crow, op0=nl.subtract, operand0=c_i, op1=nl.minimum,
-                       operand1=0.0)
-    nisa.activation(dst=DT, op=nl.exp, data=DT)
-    nisa.affine_select(dst=DT, pattern=[[1, L]], channel_multiplier=-1, on_true_tile=DT,
-                       on_false_value=0.0, cmp_op=nl.greater_equal)
-    # A = strictly-lower(beta_i k_i.k_j D_ij)
-    A = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=A, data=kkT, op0=nl.multiply, operand0=beta[:, hv:hv + 1],
-                              op1=nl.multiply, operand1=D)
-    nisa.affine_select(dst=A, pattern=[[-1, L]], channel_multiplier=1, offset=-1,
-                       on_true_tile=A, on_false_value=0.0, cmp_op=nl.greater_equal)
-    AT = _transpose(A, L, L)
-    # [W | U] = (I + A)^{-1} [beta e^c k | beta v]
-    bec = nl.ndarray((L, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=bec, data1=beta[:, hv:hv + 1], data2=ec[:, hv:hv + 1],
-                       op=nl.multiply)
-    B = nl.ndarray((L, K + V), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=B[:, 0:K], data=kh, op0=nl.multiply, operand0=bec)
-    nisa.tensor_scalar(dst=B[:, K:K + V], data=vc[:, hv * V:(hv + 1) * V], op0=nl.multiply,
-                       operand0=beta[:, hv:hv + 1])
+def _exp_of_mm(st, mv, M, N):
+    """SBUF [M, N] = exp(st^T @ mv), the exp reading PSUM (st holds only 0 / 1)."""
+    ps = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ps, stationary=st, moving=mv, is_stationary_onezero=True,
+                   accumulate=False)
+    out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=out, op=nl.exp, data=ps)
+    return out
+
+
+def _qk_head(cst, kc, qc, h, L, K):
+    """q/k head h of one chunk: k^T, q^T (operand dtype) and the masked products
+    kk[i, j] = k_i . k_j (i > j) and kq[j, i] = k_j . q_i (j <= i), float32. The masks
+    ride on the PSUM evictions, so no decay matrix needs one (exp(0) = 1 above them)."""
     d = {}
-    d["A"] = A
-    d["AT"] = AT
-    d["B"] = B
-    d["crow"] = crow
-    d["crowK"] = crowK
-    d["DT"] = DT
+    d["kh"] = kc[:, h * K:(h + 1) * K]
+    d["kT"] = _transpose(d["kh"], L, K)                       # [K, L]
+    d["qT"] = _transpose(qc[:, h * K:(h + 1) * K], L, K)
+    d["kk"] = _masked_mm(d["kT"], d["kT"], cst["tri_lo"][0:L, 0:L], L)
+    d["kq"] = _masked_mm(d["kT"], d["qT"], cst["tri_up"][0:L, 0:L], L)
     return d
 
 
-def _head_post(S, qk, d, X, c_col, oc, hv, L, K, V):
-    """Value head hv of one chunk after the solve: v_new, o columns, state update."""
-    Sh = S[:, hv * V:(hv + 1) * V]
-    c_i = c_col[:, hv:hv + 1]
-    kh = qk["kh"]
-    crow = d["crow"]
-    crowK = d["crowK"]
-    WT = _transpose(X[:, 0:K], L, K)
-    # v_new = U - W S
+def _masked_mm(st, mv, mask, L):
+    """SBUF [L, L] = (st^T @ mv) * mask, the mask applied by the PSUM eviction."""
+    ps = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ps, stationary=st, moving=mv, accumulate=False)
+    out = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=out, data1=ps, data2=mask, op=nl.multiply)
+    return out
+
+
+def _head_pre(cst, qk, S, vc, g, beta, nbe, hv, L, K, V, xdt):
+    """Value head hv of one chunk up to the triangular system: the decays, A, A^T and the
+    right-hand side R = beta (v - e^c (k S)) (see the module docstring for the math)."""
+    # pairwise decays from direct segment sums seg(j, i] = sum_{j < m <= i} g_m (fp32 matmuls
+    # with 0/1 operators), never c_i - c_j of two running sums (that difference cancels)
+    gU = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)     # [m, i] = g_m (m <= i)
+    nisa.activation(dst=gU, op=nl.copy, data=cst["tri_up"][0:L, 0:L], scale=g[:, hv:hv + 1])
+    gL = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)     # [m, j] = g_m (m > j)
+    nisa.activation(dst=gL, op=nl.copy, data=cst["tri_lo"][0:L, 0:L], scale=g[:, hv:hv + 1])
+    D = _exp_of_mm(cst["tri_up"][0:L, 0:L], gL, L, L)            # D[i, j], i-major
+    DT = _exp_of_mm(cst["tri_lo"][0:L, 0:L], gU, L, L)           # D[i, j] at [j, i]
+    # A = strictly-lower(beta_i k_i.k_j D_ij) (kk carries the mask)
+    A = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=A, data=qk["kk"], op0=nl.multiply,
+                              operand0=beta[:, hv:hv + 1], op1=nl.multiply, operand1=D)
+    AT = _transpose(A, L, L)
+    # R = beta v - beta e^c (k S): the delta of every token against the chunk's entry state
+    Sm = _state_operand(S, hv, K, V, xdt)
     ps = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=WT, moving=Sh)
-    vnew = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=vnew, data1=X[:, K:K + V], data2=ps, op=nl.subtract)
-    ps = None
-    # o = (e^c q) S + (tril(q k^T) D) v_new
-    Erow = nl.ndarray((K, L), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=Erow, op=nl.exp, data=crowK)
-    qTe = nl.ndarray((K, L), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=qTe, data1=qk["qT"], data2=Erow, op=nl.multiply)
+    nisa.nc_matmul(dst=ps, stationary=qk["kT"], moving=Sm, accumulate=False)
+    vb = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=vb, op=nl.copy, data=vc[:, hv * V:(hv + 1) * V],
+                    scale=beta[:, hv:hv + 1])
+    R = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=R, data=ps, op0=nl.multiply, operand0=nbe[:, hv:hv + 1],
+                              op1=nl.add, operand1=vb)
+    d = {}
+    d["A"] = A
+    d["AT"] = AT
+    d["R"] = R
+    d["DT"] = DT
+    d["Sm"] = Sm
+    return d
+
+
+def _state_operand(S, hv, K, V, xdt):
+    """Head hv's state [K, V] as a matmul operand: the fp32 state itself, or its bf16
+    copy in bf16 mode (q S and k S; the products with v_new stay fp32)."""
+    Sh = S[:, hv * V:(hv + 1) * V]
+    if xdt == nl.float32:
+        return Sh
+    Sm = nl.ndarray((K, V), dtype=xdt, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=Sm, src=Sh, engine=nisa.engine.scalar)
+    return Sm
+
+
+def _head_post(S, qk, d, vnew, qs, dl, el, oc, hv, L, K, V, scale):
+    """Value head hv of one chunk after the solve (vnew = (I + A)^{-1} R): o columns and
+    the state update. The products with v_new stay float32 (rounding v_new, the decayed
+    keys or the masked q k^T to bf16 costs 1-2e-3 of the 3e-3 budget at small head dims:
+    measured)."""
+    Sh = S[:, hv * V:(hv + 1) * V]
+    # o = scale e^c (q S) + (scale tril(q k^T) D) v_new
     MT = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=MT, data1=qk["kqT"], data2=d["DT"], op=nl.multiply)
-    po = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=po, stationary=qTe, moving=Sh, accumulate=False)
-    nisa.nc_matmul(dst=po, stationary=MT, moving=vnew, accumulate=True)
-    nisa.tensor_copy(dst=oc[:, hv * V:(hv + 1) * V], src=po, engine=nisa.engine.scalar)
-    po = None
+    nisa.scalar_tensor_tensor(dst=MT, data=qk["kq"], op0=nl.multiply, operand0=scale,
+                              op1=nl.multiply, operand1=d["DT"])
+    pq = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=pq, stationary=qk["qT"], moving=d["Sm"], accumulate=False)
+    pm = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=pm, stationary=MT, moving=vnew, accumulate=False)
+    oq = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=oq, op=nl.copy, data=pq, scale=qs[:, hv:hv + 1])
+    nisa.tensor_tensor(dst=oc[:, hv * V:(hv + 1) * V], data1=pm, data2=oq, op=nl.add)
+    pq = None
+    pm = None
     # S <- e^{c_last} S + (e^{c_last - c} k)^T v_new
-    dl = nl.ndarray((L, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=dl, data1=crow[:, L - 1:L], data2=c_i, op=nl.subtract)
-    nisa.activation(dst=dl, op=nl.exp, data=dl)
     kd = nl.ndarray((L, K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=kd, data=kh, op0=nl.multiply, operand0=dl)
-    el = nl.ndarray((K, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=el, op=nl.exp, data=crowK[:, L - 1:L])
+    nisa.activation(dst=kd, op=nl.copy, data=qk["kh"], scale=dl[:, hv:hv + 1])
     su = nl.ndarray((K, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=su, stationary=kd, moving=vnew)
-    nisa.scalar_tensor_tensor(dst=Sh, data=Sh, op0=nl.multiply, operand0=el, op1=nl.add,
-                              operand1=su)
+    nisa.nc_matmul(dst=su, stationary=kd, moving=vnew, accumulate=False)
+    nisa.scalar_tensor_tensor(dst=Sh, data=Sh, op0=nl.multiply, operand0=el[:, hv:hv + 1],
+                              op1=nl.add, operand1=su)
     su = None
