@@ -732,7 +732,6 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
         nisa.tensor_scalar(dst=idx0[:, a, 0:NI], data=idx0[:, a, 0:NI], op0=nl.minimum,
                            operand0=float(NB - 1))
     bufs = (run, st, sti, base, idx2, wins, outs, idx0, st0, nt)
-    zero = nisa.register_alloc(0)
     # loop counts: chunk pairs before the last one, live sequences, (pairs >= 1)
     pairs = nisa.register_alloc(0)
     nisa.register_load(dst=pairs, src=counts[0:1, 0:1])
