@@ -110,17 +110,27 @@ def _chunk_channels(T, H, x_bytes, pool_bytes, D):
     return min(cd, D)
 
 
-def _load_group(x, pool_flat, g, prow, c0, cd, R, D, H, CD):
-    """Gather the state rows (one pool row per partition) and load the x rows of group
-    g (register), channels [c0, c0 + cd) of each block."""
-    G, Pn, T, dim = x.shape
+def _pool_column(pool_flat, c0, H):
+    """(column of the group's pool-row table, first channel inside that pool row) of a
+    chunk starting at channel c0 of a partition's channels: a partition spans one or
+    more pool rows of pool_flat.shape[1] // H channels, and a chunk never crosses one."""
+    DP = pool_flat.shape[1] // H
+    return (c0 // DP, c0 - (c0 // DP) * DP)
+
+
+def _load_group(x, pool_flat, g, prow, c0, cd, R, Pn, D, H, CD):
+    """Gather the state rows (one pool row per partition) and load the x rows of the group
+    starting at position g (register), channels [c0, c0 + cd) of each block."""
+    N, T, dim = x.shape
     P = R * Pn
+    col, pc0 = _pool_column(pool_flat, c0, H)
     st = nl.ndarray((PMAX, CD, H), dtype=pool_flat.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=st[0:P, 0:cd, :],
-                  src=pool_flat.ap(pattern=[[D * H, P], [H, cd], [1, H]], offset=c0 * H,
-                                   vector_offset=prow[0:P, :], indirect_dim=0))
+                  src=pool_flat.ap(pattern=[[pool_flat.shape[1], P], [H, cd], [1, H]],
+                                   offset=pc0 * H, vector_offset=prow[0:P, col:col + 1],
+                                   indirect_dim=0))
     xs = nl.ndarray((PMAX, T, CD), dtype=x.dtype, buffer=nl.sbuf)
-    # partition r*Pn + i reads x[g, i, :, r*D + c0 : r*D + c0 + cd]
+    # partition r*Pn + i reads x[g + i, :, r*D + c0 : r*D + c0 + cd]
     nisa.dma_copy(dst=xs[0:P, :, 0:cd],
                   src=x.ap(pattern=[[D, R], [T * dim, Pn], [dim, T], [1, cd]], offset=c0,
                            scalar_offset=g, indirect_dim=0))
@@ -338,10 +348,11 @@ def _plan_steps(chunks, batch, tn, T):
     return steps
 
 
-def _store_chunk(y, pool_flat, yt, st, xs, g, prow, c0, cd, R, D, H, CD):
-    """y rows of group g (register) for the chunk and the new state (window columns
-    T .. T+W-2, assembled contiguous) back to the pool rows (one row per partition)."""
-    G, Pn, T, dim = y.shape
+def _store_chunk(y, pool_flat, yt, st, xs, g, prow, c0, cd, R, Pn, D, H, CD):
+    """y rows of the group starting at position g (register) for the chunk and the new
+    state (window columns T .. T+W-2, assembled contiguous) back to the pool rows (one row
+    per partition)."""
+    N, T, dim = y.shape
     P = R * Pn
     nisa.dma_copy(dst=y.ap(pattern=[[D, R], [T * dim, Pn], [dim, T], [1, cd]], offset=c0,
                            scalar_offset=g, indirect_dim=0),
@@ -354,44 +365,35 @@ def _store_chunk(y, pool_flat, yt, st, xs, g, prow, c0, cd, R, D, H, CD):
         else:
             src = xs[0:P, col - H, 0:cd]
         nisa.tensor_copy(dst=ns[0:P, 0:cd, jj], src=src, engine=nisa.engine.scalar)
-    nisa.dma_copy(dst=pool_flat.ap(pattern=[[D * H, P], [H, cd], [1, H]], offset=c0 * H,
-                                   vector_offset=prow[0:P, :], indirect_dim=0),
+    col, pc0 = _pool_column(pool_flat, c0, H)
+    nisa.dma_copy(dst=pool_flat.ap(pattern=[[pool_flat.shape[1], P], [H, cd], [1, H]],
+                                   offset=pc0 * H, vector_offset=prow[0:P, col:col + 1],
+                                   indirect_dim=0),
                   src=ns[0:P, 0:cd, :])
 
 
-@nki.jit
-def short_conv_decode_kernel(x, weight, bias, pool_flat, pool_rows, num_groups,
-                             activation, has_bias, R, tensor_taps):
-    """x ``[G, Pn, T, dim]`` (the compacted batch in groups, see the module docstring);
-    weight ``[dim, W]``; bias ``[dim]`` or None; pool_flat ``[slots * R, (dim / R) *
-    (W-1)]`` (the pool, updated in place by the kernel's scatters); pool_rows int32
-    ``[G, R * Pn]`` (per group and partition ``r * Pn + i``: pool row ``slot * R + r``);
-    num_groups int32 ``[1, 1]`` (groups to run);
-    activation "silu" or "none"; R channel blocks per sequence; tensor_taps: do the taps
-    as TensorE matmuls with diagonal weights (launcher: R == 1, bfloat16 x and pool,
-    weights / bias holding bfloat16 values) instead of ScalarE + VectorE multiply-adds.
-    Returns y ``[G, Pn, T, dim]`` in x's dtype (groups past num_groups are not
-    written).
-
-    Inside a group, steps of ``batch`` sub-tiles run as a three-stage software
-    pipeline: the transposes and first tap of step i+1 are issued before the
-    multiply-adds and outputs of step i, so TensorE, VectorE and ScalarE overlap.
-    """
-    G, Pn, T, dim = x.shape
+def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, act_op, has_bias, R, tensor_taps):
+    """One row layout of R channel blocks per sequence: its weight columns (and TensorE
+    diagonals), then the runtime group loop over positions 0, Pn, 2 Pn, .. < stop (the
+    register; 0 when the launcher picked the other layout, so nothing below the
+    weight setup runs)."""
+    N, T, dim = x.shape
     W = weight.shape[1]
     H = W - 1
     D = dim // R
+    Pn = min(PMAX // R, N)
     P = R * Pn
     nsub = (D + SUB - 1) // SUB
-    act_op = nl.silu if activation == "silu" else nl.copy
-    y = nl.ndarray((G, Pn, T, dim), dtype=x.dtype, buffer=nl.shared_hbm)
 
     x_bytes = _nbytes(x.dtype)
     pool_bytes = _nbytes(pool_flat.dtype)
     CD = _chunk_channels(T, H, x_bytes, pool_bytes, D)
-    chunks = []
-    for c0 in range(0, D, CD):
-        chunks.append((c0, min(CD, D - c0)))
+    DP = pool_flat.shape[1] // H           # channels per pool row
+    K = D // DP                            # pool rows per partition
+    chunks = []                            # (first channel, channels): within one pool row
+    for c in range(K):
+        for c0 in range(0, DP, CD):
+            chunks.append((c * DP + c0, min(CD, DP - c0)))
 
     # channel-major weights / bias of every block: w_all[p, r, s, k] = weight[r*D + s*128 + p, k]
     w_all = nl.ndarray((SUB, R, nsub, W), dtype=nl.float32, buffer=nl.sbuf)
@@ -424,12 +426,11 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, pool_rows, num_groups,
     batch, tn = _psum_plan(pool_bytes, x_bytes, pool_flat.dtype == x.dtype, H, T)
     steps = _plan_steps(chunks, batch, tn, T)
 
-    groups = nisa.register_alloc()
-    nisa.register_load(dst=groups, src=num_groups)
-    for g in nl.dynamic_range(groups):
-        # this group's pool rows: row g of [G, P] (one entry per partition)
-        prow = nl.ndarray((PMAX, 1), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=prow[0:P, :], src=pool_rows.ap(pattern=[[1, P], [1, 1]], offset=0,
+    for g in nl.dynamic_range(0, stop, Pn):
+        # this group's pool rows: P * K entries from position g of pool_rows [N, RB] (the
+        # launcher's [groups, R * Pn, K] table, block-major inside a group)
+        prow = nl.ndarray((PMAX, K), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=prow[0:P, :], src=pool_rows.ap(pattern=[[K, P], [1, K]], offset=0,
                                                           scalar_offset=g, indirect_dim=0))
         loads = []
         units = []                 # per chunk: (state, x, output tile), while live
@@ -438,7 +439,7 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, pool_rows, num_groups,
             units.append(None)
         for ci in range(min(PD, len(chunks))):
             loads[ci] = _load_group(x, pool_flat, g, prow, chunks[ci][0], chunks[ci][1],
-                                    R, D, H, CD)
+                                    R, Pn, D, H, CD)
         prev = None
         for i in range(len(steps) + 1):
             nxt = None
@@ -448,7 +449,7 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, pool_rows, num_groups,
                     if ci + PD < len(chunks):
                         loads[ci + PD] = _load_group(x, pool_flat, g, prow,
                                                      chunks[ci + PD][0], chunks[ci + PD][1],
-                                                     R, D, H, CD)
+                                                     R, Pn, D, H, CD)
                     yt = nl.ndarray((PMAX, T, CD), dtype=x.dtype, buffer=nl.sbuf)
                     units[ci] = (loads[ci][0], loads[ci][1], yt)
                     loads[ci] = None
@@ -474,8 +475,48 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, pool_rows, num_groups,
                     _middle(subs, w_all, R, Pn, pn, W)
                     _back(subs, yt, P, pt0, pn, act_op)
                 if plast:
-                    _store_chunk(y, pool_flat, yt, st, xs, g, prow, c0, cd, R, D, H, CD)
+                    _store_chunk(y, pool_flat, yt, st, xs, g, prow, c0, cd, R, Pn, D, H, CD)
                     units[pci] = None     # the chunk's buffers die here
                 subs = None               # step i-1's PSUM windows die before step i+1's
             prev = nxt
+
+
+@nki.jit
+def short_conv_decode_kernel(x, weight, bias, pool_flat, rows_wide, rows_one, counts,
+                             activation, has_bias, R, tensor_taps):
+    """x ``[N, T, dim]`` (the compacted batch, N = the sequence bucket, see the module
+    docstring); weight ``[dim, W]``; bias ``[dim]`` or None; pool_flat ``[slots * R, (dim
+    / R) * (W-1)]`` (the pool, one row per (slot, channel block); updated in place by the
+    kernel's scatters); rows_wide int32 ``[N, R]``: per group of the wide layout and
+    partition ``r * Pn + i``, the pool row ``slot * R + r``; rows_one int32 ``[N, R]``:
+    per position of the one-block layout, its R pool rows ``slot * R + c``; counts int32
+    ``[1, 4]``: (stop of the wide group loop, wide layout runs 0/1, stop of the one-block
+    group loop, one-block layout runs 0/1) -- the launcher runs exactly one layout;
+    activation "silu" or "none"; R channel blocks per sequence of the wide layout (1: the
+    program holds the one-block layout only; dim / R a multiple of 128); tensor_taps: the
+    one-block layout does the taps as TensorE matmuls with diagonal weights (launcher:
+    bfloat16 x and pool, weights / bias holding bfloat16 values) instead of ScalarE +
+    VectorE multiply-adds. Returns y ``[N, T, dim]`` in x's dtype (positions past the
+    live ones not written).
+
+    Inside a group, steps of ``batch`` sub-tiles run as a three-stage software
+    pipeline: the transposes and first tap of step i+1 are issued before the
+    multiply-adds and outputs of step i, so TensorE, VectorE and ScalarE overlap.
+    """
+    N, T, dim = x.shape
+    act_op = nl.silu if activation == "silu" else nl.copy
+    y = nl.ndarray((N, T, dim), dtype=x.dtype, buffer=nl.shared_hbm)
+
+    regs = []
+    for k in range(4):
+        r = nisa.register_alloc()
+        nisa.register_load(dst=r, src=counts[0:1, k:k + 1])
+        regs.append(r)
+    if R > 1:
+        for _ in nl.dynamic_range(regs[1]):
+            _layout(x, weight, bias, y, pool_flat, rows_wide, regs[0], act_op, has_bias, R,
+                    False)
+    for _ in nl.dynamic_range(regs[3]):
+        _layout(x, weight, bias, y, pool_flat, rows_one, regs[2], act_op, has_bias, 1,
+                tensor_taps)
     return y

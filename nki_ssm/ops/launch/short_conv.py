@@ -18,6 +18,8 @@ import numpy as np
 _F32 = np.dtype(np.float32)
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _INT32_MAX = np.iinfo(np.int32).max
+# the decode program's wide row layout: up to this many channel blocks per sequence
+WIDE_BLOCKS = 4
 
 
 def _run(kernel, *args, backend):
@@ -177,55 +179,68 @@ def prefill(*, x, weight, bias, activation, cu_seqlens, conv_states, state_indic
                            state_indices, has_initial_state, backend)
 
 
-def _row_split(num_seqs: int, dim: int) -> int:
-    """R: channel blocks per sequence so that num_seqs * R rows fill up to 128 partitions."""
+def wide_blocks(dim: int) -> int:
+    """R of the wide layout compiled beside the one-block layout, and the pool rows per
+    slot: the largest power of two <= WIDE_BLOCKS with dim / R a multiple of 128 (so the
+    one-block layout's 128-channel sub-tiles never cross a pool row); 1 (the program holds
+    the one-block layout only) when there is none."""
     r = 1
-    while num_seqs * r * 2 <= 128 and dim % (r * 2) == 0:
+    while r * 2 <= WIDE_BLOCKS and dim % (r * 2 * 128) == 0:
         r *= 2
     return r
 
 
-def decode_tables(state_indices, num_seqs: int, R: int):
-    """(order, pos, pool_rows, num_groups) of ``short_conv_decode_kernel`` for a batch
-    padded to ``num_seqs`` (the bucket) sequences; layouts in the kernel's docstring.
+def decode_tables(state_indices, num_seqs: int, R: int, RB: int):
+    """(order, pos, pool_rows, num_live) of one row layout (R channel blocks per
+    sequence, pool viewed with RB rows per slot, RB a multiple of R) of
+    ``short_conv_decode_kernel`` for a batch padded to ``num_seqs`` (the bucket)
+    sequences; layouts in the kernel's docstring.
 
-    ``order [G * Pn]``: the sequence at each position of the compacted batch (the host
+    ``order [num_seqs]``: the sequence at each position of the compacted batch (the host
     gathers x rows by it); ``pos [num_seqs]``: the position where each live sequence is
-    computed (its y row; ``argsort(perm)``, the inverse permutation). Vectorised, each step one torch op
-    on device (no per-sequence host loop): ``live = idx >= 0``; ``perm = argsort(~live,
-    stable)`` (torch.argsort(stable=True): live sequences first, in order);
-    ``num_live = live.sum()``; position q takes ``perm[q]`` if ``q < num_live`` else
-    ``perm`` at its group's first position (torch.where + index_select: a padding
-    position mirrors a live sequence of its own group); pool rows ``slot * R + r``
-    (broadcast add); ``num_groups = ceil(num_live / Pn)``.
+    computed (its y row; ``argsort(perm)``, the inverse permutation); ``pool_rows
+    [num_seqs, RB]``: the layout's ``[groups, R * Pn, RB / R]`` table of pool rows
+    (partition ``r * Pn + i`` holds block r of position i: pool rows ``slot * RB + r *
+    RB / R + c``) viewed with RB entries per position, so group g starts at row
+    ``g * Pn``. Vectorised, each step one torch op on device (no per-sequence host loop):
+    ``live = idx >= 0``; ``perm = argsort(~live, stable)`` (torch.argsort(stable=True):
+    live sequences first, in order); ``num_live = live.sum()``; position q takes
+    ``perm[q]`` if ``q < num_live`` else ``perm`` at its group's first position
+    (torch.where + index_select: a padding position mirrors a live sequence of its own
+    group); pool rows by broadcast adds and a reshape.
     """
     idx = np.asarray(state_indices, dtype=np.int64)
     Pn = min(128 // R, num_seqs)
-    G = -(-num_seqs // Pn)
+    G = num_seqs // Pn
+    K = RB // R
     live = idx >= 0
     perm = np.argsort(~live, kind="stable")
     num_live = int(live.sum())
-    q = np.arange(G * Pn)
-    order = perm[np.minimum(np.where(q < num_live, q, (q // Pn) * Pn), num_seqs - 1)]
+    q = np.arange(num_seqs)
+    order = perm[np.where(q < num_live, q, (q // Pn) * Pn)]
     slot = np.maximum(idx[order], 0)
-    r = np.arange(R)[None, :, None]
-    pool_rows = (slot.reshape(G, 1, Pn) * R + r).reshape(G, R * Pn)
-    num_groups = np.array([[-(-num_live // Pn)]], dtype=np.int32)
+    r = np.arange(R)[None, :, None, None]
+    c = np.arange(K)[None, None, None, :]
+    pool_rows = (slot.reshape(G, 1, Pn, 1) * RB + r * K + c).reshape(num_seqs, RB)
     pos = np.argsort(perm, kind="stable")
-    return order, pos, np.ascontiguousarray(pool_rows, dtype=np.int32), num_groups
+    return order, pos, np.ascontiguousarray(pool_rows, dtype=np.int32), num_live
 
 
 def decode(*, x, weight, bias, activation, conv_states, state_indices, backend):
     """Decode / multi-token update: y shaped like x (``[num_seqs, T, dim]`` or ``[num_seqs, dim]``).
 
     The batch is padded to ``seq_bucket(num_seqs)`` sequences, so the kernel is
-    compiled once per (bucket, layer shape); x is gathered into the compacted
-    order of ``decode_tables`` (live sequences first, padding positions mirroring a
-    live one: ``x[order]``, torch.index_select), so a padding sequence's x is never
-    read. Rows (sequence, channel block) go on partitions; the pool is passed as
-    its ``[slots * R, (dim / R) * (W-1)]`` row view and updated by the kernel's own
-    scatters. y comes back in the compacted order: ``y[pos]`` with ``pos`` the
-    inverse permutation (torch.argsort), zeros for padding (torch.where).
+    compiled once per (bucket, layer shape). The program holds two row layouts (R =
+    ``wide_blocks(dim)`` channel blocks per sequence, and one block); the launcher picks
+    one per call: the wide one when its live rows fit one group of 128 partitions
+    (``num_live * R <= 128``), else one block (a scalar compare and torch.where on
+    device), and passes the other layout a zero trip count. x is gathered into the
+    compacted order of the chosen layout's ``decode_tables`` (live sequences first,
+    padding positions mirroring a live one: ``x[order]``, torch.index_select), so a
+    padding sequence's x is never read. The pool is passed as its ``[slots * R, (dim / R)
+    * (W-1)]`` row view and updated by the kernel's own scatters. y comes back in the
+    compacted order: ``y[pos]`` with ``pos`` the inverse permutation (torch.argsort),
+    zeros for padding (torch.where).
     """
     from nki_ssm.kernels.short_conv.decode import short_conv_decode_kernel
     from nki_ssm.ops.launch.buckets import seq_bucket
@@ -237,25 +252,28 @@ def decode(*, x, weight, bias, activation, conv_states, state_indices, backend):
     if slots * dim > _INT32_MAX:
         raise ValueError(f"conv_states must have slots * dim <= {_INT32_MAX}, got {slots * dim}")
     nb = seq_bucket(num_seqs)
-    R = _row_split(nb, dim)
+    R = wide_blocks(dim)
     idx = np.full(nb, -1, dtype=np.int64)
     idx[:num_seqs] = np.asarray(state_indices, dtype=np.int64)
-    order, pos, pool_rows, num_groups = decode_tables(idx, nb, R)
-    G = pool_rows.shape[0]
-    Pn = order.shape[0] // G
+    order_w, pos, rows_wide, num_live = decode_tables(idx, nb, R, R)
+    order_1, _, rows_one, _ = decode_tables(idx, nb, 1, R)
+    use_wide = R > 1 and num_live * R <= 128
+    order = order_w if use_wide else order_1
+    counts = np.array([[num_live if use_wide else 0, int(use_wide),
+                        0 if use_wide else num_live, int(not use_wide)]], dtype=np.int32)
     # positions past the caller's batch mirror live sequences, so clamping is never used
-    xk = np.ascontiguousarray(x3[np.minimum(order, num_seqs - 1)]).reshape(G, Pn, T, dim)
+    xk = np.ascontiguousarray(x3[np.minimum(order, num_seqs - 1)])
     flat = conv_states.reshape(slots * R, (dim // R) * h)
-    # TensorE taps need one channel block (rows = sequences) and bfloat16-exact operands
-    tensor_taps = (R == 1 and x.dtype == _BF16 and conv_states.dtype == _BF16
+    # TensorE taps need bfloat16-exact operands (the one-block layout only)
+    tensor_taps = (x.dtype == _BF16 and conv_states.dtype == _BF16
                    and not _needs_split(weight) and not _needs_split(bias))
     yk = _run(short_conv_decode_kernel, xk, np.ascontiguousarray(weight),
-              None if bias is None else np.ascontiguousarray(bias), flat, pool_rows,
-              num_groups, "silu" if activation == "silu" else "none", bias is not None, R,
+              None if bias is None else np.ascontiguousarray(bias), flat, rows_wide, rows_one,
+              counts, "silu" if activation == "silu" else "none", bias is not None, R,
               bool(tensor_taps), backend=backend)
     if not np.shares_memory(flat, conv_states):
         conv_states[...] = flat.reshape(conv_states.shape)
     live = idx[:num_seqs] >= 0
-    y = np.asarray(yk).reshape(G * Pn, T, dim)[pos[:num_seqs]]
+    y = np.asarray(yk).reshape(nb, T, dim)[pos[:num_seqs]]
     y = np.where(live[:, None, None], y, np.zeros((), dtype=x.dtype))
     return y[:, 0, :] if squeeze else y
