@@ -208,20 +208,17 @@ def _conv_decode_args(t, kw):
     num_seqs, T, dim = x3.shape
     slots, _, h = pool.shape
     bucket = seq_bucket(num_seqs)
-    R = _conv_launch._row_split(bucket, dim)
     idx = _padded_indices(kw["state_indices"], num_seqs, bucket)
-    order, pos, pool_rows, num_groups = _conv_launch.decode_tables(idx, bucket, R)
-    G = pool_rows.shape[0]
-    Pn = order.shape[0] // G
+    R, order, pos, rows_wide, rows_one, counts = _conv_launch.decode_plan(idx, bucket, dim)
     # the compacted batch: positions past the caller's sequences mirror live ones
-    xk = x3.index_select(0, _device(np.minimum(order, num_seqs - 1), x)).reshape(G, Pn, T, dim)
+    xk = x3.index_select(0, _device(np.minimum(order, num_seqs - 1), x))
     flat, strided = _rows_view(pool, slots * R, (dim // R) * h)
-    taps = (R == 1 and x.dtype == torch.bfloat16 and pool.dtype == torch.bfloat16
+    taps = (x.dtype == torch.bfloat16 and pool.dtype == torch.bfloat16
             and not _needs_split(weight) and not _needs_split(bias))
     args = (xk.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous(),
-            flat, _device(pool_rows, x), _device(num_groups, x),
+            flat, _device(rows_wide, x), _device(rows_one, x), _device(counts, x),
             "silu" if kw["activation"] == "silu" else "none", bias is not None, R, bool(taps))
-    back = dict(at=pos[:num_seqs], live=idx[:num_seqs] >= 0, rows=G * Pn)
+    back = dict(at=pos[:num_seqs], live=idx[:num_seqs] >= 0, rows=bucket)
     return short_conv_decode_kernel, args, flat, strided, back
 
 

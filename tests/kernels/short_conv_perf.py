@@ -5,7 +5,10 @@
 Qwen3-Next conv shape: dim 8192, W 4, bfloat16 x / weight / pool, no bias,
 SiLU. Prefill: 16K or 2K tokens in one sequence, or 8 x 2K ragged; decode: 32
 or 512 sequences of one token. Each line also gives the program size (static
-instructions, each runtime loop body once) beside the dynamic count. Each case runs through nki_ssm.ops with
+instructions, each runtime loop body once) beside the dynamic count; for decode it
+is counted over the timed launch and a second launch forced to the other row layout
+(``program_size``: a runtime loop that ran zero times in one launch is counted from
+the launch that ran it), so it is the whole compiled program. Each case runs through nki_ssm.ops with
 backend="sim" under nki_ssm.sim.trace.record() and is timed by
 nki_ssm.perf.model. "bound" = minimal HBM bytes (x, y and the named pool
 slots' state in and out) over the core's DMA bandwidth.
@@ -27,6 +30,57 @@ DIM, W = 8192, 4
 CASES = ("16k", "8x2k", "2k", "d32", "d512")
 
 
+def program_size(traces) -> int:
+    """Static instructions of one compiled program from several launches of it: the
+    instructions outside runtime loops (the same in every launch) plus each runtime loop's
+    body once -- its largest iteration over all launches. Every runtime loop must have run
+    in at least one launch, else its body would be missing."""
+    tops = set()
+    body: dict = {}
+    ran = set()
+    seen = set()
+    for trace in traces:
+        top = 0
+        per_iter: dict = {}
+        for inst in trace.instructions:
+            if inst.loop_path:
+                per_iter[inst.loop_path] = per_iter.get(inst.loop_path, 0) + 1
+            else:
+                top += 1
+        for path, n in per_iter.items():
+            body[path[-1][0]] = max(body.get(path[-1][0], 0), n)
+        tops.add(top)
+        for key, loop in trace.loops.items():
+            seen.add(key)
+            if loop.iterations:
+                ran.add(key)
+    if len(tops) != 1 or seen != ran:
+        raise ValueError(f"launches differ outside runtime loops ({sorted(tops)}) or a loop "
+                         f"never ran ({sorted(seen - ran)})")
+    return tops.pop() + sum(body.values())
+
+
+def decode_traces(inp):
+    """Traces of two decode launches on copies of inp: the launcher's own layout choice,
+    then the other layout forced (nki_ssm.ops.launch.short_conv.use_wide_layout)."""
+    from nki_ssm.ops.launch import short_conv as launch
+
+    traces = []
+    pick = launch.use_wide_layout
+    for force in (None, "other"):
+        kw = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in inp.items()}
+        x, weight, bias = kw.pop("x"), kw.pop("weight"), kw.pop("bias")
+        if force:
+            launch.use_wide_layout = lambda n, R: not pick(n, R)
+        try:
+            with record() as trace:
+                ops.short_conv_decode(x, weight, bias, backend="sim", **kw)
+        finally:
+            launch.use_wide_layout = pick
+        traces.append(trace)
+    return traces
+
+
 def run_case(case: str, target: str, rng) -> str:
     t0 = time.time()
     if case in ("16k", "8x2k", "2k"):
@@ -42,10 +96,16 @@ def run_case(case: str, target: str, rng) -> str:
         tokens = seqs
         call = ops.short_conv_decode
     min_bytes = 2 * tokens * DIM * 2 + 2 * seqs * DIM * (W - 1) * 2
-    kw = dict(inp)
-    x, weight, bias = kw.pop("x"), kw.pop("weight"), kw.pop("bias")
-    with record() as trace:
-        call(x, weight, bias, backend="sim", **kw)
+    if call is ops.short_conv_decode:
+        traces = decode_traces(inp)
+        trace = traces[0]
+        program = program_size(traces)
+    else:
+        kw = dict(inp)
+        x, weight, bias = kw.pop("x"), kw.pop("weight"), kw.pop("bias")
+        with record() as trace:
+            call(x, weight, bias, backend="sim", **kw)
+        program = trace.program_instructions()
     timing = perf.model(trace, target=target)
     bound_ns = min_bytes / timing.dma_bw_bytes_per_ns
     return (f"{case}: modeled {timing.time_us:.1f} us on {timing.target}, "
@@ -54,7 +114,7 @@ def run_case(case: str, target: str, rng) -> str:
             f"({timing.time_ns / bound_ns:.2f}x the bytes-moved bound {bound_ns / 1e3:.1f} us); "
             f"binding {timing.binding_engine}; busy "
             + ", ".join(f"{e} {100 * v:.0f}%" for e, v in timing.share.items())
-            + f"; {timing.dma_transfers} DMAs; program {trace.program_instructions()} static / "
+            + f"; {timing.dma_transfers} DMAs; program {program} static / "
             f"{len(trace)} dynamic instructions; simulated in {time.time() - t0:.0f} s")
 
 

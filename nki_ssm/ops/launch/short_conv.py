@@ -226,6 +226,30 @@ def decode_tables(state_indices, num_seqs: int, R: int, RB: int):
     return order, pos, np.ascontiguousarray(pool_rows, dtype=np.int32), num_live
 
 
+def use_wide_layout(num_live: int, R: int) -> bool:
+    """The launcher's per-call layout choice: the wide layout when its live rows fit one
+    group of 128 partitions (``num_live * R <= 128``), else one block per sequence."""
+    return R > 1 and num_live * R <= 128
+
+
+def decode_plan(state_indices, num_seqs: int, dim: int):
+    """(R, order, pos, rows_wide, rows_one, counts): the run-time arguments of
+    ``short_conv_decode_kernel`` for a batch padded to ``num_seqs`` (the bucket)
+    sequences: both layouts' tables (``decode_tables``), the x order and y positions of
+    the layout used, and counts ``[1, 4]`` int32 = (wide stop, wide runs, one-block stop,
+    one-block runs), the layout not used getting zeros (``use_wide_layout`` picks). On
+    device: the two table builds, one scalar compare and torch.where selections.
+    """
+    R = wide_blocks(dim)
+    order_w, pos, rows_wide, num_live = decode_tables(state_indices, num_seqs, R, R)
+    order_1, _, rows_one, _ = decode_tables(state_indices, num_seqs, 1, R)
+    wide = R > 1 and bool(use_wide_layout(num_live, R))
+    order = order_w if wide else order_1
+    counts = np.array([[num_live if wide else 0, int(wide), 0 if wide else num_live,
+                        int(not wide)]], dtype=np.int32)
+    return R, order, pos, rows_wide, rows_one, counts
+
+
 def decode(*, x, weight, bias, activation, conv_states, state_indices, backend):
     """Decode / multi-token update: y shaped like x (``[num_seqs, T, dim]`` or ``[num_seqs, dim]``).
 
@@ -252,15 +276,9 @@ def decode(*, x, weight, bias, activation, conv_states, state_indices, backend):
     if slots * dim > _INT32_MAX:
         raise ValueError(f"conv_states must have slots * dim <= {_INT32_MAX}, got {slots * dim}")
     nb = seq_bucket(num_seqs)
-    R = wide_blocks(dim)
     idx = np.full(nb, -1, dtype=np.int64)
     idx[:num_seqs] = np.asarray(state_indices, dtype=np.int64)
-    order_w, pos, rows_wide, num_live = decode_tables(idx, nb, R, R)
-    order_1, _, rows_one, _ = decode_tables(idx, nb, 1, R)
-    use_wide = R > 1 and num_live * R <= 128
-    order = order_w if use_wide else order_1
-    counts = np.array([[num_live if use_wide else 0, int(use_wide),
-                        0 if use_wide else num_live, int(not use_wide)]], dtype=np.int32)
+    R, order, pos, rows_wide, rows_one, counts = decode_plan(idx, nb, dim)
     # positions past the caller's batch mirror live sequences, so clamping is never used
     xk = np.ascontiguousarray(x3[np.minimum(order, num_seqs - 1)])
     flat = conv_states.reshape(slots * R, (dim // R) * h)
