@@ -322,15 +322,22 @@ def test_prefill_several_channel_groups(rng):
     _run_and_check(inp)
 
 
-@pytest.mark.parametrize("num_seqs,dim,T,pool_dtype", [
-    (130, 128, 1, np.float32),   # R = 1, two groups, ScalarE/VectorE taps (fp32 pool)
-    (100, 256, 2, BF16),         # R = 1, all bf16: TensorE taps with diagonal weights
-    (3, 96, 2, np.float32),      # R = 32 blocks of 3 channels
-    (40, 256, 4, BF16),          # R = 2
+@pytest.mark.parametrize("num_seqs,dim,T,pool_dtype,wide", [
+    (130, 128, 1, np.float32, None),   # one-block layout only (dim 128), two groups, fp32 pool
+    (100, 256, 2, BF16, None),   # R = 2 pool rows; one block: TensorE taps, 2 rows / partition
+    (3, 96, 2, np.float32, None),      # one-block layout only, a partial sub-tile
+    (40, 256, 4, BF16, None),    # wide layout R = 2, one group
+    (40, 512, 1, BF16, True),    # wide layout R = 4 forced: two groups of 32 positions
+    (6, 512, 3, np.float32, False),    # one block forced at a small batch: 4 rows / partition
 ])
-def test_decode_row_split_and_groups(rng, num_seqs, dim, T, pool_dtype):
-    """Row splits R = 1, 2, 32, partition groups, both tap engines; W = 2, 3, 4."""
-    W = {1: 2, 2: 3, 4: 4}[T]
+def test_decode_row_split_and_groups(rng, monkeypatch, num_seqs, dim, T, pool_dtype, wide):
+    """Both row layouts (the launcher's pick or forced), partition groups, both tap
+    engines; W = 2, 3, 4."""
+    from nki_ssm.ops.launch import short_conv as launch
+
+    if wide is not None:
+        monkeypatch.setattr(launch, "use_wide_layout", lambda n, R: wide)
+    W = {1: 2, 2: 3, 3: 4, 4: 4}[T]
     inp = make_short_conv_decode_inputs(rng, num_seqs=num_seqs, T=T, dim=dim, W=W,
                                         dtype=BF16, pool_dtype=pool_dtype, padding=2)
     _run_decode_and_check(inp, BF16)
@@ -444,9 +451,9 @@ def _decode_both(inp, dtype):
 
 @pytest.mark.parametrize("num_seqs,dim,T", [
     (1, 8192, 16),      # issue 9 row 2: PSUM ran out for T >= 15 at W = 4
-    (1, 200, 16),       # dim not a multiple of 128 (R = 8, partial sub-tiles)
-    (3, 131, 17),       # odd dim: one channel block (R = 1), odd T
-    (70, 128, 16),      # > 64 sequences (R = 1, one group of 128 positions)
+    (1, 200, 16),       # dim not a multiple of 128 (one block, partial sub-tiles)
+    (3, 131, 17),       # odd dim: one channel block, odd T
+    (70, 128, 16),      # > 64 sequences (one block, one group of 128 positions)
 ])
 def test_decode_long_speculative_steps_fit_psum(rng, num_seqs, dim, T):
     """Issue 9 row 2: any T works (tokens processed in PSUM-sized slices) on every
@@ -486,22 +493,33 @@ def test_decode_all_padding_touches_nothing(rng):
 
 def test_decode_tables_compact_live_sequences_and_mirror_padding():
     """The launcher's tables: live sequences first (stable), padding positions of the
-    last live group mirror its first sequence, num_groups counts live groups only."""
-    from nki_ssm.ops.launch.short_conv import decode_tables
+    last live group mirror its first sequence; pool rows block-major per group, one
+    row per (position, block) for the wide layout, RB / R per partition otherwise;
+    counts give the layout not picked a zero trip count."""
+    from nki_ssm.ops.launch.short_conv import decode_plan, decode_tables
 
     idx = np.array([-1, 5, -1, 2, 7, -1, -1, -1])
-    order, pos, pool_rows, num_groups = decode_tables(idx, 8, R=16)    # Pn = 8: one group
+    order, pos, pool_rows, num_live = decode_tables(idx, 8, 16, 16)    # Pn = 8: one group
     assert list(order) == [1, 3, 4, 1, 1, 1, 1, 1]
     assert list(pos[[1, 3, 4]]) == [0, 1, 2]
-    assert num_groups.tolist() == [[1]] and num_groups.dtype == np.int32
-    assert pool_rows.shape == (1, 128)
-    assert list(pool_rows[0, :8]) == [80, 32, 112, 80, 80, 80, 80, 80]    # slot * 16 + 0
-    assert list(pool_rows[0, 8:11]) == [81, 33, 113]                      # block r = 1
-    order, _, pool_rows, num_groups = decode_tables(idx, 8, R=32)      # Pn = 4: two groups
-    # the second group is not run (num_groups = 1); its positions are never read
-    assert list(order[:4]) == [1, 3, 4, 1] and num_groups.tolist() == [[1]]
-    _, _, _, none = decode_tables(np.full(8, -1), 8, R=16)
-    assert none.tolist() == [[0]]
+    assert num_live == 3
+    assert pool_rows.shape == (8, 16) and pool_rows.dtype == np.int32
+    flat = pool_rows.reshape(-1)            # group 0: partition r * 8 + i
+    assert list(flat[:8]) == [80, 32, 112, 80, 80, 80, 80, 80]      # slot * 16 + 0
+    assert list(flat[8:11]) == [81, 33, 113]                        # block r = 1
+    order, _, pool_rows, _ = decode_tables(idx, 8, 32, 32)          # Pn = 4: two groups
+    assert list(order[:4]) == [1, 3, 4, 1]
+    # one block per sequence over a pool of 4 rows per slot: each position's 4 rows
+    order, _, pool_rows, _ = decode_tables(idx, 8, 1, 4)
+    assert list(order[:3]) == [1, 3, 4]
+    assert pool_rows[:3].tolist() == [[20, 21, 22, 23], [8, 9, 10, 11], [28, 29, 30, 31]]
+    R, _, _, _, _, counts = decode_plan(idx, 8, 512)
+    assert R == 4 and counts.tolist() == [[3, 1, 0, 0]] and counts.dtype == np.int32
+    live = np.arange(40)
+    R, order, _, _, _, counts = decode_plan(np.concatenate([live, -np.ones(24, int)]), 64, 512)
+    assert counts.tolist() == [[0, 0, 40, 1]] and list(order[40:]) == [0] * 24
+    _, _, _, _, _, none = decode_plan(np.full(8, -1), 8, 512)
+    assert none.tolist() == [[0, 1, 0, 0]]
 
 
 @pytest.mark.parametrize("pool_dtype", [np.float32, BF16])
@@ -529,17 +547,20 @@ def test_decode_one_specialisation_per_bucket(pool_dtype):
 
 
 def test_decode_program_size_does_not_grow_with_sequences(rng):
-    """Buckets of 128 and 512 sequences compile the same program (runtime group loop)."""
-    from nki_ssm.sim.trace import record
+    """Buckets of 1, 32, 128 and 512 sequences compile the same program: both row layouts,
+    each a runtime group loop (the program counted over a launch with the launcher's
+    layout and one with the other, so each layout's loops ran once)."""
+    from short_conv_perf import decode_traces, program_size
 
     sizes = []
-    for n in (128, 512):
-        inp = make_short_conv_decode_inputs(rng, num_seqs=n, T=1, dim=256, W=4, dtype=BF16,
+    for n in (1, 32, 128, 512):
+        inp = make_short_conv_decode_inputs(rng, num_seqs=n, T=1, dim=512, W=4, dtype=BF16,
                                             pool_dtype=BF16, bias=False)
-        kw = dict(inp)
-        with record() as trace:
-            ops.short_conv_decode(kw.pop("x"), kw.pop("weight"), kw.pop("bias"),
-                                  backend="sim", **kw)
-        sizes.append(trace.program_instructions())
-        assert len(trace) > trace.program_instructions() or n == 128
-    assert sizes[0] == sizes[1], sizes
+        traces = decode_traces(inp)
+        sizes.append(program_size(traces))
+        for trace in traces:     # each launch runs exactly one layout (outer runtime loop)
+            ran = [k for k, lp in trace.loops.items() if len(k[1]) == 1 and lp.iterations]
+            assert len(ran) == 1, trace.loops
+        # at 512 sequences the group loop iterates: more dynamic than static instructions
+        assert len(traces[0]) > sizes[-1] or n < 512
+    assert sizes == [sizes[0]] * 4 and sizes[0] <= 20_000, sizes
