@@ -324,10 +324,11 @@ def test_prefill_several_channel_groups(rng):
 
 @pytest.mark.parametrize("num_seqs,dim,T,pool_dtype,wide", [
     (130, 128, 1, np.float32, None),   # one-block layout only (dim 128), two groups, fp32 pool
-    (100, 256, 2, BF16, None),   # R = 2 pool rows; one block: TensorE taps, 2 rows / partition
+    (100, 256, 2, BF16, False),  # R = 2 pool rows; one block: TensorE taps, 2 rows / partition
     (3, 96, 2, np.float32, None),      # one-block layout only, a partial sub-tile
     (40, 256, 4, BF16, None),    # wide layout R = 2, one group
-    (40, 512, 1, BF16, True),    # wide layout R = 4 forced: two groups of 32 positions
+    (40, 512, 1, BF16, None),    # wide layout R = 4: two groups of 32 positions
+    (20, 512, 1, BF16, False),   # one block forced: 4 pool rows per partition, TensorE taps
     (6, 512, 3, np.float32, False),    # one block forced at a small batch: 4 rows / partition
 ])
 def test_decode_row_split_and_groups(rng, monkeypatch, num_seqs, dim, T, pool_dtype, wide):
@@ -515,9 +516,12 @@ def test_decode_tables_compact_live_sequences_and_mirror_padding():
     assert pool_rows[:3].tolist() == [[20, 21, 22, 23], [8, 9, 10, 11], [28, 29, 30, 31]]
     R, _, _, _, _, counts = decode_plan(idx, 8, 512)
     assert R == 4 and counts.tolist() == [[3, 1, 0, 0]] and counts.dtype == np.int32
-    live = np.arange(40)
-    R, order, _, _, _, counts = decode_plan(np.concatenate([live, -np.ones(24, int)]), 64, 512)
-    assert counts.tolist() == [[0, 0, 40, 1]] and list(order[40:]) == [0] * 24
+    live = np.concatenate([np.arange(40), -np.ones(24, int)])
+    _, order, _, _, _, counts = decode_plan(live, 64, 512)         # 40 * 4 rows: two groups
+    assert counts.tolist() == [[40, 1, 0, 0]] and list(order[40:]) == [32] * 24
+    live = np.concatenate([np.arange(70), -np.ones(58, int)])
+    _, order, _, _, _, counts = decode_plan(live, 128, 512)        # 70 * 4 > 256: one block
+    assert counts.tolist() == [[0, 0, 70, 1]] and list(order[70:]) == [0] * 58
     _, _, _, _, _, none = decode_plan(np.full(8, -1), 8, 512)
     assert none.tolist() == [[0, 1, 0, 0]]
 

@@ -1,36 +1,55 @@
 """Decode / multi-token update of the short causal conv1d (one launch per batch).
 
-Memory layout: "rows" on partitions. Each sequence's channels are split into R
-blocks of D = dim / R channels and each (sequence, block) row gets one
-partition, so a small batch still fills the 128 lanes (the launcher picks R
-from the sequence bucket: the largest power of two with bucket * R <= 128
-dividing dim). A group holds Pn = min(128 // R, bucket) sequence positions,
-block-major: partition r * Pn + i is block r of the group's position i.
-Channels of a block run along the free axis, so every HBM stream is a
-contiguous run per partition: the pool is viewed as ``[slots * R, D * (W-1)]``
+Memory layout: "rows" on partitions. The program holds two row layouts and the
+launcher runs one of them per call (below). In the *wide* layout each
+sequence's channels are split into R blocks of D = dim / R channels (R = 4 when
+dim is a multiple of 512: the largest power of two <= 4 with dim / R a multiple
+of 128) and each (sequence, block) row gets one partition, so a small batch
+still fills the 128 lanes; in the *one-block* layout a partition holds all dim
+channels of one sequence. A group holds Pn = min(128 // R, N) sequence
+positions (R = 1 for one block; N the sequence bucket), block-major: partition
+r * Pn + i is block r of the group's position i. Channels run along the free
+axis, so every HBM stream is a contiguous run per partition: the pool is
+viewed as ``[slots * R, (dim / R) * (W-1)]`` (one row per slot and wide block)
 and one ``vector_offset`` DMA per group and chunk gathers (later scatters)
-``chunk * (W-1)`` contiguous state elements per row -- one pool row per
-partition; x ``[num_seqs, T, dim]`` and y are gathered / scattered one
-sequence row per partition (one DMA per channel block r, the base row being
-the sequence's ``[T, dim]``).
+``chunk * (W-1)`` contiguous state elements per partition -- one pool row per
+partition: a one-block partition spans R pool rows, its chunks never cross
+one, and its table row holds the R row numbers. x ``[N, T, dim]`` and y are
+gathered / scattered one sequence row per partition (one DMA per channel
+block r, the base row being the group's first position).
 
 Design note (issue 10): batch composition is run-time data
 ---------------------------------------------------------
 Compile-time arguments are the shapes (the sequence bucket, T, dim, W, slot
-count), dtypes, R, the activation and the bias / TensorE-taps flags. The
-batch arrives as three int32 tables the launcher builds from
-``state_indices`` with a few vectorised array ops (``nki_ssm.ops.launch.
-short_conv``):
+count), dtypes, R (a function of dim only), the activation and the bias /
+TensorE-taps flags. The batch arrives as three int32 tables the launcher
+builds from ``state_indices`` with a few vectorised array ops
+(``nki_ssm.ops.launch.short_conv.decode_plan``):
 
-- ``seq_rows [G, 128]``: for group g, partition ``r*Pn + i``, the sequence
-  whose x row it reads and whose y row it writes;
-- ``pool_rows [G, 128]``: the pool row ``slot * R + r`` of that sequence;
-- ``num_groups [1, 1]``: ``ceil(live / Pn)``, the trip count.
+- ``rows_wide [N, R]``: the wide layout's ``[groups, R * Pn]`` table of pool
+  rows ``slot * R + r`` (partition ``r * Pn + i``), one group per Pn rows;
+- ``rows_one [N, R]``: per position of the one-block layout its R pool rows
+  ``slot * R + c``;
+- ``counts [1, 4]``: the wide layout's group-loop stop and run flag, the
+  one-block layout's stop and run flag.
+
+Row layout per call: each layout is an outer runtime loop
+(``nl.dynamic_range`` over its 0/1 flag register) holding its weight setup and
+its group loop (``nl.dynamic_range(0, stop, Pn)``: the induction register is
+the group's first position, the scalar offset of its x / y rows and table
+rows). The launcher sets the wide flag when the live rows fit two groups
+(``num_live * R <= 256``, i.e. at most 64 live sequences at R = 4: the measured
+crossover, ``use_wide_layout``), else the one-block flag, and the other layout's flag and stop to 0, so it runs zero
+iterations: one program (the same size at every bucket) serves a batch of one
+sequence and one of 512 at the speed of the layout fitted to each. (R per
+bucket, as before, made the program size depend on the bucket; no single R
+kept both judged cases within 10 %: R = 1 +82 % at 32 sequences, R = 2
++20 % / +38 %.)
 
 The launcher *compacts* the live sequences to the front (a stable argsort of
 ``state_indices < 0``), so padding sequences never reach the kernel: the
-group loop is a runtime loop (``nl.dynamic_range`` over a register loaded
-from ``num_groups``) that runs only over groups holding live sequences.
+group loop is a runtime loop (stop = num_live) that runs only over groups
+holding live sequences.
 The unused positions of the last group *mirror* the group's first live
 sequence (same x row, same slot): they compute bit-identical values and
 write the same bytes to the same y row and pool row as that sequence, so
@@ -50,7 +69,7 @@ Engine plan, per group, per 128-channel sub-tile of a chunk (general path):
   float32;
 - TensorE transposes the float32 result back to rows, and one ScalarE
   instruction per step applies SiLU (or copy) while evicting.
-TensorE-taps path (one channel block, R == 1, and bfloat16 x / pool /
+TensorE-taps path (the one-block layout, and bfloat16 x / pool /
 weight values): the transposed window columns are evicted to SBUF by VectorE
 and the W taps (+ a K=1 bias matmul) accumulate in PSUM as
 ``psum[rows, ch] += window_k[ch, rows].T @ diag(weight[:, k])``, already
@@ -68,20 +87,16 @@ steps (T >= 15 at W = 4) the tokens are processed in slices (``_psum_plan``).
 Limits: any T >= 1, any dim, W >= 2, any number of sequences (groups of up
 to 128 rows). What binds (modeled, trn2, dim 8192, bf16, one token;
 ``tests/kernels/short_conv_perf.py d32 d512``): DMA for 512 sequences
-(200.8 us, 1.10x the bytes-moved bound; 4 groups, TensorE taps), the VectorE
-taps and the pipeline latency for 32 (21.9 us, one group, R = 4). Program
-size: 897 static instructions for every bucket >= 128 sequences (R = 1),
-374 at 32 (R = 4): R is a layout choice per bucket; forcing one R for both
-costs 316 us at 512 (R = 4) or 55.6 us at 32 (R = 1). Re-measured under the
-cost model with runtime-loop synchronisation (``main`` after the issue-11
-merge; bucket default 55.3 us at 32, 274.9 us at 512): R = 1 for both gives
-100.8 us at 32 (+82 %), R = 2 66.5 / 378.7 us (+20 % / +38 %, 462
-instructions at either bucket), R = 4 468.8 us at 512 (+71 %): no single R
-keeps both within 10 %. At R = 1 and 32 sequences what binds is the DMA
-(every load / store spans 32 partitions, so 4 of the 16 DMA engines) and
-ScalarE's new-state assembly (free size 4x that of R = 4); a fixed R = 1
-layout would need each group's DMAs split into >= 4 concurrent channel slices
-and the state copies spread over ScalarE / VectorE / GpSimd -- not tried.
+(275.2 us, one-block layout, 4 groups, TensorE taps), the VectorE taps and the
+pipeline latency for 32 (55.5 us, wide layout R = 4, one group) -- the
+per-bucket-R kernel's 274.9 / 55.3 us. Program size: 1271 static
+instructions at every bucket (1, 32, 128 and 512 sequences): the wide layout's
+loops (about 374 instructions with the setup) plus the one-block layout's
+(about 897), counted over a launch of each (a zero-trip loop adds nothing to
+one launch's trace). At R = 1 and 32 sequences what binds is the DMA (every
+load / store spans 32 partitions, so 4 of the 16 DMA engines) and ScalarE's
+new-state assembly; a single layout would need each group's DMAs split into
+>= 4 concurrent channel slices -- not tried.
 """
 from nki_ssm.backend import nki, nl, nisa
 
