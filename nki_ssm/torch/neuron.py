@@ -42,6 +42,7 @@ from nki_ssm.ops.launch import gated_delta as _gdn_launch
 from nki_ssm.ops.launch import mamba2_ssd as _ssd_launch
 from nki_ssm.ops.launch import short_conv as _conv_launch
 from nki_ssm.ops.launch.buckets import seq_bucket
+from nki_ssm.torch._device_arrays import TorchArrays
 
 _PMAX = 128
 _INT32_MAX = np.iinfo(np.int32).max
@@ -332,91 +333,27 @@ def _gdn_validator(validator):
     return call
 
 
-def _gdn_gates(t):
-    """(first, second, raw, head_params pieces) of the kernels' gate inputs."""
-    raw = t["g"] is None
-    first, second = (t["a"], t["b"]) if raw else (t["g"], t["beta"])
-    heads = torch.cat([_f32(t["A_log"]), _f32(t["dt_bias"])]) if raw else None
-    return first, second, raw, heads
-
-
-def _gdn_decode_args(t, kw):
-    from nki_ssm.kernels.gated_delta.decode import gdn_decode_step
-
-    q, k, v, pool = t["q"], t["k"], t["v"], t["ssm_states"]
-    S, T, H, K = q.shape
-    HV, V = v.shape[2:]
-    slots = pool.shape[0]
-    _gdn_launch._check_limits(K, V, HV)
-    bucket = seq_bucket(S)
-    idx = _padded_indices(kw["state_indices"], S, bucket)
-    order, pos, num_iters = _gdn_launch.decode_order(idx, bucket, T)
-    spi = _gdn_launch._positions_per_iteration(bucket, T)
-    n_pos = order.shape[0]
-    n_it = n_pos // spi
-    src = _device(np.minimum(order, S - 1), q)     # positions past the batch mirror live ones
-    qs, ks, vs = (a.index_select(0, src) for a in (q, k, v))
-    kq_cols = torch.stack([ks, qs], dim=-1).permute(3, 0, 1, 2, 4).reshape(K, n_it, -1)
-    # slot of each position, one row per iteration plus one (read one iteration ahead)
-    pool_slots = np.zeros((n_it + 1, spi), dtype=np.int32)
-    pool_slots[:n_it] = np.maximum(idx[order], 0).reshape(n_it, spi)
-    streams = _gdn_launch._STREAMS
-    n_batch = -(-spi // streams)
-    first_pos = np.arange(n_it * n_batch) * min(streams, spi)
-    batch_live = (first_pos < int((idx >= 0).sum())).astype(np.int32).reshape(n_it, n_batch)
-    first, second, raw, heads = _gdn_gates(t)
-    gate_rows = torch.stack([g.to(torch.float32).reshape(S, T * HV).index_select(0, src)
-                             for g in (first, second)]).reshape(2, n_it, spi * T * HV)
-    pool_view, strided = _rows_view(pool, slots, HV * K * V)
-    args = (kq_cols.contiguous(), ks.reshape(n_it, -1).contiguous(),
-            vs.permute(3, 0, 1, 2).reshape(V, n_it, -1).contiguous(), gate_rows.contiguous(),
-            None if heads is None else heads.reshape(1, 2 * HV).contiguous(), pool_view,
-            _device(pool_slots, q), _device(num_iters, q), _device(batch_live, q), int(T),
-            int(H), bool(raw), bool(kw["use_qk_l2norm"]), float(kw["scale"]),
-            bool(kw["return_intermediate_states"]))
-    back = dict(at=pos[:S], live=idx[:S] >= 0, rows=n_pos)
-    return gdn_decode_step, args, pool_view, strided, back
+def _shared(validator, launcher_call, args: dict):
+    """Validate, then run the launcher's own argument assembly ``launcher_call`` (the one the
+    host path runs with NumPy) with torch ops on the caller's device and ``device_call``."""
+    t = dict(args)
+    kw = _validate(validator, args)
+    like = next(v for v in t.values() if isinstance(v, torch.Tensor))
+    for name, value in kw.items():     # activations and pools: the caller's device tensors
+        if name not in _INDEX_ARGS and isinstance(t.get(name), torch.Tensor):
+            kw[name] = t[name]
+    return launcher_call(TorchArrays(like.device), lambda kernel, *a: device_call(kernel, *a),
+                         **kw)
 
 
 def gated_delta_decode(**args):
     """``torch.ops.nki_ssm.gated_delta_decode`` on device tensors -> (o, intermediate or [0])."""
-    t, back, out = _launch(_gdn_validator(_gdn_host.validate_decode), _gdn_decode_args, args)
-    q, v, pool = t["q"], t["v"], t["ssm_states"]
-    T, _, K = q.shape[1:]
-    HV, V = v.shape[2:]
-    want_inter = t["return_intermediate_states"]
-    o_cols = (out[0] if want_inter else out).to(torch.float32)
-    o_rows = o_cols.reshape(V, back["rows"], T, HV).permute(1, 2, 3, 0)
-    o = _uncompact(o_rows, back, q, (T, HV, V)).to(q.dtype)
-    if want_inter:
-        return o, _uncompact(out[1], back, q, (T, HV, K, V)).to(pool.dtype)
-    return o, pool.new_empty((0,))
-
-
-def _gdn_prefill_args(t, kw):
-    from nki_ssm.kernels.gated_delta.chunk import gdn_chunk_prefill
-
-    q, k, v, pool = t["q"], t["k"], t["v"], t["ssm_states"]
-    T, H, K = q.shape
-    HV, V = v.shape[1:]
-    _gdn_launch._check_limits(K, V, HV)
-    slots = pool.shape[0]
-    idx, live, seq_lens = _batch(kw)
-    first, second, raw, heads = _gdn_gates(t)
-    pool_view, strided = _rows_view(pool, slots * HV * K, V)
-    init = tuple(bool(x) for x in np.asarray(kw["has_initial_state"]))
-    args = (_tok2d(q, T, H * K), _tok2d(k, T, H * K), _tok2d(v, T, HV * V),
-            _tok2d(first, T, HV, torch.float32), _tok2d(second, T, HV, torch.float32),
-            None if heads is None else heads.expand(_PMAX, 2 * HV).contiguous(), pool_view,
-            _device(_gdn_launch._pool_rows(idx, slots, HV, K), q), seq_lens,
-            tuple(bool(i) for i in live), init, int(H), bool(raw), bool(kw["use_qk_l2norm"]),
-            float(kw["scale"]), int(kw["chunk_size"]))
-    return gdn_chunk_prefill, args, pool_view, strided, None
+    out = _shared(_gdn_validator(_gdn_host.validate_decode), _gdn_launch.decode_call, args)
+    if args["return_intermediate_states"]:
+        return out
+    return out, args["ssm_states"].new_empty((0,))
 
 
 def gated_delta_prefill(**args):
     """``torch.ops.nki_ssm.gated_delta_prefill`` on device tensors."""
-    t, _, o = _launch(_gdn_validator(_gdn_host.validate_prefill), _gdn_prefill_args, args)
-    T = t["q"].shape[0]
-    HV, V = t["v"].shape[1:]
-    return o.to(torch.float32)[:T].reshape(T, HV, V).to(t["q"].dtype)
+    return _shared(_gdn_validator(_gdn_host.validate_prefill), _gdn_launch.prefill_call, args)

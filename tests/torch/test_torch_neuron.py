@@ -85,6 +85,58 @@ def test_same_result_as_host_sim_path_and_pool_aliased(op, dtype, device, monkey
             assert a.is_contiguous()
 
 
+def _snapshot(args):
+    """Kernel arguments as NumPy copies (tensors through their NumPy views), taken before
+    the kernel runs (it updates the pool argument in place)."""
+    return [to_numpy(a).copy() if isinstance(a, torch.Tensor)
+            else a.copy() if isinstance(a, np.ndarray) else a for a in args]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("op", OPS)
+def test_kernel_arguments_equal_the_launchers(op, dtype, monkeypatch):
+    """The device path hands the kernel exactly the arguments the NumPy launcher does
+    (same kernel, same count, each tensor the same dtype, shape and bytes, each Python
+    value equal and of the same type), so a launcher change that neuron.py does not
+    follow fails here even when the outputs happen to agree."""
+    monkeypatch.setenv("NKI_SSM_BACKEND", "sim")
+    kw = numpy_case(op, **BF16) if dtype == "bf16" else numpy_case(op)
+    if dtype == "bf16" and "weight" in kw:
+        kw["weight"] = kw["weight"].astype(np.float32) + np.float32(1e-3)
+    tkw = to_torch(kw)
+    real_run = nki_backend.run
+    host_calls, device_calls = [], []
+
+    def host_run(kernel, *args, **options):
+        host_calls.append((kernel, _snapshot(args)))
+        return real_run(kernel, *args, **options)
+
+    def device(kernel, *args):
+        device_calls.append((kernel, _snapshot(args)))
+        out = real_run(kernel, *[to_numpy(a) if isinstance(a, torch.Tensor) else a
+                                 for a in args], backend="sim")
+        if isinstance(out, (tuple, list)):
+            return tuple(from_numpy(np.asarray(o)) for o in out)
+        return from_numpy(np.asarray(out))
+
+    monkeypatch.setattr(nki_backend, "run", host_run)
+    getattr(host, op)(**kw, backend="sim")
+    monkeypatch.setattr(neuron, "device_call", device)
+    _call(op, tkw)
+    assert len(host_calls) == len(device_calls) == 1
+    (h_kernel, h_args), (d_kernel, d_args) = host_calls[0], device_calls[0]
+    assert d_kernel is h_kernel
+    assert len(d_args) == len(h_args)
+    for i, (h, d) in enumerate(zip(h_args, d_args)):
+        where = f"{op} kernel argument {i}"
+        if isinstance(h, np.ndarray) or isinstance(d, np.ndarray):
+            assert isinstance(h, np.ndarray) and isinstance(d, np.ndarray), where
+            assert (d.dtype, d.shape) == (h.dtype, h.shape), where
+            assert d.tobytes() == h.tobytes(), where
+        else:
+            assert type(d) is type(h) and d == h, (where, h, d)
+
+
 def test_layouts_of_gated_delta_decode(device, monkeypatch):
     from nki_ssm.ops.launch import gated_delta as launch
     from nki_ssm.ops.launch.buckets import seq_bucket
