@@ -273,12 +273,15 @@ DEFAULT_LEAVES_OUT: tuple = ()
 
 
 def default_cases() -> list[Case]:
-    """The judged cases (but any in :data:`DEFAULT_LEAVES_OUT`), a 128-token prefill of
-    the other conv / SSD shapes, and the GDN cases (Qwen3-Next TP4 2K, TP1 128 tokens,
-    64-sequence decode)."""
+    """The judged cases (but any in :data:`DEFAULT_LEAVES_OUT`); a 2K-token prefill beside
+    each judged 16K one (conv, SSD; GDN's is judged), so the two program sizes sit side by
+    side (issue 10); a 128-token prefill of the other conv / SSD shapes; and the GDN cases
+    (Qwen3-Next TP4 2K, TP1 128 tokens, 64-sequence decode)."""
     q3, q3tp4 = S.GDN_SHAPES["qwen3-next"], S.GDN_SHAPES["qwen3-next-tp4"]
     judged = [c for c in judged_cases() if not (DEFAULT_LEAVES_OUT and c.id.startswith(DEFAULT_LEAVES_OUT))]
     return judged + [
+        _prefill("short_conv", "qwen3-next", S.CONV_SHAPES["qwen3-next"], [2048]),
+        _prefill("mamba2_ssd", "mamba2-2.7b", S.SSD_SHAPES["mamba2-2.7b"], [2048]),
         _prefill("short_conv", "mamba2-2.7b", S.CONV_SHAPES["mamba2-2.7b"], [128]),
         _prefill("mamba2_ssd", "granite-4.0-h", S.SSD_SHAPES["granite-4.0-h"], [128]),
         _prefill("gated_delta", "qwen3-next-tp4", q3tp4, [2048]),

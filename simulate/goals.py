@@ -12,6 +12,8 @@ Figures (all modeled for the run's target, per NeuronCore):
   * x bytes-moved bound = modeled time / (minimal HBM bytes / DMA bandwidth)
     = 1 / HBM fraction; issue 5 decode <= 2.
   * tokens/s; issue 6 prefill >= 2 M per NeuronCore.
+  * program size (static instructions the compiler emits, each runtime loop
+    body once); issue 10 <= 20,000 at every judged case.
   * errors vs float64 (relative Frobenius): issue 6 bf16 mode <= 3e-3 for y
     and the states; issue 5 bf16 I/O "within the rounding of a bfloat16
     output": <= 2^-8, bfloat16's unit roundoff (a rounded value is within
@@ -27,6 +29,7 @@ import numpy as np
 
 from simulate.cases import Case, judged_cases
 
+PROGRAM_SIZE_LIMIT = 20_000      # issue 10: static instructions at every judged shape
 BF16_UNIT_ROUNDOFF = float(ml_dtypes.finfo(ml_dtypes.bfloat16).eps) / 2   # 2^-8
 
 
@@ -96,7 +99,7 @@ def _ssd_prefill_context(r) -> str:
 
 
 def goals() -> list[Goal]:
-    """The goals of issues 5 and 6, over :func:`simulate.cases.judged_cases`."""
+    """The goals of issues 5, 6, 10 and 15, over :func:`simulate.cases.judged_cases`."""
     out = []
     for c in judged_cases():
         issue = c.tags[0]
@@ -122,6 +125,10 @@ def goals() -> list[Goal]:
             out.append(Goal(issue, c, "rel err y (bf16 mode)", lambda r: r.err_out, _err, "<=", 3e-3))
             out.append(Goal(issue, c, "rel err state (bf16 mode)", lambda r: r.err_state, _err, "<=",
                             3e-3))
+        # issue 10: one compiled program per shape bucket, small enough to compile
+        out.append(Goal("issue 10", c, "program size (static instructions)",
+                        lambda r: r.program_instructions, lambda v: f"{v:,.0f}", "<=",
+                        PROGRAM_SIZE_LIMIT))
     return out
 
 

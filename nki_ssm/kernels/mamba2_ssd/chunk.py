@@ -1,113 +1,160 @@
 """Mamba-2 SSD chunked prefill over a ragged batch with an in-place state pool.
 
 Kernel: ``ssd_chunk_prefill`` (``@nki.jit``). The host launcher
-(``nki_ssm/ops/launch/mamba2_ssd.py``) prepares the layouts described in the
-kernel docstring; this note is the design.
+(``nki_ssm/ops/launch/mamba2_ssd.py``) pads the batch to its buckets and
+builds the run-time tables described here; this note is the design.
 
 Design note
 ===========
 
-Compile time vs run time
-------------------------
-The ragged layout (``seq_lens``) and which sequences are padding (``live``)
-are compile-time tuples, part of the kernel cache key: chunk boundaries
-decide instruction shapes (a short last chunk has fewer partitions), and NKI
-loops are unrolled at trace time, so a layout-generic kernel would need
-dynamic loops with run-time partition counts, which NKI 0.5.0 does not
-offer. Padding sequences get zero rows of y and no instructions at all.
-Pool slots are run-time data: int32 row indices, gathered / scattered inside
-the kernel by indirect DMA (``.ap(vector_offset=...)``, one pool row per
-partition); ``has_initial_state == False`` is encoded by the launcher as a
-gather index past the pool, which the DMA skips (``oob_mode.skip``) and so
-leaves the zero-filled tile (zero initial state).
+One compiled program per shape bucket
+-------------------------------------
+Compile-time arguments are shapes (the token bucket, the sequence bucket,
+H, P, N, G, chunk_size Q) and layer configuration (dt_softplus, dt limits,
+precision) only. The batch composition is run-time int32 data:
+
+- ``seq_table [num_seqs, 128, 4]``, one row per *live* sequence (padding
+  sequences are compacted out by the launcher), in order: column 0 holds
+  the pool row ``slot*pr + q`` of partition q (q < pr); column 1 holds at
+  partition 0 the number of chunk pairs, at 1 has_initial_state, at 2 its
+  negation; column 2 at partition 0 the sequence's first chunk_table row
+  (the chunk counter), column 3 at partition 0 a constant 1 (the counter's
+  increment);
+- ``chunk_table [num_tokens/Q + 3*num_seqs, Q, 2]``: per chunk, the
+  token row of each of its Q partitions and a 0/1 valid flag. A sequence's
+  chunk k covers its tokens ``k*Q ..``; a live sequence takes 2*pairs + 1
+  rows: its chunks, an all-masked one when their number is odd, and a
+  trailing all-masked row for the kernel's last prefetch. Masked entries
+  name row ``num_tokens`` (y's dump row; the inputs are zero there);
+- ``zero_table [num_tokens/Q, Q, 1]``: the token rows of padding
+  sequences, Q per row (unused entries name the dump row);
+- ``counts [1, 2]``: live sequences, zero_table rows in use.
+
+Loops
+-----
+Every loop that grows with the batch is an ``nl.dynamic_range`` over a
+register (``register_load`` from a table). Rows of seq_table and zero_table
+are addressed by the loop's induction register (``scalar_offset``); rows of
+chunk_table by a run-time counter (a 1x1 int32 tile of the sequence's
+seq_table row used as ``scalar_offset``, advanced by a GpSimd integer add
+of the constant beside it: registers have no arithmetic); a chunk's tokens
+by its first token row (``scalar_offset``: one contiguous DMA per input,
+hardware DGE on trn2, no GpSimd descriptor work); y rows and pool rows by
+``vector_offset`` (one row per partition). What is unrolled inside a body
+is bounded by the layer shape (head blocks, dstate tiles, groups).
+
+1. Sequence loop (trip count: live sequences). Its body loads the
+   sequence's row, then its initial state: under a runtime conditional
+   (``dynamic_range`` over the has_initial_state register, 0 or 1 trips)
+   the slot's state is gathered and transposed into S^T; under the negated
+   flag S^T is zeroed. So an uninitialised slot is never read (no NaN * 0).
+2. Chunk-pair loop (trip count: the sequence's pairs, two chunks per
+   iteration in contexts 0 and 1). Modulo-scheduled (``_pairs_modulo``)
+   when a chunk has more head blocks than the pipeline has stages (an even
+   number; Mamba-2 2.7B: 20, Granite-like: 32): each iteration completes
+   its pair and runs the first stages of the next pair's first items, so
+   the pipeline never drains inside a sequence; the fill of pair 0 runs
+   before the loop, the last iteration's fill works on the trailing
+   all-masked row and is discarded (it writes no state, stores no y).
+   Otherwise (small shapes, Falcon-H1-like) ``_pair``: the two chunks of an
+   iteration share one pipeline (> 6 blocks) or drain between them, and
+   the pipeline drains at the iteration end. A sequence with an odd number
+   of chunks ends with an all-masked chunk: it leaves the state exactly
+   unchanged (decay exp(0) = 1, zero input) and its y rows go to the dump
+   row.
+3. After the pair loop the state is transposed back and scattered to the
+   slot (the kernel's own writes to its HBM input are the pool update).
+4. Zero loop (trip count: zero_table rows in use): zero rows of y for the
+   tokens of padding sequences.
+
+Masking
+-------
+A chunk loads the Q token rows from its first token on. Rows past the
+sequence end hold the next sequence's tokens or zeros: the launcher zeroes
+the tokens of padding sequences (a masked fill on the copy it makes to pad
+the batch to its bucket; a padding token may hold NaN) and appends Q zero
+rows, so every loaded value is finite (NaN * 0 cannot arise). Masked rows
+get dt' = 0 (dt' times the 0/1 valid flag): decay exp(0) = 1 and input
+x dt' = 0 exactly, so a masked row adds exactly 0 to the state and to the
+valid outputs (CB is causally masked by select, and masked rows are the
+last of a chunk; ln dt' is clamped to 1e-18, which only feeds masked
+outputs). A ragged batch therefore equals separate calls bit for bit.
+Every y row is written exactly once: a live token's row by its chunk's
+scatter (masked partitions write the dump row, sliced off by the host), a
+padding token's row by the zero loop; bucket padding rows are sliced off.
 
 Layout
 ------
-Tokens of one chunk (Q <= 128, ``chunk_size``) sit on partitions; heads are
-concatenated on the free dim (x as ``[L, H*P]``, dt as ``[L, H]``). The
-running state of a sequence lives in SBUF in float32 as ``S^T [N, H*P]``
-(dstate on partitions, one tile per 128 of N: N up to 256 and beyond), so
-both state matmuls contract over partitions without per-chunk transposes; it
-is transposed on TensorE only when gathered from / scattered to the pool,
-one DMA each per sequence (partition q holds the nt consecutive state rows
-``q*nt ..``, ``pr*nt = H*P``: 20 KiB per partition at 2.7B, the DMA's
-efficient regime).
+Tokens of one chunk (Q <= 128) sit on partitions; heads are concatenated on
+the free dim (x as ``[Q, H*P]``, dt as ``[Q, H]``). The running state of a
+sequence lives in SBUF in float32 as ``S^T [N, H*P]`` (dstate on
+partitions, one tile per 128 of N, N <= 256), so both state matmuls
+contract over partitions without per-chunk transposes; it is transposed on
+TensorE only when gathered from / scattered to the pool, in pieces of
+<= 4 KiB per partition (partition q holds state rows ``q*nt ..``, one pool
+row segment per partition; a bf16 pool is transposed by an exact identity
+matmul into the fp32 PSUM scratch).
 
-Per chunk (prologue, all heads at once)
----------------------------------------
-DMA x (widened to fp32 by the DMA), dt, B, C. VectorE/ScalarE:
-dt' = clip(softplus(dt + dt_bias)), dtA = dt' A, ln dt' ([L, H]). TensorE
-(fp32, 0/1 stationaries flagged onezero): cs = U^T dtA (inclusive cumsum),
-ex = Ls^T dtA (sum over the chunk's later tokens), tot = 1^T dtA (chunk
-total, broadcast on the N partitions); ScalarE exp of each. Per group:
-C^T (TensorE transpose), CB^T [L, L] (fp32, contract N, accumulate N
-tiles), causal mask on GpSimd (affine_select).
+Per chunk (prologue: loads issued early, compute later)
+-------------------------------------------------------
+Loads: chunk_table row; x (widened to fp32 by the DMA), dt, B, C (fp32) and
+z. Compute: dt' = clip(softplus(dt + dt_bias)) * valid, dtA = dt' A,
+ln dt' ([Q, H]). TensorE (fp32, 0/1 stationaries flagged onezero):
+cs = U^T dtA (inclusive cumsum), ex = Ls^T dtA (sum over the chunk's later
+tokens), tot = 1^T dtA (chunk total, broadcast on the N partitions); ScalarE
+exp of each. Per group: C^T and B^T (TensorE transposes, fp32), CB^T
+[Q, Q] (fp32, contract N, accumulate N tiles), causal mask (VectorE
+product with the 0/1 matrix U, from PSUM). The loads of a context are issued as soon as its previous
+chunk's last block has read it, the compute ~10 pipeline steps later (DMA
+queues and engines are in order: an engine reaching the compute earlier
+would wait for the loads).
 
 Per (chunk, head block) item: ten stages, one engine each (mostly)
 -----------------------------------------------------------------
-Blocks hold ``hb`` heads of one group (``hb*L <= 512`` and ``hb*P <= 512``:
-one PSUM bank per tile; hb = 4 at L = 128, P = 64).
- 0 ScalarE  W[k, (h,i)] = dtA[k,h] U[k,i] (one head of the block on VectorE)
+Blocks hold ``hb`` heads of one group (hb*Q <= 512, 2*hb*P <= 512 and
+n_tiles*hb*P <= 512: one PSUM bank per tile; hb = 4 at Q = 128, P = 64).
+ 0 ScalarE  W[k, (h,i)] = dtA[k,h] U[k,i] (one head on VectorE when
+            _ALT_ENGINE is GpSimd)
  1 TensorE  seg = Ls^T W -> seg[j,(h,i)] = sum_{j<k<=i} dtA[k,h] (fp32;
             exactly 0 for j >= i), one matmul for the block
  2 ScalarE  Dm = exp(seg + ln dt'_j) (dt'_j as the exponent bias)
- 3 V / G    Mt = Dm * CBmask per head (alternating VectorE / GpSimd);
-            ScalarE: bf16 copy of the block's S^T (bf16 mode)
- 4 TensorE  y_intra = Mt^T x_h + I^T (x_h D_h) per head, fp32 (x*D on
-            ScalarE); y_off = C S^T for the block (one matmul per N tile)
+ 3 VectorE  Mt = Dm * CBmask per head, in place (every second head on
+            _ALT_ENGINE); ScalarE: bf16 copy of the block's S^T (bf16 mode),
+            x_h D_h per head (D [H])
+ 4 TensorE  y_intra = Mt^T x_h + I^T (x_h D_h) per head, fp32; y_off =
+            C S^T for the block (one matmul per N tile), both in one PSUM bank
  5 ScalarE  y_off * exp(cs_i) per head; silu(z); Xd = x_h dt'_j exp(ex_j)
- 6 VectorE  y = y_off + y_intra (PSUM operand)
- 7 GpSimd   (+ x*D for D [H, P]) * silu(z) -> y
+ 6 VectorE  y = y_off + y_intra (PSUM operand); modulo schedule with
+            _ALT_ENGINE = VectorE: TensorE identity matmul accumulating
+            y_off * exp(cs) into y_intra's PSUM bank (y ring of 4 banks)
+ 7 _ALT_ENGINE (+ x*D for D [H, P]) * silu(z) -> the chunk's y tile
+            (written over z's columns: z's SBUF tile doubles as y's)
  8 TensorE  chunk state B^T Xd per N tile (fp32)
  9 VectorE  S^T <- exp(tot) S^T + chunk state, per head (fp32)
-z is loaded and y stored per group of 4 blocks (2 KiB per partition per DMA
-at P = 64, bf16), x once per chunk (fp32 via the DMA).
+A chunk's y tile is scattered to its token rows before its context's next
+loads. Item (1, j) reads the state item (0, j) writes (and item (0, j) of
+the next pair what item (1, j) writes): more than 6 blocks keep them
+apart in a shared pipeline.
 
-Overlap
--------
-The items of a whole sequence (chunk by chunk, block by block) form one
-software pipeline: in step b, stage k works on item b - k, stages issued
-in order, so every engine's in-order queue only holds work whose inputs
-were produced in earlier steps and the five engines run concurrently. A
-chunk's prologue is issued half a chunk of steps before its first item;
-item (c+1, j) reads the state item (c, j) writes, which the step distance
-guarantees when a chunk has more than 6 blocks (otherwise the pipeline
-drains at each chunk boundary). Sequences run one after another (the
-pipeline drains at each sequence end); the next sequence's state gather is
-issued after the current one's first chunk prologue when the state is
-<= 32 KiB per partition (2.7B, Granite-like), so it does not wait for the
-current scatter (pool DMAs have run-time indices); Falcon-H1's 64 KiB
-state is gathered in turn (SBUF).
+_ALT_ENGINE is VectorE: float tensor_tensor on GpSimd may be illegal
+(issue 14 item 9: the ISA routes float binary ops to VectorE; the static
+kernel put ~320 per 1K tokens there). Setting it to nisa.engine.gpsimd
+restores the old engine balance if the coordinator rules it legal.
 
-Engine budget (modeled, trn2, nki_ssm.perf; Mamba-2 2.7B, bf16, 16K tokens)
-----------------------------------------------------------------------------
-4.81 ms = 3.41 M tokens/s per NeuronCore (goal 2 M); the current cost
-model gives 4.67 ms = 3.50 M tokens/s, binding VectorE, 29.1 % of the
-roofline (``python3 -m simulate --set judged --op mamba2_ssd``). Busy per 128-token
-chunk: ScalarE 36.7 us (binding, 98 %), VectorE 35.8, GpSimd 34.6, TensorE
-32.6, DMA 18.7 us; modeled 37.6 us per chunk. Roofline: 1.41 ms (520 MB of
-minimal HBM traffic at 368 GB/s; the minimal matmul work takes 0.82 ms at
-the bf16 peak), so 29 % of the roofline. What binds is elementwise work: per
-chunk and head three passes over the L x L decay matrix (W, exp, Mt) and
-~6 passes over the L x P output / state columns; TensorE is not the limit
-(the exact mode, all-fp32 TensorE, models at 3.24 M tokens/s with TensorE
-99 % busy). Closer to the roof needs fewer elementwise passes (bf16 perf
-modes where the precision budget allows; trn3's VectorE exponential) rather
-than faster matmuls. Chunk 64 models slower (2.0 M tokens/s at 2K tokens:
-per-instruction overheads); 128 is the right chunk on trn2. Granite-like
-(H 128, G 8) 16K: 2.01 M tokens/s, ScalarE binding.
-
-SBUF / PSUM budget (bytes per partition; Q = 128)
---------------------------------------------------
-State S^T ``H*P*4`` per N tile (2.7B 20 KiB, Granite-like 32 KiB); per
-live chunk context (two are live while the pipeline crosses a chunk
-boundary): x fp32 ``H*P*4`` (20 / 32 KiB) + B, C, dt, decay columns
-(< 10 KiB); items in flight (~10) hold W, Dm, Mt (``hb*L*4`` = 2 KiB each),
-y / Xd / S copies (1 KiB each) and z / y group tiles (2 KiB). The simulator
-enforces the 208 KiB usable (224 KiB less its reserve); Granite-like in
-exact mode is the tightest case and fits. PSUM: one bank per tile; the seg,
-y_intra, y_off and state tiles of the items in flight stay within the 8
-banks (the simulator counts live banks).
+SBUF / PSUM budget
+------------------
+Tiles allocated in a dynamic loop body are live for the whole loop, so all
+tiles are allocated before the loops: the chunk contexts (x fp32 ``H*P*4``
++ z / y ``H*P*2`` + B, C, dt, decay columns, C^T and CB per group), the
+state S^T (``H*P*4`` per N tile), a <= 4 KiB state-transfer piece, and the
+item temporaries as round-robin rings (a buffer written in stage k and last
+read in stage k' has k' - k + 1 copies; in the modulo schedule sizes 2 and
+4, which divide the 2nb items of an iteration). Two contexts when the
+estimate fits ``_SBUF_BUDGET`` (200 of the 208 KiB usable), else one (its
+loads then wait for the previous chunk: Falcon-H1-like, 64 KiB of state;
+bit-identical results, tested). PSUM (8 banks of 2 KiB per partition):
+seg x2, y_intra|y_off x3 (x4 modulo), chunk state x2 (modulo: both in one
+bank), one prologue / state-transfer scratch bank.
 
 Numerics
 --------
@@ -119,12 +166,36 @@ A = -16 is tested). ``exact=True`` (precision "fp32"): every matmul operand
 float32. ``exact=False`` (precision "bf16", the default): only the
 state-to-output matmul y_off = C S^T takes bfloat16 operands (C exact for
 bf16 models, the fp32 state rounded once); y_intra, D x, CB, the decay sums
-and the chunk-state matmul stay fp32. Rounding Mt or x*dt'*decay to bf16
-instead costs ~1e-3 of relative error in y and in the states, and the cost
-model says those matmuls are not the bottleneck (TensorE ~60 % busy with
-fp32, VectorE binding), so the extra precision is free. Measured at model
-shapes with bf16 I/O: y error = the bf16 output rounding (~1.6e-3),
-states ~1e-7 (float32 pool).
+and the chunk-state matmul stay fp32.
+
+Engine budget and what binds
+----------------------------
+Modeled (trn2, nki_ssm.perf with per-instruction costs, semaphores, ACT
+table loads and the runtime-loop iteration cost, which drains every engine
+at each loop entry; Mamba-2 2.7B, bf16 I/O, float32 pool, one 16K-token
+sequence; ``python -m simulate --set judged --op ssd_prefill``): 7.38 ms =
+2.22 M tokens/s, ScalarE-bound (97 %; TensorE 90 %, GpSimd 63 %, VectorE
+54 %, DMA 24 %; 66 loop iterations, 16.5 us of sync). The static
+per-batch kernel it replaces, same model: 7.61 ms (ScalarE 98 %; one
+program per batch composition, 111.5K instructions at 16K tokens).
+
+Without GpSimd's float products (_ALT_ENGINE = VectorE) the elementwise
+work (per chunk and head: the W, exp and Mt passes over the Q x Q decay
+matrix; per block: y, silu(z), Xd, state) lands on VectorE and ScalarE; it
+is rebalanced by moving W to GpSimd (one affine_select per block), y_off +
+y_intra and every second block's state update to TensorE identity matmuls
+(fp32, 0/1 stationary: exact). Under the earlier cost model (no
+per-instruction costs) this made TensorE the bound: 5.06 ms against the
+static kernel's 4.67 ms (4.86 ms with _ALT_ENGINE = GpSimd; 7.14 ms with
+everything on VectorE).
+
+Program size (static instructions, ``Trace.program_instructions()``):
+2.7B 2,070 at 16K tokens in simulate's report, equal at 2K and 16K
+(2,117 and 2,117 counted from a ``sim.trace.record`` around the host op);
+Granite-like 3,356 at 2K and 16K; Falcon-H1-like 3,646 (one context). Closer to the roof needs fewer elementwise passes
+(trn3's VectorE exponential, bf16 perf modes where the precision budget
+allows), not faster matmuls.
+
 """
 from __future__ import annotations
 
@@ -132,11 +203,213 @@ from nki_ssm.backend import nki, nl, nisa
 from nki_ssm.kernels.mamba2_ssd._common import dt_prime, load_f32
 
 _PSUM_F = 512      # fp32 elements of one PSUM bank per partition
-
 _PMAX = 128
-_IO_BLOCKS = 4     # head blocks per z / y DMA
+_CB_AHEAD = 2         # steps between a context's prologue compute and its CB (modulo loop)
+_PE_STATE_CYCLE = 2   # one block in this many updates the state on TensorE (pe_state)
 _W_ON_VECTOR = 0   # block head whose W build runs on VectorE (engine balance)
-_PREFETCH_BYTES = 32 * 1024   # state bytes per partition gathered a sequence ahead
+_SBUF_BUDGET = 200 * 1024   # bytes per partition the tile estimate may plan for (of 208 KiB)
+_NAT_BYTES = 4 * 1024   # bytes per partition of one piece of a state gather / scatter
+# engine of the elementwise float products the static kernel ran on GpSimd
+# (half the Mt heads, the y epilogue): VectorE, as the ISA routes float binary
+# ops there (issue 14 item 9); nisa.engine.gpsimd restores the old balance
+_ALT_ENGINE = nisa.engine.vector
+
+
+@nki.jit
+def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, seq_table,
+                      chunk_table, zero_table, counts, heads, dstate, dt_softplus, dt_lo, dt_hi,
+                      chunk_size, exact):
+    """Chunked SSD prefill; returns y ``[num_tokens + 1, H*P]`` and updates ``pool`` in place.
+
+    ``num_tokens`` is the padded token bucket; row ``num_tokens`` of every
+    token input is zero (the masked-row source) and of y a dump row.
+    HBM arrays (prepared by the launcher):
+      x ``[num_tokens + 1, H*P]`` (float32 or bfloat16; y has this dtype),
+      dt ``[num_tokens + 1, H]`` float32 (raw dt), A_rows ``[128, H]`` float32
+      (A repeated on 128 rows), B, C ``[num_tokens + 1, G*N]`` (x's dtype),
+      D_heads ``[128, H]`` float32 or None (D per head on 128 rows; folded
+      into TensorE as D_h * I), D_rows ``[128, H*P]`` float32 or None (D per
+      head and channel), z ``[num_tokens + 1, H*P]`` or None, bias_rows
+      ``[128, H]`` float32 or None, pool ``[slots*pr, nt*N]`` (float32 or
+      bfloat16: the state pool ``[slots, H, P, N]`` as pr rows of nt state
+      rows per slot, ``pr*nt = H*P``, pr <= 128; updated in place by the
+      kernel's scatters),
+      seq_table ``[num_seqs, 128, 4]``, chunk_table ``[chunk_rows, Q, 2]``,
+      zero_table ``[num_tokens / Q, Q, 1]``, counts ``[1, 2]`` int32: the batch
+      composition (module docstring).
+    Compile-time: heads (H), dstate (N), dt_softplus (bool), dt_lo, dt_hi
+      (floats, dt_hi may be inf), chunk_size Q (16..128), exact (bool: fp32
+      matmul operands), and the shapes.
+    Limits: N <= 256 (two dstate tiles; the host API checks it), P <= 256,
+      H*P*4 bytes per partition of fp32 state per dstate tile within SBUF.
+    """
+    T1, HP = x.shape
+    H = heads
+    P = HP // H
+    N = dstate
+    GN = B.shape[1]
+    G = GN // N
+    HPG = H // G
+    Q = chunk_size
+    n_tiles = (N + _PMAX - 1) // _PMAX
+    md = nl.float32 if exact else nl.bfloat16
+    y = nl.ndarray((T1, HP), dtype=x.dtype, buffer=nl.shared_hbm)
+
+    ones, U, Ls = _tri_consts(Q)
+    A_sb = load_f32(A_rows, _PMAX, H)
+    bias_sb = load_f32(bias_rows, _PMAX, H)
+    D_sb = load_f32(D_rows, _PMAX, HP)
+    DI = None
+    if D_heads != None:  # noqa: E711
+        DI = _d_heads(D_heads, ones, Q, H)
+    # heads per block: seg [Q, hb*Q], y [Q, 2*hb*P] and the state [., n_tiles*hb*P]
+    # each fill at most one PSUM bank
+    # (two-argument min / max only: the NKI front end rejects more)
+    hb = max(1, min(min(HPG, _PSUM_F // Q), min((_PSUM_F // 2) // P, (_PSUM_F // n_tiles) // P)))
+    blocks = []
+    for g in range(G):
+        for h0 in range(g * HPG, (g + 1) * HPG, hb):
+            blocks.append((g, h0, min(hb, (g + 1) * HPG - h0)))
+
+    cst = {"ones": ones, "U": U, "Ls": Ls, "A": A_sb, "bias": bias_sb, "D_sb": D_sb,
+           "Dh": None, "ident": None, "H": H, "P": P, "N": N, "G": G, "Q": Q,
+           "n_tiles": n_tiles, "md": md, "dt_softplus": dt_softplus, "dt_lo": dt_lo,
+           "dt_hi": dt_hi, "x": x, "dt": dt, "B": B, "C": C, "z": z, "y": y}
+    if DI != None:  # noqa: E711
+        cst["Dh"] = DI[0]
+        cst["ident"] = DI[1]
+    else:
+        cst["ident"] = _identity(ones, Q)
+    # prologue PSUM scratch (two banks, alternating) and temporaries
+    cst["pps"] = nl.ndarray((_PMAX, _PSUM_F), dtype=nl.float32, buffer=nl.psum)
+    cst["CTf"] = nl.ndarray((_PMAX, Q), dtype=nl.float32, buffer=nl.sbuf)
+    cst["BT"] = nl.ndarray((_PMAX, Q), dtype=nl.float32, buffer=nl.sbuf)
+
+    # running state S^T, fp32, one tile per 128 of N (persistent)
+    ST = []
+    for t in range(n_tiles):
+        ST.append(nl.ndarray((min(_PMAX, N - t * _PMAX), HP), dtype=nl.float32, buffer=nl.sbuf))
+    cst["ST"] = ST
+    # two chunk contexts (double-buffered loads) when they fit in SBUF beside the
+    # state, else one (its loads then wait for the previous chunk's last block:
+    # the pipeline drains between the two chunks of an iteration)
+    zbytes = _itemsize(x.dtype)
+    if z != None:  # noqa: E711
+        zbytes = _itemsize(z.dtype)
+    mdb = _itemsize(md)
+    ctx_bytes = HP * (4 + zbytes) + GN * 8 + H * 4 * (6 + n_tiles) + G * Q * (n_tiles * mdb + 4)
+    # state + transfer piece + item rings (W, Dm; yb, sz, Xd, xd) + constants
+    fixed = n_tiles * HP * 4 + _NAT_BYTES + 6 * hb * Q * 4 + 14 * hb * P * 4 + 10 * _PMAX * 4
+    double = fixed + 2 * ctx_bytes <= _SBUF_BUDGET
+    c0 = _ctx_tiles(cst, G, n_tiles)
+    ctxs = [c0, c0]
+    if double:
+        ctxs[1] = _ctx_tiles(cst, G, n_tiles)
+    # the modulo-scheduled chunk loop (no pipeline drain per iteration) needs more
+    # blocks than stages, an even block count (ring sizes 2 and 4 divide the
+    # items per iteration), the chunk-state PSUM pair in one bank, two contexts
+    nb = len(blocks)
+    modulo = (double and nb > len(_STAGES) and nb % 2 == 0
+              and 2 * n_tiles * hb * P <= _PSUM_F)
+    rings = _item_rings(cst, hb, modulo)
+    # y_off * exp(cs) is added to y_intra on TensorE (identity matmul into the PSUM
+    # bank) instead of VectorE when the float products run on VectorE and the y
+    # ring has the 4 banks that longer PSUM lifetime needs (modulo schedule)
+    cst["pe_add"] = modulo and _ALT_ENGINE == nisa.engine.vector
+    # ... and the state update of most blocks goes the same way: ScalarE e*S,
+    # TensorE accumulates it into the chunk-state PSUM, ScalarE copies back
+    cst["pe_state"] = cst["pe_add"] and n_tiles == 1
+    cst["nb"] = nb
+    if cst["pe_state"]:
+        rings["eS"] = _ring(4, (N, hb * P), nl.float32, nl.sbuf)
+        cst["ident_n"] = cst["ident"]
+        if Q != N:
+            cst["ident_n"] = _identity(_ones_n(N), N)
+
+    cnt = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=cnt, src=counts)
+    r_live = nisa.register_alloc()
+    nisa.register_load(dst=r_live, src=cnt[0:1, 0:1])
+    r_zero = nisa.register_alloc()
+    nisa.register_load(dst=r_zero, src=cnt[0:1, 1:2])
+    tab = nl.ndarray((_PMAX, 4), dtype=nl.int32, buffer=nl.sbuf)
+    r_pairs = nisa.register_alloc()
+    r_init = nisa.register_alloc()
+    r_noinit = nisa.register_alloc()
+    nt_rows = pool.shape[1] // N            # state rows per pool row
+    pr = HP // nt_rows
+    # two halves of _NAT_BYTES: a state piece is jb pool-row blocks per partition
+    jb = max(1, min(nt_rows, (_NAT_BYTES // 2) // (N * _itemsize(pool.dtype))))
+    nat = nl.ndarray((pr, 2 * jb * N), dtype=pool.dtype, buffer=nl.sbuf)
+    if pool.dtype != nl.float32:
+        cst["ident_pool"] = nl.ndarray((_PMAX, _PMAX), dtype=pool.dtype, buffer=nl.sbuf)
+        nisa.affine_select(dst=cst["ident_pool"], pattern=[[-1, _PMAX]], channel_multiplier=1,
+                           on_true_tile=ones[0:_PMAX, 0:_PMAX] if Q == _PMAX else _ones128(),
+                           on_false_value=0.0, cmp_op=nl.equal, offset=0)
+
+    for s in nl.dynamic_range(r_live):
+        # ---- this sequence's row: pool rows, pairs of chunks, has_initial_state, chunk row
+        nisa.dma_copy(dst=tab, src=seq_table.ap(pattern=[[4, _PMAX], [1, 4]], offset=0,
+                                                scalar_offset=s, indirect_dim=0))
+        nisa.register_load(dst=r_pairs, src=tab[0:1, 1:2])
+        nisa.register_load(dst=r_init, src=tab[1:2, 1:2])
+        nisa.register_load(dst=r_noinit, src=tab[2:3, 1:2])
+        crow = tab[0:1, 2:4]                # chunk_table row counter (value, 1)
+        # ---- initial state: the pool slot's state or zeros (a select by
+        # runtime conditionals: pool bytes of an uninitialised slot are never read)
+        for _ in nl.dynamic_range(r_init):
+            _state_in(pool, tab, nat, cst, pr, nt_rows, jb)
+        for _ in nl.dynamic_range(r_noinit):
+            for t in range(n_tiles):
+                nisa.memset(dst=ST[t], value=0.0)
+        # ---- chunks, two per iteration (contexts 0 and 1 alternate); the
+        # first chunk's prologue is issued before the loop, each later one
+        # inside the previous chunk's items
+        if modulo:
+            _pairs_modulo(cst, ctxs, blocks, rings, chunk_table, crow, r_pairs)
+        else:
+            _prologue(cst, ctxs[0], chunk_table, crow)
+            for _ in nl.dynamic_range(r_pairs):
+                _pair(cst, ctxs, blocks, rings, chunk_table, crow, double)
+        # ---- final state to the pool
+        _state_out(pool, tab, nat, cst, pr, nt_rows, jb)
+
+    # ---- tokens of padding sequences: zero rows of y, Q rows per DMA (unused
+    # partitions write the dump row); the zeros come from context 0's x tile
+    # (dead by now: SBUF is tight at H*P = 8192)
+    zt = ctxs[0]["x_in"]
+    nisa.memset(dst=zt, value=0.0)
+    zidx = ctxs[0]["yrows"]
+    for zb in nl.dynamic_range(r_zero):
+        nisa.dma_copy(dst=zidx, src=zero_table.ap(pattern=[[1, Q], [1, 1]], offset=0,
+                                                  scalar_offset=zb, indirect_dim=0))
+        nisa.dma_copy(dst=y.ap(pattern=[[HP, Q], [1, HP]], offset=0, vector_offset=zidx,
+                               indirect_dim=0), src=zt)
+    return y
+
+
+def _ones_n(n):
+    t = nl.ndarray((n, n), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=t, value=1.0)
+    return t
+
+
+def _ones128():
+    t = nl.ndarray((_PMAX, _PMAX), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=t, value=1.0)
+    return t
+
+
+def _itemsize(dtype):
+    if dtype == nl.float32:
+        return 4
+    return 2
+
+
+def _advance(row):
+    """counter += 1 (GpSimd integer add of the constant beside it: off VectorE)."""
+    nisa.tensor_tensor(dst=row[0:1, 0:1], data1=row[0:1, 0:1], data2=row[0:1, 1:2], op=nl.add,
+                       engine=nisa.engine.gpsimd)
 
 
 def _tri_consts(Q):
@@ -154,553 +427,662 @@ def _tri_consts(Q):
     return ones, U, Ls
 
 
-def _exp_of_matmul(stationary, moving, rows, cols):
-    """exp(stationary^T @ moving) as a new fp32 SBUF tile [rows, cols] (fp32 matmul, 0/1 stationary)."""
-    ps = nl.ndarray((rows, cols), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=stationary, moving=moving, accumulate=False,
-                   is_stationary_onezero=True)
-    out = nl.ndarray((rows, cols), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=out, op=nl.exp, data=ps)
-    return out
-
-
-def _transpose_to_sbuf(src, rows, cols, dtype):
-    """src [rows, cols] (SBUF) -> new SBUF tile [cols, rows] of ``dtype`` via TensorE."""
-    ps = nl.ndarray((cols, rows), dtype=src.dtype, buffer=nl.psum)
-    nisa.nc_transpose(dst=ps, data=src)
-    out = nl.ndarray((cols, rows), dtype=dtype, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=out, src=ps)
-    return out
-
-
-def _gather_state(pool, gather_idx, s, HP, N):
-    """Start the gather of one sequence's state: (new tile [pr, nt*N] in the pool dtype).
-
-    ``pool`` [slots*pr, nt*N]: partition q of the gather reads state rows
-    ``q*nt .. q*nt+nt-1`` (r = h*P + p), one pool row of ``nt*N`` contiguous
-    elements, at index ``gather_idx[s*pr + q]`` (``slot*pr + q``, or past the
-    pool: skipped, the zero fill stays = zero initial state).
-    """
-    nt = pool.shape[1] // N
-    pr = HP // nt
-    idx = nl.ndarray((pr, 1), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=idx, src=gather_idx[s * pr:(s + 1) * pr, :])
-    nat = nl.ndarray((pr, nt * N), dtype=pool.dtype, buffer=nl.sbuf)
-    nisa.memset(dst=nat, value=0.0)
-    src = pool.ap(pattern=[[nt * N, pr], [1, nt * N]], offset=0, vector_offset=idx,
-                  indirect_dim=0)
-    nisa.dma_copy(dst=nat, src=src, oob_mode=nisa.oob_mode.skip)
-    return nat
-
-
-def _state_in(nat, ST, HP, N, n_tiles):
-    """Gathered state tile -> S^T tiles (TensorE transposes). Column block j
-    of ``nat`` holds rows ``q*nt + j``: its transpose lands in the strided
-    S^T columns ``j, j+nt, ...``. ``ST[t]`` fp32 [Nt, H*P].
-    """
-    pr = nat.shape[0]
-    nt = HP // pr
-    for j in range(nt):
-        for t in range(n_tiles):
-            n0 = t * _PMAX
-            ntile = min(_PMAX, N - n0)
-            ps = nl.ndarray((ntile, pr), dtype=nat.dtype, buffer=nl.psum)
-            nisa.nc_transpose(dst=ps, data=nat[:, j * N + n0:j * N + n0 + ntile])
-            nisa.tensor_copy(dst=ST[t][:, j:HP:nt], src=ps,
-                             engine=nisa.engine.scalar if j % 2 else nisa.engine.vector)
-
-
-def _store_state(pool, scatter_idx, s, ST, HP, N, n_tiles):
-    """Transpose S^T back to the gather layout and scatter it with one DMA (index past
-    the pool: skipped)."""
-    nt = pool.shape[1] // N
-    pr = HP // nt
-    idx = nl.ndarray((pr, 1), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=idx, src=scatter_idx[s * pr:(s + 1) * pr, :])
-    nat = nl.ndarray((pr, nt * N), dtype=pool.dtype, buffer=nl.sbuf)
-    for j in range(nt):
-        ps = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.psum)
-        for t in range(n_tiles):
-            n0 = t * _PMAX
-            ntile = min(_PMAX, N - n0)
-            nisa.nc_transpose(dst=ps[:, n0:n0 + ntile], data=ST[t][:, j:HP:nt])
-        nisa.tensor_copy(dst=nat[:, j * N:(j + 1) * N], src=ps,
-                         engine=nisa.engine.scalar if j % 2 else nisa.engine.vector)
-    dst = pool.ap(pattern=[[nt * N, pr], [1, nt * N]], offset=0, vector_offset=idx,
-                  indirect_dim=0)
-    nisa.dma_copy(dst=dst, src=nat, oob_mode=nisa.oob_mode.skip)
-
-
-@nki.jit
-def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, gather_idx,
-                      scatter_idx, seq_lens, live, heads, dstate, dt_softplus, dt_lo, dt_hi,
-                      chunk_size, exact):
-    """Chunked SSD prefill; returns y ``[num_tokens, H*P]`` and updates ``pool`` in place.
-
-    HBM arrays (prepared by the launcher):
-      x ``[num_tokens, H*P]`` (float32 or bfloat16; y has this dtype),
-      dt ``[num_tokens, H]`` float32 (raw dt), A_rows ``[128, H]`` float32 (A
-      repeated on 128 rows), B, C ``[num_tokens, G*N]`` (x's dtype),
-      D_heads ``[128, H]`` float32 or None (D per head, repeated on 128 rows;
-      folded into TensorE as D_h * I), D_rows ``[128, H*P]`` float32 or None
-      (D per head and channel, applied on GpSimd), z ``[num_tokens, H*P]`` or None,
-      bias_rows ``[128, H]`` float32 or None, pool ``[slots*pr, nt*N]`` (float32
-      or bfloat16: the state pool ``[slots, H, P, N]`` viewed as pr rows of nt
-      state rows per slot, ``pr*nt = H*P``, pr <= 128; updated in place),
-      gather_idx / scatter_idx ``[num_seqs*pr, 1]`` int32 (pool row
-      ``slot*pr + q`` for partition q of sequence s at ``s*pr + q``; the first
-      row past the pool = skip: no initial state (gather) / padding).
-    Compile-time: seq_lens (tuple of ints, sum = num_tokens), live (tuple of
-      bools: False = padding sequence, zero output, pool untouched), heads (H),
-      dstate (N),
-      dt_softplus (bool), dt_lo, dt_hi (floats, dt_hi may be inf), chunk_size
-      (<= 128), exact (bool: fp32 matmul operands).
-    """
-    T, HP = x.shape
-    H = heads
-    P = HP // H
-    N = dstate
-    GN = B.shape[1]
-    G = GN // N
-    HPG = H // G
-    Q = chunk_size
-    n_tiles = (N + _PMAX - 1) // _PMAX
-    md = nl.float32 if exact else nl.bfloat16
-
-    y = nl.ndarray((T, HP), dtype=x.dtype, buffer=nl.shared_hbm)
-
-    ones, U, Ls = _tri_consts(Q)
-    A_sb = load_f32(A_rows, _PMAX, H)
-    bias_sb = load_f32(bias_rows, _PMAX, H)
-    D_sb = load_f32(D_rows, _PMAX, HP)
-    DI = None
-    if D_heads != None:  # noqa: E711
-        DI = _d_heads(D_heads, ones, Q, H)
-
-    # heads per block: one PSUM bank for seg [L, hb*L] and y [L, hb*P]
-    hb = max(1, min(HPG, min(_PSUM_F // Q, _PSUM_F // P)))  # min takes 2 args in NKI
-
-    # With a small state (<= _PREFETCH_BYTES per partition) the next live
-    # sequence's state is gathered during this one's chunks (after the first
-    # chunk's loads), not after this one's scatter: pool DMAs have run-time
-    # indices, so a gather issued after a scatter waits for it (2.7B, 4 x 256
-    # tokens: 413 -> 386 us modeled). A large state (Falcon-H1: 64 KiB) is
-    # gathered in turn: two would not fit next to the chunk pipeline.
-    nxt = []
-    for s in range(len(seq_lens)):
-        nxt.append(-1)
-    last = -1
-    for s in range(len(seq_lens) - 1, -1, -1):
-        nxt[s] = last
-        if live[s]:
-            last = s
-    itemsize = 4
-    if pool.dtype != nl.float32:
-        itemsize = 2
-    early = pool.shape[1] * itemsize <= _PREFETCH_BYTES
-    pre = {}
-    start = 0
-    for s in range(len(seq_lens)):
-        n_s = seq_lens[s]
-        if not live[s]:
-            _zero_rows(y, start, n_s, HP)
-            start += n_s
-            continue
-        ST = []
-        for t in range(n_tiles):
-            nt = min(_PMAX, N - t * _PMAX)
-            ST.append(nl.ndarray((nt, HP), dtype=nl.float32, buffer=nl.sbuf))
-        if pre.get(str(s)) == None:  # noqa: E711
-            pre[str(s)] = _gather_state(pool, gather_idx, s, HP, N)
-        _state_in(pre[str(s)], ST, HP, N, n_tiles)
-        pre[str(s)] = None
-        ahead = None
-        if early and nxt[s] >= 0:
-            ahead = (pool, gather_idx, nxt[s])
-        nat = _sequence(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST, start, n_s,
-                        Q, H, P, N, G, HPG, hb, n_tiles, md, dt_softplus, dt_lo, dt_hi, ahead)
-        if ahead != None:  # noqa: E711
-            pre[str(nxt[s])] = nat
-        nat = None
-
-        _store_state(pool, scatter_idx, s, ST, HP, N, n_tiles)
-        start += n_s
-    return y
-
-
-def _zero_rows(y, start, n, HP):
-    """y rows [start, start+n) = 0 (a padding sequence)."""
-    for r0 in range(0, n, _PMAX):
-        nr = min(_PMAX, n - r0)
-        zt = nl.ndarray((nr, HP), dtype=y.dtype, buffer=nl.sbuf)
-        nisa.memset(dst=zt, value=0.0)
-        nisa.dma_copy(dst=y[start + r0:start + r0 + nr, :], src=zt)
+def _identity(ones, Q):
+    """fp32 identity [Q, Q] (TensorE adds: the D x term, y_off into y_intra)."""
+    ident = nl.ndarray((Q, Q), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.affine_select(dst=ident, pattern=[[-1, Q]], channel_multiplier=1,
+                       on_true_tile=ones[:, 0:Q], on_false_value=0.0, cmp_op=nl.equal, offset=0)
+    return ident
 
 
 def _d_heads(D_heads, ones, Q, H):
     """(D per head on Q rows [Q, H] fp32, identity [Q, Q] fp32) for the TensorE D x term."""
     Dh = nl.ndarray((Q, H), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=Dh, src=D_heads[0:Q, :])
-    ident = nl.ndarray((Q, Q), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.affine_select(dst=ident, pattern=[[-1, Q]], channel_multiplier=1,
-                       on_true_tile=ones[:, 0:Q], on_false_value=0.0, cmp_op=nl.equal, offset=0)
-    return Dh, ident
+    return Dh, _identity(ones, Q)
 
 
-def _chunk(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST,
-           t0, L, H, P, N, G, HPG, hb, n_tiles, md, dt_softplus, dt_lo, dt_hi):
-    """Prologue of one chunk of L tokens at token t0 (loads, dt', decay sums,
-    C^T and masked CB per group) -> the chunk context the stages use."""
-    HP = H * P
-    GN = G * N
-    # ---- loads (one DMA per tensor, all heads; z and y move per block). x is
-    # widened to fp32 by the DMA: y_intra and D x are fp32 matmuls in both modes
-    x_in = nl.ndarray((L, HP), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=x_in, src=x[t0:t0 + L, :])
-    dt_in = nl.ndarray((L, H), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=dt_in, src=dt[t0:t0 + L, :])
-    B_mm = nl.ndarray((L, GN), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=B_mm, src=B[t0:t0 + L, :])
-    C_mm = nl.ndarray((L, GN), dtype=md, buffer=nl.sbuf)
-    nisa.dma_copy(dst=C_mm, src=C[t0:t0 + L, :])
+def _pps(cst):
+    """The prologue / state-transfer PSUM scratch bank (one: seg, y and the chunk
+    state take the other seven)."""
+    return cst["pps"]
 
-    # ---- dt' and dt'*A for all heads, fp32
-    dtp = dt_prime(dt_in, bias_sb, L, H, dt_softplus, dt_lo, dt_hi)
-    dtA = nl.ndarray((L, H), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=dtA, data1=dtp, data2=A_sb[0:L, :], op=nl.multiply)
+
+def _state_in(pool, tab, nat, cst, pr, nt, jb):
+    """The slot's state (pool rows in column 0 of ``tab``) -> S^T tiles: gathered in
+    pieces of jb state rows per partition (one pool-row segment per partition;
+    the two halves of ``nat`` alternate, so a piece's gather overlaps the
+    previous piece's transposes), each transposed on TensorE into one of four
+    rotating column regions of the PSUM scratch (so TensorE runs ahead of the
+    copies). Piece column j holds state rows ``q*nt + j``: its transpose lands
+    in the strided S^T columns ``j, j+nt, ...``."""
+    N, n_tiles, ST, HP = cst["N"], cst["n_tiles"], cst["ST"], cst["H"] * cst["P"]
+    n_reg = _PSUM_F // _PMAX
+    n = 0
+    for j0 in range(0, nt, jb):
+        nj = min(jb, nt - j0)
+        half = nat[:, ((j0 // jb) % 2) * jb * N:((j0 // jb) % 2 + 1) * jb * N]
+        src = pool.ap(pattern=[[nt * N, pr], [1, nj * N]], offset=j0 * N,
+                      vector_offset=tab[0:pr, 0:1], indirect_dim=0)
+        nisa.dma_copy(dst=half[:, 0:nj * N], src=src)
+        for jj in range(nj):
+            j = j0 + jj
+            for t in range(n_tiles):
+                n0 = t * _PMAX
+                ntile = min(_PMAX, N - n0)
+                reg = (n % n_reg) * _PMAX
+                n += 1
+                ps = _pps(cst)[0:ntile, reg:reg + pr]
+                if nat.dtype == nl.float32:
+                    nisa.nc_transpose(dst=ps, data=half[:, jj * N + n0:jj * N + n0 + ntile])
+                else:
+                    # a bf16 transpose would need a bf16 PSUM bank: transpose by an
+                    # exact identity matmul into the fp32 scratch instead
+                    nisa.nc_matmul(dst=ps, stationary=half[:, jj * N + n0:jj * N + n0 + ntile],
+                                   moving=cst["ident_pool"][0:pr, 0:pr], accumulate=False)
+                nisa.tensor_copy(dst=ST[t][:, j:HP:nt], src=ps,
+                                 engine=nisa.engine.scalar if n % 2 else nisa.engine.vector)
+
+
+def _state_out(pool, tab, nat, cst, pr, nt, jb):
+    """S^T back to the gather layout (TensorE transposes into rotating PSUM
+    regions, in pieces alternating the halves of ``nat``) and scattered."""
+    N, n_tiles, ST, HP = cst["N"], cst["n_tiles"], cst["ST"], cst["H"] * cst["P"]
+    n_reg = _PSUM_F // N
+    n = 0
+    for j0 in range(0, nt, jb):
+        nj = min(jb, nt - j0)
+        half = nat[:, ((j0 // jb) % 2) * jb * N:((j0 // jb) % 2 + 1) * jb * N]
+        for jj in range(nj):
+            j = j0 + jj
+            reg = (n % n_reg) * N
+            n += 1
+            ps = _pps(cst)[0:pr, reg:reg + N]
+            for t in range(n_tiles):
+                n0 = t * _PMAX
+                ntile = min(_PMAX, N - n0)
+                nisa.nc_transpose(dst=ps[:, n0:n0 + ntile], data=ST[t][:, j:HP:nt])
+            nisa.tensor_copy(dst=half[:, jj * N:(jj + 1) * N], src=ps,
+                             engine=nisa.engine.scalar if n % 2 else nisa.engine.vector)
+        dst = pool.ap(pattern=[[nt * N, pr], [1, nj * N]], offset=j0 * N,
+                      vector_offset=tab[0:pr, 0:1], indirect_dim=0)
+        nisa.dma_copy(dst=dst, src=half[:, 0:nj * N])
+
+
+def _ctx_tiles(cst, G, n_tiles):
+    """SBUF tiles of one chunk context (allocated once; two contexts alternate)."""
+    Q, H, P, N, md = cst["Q"], cst["H"], cst["P"], cst["N"], cst["md"]
+    HP, GN = H * P, G * N
+    f32 = nl.float32
+    c = {"rows": nl.ndarray((Q, 2), dtype=nl.int32, buffer=nl.sbuf),
+         "yrows": nl.ndarray((Q, 1), dtype=nl.int32, buffer=nl.sbuf),
+         "mask": nl.ndarray((Q, 1), dtype=f32, buffer=nl.sbuf),
+         "x_in": nl.ndarray((Q, HP), dtype=f32, buffer=nl.sbuf),
+         "dt_in": nl.ndarray((Q, H), dtype=f32, buffer=nl.sbuf),
+         "B_mm": nl.ndarray((Q, GN), dtype=f32, buffer=nl.sbuf),
+         "C_in": nl.ndarray((Q, GN), dtype=f32, buffer=nl.sbuf),
+         "z": None, "elast": [], "CTs": [], "CTfs": [], "cbms": []}
+    for name in ("dtp", "dtA", "lndt", "ecs", "wd"):
+        c[name] = nl.ndarray((Q, H), dtype=f32, buffer=nl.sbuf)
+    if cst["z"] != None:  # noqa: E711
+        # y is written over z's columns once silu(z) of the block is taken (SBUF:
+        # H*P*2 bytes per partition and context); the chunk's y store is issued
+        # before the context's next loads
+        c["z"] = nl.ndarray((Q, HP), dtype=cst["z"].dtype, buffer=nl.sbuf)
+        c["yt"] = c["z"]
+    else:
+        c["yt"] = nl.ndarray((Q, HP), dtype=cst["y"].dtype, buffer=nl.sbuf)
+    for t in range(n_tiles):
+        ntile = min(_PMAX, N - t * _PMAX)
+        c["elast"].append(nl.ndarray((ntile, H), dtype=f32, buffer=nl.sbuf))
+    for g in range(G):
+        CT = []
+        for t in range(n_tiles):
+            ntile = min(_PMAX, N - t * _PMAX)
+            CT.append(nl.ndarray((ntile, Q), dtype=md, buffer=nl.sbuf))
+        c["CTs"].append(CT)
+        c["cbms"].append(nl.ndarray((Q, Q), dtype=f32, buffer=nl.sbuf))
+    return c
+
+
+def _item_rings(cst, hb, modulo):
+    """Per-item temporaries, reused round-robin by item index (``_pick``): a buffer
+    written in stage k and last read in stage k' needs k' - k + 1 of them
+    (program order then keeps every read before the next write). The modulo-
+    scheduled loop (``_pairs_modulo``) needs ring sizes dividing the items per
+    iteration, so 3 becomes 4 there, and the two chunk-state PSUM tiles share
+    one bank (PSUM: seg 2 + y 4 + state 1 + scratch 1 = 8 banks)."""
+    Q, P, n_tiles, md, N = cst["Q"], cst["P"], cst["n_tiles"], cst["md"], cst["N"]
+    f32 = nl.float32
+    three = 3
+    if modulo:
+        three = 4
+    r = {"W": _ring(2, (Q, hb * Q), f32, nl.sbuf), "seg": _ring(2, (Q, hb * Q), f32, nl.psum),
+         "Dm": _ring(three, (Q, hb * Q), f32, nl.sbuf),
+         "yps": _ring(three, (Q, 2 * hb * P), f32, nl.psum),
+         "yb": _ring(three, (Q, hb * P), f32, nl.sbuf),
+         "sz": _ring(three, (Q, hb * P), f32, nl.sbuf), "Xd": _ring(4, (Q, hb * P), f32, nl.sbuf),
+         "xD": _ring(2, (Q, hb * P), f32, nl.sbuf), "xd": _ring(2, (Q, hb * P), f32, nl.sbuf),
+         "S": []}
+    w = n_tiles * hb * P
+    if modulo:
+        st = nl.ndarray((_PMAX, 2 * w), dtype=f32, buffer=nl.psum)
+        r["st"] = [st[:, 0:w], st[:, w:2 * w]]
+    else:
+        r["st"] = _ring(2, (_PMAX, w), f32, nl.psum)
+    if md != f32:
+        for i in range(2):
+            S = []
+            for t in range(n_tiles):
+                S.append(nl.ndarray((min(_PMAX, N - t * _PMAX), hb * P), dtype=md,
+                                    buffer=nl.sbuf))
+            r["S"].append(S)
+    return r
+
+
+def _pick(ring, w):
+    """The buffer of item ``w["i"]`` in a round-robin ring."""
+    return ring[w["i"] % len(ring)]
+
+
+def _ring(n, shape, dtype, buf):
+    """n tiles of one shape (a round-robin buffer)."""
+    out = []
+    for i in range(n):
+        out.append(nl.ndarray(shape, dtype=dtype, buffer=buf))
+    return out
+
+
+def _load_rows(dst, src, start, width):
+    """dst [Q, width] <- rows start .. start+Q-1 of the HBM tensor src [rows, width]
+    (``start``: a 1x1 int32 tile; a dynamic offset, so hardware DGE on trn2 and
+    no GpSimd descriptor work)."""
+    nisa.dma_copy(dst=dst, src=src.ap(pattern=[[width, dst.shape[0]], [1, width]], offset=0,
+                                      scalar_offset=start, indirect_dim=0))
+
+
+def _prologue(cst, c, chunk_table, crow):
+    """The whole prologue of one chunk (rows, loads, then compute)."""
+    _prologue_loads(cst, c, chunk_table, crow)
+    _prologue_compute(cst, c)
+
+
+def _prologue_loads(cst, c, chunk_table, crow):
+    """One chunk's rows (chunk_table row ``crow``, then crow += 1) and the loads of
+    x, dt, B, C, z for its Q tokens from its first token on, into the context ``c``.
+    Rows past the sequence end hold the next sequence's tokens or zeros (the
+    launcher zeroes padding sequences' tokens and pads the inputs with Q zero
+    rows): finite values, masked by dt' = 0."""
+    Q, H, P, N, G = cst["Q"], cst["H"], cst["P"], cst["N"], cst["G"]
+    HP, GN = H * P, G * N
+    nisa.dma_copy(dst=c["rows"], src=chunk_table.ap(pattern=[[2, Q], [1, 2]], offset=0,
+                                                    scalar_offset=crow[0:1, 0:1],
+                                                    indirect_dim=0))
+    _advance(crow)
+    t0 = c["rows"][0:1, 0:1]
+    # x widened to fp32 by the DMA: y_intra and D x are fp32 matmuls in both modes
+    _load_rows(c["x_in"], cst["x"], t0, HP)
+    _load_rows(c["dt_in"], cst["dt"], t0, H)
+    _load_rows(c["B_mm"], cst["B"], t0, GN)
+    _load_rows(c["C_in"], cst["C"], t0, GN)
+    if c["z"] != None:  # noqa: E711
+        _load_rows(c["z"], cst["z"], t0, HP)
+
+
+def _prologue_compute(cst, c, part=0):
+    """dt' (masked: 0 past the sequence end), decay sums, C^T and the masked CB per
+    group, from the context's loaded tiles. ``part`` 0: all; 1: all but the CB
+    matmul, its copy and mask (one group and dstate tile only: their inputs then
+    wait in SBUF temporaries), 2: those (issued a few steps later, so the in-order
+    TensorE does not stall on the transposes' copies)."""
+    Q, H, N, G, md, n_tiles = cst["Q"], cst["H"], cst["N"], cst["G"], cst["md"], cst["n_tiles"]
+    if part == 2:
+        _cb_masked(cst, c, 0, 0)
+        return
+    nisa.tensor_copy(dst=c["mask"], src=c["rows"][:, 1:2], engine=nisa.engine.gpsimd)
+    # the y store's rows: the next chunk's rows may land in c["rows"] before it
+    nisa.tensor_copy(dst=c["yrows"], src=c["rows"][:, 0:1], engine=nisa.engine.gpsimd)
+
+    # ---- dt' (0 on masked rows: decay 1, no input) and dt'*A, fp32
+    dtp0 = dt_prime(c["dt_in"], cst["bias"], Q, H, cst["dt_softplus"], cst["dt_lo"],
+                    cst["dt_hi"])
+    dtp, dtA, lndt = c["dtp"], c["dtA"], c["lndt"]
+    nisa.tensor_scalar(dst=dtp, data=dtp0, op0=nl.multiply, operand0=c["mask"][:, 0:1])
+    nisa.tensor_tensor(dst=dtA, data1=dtp, data2=cst["A"][0:Q, :], op=nl.multiply)
     # ln dt' (clamped into the ScalarE log range; a dt' below 1e-18 contributes
-    # < 1e-18 of its term instead of 0)
-    lndt = nl.ndarray((L, H), dtype=nl.float32, buffer=nl.sbuf)
+    # < 1e-18 of its term instead of 0: masked rows only feed masked outputs)
     nisa.tensor_scalar(dst=lndt, data=dtp, op0=nl.maximum, operand0=1.0e-18)
     nisa.activation(dst=lndt, op=nl.log, data=lndt)
 
     # ---- decay sums for all heads (fp32 matmuls with 0/1 operators), then exp
-    ecs = _exp_of_matmul(U[0:L, 0:L], dtA, L, H)        # exp(cs_i), cs inclusive cumsum
-    wd = _exp_of_matmul(Ls[0:L, 0:L], dtA, L, H)        # exp(sum_{k>j} dtA_k)
-    nisa.tensor_tensor(dst=wd, data1=wd, data2=dtp, op=nl.multiply)   # * dt'_j
-    elast = []
+    # each sum in its own PSUM columns while they fit the bank (TensorE then
+    # does not wait for the previous sum's exp)
+    step = 0
+    if (2 + n_tiles) * H <= _PSUM_F:
+        step = H
+    _exp_of_matmul(cst, c["ecs"], cst["U"], dtA, Q, H, 0)          # exp(cs_i), inclusive cumsum
+    _exp_of_matmul(cst, c["wd"], cst["Ls"], dtA, Q, H, step)       # exp(sum_{k>j} dtA_k)
+    nisa.tensor_tensor(dst=c["wd"], data1=c["wd"], data2=dtp, op=nl.multiply)   # * dt'_j
     for t in range(n_tiles):
-        nt = min(_PMAX, N - t * _PMAX)
-        # chunk total decay, the same value on each of the nt state partitions
-        elast.append(_exp_of_matmul(ones[0:L, 0:nt], dtA, nt, H))
+        ntile = min(_PMAX, N - t * _PMAX)
+        # chunk total decay, the same value on each of the ntile state partitions
+        _exp_of_matmul(cst, c["elast"][t], cst["ones"][0:Q, 0:ntile], dtA, ntile, H,
+                       (2 + t) * step)
 
-    # ---- per group: C^T tiles and the causally masked CB^T
-    CTs, cbms = [], []
+    # ---- per group: C^T tiles and the causally masked CB^T (fp32)
     for g in range(G):
-        CT = []
+        tp = _pps(cst)                       # C^T at [0, Q), B^T at [Q, 2Q), CB at [2Q, 3Q)
+        cb_ps = tp[0:Q, 2 * Q:3 * Q]
         for t in range(n_tiles):
             n0 = g * N + t * _PMAX
-            nt = min(_PMAX, N - t * _PMAX)
-            CT.append(_transpose_to_sbuf(C_mm[:, n0:n0 + nt], L, nt, md))
-        cb_ps = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.psum)
-        for t in range(n_tiles):
-            n0 = g * N + t * _PMAX
-            nt = min(_PMAX, N - t * _PMAX)
-            BT = _transpose_to_sbuf(B_mm[:, n0:n0 + nt], L, nt, nl.float32)
-            CTf = CT[t]
+            ntile = min(_PMAX, N - t * _PMAX)
+            ct_ps = tp[0:ntile, 0:Q]
+            nisa.nc_transpose(dst=ct_ps, data=c["C_in"][:, n0:n0 + ntile])
+            CT = c["CTs"][g][t]
+            nisa.tensor_copy(dst=CT, src=ct_ps, engine=nisa.engine.scalar)
+            CTf = CT
             if md != nl.float32:
-                # CB in fp32 from the C values (bf16-exact for bf16 inputs)
-                CTf = nl.ndarray((nt, L), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_copy(dst=CTf, src=CT[t], engine=nisa.engine.scalar)
-            # cb[j, i] = sum_n B[j, n] C[i, n]
-            nisa.nc_matmul(dst=cb_ps, stationary=BT, moving=CTf, accumulate=(t > 0))
-        cb = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=cb, src=cb_ps)
-        cb_ps = None
-        cbm = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
-        # keep i >= j (j = partition): the causal mask of the decay matrix too
-        nisa.affine_select(dst=cbm, pattern=[[1, L]], channel_multiplier=-1, on_true_tile=cb,
-                           on_false_value=0.0, cmp_op=nl.greater_equal, offset=0)
-        CTs.append(CT)
-        cbms.append(cbm)
-
-    return {"x_in": x_in, "B_mm": B_mm, "z": z, "y": y, "D_sb": D_sb,
-            "Dh": DI[0] if DI != None else None,  # noqa: E711
-            "ident": DI[1] if DI != None else None, "U": U,  # noqa: E711
-            "Ls": Ls, "CTs": CTs, "cbms": cbms, "ST": ST, "dtA": dtA,
-            "dtp": dtp, "lndt": lndt, "ecs": ecs, "wd": wd, "elast": elast, "L": L, "P": P,
-            "N": N, "n_tiles": n_tiles, "md": md, "t0": t0}
+                CTf = cst["CTf"][0:ntile, :]
+                nisa.tensor_copy(dst=CTf, src=ct_ps)
+            bt_ps = tp[0:ntile, Q:2 * Q]
+            nisa.nc_transpose(dst=bt_ps, data=c["B_mm"][:, n0:n0 + ntile])
+            BT = cst["BT"][0:ntile, :]
+            nisa.tensor_copy(dst=BT, src=bt_ps, engine=nisa.engine.scalar)
+            cst["CTf_of"] = CTf
+            if part == 0:
+                # cb[j, i] = sum_n B[j, n] C[i, n]
+                nisa.nc_matmul(dst=cb_ps, stationary=BT, moving=CTf, accumulate=(t > 0))
+        if part == 0:
+            _cb_masked(cst, c, g, -1)
 
 
-def _sequence(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST, start, n_s, Q,
-              H, P, N, G, HPG, hb, n_tiles, md, dt_softplus, dt_lo, dt_hi, ahead):
-    """All chunks of one sequence as one software pipeline over (chunk, head block) items.
+def _cb_masked(cst, c, g, t):
+    """CB^T of group g (t >= 0: its one dstate tile's matmul first) -> cbm (the
+    causal mask by select: also the decay matrix's)."""
+    Q = cst["Q"]
+    cb_ps = _pps(cst)[0:Q, 2 * Q:3 * Q]
+    if t >= 0:
+        nisa.nc_matmul(dst=cb_ps, stationary=cst["BT"][0:cst["N"], :], moving=cst["CTf_of"],
+                       accumulate=False)
+    # keep i >= j (j = partition): the causal mask of the decay matrix too; a
+    # VectorE product with the 0/1 matrix U straight from PSUM (CB is finite:
+    # every loaded row is), not a GpSimd select, whose queue holds the W builds
+    # TensorE waits for
+    nisa.tensor_tensor(dst=c["cbms"][g], data1=cb_ps, data2=cst["U"][0:Q, 0:Q], op=nl.multiply)
 
-    ``ahead``: None, or (pool, gather_idx, s) of the next sequence, whose
-    state gather is issued right after the first chunk's prologue (its DMA
-    then queues behind this sequence's first loads, not ahead of them);
-    returns that gathered tile (or None).
+
+def _exp_of_matmul(cst, out, stationary, moving, rows, cols, col0):
+    """out [rows, cols] = exp(stationary^T @ moving) (fp32 matmul, 0/1 stationary;
+    PSUM scratch columns from col0)."""
+    ps = _pps(cst)[0:rows, col0:col0 + cols]
+    nisa.nc_matmul(dst=ps, stationary=stationary, moving=moving, accumulate=False,
+                   is_stationary_onezero=True)
+    nisa.activation(dst=out, op=nl.exp, data=ps)
+
+
+def _store_y(cst, c):
+    """The chunk's y rows, scattered to its token rows (masked rows: the dump row)."""
+    HP = c["yt"].shape[1]
+    nisa.dma_copy(dst=cst["y"].ap(pattern=[[HP, cst["Q"]], [1, HP]], offset=0,
+                                  vector_offset=c["yrows"], indirect_dim=0),
+                  src=c["yt"])
+
+
+def _pairs_modulo(cst, ctxs, blocks, rings, chunk_table, crow, r_pairs):
+    """All chunk pairs of a sequence as one modulo-scheduled software pipeline.
+
+    Items (chunk, head block) are numbered j = 0 .. 2nb-1 within a pair; over
+    the whole sequence stage k works on item g - k in global step g. The
+    first ns - 1 steps (the fill of pair 0) run before the loop; iteration p
+    runs the next 2nb steps: in its step b, stage k works on item
+    j = ns-1 + b - k, of pair p if j < 2nb, else item j - 2nb of pair p + 1
+    (its first items, context 0). So every iteration completes pair p and
+    fills pair p + 1: the pipeline never drains inside a sequence (the last
+    iteration's fill works on the sequence's trailing all-masked chunk row
+    and is discarded: it writes no state and stores no y). Context 1 loads
+    at step 0 and computes at nb - ns; context 0 (next pair) loads at step
+    nb, once its last item has passed stage 9, and computes at 2nb - ns, one
+    step before its first item's stage 0; y of context 0 is stored at step
+    nb (before those loads: z's tile is y's), of context 1 after the last step.
+    Ring sizes divide 2nb, so an item's buffers are the same in the
+    iteration that fills it and the one that completes it.
+    """
+    nb = len(blocks)
+    ns = len(_STAGES)
+    split = 0
+    if cst["G"] == 1 and cst["n_tiles"] == 1:
+        split = 1
+    # steps of the prologue computes (a: dt', sums, transposes; b: CB and its mask):
+    # context 1 before its first item's stage 0 at nb - ns + 1, the next context 0
+    # before 2nb - ns + 1 and after its loads at nb; the CB mask (GpSimd) a step
+    # ahead of the W builds queued behind it there
+    a1 = max(1, nb - ns - 1 - _CB_AHEAD)
+    b1 = max(a1, nb - ns - 1)
+    a0 = max(nb + 1, 2 * nb - ns - 1 - _CB_AHEAD)
+    b0 = max(a0, 2 * nb - ns - 1)
+    _prologue(cst, ctxs[0], chunk_table, crow)
+    for g in range(ns - 1):
+        for k in range(ns):
+            if g - k >= 0:
+                _run_stage(cst, ctxs, blocks, rings, k, g - k)
+    for _ in nl.dynamic_range(r_pairs):
+        for b in range(2 * nb):
+            if b == 0:
+                _prologue_loads(cst, ctxs[1], chunk_table, crow)
+            if b == a1:
+                _prologue_compute(cst, ctxs[1], split)
+            if split == 1 and b == b1:
+                _prologue_compute(cst, ctxs[1], 2)
+            if b == nb:
+                _store_y(cst, ctxs[0])
+                _prologue_loads(cst, ctxs[0], chunk_table, crow)
+            if b == a0:
+                _prologue_compute(cst, ctxs[0], split)
+            if split == 1 and b == b0:
+                _prologue_compute(cst, ctxs[0], 2)
+            for k in range(ns):
+                _run_stage(cst, ctxs, blocks, rings, k, ns - 1 + b - k)
+        _store_y(cst, ctxs[1])
+
+
+def _run_stage(cst, ctxs, blocks, rings, k, j):
+    """Stage k of item j of the modulo schedule (j >= 2nb: item j - 2nb of the next
+    pair, context 0; ring buffers by j, whose sizes divide 2nb)."""
+    nb = len(blocks)
+    c = 1
+    if j < nb or j >= 2 * nb:
+        c = 0
+    _STAGES[k](cst, ctxs[c], blocks[j % nb], {"i": j}, rings)
+
+
+def _pair(cst, ctxs, blocks, rings, chunk_table, crow, double):
+    """Two chunks of one sequence (contexts 0 and 1) as one software pipeline
+    over (chunk, head block) items; context 1's prologue is issued inside
+    context 0's items, the next iteration's context-0 prologue inside context
+    1's (after context 0's last read).
 
     Ten stages per item (``_STAGES``, one engine each); in step b, stage k
     works on item b - k, so each engine's in-order queue holds work whose
-    inputs were produced in earlier steps while an item's chain hops between
-    engines. A chunk's prologue (loads, dt, cumsums, CB) is issued ``pre``
-    steps before its first item so it overlaps the previous chunk's blocks;
-    its y rows are stored once its last item leaves the pipeline.
+    inputs were produced in earlier steps. Item (1, j) reads the state item
+    (0, j) writes: with more than _S_WRITE - _S_READ blocks the two chunks
+    share one pipeline, else it drains between them.
     """
-    blocks = []
-    for g in range(G):
-        for h0 in range(g * HPG, (g + 1) * HPG, hb):
-            blocks.append((g, h0, min(hb, (g + 1) * HPG - h0)))
-    # z / y move in groups of _IO_BLOCKS consecutive blocks (>= 2 KiB per
-    # partition per DMA for bf16 at P = 64) instead of per chunk (SBUF) or per
-    # block (DMA efficiency); item tuple: (g, h0, nh, io group, first, last, c0, c1)
-    nb0 = len(blocks)
-    for j in range(nb0):
-        q = j // _IO_BLOCKS
-        j0, j1 = q * _IO_BLOCKS, min(nb0, (q + 1) * _IO_BLOCKS) - 1
-        g, h0, nh = blocks[j]
-        blocks[j] = (g, h0, nh, q, j == j0, j == j1, blocks[j0][1] * P,
-                     (blocks[j1][1] + blocks[j1][2]) * P)
     nb = len(blocks)
-    chunks = []
-    for c0 in range(0, n_s, Q):
-        chunks.append((start + c0, min(Q, n_s - c0)))
-    nc = len(chunks)
-    stages = _STAGES
-    ns = len(stages)
-    # item (c+1, j) reads the state item (c, j) writes: its state-reading stage
-    # must come after that state-writing stage, i.e. nb > _S_WRITE - _S_READ;
-    # otherwise drain the pipeline at every chunk boundary
-    across = nb > _S_WRITE - _S_READ
+    ns = len(_STAGES)
     pre = max(1, nb // 2)
-    ctxs = [None] * nc
-    work = [None] * (nc * nb)
-    n_items = nc * nb
-
-    # steps: lists of (stage, item); pro: step -> chunk whose prologue starts it
-    nat = None
-    steps = []
-    pro = {}
-    if across:
-        for b in range(n_items + ns - 1):
+    steps = []        # lists of (stage, item)
+    # prologue parts: (step, part, context), issued at the start of the step.
+    # Context 1 loads at step 1 (its tiles were last read in the previous
+    # iteration), computes at nb - pre; the next iteration's context 0 loads
+    # once context 0's last item has left the pipeline and computes after the
+    # last step, so its DMAs (behind context 0's y store: z's tile is y's) have
+    # ~nb steps to land before an in-order engine waits for them
+    pro = []
+    last0 = nb + ns - 1               # first step after context 0's last item
+    if double and nb > _S_WRITE - _S_READ:
+        for b in range(2 * nb + ns - 1):
             step = []
             for k in range(ns):
-                if 0 <= b - k < n_items:
+                if 0 <= b - k < 2 * nb:
                     step.append((k, b - k))
             steps.append(step)
-        for c in range(nc):
-            pro[str(max(0, c * nb - pre))] = c
     else:
-        for c in range(nc):
-            pro[str(len(steps))] = c
+        for c in range(2):
             for b in range(nb + ns - 1):
                 step = []
                 for k in range(ns):
                     if 0 <= b - k < nb:
                         step.append((k, c * nb + b - k))
                 steps.append(step)
-    for si in range(len(steps)):
-        if pro.get(str(si)) != None:  # noqa: E711  (NKI: no 'in' on a dict)
-            # chunk prologue, ahead of the chunk's first item
-            c = pro[str(si)]
-            t0, L = chunks[c]
-            ctxs[c] = _chunk(x, dt, B, C, z, y, A_sb, bias_sb, D_sb, DI, ones, U, Ls, ST,
-                             t0, L, H, P, N, G, HPG, hb, n_tiles, md, dt_softplus, dt_lo,
-                             dt_hi)
-            if c == 0 and ahead != None:  # noqa: E711
-                nat = _gather_state(ahead[0], ahead[1], ahead[2], H * P, N)
-        for e in range(len(steps[si])):
-            k, i = steps[si][e]
-            c, j = i // nb, i % nb
-            if k == 0:
-                work[i] = {}
-            stages[k](ctxs[c], blocks[j], work[i])
-            if k == ns - 1:
-                work[i] = None
-                if j == nb - 1:
-                    ctxs[c] = None
-    return nat
+    if double:
+        pro.append((min(1, len(steps)), 0, 1))
+        pro.append((max(min(1, len(steps)), nb - pre), 1, 1))
+        pro.append((last0, 0, 0))
+        pro.append((len(steps), 1, 0))
+    else:
+        # one context: chunk 1 loads once chunk 0's items are done (the drained
+        # pipelines meet at last0), the next chunk 0 after chunk 1's
+        pro.append((last0, 0, 1))
+        pro.append((last0, 1, 1))
+        pro.append((len(steps), 0, 0))
+        pro.append((len(steps), 1, 0))
+    # y stores: context 0's right before the next context-0 loads (z's tile is
+    # y's), context 1's at the end of the body
+    ystore = [last0, len(steps)]
+    for si in range(len(steps) + 1):
+        for c in range(2):
+            if ystore[c] == si:
+                _store_y(cst, ctxs[c])
+        for e in range(len(pro)):
+            if pro[e][0] == si:
+                if pro[e][1] == 0:
+                    _prologue_loads(cst, ctxs[pro[e][2]], chunk_table, crow)
+                else:
+                    _prologue_compute(cst, ctxs[pro[e][2]])
+        if si < len(steps):
+            for e in range(len(steps[si])):
+                k, i = steps[si][e]
+                c, j = i // nb, i % nb
+                _STAGES[k](cst, ctxs[c], blocks[j], {"i": i}, rings)
 
 
 # Stages of one (chunk, head block) item. Each stage runs on one engine
 # (mostly), so in a pipeline step every engine's queue holds work whose
 # inputs were produced in earlier steps.
 
-def _st_w(ctx, blk, w):
-    """ScalarE: W[k, (h,i)] = dtA[k,h] U[k,i] (fp32)."""
-    g, h0, nh = blk[0], blk[1], blk[2]
-    L, dtA = ctx["L"], ctx["dtA"]
-    W = nl.ndarray((L, nh * L), dtype=nl.float32, buffer=nl.sbuf)
-    for k in range(nh):
-        nisa.tensor_scalar(dst=W[:, k * L:(k + 1) * L], data=ctx["U"][0:L, 0:L],
-                           op0=nl.multiply, operand0=dtA[:, h0 + k:h0 + k + 1],
-                           engine=nisa.engine.vector if k == _W_ON_VECTOR else nisa.engine.scalar)
-    w["W"] = W
+def _st_w(cst, ctx, blk, w, r):
+    """W[k, (h,i)] = dtA[k,h] U[k,i] (fp32). With the float products on VectorE
+    (_ALT_ENGINE) GpSimd is otherwise idle: one affine_select for the block
+    (dtA broadcast along i by a zero-step access pattern, kept where i >= k);
+    else ScalarE per head (one head on VectorE: engine balance)."""
+    g, h0, nh = blk
+    Q, dtA, H = cst["Q"], ctx["dtA"], cst["H"]
+    W = _pick(r["W"], w)
+    if _ALT_ENGINE == nisa.engine.vector:
+        nisa.affine_select(dst=W[:, 0:nh * Q], pattern=[[0, nh], [1, Q]], channel_multiplier=-1,
+                           on_true_tile=dtA.ap(pattern=[[H, Q], [1, nh], [0, Q]], offset=h0),
+                           on_false_value=0.0, cmp_op=nl.greater_equal, offset=0)
+    else:
+        for k in range(nh):
+            eng = nisa.engine.scalar
+            if k == _W_ON_VECTOR:
+                eng = nisa.engine.vector
+            nisa.tensor_scalar(dst=W[:, k * Q:(k + 1) * Q], data=cst["U"][0:Q, 0:Q],
+                               op0=nl.multiply, operand0=dtA[:, h0 + k:h0 + k + 1], engine=eng)
 
 
-def _st_seg(ctx, blk, w):
+def _st_seg(cst, ctx, blk, w, r):
     """TensorE: seg[j, (h,i)] = sum_{j<k<=i} dtA[k,h] = Ls^T W (fp32, exactly 0 for j >= i)."""
-    g, h0, nh = blk[0], blk[1], blk[2]
-    L = ctx["L"]
-    seg_ps = nl.ndarray((L, nh * L), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=seg_ps, stationary=ctx["Ls"][0:L, 0:L], moving=w["W"], accumulate=False,
+    g, h0, nh = blk
+    Q = cst["Q"]
+    nisa.nc_matmul(dst=_pick(r["seg"], w)[:, 0:nh * Q], stationary=cst["Ls"][0:Q, 0:Q],
+                   moving=_pick(r["W"], w)[:, 0:nh * Q], accumulate=False,
                    is_stationary_onezero=True)
-    w["W"] = None
-    w["seg"] = seg_ps
 
 
-def _st_exp(ctx, blk, w):
+def _st_exp(cst, ctx, blk, w, r):
     """ScalarE: Dm = exp(seg + ln dt'_j) (dt'_j enters as the exponent bias)."""
-    g, h0, nh = blk[0], blk[1], blk[2]
-    L = ctx["L"]
-    Dm = nl.ndarray((L, nh * L), dtype=nl.float32, buffer=nl.sbuf)
+    g, h0, nh = blk
+    Q = cst["Q"]
+    Dm, seg = _pick(r["Dm"], w), _pick(r["seg"], w)
     for k in range(nh):
-        nisa.activation(dst=Dm[:, k * L:(k + 1) * L], op=nl.exp, data=w["seg"][:, k * L:(k + 1) * L],
+        nisa.activation(dst=Dm[:, k * Q:(k + 1) * Q], op=nl.exp, data=seg[:, k * Q:(k + 1) * Q],
                         bias=ctx["lndt"][:, h0 + k:h0 + k + 1])
-    w["seg"] = None
-    w["Dm"] = Dm
 
 
-def _st_mt(ctx, blk, w):
-    """GpSimd / VectorE: Mt = Dm * CBmask per head; ScalarE: bf16 copy of the block's state."""
-    g, h0, nh = blk[0], blk[1], blk[2]
-    L, P, md, ST = ctx["L"], ctx["P"], ctx["md"], ctx["ST"]
-    Mt = nl.ndarray((L, nh * L), dtype=nl.float32, buffer=nl.sbuf)
+def _st_mt(cst, ctx, blk, w, r):
+    """VectorE (alternate heads on _ALT_ENGINE): Mt = Dm * CBmask per head;
+    ScalarE: bf16 copy of the block's state (bf16 mode)."""
+    g, h0, nh = blk
+    Q, P, md, ST = cst["Q"], cst["P"], cst["md"], cst["ST"]
+    Dm = _pick(r["Dm"], w)
+    Mt = Dm            # in place: the Dm buffer carries Mt to stage 4
     for k in range(nh):
-        # alternate heads between GpSimd and VectorE (engine balance)
-        nisa.tensor_tensor(dst=Mt[:, k * L:(k + 1) * L], data1=w["Dm"][:, k * L:(k + 1) * L],
+        nisa.tensor_tensor(dst=Mt[:, k * Q:(k + 1) * Q], data1=Dm[:, k * Q:(k + 1) * Q],
                            data2=ctx["cbms"][g], op=nl.multiply,
-                           engine=nisa.engine.gpsimd if k % 2 else nisa.engine.vector)
-    w["Dm"] = None
-    w["Mt"] = Mt
+                           engine=_ALT_ENGINE if k % 2 else nisa.engine.vector)
     c0, c1 = h0 * P, (h0 + nh) * P
-    smm = []
-    for t in range(ctx["n_tiles"]):
-        if md == nl.float32:
-            smm.append(ST[t][:, c0:c1])
-        else:
-            s_mm = nl.ndarray((ST[t].shape[0], nh * P), dtype=md, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=s_mm, src=ST[t][:, c0:c1], engine=nisa.engine.scalar)
-            smm.append(s_mm)
-    w["S"] = smm
+    if md != nl.float32:
+        for t in range(cst["n_tiles"]):
+            nisa.tensor_copy(dst=_pick(r["S"], w)[t][:, 0:nh * P], src=ST[t][:, c0:c1],
+                             engine=nisa.engine.scalar)
+    if cst["Dh"] != None:  # noqa: E711
+        # x_h D_h for stage 4's identity matmul (ScalarE, fp32; a stage ahead,
+        # so ScalarE never waits for the matmul that frees the buffer)
+        xD = _pick(r["xD"], w)
+        Q = cst["Q"]
+        for k in range(nh):
+            h = h0 + k
+            nisa.tensor_scalar(dst=xD[:, k * P:(k + 1) * P], data=ctx["x_in"][:, h * P:(h + 1) * P],
+                               op0=nl.multiply, operand0=cst["Dh"][0:Q, h:h + 1],
+                               engine=nisa.engine.scalar)
 
 
-def _st_out_mm(ctx, blk, w):
-    """TensorE: y_intra (+ D x) fp32 matmuls per head, y_off per N tile (precision mode)."""
-    g, h0, nh = blk[0], blk[1], blk[2]
-    L, P, x_in = ctx["L"], ctx["P"], ctx["x_in"]
-    Mt = w["Mt"]
-    yi_ps = nl.ndarray((L, nh * P), dtype=nl.float32, buffer=nl.psum)
+def _st_out_mm(cst, ctx, blk, w, r):
+    """TensorE: y_intra (+ D x) fp32 matmuls per head, y_off per N tile (precision
+    mode), into one PSUM bank: y_intra at columns [0, nh*P), y_off after."""
+    g, h0, nh = blk
+    Q, P, x_in, md = cst["Q"], cst["P"], ctx["x_in"], cst["md"]
+    Mt, yps = _pick(r["Dm"], w), _pick(r["yps"], w)
     for k in range(nh):
         h = h0 + k
-        nisa.nc_matmul(dst=yi_ps[:, k * P:(k + 1) * P], stationary=Mt[:, k * L:(k + 1) * L],
+        yi = yps[:, k * P:(k + 1) * P]
+        nisa.nc_matmul(dst=yi, stationary=Mt[:, k * Q:(k + 1) * Q],
                        moving=x_in[:, h * P:(h + 1) * P], accumulate=False)
-        if ctx["Dh"] != None:  # noqa: E711
-            # + D_h x_i: identity stationary, moving x_h D_h (ScalarE, fp32)
-            xD = nl.ndarray((L, P), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=xD, data=x_in[:, h * P:(h + 1) * P], op0=nl.multiply,
-                               operand0=ctx["Dh"][0:L, h:h + 1], engine=nisa.engine.scalar)
-            nisa.nc_matmul(dst=yi_ps[:, k * P:(k + 1) * P], stationary=ctx["ident"][0:L, 0:L],
-                           moving=xD, accumulate=True, is_stationary_onezero=True)
-    w["Mt"] = None
-    yo_ps = nl.ndarray((L, nh * P), dtype=nl.float32, buffer=nl.psum)
-    for t in range(ctx["n_tiles"]):
-        nisa.nc_matmul(dst=yo_ps, stationary=ctx["CTs"][g][t], moving=w["S"][t],
-                       accumulate=(t > 0))
-    w["S"] = None
-    w["yi"] = yi_ps
-    w["yo"] = yo_ps
-
-
-def _st_scalar(ctx, blk, w):
-    """ScalarE: y_off * exp(cs_i) per head, silu(z), chunk-state operand Xd = x dt' exp(ex)."""
-    g, h0, nh = blk[0], blk[1], blk[2]
-    L, P, md, x_in, ecs = ctx["L"], ctx["P"], ctx["md"], ctx["x_in"], ctx["ecs"]
+        if cst["Dh"] != None:  # noqa: E711
+            # + D_h x_i: identity stationary, moving x_h D_h (stage 3)
+            nisa.nc_matmul(dst=yi, stationary=cst["ident"][0:Q, 0:Q],
+                           moving=_pick(r["xD"], w)[:, k * P:(k + 1) * P], accumulate=True,
+                           is_stationary_onezero=True)
+    yo = yps[:, nh * P:2 * nh * P]
     c0, c1 = h0 * P, (h0 + nh) * P
-    yb = nl.ndarray((L, nh * P), dtype=nl.float32, buffer=nl.sbuf)
+    for t in range(cst["n_tiles"]):
+        S = cst["ST"][t][:, c0:c1]
+        if md != nl.float32:
+            S = _pick(r["S"], w)[t][:, 0:nh * P]
+        nisa.nc_matmul(dst=yo, stationary=ctx["CTs"][g][t], moving=S, accumulate=(t > 0))
+
+
+def _st_scalar(cst, ctx, blk, w, r):
+    """ScalarE: y_off * exp(cs_i) per head, silu(z), chunk-state operand Xd = x dt' exp(ex)."""
+    g, h0, nh = blk
+    P, x_in = cst["P"], ctx["x_in"]
+    c0, c1 = h0 * P, (h0 + nh) * P
+    yps, yb = _pick(r["yps"], w), _pick(r["yb"], w)
     for k in range(nh):
         nisa.activation(dst=yb[:, k * P:(k + 1) * P], op=nl.copy,
-                        data=w["yo"][:, k * P:(k + 1) * P], scale=ecs[:, h0 + k:h0 + k + 1])
-    w["yo"] = None
-    w["yb"] = yb
+                        data=yps[:, (nh + k) * P:(nh + k + 1) * P],
+                        scale=ctx["ecs"][:, h0 + k:h0 + k + 1])
     if ctx["z"] != None:  # noqa: E711
-        t0, q, gc0, gc1 = ctx["t0"], blk[3], blk[6], blk[7]
-        if blk[4]:
-            zg = nl.ndarray((L, gc1 - gc0), dtype=ctx["z"].dtype, buffer=nl.sbuf)
-            nisa.dma_copy(dst=zg, src=ctx["z"][t0:t0 + L, gc0:gc1])
-            ctx["zg" + str(q)] = zg
-        z_b = ctx["zg" + str(q)][:, c0 - gc0:c1 - gc0]
-        if blk[5]:
-            ctx["zg" + str(q)] = None
-        sz = nl.ndarray((L, nh * P), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=sz, op=nl.silu, data=z_b)
-        w["sz"] = sz
-    Xd = nl.ndarray((L, nh * P), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=_pick(r["sz"], w)[:, 0:nh * P], op=nl.silu,
+                        data=ctx["z"][:, c0:c1])
+    Xd = _pick(r["Xd"], w)
     for k in range(nh):
         h = h0 + k
         nisa.tensor_scalar(dst=Xd[:, k * P:(k + 1) * P], data=x_in[:, h * P:(h + 1) * P],
                            op0=nl.multiply, operand0=ctx["wd"][:, h:h + 1],
                            engine=nisa.engine.scalar)
-    w["Xd"] = Xd
+    if _pe_state(cst, w):
+        # e^tot * S (the block's state, final since the previous chunk's stage 9)
+        eS = _pick(r["eS"], w)
+        for k in range(nh):
+            h = h0 + k
+            nisa.activation(dst=eS[:, k * P:(k + 1) * P], op=nl.copy,
+                            data=cst["ST"][0][:, h * P:(h + 1) * P],
+                            scale=ctx["elast"][0][:, h:h + 1])
 
 
-def _st_yadd(ctx, blk, w):
-    """VectorE: y = y_off + y_intra (PSUM operand)."""
-    nisa.tensor_tensor(dst=w["yb"], data1=w["yb"], data2=w["yi"], op=nl.add)
-    w["yi"] = None
-
-
-def _st_yout(ctx, blk, w):
-    """GpSimd: + x D (D per channel), * silu(z), into the chunk's y tile."""
-    g, h0, nh = blk[0], blk[1], blk[2]
-    L, P, D_sb, x_in = ctx["L"], ctx["P"], ctx["D_sb"], ctx["x_in"]
-    c0, c1 = h0 * P, (h0 + nh) * P
-    yb = w["yb"]
-    if D_sb != None:  # noqa: E711
-        xd = nl.ndarray((L, nh * P), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=xd, data1=x_in[:, c0:c1], data2=D_sb[0:L, c0:c1], op=nl.multiply,
-                           engine=nisa.engine.gpsimd)
-        nisa.tensor_tensor(dst=yb, data1=yb, data2=xd, op=nl.add, engine=nisa.engine.gpsimd)
-    t0, q, gc0, gc1 = ctx["t0"], blk[3], blk[6], blk[7]
-    if blk[4]:
-        ctx["yg" + str(q)] = nl.ndarray((L, gc1 - gc0), dtype=ctx["y"].dtype, buffer=nl.sbuf)
-    yg = ctx["yg" + str(q)]
-    y_b = yg[:, c0 - gc0:c1 - gc0]
-    if ctx["z"] != None:  # noqa: E711
-        nisa.tensor_tensor(dst=y_b, data1=yb, data2=w["sz"], op=nl.multiply,
-                           engine=nisa.engine.gpsimd)
-        w["sz"] = None
+def _st_yadd(cst, ctx, blk, w, r):
+    """y = y_off + y_intra: VectorE (PSUM operand), or with ``pe_add`` TensorE
+    (fp32 identity matmul accumulating y_off * exp(cs) into y_intra's PSUM)."""
+    g, h0, nh = blk
+    P, Q = cst["P"], cst["Q"]
+    yb = _pick(r["yb"], w)[:, 0:nh * P]
+    yi = _pick(r["yps"], w)[:, 0:nh * P]
+    if _pe_add(cst, w):
+        nisa.nc_matmul(dst=yi, stationary=cst["ident"][0:Q, 0:Q], moving=yb, accumulate=True,
+                       is_stationary_onezero=True)
     else:
-        nisa.tensor_copy(dst=y_b, src=yb, engine=nisa.engine.gpsimd)
-    if blk[5]:
-        nisa.dma_copy(dst=ctx["y"][t0:t0 + L, gc0:gc1], src=yg)
-        ctx["yg" + str(q)] = None
-    w["yb"] = None
+        nisa.tensor_tensor(dst=yb, data1=yb, data2=yi, op=nl.add)
 
 
-def _st_state_mm(ctx, blk, w):
-    """TensorE: chunk state B^T Xd per N tile."""
-    g, h0, nh = blk[0], blk[1], blk[2]
-    P, N, ST, B_mm = ctx["P"], ctx["N"], ctx["ST"], ctx["B_mm"]
-    sps = []
-    for t in range(ctx["n_tiles"]):
+def _st_yout(cst, ctx, blk, w, r):
+    """_ALT_ENGINE: + x D (D per channel), * silu(z), into the chunk's y tile (the
+    sum is in PSUM with ``pe_add``: VectorE then, GpSimd cannot read PSUM)."""
+    g, h0, nh = blk
+    P, D_sb, x_in, Q = cst["P"], cst["D_sb"], ctx["x_in"], cst["Q"]
+    c0, c1 = h0 * P, (h0 + nh) * P
+    yb = _pick(r["yb"], w)[:, 0:nh * P]
+    ysum = yb
+    if _pe_add(cst, w):
+        ysum = _pick(r["yps"], w)[:, 0:nh * P]
+    if D_sb != None:  # noqa: E711
+        xd = _pick(r["xd"], w)[:, 0:nh * P]
+        nisa.tensor_tensor(dst=xd, data1=x_in[:, c0:c1], data2=D_sb[0:Q, c0:c1], op=nl.multiply,
+                           engine=_ALT_ENGINE)
+        nisa.tensor_tensor(dst=yb, data1=ysum, data2=xd, op=nl.add, engine=_ALT_ENGINE)
+        ysum = yb
+    y_b = ctx["yt"][:, c0:c1]
+    if ctx["z"] != None:  # noqa: E711
+        nisa.tensor_tensor(dst=y_b, data1=ysum, data2=_pick(r["sz"], w)[:, 0:nh * P],
+                           op=nl.multiply, engine=_ALT_ENGINE)
+    elif _pe_add(cst, w):
+        nisa.tensor_copy(dst=y_b, src=ysum, engine=nisa.engine.vector)
+    else:
+        nisa.tensor_copy(dst=y_b, src=ysum, engine=nisa.engine.gpsimd)
+
+
+def _st_state_mm(cst, ctx, blk, w, r):
+    """TensorE: chunk state B^T Xd per N tile (one PSUM bank for all tiles)."""
+    g, h0, nh = blk
+    P, N, B_mm = cst["P"], cst["N"], ctx["B_mm"]
+    st = _pick(r["st"], w)
+    for t in range(cst["n_tiles"]):
         n0 = g * N + t * _PMAX
-        nt = ST[t].shape[0]
-        st_ps = nl.ndarray((nt, nh * P), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=st_ps, stationary=B_mm[:, n0:n0 + nt], moving=w["Xd"],
-                       accumulate=False)
-        sps.append(st_ps)
-    w["Xd"] = None
-    w["st"] = sps
+        ntile = min(_PMAX, N - t * _PMAX)
+        nisa.nc_matmul(dst=st[0:ntile, t * nh * P:(t + 1) * nh * P],
+                       stationary=B_mm[:, n0:n0 + ntile],
+                       moving=_pick(r["Xd"], w)[:, 0:nh * P], accumulate=False)
+    if _pe_state(cst, w):
+        nisa.nc_matmul(dst=st[0:N, 0:nh * P], stationary=cst["ident_n"][0:N, 0:N],
+                       moving=_pick(r["eS"], w)[:, 0:nh * P], accumulate=True,
+                       is_stationary_onezero=True)
 
 
-def _st_state(ctx, blk, w):
-    """VectorE: S^T <- exp(total) S^T + chunk state, per head (fp32)."""
-    g, h0, nh = blk[0], blk[1], blk[2]
-    P, ST, elast = ctx["P"], ctx["ST"], ctx["elast"]
-    for t in range(ctx["n_tiles"]):
+def _st_state(cst, ctx, blk, w, r):
+    """VectorE: S^T <- exp(total) S^T + chunk state, per head (fp32); blocks on the
+    TensorE path (``_pe_state``): ScalarE copies the PSUM sum back."""
+    g, h0, nh = blk
+    P, ST, elast = cst["P"], cst["ST"], ctx["elast"]
+    st = _pick(r["st"], w)
+    if _pe_state(cst, w):
+        nisa.activation(dst=ST[0][:, h0 * P:(h0 + nh) * P], op=nl.copy,
+                        data=st[0:ST[0].shape[0], 0:nh * P])
+        return
+    for t in range(cst["n_tiles"]):
+        ntile = ST[t].shape[0]
         for k in range(nh):
             h = h0 + k
             nisa.scalar_tensor_tensor(dst=ST[t][:, h * P:(h + 1) * P],
                                       data=ST[t][:, h * P:(h + 1) * P], op0=nl.multiply,
                                       operand0=elast[t][:, h:h + 1], op1=nl.add,
-                                      operand1=w["st"][t][:, k * P:(k + 1) * P])
-    w["st"] = None
+                                      operand1=st[0:ntile, (t * nh + k) * P:(t * nh + k + 1) * P])
+
+
+def _pe_state(cst, w):
+    """Whether item ``w``'s block updates the state on TensorE / ScalarE (one block
+    in _PE_STATE_CYCLE: TensorE / VectorE / ScalarE balance)."""
+    return cst["pe_state"] and (w["i"] % cst["nb"]) % _PE_STATE_CYCLE == 0
+
+
+def _pe_add(cst, w):
+    """Whether item ``w``'s block adds y_off to y_intra on TensorE (every block when
+    ``pe_add``: measured better than leaving some on VectorE)."""
+    return cst["pe_add"]
 
 
 _STAGES = (_st_w, _st_seg, _st_exp, _st_mt, _st_out_mm, _st_scalar, _st_yadd, _st_yout,
            _st_state_mm, _st_state)
-# stage reading the state (the bf16 copy / fp32 view in _st_mt) and the stage
-# writing it: item (c+1, j) may only read after item (c, j) wrote
+# stage reading the state (the bf16 copy / fp32 view in _st_mt / _st_out_mm) and
+# the stage writing it: item (1, j) may only read after item (0, j) wrote
 _S_READ, _S_WRITE = 3, 9

@@ -1,6 +1,45 @@
 """Mamba-2 selective state update (decode, 1..T tokens per sequence), state pool in place.
 
-Design: decode is bound by moving the state (``H*P*N`` floats per sequence,
+One compiled program per shape bucket
+-------------------------------------
+Compile-time arguments are shapes (the padded ``num_seqs`` bucket, T, H, P,
+N, G) and layer flags only. The batch composition is run-time int32 data
+built by the launcher (``nki_ssm/ops/launch/mamba2_ssd.py``):
+
+- ``seq_table [ceil(num_seqs / per) + 1, 128, 2*per]``: row q describes
+  loop iteration q - 1 (row 0: the first iteration, loaded before the
+  loop), ``per`` entries (live sequences, in order) of two columns each:
+  the first holds the pool row ``slot*pr + q`` of partition q (q < pr),
+  the second holds at partition 0 the sequence's index in the batch (for
+  its x / B / C / y rows) and at partition 1 a 1 ("this entry exists");
+  entries past the last live sequence are all 0 (absent);
+- ``pad_table [num_seqs, 1]``: the indices of the padding sequences
+  (``state_indices == -1``) first, then zeros;
+- ``counts [1, 2]``: iterations of the live loop + 1, number of padding
+  sequences.
+
+Loops. Every loop that grows with the batch is a runtime loop
+(``nl.dynamic_range`` over a register loaded from ``counts``); what is
+unrolled inside a body is bounded by the layer shape (row blocks of the
+state, the T tokens, the state units). The live loop's body handles ``k``
+sequences (k = 2 when a state is one unit, or an odd number of units, else
+1) so the state units of consecutive sequences alternate between two SBUF
+buffers: the gather of the next unit (DMA) is issued before the update of
+the current one, so the pool traffic and the update overlap across
+sequences as before. An entry past the last live sequence (the second of
+a pair when n_live is odd, the prefetch after the last one) is skipped by a
+runtime conditional: a ``nl.dynamic_range`` over the entry's 0/1 "exists"
+register, so it reads and writes nothing (no dummy pool accesses, no
+``oob_mode.skip``). A second runtime loop writes zero rows of y for the
+padding sequences (after the live work: small stores would otherwise queue
+ahead of the first gather). Table rows are addressed by the loop's
+induction register as ``scalar_offset`` (the live loop runs i = 1 ..
+iterations and loads row i, the next iteration's, one iteration ahead:
+a table DMA never holds up the gather that needs it); x / B / C / y rows
+by a 1x1 int32 tile of the table (``scalar_offset``); pool rows by
+``vector_offset`` (one pool row per partition).
+
+Layout. Decode is bound by moving the state (``H*P*N`` floats per sequence,
 read and written once per call), so the layout is chosen for the DMA. The
 state of one sequence is gathered by indirect DMA: row ``r = h*P + p`` of
 ``[H*P, N]`` goes to partition ``r // nt``, column block ``r % nt``, so each
@@ -15,77 +54,70 @@ five-stage pipeline per row block t:
     input, alternating by block (engine balance):
       t even: VectorE  S = B_bcast * (dt' x) + tmp        (scalar_tensor_tensor)
       t odd:  ScalarE  inp = B_bcast * (dt' x); TensorE PSUM = I tmp + I inp
-              (fp32 identity matmuls, 0/1 stationary); ScalarE S = PSUM
-    VectorE  prod = S * C_bcast                 (tensor_tensor; every 2nd on
-                                                 GpSimd with 1-2 sequences)
+              (fp32 identity matmuls, 0/1 stationary, accumulate explicit);
+              ScalarE S = PSUM
+    VectorE  prod = S * C_bcast                 (tensor_tensor)
     ScalarE  y   = sum_n prod                   (activation copy, add-reduce)
     ScalarE  pool tile = S                      (bf16 pool, last token only)
 
-Two fp32 2-input VectorE passes per state element made VectorE the bound
-(~98 % busy at 512 sequences); the TensorE path of odd blocks moves half
-of one pass to ScalarE (1-input, faster clock) and TensorE, which were
-idle (2.7B, 16 sequences: 375 -> 291 us modeled). Like the prefill's
-exact mode it takes fp32 TensorE products and PSUM accumulation as exact
-(a 0/1 stationary: each output is 1.0 * tmp + 1.0 * inp, one fp32 add).
+The TensorE path (blocks with ``t % _PE_CYCLE != 0``) moves half of one
+VectorE pass to ScalarE and TensorE; it paid off under the earlier cost
+model (VectorE-bound). With per-instruction costs and semaphores modeled
+ScalarE binds, so every block takes the VectorE path (``_PE_CYCLE = 1``;
+2.7B, 32 sequences 882 -> 761 us, 1 sequence 32.6 -> 28.8 us modeled); the
+switch stays for other cost figures. The TensorE path takes fp32 products
+and PSUM accumulation as exact (0/1 stationary: 1.0 * tmp + 1.0 * inp).
+
+No float ``tensor_tensor`` runs on GpSimd (issue 14: the ISA routes float
+binary ops to VectorE); GpSimd generates the descriptors of the indirect
+(vector_offset, software-DGE) pool gathers and scatters and does the
+integer counter adds.
 
 State units (SBUF): a sequence's state is cut into as few equal units of
 row blocks as keep a unit within ``_UNIT_BYTES`` (48 KiB) per partition,
 counting the fp32 working copy and, for a bfloat16 pool, the pool-dtype
 tile. Mamba-2 2.7B (20 KiB fp32) and Granite-like (32 KiB fp32, 48 KiB
 with a bf16 pool) use one unit; Falcon-H1-like (N = 256: 64 KiB fp32,
-96 KiB with a bf16 pool) two. The _AHEAD + 1 = 3 units in flight then take
-<= 144 KiB of the 208 KiB usable (Falcon-H1 peak 136 KiB modeled with 4
-sequences), whatever the dstate. Units are independent (rows are), so the
+96 KiB with a bf16 pool) two. Two unit buffers are allocated (before the
+loops: tiles allocated in a dynamic loop body are live for the whole loop),
+<= 96 KiB whatever the dstate. Units are independent (rows are), so the
 results do not depend on the cut (tested bit for bit).
 
-GpSimd generates the descriptors of the indirect (vector_offset,
-software-DGE) state gathers and scatters; any compute queued on it delays
-them (the cost model, like the hardware, runs GpSimd in order). With many
-sequences it does no compute. With one or two it takes every second C
-product (from an SBUF copy of C: GpSimd cannot read PSUM), since its few
-descriptors are made up front.
+With a bucket of one or two sequences (compile time: a shape), each unit
+moves in up to 4 DMAs so the first row blocks update while the rest
+arrives; each part is scattered ``_SCATTER_LAG`` blocks after its last
+update.
 
 B and C rows of each partition's group are broadcast to the ``pr``
 partitions on TensorE (one K=G 0/1 selection matmul for [B | C], exact)
 and read straight from PSUM. T tokens keep the state in SBUF (float32);
 it is written back once. Small DMAs cost ~1 us each in the model (latency,
 low efficiency at < 512 B per partition), so the launcher packs x | dt | z
-per token, A | dt_bias | D, and B | C into one array each.
+per token, A | dt_bias | D, and B | C into one array each; a sequence's
+token inputs are loaded with the gather of its first unit (DMA queues are
+FIFO) into a staging set, copied to the working set when its update starts.
 
-Overlap: the four per-block instructions are software-pipelined over the
-row blocks (step b: decay of block b, input of b-1, product of b-2, sum of
-b-3), so ScalarE and VectorE run concurrently; state gathers are issued two
-units ahead of the compute, because a DMA to or from the pool (run-time
-indices) has to wait for every earlier one that may overlap it. A
-sequence's token inputs are loaded just before its first gather (DMA
-queues are FIFO: behind the gathers they held up the first compute by the
-whole gather). With only one or two sequences, each unit moves in up to 4
-DMAs so the first row blocks update while the rest arrives; each part is
-scattered ``_SCATTER_LAG`` blocks after its last update (so the GpSimd
-products just issued are not queued behind the scatter's descriptors,
-which wait for the last gather).
+Limits: N <= 256 (the [B | C] broadcast is one PSUM bank of 2N fp32; the
+host API rejects N > 256 up front); pr <= 128 partitions for any H*P (pr is
+the largest divisor of H*P <= 128 keeping partitions inside one group); T
+tokens per sequence (a shape: unrolled, program size grows with T); any
+number of sequences (run time); slots*pr < 2^31 (int32 pool rows).
 
-Modeled (trn2, nki_ssm.perf; ``python3 -m simulate --set judged --op
-mamba2_ssd``; Mamba-2 2.7B, float32 state, bf16 I/O; bytes = minimal HBM
-traffic against the 368 GB/s core DMA bandwidth):
-  1 sequence     24.3 us   58.8 %  (DMA-bound: pool DMAs serialised)
-  32 sequences  563.6 us   81.2 %  (VectorE 94 %, DMA queues 92 % busy)
-  512 sequences  8.74 ms   83.8 %  (goal >= 60 %)
-(before this round: 38.5 us / 37 %, 750 us / 61 %, 11.45 ms / 64 %). The
-pool DMAs are serialised by their run-time indices (each waits for the
-earlier ones that may overlap it), which bounds the many-sequence case
-not far above this.
-
-Compile time: T, the shapes and which sequences are padding (the cache
-key; padding rows of y are written as zeros and their slots never
-touched). Run time: pool slots (int32 row indices into the pool view).
+Modeled (trn2, nki_ssm.perf with per-instruction costs, semaphores and the
+runtime-loop iteration cost; ``python -m simulate --set judged --op
+ssd_decode``; Mamba-2 2.7B, float32 state, bf16 I/O; share of the 368 GB/s
+core DMA bandwidth): 1 sequence 28.2 us (50.7 %), 32 sequences 716 us
+(63.9 %), 512 sequences 11.2 ms (65.2 %), VectorE / ScalarE / DMA each
+~80 % busy. The static per-batch kernel it replaces, same cost model:
+29.1 us, 823 us, 12.9 ms (ScalarE-bound). Program size: 363 static
+instructions at 32 and at 512 sequences (2.7B, simulate's report;
+Granite-like 559, Falcon-H1-like 289 counted around the host op).
 
 Numerics: all float32 (no matmul precision choice: the only matmul is the
 exact 0/1 broadcast). A bfloat16 pool is widened by the first token's
 decay (ScalarE reads the bf16 tile, writes fp32: no separate widening
 pass) and rounded once (RNE) by a per-block ScalarE copy on the last
-token, pipelined with the update (whole-tile conversions serialised the
-update: 2.7B, 16 sequences, bf16 pool 539 -> 369 us modeled).
+token, pipelined with the update.
 """
 from __future__ import annotations
 
@@ -94,138 +126,178 @@ from nki_ssm.kernels.mamba2_ssd._common import dt_prime
 
 
 @nki.jit
-def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, pool_idx, live, T, has_z, has_bias,
-                    has_D, dt_softplus, dt_lo, dt_hi):
-    """Selective state update; returns y ``[num_seqs*T*pr, nt]`` float32 (row layout).
+def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, pad_table, counts, has_z,
+                    has_bias, has_D, dt_softplus, dt_lo, dt_hi):
+    """Selective state update; returns y ``[num_seqs, T*pr, nt]`` float32 (row layout).
 
     Row layout: state row ``r = h*P + p`` of a sequence sits at partition
     ``r // nt``, column ``r % nt`` (``pr * nt = H*P``), so each partition
     holds ``nt`` consecutive pool rows = one row of the ``pool`` view.
-    HBM arrays (prepared by the launcher; per-token and per-row inputs are
-    packed so each moves with one DMA: small DMAs cost ~1 us each):
-      xdt_rows ``[num_seqs*T*pr, k*nt]`` float32: x, raw dt (per row's
+    HBM arrays (prepared by the launcher; ``num_seqs`` is the padded bucket):
+      xdt_rows ``[num_seqs, T*pr, k*nt]`` float32: x, raw dt (per row's
       head) and, if has_z, z, as consecutive ``nt``-column blocks;
       params ``[pr, k*nt]`` float32: A, then dt_bias if has_bias, then D if
-      has_D (per row); BC ``[num_seqs*T*G, 2*N]``: B then C;
+      has_D (per row); BC ``[num_seqs, T*G, 2*N]``: B then C;
       group_sel ``[G, pr]`` (BC's dtype, 1 where partition q's rows are in
-      group g), pool
-      ``[slots*pr, nt*N]`` (the pool ``[slots, H, P, N]``, updated in place),
-      pool_idx ``[num_seqs*pr, 1]`` int32 (``slot*pr + q``).
-    Compile-time: live (tuple of bools, one per sequence: False = padding,
-      zero output, pool untouched), T, has_z, has_bias, has_D, dt_softplus,
-      dt_lo, dt_hi.
+      group g); pool ``[slots*pr, nt*N]`` float32 or bfloat16 (the pool
+      ``[slots, H, P, N]``, updated in place by the kernel's scatters);
+      seq_table ``[num_seqs+3, 128, 2]``, pad_table ``[num_seqs, 1]``,
+      counts ``[1, 2]`` int32 (the batch composition: module docstring).
+    Compile-time: has_z, has_bias, has_D, dt_softplus, dt_lo, dt_hi (layer
+      configuration) and the shapes.
     """
+    num_seqs = xdt_rows.shape[0]
     pr = params.shape[0]
     k = 2
     if has_z:
         k = 3
-    nt = xdt_rows.shape[1] // k
-    num_seqs = len(live)
+    nt = xdt_rows.shape[2] // k
+    T = xdt_rows.shape[1] // pr
     N = pool.shape[1] // nt
     G = group_sel.shape[0]
-    y = nl.ndarray((num_seqs * T * pr, nt), dtype=nl.float32, buffer=nl.shared_hbm)
+    y = nl.ndarray((num_seqs, T * pr, nt), dtype=nl.float32, buffer=nl.shared_hbm)
 
-    live_ids = []
-    for s in range(num_seqs):
-        if live[s]:
-            live_ids.append(s)
-    units = _units(live_ids, nt, N, pool.dtype == nl.float32)
-    # few sequences: split each unit's DMA in parts so the update of the first
-    # row blocks overlaps the gather of the later ones (and their scatter the
-    # rest of the update), and let GpSimd take some C products (its queue is
-    # free once the few gathers' descriptors are made); many sequences overlap
-    # across sequences instead, and GpSimd only makes descriptors
+    spans = _unit_spans(nt, N, pool.dtype == nl.float32)
+    nu = len(spans)
+    per = entries_per_iteration(nt, N, pool.dtype == nl.float32)
+    K = per * nu
     parts = 1
-    gp_every = 0
-    if len(live_ids) <= 2:
-        parts = max(1, _PARTS // (len(units) // len(live_ids)))
-        gp_every = _GPSIMD_EVERY
+    if num_seqs <= 2:
+        parts = _PARTS
 
-    # Gathers run _AHEAD units ahead of the compute: the pool is one HBM
-    # tensor with run-time indices, so a gather issued after a scatter must
-    # wait for it; issuing it before keeps the DMA queues streaming. A
-    # sequence's token inputs are loaded right before its first gather (DMA
-    # queues are FIFO: behind the gathers they would hold up the compute).
-    got = {}
-    idxs = {}
-    toks = {}
-    prm = None
-    sel = None
-    ident = None
-    for n in range(len(units) + _AHEAD):
-        if n < len(units):
-            s, a, b = units[n][0], units[n][1], units[n][2]
-            if a == 0:
-                idx = nl.ndarray((pr, 1), dtype=nl.int32, buffer=nl.sbuf)
-                nisa.dma_copy(dst=idx, src=pool_idx[s * pr:(s + 1) * pr, :])
-                idxs[str(s)] = idx
-                if n == 0:
-                    prm = nl.ndarray((pr, params.shape[1]), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.dma_copy(dst=prm, src=params)
-                    sel = nl.ndarray((G, pr), dtype=group_sel.dtype, buffer=nl.sbuf)
-                    nisa.dma_copy(dst=sel, src=group_sel)
-                    ident = _identity(pr)
-                tl = []
-                for tok in range(T):
-                    tl.append(_tok_load(xdt_rows, BC, s * T + tok, pr, G, N))
-                toks[str(s)] = tl
-            got[str(n)] = _gather(pool, idxs[str(s)], pr, nt, N, a, b, parts)
-        m = n - _AHEAD
-        if m >= 0:
-            s, a, b = units[m][0], units[m][1], units[m][2]
-            tl = toks[str(s)]
-            if a == 0:
-                for tok in range(T):
-                    _tok_prep(tl[tok], prm, pr, nt, has_bias, dt_softplus, dt_lo, dt_hi)
-            nat = got[str(m)]
-            got[str(m)] = None
-            # fp32 working state; a bf16 pool tile is widened block by block
-            # by the first token's decay and narrowed by the last token
-            S = nat
-            if pool.dtype != nl.float32:
-                S = nl.ndarray((pr, (b - a) * N), dtype=nl.float32, buffer=nl.sbuf)
-            for tok in range(T):
-                # the last token scatters each part as soon as its blocks are updated
-                out = None
-                if tok == T - 1:
-                    out = (pool, idxs[str(s)], nat, parts)
-                S_in = S
-                if tok == 0:
-                    S_in = nat
-                _tok_update(tl[tok], sel, ident, S_in, S, a, b, pr, nt, N, gp_every, out)
-            S = None
-            nat = None
-            if b == nt:
-                for tok in range(T):
-                    _tok_out(tl[tok], prm, y, s * T + tok, pr, nt, has_z, has_bias, has_D)
-                toks[str(s)] = None
-                idxs[str(s)] = None
+    # ---- constants and buffers (allocated outside the runtime loops)
+    prm = nl.ndarray((pr, params.shape[1]), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=prm, src=params)
+    sel = nl.ndarray((G, pr), dtype=group_sel.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=sel, src=group_sel)
+    ident = _identity(pr)
+    cnt = nl.ndarray((1, 4), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=cnt, src=counts)
+    r_stop = nisa.register_alloc()           # full iterations + 1
+    nisa.register_load(dst=r_stop, src=cnt[0:1, 0:1])
+    r_pads = nisa.register_alloc()
+    nisa.register_load(dst=r_pads, src=cnt[0:1, 1:2])
+    r_any = nisa.register_alloc()            # 1 if any sequence is live
+    nisa.register_load(dst=r_any, src=cnt[0:1, 2:3])
+    r_tail = nisa.register_alloc()           # 1 if a last iteration has only entry 0
+    nisa.register_load(dst=r_tail, src=cnt[0:1, 3:4])
+
+    span_max = 0
+    for j in range(nu):
+        span_max = max(span_max, spans[j][1] - spans[j][0])
+    nats = []
+    work = []
+    for b in range(2):
+        nats.append(nl.ndarray((pr, span_max * N), dtype=pool.dtype, buffer=nl.sbuf))
+        if pool.dtype != nl.float32:
+            work.append(nl.ndarray((pr, span_max * N), dtype=nl.float32, buffer=nl.sbuf))
+        else:
+            work.append(nats[b])
+    # an iteration's table row is loaded one iteration ahead (row i by the loop
+    # register i), so a table DMA never holds up the gather that needs it: tabs =
+    # this iteration's entries (columns 2e, 2e+1 of entry e of the row), ntab =
+    # the next iteration's; token inputs of the next iteration's entry 0 are
+    # staged with its first gather and copied to the working set when it starts.
+    # No runtime conditional inside the loop body (the compiler drains every
+    # engine at each loop entry): every entry of a full iteration exists, a last
+    # partial iteration (entry 0 only) runs in its own conditional body, and the
+    # prefetch after the last one reads a dummy row (a live sequence's rows:
+    # a harmless read, discarded)
+    ntab = nl.ndarray((128, 2 * per), dtype=nl.int32, buffer=nl.sbuf)
+    tabs = []
+    ntabs = []
+    toks = []
+    for e in range(per):
+        # one tile per entry: copying entry 0 in must not wait for the previous
+        # iteration's last scatter, which reads entry 1's pool rows
+        tabs.append(nl.ndarray((128, 2), dtype=nl.int32, buffer=nl.sbuf))
+        ntabs.append(ntab[:, 2 * e:2 * e + 2])
+        toks.append(_tok_tiles(xdt_rows.shape[2], BC.dtype, pr, nt, T, G, N))
+    staged = _tok_tiles(xdt_rows.shape[2], BC.dtype, pr, nt, T, G, N)
+    rings = _rings(pr, N)
+    args = (xdt_rows, BC, pool, y, sel, ident, prm, rings, T, pr, nt, N, G, parts, has_z,
+            has_bias, has_D, dt_softplus, dt_lo, dt_hi)
+
+    # prefetch: the first iteration's table row, tokens and first unit
+    nisa.dma_copy(dst=ntab, src=seq_table[0, :, :])
+    for _ in nl.dynamic_range(r_any):
+        _tok_load(xdt_rows, BC, ntabs[0], staged, T, pr, G)
+        _gather(pool, ntabs[0], nats[0], pr, nt, N, spans[0], parts)
+
+    for it in nl.dynamic_range(1, r_stop):
+        _take_over(tabs, ntabs, staged, toks, per, T)
+        w = 2 * per
+        nisa.dma_copy(dst=ntab, src=seq_table.ap(pattern=[[w, 128], [1, w]], offset=0,
+                                                 scalar_offset=it, indirect_dim=0))
+        _tok_prep_all(toks[0], prm, T, pr, nt, has_bias, dt_softplus, dt_lo, dt_hi)
+        _units_of(args, tabs, ntabs, toks, staged, nats, work, spans, per, per)
+
+    # a last iteration with entry 0 only (odd number of live sequences, per = 2)
+    for _ in nl.dynamic_range(r_tail):
+        _take_over(tabs, ntabs, staged, toks, 1, T)
+        _tok_prep_all(toks[0], prm, T, pr, nt, has_bias, dt_softplus, dt_lo, dt_hi)
+        _units_of(args, tabs, ntabs, toks, staged, nats, work, spans, per, 1)
+
     # padding sequences: zero rows of y, no pool access (after the live work:
     # their small stores would otherwise queue ahead of the first gather)
-    for s in range(num_seqs):
-        if not live[s]:
-            zt = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.memset(dst=zt, value=0.0)
-            for tok in range(T):
-                r0 = (s * T + tok) * pr
-                nisa.dma_copy(dst=y[r0:r0 + pr, :], src=zt)
+    zt = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=zt, value=0.0)
+    pad = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    for i in nl.dynamic_range(r_pads):
+        nisa.dma_copy(dst=pad, src=pad_table.ap(pattern=[[1, 1], [1, 1]], offset=0,
+                                                scalar_offset=i, indirect_dim=0))
+        for tok in range(T):
+            nisa.dma_copy(dst=y.ap(pattern=[[nt, pr], [1, nt]], offset=tok * pr * nt,
+                                   scalar_offset=pad, indirect_dim=0), src=zt)
     return y
 
 
-_AHEAD = 2            # state units gathered ahead of the one being updated
-_PARTS = 4            # state DMAs per sequence when only one or two sequences are live
-_GPSIMD_EVERY = 2     # with 1-2 sequences, every 2nd C product runs on GpSimd
-_SCATTER_LAG = 4      # blocks between a part's last update and its scatter (few sequences)
-_PE_CYCLE = 2       # blocks t % _PE_CYCLE != 0 take the TensorE input path
+def _take_over(tabs, ntabs, staged, toks, n, T):
+    """This iteration's table entries (n of them) and entry 0's staged tokens in."""
+    nisa.tensor_copy(dst=tabs[0], src=ntabs[0], engine=nisa.engine.gpsimd)
+    _tok_copy(staged, toks[0], T)
+    for e in range(1, n):
+        nisa.tensor_copy(dst=tabs[e], src=ntabs[e], engine=nisa.engine.gpsimd)
+
+
+def _units_of(args, tabs, ntabs, toks, staged, nats, work, spans, per, n):
+    """The units of the first n entries of an iteration: unit m's update follows the
+    gather of unit m + 1 (the next entry's first unit, or with m the iteration's
+    last unit of a full iteration, the next iteration's entry 0); the units
+    alternate the two buffers (per * units per entry is even)."""
+    (xdt_rows, BC, pool, y, sel, ident, prm, rings, T, pr, nt, N, G, parts, has_z, has_bias,
+     has_D, dt_softplus, dt_lo, dt_hi) = args
+    nu = len(spans)
+    K = n * nu
+    for m in range(K):
+        e, j = m // nu, m % nu
+        m1 = m + 1
+        if m1 < K:
+            e1, j1 = m1 // nu, m1 % nu
+            if j1 == 0:
+                _tok_load(xdt_rows, BC, tabs[e1], toks[e1], T, pr, G)
+            _gather(pool, tabs[e1], nats[m1 % 2], pr, nt, N, spans[j1], parts)
+        elif n == per:
+            _tok_load(xdt_rows, BC, ntabs[0], staged, T, pr, G)
+            _gather(pool, ntabs[0], nats[0], pr, nt, N, spans[0], parts)
+        _unit(toks[e], tabs[e], y, sel, ident, pool, nats[m % 2], work[m % 2], spans[j],
+              j == nu - 1, rings, T, pr, nt, N, parts, prm, has_z, has_bias, has_D,
+              e > 0 and j == 0, dt_softplus, dt_lo, dt_hi)
+
+
+_PARTS = 4            # state DMAs per unit when the bucket holds one or two sequences
+_SCATTER_LAG = 4      # blocks between a part's last update and its scatter (parts > 1)
+_PE_CYCLE = 1       # blocks t % _PE_CYCLE != 0 take the TensorE input path (1: none; module doc)
 _UNIT_BYTES = 48 * 1024   # SBUF bytes per partition of one state unit (fp32 state + pool copy)
+_RING = 3           # buffers per pipeline-stage temporary (write-to-last-read distance + 1)
 
 
-def _units(live_ids, nt, N, f32_pool):
-    """State units ``(seq, a, b)``: row blocks [a, b) of a sequence's state.
+def _unit_spans(nt, N, f32_pool):
+    """State units ``(a, b)``: row blocks [a, b) of one sequence's state.
 
-    A sequence is cut into as few equal units as keep one unit within
-    _UNIT_BYTES per partition, so the _AHEAD + 1 units in flight fit in SBUF
-    at any dstate (Falcon-H1, N = 256: 64 KiB fp32 per sequence -> 2 units;
+    A state is cut into as few equal units as keep one unit within
+    _UNIT_BYTES per partition, so the two unit buffers fit in SBUF at any
+    dstate (Falcon-H1, N = 256: 64 KiB fp32 per sequence -> 2 units;
     Mamba-2 2.7B and Granite-like: 1 unit).
     """
     row_bytes = N * 4
@@ -233,11 +305,35 @@ def _units(live_ids, nt, N, f32_pool):
         row_bytes = N * 6     # fp32 working copy + the bf16 pool tile
     split = min(nt, (nt * row_bytes + _UNIT_BYTES - 1) // _UNIT_BYTES)
     span = (nt + split - 1) // split
-    units = []
-    for s in live_ids:
-        for a in range(0, nt, span):
-            units.append((s, a, min(nt, a + span)))
-    return units
+    spans = []
+    for a in range(0, nt, span):
+        spans.append((a, min(nt, a + span)))
+    return spans
+
+
+def entries_per_iteration(nt, N, f32_pool):
+    """Sequences per iteration of the live loop (the launcher's trip count is
+    ceil(n_live / this)): the units of one iteration alternate between the two
+    unit buffers, so their number must be even (2 sequences of an odd number
+    of units, else 1)."""
+    if len(_unit_spans(nt, N, f32_pool)) % 2 == 1:
+        return 2
+    return 1
+
+
+def _rings(pr, N):
+    """Pipeline temporaries of the row-block update, reused round-robin (SBUF
+    tmp / inp / prod and PSUM sums; [B | C] broadcasts in PSUM)."""
+    r = {"tmp": [], "inp": [], "prod": [], "ps": [], "bc": []}
+    for i in range(_RING):
+        r["tmp"].append(nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf))
+        r["inp"].append(nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf))
+        r["prod"].append(nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf))
+    for i in range(2):
+        r["ps"].append(nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.psum))
+        r["bc"].append(nl.ndarray((pr, 2 * N), dtype=nl.float32, buffer=nl.psum))
+    r["n_bc"] = [0]
+    return r
 
 
 def _part_bounds(n, parts, k):
@@ -246,51 +342,69 @@ def _part_bounds(n, parts, k):
     return min(n, k * tp), min(n, (k + 1) * tp)
 
 
-def _gather(pool, idx, pr, nt, N, a, b, parts):
-    """Row blocks [a, b) of a sequence's state -> new tile [pr, (b-a)*N] in the
-    pool dtype (``parts`` DMAs; ``idx`` [pr, 1] int32 pool rows)."""
-    nat = nl.ndarray((pr, (b - a) * N), dtype=pool.dtype, buffer=nl.sbuf)
+def _gather(pool, tab, nat, pr, nt, N, span, parts):
+    """Row blocks span = [a, b) of an entry's state -> ``nat`` (pool dtype; ``parts``
+    DMAs; pool rows from column 0 of the entry's table tile)."""
+    a, b = span
     for k in range(parts):
         pa, pe = _part_bounds(b - a, parts, k)
         if pe > pa:
             view = pool.ap(pattern=[[nt * N, pr], [1, (pe - pa) * N]], offset=(a + pa) * N,
-                           vector_offset=idx, indirect_dim=0)
+                           vector_offset=tab[0:pr, 0:1], indirect_dim=0)
             nisa.dma_copy(dst=nat[:, pa * N:pe * N], src=view)
-    return nat
 
 
-def _scatter(pool, idx, nat, pr, nt, N, a, pa, pe):
+def _scatter(pool, tab, nat, pr, nt, N, a, pa, pe):
     """Local blocks [pa, pe) of the unit at block a back to the pool (one DMA)."""
     view = pool.ap(pattern=[[nt * N, pr], [1, (pe - pa) * N]], offset=(a + pa) * N,
-                   vector_offset=idx, indirect_dim=0)
+                   vector_offset=tab[0:pr, 0:1], indirect_dim=0)
     nisa.dma_copy(dst=view, src=nat[:, pa * N:pe * N])
 
 
-def _tok_load(xdt_rows, BC, row, pr, G, N):
-    """Start the loads of one token's inputs: x | dt | z rows and B | C (one DMA each)."""
-    xdt = nl.ndarray((pr, xdt_rows.shape[1]), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=xdt, src=xdt_rows[row * pr:(row + 1) * pr, :])
-    bc = nl.ndarray((G, 2 * N), dtype=BC.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=bc, src=BC[row * G:(row + 1) * G, :])
-    return {"xdt": xdt, "bc": bc}
+def _tok_tiles(width, bc_dtype, pr, nt, T, G, N):
+    """Per-token tiles of one entry: inputs (x | dt | z, B | C) and prepared rows."""
+    tl = []
+    for tok in range(T):
+        tl.append({"xdt": nl.ndarray((pr, width), dtype=nl.float32, buffer=nl.sbuf),
+                   "bc": nl.ndarray((G, 2 * N), dtype=bc_dtype, buffer=nl.sbuf),
+                   "dA": nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf),
+                   "dtx": nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf),
+                   "y": nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)})
+    return tl
 
 
-def _tok_prep(tk, prm, pr, nt, has_bias, dt_softplus, dt_lo, dt_hi):
-    """Per-row quantities of one token, into ``tk``: decay exp(dt' A), dt' x,
-    and the y accumulator (all [pr, nt] fp32)."""
-    xdt = tk["xdt"]
+def _tok_load(xdt_rows, BC, tab, tl, T, pr, G):
+    """Loads of an entry's token inputs: x | dt | z rows and B | C, one DMA each per
+    token, rows of batch sequence ``tab[0, 1]`` (run-time)."""
+    seq = tab[0:1, 1:2]
+    w = xdt_rows.shape[2]
+    n2 = BC.shape[2]
+    for tok in range(T):
+        nisa.dma_copy(dst=tl[tok]["xdt"], src=xdt_rows.ap(
+            pattern=[[w, pr], [1, w]], offset=tok * pr * w, scalar_offset=seq, indirect_dim=0))
+        nisa.dma_copy(dst=tl[tok]["bc"], src=BC.ap(
+            pattern=[[n2, G], [1, n2]], offset=tok * G * n2, scalar_offset=seq, indirect_dim=0))
+
+
+def _tok_copy(src, dst, T):
+    """Staged token inputs -> the working set (GpSimd copies: tiny, off VectorE)."""
+    for tok in range(T):
+        nisa.tensor_copy(dst=dst[tok]["xdt"], src=src[tok]["xdt"], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=dst[tok]["bc"], src=src[tok]["bc"], engine=nisa.engine.gpsimd)
+
+
+def _tok_prep_all(tl, prm, T, pr, nt, has_bias, dt_softplus, dt_lo, dt_hi):
+    """Per-row quantities of each token: decay exp(dt' A) and dt' x (fp32 [pr, nt])."""
     bias = None
     if has_bias:
         bias = prm[:, nt:2 * nt]
-    dtp = dt_prime(xdt[:, nt:2 * nt], bias, pr, nt, dt_softplus, dt_lo, dt_hi)
-    dA = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=dA, data1=dtp, data2=prm[:, 0:nt], op=nl.multiply)
-    nisa.activation(dst=dA, op=nl.exp, data=dA)
-    dtx = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=dtx, data1=dtp, data2=xdt[:, 0:nt], op=nl.multiply)
-    tk["dA"] = dA
-    tk["dtx"] = dtx
-    tk["y"] = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
+    for tok in range(T):
+        tk = tl[tok]
+        xdt = tk["xdt"]
+        dtp = dt_prime(xdt[:, nt:2 * nt], bias, pr, nt, dt_softplus, dt_lo, dt_hi)
+        nisa.tensor_tensor(dst=tk["dA"], data1=dtp, data2=prm[:, 0:nt], op=nl.multiply)
+        nisa.activation(dst=tk["dA"], op=nl.exp, data=tk["dA"])
+        nisa.tensor_tensor(dst=tk["dtx"], data1=dtp, data2=xdt[:, 0:nt], op=nl.multiply)
 
 
 def _identity(pr):
@@ -303,14 +417,36 @@ def _identity(pr):
     return ident
 
 
-def _tok_update(tk, sel, ident, S_in, S, a, b, pr, nt, N, gp_every, out):
+def _unit(tl, tab, y, sel, ident, pool, nat, S, span, last_unit, rings, T, pr, nt, N, parts,
+          prm, has_z, has_bias, has_D, prep, dt_softplus, dt_lo, dt_hi):
+    """All T tokens on one state unit (row blocks ``span``) of an entry; the
+    pool scatter on the last token; the entry's y rows after its last unit.
+    ``prep``: first prepare the entry's per-row token quantities."""
+    if prep:
+        _tok_prep_all(tl, prm, T, pr, nt, has_bias, dt_softplus, dt_lo, dt_hi)
+    a, b = span
+    Su = S[:, 0:(b - a) * N]
+    for tok in range(T):
+        out = None
+        if tok == T - 1:
+            out = (pool, tab, nat, parts)
+        S_in = Su
+        if tok == 0:
+            S_in = nat
+        _tok_update(tl[tok], sel, ident, S_in, Su, a, b, pr, nt, N, rings, out)
+    if last_unit:
+        for tok in range(T):
+            _tok_out(tl[tok], prm, y, tab, tok, pr, nt, has_z, has_bias, has_D)
+
+
+def _tok_update(tk, sel, ident, S_in, S, a, b, pr, nt, N, rings, out):
     """One token on row blocks [a, b): S [pr, (b-a)*N] fp32 <- update of S_in
     (S itself, or the pool-dtype tile on the first token), y columns [a, b).
 
-    ``out``: None, or (pool, idx, nat, parts) on the last token: each part
+    ``out``: None, or (pool, tab, nat, parts) on the last token: each part
     of the unit is scattered (``_SCATTER_LAG`` blocks) after its last row
     block is final; a non-fp32 pool tile ``nat`` is first rounded from S
-    block by block on ScalarE.
+    block by block on ScalarE. Temporaries come from ``rings`` (round-robin).
     """
     narrow = False
     if out != None:  # noqa: E711
@@ -318,16 +454,14 @@ def _tok_update(tk, sel, ident, S_in, S, a, b, pr, nt, N, gp_every, out):
     dA, dtx, yc = tk["dA"], tk["dtx"], tk["y"]
     # B and C of each partition's group on every partition (exact 0/1 matmul,
     # K = G, one PSUM bank for [B | C] up to N = 256)
-    bc = nl.ndarray((pr, 2 * N), dtype=nl.float32, buffer=nl.psum)
+    nb = rings["n_bc"][0]
+    rings["n_bc"][0] = nb + 1
+    bc = rings["bc"][nb % 2]
     nisa.nc_matmul(dst=bc, stationary=sel, moving=tk["bc"], accumulate=False)
     bb = bc[:, 0:N]
     cc = bc[:, N:2 * N]
-    # GpSimd takes every gp_every-th C product (VectorE balance); it cannot
-    # read PSUM, so it gets an SBUF copy of C (ScalarE)
-    cc_g = cc
-    if gp_every > 0:
-        cc_g = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=cc_g, op=nl.copy, data=cc)
+    tmps, inps, prods, pss = rings["tmp"], rings["inp"], rings["prod"], rings["ps"]
+    R = _RING
 
     # per row block u, five stages, software-pipelined (step i: stage k on
     # block i-k) so each engine's in-order queue never waits on work issued
@@ -335,62 +469,50 @@ def _tok_update(tk, sel, ident, S_in, S, a, b, pr, nt, N, gp_every, out):
     #   0 ScalarE decay tmp = S_in dA (and, TensorE path, inp = B dt'x)
     #   1 input: VectorE S = B dt'x + tmp, or TensorE PSUM = I tmp + I inp
     #   2 ScalarE S = PSUM (TensorE path)
-    #   3 VectorE / GpSimd prod = S C
+    #   3 VectorE prod = S C
     #   4 ScalarE y = sum prod (and the bf16 pool copy of S)
     # The TensorE path (blocks t % _PE_CYCLE != 0) moves one 2-input fp32
     # pass per element from VectorE to ScalarE / TensorE (engine balance).
+    # Ring sizes: a temporary written in stage k and last read in stage k'
+    # needs k' - k + 1 buffers for program order to keep every read before
+    # the next write (tmp / inp 0 -> 1, PSUM 1 -> 2, prod 3 -> 4).
     nu = b - a
-    tmps = [None] * nu
-    inps = [None] * nu
-    pss = [None] * nu
-    prods = [None] * nu
     for i in range(nu + 4):
         u = i
         if u < nu:
             t = a + u
-            tmps[u] = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=tmps[u], op=nl.copy, data=S_in[:, u * N:(u + 1) * N],
+            nisa.activation(dst=tmps[u % R], op=nl.copy, data=S_in[:, u * N:(u + 1) * N],
                             scale=dA[:, t:t + 1])
             if t % _PE_CYCLE != 0:
-                inps[u] = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.activation(dst=inps[u], op=nl.copy, data=bb, scale=dtx[:, t:t + 1])
+                nisa.activation(dst=inps[u % R], op=nl.copy, data=bb, scale=dtx[:, t:t + 1])
         u = i - 1
         if 0 <= u < nu:
             t = a + u
             if t % _PE_CYCLE != 0:
-                pss[u] = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.psum)
-                nisa.nc_matmul(dst=pss[u], stationary=ident, moving=tmps[u], accumulate=False,
+                ps = pss[u % 2]
+                nisa.nc_matmul(dst=ps, stationary=ident, moving=tmps[u % R], accumulate=False,
                                is_stationary_onezero=True)
-                nisa.nc_matmul(dst=pss[u], stationary=ident, moving=inps[u], accumulate=True,
+                nisa.nc_matmul(dst=ps, stationary=ident, moving=inps[u % R], accumulate=True,
                                is_stationary_onezero=True)
-                inps[u] = None
             else:
                 nisa.scalar_tensor_tensor(dst=S[:, u * N:(u + 1) * N], data=bb,
                                           op0=nl.multiply, operand0=dtx[:, t:t + 1],
-                                          op1=nl.add, operand1=tmps[u])
-            tmps[u] = None
+                                          op1=nl.add, operand1=tmps[u % R])
         u = i - 2
         if 0 <= u < nu:
-            if pss[u] != None:  # noqa: E711
-                nisa.activation(dst=S[:, u * N:(u + 1) * N], op=nl.copy, data=pss[u])
-                pss[u] = None
+            if (a + u) % _PE_CYCLE != 0:
+                nisa.activation(dst=S[:, u * N:(u + 1) * N], op=nl.copy, data=pss[u % 2])
             if out != None and not narrow:  # noqa: E711
                 _scatter_due(out, u, nu, pr, nt, N, a)
         u = i - 3
         if 0 <= u < nu:
-            prods[u] = nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf)
-            if gp_every > 0 and u % gp_every == gp_every - 1:
-                nisa.tensor_tensor(dst=prods[u], data1=S[:, u * N:(u + 1) * N], data2=cc_g,
-                                   op=nl.multiply, engine=nisa.engine.gpsimd)
-            else:
-                nisa.tensor_tensor(dst=prods[u], data1=S[:, u * N:(u + 1) * N], data2=cc,
-                                   op=nl.multiply, engine=nisa.engine.vector)
+            nisa.tensor_tensor(dst=prods[u % R], data1=S[:, u * N:(u + 1) * N], data2=cc,
+                               op=nl.multiply, engine=nisa.engine.vector)
         u = i - 4
         if 0 <= u < nu:
             t = a + u
-            nisa.activation(dst=prods[u], op=nl.copy, data=prods[u], reduce_op=nl.add,
+            nisa.activation(dst=prods[u % R], op=nl.copy, data=prods[u % R], reduce_op=nl.add,
                             reduce_res=yc[:, t:t + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
-            prods[u] = None
             if narrow:
                 nisa.activation(dst=out[2][:, u * N:(u + 1) * N], op=nl.copy,
                                 data=S[:, u * N:(u + 1) * N])
@@ -398,7 +520,7 @@ def _tok_update(tk, sel, ident, S_in, S, a, b, pr, nt, N, gp_every, out):
 
 
 def _scatter_due(out, u, nu, pr, nt, N, a):
-    """Scatter the part of ``out`` = (pool, idx, nat, parts) that is due once
+    """Scatter the part of ``out`` = (pool, tab, nat, parts) that is due once
     local block u is final (``_SCATTER_LAG`` blocks after the part's last)."""
     for k in range(out[3]):
         pa, pe = _part_bounds(nu, out[3], k)
@@ -406,9 +528,9 @@ def _scatter_due(out, u, nu, pr, nt, N, a):
             _scatter(out[0], out[1], out[2], pr, nt, N, a, pa, pe)
 
 
-def _tok_out(tk, prm, y, row, pr, nt, has_z, has_bias, has_D):
-    """y rows of one token: (sum_n S C + D x) * silu(z), stored."""
-    r0, r1 = row * pr, (row + 1) * pr
+def _tok_out(tk, prm, y, tab, tok, pr, nt, has_z, has_bias, has_D):
+    """y rows of one token: (sum_n S C + D x) * silu(z), stored at the entry's
+    batch sequence (``tab[0, 1]``, run-time)."""
     yc, xdt = tk["y"], tk["xdt"]
     if has_D:
         d0 = nt
@@ -421,4 +543,5 @@ def _tok_out(tk, prm, y, row, pr, nt, has_z, has_bias, has_D):
         sz = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=sz, op=nl.silu, data=xdt[:, 2 * nt:3 * nt])
         nisa.tensor_tensor(dst=yc, data1=yc, data2=sz, op=nl.multiply)
-    nisa.dma_copy(dst=y[r0:r1, :], src=yc)
+    nisa.dma_copy(dst=y.ap(pattern=[[nt, pr], [1, nt]], offset=tok * pr * nt,
+                           scalar_offset=tab[0:1, 1:2], indirect_dim=0), src=yc)

@@ -1,17 +1,24 @@
 """Launcher of the Mamba-2 SSD kernels (``nki_ssm.kernels.mamba2_ssd``).
 
-Host side only arranges layouts and index tables; all math and every pool
-gather / scatter happens in the kernels:
+Host side only pads to buckets, arranges layouts and builds int32 tables;
+all math and every pool gather / scatter happens in the kernels, one
+compiled program per (bucket, layer shape, dtypes):
 
+- ``num_tokens`` (prefill) is padded to ``token_bucket`` and ``num_seqs``
+  (prefill and decode) to ``seq_bucket`` (``buckets.py``); token inputs get
+  Q more zero rows (prefill: the rows a chunk past the last token reads),
+  and the tokens of padding sequences are zeroed in that copy (a masked
+  fill: the kernel may read them as rows past a live sequence's end, and
+  they may hold NaN); outputs are sliced back to the caller's sizes;
+- the batch composition (which sequences are live, their lengths, slots,
+  has_initial_state) becomes run-time int32 tables (``prefill_tables``,
+  ``decode_tables``: each a few vectorised array ops that the torch path
+  can run on device, listed in their docstrings), never compile-time
+  arguments;
 - the pool ``[slots, H, P, N]`` is passed as its ``[slots*pr, nt*N]`` row
   view (``pr*nt = H*P``, no copy for a C-contiguous pool), so the kernels
-  gather / scatter a sequence's whole state with one DMA and one int32 row
-  index per partition (``.ap(vector_offset=...)``);
-- slot numbers become int32 row tables; ``has_initial_state == False``
-  (prefill gather only) becomes the first row past the pool, which the
-  kernel's DMA skips (``oob_mode.skip``: zero initial state);
-- the batch layout (sequence lengths, which sequences are padding) becomes
-  compile-time tuples (padding: zero output, no instructions, pool untouched);
+  gather / scatter a sequence's state with one int32 row index per
+  partition (``.ap(vector_offset=...)``) and update it in place;
 - per-head parameters are repeated on 128 rows (prefill; D [H] goes to the
   TensorE identity path, D [H, P] to the per-channel path) or arranged as
   per-row ``[pr, nt]`` tiles (decode); dt is widened to float32; tensors are
@@ -22,6 +29,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from nki_ssm.ops.launch.buckets import seq_bucket, token_bucket
 
 _PMAX = 128
 _INT32_MAX = np.iinfo(np.int32).max
@@ -42,12 +51,6 @@ def _pool_rows(ssm_states: np.ndarray) -> np.ndarray:
     return ssm_states.reshape(slots * H * P, N)
 
 
-def _rows(slot: np.ndarray, use: np.ndarray, stride: int, count: int, oob: int) -> np.ndarray:
-    """int32 ``[num_seqs*count, 1]``: ``slot*stride + q`` (q < count) where ``use``, else ``oob``."""
-    r = slot.astype(np.int64)[:, None] * stride + np.arange(count, dtype=np.int64)[None, :]
-    return np.where(use[:, None], r, oob).astype(np.int32).reshape(-1, 1)
-
-
 def _f32(a):
     return None if a is None else np.ascontiguousarray(a, dtype=np.float32)
 
@@ -65,35 +68,132 @@ def _D_per_row(D, H, P):
     return np.repeat(d, P) if d.shape == (H,) else d.reshape(H * P)
 
 
+def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens: int,
+                   num_seqs: int, chunk_size: int, pr: int):
+    """Run-time batch tables of ``ssd_chunk_prefill`` (its module docstring):
+    ``(seq_table [num_seqs, 128, 4], chunk_table [chunk_rows, Q, 2],
+    zero_table [num_tokens // Q, Q, 1], counts [1, 2])`` int32.
+
+    ``num_tokens`` / ``num_seqs`` are the buckets; row ``num_tokens`` is the
+    zero (inputs) / dump (y) row that masked chunk rows name. Shapes depend
+    only on the buckets and Q: ``chunk_rows = num_tokens // Q + 3 * num_seqs``
+    (a live sequence takes 2 * pairs + 1 rows: its chunks, an all-masked one
+    when their number is odd, and a trailing all-masked row for the kernel's
+    last prefetch). Built with vectorised array ops only, each a
+    torch op on device: ``diff`` / integer ceil-division (lengths, chunks,
+    pairs), ``nonzero`` of ``state_indices >= 0`` (live order), an exclusive
+    ``cumsum`` (chunk row bases), ``repeat_interleave`` (row -> sequence and
+    token -> sequence), ``arange`` broadcast adds, comparisons and ``where``
+    (token rows, valid flags, masked rows -> the zero row), indexed writes
+    into zero tables.
+    """
+    Q = chunk_size
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    idx = np.asarray(state_indices, dtype=np.int64)
+    lens = cu[1:] - cu[:-1]
+    live = np.flatnonzero(idx >= 0)
+    n_live = live.size
+    lens_l = lens[live]
+    pairs = (lens_l + 2 * Q - 1) // (2 * Q)         # iterations of two chunks
+    rows_per = 2 * pairs + 1      # + a trailing all-masked row (the kernel's last prefetch)
+    base = np.concatenate([[0], np.cumsum(rows_per)[:-1]]).astype(np.int64) if n_live else \
+        np.zeros(0, np.int64)
+    seq_table = np.zeros((num_seqs, _PMAX, 4), dtype=np.int32)
+    seq_table[:n_live, :pr, 0] = idx[live][:, None] * pr + np.arange(pr)[None, :]
+    init = np.asarray(has_initial_state, dtype=bool)[live]
+    seq_table[:n_live, 0, 1] = pairs
+    seq_table[:n_live, 1, 1] = init
+    seq_table[:n_live, 2, 1] = ~init
+    seq_table[:n_live, 0, 2] = base
+    seq_table[:n_live, 0, 3] = 1
+    chunk_rows = num_tokens // Q + 3 * num_seqs
+    chunk_table = np.zeros((chunk_rows, Q, 2), dtype=np.int32)
+    chunk_table[:, :, 0] = num_tokens
+    total = int(rows_per.sum())
+    if total:
+        seq_of_row = np.repeat(np.arange(n_live), rows_per)
+        local = np.arange(total) - base[seq_of_row]               # chunk index in its sequence
+        offs = local[:, None] * Q + np.arange(Q)[None, :]         # token offset in the sequence
+        valid = offs < lens_l[seq_of_row][:, None]
+        tok = cu[live][seq_of_row][:, None] + offs
+        chunk_table[:total, :, 0] = np.where(valid, tok, num_tokens)
+        chunk_table[:total, :, 1] = valid
+    # tokens of padding sequences -> zero rows of y, Q per DMA
+    seq_of_tok = np.repeat(np.arange(lens.size), lens)
+    pad_tok = np.flatnonzero(idx[seq_of_tok] < 0)
+    zero_blocks = num_tokens // Q
+    zero_table = np.full((zero_blocks * Q, 1), num_tokens, dtype=np.int32)
+    zero_table[:pad_tok.size, 0] = pad_tok
+    counts = np.array([[n_live, (pad_tok.size + Q - 1) // Q]], dtype=np.int32)
+    return seq_table, chunk_table, zero_table.reshape(zero_blocks, Q, 1), counts
+
+
+_MAX_KERNEL_P = 256   # the prefill kernel packs y_intra | y_off ([Q, 2P] fp32) in one PSUM bank
+
+
+def _head_split(P: int) -> int:
+    """Smallest k with P % k == 0 and P / k <= _MAX_KERNEL_P."""
+    k = 2
+    while P % k or P // k > _MAX_KERNEL_P:
+        k += 1
+    return k
+
+
 def prefill(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, cu_seqlens, ssm_states,
             state_indices, has_initial_state, chunk_size, precision, backend):
     """Launch ``ssd_chunk_prefill``; returns y ``[num_tokens, H, P]`` in x's dtype.
 
-    ``ssm_states`` is updated in place (named slots only).
+    ``ssm_states`` is updated in place (named slots only). Token inputs are
+    padded to the token bucket plus one zero row (the row masked chunk rows
+    read), the batch to the sequence bucket.
     """
     from nki_ssm.kernels.mamba2_ssd.chunk import ssd_chunk_prefill
 
     T, H, P = x.shape
-    G, N = B.shape[1:]
-    slots = ssm_states.shape[0]
-    idx = np.asarray(state_indices, dtype=np.int64)
-    live = idx >= 0
-    pr, nt = decode_layout(H, P, 1)       # pr partitions x nt state rows each
-    oob = slots * pr                      # first row past the pool: the DMA skips it
-    gather = _rows(idx, live & np.asarray(has_initial_state, dtype=bool), pr, pr, oob)
-    scatter = _rows(idx, live, pr, pr, oob)
-    cu = [int(v) for v in np.asarray(cu_seqlens)]
-    seq_lens = tuple(cu[s + 1] - cu[s] for s in range(len(cu) - 1))
+    if P > _MAX_KERNEL_P:
+        # the recurrence is independent along P: a head of P channels is k heads
+        # of P / k channels sharing its dt, A, D (per head), dt_bias (contiguous
+        # reshapes of x, z, D [H, P] and the pool; repeats of the per-head arrays)
+        k = _head_split(P)
+        Hk, Pk = H * k, P // k
+        pool = ssm_states.reshape(ssm_states.shape[0], Hk, Pk, ssm_states.shape[-1])
 
-    def tok2d(a, width, dtype=None):
+        def per_head(a):
+            return None if a is None else np.repeat(np.asarray(a), k, axis=-1)
+
+        Dk = None if D is None else (per_head(D) if np.shape(D) == (H,)
+                                     else np.asarray(D).reshape(Hk, Pk))
+        y = prefill(x=x.reshape(T, Hk, Pk), dt=per_head(dt), A=per_head(A), B=B, C=C, D=Dk,
+                    z=None if z is None else z.reshape(T, Hk, Pk), dt_bias=per_head(dt_bias),
+                    dt_softplus=dt_softplus, dt_limit=dt_limit, cu_seqlens=cu_seqlens,
+                    ssm_states=pool, state_indices=state_indices,
+                    has_initial_state=has_initial_state, chunk_size=chunk_size,
+                    precision=precision, backend=backend)
+        if not np.shares_memory(pool, ssm_states):
+            ssm_states[...] = pool.reshape(ssm_states.shape)
+        return y.reshape(T, H, P)
+    G, N = B.shape[1:]
+    S = len(state_indices)
+    slots = ssm_states.shape[0]
+    Tb, Sb = token_bucket(T), seq_bucket(S)
+    pr, nt = decode_layout(H, P, 1)       # pr partitions x nt state rows each
+    seq_table, chunk_table, zero_table, counts = prefill_tables(
+        cu_seqlens, state_indices, has_initial_state, Tb, Sb, int(chunk_size), pr)
+
+    # tokens of padding sequences are zeroed (a masked fill): a chunk reads the Q
+    # rows from its first token on, so rows past a sequence's end must be finite
+    # (they are masked by dt' = 0, and 0 * NaN would not be 0)
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    pad_tok = np.repeat(np.asarray(state_indices) < 0, cu[1:] - cu[:-1])
+
+    def tok2d(a, width, dtype=None):      # [T, ...] -> [Tb + Q, width], zero rows appended
         if a is None:
             return None
         a = np.asarray(a).reshape(T, width)
-        if dtype is not None:
-            a = a.astype(dtype)
-        if T == 0:
-            a = np.zeros((1, width), dtype=a.dtype)
-        return np.ascontiguousarray(a)
+        out = np.zeros((Tb + int(chunk_size), width), dtype=a.dtype if dtype is None else dtype)
+        out[:T] = a
+        out[:T][pad_tok] = 0
+        return out
 
     # D [H] is folded into TensorE (D_h * I); D [H, P] is applied per channel
     D_heads = D_row = None
@@ -110,13 +210,13 @@ def prefill(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, cu_seqlens,
              tok2d(B, G * N), tok2d(C, G * N), D_heads, D_row, tok2d(z, H * P),
              None if dt_bias is None else np.ascontiguousarray(
                  np.broadcast_to(_f32(dt_bias), (_PMAX, H))),
-             rows, gather, scatter,
-             seq_lens, tuple(bool(v) for v in live), int(H), int(N), bool(dt_softplus), lo, hi, int(chunk_size), precision == "fp32",
+             rows, seq_table, chunk_table, zero_table, counts,
+             int(H), int(N), bool(dt_softplus), lo, hi, int(chunk_size), precision == "fp32",
              backend=backend)
     if not np.shares_memory(rows, ssm_states):
         ssm_states[...] = rows.reshape(ssm_states.shape)
     y = np.asarray(y)
-    return y[:T].reshape(T, H, P) if T else np.zeros((0, H, P), dtype=x.dtype)
+    return y[:T].reshape(T, H, P)
 
 
 def decode_layout(H: int, P: int, G: int) -> tuple[int, int]:
@@ -131,10 +231,48 @@ def decode_layout(H: int, P: int, G: int) -> tuple[int, int]:
     raise AssertionError("unreachable: pr = G always qualifies")
 
 
+def decode_tables(state_indices, num_seqs: int, pr: int, per: int):
+    """Run-time batch tables of ``ssd_decode_step`` (its module docstring):
+    ``(seq_table [ceil(num_seqs / per) + 1, 128, 2*per], pad_table [num_seqs, 1],
+    counts [1, 4])`` int32.
+
+    ``num_seqs`` is the bucket (>= len(state_indices)); ``per`` the kernel's
+    sequences per loop iteration: live sequence i is entry ``i % per`` of row
+    ``i // per``; entries past the last live sequence repeat live sequence 0
+    (the kernel's last prefetch reads them and discards the data; it never
+    writes them). counts: full iterations + 1, padding sequences, any live
+    (0/1), a last partial iteration (0/1). Built with vectorised array ops
+    only, each a torch op on device: ``nonzero`` of ``state_indices >= 0`` /
+    ``< 0`` (live and padding order), an ``arange`` broadcast add (pool rows
+    ``slot*pr + q``), a ``where`` (dummy entries), indexed writes into zero
+    tables (``index_put``) and integer counts.
+    """
+    idx = np.asarray(state_indices, dtype=np.int64)
+    live = np.flatnonzero(idx >= 0)
+    pad = np.flatnonzero(idx < 0)
+    rows = (num_seqs + per - 1) // per + 1
+    entries = np.zeros((rows * per, _PMAX, 2), dtype=np.int32)
+    if live.size:
+        order = np.where(np.arange(rows * per) < live.size,
+                         np.arange(rows * per), 0)           # dummies: live sequence 0
+        seqs = live[np.minimum(order, live.size - 1)]
+        entries[:, :pr, 0] = idx[seqs][:, None] * pr + np.arange(pr)[None, :]
+        entries[:, 0, 1] = seqs
+        entries[:live.size, 1, 1] = 1
+    # [rows*per, 128, 2] -> [rows, 128, per*2]: entry e of a row at columns 2e, 2e+1
+    seq_table = np.ascontiguousarray(
+        entries.reshape(rows, per, _PMAX, 2).transpose(0, 2, 1, 3).reshape(rows, _PMAX, 2 * per))
+    pad_table = np.zeros((num_seqs, 1), dtype=np.int32)
+    pad_table[:pad.size, 0] = pad
+    counts = np.array([[live.size // per + 1, pad.size, int(live.size > 0),
+                        int(live.size % per != 0)]], dtype=np.int32)
+    return seq_table, pad_table, counts
+
+
 def decode(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states, state_indices,
            backend):
     """Launch ``ssd_decode_step``; returns y shaped like x, in x's dtype."""
-    from nki_ssm.kernels.mamba2_ssd.decode import ssd_decode_step
+    from nki_ssm.kernels.mamba2_ssd.decode import entries_per_iteration, ssd_decode_step
     from nki_ssm.ops._dispatch import cast_rne
 
     single = x.ndim == 3
@@ -147,9 +285,7 @@ def decode(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states, 
     if slots * pr > _INT32_MAX:
         raise ValueError(f"ssm_states must have slots*{pr} <= {_INT32_MAX} (int32 row indices), "
                          f"got {slots * pr}")
-    idx = np.asarray(state_indices, dtype=np.int64)
-    live = idx >= 0
-    row_idx = _rows(idx, live, pr, pr, slots * pr)
+    Sb = seq_bucket(S)                    # sequences the kernel is compiled for
     # partition q of the B/C broadcast takes group (q*nt) // (H/G*P)
     group_of = (np.arange(pr) * nt) // ((H // G) * P)
     sel = group_of[None, :] == np.arange(G)[:, None]
@@ -162,24 +298,33 @@ def decode(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states, 
 
     # one DMA per token for x | dt | z, one for the per-row parameters, one
     # for B | C (the kernel's small DMAs cost ~1 us each, see its docstring)
-    n = S * T
-    xdt = [rows(x, n), per_head(dt, n)] + ([] if z is None else [rows(z, n)])
+    n = Sb * T
+
+    def pad_seqs(a):   # [S, ...] -> [Sb, ...] (zero sequences appended)
+        a = np.asarray(a)
+        return a if Sb == S else np.concatenate(
+            [a, np.zeros((Sb - S,) + a.shape[1:], dtype=a.dtype)])
+
+    xdt = [rows(pad_seqs(x), n), per_head(pad_seqs(dt), n)] + (
+        [] if z is None else [rows(pad_seqs(z), n)])
     params = [per_head(A, 1)]
     if dt_bias is not None:
         params.append(per_head(dt_bias, 1))
     if D is not None:
         params.append(rows(_D_per_row(D, H, P), 1))
-    BC = np.concatenate([np.asarray(B).reshape(n * G, N), np.asarray(C).reshape(n * G, N)],
-                        axis=1)
+    BC = np.concatenate([pad_seqs(B).reshape(n * G, N), pad_seqs(C).reshape(n * G, N)], axis=1)
     lo, hi = _dt_limit(dt_limit)
     pool = ssm_states.reshape(slots * pr, nt * N)
+    per = entries_per_iteration(nt, N, ssm_states.dtype == np.float32)
+    seq_table, pad_table, counts = decode_tables(state_indices, Sb, pr, per)
     y = _run(ssd_decode_step,
-             np.ascontiguousarray(np.concatenate(xdt, axis=1)),
-             np.ascontiguousarray(np.concatenate(params, axis=1)), np.ascontiguousarray(BC),
-             np.ascontiguousarray(sel.astype(BC.dtype)), pool, row_idx, tuple(bool(v) for v in live), int(T), z is not None,
-             dt_bias is not None, D is not None, bool(dt_softplus), lo, hi,
+             np.ascontiguousarray(np.concatenate(xdt, axis=1)).reshape(Sb, T * pr, -1),
+             np.ascontiguousarray(np.concatenate(params, axis=1)),
+             np.ascontiguousarray(BC).reshape(Sb, T * G, 2 * N),
+             np.ascontiguousarray(sel.astype(BC.dtype)), pool, seq_table, pad_table, counts,
+             z is not None, dt_bias is not None, D is not None, bool(dt_softplus), lo, hi,
              backend=backend)
     if not np.shares_memory(pool, ssm_states):
         ssm_states[...] = pool.reshape(ssm_states.shape)
-    y = np.asarray(y, dtype=np.float32).reshape(x.shape)
+    y = np.asarray(y, dtype=np.float32)[:S].reshape(x.shape)
     return cast_rne(y, x.dtype)
