@@ -13,8 +13,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-_INT32_MAX = np.iinfo(np.int32).max
-
 
 class TorchArrays:
     """The namespace on torch tensors of ``device`` (the caller's device)."""
@@ -50,6 +48,9 @@ class TorchArrays:
     def permute(self, a, axes):
         return a.permute(*axes).contiguous()
 
+    def repeat(self, a, repeats: int, axis: int):
+        return a.repeat_interleave(repeats, dim=axis)
+
     def take(self, a, index):
         return a.index_select(0, self.table(np.asarray(index, dtype=np.int64)))
 
@@ -63,12 +64,10 @@ class TorchArrays:
     def table(self, t):
         return torch.as_tensor(np.ascontiguousarray(t), device=self.device)
 
-    def pool_view(self, pool, rows: int, cols: int):
-        """``pool.view(rows, cols)`` (the kernel writes the caller's tensor); a strided
-        pool is staged through a contiguous device copy (``commit`` copies it back)."""
-        if rows > _INT32_MAX:
-            raise ValueError(f"pool rows {rows} exceed int32 row indices ({_INT32_MAX})")
-        return (pool if pool.is_contiguous() else pool.contiguous()).view(rows, cols)
+    def pool_view(self, pool, shape):
+        """``pool.view(shape)`` (the kernel writes the caller's tensor); a strided pool is
+        staged through a contiguous device copy (``commit`` copies it back)."""
+        return (pool if pool.is_contiguous() else pool.contiguous()).view(shape)
 
     def commit(self, view, pool) -> None:
         if view.untyped_storage().data_ptr() != pool.untyped_storage().data_ptr():

@@ -154,6 +154,19 @@ def _batch(kw):
     return idx, idx >= 0, seq_lens
 
 
+def _shared(validator, launcher_call, args: dict):
+    """Validate, then run the launcher's own argument assembly ``launcher_call`` (the one the
+    host path runs with NumPy) with torch ops on the caller's device and ``device_call``."""
+    t = dict(args)
+    kw = _validate(validator, args)
+    like = next(v for v in t.values() if isinstance(v, torch.Tensor))
+    for name, value in kw.items():     # activations and pools: the caller's device tensors
+        if name not in _INDEX_ARGS and isinstance(t.get(name), torch.Tensor):
+            kw[name] = t[name]
+    return launcher_call(TorchArrays(like.device), lambda kernel, *a: device_call(kernel, *a),
+                         **kw)
+
+
 # ------------------------------------------------------------------ short conv
 
 def _conv_prefill_args(t, kw):
@@ -234,92 +247,14 @@ def short_conv_decode(**args):
 
 # ------------------------------------------------------------------ Mamba-2 SSD
 
-def _dt_limit(dt_limit):
-    lo, hi = (float(v) for v in dt_limit)
-    return lo, (hi if math.isfinite(hi) else math.inf)
-
-
-def _D_per_row(D, H, P):
-    d = D.to(torch.float32)
-    return d.repeat_interleave(P) if tuple(d.shape) == (H,) else d.reshape(H * P)
-
-
-def _ssd_prefill_args(t, kw):
-    from nki_ssm.kernels.mamba2_ssd.chunk import ssd_chunk_prefill
-
-    x, pool, D = t["x"], t["ssm_states"], t["D"]
-    T, H, P = x.shape
-    G, N = t["B"].shape[1:]
-    slots = pool.shape[0]
-    idx, live, seq_lens = _batch(kw)
-    pr, nt = _ssd_launch.decode_layout(H, P, 1)
-    oob = slots * pr
-    init = np.asarray(kw["has_initial_state"], dtype=bool)
-    wide = lambda v, n: v.to(torch.float32).expand(_PMAX, n).contiguous()  # noqa: E731
-    D_heads = wide(D, H) if D is not None and tuple(D.shape) == (H,) else None
-    D_row = wide(_D_per_row(D, H, P), H * P) if D is not None and D_heads is None else None
-    rows, strided = _rows_view(pool, slots * pr, nt * N)
-    lo, hi = _dt_limit(kw["dt_limit"])
-    args = (_tok2d(x, T, H * P), _tok2d(t["dt"], T, H, torch.float32), wide(t["A"], H),
-            _tok2d(t["B"], T, G * N), _tok2d(t["C"], T, G * N), D_heads, D_row,
-            _tok2d(t["z"], T, H * P),
-            None if t["dt_bias"] is None else wide(t["dt_bias"], H), rows,
-            _device(_ssd_launch._rows(idx, live & init, pr, pr, oob), x),
-            _device(_ssd_launch._rows(idx, live, pr, pr, oob), x),
-            seq_lens, tuple(bool(v) for v in live), int(H), int(N), bool(kw["dt_softplus"]),
-            lo, hi, int(kw["chunk_size"]), kw["precision"] == "fp32")
-    return ssd_chunk_prefill, args, rows, strided, None
-
-
 def ssd_prefill(**args):
     """``torch.ops.nki_ssm.ssd_prefill`` on device tensors."""
-    t, _, y = _launch(_ssd_host.validate_prefill, _ssd_prefill_args, args)
-    T, H, P = t["x"].shape
-    return y[:T].reshape(T, H, P) if T else t["x"].new_zeros((0, H, P))
-
-
-def _ssd_decode_args(t, kw):
-    from nki_ssm.kernels.mamba2_ssd.decode import ssd_decode_step
-
-    x, pool, B, C = t["x"], t["ssm_states"], t["B"], t["C"]
-    S = x.shape[0]
-    T = 1 if x.dim() == 3 else x.shape[1]
-    H, P = x.shape[-2:]
-    G, N = B.shape[-2:]
-    slots = pool.shape[0]
-    idx, live, _ = _batch(kw)
-    pr, nt = _ssd_launch.decode_layout(H, P, G)
-    group_of = (np.arange(pr) * nt) // ((H // G) * P)
-    sel = (group_of[None, :] == np.arange(G)[:, None])
-    n = S * T
-
-    def rows(a, lead):            # [..., H*P] -> [lead*pr, nt]
-        return a.to(torch.float32).reshape(lead * pr, nt)
-
-    def per_head(a, lead):        # [lead, H] -> per-row values [lead*pr, nt]
-        return rows(a.to(torch.float32).reshape(lead, H).repeat_interleave(P, dim=1), lead)
-
-    xdt = [rows(x, n), per_head(t["dt"], n)] + ([] if t["z"] is None else [rows(t["z"], n)])
-    params = [per_head(t["A"], 1)]
-    if t["dt_bias"] is not None:
-        params.append(per_head(t["dt_bias"], 1))
-    if t["D"] is not None:
-        params.append(rows(_D_per_row(t["D"], H, P), 1))
-    BC = torch.cat([B.reshape(n * G, N), C.reshape(n * G, N)], dim=1)
-    pool_view, strided = _rows_view(pool, slots * pr, nt * N)
-    lo, hi = _dt_limit(kw["dt_limit"])
-    args = (torch.cat(xdt, dim=1).contiguous(), torch.cat(params, dim=1).contiguous(),
-            BC.contiguous(), _device(sel, x).to(BC.dtype), pool_view,
-            _device(_ssd_launch._rows(idx, live, pr, pr, slots * pr), x),
-            tuple(bool(v) for v in live), int(T), t["z"] is not None,
-            t["dt_bias"] is not None, t["D"] is not None, bool(kw["dt_softplus"]), lo, hi)
-    return ssd_decode_step, args, pool_view, strided, None
+    return _shared(_ssd_host.validate_prefill, _ssd_launch.prefill_call, args)
 
 
 def ssd_decode(**args):
     """``torch.ops.nki_ssm.ssd_decode`` on device tensors."""
-    t, _, y = _launch(_ssd_host.validate_decode, _ssd_decode_args, args)
-    return y.to(torch.float32).reshape(t["x"].shape).to(t["x"].dtype)
+    return _shared(_ssd_host.validate_decode, _ssd_launch.decode_call, args)
 
 
 # ------------------------------------------------------------------ Gated DeltaNet
@@ -331,19 +266,6 @@ def _gdn_validator(validator):
         return validator(q, k, v, gates=gates, **rest)
 
     return call
-
-
-def _shared(validator, launcher_call, args: dict):
-    """Validate, then run the launcher's own argument assembly ``launcher_call`` (the one the
-    host path runs with NumPy) with torch ops on the caller's device and ``device_call``."""
-    t = dict(args)
-    kw = _validate(validator, args)
-    like = next(v for v in t.values() if isinstance(v, torch.Tensor))
-    for name, value in kw.items():     # activations and pools: the caller's device tensors
-        if name not in _INDEX_ARGS and isinstance(t.get(name), torch.Tensor):
-            kw[name] = t[name]
-    return launcher_call(TorchArrays(like.device), lambda kernel, *a: device_call(kernel, *a),
-                         **kw)
 
 
 def gated_delta_decode(**args):

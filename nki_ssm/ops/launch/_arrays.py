@@ -58,6 +58,10 @@ class NumpyArrays:
         """``a`` with its axes in the order ``axes``, contiguous."""
         return np.ascontiguousarray(np.transpose(a, axes))
 
+    def repeat(self, a, repeats: int, axis: int):
+        """Each element of ``a`` ``repeats`` times along ``axis`` (torch.repeat_interleave)."""
+        return np.repeat(np.asarray(a), repeats, axis=axis)
+
     def take(self, a, index):
         """Rows ``index`` (a host int array) of ``a`` (torch.index_select)."""
         return np.asarray(a)[np.asarray(index)]
@@ -77,9 +81,9 @@ class NumpyArrays:
         """A host-built index table as a kernel argument (here: itself, contiguous)."""
         return np.ascontiguousarray(t)
 
-    def pool_view(self, pool, rows: int, cols: int):
-        """The pool as the kernel's ``[rows, cols]`` view (a copy for a strided pool)."""
-        return pool.reshape(rows, cols)
+    def pool_view(self, pool, shape):
+        """The pool as the kernel's view of ``shape`` (a copy for a strided pool)."""
+        return pool.reshape(shape)
 
     def commit(self, view, pool) -> None:
         """Make the kernel's writes to ``view`` the caller's ``pool`` (no-op for a view)."""

@@ -184,7 +184,7 @@ def decode_call(xp, call, *, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_
     head_params = None
     if raw:
         head_params = xp.cat([xp.f32(A_log), xp.f32(dt_bias)]).reshape(1, 2 * HV)
-    pool = xp.pool_view(ssm_states, slots, HV * K * V)
+    pool = xp.pool_view(ssm_states, (slots, HV * K * V))
     out = call(decode_kernel(), kq_cols, k_rows, v_cols, gate_rows, head_params, pool,
                xp.table(pool_slots), xp.table(num_iters), xp.table(batch_live), int(T), int(H),
                bool(raw), bool(use_qk_l2norm), float(scale), bool(return_intermediate_states))
@@ -296,7 +296,7 @@ def prefill_call(xp, call, *, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use
     tables = prefill_tables(cu_seqlens, state_indices, has_initial_state, slots=slots, HV=HV,
                             K=K, chunk_size=chunk_size, num_tokens_bucket=Tb,
                             num_seqs_bucket=Nb)
-    pool = xp.pool_view(ssm_states, slots * HV * K, V)
+    pool = xp.pool_view(ssm_states, (slots * HV * K, V))
     o = call(prefill_kernel(), xp.pad_rows(q, Tb + 1, H * K), xp.pad_rows(k, Tb + 1, H * K),
              xp.pad_rows(v, Tb + 1, HV * V), xp.pad_rows(first, Tb + 1, HV, f32=True),
              xp.pad_rows(second, Tb + 1, HV, f32=True), hp, pool,
