@@ -26,6 +26,13 @@ class TorchArrays:
     def is_f32(self, a) -> bool:
         return a.dtype == torch.float32
 
+    def is_bf16(self, a) -> bool:
+        return a.dtype == torch.bfloat16
+
+    def exact_in_bf16(self, a) -> bool:
+        f32 = a.to(torch.float32)
+        return bool(torch.equal(f32.to(torch.bfloat16).to(torch.float32), f32))
+
     def contiguous(self, a):
         return None if a is None else a.contiguous()
 

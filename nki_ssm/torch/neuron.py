@@ -9,23 +9,26 @@ this module instead of the NumPy host API. Each op:
    copies of the small index tensors (``cu_seqlens``, ``state_indices``,
    ``has_initial_state``; a serving engine builds these on the host anyway);
    a rejected call has touched nothing;
-2. arranges the kernel's layouts with torch ops on the device (the same
-   layouts the NumPy launchers in ``nki_ssm.ops.launch`` build, whose small
-   index-table helpers it reuses on the host copies);
-3. hands the kernel the caller's pool as a row *view* (``pool.view(rows, cols)``),
-   so the kernel's in-place pool update is the caller's tensor (aliasing, no
-   write-back); a non-contiguous pool goes through a contiguous device copy
-   that is copied back with ``copy_`` (still no host round trip);
-4. calls ``device_call(kernel, *args)`` -- the one boundary with the device:
-   ``kernel(*args)``, i.e. ``nki.jit``'s PyTorch integration with XLA tensors;
-5. turns the kernel's output back into the op's layout and dtype with torch ops.
+2. runs the launcher's own argument assembly (``nki_ssm.ops.launch.<family>.
+   prefill_call`` / ``decode_call``, the very code the NumPy host path runs) with
+   ``TorchArrays`` (``_device_arrays``): the layouts are torch ops on the device,
+   the launcher picks the kernel, and the two paths cannot fork. The small int32
+   batch tables are built by the launcher from the host copies of step 1 and moved
+   to the device (why host-built: ``nki_ssm.ops.launch._arrays``); activations
+   never leave the device;
+3. the pool goes to the kernel as a *view* of the caller's tensor
+   (``pool.view(shape)``), so the kernel's in-place pool update is the caller's
+   tensor (aliasing, no write-back); a non-contiguous pool goes through a
+   contiguous device copy that is copied back with ``copy_`` (still no host round
+   trip);
+4. the launcher calls ``device_call(kernel, *args)`` -- the one boundary with the
+   device: ``kernel(*args)``, i.e. ``nki.jit``'s PyTorch integration with XLA
+   tensors -- and lays the output back with torch ops.
 
 ``device_call`` is what the CPU tests replace (they run the kernel on the
-simulator with NumPy views of the very tensors passed, and check what is
-passed, the layouts and the aliasing); the real run needs a trn instance with
-the Neuron SDK (tests marked ``trn``). The launchers are moving to runtime
-int32 tables; when a kernel's signature changes, the matching ``_<op>_args``
-here changes with it (docs/contracts.md, "Torch device path").
+simulator with NumPy views of the very tensors passed, and check that the
+arguments equal the host path's, the layouts and the aliasing); the real run
+needs a trn instance with the Neuron SDK (tests marked ``trn``).
 """
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ from torch_cases import OPS, numpy_case, pool_name, to_torch  # noqa: E402
 
 from nki_ssm import backend as nki_backend  # noqa: E402
 from nki_ssm import ops as host  # noqa: E402
+from nki_ssm.reference import inputs as gen  # noqa: E402
 from nki_ssm.torch import neuron  # noqa: E402
 from nki_ssm.torch._convert import from_numpy, to_numpy  # noqa: E402
 
@@ -92,15 +93,24 @@ def _snapshot(args):
             else a.copy() if isinstance(a, np.ndarray) else a for a in args]
 
 
+def _wide_ssd_case(**dtypes):
+    """ssd_prefill with P = 512 (the launcher runs it as P/2-channel heads) and D [H, P]."""
+    kw = gen.make_ssd_inputs(np.random.default_rng(2), seqlens=[3, 0, 18], H=2, P=512, N=16,
+                             padding=1, D="HP", z=True, **dtypes)
+    return dict(kw, chunk_size=16, precision="fp32")
+
+
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op", OPS + ("ssd_prefill-P512",))
 def test_kernel_arguments_equal_the_launchers(op, dtype, monkeypatch):
     """The device path hands the kernel exactly the arguments the NumPy launcher does
     (same kernel, same count, each tensor the same dtype, shape and bytes, each Python
     value equal and of the same type), so a launcher change that neuron.py does not
     follow fails here even when the outputs happen to agree."""
     monkeypatch.setenv("NKI_SSM_BACKEND", "sim")
-    kw = numpy_case(op, **BF16) if dtype == "bf16" else numpy_case(op)
+    dtypes = BF16 if dtype == "bf16" else {}
+    kw = _wide_ssd_case(**dtypes) if op.endswith("P512") else numpy_case(op, **dtypes)
+    op = op.split("-")[0]
     if dtype == "bf16" and "weight" in kw:
         kw["weight"] = kw["weight"].astype(np.float32) + np.float32(1e-3)
     tkw = to_torch(kw)
@@ -120,9 +130,9 @@ def test_kernel_arguments_equal_the_launchers(op, dtype, monkeypatch):
         return from_numpy(np.asarray(out))
 
     monkeypatch.setattr(nki_backend, "run", host_run)
-    getattr(host, op)(**kw, backend="sim")
+    expected = getattr(host, op)(**kw, backend="sim")
     monkeypatch.setattr(neuron, "device_call", device)
-    _call(op, tkw)
+    np.testing.assert_array_equal(to_numpy(_first(_call(op, tkw))), _first(expected))
     assert len(host_calls) == len(device_calls) == 1
     (h_kernel, h_args), (d_kernel, d_args) = host_calls[0], device_calls[0]
     assert d_kernel is h_kernel

@@ -20,6 +20,7 @@ too, for the same reason.
 """
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 
@@ -32,6 +33,15 @@ class NumpyArrays:
 
     def is_f32(self, a) -> bool:
         return np.dtype(a.dtype) == np.float32
+
+    def is_bf16(self, a) -> bool:
+        return np.dtype(a.dtype) == np.dtype(ml_dtypes.bfloat16)
+
+    def exact_in_bf16(self, a) -> bool:
+        """Whether every value of ``a`` is a bfloat16 value (a compile-time flag's input:
+        on device this reads one bool back)."""
+        f32 = np.asarray(a, dtype=np.float32)
+        return bool(np.array_equal(f32.astype(ml_dtypes.bfloat16).astype(np.float32), f32))
 
     def contiguous(self, a):
         return None if a is None else np.ascontiguousarray(a)

@@ -23,6 +23,11 @@ compiled program per (bucket, layer shape, dtypes):
   TensorE identity path, D [H, P] to the per-channel path) or arranged as
   per-row ``[pr, nt]`` tiles (decode); dt is widened to float32; tensors are
   flattened to 2-D (contiguous reshapes).
+
+The layout work lives in ``prefill_call`` / ``decode_call``, written against
+the array namespace of ``_arrays`` and run by both the host path (NumPy,
+``prefill`` / ``decode``) and the torch device path (``nki_ssm.torch.neuron``,
+torch ops on the caller's device): one assembly, so the two cannot fork.
 """
 from __future__ import annotations
 
