@@ -282,22 +282,40 @@ class Indirection:
     ``bound`` is the size of the indexed dim; ``limit`` (<= bound, set when
     the view is made) is the exclusive upper bound of index values whose
     access stays inside the storage. Valid values are ``0 <= v < limit``.
+
+    ``rows`` (vector only) is the view's leading size. An index tensor of
+    shape ``(rows, 1)`` gives one index per row (the ``dma_copy`` form); any
+    other 2-D index ``(Pi, N)`` with ``Pi * N >= rows`` is read column-major,
+    ``indices.T.flatten()[:rows]`` -- the form only the indirect
+    ``dma_transpose`` accepts (``flattened``; NKI API nki.isa.dma_transpose,
+    "DMA Indirect Transpose Constraints", SDK 2.28-2.32).
     """
 
-    __slots__ = ("kind", "index", "stride", "bound", "limit")
+    __slots__ = ("kind", "index", "stride", "bound", "limit", "rows")
 
-    def __init__(self, kind: str, index: "NkiTensor", stride: int, bound: int):
+    def __init__(self, kind: str, index: "NkiTensor", stride: int, bound: int, rows=None):
         self.kind = kind
         self.index = index
         self.stride = int(stride)
         self.bound = int(bound)
         self.limit = int(bound)
+        self.rows = rows
+
+    @property
+    def flattened(self) -> bool:
+        """A vector index that is not one ``(rows, 1)`` column (gather-transpose form)."""
+        return (self.kind == "vector" and self.rows is not None
+                and tuple(self.index.shape) != (self.rows, 1))
 
     def values(self) -> np.ndarray:
         """The index values now, int64: shape (1,) for scalar, (rows,) for vector."""
         if not isinstance(self.index, NkiTensor):   # a VirtualRegister (scalar_offset=reg)
             return np.array([self.index.runtime_value("scalar_offset")], dtype=np.int64)
-        return self.index.read().reshape(-1).astype(np.int64)
+        v = self.index.read()
+        if self.kind == "vector" and self.rows is not None:
+            # column-major: flat position j * Pi + p holds index[p, j]
+            return v.reshape(v.shape[0], -1).T.reshape(-1)[:self.rows].astype(np.int64)
+        return v.reshape(-1).astype(np.int64)
 
     def valid(self) -> np.ndarray:
         """Boolean mask of index values inside ``[0, limit)``."""
@@ -318,7 +336,7 @@ class Indirection:
         return v * self.stride
 
 
-def _check_index_tensor(t, what: str, kind: str) -> None:
+def _check_index_tensor(t, what: str, kind: str, columns: bool = False) -> None:
     if not isinstance(t, NkiTensor):
         raise TypeError(f"{what}: {kind}_offset must be an SBUF NkiTensor, got {type(t).__name__}")
     if t.storage.buffer != "sbuf":
@@ -328,7 +346,7 @@ def _check_index_tensor(t, what: str, kind: str) -> None:
                                  f"(int32/uint32), got {t.dtype}")
     if kind == "scalar" and t.size != 1:
         raise NkiValidationError(f"{what}: scalar_offset must be a 1x1 tensor, got shape {t.shape}")
-    if kind == "vector" and (t.ndim != 2 or t.shape[1] != 1):
+    if kind == "vector" and (t.ndim != 2 or (t.shape[1] != 1 and not columns)):
         raise NkiValidationError(f"{what}: vector_offset must have shape (P, 1), got {t.shape}")
 
 
@@ -1121,12 +1139,16 @@ class NkiTensor:
                                              f"got {self.buffer}")
                 if indirect_dim != 0:
                     raise NkiValidationError(f"{what}: vector_offset needs indirect_dim=0, got {indirect_dim}")
-                _check_index_tensor(vector_offset, what, "vector")
-                if vector_offset.shape[0] != nums[0]:
+                # 2-D (Pi, N) indices cover Pi * N leading rows column-major: the
+                # gather-transpose form (see Indirection; dma_copy takes (P, 1) only)
+                _check_index_tensor(vector_offset, what, "vector", columns=True)
+                pi, nc = vector_offset.shape
+                if pi * nc < nums[0]:
                     raise NkiValidationError(
-                        f"{what}: vector_offset has {vector_offset.shape[0]} rows, the pattern's "
-                        f"leading num is {nums[0]}")
-                ind = Indirection("vector", vector_offset, stride, sshape[0])
+                        f"{what}: vector_offset of shape {tuple(vector_offset.shape)} covers "
+                        f"{pi * nc} rows, the pattern's leading num is {nums[0]} (one index per "
+                        f"row: ({nums[0]}, 1); column-major 2-D indices: Pi * N >= {nums[0]})")
+                ind = Indirection("vector", vector_offset, stride, sshape[0], rows=nums[0])
                 steps[0] = 0  # the leading step comes from the base tensor's row size
         return self._derive(nums, steps, start, dtype=d, indirection=ind, what=what)
 

@@ -97,8 +97,13 @@ def test_dry_run_lists_every_case_and_command(capsys):
 
     assert bench_main(["--compile-only", "--dry-run"]) == 0
     text = capsys.readouterr().out
+    from simulate.cases import judged_cases, smoke_cases
+
     cases = select()
-    assert len(cases) == 14 and f"{len(cases)} cases, compile only" in text
+    # every smoke and judged case of the main job, each once
+    assert {c.id for c in cases} == {c.id for c in smoke_cases() + judged_cases()}
+    assert len(cases) == len(smoke_cases()) + len(judged_cases())
+    assert f"{len(cases)} cases, compile only" in text
     for c in cases:
         assert c.id in text
     assert text.count("-m deploy.bench.worker --case") == len(cases)

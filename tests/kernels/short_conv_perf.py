@@ -1,10 +1,11 @@
 """Modeled trn2 figures of the short conv kernels at the issue's shapes (not a test).
 
-    PYTHONPATH=. python3 tests/kernels/short_conv_perf.py [16k] [8x2k] [d32] [d512] [--target trn2]
+    PYTHONPATH=. python3 tests/kernels/short_conv_perf.py [16k] [8x2k] [2k] [d32] [d512] [--target trn2]
 
 Qwen3-Next conv shape: dim 8192, W 4, bfloat16 x / weight / pool, no bias,
-SiLU. Prefill: 16K tokens in one sequence, or 8 x 2K ragged; decode: 32 or
-512 sequences of one token. Each case runs through nki_ssm.ops with
+SiLU. Prefill: 16K or 2K tokens in one sequence, or 8 x 2K ragged; decode: 32
+or 512 sequences of one token. Each line also gives the program size (static
+instructions, each runtime loop body once) beside the dynamic count. Each case runs through nki_ssm.ops with
 backend="sim" under nki_ssm.sim.trace.record() and is timed by
 nki_ssm.perf.model. "bound" = minimal HBM bytes (x, y and the named pool
 slots' state in and out) over the core's DMA bandwidth.
@@ -23,13 +24,13 @@ from nki_ssm.sim.trace import record
 
 BF16 = ml_dtypes.bfloat16
 DIM, W = 8192, 4
-CASES = ("16k", "8x2k", "d32", "d512")
+CASES = ("16k", "8x2k", "2k", "d32", "d512")
 
 
 def run_case(case: str, target: str, rng) -> str:
     t0 = time.time()
-    if case in ("16k", "8x2k"):
-        lens = [16384] if case == "16k" else [2048] * 8
+    if case in ("16k", "8x2k", "2k"):
+        lens = {"16k": [16384], "8x2k": [2048] * 8, "2k": [2048]}[case]
         inp = make_short_conv_inputs(rng, seqlens=lens, dim=DIM, W=W, dtype=BF16,
                                      pool_dtype=BF16, has_initial_state=True, bias=False)
         tokens, seqs = sum(lens), len(lens)
@@ -53,7 +54,8 @@ def run_case(case: str, target: str, rng) -> str:
             f"({timing.time_ns / bound_ns:.2f}x the bytes-moved bound {bound_ns / 1e3:.1f} us); "
             f"binding {timing.binding_engine}; busy "
             + ", ".join(f"{e} {100 * v:.0f}%" for e, v in timing.share.items())
-            + f"; {timing.dma_transfers} DMAs; simulated in {time.time() - t0:.0f} s")
+            + f"; {timing.dma_transfers} DMAs; program {trace.program_instructions()} static / "
+            f"{len(trace)} dynamic instructions; simulated in {time.time() - t0:.0f} s")
 
 
 def main(argv):

@@ -130,7 +130,8 @@ def test_prefill_partial_tile_no_bias_no_activation(rng):
 
 
 def test_prefill_long_sequence_crosses_chunks(rng):
-    """A 700-token sequence spans two 512-token chunks (halo re-read across the boundary)."""
+    """A 700-token sequence spans two 512-token chunks (the second chunk's window starts
+    16 tokens before it, gathered by index)."""
     inp = make_short_conv_inputs(rng, seqlens=[700, 130], dim=128, W=4, dtype=BF16,
                                  pool_dtype=BF16, has_initial_state=True)
     _run_and_check(inp)
@@ -193,6 +194,102 @@ def test_invalid_call_changes_nothing(rng):
     assert pool.tobytes() == inp["conv_states"].tobytes()
 
 
+def _prefill_lengths(draw, W, total_lo, total_hi, n_lo, n_hi):
+    """Ragged lengths with the edge cases: 0, 1, < W-1, and one that spans chunks; the
+    total in [total_lo, total_hi] so the batch stays in one token bucket."""
+    n = draw(st.integers(n_lo, n_hi))
+    kinds = draw(st.lists(st.sampled_from(["zero", "one", "short", "mid"]), min_size=n - 1,
+                          max_size=n - 1))
+    lens = [{"zero": 0, "one": 1, "short": max(0, W - 2)}.get(k, 0) for k in kinds]
+    for i, k in enumerate(kinds):
+        if k == "mid":
+            lens[i] = draw(st.integers(2, 60))
+    # the long one takes the rest: several chunks when the bucket is above one chunk
+    rest = draw(st.integers(total_lo, total_hi)) - sum(lens)
+    lens.insert(draw(st.integers(0, n - 1)), max(rest, 0))
+    return lens
+
+
+@pytest.mark.parametrize("dtype,pool_dtype", [(np.float32, np.float32), (BF16, BF16),
+                                              (BF16, np.float32)])
+def test_prefill_one_specialisation_per_bucket(dtype, pool_dtype):
+    """Many ragged batches within one bucket (513..1024 tokens -> token bucket 1024 =
+    two 512-token chunks; 5..8 sequences -> sequence bucket 8): lengths 0, 1, < W-1 and
+    one spanning both chunks, padding slots anywhere, mixed has_initial_state. The
+    kernel is compiled once, and every call matches the float64 reference (y, named and
+    unnamed pool slots)."""
+    from nki_ssm import sim
+
+    sim.reset_specialisations()
+    W = 4
+
+    @settings(max_examples=10, deadline=None)
+    @given(data=st.data())
+    def check(data):
+        rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1)))
+        lens = _prefill_lengths(data.draw, W, 513, 1024, 5, 8)
+        inp = make_short_conv_inputs(rng, seqlens=lens, dim=160, W=W, dtype=dtype,
+                                     pool_dtype=pool_dtype, slots=12,
+                                     padding=data.draw(st.integers(0, len(lens) - 1)),
+                                     has_initial_state="mixed")
+        y, _ = _run_and_check(inp)
+        cu = inp["cu_seqlens"]
+        for s in np.flatnonzero(inp["state_indices"] < 0):
+            assert not np.any(y[cu[s]:cu[s + 1]].astype(np.float64))
+
+    check()
+    spec = {k: v for k, v in sim.specialisations().items() if "short_conv_prefill" in k}
+    assert list(spec.values()) == [1], spec
+
+
+def test_prefill_program_size_does_not_grow_with_tokens(rng):
+    """One sequence of 3000 tokens (bucket 4096: 3 chunk pairs) and of 9000 (bucket
+    16384: 9 pairs): the same static program (each runtime loop body once)."""
+    from nki_ssm.sim.trace import record
+
+    sizes = []
+    for n in (3000, 9000):
+        inp = make_short_conv_inputs(rng, seqlens=[n], dim=128, W=4, dtype=BF16,
+                                     pool_dtype=BF16, has_initial_state=True, bias=False)
+        with record() as trace:
+            _run_and_check(inp)
+        sizes.append(trace.program_instructions())
+        assert len(trace) > sizes[-1]          # the loops ran more than once
+    assert sizes[0] == sizes[1], sizes
+
+
+def test_prefill_tables_from_cu_seqlens():
+    """The launcher's tables: live sequences compacted first, head rows clamped into the
+    bucket, y rows per (token, channel tile) (scratch rows past the bucket for k >=
+    length), one-hot of min(length, H), loop counts."""
+    from nki_ssm.ops.launch.short_conv import prefill_tables
+
+    cu = np.array([0, 2, 2, 7, 600])                 # lengths 2, 0, 5, 593
+    idx = np.array([4, -1, 0, 3])
+    init = np.array([True, True, False, True])
+    win_base, rows, yrows, info, counts = prefill_tables(cu, idx, init, 1024, 4, 4, 256)
+    H, M = 3, 16
+    assert win_base.shape == (128, 5) and win_base[0, 0] == -M and win_base[1, 2] == 256 + 1 - M
+    live_order = [0, 2, 3]                           # the padding sequence goes last
+    starts, ends = cu[:-1][live_order], cu[1:][live_order]
+    assert rows.shape == (4, 2 * M, 1) and rows.dtype == np.uint32
+    np.testing.assert_array_equal(rows[:3, :M, 0], np.clip(starts[:, None] + np.arange(M), 0, 1023))
+    np.testing.assert_array_equal(rows[:3, M:, 0], np.clip(ends[:, None] - M + np.arange(M), 0, 1023))
+    # y as 128-channel rows (2 per token at dim 256): row_k * 2 + tile j at (j * H + k) of
+    # one column (128 // H = 42 tiles per column)
+    assert yrows.shape == (4, 1, 128)
+    assert (yrows[:3, 0, 0:H] // 2).tolist() == [[0, 1, 1024 + 2], [2, 3, 4], [7, 8, 9]]
+    assert yrows[2, 0, 1 * H + 1] == 8 * 2 + 1
+    # dim 300: two full tiles in column 0, the 44-channel tile alone in column 1
+    _, _, yr300, _, _ = prefill_tables(cu, idx, init, 1024, 4, 4, 300)
+    assert yr300.shape == (4, 2, 128) and yr300[1, 1, 0:H].tolist() == [2 * 3 + 2, 3 * 3 + 2, 4 * 3 + 2]
+    assert info[:3, 0].tolist() == [4, 0, 3] and info[:3, 1].tolist() == [1, 0, 1]
+    assert info[:3, 2:2 + H + 1].tolist() == [[0, 0, 1, 0], [0, 0, 0, 1], [0, 0, 0, 1]]
+    assert info[:3, H + 3].tolist() == [0, 1, 0]
+    # 600 tokens -> 2 chunks of 512 -> 1 pair: 0 loop iterations + the peeled last pair
+    assert counts.tolist() == [[0, 3, 1]]
+
+
 # --------------------------------------------------------------------------- decode
 
 @pytest.mark.parametrize("T", [None, 1, 3])
@@ -217,19 +314,10 @@ def test_kernel_docstrings_state_layouts_limits_engine_plan():
 
 
 def test_prefill_several_channel_groups(rng):
-    """dim 2240 = a 16-tile group, a 1-tile group and a 64-channel partial tile; one
-    gather/scatter per (group, sequence) spans all tiles of the group."""
+    """dim 2240 = a 16-tile group, a 1-tile group and a 64-channel partial tile: heads of
+    the first groups carried by the next group's stream loop, the last group's in the
+    final head loop."""
     inp = make_short_conv_inputs(rng, seqlens=[5, 0, 2], dim=2240, W=4, dtype=BF16,
-                                 pool_dtype=BF16, has_initial_state=[True, True, False])
-    _run_and_check(inp)
-
-
-def test_prefill_one_row_per_dma_fallback(rng, monkeypatch):
-    """The documented one-base-row-per-partition gather/scatter form (ONE_ROW_PER_DMA):
-    two groups (16 tiles + partial), mixed initial states, a chunk boundary."""
-    from nki_ssm.kernels.short_conv import prefill
-    monkeypatch.setattr(prefill, "ONE_ROW_PER_DMA", True)
-    inp = make_short_conv_inputs(rng, seqlens=[5, 600, 2], dim=2240, W=4, dtype=BF16,
                                  pool_dtype=BF16, has_initial_state=[True, True, False])
     _run_and_check(inp)
 

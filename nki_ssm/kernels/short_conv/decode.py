@@ -72,7 +72,16 @@ to 128 rows). What binds (modeled, trn2, dim 8192, bf16, one token;
 taps and the pipeline latency for 32 (21.9 us, one group, R = 4). Program
 size: 897 static instructions for every bucket >= 128 sequences (R = 1),
 374 at 32 (R = 4): R is a layout choice per bucket; forcing one R for both
-costs 316 us at 512 (R = 4) or 55.6 us at 32 (R = 1).
+costs 316 us at 512 (R = 4) or 55.6 us at 32 (R = 1). Re-measured under the
+cost model with runtime-loop synchronisation (``main`` after the issue-11
+merge; bucket default 55.3 us at 32, 274.9 us at 512): R = 1 for both gives
+100.8 us at 32 (+82 %), R = 2 66.5 / 378.7 us (+20 % / +38 %, 462
+instructions at either bucket), R = 4 468.8 us at 512 (+71 %): no single R
+keeps both within 10 %. At R = 1 and 32 sequences what binds is the DMA
+(every load / store spans 32 partitions, so 4 of the 16 DMA engines) and
+ScalarE's new-state assembly (free size 4x that of R = 4); a fixed R = 1
+layout would need each group's DMAs split into >= 4 concurrent channel slices
+and the state copies spread over ScalarE / VectorE / GpSimd -- not tried.
 """
 from nki_ssm.backend import nki, nl, nisa
 

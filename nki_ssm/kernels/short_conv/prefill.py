@@ -1,77 +1,157 @@
-"""Ragged prefill of the short causal conv1d with a state pool (one launch per batch).
+"""Ragged prefill of the short causal conv1d with a state pool: one compiled program per
+(token bucket, sequence bucket, layer shape).
 
-Engine plan (per channel group of up to 16 x 128 channels -- fewer when the
-float32 / split working set needs it -- per sequence, per chunk of up to 512
-tokens):
+Shapes: x ``[NB, dim]`` (the batch padded to the token bucket NB), weight
+``[dim, W]``, bias ``[dim]`` or None, pool ``[slots, dim * (W-1)]`` (the
+``[slots, dim, W-1]`` pool's row view, updated in place by the kernel's own DMA
+writes), y ``[(NB + M) * NT, 128]`` in x's dtype: token t's channels as NT =
+ceil(dim / 128) rows of 128 (the host views it as ``[NB + M, NT * 128]`` and
+keeps ``[:num_tokens, :dim]``; ``M = _margin(W-1)`` = 16 for W <= 17 scratch
+token rows at the end). x / pool float32 or bfloat16. H = W - 1, NH = M.
 
-1. DMA: one ``dma_transpose`` (4-D access patterns, destination 32-byte
-   aligned) brings ``x[t0-16 : t0+tc, group]`` in as ``xw [128 ch, n_tiles,
-   16+tc]`` (channels on partitions, tokens on the free axis; the window's
-   W-1 halo columns end at column 16). The first chunk of a sequence
-   instead gets its W-1 halo columns by one indirect gather from the pool (``vector_offset`` row =
-   ``slot*dim + partition``, plus the group's first channel as a constant)
-   into a zeroed tile; rows of sequences without an initial state are out of
-   bounds and skipped (``oob_mode.skip``), so the halo stays zero.
-2. TensorE: per 128-token block and 128-channel tile, W accumulating
-   matmuls ``psum[tok, ch] += xw[:, k:k+M].T @ diag(weight[:, k])``: the
-   shifted x window is the stationary, a diagonal weight matrix the moving
-   operand, so the conv taps and the token-major transpose of the output
-   happen in one pass; a bias is one more K=1 matmul (ones x bias row).
-   bfloat16 x with float32 weights that bfloat16 does not hold uses a hi+lo
-   bfloat16 split (two matmuls per tap) so no weight precision is lost.
-   VectorE takes every 7th tile (every 2nd for float32, 4th for split): W
-   float32 multiply-adds with per-partition weights, then one TensorE
-   transpose into the same PSUM bank -- it balances TensorE and VectorE.
-3. ScalarE: one ``activation`` (SiLU or copy) per PSUM bank evicts
-   ``psum [128 tok, 512 ch]`` into the token-major output tile.
-4. DMA: contiguous store of ``[128 tok, group channels]`` rows of y; the
-   sequence's new state (last W-1 window columns) is scattered back to its
-   slot rows with ``vector_offset`` after its last chunk.
-A one-item-ahead software pipeline issues item i+1's window (and, at a
-group change, its diagonal weights) before item i's matmuls.
+Design note (issue 10): batch composition is run-time data
+---------------------------------------------------------
+Compile-time arguments: shapes (NB, the sequence bucket SB, dim, W, slots),
+dtypes, the activation, the bias flag and the matmul precision flags. The batch
+arrives as int32 / uint32 / float32 tables the launcher builds with a few
+vectorised array ops (``nki_ssm.ops.launch.short_conv.prefill_tables``, each
+step named there with its torch equivalent):
 
-Compile time vs run time: shapes, W, dtypes, the activation, and the batch
-layout (token ranges of the sequences and which sequences are padding) are
-compile-time, so the kernel is specialised per batch layout (they are part of
-the NKI cache key). Slot numbers and has_initial_state are run-time data (the
-gather/scatter row tables). A run-time-boundary version would read
-``cu_seqlens`` into registers and loop with ``nl.fori_loop`` over sequences
-and chunks with ``scalar_offset`` DMAs and masked partial blocks.
+- ``win_base [128, NI]``: window row offsets ``j * 128 + p - M`` of the
+  column-major gather-index tile (a function of the bucket only);
+- ``seq_rows [SB, 2*NH, 1]`` uint32: per live sequence (compacted: live
+  sequences first, in order) the x rows of its first NH and last NH tokens
+  (clamped into the bucket); ``seq_yrows [SB, columns, 128]`` int32: the y row
+  ``row_k * NT + j`` of its token k in channel tile j (y kept as 128-channel
+  rows; ``row_k = NB + k``, a scratch row, for k >= length), at ``(j % tb) * H +
+  k`` of column ``j // tb`` with ``tb = 128 // H`` (the partial tile, if any, in
+  a last column of its own); ``seq_info [SB, H + 4]`` int32: slot,
+  has-initial-state, one-hot of ``min(length, H)``, no initial state;
+- ``counts [1, 3]``: with ``pairs = ceil(ceil(num_tokens / CHUNK) / 2)``,
+  ``max(pairs - 1, 0)`` (stream loop trips), live sequences, ``pairs >= 1``.
 
-Limits: dim any size (tiles of 128 channels, the last may be partial), W >=
-2 (W - 1 <= 512), any number of tokens per sequence (chunked), pool and x
-float32 or bfloat16. Matmul operands are float32 when x or the pool is
-float32 (quarter TensorE rate; pool values must pass through exactly), else
-bfloat16.
+Loops (``nl.dynamic_range`` on registers loaded from ``counts`` or the head
+tables; everything unrolled inside is bounded by the layer shape: channel tiles,
+taps, the CH / 128 token blocks of a chunk, H). The cost model synchronises
+every compute engine at each iteration start (conditionals included), so the
+stream loop has no conditional inside, and work that must not wait sits in
+DMAs, which run on across iteration boundaries.
+
+1. **Stream loop**, one per channel group (up to 16 tiles of 128 channels), over
+   the whole token stream in fixed chunks of CH = 512 tokens (or the bucket if
+   smaller), two chunks (slots A, B) per iteration: each slot is refilled with
+   the chunk two ahead as soon as its matmuls are done, so the windows of the
+   next iteration load during this one. The last pair of a group is peeled (a
+   one-trip ``dynamic_range`` on ``pairs >= 1``): instead of refilling, its slots
+   take the next group's first chunks, and VectorE builds the next group's
+   diagonal weights there (their DMAs were issued before the group's loop). The
+   window of a chunk is one *indirect* ``dma_transpose`` (the documented
+   ``dma_gather_transpose``, software DGE): x rows ``t0 - M .. t0 + CH`` by a
+   uint32 index tile computed on VectorE (``clamp(win_base + t0, 0, NB - 1)``,
+   t0 a running chunk start; no table DMA in the loop), transposed to ``[128
+   ch, tiles, M + CH tok]``. Sequence boundaries are ignored: the first H
+   tokens of every sequence (and tokens whose window is clamped at row 0) get
+   wrong values, rewritten by the heads; every other token's window lies inside
+   its own sequence. TensorE does the W taps as accumulating matmuls
+   ``psum[tok, ch] += xw[:, k:k+128].T @ diag(weight[:, k])`` (``accumulate``
+   given on every matmul into a bank), every 7th channel tile (2nd fp32, 4th
+   split) on VectorE plus a TensorE transpose; ScalarE applies SiLU / copy
+   evicting each bank; a chunk is stored by ONE ``scalar_offset`` DMA of its CH
+   token rows (stores with run-time addresses are ordered after each other, so
+   few large ones). Past the bucket the chunk start is clamped to ``NB - CH``:
+   a *mirror* of the last chunk (same window, bit-identical bytes to the same
+   rows); tokens of the padding region compute garbage that the host drops.
+2. **Head loop** over live sequences, after every stream loop: per sequence,
+   for all full channel tiles at once (and the partial tile, if any), a window
+   ``[old state | first NH tokens | last NH tokens]``: the old state by one
+   ``scalar_offset`` DMA of the slot as rows of 128 channels (contiguous 128 *
+   H runs; the pool is channel-major ``[dim, H]``, so channel-on-partition reads
+   would be 6-byte runs) and TensorE transposes into the window (a
+   ``dynamic_range`` on has-initial-state; zeros by DMA from a zero tile
+   otherwise), the tokens by one gather transpose of ``seq_rows``. The first H outputs are computed on VectorE in float32
+   (weights as per-channel columns broadcast over the H tokens: no diagonals
+   needed), TensorE transposes ``[128 ch, tiles x H]`` into (tile, token) rows,
+   ScalarE applies the activation, and one ``vector_offset`` DMA per 128 rows
+   writes each (tile, token) row -- one contiguous 128-channel run per
+   partition; k >= length goes to a scratch row, so no ``oob_mode.skip`` --
+   over the stream loop's values. The new state (window columns ``L .. L+H`` of
+   ``old state ++ tokens`` for ``L < H``, else the last H tokens) goes to the
+   slot by one ``scalar_offset`` DMA under the one-hot ``dynamic_range`` of its
+   case (staged, transposed back to 128-channel rows, one DMA). Padding
+   sequences (``state_indices < 0``) are compacted away: they never touch the
+   pool, and the host zeroes their y rows.
+
+What binds (modeled, trn2, dim 8192, W 4, bf16, bf16 pool, the cost model of
+this commit with its loop synchronisation; ``tests/kernels/short_conv_perf.py
+16k 8x2k 2k``): DMA (98 % busy at 16K: the windows and the stores) with
+TensorE behind (84 %). 16K tokens in one sequence 1944 us (the compile-time-
+layout kernel it replaces: 1913 us under the same model, +1.6 %); 8 x 2K 2049
+us (was 2159, -5.1 %); 2K 316 us (was 301, +5 %: the group boundaries and the
+head loop are fixed costs). Program size 4869 static instructions at 2K, 16K
+and 8 x 2K (was 4844 at 2K and 36.8K at 16K; the peeled last pair repeats the
+stream body once per group).
+
+float32 x: the gather transpose takes 2-byte dtypes only (API page), so its
+windows are gathered token-major by ``vector_offset`` DMAs (one x row per
+partition) and transposed on TensorE (fp32 transposes, plus a ScalarE
+PSUM-to-SBUF copy per 512 columns): 2K tokens of float32 x and pool 1130 us
+modeled against 688 for the compile-time-layout kernel (the extra staging also
+halves the channel group to 4 tiles).
+
+Limits: dim any size (tiles of 128 channels, the last may be partial),
+2 <= W <= 65 (``W - 1 <= 64``: both NH-token head windows fit one 128-index
+gather), any number of tokens per sequence, empty sequences, padding
+sequences. Matmul operands are float32 when x or the pool is float32 (pool
+values pass through exactly), else bfloat16 (hi + lo split of float32
+weights / bias that bfloat16 does not hold).
 """
 from nki_ssm.backend import nki, nl, nisa
 
 TILE = 128          # channels per partition tile / tokens per output block
 GROUP_TILES = 16    # most channel tiles per group: 2048 channels -> 4 KiB bf16 store rows
 SBUF_BUDGET = 150 * 1024   # bytes per partition for the per-group working set
-CHUNK = 512         # tokens per transposed load (n_tiles * 512 * 2 B = 16 KiB per partition)
+CHUNK = 512         # tokens per stream window (n_tiles * 528 * 2 B = 16.5 KiB per partition)
 BANK = 512          # fp32 columns of one PSUM bank
-ONE_ROW_PER_DMA = False   # pool halo gather / state scatter: one DMA per tile (see _pool_rows_dma)
+PSUM_TILES = 7      # rotating one-bank PSUM tiles (of 8 banks)
 ALIGN = 16          # window offsets in elements: 32 B (bf16) / 64 B (fp32), the DMA
                     # transpose destination alignment (nki_ssm/sim/isa/dma.py)
+MAX_HALO = 64       # W - 1 limit: two head windows of _margin(W-1) rows in one gather
 
 
 def _margin(H):
-    """Columns before token t0 in a window tile: the W-1 halo ends where the transposed
-    tokens start, on an ALIGN boundary; window column c sits at index c + _margin(H) - H."""
+    """Columns before token t0 in a window tile: the W-1 halo ends where the chunk's
+    tokens start, on an ALIGN boundary; window column c holds token t0 - M + c."""
     return (H + ALIGN - 1) // ALIGN * ALIGN
 
 
-def _group_tiles(W, mm_bytes, n_parts, x_bytes, stage):
+def _chunk_tokens(NB):
+    """Tokens per stream chunk: CHUNK, or the whole bucket when it is smaller."""
+    return min(CHUNK, NB)
+
+
+def _index_columns(F):
+    """Columns of a [128, NI] uint32 gather-index tile covering F window rows."""
+    return (F + TILE - 1) // TILE
+
+
+def _group_tiles(W, mm_bytes, n_parts, x_bytes, stage, tok_major, F, dim):
     """Channel tiles per group (16, 8, ... 1) so that the live working set fits
-    SBUF_BUDGET: two groups' diagonal weights, three x windows (current, prefetched,
-    staging) and three output tiles, per 128-channel tile."""
+    SBUF_BUDGET: per 128-channel tile of a group two groups' diagonal weights, two
+    stream windows (A, B), their staging copies (x-dtype windows when staged,
+    token-major windows for float32 x) and two chunk output tiles; plus the head
+    buffers, which exist for every channel tile at once, and one head output row set."""
+    H = W - 1
+    FH = 3 * _margin(H)
+    head = FH * mm_bytes + 2 * H * 4 + (FH * x_bytes if stage else 0)
+    tiles = (dim + TILE - 1) // TILE
+    budget = SBUF_BUDGET - (tiles + GROUP_TILES) * head - GROUP_TILES * TILE * x_bytes
     per_tile = (2 * n_parts * W * TILE * mm_bytes
-                + 3 * (_margin(W - 1) + CHUNK) * mm_bytes
-                + (2 * (_margin(W - 1) + CHUNK) * x_bytes if stage else 0)
-                + 3 * TILE * x_bytes)
+                + 2 * F * mm_bytes
+                + (2 * F * x_bytes if stage else 0)
+                + (2 * _index_columns(F) * TILE * x_bytes if tok_major else 0)
+                + 2 * CHUNK * x_bytes)
     g = GROUP_TILES
-    while g > 1 and g * per_tile > SBUF_BUDGET:
+    while g > 1 and g * per_tile > budget:
         g = g // 2
     return g
 
@@ -100,152 +180,83 @@ def _identity(dtype):
     return ident
 
 
-def _split_parts(src_f32, shape, mm_dtype, split):
-    """Matmul-dtype copies of float32 values: (v,) or (hi, lo) with v = hi + lo to ~2^-17."""
-    hi = nl.ndarray(shape, dtype=mm_dtype, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=hi, src=src_f32)
-    if not split:
-        return (hi,)
-    rest = nl.ndarray(shape, dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=rest, data1=src_f32, data2=hi, op=nl.subtract)
-    lo = nl.ndarray(shape, dtype=mm_dtype, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=lo, src=rest)
-    return (hi, lo)
-
-
-def _diag_weights(weight, ident, c0, n, P, W, mm_dtype, split):
-    """Per part: [128, n, W, 128] tiles with diag(weight[c0 + j*128 + p, k]) at [:, j, k, :].
-
-    One part: the weights rounded to the matmul dtype. Two parts (split):
-    hi = bf16(w) and lo = bf16(w - hi), so hi + lo carries w to ~2^-17.
-    """
+def _weight_tiles(group, W, mm_dtype, has_bias, w_split, b_split):
+    """The SBUF tiles of one channel group's weights (allocated outside the runtime loops,
+    filled by _weight_loads / _weight_build): float32 columns w32 [128, n, W] (and the
+    lo part when split), diagonal parts [128, n, W, 128] in the matmul dtype, bias row
+    [1, gw] (+ parts) and float32 bias columns [128, n]."""
+    c0, n, P = group
+    gw = (n - 1) * TILE + P
     w32 = nl.ndarray((TILE, n, W), dtype=nl.float32, buffer=nl.sbuf)
+    nparts = 2 if w_split else 1
+    diags = []
+    for q in range(nparts):
+        diags.append(nl.ndarray((TILE, n, W, TILE), dtype=mm_dtype, buffer=nl.sbuf))
+    bias_t = None
+    if has_bias:
+        bparts = []
+        for q in range(2 if b_split else 1):
+            bparts.append(nl.ndarray((1, gw), dtype=mm_dtype, buffer=nl.sbuf))
+        bias_t = (nl.ndarray((1, gw), dtype=nl.float32, buffer=nl.sbuf), bparts,
+                  nl.ndarray((TILE, n), dtype=nl.float32, buffer=nl.sbuf))
+    return (w32, diags, bias_t)
+
+
+def _weight_loads(weight, bias, tiles, group, W):
+    """DMAs of a group's weight (and bias) values into its tiles."""
+    c0, n, P = group
+    gw = (n - 1) * TILE + P
+    w32, diags, bias_t = tiles
     # channel c0 + j*128 + p -> partition p, free (j, k)
-    nisa.dma_copy(dst=w32[0:P, :, :],
+    nisa.dma_copy(dst=w32[0:P, 0:n, :],
                   src=weight.ap(pattern=[[W, P], [TILE * W, n], [1, W]], offset=c0 * W))
+    if bias_t != None:  # noqa: E711
+        b32, bparts, bcols = bias_t
+        nisa.dma_copy(dst=b32[0:1, 0:gw], src=bias.ap(pattern=[[gw, 1], [1, gw]], offset=c0))
+        nisa.dma_copy(dst=bcols[0:P, 0:n], src=bias.ap(pattern=[[1, P], [TILE, n]], offset=c0))
+
+
+def _weight_build(tiles, ident, group, W, mm_dtype):
+    """VectorE: diag(weight[c0 + j*128 + p, k]) at [:, j, k, :] per part -- one part: the
+    weights rounded to the matmul dtype; two (split): hi = bf16(w) and lo = bf16(w - hi),
+    so hi + lo carries w to ~2^-17 -- and the bias row parts. Returns the group's
+    (diag parts, bias row parts, float32 weight columns, float32 bias columns or None)."""
+    c0, n, P = group
+    gw = (n - 1) * TILE + P
+    w32, diags, bias_t = tiles
     wparts = (w32,)
-    if split:
+    if len(diags) > 1:
         hi = nl.ndarray((TILE, n, W), dtype=mm_dtype, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=hi[0:P, :, :], src=w32[0:P, :, :])
+        nisa.tensor_copy(dst=hi[0:P, :, :], src=w32[0:P, 0:n, :])
         lo32 = nl.ndarray((TILE, n, W), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=lo32[0:P, :, :], data1=w32[0:P, :, :], data2=hi[0:P, :, :],
+        nisa.tensor_tensor(dst=lo32[0:P, :, :], data1=w32[0:P, 0:n, :], data2=hi[0:P, :, :],
                            op=nl.subtract)
         wparts = (w32, lo32)
-    parts = []
-    for q in range(len(wparts)):
-        d = nl.ndarray((TILE, n, W, TILE), dtype=mm_dtype, buffer=nl.sbuf)
+    for q in range(len(diags)):
+        d = diags[q]
         src = wparts[q]
         for j in range(n):
             for k in range(W):
                 # diag(w) = identity scaled per partition; the write rounds to mm_dtype
                 nisa.tensor_scalar(dst=d[0:P, j, k, 0:P], data=ident[0:P, 0:P],
                                    op0=nl.multiply, operand0=src[0:P, j, k:k + 1])
-        parts.append(d)
-    return (parts, w32)
+    bparts = ()
+    bcols = None
+    if bias_t != None:  # noqa: E711
+        b32, bparts, bcols = bias_t
+        nisa.tensor_copy(dst=bparts[0][0:1, 0:gw], src=b32[0:1, 0:gw])
+        if len(bparts) > 1:
+            rest = nl.ndarray((1, gw), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=rest, data1=b32[0:1, 0:gw], data2=bparts[0][0:1, 0:gw],
+                               op=nl.subtract)
+            nisa.tensor_copy(dst=bparts[1][0:1, 0:gw], src=rest)
+    return (diags, bparts, w32, bcols)
 
 
-def _bias_parts(bias, c0, width, mm_dtype, split):
-    """Per part: a [1, width] bias row in the matmul dtype."""
-    b32 = nl.ndarray((1, width), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=b32, src=bias.ap(pattern=[[width, 1], [1, width]], offset=c0))
-    return _split_parts(b32, (1, width), mm_dtype, split)
-
-
-def _work_items(groups, segments, live):
-    """[(group, seq, chunk)] in execution order: groups outer, live sequences, chunks."""
-    items = []
-    for g in range(len(groups)):
-        for s in range(len(segments)):
-            if live[s]:
-                L = segments[s][1] - segments[s][0]
-                for ci in range(max(1, (L + CHUNK - 1) // CHUNK)):
-                    items.append((g, s, ci))
-    return items
-
-
-def _load_window(x, pool_rows, gather_rows, scatter_rows, groups, segments, item, H,
-                 mm_dtype, stage):
-    """Stage 1 of an item: its x window ``[128 ch, n, W-1 + tc]`` (+ halo / slot rows).
-
-    Returns (xw, tc, s_idx): s_idx (scatter rows) only on a sequence's last chunk.
-    """
-    num_tokens, dim = x.shape
-    g, s, ci = item
-    c0, n, P = groups[g]
-    start, end = segments[s]
-    n_chunks = max(1, (end - start + CHUNK - 1) // CHUNK)
-    t0 = start + ci * CHUNK
-    tc = min(CHUNK, end - t0)
-    M = _margin(H)
-    RB = M + CHUNK      # a multiple of ALIGN: every tile's row starts aligned
-    xw = nl.ndarray((TILE, n, RB), dtype=mm_dtype, buffer=nl.sbuf)
-    xs = xw
-    if stage:
-        xs = nl.ndarray((TILE, n, RB), dtype=x.dtype, buffer=nl.sbuf)
-    if ci == 0:
-        # halo from the pool: zeros, overwritten where the run-time gather row is valid
-        g_idx = nl.ndarray((TILE, 1), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=g_idx[0:P, :],
-                      src=gather_rows.ap(pattern=[[1, P], [1, 1]], offset=s * TILE))
-        nisa.memset(dst=xw[0:P, :, M - H:M], value=0.0)
-        _pool_rows_dma(pool_rows, xw, g_idx, c0, n, P, H, M - H, gather=True)
-        lo, first = M, t0
-    else:
-        # later chunks re-read the M >= W-1 tokens before t0 (same sequence, as M <= CHUNK)
-        # so the transposed block starts at column 0, aligned
-        lo, first = 0, t0 - M
-    width = M + tc - lo
-    if tc > 0:
-        # 4-D form [width, n, 1, P] -> [P, n, 1, width] (permutation (3, 1, 2, 0)): the NKI
-        # front end asserts 4-D dma_transpose operands (see nki_ssm/sim/isa/dma.py)
-        nisa.dma_transpose(dst=xs.ap(pattern=[[n * RB, P], [RB, n], [1, 1], [1, width]],
-                                     offset=lo),
-                           src=x.ap(pattern=[[dim, width], [TILE, n], [1, 1], [1, P]],
-                                    offset=first * dim + c0))
-        if stage:
-            nisa.tensor_copy(dst=xw[0:P, :, lo:lo + width], src=xs[0:P, :, lo:lo + width])
-    s_idx = None
-    if ci == n_chunks - 1:
-        s_idx = nl.ndarray((TILE, 1), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=s_idx[0:P, :],
-                      src=scatter_rows.ap(pattern=[[1, P], [1, 1]], offset=s * TILE))
-    return (xw, tc, s_idx)
-
-
-def _pool_rows_dma(pool_rows, xw, idx, c0, n, P, H, col, gather):
-    """Halo gather (pool -> xw[:, j, col:col+H]) or state scatter (back) of one group.
-
-    Partition p of tile j is pool row ``idx[p] + c0 + j*128`` (idx = slot*dim + p, run
-    time). Default: ONE indirect DMA for the n tiles, its per-partition pattern stepping
-    128 rows of the [slots*dim, W-1] base tensor per tile. The APS guide defines
-    vector_offset by a general formula (static pattern + index * base row size), which
-    covers this, but every documented example keeps a partition inside one base row.
-    ONE_ROW_PER_DMA = True uses that documented form instead (one DMA per tile), at a
-    modeled cost of 1653 -> 1743 us (16K tokens) and 1696 -> 2428 us (8 x 2K) on trn2:
-    flip it if the compiler or the DMA rejects the multi-row pattern on hardware.
-    Gather rows past the pool (no initial state) are skipped: the halo stays zero.
-    """
-    if not ONE_ROW_PER_DMA:
-        view = pool_rows.ap(pattern=[[H, P], [TILE * H, n], [1, H]], offset=c0 * H,
-                            vector_offset=idx[0:P, 0:1], indirect_dim=0)
-        if gather:
-            nisa.dma_copy(dst=xw[0:P, :, col:col + H], src=view, oob_mode=nisa.oob_mode.skip)
-        else:
-            nisa.dma_copy(dst=view, src=xw[0:P, :, col:col + H])
-        return
-    for j in range(n):
-        view = pool_rows.ap(pattern=[[H, P], [1, H]], offset=(c0 + j * TILE) * H,
-                            vector_offset=idx[0:P, 0:1], indirect_dim=0)
-        if gather:
-            nisa.dma_copy(dst=xw[0:P, j, col:col + H], src=view, oob_mode=nisa.oob_mode.skip)
-        else:
-            nisa.dma_copy(dst=view, src=xw[0:P, j, col:col + H])
-
-
-def _vector_tile(ps, col, xw, w32, bcols, jj, pj, b, m, W):
-    """One 128-channel tile of a token block on VectorE (channel-major, float32), then a
-    TensorE transpose into its token-major PSUM columns: takes work off TensorE."""
-    acc = nl.ndarray((TILE, TILE), dtype=nl.float32, buffer=nl.sbuf)
+def _vector_tile(ps, col, xw, w32, bcols, jj, pj, b, m, W, acc):
+    """One 128-channel tile of a token block on VectorE (channel-major, float32, into the
+    accumulator ``acc``), then a TensorE transpose into its token-major PSUM columns:
+    takes work off TensorE."""
     if bcols != None:  # noqa: E711
         nisa.tensor_scalar(dst=acc[0:pj, 0:m], data=xw[0:pj, jj, b:b + m], op0=nl.multiply,
                            operand0=w32[0:pj, jj, 0:1], op1=nl.add, operand1=bcols[0:pj, jj:jj + 1])
@@ -259,72 +270,420 @@ def _vector_tile(ps, col, xw, w32, bcols, jj, pj, b, m, W):
     nisa.nc_transpose(dst=ps[0:m, col:col + pj], data=acc[0:pj, 0:m])
 
 
-def _conv_blocks(y, xw, weights, ones, t0, tc, c0, n, P, W, act_op, vec_every):
-    """Stage 2 of an item: per 128-token block, TensorE taps (every vec_every-th channel
-    tile on VectorE instead), ScalarE eviction, row stores."""
+def _rotation(banks, outs, accs):
+    """Rotating buffers allocated once, outside the runtime loops: [PSUM banks, output
+    tiles, VectorE accumulators, use counters]. Each loop body restarts the counters so
+    every iteration uses the same tiles (one static body)."""
+    return [banks, outs, accs, [0, 0, 0]]
+
+
+def _take(rot, kind):
+    """The next tile of kind 0 (PSUM bank), 1 (output tile) or 2 (accumulator)."""
+    tiles = rot[kind]
+    i = rot[3][kind]
+    rot[3][kind] = i + 1
+    return tiles[i % len(tiles)]
+
+
+def _restart(rot):
+    rot[3][0] = 0
+    rot[3][1] = 0
+    rot[3][2] = 0
+
+
+def _window_load(x, idx, rows, xw, xs, tm, col0, c0, n, P, rot):
+    """Window columns ``col0 .. col0 + rows`` of ``xw[0:P, 0:n]`` <- x rows ``idx``
+    (flat column-major over the index tile), channel-major.
+
+    2-byte x: one indirect ``dma_transpose`` (gather transpose; into the x-dtype staging
+    tile ``xs`` and a copy up when the matmuls are float32). float32 x (``tm`` given):
+    the gather transpose takes 2-byte dtypes only, so one ``vector_offset`` gather per
+    128 rows (one x row per partition) brings the rows token-major and TensorE
+    transposes each [rows, 128 ch] block into PSUM, copied to the window.
+    """
+    num_rows, dim = x.shape
+    gw = (n - 1) * TILE + P
+    if tm == None:  # noqa: E711
+        dst_t = xw
+        if xs != None:  # noqa: E711
+            dst_t = xs
+        row = dst_t.shape[1] * dst_t.shape[2]
+        RB = dst_t.shape[2]
+        nisa.dma_transpose(dst=dst_t.ap(pattern=[[row, P], [RB, n], [1, 1], [1, rows]],
+                                        offset=col0),
+                           src=x.ap(pattern=[[dim, rows], [TILE, n], [1, 1], [1, P]], offset=c0,
+                                    vector_offset=idx, indirect_dim=0),
+                           axes=(3, 1, 2, 0))
+        if xs != None:  # noqa: E711
+            nisa.tensor_copy(dst=xw[0:P, 0:n, col0:col0 + rows], src=xs[0:P, 0:n, col0:col0 + rows])
+        return
+    nblk = (rows + TILE - 1) // TILE
+    per_bank = BANK // TILE
+    st_tiles = tm.shape[2] // TILE        # channel tiles the staging tile holds at once
+    for s0 in range(0, n, st_tiles):
+        sn = min(st_tiles, n - s0)
+        sw = min(sn * TILE, gw - s0 * TILE)
+        for j in range(nblk):
+            nr = min(TILE, rows - j * TILE)
+            nisa.dma_copy(dst=tm[0:nr, j, 0:sw],
+                          src=x.ap(pattern=[[dim, nr], [1, sw]], offset=c0 + s0 * TILE,
+                                   vector_offset=idx[0:nr, j:j + 1], indirect_dim=0))
+        for jj in range(s0, s0 + sn):
+            pj = min(TILE, gw - jj * TILE)
+            lo = (jj - s0) * TILE
+            for j0 in range(0, nblk, per_bank):
+                ps = _take(rot, 0)
+                ncols = 0
+                for j in range(j0, min(nblk, j0 + per_bank)):
+                    nr = min(TILE, rows - j * TILE)
+                    nisa.nc_transpose(dst=ps[0:pj, ncols:ncols + nr],
+                                      data=tm[0:nr, j, lo:lo + pj])
+                    ncols = ncols + nr
+                c = col0 + j0 * TILE
+                # ScalarE evicts (VectorE carries every other channel tile's taps in fp32)
+                nisa.tensor_copy(dst=xw[0:pj, jj, c:c + ncols], src=ps[0:pj, 0:ncols],
+                                 engine=nisa.engine.scalar)
+
+
+def _taps(ps, col, xw, weights, ones, jj, pj, first_col, m, W):
+    """psum[0:m, col:col+pj] = bias + sum_k xw[:, jj, first_col + k + t] * w[:, k] for
+    the m tokens t: TensorE with the shifted window as stationary and diag(w_k) moving
+    (accumulate given explicitly on every matmul into the bank)."""
+    dparts, bparts, w32, bcols = weights
+    for q in range(len(bparts)):
+        # bias row of this tile: ones[tok] x bias[ch] (K = 1)
+        nisa.nc_matmul(dst=ps[0:m, col:col + pj], stationary=ones[0:1, 0:m],
+                       moving=bparts[q][0:1, jj * TILE:jj * TILE + pj], accumulate=(q > 0))
+    for q in range(len(dparts)):
+        for k in range(W):
+            first_mm = len(bparts) == 0 and q == 0 and k == 0
+            nisa.nc_matmul(dst=ps[0:m, col:col + pj],
+                           stationary=xw[0:pj, jj, first_col + k:first_col + k + m],
+                           moving=dparts[q][0:pj, jj, k, 0:pj], accumulate=not first_mm)
+
+
+def _conv_block(xw, ot, weights, ones, b, n, P, W, act_op, vec_every, base, rot):
+    """One 128-token block of a stream chunk (window columns base + b ..): TensorE taps
+    (every vec_every-th channel tile on VectorE instead), ScalarE eviction into the
+    output tile ``ot [128 tok, gw ch]``."""
     dparts, bparts, w32, bcols = weights
     gw = (n - 1) * TILE + P
-    base = _margin(W - 1) - (W - 1)     # window column 0 (token t0 - (W-1)) in xw
-    for b in range(0, tc, TILE):
-        m = min(TILE, tc - b)
-        ot = nl.ndarray((TILE, n * TILE), dtype=y.dtype, buffer=nl.sbuf)
-        for bank0 in range(0, gw, BANK):
-            bw = min(BANK, gw - bank0)
-            ps = nl.ndarray((TILE, BANK), dtype=nl.float32, buffer=nl.psum)
-            for jj in range(bank0 // TILE, (bank0 + bw + TILE - 1) // TILE):
-                pj = min(TILE, gw - jj * TILE)
-                col = jj * TILE - bank0
-                if vec_every > 0 and jj % vec_every == vec_every - 1:
-                    _vector_tile(ps, col, xw, w32, bcols, jj, pj, base + b, m, W)
-                    continue
-                for q in range(len(bparts)):
-                    # bias row of this tile: ones[tok] x bias[ch] (K = 1)
-                    nisa.nc_matmul(dst=ps[0:m, col:col + pj], stationary=ones[0:1, 0:m],
-                                   moving=bparts[q][0:1, jj * TILE:jj * TILE + pj],
-                                   accumulate=(q > 0))
-                for q in range(len(dparts)):
-                    for k in range(W):
-                        first_mm = len(bparts) == 0 and q == 0 and k == 0
-                        # psum[tok, ch] (+)= x[tok + k - (W-1), ch] * weight[ch, k]
-                        nisa.nc_matmul(dst=ps[0:m, col:col + pj],
-                                       stationary=xw[0:pj, jj, base + b + k:base + b + k + m],
-                                       moving=dparts[q][0:pj, jj, k, 0:pj],
-                                       accumulate=not first_mm)
-            nisa.activation(dst=ot[0:m, bank0:bank0 + bw], op=act_op, data=ps[0:m, 0:bw])
-        nisa.dma_copy(dst=y[t0 + b:t0 + b + m, c0:c0 + gw], src=ot[0:m, 0:gw])
+    for bank0 in range(0, gw, BANK):
+        bw = min(BANK, gw - bank0)
+        ps = _take(rot, 0)
+        for jj in range(bank0 // TILE, (bank0 + bw + TILE - 1) // TILE):
+            pj = min(TILE, gw - jj * TILE)
+            col = jj * TILE - bank0
+            if vec_every > 0 and jj % vec_every == vec_every - 1:
+                _vector_tile(ps, col, xw, w32, bcols, jj, pj, base + b, TILE, W, _take(rot, 2))
+            else:
+                _taps(ps, col, xw, weights, ones, jj, pj, base + b, TILE, W)
+        nisa.activation(dst=ot[0:TILE, bank0:bank0 + bw], op=act_op, data=ps[0:TILE, 0:bw])
+    return ot
+
+
+def _next_window(x, bufs, a, group, W, rot, first=False):
+    """Issue the window of the next chunk in slot ``a`` (A = 0, B = 1): its first token
+    ``st[:, a] = min(run + a * CH, NB - CH)`` (past the bucket: the last chunk again, a
+    mirror) and gather indices ``clamp(base + st, 0, NB - 1)`` with ``base[p, j] = j * 128
+    + p - M`` are computed on VectorE (no table DMA in the loop), then one gather
+    transpose (or the float32 path) loads ``x[t0 - M : t0 + CH]`` channel-major."""
+    NB, dim = x.shape
+    c0, n, P = group
+    run, st, sti, base, idx2, wins, outs, idx0, st0, NT = bufs
+    NI = base.shape[1]
+    xw, xs, tm = wins[a]
+    F = xw.shape[2]
+    CH = F - _margin(W - 1)
+    if first:
+        # chunks 0 and 1 of every group: indices computed once, so the DMA can start as
+        # soon as the slot is free (not behind the previous group's VectorE work)
+        nisa.tensor_copy(dst=st[:, a:a + 1], src=st0[:, a:a + 1])
+        _window_load(x, idx0[0:TILE, a, 0:NI], F, xw, xs, tm, 0, c0, n, P, rot)
+        return
+    nisa.tensor_scalar(dst=st[:, a:a + 1], data=run, op0=nl.add, operand0=float(a * CH),
+                       op1=nl.minimum, operand1=float(NB - CH))
+    nisa.tensor_scalar(dst=idx2[:, a, 0:NI], data=base, op0=nl.add, operand0=st[:, a:a + 1],
+                       op1=nl.maximum, operand1=0.0)
+    nisa.tensor_scalar(dst=idx2[:, a, 0:NI], data=idx2[:, a, 0:NI], op0=nl.minimum,
+                       operand0=float(NB - 1))
+    _window_load(x, idx2[0:TILE, a, 0:NI], F, xw, xs, tm, 0, c0, n, P, rot)
+
+
+def _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot):
+    """Compute the chunk whose window is in slot ``a`` and store it: one DMA of its CH
+    token rows at the run-time first token (``sti[a] = t0 * NT``, y being stored as
+    ``[(NB + M) * NT, 128]``: NT rows of 128 channels per token)."""
+    NT = bufs[9]
+    DP = NT * TILE
+    c0, n, P = group
+    gw = (n - 1) * TILE + P
+    run, st, sti, base, idx2, wins, outs, idx0, st0, NT = bufs
+    xw = wins[a][0]
+    CH = xw.shape[2] - _margin(W - 1)
+    nblk = CH // TILE
+    base_col = _margin(W - 1) - (W - 1)     # window column of token t0 - (W-1)
+    for b in range(nblk):
+        _conv_block(xw, outs[a][0:TILE, b, :], weights, ones, b * TILE, n, P, W, act_op,
+                    vec_every, base_col, rot)
+    nisa.tensor_scalar(dst=sti[0:1, a:a + 1], data=st[0:1, a:a + 1], op0=nl.multiply,
+                       operand0=float(NT))
+    # Stores with run-time addresses are ordered after each other (their rows cannot be
+    # told apart at compile time), so one large store per chunk keeps that chain short.
+    nisa.dma_copy(dst=y.ap(pattern=[[DP, TILE], [TILE * DP, nblk], [1, gw]], offset=c0,
+                           scalar_offset=sti[0:1, a:a + 1], indirect_dim=0),
+                  src=outs[a][0:TILE, 0:nblk, 0:gw])
+
+
+def _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, refill,
+                 next_group, next_build):
+    """Two chunks (slots A, B): A is computed while B's window arrives; when ``refill``,
+    each slot is reloaded with the chunk two ahead as soon as its matmuls are done (the
+    DMAs run on across the loop's iteration boundary, where the compute engines
+    synchronise); ``next_group`` (the peeled last pair of a group): the slots take the
+    next group's first chunks instead, so its windows load under this pair's matmuls,
+    and ``next_build`` (its diagonal weights) runs on VectorE after chunk A."""
+    run = bufs[0]
+    CH = bufs[5][0][0].shape[2] - _margin(W - 1)
+    _restart(rot)
+    for a in range(2):
+        _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot)
+        if refill:
+            if a == 0:
+                nisa.tensor_scalar(dst=run, data=run, op0=nl.add, operand0=float(2 * CH))
+            _next_window(x, bufs, a, group, W, rot)
+        elif next_group != None:  # noqa: E711
+            _next_window(x, bufs, a, next_group, W, rot, True)
+            if a == 0:
+                # the next group's diagonals (VectorE) while this group's chunk B computes
+                _weight_build(next_build[0], next_build[1], next_build[2], next_build[3],
+                              next_build[4])
+
+
+def _head_sequence(hctx, s):
+    """Iteration s of the head loop: for the full 128-channel tiles at once (and the
+    partial last tile, if any: ``groups`` here are these one or two head groups) the
+    window [old state | first NH tokens | last NH tokens] of live sequence s, its first
+    H outputs and its new state -- one DMA per head group for each. The old state /
+    zeros and the new-state case are each one runtime conditional around all head
+    groups' DMAs."""
+    (x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot,
+     zhalo, srows) = hctx
+    H = W - 1
+    M = _margin(H)
+    sidx, yr, info = tabs
+    init_reg, case_regs = regs
+    seq_rows, seq_yrows, seq_info = seq_tabs
+    NH2 = sidx.shape[0]
+    K = info.shape[1]
+    YB = yr.shape[1]
+    _restart(rot)
+    nisa.dma_copy(dst=sidx, src=seq_rows.ap(pattern=[[1, NH2], [1, 1]], offset=0,
+                                            scalar_offset=s, indirect_dim=0))
+    nisa.dma_copy(dst=yr, src=seq_yrows.ap(pattern=[[1, TILE], [TILE, YB]], offset=0,
+                                           scalar_offset=s, indirect_dim=0))
+    nisa.dma_copy(dst=info, src=seq_info.ap(pattern=[[K, 1], [1, K]], offset=0,
+                                            scalar_offset=s, indirect_dim=0))
+    nisa.register_load(dst=init_reg[0], src=info[0:1, 1:2])
+    nisa.register_load(dst=init_reg[1], src=info[0:1, H + 3:H + 4])
+    for c in range(H + 1):
+        nisa.register_load(dst=case_regs[c], src=info[0:1, 2 + c:3 + c])
+    states = []
+    for g in range(len(groups)):
+        c0, n, P = groups[g]
+        states.append(pool.ap(pattern=[[H, P], [TILE * H, n], [1, H]], offset=c0 * H,
+                              scalar_offset=info[0:1, 0:1], indirect_dim=0))
+    # old state at columns M-H .. M: the slot, or zeros (by DMA: a memset would wait, in
+    # VectorE's order, for the previous sequence's state writes to read these columns)
+    for _ in nl.dynamic_range(init_reg[1]):
+        for g in range(len(groups)):
+            c0, n, P = groups[g]
+            nisa.dma_copy(dst=hbs[g][0][0:P, 0:n, M - H:M], src=zhalo[0:P, 0:n, :])
+    for _ in nl.dynamic_range(init_reg[0]):
+        for g in range(len(groups)):
+            c0, n, P = groups[g]
+            if P == TILE:
+                _state_in(pool, info, srows, hbs[g][0], n, H, M, rot)
+            else:
+                nisa.dma_copy(dst=hbs[g][0][0:P, 0:n, M - H:M], src=states[g])
+    for g in range(len(groups)):
+        c0, n, P = groups[g]
+        wt, ws, tmh, acc, tmp, ot = hbs[g]
+        _window_load(x, sidx, NH2, wt, ws, tmh, M, c0, n, P, rot)
+    for g in range(len(groups)):
+        _head_outputs(hctx, g)
+    # new state = window columns L .. L+H of (old state ++ tokens): for L < H inside the
+    # head, else the last H tokens (end of the window)
+    for c in range(H + 1):
+        col = M - H + c
+        if c == H:
+            col = M + NH2 - H
+        for _ in nl.dynamic_range(case_regs[c]):
+            for g in range(len(groups)):
+                c0, n, P = groups[g]
+                if P == TILE:
+                    # into the staging tile; written out below for every case at once
+                    nisa.tensor_copy(dst=srows[2][0:TILE, 0:n, :],
+                                     src=hbs[g][0][0:TILE, 0:n, col:col + H])
+                else:
+                    nisa.dma_copy(dst=states[g], src=hbs[g][0][0:P, 0:n, col:col + H])
+    if groups[0][2] == TILE:
+        _state_out(pool, info, srows, groups[0][1], H, rot)
+
+
+def _state_in(pool, info, srows, wt, n, H, M, rot):
+    """The slot's old state for n full channel tiles into window columns M-H .. M.
+
+    The pool row holds channel-major ``[dim, H]``: read channel-on-partition it is one
+    H-element (6-byte) run per channel. Instead rows of 128 channels go on partitions
+    (tile j' on partition j', a contiguous 128 * H run), and one TensorE transpose per
+    state column h turns ``[tiles, 128 ch]`` into the window's ``[128 ch, tiles]``
+    (values pass through float32 exactly)."""
+    sr, s32, ns = srows
+    row = sr.shape[1]
+    for j0 in range(0, n, TILE):
+        nb = min(TILE, n - j0)
+        nisa.dma_copy(dst=sr[0:nb, 0:TILE * H],
+                      src=pool.ap(pattern=[[TILE * H, nb], [1, TILE * H]], offset=j0 * TILE * H,
+                                  scalar_offset=info[0:1, 0:1], indirect_dim=0))
+        nisa.tensor_copy(dst=s32[0:nb, 0:TILE * H], src=sr[0:nb, 0:TILE * H])
+        hpb = BANK // nb                      # state columns per PSUM bank
+        for h0 in range(0, H, hpb):
+            hn = min(hpb, H - h0)
+            ps = _take(rot, 0)
+            for h in range(h0, h0 + hn):
+                nisa.nc_transpose(dst=ps[0:TILE, (h - h0) * nb:(h - h0 + 1) * nb],
+                                  data=s32.ap(pattern=[[row, nb], [H, TILE]], offset=h))
+            # window column M-H+h of tile j0 + j <- psum column (h - h0) * nb + j
+            nisa.tensor_copy(dst=wt[0:TILE, j0:j0 + nb, M - H + h0:M - H + h0 + hn],
+                             src=ps.ap(pattern=[[ps.shape[1], TILE], [1, nb], [nb, hn]],
+                                       offset=0))
+
+
+def _state_out(pool, info, srows, n, H, rot):
+    """The new state of n full channel tiles (staged channel-on-partition in ``ns
+    [128, tiles, H]``) back to the slot's pool row: one TensorE transpose per column h
+    to ``[tiles, 128 ch]``, interleaved to ``[tiles, (ch, h)]``, one contiguous run per
+    tile."""
+    sr, s32, ns = srows
+    for j0 in range(0, n, TILE):
+        nb = min(TILE, n - j0)
+        hpb = BANK // TILE
+        for h0 in range(0, H, hpb):
+            hn = min(hpb, H - h0)
+            ps = _take(rot, 0)
+            for h in range(h0, h0 + hn):
+                nisa.nc_transpose(dst=ps[0:nb, (h - h0) * TILE:(h - h0 + 1) * TILE],
+                                  data=ns[0:TILE, j0:j0 + nb, h])
+            # pool element (j, ch, h) <- psum [j, (h - h0) * 128 + ch]
+            nisa.tensor_copy(dst=sr.ap(pattern=[[sr.shape[1], nb], [H, TILE], [1, hn]],
+                                       offset=h0),
+                             src=ps.ap(pattern=[[ps.shape[1], nb], [1, TILE], [TILE, hn]],
+                                       offset=0))
+        nisa.dma_copy(dst=pool.ap(pattern=[[TILE * H, nb], [1, TILE * H]], offset=j0 * TILE * H,
+                                  scalar_offset=info[0:1, 0:1], indirect_dim=0),
+                      src=sr[0:nb, 0:TILE * H])
+
+
+def _head_outputs(hctx, g):
+    """The first H outputs of the sequence for channel group g, from its head window.
+
+    The taps run on VectorE in float32 (weights as per-channel columns broadcast over
+    the H tokens: no group's diagonals need to stay resident), one TensorE transpose
+    per 128 // H tiles turns ``[P ch, (tile j, token k)]`` into rows (j, k), ScalarE
+    applies the activation, and one DMA writes row (j, k) -- channels j*128 .. + P of
+    token k -- to y's 128-channel row ``row_k * NT + j`` (from column j // (128 // H)
+    of the yr tile, the partial tile in the last column; one contiguous run per
+    partition; k >= length -> a scratch row)."""
+    (x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot,
+     zhalo, srows) = hctx
+    c0, n, P = groups[g]
+    t0 = c0 // TILE
+    H = W - 1
+    M = _margin(H)
+    yr = tabs[1]
+    tb = TILE // H
+    col0 = 0
+    if g > 0:
+        col0 = (groups[0][1] + tb - 1) // tb      # the partial tile's column of yr
+    wt, ws, tmh, acc, tmp, ot = hbs[g]
+    for k in range(W):
+        # weight[c, k] broadcast over the H tokens (NkiTensor.broadcast: a size-1 free dim
+        # repeated without a copy)
+        wk = w_all[0:P, t0:t0 + n, k:k + 1].broadcast(2, H)
+        win = wt[0:P, 0:n, M - H + k:M + k]
+        if k == 0:
+            nisa.tensor_tensor(dst=acc[0:P, 0:n, :], data1=win, data2=wk, op=nl.multiply)
+        else:
+            nisa.tensor_tensor(dst=tmp[0:P, 0:n, :], data1=win, data2=wk, op=nl.multiply)
+            nisa.tensor_tensor(dst=acc[0:P, 0:n, :], data1=acc[0:P, 0:n, :],
+                               data2=tmp[0:P, 0:n, :], op=nl.add)
+    if b_all != None:  # noqa: E711
+        bk = b_all[0:P, t0:t0 + n, 0:1].broadcast(2, H)
+        nisa.tensor_tensor(dst=acc[0:P, 0:n, :], data1=acc[0:P, 0:n, :], data2=bk, op=nl.add)
+    row = acc.shape[1] * acc.shape[2]
+    for j0 in range(0, n, tb):
+        nb = min(tb, n - j0)
+        b = col0 + j0 // tb
+        ps = _take(rot, 0)
+        nisa.nc_transpose(dst=ps[0:nb * H, 0:P],
+                          data=acc.ap(pattern=[[row, P], [1, nb * H]], offset=j0 * H))
+        ot = _take(rot, 1)
+        nisa.activation(dst=ot[0:nb * H, 0:P], op=act_op, data=ps[0:nb * H, 0:P])
+        nisa.dma_copy(dst=y.ap(pattern=[[TILE, nb * H], [1, P]], offset=0,
+                               vector_offset=yr[0:nb * H, b:b + 1], indirect_dim=0),
+                      src=ot[0:nb * H, 0:P])
+
+
+def _channel_columns(src, dim, width, dst):
+    """dst[p, t, :] = src[t*128 + p, :] (per-channel columns of weight / bias, fp32)."""
+    nfull = dim // TILE
+    if nfull > 0:
+        nisa.dma_copy(dst=dst[:, 0:nfull, :],
+                      src=src.ap(pattern=[[width, TILE], [TILE * width, nfull], [1, width]],
+                                 offset=0))
+    if dim % TILE:
+        nisa.dma_copy(dst=dst[0:dim % TILE, nfull, :],
+                      src=src.ap(pattern=[[width, dim % TILE], [1, width]],
+                                 offset=nfull * TILE * width))
 
 
 @nki.jit
-def short_conv_prefill_kernel(x, weight, bias, pool_rows, gather_rows, scatter_rows,
-                              segments, live, activation, has_bias, mm_fp32, x_stage,
-                              w_split, b_split):
+def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yrows, seq_info,
+                              counts, activation, has_bias, mm_fp32, x_stage, w_split, b_split):
     """Causal depthwise conv1d over a ragged batch; the pool is updated in place.
 
-    x ``[num_tokens, dim]``; weight ``[dim, W]``; bias ``[dim]`` or None;
-    pool_rows ``[slots * dim, W-1]`` (the conv state pool viewed one channel
-    per row); gather_rows / scatter_rows int32 ``[num_seqs, 128]`` = ``slot *
-    dim + p`` for partition p (gather: ``slots * dim``, out of bounds, when
-    the sequence starts from zeros); segments: tuple of (start, end) token ranges; live:
-    tuple of bools (False = padding: zero output, pool untouched);
-    activation "silu" or "none"; has_bias: bias given; mm_fp32 / x_stage /
-    w_split / b_split: matmul precision flags chosen by the launcher (fp32
-    operands; bf16 x cast up on chip; hi+lo split of fp32 weights / bias).
-    Returns y ``[num_tokens, dim]`` in x's dtype.
-
-    Software pipeline: the window of work item i+1 (and, at a group change,
-    that group's diagonal weights) is issued before item i's matmuls, so its
-    DMA overlaps item i's TensorE work.
+    x ``[NB, dim]`` (token bucket NB); weight ``[dim, W]``; bias ``[dim]`` or None; pool
+    ``[slots, dim * (W-1)]`` (row view of the ``[slots, dim, W-1]`` pool); the int32 / uint32 batch tables of the module docstring
+    (``nki_ssm.ops.launch.short_conv.prefill_tables``); activation "silu" or "none";
+    has_bias: bias given; mm_fp32 / x_stage / w_split / b_split: matmul precision flags
+    chosen by the launcher (fp32 operands; bf16 x cast up on chip; hi+lo split of fp32
+    weights / bias). Returns y ``[(NB + M) * NT, 128]`` in x's dtype (NT = ceil(dim /
+    128) rows per token; rows past the batch's tokens are scratch).
     """
-    num_tokens, dim = x.shape
+    NB, dim = x.shape
     W = weight.shape[1]
     H = W - 1
+    M = _margin(H)
+    CH = _chunk_tokens(NB)
+    F = M + CH
+    NI = win_base.shape[1]
+    NH2 = seq_rows.shape[1]
+    FH = M + NH2
     mm_dtype = nl.float32 if mm_fp32 else nl.bfloat16
     act_op = nl.silu if activation == "silu" else nl.copy
-    y = nl.ndarray((num_tokens, dim), dtype=x.dtype, buffer=nl.shared_hbm)
+    nt = (dim + TILE - 1) // TILE
+    # y as rows of 128 channels ([token, channel tile] flattened): the stream stores a
+    # chunk's token rows at a run-time row offset, the heads scatter one (token, tile) row
+    # per partition
+    y = nl.ndarray(((NB + M) * nt, TILE), dtype=x.dtype, buffer=nl.shared_hbm)
     x_bytes = 4 if x.dtype == nl.float32 else 2
-    gt = _group_tiles(W, 4 if mm_fp32 else 2, 2 if w_split else 1, x_bytes, x_stage)
+    tok_major = x.dtype == nl.float32
+    gt = _group_tiles(W, 4 if mm_fp32 else 2, 2 if w_split else 1, x_bytes, x_stage,
+                      tok_major, F, dim)
     groups = _channel_groups(dim, gt)
-    # every vec_every-th channel tile of a group runs on VectorE (+ a TensorE transpose)
+    GW = gt * TILE
+    # every vec_every-th channel tile of a chunk runs on VectorE (+ a TensorE transpose)
     # so TensorE and VectorE finish together: per 128 x 128 block TensorE needs W (x parts)
     # matmuls of 128 cycles (x4 for float32), VectorE ~1000-1200 cycles at 0.4 of its clock
     vec_every = 7
@@ -337,64 +696,136 @@ def short_conv_prefill_kernel(x, weight, bias, pool_rows, gather_rows, scatter_r
     ones = nl.ndarray((1, TILE), dtype=mm_dtype, buffer=nl.sbuf)
     nisa.memset(dst=ones, value=1.0)
 
-    # padding sequences: zero rows, pool untouched
-    zeros = nl.ndarray((TILE, gt * TILE), dtype=x.dtype, buffer=nl.sbuf)
-    nisa.memset(dst=zeros, value=0.0)
-    for s in range(len(segments)):
-        if not live[s]:
-            for entry in groups:
-                c0, n, P = entry
-                gw = (n - 1) * TILE + P
-                for b0 in range(segments[s][0], segments[s][1], TILE):
-                    m = min(TILE, segments[s][1] - b0)
-                    nisa.dma_copy(dst=y[b0:b0 + m, c0:c0 + gw], src=zeros[0:m, 0:gw])
+    # every buffer the runtime loops use is allocated here, once
+    banks = []
+    for i in range(PSUM_TILES):
+        banks.append(nl.ndarray((TILE, BANK), dtype=nl.float32, buffer=nl.psum))
+    accs = []
+    for i in range(2):
+        accs.append(nl.ndarray((TILE, TILE), dtype=nl.float32, buffer=nl.sbuf))
+    rot = _rotation(banks, [], accs)
+    wins = []
+    outs = []
+    for a in range(2):
+        xw = nl.ndarray((TILE, gt, F), dtype=mm_dtype, buffer=nl.sbuf)
+        xs = None
+        tm = None
+        if tok_major:
+            tm = nl.ndarray((TILE, NI, GW), dtype=x.dtype, buffer=nl.sbuf)
+        if x_stage:
+            xs = nl.ndarray((TILE, gt, F), dtype=x.dtype, buffer=nl.sbuf)
+        wins.append((xw, xs, tm))
+        outs.append(nl.ndarray((TILE, CH // TILE, GW), dtype=x.dtype, buffer=nl.sbuf))
+    base = nl.ndarray((TILE, NI), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=base, src=win_base)
+    run = nl.ndarray((TILE, 1), dtype=nl.float32, buffer=nl.sbuf)
+    st = nl.ndarray((TILE, 2), dtype=nl.float32, buffer=nl.sbuf)
+    sti = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
+    idx2 = nl.ndarray((TILE, 2, NI), dtype=nl.uint32, buffer=nl.sbuf)
+    # indices of chunks 0 and 1 (every group's prologue)
+    st0 = nl.ndarray((TILE, 2), dtype=nl.float32, buffer=nl.sbuf)
+    idx0 = nl.ndarray((TILE, 2, NI), dtype=nl.uint32, buffer=nl.sbuf)
+    for a in range(2):
+        nisa.memset(dst=st0[:, a:a + 1], value=float(min(a * CH, NB - CH)))
+        nisa.tensor_scalar(dst=idx0[:, a, 0:NI], data=base, op0=nl.add,
+                           operand0=float(min(a * CH, NB - CH)), op1=nl.maximum, operand1=0.0)
+        nisa.tensor_scalar(dst=idx0[:, a, 0:NI], data=idx0[:, a, 0:NI], op0=nl.minimum,
+                           operand0=float(NB - 1))
+    bufs = (run, st, sti, base, idx2, wins, outs, idx0, st0, nt)
+    # loop counts: chunk pairs before the last one, live sequences, (pairs >= 1)
+    pairs = nisa.register_alloc(0)
+    nisa.register_load(dst=pairs, src=counts[0:1, 0:1])
+    live = nisa.register_alloc(0)
+    nisa.register_load(dst=live, src=counts[0:1, 1:2])
+    has_last = nisa.register_alloc(0)
+    nisa.register_load(dst=has_last, src=counts[0:1, 2:3])
 
-    items = _work_items(groups, segments, live)
-    weights = []        # per group: (diag parts, bias parts), built one item ahead
+    # 1. stream loops, one per channel group, each followed by its peeled last pair
+    # weight tiles of two groups (the current one and the next), alternating
+    wtiles = []
+    for i in range(2):
+        wtiles.append(_weight_tiles(groups[0], W, mm_dtype, has_bias, w_split, b_split))
+    _weight_loads(weight, bias, wtiles[0], groups[0], W)
+    builds = []
     for g in range(len(groups)):
-        weights.append(None)
+        builds.append((wtiles[g % 2], ident, groups[g], W, mm_dtype))
+    weights = _weight_build(wtiles[0], ident, groups[0], W, mm_dtype)
+    _restart(rot)
+    for a in range(2):
+        # group 0's first windows (later groups': the previous group's last pair)
+        _next_window(x, bufs, a, groups[0], W, rot, True)
+    for g in range(len(groups)):
+        nisa.memset(dst=run, value=0.0)
+        next_group = None
+        next_build = None
+        if g + 1 < len(groups):
+            next_group = groups[g + 1]
+            next_build = builds[g + 1]
+            # the next group's weight DMAs run on under this group's loop
+            _weight_loads(weight, bias, wtiles[(g + 1) % 2], next_group, W)
+        for k in nl.dynamic_range(pairs):
+            _stream_pair(x, y, bufs, weights, ones, groups[g], W, act_op, vec_every, rot,
+                         True, None, None)
+        for _ in nl.dynamic_range(has_last):
+            _stream_pair(x, y, bufs, weights, ones, groups[g], W, act_op, vec_every, rot,
+                         False, next_group, next_build)
+        if g + 1 < len(groups):
+            g1 = groups[g + 1]
+            w32, diags, bias_t = wtiles[(g + 1) % 2]
+            bparts = ()
+            bcols = None
+            if bias_t != None:  # noqa: E711
+                bparts = bias_t[1]
+                bcols = bias_t[2]
+            weights = (diags, bparts, w32, bcols)
 
-    nxt = None
-    if len(items) > 0:
-        # first window before the first weights: the DMA starts while VectorE builds diagonals
-        nxt = _load_window(x, pool_rows, gather_rows, scatter_rows, groups, segments,
-                           items[0], H, mm_dtype, x_stage)
-        g0 = items[0][0]
-        weights[g0] = _group_weights(weight, bias, ident, groups[g0], W, mm_dtype, has_bias,
-                                     w_split, b_split)
-    for i in range(len(items)):
-        cur = nxt
-        if i + 1 < len(items):
-            g1 = items[i + 1][0]
-            if weights[g1] == None:  # noqa: E711  (NKI has no `is`)
-                weights[g1] = _group_weights(weight, bias, ident, groups[g1], W, mm_dtype,
-                                             has_bias, w_split, b_split)
-            nxt = _load_window(x, pool_rows, gather_rows, scatter_rows, groups, segments,
-                               items[i + 1], H, mm_dtype, x_stage)
-        g, s, ci = items[i]
-        c0, n, P = groups[g]
-        xw, tc, s_idx = cur
-        _conv_blocks(y, xw, weights[g], ones, segments[s][0] + ci * CHUNK, tc, c0, n, P,
-                     W, act_op, vec_every)
-        if i + 1 == len(items) or items[i + 1][0] != g:
-            weights[g] = None     # last item of the group: its diagonals die here
-        if s_idx != None:  # noqa: E711
-            # new state = last W-1 window columns (the old state's tail when L < W-1)
-            _pool_rows_dma(pool_rows, xw, s_idx, c0, n, P, H, _margin(H) - H + tc,
-                           gather=False)
-    return y
-
-
-def _group_weights(weight, bias, ident, group, W, mm_dtype, has_bias, w_split, b_split):
-    """(diag weight parts, bias row parts, float32 weight columns [128, n, W], float32
-    bias columns [128, n] or None) of one channel group."""
-    c0, n, P = group
-    gw = (n - 1) * TILE + P
-    dparts, w32 = _diag_weights(weight, ident, c0, n, P, W, mm_dtype, w_split)
-    bparts = ()
-    bcols = None
+    # 2. head loop over live sequences (every group per iteration); a head rewrites rows
+    # the stream loops wrote. Float32 weight / bias columns of every channel tile for the
+    # head taps (loaded here: the DMA queues serve the stream's first windows first)
+    w_all = nl.ndarray((TILE, nt, W), dtype=nl.float32, buffer=nl.sbuf)
+    _channel_columns(weight, dim, W, w_all)
+    b_all = None
     if has_bias:
-        bparts = _bias_parts(bias, c0, gw, mm_dtype, b_split)
-        bcols = nl.ndarray((TILE, n), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=bcols[0:P, :], src=bias.ap(pattern=[[1, P], [TILE, n]], offset=c0))
-    return (dparts, bparts, w32, bcols)
+        b_all = nl.ndarray((TILE, nt, 1), dtype=nl.float32, buffer=nl.sbuf)
+        _channel_columns(bias, dim, 1, b_all)
+    tabs = (nl.ndarray((NH2, 1), dtype=nl.uint32, buffer=nl.sbuf),
+            nl.ndarray((TILE, seq_yrows.shape[1]), dtype=nl.int32, buffer=nl.sbuf),
+            nl.ndarray((1, H + 4), dtype=nl.int32, buffer=nl.sbuf))
+    # head groups: every full 128-channel tile at once, then the partial tile
+    hgroups = []
+    if dim // TILE > 0:
+        hgroups.append((0, dim // TILE, TILE))
+    if dim % TILE:
+        hgroups.append((dim // TILE * TILE, 1, dim % TILE))
+    case_regs = []
+    for c in range(H + 1):
+        case_regs.append(nisa.register_alloc(0))
+    regs = ((nisa.register_alloc(0), nisa.register_alloc(0)), case_regs)
+    seq_tabs = (seq_rows, seq_yrows, seq_info)
+    tmh = None
+    if tok_major:
+        tmh = nl.ndarray((TILE, 1, GW), dtype=x.dtype, buffer=nl.sbuf)
+    hbs = []
+    for g in range(len(hgroups)):
+        hn = hgroups[g][1]
+        ws = None
+        if x_stage:
+            ws = nl.ndarray((TILE, hn, FH), dtype=x.dtype, buffer=nl.sbuf)
+        hbs.append((nl.ndarray((TILE, hn, FH), dtype=mm_dtype, buffer=nl.sbuf), ws, tmh,
+                    nl.ndarray((TILE, hn, H), dtype=nl.float32, buffer=nl.sbuf),
+                    nl.ndarray((TILE, hn, H), dtype=nl.float32, buffer=nl.sbuf), None))
+    zhalo = nl.ndarray((TILE, max(1, dim // TILE), H), dtype=mm_dtype, buffer=nl.sbuf)
+    nisa.memset(dst=zhalo, value=0.0)
+    hots = []
+    for i in range(2):
+        hots.append(nl.ndarray((TILE, TILE), dtype=x.dtype, buffer=nl.sbuf))
+    hrot = _rotation(banks, hots, accs)
+    # staging for the full tiles' state rows (pool dtype, float32) and the new state
+    srows = (nl.ndarray((TILE, TILE * H), dtype=pool.dtype, buffer=nl.sbuf),
+             nl.ndarray((TILE, TILE * H), dtype=nl.float32, buffer=nl.sbuf),
+             nl.ndarray((TILE, max(1, dim // TILE), H), dtype=nl.float32, buffer=nl.sbuf))
+    hctx = (x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, hgroups, W, act_op, hrot,
+            zhalo, srows)
+    for s in nl.dynamic_range(live):
+        _head_sequence(hctx, s)
+    return y

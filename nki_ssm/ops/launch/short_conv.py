@@ -1,11 +1,12 @@
 """Launcher of the short causal conv1d kernels (``nki_ssm.kernels.short_conv``).
 
-Host side only arranges layouts: for prefill the pool is passed as a
-``[slots * dim, W-1]`` view (one channel per row, so the kernel gathers and
-scatters a sequence's state with one ``vector_offset`` row per partition),
-the slot numbers become int32 row tables ``[num_seqs, 128]``, the batch
-layout becomes compile-time tuples, and the matmul precision flags are
-chosen from the dtypes; for decode the pool is a ``[slots * R, (dim / R) *
+Host side only arranges layouts and run-time tables, each a few vectorised
+array ops a torch path runs on device (named in ``prefill_tables`` /
+``decode_tables``): for prefill x is padded to the token bucket and the batch
+(cu_seqlens, state_indices, has_initial_state) becomes the int32 / uint32
+tables of the kernel's design note, padded to the sequence bucket, so the
+kernel compiles once per (bucket, layer shape); the matmul precision flags are
+chosen from the dtypes. For decode the pool is a ``[slots * R, (dim / R) *
 (W-1)]`` view with one row per (sequence, channel block). All gathers and
 scatters happen inside the kernels; the pool is updated in place.
 """
@@ -23,22 +24,6 @@ def _run(kernel, *args, backend):
     from nki_ssm import backend as _backend
 
     return _backend.run(kernel, *args, backend=backend)
-
-
-def _pool_rows(conv_states: np.ndarray) -> np.ndarray:
-    """``[slots * dim, W-1]`` view of the pool (a copy only if the pool is not C-contiguous)."""
-    slots, dim, h = conv_states.shape
-    if slots * dim > _INT32_MAX:
-        raise ValueError(f"conv_states must have slots * dim <= {_INT32_MAX} (int32 row "
-                         f"indices), got {slots} * {dim} = {slots * dim}")
-    return conv_states.reshape(slots * dim, h)
-
-
-def _row_table(slot: np.ndarray, use: np.ndarray, dim: int, oob: int) -> np.ndarray:
-    """int32 ``[num_seqs, 128]``: pool row ``slot * dim + p`` of partition p where ``use``,
-    else ``oob`` (the kernel adds each channel group's first channel as a constant)."""
-    rows = slot.astype(np.int64)[:, None] * dim + np.arange(128, dtype=np.int64)[None, :]
-    return np.where(use[:, None], rows, oob).astype(np.int32)
 
 
 def _needs_split(a) -> bool:
@@ -63,39 +48,131 @@ def _precision_flags(x, weight, bias, conv_states):
     return mm_fp32, x_stage, w_split, b_split
 
 
+def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_bucket: int,
+                   num_seqs_bucket: int, W: int, dim: int):
+    """The run-time batch tables of ``short_conv_prefill_kernel`` (layouts in its module
+    docstring) for a batch padded to the buckets.
+
+    Returns (win_base, seq_rows, seq_yrows, seq_info, counts). Every step is a
+    vectorised array op with a torch equivalent that runs on device (no per-sequence
+    host loop):
+
+    - ``win_base [128, NI]`` (a function of the bucket only): ``arange`` broadcast adds,
+      the window row offsets ``j * 128 + p - M`` (float32: the kernel adds each chunk's
+      start on VectorE and clamps into the bucket);
+    - ``live = idx >= 0``; ``perm = argsort(~live, stable)`` (torch.argsort(stable=True):
+      live sequences first, in order); ``num_live = live.sum()``;
+    - ``start, end = cu[:-1][perm], cu[1:][perm]`` (index_select); ``length = end - start``;
+    - head / tail rows: broadcast adds of ``arange(NH)`` to start and end - NH, ``clip``;
+    - y rows (y as 128-channel rows, ``nt = ceil(dim / 128)`` per token) of the first H
+      tokens per channel tile j: ``where(arange(H) < length, start + arange(H), NB +
+      arange(H)) * nt + j`` (scratch rows past the bucket; broadcast ops and one
+      scatter into the [SB, columns, 128] layout the kernel reads);
+    - seq_info: slot (``where(live, idx, 0)``), ``has_initial_state & live``, one-hot of
+      ``minimum(length, H)`` (``eq`` with ``arange(H + 1)``), its negation, stacked;
+    - counts: with ``pairs = ceil(ceil(num_tokens / CHUNK) / 2)`` chunk pairs,
+      ``max(pairs - 1, 0)`` (the stream loop; the last pair is peeled), num_live and
+      ``pairs >= 1`` (integer ops on scalars of ``cu[-1]`` and num_live).
+    """
+    from nki_ssm.kernels.short_conv.prefill import TILE, _chunk_tokens, _index_columns, _margin
+
+    NB, SB, H = int(num_tokens_bucket), int(num_seqs_bucket), W - 1
+    M = _margin(H)
+    NH = M
+    CH = _chunk_tokens(NB)
+    NI = _index_columns(M + CH)
+    # window column j * 128 + p of a chunk starting at t0 holds token t0 - M + j * 128 + p
+    win_base = (np.arange(NI)[None, :] * TILE + np.arange(TILE)[:, None] - M)
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    idx = np.asarray(state_indices, dtype=np.int64)
+    init = np.asarray(has_initial_state, dtype=bool)
+    S = idx.shape[0]
+    live = np.zeros(SB, dtype=bool)
+    live[:S] = idx >= 0
+    seq_start = np.full(SB, cu[-1], dtype=np.int64)
+    seq_end = np.full(SB, cu[-1], dtype=np.int64)
+    seq_start[:S], seq_end[:S] = cu[:-1], cu[1:]
+    slot = np.zeros(SB, dtype=np.int64)
+    slot[:S] = np.where(idx >= 0, idx, 0)
+    has_init = np.zeros(SB, dtype=bool)
+    has_init[:S] = init & (idx >= 0)
+    perm = np.argsort(~live, kind="stable")
+    num_live = int(live.sum())
+    s0, s1 = seq_start[perm], seq_end[perm]
+    length = s1 - s0
+    k = np.arange(NH)[None, :]
+    head = np.clip(s0[:, None] + k, 0, NB - 1)
+    tail = np.clip(s1[:, None] - NH + k, 0, NB - 1)
+    seq_rows = np.concatenate([head, tail], axis=1)[:, :, None]
+    kh = np.arange(H)[None, :]
+    y_row = np.where(kh < length[:, None], s0[:, None] + kh, NB + kh)          # [SB, H]
+    # y rows (y as 128-channel rows, nt per token) of token k, tile j: row_k * nt + j, in
+    # columns of 128 // H tiles (row (j % tb) * H + k of column j // tb), the partial
+    # tile (if any) in its own last column
+    nt = -(-dim // TILE)
+    nfull = dim // TILE
+    tb = TILE // H
+    nb_full = -(-nfull // tb)
+    ncol = nb_full + (1 if dim % TILE else 0)
+    seq_yrows = np.zeros((SB, ncol, TILE), dtype=np.int64)
+    j = np.arange(nfull)
+    pos = (j % tb)[:, None] * H + np.arange(H)[None, :]              # [nfull, H]
+    seq_yrows[:, j[:, None] // tb, pos] = y_row[:, None, :] * nt + j[None, :, None]
+    if dim % TILE:
+        seq_yrows[:, nb_full, :H] = y_row * nt + nfull
+    case = (np.minimum(length, H)[:, None] == np.arange(H + 1)[None, :])
+    seq_info = np.concatenate([slot[perm][:, None], has_init[perm][:, None], case,
+                               ~has_init[perm][:, None]], axis=1)
+    n_real = -(-int(cu[-1]) // CH)
+    pairs = (n_real + 1) // 2
+    counts = np.array([[max(pairs - 1, 0), num_live, int(pairs >= 1)]], dtype=np.int64)
+    f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)  # noqa: E731
+    u32 = lambda a: np.ascontiguousarray(a, dtype=np.uint32)  # noqa: E731
+    i32 = lambda a: np.ascontiguousarray(a, dtype=np.int32)  # noqa: E731
+    return (f32(win_base), u32(seq_rows), i32(seq_yrows), i32(seq_info), i32(counts))
+
+
 def _prefill_launch(x, weight, bias, activation, cu_seqlens, conv_states, state_indices,
                     has_initial_state, backend):
-    from nki_ssm.kernels.short_conv.prefill import short_conv_prefill_kernel
+    from nki_ssm.kernels.short_conv.prefill import MAX_HALO, short_conv_prefill_kernel
+    from nki_ssm.ops.launch.buckets import seq_bucket, token_bucket
 
     num_tokens, dim = x.shape
-    slots = conv_states.shape[0]
-    idx = np.asarray(state_indices, dtype=np.int64)
-    live = idx >= 0
-    oob = slots * dim                      # first row past the pool: gather skips it
-    gather_rows = _row_table(idx, live & np.asarray(has_initial_state, dtype=bool), dim, oob)
-    scatter_rows = _row_table(idx, live, dim, oob)
-    cu = [int(v) for v in np.asarray(cu_seqlens)]
-    segments = tuple((cu[s], cu[s + 1]) for s in range(len(cu) - 1))
-    live_t = tuple(bool(v) for v in live)
-    rows = _pool_rows(conv_states)
-    xk = x
-    if num_tokens == 0:
-        # the kernel needs a non-empty y; empty sequences still write their states
-        xk = np.zeros((1, dim), dtype=x.dtype)
+    slots, _, h = conv_states.shape
+    if h > MAX_HALO:
+        raise ValueError(f"weight must have W - 1 <= {MAX_HALO} taps of history for the prefill "
+                         f"kernel, got W = {h + 1}")
+    if slots * dim * h > _INT32_MAX:
+        raise ValueError(f"conv_states must have slots * dim * (W-1) <= {_INT32_MAX} (int32 "
+                         f"element offsets), got {slots} * {dim} * {h}")
+    NB = token_bucket(num_tokens)
+    num_seqs = len(state_indices)
+    SB = seq_bucket(num_seqs)
+    tables = prefill_tables(cu_seqlens, state_indices, has_initial_state, NB, SB, h + 1, dim)
+    # padding tokens (zeros) up to the bucket: they belong to no sequence
+    xk = np.zeros((NB, dim), dtype=x.dtype)
+    xk[:num_tokens] = x
+    # the pool as its [slots, dim * (W-1)] row view (one slot's state per row)
+    pool = np.ascontiguousarray(conv_states).reshape(slots, dim * h)
     flags = _precision_flags(x, weight, bias, conv_states)
-    y = _run(short_conv_prefill_kernel, np.ascontiguousarray(xk), np.ascontiguousarray(weight),
-             None if bias is None else np.ascontiguousarray(bias), rows, gather_rows,
-             scatter_rows, segments, live_t, "silu" if activation == "silu" else "none",
-             bias is not None, *flags, backend=backend)
-    if not np.shares_memory(rows, conv_states):
-        conv_states[...] = rows.reshape(conv_states.shape)
-    y = np.asarray(y)
-    return y[:num_tokens] if num_tokens == 0 else y
+    y = _run(short_conv_prefill_kernel, xk, np.ascontiguousarray(weight),
+             None if bias is None else np.ascontiguousarray(bias), pool, *tables,
+             "silu" if activation == "silu" else "none", bias is not None, *flags,
+             backend=backend)
+    if not np.shares_memory(pool, conv_states):
+        conv_states[...] = pool.reshape(conv_states.shape)
+    # tokens of padding sequences are zero (torch.repeat_interleave + where on device)
+    lengths = np.diff(np.asarray(cu_seqlens, dtype=np.int64))
+    token_live = np.repeat(np.asarray(state_indices) >= 0, lengths)
+    nt = -(-dim // 128)
+    y = np.asarray(y).reshape(-1, nt * 128)[:num_tokens, :dim]
+    return np.where(token_live[:, None], y, np.zeros((), dtype=x.dtype))
 
 
 def prefill(*, x, weight, bias, activation, cu_seqlens, conv_states, state_indices,
             has_initial_state, backend):
-    """Run the prefill kernel: y ``[num_tokens, dim]`` in x's dtype; ``conv_states`` updated in place."""
+    """Run the prefill kernel: y ``[num_tokens, dim]`` in x's dtype; ``conv_states`` updated
+    in place (by the kernel's own writes when it is C-contiguous)."""
     return _prefill_launch(x, weight, bias, activation, cu_seqlens, conv_states,
                            state_indices, has_initial_state, backend)
 

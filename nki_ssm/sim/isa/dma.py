@@ -29,9 +29,9 @@ def _check_index(inst, arg, ind, P):
     C.tile(inst, f"{arg} {ind.kind}_offset", idx, ("sbuf",), quadrant=False)
     if idx.dtype.name not in ("int32", "uint32"):
         C.fail(inst, f"{arg} {ind.kind}_offset must be int32 or uint32, got {idx.dtype}")
-    if ind.kind == "vector" and idx.shape[0] != P:
-        C.fail(inst, f"{arg} vector_offset must have {P} rows (one index per partition of the "
-                     f"access), got shape {tuple(idx.shape)}")
+    if ind.kind == "vector" and tuple(idx.shape) != (P, 1):
+        C.fail(inst, f"{arg} vector_offset must have shape ({P}, 1) (one index per partition of "
+                     f"the access), got shape {tuple(idx.shape)}")
 
 
 def _valid_rows(inst, arg, t, oob):
@@ -201,6 +201,71 @@ def _check_transpose_alignment(inst, dst):
                          f"transpose writes must start on a {DMA_TRANSPOSE_ALIGN}-byte boundary")
 
 
+def _check_gather_transpose(inst, src, dst, dge_mode, tgt):
+    """The documented constraints of the indirect (gather) transpose.
+
+    Source: NKI API page nki.isa.dma_transpose, "DMA Indirect Transpose
+    Constraints" (aws-neuron-sdk nki/api/nki/isa/__init__.py, SDK 2.28 through
+    2.32), restated in the DGE deep dive (nki/deep-dives/nki-dge.rst, swdge):
+    dge_mode unknown or swdge (lowered to a software-DGE dma_gather_transpose);
+    4-D src needs src.shape[1] or src.shape[2] == 1; src.shape[-1] <= 128;
+    2-byte dtype; src on HBM; indices 2-D, uint32, in SBUF;
+    indices.shape[0] * indices.shape[1] >= src.shape[0]; src.shape[0] % 16 == 0;
+    indices.shape[0] in [16, 128] and a multiple of 16; indices.shape[0] == 128
+    when indices.shape[1] > 1; NeuronCore-v3 (trn2) or newer. The index is
+    ``vector_offset`` of ``src.ap(..., indirect_dim=0)`` (the page's examples;
+    nki-library attention_tkg.py passes a uint32 [128, 1] block table the same
+    way, with dge_mode.swdge).
+    """
+    ind = src.indirection
+    if ind.kind != "vector":
+        # The API page's direct form is static and its indirect form is the vector_offset
+        # gather. nki-library works around "dynamic access not supported by dma_transpose"
+        # (issue NKI-415, core/mlp/mlp_tkg/mlp_tkg_gate_up_projection.py: dma_copy + PE
+        # transpose for scalar_offset views) although nki-dge.rst's table lists
+        # scalar_offset transposes as "Any mode": we follow the library's hardware report.
+        C.fail(inst, "scalar_offset (dynamic start) transposes are not supported (nki-library "
+                     "NKI-415 workaround: dma_copy + TensorE transpose); a dynamic transpose is "
+                     "the vector_offset gather form")
+    if _indirect(dst) is not None:
+        C.fail(inst, "dst must be a static SBUF view; only src may be indirect (gather transpose)")
+    if dge_mode not in (_dge.unknown, _dge.swdge):
+        C.fail(inst, f"dge_mode must be unknown or swdge for an indirect (gather) transpose, "
+                     f"got {dge_mode}")
+    if tgt.nc_version < 3:
+        C.fail(inst, f"indirect (gather) transpose needs NeuronCore-v3 (trn2) or newer, target "
+                     f"is {tgt.name}")
+    if src.storage.buffer != "hbm":
+        C.fail(inst, "indirect transpose src must be on HBM")
+    if src.dtype.itemsize != 2:
+        C.fail(inst, f"indirect transpose src.dtype must be 2 bytes, got {src.dtype}")
+    if src.shape[-1] > 128:
+        C.fail(inst, f"indirect transpose needs src.shape[-1] <= 128, got {tuple(src.shape)}")
+    if src.shape[0] % 16:
+        C.fail(inst, f"indirect transpose needs src.shape[0] divisible by 16, got "
+                     f"{tuple(src.shape)}")
+    if len(src.shape) == 4 and src.shape[1] != 1 and src.shape[2] != 1:
+        C.fail(inst, f"indirect transpose of a 4-D src needs src.shape[1] or src.shape[2] == 1, "
+                     f"got {tuple(src.shape)}")
+    idx = ind.index
+    if len(idx.shape) != 2:
+        C.fail(inst, f"indirect transpose indices must be 2-D, got shape {tuple(idx.shape)}")
+    if idx.dtype.name != "uint32":
+        C.fail(inst, f"indirect transpose indices must be uint32, got {idx.dtype}")
+    if idx.storage.buffer != "sbuf":
+        C.fail(inst, "indirect transpose indices must be in SBUF")
+    pi, nc = idx.shape
+    if not (16 <= pi <= 128 and pi % 16 == 0):
+        C.fail(inst, f"indirect transpose indices.shape[0] must be in [16, 128] and divisible by "
+                     f"16, got {tuple(idx.shape)}")
+    if nc > 1 and pi != 128:
+        C.fail(inst, f"indirect transpose indices.shape[0] must be 128 when indices.shape[1] > 1, "
+                     f"got {tuple(idx.shape)}")
+    if pi * nc < src.shape[0]:
+        C.fail(inst, f"indirect transpose needs indices.shape[0] * indices.shape[1] >= "
+                     f"src.shape[0] = {src.shape[0]}, got {tuple(idx.shape)}")
+
+
 def dma_transpose(dst, src, axes=None, priority=None, dge_mode=_dge.unknown,
                   oob_mode=_oob.error, name=None):
     """``dst = src.transpose(axes)`` by DMA: 2-D (1,0), 3-D (2,1,0), 4-D (3,1,2,0).
@@ -209,7 +274,13 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=_dge.unknown,
     to the transposed ``src.shape`` (NKI 0.4.0+), ``dst`` 32-byte aligned (see
     DMA_TRANSPOSE_ALIGN). ``hwdge`` adds (NKI 0.5.0): 2-byte dtype,
     ``src.shape[0] == 16``, ``src.shape[-1] == 128``.
-    The indirect (gather-transpose, swdge) form is not simulated.
+
+    Indirect (gather) transpose: ``src = hbm.ap(pattern, vector_offset=indices,
+    indirect_dim=0)`` with uint32 ``indices [Pi, N]`` in SBUF gathers src row
+    ``r`` from base row ``indices.T.flatten()[r]`` and transposes the gathered
+    rows (constraints in ``_check_gather_transpose``). Out-of-bounds indices
+    raise, or with ``oob_mode.skip`` leave the destination elements of that row
+    untouched. A ``scalar_offset`` (dynamic start) transpose is rejected.
     """
     inst = "dma_transpose"
     C.check_name(inst, name)
@@ -220,10 +291,16 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=_dge.unknown,
     tgt = C.target()
     if priority is not None and tgt.nc_version < 4:
         C.fail(inst, f"priority is NeuronCore-v4 (trn3) only, target is {tgt.name}")
-    if _indirect(src) is not None or _indirect(dst) is not None:
-        C.fail(inst, "indirect (scalar/vector offset) transpose is not implemented by this simulator")
-    if dge_mode not in (_dge.unknown, _dge.hwdge):
+    indirect = _indirect(src) is not None or _indirect(dst) is not None
+    if indirect:
+        if _indirect(src) is None:
+            C.fail(inst, "dst must be a static SBUF view; only src may be indirect (gather transpose)")
+        _check_gather_transpose(inst, src, dst, dge_mode, tgt)
+    elif dge_mode not in (_dge.unknown, _dge.hwdge):
         C.fail(inst, f"dge_mode must be unknown or hwdge for a direct transpose, got {dge_mode}")
+    elif oob_mode is not _oob.error:
+        # API page: oob_mode.skip "Only valid when src uses indirect indexing"
+        C.fail(inst, "oob_mode.skip is only valid when src uses indirect indexing")
     if src.dtype.np != dst.dtype.np or src.dtype.name != dst.dtype.name:
         C.fail(inst, f"src.dtype must equal dst.dtype, got src {src.dtype} and dst {dst.dtype}")
     nd = len(src.shape)
@@ -252,12 +329,24 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=_dge.unknown,
             C.fail(inst, f"dge_mode=hwdge transpose needs src.shape[-1] == 128 on NKI 0.5.0, got "
                          f"{tuple(src.shape)}")
     _check_transpose_alignment(inst, dst)
-    vals = src.read().transpose(perm)
-    dst.write(np.ascontiguousarray(vals))
+    if indirect:
+        valid = _valid_rows(inst, "src", src, oob_mode)
+        vals = src.storage.flat(src.dtype.np)[src.elements(clamp_oob=True)]
+        if not valid.all():
+            # skipped rows keep dst's values: row r of src is dst[..., r]
+            cur = dst.read().transpose(np.argsort(perm))
+            vals = np.where(valid.reshape((-1,) + (1,) * (nd - 1)), vals, cur)
+        dst.write(np.ascontiguousarray(vals.transpose(perm)))
+    else:
+        vals = src.read().transpose(perm)
+        dst.write(np.ascontiguousarray(vals))
     parts = dst.shape[0]
     nb = _nbytes(dst)
-    return C.emit(inst, "dma", name, reads=[src], writes=[dst], num_partitions=parts,
+    reads = [src] + ([src.indirection.index] if indirect else [])
+    return C.emit(inst, "dma", name, reads=reads, writes=[dst], num_partitions=parts,
                   free=dst.elements_per_partition, num_inputs=1, nbytes=nb,
                   attrs={"partitions": parts, "bytes_per_partition": nb // max(parts, 1),
-                         "dge_mode": dge_mode.name, "indirect": False, "transpose": True},
+                         # the gather form is lowered to software DGE (dma_gather_transpose)
+                         "dge_mode": "swdge" if indirect else dge_mode.name,
+                         "indirect": indirect, "transpose": True},
                   operands={"dst": dst, "src": src})
