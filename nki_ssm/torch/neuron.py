@@ -32,8 +32,6 @@ needs a trn instance with the Neuron SDK (tests marked ``trn``).
 """
 from __future__ import annotations
 
-import math
-
 import ml_dtypes
 import numpy as np
 import torch
@@ -44,11 +42,8 @@ from nki_ssm.ops import short_conv as _conv_host
 from nki_ssm.ops.launch import gated_delta as _gdn_launch
 from nki_ssm.ops.launch import mamba2_ssd as _ssd_launch
 from nki_ssm.ops.launch import short_conv as _conv_launch
-from nki_ssm.ops.launch.buckets import seq_bucket
 from nki_ssm.torch._device_arrays import TorchArrays
 
-_PMAX = 128
-_INT32_MAX = np.iinfo(np.int32).max
 _NP_DTYPE = {torch.float32: np.dtype(np.float32), torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
              torch.float16: np.dtype(np.float16), torch.float64: np.dtype(np.float64)}
 _INDEX_ARGS = ("cu_seqlens", "state_indices", "has_initial_state")
@@ -95,68 +90,6 @@ def _validate(validator, args: dict, **extra) -> dict:
     return validator(**host, **extra)
 
 
-def _device(table, like: torch.Tensor):
-    return torch.as_tensor(np.ascontiguousarray(table), device=like.device)
-
-
-def _rows_view(pool: torch.Tensor, rows: int, cols: int):
-    """(view handed to the kernel, the pool tensor to copy back into or None).
-
-    A contiguous pool is viewed in place (the kernel writes the caller's tensor);
-    a strided one is staged through a contiguous device copy."""
-    if rows > _INT32_MAX:
-        raise ValueError(f"pool rows {rows} exceed int32 row indices ({_INT32_MAX})")
-    if pool.is_contiguous():
-        return pool.view(rows, cols), None
-    return pool.contiguous().view(rows, cols), pool
-
-
-def _commit(view: torch.Tensor, strided) -> None:
-    if strided is not None:
-        strided.copy_(view.view(strided.shape))
-
-
-def _launch(validator, build, args: dict):
-    """Validate, build the kernel's arguments, call the device, commit a staged pool
-    -> (the op's arguments, the build's host values for the way back, the kernel's output)."""
-    t = dict(args)
-    kw = _validate(validator, args)
-    kernel, kernel_args, pool_view, strided, back = build(t, kw)
-    out = device_call(kernel, *kernel_args)
-    _commit(pool_view, strided)
-    return t, back, out
-
-
-def _f32(t):
-    return None if t is None else t.to(torch.float32)
-
-
-def _needs_split(t) -> bool:
-    """float32 values bfloat16 does not hold exactly (the launchers' host check, on device)."""
-    if t is None or t.dtype != torch.float32:
-        return False
-    return not torch.equal(t.to(torch.bfloat16).to(torch.float32), t)
-
-
-def _tok2d(t, num_tokens: int, width: int, dtype=None):
-    """``[num_tokens, width]`` (one zero row when there are no tokens: kernels need a row)."""
-    if t is None:
-        return None
-    t = t.reshape(num_tokens, width)
-    if dtype is not None:
-        t = t.to(dtype)
-    if num_tokens == 0:
-        t = t.new_zeros((1, width))
-    return t.contiguous()
-
-
-def _batch(kw):
-    idx = np.asarray(kw["state_indices"], dtype=np.int64)
-    cu = [int(v) for v in np.asarray(kw.get("cu_seqlens", []))]
-    seq_lens = tuple(cu[i + 1] - cu[i] for i in range(len(cu) - 1))
-    return idx, idx >= 0, seq_lens
-
-
 def _shared(validator, launcher_call, args: dict):
     """Validate, then run the launcher's own argument assembly ``launcher_call`` (the one the
     host path runs with NumPy) with torch ops on the caller's device and ``device_call``."""
@@ -166,86 +99,23 @@ def _shared(validator, launcher_call, args: dict):
     for name, value in kw.items():     # activations and pools: the caller's device tensors
         if name not in _INDEX_ARGS and isinstance(t.get(name), torch.Tensor):
             kw[name] = t[name]
+        elif name not in _INDEX_ARGS and isinstance(value, np.ndarray):
+            # a stand-in has no data: the launcher must never see one
+            raise AssertionError(f"validated {name!r} has no device tensor")
     return launcher_call(TorchArrays(like.device), lambda kernel, *a: device_call(kernel, *a),
                          **kw)
 
 
 # ------------------------------------------------------------------ short conv
 
-def _conv_prefill_args(t, kw):
-    from nki_ssm.kernels.short_conv.prefill import short_conv_prefill_kernel
-
-    x, weight, bias, pool = t["x"], t["weight"], t["bias"], t["conv_states"]
-    num_tokens, dim = x.shape
-    slots, _, h = pool.shape
-    idx, live, _ = _batch(kw)
-    oob = slots * dim
-    init = np.asarray(kw["has_initial_state"], dtype=bool)
-    cu = [int(v) for v in kw["cu_seqlens"]]
-    rows, strided = _rows_view(pool, slots * dim, h)
-    mm_fp32 = x.dtype == torch.float32 or pool.dtype == torch.float32
-    flags = (mm_fp32, mm_fp32 and x.dtype != torch.float32,
-             (not mm_fp32) and _needs_split(weight), (not mm_fp32) and _needs_split(bias))
-    args = (x.contiguous() if num_tokens else x.new_zeros((1, dim)), weight.contiguous(),
-            None if bias is None else bias.contiguous(), rows,
-            _device(_conv_launch._row_table(idx, live & init, dim, oob), x),
-            _device(_conv_launch._row_table(idx, live, dim, oob), x),
-            tuple((cu[s], cu[s + 1]) for s in range(len(cu) - 1)), tuple(bool(v) for v in live),
-            "silu" if kw["activation"] == "silu" else "none", bias is not None, *flags)
-    return short_conv_prefill_kernel, args, rows, strided, None
-
-
 def short_conv_prefill(**args):
     """``torch.ops.nki_ssm.short_conv_prefill`` on device tensors."""
-    t, _, y = _launch(_conv_host.validate_prefill, _conv_prefill_args, args)
-    return y[:0] if t["x"].shape[0] == 0 else y
-
-
-def _padded_indices(state_indices, num_seqs: int, bucket: int):
-    """``state_indices`` padded with -1 to the launcher's sequence bucket (host int64)."""
-    idx = np.full(bucket, -1, dtype=np.int64)
-    idx[:num_seqs] = np.asarray(state_indices, dtype=np.int64)
-    return idx
-
-
-def _conv_decode_args(t, kw):
-    from nki_ssm.kernels.short_conv.decode import short_conv_decode_kernel
-
-    x, weight, bias, pool = t["x"], t["weight"], t["bias"], t["conv_states"]
-    x3 = x[:, None, :] if x.dim() == 2 else x
-    num_seqs, T, dim = x3.shape
-    slots, _, h = pool.shape
-    bucket = seq_bucket(num_seqs)
-    R = _conv_launch._row_split(bucket, dim)
-    idx = _padded_indices(kw["state_indices"], num_seqs, bucket)
-    order, pos, pool_rows, num_groups = _conv_launch.decode_tables(idx, bucket, R)
-    G = pool_rows.shape[0]
-    Pn = order.shape[0] // G
-    # the compacted batch: positions past the caller's sequences mirror live ones
-    xk = x3.index_select(0, _device(np.minimum(order, num_seqs - 1), x)).reshape(G, Pn, T, dim)
-    flat, strided = _rows_view(pool, slots * R, (dim // R) * h)
-    taps = (R == 1 and x.dtype == torch.bfloat16 and pool.dtype == torch.bfloat16
-            and not _needs_split(weight) and not _needs_split(bias))
-    args = (xk.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous(),
-            flat, _device(pool_rows, x), _device(num_groups, x),
-            "silu" if kw["activation"] == "silu" else "none", bias is not None, R, bool(taps))
-    back = dict(at=pos[:num_seqs], live=idx[:num_seqs] >= 0, rows=G * Pn)
-    return short_conv_decode_kernel, args, flat, strided, back
-
-
-def _uncompact(out, back, like, tail: tuple):
-    """Rows of the compacted batch back in the caller's order, padding sequences zero."""
-    rows = out.reshape((back["rows"],) + tail).index_select(0, _device(back["at"], like))
-    live = _device(back["live"], like).reshape((-1,) + (1,) * len(tail))
-    return torch.where(live, rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
+    return _shared(_conv_host.validate_prefill, _conv_launch.prefill_call, args)
 
 
 def short_conv_decode(**args):
     """``torch.ops.nki_ssm.short_conv_decode`` on device tensors."""
-    t, back, y = _launch(_conv_host.validate_decode, _conv_decode_args, args)
-    x = t["x"]
-    y = _uncompact(y, back, x, (1 if x.dim() == 2 else x.shape[1], x.shape[-1]))
-    return y[:, 0, :] if x.dim() == 2 else y
+    return _shared(_conv_host.validate_decode, _conv_launch.decode_call, args)
 
 
 # ------------------------------------------------------------------ Mamba-2 SSD
