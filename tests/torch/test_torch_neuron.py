@@ -220,3 +220,23 @@ def test_on_a_neuron_device():
         want = _first(getattr(tops, op)(**cpu, backend="sim"))
         got = _first(getattr(tops, op)(**on_dev))
         torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
+
+
+def test_torch_layer_imports_no_kernels_and_namespaces_match():
+    """DESIGN.md's layering: nki_ssm/torch reaches kernels only through the launchers
+    (``<family>.prefill_kernel()`` ...), and the torch array namespace has exactly the
+    launchers' NumPy namespace's methods (a launcher using a new one fails here first)."""
+    import ast
+    import pathlib
+
+    from nki_ssm.ops.launch._arrays import NumpyArrays
+    from nki_ssm.torch._device_arrays import TorchArrays
+
+    root = pathlib.Path(neuron.__file__).parent
+    for path in sorted(root.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n.startswith("nki_ssm.kernels") for n in names), path.name
+    public = lambda cls: {n for n in vars(cls) if not n.startswith("_")}  # noqa: E731
+    assert public(TorchArrays) == public(NumpyArrays)

@@ -25,10 +25,8 @@ gather / scatter happens in the kernel:
 - the kernel's v-major output ``[V, num_seqs*T*HV]`` is transposed back and
   rounded once (RNE) to q's dtype.
 
-The layout work lives in ``prefill_call`` / ``decode_call``, written against
-the array namespace of ``_arrays`` and run by both the host path (NumPy,
-``prefill`` / ``decode``) and the torch device path (``nki_ssm.torch.neuron``,
-torch ops on the caller's device): one assembly, so the two cannot fork.
+The layout work lives in ``prefill_call`` / ``decode_call``, shared with the
+torch device path (package docstring).
 """
 from __future__ import annotations
 

@@ -24,10 +24,8 @@ compiled program per (bucket, layer shape, dtypes):
   per-row ``[pr, nt]`` tiles (decode); dt is widened to float32; tensors are
   flattened to 2-D (contiguous reshapes).
 
-The layout work lives in ``prefill_call`` / ``decode_call``, written against
-the array namespace of ``_arrays`` and run by both the host path (NumPy,
-``prefill`` / ``decode``) and the torch device path (``nki_ssm.torch.neuron``,
-torch ops on the caller's device): one assembly, so the two cannot fork.
+The layout work lives in ``prefill_call`` / ``decode_call``, shared with the
+torch device path (package docstring).
 """
 from __future__ import annotations
 

@@ -9,6 +9,9 @@ kernel compiles once per (bucket, layer shape); the matmul precision flags are
 chosen from the dtypes. For decode the pool is a ``[slots * R, (dim / R) *
 (W-1)]`` view with one row per (sequence, channel block). All gathers and
 scatters happen inside the kernels; the pool is updated in place.
+
+The layout work lives in ``prefill_call`` / ``decode_call``, shared with the
+torch device path (package docstring).
 """
 from __future__ import annotations
 
