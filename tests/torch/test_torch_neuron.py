@@ -177,16 +177,18 @@ def test_layouts_of_gated_delta_decode(device, monkeypatch):
     assert torch.equal(args[7], torch.as_tensor(num_iters))
 
 
-def test_strided_pool_is_staged_and_copied_back(device, monkeypatch):
+@pytest.mark.parametrize("op", OPS)
+def test_strided_pool_is_staged_and_copied_back(op, device, monkeypatch):
     monkeypatch.setenv("NKI_SSM_BACKEND", "sim")
-    kw = numpy_case("ssd_decode")
+    kw = numpy_case(op)
     tkw = to_torch(kw)
-    strided = tkw["ssm_states"].transpose(0, 1).contiguous().transpose(0, 1)
+    name = pool_name(kw)
+    strided = tkw[name].transpose(0, 1).contiguous().transpose(0, 1)
     assert not strided.is_contiguous()
-    tkw["ssm_states"] = strided
-    expected = host.ssd_decode(**kw, backend="sim")
-    np.testing.assert_array_equal(to_numpy(_call("ssd_decode", tkw)), expected)
-    np.testing.assert_array_equal(to_numpy(strided), kw["ssm_states"])
+    tkw[name] = strided
+    expected = getattr(host, op)(**kw, backend="sim")
+    np.testing.assert_array_equal(to_numpy(_first(_call(op, tkw))), _first(expected))
+    np.testing.assert_array_equal(to_numpy(strided), kw[name])
 
 
 @pytest.mark.parametrize("op", OPS)
