@@ -217,7 +217,7 @@ def write_report(out_dir, results: list[CaseResult], *, target: str, case_set: s
         met = sum(g.status == "met" for g in goal_rows)
         judged = sum(g.status in ("met", "not met") for g in goal_rows)
         md += ["## Goals", "",
-               f"The figures issues 5 and 6 are judged on, computed from this run: {met} of {judged} "
+               f"The figures issues 5, 6, 10 and 15 are judged on, computed from this run: {met} of {judged} "
                "goals met. Performance goals are stated for trn2, per NeuronCore.", "",
                goals_markdown(goal_rows), ""]
     md += ["## Results",
