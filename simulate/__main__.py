@@ -1,7 +1,7 @@
 """The main job: every op at model shapes, checked against float64, timed by the cost model.
 
     python -m simulate                      # default set, trn2, report in reports/<timestamp>
-    python -m simulate --set judged         # only the cases issues 5 and 6 are judged on
+    python -m simulate --set judged         # only the cases issues 5, 6 and 15 are judged on
     python -m simulate --target trn3 --model qwen3 --op gated_delta
     python -m simulate --full               # 16K / 64K tokens, 512-sequence decode, every shape
     python -m simulate --smoke --out /tmp/r # tiny shapes (seconds)

@@ -7,6 +7,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from simulate.report import json_default  # the main job's results.json schema and encoding
+
 SCHEMA = "nki_ssm.deploy.bench/1"
 
 
@@ -111,21 +113,8 @@ def write(out_dir, *, payload: dict) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.json"
-    path.write_text(json.dumps(payload, indent=1, default=_default))
+    path.write_text(json.dumps(payload, indent=1, default=json_default))
     return path
-
-
-def _default(o):
-    try:
-        import numpy as np
-
-        if isinstance(o, np.generic):
-            return o.item()
-        if isinstance(o, np.ndarray):
-            return o.tolist()
-    except ImportError:
-        pass
-    return str(o)
 
 
 def load(path) -> dict:

@@ -9,27 +9,28 @@ this module instead of the NumPy host API. Each op:
    copies of the small index tensors (``cu_seqlens``, ``state_indices``,
    ``has_initial_state``; a serving engine builds these on the host anyway);
    a rejected call has touched nothing;
-2. arranges the kernel's layouts with torch ops on the device (the same
-   layouts the NumPy launchers in ``nki_ssm.ops.launch`` build, whose small
-   index-table helpers it reuses on the host copies);
-3. hands the kernel the caller's pool as a row *view* (``pool.view(rows, cols)``),
-   so the kernel's in-place pool update is the caller's tensor (aliasing, no
-   write-back); a non-contiguous pool goes through a contiguous device copy
-   that is copied back with ``copy_`` (still no host round trip);
-4. calls ``device_call(kernel, *args)`` -- the one boundary with the device:
-   ``kernel(*args)``, i.e. ``nki.jit``'s PyTorch integration with XLA tensors;
-5. turns the kernel's output back into the op's layout and dtype with torch ops.
+2. runs the launcher's own argument assembly (``nki_ssm.ops.launch.<family>.
+   prefill_call`` / ``decode_call``, the very code the NumPy host path runs) with
+   ``TorchArrays`` (``_device_arrays``): the layouts are torch ops on the device,
+   the launcher picks the kernel, and the two paths cannot fork. The small int32
+   batch tables are built by the launcher from the host copies of step 1 and moved
+   to the device (why host-built: ``nki_ssm.ops.launch._arrays``); activations
+   never leave the device;
+3. the pool goes to the kernel as a *view* of the caller's tensor
+   (``pool.view(shape)``), so the kernel's in-place pool update is the caller's
+   tensor (aliasing, no write-back); a non-contiguous pool goes through a
+   contiguous device copy that is copied back with ``copy_`` (still no host round
+   trip);
+4. the launcher calls ``device_call(kernel, *args)`` -- the one boundary with the
+   device: ``kernel(*args)``, i.e. ``nki.jit``'s PyTorch integration with XLA
+   tensors -- and lays the output back with torch ops.
 
 ``device_call`` is what the CPU tests replace (they run the kernel on the
-simulator with NumPy views of the very tensors passed, and check what is
-passed, the layouts and the aliasing); the real run needs a trn instance with
-the Neuron SDK (tests marked ``trn``). The launchers are moving to runtime
-int32 tables; when a kernel's signature changes, the matching ``_<op>_args``
-here changes with it (docs/contracts.md, "Torch device path").
+simulator with NumPy views of the very tensors passed, and check that the
+arguments equal the host path's, the layouts and the aliasing); the real run
+needs a trn instance with the Neuron SDK (tests marked ``trn``).
 """
 from __future__ import annotations
-
-import math
 
 import ml_dtypes
 import numpy as np
@@ -41,10 +42,8 @@ from nki_ssm.ops import short_conv as _conv_host
 from nki_ssm.ops.launch import gated_delta as _gdn_launch
 from nki_ssm.ops.launch import mamba2_ssd as _ssd_launch
 from nki_ssm.ops.launch import short_conv as _conv_launch
-from nki_ssm.ops.launch.buckets import seq_bucket, token_bucket
+from nki_ssm.torch._device_arrays import TorchArrays
 
-_PMAX = 128
-_INT32_MAX = np.iinfo(np.int32).max
 _NP_DTYPE = {torch.float32: np.dtype(np.float32), torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
              torch.float16: np.dtype(np.float16), torch.float64: np.dtype(np.float64)}
 _INDEX_ARGS = ("cu_seqlens", "state_indices", "has_initial_state")
@@ -91,240 +90,44 @@ def _validate(validator, args: dict, **extra) -> dict:
     return validator(**host, **extra)
 
 
-def _device(table, like: torch.Tensor):
-    return torch.as_tensor(np.ascontiguousarray(table), device=like.device)
-
-
-def _rows_view(pool: torch.Tensor, rows: int, cols: int):
-    """(view handed to the kernel, the pool tensor to copy back into or None).
-
-    A contiguous pool is viewed in place (the kernel writes the caller's tensor);
-    a strided one is staged through a contiguous device copy."""
-    if rows > _INT32_MAX:
-        raise ValueError(f"pool rows {rows} exceed int32 row indices ({_INT32_MAX})")
-    if pool.is_contiguous():
-        return pool.view(rows, cols), None
-    return pool.contiguous().view(rows, cols), pool
-
-
-def _commit(view: torch.Tensor, strided) -> None:
-    if strided is not None:
-        strided.copy_(view.view(strided.shape))
-
-
-def _launch(validator, build, args: dict):
-    """Validate, build the kernel's arguments, call the device, commit a staged pool
-    -> (the op's arguments, the build's host values for the way back, the kernel's output)."""
+def _shared(validator, launcher_call, args: dict):
+    """Validate, then run the launcher's own argument assembly ``launcher_call`` (the one the
+    host path runs with NumPy) with torch ops on the caller's device and ``device_call``."""
     t = dict(args)
     kw = _validate(validator, args)
-    kernel, kernel_args, pool_view, strided, back = build(t, kw)
-    out = device_call(kernel, *kernel_args)
-    _commit(pool_view, strided)
-    return t, back, out
-
-
-def _f32(t):
-    return None if t is None else t.to(torch.float32)
-
-
-def _needs_split(t) -> bool:
-    """float32 values bfloat16 does not hold exactly (the launchers' host check, on device)."""
-    if t is None or t.dtype != torch.float32:
-        return False
-    return not torch.equal(t.to(torch.bfloat16).to(torch.float32), t)
-
-
-def _tok2d(t, num_tokens: int, width: int, dtype=None):
-    """``[num_tokens, width]`` (one zero row when there are no tokens: kernels need a row)."""
-    if t is None:
-        return None
-    t = t.reshape(num_tokens, width)
-    if dtype is not None:
-        t = t.to(dtype)
-    if num_tokens == 0:
-        t = t.new_zeros((1, width))
-    return t.contiguous()
-
-
-def _batch(kw):
-    idx = np.asarray(kw["state_indices"], dtype=np.int64)
-    cu = [int(v) for v in np.asarray(kw.get("cu_seqlens", []))]
-    seq_lens = tuple(cu[i + 1] - cu[i] for i in range(len(cu) - 1))
-    return idx, idx >= 0, seq_lens
+    like = next(v for v in t.values() if isinstance(v, torch.Tensor))
+    for name, value in kw.items():     # activations and pools: the caller's device tensors
+        if name not in _INDEX_ARGS and isinstance(t.get(name), torch.Tensor):
+            kw[name] = t[name]
+        elif name not in _INDEX_ARGS and isinstance(value, np.ndarray):
+            # a stand-in has no data: the launcher must never see one
+            raise AssertionError(f"validated {name!r} has no device tensor")
+    return launcher_call(TorchArrays(like.device), lambda kernel, *a: device_call(kernel, *a),
+                         **kw)
 
 
 # ------------------------------------------------------------------ short conv
 
-def _conv_prefill_args(t, kw):
-    from nki_ssm.kernels.short_conv.prefill import short_conv_prefill_kernel
-
-    x, weight, bias, pool = t["x"], t["weight"], t["bias"], t["conv_states"]
-    num_tokens, dim = x.shape
-    slots, _, h = pool.shape
-    nb = token_bucket(num_tokens)
-    num_seqs = len(kw["state_indices"])
-    # the launcher's run-time tables (batch padded to the token / sequence buckets)
-    tables = _conv_launch.prefill_tables(kw["cu_seqlens"], kw["state_indices"],
-                                         kw["has_initial_state"], nb, seq_bucket(num_seqs),
-                                         h + 1, dim)
-    xk = x.new_zeros((nb, dim))
-    xk[:num_tokens] = x
-    flat, strided = _rows_view(pool, slots, dim * h)
-    mm_fp32 = x.dtype == torch.float32 or pool.dtype == torch.float32
-    flags = (mm_fp32, mm_fp32 and x.dtype != torch.float32,
-             (not mm_fp32) and _needs_split(weight), (not mm_fp32) and _needs_split(bias))
-    args = (xk, weight.contiguous(), None if bias is None else bias.contiguous(),
-            flat) + tuple(_device(tb, x) for tb in tables) + (
-            "silu" if kw["activation"] == "silu" else "none", bias is not None, *flags)
-    lengths = np.diff(np.asarray(kw["cu_seqlens"], dtype=np.int64))
-    back = dict(live=np.repeat(np.asarray(kw["state_indices"]) >= 0, lengths), dim=dim)
-    return short_conv_prefill_kernel, args, flat, strided, back
-
-
 def short_conv_prefill(**args):
     """``torch.ops.nki_ssm.short_conv_prefill`` on device tensors."""
-    t, back, y = _launch(_conv_host.validate_prefill, _conv_prefill_args, args)
-    x = t["x"]
-    dim = back["dim"]
-    nt = -(-dim // 128)
-    # y comes as 128-channel rows; tokens of padding sequences are zero
-    y = y.reshape(-1, nt * 128)[:x.shape[0], :dim]
-    live = _device(back["live"], x).reshape(-1, 1)
-    return torch.where(live, y, torch.zeros((), dtype=y.dtype, device=y.device))
-
-
-def _padded_indices(state_indices, num_seqs: int, bucket: int):
-    """``state_indices`` padded with -1 to the launcher's sequence bucket (host int64)."""
-    idx = np.full(bucket, -1, dtype=np.int64)
-    idx[:num_seqs] = np.asarray(state_indices, dtype=np.int64)
-    return idx
-
-
-def _conv_decode_args(t, kw):
-    from nki_ssm.kernels.short_conv.decode import short_conv_decode_kernel
-
-    x, weight, bias, pool = t["x"], t["weight"], t["bias"], t["conv_states"]
-    x3 = x[:, None, :] if x.dim() == 2 else x
-    num_seqs, T, dim = x3.shape
-    slots, _, h = pool.shape
-    bucket = seq_bucket(num_seqs)
-    idx = _padded_indices(kw["state_indices"], num_seqs, bucket)
-    R, order, pos, rows_wide, rows_one, counts = _conv_launch.decode_plan(idx, bucket, dim)
-    # the compacted batch: positions past the caller's sequences mirror live ones
-    xk = x3.index_select(0, _device(np.minimum(order, num_seqs - 1), x))
-    flat, strided = _rows_view(pool, slots * R, (dim // R) * h)
-    taps = (x.dtype == torch.bfloat16 and pool.dtype == torch.bfloat16
-            and not _needs_split(weight) and not _needs_split(bias))
-    args = (xk.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous(),
-            flat, _device(rows_wide, x), _device(rows_one, x), _device(counts, x),
-            "silu" if kw["activation"] == "silu" else "none", bias is not None, R, bool(taps))
-    back = dict(at=pos[:num_seqs], live=idx[:num_seqs] >= 0, rows=bucket)
-    return short_conv_decode_kernel, args, flat, strided, back
-
-
-def _uncompact(out, back, like, tail: tuple):
-    """Rows of the compacted batch back in the caller's order, padding sequences zero."""
-    rows = out.reshape((back["rows"],) + tail).index_select(0, _device(back["at"], like))
-    live = _device(back["live"], like).reshape((-1,) + (1,) * len(tail))
-    return torch.where(live, rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
+    return _shared(_conv_host.validate_prefill, _conv_launch.prefill_call, args)
 
 
 def short_conv_decode(**args):
     """``torch.ops.nki_ssm.short_conv_decode`` on device tensors."""
-    t, back, y = _launch(_conv_host.validate_decode, _conv_decode_args, args)
-    x = t["x"]
-    y = _uncompact(y, back, x, (1 if x.dim() == 2 else x.shape[1], x.shape[-1]))
-    return y[:, 0, :] if x.dim() == 2 else y
+    return _shared(_conv_host.validate_decode, _conv_launch.decode_call, args)
 
 
 # ------------------------------------------------------------------ Mamba-2 SSD
 
-def _dt_limit(dt_limit):
-    lo, hi = (float(v) for v in dt_limit)
-    return lo, (hi if math.isfinite(hi) else math.inf)
-
-
-def _D_per_row(D, H, P):
-    d = D.to(torch.float32)
-    return d.repeat_interleave(P) if tuple(d.shape) == (H,) else d.reshape(H * P)
-
-
-def _ssd_prefill_args(t, kw):
-    from nki_ssm.kernels.mamba2_ssd.chunk import ssd_chunk_prefill
-
-    x, pool, D = t["x"], t["ssm_states"], t["D"]
-    T, H, P = x.shape
-    G, N = t["B"].shape[1:]
-    slots = pool.shape[0]
-    idx, live, seq_lens = _batch(kw)
-    pr, nt = _ssd_launch.decode_layout(H, P, 1)
-    oob = slots * pr
-    init = np.asarray(kw["has_initial_state"], dtype=bool)
-    wide = lambda v, n: v.to(torch.float32).expand(_PMAX, n).contiguous()  # noqa: E731
-    D_heads = wide(D, H) if D is not None and tuple(D.shape) == (H,) else None
-    D_row = wide(_D_per_row(D, H, P), H * P) if D is not None and D_heads is None else None
-    rows, strided = _rows_view(pool, slots * pr, nt * N)
-    lo, hi = _dt_limit(kw["dt_limit"])
-    args = (_tok2d(x, T, H * P), _tok2d(t["dt"], T, H, torch.float32), wide(t["A"], H),
-            _tok2d(t["B"], T, G * N), _tok2d(t["C"], T, G * N), D_heads, D_row,
-            _tok2d(t["z"], T, H * P),
-            None if t["dt_bias"] is None else wide(t["dt_bias"], H), rows,
-            _device(_ssd_launch._rows(idx, live & init, pr, pr, oob), x),
-            _device(_ssd_launch._rows(idx, live, pr, pr, oob), x),
-            seq_lens, tuple(bool(v) for v in live), int(H), int(N), bool(kw["dt_softplus"]),
-            lo, hi, int(kw["chunk_size"]), kw["precision"] == "fp32")
-    return ssd_chunk_prefill, args, rows, strided, None
-
-
 def ssd_prefill(**args):
     """``torch.ops.nki_ssm.ssd_prefill`` on device tensors."""
-    t, _, y = _launch(_ssd_host.validate_prefill, _ssd_prefill_args, args)
-    T, H, P = t["x"].shape
-    return y[:T].reshape(T, H, P) if T else t["x"].new_zeros((0, H, P))
-
-
-def _ssd_decode_args(t, kw):
-    from nki_ssm.kernels.mamba2_ssd.decode import ssd_decode_step
-
-    x, pool, B, C = t["x"], t["ssm_states"], t["B"], t["C"]
-    S = x.shape[0]
-    T = 1 if x.dim() == 3 else x.shape[1]
-    H, P = x.shape[-2:]
-    G, N = B.shape[-2:]
-    slots = pool.shape[0]
-    idx, live, _ = _batch(kw)
-    pr, nt = _ssd_launch.decode_layout(H, P, G)
-    group_of = (np.arange(pr) * nt) // ((H // G) * P)
-    sel = (group_of[None, :] == np.arange(G)[:, None])
-    n = S * T
-
-    def rows(a, lead):            # [..., H*P] -> [lead*pr, nt]
-        return a.to(torch.float32).reshape(lead * pr, nt)
-
-    def per_head(a, lead):        # [lead, H] -> per-row values [lead*pr, nt]
-        return rows(a.to(torch.float32).reshape(lead, H).repeat_interleave(P, dim=1), lead)
-
-    xdt = [rows(x, n), per_head(t["dt"], n)] + ([] if t["z"] is None else [rows(t["z"], n)])
-    params = [per_head(t["A"], 1)]
-    if t["dt_bias"] is not None:
-        params.append(per_head(t["dt_bias"], 1))
-    if t["D"] is not None:
-        params.append(rows(_D_per_row(t["D"], H, P), 1))
-    BC = torch.cat([B.reshape(n * G, N), C.reshape(n * G, N)], dim=1)
-    pool_view, strided = _rows_view(pool, slots * pr, nt * N)
-    lo, hi = _dt_limit(kw["dt_limit"])
-    args = (torch.cat(xdt, dim=1).contiguous(), torch.cat(params, dim=1).contiguous(),
-            BC.contiguous(), _device(sel, x).to(BC.dtype), pool_view,
-            _device(_ssd_launch._rows(idx, live, pr, pr, slots * pr), x),
-            tuple(bool(v) for v in live), int(T), t["z"] is not None,
-            t["dt_bias"] is not None, t["D"] is not None, bool(kw["dt_softplus"]), lo, hi)
-    return ssd_decode_step, args, pool_view, strided, None
+    return _shared(_ssd_host.validate_prefill, _ssd_launch.prefill_call, args)
 
 
 def ssd_decode(**args):
     """``torch.ops.nki_ssm.ssd_decode`` on device tensors."""
-    t, _, y = _launch(_ssd_host.validate_decode, _ssd_decode_args, args)
-    return y.to(torch.float32).reshape(t["x"].shape).to(t["x"].dtype)
+    return _shared(_ssd_host.validate_decode, _ssd_launch.decode_call, args)
 
 
 # ------------------------------------------------------------------ Gated DeltaNet
@@ -338,91 +141,14 @@ def _gdn_validator(validator):
     return call
 
 
-def _gdn_gates(t):
-    """(first, second, raw, head_params pieces) of the kernels' gate inputs."""
-    raw = t["g"] is None
-    first, second = (t["a"], t["b"]) if raw else (t["g"], t["beta"])
-    heads = torch.cat([_f32(t["A_log"]), _f32(t["dt_bias"])]) if raw else None
-    return first, second, raw, heads
-
-
-def _gdn_decode_args(t, kw):
-    from nki_ssm.kernels.gated_delta.decode import gdn_decode_step
-
-    q, k, v, pool = t["q"], t["k"], t["v"], t["ssm_states"]
-    S, T, H, K = q.shape
-    HV, V = v.shape[2:]
-    slots = pool.shape[0]
-    _gdn_launch._check_limits(K, V, HV)
-    bucket = seq_bucket(S)
-    idx = _padded_indices(kw["state_indices"], S, bucket)
-    order, pos, num_iters = _gdn_launch.decode_order(idx, bucket, T)
-    spi = _gdn_launch._positions_per_iteration(bucket, T)
-    n_pos = order.shape[0]
-    n_it = n_pos // spi
-    src = _device(np.minimum(order, S - 1), q)     # positions past the batch mirror live ones
-    qs, ks, vs = (a.index_select(0, src) for a in (q, k, v))
-    kq_cols = torch.stack([ks, qs], dim=-1).permute(3, 0, 1, 2, 4).reshape(K, n_it, -1)
-    # slot of each position, one row per iteration plus one (read one iteration ahead)
-    pool_slots = np.zeros((n_it + 1, spi), dtype=np.int32)
-    pool_slots[:n_it] = np.maximum(idx[order], 0).reshape(n_it, spi)
-    streams = _gdn_launch._STREAMS
-    n_batch = -(-spi // streams)
-    first_pos = np.arange(n_it * n_batch) * min(streams, spi)
-    batch_live = (first_pos < int((idx >= 0).sum())).astype(np.int32).reshape(n_it, n_batch)
-    first, second, raw, heads = _gdn_gates(t)
-    gate_rows = torch.stack([g.to(torch.float32).reshape(S, T * HV).index_select(0, src)
-                             for g in (first, second)]).reshape(2, n_it, spi * T * HV)
-    pool_view, strided = _rows_view(pool, slots, HV * K * V)
-    args = (kq_cols.contiguous(), ks.reshape(n_it, -1).contiguous(),
-            vs.permute(3, 0, 1, 2).reshape(V, n_it, -1).contiguous(), gate_rows.contiguous(),
-            None if heads is None else heads.reshape(1, 2 * HV).contiguous(), pool_view,
-            _device(pool_slots, q), _device(num_iters, q), _device(batch_live, q), int(T),
-            int(H), bool(raw), bool(kw["use_qk_l2norm"]), float(kw["scale"]),
-            bool(kw["return_intermediate_states"]))
-    back = dict(at=pos[:S], live=idx[:S] >= 0, rows=n_pos)
-    return gdn_decode_step, args, pool_view, strided, back
-
-
 def gated_delta_decode(**args):
     """``torch.ops.nki_ssm.gated_delta_decode`` on device tensors -> (o, intermediate or [0])."""
-    t, back, out = _launch(_gdn_validator(_gdn_host.validate_decode), _gdn_decode_args, args)
-    q, v, pool = t["q"], t["v"], t["ssm_states"]
-    T, _, K = q.shape[1:]
-    HV, V = v.shape[2:]
-    want_inter = t["return_intermediate_states"]
-    o_cols = (out[0] if want_inter else out).to(torch.float32)
-    o_rows = o_cols.reshape(V, back["rows"], T, HV).permute(1, 2, 3, 0)
-    o = _uncompact(o_rows, back, q, (T, HV, V)).to(q.dtype)
-    if want_inter:
-        return o, _uncompact(out[1], back, q, (T, HV, K, V)).to(pool.dtype)
-    return o, pool.new_empty((0,))
-
-
-def _gdn_prefill_args(t, kw):
-    from nki_ssm.kernels.gated_delta.chunk import gdn_chunk_prefill
-
-    q, k, v, pool = t["q"], t["k"], t["v"], t["ssm_states"]
-    T, H, K = q.shape
-    HV, V = v.shape[1:]
-    _gdn_launch._check_limits(K, V, HV)
-    slots = pool.shape[0]
-    idx, live, seq_lens = _batch(kw)
-    first, second, raw, heads = _gdn_gates(t)
-    pool_view, strided = _rows_view(pool, slots * HV * K, V)
-    init = tuple(bool(x) for x in np.asarray(kw["has_initial_state"]))
-    args = (_tok2d(q, T, H * K), _tok2d(k, T, H * K), _tok2d(v, T, HV * V),
-            _tok2d(first, T, HV, torch.float32), _tok2d(second, T, HV, torch.float32),
-            None if heads is None else heads.expand(_PMAX, 2 * HV).contiguous(), pool_view,
-            _device(_gdn_launch._pool_rows(idx, slots, HV, K), q), seq_lens,
-            tuple(bool(i) for i in live), init, int(H), bool(raw), bool(kw["use_qk_l2norm"]),
-            float(kw["scale"]), int(kw["chunk_size"]))
-    return gdn_chunk_prefill, args, pool_view, strided, None
+    out = _shared(_gdn_validator(_gdn_host.validate_decode), _gdn_launch.decode_call, args)
+    if args["return_intermediate_states"]:
+        return out
+    return out, args["ssm_states"].new_empty((0,))
 
 
 def gated_delta_prefill(**args):
     """``torch.ops.nki_ssm.gated_delta_prefill`` on device tensors."""
-    t, _, o = _launch(_gdn_validator(_gdn_host.validate_prefill), _gdn_prefill_args, args)
-    T = t["q"].shape[0]
-    HV, V = t["v"].shape[1:]
-    return o.to(torch.float32)[:T].reshape(T, HV, V).to(t["q"].dtype)
+    return _shared(_gdn_validator(_gdn_host.validate_prefill), _gdn_launch.prefill_call, args)

@@ -19,6 +19,7 @@ from torch_cases import OPS, numpy_case, pool_name, to_torch  # noqa: E402
 
 from nki_ssm import backend as nki_backend  # noqa: E402
 from nki_ssm import ops as host  # noqa: E402
+from nki_ssm.reference import inputs as gen  # noqa: E402
 from nki_ssm.torch import neuron  # noqa: E402
 from nki_ssm.torch._convert import from_numpy, to_numpy  # noqa: E402
 
@@ -85,6 +86,67 @@ def test_same_result_as_host_sim_path_and_pool_aliased(op, dtype, device, monkey
             assert a.is_contiguous()
 
 
+def _snapshot(args):
+    """Kernel arguments as NumPy copies (tensors through their NumPy views), taken before
+    the kernel runs (it updates the pool argument in place)."""
+    return [to_numpy(a).copy() if isinstance(a, torch.Tensor)
+            else a.copy() if isinstance(a, np.ndarray) else a for a in args]
+
+
+def _wide_ssd_case(**dtypes):
+    """ssd_prefill with P = 512 (the launcher runs it as P/2-channel heads) and D [H, P]."""
+    kw = gen.make_ssd_inputs(np.random.default_rng(2), seqlens=[3, 0, 18], H=2, P=512, N=16,
+                             padding=1, D="HP", z=True, **dtypes)
+    return dict(kw, chunk_size=16, precision="fp32")
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("op", OPS + ("ssd_prefill-P512",))
+def test_kernel_arguments_equal_the_launchers(op, dtype, monkeypatch):
+    """The device path hands the kernel exactly the arguments the NumPy launcher does
+    (same kernel, same count, each tensor the same dtype, shape and bytes, each Python
+    value equal and of the same type), so a launcher change that neuron.py does not
+    follow fails here even when the outputs happen to agree."""
+    monkeypatch.setenv("NKI_SSM_BACKEND", "sim")
+    dtypes = BF16 if dtype == "bf16" else {}
+    kw = _wide_ssd_case(**dtypes) if op.endswith("P512") else numpy_case(op, **dtypes)
+    op = op.split("-")[0]
+    if dtype == "bf16" and "weight" in kw:
+        kw["weight"] = kw["weight"].astype(np.float32) + np.float32(1e-3)
+    tkw = to_torch(kw)
+    real_run = nki_backend.run
+    host_calls, device_calls = [], []
+
+    def host_run(kernel, *args, **options):
+        host_calls.append((kernel, _snapshot(args)))
+        return real_run(kernel, *args, **options)
+
+    def device(kernel, *args):
+        device_calls.append((kernel, _snapshot(args)))
+        out = real_run(kernel, *[to_numpy(a) if isinstance(a, torch.Tensor) else a
+                                 for a in args], backend="sim")
+        if isinstance(out, (tuple, list)):
+            return tuple(from_numpy(np.asarray(o)) for o in out)
+        return from_numpy(np.asarray(out))
+
+    monkeypatch.setattr(nki_backend, "run", host_run)
+    expected = getattr(host, op)(**kw, backend="sim")
+    monkeypatch.setattr(neuron, "device_call", device)
+    np.testing.assert_array_equal(to_numpy(_first(_call(op, tkw))), _first(expected))
+    assert len(host_calls) == len(device_calls) == 1
+    (h_kernel, h_args), (d_kernel, d_args) = host_calls[0], device_calls[0]
+    assert d_kernel is h_kernel
+    assert len(d_args) == len(h_args)
+    for i, (h, d) in enumerate(zip(h_args, d_args)):
+        where = f"{op} kernel argument {i}"
+        if isinstance(h, np.ndarray) or isinstance(d, np.ndarray):
+            assert isinstance(h, np.ndarray) and isinstance(d, np.ndarray), where
+            assert (d.dtype, d.shape) == (h.dtype, h.shape), where
+            assert d.tobytes() == h.tobytes(), where
+        else:
+            assert type(d) is type(h) and d == h, (where, h, d)
+
+
 def test_layouts_of_gated_delta_decode(device, monkeypatch):
     from nki_ssm.ops.launch import gated_delta as launch
     from nki_ssm.ops.launch.buckets import seq_bucket
@@ -115,16 +177,18 @@ def test_layouts_of_gated_delta_decode(device, monkeypatch):
     assert torch.equal(args[7], torch.as_tensor(num_iters))
 
 
-def test_strided_pool_is_staged_and_copied_back(device, monkeypatch):
+@pytest.mark.parametrize("op", OPS)
+def test_strided_pool_is_staged_and_copied_back(op, device, monkeypatch):
     monkeypatch.setenv("NKI_SSM_BACKEND", "sim")
-    kw = numpy_case("ssd_decode")
+    kw = numpy_case(op)
     tkw = to_torch(kw)
-    strided = tkw["ssm_states"].transpose(0, 1).contiguous().transpose(0, 1)
+    name = pool_name(kw)
+    strided = tkw[name].transpose(0, 1).contiguous().transpose(0, 1)
     assert not strided.is_contiguous()
-    tkw["ssm_states"] = strided
-    expected = host.ssd_decode(**kw, backend="sim")
-    np.testing.assert_array_equal(to_numpy(_call("ssd_decode", tkw)), expected)
-    np.testing.assert_array_equal(to_numpy(strided), kw["ssm_states"])
+    tkw[name] = strided
+    expected = getattr(host, op)(**kw, backend="sim")
+    np.testing.assert_array_equal(to_numpy(_first(_call(op, tkw))), _first(expected))
+    np.testing.assert_array_equal(to_numpy(strided), kw[name])
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -158,3 +222,23 @@ def test_on_a_neuron_device():
         want = _first(getattr(tops, op)(**cpu, backend="sim"))
         got = _first(getattr(tops, op)(**on_dev))
         torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
+
+
+def test_torch_layer_imports_no_kernels_and_namespaces_match():
+    """DESIGN.md's layering: nki_ssm/torch reaches kernels only through the launchers
+    (``<family>.prefill_kernel()`` ...), and the torch array namespace has exactly the
+    launchers' NumPy namespace's methods (a launcher using a new one fails here first)."""
+    import ast
+    import pathlib
+
+    from nki_ssm.ops.launch._arrays import NumpyArrays
+    from nki_ssm.torch._device_arrays import TorchArrays
+
+    root = pathlib.Path(neuron.__file__).parent
+    for path in sorted(root.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n.startswith("nki_ssm.kernels") for n in names), path.name
+    public = lambda cls: {n for n in vars(cls) if not n.startswith("_")}  # noqa: E731
+    assert public(TorchArrays) == public(NumpyArrays)

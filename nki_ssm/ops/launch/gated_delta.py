@@ -24,10 +24,16 @@ gather / scatter happens in the kernel:
   instructions on the pool);
 - the kernel's v-major output ``[V, num_seqs*T*HV]`` is transposed back and
   rounded once (RNE) to q's dtype.
+
+The layout work lives in ``prefill_call`` / ``decode_call``, shared with the
+torch device path (package docstring).
 """
 from __future__ import annotations
 
 import numpy as np
+
+from nki_ssm.ops.launch._arrays import NUMPY
+from nki_ssm.ops.launch.buckets import seq_bucket, token_bucket
 
 _INT32_MAX = np.iinfo(np.int32).max
 _PMAX = 128
@@ -37,6 +43,25 @@ def _run(kernel, *args, backend):
     from nki_ssm import backend as _backend
 
     return _backend.run(kernel, *args, backend=backend)
+
+
+def _host_call(backend):
+    """``call(kernel, *args)`` of the host path: the kernel on ``backend``'s NKI."""
+    return lambda kernel, *args: _run(kernel, *args, backend=backend)
+
+
+def decode_kernel():
+    """The ``@nki.jit`` kernel ``decode_call`` launches."""
+    from nki_ssm.kernels.gated_delta.decode import gdn_decode_step
+
+    return gdn_decode_step
+
+
+def prefill_kernel():
+    """The ``@nki.jit`` kernel ``prefill_call`` launches."""
+    from nki_ssm.kernels.gated_delta.chunk import gdn_chunk_prefill
+
+    return gdn_chunk_prefill
 
 
 _GROUP = 16    # (sequence, token) pairs per decode loop iteration (inputs in one DMA each)
@@ -75,17 +100,17 @@ def decode_order(state_indices, num_seqs: int, T: int = 1):
     return order, pos, np.array([[-(-num_live // spi)]], dtype=np.int32)
 
 
-def decode_tables(q, k, v, state_indices, slots):
+def decode_tables(q, k, v, state_indices, slots, xp=NUMPY):
     """(kq_cols, k_rows, v_cols, pool_idx) of ``gdn_decode_step`` for the sequences in
     the order given, as 2-D tables (the launcher splits their columns / rows into
-    loop iterations; layouts in the kernel's docstring)."""
+    loop iterations; layouts in the kernel's docstring); ``xp``: the array namespace
+    (``_arrays``) q, k, v belong to (pool_idx is a host table)."""
     S, T, H, K = q.shape
     HV, V = v.shape[2:]
     _check_limits(K, V, HV)
-    kq = np.stack([np.asarray(k), np.asarray(q)], axis=-1)            # [S, T, H, K, 2]
-    kq_cols = np.ascontiguousarray(kq.transpose(3, 0, 1, 2, 4)).reshape(K, S * T * H * 2)
-    k_rows = np.ascontiguousarray(np.asarray(k).reshape(1, S * T * H * K))
-    v_cols = np.ascontiguousarray(np.asarray(v).transpose(3, 0, 1, 2)).reshape(V, S * T * HV)
+    kq_cols = xp.permute(xp.stack([k, q], axis=-1), (3, 0, 1, 2, 4)).reshape(K, S * T * H * 2)
+    k_rows = xp.contiguous(k).reshape(1, S * T * H * K)
+    v_cols = xp.permute(v, (3, 0, 1, 2)).reshape(V, S * T * HV)
     return kq_cols, k_rows, v_cols, _pool_rows(state_indices, slots, HV, K)
 
 
@@ -109,19 +134,26 @@ def _pool_rows(state_indices, slots, HV, K):
 
 def decode(*, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_qk_l2norm, ssm_states,
            state_indices, return_intermediate_states, backend):
-    """Launch ``gdn_decode_step``; returns o ``[num_seqs, T, HV, V]`` in q's dtype, or
-    ``(o, intermediate [num_seqs, T, HV, K, V])`` (pool dtype) with
+    """Launch ``gdn_decode_step`` on the host path (``decode_call`` with NumPy)."""
+    return decode_call(NUMPY, _host_call(backend), q=q, k=k, v=v, g=g, beta=beta, a=a, b=b,
+                       A_log=A_log, dt_bias=dt_bias, scale=scale, use_qk_l2norm=use_qk_l2norm,
+                       ssm_states=ssm_states, state_indices=state_indices,
+                       return_intermediate_states=return_intermediate_states)
+
+
+def decode_call(xp, call, *, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_qk_l2norm,
+                ssm_states, state_indices, return_intermediate_states):
+    """Lay out, launch ``call(decode_kernel(), *args)`` and lay back: o ``[num_seqs, T, HV, V]``
+    in q's dtype, or ``(o, intermediate [num_seqs, T, HV, K, V])`` (pool dtype) with
     return_intermediate_states. ``ssm_states`` is updated in place (named slots only).
 
-    The batch is padded to ``seq_bucket(num_seqs)`` and compacted (``decode_order``):
-    the per-sequence inputs are gathered in that order (``x[order]``, index_select)
-    while being laid out; outputs come back by the inverse permutation, padding
-    sequences zeroed (torch.where).
+    ``xp``: the array namespace of q ... ssm_states (``_arrays``; NumPy here, torch
+    on device); ``state_indices`` is a host array. The batch is padded to
+    ``seq_bucket(num_seqs)`` and compacted (``decode_order``): the per-sequence
+    inputs are gathered in that order (``x[order]``, index_select) while being laid
+    out; outputs come back by the inverse permutation, padding sequences zeroed
+    (torch.where).
     """
-    from nki_ssm.kernels.gated_delta.decode import gdn_decode_step
-    from nki_ssm.ops._dispatch import cast_rne
-    from nki_ssm.ops.launch.buckets import seq_bucket
-
     S, T, H, K = q.shape
     HV, V = v.shape[2:]
     _check_limits(K, V, HV)
@@ -133,8 +165,8 @@ def decode(*, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_qk_l2norm, ssm_
     order, pos, num_iters = decode_order(idx, nb, T)
     src = np.minimum(order, S - 1)        # positions past the batch mirror live sequences
     spi = _positions_per_iteration(nb, T)
-    kq_cols, k_rows, v_cols, _ = decode_tables(
-        np.asarray(q)[src], np.asarray(k)[src], np.asarray(v)[src], idx[order], slots)
+    kq_cols, k_rows, v_cols, _ = decode_tables(xp.take(q, src), xp.take(k, src),
+                                               xp.take(v, src), idx[order], slots, xp)
     n_pos = order.shape[0]
     n_it = n_pos // spi
     # one block of columns (rows) per loop iteration: the kernel offsets by the iteration
@@ -147,31 +179,27 @@ def decode(*, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_qk_l2norm, ssm_
     pool_slots[:n_it] = np.maximum(idx[order], 0).reshape(n_it, spi)
     # 1 where a batch of _STREAMS positions holds a live sequence (compare, reshape)
     n_batch = -(-spi // _STREAMS)
-    first = np.arange(n_it * n_batch) * min(_STREAMS, spi)
-    batch_live = (first < int((idx >= 0).sum())).astype(np.int32).reshape(n_it, n_batch)
+    first_pos = np.arange(n_it * n_batch) * min(_STREAMS, spi)
+    batch_live = (first_pos < int((idx >= 0).sum())).astype(np.int32).reshape(n_it, n_batch)
     first, second = (a, b) if raw else (g, beta)
-    gate_rows = np.stack([np.asarray(first, np.float32).reshape(S, T * HV)[src],
-                          np.asarray(second, np.float32).reshape(S, T * HV)[src]])
-    gate_rows = np.ascontiguousarray(gate_rows.reshape(2, n_it, spi * T * HV))
+    gate_rows = xp.stack([xp.take(xp.f32(x).reshape(S, T * HV), src) for x in (first, second)])
+    gate_rows = gate_rows.reshape(2, n_it, spi * T * HV)
     head_params = None
     if raw:
-        head_params = np.concatenate([np.asarray(A_log, np.float32),
-                                      np.asarray(dt_bias, np.float32)]).reshape(1, 2 * HV)
-    pool = ssm_states.reshape(slots, HV * K * V)
-    out = _run(gdn_decode_step, kq_cols, k_rows, v_cols, gate_rows, head_params, pool,
-               pool_slots, num_iters, batch_live, int(T), int(H), bool(raw), bool(use_qk_l2norm),
-               float(scale), bool(return_intermediate_states), backend=backend)
-    if not np.shares_memory(pool, ssm_states):
-        ssm_states[...] = pool.reshape(ssm_states.shape)
+        head_params = xp.cat([xp.f32(A_log), xp.f32(dt_bias)]).reshape(1, 2 * HV)
+    pool = xp.pool_view(ssm_states, (slots, HV * K * V))
+    out = call(decode_kernel(), kq_cols, k_rows, v_cols, gate_rows, head_params, pool,
+               xp.table(pool_slots), xp.table(num_iters), xp.table(batch_live), int(T), int(H),
+               bool(raw), bool(use_qk_l2norm), float(scale), bool(return_intermediate_states))
+    xp.commit(pool, ssm_states)
     live = idx[:S] >= 0
     at = pos[:S]
     o_cols = out[0] if return_intermediate_states else out
-    o = np.asarray(o_cols, dtype=np.float32).reshape(V, n_pos, T, HV).transpose(1, 2, 3, 0)[at]
-    o = cast_rne(np.where(live[:, None, None, None], o, np.float32(0)), q.dtype)
+    o = xp.take(xp.permute(xp.f32(o_cols).reshape(V, n_pos, T, HV), (1, 2, 3, 0)), at)
+    o = xp.cast_like(xp.where_rows(live, o), q)
     if return_intermediate_states:
-        inter = np.asarray(out[1]).reshape(n_pos, T, HV, K, V)[at]
-        inter = np.where(live[:, None, None, None, None], inter, np.zeros((), inter.dtype))
-        return o, inter.astype(ssm_states.dtype, copy=False)
+        inter = xp.take(out[1].reshape(n_pos, T, HV, K, V), at)
+        return o, xp.cast_like(xp.where_rows(live, inter), ssm_states)
     return o
 
 
@@ -234,17 +262,27 @@ def default_chunk_size(K, V, HV):
 
 def prefill(*, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_qk_l2norm, cu_seqlens,
             ssm_states, state_indices, has_initial_state, chunk_size, backend):
-    """Launch ``gdn_chunk_prefill``; returns o ``[num_tokens, HV, V]`` in q's dtype.
+    """Launch ``gdn_chunk_prefill`` on the host path (``prefill_call`` with NumPy)."""
+    return prefill_call(NUMPY, _host_call(backend), q=q, k=k, v=v, g=g, beta=beta, a=a, b=b,
+                        A_log=A_log, dt_bias=dt_bias, scale=scale, use_qk_l2norm=use_qk_l2norm,
+                        cu_seqlens=cu_seqlens, ssm_states=ssm_states,
+                        state_indices=state_indices, has_initial_state=has_initial_state,
+                        chunk_size=chunk_size)
 
-    ``ssm_states`` is updated in place (named slots only). num_tokens and
-    num_seqs are padded to their buckets (``buckets.py``); token arrays get
-    one more zero row (read for chunk rows past a sequence end); the batch
-    composition goes in as the int32 tables of ``prefill_tables``. Precision
-    follows the input dtype: bfloat16 q gives bf16 TensorE operands for the
-    products of raw inputs, float32 gives float32 everywhere.
+
+def prefill_call(xp, call, *, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_qk_l2norm,
+                 cu_seqlens, ssm_states, state_indices, has_initial_state, chunk_size):
+    """Lay out, launch ``call(prefill_kernel(), *args)``; returns o ``[num_tokens, HV, V]``
+    in q's dtype.
+
+    ``xp``: the array namespace of q ... ssm_states (``_arrays``); the index
+    arrays are host arrays. ``ssm_states`` is updated in place (named slots
+    only). num_tokens and num_seqs are padded to their buckets (``buckets.py``);
+    token arrays get one more zero row (read for chunk rows past a sequence end);
+    the batch composition goes in as the int32 tables of ``prefill_tables``.
+    Precision follows the input dtype: bfloat16 q gives bf16 TensorE operands for
+    the products of raw inputs, float32 gives float32 everywhere.
     """
-    from nki_ssm.kernels.gated_delta.chunk import gdn_chunk_prefill
-    from nki_ssm.ops.launch.buckets import seq_bucket, token_bucket
     T, H, K = q.shape
     HV, V = v.shape[1:]
     _check_limits(K, V, HV)
@@ -255,24 +293,17 @@ def prefill(*, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_qk_l2norm, cu_
     Tb, Nb = token_bucket(T), seq_bucket(num_seqs)
     raw = g is None
     first, second = (a, b) if raw else (g, beta)
-
-    def tok2d(x, width, dtype):
-        out = np.zeros((Tb + 1, width), dtype=dtype)              # torch.nn.functional.pad
-        out[:T] = np.asarray(x).reshape(T, width)
-        return out
     hp = None
     if raw:
-        hp = np.ascontiguousarray(np.broadcast_to(np.concatenate(
-            [np.asarray(A_log, np.float32), np.asarray(dt_bias, np.float32)]), (128, 2 * HV)))
+        hp = xp.broadcast_rows(xp.cat([xp.f32(A_log), xp.f32(dt_bias)]), _PMAX)
     tables = prefill_tables(cu_seqlens, state_indices, has_initial_state, slots=slots, HV=HV,
                             K=K, chunk_size=chunk_size, num_tokens_bucket=Tb,
                             num_seqs_bucket=Nb)
-    pool = ssm_states.reshape(slots * HV * K, V)
-    bf16 = q.dtype != np.float32
-    o = _run(gdn_chunk_prefill, tok2d(q, H * K, q.dtype), tok2d(k, H * K, q.dtype),
-             tok2d(v, HV * V, q.dtype), tok2d(first, HV, np.float32),
-             tok2d(second, HV, np.float32), hp, pool, *tables, int(H), bool(raw),
-             bool(use_qk_l2norm), float(scale), int(chunk_size), bool(bf16), backend=backend)
-    if not np.shares_memory(pool, ssm_states):
-        ssm_states[...] = pool.reshape(ssm_states.shape)
-    return np.asarray(o)[:T].reshape(T, HV, V)
+    pool = xp.pool_view(ssm_states, (slots * HV * K, V))
+    o = call(prefill_kernel(), xp.pad_rows(q, Tb + 1, H * K), xp.pad_rows(k, Tb + 1, H * K),
+             xp.pad_rows(v, Tb + 1, HV * V), xp.pad_rows(first, Tb + 1, HV, f32=True),
+             xp.pad_rows(second, Tb + 1, HV, f32=True), hp, pool,
+             *(xp.table(t) for t in tables), int(H), bool(raw), bool(use_qk_l2norm),
+             float(scale), int(chunk_size), not xp.is_f32(q))
+    xp.commit(pool, ssm_states)
+    return o[:T].reshape(T, HV, V)

@@ -23,6 +23,9 @@ compiled program per (bucket, layer shape, dtypes):
   TensorE identity path, D [H, P] to the per-channel path) or arranged as
   per-row ``[pr, nt]`` tiles (decode); dt is widened to float32; tensors are
   flattened to 2-D (contiguous reshapes).
+
+The layout work lives in ``prefill_call`` / ``decode_call``, shared with the
+torch device path (package docstring).
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import math
 
 import numpy as np
 
+from nki_ssm.ops.launch._arrays import NUMPY
 from nki_ssm.ops.launch.buckets import seq_bucket, token_bucket
 
 _PMAX = 128
@@ -51,8 +55,23 @@ def _pool_rows(ssm_states: np.ndarray) -> np.ndarray:
     return ssm_states.reshape(slots * H * P, N)
 
 
-def _f32(a):
-    return None if a is None else np.ascontiguousarray(a, dtype=np.float32)
+def _host_call(backend):
+    """``call(kernel, *args)`` of the host path: the kernel on ``backend``'s NKI."""
+    return lambda kernel, *args: _run(kernel, *args, backend=backend)
+
+
+def prefill_kernel():
+    """The ``@nki.jit`` kernel ``prefill_call`` launches."""
+    from nki_ssm.kernels.mamba2_ssd.chunk import ssd_chunk_prefill
+
+    return ssd_chunk_prefill
+
+
+def decode_kernel():
+    """The ``@nki.jit`` kernel ``decode_call`` launches."""
+    from nki_ssm.kernels.mamba2_ssd.decode import ssd_decode_step
+
+    return ssd_decode_step
 
 
 def _dt_limit(dt_limit):
@@ -60,12 +79,12 @@ def _dt_limit(dt_limit):
     return lo, (hi if math.isfinite(hi) else math.inf)
 
 
-def _D_per_row(D, H, P):
+def _D_per_row(xp, D, H, P):
     """D as float32 ``[H*P]`` (``[H]`` repeated over P) or None."""
     if D is None:
         return None
-    d = np.asarray(D, dtype=np.float32)
-    return np.repeat(d, P) if d.shape == (H,) else d.reshape(H * P)
+    d = xp.f32(D)
+    return xp.repeat(d, P, 0) if tuple(d.shape) == (H,) else d.reshape(H * P)
 
 
 def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens: int,
@@ -141,14 +160,24 @@ def _head_split(P: int) -> int:
 
 def prefill(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, cu_seqlens, ssm_states,
             state_indices, has_initial_state, chunk_size, precision, backend):
-    """Launch ``ssd_chunk_prefill``; returns y ``[num_tokens, H, P]`` in x's dtype.
+    """Launch ``ssd_chunk_prefill`` on the host path (``prefill_call`` with NumPy)."""
+    return prefill_call(NUMPY, _host_call(backend), x=x, dt=dt, A=A, B=B, C=C, D=D, z=z,
+                        dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
+                        cu_seqlens=cu_seqlens, ssm_states=ssm_states,
+                        state_indices=state_indices, has_initial_state=has_initial_state,
+                        chunk_size=chunk_size, precision=precision)
 
-    ``ssm_states`` is updated in place (named slots only). Token inputs are
-    padded to the token bucket plus one zero row (the row masked chunk rows
-    read), the batch to the sequence bucket.
+
+def prefill_call(xp, call, *, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, cu_seqlens,
+                 ssm_states, state_indices, has_initial_state, chunk_size, precision):
+    """Lay out, launch ``call(prefill_kernel(), *args)``; returns y ``[num_tokens, H, P]`` in
+    x's dtype.
+
+    ``xp``: the array namespace of x ... ssm_states (``_arrays``; NumPy here, torch
+    on device); the index arrays are host arrays. ``ssm_states`` is updated in place
+    (named slots only). Token inputs are padded to the token bucket plus Q zero rows
+    (the rows masked chunk rows read), the batch to the sequence bucket.
     """
-    from nki_ssm.kernels.mamba2_ssd.chunk import ssd_chunk_prefill
-
     T, H, P = x.shape
     if P > _MAX_KERNEL_P:
         # the recurrence is independent along P: a head of P channels is k heads
@@ -156,66 +185,57 @@ def prefill(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, cu_seqlens,
         # reshapes of x, z, D [H, P] and the pool; repeats of the per-head arrays)
         k = _head_split(P)
         Hk, Pk = H * k, P // k
-        pool = ssm_states.reshape(ssm_states.shape[0], Hk, Pk, ssm_states.shape[-1])
+        pool = xp.pool_view(ssm_states, (ssm_states.shape[0], Hk, Pk, ssm_states.shape[-1]))
 
         def per_head(a):
-            return None if a is None else np.repeat(np.asarray(a), k, axis=-1)
+            return None if a is None else xp.repeat(a, k, -1)
 
-        Dk = None if D is None else (per_head(D) if np.shape(D) == (H,)
-                                     else np.asarray(D).reshape(Hk, Pk))
-        y = prefill(x=x.reshape(T, Hk, Pk), dt=per_head(dt), A=per_head(A), B=B, C=C, D=Dk,
-                    z=None if z is None else z.reshape(T, Hk, Pk), dt_bias=per_head(dt_bias),
-                    dt_softplus=dt_softplus, dt_limit=dt_limit, cu_seqlens=cu_seqlens,
-                    ssm_states=pool, state_indices=state_indices,
-                    has_initial_state=has_initial_state, chunk_size=chunk_size,
-                    precision=precision, backend=backend)
-        if not np.shares_memory(pool, ssm_states):
-            ssm_states[...] = pool.reshape(ssm_states.shape)
+        Dk = None if D is None else (per_head(D) if tuple(D.shape) == (H,)
+                                     else D.reshape(Hk, Pk))
+        y = prefill_call(xp, call, x=x.reshape(T, Hk, Pk), dt=per_head(dt), A=per_head(A), B=B,
+                         C=C, D=Dk, z=None if z is None else z.reshape(T, Hk, Pk),
+                         dt_bias=per_head(dt_bias), dt_softplus=dt_softplus,
+                         dt_limit=dt_limit, cu_seqlens=cu_seqlens, ssm_states=pool,
+                         state_indices=state_indices, has_initial_state=has_initial_state,
+                         chunk_size=chunk_size, precision=precision)
+        xp.commit(pool, ssm_states)
         return y.reshape(T, H, P)
     G, N = B.shape[1:]
     S = len(state_indices)
     slots = ssm_states.shape[0]
     Tb, Sb = token_bucket(T), seq_bucket(S)
     pr, nt = decode_layout(H, P, 1)       # pr partitions x nt state rows each
-    seq_table, chunk_table, zero_table, counts = prefill_tables(
-        cu_seqlens, state_indices, has_initial_state, Tb, Sb, int(chunk_size), pr)
+    tables = prefill_tables(cu_seqlens, state_indices, has_initial_state, Tb, Sb,
+                            int(chunk_size), pr)
 
     # tokens of padding sequences are zeroed (a masked fill): a chunk reads the Q
     # rows from its first token on, so rows past a sequence's end must be finite
     # (they are masked by dt' = 0, and 0 * NaN would not be 0)
     cu = np.asarray(cu_seqlens, dtype=np.int64)
-    pad_tok = np.repeat(np.asarray(state_indices) < 0, cu[1:] - cu[:-1])
+    real_tok = np.repeat(np.asarray(state_indices) >= 0, cu[1:] - cu[:-1])
 
-    def tok2d(a, width, dtype=None):      # [T, ...] -> [Tb + Q, width], zero rows appended
+    def tok2d(a, width, f32=False):       # [T, ...] -> [Tb + Q, width], zero rows appended
         if a is None:
             return None
-        a = np.asarray(a).reshape(T, width)
-        out = np.zeros((Tb + int(chunk_size), width), dtype=a.dtype if dtype is None else dtype)
-        out[:T] = a
-        out[:T][pad_tok] = 0
-        return out
+        return xp.pad_rows(xp.where_rows(real_tok, a.reshape(T, width)),
+                           Tb + int(chunk_size), width, f32)
 
     # D [H] is folded into TensorE (D_h * I); D [H, P] is applied per channel
     D_heads = D_row = None
-    if D is not None and np.shape(D) == (H,):
-        D_heads = np.ascontiguousarray(np.broadcast_to(_f32(D), (_PMAX, H)))
+    if D is not None and tuple(D.shape) == (H,):
+        D_heads = xp.broadcast_rows(xp.f32(D), _PMAX)
     elif D is not None:
-        D_row = np.ascontiguousarray(np.broadcast_to(_D_per_row(D, H, P), (_PMAX, H * P)))
+        D_row = xp.broadcast_rows(_D_per_row(xp, D, H, P), _PMAX)
     lo, hi = _dt_limit(dt_limit)
     _pool_rows(ssm_states)                # int32 range check
-    rows = ssm_states.reshape(slots * pr, nt * N)
-    y = _run(ssd_chunk_prefill,
-             tok2d(x, H * P), tok2d(dt, H, np.float32),
-             np.ascontiguousarray(np.broadcast_to(_f32(A), (_PMAX, H))),
+    rows = xp.pool_view(ssm_states, (slots * pr, nt * N))
+    y = call(prefill_kernel(),
+             tok2d(x, H * P), tok2d(dt, H, f32=True), xp.broadcast_rows(xp.f32(A), _PMAX),
              tok2d(B, G * N), tok2d(C, G * N), D_heads, D_row, tok2d(z, H * P),
-             None if dt_bias is None else np.ascontiguousarray(
-                 np.broadcast_to(_f32(dt_bias), (_PMAX, H))),
-             rows, seq_table, chunk_table, zero_table, counts,
-             int(H), int(N), bool(dt_softplus), lo, hi, int(chunk_size), precision == "fp32",
-             backend=backend)
-    if not np.shares_memory(rows, ssm_states):
-        ssm_states[...] = rows.reshape(ssm_states.shape)
-    y = np.asarray(y)
+             None if dt_bias is None else xp.broadcast_rows(xp.f32(dt_bias), _PMAX),
+             rows, *(xp.table(t) for t in tables),
+             int(H), int(N), bool(dt_softplus), lo, hi, int(chunk_size), precision == "fp32")
+    xp.commit(rows, ssm_states)
     return y[:T].reshape(T, H, P)
 
 
@@ -271,9 +291,20 @@ def decode_tables(state_indices, num_seqs: int, pr: int, per: int):
 
 def decode(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states, state_indices,
            backend):
-    """Launch ``ssd_decode_step``; returns y shaped like x, in x's dtype."""
-    from nki_ssm.kernels.mamba2_ssd.decode import entries_per_iteration, ssd_decode_step
-    from nki_ssm.ops._dispatch import cast_rne
+    """Launch ``ssd_decode_step`` on the host path (``decode_call`` with NumPy)."""
+    return decode_call(NUMPY, _host_call(backend), x=x, dt=dt, A=A, B=B, C=C, D=D, z=z,
+                       dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
+                       ssm_states=ssm_states, state_indices=state_indices)
+
+
+def decode_call(xp, call, *, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states,
+                state_indices):
+    """Lay out, launch ``call(decode_kernel(), *args)``; returns y shaped like x, in x's dtype.
+
+    ``xp``: the array namespace of x ... ssm_states (``_arrays``); state_indices is
+    a host array. The batch is padded to its sequence bucket (zero sequences).
+    """
+    from nki_ssm.kernels.mamba2_ssd.decode import entries_per_iteration
 
     single = x.ndim == 3
     S = x.shape[0]
@@ -288,22 +319,20 @@ def decode(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states, 
     Sb = seq_bucket(S)                    # sequences the kernel is compiled for
     # partition q of the B/C broadcast takes group (q*nt) // (H/G*P)
     group_of = (np.arange(pr) * nt) // ((H // G) * P)
-    sel = group_of[None, :] == np.arange(G)[:, None]
+    sel = (group_of[None, :] == np.arange(G)[:, None]).astype(np.float32)
 
     def rows(a, lead):  # [..., H*P] -> [lead*pr, nt], row r at [r // nt, r % nt]
-        return np.asarray(a, np.float32).reshape(lead * pr, nt)
+        return xp.f32(a).reshape(lead * pr, nt)
 
     def per_head(a, lead):  # [lead, H] -> per-row values [lead*pr, nt]
-        return rows(np.repeat(np.asarray(a, np.float32).reshape(lead, H), P, axis=1), lead)
+        return rows(xp.repeat(xp.f32(a).reshape(lead, H), P, 1), lead)
 
     # one DMA per token for x | dt | z, one for the per-row parameters, one
     # for B | C (the kernel's small DMAs cost ~1 us each, see its docstring)
     n = Sb * T
 
     def pad_seqs(a):   # [S, ...] -> [Sb, ...] (zero sequences appended)
-        a = np.asarray(a)
-        return a if Sb == S else np.concatenate(
-            [a, np.zeros((Sb - S,) + a.shape[1:], dtype=a.dtype)])
+        return xp.pad_rows(a, Sb, math.prod(a.shape[1:])).reshape((Sb,) + tuple(a.shape[1:]))
 
     xdt = [rows(pad_seqs(x), n), per_head(pad_seqs(dt), n)] + (
         [] if z is None else [rows(pad_seqs(z), n)])
@@ -311,20 +340,16 @@ def decode(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states, 
     if dt_bias is not None:
         params.append(per_head(dt_bias, 1))
     if D is not None:
-        params.append(rows(_D_per_row(D, H, P), 1))
-    BC = np.concatenate([pad_seqs(B).reshape(n * G, N), pad_seqs(C).reshape(n * G, N)], axis=1)
+        params.append(rows(_D_per_row(xp, D, H, P), 1))
+    BC = xp.cat([pad_seqs(B).reshape(n * G, N), pad_seqs(C).reshape(n * G, N)], axis=1)
     lo, hi = _dt_limit(dt_limit)
-    pool = ssm_states.reshape(slots * pr, nt * N)
-    per = entries_per_iteration(nt, N, ssm_states.dtype == np.float32)
-    seq_table, pad_table, counts = decode_tables(state_indices, Sb, pr, per)
-    y = _run(ssd_decode_step,
-             np.ascontiguousarray(np.concatenate(xdt, axis=1)).reshape(Sb, T * pr, -1),
-             np.ascontiguousarray(np.concatenate(params, axis=1)),
-             np.ascontiguousarray(BC).reshape(Sb, T * G, 2 * N),
-             np.ascontiguousarray(sel.astype(BC.dtype)), pool, seq_table, pad_table, counts,
-             z is not None, dt_bias is not None, D is not None, bool(dt_softplus), lo, hi,
-             backend=backend)
-    if not np.shares_memory(pool, ssm_states):
-        ssm_states[...] = pool.reshape(ssm_states.shape)
-    y = np.asarray(y, dtype=np.float32)[:S].reshape(x.shape)
-    return cast_rne(y, x.dtype)
+    pool = xp.pool_view(ssm_states, (slots * pr, nt * N))
+    per = entries_per_iteration(nt, N, xp.is_f32(ssm_states))
+    tables = decode_tables(state_indices, Sb, pr, per)
+    y = call(decode_kernel(),
+             xp.cat(xdt, axis=1).reshape(Sb, T * pr, -1), xp.cat(params, axis=1),
+             BC.reshape(Sb, T * G, 2 * N), xp.cast_like(xp.table(sel), BC), pool,
+             *(xp.table(t) for t in tables), z is not None, dt_bias is not None, D is not None,
+             bool(dt_softplus), lo, hi)
+    xp.commit(pool, ssm_states)
+    return xp.cast_like(xp.f32(y)[:S].reshape(x.shape), x)

@@ -9,14 +9,16 @@ kernel compiles once per (bucket, layer shape); the matmul precision flags are
 chosen from the dtypes. For decode the pool is a ``[slots * R, (dim / R) *
 (W-1)]`` view with one row per (sequence, channel block). All gathers and
 scatters happen inside the kernels; the pool is updated in place.
+
+The layout work lives in ``prefill_call`` / ``decode_call``, shared with the
+torch device path (package docstring).
 """
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
-_F32 = np.dtype(np.float32)
-_BF16 = np.dtype(ml_dtypes.bfloat16)
+from nki_ssm.ops.launch._arrays import NUMPY
+
 _INT32_MAX = np.iinfo(np.int32).max
 # the decode program's wide row layout: up to this many channel blocks per sequence
 WIDE_BLOCKS = 4
@@ -28,25 +30,45 @@ def _run(kernel, *args, backend):
     return _backend.run(kernel, *args, backend=backend)
 
 
-def _needs_split(a) -> bool:
+def _host_call(backend):
+    """``call(kernel, *args)`` of the host path: the kernel on ``backend``'s NKI."""
+    return lambda kernel, *args: _run(kernel, *args, backend=backend)
+
+
+def prefill_kernel():
+    """The ``@nki.jit`` kernel ``prefill_call`` launches."""
+    from nki_ssm.kernels.short_conv.prefill import short_conv_prefill_kernel
+
+    return short_conv_prefill_kernel
+
+
+def decode_kernel():
+    """The ``@nki.jit`` kernel ``decode_call`` launches."""
+    from nki_ssm.kernels.short_conv.decode import short_conv_decode_kernel
+
+    return short_conv_decode_kernel
+
+
+def _needs_split(a, xp=NUMPY) -> bool:
     """float32 values that bfloat16 does not hold exactly need a hi + lo split."""
-    if a is None or a.dtype != _F32:
+    if a is None or not xp.is_f32(a):
         return False
-    return not np.array_equal(a.astype(_BF16).astype(_F32), a)
+    return not xp.exact_in_bf16(a)
 
 
-def _precision_flags(x, weight, bias, conv_states):
+def _precision_flags(x, weight, bias, conv_states, xp=NUMPY):
     """(mm_fp32, x_stage, w_split, b_split) for the prefill kernel (see its docstring).
 
     Matmuls are float32 when x or the pool is float32 (pool values must pass
     through exactly); otherwise bfloat16, with float32 weights / bias split in
-    hi + lo bfloat16 parts unless they are bfloat16 values already (a host
-    check of dim * W numbers; part of the kernel's compile-time flags).
+    hi + lo bfloat16 parts unless they are bfloat16 values already (a check of
+    dim * W numbers; part of the kernel's compile-time flags, so on device it
+    reads one bool back).
     """
-    mm_fp32 = x.dtype == _F32 or conv_states.dtype == _F32
-    x_stage = mm_fp32 and x.dtype != _F32
-    w_split = (not mm_fp32) and _needs_split(weight)
-    b_split = (not mm_fp32) and _needs_split(bias)
+    mm_fp32 = xp.is_f32(x) or xp.is_f32(conv_states)
+    x_stage = mm_fp32 and not xp.is_f32(x)
+    w_split = (not mm_fp32) and _needs_split(weight, xp)
+    b_split = (not mm_fp32) and _needs_split(bias, xp)
     return mm_fp32, x_stage, w_split, b_split
 
 
@@ -134,9 +156,23 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_buck
     return (f32(win_base), u32(seq_rows), i32(seq_yrows), i32(seq_info), i32(counts))
 
 
-def _prefill_launch(x, weight, bias, activation, cu_seqlens, conv_states, state_indices,
-                    has_initial_state, backend):
-    from nki_ssm.kernels.short_conv.prefill import MAX_HALO, short_conv_prefill_kernel
+def prefill(*, x, weight, bias, activation, cu_seqlens, conv_states, state_indices,
+            has_initial_state, backend):
+    """Run the prefill kernel on the host path (``prefill_call`` with NumPy)."""
+    return prefill_call(NUMPY, _host_call(backend), x=x, weight=weight, bias=bias,
+                        activation=activation, cu_seqlens=cu_seqlens, conv_states=conv_states,
+                        state_indices=state_indices, has_initial_state=has_initial_state)
+
+
+def prefill_call(xp, call, *, x, weight, bias, activation, cu_seqlens, conv_states,
+                 state_indices, has_initial_state):
+    """Lay out, launch ``call(prefill_kernel(), *args)``: y ``[num_tokens, dim]`` in x's dtype;
+    ``conv_states`` updated in place (by the kernel's own writes when it is C-contiguous).
+
+    ``xp``: the array namespace of x, weight, bias, conv_states (``_arrays``; NumPy
+    here, torch on device); the index arrays are host arrays.
+    """
+    from nki_ssm.kernels.short_conv.prefill import MAX_HALO
     from nki_ssm.ops.launch.buckets import seq_bucket, token_bucket
 
     num_tokens, dim = x.shape
@@ -151,32 +187,19 @@ def _prefill_launch(x, weight, bias, activation, cu_seqlens, conv_states, state_
     num_seqs = len(state_indices)
     SB = seq_bucket(num_seqs)
     tables = prefill_tables(cu_seqlens, state_indices, has_initial_state, NB, SB, h + 1, dim)
-    # padding tokens (zeros) up to the bucket: they belong to no sequence
-    xk = np.zeros((NB, dim), dtype=x.dtype)
-    xk[:num_tokens] = x
     # the pool as its [slots, dim * (W-1)] row view (one slot's state per row)
-    pool = np.ascontiguousarray(conv_states).reshape(slots, dim * h)
-    flags = _precision_flags(x, weight, bias, conv_states)
-    y = _run(short_conv_prefill_kernel, xk, np.ascontiguousarray(weight),
-             None if bias is None else np.ascontiguousarray(bias), pool, *tables,
-             "silu" if activation == "silu" else "none", bias is not None, *flags,
-             backend=backend)
-    if not np.shares_memory(pool, conv_states):
-        conv_states[...] = pool.reshape(conv_states.shape)
+    pool = xp.pool_view(conv_states, (slots, dim * h))
+    flags = _precision_flags(x, weight, bias, conv_states, xp)
+    # padding tokens (zeros) up to the bucket: they belong to no sequence
+    y = call(prefill_kernel(), xp.pad_rows(x, NB, dim), xp.contiguous(weight),
+             xp.contiguous(bias), pool, *(xp.table(t) for t in tables),
+             "silu" if activation == "silu" else "none", bias is not None, *flags)
+    xp.commit(pool, conv_states)
     # tokens of padding sequences are zero (torch.repeat_interleave + where on device)
     lengths = np.diff(np.asarray(cu_seqlens, dtype=np.int64))
     token_live = np.repeat(np.asarray(state_indices) >= 0, lengths)
     nt = -(-dim // 128)
-    y = np.asarray(y).reshape(-1, nt * 128)[:num_tokens, :dim]
-    return np.where(token_live[:, None], y, np.zeros((), dtype=x.dtype))
-
-
-def prefill(*, x, weight, bias, activation, cu_seqlens, conv_states, state_indices,
-            has_initial_state, backend):
-    """Run the prefill kernel: y ``[num_tokens, dim]`` in x's dtype; ``conv_states`` updated
-    in place (by the kernel's own writes when it is C-contiguous)."""
-    return _prefill_launch(x, weight, bias, activation, cu_seqlens, conv_states,
-                           state_indices, has_initial_state, backend)
+    return xp.where_rows(token_live, y.reshape(-1, nt * 128)[:num_tokens, :dim])
 
 
 def wide_blocks(dim: int) -> int:
@@ -254,22 +277,30 @@ def decode_plan(state_indices, num_seqs: int, dim: int):
 
 
 def decode(*, x, weight, bias, activation, conv_states, state_indices, backend):
+    """Run the decode kernel on the host path (``decode_call`` with NumPy)."""
+    return decode_call(NUMPY, _host_call(backend), x=x, weight=weight, bias=bias,
+                       activation=activation, conv_states=conv_states,
+                       state_indices=state_indices)
+
+
+def decode_call(xp, call, *, x, weight, bias, activation, conv_states, state_indices):
     """Decode / multi-token update: y shaped like x (``[num_seqs, T, dim]`` or ``[num_seqs, dim]``).
 
-    The batch is padded to ``seq_bucket(num_seqs)`` sequences, so the kernel is
-    compiled once per (bucket, layer shape). The program holds two row layouts (R =
-    ``wide_blocks(dim)`` channel blocks per sequence, and one block); the launcher picks
-    one per call: the wide one when its live rows fit two groups of 128 partitions
-    (``num_live * R <= 256``, ``use_wide_layout``), else one block (a scalar compare and
-    torch.where on device), and passes the other layout a zero trip count. x is gathered into the
-    compacted order of the chosen layout's ``decode_tables`` (live sequences first,
-    padding positions mirroring a live one: ``x[order]``, torch.index_select), so a
-    padding sequence's x is never read. The pool is passed as its ``[slots * R, (dim / R)
-    * (W-1)]`` row view and updated by the kernel's own scatters. y comes back in the
-    compacted order: ``y[pos]`` with ``pos`` the inverse permutation (torch.argsort),
-    zeros for padding (torch.where).
+    ``xp``: the array namespace of x, weight, bias, conv_states (``_arrays``);
+    state_indices is a host array. The batch is padded to ``seq_bucket(num_seqs)``
+    sequences, so the kernel is compiled once per (bucket, layer shape). The program
+    holds two row layouts (R = ``wide_blocks(dim)`` channel blocks per sequence, and one
+    block); the launcher picks one per call: the wide one when its live rows fit two
+    groups of 128 partitions (``num_live * R <= 256``, ``use_wide_layout``), else one
+    block (a scalar compare and torch.where on device), and passes the other layout a
+    zero trip count (``decode_plan``). x is gathered into the compacted order of the
+    chosen layout's ``decode_tables`` (live sequences first, padding positions
+    mirroring a live one: ``x[order]``, torch.index_select), so a padding sequence's x
+    is never read. The pool is passed as its ``[slots * R, (dim / R) * (W-1)]`` row
+    view and updated by the kernel's own scatters. y comes back in the compacted order:
+    ``y[pos]`` with ``pos`` the inverse permutation (torch.argsort), zeros for
+    padding (torch.where).
     """
-    from nki_ssm.kernels.short_conv.decode import short_conv_decode_kernel
     from nki_ssm.ops.launch.buckets import seq_bucket
 
     squeeze = x.ndim == 2
@@ -283,18 +314,15 @@ def decode(*, x, weight, bias, activation, conv_states, state_indices, backend):
     idx[:num_seqs] = np.asarray(state_indices, dtype=np.int64)
     R, order, pos, rows_wide, rows_one, counts = decode_plan(idx, nb, dim)
     # positions past the caller's batch mirror live sequences, so clamping is never used
-    xk = np.ascontiguousarray(x3[np.minimum(order, num_seqs - 1)])
-    flat = conv_states.reshape(slots * R, (dim // R) * h)
+    xk = xp.take(x3, np.minimum(order, num_seqs - 1))
+    flat = xp.pool_view(conv_states, (slots * R, (dim // R) * h))
     # TensorE taps need bfloat16-exact operands (the one-block layout only)
-    tensor_taps = (x.dtype == _BF16 and conv_states.dtype == _BF16
-                   and not _needs_split(weight) and not _needs_split(bias))
-    yk = _run(short_conv_decode_kernel, xk, np.ascontiguousarray(weight),
-              None if bias is None else np.ascontiguousarray(bias), flat, rows_wide, rows_one,
-              counts, "silu" if activation == "silu" else "none", bias is not None, R,
-              bool(tensor_taps), backend=backend)
-    if not np.shares_memory(flat, conv_states):
-        conv_states[...] = flat.reshape(conv_states.shape)
-    live = idx[:num_seqs] >= 0
-    y = np.asarray(yk).reshape(nb, T, dim)[pos[:num_seqs]]
-    y = np.where(live[:, None, None], y, np.zeros((), dtype=x.dtype))
+    tensor_taps = (xp.is_bf16(x) and xp.is_bf16(conv_states)
+                   and not _needs_split(weight, xp) and not _needs_split(bias, xp))
+    yk = call(decode_kernel(), xk, xp.contiguous(weight), xp.contiguous(bias), flat,
+              xp.table(rows_wide), xp.table(rows_one), xp.table(counts),
+              "silu" if activation == "silu" else "none", bias is not None, R, bool(tensor_taps))
+    xp.commit(flat, conv_states)
+    y = xp.take(yk.reshape(nb, T, dim), pos[:num_seqs])
+    y = xp.where_rows(idx[:num_seqs] >= 0, y)
     return y[:, 0, :] if squeeze else y

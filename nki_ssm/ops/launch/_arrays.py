@@ -1,0 +1,104 @@
+"""The few array operations a launcher lays out kernel arguments with, as one namespace.
+
+A launcher's argument assembly (``gated_delta.prefill_call`` / ``decode_call``)
+is written once against this namespace and run by both paths, so they cannot
+fork: the NumPy host API with ``NUMPY`` (below), and the torch device path
+(``nki_ssm.torch.neuron.TorchArrays``: the same methods as torch ops on the
+caller's device tensors). Every method is a layout step a device runs (pad,
+gather rows, permute, cast, broadcast); none reads data back to the host.
+
+The small int32 batch tables are the exception by design: the launchers build
+them with NumPy from the host index arrays (``cu_seqlens``, ``state_indices``,
+``has_initial_state``) and hand them over with ``table``. The host API has to
+read those arrays on the host anyway, before launch, for its checks (slots in
+range, lengths consistent; the same verdict on every backend and nothing
+touched on rejection), so building the tables from the same host copies adds
+no device-to-host transfer; only the tables go to the device (each a few
+vectorised ops, listed in the launchers' docstrings, should a caller want them
+built on device). Index arguments of ``take`` / ``where_rows`` are host arrays
+too, for the same reason.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+
+class NumpyArrays:
+    """The namespace on NumPy arrays (the host API's path through ``nki_ssm.backend.run``)."""
+
+    def f32(self, a):
+        """float32 copy (or view) of ``a``; None stays None."""
+        return None if a is None else np.asarray(a, dtype=np.float32)
+
+    def is_f32(self, a) -> bool:
+        return np.dtype(a.dtype) == np.float32
+
+    def is_bf16(self, a) -> bool:
+        return np.dtype(a.dtype) == np.dtype(ml_dtypes.bfloat16)
+
+    def exact_in_bf16(self, a) -> bool:
+        """Whether every value of ``a`` is a bfloat16 value (a compile-time flag's input:
+        on device this reads one bool back)."""
+        f32 = np.asarray(a, dtype=np.float32)
+        return bool(np.array_equal(f32.astype(ml_dtypes.bfloat16).astype(np.float32), f32))
+
+    def contiguous(self, a):
+        return None if a is None else np.ascontiguousarray(a)
+
+    def pad_rows(self, a, num_rows: int, width: int, f32: bool = False):
+        """``a`` as ``[n, width]`` rows (float32 with ``f32``) followed by zero rows up to
+        ``num_rows`` (torch.nn.functional.pad)."""
+        n = a.shape[0]
+        out = np.zeros((num_rows, width), dtype=np.float32 if f32 else a.dtype)
+        out[:n] = np.asarray(a).reshape(n, width)
+        return out
+
+    def broadcast_rows(self, a, num_rows: int):
+        """``[num_rows, *a.shape]``, every row ``a`` (contiguous)."""
+        return np.ascontiguousarray(np.broadcast_to(a, (num_rows,) + tuple(a.shape)))
+
+    def cat(self, arrays, axis: int = 0):
+        return np.concatenate(arrays, axis=axis)
+
+    def stack(self, arrays, axis: int = 0):
+        return np.stack(arrays, axis=axis)
+
+    def permute(self, a, axes):
+        """``a`` with its axes in the order ``axes``, contiguous."""
+        return np.ascontiguousarray(np.transpose(a, axes))
+
+    def repeat(self, a, repeats: int, axis: int):
+        """Each element of ``a`` ``repeats`` times along ``axis`` (torch.repeat_interleave)."""
+        return np.repeat(np.asarray(a), repeats, axis=axis)
+
+    def take(self, a, index):
+        """Rows ``index`` (a host int array) of ``a`` (torch.index_select)."""
+        return np.asarray(a)[np.asarray(index)]
+
+    def where_rows(self, keep, a):
+        """Rows of ``a`` where ``keep`` (host bool ``[a.shape[0]]``), zero elsewhere."""
+        keep = np.asarray(keep).reshape((-1,) + (1,) * (a.ndim - 1))
+        return np.where(keep, a, np.zeros((), dtype=a.dtype))
+
+    def cast_like(self, a, like):
+        """``a`` in ``like``'s dtype, rounded once to nearest even."""
+        from nki_ssm.ops._dispatch import cast_rne
+
+        return cast_rne(a, like.dtype)
+
+    def table(self, t):
+        """A host-built index table as a kernel argument (here: itself, contiguous)."""
+        return np.ascontiguousarray(t)
+
+    def pool_view(self, pool, shape):
+        """The pool as the kernel's view of ``shape`` (a copy for a strided pool)."""
+        return pool.reshape(shape)
+
+    def commit(self, view, pool) -> None:
+        """Make the kernel's writes to ``view`` the caller's ``pool`` (no-op for a view)."""
+        if not np.shares_memory(view, pool):
+            pool[...] = view.reshape(pool.shape)
+
+
+NUMPY = NumpyArrays()
