@@ -79,11 +79,14 @@ State moves: a sequence's state is one contiguous block of the pool
 row-stepping ``vector_offset`` pattern, no ``oob_mode.skip``. Matmuls that
 share a PSUM bank pass ``accumulate=False`` explicitly.
 
-What binds (modeled, trn2, float32 pool; 32 / 64 / 512 sequences 474 us / 933 us /
-7.37 ms, program 1521 static instructions for every bucket >= 16): DMA of the states (64 sequences:
-933 us, 79 % of the DMA bandwidth; the per-iteration input loads and gate
-math sit between the last scatter of one iteration and the first compute of
-the next); TensorE ~70 %, VectorE ~63 % busy.
+What binds (modeled, trn2, float32 pool, the recalibrated cost model,
+``python -m simulate --set full --op gated_delta_decode --model qwen3-next``):
+DMA of the states. 64 sequences 1.08 ms (68 % of the DMA bandwidth), 128
+sequences 2.14 ms, 512 sequences 8.51 ms (69 %); the per-iteration input
+loads and gate math sit between the last scatter of one iteration and the
+first compute of the next. Program 1521 static instructions for every bucket
+>= 16 sequences (1 sequence: 118; 8: 771, where the second state set and the
+pair conditionals are not needed).
 
 HBM arguments (prepared by the launcher, ``nki_ssm.ops.launch.gated_delta``);
 columns run over (position j of the iteration, token t, head), head fastest:
@@ -106,14 +109,12 @@ TensorE operands); a bfloat16 pool or q/k/v is widened on load, the pool
 and intermediates rounded once (RNE) on store (widen / narrow on ScalarE).
 
 Modeled (trn2, one NeuronCore, Qwen3-Next H=16 HV=32 K=V=128, T=1, raw
-gates, l2norm, float32 pool; "bound" = state bytes read + written over the
-368 GB/s DMA bandwidth): 1 sequence 26.5 us (0.43 of the bound: the state
-moves in 4 parts so the first heads' work overlaps the rest of the gather
-and their scatter the rest of the update), 2 sequences 45.7 us (0.50), 32 sequences 465 us
-(0.78), 512 sequences 7.26 ms (0.80); DMA on the critical path, TensorE
-~72 % and VectorE ~67 % busy. A bfloat16 pool halves the bytes and the
-kernel becomes compute bound (32 sequences 558 us, 0.33 of its bound).
-trn3: 1 sequence 22.0 us, 32 sequences 384 us (0.66 of 528 GB/s).
+gates, l2norm, float32 pool, bf16 q/k/v; central figure [range]; "bound" =
+state bytes read + written over the 368 GB/s DMA bandwidth): 1 sequence
+28.9 us [24.3-102] (0.40 of the bound), 8 sequences 151 us (0.61), 64
+sequences 1.08 ms (0.68), 512 sequences 8.51 ms (0.69); DMA on the critical
+path. Speculative 4-token steps at 128 sequences: 7.90 ms, TensorE-bound.
+TP4 shard: 64 sequences 358 us, 512 sequences 2.82 ms (0.52).
 """
 from __future__ import annotations
 
