@@ -85,9 +85,8 @@ DMA of the states. 64 sequences 1.08 ms (68 % of the DMA bandwidth), 128
 sequences 2.14 ms, 512 sequences 8.51 ms (69 %); the per-iteration input
 loads and gate math sit between the last scatter of one iteration and the
 first compute of the next. Program 1521 static instructions for every bucket
->= 16 sequences; the simulator reports 118 at 1 sequence and 771 at 8, most
-likely because it counts only the runtime-loop bodies that ran (conditional
-bodies of empty positions never run there), not a different program.
+>= 16 sequences; buckets of 1 and 8 sequences unroll fewer positions per
+iteration (the launcher's ``min(16, bucket)``): 118 and 771.
 
 HBM arguments (prepared by the launcher, ``nki_ssm.ops.launch.gated_delta``);
 columns run over (position j of the iteration, token t, head), head fastest:
