@@ -115,8 +115,12 @@ def goals() -> list[Goal]:
                             BF16_UNIT_ROUNDOFF))
         else:
             if c.entry == "prefill":
+                # issue 15 sets 2 M tokens/s at Qwen3-Next TP1 16K; its other cases are reported
+                judged = c.family != "gated_delta" or (c.model == "qwen3-next"
+                                                       and c.seqlens == (16384,))
                 out.append(Goal(issue, c, "tokens/s per NeuronCore", lambda r: r.tokens_per_s, _rate,
-                                ">=", 2e6, context=_ssd_prefill_context))
+                                ">=" if judged else None, 2e6 if judged else None,
+                                context=_ssd_prefill_context))
             else:
                 at_512 = c.num_seqs == 512
                 out.append(Goal(issue, c, "bytes/s / core DMA bandwidth", lambda r: r.hbm_fraction,
