@@ -10,16 +10,13 @@ import math
 from pathlib import Path
 
 from deploy.bench.results import load
+from nki_ssm.perf.calibration import fmt_ns
 
 
 def _t(ns) -> str:
     if ns is None or (isinstance(ns, float) and not math.isfinite(ns)):
         return "—"
-    if ns >= 1e6:
-        return f"{ns / 1e6:.3g} ms"
-    if ns >= 1e3:
-        return f"{ns / 1e3:.4g} us"
-    return f"{ns:.4g} ns"
+    return fmt_ns(ns)
 
 
 def _e(x) -> str:

@@ -15,39 +15,15 @@ from hypothesis import given, settings, strategies as st
 pytest.importorskip("nki_ssm.backend")
 
 from nki_ssm import ops, sim  # noqa: E402
-from nki_ssm.reference.gated_delta import gated_delta_decode  # noqa: E402
 from nki_ssm.reference.inputs import make_gated_delta_decode_inputs  # noqa: E402
-from nki_ssm.reference.metrics import rel_fro  # noqa: E402
+# the kernel-vs-float64 decode check shared with the GDN kernel tests (pytest puts this
+# folder on sys.path, as for short_conv_perf)
+from test_gated_delta_kernels import _run_and_check  # noqa: E402
 
 BF16 = ml_dtypes.bfloat16
 F32_TOL, BF16_TOL = 1e-5, 3e-3
 
 
-def _f64(x):
-    return np.asarray(x).astype(np.float64)
-
-
-def _check(inp, tol, inter=False):
-    """Kernel (sim) vs float64 reference on copies of the pool: y, named / unnamed slots,
-    zero outputs (and intermediate states) for padding."""
-    ref_in = {n: (x.copy() if isinstance(x, np.ndarray) else x) for n, x in inp.items()}
-    before = inp["ssm_states"].copy()
-    out = ops.gated_delta_decode(**inp, return_intermediate_states=inter, backend="sim")
-    ref = gated_delta_decode(**ref_in, return_intermediate_states=inter)
-    o = out[0] if inter else out
-    idx = inp["state_indices"]
-    named = idx[idx >= 0]
-    unnamed = np.setdiff1d(np.arange(before.shape[0]), named)
-    pool = inp["ssm_states"]
-    assert rel_fro(_f64(o), ref[0]) <= tol
-    if named.size:
-        assert rel_fro(_f64(pool[named]), ref[1][named]) <= tol
-    assert pool[unnamed].tobytes() == before[unnamed].tobytes()
-    assert not np.any(_f64(o[idx < 0]))
-    if inter:
-        assert rel_fro(_f64(out[1]), ref[2]) <= tol
-        assert not np.any(_f64(out[1][idx < 0]))
-    return out
 
 
 @pytest.mark.parametrize("num_seqs,padding", [(1, 0), (1, 1), (3, 0), (3, 2), (5, 0), (7, 2),
@@ -59,7 +35,7 @@ def test_decode_one_and_odd_numbers_of_live_sequences(num_seqs, padding):
     rng = np.random.default_rng(num_seqs * 10 + padding)
     inp = make_gated_delta_decode_inputs(rng, num_seqs=num_seqs, T=1, H=1, HV=2, K=16, V=16,
                                          padding=padding)
-    _check(inp, F32_TOL, inter=True)
+    _run_and_check(inp, F32_TOL, inter=True)
 
 
 def test_decode_nan_in_padding_inputs_gives_zeros():
@@ -69,7 +45,7 @@ def test_decode_nan_in_padding_inputs_gives_zeros():
     inp["state_indices"][1] = -1
     for name in ("q", "k", "v"):
         inp[name][1] = np.nan
-    o = _check(inp, F32_TOL)
+    o = _run_and_check(inp, F32_TOL)
     assert np.all(np.isfinite(o))
 
 
@@ -100,7 +76,7 @@ def test_decode_one_specialisation_per_bucket(pool_dtype, tol):
         inp = make_gated_delta_decode_inputs(rng, num_seqs=num_seqs, T=1, H=1, HV=2, K=16,
                                              V=16, slots=20, pool_dtype=pool_dtype,
                                              padding=data.draw(st.integers(0, num_seqs)))
-        _check(inp, tol)
+        _run_and_check(inp, tol)
 
     check()
     spec = {k: v for k, v in sim.specialisations().items() if "gdn_decode" in k}
