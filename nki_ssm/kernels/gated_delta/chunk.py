@@ -269,12 +269,13 @@ def _transpose(src, P, F):
     return out
 
 
-def _mm(st, mv, M, N, onezero=False):
-    """SBUF [M, N] = st^T @ mv through PSUM (``onezero``: st holds only 0 / 1)."""
+def _mm(st, mv, M, N, onezero=False, out_dtype=nl.float32):
+    """SBUF [M, N] = st^T @ mv through PSUM (``onezero``: st holds only 0 / 1), stored as
+    ``out_dtype``."""
     ps = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=ps, stationary=st, moving=mv, is_stationary_onezero=onezero,
                    accumulate=False)
-    out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
+    out = nl.ndarray((M, N), dtype=out_dtype, buffer=nl.sbuf)
     nisa.tensor_copy(dst=out, src=ps, engine=nisa.engine.scalar)
     return out
 
@@ -291,14 +292,19 @@ def _l2norm_rows(x, L, H, K):
                        data2=ss.reshape((L, H, 1)).broadcast(2, K), op=nl.multiply)
 
 
-def _solve_many(As, ATs, Bs, L, N, ident):
+def _solve_many(As, ATs, Bs, L, N, ident, mdt):
     """Xs[i] [L, N] = (I + As[i])^{-1} Bs[i] for strictly-lower As[i] [L, L] (ATs their
     transposes): forward substitution over _BLOCK-row blocks; the diagonal blocks of up to
     four heads are packed block-diagonally on 128 partitions (head i at partition 32*i)
     and inverted together, exactly, by nilpotent doubling; one matmul applies the four
     inverses to their right-hand sides. The doublings do not depend on the right-hand
     sides: all of them advance round by round together (independent chains interleave on
-    the engines), then the substitution runs block by block."""
+    the engines), then the substitution runs block by block.
+
+    ``mdt`` is the doubling's TensorE operand dtype: bfloat16 for bf16 callers (the powers
+    and the partial inverses are rounded; the inverse's unit diagonal stays exact and the
+    off-diagonal part carries the rounding, relative to its own size), float32 otherwise.
+    The substitution and the final application stay float32."""
     nh = len(As)
     Xs = []
     for i in range(nh):
@@ -312,8 +318,8 @@ def _solve_many(As, ATs, Bs, L, N, ident):
             nb = r1 - r0
             # unused rows / columns stay zero so the packed products stay block-diagonal
             # (GpSimd: the Vector engine is the busiest)
-            P = nl.ndarray((W, W), dtype=nl.float32, buffer=nl.sbuf)
-            PT = nl.ndarray((W, W), dtype=nl.float32, buffer=nl.sbuf)
+            P = nl.ndarray((W, W), dtype=mdt, buffer=nl.sbuf)
+            PT = nl.ndarray((W, W), dtype=mdt, buffer=nl.sbuf)
             nisa.memset(dst=P, value=0.0, engine=nisa.engine.gpsimd)
             nisa.memset(dst=PT, value=0.0, engine=nisa.engine.gpsimd)
             for j in range(npk):
@@ -325,7 +331,7 @@ def _solve_many(As, ATs, Bs, L, N, ident):
                 nisa.activation(dst=PT[q0:q0 + nb, q0:q0 + nb], op=nl.copy,
                                 data=ATs[i][r0:r1, r0:r1], scale=-1.0)
             # inv = sum_{m < covered} N^m; only inv^T is kept (the final stationary)
-            invT = nl.ndarray((W, W), dtype=nl.float32, buffer=nl.sbuf)
+            invT = nl.ndarray((W, W), dtype=mdt, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=invT, data1=PT, data2=ident[0:W, 0:W], op=nl.add)
             it = {}
             it["p0"] = p0
@@ -342,7 +348,7 @@ def _solve_many(As, ATs, Bs, L, N, ident):
         for it in items:
             if covered < it["nb"]:
                 W = it["W"]
-                P2 = _mm(it["PT"], it["P"], W, W)            # P @ P
+                P2 = _mm(it["PT"], it["P"], W, W, out_dtype=mdt)   # P @ P
                 if covered * 2 < it["nb"]:                   # the last round needs no transpose
                     it["PT"] = _transpose(P2, W, W)          # (P @ P)^T
                 it["P"] = P2
@@ -352,7 +358,12 @@ def _solve_many(As, ATs, Bs, L, N, ident):
                 ps = nl.ndarray((W, W), dtype=nl.float32, buffer=nl.psum)
                 nisa.nc_matmul(dst=ps, stationary=it["P"], moving=it["invT"],
                                accumulate=False)                  # (inv @ P)^T
-                nisa.tensor_tensor(dst=it["invT"], data1=it["invT"], data2=ps, op=nl.add)
+                inv = it["invT"]
+                if covered * 2 >= it["nb"] and mdt != nl.float32:
+                    # the last round writes the float32 inverse the substitution applies
+                    inv = nl.ndarray((W, W), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_tensor(dst=inv, data1=it["invT"], data2=ps, op=nl.add)
+                it["invT"] = inv
                 ps = None
         covered = covered * 2
     for it in items:
@@ -458,7 +469,7 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
                 As.append(d["A"])
                 ATs.append(d["AT"])
                 Rs.append(d["R"])
-            sols.append(_solve_many(As, ATs, Rs, L, V, cst["ident"]))
+            sols.append(_solve_many(As, ATs, Rs, L, V, cst["ident"], xdt))
         if 0 <= t - 2:
             hvs = groups[t - 2]
             for i in range(len(hvs)):
