@@ -113,6 +113,7 @@ _BLOCK = 32           # rows per exactly-inverted diagonal block
 _HEADS = 4            # value heads per software-pipeline group (pre-solve, solve, post-solve)
 _PACK = 4             # heads whose diagonal blocks share one 128-partition inversion
 _L2NORM_EPS = 1e-6
+_TINY = 1e-30         # beta floor before its log (beta = 0 -> e^{seg - 69} ~ 1e-30 * e^{seg})
 
 
 @nki.jit
@@ -254,6 +255,10 @@ def _constants(C, K):
     cst["tri_lo"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.affine_select(dst=cst["tri_lo"], pattern=[[-1, C]], channel_multiplier=1, offset=-1,
                        on_true_tile=ones[0:C, 0:C], on_false_value=0.0, cmp_op=nl.greater_equal)
+    # tri_su[p, f] = 1 if f > p (strictly upper: the pairs j < i in [j, i] layout)
+    cst["tri_su"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.affine_select(dst=cst["tri_su"], pattern=[[1, C]], channel_multiplier=-1, offset=-1,
+                       on_true_tile=ones[0:C, 0:C], on_false_value=0.0, cmp_op=nl.greater_equal)
     cst["ident"] = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
     nisa.affine_select(dst=cst["ident"], pattern=[[-1, 128]], channel_multiplier=1,
                        on_true_tile=ones, on_false_value=0.0, cmp_op=nl.equal)
@@ -292,12 +297,13 @@ def _l2norm_rows(x, L, H, K):
                        data2=ss.reshape((L, H, 1)).broadcast(2, K), op=nl.multiply)
 
 
-def _solve_many(As, ATs, Bs, L, N, ident, mdt):
-    """Xs[i] [L, N] = (I + As[i])^{-1} Bs[i] for strictly-lower As[i] [L, L] (ATs their
-    transposes): forward substitution over _BLOCK-row blocks; the diagonal blocks of up to
+def _solve_many(ATs, Bs, L, N, ident, mdt):
+    """Xs[i] [L, N] = (I + A_i)^{-1} Bs[i] for strictly-lower A_i [L, L], given as their
+    transposes ATs[i] ([j, i] layout): forward substitution over _BLOCK-row blocks; the diagonal blocks of up to
     four heads are packed block-diagonally on 128 partitions (head i at partition 32*i)
     and inverted together, exactly, by nilpotent doubling; one matmul applies the four
-    inverses to their right-hand sides. The doublings do not depend on the right-hand
+    inverses to their right-hand sides. The packed blocks are placed from ATs (N^T) and
+    transposed once on TensorE (N). The doublings do not depend on the right-hand
     sides: all of them advance round by round together (independent chains interleave on
     the engines), then the substitution runs block by block.
 
@@ -305,7 +311,7 @@ def _solve_many(As, ATs, Bs, L, N, ident, mdt):
     and the partial inverses are rounded; the inverse's unit diagonal stays exact and the
     off-diagonal part carries the rounding, relative to its own size), float32 otherwise.
     The substitution and the final application stay float32."""
-    nh = len(As)
+    nh = len(ATs)
     Xs = []
     for i in range(nh):
         Xs.append(nl.ndarray((L, N), dtype=nl.float32, buffer=nl.sbuf))
@@ -318,18 +324,15 @@ def _solve_many(As, ATs, Bs, L, N, ident, mdt):
             nb = r1 - r0
             # unused rows / columns stay zero so the packed products stay block-diagonal
             # (GpSimd: the Vector engine is the busiest)
-            P = nl.ndarray((W, W), dtype=mdt, buffer=nl.sbuf)
             PT = nl.ndarray((W, W), dtype=mdt, buffer=nl.sbuf)
-            nisa.memset(dst=P, value=0.0, engine=nisa.engine.gpsimd)
             nisa.memset(dst=PT, value=0.0, engine=nisa.engine.gpsimd)
             for j in range(npk):
                 i = p0 + j
                 q0 = j * _BLOCK
-                # N_b = -A_bb (and its transpose) on the diagonal block of head i
-                nisa.activation(dst=P[q0:q0 + nb, q0:q0 + nb], op=nl.copy,
-                                data=As[i][r0:r1, r0:r1], scale=-1.0)
+                # N_b^T = -A_bb^T on the diagonal block of head i
                 nisa.activation(dst=PT[q0:q0 + nb, q0:q0 + nb], op=nl.copy,
                                 data=ATs[i][r0:r1, r0:r1], scale=-1.0)
+            P = _transpose(PT, W, W)
             # inv = sum_{m < covered} N^m; only inv^T is kept (the final stationary)
             invT = nl.ndarray((W, W), dtype=mdt, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=invT, data1=PT, data2=ident[0:W, 0:W], op=nl.add)
@@ -433,10 +436,16 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
     nisa.activation(dst=ec, op=nl.exp, data=c_col)
     qs = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)    # scale e^{c_i}
     nisa.tensor_scalar(dst=qs, data=ec, op0=nl.multiply, operand0=scale)
-    nbe = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)   # -beta e^{c_i}
-    nisa.scalar_tensor_tensor(dst=nbe, data=ec, op0=nl.multiply, operand0=-1.0,
-                              op1=nl.multiply, operand1=beta)
+    nec = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)   # -e^{c_i}
+    nisa.tensor_scalar(dst=nec, data=ec, op0=nl.multiply, operand0=-1.0)
+    # ln beta rides on the decay exps as their per-partition bias (beta_j e^{seg} =
+    # e^{seg + ln beta_j}); beta = 0 (rows past the end) gives e^{-huge} = 0
+    lnb = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=lnb, data=beta, op0=nl.maximum, operand0=_TINY)
+    nisa.activation(dst=lnb, op=nl.log, data=lnb)
     dl = _exp_of_mm(cst["tri_lo"][0:L, 0:L], g, L, HV)           # e^{c_last - c_i}
+    dlb = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)   # beta_i e^{c_last - c_i}
+    nisa.tensor_tensor(dst=dlb, data1=dl, data2=beta, op=nl.multiply)
     el = _exp_of_mm(cst["ones"][0:L, 0:K], g, K, HV)             # e^{c_last}
     oc = nl.ndarray((L, HV * V), dtype=o.dtype, buffer=nl.sbuf)
     qk = {}
@@ -458,45 +467,47 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
                 h = hv // rep
                 if qk.get(str(h)) == None:  # noqa: E711  (NKI has no `is`)
                     qk[str(h)] = _qk_head(cst, kc, qc, h, L, K)
-                pre.append(_head_pre(cst, qk[str(h)], S, vc, g, beta, nbe, hv, L, K, V, qkdt))
+                pre.append(_head_pre(cst, qk[str(h)], S, vc, g, lnb, nec, hv, L, K, V, qkdt))
             pres.append(pre)
         if 0 <= t - 1 and t - 1 < len(groups):
             pre = pres[t - 1]
-            As = []
             ATs = []
             Rs = []
             for d in pre:
-                As.append(d["A"])
                 ATs.append(d["AT"])
                 Rs.append(d["R"])
-            sols.append(_solve_many(As, ATs, Rs, L, V, cst["ident"], xdt))
+            sols.append(_solve_many(ATs, Rs, L, V, cst["ident"], xdt))
         if 0 <= t - 2:
             hvs = groups[t - 2]
             for i in range(len(hvs)):
-                _head_post(S, qk[str(hvs[i] // rep)], pres[t - 2][i], sols[t - 2][i], qs, dl, el,
+                _head_post(S, qk[str(hvs[i] // rep)], pres[t - 2][i], sols[t - 2][i], qs, dlb, el,
                            oc, hvs[i], L, K, V, scale)
     nisa.dma_copy(dst=_rows_view(o, rows, C, HV * V), src=oc)
 
 
-def _exp_of_mm(st, mv, M, N):
-    """SBUF [M, N] = exp(st^T @ mv), the exp reading PSUM (st holds only 0 / 1)."""
+def _exp_of_mm(st, mv, M, N, bias=None):
+    """SBUF [M, N] = exp(st^T @ mv + bias), the exp reading PSUM (st holds only 0 / 1;
+    ``bias`` a [M, 1] column or None)."""
     ps = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=ps, stationary=st, moving=mv, is_stationary_onezero=True,
                    accumulate=False)
     out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=out, op=nl.exp, data=ps)
+    if bias == None:  # noqa: E711  (NKI has no `is`)
+        nisa.activation(dst=out, op=nl.exp, data=ps)
+    else:
+        nisa.activation(dst=out, op=nl.exp, data=ps, bias=bias)
     return out
 
 
 def _qk_head(cst, kc, qc, h, L, K):
     """q/k head h of one chunk: k^T, q^T (operand dtype) and the masked products
-    kk[i, j] = k_i . k_j (i > j) and kq[j, i] = k_j . q_i (j <= i), float32. The masks
-    ride on the PSUM evictions, so no decay matrix needs one (exp(0) = 1 above them)."""
+    kk[j, i] = k_j . k_i (j < i) and kq[j, i] = k_j . q_i (j <= i), float32, both in
+    [j, i] layout. The masks ride on the PSUM evictions, so no decay matrix needs one."""
     d = {}
     d["kh"] = kc[:, h * K:(h + 1) * K]
     d["kT"] = _transpose(d["kh"], L, K)                       # [K, L]
     d["qT"] = _transpose(qc[:, h * K:(h + 1) * K], L, K)
-    d["kk"] = _masked_mm(d["kT"], d["kT"], cst["tri_lo"][0:L, 0:L], L)
+    d["kk"] = _masked_mm(d["kT"], d["kT"], cst["tri_su"][0:L, 0:L], L)
     d["kq"] = _masked_mm(d["kT"], d["qT"], cst["tri_up"][0:L, 0:L], L)
     return d
 
@@ -510,34 +521,26 @@ def _masked_mm(st, mv, mask, L):
     return out
 
 
-def _head_pre(cst, qk, S, vc, g, beta, nbe, hv, L, K, V, xdt):
-    """Value head hv of one chunk up to the triangular system: the decays, A, A^T and the
-    right-hand side R = beta (v - e^c (k S)) (see the module docstring for the math)."""
-    # pairwise decays from direct segment sums seg(j, i] = sum_{j < m <= i} g_m (fp32 matmuls
-    # with 0/1 operators), never c_i - c_j of two running sums (that difference cancels)
+def _head_pre(cst, qk, S, vc, g, lnb, nec, hv, L, K, V, xdt):
+    """Value head hv of one chunk up to the triangular system, with beta folded into the
+    unknown (v_new = beta * Y): the decays DT'[j, i] = beta_j e^{seg(j, i]} ([j, i]
+    layout), AT = (kk * DT') = (K K^T * D diag(beta))^T and R = v - e^c (k S), so that
+    (I + K K^T * D diag(beta)) Y = R (see the module docstring for the math)."""
+    # pairwise decays from direct segment sums seg(j, i] = sum_{j < m <= i} g_m (an fp32
+    # matmul with a 0/1 operator), never c_i - c_j of two running sums (that cancels)
     gU = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)     # [m, i] = g_m (m <= i)
     nisa.activation(dst=gU, op=nl.copy, data=cst["tri_up"][0:L, 0:L], scale=g[:, hv:hv + 1])
-    gL = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)     # [m, j] = g_m (m > j)
-    nisa.activation(dst=gL, op=nl.copy, data=cst["tri_lo"][0:L, 0:L], scale=g[:, hv:hv + 1])
-    D = _exp_of_mm(cst["tri_up"][0:L, 0:L], gL, L, L)            # D[i, j], i-major
-    DT = _exp_of_mm(cst["tri_lo"][0:L, 0:L], gU, L, L)           # D[i, j] at [j, i]
-    # A = strictly-lower(beta_i k_i.k_j D_ij) (kk carries the mask)
-    A = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=A, data=qk["kk"], op0=nl.multiply,
-                              operand0=beta[:, hv:hv + 1], op1=nl.multiply, operand1=D)
-    AT = _transpose(A, L, L)
-    # R = beta v - beta e^c (k S): the delta of every token against the chunk's entry state
+    DT = _exp_of_mm(cst["tri_lo"][0:L, 0:L], gU, L, L, bias=lnb[:, hv:hv + 1])
+    AT = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)     # kk carries the mask
+    nisa.tensor_tensor(dst=AT, data1=qk["kk"], data2=DT, op=nl.multiply)
+    # R = v - e^c (k S): the delta of every token against the chunk's entry state
     Sm = _state_operand(S, hv, K, V, xdt)
     ps = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=ps, stationary=qk["kT"], moving=Sm, accumulate=False)
-    vb = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=vb, op=nl.copy, data=vc[:, hv * V:(hv + 1) * V],
-                    scale=beta[:, hv:hv + 1])
     R = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=R, data=ps, op0=nl.multiply, operand0=nbe[:, hv:hv + 1],
-                              op1=nl.add, operand1=vb)
+    nisa.scalar_tensor_tensor(dst=R, data=ps, op0=nl.multiply, operand0=nec[:, hv:hv + 1],
+                              op1=nl.add, operand1=vc[:, hv * V:(hv + 1) * V])
     d = {}
-    d["A"] = A
     d["AT"] = AT
     d["R"] = R
     d["DT"] = DT
@@ -556,30 +559,30 @@ def _state_operand(S, hv, K, V, xdt):
     return Sm
 
 
-def _head_post(S, qk, d, vnew, qs, dl, el, oc, hv, L, K, V, scale):
-    """Value head hv of one chunk after the solve (vnew = (I + A)^{-1} R): o columns and
-    the state update. The products with v_new stay float32 (rounding v_new, the decayed
+def _head_post(S, qk, d, Y, qs, dlb, el, oc, hv, L, K, V, scale):
+    """Value head hv of one chunk after the solve (v_new = beta * Y, beta folded into the
+    decays DT' and into dlb): o columns and the state update. The products with v_new stay float32 (rounding v_new, the decayed
     keys or the masked q k^T to bf16 costs 1-2e-3 of the 3e-3 budget at small head dims:
     measured)."""
     Sh = S[:, hv * V:(hv + 1) * V]
-    # o = scale e^c (q S) + (scale tril(q k^T) D) v_new
+    # o = scale e^c (q S) + (scale tril(q k^T) D diag(beta)) Y
     MT = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=MT, data=qk["kq"], op0=nl.multiply, operand0=scale,
                               op1=nl.multiply, operand1=d["DT"])
     pq = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=pq, stationary=qk["qT"], moving=d["Sm"], accumulate=False)
     pm = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pm, stationary=MT, moving=vnew, accumulate=False)
-    oq = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.nc_matmul(dst=pm, stationary=MT, moving=Y, accumulate=False)
+    oq = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf)     # (two PSUM inputs: no)
     nisa.activation(dst=oq, op=nl.copy, data=pq, scale=qs[:, hv:hv + 1])
     nisa.tensor_tensor(dst=oc[:, hv * V:(hv + 1) * V], data1=pm, data2=oq, op=nl.add)
     pq = None
     pm = None
-    # S <- e^{c_last} S + (e^{c_last - c} k)^T v_new
+    # S <- e^{c_last} S + (beta e^{c_last - c} k)^T Y
     kd = nl.ndarray((L, K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=kd, op=nl.copy, data=qk["kh"], scale=dl[:, hv:hv + 1])
+    nisa.activation(dst=kd, op=nl.copy, data=qk["kh"], scale=dlb[:, hv:hv + 1])
     su = nl.ndarray((K, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=su, stationary=kd, moving=vnew, accumulate=False)
+    nisa.nc_matmul(dst=su, stationary=kd, moving=Y, accumulate=False)
     nisa.scalar_tensor_tensor(dst=Sh, data=Sh, op0=nl.multiply, operand0=el[:, hv:hv + 1],
                               op1=nl.add, operand1=su)
     su = None
