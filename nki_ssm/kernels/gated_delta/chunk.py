@@ -274,14 +274,14 @@ def _transpose(src, P, F):
     return out
 
 
-def _mm(st, mv, M, N, onezero=False, out_dtype=nl.float32):
+def _mm(st, mv, M, N, onezero=False, out_dtype=nl.float32, engine=nisa.engine.scalar):
     """SBUF [M, N] = st^T @ mv through PSUM (``onezero``: st holds only 0 / 1), stored as
-    ``out_dtype``."""
+    ``out_dtype`` by ``engine``."""
     ps = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=ps, stationary=st, moving=mv, is_stationary_onezero=onezero,
                    accumulate=False)
     out = nl.ndarray((M, N), dtype=out_dtype, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=out, src=ps, engine=nisa.engine.scalar)
+    nisa.tensor_copy(dst=out, src=ps, engine=engine)
     return out
 
 
@@ -352,8 +352,10 @@ def _solve_many(ATs, Bs, L, N, ident, mdt):
             if covered < it["nb"]:
                 W = it["W"]
                 P2 = _mm(it["PT"], it["P"], W, W, out_dtype=mdt)   # P @ P
-                if covered * 2 < it["nb"]:                   # the last round needs no transpose
-                    it["PT"] = _transpose(P2, W, W)          # (P @ P)^T
+                if covered * 2 < it["nb"]:                   # the last round needs no P^T
+                    # (P @ P)^T = P^T @ P^T from the same operands: no transpose of P2
+                    it["PT"] = _mm(it["P"], it["PT"], W, W, out_dtype=mdt,
+                                   engine=nisa.engine.vector)
                 it["P"] = P2
         for it in items:
             if covered < it["nb"]:
@@ -395,7 +397,7 @@ def _solve_many(ATs, Bs, L, N, ident, mdt):
         for j in range(npk):
             q0 = j * _BLOCK
             nisa.tensor_copy(dst=Xs[p0 + j][r0:r1, :], src=ps[q0:q0 + nb, :],
-                             engine=nisa.engine.vector)
+                             engine=nisa.engine.scalar)
         ps = None
     return Xs
 
