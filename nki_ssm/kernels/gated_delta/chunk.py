@@ -112,6 +112,7 @@ from nki_ssm.backend import nki, nl, nisa
 _BLOCK = 32           # rows per exactly-inverted diagonal block
 _HEADS = 4            # value heads per software-pipeline group (pre-solve, solve, post-solve)
 _PACK = 4             # heads whose diagonal blocks share one 128-partition inversion
+_REVERSE = False
 _L2NORM_EPS = 1e-6
 _TINY = 1e-30         # beta floor before its log (beta = 0 -> e^{seg - 69} ~ 1e-30 * e^{seg})
 
@@ -297,106 +298,141 @@ def _l2norm_rows(x, L, H, K):
                        data2=ss.reshape((L, H, 1)).broadcast(2, K), op=nl.multiply)
 
 
-def _solve_many(ATs, Bs, L, N, ident, mdt):
-    """Xs[i] [L, N] = (I + A_i)^{-1} Bs[i] for strictly-lower A_i [L, L], given as their
-    transposes ATs[i] ([j, i] layout): forward substitution over _BLOCK-row blocks; the diagonal blocks of up to
-    four heads are packed block-diagonally on 128 partitions (head i at partition 32*i)
-    and inverted together, exactly, by nilpotent doubling; one matmul applies the four
-    inverses to their right-hand sides. The packed blocks are placed from ATs (N^T) and
-    transposed once on TensorE (N). The doublings do not depend on the right-hand
-    sides: all of them advance round by round together (independent chains interleave on
-    the engines), then the substitution runs block by block.
+def _solve_setup(ATs, L, ident, mdt):
+    """Stage 1 of Xs[i] = (I + A_i)^{-1} Bs[i] (strictly-lower A_i [L, L], given as their
+    transposes ATs[i], [j, i] layout; up to _PACK heads): the diagonal _BLOCK-row blocks of
+    the heads packed block-diagonally on W = 32 * heads partitions (head i at partition
+    32*i), block b of every head in slot b of ``[W, blocks, W]`` tiles: N^T = -A_bb^T
+    placed from ATs, N by TensorE transposes (one PSUM bank, one eviction), inv^T = I + N^T.
+    Every later step works on all blocks at once (one PSUM bank, one eviction per round).
 
     ``mdt`` is the doubling's TensorE operand dtype: bfloat16 for bf16 callers (the powers
     and the partial inverses are rounded; the inverse's unit diagonal stays exact and the
     off-diagonal part carries the rounding, relative to its own size), float32 otherwise.
     The substitution and the final application stay float32."""
-    nh = len(ATs)
+    npk = len(ATs)
+    W = npk * _BLOCK
+    nbs = []
+    for r0 in range(0, L, _BLOCK):
+        nbs.append(min(r0 + _BLOCK, L) - r0)
+    nblk = len(nbs)
+    # unused rows / columns stay zero so the packed products stay block-diagonal
+    # (GpSimd: the Vector engine is the busiest)
+    PT = nl.ndarray((W, nblk, W), dtype=mdt, buffer=nl.sbuf)
+    nisa.memset(dst=PT, value=0.0, engine=nisa.engine.gpsimd)
+    for b in range(nblk):
+        r0 = b * _BLOCK
+        nb = nbs[b]
+        for j in range(npk):
+            q0 = j * _BLOCK
+            # N_b^T = -A_bb^T on the diagonal block of head j
+            nisa.activation(dst=PT[q0:q0 + nb, b, q0:q0 + nb], op=nl.copy,
+                            data=ATs[j][r0:r0 + nb, r0:r0 + nb], scale=-1.0)
+    pst = nl.ndarray((W, nblk * W), dtype=mdt, buffer=nl.psum)
+    for b in range(nblk):
+        nisa.nc_transpose(dst=pst[:, b * W:(b + 1) * W], data=PT[:, b, :],
+                          engine=nisa.engine.tensor)
+    P = nl.ndarray((W, nblk, W), dtype=mdt, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=P.reshape((W, nblk * W)), src=pst, engine=nisa.engine.scalar)
+    # inv = sum_{m < covered} N^m; only inv^T is kept (the final stationary)
+    invT = nl.ndarray((W, nblk, W), dtype=mdt, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=invT, data1=PT,
+                       data2=ident[0:W, 0:W].reshape((W, 1, W)).broadcast(1, nblk), op=nl.add)
+    pk = {}
+    pk["npk"] = npk
+    pk["W"] = W
+    pk["nbs"] = nbs
+    pk["P"] = P
+    pk["PT"] = PT
+    pk["invT"] = invT
+    pk["inv"] = nl.ndarray((W, nblk, W), dtype=nl.float32, buffer=nl.sbuf)  # final, fp32
+    return pk
+
+
+def _count_over(nbs, n):
+    """How many of the (non-increasing) block sizes ``nbs`` exceed ``n``."""
+    k = 0
+    for nb in nbs:
+        if nb > n:
+            k = k + 1
+    return k
+
+
+def _solve_round(pk, covered, mdt):
+    """One nilpotent-doubling round of every block still running (exact: N^m = 0 for
+    m >= its rows): P <- P P, P^T <- P^T P^T (from the same operands, no transpose),
+    inv <- inv (I + P), so inv covers the powers below 2 * covered. The blocks' products
+    share one PSUM bank and one eviction; a block whose last round this is writes the
+    float32 inverse the substitution applies."""
+    W = pk["W"]
+    na = _count_over(pk["nbs"], covered)           # blocks in this round
+    nc = _count_over(pk["nbs"], covered * 2)       # ... that need another round
+    if na == 0:
+        return
+    ps = nl.ndarray((W, na * W), dtype=nl.float32, buffer=nl.psum)
+    for b in range(na):
+        nisa.nc_matmul(dst=ps[:, b * W:(b + 1) * W], stationary=pk["PT"][:, b, :],
+                       moving=pk["P"][:, b, :], accumulate=False)            # P @ P
+    P2 = nl.ndarray((W, na, W), dtype=mdt, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=P2.reshape((W, na * W)), src=ps, engine=nisa.engine.scalar)
+    if nc > 0:
+        ps = nl.ndarray((W, nc * W), dtype=nl.float32, buffer=nl.psum)
+        for b in range(nc):
+            nisa.nc_matmul(dst=ps[:, b * W:(b + 1) * W], stationary=pk["P"][:, b, :],
+                           moving=pk["PT"][:, b, :], accumulate=False)     # (P @ P)^T
+        PT2 = nl.ndarray((W, nc, W), dtype=mdt, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=PT2.reshape((W, nc * W)), src=ps, engine=nisa.engine.vector)
+        pk["PT"] = PT2
+    pk["P"] = P2
+    ps = nl.ndarray((W, na * W), dtype=nl.float32, buffer=nl.psum)
+    for b in range(na):
+        nisa.nc_matmul(dst=ps[:, b * W:(b + 1) * W], stationary=P2[:, b, :],
+                       moving=pk["invT"][:, b, :], accumulate=False)       # (inv @ P)^T
+    psv = ps.reshape((W, na, W))
+    if nc > 0:
+        inv = nl.ndarray((W, nc, W), dtype=mdt, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=inv, data1=pk["invT"][:, 0:nc, :], data2=psv[:, 0:nc, :],
+                           op=nl.add)
+    if nc < na:
+        nisa.tensor_tensor(dst=pk["inv"][:, nc:na, :], data1=pk["invT"][:, nc:na, :],
+                           data2=psv[:, nc:na, :], op=nl.add)
+    if nc > 0:
+        pk["invT"] = inv
+
+
+def _solve_subst(pk, ATs, Bs, L, N):
+    """Forward substitution over the _BLOCK-row blocks with the inverted diagonal blocks:
+    Xs[i] [L, N] = (I + A_i)^{-1} Bs[i]; one matmul applies the pack's inverses of a block."""
+    npk, W, nbs = pk["npk"], pk["W"], pk["nbs"]
     Xs = []
-    for i in range(nh):
+    for i in range(npk):
         Xs.append(nl.ndarray((L, N), dtype=nl.float32, buffer=nl.sbuf))
-    items = []
-    for p0 in range(0, nh, _PACK):
-        npk = min(_PACK, nh - p0)
-        W = npk * _BLOCK
-        for r0 in range(0, L, _BLOCK):
-            r1 = min(r0 + _BLOCK, L)
-            nb = r1 - r0
-            # unused rows / columns stay zero so the packed products stay block-diagonal
-            # (GpSimd: the Vector engine is the busiest)
-            PT = nl.ndarray((W, W), dtype=mdt, buffer=nl.sbuf)
-            nisa.memset(dst=PT, value=0.0, engine=nisa.engine.gpsimd)
-            for j in range(npk):
-                i = p0 + j
-                q0 = j * _BLOCK
-                # N_b^T = -A_bb^T on the diagonal block of head i
-                nisa.activation(dst=PT[q0:q0 + nb, q0:q0 + nb], op=nl.copy,
-                                data=ATs[i][r0:r1, r0:r1], scale=-1.0)
-            P = _transpose(PT, W, W)
-            # inv = sum_{m < covered} N^m; only inv^T is kept (the final stationary)
-            invT = nl.ndarray((W, W), dtype=mdt, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=invT, data1=PT, data2=ident[0:W, 0:W], op=nl.add)
-            it = {}
-            it["p0"] = p0
-            it["npk"] = npk
-            it["W"] = W
-            it["r0"] = r0
-            it["nb"] = nb
-            it["P"] = P
-            it["PT"] = PT
-            it["invT"] = invT
-            items.append(it)
-    covered = 2
-    while covered < _BLOCK:
-        for it in items:
-            if covered < it["nb"]:
-                W = it["W"]
-                P2 = _mm(it["PT"], it["P"], W, W, out_dtype=mdt)   # P @ P
-                if covered * 2 < it["nb"]:                   # the last round needs no P^T
-                    # (P @ P)^T = P^T @ P^T from the same operands: no transpose of P2
-                    it["PT"] = _mm(it["P"], it["PT"], W, W, out_dtype=mdt,
-                                   engine=nisa.engine.vector)
-                it["P"] = P2
-        for it in items:
-            if covered < it["nb"]:
-                W = it["W"]
-                ps = nl.ndarray((W, W), dtype=nl.float32, buffer=nl.psum)
-                nisa.nc_matmul(dst=ps, stationary=it["P"], moving=it["invT"],
-                               accumulate=False)                  # (inv @ P)^T
-                inv = it["invT"]
-                if covered * 2 >= it["nb"] and mdt != nl.float32:
-                    # the last round writes the float32 inverse the substitution applies
-                    inv = nl.ndarray((W, W), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_tensor(dst=inv, data1=it["invT"], data2=ps, op=nl.add)
-                it["invT"] = inv
-                ps = None
-        covered = covered * 2
-    for it in items:
-        p0, npk, W, r0, nb = it["p0"], it["npk"], it["W"], it["r0"], it["nb"]
+    for b in range(len(nbs)):
+        r0 = b * _BLOCK
+        nb = nbs[b]
         r1 = r0 + nb
         R = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.sbuf)
         if nb < _BLOCK:
             nisa.memset(dst=R, value=0.0, engine=nisa.engine.gpsimd)
         for j in range(npk):
-            i = p0 + j
             q0 = j * _BLOCK
             if r0 == 0:
-                nisa.tensor_copy(dst=R[q0:q0 + nb, :], src=Bs[i][0:nb, :],
+                nisa.tensor_copy(dst=R[q0:q0 + nb, :], src=Bs[j][0:nb, :],
                                  engine=nisa.engine.scalar)
             else:
                 # matmul output on partitions 0..nb; the subtraction moves it to the
                 # head's quadrant (cross-quadrant moves of <= 32 partitions are legal)
                 ps = nl.ndarray((nb, N), dtype=nl.float32, buffer=nl.psum)
-                nisa.nc_matmul(dst=ps, stationary=ATs[i][0:r0, r0:r1], moving=Xs[i][0:r0, :],
+                nisa.nc_matmul(dst=ps, stationary=ATs[j][0:r0, r0:r1], moving=Xs[j][0:r0, :],
                                accumulate=False)
-                nisa.tensor_tensor(dst=R[q0:q0 + nb, :], data1=Bs[i][r0:r1, :], data2=ps,
+                nisa.tensor_tensor(dst=R[q0:q0 + nb, :], data1=Bs[j][r0:r1, :], data2=ps,
                                    op=nl.subtract)
                 ps = None
         ps = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=ps, stationary=it["invT"], moving=R, accumulate=False)
+        nisa.nc_matmul(dst=ps, stationary=pk["inv"][:, b, :], moving=R, accumulate=False)
         for j in range(npk):
             q0 = j * _BLOCK
-            nisa.tensor_copy(dst=Xs[p0 + j][r0:r1, :], src=ps[q0:q0 + nb, :],
+            nisa.tensor_copy(dst=Xs[j][r0:r1, :], src=ps[q0:q0 + nb, :],
                              engine=nisa.engine.scalar)
         ps = None
     return Xs
@@ -457,33 +493,55 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
         for hv in range(hv0, min(hv0 + _HEADS, HV)):
             hvs.append(hv)
         groups.append(hvs)
-    # software pipeline over head groups: in step t the pre-solve work of group t, the
-    # solve of group t-1 and the post-solve work of group t-2 are issued, so every
-    # in-order engine queue holds independent work between a group's dependent steps
+    # software pipeline over head groups, one stage per step: in step t group t - s runs
+    # stage s (pre-solve, solve setup, the doubling rounds, substitution, post-solve), so
+    # every in-order engine queue holds work of several groups between one group's
+    # dependent steps
+    nround = 0
+    covered = 2
+    while covered < _BLOCK and covered < L:
+        nround = nround + 1
+        covered = covered * 2
+    nstage = nround + 4
     pres = []
+    items = []
     sols = []
-    for t in range(len(groups) + 2):
-        if t < len(groups):
-            pre = []
-            for hv in groups[t]:
-                h = hv // rep
-                if qk.get(str(h)) == None:  # noqa: E711  (NKI has no `is`)
-                    qk[str(h)] = _qk_head(cst, kc, qc, h, L, K)
-                pre.append(_head_pre(cst, qk[str(h)], S, vc, g, lnb, nec, hv, L, K, V, qkdt))
-            pres.append(pre)
-        if 0 <= t - 1 and t - 1 < len(groups):
-            pre = pres[t - 1]
-            ATs = []
-            Rs = []
-            for d in pre:
-                ATs.append(d["AT"])
-                Rs.append(d["R"])
-            sols.append(_solve_many(ATs, Rs, L, V, cst["ident"], xdt))
-        if 0 <= t - 2:
-            hvs = groups[t - 2]
-            for i in range(len(hvs)):
-                _head_post(S, qk[str(hvs[i] // rep)], pres[t - 2][i], sols[t - 2][i], qs, dlb, el,
-                           oc, hvs[i], L, K, V, scale)
+    for t in range(len(groups) + nstage - 1):
+        for k in range(nstage):
+            s = k
+            if _REVERSE:
+                s = nstage - 1 - k
+            u = t - s
+            if u < 0 or u >= len(groups):
+                continue
+            if s == 0:
+                pre = []
+                for hv in groups[u]:
+                    h = hv // rep
+                    if qk.get(str(h)) == None:  # noqa: E711  (NKI has no `is`)
+                        qk[str(h)] = _qk_head(cst, kc, qc, h, L, K)
+                    pre.append(_head_pre(cst, qk[str(h)], S, vc, g, lnb, nec, hv, L, K, V,
+                                         qkdt))
+                pres.append(pre)
+            elif s == 1:
+                ATs = []
+                for d in pres[u]:
+                    ATs.append(d["AT"])
+                items.append(_solve_setup(ATs, L, cst["ident"], xdt))
+            elif s < nstage - 2:
+                _solve_round(items[u], 2 ** (s - 1), xdt)
+            elif s == nstage - 2:
+                ATs = []
+                Rs = []
+                for d in pres[u]:
+                    ATs.append(d["AT"])
+                    Rs.append(d["R"])
+                sols.append(_solve_subst(items[u], ATs, Rs, L, V))
+            else:
+                hvs = groups[u]
+                for i in range(len(hvs)):
+                    _head_post(S, qk[str(hvs[i] // rep)], pres[u][i], sols[u][i], qs, dlb,
+                               el, oc, hvs[i], L, K, V, scale)
     nisa.dma_copy(dst=_rows_view(o, rows, C, HV * V), src=oc)
 
 
