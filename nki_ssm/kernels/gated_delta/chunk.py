@@ -301,9 +301,12 @@ def _solve_setup(ATs, L, ident, mdt):
     """Stage 1 of Xs[i] = (I + A_i)^{-1} Bs[i] (strictly-lower A_i [L, L], given as their
     transposes ATs[i], [j, i] layout; up to _PACK heads): the diagonal _BLOCK-row blocks of
     the heads packed block-diagonally on W = 32 * heads partitions (head i at partition
-    32*i), block b of every head in slot b of ``[W, blocks, W]`` tiles: N^T = -A_bb^T
-    placed from ATs, N by TensorE transposes (one PSUM bank, one eviction), inv^T = I + N^T.
-    Every later step works on all blocks at once (one PSUM bank, one eviction per round).
+    32*i), block b of every head in slot b of ``[W, blocks, W]`` tiles: P^T = A_bb^T
+    placed from ATs by DMA (SBUF to SBUF: partition moves no compute engine spends time
+    on), P by TensorE transposes (one PSUM bank, one eviction); with N = -P the inverse
+    (I - N)^{-1} = (I + N)(I + N^2)(I + N^4)... starts as inv^T = I - P^T (the even powers
+    need no sign). Every later step works on all blocks at once (one PSUM bank, one
+    eviction per round).
 
     ``mdt`` is the doubling's TensorE operand dtype: bfloat16 for bf16 callers (the powers
     and the partial inverses are rounded; the inverse's unit diagonal stays exact and the
@@ -324,9 +327,8 @@ def _solve_setup(ATs, L, ident, mdt):
         nb = nbs[b]
         for j in range(npk):
             q0 = j * _BLOCK
-            # N_b^T = -A_bb^T on the diagonal block of head j
-            nisa.activation(dst=PT[q0:q0 + nb, b, q0:q0 + nb], op=nl.copy,
-                            data=ATs[j][r0:r0 + nb, r0:r0 + nb], scale=-1.0)
+            nisa.dma_copy(dst=PT[q0:q0 + nb, b, q0:q0 + nb],
+                          src=ATs[j][r0:r0 + nb, r0:r0 + nb])
     pst = nl.ndarray((W, nblk * W), dtype=mdt, buffer=nl.psum)
     for b in range(nblk):
         nisa.nc_transpose(dst=pst[:, b * W:(b + 1) * W], data=PT[:, b, :],
@@ -335,8 +337,8 @@ def _solve_setup(ATs, L, ident, mdt):
     nisa.tensor_copy(dst=P.reshape((W, nblk * W)), src=pst, engine=nisa.engine.scalar)
     # inv = sum_{m < covered} N^m; only inv^T is kept (the final stationary)
     invT = nl.ndarray((W, nblk, W), dtype=mdt, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=invT, data1=PT,
-                       data2=ident[0:W, 0:W].reshape((W, 1, W)).broadcast(1, nblk), op=nl.add)
+    nisa.tensor_tensor(dst=invT, data1=ident[0:W, 0:W].reshape((W, 1, W)).broadcast(1, nblk),
+                       data2=PT, op=nl.subtract)
     pk = {}
     pk["npk"] = npk
     pk["W"] = W
@@ -345,6 +347,7 @@ def _solve_setup(ATs, L, ident, mdt):
     pk["PT"] = PT
     pk["invT"] = invT
     pk["inv"] = nl.ndarray((W, nblk, W), dtype=nl.float32, buffer=nl.sbuf)  # final, fp32
+    pk["X"] = []
     return pk
 
 
@@ -399,42 +402,43 @@ def _solve_round(pk, covered, mdt):
         pk["invT"] = inv
 
 
-def _solve_subst(pk, ATs, Bs, L, N):
-    """Forward substitution over the _BLOCK-row blocks with the inverted diagonal blocks:
-    Xs[i] [L, N] = (I + A_i)^{-1} Bs[i]; one matmul applies the pack's inverses of a block."""
+def _solve_subst_block(pk, ATs, Bs, b, L, N):
+    """Block b of the forward substitution with the inverted diagonal blocks:
+    X_b = inv_bb (B_b - A_{b, <b} X_{<b}) for the pack's heads, X [L, N] in pk["X"]
+    (allocated at b = 0). The right-hand sides are packed (head j at partition 32 j) and
+    the solutions unpacked by SBUF-to-SBUF DMAs; one matmul and one eviction apply the
+    pack's inverses of block b."""
     npk, W, nbs = pk["npk"], pk["W"], pk["nbs"]
-    Xs = []
-    for i in range(npk):
-        Xs.append(nl.ndarray((L, N), dtype=nl.float32, buffer=nl.sbuf))
-    for b in range(len(nbs)):
-        r0 = b * _BLOCK
-        nb = nbs[b]
-        r1 = r0 + nb
-        R = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.sbuf)
-        if nb < _BLOCK:
-            nisa.memset(dst=R, value=0.0, engine=nisa.engine.gpsimd)
-        for j in range(npk):
-            q0 = j * _BLOCK
-            if r0 == 0:
-                nisa.tensor_copy(dst=R[q0:q0 + nb, :], src=Bs[j][0:nb, :],
-                                 engine=nisa.engine.scalar)
-            else:
-                # matmul output on partitions 0..nb; the subtraction moves it to the
-                # head's quadrant (cross-quadrant moves of <= 32 partitions are legal)
-                ps = nl.ndarray((nb, N), dtype=nl.float32, buffer=nl.psum)
-                nisa.nc_matmul(dst=ps, stationary=ATs[j][0:r0, r0:r1], moving=Xs[j][0:r0, :],
-                               accumulate=False)
-                nisa.tensor_tensor(dst=R[q0:q0 + nb, :], data1=Bs[j][r0:r1, :], data2=ps,
-                                   op=nl.subtract)
-                ps = None
-        ps = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=ps, stationary=pk["inv"][:, b, :], moving=R, accumulate=False)
-        for j in range(npk):
-            q0 = j * _BLOCK
-            nisa.tensor_copy(dst=Xs[j][r0:r1, :], src=ps[q0:q0 + nb, :],
-                             engine=nisa.engine.scalar)
-        ps = None
-    return Xs
+    Xs = pk["X"]
+    if b == 0:
+        for i in range(npk):
+            Xs.append(nl.ndarray((L, N), dtype=nl.float32, buffer=nl.sbuf))
+    r0 = b * _BLOCK
+    nb = nbs[b]
+    r1 = r0 + nb
+    R = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.sbuf)
+    if nb < _BLOCK:
+        nisa.memset(dst=R, value=0.0, engine=nisa.engine.gpsimd)
+    for j in range(npk):
+        q0 = j * _BLOCK
+        if r0 == 0:
+            nisa.dma_copy(dst=R[q0:q0 + nb, :], src=Bs[j][0:nb, :])
+        else:
+            # matmul output on partitions 0..nb; the subtraction moves it to the
+            # head's quadrant (cross-quadrant moves of <= 32 partitions are legal)
+            ps = nl.ndarray((nb, N), dtype=nl.float32, buffer=nl.psum)
+            nisa.nc_matmul(dst=ps, stationary=ATs[j][0:r0, r0:r1], moving=Xs[j][0:r0, :],
+                           accumulate=False)
+            nisa.tensor_tensor(dst=R[q0:q0 + nb, :], data1=Bs[j][r0:r1, :], data2=ps,
+                               op=nl.subtract)
+            ps = None
+    ps = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ps, stationary=pk["inv"][:, b, :], moving=R, accumulate=False)
+    Xp = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=Xp, src=ps, engine=nisa.engine.scalar)
+    for j in range(npk):
+        q0 = j * _BLOCK
+        nisa.dma_copy(dst=Xs[j][r0:r1, :], src=Xp[q0:q0 + nb, :])
 
 
 def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_qk_l2norm,
@@ -498,10 +502,10 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
     while covered < _BLOCK and covered < L:
         nround = nround + 1
         covered = covered * 2
-    nstage = nround + 4
+    nblk = (L + _BLOCK - 1) // _BLOCK
+    nstage = nround + nblk + 3
     pres = []
     items = []
-    sols = []
     for t in range(len(groups) + nstage - 1):
         for k in range(nstage):
             s = k
@@ -524,20 +528,20 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
                 for d in pres[u]:
                     ATs.append(d["AT"])
                 items.append(_solve_setup(ATs, L, cst["ident"], xdt))
-            elif s < nstage - 2:
+            elif s < nround + 2:
                 _solve_round(items[u], 2 ** (s - 1), xdt)
-            elif s == nstage - 2:
+            elif s < nstage - 1:
                 ATs = []
                 Rs = []
                 for d in pres[u]:
                     ATs.append(d["AT"])
                     Rs.append(d["R"])
-                sols.append(_solve_subst(items[u], ATs, Rs, L, V))
+                _solve_subst_block(items[u], ATs, Rs, s - nround - 2, L, V)
             else:
                 hvs = groups[u]
                 for i in range(len(hvs)):
-                    _head_post(S, qk[str(hvs[i] // rep)], pres[u][i], sols[u][i], qs, bs,
-                               dlb, el, oc, hvs[i], L, K, V)
+                    _head_post(S, qk[str(hvs[i] // rep)], pres[u][i], items[u]["X"][i], qs,
+                               bs, dlb, el, oc, hvs[i], L, K, V)
     nisa.dma_copy(dst=_rows_view(o, rows, C, HV * V), src=oc)
 
 
