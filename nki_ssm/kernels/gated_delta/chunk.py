@@ -383,7 +383,7 @@ def _solve_round(pk, covered, mdt):
             nisa.nc_matmul(dst=ps[:, b * W:(b + 1) * W], stationary=pk["P"][:, b, :],
                            moving=pk["PT"][:, b, :], accumulate=False)     # (P @ P)^T
         PT2 = nl.ndarray((W, nc, W), dtype=mdt, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=PT2.reshape((W, nc * W)), src=ps, engine=nisa.engine.vector)
+        nisa.tensor_copy(dst=PT2.reshape((W, nc * W)), src=ps, engine=nisa.engine.scalar)
         pk["PT"] = PT2
     pk["P"] = P2
     ps = nl.ndarray((W, na * W), dtype=nl.float32, buffer=nl.psum)
