@@ -112,7 +112,6 @@ from nki_ssm.backend import nki, nl, nisa
 _BLOCK = 32           # rows per exactly-inverted diagonal block
 _HEADS = 4            # value heads per software-pipeline group (pre-solve, solve, post-solve)
 _PACK = 4             # heads whose diagonal blocks share one 128-partition inversion
-_REVERSE = False
 _L2NORM_EPS = 1e-6
 
 
@@ -386,6 +385,17 @@ def _solve_round(pk, covered, mdt):
         nisa.tensor_copy(dst=PT2.reshape((W, nc * W)), src=ps, engine=nisa.engine.scalar)
         pk["PT"] = PT2
     pk["P"] = P2
+
+
+def _solve_update(pk, covered, mdt):
+    """The second half of a doubling round: inv <- inv (I + P) (P = N^{2 covered} from
+    _solve_round), one PSUM bank and one eviction for the blocks still running."""
+    W = pk["W"]
+    na = _count_over(pk["nbs"], covered)
+    nc = _count_over(pk["nbs"], covered * 2)
+    if na == 0:
+        return
+    P2 = pk["P"]
     ps = nl.ndarray((W, na * W), dtype=nl.float32, buffer=nl.psum)
     for b in range(na):
         nisa.nc_matmul(dst=ps[:, b * W:(b + 1) * W], stationary=P2[:, b, :],
@@ -503,45 +513,63 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
         nround = nround + 1
         covered = covered * 2
     nblk = (L + _BLOCK - 1) // _BLOCK
-    nstage = nround + nblk + 3
+    # the jobs of one group, in order: decays and A^T, solve setup, the doubling rounds
+    # (squaring, inverse update), the right-hand sides, one substitution job per block,
+    # the outputs, the state update
+    j_setup = 1
+    j_round = 2
+    j_rhs = j_round + 2 * nround
+    j_sub = j_rhs + 1
+    j_out = j_sub + nblk
+    njob = j_out + 2
+    nstage = njob
     pres = []
     items = []
     for t in range(len(groups) + nstage - 1):
-        for k in range(nstage):
-            s = k
-            if _REVERSE:
-                s = nstage - 1 - k
+        for s in range(nstage):
             u = t - s
             if u < 0 or u >= len(groups):
                 continue
-            if s == 0:
-                pre = []
-                for hv in groups[u]:
-                    h = hv // rep
-                    if qk.get(str(h)) == None:  # noqa: E711  (NKI has no `is`)
-                        qk[str(h)] = _qk_head(cst, kc, qc, h, L, K)
-                    pre.append(_head_pre(cst, qk[str(h)], S, vc, g, beta, nec, hv, L, K, V,
-                                         qkdt))
-                pres.append(pre)
-            elif s == 1:
-                ATs = []
-                for d in pres[u]:
-                    ATs.append(d["AT"])
-                items.append(_solve_setup(ATs, L, cst["ident"], xdt))
-            elif s < nround + 2:
-                _solve_round(items[u], 2 ** (s - 1), xdt)
-            elif s < nstage - 1:
-                ATs = []
-                Rs = []
-                for d in pres[u]:
-                    ATs.append(d["AT"])
-                    Rs.append(d["R"])
-                _solve_subst_block(items[u], ATs, Rs, s - nround - 2, L, V)
-            else:
-                hvs = groups[u]
-                for i in range(len(hvs)):
-                    _head_post(S, qk[str(hvs[i] // rep)], pres[u][i], items[u]["X"][i], qs,
-                               bs, dlb, el, oc, hvs[i], L, K, V)
+            hvs = groups[u]
+            for job in range(s, s + 1):
+                if job == 0:
+                    pre = []
+                    for hv in hvs:
+                        h = hv // rep
+                        if qk.get(str(h)) == None:  # noqa: E711  (NKI has no `is`)
+                            qk[str(h)] = _qk_head(cst, kc, qc, h, L, K)
+                        pre.append(_head_pre(cst, qk[str(h)], g, beta, hv, L))
+                    pres.append(pre)
+                elif job == j_setup:
+                    ATs = []
+                    for d in pres[u]:
+                        ATs.append(d["AT"])
+                    items.append(_solve_setup(ATs, L, cst["ident"], xdt))
+                elif job < j_rhs:
+                    r = job - j_round
+                    if r % 2 == 0:
+                        _solve_round(items[u], 2 ** (r // 2 + 1), xdt)
+                    else:
+                        _solve_update(items[u], 2 ** (r // 2 + 1), xdt)
+                elif job == j_rhs:
+                    for i in range(len(hvs)):
+                        _head_rhs(pres[u][i], qk[str(hvs[i] // rep)], S, vc, nec, hvs[i], K, V,
+                                  qkdt)
+                elif job < j_out:
+                    ATs = []
+                    Rs = []
+                    for d in pres[u]:
+                        ATs.append(d["AT"])
+                        Rs.append(d["R"])
+                    _solve_subst_block(items[u], ATs, Rs, job - j_sub, L, V)
+                elif job == j_out:
+                    for i in range(len(hvs)):
+                        pres[u][i]["kd"] = _head_post(S, qk[str(hvs[i] // rep)], pres[u][i],
+                                                      items[u]["X"][i], qs, bs, dlb, el, oc,
+                                                      hvs[i], L, K, V)
+                else:
+                    for i in range(len(hvs)):
+                        _head_state(S, pres[u][i]["kd"], items[u]["X"][i], el, hvs[i], K, V)
     nisa.dma_copy(dst=_rows_view(o, rows, C, HV * V), src=oc)
 
 
@@ -577,11 +605,12 @@ def _masked_mm(st, mv, mask, L):
     return out
 
 
-def _head_pre(cst, qk, S, vc, g, beta, nec, hv, L, K, V, xdt):
-    """Value head hv of one chunk up to the triangular system, with beta folded into the
-    unknown (v_new = beta * Y): the decays DT[j, i] = e^{seg(j, i]} ([j, i] layout),
-    AT = beta_j kk DT = (K K^T * D diag(beta))^T and R = v - e^c (k S), so that
-    (I + K K^T * D diag(beta)) Y = R (see the module docstring for the math)."""
+def _head_pre(cst, qk, g, beta, hv, L):
+    """Value head hv of one chunk, the part that does not read the state, with beta
+    folded into the unknown (v_new = beta * Y): the decays DT[j, i] = e^{seg(j, i]}
+    ([j, i] layout) and AT = beta_j kk DT = (K K^T * D diag(beta))^T, so that
+    (I + K K^T * D diag(beta)) Y = R (see the module docstring for the math; R in
+    _head_rhs)."""
     # pairwise decays from direct segment sums seg(j, i] = sum_{j < m <= i} g_m (an fp32
     # matmul with a 0/1 operator), never c_i - c_j of two running sums (that cancels)
     gU = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)     # [m, i] = g_m (m <= i)
@@ -590,19 +619,24 @@ def _head_pre(cst, qk, S, vc, g, beta, nec, hv, L, K, V, xdt):
     AT = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)     # kk carries the mask
     nisa.scalar_tensor_tensor(dst=AT, data=qk["kk"], op0=nl.multiply, operand0=beta[:, hv:hv + 1],
                               op1=nl.multiply, operand1=DT)
-    # R = v - e^c (k S): the delta of every token against the chunk's entry state
+    d = {}
+    d["AT"] = AT
+    d["DT"] = DT
+    return d
+
+
+def _head_rhs(d, qk, S, vc, nec, hv, K, V, xdt):
+    """R = v - e^c (k S) of value head hv (into ``d``): the delta of every token against
+    the chunk's entry state."""
+    L = vc.shape[0]
     Sm = _state_operand(S, hv, K, V, xdt)
     ps = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=ps, stationary=qk["kT"], moving=Sm, accumulate=False)
     R = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=R, data=ps, op0=nl.multiply, operand0=nec[:, hv:hv + 1],
                               op1=nl.add, operand1=vc[:, hv * V:(hv + 1) * V])
-    d = {}
-    d["AT"] = AT
     d["R"] = R
-    d["DT"] = DT
     d["Sm"] = Sm
-    return d
 
 
 def _state_operand(S, hv, K, V, xdt):
@@ -618,10 +652,10 @@ def _state_operand(S, hv, K, V, xdt):
 
 def _head_post(S, qk, d, Y, qs, bs, dlb, el, oc, hv, L, K, V):
     """Value head hv of one chunk after the solve (v_new = beta * Y, beta folded into the
-    masked q k^T (bs = scale beta) and into dlb): o columns and the state update. The products with v_new stay float32 (rounding v_new, the decayed
-    keys or the masked q k^T to bf16 costs 1-2e-3 of the 3e-3 budget at small head dims:
-    measured)."""
-    Sh = S[:, hv * V:(hv + 1) * V]
+    masked q k^T (bs = scale beta) and into dlb): its o columns; returns the decayed keys
+    kd the state update (_head_state) needs. The products with Y stay float32 (rounding Y
+    and the masked q k^T to bf16 measured 2.5e-3 output error at Qwen3-Next TP4 2K, most
+    of the 3e-3 budget)."""
     # o = scale e^c (q S) + (scale tril(q k^T) D diag(beta)) Y
     MT = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=MT, data=qk["kq"], op0=nl.multiply, operand0=bs[:, hv:hv + 1],
@@ -638,6 +672,12 @@ def _head_post(S, qk, d, Y, qs, bs, dlb, el, oc, hv, L, K, V):
     # S <- e^{c_last} S + (beta e^{c_last - c} k)^T Y
     kd = nl.ndarray((L, K), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=kd, op=nl.copy, data=qk["kh"], scale=dlb[:, hv:hv + 1])
+    return kd
+
+
+def _head_state(S, kd, Y, el, hv, K, V):
+    """S <- e^{c_last} S + kd^T Y for value head hv."""
+    Sh = S[:, hv * V:(hv + 1) * V]
     su = nl.ndarray((K, V), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=su, stationary=kd, moving=Y, accumulate=False)
     nisa.scalar_tensor_tensor(dst=Sh, data=Sh, op0=nl.multiply, operand0=el[:, hv:hv + 1],
