@@ -412,15 +412,14 @@ def _solve_update(pk, covered, mdt):
         pk["invT"] = inv
 
 
-def _solve_subst_block(pk, ATs, Bs, b, L, N):
-    """Block b of the forward substitution with the inverted diagonal blocks:
-    X_b = inv_bb (B_b - A_{b, <b} X_{<b}) for the pack's heads, X [L, N] in pk["X"]
-    (allocated at b = 0). The right-hand sides are packed (head j at partition 32 j) and
-    the solutions unpacked by SBUF-to-SBUF DMAs; one matmul and one eviction apply the
-    pack's inverses of block b."""
+def _solve_rhs_block(pk, ATs, Bs, b, L, N):
+    """Block b of the forward substitution, first half: the packed right-hand side
+    B_b - A_{b, <b} X_{<b} of the pack's heads (head j at partition 32 j; block 0 packed by
+    SBUF-to-SBUF DMAs), into pk["R"]. X [L, N] in pk["X"] (allocated at b = 0)."""
     npk, W, nbs = pk["npk"], pk["W"], pk["nbs"]
     Xs = pk["X"]
     if b == 0:
+        pk["R"] = []
         for i in range(npk):
             Xs.append(nl.ndarray((L, N), dtype=nl.float32, buffer=nl.sbuf))
     r0 = b * _BLOCK
@@ -442,8 +441,19 @@ def _solve_subst_block(pk, ATs, Bs, b, L, N):
             nisa.tensor_tensor(dst=R[q0:q0 + nb, :], data1=Bs[j][r0:r1, :], data2=ps,
                                op=nl.subtract)
             ps = None
+    pk["R"].append(R)
+
+
+def _solve_apply_block(pk, b, N):
+    """Block b of the forward substitution, second half: X_b = inv_bb R_b for the pack's
+    heads in one matmul and one eviction, unpacked into pk["X"] by SBUF-to-SBUF DMAs."""
+    npk, W, nbs = pk["npk"], pk["W"], pk["nbs"]
+    Xs = pk["X"]
+    r0 = b * _BLOCK
+    nb = nbs[b]
+    r1 = r0 + nb
     ps = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=pk["inv"][:, b, :], moving=R, accumulate=False)
+    nisa.nc_matmul(dst=ps, stationary=pk["inv"][:, b, :], moving=pk["R"][b], accumulate=False)
     Xp = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=Xp, src=ps, engine=nisa.engine.scalar)
     for j in range(npk):
@@ -513,16 +523,28 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
         nround = nround + 1
         covered = covered * 2
     nblk = (L + _BLOCK - 1) // _BLOCK
-    # the jobs of one group, in order: decays and A^T, solve setup, the doubling rounds
-    # (squaring, inverse update), the right-hand sides, one substitution job per block,
-    # the outputs, the state update
-    j_setup = 1
-    j_round = 2
-    j_rhs = j_round + 2 * nround
-    j_sub = j_rhs + 1
-    j_out = j_sub + nblk
-    njob = j_out + 2
-    nstage = njob
+    # the jobs of one group, in order (one per software-pipeline stage): q/k heads, decays
+    # and A^T, solve setup, the doubling rounds (squaring, inverse update), the
+    # right-hand sides, per substitution block its packed right-hand side and its
+    # application, the operands of the products with Y, the outputs, the state update
+    jobs = ["qk", "decay", "setup"]
+    jarg = [0, 0, 0]
+    for r in range(nround):
+        jobs.append("square")
+        jarg.append(2 ** (r + 1))
+        jobs.append("update")
+        jarg.append(2 ** (r + 1))
+    jobs.append("rhs")
+    jarg.append(0)
+    for b in range(nblk):
+        jobs.append("sub")
+        jarg.append(b)
+        jobs.append("apply")
+        jarg.append(b)
+    for name in ["post_ops", "out", "state"]:
+        jobs.append(name)
+        jarg.append(0)
+    nstage = len(jobs)
     pres = []
     items = []
     for t in range(len(groups) + nstage - 1):
@@ -531,45 +553,49 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
             if u < 0 or u >= len(groups):
                 continue
             hvs = groups[u]
-            for job in range(s, s + 1):
-                if job == 0:
-                    pre = []
-                    for hv in hvs:
-                        h = hv // rep
-                        if qk.get(str(h)) == None:  # noqa: E711  (NKI has no `is`)
-                            qk[str(h)] = _qk_head(cst, kc, qc, h, L, K)
-                        pre.append(_head_pre(cst, qk[str(h)], g, beta, hv, L))
-                    pres.append(pre)
-                elif job == j_setup:
-                    ATs = []
-                    for d in pres[u]:
-                        ATs.append(d["AT"])
-                    items.append(_solve_setup(ATs, L, cst["ident"], xdt))
-                elif job < j_rhs:
-                    r = job - j_round
-                    if r % 2 == 0:
-                        _solve_round(items[u], 2 ** (r // 2 + 1), xdt)
-                    else:
-                        _solve_update(items[u], 2 ** (r // 2 + 1), xdt)
-                elif job == j_rhs:
-                    for i in range(len(hvs)):
-                        _head_rhs(pres[u][i], qk[str(hvs[i] // rep)], S, vc, nec, hvs[i], K, V,
-                                  qkdt)
-                elif job < j_out:
-                    ATs = []
-                    Rs = []
-                    for d in pres[u]:
-                        ATs.append(d["AT"])
-                        Rs.append(d["R"])
-                    _solve_subst_block(items[u], ATs, Rs, job - j_sub, L, V)
-                elif job == j_out:
-                    for i in range(len(hvs)):
-                        pres[u][i]["kd"] = _head_post(S, qk[str(hvs[i] // rep)], pres[u][i],
-                                                      items[u]["X"][i], qs, bs, dlb, el, oc,
-                                                      hvs[i], L, K, V)
-                else:
-                    for i in range(len(hvs)):
-                        _head_state(S, pres[u][i]["kd"], items[u]["X"][i], el, hvs[i], K, V)
+            job = jobs[s]
+            x = jarg[s]
+            if job == "qk":
+                for hv in hvs:
+                    h = hv // rep
+                    if qk.get(str(h)) == None:  # noqa: E711  (NKI has no `is`)
+                        qk[str(h)] = _qk_head(cst, kc, qc, h, L, K)
+            elif job == "decay":
+                pre = []
+                for hv in hvs:
+                    pre.append(_head_pre(cst, qk[str(hv // rep)], g, beta, hv, L))
+                pres.append(pre)
+            elif job == "setup":
+                ATs = []
+                for d in pres[u]:
+                    ATs.append(d["AT"])
+                items.append(_solve_setup(ATs, L, cst["ident"], xdt))
+            elif job == "square":
+                _solve_round(items[u], x, xdt)
+            elif job == "update":
+                _solve_update(items[u], x, xdt)
+            elif job == "rhs":
+                for i in range(len(hvs)):
+                    _head_rhs(pres[u][i], qk[str(hvs[i] // rep)], S, vc, nec, hvs[i], K, V, qkdt)
+            elif job == "sub":
+                ATs = []
+                Rs = []
+                for d in pres[u]:
+                    ATs.append(d["AT"])
+                    Rs.append(d["R"])
+                _solve_rhs_block(items[u], ATs, Rs, x, L, V)
+            elif job == "apply":
+                _solve_apply_block(items[u], x, V)
+            elif job == "post_ops":
+                for i in range(len(hvs)):
+                    _head_post_ops(qk[str(hvs[i] // rep)], pres[u][i], bs, dlb, hvs[i], L, K)
+            elif job == "out":
+                for i in range(len(hvs)):
+                    _head_post(S, qk[str(hvs[i] // rep)], pres[u][i], items[u]["X"][i], qs, bs,
+                               dlb, el, oc, hvs[i], L, K, V)
+            else:
+                for i in range(len(hvs)):
+                    _head_state(S, pres[u][i]["kd"], items[u]["X"][i], el, hvs[i], K, V)
     nisa.dma_copy(dst=_rows_view(o, rows, C, HV * V), src=oc)
 
 
@@ -650,6 +676,18 @@ def _state_operand(S, hv, K, V, xdt):
     return Sm
 
 
+def _head_post_ops(qk, d, bs, dlb, hv, L, K):
+    """The operands the products with Y need (into ``d``): MT = scale beta_j tril(q k^T) D
+    ([j, i] layout) and the decayed keys kd = beta e^{c_last - c} k."""
+    MT = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=MT, data=qk["kq"], op0=nl.multiply, operand0=bs[:, hv:hv + 1],
+                              op1=nl.multiply, operand1=d["DT"])
+    kd = nl.ndarray((L, K), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=kd, op=nl.copy, data=qk["kh"], scale=dlb[:, hv:hv + 1])
+    d["MT"] = MT
+    d["kd"] = kd
+
+
 def _head_post(S, qk, d, Y, qs, bs, dlb, el, oc, hv, L, K, V):
     """Value head hv of one chunk after the solve (v_new = beta * Y, beta folded into the
     masked q k^T (bs = scale beta) and into dlb): its o columns; returns the decayed keys
@@ -657,9 +695,7 @@ def _head_post(S, qk, d, Y, qs, bs, dlb, el, oc, hv, L, K, V):
     and the masked q k^T to bf16 measured 2.5e-3 output error at Qwen3-Next TP4 2K, most
     of the 3e-3 budget)."""
     # o = scale e^c (q S) + (scale tril(q k^T) D diag(beta)) Y
-    MT = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=MT, data=qk["kq"], op0=nl.multiply, operand0=bs[:, hv:hv + 1],
-                              op1=nl.multiply, operand1=d["DT"])
+    MT = d["MT"]
     pq = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=pq, stationary=qk["qT"], moving=d["Sm"], accumulate=False)
     pm = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
@@ -669,10 +705,6 @@ def _head_post(S, qk, d, Y, qs, bs, dlb, el, oc, hv, L, K, V):
     nisa.tensor_tensor(dst=oc[:, hv * V:(hv + 1) * V], data1=pm, data2=oq, op=nl.add)
     pq = None
     pm = None
-    # S <- e^{c_last} S + (beta e^{c_last - c} k)^T Y
-    kd = nl.ndarray((L, K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=kd, op=nl.copy, data=qk["kh"], scale=dlb[:, hv:hv + 1])
-    return kd
 
 
 def _head_state(S, kd, Y, el, hv, K, V):
