@@ -527,15 +527,16 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
     # and A^T, solve setup, the doubling rounds (squaring, inverse update), the
     # right-hand sides, per substitution block its packed right-hand side and its
     # application, the operands of the products with Y, the outputs, the state update
-    jobs = ["qk", "decay", "setup"]
-    jarg = [0, 0, 0]
+    jobs = ["qk_t", "qk_mm", "gu", "decay", "at", "setup"]
+    jarg = [0, 0, 0, 0, 0, 0]
     for r in range(nround):
         jobs.append("square")
         jarg.append(2 ** (r + 1))
         jobs.append("update")
         jarg.append(2 ** (r + 1))
-    jobs.append("rhs")
-    jarg.append(0)
+    for name in ["sm", "rhs", "oq"]:
+        jobs.append(name)
+        jarg.append(0)
     for b in range(nblk):
         jobs.append("sub")
         jarg.append(b)
@@ -555,16 +556,28 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
             hvs = groups[u]
             job = jobs[s]
             x = jarg[s]
-            if job == "qk":
+            if job == "qk_t":
                 for hv in hvs:
                     h = hv // rep
                     if qk.get(str(h)) == None:  # noqa: E711  (NKI has no `is`)
-                        qk[str(h)] = _qk_head(cst, kc, qc, h, L, K)
-            elif job == "decay":
+                        qk[str(h)] = _qk_transposes(kc, qc, h, L, K)
+                        qk[str(h)]["group"] = u
+            elif job == "qk_mm":
+                for hv in hvs:
+                    d = qk[str(hv // rep)]
+                    if d["group"] == u and d.get("kk") == None:  # noqa: E711
+                        _qk_products(cst, d, L)
+            elif job == "gu":
                 pre = []
                 for hv in hvs:
-                    pre.append(_head_pre(cst, qk[str(hv // rep)], g, beta, hv, L))
+                    pre.append(_head_gu(cst, g, hv, L))
                 pres.append(pre)
+            elif job == "decay":
+                for d in pres[u]:
+                    _head_decay(cst, d, L)
+            elif job == "at":
+                for i in range(len(hvs)):
+                    _head_at(qk[str(hvs[i] // rep)], pres[u][i], beta, hvs[i], L)
             elif job == "setup":
                 ATs = []
                 for d in pres[u]:
@@ -574,9 +587,15 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
                 _solve_round(items[u], x, xdt)
             elif job == "update":
                 _solve_update(items[u], x, xdt)
+            elif job == "sm":
+                for i in range(len(hvs)):
+                    pres[u][i]["Sm"] = _state_operand(S, hvs[i], K, V, qkdt)
             elif job == "rhs":
                 for i in range(len(hvs)):
-                    _head_rhs(pres[u][i], qk[str(hvs[i] // rep)], S, vc, nec, hvs[i], K, V, qkdt)
+                    _head_rhs(pres[u][i], qk[str(hvs[i] // rep)], vc, nec, hvs[i], V)
+            elif job == "oq":
+                for i in range(len(hvs)):
+                    _head_oq(pres[u][i], qk[str(hvs[i] // rep)], qs, hvs[i], V)
             elif job == "sub":
                 ATs = []
                 Rs = []
@@ -591,8 +610,7 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
                     _head_post_ops(qk[str(hvs[i] // rep)], pres[u][i], bs, dlb, hvs[i], L, K)
             elif job == "out":
                 for i in range(len(hvs)):
-                    _head_post(S, qk[str(hvs[i] // rep)], pres[u][i], items[u]["X"][i], qs, bs,
-                               dlb, el, oc, hvs[i], L, K, V)
+                    _head_out(pres[u][i], items[u]["X"][i], oc, hvs[i], V)
             else:
                 for i in range(len(hvs)):
                     _head_state(S, pres[u][i]["kd"], items[u]["X"][i], el, hvs[i], K, V)
@@ -609,17 +627,21 @@ def _exp_of_mm(st, mv, M, N):
     return out
 
 
-def _qk_head(cst, kc, qc, h, L, K):
-    """q/k head h of one chunk: k^T, q^T (operand dtype) and the masked products
-    kk[j, i] = k_j . k_i (j < i) and kq[j, i] = k_j . q_i (j <= i), float32, both in
-    [j, i] layout. The masks ride on the PSUM evictions, so no decay matrix needs one."""
+def _qk_transposes(kc, qc, h, L, K):
+    """q/k head h of one chunk: its keys kh [L, K] and k^T, q^T [K, L] (operand dtype)."""
     d = {}
     d["kh"] = kc[:, h * K:(h + 1) * K]
-    d["kT"] = _transpose(d["kh"], L, K)                       # [K, L]
+    d["kT"] = _transpose(d["kh"], L, K)
     d["qT"] = _transpose(qc[:, h * K:(h + 1) * K], L, K)
+    return d
+
+
+def _qk_products(cst, d, L):
+    """The masked products of a q/k head (into ``d``): kk[j, i] = k_j . k_i (j < i) and
+    kq[j, i] = k_j . q_i (j <= i), float32, both in [j, i] layout. The masks ride on the
+    PSUM evictions, so no decay matrix needs one."""
     d["kk"] = _masked_mm(d["kT"], d["kT"], cst["tri_su"][0:L, 0:L], L)
     d["kq"] = _masked_mm(d["kT"], d["qT"], cst["tri_up"][0:L, 0:L], L)
-    return d
 
 
 def _masked_mm(st, mv, mask, L):
@@ -631,38 +653,49 @@ def _masked_mm(st, mv, mask, L):
     return out
 
 
-def _head_pre(cst, qk, g, beta, hv, L):
-    """Value head hv of one chunk, the part that does not read the state, with beta
-    folded into the unknown (v_new = beta * Y): the decays DT[j, i] = e^{seg(j, i]}
-    ([j, i] layout) and AT = beta_j kk DT = (K K^T * D diag(beta))^T, so that
-    (I + K K^T * D diag(beta)) Y = R (see the module docstring for the math; R in
-    _head_rhs)."""
-    # pairwise decays from direct segment sums seg(j, i] = sum_{j < m <= i} g_m (an fp32
-    # matmul with a 0/1 operator), never c_i - c_j of two running sums (that cancels)
-    gU = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)     # [m, i] = g_m (m <= i)
-    nisa.activation(dst=gU, op=nl.copy, data=cst["tri_up"][0:L, 0:L], scale=g[:, hv:hv + 1])
-    DT = _exp_of_mm(cst["tri_lo"][0:L, 0:L], gU, L, L)
-    AT = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)     # kk carries the mask
-    nisa.scalar_tensor_tensor(dst=AT, data=qk["kk"], op0=nl.multiply, operand0=beta[:, hv:hv + 1],
-                              op1=nl.multiply, operand1=DT)
+def _head_gu(cst, g, hv, L):
+    """gU[m, i] = g_m (m <= i) of value head hv: the moving operand of its segment sums."""
     d = {}
-    d["AT"] = AT
-    d["DT"] = DT
+    d["gU"] = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=d["gU"], op=nl.copy, data=cst["tri_up"][0:L, 0:L],
+                    scale=g[:, hv:hv + 1])
     return d
 
 
-def _head_rhs(d, qk, S, vc, nec, hv, K, V, xdt):
-    """R = v - e^c (k S) of value head hv (into ``d``): the delta of every token against
-    the chunk's entry state."""
+def _head_decay(cst, d, L):
+    """DT[j, i] = e^{seg(j, i]} ([j, i] layout; 1 where j >= i) from direct segment sums
+    seg(j, i] = sum_{j < m <= i} g_m (an fp32 matmul with a 0/1 operator), never
+    c_i - c_j of two running sums (that cancels)."""
+    d["DT"] = _exp_of_mm(cst["tri_lo"][0:L, 0:L], d["gU"], L, L)
+
+
+def _head_at(qk, d, beta, hv, L):
+    """AT = beta_j kk DT = (K K^T * D diag(beta))^T of value head hv, with beta folded into
+    the unknown (v_new = beta * Y): (I + K K^T * D diag(beta)) Y = R (module docstring;
+    R in _head_rhs). kk carries the strictly-lower mask."""
+    d["AT"] = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=d["AT"], data=qk["kk"], op0=nl.multiply,
+                              operand0=beta[:, hv:hv + 1], op1=nl.multiply, operand1=d["DT"])
+
+
+def _head_rhs(d, qk, vc, nec, hv, V):
+    """R = v - e^c (k S) of value head hv (into ``d``; S as the operand d["Sm"]): the delta
+    of every token against the chunk's entry state."""
     L = vc.shape[0]
-    Sm = _state_operand(S, hv, K, V, xdt)
     ps = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=qk["kT"], moving=Sm, accumulate=False)
-    R = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=R, data=ps, op0=nl.multiply, operand0=nec[:, hv:hv + 1],
+    nisa.nc_matmul(dst=ps, stationary=qk["kT"], moving=d["Sm"], accumulate=False)
+    d["R"] = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=d["R"], data=ps, op0=nl.multiply, operand0=nec[:, hv:hv + 1],
                               op1=nl.add, operand1=vc[:, hv * V:(hv + 1) * V])
-    d["R"] = R
-    d["Sm"] = Sm
+
+
+def _head_oq(d, qk, qs, hv, V):
+    """oq = scale e^c (q S) of value head hv (into ``d``), the inter-chunk part of o."""
+    L = qk["kh"].shape[0]
+    pq = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=pq, stationary=qk["qT"], moving=d["Sm"], accumulate=False)
+    d["oq"] = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=d["oq"], op=nl.copy, data=pq, scale=qs[:, hv:hv + 1])
 
 
 def _state_operand(S, hv, K, V, xdt):
@@ -688,23 +721,14 @@ def _head_post_ops(qk, d, bs, dlb, hv, L, K):
     d["kd"] = kd
 
 
-def _head_post(S, qk, d, Y, qs, bs, dlb, el, oc, hv, L, K, V):
-    """Value head hv of one chunk after the solve (v_new = beta * Y, beta folded into the
-    masked q k^T (bs = scale beta) and into dlb): its o columns; returns the decayed keys
-    kd the state update (_head_state) needs. The products with Y stay float32 (rounding Y
-    and the masked q k^T to bf16 measured 2.5e-3 output error at Qwen3-Next TP4 2K, most
-    of the 3e-3 budget)."""
-    # o = scale e^c (q S) + (scale tril(q k^T) D diag(beta)) Y
-    MT = d["MT"]
-    pq = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pq, stationary=qk["qT"], moving=d["Sm"], accumulate=False)
+def _head_out(d, Y, oc, hv, V):
+    """o columns of value head hv: oq + (scale tril(q k^T) D diag(beta)) Y. The products
+    with Y stay float32 (rounding Y and the masked q k^T to bf16 measured 2.5e-3 output
+    error at Qwen3-Next TP4 2K, most of the 3e-3 budget)."""
+    L = Y.shape[0]
     pm = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pm, stationary=MT, moving=Y, accumulate=False)
-    oq = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf)     # (two PSUM inputs: no)
-    nisa.activation(dst=oq, op=nl.copy, data=pq, scale=qs[:, hv:hv + 1])
-    nisa.tensor_tensor(dst=oc[:, hv * V:(hv + 1) * V], data1=pm, data2=oq, op=nl.add)
-    pq = None
-    pm = None
+    nisa.nc_matmul(dst=pm, stationary=d["MT"], moving=Y, accumulate=False)
+    nisa.tensor_tensor(dst=oc[:, hv * V:(hv + 1) * V], data1=pm, data2=d["oq"], op=nl.add)
 
 
 def _head_state(S, kd, Y, el, hv, K, V):
