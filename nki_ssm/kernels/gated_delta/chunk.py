@@ -333,7 +333,7 @@ def _solve_setup(ATs, L, ident, mdt):
         nisa.nc_transpose(dst=pst[:, b * W:(b + 1) * W], data=PT[:, b, :],
                           engine=nisa.engine.tensor)
     P = nl.ndarray((W, nblk, W), dtype=mdt, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=P.reshape((W, nblk * W)), src=pst, engine=nisa.engine.scalar)
+    nisa.tensor_copy(dst=P.reshape((W, nblk * W)), src=pst, engine=nisa.engine.vector)
     # inv = sum_{m < covered} N^m; only inv^T is kept (the final stationary)
     invT = nl.ndarray((W, nblk, W), dtype=mdt, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=invT, data1=ident[0:W, 0:W].reshape((W, 1, W)).broadcast(1, nblk),
