@@ -296,7 +296,7 @@ def _l2norm_rows(x, L, H, K):
                        data2=ss.reshape((L, H, 1)).broadcast(2, K), op=nl.multiply)
 
 
-def _solve_setup(ATs, L, ident, mdt):
+def _solve_setup(ATs, L, ident, mdt, dma):
     """Stage 1 of Xs[i] = (I + A_i)^{-1} Bs[i] (strictly-lower A_i [L, L], given as their
     transposes ATs[i], [j, i] layout; up to _PACK heads): the diagonal _BLOCK-row blocks of
     the heads packed block-diagonally on W = 32 * heads partitions (head i at partition
@@ -326,8 +326,12 @@ def _solve_setup(ATs, L, ident, mdt):
         nb = nbs[b]
         for j in range(npk):
             q0 = j * _BLOCK
-            nisa.dma_copy(dst=PT[q0:q0 + nb, b, q0:q0 + nb],
-                          src=ATs[j][r0:r0 + nb, r0:r0 + nb])
+            if dma:
+                nisa.dma_copy(dst=PT[q0:q0 + nb, b, q0:q0 + nb],
+                              src=ATs[j][r0:r0 + nb, r0:r0 + nb])
+            else:
+                nisa.tensor_copy(dst=PT[q0:q0 + nb, b, q0:q0 + nb],
+                                 src=ATs[j][r0:r0 + nb, r0:r0 + nb], engine=nisa.engine.scalar)
     pst = nl.ndarray((W, nblk * W), dtype=mdt, buffer=nl.psum)
     for b in range(nblk):
         nisa.nc_transpose(dst=pst[:, b * W:(b + 1) * W], data=PT[:, b, :],
@@ -347,6 +351,7 @@ def _solve_setup(ATs, L, ident, mdt):
     pk["invT"] = invT
     pk["inv"] = nl.ndarray((W, nblk, W), dtype=nl.float32, buffer=nl.sbuf)  # final, fp32
     pk["X"] = []
+    pk["dma"] = dma
     return pk
 
 
@@ -430,8 +435,11 @@ def _solve_rhs_block(pk, ATs, Bs, b, L, N):
         nisa.memset(dst=R, value=0.0, engine=nisa.engine.gpsimd)
     for j in range(npk):
         q0 = j * _BLOCK
-        if r0 == 0:
+        if r0 == 0 and pk["dma"]:
             nisa.dma_copy(dst=R[q0:q0 + nb, :], src=Bs[j][0:nb, :])
+        elif r0 == 0:
+            nisa.tensor_copy(dst=R[q0:q0 + nb, :], src=Bs[j][0:nb, :],
+                             engine=nisa.engine.scalar)
         else:
             # matmul output on partitions 0..nb; the subtraction moves it to the
             # head's quadrant (cross-quadrant moves of <= 32 partitions are legal)
@@ -446,7 +454,7 @@ def _solve_rhs_block(pk, ATs, Bs, b, L, N):
 
 def _solve_apply_block(pk, b, N):
     """Block b of the forward substitution, second half: X_b = inv_bb R_b for the pack's
-    heads in one matmul and one eviction, unpacked into pk["X"] by SBUF-to-SBUF DMAs."""
+    heads in one matmul, unpacked into pk["X"]."""
     npk, W, nbs = pk["npk"], pk["W"], pk["nbs"]
     Xs = pk["X"]
     r0 = b * _BLOCK
@@ -454,11 +462,11 @@ def _solve_apply_block(pk, b, N):
     r1 = r0 + nb
     ps = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=ps, stationary=pk["inv"][:, b, :], moving=pk["R"][b], accumulate=False)
-    Xp = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=Xp, src=ps, engine=nisa.engine.scalar)
+    # unpacked by ScalarE (cross-quadrant moves of <= 32 partitions are legal): modeled as
+    # fast as one eviction plus SBUF-to-SBUF DMAs at Qwen3-Next TP1, faster at TP4
     for j in range(npk):
         q0 = j * _BLOCK
-        nisa.dma_copy(dst=Xs[j][r0:r1, :], src=Xp[q0:q0 + nb, :])
+        nisa.tensor_copy(dst=Xs[j][r0:r1, :], src=ps[q0:q0 + nb, :], engine=nisa.engine.scalar)
 
 
 def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_qk_l2norm,
@@ -546,6 +554,11 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
         jobs.append(name)
         jarg.append(0)
     nstage = len(jobs)
+    # layout moves of the packed solve (block placements, block-0 right-hand sides) by
+    # SBUF-to-SBUF DMA when the chunk has many head groups (ScalarE is then the busiest
+    # engine of the chunk's first half; modeled: Qwen3-Next TP1 / TP2 faster), by ScalarE
+    # when it has few (the DMAs' fixed latency is then on the critical path; TP4 faster)
+    dma_moves = len(groups) >= 4
     pres = []
     items = []
     for t in range(len(groups) + nstage - 1):
@@ -582,7 +595,7 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
                 ATs = []
                 for d in pres[u]:
                     ATs.append(d["AT"])
-                items.append(_solve_setup(ATs, L, cst["ident"], xdt))
+                items.append(_solve_setup(ATs, L, cst["ident"], xdt, dma_moves))
             elif job == "square":
                 _solve_round(items[u], x, xdt)
             elif job == "update":
