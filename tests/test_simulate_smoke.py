@@ -154,6 +154,16 @@ def test_goals_are_computed_from_results():
     assert absent.case_id == ssd_rate.case.id and absent.status.startswith("not in this run")
     # performance goals are stated for trn2: reported only on trn3
     assert evaluate([replace(r_conv, target="trn3")], [conv_prefill])[0].status == "reported"
+    # issue 15: the TP4 shard's rate against TP1 16K's, judged when both ran
+    ratio = next(g for g in gl if g.base is not None)
+    assert ratio.case.model == "qwen3-next-tp4" and ratio.base.seqlens == (16384,)
+    r_tp4 = CaseResult(case_id=ratio.case.id, tokens_per_s=3.6e6, **base)
+    r_tp1 = CaseResult(case_id=ratio.base.id, tokens_per_s=1.0e6, **base)
+    row = evaluate([r_tp4, r_tp1], [ratio])[0]
+    assert (row.value, row.goal, row.status) == ("3.60x", ">= 3.50x", "met")
+    assert evaluate([r_tp4, replace(r_tp1, tokens_per_s=1.1e6)], [ratio])[0].status == "not met"
+    assert evaluate([r_tp4], [ratio]) == []
+    assert evaluate([r_tp4], [ratio], all_goals=True)[0].status.startswith("not run: needs")
     # SSD decode at 1 and 32 sequences: reported, at 512: judged against 60 %
     dec = [g for g in gl if g.case.op == "ssd_decode" and g.figure.startswith("bytes")]
     assert [(g.case.num_seqs, g.op, g.threshold) for g in dec] == [(1, None, None), (32, None, None),

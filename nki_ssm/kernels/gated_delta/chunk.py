@@ -624,10 +624,18 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
             elif job == "out":
                 for i in range(len(hvs)):
                     _head_out(pres[u][i], items[u]["X"][i], oc, hvs[i], V)
+                if dma_moves:
+                    # each group's o columns leave as soon as they are done
+                    c0 = hvs[0] * V
+                    c1 = (hvs[len(hvs) - 1] + 1) * V
+                    nisa.dma_copy(dst=o.ap(pattern=[[HV * V, C], [1, c1 - c0]], offset=c0,
+                                           vector_offset=rows, indirect_dim=0),
+                                  src=oc[:, c0:c1])
             else:
                 for i in range(len(hvs)):
                     _head_state(S, pres[u][i]["kd"], items[u]["X"][i], el, hvs[i], K, V)
-    nisa.dma_copy(dst=_rows_view(o, rows, C, HV * V), src=oc)
+    if not dma_moves:
+        nisa.dma_copy(dst=_rows_view(o, rows, C, HV * V), src=oc)
 
 
 def _exp_of_mm(st, mv, M, N):
