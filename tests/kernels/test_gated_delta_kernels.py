@@ -345,6 +345,20 @@ def test_prefill_then_decode_kernels_equal_recurrence():
     assert rel_fro(_f64(pre["ssm_states"][slot]), ref_pool[slot]) <= F32_TOL
 
 
+@pytest.mark.parametrize("dtype, tol, chunk", [(np.float32, F32_TOL, 64), (BF16, BF16_TOL, 128),
+                                               (np.float32, F32_TOL, 48)])
+def test_prefill_many_head_groups(dtype, tol, chunk):
+    """HV = 16 (4 head groups: the packed solve's layout moves by SBUF-to-SBUF DMA and the
+    output scattered per group, as at Qwen3-Next TP1/TP2), small head dims, ragged with an
+    empty sequence, a padding slot, a short last chunk (chunk 48: blocks of 32 and 16) and
+    raw gates with the fused L2 norm."""
+    inp = make_gated_delta_inputs(np.random.default_rng(16), seqlens=[150, 0, 33, 1], H=4,
+                                  HV=16, K=16, V=32, raw_gates=True, use_qk_l2norm=True,
+                                  dtype=dtype, pool_dtype=np.float32, padding=1,
+                                  has_initial_state=True)
+    _prefill_check(inp, tol, chunk)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype, tol", [(np.float32, F32_TOL), (BF16, BF16_TOL)])
 def test_prefill_qwen3_next_tp8_shape(dtype, tol):
