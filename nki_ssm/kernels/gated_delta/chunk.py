@@ -8,17 +8,21 @@ token; rows past its end are masked, below), per value head ``hv`` (q/k head
 
     seg(j, i] = sum_{j < m <= i} g_m          direct segment sums, never c_i - c_j
     D[i, j]   = exp(seg(j, i])  (i >= j)      of two running sums (that cancels)
-    A         = strictly-lower(beta_i (k_i . k_j) D[i, j])
-    v_new     = (I + A)^{-1} beta (v - e^{c} (k S))          c_i = seg(start, i]
-    o         = scale e^{c} (q S) + scale (tril(q k^T) D) v_new
-    S        <- e^{c_last} S + (e^{c_last - c} k)^T v_new
+    A         = strictly-lower((k_i . k_j) D[i, j] beta_j)          (beta on columns)
+    Y         = (I + A)^{-1} (v - e^{c} (k S))                      c_i = seg(start, i]
+    o         = scale e^{c} (q S) + scale (tril(q k^T) D diag(beta)) Y
+    S        <- e^{c_last} S + (beta e^{c_last - c} k)^T Y
 
-(``W S`` of the textbook form is folded into the right-hand side: one system of
-width V per head, no W.) The triangular system is solved exactly on 32-row
-blocks (DESIGN.md): forward substitution over the blocks, each diagonal block
-inverted by nilpotent doubling ``(I - N)^{-1} = (I + N)(I + N^2)(I + N^4)...``
-(4 rounds, fp32), the diagonal blocks of 4 heads packed block-diagonally on the
-128 partitions so one doubling serves 4 heads; never a series over the whole chunk.
+This is the WY / UT form with beta folded into the unknown: the textbook
+``(I + diag(beta) K K^T*D) v_new = diag(beta) (v - e^c k S)`` has the solution
+``v_new = beta Y`` with Y as above, so beta becomes a per-partition scale of the
+[j, i]-layout operands (A^T, the masked q k^T, the decayed keys) and no operand
+needs a per-column one. ``W S`` is folded into the right-hand side: one system
+of width V per head, no W. The system is solved exactly on 32-row blocks
+(DESIGN.md): forward substitution over the blocks, each diagonal block inverted
+by nilpotent doubling ``(I - N)^{-1} = (I + N)(I + N^2)(I + N^4)...`` (N = -A_bb,
+4 rounds), the diagonal blocks of 4 heads packed block-diagonally on the 128
+partitions so one doubling serves 4 heads; never a series over the whole chunk.
 
 HBM arguments (prepared by the launcher; Tb = the token bucket, Nb = the sequence bucket):
   q2, k2 ``[Tb + 1, H*K]``, v2 ``[Tb + 1, HV*V]`` (q's dtype; row Tb and rows past
@@ -50,10 +54,20 @@ Loops: ``for z in dynamic_range(n_pad)`` writes zeros; ``for s in
 dynamic_range(n_live)``: state gathered (``dynamic_range(has_init)``: 0 or 1
 trips; else zeros), ``for c in dynamic_range(first, end)`` runs the chunk body,
 state scattered. What is unrolled inside the chunk body is bounded by the layer
-(heads, 32-row blocks); head groups of 4 run as a software pipeline (pre-solve
-of group t, solve of t-1, post-solve of t-2 issued together). Program size:
-2273 static instructions at Qwen3-Next TP1, 593 at TP4, equal at 2K and 16K
-tokens and for 8 x 2K. Every matmul passes ``accumulate=`` explicitly.
+(heads, 32-row blocks). Program size: 1652 static instructions at Qwen3-Next
+TP1, 440 at TP4, equal at 2K and 16K tokens and for 8 x 2K. Every matmul
+passes ``accumulate=`` explicitly.
+
+The chunk body is a software pipeline over groups of 4 value heads: each
+group's work is a list of jobs, one per dependent step (q/k transposes; their
+masked products; gU; the decays; A^T; solve setup; per doubling round the
+squaring and the inverse update; the state operand; the right-hand sides; q S;
+per 32-row block its packed right-hand side and its application; the product
+operands; the outputs; the state update), and step t issues job s of group
+t - s for every s. Every in-order engine queue then holds work of up to 8
+groups between one group's dependent steps: this is most of the speed
+(modeled TP1: three stages per group — pre-solve, solve, post-solve — 0.61 M
+tokens/s; one job per stage 1.1 M).
 
 Short and padded chunks: every chunk is C rows. Its rows are gathered with
 indirect DMAs (one row per partition) from ``chunk_rows``; rows past the
@@ -67,41 +81,63 @@ cannot leak. A slot is one contiguous ``[HV*K, V]`` block of the pool, moved by
 one DMA with a run-time start (``scalar_offset``, no per-partition indices) each
 way per sequence; the pool update is the kernel's own write.
 
-Engines, per chunk (tokens on partitions; all heads in one body)
-----------------------------------------------------------------
-- DMA: 5 row gathers (q, k, v, g, beta) + 1 row scatter (o, in q's dtype).
-- all heads at once: cumsum / to-end sums / c_last as 0/1 fp32 matmuls; exps.
-- per q/k head: k^T, q^T (TensorE transposes, operand dtype), kk^T and kq^T
-  (masks applied by the PSUM evictions).
-- per value head: two segment-sum matmuls (fp32, 0/1 stationary) and their
-  exps read straight from PSUM, A (VectorE), A^T, k S (TensorE), R (VectorE);
-  the packed solve; q S, (M v_new), (kd^T v_new), o and S updates.
+Engines, per (chunk, value head) at C = 128 (tokens on partitions)
+-------------------------------------------------------------------
+- DMA: the row gathers of q, k, v, g, beta and the output scatter (per group of
+  4 heads when the chunk has >= 4 groups, else once); with >= 4 groups also
+  the packed solve's layout moves (block placements, block-0 right-hand
+  sides) as SBUF-to-SBUF DMAs — no compute engine spends time on them; with
+  fewer groups (TP4) their fixed latency would sit on the critical path, so
+  ScalarE does them.
+- TensorE (21 matmuls, 2 transposes): k^T, q^T (bf16 transposes), k k^T and
+  k q^T (shared by HV / H value heads); the segment sums (fp32, 0/1 stationary);
+  k S, q S (bf16 S); the doubling: per round P P, P^T P^T (from the same
+  operands, no transpose on the chain) and (inv P)^T, bf16 operands in bf16 mode;
+  the substitution and the block applications (fp32); M Y and kd^T Y (fp32).
+- VectorE: the masked evictions of k k^T / k q^T, A^T, the inverse updates (one
+  [W, 4 blocks, W] op per group and round), the substitution's subtractions,
+  R, M, o, the state update.
+- ScalarE: transpose evictions, the exps, the doubling's P P / P^T P^T evictions
+  (one per group and round), the state operand, q S, the solutions' unpacking,
+  the decayed keys. GpSimd: zeroing the packed blocks, descriptor generation.
 Operand precision: float32 callers get fp32 operands everywhere (the exact
-mode, ~1e-7 relative). bfloat16 callers (``bf16``): q, k, v stay bf16 for the
-transposes and q/k products (exact: they are the inputs) and S is rounded to
-bf16 for k S and q S; the products with v_new, the solve and all decays stay
-fp32 — rounding v_new, the decayed keys or the masked q k^T to bf16 measured
-1-2e-3 of the 3e-3 budget at small head dims. Measured: Qwen3-Next TP4 2K
-realistic gates, output 1.7e-3 (bf16 output rounding ~1.1e-3 of it), state 2e-8.
+mode: 6e-8 output, 4e-8 state at small shapes, tests 1e-5). bfloat16 callers
+(``bf16``): q, k, v stay bf16 for the transposes and q/k products (exact: they
+are the inputs), S is rounded to bf16 for k S and q S, and the doubling's
+powers and partial inverses are bf16 (the inverse's unit diagonal is exact;
+its last round writes fp32). The substitution, the block applications, the
+products with Y and all decays stay fp32: rounding Y and the masked q k^T to
+bf16 measured 2.5e-3 output error at Qwen3-Next TP4 2K (most of the 3e-3
+budget), the state update in bf16 1.7e-3 state error, for no modeled speed.
+Measured at Qwen3-Next TP4 2K, realistic gates: output 1.66e-3 (bf16 output
+rounding ~1.1e-3 of it), state 1.6e-5; strong-then-weak gates 1.67e-3 / 2e-4.
 
-What binds (modeled, trn2, bf16 I/O, fp32 pool, chunk 128; main's cost model with
-per-instruction overheads, semaphores and loop barriers): the schedule is latency-
-bound — TensorE owns most of the critical path at ~48 % busy, VectorE ~40 %,
-ScalarE ~37 %, GpSimd (descriptor generation, memsets) ~12 %; per (chunk, head)
-~9.6 us at TP1. TensorE per (chunk, head): ~14 fp32 128-column matmuls (8 the
-doubling, 4 the substitution and apply, 2 the products with v_new; fp32 also
-exposes its stationary load) plus bf16 ones; VectorE ~15 [128, 128] ops.
-Chunk 128 beats 64 (fewer state products and evictions per token: TP1 2K 0.41
-vs 0.34 M). Figures, tokens/s per NeuronCore (range = the constants' documented
-ends): Qwen3-Next TP1 16K 0.418 M (0.29-0.52), TP1 2K 0.417 M, 8 x 2K 0.417 M,
-TP4 16K 1.69 M (1.18-2.08; 4.0x TP1), TP4 2K 1.68 M; 3 % of the roofline
-(TensorE bf16). The kernel this one replaces, same model: TP1 2K 0.221 M,
-TP4 2K 0.88 M (62,790 / 15,942 static instructions). The issue-15 goal (2 M
-tokens/s at TP1) is not reached: it needs ~5x fewer engine-microseconds and
-handoffs per (chunk, head) — the solve (8 fp32 doubling matmuls, their
-evictions and the block packing copies per head) and the per-head [128, 128]
-elementwise ops are what is left; a bf16 solve was not attempted (the
-doubling's intermediate powers grow for uniform keys, DESIGN.md numerics).
+What binds (modeled, trn2, bf16 I/O, fp32 pool, chunk 128; busy per (chunk,
+head) at Qwen3-Next TP1 2K): TensorE 2.5 us (72 %), VectorE 2.8 us (82 %),
+ScalarE 2.45 us (71 %), GpSimd 0.7 us (20 %); 3.45 us per (chunk, head), i.e.
+110 us per chunk of 32 heads. No engine has slack to spare: the critical path
+is TensorE / ScalarE / VectorE runs in turn, and ScalarE is saturated in the
+first half of every chunk (all groups' transposes, exps and doubling
+evictions) and half idle in the second (substitution, outputs), while the
+runtime loop's barrier stops the next chunk's state-independent work from
+filling it. Figures, tokens/s per NeuronCore (range = the constants'
+documented ends): see the README's "Modeled performance" table — Qwen3-Next
+TP1 16K ~1.15 M, TP4 16K ~3.8 M (3.3x TP1), fp32 TP1 2K 0.65 M; ~8 % of the
+roofline (TensorE bf16). The kernel of issue 10, same model: TP1 0.42 M, TP4
+1.69 M.
+
+The issue-15 goal (2 M tokens/s at TP1: 64 us per chunk) is not reached; it
+needs every engine under ~55 us of work per chunk. What is left, largest
+first: (1) overlap across chunks — the decays, A^T and the whole doubling do
+not read the state, so chunk c + 1's could run beside chunk c's substitution
+and outputs (a body of two chunks with A / B buffer sets; needs the
+state-independent tiles carried across the loop boundary, ~2x the SBUF the
+body holds now, 140 KiB of 208); (2) fewer evictions in the doubling (11 per
+head: P P, P^T P^T, inverse per round); (3) the substitution's 3 cross-quadrant
+subtractions per head (column-tiled matmuls would land each head's product
+on its quadrant, one subtraction per group; the tiling mode's column offsets
+are documented inconsistently, so it is not used); (4) bf16 products with Y
+cost accuracy the 3e-3 budget does not have.
 
 Limits: K, V <= 128; chunk a multiple of 16 up to 128.
 """
@@ -297,15 +333,15 @@ def _l2norm_rows(x, L, H, K):
 
 
 def _solve_setup(ATs, L, ident, mdt, dma):
-    """Stage 1 of Xs[i] = (I + A_i)^{-1} Bs[i] (strictly-lower A_i [L, L], given as their
+    """Setup of Xs[i] = (I + A_i)^{-1} Bs[i] (strictly-lower A_i [L, L], given as their
     transposes ATs[i], [j, i] layout; up to _PACK heads): the diagonal _BLOCK-row blocks of
     the heads packed block-diagonally on W = 32 * heads partitions (head i at partition
     32*i), block b of every head in slot b of ``[W, blocks, W]`` tiles: P^T = A_bb^T
-    placed from ATs by DMA (SBUF to SBUF: partition moves no compute engine spends time
-    on), P by TensorE transposes (one PSUM bank, one eviction); with N = -P the inverse
-    (I - N)^{-1} = (I + N)(I + N^2)(I + N^4)... starts as inv^T = I - P^T (the even powers
-    need no sign). Every later step works on all blocks at once (one PSUM bank, one
-    eviction per round).
+    placed from ATs (``dma``: by SBUF-to-SBUF DMAs, partition moves no compute engine
+    spends time on; else by ScalarE), P by TensorE transposes (one PSUM bank, one
+    eviction); with N = -P the inverse (I - N)^{-1} = (I + N)(I + N^2)(I + N^4)...
+    starts as inv^T = I - P^T (the even powers need no sign). Every later step works on
+    all blocks at once (one PSUM bank, one eviction per round).
 
     ``mdt`` is the doubling's TensorE operand dtype: bfloat16 for bf16 callers (the powers
     and the partial inverses are rounded; the inverse's unit diagonal stays exact and the
@@ -420,7 +456,8 @@ def _solve_update(pk, covered, mdt):
 def _solve_rhs_block(pk, ATs, Bs, b, L, N):
     """Block b of the forward substitution, first half: the packed right-hand side
     B_b - A_{b, <b} X_{<b} of the pack's heads (head j at partition 32 j; block 0 packed by
-    SBUF-to-SBUF DMAs), into pk["R"]. X [L, N] in pk["X"] (allocated at b = 0)."""
+    SBUF-to-SBUF DMAs when pk["dma"], else by ScalarE), into pk["R"]. X [L, N] in
+    pk["X"] (allocated at b = 0)."""
     npk, W, nbs = pk["npk"], pk["W"], pk["nbs"]
     Xs = pk["X"]
     if b == 0:
