@@ -193,6 +193,10 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, n
     # chunk c's body, through next_rows), so the gathers' fixed latencies overlap the
     # previous chunk's tail and the loop boundary (DMAs in flight continue across it)
     buf = _chunk_buffers(H, HV, K, V, C, bf16, use_qk_l2norm)
+    many = _many_groups(HV)
+    nxt = buf
+    if many:
+        nxt = _chunk_buffers(H, HV, K, V, C, bf16, use_qk_l2norm)
     _gather_chunk(buf, q2, k2, v2, gate1, gate2, chunk_rows, None, C, H, HV, K, V)
 
     # live sequences (compacted): state in, chunks, state out
@@ -222,13 +226,31 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, n
             if pool.dtype != nl.float32:
                 nisa.tensor_copy(dst=S, src=nat)
         for c in nl.dynamic_range(c_lo, c_hi):
+            if many:
+                # chunk c + 1 into a second set at the start of chunk c's body (its fixed
+                # DMA latencies overlap the body), moved into the first by SBUF-to-SBUF
+                # DMAs at its end (modeled TP1: 1.12 -> 1.17 M tokens/s; TP4 is faster
+                # without: its chunks are short and GpSimd's descriptor work is then early)
+                _gather_chunk(nxt, q2, k2, v2, gate1, gate2, next_rows, c, C, H, HV, K, V)
             _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates,
                    use_qk_l2norm, scale, C)
-            _gather_chunk(buf, q2, k2, v2, gate1, gate2, next_rows, c, C, H, HV, K, V)
+            if many:
+                for name in ["q", "k", "v", "g", "beta"]:
+                    nisa.dma_copy(dst=buf[name], src=nxt[name])
+            else:
+                _gather_chunk(buf, q2, k2, v2, gate1, gate2, next_rows, c, C, H, HV, K, V)
         if pool.dtype != nl.float32:
             nisa.tensor_copy(dst=nat, src=S)
         nisa.dma_copy(dst=slot, src=nat)
     return o
+
+
+def _many_groups(HV):
+    """Whether a chunk has >= 4 head groups (Qwen3-Next TP1 / TP2, not TP4): then the
+    packed solve's layout moves, the output scatter per group and the input prefetch use
+    DMA queues; with fewer groups the chunk is short and latency-bound, and the DMAs' fixed
+    latencies would sit on its critical path (modeled: slower)."""
+    return (HV + _HEADS - 1) // _HEADS >= 4
 
 
 def _table_rows(table, r, C):
@@ -595,7 +617,7 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
     # SBUF-to-SBUF DMA when the chunk has many head groups (ScalarE is then the busiest
     # engine of the chunk's first half; modeled: Qwen3-Next TP1 / TP2 faster), by ScalarE
     # when it has few (the DMAs' fixed latency is then on the critical path; TP4 faster)
-    dma_moves = len(groups) >= 4
+    dma_moves = _many_groups(HV)
     pres = []
     items = []
     for t in range(len(groups) + nstage - 1):
