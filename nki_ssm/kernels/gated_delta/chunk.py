@@ -595,16 +595,35 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
     # and A^T, solve setup, the doubling rounds (squaring, inverse update), the
     # right-hand sides, per substitution block its packed right-hand side and its
     # application, the operands of the products with Y, the outputs, the state update
-    jobs = ["qk_t", "qk_mm", "gu", "decay", "at", "setup"]
-    jarg = [0, 0, 0, 0, 0, 0]
+    # layout moves of the packed solve (block placements, block-0 right-hand sides) by
+    # SBUF-to-SBUF DMA when the chunk has many head groups (ScalarE is then the busiest
+    # engine of the chunk's first half; modeled: Qwen3-Next TP1 / TP2 faster), by ScalarE
+    # when it has few (the DMAs' fixed latency is then on the critical path; TP4 faster).
+    # The state-dependent k S, R and q S go in early (they do not wait for the solve):
+    # after A^T with many groups, after the solve setup with few (modeled: TP1 1.17 ->
+    # 1.22 M tokens/s, TP4 3.72 -> 3.77 M against after the doubling)
+    dma_moves = _many_groups(HV)
+    rhs_after = "setup"
+    if dma_moves:
+        rhs_after = "at"
+    jobs = []
+    jarg = []
+    pre_jobs = ["qk_t", "qk_mm", "gu", "decay", "at", "setup"]
     for r in range(nround):
-        jobs.append("square")
-        jarg.append(2 ** (r + 1))
-        jobs.append("update")
-        jarg.append(2 ** (r + 1))
-    for name in ["sm", "rhs", "oq"]:
+        pre_jobs.append("square")
+        pre_jobs.append("update")
+    k = 0
+    for name in pre_jobs:
         jobs.append(name)
-        jarg.append(0)
+        if name == "square" or name == "update":
+            jarg.append(2 ** (k // 2 + 1))
+            k = k + 1
+        else:
+            jarg.append(0)
+        if name == rhs_after:
+            for n2 in ["sm", "rhs", "oq"]:
+                jobs.append(n2)
+                jarg.append(0)
     for b in range(nblk):
         jobs.append("sub")
         jarg.append(b)
@@ -614,11 +633,6 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
         jobs.append(name)
         jarg.append(0)
     nstage = len(jobs)
-    # layout moves of the packed solve (block placements, block-0 right-hand sides) by
-    # SBUF-to-SBUF DMA when the chunk has many head groups (ScalarE is then the busiest
-    # engine of the chunk's first half; modeled: Qwen3-Next TP1 / TP2 faster), by ScalarE
-    # when it has few (the DMAs' fixed latency is then on the critical path; TP4 faster)
-    dma_moves = _many_groups(HV)
     pres = []
     items = []
     for t in range(len(groups) + nstage - 1):
@@ -630,6 +644,10 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
             job = jobs[s]
             x = jarg[s]
             if job == "qk_t":
+                pre = []
+                for hv in hvs:
+                    pre.append({})
+                pres.append(pre)
                 for hv in hvs:
                     h = hv // rep
                     if qk.get(str(h)) == None:  # noqa: E711  (NKI has no `is`)
@@ -641,10 +659,8 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
                     if d["group"] == u and d.get("kk") == None:  # noqa: E711
                         _qk_products(cst, d, L)
             elif job == "gu":
-                pre = []
-                for hv in hvs:
-                    pre.append(_head_gu(cst, g, hv, L))
-                pres.append(pre)
+                for i in range(len(hvs)):
+                    _head_gu(pres[u][i], cst, g, hvs[i], L)
             elif job == "decay":
                 for d in pres[u]:
                     _head_decay(cst, d, L)
@@ -734,13 +750,12 @@ def _masked_mm(st, mv, mask, L):
     return out
 
 
-def _head_gu(cst, g, hv, L):
-    """gU[m, i] = g_m (m <= i) of value head hv: the moving operand of its segment sums."""
-    d = {}
+def _head_gu(d, cst, g, hv, L):
+    """gU[m, i] = g_m (m <= i) of value head hv (into ``d``): the moving operand of its
+    segment sums."""
     d["gU"] = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=d["gU"], op=nl.copy, data=cst["tri_up"][0:L, 0:L],
                     scale=g[:, hv:hv + 1])
-    return d
 
 
 def _head_decay(cst, d, L):
