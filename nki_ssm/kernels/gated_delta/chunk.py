@@ -113,17 +113,17 @@ Measured at Qwen3-Next TP4 2K, realistic gates: output 1.66e-3 (bf16 output
 rounding ~1.1e-3 of it), state 1.6e-5; strong-then-weak gates 1.67e-3 / 2e-4.
 
 What binds (modeled, trn2, bf16 I/O, fp32 pool, chunk 128; busy per (chunk,
-head) at Qwen3-Next TP1 2K): TensorE 2.5 us (76 %), VectorE 2.85 us (87 %),
-ScalarE 2.45 us (75 %), GpSimd 0.7 us (21 %); 3.28 us per (chunk, head), i.e.
-105 us per chunk of 32 heads (TensorE 80 us, VectorE 91, ScalarE 79). No engine has slack to spare: the critical path
+head) at Qwen3-Next TP1 2K): TensorE 2.5 us (79 %), VectorE 2.85 us (90 %),
+ScalarE 2.45 us (78 %), GpSimd 0.7 us (22 %); 3.16 us per (chunk, head), i.e.
+101 us per chunk of 32 heads (TensorE 80 us, VectorE 91, ScalarE 79). No engine has slack to spare: the critical path
 is TensorE / ScalarE / VectorE runs in turn, and ScalarE is saturated in the
 first half of every chunk (all groups' transposes, exps and doubling
 evictions) and half idle in the second (substitution, outputs), while the
 runtime loop's barrier stops the next chunk's state-independent work from
 filling it. Figures, tokens/s per NeuronCore (range = the constants'
 documented ends): the README's "Modeled performance" table — Qwen3-Next
-TP1 16K 1.23 M (0.59-1.38 M), TP4 16K 3.78 M (2.3-4.4 M; 3.1x TP1: its 2 head
-groups leave the chunk latency-bound), fp32 TP1 2K 0.65 M; 9 % of the roofline
+TP1 16K 1.28 M (0.63-1.37 M), TP4 16K 3.83 M (2.4-4.5 M; 3.0x TP1: its 2 head
+groups leave the chunk latency-bound), fp32 TP1 2K 0.68 M; 9 % of the roofline
 (TensorE bf16). The kernel of issue 10, same model: TP1 0.42 M, TP4
 1.69 M.
 
