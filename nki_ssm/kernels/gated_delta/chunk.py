@@ -112,34 +112,33 @@ budget), the state update in bf16 1.7e-3 state error, for no modeled speed.
 Measured at Qwen3-Next TP4 2K, realistic gates: output 1.66e-3 (bf16 output
 rounding ~1.1e-3 of it), state 1.6e-5; strong-then-weak gates 1.67e-3 / 2e-4.
 
-What binds (modeled, trn2, bf16 I/O, fp32 pool, chunk 128; busy per (chunk,
-head) at Qwen3-Next TP1 2K): TensorE 2.5 us (79 %), VectorE 2.85 us (90 %),
-ScalarE 2.45 us (78 %), GpSimd 0.7 us (22 %); 3.16 us per (chunk, head), i.e.
-101 us per chunk of 32 heads (TensorE 80 us, VectorE 91, ScalarE 79). The
-critical path is TensorE / ScalarE / VectorE runs in turn; VectorE is ~90 %
-busy throughout the chunk, ScalarE saturated in its first half (all groups'
-transposes, exps and doubling evictions) and about half busy in the second
-(substitution, outputs), which the runtime loop's barrier keeps the next
-chunk's state-independent work from filling. Figures, tokens/s per NeuronCore (range = the constants'
-documented ends): the README's "Modeled performance" table — Qwen3-Next
-TP1 16K 1.28 M (0.63-1.37 M), TP4 16K 3.83 M (2.4-4.5 M; 3.0x TP1: its 2 head
-groups leave the chunk latency-bound), fp32 TP1 2K 0.68 M; 9 % of the roofline
-(TensorE bf16). The kernel of issue 10, same model: TP1 0.42 M, TP4
-1.69 M.
+What binds (modeled, trn2, bf16 I/O, fp32 pool, chunk 128; busy per (chunk, head)
+at Qwen3-Next TP1 2K): TensorE 2.5 us (79 %), VectorE 2.85 us (90 %), ScalarE 2.45
+us (78 %), GpSimd 0.7 us (22 %); 3.16 us per (chunk, head), i.e. 101 us per chunk
+of 32 heads (TensorE 80 us, VectorE 91, ScalarE 79). The critical path is TensorE
+/ ScalarE / VectorE runs in turn; VectorE is ~90 % busy throughout the chunk,
+ScalarE saturated in its first half (all groups' transposes, exps and doubling
+evictions) and about half busy in the second (substitution, outputs), which the
+runtime loop's barrier keeps the next chunk's state-independent work from filling.
+Figures, tokens/s per NeuronCore (range = the constants' documented ends): the
+README's "Modeled performance" table — Qwen3-Next TP1 16K 1.28 M (0.63-1.37 M),
+TP4 16K 3.83 M (2.4-4.5 M; 3.0x TP1: its 2 head groups leave the chunk latency-
+bound), fp32 TP1 2K 0.68 M; 9 % of the roofline (TensorE bf16). The kernel of
+issue 10, same model: TP1 0.42 M, TP4 1.69 M.
 
-The issue-15 goal (2 M tokens/s at TP1: 64 us per chunk) is not reached; it
-needs every engine under ~55 us of work per chunk (now 79-91 us): less work,
-not only better overlap. What is left, largest first: (1) overlap across chunks — the decays, A^T and the whole doubling do
-not read the state, so chunk c + 1's could run beside chunk c's substitution
-and outputs (a body of two chunks with A / B buffer sets; needs the
-state-independent tiles carried across the loop boundary, ~2x the SBUF the
-body holds now, 140 KiB of 208; it helps ScalarE, TensorE and TP4, not
-VectorE's 91 us); (2) fewer evictions in the doubling (11 per
-head: P P, P^T P^T, inverse per round); (3) the substitution's 3 cross-quadrant
-subtractions per head (column-tiled matmuls would land each head's product
-on its quadrant, one subtraction per group; the tiling mode's column offsets
-are documented inconsistently, so it is not used); (4) bf16 products with Y
-cost accuracy the 3e-3 budget does not have.
+The issue-15 goal (2 M tokens/s at TP1: 64 us per chunk) is not reached; it needs
+every engine under ~55 us of work per chunk (now 79-91 us): less work, not only
+better overlap. What is left, largest first: (1) overlap across chunks — the
+decays, A^T and the whole doubling do not read the state, so chunk c + 1's could
+run beside chunk c's substitution and outputs (a body of two chunks with A / B
+buffer sets; needs the state-independent tiles carried across the loop boundary,
+~2x the SBUF the body holds now, 140 KiB of 208; it helps ScalarE, TensorE and
+TP4, not VectorE's 91 us); (2) fewer evictions in the doubling (11 per head: P P,
+P^T P^T, inverse per round); (3) the substitution's 3 cross-quadrant subtractions
+per head (column-tiled matmuls would land each head's product on its quadrant, one
+subtraction per group; the tiling mode's column offsets are documented
+inconsistently, so it is not used); (4) bf16 products with Y cost accuracy the
+3e-3 budget does not have.
 
 Limits: K, V <= 128; chunk a multiple of 16 up to 128.
 """
