@@ -122,8 +122,8 @@ evictions) and about half busy in the second (substitution, outputs), which the
 runtime loop's barrier keeps the next chunk's state-independent work from filling.
 Figures, tokens/s per NeuronCore (range = the constants' documented ends): the
 README's "Modeled performance" table — Qwen3-Next TP1 16K 1.28 M (0.63-1.37 M),
-TP4 16K 3.83 M (2.4-4.5 M; 3.0x TP1: its 2 head groups leave the chunk latency-
-bound), fp32 TP1 2K 0.68 M; 9 % of the roofline (TensorE bf16). The kernel of
+TP4 16K 3.83 M (2.4-4.5 M; 3.0x TP1: its 2 head groups leave the chunk
+latency-bound), fp32 TP1 2K 0.68 M; 9 % of the roofline (TensorE bf16). The kernel of
 issue 10, same model: TP1 0.42 M, TP4 1.69 M.
 
 The issue-15 goal (2 M tokens/s at TP1: 64 us per chunk) is not reached; it needs
