@@ -147,7 +147,7 @@ from __future__ import annotations
 from nki_ssm.backend import nki, nl, nisa
 
 _BLOCK = 32           # rows per exactly-inverted diagonal block
-_HEADS = 4            # value heads per software-pipeline group (pre-solve, solve, post-solve)
+_HEADS = 4            # value heads per software-pipeline group
 _PACK = 4             # heads whose diagonal blocks share one 128-partition inversion
 _L2NORM_EPS = 1e-6
 
@@ -332,14 +332,13 @@ def _transpose(src, P, F):
     return out
 
 
-def _mm(st, mv, M, N, onezero=False, out_dtype=nl.float32, engine=nisa.engine.scalar):
-    """SBUF [M, N] = st^T @ mv through PSUM (``onezero``: st holds only 0 / 1), stored as
-    ``out_dtype`` by ``engine``."""
+def _mm(st, mv, M, N, onezero=False):
+    """SBUF [M, N] = st^T @ mv through PSUM (``onezero``: st holds only 0 / 1)."""
     ps = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=ps, stationary=st, moving=mv, is_stationary_onezero=onezero,
                    accumulate=False)
-    out = nl.ndarray((M, N), dtype=out_dtype, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=out, src=ps, engine=engine)
+    out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=out, src=ps, engine=nisa.engine.scalar)
     return out
 
 
@@ -603,27 +602,19 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
     # after A^T with many groups, after the solve setup with few (modeled: TP1 1.17 ->
     # 1.22 M tokens/s, TP4 3.72 -> 3.77 M against after the doubling)
     dma_moves = _many_groups(HV)
-    rhs_after = "setup"
+    jobs = ["qk_t", "qk_mm", "gu", "decay", "at"]
     if dma_moves:
-        rhs_after = "at"
-    jobs = []
+        jobs = jobs + ["sm", "rhs", "oq", "setup"]
+    else:
+        jobs = jobs + ["setup", "sm", "rhs", "oq"]
     jarg = []
-    pre_jobs = ["qk_t", "qk_mm", "gu", "decay", "at", "setup"]
+    for name in jobs:
+        jarg.append(0)
     for r in range(nround):
-        pre_jobs.append("square")
-        pre_jobs.append("update")
-    k = 0
-    for name in pre_jobs:
-        jobs.append(name)
-        if name == "square" or name == "update":
-            jarg.append(2 ** (k // 2 + 1))
-            k = k + 1
-        else:
-            jarg.append(0)
-        if name == rhs_after:
-            for n2 in ["sm", "rhs", "oq"]:
-                jobs.append(n2)
-                jarg.append(0)
+        jobs.append("square")
+        jarg.append(2 ** (r + 1))
+        jobs.append("update")
+        jarg.append(2 ** (r + 1))
     for b in range(nblk):
         jobs.append("sub")
         jarg.append(b)
@@ -656,7 +647,7 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
             elif job == "qk_mm":
                 for hv in hvs:
                     d = qk[str(hv // rep)]
-                    if d["group"] == u and d.get("kk") == None:  # noqa: E711
+                    if d["group"] == u and d.get("kk") == None:  # noqa: E711 (once per q/k head)
                         _qk_products(cst, d, L)
             elif job == "gu":
                 for i in range(len(hvs)):
