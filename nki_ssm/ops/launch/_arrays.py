@@ -102,3 +102,14 @@ class NumpyArrays:
 
 
 NUMPY = NumpyArrays()
+
+
+def host_call(backend):
+    """``call(kernel, *args)`` of the host path (with ``NUMPY``): the kernel on
+    ``backend``'s NKI (``nki_ssm.backend.run``)."""
+    def call(kernel, *args):
+        from nki_ssm import backend as _backend
+
+        return _backend.run(kernel, *args, backend=backend)
+
+    return call

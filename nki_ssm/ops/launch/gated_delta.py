@@ -32,22 +32,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from nki_ssm.ops.launch._arrays import NUMPY
+from nki_ssm.ops.launch._arrays import NUMPY, host_call
 from nki_ssm.ops.launch.buckets import seq_bucket, token_bucket
 
 _INT32_MAX = np.iinfo(np.int32).max
 _PMAX = 128
-
-
-def _run(kernel, *args, backend):
-    from nki_ssm import backend as _backend
-
-    return _backend.run(kernel, *args, backend=backend)
-
-
-def _host_call(backend):
-    """``call(kernel, *args)`` of the host path: the kernel on ``backend``'s NKI."""
-    return lambda kernel, *args: _run(kernel, *args, backend=backend)
 
 
 def decode_kernel():
@@ -135,7 +124,7 @@ def _pool_rows(state_indices, slots, HV, K):
 def decode(*, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_qk_l2norm, ssm_states,
            state_indices, return_intermediate_states, backend):
     """Launch ``gdn_decode_step`` on the host path (``decode_call`` with NumPy)."""
-    return decode_call(NUMPY, _host_call(backend), q=q, k=k, v=v, g=g, beta=beta, a=a, b=b,
+    return decode_call(NUMPY, host_call(backend), q=q, k=k, v=v, g=g, beta=beta, a=a, b=b,
                        A_log=A_log, dt_bias=dt_bias, scale=scale, use_qk_l2norm=use_qk_l2norm,
                        ssm_states=ssm_states, state_indices=state_indices,
                        return_intermediate_states=return_intermediate_states)
@@ -263,7 +252,7 @@ def default_chunk_size(K, V, HV):
 def prefill(*, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_qk_l2norm, cu_seqlens,
             ssm_states, state_indices, has_initial_state, chunk_size, backend):
     """Launch ``gdn_chunk_prefill`` on the host path (``prefill_call`` with NumPy)."""
-    return prefill_call(NUMPY, _host_call(backend), q=q, k=k, v=v, g=g, beta=beta, a=a, b=b,
+    return prefill_call(NUMPY, host_call(backend), q=q, k=k, v=v, g=g, beta=beta, a=a, b=b,
                         A_log=A_log, dt_bias=dt_bias, scale=scale, use_qk_l2norm=use_qk_l2norm,
                         cu_seqlens=cu_seqlens, ssm_states=ssm_states,
                         state_indices=state_indices, has_initial_state=has_initial_state,

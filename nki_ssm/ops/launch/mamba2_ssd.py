@@ -33,17 +33,11 @@ import math
 
 import numpy as np
 
-from nki_ssm.ops.launch._arrays import NUMPY
+from nki_ssm.ops.launch._arrays import NUMPY, host_call
 from nki_ssm.ops.launch.buckets import seq_bucket, token_bucket
 
 _PMAX = 128
 _INT32_MAX = np.iinfo(np.int32).max
-
-
-def _run(kernel, *args, backend):
-    from nki_ssm import backend as _backend
-
-    return _backend.run(kernel, *args, backend=backend)
 
 
 def _pool_rows(ssm_states: np.ndarray) -> np.ndarray:
@@ -53,11 +47,6 @@ def _pool_rows(ssm_states: np.ndarray) -> np.ndarray:
         raise ValueError(f"ssm_states must have slots*H*P <= {_INT32_MAX} (int32 row indices), "
                          f"got {slots}*{H}*{P} = {slots * H * P}")
     return ssm_states.reshape(slots * H * P, N)
-
-
-def _host_call(backend):
-    """``call(kernel, *args)`` of the host path: the kernel on ``backend``'s NKI."""
-    return lambda kernel, *args: _run(kernel, *args, backend=backend)
 
 
 def prefill_kernel():
@@ -161,7 +150,7 @@ def _head_split(P: int) -> int:
 def prefill(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, cu_seqlens, ssm_states,
             state_indices, has_initial_state, chunk_size, precision, backend):
     """Launch ``ssd_chunk_prefill`` on the host path (``prefill_call`` with NumPy)."""
-    return prefill_call(NUMPY, _host_call(backend), x=x, dt=dt, A=A, B=B, C=C, D=D, z=z,
+    return prefill_call(NUMPY, host_call(backend), x=x, dt=dt, A=A, B=B, C=C, D=D, z=z,
                         dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
                         cu_seqlens=cu_seqlens, ssm_states=ssm_states,
                         state_indices=state_indices, has_initial_state=has_initial_state,
@@ -292,7 +281,7 @@ def decode_tables(state_indices, num_seqs: int, pr: int, per: int):
 def decode(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states, state_indices,
            backend):
     """Launch ``ssd_decode_step`` on the host path (``decode_call`` with NumPy)."""
-    return decode_call(NUMPY, _host_call(backend), x=x, dt=dt, A=A, B=B, C=C, D=D, z=z,
+    return decode_call(NUMPY, host_call(backend), x=x, dt=dt, A=A, B=B, C=C, D=D, z=z,
                        dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
                        ssm_states=ssm_states, state_indices=state_indices)
 

@@ -17,22 +17,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from nki_ssm.ops.launch._arrays import NUMPY
+from nki_ssm.ops.launch._arrays import NUMPY, host_call
 
 _INT32_MAX = np.iinfo(np.int32).max
 # the decode program's wide row layout: up to this many channel blocks per sequence
 WIDE_BLOCKS = 4
-
-
-def _run(kernel, *args, backend):
-    from nki_ssm import backend as _backend
-
-    return _backend.run(kernel, *args, backend=backend)
-
-
-def _host_call(backend):
-    """``call(kernel, *args)`` of the host path: the kernel on ``backend``'s NKI."""
-    return lambda kernel, *args: _run(kernel, *args, backend=backend)
 
 
 def prefill_kernel():
@@ -159,7 +148,7 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_buck
 def prefill(*, x, weight, bias, activation, cu_seqlens, conv_states, state_indices,
             has_initial_state, backend):
     """Run the prefill kernel on the host path (``prefill_call`` with NumPy)."""
-    return prefill_call(NUMPY, _host_call(backend), x=x, weight=weight, bias=bias,
+    return prefill_call(NUMPY, host_call(backend), x=x, weight=weight, bias=bias,
                         activation=activation, cu_seqlens=cu_seqlens, conv_states=conv_states,
                         state_indices=state_indices, has_initial_state=has_initial_state)
 
@@ -278,7 +267,7 @@ def decode_plan(state_indices, num_seqs: int, dim: int):
 
 def decode(*, x, weight, bias, activation, conv_states, state_indices, backend):
     """Run the decode kernel on the host path (``decode_call`` with NumPy)."""
-    return decode_call(NUMPY, _host_call(backend), x=x, weight=weight, bias=bias,
+    return decode_call(NUMPY, host_call(backend), x=x, weight=weight, bias=bias,
                        activation=activation, conv_states=conv_states,
                        state_indices=state_indices)
 
