@@ -166,7 +166,13 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, n
     odt = q2.dtype
     o = nl.ndarray((T1, HV * V), dtype=odt, buffer=nl.shared_hbm)
 
-    cst = _constants(C, K)
+    mdt = nl.float32
+    if bf16:
+        mdt = nl.bfloat16
+    cst = _constants(C, K, mdt)
+    cst["solve"] = []
+    for hv0 in range(0, HV, _HEADS):
+        cst["solve"].append(_solve_tiles(min(_HEADS, HV - hv0), C, mdt))
     if raw_gates:
         hp = nl.ndarray((128, 2 * HV), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=hp, src=head_params)
@@ -299,7 +305,7 @@ def _rows_view(x, rows, C, width):
     return x.ap(pattern=[[width, C], [1, width]], offset=0, vector_offset=rows, indirect_dim=0)
 
 
-def _constants(C, K):
+def _constants(C, K, mdt):
     """Cumsum operator tri_up [C, C], identity [128, 128] and ones [128, 128] (float32)."""
     cst = {}
     ones = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
@@ -320,6 +326,15 @@ def _constants(C, K):
     cst["ident"] = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
     nisa.affine_select(dst=cst["ident"], pattern=[[-1, 128]], channel_multiplier=1,
                        on_true_tile=ones, on_false_value=0.0, cmp_op=nl.equal)
+    # the packed solve's compact identity cI [(h, m), c] = [m == c] (operand dtype) and
+    # head-quadrant mask bd [(h, m), h', c] = [h == h'] (float32)
+    cst["cI"] = nl.ndarray((128, _BLOCK), dtype=mdt, buffer=nl.sbuf)
+    cst["bd"] = nl.ndarray((128, 128 // _BLOCK, _BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=cst["bd"], value=0.0)
+    for h in range(128 // _BLOCK):
+        q0 = h * _BLOCK
+        nisa.tensor_copy(dst=cst["cI"][q0:q0 + _BLOCK, :], src=cst["ident"][0:_BLOCK, 0:_BLOCK])
+        nisa.memset(dst=cst["bd"][q0:q0 + _BLOCK, h, :], value=1.0)
     return cst
 
 
@@ -354,63 +369,139 @@ def _l2norm_rows(x, L, H, K):
                        data2=ss.reshape((L, H, 1)).broadcast(2, K), op=nl.multiply)
 
 
-def _solve_setup(ATs, L, ident, mdt, dma):
-    """Setup of Xs[i] = (I + A_i)^{-1} Bs[i] (strictly-lower A_i [L, L], given as their
-    transposes ATs[i], [j, i] layout; up to _PACK heads): the diagonal _BLOCK-row blocks of
-    the heads packed block-diagonally on W = 32 * heads partitions (head i at partition
-    32*i), block b of every head in slot b of ``[W, blocks, W]`` tiles: P^T = A_bb^T
-    placed from ATs (``dma``: by SBUF-to-SBUF DMAs, partition moves no compute engine
-    spends time on; else by ScalarE), P by TensorE transposes (one PSUM bank, one
-    eviction); with N = -P the inverse (I - N)^{-1} = (I + N)(I + N^2)(I + N^4)...
-    starts as inv^T = I - P^T (the even powers need no sign). Every later step works on
-    all blocks at once (one PSUM bank, one eviction per round).
+def _solve_place(ATs, L, tiles, dma):
+    """The layout moves of a pack's solve: from the transposes ATs[i] ([j, i] layout) of the
+    strictly-lower A_i [L, L] of up to _PACK heads, the diagonal _BLOCK-row blocks A_bb^T into
+    slot b of tiles["PT"] and the off-diagonal blocks A_kb^T (k < b) into slot pair(k, b) of
+    tiles["OT"], head i at partitions 32 i of each (block-diagonal over the heads: one
+    matmul then serves the pack). SBUF-to-SBUF DMAs (``dma``; partition moves no compute
+    engine spends time on) or ScalarE copies. The tiles are zeroed once per launch
+    (_solve_tiles) and these moves write the same elements every chunk, so the zeros that
+    keep the packed products block-diagonal persist (modeled: zeroing them per chunk put
+    GpSimd on the critical path)."""
+    nbs = _block_rows(L)
+    nblk = len(nbs)
+    for j in range(len(ATs)):
+        q0 = j * _BLOCK
+        for b in range(nblk):
+            r0 = b * _BLOCK
+            nb = nbs[b]
+            _place(tiles["PT"][q0:q0 + nb, b, q0:q0 + nb], ATs[j][r0:r0 + nb, r0:r0 + nb], dma)
+            for c in range(b + 1, nblk):
+                c0 = c * _BLOCK
+                nc = nbs[c]
+                _place(tiles["OT"][q0:q0 + nb, _pair(b, c, nblk), q0:q0 + nc],
+                       ATs[j][r0:r0 + nb, c0:c0 + nc], dma)
+
+
+def _block_rows(L):
+    """Rows of each _BLOCK-row block of L rows (the last may be short)."""
+    nbs = []
+    for r0 in range(0, L, _BLOCK):
+        nbs.append(min(r0 + _BLOCK, L) - r0)
+    return nbs
+
+
+def _solve_setup(npk, L, cst, mdt, dma, tiles):
+    """Setup of the packed solve X_i = (I + A_i)^{-1} B_i of up to _PACK heads (blocks placed
+    by _solve_place): P = A_bb by TensorE transposes of P^T (one PSUM bank, one eviction);
+    with N = -P the diagonal blocks' inverse (I - N)^{-1} = (I + N)(I + N^2)(I + N^4)...
+    starts as inv^T = I - P^T (the even powers need no sign). The substitution over the
+    blocks uses the off-diagonal blocks in tiles["OT"].
 
     ``mdt`` is the doubling's TensorE operand dtype: bfloat16 for bf16 callers (the powers
     and the partial inverses are rounded; the inverse's unit diagonal stays exact and the
     off-diagonal part carries the rounding, relative to its own size), float32 otherwise.
     The substitution and the final application stay float32."""
-    npk = len(ATs)
     W = npk * _BLOCK
-    nbs = []
-    for r0 in range(0, L, _BLOCK):
-        nbs.append(min(r0 + _BLOCK, L) - r0)
+    nbs = _block_rows(L)
     nblk = len(nbs)
-    # unused rows / columns stay zero so the packed products stay block-diagonal
-    # (GpSimd: the Vector engine is the busiest)
-    PT = nl.ndarray((W, nblk, W), dtype=mdt, buffer=nl.sbuf)
-    nisa.memset(dst=PT, value=0.0, engine=nisa.engine.gpsimd)
-    for b in range(nblk):
-        r0 = b * _BLOCK
-        nb = nbs[b]
-        for j in range(npk):
-            q0 = j * _BLOCK
-            if dma:
-                nisa.dma_copy(dst=PT[q0:q0 + nb, b, q0:q0 + nb],
-                              src=ATs[j][r0:r0 + nb, r0:r0 + nb])
-            else:
-                nisa.tensor_copy(dst=PT[q0:q0 + nb, b, q0:q0 + nb],
-                                 src=ATs[j][r0:r0 + nb, r0:r0 + nb], engine=nisa.engine.scalar)
+    PT = tiles["PT"]
     pst = nl.ndarray((W, nblk * W), dtype=mdt, buffer=nl.psum)
     for b in range(nblk):
         nisa.nc_transpose(dst=pst[:, b * W:(b + 1) * W], data=PT[:, b, :],
                           engine=nisa.engine.tensor)
     P = nl.ndarray((W, nblk, W), dtype=mdt, buffer=nl.sbuf)
     nisa.tensor_copy(dst=P.reshape((W, nblk * W)), src=pst, engine=nisa.engine.vector)
-    # inv = sum_{m < covered} N^m; only inv^T is kept (the final stationary)
-    invT = nl.ndarray((W, nblk, W), dtype=mdt, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=invT, data1=ident[0:W, 0:W].reshape((W, 1, W)).broadcast(1, nblk),
-                       data2=PT, op=nl.subtract)
+    # inv = sum_{m < covered} N^m, kept compact: inv^T's diagonal sub-blocks
+    # cinv [(h, i), b, c] = inv_hb^T[i, c] (a quarter of the expanded tile's columns;
+    # the doubling's updates are products with it as the moving operand, and a product
+    # with a compact moving operand is compact). Starts as I - P^T: the compact P^T is
+    # P^T = P_b^T cI, cI [(h, m), c] = [m == c] (the compact identity).
+    cI = cst["cI"][0:W, :]
+    ps = nl.ndarray((W, nblk * _BLOCK), dtype=nl.float32, buffer=nl.psum)
+    for b in range(nblk):
+        nisa.nc_matmul(dst=ps[:, b * _BLOCK:(b + 1) * _BLOCK], stationary=P[:, b, :],
+                       moving=cI, accumulate=False)
+    cinv = nl.ndarray((W, nblk, _BLOCK), dtype=mdt, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=cinv, data1=cI.reshape((W, 1, _BLOCK)).broadcast(1, nblk),
+                       data2=ps.reshape((W, nblk, _BLOCK)), op=nl.subtract)
     pk = {}
     pk["npk"] = npk
     pk["W"] = W
     pk["nbs"] = nbs
     pk["P"] = P
     pk["PT"] = PT
-    pk["invT"] = invT
+    pk["OT"] = tiles["OT"]
+    pk["cinv"] = cinv
+    pk["cfin"] = nl.ndarray((W, nblk, _BLOCK), dtype=nl.float32, buffer=nl.sbuf)
     pk["inv"] = nl.ndarray((W, nblk, W), dtype=nl.float32, buffer=nl.sbuf)  # final, fp32
-    pk["X"] = []
+    pk["bd"] = cst["bd"]
+    pk["Xp"] = []
+    pk["Z"] = []
     pk["dma"] = dma
     return pk
+
+
+def _solve_tiles(npk, L, mdt):
+    """The zeroed packed tiles of one head group's solve (see _solve_setup): P^T ``[W, blocks,
+    W]`` (``mdt``) and the off-diagonal blocks ``[W, pairs, W]`` float32 (None for one block)."""
+    W = npk * _BLOCK
+    nblk = (L + _BLOCK - 1) // _BLOCK
+    t = {}
+    t["PT"] = nl.ndarray((W, nblk, W), dtype=mdt, buffer=nl.sbuf)
+    nisa.memset(dst=t["PT"], value=0.0, engine=nisa.engine.gpsimd)
+    npair = nblk * (nblk - 1) // 2
+    t["OT"] = None
+    if npair > 0:
+        t["OT"] = nl.ndarray((W, npair, W), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=t["OT"], value=0.0, engine=nisa.engine.gpsimd)
+    return t
+
+
+def _pair(k, b, nblk):
+    """Slot of the off-diagonal block (k, b), k < b, in the packed ``[W, pairs, W]`` tile
+    (ordered by k, then b)."""
+    i = 0
+    for kk in range(k):
+        i = i + nblk - 1 - kk
+    return i + b - k - 1
+
+
+def _place(dst, src, dma):
+    """A layout move of the packed solve (see _solve_setup)."""
+    if dma:
+        nisa.dma_copy(dst=dst, src=src)
+    else:
+        nisa.tensor_copy(dst=dst, src=src, engine=nisa.engine.scalar)
+
+
+def _pack_rhs(Bs, L, N, dma):
+    """The right-hand sides of up to _PACK heads packed like the solve: block b of head j at
+    partitions 32 j of slot b, ``[W, blocks, N]`` float32 (rows past a short last block zero)."""
+    npk = len(Bs)
+    W = npk * _BLOCK
+    nblk = len(_block_rows(L))
+    Rp = nl.ndarray((W, nblk, N), dtype=nl.float32, buffer=nl.sbuf)
+    if L % _BLOCK != 0:
+        nisa.memset(dst=Rp, value=0.0, engine=nisa.engine.gpsimd)
+    for j in range(npk):
+        q0 = j * _BLOCK
+        for b in range(nblk):
+            r0 = b * _BLOCK
+            nb = min(r0 + _BLOCK, L) - r0
+            _place(Rp[q0:q0 + nb, b, :], Bs[j][r0:r0 + nb, :], dma)
+    return Rp
 
 
 def _count_over(nbs, n):
@@ -452,80 +543,70 @@ def _solve_round(pk, covered, mdt):
 
 def _solve_update(pk, covered, mdt):
     """The second half of a doubling round: inv <- inv (I + P) (P = N^{2 covered} from
-    _solve_round), one PSUM bank and one eviction for the blocks still running."""
+    _solve_round) on the compact inverse, one PSUM bank and one eviction for the blocks
+    still running. Blocks whose last round this is go to the float32 compact inverse; after
+    the last round it is expanded block-diagonally (one multiply by the head-quadrant
+    mask), the stationary of the substitution's block applications."""
     W = pk["W"]
+    npk = pk["npk"]
+    nblk = len(pk["nbs"])
     na = _count_over(pk["nbs"], covered)
     nc = _count_over(pk["nbs"], covered * 2)
     if na == 0:
         return
-    P2 = pk["P"]
-    ps = nl.ndarray((W, na * W), dtype=nl.float32, buffer=nl.psum)
+    cinv = pk["cinv"]
+    ps = nl.ndarray((W, na * _BLOCK), dtype=nl.float32, buffer=nl.psum)
     for b in range(na):
-        nisa.nc_matmul(dst=ps[:, b * W:(b + 1) * W], stationary=P2[:, b, :],
-                       moving=pk["invT"][:, b, :], accumulate=False)       # (inv @ P)^T
-    psv = ps.reshape((W, na, W))
+        nisa.nc_matmul(dst=ps[:, b * _BLOCK:(b + 1) * _BLOCK], stationary=pk["P"][:, b, :],
+                       moving=cinv[:, b, :], accumulate=False)            # (inv @ P)^T
+    psv = ps.reshape((W, na, _BLOCK))
     if nc > 0:
-        inv = nl.ndarray((W, nc, W), dtype=mdt, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=inv, data1=pk["invT"][:, 0:nc, :], data2=psv[:, 0:nc, :],
+        nisa.tensor_tensor(dst=cinv[:, 0:nc, :], data1=cinv[:, 0:nc, :], data2=psv[:, 0:nc, :],
                            op=nl.add)
     if nc < na:
-        nisa.tensor_tensor(dst=pk["inv"][:, nc:na, :], data1=pk["invT"][:, nc:na, :],
+        nisa.tensor_tensor(dst=pk["cfin"][:, nc:na, :], data1=cinv[:, nc:na, :],
                            data2=psv[:, nc:na, :], op=nl.add)
-    if nc > 0:
-        pk["invT"] = inv
+    if nc == 0:
+        nisa.tensor_tensor(
+            dst=pk["inv"].reshape((W, nblk, npk, _BLOCK)),
+            data1=pk["cfin"].reshape((W, nblk, 1, _BLOCK)).broadcast(2, npk),
+            data2=pk["bd"][0:W, 0:npk, :].reshape((W, 1, npk, _BLOCK)).broadcast(1, nblk),
+            op=nl.multiply)
 
 
-def _solve_rhs_block(pk, ATs, Bs, b, L, N):
-    """Block b of the forward substitution, first half: the packed right-hand side
-    B_b - A_{b, <b} X_{<b} of the pack's heads (head j at partition 32 j; block 0 packed by
-    SBUF-to-SBUF DMAs when pk["dma"], else by ScalarE), into pk["R"]. X [L, N] in
-    pk["X"] (allocated at b = 0)."""
-    npk, W, nbs = pk["npk"], pk["W"], pk["nbs"]
-    Xs = pk["X"]
+def _solve_rhs_block(pk, Rp, b, N):
+    """Block b of the forward substitution, first half: Z_b = B_b - sum_{k<b} A_bk X_k for
+    every head of the pack at once (packed right-hand sides ``Rp``, packed solutions
+    pk["Xp"]; the off-diagonal stationaries are block-diagonal over the heads, so one PSUM
+    accumulation serves the pack and one subtraction evicts it)."""
+    W = pk["W"]
+    nblk = len(pk["nbs"])
     if b == 0:
-        pk["R"] = []
-        for i in range(npk):
-            Xs.append(nl.ndarray((L, N), dtype=nl.float32, buffer=nl.sbuf))
-    r0 = b * _BLOCK
-    nb = nbs[b]
-    r1 = r0 + nb
-    R = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.sbuf)
-    if nb < _BLOCK:
-        nisa.memset(dst=R, value=0.0, engine=nisa.engine.gpsimd)
-    for j in range(npk):
-        q0 = j * _BLOCK
-        if r0 == 0 and pk["dma"]:
-            nisa.dma_copy(dst=R[q0:q0 + nb, :], src=Bs[j][0:nb, :])
-        elif r0 == 0:
-            nisa.tensor_copy(dst=R[q0:q0 + nb, :], src=Bs[j][0:nb, :],
-                             engine=nisa.engine.scalar)
-        else:
-            # matmul output on partitions 0..nb; the subtraction moves it to the
-            # head's quadrant (cross-quadrant moves of <= 32 partitions are legal)
-            ps = nl.ndarray((nb, N), dtype=nl.float32, buffer=nl.psum)
-            nisa.nc_matmul(dst=ps, stationary=ATs[j][0:r0, r0:r1], moving=Xs[j][0:r0, :],
-                           accumulate=False)
-            nisa.tensor_tensor(dst=R[q0:q0 + nb, :], data1=Bs[j][r0:r1, :], data2=ps,
-                               op=nl.subtract)
-            ps = None
-    pk["R"].append(R)
-
-
-def _solve_apply_block(pk, b, N):
-    """Block b of the forward substitution, second half: X_b = inv_bb R_b for the pack's
-    heads in one matmul, unpacked into pk["X"]."""
-    npk, W, nbs = pk["npk"], pk["W"], pk["nbs"]
-    Xs = pk["X"]
-    r0 = b * _BLOCK
-    nb = nbs[b]
-    r1 = r0 + nb
+        pk["Z"].append(Rp[:, 0, :])
+        return
     ps = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=pk["inv"][:, b, :], moving=pk["R"][b], accumulate=False)
-    # unpacked by ScalarE (cross-quadrant moves of <= 32 partitions are legal): modeled as
-    # fast as one eviction plus SBUF-to-SBUF DMAs at Qwen3-Next TP1, faster at TP4
+    for k in range(b):
+        nisa.nc_matmul(dst=ps, stationary=pk["OT"][:, _pair(k, b, nblk), :], moving=pk["Xp"][k],
+                       accumulate=k > 0)
+    Z = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=Z, data1=Rp[:, b, :], data2=ps, op=nl.subtract)
+    pk["Z"].append(Z)
+
+
+def _solve_apply_block(pk, Xs, b, N):
+    """Block b of the forward substitution, second half: X_b = inv_bb Z_b for the pack's heads
+    in one matmul (kept packed for the next blocks), unpacked into the heads' Xs."""
+    npk, W, nbs = pk["npk"], pk["W"], pk["nbs"]
+    r0 = b * _BLOCK
+    nb = nbs[b]
+    ps = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ps, stationary=pk["inv"][:, b, :], moving=pk["Z"][b], accumulate=False)
+    Xp = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=Xp, src=ps, engine=nisa.engine.scalar)
+    pk["Xp"].append(Xp)
     for j in range(npk):
         q0 = j * _BLOCK
-        nisa.tensor_copy(dst=Xs[j][r0:r1, :], src=ps[q0:q0 + nb, :], engine=nisa.engine.scalar)
+        _place(Xs[j][r0:r0 + nb, :], Xp[q0:q0 + nb, :], pk["dma"])
 
 
 def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_qk_l2norm,
@@ -604,9 +685,9 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
     dma_moves = _many_groups(HV)
     jobs = ["qk_t", "qk_mm", "gu", "decay", "at"]
     if dma_moves:
-        jobs = jobs + ["sm", "rhs", "oq", "setup"]
+        jobs = jobs + ["place", "sm", "rhs", "oq", "setup"]
     else:
-        jobs = jobs + ["setup", "sm", "rhs", "oq"]
+        jobs = jobs + ["place", "setup", "sm", "rhs", "oq"]
     jarg = []
     for name in jobs:
         jarg.append(0)
@@ -625,6 +706,7 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
         jarg.append(0)
     nstage = len(jobs)
     pres = []
+    gdat = []
     items = []
     for t in range(len(groups) + nstage - 1):
         for s in range(nstage):
@@ -639,6 +721,9 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
                 for hv in hvs:
                     pre.append({})
                 pres.append(pre)
+                gd = {}
+                gd["X"] = []
+                gdat.append(gd)
                 for hv in hvs:
                     h = hv // rep
                     if qk.get(str(h)) == None:  # noqa: E711  (NKI has no `is`)
@@ -658,11 +743,14 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
             elif job == "at":
                 for i in range(len(hvs)):
                     _head_at(qk[str(hvs[i] // rep)], pres[u][i], beta, hvs[i], L)
-            elif job == "setup":
+            elif job == "place":
                 ATs = []
                 for d in pres[u]:
                     ATs.append(d["AT"])
-                items.append(_solve_setup(ATs, L, cst["ident"], xdt, dma_moves))
+                _solve_place(ATs, L, cst["solve"][u], dma_moves)
+            elif job == "setup":
+                items.append(_solve_setup(len(hvs), L, cst, xdt, dma_moves,
+                                          cst["solve"][u]))
             elif job == "square":
                 _solve_round(items[u], x, xdt)
             elif job == "update":
@@ -671,26 +759,28 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
                 for i in range(len(hvs)):
                     pres[u][i]["Sm"] = _state_operand(S, hvs[i], K, V, qkdt)
             elif job == "rhs":
+                Rs = []
                 for i in range(len(hvs)):
                     _head_rhs(pres[u][i], qk[str(hvs[i] // rep)], vc, nec, hvs[i], V)
+                    Rs.append(pres[u][i]["R"])
+                    pres[u][i]["R"] = None
+                gdat[u]["Rp"] = _pack_rhs(Rs, L, V, dma_moves)
             elif job == "oq":
                 for i in range(len(hvs)):
                     _head_oq(pres[u][i], qk[str(hvs[i] // rep)], qs, hvs[i], V)
             elif job == "sub":
-                ATs = []
-                Rs = []
-                for d in pres[u]:
-                    ATs.append(d["AT"])
-                    Rs.append(d["R"])
-                _solve_rhs_block(items[u], ATs, Rs, x, L, V)
+                _solve_rhs_block(items[u], gdat[u]["Rp"], x, V)
             elif job == "apply":
-                _solve_apply_block(items[u], x, V)
+                if x == 0:
+                    for i in range(len(hvs)):
+                        gdat[u]["X"].append(nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf))
+                _solve_apply_block(items[u], gdat[u]["X"], x, V)
             elif job == "post_ops":
                 for i in range(len(hvs)):
                     _head_post_ops(qk[str(hvs[i] // rep)], pres[u][i], bs, dlb, hvs[i], L, K)
             elif job == "out":
                 for i in range(len(hvs)):
-                    _head_out(pres[u][i], items[u]["X"][i], oc, hvs[i], V)
+                    _head_out(pres[u][i], gdat[u]["X"][i], oc, hvs[i], V)
                 if dma_moves:
                     # each group's o columns leave as soon as they are done
                     c0 = hvs[0] * V
@@ -700,7 +790,7 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
                                   src=oc[:, c0:c1])
             else:
                 for i in range(len(hvs)):
-                    _head_state(S, pres[u][i]["kd"], items[u]["X"][i], el, hvs[i], K, V)
+                    _head_state(S, pres[u][i]["kd"], gdat[u]["X"][i], el, hvs[i], K, V)
     if not dma_moves:
         nisa.dma_copy(dst=_rows_view(o, rows, C, HV * V), src=oc)
 
