@@ -369,13 +369,14 @@ def _l2norm_rows(x, L, H, K):
                        data2=ss.reshape((L, H, 1)).broadcast(2, K), op=nl.multiply)
 
 
-def _solve_place(ATs, L, tiles, dma):
+def _solve_place(ATs, L, tiles, diag, off):
     """The layout moves of a pack's solve: from the transposes ATs[i] ([j, i] layout) of the
     strictly-lower A_i [L, L] of up to _PACK heads, the diagonal _BLOCK-row blocks A_bb^T into
     slot b of tiles["PT"] and the off-diagonal blocks A_kb^T (k < b) into slot pair(k, b) of
     tiles["OT"], head i at partitions 32 i of each (block-diagonal over the heads: one
-    matmul then serves the pack). SBUF-to-SBUF DMAs (``dma``; partition moves no compute
-    engine spends time on) or ScalarE copies. The tiles are zeroed once per launch
+    matmul then serves the pack): ``diag`` / ``off`` say which. SBUF-to-SBUF DMAs: partition
+    moves no compute engine spends time on (modeled: ScalarE copies instead, TP4 3.58 ->
+    3.0 M tokens/s). The tiles are zeroed once per launch
     (_solve_tiles) and these moves write the same elements every chunk, so the zeros that
     keep the packed products block-diagonal persist (modeled: zeroing them per chunk put
     GpSimd on the critical path)."""
@@ -386,12 +387,15 @@ def _solve_place(ATs, L, tiles, dma):
         for b in range(nblk):
             r0 = b * _BLOCK
             nb = nbs[b]
-            _place(tiles["PT"][q0:q0 + nb, b, q0:q0 + nb], ATs[j][r0:r0 + nb, r0:r0 + nb], dma)
-            for c in range(b + 1, nblk):
-                c0 = c * _BLOCK
-                nc = nbs[c]
-                _place(tiles["OT"][q0:q0 + nb, _pair(b, c, nblk), q0:q0 + nc],
-                       ATs[j][r0:r0 + nb, c0:c0 + nc], dma)
+            if diag:
+                nisa.dma_copy(dst=tiles["PT"][q0:q0 + nb, b, q0:q0 + nb],
+                              src=ATs[j][r0:r0 + nb, r0:r0 + nb])
+            if off:
+                for c in range(b + 1, nblk):
+                    c0 = c * _BLOCK
+                    nc = nbs[c]
+                    nisa.dma_copy(dst=tiles["OT"][q0:q0 + nb, _pair(b, c, nblk), q0:q0 + nc],
+                                  src=ATs[j][r0:r0 + nb, c0:c0 + nc])
 
 
 def _block_rows(L):
@@ -402,7 +406,7 @@ def _block_rows(L):
     return nbs
 
 
-def _solve_setup(npk, L, cst, mdt, dma, tiles):
+def _solve_setup(npk, L, cst, mdt, tiles):
     """Setup of the packed solve X_i = (I + A_i)^{-1} B_i of up to _PACK heads (blocks placed
     by _solve_place): P = A_bb by TensorE transposes of P^T (one PSUM bank, one eviction);
     with N = -P the diagonal blocks' inverse (I - N)^{-1} = (I + N)(I + N^2)(I + N^4)...
@@ -449,7 +453,6 @@ def _solve_setup(npk, L, cst, mdt, dma, tiles):
     pk["bd"] = cst["bd"]
     pk["Xp"] = []
     pk["Z"] = []
-    pk["dma"] = dma
     return pk
 
 
@@ -478,15 +481,7 @@ def _pair(k, b, nblk):
     return i + b - k - 1
 
 
-def _place(dst, src, dma):
-    """A layout move of the packed solve (see _solve_setup)."""
-    if dma:
-        nisa.dma_copy(dst=dst, src=src)
-    else:
-        nisa.tensor_copy(dst=dst, src=src, engine=nisa.engine.scalar)
-
-
-def _pack_rhs(Bs, L, N, dma):
+def _pack_rhs(Bs, L, N):
     """The right-hand sides of up to _PACK heads packed like the solve: block b of head j at
     partitions 32 j of slot b, ``[W, blocks, N]`` float32 (rows past a short last block zero)."""
     npk = len(Bs)
@@ -500,7 +495,7 @@ def _pack_rhs(Bs, L, N, dma):
         for b in range(nblk):
             r0 = b * _BLOCK
             nb = min(r0 + _BLOCK, L) - r0
-            _place(Rp[q0:q0 + nb, b, :], Bs[j][r0:r0 + nb, :], dma)
+            nisa.dma_copy(dst=Rp[q0:q0 + nb, b, :], src=Bs[j][r0:r0 + nb, :])
     return Rp
 
 
@@ -606,23 +601,14 @@ def _solve_apply_block(pk, Xs, b, N):
     pk["Xp"].append(Xp)
     for j in range(npk):
         q0 = j * _BLOCK
-        _place(Xs[j][r0:r0 + nb, :], Xp[q0:q0 + nb, :], pk["dma"])
+        nisa.dma_copy(dst=Xs[j][r0:r0 + nb, :], src=Xp[q0:q0 + nb, :])
 
 
-def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_qk_l2norm,
-           scale, C):
-    """Chunk ``c`` (row ``c`` of chunk_rows) from the tiles in ``buf`` (gathered by the
-    previous iteration: rows past the sequence end read the zero row); o rows scattered
-    (those rows go to the trash row), S updated."""
+def _chunk_prologue(buf, o, cst, rows, T1, H, HV, K, V, raw_gates, use_qk_l2norm, scale, C):
+    """The per-token decays of one chunk (every head at once) from its tiles ``buf``."""
     L = C
-    rows = _table_rows(chunk_rows, c, C)          # this chunk's rows: the output scatter
-    qc = buf["q"]
-    kc = buf["k"]
-    vc = buf["v"]
     g = buf["g"]
     beta = buf["beta"]
-    xdt = vc.dtype
-    qkdt = qc.dtype
     if raw_gates:
         # g = -exp(A_log) softplus(a + dt_bias); beta = sigmoid(b). The zero row's a = 0
         # would give g != 0: rows past the sequence end get g = 0 (no decay of S).
@@ -634,68 +620,101 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
                                   op1=nl.multiply, operand1=cst["negA"][0:L, :])
         nisa.activation(dst=beta, op=nl.sigmoid, data=beta)
     if use_qk_l2norm:
-        _l2norm_rows(qc, L, H, K)
-        _l2norm_rows(kc, L, H, K)
-
+        _l2norm_rows(buf["q"], L, H, K)
+        _l2norm_rows(buf["k"], L, H, K)
     # per-token decays of every head at once (fp32, 0/1 stationaries):
     #   c_i = sum_{m <= i} g_m,  to_end_i = sum_{m > i} g_m (direct segment sums),
     #   c_last on K partitions (decay of S over the chunk)
+    ch = {}
+    ch["rows"] = rows
     c_col = _mm(cst["tri_up"][0:L, 0:L], g, L, HV, True)
     ec = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=ec, op=nl.exp, data=c_col)
-    qs = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)    # scale e^{c_i}
-    nisa.tensor_scalar(dst=qs, data=ec, op0=nl.multiply, operand0=scale)
-    nec = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)   # -e^{c_i}
-    nisa.tensor_scalar(dst=nec, data=ec, op0=nl.multiply, operand0=-1.0)
-    bs = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)    # scale beta_j
-    nisa.tensor_scalar(dst=bs, data=beta, op0=nl.multiply, operand0=scale)
-    dl = _exp_of_mm(cst["tri_lo"][0:L, 0:L], g, L, HV)           # e^{c_last - c_i}
-    dlb = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)   # beta_i e^{c_last - c_i}
-    nisa.tensor_tensor(dst=dlb, data1=dl, data2=beta, op=nl.multiply)
-    el = _exp_of_mm(cst["ones"][0:L, 0:K], g, K, HV)             # e^{c_last}
-    oc = nl.ndarray((L, HV * V), dtype=o.dtype, buffer=nl.sbuf)
-    qk = {}
+    ch["qs"] = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)    # scale e^{c_i}
+    nisa.tensor_scalar(dst=ch["qs"], data=ec, op0=nl.multiply, operand0=scale)
+    ch["nec"] = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)   # -e^{c_i}
+    nisa.tensor_scalar(dst=ch["nec"], data=ec, op0=nl.multiply, operand0=-1.0)
+    ch["bs"] = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)    # scale beta_j
+    nisa.tensor_scalar(dst=ch["bs"], data=beta, op0=nl.multiply, operand0=scale)
+    dl = _exp_of_mm(cst["tri_lo"][0:L, 0:L], g, L, HV)                  # e^{c_last - c_i}
+    ch["dlb"] = nl.ndarray((L, HV), dtype=nl.float32, buffer=nl.sbuf)   # beta_i e^{c_last - c_i}
+    nisa.tensor_tensor(dst=ch["dlb"], data1=dl, data2=beta, op=nl.multiply)
+    ch["el"] = _exp_of_mm(cst["ones"][0:L, 0:K], g, K, HV)             # e^{c_last}
+    ch["oc"] = nl.ndarray((L, HV * V), dtype=o.dtype, buffer=nl.sbuf)
+    ch["qk"] = {}
+    return ch
+
+
+def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_qk_l2norm,
+           scale, C):
+    """Chunk ``c`` (row ``c`` of chunk_rows) from the tiles in ``buf`` (gathered by the
+    previous iteration: rows past the sequence end read the zero row); o rows scattered
+    (those rows go to the trash row), S updated.
+
+    A software pipeline over groups of _HEADS value heads: a group's work is a list of jobs,
+    one per dependent step (_group_jobs), and step t issues job s of group t - s for every
+    s, the later stages first (modeled: TP1 1.28 -> 1.32 M tokens/s against the earlier
+    first), so every in-order engine queue holds work of several groups between one
+    group's dependent steps."""
+    L = C
+    rows = _table_rows(chunk_rows, c, C)          # this chunk's rows: the output scatter
+    ch = _chunk_prologue(buf, o, cst, rows, T1, H, HV, K, V, raw_gates, use_qk_l2norm, scale, C)
     groups = []
     for hv0 in range(0, HV, _HEADS):
         hvs = []
         for hv in range(hv0, min(hv0 + _HEADS, HV)):
             hvs.append(hv)
         groups.append(hvs)
-    # software pipeline over head groups, one stage per step: in step t group t - s runs
-    # stage s (pre-solve, solve setup, the doubling rounds, substitution, post-solve), so
-    # every in-order engine queue holds work of several groups between one group's
-    # dependent steps
+    G = len(groups)
+    jobs, jarg = _group_jobs(HV, L)
+    nstage = len(jobs)
+    many = _many_groups(HV)
+    pres = {}
+    gdat = {}
+    items = {}
+    for t in range(G + nstage - 1):
+        for r in range(nstage):
+            s = nstage - 1 - r
+            u = t - s
+            if u < 0 or u >= G:
+                continue
+            _group_job(jobs[s], jarg[s], u, groups[u], ch, buf, pres, gdat, items, o, cst, S,
+                       HV, K, V, rep, L, C, many)
+    if not many:
+        nisa.dma_copy(dst=_rows_view(o, rows, C, HV * V), src=ch["oc"])
+
+
+def _group_jobs(HV, L):
+    """The jobs of one head group, in order (one per software-pipeline stage), and their
+    arguments: q/k transposes, their masked products, gU, the decays, A^T, the packed
+    solve's layout moves, the state operand, the right-hand sides (k S), q S, the solve
+    setup, per doubling round its squaring and inverse update, per substitution block its
+    packed right-hand side and its application, the product operands, the outputs, the
+    state update. The state-dependent k S, R and q S go in early: they do not wait for the
+    solve (modeled: TP1 1.17 -> 1.22 M tokens/s against after the doubling). With fewer
+    than 8 head groups the off-diagonal blocks are placed only after the doubling
+    (``place_off``): their DMAs then do not delay the diagonal blocks' (modeled: TP4
+    3.58 -> 3.84 M tokens/s, TP2 2.27 -> 2.35 M; TP1 1.32 -> 1.27 M)."""
     nround = 0
     covered = 2
     while covered < _BLOCK and covered < L:
         nround = nround + 1
         covered = covered * 2
     nblk = (L + _BLOCK - 1) // _BLOCK
-    # the jobs of one group, in order (one per software-pipeline stage): q/k heads, decays
-    # and A^T, solve setup, the doubling rounds (squaring, inverse update), the
-    # right-hand sides, per substitution block its packed right-hand side and its
-    # application, the operands of the products with Y, the outputs, the state update
-    # layout moves of the packed solve (block placements, block-0 right-hand sides) by
-    # SBUF-to-SBUF DMA when the chunk has many head groups (ScalarE is then the busiest
-    # engine of the chunk's first half; modeled: Qwen3-Next TP1 / TP2 faster), by ScalarE
-    # when it has few (the DMAs' fixed latency is then on the critical path; TP4 faster).
-    # The state-dependent k S, R and q S go in early (they do not wait for the solve):
-    # after A^T with many groups, after the solve setup with few (modeled: TP1 1.17 ->
-    # 1.22 M tokens/s, TP4 3.72 -> 3.77 M against after the doubling)
-    dma_moves = _many_groups(HV)
-    jobs = ["qk_t", "qk_mm", "gu", "decay", "at"]
-    if dma_moves:
-        jobs = jobs + ["place", "sm", "rhs", "oq", "setup"]
-    else:
-        jobs = jobs + ["place", "setup", "sm", "rhs", "oq"]
+    late_off = (HV + _HEADS - 1) // _HEADS < 8
+    jobs = ["qk_t", "qk_mm", "gu", "decay", "at", "place", "sm", "rhs", "oq", "setup"]
     jarg = []
     for name in jobs:
         jarg.append(0)
+    jarg[5] = 1 - late_off          # place: the off-diagonal blocks too?
     for r in range(nround):
         jobs.append("square")
         jarg.append(2 ** (r + 1))
         jobs.append("update")
         jarg.append(2 ** (r + 1))
+    if late_off:
+        jobs.append("place_off")
+        jarg.append(0)
     for b in range(nblk):
         jobs.append("sub")
         jarg.append(b)
@@ -704,95 +723,96 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
     for name in ["post_ops", "out", "state"]:
         jobs.append(name)
         jarg.append(0)
-    nstage = len(jobs)
-    pres = []
-    gdat = []
-    items = []
-    for t in range(len(groups) + nstage - 1):
-        for s in range(nstage):
-            u = t - s
-            if u < 0 or u >= len(groups):
-                continue
-            hvs = groups[u]
-            job = jobs[s]
-            x = jarg[s]
-            if job == "qk_t":
-                pre = []
-                for hv in hvs:
-                    pre.append({})
-                pres.append(pre)
-                gd = {}
-                gd["X"] = []
-                gdat.append(gd)
-                for hv in hvs:
-                    h = hv // rep
-                    if qk.get(str(h)) == None:  # noqa: E711  (NKI has no `is`)
-                        qk[str(h)] = _qk_transposes(kc, qc, h, L, K)
-                        qk[str(h)]["group"] = u
-            elif job == "qk_mm":
-                for hv in hvs:
-                    d = qk[str(hv // rep)]
-                    if d["group"] == u and d.get("kk") == None:  # noqa: E711 (once per q/k head)
-                        _qk_products(cst, d, L)
-            elif job == "gu":
-                for i in range(len(hvs)):
-                    _head_gu(pres[u][i], cst, g, hvs[i], L)
-            elif job == "decay":
-                for d in pres[u]:
-                    _head_decay(cst, d, L)
-            elif job == "at":
-                for i in range(len(hvs)):
-                    _head_at(qk[str(hvs[i] // rep)], pres[u][i], beta, hvs[i], L)
-            elif job == "place":
-                ATs = []
-                for d in pres[u]:
-                    ATs.append(d["AT"])
-                _solve_place(ATs, L, cst["solve"][u], dma_moves)
-            elif job == "setup":
-                items.append(_solve_setup(len(hvs), L, cst, xdt, dma_moves,
-                                          cst["solve"][u]))
-            elif job == "square":
-                _solve_round(items[u], x, xdt)
-            elif job == "update":
-                _solve_update(items[u], x, xdt)
-            elif job == "sm":
-                for i in range(len(hvs)):
-                    pres[u][i]["Sm"] = _state_operand(S, hvs[i], K, V, qkdt)
-            elif job == "rhs":
-                Rs = []
-                for i in range(len(hvs)):
-                    _head_rhs(pres[u][i], qk[str(hvs[i] // rep)], vc, nec, hvs[i], V)
-                    Rs.append(pres[u][i]["R"])
-                    pres[u][i]["R"] = None
-                gdat[u]["Rp"] = _pack_rhs(Rs, L, V, dma_moves)
-            elif job == "oq":
-                for i in range(len(hvs)):
-                    _head_oq(pres[u][i], qk[str(hvs[i] // rep)], qs, hvs[i], V)
-            elif job == "sub":
-                _solve_rhs_block(items[u], gdat[u]["Rp"], x, V)
-            elif job == "apply":
-                if x == 0:
-                    for i in range(len(hvs)):
-                        gdat[u]["X"].append(nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf))
-                _solve_apply_block(items[u], gdat[u]["X"], x, V)
-            elif job == "post_ops":
-                for i in range(len(hvs)):
-                    _head_post_ops(qk[str(hvs[i] // rep)], pres[u][i], bs, dlb, hvs[i], L, K)
-            elif job == "out":
-                for i in range(len(hvs)):
-                    _head_out(pres[u][i], gdat[u]["X"][i], oc, hvs[i], V)
-                if dma_moves:
-                    # each group's o columns leave as soon as they are done
-                    c0 = hvs[0] * V
-                    c1 = (hvs[len(hvs) - 1] + 1) * V
-                    nisa.dma_copy(dst=o.ap(pattern=[[HV * V, C], [1, c1 - c0]], offset=c0,
-                                           vector_offset=rows, indirect_dim=0),
-                                  src=oc[:, c0:c1])
-            else:
-                for i in range(len(hvs)):
-                    _head_state(S, pres[u][i]["kd"], gdat[u]["X"][i], el, hvs[i], K, V)
-    if not dma_moves:
-        nisa.dma_copy(dst=_rows_view(o, rows, C, HV * V), src=oc)
+    return jobs, jarg
+
+
+def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, S, HV, K, V, rep, L, C,
+               many):
+    """Job ``job`` (argument ``x``) of head group ``u`` (value heads ``hvs``; see
+    _group_jobs) of the chunk in ``buf`` / ``ch``."""
+    key = str(u)
+    qk = ch["qk"]
+    xdt = buf["v"].dtype
+    qkdt = buf["q"].dtype
+    if job == "qk_t":
+        pre = []
+        for hv in hvs:
+            pre.append({})
+        pres[key] = pre
+        gd = {}
+        gd["X"] = []
+        gdat[key] = gd
+        for hv in hvs:
+            h = hv // rep
+            if qk.get(str(h)) == None:  # noqa: E711  (NKI has no `is`)
+                qk[str(h)] = _qk_transposes(buf["k"], buf["q"], h, L, K)
+                qk[str(h)]["group"] = u
+    elif job == "qk_mm":
+        for hv in hvs:
+            d = qk[str(hv // rep)]
+            if d["group"] == u and d.get("kk") == None:  # noqa: E711 (once per q/k head)
+                _qk_products(cst, d, L)
+    elif job == "gu":
+        for i in range(len(hvs)):
+            _head_gu(pres[key][i], cst, buf["g"], hvs[i], L)
+    elif job == "decay":
+        for d in pres[key]:
+            _head_decay(cst, d, L)
+    elif job == "at":
+        for i in range(len(hvs)):
+            _head_at(qk[str(hvs[i] // rep)], pres[key][i], buf["beta"], hvs[i], L)
+    elif job == "place":
+        ATs = []
+        for d in pres[key]:
+            ATs.append(d["AT"])
+        _solve_place(ATs, L, cst["solve"][u], True, x == 1)
+    elif job == "place_off":
+        ATs = []
+        for d in pres[key]:
+            ATs.append(d["AT"])
+        _solve_place(ATs, L, cst["solve"][u], False, True)
+    elif job == "setup":
+        items[key] = _solve_setup(len(hvs), L, cst, xdt, cst["solve"][u])
+    elif job == "square":
+        _solve_round(items[key], x, xdt)
+    elif job == "update":
+        _solve_update(items[key], x, xdt)
+    elif job == "sm":
+        for i in range(len(hvs)):
+            pres[key][i]["Sm"] = _state_operand(S, hvs[i], K, V, qkdt)
+    elif job == "rhs":
+        Rs = []
+        for i in range(len(hvs)):
+            _head_rhs(pres[key][i], qk[str(hvs[i] // rep)], buf["v"], ch["nec"], hvs[i], V)
+            Rs.append(pres[key][i]["R"])
+        gdat[key]["Rp"] = _pack_rhs(Rs, L, V)
+    elif job == "oq":
+        for i in range(len(hvs)):
+            _head_oq(pres[key][i], qk[str(hvs[i] // rep)], ch["qs"], hvs[i], V)
+    elif job == "sub":
+        _solve_rhs_block(items[key], gdat[key]["Rp"], x, V)
+    elif job == "apply":
+        if x == 0:
+            for i in range(len(hvs)):
+                gdat[key]["X"].append(nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf))
+        _solve_apply_block(items[key], gdat[key]["X"], x, V)
+    elif job == "post_ops":
+        for i in range(len(hvs)):
+            _head_post_ops(qk[str(hvs[i] // rep)], pres[key][i], ch["bs"], ch["dlb"], hvs[i],
+                           L, K)
+    elif job == "out":
+        for i in range(len(hvs)):
+            _head_out(pres[key][i], gdat[key]["X"][i], ch["oc"], hvs[i], V)
+        if many:
+            # each group's o columns leave as soon as they are done
+            c0 = hvs[0] * V
+            c1 = (hvs[len(hvs) - 1] + 1) * V
+            nisa.dma_copy(dst=o.ap(pattern=[[HV * V, C], [1, c1 - c0]], offset=c0,
+                                   vector_offset=ch["rows"], indirect_dim=0),
+                          src=ch["oc"][:, c0:c1])
+    else:
+        for i in range(len(hvs)):
+            _head_state(S, pres[key][i]["kd"], gdat[key]["X"][i], ch["el"], hvs[i], K, V)
 
 
 def _exp_of_mm(st, mv, M, N):
