@@ -25,7 +25,7 @@ class HardwareSpec:
     # --- TensorE ---------------------------------------------------------
     tensor_ghz: float
     mm_init_cycles: int           # MM initiation-interval floor (MM_INIT_LATENCY)
-    mm_fp32_factor: float         # fp32/tf32 operand: quarter rate
+    mm_fp32_factor: float         # a float32 operand: quarter rate (tf32 x tf32: bf16 rate)
     mm_fp32_onezero_factor: float  # fp32 with a 0/1 operand: up to 2x faster than fp32
     ls_speedup: float             # Fast LoadStationary: LS ~ M / ls_speedup cycles (hidden behind MM)
     transpose_fp32_factor: float  # nc_transpose of fp32 data on TensorE
@@ -112,7 +112,7 @@ class HardwareSpec:
 # Shared sources: most rules are stated once for NC-v2 and assumed for later cores.
 _COMMON_SOURCES = {
     "mm_init_cycles": "nki_spec §8.2: MM II ~ max(N, MM_INIT_LATENCY=64) cycles [A1, PERF Opt #7] (stated for NC-v2; assumed for v3/v4, §12)",
-    "mm_fp32_factor": "nki_spec §8.1/§8.2: fp32 at 1/4 of bf16 rate (23 vs 92 / 20 vs 79 TFLOPS) [A1-A3]",
+    "mm_fp32_factor": "nki_spec §8.1/§8.2: fp32 at 1/4 of bf16 rate (23 vs 92 / 20 vs 79 TFLOPS) [A1-A3]; tfloat32 operands (both) run at the BF16/FP16/TF32 rate (79 TFLOPS on trn2) and are not charged this",
     "mm_fp32_onezero_factor": "nki_spec §8.2: is_*_onezero on an fp32 operand up to 2x faster [ISA] -> factor 2",
     "ls_speedup": "nki_spec §8.2: Fast LoadStationary up to 4x faster than MM; background LS so a pair costs max(LS, MM) [PERF]",
     "vector_elems_per_cycle": "nki_spec §8.2: NC-v2 one input ~N cycles, two inputs ~2N [A1] => 1 element/partition/cycle per input",

@@ -70,7 +70,8 @@ class Instruction:
     model needs, with these keys where they apply:
 
     - nc_matmul / nc_transpose on TensorE: ``K``, ``M``, ``N``, ``fp32``
-      (an fp32/tf32 operand: quarter rate), ``onezero``, ``is_transpose``,
+      (a float32 operand: quarter rate; tfloat32 with tfloat32 streams at the bf16
+      rate), ``onezero``, ``is_transpose``,
       ``perf_mode``;
     - DMA: ``partitions`` (SBUF-side partition count, or 0 for HBM->HBM),
       ``bytes_per_partition``, ``dge_mode``, ``indirect`` (bool),

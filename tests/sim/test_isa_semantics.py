@@ -862,3 +862,25 @@ def test_matmul_tfloat32_operands_keep_10_mantissa_bits():
     nisa.memset(dst=g, value=3.0)
     nisa.nc_matmul(dst=p, stationary=f, moving=g, accumulate=False)   # float32: exact
     assert val(p)[0, 0] == np.float32(3 * (1 + 2 ** -12))
+
+
+def test_matmul_rate_flag_float32_vs_tfloat32_views():
+    """The trace's ``fp32`` (quarter-rate) flag: set when an operand is float32, not for
+    tfloat32 views of float32 tiles (TF32 streams at the BF16 rate, nki_spec §8.1)."""
+    from nki_ssm.perf import costs
+    from nki_ssm.perf.hardware import TRN2
+    from nki_ssm.sim.trace import record
+    a, b = sb((128, 128)), sb((128, 128))
+    nisa.memset(dst=a, value=1.0)
+    nisa.memset(dst=b, value=2.0)
+    p = ps((128, 128))
+    with record(target="trn2") as tr:
+        nisa.nc_matmul(dst=p, stationary=a, moving=b, accumulate=False)
+        nisa.nc_matmul(dst=p, stationary=a.view(nl.tfloat32), moving=b.view(nl.tfloat32),
+                       accumulate=False)
+        nisa.nc_matmul(dst=p, stationary=a.view(nl.tfloat32), moving=b, accumulate=False)
+    f32, tf32, mixed = tr.instructions
+    assert f32.attrs["fp32"] and mixed.attrs["fp32"] and not tf32.attrs["fp32"]
+    assert costs.tensor_cycles(tf32, TRN2) == 128
+    assert costs.tensor_cycles(f32, TRN2) == 4 * 128 + 128
+    assert val(p)[0, 0] == 128 * 2.0

@@ -453,6 +453,7 @@ def _solve_setup(npk, L, cst, mdt, tiles):
     pk["bd"] = cst["bd"]
     pk["Xp"] = []
     pk["Z"] = []
+    pk["tf"] = mdt != nl.float32     # the substitution's operands as tfloat32 (_tf)
     return pk
 
 
@@ -469,6 +470,15 @@ def _solve_tiles(npk, L, mdt):
     if npair > 0:
         t["OT"] = nl.ndarray((W, npair, W), dtype=nl.float32, buffer=nl.sbuf)
         nisa.memset(dst=t["OT"], value=0.0, engine=nisa.engine.gpsimd)
+    return t
+
+
+def _tf(t, fast):
+    """A float32 tile as a TensorE operand: its tfloat32 view when ``fast`` (bf16 callers:
+    10 mantissa bits, streamed at the BF16 rate instead of float32's quarter rate, nki_spec
+    §8.1), else itself (float32 callers: the exact mode)."""
+    if fast:
+        return t.view(nl.tfloat32)
     return t
 
 
@@ -581,8 +591,8 @@ def _solve_rhs_block(pk, Rp, b, N):
         return
     ps = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.psum)
     for k in range(b):
-        nisa.nc_matmul(dst=ps, stationary=pk["OT"][:, _pair(k, b, nblk), :], moving=pk["Xp"][k],
-                       accumulate=k > 0)
+        nisa.nc_matmul(dst=ps, stationary=_tf(pk["OT"][:, _pair(k, b, nblk), :], pk["tf"]),
+                       moving=_tf(pk["Xp"][k], pk["tf"]), accumulate=k > 0)
     Z = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=Z, data1=Rp[:, b, :], data2=ps, op=nl.subtract)
     pk["Z"].append(Z)
@@ -595,7 +605,8 @@ def _solve_apply_block(pk, Xs, b, N):
     r0 = b * _BLOCK
     nb = nbs[b]
     ps = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=pk["inv"][:, b, :], moving=pk["Z"][b], accumulate=False)
+    nisa.nc_matmul(dst=ps, stationary=_tf(pk["inv"][:, b, :], pk["tf"]),
+                   moving=_tf(pk["Z"][b], pk["tf"]), accumulate=False)
     Xp = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=Xp, src=ps, engine=nisa.engine.scalar)
     pk["Xp"].append(Xp)
@@ -802,7 +813,7 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, S, HV, K, V, 
                            L, K)
     elif job == "out":
         for i in range(len(hvs)):
-            _head_out(pres[key][i], gdat[key]["X"][i], ch["oc"], hvs[i], V)
+            _head_out(pres[key][i], gdat[key]["X"][i], ch["oc"], hvs[i], V, xdt != nl.float32)
         if many:
             # each group's o columns leave as soon as they are done
             c0 = hvs[0] * V
@@ -812,7 +823,8 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, S, HV, K, V, 
                           src=ch["oc"][:, c0:c1])
     else:
         for i in range(len(hvs)):
-            _head_state(S, pres[key][i]["kd"], gdat[key]["X"][i], ch["el"], hvs[i], K, V)
+            _head_state(S, pres[key][i]["kd"], gdat[key]["X"][i], ch["el"], hvs[i], K, V,
+                        xdt != nl.float32)
 
 
 def _exp_of_mm(st, mv, M, N):
@@ -918,21 +930,21 @@ def _head_post_ops(qk, d, bs, dlb, hv, L, K):
     d["kd"] = kd
 
 
-def _head_out(d, Y, oc, hv, V):
+def _head_out(d, Y, oc, hv, V, fast):
     """o columns of value head hv: oq + (scale tril(q k^T) D diag(beta)) Y. The products
     with Y stay float32 (rounding Y and the masked q k^T to bf16 measured 2.5e-3 output
     error at Qwen3-Next TP4 2K, most of the 3e-3 budget)."""
     L = Y.shape[0]
     pm = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pm, stationary=d["MT"], moving=Y, accumulate=False)
+    nisa.nc_matmul(dst=pm, stationary=_tf(d["MT"], fast), moving=_tf(Y, fast), accumulate=False)
     nisa.tensor_tensor(dst=oc[:, hv * V:(hv + 1) * V], data1=pm, data2=d["oq"], op=nl.add)
 
 
-def _head_state(S, kd, Y, el, hv, K, V):
+def _head_state(S, kd, Y, el, hv, K, V, fast):
     """S <- e^{c_last} S + kd^T Y for value head hv."""
     Sh = S[:, hv * V:(hv + 1) * V]
     su = nl.ndarray((K, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=su, stationary=kd, moving=Y, accumulate=False)
+    nisa.nc_matmul(dst=su, stationary=_tf(kd, fast), moving=_tf(Y, fast), accumulate=False)
     nisa.scalar_tensor_tensor(dst=Sh, data=Sh, op0=nl.multiply, operand0=el[:, hv:hv + 1],
                               op1=nl.add, operand1=su)
     su = None

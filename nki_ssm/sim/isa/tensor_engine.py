@@ -207,7 +207,10 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         C.write(dst, prod)
         bmv[...] = True
 
-    fp32 = sd in _FP32ISH or md in _FP32ISH
+    # quarter rate when an operand is full float32; tfloat32 with tfloat32 streams at the
+    # BF16 rate (nki_spec §8.1: dense BF16/FP16/TF32 79 TFLOPS vs FP32 20 on trn2 [A2/NC3];
+    # §8.2: MM II ~ max(N, 64) cycles for BF16/FP16/TF32/cFP8)
+    fp32 = "float32" in (sd, md)
     onezero = bool(is_stationary_onezero or is_moving_onezero)
     return C.emit(inst, "tensor", name, reads=[stationary, moving] + ([dst] if accumulated else []),
                   writes=[dst],
