@@ -338,11 +338,12 @@ def _constants(C, K, mdt):
     return cst
 
 
-def _transpose(src, P, F):
-    """SBUF [P, F] -> SBUF [F, P] (TensorE transpose, bit-exact in src's dtype)."""
+def _transpose(src, P, F, odt):
+    """SBUF [P, F] -> SBUF [F, P] of dtype ``odt`` (TensorE transpose, bit-exact in src's
+    dtype; the eviction widens it to odt)."""
     ps = nl.ndarray((F, P), dtype=src.dtype, buffer=nl.psum)
     nisa.nc_transpose(dst=ps, data=src, engine=nisa.engine.tensor)
-    out = nl.ndarray((F, P), dtype=src.dtype, buffer=nl.sbuf)
+    out = nl.ndarray((F, P), dtype=odt, buffer=nl.sbuf)
     nisa.tensor_copy(dst=out, src=ps, engine=nisa.engine.scalar)
     return out
 
@@ -713,7 +714,7 @@ def _group_jobs(HV, L):
         covered = covered * 2
     nblk = (L + _BLOCK - 1) // _BLOCK
     late_off = (HV + _HEADS - 1) // _HEADS < 8
-    jobs = ["qk_t", "qk_mm", "gu", "decay", "at", "place", "sm", "rhs", "oq", "setup"]
+    jobs = ["qk_t", "qk_mm", "gu", "decay", "at", "place", "rhs", "oq", "setup"]
     jarg = []
     for name in jobs:
         jarg.append(0)
@@ -744,7 +745,6 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, S, HV, K, V, 
     key = str(u)
     qk = ch["qk"]
     xdt = buf["v"].dtype
-    qkdt = buf["q"].dtype
     if job == "qk_t":
         pre = []
         for hv in hvs:
@@ -756,7 +756,7 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, S, HV, K, V, 
         for hv in hvs:
             h = hv // rep
             if qk.get(str(h)) == None:  # noqa: E711  (NKI has no `is`)
-                qk[str(h)] = _qk_transposes(buf["k"], buf["q"], h, L, K)
+                qk[str(h)] = _qk_transposes(buf["k"], buf["q"], h, L, K, xdt != nl.float32)
                 qk[str(h)]["group"] = u
     elif job == "qk_mm":
         for hv in hvs:
@@ -788,18 +788,15 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, S, HV, K, V, 
         _solve_round(items[key], x, xdt)
     elif job == "update":
         _solve_update(items[key], x, xdt)
-    elif job == "sm":
-        for i in range(len(hvs)):
-            pres[key][i]["Sm"] = _state_operand(S, hvs[i], K, V, qkdt)
     elif job == "rhs":
         Rs = []
         for i in range(len(hvs)):
-            _head_rhs(pres[key][i], qk[str(hvs[i] // rep)], buf["v"], ch["nec"], hvs[i], V)
+            _head_rhs(pres[key][i], qk[str(hvs[i] // rep)], buf["v"], ch["nec"], S, hvs[i], V)
             Rs.append(pres[key][i]["R"])
         gdat[key]["Rp"] = _pack_rhs(Rs, L, V)
     elif job == "oq":
         for i in range(len(hvs)):
-            _head_oq(pres[key][i], qk[str(hvs[i] // rep)], ch["qs"], hvs[i], V)
+            _head_oq(pres[key][i], qk[str(hvs[i] // rep)], ch["qs"], S, hvs[i], V)
     elif job == "sub":
         _solve_rhs_block(items[key], gdat[key]["Rp"], x, V)
     elif job == "apply":
@@ -837,12 +834,18 @@ def _exp_of_mm(st, mv, M, N):
     return out
 
 
-def _qk_transposes(kc, qc, h, L, K):
-    """q/k head h of one chunk: its keys kh [L, K] and k^T, q^T [K, L] (operand dtype)."""
+def _qk_transposes(kc, qc, h, L, K, fast):
+    """q/k head h of one chunk: its keys kh [L, K] and k^T, q^T [K, L], float32 (``fast``:
+    bf16 callers, read as tfloat32 operands: exact for bf16 inputs, and the state they
+    multiply keeps 10 mantissa bits instead of a bf16 copy's 7) or the input dtype."""
     d = {}
     d["kh"] = kc[:, h * K:(h + 1) * K]
-    d["kT"] = _transpose(d["kh"], L, K)
-    d["qT"] = _transpose(qc[:, h * K:(h + 1) * K], L, K)
+    odt = kc.dtype
+    if fast:
+        odt = nl.float32
+    d["kT"] = _transpose(d["kh"], L, K, odt)
+    d["qT"] = _transpose(qc[:, h * K:(h + 1) * K], L, K, odt)
+    d["fast"] = fast
     return d
 
 
@@ -850,8 +853,9 @@ def _qk_products(cst, d, L):
     """The masked products of a q/k head (into ``d``): kk[j, i] = k_j . k_i (j < i) and
     kq[j, i] = k_j . q_i (j <= i), float32, both in [j, i] layout. The masks ride on the
     PSUM evictions, so no decay matrix needs one."""
-    d["kk"] = _masked_mm(d["kT"], d["kT"], cst["tri_su"][0:L, 0:L], L)
-    d["kq"] = _masked_mm(d["kT"], d["qT"], cst["tri_up"][0:L, 0:L], L)
+    kT = _tf(d["kT"], d["fast"])
+    d["kk"] = _masked_mm(kT, kT, cst["tri_su"][0:L, 0:L], L)
+    d["kq"] = _masked_mm(kT, _tf(d["qT"], d["fast"]), cst["tri_up"][0:L, 0:L], L)
 
 
 def _masked_mm(st, mv, mask, L):
@@ -887,35 +891,26 @@ def _head_at(qk, d, beta, hv, L):
                               operand0=beta[:, hv:hv + 1], op1=nl.multiply, operand1=d["DT"])
 
 
-def _head_rhs(d, qk, vc, nec, hv, V):
-    """R = v - e^c (k S) of value head hv (into ``d``; S as the operand d["Sm"]): the delta
-    of every token against the chunk's entry state."""
+def _head_rhs(d, qk, vc, nec, S, hv, V):
+    """R = v - e^c (k S) of value head hv (into ``d``): the delta of every token against the
+    chunk's entry state."""
     L = vc.shape[0]
     ps = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=qk["kT"], moving=d["Sm"], accumulate=False)
+    nisa.nc_matmul(dst=ps, stationary=_tf(qk["kT"], qk["fast"]),
+                   moving=_tf(S[:, hv * V:(hv + 1) * V], qk["fast"]), accumulate=False)
     d["R"] = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=d["R"], data=ps, op0=nl.multiply, operand0=nec[:, hv:hv + 1],
                               op1=nl.add, operand1=vc[:, hv * V:(hv + 1) * V])
 
 
-def _head_oq(d, qk, qs, hv, V):
+def _head_oq(d, qk, qs, S, hv, V):
     """oq = scale e^c (q S) of value head hv (into ``d``), the inter-chunk part of o."""
     L = qk["kh"].shape[0]
     pq = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pq, stationary=qk["qT"], moving=d["Sm"], accumulate=False)
+    nisa.nc_matmul(dst=pq, stationary=_tf(qk["qT"], qk["fast"]),
+                   moving=_tf(S[:, hv * V:(hv + 1) * V], qk["fast"]), accumulate=False)
     d["oq"] = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=d["oq"], op=nl.copy, data=pq, scale=qs[:, hv:hv + 1])
-
-
-def _state_operand(S, hv, K, V, xdt):
-    """Head hv's state [K, V] as a matmul operand: the fp32 state itself, or its bf16
-    copy in bf16 mode (q S and k S; the products with v_new stay fp32)."""
-    Sh = S[:, hv * V:(hv + 1) * V]
-    if xdt == nl.float32:
-        return Sh
-    Sm = nl.ndarray((K, V), dtype=xdt, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=Sm, src=Sh, engine=nisa.engine.scalar)
-    return Sm
 
 
 def _head_post_ops(qk, d, bs, dlb, hv, L, K):
