@@ -391,7 +391,14 @@ def _solve_place(ATs, L, tiles, diag, off):
             if diag:
                 nisa.dma_copy(dst=tiles["PT"][q0:q0 + nb, b, q0:q0 + nb],
                               src=ATs[j][r0:r0 + nb, r0:r0 + nb])
-            if off:
+            if off and b + 1 < nblk and nbs[nblk - 1] == _BLOCK:
+                # the row strip of blocks (b, c > b): one GpSimd copy
+                p0 = _pair(b, b + 1, nblk)
+                n = nblk - 1 - b
+                nisa.tensor_copy(dst=tiles["OT"][q0:q0 + nb, p0:p0 + n, q0:q0 + _BLOCK],
+                                 src=ATs[j][r0:r0 + nb, r0 + _BLOCK:L].reshape((nb, n, _BLOCK)),
+                                 engine=nisa.engine.gpsimd)
+            elif off:
                 for c in range(b + 1, nblk):
                     c0 = c * _BLOCK
                     nc = nbs[c]
