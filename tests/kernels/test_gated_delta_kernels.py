@@ -369,6 +369,24 @@ def test_prefill_qwen3_next_tp8_shape(dtype, tol):
     _prefill_check(inp, tol, 64)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype, tol", [(np.float32, F32_TOL), (BF16, BF16_TOL)])
+def test_prefill_qwen3_next_tp1_shape_fits_sbuf(dtype, tol):
+    """Qwen3-Next at TP1 (H=16, HV=32, K=V=128: 8 head groups, the most SBUF the kernel
+    holds) with the largest-footprint options, a bf16 pool, raw gates and the fused L2
+    norm: it fits SBUF (the simulator raises otherwise) and matches the reference."""
+    inp = make_gated_delta_inputs(np.random.default_rng(4), seqlens=[150], H=16, HV=32,
+                                  K=128, V=128, raw_gates=True, use_qk_l2norm=True,
+                                  dtype=dtype, pool_dtype=BF16, has_initial_state=True)
+    ref_in = _copy(inp)
+    o = ops.gated_delta_prefill(**inp, backend="sim")
+    ref_o, ref_pool = gated_delta_recurrent(**ref_in)
+    slot = inp["state_indices"][0]
+    assert rel_fro(_f64(o), ref_o) <= tol
+    # the final state is stored in the bf16 pool: its own rounding (~1.7e-3) is the bound
+    assert rel_fro(_f64(inp["ssm_states"][slot]), ref_pool[slot]) <= BF16_TOL
+
+
 @pytest.mark.parametrize("op", ["prefill", "decode"])
 def test_head_dim_over_128_is_rejected_and_pool_untouched(op):
     """K = 160 does not fit the partition dim: ValueError naming K, no slot changed."""

@@ -150,6 +150,7 @@ _BLOCK = 32           # rows per exactly-inverted diagonal block
 _HEADS = 4            # value heads per software-pipeline group
 _PACK = 4             # heads whose diagonal blocks share one 128-partition inversion
 _L2NORM_EPS = 1e-6
+_PREFETCH_BYTES = 16 * 1024 + 1024   # the input set a second copy is kept of (bf16 TP1: 16.25 KiB)
 
 
 @nki.jit
@@ -200,9 +201,11 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, n
     # chunk c's body, through next_rows), so the gathers' fixed latencies overlap the
     # previous chunk's tail and the loop boundary (DMAs in flight continue across it)
     buf = _chunk_buffers(H, HV, K, V, C, bf16, use_qk_l2norm)
-    many = _many_groups(HV)
+    # the second input set only when it is small (SBUF: float32 or in-kernel-normalised
+    # q / k at Qwen3-Next TP1 would not fit beside it)
+    prefetch = _many_groups(HV) and _tile_bytes(buf) <= _PREFETCH_BYTES
     nxt = buf
-    if many:
+    if prefetch:
         nxt = _chunk_buffers(H, HV, K, V, C, bf16, use_qk_l2norm)
     _gather_chunk(buf, q2, k2, v2, gate1, gate2, chunk_rows, None, C, H, HV, K, V)
 
@@ -233,7 +236,7 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, n
             if pool.dtype != nl.float32:
                 nisa.tensor_copy(dst=S, src=nat)
         for c in nl.dynamic_range(c_lo, c_hi):
-            if many:
+            if prefetch:
                 # chunk c + 1 into a second set at the start of chunk c's body (its fixed
                 # DMA latencies overlap the body), moved into the first by SBUF-to-SBUF
                 # DMAs at its end (modeled TP1: 1.12 -> 1.17 M tokens/s; TP4 is faster
@@ -241,7 +244,7 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, n
                 _gather_chunk(nxt, q2, k2, v2, gate1, gate2, next_rows, c, C, H, HV, K, V)
             _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates,
                    use_qk_l2norm, scale, C)
-            if many:
+            if prefetch:
                 for name in ["q", "k", "v", "g", "beta"]:
                     nisa.dma_copy(dst=buf[name], src=nxt[name])
             else:
@@ -250,6 +253,18 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, n
             nisa.tensor_copy(dst=nat, src=S)
         nisa.dma_copy(dst=slot, src=nat)
     return o
+
+
+def _tile_bytes(buf):
+    """Bytes per partition of the chunk input tiles ``buf``."""
+    n = 0
+    for name in ["q", "k", "v", "g", "beta"]:
+        t = buf[name]
+        size = 2
+        if t.dtype == nl.float32:
+            size = 4
+        n = n + t.shape[1] * size
+    return n
 
 
 def _many_groups(HV):
