@@ -19,10 +19,13 @@ This is the WY / UT form with beta folded into the unknown: the textbook
 [j, i]-layout operands (A^T, the masked q k^T, the decayed keys) and no operand
 needs a per-column one. ``W S`` is folded into the right-hand side: one system
 of width V per head, no W. The system is solved exactly on 32-row blocks
-(DESIGN.md): forward substitution over the blocks, each diagonal block inverted
-by nilpotent doubling ``(I - N)^{-1} = (I + N)(I + N^2)(I + N^4)...`` (N = -A_bb,
-4 rounds), the diagonal blocks of 4 heads packed block-diagonally on the 128
-partitions so one doubling serves 4 heads; never a series over the whole chunk.
+(DESIGN.md), packed over 4 heads (head h on partitions 32h..32h+31, the matrices
+block-diagonal over the heads, so one 128-row matmul serves 4 heads): each diagonal
+block inverted by nilpotent doubling ``(I - N)^{-1} = (I + N)(I + N^2)(I + N^4)...``
+(N = -A_bb, 4 rounds; the inverse kept compact, a quarter of the columns), then
+forward substitution over the blocks, ``X_b = A_bb^{-1} (R_b - sum_{k<b} A_bk X_k)``:
+one PSUM accumulation of the off-diagonal products, one subtraction and one
+application per block for the 4 heads; never a series over the whole chunk.
 
 HBM arguments (prepared by the launcher; Tb = the token bucket, Nb = the sequence bucket):
   q2, k2 ``[Tb + 1, H*K]``, v2 ``[Tb + 1, HV*V]`` (q's dtype; row Tb and rows past
@@ -59,14 +62,14 @@ TP1, 440 at TP4, equal at 2K and 16K tokens and for 8 x 2K. Every matmul
 passes ``accumulate=`` explicitly.
 
 The chunk body is a software pipeline over groups of 4 value heads: each
-group's work is a list of jobs, one per dependent step (q/k transposes; their
-masked products; gU; the decays; A^T; solve setup; per doubling round the
-squaring and the inverse update; the state operand; the right-hand sides; q S;
-per 32-row block its packed right-hand side and its application; the product
-operands; the outputs; the state update), and step t issues job s of group
-t - s for every s. Every in-order engine queue then holds work of up to 8
-groups between one group's dependent steps: this is most of the speed
-(modeled TP1: three stages per group — pre-solve, solve, post-solve — 0.61 M
+group's work is a list of jobs, one per dependent step (``_group_jobs``: q/k
+transposes; their masked products; gU; the decays; A^T; the packed solve's layout
+moves; the right-hand sides; q S; the solve setup; per doubling round the squaring
+and the inverse update; per 32-row block its substitution and its application; the
+product operands; the outputs; the state update), and step t issues job s of group
+t - s for every s, the later stages first. Every in-order engine queue then holds
+work of up to 8 groups between one group's dependent steps: this is most of the
+speed (modeled TP1: three stages per group — pre-solve, solve, post-solve — 0.61 M
 tokens/s; one job per stage 1.1 M).
 
 Short and padded chunks: every chunk is C rows. Its rows are gathered with
@@ -83,62 +86,58 @@ way per sequence; the pool update is the kernel's own write.
 
 Engines, per (chunk, value head) at C = 128 (tokens on partitions)
 -------------------------------------------------------------------
-- DMA: the row gathers of q, k, v, g, beta and the output scatter (per group of
-  4 heads when the chunk has >= 4 groups, else once); with >= 4 groups also
-  the packed solve's layout moves (block placements, block-0 right-hand
-  sides) as SBUF-to-SBUF DMAs — no compute engine spends time on them; with
-  fewer groups (TP4) their fixed latency would sit on the critical path, so
-  ScalarE does them.
-- TensorE (21 matmuls, 2 transposes): k^T, q^T (bf16 transposes), k k^T and
-  k q^T (shared by HV / H value heads); the segment sums (fp32, 0/1 stationary);
-  k S, q S (bf16 S); the doubling: per round P P, P^T P^T (from the same
-  operands, no transpose on the chain) and (inv P)^T, bf16 operands in bf16 mode;
-  the substitution and the block applications (fp32); M Y and kd^T Y (fp32).
-- VectorE: the masked evictions of k k^T / k q^T, A^T, the inverse updates (one
-  [W, 4 blocks, W] op per group and round), the substitution's subtractions,
-  R, M, o, the state update.
+- DMA: the row gathers of q, k, v, g, beta (with >= 4 head groups and bf16 inputs
+  into a second set while the chunk runs) and the output scatter (per group with
+  >= 4 groups, else once); the packed solve's layout moves as SBUF-to-SBUF DMAs —
+  the diagonal blocks (into P^T), the right-hand sides (into the packed R) and the
+  solutions back to per-head tiles — partition moves no compute engine spends time
+  on (ScalarE copies instead: modeled TP4 3.58 -> 3.0 M tokens/s).
+- TensorE: k^T, q^T (transposes); k k^T and k q^T (shared by HV / H value heads);
+  the segment sums (fp32, 0/1 stationary); k S, q S; the doubling: per round P P,
+  P^T P^T (from the same operands, no transpose on the chain, expanded
+  block-diagonal tiles) and the compact inverse update; per block the
+  off-diagonal products (1-3 per group) and the application (1 per group); M Y and
+  kd^T Y.
+- VectorE: the masked evictions of k k^T / k q^T, A^T, R, M, o, the state update;
+  per group the P eviction, the compact inverse updates (one [W, 4 blocks, 32] op
+  per round) and its expansion, the substitution's subtractions (3 per group).
 - ScalarE: transpose evictions, the exps, the doubling's P P / P^T P^T evictions
-  (one per group and round), the state operand, q S, the solutions' unpacking,
-  the decayed keys. GpSimd: zeroing the packed blocks, descriptor generation.
+  (one per group and round), q S, the packed solutions, the decayed keys.
+- GpSimd: the off-diagonal blocks' placements (a row strip per head and block row:
+  on DMA they put the queues on the critical path), descriptor generation, the
+  packed tiles' zeroing (once per launch: the placements write the same elements
+  every chunk, so the zeros persist).
 Operand precision: float32 callers get fp32 operands everywhere (the exact
 mode: 6e-8 output, 4e-8 state at small shapes, tests 1e-5). bfloat16 callers
-(``bf16``): q, k, v stay bf16 for the transposes and q/k products (exact: they
-are the inputs), S is rounded to bf16 for k S and q S, and the doubling's
-powers and partial inverses are bf16 (the inverse's unit diagonal is exact;
-its last round writes fp32). The substitution, the block applications, the
-products with Y and all decays stay fp32: rounding Y and the masked q k^T to
-bf16 measured 2.5e-3 output error at Qwen3-Next TP4 2K (most of the 3e-3
-budget), the state update in bf16 1.7e-3 state error, for no modeled speed.
-Measured at Qwen3-Next TP4 2K, realistic gates: output 1.66e-3 (bf16 output
-rounding ~1.1e-3 of it), state 1.6e-5; strong-then-weak gates 1.67e-3 / 2e-4.
+(``bf16``): q, k, v enter bf16 (exact: they are the inputs); q^T, k^T, the state,
+the substitution's operands, M, kd and Y are tfloat32 operands (10 mantissa bits,
+streamed at the BF16 rate: nki_spec §8.1, dense BF16/FP16/TF32 79 TFLOPS on trn2 vs
+FP32 20), so k S and q S read the float32 state without a bf16 copy; the doubling's
+powers and partial inverses are bf16 (the inverse's unit diagonal is exact; its
+last round writes fp32); all decays and segment sums stay fp32. Rounding Y and M to
+bf16 instead measured 2.5e-3 output error (most of the 3e-3 budget), the state
+update in bf16 1.7e-3 state error. Measured at Qwen3-Next TP4 2K, realistic gates:
+output 1.68e-3 (bf16 output rounding ~1.1e-3 of it), state 2.4e-4; strong-then-weak
+gates 1.69e-3 / 3.6e-4.
 
-What binds (modeled, trn2, bf16 I/O, fp32 pool, chunk 128; busy per (chunk, head)
-at Qwen3-Next TP1 2K): TensorE 2.5 us (79 %), VectorE 2.85 us (90 %), ScalarE 2.45
-us (78 %), GpSimd 0.7 us (22 %); 3.16 us per (chunk, head), i.e. 101 us per chunk
-of 32 heads (TensorE 80 us, VectorE 91, ScalarE 79). The critical path is TensorE
-/ ScalarE / VectorE runs in turn; VectorE is ~90 % busy throughout the chunk,
-ScalarE saturated in its first half (all groups' transposes, exps and doubling
-evictions) and about half busy in the second (substitution, outputs), which the
-runtime loop's barrier keeps the next chunk's state-independent work from filling.
-Figures, tokens/s per NeuronCore (range = the constants' documented ends): the
-README's "Modeled performance" table — Qwen3-Next TP1 16K 1.28 M (0.63-1.37 M),
-TP4 16K 3.83 M (2.4-4.5 M; 3.0x TP1: its 2 head groups leave the chunk
-latency-bound), fp32 TP1 2K 0.68 M; 9 % of the roofline (TensorE bf16). The kernel of
-issue 10, same model: TP1 0.42 M, TP4 1.69 M.
+What binds (modeled, trn2, bf16 I/O, fp32 pool, chunk 128, Qwen3-Next TP1 2K): work
+per chunk of 32 heads VectorE 63 us, ScalarE 58, TensorE 38, GpSimd 28, DMA queues
+~56 % busy, in an 83 us chunk (VectorE 77 % busy, ScalarE 70 %). The engines take
+turns on the critical path: the chunk opens with ScalarE (transposes, exps) and the
+DMA queues (layout moves), the doubling's evictions hold ScalarE in the middle and
+VectorE (outputs, state updates) closes it; the runtime loop's barrier keeps the
+next chunk's state-independent work from filling the ends. Figures, tokens/s per
+NeuronCore: the README's "Modeled performance" table and ``python -m simulate``.
+The kernel of issue 10, same model: TP1 0.42 M, TP4 1.69 M.
 
-The issue-15 goal (2 M tokens/s at TP1: 64 us per chunk) is not reached; it needs
-every engine under ~55 us of work per chunk (now 79-91 us): less work, not only
-better overlap. What is left, largest first: (1) overlap across chunks — the
-decays, A^T and the whole doubling do not read the state, so chunk c + 1's could
-run beside chunk c's substitution and outputs (a body of two chunks with A / B
-buffer sets; needs the state-independent tiles carried across the loop boundary,
-~2x the SBUF the body holds now, 140 KiB of 208; it helps ScalarE, TensorE and
-TP4, not VectorE's 91 us); (2) fewer evictions in the doubling (11 per head: P P,
-P^T P^T, inverse per round); (3) the substitution's 3 cross-quadrant subtractions
-per head (column-tiled matmuls would land each head's product on its quadrant, one
-subtraction per group; the tiling mode's column offsets are documented
-inconsistently, so it is not used); (4) bf16 products with Y cost accuracy the
-3e-3 budget does not have.
+The issue-15 goal (2 M tokens/s at TP1: 64 us per chunk) is not reached. What is
+left, largest first: (1) the doubling: 7 expanded evictions per group (27 us of
+ScalarE per chunk), three quarters of whose columns are the packing's zeros; (2)
+overlap across chunks: the decays, A^T and the doubling do not read the state, but
+carrying them across the loop boundary needs a second set of the body's tiles, and
+SBUF at TP1 is nearly full (180 of 208 KiB; a two-chunk body, tried where it fits,
+measured +2 % at TP4); (3) VectorE's six [128, 128] float32 ops per head (41 us per
+chunk), PSUM-sourced, so no bf16 perf mode.
 
 Limits: K, V <= 128; chunk a multiple of 16 up to 128.
 """
@@ -487,12 +486,12 @@ def _solve_tiles(npk, L, mdt):
     nblk = (L + _BLOCK - 1) // _BLOCK
     t = {}
     t["PT"] = nl.ndarray((W, nblk, W), dtype=mdt, buffer=nl.sbuf)
-    nisa.memset(dst=t["PT"], value=0.0, engine=nisa.engine.gpsimd)
+    nisa.memset(dst=t["PT"], value=0.0, engine=nisa.engine.vector)
     npair = nblk * (nblk - 1) // 2
     t["OT"] = None
     if npair > 0:
         t["OT"] = nl.ndarray((W, npair, W), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.memset(dst=t["OT"], value=0.0, engine=nisa.engine.gpsimd)
+        nisa.memset(dst=t["OT"], value=0.0, engine=nisa.engine.vector)
     return t
 
 
