@@ -567,13 +567,25 @@ def _solve_round(pk, covered, mdt):
     nc = _count_over(pk["nbs"], covered * 2)       # ... that need another round
     if na == 0:
         return
+    if nc == 0:
+        # the last round: (N^c)^T inv^T = (N^{c/2})^T ((N^{c/2})^T inv^T), two compact
+        # products with the power at hand instead of squaring it (no expanded eviction)
+        ps = nl.ndarray((W, na * _BLOCK), dtype=nl.float32, buffer=nl.psum)
+        for b in range(na):
+            nisa.nc_matmul(dst=ps[:, b * _BLOCK:(b + 1) * _BLOCK], stationary=pk["P"][:, b, :],
+                           moving=pk["cinv"][:, b, :], accumulate=False)
+        X = nl.ndarray((W, na, _BLOCK), dtype=mdt, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=X.reshape((W, na * _BLOCK)), src=ps, engine=nisa.engine.scalar)
+        pk["chain"] = X
+        return
     ps = nl.ndarray((W, na * W), dtype=nl.float32, buffer=nl.psum)
     for b in range(na):
         nisa.nc_matmul(dst=ps[:, b * W:(b + 1) * W], stationary=pk["PT"][:, b, :],
                        moving=pk["P"][:, b, :], accumulate=False)            # P @ P
     P2 = nl.ndarray((W, na, W), dtype=mdt, buffer=nl.sbuf)
     nisa.tensor_copy(dst=P2.reshape((W, na * W)), src=ps, engine=nisa.engine.scalar)
-    if nc > 0:
+    # the transposed square only if the next round squares again (not the last round)
+    if nc > 0 and _count_over(pk["nbs"], covered * 4) > 0:
         ps = nl.ndarray((W, nc * W), dtype=nl.float32, buffer=nl.psum)
         for b in range(nc):
             nisa.nc_matmul(dst=ps[:, b * W:(b + 1) * W], stationary=pk["P"][:, b, :],
@@ -598,10 +610,13 @@ def _solve_update(pk, covered, mdt):
     if na == 0:
         return
     cinv = pk["cinv"]
+    mv = cinv
+    if nc == 0:
+        mv = pk["chain"]       # the last round: (N^{c/2})^T applied twice (_solve_round)
     ps = nl.ndarray((W, na * _BLOCK), dtype=nl.float32, buffer=nl.psum)
     for b in range(na):
         nisa.nc_matmul(dst=ps[:, b * _BLOCK:(b + 1) * _BLOCK], stationary=pk["P"][:, b, :],
-                       moving=cinv[:, b, :], accumulate=False)            # (inv @ P)^T
+                       moving=mv[:, b, :], accumulate=False)              # (inv @ P)^T
     psv = ps.reshape((W, na, _BLOCK))
     if nc > 0:
         nisa.tensor_tensor(dst=cinv[:, 0:nc, :], data1=cinv[:, 0:nc, :], data2=psv[:, 0:nc, :],
