@@ -857,7 +857,8 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, S, HV, K, V, 
                            L, K)
     elif job == "out":
         for i in range(len(hvs)):
-            _head_out(pres[key][i], gdat[key]["X"][i], ch["oc"], hvs[i], V, xdt != nl.float32)
+            _head_out(pres[key][i], gdat[key]["X"][i], ch["oc"], cst["ident"], hvs[i], V,
+                      xdt != nl.float32)
         if many:
             # each group's o columns leave as soon as they are done
             c0 = hvs[0] * V
@@ -972,14 +973,20 @@ def _head_post_ops(qk, d, bs, dlb, hv, L, K):
     d["kd"] = kd
 
 
-def _head_out(d, Y, oc, hv, V, fast):
-    """o columns of value head hv: oq + (scale tril(q k^T) D diag(beta)) Y. The products
-    with Y stay float32 (rounding Y and the masked q k^T to bf16 measured 2.5e-3 output
-    error at Qwen3-Next TP4 2K, most of the 3e-3 budget)."""
+def _head_out(d, Y, oc, ident, hv, V, fast):
+    """o columns of value head hv: oq + (scale tril(q k^T) D diag(beta)) Y. ``fast`` (bf16
+    callers): oq joins the product's PSUM accumulation through an identity matmul
+    (tfloat32: its rounding, 2^-11, is a quarter of the bf16 output's), so the eviction is
+    a plain copy ScalarE can do (modeled: VectorE was the busiest engine)."""
     L = Y.shape[0]
     pm = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=pm, stationary=_tf(d["MT"], fast), moving=_tf(Y, fast), accumulate=False)
-    nisa.tensor_tensor(dst=oc[:, hv * V:(hv + 1) * V], data1=pm, data2=d["oq"], op=nl.add)
+    if fast:
+        nisa.nc_matmul(dst=pm, stationary=_tf(ident[0:L, 0:L], fast), moving=_tf(d["oq"], fast),
+                       accumulate=True)
+        nisa.tensor_copy(dst=oc[:, hv * V:(hv + 1) * V], src=pm, engine=nisa.engine.scalar)
+    else:
+        nisa.tensor_tensor(dst=oc[:, hv * V:(hv + 1) * V], data1=pm, data2=d["oq"], op=nl.add)
 
 
 def _head_state(S, kd, Y, el, hv, K, V, fast):
