@@ -147,6 +147,8 @@ from nki_ssm.backend import nki, nl, nisa
 
 _BLOCK = 32           # rows per exactly-inverted diagonal block
 _PACK = 4             # most heads whose blocks share one 128-partition packed solve
+_SQUARED = 8          # the doubling squares up to N^8, then chains products with it (modeled:
+                      # squaring to N^16 or chaining from N^4, TP1 -4 % / -2 %)
 _L2NORM_EPS = 1e-6
 _PREFETCH_BYTES = 16 * 1024 + 1024   # the input set a second copy is kept of (bf16 TP1: 16.25 KiB)
 
@@ -567,15 +569,18 @@ def _solve_round(pk, covered, mdt):
     nc = _count_over(pk["nbs"], covered * 2)       # ... that need another round
     if na == 0:
         return
-    if nc == 0:
-        # the last round: (N^c)^T inv^T = (N^{c/2})^T ((N^{c/2})^T inv^T), two compact
-        # products with the power at hand instead of squaring it (no expanded eviction)
-        ps = nl.ndarray((W, na * _BLOCK), dtype=nl.float32, buffer=nl.psum)
-        for b in range(na):
-            nisa.nc_matmul(dst=ps[:, b * _BLOCK:(b + 1) * _BLOCK], stationary=pk["P"][:, b, :],
-                           moving=pk["cinv"][:, b, :], accumulate=False)
-        X = nl.ndarray((W, na, _BLOCK), dtype=mdt, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=X.reshape((W, na * _BLOCK)), src=ps, engine=nisa.engine.scalar)
+    if covered > _SQUARED:
+        # past the explicit powers: (N^c)^T inv^T = ((N^s)^T)^(c/s) inv^T, c/s compact
+        # products with the last explicit power N^s instead of squaring it (no expanded
+        # eviction); all but the last here, the last in _solve_update
+        X = pk["cinv"]
+        for r in range(covered // _SQUARED - 1):
+            ps = nl.ndarray((W, na * _BLOCK), dtype=nl.float32, buffer=nl.psum)
+            for b in range(na):
+                nisa.nc_matmul(dst=ps[:, b * _BLOCK:(b + 1) * _BLOCK],
+                               stationary=pk["P"][:, b, :], moving=X[:, b, :], accumulate=False)
+            X = nl.ndarray((W, na, _BLOCK), dtype=mdt, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=X.reshape((W, na * _BLOCK)), src=ps, engine=nisa.engine.scalar)
         pk["chain"] = X
         return
     ps = nl.ndarray((W, na * W), dtype=nl.float32, buffer=nl.psum)
@@ -584,8 +589,8 @@ def _solve_round(pk, covered, mdt):
                        moving=pk["P"][:, b, :], accumulate=False)            # P @ P
     P2 = nl.ndarray((W, na, W), dtype=mdt, buffer=nl.sbuf)
     nisa.tensor_copy(dst=P2.reshape((W, na * W)), src=ps, engine=nisa.engine.scalar)
-    # the transposed square only if the next round squares again (not the last round)
-    if nc > 0 and _count_over(pk["nbs"], covered * 4) > 0:
+    # the transposed square only if the next round squares again
+    if nc > 0 and covered * 2 <= _SQUARED:
         ps = nl.ndarray((W, nc * W), dtype=nl.float32, buffer=nl.psum)
         for b in range(nc):
             nisa.nc_matmul(dst=ps[:, b * W:(b + 1) * W], stationary=pk["P"][:, b, :],
@@ -611,8 +616,8 @@ def _solve_update(pk, covered, mdt):
         return
     cinv = pk["cinv"]
     mv = cinv
-    if nc == 0:
-        mv = pk["chain"]       # the last round: (N^{c/2})^T applied twice (_solve_round)
+    if covered > _SQUARED:
+        mv = pk["chain"]       # chained products with the last explicit power (_solve_round)
     ps = nl.ndarray((W, na * _BLOCK), dtype=nl.float32, buffer=nl.psum)
     for b in range(na):
         nisa.nc_matmul(dst=ps[:, b * _BLOCK:(b + 1) * _BLOCK], stationary=pk["P"][:, b, :],
