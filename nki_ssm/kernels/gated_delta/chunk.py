@@ -150,7 +150,9 @@ _PACK = 4             # most heads whose blocks share one 128-partition packed s
 _SQUARED = 8          # the doubling squares up to N^8, then chains products with it (modeled:
                       # squaring to N^16 or chaining from N^4, TP1 -4 % / -2 %)
 _L2NORM_EPS = 1e-6
-_PREFETCH_BYTES = 16 * 1024 + 1024   # the input set a second copy is kept of (bf16 TP1: 16.25 KiB)
+_PREFETCH_BYTES = 25 * 1024   # inputs (per partition) up to which k gets a second tile:
+                               # bf16 TP1 16.25 KiB, with the fused L2 norm 24.25 (float32
+                               # TP1, 32.25, would not fit SBUF beside it with a bf16 pool)
 
 
 @nki.jit
@@ -201,12 +203,11 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, n
     # chunk c's body, through next_rows), so the gathers' fixed latencies overlap the
     # previous chunk's tail and the loop boundary (DMAs in flight continue across it)
     buf = _chunk_buffers(H, HV, K, V, C, bf16, use_qk_l2norm)
-    # the second input set only when it is small (SBUF: float32 or in-kernel-normalised
-    # q / k at Qwen3-Next TP1 would not fit beside it)
+    # the next chunk's k in a second tile only when the inputs are small (SBUF)
     prefetch = _many_groups(HV) and _tile_bytes(buf) <= _PREFETCH_BYTES
-    nxt = buf
+    nxt_k = buf["k"]
     if prefetch:
-        nxt = _chunk_buffers(H, HV, K, V, C, bf16, use_qk_l2norm)
+        nxt_k = nl.ndarray(buf["k"].shape, dtype=buf["k"].dtype, buffer=nl.sbuf)
     _gather_chunk(buf, q2, k2, v2, gate1, gate2, chunk_rows, None, C, H, HV, K, V)
 
     # live sequences (compacted): state in, chunks, state out
@@ -236,17 +237,24 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, n
             if pool.dtype != nl.float32:
                 nisa.tensor_copy(dst=S, src=nat)
         for c in nl.dynamic_range(c_lo, c_hi):
+            src = None
             if prefetch:
-                # chunk c + 1 into a second set at the start of chunk c's body (its fixed
-                # DMA latencies overlap the body), moved into the first by SBUF-to-SBUF
-                # DMAs at its end (modeled TP1: 1.12 -> 1.17 M tokens/s; TP4 is faster
-                # without: its chunks are short and GpSimd's descriptor work is then early)
-                _gather_chunk(nxt, q2, k2, v2, gate1, gate2, next_rows, c, C, H, HV, K, V)
+                # chunk c + 1's rows arrive during chunk c's body (their fixed DMA latencies
+                # overlap it): q, v, g, beta straight into the tiles once the body's last
+                # reader of each is issued (_chunk), k (read until the end, by the decayed
+                # keys) into the second tile, moved over at the end (modeled TP1 2K: 1.81
+                # -> 1.88 M tokens/s against all five through a second set)
+                src = {}
+                src["rows"] = _table_rows(next_rows, c, C)
+                src["q"] = _rows_view(q2, src["rows"], C, H * K)
+                src["v"] = _rows_view(v2, src["rows"], C, HV * V)
+                src["g"] = _rows_view(gate1, src["rows"], C, HV)
+                src["beta"] = _rows_view(gate2, src["rows"], C, HV)
+                nisa.dma_copy(dst=nxt_k, src=_rows_view(k2, src["rows"], C, H * K))
             _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates,
-                   use_qk_l2norm, scale, C)
+                   use_qk_l2norm, scale, C, src)
             if prefetch:
-                for name in ["q", "k", "v", "g", "beta"]:
-                    nisa.dma_copy(dst=buf[name], src=nxt[name])
+                nisa.dma_copy(dst=buf["k"], src=nxt_k)
             else:
                 _gather_chunk(buf, q2, k2, v2, gate1, gate2, next_rows, c, C, H, HV, K, V)
         if pool.dtype != nl.float32:
@@ -715,7 +723,7 @@ def _chunk_prologue(buf, o, cst, rows, T1, H, HV, K, V, raw_gates, use_qk_l2norm
 
 
 def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_qk_l2norm,
-           scale, C):
+           scale, C, src):
     """Chunk ``c`` (row ``c`` of chunk_rows) from the tiles in ``buf`` (gathered by the
     previous iteration: rows past the sequence end read the zero row); o rows scattered
     (those rows go to the trash row), S updated.
@@ -736,7 +744,19 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
     pres = {}
     gdat = {}
     items = {}
+    # the next chunk's inputs (``src``: HBM views) land in the tiles after the step of the
+    # last group's last job reading each
+    last = {}
+    last["q"] = "qk_t"
+    last["g"] = "gu"
+    last["beta"] = "at"
+    last["v"] = "rhs"
     for t in range(G + nstage - 1):
+        if src != None:  # noqa: E711  (NKI has no `is`)
+            for name in ["q", "g", "beta", "v"]:
+                for s in range(nstage):
+                    if jobs[s] == last[name] and t == G + s:
+                        nisa.dma_copy(dst=buf[name], src=src[name])
         for r in range(nstage):
             s = nstage - 1 - r
             u = t - s
