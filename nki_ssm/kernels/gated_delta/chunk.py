@@ -57,8 +57,8 @@ Loops: ``for z in dynamic_range(n_pad)`` writes zeros; ``for s in
 dynamic_range(n_live)``: state gathered (``dynamic_range(has_init)``: 0 or 1
 trips; else zeros), ``for c in dynamic_range(first, end)`` runs the chunk body,
 state scattered. What is unrolled inside the chunk body is bounded by the layer
-(heads, 32-row blocks). Program size: 1652 static instructions at Qwen3-Next
-TP1, 440 at TP4, equal at 2K and 16K tokens and for 8 x 2K. Every matmul
+(heads, 32-row blocks). Program size: 1781 static instructions at Qwen3-Next
+TP1, 641 at TP4, equal at 2K and 16K tokens and for 8 x 2K. Every matmul
 passes ``accumulate=`` explicitly.
 
 The chunk body is a software pipeline over groups of 4 value heads: each
@@ -120,24 +120,27 @@ update in bf16 1.7e-3 state error. Measured at Qwen3-Next TP4 2K, realistic gate
 output 1.68e-3 (bf16 output rounding ~1.1e-3 of it), state 2.4e-4; strong-then-weak
 gates 1.69e-3 / 3.6e-4.
 
-What binds (modeled, trn2, bf16 I/O, fp32 pool, chunk 128, Qwen3-Next TP1 2K): work
-per chunk of 32 heads VectorE 63 us, ScalarE 58, TensorE 38, GpSimd 28, DMA queues
-~56 % busy, in an 83 us chunk (VectorE 77 % busy, ScalarE 70 %). The engines take
-turns on the critical path: the chunk opens with ScalarE (transposes, exps) and the
-DMA queues (layout moves), the doubling's evictions hold ScalarE in the middle and
-VectorE (outputs, state updates) closes it; the runtime loop's barrier keeps the
-next chunk's state-independent work from filling the ends. Figures, tokens/s per
-NeuronCore: the README's "Modeled performance" table and ``python -m simulate``.
-The kernel of issue 10, same model: TP1 0.42 M, TP4 1.69 M.
+What binds (modeled, trn2, bf16 I/O, fp32 pool, chunk 128, Qwen3-Next TP1): work
+per chunk of 32 heads VectorE 57 us, ScalarE 57, TensorE 37, GpSimd 26, DMA queues
+~60 % busy, in a 67 us chunk at 16K tokens (VectorE and ScalarE 84-85 % busy). Both
+bind in turn: the chunk opens with ScalarE (transposes, exps) and the DMA queues
+(layout moves), the doubling's evictions hold ScalarE in the middle and VectorE
+(products' evictions, state updates) closes it; the runtime loop's barrier keeps the
+next chunk's state-independent work from filling the ends. Every step that moved work
+between the two (an eviction from one to the other, to GpSimd, to a DMA transpose)
+measured slower or within 1 %, so the 2 M tokens/s goal (64 us per chunk) needs less
+work on both, not another balance. Figures, tokens/s per NeuronCore: the README's
+"Modeled performance" table and ``python -m simulate``. The kernel of issue 10, same
+model: TP1 0.42 M, TP4 1.69 M.
 
-The issue-15 goal (2 M tokens/s at TP1: 64 us per chunk) is not reached. What is
-left, largest first: (1) the doubling: 7 expanded evictions per group (27 us of
-ScalarE per chunk), three quarters of whose columns are the packing's zeros; (2)
-overlap across chunks: the decays, A^T and the doubling do not read the state, but
-carrying them across the loop boundary needs a second set of the body's tiles, and
-SBUF at TP1 is nearly full (180 of 208 KiB; a two-chunk body, tried where it fits,
-measured +2 % at TP4); (3) VectorE's six [128, 128] float32 ops per head (41 us per
-chunk), PSUM-sourced, so no bf16 perf mode.
+What is left, largest first: (1) overlap across chunks: the decays, A^T and the
+doubling do not read the state, but carrying them across the loop boundary needs a
+second set of the body's tiles, and SBUF at TP1 is nearly full (168 of 208 KiB; a
+two-chunk body, tried where it fits, measured +2 % at TP4); (2) the doubling: 5
+expanded evictions per group (19 us of ScalarE per chunk), three quarters of whose
+columns are the packing's zeros; (3) VectorE's five [128, 128] float32 ops per head
+(34 us per chunk), PSUM-sourced or two-input, so no bf16 perf mode and no other
+engine that can take them.
 
 Limits: K, V <= 128; chunk a multiple of 16 up to 128.
 """
