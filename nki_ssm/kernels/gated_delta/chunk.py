@@ -214,10 +214,8 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, n
     _gather_chunk(buf, q2, k2, v2, gate1, gate2, chunk_rows, None, C, H, HV, K, V)
 
     # live sequences (compacted): state in, chunks, state out
-    nat = nl.ndarray((K, HV * V), dtype=pool.dtype, buffer=nl.sbuf)
-    S = nat
-    if pool.dtype != nl.float32:
-        S = nl.ndarray((K, HV * V), dtype=nl.float32, buffer=nl.sbuf)
+    # the state, float32 whatever the pool's dtype (a bf16 pool is cast by the DMAs)
+    S = nl.ndarray((K, HV * V), dtype=nl.float32, buffer=nl.sbuf)
     for s in nl.dynamic_range(n_live):
         st = nl.ndarray((1, 4), dtype=nl.int32, buffer=nl.sbuf)
         nisa.dma_copy(dst=st, src=seq_tab.ap(pattern=[[4, 1], [1, 4]], offset=0,
@@ -236,9 +234,7 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, n
                        indirect_dim=0)
         nisa.memset(dst=S, value=0.0)
         for _ in nl.dynamic_range(has_init):     # 0 or 1 trips: gather the initial state
-            nisa.dma_copy(dst=nat, src=slot)
-            if pool.dtype != nl.float32:
-                nisa.tensor_copy(dst=S, src=nat)
+            nisa.dma_copy(dst=S, src=slot)
         for c in nl.dynamic_range(c_lo, c_hi):
             src = None
             if prefetch:
@@ -260,9 +256,7 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, n
                 nisa.dma_copy(dst=buf["k"], src=nxt_k)
             else:
                 _gather_chunk(buf, q2, k2, v2, gate1, gate2, next_rows, c, C, H, HV, K, V)
-        if pool.dtype != nl.float32:
-            nisa.tensor_copy(dst=nat, src=S)
-        nisa.dma_copy(dst=slot, src=nat)
+        nisa.dma_copy(dst=slot, src=S)
     return o
 
 
@@ -366,6 +360,10 @@ def _constants(C, K, mdt):
     cst["tri_su"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.affine_select(dst=cst["tri_su"], pattern=[[1, C]], channel_multiplier=-1, offset=-1,
                        on_true_tile=ones[0:C, 0:C], on_false_value=0.0, cmp_op=nl.greater_equal)
+    # [tri_su | tri_up]: the masks of k k^T and k q^T side by side
+    cst["kkq_mask"] = nl.ndarray((C, 2, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=cst["kkq_mask"][:, 0, :], src=cst["tri_su"])
+    nisa.tensor_copy(dst=cst["kkq_mask"][:, 1, :], src=cst["tri_up"])
     cst["ident"] = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
     nisa.affine_select(dst=cst["ident"], pattern=[[-1, 128]], channel_multiplier=1,
                        on_true_tile=ones, on_false_value=0.0, cmp_op=nl.equal)
@@ -379,16 +377,6 @@ def _constants(C, K, mdt):
         nisa.tensor_copy(dst=cst["cI"][q0:q0 + _BLOCK, :], src=cst["ident"][0:_BLOCK, 0:_BLOCK])
         nisa.memset(dst=cst["bd"][q0:q0 + _BLOCK, h, :], value=1.0)
     return cst
-
-
-def _transpose(src, P, F, odt):
-    """SBUF [P, F] -> SBUF [F, P] of dtype ``odt`` (TensorE transpose, bit-exact in src's
-    dtype; the eviction widens it to odt)."""
-    ps = nl.ndarray((F, P), dtype=src.dtype, buffer=nl.psum)
-    nisa.nc_transpose(dst=ps, data=src, engine=nisa.engine.tensor)
-    out = nl.ndarray((F, P), dtype=odt, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=out, src=ps, engine=nisa.engine.scalar)
-    return out
 
 
 def _mm(st, mv, M, N, onezero=False):
@@ -911,36 +899,40 @@ def _exp_of_mm(st, mv, M, N):
 
 
 def _qk_transposes(kc, qc, h, L, K, fast):
-    """q/k head h of one chunk: its keys kh [L, K] and k^T, q^T [K, L], float32 (``fast``:
-    bf16 callers, read as tfloat32 operands: exact for bf16 inputs, and the state they
+    """q/k head h of one chunk: its keys kh [L, K] and k^T, q^T [K, L] side by side in one
+    ``[K, 2, L]`` tile (one PSUM bank and one eviction for both), float32 (``fast``: bf16
+    callers, read as tfloat32 operands: exact for bf16 inputs, and the state they
     multiply keeps 10 mantissa bits instead of a bf16 copy's 7) or the input dtype."""
     d = {}
     d["kh"] = kc[:, h * K:(h + 1) * K]
     odt = kc.dtype
     if fast:
         odt = nl.float32
-    d["kT"] = _transpose(d["kh"], L, K, odt)
-    d["qT"] = _transpose(qc[:, h * K:(h + 1) * K], L, K, odt)
+    ps = nl.ndarray((K, 2 * L), dtype=kc.dtype, buffer=nl.psum)
+    nisa.nc_transpose(dst=ps[:, 0:L], data=d["kh"], engine=nisa.engine.tensor)
+    nisa.nc_transpose(dst=ps[:, L:2 * L], data=qc[:, h * K:(h + 1) * K], engine=nisa.engine.tensor)
+    d["kqT"] = nl.ndarray((K, 2, L), dtype=odt, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=d["kqT"].reshape((K, 2 * L)), src=ps, engine=nisa.engine.scalar)
+    d["kT"] = d["kqT"][:, 0, :]
+    d["qT"] = d["kqT"][:, 1, :]
     d["fast"] = fast
     return d
 
 
 def _qk_products(cst, d, L):
     """The masked products of a q/k head (into ``d``): kk[j, i] = k_j . k_i (j < i) and
-    kq[j, i] = k_j . q_i (j <= i), float32, both in [j, i] layout. The masks ride on the
-    PSUM evictions, so no decay matrix needs one."""
-    kT = _tf(d["kT"], d["fast"])
-    d["kk"] = _masked_mm(kT, kT, cst["tri_su"][0:L, 0:L], L)
-    d["kq"] = _masked_mm(kT, _tf(d["qT"], d["fast"]), cst["tri_up"][0:L, 0:L], L)
-
-
-def _masked_mm(st, mv, mask, L):
-    """SBUF [L, L] = (st^T @ mv) * mask, the mask applied by the PSUM eviction."""
-    ps = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=st, moving=mv, accumulate=False)
-    out = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=out, data1=ps, data2=mask, op=nl.multiply)
-    return out
+    kq[j, i] = k_j . q_i (j <= i), float32, both in [j, i] layout, from one matmul and one
+    masked eviction (k^T against [k^T | q^T]). The masks ride on the eviction, so no decay
+    matrix needs one."""
+    K = d["kqT"].shape[0]
+    ps = nl.ndarray((L, 2 * L), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ps, stationary=_tf(d["kT"], d["fast"]),
+                   moving=_tf(d["kqT"].reshape((K, 2 * L)), d["fast"]), accumulate=False)
+    kkq = nl.ndarray((L, 2, L), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=kkq.reshape((L, 2 * L)), data1=ps,
+                       data2=cst["kkq_mask"][0:L, :, 0:L].reshape((L, 2 * L)), op=nl.multiply)
+    d["kk"] = kkq[:, 0, :]
+    d["kq"] = kkq[:, 1, :]
 
 
 def _head_gu(d, cst, g, hv, L):
