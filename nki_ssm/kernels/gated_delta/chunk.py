@@ -57,8 +57,8 @@ Loops: ``for z in dynamic_range(n_pad)`` writes zeros; ``for s in
 dynamic_range(n_live)``: state gathered (``dynamic_range(has_init)``: 0 or 1
 trips; else zeros), ``for c in dynamic_range(first, end)`` runs the chunk body,
 state scattered. What is unrolled inside the chunk body is bounded by the layer
-(heads, 32-row blocks). Program size: 1781 static instructions at Qwen3-Next
-TP1, 641 at TP4, equal at 2K and 16K tokens and for 8 x 2K. Every matmul
+(heads, 32-row blocks). Program size: 1735 static instructions at Qwen3-Next
+TP1, 631 at TP4, equal at 2K and 16K tokens and for 8 x 2K. Every matmul
 passes ``accumulate=`` explicitly.
 
 The chunk body is a software pipeline over groups of 4 value heads: each
@@ -121,8 +121,8 @@ output 1.68e-3 (bf16 output rounding ~1.1e-3 of it), state 2.4e-4; strong-then-w
 gates 1.69e-3 / 3.6e-4.
 
 What binds (modeled, trn2, bf16 I/O, fp32 pool, chunk 128, Qwen3-Next TP1): work
-per chunk of 32 heads VectorE 57 us, ScalarE 57, TensorE 37, GpSimd 26, DMA queues
-~60 % busy, in a 67 us chunk at 16K tokens (VectorE and ScalarE 84-85 % busy). Both
+per chunk of 32 heads VectorE 56 us, ScalarE 56, TensorE 37, GpSimd 26, DMA queues
+~60 % busy, in a 66 us chunk at 16K tokens (VectorE and ScalarE 84-85 % busy). Both
 bind in turn: the chunk opens with ScalarE (transposes, exps) and the DMA queues
 (layout moves), the doubling's evictions hold ScalarE in the middle and VectorE
 (products' evictions, state updates) closes it; the runtime loop's barrier keeps the
