@@ -762,14 +762,19 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
 def _group_jobs(HV, L):
     """The jobs of one head group, in order (one per software-pipeline stage), and their
     arguments: q/k transposes, their masked products, gU, the decays, A^T, the packed
-    solve's layout moves, the state operand, the right-hand sides (k S), q S, the solve
-    setup, per doubling round its squaring and inverse update, per substitution block its
-    packed right-hand side and its application, the product operands, the outputs, the
-    state update. The state-dependent k S, R and q S go in early: they do not wait for the
-    solve (modeled: TP1 1.17 -> 1.22 M tokens/s against after the doubling). With fewer
-    than 8 head groups the off-diagonal blocks are placed only after the doubling
-    (``place_off``): their DMAs then do not delay the diagonal blocks' (modeled: TP4
-    3.58 -> 3.84 M tokens/s, TP2 2.27 -> 2.35 M; TP1 1.32 -> 1.27 M)."""
+    solve's layout moves, the right-hand sides (k S), q S, the solve setup, per doubling
+    round its squaring and inverse update, per substitution block its packed right-hand
+    side and its application, the product operands, the outputs, the state update. The
+    state-dependent k S and R go in early: they do not wait for the solve (modeled: TP1
+    1.17 -> 1.22 M tokens/s against after the doubling). The order differs with the head
+    groups a chunk has, both measured (modeled trn2):
+
+    - < 8 groups (TP2, TP4): the off-diagonal blocks are placed only after the doubling
+      (``place_off``): their DMAs then do not delay the diagonal blocks' (TP4 3.58 ->
+      3.84 M tokens/s, TP2 2.27 -> 2.35 M; TP1 1.32 -> 1.27 M);
+    - >= 8 groups (TP1): q S after the second substitution block instead of beside k S,
+      out of ScalarE's busiest stretch (TP1 16K 1.95 -> 2.0 M tokens/s; TP2 3.24 -> 3.08 M,
+      TP4 4.56 -> 4.36 M)."""
     nround = 0
     covered = 2
     while covered < _BLOCK and covered < L:
@@ -777,7 +782,10 @@ def _group_jobs(HV, L):
         covered = covered * 2
     nblk = (L + _BLOCK - 1) // _BLOCK
     late_off = len(_head_groups(HV)) < 8
+    late_oq = not late_off
     jobs = ["qk_t", "qk_mm", "gu", "decay", "at", "place", "rhs", "oq", "setup"]
+    if late_oq:
+        jobs = ["qk_t", "qk_mm", "gu", "decay", "at", "place", "rhs", "setup"]
     jarg = []
     for name in jobs:
         jarg.append(0)
@@ -795,6 +803,9 @@ def _group_jobs(HV, L):
         jarg.append(b)
         jobs.append("apply")
         jarg.append(b)
+        if late_oq and b == min(1, nblk - 1):
+            jobs.append("oq")
+            jarg.append(0)
     for name in ["post_ops", "out", "state"]:
         jobs.append(name)
         jarg.append(0)
