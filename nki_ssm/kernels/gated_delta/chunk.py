@@ -122,16 +122,18 @@ gates 1.69e-3 / 3.6e-4.
 
 What binds (modeled, trn2, bf16 I/O, fp32 pool, chunk 128, Qwen3-Next TP1): work
 per chunk of 32 heads VectorE 56 us, ScalarE 56, TensorE 37, GpSimd 26, DMA queues
-~60 % busy, in a 66 us chunk at 16K tokens (VectorE and ScalarE 84-85 % busy). Both
-bind in turn: the chunk opens with ScalarE (transposes, exps) and the DMA queues
-(layout moves), the doubling's evictions hold ScalarE in the middle and VectorE
-(products' evictions, state updates) closes it; the runtime loop's barrier keeps the
-next chunk's state-independent work from filling the ends. Every step that moved work
+~62 % busy, in a 64 us chunk at 16K tokens (VectorE and ScalarE 86-87 % busy): 2.00 M
+tokens/s, the issue-15 goal, by the central figure (range 0.69-2.43 M). Both bind in
+turn: the chunk opens with ScalarE (transposes, exps) and the DMA queues (layout
+moves), the doubling's evictions hold ScalarE in the middle and VectorE (products'
+evictions, state updates) closes it; the runtime loop's barrier keeps the next
+chunk's state-independent work from filling the ends. Most steps that moved work
 between the two (an eviction from one to the other, to GpSimd, to a DMA transpose)
-measured slower or within 1 %, so the 2 M tokens/s goal (64 us per chunk) needs less
-work on both, not another balance. Figures, tokens/s per NeuronCore: the README's
-"Modeled performance" table and ``python -m simulate``. The kernel of issue 10, same
-model: TP1 0.42 M, TP4 1.69 M.
+measured slower or within 1 %: more speed needs less work on both, not another
+balance. Figures, tokens/s per NeuronCore: the README's "Modeled performance" table
+and ``python -m simulate`` (TP4 16K 4.78 M, 2.4x TP1: its 4 groups of 2 heads leave
+the chunk latency-bound, engines 44-66 % busy). The kernel of issue 10, same model:
+TP1 0.42 M, TP4 1.69 M.
 
 What is left, largest first: (1) overlap across chunks: the decays, A^T and the
 doubling do not read the state, but carrying them across the loop boundary needs a
