@@ -270,7 +270,8 @@ def prefill_call(xp, call, *, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use
     token arrays get one more zero row (read for chunk rows past a sequence end);
     the batch composition goes in as the int32 tables of ``prefill_tables``.
     Precision follows the input dtype: bfloat16 q gives bf16 TensorE operands for
-    the products of raw inputs, float32 gives float32 everywhere.
+    the doubling and tfloat32 ones for the products with the state and the solution
+    (the kernel's design note), float32 gives float32 everywhere.
     """
     T, H, K = q.shape
     HV, V = v.shape[1:]
