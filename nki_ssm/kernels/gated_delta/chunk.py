@@ -790,8 +790,10 @@ def _group_jobs(HV, L):
         jobs = ["qk_t", "qk_mm", "gu", "decay", "at", "place", "rhs", "setup"]
     jarg = []
     for name in jobs:
-        jarg.append(0)
-    jarg[5] = 1 - late_off          # place: the off-diagonal blocks too?
+        if name == "place":
+            jarg.append(1 - late_off)   # the off-diagonal blocks too?
+        else:
+            jarg.append(0)
     for r in range(nround):
         jobs.append("square")
         jarg.append(2 ** (r + 1))
