@@ -86,27 +86,31 @@ way per sequence; the pool update is the kernel's own write.
 
 Engines, per (chunk, value head) at C = 128 (tokens on partitions)
 -------------------------------------------------------------------
-- DMA: the row gathers of q, k, v, g, beta (with >= 4 head groups and bf16 inputs
-  into a second set while the chunk runs) and the output scatter (per group with
-  >= 4 groups, else once); the packed solve's layout moves as SBUF-to-SBUF DMAs —
-  the diagonal blocks (into P^T), the right-hand sides (into the packed R) and the
+- DMA: the row gathers of q, k, v, g, beta (with >= 4 head groups and small inputs
+  the next chunk's during the body: q, v, g, beta into the tiles once their last
+  reader is issued, k into a second tile) and the output scatter (per group with >= 4
+  groups, else once); the packed solve's layout moves as SBUF-to-SBUF DMAs — the
+  diagonal blocks (into P^T), the right-hand sides (into the packed R) and the
   solutions back to per-head tiles — partition moves no compute engine spends time
   on (ScalarE copies instead: modeled TP4 3.58 -> 3.0 M tokens/s).
-- TensorE: k^T, q^T (transposes); k k^T and k q^T (shared by HV / H value heads);
-  the segment sums (fp32, 0/1 stationary); k S, q S; the doubling: per round P P,
-  P^T P^T (from the same operands, no transpose on the chain, expanded
-  block-diagonal tiles) and the compact inverse update; per block the
+- TensorE: k^T, q^T (transposes, one PSUM bank per q/k head); k k^T | k q^T (one
+  matmul per q/k head, shared by HV / H value heads); the segment sums (fp32, 0/1
+  stationary); k S, q S; the doubling: P P and P^T P^T up to N^8 (expanded
+  block-diagonal tiles, from the same operands: no transpose on the chain), then
+  compact products with N^8, and the compact inverse updates; per block the
   off-diagonal products (1-3 per group) and the application (1 per group); M Y and
-  kd^T Y.
-- VectorE: the masked evictions of k k^T / k q^T, A^T, R, M, o, the state update;
-  per group the P eviction, the compact inverse updates (one [W, 4 blocks, 32] op
-  per round) and its expansion, the substitution's subtractions (3 per group).
-- ScalarE: transpose evictions, the exps, the doubling's P P / P^T P^T evictions
-  (one per group and round), q S, the packed solutions, the decayed keys.
+  kd^T Y; bf16 callers: q S into the output's accumulation (an identity matmul).
+- VectorE: the masked eviction of k k^T | k q^T, A^T, R, M, the state update (and o
+  for float32 callers); per group the P eviction, the compact inverse updates (one
+  [W, 4 blocks, 32] op per round) and its expansion, the substitution's subtractions
+  (3 per group).
+- ScalarE: transpose evictions, the exps, the doubling's expanded evictions (5 per
+  group) and its chained product, q S, the packed solutions, the decayed keys, o (bf16
+  callers).
 - GpSimd: the off-diagonal blocks' placements (a row strip per head and block row:
-  on DMA they put the queues on the critical path), descriptor generation, the
-  packed tiles' zeroing (once per launch: the placements write the same elements
-  every chunk, so the zeros persist).
+  on DMA they put the queues on the critical path), descriptor generation.
+  VectorE zeroes the packed tiles once per launch: the placements write the same
+  elements every chunk, so the zeros persist.
 Operand precision: float32 callers get fp32 operands everywhere (the exact
 mode: 6e-8 output, 4e-8 state at small shapes, tests 1e-5). bfloat16 callers
 (``bf16``): q, k, v enter bf16 (exact: they are the inputs); q^T, k^T, the state,
