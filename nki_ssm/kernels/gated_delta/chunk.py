@@ -153,6 +153,7 @@ Limits: K, V <= 128; chunk a multiple of 16 up to 128.
 from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
+from nki_ssm.kernels.gated_delta._common import consecutive_groups
 
 _BLOCK = 32           # rows per exactly-inverted diagonal block
 _PACK = 4             # most heads whose blocks share one 128-partition packed solve
@@ -286,13 +287,7 @@ def _head_groups(HV):
     n = 2
     if HV >= 16:
         n = _PACK
-    groups = []
-    for hv0 in range(0, HV, n):
-        hvs = []
-        for hv in range(hv0, min(hv0 + n, HV)):
-            hvs.append(hv)
-        groups.append(hvs)
-    return groups
+    return consecutive_groups(HV, n)
 
 
 def _many_groups(HV):
@@ -412,9 +407,11 @@ def _solve_place(ATs, L, tiles, diag, off):
     strictly-lower A_i [L, L] of up to _PACK heads, the diagonal _BLOCK-row blocks A_bb^T into
     slot b of tiles["PT"] and the off-diagonal blocks A_kb^T (k < b) into slot pair(k, b) of
     tiles["OT"], head i at partitions 32 i of each (block-diagonal over the heads: one
-    matmul then serves the pack): ``diag`` / ``off`` say which. SBUF-to-SBUF DMAs: partition
-    moves no compute engine spends time on (modeled: ScalarE copies instead, TP4 3.58 ->
-    3.0 M tokens/s). The tiles are zeroed once per launch
+    matmul then serves the pack): ``diag`` / ``off`` say which. The diagonal blocks by
+    SBUF-to-SBUF DMAs, partition moves no compute engine spends time on (modeled: ScalarE
+    copies instead, TP4 3.58 -> 3.0 M tokens/s); the off-diagonal ones as one GpSimd copy
+    per head and block row (by DMA they put the queues on the critical path; a short last
+    block falls back to DMAs, one per block). The tiles are zeroed once per launch
     (_solve_tiles) and these moves write the same elements every chunk, so the zeros that
     keep the packed products block-diagonal persist (modeled: zeroing them per chunk put
     GpSimd on the critical path)."""
@@ -506,7 +503,7 @@ def _solve_tiles(npk, L, mdt):
     """The zeroed packed tiles of one head group's solve (see _solve_setup): P^T ``[W, blocks,
     W]`` (``mdt``) and the off-diagonal blocks ``[W, pairs, W]`` float32 (None for one block)."""
     W = npk * _BLOCK
-    nblk = (L + _BLOCK - 1) // _BLOCK
+    nblk = len(_block_rows(L))
     t = {}
     t["PT"] = nl.ndarray((W, nblk, W), dtype=mdt, buffer=nl.sbuf)
     nisa.memset(dst=t["PT"], value=0.0, engine=nisa.engine.vector)
@@ -541,7 +538,8 @@ def _pack_rhs(Bs, L, N):
     partitions 32 j of slot b, ``[W, blocks, N]`` float32 (rows past a short last block zero)."""
     npk = len(Bs)
     W = npk * _BLOCK
-    nblk = len(_block_rows(L))
+    nbs = _block_rows(L)
+    nblk = len(nbs)
     Rp = nl.ndarray((W, nblk, N), dtype=nl.float32, buffer=nl.sbuf)
     if L % _BLOCK != 0:
         nisa.memset(dst=Rp, value=0.0, engine=nisa.engine.gpsimd)
@@ -549,7 +547,7 @@ def _pack_rhs(Bs, L, N):
         q0 = j * _BLOCK
         for b in range(nblk):
             r0 = b * _BLOCK
-            nb = min(r0 + _BLOCK, L) - r0
+            nb = nbs[b]
             nisa.dma_copy(dst=Rp[q0:q0 + nb, b, :], src=Bs[j][r0:r0 + nb, :])
     return Rp
 
@@ -744,16 +742,18 @@ def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_q
     # the next chunk's inputs (``src``: HBM views) land in the tiles after the step of the
     # last group's last job reading each
     last = {}
-    last["q"] = "qk_t"
-    last["g"] = "gu"
-    last["beta"] = "at"
-    last["v"] = "rhs"
+    last["qk_t"] = "q"
+    last["gu"] = "g"
+    last["at"] = "beta"
+    last["rhs"] = "v"
+    gather_at = {}
+    for s in range(nstage):
+        if last.get(jobs[s]) != None:  # noqa: E711  (NKI has no `is`)
+            gather_at[str(G + s)] = last[jobs[s]]
     for t in range(G + nstage - 1):
-        if src != None:  # noqa: E711  (NKI has no `is`)
-            for name in ["q", "g", "beta", "v"]:
-                for s in range(nstage):
-                    if jobs[s] == last[name] and t == G + s:
-                        nisa.dma_copy(dst=buf[name], src=src[name])
+        if src != None and gather_at.get(str(t)) != None:  # noqa: E711
+            name = gather_at[str(t)]
+            nisa.dma_copy(dst=buf[name], src=src[name])
         for r in range(nstage):
             s = nstage - 1 - r
             u = t - s
@@ -786,7 +786,7 @@ def _group_jobs(HV, L):
     while covered < _BLOCK and covered < L:
         nround = nround + 1
         covered = covered * 2
-    nblk = (L + _BLOCK - 1) // _BLOCK
+    nblk = len(_block_rows(L))
     late_off = len(_head_groups(HV)) < 8
     late_oq = not late_off
     jobs = ["qk_t", "qk_mm", "gu", "decay", "at", "place", "rhs", "oq", "setup"]

@@ -119,6 +119,7 @@ TP4 shard: 64 sequences 358 us, 512 sequences 2.82 ms (0.52).
 from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
+from nki_ssm.kernels.gated_delta._common import consecutive_groups
 
 _GROUP = 16           # (sequence, token) pairs per input / output DMA (>= 2 KiB per partition)
 _STREAMS = 2          # sequences whose per-token instruction streams are interleaved
@@ -170,12 +171,7 @@ def gdn_decode_step(kq_cols, k_rows, v_cols, gate_rows, head_params, pool, pool_
     # of _STREAMS whose instruction streams interleave (positions past the live count
     # mirror the iteration's first sequence: same reads, same bytes written, and every
     # state they read is gathered before that sequence's scatter)
-    batches = []
-    for j0 in range(0, SPI, _STREAMS):
-        ids = []
-        for j in range(j0, min(j0 + _STREAMS, SPI)):
-            ids.append(j)
-        batches.append(ids)
+    batches = consecutive_groups(SPI, _STREAMS)
     iters = nisa.register_alloc()
     nisa.register_load(dst=iters, src=num_iters)
     NB = len(batches)
