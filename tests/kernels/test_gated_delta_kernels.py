@@ -315,6 +315,55 @@ def test_prefill_ragged_batch_equals_separate_calls_bitwise():
     assert sep["ssm_states"].tobytes() == batch["ssm_states"].tobytes()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, BF16])
+def test_prefill_several_chunks_per_iteration(dtype):
+    """Iterations of 4 chunks (HV = 2) and the one-chunk remainder loop: sequences of 6
+    chunks (4 + 2, the last short), 8 (two full iterations), exactly 4, 3 (remainder only),
+    1 token, empty; initial states mixed and a padding slot. Matches float64 and equals
+    separate calls bitwise (each chunk's state update lands before the next chunk's k S,
+    whichever iteration the two chunks are in)."""
+    from nki_ssm.kernels.gated_delta.chunk import chunks_per_iteration
+
+    assert chunks_per_iteration(2) == 4
+    lens = [16 * 5 + 3, 16 * 8, 16 * 4, 40, 1, 0]
+    inp = make_gated_delta_inputs(np.random.default_rng(31), seqlens=lens, H=1, HV=2, K=32,
+                                  V=16, dtype=dtype, pool_dtype=dtype, padding=1,
+                                  has_initial_state=np.array([True, False, True, True, False,
+                                                              True]))
+    tol = F32_TOL if dtype == np.float32 else BF16_TOL
+    o_batch = _prefill_check(_copy(inp), tol, 16)
+    sep = _copy(inp)
+    cu = inp["cu_seqlens"]
+    outs = []
+    for n in range(len(lens)):
+        s0, s1 = int(cu[n]), int(cu[n + 1])
+        kw = {m: (x[s0:s1] if m in ("q", "k", "v", "g", "beta") else x) for m, x in sep.items()}
+        kw["cu_seqlens"] = np.array([0, s1 - s0], dtype=np.int32)
+        kw["state_indices"] = inp["state_indices"][n:n + 1]
+        kw["has_initial_state"] = inp["has_initial_state"][n:n + 1]
+        outs.append(ops.gated_delta_prefill(**kw, chunk_size=16, backend="sim"))
+    assert np.concatenate(outs).tobytes() == o_batch.tobytes()
+
+
+def test_prefill_continuation_across_iterations_equals_one_long_prefill():
+    """A prefill of 5 chunks + 3 tokens (one 4-chunk iteration, two remainder chunks), then
+    one of 4 chunks from the pool == one prefill of the whole sequence."""
+    rng = np.random.default_rng(37)
+    L1, L2 = 16 * 5 + 3, 16 * 4
+    full = make_gated_delta_inputs(rng, seqlens=[L1 + L2], H=1, HV=2, K=32, V=32, slots=2,
+                                   has_initial_state=True)
+    one = _copy(full)
+    o_one = _prefill_check(one, F32_TOL, 16)
+    split = _copy(full)
+    parts = []
+    for s0, s1 in ((0, L1), (L1, L1 + L2)):
+        kw = {n: (x[s0:s1] if n in ("q", "k", "v", "g", "beta") else x) for n, x in split.items()}
+        kw["cu_seqlens"] = np.array([0, s1 - s0], dtype=np.int32)
+        parts.append(ops.gated_delta_prefill(**kw, chunk_size=16, backend="sim"))
+    assert rel_fro(_f64(np.concatenate(parts)), _f64(o_one)) <= 1e-6
+    assert rel_fro(_f64(split["ssm_states"]), _f64(one["ssm_states"])) <= 1e-6
+
+
 def test_prefill_huge_gates_do_not_overflow():
     """g ~ -500 per token: cumulative log decay reaches -4e4 in a chunk; masked
     exp(min(c_i - c_j, 0)) keeps everything finite and exact."""
@@ -481,11 +530,15 @@ def test_prefill_one_specialisation_per_bucket(dtype, pool_dtype):
 
 def test_prefill_program_size_does_not_grow_with_tokens():
     """Static program size (each runtime loop body once) is equal at 2K and 16K tokens and
-    for 8 sequences of 256 (the chunk loop nested in the sequence loop counts once)."""
+    for 8 sequences of 640 (the chunk loops nested in the sequence loop count once). Every
+    batch has a chunk count that is not a multiple of the chunks per iteration, so both
+    chunk loops run (the simulator counts only loops that ran)."""
+    from nki_ssm.kernels.gated_delta.chunk import chunks_per_iteration
     from nki_ssm.sim.trace import record
 
+    assert chunks_per_iteration(2) == 4
     sizes = []
-    for lens in ([2048], [16384], [256] * 8):
+    for lens in ([2048 + 128], [16384 + 128], [640] * 8):
         inp = make_gated_delta_inputs(np.random.default_rng(0), seqlens=lens, H=1, HV=2, K=16,
                                       V=16)
         with record() as tr:
@@ -495,21 +548,27 @@ def test_prefill_program_size_does_not_grow_with_tokens():
 
 
 def test_prefill_tables_layout():
-    """Launcher tables: chunk rows (past a sequence end -> the zero row = bucket) and the
-    same shifted by one, live sequences compacted with their chunk ranges and first pool
-    rows, padding rows, counts."""
+    """Launcher tables: chunk rows (past a sequence end -> the zero row = bucket; spare rows
+    for the look-ahead gathers), live sequences compacted with their chunk ranges (and where
+    their iterations of several chunks end) and first pool rows, padding rows, counts."""
+    from nki_ssm.kernels.gated_delta.chunk import chunks_per_iteration
     from nki_ssm.ops.launch.gated_delta import prefill_tables
 
-    cu = np.array([0, 5, 5, 9, 12])
-    chunk_rows, next_rows, seq_tab, pad_rows, counts = prefill_tables(
+    per = chunks_per_iteration(2)
+    assert per == 4
+    cu = np.array([0, 5, 5, 9, 30])
+    chunk_rows, seq_tab, pad_rows, counts = prefill_tables(
         cu, np.array([2, 0, -1, 1]), np.array([True, False, True, False]), slots=3, HV=2,
         K=2, chunk_size=4, num_tokens_bucket=128, num_seqs_bucket=4)
-    assert chunk_rows.shape == pad_rows.shape == next_rows.shape == (128 // 4 + 4, 4)
-    assert chunk_rows[:3].tolist() == [[0, 1, 2, 3], [4, 128, 128, 128], [9, 10, 11, 128]]
-    assert (chunk_rows[3:] == 128).all()
-    assert (next_rows[:-1] == chunk_rows[1:]).all() and (next_rows[-1] == 128).all()
-    # live sequences compacted: (has_initial_state, first chunk, end chunk, slot*HV*K)
-    assert seq_tab.tolist() == [[1, 0, 2, 8], [0, 2, 2, 0], [0, 2, 3, 4], [0, 0, 0, 0]]
+    assert chunk_rows.shape == pad_rows.shape == (128 // 4 + 4 + per, 4)
+    assert chunk_rows[:2].tolist() == [[0, 1, 2, 3], [4, 128, 128, 128]]
+    assert chunk_rows[2:8].tolist() == [[9, 10, 11, 12], [13, 14, 15, 16], [17, 18, 19, 20],
+                                        [21, 22, 23, 24], [25, 26, 27, 28], [29, 128, 128, 128]]
+    assert (chunk_rows[8:] == 128).all()
+    # live sequences compacted: (has_initial_state, first chunk, end of the 4-chunk
+    # iterations, end chunk, slot*HV*K)
+    assert seq_tab.tolist() == [[1, 0, 0, 2, 8], [0, 2, 2, 2, 0], [0, 2, 6, 8, 4],
+                                [0, 0, 0, 0, 0]]
     assert pad_rows[0].tolist() == [5, 6, 7, 8] and (pad_rows[1:] == 128).all()
     assert counts.tolist() == [[3, 1]]
 

@@ -43,25 +43,32 @@ table built by the launcher from cu_seqlens / state_indices / has_initial_state
 with a few vectorised array ops (``prefill_tables``; shapes depend only on the
 token / sequence buckets):
 
-- ``chunk_rows [Tb // C + Nb, C]``: the token row of every row of every chunk of
-  the live sequences, in order; rows past a sequence end hold ``Tb``, the zero
-  row the launcher appends to every token array (and the trash row of ``o``);
-  ``next_rows``: the same shifted up one row (chunk c's body gathers chunk c + 1,
-  so the gathers' fixed latencies overlap its tail and the loop boundary);
-- ``seq_tab [Nb, 4]``: (has_initial_state, first chunk, end chunk, first pool row
-  ``slot*HV*K``) of each live sequence, compacted;
+- ``chunk_rows [Tb // C + Nb + n, C]`` (n = ``chunks_per_iteration(HV)``): the token
+  row of every row of every chunk of the live sequences, in order; rows past a
+  sequence end hold ``Tb``, the zero row the launcher appends to every token array
+  (and the trash row of ``o``); n spare rows of ``Tb`` at the end (each iteration
+  gathers the next n chunks, read at a static row offset from its first);
+- ``seq_tab [Nb, 5]``: (has_initial_state, first chunk, where its iterations of n
+  chunks end, end chunk, first pool row ``slot*HV*K``) of each live sequence,
+  compacted;
 - ``pad_rows``: the rows of padding sequences (chunked as above), which get
   zeros; ``counts [1, 2]``: live sequences, padding chunks.
 
 Loops: ``for z in dynamic_range(n_pad)`` writes zeros; ``for s in
 dynamic_range(n_live)``: state gathered (``dynamic_range(has_init)``: 0 or 1
-trips; else zeros), ``for c in dynamic_range(first, end)`` runs the chunk body,
-state scattered. What is unrolled inside the chunk body is bounded by the layer
-(heads, 32-row blocks). Program size: 1735 static instructions at Qwen3-Next
-TP1, 631 at TP4, equal at 2K and 16K tokens and for 8 x 2K. Every matmul
-passes ``accumulate=`` explicitly.
+trips; else zeros), ``for c in dynamic_range(first, mid, n)`` runs a body of n
+chunks, ``for c in dynamic_range(mid, end)`` the remaining 0 .. n - 1 one at a time
+(n = 1: only the second loop), state scattered. A runtime loop drains every engine at
+each iteration boundary (nki-dynamic-loops.rst, "Iterations Do Not Overlap"), so with
+few heads per core an iteration holds several chunks (``chunks_per_iteration``: about
+8 head groups in flight). What is unrolled inside a body is bounded by the layer
+(heads, 32-row blocks, n). Program size (static instructions, both chunk loops):
+Qwen3-Next TP1 1,735, TP2 2,621, TP4 2,265; the same at 2K and 16K tokens and for
+8 x 2K (the simulator counts a loop only when it runs: at 2K, 16K and 8 x 2K the
+remainder loop does not, and the reported figure is the n-chunk body's, TP4 1,810).
+Every matmul passes ``accumulate=`` explicitly.
 
-The chunk body is a software pipeline over groups of 4 value heads: each
+A loop body is a software pipeline over groups of 4 value heads and its chunks: each
 group's work is a list of jobs, one per dependent step (``_group_jobs``: q/k
 transposes; their masked products; gU; the decays; A^T; the packed solve's layout
 moves; the right-hand sides; q S; the solve setup; per doubling round the squaring
@@ -70,7 +77,10 @@ product operands; the outputs; the state update), and step t issues job s of gro
 t - s for every s, the later stages first. Every in-order engine queue then holds
 work of up to 8 groups between one group's dependent steps: this is most of the
 speed (modeled TP1: three stages per group — pre-solve, solve, post-solve — 0.61 M
-tokens/s; one job per stage 1.1 M).
+tokens/s; one job per stage 1.1 M). With n chunks per body (``_body_plan``), chunk
+k > 0 starts its state-independent jobs (up to the doubling) _CHUNK_STEP steps after
+chunk k - 1 and its state jobs (from k S on) one step after chunk k - 1's state update
+of the same group, so program order is the state's data order.
 
 Short and padded chunks: every chunk is C rows. Its rows are gathered with
 indirect DMAs (one row per partition) from ``chunk_rows``; rows past the
@@ -157,6 +167,8 @@ from nki_ssm.kernels.gated_delta._common import consecutive_groups
 
 _BLOCK = 32           # rows per exactly-inverted diagonal block
 _PACK = 4             # most heads whose blocks share one 128-partition packed solve
+_MAX_CHUNKS = 4       # most chunks per loop iteration (SBUF: TP2 with 4 does not fit)
+_CHUNK_STEP = 5             # steps between the starts of a loop body's chunks (_body_plan)
 _SQUARED = 8          # the doubling squares up to N^8, then chains products with it (modeled:
                       # squaring to N^16 or chaining from N^4, TP1 -4 % / -2 %)
 _L2NORM_EPS = 1e-6
@@ -166,9 +178,8 @@ _PREFETCH_BYTES = 25 * 1024   # inputs (per partition) up to which k gets a seco
 
 
 @nki.jit
-def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, next_rows,
-                      seq_tab, pad_rows, counts, H, raw_gates, use_qk_l2norm, scale, chunk,
-                      bf16):
+def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, seq_tab,
+                      pad_rows, counts, H, raw_gates, use_qk_l2norm, scale, chunk, bf16):
     """Chunked gated delta rule over a ragged batch (layouts in the module docstring)."""
     T1 = q2.shape[0]
     V = pool.shape[1]
@@ -178,14 +189,25 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, n
     C = chunk
     odt = q2.dtype
     o = nl.ndarray((T1, HV * V), dtype=odt, buffer=nl.shared_hbm)
+    hbm = {}
+    hbm["q"] = q2
+    hbm["k"] = k2
+    hbm["v"] = v2
+    hbm["g"] = gate1
+    hbm["beta"] = gate2
 
     mdt = nl.float32
     if bf16:
         mdt = nl.bfloat16
     cst = _constants(C, K, mdt)
-    cst["solve"] = []
-    for hvs in _head_groups(HV):
-        cst["solve"].append(_solve_tiles(len(hvs), C, mdt))
+    nsub = chunks_per_iteration(HV)
+    # the packed solve's tiles, one set per chunk of the loop body and head group
+    solve = []
+    for j in range(nsub):
+        sj = []
+        for hvs in _head_groups(HV):
+            sj.append(_solve_tiles(len(hvs), C, mdt))
+        solve.append(sj)
     if raw_gates:
         hp = nl.ndarray((128, 2 * HV), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=hp, src=head_params)
@@ -206,35 +228,50 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, n
     zt = nl.ndarray((C, HV * V), dtype=odt, buffer=nl.sbuf)
     nisa.memset(dst=zt, value=0.0)
     for z in nl.dynamic_range(n_pad):
-        zr = _table_rows(pad_rows, z, C)
+        zr = _table_rows(pad_rows, z, C, 0)
         nisa.dma_copy(dst=_rows_view(o, zr, C, HV * V), src=zt)
 
-    # chunk inputs: gathered one chunk ahead (chunk 0 here, chunk c + 1 at the end of
-    # chunk c's body, through next_rows), so the gathers' fixed latencies overlap the
-    # previous chunk's tail and the loop boundary (DMAs in flight continue across it)
-    buf = _chunk_buffers(H, HV, K, V, C, bf16, use_qk_l2norm)
-    # the next chunk's k in a second tile only when the inputs are small (SBUF)
-    prefetch = _many_groups(HV) and _tile_bytes(buf) <= _PREFETCH_BYTES
-    nxt_k = buf["k"]
-    if prefetch:
-        nxt_k = nl.ndarray(buf["k"].shape, dtype=buf["k"].dtype, buffer=nl.sbuf)
-    _gather_chunk(buf, q2, k2, v2, gate1, gate2, chunk_rows, None, C, H, HV, K, V)
+    # chunk inputs, one tile set per chunk of the loop body: gathered ahead (chunks 0 ..
+    # nsub - 1 here, the next ones during each body), so the gathers' fixed latencies
+    # overlap the previous body's tail and the loop boundary (DMAs in flight continue)
+    bufs = []
+    for j in range(nsub):
+        bufs.append(_chunk_buffers(H, HV, K, V, C, bf16, use_qk_l2norm))
+    # the next chunks' k in second tiles only when the inputs are small (SBUF)
+    prefetch = _many_groups(HV) and _tile_bytes(bufs[0]) <= _PREFETCH_BYTES
+    nxt_k = []
+    for j in range(nsub):
+        t = bufs[j]["k"]
+        if prefetch:
+            t = nl.ndarray(bufs[j]["k"].shape, dtype=bufs[j]["k"].dtype, buffer=nl.sbuf)
+        nxt_k.append(t)
+    for j in range(nsub):
+        _gather_chunk(bufs[j], hbm, chunk_rows, None, j, C)
 
     # live sequences (compacted): state in, chunks, state out
     # the state, float32 whatever the pool's dtype (a bf16 pool is cast by the DMAs)
     S = nl.ndarray((K, HV * V), dtype=nl.float32, buffer=nl.sbuf)
+    io = {}
+    io["o"] = o
+    io["hbm"] = hbm
+    io["chunk_rows"] = chunk_rows
+    io["T1"] = T1
+    io["prefetch"] = prefetch
+    io["nxt_k"] = nxt_k
     for s in nl.dynamic_range(n_live):
-        st = nl.ndarray((1, 4), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=st, src=seq_tab.ap(pattern=[[4, 1], [1, 4]], offset=0,
+        st = nl.ndarray((1, 5), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=st, src=seq_tab.ap(pattern=[[5, 1], [1, 5]], offset=0,
                                               scalar_offset=s, indirect_dim=0))
         has_init = nisa.register_alloc()
         nisa.register_load(dst=has_init, src=st[0:1, 0:1])
         c_lo = nisa.register_alloc()
         nisa.register_load(dst=c_lo, src=st[0:1, 1:2])
+        c_mid = nisa.register_alloc()
+        nisa.register_load(dst=c_mid, src=st[0:1, 2:3])
         c_hi = nisa.register_alloc()
-        nisa.register_load(dst=c_hi, src=st[0:1, 2:3])
+        nisa.register_load(dst=c_hi, src=st[0:1, 3:4])
         slot_row = nisa.register_alloc()
-        nisa.register_load(dst=slot_row, src=st[0:1, 3:4])
+        nisa.register_load(dst=slot_row, src=st[0:1, 4:5])
         # the slot is one contiguous [HV*K, V] block of the pool: one DMA with a run-time
         # start moves it (partition k holds rows (hv, k) of every head)
         slot = pool.ap(pattern=[[V, K], [K * V, HV], [1, V]], offset=0, scalar_offset=slot_row,
@@ -242,29 +279,34 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, n
         nisa.memset(dst=S, value=0.0)
         for _ in nl.dynamic_range(has_init):     # 0 or 1 trips: gather the initial state
             nisa.dma_copy(dst=S, src=slot)
-        for c in nl.dynamic_range(c_lo, c_hi):
-            src = None
-            if prefetch:
-                # chunk c + 1's rows arrive during chunk c's body (their fixed DMA latencies
-                # overlap it): q, v, g, beta straight into the tiles once the body's last
-                # reader of each is issued (_chunk), k (read until the end, by the decayed
-                # keys) into the second tile, moved over at the end (modeled TP1 2K: 1.81
-                # -> 1.88 M tokens/s against all five through a second set)
-                src = {}
-                src["rows"] = _table_rows(next_rows, c, C)
-                src["q"] = _rows_view(q2, src["rows"], C, H * K)
-                src["v"] = _rows_view(v2, src["rows"], C, HV * V)
-                src["g"] = _rows_view(gate1, src["rows"], C, HV)
-                src["beta"] = _rows_view(gate2, src["rows"], C, HV)
-                nisa.dma_copy(dst=nxt_k, src=_rows_view(k2, src["rows"], C, H * K))
-            _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates,
-                   use_qk_l2norm, scale, C, src)
-            if prefetch:
-                nisa.dma_copy(dst=buf["k"], src=nxt_k)
-            else:
-                _gather_chunk(buf, q2, k2, v2, gate1, gate2, next_rows, c, C, H, HV, K, V)
+        if nsub > 1:
+            # nsub chunks per iteration (c_mid - c_lo a multiple of nsub), then the rest one
+            # per iteration: the loop drains every engine at each iteration boundary
+            for c in nl.dynamic_range(c_lo, c_mid, nsub):
+                _chunks(bufs, nsub, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates,
+                        use_qk_l2norm, scale, C)
+            for c in nl.dynamic_range(c_mid, c_hi):
+                _chunks(bufs, 1, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates,
+                        use_qk_l2norm, scale, C)
+        else:
+            for c in nl.dynamic_range(c_lo, c_hi):
+                _chunks(bufs, 1, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates,
+                        use_qk_l2norm, scale, C)
         nisa.dma_copy(dst=slot, src=S)
     return o
+
+
+def chunks_per_iteration(HV):
+    """Chunks per iteration of the chunk loop (the launcher's tables follow it): about 8 head
+    groups in flight, so 1 at Qwen3-Next TP1 (8 groups; SBUF holds one chunk's tiles), 2 at
+    TP2, 4 at TP4 and below. The loop drains every engine at each iteration boundary
+    (nki-dynamic-loops.rst, "Iterations Do Not Overlap"): with several chunks per
+    iteration the drain is paid once per iteration and chunk c + 1's state-independent work
+    overlaps chunk c's state chain (modeled trn2, TP4 16K: 4.78 M tokens/s at 1 chunk and
+    2 heads per group, 6.4 M at 4 chunks and 4 heads per group; TP2 4K 3.37 -> 3.53 M at 2;
+    TP8 4K 6.14 -> 8.06 M at 4)."""
+    n = 8 // len(_head_groups(HV))
+    return max(1, min(n, _MAX_CHUNKS))
 
 
 def _tile_bytes(buf):
@@ -280,33 +322,30 @@ def _tile_bytes(buf):
 
 
 def _head_groups(HV):
-    """The value heads of each software-pipeline group (and packed solve): 4 per group
-    (128 partitions) with >= 16 heads, else 2 (64 partitions): with fewer heads the chunk
-    is latency-bound and more, smaller groups overlap better (modeled: Qwen3-Next TP4
-    4.19 -> 4.46 M tokens/s)."""
-    n = 2
-    if HV >= 16:
-        n = _PACK
-    return consecutive_groups(HV, n)
+    """The value heads of each software-pipeline group (and packed solve): _PACK per group,
+    128 partitions (2 per group at TP4 and a single-chunk body: TP4 4.19 -> 4.46 M
+    tokens/s; with 4 chunks per iteration 4 per group is faster, the packed solve's ops
+    then cost half as much per head)."""
+    return consecutive_groups(HV, _PACK)
 
 
 def _many_groups(HV):
-    """Whether a chunk has >= 4 head groups (Qwen3-Next TP1 / TP2 / TP4, not TP8): then the
-    output scatter per group and the input prefetch use DMA queues; with fewer groups the
-    chunk is short and latency-bound, and the DMAs' fixed latencies would sit on its
-    critical path (modeled: slower)."""
-    return len(_head_groups(HV)) >= 4
+    """Whether an iteration has >= 4 head groups over its chunks (not Qwen3-Next TP1 with
+    tests' small layers): then the output scatter per group and the input prefetch use DMA
+    queues; with fewer the iteration is short and latency-bound, and the DMAs' fixed
+    latencies would sit on its critical path (modeled: slower)."""
+    return len(_head_groups(HV)) * chunks_per_iteration(HV) >= 4
 
 
-def _table_rows(table, r, C):
-    """Row ``r`` (register; None: row 0) of an int32 ``[entries, C]`` table as a ``[C, 1]``
-    SBUF column."""
+def _table_rows(table, r, C, plus):
+    """Row ``r + plus`` (``r`` a register, None: 0; ``plus`` a static int) of an int32
+    ``[entries, C]`` table as a ``[C, 1]`` SBUF column."""
     t = nl.ndarray((C, 1), dtype=nl.int32, buffer=nl.sbuf)
     if r == None:  # noqa: E711  (NKI has no `is`)
-        nisa.dma_copy(dst=t, src=table.ap(pattern=[[1, C], [1, 1]], offset=0))
+        nisa.dma_copy(dst=t, src=table.ap(pattern=[[1, C], [1, 1]], offset=plus * C))
     else:
-        nisa.dma_copy(dst=t, src=table.ap(pattern=[[1, C], [1, 1]], offset=0, scalar_offset=r,
-                                          indirect_dim=0))
+        nisa.dma_copy(dst=t, src=table.ap(pattern=[[1, C], [1, 1]], offset=plus * C,
+                                          scalar_offset=r, indirect_dim=0))
     return t
 
 
@@ -328,14 +367,14 @@ def _chunk_buffers(H, HV, K, V, C, bf16, use_qk_l2norm):
     return buf
 
 
-def _gather_chunk(buf, q2, k2, v2, gate1, gate2, table, r, C, H, HV, K, V):
-    """Gather the token rows listed in row ``r`` of ``table`` into the chunk tiles."""
-    rows = _table_rows(table, r, C)
-    nisa.dma_copy(dst=buf["q"], src=_rows_view(q2, rows, C, H * K))
-    nisa.dma_copy(dst=buf["k"], src=_rows_view(k2, rows, C, H * K))
-    nisa.dma_copy(dst=buf["v"], src=_rows_view(v2, rows, C, HV * V))
-    nisa.dma_copy(dst=buf["g"], src=_rows_view(gate1, rows, C, HV))
-    nisa.dma_copy(dst=buf["beta"], src=_rows_view(gate2, rows, C, HV))
+_INPUTS = ("q", "k", "v", "g", "beta")
+
+
+def _gather_chunk(buf, hbm, table, r, plus, C):
+    """Gather the token rows listed in row ``r + plus`` of ``table`` into the chunk tiles."""
+    rows = _table_rows(table, r, C, plus)
+    for name in _INPUTS:
+        nisa.dma_copy(dst=buf[name], src=_rows_view(hbm[name], rows, C, buf[name].shape[1]))
 
 
 def _rows_view(x, rows, C, width):
@@ -717,52 +756,138 @@ def _chunk_prologue(buf, o, cst, rows, T1, H, HV, K, V, raw_gates, use_qk_l2norm
     return ch
 
 
-def _chunk(buf, o, cst, S, chunk_rows, c, T1, H, HV, K, V, rep, raw_gates, use_qk_l2norm,
-           scale, C, src):
-    """Chunk ``c`` (row ``c`` of chunk_rows) from the tiles in ``buf`` (gathered by the
-    previous iteration: rows past the sequence end read the zero row); o rows scattered
-    (those rows go to the trash row), S updated.
+def _chunks(bufs, n, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates, use_qk_l2norm, scale,
+            C):
+    """Chunks c .. c + n - 1 of one sequence from the tiles bufs[0 .. n - 1] (gathered
+    earlier: rows past the sequence end read the zero row); o rows scattered (those rows
+    go to the trash row), S updated; afterwards bufs[j] holds chunk c + n + j.
 
-    A software pipeline over groups of value heads (_head_groups): a group's work is a list of jobs,
-    one per dependent step (_group_jobs), and step t issues job s of group t - s for every
-    s, the later stages first (modeled: TP1 1.28 -> 1.32 M tokens/s against the earlier
-    first), so every in-order engine queue holds work of several groups between one
-    group's dependent steps."""
+    A software pipeline over groups of value heads (_head_groups) and the n chunks
+    (_body_plan): a group's work is a list of jobs, one per dependent step (_group_jobs),
+    so every in-order engine queue holds work of several groups between one group's
+    dependent steps."""
     L = C
-    rows = _table_rows(chunk_rows, c, C)          # this chunk's rows: the output scatter
-    ch = _chunk_prologue(buf, o, cst, rows, T1, H, HV, K, V, raw_gates, use_qk_l2norm, scale, C)
+    nsub = len(bufs)
+    o = io["o"]
     groups = _head_groups(HV)
     G = len(groups)
     jobs, jarg = _group_jobs(HV, L)
-    nstage = len(jobs)
+    order, off, nslot = _body_plan(jobs, G, n)
     many = _many_groups(HV)
-    pres = {}
-    gdat = {}
-    items = {}
-    # the next chunk's inputs (``src``: HBM views) land in the tiles after the step of the
-    # last group's last job reading each
+    chs = []
+    pres = []
+    gdat = []
+    items = []
+    for k in range(n):
+        chs.append(None)
+        pres.append({})
+        gdat.append({})
+        items.append({})
+    # the next chunks' rows; with prefetch their inputs land in the tiles during the body:
+    # q, v, g, beta once the last reader of each is issued, k (read until the end, by the
+    # decayed keys) into a second tile, moved over at the end (modeled TP1 2K: 1.81 -> 1.88
+    # M tokens/s against all five through a second set); a tile set this body does not
+    # read is filled at once
+    src = []
+    for j in range(nsub):
+        src.append(None)
+    if io["prefetch"]:
+        for j in range(nsub):
+            rows = _table_rows(io["chunk_rows"], c, C, n + j)
+            views = {}
+            for name in _INPUTS:
+                views[name] = _rows_view(io["hbm"][name], rows, C, bufs[j][name].shape[1])
+            if j < n:
+                nisa.dma_copy(dst=io["nxt_k"][j], src=views["k"])
+                src[j] = views
+            else:
+                for name in _INPUTS:
+                    nisa.dma_copy(dst=bufs[j][name], src=views[name])
+    # last reader of each input (the next chunk lands after the last group's job)
     last = {}
     last["qk_t"] = "q"
     last["gu"] = "g"
     last["at"] = "beta"
     last["rhs"] = "v"
-    gather_at = {}
-    for s in range(nstage):
-        if last.get(jobs[s]) != None:  # noqa: E711  (NKI has no `is`)
-            gather_at[str(G + s)] = last[jobs[s]]
-    for t in range(G + nstage - 1):
-        if src != None and gather_at.get(str(t)) != None:  # noqa: E711
-            name = gather_at[str(t)]
-            nisa.dma_copy(dst=buf[name], src=src[name])
-        for r in range(nstage):
-            s = nstage - 1 - r
-            u = t - s
-            if u < 0 or u >= G:
-                continue
-            _group_job(jobs[s], jarg[s], u, groups[u], ch, buf, pres, gdat, items, o, cst, S,
-                       HV, K, V, rep, L, C, many)
-    if not many:
-        nisa.dma_copy(dst=_rows_view(o, rows, C, HV * V), src=ch["oc"])
+    for t in range(nslot):
+        for k in range(n):
+            for r in range(len(order[k])):
+                i = len(order[k]) - 1 - r        # later stages first
+                u = t - off[k][i]
+                if u < 0 or u >= G:
+                    continue
+                if chs[k] == None:  # noqa: E711  (NKI has no `is`)
+                    rows = _table_rows(io["chunk_rows"], c, C, k)
+                    chs[k] = _chunk_prologue(bufs[k], o, cst, rows, io["T1"], H, HV, K, V,
+                                             raw_gates, use_qk_l2norm, scale, C)
+                s = order[k][i]
+                _group_job(jobs[s], jarg[s], u, groups[u], chs[k], bufs[k], pres[k], gdat[k],
+                           items[k], o, cst, solve[k], S, HV, K, V, rep, L, C, many)
+        # the next chunks' inputs after the last group's last reader
+        for k in range(n):
+            if src[k] != None:  # noqa: E711
+                for i in range(len(order[k])):
+                    name = last.get(jobs[order[k][i]])
+                    if name != None and t == off[k][i] + G - 1:  # noqa: E711
+                        nisa.dma_copy(dst=bufs[k][name], src=src[k][name])
+    for k in range(n):
+        if not many:
+            nisa.dma_copy(dst=_rows_view(o, chs[k]["rows"], C, HV * V), src=chs[k]["oc"])
+    for j in range(nsub):
+        if io["prefetch"]:
+            if j < n:
+                nisa.dma_copy(dst=bufs[j]["k"], src=io["nxt_k"][j])
+        else:
+            _gather_chunk(bufs[j], io["hbm"], io["chunk_rows"], c, n + j, C)
+
+
+_STATE_JOBS = ("rhs", "oq", "sub", "apply", "post_ops", "out", "state")
+
+
+def _body_plan(jobs, G, n):
+    """The issue order of a loop body of n chunks: ``order[k]`` the job indices of chunk k in
+    stage order and ``off[k][i]`` the step at which group 0 runs its stage i (group u at
+    step off + u); ``nslot`` steps in all. Chunk 0 runs its jobs as listed; a later chunk
+    runs its state-independent jobs first, from step _CHUNK_STEP * k, and its jobs from k S
+    on (_STATE_JOBS) once the chunk before has updated that group's state (program order
+    is the state's data order)."""
+    order = []
+    off = []
+    nslot = 0
+    for k in range(n):
+        ok = []
+        if k == 0:
+            for s in range(len(jobs)):
+                ok.append(s)
+        else:
+            for s in range(len(jobs)):
+                if not _is_state_job(jobs[s]):
+                    ok.append(s)
+            for s in range(len(jobs)):
+                if _is_state_job(jobs[s]):
+                    ok.append(s)
+        fk = []
+        shift = 0
+        for i in range(len(ok)):
+            step = k * _CHUNK_STEP + i + shift
+            if k > 0 and shift == 0 and _is_state_job(jobs[ok[i]]):
+                # the first state job: one step after the chunk before updates the state
+                prev = off[k - 1][len(off[k - 1]) - 1]
+                shift = max(prev + 1 - step, 0)
+                step = step + shift
+            fk.append(step)
+        order.append(ok)
+        off.append(fk)
+        nslot = max(nslot, fk[len(fk) - 1] + G)
+    return order, off, nslot
+
+
+def _is_state_job(name):
+    """Whether job ``name`` reads the state entering the chunk (directly or through k S)."""
+    for x in _STATE_JOBS:
+        if x == name:
+            return True
+    return False
 
 
 def _group_jobs(HV, L):
@@ -820,8 +945,8 @@ def _group_jobs(HV, L):
     return jobs, jarg
 
 
-def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, S, HV, K, V, rep, L, C,
-               many):
+def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, HV, K, V, rep, L,
+               C, many):
     """Job ``job`` (argument ``x``) of head group ``u`` (value heads ``hvs``; see
     _group_jobs) of the chunk in ``buf`` / ``ch``."""
     key = str(u)
@@ -858,14 +983,14 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, S, HV, K, V, 
         ATs = []
         for d in pres[key]:
             ATs.append(d["AT"])
-        _solve_place(ATs, L, cst["solve"][u], True, x == 1)
+        _solve_place(ATs, L, solve[u], True, x == 1)
     elif job == "place_off":
         ATs = []
         for d in pres[key]:
             ATs.append(d["AT"])
-        _solve_place(ATs, L, cst["solve"][u], False, True)
+        _solve_place(ATs, L, solve[u], False, True)
     elif job == "setup":
-        items[key] = _solve_setup(len(hvs), L, cst, xdt, cst["solve"][u])
+        items[key] = _solve_setup(len(hvs), L, cst, xdt, solve[u])
     elif job == "square":
         _solve_round(items[key], x, xdt)
     elif job == "update":

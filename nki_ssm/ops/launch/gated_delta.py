@@ -200,12 +200,16 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K
     device (named in the comments), so a serving loop builds them without a
     host round trip: ``diff``, ``where``, ``cumsum``, ``nonzero`` (stable
     compaction), ``repeat_interleave``, ``arange``, broadcasting arithmetic.
-    Shapes depend only on the buckets and the layer: ``chunk_rows``, ``next_rows``
-    (chunk_rows shifted up by one row) and ``pad_rows``
-    ``[num_tokens_bucket // C + num_seqs_bucket, C]``, ``seq_tab``
-    ``[num_seqs_bucket, 4]`` (has_initial_state, first chunk, end chunk, first pool
-    row ``slot*HV*K``), ``counts`` ``[1, 2]``. Row index ``num_tokens_bucket`` is the zero / trash row.
+    Shapes depend only on the buckets and the layer: with ``per`` the kernel's chunks per
+    loop iteration (``chunks_per_iteration(HV)``), ``chunk_rows`` and ``pad_rows``
+    ``[num_tokens_bucket // C + num_seqs_bucket + per, C]`` (``per`` spare rows: the
+    kernel gathers the next ``per`` chunks during each iteration), ``seq_tab``
+    ``[num_seqs_bucket, 5]`` (has_initial_state, first chunk, where its iterations of
+    ``per`` chunks end, end chunk, first pool row ``slot*HV*K``), ``counts`` ``[1, 2]``.
+    Row index ``num_tokens_bucket`` is the zero / trash row.
     """
+    from nki_ssm.kernels.gated_delta.chunk import chunks_per_iteration
+
     C = int(chunk_size)
     Tb, Nb = int(num_tokens_bucket), int(num_seqs_bucket)
     if slots * HV * K > _INT32_MAX:
@@ -217,7 +221,8 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K
     lens = np.diff(cu)                                            # torch.diff
     live = idx >= 0
     nchunks = (lens + C - 1) // C                                 # elementwise
-    entries = Tb // C + Nb
+    per = chunks_per_iteration(HV)
+    entries = Tb // C + Nb + per
 
     def chunk_table(mask):
         n = np.where(mask, nchunks, 0)                            # torch.where
@@ -235,12 +240,12 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K
     chunk_rows, lo, hi, _ = chunk_table(live)
     pad_rows, _, _, n_pad = chunk_table(~live)
     ids = np.flatnonzero(live)                                    # torch.nonzero (stable)
-    seq_tab = np.zeros((Nb, 4), dtype=np.int32)
-    seq_tab[:ids.size] = np.stack([init[ids], lo[ids], hi[ids], idx[ids] * HV * K], axis=1)
+    mid = lo + (hi - lo) // per * per                             # elementwise
+    seq_tab = np.zeros((Nb, 5), dtype=np.int32)
+    seq_tab[:ids.size] = np.stack([init[ids], lo[ids], mid[ids], hi[ids], idx[ids] * HV * K],
+                                  axis=1)
     counts = np.array([[ids.size, n_pad]], dtype=np.int32)
-    # the kernel gathers chunk c + 1 while it finishes chunk c: row c of next_rows
-    next_rows = np.concatenate([chunk_rows[1:], np.full((1, C), Tb, np.int32)])   # torch.roll
-    return chunk_rows, next_rows, seq_tab, pad_rows, counts
+    return chunk_rows, seq_tab, pad_rows, counts
 
 
 def default_chunk_size(K, V, HV):
