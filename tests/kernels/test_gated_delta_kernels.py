@@ -530,15 +530,15 @@ def test_prefill_one_specialisation_per_bucket(dtype, pool_dtype):
 
 def test_prefill_program_size_does_not_grow_with_tokens():
     """Static program size (each runtime loop body once) is equal at 2K and 16K tokens and
-    for 8 sequences of 640 (the chunk loops nested in the sequence loop count once). Every
-    batch has a chunk count that is not a multiple of the chunks per iteration, so both
-    chunk loops run (the simulator counts only loops that ran)."""
+    for 8 sequences of 640 (the chunk loops nested in the sequence loop count once). In
+    every batch a sequence ends with one-chunk bodies and a later one runs 4-chunk
+    iterations, so every loop runs (the simulator counts only loops that ran)."""
     from nki_ssm.kernels.gated_delta.chunk import chunks_per_iteration
     from nki_ssm.sim.trace import record
 
     assert chunks_per_iteration(2) == 4
     sizes = []
-    for lens in ([2048 + 128], [16384 + 128], [640] * 8):
+    for lens in ([2048 + 128, 640], [16384 + 128, 640], [640] * 8):
         inp = make_gated_delta_inputs(np.random.default_rng(0), seqlens=lens, H=1, HV=2, K=16,
                                       V=16)
         with record() as tr:
@@ -566,11 +566,28 @@ def test_prefill_tables_layout():
                                         [21, 22, 23, 24], [25, 26, 27, 28], [29, 128, 128, 128]]
     assert (chunk_rows[8:] == 128).all()
     # live sequences compacted: (has_initial_state, first chunk, end of the 4-chunk
-    # iterations, end chunk, slot*HV*K)
-    assert seq_tab.tolist() == [[1, 0, 0, 2, 8], [0, 2, 2, 2, 0], [0, 2, 6, 8, 4],
-                                [0, 0, 0, 0, 0]]
+    # iterations, end chunk, slot*HV*K, refill); the third runs a 4-chunk iteration after
+    # the first's one-chunk bodies: its chunks 1..3 are gathered again
+    assert seq_tab.tolist() == [[1, 0, 0, 2, 8, 0], [0, 2, 2, 2, 0, 0], [0, 2, 6, 8, 4, 1],
+                                [0, 0, 0, 0, 0, 0]]
     assert pad_rows[0].tolist() == [5, 6, 7, 8] and (pad_rows[1:] == 128).all()
     assert counts.tolist() == [[3, 1]]
+
+
+def test_prefill_tables_refill_after_one_chunk_bodies():
+    """seq_tab's refill column: 1 exactly for the sequences that run a 4-chunk iteration
+    when the last body before them (of the nearest earlier sequence with chunks) was a
+    one-chunk body; the first sequence's chunks are gathered before the loops."""
+    from nki_ssm.ops.launch.gated_delta import prefill_tables
+
+    chunks = [6, 0, 4, 8, 3, 5, 0, 4]
+    cu = np.concatenate([[0], np.cumsum(np.array(chunks) * 4)])
+    n = len(chunks)
+    _, seq_tab, _, _ = prefill_tables(cu, np.arange(n), np.zeros(n, bool), slots=n, HV=2,
+                                      K=2, chunk_size=4, num_tokens_bucket=256,
+                                      num_seqs_bucket=8)
+    assert seq_tab[:, 5].tolist() == [0, 0, 1, 0, 0, 1, 0, 1]
+    assert (seq_tab[:, 2] - seq_tab[:, 1]).tolist() == [4, 0, 4, 8, 0, 4, 0, 4]
 
 
 def test_prefill_nan_padding_tokens_never_reach_live_outputs():

@@ -48,24 +48,30 @@ token / sequence buckets):
   sequence end hold ``Tb``, the zero row the launcher appends to every token array
   (and the trash row of ``o``); n spare rows of ``Tb`` at the end (each iteration
   gathers the next n chunks, read at a static row offset from its first);
-- ``seq_tab [Nb, 5]``: (has_initial_state, first chunk, where its iterations of n
-  chunks end, end chunk, first pool row ``slot*HV*K``) of each live sequence,
-  compacted;
+- ``seq_tab [Nb, 6]``: (has_initial_state, first chunk, where its iterations of n
+  chunks end, end chunk, first pool row ``slot*HV*K``, refill) of each live sequence,
+  compacted; refill = 1 when the sequence runs an iteration of n chunks and the last
+  body before it was a one-chunk body (which refills only the first tile set);
 - ``pad_rows``: the rows of padding sequences (chunked as above), which get
   zeros; ``counts [1, 2]``: live sequences, padding chunks.
 
 Loops: ``for z in dynamic_range(n_pad)`` writes zeros; ``for s in
 dynamic_range(n_live)``: state gathered (``dynamic_range(has_init)``: 0 or 1
-trips; else zeros), ``for c in dynamic_range(first, mid, n)`` runs a body of n
-chunks, ``for c in dynamic_range(mid, end)`` the remaining 0 .. n - 1 one at a time
-(n = 1: only the second loop), state scattered. A runtime loop drains every engine at
+trips; else zeros), ``dynamic_range(refill)`` gathers its chunks 1 .. n - 1 into tile
+sets 1 .. n - 1, ``for c in dynamic_range(first, mid, n)`` runs a body of n chunks,
+``for c in dynamic_range(mid, end)`` the remaining 0 .. n - 1 one at a time (n = 1:
+only the second loop), state scattered. The kernel gathers chunks 0 .. n - 1 before the
+loops; a body of n chunks gathers the next n, a one-chunk body the next one (modeled TP4
+1 x 128: 37.8 us with 1 chunk per iteration, 51.8 when one-chunk bodies refilled every
+set, 44.5 now). A runtime loop drains every engine at
 each iteration boundary (nki-dynamic-loops.rst, "Iterations Do Not Overlap"), so with
 few heads per core an iteration holds several chunks (``chunks_per_iteration``: about
 8 head groups in flight). What is unrolled inside a body is bounded by the layer
 (heads, 32-row blocks, n). Program size (static instructions, both chunk loops):
 Qwen3-Next TP1 1,735, TP2 2,621, TP4 2,265; the same at 2K and 16K tokens and for
 8 x 2K (the simulator counts a loop only when it runs: at 2K, 16K and 8 x 2K the
-remainder loop does not, and the reported figure is the n-chunk body's, TP4 1,810).
+remainder and refill loops do not, and the reported figure is the n-chunk body's, TP4
+1,810).
 Every matmul passes ``accumulate=`` explicitly.
 
 A loop body is a software pipeline over groups of 4 value heads and its chunks: each
@@ -259,8 +265,8 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, s
     io["prefetch"] = prefetch
     io["nxt_k"] = nxt_k
     for s in nl.dynamic_range(n_live):
-        st = nl.ndarray((1, 5), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=st, src=seq_tab.ap(pattern=[[5, 1], [1, 5]], offset=0,
+        st = nl.ndarray((1, 6), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=st, src=seq_tab.ap(pattern=[[6, 1], [1, 6]], offset=0,
                                               scalar_offset=s, indirect_dim=0))
         has_init = nisa.register_alloc()
         nisa.register_load(dst=has_init, src=st[0:1, 0:1])
@@ -272,6 +278,8 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, s
         nisa.register_load(dst=c_hi, src=st[0:1, 3:4])
         slot_row = nisa.register_alloc()
         nisa.register_load(dst=slot_row, src=st[0:1, 4:5])
+        refill = nisa.register_alloc()
+        nisa.register_load(dst=refill, src=st[0:1, 5:6])
         # the slot is one contiguous [HV*K, V] block of the pool: one DMA with a run-time
         # start moves it (partition k holds rows (hv, k) of every head)
         slot = pool.ap(pattern=[[V, K], [K * V, HV], [1, V]], offset=0, scalar_offset=slot_row,
@@ -280,6 +288,11 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, s
         for _ in nl.dynamic_range(has_init):     # 0 or 1 trips: gather the initial state
             nisa.dma_copy(dst=S, src=slot)
         if nsub > 1:
+            # tile sets 1 .. nsub - 1 hold this sequence's chunks 1 .. nsub - 1 unless the
+            # last body before was a one-chunk body (it refills set 0 only): 0 or 1 trips
+            for _ in nl.dynamic_range(refill):
+                for j in range(1, nsub):
+                    _gather_chunk(bufs[j], hbm, chunk_rows, c_lo, j, C)
             # nsub chunks per iteration (c_mid - c_lo a multiple of nsub), then the rest one
             # per iteration: the loop drains every engine at each iteration boundary
             for c in nl.dynamic_range(c_lo, c_mid, nsub):
@@ -760,7 +773,7 @@ def _chunks(bufs, n, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates, use_qk_l
             C):
     """Chunks c .. c + n - 1 of one sequence from the tiles bufs[0 .. n - 1] (gathered
     earlier: rows past the sequence end read the zero row); o rows scattered (those rows
-    go to the trash row), S updated; afterwards bufs[j] holds chunk c + n + j.
+    go to the trash row), S updated; afterwards bufs[j] holds chunk c + n + j for j < n.
 
     A software pipeline over groups of value heads (_head_groups) and the n chunks
     (_body_plan): a group's work is a list of jobs, one per dependent step (_group_jobs),
@@ -786,23 +799,18 @@ def _chunks(bufs, n, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates, use_qk_l
     # the next chunks' rows; with prefetch their inputs land in the tiles during the body:
     # q, v, g, beta once the last reader of each is issued, k (read until the end, by the
     # decayed keys) into a second tile, moved over at the end (modeled TP1 2K: 1.81 -> 1.88
-    # M tokens/s against all five through a second set); a tile set this body does not
-    # read is filled at once
+    # M tokens/s against all five through a second set)
     src = []
     for j in range(nsub):
         src.append(None)
     if io["prefetch"]:
-        for j in range(nsub):
+        for j in range(n):
             rows = _table_rows(io["chunk_rows"], c, C, n + j)
             views = {}
             for name in _INPUTS:
                 views[name] = _rows_view(io["hbm"][name], rows, C, bufs[j][name].shape[1])
-            if j < n:
-                nisa.dma_copy(dst=io["nxt_k"][j], src=views["k"])
-                src[j] = views
-            else:
-                for name in _INPUTS:
-                    nisa.dma_copy(dst=bufs[j][name], src=views[name])
+            nisa.dma_copy(dst=io["nxt_k"][j], src=views["k"])
+            src[j] = views
     # last reader of each input (the next chunk lands after the last group's job)
     last = {}
     last["qk_t"] = "q"
@@ -833,10 +841,9 @@ def _chunks(bufs, n, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates, use_qk_l
     for k in range(n):
         if not many:
             nisa.dma_copy(dst=_rows_view(o, chs[k]["rows"], C, HV * V), src=chs[k]["oc"])
-    for j in range(nsub):
+    for j in range(n):
         if io["prefetch"]:
-            if j < n:
-                nisa.dma_copy(dst=bufs[j]["k"], src=io["nxt_k"][j])
+            nisa.dma_copy(dst=bufs[j]["k"], src=io["nxt_k"][j])
         else:
             _gather_chunk(bufs[j], io["hbm"], io["chunk_rows"], c, n + j, C)
 
