@@ -151,18 +151,36 @@ chunk's state-independent work from filling the ends. Most steps that moved work
 between the two (an eviction from one to the other, to GpSimd, to a DMA transpose)
 measured slower or within 1 %: more speed needs less work on both, not another
 balance. Figures, tokens/s per NeuronCore: the README's "Modeled performance" table
-and ``python -m simulate`` (TP4 16K 4.78 M, 2.4x TP1: its 4 groups of 2 heads leave
-the chunk latency-bound, engines 44-66 % busy). The kernel of issue 10, same model:
-TP1 0.42 M, TP4 1.69 M.
+and ``python -m simulate``. The kernel of issue 10, same model: TP1 0.42 M, TP4 1.69 M.
 
-What is left, largest first: (1) overlap across chunks: the decays, A^T and the
-doubling do not read the state, but carrying them across the loop boundary needs a
-second set of the body's tiles, and SBUF at TP1 is nearly full (168 of 208 KiB; a
-two-chunk body, tried where it fits, measured +2 % at TP4); (2) the doubling: 5
-expanded evictions per group (19 us of ScalarE per chunk), three quarters of whose
-columns are the packing's zeros; (3) VectorE's five [128, 128] float32 ops per head
-(34 us per chunk), PSUM-sourced or two-input, so no bf16 perf mode and no other
-engine that can take them.
+Qwen3-Next TP4 (8 value heads: 2 groups of 4): 6.40 M tokens/s at 16K (range 2.24-8.27
+M), 3.19x TP1 (goal 3.5x); 4.78 M with one chunk and 4 groups of 2 heads per iteration.
+An iteration of 4 chunks takes 80 us; VectorE and ScalarE each have 56 us of work in it
+(14 per chunk), TensorE 38, GpSimd 26. It runs in two phases: the 4 chunks'
+state-independent work (transposes, products, decays, A^T, the doubling: ScalarE's
+expanded evictions bind) up to ~45 us, then the four state chains one after another (k S,
+R packed by DMA, the 4 substitution blocks, the solutions unpacked by DMA, the products
+with Y, the state update: ~7 us each) with the engines about half busy. What-ifs on this
+shape (modeled 4K): ScalarE or VectorE twice as fast +5 %, DMA fixed latency halved
++3.6 %, GpSimd twice as fast 0: no one engine binds. Tried and dropped (modeled TP4 4K,
+6.26 M with this design): T = (I + A)^{-1} formed explicitly so the state chain is only
+k S, R, o, S (the products with T add 1.3 us of VectorE and of ScalarE per chunk: 5.92 M);
+the products with Y read from the packed solutions, M and kd packed off the chain, no
+unpack (TensorE then binds the chain phase: 5.97 M); A^T | M^T in one op (6.11 M);
+off-diagonal placements by DMA (6.22 M); the TP1 job order (6.17 M); chunk offsets 0-16
+steps and later chunks started later (<= 6.26 M); 8 chunks per iteration (SBUF); chunk
+64 (4.5 M).
+
+What is left, largest first: (1) at TP4, the chain phase: the state chains of an
+iteration's chunks follow one another, and a chain step waits behind the other chunks'
+queued work in the in-order engine queues; a shorter chain that does not add ScalarE /
+VectorE work (the explicit inverse did), or an issue order that fills the chain phase
+with later chunks' state-independent work without delaying the chains, is where the
+remaining ~10 % is; (2) at TP1, overlap across chunks (SBUF holds one chunk's tiles:
+172 of 208 KiB); (3) the doubling: 5 expanded evictions per group (19 us of ScalarE per
+chunk at TP1), three quarters of whose columns are the packing's zeros; (4) VectorE's
+five [128, 128] float32 ops per head, PSUM-sourced or two-input, so no bf16 perf mode and
+no other engine that can take them.
 
 Limits: K, V <= 128; chunk a multiple of 16 up to 128.
 """
@@ -174,7 +192,7 @@ from nki_ssm.kernels.gated_delta._common import consecutive_groups
 _BLOCK = 32           # rows per exactly-inverted diagonal block
 _PACK = 4             # most heads whose blocks share one 128-partition packed solve
 _MAX_CHUNKS = 4       # most chunks per loop iteration (SBUF: TP2 with 4 does not fit)
-_CHUNK_STEP = 5             # steps between the starts of a loop body's chunks (_body_plan)
+_CHUNK_STEP = 5       # steps between the starts of a loop body's chunks (_body_plan)
 _SQUARED = 8          # the doubling squares up to N^8, then chains products with it (modeled:
                       # squaring to N^16 or chaining from N^4, TP1 -4 % / -2 %)
 _L2NORM_EPS = 1e-6
