@@ -102,10 +102,10 @@ way per sequence; the pool update is the kernel's own write.
 
 Engines, per (chunk, value head) at C = 128 (tokens on partitions)
 -------------------------------------------------------------------
-- DMA: the row gathers of q, k, v, g, beta (with >= 4 head groups and small inputs
-  the next chunk's during the body: q, v, g, beta into the tiles once their last
-  reader is issued, k into a second tile) and the output scatter (per group with >= 4
-  groups, else once); the packed solve's layout moves as SBUF-to-SBUF DMAs — the
+- DMA: the row gathers of q, k, v, g, beta (with small inputs the next chunk's during
+  the body: q, v, g, beta into the tiles once their last reader is issued, k into a
+  second tile) and the output scatter (per head group: every iteration has >= 4 groups
+  over its chunks); the packed solve's layout moves as SBUF-to-SBUF DMAs — the
   diagonal blocks (into P^T), the right-hand sides (into the packed R) and the
   solutions back to per-head tiles — partition moves no compute engine spends time
   on (ScalarE copies instead: modeled TP4 3.58 -> 3.0 M tokens/s).
@@ -262,7 +262,7 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, s
     for j in range(nsub):
         bufs.append(_chunk_buffers(H, HV, K, V, C, bf16, use_qk_l2norm))
     # the next chunks' k in second tiles only when the inputs are small (SBUF)
-    prefetch = _many_groups(HV) and _tile_bytes(bufs[0]) <= _PREFETCH_BYTES
+    prefetch = _tile_bytes(bufs[0]) <= _PREFETCH_BYTES
     nxt_k = []
     for j in range(nsub):
         t = bufs[j]["k"]
@@ -358,14 +358,6 @@ def _head_groups(HV):
     tokens/s; with 4 chunks per iteration 4 per group is faster, the packed solve's ops
     then cost half as much per head)."""
     return consecutive_groups(HV, _PACK)
-
-
-def _many_groups(HV):
-    """Whether an iteration has >= 4 head groups over its chunks (not Qwen3-Next TP1 with
-    tests' small layers): then the output scatter per group and the input prefetch use DMA
-    queues; with fewer the iteration is short and latency-bound, and the DMAs' fixed
-    latencies would sit on its critical path (modeled: slower)."""
-    return len(_head_groups(HV)) * chunks_per_iteration(HV) >= 4
 
 
 def _table_rows(table, r, C, plus):
@@ -804,7 +796,6 @@ def _chunks(bufs, n, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates, use_qk_l
     G = len(groups)
     jobs, jarg = _group_jobs(HV, L)
     order, off, nslot = _body_plan(jobs, G, n)
-    many = _many_groups(HV)
     chs = []
     pres = []
     gdat = []
@@ -848,7 +839,7 @@ def _chunks(bufs, n, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates, use_qk_l
                                              raw_gates, use_qk_l2norm, scale, C)
                 s = order[k][i]
                 _group_job(jobs[s], jarg[s], u, groups[u], chs[k], bufs[k], pres[k], gdat[k],
-                           items[k], o, cst, solve[k], S, HV, K, V, rep, L, C, many)
+                           items[k], o, cst, solve[k], S, HV, K, V, rep, L, C)
         # the next chunks' inputs after the last group's last reader
         for k in range(n):
             if src[k] != None:  # noqa: E711
@@ -856,9 +847,6 @@ def _chunks(bufs, n, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates, use_qk_l
                     name = last.get(jobs[order[k][i]])
                     if name != None and t == off[k][i] + G - 1:  # noqa: E711
                         nisa.dma_copy(dst=bufs[k][name], src=src[k][name])
-    for k in range(n):
-        if not many:
-            nisa.dma_copy(dst=_rows_view(o, chs[k]["rows"], C, HV * V), src=chs[k]["oc"])
     for j in range(n):
         if io["prefetch"]:
             nisa.dma_copy(dst=bufs[j]["k"], src=io["nxt_k"][j])
@@ -971,7 +959,7 @@ def _group_jobs(HV, L):
 
 
 def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, HV, K, V, rep, L,
-               C, many):
+               C):
     """Job ``job`` (argument ``x``) of head group ``u`` (value heads ``hvs``; see
     _group_jobs) of the chunk in ``buf`` / ``ch``."""
     key = str(u)
@@ -1044,13 +1032,12 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, HV,
         for i in range(len(hvs)):
             _head_out(pres[key][i], gdat[key]["X"][i], ch["oc"], cst["ident"], hvs[i], V,
                       xdt != nl.float32)
-        if many:
-            # each group's o columns leave as soon as they are done
-            c0 = hvs[0] * V
-            c1 = (hvs[len(hvs) - 1] + 1) * V
-            nisa.dma_copy(dst=o.ap(pattern=[[HV * V, C], [1, c1 - c0]], offset=c0,
-                                   vector_offset=ch["rows"], indirect_dim=0),
-                          src=ch["oc"][:, c0:c1])
+        # each group's o columns leave as soon as they are done
+        c0 = hvs[0] * V
+        c1 = (hvs[len(hvs) - 1] + 1) * V
+        nisa.dma_copy(dst=o.ap(pattern=[[HV * V, C], [1, c1 - c0]], offset=c0,
+                               vector_offset=ch["rows"], indirect_dim=0),
+                      src=ch["oc"][:, c0:c1])
     else:
         for i in range(len(hvs)):
             _head_state(S, pres[key][i]["kd"], gdat[key]["X"][i], ch["el"], hvs[i], K, V,
