@@ -168,8 +168,10 @@ k S, R, o, S (the products with T add 1.3 us of VectorE and of ScalarE per chunk
 the products with Y read from the packed solutions, M and kd packed off the chain, no
 unpack (TensorE then binds the chain phase: 5.97 M); A^T | M^T in one op (6.11 M);
 off-diagonal placements by DMA (6.22 M); the TP1 job order (6.17 M); chunk offsets 0-16
-steps and later chunks started later (<= 6.26 M); 8 chunks per iteration (SBUF); chunk
-64 (4.5 M).
+steps and later chunks started later (<= 6.26 M); the right-hand sides packed by 0/1
+selection matmuls in the substitution's PSUM accumulation instead of the R-packing DMA
+(6.31 M: +0.9 % for 8 KiB of SBUF and a second code path); 8 chunks per iteration
+(SBUF); chunk 64 (4.5 M).
 
 What is left, largest first: (1) at TP4, the chain phase: the state chains of an
 iteration's chunks follow one another, and a chain step waits behind the other chunks'
