@@ -275,6 +275,30 @@ def test_prefill_length_one_and_empty_sequences():
     assert not np.any(inp["ssm_states"][2])
 
 
+_TOKEN_ARRAYS = ("q", "k", "v", "g", "beta", "a", "b")
+
+
+def _prefill_tokens(inp, s0, s1, chunk_size, **over):
+    """One kernel prefill of tokens [s0, s1) of ``inp`` as a single sequence (pool in
+    place; ``over`` replaces other arguments)."""
+    kw = {n: (x[s0:s1] if n in _TOKEN_ARRAYS and x is not None else x) for n, x in inp.items()}
+    kw["cu_seqlens"] = np.array([0, s1 - s0], dtype=np.int32)
+    kw.update(over)
+    return ops.gated_delta_prefill(**kw, chunk_size=chunk_size, backend="sim")
+
+
+def _prefill_separately(inp, chunk_size):
+    """Each sequence of the ragged batch ``inp`` in its own kernel call, in order; returns
+    the outputs concatenated (``inp``'s pool updated in place)."""
+    cu = inp["cu_seqlens"]
+    outs = []
+    for n in range(len(cu) - 1):
+        outs.append(_prefill_tokens(inp, int(cu[n]), int(cu[n + 1]), chunk_size,
+                                    state_indices=inp["state_indices"][n:n + 1],
+                                    has_initial_state=inp["has_initial_state"][n:n + 1]))
+    return np.concatenate(outs)
+
+
 def test_prefill_continuation_through_pool_equals_one_long_prefill():
     """Two prefills (the second from the pool) == one prefill over the whole sequence."""
     rng = np.random.default_rng(13)
@@ -285,12 +309,8 @@ def test_prefill_continuation_through_pool_equals_one_long_prefill():
     one = _copy(full)
     o_one = ops.gated_delta_prefill(**one, chunk_size=32, backend="sim")
     split = _copy(full)
-    parts = []
-    for s0, s1 in ((0, L1), (L1, L1 + L2)):
-        kw = {n: (x[s0:s1] if n in ("q", "k", "v", "a", "b") else x) for n, x in split.items()}
-        kw["cu_seqlens"] = np.array([0, s1 - s0], dtype=np.int32)
-        parts.append(ops.gated_delta_prefill(**kw, chunk_size=32, backend="sim"))
-    o_split = np.concatenate(parts)
+    o_split = np.concatenate([_prefill_tokens(split, 0, L1, 32),
+                              _prefill_tokens(split, L1, L1 + L2, 32)])
     assert rel_fro(_f64(o_split), _f64(o_one)) <= 1e-6
     assert rel_fro(_f64(split["ssm_states"]), _f64(one["ssm_states"])) <= 1e-6
 
@@ -302,16 +322,7 @@ def test_prefill_ragged_batch_equals_separate_calls_bitwise():
     batch = _copy(inp)
     o_batch = ops.gated_delta_prefill(**batch, chunk_size=32, backend="sim")
     sep = _copy(inp)
-    cu = inp["cu_seqlens"]
-    outs = []
-    for n in range(len(lens)):
-        s0, s1 = int(cu[n]), int(cu[n + 1])
-        kw = {m: (x[s0:s1] if m in ("q", "k", "v", "a", "b") else x) for m, x in sep.items()}
-        kw["cu_seqlens"] = np.array([0, s1 - s0], dtype=np.int32)
-        kw["state_indices"] = inp["state_indices"][n:n + 1]
-        kw["has_initial_state"] = inp["has_initial_state"][n:n + 1]
-        outs.append(ops.gated_delta_prefill(**kw, chunk_size=32, backend="sim"))
-    assert np.concatenate(outs).tobytes() == o_batch.tobytes()
+    assert _prefill_separately(sep, 32).tobytes() == o_batch.tobytes()
     assert sep["ssm_states"].tobytes() == batch["ssm_states"].tobytes()
 
 
@@ -332,17 +343,7 @@ def test_prefill_several_chunks_per_iteration(dtype):
                                                               True]))
     tol = F32_TOL if dtype == np.float32 else BF16_TOL
     o_batch = _prefill_check(_copy(inp), tol, 16)
-    sep = _copy(inp)
-    cu = inp["cu_seqlens"]
-    outs = []
-    for n in range(len(lens)):
-        s0, s1 = int(cu[n]), int(cu[n + 1])
-        kw = {m: (x[s0:s1] if m in ("q", "k", "v", "g", "beta") else x) for m, x in sep.items()}
-        kw["cu_seqlens"] = np.array([0, s1 - s0], dtype=np.int32)
-        kw["state_indices"] = inp["state_indices"][n:n + 1]
-        kw["has_initial_state"] = inp["has_initial_state"][n:n + 1]
-        outs.append(ops.gated_delta_prefill(**kw, chunk_size=16, backend="sim"))
-    assert np.concatenate(outs).tobytes() == o_batch.tobytes()
+    assert _prefill_separately(_copy(inp), 16).tobytes() == o_batch.tobytes()
 
 
 def test_prefill_continuation_across_iterations_equals_one_long_prefill():
@@ -355,12 +356,9 @@ def test_prefill_continuation_across_iterations_equals_one_long_prefill():
     one = _copy(full)
     o_one = _prefill_check(one, F32_TOL, 16)
     split = _copy(full)
-    parts = []
-    for s0, s1 in ((0, L1), (L1, L1 + L2)):
-        kw = {n: (x[s0:s1] if n in ("q", "k", "v", "g", "beta") else x) for n, x in split.items()}
-        kw["cu_seqlens"] = np.array([0, s1 - s0], dtype=np.int32)
-        parts.append(ops.gated_delta_prefill(**kw, chunk_size=16, backend="sim"))
-    assert rel_fro(_f64(np.concatenate(parts)), _f64(o_one)) <= 1e-6
+    o_split = np.concatenate([_prefill_tokens(split, 0, L1, 16),
+                              _prefill_tokens(split, L1, L1 + L2, 16)])
+    assert rel_fro(_f64(o_split), _f64(o_one)) <= 1e-6
     assert rel_fro(_f64(split["ssm_states"]), _f64(one["ssm_states"])) <= 1e-6
 
 

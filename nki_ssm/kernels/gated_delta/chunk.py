@@ -345,7 +345,7 @@ def chunks_per_iteration(HV):
 def _tile_bytes(buf):
     """Bytes per partition of the chunk input tiles ``buf``."""
     n = 0
-    for name in ["q", "k", "v", "g", "beta"]:
+    for name in _INPUTS:
         t = buf[name]
         size = 2
         if t.dtype == nl.float32:
