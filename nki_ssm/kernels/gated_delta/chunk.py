@@ -51,19 +51,22 @@ token / sequence buckets):
 - ``seq_tab [Nb, 6]``: (has_initial_state, first chunk, where its iterations of n
   chunks end, end chunk, first pool row ``slot*HV*K``, refill) of each live sequence,
   compacted; refill = 1 when the sequence runs an iteration of n chunks and the last
-  body before it was a one-chunk body (which refills only the first tile set);
+  body before it was a one-chunk body (which refills only the first tile set) or none
+  ran (the kernel gathers only chunk 0 before the loops);
 - ``pad_rows``: the rows of padding sequences (chunked as above), which get
   zeros; ``counts [1, 2]``: live sequences, padding chunks.
 
 Loops: ``for z in dynamic_range(n_pad)`` writes zeros; ``for s in
 dynamic_range(n_live)``: state gathered (``dynamic_range(has_init)``: 0 or 1
 trips; else zeros), ``dynamic_range(refill)`` gathers its chunks 1 .. n - 1 into tile
-sets 1 .. n - 1, ``for c in dynamic_range(first, mid, n)`` runs a body of n chunks,
+sets 1 .. n - 1 (and zeroes their packed solve tiles), ``for c in dynamic_range(first, mid, n)`` runs a body of n chunks,
 ``for c in dynamic_range(mid, end)`` the remaining 0 .. n - 1 one at a time (n = 1:
-only the second loop), state scattered. The kernel gathers chunks 0 .. n - 1 before the
-loops; a body of n chunks gathers the next n, a one-chunk body the next one (modeled TP4
+only the second loop), state scattered. The kernel gathers chunk 0 and zeroes tile set
+0's packed tiles before the loops, the rest only for a sequence that runs a body of n
+chunks; a body of n chunks gathers the next n, a one-chunk body the next one (modeled TP4
 1 x 128: 37.8 us with 1 chunk per iteration, 51.8 when one-chunk bodies refilled every
-set, 44.5 now). A runtime loop drains every engine at
+set, 44.5 when the launch gathered and zeroed all n sets, 36.0 now; 4K 0.5 % slower: the
+first body of n chunks waits for its gathers). A runtime loop drains every engine at
 each iteration boundary (nki-dynamic-loops.rst, "Iterations Do Not Overlap"), so with
 few heads per core an iteration holds several chunks (``chunks_per_iteration``: about
 8 head groups in flight). What is unrolled inside a body is bounded by the layer
@@ -125,8 +128,8 @@ Engines, per (chunk, value head) at C = 128 (tokens on partitions)
   callers).
 - GpSimd: the off-diagonal blocks' placements (a row strip per head and block row:
   on DMA they put the queues on the critical path), descriptor generation.
-  VectorE zeroes the packed tiles once per launch: the placements write the same
-  elements every chunk, so the zeros persist.
+  VectorE zeroes the packed tiles once per launch (sets 1 .. n - 1 only if a body of n
+  chunks runs): the placements write the same elements every chunk, so the zeros persist.
 Operand precision: float32 callers get fp32 operands everywhere (the exact
 mode: 6e-8 output, 4e-8 state at small shapes, tests 1e-5). bfloat16 callers
 (``bf16``): q, k, v enter bf16 (exact: they are the inputs); q^T, k^T, the state,
@@ -232,7 +235,7 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, s
     for j in range(nsub):
         sj = []
         for hvs in _head_groups(HV):
-            sj.append(_solve_tiles(len(hvs), C, mdt))
+            sj.append(_solve_tiles(len(hvs), C, mdt, j == 0))
         solve.append(sj)
     if raw_gates:
         hp = nl.ndarray((128, 2 * HV), dtype=nl.float32, buffer=nl.sbuf)
@@ -257,9 +260,10 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, s
         zr = _table_rows(pad_rows, z, C, 0)
         nisa.dma_copy(dst=_rows_view(o, zr, C, HV * V), src=zt)
 
-    # chunk inputs, one tile set per chunk of the loop body: gathered ahead (chunks 0 ..
-    # nsub - 1 here, the next ones during each body), so the gathers' fixed latencies
-    # overlap the previous body's tail and the loop boundary (DMAs in flight continue)
+    # chunk inputs, one tile set per chunk of the loop body: gathered ahead (chunk 0 here,
+    # chunks 1 .. nsub - 1 by a sequence's refill, the next ones during each body), so the
+    # gathers' fixed latencies overlap the previous body's tail and the loop boundary (DMAs
+    # in flight continue)
     bufs = []
     for j in range(nsub):
         bufs.append(_chunk_buffers(H, HV, K, V, C, bf16, use_qk_l2norm))
@@ -271,8 +275,7 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, s
         if prefetch:
             t = nl.ndarray(bufs[j]["k"].shape, dtype=bufs[j]["k"].dtype, buffer=nl.sbuf)
         nxt_k.append(t)
-    for j in range(nsub):
-        _gather_chunk(bufs[j], hbm, chunk_rows, None, j, C)
+    _gather_chunk(bufs[0], hbm, chunk_rows, None, 0, C)
 
     # live sequences (compacted): state in, chunks, state out
     # the state, float32 whatever the pool's dtype (a bf16 pool is cast by the DMAs)
@@ -309,10 +312,15 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, s
             nisa.dma_copy(dst=S, src=slot)
         if nsub > 1:
             # tile sets 1 .. nsub - 1 hold this sequence's chunks 1 .. nsub - 1 unless the
-            # last body before was a one-chunk body (it refills set 0 only): 0 or 1 trips
+            # last body before was a one-chunk body (it refills set 0 only) or none ran (the
+            # launch zeroed and gathered set 0 only: short prompts pay for one set): 0 or 1
+            # trips
             for _ in nl.dynamic_range(refill):
                 for j in range(1, nsub):
                     _gather_chunk(bufs[j], hbm, chunk_rows, c_lo, j, C)
+                for j in range(1, nsub):
+                    for t in solve[j]:
+                        _zero_solve(t)
             # nsub chunks per iteration (c_mid - c_lo a multiple of nsub), then the rest one
             # per iteration: the loop drains every engine at each iteration boundary
             for c in nl.dynamic_range(c_lo, c_mid, nsub):
@@ -476,7 +484,7 @@ def _solve_place(ATs, L, tiles, diag, off):
     copies instead, TP4 3.58 -> 3.0 M tokens/s); the off-diagonal ones as one GpSimd copy
     per head and block row (by DMA they put the queues on the critical path; a short last
     block falls back to DMAs, one per block). The tiles are zeroed once per launch
-    (_solve_tiles) and these moves write the same elements every chunk, so the zeros that
+    (_zero_solve) and these moves write the same elements every chunk, so the zeros that
     keep the packed products block-diagonal persist (modeled: zeroing them per chunk put
     GpSimd on the critical path)."""
     nbs = _block_rows(L)
@@ -563,20 +571,29 @@ def _solve_setup(npk, L, cst, mdt, tiles):
     return pk
 
 
-def _solve_tiles(npk, L, mdt):
-    """The zeroed packed tiles of one head group's solve (see _solve_setup): P^T ``[W, blocks,
-    W]`` (``mdt``) and the off-diagonal blocks ``[W, pairs, W]`` float32 (None for one block)."""
+def _solve_tiles(npk, L, mdt, zero):
+    """The packed tiles of one head group's solve (see _solve_setup): P^T ``[W, blocks, W]``
+    (``mdt``) and the off-diagonal blocks ``[W, pairs, W]`` float32 (None for one block),
+    zeroed here if ``zero`` (else by _zero_solve before their first use)."""
     W = npk * _BLOCK
     nblk = len(_block_rows(L))
     t = {}
     t["PT"] = nl.ndarray((W, nblk, W), dtype=mdt, buffer=nl.sbuf)
-    nisa.memset(dst=t["PT"], value=0.0, engine=nisa.engine.vector)
     npair = nblk * (nblk - 1) // 2
     t["OT"] = None
     if npair > 0:
         t["OT"] = nl.ndarray((W, npair, W), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.memset(dst=t["OT"], value=0.0, engine=nisa.engine.vector)
+    if zero:
+        _zero_solve(t)
     return t
+
+
+def _zero_solve(t):
+    """Zero the packed solve tiles ``t`` (_solve_tiles): the placements fill only the
+    head-diagonal blocks."""
+    nisa.memset(dst=t["PT"], value=0.0, engine=nisa.engine.vector)
+    if t["OT"] != None:  # noqa: E711
+        nisa.memset(dst=t["OT"], value=0.0, engine=nisa.engine.vector)
 
 
 def _tf(t, fast):

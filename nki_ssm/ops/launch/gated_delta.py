@@ -206,8 +206,8 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K
     kernel gathers the next ``per`` chunks during each iteration), ``seq_tab``
     ``[num_seqs_bucket, 6]`` (has_initial_state, first chunk, where its iterations of
     ``per`` chunks end, end chunk, first pool row ``slot*HV*K``, refill: 1 when the
-    sequence has an iteration of ``per`` chunks and the last body before it was not one,
-    so the kernel gathers its chunks 1 .. per - 1), ``counts`` ``[1, 2]``.
+    sequence has an iteration of ``per`` chunks and the last body before it was not one
+    (or none ran), so the kernel gathers its chunks 1 .. per - 1), ``counts`` ``[1, 2]``.
     Row index ``num_tokens_bucket`` is the zero / trash row.
     """
     from nki_ssm.kernels.gated_delta.chunk import chunks_per_iteration
@@ -249,7 +249,7 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K
     ends_full = np.where(n > 0, (n % per == 0).astype(np.int64), -1)[ids]
     last = np.maximum.accumulate(np.where(ends_full >= 0, np.arange(ids.size), -1))  # cummax
     prev = np.concatenate([[-1], last])[:ids.size]                 # shift by one
-    prev_full = np.where(prev >= 0, ends_full[np.maximum(prev, 0)], 1)
+    prev_full = np.where(prev >= 0, ends_full[np.maximum(prev, 0)], 0)
     refill = ((n[ids] >= per) & (prev_full == 0)).astype(np.int64)
     seq_tab = np.zeros((Nb, 6), dtype=np.int32)
     seq_tab[:ids.size] = np.stack([init[ids], lo[ids], mid[ids], hi[ids], idx[ids] * HV * K,
