@@ -174,14 +174,31 @@ off-diagonal placements by DMA (6.22 M); the TP1 job order (6.17 M); chunk offse
 steps and later chunks started later (<= 6.26 M); the right-hand sides packed by 0/1
 selection matmuls in the substitution's PSUM accumulation instead of the R-packing DMA
 (6.31 M: +0.9 % for 8 KiB of SBUF and a second code path); 8 chunks per iteration
-(SBUF); chunk 64 (4.5 M).
+(SBUF); chunk 64 (4.5 M); the decayed keys and M in the state-independent part (5.76 M),
+M alone right after A^T (6.03-6.07 M), the decayed keys and M first among the state
+jobs (5.52 M); the diagonal blocks placed by GpSimd copies (5.63 M: GpSimd binds).
+A lookahead across the loop boundary (5.65 M, with 1 to 4 of the 4 chunks looked ahead
+and other start offsets and spacings 4.9-5.7 M): a body runs the state jobs of its first
+2 chunks from what the body before computed (their transposes, M, the decayed keys, the
+packed inverse and decay columns kept in tiles allocated before the loops, written only
+after the restored chunk of the same tile set has read them) and the state-independent
+jobs of the next body's first 2 chunks, so no chain waits for its own chunk's doubling.
+It loses because a state chain interleaved with other chunks' state-independent work
+takes about 2.5x as long as alone (24 us against ~9.4): its matmuls wait in the in-order
+TensorE queue behind transposes and products that themselves wait on ScalarE, and its
+right-hand-side packing and unpacking DMAs wait up to 5 us behind the gathers and the
+diagonal placements on the DMA queues (the code: branch gdn-lookahead-experiment).
 
 What is left, largest first: (1) at TP4, the chain phase: the state chains of an
 iteration's chunks follow one another, and a chain step waits behind the other chunks'
 queued work in the in-order engine queues; a shorter chain that does not add ScalarE /
 VectorE work (the explicit inverse did), or an issue order that fills the chain phase
-with later chunks' state-independent work without delaying the chains, is where the
-remaining ~10 % is; (2) at TP1, overlap across chunks (SBUF holds one chunk's tiles:
+with later chunks' state-independent work without delaying the chains (the lookahead
+above did not manage it), is where the remaining ~10 % is. A chain alone (modeled, one
+group of 4 heads) is ~9.4 us: k S and the four right-hand-side evictions on VectorE 1.5,
+the packing DMAs 1.9 (fixed latency, then the completion before TensorE reads), 4
+substitution blocks 3.2, the last block's unpacking DMAs 1.4, the state update 0.6;
+about 3.3 us of it is DMA latency (DMA fixed latency 0 in the model: +5.9 %); (2) at TP1, overlap across chunks (SBUF holds one chunk's tiles:
 172 of 208 KiB); (3) the doubling: 5 expanded evictions per group (19 us of ScalarE per
 chunk at TP1), three quarters of whose columns are the packing's zeros; (4) VectorE's
 five [128, 128] float32 ops per head, PSUM-sourced or two-input, so no bf16 perf mode and
