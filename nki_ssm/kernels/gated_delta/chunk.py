@@ -71,10 +71,9 @@ each iteration boundary (nki-dynamic-loops.rst, "Iterations Do Not Overlap"), so
 few heads per core an iteration holds several chunks (``chunks_per_iteration``: about
 8 head groups in flight). What is unrolled inside a body is bounded by the layer
 (heads, 32-row blocks, n). Program size (static instructions, both chunk loops):
-Qwen3-Next TP1 1,735, TP2 2,621, TP4 2,265; the same at 2K and 16K tokens and for
+Qwen3-Next TP1 1,735, TP2 2,615, TP4 2,247; the same at 2K and 16K tokens and for
 8 x 2K (the simulator counts a loop only when it runs: at 2K, 16K and 8 x 2K the
-remainder and refill loops do not, and the reported figure is the n-chunk body's, TP4
-1,810).
+one-chunk loop does not, and the reported figure is TP4 1,810).
 Every matmul passes ``accumulate=`` explicitly.
 
 A loop body is a software pipeline over groups of 4 value heads and its chunks: each
@@ -156,7 +155,7 @@ measured slower or within 1 %: more speed needs less work on both, not another
 balance. Figures, tokens/s per NeuronCore: the README's "Modeled performance" table
 and ``python -m simulate``. The kernel of issue 10, same model: TP1 0.42 M, TP4 1.69 M.
 
-Qwen3-Next TP4 (8 value heads: 2 groups of 4): 6.40 M tokens/s at 16K (range 2.24-8.27
+Qwen3-Next TP4 (8 value heads: 2 groups of 4): 6.39 M tokens/s at 16K (range 2.24-8.23
 M), 3.19x TP1 (goal 3.5x); 4.78 M with one chunk and 4 groups of 2 heads per iteration.
 An iteration of 4 chunks takes 80 us; VectorE and ScalarE each have 56 us of work in it
 (14 per chunk), TensorE 38, GpSimd 26. It runs in two phases: the 4 chunks'
