@@ -57,23 +57,23 @@ token / sequence buckets):
   zeros; ``counts [1, 2]``: live sequences, padding chunks.
 
 Loops: ``for z in dynamic_range(n_pad)`` writes zeros; ``for s in
-dynamic_range(n_live)``: state gathered (``dynamic_range(has_init)``: 0 or 1
-trips; else zeros), ``dynamic_range(refill)`` gathers its chunks 1 .. n - 1 into tile
-sets 1 .. n - 1 (and zeroes their packed solve tiles), ``for c in dynamic_range(first, mid, n)`` runs a body of n chunks,
-``for c in dynamic_range(mid, end)`` the remaining 0 .. n - 1 one at a time (n = 1:
-only the second loop), state scattered. The kernel gathers chunk 0 and zeroes tile set
-0's packed tiles before the loops, the rest only for a sequence that runs a body of n
-chunks; a body of n chunks gathers the next n, a one-chunk body the next one (modeled TP4
-1 x 128: 37.8 us with 1 chunk per iteration, 51.8 when one-chunk bodies refilled every
-set, 44.5 when the launch gathered and zeroed all n sets, 36.0 now; 4K 0.5 % slower: the
-first body of n chunks waits for its gathers). A runtime loop drains every engine at
-each iteration boundary (nki-dynamic-loops.rst, "Iterations Do Not Overlap"), so with
-few heads per core an iteration holds several chunks (``chunks_per_iteration``: about
-8 head groups in flight). What is unrolled inside a body is bounded by the layer
-(heads, 32-row blocks, n). Program size (static instructions, both chunk loops):
-Qwen3-Next TP1 1,735, TP2 2,615, TP4 2,247; the same at 2K and 16K tokens and for
-8 x 2K (the simulator counts a loop only when it runs: at 2K, 16K and 8 x 2K the
-one-chunk loop does not, and the reported figure is TP4 1,810).
+dynamic_range(n_live)``: state gathered (``dynamic_range(has_init)``: 0 or 1 trips; else
+zeros), ``dynamic_range(refill)`` gathers its chunks 1 .. n - 1 into tile sets
+1 .. n - 1 (and zeroes their packed solve tiles), ``for c in dynamic_range(first, mid,
+n)`` runs a body of n chunks, ``for c in dynamic_range(mid, end)`` the remaining 0 .. n - 1 one at
+a time (n = 1: only the second loop), state scattered. The kernel gathers chunk 0 and
+zeroes tile set 0's packed tiles before the loops, the rest only for a sequence that
+runs a body of n chunks; a body of n chunks gathers the next n, a one-chunk body the
+next one (modeled TP4 1 x 128: 37.8 us with 1 chunk per iteration, 51.8 when one-chunk
+bodies refilled every set, 44.5 when the launch gathered and zeroed all n sets, 36.0
+now; 4K 0.5 % slower: the first body of n chunks waits for its gathers). A runtime loop
+drains every engine at each iteration boundary (nki-dynamic-loops.rst, "Iterations Do
+Not Overlap"), so with few heads per core an iteration holds several chunks
+(``chunks_per_iteration``: about 8 head groups in flight). What is unrolled inside a
+body is bounded by the layer (heads, 32-row blocks, n). Program size (static
+instructions, both chunk loops): Qwen3-Next TP1 1,735, TP2 2,615, TP4 2,247; the same at
+2K and 16K tokens and for 8 x 2K (the simulator counts a loop only when it runs: at 2K,
+16K and 8 x 2K the one-chunk loop does not, and the reported figure is TP4 1,810).
 Every matmul passes ``accumulate=`` explicitly.
 
 A loop body is a software pipeline over groups of 4 value heads and its chunks: each
@@ -197,11 +197,12 @@ above did not manage it), is where the remaining ~10 % is. A chain alone (modele
 group of 4 heads) is ~9.4 us: k S and the four right-hand-side evictions on VectorE 1.5,
 the packing DMAs 1.9 (fixed latency, then the completion before TensorE reads), 4
 substitution blocks 3.2, the last block's unpacking DMAs 1.4, the state update 0.6;
-about 3.3 us of it is DMA latency (DMA fixed latency 0 in the model: +5.9 %); (2) at TP1, overlap across chunks (SBUF holds one chunk's tiles:
-172 of 208 KiB); (3) the doubling: 5 expanded evictions per group (19 us of ScalarE per
-chunk at TP1), three quarters of whose columns are the packing's zeros; (4) VectorE's
-five [128, 128] float32 ops per head, PSUM-sourced or two-input, so no bf16 perf mode and
-no other engine that can take them.
+about 3.3 us of it is DMA latency (DMA fixed latency 0 in the model: +5.9 %); (2) at
+TP1, overlap across chunks (SBUF holds one chunk's tiles: 172 of 208 KiB); (3) the
+doubling: 5 expanded evictions per group (19 us of ScalarE per chunk at TP1), three
+quarters of whose columns are the packing's zeros; (4) VectorE's five [128, 128] float32
+ops per head, PSUM-sourced or two-input, so no bf16 perf mode and no other engine that
+can take them.
 
 Limits: K, V <= 128; chunk a multiple of 16 up to 128.
 """
@@ -251,8 +252,10 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, s
     for j in range(nsub):
         sj = []
         for hvs in _head_groups(HV):
-            sj.append(_solve_tiles(len(hvs), C, mdt, j == 0))
+            sj.append(_solve_tiles(len(hvs), C, mdt))
         solve.append(sj)
+    for t in solve[0]:
+        _zero_solve(t)
     if raw_gates:
         hp = nl.ndarray((128, 2 * HV), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=hp, src=head_params)
@@ -587,10 +590,10 @@ def _solve_setup(npk, L, cst, mdt, tiles):
     return pk
 
 
-def _solve_tiles(npk, L, mdt, zero):
+def _solve_tiles(npk, L, mdt):
     """The packed tiles of one head group's solve (see _solve_setup): P^T ``[W, blocks, W]``
     (``mdt``) and the off-diagonal blocks ``[W, pairs, W]`` float32 (None for one block),
-    zeroed here if ``zero`` (else by _zero_solve before their first use)."""
+    zeroed by _zero_solve before their first use."""
     W = npk * _BLOCK
     nblk = len(_block_rows(L))
     t = {}
@@ -599,8 +602,6 @@ def _solve_tiles(npk, L, mdt, zero):
     t["OT"] = None
     if npair > 0:
         t["OT"] = nl.ndarray((W, npair, W), dtype=nl.float32, buffer=nl.sbuf)
-    if zero:
-        _zero_solve(t)
     return t
 
 
