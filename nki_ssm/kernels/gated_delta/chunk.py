@@ -949,9 +949,11 @@ def _group_jobs(HV, L):
     1.17 -> 1.22 M tokens/s against after the doubling). The order differs with the head
     groups a chunk has, both measured (modeled trn2):
 
-    - < 8 groups (TP2, TP4): the off-diagonal blocks are placed only after the doubling
-      (``place_off``): their DMAs then do not delay the diagonal blocks' (TP4 3.58 ->
-      3.84 M tokens/s, TP2 2.27 -> 2.35 M; TP1 1.32 -> 1.27 M);
+    - < 8 groups (TP2, TP4, TP8): the off-diagonal blocks are placed by their own job
+      (``place_off``, GpSimd copies) after k S and q S, just before the solve setup, so
+      GpSimd places them while the doubling runs (modeled 4K: TP4 6.22 -> 6.48 M tokens/s,
+      TP2 3.52 -> 3.57 M, TP8 8.03 -> 8.51 M against after the doubling, which paid when
+      the placements were DMAs that delayed the diagonal blocks');
     - >= 8 groups (TP1): q S after the second substitution block instead of beside k S,
       out of ScalarE's busiest stretch (TP1 16K 1.95 -> 2.0 M tokens/s; TP2 3.24 -> 3.08 M,
       TP4 4.56 -> 4.36 M)."""
@@ -963,7 +965,7 @@ def _group_jobs(HV, L):
     nblk = len(_block_rows(L))
     late_off = len(_head_groups(HV)) < 8
     late_oq = not late_off
-    jobs = ["qk_t", "qk_mm", "gu", "decay", "at", "place", "rhs", "oq", "setup"]
+    jobs = ["qk_t", "qk_mm", "gu", "decay", "at", "place", "rhs", "oq", "place_off", "setup"]
     if late_oq:
         jobs = ["qk_t", "qk_mm", "gu", "decay", "at", "place", "rhs", "setup"]
     jarg = []
@@ -977,9 +979,6 @@ def _group_jobs(HV, L):
         jarg.append(2 ** (r + 1))
         jobs.append("update")
         jarg.append(2 ** (r + 1))
-    if late_off:
-        jobs.append("place_off")
-        jarg.append(0)
     for b in range(nblk):
         jobs.append("sub")
         jarg.append(b)
