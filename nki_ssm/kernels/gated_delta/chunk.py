@@ -155,45 +155,56 @@ measured slower or within 1 %: more speed needs less work on both, not another
 balance. Figures, tokens/s per NeuronCore: the README's "Modeled performance" table
 and ``python -m simulate``. The kernel of issue 10, same model: TP1 0.42 M, TP4 1.69 M.
 
-Qwen3-Next TP4 (8 value heads: 2 groups of 4): 6.39 M tokens/s at 16K (range 2.24-8.23
-M), 3.19x TP1 (goal 3.5x); 4.78 M with one chunk and 4 groups of 2 heads per iteration.
-An iteration of 4 chunks takes 80 us; VectorE and ScalarE each have 56 us of work in it
-(14 per chunk), TensorE 38, GpSimd 26. It runs in two phases: the 4 chunks'
-state-independent work (transposes, products, decays, A^T, the doubling: ScalarE's
-expanded evictions bind) up to ~45 us, then the four state chains one after another (k S,
-R packed by DMA, the 4 substitution blocks, the solutions unpacked by DMA, the products
-with Y, the state update: ~7 us each) with the engines about half busy. What-ifs on this
-shape (modeled 4K): ScalarE or VectorE twice as fast +5 %, DMA fixed latency halved
-+3.6 %, GpSimd twice as fast 0: no one engine binds. Tried and dropped (modeled TP4 4K,
-6.26 M with this design): T = (I + A)^{-1} formed explicitly so the state chain is only
-k S, R, o, S (the products with T add 1.3 us of VectorE and of ScalarE per chunk: 5.92 M);
-the products with Y read from the packed solutions, M and kd packed off the chain, no
-unpack (TensorE then binds the chain phase: 5.97 M); A^T | M^T in one op (6.11 M);
-off-diagonal placements by DMA (6.22 M); the TP1 job order (6.17 M); chunk offsets 0-16
-steps and later chunks started later (<= 6.26 M); the right-hand sides packed by 0/1
-selection matmuls in the substitution's PSUM accumulation instead of the R-packing DMA
-(6.31 M: +0.9 % for 8 KiB of SBUF and a second code path); 8 chunks per iteration
-(SBUF); chunk 64 (4.5 M); the decayed keys and M in the state-independent part (5.76 M),
-M alone right after A^T (6.03-6.07 M), the decayed keys and M first among the state
-jobs (5.52 M); the diagonal blocks placed by GpSimd copies (5.63 M: GpSimd binds).
-A lookahead across the loop boundary (5.65 M, with 1 to 4 of the 4 chunks looked ahead
-and other start offsets and spacings 4.9-5.7 M): a body runs the state jobs of its first
-2 chunks from what the body before computed (their transposes, M, the decayed keys, the
-packed inverse and decay columns kept in tiles allocated before the loops, written only
-after the restored chunk of the same tile set has read them) and the state-independent
-jobs of the next body's first 2 chunks, so no chain waits for its own chunk's doubling.
-It loses because a state chain interleaved with other chunks' state-independent work
-takes about 2.5x as long as alone (24 us against ~9.4): its matmuls wait in the in-order
-TensorE queue behind transposes and products that themselves wait on ScalarE, and its
-right-hand-side packing and unpacking DMAs wait up to 5 us behind the gathers and the
-diagonal placements on the DMA queues (the code: branch gdn-lookahead-experiment).
+Qwen3-Next TP4 (8 value heads: 2 groups of 4): 6.66 M tokens/s at 16K (range 2.29-8.36 M),
+3.32x TP1 (goal 3.5x); 4.78 M with one chunk and 4 groups of 2 heads per iteration. An
+iteration of 4 chunks takes 77 us; VectorE and ScalarE each have 56 us of work in it (14
+per chunk), TensorE 38, GpSimd 26. Chunk 0's doubling ends at ~25 us (the off-diagonal
+placements run on GpSimd meanwhile: 6.22 -> 6.48 M at 4K against after the doubling), but
+its substitution then runs among chunks 1-3's state-independent work (transposes,
+products, decays, A^T, the doubling: ScalarE's expanded evictions) and its chain ends at
+~44 us; the chains of chunks 1-3 follow one another alone (k S, R packed by DMA, the 4
+substitution blocks, the solutions unpacked by DMA, the products with Y, the state update:
+~10 us for both groups) with the engines about half busy. What-ifs on this shape (modeled
+4K): ScalarE or VectorE twice as fast +5 %, both +16 %, no cross-engine semaphore latency
++6.6 %, DMA fixed and completion latency 0 +6.5 %, twice the DMA engines +1.6 %, GpSimd
+twice as fast 0: no one engine binds. Tried and dropped (modeled TP4 4K, 6.48 M with this
+design): the state update from the packed solutions (per head and block a 32-row matmul,
+no unpack on the chain) with the decayed keys packed by DMA (5.15 M: the 16 more DMAs per
+group hold the DMA queues the chain's packing uses); gU or the decayed keys on GpSimd
+(5.65 / 6.15 M: GpSimd's 0.25 element per cycle); the chain's sub / apply jobs sharing a
+step or spaced a step apart (6.05-6.40 / 6.20-6.29 M); later or earlier chunk starts
+(6.00-6.50 M); 6 chunks per iteration (fits SBUF, same speed at 6K); squaring only to N^4
+or N^2 (5.92 / 5.01 M: the doubling's latency is on the chain); the state update before
+the outputs (6.46 M). Before the placement change (6.26 M): T = (I + A)^{-1} formed
+explicitly so the state chain is only k S, R, o, S (the products with T add 1.3 us of
+VectorE and of ScalarE per chunk: 5.92 M); the products with Y read from the packed
+solutions, M and kd packed off the chain, no unpack (TensorE then binds the chain phase:
+5.97 M); A^T | M^T in one op (6.11 M); off-diagonal placements by DMA (6.22 M); the TP1
+job order (6.17 M); chunk offsets 0-16 steps and later chunks started later (<= 6.26 M);
+the right-hand sides packed by 0/1 selection matmuls in the substitution's PSUM
+accumulation instead of the R-packing DMA (6.31 M: +0.9 % for 8 KiB of SBUF and a second
+code path); 8 chunks per iteration (SBUF); chunk 64 (4.5 M); the decayed keys and M in the
+state-independent part (5.76 M), M alone right after A^T (6.03-6.07 M), the decayed keys
+and M first among the state jobs (5.52 M); the diagonal blocks placed by GpSimd copies
+(5.63 M: GpSimd binds). A lookahead across the loop boundary (5.65 M, with 1 to 4 of the 4
+chunks looked ahead and other start offsets and spacings 4.9-5.7 M): a body runs the state
+jobs of its first 2 chunks from what the body before computed (their transposes, M, the
+decayed keys, the packed inverse and decay columns kept in tiles allocated before the
+loops, written only after the restored chunk of the same tile set has read them) and the
+state-independent jobs of the next body's first 2 chunks, so no chain waits for its own
+chunk's doubling. It loses because a state chain interleaved with other chunks'
+state-independent work takes about 2.5x as long as alone (24 us against ~9.4): its matmuls
+wait in the in-order TensorE queue behind transposes and products that themselves wait on
+ScalarE, and its right-hand-side packing and unpacking DMAs wait up to 5 us behind the
+gathers and the diagonal placements on the DMA queues (the code: branch
+gdn-lookahead-experiment).
 
 What is left, largest first: (1) at TP4, the chain phase: the state chains of an
 iteration's chunks follow one another, and a chain step waits behind the other chunks'
 queued work in the in-order engine queues; a shorter chain that does not add ScalarE /
 VectorE work (the explicit inverse did), or an issue order that fills the chain phase
 with later chunks' state-independent work without delaying the chains (the lookahead
-above did not manage it), is where the remaining ~10 % is. A chain alone (modeled, one
+above did not manage it), is where the remaining ~5 % is. A chain alone (modeled, one
 group of 4 heads) is ~9.4 us: k S and the four right-hand-side evictions on VectorE 1.5,
 the packing DMAs 1.9 (fixed latency, then the completion before TensorE reads), 4
 substitution blocks 3.2, the last block's unpacking DMAs 1.4, the state update 0.6;
