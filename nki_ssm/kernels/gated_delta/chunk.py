@@ -165,17 +165,17 @@ products, decays, A^T, the doubling: ScalarE's expanded evictions) and its chain
 ~44 us; the chains of chunks 1-3 follow one another alone (k S, R packed by DMA, the 4
 substitution blocks, the solutions unpacked by DMA, the products with Y, the state update:
 ~10 us for both groups) with the engines about half busy. What-ifs on this shape (modeled
-4K): ScalarE or VectorE twice as fast +5 %, both +16 %, no cross-engine semaphore latency
-+6.6 %, DMA fixed and completion latency 0 +6.5 %, twice the DMA engines +1.6 %, GpSimd
-twice as fast 0: no one engine binds. Tried and dropped (modeled TP4 4K, 6.48 M with this
-design): the state update from the packed solutions (per head and block a 32-row matmul,
-no unpack on the chain) with the decayed keys packed by DMA (5.15 M: the 16 more DMAs per
-group hold the DMA queues the chain's packing uses); gU or the decayed keys on GpSimd
-(5.65 / 6.15 M: GpSimd's 0.25 element per cycle); the chain's sub / apply jobs sharing a
-step or spaced a step apart (6.05-6.40 / 6.20-6.29 M); later or earlier chunk starts
-(6.00-6.50 M); 6 chunks per iteration (fits SBUF, same speed at 6K); squaring only to N^4
-or N^2 (5.92 / 5.01 M: the doubling's latency is on the chain); the state update before
-the outputs (6.46 M). Before the placement change (6.26 M): T = (I + A)^{-1} formed
+4K): ScalarE or VectorE twice as fast +5 % / +7 %, both +16 %, no cross-engine semaphore
+latency +6.6 %, DMA fixed and completion latency 0 +6.5 %, twice the DMA engines +1.6 %,
+GpSimd twice as fast 0: no one engine binds. Tried and dropped (modeled TP4 4K, 6.48 M
+with this design): the state update from the packed solutions (per head and block a 32-row
+matmul, no unpack on the chain) with the decayed keys packed by DMA (5.15 M: the 16 more
+DMAs per group hold the DMA queues the chain's packing uses); gU or the decayed keys on
+GpSimd (5.65 / 6.15 M: GpSimd's 0.25 element per cycle); the chain's sub / apply jobs
+sharing a step or spaced a step apart (6.05-6.40 / 6.20-6.29 M); later or earlier chunk
+starts (6.00-6.50 M); 6 chunks per iteration (fits SBUF, same speed at 6K); squaring only
+to N^4 or N^2 (5.92 / 5.01 M: the doubling's latency is on the chain); the state update
+before the outputs (6.46 M). Before the placement change (6.26 M): T = (I + A)^{-1} formed
 explicitly so the state chain is only k S, R, o, S (the products with T add 1.3 us of
 VectorE and of ScalarE per chunk: 5.92 M); the products with Y read from the packed
 solutions, M and kd packed off the chain, no unpack (TensorE then binds the chain phase:
