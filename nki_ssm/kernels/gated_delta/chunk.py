@@ -974,15 +974,14 @@ def _group_jobs(HV, L):
         nround = nround + 1
         covered = covered * 2
     nblk = len(_block_rows(L))
-    late_off = len(_head_groups(HV)) < 8
-    late_oq = not late_off
+    few = len(_head_groups(HV)) < 8     # the first order above, else the second
     jobs = ["qk_t", "qk_mm", "gu", "decay", "at", "place", "rhs", "oq", "place_off", "setup"]
-    if late_oq:
+    if not few:
         jobs = ["qk_t", "qk_mm", "gu", "decay", "at", "place", "rhs", "setup"]
     jarg = []
     for name in jobs:
         if name == "place":
-            jarg.append(1 - late_off)   # the off-diagonal blocks too?
+            jarg.append(1 - few)        # the off-diagonal blocks too?
         else:
             jarg.append(0)
     for r in range(nround):
@@ -995,7 +994,7 @@ def _group_jobs(HV, L):
         jarg.append(b)
         jobs.append("apply")
         jarg.append(b)
-        if late_oq and b == min(1, nblk - 1):
+        if not few and b == min(1, nblk - 1):
             jobs.append("oq")
             jarg.append(0)
     for name in ["post_ops", "out", "state"]:
