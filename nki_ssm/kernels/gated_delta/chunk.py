@@ -225,7 +225,7 @@ from nki_ssm.kernels.gated_delta._common import consecutive_groups
 _BLOCK = 32           # rows per exactly-inverted diagonal block
 _PACK = 4             # most heads whose blocks share one 128-partition packed solve
 _MAX_CHUNKS = 4       # most chunks per loop iteration (SBUF: TP2 with 4 does not fit)
-_CHUNK_STEP = 5       # steps between the starts of a loop body's chunks (_body_plan)
+_CHUNK_STEP = 6       # steps between the starts of a loop body's chunks (_body_plan)
 _SQUARED = 8          # the doubling squares up to N^8, then chains products with it (modeled:
                       # squaring to N^16 or chaining from N^4, TP1 -4 % / -2 %)
 _L2NORM_EPS = 1e-6
@@ -263,7 +263,7 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, s
     for j in range(nsub):
         sj = []
         for hvs in _head_groups(HV):
-            sj.append(_solve_tiles(len(hvs), C, mdt))
+            sj.append(_solve_tiles(len(hvs), C, mdt, _few_groups(HV)))
         solve.append(sj)
     for t in solve[0]:
         _zero_solve(t)
@@ -398,6 +398,15 @@ def _head_groups(HV):
     tokens/s; with 4 chunks per iteration 4 per group is faster, the packed solve's ops
     then cost half as much per head)."""
     return consecutive_groups(HV, _PACK)
+
+
+def _few_groups(HV):
+    """Whether a chunk has fewer than 8 head groups (TP2, TP4, TP8 of Qwen3-Next): its state
+    chains then bind (the iteration's chunks follow one another's state), and the job order
+    (_group_jobs) and the substitution (right-hand sides unpacked, _place_g) shorten them;
+    with 8 or more (TP1) ScalarE and VectorE bind, and both would cost more than they save
+    (modeled TP1 2K: 1.96 -> 1.90 M tokens/s)."""
+    return len(_head_groups(HV)) < 8
 
 
 def _table_rows(table, r, C, plus):
@@ -595,16 +604,18 @@ def _solve_setup(npk, L, cst, mdt, tiles):
     pk["cfin"] = nl.ndarray((W, nblk, _BLOCK), dtype=nl.float32, buffer=nl.sbuf)
     pk["inv"] = nl.ndarray((W, nblk, W), dtype=nl.float32, buffer=nl.sbuf)  # final, fp32
     pk["bd"] = cst["bd"]
+    pk["G"] = tiles["G"]
     pk["Xp"] = []
     pk["Z"] = []
     pk["tf"] = mdt != nl.float32     # the substitution's operands as tfloat32 (_tf)
     return pk
 
 
-def _solve_tiles(npk, L, mdt):
+def _solve_tiles(npk, L, mdt, unpacked):
     """The packed tiles of one head group's solve (see _solve_setup): P^T ``[W, blocks, W]``
-    (``mdt``) and the off-diagonal blocks ``[W, pairs, W]`` float32 (None for one block),
-    zeroed by _zero_solve before their first use."""
+    (``mdt``), the off-diagonal blocks ``[W, pairs, W]`` float32 (None for one block) and,
+    ``unpacked`` (the right-hand sides read where they are, _place_g), the moved inverses G
+    ``[L, npk, W]`` float32; zeroed by _zero_solve before their first use."""
     W = npk * _BLOCK
     nblk = len(_block_rows(L))
     t = {}
@@ -613,15 +624,20 @@ def _solve_tiles(npk, L, mdt):
     t["OT"] = None
     if npair > 0:
         t["OT"] = nl.ndarray((W, npair, W), dtype=nl.float32, buffer=nl.sbuf)
+    t["G"] = None
+    if unpacked:
+        t["G"] = nl.ndarray((L, npk, W), dtype=nl.float32, buffer=nl.sbuf)
     return t
 
 
 def _zero_solve(t):
     """Zero the packed solve tiles ``t`` (_solve_tiles): the placements fill only the
-    head-diagonal blocks."""
+    head-diagonal blocks (G: one block per head and block row)."""
     nisa.memset(dst=t["PT"], value=0.0, engine=nisa.engine.vector)
     if t["OT"] != None:  # noqa: E711
         nisa.memset(dst=t["OT"], value=0.0, engine=nisa.engine.vector)
+    if t["G"] != None:  # noqa: E711
+        nisa.memset(dst=t["G"], value=0.0, engine=nisa.engine.vector)
 
 
 def _tf(t, fast):
@@ -747,36 +763,87 @@ def _solve_update(pk, covered, mdt):
             data1=pk["cfin"].reshape((W, nblk, 1, _BLOCK)).broadcast(2, npk),
             data2=pk["bd"][0:W, 0:npk, :].reshape((W, 1, npk, _BLOCK)).broadcast(1, nblk),
             op=nl.multiply)
+        if pk["G"] != None:  # noqa: E711
+            _place_g(pk)
+
+
+def _place_g(pk):
+    """G [(b, m), j, (h, i)] = [h == j] inv_jb^T[m, i]: head j's inverse of block b moved from
+    its quadrant of the packed tiles (partitions 32 j) to the block's own rows (32 b), so the
+    application of block b reads each head's right-hand side where the k S eviction put it
+    (_solve_apply_block: one 32-row matmul per head) and no right-hand side is packed. One
+    SBUF-to-SBUF DMA per head and block, off the chain (GpSimd copies instead: GpSimd binds,
+    modeled TP4 4K 6.31 against 6.59 M tokens/s); the other elements stay zero
+    (_zero_solve)."""
+    npk = pk["npk"]
+    nbs = pk["nbs"]
+    for b in range(len(nbs)):
+        nb = nbs[b]
+        r0 = b * _BLOCK
+        for j in range(npk):
+            q0 = j * _BLOCK
+            nisa.dma_copy(dst=pk["G"][r0:r0 + nb, j, q0:q0 + nb],
+                          src=pk["cfin"][q0:q0 + nb, b, 0:nb])
 
 
 def _solve_rhs_block(pk, Rp, b, N):
     """Block b of the forward substitution, first half: Z_b = B_b - sum_{k<b} A_bk X_k for
     every head of the pack at once (packed right-hand sides ``Rp``, packed solutions
     pk["Xp"]; the off-diagonal stationaries are block-diagonal over the heads, so one PSUM
-    accumulation serves the pack and one subtraction evicts it)."""
+    accumulation serves the pack and one subtraction evicts it). ``Rp`` None (right-hand
+    sides unpacked, _place_g): Z_b = -sum_{k<b} A_bk X_k, evicted by ScalarE (VectorE:
+    modeled TP4 4K 6.50 against 6.64 M tokens/s); the application adds inv_bb B_b."""
     W = pk["W"]
     nblk = len(pk["nbs"])
     if b == 0:
-        pk["Z"].append(Rp[:, 0, :])
+        if Rp == None:  # noqa: E711
+            pk["Z"].append(None)
+        else:
+            pk["Z"].append(Rp[:, 0, :])
         return
     ps = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.psum)
     for k in range(b):
         nisa.nc_matmul(dst=ps, stationary=_tf(pk["OT"][:, _pair(k, b, nblk), :], pk["tf"]),
                        moving=_tf(pk["Xp"][k], pk["tf"]), accumulate=k > 0)
     Z = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.sbuf)
+    if Rp == None:  # noqa: E711
+        nisa.activation(dst=Z, op=nl.copy, data=ps, scale=-1.0)
+        pk["Z"].append(Z)
+        return
     nisa.tensor_tensor(dst=Z, data1=Rp[:, b, :], data2=ps, op=nl.subtract)
     pk["Z"].append(Z)
 
 
-def _solve_apply_block(pk, Xs, b, N):
+def _solve_apply_block(pk, Xs, b, N, Rs):
     """Block b of the forward substitution, second half: X_b = inv_bb Z_b for the pack's heads
-    in one matmul (kept packed for the next blocks), unpacked into the heads' Xs."""
+    in one matmul (kept packed for the next blocks), unpacked into the heads' Xs by DMA.
+    ``Rs`` (the heads' unpacked right-hand sides, or None): X_b = inv_bb B_b + inv_bb Z_b,
+    inv_bb B_b as one 32-row matmul per head with the moved inverses G (_place_g) in the same
+    PSUM accumulation; the last block, which no later block reads, leaves PSUM straight into
+    the heads' rows (cross-quadrant moves of <= 32 partitions, ScalarE and VectorE in turn:
+    modeled TP4 4K +0.5 %) instead of through the packed tile and the unpacking DMAs."""
     npk, W, nbs = pk["npk"], pk["W"], pk["nbs"]
     r0 = b * _BLOCK
     nb = nbs[b]
     ps = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=_tf(pk["inv"][:, b, :], pk["tf"]),
-                   moving=_tf(pk["Z"][b], pk["tf"]), accumulate=False)
+    if Rs == None:  # noqa: E711
+        nisa.nc_matmul(dst=ps, stationary=_tf(pk["inv"][:, b, :], pk["tf"]),
+                       moving=_tf(pk["Z"][b], pk["tf"]), accumulate=False)
+    else:
+        for j in range(npk):
+            nisa.nc_matmul(dst=ps, stationary=_tf(pk["G"][r0:r0 + nb, j, :], pk["tf"]),
+                           moving=_tf(Rs[j][r0:r0 + nb, :], pk["tf"]), accumulate=j > 0)
+        if b > 0:
+            nisa.nc_matmul(dst=ps, stationary=_tf(pk["inv"][:, b, :], pk["tf"]),
+                           moving=_tf(pk["Z"][b], pk["tf"]), accumulate=True)
+    if Rs != None and b == len(nbs) - 1:  # noqa: E711
+        for j in range(npk):
+            q0 = j * _BLOCK
+            eng = nisa.engine.scalar
+            if j % 2 == 1:
+                eng = nisa.engine.vector
+            nisa.tensor_copy(dst=Xs[j][r0:r0 + nb, :], src=ps[q0:q0 + nb, :], engine=eng)
+        return
     Xp = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=Xp, src=ps, engine=nisa.engine.scalar)
     pk["Xp"].append(Xp)
@@ -974,7 +1041,7 @@ def _group_jobs(HV, L):
         nround = nround + 1
         covered = covered * 2
     nblk = len(_block_rows(L))
-    few = len(_head_groups(HV)) < 8     # the first order above, else the second
+    few = _few_groups(HV)               # the first order above, else the second
     jobs = ["qk_t", "qk_mm", "gu", "decay", "at", "place", "rhs", "oq", "place_off", "setup"]
     if not few:
         jobs = ["qk_t", "qk_mm", "gu", "decay", "at", "place", "rhs", "setup"]
@@ -1058,7 +1125,12 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, HV,
         for i in range(len(hvs)):
             _head_rhs(pres[key][i], qk[str(hvs[i] // rep)], buf["v"], ch["nec"], S, hvs[i], V)
             Rs.append(pres[key][i]["R"])
-        gdat[key]["Rp"] = _pack_rhs(Rs, L, V)
+        gdat[key]["Rs"] = None
+        gdat[key]["Rp"] = None
+        if solve[u]["G"] == None:  # noqa: E711
+            gdat[key]["Rp"] = _pack_rhs(Rs, L, V)
+        else:
+            gdat[key]["Rs"] = Rs
     elif job == "oq":
         for i in range(len(hvs)):
             _head_oq(pres[key][i], qk[str(hvs[i] // rep)], ch["qs"], S, hvs[i], V)
@@ -1068,7 +1140,7 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, HV,
         if x == 0:
             for i in range(len(hvs)):
                 gdat[key]["X"].append(nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf))
-        _solve_apply_block(items[key], gdat[key]["X"], x, V)
+        _solve_apply_block(items[key], gdat[key]["X"], x, V, gdat[key]["Rs"])
     elif job == "post_ops":
         for i in range(len(hvs)):
             _head_post_ops(qk[str(hvs[i] // rep)], pres[key][i], ch["bs"], ch["dlb"], hvs[i],
