@@ -758,10 +758,13 @@ def _solve_update(pk, covered, mdt):
         nisa.tensor_tensor(dst=pk["cfin"][:, nc:na, :], data1=cinv[:, nc:na, :],
                            data2=psv[:, nc:na, :], op=nl.add)
     if nc == 0:
+        b0 = 0
+        if pk["G"] != None and nblk > 1:  # noqa: E711
+            b0 = 1
         nisa.tensor_tensor(
-            dst=pk["inv"].reshape((W, nblk, npk, _BLOCK)),
-            data1=pk["cfin"].reshape((W, nblk, 1, _BLOCK)).broadcast(2, npk),
-            data2=pk["bd"][0:W, 0:npk, :].reshape((W, 1, npk, _BLOCK)).broadcast(1, nblk),
+            dst=pk["inv"][:, b0:nblk, :].reshape((W, nblk - b0, npk, _BLOCK)),
+            data1=pk["cfin"][:, b0:nblk, :].reshape((W, nblk - b0, 1, _BLOCK)).broadcast(2, npk),
+            data2=pk["bd"][0:W, 0:npk, :].reshape((W, 1, npk, _BLOCK)).broadcast(1, nblk - b0),
             op=nl.multiply)
         if pk["G"] != None:  # noqa: E711
             _place_g(pk)
