@@ -25,7 +25,10 @@ block inverted by nilpotent doubling ``(I - N)^{-1} = (I + N)(I + N^2)(I + N^4).
 (N = -A_bb, 4 rounds; the inverse kept compact, a quarter of the columns), then
 forward substitution over the blocks, ``X_b = A_bb^{-1} (R_b - sum_{k<b} A_bk X_k)``:
 one PSUM accumulation of the off-diagonal products, one subtraction and one
-application per block for the 4 heads; never a series over the whole chunk.
+application per block for the 4 heads; never a series over the whole chunk. With fewer
+than 8 head groups (_few_groups) the right-hand sides are not packed: each head's block
+inverses are moved to the block's own rows (G, _place_g), so block b's application
+``X_b = inv_bb B_b - inv_bb sum_{k<b} A_bk X_k`` reads B_b where the k S eviction put it.
 
 HBM arguments (prepared by the launcher; Tb = the token bucket, Nb = the sequence bucket):
   q2, k2 ``[Tb + 1, H*K]``, v2 ``[Tb + 1, HV*V]`` (q's dtype; row Tb and rows past
@@ -71,9 +74,9 @@ drains every engine at each iteration boundary (nki-dynamic-loops.rst, "Iteratio
 Not Overlap"), so with few heads per core an iteration holds several chunks
 (``chunks_per_iteration``: about 8 head groups in flight). What is unrolled inside a
 body is bounded by the layer (heads, 32-row blocks, n). Program size (static
-instructions, both chunk loops): Qwen3-Next TP1 1,735, TP2 2,615, TP4 2,247; the same at
+instructions, both chunk loops): Qwen3-Next TP1 1,735, TP2 2,791, TP4 2,395; the same at
 2K and 16K tokens and for 8 x 2K (the simulator counts a loop only when it runs: at 2K,
-16K and 8 x 2K the one-chunk loop does not, and the reported figure is TP4 1,810).
+16K and 8 x 2K the one-chunk loop does not, and the reported figure is TP4 1,930).
 Every matmul passes ``accumulate=`` explicitly.
 
 A loop body is a software pipeline over groups of 4 value heads and its chunks: each
@@ -108,20 +111,24 @@ Engines, per (chunk, value head) at C = 128 (tokens on partitions)
   the body: q, v, g, beta into the tiles once their last reader is issued, k into a
   second tile) and the output scatter (per head group: every iteration has >= 4 groups
   over its chunks); the packed solve's layout moves as SBUF-to-SBUF DMAs — the
-  diagonal blocks (into P^T), the right-hand sides (into the packed R) and the
-  solutions back to per-head tiles — partition moves no compute engine spends time
-  on (ScalarE copies instead: modeled TP4 3.58 -> 3.0 M tokens/s).
+  diagonal blocks (into P^T), the right-hand sides (into the packed R; < 8 head groups:
+  instead the block inverses into G, off the state chain) and the solutions back to
+  per-head tiles (< 8 head groups: all but the last block's) — partition moves no
+  compute engine spends time on (ScalarE copies instead: modeled TP4 3.58 -> 3.0 M
+  tokens/s).
 - TensorE: k^T, q^T (transposes, one PSUM bank per q/k head); k k^T | k q^T (one
   matmul per q/k head, shared by HV / H value heads); the segment sums (fp32, 0/1
   stationary); k S, q S; the doubling: P P and P^T P^T up to N^8 (expanded
   block-diagonal tiles, from the same operands: no transpose on the chain), then
   compact products with N^8, and the compact inverse updates; per block the
-  off-diagonal products (1-3 per group) and the application (1 per group); M Y and
-  kd^T Y; bf16 callers: q S into the output's accumulation (an identity matmul).
+  off-diagonal products (1-3 per group) and the application (1 per group; < 8 head
+  groups also one 32-row product with G per head); M Y and kd^T Y; bf16 callers: q S
+  into the output's accumulation (an identity matmul).
 - VectorE: the masked eviction of k k^T | k q^T, A^T, R, M, the state update (and o
   for float32 callers); per group the P eviction, the compact inverse updates (one
   [W, 4 blocks, 32] op per round) and its expansion, the substitution's subtractions
-  (3 per group).
+  (3 per group; < 8 head groups: ScalarE negates instead, and the last block's
+  solutions leave PSUM half on VectorE, half on ScalarE).
 - ScalarE: transpose evictions, the exps, the doubling's expanded evictions (5 per
   group) and its chained product, q S, the packed solutions, the decayed keys, o (bf16
   callers).
@@ -155,65 +162,73 @@ measured slower or within 1 %: more speed needs less work on both, not another
 balance. Figures, tokens/s per NeuronCore: the README's "Modeled performance" table
 and ``python -m simulate``. The kernel of issue 10, same model: TP1 0.42 M, TP4 1.69 M.
 
-Qwen3-Next TP4 (8 value heads: 2 groups of 4): 6.66 M tokens/s at 16K (range 2.29-8.36 M),
-3.32x TP1 (goal 3.5x); 4.78 M with one chunk and 4 groups of 2 heads per iteration. An
-iteration of 4 chunks takes 77 us; VectorE and ScalarE each have 56 us of work in it (14
-per chunk), TensorE 38, GpSimd 26. Chunk 0's doubling ends at ~25 us (the off-diagonal
-placements run on GpSimd meanwhile: 6.22 -> 6.48 M at 4K against after the doubling), but
-its substitution then runs among chunks 1-3's state-independent work (transposes,
-products, decays, A^T, the doubling: ScalarE's expanded evictions) and its chain ends at
-~44 us; the chains of chunks 1-3 follow one another alone (k S, R packed by DMA, the 4
-substitution blocks, the solutions unpacked by DMA, the products with Y, the state update:
-~10 us for both groups) with the engines about half busy. What-ifs on this shape (modeled
-4K): ScalarE or VectorE twice as fast +5 % / +7 %, both +16 %, no cross-engine semaphore
-latency +6.6 %, DMA fixed and completion latency 0 +6.5 %, twice the DMA engines +1.6 %,
-GpSimd twice as fast 0: no one engine binds. Tried and dropped (modeled TP4 4K, 6.48 M
-with this design): the state update from the packed solutions (per head and block a 32-row
-matmul, no unpack on the chain) with the decayed keys packed by DMA (5.15 M: the 16 more
-DMAs per group hold the DMA queues the chain's packing uses); gU or the decayed keys on
-GpSimd (5.65 / 6.15 M: GpSimd's 0.25 element per cycle); the chain's sub / apply jobs
-sharing a step or spaced a step apart (6.05-6.40 / 6.20-6.29 M); later or earlier chunk
-starts (6.00-6.50 M); 6 chunks per iteration (fits SBUF, same speed at 6K); squaring only
-to N^4 or N^2 (5.92 / 5.01 M: the doubling's latency is on the chain); the state update
-before the outputs (6.46 M). Before the placement change (6.26 M): T = (I + A)^{-1} formed
-explicitly so the state chain is only k S, R, o, S (the products with T add 1.3 us of
-VectorE and of ScalarE per chunk: 5.92 M); the products with Y read from the packed
-solutions, M and kd packed off the chain, no unpack (TensorE then binds the chain phase:
-5.97 M); A^T | M^T in one op (6.11 M); off-diagonal placements by DMA (6.22 M); the TP1
-job order (6.17 M); chunk offsets 0-16 steps and later chunks started later (<= 6.26 M);
-the right-hand sides packed by 0/1 selection matmuls in the substitution's PSUM
-accumulation instead of the R-packing DMA (6.31 M: +0.9 % for 8 KiB of SBUF and a second
-code path); 8 chunks per iteration (SBUF); chunk 64 (4.5 M); the decayed keys and M in the
-state-independent part (5.76 M), M alone right after A^T (6.03-6.07 M), the decayed keys
-and M first among the state jobs (5.52 M); the diagonal blocks placed by GpSimd copies
-(5.63 M: GpSimd binds). A lookahead across the loop boundary (5.65 M, with 1 to 4 of the 4
-chunks looked ahead and other start offsets and spacings 4.9-5.7 M): a body runs the state
-jobs of its first 2 chunks from what the body before computed (their transposes, M, the
-decayed keys, the packed inverse and decay columns kept in tiles allocated before the
-loops, written only after the restored chunk of the same tile set has read them) and the
-state-independent jobs of the next body's first 2 chunks, so no chain waits for its own
-chunk's doubling. It loses because a state chain interleaved with other chunks'
-state-independent work takes about 2.5x as long as alone (24 us against ~9.4): its matmuls
-wait in the in-order TensorE queue behind transposes and products that themselves wait on
-ScalarE, and its right-hand-side packing and unpacking DMAs wait up to 5 us behind the
-gathers and the diagonal placements on the DMA queues (the code: branch
-gdn-lookahead-experiment).
+Qwen3-Next TP4 (8 value heads: 2 groups of 4): 6.92 M tokens/s at 16K (range 2.42-8.67 M),
+3.45x TP1 (goal 3.5x); 4.78 M with one chunk and 4 groups of 2 heads per iteration. An
+iteration of 4 chunks takes 74 us; ScalarE has 62 us of work in it, VectorE 53, TensorE
+44, GpSimd 26. Chunk 0's doubling ends at ~25 us (the off-diagonal placements run on
+GpSimd meanwhile: 6.22 -> 6.48 M at 4K against after the doubling), but its substitution
+then runs among chunks 1-3's state-independent work (transposes, products, decays, A^T,
+the doubling: ScalarE's expanded evictions) and its chain ends at ~44 us; the chains of
+chunks 1-3 follow one another (k S, the right-hand-side evictions, the 4 substitution
+blocks, the products with Y, the state update: ~8.5 us for both groups, 10 before the
+right-hand sides stayed unpacked) with VectorE and ScalarE 70-80 % busy. The right-hand
+sides unpacked (_place_g; modeled 4K: TP4 6.48 -> 6.59 M tokens/s with G placed by DMA,
+6.31 M by GpSimd copies, which then bind; the negation on ScalarE 6.61 M against VectorE
+6.50 M), the last block straight from PSUM (6.64 M), _CHUNK_STEP 6 (6.69 M; 8K: 6.78 ->
+6.83 M) and the expansion of the inverse without block 0 (6.72 M): the chain loses the
+packing DMAs (1.9 us: fixed latency, transfer, completion) and the last block's
+unpacking (1.4 us) and gains 4 G products per block on TensorE. What-ifs on this shape
+(modeled 4K, 6.69 M): VectorE twice as fast +7.8 %, ScalarE +4 %, both +18 %, no
+cross-engine semaphore latency +5.3 %, DMA fixed and completion latency 0 +2 %, twice the
+DMA engines +1.9 %. Tried and dropped with this design (4K, 6.69-6.72 M): post_ops or oq
+at other places of the job list (6.43-6.66 M), the decayed keys and M as separate jobs
+around the state update (6.37-6.63 M), M of the last chunk among its state-independent
+jobs (6.59 M); q/k transpose evictions, gU, the decayed keys or q S's eviction on VectorE
+(6.19-6.52 M; both VectorE and ScalarE are near their limit, as at TP1); the right-hand
+side's eviction on ScalarE with v added by G products (5.74 M); _SQUARED 4 / 16 (6.29 /
+6.40 M); the inverse expanded by DMAs (6.51 M: 128-byte runs); the G products of block b
+issued early in the TensorE queue (6.67-6.70 M); the outputs of a group in one eviction
+(no change); 5 or 6 chunks per iteration (16K: 6.74 / 6.92 M against 6.90 M; 6 leaves
+4 KiB of SBUF). Dropped with the design before (TP4 4K, 6.48 M): the state update from
+the packed solutions (per head and block a 32-row matmul, no unpack on the chain) with
+the decayed keys packed by DMA (5.15 M: the 16 more DMAs per group hold the DMA queues
+the chain's packing used); gU or the decayed keys on GpSimd (5.65 / 6.15 M: GpSimd's
+0.25 element per cycle); the chain's sub / apply jobs sharing a step or spaced a step
+apart (6.05-6.40 / 6.20-6.29 M); later or earlier chunk starts (6.00-6.50 M); squaring
+only to N^4 or N^2 (5.92 / 5.01 M: the doubling's latency is on the chain); the state
+update before the outputs (6.46 M). Before the placement change (6.26 M): T = (I +
+A)^{-1} formed explicitly so the state chain is only k S, R, o, S (the products with T
+add 1.3 us of VectorE and of ScalarE per chunk: 5.92 M); the products with Y read from
+the packed solutions, M and kd packed off the chain, no unpack (TensorE then binds the
+chain phase: 5.97 M); A^T | M^T in one op (6.11 M); off-diagonal placements by DMA (6.22
+M); the TP1 job order (6.17 M); chunk offsets 0-16 steps and later chunks started later
+(<= 6.26 M); 8 chunks per iteration (SBUF); chunk 64 (4.5 M); the decayed keys and M in
+the state-independent part (5.76 M), M alone right after A^T (6.03-6.07 M), the decayed
+keys and M first among the state jobs (5.52 M); the diagonal blocks placed by GpSimd
+copies (5.63 M: GpSimd binds). A lookahead across the loop boundary (5.65 M, with 1 to 4
+of the 4 chunks looked ahead and other start offsets and spacings 4.9-5.7 M): a body runs
+the state jobs of its first 2 chunks from what the body before computed (their
+transposes, M, the decayed keys, the packed inverse and decay columns kept in tiles
+allocated before the loops, written only after the restored chunk of the same tile set
+has read them) and the state-independent jobs of the next body's first 2 chunks, so no
+chain waits for its own chunk's doubling. It loses because a state chain interleaved
+with other chunks' state-independent work takes about 2.5x as long as alone (24 us
+against ~9.4): its matmuls wait in the in-order TensorE queue behind transposes and
+products that themselves wait on ScalarE, and its right-hand-side packing and unpacking
+DMAs wait up to 5 us behind the gathers and the diagonal placements on the DMA queues
+(the code: branch gdn-lookahead-experiment).
 
 What is left, largest first: (1) at TP4, the chain phase: the state chains of an
 iteration's chunks follow one another, and a chain step waits behind the other chunks'
-queued work in the in-order engine queues; a shorter chain that does not add ScalarE /
-VectorE work (the explicit inverse did), or an issue order that fills the chain phase
-with later chunks' state-independent work without delaying the chains (the lookahead
-above did not manage it), is where the remaining ~5 % is. A chain alone (modeled, one
-group of 4 heads) is ~9.4 us: k S and the four right-hand-side evictions on VectorE 1.5,
-the packing DMAs 1.9 (fixed latency, then the completion before TensorE reads), 4
-substitution blocks 3.2, the last block's unpacking DMAs 1.4, the state update 0.6;
-about 3.3 us of it is DMA latency (DMA fixed latency 0 in the model: +5.9 %); (2) at
-TP1, overlap across chunks (SBUF holds one chunk's tiles: 172 of 208 KiB); (3) the
-doubling: 5 expanded evictions per group (19 us of ScalarE per chunk at TP1), three
-quarters of whose columns are the packing's zeros; (4) VectorE's five [128, 128] float32
-ops per head, PSUM-sourced or two-input, so no bf16 perf mode and no other engine that
-can take them.
+queued work in the in-order engine queues, now with VectorE and ScalarE 70-80 % busy;
+fewer hops per substitution block (TensorE -> ScalarE negation -> TensorE -> ScalarE
+eviction: folding the negation into the application needs inv_bb A_bk, i.e. A_bk in the
+[i, j] layout, a transpose per block pair) or less work on both engines is where the
+remaining ~1.5 % is; (2) at TP1, overlap across chunks (SBUF holds one chunk's tiles: 172
+of 208 KiB); (3) the doubling: 5 expanded evictions per group (19 us of ScalarE per chunk
+at TP1), three quarters of whose columns are the packing's zeros; (4) VectorE's five
+[128, 128] float32 ops per head, PSUM-sourced or two-input, so no bf16 perf mode and no
+other engine that can take them.
 
 Limits: K, V <= 128; chunk a multiple of 16 up to 128.
 """
