@@ -808,13 +808,14 @@ def _solve_rhs_block(pk, Rp, b, N):
     """Block b of the forward substitution, first half: Z_b = B_b - sum_{k<b} A_bk X_k for
     every head of the pack at once (packed right-hand sides ``Rp``, packed solutions
     pk["Xp"]; the off-diagonal stationaries are block-diagonal over the heads, so one PSUM
-    accumulation serves the pack and one subtraction evicts it). ``Rp`` None (right-hand
-    sides unpacked, _place_g): Z_b = -sum_{k<b} A_bk X_k, evicted by ScalarE (VectorE:
+    accumulation serves the pack and one subtraction evicts it). Right-hand sides unpacked
+    (pk["G"], _place_g; ``Rp`` None): Z_b = -sum_{k<b} A_bk X_k, evicted by ScalarE (VectorE:
     modeled TP4 4K 6.50 against 6.64 M tokens/s); the application adds inv_bb B_b."""
     W = pk["W"]
     nblk = len(pk["nbs"])
+    unpacked = pk["G"] != None  # noqa: E711
     if b == 0:
-        if Rp == None:  # noqa: E711
+        if unpacked:
             pk["Z"].append(None)
         else:
             pk["Z"].append(Rp[:, 0, :])
@@ -824,7 +825,7 @@ def _solve_rhs_block(pk, Rp, b, N):
         nisa.nc_matmul(dst=ps, stationary=_tf(pk["OT"][:, _pair(k, b, nblk), :], pk["tf"]),
                        moving=_tf(pk["Xp"][k], pk["tf"]), accumulate=k > 0)
     Z = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.sbuf)
-    if Rp == None:  # noqa: E711
+    if unpacked:
         nisa.activation(dst=Z, op=nl.copy, data=ps, scale=-1.0)
         pk["Z"].append(Z)
         return
@@ -835,7 +836,7 @@ def _solve_rhs_block(pk, Rp, b, N):
 def _solve_apply_block(pk, Xs, b, N, Rs):
     """Block b of the forward substitution, second half: X_b = inv_bb Z_b for the pack's heads
     in one matmul (kept packed for the next blocks), unpacked into the heads' Xs by DMA.
-    ``Rs`` (the heads' unpacked right-hand sides, or None): X_b = inv_bb B_b + inv_bb Z_b,
+    Right-hand sides unpacked (pk["G"]; ``Rs`` the heads'): X_b = inv_bb B_b + inv_bb Z_b,
     inv_bb B_b as one 32-row matmul per head with the moved inverses G (_place_g) in the same
     PSUM accumulation; the last block, which no later block reads, leaves PSUM straight into
     the heads' rows (cross-quadrant moves of <= 32 partitions, ScalarE and VectorE in turn:
@@ -843,8 +844,9 @@ def _solve_apply_block(pk, Xs, b, N, Rs):
     npk, W, nbs = pk["npk"], pk["W"], pk["nbs"]
     r0 = b * _BLOCK
     nb = nbs[b]
+    unpacked = pk["G"] != None  # noqa: E711
     ps = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.psum)
-    if Rs == None:  # noqa: E711
+    if not unpacked:
         nisa.nc_matmul(dst=ps, stationary=_tf(pk["inv"][:, b, :], pk["tf"]),
                        moving=_tf(pk["Z"][b], pk["tf"]), accumulate=False)
     else:
@@ -854,7 +856,7 @@ def _solve_apply_block(pk, Xs, b, N, Rs):
         if b > 0:
             nisa.nc_matmul(dst=ps, stationary=_tf(pk["inv"][:, b, :], pk["tf"]),
                            moving=_tf(pk["Z"][b], pk["tf"]), accumulate=True)
-    if Rs != None and b == len(nbs) - 1:  # noqa: E711
+    if unpacked and b == len(nbs) - 1:
         for j in range(npk):
             q0 = j * _BLOCK
             eng = nisa.engine.scalar
@@ -1143,12 +1145,10 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, HV,
         for i in range(len(hvs)):
             _head_rhs(pres[key][i], qk[str(hvs[i] // rep)], buf["v"], ch["nec"], S, hvs[i], V)
             Rs.append(pres[key][i]["R"])
-        gdat[key]["Rs"] = None
+        gdat[key]["Rs"] = Rs
         gdat[key]["Rp"] = None
-        if solve[u]["G"] == None:  # noqa: E711
+        if solve[u]["G"] == None:  # noqa: E711  (packed unless _place_g moves the inverses)
             gdat[key]["Rp"] = _pack_rhs(Rs, L, V)
-        else:
-            gdat[key]["Rs"] = Rs
     elif job == "oq":
         for i in range(len(hvs)):
             _head_oq(pres[key][i], qk[str(hvs[i] // rep)], ch["qs"], S, hvs[i], V)
