@@ -239,6 +239,7 @@ from nki_ssm.kernels.gated_delta._common import consecutive_groups
 
 _BLOCK = 32           # rows per exactly-inverted diagonal block
 _PACK = 4             # most heads whose blocks share one 128-partition packed solve
+_FEW_TILE_HEADS = 2   # < 8 head groups: heads per PE tile of the doubling's products (_tile_mm)
 _MAX_CHUNKS = 4       # most chunks per loop iteration (SBUF: TP2 with 4 does not fit)
 _CHUNK_STEP = 6       # steps between the starts of a loop body's chunks (_body_plan)
 _SQUARED = 8          # the doubling squares up to N^8, then chains products with it (modeled:
@@ -497,6 +498,8 @@ def _constants(C, K, mdt):
     # the packed solve's compact identity cI [(h, m), c] = [m == c] (operand dtype) and
     # head-quadrant mask bd [(h, m), h', c] = [h == h'] (float32)
     cst["cI"] = nl.ndarray((128, _BLOCK), dtype=mdt, buffer=nl.sbuf)
+    cst["identm"] = nl.ndarray((128, 128), dtype=mdt, buffer=nl.sbuf)   # (transpose mode)
+    nisa.tensor_copy(dst=cst["identm"], src=cst["ident"])
     cst["bd"] = nl.ndarray((128, 128 // _BLOCK, _BLOCK), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=cst["bd"], value=0.0)
     for h in range(128 // _BLOCK):
@@ -528,7 +531,7 @@ def _l2norm_rows(x, L, H, K):
                        data2=ss.reshape((L, H, 1)).broadcast(2, K), op=nl.multiply)
 
 
-def _solve_place(ATs, L, tiles, diag, off):
+def _solve_place(ATs, L, tiles, diag, off, row0_scalar=False):
     """The layout moves of a pack's solve: from the transposes ATs[i] ([j, i] layout) of the
     strictly-lower A_i [L, L] of up to _PACK heads, the diagonal _BLOCK-row blocks A_bb^T into
     slot b of tiles["PT"] and the off-diagonal blocks A_kb^T (k < b) into slot pair(k, b) of
@@ -549,15 +552,20 @@ def _solve_place(ATs, L, tiles, diag, off):
             r0 = b * _BLOCK
             nb = nbs[b]
             if diag:
-                nisa.dma_copy(dst=tiles["PT"][q0:q0 + nb, b, q0:q0 + nb],
+                c0 = (j % tiles["th"]) * _BLOCK
+                nisa.dma_copy(dst=tiles["PT"][q0:q0 + nb, b, c0:c0 + nb],
                               src=ATs[j][r0:r0 + nb, r0:r0 + nb])
             if off and b + 1 < nblk and nbs[nblk - 1] == _BLOCK:
-                # the row strip of blocks (b, c > b): one GpSimd copy
+                # the row strip of blocks (b, c > b): one GpSimd copy (``row0_scalar``: row 0's,
+                # the longest, on ScalarE)
                 p0 = _pair(b, b + 1, nblk)
                 n = nblk - 1 - b
+                eng = nisa.engine.gpsimd
+                if row0_scalar and b == 0:
+                    eng = nisa.engine.scalar
                 nisa.tensor_copy(dst=tiles["OT"][q0:q0 + nb, p0:p0 + n, q0:q0 + _BLOCK],
                                  src=ATs[j][r0:r0 + nb, r0 + _BLOCK:L].reshape((nb, n, _BLOCK)),
-                                 engine=nisa.engine.gpsimd)
+                                 engine=eng)
             elif off:
                 for c in range(b + 1, nblk):
                     c0 = c * _BLOCK
@@ -589,27 +597,27 @@ def _solve_setup(npk, L, cst, mdt, tiles):
     nbs = _block_rows(L)
     nblk = len(nbs)
     PT = tiles["PT"]
-    pst = nl.ndarray((W, nblk * W), dtype=mdt, buffer=nl.psum)
-    for b in range(nblk):
-        nisa.nc_transpose(dst=pst[:, b * W:(b + 1) * W], data=PT[:, b, :],
-                          engine=nisa.engine.tensor)
-    P = nl.ndarray((W, nblk, W), dtype=mdt, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=P.reshape((W, nblk * W)), src=pst, engine=nisa.engine.vector)
+    WT = tiles["th"] * _BLOCK
+    pk = {}
+    pk["npk"] = npk
+    pk["th"] = tiles["th"]
+    pk["ident"] = cst["identm"]
+    # P = the transposes of P^T's tiles (transpose mode: bit-exact, PSUM in mdt), one eviction
+    pst = nl.ndarray((W, nblk * WT), dtype=mdt, buffer=nl.psum)
+    _tile_mm(pst, PT, None, nblk, pk, True)
+    P = nl.ndarray((W, nblk, WT), dtype=mdt, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=P.reshape((W, nblk * WT)), src=pst, engine=nisa.engine.vector)
     # inv = sum_{m < covered} N^m, kept compact: inv^T's diagonal sub-blocks
-    # cinv [(h, i), b, c] = inv_hb^T[i, c] (a quarter of the expanded tile's columns;
-    # the doubling's updates are products with it as the moving operand, and a product
-    # with a compact moving operand is compact). Starts as I - P^T: the compact P^T is
-    # P^T = P_b^T cI, cI [(h, m), c] = [m == c] (the compact identity).
+    # cinv [(h, i), b, c] = inv_hb^T[i, c] (the doubling's updates are products with it as
+    # the moving operand, and a product with a compact moving operand is compact). Starts
+    # as I - P^T: the compact P^T is P_b^T cI, cI [(h, m), c] = [m == c] (the compact
+    # identity).
     cI = cst["cI"][0:W, :]
     ps = nl.ndarray((W, nblk * _BLOCK), dtype=nl.float32, buffer=nl.psum)
-    for b in range(nblk):
-        nisa.nc_matmul(dst=ps[:, b * _BLOCK:(b + 1) * _BLOCK], stationary=P[:, b, :],
-                       moving=cI, accumulate=False)
+    _tile_mm(ps, P, cI.reshape((W, 1, _BLOCK)).broadcast(1, nblk), nblk, pk)
     cinv = nl.ndarray((W, nblk, _BLOCK), dtype=mdt, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=cinv, data1=cI.reshape((W, 1, _BLOCK)).broadcast(1, nblk),
                        data2=ps.reshape((W, nblk, _BLOCK)), op=nl.subtract)
-    pk = {}
-    pk["npk"] = npk
     pk["W"] = W
     pk["nbs"] = nbs
     pk["P"] = P
@@ -626,23 +634,67 @@ def _solve_setup(npk, L, cst, mdt, tiles):
     return pk
 
 
-def _solve_tiles(npk, L, mdt, unpacked):
-    """The packed tiles of one head group's solve (see _solve_setup): P^T ``[W, blocks, W]``
-    (``mdt``), the off-diagonal blocks ``[W, pairs, W]`` float32 (None for one block) and,
-    ``unpacked`` (the right-hand sides read where they are, _place_g), the moved inverses G
-    ``[L, npk, W]`` float32; zeroed by _zero_solve before their first use."""
+def _solve_tiles(npk, L, mdt, few):
+    """The packed tiles of one head group's solve (see _solve_setup): P^T ``[W, blocks, WT]``
+    (``mdt``; WT the columns of a PE tile's heads, _tile_heads), the off-diagonal blocks
+    ``[W, pairs, W]`` float32 (None for one block) and, ``few`` (the right-hand sides read
+    where they are, _place_g), the moved inverses G ``[L, npk, W]`` float32; zeroed by
+    _zero_solve before their first use."""
     W = npk * _BLOCK
     nblk = len(_block_rows(L))
     t = {}
-    t["PT"] = nl.ndarray((W, nblk, W), dtype=mdt, buffer=nl.sbuf)
+    t["th"] = _tile_heads(npk, few)
+    t["PT"] = nl.ndarray((W, nblk, t["th"] * _BLOCK), dtype=mdt, buffer=nl.sbuf)
     npair = nblk * (nblk - 1) // 2
     t["OT"] = None
     if npair > 0:
         t["OT"] = nl.ndarray((W, npair, W), dtype=nl.float32, buffer=nl.sbuf)
     t["G"] = None
-    if unpacked:
+    if few:
         t["G"] = nl.ndarray((L, npk, W), dtype=nl.float32, buffer=nl.sbuf)
     return t
+
+
+def _tile_heads(npk, few):
+    """Heads of a pack whose blocks share one PE tile in the doubling's products (_tile_mm):
+    _FEW_TILE_HEADS with few head groups, else all of them (the whole array)."""
+    if few:
+        return min(npk, _FEW_TILE_HEADS)
+    return npk
+
+
+def _tile_mm(ps, st, mv, na, pk, transpose=False):
+    """ps[:, b] = st[:, b]^T @ mv[:, b] for the blocks b < na of a pack, one matmul per PE tile
+    of pk["th"] heads (tiling mode: rows and columns 32 th t.. of the array for tile t, so a
+    tile's products land on its own partitions). ``st`` ``[W, blocks, WT]`` holds each tile's
+    blocks block-diagonally over its heads (WT = 32 th columns, head h at columns 32 (h %
+    th)), so no head reads another's; ``mv`` ``[W, blocks, n]`` in that layout or compact
+    (``[W, blocks, 32]``) gives ps ``[W, blocks * n]`` in the same layout. ``transpose``:
+    ps[:, b] = st[:, b]^T per tile (TensorE transpose mode, moving a tile identity from
+    pk["ident"]; ps in ``st``'s dtype)."""
+    npk = pk["npk"]
+    th = pk["th"]
+    WT = th * _BLOCK
+    n = WT
+    if not transpose:
+        n = mv.shape[2]
+    for b in range(na):
+        for h0 in range(0, npk, th):
+            r0 = h0 * _BLOCK
+            r = min(npk - h0, th) * _BLOCK
+            tpos = ()
+            tsize = ()
+            if WT < 128:
+                tpos = (r0, r0)
+                tsize = (WT, WT)
+            if transpose:
+                nisa.nc_matmul(dst=ps[r0:r0 + r, b * n:b * n + r], stationary=st[r0:r0 + r, b, 0:r],
+                               moving=pk["ident"][r0:r0 + r, r0:r0 + r], is_transpose=True,
+                               tile_position=tpos, tile_size=tsize, accumulate=False)
+            else:
+                nisa.nc_matmul(dst=ps[r0:r0 + r, b * n:(b + 1) * n],
+                               stationary=st[r0:r0 + r, b, 0:r], moving=mv[r0:r0 + r, b, :],
+                               tile_position=tpos, tile_size=tsize, accumulate=False)
 
 
 def _zero_solve(t):
@@ -719,27 +771,22 @@ def _solve_round(pk, covered, mdt):
         X = pk["cinv"]
         for r in range(covered // _SQUARED - 1):
             ps = nl.ndarray((W, na * _BLOCK), dtype=nl.float32, buffer=nl.psum)
-            for b in range(na):
-                nisa.nc_matmul(dst=ps[:, b * _BLOCK:(b + 1) * _BLOCK],
-                               stationary=pk["P"][:, b, :], moving=X[:, b, :], accumulate=False)
+            _tile_mm(ps, pk["P"], X, na, pk)
             X = nl.ndarray((W, na, _BLOCK), dtype=mdt, buffer=nl.sbuf)
             nisa.tensor_copy(dst=X.reshape((W, na * _BLOCK)), src=ps, engine=nisa.engine.scalar)
         pk["chain"] = X
         return
-    ps = nl.ndarray((W, na * W), dtype=nl.float32, buffer=nl.psum)
-    for b in range(na):
-        nisa.nc_matmul(dst=ps[:, b * W:(b + 1) * W], stationary=pk["PT"][:, b, :],
-                       moving=pk["P"][:, b, :], accumulate=False)            # P @ P
-    P2 = nl.ndarray((W, na, W), dtype=mdt, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=P2.reshape((W, na * W)), src=ps, engine=nisa.engine.scalar)
+    WT = pk["th"] * _BLOCK
+    ps = nl.ndarray((W, na * WT), dtype=nl.float32, buffer=nl.psum)
+    _tile_mm(ps, pk["PT"], pk["P"], na, pk)                              # P @ P
+    P2 = nl.ndarray((W, na, WT), dtype=mdt, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=P2.reshape((W, na * WT)), src=ps, engine=nisa.engine.scalar)
     # the transposed square only if the next round squares again
     if nc > 0 and covered * 2 <= _SQUARED:
-        ps = nl.ndarray((W, nc * W), dtype=nl.float32, buffer=nl.psum)
-        for b in range(nc):
-            nisa.nc_matmul(dst=ps[:, b * W:(b + 1) * W], stationary=pk["P"][:, b, :],
-                           moving=pk["PT"][:, b, :], accumulate=False)     # (P @ P)^T
-        PT2 = nl.ndarray((W, nc, W), dtype=mdt, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=PT2.reshape((W, nc * W)), src=ps, engine=nisa.engine.scalar)
+        ps = nl.ndarray((W, nc * WT), dtype=nl.float32, buffer=nl.psum)
+        _tile_mm(ps, pk["P"], pk["PT"], nc, pk)                          # (P @ P)^T
+        PT2 = nl.ndarray((W, nc, WT), dtype=mdt, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=PT2.reshape((W, nc * WT)), src=ps, engine=nisa.engine.scalar)
         pk["PT"] = PT2
     pk["P"] = P2
 
@@ -762,9 +809,7 @@ def _solve_update(pk, covered, mdt):
     if covered > _SQUARED:
         mv = pk["chain"]       # chained products with the last explicit power (_solve_round)
     ps = nl.ndarray((W, na * _BLOCK), dtype=nl.float32, buffer=nl.psum)
-    for b in range(na):
-        nisa.nc_matmul(dst=ps[:, b * _BLOCK:(b + 1) * _BLOCK], stationary=pk["P"][:, b, :],
-                       moving=mv[:, b, :], accumulate=False)              # (inv @ P)^T
+    _tile_mm(ps, pk["P"], mv, na, pk)                                    # (inv @ P)^T
     psv = ps.reshape((W, na, _BLOCK))
     if nc > 0:
         nisa.tensor_tensor(dst=cinv[:, 0:nc, :], data1=cinv[:, 0:nc, :], data2=psv[:, 0:nc, :],
@@ -1133,7 +1178,7 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, HV,
         ATs = []
         for d in pres[key]:
             ATs.append(d["AT"])
-        _solve_place(ATs, L, solve[u], False, True)
+        _solve_place(ATs, L, solve[u], False, True, True)
     elif job == "setup":
         items[key] = _solve_setup(len(hvs), L, cst, xdt, solve[u])
     elif job == "square":
