@@ -242,6 +242,7 @@ _PACK = 4             # most heads whose blocks share one 128-partition packed s
 _FEW_TILE_HEADS = 2   # < 8 head groups: heads per PE tile of the doubling's products (_tile_mm)
 _MAX_CHUNKS = 4       # most chunks per loop iteration (SBUF: TP2 with 4 does not fit)
 _CHUNK_STEP = 6       # steps between the starts of a loop body's chunks (_body_plan)
+_FIRST_LEAD = 2       # extra steps chunk 0 runs alone in a body of _MAX_CHUNKS chunks (_body_plan)
 _SQUARED = 8          # the doubling squares up to N^8, then chains products with it (modeled:
                       # squaring to N^16 or chaining from N^4, TP1 -4 % / -2 %)
 _L2NORM_EPS = 1e-6
@@ -1040,12 +1041,18 @@ def _body_plan(jobs, G, n):
     """The issue order of a loop body of n chunks: ``order[k]`` the job indices of chunk k in
     stage order and ``off[k][i]`` the step at which group 0 runs its stage i (group u at
     step off + u); ``nslot`` steps in all. Chunk 0 runs its jobs as listed; a later chunk
-    runs its state-independent jobs first, from step _CHUNK_STEP * k, and its jobs from k S
-    on (_STATE_JOBS) once the chunk before has updated that group's state (program order
-    is the state's data order)."""
+    runs its state-independent jobs first, from step _CHUNK_STEP * k (+ _FIRST_LEAD in a
+    body of _MAX_CHUNKS chunks: chunk 0's doubling, which the iteration's first chain waits
+    for, then shares the queues with fewer of the later chunks' jobs; modeled trn2 TP4 4K
+    6.84 -> 6.92 M tokens/s, TP8 9.39 -> 9.50 M, lead 1 or 3 6.90 / 6.75 M; with 2 chunks,
+    TP2 3.68 -> 3.66 M, so not there), and its jobs from k S on (_STATE_JOBS) once the chunk
+    before has updated that group's state (program order is the state's data order)."""
     order = []
     off = []
     nslot = 0
+    lead = 0
+    if n >= _MAX_CHUNKS:
+        lead = _FIRST_LEAD
     for k in range(n):
         ok = []
         if k == 0:
@@ -1062,6 +1069,8 @@ def _body_plan(jobs, G, n):
         shift = 0
         for i in range(len(ok)):
             step = k * _CHUNK_STEP + i + shift
+            if k > 0:
+                step = step + lead
             if k > 0 and shift == 0 and _is_state_job(jobs[ok[i]]):
                 # the first state job: one step after the chunk before updates the state
                 prev = off[k - 1][len(off[k - 1]) - 1]
