@@ -406,6 +406,17 @@ def test_prefill_many_head_groups(dtype, tol, chunk):
     _prefill_check(inp, tol, chunk)
 
 
+@pytest.mark.parametrize("dtype, tol, chunk", [(np.float32, F32_TOL, 48), (BF16, BF16_TOL, 128)])
+def test_prefill_odd_head_group(dtype, tol, chunk):
+    """HV = 3 (one head group of 3, fewer than 8 groups): the doubling's products run on PE
+    tiles of 2 heads, so the group has a tile of 2 heads and one of 1 (32 rows of a 64-row
+    tile); ragged, with a short last block at chunk 48."""
+    inp = make_gated_delta_inputs(np.random.default_rng(17), seqlens=[100, 37], H=1, HV=3,
+                                  K=32, V=16, dtype=dtype, pool_dtype=np.float32,
+                                  has_initial_state=True)
+    _prefill_check(inp, tol, chunk)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype, tol", [(np.float32, F32_TOL), (BF16, BF16_TOL)])
 def test_prefill_qwen3_next_tp8_shape(dtype, tol):
