@@ -69,14 +69,15 @@ zeroes tile set 0's packed tiles before the loops, the rest only for a sequence 
 runs a body of n chunks; a body of n chunks gathers the next n, a one-chunk body the
 next one (modeled TP4 1 x 128: 37.8 us with 1 chunk per iteration, 51.8 when one-chunk
 bodies refilled every set, 44.5 when the launch gathered and zeroed all n sets, 36.0
-now; 4K 0.5 % slower: the first body of n chunks waits for its gathers). A runtime loop
+then, 36.1 now; 4K 0.5 % slower: the first body of n chunks waits for its gathers). A runtime loop
 drains every engine at each iteration boundary (nki-dynamic-loops.rst, "Iterations Do
 Not Overlap"), so with few heads per core an iteration holds several chunks
 (``chunks_per_iteration``: about 8 head groups in flight). What is unrolled inside a
 body is bounded by the layer (heads, 32-row blocks, n). Program size (static
-instructions, both chunk loops): Qwen3-Next TP1 1,735, TP2 2,791, TP4 2,395; the same at
+instructions, both chunk loops): Qwen3-Next TP1 1,736, TP2 3,368, TP4 2,876; the same at
 2K and 16K tokens and for 8 x 2K (the simulator counts a loop only when it runs: at 2K,
-16K and 8 x 2K the one-chunk loop does not, and the reported figure is TP4 1,930).
+16K and 8 x 2K the one-chunk loop does not, and the reported figure is TP4 2,315; the
+doubling's 2-head PE tiles (below) add ~450 to it).
 Every matmul passes ``accumulate=`` explicitly.
 
 A loop body is a software pipeline over groups of 4 value heads and its chunks: each
@@ -118,9 +119,12 @@ Engines, per (chunk, value head) at C = 128 (tokens on partitions)
   tokens/s).
 - TensorE: k^T, q^T (transposes, one PSUM bank per q/k head); k k^T | k q^T (one
   matmul per q/k head, shared by HV / H value heads); the segment sums (fp32, 0/1
-  stationary); k S, q S; the doubling: P P and P^T P^T up to N^8 (expanded
-  block-diagonal tiles, from the same operands: no transpose on the chain), then
-  compact products with N^8, and the compact inverse updates; per block the
+  stationary); k S, q S; the doubling: P from P^T (transpose mode), P P and P^T P^T
+  up to N^8 (block-diagonal tiles, from the same operands: no transpose on the chain),
+  then compact products with N^8, and the compact inverse updates, all on PE tiles of
+  the pack's heads (_tile_mm: the whole array at TP1; < 8 head groups tiles of 2 heads,
+  64 rows and columns, so the block-diagonal tiles hold 64 columns per block instead of
+  128 and the expanded evictions halve); per block the
   off-diagonal products (1-3 per group) and the application (1 per group; < 8 head
   groups also one 32-row product with G per head); M Y and kd^T Y; bf16 callers: q S
   into the output's accumulation (an identity matmul).
@@ -131,9 +135,10 @@ Engines, per (chunk, value head) at C = 128 (tokens on partitions)
   solutions leave PSUM half on VectorE, half on ScalarE).
 - ScalarE: transpose evictions, the exps, the doubling's expanded evictions (5 per
   group) and its chained product, q S, the packed solutions, the decayed keys, o (bf16
-  callers).
+  callers); < 8 head groups also the off-diagonal placements of block row 0.
 - GpSimd: the off-diagonal blocks' placements (a row strip per head and block row:
-  on DMA they put the queues on the critical path), descriptor generation.
+  on DMA they put the queues on the critical path; < 8 head groups rows 1-2 only),
+  software descriptor generation of the indirect gathers and scatters.
   VectorE zeroes the packed tiles once per launch (sets 1 .. n - 1 only if a body of n
   chunks runs): the placements write the same elements every chunk, so the zeros persist.
 Operand precision: float32 callers get fp32 operands everywhere (the exact
@@ -162,14 +167,42 @@ measured slower or within 1 %: more speed needs less work on both, not another
 balance. Figures, tokens/s per NeuronCore: the README's "Modeled performance" table
 and ``python -m simulate``. The kernel of issue 10, same model: TP1 0.42 M, TP4 1.69 M.
 
-Qwen3-Next TP4 (8 value heads: 2 groups of 4): 6.92 M tokens/s at 16K (range 2.42-8.67 M),
-3.45x TP1 (goal 3.5x); 4.78 M with one chunk and 4 groups of 2 heads per iteration. An
-iteration of 4 chunks takes 74 us; ScalarE has 62 us of work in it, VectorE 53, TensorE
-44, GpSimd 26. Chunk 0's doubling ends at ~25 us (the off-diagonal placements run on
-GpSimd meanwhile: 6.22 -> 6.48 M at 4K against after the doubling), but its substitution
-then runs among chunks 1-3's state-independent work (transposes, products, decays, A^T,
-the doubling: ScalarE's expanded evictions) and its chain ends at ~44 us; the chains of
-chunks 1-3 follow one another (k S, the right-hand-side evictions, the 4 substitution
+Qwen3-Next TP4 (8 value heads: 2 groups of 4): 7.13 M tokens/s at 16K (range 2.42-8.67 M),
+3.56x TP1 (goal 3.5x, met by the central figure); 4.78 M with one chunk and 4 groups of 2
+heads per iteration. An iteration of 4 chunks takes 71.5 us (modeled 4K); ScalarE has 57 us
+of work in it, VectorE 52, TensorE 49, GpSimd 14 plus the gathers' software descriptors.
+The last three steps (modeled 4K, 6.72 M before): (a) the doubling's products on PE tiles
+of 2 heads (tiling mode, tile_size (64, 64) at tile_position (64 t, 64 t); _tile_mm), so
+P^T, P and the squares hold 64 columns per block instead of 128 and the 5 expanded
+evictions per group halve: ScalarE 62 -> 53 us of work per iteration, but alone 6.65 M
+(the tiles double the doubling's matmuls in the in-order TensorE queue); with row 0's
+off-diagonal placements moved from GpSimd to the freed ScalarE 6.77 M (every row on
+ScalarE 6.65 M, every other head 6.77 M, VectorE 6.11 M), and P from P^T by transpose-mode
+matmuls (their bf16 PSUM lets VectorE evict at the 16-bit rate; fp32 products 6.77 M)
+6.84 M; (b) chunk 0 two steps ahead of the others in a body of 4 (_FIRST_LEAD) 6.92 M.
+Tiles of one head (32 x 32: 4x the matmuls) make TensorE bind (6.14 M); at TP1 2-head
+tiles cost 1.96 -> 1.94 M (TensorE and VectorE), so TP1 keeps the whole array.
+[UNVERIFIED on hardware] that a row tile takes its operands from the partitions of its
+rows (as the 32-row G products already assume); that a column tile writes the PSUM
+partitions of its columns is nki-library practice (mlp_tkg, router_topk), and the
+simulator follows both. The cost model runs the tiles' matmuls one after another, while
+the hardware runs matmuls on disjoint tiles in parallel (nki.isa.nc_matmul, "Tiling
+mode"): the modeled TensorE time of the doubling is an upper bound. What-ifs now (4K,
+6.92 M): VectorE twice as fast +6.3 %, ScalarE +0.8 %, both +12.3 %, no cross-engine
+semaphore latency +4.7 %, DMA fixed and completion latency 0 +1.5 %, twice the DMA
+engines +1.7 %: VectorE binds the chain phase. Tried and dropped this round (4K, against
+6.77-6.84 M): the next chunks' gathers issued no earlier than a given step (-2 % to +0.8 %
+depending on the step, too sensitive to keep); the decayed keys, M and the state update
+in other orders again (6.41-6.72 M) and a step issuing the chains' jobs before the other
+jobs (5.28-5.61 M: the state-independent work then starves); the state update's eviction
+on GpSimd (scalar_tensor_tensor has no engine choice); chunk starts other than (0, 8, 14,
+20) (2K, 4K, 8K and TP8 all best there; (0, 8, 14, 19) is 0.8 % faster at 4K only).
+Before this round (6.92 M at 16K, 74 us per iteration, ScalarE 62 us): chunk 0's
+doubling ended at ~25 us (the off-diagonal placements run on GpSimd meanwhile: 6.22 ->
+6.48 M at 4K against after the doubling), but its substitution then ran among chunks
+1-3's state-independent work (transposes, products, decays, A^T, the doubling:
+ScalarE's expanded evictions) and its chain ended at ~44 us; the chains of chunks 1-3
+follow one another (k S, the right-hand-side evictions, the 4 substitution
 blocks, the products with Y, the state update: ~8.5 us for both groups, 10 before the
 right-hand sides stayed unpacked) with VectorE and ScalarE 70-80 % busy. The right-hand
 sides unpacked (_place_g; modeled 4K: TP4 6.48 -> 6.59 M tokens/s with G placed by DMA,
@@ -220,13 +253,16 @@ DMAs wait up to 5 us behind the gathers and the diagonal placements on the DMA q
 
 What is left, largest first: (1) at TP4, the chain phase: the state chains of an
 iteration's chunks follow one another, and a chain step waits behind the other chunks'
-queued work in the in-order engine queues, now with VectorE and ScalarE 70-80 % busy;
-fewer hops per substitution block (TensorE -> ScalarE negation -> TensorE -> ScalarE
-eviction: folding the negation into the application needs inv_bb A_bk, i.e. A_bk in the
-[i, j] layout, a transpose per block pair) or less work on both engines is where the
-remaining ~1.5 % is; (2) at TP1, overlap across chunks (SBUF holds one chunk's tiles: 172
-of 208 KiB); (3) the doubling: 5 expanded evictions per group (19 us of ScalarE per chunk
-at TP1), three quarters of whose columns are the packing's zeros; (4) VectorE's five
+queued work in the in-order engine queues; VectorE now binds it (the right-hand sides',
+M's and the state update's evictions, 0.85 us per group each); fewer hops per
+substitution block (TensorE -> ScalarE negation -> TensorE -> ScalarE eviction: folding
+the negation into the application needs inv_bb A_bk, i.e. A_bk in the [i, j] layout, a
+transpose per block pair); (2) at TP1, overlap across chunks (SBUF holds one chunk's
+tiles: 172 of 208 KiB); (3) the doubling at TP1: 5 expanded evictions per group (19 us of
+ScalarE per chunk), three quarters of whose columns are the packing's zeros (the 2-head
+tiles of TP4 halve them but cost TP1 more TensorE than they save); the 16 diagonal-block
+and 16 G placement DMAs per group (32-partition, 64-128-byte runs) sit on chunk 0's path
+at TP4; (4) VectorE's five
 [128, 128] float32 ops per head, PSUM-sourced or two-input, so no bf16 perf mode and no
 other engine that can take them.
 
@@ -585,7 +621,8 @@ def _block_rows(L):
 
 def _solve_setup(npk, L, cst, mdt, tiles):
     """Setup of the packed solve X_i = (I + A_i)^{-1} B_i of up to _PACK heads (blocks placed
-    by _solve_place): P = A_bb by TensorE transposes of P^T (one PSUM bank, one eviction);
+    by _solve_place): P = A_bb by transpose-mode matmuls of P^T's PE tiles (_tile_mm; one
+    PSUM bank in the operand dtype, one eviction);
     with N = -P the diagonal blocks' inverse (I - N)^{-1} = (I + N)(I + N^2)(I + N^4)...
     starts as inv^T = I - P^T (the even powers need no sign). The substitution over the
     blocks uses the off-diagonal blocks in tiles["OT"].
