@@ -725,14 +725,27 @@ def _tile_mm(ps, st, mv, na, pk, transpose=False):
             if WT < 128:
                 tpos = (r0, r0)
                 tsize = (WT, WT)
+            cols = n
             if transpose:
-                nisa.nc_matmul(dst=ps[r0:r0 + r, b * n:b * n + r], stationary=st[r0:r0 + r, b, 0:r],
-                               moving=pk["ident"][r0:r0 + r, r0:r0 + r], is_transpose=True,
-                               tile_position=tpos, tile_size=tsize, accumulate=False)
+                moving = pk["ident"][r0:r0 + r, r0:r0 + r]
+                cols = r
             else:
-                nisa.nc_matmul(dst=ps[r0:r0 + r, b * n:(b + 1) * n],
-                               stationary=st[r0:r0 + r, b, 0:r], moving=mv[r0:r0 + r, b, :],
-                               tile_position=tpos, tile_size=tsize, accumulate=False)
+                moving = mv[r0:r0 + r, b, :]
+            nisa.nc_matmul(dst=ps[r0:r0 + r, b * n:b * n + cols], stationary=st[r0:r0 + r, b, 0:r],
+                           moving=moving, is_transpose=transpose, tile_position=tpos,
+                           tile_size=tsize, accumulate=False)
+
+
+def _tile_product(pk, st, mv, na, mdt):
+    """SBUF ``[W, na, n]`` (``mdt``) = the tile products st^T mv of blocks < na (_tile_mm),
+    one PSUM bank, evicted by ScalarE."""
+    W = pk["W"]
+    n = mv.shape[2]
+    ps = nl.ndarray((W, na * n), dtype=nl.float32, buffer=nl.psum)
+    _tile_mm(ps, st, mv, na, pk)
+    out = nl.ndarray((W, na, n), dtype=mdt, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=out.reshape((W, na * n)), src=ps, engine=nisa.engine.scalar)
+    return out
 
 
 def _zero_solve(t):
@@ -797,7 +810,6 @@ def _solve_round(pk, covered, mdt):
     inv <- inv (I + P), so inv covers the powers below 2 * covered. The blocks' products
     share one PSUM bank and one eviction; a block whose last round this is writes the
     float32 inverse the substitution applies."""
-    W = pk["W"]
     na = _count_over(pk["nbs"], covered)           # blocks in this round
     nc = _count_over(pk["nbs"], covered * 2)       # ... that need another round
     if na == 0:
@@ -808,24 +820,13 @@ def _solve_round(pk, covered, mdt):
         # eviction); all but the last here, the last in _solve_update
         X = pk["cinv"]
         for r in range(covered // _SQUARED - 1):
-            ps = nl.ndarray((W, na * _BLOCK), dtype=nl.float32, buffer=nl.psum)
-            _tile_mm(ps, pk["P"], X, na, pk)
-            X = nl.ndarray((W, na, _BLOCK), dtype=mdt, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=X.reshape((W, na * _BLOCK)), src=ps, engine=nisa.engine.scalar)
+            X = _tile_product(pk, pk["P"], X, na, mdt)
         pk["chain"] = X
         return
-    WT = pk["th"] * _BLOCK
-    ps = nl.ndarray((W, na * WT), dtype=nl.float32, buffer=nl.psum)
-    _tile_mm(ps, pk["PT"], pk["P"], na, pk)                              # P @ P
-    P2 = nl.ndarray((W, na, WT), dtype=mdt, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=P2.reshape((W, na * WT)), src=ps, engine=nisa.engine.scalar)
+    P2 = _tile_product(pk, pk["PT"], pk["P"], na, mdt)                   # P @ P
     # the transposed square only if the next round squares again
     if nc > 0 and covered * 2 <= _SQUARED:
-        ps = nl.ndarray((W, nc * WT), dtype=nl.float32, buffer=nl.psum)
-        _tile_mm(ps, pk["P"], pk["PT"], nc, pk)                          # (P @ P)^T
-        PT2 = nl.ndarray((W, nc, WT), dtype=mdt, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=PT2.reshape((W, nc * WT)), src=ps, engine=nisa.engine.scalar)
-        pk["PT"] = PT2
+        pk["PT"] = _tile_product(pk, pk["P"], pk["PT"], nc, mdt)         # (P @ P)^T
     pk["P"] = P2
 
 
