@@ -68,6 +68,7 @@ import textwrap
 import types
 import warnings
 
+from . import version
 from .errors import NkiValidationError
 
 
@@ -93,7 +94,6 @@ _MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "
                        "setdefault", "sort", "reverse", "popitem", "__setitem__"})
 
 _REJECTED_STMTS = {
-    ast.FunctionDef: "inner function definitions (def inside a kernel function)",
     ast.AsyncFunctionDef: "async functions",
     ast.ClassDef: "class definitions inside a function",
     ast.Delete: "'del' statements",
@@ -224,6 +224,8 @@ class _FunctionCheck:
     def node(self, node) -> bool:
         """Check one node; False when it is rejected as a whole (its inside is not checked:
         the front end stops at it too)."""
+        if isinstance(node, ast.FunctionDef):
+            return self._inner_def(node)
         why = _REJECTED_STMTS.get(type(node)) or _REJECTED_EXPRS.get(type(node))
         if why is not None:
             self.fail(node, why)
@@ -231,6 +233,22 @@ class _FunctionCheck:
         meth = getattr(self, "n_" + type(node).__name__, None)
         if meth is not None:
             meth(node)
+        return True
+
+    def _inner_def(self, node) -> bool:
+        """An inner ``def``: rejected by the 0.5.0 front end (KLR gather.c 1322-1328); NKI
+        0.6.0 documents it as the body of its runtime loops (``nl.fori_loop`` docstring,
+        aws-neuron-sdk nki/api/nki/language/__init__.py l.2431: ``def body(i): ...`` inside
+        the kernel, then ``nl.fori_loop(0, ub, body)``). Its body is checked by the same rules."""
+        if not version.at_least("0.6.0"):
+            self.fail(node, "inner function definitions (def inside a kernel function) before "
+                            "NKI 0.6.0 (KLR interop/klr/gather.c 1322-1328)")
+            return False
+        args = node.args
+        if args.vararg is not None:
+            self.fail(node, f"*{args.vararg.arg} parameters (varargs; KLR/NKI/Simplify.lean 415)")
+        if node.decorator_list:
+            self.fail(node, "decorators on an inner function")
         return True
 
     # -- expressions
@@ -410,12 +428,15 @@ def _reachable(value, out: list) -> None:
 
 
 def _local_names(node) -> set:
-    names = {a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs}
-    for a in (node.args.vararg, node.args.kwarg):
-        if a is not None:
-            names.add(a.arg)
+    """Parameters and assigned names of ``node`` and of the inner functions it defines."""
+    names = set()
     for sub in ast.walk(node):
-        if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+        if isinstance(sub, ast.FunctionDef):
+            if sub is not node:
+                names.add(sub.name)
+            names.update(a.arg for a in sub.args.posonlyargs + sub.args.args + sub.args.kwonlyargs)
+            names.update(a.arg for a in (sub.args.vararg, sub.args.kwarg) if a is not None)
+        elif isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
             names.add(sub.id)
     return names
 
@@ -525,9 +546,10 @@ def check_kernel(fn) -> Checked | None:
     """Raise NkiValidationError if ``fn`` or a helper it reaches uses Python the NKI compiler
     rejects (every violation, in source order); warn (NkiFrontendWarning) where it only
     warns. Results are cached per function object (a kernel is checked once)."""
-    key = getattr(fn, "__code__", None)
-    if key is None:
+    code = getattr(fn, "__code__", None)
+    if code is None:
         return None
+    key = (code, version.nki_version())
     res = _checked.get(key)
     if res is None:
         res = _check_tree(fn)

@@ -192,7 +192,9 @@ def k_table(x):
     (k_two_sets, "several mutating targets"), (k_set, "set literals"), (k_range_value, "range() outside"), (k_in_chain, "chained comparison"),
     (k_helper, "list comprehensions"), (k_table, "list comprehensions"),
 ])
-def test_rejected_construct_names_itself(kernel, words):
+def test_rejected_construct_names_itself(kernel, words, monkeypatch):
+    if kernel is k_nested_def:      # inner defs are NKI 0.6.0 loop bodies; 0.5.0 rejects them
+        monkeypatch.setenv("NKI_SSM_NKI_VERSION", "0.5.0")
     with pytest.raises(NkiValidationError, match="NKI compiler rejects") as e:
         simulate(jit(kernel))(X)
     assert words in str(e.value)
@@ -303,3 +305,8 @@ def test_module_global_list_read_is_accepted_with_a_warning():
     from nki_ssm.sim.subset import NkiFrontendWarning
     with pytest.warns(NkiFrontendWarning, match="module global '_MUTABLE'"):
         np.testing.assert_array_equal(simulate(jit(k_mutable_global))(X), X)
+
+
+def test_inner_def_is_a_060_loop_body():
+    """NKI 0.6.0's nl.fori_loop docstring defines its body inside the kernel."""
+    np.testing.assert_array_equal(simulate(jit(k_nested_def))(X), X)

@@ -1,0 +1,30 @@
+"""The NKI version the simulator imitates: ``NKI_SSM_NKI_VERSION`` (``0.6.0`` default, ``0.5.0``).
+
+Rules that differ between releases ask ``nki_version()`` (read on every call,
+so a test can switch it with ``monkeypatch.setenv``). Targets: NKI 0.6.0 /
+Neuron SDK 2.32.0 (release-notes/components/nki.rst, 0.6.0), and NKI 0.5.0 /
+SDK 2.31 where it costs nothing.
+"""
+from __future__ import annotations
+
+import os
+
+ENV_VAR = "NKI_SSM_NKI_VERSION"
+VERSIONS = ("0.5.0", "0.6.0")
+DEFAULT = "0.6.0"
+
+
+def nki_version() -> str:
+    """The targeted NKI version, ``"0.5.0"`` or ``"0.6.0"``; ValueError for anything else."""
+    v = os.environ.get(ENV_VAR, "").strip() or DEFAULT
+    if v not in VERSIONS:
+        raise ValueError(f"{ENV_VAR}: expected one of {', '.join(VERSIONS)}, got {v!r}")
+    return v
+
+
+def at_least(version: str) -> bool:
+    """The targeted version is ``version`` or newer."""
+    return tuple(map(int, nki_version().split("."))) >= tuple(map(int, version.split(".")))
+
+
+__all__ = ["ENV_VAR", "VERSIONS", "DEFAULT", "nki_version", "at_least"]
