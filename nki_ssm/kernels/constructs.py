@@ -1,0 +1,545 @@
+"""The NKI constructs our kernels use, and the evidence that each one compiles.
+
+Nothing in this repository has been compiled by the Neuron compiler, so every
+distinct NKI construct a kernel uses must be used the same way by a released
+kernel (nki-library, nki-samples, NxD Inference contrib) or be documented
+without contradiction (DESIGN.md, "Every construct has evidence"). This module
+reads the kernels' source (it imports none of them) and lists the constructs:
+
+- a call of the API with its argument form: ``nisa.nc_matmul(accumulate, dst,
+  moving, stationary)`` (keywords sorted, ``_`` for each positional);
+- a value of the API a kernel names: ``nl.psum``, ``nl.exp``,
+  ``nisa.gpsimd_engine`` (buffers, activation and ALU functions, dtypes, engines);
+- an access-pattern form: ``.ap(indirect_dim, offset, pattern, scalar_offset)
+  indirect_dim=0`` (the offset kind is the keyword set, plus the indirect axis);
+- tensor methods: ``.reshape(_)``;
+- the forms that matter beyond the keyword set: a matmul tile position
+  (``nisa.nc_matmul tile_position=(0, c)``; ``(r, c)`` is both offsets, ``computed``
+  a position not written as a tuple), a tile in transpose mode, a runtime loop
+  whose body is an inner ``def``, a runtime loop lexically inside another one's
+  body, a register allocated inside a runtime-loop body, ``register_load`` straight
+  from a kernel input.
+
+The evidence map, ``constructs_evidence.toml`` beside this file, gives each
+construct a released use (repository, commit, path, line) or a doc section.
+``--find-evidence DIR`` runs the same reader over a checkout of released kernels
+and proposes the first released use of every construct (a construct is "the
+same" when this reader names it the same), so the map can be regenerated; doc
+entries are written by hand. ``docs/constructs.md`` is generated from both.
+
+Usage::
+
+    python -m nki_ssm.kernels.constructs                  # the table, to stdout
+    python -m nki_ssm.kernels.constructs --write          # regenerate docs/constructs.md
+    python -m nki_ssm.kernels.constructs --check          # exit 1: no evidence, or doc stale
+    python -m nki_ssm.kernels.constructs --find-evidence REPO_DIR [--repo owner/name]
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import functools
+import inspect
+import subprocess
+import sys
+import tomllib
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from nki_ssm import backend
+
+KERNELS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = KERNELS_DIR.parents[1]
+EVIDENCE_FILE = KERNELS_DIR / "constructs_evidence.toml"
+DOC_FILE = REPO_ROOT / "docs" / "constructs.md"
+
+API_MODULES = ("nl", "nisa", "nki")
+# NKI tensor methods (nki_spec.md §3.6: access patterns and views)
+TENSOR_METHODS = frozenset({"ap", "reshape", "view", "bitcast", "permute", "slice", "select",
+                            "broadcast_to", "expand_dims"})
+# runtime loops: (api name, index of the body argument)
+RUNTIME_LOOPS = {"nl.fori_loop": 2, "nl.while_loop": 1}
+RUNTIME_ITERATORS = frozenset({"nl.dynamic_range"})
+# keyword arguments whose value is itself part of the form
+_FORM_KEYWORDS = ("indirect_dim",)
+
+
+@dataclass(frozen=True)
+class Use:
+    """One place a construct is used."""
+
+    path: str       # relative to the scanned root
+    line: int
+
+
+def _api_name(node) -> str | None:
+    """The dotted name of an API attribute chain rooted at ``nl`` / ``nisa`` / ``nki``
+    (``nki.isa.x`` read as ``nisa.x``, ``nki.language.x`` as ``nl.x``), else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not parts or not isinstance(node, ast.Name) or node.id not in API_MODULES:
+        return None
+    parts.append(node.id)
+    parts.reverse()
+    if parts[0] == "nki" and len(parts) > 2 and parts[1] in ("isa", "language"):
+        parts[:2] = ["nisa" if parts[1] == "isa" else "nl"]
+    return ".".join(parts)
+
+
+@functools.lru_cache(maxsize=None)
+def _parameters(name: str) -> list[str] | None:
+    """The positional parameter names of API function ``name`` (``nisa.nc_matmul``), from the
+    NKI implementation the backend exports (the SDK's when installed, else the simulator's,
+    which follows the documented signatures); None when unknown."""
+    mod, _, attr = name.partition(".")
+    target = {"nl": backend.nl, "nisa": backend.nisa, "nki": backend.nki}.get(mod)
+    for part in attr.split("."):
+        target = getattr(target, part, None)
+    try:
+        params = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def _form(call: ast.Call, name: str | None = None) -> str:
+    """The argument form: keywords sorted, positionals named by the API's signature where
+    known (so ``nc_matmul(d, s, m)`` and ``nc_matmul(dst=d, stationary=s, moving=m)`` are one
+    form), else ``_``."""
+    npos = sum(1 for a in call.args if not isinstance(a, ast.Starred))
+    params = _parameters(name) if name is not None and npos else None
+    if params is not None and npos <= len(params):
+        named, pos = params[:npos], []
+    else:
+        named, pos = [], ["_"] * npos
+    kws = sorted(named + [k.arg for k in call.keywords if k.arg is not None])
+    return "(" + ", ".join(pos + kws) + ")"
+
+
+def _keyword(call: ast.Call, name: str):
+    return next((k.value for k in call.keywords if k.arg == name), None)
+
+
+def _tile_form(value) -> str:
+    """The tile position as a form: (0, 0), (0, c), (r, 0), (r, c) or computed."""
+    if not isinstance(value, ast.Tuple) or len(value.elts) != 2:
+        return "computed"
+
+    def zero(e):
+        return isinstance(e, ast.Constant) and e.value == 0
+
+    r, c = value.elts
+    return f"({'0' if zero(r) else 'r'}, {'0' if zero(c) else 'c'})"
+
+
+def _is_true(value) -> bool:
+    return isinstance(value, ast.Constant) and value.value is True
+
+
+class _Reader(ast.NodeVisitor):
+    """Collects the constructs of one module."""
+
+    def __init__(self, path: str, found: dict, registers: dict | None = None):
+        self.path = path
+        self.found = found
+        self.registers = registers or {}     # id(function node) -> register names there
+        self.register_stack: list[set] = []
+        self.kernel_params: list[set] = []   # parameters of enclosing @nki.jit functions
+        self.loop_bodies: list[bool] = []    # per enclosing function: is it a runtime-loop body?
+        self.body_names: list[set] = []      # per enclosing function: names passed as loop bodies
+        self.inner_defs: list[set] = []      # per enclosing function: names of its inner defs
+        self.dynamic_for_depth = 0
+
+    def add(self, construct: str, node) -> None:
+        self.found[construct].append(Use(self.path, getattr(node, "lineno", 0)))
+
+    # -- functions
+    def visit_FunctionDef(self, node) -> None:
+        is_jit = any(_api_name(d.func if isinstance(d, ast.Call) else d) == "nki.jit"
+                     for d in node.decorator_list)
+        is_body = bool(self.body_names) and node.name in self.body_names[-1]
+        if self.inner_defs:
+            self.inner_defs[-1].add(node.name)
+        params = {a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs}
+        self.kernel_params.append(params if is_jit else (self.kernel_params[-1] if
+                                                          self.kernel_params else set()))
+        self.loop_bodies.append(is_body or (bool(self.loop_bodies) and self.loop_bodies[-1]))
+        self.body_names.append(_loop_body_names(node))
+        self.inner_defs.append(set())
+        self.register_stack.append(self.registers.get(id(node), set()))
+        self.generic_visit(node)
+        for stack in (self.kernel_params, self.loop_bodies, self.body_names, self.inner_defs,
+                      self.register_stack):
+            stack.pop()
+
+    def _in_runtime_body(self) -> bool:
+        return (bool(self.loop_bodies) and self.loop_bodies[-1]) or self.dynamic_for_depth > 0
+
+    # -- for loops over nl.dynamic_range
+    def visit_For(self, node) -> None:
+        it = node.iter
+        runtime = isinstance(it, ast.Call) and _api_name(it.func) in RUNTIME_ITERATORS
+        if runtime:
+            if self._in_runtime_body():
+                self.add("runtime loop nested in a runtime loop's body", node)
+            self.add(f"for _ in {_api_name(it.func)}{_form(it)}", node)
+            self.visit(it)
+            self.dynamic_for_depth += 1
+            for s in node.body:
+                self.visit(s)
+            self.dynamic_for_depth -= 1
+            return
+        self.generic_visit(node)
+
+    # -- calls and values
+    def visit_Call(self, node) -> None:
+        name = _api_name(node.func)
+        if name is not None:
+            if name not in RUNTIME_ITERATORS:     # those are named by their for statement
+                self.add(f"{name}{_form(node, name)}", node)
+            self._call_forms(name, node)
+            for a in node.args:
+                self.visit(a)
+            for k in node.keywords:
+                self.visit(k.value)
+            return
+        f = node.func
+        if isinstance(f, ast.Attribute) and f.attr in TENSOR_METHODS:
+            form = f".{f.attr}{_form(node)}"
+            for kw in _FORM_KEYWORDS:
+                v = _keyword(node, kw)
+                if v is not None:
+                    form += f" {kw}={ast.unparse(v)}"
+            off = _keyword(node, "scalar_offset")
+            if off is not None:
+                form += f" scalar_offset={self._offset_kind(off)}"
+            self.add(form, node)
+        self.generic_visit(node)
+
+    def _offset_kind(self, value) -> str:
+        """``register`` (a VirtualRegister: loop index, register_alloc result, or a parameter
+        some call passes one to) or ``tensor`` (anything else: an SBUF tile or expression)."""
+        regs = self.register_stack[-1] if self.register_stack else set()
+        return "register" if isinstance(value, ast.Name) and value.id in regs else "tensor"
+
+    def _call_forms(self, name: str, node) -> None:
+        if name == "nisa.nc_matmul":
+            tp = _keyword(node, "tile_position")
+            if tp is not None:
+                self.add(f"nisa.nc_matmul tile_position={_tile_form(tp)}", node)
+                if _is_true(_keyword(node, "is_transpose")):
+                    self.add("nisa.nc_matmul tile_position with is_transpose=True", node)
+        elif name in RUNTIME_LOOPS:
+            if self._in_runtime_body():
+                self.add("runtime loop nested in a runtime loop's body", node)
+            idx = RUNTIME_LOOPS[name]
+            body = node.args[idx] if len(node.args) > idx else _keyword(node, "body_fun")
+            if isinstance(body, ast.Name) and self.inner_defs and body.id in self.inner_defs[-1]:
+                self.add(f"{name} body: an inner def", node)
+            else:
+                self.add(f"{name} body: not an inner def of the caller", node)
+        elif name == "nisa.register_alloc" and self._in_runtime_body():
+            self.add("nisa.register_alloc inside a runtime-loop body", node)
+        elif name == "nisa.register_load":
+            src = _keyword(node, "src") or (node.args[1] if len(node.args) > 1 else None)
+            root = src
+            while isinstance(root, (ast.Subscript, ast.Attribute, ast.Call)):
+                root = root.value if not isinstance(root, ast.Call) else root.func
+            if isinstance(root, ast.Name) and self.kernel_params \
+                    and root.id in self.kernel_params[-1]:
+                self.add("nisa.register_load from a kernel input (HBM)", node)
+
+    def visit_Attribute(self, node) -> None:
+        name = _api_name(node)
+        if name is not None and isinstance(node.ctx, ast.Load):
+            self.add(name, node)
+            return
+        self.generic_visit(node)
+
+
+def _register_names(tree) -> dict:
+    """``{id(function node): names that hold a VirtualRegister there}``: results of
+    ``nisa.register_alloc``, ``nl.dynamic_range`` targets, runtime-loop body parameters, copies
+    of those, names visible from an enclosing function, and parameters that some call in this
+    module passes a register to (propagated until nothing changes)."""
+    funcs, parent = [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef):
+            funcs.append(node)
+            for sub in ast.iter_child_nodes(node):
+                for inner in ast.walk(sub):
+                    if isinstance(inner, ast.FunctionDef):
+                        parent.setdefault(id(inner), node)
+    by_name: dict = defaultdict(list)
+    for f in funcs:
+        by_name[f.name].append(f)
+    regs = {id(f): set() for f in funcs}
+
+    def params(f):
+        return [a.arg for a in f.args.posonlyargs + f.args.args]
+
+    def visible(f):
+        out = set(regs[id(f)])
+        p = parent.get(id(f))
+        while p is not None:
+            out |= regs[id(p)]
+            p = parent.get(id(p))
+        return out
+
+    def own_statements(f):
+        """The nodes of ``f`` outside its inner functions."""
+        todo = list(f.body)
+        while todo:
+            n = todo.pop()
+            yield n
+            todo.extend(c for c in ast.iter_child_nodes(n) if not isinstance(c, ast.FunctionDef))
+
+    for f in funcs:
+        for body in _loop_body_names(f):
+            for g in by_name.get(body, ()):
+                if parent.get(id(g)) is f and params(g):
+                    regs[id(g)].add(params(g)[0])
+    changed = True
+    while changed:
+        changed = False
+        for f in funcs:
+            seen = visible(f)
+            mine = regs[id(f)]
+            for n in own_statements(f):
+                new = set()
+                if isinstance(n, ast.Assign) and len(n.targets) == 1 \
+                        and isinstance(n.targets[0], ast.Name):
+                    v = n.value
+                    if (isinstance(v, ast.Call) and _api_name(v.func) == "nisa.register_alloc") \
+                            or (isinstance(v, ast.Name) and v.id in seen):
+                        new.add(n.targets[0].id)
+                elif isinstance(n, ast.For) and isinstance(n.iter, ast.Call) \
+                        and _api_name(n.iter.func) in RUNTIME_ITERATORS \
+                        and isinstance(n.target, ast.Name):
+                    new.add(n.target.id)
+                elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name):
+                    for g in by_name.get(n.func.id, ()):
+                        ps = params(g)
+                        for i, a in enumerate(n.args):
+                            if i < len(ps) and isinstance(a, ast.Name) and a.id in seen \
+                                    and ps[i] not in regs[id(g)]:
+                                regs[id(g)].add(ps[i])
+                                changed = True
+                        for k in n.keywords:
+                            if k.arg in ps and isinstance(k.value, ast.Name) \
+                                    and k.value.id in seen and k.arg not in regs[id(g)]:
+                                regs[id(g)].add(k.arg)
+                                changed = True
+                if new - mine:
+                    mine |= new
+                    seen |= new
+                    changed = True
+    return {id(f): visible(f) for f in funcs}
+
+
+def _loop_body_names(fn) -> set:
+    """Names a function passes as the body of a runtime loop (in its own statements)."""
+    out = set()
+    for sub in ast.walk(fn):
+        if isinstance(sub, ast.Call):
+            name = _api_name(sub.func)
+            if name in RUNTIME_LOOPS:
+                idx = RUNTIME_LOOPS[name]
+                body = sub.args[idx] if len(sub.args) > idx else _keyword(sub, "body_fun")
+                if isinstance(body, ast.Name):
+                    out.add(body.id)
+    return out
+
+
+def read_source(text: str, path: str, found: dict | None = None) -> dict:
+    """``{construct: [Use, ...]}`` for one module's source."""
+    found = defaultdict(list) if found is None else found
+    tree = ast.parse(text)
+    _Reader(path, found, _register_names(tree)).visit(tree)
+    return found
+
+
+def kernel_files(root: Path = KERNELS_DIR) -> list[Path]:
+    """The kernel modules (every .py under nki_ssm/kernels but this reader)."""
+    return sorted(p for p in root.rglob("*.py") if p.name != "constructs.py")
+
+
+def scan(files=None, root: Path = REPO_ROOT) -> dict:
+    """``{construct: [Use, ...]}`` over our kernels, constructs sorted."""
+    found: dict = defaultdict(list)
+    for p in files if files is not None else kernel_files():
+        read_source(p.read_text(), str(p.resolve().relative_to(root)), found)
+    return dict(sorted(found.items()))
+
+
+def load_evidence(path: Path = EVIDENCE_FILE) -> dict:
+    """The evidence map: ``{construct: {"repo", "commit", "path", "line"} or {"doc", ...}}``."""
+    with open(path, "rb") as f:
+        data = tomllib.load(f)
+    return data.get("construct", {})
+
+
+def cite(entry: dict) -> str:
+    """One evidence entry as text."""
+    if "doc" in entry:
+        out = f"doc: {entry['doc']}"
+    else:
+        out = f"{entry['repo']}@{entry['commit'][:10]} `{entry['path']}`:{entry['line']}"
+    if entry.get("note"):
+        out += f" ({entry['note']})"
+    return out
+
+
+def missing(found: dict, evidence: dict) -> list[str]:
+    """Constructs our kernels use that have no evidence entry."""
+    return [c for c in found if c not in evidence]
+
+
+def render(found: dict, evidence: dict) -> str:
+    """docs/constructs.md."""
+    lines = [
+        "# NKI constructs used by the kernels, and their evidence",
+        "",
+        "Generated by `python -m nki_ssm.kernels.constructs --write` from the kernels' source",
+        "(`nki_ssm/kernels/`) and the evidence map `nki_ssm/kernels/constructs_evidence.toml`; "
+        "do not edit",
+        "by hand. Evidence is a released kernel that uses the construct in the same form",
+        "(repository@commit `path`:line) or a documentation section (`doc:`). "
+        "`tests/kernels/test_constructs.py`",
+        "fails when a kernel uses a construct without evidence, or when this file is stale.",
+        "",
+        f"{len(found)} constructs.",
+        "",
+        "| construct | uses | first use | evidence |",
+        "|---|---|---|---|",
+    ]
+    for c, uses in found.items():
+        ev = evidence.get(c)
+        first = f"`{uses[0].path}`:{uses[0].line}"
+        lines.append(f"| `{c.replace('|', '/')}` | {len(uses)} | {first} | "
+                     f"{cite(ev) if ev else '**none**'} |")
+    return "\n".join(lines) + "\n"
+
+
+def _git(repo_dir: Path, *args) -> str:
+    return subprocess.run(["git", "--git-dir" if (repo_dir / "HEAD").is_file() else "-C",
+                           str(repo_dir), *args], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def _released_sources(repo_dir: Path):
+    """``(commit, [(path, text), ...])`` of the .py files at HEAD of a git checkout or bare
+    git directory (the snapshot the search tool's fetch brings), else of a plain folder."""
+    try:
+        commit = _git(repo_dir, "rev-parse", "HEAD").strip()
+        paths = [p for p in _git(repo_dir, "ls-tree", "-r", "--name-only", "HEAD").splitlines()
+                 if p.endswith(".py")]
+    except (OSError, subprocess.CalledProcessError):
+        return "", [(str(p.relative_to(repo_dir)), p.read_text(errors="replace"))
+                    for p in sorted(repo_dir.rglob("*.py"))]
+    out = []
+    for p in sorted(paths):
+        try:
+            out.append((p, _git(repo_dir, "show", f"HEAD:{p}")))
+        except (subprocess.CalledProcessError, UnicodeDecodeError):
+            continue
+    return commit, out
+
+
+def _is_kernel_source(path: str, text: str) -> bool:
+    """A released module that is NKI kernel code: it imports the NKI language or ISA and is no
+    test, no torch wrapper and no reference implementation."""
+    name = path.rsplit("/", 1)[-1]
+    if "/test" in f"/{path}" or name.startswith("test_") or name.endswith(("_torch.py",
+                                                                           "_ref.py")):
+        return False
+    return any(s in text for s in ("import nki.language", "import nki.isa", "nki.language as",
+                                   "nki.isa as", "from nki import isa", "from nki import language"))
+
+
+def find_evidence(repo_dir: Path, repo: str, constructs) -> dict:
+    """The first use of each construct in the .py files of released kernels (a git checkout,
+    a bare git directory or a plain folder), as evidence entries."""
+    commit, sources = _released_sources(Path(repo_dir))
+    # a form the reader could not resolve ("computed") is no match for another such form
+    want = {c for c in constructs if "computed" not in c}
+    out: dict = {}
+    for rel, text in sources:
+        if not _is_kernel_source(rel, text):
+            continue
+        try:
+            found = read_source(text, rel)
+        except (SyntaxError, ValueError):
+            continue
+        for c, uses in found.items():
+            if c in want and c not in out:
+                out[c] = {"repo": repo, "commit": commit, "path": uses[0].path,
+                          "line": uses[0].line}
+    return out
+
+
+def _toml_str(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def render_evidence(evidence: dict) -> str:
+    """The evidence map as TOML (``[construct."<name>"]`` tables)."""
+    lines = []
+    for c in sorted(evidence):
+        e = evidence[c]
+        lines.append(f"[construct.{_toml_str(c)}]")
+        for k in ("repo", "commit", "path", "line", "doc", "note"):
+            if k in e:
+                v = e[k]
+                lines.append(f"{k} = {v if isinstance(v, int) else _toml_str(str(v))}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m nki_ssm.kernels.constructs",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--write", action="store_true", help="regenerate docs/constructs.md")
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 when a construct has no evidence or docs/constructs.md is stale")
+    ap.add_argument("--find-evidence", metavar="DIR", type=Path,
+                    help="propose evidence from a checkout of released kernels; with "
+                         "--update, add the entries the map lacks")
+    ap.add_argument("--repo", default="aws-neuron/nki-library",
+                    help="owner/name of the --find-evidence checkout")
+    ap.add_argument("--update", action="store_true",
+                    help="with --find-evidence: write the new entries into the evidence map")
+    args = ap.parse_args(argv)
+    found = scan()
+    evidence = load_evidence()
+    if args.find_evidence:
+        proposed = find_evidence(args.find_evidence, args.repo, missing(found, evidence))
+        for c, e in proposed.items():
+            print(f"{c}\t{cite(e)}")
+        if args.update:
+            # released entries of constructs no kernel uses any more go (they are found
+            # again by a new scan); doc entries are written by hand and stay
+            kept = {c: e for c, e in evidence.items() if c in found or "doc" in e}
+            EVIDENCE_FILE.write_text(render_evidence({**kept, **proposed}))
+        return 0
+    text = render(found, evidence)
+    if args.write:
+        DOC_FILE.write_text(text)
+    if args.check:
+        gaps = missing(found, evidence)
+        stale = not DOC_FILE.exists() or DOC_FILE.read_text() != text
+        for c in gaps:
+            print(f"no evidence: {c} (first use {found[c][0].path}:{found[c][0].line})")
+        if stale:
+            print(f"{DOC_FILE.relative_to(REPO_ROOT)} is stale: run with --write")
+        return 1 if gaps or stale else 0
+    if not args.write:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""The construct table (nki_ssm/kernels/constructs.py): what the reader calls a construct, and
+that every construct our kernels use has evidence (issue 25, item 5)."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from nki_ssm.kernels import constructs
+
+
+def _read(src: str) -> dict:
+    return constructs.read_source(textwrap.dedent(src), "k.py")
+
+
+def test_positional_and_keyword_arguments_are_one_form():
+    a = _read("nisa.nc_matmul(d, s, m)\n")
+    b = _read("nisa.nc_matmul(dst=d, stationary=s, moving=m)\n")
+    assert list(a) == list(b) == ["nisa.nc_matmul(dst, moving, stationary)"]
+
+
+@pytest.mark.parametrize("pos, form", [("(0, 64)", "(0, c)"), ("(32, 0)", "(r, 0)"),
+                                       ("(64, 64)", "(r, c)"), ("tp", "computed")])
+def test_tile_positions_are_named_by_form(pos, form):
+    found = _read(f"nisa.nc_matmul(dst=d, stationary=s, moving=m, tile_position={pos})\n")
+    assert f"nisa.nc_matmul tile_position={form}" in found
+
+
+def test_transpose_mode_tiles_are_their_own_construct():
+    found = _read("nisa.nc_matmul(dst=d, stationary=s, moving=m, is_transpose=True, "
+                  "tile_position=(0, 0))\n")
+    assert "nisa.nc_matmul tile_position with is_transpose=True" in found
+
+
+NESTED = """
+@nki.jit
+def kernel(x, counts):
+    n = nisa.register_alloc()
+    nisa.register_load(dst=n, src=counts)
+    def outer(i):
+        r = nisa.register_alloc()
+        def inner(j):
+            nisa.dma_copy(dst=t, src=x.ap(pattern=[[4, 1], [1, 4]], offset=0, scalar_offset=j,
+                                          indirect_dim=0))
+        nl.fori_loop(0, n, inner)
+        helper(x, i)
+    nl.fori_loop(0, n, outer)
+
+def helper(x, row):
+    nisa.dma_copy(dst=t, src=x.ap(pattern=[[4, 1], [1, 4]], offset=0, scalar_offset=row,
+                                  indirect_dim=1))
+    nisa.dma_copy(dst=t, src=x.ap(pattern=[[4, 1], [1, 4]], offset=0, scalar_offset=tile,
+                                  indirect_dim=0))
+"""
+
+
+def test_the_forms_without_evidence_are_seen():
+    found = _read(NESTED)
+    assert [u.line for u in found["runtime loop nested in a runtime loop's body"]] == [11]
+    assert [u.line for u in found["nisa.register_alloc inside a runtime-loop body"]] == [7]
+    assert "nisa.register_load from a kernel input (HBM)" in found
+    assert "nl.fori_loop body: an inner def" in found
+    ap = "(indirect_dim, offset, pattern, scalar_offset)"
+    # a register reaches helper() through its parameter: the reader follows the call
+    assert f".ap{ap} indirect_dim=0 scalar_offset=register" in found
+    assert f".ap{ap} indirect_dim=1 scalar_offset=register" in found
+    assert f".ap{ap} indirect_dim=0 scalar_offset=tensor" in found
+
+
+def test_a_loop_after_a_loop_is_not_nested():
+    found = _read("""
+    def kernel(x):
+        def a(i):
+            nisa.memset(dst=t, value=0.0)
+        def b(i):
+            nisa.memset(dst=t, value=1.0)
+        nl.fori_loop(0, 4, a)
+        nl.fori_loop(0, 4, b)
+    """)
+    assert "runtime loop nested in a runtime loop's body" not in found
+    assert len(found["nl.fori_loop body: an inner def"]) == 2
+
+
+# constructs the kernels must not use; nobody may give them evidence
+FORBIDDEN = ("runtime loop nested in a runtime loop's body",
+             "nisa.register_alloc inside a runtime-loop body",
+             "nisa.register_load from a kernel input (HBM)",
+             "nisa.nc_matmul tile_position=(r, c)",
+             "nisa.nc_matmul tile_position with is_transpose=True")
+
+
+def test_forbidden_forms_have_no_evidence():
+    evidence = constructs.load_evidence()
+    assert [c for c in FORBIDDEN if c in evidence] == []
+
+
+def test_every_evidence_entry_is_a_citation():
+    for c, e in constructs.load_evidence().items():
+        if "doc" in e:
+            assert e["doc"].strip(), c
+        else:
+            assert e["repo"].count("/") == 1 and len(e["commit"]) == 40, c
+            assert e["path"].endswith(".py") and e["line"] > 0, c
+
+
+def test_doc_is_generated_from_kernels_and_evidence():
+    text = constructs.render(constructs.scan(), constructs.load_evidence())
+    assert constructs.DOC_FILE.read_text() == text, \
+        "docs/constructs.md is stale: python -m nki_ssm.kernels.constructs --write"
