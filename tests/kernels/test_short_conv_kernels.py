@@ -261,13 +261,14 @@ def test_prefill_program_size_does_not_grow_with_tokens(rng):
 def test_prefill_tables_from_cu_seqlens():
     """The launcher's tables: live sequences compacted first, head rows clamped into the
     bucket, y rows per (token, channel tile) (scratch rows past the bucket for k >=
-    length), one-hot of min(length, H), loop counts."""
+    length), slot and case min(length, H), the compacted slots that start from zeros, loop
+    counts."""
     from nki_ssm.ops.launch.short_conv import prefill_tables
 
     cu = np.array([0, 2, 2, 7, 600])                 # lengths 2, 0, 5, 593
     idx = np.array([4, -1, 0, 3])
     init = np.array([True, True, False, True])
-    win_base, rows, yrows, info, counts = prefill_tables(cu, idx, init, 1024, 4, 4, 256)
+    win_base, rows, yrows, info, zslots, counts = prefill_tables(cu, idx, init, 1024, 4, 4, 256)
     H, M = 3, 16
     assert win_base.shape == (128, 5) and win_base[0, 0] == -M and win_base[1, 2] == 256 + 1 - M
     live_order = [0, 2, 3]                           # the padding sequence goes last
@@ -281,12 +282,13 @@ def test_prefill_tables_from_cu_seqlens():
     assert (yrows[:3, 0, 0:H] // 2).tolist() == [[0, 1, 1024 + 2], [2, 3, 4], [7, 8, 9]]
     assert yrows[2, 0, 1 * H + 1] == 8 * 2 + 1
     # dim 300: two full tiles in column 0, the 44-channel tile alone in column 1
-    _, _, yr300, _, _ = prefill_tables(cu, idx, init, 1024, 4, 4, 300)
+    _, _, yr300, _, _, _ = prefill_tables(cu, idx, init, 1024, 4, 4, 300)
     assert yr300.shape == (4, 2, 128) and yr300[1, 1, 0:H].tolist() == [2 * 3 + 2, 3 * 3 + 2, 4 * 3 + 2]
-    assert info[:3, 0].tolist() == [4, 0, 3] and info[:3, 1].tolist() == [1, 0, 1]
-    assert info[:3, 2:2 + H + 1].tolist() == [[0, 0, 1, 0], [0, 0, 0, 1], [0, 0, 0, 1]]
-    assert info[:3, H + 3].tolist() == [0, 1, 0]
-    # 600 tokens -> 2 chunks of 512 -> 1 pair: 0 loop iterations + the peeled last pair
+    assert info.shape == (4, 2) and info[:3].tolist() == [[4, 2], [0, 3], [3, 3]]
+    # slot 0 (live, no initial state) is the one slot the zero loop writes
+    assert zslots.shape == (4, 1) and zslots[0, 0] == 0
+    # 600 tokens -> 2 chunks of 512 -> 1 pair: 0 loop iterations + the last pair; 3 live
+    # sequences; 1 slot to zero
     assert counts.tolist() == [[0, 3, 1]]
 
 

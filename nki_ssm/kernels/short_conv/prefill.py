@@ -180,11 +180,12 @@ def _identity(dtype):
     return ident
 
 
-def _weight_tiles(group, W, mm_dtype, has_bias, w_split, b_split):
+def _weight_tiles(group, W, mm_dtype, has_bias, w_split, b_split, w_dtype, b_dtype):
     """The SBUF tiles of one channel group's weights (allocated outside the runtime loops,
     filled by _weight_loads / _weight_build): float32 columns w32 [128, n, W] (and the
     lo part when split), diagonal parts [128, n, W, 128] in the matmul dtype, bias row
-    [1, gw] (+ parts) and float32 bias columns [128, n]."""
+    [1, gw] (+ parts) and float32 bias columns [128, n]; plus staging tiles in the
+    weight / bias dtype when it is not float32 (DMAs keep the dtype; VectorE converts)."""
     c0, n, P = group
     gw = (n - 1) * TILE + P
     w32 = nl.ndarray((TILE, n, W), dtype=nl.float32, buffer=nl.sbuf)
@@ -193,27 +194,44 @@ def _weight_tiles(group, W, mm_dtype, has_bias, w_split, b_split):
     for q in range(nparts):
         diags.append(nl.ndarray((TILE, n, W, TILE), dtype=mm_dtype, buffer=nl.sbuf))
     bias_t = None
+    w_raw = None
+    b_raw = None
+    if w_dtype != nl.float32:
+        w_raw = nl.ndarray((TILE, n, W), dtype=w_dtype, buffer=nl.sbuf)
     if has_bias:
         bparts = []
         for q in range(2 if b_split else 1):
             bparts.append(nl.ndarray((1, gw), dtype=mm_dtype, buffer=nl.sbuf))
         bias_t = (nl.ndarray((1, gw), dtype=nl.float32, buffer=nl.sbuf), bparts,
                   nl.ndarray((TILE, n), dtype=nl.float32, buffer=nl.sbuf))
-    return (w32, diags, bias_t)
+        if b_dtype != nl.float32:
+            b_raw = (nl.ndarray((1, gw), dtype=b_dtype, buffer=nl.sbuf),
+                     nl.ndarray((TILE, n), dtype=b_dtype, buffer=nl.sbuf))
+    return (w32, diags, bias_t, (w_raw, b_raw))
 
 
 def _weight_loads(weight, bias, tiles, group, W):
-    """DMAs of a group's weight (and bias) values into its tiles."""
+    """DMAs of a group's weight (and bias) values into its tiles (the staging tiles when
+    the weights are not float32)."""
     c0, n, P = group
     gw = (n - 1) * TILE + P
-    w32, diags, bias_t = tiles
+    w32, diags, bias_t, raws = tiles
+    w_raw, b_raw = raws
+    w_dst = w32
+    if w_raw != None:  # noqa: E711
+        w_dst = w_raw
     # channel c0 + j*128 + p -> partition p, free (j, k)
-    nisa.dma_copy(dst=w32[0:P, 0:n, :],
+    nisa.dma_copy(dst=w_dst[0:P, 0:n, :],
                   src=weight.ap(pattern=[[W, P], [TILE * W, n], [1, W]], offset=c0 * W))
     if bias_t != None:  # noqa: E711
         b32, bparts, bcols = bias_t
-        nisa.dma_copy(dst=b32[0:1, 0:gw], src=bias.ap(pattern=[[gw, 1], [1, gw]], offset=c0))
-        nisa.dma_copy(dst=bcols[0:P, 0:n], src=bias.ap(pattern=[[1, P], [TILE, n]], offset=c0))
+        b_row = b32
+        b_col = bcols
+        if b_raw != None:  # noqa: E711
+            b_row = b_raw[0]
+            b_col = b_raw[1]
+        nisa.dma_copy(dst=b_row[0:1, 0:gw], src=bias.ap(pattern=[[gw, 1], [1, gw]], offset=c0))
+        nisa.dma_copy(dst=b_col[0:P, 0:n], src=bias.ap(pattern=[[1, P], [TILE, n]], offset=c0))
 
 
 def _weight_build(tiles, ident, group, W, mm_dtype):
@@ -223,7 +241,13 @@ def _weight_build(tiles, ident, group, W, mm_dtype):
     (diag parts, bias row parts, float32 weight columns, float32 bias columns or None)."""
     c0, n, P = group
     gw = (n - 1) * TILE + P
-    w32, diags, bias_t = tiles
+    w32, diags, bias_t, raws = tiles
+    w_raw, b_raw = raws
+    if w_raw != None:  # noqa: E711
+        nisa.tensor_copy(dst=w32[0:P, 0:n, :], src=w_raw[0:P, 0:n, :])
+    if b_raw != None:  # noqa: E711
+        nisa.tensor_copy(dst=bias_t[0][0:1, 0:gw], src=b_raw[0][0:1, 0:gw])
+        nisa.tensor_copy(dst=bias_t[2][0:P, 0:n], src=b_raw[1][0:P, 0:n])
     wparts = (w32,)
     if len(diags) > 1:
         hi = nl.ndarray((TILE, n, W), dtype=mm_dtype, buffer=nl.sbuf)
@@ -426,12 +450,12 @@ def _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot):
     for b in range(nblk):
         _conv_block(xw, outs[a][0:TILE, b, :], weights, ones, b * TILE, n, P, W, act_op,
                     vec_every, base_col, rot)
-    nisa.tensor_scalar(dst=sti[0:1, a:a + 1], data=st[0:1, a:a + 1], op0=nl.multiply,
+    nisa.tensor_scalar(dst=sti[a], data=st[0:1, a:a + 1], op0=nl.multiply,
                        operand0=float(NT))
     # Stores with run-time addresses are ordered after each other (their rows cannot be
     # told apart at compile time), so one large store per chunk keeps that chain short.
     nisa.dma_copy(dst=y.ap(pattern=[[DP, TILE], [TILE * DP, nblk], [1, gw]], offset=c0,
-                           scalar_offset=sti[0:1, a:a + 1], indirect_dim=0),
+                           scalar_offset=sti[a], indirect_dim=0),
                   src=outs[a][0:TILE, 0:nblk, 0:gw])
 
 
@@ -460,78 +484,105 @@ def _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, re
                               next_build[4])
 
 
+def _pool_blocks(dim, H):
+    """A pool row (``dim * H`` elements, channel-major ``[dim, H]``) as DMA blocks
+    ``(element offset, rows, row length)``: rows of 128 channels (128 * H contiguous
+    elements per partition, up to 128 rows per block), then the partial tile's row."""
+    nfull = dim // TILE
+    blocks = []
+    for j0 in range(0, nfull, TILE):
+        blocks.append((j0 * TILE * H, min(TILE, nfull - j0), TILE * H))
+    if dim % TILE:
+        blocks.append((nfull * TILE * H, 1, (dim % TILE) * H))
+    return blocks
+
+
+def _row_at(t, off, rows, width, slot):
+    """Rows ``[rows, width]`` at element ``off`` of row ``slot`` ((1, 1) int32 SBUF tile)
+    of the 2-D HBM tensor t."""
+    return t.ap(pattern=[[width, rows], [1, width]], offset=off, scalar_offset=slot,
+                indirect_dim=0)
+
+
+def _zero_slot(pool, blocks, zero, slot):
+    """Write zeros over the pool row of ``slot`` (one DMA per block, from an SBUF zero tile
+    in the pool dtype)."""
+    for blk in blocks:
+        off, rows, width = blk
+        nisa.dma_copy(dst=_row_at(pool, off, rows, width, slot), src=zero[0:rows, 0:width])
+
+
 def _head_sequence(hctx, s):
-    """Iteration s of the head loop: for the full 128-channel tiles at once (and the
-    partial last tile, if any: ``groups`` here are these one or two head groups) the
-    window [old state | first NH tokens | last NH tokens] of live sequence s, its first
-    H outputs and its new state -- one DMA per head group for each. The old state /
-    zeros and the new-state case are each one runtime conditional around all head
-    groups' DMAs."""
-    (x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot,
-     zhalo, srows) = hctx
+    """Iteration s of the head loop (live sequence s): for the full 128-channel tiles at
+    once (and the partial last tile, if any: ``groups`` here are these one or two head
+    groups) the window [old state | first NH tokens | last NH tokens], its first H
+    outputs, the H + 1 candidate new states (one per case ``min(length, H)``) to the
+    scratch rows ``cand`` and the one of this sequence's case to its slot. No conditional:
+    the slot of a sequence without initial state holds zeros (the zero loop), and the case
+    is a DMA offset."""
+    (x, y, pool, tabs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot, srows,
+     cand, blocks) = hctx
     H = W - 1
     M = _margin(H)
-    sidx, yr, info = tabs
-    init_reg, case_regs = regs
+    sidx, yr, slot, case = tabs
     seq_rows, seq_yrows, seq_info = seq_tabs
     NH2 = sidx.shape[0]
-    K = info.shape[1]
+    K = seq_info.shape[1]
     YB = yr.shape[1]
     _restart(rot)
     nisa.dma_copy(dst=sidx, src=seq_rows.ap(pattern=[[1, NH2], [1, 1]], offset=0,
                                             scalar_offset=s, indirect_dim=0))
     nisa.dma_copy(dst=yr, src=seq_yrows.ap(pattern=[[1, TILE], [TILE, YB]], offset=0,
                                            scalar_offset=s, indirect_dim=0))
-    nisa.dma_copy(dst=info, src=seq_info.ap(pattern=[[K, 1], [1, K]], offset=0,
+    nisa.dma_copy(dst=slot, src=seq_info.ap(pattern=[[K, 1], [1, 1]], offset=0,
                                             scalar_offset=s, indirect_dim=0))
-    nisa.register_load(dst=init_reg[0], src=info[0:1, 1:2])
-    nisa.register_load(dst=init_reg[1], src=info[0:1, H + 3:H + 4])
-    for c in range(H + 1):
-        nisa.register_load(dst=case_regs[c], src=info[0:1, 2 + c:3 + c])
-    states = []
+    nisa.dma_copy(dst=case, src=seq_info.ap(pattern=[[K, 1], [1, 1]], offset=1,
+                                            scalar_offset=s, indirect_dim=0))
+    sr, s32, ns, pst = srows
+    # old state at window columns M-H .. M
     for g in range(len(groups)):
         c0, n, P = groups[g]
-        states.append(pool.ap(pattern=[[H, P], [TILE * H, n], [1, H]], offset=c0 * H,
-                              scalar_offset=info[0:1, 0:1], indirect_dim=0))
-    # old state at columns M-H .. M: the slot, or zeros (by DMA: a memset would wait, in
-    # VectorE's order, for the previous sequence's state writes to read these columns)
-    for _ in nl.dynamic_range(init_reg[1]):
-        for g in range(len(groups)):
-            c0, n, P = groups[g]
-            nisa.dma_copy(dst=hbs[g][0][0:P, 0:n, M - H:M], src=zhalo[0:P, 0:n, :])
-    for _ in nl.dynamic_range(init_reg[0]):
-        for g in range(len(groups)):
-            c0, n, P = groups[g]
-            if P == TILE:
-                _state_in(pool, info, srows, hbs[g][0], n, H, M, rot)
-            else:
-                nisa.dma_copy(dst=hbs[g][0][0:P, 0:n, M - H:M], src=states[g])
+        wt = hbs[g][0]
+        if P == TILE:
+            _state_in(pool, slot, srows, wt, n, H, M, rot)
+        else:
+            nisa.dma_copy(dst=pst[0:P, 0:H],
+                          src=pool.ap(pattern=[[H, P], [1, H]], offset=c0 * H,
+                                      scalar_offset=slot, indirect_dim=0))
+            nisa.tensor_copy(dst=wt[0:P, 0, M - H:M], src=pst[0:P, 0:H])
     for g in range(len(groups)):
         c0, n, P = groups[g]
         wt, ws, tmh, acc, tmp, ot = hbs[g]
         _window_load(x, sidx, NH2, wt, ws, tmh, M, c0, n, P, rot)
     for g in range(len(groups)):
         _head_outputs(hctx, g)
-    # new state = window columns L .. L+H of (old state ++ tokens): for L < H inside the
-    # head, else the last H tokens (end of the window)
+    # candidate c < H: window columns c .. c+H of (old state ++ tokens); c = H: the last
+    # H tokens (end of the window)
+    dim = pool.shape[1] // H
     for c in range(H + 1):
         col = M - H + c
         if c == H:
             col = M + NH2 - H
-        for _ in nl.dynamic_range(case_regs[c]):
-            for g in range(len(groups)):
-                c0, n, P = groups[g]
-                if P == TILE:
-                    # into the staging tile; written out below for every case at once
-                    nisa.tensor_copy(dst=srows[2][0:TILE, 0:n, :],
-                                     src=hbs[g][0][0:TILE, 0:n, col:col + H])
-                else:
-                    nisa.dma_copy(dst=states[g], src=hbs[g][0][0:P, 0:n, col:col + H])
-    if groups[0][2] == TILE:
-        _state_out(pool, info, srows, groups[0][1], H, rot)
+        for g in range(len(groups)):
+            c0, n, P = groups[g]
+            wt = hbs[g][0]
+            if P == TILE:
+                nsc = ns[c % 2]
+                nisa.tensor_copy(dst=nsc[0:TILE, 0:n, :], src=wt[0:TILE, 0:n, col:col + H])
+                _state_rows(cand, c * dim * H, sr[c], nsc, n, H, rot)
+            else:
+                nisa.tensor_copy(dst=pst[0:P, H:2 * H], src=wt[0:P, 0, col:col + H])
+                nisa.dma_copy(dst=cand.ap(pattern=[[H, P], [1, H]], offset=c * dim * H + c0 * H),
+                              src=pst[0:P, H:2 * H])
+    # the new state: candidate `case` -> the slot (through SBUF: one run-time offset per DMA)
+    fin = sr[H + 1]
+    for blk in blocks:
+        off, rows, width = blk
+        nisa.dma_copy(dst=fin[0:rows, 0:width], src=_row_at(cand, off, rows, width, case))
+        nisa.dma_copy(dst=_row_at(pool, off, rows, width, slot), src=fin[0:rows, 0:width])
 
 
-def _state_in(pool, info, srows, wt, n, H, M, rot):
+def _state_in(pool, slot, srows, wt, n, H, M, rot):
     """The slot's old state for n full channel tiles into window columns M-H .. M.
 
     The pool row holds channel-major ``[dim, H]``: read channel-on-partition it is one
@@ -539,14 +590,14 @@ def _state_in(pool, info, srows, wt, n, H, M, rot):
     (tile j' on partition j', a contiguous 128 * H run), and one TensorE transpose per
     state column h turns ``[tiles, 128 ch]`` into the window's ``[128 ch, tiles]``
     (values pass through float32 exactly)."""
-    sr, s32, ns = srows
-    row = sr.shape[1]
+    sr, s32, ns, pst = srows
+    st = sr[H + 2]
+    row = s32.shape[1]
     for j0 in range(0, n, TILE):
         nb = min(TILE, n - j0)
-        nisa.dma_copy(dst=sr[0:nb, 0:TILE * H],
-                      src=pool.ap(pattern=[[TILE * H, nb], [1, TILE * H]], offset=j0 * TILE * H,
-                                  scalar_offset=info[0:1, 0:1], indirect_dim=0))
-        nisa.tensor_copy(dst=s32[0:nb, 0:TILE * H], src=sr[0:nb, 0:TILE * H])
+        nisa.dma_copy(dst=st[0:nb, 0:TILE * H],
+                      src=_row_at(pool, j0 * TILE * H, nb, TILE * H, slot))
+        nisa.tensor_copy(dst=s32[0:nb, 0:TILE * H], src=st[0:nb, 0:TILE * H])
         hpb = BANK // nb                      # state columns per PSUM bank
         for h0 in range(0, H, hpb):
             hn = min(hpb, H - h0)
@@ -560,12 +611,11 @@ def _state_in(pool, info, srows, wt, n, H, M, rot):
                                        offset=0))
 
 
-def _state_out(pool, info, srows, n, H, rot):
-    """The new state of n full channel tiles (staged channel-on-partition in ``ns
-    [128, tiles, H]``) back to the slot's pool row: one TensorE transpose per column h
-    to ``[tiles, 128 ch]``, interleaved to ``[tiles, (ch, h)]``, one contiguous run per
-    tile."""
-    sr, s32, ns = srows
+def _state_rows(dst, offset, sr, ns, n, H, rot):
+    """A state of n full channel tiles (staged channel-on-partition in ``ns [128, tiles,
+    H]``, float32) to the pool-row layout at element ``offset`` of HBM ``dst``: one
+    TensorE transpose per column h to ``[tiles, 128 ch]``, interleaved by the PSUM
+    eviction into ``sr [tiles, (ch, h)]`` (the pool dtype), one contiguous run per tile."""
     for j0 in range(0, n, TILE):
         nb = min(TILE, n - j0)
         hpb = BANK // TILE
@@ -580,8 +630,8 @@ def _state_out(pool, info, srows, n, H, rot):
                                        offset=h0),
                              src=ps.ap(pattern=[[ps.shape[1], nb], [1, TILE], [TILE, hn]],
                                        offset=0))
-        nisa.dma_copy(dst=pool.ap(pattern=[[TILE * H, nb], [1, TILE * H]], offset=j0 * TILE * H,
-                                  scalar_offset=info[0:1, 0:1], indirect_dim=0),
+        nisa.dma_copy(dst=dst.ap(pattern=[[TILE * H, nb], [1, TILE * H]],
+                                 offset=offset + j0 * TILE * H),
                       src=sr[0:nb, 0:TILE * H])
 
 
@@ -595,8 +645,8 @@ def _head_outputs(hctx, g):
     token k -- to y's 128-channel row ``row_k * NT + j`` (from column j // (128 // H)
     of the yr tile, the partial tile in the last column; one contiguous run per
     partition; k >= length -> a scratch row)."""
-    (x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot,
-     zhalo, srows) = hctx
+    (x, y, pool, tabs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot, srows,
+     cand, blocks) = hctx
     c0, n, P = groups[g]
     t0 = c0 // TILE
     H = W - 1
@@ -636,21 +686,29 @@ def _head_outputs(hctx, g):
 
 
 def _channel_columns(src, dim, width, dst):
-    """dst[p, t, :] = src[t*128 + p, :] (per-channel columns of weight / bias, fp32)."""
+    """dst[p, t, :] = src[t*128 + p, :] (per-channel columns of weight / bias, float32):
+    DMA in the source dtype, VectorE converts when it is not float32."""
     nfull = dim // TILE
+    stage = dst
+    if src.dtype != dst.dtype:
+        stage = nl.ndarray(dst.shape, dtype=src.dtype, buffer=nl.sbuf)
     if nfull > 0:
-        nisa.dma_copy(dst=dst[:, 0:nfull, :],
+        nisa.dma_copy(dst=stage[:, 0:nfull, :],
                       src=src.ap(pattern=[[width, TILE], [TILE * width, nfull], [1, width]],
                                  offset=0))
+        if src.dtype != dst.dtype:
+            nisa.tensor_copy(dst=dst[:, 0:nfull, :], src=stage[:, 0:nfull, :])
     if dim % TILE:
-        nisa.dma_copy(dst=dst[0:dim % TILE, nfull, :],
+        nisa.dma_copy(dst=stage[0:dim % TILE, nfull, :],
                       src=src.ap(pattern=[[width, dim % TILE], [1, width]],
                                  offset=nfull * TILE * width))
+        if src.dtype != dst.dtype:
+            nisa.tensor_copy(dst=dst[0:dim % TILE, nfull, :], src=stage[0:dim % TILE, nfull, :])
 
 
 @nki.jit
 def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yrows, seq_info,
-                              counts, activation, has_bias, mm_fp32, x_stage, w_split, b_split):
+                              zero_slots, counts, activation, has_bias, mm_fp32, x_stage, w_split, b_split):
     """Causal depthwise conv1d over a ragged batch; the pool is updated in place.
 
     x ``[NB, dim]`` (token bucket NB); weight ``[dim, W]``; bias ``[dim]`` or None; pool
@@ -720,7 +778,9 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     nisa.dma_copy(dst=base, src=win_base)
     run = nl.ndarray((TILE, 1), dtype=nl.float32, buffer=nl.sbuf)
     st = nl.ndarray((TILE, 2), dtype=nl.float32, buffer=nl.sbuf)
-    sti = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
+    # the first row of each slot's chunk store, y rows (t0 * NT): (1, 1) tiles on partition 0
+    sti = (nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf),
+           nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf))
     idx2 = nl.ndarray((TILE, 2, NI), dtype=nl.uint32, buffer=nl.sbuf)
     # indices of chunks 0 and 1 (every group's prologue)
     st0 = nl.ndarray((TILE, 2), dtype=nl.float32, buffer=nl.sbuf)
@@ -732,19 +792,39 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
         nisa.tensor_scalar(dst=idx0[:, a, 0:NI], data=idx0[:, a, 0:NI], op0=nl.minimum,
                            operand0=float(NB - 1))
     bufs = (run, st, sti, base, idx2, wins, outs, idx0, st0, nt)
-    # loop counts: chunk pairs before the last one, live sequences, (pairs >= 1)
-    pairs = nisa.register_alloc(0)
-    nisa.register_load(dst=pairs, src=counts[0:1, 0:1])
-    live = nisa.register_alloc(0)
-    nisa.register_load(dst=live, src=counts[0:1, 1:2])
-    has_last = nisa.register_alloc(0)
-    nisa.register_load(dst=has_last, src=counts[0:1, 2:3])
+    # loop counts (chunk pairs before the last one, live sequences, live sequences without
+    # initial state): each DMA'd into a (1, 1) SBUF tile on partition 0, loaded into a
+    # register allocated here, before every loop
+    regs = []
+    for k in range(3):
+        cnt = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=cnt, src=counts[0:1, k:k + 1])
+        r = nisa.register_alloc()
+        nisa.register_load(dst=r, src=cnt)
+        regs.append(r)
+    pairs, live, n_zero = regs
 
-    # 1. stream loops, one per channel group, each followed by its peeled last pair
+    # 0. zero loop: the slots of live sequences without initial state get zeros, so every
+    # head reads its old state from its slot (DMAs only: they run under the stream loops)
+    blocks = _pool_blocks(dim, H)
+    zero = nl.ndarray((TILE, TILE * H), dtype=pool.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=zero, value=0.0)
+    zslot = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+
+    def zero_body(i):
+        nisa.dma_copy(dst=zslot, src=zero_slots.ap(pattern=[[1, 1], [1, 1]], offset=0,
+                                                   scalar_offset=i, indirect_dim=0))
+        _zero_slot(pool, blocks, zero, zslot)
+
+    nl.fori_loop(0, n_zero, zero_body)
+
+    # 1. stream loops, one per channel group, each followed by its last pair (straight-line
+    # code: it also loads the next group's first windows and builds its diagonals)
     # weight tiles of two groups (the current one and the next), alternating
     wtiles = []
     for i in range(2):
-        wtiles.append(_weight_tiles(groups[0], W, mm_dtype, has_bias, w_split, b_split))
+        wtiles.append(_weight_tiles(groups[0], W, mm_dtype, has_bias, w_split, b_split,
+                                    weight.dtype, bias.dtype if has_bias else nl.float32))
     _weight_loads(weight, bias, wtiles[0], groups[0], W)
     builds = []
     for g in range(len(groups)):
@@ -763,15 +843,18 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
             next_build = builds[g + 1]
             # the next group's weight DMAs run on under this group's loop
             _weight_loads(weight, bias, wtiles[(g + 1) % 2], next_group, W)
-        for k in nl.dynamic_range(pairs):
-            _stream_pair(x, y, bufs, weights, ones, groups[g], W, act_op, vec_every, rot,
+        group = groups[g]
+        group_weights = weights
+
+        def stream_body(k):
+            _stream_pair(x, y, bufs, group_weights, ones, group, W, act_op, vec_every, rot,
                          True, None, None)
-        for _ in nl.dynamic_range(has_last):
-            _stream_pair(x, y, bufs, weights, ones, groups[g], W, act_op, vec_every, rot,
-                         False, next_group, next_build)
+
+        nl.fori_loop(0, pairs, stream_body)
+        _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot,
+                     False, next_group, next_build)
         if g + 1 < len(groups):
-            g1 = groups[g + 1]
-            w32, diags, bias_t = wtiles[(g + 1) % 2]
+            w32, diags, bias_t, raws = wtiles[(g + 1) % 2]
             bparts = ()
             bcols = None
             if bias_t != None:  # noqa: E711
@@ -790,17 +873,14 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
         _channel_columns(bias, dim, 1, b_all)
     tabs = (nl.ndarray((NH2, 1), dtype=nl.uint32, buffer=nl.sbuf),
             nl.ndarray((TILE, seq_yrows.shape[1]), dtype=nl.int32, buffer=nl.sbuf),
-            nl.ndarray((1, H + 4), dtype=nl.int32, buffer=nl.sbuf))
+            nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf),
+            nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf))
     # head groups: every full 128-channel tile at once, then the partial tile
     hgroups = []
     if dim // TILE > 0:
         hgroups.append((0, dim // TILE, TILE))
     if dim % TILE:
         hgroups.append((dim // TILE * TILE, 1, dim % TILE))
-    case_regs = []
-    for c in range(H + 1):
-        case_regs.append(nisa.register_alloc(0))
-    regs = ((nisa.register_alloc(0), nisa.register_alloc(0)), case_regs)
     seq_tabs = (seq_rows, seq_yrows, seq_info)
     tmh = None
     if tok_major:
@@ -814,18 +894,29 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
         hbs.append((nl.ndarray((TILE, hn, FH), dtype=mm_dtype, buffer=nl.sbuf), ws, tmh,
                     nl.ndarray((TILE, hn, H), dtype=nl.float32, buffer=nl.sbuf),
                     nl.ndarray((TILE, hn, H), dtype=nl.float32, buffer=nl.sbuf), None))
-    zhalo = nl.ndarray((TILE, max(1, dim // TILE), H), dtype=mm_dtype, buffer=nl.sbuf)
-    nisa.memset(dst=zhalo, value=0.0)
     hots = []
     for i in range(2):
         hots.append(nl.ndarray((TILE, TILE), dtype=x.dtype, buffer=nl.sbuf))
     hrot = _rotation(banks, hots, accs)
-    # staging for the full tiles' state rows (pool dtype, float32) and the new state
-    srows = (nl.ndarray((TILE, TILE * H), dtype=pool.dtype, buffer=nl.sbuf),
-             nl.ndarray((TILE, TILE * H), dtype=nl.float32, buffer=nl.sbuf),
-             nl.ndarray((TILE, max(1, dim // TILE), H), dtype=nl.float32, buffer=nl.sbuf))
-    hctx = (x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, hgroups, W, act_op, hrot,
-            zhalo, srows)
-    for s in nl.dynamic_range(live):
+    # pool-dtype rows of 128 channels: one per candidate new state, the chosen one, the old
+    # state; float32 staging of the old state and of two candidates; the partial tile's
+    # old state and candidate
+    nfull_t = max(1, dim // TILE)
+    rows_t = min(TILE, nfull_t)
+    sr = []
+    for i in range(H + 3):
+        sr.append(nl.ndarray((rows_t, TILE * H), dtype=pool.dtype, buffer=nl.sbuf))
+    srows = (sr, nl.ndarray((rows_t, TILE * H), dtype=nl.float32, buffer=nl.sbuf),
+             (nl.ndarray((TILE, nfull_t, H), dtype=nl.float32, buffer=nl.sbuf),
+              nl.ndarray((TILE, nfull_t, H), dtype=nl.float32, buffer=nl.sbuf)),
+             nl.ndarray((TILE, 2 * H), dtype=pool.dtype, buffer=nl.sbuf))
+    # candidate new states, one pool row each (kernel scratch)
+    cand = nl.ndarray((H + 1, dim * H), dtype=pool.dtype, buffer=nl.private_hbm)
+    hctx = (x, y, pool, tabs, seq_tabs, hbs, w_all, b_all, hgroups, W, act_op, hrot, srows,
+            cand, blocks)
+
+    def head_body(s):
         _head_sequence(hctx, s)
+
+    nl.fori_loop(0, live, head_body)
     return y

@@ -133,16 +133,20 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_buck
     seq_yrows[:, j[:, None] // tb, pos] = y_row[:, None, :] * nt + j[None, :, None]
     if dim % TILE:
         seq_yrows[:, nb_full, :H] = y_row * nt + nfull
-    case = (np.minimum(length, H)[:, None] == np.arange(H + 1)[None, :])
-    seq_info = np.concatenate([slot[perm][:, None], has_init[perm][:, None], case,
-                               ~has_init[perm][:, None]], axis=1)
+    # per live sequence: slot, case min(length, H) (which candidate new state is stored)
+    seq_info = np.stack([slot[perm], np.minimum(length, H)], axis=1)
+    # slots that start from zeros: live sequences without initial state, compacted
+    zperm = np.argsort(~(live & ~has_init), kind="stable")
+    num_zero = int((live & ~has_init).sum())
+    zero_slots = slot[zperm][:, None]
     n_real = -(-int(cu[-1]) // CH)
     pairs = (n_real + 1) // 2
-    counts = np.array([[max(pairs - 1, 0), num_live, int(pairs >= 1)]], dtype=np.int64)
+    counts = np.array([[max(pairs - 1, 0), num_live, num_zero]], dtype=np.int64)
     f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)  # noqa: E731
     u32 = lambda a: np.ascontiguousarray(a, dtype=np.uint32)  # noqa: E731
     i32 = lambda a: np.ascontiguousarray(a, dtype=np.int32)  # noqa: E731
-    return (f32(win_base), u32(seq_rows), i32(seq_yrows), i32(seq_info), i32(counts))
+    return (f32(win_base), u32(seq_rows), i32(seq_yrows), i32(seq_info), i32(zero_slots),
+            i32(counts))
 
 
 def prefill(*, x, weight, bias, activation, cu_seqlens, conv_states, state_indices,
