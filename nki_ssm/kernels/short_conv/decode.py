@@ -153,19 +153,27 @@ def _load_group(x, pool_flat, g, prow, c0, cd, R, Pn, D, H, CD):
 
 
 def _channel_columns(src, R, D, width, dst):
-    """dst[p, r, s, :] = src[r*D + s*128 + p, ...] (channel-major per-partition columns)."""
+    """dst[p, r, s, :] = src[r*D + s*128 + p, ...] (channel-major per-partition columns,
+    float32): DMA in the source dtype, VectorE converts when it is not float32."""
     nsub = (D + SUB - 1) // SUB
     nfull = D // SUB
     inner = width
+    stage = dst
+    if src.dtype != dst.dtype:
+        stage = nl.ndarray(dst.shape, dtype=src.dtype, buffer=nl.sbuf)
     if nfull > 0:
-        nisa.dma_copy(dst=dst[:, :, 0:nfull, :],
+        nisa.dma_copy(dst=stage[:, :, 0:nfull, :],
                       src=src.ap(pattern=[[inner, SUB], [D * inner, R], [SUB * inner, nfull],
                                           [1, inner]], offset=0))
+        if src.dtype != dst.dtype:
+            nisa.tensor_copy(dst=dst[:, :, 0:nfull, :], src=stage[:, :, 0:nfull, :])
     if nsub > nfull:
         wl = D - nfull * SUB
-        nisa.dma_copy(dst=dst[0:wl, :, nfull, :],
+        nisa.dma_copy(dst=stage[0:wl, :, nfull, :],
                       src=src.ap(pattern=[[inner, wl], [D * inner, R], [1, inner]],
                                  offset=nfull * SUB * inner))
+        if src.dtype != dst.dtype:
+            nisa.tensor_copy(dst=dst[0:wl, :, nfull, :], src=stage[0:wl, :, nfull, :])
 
 
 def _window_tiles(st, xs, P, j0, w, H, t0, tn):
@@ -430,7 +438,14 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, act_op, has_bias, R,
         nisa.memset(dst=ones, value=1.0)
         if has_bias:
             b_row = nl.ndarray((1, D), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.dma_copy(dst=b_row, src=bias.ap(pattern=[[D, 1], [1, D]], offset=0))
+            if bias.dtype == nl.bfloat16:
+                nisa.dma_copy(dst=b_row, src=bias.ap(pattern=[[D, 1], [1, D]], offset=0))
+            else:
+                # DMA in the bias dtype; VectorE rounds (exact: the launcher checked the
+                # values are bfloat16 values)
+                b_raw = nl.ndarray((1, D), dtype=bias.dtype, buffer=nl.sbuf)
+                nisa.dma_copy(dst=b_raw, src=bias.ap(pattern=[[D, 1], [1, D]], offset=0))
+                nisa.tensor_copy(dst=b_row, src=b_raw)
         # the diagonals of every chunk are built once, outside the group loop
         for ci in range(len(chunks)):
             diags[ci] = _chunk_diagonals(ident, w_all, chunks[ci][0] // SUB,
@@ -441,7 +456,7 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, act_op, has_bias, R,
     batch, tn = _psum_plan(pool_bytes, x_bytes, pool_flat.dtype == x.dtype, H, T)
     steps = _plan_steps(chunks, batch, tn, T)
 
-    for g in nl.dynamic_range(0, stop, Pn):
+    def group_body(g):
         # this group's pool rows: P * K entries from position g of pool_rows [N, RB] (the
         # launcher's [groups, R * Pn, K] table, block-major inside a group)
         prow = nl.ndarray((PMAX, K), dtype=nl.int32, buffer=nl.sbuf)
@@ -495,6 +510,8 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, act_op, has_bias, R,
                 subs = None               # step i-1's PSUM windows die before step i+1's
             prev = nxt
 
+    nl.fori_loop(0, stop, group_body, step=Pn)
+
 
 @nki.jit
 def short_conv_decode_kernel(x, weight, bias, pool_flat, rows_wide, rows_one, counts,
@@ -522,16 +539,16 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows_wide, rows_one, co
     act_op = nl.silu if activation == "silu" else nl.copy
     y = nl.ndarray((N, T, dim), dtype=x.dtype, buffer=nl.shared_hbm)
 
+    # loop stops of the two layouts (0 for the layout the launcher did not pick), each DMA'd
+    # into a (1, 1) SBUF tile on partition 0 and loaded into a register allocated here
     regs = []
-    for k in range(4):
+    for k in range(2):
+        cnt = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=cnt, src=counts[0:1, k:k + 1])
         r = nisa.register_alloc()
-        nisa.register_load(dst=r, src=counts[0:1, k:k + 1])
+        nisa.register_load(dst=r, src=cnt)
         regs.append(r)
     if R > 1:
-        for _ in nl.dynamic_range(regs[1]):
-            _layout(x, weight, bias, y, pool_flat, rows_wide, regs[0], act_op, has_bias, R,
-                    False)
-    for _ in nl.dynamic_range(regs[3]):
-        _layout(x, weight, bias, y, pool_flat, rows_one, regs[2], act_op, has_bias, 1,
-                tensor_taps)
+        _layout(x, weight, bias, y, pool_flat, rows_wide, regs[0], act_op, has_bias, R, False)
+    _layout(x, weight, bias, y, pool_flat, rows_one, regs[1], act_op, has_bias, 1, tensor_taps)
     return y

@@ -264,8 +264,7 @@ def decode_plan(state_indices, num_seqs: int, dim: int):
     order_1, _, rows_one, _ = decode_tables(state_indices, num_seqs, 1, R)
     wide = R > 1 and bool(use_wide_layout(num_live, R))
     order = order_w if wide else order_1
-    counts = np.array([[num_live if wide else 0, int(wide), 0 if wide else num_live,
-                        int(not wide)]], dtype=np.int32)
+    counts = np.array([[num_live if wide else 0, 0 if wide else num_live]], dtype=np.int32)
     return R, order, pos, rows_wide, rows_one, counts
 
 
