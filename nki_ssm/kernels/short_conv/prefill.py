@@ -7,96 +7,109 @@ Shapes: x ``[NB, dim]`` (the batch padded to the token bucket NB), weight
 writes), y ``[(NB + M) * NT, 128]`` in x's dtype: token t's channels as NT =
 ceil(dim / 128) rows of 128 (the host views it as ``[NB + M, NT * 128]`` and
 keeps ``[:num_tokens, :dim]``; ``M = _margin(W-1)`` = 16 for W <= 17 scratch
-token rows at the end). x / pool float32 or bfloat16. H = W - 1, NH = M.
+token rows at the end). x / pool float32 or bfloat16; weight / bias any float
+dtype (DMA'd in their dtype, converted on VectorE). H = W - 1, NH = M.
 
-Design note (issue 10): batch composition is run-time data
----------------------------------------------------------
+Design note: batch composition is run-time data
+-----------------------------------------------
 Compile-time arguments: shapes (NB, the sequence bucket SB, dim, W, slots),
 dtypes, the activation, the bias flag and the matmul precision flags. The batch
 arrives as int32 / uint32 / float32 tables the launcher builds with a few
 vectorised array ops (``nki_ssm.ops.launch.short_conv.prefill_tables``, each
 step named there with its torch equivalent):
 
-- ``win_base [128, NI]``: window row offsets ``j * 128 + p - M`` of the
+- ``win_base [128, NI]`` float32: window row offsets ``j * 128 + p - M`` of the
   column-major gather-index tile (a function of the bucket only);
-- ``seq_rows [SB, 2*NH, 1]`` uint32: per live sequence (compacted: live
-  sequences first, in order) the x rows of its first NH and last NH tokens
-  (clamped into the bucket); ``seq_yrows [SB, columns, 128]`` int32: the y row
-  ``row_k * NT + j`` of its token k in channel tile j (y kept as 128-channel
-  rows; ``row_k = NB + k``, a scratch row, for k >= length), at ``(j % tb) * H +
-  k`` of column ``j // tb`` with ``tb = 128 // H`` (the partial tile, if any, in
-  a last column of its own); ``seq_info [SB, H + 4]`` int32: slot,
-  has-initial-state, one-hot of ``min(length, H)``, no initial state;
-- ``counts [1, 3]``: with ``pairs = ceil(ceil(num_tokens / CHUNK) / 2)``,
-  ``max(pairs - 1, 0)`` (stream loop trips), live sequences, ``pairs >= 1``.
+- the head work list, one row per live sequence (compacted: live sequences
+  first, in order): ``seq_rows [SB, 2*NH, 1]`` uint32, the x rows of its first NH
+  and last NH tokens (clamped into the bucket); ``seq_yrows [SB, columns, 128]``
+  int32, the y row ``row_k * NT + j`` of its token k in channel tile j (``row_k =
+  NB + k``, a scratch row, for k >= length), at ``(j % tb) * H + k`` of column
+  ``j // tb`` with ``tb = 128 // H`` (the partial tile, if any, in a last column of
+  its own); ``seq_info [SB, 2]`` int32: its slot and its case ``min(length, H)``;
+- ``zero_slots [SB, 1]`` int32: the slots of live sequences without initial
+  state, compacted;
+- ``counts [1, 3]`` int32: with ``pairs = ceil(ceil(num_tokens / CHUNK) / 2)``,
+  ``max(pairs - 1, 0)`` (stream loop trips), the live sequences, the slots to
+  zero.
 
-Loops (``nl.dynamic_range`` on registers loaded from ``counts`` or the head
-tables; everything unrolled inside is bounded by the layer shape: channel tiles,
-taps, the CH / 128 token blocks of a chunk, H). The cost model synchronises
-every compute engine at each iteration start (conditionals included), so the
-stream loop has no conditional inside, and work that must not wait sits in
-DMAs, which run on across iteration boundaries.
+Loops: every runtime loop is ``nl.fori_loop(0, reg, body)`` at the top level of
+the kernel, its body an inner ``def`` (NKI 0.6.0), its bound a register
+allocated before the loops and loaded from a (1, 1) SBUF tile that a DMA filled
+from ``counts``; no runtime loop runs inside another, and no 0/1-trip loop
+stands for a conditional: each choice is a DMA offset. Everything unrolled
+inside a body is bounded by the layer shape (channel tiles, taps, the CH / 128
+token blocks of a chunk, H). The cost model synchronises every compute engine
+at each iteration start, so work that must not wait sits in DMAs, which run on
+across iteration boundaries.
 
-1. **Stream loop**, one per channel group (up to 16 tiles of 128 channels), over
+0. **Zero loop** over ``zero_slots``: one DMA per 128 pool-row channels writes
+   zeros (an SBUF tile in the pool dtype) over the slot, so every head below
+   reads its old state from its slot. DMAs only; they run under the stream.
+1. **Stream loops**, one per channel group (up to 16 tiles of 128 channels), over
    the whole token stream in fixed chunks of CH = 512 tokens (or the bucket if
    smaller), two chunks (slots A, B) per iteration: each slot is refilled with
    the chunk two ahead as soon as its matmuls are done, so the windows of the
-   next iteration load during this one. The last pair of a group is peeled (a
-   one-trip ``dynamic_range`` on ``pairs >= 1``): instead of refilling, its slots
-   take the next group's first chunks, and VectorE builds the next group's
-   diagonal weights there (their DMAs were issued before the group's loop). The
-   window of a chunk is one *indirect* ``dma_transpose`` (the documented
-   ``dma_gather_transpose``, software DGE): x rows ``t0 - M .. t0 + CH`` by a
-   uint32 index tile computed on VectorE (``clamp(win_base + t0, 0, NB - 1)``,
-   t0 a running chunk start; no table DMA in the loop), transposed to ``[128
-   ch, tiles, M + CH tok]``. Sequence boundaries are ignored: the first H
-   tokens of every sequence (and tokens whose window is clamped at row 0) get
-   wrong values, rewritten by the heads; every other token's window lies inside
-   its own sequence. TensorE does the W taps as accumulating matmuls
-   ``psum[tok, ch] += xw[:, k:k+128].T @ diag(weight[:, k])`` (``accumulate``
-   given on every matmul into a bank), every 7th channel tile (2nd fp32, 4th
-   split) on VectorE plus a TensorE transpose; ScalarE applies SiLU / copy
-   evicting each bank; a chunk is stored by ONE ``scalar_offset`` DMA of its CH
-   token rows (stores with run-time addresses are ordered after each other, so
-   few large ones). Past the bucket the chunk start is clamped to ``NB - CH``:
-   a *mirror* of the last chunk (same window, bit-identical bytes to the same
-   rows); tokens of the padding region compute garbage that the host drops.
-2. **Head loop** over live sequences, after every stream loop: per sequence,
-   for all full channel tiles at once (and the partial tile, if any), a window
-   ``[old state | first NH tokens | last NH tokens]``: the old state by one
-   ``scalar_offset`` DMA of the slot as rows of 128 channels (contiguous 128 *
-   H runs; the pool is channel-major ``[dim, H]``, so channel-on-partition reads
-   would be 6-byte runs) and TensorE transposes into the window (a
-   ``dynamic_range`` on has-initial-state; zeros by DMA from a zero tile
-   otherwise), the tokens by one gather transpose of ``seq_rows``. The first H outputs are computed on VectorE in float32
-   (weights as per-channel columns broadcast over the H tokens: no diagonals
-   needed), TensorE transposes ``[128 ch, tiles x H]`` into (tile, token) rows,
-   ScalarE applies the activation, and one ``vector_offset`` DMA per 128 rows
-   writes each (tile, token) row -- one contiguous 128-channel run per
-   partition; k >= length goes to a scratch row, so no ``oob_mode.skip`` --
-   over the stream loop's values. The new state (window columns ``L .. L+H`` of
-   ``old state ++ tokens`` for ``L < H``, else the last H tokens) goes to the
-   slot by one ``scalar_offset`` DMA under the one-hot ``dynamic_range`` of its
-   case (staged, transposed back to 128-channel rows, one DMA). Padding
-   sequences (``state_indices < 0``) are compacted away: they never touch the
-   pool, and the host zeroes their y rows.
+   next iteration load during this one. The last pair of a group follows its
+   loop as straight-line code: instead of refilling, its slots take the next
+   group's first chunks, and VectorE builds the next group's diagonal weights
+   there (their DMAs were issued before the group's loop); with no tokens at
+   all it computes the padding rows, which the host drops. The window of a
+   chunk is one *indirect* ``dma_transpose`` (gather transpose, software DGE):
+   x rows ``t0 - M .. t0 + CH`` by a uint32 index tile computed on VectorE
+   (``clamp(win_base + t0, 0, NB - 1)``, t0 a running chunk start kept in SBUF;
+   no table DMA in the loop), transposed to ``[128 ch, tiles, M + CH tok]``.
+   Sequence boundaries are ignored: the first H tokens of every sequence (and
+   tokens whose window is clamped at row 0) get wrong values, rewritten by the
+   heads; every other token's window lies inside its own sequence. TensorE does
+   the W taps as accumulating matmuls on the whole PE array ``psum[tok, ch] +=
+   xw[:, k:k+128].T @ diag(weight[:, k])`` (``accumulate`` given on every matmul
+   into a bank), every 7th channel tile (2nd fp32, 4th split) on VectorE plus a
+   TensorE transpose; ScalarE applies SiLU / copy evicting each bank; a chunk is
+   stored by ONE ``scalar_offset`` DMA of its CH token rows, the offset a (1, 1)
+   int32 SBUF tile VectorE computes (stores with run-time addresses are ordered
+   after each other, so few large ones). Past the bucket the chunk start is
+   clamped to ``NB - CH``: a *mirror* of the last chunk (same window,
+   bit-identical bytes to the same rows); tokens of the padding region compute
+   garbage that the host drops.
+2. **Head loop** over live sequences (the head work list), after every stream
+   loop; per sequence, for all full channel tiles at once (and the partial tile,
+   if any), with the row's slot and case DMA'd into (1, 1) SBUF tiles:
+   - window ``[old state | first NH tokens | last NH tokens]``: the old state by
+     one ``scalar_offset`` DMA of the slot as rows of 128 channels (contiguous
+     128 * H runs; the pool is channel-major ``[dim, H]``, so channel-on-partition
+     reads would be 6-byte runs), converted to float32 by VectorE and put into
+     the window by TensorE transposes; the tokens by one gather transpose of
+     ``seq_rows``;
+   - the first H outputs on VectorE in float32 (weights as per-channel columns
+     broadcast over the H tokens: no diagonals needed), TensorE transposes
+     ``[128 ch, tiles x H]`` into (tile, token) rows, ScalarE applies the
+     activation, and one ``vector_offset`` DMA per 128 rows writes each (tile,
+     token) row -- one contiguous 128-channel run per partition; k >= length goes
+     to a scratch row, so no ``oob_mode.skip`` -- over the stream loop's values;
+   - the new state: for each case c in 0..H the candidate (window columns c ..
+     c+H of ``old state ++ tokens`` for c < H, the last H tokens for c = H) is
+     staged by VectorE, turned into 128-channel pool rows by TensorE transposes
+     (the pool-dtype rounding in the PSUM eviction) and DMA'd to row c of the
+     kernel's ``private_hbm`` scratch ``cand [H+1, dim * H]``; then candidate
+     ``case`` (a DMA offset) goes through SBUF to the slot (two DMAs, each with
+     one run-time offset). No conditional, and no value is ever multiplied by a
+     mask (a NaN in an unused candidate cannot leak).
+   Padding sequences (``state_indices < 0``) are compacted away: they never touch
+   the pool, and the host zeroes their y rows.
 
 What binds (modeled, trn2, dim 8192, W 4, bf16, bf16 pool, the cost model of
-this commit with its loop synchronisation; ``tests/kernels/short_conv_perf.py
-16k 8x2k 2k``): DMA (98 % busy at 16K: the windows and the stores) with
-TensorE behind (84 %). 16K tokens in one sequence 1944 us (the compile-time-
-layout kernel it replaces: 1913 us under the same model, +1.6 %); 8 x 2K 2049
-us (was 2159, -5.1 %); 2K 316 us (was 301, +5 %: the group boundaries and the
-head loop are fixed costs). Program size 4869 static instructions at 2K, 16K
-and 8 x 2K (was 4844 at 2K and 36.8K at 16K; the peeled last pair repeats the
-stream body once per group).
+this commit with its loop synchronisation; ``python -m simulate --set judged
+--op short_conv_prefill``): DMA (the windows and the stores) with TensorE
+behind. See the table in ``nki_ssm/kernels/short_conv/__init__.py`` for the
+figures; the head loop is a fixed cost per live sequence (about 12 DMAs and 5
+small TensorE / VectorE phases).
 
 float32 x: the gather transpose takes 2-byte dtypes only (API page), so its
 windows are gathered token-major by ``vector_offset`` DMAs (one x row per
 partition) and transposed on TensorE (fp32 transposes, plus a ScalarE
-PSUM-to-SBUF copy per 512 columns): 2K tokens of float32 x and pool 1130 us
-modeled against 688 for the compile-time-layout kernel (the extra staging also
-halves the channel group to 4 tiles).
+PSUM-to-SBUF copy per 512 columns); the extra staging halves the channel
+group to 4 tiles.
 
 Limits: dim any size (tiles of 128 channels, the last may be partial),
 2 <= W <= 65 (``W - 1 <= 64``: both NH-token head windows fit one 128-index
@@ -464,7 +477,7 @@ def _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, re
     """Two chunks (slots A, B): A is computed while B's window arrives; when ``refill``,
     each slot is reloaded with the chunk two ahead as soon as its matmuls are done (the
     DMAs run on across the loop's iteration boundary, where the compute engines
-    synchronise); ``next_group`` (the peeled last pair of a group): the slots take the
+    synchronise); ``next_group`` (the last pair of a group, after its loop): the slots take the
     next group's first chunks instead, so its windows load under this pair's matmuls,
     and ``next_build`` (its diagonal weights) runs on VectorE after chunk A."""
     run = bufs[0]
@@ -712,8 +725,9 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     """Causal depthwise conv1d over a ragged batch; the pool is updated in place.
 
     x ``[NB, dim]`` (token bucket NB); weight ``[dim, W]``; bias ``[dim]`` or None; pool
-    ``[slots, dim * (W-1)]`` (row view of the ``[slots, dim, W-1]`` pool); the int32 / uint32 batch tables of the module docstring
-    (``nki_ssm.ops.launch.short_conv.prefill_tables``); activation "silu" or "none";
+    ``[slots, dim * (W-1)]`` (row view of the ``[slots, dim, W-1]`` pool); win_base,
+    seq_rows, seq_yrows, seq_info, zero_slots, counts: the batch tables of the module
+    docstring (``nki_ssm.ops.launch.short_conv.prefill_tables``); activation "silu" or "none";
     has_bias: bias given; mm_fp32 / x_stage / w_split / b_split: matmul precision flags
     chosen by the launcher (fp32 operands; bf16 x cast up on chip; hi+lo split of fp32
     weights / bias). Returns y ``[(NB + M) * NT, 128]`` in x's dtype (NT = ceil(dim /
