@@ -82,9 +82,9 @@ across iteration boundaries.
      the window by TensorE transposes; the tokens by one gather transpose of
      ``seq_rows``;
    - the first H outputs on VectorE in float32 (weights as per-channel columns
-     broadcast over the H tokens: no diagonals needed), TensorE transposes
-     ``[128 ch, tiles x H]`` into (tile, token) rows, ScalarE applies the
-     activation, and one ``vector_offset`` DMA per 128 rows writes each (tile,
+     repeated over the H tokens by a zero-stride access pattern: no diagonals
+     needed), TensorE transposes ``[128 ch, tiles x H]`` into (tile, token)
+     rows, ScalarE applies the activation, and one ``vector_offset`` DMA per 128 rows writes each (tile,
      token) row -- one contiguous 128-channel run per partition; k >= length goes
      to a scratch row, so no ``oob_mode.skip`` -- over the stream loop's values;
    - the new state: for each case c in 0..H the candidate (window columns c ..
@@ -670,10 +670,11 @@ def _head_outputs(hctx, g):
     if g > 0:
         col0 = (groups[0][1] + tb - 1) // tb      # the partial tile's column of yr
     wt, ws, tmh, acc, tmp, ot = hbs[g]
+    nt = w_all.shape[1]
     for k in range(W):
-        # weight[c, k] broadcast over the H tokens (NkiTensor.broadcast: a size-1 free dim
-        # repeated without a copy)
-        wk = w_all[0:P, t0:t0 + n, k:k + 1].broadcast(2, H)
+        # weight[c, k] repeated over the H tokens by a zero stride in the access pattern
+        # (no copy; a vector operand, never a matmul operand)
+        wk = w_all.ap(pattern=[[nt * W, P], [W, n], [0, H]], offset=t0 * W + k)
         win = wt[0:P, 0:n, M - H + k:M + k]
         if k == 0:
             nisa.tensor_tensor(dst=acc[0:P, 0:n, :], data1=win, data2=wk, op=nl.multiply)
@@ -682,7 +683,7 @@ def _head_outputs(hctx, g):
             nisa.tensor_tensor(dst=acc[0:P, 0:n, :], data1=acc[0:P, 0:n, :],
                                data2=tmp[0:P, 0:n, :], op=nl.add)
     if b_all != None:  # noqa: E711
-        bk = b_all[0:P, t0:t0 + n, 0:1].broadcast(2, H)
+        bk = b_all.ap(pattern=[[nt, P], [1, n], [0, H]], offset=t0)
         nisa.tensor_tensor(dst=acc[0:P, 0:n, :], data1=acc[0:P, 0:n, :], data2=bk, op=nl.add)
     row = acc.shape[1] * acc.shape[2]
     for j0 in range(0, n, tb):
