@@ -68,8 +68,9 @@ Any dim (the last channel tile may be partial), W >= 2 (prefill: W - 1 <=
 64), any sequence length, empty sequences, padding slots; x and pool float32
 or bfloat16 (matmul operands are float32 when either is float32: quarter
 TensorE rate), weight / bias any float dtype; prefill ``slots * dim * (W-1)``
-< 2^31, decode ``slots * dim`` < 2^31. Decode: any T >= 1 (speculative steps), any number of sequences
-(groups of up to 128 rows); padding rows must carry finite x. Kernels are
+< 2^31, decode ``slots * dim`` < 2^31. Decode: any T >= 1 (speculative
+steps), any number of sequences (groups of up to 128 rows); padding rows must
+carry finite x. Kernels are
 written for trn2 limits (PSUM N <= 512, 8 banks) and run unchanged on trn3.
 
 Performance (modeled, trn2, one NeuronCore, LNC=1)
