@@ -163,6 +163,52 @@ def test_prefill_repeated_calls_continue_sequences(rng):
     _check_pool(pool, full["conv_states"], pool_ref, full["state_indices"])
 
 
+def test_prefill_varlen_equals_separate_calls(rng):
+    """A ragged batch (empty, T = 1, T < W-1, one spanning chunks, mixed initial states)
+    gives, bit for bit, the y rows and pool slots of one call per sequence."""
+    inp = make_short_conv_inputs(rng, seqlens=[2, 0, 600, 1, 9], dim=160, W=4, dtype=BF16,
+                                 pool_dtype=BF16, slots=7, has_initial_state="mixed")
+    y, after, _ = _kernel_prefill(inp)
+    cu = inp["cu_seqlens"]
+    pool = inp["conv_states"].copy()
+    for s in range(len(cu) - 1):
+        one = dict(inp, x=inp["x"][cu[s]:cu[s + 1]], conv_states=pool,
+                   cu_seqlens=np.array([0, cu[s + 1] - cu[s]], dtype=np.int32),
+                   state_indices=inp["state_indices"][s:s + 1],
+                   has_initial_state=inp["has_initial_state"][s:s + 1])
+        y1, pool, _ = _kernel_prefill(one)
+        assert y1.tobytes() == y[cu[s]:cu[s + 1]].tobytes(), s
+    assert pool.tobytes() == after.tobytes()
+
+
+def test_prefill_all_padding_touches_nothing(rng):
+    """Every sequence a padding slot: y is zeros and the pool keeps its bytes."""
+    inp = make_short_conv_inputs(rng, seqlens=[3, 0, 5], dim=128, W=4, dtype=BF16,
+                                 pool_dtype=BF16, slots=4)
+    inp["state_indices"] = np.full(3, -1, dtype=inp["state_indices"].dtype)
+    y, after, before = _kernel_prefill(inp)
+    assert y.shape == inp["x"].shape and not np.any(y.astype(np.float64))
+    assert after.tobytes() == before.tobytes()
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_prefill_garbage_in_fresh_slots_and_padding_tokens(rng, bad):
+    """Slots of sequences without initial state hold NaN / Inf, and so do the tokens of
+    padding sequences: neither reaches a live output or a stored state (the old state of
+    a fresh sequence is zeroed, the new state is picked by a DMA offset, never by a mask)."""
+    inp = make_short_conv_inputs(rng, seqlens=[2, 4, 1, 0, 3, 5], dim=160, W=4,
+                                 slots=9, padding=2, has_initial_state="mixed")
+    idx, init = inp["state_indices"], inp["has_initial_state"]
+    fresh = idx[(idx >= 0) & ~np.asarray(init, bool)]
+    assert fresh.size, "the mixed case names a fresh slot"
+    inp["conv_states"][fresh] = bad
+    cu = inp["cu_seqlens"]
+    for s in np.flatnonzero(idx < 0):
+        inp["x"][cu[s]:cu[s + 1]] = bad
+    y, _ = _run_and_check(inp)
+    assert np.all(np.isfinite(y))
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_prefill_hypothesis_ragged(data):
