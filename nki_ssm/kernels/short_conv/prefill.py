@@ -102,8 +102,8 @@ What binds (modeled, trn2, dim 8192, W 4, bf16, bf16 pool, the cost model of
 this commit with its loop synchronisation; ``python -m simulate --set judged
 --op short_conv_prefill``): DMA (the windows and the stores) with TensorE
 behind. See the table in ``nki_ssm/kernels/short_conv/__init__.py`` for the
-figures; the head loop is a fixed cost per live sequence (about 12 DMAs and 5
-small TensorE / VectorE phases).
+figures; the head loop is a fixed cost per live sequence (14 DMAs at dim 8192
+and 5 small TensorE / VectorE phases).
 
 float32 x: the gather transpose takes 2-byte dtypes only (API page), so its
 windows are gathered token-major by ``vector_offset`` DMAs (one x row per
