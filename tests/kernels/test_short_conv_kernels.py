@@ -646,7 +646,7 @@ def test_decode_program_size_does_not_grow_with_sequences(rng):
                                             pool_dtype=BF16, bias=False)
         traces = decode_traces(inp)
         sizes.append(program_size(traces))
-        for trace in traces:     # each launch runs exactly one layout (outer runtime loop)
+        for trace in traces:     # one layout's group loop iterates (the other's stop is 0)
             ran = [k for k, lp in trace.loops.items() if len(k[1]) == 1 and lp.iterations]
             assert len(ran) == 1, trace.loops
         # at 512 sequences the group loop iterates: more dynamic than static instructions

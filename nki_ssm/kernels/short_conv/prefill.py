@@ -84,9 +84,10 @@ across iteration boundaries.
    - the first H outputs on VectorE in float32 (weights as per-channel columns
      repeated over the H tokens by a zero-stride access pattern: no diagonals
      needed), TensorE transposes ``[128 ch, tiles x H]`` into (tile, token)
-     rows, ScalarE applies the activation, and one ``vector_offset`` DMA per 128 rows writes each (tile,
-     token) row -- one contiguous 128-channel run per partition; k >= length goes
-     to a scratch row, so no ``oob_mode.skip`` -- over the stream loop's values;
+     rows, ScalarE applies the activation, and one ``vector_offset`` DMA per 128
+     rows writes each (tile, token) row -- one contiguous 128-channel run per
+     partition; k >= length goes to a scratch row, so no ``oob_mode.skip`` --
+     over the stream loop's values;
    - the new state: for each case c in 0..H the candidate (window columns c ..
      c+H of ``old state ++ tokens`` for c < H, the last H tokens for c = H) is
      staged by VectorE, turned into 128-channel pool rows by TensorE transposes
@@ -722,7 +723,8 @@ def _channel_columns(src, dim, width, dst):
 
 @nki.jit
 def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yrows, seq_info,
-                              zero_slots, counts, activation, has_bias, mm_fp32, x_stage, w_split, b_split):
+                              zero_slots, counts, activation, has_bias, mm_fp32, x_stage, w_split,
+                              b_split):
     """Causal depthwise conv1d over a ragged batch; the pool is updated in place.
 
     x ``[NB, dim]`` (token bucket NB); weight ``[dim, W]``; bias ``[dim]`` or None; pool
