@@ -23,19 +23,23 @@ Layouts
 
 Engine plan
 -----------
-Prefill (``prefill.py``, design note there): a runtime stream loop per channel
-group over fixed 512-token chunks of the whole token stream, each window one
-indirect (gather) ``dma_transpose`` of up to 16 channel tiles x 528 tokens by
-an index tile computed on chip; TensorE does the W taps as accumulating
-matmuls with the shifted x window as stationary and ``diag(weight[:, k])`` as
-moving, which also turns the result token-major (every 7th channel tile
-instead runs its taps on VectorE in float32 and is transposed by TensorE, to
-share the load); ScalarE applies SiLU (or copy) while evicting each PSUM bank;
-one ``scalar_offset`` DMA stores a chunk's rows. Sequence boundaries are
-handled afterwards by a runtime head loop over live sequences: the first W-1
-outputs are recomputed from the old state (VectorE taps over every channel
-tile at once) and written over the stream's values, and the new state goes to
-the slot.
+Prefill (``prefill.py``, design note there): every runtime loop an
+``nl.fori_loop`` at the kernel's top level, none inside another. A zero loop
+writes zeros over the slots of sequences without initial state (DMAs only). A
+stream loop per channel group runs over fixed 512-token chunks of the whole
+token stream, each window one indirect (gather) ``dma_transpose`` of up to 16
+channel tiles x 528 tokens by an index tile computed on chip; TensorE does the
+W taps as accumulating matmuls with the shifted x window as stationary and
+``diag(weight[:, k])`` as moving, which also turns the result token-major
+(every 7th channel tile instead runs its taps on VectorE in float32 and is
+transposed by TensorE, to share the load); ScalarE applies SiLU (or copy)
+while evicting each PSUM bank; one ``scalar_offset`` DMA stores a chunk's
+rows. Sequence boundaries are handled afterwards by a head loop over live
+sequences: the first W-1 outputs are recomputed from the old state (VectorE
+taps over every channel tile at once) and written over the stream's values;
+the H + 1 candidate new states (one per case ``min(length, W-1)``) go to a
+scratch HBM block and the one of the sequence's case goes to its slot, chosen
+by a DMA offset.
 
 Decode (``decode.py``): (sequence, channel block) rows on partitions for
 every HBM stream (contiguous per-row gathers/scatters of the pool), TensorE
@@ -43,7 +47,9 @@ transposes of the window to channel-major so weights are per-partition
 scalars, ScalarE first tap + bias, VectorE fused multiply-adds, TensorE
 transpose back, ScalarE SiLU on eviction, three-stage software pipeline;
 for one channel block of bfloat16 data (batches >= 65 sequences) the taps
-run on TensorE instead (diagonal weights, as in prefill).
+run on TensorE instead (diagonal weights built by VectorE in each group
+iteration). Each row layout is one top-level ``nl.fori_loop`` over its groups;
+the layout the launcher did not pick gets a stop of 0.
 
 Compile-time vs run-time
 ------------------------
@@ -51,51 +57,44 @@ Both kernels take only shapes (the token / sequence buckets), dtypes and layer
 config (W, activation, bias and precision flags) as compile-time arguments;
 sequence lengths, slots, padding and has_initial_state are run-time tables
 built by a few vectorised array ops in the launcher, and every loop that grows
-with tokens or sequences is a runtime loop (design notes in prefill.py and
-decode.py). One program per bucket: prefill 4869 static instructions at 2K
-and 16K tokens (dim 8192, W 4, bf16).
+with tokens or sequences is a runtime loop whose bound is a register loaded
+from a (1, 1) SBUF tile (design notes in prefill.py and decode.py). One
+program per bucket: prefill 4,900 static instructions at 16K x 1 and 8 x 2K
+(dim 8192, W 4, bf16; ``python -m simulate`` counts the loop bodies that ran).
 
 Limits
 ------
 Any dim (the last channel tile may be partial), W >= 2 (prefill: W - 1 <=
-64), any sequence length, empty sequences, padding slots; x and pool float32 or bfloat16 (matmul operands
-are float32 when either is float32: quarter TensorE rate); ``slots * dim``
-< 2^31. Decode: any T >= 1 (speculative steps), any number of sequences
-(groups of up to 128 rows); padding rows must carry finite x. Kernels are
+64), any sequence length, empty sequences, padding slots; x and pool float32
+or bfloat16 (matmul operands are float32 when either is float32: quarter
+TensorE rate), weight / bias any float dtype; prefill ``slots * dim * (W-1)``
+< 2^31, decode ``slots * dim`` < 2^31. Decode: any T >= 1 (speculative
+steps), any number of sequences (groups of up to 128 rows); padding rows must
+carry finite x. Kernels are
 written for trn2 limits (PSUM N <= 512, 8 banks) and run unchanged on trn3.
 
 Performance (modeled, trn2, one NeuronCore, LNC=1)
 --------------------------------------------------
-Command: ``PYTHONPATH=. python3 tests/kernels/short_conv_perf.py`` (Qwen3-Next
-conv shape: dim 8192, W 4, bfloat16 x / weight / pool, no bias, SiLU; the
-bound is the minimal HBM bytes -- x, y and the named slots' state in and out
--- over the core's 368 GB/s DMA bandwidth; cost model of nki_ssm.perf as of
-this commit).
+Command: ``PYTHONPATH=. python -m simulate --set judged --op short_conv
+--no-calibration`` (Qwen3-Next conv shape: dim 8192, W 4, bfloat16 x / weight /
+pool, no bias, SiLU; the bound is the minimal HBM bytes -- x, y and the named
+slots' state in and out -- over the core's 368 GB/s DMA bandwidth; cost model
+of nki_ssm.perf as of this commit, with runtime-loop synchronisation).
 
-- prefill 16K tokens, one sequence: 1944 us, 276 GB/s = 75.1 % of DMA
-  bandwidth (cost model with runtime-loop synchronisation; the compile-time-
-  layout kernel it replaces: 1913 us under the same model, +1.6 %). Program
-  4869 static instructions, equal at 2K and 8 x 2K (was 36.8K at 16K).
-- prefill 8 x 2K ragged: 2049 us (was 2159: -5.1 %).
-- prefill 2K tokens, one sequence: 316 us (was 301).
-- decode 512 sequences x 1 token: 274.9 us = 1.51x the bytes-moved bound
-  (182 us); DMA-bound (88 % busy), TensorE taps (runtime group loop over
-  compacted live sequences, see decode.py); 200.8 us under the earlier model
-  without runtime-loop synchronisation.
-- decode 32 sequences x 1 token: 55.3 us = 4.85x the bound (11.4 us); DMA 73 %
-  (21.9 us under the earlier model).
-- on trn3: not re-measured under the current model (earlier model, compile-
-  time-layout prefill: 16K 1651 us; decode 512 155 us).
+- prefill 16K tokens, one sequence: 1926.8 us, 279 GB/s = 75.7 % of DMA
+  bandwidth; DMA-bound (the windows and the stores), TensorE behind.
+- prefill 8 x 2K ragged: 2077.0 us, 70.3 % of DMA bandwidth.
+- decode 512 sequences x 1 token: 294.6 us = 1.61x the bytes-moved bound;
+  VectorE (the taps' PSUM evictions and the per-group diagonal build) and DMA.
+- decode 32 sequences x 1 token: 58.5 us = 5.05x the bound (wide layout, one
+  group): DMA and the pipeline latency.
 
-Other precision plans (2K tokens x dim 8192, bfloat16 unless said; figures of
-the compile-time-layout prefill, scratch measurement): with bias (one K=1
-matmul per tile) 68 %; float32 x and pool (quarter-rate float32 matmuls,
-half the tiles on VectorE) 53 %; bfloat16 x with float32 weights that are not
-bfloat16 values (hi + lo split) 49 % (float32 weights holding bfloat16 values
-skip the split: 81 %). Runtime-batch prefill, float32 x and pool, 2K tokens:
-1130 us modeled (688 for the compile-time-layout kernel, same model): the
+Other precision plans (not re-measured with this commit): float32 x and pool
+take quarter-rate float32 matmuls and half the tiles on VectorE, and the
 gather transpose is 2-byte only, so float32 windows are gathered token-major
 (one x row per partition) and transposed on TensorE (5 fp32 transposes + a
-ScalarE eviction per tile and chunk), and the extra staging halves the channel
-group (4 tiles).
+ScalarE eviction per tile and chunk), with the channel group halved (4
+tiles); bfloat16 x with float32 weights that are not bfloat16 values takes a
+hi + lo split (twice the TensorE work); float32 weights holding bfloat16
+values skip the split.
 """

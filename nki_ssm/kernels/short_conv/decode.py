@@ -18,8 +18,8 @@ one, and its table row holds the R row numbers. x ``[N, T, dim]`` and y are
 gathered / scattered one sequence row per partition (one DMA per channel
 block r, the base row being the group's first position).
 
-Design note (issue 10): batch composition is run-time data
----------------------------------------------------------
+Design note: batch composition is run-time data
+-----------------------------------------------
 Compile-time arguments are the shapes (the sequence bucket, T, dim, W, slot
 count), dtypes, R (a function of dim only), the activation and the bias /
 TensorE-taps flags. The batch arrives as three int32 tables the launcher
@@ -30,21 +30,26 @@ builds from ``state_indices`` with a few vectorised array ops
   rows ``slot * R + r`` (partition ``r * Pn + i``), one group per Pn rows;
 - ``rows_one [N, R]``: per position of the one-block layout its R pool rows
   ``slot * R + c``;
-- ``counts [1, 4]``: the wide layout's group-loop stop and run flag, the
-  one-block layout's stop and run flag.
+- ``counts [1, 2]``: the stop of the wide layout's group loop and of the
+  one-block layout's (the number of live sequences for the layout the launcher
+  picked, 0 for the other).
 
-Row layout per call: each layout is an outer runtime loop
-(``nl.dynamic_range`` over its 0/1 flag register) holding its weight setup and
-its group loop (``nl.dynamic_range(0, stop, Pn)``: the induction register is
-the group's first position, the scalar offset of its x / y rows and table
-rows). The launcher sets the wide flag when the live rows fit two groups
-(``num_live * R <= 256``, i.e. at most 64 live sequences at R = 4: the measured
-crossover, ``use_wide_layout``), else the one-block flag, and the other layout's flag and stop to 0, so it runs zero
-iterations: one program (the same size at every bucket) serves a batch of one
-sequence and one of 512 at the speed of the layout fitted to each. (R per
-bucket, as before, made the program size depend on the bucket; no single R
-kept both judged cases within 10 %: R = 1 +82 % at 32 sequences, R = 2
-+20 % / +38 %.)
+Loops: the kernel runs the two layouts one after the other, each as its weight
+setup (straight-line code) and ONE top-level runtime loop over its groups,
+``nl.fori_loop(0, stop, body, step=Pn)`` with an inner ``def body(g)`` (NKI
+0.6.0): the induction register g is the group's first position, the scalar
+offset of its x / y rows and of its table rows. The stops are registers
+allocated before the loops and loaded from (1, 1) SBUF tiles that a DMA filled
+from ``counts``. No runtime loop runs inside another: the layout not picked
+runs zero iterations (its setup, weight-column DMAs, still runs; the one-block
+TensorE taps' diagonal weights are built by VectorE inside each group iteration,
+a chunk ahead of their matmuls, so a launch of the wide layout does not pay for
+them -- about 30 us of VectorE at dim 8192). The launcher picks
+the wide layout when the live rows fit two groups (``num_live * R <= 256``, i.e.
+at most 64 live sequences at R = 4: the measured crossover,
+``use_wide_layout``), else the one-block layout: one program (the same size at
+every bucket) serves a batch of one sequence and one of 512 at the speed of the
+layout fitted to each.
 
 The launcher *compacts* the live sequences to the front (a stable argsort of
 ``state_indices < 0``), so padding sequences never reach the kernel: the
@@ -73,7 +78,10 @@ TensorE-taps path (the one-block layout, and bfloat16 x / pool /
 weight values): the transposed window columns are evicted to SBUF by VectorE
 and the W taps (+ a K=1 bias matmul) accumulate in PSUM as
 ``psum[rows, ch] += window_k[ch, rows].T @ diag(weight[:, k])``, already
-row-major, so no transpose back; ScalarE applies SiLU on eviction.
+row-major, so no transpose back; ScalarE applies SiLU on eviction. The
+diagonals (``diag(weight[:, k])`` per 128-channel sub-tile, bfloat16) are
+rebuilt by VectorE in every group iteration, chunk c + 1's behind chunk c's
+first evictions.
 The new state (window columns T .. T+W-2) is assembled row-major by ScalarE
 copies and scattered back with one DMA per group and chunk. Gathers run PD
 chunks ahead of the scatters inside a group (software pipeline); a scatter
@@ -85,18 +93,17 @@ tiles and one output tile must fit the 8 banks, so for long speculative
 steps (T >= 15 at W = 4) the tokens are processed in slices (``_psum_plan``).
 
 Limits: any T >= 1, any dim, W >= 2, any number of sequences (groups of up
-to 128 rows). What binds (modeled, trn2, dim 8192, bf16, one token;
-``tests/kernels/short_conv_perf.py d32 d512``): DMA for 512 sequences
-(275.2 us, one-block layout, 4 groups, TensorE taps), the VectorE taps and the
-pipeline latency for 32 (55.5 us, wide layout R = 4, one group) -- the
-per-bucket-R kernel's 274.9 / 55.3 us. Program size: 1271 static
-instructions at every bucket (1, 32, 128 and 512 sequences): the wide layout's
-loops (about 374 instructions with the setup) plus the one-block layout's
-(about 897), counted over a launch of each (a zero-trip loop adds nothing to
-one launch's trace). At R = 1 and 32 sequences what binds is the DMA (every
-load / store spans 32 partitions, so 4 of the 16 DMA engines) and ScalarE's
-new-state assembly; a single layout would need each group's DMAs split into
->= 4 concurrent channel slices -- not tried.
+to 128 rows); x, pool float32 or bfloat16, weight / bias any float dtype (DMA'd
+in their dtype, VectorE converts). What binds (modeled, trn2, dim 8192, bf16,
+one token; ``python -m simulate --set judged --op short_conv_decode``): VectorE
+(64 % busy: the PSUM evictions of the transposed windows and the per-group
+diagonal build) with DMA close behind (82 %) for 512 sequences (one-block
+layout, 4 groups, TensorE taps); DMA and the pipeline latency for 32 (wide
+layout R = 4, one group); figures in
+``nki_ssm/kernels/short_conv/__init__.py``. At R = 1 and 32 sequences what
+binds is the DMA (every load / store spans 32 partitions, so 4 of the 16 DMA
+engines) and ScalarE's new-state assembly; a single layout would need each
+group's DMAs split into >= 4 concurrent channel slices -- not tried.
 """
 from nki_ssm.backend import nki, nl, nisa
 
@@ -153,19 +160,27 @@ def _load_group(x, pool_flat, g, prow, c0, cd, R, Pn, D, H, CD):
 
 
 def _channel_columns(src, R, D, width, dst):
-    """dst[p, r, s, :] = src[r*D + s*128 + p, ...] (channel-major per-partition columns)."""
+    """dst[p, r, s, :] = src[r*D + s*128 + p, ...] (channel-major per-partition columns,
+    float32): DMA in the source dtype, VectorE converts when it is not float32."""
     nsub = (D + SUB - 1) // SUB
     nfull = D // SUB
     inner = width
+    stage = dst
+    if src.dtype != dst.dtype:
+        stage = nl.ndarray(dst.shape, dtype=src.dtype, buffer=nl.sbuf)
     if nfull > 0:
-        nisa.dma_copy(dst=dst[:, :, 0:nfull, :],
+        nisa.dma_copy(dst=stage[:, :, 0:nfull, :],
                       src=src.ap(pattern=[[inner, SUB], [D * inner, R], [SUB * inner, nfull],
                                           [1, inner]], offset=0))
+        if src.dtype != dst.dtype:
+            nisa.tensor_copy(dst=dst[:, :, 0:nfull, :], src=stage[:, :, 0:nfull, :])
     if nsub > nfull:
         wl = D - nfull * SUB
-        nisa.dma_copy(dst=dst[0:wl, :, nfull, :],
+        nisa.dma_copy(dst=stage[0:wl, :, nfull, :],
                       src=src.ap(pattern=[[inner, wl], [D * inner, R], [1, inner]],
                                  offset=nfull * SUB * inner))
+        if src.dtype != dst.dtype:
+            nisa.tensor_copy(dst=dst[0:wl, :, nfull, :], src=stage[0:wl, :, nfull, :])
 
 
 def _window_tiles(st, xs, P, j0, w, H, t0, tn):
@@ -292,16 +307,14 @@ def _identity(dtype):
     return ident
 
 
-def _chunk_diagonals(ident, w_all, s0, nsc, D, W, dtype):
-    """[128, nsc, W, 128]: diag(weight[(s0 + j)*128 + p, k]) for the sub-tiles of a chunk
-    (VectorE; the write rounds to the matmul dtype -- exact for bfloat16 weights)."""
-    d = nl.ndarray((SUB, nsc, W, SUB), dtype=dtype, buffer=nl.sbuf)
+def _chunk_diagonals(d, ident, w_all, s0, nsc, D, W):
+    """d [128, nsc, W, 128] <- diag(weight[(s0 + j)*128 + p, k]) for the sub-tiles of a
+    chunk (VectorE; the write rounds to the matmul dtype -- exact for bfloat16 weights)."""
     for j in range(nsc):
         w = min(SUB, D - (s0 + j) * SUB)
         for k in range(W):
             nisa.tensor_scalar(dst=d[0:w, j, k, 0:w], data=ident[0:w, 0:w], op0=nl.multiply,
                                operand0=w_all[0:w, 0, s0 + j, k:k + 1])
-    return d
 
 
 def _front_mm(unit, j_list, P, s0, H, t0, tn):
@@ -389,9 +402,8 @@ def _store_chunk(y, pool_flat, yt, st, xs, g, prow, c0, cd, R, Pn, D, H, CD):
 
 def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, act_op, has_bias, R, tensor_taps):
     """One row layout of R channel blocks per sequence: its weight columns (and TensorE
-    diagonals), then the runtime group loop over positions 0, Pn, 2 Pn, .. < stop (the
-    register; 0 when the launcher picked the other layout, so nothing below the
-    weight setup runs)."""
+    diagonals), then the top-level runtime group loop over positions 0, Pn, 2 Pn, .. <
+    stop (the register; 0 when the launcher picked the other layout)."""
     N, T, dim = x.shape
     W = weight.shape[1]
     H = W - 1
@@ -430,18 +442,27 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, act_op, has_bias, R,
         nisa.memset(dst=ones, value=1.0)
         if has_bias:
             b_row = nl.ndarray((1, D), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.dma_copy(dst=b_row, src=bias.ap(pattern=[[D, 1], [1, D]], offset=0))
-        # the diagonals of every chunk are built once, outside the group loop
+            if bias.dtype == nl.bfloat16:
+                nisa.dma_copy(dst=b_row, src=bias.ap(pattern=[[D, 1], [1, D]], offset=0))
+            else:
+                # DMA in the bias dtype; VectorE rounds (exact: the launcher checked the
+                # values are bfloat16 values)
+                b_raw = nl.ndarray((1, D), dtype=bias.dtype, buffer=nl.sbuf)
+                nisa.dma_copy(dst=b_raw, src=bias.ap(pattern=[[D, 1], [1, D]], offset=0))
+                nisa.tensor_copy(dst=b_row, src=b_raw)
+        # the diagonals' tiles; VectorE fills them inside each group iteration, a chunk
+        # ahead of its matmuls (built before the loop they would cost the launches that
+        # run the other layout their whole VectorE time)
         for ci in range(len(chunks)):
-            diags[ci] = _chunk_diagonals(ident, w_all, chunks[ci][0] // SUB,
-                                         (chunks[ci][1] + SUB - 1) // SUB, D, W, nl.bfloat16)
+            diags[ci] = nl.ndarray((SUB, (chunks[ci][1] + SUB - 1) // SUB, W, SUB),
+                                   dtype=nl.bfloat16, buffer=nl.sbuf)
 
     chunk_bytes = CD * (H * pool_bytes + T * x_bytes)
     PD = max(1, min(len(chunks) - 1, LOAD_BUDGET // chunk_bytes - 1))
     batch, tn = _psum_plan(pool_bytes, x_bytes, pool_flat.dtype == x.dtype, H, T)
     steps = _plan_steps(chunks, batch, tn, T)
 
-    for g in nl.dynamic_range(0, stop, Pn):
+    def group_body(g):
         # this group's pool rows: P * K entries from position g of pool_rows [N, RB] (the
         # launcher's [groups, R * Pn, K] table, block-major inside a group)
         prow = nl.ndarray((PMAX, K), dtype=nl.int32, buffer=nl.sbuf)
@@ -455,12 +476,16 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, act_op, has_bias, R,
         for ci in range(min(PD, len(chunks))):
             loads[ci] = _load_group(x, pool_flat, g, prow, chunks[ci][0], chunks[ci][1],
                                     R, Pn, D, H, CD)
+        if tensor_taps:
+            _chunk_diagonals(diags[0], ident, w_all, chunks[0][0] // SUB,
+                             (chunks[0][1] + SUB - 1) // SUB, D, W)
         prev = None
         for i in range(len(steps) + 1):
             nxt = None
             if i < len(steps):
                 ci, j_list, t0, n, last = steps[i]
-                if units[ci] == None:  # noqa: E711  first step of chunk ci
+                first_step = units[ci] == None  # noqa: E711
+                if first_step:
                     if ci + PD < len(chunks):
                         loads[ci + PD] = _load_group(x, pool_flat, g, prow,
                                                      chunks[ci + PD][0], chunks[ci + PD][1],
@@ -471,6 +496,10 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, act_op, has_bias, R,
                 st, xs, yt = units[ci]
                 if tensor_taps:
                     front = _front_mm((st, xs), j_list, P, chunks[ci][0] // SUB, H, t0, n)
+                    if first_step and ci + 1 < len(chunks):
+                        # the next chunk's diagonals, behind this chunk's first evictions
+                        _chunk_diagonals(diags[ci + 1], ident, w_all, chunks[ci + 1][0] // SUB,
+                                         (chunks[ci + 1][1] + SUB - 1) // SUB, D, W)
                 else:
                     front = _front((st, xs), j_list, w_all, b_all, has_bias, R, Pn,
                                    chunks[ci][0] // SUB, H, t0, n)
@@ -495,6 +524,8 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, act_op, has_bias, R,
                 subs = None               # step i-1's PSUM windows die before step i+1's
             prev = nxt
 
+    nl.fori_loop(0, stop, group_body, step=Pn)
+
 
 @nki.jit
 def short_conv_decode_kernel(x, weight, bias, pool_flat, rows_wide, rows_one, counts,
@@ -505,8 +536,8 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows_wide, rows_one, co
     kernel's scatters); rows_wide int32 ``[N, R]``: per group of the wide layout and
     partition ``r * Pn + i``, the pool row ``slot * R + r``; rows_one int32 ``[N, R]``:
     per position of the one-block layout, its R pool rows ``slot * R + c``; counts int32
-    ``[1, 4]``: (stop of the wide group loop, wide layout runs 0/1, stop of the one-block
-    group loop, one-block layout runs 0/1) -- the launcher runs exactly one layout;
+    ``[1, 2]``: (stop of the wide group loop, stop of the one-block group loop) -- the
+    launcher gives the layout it did not pick a stop of 0;
     activation "silu" or "none"; R channel blocks per sequence of the wide layout (1: the
     program holds the one-block layout only; dim / R a multiple of 128); tensor_taps: the
     one-block layout does the taps as TensorE matmuls with diagonal weights (launcher:
@@ -522,16 +553,16 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows_wide, rows_one, co
     act_op = nl.silu if activation == "silu" else nl.copy
     y = nl.ndarray((N, T, dim), dtype=x.dtype, buffer=nl.shared_hbm)
 
+    # loop stops of the two layouts (0 for the layout the launcher did not pick), each DMA'd
+    # into a (1, 1) SBUF tile on partition 0 and loaded into a register allocated here
     regs = []
-    for k in range(4):
+    for k in range(2):
+        cnt = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=cnt, src=counts[0:1, k:k + 1])
         r = nisa.register_alloc()
-        nisa.register_load(dst=r, src=counts[0:1, k:k + 1])
+        nisa.register_load(dst=r, src=cnt)
         regs.append(r)
     if R > 1:
-        for _ in nl.dynamic_range(regs[1]):
-            _layout(x, weight, bias, y, pool_flat, rows_wide, regs[0], act_op, has_bias, R,
-                    False)
-    for _ in nl.dynamic_range(regs[3]):
-        _layout(x, weight, bias, y, pool_flat, rows_one, regs[2], act_op, has_bias, 1,
-                tensor_taps)
+        _layout(x, weight, bias, y, pool_flat, rows_wide, regs[0], act_op, has_bias, R, False)
+    _layout(x, weight, bias, y, pool_flat, rows_one, regs[1], act_op, has_bias, 1, tensor_taps)
     return y

@@ -7,96 +7,110 @@ Shapes: x ``[NB, dim]`` (the batch padded to the token bucket NB), weight
 writes), y ``[(NB + M) * NT, 128]`` in x's dtype: token t's channels as NT =
 ceil(dim / 128) rows of 128 (the host views it as ``[NB + M, NT * 128]`` and
 keeps ``[:num_tokens, :dim]``; ``M = _margin(W-1)`` = 16 for W <= 17 scratch
-token rows at the end). x / pool float32 or bfloat16. H = W - 1, NH = M.
+token rows at the end). x / pool float32 or bfloat16; weight / bias any float
+dtype (DMA'd in their dtype, converted on VectorE). H = W - 1, NH = M.
 
-Design note (issue 10): batch composition is run-time data
----------------------------------------------------------
+Design note: batch composition is run-time data
+-----------------------------------------------
 Compile-time arguments: shapes (NB, the sequence bucket SB, dim, W, slots),
 dtypes, the activation, the bias flag and the matmul precision flags. The batch
 arrives as int32 / uint32 / float32 tables the launcher builds with a few
 vectorised array ops (``nki_ssm.ops.launch.short_conv.prefill_tables``, each
 step named there with its torch equivalent):
 
-- ``win_base [128, NI]``: window row offsets ``j * 128 + p - M`` of the
+- ``win_base [128, NI]`` float32: window row offsets ``j * 128 + p - M`` of the
   column-major gather-index tile (a function of the bucket only);
-- ``seq_rows [SB, 2*NH, 1]`` uint32: per live sequence (compacted: live
-  sequences first, in order) the x rows of its first NH and last NH tokens
-  (clamped into the bucket); ``seq_yrows [SB, columns, 128]`` int32: the y row
-  ``row_k * NT + j`` of its token k in channel tile j (y kept as 128-channel
-  rows; ``row_k = NB + k``, a scratch row, for k >= length), at ``(j % tb) * H +
-  k`` of column ``j // tb`` with ``tb = 128 // H`` (the partial tile, if any, in
-  a last column of its own); ``seq_info [SB, H + 4]`` int32: slot,
-  has-initial-state, one-hot of ``min(length, H)``, no initial state;
-- ``counts [1, 3]``: with ``pairs = ceil(ceil(num_tokens / CHUNK) / 2)``,
-  ``max(pairs - 1, 0)`` (stream loop trips), live sequences, ``pairs >= 1``.
+- the head work list, one row per live sequence (compacted: live sequences
+  first, in order): ``seq_rows [SB, 2*NH, 1]`` uint32, the x rows of its first NH
+  and last NH tokens (clamped into the bucket); ``seq_yrows [SB, columns, 128]``
+  int32, the y row ``row_k * NT + j`` of its token k in channel tile j (``row_k =
+  NB + k``, a scratch row, for k >= length), at ``(j % tb) * H + k`` of column
+  ``j // tb`` with ``tb = 128 // H`` (the partial tile, if any, in a last column of
+  its own); ``seq_info [SB, 2]`` int32: its slot and its case ``min(length, H)``;
+- ``zero_slots [SB, 1]`` int32: the slots of live sequences without initial
+  state, compacted;
+- ``counts [1, 3]`` int32: with ``pairs = ceil(ceil(num_tokens / CHUNK) / 2)``,
+  ``max(pairs - 1, 0)`` (stream loop trips), the live sequences, the slots to
+  zero.
 
-Loops (``nl.dynamic_range`` on registers loaded from ``counts`` or the head
-tables; everything unrolled inside is bounded by the layer shape: channel tiles,
-taps, the CH / 128 token blocks of a chunk, H). The cost model synchronises
-every compute engine at each iteration start (conditionals included), so the
-stream loop has no conditional inside, and work that must not wait sits in
-DMAs, which run on across iteration boundaries.
+Loops: every runtime loop is ``nl.fori_loop(0, reg, body)`` at the top level of
+the kernel, its body an inner ``def`` (NKI 0.6.0), its bound a register
+allocated before the loops and loaded from a (1, 1) SBUF tile that a DMA filled
+from ``counts``; no runtime loop runs inside another, and no 0/1-trip loop
+stands for a conditional: each choice is a DMA offset. Everything unrolled
+inside a body is bounded by the layer shape (channel tiles, taps, the CH / 128
+token blocks of a chunk, H). The cost model synchronises every compute engine
+at each iteration start, so work that must not wait sits in DMAs, which run on
+across iteration boundaries.
 
-1. **Stream loop**, one per channel group (up to 16 tiles of 128 channels), over
+0. **Zero loop** over ``zero_slots``: one DMA per 128 pool-row channels writes
+   zeros (an SBUF tile in the pool dtype) over the slot, so every head below
+   reads its old state from its slot. DMAs only; they run under the stream.
+1. **Stream loops**, one per channel group (up to 16 tiles of 128 channels), over
    the whole token stream in fixed chunks of CH = 512 tokens (or the bucket if
    smaller), two chunks (slots A, B) per iteration: each slot is refilled with
    the chunk two ahead as soon as its matmuls are done, so the windows of the
-   next iteration load during this one. The last pair of a group is peeled (a
-   one-trip ``dynamic_range`` on ``pairs >= 1``): instead of refilling, its slots
-   take the next group's first chunks, and VectorE builds the next group's
-   diagonal weights there (their DMAs were issued before the group's loop). The
-   window of a chunk is one *indirect* ``dma_transpose`` (the documented
-   ``dma_gather_transpose``, software DGE): x rows ``t0 - M .. t0 + CH`` by a
-   uint32 index tile computed on VectorE (``clamp(win_base + t0, 0, NB - 1)``,
-   t0 a running chunk start; no table DMA in the loop), transposed to ``[128
-   ch, tiles, M + CH tok]``. Sequence boundaries are ignored: the first H
-   tokens of every sequence (and tokens whose window is clamped at row 0) get
-   wrong values, rewritten by the heads; every other token's window lies inside
-   its own sequence. TensorE does the W taps as accumulating matmuls
-   ``psum[tok, ch] += xw[:, k:k+128].T @ diag(weight[:, k])`` (``accumulate``
-   given on every matmul into a bank), every 7th channel tile (2nd fp32, 4th
-   split) on VectorE plus a TensorE transpose; ScalarE applies SiLU / copy
-   evicting each bank; a chunk is stored by ONE ``scalar_offset`` DMA of its CH
-   token rows (stores with run-time addresses are ordered after each other, so
-   few large ones). Past the bucket the chunk start is clamped to ``NB - CH``:
-   a *mirror* of the last chunk (same window, bit-identical bytes to the same
-   rows); tokens of the padding region compute garbage that the host drops.
-2. **Head loop** over live sequences, after every stream loop: per sequence,
-   for all full channel tiles at once (and the partial tile, if any), a window
-   ``[old state | first NH tokens | last NH tokens]``: the old state by one
-   ``scalar_offset`` DMA of the slot as rows of 128 channels (contiguous 128 *
-   H runs; the pool is channel-major ``[dim, H]``, so channel-on-partition reads
-   would be 6-byte runs) and TensorE transposes into the window (a
-   ``dynamic_range`` on has-initial-state; zeros by DMA from a zero tile
-   otherwise), the tokens by one gather transpose of ``seq_rows``. The first H outputs are computed on VectorE in float32
-   (weights as per-channel columns broadcast over the H tokens: no diagonals
-   needed), TensorE transposes ``[128 ch, tiles x H]`` into (tile, token) rows,
-   ScalarE applies the activation, and one ``vector_offset`` DMA per 128 rows
-   writes each (tile, token) row -- one contiguous 128-channel run per
-   partition; k >= length goes to a scratch row, so no ``oob_mode.skip`` --
-   over the stream loop's values. The new state (window columns ``L .. L+H`` of
-   ``old state ++ tokens`` for ``L < H``, else the last H tokens) goes to the
-   slot by one ``scalar_offset`` DMA under the one-hot ``dynamic_range`` of its
-   case (staged, transposed back to 128-channel rows, one DMA). Padding
-   sequences (``state_indices < 0``) are compacted away: they never touch the
-   pool, and the host zeroes their y rows.
+   next iteration load during this one. The last pair of a group follows its
+   loop as straight-line code: instead of refilling, its slots take the next
+   group's first chunks, and VectorE builds the next group's diagonal weights
+   there (their DMAs were issued before the group's loop); with no tokens at
+   all it computes the padding rows, which the host drops. The window of a
+   chunk is one *indirect* ``dma_transpose`` (gather transpose, software DGE):
+   x rows ``t0 - M .. t0 + CH`` by a uint32 index tile computed on VectorE
+   (``clamp(win_base + t0, 0, NB - 1)``, t0 a running chunk start kept in SBUF;
+   no table DMA in the loop), transposed to ``[128 ch, tiles, M + CH tok]``.
+   Sequence boundaries are ignored: the first H tokens of every sequence (and
+   tokens whose window is clamped at row 0) get wrong values, rewritten by the
+   heads; every other token's window lies inside its own sequence. TensorE does
+   the W taps as accumulating matmuls on the whole PE array ``psum[tok, ch] +=
+   xw[:, k:k+128].T @ diag(weight[:, k])`` (``accumulate`` given on every matmul
+   into a bank), every 7th channel tile (2nd fp32, 4th split) on VectorE plus a
+   TensorE transpose; ScalarE applies SiLU / copy evicting each bank; a chunk is
+   stored by ONE ``scalar_offset`` DMA of its CH token rows, the offset a (1, 1)
+   int32 SBUF tile VectorE computes (stores with run-time addresses are ordered
+   after each other, so few large ones). Past the bucket the chunk start is
+   clamped to ``NB - CH``: a *mirror* of the last chunk (same window,
+   bit-identical bytes to the same rows); tokens of the padding region compute
+   garbage that the host drops.
+2. **Head loop** over live sequences (the head work list), after every stream
+   loop; per sequence, for all full channel tiles at once (and the partial tile,
+   if any), with the row's slot and case DMA'd into (1, 1) SBUF tiles:
+   - window ``[old state | first NH tokens | last NH tokens]``: the old state by
+     one ``scalar_offset`` DMA of the slot as rows of 128 channels (contiguous
+     128 * H runs; the pool is channel-major ``[dim, H]``, so channel-on-partition
+     reads would be 6-byte runs), converted to float32 by VectorE and put into
+     the window by TensorE transposes; the tokens by one gather transpose of
+     ``seq_rows``;
+   - the first H outputs on VectorE in float32 (weights as per-channel columns
+     repeated over the H tokens by a zero-stride access pattern: no diagonals
+     needed), TensorE transposes ``[128 ch, tiles x H]`` into (tile, token)
+     rows, ScalarE applies the activation, and one ``vector_offset`` DMA per 128
+     rows writes each (tile, token) row -- one contiguous 128-channel run per
+     partition; k >= length goes to a scratch row, so no ``oob_mode.skip`` --
+     over the stream loop's values;
+   - the new state: for each case c in 0..H the candidate (window columns c ..
+     c+H of ``old state ++ tokens`` for c < H, the last H tokens for c = H) is
+     staged by VectorE, turned into 128-channel pool rows by TensorE transposes
+     (the pool-dtype rounding in the PSUM eviction) and DMA'd to row c of the
+     kernel's ``private_hbm`` scratch ``cand [H+1, dim * H]``; then candidate
+     ``case`` (a DMA offset) goes through SBUF to the slot (two DMAs, each with
+     one run-time offset). No conditional, and no value is ever multiplied by a
+     mask (a NaN in an unused candidate cannot leak).
+   Padding sequences (``state_indices < 0``) are compacted away: they never touch
+   the pool, and the host zeroes their y rows.
 
 What binds (modeled, trn2, dim 8192, W 4, bf16, bf16 pool, the cost model of
-this commit with its loop synchronisation; ``tests/kernels/short_conv_perf.py
-16k 8x2k 2k``): DMA (98 % busy at 16K: the windows and the stores) with
-TensorE behind (84 %). 16K tokens in one sequence 1944 us (the compile-time-
-layout kernel it replaces: 1913 us under the same model, +1.6 %); 8 x 2K 2049
-us (was 2159, -5.1 %); 2K 316 us (was 301, +5 %: the group boundaries and the
-head loop are fixed costs). Program size 4869 static instructions at 2K, 16K
-and 8 x 2K (was 4844 at 2K and 36.8K at 16K; the peeled last pair repeats the
-stream body once per group).
+this commit with its loop synchronisation; ``python -m simulate --set judged
+--op short_conv_prefill``): DMA (the windows and the stores) with TensorE
+behind. See the table in ``nki_ssm/kernels/short_conv/__init__.py`` for the
+figures; the head loop is a fixed cost per live sequence (14 DMAs at dim 8192
+and 5 small TensorE / VectorE phases).
 
 float32 x: the gather transpose takes 2-byte dtypes only (API page), so its
 windows are gathered token-major by ``vector_offset`` DMAs (one x row per
 partition) and transposed on TensorE (fp32 transposes, plus a ScalarE
-PSUM-to-SBUF copy per 512 columns): 2K tokens of float32 x and pool 1130 us
-modeled against 688 for the compile-time-layout kernel (the extra staging also
-halves the channel group to 4 tiles).
+PSUM-to-SBUF copy per 512 columns); the extra staging halves the channel
+group to 4 tiles.
 
 Limits: dim any size (tiles of 128 channels, the last may be partial),
 2 <= W <= 65 (``W - 1 <= 64``: both NH-token head windows fit one 128-index
@@ -180,11 +194,12 @@ def _identity(dtype):
     return ident
 
 
-def _weight_tiles(group, W, mm_dtype, has_bias, w_split, b_split):
+def _weight_tiles(group, W, mm_dtype, has_bias, w_split, b_split, w_dtype, b_dtype):
     """The SBUF tiles of one channel group's weights (allocated outside the runtime loops,
     filled by _weight_loads / _weight_build): float32 columns w32 [128, n, W] (and the
     lo part when split), diagonal parts [128, n, W, 128] in the matmul dtype, bias row
-    [1, gw] (+ parts) and float32 bias columns [128, n]."""
+    [1, gw] (+ parts) and float32 bias columns [128, n]; plus staging tiles in the
+    weight / bias dtype when it is not float32 (DMAs keep the dtype; VectorE converts)."""
     c0, n, P = group
     gw = (n - 1) * TILE + P
     w32 = nl.ndarray((TILE, n, W), dtype=nl.float32, buffer=nl.sbuf)
@@ -193,27 +208,44 @@ def _weight_tiles(group, W, mm_dtype, has_bias, w_split, b_split):
     for q in range(nparts):
         diags.append(nl.ndarray((TILE, n, W, TILE), dtype=mm_dtype, buffer=nl.sbuf))
     bias_t = None
+    w_raw = None
+    b_raw = None
+    if w_dtype != nl.float32:
+        w_raw = nl.ndarray((TILE, n, W), dtype=w_dtype, buffer=nl.sbuf)
     if has_bias:
         bparts = []
         for q in range(2 if b_split else 1):
             bparts.append(nl.ndarray((1, gw), dtype=mm_dtype, buffer=nl.sbuf))
         bias_t = (nl.ndarray((1, gw), dtype=nl.float32, buffer=nl.sbuf), bparts,
                   nl.ndarray((TILE, n), dtype=nl.float32, buffer=nl.sbuf))
-    return (w32, diags, bias_t)
+        if b_dtype != nl.float32:
+            b_raw = (nl.ndarray((1, gw), dtype=b_dtype, buffer=nl.sbuf),
+                     nl.ndarray((TILE, n), dtype=b_dtype, buffer=nl.sbuf))
+    return (w32, diags, bias_t, (w_raw, b_raw))
 
 
 def _weight_loads(weight, bias, tiles, group, W):
-    """DMAs of a group's weight (and bias) values into its tiles."""
+    """DMAs of a group's weight (and bias) values into its tiles (the staging tiles when
+    the weights are not float32)."""
     c0, n, P = group
     gw = (n - 1) * TILE + P
-    w32, diags, bias_t = tiles
+    w32, diags, bias_t, raws = tiles
+    w_raw, b_raw = raws
+    w_dst = w32
+    if w_raw != None:  # noqa: E711
+        w_dst = w_raw
     # channel c0 + j*128 + p -> partition p, free (j, k)
-    nisa.dma_copy(dst=w32[0:P, 0:n, :],
+    nisa.dma_copy(dst=w_dst[0:P, 0:n, :],
                   src=weight.ap(pattern=[[W, P], [TILE * W, n], [1, W]], offset=c0 * W))
     if bias_t != None:  # noqa: E711
         b32, bparts, bcols = bias_t
-        nisa.dma_copy(dst=b32[0:1, 0:gw], src=bias.ap(pattern=[[gw, 1], [1, gw]], offset=c0))
-        nisa.dma_copy(dst=bcols[0:P, 0:n], src=bias.ap(pattern=[[1, P], [TILE, n]], offset=c0))
+        b_row = b32
+        b_col = bcols
+        if b_raw != None:  # noqa: E711
+            b_row = b_raw[0]
+            b_col = b_raw[1]
+        nisa.dma_copy(dst=b_row[0:1, 0:gw], src=bias.ap(pattern=[[gw, 1], [1, gw]], offset=c0))
+        nisa.dma_copy(dst=b_col[0:P, 0:n], src=bias.ap(pattern=[[1, P], [TILE, n]], offset=c0))
 
 
 def _weight_build(tiles, ident, group, W, mm_dtype):
@@ -223,7 +255,13 @@ def _weight_build(tiles, ident, group, W, mm_dtype):
     (diag parts, bias row parts, float32 weight columns, float32 bias columns or None)."""
     c0, n, P = group
     gw = (n - 1) * TILE + P
-    w32, diags, bias_t = tiles
+    w32, diags, bias_t, raws = tiles
+    w_raw, b_raw = raws
+    if w_raw != None:  # noqa: E711
+        nisa.tensor_copy(dst=w32[0:P, 0:n, :], src=w_raw[0:P, 0:n, :])
+    if b_raw != None:  # noqa: E711
+        nisa.tensor_copy(dst=bias_t[0][0:1, 0:gw], src=b_raw[0][0:1, 0:gw])
+        nisa.tensor_copy(dst=bias_t[2][0:P, 0:n], src=b_raw[1][0:P, 0:n])
     wparts = (w32,)
     if len(diags) > 1:
         hi = nl.ndarray((TILE, n, W), dtype=mm_dtype, buffer=nl.sbuf)
@@ -426,12 +464,12 @@ def _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot):
     for b in range(nblk):
         _conv_block(xw, outs[a][0:TILE, b, :], weights, ones, b * TILE, n, P, W, act_op,
                     vec_every, base_col, rot)
-    nisa.tensor_scalar(dst=sti[0:1, a:a + 1], data=st[0:1, a:a + 1], op0=nl.multiply,
+    nisa.tensor_scalar(dst=sti[a], data=st[0:1, a:a + 1], op0=nl.multiply,
                        operand0=float(NT))
     # Stores with run-time addresses are ordered after each other (their rows cannot be
     # told apart at compile time), so one large store per chunk keeps that chain short.
     nisa.dma_copy(dst=y.ap(pattern=[[DP, TILE], [TILE * DP, nblk], [1, gw]], offset=c0,
-                           scalar_offset=sti[0:1, a:a + 1], indirect_dim=0),
+                           scalar_offset=sti[a], indirect_dim=0),
                   src=outs[a][0:TILE, 0:nblk, 0:gw])
 
 
@@ -440,7 +478,7 @@ def _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, re
     """Two chunks (slots A, B): A is computed while B's window arrives; when ``refill``,
     each slot is reloaded with the chunk two ahead as soon as its matmuls are done (the
     DMAs run on across the loop's iteration boundary, where the compute engines
-    synchronise); ``next_group`` (the peeled last pair of a group): the slots take the
+    synchronise); ``next_group`` (the last pair of a group, after its loop): the slots take the
     next group's first chunks instead, so its windows load under this pair's matmuls,
     and ``next_build`` (its diagonal weights) runs on VectorE after chunk A."""
     run = bufs[0]
@@ -460,78 +498,105 @@ def _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, re
                               next_build[4])
 
 
+def _pool_blocks(dim, H):
+    """A pool row (``dim * H`` elements, channel-major ``[dim, H]``) as DMA blocks
+    ``(element offset, rows, row length)``: rows of 128 channels (128 * H contiguous
+    elements per partition, up to 128 rows per block), then the partial tile's row."""
+    nfull = dim // TILE
+    blocks = []
+    for j0 in range(0, nfull, TILE):
+        blocks.append((j0 * TILE * H, min(TILE, nfull - j0), TILE * H))
+    if dim % TILE:
+        blocks.append((nfull * TILE * H, 1, (dim % TILE) * H))
+    return blocks
+
+
+def _row_at(t, off, rows, width, slot):
+    """Rows ``[rows, width]`` at element ``off`` of row ``slot`` ((1, 1) int32 SBUF tile)
+    of the 2-D HBM tensor t."""
+    return t.ap(pattern=[[width, rows], [1, width]], offset=off, scalar_offset=slot,
+                indirect_dim=0)
+
+
+def _zero_slot(pool, blocks, zero, slot):
+    """Write zeros over the pool row of ``slot`` (one DMA per block, from an SBUF zero tile
+    in the pool dtype)."""
+    for blk in blocks:
+        off, rows, width = blk
+        nisa.dma_copy(dst=_row_at(pool, off, rows, width, slot), src=zero[0:rows, 0:width])
+
+
 def _head_sequence(hctx, s):
-    """Iteration s of the head loop: for the full 128-channel tiles at once (and the
-    partial last tile, if any: ``groups`` here are these one or two head groups) the
-    window [old state | first NH tokens | last NH tokens] of live sequence s, its first
-    H outputs and its new state -- one DMA per head group for each. The old state /
-    zeros and the new-state case are each one runtime conditional around all head
-    groups' DMAs."""
-    (x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot,
-     zhalo, srows) = hctx
+    """Iteration s of the head loop (live sequence s): for the full 128-channel tiles at
+    once (and the partial last tile, if any: ``groups`` here are these one or two head
+    groups) the window [old state | first NH tokens | last NH tokens], its first H
+    outputs, the H + 1 candidate new states (one per case ``min(length, H)``) to the
+    scratch rows ``cand`` and the one of this sequence's case to its slot. No conditional:
+    the slot of a sequence without initial state holds zeros (the zero loop), and the case
+    is a DMA offset."""
+    (x, y, pool, tabs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot, srows,
+     cand, blocks) = hctx
     H = W - 1
     M = _margin(H)
-    sidx, yr, info = tabs
-    init_reg, case_regs = regs
+    sidx, yr, slot, case = tabs
     seq_rows, seq_yrows, seq_info = seq_tabs
     NH2 = sidx.shape[0]
-    K = info.shape[1]
+    K = seq_info.shape[1]
     YB = yr.shape[1]
     _restart(rot)
     nisa.dma_copy(dst=sidx, src=seq_rows.ap(pattern=[[1, NH2], [1, 1]], offset=0,
                                             scalar_offset=s, indirect_dim=0))
     nisa.dma_copy(dst=yr, src=seq_yrows.ap(pattern=[[1, TILE], [TILE, YB]], offset=0,
                                            scalar_offset=s, indirect_dim=0))
-    nisa.dma_copy(dst=info, src=seq_info.ap(pattern=[[K, 1], [1, K]], offset=0,
+    nisa.dma_copy(dst=slot, src=seq_info.ap(pattern=[[K, 1], [1, 1]], offset=0,
                                             scalar_offset=s, indirect_dim=0))
-    nisa.register_load(dst=init_reg[0], src=info[0:1, 1:2])
-    nisa.register_load(dst=init_reg[1], src=info[0:1, H + 3:H + 4])
-    for c in range(H + 1):
-        nisa.register_load(dst=case_regs[c], src=info[0:1, 2 + c:3 + c])
-    states = []
+    nisa.dma_copy(dst=case, src=seq_info.ap(pattern=[[K, 1], [1, 1]], offset=1,
+                                            scalar_offset=s, indirect_dim=0))
+    sr, s32, ns, pst = srows
+    # old state at window columns M-H .. M
     for g in range(len(groups)):
         c0, n, P = groups[g]
-        states.append(pool.ap(pattern=[[H, P], [TILE * H, n], [1, H]], offset=c0 * H,
-                              scalar_offset=info[0:1, 0:1], indirect_dim=0))
-    # old state at columns M-H .. M: the slot, or zeros (by DMA: a memset would wait, in
-    # VectorE's order, for the previous sequence's state writes to read these columns)
-    for _ in nl.dynamic_range(init_reg[1]):
-        for g in range(len(groups)):
-            c0, n, P = groups[g]
-            nisa.dma_copy(dst=hbs[g][0][0:P, 0:n, M - H:M], src=zhalo[0:P, 0:n, :])
-    for _ in nl.dynamic_range(init_reg[0]):
-        for g in range(len(groups)):
-            c0, n, P = groups[g]
-            if P == TILE:
-                _state_in(pool, info, srows, hbs[g][0], n, H, M, rot)
-            else:
-                nisa.dma_copy(dst=hbs[g][0][0:P, 0:n, M - H:M], src=states[g])
+        wt = hbs[g][0]
+        if P == TILE:
+            _state_in(pool, slot, srows, wt, n, H, M, rot)
+        else:
+            nisa.dma_copy(dst=pst[0:P, 0:H],
+                          src=pool.ap(pattern=[[H, P], [1, H]], offset=c0 * H,
+                                      scalar_offset=slot, indirect_dim=0))
+            nisa.tensor_copy(dst=wt[0:P, 0, M - H:M], src=pst[0:P, 0:H])
     for g in range(len(groups)):
         c0, n, P = groups[g]
         wt, ws, tmh, acc, tmp, ot = hbs[g]
         _window_load(x, sidx, NH2, wt, ws, tmh, M, c0, n, P, rot)
     for g in range(len(groups)):
         _head_outputs(hctx, g)
-    # new state = window columns L .. L+H of (old state ++ tokens): for L < H inside the
-    # head, else the last H tokens (end of the window)
+    # candidate c < H: window columns c .. c+H of (old state ++ tokens); c = H: the last
+    # H tokens (end of the window)
+    dim = pool.shape[1] // H
     for c in range(H + 1):
         col = M - H + c
         if c == H:
             col = M + NH2 - H
-        for _ in nl.dynamic_range(case_regs[c]):
-            for g in range(len(groups)):
-                c0, n, P = groups[g]
-                if P == TILE:
-                    # into the staging tile; written out below for every case at once
-                    nisa.tensor_copy(dst=srows[2][0:TILE, 0:n, :],
-                                     src=hbs[g][0][0:TILE, 0:n, col:col + H])
-                else:
-                    nisa.dma_copy(dst=states[g], src=hbs[g][0][0:P, 0:n, col:col + H])
-    if groups[0][2] == TILE:
-        _state_out(pool, info, srows, groups[0][1], H, rot)
+        for g in range(len(groups)):
+            c0, n, P = groups[g]
+            wt = hbs[g][0]
+            if P == TILE:
+                nsc = ns[c % 2]
+                nisa.tensor_copy(dst=nsc[0:TILE, 0:n, :], src=wt[0:TILE, 0:n, col:col + H])
+                _state_rows(cand, c * dim * H, sr[c], nsc, n, H, rot)
+            else:
+                nisa.tensor_copy(dst=pst[0:P, H:2 * H], src=wt[0:P, 0, col:col + H])
+                nisa.dma_copy(dst=cand.ap(pattern=[[H, P], [1, H]], offset=c * dim * H + c0 * H),
+                              src=pst[0:P, H:2 * H])
+    # the new state: candidate `case` -> the slot (through SBUF: one run-time offset per DMA)
+    fin = sr[H + 1]
+    for blk in blocks:
+        off, rows, width = blk
+        nisa.dma_copy(dst=fin[0:rows, 0:width], src=_row_at(cand, off, rows, width, case))
+        nisa.dma_copy(dst=_row_at(pool, off, rows, width, slot), src=fin[0:rows, 0:width])
 
 
-def _state_in(pool, info, srows, wt, n, H, M, rot):
+def _state_in(pool, slot, srows, wt, n, H, M, rot):
     """The slot's old state for n full channel tiles into window columns M-H .. M.
 
     The pool row holds channel-major ``[dim, H]``: read channel-on-partition it is one
@@ -539,14 +604,14 @@ def _state_in(pool, info, srows, wt, n, H, M, rot):
     (tile j' on partition j', a contiguous 128 * H run), and one TensorE transpose per
     state column h turns ``[tiles, 128 ch]`` into the window's ``[128 ch, tiles]``
     (values pass through float32 exactly)."""
-    sr, s32, ns = srows
-    row = sr.shape[1]
+    sr, s32, ns, pst = srows
+    st = sr[H + 2]
+    row = s32.shape[1]
     for j0 in range(0, n, TILE):
         nb = min(TILE, n - j0)
-        nisa.dma_copy(dst=sr[0:nb, 0:TILE * H],
-                      src=pool.ap(pattern=[[TILE * H, nb], [1, TILE * H]], offset=j0 * TILE * H,
-                                  scalar_offset=info[0:1, 0:1], indirect_dim=0))
-        nisa.tensor_copy(dst=s32[0:nb, 0:TILE * H], src=sr[0:nb, 0:TILE * H])
+        nisa.dma_copy(dst=st[0:nb, 0:TILE * H],
+                      src=_row_at(pool, j0 * TILE * H, nb, TILE * H, slot))
+        nisa.tensor_copy(dst=s32[0:nb, 0:TILE * H], src=st[0:nb, 0:TILE * H])
         hpb = BANK // nb                      # state columns per PSUM bank
         for h0 in range(0, H, hpb):
             hn = min(hpb, H - h0)
@@ -560,12 +625,11 @@ def _state_in(pool, info, srows, wt, n, H, M, rot):
                                        offset=0))
 
 
-def _state_out(pool, info, srows, n, H, rot):
-    """The new state of n full channel tiles (staged channel-on-partition in ``ns
-    [128, tiles, H]``) back to the slot's pool row: one TensorE transpose per column h
-    to ``[tiles, 128 ch]``, interleaved to ``[tiles, (ch, h)]``, one contiguous run per
-    tile."""
-    sr, s32, ns = srows
+def _state_rows(dst, offset, sr, ns, n, H, rot):
+    """A state of n full channel tiles (staged channel-on-partition in ``ns [128, tiles,
+    H]``, float32) to the pool-row layout at element ``offset`` of HBM ``dst``: one
+    TensorE transpose per column h to ``[tiles, 128 ch]``, interleaved by the PSUM
+    eviction into ``sr [tiles, (ch, h)]`` (the pool dtype), one contiguous run per tile."""
     for j0 in range(0, n, TILE):
         nb = min(TILE, n - j0)
         hpb = BANK // TILE
@@ -580,8 +644,8 @@ def _state_out(pool, info, srows, n, H, rot):
                                        offset=h0),
                              src=ps.ap(pattern=[[ps.shape[1], nb], [1, TILE], [TILE, hn]],
                                        offset=0))
-        nisa.dma_copy(dst=pool.ap(pattern=[[TILE * H, nb], [1, TILE * H]], offset=j0 * TILE * H,
-                                  scalar_offset=info[0:1, 0:1], indirect_dim=0),
+        nisa.dma_copy(dst=dst.ap(pattern=[[TILE * H, nb], [1, TILE * H]],
+                                 offset=offset + j0 * TILE * H),
                       src=sr[0:nb, 0:TILE * H])
 
 
@@ -595,8 +659,8 @@ def _head_outputs(hctx, g):
     token k -- to y's 128-channel row ``row_k * NT + j`` (from column j // (128 // H)
     of the yr tile, the partial tile in the last column; one contiguous run per
     partition; k >= length -> a scratch row)."""
-    (x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot,
-     zhalo, srows) = hctx
+    (x, y, pool, tabs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot, srows,
+     cand, blocks) = hctx
     c0, n, P = groups[g]
     t0 = c0 // TILE
     H = W - 1
@@ -607,10 +671,11 @@ def _head_outputs(hctx, g):
     if g > 0:
         col0 = (groups[0][1] + tb - 1) // tb      # the partial tile's column of yr
     wt, ws, tmh, acc, tmp, ot = hbs[g]
+    nt = w_all.shape[1]
     for k in range(W):
-        # weight[c, k] broadcast over the H tokens (NkiTensor.broadcast: a size-1 free dim
-        # repeated without a copy)
-        wk = w_all[0:P, t0:t0 + n, k:k + 1].broadcast(2, H)
+        # weight[c, k] repeated over the H tokens by a zero stride in the access pattern
+        # (no copy; a vector operand, never a matmul operand)
+        wk = w_all.ap(pattern=[[nt * W, P], [W, n], [0, H]], offset=t0 * W + k)
         win = wt[0:P, 0:n, M - H + k:M + k]
         if k == 0:
             nisa.tensor_tensor(dst=acc[0:P, 0:n, :], data1=win, data2=wk, op=nl.multiply)
@@ -619,7 +684,7 @@ def _head_outputs(hctx, g):
             nisa.tensor_tensor(dst=acc[0:P, 0:n, :], data1=acc[0:P, 0:n, :],
                                data2=tmp[0:P, 0:n, :], op=nl.add)
     if b_all != None:  # noqa: E711
-        bk = b_all[0:P, t0:t0 + n, 0:1].broadcast(2, H)
+        bk = b_all.ap(pattern=[[nt, P], [1, n], [0, H]], offset=t0)
         nisa.tensor_tensor(dst=acc[0:P, 0:n, :], data1=acc[0:P, 0:n, :], data2=bk, op=nl.add)
     row = acc.shape[1] * acc.shape[2]
     for j0 in range(0, n, tb):
@@ -636,26 +701,36 @@ def _head_outputs(hctx, g):
 
 
 def _channel_columns(src, dim, width, dst):
-    """dst[p, t, :] = src[t*128 + p, :] (per-channel columns of weight / bias, fp32)."""
+    """dst[p, t, :] = src[t*128 + p, :] (per-channel columns of weight / bias, float32):
+    DMA in the source dtype, VectorE converts when it is not float32."""
     nfull = dim // TILE
+    stage = dst
+    if src.dtype != dst.dtype:
+        stage = nl.ndarray(dst.shape, dtype=src.dtype, buffer=nl.sbuf)
     if nfull > 0:
-        nisa.dma_copy(dst=dst[:, 0:nfull, :],
+        nisa.dma_copy(dst=stage[:, 0:nfull, :],
                       src=src.ap(pattern=[[width, TILE], [TILE * width, nfull], [1, width]],
                                  offset=0))
+        if src.dtype != dst.dtype:
+            nisa.tensor_copy(dst=dst[:, 0:nfull, :], src=stage[:, 0:nfull, :])
     if dim % TILE:
-        nisa.dma_copy(dst=dst[0:dim % TILE, nfull, :],
+        nisa.dma_copy(dst=stage[0:dim % TILE, nfull, :],
                       src=src.ap(pattern=[[width, dim % TILE], [1, width]],
                                  offset=nfull * TILE * width))
+        if src.dtype != dst.dtype:
+            nisa.tensor_copy(dst=dst[0:dim % TILE, nfull, :], src=stage[0:dim % TILE, nfull, :])
 
 
 @nki.jit
 def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yrows, seq_info,
-                              counts, activation, has_bias, mm_fp32, x_stage, w_split, b_split):
+                              zero_slots, counts, activation, has_bias, mm_fp32, x_stage, w_split,
+                              b_split):
     """Causal depthwise conv1d over a ragged batch; the pool is updated in place.
 
     x ``[NB, dim]`` (token bucket NB); weight ``[dim, W]``; bias ``[dim]`` or None; pool
-    ``[slots, dim * (W-1)]`` (row view of the ``[slots, dim, W-1]`` pool); the int32 / uint32 batch tables of the module docstring
-    (``nki_ssm.ops.launch.short_conv.prefill_tables``); activation "silu" or "none";
+    ``[slots, dim * (W-1)]`` (row view of the ``[slots, dim, W-1]`` pool); win_base,
+    seq_rows, seq_yrows, seq_info, zero_slots, counts: the batch tables of the module
+    docstring (``nki_ssm.ops.launch.short_conv.prefill_tables``); activation "silu" or "none";
     has_bias: bias given; mm_fp32 / x_stage / w_split / b_split: matmul precision flags
     chosen by the launcher (fp32 operands; bf16 x cast up on chip; hi+lo split of fp32
     weights / bias). Returns y ``[(NB + M) * NT, 128]`` in x's dtype (NT = ceil(dim /
@@ -720,7 +795,9 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     nisa.dma_copy(dst=base, src=win_base)
     run = nl.ndarray((TILE, 1), dtype=nl.float32, buffer=nl.sbuf)
     st = nl.ndarray((TILE, 2), dtype=nl.float32, buffer=nl.sbuf)
-    sti = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
+    # the first row of each slot's chunk store, y rows (t0 * NT): (1, 1) tiles on partition 0
+    sti = (nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf),
+           nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf))
     idx2 = nl.ndarray((TILE, 2, NI), dtype=nl.uint32, buffer=nl.sbuf)
     # indices of chunks 0 and 1 (every group's prologue)
     st0 = nl.ndarray((TILE, 2), dtype=nl.float32, buffer=nl.sbuf)
@@ -732,19 +809,39 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
         nisa.tensor_scalar(dst=idx0[:, a, 0:NI], data=idx0[:, a, 0:NI], op0=nl.minimum,
                            operand0=float(NB - 1))
     bufs = (run, st, sti, base, idx2, wins, outs, idx0, st0, nt)
-    # loop counts: chunk pairs before the last one, live sequences, (pairs >= 1)
-    pairs = nisa.register_alloc(0)
-    nisa.register_load(dst=pairs, src=counts[0:1, 0:1])
-    live = nisa.register_alloc(0)
-    nisa.register_load(dst=live, src=counts[0:1, 1:2])
-    has_last = nisa.register_alloc(0)
-    nisa.register_load(dst=has_last, src=counts[0:1, 2:3])
+    # loop counts (chunk pairs before the last one, live sequences, live sequences without
+    # initial state): each DMA'd into a (1, 1) SBUF tile on partition 0, loaded into a
+    # register allocated here, before every loop
+    regs = []
+    for k in range(3):
+        cnt = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=cnt, src=counts[0:1, k:k + 1])
+        r = nisa.register_alloc()
+        nisa.register_load(dst=r, src=cnt)
+        regs.append(r)
+    pairs, live, n_zero = regs
 
-    # 1. stream loops, one per channel group, each followed by its peeled last pair
+    # 0. zero loop: the slots of live sequences without initial state get zeros, so every
+    # head reads its old state from its slot (DMAs only: they run under the stream loops)
+    blocks = _pool_blocks(dim, H)
+    zero = nl.ndarray((TILE, TILE * H), dtype=pool.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=zero, value=0.0)
+    zslot = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+
+    def zero_body(i):
+        nisa.dma_copy(dst=zslot, src=zero_slots.ap(pattern=[[1, 1], [1, 1]], offset=0,
+                                                   scalar_offset=i, indirect_dim=0))
+        _zero_slot(pool, blocks, zero, zslot)
+
+    nl.fori_loop(0, n_zero, zero_body)
+
+    # 1. stream loops, one per channel group, each followed by its last pair (straight-line
+    # code: it also loads the next group's first windows and builds its diagonals)
     # weight tiles of two groups (the current one and the next), alternating
     wtiles = []
     for i in range(2):
-        wtiles.append(_weight_tiles(groups[0], W, mm_dtype, has_bias, w_split, b_split))
+        wtiles.append(_weight_tiles(groups[0], W, mm_dtype, has_bias, w_split, b_split,
+                                    weight.dtype, bias.dtype if has_bias else nl.float32))
     _weight_loads(weight, bias, wtiles[0], groups[0], W)
     builds = []
     for g in range(len(groups)):
@@ -763,15 +860,18 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
             next_build = builds[g + 1]
             # the next group's weight DMAs run on under this group's loop
             _weight_loads(weight, bias, wtiles[(g + 1) % 2], next_group, W)
-        for k in nl.dynamic_range(pairs):
-            _stream_pair(x, y, bufs, weights, ones, groups[g], W, act_op, vec_every, rot,
+        group = groups[g]
+        group_weights = weights
+
+        def stream_body(k):
+            _stream_pair(x, y, bufs, group_weights, ones, group, W, act_op, vec_every, rot,
                          True, None, None)
-        for _ in nl.dynamic_range(has_last):
-            _stream_pair(x, y, bufs, weights, ones, groups[g], W, act_op, vec_every, rot,
-                         False, next_group, next_build)
+
+        nl.fori_loop(0, pairs, stream_body)
+        _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot,
+                     False, next_group, next_build)
         if g + 1 < len(groups):
-            g1 = groups[g + 1]
-            w32, diags, bias_t = wtiles[(g + 1) % 2]
+            w32, diags, bias_t, raws = wtiles[(g + 1) % 2]
             bparts = ()
             bcols = None
             if bias_t != None:  # noqa: E711
@@ -790,17 +890,14 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
         _channel_columns(bias, dim, 1, b_all)
     tabs = (nl.ndarray((NH2, 1), dtype=nl.uint32, buffer=nl.sbuf),
             nl.ndarray((TILE, seq_yrows.shape[1]), dtype=nl.int32, buffer=nl.sbuf),
-            nl.ndarray((1, H + 4), dtype=nl.int32, buffer=nl.sbuf))
+            nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf),
+            nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf))
     # head groups: every full 128-channel tile at once, then the partial tile
     hgroups = []
     if dim // TILE > 0:
         hgroups.append((0, dim // TILE, TILE))
     if dim % TILE:
         hgroups.append((dim // TILE * TILE, 1, dim % TILE))
-    case_regs = []
-    for c in range(H + 1):
-        case_regs.append(nisa.register_alloc(0))
-    regs = ((nisa.register_alloc(0), nisa.register_alloc(0)), case_regs)
     seq_tabs = (seq_rows, seq_yrows, seq_info)
     tmh = None
     if tok_major:
@@ -814,18 +911,29 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
         hbs.append((nl.ndarray((TILE, hn, FH), dtype=mm_dtype, buffer=nl.sbuf), ws, tmh,
                     nl.ndarray((TILE, hn, H), dtype=nl.float32, buffer=nl.sbuf),
                     nl.ndarray((TILE, hn, H), dtype=nl.float32, buffer=nl.sbuf), None))
-    zhalo = nl.ndarray((TILE, max(1, dim // TILE), H), dtype=mm_dtype, buffer=nl.sbuf)
-    nisa.memset(dst=zhalo, value=0.0)
     hots = []
     for i in range(2):
         hots.append(nl.ndarray((TILE, TILE), dtype=x.dtype, buffer=nl.sbuf))
     hrot = _rotation(banks, hots, accs)
-    # staging for the full tiles' state rows (pool dtype, float32) and the new state
-    srows = (nl.ndarray((TILE, TILE * H), dtype=pool.dtype, buffer=nl.sbuf),
-             nl.ndarray((TILE, TILE * H), dtype=nl.float32, buffer=nl.sbuf),
-             nl.ndarray((TILE, max(1, dim // TILE), H), dtype=nl.float32, buffer=nl.sbuf))
-    hctx = (x, y, pool, tabs, regs, seq_tabs, hbs, w_all, b_all, hgroups, W, act_op, hrot,
-            zhalo, srows)
-    for s in nl.dynamic_range(live):
+    # pool-dtype rows of 128 channels: one per candidate new state, the chosen one, the old
+    # state; float32 staging of the old state and of two candidates; the partial tile's
+    # old state and candidate
+    nfull_t = max(1, dim // TILE)
+    rows_t = min(TILE, nfull_t)
+    sr = []
+    for i in range(H + 3):
+        sr.append(nl.ndarray((rows_t, TILE * H), dtype=pool.dtype, buffer=nl.sbuf))
+    srows = (sr, nl.ndarray((rows_t, TILE * H), dtype=nl.float32, buffer=nl.sbuf),
+             (nl.ndarray((TILE, nfull_t, H), dtype=nl.float32, buffer=nl.sbuf),
+              nl.ndarray((TILE, nfull_t, H), dtype=nl.float32, buffer=nl.sbuf)),
+             nl.ndarray((TILE, 2 * H), dtype=pool.dtype, buffer=nl.sbuf))
+    # candidate new states, one pool row each (kernel scratch)
+    cand = nl.ndarray((H + 1, dim * H), dtype=pool.dtype, buffer=nl.private_hbm)
+    hctx = (x, y, pool, tabs, seq_tabs, hbs, w_all, b_all, hgroups, W, act_op, hrot, srows,
+            cand, blocks)
+
+    def head_body(s):
         _head_sequence(hctx, s)
+
+    nl.fori_loop(0, live, head_body)
     return y

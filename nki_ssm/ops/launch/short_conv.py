@@ -66,7 +66,7 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_buck
     """The run-time batch tables of ``short_conv_prefill_kernel`` (layouts in its module
     docstring) for a batch padded to the buckets.
 
-    Returns (win_base, seq_rows, seq_yrows, seq_info, counts). Every step is a
+    Returns (win_base, seq_rows, seq_yrows, seq_info, zero_slots, counts). Every step is a
     vectorised array op with a torch equivalent that runs on device (no per-sequence
     host loop):
 
@@ -81,11 +81,13 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_buck
       tokens per channel tile j: ``where(arange(H) < length, start + arange(H), NB +
       arange(H)) * nt + j`` (scratch rows past the bucket; broadcast ops and one
       scatter into the [SB, columns, 128] layout the kernel reads);
-    - seq_info: slot (``where(live, idx, 0)``), ``has_initial_state & live``, one-hot of
-      ``minimum(length, H)`` (``eq`` with ``arange(H + 1)``), its negation, stacked;
+    - seq_info: slot (``where(live, idx, 0)``) and the new-state case ``minimum(length,
+      H)``, stacked (index_select by perm);
+    - zero_slots: the slots of live sequences without initial state first
+      (``argsort(~(live & ~has_initial_state), stable)``, index_select); their count;
     - counts: with ``pairs = ceil(ceil(num_tokens / CHUNK) / 2)`` chunk pairs,
-      ``max(pairs - 1, 0)`` (the stream loop; the last pair is peeled), num_live and
-      ``pairs >= 1`` (integer ops on scalars of ``cu[-1]`` and num_live).
+      ``max(pairs - 1, 0)`` (the stream loop; the last pair follows it), num_live and
+      the number of slots to zero (integer ops on scalars of ``cu[-1]`` and sums).
     """
     from nki_ssm.kernels.short_conv.prefill import TILE, _chunk_tokens, _index_columns, _margin
 
@@ -133,16 +135,20 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_buck
     seq_yrows[:, j[:, None] // tb, pos] = y_row[:, None, :] * nt + j[None, :, None]
     if dim % TILE:
         seq_yrows[:, nb_full, :H] = y_row * nt + nfull
-    case = (np.minimum(length, H)[:, None] == np.arange(H + 1)[None, :])
-    seq_info = np.concatenate([slot[perm][:, None], has_init[perm][:, None], case,
-                               ~has_init[perm][:, None]], axis=1)
+    # per live sequence: slot, case min(length, H) (which candidate new state is stored)
+    seq_info = np.stack([slot[perm], np.minimum(length, H)], axis=1)
+    # slots that start from zeros: live sequences without initial state, compacted
+    zperm = np.argsort(~(live & ~has_init), kind="stable")
+    num_zero = int((live & ~has_init).sum())
+    zero_slots = slot[zperm][:, None]
     n_real = -(-int(cu[-1]) // CH)
     pairs = (n_real + 1) // 2
-    counts = np.array([[max(pairs - 1, 0), num_live, int(pairs >= 1)]], dtype=np.int64)
+    counts = np.array([[max(pairs - 1, 0), num_live, num_zero]], dtype=np.int64)
     f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)  # noqa: E731
     u32 = lambda a: np.ascontiguousarray(a, dtype=np.uint32)  # noqa: E731
     i32 = lambda a: np.ascontiguousarray(a, dtype=np.int32)  # noqa: E731
-    return (f32(win_base), u32(seq_rows), i32(seq_yrows), i32(seq_info), i32(counts))
+    return (f32(win_base), u32(seq_rows), i32(seq_yrows), i32(seq_info), i32(zero_slots),
+            i32(counts))
 
 
 def prefill(*, x, weight, bias, activation, cu_seqlens, conv_states, state_indices,
@@ -251,8 +257,8 @@ def decode_plan(state_indices, num_seqs: int, dim: int):
     """(R, order, pos, rows_wide, rows_one, counts): the run-time arguments of
     ``short_conv_decode_kernel`` for a batch padded to ``num_seqs`` (the bucket)
     sequences: both layouts' tables (``decode_tables``), the x order and y positions of
-    the layout used, and counts ``[1, 4]`` int32 = (wide stop, wide runs, one-block stop,
-    one-block runs), the layout not used getting zeros (``use_wide_layout`` picks). On
+    the layout used, and counts ``[1, 2]`` int32 = (wide stop, one-block stop), the
+    layout not used getting 0 (``use_wide_layout`` picks). On
     device: the two table builds, one scalar compare and torch.where selections.
     """
     R = wide_blocks(dim)
@@ -260,8 +266,7 @@ def decode_plan(state_indices, num_seqs: int, dim: int):
     order_1, _, rows_one, _ = decode_tables(state_indices, num_seqs, 1, R)
     wide = R > 1 and bool(use_wide_layout(num_live, R))
     order = order_w if wide else order_1
-    counts = np.array([[num_live if wide else 0, int(wide), 0 if wide else num_live,
-                        int(not wide)]], dtype=np.int32)
+    counts = np.array([[num_live if wide else 0, 0 if wide else num_live]], dtype=np.int32)
     return R, order, pos, rows_wide, rows_one, counts
 
 
