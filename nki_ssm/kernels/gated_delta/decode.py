@@ -121,38 +121,130 @@ from __future__ import annotations
 from nki_ssm.backend import nki, nl, nisa
 from nki_ssm.kernels.gated_delta._common import consecutive_groups
 
-_GROUP = 16           # (sequence, token) pairs per input / output DMA (>= 2 KiB per partition)
-_STREAMS = 2          # sequences whose per-token instruction streams are interleaved
-_PARTS = 4            # state DMAs per sequence when the batch is the only one (latency)
-_PREFETCH = 1         # batches whose states are gathered ahead of the compute (2: no gain modeled)
+_STREAMS = 2          # sequences whose per-token instruction streams are interleaved (a batch)
+_PARTS = 4            # state DMAs per sequence in the tail loop (one batch per iteration: latency)
 _L2NORM_EPS = 1e-6    # FLA / transformers: x / sqrt(sum x^2 + eps)
 _MM_COLS = 512        # moving columns of one fp32 matmul (one PSUM bank on trn2)
 
 
 @nki.jit
-def gdn_decode_step(kq_cols, k_rows, v_cols, gate_rows, head_params, pool, pool_slots,
-                    num_iters, batch_live, T, H, raw_gates, use_qk_l2norm, scale, want_inter):
-    """Recurrent gated delta rule for T tokens per sequence (layouts in the module docstring)."""
-    K, n_it, c_kq = kq_cols.shape
-    V = v_cols.shape[0]
-    SPI = pool_slots.shape[1]          # sequence positions per loop iteration
-    THV = v_cols.shape[2] // SPI
-    HV = THV // T
+def gdn_decode_step(kq_main, k_main, v_main, gate_main, slots_main, kq_tail, k_tail, v_tail,
+                    gate_tail, slots_tail, head_params, pool, counts, T, H, raw_gates,
+                    use_qk_l2norm, scale, want_inter):
+    """Recurrent gated delta rule for T tokens per sequence (layouts in the module docstring).
+
+    Two runtime loops, one after the other: the main loop over full groups of SPI
+    positions (absent when the ``*_main`` tables are None), then the tail loop over
+    single batches of W positions. ``counts [1, 2]`` int32: their trip counts."""
+    n_tail_rows, K, _ = kq_tail.shape
+    V = v_tail.shape[1]
+    W = slots_tail.shape[1]
+    HV = v_tail.shape[2] // (W * T)
     PB = K
     if V > K:
         PB = V
-    o = nl.ndarray((V, n_it, SPI * THV), dtype=nl.float32, buffer=nl.shared_hbm)
-    inter = None
-    if want_inter:
-        inter = nl.ndarray((n_it, SPI * T * HV * K, V), dtype=pool.dtype, buffer=nl.shared_hbm)
+    cst = _constants(head_params, HV, K, PB, raw_gates)
+    has_main = kq_main != None  # noqa: E711  (NKI has no `is`)
 
+    # trip counts: DMA'd to (1, 1) SBUF tiles on partition 0, loaded into registers
+    # allocated here, before any loop
+    reg_main = None
+    if has_main:
+        reg_main = _count_register(counts, 0)
+    reg_tail = _count_register(counts, 1)
+
+    o_tail, inter_tail = _outputs(n_tail_rows, W, T, HV, K, V, pool.dtype, want_inter)
+    parts = min(_PARTS, H)
+    tail_states = None
+    o_main = None
+    inter_main = None
+    if has_main:
+        n_main_rows = kq_main.shape[0]
+        SPI = slots_main.shape[1]
+        o_main, inter_main = _outputs(n_main_rows, SPI, T, HV, K, V, pool.dtype, want_inter)
+        batches = consecutive_groups(SPI, _STREAMS)
+        NB = len(batches)
+        # NB batches per iteration, software-pipelined: batch b+1's states are gathered
+        # while batch b runs, and the next iteration's first batch while the last one
+        # runs (slots_main row it + 1; after the last iteration it is read, never used).
+        # Two state sets (allocated here: they carry the prefetch across iterations)
+        # alternate; NB is even. Every position of a main iteration is live.
+        sets = (_new_states(_STREAMS, pool, HV, V, K, 1), _new_states(_STREAMS, pool, HV, V, K, 1))
+        # T == 1: each batch's k rows in one small DMA issued ahead of its state gather;
+        # longer steps load them per token (the rows would not fit one partition twice)
+        bsz = _STREAMS * T * H * K
+        krs = [None, None]
+        if T == 1:
+            for q in range(2):
+                krs[q] = nl.ndarray((1, bsz), dtype=nl.float32, buffer=nl.sbuf)
+        _gather(sets[0], pool, slots_main, None, 0, batches[0], H, HV, K, V)
+
+        def main_body(it):
+            io = _load_group(kq_main, v_main, gate_main, cst, it, SPI, T, H, HV, K, V, PB,
+                             raw_gates, use_qk_l2norm, scale)
+            if T == 1:
+                _load_krow(krs[0], k_main, it, batches[0], T, H, K)
+            for bi in range(NB):
+                if bi + 1 < NB:
+                    if T == 1:
+                        # inputs first: a small DMA issued after a state transfer waits for it
+                        _load_krow(krs[(bi + 1) % 2], k_main, it, batches[bi + 1], T, H, K)
+                    _gather(sets[(bi + 1) % 2], pool, slots_main, it, 0, batches[bi + 1], H,
+                            HV, K, V)
+                else:
+                    _gather(sets[0], pool, slots_main, it, 1, batches[0], H, HV, K, V)
+                _run_batch(io, k_main, krs[bi % 2], inter_main, sets[bi % 2], it, batches[bi],
+                           T, H, HV, K, V, want_inter, pool)
+            _store_o(o_main, io, it)
+
+        nl.fori_loop(0, reg_main, main_body)
+        # the tail reuses the first state set's tiles, moved in parts
+        tail_states = []
+        for j in range(W):
+            tail_states.append({"slot": sets[0][j]["slot"], "nat": sets[0][j]["nat"],
+                                "parts": parts})
+    else:
+        tail_states = _new_states(W, pool, HV, V, K, parts)
+
+    # one batch of W positions per iteration (the live positions after the last full
+    # group; a second position past the live count mirrors the first: same slot, same
+    # inputs, bit-identical bytes written after both gathers). Each state moves in
+    # parts (by q/k head) so the first heads' reductions overlap the rest of the
+    # gather, and their scatter the rest of the update.
+    tail_batch = consecutive_groups(W, W)[0]
+    kr_tail = None
+    if T == 1:
+        kr_tail = nl.ndarray((1, W * T * H * K), dtype=nl.float32, buffer=nl.sbuf)
+
+    def tail_body(it):
+        io = _load_group(kq_tail, v_tail, gate_tail, cst, it, W, T, H, HV, K, V, PB,
+                         raw_gates, use_qk_l2norm, scale)
+        if T == 1:
+            _load_krow(kr_tail, k_tail, it, tail_batch, T, H, K)
+        _gather(tail_states, pool, slots_tail, it, 0, tail_batch, H, HV, K, V)
+        _run_batch(io, k_tail, kr_tail, inter_tail, tail_states, it, tail_batch, T, H, HV, K,
+                   V, want_inter, pool)
+        _store_o(o_tail, io, it)
+
+    nl.fori_loop(0, reg_tail, tail_body)
+    if has_main:
+        if want_inter:
+            return o_main, o_tail, inter_main, inter_tail
+        return o_main, o_tail
+    if want_inter:
+        return o_tail, inter_tail
+    return o_tail
+
+
+def _constants(head_params, HV, K, PB, raw_gates):
+    """Ones for the partition broadcasts and sums; with raw gates -exp(A_log) and dt_bias
+    ``[PB, HV]`` on every partition (from ``head_params [1, 2*HV]`` float32)."""
     cst = {}
     cst["ones_row"] = nl.ndarray((1, PB), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=cst["ones_row"], value=1.0)
     cst["ones_kp"] = nl.ndarray((K, PB), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=cst["ones_kp"], value=1.0)
     if raw_gates:
-        # -exp(A_log) and dt_bias on every partition [PB, HV]
         hp = nl.ndarray((1, 2 * HV), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=hp, src=head_params)
         hp_b = nl.ndarray((PB, 2 * HV), dtype=nl.float32, buffer=nl.psum)
@@ -166,96 +258,45 @@ def gdn_decode_step(kq_cols, k_rows, v_cols, gate_rows, head_params, pool, pool_
         hp_b = None
         cst["neg_A"] = neg_A
         cst["dt_b"] = dt_b
+    return cst
 
-    # one loop iteration = SPI sequence positions of the compacted batch, run as batches
-    # of _STREAMS whose instruction streams interleave (positions past the live count
-    # mirror the iteration's first sequence: same reads, same bytes written, and every
-    # state they read is gathered before that sequence's scatter)
-    batches = consecutive_groups(SPI, _STREAMS)
-    iters = nisa.register_alloc()
-    nisa.register_load(dst=iters, src=num_iters)
-    NB = len(batches)
-    bsz = len(batches[0]) * T * H * K
-    if NB == 1:
-        # a lone batch (bucket <= _STREAMS, at most one iteration) moves each state in
-        # parts (by q/k head) so the first heads' reductions overlap the rest of the
-        # gather, and their scatter the rest of the update
-        parts = min(_PARTS, H)
-        for it in nl.dynamic_range(iters):
-            io = _load_group(kq_cols, v_cols, gate_rows, cst, it, SPI, T, H, HV, K, V, PB,
-                             raw_gates, use_qk_l2norm, scale)
-            kr = None
-            if T == 1:
-                kr = nl.ndarray((1, bsz), dtype=nl.float32, buffer=nl.sbuf)
-                _load_krow(kr, k_rows, it, 0, batches[0], T, H, K)
-            st = _new_states(len(batches[0]), pool, HV, V, K, parts)
-            _gather(st, pool, pool_slots, it, 0, batches[0], H, HV, K, V)
-            _run_batch(io, k_rows, kr, inter, st, it, batches[0], T, H, HV, K, V, want_inter,
-                       pool)
-            _store_o(o, io, it)
-    else:
-        # NB batches per iteration, software-pipelined: batch b+1's states are gathered
-        # while batch b runs, and the next iteration's first batch while the last one
-        # runs (a gather issued after a scatter to the pool waits for it: slots are
-        # run-time data). Two state sets alternate; NB is even. A batch runs only if it
-        # holds a live position (batch_live: a zero- or one-trip runtime loop); positions
-        # past the live count mirror their batch's first sequence.
-        sets = (_new_states(_STREAMS, pool, HV, V, K, 1), _new_states(_STREAMS, pool, HV, V, K, 1))
-        # T == 1: each batch's k rows in one small DMA issued ahead of its state gather;
-        # longer steps load them per token (the rows would not fit one partition twice)
-        krs = [None, None]
-        if T == 1:
-            for q in range(2):
-                krs[q] = nl.ndarray((1, bsz), dtype=nl.float32, buffer=nl.sbuf)
-        flag_regs = []
-        for bi in range(NB):
-            flag_regs.append(nisa.register_alloc())
-        _gather(sets[0], pool, pool_slots, None, 0, batches[0], H, HV, K, V)
-        for it in nl.dynamic_range(iters):
-            io = _load_group(kq_cols, v_cols, gate_rows, cst, it, SPI, T, H, HV, K, V, PB,
-                             raw_gates, use_qk_l2norm, scale)
-            flags = nl.ndarray((1, NB), dtype=nl.int32, buffer=nl.sbuf)
-            nisa.dma_copy(dst=flags, src=batch_live.ap(pattern=[[NB, 1], [1, NB]], offset=0,
-                                                       scalar_offset=it, indirect_dim=0))
-            for bi in range(NB):
-                nisa.register_load(dst=flag_regs[bi], src=flags[0:1, bi:bi + 1])
-            if T == 1:
-                _load_krow(krs[0], k_rows, it, 0, batches[0], T, H, K)
-            for bi in range(NB):
-                if bi + 1 < NB:
-                    if T == 1:
-                        # inputs first: a small DMA issued after a state transfer waits for it
-                        _load_krow(krs[(bi + 1) % 2], k_rows, it, 0, batches[bi + 1], T, H, K)
-                    _gather(sets[(bi + 1) % 2], pool, pool_slots, it, 0, batches[bi + 1], H,
-                            HV, K, V)
-                else:
-                    # the next iteration's first batch (table row it + 1; past the live
-                    # count it is read and never used)
-                    _gather(sets[0], pool, pool_slots, it, 1, batches[0], H, HV, K, V)
-                for _ in nl.dynamic_range(flag_regs[bi]):
-                    _run_batch(io, k_rows, krs[bi % 2], inter, sets[bi % 2], it, batches[bi],
-                               T, H, HV, K, V, want_inter, pool)
-            _store_o(o, io, it)
+
+def _count_register(counts, col):
+    """A register holding ``counts[0, col]`` (int32 HBM): DMA'd into a (1, 1) SBUF tile on
+    partition 0, then ``register_load`` (register allocated here, before the loops)."""
+    tile = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=tile, src=counts[0:1, col:col + 1])
+    reg = nisa.register_alloc()
+    nisa.register_load(dst=reg, src=tile)
+    return reg
+
+
+def _outputs(rows, width, T, HV, K, V, pool_dtype, want_inter):
+    """o ``[rows, V, width*T*HV]`` float32 and, with want_inter, the states after each
+    token ``[rows, width*T*HV*K, V]`` in the pool dtype (else None)."""
+    o = nl.ndarray((rows, V, width * T * HV), dtype=nl.float32, buffer=nl.shared_hbm)
+    inter = None
     if want_inter:
-        return o, inter
-    return o
+        inter = nl.ndarray((rows, width * T * HV * K, V), dtype=pool_dtype,
+                           buffer=nl.shared_hbm)
+    return o, inter
 
 
-def _load_krow(dst, k_rows, it, ahead, seqs, T, H, K):
+def _load_krow(dst, k_rows, it, seqs, T, H, K):
     """k of every token of the batch's positions as one row on partition 0 (the outer
-    products' stationary): k_rows row ``it + ahead`` (register), contiguous columns."""
-    n_it, width = k_rows.shape
+    products' stationary): row ``it`` (register) of ``k_rows [rows, width]``."""
+    rows, width = k_rows.shape
     per = T * H * K
     nisa.dma_copy(dst=dst, src=k_rows.ap(pattern=[[width, 1], [1, len(seqs) * per]],
-                                         offset=ahead * width + seqs[0] * per,
-                                         scalar_offset=it, indirect_dim=0))
+                                         offset=seqs[0] * per, scalar_offset=it,
+                                         indirect_dim=0))
 
 
 def _store_o(o, io, it):
-    """o columns of iteration ``it`` (register): [V, SPI*T*HV] in one DMA."""
-    V, n_it, width = o.shape
-    nisa.dma_copy(dst=o.ap(pattern=[[n_it * width, V], [1, width]], offset=0,
-                           scalar_offset=it, indirect_dim=1), src=io["ot"])
+    """o row ``it`` (register) ``[V, width]`` in one DMA."""
+    rows, V, width = o.shape
+    nisa.dma_copy(dst=o.ap(pattern=[[width, V], [1, width]], offset=0, scalar_offset=it,
+                           indirect_dim=0), src=io["ot"])
 
 
 def _pool_view(pool, slot, hv0, nh, K, V):
@@ -341,30 +382,27 @@ def _per_value_head(dst, src, n, rep):
     nisa.tensor_copy(dst=dst.reshape((P, n, rep)), src=view)
 
 
-def _load_group(kq_cols, v_cols, gate_rows, cst, it, n, T, H, HV, K, V, PB,
+def _load_group(kq_tab, v_tab, gate_tab, cst, it, n, T, H, HV, K, V, PB,
                 raw_gates, use_qk_l2norm, scale):
-    """Inputs of the n sequence positions of iteration ``it`` (register) in one DMA each,
-    and everything that does not depend on the state: gates (dec = exp(g), beta), k.q
-    and the l2norm factors, per value head. Column of (position j, token t, value head
-    hv): (j*T + t)*HV + hv."""
+    """Inputs of the n sequence positions of loop iteration ``it`` (register: row ``it`` of
+    each float32 table) in one DMA each, and everything that does not depend on the
+    state: gates (dec = exp(g), beta), k.q and the l2norm factors, per value head. Column
+    of (position j, token t, value head hv): (j*T + t)*HV + hv."""
     THV = T * HV
     NT = n * T          # (sequence, token) pairs of the iteration
     NTH = NT * H
-    n_it = kq_cols.shape[1]
     io = {}
     kq = nl.ndarray((K, NTH * 2), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=kq, src=kq_cols.ap(pattern=[[n_it * NTH * 2, K], [1, NTH * 2]], offset=0,
-                                         scalar_offset=it, indirect_dim=1))
+    nisa.dma_copy(dst=kq, src=kq_tab.ap(pattern=[[NTH * 2, K], [1, NTH * 2]], offset=0,
+                                        scalar_offset=it, indirect_dim=0))
     io["kq"] = kq
     io["vt"] = nl.ndarray((V, n * THV), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=io["vt"], src=v_cols.ap(pattern=[[n_it * n * THV, V], [1, n * THV]],
-                                              offset=0, scalar_offset=it, indirect_dim=1))
+    nisa.dma_copy(dst=io["vt"], src=v_tab.ap(pattern=[[n * THV, V], [1, n * THV]], offset=0,
+                                             scalar_offset=it, indirect_dim=0))
+    # g and beta (or a and b) rows are contiguous in the row: one DMA to one partition
     grow = nl.ndarray((1, 2 * n * THV), dtype=nl.float32, buffer=nl.sbuf)
-    for r in range(2):
-        nisa.dma_copy(dst=grow[:, r * n * THV:(r + 1) * n * THV],
-                      src=gate_rows.ap(pattern=[[n_it * n * THV, 1], [1, n * THV]],
-                                       offset=r * n_it * n * THV, scalar_offset=it,
-                                       indirect_dim=1))
+    nisa.dma_copy(dst=grow, src=gate_tab.ap(pattern=[[2 * n * THV, 1], [1, 2 * n * THV]],
+                                            offset=0, scalar_offset=it, indirect_dim=0))
     io["ot"] = nl.ndarray((V, n * THV), dtype=nl.float32, buffer=nl.sbuf)
 
     # gates on every partition
