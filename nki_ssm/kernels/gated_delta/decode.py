@@ -13,18 +13,19 @@ are applied to the small ``[V, HV]`` results (``kS``, ``qS``, ``k . q``) and
 to ``u`` before the outer product (``k u^T = k_raw (rk u)^T``): the state is
 never scaled by them.
 
-Layout (chosen so every reduction is a TensorE contraction over partitions
-and the delta update is one VectorE instruction per head):
+Layout (every reduction is a TensorE contraction over partitions and the
+delta update is one VectorE instruction per head):
 
 * state of one sequence in SBUF ``S [K, HV*V]`` float32: partition ``k``,
-  free ``(hv, v)``; gathered / scattered with ONE indirect DMA each (the
-  pool ``[slots, HV, K, V]`` is passed as its ``[slots*HV*K, V]`` row view;
-  partition k reads rows ``slot*HV*K + hv*K + k`` for all hv: HV runs of V
-  contiguous elements);
+  free ``(hv, v)``; the pool ``[slots, HV*K*V]`` holds a slot as one
+  contiguous block, moved by one DMA per sequence (or per part) with a
+  run-time start: ``scalar_offset`` = the slot, a (1, 1) int32 SBUF tile,
+  ``indirect_dim=0``, and a static pattern (partition k -> elements
+  ``hv*K*V + k*V + v``);
 * per token: ``[kS | qS]`` for all heads lands in one PSUM tile ``[V, 2*HV]``
   (v on partitions) from HV matmuls (stationary ``S_hv [K, V]``, moving the
-  two columns ``[k_h, q_h]``); the gate/norm math runs on ``[V, HV]`` tiles
-  (a handful of small VectorE instructions); ``rk u`` is transposed on
+  two columns ``[k_h, q_h]``, disjoint columns of one bank, ``accumulate=False``);
+  the gate/norm math runs on ``[V, HV]`` tiles; ``rk u`` is transposed on
   TensorE and flattened to one partition by an SBUF->SBUF DMA (``urow
   [1, HV*V]``); the outer products ``k_h (rk u)^T`` for the heads of q/k
   head h are one K=1 matmul each (stationary ``k_h`` row ``[1, K]``, moving
@@ -36,85 +37,94 @@ and the delta update is one VectorE instruction per head):
   ``k . q`` over K with a ones ``[K, P]`` stationary (fp32, exact products
   summed in fp32).
 
-Engine budget per token and sequence at Qwen3-Next (HV=32, K=V=128):
-TensorE HV matmuls of 2 fp32 columns (~HV*256 cycles) + H outer products of
-``rep*V`` fp32 columns (~4*HV*V cycles); VectorE HV ``scalar_tensor_tensor``
-of V elements, two inputs (~2*HV*V cycles); DMA 2*HV*K*V*4 bytes of state
-per sequence (gather + scatter), plus ``HV*K*V`` per token with
-``want_inter``. Sequences run in batches of ``_STREAMS`` whose per-token
-instruction streams are interleaved (one sequence's matmuls fill the other's
-waits). A lone batch (bucket of 1-2 sequences) gathers and scatters each
-state in ``_PARTS`` pieces by q/k head.
-
-Design note (issue 10): batch composition is run-time data
----------------------------------------------------------
+Work list and loops
+-------------------
 Compile-time arguments: shapes (sequence bucket, T, heads, K, V, slots),
-dtypes and the layer flags (raw_gates, use_qk_l2norm, scale, want_inter).
-The launcher pads the batch to ``seq_bucket(num_seqs)`` and *compacts* it:
-live sequences first (a stable argsort of ``state_indices < 0``); positions
-past the live count mirror the first sequence of their batch of
-``_STREAMS`` (same inputs, same slot), so they read what it reads and write
-bit-identical bytes to the same pool block; a batch holding no live
-sequence does not run. Padding never reaches the kernel, so its inputs
-(NaN included) are never read; the launcher zeroes the padding rows of o
-and of the intermediate states (``where``).
+dtypes and the layer flags (raw_gates, use_qk_l2norm, scale, want_inter);
+batch composition is run-time int32 data the launcher builds
+(``nki_ssm.ops.launch.gated_delta.decode_order``): live sequences compacted
+first; with L live and SPI positions per group (``decode_plan``: 16 // T
+rounded down to a multiple of 4, at least 4, at most the bucket), the
+first ``n_main = L // SPI`` groups run in the main loop, the remaining
+``L - n_main*SPI`` positions in ``n_tail`` batches of W = min(2, bucket)
+positions in the tail loop; a tail position past L mirrors the first of
+its batch (same inputs, same slot: both states are gathered before either
+is scattered, and both write the same bytes). ``counts [1, 2]`` holds
+``n_main, n_tail``; each is DMA'd into a (1, 1) SBUF tile on partition 0 and
+loaded into a register allocated before the loops.
 
-Loops: one runtime loop (``nl.dynamic_range`` over a register loaded from
-``num_iters = ceil(live / SPI)``) over iterations of SPI = ``_GROUP // T``
-positions (a multiple of 2 * ``_STREAMS``; the whole bucket if smaller).
-Inside an iteration, unrolled and bounded by SPI, T and the heads: the
-inputs of the SPI positions in one DMA each (dynamic column offset), the gate
-math, and NB = SPI / ``_STREAMS`` batches. Batch b runs inside a zero- or
-one-trip runtime loop on ``batch_live[it, b]`` (a runtime conditional).
-Software pipeline: two state sets alternate; batch b+1's states are
-gathered while batch b runs, and the next iteration's first batch while the
-last one runs (table row it + 1; past the live count it is read and never
-used). A gather issued after a scatter to the pool waits for it (slots are
-run-time data), which is why mirrors stay inside their batch.
+Two runtime loops, ``nl.fori_loop(0, reg, body)`` with ``body`` an inner
+function, one after the other, none nested (every instruction sits in at
+most one runtime loop); what is unrolled in a body is bounded by SPI, T and
+the heads. A bucket of one or two sequences has no main loop.
 
-State moves: a sequence's state is one contiguous block of the pool
-``[slots, HV*K*V]``; each gather / scatter is one DMA with a run-time start
-(``scalar_offset`` = the slot, a 1x1 SBUF int32 tile) and a static pattern
-(partition k -> ``hv*K*V + k*V + v``): no per-partition row indices, no
-row-stepping ``vector_offset`` pattern, no ``oob_mode.skip``. Matmuls that
-share a PSUM bank pass ``accumulate=False`` explicitly.
+* Main loop, iteration ``it`` (the body's register, used as
+  ``scalar_offset`` on dim 0 of every per-iteration table): the inputs of
+  SPI positions in one DMA each; the gate math for all of them; then NB =
+  SPI / 2 batches of two sequences whose per-token instruction streams are
+  interleaved (one sequence's matmuls fill the other's waits). Software
+  pipeline over two state sets allocated before the loop: batch b+1's
+  states are gathered while batch b runs, and the next iteration's first
+  batch while the last one runs (``slots_main`` row it + 1; after the last
+  iteration that row is read and never used). A gather issued after a
+  scatter to the pool waits for it (slots are run-time data). Every
+  position of a main iteration is live: no run-time conditional.
+* Tail loop: one batch per iteration, each state gathered and scattered in
+  ``min(4, H)`` parts by q/k head so the first heads' reductions overlap the
+  rest of the gather and their scatter the rest of the update; it reuses
+  the main loop's first state set.
 
-What binds (modeled, trn2, float32 pool, the recalibrated cost model,
-``python -m simulate --set full --op gated_delta_decode --model qwen3-next``):
-DMA of the states. 64 sequences 1.08 ms (68 % of the DMA bandwidth), 128
-sequences 2.14 ms, 512 sequences 8.51 ms (69 %); the per-iteration input
-loads and gate math sit between the last scatter of one iteration and the
-first compute of the next. Program 1521 static instructions for every bucket
->= 16 sequences; buckets of 1 and 8 sequences unroll fewer positions per
-iteration (the launcher's ``min(16, bucket)``): 118 and 771.
+Per token and sequence at Qwen3-Next (HV=32, K=V=128): TensorE HV matmuls
+of 2 fp32 columns + H outer products of ``rep*V`` fp32 columns, one
+transpose and the gate broadcasts; VectorE HV ``scalar_tensor_tensor`` of V
+elements (two inputs) and ~10 small ``[V, HV]`` ops; ScalarE the PSUM
+evictions of the transpose, the activation functions of the gates and, for
+a bfloat16 pool, the widening / rounding of the state; DMA the state of
+every sequence in and out (``2*HV*K*V*4`` bytes with a float32 pool), plus
+``HV*K*V`` per token with ``want_inter``, and small input / output rows per
+iteration.
 
-HBM arguments (prepared by the launcher, ``nki_ssm.ops.launch.gated_delta``);
-columns run over (position j of the iteration, token t, head), head fastest:
-  kq_cols  ``[K, n_it, SPI*T*H*2]`` (q dtype): row k, iteration i, column
-           ``((j*T + t)*H + h)*2 + c`` holds ``k`` (c=0) / ``q`` (c=1);
-  k_rows   ``[n_it, SPI*T*H*K]`` (q dtype): k, token-major, one row per iteration;
-  v_cols   ``[V, n_it, SPI*T*HV]`` (q dtype): row v, column ``(j*T + t)*HV + hv``;
-  gate_rows ``[2, n_it, SPI*T*HV]`` float32: g and beta (raw: a and b), columns as v_cols;
-  head_params ``[1, 2*HV]`` float32 (A_log then dt_bias) or None (g/beta given);
-  pool     ``[slots, HV*K*V]`` float32 or bfloat16, updated in place by the kernel;
-  pool_slots ``[n_it + 1, SPI]`` int32: slot of each position (last row: any slot);
-  num_iters ``[1, 1]`` int32; batch_live ``[n_it, SPI / _STREAMS]`` int32 (0 / 1).
-Returns ``o [V, n_it, SPI*T*HV]`` float32 (v-major, the launcher transposes
-and un-permutes) and, with ``want_inter``, ``inter [n_it, SPI*T*HV*K, V]`` in
-the pool dtype (state after each token, rows ``((j*T + t)*HV + hv)*K + k``).
+What binds (modeled, trn2, ``python -m simulate --set default --op
+gated_delta_decode``; Qwen3-Next H=16 HV=32 K=V=128, T=1, raw gates, l2norm,
+float32 pool, bf16 q/k/v): DMA of the states. 64 sequences 1.07 ms, 253 GB/s
+(69 % of the core's DMA bandwidth), DMA queues 89 % busy, TensorE 78 %,
+VectorE 47 %; 4 main-loop iterations, empty tail.
+MODELED_MORE
+
+HBM arguments (prepared by the launcher, ``nki_ssm.ops.launch.gated_delta``),
+one row per loop iteration, for the main loop (``*_main``, width SPI, rows
+``bucket // SPI``; None without a main loop) and the tail loop (``*_tail``,
+width W, rows ``SPI // W``); columns run over (position j of the row, token
+t, head), head fastest; all float32 (the launcher widens q/k/v: no DMA
+converts a dtype):
+  kq     ``[rows, K, width*T*H*2]``: row i, partition k, column
+         ``((j*T + t)*H + h)*2 + c`` holds ``k`` (c=0) / ``q`` (c=1);
+  k      ``[rows, width*T*H*K]``: k, token-major;
+  v      ``[rows, V, width*T*HV]``: partition v, column ``(j*T + t)*HV + hv``;
+  gate   ``[rows, 2, width*T*HV]``: g and beta (raw: a and b), columns as v;
+  slots  int32 ``[rows (+1 for main), width]``: pool slot of each position;
+  head_params ``[1, 2*HV]`` (A_log then dt_bias) or None (g / beta given);
+  pool   ``[slots, HV*K*V]`` float32 or bfloat16, updated in place;
+  counts int32 ``[1, 2]``: main and tail trip counts.
+Returns ``o [rows, V, width*T*HV]`` float32 per loop (v-major; the launcher
+transposes and un-permutes) and, with ``want_inter``, ``inter [rows,
+width*T*HV*K, V]`` per loop in the pool dtype (state after each token, rows
+``((j*T + t)*HV + hv)*K + k``): ``(o_main, o_tail[, inter_main,
+inter_tail])``, or the tail's alone without a main loop. Rows the loops do
+not reach are never written (the launcher zeroes padding sequences).
 
 Limits: K, V, HV <= 128; ``2*HV <= 512``; ``(HV // H) * V`` is split in
 <= 512-column pieces. Numerics: all float32 (state, gates, matmuls: fp32
-TensorE operands); a bfloat16 pool or q/k/v is widened on load, the pool
-and intermediates rounded once (RNE) on store (widen / narrow on ScalarE).
+TensorE operands); a bfloat16 pool is widened on ScalarE after its
+same-dtype gather, and the pool and intermediates are rounded once (RNE)
+on ScalarE before their same-dtype store.
 
-Modeled (trn2, one NeuronCore, Qwen3-Next H=16 HV=32 K=V=128, T=1, raw
-gates, l2norm, float32 pool, bf16 q/k/v; central figure [range]; "bound" =
-state bytes read + written over the 368 GB/s DMA bandwidth): 1 sequence
-28.9 us [24.3-102] (0.40 of the bound), 8 sequences 151 us (0.61), 64
-sequences 1.08 ms (0.68), 512 sequences 8.51 ms (0.69); DMA on the critical
-path. Speculative 4-token steps at 128 sequences: 7.90 ms, TensorE-bound.
-TP4 shard: 64 sequences 358 us, 512 sequences 2.82 ms (0.52).
+Constructs whose evidence is documentation only (NKI 0.6.0, no released
+kernel yet): ``nl.fori_loop`` with an inner-function body (its docstring,
+nki/api/nki/language/__init__.py), and its induction register as a
+``scalar_offset`` with ``indirect_dim=0`` (the same docstring; nki-aps.rst,
+"Dynamic Access"; nki-dynamic-loops.rst, "Runtime trip count from a
+VirtualRegister"). Released kernels address by a (1, 1) SBUF tile instead.
 """
 from __future__ import annotations
 
