@@ -385,10 +385,16 @@ def _partition_sums(dst, data, ones_kp, width):
         ps = None
 
 
+def _repeat_rows(src, n):
+    """``src [P, F]`` (a whole tile) as a ``[P, n, F]`` view repeating it n times (zero stride)."""
+    P, F = src.shape
+    return src.ap(pattern=[[F, P], [0, n], [1, F]], offset=0)
+
+
 def _per_value_head(dst, src, n, rep):
     """dst [P, n*rep] = src [P, n] with each column repeated for the rep value heads."""
     P = src.shape[0]
-    view = src.reshape((P, n, 1)).broadcast(2, rep)
+    view = src.ap(pattern=[[n, P], [1, n], [0, rep]], offset=0)   # zero-stride repeat
     nisa.tensor_copy(dst=dst.reshape((P, n, rep)), src=view)
 
 
@@ -424,10 +430,10 @@ def _load_group(kq_tab, v_tab, gate_tab, cst, it, n, T, H, HV, K, V, PB,
         # g = -exp(A_log) * softplus(a + dt_bias); beta = sigmoid(b)
         x3 = dec.reshape((PB, NT, HV))
         nisa.tensor_tensor(dst=x3, data1=gb[:, 0:n * THV].reshape((PB, NT, HV)),
-                           data2=cst["dt_b"].reshape((PB, 1, HV)).broadcast(1, NT), op=nl.add)
+                           data2=_repeat_rows(cst["dt_b"], NT), op=nl.add)
         nisa.activation(dst=dec, op=nl.softplus, data=dec)
         nisa.tensor_tensor(dst=x3, data1=x3,
-                           data2=cst["neg_A"].reshape((PB, 1, HV)).broadcast(1, NT),
+                           data2=_repeat_rows(cst["neg_A"], NT),
                            op=nl.multiply)
         nisa.activation(dst=dec, op=nl.exp, data=dec)
         nisa.activation(dst=beta, op=nl.sigmoid, data=gb[:, n * THV:2 * n * THV])
@@ -538,11 +544,9 @@ def _front(io, S, c0, H, HV, K, V):
         # disjoint column slices of one PSUM bank: each matmul writes (not adds) its own
         nisa.nc_matmul(dst=p1[:, 2 * hv:2 * hv + 2], stationary=S[:, hv * V:(hv + 1) * V],
                        moving=io["kq"][:, col:col + 2], accumulate=False)
-    # an integer index on a free dim drops it (a strided [V, HV] view); reshaping
-    # the strided slice instead is rejected by the compiler front end
-    p3 = p1.reshape((V, HV, 2))
-    ks = p3[:, :, 0]
-    qs = p3[:, :, 1]
+    # kS and qS as strided [V, HV] views of the PSUM tile
+    ks = p1.ap(pattern=[[2 * HV, V], [2, HV]], offset=0)
+    qs = p1.ap(pattern=[[2 * HV, V], [2, HV]], offset=1)
     dec = io["dec"][0:V, c0:c1]
     # u = beta (v - a rk kS)
     u = nl.ndarray((V, HV), dtype=nl.float32, buffer=nl.sbuf)
