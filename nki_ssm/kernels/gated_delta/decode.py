@@ -221,7 +221,9 @@ def gdn_decode_step(kq_main, k_main, v_main, gate_main, slots_main, kq_tail, k_t
     # inputs, bit-identical bytes written after both gathers). Each state moves in
     # parts (by q/k head) so the first heads' reductions overlap the rest of the
     # gather, and their scatter the rest of the update.
-    tail_batch = consecutive_groups(W, W)[0]
+    tail_batch = []
+    for j in range(W):
+        tail_batch.append(j)
     kr_tail = None
     if T == 1:
         kr_tail = nl.ndarray((1, W * T * H * K), dtype=nl.float32, buffer=nl.sbuf)

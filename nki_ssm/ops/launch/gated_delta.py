@@ -11,19 +11,22 @@ gather / scatter happens in the kernel:
 
 - decode: the pool ``[slots, HV, K, V]`` is passed as its ``[slots, HV*K*V]``
   view (one contiguous block per slot, moved with a run-time start); the batch
-  is padded to its sequence bucket and compacted (``decode_order``) and the
-  per-iteration tables are built with vectorised ops (see ``decode``);
+  is padded to its sequence bucket and laid out as a work list
+  (``decode_plan`` / ``decode_order``: full groups of live sequences for the
+  kernel's main loop, then batches of two for its tail loop) with vectorised
+  ops (see ``decode_call``);
 - prefill: the pool is passed as its ``[slots*HV*K, V]`` row view (no copy for a
   C-contiguous pool); a slot is the contiguous block from row ``slot*HV*K``
   (``seq_tab``), moved with a run-time start;
-- q and k become one ``[K, num_seqs*T*H*2]`` column table (k on partitions,
-  k / q columns interleaved per head) plus k as one row ``[1, num_seqs*T*H*K]``;
-  v becomes ``[V, num_seqs*T*HV]`` (v on partitions); gates are widened to
-  float32 rows ``[2, num_seqs*T*HV]``; A_log / dt_bias one float32 row;
+- decode, per loop iteration (``decode_tables``, all float32): q and k become
+  one ``[K, width*T*H*2]`` column block (k on partitions, k / q columns
+  interleaved per head) plus k as one row ``[width*T*H*K]``; v becomes
+  ``[V, width*T*HV]`` (v on partitions); gates ``[2, width*T*HV]``; A_log /
+  dt_bias one float32 row;
 - prefill and decode: run-time tables only (padding sequences: zero output, no
   instructions on the pool);
-- the kernel's v-major output ``[V, num_seqs*T*HV]`` is transposed back and
-  rounded once (RNE) to q's dtype.
+- decode: the kernel's v-major outputs ``[rows, V, width*T*HV]`` are transposed
+  back and rounded once (RNE) to q's dtype.
 
 The layout work lives in ``prefill_call`` / ``decode_call``, shared with the
 torch device path (package docstring).
@@ -53,7 +56,7 @@ def prefill_kernel():
     return gdn_chunk_prefill
 
 
-_GROUP = 16    # (sequence, token) pairs per main-loop iteration of the decode (inputs in one DMA each)
+_GROUP = 16    # (sequence, token) pairs per decode main-loop iteration (inputs in one DMA each)
 _STREAMS = 2   # sequences per batch (gdn_decode_step's interleaved instruction streams)
 
 
@@ -118,9 +121,9 @@ def decode_tables(xp, q, k, v, first, second, rows, width):
     k_rows = xp.contiguous(xp.f32(k)).reshape(rows, width * T * H * K)
     v_tab = xp.permute(xp.f32(v).reshape(rows, width, T, HV, V),
                        (0, 4, 1, 2, 3)).reshape(rows, V, width * T * HV)
-    gates = xp.permute(xp.stack([xp.f32(first).reshape(S, T * HV),
-                                 xp.f32(second).reshape(S, T * HV)], axis=1)
-                       .reshape(rows, width, 2, T * HV), (0, 2, 1, 3)).reshape(rows, 2, width * T * HV)
+    gates = xp.stack([xp.f32(first).reshape(S, T * HV), xp.f32(second).reshape(S, T * HV)],
+                     axis=1).reshape(rows, width, 2, T * HV)
+    gates = xp.permute(gates, (0, 2, 1, 3)).reshape(rows, 2, width * T * HV)
     return kq, k_rows, v_tab, gates
 
 
