@@ -571,7 +571,7 @@ def _front(io, S, c0, H, HV, K, V):
     if io["rkv"] != None:  # noqa: E711
         nisa.tensor_tensor(dst=u, data1=u, data2=io["rkv"][0:V, c0:c1], op=nl.multiply)
     uT_ps = nl.ndarray((HV, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_transpose(dst=uT_ps, data=u, engine=nisa.engine.tensor)
+    nisa.nc_transpose(dst=uT_ps, data=u)   # SBUF -> PSUM: TensorE
     uT = nl.ndarray((HV, V), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=uT, op=nl.copy, data=uT_ps)
     uT_ps = None
