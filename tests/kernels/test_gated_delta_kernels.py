@@ -157,24 +157,6 @@ def test_decode_all_padding_touches_nothing():
     assert inp["ssm_states"].tobytes() == before.tobytes()
 
 
-def test_decode_tables_layout():
-    """Launcher tables: k on rows with k/q interleaved columns, k as one row, v on rows,
-    int32 pool rows (columns run over sequence, token, head)."""
-    from nki_ssm.ops.launch.gated_delta import decode_tables
-
-    rng = np.random.default_rng(0)
-    S, T, H, HV, K, V = 2, 2, 2, 4, 3, 5
-    q, k = rng.standard_normal((2, S, T, H, K))
-    v = rng.standard_normal((S, T, HV, V))
-    kq, kr, vc, idx = decode_tables(q, k, v, np.array([4, -1]), slots=6)
-    s, t, h, kk = 1, 1, 0, 2
-    assert kq[kk, ((s * T + t) * H + h) * 2] == k[s, t, h, kk]
-    assert kq[kk, ((s * T + t) * H + h) * 2 + 1] == q[s, t, h, kk]
-    assert kr[0, ((s * T + t) * H + h) * K + kk] == k[s, t, h, kk]
-    assert vc[3, (s * T + t) * HV + 2] == v[s, t, 2, 3]
-    assert idx.dtype == np.int32 and idx[:K, 0].tolist() == [4 * HV * K + i for i in range(K)]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype, tol", [(np.float32, F32_TOL), (BF16, BF16_TOL)])
 def test_decode_qwen3_next_tp8_shape(dtype, tol):

@@ -161,20 +161,28 @@ def test_layouts_of_gated_delta_decode(device, monkeypatch):
     nb = seq_bucket(S)
     idx = np.full(nb, -1)
     idx[:S] = tkw["state_indices"].numpy()
-    order, _, num_iters = launch.decode_order(idx, nb, T)
+    spi, w, main_rows, tail_rows = launch.decode_plan(nb, T)
+    order, _, counts = launch.decode_order(idx, nb, T)
     src = torch.as_tensor(np.minimum(order, S - 1))
-    kq_cols, k_rows, v_cols, gate_rows, head_params, pool_view, pool_slots = args[:7]
-    n_it = kq_cols.shape[1]
-    # compacted order (live sequences first), k / q interleaved per head, K on partitions
-    want_kq = torch.stack([k[src], q[src]], -1).permute(3, 0, 1, 2, 4).reshape(K, n_it, -1)
-    assert torch.equal(kq_cols, want_kq)
-    assert torch.equal(k_rows.reshape(-1), k[src].reshape(-1))
-    assert torch.equal(v_cols.reshape(V, -1), v[src].permute(3, 0, 1, 2).reshape(V, -1))
-    assert gate_rows.dtype == torch.float32 and head_params is None
+    kq_m, k_m, v_m, gate_m, slots_m, kq_t, k_t, v_t, gate_t, slots_t = args[:10]
+    head_params, pool_view, counts_arg = args[10:13]
+    n_main = main_rows * spi
+    # kernel-position order (live sequences first), k / q interleaved per head, K on
+    # partitions, one row per loop iteration, float32
+    kq = torch.stack([k[src], q[src]], -1).float()
+    want_kq_m = kq[:n_main].reshape(main_rows, spi, T, H, K, 2).permute(0, 4, 1, 2, 3, 5)
+    assert torch.equal(kq_m, want_kq_m.reshape(main_rows, K, -1))
+    want_kq_t = kq[n_main:].reshape(tail_rows, w, T, H, K, 2).permute(0, 4, 1, 2, 3, 5)
+    assert torch.equal(kq_t, want_kq_t.reshape(tail_rows, K, -1))
+    assert torch.equal(k_t.reshape(-1), k[src][n_main:].float().reshape(-1))
+    want_v = v[src][n_main:].float().reshape(tail_rows, w, T, HV, V).permute(0, 4, 1, 2, 3)
+    assert torch.equal(v_t, want_v.reshape(tail_rows, V, -1))
+    assert gate_m.dtype == gate_t.dtype == torch.float32 and head_params is None
     assert pool_view.shape == (pool.shape[0], HV * K * V)
     assert pool_view.data_ptr() == pool.data_ptr()
-    assert pool_slots.dtype == torch.int32 and pool_slots.shape[0] == n_it + 1
-    assert torch.equal(args[7], torch.as_tensor(num_iters))
+    assert slots_m.dtype == torch.int32 and slots_m.shape == (main_rows + 1, spi)
+    assert slots_t.shape == (tail_rows, w)
+    assert torch.equal(counts_arg, torch.as_tensor(counts))
 
 
 @pytest.mark.parametrize("op", OPS)

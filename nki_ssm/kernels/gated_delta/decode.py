@@ -13,18 +13,19 @@ are applied to the small ``[V, HV]`` results (``kS``, ``qS``, ``k . q``) and
 to ``u`` before the outer product (``k u^T = k_raw (rk u)^T``): the state is
 never scaled by them.
 
-Layout (chosen so every reduction is a TensorE contraction over partitions
-and the delta update is one VectorE instruction per head):
+Layout (every reduction is a TensorE contraction over partitions and the
+delta update is one VectorE instruction per head):
 
 * state of one sequence in SBUF ``S [K, HV*V]`` float32: partition ``k``,
-  free ``(hv, v)``; gathered / scattered with ONE indirect DMA each (the
-  pool ``[slots, HV, K, V]`` is passed as its ``[slots*HV*K, V]`` row view;
-  partition k reads rows ``slot*HV*K + hv*K + k`` for all hv: HV runs of V
-  contiguous elements);
+  free ``(hv, v)``; the pool ``[slots, HV*K*V]`` holds a slot as one
+  contiguous block, moved by one DMA per sequence (or per part) with a
+  run-time start: ``scalar_offset`` = the slot, a (1, 1) int32 SBUF tile,
+  ``indirect_dim=0``, and a static pattern (partition k -> elements
+  ``hv*K*V + k*V + v``);
 * per token: ``[kS | qS]`` for all heads lands in one PSUM tile ``[V, 2*HV]``
   (v on partitions) from HV matmuls (stationary ``S_hv [K, V]``, moving the
-  two columns ``[k_h, q_h]``); the gate/norm math runs on ``[V, HV]`` tiles
-  (a handful of small VectorE instructions); ``rk u`` is transposed on
+  two columns ``[k_h, q_h]``, disjoint columns of one bank, ``accumulate=False``);
+  the gate/norm math runs on ``[V, HV]`` tiles; ``rk u`` is transposed on
   TensorE and flattened to one partition by an SBUF->SBUF DMA (``urow
   [1, HV*V]``); the outer products ``k_h (rk u)^T`` for the heads of q/k
   head h are one K=1 matmul each (stationary ``k_h`` row ``[1, K]``, moving
@@ -36,123 +37,236 @@ and the delta update is one VectorE instruction per head):
   ``k . q`` over K with a ones ``[K, P]`` stationary (fp32, exact products
   summed in fp32).
 
-Engine budget per token and sequence at Qwen3-Next (HV=32, K=V=128):
-TensorE HV matmuls of 2 fp32 columns (~HV*256 cycles) + H outer products of
-``rep*V`` fp32 columns (~4*HV*V cycles); VectorE HV ``scalar_tensor_tensor``
-of V elements, two inputs (~2*HV*V cycles); DMA 2*HV*K*V*4 bytes of state
-per sequence (gather + scatter), plus ``HV*K*V`` per token with
-``want_inter``. Sequences run in batches of ``_STREAMS`` whose per-token
-instruction streams are interleaved (one sequence's matmuls fill the other's
-waits). A lone batch (bucket of 1-2 sequences) gathers and scatters each
-state in ``_PARTS`` pieces by q/k head.
-
-Design note (issue 10): batch composition is run-time data
----------------------------------------------------------
+Work list and loops
+-------------------
 Compile-time arguments: shapes (sequence bucket, T, heads, K, V, slots),
-dtypes and the layer flags (raw_gates, use_qk_l2norm, scale, want_inter).
-The launcher pads the batch to ``seq_bucket(num_seqs)`` and *compacts* it:
-live sequences first (a stable argsort of ``state_indices < 0``); positions
-past the live count mirror the first sequence of their batch of
-``_STREAMS`` (same inputs, same slot), so they read what it reads and write
-bit-identical bytes to the same pool block; a batch holding no live
-sequence does not run. Padding never reaches the kernel, so its inputs
-(NaN included) are never read; the launcher zeroes the padding rows of o
-and of the intermediate states (``where``).
+dtypes and the layer flags (raw_gates, use_qk_l2norm, scale, want_inter);
+batch composition is run-time int32 data the launcher builds
+(``nki_ssm.ops.launch.gated_delta.decode_order``): live sequences compacted
+first; with L live and SPI positions per group (``decode_plan``: 16 // T
+rounded down to a multiple of 4, at least 4, at most the bucket), the
+first ``n_main = L // SPI`` groups run in the main loop, the remaining
+``L - n_main*SPI`` positions in ``n_tail`` batches of W = min(2, bucket)
+positions in the tail loop; a tail position past L mirrors the first of
+its batch (same inputs, same slot: both states are gathered before either
+is scattered, and both write the same bytes). ``counts [1, 2]`` holds
+``n_main, n_tail``; each is DMA'd into a (1, 1) SBUF tile on partition 0 and
+loaded into a register allocated before the loops.
 
-Loops: one runtime loop (``nl.dynamic_range`` over a register loaded from
-``num_iters = ceil(live / SPI)``) over iterations of SPI = ``_GROUP // T``
-positions (a multiple of 2 * ``_STREAMS``; the whole bucket if smaller).
-Inside an iteration, unrolled and bounded by SPI, T and the heads: the
-inputs of the SPI positions in one DMA each (dynamic column offset), the gate
-math, and NB = SPI / ``_STREAMS`` batches. Batch b runs inside a zero- or
-one-trip runtime loop on ``batch_live[it, b]`` (a runtime conditional).
-Software pipeline: two state sets alternate; batch b+1's states are
-gathered while batch b runs, and the next iteration's first batch while the
-last one runs (table row it + 1; past the live count it is read and never
-used). A gather issued after a scatter to the pool waits for it (slots are
-run-time data), which is why mirrors stay inside their batch.
+Two runtime loops, ``nl.fori_loop(0, reg, body)`` with ``body`` an inner
+function, one after the other, none nested (every instruction sits in at
+most one runtime loop); what is unrolled in a body is bounded by SPI, T and
+the heads. A bucket of one or two sequences has no main loop.
 
-State moves: a sequence's state is one contiguous block of the pool
-``[slots, HV*K*V]``; each gather / scatter is one DMA with a run-time start
-(``scalar_offset`` = the slot, a 1x1 SBUF int32 tile) and a static pattern
-(partition k -> ``hv*K*V + k*V + v``): no per-partition row indices, no
-row-stepping ``vector_offset`` pattern, no ``oob_mode.skip``. Matmuls that
-share a PSUM bank pass ``accumulate=False`` explicitly.
+* Main loop, iteration ``it`` (the body's register, used as
+  ``scalar_offset`` on dim 0 of every per-iteration table): the inputs of
+  SPI positions in one DMA each; the gate math for all of them; then NB =
+  SPI / 2 batches of two sequences whose per-token instruction streams are
+  interleaved (one sequence's matmuls fill the other's waits). Software
+  pipeline over two state sets allocated before the loop: batch b+1's
+  states are gathered while batch b runs, and the next iteration's first
+  batch while the last one runs (``slots_main`` row it + 1; after the last
+  iteration that row is read and never used). A gather issued after a
+  scatter to the pool waits for it (slots are run-time data). Every
+  position of a main iteration is live: no run-time conditional.
+* Tail loop: one batch per iteration, each state gathered and scattered in
+  ``min(4, H)`` parts by q/k head so the first heads' reductions overlap the
+  rest of the gather and their scatter the rest of the update; it reuses
+  the main loop's first state set.
 
-What binds (modeled, trn2, float32 pool, the recalibrated cost model,
-``python -m simulate --set full --op gated_delta_decode --model qwen3-next``):
-DMA of the states. 64 sequences 1.08 ms (68 % of the DMA bandwidth), 128
-sequences 2.14 ms, 512 sequences 8.51 ms (69 %); the per-iteration input
-loads and gate math sit between the last scatter of one iteration and the
-first compute of the next. Program 1521 static instructions for every bucket
->= 16 sequences; buckets of 1 and 8 sequences unroll fewer positions per
-iteration (the launcher's ``min(16, bucket)``): 118 and 771.
+Per token and sequence at Qwen3-Next (HV=32, K=V=128): TensorE HV matmuls
+of 2 fp32 columns + H outer products of ``rep*V`` fp32 columns, one
+transpose and the gate broadcasts; VectorE HV ``scalar_tensor_tensor`` of V
+elements (two inputs) and ~10 small ``[V, HV]`` ops; ScalarE the PSUM
+evictions of the transpose, the activation functions of the gates and, for
+a bfloat16 pool, the widening / rounding of the state; DMA the state of
+every sequence in and out (``2*HV*K*V*4`` bytes with a float32 pool), plus
+``HV*K*V`` per token with ``want_inter``, and small input / output rows per
+iteration.
 
-HBM arguments (prepared by the launcher, ``nki_ssm.ops.launch.gated_delta``);
-columns run over (position j of the iteration, token t, head), head fastest:
-  kq_cols  ``[K, n_it, SPI*T*H*2]`` (q dtype): row k, iteration i, column
-           ``((j*T + t)*H + h)*2 + c`` holds ``k`` (c=0) / ``q`` (c=1);
-  k_rows   ``[n_it, SPI*T*H*K]`` (q dtype): k, token-major, one row per iteration;
-  v_cols   ``[V, n_it, SPI*T*HV]`` (q dtype): row v, column ``(j*T + t)*HV + hv``;
-  gate_rows ``[2, n_it, SPI*T*HV]`` float32: g and beta (raw: a and b), columns as v_cols;
-  head_params ``[1, 2*HV]`` float32 (A_log then dt_bias) or None (g/beta given);
-  pool     ``[slots, HV*K*V]`` float32 or bfloat16, updated in place by the kernel;
-  pool_slots ``[n_it + 1, SPI]`` int32: slot of each position (last row: any slot);
-  num_iters ``[1, 1]`` int32; batch_live ``[n_it, SPI / _STREAMS]`` int32 (0 / 1).
-Returns ``o [V, n_it, SPI*T*HV]`` float32 (v-major, the launcher transposes
-and un-permutes) and, with ``want_inter``, ``inter [n_it, SPI*T*HV*K, V]`` in
-the pool dtype (state after each token, rows ``((j*T + t)*HV + hv)*K + k``).
+What binds (modeled, trn2, ``python -m simulate --set full --op
+gated_delta_decode``; Qwen3-Next H=16 HV=32 K=V=128, T=1, raw gates, l2norm,
+float32 pool, bf16 q/k/v): DMA of the states. 64 sequences 1.07 ms, 253 GB/s
+(69 % of the core's DMA bandwidth; DMA queues 89 % busy, TensorE 78 %,
+VectorE 47 %), 128 sequences 2.12 ms, 512 sequences 8.43 ms (70 %); 8 sequences
+151 us (61 %); 1 sequence 28.9 us (40 %, tail loop only); speculative
+4-token steps at 128 sequences 7.82 ms (TensorE-bound); TP4 shard 64
+sequences 351 us, 512 sequences 2.77 ms. Program: 1,521 static instructions
+in the main body at T = 1, 1,798 with both loops traced (32-sequence bucket,
+19 live), 2,329 at T = 4 (8-sequence bucket, 7 live); 118 for a bucket of
+one (tail only).
+
+HBM arguments (prepared by the launcher, ``nki_ssm.ops.launch.gated_delta``),
+one row per loop iteration, for the main loop (``*_main``, width SPI, rows
+``bucket // SPI``; None without a main loop) and the tail loop (``*_tail``,
+width W, rows ``SPI // W``); columns run over (position j of the row, token
+t, head), head fastest; all float32 (the launcher widens q/k/v: no DMA
+converts a dtype):
+  kq     ``[rows, K, width*T*H*2]``: row i, partition k, column
+         ``((j*T + t)*H + h)*2 + c`` holds ``k`` (c=0) / ``q`` (c=1);
+  k      ``[rows, width*T*H*K]``: k, token-major;
+  v      ``[rows, V, width*T*HV]``: partition v, column ``(j*T + t)*HV + hv``;
+  gate   ``[rows, 2, width*T*HV]``: g and beta (raw: a and b), columns as v;
+  slots  int32 ``[rows (+1 for main), width]``: pool slot of each position;
+  head_params ``[1, 2*HV]`` (A_log then dt_bias) or None (g / beta given);
+  pool   ``[slots, HV*K*V]`` float32 or bfloat16, updated in place;
+  counts int32 ``[1, 2]``: main and tail trip counts.
+Returns ``o [rows, V, width*T*HV]`` float32 per loop (v-major; the launcher
+transposes and un-permutes) and, with ``want_inter``, ``inter [rows,
+width*T*HV*K, V]`` per loop in the pool dtype (state after each token, rows
+``((j*T + t)*HV + hv)*K + k``): ``(o_main, o_tail[, inter_main,
+inter_tail])``, or the tail's alone without a main loop. Rows the loops do
+not reach are never written (the launcher zeroes padding sequences).
 
 Limits: K, V, HV <= 128; ``2*HV <= 512``; ``(HV // H) * V`` is split in
 <= 512-column pieces. Numerics: all float32 (state, gates, matmuls: fp32
-TensorE operands); a bfloat16 pool or q/k/v is widened on load, the pool
-and intermediates rounded once (RNE) on store (widen / narrow on ScalarE).
+TensorE operands); a bfloat16 pool is widened on ScalarE after its
+same-dtype gather, and the pool and intermediates are rounded once (RNE)
+on ScalarE before their same-dtype store.
 
-Modeled (trn2, one NeuronCore, Qwen3-Next H=16 HV=32 K=V=128, T=1, raw
-gates, l2norm, float32 pool, bf16 q/k/v; central figure [range]; "bound" =
-state bytes read + written over the 368 GB/s DMA bandwidth): 1 sequence
-28.9 us [24.3-102] (0.40 of the bound), 8 sequences 151 us (0.61), 64
-sequences 1.08 ms (0.68), 512 sequences 8.51 ms (0.69); DMA on the critical
-path. Speculative 4-token steps at 128 sequences: 7.90 ms, TensorE-bound.
-TP4 shard: 64 sequences 358 us, 512 sequences 2.82 ms (0.52).
+Constructs whose evidence is documentation only (NKI 0.6.0 docs, aws-neuron-sdk
+81ce03ae; no released kernel uses them yet): ``nl.fori_loop`` with an
+inner-function body (its docstring, nki/api/nki/language/__init__.py) and
+its induction register as a ``scalar_offset`` with ``indirect_dim=0`` (the
+same docstring; nki/deep-dives/nki-aps.rst, "Dynamic Access";
+nki-dynamic-loops.rst, "Runtime trip count from a VirtualRegister";
+released kernels address by a (1, 1) SBUF tile); ``nl.softplus`` as an
+``activation`` function (nki.api.shared.rst, "Supported Activation
+Functions"); an SBUF -> SBUF ``dma_copy`` between tiles of different shape
+and equal element count (the ``dma_copy`` docstring: "Memory types", "Tile
+size"). Everything else follows released nki-library kernels.
 """
 from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
 from nki_ssm.kernels.gated_delta._common import consecutive_groups
 
-_GROUP = 16           # (sequence, token) pairs per input / output DMA (>= 2 KiB per partition)
-_STREAMS = 2          # sequences whose per-token instruction streams are interleaved
-_PARTS = 4            # state DMAs per sequence when the batch is the only one (latency)
-_PREFETCH = 1         # batches whose states are gathered ahead of the compute (2: no gain modeled)
+_STREAMS = 2          # sequences whose per-token instruction streams are interleaved (a batch)
+_PARTS = 4            # state DMAs per sequence in the tail loop (one batch per iteration: latency)
 _L2NORM_EPS = 1e-6    # FLA / transformers: x / sqrt(sum x^2 + eps)
 _MM_COLS = 512        # moving columns of one fp32 matmul (one PSUM bank on trn2)
 
 
 @nki.jit
-def gdn_decode_step(kq_cols, k_rows, v_cols, gate_rows, head_params, pool, pool_slots,
-                    num_iters, batch_live, T, H, raw_gates, use_qk_l2norm, scale, want_inter):
-    """Recurrent gated delta rule for T tokens per sequence (layouts in the module docstring)."""
-    K, n_it, c_kq = kq_cols.shape
-    V = v_cols.shape[0]
-    SPI = pool_slots.shape[1]          # sequence positions per loop iteration
-    THV = v_cols.shape[2] // SPI
-    HV = THV // T
+def gdn_decode_step(kq_main, k_main, v_main, gate_main, slots_main, kq_tail, k_tail, v_tail,
+                    gate_tail, slots_tail, head_params, pool, counts, T, H, raw_gates,
+                    use_qk_l2norm, scale, want_inter):
+    """Recurrent gated delta rule for T tokens per sequence (layouts in the module docstring).
+
+    Two runtime loops, one after the other: the main loop over full groups of SPI
+    positions (absent when the ``*_main`` tables are None), then the tail loop over
+    single batches of W positions. ``counts [1, 2]`` int32: their trip counts."""
+    n_tail_rows, K, _ = kq_tail.shape
+    V = v_tail.shape[1]
+    W = slots_tail.shape[1]
+    HV = v_tail.shape[2] // (W * T)
     PB = K
     if V > K:
         PB = V
-    o = nl.ndarray((V, n_it, SPI * THV), dtype=nl.float32, buffer=nl.shared_hbm)
-    inter = None
-    if want_inter:
-        inter = nl.ndarray((n_it, SPI * T * HV * K, V), dtype=pool.dtype, buffer=nl.shared_hbm)
+    cst = _constants(head_params, HV, K, PB, raw_gates)
+    has_main = kq_main != None  # noqa: E711  (NKI has no `is`)
 
+    # trip counts: DMA'd to (1, 1) SBUF tiles on partition 0, loaded into registers
+    # allocated here, before any loop
+    reg_main = None
+    if has_main:
+        reg_main = _count_register(counts, 0)
+    reg_tail = _count_register(counts, 1)
+
+    o_tail, inter_tail = _outputs(n_tail_rows, W, T, HV, K, V, pool.dtype, want_inter)
+    parts = min(_PARTS, H)
+    tail_states = None
+    o_main = None
+    inter_main = None
+    if has_main:
+        n_main_rows = kq_main.shape[0]
+        SPI = slots_main.shape[1]
+        o_main, inter_main = _outputs(n_main_rows, SPI, T, HV, K, V, pool.dtype, want_inter)
+        batches = consecutive_groups(SPI, _STREAMS)
+        NB = len(batches)
+        # NB batches per iteration, software-pipelined: batch b+1's states are gathered
+        # while batch b runs, and the next iteration's first batch while the last one
+        # runs (slots_main row it + 1; after the last iteration it is read, never used).
+        # Two state sets (allocated here: they carry the prefetch across iterations)
+        # alternate; NB is even. Every position of a main iteration is live.
+        sets = (_new_states(_STREAMS, pool, HV, V, K, 1), _new_states(_STREAMS, pool, HV, V, K, 1))
+        # T == 1: each batch's k rows in one small DMA issued ahead of its state gather;
+        # longer steps load them per token (the rows would not fit one partition twice)
+        bsz = _STREAMS * T * H * K
+        krs = [None, None]
+        if T == 1:
+            for q in range(2):
+                krs[q] = nl.ndarray((1, bsz), dtype=nl.float32, buffer=nl.sbuf)
+        _gather(sets[0], pool, slots_main, None, 0, batches[0], H, HV, K, V)
+
+        def main_body(it):
+            io = _load_group(kq_main, v_main, gate_main, cst, it, SPI, T, H, HV, K, V, PB,
+                             raw_gates, use_qk_l2norm, scale)
+            if T == 1:
+                _load_krow(krs[0], k_main, it, batches[0], T, H, K)
+            for bi in range(NB):
+                if bi + 1 < NB:
+                    if T == 1:
+                        # inputs first: a small DMA issued after a state transfer waits for it
+                        _load_krow(krs[(bi + 1) % 2], k_main, it, batches[bi + 1], T, H, K)
+                    _gather(sets[(bi + 1) % 2], pool, slots_main, it, 0, batches[bi + 1], H,
+                            HV, K, V)
+                else:
+                    _gather(sets[0], pool, slots_main, it, 1, batches[0], H, HV, K, V)
+                _run_batch(io, k_main, krs[bi % 2], inter_main, sets[bi % 2], it, batches[bi],
+                           T, H, HV, K, V, want_inter, pool)
+            _store_o(o_main, io, it)
+
+        nl.fori_loop(0, reg_main, main_body)
+        # the tail reuses the first state set's tiles, moved in parts
+        tail_states = []
+        for j in range(W):
+            tail_states.append({"slot": sets[0][j]["slot"], "nat": sets[0][j]["nat"],
+                                "parts": parts})
+    else:
+        tail_states = _new_states(W, pool, HV, V, K, parts)
+
+    # one batch of W positions per iteration (the live positions after the last full
+    # group; a second position past the live count mirrors the first: same slot, same
+    # inputs, bit-identical bytes written after both gathers). Each state moves in
+    # parts (by q/k head) so the first heads' reductions overlap the rest of the
+    # gather, and their scatter the rest of the update.
+    tail_batch = []
+    for j in range(W):
+        tail_batch.append(j)
+    kr_tail = None
+    if T == 1:
+        kr_tail = nl.ndarray((1, W * T * H * K), dtype=nl.float32, buffer=nl.sbuf)
+
+    def tail_body(it):
+        io = _load_group(kq_tail, v_tail, gate_tail, cst, it, W, T, H, HV, K, V, PB,
+                         raw_gates, use_qk_l2norm, scale)
+        if T == 1:
+            _load_krow(kr_tail, k_tail, it, tail_batch, T, H, K)
+        _gather(tail_states, pool, slots_tail, it, 0, tail_batch, H, HV, K, V)
+        _run_batch(io, k_tail, kr_tail, inter_tail, tail_states, it, tail_batch, T, H, HV, K,
+                   V, want_inter, pool)
+        _store_o(o_tail, io, it)
+
+    nl.fori_loop(0, reg_tail, tail_body)
+    if has_main:
+        if want_inter:
+            return o_main, o_tail, inter_main, inter_tail
+        return o_main, o_tail
+    if want_inter:
+        return o_tail, inter_tail
+    return o_tail
+
+
+def _constants(head_params, HV, K, PB, raw_gates):
+    """Ones for the partition broadcasts and sums; with raw gates -exp(A_log) and dt_bias
+    ``[PB, HV]`` on every partition (from ``head_params [1, 2*HV]`` float32)."""
     cst = {}
     cst["ones_row"] = nl.ndarray((1, PB), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=cst["ones_row"], value=1.0)
     cst["ones_kp"] = nl.ndarray((K, PB), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=cst["ones_kp"], value=1.0)
     if raw_gates:
-        # -exp(A_log) and dt_bias on every partition [PB, HV]
         hp = nl.ndarray((1, 2 * HV), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=hp, src=head_params)
         hp_b = nl.ndarray((PB, 2 * HV), dtype=nl.float32, buffer=nl.psum)
@@ -166,96 +280,45 @@ def gdn_decode_step(kq_cols, k_rows, v_cols, gate_rows, head_params, pool, pool_
         hp_b = None
         cst["neg_A"] = neg_A
         cst["dt_b"] = dt_b
+    return cst
 
-    # one loop iteration = SPI sequence positions of the compacted batch, run as batches
-    # of _STREAMS whose instruction streams interleave (positions past the live count
-    # mirror the iteration's first sequence: same reads, same bytes written, and every
-    # state they read is gathered before that sequence's scatter)
-    batches = consecutive_groups(SPI, _STREAMS)
-    iters = nisa.register_alloc()
-    nisa.register_load(dst=iters, src=num_iters)
-    NB = len(batches)
-    bsz = len(batches[0]) * T * H * K
-    if NB == 1:
-        # a lone batch (bucket <= _STREAMS, at most one iteration) moves each state in
-        # parts (by q/k head) so the first heads' reductions overlap the rest of the
-        # gather, and their scatter the rest of the update
-        parts = min(_PARTS, H)
-        for it in nl.dynamic_range(iters):
-            io = _load_group(kq_cols, v_cols, gate_rows, cst, it, SPI, T, H, HV, K, V, PB,
-                             raw_gates, use_qk_l2norm, scale)
-            kr = None
-            if T == 1:
-                kr = nl.ndarray((1, bsz), dtype=nl.float32, buffer=nl.sbuf)
-                _load_krow(kr, k_rows, it, 0, batches[0], T, H, K)
-            st = _new_states(len(batches[0]), pool, HV, V, K, parts)
-            _gather(st, pool, pool_slots, it, 0, batches[0], H, HV, K, V)
-            _run_batch(io, k_rows, kr, inter, st, it, batches[0], T, H, HV, K, V, want_inter,
-                       pool)
-            _store_o(o, io, it)
-    else:
-        # NB batches per iteration, software-pipelined: batch b+1's states are gathered
-        # while batch b runs, and the next iteration's first batch while the last one
-        # runs (a gather issued after a scatter to the pool waits for it: slots are
-        # run-time data). Two state sets alternate; NB is even. A batch runs only if it
-        # holds a live position (batch_live: a zero- or one-trip runtime loop); positions
-        # past the live count mirror their batch's first sequence.
-        sets = (_new_states(_STREAMS, pool, HV, V, K, 1), _new_states(_STREAMS, pool, HV, V, K, 1))
-        # T == 1: each batch's k rows in one small DMA issued ahead of its state gather;
-        # longer steps load them per token (the rows would not fit one partition twice)
-        krs = [None, None]
-        if T == 1:
-            for q in range(2):
-                krs[q] = nl.ndarray((1, bsz), dtype=nl.float32, buffer=nl.sbuf)
-        flag_regs = []
-        for bi in range(NB):
-            flag_regs.append(nisa.register_alloc())
-        _gather(sets[0], pool, pool_slots, None, 0, batches[0], H, HV, K, V)
-        for it in nl.dynamic_range(iters):
-            io = _load_group(kq_cols, v_cols, gate_rows, cst, it, SPI, T, H, HV, K, V, PB,
-                             raw_gates, use_qk_l2norm, scale)
-            flags = nl.ndarray((1, NB), dtype=nl.int32, buffer=nl.sbuf)
-            nisa.dma_copy(dst=flags, src=batch_live.ap(pattern=[[NB, 1], [1, NB]], offset=0,
-                                                       scalar_offset=it, indirect_dim=0))
-            for bi in range(NB):
-                nisa.register_load(dst=flag_regs[bi], src=flags[0:1, bi:bi + 1])
-            if T == 1:
-                _load_krow(krs[0], k_rows, it, 0, batches[0], T, H, K)
-            for bi in range(NB):
-                if bi + 1 < NB:
-                    if T == 1:
-                        # inputs first: a small DMA issued after a state transfer waits for it
-                        _load_krow(krs[(bi + 1) % 2], k_rows, it, 0, batches[bi + 1], T, H, K)
-                    _gather(sets[(bi + 1) % 2], pool, pool_slots, it, 0, batches[bi + 1], H,
-                            HV, K, V)
-                else:
-                    # the next iteration's first batch (table row it + 1; past the live
-                    # count it is read and never used)
-                    _gather(sets[0], pool, pool_slots, it, 1, batches[0], H, HV, K, V)
-                for _ in nl.dynamic_range(flag_regs[bi]):
-                    _run_batch(io, k_rows, krs[bi % 2], inter, sets[bi % 2], it, batches[bi],
-                               T, H, HV, K, V, want_inter, pool)
-            _store_o(o, io, it)
+
+def _count_register(counts, col):
+    """A register holding ``counts[0, col]`` (int32 HBM): DMA'd into a (1, 1) SBUF tile on
+    partition 0, then ``register_load`` (register allocated here, before the loops)."""
+    tile = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=tile, src=counts[0:1, col:col + 1])
+    reg = nisa.register_alloc()
+    nisa.register_load(dst=reg, src=tile)
+    return reg
+
+
+def _outputs(rows, width, T, HV, K, V, pool_dtype, want_inter):
+    """o ``[rows, V, width*T*HV]`` float32 and, with want_inter, the states after each
+    token ``[rows, width*T*HV*K, V]`` in the pool dtype (else None)."""
+    o = nl.ndarray((rows, V, width * T * HV), dtype=nl.float32, buffer=nl.shared_hbm)
+    inter = None
     if want_inter:
-        return o, inter
-    return o
+        inter = nl.ndarray((rows, width * T * HV * K, V), dtype=pool_dtype,
+                           buffer=nl.shared_hbm)
+    return o, inter
 
 
-def _load_krow(dst, k_rows, it, ahead, seqs, T, H, K):
+def _load_krow(dst, k_rows, it, seqs, T, H, K):
     """k of every token of the batch's positions as one row on partition 0 (the outer
-    products' stationary): k_rows row ``it + ahead`` (register), contiguous columns."""
-    n_it, width = k_rows.shape
+    products' stationary): row ``it`` (register) of ``k_rows [rows, width]``."""
+    rows, width = k_rows.shape
     per = T * H * K
     nisa.dma_copy(dst=dst, src=k_rows.ap(pattern=[[width, 1], [1, len(seqs) * per]],
-                                         offset=ahead * width + seqs[0] * per,
-                                         scalar_offset=it, indirect_dim=0))
+                                         offset=seqs[0] * per, scalar_offset=it,
+                                         indirect_dim=0))
 
 
 def _store_o(o, io, it):
-    """o columns of iteration ``it`` (register): [V, SPI*T*HV] in one DMA."""
-    V, n_it, width = o.shape
-    nisa.dma_copy(dst=o.ap(pattern=[[n_it * width, V], [1, width]], offset=0,
-                           scalar_offset=it, indirect_dim=1), src=io["ot"])
+    """o row ``it`` (register) ``[V, width]`` in one DMA."""
+    rows, V, width = o.shape
+    nisa.dma_copy(dst=o.ap(pattern=[[width, V], [1, width]], offset=0, scalar_offset=it,
+                           indirect_dim=0), src=io["ot"])
 
 
 def _pool_view(pool, slot, hv0, nh, K, V):
@@ -334,37 +397,40 @@ def _partition_sums(dst, data, ones_kp, width):
         ps = None
 
 
+def _repeat_rows(src, n):
+    """``src [P, F]`` (a whole tile) as a ``[P, n, F]`` view repeating it n times (zero stride)."""
+    P, F = src.shape
+    return src.ap(pattern=[[F, P], [0, n], [1, F]], offset=0)
+
+
 def _per_value_head(dst, src, n, rep):
     """dst [P, n*rep] = src [P, n] with each column repeated for the rep value heads."""
     P = src.shape[0]
-    view = src.reshape((P, n, 1)).broadcast(2, rep)
+    view = src.ap(pattern=[[n, P], [1, n], [0, rep]], offset=0)   # zero-stride repeat
     nisa.tensor_copy(dst=dst.reshape((P, n, rep)), src=view)
 
 
-def _load_group(kq_cols, v_cols, gate_rows, cst, it, n, T, H, HV, K, V, PB,
+def _load_group(kq_tab, v_tab, gate_tab, cst, it, n, T, H, HV, K, V, PB,
                 raw_gates, use_qk_l2norm, scale):
-    """Inputs of the n sequence positions of iteration ``it`` (register) in one DMA each,
-    and everything that does not depend on the state: gates (dec = exp(g), beta), k.q
-    and the l2norm factors, per value head. Column of (position j, token t, value head
-    hv): (j*T + t)*HV + hv."""
+    """Inputs of the n sequence positions of loop iteration ``it`` (register: row ``it`` of
+    each float32 table) in one DMA each, and everything that does not depend on the
+    state: gates (dec = exp(g), beta), k.q and the l2norm factors, per value head. Column
+    of (position j, token t, value head hv): (j*T + t)*HV + hv."""
     THV = T * HV
     NT = n * T          # (sequence, token) pairs of the iteration
     NTH = NT * H
-    n_it = kq_cols.shape[1]
     io = {}
     kq = nl.ndarray((K, NTH * 2), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=kq, src=kq_cols.ap(pattern=[[n_it * NTH * 2, K], [1, NTH * 2]], offset=0,
-                                         scalar_offset=it, indirect_dim=1))
+    nisa.dma_copy(dst=kq, src=kq_tab.ap(pattern=[[NTH * 2, K], [1, NTH * 2]], offset=0,
+                                        scalar_offset=it, indirect_dim=0))
     io["kq"] = kq
     io["vt"] = nl.ndarray((V, n * THV), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=io["vt"], src=v_cols.ap(pattern=[[n_it * n * THV, V], [1, n * THV]],
-                                              offset=0, scalar_offset=it, indirect_dim=1))
+    nisa.dma_copy(dst=io["vt"], src=v_tab.ap(pattern=[[n * THV, V], [1, n * THV]], offset=0,
+                                             scalar_offset=it, indirect_dim=0))
+    # g and beta (or a and b) rows are contiguous in the row: one DMA to one partition
     grow = nl.ndarray((1, 2 * n * THV), dtype=nl.float32, buffer=nl.sbuf)
-    for r in range(2):
-        nisa.dma_copy(dst=grow[:, r * n * THV:(r + 1) * n * THV],
-                      src=gate_rows.ap(pattern=[[n_it * n * THV, 1], [1, n * THV]],
-                                       offset=r * n_it * n * THV, scalar_offset=it,
-                                       indirect_dim=1))
+    nisa.dma_copy(dst=grow, src=gate_tab.ap(pattern=[[2 * n * THV, 1], [1, 2 * n * THV]],
+                                            offset=0, scalar_offset=it, indirect_dim=0))
     io["ot"] = nl.ndarray((V, n * THV), dtype=nl.float32, buffer=nl.sbuf)
 
     # gates on every partition
@@ -376,10 +442,10 @@ def _load_group(kq_cols, v_cols, gate_rows, cst, it, n, T, H, HV, K, V, PB,
         # g = -exp(A_log) * softplus(a + dt_bias); beta = sigmoid(b)
         x3 = dec.reshape((PB, NT, HV))
         nisa.tensor_tensor(dst=x3, data1=gb[:, 0:n * THV].reshape((PB, NT, HV)),
-                           data2=cst["dt_b"].reshape((PB, 1, HV)).broadcast(1, NT), op=nl.add)
+                           data2=_repeat_rows(cst["dt_b"], NT), op=nl.add)
         nisa.activation(dst=dec, op=nl.softplus, data=dec)
         nisa.tensor_tensor(dst=x3, data1=x3,
-                           data2=cst["neg_A"].reshape((PB, 1, HV)).broadcast(1, NT),
+                           data2=_repeat_rows(cst["neg_A"], NT),
                            op=nl.multiply)
         nisa.activation(dst=dec, op=nl.exp, data=dec)
         nisa.activation(dst=beta, op=nl.sigmoid, data=gb[:, n * THV:2 * n * THV])
@@ -490,11 +556,9 @@ def _front(io, S, c0, H, HV, K, V):
         # disjoint column slices of one PSUM bank: each matmul writes (not adds) its own
         nisa.nc_matmul(dst=p1[:, 2 * hv:2 * hv + 2], stationary=S[:, hv * V:(hv + 1) * V],
                        moving=io["kq"][:, col:col + 2], accumulate=False)
-    # an integer index on a free dim drops it (a strided [V, HV] view); reshaping
-    # the strided slice instead is rejected by the compiler front end
-    p3 = p1.reshape((V, HV, 2))
-    ks = p3[:, :, 0]
-    qs = p3[:, :, 1]
+    # kS and qS as strided [V, HV] views of the PSUM tile
+    ks = p1.ap(pattern=[[2 * HV, V], [2, HV]], offset=0)
+    qs = p1.ap(pattern=[[2 * HV, V], [2, HV]], offset=1)
     dec = io["dec"][0:V, c0:c1]
     # u = beta (v - a rk kS)
     u = nl.ndarray((V, HV), dtype=nl.float32, buffer=nl.sbuf)
@@ -517,7 +581,7 @@ def _front(io, S, c0, H, HV, K, V):
     if io["rkv"] != None:  # noqa: E711
         nisa.tensor_tensor(dst=u, data1=u, data2=io["rkv"][0:V, c0:c1], op=nl.multiply)
     uT_ps = nl.ndarray((HV, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_transpose(dst=uT_ps, data=u, engine=nisa.engine.tensor)
+    nisa.nc_transpose(dst=uT_ps, data=u)   # SBUF -> PSUM: TensorE
     uT = nl.ndarray((HV, V), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=uT, op=nl.copy, data=uT_ps)
     uT_ps = None

@@ -11,19 +11,22 @@ gather / scatter happens in the kernel:
 
 - decode: the pool ``[slots, HV, K, V]`` is passed as its ``[slots, HV*K*V]``
   view (one contiguous block per slot, moved with a run-time start); the batch
-  is padded to its sequence bucket and compacted (``decode_order``) and the
-  per-iteration tables are built with vectorised ops (see ``decode``);
+  is padded to its sequence bucket and laid out as a work list
+  (``decode_plan`` / ``decode_order``: full groups of live sequences for the
+  kernel's main loop, then batches of two for its tail loop) with vectorised
+  ops (see ``decode_call``);
 - prefill: the pool is passed as its ``[slots*HV*K, V]`` row view (no copy for a
   C-contiguous pool); a slot is the contiguous block from row ``slot*HV*K``
   (``seq_tab``), moved with a run-time start;
-- q and k become one ``[K, num_seqs*T*H*2]`` column table (k on partitions,
-  k / q columns interleaved per head) plus k as one row ``[1, num_seqs*T*H*K]``;
-  v becomes ``[V, num_seqs*T*HV]`` (v on partitions); gates are widened to
-  float32 rows ``[2, num_seqs*T*HV]``; A_log / dt_bias one float32 row;
+- decode, per loop iteration (``decode_tables``, all float32): q and k become
+  one ``[K, width*T*H*2]`` column block (k on partitions, k / q columns
+  interleaved per head) plus k as one row ``[width*T*H*K]``; v becomes
+  ``[V, width*T*HV]`` (v on partitions); gates ``[2, width*T*HV]``; A_log /
+  dt_bias one float32 row;
 - prefill and decode: run-time tables only (padding sequences: zero output, no
   instructions on the pool);
-- the kernel's v-major output ``[V, num_seqs*T*HV]`` is transposed back and
-  rounded once (RNE) to q's dtype.
+- decode: the kernel's v-major outputs ``[rows, V, width*T*HV]`` are transposed
+  back and rounded once (RNE) to q's dtype.
 
 The layout work lives in ``prefill_call`` / ``decode_call``, shared with the
 torch device path (package docstring).
@@ -53,54 +56,81 @@ def prefill_kernel():
     return gdn_chunk_prefill
 
 
-_GROUP = 16    # (sequence, token) pairs per decode loop iteration (inputs in one DMA each)
+_GROUP = 16    # (sequence, token) pairs per decode main-loop iteration (inputs in one DMA each)
 _STREAMS = 2   # sequences per batch (gdn_decode_step's interleaved instruction streams)
 
 
-def _positions_per_iteration(num_seqs: int, T: int) -> int:
-    """Sequence positions per loop iteration: _GROUP // T rounded down to a multiple of
-    2 * _STREAMS (an even number of batches; at least 2), or the whole bucket if smaller."""
-    spi = max(2 * _STREAMS, (_GROUP // T) // (2 * _STREAMS) * (2 * _STREAMS))
-    return min(spi, num_seqs)
+def decode_plan(num_seqs: int, T: int = 1):
+    """(spi, w, main_rows, tail_rows) of ``gdn_decode_step`` for a bucket of ``num_seqs``.
+
+    ``spi``: positions per main-loop iteration, _GROUP // T rounded down to a multiple
+    of 2 * _STREAMS (an even number of batches; at least 2 batches), or the whole
+    bucket if smaller; ``w = min(_STREAMS, num_seqs)``: positions per tail-loop
+    iteration. There is a main loop only when ``spi > w`` (``main_rows = num_seqs //
+    spi`` iterations at most, else 0); the tail covers the live positions after the
+    last full group: ``tail_rows = spi // w`` iterations at most. Shapes only."""
+    spi = min(max(2 * _STREAMS, (_GROUP // T) // (2 * _STREAMS) * (2 * _STREAMS)), num_seqs)
+    w = min(_STREAMS, num_seqs)
+    main_rows = num_seqs // spi if spi > w else 0
+    return spi, w, main_rows, spi // w
 
 
 def decode_order(state_indices, num_seqs: int, T: int = 1):
-    """(order, pos, num_iters) of the compacted decode batch for a batch padded to
-    ``num_seqs`` (the bucket) sequences.
+    """(order, pos, counts): the decode work list for a batch padded to ``num_seqs``
+    (the bucket) sequences, laid out as ``decode_plan`` says.
 
-    ``order [n_it * SPI]``: the sequence computed at each position: live sequences
-    first (``argsort(idx < 0, stable)``, torch.argsort(stable=True)); positions past
-    the live count mirror the first position of their batch of _STREAMS (torch.where +
-    index_select), so they read and write exactly what that sequence does (batches
-    without a live position do not run: ``batch_live``). ``pos``:
-    where each sequence is computed (``argsort(perm)``, the inverse permutation).
-    ``num_iters [1, 1]`` int32 = ``ceil(live / SPI)`` (torch: sum, then integer ops).
+    Live sequences are compacted first (``argsort(idx < 0, stable)``, torch.argsort
+    (stable=True)); with L live, the main loop runs ``n_main = L // spi`` iterations
+    (0 without a main loop) over compacted positions ``[0, n_main*spi)`` and the tail
+    loop ``n_tail = ceil((L - n_main*spi) / w)`` iterations of w positions over the
+    rest. ``order [main_rows*spi + tail_rows*w]``: the sequence computed at each kernel
+    position, main positions first, then tail positions; a tail position past the live
+    count mirrors the first of its batch (same inputs, same slot); positions the loops
+    never reach hold any sequence (valid indices). ``pos``: each sequence's kernel
+    position (valid for live sequences). ``counts [1, 2]`` int32: n_main, n_tail.
     """
     idx = np.asarray(state_indices, dtype=np.int64)
-    spi = _positions_per_iteration(num_seqs, T)
-    n_it = -(-num_seqs // spi)
+    spi, w, main_rows, tail_rows = decode_plan(num_seqs, T)
     live = idx >= 0
     perm = np.argsort(~live, kind="stable")
     num_live = int(live.sum())
-    q = np.arange(n_it * spi)
-    order = perm[np.minimum(np.where(q < num_live, q, (q // _STREAMS) * _STREAMS),
-                            num_seqs - 1)]
-    pos = np.argsort(perm, kind="stable")
-    return order, pos, np.array([[-(-num_live // spi)]], dtype=np.int32)
+    n_main = num_live // spi if main_rows else 0
+    first_tail = n_main * spi
+    n_tail = -(-(num_live - first_tail) // w)
+    main_q = np.arange(main_rows * spi)
+    tail_q = first_tail + np.arange(tail_rows * w)
+    tail_q = np.where(tail_q < num_live, tail_q, first_tail + (tail_q - first_tail) // w * w)
+    order = perm[np.minimum(np.concatenate([main_q, tail_q]), num_seqs - 1)]
+    rank = np.argsort(perm, kind="stable")
+    pos = np.where(rank < first_tail, rank, main_rows * spi + rank - first_tail)
+    pos = np.minimum(pos, order.shape[0] - 1)
+    return order, pos, np.array([[n_main, n_tail]], dtype=np.int32)
 
 
-def decode_tables(q, k, v, state_indices, slots, xp=NUMPY):
-    """(kq_cols, k_rows, v_cols, pool_idx) of ``gdn_decode_step`` for the sequences in
-    the order given, as 2-D tables (the launcher splits their columns / rows into
-    loop iterations; layouts in the kernel's docstring); ``xp``: the array namespace
-    (``_arrays``) q, k, v belong to (pool_idx is a host table)."""
+def decode_tables(xp, q, k, v, first, second, rows, width):
+    """(kq, k_rows, v, gates) of ``gdn_decode_step`` for ``rows * width`` positions (q, k, v,
+    gates already in kernel-position order), one row per loop iteration, all float32
+    (widened here: the kernel's DMAs do not convert): ``kq [rows, K, width*T*H*2]``
+    (k on partitions, k / q columns interleaved per head; columns run over position,
+    token, head), ``k_rows [rows, width*T*H*K]``, ``v [rows, V, width*T*HV]`` (v on
+    partitions), ``gates [rows, 2, width*T*HV]`` (g and beta, or a and b)."""
     S, T, H, K = q.shape
     HV, V = v.shape[2:]
-    _check_limits(K, V, HV)
-    kq_cols = xp.permute(xp.stack([k, q], axis=-1), (3, 0, 1, 2, 4)).reshape(K, S * T * H * 2)
-    k_rows = xp.contiguous(k).reshape(1, S * T * H * K)
-    v_cols = xp.permute(v, (3, 0, 1, 2)).reshape(V, S * T * HV)
-    return kq_cols, k_rows, v_cols, _pool_rows(state_indices, slots, HV, K)
+    kq = xp.permute(xp.stack([xp.f32(k), xp.f32(q)], axis=-1).reshape(rows, width, T, H, K, 2),
+                    (0, 4, 1, 2, 3, 5)).reshape(rows, K, width * T * H * 2)
+    k_rows = xp.contiguous(xp.f32(k)).reshape(rows, width * T * H * K)
+    v_tab = xp.permute(xp.f32(v).reshape(rows, width, T, HV, V),
+                       (0, 4, 1, 2, 3)).reshape(rows, V, width * T * HV)
+    gates = xp.stack([xp.f32(first).reshape(S, T * HV), xp.f32(second).reshape(S, T * HV)],
+                     axis=1).reshape(rows, width, 2, T * HV)
+    gates = xp.permute(gates, (0, 2, 1, 3)).reshape(rows, 2, width * T * HV)
+    return kq, k_rows, v_tab, gates
+
+
+def _kernel_positions(xp, out, rows, width, T, HV, V):
+    """o ``[rows, V, width*T*HV]`` (a kernel output) as ``[rows*width, T, HV, V]``."""
+    return xp.permute(xp.f32(out).reshape(rows, V, width, T, HV),
+                      (0, 2, 3, 4, 1)).reshape(rows * width, T, HV, V)
 
 
 def _check_limits(K, V, HV):
@@ -109,16 +139,6 @@ def _check_limits(K, V, HV):
         if val > _PMAX:
             raise ValueError(f"{name} must be <= {_PMAX} for the gated delta kernels "
                              f"(partition dim), got {val}; use backend='reference'")
-
-
-def _pool_rows(state_indices, slots, HV, K):
-    """int32 ``[num_seqs*K, 1]``: ``slot*HV*K + k`` (0 for padding, never used)."""
-    if slots * HV * K > _INT32_MAX:
-        raise ValueError(f"ssm_states must have slots*HV*K <= {_INT32_MAX} (int32 row indices), "
-                         f"got {slots}*{HV}*{K} = {slots * HV * K}")
-    idx = np.asarray(state_indices, dtype=np.int64)
-    rows = np.where(idx[:, None] >= 0, idx[:, None] * HV * K + np.arange(K)[None, :], 0)
-    return rows.astype(np.int32).reshape(-1, 1)
 
 
 def decode(*, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_qk_l2norm, ssm_states,
@@ -138,9 +158,12 @@ def decode_call(xp, call, *, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_
 
     ``xp``: the array namespace of q ... ssm_states (``_arrays``; NumPy here, torch
     on device); ``state_indices`` is a host array. The batch is padded to
-    ``seq_bucket(num_seqs)`` and compacted (``decode_order``): the per-sequence
-    inputs are gathered in that order (``x[order]``, index_select) while being laid
-    out; outputs come back by the inverse permutation, padding sequences zeroed
+    ``seq_bucket(num_seqs)`` and laid out as a work list (``decode_order``): the
+    per-sequence inputs are gathered in kernel-position order (``x[order]``,
+    index_select) and split into the main loop's rows of ``spi`` positions and the
+    tail loop's rows of ``w`` (``decode_tables``); the pool slot of each position is an
+    int32 table per loop (``slots_main`` with one extra row, read one iteration ahead;
+    padding never named: 0). Outputs come back by ``pos``, padding sequences zeroed
     (torch.where).
     """
     S, T, H, K = q.shape
@@ -151,43 +174,41 @@ def decode_call(xp, call, *, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_
     nb = seq_bucket(S)
     idx = np.full(nb, -1, dtype=np.int64)
     idx[:S] = np.asarray(state_indices, dtype=np.int64)
-    order, pos, num_iters = decode_order(idx, nb, T)
-    src = np.minimum(order, S - 1)        # positions past the batch mirror live sequences
-    spi = _positions_per_iteration(nb, T)
-    kq_cols, k_rows, v_cols, _ = decode_tables(xp.take(q, src), xp.take(k, src),
-                                               xp.take(v, src), idx[order], slots, xp)
-    n_pos = order.shape[0]
-    n_it = n_pos // spi
-    # one block of columns (rows) per loop iteration: the kernel offsets by the iteration
-    kq_cols = kq_cols.reshape(K, n_it, -1)
-    k_rows = k_rows.reshape(n_it, -1)
-    v_cols = v_cols.reshape(V, n_it, -1)
-    # slot of each position, one row per iteration plus one (the pipelined kernel reads
-    # the next iteration's first slots one iteration ahead); padding never named: 0
-    pool_slots = np.zeros((n_it + 1, spi), dtype=np.int32)
-    pool_slots[:n_it] = np.maximum(idx[order], 0).reshape(n_it, spi)
-    # 1 where a batch of _STREAMS positions holds a live sequence (compare, reshape)
-    n_batch = -(-spi // _STREAMS)
-    first_pos = np.arange(n_it * n_batch) * min(_STREAMS, spi)
-    batch_live = (first_pos < int((idx >= 0).sum())).astype(np.int32).reshape(n_it, n_batch)
+    spi, w, main_rows, tail_rows = decode_plan(nb, T)
+    order, pos, counts = decode_order(idx, nb, T)
+    src = np.minimum(order, S - 1)        # positions past the batch hold any real sequence
+    slot_of = np.maximum(idx[order], 0).astype(np.int32)
+    n_main_pos = main_rows * spi
     first, second = (a, b) if raw else (g, beta)
-    gate_rows = xp.stack([xp.take(xp.f32(x).reshape(S, T * HV), src) for x in (first, second)])
-    gate_rows = gate_rows.reshape(2, n_it, spi * T * HV)
+    per_pos = [xp.take(x, src) for x in (q, k, v, first, second)]
+    main = [None] * 5
+    if main_rows:
+        main = list(decode_tables(xp, *[x[:n_main_pos] for x in per_pos], main_rows, spi))
+        slots_main = np.zeros((main_rows + 1, spi), dtype=np.int32)
+        slots_main[:main_rows] = slot_of[:n_main_pos].reshape(main_rows, spi)
+        main.append(xp.table(slots_main))
+    tail = list(decode_tables(xp, *[x[n_main_pos:] for x in per_pos], tail_rows, w))
+    tail.append(xp.table(slot_of[n_main_pos:].reshape(tail_rows, w)))
     head_params = None
     if raw:
         head_params = xp.cat([xp.f32(A_log), xp.f32(dt_bias)]).reshape(1, 2 * HV)
     pool = xp.pool_view(ssm_states, (slots, HV * K * V))
-    out = call(decode_kernel(), kq_cols, k_rows, v_cols, gate_rows, head_params, pool,
-               xp.table(pool_slots), xp.table(num_iters), xp.table(batch_live), int(T), int(H),
-               bool(raw), bool(use_qk_l2norm), float(scale), bool(return_intermediate_states))
+    out = call(decode_kernel(), *main, *tail, head_params, pool, xp.table(counts), int(T),
+               int(H), bool(raw), bool(use_qk_l2norm), float(scale),
+               bool(return_intermediate_states))
     xp.commit(pool, ssm_states)
+    if not isinstance(out, (tuple, list)):
+        out = (out,)
+    n_o = 2 if main_rows else 1
+    o_parts = [_kernel_positions(xp, out[0], main_rows, spi, T, HV, V)] if main_rows else []
+    o_parts.append(_kernel_positions(xp, out[n_o - 1], tail_rows, w, T, HV, V))
     live = idx[:S] >= 0
     at = pos[:S]
-    o_cols = out[0] if return_intermediate_states else out
-    o = xp.take(xp.permute(xp.f32(o_cols).reshape(V, n_pos, T, HV), (1, 2, 3, 0)), at)
+    o = xp.take(xp.cat(o_parts), at)
     o = xp.cast_like(xp.where_rows(live, o), q)
     if return_intermediate_states:
-        inter = xp.take(out[1].reshape(n_pos, T, HV, K, V), at)
+        i_parts = [x.reshape(-1, T, HV, K, V) for x in out[n_o:]]
+        inter = xp.take(xp.cat(i_parts), at)
         return o, xp.cast_like(xp.where_rows(live, inter), ssm_states)
     return o
 
