@@ -31,7 +31,11 @@ def check_inputs(lead: str, tensors: dict, *, integer: tuple = (), boolean: tupl
     ``tensors[lead]`` (ValueError), the ``integer`` ones of an integer dtype and the
     ``boolean`` ones bool (TypeError; the peers would index with them, and a float
     ``cu_seqlens`` converted to int32 would silently truncate). ``batched``: the lead's
-    ``shape[0]`` is the batch, which must be >= 1."""
+    ``shape[0]`` is the batch, which must be >= 1. Each value must be a tensor or None
+    (TypeError)."""
+    for name, t in tensors.items():
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     check_devices(tensors, lead)
     for name in integer:
         t = tensors[name]

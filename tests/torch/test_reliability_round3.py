@@ -331,6 +331,15 @@ def test_row6_wrapper_rejects_arrays_for_tensors_naming_them():
         T.short_conv_decode(**tkw, backend="reference")
 
 
+def test_row6_drop_ins_reject_non_tensors_naming_them():
+    q, k, v, g, beta = _gdn_dense()
+    with pytest.raises(TypeError, match=r"^cu_seqlens must be a torch.Tensor, got list"):
+        fla.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=[0, 30])
+    with pytest.raises(TypeError, match=r"^conv_state_indices must be a torch.Tensor, got list"):
+        cc.causal_conv1d_update(torch.randn(2, 8), torch.randn(5, 8, 3), torch.randn(8, 4),
+                                conv_state_indices=[1, 2])
+
+
 def test_row6_hf_patch_of_none_names_model():
     for fn in (hf.patch, hf.unpatch):
         with pytest.raises(TypeError, match=r"^model must be a torch.nn.Module, got NoneType"):
