@@ -97,8 +97,9 @@ def run(launcher, kwargs: dict, *, pools: tuple, reference, backend):
     """Launch one validated call and commit its pool updates.
 
     ``launcher``: the op's kernel launcher (``nki_ssm.ops.launch.<family>.prefill``
-    / ``decode``), run unless the backend is "reference". ``kwargs``: the validated, normalised op arguments (pool arrays are the
-    caller's). ``pools``: the names of the pool arguments in ``kwargs``.
+    / ``decode``), run unless the backend is "reference". ``kwargs``: the
+    validated, normalised op arguments (pool arrays are the caller's).
+    ``pools``: the names of the pool arguments in ``kwargs``.
     ``reference(**kwargs) -> (outputs, {pool_name: new_pool})`` where
     ``outputs`` is what the op returns, already cast to the output dtypes
     (with ``cast_rne``).

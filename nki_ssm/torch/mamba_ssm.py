@@ -148,6 +148,9 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
     A ``[(nheads,) dim, dstate]``; B, C ``[batch, (ngroups,) dstate]``; D, dt_bias
     ``[(nheads,) dim]``; state_batch_indices ``[batch]`` (negative = padding).
     """
+    check_inputs("x", dict(x=x, state=state, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+                           state_batch_indices=state_batch_indices),
+                 integer=("state_batch_indices",))
     has_heads = state.dim() > 3
     if state.dim() == 3:
         state = state.unsqueeze(1)
@@ -162,9 +165,6 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
         z = z.unsqueeze(1)
     if dt_bias is not None and dt_bias.dim() == 1:
         dt_bias = dt_bias.unsqueeze(0)
-    check_inputs("x", dict(x=x, state=state, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
-                           state_batch_indices=state_batch_indices),
-                 integer=("state_batch_indices",))
     _, nheads, dim, dstate = state.shape
     batch = x.shape[0]
     require(tuple(x.shape) == (batch, nheads, dim),

@@ -432,3 +432,19 @@ def test_drop_ins_compile_fullgraph_with_inductor():
         got = torch.compile(f, fullgraph=True)(*[a.clone() for a in args])
     for e, c in zip(eager, got):
         assert torch.equal(e, c)
+
+
+def test_row3_device_rule_on_a_neuron_device():
+    """A Neuron lead (``xla`` here: no Neuron device exists on this machine, so the lead is
+    a stand-in with its device) takes tensors on that device only, index tensors included."""
+    import types
+
+    from nki_ssm.torch._devices import check_devices
+
+    lead = types.SimpleNamespace(device=torch.device("xla", 0))
+    assert check_devices({"x": lead, "chunk_size": 64}, "x") == torch.device("xla", 0)
+    with pytest.raises(ValueError, match=r"^cu_seqlens must be on the device of x \(xla:0\), "
+                                         r"got a tensor on cpu"):
+        check_devices({"x": lead, "cu_seqlens": torch.tensor([0, 4])}, "x")
+    with pytest.raises(ValueError, match=r"^q must be on the CPU or a Neuron device"):
+        check_devices({"q": types.SimpleNamespace(device=torch.device("cuda", 0))}, "q")
