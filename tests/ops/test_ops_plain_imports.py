@@ -9,6 +9,7 @@ that takes ``cu_seqlens``) through its launcher to the chunked kernel's file.
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
 
 import pytest
@@ -20,6 +21,7 @@ ROOT = PACKAGE_ROOT.parent
 DYNAMIC_IMPORTS = {"importlib", "import_module", "__import__"}
 
 
+@functools.lru_cache(maxsize=None)
 def _path_of(module: str) -> pathlib.Path | None:
     """The source file of a dotted ``nki_ssm`` module name (None outside the package)."""
     base = ROOT.joinpath(*module.split("."))
@@ -35,14 +37,27 @@ def _module_of(path: pathlib.Path) -> str:
 
 
 class Module:
-    """A parsed module: its top-level functions and the names its imports bind."""
+    """A parsed module: its top-level definitions (functions, classes, assigned names ->
+    the node whose names they use) and the names its imports bind."""
 
     def __init__(self, name: str):
         self.name, self.path = name, _path_of(name)
         self.tree = ast.parse(self.path.read_text())
-        self.functions = {n.name: n for n in self.tree.body
-                          if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        self.functions = {}
+        for node in self.tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                self.functions[node.name] = node
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    if isinstance(target, ast.Name):
+                        self.functions[target.id] = node.value
         self.bindings = bind_imports(self, self.tree.body)
+
+
+@functools.lru_cache(maxsize=None)
+def _parsed(name: str) -> Module:
+    return Module(name)
 
 
 def _absolute(module: Module, node: ast.ImportFrom) -> str:
@@ -100,9 +115,9 @@ def _references(function, bindings: dict) -> set:
 
 
 def follow(module: str, function: str) -> dict:
-    """Every (module, function) reachable from ``module.function`` by following names ->
-    the (module, function) it was first reached from."""
-    cache: dict = {}
+    """Every (module, name) reachable from ``module.function`` by following names (into
+    functions, classes and module-level assignments) -> the (module, name) it was first
+    reached from."""
     start = (module, function)
     came_from = {start: None}
     todo = [start]
@@ -110,12 +125,18 @@ def follow(module: str, function: str) -> dict:
         mod_name, fn_name = todo.pop()
         if _path_of(mod_name) is None:
             continue                      # outside the package (numpy, ...)
-        mod = cache.setdefault(mod_name, Module(mod_name))
+        mod = _parsed(mod_name)
         if fn_name is None:
             continue                      # a module named as a whole: its file is reached
         fn = mod.functions.get(fn_name)
         if fn is None:
-            continue                      # a class, constant or re-export: not followed
+            bound = mod.bindings.get(fn_name)   # a re-export: on to where it is defined
+            if bound is not None:
+                ref = (bound[1], bound[2] if bound[0] == "attr" else None)
+                if ref not in came_from:
+                    came_from[ref] = (mod_name, fn_name)
+                    todo.append(ref)
+            continue
         bindings = {**mod.bindings, **bind_imports(mod, _local_imports(fn))}
         bindings.update({n: ("attr", mod_name, n) for n in mod.functions if n not in bindings})
         for ref in _references(fn, bindings):
@@ -181,8 +202,14 @@ def test_every_op_reaches_its_launcher_and_a_kernel_of_its_family(op, launch, ke
     assert any(m.startswith(f"nki_ssm.kernels.{kernels}.") for m, _ in came_from), op
 
 
-def test_module_names_resolve():
-    """The walker's own file lookup (so the tests above fail for the right reason)."""
+def test_the_walker_follows_re_exports_and_stops_at_other_packages():
+    """The walker itself (so the tests above fail for the right reason): the package's
+    re-export of an op leads to the op's module; a name lookup by string leads nowhere."""
     assert _module_of(_path_of("nki_ssm.ops.launch")) == "nki_ssm.ops.launch"
     assert _path_of("nki_ssm.kernels.gated_delta.chunk").name == "chunk.py"
     assert _path_of("numpy") is None
+    came_from = follow("nki_ssm.ops", "gated_delta_prefill")
+    assert ("nki_ssm.ops.gated_delta", "gated_delta_prefill") in came_from
+    assert any(m == "nki_ssm.kernels.gated_delta.chunk" for m, _ in came_from)
+    backend = follow("nki_ssm.backend", "resolve")      # importlib.import_module("nki")
+    assert not any(m.startswith("nki_ssm.kernels") for m, _ in backend)
