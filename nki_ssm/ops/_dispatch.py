@@ -1,11 +1,12 @@
 """Backend resolution and the launch/commit step shared by every op.
 
-``backend=None`` runs the kernel launcher of the op (module
-``nki_ssm.ops.launch.<family>``, function ``prefill`` / ``decode``) on the NKI
-implementation that ``nki_ssm.backend.name()`` picks ("sim" or "neuron"), or
-the float64 reference where no launcher (or no ``nki_ssm.backend``) exists
-yet. ``"sim"`` / ``"neuron"`` require a launcher (NotImplementedError
-otherwise). ``"reference"`` always works.
+Each op names its kernel launcher with a plain import (``from .launch import
+gated_delta as launch`` ... ``run(launch.prefill, ...)``), so the path op ->
+launcher -> kernel reads top to bottom and tools that follow imports can
+follow it. ``backend=None`` runs that launcher on the NKI implementation that
+``nki_ssm.backend.name()`` picks ("sim" or "neuron"); ``"sim"`` /
+``"neuron"`` run it on that implementation; ``"reference"`` runs the float64
+reference.
 
 A pool with zero slots (every sequence then is padding) launches nothing on
 any backend: the call returns zero outputs, computed by the reference.
@@ -20,69 +21,49 @@ bug this cannot undo). Launchers see C-contiguous arrays only.
 """
 from __future__ import annotations
 
-import importlib
-
 import ml_dtypes
 import numpy as np
 
+from .launch import gated_delta as _gated_delta_launch
+from .launch import mamba2_ssd as _ssd_launch
+from .launch import short_conv as _conv_launch
+
 BACKENDS = (None, "reference", "sim", "neuron")
-_LAUNCH_PACKAGE = "nki_ssm.ops.launch"
-# Op names are <prefix>_<entry>; the launch module is named by family.
-_OP_PREFIX = {"short_conv": "short_conv", "mamba2_ssd": "ssd", "gated_delta": "gated_delta"}
-
-
-def _import(name: str):
-    """The one import point of this module (tests monkeypatch it with fake modules)."""
-    return importlib.import_module(name)
+# (launcher family, entry) -> launcher, for tools that list which ops run a kernel
+# (simulate, deploy); each op imports its own launcher.
+_LAUNCHERS = {
+    ("short_conv", "prefill"): _conv_launch.prefill,
+    ("short_conv", "decode"): _conv_launch.decode,
+    ("mamba2_ssd", "prefill"): _ssd_launch.prefill,
+    ("mamba2_ssd", "decode"): _ssd_launch.decode,
+    ("gated_delta", "prefill"): _gated_delta_launch.prefill,
+    ("gated_delta", "decode"): _gated_delta_launch.decode,
+}
 
 
 def find_launcher(family: str, entry: str):
-    """``nki_ssm.ops.launch.<family>.<entry>`` or None when it does not exist.
+    """``nki_ssm.ops.launch.<family>.<entry>``, or None for an op without a launcher."""
+    return _LAUNCHERS.get((family, entry))
 
-    Only a missing launch module or function means "no launcher"; any other
-    import error inside an existing launcher propagates.
+
+def nki_backend_name() -> str:
+    """The NKI implementation ``backend=None`` runs on: ``nki_ssm.backend.name()``.
+
+    Imported on first use: choosing it imports the Neuron SDK or the simulator,
+    which a reference-only caller never needs.
     """
-    module_name = f"{_LAUNCH_PACKAGE}.{family}"
-    try:
-        module = _import(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name in (_LAUNCH_PACKAGE, module_name):
-            return None
-        raise
-    launcher = getattr(module, entry, None)
-    return launcher if callable(launcher) else None
+    from nki_ssm import backend
+
+    return backend.name()
 
 
-def _default_nki_backend():
-    """``nki_ssm.backend.name()``, or None while that module does not exist yet."""
-    try:
-        module = _import("nki_ssm.backend")
-    except ModuleNotFoundError as exc:
-        if exc.name == "nki_ssm.backend":
-            return None
-        raise
-    return module.name()
-
-
-def resolve(family: str, entry: str, backend) -> tuple:
-    """-> ``("reference", None)`` or ``(nki_backend_name, launcher)``."""
-    op = f"{_OP_PREFIX[family]}_{entry}"
+def resolve(backend) -> str:
+    """``backend`` (None, "reference", "sim", "neuron") -> "reference", "sim" or "neuron"."""
     if not (backend is None or (isinstance(backend, str) and backend in BACKENDS)):
         raise ValueError(
             f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}"
         )
-    if backend == "reference":
-        return "reference", None
-    launcher = find_launcher(family, entry)
-    if backend is None:
-        nki_backend = None if launcher is None else _default_nki_backend()
-        return ("reference", None) if nki_backend is None else (nki_backend, launcher)
-    if launcher is None:
-        raise NotImplementedError(
-            f"{op} has no NKI kernel launcher yet (nki_ssm.ops.launch.{family}.{entry}), "
-            f"so backend={backend!r} is unavailable; backends that work: None, 'reference'"
-        )
-    return backend, launcher
+    return nki_backend_name() if backend is None else backend
 
 
 def cast_rne(values, dtype) -> np.ndarray:
@@ -112,23 +93,23 @@ def named_slots(state_indices: np.ndarray) -> np.ndarray:
     return state_indices[state_indices >= 0]
 
 
-def run(family: str, entry: str, kwargs: dict, *, pools: tuple, reference, backend):
+def run(launcher, kwargs: dict, *, pools: tuple, reference, backend):
     """Launch one validated call and commit its pool updates.
 
-    ``kwargs``: the validated, normalised op arguments (pool arrays are the
-    caller's). ``pools``: the names of the pool arguments in ``kwargs``.
+    ``launcher``: the op's kernel launcher (``nki_ssm.ops.launch.<family>.prefill``
+    / ``decode``), run unless the backend is "reference". ``kwargs``: the
+    validated, normalised op arguments (pool arrays are the caller's).
+    ``pools``: the names of the pool arguments in ``kwargs``.
     ``reference(**kwargs) -> (outputs, {pool_name: new_pool})`` where
     ``outputs`` is what the op returns, already cast to the output dtypes
     (with ``cast_rne``).
     """
-    kind, launcher = resolve(family, entry, backend)
+    kind = resolve(backend)
     slots = named_slots(kwargs["state_indices"])
-    if any(kwargs[name].shape[0] == 0 for name in pools):
+    if kind == "reference" or any(kwargs[name].shape[0] == 0 for name in pools):
         # A pool without slots admits only padding sequences (a shape fact,
         # known before launch): nothing to launch; the reference gives the
         # contract's all-padding result (zero outputs) without touching it.
-        launcher = None
-    if launcher is None:
         outputs, new_pools = reference(**kwargs)
         # Cast everything before the first write so a failing cast cannot
         # leave a pool half-updated.

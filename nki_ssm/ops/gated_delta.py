@@ -18,6 +18,7 @@ import numpy as np
 
 from . import _dispatch
 from . import _validate as v
+from .launch import gated_delta as launch
 
 _DIRECT = ("g", "beta")
 _RAW = ("a", "b", "A_log", "dt_bias")
@@ -172,7 +173,7 @@ def gated_delta_prefill(q, k, v, *, g=None, beta=None, a=None, b=None, A_log=Non
                           cu_seqlens=cu_seqlens, ssm_states=ssm_states,
                           state_indices=state_indices, has_initial_state=has_initial_state,
                           chunk_size=chunk_size)
-    return _dispatch.run("gated_delta", "prefill", kw, pools=("ssm_states",),
+    return _dispatch.run(launch.prefill, kw, pools=("ssm_states",),
                          reference=_reference_prefill, backend=backend)
 
 
@@ -191,5 +192,5 @@ def gated_delta_decode(q, k, v, *, g=None, beta=None, a=None, b=None, A_log=None
     kw = validate_decode(q, k, v, gates=gates, scale=scale, use_qk_l2norm=use_qk_l2norm,
                          ssm_states=ssm_states, state_indices=state_indices,
                          return_intermediate_states=return_intermediate_states)
-    return _dispatch.run("gated_delta", "decode", kw, pools=("ssm_states",),
+    return _dispatch.run(launch.decode, kw, pools=("ssm_states",),
                          reference=_reference_decode, backend=backend)

@@ -17,6 +17,7 @@ import numpy as np
 
 from . import _dispatch
 from . import _validate as v
+from .launch import mamba2_ssd as launch
 
 # TensorE operand precision of the kernel's matmuls; the reference backend
 # computes in float64 whatever is asked.
@@ -187,7 +188,7 @@ def ssd_prefill(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
                           dt_limit=dt_limit, cu_seqlens=cu_seqlens, ssm_states=ssm_states,
                           state_indices=state_indices, has_initial_state=has_initial_state,
                           chunk_size=chunk_size, precision=precision)
-    return _dispatch.run("mamba2_ssd", "prefill", kw, pools=("ssm_states",),
+    return _dispatch.run(launch.prefill, kw, pools=("ssm_states",),
                          reference=_reference_prefill, backend=backend)
 
 
@@ -202,5 +203,5 @@ def ssd_decode(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fals
     """
     kw = validate_decode(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
                          dt_limit=dt_limit, ssm_states=ssm_states, state_indices=state_indices)
-    return _dispatch.run("mamba2_ssd", "decode", kw, pools=("ssm_states",),
+    return _dispatch.run(launch.decode, kw, pools=("ssm_states",),
                          reference=_reference_decode, backend=backend)

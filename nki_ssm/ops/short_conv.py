@@ -11,6 +11,7 @@ import numpy as np
 
 from . import _dispatch
 from . import _validate as v
+from .launch import short_conv as launch
 
 ACTIVATIONS = (None, "silu")
 
@@ -99,7 +100,7 @@ def short_conv_prefill(x, weight, bias=None, *, activation="silu", cu_seqlens, c
     kw = validate_prefill(x, weight, bias, activation=activation, cu_seqlens=cu_seqlens,
                           conv_states=conv_states, state_indices=state_indices,
                           has_initial_state=has_initial_state)
-    return _dispatch.run("short_conv", "prefill", kw, pools=("conv_states",),
+    return _dispatch.run(launch.prefill, kw, pools=("conv_states",),
                          reference=_reference_prefill, backend=backend)
 
 
@@ -113,5 +114,5 @@ def short_conv_decode(x, weight, bias=None, *, activation="silu", conv_states, s
     """
     kw = validate_decode(x, weight, bias, activation=activation, conv_states=conv_states,
                          state_indices=state_indices)
-    return _dispatch.run("short_conv", "decode", kw, pools=("conv_states",),
+    return _dispatch.run(launch.decode, kw, pools=("conv_states",),
                          reference=_reference_decode, backend=backend)

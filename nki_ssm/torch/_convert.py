@@ -23,12 +23,18 @@ def get_backend():
     return _state["backend"]
 
 
-def set_backend(backend) -> None:
-    """Set the default backend of the drop-ins: None, "reference", "sim" or "neuron"."""
+def check_backend(backend):
+    """``backend`` itself if it is None, "reference", "sim" or "neuron" (the host API's
+    ValueError otherwise)."""
     if not (backend is None or (isinstance(backend, str) and backend in BACKENDS)):
         raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, "
                          f"got {backend!r}")
-    _state["backend"] = backend
+    return backend
+
+
+def set_backend(backend) -> None:
+    """Set the default backend of the drop-ins: None, "reference", "sim" or "neuron"."""
+    _state["backend"] = check_backend(backend)
 
 
 @contextlib.contextmanager

@@ -21,8 +21,9 @@ each sequence's last ``W - 1`` inputs) on ``x [dim, total_tokens]``; ``pad_slot_
 entries of ``cache_indices`` are padding. ``activation`` keeps the causal-conv1d default
 (None) there too.
 
-``seq_idx`` and ``conv_state_indices`` with padding are read on the host (a graph
-break under ``torch.compile``); dense calls trace fully.
+``seq_idx`` and ``conv_state_indices`` are read on the host (a graph break under
+``torch.compile``); dense calls trace fully. Index arguments must have integer
+dtypes (``has_initial_state`` bool) and every tensor must be on x's device.
 
 Width ``W`` may be 2..8 (the peer: 2..4); float32 and bfloat16 (float16 raises
 TypeError). Errors name the argument; the peer's ``assert`` checks raise
@@ -34,7 +35,8 @@ import torch
 
 from . import ops as _ops
 from ._convert import get_backend
-from ._peer import ArgumentError, dense_cu_seqlens, padding_to_minus_one, require, runs, slots_for
+from ._peer import (ArgumentError, check_inputs, check_slots, dense_cu_seqlens,
+                    padding_to_minus_one, require, runs, slots_for)
 
 _ACTIVATIONS = (None, "silu", "swish")
 
@@ -58,6 +60,12 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None,
     final_states_out when given). Varlen form: see the module docstring.
     """
     act = _activation(activation)
+    check_inputs("x", dict(x=x, weight=weight, bias=bias, seq_idx=seq_idx,
+                           initial_states=initial_states, final_states_out=final_states_out,
+                           query_start_loc=query_start_loc, cache_indices=cache_indices,
+                           has_initial_state=has_initial_state, conv_states=conv_states),
+                 integer=("seq_idx", "query_start_loc", "cache_indices"),
+                 boolean=("has_initial_state",), batched=query_start_loc is None)
     if query_start_loc is not None:
         return _varlen(x, weight, bias, act, query_start_loc, cache_indices, has_initial_state,
                        conv_states, pad_slot_id)
@@ -122,7 +130,7 @@ def _varlen(x, weight, bias, act, query_start_loc, cache_indices, has_initial_st
     y = _ops.short_conv_prefill(
         x.transpose(0, 1), weight, bias, activation=act, cu_seqlens=query_start_loc,
         conv_states=conv_states, state_indices=padding_to_minus_one(idx),
-        has_initial_state=has_initial_state.to(torch.bool), backend=get_backend())
+        has_initial_state=has_initial_state, backend=get_backend())
     return y.transpose(0, 1).contiguous()
 
 
@@ -136,6 +144,9 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, cach
     like x, in x's dtype.
     """
     act = _activation(activation)
+    check_inputs("x", dict(x=x, conv_state=conv_state, weight=weight, bias=bias,
+                           cache_seqlens=cache_seqlens, conv_state_indices=conv_state_indices),
+                 integer=("cache_seqlens", "conv_state_indices"))
     squeeze = x.dim() == 2
     x3 = x.unsqueeze(-1) if squeeze else x
     require(x3.dim() == 3, f"x must have shape [batch, dim] or [batch, dim, seqlen], "
@@ -159,6 +170,8 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, cach
         require(tuple(conv_state_indices.shape) == (batch,),
                 f"conv_state_indices must have shape [batch] = [{batch}], "
                 f"got {tuple(conv_state_indices.shape)}")
+        # before the wide and circular forms gather pool rows with them
+        check_slots("conv_state_indices", conv_state_indices, conv_state.shape[0], "conv_state")
         idx = padding_to_minus_one(conv_state_indices)
     tokens = x3.transpose(1, 2)                                  # [batch, seqlen, dim]
     if cache_seqlens is not None:

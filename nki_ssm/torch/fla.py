@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from . import ops as _ops
 from ._convert import get_backend
-from ._peer import dense_cu_seqlens, slots_for
+from ._peer import check_inputs, dense_cu_seqlens, is_int, slots_for
 
 _CHUNK_SIZES = (16, 32, 64)
 
@@ -44,6 +44,13 @@ def _check_heads(q, k, v):
     if HV % H != 0:
         raise ValueError(f"For GVA, num_v_heads (HV={HV}) must be evenly divisible by "
                          f"num_heads (H={H}), but got HV % H = {HV % H}")
+
+
+def _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias):
+    """Devices (q's), cu_seqlens' integer dtype and the batch, under FLA's names."""
+    check_inputs("q", dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
+                           cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias),
+                 integer=("cu_seqlens",))
 
 
 def _gates(g, beta, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
@@ -93,7 +100,7 @@ def _run(q, k, v, gates, scale, initial_state, output_final_state, use_qk_l2norm
             raise ValueError(f"The batch size is expected to be 1 rather than {q.shape[0]} when "
                              f"using `cu_seqlens`.Please flatten variable-length inputs before "
                              f"processing.")
-        cu = cu_seqlens.to(torch.int32)
+        cu = cu_seqlens        # an integer dtype (checked); the op checks its values
     else:
         cu = dense_cu_seqlens(B, T, q.device)
     num_seqs = cu.shape[0] - 1
@@ -138,9 +145,11 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
         raise NotImplementedError("cp_context (context parallelism) is not supported by the "
                                   "nki_ssm drop-in")
     chunk_size = kwargs.pop("chunk_size", 64)
-    if chunk_size not in _CHUNK_SIZES:
+    if not is_int(chunk_size) or chunk_size not in _CHUNK_SIZES:
         raise ValueError(f"`chunk_size` must be 16, 32, or 64 for Gated Delta Rule, "
                          f"got {chunk_size}.")
+    _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, kwargs.get("A_log"),
+                  kwargs.get("dt_bias"))
     _check_heads(q, k, v)
     gates = _gates(g, beta, kwargs.get("use_gate_in_kernel", False), kwargs.get("A_log"),
                    kwargs.get("dt_bias"), use_beta_sigmoid_in_kernel, allow_neg_eigval)
@@ -164,6 +173,7 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=Non
         if value is not None:
             raise NotImplementedError(f"{name} (per-key / per-value decay) is not supported by "
                                       f"the nki_ssm drop-in; pass the per-head decay g")
+    _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias)
     _check_heads(q, k, v)
     B, T = q.shape[:2]
     HV = v.shape[2]

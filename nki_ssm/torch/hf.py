@@ -40,6 +40,8 @@ import inspect
 import sys
 import types
 
+import torch
+
 from . import causal_conv1d as _conv
 from . import fla as _fla
 from . import mamba_ssm as _mamba
@@ -147,13 +149,20 @@ def _patched_forward(cls):
     return _with_globals(cls.forward, {n: _filtered(f) for n, f in names.items()})
 
 
+def _require_module(model) -> None:
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+
+
 def patch(model) -> list:
     """Run ``model``'s Gated DeltaNet / Mamba-2 layers on the nki_ssm kernels.
 
     Returns ``[(qualified_name, class_name), ...]`` of the patched layers (in
     ``named_modules`` order, already patched ones included). ValueError when the
-    model has no layer nki_ssm knows (see ``KNOWN_LAYERS``).
+    model has no layer nki_ssm knows (see ``KNOWN_LAYERS``); TypeError for anything but a
+    ``torch.nn.Module``.
     """
+    _require_module(model)
     patched = []
     for name, module in model.named_modules():
         if not _is_known(module):
@@ -171,6 +180,7 @@ def patch(model) -> list:
 
 def unpatch(model) -> list:
     """Undo ``patch``: the stock forward again. Returns the layers restored."""
+    _require_module(model)
     restored = []
     for name, module in model.named_modules():
         if getattr(module, _MARK, False):

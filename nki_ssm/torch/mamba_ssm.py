@@ -19,7 +19,8 @@ follow the peer:
   of each row; ``varlen_states`` (``return_varlen_states``, batch 1) the final state
   of each ``cu_seqlens`` sequence, whose boundaries must be sequence boundaries of
   ``seq_idx`` (the peer would otherwise read states carried across them:
-  ArgumentError). States come back in ``state_dtype``, else C's dtype, as in the peer.
+  ArgumentError). As in the peer, ``final_states`` come back in float32 and
+  ``varlen_states`` in ``state_dtype``, else C's dtype.
   The sequences of ``seq_idx`` / ``cu_seqlens`` are read on the host (their count
   is data: a graph break under ``torch.compile``); dense calls trace fully.
 - ``selective_state_update`` updates ``state`` in place (named slots) and applies
@@ -42,8 +43,8 @@ import torch
 
 from . import ops as _ops
 from ._convert import get_backend
-from ._peer import (ArgumentError, constant_over, dense_cu_seqlens, padding_to_minus_one,
-                    require, runs, slots_for)
+from ._peer import (ArgumentError, check_inputs, check_slots, constant_over, dense_cu_seqlens,
+                    is_int, padding_to_minus_one, require, runs, slots_for)
 
 _KERNEL_CHUNK_MULTIPLE = 16
 _KERNEL_CHUNK_MAX = 128
@@ -51,9 +52,9 @@ _KERNEL_CHUNK_MAX = 128
 
 def kernel_chunk_size(chunk_size) -> int:
     """The chunk our kernel runs for a peer ``chunk_size`` (same result, see module doc)."""
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+    if not is_int(chunk_size) or chunk_size < 1:
         raise ArgumentError(f"chunk_size must be a positive int, got {chunk_size!r}")
-    multiple = chunk_size // _KERNEL_CHUNK_MULTIPLE * _KERNEL_CHUNK_MULTIPLE
+    multiple = int(chunk_size) // _KERNEL_CHUNK_MULTIPLE * _KERNEL_CHUNK_MULTIPLE
     return min(_KERNEL_CHUNK_MAX, max(_KERNEL_CHUNK_MULTIPLE, multiple))
 
 
@@ -94,9 +95,13 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
                               return_final_states=False, return_varlen_states=False,
                               state_dtype=None):
     """Chunked SSD: out ``[batch, seqlen, H, P]`` (x's dtype), plus ``final_states [batch, H,
-    P, N]`` and/or ``varlen_states [num_seqs, H, P, N]`` when asked, in the peer's order."""
+    P, N]`` (float32) and/or ``varlen_states [num_seqs, H, P, N]`` (``state_dtype``, else
+    C's dtype) when asked, in the peer's order."""
     require(x.dim() == 4, f"x must have shape [batch, seqlen, nheads, headdim], "
                           f"got {tuple(x.shape)}")
+    check_inputs("x", dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+                           initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens),
+                 integer=("seq_idx", "cu_seqlens"))
     batch, seqlen, H, P = x.shape
     require(B.dim() == 4 and tuple(B.shape[:2]) == (batch, seqlen),
             f"B must have shape [batch, seqlen, ngroups, dstate] = [{batch}, {seqlen}, *, *], "
@@ -127,12 +132,11 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
         chunk_size=chunk, precision="fp32" if x.dtype == torch.float32 else "bf16",
         backend=get_backend())
     out = y.reshape(batch, seqlen, H, P)
-    out_dtype = state_dtype if state_dtype is not None else C.dtype
     results = [out]
-    if return_final_states:
-        results.append(pool[last].to(out_dtype) if seq_idx is not None else pool.to(out_dtype))
-    if return_varlen_states:
-        results.append(pool[varlen].to(out_dtype))
+    if return_final_states:          # float32, as the peer's _state_passing_fwd allocates them
+        results.append(pool[last] if seq_idx is not None else pool)
+    if return_varlen_states:         # the peer's chunk_state_varlen: the chunk states' dtype
+        results.append(pool[varlen].to(state_dtype if state_dtype is not None else C.dtype))
     return results[0] if len(results) == 1 else tuple(results)
 
 
@@ -144,6 +148,9 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
     A ``[(nheads,) dim, dstate]``; B, C ``[batch, (ngroups,) dstate]``; D, dt_bias
     ``[(nheads,) dim]``; state_batch_indices ``[batch]`` (negative = padding).
     """
+    check_inputs("x", dict(x=x, state=state, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+                           state_batch_indices=state_batch_indices),
+                 integer=("state_batch_indices",))
     has_heads = state.dim() > 3
     if state.dim() == 3:
         state = state.unsqueeze(1)
@@ -191,6 +198,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
         require(tuple(state_batch_indices.shape) == (batch,),
                 f"state_batch_indices must have shape [batch] = [{batch}], "
                 f"got {tuple(state_batch_indices.shape)}")
+        check_slots("state_batch_indices", state_batch_indices, state.shape[0], "state")
         idx = padding_to_minus_one(state_batch_indices)
     else:
         require(state.shape[0] == batch, f"state.shape[0] must equal batch = {batch} without "

@@ -1,40 +1,27 @@
-"""Backend resolution with fake launcher modules (through the dispatch import hook)."""
+"""Backend resolution and the launch/commit step, with recording launchers in place of the
+real ones (each op calls its launcher through its plain import, so replacing the launch
+module's function replaces it)."""
 from __future__ import annotations
-
-import types
 
 import numpy as np
 import pytest
 from ops_case_inputs import FAMILY, OPS, assert_pools_unchanged, base, pool_name, pool_snapshot
 
 import nki_ssm.ops._dispatch as dispatch
+from nki_ssm.ops.launch import gated_delta, mamba2_ssd, short_conv
 from nki_ssm.reference.testing import named_slots, unnamed_slots
 
+LAUNCH_MODULES = {"short_conv": short_conv, "mamba2_ssd": mamba2_ssd,
+                  "gated_delta": gated_delta}
 
-def install(monkeypatch, launchers: dict, nki_backend: str | None = "sim",
-            broken: dict | None = None):
-    """Make ``nki_ssm.ops.launch.<family>`` resolve to fake modules.
 
-    ``launchers``: {family: {entry: fn}}; families not listed do not exist.
-    ``broken``: {family: exception raised while importing that launcher}.
-    ``nki_backend`` None: ``nki_ssm.backend`` does not exist.
-    """
-    broken = broken or {}
-    fake_backend = types.SimpleNamespace(name=lambda: nki_backend)
-
-    def fake_import(name):
-        if name == "nki_ssm.backend":
-            if nki_backend is None:
-                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-            return fake_backend
-        family = name.rsplit(".", 1)[-1]
-        if family in broken:
-            raise broken[family]
-        if family not in launchers:
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return types.SimpleNamespace(**launchers[family])
-
-    monkeypatch.setattr(dispatch, "_import", fake_import)
+def install(monkeypatch, launchers: dict, nki_backend: str = "sim"):
+    """Replace ``nki_ssm.ops.launch.<family>.<entry>`` by the given functions
+    (``launchers``: {family: {entry: fn}}) and make ``backend=None`` pick ``nki_backend``."""
+    for family, entries in launchers.items():
+        for entry, fn in entries.items():
+            monkeypatch.setattr(LAUNCH_MODULES[family], entry, fn)
+    monkeypatch.setattr(dispatch, "nki_backend_name", lambda: nki_backend)
 
 
 class Recorder:
@@ -50,17 +37,6 @@ class Recorder:
         if self.fail:
             raise RuntimeError("kernel failed mid-launch")
         return "launcher-output"
-
-
-@pytest.mark.parametrize("op", sorted(OPS))
-def test_default_backend_is_reference_without_launcher(op, monkeypatch):
-    install(monkeypatch, {})
-    assert dispatch.resolve(*FAMILY[op], None) == ("reference", None)
-    kw, kw_ref = base(op), base(op)
-    y = OPS[op](**kw)
-    y_ref = OPS[op](**kw_ref, backend="reference")
-    assert y.tobytes() == y_ref.tobytes()
-    assert pool_snapshot(kw) == pool_snapshot(kw_ref)
 
 
 @pytest.mark.parametrize("nki_backend", ["sim", "neuron"])
@@ -101,19 +77,6 @@ def test_launcher_gets_normalised_optionals(monkeypatch):
     assert call["precision"] == "bf16" and call["chunk_size"] == 16
 
 
-def test_explicit_backend_without_launcher_is_not_implemented(monkeypatch):
-    install(monkeypatch, {"short_conv": {"prefill": Recorder()}})
-    kw = base("short_conv_decode")
-    before = pool_snapshot(kw)
-    with pytest.raises(NotImplementedError,
-                       match=r"^short_conv_decode has no NKI kernel launcher.*backend='sim'.*"
-                             r"backends that work: None, 'reference'"):
-        OPS["short_conv_decode"](**kw, backend="sim")
-    assert_pools_unchanged(kw, before)
-    with pytest.raises(NotImplementedError, match=r"^ssd_prefill .*backend='neuron'"):
-        OPS["ssd_prefill"](**base("ssd_prefill"), backend="neuron")
-
-
 def test_explicit_backends_with_launcher(monkeypatch):
     rec = Recorder()
     install(monkeypatch, {"short_conv": {"prefill": rec}}, nki_backend="sim")
@@ -122,23 +85,6 @@ def test_explicit_backends_with_launcher(monkeypatch):
     assert rec.calls[-1]["backend"] == "neuron"
     y = OPS["short_conv_prefill"](**base("short_conv_prefill"), backend="reference")
     assert isinstance(y, np.ndarray) and len(rec.calls) == 1
-
-
-def test_launcher_module_without_the_entry_falls_back(monkeypatch):
-    install(monkeypatch, {"mamba2_ssd": {"prefill": Recorder(), "decode": "not callable"}})
-    assert dispatch.resolve("mamba2_ssd", "decode", None) == ("reference", None)
-    assert dispatch.resolve("mamba2_ssd", "prefill", None)[0] == "sim"
-
-
-def test_broken_launcher_import_propagates(monkeypatch):
-    """Only a missing launcher means 'use the reference'; other import errors surface."""
-    err = ModuleNotFoundError("No module named 'neuronxcc'", name="neuronxcc")
-    install(monkeypatch, {}, broken={"short_conv": err})
-    kw = base("short_conv_prefill")
-    before = pool_snapshot(kw)
-    with pytest.raises(ModuleNotFoundError, match="neuronxcc"):
-        OPS["short_conv_prefill"](**kw)
-    assert_pools_unchanged(kw, before)
 
 
 @pytest.mark.parametrize("op", sorted(OPS))
@@ -158,7 +104,7 @@ def test_unknown_backend_type(monkeypatch):
     install(monkeypatch, {})
     for bad in ("gpu", "", 1, "Reference"):
         with pytest.raises(ValueError, match=r"^backend must be one of None, 'reference'"):
-            dispatch.resolve("short_conv", "prefill", bad)
+            dispatch.resolve(bad)
 
 
 @pytest.mark.parametrize("fail", [False, True])
@@ -190,11 +136,15 @@ def test_launcher_sees_contiguous_arrays_and_strided_pool_is_committed(fail, mon
         backing.shape)[unnamed].tobytes()
 
 
-def test_default_backend_is_reference_while_nki_backend_module_is_missing(monkeypatch):
-    rec = Recorder()
-    install(monkeypatch, {"short_conv": {"prefill": rec}}, nki_backend=None)
-    assert dispatch.resolve("short_conv", "prefill", None) == ("reference", None)
-    y = OPS["short_conv_prefill"](**base("short_conv_prefill"))
-    assert isinstance(y, np.ndarray) and not rec.calls
-    # an explicit NKI backend still goes to the launcher (which then reports what is missing)
-    assert dispatch.resolve("short_conv", "prefill", "sim") == ("sim", rec)
+def test_find_launcher_names_each_ops_launcher():
+    for op, (family, entry) in FAMILY.items():
+        assert dispatch.find_launcher(family, entry) is getattr(LAUNCH_MODULES[family], entry), op
+    assert dispatch.find_launcher("short_conv", "backward") is None
+    assert dispatch.find_launcher("mamba1", "prefill") is None
+
+
+@pytest.mark.parametrize("backend,expected", [(None, "neuron"), ("sim", "sim"),
+                                              ("neuron", "neuron"), ("reference", "reference")])
+def test_resolve(backend, expected, monkeypatch):
+    install(monkeypatch, {}, nki_backend="neuron")
+    assert dispatch.resolve(backend) == expected

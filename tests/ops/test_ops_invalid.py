@@ -152,11 +152,11 @@ def test_failing_reference_backend_leaves_pools(op, monkeypatch):
 
     real_run = dispatch.run
 
-    def run_with_broken_reference(family, entry, kwargs, *, pools, reference, backend):
+    def run_with_broken_reference(launcher, kwargs, *, pools, reference, backend):
         def broken(**kw):
             reference(**kw)  # compute the real update, then fail before returning
             raise RuntimeError("backend failed")
-        return real_run(family, entry, kwargs, pools=pools, reference=broken, backend=backend)
+        return real_run(launcher, kwargs, pools=pools, reference=broken, backend=backend)
 
     monkeypatch.setattr(dispatch, "run", run_with_broken_reference)
     kw = base(op)

@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch_cases import OPS, numpy_case, pool_name, to_torch  # noqa: E402
+from torch_cases import OPS, numpy_case, op_args, pool_name, to_torch  # noqa: E402
 
 from nki_ssm import ops as host  # noqa: E402
 from nki_ssm.torch import ops as tops  # noqa: E402
@@ -69,26 +69,10 @@ def test_invalid_call_names_the_argument_and_leaves_pool_untouched(op):
     assert torch.equal(tkw[name], before)
 
 
-def _op_args(op: str, tkw: dict, backend: str):
-    """Positional arguments of torch.ops.nki_ssm.<op> (schema order) from keyword arguments."""
-    schema = getattr(torch.ops.nki_ssm, op).default._schema
-    defaults = {"bias": None, "D": None, "z": None, "dt_bias": None, "g": None, "beta": None,
-                "a": None, "b": None, "A_log": None, "scale": None, "dt_softplus": False,
-                "dt_limit": [0.0, float("inf")], "use_qk_l2norm": False,
-                "return_intermediate_states": False, "backend": backend}
-    args = []
-    for arg in schema.arguments:
-        value = tkw.get(arg.name, defaults.get(arg.name))
-        if arg.name == "dt_limit":
-            value = list(value)
-        args.append(value)
-    return tuple(args)
-
-
 @pytest.mark.parametrize("op", OPS)
 def test_opcheck(op):
     tkw = to_torch(numpy_case(op))
-    torch.library.opcheck(getattr(torch.ops.nki_ssm, op).default, _op_args(op, tkw, "reference"))
+    torch.library.opcheck(getattr(torch.ops.nki_ssm, op).default, op_args(op, tkw, "reference"))
 
 
 @pytest.mark.parametrize("op", ["short_conv_prefill", "gated_delta_decode"])

@@ -5,6 +5,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import nki_ssm.torch  # noqa: F401  (registers torch.ops.nki_ssm)
 from nki_ssm.reference import inputs as gen
 from nki_ssm.torch._convert import from_numpy
 
@@ -41,6 +42,22 @@ def numpy_case(op: str, *, seed: int = 0, dtype=np.float32, pool_dtype=np.float3
 def to_torch(kw: dict) -> dict:
     """The same call with every array a fresh CPU tensor."""
     return {k: from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in kw.items()}
+
+
+def op_args(op: str, tkw: dict, backend: str) -> tuple:
+    """Positional arguments of torch.ops.nki_ssm.<op> (schema order) from keyword arguments."""
+    schema = getattr(torch.ops.nki_ssm, op).default._schema
+    defaults = {"bias": None, "D": None, "z": None, "dt_bias": None, "g": None, "beta": None,
+                "a": None, "b": None, "A_log": None, "scale": None, "dt_softplus": False,
+                "dt_limit": [0.0, float("inf")], "use_qk_l2norm": False,
+                "return_intermediate_states": False, "backend": backend}
+    args = []
+    for arg in schema.arguments:
+        value = tkw.get(arg.name, defaults.get(arg.name))
+        if arg.name == "dt_limit":
+            value = list(value)
+        args.append(value)
+    return tuple(args)
 
 
 def pool_name(kw: dict) -> str:
