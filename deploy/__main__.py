@@ -1,4 +1,4 @@
-"""python -m deploy {launch,run,collect,report,teardown}: a trn2 / trn3 benchmark host.
+"""python -m deploy {launch,run,host-script,collect,report,teardown}: a trn2 / trn3 benchmark host.
 
     python -m deploy launch --dry-run                    # the plan and price, no credentials needed
     python -m deploy run --bucket my-bucket              # the one command: launch, bench, collect,
@@ -143,11 +143,11 @@ def _check(p, a) -> None:
         if not (path.is_file() or (path / "results.json").is_file()):
             p.error(f"report: no results.json at {a.results}")
     if getattr(a, "profile", None):
-        try:
-            from deploy.provision import aws
+        try:   # botocore's session lists profiles without resolving AWS_PROFILE
+            import botocore.session
 
-            known = aws.boto3_module().session.Session().available_profiles
-        except ImportError:
+            known = botocore.session.get_session().available_profiles
+        except ImportError:   # boto3 not installed: the dry run says so
             known = None
         if known is not None and a.profile not in known:
             p.error(f"--profile {a.profile}: no such profile in the AWS config "

@@ -10,12 +10,15 @@ runs, to keep each launch's array arguments (named by the kernel's parameters)
 for the profiler.
 
 Compile: the SDK's standalone path (call the ``@nki.jit`` kernel with NumPy
-arrays) compiles, writes the NEFF under NKI_ARTIFACTS_DIR, then executes. On
-a host without a Neuron device the execution fails after the NEFF is written
-(nrtpy tutorial "Test and debug a NKI kernel end-to-end", step 2): with
-``--compile-only`` a NEFF on disk is the compile's success. Compile time = the
-NEFF's modification time - the launch time (execution comes after it); each
-launch's NEFF is copied next to its inputs (a later launch may overwrite it).
+arrays) compiles, writes the NEFF, then executes. The NEFF is looked for where
+the documented variables put it (:func:`neff_dirs`): NKI_ARTIFACTS_DIR and the
+working directory. On a host without a Neuron device the execution fails after
+the NEFF is written (nrtpy tutorial "Test and debug a NKI kernel end-to-end",
+step 2): with ``--compile-only`` a NEFF on disk is the compile's success.
+Compile time = the NEFF's modification time - the launch time (execution comes
+after it); each launch's NEFF is copied next to its inputs (a later launch may
+overwrite it). A launch whose arguments cannot be named by the kernel's
+parameters is recorded with ``inputs_error``: the bench does not time it.
 
 Writes ``<out>/worker.json``; exit 0 when the case passed (compiled, and on a
 device: within tolerance with every other pool slot bit-identical).
