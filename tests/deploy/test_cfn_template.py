@@ -54,6 +54,7 @@ def test_template_describes_the_same_host():
     assert actions == ["s3:GetObject", "s3:ListBucket", "s3:PutObject"]
     assert t["Parameters"]["ImageId"]["Default"] == C.DLAMI_SSM_PARAMETERS[C.DEFAULT_DLAMI]
     assert t["Parameters"]["InstanceType"]["Default"] == C.DEFAULT_INSTANCE_TYPE
+    assert t["Parameters"]["RootVolumeGb"]["Default"] == C.ROOT_VOLUME_GB
     user_data = host["UserData"]["Fn::Base64"]["Fn::Sub"]
     assert "--on-active=${TtlMinutes}m /sbin/shutdown -h now" in user_data
     for r in ("Host", "HostSecurityGroup", "HostRole"):
