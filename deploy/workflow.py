@@ -280,7 +280,8 @@ def run_calls(s: P.LaunchSettings, *, instance_id: str, bench_args: list[str]) -
         P.Call("ssm", "send_command", R.send_command_params(
             instance_id=instance_id, commands=cmds, bucket=s.bucket, prefix=prefix, run_id=s.run_id,
             timeout_s=timeout_s), "the bench, as root, on the host"),
-        P.Call("ssm", "get_command_invocation", {"CommandId": "<id>", "InstanceId": instance_id},
+        P.Call("ssm", "get_command_invocation", {"CommandId": "<CommandId returned by send_command>",
+                                                  "InstanceId": instance_id},
                "poll until done"),
         P.Call("s3", "list_objects_v2", {"Bucket": s.bucket, "Prefix": f"{prefix}/results/"},
                "collect results into reports/<run id>/"),

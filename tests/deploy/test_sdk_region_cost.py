@@ -299,3 +299,24 @@ def test_teardown_reads_every_page_of_the_iam_listings():
 
     found = T.find(Ec2(), Iam(), "r9")
     assert found.instance_profiles == ["mine"] and found.roles == ["mine"]
+
+
+def test_every_planned_payload_validates_against_botocore():
+    """Every request the plan prints (with a capacity block and a trn3 family, the run's SSM
+    command included) is valid input of its operation in botocore's service models."""
+    import botocore.session
+    from botocore import xform_name
+    from botocore.validate import ParamValidator
+
+    session = botocore.session.get_session()
+    for s in (_settings(capacity_reservation_id="cr-0abc"), _settings(family="trn3", sdk="2.31.0")):
+        calls = (P.ami_calls(s) + P.discovery_calls(s) + P.create_calls(s)
+                 + W.run_calls(s, instance_id="i-0", bench_args=["--set", "smoke"])
+                 + P.teardown_calls(s.run_id))
+        assert "describe_capacity_reservations" in [c.operation for c in calls] or s.family
+        for c in calls:
+            model = session.get_service_model(c.service)
+            ops = {xform_name(o): o for o in model.operation_names}
+            shape = model.operation_model(ops[c.operation]).input_shape
+            report = ParamValidator().validate(c.params, shape)
+            assert not report.has_errors(), (c.service, c.operation, report.generate_report())
