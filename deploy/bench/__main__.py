@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from deploy import config as C
+from deploy.provision.plan import target_of
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,9 +39,10 @@ def _parse(argv):
                    help="simulate case sets (repeatable; default: smoke and judged)")
     p.add_argument("--case", action="append", default=None, help="only case ids containing this")
     p.add_argument("--op", action="append", default=None, help="only these ops / families")
-    p.add_argument("--target", default="trn2", choices=["trn2", "trn3"],
-                   help="NEURON_PLATFORM_TARGET_OVERRIDE and the cost model's target (default trn2; "
-                        "python -m deploy passes the instance type's)")
+    p.add_argument("--target", default="auto", choices=["auto", "trn2", "trn3"],
+                   help="NEURON_PLATFORM_TARGET_OVERRIDE and the cost model's target (default auto: "
+                        "the instance type's, from IMDS; trn2 off EC2 and in a --dry-run; "
+                        "python -m deploy passes it explicitly)")
     p.add_argument("--sdk", default=C.DEFAULT_SDK, choices=sorted(C.SDK_PROFILES),
                    help=f"the Neuron SDK release whose pins the toolchain must match (default "
                         f"{C.DEFAULT_SDK})")
@@ -290,6 +292,9 @@ def main(argv=None) -> int:
     if not cases:
         print("no case matches --set / --case / --op", file=sys.stderr)
         return 2
+    itype = None if a.dry_run else _instance_type()
+    if a.target == "auto":   # a trn3 host compiles and models for trn3
+        a.target = target_of(itype) if itype else "trn2"
     if a.dry_run:
         return dry_run(cases, out, a)
     # this process runs the cost model: kernels must be built against the simulator here
@@ -306,7 +311,6 @@ def main(argv=None) -> int:
         print("toolchain does not match the pins; fix it or pass --allow-version-mismatch",
               file=sys.stderr)
         return 2
-    itype = _instance_type()
     modeled = _modeled(cases, a)
     rows = []
     command = "python -m deploy.bench " + " ".join(sys.argv[1:] if argv is None else argv)

@@ -320,3 +320,19 @@ def test_every_planned_payload_validates_against_botocore():
             shape = model.operation_model(ops[c.operation]).input_shape
             report = ParamValidator().validate(c.params, shape)
             assert not report.has_errors(), (c.service, c.operation, report.generate_report())
+
+
+def test_the_bench_on_a_trn3_host_targets_trn3(tmp_path, fake_toolchain, monkeypatch):
+    """By hand, without --target: the instance type from IMDS picks the target."""
+    from deploy.bench import __main__ as BM
+
+    monkeypatch.setattr(BM, "_instance_type", lambda: "trn3.48xlarge")
+    out = tmp_path / "bench"
+    assert BM.main(["--set", "smoke", "--case", "short_conv_decode/tiny", "--out", str(out),
+                    "--compile-only", "--no-model"]) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert data["target"] == "trn3" and data["hardware"]["name"] == "trn3"
+    (m,) = data["measured"]
+    assert m["target"] == "trn3" and m["status"] == "compiled"
+    (neff,) = (out / "cases").glob("*/inputs/launch_0/kernel.neff")
+    assert b"target=trn3" in neff.read_bytes()      # what the (fake) compiler was told

@@ -44,7 +44,8 @@ class Kernel:
             art, neff = os.environ.get("NKI_ARTIFACTS_DIR", "."), "kernel.neff"
         os.makedirs(art, exist_ok=True)
         with open(os.path.join(art, neff), "wb") as fh:
-            fh.write(b"FAKE-NEFF " + name.encode() + b"\0" * 4096)
+            target = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE", "?")
+            fh.write(f"FAKE-NEFF {name} target={target}".encode() + b"\0" * 4096)
         if os.environ.get("FAKE_NEURON_DEVICE") != "1":
             raise RuntimeError("NRT Error NRT_FAILURE(1): no Neuron device (fake)")
         if os.environ.get("FAKE_NKI_NO_WRITEBACK") == "1":
