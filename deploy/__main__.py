@@ -56,6 +56,26 @@ def _instance_type(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _run_id(text: str) -> str:
+    from deploy.provision.plan import check_run_id
+
+    try:
+        return check_run_id(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _bucket(text: str) -> str:
+    """An S3 bucket name (3-63 characters of [a-z0-9.-], starting and ending with a letter or
+    digit), not a URL or a path."""
+    import re
+
+    if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", text):
+        raise argparse.ArgumentTypeError(f"must be an S3 bucket name (3-63 characters of "
+                                         f"[a-z0-9.-]; no s3:// or /), got {text!r}")
+    return text
+
+
 def _seconds(text: str) -> int:
     try:
         v = int(text)
@@ -81,7 +101,8 @@ def _launch_flags(p):
                    help=f"Neuron SDK release: its DLAMI, venv and pins (default {C.DEFAULT_SDK}, "
                         "NKI 0.6.0, multi-framework DLAMI; 2.31.0: NKI 0.5.0, PyTorch 2.9 DLAMI)")
     p.add_argument("--ami-id", default=None, help="launch this AMI (it must hold the --sdk venv)")
-    p.add_argument("--bucket", default=None, help="S3 bucket for the source and the results (must exist)")
+    p.add_argument("--bucket", default=None, type=_bucket,
+                   help="S3 bucket for the source and the results (must exist)")
     p.add_argument("--ttl-hours", type=_ttl_hours, default=C.DEFAULT_TTL_HOURS,
                    help=f"the host terminates itself after this long (default {C.DEFAULT_TTL_HOURS:g}, "
                         f"max {C.MAX_TTL_HOURS:g})")
@@ -90,7 +111,8 @@ def _launch_flags(p):
     p.add_argument("--capacity-reservation-id", default=None,
                    help="launch into this EC2 Capacity Block (cr-...)")
     p.add_argument("--hourly-price", type=_price, default=None, help="USD per hour to show in the plan")
-    p.add_argument("--run-id", default=None, help="name of the run (default: UTC time + 4 hex digits)")
+    p.add_argument("--run-id", default=None, type=_run_id,
+                   help="name of the run (default: UTC time + 4 hex digits)")
 
 
 def _parse(argv):

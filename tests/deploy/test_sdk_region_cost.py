@@ -228,6 +228,8 @@ def test_a_launch_whose_inputs_were_not_saved_is_not_timed(tmp_path, monkeypatch
     (["--instance-type", "trn2.3xlarge; rm"], "--instance-type: instance type must be a Trainium"),
     (["--profile", "no-such-profile"], "--profile no-such-profile: no such profile"),
     (["--bench-args", "--set nope"], "--bench-args '--set nope': not valid arguments"),
+    (["--run-id", "Run_1"], "--run-id: run_id must be 1-40 characters"),
+    (["--bucket", "s3://b/x"], "--bucket: must be an S3 bucket name"),
 ])
 def test_bad_arguments_are_argparse_errors(argv, message, no_credentials, capsys):
     for verb in ("run",) if "--bench-args" in argv else ("launch", "run", "host-script"):
