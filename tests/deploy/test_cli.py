@@ -47,7 +47,7 @@ def test_dry_run_prints_the_plan_without_credentials(no_credentials, no_api_call
 
 
 def test_run_dry_run_adds_the_ssm_steps_and_a_family(no_credentials, no_api_calls, capsys):
-    assert main(["run", "--dry-run", "--family", "trn3", "--bucket", "b", "--hourly-price", "7"]) == 0
+    assert main(["run", "--dry-run", "--family", "trn3", "--bucket", "my-bucket", "--hourly-price", "7"]) == 0
     out = capsys.readouterr().out
     assert "the smallest offered trn3.* type (discovered at run time)" in out
     assert '"InstanceType": "<smallest offered trn3 type>"' in out
@@ -61,8 +61,8 @@ def test_run_dry_run_adds_the_ssm_steps_and_a_family(no_credentials, no_api_call
 
 
 def test_missing_credentials_fail_clearly_before_any_call(no_credentials, no_api_calls, capsys):
-    for argv in (["launch", "--bucket", "b"], ["run", "--bucket", "b"], ["teardown", "--run-id", "x1"],
-                 ["collect", "--run-id", "x1", "--bucket", "b"]):
+    for argv in (["launch", "--bucket", "my-bucket"], ["run", "--bucket", "my-bucket"], ["teardown", "--run-id", "x1"],
+                 ["collect", "--run-id", "x1", "--bucket", "my-bucket"]):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert "needs AWS credentials and none were found" in err and "--dry-run" in err

@@ -71,7 +71,7 @@ def test_image_filters_name_framework_os_and_release():
 
 
 def test_dry_run_shows_sdk_venv_pair_source_price_transfer_and_disk(no_credentials, capsys):
-    assert main(["run", "--dry-run", "--bucket", "b", "--run-id", "20261127-100000-cafe"]) == 0
+    assert main(["run", "--dry-run", "--bucket", "my-bucket", "--run-id", "20261127-100000-cafe"]) == 0
     out = capsys.readouterr().out
     assert "Neuron SDK      2.32.0 (NKI 0.6.0), venv /opt/aws_neuronx_venv_pytorch_inference_vllm_0_24_0_1_1_0" in out
     assert f"region          {C.DEFAULT_REGION}" in out and "offered there: moto 5.2.5" in out
@@ -256,7 +256,7 @@ def test_non_trainium_type_is_refused_before_any_aws_call(monkeypatch, capsys):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     with pytest.raises(SystemExit) as exc:
-        main(["launch", "--bucket", "b", "--instance-type", "m7i.large"])
+        main(["launch", "--bucket", "my-bucket", "--instance-type", "m7i.large"])
     assert exc.value.code == 2 and "Trainium" in capsys.readouterr().err
 
 
