@@ -148,7 +148,7 @@ def test_a_run_stopped_half_way_still_leaves_its_results(tmp_path, capsys):
     """The second case never finishes compiling; the bench timeout (shorter than the SSM
     executionTimeout) stops it. The first case is in the bucket (uploaded after it
     finished), and the EXIT trap uploaded the log of the stopped run."""
-    script = _host_script(capsys, "--bench-timeout", "75", "--bench-args",
+    script = _host_script(capsys, "--bench-timeout", "90", "--bench-args",
                           f"--set smoke --case {CASES[0]} --case {CASES[1]} --warmup 1 --runs 2 "
                           "--no-model")
     _, env = _host(tmp_path)
