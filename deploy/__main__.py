@@ -24,27 +24,23 @@ DEFAULT_BENCH_ARGS = "--set smoke --set judged"
 VERBS = ("launch", "run", "host-script", "collect", "report", "teardown")
 
 
-def _ttl_hours(text: str) -> float:
-    """--ttl-hours: a finite number of hours in [MIN_TTL_HOURS, MAX_TTL_HOURS]."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (math.isfinite(v) and C.MIN_TTL_HOURS <= v <= C.MAX_TTL_HOURS):
-        raise argparse.ArgumentTypeError(f"must be in [{C.MIN_TTL_HOURS:g}, {C.MAX_TTL_HOURS:g}] "
-                                         f"hours, got {text}")
-    return v
+def _finite(ok, rule: str):
+    """An argparse type: a finite float for which ``ok`` holds, else ``rule`` as the error."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not (math.isfinite(v) and ok(v)):
+            raise argparse.ArgumentTypeError(f"{rule}, got {text}")
+        return v
+
+    return parse
 
 
-def _price(text: str) -> float:
-    """--hourly-price: a finite USD figure >= 0."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (math.isfinite(v) and v >= 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number of USD >= 0, got {text}")
-    return v
+_ttl_hours = _finite(lambda v: C.MIN_TTL_HOURS <= v <= C.MAX_TTL_HOURS,
+                     f"must be in [{C.MIN_TTL_HOURS:g}, {C.MAX_TTL_HOURS:g}] hours")
+_price = _finite(lambda v: v >= 0, "must be a finite number of USD >= 0")
 
 
 def _instance_type(text: str) -> str:
