@@ -4,8 +4,7 @@ from __future__ import annotations
 import json
 
 from deploy import config as C
-from deploy.provision.plan import LaunchSettings, pricing_filters
-from deploy.provision.plan import image_filters as plan_image_filters
+from deploy.provision.plan import LaunchSettings, image_filters, pricing_filters
 
 
 def resolve_ami(ec2, ssm, s: LaunchSettings) -> dict:
@@ -30,7 +29,7 @@ def resolve_ami(ec2, ssm, s: LaunchSettings) -> dict:
     want = f"Neuron SDK {p.release}"
     if images and want in images[0].get("Description", ""):
         return _image(images[0], f"ssm:{name}")
-    found = ec2.describe_images(Owners=[C.DLAMI_OWNER], Filters=plan_image_filters(p))["Images"]
+    found = ec2.describe_images(Owners=[C.DLAMI_OWNER], Filters=image_filters(p))["Images"]
     found = [im for im in found if im.get("Architecture", "x86_64") == "x86_64"
              and want in im.get("Description", "")]
     found.sort(key=lambda im: im.get("CreationDate", ""), reverse=True)
@@ -117,8 +116,9 @@ def choose_type(types: list[dict], zones: dict, family: str | None, wanted: str,
 
 
 def capacity_block(ec2, reservation_id: str) -> dict:
-    """{"zone", "instance_type", "start", "end", "state"} of a capacity reservation: the
-    instance must launch in its zone, with its type, while it is active."""
+    """{"zone", "instance_type", "start", "end", "state", "type"} of a capacity reservation
+    (type "capacity-block" for a block): the instance must launch in its zone, with its
+    type, while it is active."""
     resp = ec2.describe_capacity_reservations(CapacityReservationIds=[reservation_id])
     (cr,) = resp["CapacityReservations"]
     return {"zone": cr["AvailabilityZone"], "instance_type": cr["InstanceType"],
