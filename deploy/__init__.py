@@ -2,6 +2,7 @@
 and bring back a measured-vs-modeled report.
 
     python -m deploy launch --dry-run        # the plan: every API call, type, AMI, price
+    python -m deploy host-script --bucket B  # the commands SSM runs on the host (POSIX sh)
     python -m deploy run --bucket B          # the one command: launch, bench, collect, teardown
     python -m deploy.bench --compile-only --dry-run   # what the on-host step would compile
 

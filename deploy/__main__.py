@@ -1,4 +1,4 @@
-"""python -m deploy {launch,run,collect,report,teardown}: a trn2 / trn3 benchmark host.
+"""python -m deploy {launch,run,host-script,collect,report,teardown}: a trn2 / trn3 benchmark host.
 
     python -m deploy launch --dry-run                    # the plan and price, no credentials needed
     python -m deploy run --bucket my-bucket              # the one command: launch, bench, collect,
@@ -6,18 +6,80 @@
     python -m deploy launch --bucket my-bucket           # only the host (ends itself after --ttl-hours)
     python -m deploy collect --run-id RUN --bucket B     # s3://B/nki-ssm-bench/RUN/results -> reports/RUN
     python -m deploy report reports/RUN                  # measured vs modeled (table + plot)
+    python -m deploy host-script --bucket B --run-id RUN # the commands SSM runs on the host (POSIX sh)
     python -m deploy teardown --run-id RUN               # everything tagged with RUN
     python -m deploy teardown --expired                  # every run past its TTL
 """
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
+from pathlib import Path
 
 from deploy import config as C
 
 DEFAULT_BENCH_ARGS = "--set smoke --set judged"
+VERBS = ("launch", "run", "host-script", "collect", "report", "teardown")
+
+
+def _finite(ok, rule: str):
+    """An argparse type: a finite float for which ``ok`` holds, else ``rule`` as the error."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not (math.isfinite(v) and ok(v)):
+            raise argparse.ArgumentTypeError(f"{rule}, got {text}")
+        return v
+
+    return parse
+
+
+_ttl_hours = _finite(lambda v: C.MIN_TTL_HOURS <= v <= C.MAX_TTL_HOURS,
+                     f"must be in [{C.MIN_TTL_HOURS:g}, {C.MAX_TTL_HOURS:g}] hours")
+_price = _finite(lambda v: v >= 0, "must be a finite number of USD >= 0")
+
+
+def _instance_type(text: str) -> str:
+    from deploy.provision.plan import check_instance_type
+
+    try:
+        return check_instance_type(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _run_id(text: str) -> str:
+    from deploy.provision.plan import check_run_id
+
+    try:
+        return check_run_id(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _bucket(text: str) -> str:
+    """An S3 bucket name (3-63 characters of [a-z0-9.-], starting and ending with a letter or
+    digit), not a URL or a path."""
+    import re
+
+    if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", text):
+        raise argparse.ArgumentTypeError(f"must be an S3 bucket name (3-63 characters of "
+                                         f"[a-z0-9.-]; no s3:// or /), got {text!r}")
+    return text
+
+
+def _seconds(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of seconds: {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
+    return v
 
 
 def _launch_flags(p):
@@ -25,39 +87,49 @@ def _launch_flags(p):
                    help="print the plan (every API call, type, AMI, price) and exit; creates nothing")
     p.add_argument("--region", default=None, help=f"AWS region (default: the profile's, else {C.DEFAULT_REGION})")
     p.add_argument("--profile", default=None, help="AWS profile name")
-    p.add_argument("--instance-type", default=C.DEFAULT_INSTANCE_TYPE,
-                   help=f"instance type (default {C.DEFAULT_INSTANCE_TYPE})")
+    p.add_argument("--instance-type", default=C.DEFAULT_INSTANCE_TYPE, type=_instance_type,
+                   help=f"Trainium instance type (default {C.DEFAULT_INSTANCE_TYPE}, offered in "
+                        f"{C.DEFAULT_REGION}: deploy/README.md, 'Where trn2 is')")
     p.add_argument("--family", default=None, choices=C.DISCOVERED_FAMILIES,
                    help="use the smallest offered type of this family, discovered with "
                         "describe-instance-types / describe-instance-type-offerings (e.g. trn3)")
-    p.add_argument("--dlami", default=C.DEFAULT_DLAMI, choices=sorted(C.DLAMI_SSM_PARAMETERS),
-                   help="which DLAMI SSM parameter gives the AMI (default pytorch-2.9: SDK <= 2.31)")
-    p.add_argument("--sdk-release", default=None,
-                   help=f"pin the AMI by Neuron SDK release instead (e.g. {C.SDK_RELEASE}; describe-images)")
-    p.add_argument("--ami-id", default=None, help="launch this AMI")
-    p.add_argument("--bucket", default=None, help="S3 bucket for the source and the results (must exist)")
-    p.add_argument("--ttl-hours", type=float, default=C.DEFAULT_TTL_HOURS,
+    p.add_argument("--sdk", default=C.DEFAULT_SDK, choices=sorted(C.SDK_PROFILES),
+                   help=f"Neuron SDK release: its DLAMI, venv and pins (default {C.DEFAULT_SDK}, "
+                        "NKI 0.6.0, multi-framework DLAMI; 2.31.0: NKI 0.5.0, PyTorch 2.9 DLAMI)")
+    p.add_argument("--ami-id", default=None, help="launch this AMI (it must hold the --sdk venv)")
+    p.add_argument("--bucket", default=None, type=_bucket,
+                   help="S3 bucket for the source and the results (must exist)")
+    p.add_argument("--ttl-hours", type=_ttl_hours, default=C.DEFAULT_TTL_HOURS,
                    help=f"the host terminates itself after this long (default {C.DEFAULT_TTL_HOURS:g}, "
                         f"max {C.MAX_TTL_HOURS:g})")
     p.add_argument("--subnet-id", default=None, help="subnet (default: a default-VPC subnet in an "
                                                      "offering zone)")
     p.add_argument("--capacity-reservation-id", default=None,
                    help="launch into this EC2 Capacity Block (cr-...)")
-    p.add_argument("--hourly-price", type=float, default=None, help="USD per hour to show in the plan")
-    p.add_argument("--run-id", default=None, help="name of the run (default: UTC time + 4 hex digits)")
+    p.add_argument("--hourly-price", type=_price, default=None, help="USD per hour to show in the plan")
+    p.add_argument("--run-id", default=None, type=_run_id,
+                   help="name of the run (default: UTC time + 4 hex digits)")
 
 
 def _parse(argv):
     p = argparse.ArgumentParser(prog="python -m deploy", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]))
-    sub = p.add_subparsers(dest="verb", required=True, metavar="{launch,run,collect,report,teardown}")
+    sub = p.add_subparsers(dest="verb", required=True, metavar="{" + ",".join(VERBS) + "}")
     pl = sub.add_parser("launch", help="provision the host (IMDSv2, no key, no open port, TTL)")
     _launch_flags(pl)
     pr = sub.add_parser("run", help="launch, run the bench through SSM, collect, report, tear down")
     _launch_flags(pr)
-    pr.add_argument("--bench-args", default=DEFAULT_BENCH_ARGS,
-                    help=f"arguments of python -m deploy.bench on the host (default {DEFAULT_BENCH_ARGS!r})")
+    ph = sub.add_parser("host-script", help="print the commands the SSM document receives, one per "
+                                            "line (a POSIX sh script; needs no credentials)")
+    _launch_flags(ph)
+    for q in (pr, ph):
+        q.add_argument("--bench-args", default=DEFAULT_BENCH_ARGS,
+                       help=f"arguments of python -m deploy.bench on the host (default "
+                            f"{DEFAULT_BENCH_ARGS!r}; --target and --sdk follow the instance type and --sdk)")
+        q.add_argument("--bench-timeout", type=_seconds, default=None,
+                       help="seconds the bench may run on the host (default: the SSM executionTimeout "
+                            "less 15 min for the upload)")
     pr.add_argument("--keep", action="store_true", help="do not tear down at the end (the TTL still applies)")
     pr.add_argument("--reports", default="reports", help="local folder for the results (default reports/)")
     pc = sub.add_parser("collect", help="results of a run from S3 to reports/<run id>/")
@@ -76,14 +148,44 @@ def _parse(argv):
     pt.add_argument("--region", default=None)
     pt.add_argument("--profile", default=None)
     pt.add_argument("--dry-run", action="store_true", help="only list what would be deleted")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    _check(p, a)
+    return a
+
+
+def _check(p, a) -> None:
+    """What argparse types cannot see: a file that must exist, a configured profile, the
+    bench's own arguments. parser.error: message and exit code 2, before any AWS call."""
+    if a.verb == "report":
+        path = Path(a.results)
+        if not (path.is_file() or (path / "results.json").is_file()):
+            p.error(f"report: no results.json at {a.results}")
+    if getattr(a, "profile", None):
+        try:   # botocore's session lists profiles without resolving AWS_PROFILE
+            import botocore.session
+
+            known = botocore.session.get_session().available_profiles
+        except ImportError:   # boto3 not installed: the dry run says so
+            known = None
+        if known is not None and a.profile not in known:
+            p.error(f"--profile {a.profile}: no such profile in the AWS config "
+                    f"(configured: {', '.join(known) or 'none'})")
+    if getattr(a, "bench_args", None) is not None:
+        from deploy import workflow as W
+
+        try:
+            W.bench_options(shlex.split(a.bench_args))
+        except ValueError as exc:
+            p.error(str(exc))
+    if a.verb in ("launch", "run", "host-script") and a.capacity_reservation_id and a.family:
+        p.error("--capacity-reservation-id fixes the instance type: drop --family")
 
 
 def _settings(a):
     from deploy.provision.plan import LaunchSettings
 
     return LaunchSettings(region=a.region or C.DEFAULT_REGION, instance_type=a.instance_type,
-                          family=a.family, dlami=a.dlami, sdk_release=a.sdk_release, ami_id=a.ami_id,
+                          family=a.family, sdk=a.sdk, ami_id=a.ami_id,
                           bucket=a.bucket or "<your-bucket>", ttl_hours=a.ttl_hours,
                           subnet_id=a.subnet_id, capacity_reservation_id=a.capacity_reservation_id,
                           hourly_price=a.hourly_price, run_id=a.run_id or "")
@@ -133,6 +235,17 @@ def main(argv=None) -> int:
         print(REP.summary_text(paths["json"]))
         print(f"\nreport: {paths['report']}  plot: {paths['plot']}")
         return 0
+    if a.verb == "host-script":
+        from deploy import workflow as W
+
+        s = _settings(a)
+        try:
+            lines = W.host_commands(s, shlex.split(a.bench_args), bench_timeout_s=a.bench_timeout)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print("\n".join(lines))
+        return 0
     if a.verb in ("launch", "run"):
         if a.dry_run:
             return _plan(a, with_run=a.verb == "run")
@@ -140,6 +253,14 @@ def main(argv=None) -> int:
             print("--bucket is required (results go to s3://<bucket>/nki-ssm-bench/<run id>/)",
                   file=sys.stderr)
             return 2
+        if a.verb == "run":
+            from deploy import workflow as W
+
+            try:   # before any AWS call
+                W.host_commands(_settings(a), shlex.split(a.bench_args), a.bench_timeout)
+            except ValueError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
     from deploy.provision.aws import MissingCredentials
 
     try:
@@ -159,7 +280,7 @@ def _real(a) -> int:
         clients = W.make_clients(sess, region)
         if a.verb == "run":
             out = W.run_all(clients, s, bench_args=shlex.split(a.bench_args), reports_dir=a.reports,
-                            keep=a.keep)
+                            keep=a.keep, bench_timeout_s=a.bench_timeout)
             print(f"run {out['run_id']}: bench {out['status']}; {len(out['files'])} files in "
                   f"{a.reports}/{out['run_id']}; report {out['report'] and out['report']['report']}")
             return 0 if out["status"] == "Success" else 1

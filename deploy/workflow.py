@@ -32,6 +32,7 @@ class Resolved:
     vpc_id: str | None = None
     price: float | None = None
     price_source: str = ""
+    block: dict | None = None          # the capacity reservation (zone, type, dates)
     notes: list = field(default_factory=list)
 
 
@@ -49,20 +50,32 @@ def make_clients(sess, region: str, *, quick: bool = False) -> dict:
 
 
 def resolve(clients: dict, s: P.LaunchSettings, *, need_subnet: bool = True) -> Resolved:
-    """AMI, instance type (family discovered), zones, subnet, price: read-only calls only."""
+    """AMI, instance type (family discovered), zones, capacity block, subnet, price:
+    read-only calls only."""
     r = Resolved(instance_type=s.instance_type)
     ec2 = clients["ec2"]
     r.image = D.resolve_ami(ec2, clients["ssm"], s)
+    if s.capacity_reservation_id:
+        r.block = D.capacity_block(ec2, s.capacity_reservation_id)
+        if not s.family and r.block["instance_type"] != s.instance_type:
+            raise LookupError(f"capacity reservation {s.capacity_reservation_id} holds "
+                              f"{r.block['instance_type']}, not {s.instance_type}: pass "
+                              f"--instance-type {r.block['instance_type']}")
     pattern = f"{s.family}.*" if s.family else s.instance_type
     r.family_types = D.instance_types(ec2, pattern)
     zones = D.offerings(ec2, [t["InstanceType"] for t in r.family_types])
-    r.instance_type = D.choose_type(r.family_types, zones, s.family, s.instance_type)
+    if r.block:   # a block is capacity in one zone, whatever the offerings say
+        zones = {r.block["instance_type"]: [r.block["zone"]]}
+    r.instance_type = D.choose_type(r.family_types, zones, s.family, s.instance_type, s.region)
     s.instance_type = r.instance_type
     r.zones = zones.get(r.instance_type, [])
     r.type_info = next((t for t in r.family_types if t["InstanceType"] == r.instance_type), None)
     if need_subnet:
         if s.subnet_id:
-            r.subnet_id, r.vpc_id = D.subnet_vpc(ec2, s.subnet_id)
+            r.subnet_id, r.vpc_id, zone = D.subnet_vpc(ec2, s.subnet_id)
+            if r.block and zone != r.block["zone"]:
+                raise LookupError(f"--subnet-id {s.subnet_id} is in {zone}; capacity reservation "
+                                  f"{s.capacity_reservation_id} is in {r.block['zone']}")
         else:
             r.subnet_id, r.vpc_id = D.default_subnet(ec2, r.zones)
     r.price, r.price_source = price(clients, s)
@@ -84,37 +97,110 @@ def price(clients: dict | None, s: P.LaunchSettings) -> tuple[float | None, str]
             note = "not in the Price List API; "
     else:
         note = "Price List API not asked (no credentials, or the look-ups failed); "
-    value, source = D.reference_price(s.instance_type)
+    value, source = D.reference_price(s.instance_type, s.region)
     return value, note + source
+
+
+def bench_argv(s: P.LaunchSettings, bench_args: list[str]) -> list[str]:
+    """The bench's arguments on the host: the user's, plus the compile / cost-model target
+    of the instance type and the SDK profile (pins), unless given."""
+    out = list(bench_args)
+    if not any(a == "--target" or a.startswith("--target=") for a in out):
+        out += ["--target", s.target]
+    if not any(a == "--sdk" or a.startswith("--sdk=") for a in out):
+        out += ["--sdk", s.sdk]
+    return out
+
+
+def bench_options(bench_args: list[str]):
+    """The bench's parsed options (ValueError for arguments the bench would refuse)."""
+    from deploy.bench.__main__ import _parse
+
+    try:
+        return _parse(list(bench_args))
+    except SystemExit as exc:
+        raise ValueError(f"--bench-args {' '.join(bench_args)!r}: not valid arguments of "
+                         "python -m deploy.bench") from exc
+
+
+def results_gb(bench_args: list[str]) -> tuple[float, str]:
+    """Estimated size of the results (GB) and how it was estimated (config's assumptions)."""
+    from deploy.bench import cases as BC
+
+    a = bench_options(bench_args)
+    n = len(BC.select(a.sets or list(BC.DEFAULT_SETS), contains=a.case, ops=a.op))
+    execs = 0 if (a.compile_only or a.timer == "none") else a.warmup + a.runs
+    mb = C.ASSUMED_INPUTS_MB_PER_CASE + execs * C.ASSUMED_NTFF_MB
+    return n * mb / 1024, (f"{n} cases x ({C.ASSUMED_INPUTS_MB_PER_CASE:g} MB inputs + {execs} NTFF "
+                           f"x {C.ASSUMED_NTFF_MB:g} MB), assumed")
+
+
+def cost_lines(s: P.LaunchSettings, p: float | None, psrc: str, bench_args: list[str] | None,
+               block: dict | None) -> list[str]:
+    """The plan's cost: instance, disk, S3 transfer of the results, each with its source."""
+    if s.capacity_reservation_id:
+        where = f" ({block['instance_type']} in {block['zone']}, {block['state']})" if block else ""
+        inst = (f"capacity block {s.capacity_reservation_id}{where}: paid up front when purchased "
+                "(describe-capacity-block-offerings UpfrontFee), whether used or not; the run adds "
+                "no instance-hour charge; keep --ttl-hours inside the block")
+        worst = 0.0
+    elif p is not None:
+        inst = f"${p:.3f}/h ({psrc}); TTL {s.ttl_hours:g} h -> at most ${p * s.ttl_hours:.2f}"
+        worst = p * s.ttl_hours
+    else:
+        inst = f"unknown ({psrc}); pass --hourly-price"
+        worst = None
+    disk = C.ROOT_VOLUME_GB * C.EBS_GP3_USD_PER_GB_MONTH * s.ttl_hours / C.HOURS_PER_MONTH
+    lines = [f"  instance        {inst}",
+             f"  disk            {C.ROOT_VOLUME_GB} GB gp3 x ${C.EBS_GP3_USD_PER_GB_MONTH}/GB-month x "
+             f"{s.ttl_hours:g} h -> at most ${disk:.2f} (list price, US East, unverified)"]
+    extra = disk
+    if bench_args is not None:
+        gb, basis = results_gb(bench_args)
+        transfer = gb * C.S3_EGRESS_USD_PER_GB
+        extra += transfer
+        lines.append(f"  S3 transfer     ~{gb:.1f} GB of results ({basis}) out of S3 by `collect` x "
+                     f"${C.S3_EGRESS_USD_PER_GB}/GB -> ~${transfer:.2f} (list price, US East, "
+                     "unverified; uploads into S3 are free)")
+    if worst is not None:
+        lines.append(f"  total           at most ~${worst + extra:.2f}"
+                     + (" beyond the block's up-front price" if s.capacity_reservation_id else ""))
+    return lines
 
 
 def plan_text(s: P.LaunchSettings, r: Resolved | None, *, with_run: bool, bench_args: list[str]) -> str:
     """The full plan: settings, resolved values, and every API call in order."""
     names = P.Names(s.run_id)
+    prof = s.profile
     if s.family and r is None:   # the type is not known until describe-instance-types answers
         s = dataclasses.replace(s, instance_type=f"<smallest offered {s.family} type>")
     ami = (f"{r.image['ImageId']} ({r.image['Name']}; {r.image['Description']}; via {r.image['source']})"
            if r and r.image else
            (f"{s.ami_id} (given)" if s.ami_id else
-            f"newest 'Deep Learning AMI Neuron*' described 'Neuron SDK {s.sdk_release}' (describe-images)"
-            if s.sdk_release else
-            f"resolved at launch from SSM parameter {C.DLAMI_SSM_PARAMETERS[s.dlami]}"))
+            f"resolved at launch from SSM parameter {C.DLAMI_SSM_PARAMETERS[prof.dlami]} (its "
+            f"description must name Neuron SDK {prof.release}; else the newest "
+            f"'{prof.image_name}' image that does)"))
     if r is not None:
         p, psrc = r.price, r.price_source
     else:
         p, psrc = price(None, s)
-    price_txt = (f"${p:.3f}/h ({psrc}); TTL {s.ttl_hours:g} h -> at most ${p * s.ttl_hours:.2f}"
-                 if p is not None else f"unknown ({psrc}); pass --hourly-price")
     if s.family:
         itype = (f"{r.instance_type} (smallest offered {s.family} type, describe-instance-types)"
                  if r else f"the smallest offered {s.family}.* type (discovered at run time)")
     else:
         itype = s.instance_type
+    source = next((src for reg, t, src in C.OFFERING_EVIDENCE
+                   if reg == s.region and t == s.instance_type), None)
     lines = [
         f"{C.PROJECT} plan — run {s.run_id}",
         f"  region          {s.region}",
         f"  instance type   {itype}",
     ]
+    if source:
+        lines.append(f"                  offered there: {source}")
+    alternatives = [f"{t} in {reg}" for reg, t, _ in C.OFFERING_EVIDENCE
+                    if (reg, t) != (s.region, s.instance_type)]
+    lines.append(f"  elsewhere       {'; '.join(alternatives)} (deploy/README.md, 'Where trn2 is')")
     if r and r.type_info:
         t = r.type_info
         lines.append(f"                  {t['vcpus']} vCPU, {t['memory_mib']} MiB, {t['neuron_devices']} x "
@@ -123,8 +209,14 @@ def plan_text(s: P.LaunchSettings, r: Resolved | None, *, with_run: bool, bench_
         lines.append("  family types    " + ", ".join(t["InstanceType"] for t in r.family_types))
     lines += [
         f"  AMI             {ami}",
-        f"  SDK pins        {C.SDK_RELEASE}: " + ", ".join(f"{k}=={v}" for k, v in C.PIP_PINS.items()),
-        f"  hourly price    {price_txt}",
+        f"  Neuron SDK      {prof.release} (NKI {prof.nki}), venv {prof.venv}",
+        "  SDK pins        " + ", ".join(f"{k}=={v}" for k, v in prof.pip_pins.items()) + "; "
+        + ", ".join(f"{k} {v}" for k, v in prof.apt_pins.items()),
+        f"  compile target  --target {s.target} (NEURON_PLATFORM_TARGET_OVERRIDE and the cost model)",
+        f"  torch path      {prof.torch_path} (the bench itself calls the kernels with NumPy)",
+    ]
+    lines += cost_lines(s, p, psrc, bench_args if with_run else None, r.block if r else None)
+    lines += [
         f"  time to live    {s.ttl_hours:g} h: shutdown behaviour terminate + on-host timer + "
         f"tag {C.TAG_TTL_EXPIRES}",
         "  access          IMDSv2 only, no key pair, no inbound rule; commands via SSM Run Command",
@@ -132,6 +224,11 @@ def plan_text(s: P.LaunchSettings, r: Resolved | None, *, with_run: bool, bench_
         f"{names.results_prefix}/* only",
         f"  tags            {C.TAG_PROJECT}={C.PROJECT}, {C.TAG_RUN_ID}={s.run_id}, Name, {C.TAG_TTL_EXPIRES}",
     ]
+    if with_run:
+        ex, bench = run_timeouts(s.ttl_hours)
+        lines.append(f"  on the host     `python -m deploy host-script` prints the commands (POSIX sh); "
+                     f"bench timeout {bench} s < SSM executionTimeout {ex} s; results to S3 after "
+                     "every case and on exit")
     for note in (r.notes if r else []):
         lines.append(f"  note            {note}")
     calls = P.ami_calls(s) + P.discovery_calls(s)
@@ -154,12 +251,27 @@ def plan_text(s: P.LaunchSettings, r: Resolved | None, *, with_run: bool, bench_
     return "\n".join(lines)
 
 
+def host_commands(s: P.LaunchSettings, bench_args: list[str], bench_timeout_s: int | None = None
+                  ) -> list[str]:
+    """The lines the SSM document receives (``python -m deploy host-script`` prints them)."""
+    ex, bench = run_timeouts(s.ttl_hours)
+    if bench_timeout_s is not None:
+        if not 0 < bench_timeout_s <= bench:
+            raise ValueError(f"bench timeout must be in (0, {bench}] s for --ttl-hours "
+                             f"{s.ttl_hours:g} (SSM executionTimeout {ex} s less "
+                             f"{UPLOAD_MARGIN_S} s for the results upload), got {bench_timeout_s}")
+        bench = bench_timeout_s
+    prof = s.profile
+    return R.bench_commands(bucket=s.bucket, prefix=P.Names(s.run_id).results_prefix, region=s.region,
+                            run_id=s.run_id, bench_args=bench_argv(s, bench_args), venv=prof.venv,
+                            extra=prof.extra, bench_timeout_s=bench)
+
+
 def run_calls(s: P.LaunchSettings, *, instance_id: str, bench_args: list[str]) -> list[P.Call]:
-    timeout_s = bench_timeout_s(s.ttl_hours)
+    timeout_s, _ = run_timeouts(s.ttl_hours)
     names = P.Names(s.run_id)
     prefix = names.results_prefix
-    cmds = R.bench_commands(bucket=s.bucket, prefix=prefix, region=s.region, run_id=s.run_id,
-                            bench_args=bench_args)
+    cmds = host_commands(s, bench_args)
     return [
         P.Call("s3", "put_object", {"Bucket": s.bucket, "Key": f"{prefix}/{R.SOURCE_KEY}",
                                     "Body": "<git ls-files tarball>"}, "the project source"),
@@ -168,21 +280,35 @@ def run_calls(s: P.LaunchSettings, *, instance_id: str, bench_args: list[str]) -
         P.Call("ssm", "send_command", R.send_command_params(
             instance_id=instance_id, commands=cmds, bucket=s.bucket, prefix=prefix, run_id=s.run_id,
             timeout_s=timeout_s), "the bench, as root, on the host"),
-        P.Call("ssm", "get_command_invocation", {"CommandId": "<id>", "InstanceId": instance_id},
+        P.Call("ssm", "get_command_invocation", {"CommandId": "<CommandId returned by send_command>",
+                                                  "InstanceId": instance_id},
                "poll until done"),
         P.Call("s3", "list_objects_v2", {"Bucket": s.bucket, "Prefix": f"{prefix}/results/"},
                "collect results into reports/<run id>/"),
     ]
 
 
-def bench_timeout_s(ttl_hours: float) -> int:
-    """The Run Command's execution timeout: the TTL less 10 minutes to copy results out."""
-    return max(600, int(ttl_hours * 3600) - 600)
+# The SSM command must end before the host halts at its TTL, and the bench before the
+# command, leaving the EXIT trap time to copy the results out (GBs of NTFFs).
+TTL_MARGIN_S = 600
+UPLOAD_MARGIN_S = 900
+
+
+def run_timeouts(ttl_hours: float) -> tuple[int, int]:
+    """(SSM executionTimeout, bench timeout) in s: TTL - 10 min, then 15 min less for the
+    upload. Both count from the command's start."""
+    execution = max(600, int(ttl_hours * 3600) - TTL_MARGIN_S)
+    return execution, max(60, execution - UPLOAD_MARGIN_S)
+
+
+def execution_timeout_s(ttl_hours: float) -> int:
+    """The Run Command's executionTimeout."""
+    return run_timeouts(ttl_hours)[0]
 
 
 def run_all(clients: dict, s: P.LaunchSettings, *, bench_args: list[str], reports_dir,
             keep: bool = False, timeout_s: int | None = None, poll_s: float = 30, log=print,
-            retry_delay: float = 5.0) -> dict:
+            retry_delay: float = 5.0, bench_timeout_s: int | None = None) -> dict:
     """Launch, run the bench through SSM, collect, report; tear down in ``finally``.
 
     -> {"run_id", "instance_id", "status", "files", "report"}. A failure at any
@@ -193,7 +319,8 @@ def run_all(clients: dict, s: P.LaunchSettings, *, bench_args: list[str], report
     from deploy.provision import launch as L
     from deploy.provision import teardown as T
 
-    timeout_s = bench_timeout_s(s.ttl_hours) if timeout_s is None else timeout_s
+    timeout_s = execution_timeout_s(s.ttl_hours) if timeout_s is None else timeout_s
+    host_commands(s, bench_args, bench_timeout_s)   # a bad bench timeout fails before any call
     r = resolve(clients, s)
     log(plan_text(s, r, with_run=True, bench_args=bench_args).split("\nAPI calls")[0])
     prefix = P.Names(s.run_id).results_prefix
@@ -205,8 +332,7 @@ def run_all(clients: dict, s: P.LaunchSettings, *, bench_args: list[str], report
     try:
         R.upload_source(clients["s3"], s.bucket, prefix, REPO_ROOT)
         R.wait_online(clients["ssm"], launched.instance_id, poll_s=poll_s, log=log)
-        cmds = R.bench_commands(bucket=s.bucket, prefix=prefix, region=s.region, run_id=s.run_id,
-                                bench_args=bench_args)
+        cmds = host_commands(s, bench_args, bench_timeout_s)
         sent = clients["ssm"].send_command(**R.send_command_params(
             instance_id=launched.instance_id, commands=cmds, bucket=s.bucket, prefix=prefix,
             run_id=s.run_id, timeout_s=timeout_s))

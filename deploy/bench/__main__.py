@@ -24,6 +24,9 @@ import sys
 import time
 from pathlib import Path
 
+from deploy import config as C
+from deploy.provision.plan import target_of
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -36,8 +39,16 @@ def _parse(argv):
                    help="simulate case sets (repeatable; default: smoke and judged)")
     p.add_argument("--case", action="append", default=None, help="only case ids containing this")
     p.add_argument("--op", action="append", default=None, help="only these ops / families")
-    p.add_argument("--target", default="trn2", choices=["trn2", "trn3"],
-                   help="NEURON_PLATFORM_TARGET_OVERRIDE and the cost model's target (default trn2)")
+    p.add_argument("--target", default="auto", choices=["auto", "trn2", "trn3"],
+                   help="NEURON_PLATFORM_TARGET_OVERRIDE and the cost model's target (default auto: "
+                        "the instance type's, from IMDS; trn2 off EC2 and in a --dry-run; "
+                        "python -m deploy passes it explicitly)")
+    p.add_argument("--sdk", default=C.DEFAULT_SDK, choices=sorted(C.SDK_PROFILES),
+                   help=f"the Neuron SDK release whose pins the toolchain must match (default "
+                        f"{C.DEFAULT_SDK})")
+    p.add_argument("--upload-to", default=None, metavar="S3_URL",
+                   help="after every case, `aws s3 sync` the output folder there (s3://...)")
+    p.add_argument("--upload-region", default=None, help="region of the --upload-to bucket")
     p.add_argument("--compile-only", action="store_true",
                    help="compile only (no device needed); no check, no timing")
     p.add_argument("--dry-run", action="store_true", help="list every case and the commands; run nothing")
@@ -55,7 +66,12 @@ def _parse(argv):
                    help="go on when the toolchain does not match the SDK pins (results say so)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per case compile / run")
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    if a.upload_to is not None and not a.upload_to.startswith("s3://"):
+        p.error(f"--upload-to must be an s3:// URL, got {a.upload_to!r}")
+    if a.warmup < 0 or a.runs < 1:
+        p.error(f"--warmup must be >= 0 and --runs >= 1, got {a.warmup} and {a.runs}")
+    return a
 
 
 # runtime settings of every execution (worker and profiler): kernels launch without a
@@ -64,14 +80,22 @@ RUNTIME_ENV = {"NEURON_LOGICAL_NC_CONFIG": "1", "NEURON_RT_VISIBLE_CORES": "0"}
 
 
 def worker_env(case_dir: Path, target: str) -> dict:
-    """Environment of one case's worker (everything the SDK reads at import time)."""
+    """Environment of one case's worker (everything the SDK reads at import time). The NEFF
+    lands in NKI_ARTIFACTS_DIR (SDK 2.32 nrtpy tutorial) or, as the 2.31 docs say with
+    NEURON_FRAMEWORK_DEBUG=1, in the working directory (``worker_cwd``): the worker looks
+    in both."""
     return {
-        "NKI_ARTIFACTS_DIR": str(case_dir / "artifacts"),  # NEFF lands here (read at `import nki`)
+        "NKI_ARTIFACTS_DIR": str(case_dir / "artifacts"),
         "NKI_SSM_BACKEND": "neuron",                       # kernels built with the SDK's nki.jit
         "NEURON_PLATFORM_TARGET_OVERRIDE": target,
         "NEURON_FRAMEWORK_DEBUG": "1",                     # keep artifacts, source mapping
         **RUNTIME_ENV,
     }
+
+
+def worker_cwd(case_dir: Path) -> Path:
+    """The worker's working directory: a folder of its own, searched for NEFFs."""
+    return case_dir / "work"
 
 
 def worker_argv(case_id: str, case_dir: Path, compile_only: bool, seed: int) -> list[str]:
@@ -86,16 +110,17 @@ def _shell(env: dict, argv: list[str]) -> str:
 
 
 def dry_run(cases, out: Path, a) -> int:
-    from deploy import config as C
     from deploy.bench import profiler as PR
     from deploy.bench.cases import slug, tolerance
     from nki_ssm.ops._dispatch import find_launcher
 
     mode = "compile only" if a.compile_only else "compile, run on the device, check, time"
     print(f"deploy.bench dry run: {len(cases)} cases, {mode}, target {a.target}; output {out}")
-    print(f"toolchain check: pip {', '.join(f'{k}=={v}' for k, v in C.PIP_PINS.items())} "
-          f"(SDK {C.SDK_RELEASE}); neuronx-cc --version"
-          + ("" if a.compile_only else "; dpkg-query " + ", ".join(C.APT_PINS) + "; neuron-ls --json-output"))
+    prof = C.SDK_PROFILES[a.sdk]
+    print(f"toolchain check: pip {', '.join(f'{k}=={v}' for k, v in prof.pip_pins.items())} "
+          f"(SDK {prof.release}, NKI {prof.nki}); neuronx-cc --version"
+          + ("" if a.compile_only else "; dpkg-query " + ", ".join(prof.apt_pins)
+             + "; neuron-ls --json-output"))
     tool = PR.tool_path(a.tools_bin)
     for k, c in enumerate(cases, 1):
         d = out / "cases" / slug(c.id)
@@ -134,13 +159,14 @@ def _instance_type() -> str | None:
 
 def run_worker(case, case_dir: Path, a) -> dict:
     """The case's worker process -> its worker.json (+ compiler warnings from its output)."""
-    case_dir.mkdir(parents=True, exist_ok=True)
+    worker_cwd(case_dir).mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, **worker_env(case_dir, a.target))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     log = case_dir / "worker.log"
     try:
         with open(log, "wb") as fh:
-            subprocess.run(worker_argv(case.id, case_dir, a.compile_only, a.seed), env=env, cwd=case_dir,
+            subprocess.run(worker_argv(case.id, case_dir, a.compile_only, a.seed), env=env,
+                           cwd=worker_cwd(case_dir),
                            stdout=fh, stderr=subprocess.STDOUT, timeout=a.timeout)
     except subprocess.TimeoutExpired:
         return {"case_id": case.id, "status": "error", "error": f"timed out after {a.timeout:.0f} s"}
@@ -173,6 +199,9 @@ def time_case(case, case_dir: Path, res: dict, a) -> dict | None:
     launches = res.get("launches") or []
     if not launches or not all(ln.get("neff") for ln in launches):
         return {"error": "a launch has no NEFF to profile"}
+    unsaved = unsaved_inputs(launches)
+    if unsaved:   # neuron-explorer would run on zero-filled buffers: another workload
+        return {"error": "not timed: " + "; ".join(unsaved)}
     totals = None
     for k, launch in enumerate(launches):
         inputs = [(i["name"], i["file"]) for i in launch["inputs"]]
@@ -188,6 +217,37 @@ def time_case(case, case_dir: Path, res: dict, a) -> dict | None:
             for key in ("p50_ns", "p90_ns", "min_ns", "mean_ns"):
                 totals[key] += t[key]
     return totals
+
+
+def unsaved_inputs(launches: list[dict]) -> list[str]:
+    """Why a case's launches cannot be replayed with their own inputs (empty: they can): the
+    worker could not name the kernel's array arguments by its parameters, or a saved file
+    is missing."""
+    out = []
+    for k, ln in enumerate(launches):
+        if ln.get("inputs_error"):
+            out.append(f"launch {k}: {ln['inputs_error']}")
+        elif not ln.get("inputs"):
+            out.append(f"launch {k}: no array input was saved")
+        else:
+            out += [f"launch {k}: input {i['name']} not saved ({i['file']})"
+                    for i in ln["inputs"] if not Path(i["file"]).is_file()]
+    return out
+
+
+def upload(out: Path, dest: str | None, region: str | None, run=subprocess.run) -> str | None:
+    """``aws s3 sync`` of the output folder to ``dest`` (None: not asked). -> an error text or
+    None; a failed upload never stops the bench (the host script uploads again on exit)."""
+    if not dest:
+        return None
+    argv = ["aws", "s3", "sync", "--only-show-errors"] + (["--region", region] if region else [])
+    try:
+        proc = run(argv + [str(out), dest], capture_output=True, timeout=900)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"upload to {dest} failed: {exc}"
+    if proc.returncode != 0:
+        return f"upload to {dest} failed ({proc.returncode}): {proc.stderr.decode(errors='replace')[-300:]}"
+    return None
 
 
 def _modeled(cases, a) -> dict:
@@ -232,6 +292,9 @@ def main(argv=None) -> int:
     if not cases:
         print("no case matches --set / --case / --op", file=sys.stderr)
         return 2
+    itype = None if a.dry_run else _instance_type()
+    if a.target == "auto":   # a trn3 host compiles and models for trn3
+        a.target = target_of(itype) if itype else "trn2"
     if a.dry_run:
         return dry_run(cases, out, a)
     # this process runs the cost model: kernels must be built against the simulator here
@@ -241,16 +304,31 @@ def main(argv=None) -> int:
     from deploy.bench import toolchain as TC
 
     t0 = time.perf_counter()
-    tc = TC.check(compile_only=a.compile_only, tools_bin=a.tools_bin)
+    tc = TC.check(compile_only=a.compile_only, tools_bin=a.tools_bin, profile=C.SDK_PROFILES[a.sdk])
     for m in tc["mismatches"]:
         print(f"toolchain: {m}", file=sys.stderr)
     if not tc["ok"] and not a.allow_version_mismatch:
         print("toolchain does not match the pins; fix it or pass --allow-version-mismatch",
               file=sys.stderr)
         return 2
-    itype = _instance_type()
     modeled = _modeled(cases, a)
     rows = []
+    command = "python -m deploy.bench " + " ".join(sys.argv[1:] if argv is None else argv)
+
+    def payload(done: bool) -> dict:
+        ran = cases[:len(rows)]
+        return {
+            "schema": RS.SCHEMA, "target": a.target, "case_set": "+".join(sets),
+            "command": command, "wall_s": time.perf_counter() - t0,
+            "mode": "compile-only" if a.compile_only else "device", "complete": done,
+            "cases_planned": len(cases), "instance_type": itype, "toolchain": tc,
+            **_hardware(a.target),
+            "time_unit": "ns (cases: modeled; measured: measured on the device)",
+            "cases": [modeled[c.id] for c in ran if c.id in modeled],
+            "calibration": None,
+            "measured": [r.to_dict() for r in rows],
+        }
+
     for k, c in enumerate(cases, 1):
         d = out / "cases" / BC.slug(c.id)
         print(f"[{k}/{len(cases)}] {c.id}", flush=True)
@@ -260,24 +338,20 @@ def main(argv=None) -> int:
         rows.append(row)
         p50 = f", p50 {row.measured_ns_p50 / 1e3:.1f} us" if row.measured_ns_p50 else ""
         print(f"    {row.status}{p50}" + (f": {row.error}" if row.error else ""), flush=True)
-    hardware = _hardware(a.target)
-    payload = {
-        "schema": RS.SCHEMA, "target": a.target, "case_set": "+".join(sets),
-        "command": "python -m deploy.bench " + " ".join(sys.argv[1:] if argv is None else argv),
-        "wall_s": time.perf_counter() - t0, "mode": "compile-only" if a.compile_only else "device",
-        "instance_type": itype, "toolchain": tc,
-        **hardware,
-        "time_unit": "ns (cases: modeled; measured: measured on the device)",
-        "cases": [modeled[c.id] for c in cases if c.id in modeled],
-        "calibration": None,
-        "measured": [r.to_dict() for r in rows],
-    }
-    path = RS.write(out, payload=payload)
+        # every finished case is in results.json and in S3 before the next one starts
+        RS.write(out, payload=payload(done=False))
+        err = upload(out, a.upload_to, a.upload_region)
+        if err:
+            print(f"    {err}", file=sys.stderr, flush=True)
+    path = RS.write(out, payload=payload(done=True))
     from deploy import report as REP
 
     paths = REP.write(path)
     print(REP.summary_text(path))
     print(f"\nresults: {path}\nreport: {paths['report']}")
+    err = upload(out, a.upload_to, a.upload_region)
+    if err:
+        print(err, file=sys.stderr)
     bad = [r for r in rows if r.status not in ("compiled", "passed", "no_kernel")]
     return 1 if bad else 0
 

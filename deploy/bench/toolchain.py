@@ -1,7 +1,7 @@
 """Pin and verify the toolchain before anything is compiled.
 
-Python packages (importlib.metadata) against config.PIP_PINS, the runtime and
-tools (dpkg-query) against config.APT_PINS, ``neuronx-cc --version``, and (not
+Python packages (importlib.metadata) against the SDK profile's pip pins, the runtime
+and tools (dpkg-query) against its apt pins (config.SDK_PROFILES), ``neuronx-cc --version``, and (not
 with --compile-only) ``neuron-ls --json-output`` for the devices. A mismatch
 stops the bench unless --allow-version-mismatch: numbers measured with another
 compiler are not this release's numbers.
@@ -24,7 +24,7 @@ def _run(argv, timeout=120) -> str:
     return proc.stdout.decode(errors="replace")
 
 
-def pip_versions(names=tuple(C.PIP_PINS)) -> dict:
+def pip_versions(names) -> dict:
     out = {}
     for n in names:
         try:
@@ -34,7 +34,7 @@ def pip_versions(names=tuple(C.PIP_PINS)) -> dict:
     return out
 
 
-def apt_versions(names=tuple(C.APT_PINS), run=_run) -> dict:
+def apt_versions(names, run=_run) -> dict:
     out = {}
     for n in names:
         try:
@@ -44,16 +44,17 @@ def apt_versions(names=tuple(C.APT_PINS), run=_run) -> dict:
     return out
 
 
-def mismatches(found: dict, pins: dict) -> list[str]:
+def mismatches(found: dict, pins: dict, release: str = C.SDK_RELEASE) -> list[str]:
     """Pins not met: missing package, or a version that does not start with the pin
-    (dpkg versions carry a build suffix, e.g. 2.33.10.0-abc)."""
+    (dpkg versions carry a build suffix, e.g. 2.33.10.0-abc; the Neuron wheels a local
+    version, e.g. nki 0.6.0+31049202112.g85070674)."""
     bad = []
     for name, want in pins.items():
         got = found.get(name)
         if got is None:
             bad.append(f"{name}: not installed (want {want})")
         elif not (got == want or got.startswith(want + "-") or got.startswith(want + "+")):
-            bad.append(f"{name}: {got} installed, SDK {C.SDK_RELEASE} pins {want}")
+            bad.append(f"{name}: {got} installed, SDK {release} pins {want}")
     return bad
 
 
@@ -65,18 +66,21 @@ def neuron_devices(doc) -> int:
     return len(data) if isinstance(data, list) else 0
 
 
-def check(*, compile_only: bool, tools_bin: str | None = None, run=_run) -> dict:
-    """-> {"pip", "apt", "neuronx_cc", "neuron_ls", "devices", "mismatches", "ok"}."""
-    info = {"sdk_release": C.SDK_RELEASE, "pip": pip_versions(), "apt": {}, "neuronx_cc": None,
-            "neuron_ls": None, "devices": None}
-    bad = mismatches(info["pip"], C.PIP_PINS)
+def check(*, compile_only: bool, tools_bin: str | None = None, run=_run,
+          profile: C.SdkProfile | None = None) -> dict:
+    """-> {"sdk_release", "nki", "pip", "apt", "neuronx_cc", "neuron_ls", "devices",
+    "mismatches", "ok"} against the pins of ``profile`` (default: config.DEFAULT_SDK)."""
+    prof = profile or C.SDK_PROFILES[C.DEFAULT_SDK]
+    info = {"sdk_release": prof.release, "nki": prof.nki, "pip": pip_versions(prof.pip_pins),
+            "apt": {}, "neuronx_cc": None, "neuron_ls": None, "devices": None}
+    bad = mismatches(info["pip"], prof.pip_pins, prof.release)
     try:
         info["neuronx_cc"] = run([tool_path(tools_bin, "neuronx-cc"), "--version"]).strip()[-200:]
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
         bad.append(f"neuronx-cc --version failed: {exc}")
     if not compile_only:
-        info["apt"] = apt_versions(run=run)
-        bad += mismatches(info["apt"], C.APT_PINS)
+        info["apt"] = apt_versions(prof.apt_pins, run=run)
+        bad += mismatches(info["apt"], prof.apt_pins, prof.release)
         try:
             doc = run([tool_path(tools_bin, "neuron-ls"), "--json-output"])
             info["neuron_ls"] = json.loads(doc)

@@ -10,12 +10,15 @@ runs, to keep each launch's array arguments (named by the kernel's parameters)
 for the profiler.
 
 Compile: the SDK's standalone path (call the ``@nki.jit`` kernel with NumPy
-arrays) compiles, writes the NEFF under NKI_ARTIFACTS_DIR, then executes. On
-a host without a Neuron device the execution fails after the NEFF is written
-(nrtpy tutorial "Test and debug a NKI kernel end-to-end", step 2): with
-``--compile-only`` a NEFF on disk is the compile's success. Compile time = the
-NEFF's modification time - the launch time (execution comes after it); each
-launch's NEFF is copied next to its inputs (a later launch may overwrite it).
+arrays) compiles, writes the NEFF, then executes. The NEFF is looked for where
+the documented variables put it (:func:`neff_dirs`): NKI_ARTIFACTS_DIR and the
+working directory. On a host without a Neuron device the execution fails after
+the NEFF is written (nrtpy tutorial "Test and debug a NKI kernel end-to-end",
+step 2): with ``--compile-only`` a NEFF on disk is the compile's success.
+Compile time = the NEFF's modification time - the launch time (execution comes
+after it); each launch's NEFF is copied next to its inputs (a later launch may
+overwrite it). A launch whose arguments cannot be named by the kernel's
+parameters is recorded with ``inputs_error``: the bench does not time it.
 
 Writes ``<out>/worker.json``; exit 0 when the case passed (compiled, and on a
 device: within tolerance with every other pool slot bit-identical).
@@ -37,20 +40,35 @@ from pathlib import Path
 import numpy as np
 
 
-def _newest_neff(artifacts: Path, since: float) -> Path | None:
-    """The newest NEFF under ``artifacts`` written at or after ``since`` (None: none)."""
-    if not artifacts.is_dir():
-        return None
-    fresh = [p for p in artifacts.rglob("*.neff") if p.stat().st_mtime >= since - 1.0]
+def neff_dirs(out: Path) -> list[Path]:
+    """Where the SDK writes a NEFF: NKI_ARTIFACTS_DIR (SDK 2.32 nrtpy tutorial "Test and debug
+    a NKI kernel end-to-end": set before importing nki, NEFF at ``<dir>/kernel.neff``), and
+    the working directory (2.31 docs: NEURON_FRAMEWORK_DEBUG=1 keeps the artifacts there)."""
+    dirs = [Path(os.environ.get("NKI_ARTIFACTS_DIR") or out / "artifacts"), Path.cwd()]
+    return list(dict.fromkeys(d.resolve() for d in dirs))
+
+
+def _newest_neff(roots, since: float, skip: Path | None = None) -> Path | None:
+    """The newest NEFF under any of ``roots`` written at or after ``since`` (None: none);
+    files under ``skip`` (the worker's own copies) do not count."""
+    if isinstance(roots, (str, Path)):
+        roots = [roots]
+    fresh = []
+    for root in map(Path, roots):
+        if root.is_dir():
+            fresh += [p for p in root.rglob("*.neff") if p.stat().st_mtime >= since - 1.0
+                      and not (skip is not None and p.resolve().is_relative_to(skip.resolve()))]
     return max(fresh, key=lambda p: p.stat().st_mtime) if fresh else None
 
 
 @contextlib.contextmanager
-def capture_launches(out_dir: Path, artifacts: Path):
+def capture_launches(out_dir: Path, artifacts):
     """Wrap ``nki_ssm.backend.run`` while the op runs. Per launch: the kernel's name, its
     array arguments by parameter name (raw C-order ``.bin`` files, saved before the launch
-    can modify a pool), and a copy of the NEFF it produced (``launch_<k>/kernel.neff``: a
-    later launch may overwrite the file in NKI_ARTIFACTS_DIR), with its compile time."""
+    can modify a pool; ``inputs_error`` when they cannot be named: such a launch is not
+    timed), and a copy of the NEFF it produced (``launch_<k>/kernel.neff``: a later launch
+    may overwrite the SDK's file), with its compile time. ``artifacts``: the folder, or
+    folders, the NEFF may land in (:func:`neff_dirs`)."""
     from nki_ssm import backend
 
     launches = []
@@ -65,8 +83,10 @@ def capture_launches(out_dir: Path, artifacts: Path):
                  "module": getattr(fn, "__module__", None), "inputs": [], "neff": None}
         try:
             named = list(inspect.signature(fn).bind(*args, **kwargs).arguments.items())
-        except (TypeError, ValueError):
-            named = [(f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
+        except (TypeError, ValueError) as exc:   # the NEFF's inputs are named by parameter
+            named = []
+            entry["inputs_error"] = (f"the arguments of {entry['kernel']} could not be named by "
+                                     f"its parameters ({type(exc).__name__}: {exc})")
         for name, value in named:
             if isinstance(value, np.ndarray):
                 path = here / f"{name}.bin"
@@ -78,7 +98,7 @@ def capture_launches(out_dir: Path, artifacts: Path):
         try:
             return original(kernel, *args, backend=backend, **kwargs)
         finally:   # compiled even when the execution then fails (no device)
-            neff = _newest_neff(artifacts, t0)
+            neff = _newest_neff(artifacts, t0, skip=out_dir)
             if neff is not None:
                 copy = here / "kernel.neff"
                 shutil.copy2(neff, copy)
@@ -99,7 +119,7 @@ def run_case(case, out: Path, *, compile_only: bool, seed: int = 0) -> dict:
 
     from deploy.bench.cases import tolerance
 
-    artifacts = Path(os.environ.get("NKI_ARTIFACTS_DIR", out / "artifacts"))
+    artifacts = neff_dirs(out)
     kw = case.make_inputs(seed)
     pool = case.pool_name
     args = dict(kw)

@@ -4,38 +4,44 @@ from __future__ import annotations
 import json
 
 from deploy import config as C
-from deploy.provision.plan import LaunchSettings, pricing_filters
+from deploy.provision.plan import LaunchSettings, image_filters, pricing_filters
 
 
 def resolve_ami(ec2, ssm, s: LaunchSettings) -> dict:
     """-> {"ImageId", "Name", "Description", "RootDeviceName", "source"}.
 
-    An explicit AMI, the newest DLAMI whose description names the pinned SDK
-    release, or the DLAMI SSM parameter (resolved here: run-instances gets
-    the image id itself, so the plan shows what is launched).
+    An explicit AMI; else the DLAMI SSM parameter of the SDK profile when its image's
+    description names the profile's release ("The SDK version is included in each AMI's
+    description": release-notes/components/dlamis.rst 2.32.0); else (the parameter moved
+    on to a newer release) the newest image named like the profile's DLAMI (framework, OS)
+    whose description names the release. run-instances gets the image id itself, so the
+    plan shows what is launched and the pins match the image.
     """
     if s.ami_id:
         images = ec2.describe_images(ImageIds=[s.ami_id])["Images"]
-        source = "given"
-    elif s.sdk_release:
-        images = ec2.describe_images(
-            Owners=[C.DLAMI_OWNER],
-            Filters=[{"Name": "name", "Values": [C.DLAMI_NAME_PATTERN]},
-                     {"Name": "description", "Values": [f"*Neuron SDK {s.sdk_release}*"]}])["Images"]
-        images = [im for im in images if im.get("Architecture", "x86_64") == "x86_64"]
-        images.sort(key=lambda im: im.get("CreationDate", ""), reverse=True)
-        source = f"describe-images, Neuron SDK {s.sdk_release}"
         if not images:
-            raise LookupError(f"no Neuron DLAMI with 'Neuron SDK {s.sdk_release}' in its description "
-                              f"in {s.region}")
-    else:
-        name = C.DLAMI_SSM_PARAMETERS[s.dlami]
-        image_id = ssm.get_parameter(Name=name)["Parameter"]["Value"]
-        images = ec2.describe_images(ImageIds=[image_id])["Images"]
-        source = f"ssm:{name}"
-    if not images:
-        raise LookupError(f"AMI not found ({source})")
-    im = images[0]
+            raise LookupError(f"AMI {s.ami_id} not found")
+        return _image(images[0], "given")
+    p = s.profile
+    name = C.DLAMI_SSM_PARAMETERS[p.dlami]
+    image_id = ssm.get_parameter(Name=name)["Parameter"]["Value"]
+    images = ec2.describe_images(ImageIds=[image_id])["Images"]
+    want = f"Neuron SDK {p.release}"
+    if images and want in images[0].get("Description", ""):
+        return _image(images[0], f"ssm:{name}")
+    found = ec2.describe_images(Owners=[C.DLAMI_OWNER], Filters=image_filters(p))["Images"]
+    found = [im for im in found if im.get("Architecture", "x86_64") == "x86_64"
+             and want in im.get("Description", "")]
+    found.sort(key=lambda im: im.get("CreationDate", ""), reverse=True)
+    if not found:
+        latest = images[0].get("Description", "?") if images else "no image"
+        raise LookupError(f"no '{p.image_name}' image with '{want}' in its description in "
+                          f"{s.region} (ssm:{name} is {image_id}: {latest}); pass --ami-id or "
+                          f"another --sdk ({', '.join(sorted(C.SDK_PROFILES))})")
+    return _image(found[0], f"describe-images name '{p.image_name}', '{want}'")
+
+
+def _image(im: dict, source: str) -> dict:
     return {"ImageId": im["ImageId"], "Name": im.get("Name", ""),
             "Description": im.get("Description", ""),
             "RootDeviceName": im.get("RootDeviceName") or "/dev/sda1", "source": source}
@@ -84,18 +90,40 @@ def offerings(ec2, names: list[str]) -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in zones.items()}
 
 
-def choose_type(types: list[dict], zones: dict, family: str | None, wanted: str) -> str:
+def elsewhere(instance_type: str | None = None) -> str:
+    """Where else trn2 is reported offered (config.OFFERING_EVIDENCE), for error messages."""
+    rows = [(r, t, src) for r, t, src in C.OFFERING_EVIDENCE if instance_type in (None, t)]
+    return "; ".join(f"{t} in {r} ({src})" for r, t, src in rows)
+
+
+def choose_type(types: list[dict], zones: dict, family: str | None, wanted: str,
+                region: str = "this region") -> str:
     """The instance type to launch: ``wanted`` when no family is asked; else the smallest
-    offered type of the family (types come from describe-instance-types, not a table)."""
+    offered type of the family (types come from describe-instance-types, not a table).
+    LookupError naming where else the type is reported offered when the region has none."""
     if family is None:
         if wanted not in zones:
-            raise LookupError(f"{wanted} is not offered in any zone of this region "
-                              f"(describe-instance-type-offerings)")
+            where = elsewhere(wanted) or elsewhere()
+            raise LookupError(f"{wanted} is not offered in any zone of {region} "
+                              f"(describe-instance-type-offerings); try --region: {where}; "
+                              "or launch into a capacity block (--capacity-reservation-id)")
         return wanted
     offered = [t["InstanceType"] for t in types if t["InstanceType"] in zones]
     if not offered:
-        raise LookupError(f"no {family} instance type is offered in this region")
+        raise LookupError(f"no {family} instance type is offered in {region}; reported "
+                          f"elsewhere: {elsewhere()}")
     return offered[0]
+
+
+def capacity_block(ec2, reservation_id: str) -> dict:
+    """{"zone", "instance_type", "start", "end", "state", "type"} of a capacity reservation
+    (type "capacity-block" for a block): the instance must launch in its zone, with its
+    type, while it is active."""
+    resp = ec2.describe_capacity_reservations(CapacityReservationIds=[reservation_id])
+    (cr,) = resp["CapacityReservations"]
+    return {"zone": cr["AvailabilityZone"], "instance_type": cr["InstanceType"],
+            "start": cr.get("StartDate"), "end": cr.get("EndDate"), "state": cr.get("State"),
+            "type": cr.get("ReservationType", "")}
 
 
 def hourly_price(pricing, instance_type: str, region: str) -> float | None:
@@ -111,10 +139,10 @@ def hourly_price(pricing, instance_type: str, region: str) -> float | None:
     return None
 
 
-def reference_price(instance_type: str) -> tuple[float | None, str]:
+def reference_price(instance_type: str, region: str) -> tuple[float | None, str]:
     """(price, source) from config.REFERENCE_PRICES_USD: used only without credentials."""
-    price, source = C.REFERENCE_PRICES_USD.get(instance_type, (None, "no reference figure"))
-    return price, source
+    return C.REFERENCE_PRICES_USD.get((instance_type, region),
+                                      (None, f"no reference figure for {instance_type} in {region}"))
 
 
 def default_subnet(ec2, zones: list[str]) -> tuple[str, str]:
@@ -130,6 +158,7 @@ def default_subnet(ec2, zones: list[str]) -> tuple[str, str]:
     return subnets[0]["SubnetId"], subnets[0]["VpcId"]
 
 
-def subnet_vpc(ec2, subnet_id: str) -> tuple[str, str]:
+def subnet_vpc(ec2, subnet_id: str) -> tuple[str, str, str]:
+    """(subnet id, vpc id, availability zone) of a given subnet."""
     sn = ec2.describe_subnets(SubnetIds=[subnet_id])["Subnets"][0]
-    return sn["SubnetId"], sn["VpcId"]
+    return sn["SubnetId"], sn["VpcId"], sn["AvailabilityZone"]

@@ -36,6 +36,7 @@ class Call:
     params: dict = field(default_factory=dict)
     why: str = ""
     creates: bool = False      # makes something that costs or must be torn down
+    only_if: str = ""          # made only in this case (empty: always)
 
     @property
     def kind(self) -> str:
@@ -48,7 +49,8 @@ class Call:
         body = json.dumps(self.params, indent=2, sort_keys=True, default=str)
         body = "\n".join("      " + line for line in body.splitlines())
         mark = {"create": "CREATE ", "read": "read   ", "write": "write  "}[self.kind]
-        return f"  {mark}{self.service}.{self.operation}  # {self.why}\n{body}"
+        why = f"only if {self.only_if}: {self.why}" if self.only_if else self.why
+        return f"  {mark}{self.service}.{self.operation}  # {why}\n{body}"
 
 
 def new_run_id(now: _dt.datetime | None = None) -> str:
@@ -217,8 +219,7 @@ class LaunchSettings:
     region: str = C.DEFAULT_REGION
     instance_type: str = C.DEFAULT_INSTANCE_TYPE
     family: str | None = None            # "trn3", "trn2": discover the types of this family
-    dlami: str = C.DEFAULT_DLAMI         # key of config.DLAMI_SSM_PARAMETERS
-    sdk_release: str | None = None       # pin the AMI by SDK release instead (describe-images)
+    sdk: str = C.DEFAULT_SDK             # key of config.SDK_PROFILES: image, venv, pins
     ami_id: str | None = None            # explicit AMI
     bucket: str = "<your-bucket>"
     ttl_hours: float = C.DEFAULT_TTL_HOURS
@@ -231,31 +232,73 @@ class LaunchSettings:
         if not self.run_id:
             self.run_id = new_run_id()
         check_run_id(self.run_id)
-        if self.dlami not in C.DLAMI_SSM_PARAMETERS:
-            raise ValueError(f"dlami must be one of {sorted(C.DLAMI_SSM_PARAMETERS)}, got {self.dlami!r}")
+        if self.sdk not in C.SDK_PROFILES:
+            raise ValueError(f"sdk must be one of {sorted(C.SDK_PROFILES)}, got {self.sdk!r}")
+        if not self.instance_type.startswith("<"):   # "<smallest offered trn3 type>": the plan's
+            check_instance_type(self.instance_type)   # placeholder before discovery
         ttl_expiry(self.ttl_hours)   # range check
+
+    @property
+    def profile(self) -> C.SdkProfile:
+        return C.SDK_PROFILES[self.sdk]
+
+    @property
+    def target(self) -> str:
+        """The compile and cost-model target of the chosen type: trn3 for trn3.*, else trn2."""
+        return target_of(self.family or self.instance_type)
+
+
+_TYPE = re.compile(r"^(" + "|".join(re.escape(f) for f in C.DISCOVERED_FAMILIES) + r")\.[a-z0-9]+$")
+
+
+def check_instance_type(name: str) -> str:
+    """A Trainium instance type name (``trn2.3xlarge``, ``trn3.<size>``, ...), before any call:
+    the bench needs a Neuron device, and a typo must not create an IAM role first."""
+    if not isinstance(name, str) or not _TYPE.match(name):
+        raise ValueError(f"instance type must be a Trainium type of the families "
+                         f"{', '.join(C.DISCOVERED_FAMILIES)} (e.g. {C.DEFAULT_INSTANCE_TYPE}), "
+                         f"got {name!r}")
+    return name
+
+
+def target_of(type_or_family: str) -> str:
+    """NEURON_PLATFORM_TARGET_OVERRIDE / cost-model target of an instance type or family."""
+    return "trn3" if type_or_family.split(".")[0] == "trn3" else "trn2"
+
+
+def image_filters(profile: C.SdkProfile) -> list[dict]:
+    """describe-images filters naming framework, OS (name) and SDK release (description);
+    x86_64 is checked on the answer."""
+    return [{"Name": "name", "Values": [profile.image_name]},
+            {"Name": "description", "Values": [f"*Neuron SDK {profile.release}*"]}]
 
 
 def ami_calls(s: LaunchSettings) -> list[Call]:
-    """How the AMI is found: the DLAMI SSM parameter, or describe-images by SDK release."""
+    """How the AMI is found: the DLAMI SSM parameter of the SDK profile, checked against the
+    profile's release (the AMI description names it); describe-images by name when the
+    parameter has moved on to a newer release."""
     if s.ami_id:
         return [Call("ec2", "describe_images", {"ImageIds": [s.ami_id]}, "the given AMI exists")]
-    if s.sdk_release:
-        return [Call("ec2", "describe_images", {
-            "Owners": [C.DLAMI_OWNER],
-            "Filters": [{"Name": "name", "Values": [C.DLAMI_NAME_PATTERN]},
-                        {"Name": "description", "Values": [f"*Neuron SDK {s.sdk_release}*"]}]},
-            f"newest x86_64 Neuron DLAMI of SDK {s.sdk_release}")]
-    name = C.DLAMI_SSM_PARAMETERS[s.dlami]
-    return [Call("ssm", "get_parameter", {"Name": name}, f"AMI of the {s.dlami} DLAMI (latest)"),
+    p = s.profile
+    name = C.DLAMI_SSM_PARAMETERS[p.dlami]
+    return [Call("ssm", "get_parameter", {"Name": name}, f"AMI of the {p.dlami} DLAMI (latest)"),
             Call("ec2", "describe_images", {"ImageIds": ["<from ssm>"]},
-                 "name / description (SDK release) and root device of that AMI")]
+                 f"its description must name 'Neuron SDK {p.release}'; root device"),
+            Call("ec2", "describe_images", {"Owners": [C.DLAMI_OWNER], "Filters": image_filters(p)},
+                 f"the newest image of SDK {p.release} by name",
+                 only_if="the parameter's image is of another release")]
 
 
 def discovery_calls(s: LaunchSettings) -> list[Call]:
     """Instance types: a family is listed at run time, never from a table."""
     pattern = f"{s.family}.*" if s.family else s.instance_type
-    return [
+    block = []
+    if s.capacity_reservation_id:
+        block = [Call("ec2", "describe_capacity_reservations",
+                      {"CapacityReservationIds": [s.capacity_reservation_id]},
+                      "the block's zone, type, dates and state: the subnet must be in its zone")]
+    zones = "<the reservation's zone>" if s.capacity_reservation_id else "<the offering zones>"
+    return block + [
         Call("ec2", "describe_instance_types",
              {"Filters": [{"Name": "instance-type", "Values": [pattern]}]},
              "vCPUs, memory, Neuron devices of the type(s)"),
@@ -266,7 +309,7 @@ def discovery_calls(s: LaunchSettings) -> list[Call]:
              "zones of the region that offer the type(s)"),
         Call("ec2", "describe_subnets", ({"SubnetIds": [s.subnet_id]} if s.subnet_id else {"Filters": [
             {"Name": "default-for-az", "Values": ["true"]},
-            {"Name": "availability-zone", "Values": ["<the offering zones>"]}]}),
+            {"Name": "availability-zone", "Values": [zones]}]}),
             "the subnet (default: the default VPC's, in a zone offering the type)"),
         Call("pricing", "get_products", pricing_filters(s.instance_type, s.region),
              "on-demand Linux price per hour (Price List API, us-east-1 endpoint)"),

@@ -1,9 +1,11 @@
 """Run the bench on the host through SSM Run Command (no SSH, no open port).
 
 The project source goes to ``s3://<bucket>/<prefix>/src/`` as a tarball; the
-command downloads it with the instance role, installs it into the DLAMI's
-PyTorch venv with the ``neuron`` extra, runs ``python -m deploy.bench`` and
-copies the results folder back to ``s3://<bucket>/<prefix>/results/``.
+command (POSIX sh: :func:`bench_commands`) downloads it with the instance role,
+installs it into the DLAMI venv of the SDK profile (which holds ``nki`` and
+``neuronx-cc``; the profile's extra pins exactly those versions), runs
+``python -m deploy.bench`` and copies the results folder to
+``s3://<bucket>/<prefix>/results/`` after every case and on exit.
 """
 from __future__ import annotations
 
@@ -46,25 +48,55 @@ def source_tarball(repo: Path) -> bytes:
     return buf.getvalue()
 
 
+# The root of every host path in the script: empty on the host; the offline tests run the
+# very same script under /bin/sh with a temporary root holding fake tools.
+HOST_ROOT_VAR = "NKI_SSM_HOST_ROOT"
+
+
 def bench_commands(*, bucket: str, prefix: str, region: str, run_id: str, bench_args: list[str],
-                   venv: str = C.DLAMI_VENV) -> list[str]:
-    """The shell lines of the Run Command (AWS-RunShellScript, as root)."""
-    work = f"{WORK_ROOT}/{run_id}"
+                   venv: str, extra: str, bench_timeout_s: int) -> list[str]:
+    """The lines of the Run Command: a POSIX sh script (AWS-RunShellScript hands them to
+    ``sh``, which is dash on Ubuntu: no ``pipefail``, ``source`` or ``PIPESTATUS``).
+
+    The bench runs the DLAMI venv's python directly (no activation), under ``timeout``
+    shorter than the SSM executionTimeout; it copies the results to S3 after every case
+    (``--upload-to``), and an EXIT trap copies them once more however the script ends
+    (success, a failed step, the timeout, SIGTERM)."""
+    q = shlex.quote
+    work = f"$R{WORK_ROOT}/{run_id}"
     s3 = f"s3://{bucket}/{prefix}"
-    args = " ".join(shlex.quote(a) for a in bench_args)
+    args = " ".join(q(a) for a in bench_args)
     return [
-        "set -uo pipefail",
-        "export HOME=/root",
-        f"mkdir -p {work}/src {work}/results && cd {work}",
-        f"aws s3 cp --region {region} {s3}/{SOURCE_KEY} src.tar.gz",
-        "tar -xzf src.tar.gz -C src",
-        f"source {venv}/bin/activate",
-        f"pip install --quiet --extra-index-url {C.NEURON_PIP_INDEX} -e 'src[neuron,report]'",
-        "cd src",
-        f"python -m deploy.bench --out {work}/results {args} 2>&1 | tee {work}/results/bench.log",
-        "rc=${PIPESTATUS[0]}",
-        f"aws s3 cp --region {region} --recursive --only-show-errors {work}/results {s3}/results/",
-        "exit $rc",
+        f"# {C.PROJECT} run {run_id}: POSIX sh (AWS-RunShellScript runs sh; dash on Ubuntu)",
+        "set -u",
+        f'R="${{{HOST_ROOT_VAR}:-}}"',
+        f'W="{work}"',
+        f'V="$R{venv}"',
+        f"S3={q(s3)}",
+        f"REGION={q(region)}",
+        'HOME="$R/root"',
+        "export HOME",
+        f'PATH="$V/bin:$R{C.NEURON_TOOLS_BIN}:$PATH"',
+        "export PATH",
+        # single quotes: expanded when the trap runs, i.e. on every way out of the script
+        """trap 'aws s3 sync --region "$REGION" --only-show-errors "$W/results" "$S3/results" """
+        """|| echo "nki-ssm-bench: results upload failed" >&2' EXIT""",
+        "trap 'exit 129' HUP",
+        "trap 'exit 130' INT",
+        "trap 'exit 143' TERM",
+        'mkdir -p "$W/src" "$W/results" || exit 1',
+        'cd "$W" || exit 1',
+        f'aws s3 cp --region "$REGION" --only-show-errors "$S3/{SOURCE_KEY}" src.tar.gz || exit 1',
+        "tar -xzf src.tar.gz -C src || exit 1",
+        f'"$V/bin/python" -m pip install --quiet --extra-index-url {C.NEURON_PIP_INDEX} '
+        f'-e "src[{extra},report]" >"$W/results/pip.log" 2>&1 '
+        '|| { tail -n 40 "$W/results/pip.log"; exit 1; }',
+        "cd src || exit 1",
+        f'{{ timeout --kill-after=60 {int(bench_timeout_s)} "$V/bin/python" -m deploy.bench '
+        f'--out "$W/results" --upload-to "$S3/results" --upload-region "$REGION" {args}; '
+        'echo "$?" >"$W/bench.rc"; } 2>&1 | tee "$W/results/bench.log"',
+        'rc=$(cat "$W/bench.rc" 2>/dev/null || echo 1)',
+        'exit "$rc"',
     ]
 
 

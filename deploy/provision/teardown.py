@@ -45,6 +45,16 @@ def _selected(tags: dict, run_id: str | None, expired: bool, now: str) -> bool:
     return True
 
 
+def _iam_pages(method, key: str, **kw):
+    """Every item of a paginated IAM listing (``IsTruncated`` / ``Marker``)."""
+    while True:
+        resp = method(**kw)
+        yield from resp.get(key, [])
+        if not resp.get("IsTruncated"):
+            return
+        kw["Marker"] = resp["Marker"]
+
+
 def find(ec2, iam, run_id: str | None = None, *, expired: bool = False) -> Found:
     """Everything of run ``run_id`` (or of every expired run) that still exists."""
     if run_id is None and not expired:
@@ -62,14 +72,14 @@ def find(ec2, iam, run_id: str | None = None, *, expired: bool = False) -> Found
     for sg in ec2.describe_security_groups(Filters=[key_filter]).get("SecurityGroups", []):
         if _selected(_tag_map(sg.get("Tags")), run_id, expired, now):
             found.security_groups.append(sg["GroupId"])
-    for prof in iam.list_instance_profiles(PathPrefix=C.IAM_PATH).get("InstanceProfiles", []):
+    for prof in _iam_pages(iam.list_instance_profiles, "InstanceProfiles", PathPrefix=C.IAM_PATH):
         name = prof["InstanceProfileName"]
         # GetInstanceProfile returns the tags (listings may omit them)
         tags = _tag_map(prof.get("Tags") or iam.get_instance_profile(
             InstanceProfileName=name)["InstanceProfile"].get("Tags"))
         if _selected(tags, run_id, expired, now):
             found.instance_profiles.append(name)
-    for role in iam.list_roles(PathPrefix=C.IAM_PATH).get("Roles", []):
+    for role in _iam_pages(iam.list_roles, "Roles", PathPrefix=C.IAM_PATH):
         name = role["RoleName"]
         tags = _tag_map(iam.list_role_tags(RoleName=name).get("Tags"))
         if _selected(tags, run_id, expired, now):

@@ -1,7 +1,23 @@
 """The Neuron device path of the custom ops: device tensors straight to the ``@nki.jit`` kernels.
 
-On torch-neuronx (XLA) tensors ``nki_ssm.torch.ops`` calls the functions of
-this module instead of the NumPy host API. Each op:
+Neuron devices (``DEVICE_TYPES``; ``is_neuron_device``), by SDK:
+
+* ``"xla"``: torch-neuronx 2.9 (PyTorch/XLA), SDK <= 2.31 (PyTorch 2.9 DLAMI,
+  ``/opt/aws_neuronx_venv_pytorch_2_9``). The kernel is called with the XLA
+  tensors (``nki.jit``'s PyTorch integration; nki/examples/getting_started_torch.py).
+* ``"neuron"``: the native PrivateUse1 device of SDK 2.32. Under vLLM Neuron 0.24
+  (``libtorch_neuronx_lite``, the multi-framework DLAMI's
+  ``/opt/aws_neuronx_venv_pytorch_inference_vllm_0_24_0_1_1_0``) kernels go through
+  its ``wrap_nki`` HOP, ``wrap_nki(kernel)(**kwargs)`` (vllm-neuron docs
+  model-dev/nki_cpu_simulator.md: ``wrap_nki(kernel) -> NKIHOPCaller``,
+  ``NKIHOPCaller[grid](**kwargs)``; no grid here: the kernels launch without one,
+  LNC 1). Under TorchNeuron (aws-neuron/torch-neuronx, closed beta) the
+  ``@nki.jit`` kernel is called with the ``neuron`` tensors inside the custom op
+  (frameworks/torch/pytorch-native-overview.rst), as on XLA. ``launch_path`` says
+  which one a device gets.
+
+On those tensors ``nki_ssm.torch.ops`` calls the functions of this module
+instead of the NumPy host API. Each op:
 
 1. validates with the host API's own checks (``nki_ssm.ops.<family>.validate_*``,
    so every backend gives the same verdict and message), run on metadata
@@ -22,15 +38,21 @@ this module instead of the NumPy host API. Each op:
    contiguous device copy that is copied back with ``copy_`` (still no host round
    trip);
 4. the launcher calls ``device_call(kernel, *args)`` -- the one boundary with the
-   device: ``kernel(*args)``, i.e. ``nki.jit``'s PyTorch integration with XLA
-   tensors -- and lays the output back with torch ops.
+   device: ``kernel(*args)`` or ``wrap_nki(kernel)(**kwargs)`` (``launch_path``)
+   -- and lays the output back with torch ops.
 
 ``device_call`` is what the CPU tests replace (they run the kernel on the
 simulator with NumPy views of the very tensors passed, and check that the
-arguments equal the host path's, the layouts and the aliasing); the real run
-needs a trn instance with the Neuron SDK (tests marked ``trn``).
+arguments equal the host path's, the layouts and the aliasing); the launch
+paths are tested with fake ``wrap_nki`` modules; the real run needs a trn
+instance with the Neuron SDK (tests marked ``trn``). Whether the pool written in
+place by the kernel comes back through the HOP is what the bench's first call
+checks on the device (deploy/, the pool check and its hint).
 """
 from __future__ import annotations
+
+import importlib
+import inspect
 
 import ml_dtypes
 import numpy as np
@@ -49,10 +71,64 @@ _NP_DTYPE = {torch.float32: np.dtype(np.float32), torch.bfloat16: np.dtype(ml_dt
 _INDEX_ARGS = ("cu_seqlens", "state_indices", "has_initial_state")
 
 
+# Device types of the Neuron device path: "xla" (torch-neuronx 2.9, SDK <= 2.31) and
+# "neuron" (native PrivateUse1 device: TorchNeuron, vLLM Neuron's libtorch_neuronx_lite).
+DEVICE_TYPES = ("xla", "neuron")
+# where the wrap_nki HOP lives: libtorch_neuronx_lite under vLLM Neuron 0.24 (SDK 2.32
+# DLAMI), torch_neuronx.nki_hop under TorchNeuron (third-party code; unverified in the docs)
+WRAP_NKI_MODULES = ("libtorch_neuronx_lite.nki.nki_hop", "torch_neuronx.nki_hop")
+
+
+def device_type(device) -> str | None:
+    """The type string of ``device`` (a torch.device, a tensor, or a type string like "xla")."""
+    if isinstance(device, str):
+        return device.split(":")[0]
+    device = getattr(device, "device", device)     # a tensor -> its device
+    return getattr(device, "type", None)
+
+
+def is_neuron_device(device) -> bool:
+    """Whether ``device`` (torch.device, tensor or type string) is one this module serves."""
+    return device_type(device) in DEVICE_TYPES
+
+
+def wrap_nki():
+    """The ``wrap_nki`` of the installed Neuron torch runtime (``WRAP_NKI_MODULES``), or None."""
+    for name in WRAP_NKI_MODULES:
+        try:
+            return importlib.import_module(name).wrap_nki
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
+def launch_path(device) -> str:
+    """How a kernel reaches ``device``: "jit" (``kernel(*args)``: XLA, and TorchNeuron's
+    eager custom ops) or "wrap_nki" (the HOP of the native device's runtime)."""
+    kind = device_type(device)
+    if kind not in DEVICE_TYPES:
+        raise ValueError(f"device must be a Neuron device ({', '.join(DEVICE_TYPES)}), got {kind!r}")
+    return "wrap_nki" if kind == "neuron" and wrap_nki() is not None else "jit"
+
+
+def _kernel_kwargs(kernel, args) -> dict | None:
+    """``args`` by the kernel function's parameter names (None: they do not bind)."""
+    fn = getattr(kernel, "func", None) or getattr(kernel, "fn", None) or kernel
+    try:
+        return dict(inspect.signature(fn).bind(*args).arguments)
+    except (TypeError, ValueError):
+        return None
+
+
 def device_call(kernel, *args):
-    """The device boundary: an ``@nki.jit`` kernel called with device tensors (and the
-    kernel's compile-time Python values). Replaced in the CPU tests."""
-    return kernel(*args)
+    """The device boundary: an ``@nki.jit`` kernel with device tensors (and the kernel's
+    compile-time Python values), by the device's ``launch_path``. Replaced in the CPU tests."""
+    device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+    if launch_path(device) == "jit":
+        return kernel(*args)
+    caller = wrap_nki()(kernel)
+    kwargs = _kernel_kwargs(kernel, args)
+    return caller(*args) if kwargs is None else caller(**kwargs)
 
 
 # ------------------------------------------------------------------ validation

@@ -41,17 +41,6 @@ def seed_reserved_parameter(name: str, value: str, region: str = REGION) -> None
         last_modified_date=_dt.datetime.now(_dt.timezone.utc), version=1, data_type="aws:ec2:image"))
 
 
-def offer(instance_type: str, zones=("us-east-2a", "us-east-2b"), region: str = REGION, monkeypatch=None):
-    """Add an instance-type offering to moto's data (moto 5.2 lists no trn2.3xlarge in us-east-2)."""
-    from moto.ec2.models import instance_types as it
-
-    table = it.INSTANCE_TYPE_OFFERINGS["availability-zone"]
-    rows = list(table.get(region, []))
-    rows += [{"InstanceType": instance_type, "LocationType": "availability-zone", "Location": z}
-             for z in zones]
-    monkeypatch.setitem(table, region, rows)
-
-
 def seed_managed_policy(name: str) -> None:
     """One AWS managed policy in moto's IAM backend (loading all of them costs seconds per test)."""
     import json
@@ -77,8 +66,10 @@ class AwsEnv:
 
 @pytest.fixture
 def aws(monkeypatch, no_credentials):
-    """moto account: Neuron DLAMI registered and its SSM parameter seeded, trn2.3xlarge
-    offered in two zones, the results bucket created; dummy credentials in the env."""
+    """moto account in the default region: the SDK 2.32.0 multi-framework DLAMI registered
+    and its SSM parameter seeded, the results bucket created; dummy credentials in the env.
+    Instance-type offerings are moto's own data (generated from AWS's answers), not added
+    here: the default pair must be offered by that data."""
     boto3 = pytest.importorskip("boto3")
     from moto import mock_aws
 
@@ -88,15 +79,15 @@ def aws(monkeypatch, no_credentials):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
     with mock_aws():
-        offer("trn2.3xlarge", monkeypatch=monkeypatch)
         seed_managed_policy(C.SSM_CORE_POLICY_ARN.rsplit("/", 1)[1])
         sess = boto3.session.Session(region_name=REGION)
         clients = {svc: sess.client(svc, region_name=REGION) for svc in ("ec2", "iam", "ssm", "s3")}
         ami = clients["ec2"].register_image(
-            Name="Deep Learning AMI Neuron PyTorch 2.9 (Ubuntu 24.04) 20260710",
-            Description="Neuron SDK 2.31.1, PyTorch 2.9", Architecture="x86_64",
+            Name="Deep Learning AMI Neuron (Ubuntu 24.04) 20260817",
+            Description="Supported EC2 instances: Inf2, Trn1, Trn1n, Trn2, Trn3. Neuron SDK 2.32.0, "
+                        "JAX 0.10, vLLM 0.24.0", Architecture="x86_64",
             RootDeviceName="/dev/sda1")["ImageId"]
-        seed_reserved_parameter(C.DLAMI_SSM_PARAMETERS["pytorch-2.9"], ami)
+        seed_reserved_parameter(C.DLAMI_SSM_PARAMETERS["multi-framework"], ami)
         clients["s3"].create_bucket(Bucket=BUCKET,
                                     CreateBucketConfiguration={"LocationConstraint": REGION})
         yield AwsEnv(sess, clients, ami)
@@ -105,7 +96,10 @@ def aws(monkeypatch, no_credentials):
 @pytest.fixture
 def fake_toolchain(tmp_path, monkeypatch):
     """FAKE Neuron SDK on PATH / sys.path: tools in tmp/bin, the fake `nki` package and the
-    pinned packages' metadata (tests/deploy/fakes/sdk). Device present unless told."""
+    pinned packages' metadata of the default SDK (tests/deploy/fakes/sdk-meta/<release>).
+    Device present unless told."""
+    from deploy import config as C
+
     bin_dir = tmp_path / "fakebin"
     bin_dir.mkdir()
     for name in TOOLS:
@@ -114,10 +108,13 @@ def fake_toolchain(tmp_path, monkeypatch):
                           f"from tools import main\nsys.exit(main({name!r}, sys.argv[1:]))\n")
         script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
-    sdk = str(FAKES / "sdk")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [sdk, os.environ.get("PYTHONPATH")])))
-    monkeypatch.syspath_prepend(sdk)          # package metadata for the in-process toolchain check
+    sdk, meta = str(FAKES / "sdk"), str(FAKES / "sdk-meta" / C.DEFAULT_SDK)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [sdk, meta, os.environ.get("PYTHONPATH")])))
+    monkeypatch.syspath_prepend(sdk)
+    monkeypatch.syspath_prepend(meta)         # package metadata for the in-process toolchain check
+    monkeypatch.setenv("FAKE_NEURON_SDK", C.DEFAULT_SDK)
     monkeypatch.setenv("NKI_SSM_BACKEND", "sim")   # restored after the test (the bench sets it)
     monkeypatch.setenv("FAKE_NEURON_DEVICE", "1")
-    monkeypatch.delenv("FAKE_NKI_COMPILE_ERROR", raising=False)
+    for k in ("FAKE_NKI_COMPILE_ERROR", "FAKE_NKI_NO_WRITEBACK", "FAKE_NKI_NEFF_IN_CWD", "FAKE_NKI_HANG"):
+        monkeypatch.delenv(k, raising=False)
     return bin_dir

@@ -86,7 +86,7 @@ def test_lost_pool_writes_fail_the_check_with_a_hint(tmp_path, fake_toolchain, m
 def test_version_mismatch_stops_before_compiling(tmp_path, fake_toolchain, monkeypatch):
     from deploy import config as C
 
-    monkeypatch.setitem(C.PIP_PINS, "nki", "0.6.0")
+    monkeypatch.setitem(C.PIP_PINS, "nki", "0.7.0")
     out = tmp_path / "bench"
     code = bench_main(["--set", "smoke", "--case", CASE, "--out", str(out), "--no-model"])
     assert code == 2 and not (out / "cases").exists()
@@ -109,6 +109,7 @@ def test_dry_run_lists_every_case_and_command(capsys):
     assert text.count("-m deploy.bench.worker --case") == len(cases)
     assert text.count("--compile-only") == len(cases)
     assert "NKI_ARTIFACTS_DIR=" in text and "neuron-explorer capture" not in text
+    assert "(SDK 2.32.0, NKI 0.6.0)" in text
 
 
 def test_every_smoke_op_passes_on_the_fake_device(tmp_path, fake_toolchain):

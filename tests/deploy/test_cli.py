@@ -32,8 +32,8 @@ def test_dry_run_prints_the_plan_without_credentials(no_credentials, no_api_call
     out = capsys.readouterr().out
     assert "no AWS credentials" in out and "nothing was created" in out
     assert "instance type   trn2.3xlarge" in out
-    assert "/aws/service/neuron/dlami/pytorch-2.9/ubuntu-24.04/latest/image_id" in out
-    assert "hourly price    $2.235/h" in out and "unverified" in out
+    assert "/aws/service/neuron/dlami/multi-framework/ubuntu-24.04/latest/image_id" in out
+    assert "instance        $2.235/h" in out and "unverified" in out
     for call in ("ssm.get_parameter", "ec2.describe_instance_types", "ec2.describe_instance_type_offerings",
                  "pricing.get_products", "iam.create_role", "iam.attach_role_policy",
                  "iam.put_role_policy", "iam.create_instance_profile", "ec2.create_security_group",
@@ -47,18 +47,22 @@ def test_dry_run_prints_the_plan_without_credentials(no_credentials, no_api_call
 
 
 def test_run_dry_run_adds_the_ssm_steps_and_a_family(no_credentials, no_api_calls, capsys):
-    assert main(["run", "--dry-run", "--family", "trn3", "--bucket", "b", "--hourly-price", "7"]) == 0
+    assert main(["run", "--dry-run", "--family", "trn3", "--bucket", "my-bucket", "--hourly-price", "7"]) == 0
     out = capsys.readouterr().out
     assert "the smallest offered trn3.* type (discovered at run time)" in out
     assert '"InstanceType": "<smallest offered trn3 type>"' in out
     assert '"Values": [\n              "trn3.*"' in out
-    assert "ssm.send_command" in out and "python -m deploy.bench" in out
+    assert "ssm.send_command" in out and "-m deploy.bench" in out
     assert "$7.000/h (--hourly-price)" in out
+    # a trn3 host compiles and models for trn3 (issue 27 item 5): the plan says so, and the
+    # bench command of the SSM document carries it
+    assert "compile target  --target trn3" in out
+    assert "--target trn3 --sdk 2.32.0" in out
 
 
 def test_missing_credentials_fail_clearly_before_any_call(no_credentials, no_api_calls, capsys):
-    for argv in (["launch", "--bucket", "b"], ["run", "--bucket", "b"], ["teardown", "--run-id", "x1"],
-                 ["collect", "--run-id", "x1", "--bucket", "b"]):
+    for argv in (["launch", "--bucket", "my-bucket"], ["run", "--bucket", "my-bucket"], ["teardown", "--run-id", "x1"],
+                 ["collect", "--run-id", "x1", "--bucket", "my-bucket"]):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert "needs AWS credentials and none were found" in err and "--dry-run" in err
@@ -69,7 +73,7 @@ def test_launch_needs_a_bucket(capsys):
     assert "--bucket is required" in capsys.readouterr().err
 
 
-def test_neuron_extra_pins_the_sdk_release_of_config():
+def test_neuron_extras_pin_the_sdk_profiles_of_config():
     from pathlib import Path
 
     tomllib = pytest.importorskip("tomllib")   # Python 3.11+
@@ -78,7 +82,8 @@ def test_neuron_extra_pins_the_sdk_release_of_config():
 
     py = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     extras = py["project"]["optional-dependencies"]
-    assert sorted(extras["neuron"]) == sorted(f"{k}=={v}" for k, v in C.PIP_PINS.items())
+    for prof in C.SDK_PROFILES.values():   # what the host installs is what the check expects
+        assert sorted(extras[prof.extra]) == sorted(f"{k}=={v}" for k, v in prof.pip_pins.items())
     assert any(d.startswith("boto3") for d in extras["deploy"])
     for need in ("boto3", "moto", "cfn-lint"):      # CI installs the test extra
         assert any(d.startswith(need) for d in extras["test"])

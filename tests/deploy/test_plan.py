@@ -67,5 +67,5 @@ def test_create_calls_order_and_kinds():
     assert role["Path"] == C.IAM_PATH and {t["Key"] for t in role["Tags"]} >= {C.TAG_RUN_ID, C.TAG_TTL_EXPIRES}
     assert calls[-1].params["TagSpecifications"][0]["Tags"][3] == {
         "Key": C.TAG_TTL_EXPIRES, "Value": "2026-11-24T13:00:00Z"}
-    with pytest.raises(ValueError, match="dlami"):
-        P.LaunchSettings(run_id="r1", dlami="nope")
+    with pytest.raises(ValueError, match="sdk"):
+        P.LaunchSettings(run_id="r1", sdk="nope")

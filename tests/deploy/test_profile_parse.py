@@ -73,11 +73,11 @@ def test_profile_pairs_summaries_with_executions(tmp_path):
 
 
 def test_toolchain_pins():
-    pins = {"nki": "0.5.0", "aws-neuronx-tools": "2.31.15.0"}
-    assert TC.mismatches({"nki": "0.5.0", "aws-neuronx-tools": "2.31.15.0-abcdef"}, pins) == []
-    bad = TC.mismatches({"nki": "0.6.0", "aws-neuronx-tools": None}, pins)
-    assert bad == ["nki: 0.6.0 installed, SDK 2.31.1 pins 0.5.0",
-                   "aws-neuronx-tools: not installed (want 2.31.15.0)"]
+    pins = {"nki": "0.5.0", "aws-neuronx-tools": "2.31.13.0"}
+    assert TC.mismatches({"nki": "0.5.0", "aws-neuronx-tools": "2.31.13.0-abcdef"}, pins, "2.31.0") == []
+    bad = TC.mismatches({"nki": "0.6.0", "aws-neuronx-tools": None}, pins, "2.31.0")
+    assert bad == ["nki: 0.6.0 installed, SDK 2.31.0 pins 0.5.0",
+                   "aws-neuronx-tools: not installed (want 2.31.13.0)"]
     assert TC.mismatches({"nki": "0.5.01"}, {"nki": "0.5.0"}) != []        # no prefix matching
     assert TC.neuron_devices('[{"neuron_device": 0}, {"neuron_device": 1}]') == 2
     assert TC.neuron_devices("[]") == 0

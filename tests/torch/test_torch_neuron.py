@@ -214,13 +214,27 @@ def test_rejected_call_never_reaches_the_device(op, device):
                                "backend": "reference"})
 
 
+def _device(runtime):
+    """The Neuron device of ``runtime`` ("xla": torch-neuronx 2.9, SDK <= 2.31; "native": the
+    "neuron" device of SDK 2.32's vLLM Neuron venv or TorchNeuron), or a skip."""
+    if runtime == "xla":
+        return pytest.importorskip("torch_xla").device()
+    try:
+        dev = torch.device("neuron")
+        torch.empty(1, device=dev)
+    except (RuntimeError, ValueError):
+        pytest.skip("no native 'neuron' device (SDK 2.32 vLLM Neuron venv or TorchNeuron)")
+    return dev
+
+
 @pytest.mark.trn
-def test_on_a_neuron_device():
-    """The real run: every op on a NeuronCore equals the CPU path (needs torch-neuronx)."""
-    xla = pytest.importorskip("torch_xla")
+@pytest.mark.parametrize("runtime", ["xla", "native"])
+def test_on_a_neuron_device(runtime):
+    """The real run: every op on a NeuronCore equals the CPU path (needs the Neuron SDK)."""
     if nki_backend.name() != "neuron":
         pytest.skip("needs the Neuron SDK's nki (trn instance)")
-    dev = xla.device()
+    dev = _device(runtime)
+    assert neuron.is_neuron_device(dev)
     for op in OPS:
         kw = numpy_case(op)
         cpu, on_dev = to_torch(kw), {k: v.to(dev) if isinstance(v, torch.Tensor) else v
@@ -230,6 +244,8 @@ def test_on_a_neuron_device():
         want = _first(getattr(tops, op)(**cpu, backend="sim"))
         got = _first(getattr(tops, op)(**on_dev))
         torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(on_dev[pool_name(kw)].cpu(), cpu[pool_name(kw)], rtol=1e-4,
+                                   atol=1e-5)   # the pool written in place came back
 
 
 def test_torch_layer_imports_no_kernels_and_namespaces_match():
@@ -250,3 +266,91 @@ def test_torch_layer_imports_no_kernels_and_namespaces_match():
             assert not any(n.startswith("nki_ssm.kernels") for n in names), path.name
     public = lambda cls: {n for n in vars(cls) if not n.startswith("_")}  # noqa: E731
     assert public(TorchArrays) == public(NumpyArrays)
+
+
+# ------------------------------------------------------------------ launch paths by SDK
+
+
+@pytest.fixture
+def no_wrap_nki(monkeypatch):
+    """No Neuron torch runtime with a wrap_nki HOP is importable (as on this CPU host)."""
+    import sys
+
+    for name in neuron.WRAP_NKI_MODULES:
+        monkeypatch.setitem(sys.modules, name, None)   # import raises ImportError
+
+
+def _fake_hop_module(monkeypatch, calls):
+    """A FAKE ``libtorch_neuronx_lite.nki.nki_hop``: ``wrap_nki(kernel)(**kwargs)`` records the
+    call and runs the kernel on the simulator through NumPy views of the tensors passed."""
+    import sys
+    import types
+
+    def wrap_nki(kernel):
+        def caller(*args, **kwargs):
+            calls.append((kernel, args, kwargs))
+            values = list(args) + list(kwargs.values())
+            out = nki_backend.run(kernel, *[to_numpy(a) if isinstance(a, torch.Tensor) else a
+                                            for a in values], backend="sim")
+            if isinstance(out, (tuple, list)):
+                return tuple(from_numpy(np.asarray(o)) for o in out)
+            return from_numpy(np.asarray(out))
+        return caller
+
+    mod = types.ModuleType(neuron.WRAP_NKI_MODULES[0])
+    mod.wrap_nki = wrap_nki
+    monkeypatch.setitem(sys.modules, neuron.WRAP_NKI_MODULES[0], mod)
+
+
+def test_neuron_devices_and_their_launch_paths(no_wrap_nki, monkeypatch):
+    assert neuron.DEVICE_TYPES == ("xla", "neuron")
+    for dev in ("xla", "xla:0", "neuron", "neuron:3", torch.device("xla")):
+        assert neuron.is_neuron_device(dev), dev
+    for dev in ("cpu", "meta", torch.device("cpu"), torch.zeros(1), "cuda:0"):
+        assert not neuron.is_neuron_device(dev), dev
+    # torch-neuronx (XLA) and TorchNeuron without a HOP runtime: the @nki.jit kernel itself
+    assert neuron.launch_path("xla") == "jit" and neuron.launch_path("neuron") == "jit"
+    with pytest.raises(ValueError, match="device must be a Neuron device"):
+        neuron.launch_path("cpu")
+    # vLLM Neuron 0.24's runtime present: the native device goes through its wrap_nki HOP
+    _fake_hop_module(monkeypatch, [])
+    assert neuron.launch_path("neuron") == "wrap_nki" and neuron.launch_path("xla") == "jit"
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_native_device_through_the_wrap_nki_hop(op, monkeypatch):
+    """SDK 2.32 (vLLM Neuron 0.24): every op reaches its kernel as ``wrap_nki(kernel)(**kwargs)``
+    with each argument under the kernel's parameter name; same result as the host sim path,
+    the pool updated in the caller's tensor. The device is FAKE (CPU tensors typed
+    "neuron"), the HOP too (the simulator)."""
+    monkeypatch.setenv("NKI_SSM_BACKEND", "sim")
+    calls = []
+    _fake_hop_module(monkeypatch, calls)
+    real_type = neuron.device_type
+    monkeypatch.setattr(neuron, "device_type",
+                        lambda d: "neuron" if real_type(d) == "cpu" else real_type(d))
+    kw = numpy_case(op)
+    tkw = to_torch(kw)
+    name = pool_name(kw)
+    expected = getattr(host, op)(**kw, backend="sim")
+    np.testing.assert_array_equal(to_numpy(_first(_call(op, tkw))), _first(expected))
+    np.testing.assert_array_equal(to_numpy(tkw[name]), kw[name])
+    (kernel, args, kwargs), = calls
+    import inspect
+
+    fn = getattr(kernel, "func", None) or getattr(kernel, "fn", None) or kernel
+    assert args == () and list(kwargs) == list(inspect.signature(fn).parameters)[:len(kwargs)]
+
+
+def test_torchneuron_calls_the_jit_kernel_itself(no_wrap_nki, monkeypatch):
+    """TorchNeuron without the HOP module: ``kernel(*args)`` on the neuron tensors, as the
+    SDK's native-PyTorch docs call ``@nki.jit`` kernels inside a custom op."""
+    monkeypatch.setattr(neuron, "device_type", lambda d: "neuron")
+    seen = []
+
+    def kernel(a, b):
+        seen.append((a, b))
+        return a
+
+    x = torch.ones(2)
+    assert neuron.device_call(kernel, x, 3) is x and seen == [(x, 3)]

@@ -1,6 +1,7 @@
 """FAKE Neuron command-line tools for the deploy tests (not the real binaries).
 
-neuronx-cc --version; neuron-ls --json-output; dpkg-query -W -f=${Version} <pkg>;
+neuronx-cc --version; neuron-ls --json-output; dpkg-query -W -f=${Version} <pkg>
+(versions of the SDK release FAKE_NEURON_SDK, default 2.32.0);
 neuron-explorer capture (writes one NTFF per execution, named as the real tool
 does) and view --output-format summary-json (prints a summary in the documented
 shape; the times are FABRICATED: executions 1..3 take 60 us (warm-up), later
@@ -12,7 +13,15 @@ import json
 import os
 import sys
 
-SDK_VERSIONS = {"aws-neuronx-runtime-lib": "2.33.10.0-fake", "aws-neuronx-tools": "2.31.15.0-fake"}
+APT_VERSIONS = {
+    "2.32.0": {"aws-neuronx-runtime-lib": "2.34.10.0-fake", "aws-neuronx-tools": "2.32.28.0-fake"},
+    "2.31.0": {"aws-neuronx-runtime-lib": "2.33.10.0-fake", "aws-neuronx-tools": "2.31.13.0-fake"},
+}
+COMPILER = {"2.32.0": "2.27.5334.0", "2.31.0": "2.26.6360.0"}
+
+
+def _sdk() -> str:
+    return os.environ.get("FAKE_NEURON_SDK", "2.32.0")
 
 
 def fake_time_s(k: int) -> float:
@@ -26,7 +35,7 @@ def _opt(args, flag):
 
 def main(name: str, args: list[str]) -> int:
     if name == "neuronx-cc":
-        print("NeuronX Compiler version 2.26.6360.0+fake")
+        print(f"NeuronX Compiler version {COMPILER[_sdk()]}+fake")
         return 0
     if name == "neuron-ls":
         if os.environ.get("FAKE_NEURON_DEVICE") != "1":
@@ -36,8 +45,9 @@ def main(name: str, args: list[str]) -> int:
                            "memory_size": 103079215104, "neuron_processes": []}]))
         return 0
     if name == "dpkg-query":
-        print(SDK_VERSIONS.get(args[-1], ""), end="")
-        return 0 if args[-1] in SDK_VERSIONS else 1
+        versions = APT_VERSIONS[_sdk()]
+        print(versions.get(args[-1], ""), end="")
+        return 0 if args[-1] in versions else 1
     if name == "neuron-explorer":
         return _explorer(args)
     return 2

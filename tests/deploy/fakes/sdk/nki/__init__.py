@@ -7,10 +7,14 @@ with NumPy arrays does what the SDK's standalone mode does, in miniature:
 NKI_ARTIFACTS_DIR), then executes: on the simulator when FAKE_NEURON_DEVICE=1,
 else fails like a host without a Neuron device. FAKE_NKI_COMPILE_ERROR=<text>
 makes kernels whose name contains <text> fail to compile (no NEFF);
-FAKE_NKI_NO_WRITEBACK=1 runs on copies of the inputs (in-place writes are lost).
+FAKE_NKI_NO_WRITEBACK=1 runs on copies of the inputs (in-place writes are lost);
+FAKE_NKI_NEFF_IN_CWD=1 ignores NKI_ARTIFACTS_DIR and writes the NEFF under the
+working directory (``neuronxcc-<name>/graph.neff``, as a framework debug run keeps
+it); FAKE_NKI_HANG=<text> makes kernels whose name contains <text> compile forever.
 """
 import os
 import sys
+import time
 
 from nki_ssm.sim import isa, language
 from nki_ssm.sim import jit as _sim_jit
@@ -29,11 +33,19 @@ class Kernel:
         bad = os.environ.get("FAKE_NKI_COMPILE_ERROR")
         if bad and bad in name:
             raise RuntimeError(f"[fake neuronx-cc] ERROR: {name}: PSUM allocation failed")
+        hang = os.environ.get("FAKE_NKI_HANG")
+        if hang and hang in name:
+            print(f"[fake neuronx-cc] {name}: compiling ...", file=sys.stderr, flush=True)
+            time.sleep(3600)
         print(f"[fake neuronx-cc] WARNING: {name}: fake compile of a fake NEFF", file=sys.stderr)
-        art = os.environ.get("NKI_ARTIFACTS_DIR", ".")
+        if os.environ.get("FAKE_NKI_NEFF_IN_CWD") == "1":
+            art, neff = os.path.join(os.getcwd(), f"neuronxcc-{name}"), "graph.neff"
+        else:
+            art, neff = os.environ.get("NKI_ARTIFACTS_DIR", "."), "kernel.neff"
         os.makedirs(art, exist_ok=True)
-        with open(os.path.join(art, "kernel.neff"), "wb") as fh:
-            fh.write(b"FAKE-NEFF " + name.encode() + b"\0" * 4096)
+        with open(os.path.join(art, neff), "wb") as fh:
+            target = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE", "?")
+            fh.write(f"FAKE-NEFF {name} target={target}".encode() + b"\0" * 4096)
         if os.environ.get("FAKE_NEURON_DEVICE") != "1":
             raise RuntimeError("NRT Error NRT_FAILURE(1): no Neuron device (fake)")
         if os.environ.get("FAKE_NKI_NO_WRITEBACK") == "1":
