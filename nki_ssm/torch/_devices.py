@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-NEURON_DEVICE_TYPES = ("xla", "neuron")
+from .neuron import DEVICE_TYPES as NEURON_DEVICE_TYPES
 RUN_DEVICE_TYPES = ("cpu",) + NEURON_DEVICE_TYPES
 
 
