@@ -206,19 +206,14 @@ _PSUM_F = 512      # fp32 elements of one PSUM bank per partition
 _PMAX = 128
 _CB_AHEAD = 2         # steps between a context's prologue compute and its CB (modulo loop)
 _PE_STATE_CYCLE = 2   # one block in this many updates the state on TensorE (pe_state)
-_W_ON_VECTOR = 0   # block head whose W build runs on VectorE (engine balance)
 _SBUF_BUDGET = 200 * 1024   # bytes per partition the tile estimate may plan for (of 208 KiB)
 _NAT_BYTES = 4 * 1024   # bytes per partition of one piece of a state gather / scatter
-# engine of the elementwise float products the static kernel ran on GpSimd
-# (half the Mt heads, the y epilogue): VectorE, as the ISA routes float binary
-# ops there (issue 14 item 9); nisa.engine.gpsimd restores the old balance
-_ALT_ENGINE = nisa.engine.vector
 
 
 @nki.jit
-def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, seq_table,
-                      chunk_table, zero_table, counts, heads, dstate, dt_softplus, dt_lo, dt_hi,
-                      chunk_size, exact):
+def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, pair_rows,
+                      pair_vals, init_table, final_table, zero_table, counts, heads, dstate,
+                      dt_softplus, dt_lo, dt_hi, chunk_size, exact):
     """Chunked SSD prefill; returns y ``[num_tokens + 1, H*P]`` and updates ``pool`` in place.
 
     ``num_tokens`` is the padded token bucket; row ``num_tokens`` of every
@@ -315,7 +310,7 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     # y_off * exp(cs) is added to y_intra on TensorE (identity matmul into the PSUM
     # bank) instead of VectorE when the float products run on VectorE and the y
     # ring has the 4 banks that longer PSUM lifetime needs (modulo schedule)
-    cst["pe_add"] = modulo and _ALT_ENGINE == nisa.engine.vector
+    cst["pe_add"] = modulo
     # ... and the state update of most blocks goes the same way: ScalarE e*S,
     # TensorE accumulates it into the chunk-state PSUM, ScalarE copies back
     cst["pe_state"] = cst["pe_add"] and n_tiles == 1
@@ -326,16 +321,13 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
         if Q != N:
             cst["ident_n"] = _identity(_ones_n(N), N)
 
-    cnt = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=cnt, src=counts)
-    r_live = nisa.register_alloc()
-    nisa.register_load(dst=r_live, src=cnt[0:1, 0:1])
-    r_zero = nisa.register_alloc()
-    nisa.register_load(dst=r_zero, src=cnt[0:1, 1:2])
-    tab = nl.ndarray((_PMAX, 4), dtype=nl.int32, buffer=nl.sbuf)
-    r_pairs = nisa.register_alloc()
-    r_init = nisa.register_alloc()
-    r_noinit = nisa.register_alloc()
+    # batch counts -> registers (allocated here, before every loop; each loaded from
+    # a (1, 1) SBUF tile that a DMA filled)
+    r_init = _count_register(counts, 0)      # live sequences with an initial state
+    r_pairs = _count_register(counts, 1)     # chunk pairs of all live sequences
+    r_live = _count_register(counts, 2)      # live sequences
+    r_zero = _count_register(counts, 3)      # zero_table rows in use
+    num_seqs = init_table.shape[0]
     nt_rows = pool.shape[1] // N            # state rows per pool row
     pr = HP // nt_rows
     # two halves of _NAT_BYTES: a state piece is jb pool-row blocks per partition
@@ -346,46 +338,112 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
         nisa.affine_select(dst=cst["ident_pool"], pattern=[[-1, _PMAX]], channel_multiplier=1,
                            on_true_tile=ones[0:_PMAX, 0:_PMAX] if Q == _PMAX else _ones128(),
                            on_false_value=0.0, cmp_op=nl.equal, offset=0)
+    # S^T blocks in HBM: one per live sequence (its initial, then running, then
+    # final state) and block num_seqs, zeros
+    cst["scratch"] = nl.ndarray((num_seqs + 1, N, HP), dtype=nl.float32, buffer=nl.private_hbm)
+    cst["pair_rows"] = pair_rows
+    cst["pair_vals"] = pair_vals
+    cst["dst"] = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)    # this pair's block
+    cst["nsrc"] = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)   # the next pair's source
+    tab = nl.ndarray((_PMAX, 2), dtype=nl.int32, buffer=nl.sbuf)       # a sequence's pool rows
+    blk = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)           # ... and its block
 
-    for s in nl.dynamic_range(r_live):
-        # ---- this sequence's row: pool rows, pairs of chunks, has_initial_state, chunk row
-        nisa.dma_copy(dst=tab, src=seq_table.ap(pattern=[[4, _PMAX], [1, 4]], offset=0,
-                                                scalar_offset=s, indirect_dim=0))
-        nisa.register_load(dst=r_pairs, src=tab[0:1, 1:2])
-        nisa.register_load(dst=r_init, src=tab[1:2, 1:2])
-        nisa.register_load(dst=r_noinit, src=tab[2:3, 1:2])
-        crow = tab[0:1, 2:4]                # chunk_table row counter (value, 1)
-        # ---- initial state: the pool slot's state or zeros (a select by
-        # runtime conditionals: pool bytes of an uninitialised slot are never read)
-        for _ in nl.dynamic_range(r_init):
-            _state_in(pool, tab, nat, cst, pr, nt_rows, jb)
-        for _ in nl.dynamic_range(r_noinit):
-            for t in range(n_tiles):
-                nisa.memset(dst=ST[t], value=0.0)
-        # ---- chunks, two per iteration (contexts 0 and 1 alternate); the
-        # first chunk's prologue is issued before the loop, each later one
-        # inside the previous chunk's items
-        if modulo:
-            _pairs_modulo(cst, ctxs, blocks, rings, chunk_table, crow, r_pairs)
-        else:
-            _prologue(cst, ctxs[0], chunk_table, crow)
-            for _ in nl.dynamic_range(r_pairs):
-                _pair(cst, ctxs, blocks, rings, chunk_table, crow, double)
-        # ---- final state to the pool
+    for t in range(n_tiles):
+        nisa.memset(dst=ST[t], value=0.0)
+    _state_dma(cst, num_seqs, 0, HP, True)
+
+    # ---- loop A: initial states from the pool, transposed into their S^T blocks
+    def init_body(i):
+        _seq_row(init_table, i, tab, blk)
+        _state_in(pool, tab, nat, cst, pr, nt_rows, jb)
+        _state_dma(cst, blk, 0, HP, True)
+
+    nl.fori_loop(0, r_init, init_body)
+
+    # ---- loop B: every chunk pair of every live sequence, two chunks per
+    # iteration (contexts 0 and 1). The first pair's state and chunk 0 come in
+    # before the loop; each iteration stores its pair's state block by block
+    # and loads the next pair's (_st_state), and loads the next chunk 0
+    nisa.dma_copy(dst=cst["nsrc"], src=counts[0:1, 4:5])
+    _state_dma(cst, cst["nsrc"], 0, HP, False)
+    _prologue(cst, ctxs[0])
+    if modulo:
+        nb = len(blocks)
+        ns = len(_STAGES)
+        for g in range(ns - 1):
+            for k in range(ns):
+                if g - k >= 0:
+                    _run_stage(cst, ctxs, blocks, rings, k, g - k)
+
+        def pair_body(i):
+            _pair_modulo(cst, ctxs, blocks, rings, i)
+
+        nl.fori_loop(0, r_pairs, pair_body)
+    else:
+        def pair_body(i):
+            _pair(cst, ctxs, blocks, rings, i, double)
+
+        nl.fori_loop(0, r_pairs, pair_body)
+
+    # ---- loop C: final states from their S^T blocks, transposed into the pool
+    # (the kernel's own writes to its HBM input are the pool update)
+    def final_body(i):
+        _seq_row(final_table, i, tab, blk)
+        _state_dma(cst, blk, 0, HP, False)
         _state_out(pool, tab, nat, cst, pr, nt_rows, jb)
 
-    # ---- tokens of padding sequences: zero rows of y, Q rows per DMA (unused
-    # partitions write the dump row); the zeros come from context 0's x tile
-    # (dead by now: SBUF is tight at H*P = 8192)
+    nl.fori_loop(0, r_live, final_body)
+
+    # ---- loop D: tokens of padding sequences, zero rows of y, Q rows per DMA
+    # (unused partitions write the dump row); the zeros come from context 0's
+    # x tile (dead by now: SBUF is tight at H*P = 8192)
     zt = ctxs[0]["x_in"]
     nisa.memset(dst=zt, value=0.0)
     zidx = ctxs[0]["yrows"]
-    for zb in nl.dynamic_range(r_zero):
+
+    def zero_body(i):
         nisa.dma_copy(dst=zidx, src=zero_table.ap(pattern=[[1, Q], [1, 1]], offset=0,
-                                                  scalar_offset=zb, indirect_dim=0))
+                                                  scalar_offset=i, indirect_dim=0))
         nisa.dma_copy(dst=y.ap(pattern=[[HP, Q], [1, HP]], offset=0, vector_offset=zidx,
                                indirect_dim=0), src=zt)
+
+    nl.fori_loop(0, r_zero, zero_body)
     return y
+
+
+def _count_register(counts, k):
+    """A register holding ``counts[0, k]`` (DMA'd into a (1, 1) SBUF tile, loaded from it)."""
+    one = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=one, src=counts[0:1, k:k + 1])
+    reg = nisa.register_alloc()
+    nisa.register_load(dst=reg, src=one)
+    return reg
+
+
+def _seq_row(table, i, tab, blk):
+    """Row i of a sequence table ``[num_seqs, 128, 2]``: pool rows -> tab, block -> blk."""
+    nisa.dma_copy(dst=tab, src=table.ap(pattern=[[2, _PMAX], [1, 2]], offset=0, scalar_offset=i,
+                                        indirect_dim=0))
+    nisa.dma_copy(dst=blk, src=table.ap(pattern=[[2, 1], [1, 1]], offset=1, scalar_offset=i,
+                                        indirect_dim=0))
+
+
+def _state_dma(cst, block, c0, c1, store):
+    """Columns [c0, c1) of S^T to (``store``) or from S^T block ``block`` of the HBM
+    scratch (an int, or a (1, 1) int32 SBUF tile: a run-time block)."""
+    N, HP, sc = cst["N"], cst["H"] * cst["P"], cst["scratch"]
+    for t in range(cst["n_tiles"]):
+        ntile = min(_PMAX, N - t * _PMAX)
+        pattern = [[HP, ntile], [1, c1 - c0]]
+        if isinstance(block, int):
+            view = sc.ap(pattern=pattern, offset=(block * N + t * _PMAX) * HP + c0)
+        else:
+            view = sc.ap(pattern=pattern, offset=t * _PMAX * HP + c0, scalar_offset=block,
+                         indirect_dim=0)
+        if store:
+            nisa.dma_copy(dst=view, src=cst["ST"][t][:, c0:c1])
+        else:
+            nisa.dma_copy(dst=cst["ST"][t][:, c0:c1], src=view)
 
 
 def _ones_n(n):
@@ -404,12 +462,6 @@ def _itemsize(dtype):
     if dtype == nl.float32:
         return 4
     return 2
-
-
-def _advance(row):
-    """counter += 1 (GpSimd integer add of the constant beside it: off VectorE)."""
-    nisa.tensor_tensor(dst=row[0:1, 0:1], data1=row[0:1, 0:1], data2=row[0:1, 1:2], op=nl.add,
-                       engine=nisa.engine.gpsimd)
 
 
 def _tri_consts(Q):
@@ -521,7 +573,19 @@ def _ctx_tiles(cst, G, n_tiles):
          "dt_in": nl.ndarray((Q, H), dtype=f32, buffer=nl.sbuf),
          "B_mm": nl.ndarray((Q, GN), dtype=f32, buffer=nl.sbuf),
          "C_in": nl.ndarray((Q, GN), dtype=f32, buffer=nl.sbuf),
+         "t0": nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf),
          "z": None, "elast": [], "CTs": [], "CTfs": [], "cbms": []}
+    # x, B, C land in their own dtype (a DMA does not convert); compute engines
+    # widen them to the fp32 tiles (x per head block in stage 0, B and C in the
+    # prologue compute)
+    c["x_raw"] = c["x_in"]
+    c["B_raw"] = c["B_mm"]
+    c["C_raw"] = c["C_in"]
+    if cst["x"].dtype != f32:
+        c["x_raw"] = nl.ndarray((Q, HP), dtype=cst["x"].dtype, buffer=nl.sbuf)
+    if cst["B"].dtype != f32:
+        c["B_raw"] = nl.ndarray((Q, GN), dtype=cst["B"].dtype, buffer=nl.sbuf)
+        c["C_raw"] = nl.ndarray((Q, GN), dtype=cst["C"].dtype, buffer=nl.sbuf)
     for name in ("dtp", "dtA", "lndt", "ecs", "wd"):
         c[name] = nl.ndarray((Q, H), dtype=f32, buffer=nl.sbuf)
     if cst["z"] != None:  # noqa: E711
@@ -601,30 +665,44 @@ def _load_rows(dst, src, start, width):
                                       scalar_offset=start, indirect_dim=0))
 
 
-def _prologue(cst, c, chunk_table, crow):
-    """The whole prologue of one chunk (rows, loads, then compute)."""
-    _prologue_loads(cst, c, chunk_table, crow)
+def _table_view(table, row_elems, i, offset, pattern):
+    """``table.ap(pattern)`` at element ``offset`` of row i (an int: a static row, or the
+    pair loop's register: a run-time row, ``row_elems`` elements each)."""
+    if isinstance(i, int):
+        return table.ap(pattern=pattern, offset=i * row_elems + offset)
+    return table.ap(pattern=pattern, offset=offset, scalar_offset=i, indirect_dim=0)
+
+
+def _prologue(cst, c):
+    """The whole prologue of the first pair's chunk 0 (rows, loads, then compute)."""
+    _prologue_loads(cst, c, 0, 0, 0)
     _prologue_compute(cst, c)
 
 
-def _prologue_loads(cst, c, chunk_table, crow):
-    """One chunk's rows (chunk_table row ``crow``, then crow += 1) and the loads of
-    x, dt, B, C, z for its Q tokens from its first token on, into the context ``c``.
+def _prologue_loads(cst, c, which, i, ahead):
+    """Chunk ``which`` (0, 1) of pair i + ahead of the work list: its token rows and
+    valid flags (pair_rows), its first token row (pair_vals, a (1, 1) tile: the
+    loads' scalar offset), for chunk 1 also the pair's state block and the next
+    pair's state source; then x, dt, B, C, z for its Q tokens from its first token
+    on, into the context ``c`` (in the inputs' dtypes: a DMA does not convert).
     Rows past the sequence end hold the next sequence's tokens or zeros (the
     launcher zeroes padding sequences' tokens and pads the inputs with Q zero
     rows): finite values, masked by dt' = 0."""
     Q, H, P, N, G = cst["Q"], cst["H"], cst["P"], cst["N"], cst["G"]
     HP, GN = H * P, G * N
-    nisa.dma_copy(dst=c["rows"], src=chunk_table.ap(pattern=[[2, Q], [1, 2]], offset=0,
-                                                    scalar_offset=crow[0:1, 0:1],
-                                                    indirect_dim=0))
-    _advance(crow)
-    t0 = c["rows"][0:1, 0:1]
-    # x widened to fp32 by the DMA: y_intra and D x are fp32 matmuls in both modes
-    _load_rows(c["x_in"], cst["x"], t0, HP)
+    rows, vals = cst["pair_rows"], cst["pair_vals"]
+    V = vals.shape[1]
+    nisa.dma_copy(dst=c["rows"], src=_table_view(rows, Q * 4, i, ahead * Q * 4 + 2 * which,
+                                                 [[4, Q], [1, 2]]))
+    nisa.dma_copy(dst=c["t0"], src=_table_view(vals, V, i, ahead * V + which, [[V, 1], [1, 1]]))
+    if which == 1:
+        nisa.dma_copy(dst=cst["dst"], src=_table_view(vals, V, i, 2, [[V, 1], [1, 1]]))
+        nisa.dma_copy(dst=cst["nsrc"], src=_table_view(vals, V, i, 3, [[V, 1], [1, 1]]))
+    t0 = c["t0"]
+    _load_rows(c["x_raw"], cst["x"], t0, HP)
     _load_rows(c["dt_in"], cst["dt"], t0, H)
-    _load_rows(c["B_mm"], cst["B"], t0, GN)
-    _load_rows(c["C_in"], cst["C"], t0, GN)
+    _load_rows(c["B_raw"], cst["B"], t0, GN)
+    _load_rows(c["C_raw"], cst["C"], t0, GN)
     if c["z"] != None:  # noqa: E711
         _load_rows(c["z"], cst["z"], t0, HP)
 
@@ -642,6 +720,9 @@ def _prologue_compute(cst, c, part=0):
     nisa.tensor_copy(dst=c["mask"], src=c["rows"][:, 1:2], engine=nisa.engine.gpsimd)
     # the y store's rows: the next chunk's rows may land in c["rows"] before it
     nisa.tensor_copy(dst=c["yrows"], src=c["rows"][:, 0:1], engine=nisa.engine.gpsimd)
+    if cst["B"].dtype != nl.float32:
+        nisa.tensor_copy(dst=c["B_mm"], src=c["B_raw"], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=c["C_in"], src=c["C_raw"], engine=nisa.engine.gpsimd)
 
     # ---- dt' (0 on masked rows: decay 1, no input) and dt'*A, fp32
     dtp0 = dt_prime(c["dt_in"], cst["bias"], Q, H, cst["dt_softplus"], cst["dt_lo"],
@@ -728,24 +809,25 @@ def _store_y(cst, c):
                   src=c["yt"])
 
 
-def _pairs_modulo(cst, ctxs, blocks, rings, chunk_table, crow, r_pairs):
-    """All chunk pairs of a sequence as one modulo-scheduled software pipeline.
+def _pair_modulo(cst, ctxs, blocks, rings, i):
+    """Iteration i of the modulo-scheduled pair loop: completes pair i and fills
+    pair i + 1.
 
     Items (chunk, head block) are numbered j = 0 .. 2nb-1 within a pair; over
-    the whole sequence stage k works on item g - k in global step g. The
-    first ns - 1 steps (the fill of pair 0) run before the loop; iteration p
+    the whole work list stage k works on item g - k in global step g. The
+    first ns - 1 steps (the fill of pair 0) run before the loop; iteration i
     runs the next 2nb steps: in its step b, stage k works on item
-    j = ns-1 + b - k, of pair p if j < 2nb, else item j - 2nb of pair p + 1
-    (its first items, context 0). So every iteration completes pair p and
-    fills pair p + 1: the pipeline never drains inside a sequence (the last
-    iteration's fill works on the sequence's trailing all-masked chunk row
-    and is discarded: it writes no state and stores no y). Context 1 loads
-    at step 0 and computes at nb - ns; context 0 (next pair) loads at step
-    nb, once its last item has passed stage 9, and computes at 2nb - ns, one
-    step before its first item's stage 0; y of context 0 is stored at step
-    nb (before those loads: z's tile is y's), of context 1 after the last step.
-    Ring sizes divide 2nb, so an item's buffers are the same in the
-    iteration that fills it and the one that completes it.
+    j = ns-1 + b - k, of pair i if j < 2nb, else item j - 2nb of pair i + 1
+    (its first items, context 0). So the pipeline never drains, not even
+    between sequences (the last iteration's fill works on the all-masked row
+    after the last pair and is discarded: it writes no state and stores no
+    y). Context 1 loads at step 0 and computes at nb - ns; context 0 (next
+    pair) loads at step nb, once its last item has passed stage 9, and
+    computes at 2nb - ns, one step before its first item's stage 0; y of
+    context 0 is stored at step nb (before those loads: z's tile is y's), of
+    context 1 after the last step. Ring sizes divide 2nb, so an item's
+    buffers are the same in the iteration that fills it and the one that
+    completes it.
     """
     nb = len(blocks)
     ns = len(_STAGES)
@@ -754,35 +836,29 @@ def _pairs_modulo(cst, ctxs, blocks, rings, chunk_table, crow, r_pairs):
         split = 1
     # steps of the prologue computes (a: dt', sums, transposes; b: CB and its mask):
     # context 1 before its first item's stage 0 at nb - ns + 1, the next context 0
-    # before 2nb - ns + 1 and after its loads at nb; the CB mask (GpSimd) a step
-    # ahead of the W builds queued behind it there
+    # before 2nb - ns + 1 and after its loads at nb; the CB mask a step ahead of
+    # the W builds queued behind it there
     a1 = max(1, nb - ns - 1 - _CB_AHEAD)
     b1 = max(a1, nb - ns - 1)
     a0 = max(nb + 1, 2 * nb - ns - 1 - _CB_AHEAD)
     b0 = max(a0, 2 * nb - ns - 1)
-    _prologue(cst, ctxs[0], chunk_table, crow)
-    for g in range(ns - 1):
+    for b in range(2 * nb):
+        if b == 0:
+            _prologue_loads(cst, ctxs[1], 1, i, 0)
+        if b == a1:
+            _prologue_compute(cst, ctxs[1], split)
+        if split == 1 and b == b1:
+            _prologue_compute(cst, ctxs[1], 2)
+        if b == nb:
+            _store_y(cst, ctxs[0])
+            _prologue_loads(cst, ctxs[0], 0, i, 1)
+        if b == a0:
+            _prologue_compute(cst, ctxs[0], split)
+        if split == 1 and b == b0:
+            _prologue_compute(cst, ctxs[0], 2)
         for k in range(ns):
-            if g - k >= 0:
-                _run_stage(cst, ctxs, blocks, rings, k, g - k)
-    for _ in nl.dynamic_range(r_pairs):
-        for b in range(2 * nb):
-            if b == 0:
-                _prologue_loads(cst, ctxs[1], chunk_table, crow)
-            if b == a1:
-                _prologue_compute(cst, ctxs[1], split)
-            if split == 1 and b == b1:
-                _prologue_compute(cst, ctxs[1], 2)
-            if b == nb:
-                _store_y(cst, ctxs[0])
-                _prologue_loads(cst, ctxs[0], chunk_table, crow)
-            if b == a0:
-                _prologue_compute(cst, ctxs[0], split)
-            if split == 1 and b == b0:
-                _prologue_compute(cst, ctxs[0], 2)
-            for k in range(ns):
-                _run_stage(cst, ctxs, blocks, rings, k, ns - 1 + b - k)
-        _store_y(cst, ctxs[1])
+            _run_stage(cst, ctxs, blocks, rings, k, ns - 1 + b - k)
+    _store_y(cst, ctxs[1])
 
 
 def _run_stage(cst, ctxs, blocks, rings, k, j):
@@ -792,14 +868,14 @@ def _run_stage(cst, ctxs, blocks, rings, k, j):
     c = 1
     if j < nb or j >= 2 * nb:
         c = 0
-    _STAGES[k](cst, ctxs[c], blocks[j % nb], {"i": j}, rings)
+    _STAGES[k](cst, ctxs[c], blocks[j % nb], {"i": j, "c": c}, rings)
 
 
-def _pair(cst, ctxs, blocks, rings, chunk_table, crow, double):
-    """Two chunks of one sequence (contexts 0 and 1) as one software pipeline
-    over (chunk, head block) items; context 1's prologue is issued inside
-    context 0's items, the next iteration's context-0 prologue inside context
-    1's (after context 0's last read).
+def _pair(cst, ctxs, blocks, rings, i, double):
+    """Pair i of the work list (contexts 0 and 1) as one software pipeline over
+    (chunk, head block) items; context 1's prologue is issued inside context
+    0's items, pair i + 1's context-0 prologue inside context 1's (after
+    context 0's last read).
 
     Ten stages per item (``_STAGES``, one engine each); in step b, stage k
     works on item b - k, so each engine's in-order queue holds work whose
@@ -813,10 +889,10 @@ def _pair(cst, ctxs, blocks, rings, chunk_table, crow, double):
     steps = []        # lists of (stage, item)
     # prologue parts: (step, part, context), issued at the start of the step.
     # Context 1 loads at step 1 (its tiles were last read in the previous
-    # iteration), computes at nb - pre; the next iteration's context 0 loads
-    # once context 0's last item has left the pipeline and computes after the
-    # last step, so its DMAs (behind context 0's y store: z's tile is y's) have
-    # ~nb steps to land before an in-order engine waits for them
+    # iteration), computes at nb - pre; the next pair's context 0 loads once
+    # context 0's last item has left the pipeline and computes after the last
+    # step, so its DMAs (behind context 0's y store: z's tile is y's) have ~nb
+    # steps to land before an in-order engine waits for them
     pro = []
     last0 = nb + ns - 1               # first step after context 0's last item
     if double and nb > _S_WRITE - _S_READ:
@@ -855,15 +931,16 @@ def _pair(cst, ctxs, blocks, rings, chunk_table, crow, double):
                 _store_y(cst, ctxs[c])
         for e in range(len(pro)):
             if pro[e][0] == si:
+                c = pro[e][2]
                 if pro[e][1] == 0:
-                    _prologue_loads(cst, ctxs[pro[e][2]], chunk_table, crow)
+                    _prologue_loads(cst, ctxs[c], c, i, 1 - c)
                 else:
-                    _prologue_compute(cst, ctxs[pro[e][2]])
+                    _prologue_compute(cst, ctxs[c])
         if si < len(steps):
             for e in range(len(steps[si])):
-                k, i = steps[si][e]
-                c, j = i // nb, i % nb
-                _STAGES[k](cst, ctxs[c], blocks[j], {"i": i}, rings)
+                k, item = steps[si][e]
+                c, j = item // nb, item % nb
+                _STAGES[k](cst, ctxs[c], blocks[j], {"i": item, "c": c}, rings)
 
 
 # Stages of one (chunk, head block) item. Each stage runs on one engine
@@ -871,24 +948,19 @@ def _pair(cst, ctxs, blocks, rings, chunk_table, crow, double):
 # inputs were produced in earlier steps.
 
 def _st_w(cst, ctx, blk, w, r):
-    """W[k, (h,i)] = dtA[k,h] U[k,i] (fp32). With the float products on VectorE
-    (_ALT_ENGINE) GpSimd is otherwise idle: one affine_select for the block
+    """GpSimd: W[k, (h,i)] = dtA[k,h] U[k,i] (fp32), one affine_select for the block
     (dtA broadcast along i by a zero-step access pattern, kept where i >= k);
-    else ScalarE per head (one head on VectorE: engine balance)."""
+    VectorE: the block's x columns widened to fp32 (bf16 x)."""
     g, h0, nh = blk
-    Q, dtA, H = cst["Q"], ctx["dtA"], cst["H"]
+    Q, dtA, H, P = cst["Q"], ctx["dtA"], cst["H"], cst["P"]
     W = _pick(r["W"], w)
-    if _ALT_ENGINE == nisa.engine.vector:
-        nisa.affine_select(dst=W[:, 0:nh * Q], pattern=[[0, nh], [1, Q]], channel_multiplier=-1,
-                           on_true_tile=dtA.ap(pattern=[[H, Q], [1, nh], [0, Q]], offset=h0),
-                           on_false_value=0.0, cmp_op=nl.greater_equal, offset=0)
-    else:
-        for k in range(nh):
-            eng = nisa.engine.scalar
-            if k == _W_ON_VECTOR:
-                eng = nisa.engine.vector
-            nisa.tensor_scalar(dst=W[:, k * Q:(k + 1) * Q], data=cst["U"][0:Q, 0:Q],
-                               op0=nl.multiply, operand0=dtA[:, h0 + k:h0 + k + 1], engine=eng)
+    nisa.affine_select(dst=W[:, 0:nh * Q], pattern=[[0, nh], [1, Q]], channel_multiplier=-1,
+                       on_true_tile=dtA.ap(pattern=[[H, Q], [1, nh], [0, Q]], offset=h0),
+                       on_false_value=0.0, cmp_op=nl.greater_equal, offset=0)
+    if cst["x"].dtype != nl.float32:
+        c0, c1 = h0 * P, (h0 + nh) * P
+        nisa.tensor_copy(dst=ctx["x_in"][:, c0:c1], src=ctx["x_raw"][:, c0:c1],
+                         engine=nisa.engine.vector)
 
 
 def _st_seg(cst, ctx, blk, w, r):
@@ -911,7 +983,7 @@ def _st_exp(cst, ctx, blk, w, r):
 
 
 def _st_mt(cst, ctx, blk, w, r):
-    """VectorE (alternate heads on _ALT_ENGINE): Mt = Dm * CBmask per head;
+    """VectorE: Mt = Dm * CBmask per head;
     ScalarE: bf16 copy of the block's state (bf16 mode)."""
     g, h0, nh = blk
     Q, P, md, ST = cst["Q"], cst["P"], cst["md"], cst["ST"]
@@ -919,8 +991,7 @@ def _st_mt(cst, ctx, blk, w, r):
     Mt = Dm            # in place: the Dm buffer carries Mt to stage 4
     for k in range(nh):
         nisa.tensor_tensor(dst=Mt[:, k * Q:(k + 1) * Q], data1=Dm[:, k * Q:(k + 1) * Q],
-                           data2=ctx["cbms"][g], op=nl.multiply,
-                           engine=_ALT_ENGINE if k % 2 else nisa.engine.vector)
+                           data2=ctx["cbms"][g], op=nl.multiply, engine=nisa.engine.vector)
     c0, c1 = h0 * P, (h0 + nh) * P
     if md != nl.float32:
         for t in range(cst["n_tiles"]):
@@ -1007,8 +1078,8 @@ def _st_yadd(cst, ctx, blk, w, r):
 
 
 def _st_yout(cst, ctx, blk, w, r):
-    """_ALT_ENGINE: + x D (D per channel), * silu(z), into the chunk's y tile (the
-    sum is in PSUM with ``pe_add``: VectorE then, GpSimd cannot read PSUM)."""
+    """VectorE: + x D (D per channel), * silu(z), into the chunk's y tile (the sum is
+    in PSUM with ``pe_add``)."""
     g, h0, nh = blk
     P, D_sb, x_in, Q = cst["P"], cst["D_sb"], ctx["x_in"], cst["Q"]
     c0, c1 = h0 * P, (h0 + nh) * P
@@ -1019,13 +1090,13 @@ def _st_yout(cst, ctx, blk, w, r):
     if D_sb != None:  # noqa: E711
         xd = _pick(r["xd"], w)[:, 0:nh * P]
         nisa.tensor_tensor(dst=xd, data1=x_in[:, c0:c1], data2=D_sb[0:Q, c0:c1], op=nl.multiply,
-                           engine=_ALT_ENGINE)
-        nisa.tensor_tensor(dst=yb, data1=ysum, data2=xd, op=nl.add, engine=_ALT_ENGINE)
+                           engine=nisa.engine.vector)
+        nisa.tensor_tensor(dst=yb, data1=ysum, data2=xd, op=nl.add, engine=nisa.engine.vector)
         ysum = yb
     y_b = ctx["yt"][:, c0:c1]
     if ctx["z"] != None:  # noqa: E711
         nisa.tensor_tensor(dst=y_b, data1=ysum, data2=_pick(r["sz"], w)[:, 0:nh * P],
-                           op=nl.multiply, engine=_ALT_ENGINE)
+                           op=nl.multiply, engine=nisa.engine.vector)
     elif _pe_add(cst, w):
         nisa.tensor_copy(dst=y_b, src=ysum, engine=nisa.engine.vector)
     else:
@@ -1051,22 +1122,29 @@ def _st_state_mm(cst, ctx, blk, w, r):
 
 def _st_state(cst, ctx, blk, w, r):
     """VectorE: S^T <- exp(total) S^T + chunk state, per head (fp32); blocks on the
-    TensorE path (``_pe_state``): ScalarE copies the PSUM sum back."""
+    TensorE path (``_pe_state``): ScalarE copies the PSUM sum back. After a pair's
+    chunk 1 the block goes to the pair's S^T block in HBM and the next pair's
+    source block comes in (the same block within a sequence; at a sequence start
+    its initial state or zeros)."""
     g, h0, nh = blk
     P, ST, elast = cst["P"], cst["ST"], ctx["elast"]
     st = _pick(r["st"], w)
     if _pe_state(cst, w):
         nisa.activation(dst=ST[0][:, h0 * P:(h0 + nh) * P], op=nl.copy,
                         data=st[0:ST[0].shape[0], 0:nh * P])
-        return
-    for t in range(cst["n_tiles"]):
-        ntile = ST[t].shape[0]
-        for k in range(nh):
-            h = h0 + k
-            nisa.scalar_tensor_tensor(dst=ST[t][:, h * P:(h + 1) * P],
-                                      data=ST[t][:, h * P:(h + 1) * P], op0=nl.multiply,
-                                      operand0=elast[t][:, h:h + 1], op1=nl.add,
-                                      operand1=st[0:ntile, (t * nh + k) * P:(t * nh + k + 1) * P])
+    else:
+        for t in range(cst["n_tiles"]):
+            ntile = ST[t].shape[0]
+            for k in range(nh):
+                h = h0 + k
+                nisa.scalar_tensor_tensor(dst=ST[t][:, h * P:(h + 1) * P],
+                                          data=ST[t][:, h * P:(h + 1) * P], op0=nl.multiply,
+                                          operand0=elast[t][:, h:h + 1], op1=nl.add,
+                                          operand1=st[0:ntile,
+                                                      (t * nh + k) * P:(t * nh + k + 1) * P])
+    if w["c"] == 1:
+        _state_dma(cst, cst["dst"], h0 * P, (h0 + nh) * P, True)
+        _state_dma(cst, cst["nsrc"], h0 * P, (h0 + nh) * P, False)
 
 
 def _pe_state(cst, w):
