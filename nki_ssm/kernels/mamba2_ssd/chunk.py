@@ -1,71 +1,89 @@
 """Mamba-2 SSD chunked prefill over a ragged batch with an in-place state pool.
 
 Kernel: ``ssd_chunk_prefill`` (``@nki.jit``). The host launcher
-(``nki_ssm/ops/launch/mamba2_ssd.py``) pads the batch to its buckets and
-builds the run-time tables described here; this note is the design.
+(``nki_ssm/ops/launch/mamba2_ssd.py``, ``prefill_tables``) pads the batch to
+its buckets and builds the run-time tables described here; this note is the
+design.
 
 Design note
 ===========
 
 One compiled program per shape bucket
 -------------------------------------
-Compile-time arguments are shapes (the token bucket, the sequence bucket,
-H, P, N, G, chunk_size Q) and layer configuration (dt_softplus, dt limits,
-precision) only. The batch composition is run-time int32 data:
+Compile-time arguments are shapes (the token bucket T, the sequence bucket
+S, H, P, N, G, chunk_size Q) and layer configuration (dt_softplus, dt
+limits, precision) only. The batch composition is run-time int32 data:
 
-- ``seq_table [num_seqs, 128, 4]``, one row per *live* sequence (padding
-  sequences are compacted out by the launcher), in order: column 0 holds
-  the pool row ``slot*pr + q`` of partition q (q < pr); column 1 holds at
-  partition 0 the number of chunk pairs, at 1 has_initial_state, at 2 its
-  negation; column 2 at partition 0 the sequence's first chunk_table row
-  (the chunk counter), column 3 at partition 0 a constant 1 (the counter's
-  increment);
-- ``chunk_table [num_tokens/Q + 3*num_seqs, Q, 2]``: per chunk, the
-  token row of each of its Q partitions and a 0/1 valid flag. A sequence's
-  chunk k covers its tokens ``k*Q ..``; a live sequence takes 2*pairs + 1
-  rows: its chunks, an all-masked one when their number is odd, and a
-  trailing all-masked row for the kernel's last prefetch. Masked entries
-  name row ``num_tokens`` (y's dump row; the inputs are zero there);
-- ``zero_table [num_tokens/Q, Q, 1]``: the token rows of padding
-  sequences, Q per row (unused entries name the dump row);
-- ``counts [1, 2]``: live sequences, zero_table rows in use.
+- the work list, every pair of chunks of every live sequence in batch order
+  (padding sequences are left out by the launcher), then all-masked rows:
+  ``pair_rows [ceil(T / 2Q) + S + 1, Q, 4]`` holds per pair, for each of its
+  2Q token positions, the token row (partition q: chunk 0 in column 0, chunk
+  1 in column 2) and a 0/1 valid flag (columns 1, 3); ``pair_vals [.., 4]``
+  the first token row of chunk 0 and of chunk 1, the pair's S^T block and
+  the next pair's source block. Chunk k of a sequence covers its tokens
+  ``k*Q ..``; a sequence with an odd number of chunks ends in an all-masked
+  chunk. Masked positions name row T (the inputs' zero rows, y's dump row);
+- ``init_table [S, 128, 2]``: the live sequences with an initial state, in
+  order: the pool row ``slot*pr + q`` of partition q (column 0, q < pr) and
+  (partition 0 of column 1) the sequence's S^T block;
+- ``final_table [S, 128, 2]``: every live sequence: its pool rows and the
+  block holding its final state (the zero block for an empty sequence
+  without an initial state);
+- ``zero_table [ceil(T / Q), Q, 1]``: the token rows of padding sequences, Q
+  per row (unused entries name the dump row);
+- ``counts [1, 5]``: sequences with an initial state, pairs, live
+  sequences, zero_table rows in use, the first pair's source block.
+
+S^T blocks: an fp32 HBM scratch ``[S + 1, N, H*P]`` the kernel allocates
+(``nl.private_hbm``): block k holds live sequence k's state in the S^T
+layout (initial, then after each pair, then final), block S zeros.
 
 Loops
 -----
-Every loop that grows with the batch is an ``nl.dynamic_range`` over a
-register (``register_load`` from a table). Rows of seq_table and zero_table
-are addressed by the loop's induction register (``scalar_offset``); rows of
-chunk_table by a run-time counter (a 1x1 int32 tile of the sequence's
-seq_table row used as ``scalar_offset``, advanced by a GpSimd integer add
-of the constant beside it: registers have no arithmetic); a chunk's tokens
-by its first token row (``scalar_offset``: one contiguous DMA per input,
-hardware DGE on trn2, no GpSimd descriptor work); y rows and pool rows by
+Four runtime loops, one after the other, none inside another (nested
+runtime loops fail NKI 0.5.0's compiler, NCC_ICFG018, aws-neuron-sdk #1346;
+loop-carried registers in nested loops are a known issue in 0.6.0). Each is
+``nl.fori_loop(0, reg, body)`` with ``body`` an inner ``def`` of the kernel
+(the 0.6.0 ``fori_loop`` docstring's form); the bound registers are
+allocated before the loops and loaded from (1, 1) SBUF tiles a DMA filled
+from ``counts``. Table rows are addressed by the loop's induction register
+as ``scalar_offset``; a chunk's token rows by its first token row (a (1, 1)
+tile DMA'd from ``pair_vals``, the ``scalar_offset`` of one contiguous DMA
+per input: hardware DGE on trn2); y rows and pool rows by
 ``vector_offset`` (one row per partition). What is unrolled inside a body
 is bounded by the layer shape (head blocks, dstate tiles, groups).
 
-1. Sequence loop (trip count: live sequences). Its body loads the
-   sequence's row, then its initial state: under a runtime conditional
-   (``dynamic_range`` over the has_initial_state register, 0 or 1 trips)
-   the slot's state is gathered and transposed into S^T; under the negated
-   flag S^T is zeroed. So an uninitialised slot is never read (no NaN * 0).
-2. Chunk-pair loop (trip count: the sequence's pairs, two chunks per
-   iteration in contexts 0 and 1). Modulo-scheduled (``_pairs_modulo``)
-   when a chunk has more head blocks than the pipeline has stages (an even
-   number; Mamba-2 2.7B: 20, Granite-like: 32): each iteration completes
-   its pair and runs the first stages of the next pair's first items, so
-   the pipeline never drains inside a sequence; the fill of pair 0 runs
-   before the loop, the last iteration's fill works on the trailing
-   all-masked row and is discarded (it writes no state, stores no y).
-   Otherwise (small shapes, Falcon-H1-like) ``_pair``: the two chunks of an
-   iteration share one pipeline (> 6 blocks) or drain between them, and
-   the pipeline drains at the iteration end. A sequence with an odd number
-   of chunks ends with an all-masked chunk: it leaves the state exactly
-   unchanged (decay exp(0) = 1, zero input) and its y rows go to the dump
-   row.
-3. After the pair loop the state is transposed back and scattered to the
-   slot (the kernel's own writes to its HBM input are the pool update).
-4. Zero loop (trip count: zero_table rows in use): zero rows of y for the
-   tokens of padding sequences.
+A. Initial states (trip count: sequences with an initial state): gather
+   the slot's state from the pool, transpose it on TensorE into S^T (SBUF,
+   fp32) and store S^T to the sequence's block. Block S is zeroed before
+   the loop. An uninitialised slot is never read.
+B. Pairs (trip count: all pairs of all sequences): two chunks per
+   iteration in contexts 0 and 1. The running state S^T lives in SBUF; after
+   a pair's chunk 1 has updated a head block of S^T (stage 9), that block is
+   stored to the pair's S^T block and the next pair's source block is loaded
+   over it: within a sequence the block just stored (an exact fp32 round
+   trip), at a sequence start its initial state or zeros. So a sequence
+   boundary is data (the source block), not a branch, and every pair runs
+   the same instructions. Modulo-scheduled (``_pair_modulo``) when a chunk
+   has more head blocks than the pipeline has stages (an even number;
+   Mamba-2 2.7B: 20, Granite-like: 32): each iteration completes its pair and
+   runs the first stages of the next pair's first items, so the pipeline
+   never drains, not even between sequences; the fill of pair 0 runs before
+   the loop, the last iteration's fill works on the all-masked row after
+   the last pair and is discarded (it stores no y and no state). Otherwise
+   (small shapes, Falcon-H1-like) ``_pair``: the two chunks of an iteration
+   share one pipeline (> 6 blocks) or drain between them, and the pipeline
+   drains at the iteration end. An all-masked chunk leaves the state exactly
+   unchanged (decay exp(0) = 1, zero input); its y rows go to the dump row.
+C. Final states (trip count: live sequences): load the sequence's final
+   block into S^T, transpose it back and scatter it to the slot (the
+   kernel's own writes to its HBM input are the pool update).
+D. Padding tokens (trip count: zero_table rows in use): zero rows of y.
+
+The S^T round trip costs DMA only (2 x H*P*N*4 bytes per pair: 5.2 MB at
+Mamba-2 2.7B, ~15 us of the core's DMA bandwidth against ~115 us of compute
+per pair) and has ``nb - 6`` pipeline steps between a block's store and the
+next pair's first read of it.
 
 Masking
 -------
@@ -76,85 +94,85 @@ the batch to its bucket; a padding token may hold NaN) and appends Q zero
 rows, so every loaded value is finite (NaN * 0 cannot arise). Masked rows
 get dt' = 0 (dt' times the 0/1 valid flag): decay exp(0) = 1 and input
 x dt' = 0 exactly, so a masked row adds exactly 0 to the state and to the
-valid outputs (CB is causally masked by select, and masked rows are the
-last of a chunk; ln dt' is clamped to 1e-18, which only feeds masked
-outputs). A ragged batch therefore equals separate calls bit for bit.
-Every y row is written exactly once: a live token's row by its chunk's
-scatter (masked partitions write the dump row, sliced off by the host), a
-padding token's row by the zero loop; bucket padding rows are sliced off.
+valid outputs (CB is causally masked, and masked rows are the last of a
+chunk; ln dt' is clamped to 1e-18, which only feeds masked outputs). A
+ragged batch therefore equals separate calls bit for bit. Every y row is
+written exactly once: a live token's row by its chunk's scatter (masked
+partitions write the dump row, sliced off by the host), a padding token's
+row by loop D; bucket padding rows are sliced off.
 
 Layout
 ------
 Tokens of one chunk (Q <= 128) sit on partitions; heads are concatenated on
-the free dim (x as ``[Q, H*P]``, dt as ``[Q, H]``). The running state of a
-sequence lives in SBUF in float32 as ``S^T [N, H*P]`` (dstate on
-partitions, one tile per 128 of N, N <= 256), so both state matmuls
-contract over partitions without per-chunk transposes; it is transposed on
-TensorE only when gathered from / scattered to the pool, in pieces of
-<= 4 KiB per partition (partition q holds state rows ``q*nt ..``, one pool
-row segment per partition; a bf16 pool is transposed by an exact identity
-matmul into the fp32 PSUM scratch).
+the free dim (x as ``[Q, H*P]``, dt as ``[Q, H]``). The running state lives
+in SBUF in float32 as ``S^T [N, H*P]`` (dstate on partitions, one tile per
+128 of N, N <= 256), so both state matmuls contract over partitions without
+per-chunk transposes; it is transposed on TensorE only in loops A and C, in
+pieces of <= 4 KiB per partition (partition q holds state rows
+``q*nt ..``, one pool row segment per partition; a bf16 pool is transposed
+by an exact identity matmul into the fp32 PSUM scratch).
 
 Per chunk (prologue: loads issued early, compute later)
 -------------------------------------------------------
-Loads: chunk_table row; x (widened to fp32 by the DMA), dt, B, C (fp32) and
-z. Compute: dt' = clip(softplus(dt + dt_bias)) * valid, dtA = dt' A,
-ln dt' ([Q, H]). TensorE (fp32, 0/1 stationaries flagged onezero):
-cs = U^T dtA (inclusive cumsum), ex = Ls^T dtA (sum over the chunk's later
-tokens), tot = 1^T dtA (chunk total, broadcast on the N partitions); ScalarE
-exp of each. Per group: C^T and B^T (TensorE transposes, fp32), CB^T
-[Q, Q] (fp32, contract N, accumulate N tiles), causal mask (VectorE
-product with the 0/1 matrix U, from PSUM). The loads of a context are issued as soon as its previous
-chunk's last block has read it, the compute ~10 pipeline steps later (DMA
-queues and engines are in order: an engine reaching the compute earlier
-would wait for the loads).
+Loads (in the inputs' dtypes: a DMA never converts): the chunk's rows and
+first token row, x, dt (fp32), B, C and z. Compute: B and C widened to fp32
+(GpSimd copies, bf16 inputs), dt' = clip(softplus(dt + dt_bias)) * valid,
+dtA = dt' A, ln dt' ([Q, H]). TensorE (fp32, 0/1 stationaries flagged
+onezero): cs = U^T dtA (inclusive cumsum), ex = Ls^T dtA (sum over the
+chunk's later tokens), tot = 1^T dtA (chunk total, broadcast on the N
+partitions); ScalarE exp of each. Per group: C^T and B^T (TensorE
+transposes, fp32), CB^T [Q, Q] (fp32, contract N, accumulate N tiles),
+causal mask (VectorE product with the 0/1 matrix U, from PSUM). The loads of
+a context are issued as soon as its previous chunk's last block has read
+it, the compute ~10 pipeline steps later (DMA queues and engines are in
+order: an engine reaching the compute earlier would wait for the loads).
 
 Per (chunk, head block) item: ten stages, one engine each (mostly)
 -----------------------------------------------------------------
 Blocks hold ``hb`` heads of one group (hb*Q <= 512, 2*hb*P <= 512 and
 n_tiles*hb*P <= 512: one PSUM bank per tile; hb = 4 at Q = 128, P = 64).
- 0 ScalarE  W[k, (h,i)] = dtA[k,h] U[k,i] (one head on VectorE when
-            _ALT_ENGINE is GpSimd)
+ 0 GpSimd   W[k, (h,i)] = dtA[k,h] U[k,i] (one affine_select for the block)
  1 TensorE  seg = Ls^T W -> seg[j,(h,i)] = sum_{j<k<=i} dtA[k,h] (fp32;
             exactly 0 for j >= i), one matmul for the block
  2 ScalarE  Dm = exp(seg + ln dt'_j) (dt'_j as the exponent bias)
- 3 VectorE  Mt = Dm * CBmask per head, in place (every second head on
-            _ALT_ENGINE); ScalarE: bf16 copy of the block's S^T (bf16 mode),
-            x_h D_h per head (D [H])
+ 3 VectorE  Mt = Dm * CBmask per head, in place; the block's x widened to
+            fp32 (bf16 x: stage 4's moving operand); ScalarE: bf16 copy of the
+            block's S^T (bf16 mode), x_h D_h per head (D [H])
  4 TensorE  y_intra = Mt^T x_h + I^T (x_h D_h) per head, fp32; y_off =
             C S^T for the block (one matmul per N tile), both in one PSUM bank
- 5 ScalarE  y_off * exp(cs_i) per head; silu(z); Xd = x_h dt'_j exp(ex_j)
- 6 VectorE  y = y_off + y_intra (PSUM operand); modulo schedule with
-            _ALT_ENGINE = VectorE: TensorE identity matmul accumulating
-            y_off * exp(cs) into y_intra's PSUM bank (y ring of 4 banks)
- 7 _ALT_ENGINE (+ x*D for D [H, P]) * silu(z) -> the chunk's y tile
-            (written over z's columns: z's SBUF tile doubles as y's)
- 8 TensorE  chunk state B^T Xd per N tile (fp32)
- 9 VectorE  S^T <- exp(tot) S^T + chunk state, per head (fp32)
+ 5 ScalarE  y_off * exp(cs_i) per head; silu(z); Xd = x_h dt'_j exp(ex_j);
+            e^tot S^T (blocks on the TensorE state path)
+ 6 VectorE  y = y_off + y_intra (PSUM operand); modulo schedule: TensorE
+            identity matmul accumulating y_off * exp(cs) into y_intra's PSUM
+            bank (y ring of 4 banks)
+ 7 VectorE  (+ x*D for D [H, P]) * silu(z) -> the chunk's y tile (written
+            over z's columns: z's SBUF tile doubles as y's)
+ 8 TensorE  chunk state B^T Xd per N tile (fp32); TensorE state path: +
+            I^T (e^tot S^T) into the same PSUM bank
+ 9 VectorE  S^T <- exp(tot) S^T + chunk state, per head (fp32); TensorE
+            state path (every second block, modulo schedule): ScalarE copies
+            the PSUM sum back. Chunk 1 of a pair: the block's S^T store and
+            the next pair's load (loop B)
 A chunk's y tile is scattered to its token rows before its context's next
 loads. Item (1, j) reads the state item (0, j) writes (and item (0, j) of
-the next pair what item (1, j) writes): more than 6 blocks keep them
-apart in a shared pipeline.
-
-_ALT_ENGINE is VectorE: float tensor_tensor on GpSimd may be illegal
-(issue 14 item 9: the ISA routes float binary ops to VectorE; the static
-kernel put ~320 per 1K tokens there). Setting it to nisa.engine.gpsimd
-restores the old engine balance if the coordinator rules it legal.
+the next pair what item (1, j) writes and the load after it brings): more
+than 6 blocks keep them apart in a shared pipeline.
 
 SBUF / PSUM budget
 ------------------
-Tiles allocated in a dynamic loop body are live for the whole loop, so all
-tiles are allocated before the loops: the chunk contexts (x fp32 ``H*P*4``
-+ z / y ``H*P*2`` + B, C, dt, decay columns, C^T and CB per group), the
-state S^T (``H*P*4`` per N tile), a <= 4 KiB state-transfer piece, and the
-item temporaries as round-robin rings (a buffer written in stage k and last
-read in stage k' has k' - k + 1 copies; in the modulo schedule sizes 2 and
-4, which divide the 2nb items of an iteration). Two contexts when the
-estimate fits ``_SBUF_BUDGET`` (200 of the 208 KiB usable), else one (its
-loads then wait for the previous chunk: Falcon-H1-like, 64 KiB of state;
-bit-identical results, tested). PSUM (8 banks of 2 KiB per partition):
-seg x2, y_intra|y_off x3 (x4 modulo), chunk state x2 (modulo: both in one
-bank), one prologue / state-transfer scratch bank.
+Tiles allocated in a runtime loop body are live for the whole loop, so all
+tiles are allocated before the loops: the chunk contexts (x and z / y in
+their dtype, ``H*P*2`` each for bf16, B, C, dt, decay columns, C^T and CB per
+group), the state S^T (``H*P*4`` per N tile), a <= 4 KiB
+state-transfer piece, and the item temporaries as round-robin rings (a
+buffer written in stage k and last read in stage k' has k' - k + 1 copies;
+in the modulo schedule sizes 2 and 4, which divide the 2nb items of an
+iteration). Two contexts when the estimate fits ``_SBUF_BUDGET`` (200 of the
+208 KiB usable), else one (its loads then wait for the previous chunk:
+Falcon-H1-like, 64 KiB of state; bit-identical results, tested). PSUM (8
+banks of 2 KiB per partition): seg x2, y_intra|y_off x3 (x4 modulo), chunk
+state x2 (modulo: both in one bank), one prologue / state-transfer scratch
+bank.
 
 Numerics
 --------
@@ -166,41 +184,29 @@ A = -16 is tested). ``exact=True`` (precision "fp32"): every matmul operand
 float32. ``exact=False`` (precision "bf16", the default): only the
 state-to-output matmul y_off = C S^T takes bfloat16 operands (C exact for
 bf16 models, the fp32 state rounded once); y_intra, D x, CB, the decay sums
-and the chunk-state matmul stay fp32.
+and the chunk-state matmul stay fp32. The state's HBM round trips are fp32:
+exact.
+
+Constructs and their evidence
+-----------------------------
+Runtime loops: ``nl.fori_loop`` with an inner-``def`` body and register
+bounds (0.6.0 ``fori_loop`` docstring); registers: ``register_alloc`` before
+the loop, ``register_load`` from a DMA-filled (1, 1) SBUF tile (nki-library
+``bwmm_shard_on_block_mx.py``); DMA ``scalar_offset`` from a (1, 1) SBUF
+tile or the loop register, ``indirect_dim=0`` (nki-library
+``moe_cte_utils.py``, ``bwmm_shard_on_I.py``); ``vector_offset`` gathers and
+scatters with one row per partition (``bwmm_shard_on_I.py``); kernel HBM
+scratch in ``nl.private_hbm`` (``bwmm_shard_on_block.py``); matmuls on the
+whole PE array only; no DMA converts a dtype.
 
 Engine budget and what binds
 ----------------------------
-Modeled (trn2, nki_ssm.perf with per-instruction costs, semaphores, ACT
-table loads and the runtime-loop iteration cost, which drains every engine
-at each loop entry; Mamba-2 2.7B, bf16 I/O, float32 pool, one 16K-token
-sequence; ``python -m simulate --set judged --op ssd_prefill``): 7.38 ms =
-2.22 M tokens/s, ScalarE-bound (97 %; TensorE 90 %, GpSimd 63 %, VectorE
-54 %, DMA 24 %; 66 loop iterations, 16.5 us of sync). The static
-per-batch kernel it replaces, same model: 7.61 ms (ScalarE 98 %; one
-program per batch composition, 111.5K instructions at 16K tokens).
-
-Without GpSimd's float products (_ALT_ENGINE = VectorE) the elementwise
-work (per chunk and head: the W, exp and Mt passes over the Q x Q decay
-matrix; per block: y, silu(z), Xd, state) lands on VectorE and ScalarE; it
-is rebalanced by moving W to GpSimd (one affine_select per block), y_off +
-y_intra and every second block's state update to TensorE identity matmuls
-(fp32, 0/1 stationary: exact). Under the earlier cost model (no
-per-instruction costs) this made TensorE the bound: 5.06 ms against the
-static kernel's 4.67 ms (4.86 ms with _ALT_ENGINE = GpSimd; 7.14 ms with
-everything on VectorE).
-
-Program size (static instructions, ``Trace.program_instructions()``):
-2.7B 2,070 at 16K tokens in simulate's report, equal at 2K and 16K
-(2,117 and 2,117 counted from a ``sim.trace.record`` around the host op);
-Granite-like 3,356 at 2K and 16K; Falcon-H1-like 3,646 (one context). Closer to the roof needs fewer elementwise passes
-(trn3's VectorE exponential, bf16 perf modes where the precision budget
-allows), not faster matmuls.
-
+MODELED_FIGURES
 """
 from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
-from nki_ssm.kernels.mamba2_ssd._common import dt_prime, load_f32
+from nki_ssm.kernels.mamba2_ssd._common import count_register, dt_prime, load_f32
 
 _PSUM_F = 512      # fp32 elements of one PSUM bank per partition
 _PMAX = 128
@@ -214,27 +220,29 @@ _NAT_BYTES = 4 * 1024   # bytes per partition of one piece of a state gather / s
 def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, pair_rows,
                       pair_vals, init_table, final_table, zero_table, counts, heads, dstate,
                       dt_softplus, dt_lo, dt_hi, chunk_size, exact):
-    """Chunked SSD prefill; returns y ``[num_tokens + 1, H*P]`` and updates ``pool`` in place.
+    """Chunked SSD prefill; returns y ``[num_tokens + Q, H*P]`` and updates ``pool`` in place.
 
-    ``num_tokens`` is the padded token bucket; row ``num_tokens`` of every
-    token input is zero (the masked-row source) and of y a dump row.
+    ``num_tokens`` is the padded token bucket; rows ``num_tokens ..`` of every
+    token input are zero (the masked-row source) and row ``num_tokens`` of y a
+    dump row.
     HBM arrays (prepared by the launcher):
-      x ``[num_tokens + 1, H*P]`` (float32 or bfloat16; y has this dtype),
-      dt ``[num_tokens + 1, H]`` float32 (raw dt), A_rows ``[128, H]`` float32
-      (A repeated on 128 rows), B, C ``[num_tokens + 1, G*N]`` (x's dtype),
+      x ``[num_tokens + Q, H*P]`` (float32 or bfloat16; y has this dtype),
+      dt ``[num_tokens + Q, H]`` float32 (raw dt), A_rows ``[128, H]`` float32
+      (A repeated on 128 rows), B, C ``[num_tokens + Q, G*N]`` (x's dtype),
       D_heads ``[128, H]`` float32 or None (D per head on 128 rows; folded
       into TensorE as D_h * I), D_rows ``[128, H*P]`` float32 or None (D per
-      head and channel), z ``[num_tokens + 1, H*P]`` or None, bias_rows
+      head and channel), z ``[num_tokens + Q, H*P]`` or None, bias_rows
       ``[128, H]`` float32 or None, pool ``[slots*pr, nt*N]`` (float32 or
       bfloat16: the state pool ``[slots, H, P, N]`` as pr rows of nt state
       rows per slot, ``pr*nt = H*P``, pr <= 128; updated in place by the
       kernel's scatters),
-      seq_table ``[num_seqs, 128, 4]``, chunk_table ``[chunk_rows, Q, 2]``,
-      zero_table ``[num_tokens / Q, Q, 1]``, counts ``[1, 2]`` int32: the batch
-      composition (module docstring).
+      pair_rows ``[pairs, Q, 4]``, pair_vals ``[pairs, 4]``, init_table and
+      final_table ``[num_seqs, 128, 2]``, zero_table ``[ceil(num_tokens / Q),
+      Q, 1]``, counts ``[1, 5]`` int32: the batch composition (module
+      docstring).
     Compile-time: heads (H), dstate (N), dt_softplus (bool), dt_lo, dt_hi
-      (floats, dt_hi may be inf), chunk_size Q (16..128), exact (bool: fp32
-      matmul operands), and the shapes.
+      (floats, dt_hi may be inf), chunk_size Q (a multiple of 16 in 16..128),
+      exact (bool: fp32 matmul operands), and the shapes.
     Limits: N <= 256 (two dstate tiles; the host API checks it), P <= 256,
       H*P*4 bytes per partition of fp32 state per dstate tile within SBUF.
     """
@@ -292,9 +300,14 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     if z != None:  # noqa: E711
         zbytes = _itemsize(z.dtype)
     mdb = _itemsize(md)
-    ctx_bytes = HP * (4 + zbytes) + GN * 8 + H * 4 * (6 + n_tiles) + G * Q * (n_tiles * mdb + 4)
-    # state + transfer piece + item rings (W, Dm; yb, sz, Xd, xd) + constants
-    fixed = n_tiles * HP * 4 + _NAT_BYTES + 6 * hb * Q * 4 + 14 * hb * P * 4 + 10 * _PMAX * 4
+    xbytes = _itemsize(x.dtype)
+    braw = 0                                # B and C as loaded, when not fp32
+    if B.dtype != nl.float32:
+        braw = 2 * _itemsize(B.dtype)
+    ctx_bytes = (HP * (xbytes + zbytes) + GN * (8 + braw) + H * 4 * (6 + n_tiles)
+                 + G * Q * (n_tiles * mdb + 4))
+    # state + transfer piece + item rings (W, Dm; yb, sz, Xd, xd, xD, xf) + constants
+    fixed = n_tiles * HP * 4 + _NAT_BYTES + 6 * hb * Q * 4 + 16 * hb * P * 4 + 10 * _PMAX * 4
     double = fixed + 2 * ctx_bytes <= _SBUF_BUDGET
     c0 = _ctx_tiles(cst, G, n_tiles)
     ctxs = [c0, c0]
@@ -323,10 +336,10 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
 
     # batch counts -> registers (allocated here, before every loop; each loaded from
     # a (1, 1) SBUF tile that a DMA filled)
-    r_init = _count_register(counts, 0)      # live sequences with an initial state
-    r_pairs = _count_register(counts, 1)     # chunk pairs of all live sequences
-    r_live = _count_register(counts, 2)      # live sequences
-    r_zero = _count_register(counts, 3)      # zero_table rows in use
+    r_init = count_register(counts, 0)      # live sequences with an initial state
+    r_pairs = count_register(counts, 1)     # chunk pairs of all live sequences
+    r_live = count_register(counts, 2)      # live sequences
+    r_zero = count_register(counts, 3)      # zero_table rows in use
     num_seqs = init_table.shape[0]
     nt_rows = pool.shape[1] // N            # state rows per pool row
     pr = HP // nt_rows
@@ -409,15 +422,6 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
 
     nl.fori_loop(0, r_zero, zero_body)
     return y
-
-
-def _count_register(counts, k):
-    """A register holding ``counts[0, k]`` (DMA'd into a (1, 1) SBUF tile, loaded from it)."""
-    one = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=one, src=counts[0:1, k:k + 1])
-    reg = nisa.register_alloc()
-    nisa.register_load(dst=reg, src=one)
-    return reg
 
 
 def _seq_row(table, i, tab, blk):
@@ -569,20 +573,17 @@ def _ctx_tiles(cst, G, n_tiles):
     c = {"rows": nl.ndarray((Q, 2), dtype=nl.int32, buffer=nl.sbuf),
          "yrows": nl.ndarray((Q, 1), dtype=nl.int32, buffer=nl.sbuf),
          "mask": nl.ndarray((Q, 1), dtype=f32, buffer=nl.sbuf),
-         "x_in": nl.ndarray((Q, HP), dtype=f32, buffer=nl.sbuf),
+         "x_in": nl.ndarray((Q, HP), dtype=cst["x"].dtype, buffer=nl.sbuf),
          "dt_in": nl.ndarray((Q, H), dtype=f32, buffer=nl.sbuf),
          "B_mm": nl.ndarray((Q, GN), dtype=f32, buffer=nl.sbuf),
          "C_in": nl.ndarray((Q, GN), dtype=f32, buffer=nl.sbuf),
          "t0": nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf),
          "z": None, "elast": [], "CTs": [], "CTfs": [], "cbms": []}
-    # x, B, C land in their own dtype (a DMA does not convert); compute engines
-    # widen them to the fp32 tiles (x per head block in stage 0, B and C in the
-    # prologue compute)
-    c["x_raw"] = c["x_in"]
+    # B and C land in their own dtype (a DMA does not convert); GpSimd widens them
+    # to the fp32 tiles in the prologue compute. x stays in its dtype: the engines
+    # read it as it is, and stage 3 widens each block for the fp32 y_intra matmul
     c["B_raw"] = c["B_mm"]
     c["C_raw"] = c["C_in"]
-    if cst["x"].dtype != f32:
-        c["x_raw"] = nl.ndarray((Q, HP), dtype=cst["x"].dtype, buffer=nl.sbuf)
     if cst["B"].dtype != f32:
         c["B_raw"] = nl.ndarray((Q, GN), dtype=cst["B"].dtype, buffer=nl.sbuf)
         c["C_raw"] = nl.ndarray((Q, GN), dtype=cst["C"].dtype, buffer=nl.sbuf)
@@ -628,6 +629,8 @@ def _item_rings(cst, hb, modulo):
          "sz": _ring(three, (Q, hb * P), f32, nl.sbuf), "Xd": _ring(4, (Q, hb * P), f32, nl.sbuf),
          "xD": _ring(2, (Q, hb * P), f32, nl.sbuf), "xd": _ring(2, (Q, hb * P), f32, nl.sbuf),
          "S": []}
+    if cst["x"].dtype != f32:
+        r["xf"] = _ring(2, (Q, hb * P), f32, nl.sbuf)
     w = n_tiles * hb * P
     if modulo:
         st = nl.ndarray((_PMAX, 2 * w), dtype=f32, buffer=nl.psum)
@@ -699,7 +702,7 @@ def _prologue_loads(cst, c, which, i, ahead):
         nisa.dma_copy(dst=cst["dst"], src=_table_view(vals, V, i, 2, [[V, 1], [1, 1]]))
         nisa.dma_copy(dst=cst["nsrc"], src=_table_view(vals, V, i, 3, [[V, 1], [1, 1]]))
     t0 = c["t0"]
-    _load_rows(c["x_raw"], cst["x"], t0, HP)
+    _load_rows(c["x_in"], cst["x"], t0, HP)
     _load_rows(c["dt_in"], cst["dt"], t0, H)
     _load_rows(c["B_raw"], cst["B"], t0, GN)
     _load_rows(c["C_raw"], cst["C"], t0, GN)
@@ -949,18 +952,13 @@ def _pair(cst, ctxs, blocks, rings, i, double):
 
 def _st_w(cst, ctx, blk, w, r):
     """GpSimd: W[k, (h,i)] = dtA[k,h] U[k,i] (fp32), one affine_select for the block
-    (dtA broadcast along i by a zero-step access pattern, kept where i >= k);
-    VectorE: the block's x columns widened to fp32 (bf16 x)."""
+    (dtA broadcast along i by a zero-step access pattern, kept where i >= k)."""
     g, h0, nh = blk
-    Q, dtA, H, P = cst["Q"], ctx["dtA"], cst["H"], cst["P"]
+    Q, dtA, H = cst["Q"], ctx["dtA"], cst["H"]
     W = _pick(r["W"], w)
     nisa.affine_select(dst=W[:, 0:nh * Q], pattern=[[0, nh], [1, Q]], channel_multiplier=-1,
                        on_true_tile=dtA.ap(pattern=[[H, Q], [1, nh], [0, Q]], offset=h0),
                        on_false_value=0.0, cmp_op=nl.greater_equal, offset=0)
-    if cst["x"].dtype != nl.float32:
-        c0, c1 = h0 * P, (h0 + nh) * P
-        nisa.tensor_copy(dst=ctx["x_in"][:, c0:c1], src=ctx["x_raw"][:, c0:c1],
-                         engine=nisa.engine.vector)
 
 
 def _st_seg(cst, ctx, blk, w, r):
@@ -993,6 +991,10 @@ def _st_mt(cst, ctx, blk, w, r):
         nisa.tensor_tensor(dst=Mt[:, k * Q:(k + 1) * Q], data1=Dm[:, k * Q:(k + 1) * Q],
                            data2=ctx["cbms"][g], op=nl.multiply, engine=nisa.engine.vector)
     c0, c1 = h0 * P, (h0 + nh) * P
+    if cst["x"].dtype != nl.float32:
+        # the block's x widened to fp32 for stage 4's y_intra matmul
+        nisa.tensor_copy(dst=_pick(r["xf"], w)[:, 0:nh * P], src=ctx["x_in"][:, c0:c1],
+                         engine=nisa.engine.vector)
     if md != nl.float32:
         for t in range(cst["n_tiles"]):
             nisa.tensor_copy(dst=_pick(r["S"], w)[t][:, 0:nh * P], src=ST[t][:, c0:c1],
@@ -1018,8 +1020,10 @@ def _st_out_mm(cst, ctx, blk, w, r):
     for k in range(nh):
         h = h0 + k
         yi = yps[:, k * P:(k + 1) * P]
-        nisa.nc_matmul(dst=yi, stationary=Mt[:, k * Q:(k + 1) * Q],
-                       moving=x_in[:, h * P:(h + 1) * P], accumulate=False)
+        xh = x_in[:, h * P:(h + 1) * P]
+        if cst["x"].dtype != nl.float32:
+            xh = _pick(r["xf"], w)[:, k * P:(k + 1) * P]
+        nisa.nc_matmul(dst=yi, stationary=Mt[:, k * Q:(k + 1) * Q], moving=xh, accumulate=False)
         if cst["Dh"] != None:  # noqa: E711
             # + D_h x_i: identity stationary, moving x_h D_h (stage 3)
             nisa.nc_matmul(dst=yi, stationary=cst["ident"][0:Q, 0:Q],
