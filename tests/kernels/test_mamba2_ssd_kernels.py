@@ -618,27 +618,6 @@ def test_prefill_single_context_equals_double_bitwise(monkeypatch):
     assert y1.tobytes() == y2.tobytes() and after1.tobytes() == after2.tobytes()
 
 
-def test_prefill_gpsimd_balance_switch_matches(monkeypatch):
-    # _ALT_ENGINE = GpSimd (the static kernel's engine balance, if float
-    # tensor_tensor on GpSimd is legal) computes the same values
-    from nki_ssm.backend import nisa
-    from nki_ssm.kernels.mamba2_ssd import chunk as chunk_kernel
-    from nki_ssm.sim.errors import NkiValidationError
-    rng = np.random.default_rng(19)
-    inp = make_ssd_inputs(rng, seqlens=[100, 0, 70, 1], H=48, P=64, N=16, G=2, z=True,
-                          D="HP", padding=1)
-    y_ref, pool_ref = ssd_recurrent(**inp)
-    monkeypatch.setattr(chunk_kernel, "_ALT_ENGINE", nisa.engine.gpsimd)
-    try:
-        y, after, before = _prefill(inp, precision="fp32", chunk_size=32)
-    except NkiValidationError as e:          # the simulator rules it illegal
-        if "gpsimd" not in str(e).lower():
-            raise
-        pytest.skip(f"float tensor_tensor on GpSimd rejected: {e}")
-    _check(y, after, before, y_ref, pool_ref, inp["state_indices"], EXACT_TOL,
-           inp["cu_seqlens"])
-
-
 # ------------------------------------------------------------- one runtime loop level (issue 25)
 
 def _loop_depths(fn):

@@ -303,7 +303,9 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     xbytes = _itemsize(x.dtype)
     braw = 0                                # B and C as loaded, when not fp32
     if B.dtype != nl.float32:
-        braw = 2 * _itemsize(B.dtype)
+        braw = braw + _itemsize(B.dtype)
+    if C.dtype != nl.float32:
+        braw = braw + _itemsize(C.dtype)
     ctx_bytes = (HP * (xbytes + zbytes) + GN * (8 + braw) + H * 4 * (6 + n_tiles)
                  + G * Q * (n_tiles * mdb + 4))
     # state + transfer piece + item rings (W, Dm; yb, sz, Xd, xd, xD, xf) + constants
@@ -586,6 +588,7 @@ def _ctx_tiles(cst, G, n_tiles):
     c["C_raw"] = c["C_in"]
     if cst["B"].dtype != f32:
         c["B_raw"] = nl.ndarray((Q, GN), dtype=cst["B"].dtype, buffer=nl.sbuf)
+    if cst["C"].dtype != f32:
         c["C_raw"] = nl.ndarray((Q, GN), dtype=cst["C"].dtype, buffer=nl.sbuf)
     for name in ("dtp", "dtA", "lndt", "ecs", "wd"):
         c[name] = nl.ndarray((Q, H), dtype=f32, buffer=nl.sbuf)
@@ -725,6 +728,7 @@ def _prologue_compute(cst, c, part=0):
     nisa.tensor_copy(dst=c["yrows"], src=c["rows"][:, 0:1], engine=nisa.engine.gpsimd)
     if cst["B"].dtype != nl.float32:
         nisa.tensor_copy(dst=c["B_mm"], src=c["B_raw"], engine=nisa.engine.gpsimd)
+    if cst["C"].dtype != nl.float32:
         nisa.tensor_copy(dst=c["C_in"], src=c["C_raw"], engine=nisa.engine.gpsimd)
 
     # ---- dt' (0 on masked rows: decay 1, no input) and dt'*A, fp32
