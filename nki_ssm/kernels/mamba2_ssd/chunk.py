@@ -201,7 +201,22 @@ whole PE array only; no DMA converts a dtype.
 
 Engine budget and what binds
 ----------------------------
-MODELED_FIGURES
+Modeled (trn2, nki_ssm.perf; ``python -m simulate --set judged --op ssd
+--no-calibration``; Mamba-2 2.7B, bf16 I/O, float32 pool, one 16K-token
+sequence): 7.52 ms = 2.18 M tokens/s, ScalarE-bound (95 %; TensorE 88 %,
+VectorE 64 %, GpSimd 63 %, DMA 31 %; 66 loop iterations: 64 pairs, one
+initial and one final state). What binds is the elementwise work over the
+Q x Q decay matrix per chunk and head (W on GpSimd, exp on ScalarE, Mt on
+VectorE) and ScalarE's per-block passes (y_off * exp(cs), silu(z), Xd),
+not the matmuls; the rest is balanced by moving y_off + y_intra and every
+second block's state update to TensorE identity matmuls (fp32, 0/1
+stationary: exact). Closer to the roof needs fewer elementwise passes
+(trn3's VectorE exponential, bf16 perf modes where the precision budget
+allows), not faster matmuls. EXTRA_FIGURES
+
+Program size (static instructions, ``Trace.program_instructions()``):
+2,176 at 16K tokens in simulate's report (runtime-loop bodies that ran);
+the same for any batch of the bucket.
 """
 from __future__ import annotations
 

@@ -71,11 +71,9 @@ five-stage pipeline per row block t:
     ScalarE  pool tile = S                      (bf16 pool, last token only)
 
 The TensorE path (blocks with ``t % _PE_CYCLE != 0``) moves half of one
-VectorE pass to ScalarE and TensorE; it paid off under the earlier cost
-model (VectorE-bound). With per-instruction costs and semaphores modeled
-ScalarE binds, so every block takes the VectorE path (``_PE_CYCLE = 1``;
-2.7B, 32 sequences 882 -> 761 us, 1 sequence 32.6 -> 28.8 us modeled); the
-switch stays for other cost figures. The TensorE path takes fp32 products
+VectorE pass to ScalarE and TensorE; ScalarE binds at the model shapes, so
+every block takes the VectorE path (``_PE_CYCLE = 1``); the switch stays
+for cost figures where VectorE binds. The TensorE path takes fp32 products
 and PSUM accumulation as exact (0/1 stationary: 1.0 * tmp + 1.0 * inp).
 
 No float ``tensor_tensor`` runs on GpSimd (issue 14: the ISA routes float
@@ -113,21 +111,30 @@ the largest divisor of H*P <= 128 keeping partitions inside one group); T
 tokens per sequence (a shape: unrolled, program size grows with T); any
 number of sequences (run time); slots*pr < 2^31 (int32 pool rows).
 
-Modeled (trn2, nki_ssm.perf with per-instruction costs, semaphores and the
-runtime-loop iteration cost; ``python -m simulate --set judged --op
-ssd_decode``; Mamba-2 2.7B, float32 state, bf16 I/O; share of the 368 GB/s
-core DMA bandwidth): 1 sequence 28.2 us (50.7 %), 32 sequences 716 us
-(63.9 %), 512 sequences 11.2 ms (65.2 %), VectorE / ScalarE / DMA each
-~80 % busy. The static per-batch kernel it replaces, same cost model:
-29.1 us, 823 us, 12.9 ms (ScalarE-bound). Program size: 363 static
-instructions at 32 and at 512 sequences (2.7B, simulate's report;
-Granite-like 559, Falcon-H1-like 289 counted around the host op).
+Modeled (trn2, nki_ssm.perf; ``python -m simulate --set judged --op
+ssd_decode --no-calibration``; Mamba-2 2.7B, float32 state, bf16 I/O; share
+of the 368 GB/s core DMA bandwidth): 1 sequence 28.7 us (49.9 %), 32
+sequences 718 us (63.8 %), 512 sequences 11.2 ms (65.1 %); VectorE /
+ScalarE / DMA each ~80 % busy: the per-element update passes over the state
+(decay, input, C product, y reduction) and moving it bind together.
+Program size: 372 static instructions at 32 and at 512 sequences (2.7B,
+simulate's report; runtime-loop bodies that ran).
 
 Numerics: all float32 (no matmul precision choice: the only matmul is the
 exact 0/1 broadcast). A bfloat16 pool is widened by the first token's
 decay (ScalarE reads the bf16 tile, writes fp32: no separate widening
 pass) and rounded once (RNE) by a per-block ScalarE copy on the last
 token, pipelined with the update.
+
+Constructs and their evidence: runtime loops ``nl.fori_loop`` with an
+inner-``def`` body and register bounds (NKI 0.6.0 ``fori_loop`` docstring);
+registers allocated before the loops and loaded from DMA-filled (1, 1) SBUF
+tiles (nki-library ``bwmm_shard_on_block_mx.py``); DMA ``scalar_offset``
+from the loop register (``fori_loop`` docstring) or a (1, 1) SBUF tile
+(nki-library ``moe_cte_utils.py``), ``vector_offset`` gathers and scatters
+with one pool row per partition (nki-library ``bwmm_shard_on_I.py``;
+``nisa.dma_copy`` docs, indirect scatter example); matmuls on the whole PE
+array; no DMA converts a dtype (the launcher passes x | dt | z in float32).
 """
 from __future__ import annotations
 
