@@ -338,8 +338,8 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
               and 2 * n_tiles * hb * P <= _PSUM_F)
     rings = _item_rings(cst, hb, modulo)
     # y_off * exp(cs) is added to y_intra on TensorE (identity matmul into the PSUM
-    # bank) instead of VectorE when the float products run on VectorE and the y
-    # ring has the 4 banks that longer PSUM lifetime needs (modulo schedule)
+    # bank) instead of VectorE, which carries the float products, when the y ring
+    # has the 4 banks that longer PSUM lifetime needs (modulo schedule)
     cst["pe_add"] = modulo
     # ... and the state update of most blocks goes the same way: ScalarE e*S,
     # TensorE accumulates it into the chunk-state PSUM, ScalarE copies back
@@ -391,14 +391,14 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     nl.fori_loop(0, r_init, init_body)
 
     # ---- loop B: every chunk pair of every live sequence, two chunks per
-    # iteration (contexts 0 and 1). The first pair's state and chunk 0 come in
-    # before the loop; each iteration stores its pair's state block by block
+    # iteration (contexts 0 and 1). The first pair's chunk 0 and state come in
+    # before the loop (the chunk's loads first: the state is read later); each iteration stores its pair's state block by block
     # and loads the next pair's (_st_state), and loads the next chunk 0
     nisa.dma_copy(dst=cst["nsrc"], src=counts[0:1, 4:5])
+    _prologue_loads(cst, ctxs[0], 0, 0, 0)
     _state_dma(cst, cst["nsrc"], 0, HP, False)
-    _prologue(cst, ctxs[0])
+    _prologue_compute(cst, ctxs[0])
     if modulo:
-        nb = len(blocks)
         ns = len(_STAGES)
         for g in range(ns - 1):
             for k in range(ns):
@@ -692,12 +692,6 @@ def _table_view(table, row_elems, i, offset, pattern):
     if isinstance(i, int):
         return table.ap(pattern=pattern, offset=i * row_elems + offset)
     return table.ap(pattern=pattern, offset=offset, scalar_offset=i, indirect_dim=0)
-
-
-def _prologue(cst, c):
-    """The whole prologue of the first pair's chunk 0 (rows, loads, then compute)."""
-    _prologue_loads(cst, c, 0, 0, 0)
-    _prologue_compute(cst, c)
 
 
 def _prologue_loads(cst, c, which, i, ahead):
