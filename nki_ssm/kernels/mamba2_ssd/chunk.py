@@ -196,14 +196,19 @@ the loop, ``register_load`` from a DMA-filled (1, 1) SBUF tile (nki-library
 tile or the loop register, ``indirect_dim=0`` (nki-library
 ``moe_cte_utils.py``, ``bwmm_shard_on_I.py``); ``vector_offset`` gathers and
 scatters with one row per partition (``bwmm_shard_on_I.py``); kernel HBM
-scratch in ``nl.private_hbm`` (``bwmm_shard_on_block.py``); matmuls on the
-whole PE array only; no DMA converts a dtype.
+scratch in ``nl.private_hbm``, written and read back by DMA
+(``bwmm_shard_on_block.py``; read in a runtime loop at a dynamic offset:
+``all_expert_mx_impl.py``). Here the scratch is written and read inside
+loop B, a block's load after its store: the order is their dependency
+through the scratch tensor, which the compiler must keep with run-time
+offsets (the construct with the least precedent in this kernel). Matmuls
+on the whole PE array only; no DMA converts a dtype.
 
 Engine budget and what binds
 ----------------------------
 Modeled (trn2, nki_ssm.perf; ``python -m simulate --set judged --op ssd
 --no-calibration``; Mamba-2 2.7B, bf16 I/O, float32 pool, one 16K-token
-sequence): 7.52 ms = 2.18 M tokens/s, ScalarE-bound (95 %; TensorE 88 %,
+sequence): 7.51 ms = 2.18 M tokens/s, ScalarE-bound (95 %; TensorE 88 %,
 VectorE 64 %, GpSimd 63 %, DMA 31 %; 66 loop iterations: 64 pairs, one
 initial and one final state). What binds is the elementwise work over the
 Q x Q decay matrix per chunk and head (W on GpSimd, exp on ScalarE, Mt on
@@ -212,11 +217,15 @@ not the matmuls; the rest is balanced by moving y_off + y_intra and every
 second block's state update to TensorE identity matmuls (fp32, 0/1
 stationary: exact). Closer to the roof needs fewer elementwise passes
 (trn3's VectorE exponential, bf16 perf modes where the precision budget
-allows), not faster matmuls. EXTRA_FIGURES
+allows), not faster matmuls. Same model, other batches: 2.7B 2K tokens
+1.03 ms, 8 x 2K 7.76 ms (the pipeline runs on across sequence boundaries);
+Granite-like 128 tokens 348 us, DMA-bound: a short batch pays the fixed HBM
+traffic of the S^T blocks (zero block, initial state stored and loaded, one
+pair's round trip, final state loaded: ~5 x 4 MB at H*P = 8192).
 
 Program size (static instructions, ``Trace.program_instructions()``):
-2,176 at 16K tokens in simulate's report (runtime-loop bodies that ran);
-the same for any batch of the bucket.
+2,176 at 16K tokens (simulate's report) and at 8 x 2K; Granite-like 3,439
+(runtime-loop bodies that ran).
 """
 from __future__ import annotations
 
