@@ -618,22 +618,71 @@ def test_prefill_single_context_equals_double_bitwise(monkeypatch):
     assert y1.tobytes() == y2.tobytes() and after1.tobytes() == after2.tobytes()
 
 
-def test_prefill_gpsimd_balance_switch_matches(monkeypatch):
-    # _ALT_ENGINE = GpSimd (the static kernel's engine balance, if float
-    # tensor_tensor on GpSimd is legal) computes the same values
-    from nki_ssm.backend import nisa
-    from nki_ssm.kernels.mamba2_ssd import chunk as chunk_kernel
-    from nki_ssm.sim.errors import NkiValidationError
-    rng = np.random.default_rng(19)
-    inp = make_ssd_inputs(rng, seqlens=[100, 0, 70, 1], H=48, P=64, N=16, G=2, z=True,
-                          D="HP", padding=1)
+# ------------------------------------------------------------- one runtime loop level (issue 25)
+
+def _loop_depths(fn):
+    from nki_ssm.sim.trace import record
+    with record() as trace:
+        fn()
+    return {len(inst.loop_path) for inst in trace.instructions}
+
+
+@pytest.mark.parametrize("H, P, chunk", [(2, 16, 16), (48, 64, 32)])   # _pair / modulo loop
+def test_prefill_runs_no_runtime_loop_inside_another(H, P, chunk):
+    """A ragged batch with initial states, padding slots, an empty sequence and several
+    chunks per sequence: every instruction sits in at most one runtime loop."""
+    inp = make_ssd_inputs(np.random.default_rng(20), seqlens=[5 * chunk + 3, 0, 2 * chunk, 7],
+                          H=H, P=P, N=16, G=1, z=True, slots=6, padding=1,
+                          has_initial_state=np.array([True, True, False, True]))
     y_ref, pool_ref = ssd_recurrent(**inp)
-    monkeypatch.setattr(chunk_kernel, "_ALT_ENGINE", nisa.engine.gpsimd)
-    try:
-        y, after, before = _prefill(inp, precision="fp32", chunk_size=32)
-    except NkiValidationError as e:          # the simulator rules it illegal
-        if "gpsimd" not in str(e).lower():
-            raise
-        pytest.skip(f"float tensor_tensor on GpSimd rejected: {e}")
-    _check(y, after, before, y_ref, pool_ref, inp["state_indices"], EXACT_TOL,
-           inp["cu_seqlens"])
+    out = []
+    depths = _loop_depths(lambda: out.append(_prefill(inp, precision="fp32", chunk_size=chunk)))
+    assert max(depths) == 1
+    _check(*out[0], y_ref, pool_ref, inp["state_indices"], EXACT_TOL, inp["cu_seqlens"])
+
+
+def test_decode_runs_no_runtime_loop_inside_another():
+    inp = make_ssd_decode_inputs(np.random.default_rng(21), num_seqs=5, T=2, H=2, P=16, N=16,
+                                 z=True, padding=2)
+    assert max(_loop_depths(lambda: _decode(inp))) == 1
+
+
+def test_prefill_tables_work_list():
+    """The flat work list: one row per chunk pair of each live sequence in order, state
+    source = the sequence's own block after its first pair, its initial state's block
+    (has_initial_state) or the zero block; final blocks; zero rows for padding tokens."""
+    from nki_ssm.ops.launch.mamba2_ssd import prefill_tables
+    cu = np.array([0, 70, 70, 103, 108, 228], np.int32)   # lengths 70, 0, 33, 5, 120
+    idx = np.array([4, 2, -1, 0, 1], np.int32)
+    init = np.array([False, True, True, True, False])
+    Q, T, S, pr = 16, 256, 8, 3
+    pair_rows, pair_vals, init_tab, final_tab, zero_tab, counts = prefill_tables(
+        cu, idx, init, T, S, Q, pr)
+    # live: 0 (70 tok, 3 pairs), 1 (empty), 3 (5 tok, 1 pair), 4 (120 tok, 4 pairs)
+    assert counts.tolist() == [[2, 8, 4, 3, S]]     # src0 = zero block (seq 0: no init)
+    assert pair_rows.shape == (T // (2 * Q) + S + 1, Q, 4)
+    assert pair_vals[:8, 2].tolist() == [0, 0, 0, 2, 3, 3, 3, 3]    # blocks (live order)
+    # next pair's source: own block, then seq 3's init (block 2), seq 4 from zeros
+    assert pair_vals[:8, 3].tolist() == [0, 0, 2, S, 3, 3, 3, S]
+    assert pair_vals[:8, 0].tolist() == [0, 32, 64, 103, 108, 140, 172, 204]
+    assert pair_vals[:8, 1].tolist() == [16, 48, T, T, 124, 156, 188, 220]
+    assert np.all(pair_vals[8:, 0:2] == T) and np.all(pair_vals[8:, 2:] == S)
+    # pair 2 of sequence 0: tokens 64..69 valid, the rest masked to the dump row
+    assert pair_rows[2, :, 1].tolist() == [1] * 6 + [0] * 10 and not pair_rows[2, :, 3].any()
+    assert pair_rows[2, :6, 0].tolist() == list(range(64, 70))
+    assert np.all(pair_rows[2, 6:, 0] == T) and np.all(pair_rows[2, :, 2] == T)
+    # initial states: slots 2 (seq 1 -> block 1) and 0 (seq 3 -> block 2)
+    assert init_tab[0, :pr, 0].tolist() == [6, 7, 8] and init_tab[0, 0, 1] == 1
+    assert init_tab[1, :pr, 0].tolist() == [0, 1, 2] and init_tab[1, 0, 1] == 2
+    assert final_tab[:4, 0, 1].tolist() == [0, 1, 2, 3]
+    # an empty sequence without an initial state ends in zeros
+    _, _, _, final2, _, _ = prefill_tables(cu, idx, np.zeros(5, bool), T, S, Q, pr)
+    assert final2[:4, 0, 1].tolist() == [0, S, 2, 3]
+    # padding tokens 70..102 in ceil(33 / 16) = 3 rows; room for a full bucket of them
+    assert zero_tab.shape == (T // Q, Q, 1)
+    assert zero_tab.reshape(-1)[:33].tolist() == list(range(70, 103))
+    assert np.all(zero_tab.reshape(-1)[33:] == T)
+    for q in range(16, 129, 16):     # issue 26 row 1: any chunk size, a whole bucket of padding
+        *_, zt, c = prefill_tables(np.array([0, 100, 101]), np.array([-1, 0]), [False, False],
+                                   128, 2, q, pr)
+        assert zt.shape[0] * q >= 100 and c[0, 3] * q >= 100

@@ -1,71 +1,89 @@
 """Mamba-2 SSD chunked prefill over a ragged batch with an in-place state pool.
 
 Kernel: ``ssd_chunk_prefill`` (``@nki.jit``). The host launcher
-(``nki_ssm/ops/launch/mamba2_ssd.py``) pads the batch to its buckets and
-builds the run-time tables described here; this note is the design.
+(``nki_ssm/ops/launch/mamba2_ssd.py``, ``prefill_tables``) pads the batch to
+its buckets and builds the run-time tables described here; this note is the
+design.
 
 Design note
 ===========
 
 One compiled program per shape bucket
 -------------------------------------
-Compile-time arguments are shapes (the token bucket, the sequence bucket,
-H, P, N, G, chunk_size Q) and layer configuration (dt_softplus, dt limits,
-precision) only. The batch composition is run-time int32 data:
+Compile-time arguments are shapes (the token bucket T, the sequence bucket
+S, H, P, N, G, chunk_size Q) and layer configuration (dt_softplus, dt
+limits, precision) only. The batch composition is run-time int32 data:
 
-- ``seq_table [num_seqs, 128, 4]``, one row per *live* sequence (padding
-  sequences are compacted out by the launcher), in order: column 0 holds
-  the pool row ``slot*pr + q`` of partition q (q < pr); column 1 holds at
-  partition 0 the number of chunk pairs, at 1 has_initial_state, at 2 its
-  negation; column 2 at partition 0 the sequence's first chunk_table row
-  (the chunk counter), column 3 at partition 0 a constant 1 (the counter's
-  increment);
-- ``chunk_table [num_tokens/Q + 3*num_seqs, Q, 2]``: per chunk, the
-  token row of each of its Q partitions and a 0/1 valid flag. A sequence's
-  chunk k covers its tokens ``k*Q ..``; a live sequence takes 2*pairs + 1
-  rows: its chunks, an all-masked one when their number is odd, and a
-  trailing all-masked row for the kernel's last prefetch. Masked entries
-  name row ``num_tokens`` (y's dump row; the inputs are zero there);
-- ``zero_table [num_tokens/Q, Q, 1]``: the token rows of padding
-  sequences, Q per row (unused entries name the dump row);
-- ``counts [1, 2]``: live sequences, zero_table rows in use.
+- the work list, every pair of chunks of every live sequence in batch order
+  (padding sequences are left out by the launcher), then all-masked rows:
+  ``pair_rows [ceil(T / 2Q) + S + 1, Q, 4]`` holds per pair, for each of its
+  2Q token positions, the token row (partition q: chunk 0 in column 0, chunk
+  1 in column 2) and a 0/1 valid flag (columns 1, 3); ``pair_vals [.., 4]``
+  the first token row of chunk 0 and of chunk 1, the pair's S^T block and
+  the next pair's source block. Chunk k of a sequence covers its tokens
+  ``k*Q ..``; a sequence with an odd number of chunks ends in an all-masked
+  chunk. Masked positions name row T (the inputs' zero rows, y's dump row);
+- ``init_table [S, 128, 2]``: the live sequences with an initial state, in
+  order: the pool row ``slot*pr + q`` of partition q (column 0, q < pr) and
+  (partition 0 of column 1) the sequence's S^T block;
+- ``final_table [S, 128, 2]``: every live sequence: its pool rows and the
+  block holding its final state (the zero block for an empty sequence
+  without an initial state);
+- ``zero_table [ceil(T / Q), Q, 1]``: the token rows of padding sequences, Q
+  per row (unused entries name the dump row);
+- ``counts [1, 5]``: sequences with an initial state, pairs, live
+  sequences, zero_table rows in use, the first pair's source block.
+
+S^T blocks: an fp32 HBM scratch ``[S + 1, N, H*P]`` the kernel allocates
+(``nl.private_hbm``): block k holds live sequence k's state in the S^T
+layout (initial, then after each pair, then final), block S zeros.
 
 Loops
 -----
-Every loop that grows with the batch is an ``nl.dynamic_range`` over a
-register (``register_load`` from a table). Rows of seq_table and zero_table
-are addressed by the loop's induction register (``scalar_offset``); rows of
-chunk_table by a run-time counter (a 1x1 int32 tile of the sequence's
-seq_table row used as ``scalar_offset``, advanced by a GpSimd integer add
-of the constant beside it: registers have no arithmetic); a chunk's tokens
-by its first token row (``scalar_offset``: one contiguous DMA per input,
-hardware DGE on trn2, no GpSimd descriptor work); y rows and pool rows by
+Four runtime loops, one after the other, none inside another (nested
+runtime loops fail NKI 0.5.0's compiler, NCC_ICFG018, aws-neuron-sdk #1346;
+loop-carried registers in nested loops are a known issue in 0.6.0). Each is
+``nl.fori_loop(0, reg, body)`` with ``body`` an inner ``def`` of the kernel
+(the 0.6.0 ``fori_loop`` docstring's form); the bound registers are
+allocated before the loops and loaded from (1, 1) SBUF tiles a DMA filled
+from ``counts``. Table rows are addressed by the loop's induction register
+as ``scalar_offset``; a chunk's token rows by its first token row (a (1, 1)
+tile DMA'd from ``pair_vals``, the ``scalar_offset`` of one contiguous DMA
+per input: hardware DGE on trn2); y rows and pool rows by
 ``vector_offset`` (one row per partition). What is unrolled inside a body
 is bounded by the layer shape (head blocks, dstate tiles, groups).
 
-1. Sequence loop (trip count: live sequences). Its body loads the
-   sequence's row, then its initial state: under a runtime conditional
-   (``dynamic_range`` over the has_initial_state register, 0 or 1 trips)
-   the slot's state is gathered and transposed into S^T; under the negated
-   flag S^T is zeroed. So an uninitialised slot is never read (no NaN * 0).
-2. Chunk-pair loop (trip count: the sequence's pairs, two chunks per
-   iteration in contexts 0 and 1). Modulo-scheduled (``_pairs_modulo``)
-   when a chunk has more head blocks than the pipeline has stages (an even
-   number; Mamba-2 2.7B: 20, Granite-like: 32): each iteration completes
-   its pair and runs the first stages of the next pair's first items, so
-   the pipeline never drains inside a sequence; the fill of pair 0 runs
-   before the loop, the last iteration's fill works on the trailing
-   all-masked row and is discarded (it writes no state, stores no y).
-   Otherwise (small shapes, Falcon-H1-like) ``_pair``: the two chunks of an
-   iteration share one pipeline (> 6 blocks) or drain between them, and
-   the pipeline drains at the iteration end. A sequence with an odd number
-   of chunks ends with an all-masked chunk: it leaves the state exactly
-   unchanged (decay exp(0) = 1, zero input) and its y rows go to the dump
-   row.
-3. After the pair loop the state is transposed back and scattered to the
-   slot (the kernel's own writes to its HBM input are the pool update).
-4. Zero loop (trip count: zero_table rows in use): zero rows of y for the
-   tokens of padding sequences.
+A. Initial states (trip count: sequences with an initial state): gather
+   the slot's state from the pool, transpose it on TensorE into S^T (SBUF,
+   fp32) and store S^T to the sequence's block. Block S is zeroed before
+   the loop. An uninitialised slot is never read.
+B. Pairs (trip count: all pairs of all sequences): two chunks per
+   iteration in contexts 0 and 1. The running state S^T lives in SBUF; after
+   a pair's chunk 1 has updated a head block of S^T (stage 9), that block is
+   stored to the pair's S^T block and the next pair's source block is loaded
+   over it: within a sequence the block just stored (an exact fp32 round
+   trip), at a sequence start its initial state or zeros. So a sequence
+   boundary is data (the source block), not a branch, and every pair runs
+   the same instructions. Modulo-scheduled (``_pair_modulo``) when a chunk
+   has more head blocks than the pipeline has stages (an even number;
+   Mamba-2 2.7B: 20, Granite-like: 32): each iteration completes its pair and
+   runs the first stages of the next pair's first items, so the pipeline
+   never drains, not even between sequences; the fill of pair 0 runs before
+   the loop, the last iteration's fill works on the all-masked row after
+   the last pair and is discarded (it stores no y and no state). Otherwise
+   (small shapes, Falcon-H1-like) ``_pair``: the two chunks of an iteration
+   share one pipeline (> 6 blocks) or drain between them, and the pipeline
+   drains at the iteration end. An all-masked chunk leaves the state exactly
+   unchanged (decay exp(0) = 1, zero input); its y rows go to the dump row.
+C. Final states (trip count: live sequences): load the sequence's final
+   block into S^T, transpose it back and scatter it to the slot (the
+   kernel's own writes to its HBM input are the pool update).
+D. Padding tokens (trip count: zero_table rows in use): zero rows of y.
+
+The S^T round trip costs DMA only (2 x H*P*N*4 bytes per pair: 5.2 MB at
+Mamba-2 2.7B, ~15 us of the core's DMA bandwidth against ~115 us of compute
+per pair) and has ``nb - 6`` pipeline steps between a block's store and the
+next pair's first read of it.
 
 Masking
 -------
@@ -76,85 +94,85 @@ the batch to its bucket; a padding token may hold NaN) and appends Q zero
 rows, so every loaded value is finite (NaN * 0 cannot arise). Masked rows
 get dt' = 0 (dt' times the 0/1 valid flag): decay exp(0) = 1 and input
 x dt' = 0 exactly, so a masked row adds exactly 0 to the state and to the
-valid outputs (CB is causally masked by select, and masked rows are the
-last of a chunk; ln dt' is clamped to 1e-18, which only feeds masked
-outputs). A ragged batch therefore equals separate calls bit for bit.
-Every y row is written exactly once: a live token's row by its chunk's
-scatter (masked partitions write the dump row, sliced off by the host), a
-padding token's row by the zero loop; bucket padding rows are sliced off.
+valid outputs (CB is causally masked, and masked rows are the last of a
+chunk; ln dt' is clamped to 1e-18, which only feeds masked outputs). A
+ragged batch therefore equals separate calls bit for bit. Every y row is
+written exactly once: a live token's row by its chunk's scatter (masked
+partitions write the dump row, sliced off by the host), a padding token's
+row by loop D; bucket padding rows are sliced off.
 
 Layout
 ------
 Tokens of one chunk (Q <= 128) sit on partitions; heads are concatenated on
-the free dim (x as ``[Q, H*P]``, dt as ``[Q, H]``). The running state of a
-sequence lives in SBUF in float32 as ``S^T [N, H*P]`` (dstate on
-partitions, one tile per 128 of N, N <= 256), so both state matmuls
-contract over partitions without per-chunk transposes; it is transposed on
-TensorE only when gathered from / scattered to the pool, in pieces of
-<= 4 KiB per partition (partition q holds state rows ``q*nt ..``, one pool
-row segment per partition; a bf16 pool is transposed by an exact identity
-matmul into the fp32 PSUM scratch).
+the free dim (x as ``[Q, H*P]``, dt as ``[Q, H]``). The running state lives
+in SBUF in float32 as ``S^T [N, H*P]`` (dstate on partitions, one tile per
+128 of N, N <= 256), so both state matmuls contract over partitions without
+per-chunk transposes; it is transposed on TensorE only in loops A and C, in
+pieces of <= 4 KiB per partition (partition q holds state rows
+``q*nt ..``, one pool row segment per partition; a bf16 pool is transposed
+by an exact identity matmul into the fp32 PSUM scratch).
 
 Per chunk (prologue: loads issued early, compute later)
 -------------------------------------------------------
-Loads: chunk_table row; x (widened to fp32 by the DMA), dt, B, C (fp32) and
-z. Compute: dt' = clip(softplus(dt + dt_bias)) * valid, dtA = dt' A,
-ln dt' ([Q, H]). TensorE (fp32, 0/1 stationaries flagged onezero):
-cs = U^T dtA (inclusive cumsum), ex = Ls^T dtA (sum over the chunk's later
-tokens), tot = 1^T dtA (chunk total, broadcast on the N partitions); ScalarE
-exp of each. Per group: C^T and B^T (TensorE transposes, fp32), CB^T
-[Q, Q] (fp32, contract N, accumulate N tiles), causal mask (VectorE
-product with the 0/1 matrix U, from PSUM). The loads of a context are issued as soon as its previous
-chunk's last block has read it, the compute ~10 pipeline steps later (DMA
-queues and engines are in order: an engine reaching the compute earlier
-would wait for the loads).
+Loads (in the inputs' dtypes: a DMA never converts): the chunk's rows and
+first token row, x, dt (fp32), B, C and z. Compute: B and C widened to fp32
+(GpSimd copies, bf16 inputs), dt' = clip(softplus(dt + dt_bias)) * valid,
+dtA = dt' A, ln dt' ([Q, H]). TensorE (fp32, 0/1 stationaries flagged
+onezero): cs = U^T dtA (inclusive cumsum), ex = Ls^T dtA (sum over the
+chunk's later tokens), tot = 1^T dtA (chunk total, broadcast on the N
+partitions); ScalarE exp of each. Per group: C^T and B^T (TensorE
+transposes, fp32), CB^T [Q, Q] (fp32, contract N, accumulate N tiles),
+causal mask (VectorE product with the 0/1 matrix U, from PSUM). The loads of
+a context are issued as soon as its previous chunk's last block has read
+it, the compute ~10 pipeline steps later (DMA queues and engines are in
+order: an engine reaching the compute earlier would wait for the loads).
 
 Per (chunk, head block) item: ten stages, one engine each (mostly)
 -----------------------------------------------------------------
 Blocks hold ``hb`` heads of one group (hb*Q <= 512, 2*hb*P <= 512 and
 n_tiles*hb*P <= 512: one PSUM bank per tile; hb = 4 at Q = 128, P = 64).
- 0 ScalarE  W[k, (h,i)] = dtA[k,h] U[k,i] (one head on VectorE when
-            _ALT_ENGINE is GpSimd)
+ 0 GpSimd   W[k, (h,i)] = dtA[k,h] U[k,i] (one affine_select for the block)
  1 TensorE  seg = Ls^T W -> seg[j,(h,i)] = sum_{j<k<=i} dtA[k,h] (fp32;
             exactly 0 for j >= i), one matmul for the block
  2 ScalarE  Dm = exp(seg + ln dt'_j) (dt'_j as the exponent bias)
- 3 VectorE  Mt = Dm * CBmask per head, in place (every second head on
-            _ALT_ENGINE); ScalarE: bf16 copy of the block's S^T (bf16 mode),
-            x_h D_h per head (D [H])
+ 3 VectorE  Mt = Dm * CBmask per head, in place; the block's x widened to
+            fp32 (bf16 x: stage 4's moving operand); ScalarE: bf16 copy of the
+            block's S^T (bf16 mode), x_h D_h per head (D [H])
  4 TensorE  y_intra = Mt^T x_h + I^T (x_h D_h) per head, fp32; y_off =
             C S^T for the block (one matmul per N tile), both in one PSUM bank
- 5 ScalarE  y_off * exp(cs_i) per head; silu(z); Xd = x_h dt'_j exp(ex_j)
- 6 VectorE  y = y_off + y_intra (PSUM operand); modulo schedule with
-            _ALT_ENGINE = VectorE: TensorE identity matmul accumulating
-            y_off * exp(cs) into y_intra's PSUM bank (y ring of 4 banks)
- 7 _ALT_ENGINE (+ x*D for D [H, P]) * silu(z) -> the chunk's y tile
-            (written over z's columns: z's SBUF tile doubles as y's)
- 8 TensorE  chunk state B^T Xd per N tile (fp32)
- 9 VectorE  S^T <- exp(tot) S^T + chunk state, per head (fp32)
+ 5 ScalarE  y_off * exp(cs_i) per head; silu(z); Xd = x_h dt'_j exp(ex_j);
+            e^tot S^T (blocks on the TensorE state path)
+ 6 VectorE  y = y_off + y_intra (PSUM operand); modulo schedule: TensorE
+            identity matmul accumulating y_off * exp(cs) into y_intra's PSUM
+            bank (y ring of 4 banks)
+ 7 VectorE  (+ x*D for D [H, P]) * silu(z) -> the chunk's y tile (written
+            over z's columns: z's SBUF tile doubles as y's)
+ 8 TensorE  chunk state B^T Xd per N tile (fp32); TensorE state path: +
+            I^T (e^tot S^T) into the same PSUM bank
+ 9 VectorE  S^T <- exp(tot) S^T + chunk state, per head (fp32); TensorE
+            state path (every second block, modulo schedule): ScalarE copies
+            the PSUM sum back. Chunk 1 of a pair: the block's S^T store and
+            the next pair's load (loop B)
 A chunk's y tile is scattered to its token rows before its context's next
 loads. Item (1, j) reads the state item (0, j) writes (and item (0, j) of
-the next pair what item (1, j) writes): more than 6 blocks keep them
-apart in a shared pipeline.
-
-_ALT_ENGINE is VectorE: float tensor_tensor on GpSimd may be illegal
-(issue 14 item 9: the ISA routes float binary ops to VectorE; the static
-kernel put ~320 per 1K tokens there). Setting it to nisa.engine.gpsimd
-restores the old engine balance if the coordinator rules it legal.
+the next pair what item (1, j) writes and the load after it brings): more
+than 6 blocks keep them apart in a shared pipeline.
 
 SBUF / PSUM budget
 ------------------
-Tiles allocated in a dynamic loop body are live for the whole loop, so all
-tiles are allocated before the loops: the chunk contexts (x fp32 ``H*P*4``
-+ z / y ``H*P*2`` + B, C, dt, decay columns, C^T and CB per group), the
-state S^T (``H*P*4`` per N tile), a <= 4 KiB state-transfer piece, and the
-item temporaries as round-robin rings (a buffer written in stage k and last
-read in stage k' has k' - k + 1 copies; in the modulo schedule sizes 2 and
-4, which divide the 2nb items of an iteration). Two contexts when the
-estimate fits ``_SBUF_BUDGET`` (200 of the 208 KiB usable), else one (its
-loads then wait for the previous chunk: Falcon-H1-like, 64 KiB of state;
-bit-identical results, tested). PSUM (8 banks of 2 KiB per partition):
-seg x2, y_intra|y_off x3 (x4 modulo), chunk state x2 (modulo: both in one
-bank), one prologue / state-transfer scratch bank.
+Tiles allocated in a runtime loop body are live for the whole loop, so all
+tiles are allocated before the loops: the chunk contexts (x and z / y in
+their dtype, ``H*P*2`` each for bf16, B, C, dt, decay columns, C^T and CB per
+group), the state S^T (``H*P*4`` per N tile), a <= 4 KiB
+state-transfer piece, and the item temporaries as round-robin rings (a
+buffer written in stage k and last read in stage k' has k' - k + 1 copies;
+in the modulo schedule sizes 2 and 4, which divide the 2nb items of an
+iteration). Two contexts when the estimate fits ``_SBUF_BUDGET`` (200 of the
+208 KiB usable), else one (its loads then wait for the previous chunk:
+Falcon-H1-like, 64 KiB of state; bit-identical results, tested). PSUM (8
+banks of 2 KiB per partition): seg x2, y_intra|y_off x3 (x4 modulo), chunk
+state x2 (modulo: both in one bank), one prologue / state-transfer scratch
+bank.
 
 Numerics
 --------
@@ -166,80 +184,89 @@ A = -16 is tested). ``exact=True`` (precision "fp32"): every matmul operand
 float32. ``exact=False`` (precision "bf16", the default): only the
 state-to-output matmul y_off = C S^T takes bfloat16 operands (C exact for
 bf16 models, the fp32 state rounded once); y_intra, D x, CB, the decay sums
-and the chunk-state matmul stay fp32.
+and the chunk-state matmul stay fp32. The state's HBM round trips are fp32:
+exact.
+
+Constructs and their evidence
+-----------------------------
+Runtime loops: ``nl.fori_loop`` with an inner-``def`` body and register
+bounds (0.6.0 ``fori_loop`` docstring); registers: ``register_alloc`` before
+the loop, ``register_load`` from a DMA-filled (1, 1) SBUF tile (nki-library
+``bwmm_shard_on_block_mx.py``); DMA ``scalar_offset`` from a (1, 1) SBUF
+tile or the loop register, ``indirect_dim=0`` (nki-library
+``moe_cte_utils.py``, ``bwmm_shard_on_I.py``); ``vector_offset`` gathers and
+scatters with one row per partition (``bwmm_shard_on_I.py``); kernel HBM
+scratch in ``nl.private_hbm``, written and read back by DMA
+(``bwmm_shard_on_block.py``; read in a runtime loop at a dynamic offset:
+``all_expert_mx_impl.py``). Here the scratch is written and read inside
+loop B, a block's load after its store: the order is their dependency
+through the scratch tensor, which the compiler must keep with run-time
+offsets (the construct with the least precedent in this kernel). Matmuls
+on the whole PE array only; no DMA converts a dtype.
 
 Engine budget and what binds
 ----------------------------
-Modeled (trn2, nki_ssm.perf with per-instruction costs, semaphores, ACT
-table loads and the runtime-loop iteration cost, which drains every engine
-at each loop entry; Mamba-2 2.7B, bf16 I/O, float32 pool, one 16K-token
-sequence; ``python -m simulate --set judged --op ssd_prefill``): 7.38 ms =
-2.22 M tokens/s, ScalarE-bound (97 %; TensorE 90 %, GpSimd 63 %, VectorE
-54 %, DMA 24 %; 66 loop iterations, 16.5 us of sync). The static
-per-batch kernel it replaces, same model: 7.61 ms (ScalarE 98 %; one
-program per batch composition, 111.5K instructions at 16K tokens).
-
-Without GpSimd's float products (_ALT_ENGINE = VectorE) the elementwise
-work (per chunk and head: the W, exp and Mt passes over the Q x Q decay
-matrix; per block: y, silu(z), Xd, state) lands on VectorE and ScalarE; it
-is rebalanced by moving W to GpSimd (one affine_select per block), y_off +
-y_intra and every second block's state update to TensorE identity matmuls
-(fp32, 0/1 stationary: exact). Under the earlier cost model (no
-per-instruction costs) this made TensorE the bound: 5.06 ms against the
-static kernel's 4.67 ms (4.86 ms with _ALT_ENGINE = GpSimd; 7.14 ms with
-everything on VectorE).
+Modeled (trn2, nki_ssm.perf; ``python -m simulate --set judged --op ssd
+--no-calibration``; Mamba-2 2.7B, bf16 I/O, float32 pool, one 16K-token
+sequence): 7.51 ms = 2.18 M tokens/s, ScalarE-bound (95 %; TensorE 88 %,
+VectorE 64 %, GpSimd 63 %, DMA 31 %; 66 loop iterations: 64 pairs, one
+initial and one final state). What binds is the elementwise work over the
+Q x Q decay matrix per chunk and head (W on GpSimd, exp on ScalarE, Mt on
+VectorE) and ScalarE's per-block passes (y_off * exp(cs), silu(z), Xd),
+not the matmuls; the rest is balanced by moving y_off + y_intra and every
+second block's state update to TensorE identity matmuls (fp32, 0/1
+stationary: exact). Closer to the roof needs fewer elementwise passes
+(trn3's VectorE exponential, bf16 perf modes where the precision budget
+allows), not faster matmuls. Same model, other batches: 2.7B 2K tokens
+1.03 ms, 8 x 2K 7.76 ms (the pipeline runs on across sequence boundaries);
+Granite-like 128 tokens 348 us, DMA-bound: a short batch pays the fixed HBM
+traffic of the S^T blocks (zero block, initial state stored and loaded, one
+pair's round trip, final state loaded: ~5 x 4 MB at H*P = 8192).
 
 Program size (static instructions, ``Trace.program_instructions()``):
-2.7B 2,070 at 16K tokens in simulate's report, equal at 2K and 16K
-(2,117 and 2,117 counted from a ``sim.trace.record`` around the host op);
-Granite-like 3,356 at 2K and 16K; Falcon-H1-like 3,646 (one context). Closer to the roof needs fewer elementwise passes
-(trn3's VectorE exponential, bf16 perf modes where the precision budget
-allows), not faster matmuls.
-
+2,176 at 16K tokens (simulate's report) and at 8 x 2K; Granite-like 3,439
+(runtime-loop bodies that ran).
 """
 from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
-from nki_ssm.kernels.mamba2_ssd._common import dt_prime, load_f32
+from nki_ssm.kernels.mamba2_ssd._common import count_register, dt_prime, load_f32
 
 _PSUM_F = 512      # fp32 elements of one PSUM bank per partition
 _PMAX = 128
 _CB_AHEAD = 2         # steps between a context's prologue compute and its CB (modulo loop)
 _PE_STATE_CYCLE = 2   # one block in this many updates the state on TensorE (pe_state)
-_W_ON_VECTOR = 0   # block head whose W build runs on VectorE (engine balance)
 _SBUF_BUDGET = 200 * 1024   # bytes per partition the tile estimate may plan for (of 208 KiB)
 _NAT_BYTES = 4 * 1024   # bytes per partition of one piece of a state gather / scatter
-# engine of the elementwise float products the static kernel ran on GpSimd
-# (half the Mt heads, the y epilogue): VectorE, as the ISA routes float binary
-# ops there (issue 14 item 9); nisa.engine.gpsimd restores the old balance
-_ALT_ENGINE = nisa.engine.vector
 
 
 @nki.jit
-def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, seq_table,
-                      chunk_table, zero_table, counts, heads, dstate, dt_softplus, dt_lo, dt_hi,
-                      chunk_size, exact):
-    """Chunked SSD prefill; returns y ``[num_tokens + 1, H*P]`` and updates ``pool`` in place.
+def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, pair_rows,
+                      pair_vals, init_table, final_table, zero_table, counts, heads, dstate,
+                      dt_softplus, dt_lo, dt_hi, chunk_size, exact):
+    """Chunked SSD prefill; returns y ``[num_tokens + Q, H*P]`` and updates ``pool`` in place.
 
-    ``num_tokens`` is the padded token bucket; row ``num_tokens`` of every
-    token input is zero (the masked-row source) and of y a dump row.
+    ``num_tokens`` is the padded token bucket; rows ``num_tokens ..`` of every
+    token input are zero (the masked-row source) and row ``num_tokens`` of y a
+    dump row.
     HBM arrays (prepared by the launcher):
-      x ``[num_tokens + 1, H*P]`` (float32 or bfloat16; y has this dtype),
-      dt ``[num_tokens + 1, H]`` float32 (raw dt), A_rows ``[128, H]`` float32
-      (A repeated on 128 rows), B, C ``[num_tokens + 1, G*N]`` (x's dtype),
+      x ``[num_tokens + Q, H*P]`` (float32 or bfloat16; y has this dtype),
+      dt ``[num_tokens + Q, H]`` float32 (raw dt), A_rows ``[128, H]`` float32
+      (A repeated on 128 rows), B, C ``[num_tokens + Q, G*N]`` (x's dtype),
       D_heads ``[128, H]`` float32 or None (D per head on 128 rows; folded
       into TensorE as D_h * I), D_rows ``[128, H*P]`` float32 or None (D per
-      head and channel), z ``[num_tokens + 1, H*P]`` or None, bias_rows
+      head and channel), z ``[num_tokens + Q, H*P]`` or None, bias_rows
       ``[128, H]`` float32 or None, pool ``[slots*pr, nt*N]`` (float32 or
       bfloat16: the state pool ``[slots, H, P, N]`` as pr rows of nt state
       rows per slot, ``pr*nt = H*P``, pr <= 128; updated in place by the
       kernel's scatters),
-      seq_table ``[num_seqs, 128, 4]``, chunk_table ``[chunk_rows, Q, 2]``,
-      zero_table ``[num_tokens / Q, Q, 1]``, counts ``[1, 2]`` int32: the batch
-      composition (module docstring).
+      pair_rows ``[pairs, Q, 4]``, pair_vals ``[pairs, 4]``, init_table and
+      final_table ``[num_seqs, 128, 2]``, zero_table ``[ceil(num_tokens / Q),
+      Q, 1]``, counts ``[1, 5]`` int32: the batch composition (module
+      docstring).
     Compile-time: heads (H), dstate (N), dt_softplus (bool), dt_lo, dt_hi
-      (floats, dt_hi may be inf), chunk_size Q (16..128), exact (bool: fp32
-      matmul operands), and the shapes.
+      (floats, dt_hi may be inf), chunk_size Q (a multiple of 16 in 16..128),
+      exact (bool: fp32 matmul operands), and the shapes.
     Limits: N <= 256 (two dstate tiles; the host API checks it), P <= 256,
       H*P*4 bytes per partition of fp32 state per dstate tile within SBUF.
     """
@@ -297,9 +324,16 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     if z != None:  # noqa: E711
         zbytes = _itemsize(z.dtype)
     mdb = _itemsize(md)
-    ctx_bytes = HP * (4 + zbytes) + GN * 8 + H * 4 * (6 + n_tiles) + G * Q * (n_tiles * mdb + 4)
-    # state + transfer piece + item rings (W, Dm; yb, sz, Xd, xd) + constants
-    fixed = n_tiles * HP * 4 + _NAT_BYTES + 6 * hb * Q * 4 + 14 * hb * P * 4 + 10 * _PMAX * 4
+    xbytes = _itemsize(x.dtype)
+    braw = 0                                # B and C as loaded, when not fp32
+    if B.dtype != nl.float32:
+        braw = braw + _itemsize(B.dtype)
+    if C.dtype != nl.float32:
+        braw = braw + _itemsize(C.dtype)
+    ctx_bytes = (HP * (xbytes + zbytes) + GN * (8 + braw) + H * 4 * (6 + n_tiles)
+                 + G * Q * (n_tiles * mdb + 4))
+    # state + transfer piece + item rings (W, Dm; yb, sz, Xd, xd, xD, xf) + constants
+    fixed = n_tiles * HP * 4 + _NAT_BYTES + 6 * hb * Q * 4 + 16 * hb * P * 4 + 10 * _PMAX * 4
     double = fixed + 2 * ctx_bytes <= _SBUF_BUDGET
     c0 = _ctx_tiles(cst, G, n_tiles)
     ctxs = [c0, c0]
@@ -313,9 +347,9 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
               and 2 * n_tiles * hb * P <= _PSUM_F)
     rings = _item_rings(cst, hb, modulo)
     # y_off * exp(cs) is added to y_intra on TensorE (identity matmul into the PSUM
-    # bank) instead of VectorE when the float products run on VectorE and the y
-    # ring has the 4 banks that longer PSUM lifetime needs (modulo schedule)
-    cst["pe_add"] = modulo and _ALT_ENGINE == nisa.engine.vector
+    # bank) instead of VectorE, which carries the float products, when the y ring
+    # has the 4 banks that longer PSUM lifetime needs (modulo schedule)
+    cst["pe_add"] = modulo
     # ... and the state update of most blocks goes the same way: ScalarE e*S,
     # TensorE accumulates it into the chunk-state PSUM, ScalarE copies back
     cst["pe_state"] = cst["pe_add"] and n_tiles == 1
@@ -326,16 +360,13 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
         if Q != N:
             cst["ident_n"] = _identity(_ones_n(N), N)
 
-    cnt = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=cnt, src=counts)
-    r_live = nisa.register_alloc()
-    nisa.register_load(dst=r_live, src=cnt[0:1, 0:1])
-    r_zero = nisa.register_alloc()
-    nisa.register_load(dst=r_zero, src=cnt[0:1, 1:2])
-    tab = nl.ndarray((_PMAX, 4), dtype=nl.int32, buffer=nl.sbuf)
-    r_pairs = nisa.register_alloc()
-    r_init = nisa.register_alloc()
-    r_noinit = nisa.register_alloc()
+    # batch counts -> registers (allocated here, before every loop; each loaded from
+    # a (1, 1) SBUF tile that a DMA filled)
+    r_init = count_register(counts, 0)      # live sequences with an initial state
+    r_pairs = count_register(counts, 1)     # chunk pairs of all live sequences
+    r_live = count_register(counts, 2)      # live sequences
+    r_zero = count_register(counts, 3)      # zero_table rows in use
+    num_seqs = init_table.shape[0]
     nt_rows = pool.shape[1] // N            # state rows per pool row
     pr = HP // nt_rows
     # two halves of _NAT_BYTES: a state piece is jb pool-row blocks per partition
@@ -346,46 +377,103 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
         nisa.affine_select(dst=cst["ident_pool"], pattern=[[-1, _PMAX]], channel_multiplier=1,
                            on_true_tile=ones[0:_PMAX, 0:_PMAX] if Q == _PMAX else _ones128(),
                            on_false_value=0.0, cmp_op=nl.equal, offset=0)
+    # S^T blocks in HBM: one per live sequence (its initial, then running, then
+    # final state) and block num_seqs, zeros
+    cst["scratch"] = nl.ndarray((num_seqs + 1, N, HP), dtype=nl.float32, buffer=nl.private_hbm)
+    cst["pair_rows"] = pair_rows
+    cst["pair_vals"] = pair_vals
+    cst["dst"] = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)    # this pair's block
+    cst["nsrc"] = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)   # the next pair's source
+    tab = nl.ndarray((_PMAX, 2), dtype=nl.int32, buffer=nl.sbuf)       # a sequence's pool rows
+    blk = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)           # ... and its block
 
-    for s in nl.dynamic_range(r_live):
-        # ---- this sequence's row: pool rows, pairs of chunks, has_initial_state, chunk row
-        nisa.dma_copy(dst=tab, src=seq_table.ap(pattern=[[4, _PMAX], [1, 4]], offset=0,
-                                                scalar_offset=s, indirect_dim=0))
-        nisa.register_load(dst=r_pairs, src=tab[0:1, 1:2])
-        nisa.register_load(dst=r_init, src=tab[1:2, 1:2])
-        nisa.register_load(dst=r_noinit, src=tab[2:3, 1:2])
-        crow = tab[0:1, 2:4]                # chunk_table row counter (value, 1)
-        # ---- initial state: the pool slot's state or zeros (a select by
-        # runtime conditionals: pool bytes of an uninitialised slot are never read)
-        for _ in nl.dynamic_range(r_init):
-            _state_in(pool, tab, nat, cst, pr, nt_rows, jb)
-        for _ in nl.dynamic_range(r_noinit):
-            for t in range(n_tiles):
-                nisa.memset(dst=ST[t], value=0.0)
-        # ---- chunks, two per iteration (contexts 0 and 1 alternate); the
-        # first chunk's prologue is issued before the loop, each later one
-        # inside the previous chunk's items
-        if modulo:
-            _pairs_modulo(cst, ctxs, blocks, rings, chunk_table, crow, r_pairs)
-        else:
-            _prologue(cst, ctxs[0], chunk_table, crow)
-            for _ in nl.dynamic_range(r_pairs):
-                _pair(cst, ctxs, blocks, rings, chunk_table, crow, double)
-        # ---- final state to the pool
+    for t in range(n_tiles):
+        nisa.memset(dst=ST[t], value=0.0)
+    _state_dma(cst, num_seqs, 0, HP, True)
+
+    # ---- loop A: initial states from the pool, transposed into their S^T blocks
+    def init_body(i):
+        _seq_row(init_table, i, tab, blk)
+        _state_in(pool, tab, nat, cst, pr, nt_rows, jb)
+        _state_dma(cst, blk, 0, HP, True)
+
+    nl.fori_loop(0, r_init, init_body)
+
+    # ---- loop B: every chunk pair of every live sequence, two chunks per
+    # iteration (contexts 0 and 1). The first pair's chunk 0 and state come in
+    # before the loop (the chunk's loads first: the state is read later); each iteration stores its pair's state block by block
+    # and loads the next pair's (_st_state), and loads the next chunk 0
+    nisa.dma_copy(dst=cst["nsrc"], src=counts[0:1, 4:5])
+    _prologue_loads(cst, ctxs[0], 0, 0, 0)
+    _state_dma(cst, cst["nsrc"], 0, HP, False)
+    _prologue_compute(cst, ctxs[0])
+    if modulo:
+        ns = len(_STAGES)
+        for g in range(ns - 1):
+            for k in range(ns):
+                if g - k >= 0:
+                    _run_stage(cst, ctxs, blocks, rings, k, g - k)
+
+        def pair_body(i):
+            _pair_modulo(cst, ctxs, blocks, rings, i)
+
+        nl.fori_loop(0, r_pairs, pair_body)
+    else:
+        def pair_body(i):
+            _pair(cst, ctxs, blocks, rings, i, double)
+
+        nl.fori_loop(0, r_pairs, pair_body)
+
+    # ---- loop C: final states from their S^T blocks, transposed into the pool
+    # (the kernel's own writes to its HBM input are the pool update)
+    def final_body(i):
+        _seq_row(final_table, i, tab, blk)
+        _state_dma(cst, blk, 0, HP, False)
         _state_out(pool, tab, nat, cst, pr, nt_rows, jb)
 
-    # ---- tokens of padding sequences: zero rows of y, Q rows per DMA (unused
-    # partitions write the dump row); the zeros come from context 0's x tile
-    # (dead by now: SBUF is tight at H*P = 8192)
+    nl.fori_loop(0, r_live, final_body)
+
+    # ---- loop D: tokens of padding sequences, zero rows of y, Q rows per DMA
+    # (unused partitions write the dump row); the zeros come from context 0's
+    # x tile (dead by now: SBUF is tight at H*P = 8192)
     zt = ctxs[0]["x_in"]
     nisa.memset(dst=zt, value=0.0)
     zidx = ctxs[0]["yrows"]
-    for zb in nl.dynamic_range(r_zero):
+
+    def zero_body(i):
         nisa.dma_copy(dst=zidx, src=zero_table.ap(pattern=[[1, Q], [1, 1]], offset=0,
-                                                  scalar_offset=zb, indirect_dim=0))
+                                                  scalar_offset=i, indirect_dim=0))
         nisa.dma_copy(dst=y.ap(pattern=[[HP, Q], [1, HP]], offset=0, vector_offset=zidx,
                                indirect_dim=0), src=zt)
+
+    nl.fori_loop(0, r_zero, zero_body)
     return y
+
+
+def _seq_row(table, i, tab, blk):
+    """Row i of a sequence table ``[num_seqs, 128, 2]``: pool rows -> tab, block -> blk."""
+    nisa.dma_copy(dst=tab, src=table.ap(pattern=[[2, _PMAX], [1, 2]], offset=0, scalar_offset=i,
+                                        indirect_dim=0))
+    nisa.dma_copy(dst=blk, src=table.ap(pattern=[[2, 1], [1, 1]], offset=1, scalar_offset=i,
+                                        indirect_dim=0))
+
+
+def _state_dma(cst, block, c0, c1, store):
+    """Columns [c0, c1) of S^T to (``store``) or from S^T block ``block`` of the HBM
+    scratch (an int, or a (1, 1) int32 SBUF tile: a run-time block)."""
+    N, HP, sc = cst["N"], cst["H"] * cst["P"], cst["scratch"]
+    for t in range(cst["n_tiles"]):
+        ntile = min(_PMAX, N - t * _PMAX)
+        pattern = [[HP, ntile], [1, c1 - c0]]
+        if isinstance(block, int):
+            view = sc.ap(pattern=pattern, offset=(block * N + t * _PMAX) * HP + c0)
+        else:
+            view = sc.ap(pattern=pattern, offset=t * _PMAX * HP + c0, scalar_offset=block,
+                         indirect_dim=0)
+        if store:
+            nisa.dma_copy(dst=view, src=cst["ST"][t][:, c0:c1])
+        else:
+            nisa.dma_copy(dst=cst["ST"][t][:, c0:c1], src=view)
 
 
 def _ones_n(n):
@@ -404,12 +492,6 @@ def _itemsize(dtype):
     if dtype == nl.float32:
         return 4
     return 2
-
-
-def _advance(row):
-    """counter += 1 (GpSimd integer add of the constant beside it: off VectorE)."""
-    nisa.tensor_tensor(dst=row[0:1, 0:1], data1=row[0:1, 0:1], data2=row[0:1, 1:2], op=nl.add,
-                       engine=nisa.engine.gpsimd)
 
 
 def _tri_consts(Q):
@@ -517,11 +599,21 @@ def _ctx_tiles(cst, G, n_tiles):
     c = {"rows": nl.ndarray((Q, 2), dtype=nl.int32, buffer=nl.sbuf),
          "yrows": nl.ndarray((Q, 1), dtype=nl.int32, buffer=nl.sbuf),
          "mask": nl.ndarray((Q, 1), dtype=f32, buffer=nl.sbuf),
-         "x_in": nl.ndarray((Q, HP), dtype=f32, buffer=nl.sbuf),
+         "x_in": nl.ndarray((Q, HP), dtype=cst["x"].dtype, buffer=nl.sbuf),
          "dt_in": nl.ndarray((Q, H), dtype=f32, buffer=nl.sbuf),
          "B_mm": nl.ndarray((Q, GN), dtype=f32, buffer=nl.sbuf),
          "C_in": nl.ndarray((Q, GN), dtype=f32, buffer=nl.sbuf),
+         "t0": nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf),
          "z": None, "elast": [], "CTs": [], "CTfs": [], "cbms": []}
+    # B and C land in their own dtype (a DMA does not convert); GpSimd widens them
+    # to the fp32 tiles in the prologue compute. x stays in its dtype: the engines
+    # read it as it is, and stage 3 widens each block for the fp32 y_intra matmul
+    c["B_raw"] = c["B_mm"]
+    c["C_raw"] = c["C_in"]
+    if cst["B"].dtype != f32:
+        c["B_raw"] = nl.ndarray((Q, GN), dtype=cst["B"].dtype, buffer=nl.sbuf)
+    if cst["C"].dtype != f32:
+        c["C_raw"] = nl.ndarray((Q, GN), dtype=cst["C"].dtype, buffer=nl.sbuf)
     for name in ("dtp", "dtA", "lndt", "ecs", "wd"):
         c[name] = nl.ndarray((Q, H), dtype=f32, buffer=nl.sbuf)
     if cst["z"] != None:  # noqa: E711
@@ -564,6 +656,8 @@ def _item_rings(cst, hb, modulo):
          "sz": _ring(three, (Q, hb * P), f32, nl.sbuf), "Xd": _ring(4, (Q, hb * P), f32, nl.sbuf),
          "xD": _ring(2, (Q, hb * P), f32, nl.sbuf), "xd": _ring(2, (Q, hb * P), f32, nl.sbuf),
          "S": []}
+    if cst["x"].dtype != f32:
+        r["xf"] = _ring(2, (Q, hb * P), f32, nl.sbuf)
     w = n_tiles * hb * P
     if modulo:
         st = nl.ndarray((_PMAX, 2 * w), dtype=f32, buffer=nl.psum)
@@ -601,30 +695,38 @@ def _load_rows(dst, src, start, width):
                                       scalar_offset=start, indirect_dim=0))
 
 
-def _prologue(cst, c, chunk_table, crow):
-    """The whole prologue of one chunk (rows, loads, then compute)."""
-    _prologue_loads(cst, c, chunk_table, crow)
-    _prologue_compute(cst, c)
+def _table_view(table, row_elems, i, offset, pattern):
+    """``table.ap(pattern)`` at element ``offset`` of row i (an int: a static row, or the
+    pair loop's register: a run-time row, ``row_elems`` elements each)."""
+    if isinstance(i, int):
+        return table.ap(pattern=pattern, offset=i * row_elems + offset)
+    return table.ap(pattern=pattern, offset=offset, scalar_offset=i, indirect_dim=0)
 
 
-def _prologue_loads(cst, c, chunk_table, crow):
-    """One chunk's rows (chunk_table row ``crow``, then crow += 1) and the loads of
-    x, dt, B, C, z for its Q tokens from its first token on, into the context ``c``.
+def _prologue_loads(cst, c, which, i, ahead):
+    """Chunk ``which`` (0, 1) of pair i + ahead of the work list: its token rows and
+    valid flags (pair_rows), its first token row (pair_vals, a (1, 1) tile: the
+    loads' scalar offset), for chunk 1 also the pair's state block and the next
+    pair's state source; then x, dt, B, C, z for its Q tokens from its first token
+    on, into the context ``c`` (in the inputs' dtypes: a DMA does not convert).
     Rows past the sequence end hold the next sequence's tokens or zeros (the
     launcher zeroes padding sequences' tokens and pads the inputs with Q zero
     rows): finite values, masked by dt' = 0."""
     Q, H, P, N, G = cst["Q"], cst["H"], cst["P"], cst["N"], cst["G"]
     HP, GN = H * P, G * N
-    nisa.dma_copy(dst=c["rows"], src=chunk_table.ap(pattern=[[2, Q], [1, 2]], offset=0,
-                                                    scalar_offset=crow[0:1, 0:1],
-                                                    indirect_dim=0))
-    _advance(crow)
-    t0 = c["rows"][0:1, 0:1]
-    # x widened to fp32 by the DMA: y_intra and D x are fp32 matmuls in both modes
+    rows, vals = cst["pair_rows"], cst["pair_vals"]
+    V = vals.shape[1]
+    nisa.dma_copy(dst=c["rows"], src=_table_view(rows, Q * 4, i, ahead * Q * 4 + 2 * which,
+                                                 [[4, Q], [1, 2]]))
+    nisa.dma_copy(dst=c["t0"], src=_table_view(vals, V, i, ahead * V + which, [[V, 1], [1, 1]]))
+    if which == 1:
+        nisa.dma_copy(dst=cst["dst"], src=_table_view(vals, V, i, 2, [[V, 1], [1, 1]]))
+        nisa.dma_copy(dst=cst["nsrc"], src=_table_view(vals, V, i, 3, [[V, 1], [1, 1]]))
+    t0 = c["t0"]
     _load_rows(c["x_in"], cst["x"], t0, HP)
     _load_rows(c["dt_in"], cst["dt"], t0, H)
-    _load_rows(c["B_mm"], cst["B"], t0, GN)
-    _load_rows(c["C_in"], cst["C"], t0, GN)
+    _load_rows(c["B_raw"], cst["B"], t0, GN)
+    _load_rows(c["C_raw"], cst["C"], t0, GN)
     if c["z"] != None:  # noqa: E711
         _load_rows(c["z"], cst["z"], t0, HP)
 
@@ -642,6 +744,10 @@ def _prologue_compute(cst, c, part=0):
     nisa.tensor_copy(dst=c["mask"], src=c["rows"][:, 1:2], engine=nisa.engine.gpsimd)
     # the y store's rows: the next chunk's rows may land in c["rows"] before it
     nisa.tensor_copy(dst=c["yrows"], src=c["rows"][:, 0:1], engine=nisa.engine.gpsimd)
+    if cst["B"].dtype != nl.float32:
+        nisa.tensor_copy(dst=c["B_mm"], src=c["B_raw"], engine=nisa.engine.gpsimd)
+    if cst["C"].dtype != nl.float32:
+        nisa.tensor_copy(dst=c["C_in"], src=c["C_raw"], engine=nisa.engine.gpsimd)
 
     # ---- dt' (0 on masked rows: decay 1, no input) and dt'*A, fp32
     dtp0 = dt_prime(c["dt_in"], cst["bias"], Q, H, cst["dt_softplus"], cst["dt_lo"],
@@ -728,24 +834,25 @@ def _store_y(cst, c):
                   src=c["yt"])
 
 
-def _pairs_modulo(cst, ctxs, blocks, rings, chunk_table, crow, r_pairs):
-    """All chunk pairs of a sequence as one modulo-scheduled software pipeline.
+def _pair_modulo(cst, ctxs, blocks, rings, i):
+    """Iteration i of the modulo-scheduled pair loop: completes pair i and fills
+    pair i + 1.
 
     Items (chunk, head block) are numbered j = 0 .. 2nb-1 within a pair; over
-    the whole sequence stage k works on item g - k in global step g. The
-    first ns - 1 steps (the fill of pair 0) run before the loop; iteration p
+    the whole work list stage k works on item g - k in global step g. The
+    first ns - 1 steps (the fill of pair 0) run before the loop; iteration i
     runs the next 2nb steps: in its step b, stage k works on item
-    j = ns-1 + b - k, of pair p if j < 2nb, else item j - 2nb of pair p + 1
-    (its first items, context 0). So every iteration completes pair p and
-    fills pair p + 1: the pipeline never drains inside a sequence (the last
-    iteration's fill works on the sequence's trailing all-masked chunk row
-    and is discarded: it writes no state and stores no y). Context 1 loads
-    at step 0 and computes at nb - ns; context 0 (next pair) loads at step
-    nb, once its last item has passed stage 9, and computes at 2nb - ns, one
-    step before its first item's stage 0; y of context 0 is stored at step
-    nb (before those loads: z's tile is y's), of context 1 after the last step.
-    Ring sizes divide 2nb, so an item's buffers are the same in the
-    iteration that fills it and the one that completes it.
+    j = ns-1 + b - k, of pair i if j < 2nb, else item j - 2nb of pair i + 1
+    (its first items, context 0). So the pipeline never drains, not even
+    between sequences (the last iteration's fill works on the all-masked row
+    after the last pair and is discarded: it writes no state and stores no
+    y). Context 1 loads at step 0 and computes at nb - ns; context 0 (next
+    pair) loads at step nb, once its last item has passed stage 9, and
+    computes at 2nb - ns, one step before its first item's stage 0; y of
+    context 0 is stored at step nb (before those loads: z's tile is y's), of
+    context 1 after the last step. Ring sizes divide 2nb, so an item's
+    buffers are the same in the iteration that fills it and the one that
+    completes it.
     """
     nb = len(blocks)
     ns = len(_STAGES)
@@ -754,35 +861,29 @@ def _pairs_modulo(cst, ctxs, blocks, rings, chunk_table, crow, r_pairs):
         split = 1
     # steps of the prologue computes (a: dt', sums, transposes; b: CB and its mask):
     # context 1 before its first item's stage 0 at nb - ns + 1, the next context 0
-    # before 2nb - ns + 1 and after its loads at nb; the CB mask (GpSimd) a step
-    # ahead of the W builds queued behind it there
+    # before 2nb - ns + 1 and after its loads at nb; the CB mask a step ahead of
+    # the W builds queued behind it there
     a1 = max(1, nb - ns - 1 - _CB_AHEAD)
     b1 = max(a1, nb - ns - 1)
     a0 = max(nb + 1, 2 * nb - ns - 1 - _CB_AHEAD)
     b0 = max(a0, 2 * nb - ns - 1)
-    _prologue(cst, ctxs[0], chunk_table, crow)
-    for g in range(ns - 1):
+    for b in range(2 * nb):
+        if b == 0:
+            _prologue_loads(cst, ctxs[1], 1, i, 0)
+        if b == a1:
+            _prologue_compute(cst, ctxs[1], split)
+        if split == 1 and b == b1:
+            _prologue_compute(cst, ctxs[1], 2)
+        if b == nb:
+            _store_y(cst, ctxs[0])
+            _prologue_loads(cst, ctxs[0], 0, i, 1)
+        if b == a0:
+            _prologue_compute(cst, ctxs[0], split)
+        if split == 1 and b == b0:
+            _prologue_compute(cst, ctxs[0], 2)
         for k in range(ns):
-            if g - k >= 0:
-                _run_stage(cst, ctxs, blocks, rings, k, g - k)
-    for _ in nl.dynamic_range(r_pairs):
-        for b in range(2 * nb):
-            if b == 0:
-                _prologue_loads(cst, ctxs[1], chunk_table, crow)
-            if b == a1:
-                _prologue_compute(cst, ctxs[1], split)
-            if split == 1 and b == b1:
-                _prologue_compute(cst, ctxs[1], 2)
-            if b == nb:
-                _store_y(cst, ctxs[0])
-                _prologue_loads(cst, ctxs[0], chunk_table, crow)
-            if b == a0:
-                _prologue_compute(cst, ctxs[0], split)
-            if split == 1 and b == b0:
-                _prologue_compute(cst, ctxs[0], 2)
-            for k in range(ns):
-                _run_stage(cst, ctxs, blocks, rings, k, ns - 1 + b - k)
-        _store_y(cst, ctxs[1])
+            _run_stage(cst, ctxs, blocks, rings, k, ns - 1 + b - k)
+    _store_y(cst, ctxs[1])
 
 
 def _run_stage(cst, ctxs, blocks, rings, k, j):
@@ -792,14 +893,14 @@ def _run_stage(cst, ctxs, blocks, rings, k, j):
     c = 1
     if j < nb or j >= 2 * nb:
         c = 0
-    _STAGES[k](cst, ctxs[c], blocks[j % nb], {"i": j}, rings)
+    _STAGES[k](cst, ctxs[c], blocks[j % nb], {"i": j, "c": c}, rings)
 
 
-def _pair(cst, ctxs, blocks, rings, chunk_table, crow, double):
-    """Two chunks of one sequence (contexts 0 and 1) as one software pipeline
-    over (chunk, head block) items; context 1's prologue is issued inside
-    context 0's items, the next iteration's context-0 prologue inside context
-    1's (after context 0's last read).
+def _pair(cst, ctxs, blocks, rings, i, double):
+    """Pair i of the work list (contexts 0 and 1) as one software pipeline over
+    (chunk, head block) items; context 1's prologue is issued inside context
+    0's items, pair i + 1's context-0 prologue inside context 1's (after
+    context 0's last read).
 
     Ten stages per item (``_STAGES``, one engine each); in step b, stage k
     works on item b - k, so each engine's in-order queue holds work whose
@@ -813,10 +914,10 @@ def _pair(cst, ctxs, blocks, rings, chunk_table, crow, double):
     steps = []        # lists of (stage, item)
     # prologue parts: (step, part, context), issued at the start of the step.
     # Context 1 loads at step 1 (its tiles were last read in the previous
-    # iteration), computes at nb - pre; the next iteration's context 0 loads
-    # once context 0's last item has left the pipeline and computes after the
-    # last step, so its DMAs (behind context 0's y store: z's tile is y's) have
-    # ~nb steps to land before an in-order engine waits for them
+    # iteration), computes at nb - pre; the next pair's context 0 loads once
+    # context 0's last item has left the pipeline and computes after the last
+    # step, so its DMAs (behind context 0's y store: z's tile is y's) have ~nb
+    # steps to land before an in-order engine waits for them
     pro = []
     last0 = nb + ns - 1               # first step after context 0's last item
     if double and nb > _S_WRITE - _S_READ:
@@ -855,15 +956,16 @@ def _pair(cst, ctxs, blocks, rings, chunk_table, crow, double):
                 _store_y(cst, ctxs[c])
         for e in range(len(pro)):
             if pro[e][0] == si:
+                c = pro[e][2]
                 if pro[e][1] == 0:
-                    _prologue_loads(cst, ctxs[pro[e][2]], chunk_table, crow)
+                    _prologue_loads(cst, ctxs[c], c, i, 1 - c)
                 else:
-                    _prologue_compute(cst, ctxs[pro[e][2]])
+                    _prologue_compute(cst, ctxs[c])
         if si < len(steps):
             for e in range(len(steps[si])):
-                k, i = steps[si][e]
-                c, j = i // nb, i % nb
-                _STAGES[k](cst, ctxs[c], blocks[j], {"i": i}, rings)
+                k, item = steps[si][e]
+                c, j = item // nb, item % nb
+                _STAGES[k](cst, ctxs[c], blocks[j], {"i": item, "c": c}, rings)
 
 
 # Stages of one (chunk, head block) item. Each stage runs on one engine
@@ -871,24 +973,14 @@ def _pair(cst, ctxs, blocks, rings, chunk_table, crow, double):
 # inputs were produced in earlier steps.
 
 def _st_w(cst, ctx, blk, w, r):
-    """W[k, (h,i)] = dtA[k,h] U[k,i] (fp32). With the float products on VectorE
-    (_ALT_ENGINE) GpSimd is otherwise idle: one affine_select for the block
-    (dtA broadcast along i by a zero-step access pattern, kept where i >= k);
-    else ScalarE per head (one head on VectorE: engine balance)."""
+    """GpSimd: W[k, (h,i)] = dtA[k,h] U[k,i] (fp32), one affine_select for the block
+    (dtA broadcast along i by a zero-step access pattern, kept where i >= k)."""
     g, h0, nh = blk
     Q, dtA, H = cst["Q"], ctx["dtA"], cst["H"]
     W = _pick(r["W"], w)
-    if _ALT_ENGINE == nisa.engine.vector:
-        nisa.affine_select(dst=W[:, 0:nh * Q], pattern=[[0, nh], [1, Q]], channel_multiplier=-1,
-                           on_true_tile=dtA.ap(pattern=[[H, Q], [1, nh], [0, Q]], offset=h0),
-                           on_false_value=0.0, cmp_op=nl.greater_equal, offset=0)
-    else:
-        for k in range(nh):
-            eng = nisa.engine.scalar
-            if k == _W_ON_VECTOR:
-                eng = nisa.engine.vector
-            nisa.tensor_scalar(dst=W[:, k * Q:(k + 1) * Q], data=cst["U"][0:Q, 0:Q],
-                               op0=nl.multiply, operand0=dtA[:, h0 + k:h0 + k + 1], engine=eng)
+    nisa.affine_select(dst=W[:, 0:nh * Q], pattern=[[0, nh], [1, Q]], channel_multiplier=-1,
+                       on_true_tile=dtA.ap(pattern=[[H, Q], [1, nh], [0, Q]], offset=h0),
+                       on_false_value=0.0, cmp_op=nl.greater_equal, offset=0)
 
 
 def _st_seg(cst, ctx, blk, w, r):
@@ -911,7 +1003,7 @@ def _st_exp(cst, ctx, blk, w, r):
 
 
 def _st_mt(cst, ctx, blk, w, r):
-    """VectorE (alternate heads on _ALT_ENGINE): Mt = Dm * CBmask per head;
+    """VectorE: Mt = Dm * CBmask per head;
     ScalarE: bf16 copy of the block's state (bf16 mode)."""
     g, h0, nh = blk
     Q, P, md, ST = cst["Q"], cst["P"], cst["md"], cst["ST"]
@@ -919,9 +1011,12 @@ def _st_mt(cst, ctx, blk, w, r):
     Mt = Dm            # in place: the Dm buffer carries Mt to stage 4
     for k in range(nh):
         nisa.tensor_tensor(dst=Mt[:, k * Q:(k + 1) * Q], data1=Dm[:, k * Q:(k + 1) * Q],
-                           data2=ctx["cbms"][g], op=nl.multiply,
-                           engine=_ALT_ENGINE if k % 2 else nisa.engine.vector)
+                           data2=ctx["cbms"][g], op=nl.multiply, engine=nisa.engine.vector)
     c0, c1 = h0 * P, (h0 + nh) * P
+    if cst["x"].dtype != nl.float32:
+        # the block's x widened to fp32 for stage 4's y_intra matmul
+        nisa.tensor_copy(dst=_pick(r["xf"], w)[:, 0:nh * P], src=ctx["x_in"][:, c0:c1],
+                         engine=nisa.engine.vector)
     if md != nl.float32:
         for t in range(cst["n_tiles"]):
             nisa.tensor_copy(dst=_pick(r["S"], w)[t][:, 0:nh * P], src=ST[t][:, c0:c1],
@@ -947,8 +1042,10 @@ def _st_out_mm(cst, ctx, blk, w, r):
     for k in range(nh):
         h = h0 + k
         yi = yps[:, k * P:(k + 1) * P]
-        nisa.nc_matmul(dst=yi, stationary=Mt[:, k * Q:(k + 1) * Q],
-                       moving=x_in[:, h * P:(h + 1) * P], accumulate=False)
+        xh = x_in[:, h * P:(h + 1) * P]
+        if cst["x"].dtype != nl.float32:
+            xh = _pick(r["xf"], w)[:, k * P:(k + 1) * P]
+        nisa.nc_matmul(dst=yi, stationary=Mt[:, k * Q:(k + 1) * Q], moving=xh, accumulate=False)
         if cst["Dh"] != None:  # noqa: E711
             # + D_h x_i: identity stationary, moving x_h D_h (stage 3)
             nisa.nc_matmul(dst=yi, stationary=cst["ident"][0:Q, 0:Q],
@@ -1007,8 +1104,8 @@ def _st_yadd(cst, ctx, blk, w, r):
 
 
 def _st_yout(cst, ctx, blk, w, r):
-    """_ALT_ENGINE: + x D (D per channel), * silu(z), into the chunk's y tile (the
-    sum is in PSUM with ``pe_add``: VectorE then, GpSimd cannot read PSUM)."""
+    """VectorE: + x D (D per channel), * silu(z), into the chunk's y tile (the sum is
+    in PSUM with ``pe_add``)."""
     g, h0, nh = blk
     P, D_sb, x_in, Q = cst["P"], cst["D_sb"], ctx["x_in"], cst["Q"]
     c0, c1 = h0 * P, (h0 + nh) * P
@@ -1019,13 +1116,13 @@ def _st_yout(cst, ctx, blk, w, r):
     if D_sb != None:  # noqa: E711
         xd = _pick(r["xd"], w)[:, 0:nh * P]
         nisa.tensor_tensor(dst=xd, data1=x_in[:, c0:c1], data2=D_sb[0:Q, c0:c1], op=nl.multiply,
-                           engine=_ALT_ENGINE)
-        nisa.tensor_tensor(dst=yb, data1=ysum, data2=xd, op=nl.add, engine=_ALT_ENGINE)
+                           engine=nisa.engine.vector)
+        nisa.tensor_tensor(dst=yb, data1=ysum, data2=xd, op=nl.add, engine=nisa.engine.vector)
         ysum = yb
     y_b = ctx["yt"][:, c0:c1]
     if ctx["z"] != None:  # noqa: E711
         nisa.tensor_tensor(dst=y_b, data1=ysum, data2=_pick(r["sz"], w)[:, 0:nh * P],
-                           op=nl.multiply, engine=_ALT_ENGINE)
+                           op=nl.multiply, engine=nisa.engine.vector)
     elif _pe_add(cst, w):
         nisa.tensor_copy(dst=y_b, src=ysum, engine=nisa.engine.vector)
     else:
@@ -1051,22 +1148,29 @@ def _st_state_mm(cst, ctx, blk, w, r):
 
 def _st_state(cst, ctx, blk, w, r):
     """VectorE: S^T <- exp(total) S^T + chunk state, per head (fp32); blocks on the
-    TensorE path (``_pe_state``): ScalarE copies the PSUM sum back."""
+    TensorE path (``_pe_state``): ScalarE copies the PSUM sum back. After a pair's
+    chunk 1 the block goes to the pair's S^T block in HBM and the next pair's
+    source block comes in (the same block within a sequence; at a sequence start
+    its initial state or zeros)."""
     g, h0, nh = blk
     P, ST, elast = cst["P"], cst["ST"], ctx["elast"]
     st = _pick(r["st"], w)
     if _pe_state(cst, w):
         nisa.activation(dst=ST[0][:, h0 * P:(h0 + nh) * P], op=nl.copy,
                         data=st[0:ST[0].shape[0], 0:nh * P])
-        return
-    for t in range(cst["n_tiles"]):
-        ntile = ST[t].shape[0]
-        for k in range(nh):
-            h = h0 + k
-            nisa.scalar_tensor_tensor(dst=ST[t][:, h * P:(h + 1) * P],
-                                      data=ST[t][:, h * P:(h + 1) * P], op0=nl.multiply,
-                                      operand0=elast[t][:, h:h + 1], op1=nl.add,
-                                      operand1=st[0:ntile, (t * nh + k) * P:(t * nh + k + 1) * P])
+    else:
+        for t in range(cst["n_tiles"]):
+            ntile = ST[t].shape[0]
+            for k in range(nh):
+                h = h0 + k
+                nisa.scalar_tensor_tensor(dst=ST[t][:, h * P:(h + 1) * P],
+                                          data=ST[t][:, h * P:(h + 1) * P], op0=nl.multiply,
+                                          operand0=elast[t][:, h:h + 1], op1=nl.add,
+                                          operand1=st[0:ntile,
+                                                      (t * nh + k) * P:(t * nh + k + 1) * P])
+    if w["c"] == 1:
+        _state_dma(cst, cst["dst"], h0 * P, (h0 + nh) * P, True)
+        _state_dma(cst, cst["nsrc"], h0 * P, (h0 + nh) * P, False)
 
 
 def _pe_state(cst, w):

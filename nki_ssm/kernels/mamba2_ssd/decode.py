@@ -7,36 +7,46 @@ N, G) and layer flags only. The batch composition is run-time int32 data
 built by the launcher (``nki_ssm/ops/launch/mamba2_ssd.py``):
 
 - ``seq_table [ceil(num_seqs / per) + 1, 128, 2*per]``: row q describes
-  loop iteration q - 1 (row 0: the first iteration, loaded before the
-  loop), ``per`` entries (live sequences, in order) of two columns each:
-  the first holds the pool row ``slot*pr + q`` of partition q (q < pr),
-  the second holds at partition 0 the sequence's index in the batch (for
-  its x / B / C / y rows) and at partition 1 a 1 ("this entry exists");
-  entries past the last live sequence are all 0 (absent);
+  loop iteration q (row 0: the first iteration, loaded before the loop),
+  ``per`` entries (live sequences, in order) of two columns each: the
+  first holds the pool row ``slot*pr + q`` of partition q (q < pr), the
+  second at partition 0 the sequence's index in the batch (for its x / B /
+  C / y rows); entries past the last live sequence repeat live sequence 0
+  (only the prefetch after the last iteration reads them, and discards the
+  data);
 - ``pad_table [num_seqs, 1]``: the indices of the padding sequences
   (``state_indices == -1``) first, then zeros;
-- ``counts [1, 2]``: iterations of the live loop + 1, number of padding
-  sequences.
+- ``counts [1, 4]``: full iterations + 1, padding sequences, 1 if any
+  sequence is live, 1 if a last iteration holds entry 0 only.
 
-Loops. Every loop that grows with the batch is a runtime loop
-(``nl.dynamic_range`` over a register loaded from ``counts``); what is
-unrolled inside a body is bounded by the layer shape (row blocks of the
-state, the T tokens, the state units). The live loop's body handles ``k``
-sequences (k = 2 when a state is one unit, or an odd number of units, else
-1) so the state units of consecutive sequences alternate between two SBUF
-buffers: the gather of the next unit (DMA) is issued before the update of
-the current one, so the pool traffic and the update overlap across
-sequences as before. An entry past the last live sequence (the second of
-a pair when n_live is odd, the prefetch after the last one) is skipped by a
-runtime conditional: a ``nl.dynamic_range`` over the entry's 0/1 "exists"
-register, so it reads and writes nothing (no dummy pool accesses, no
-``oob_mode.skip``). A second runtime loop writes zero rows of y for the
-padding sequences (after the live work: small stores would otherwise queue
-ahead of the first gather). Table rows are addressed by the loop's
-induction register as ``scalar_offset`` (the live loop runs i = 1 ..
-iterations and loads row i, the next iteration's, one iteration ahead:
-a table DMA never holds up the gather that needs it); x / B / C / y rows
-by a 1x1 int32 tile of the table (``scalar_offset``); pool rows by
+Loops. Every loop that grows with the batch is a runtime loop,
+``nl.fori_loop(lo, reg, body)`` with ``body`` an inner ``def`` of the kernel
+(the NKI 0.6.0 ``fori_loop`` docstring's form); its bound register is
+allocated before the loops and loaded from a (1, 1) SBUF tile a DMA filled
+from ``counts``. No runtime loop runs inside another; what is unrolled
+inside a body is bounded by the layer shape (row blocks of the state, the T
+tokens, the state units). Four loops, one after the other:
+
+1. prefetch (0 or 1 trips: any live sequence): the first entry's token
+   inputs and first state unit;
+2. live loop (i = 1 .. full iterations): ``per`` sequences per iteration
+   (per = 2 when a state is one unit, or an odd number of units, else 1) so
+   the state units of consecutive sequences alternate between two SBUF
+   buffers: the gather of the next unit (DMA) is issued before the update
+   of the current one, so the pool traffic and the update overlap across
+   sequences. Table row i (the next iteration's) is loaded one iteration
+   ahead, by the loop register as ``scalar_offset``: a table DMA never holds
+   up the gather that needs it. The last iteration's prefetch reads a dummy
+   entry (live sequence 0's rows: a harmless read, discarded);
+3. a last iteration with entry 0 only (0 or 1 trips: an odd number of live
+   sequences with per = 2): every entry of the live loop exists, so no
+   conditional runs inside its body (the compiler drains every engine at
+   each loop entry), no dummy pool write, no ``oob_mode.skip``;
+4. padding sequences: zero rows of y, no pool access (after the live work:
+   small stores would otherwise queue ahead of the first gather).
+
+x / B / C / y rows are addressed by the entry's batch index, copied (GpSimd)
+into a (1, 1) int32 tile: the DMAs' ``scalar_offset``; pool rows by
 ``vector_offset`` (one pool row per partition).
 
 Layout. Decode is bound by moving the state (``H*P*N`` floats per sequence,
@@ -61,11 +71,9 @@ five-stage pipeline per row block t:
     ScalarE  pool tile = S                      (bf16 pool, last token only)
 
 The TensorE path (blocks with ``t % _PE_CYCLE != 0``) moves half of one
-VectorE pass to ScalarE and TensorE; it paid off under the earlier cost
-model (VectorE-bound). With per-instruction costs and semaphores modeled
-ScalarE binds, so every block takes the VectorE path (``_PE_CYCLE = 1``;
-2.7B, 32 sequences 882 -> 761 us, 1 sequence 32.6 -> 28.8 us modeled); the
-switch stays for other cost figures. The TensorE path takes fp32 products
+VectorE pass to ScalarE and TensorE; ScalarE binds at the model shapes, so
+every block takes the VectorE path (``_PE_CYCLE = 1``); the switch stays
+for cost figures where VectorE binds. The TensorE path takes fp32 products
 and PSUM accumulation as exact (0/1 stationary: 1.0 * tmp + 1.0 * inp).
 
 No float ``tensor_tensor`` runs on GpSimd (issue 14: the ISA routes float
@@ -103,26 +111,35 @@ the largest divisor of H*P <= 128 keeping partitions inside one group); T
 tokens per sequence (a shape: unrolled, program size grows with T); any
 number of sequences (run time); slots*pr < 2^31 (int32 pool rows).
 
-Modeled (trn2, nki_ssm.perf with per-instruction costs, semaphores and the
-runtime-loop iteration cost; ``python -m simulate --set judged --op
-ssd_decode``; Mamba-2 2.7B, float32 state, bf16 I/O; share of the 368 GB/s
-core DMA bandwidth): 1 sequence 28.2 us (50.7 %), 32 sequences 716 us
-(63.9 %), 512 sequences 11.2 ms (65.2 %), VectorE / ScalarE / DMA each
-~80 % busy. The static per-batch kernel it replaces, same cost model:
-29.1 us, 823 us, 12.9 ms (ScalarE-bound). Program size: 363 static
-instructions at 32 and at 512 sequences (2.7B, simulate's report;
-Granite-like 559, Falcon-H1-like 289 counted around the host op).
+Modeled (trn2, nki_ssm.perf; ``python -m simulate --set judged --op
+ssd_decode --no-calibration``; Mamba-2 2.7B, float32 state, bf16 I/O; share
+of the 368 GB/s core DMA bandwidth): 1 sequence 28.7 us (49.9 %), 32
+sequences 718 us (63.8 %), 512 sequences 11.2 ms (65.1 %); VectorE /
+ScalarE / DMA each ~80 % busy: the per-element update passes over the state
+(decay, input, C product, y reduction) and moving it bind together.
+Program size: 372 static instructions at 32 and at 512 sequences (2.7B,
+simulate's report; runtime-loop bodies that ran).
 
 Numerics: all float32 (no matmul precision choice: the only matmul is the
 exact 0/1 broadcast). A bfloat16 pool is widened by the first token's
 decay (ScalarE reads the bf16 tile, writes fp32: no separate widening
 pass) and rounded once (RNE) by a per-block ScalarE copy on the last
 token, pipelined with the update.
+
+Constructs and their evidence: runtime loops ``nl.fori_loop`` with an
+inner-``def`` body and register bounds (NKI 0.6.0 ``fori_loop`` docstring);
+registers allocated before the loops and loaded from DMA-filled (1, 1) SBUF
+tiles (nki-library ``bwmm_shard_on_block_mx.py``); DMA ``scalar_offset``
+from the loop register (``fori_loop`` docstring) or a (1, 1) SBUF tile
+(nki-library ``moe_cte_utils.py``), ``vector_offset`` gathers and scatters
+with one pool row per partition (nki-library ``bwmm_shard_on_I.py``;
+``nisa.dma_copy`` docs, indirect scatter example); matmuls on the whole PE
+array; no DMA converts a dtype (the launcher passes x | dt | z in float32).
 """
 from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
-from nki_ssm.kernels.mamba2_ssd._common import dt_prime
+from nki_ssm.kernels.mamba2_ssd._common import count_register, dt_prime
 
 
 @nki.jit
@@ -171,16 +188,12 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, pad_table,
     sel = nl.ndarray((G, pr), dtype=group_sel.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=sel, src=group_sel)
     ident = _identity(pr)
-    cnt = nl.ndarray((1, 4), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=cnt, src=counts)
-    r_stop = nisa.register_alloc()           # full iterations + 1
-    nisa.register_load(dst=r_stop, src=cnt[0:1, 0:1])
-    r_pads = nisa.register_alloc()
-    nisa.register_load(dst=r_pads, src=cnt[0:1, 1:2])
-    r_any = nisa.register_alloc()            # 1 if any sequence is live
-    nisa.register_load(dst=r_any, src=cnt[0:1, 2:3])
-    r_tail = nisa.register_alloc()           # 1 if a last iteration has only entry 0
-    nisa.register_load(dst=r_tail, src=cnt[0:1, 3:4])
+    # batch counts -> registers (allocated here, before every loop; each loaded from
+    # a (1, 1) SBUF tile that a DMA filled)
+    r_stop = count_register(counts, 0)       # full iterations + 1
+    r_pads = count_register(counts, 1)       # padding sequences
+    r_any = count_register(counts, 2)        # 1 if any sequence is live
+    r_tail = count_register(counts, 3)       # 1 if a last iteration has only entry 0
 
     span_max = 0
     for j in range(nu):
@@ -207,11 +220,15 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, pad_table,
     tabs = []
     ntabs = []
     toks = []
+    seqs = []     # each entry's batch sequence, (1, 1) tiles: the token DMAs' scalar offset
+    nseqs = []
     for e in range(per):
         # one tile per entry: copying entry 0 in must not wait for the previous
         # iteration's last scatter, which reads entry 1's pool rows
         tabs.append(nl.ndarray((128, 2), dtype=nl.int32, buffer=nl.sbuf))
         ntabs.append(ntab[:, 2 * e:2 * e + 2])
+        seqs.append(nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf))
+        nseqs.append(nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf))
         toks.append(_tok_tiles(xdt_rows.shape[2], BC.dtype, pr, nt, T, G, N))
     staged = _tok_tiles(xdt_rows.shape[2], BC.dtype, pr, nt, T, G, N)
     rings = _rings(pr, N)
@@ -220,47 +237,71 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, pad_table,
 
     # prefetch: the first iteration's table row, tokens and first unit
     nisa.dma_copy(dst=ntab, src=seq_table[0, :, :])
-    for _ in nl.dynamic_range(r_any):
-        _tok_load(xdt_rows, BC, ntabs[0], staged, T, pr, G)
+    _seq_cols(ntab, nseqs, per)
+
+    def prefetch_body(i):
+        _tok_load(xdt_rows, BC, nseqs[0], staged, T, pr, G)
         _gather(pool, ntabs[0], nats[0], pr, nt, N, spans[0], parts)
 
-    for it in nl.dynamic_range(1, r_stop):
-        _take_over(tabs, ntabs, staged, toks, per, T)
+    nl.fori_loop(0, r_any, prefetch_body)
+
+    def live_body(it):
+        rings["n_bc"][0] = 0
+        _take_over(tabs, ntabs, seqs, nseqs, staged, toks, per, T)
         w = 2 * per
         nisa.dma_copy(dst=ntab, src=seq_table.ap(pattern=[[w, 128], [1, w]], offset=0,
                                                  scalar_offset=it, indirect_dim=0))
+        _seq_cols(ntab, nseqs, per)
         _tok_prep_all(toks[0], prm, T, pr, nt, has_bias, dt_softplus, dt_lo, dt_hi)
-        _units_of(args, tabs, ntabs, toks, staged, nats, work, spans, per, per)
+        _units_of(args, tabs, ntabs, seqs, nseqs, toks, staged, nats, work, spans, per, per)
+
+    nl.fori_loop(1, r_stop, live_body)
 
     # a last iteration with entry 0 only (odd number of live sequences, per = 2)
-    for _ in nl.dynamic_range(r_tail):
-        _take_over(tabs, ntabs, staged, toks, 1, T)
+    def tail_body(i):
+        rings["n_bc"][0] = 0
+        _take_over(tabs, ntabs, seqs, nseqs, staged, toks, 1, T)
         _tok_prep_all(toks[0], prm, T, pr, nt, has_bias, dt_softplus, dt_lo, dt_hi)
-        _units_of(args, tabs, ntabs, toks, staged, nats, work, spans, per, 1)
+        _units_of(args, tabs, ntabs, seqs, nseqs, toks, staged, nats, work, spans, per, 1)
+
+    nl.fori_loop(0, r_tail, tail_body)
 
     # padding sequences: zero rows of y, no pool access (after the live work:
     # their small stores would otherwise queue ahead of the first gather)
     zt = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=zt, value=0.0)
     pad = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
-    for i in nl.dynamic_range(r_pads):
+
+    def pad_body(i):
         nisa.dma_copy(dst=pad, src=pad_table.ap(pattern=[[1, 1], [1, 1]], offset=0,
                                                 scalar_offset=i, indirect_dim=0))
         for tok in range(T):
             nisa.dma_copy(dst=y.ap(pattern=[[nt, pr], [1, nt]], offset=tok * pr * nt,
                                    scalar_offset=pad, indirect_dim=0), src=zt)
+
+    nl.fori_loop(0, r_pads, pad_body)
     return y
 
 
-def _take_over(tabs, ntabs, staged, toks, n, T):
+def _seq_cols(ntab, nseqs, per):
+    """Each entry's batch sequence (partition 0 of its second column) into its own
+    (1, 1) tile (GpSimd copies: tiny, off VectorE)."""
+    for e in range(per):
+        nisa.tensor_copy(dst=nseqs[e], src=ntab[0:1, 2 * e + 1:2 * e + 2],
+                         engine=nisa.engine.gpsimd)
+
+
+def _take_over(tabs, ntabs, seqs, nseqs, staged, toks, n, T):
     """This iteration's table entries (n of them) and entry 0's staged tokens in."""
     nisa.tensor_copy(dst=tabs[0], src=ntabs[0], engine=nisa.engine.gpsimd)
+    nisa.tensor_copy(dst=seqs[0], src=nseqs[0], engine=nisa.engine.gpsimd)
     _tok_copy(staged, toks[0], T)
     for e in range(1, n):
         nisa.tensor_copy(dst=tabs[e], src=ntabs[e], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=seqs[e], src=nseqs[e], engine=nisa.engine.gpsimd)
 
 
-def _units_of(args, tabs, ntabs, toks, staged, nats, work, spans, per, n):
+def _units_of(args, tabs, ntabs, seqs, nseqs, toks, staged, nats, work, spans, per, n):
     """The units of the first n entries of an iteration: unit m's update follows the
     gather of unit m + 1 (the next entry's first unit, or with m the iteration's
     last unit of a full iteration, the next iteration's entry 0); the units
@@ -275,12 +316,12 @@ def _units_of(args, tabs, ntabs, toks, staged, nats, work, spans, per, n):
         if m1 < K:
             e1, j1 = m1 // nu, m1 % nu
             if j1 == 0:
-                _tok_load(xdt_rows, BC, tabs[e1], toks[e1], T, pr, G)
+                _tok_load(xdt_rows, BC, seqs[e1], toks[e1], T, pr, G)
             _gather(pool, tabs[e1], nats[m1 % 2], pr, nt, N, spans[j1], parts)
         elif n == per:
-            _tok_load(xdt_rows, BC, ntabs[0], staged, T, pr, G)
+            _tok_load(xdt_rows, BC, nseqs[0], staged, T, pr, G)
             _gather(pool, ntabs[0], nats[0], pr, nt, N, spans[0], parts)
-        _unit(toks[e], tabs[e], y, sel, ident, pool, nats[m % 2], work[m % 2], spans[j],
+        _unit(toks[e], tabs[e], seqs[e], y, sel, ident, pool, nats[m % 2], work[m % 2], spans[j],
               j == nu - 1, rings, T, pr, nt, N, parts, prm, has_z, has_bias, has_D,
               e > 0 and j == 0, dt_softplus, dt_lo, dt_hi)
 
@@ -373,10 +414,9 @@ def _tok_tiles(width, bc_dtype, pr, nt, T, G, N):
     return tl
 
 
-def _tok_load(xdt_rows, BC, tab, tl, T, pr, G):
+def _tok_load(xdt_rows, BC, seq, tl, T, pr, G):
     """Loads of an entry's token inputs: x | dt | z rows and B | C, one DMA each per
-    token, rows of batch sequence ``tab[0, 1]`` (run-time)."""
-    seq = tab[0:1, 1:2]
+    token, rows of batch sequence ``seq`` (a (1, 1) int32 tile: run-time)."""
     w = xdt_rows.shape[2]
     n2 = BC.shape[2]
     for tok in range(T):
@@ -417,7 +457,7 @@ def _identity(pr):
     return ident
 
 
-def _unit(tl, tab, y, sel, ident, pool, nat, S, span, last_unit, rings, T, pr, nt, N, parts,
+def _unit(tl, tab, seq, y, sel, ident, pool, nat, S, span, last_unit, rings, T, pr, nt, N, parts,
           prm, has_z, has_bias, has_D, prep, dt_softplus, dt_lo, dt_hi):
     """All T tokens on one state unit (row blocks ``span``) of an entry; the
     pool scatter on the last token; the entry's y rows after its last unit.
@@ -436,7 +476,7 @@ def _unit(tl, tab, y, sel, ident, pool, nat, S, span, last_unit, rings, T, pr, n
         _tok_update(tl[tok], sel, ident, S_in, Su, a, b, pr, nt, N, rings, out)
     if last_unit:
         for tok in range(T):
-            _tok_out(tl[tok], prm, y, tab, tok, pr, nt, has_z, has_bias, has_D)
+            _tok_out(tl[tok], prm, y, seq, tok, pr, nt, has_z, has_bias, has_D)
 
 
 def _tok_update(tk, sel, ident, S_in, S, a, b, pr, nt, N, rings, out):
@@ -528,9 +568,9 @@ def _scatter_due(out, u, nu, pr, nt, N, a):
             _scatter(out[0], out[1], out[2], pr, nt, N, a, pa, pe)
 
 
-def _tok_out(tk, prm, y, tab, tok, pr, nt, has_z, has_bias, has_D):
+def _tok_out(tk, prm, y, seq, tok, pr, nt, has_z, has_bias, has_D):
     """y rows of one token: (sum_n S C + D x) * silu(z), stored at the entry's
-    batch sequence (``tab[0, 1]``, run-time)."""
+    batch sequence (``seq``, a (1, 1) int32 tile: run-time)."""
     yc, xdt = tk["y"], tk["xdt"]
     if has_D:
         d0 = nt
@@ -544,4 +584,4 @@ def _tok_out(tk, prm, y, tab, tok, pr, nt, has_z, has_bias, has_D):
         nisa.activation(dst=sz, op=nl.silu, data=xdt[:, 2 * nt:3 * nt])
         nisa.tensor_tensor(dst=yc, data1=yc, data2=sz, op=nl.multiply)
     nisa.dma_copy(dst=y.ap(pattern=[[nt, pr], [1, nt]], offset=tok * pr * nt,
-                           scalar_offset=tab[0:1, 1:2], indirect_dim=0), src=yc)
+                           scalar_offset=seq, indirect_dim=0), src=yc)

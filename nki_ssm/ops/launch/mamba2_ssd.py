@@ -79,21 +79,22 @@ def _D_per_row(xp, D, H, P):
 def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens: int,
                    num_seqs: int, chunk_size: int, pr: int):
     """Run-time batch tables of ``ssd_chunk_prefill`` (its module docstring):
-    ``(seq_table [num_seqs, 128, 4], chunk_table [chunk_rows, Q, 2],
-    zero_table [num_tokens // Q, Q, 1], counts [1, 2])`` int32.
+    ``(pair_rows [pair_count, Q, 4], pair_vals [pair_count, 4], init_table [num_seqs, 128, 2],
+    final_table [num_seqs, 128, 2], zero_table [ceil(num_tokens / Q), Q, 1], counts [1, 5])``
+    int32, ``pair_count = ceil(num_tokens / 2Q) + num_seqs + 1``.
 
     ``num_tokens`` / ``num_seqs`` are the buckets; row ``num_tokens`` is the
-    zero (inputs) / dump (y) row that masked chunk rows name. Shapes depend
-    only on the buckets and Q: ``chunk_rows = num_tokens // Q + 3 * num_seqs``
-    (a live sequence takes 2 * pairs + 1 rows: its chunks, an all-masked one
-    when their number is odd, and a trailing all-masked row for the kernel's
-    last prefetch). Built with vectorised array ops only, each a
-    torch op on device: ``diff`` / integer ceil-division (lengths, chunks,
-    pairs), ``nonzero`` of ``state_indices >= 0`` (live order), an exclusive
-    ``cumsum`` (chunk row bases), ``repeat_interleave`` (row -> sequence and
-    token -> sequence), ``arange`` broadcast adds, comparisons and ``where``
-    (token rows, valid flags, masked rows -> the zero row), indexed writes
-    into zero tables.
+    zero (inputs) / dump (y) row that masked chunk rows name; scratch block
+    ``num_seqs`` is the kernel's zero state. The work list is every pair of
+    chunks of every live sequence, in order, then all-masked rows (the
+    kernel's last prefetch reads the one after the last pair). Shapes depend
+    only on the buckets and Q. Built with vectorised array ops only, each a
+    torch op on device: ``diff`` / integer ceil-division (lengths, pairs),
+    ``nonzero`` of ``state_indices >= 0`` and of has_initial_state (live and
+    init order), an exclusive ``cumsum`` (pair bases), ``repeat_interleave``
+    (pair -> sequence, token -> sequence), ``arange`` broadcast adds,
+    comparisons and ``where`` (token rows, valid flags, state blocks),
+    indexed writes into constant tables.
     """
     Q = chunk_size
     cu = np.asarray(cu_seqlens, dtype=np.int64)
@@ -102,38 +103,52 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens: int
     live = np.flatnonzero(idx >= 0)
     n_live = live.size
     lens_l = lens[live]
-    pairs = (lens_l + 2 * Q - 1) // (2 * Q)         # iterations of two chunks
-    rows_per = 2 * pairs + 1      # + a trailing all-masked row (the kernel's last prefetch)
-    base = np.concatenate([[0], np.cumsum(rows_per)[:-1]]).astype(np.int64) if n_live else \
-        np.zeros(0, np.int64)
-    seq_table = np.zeros((num_seqs, _PMAX, 4), dtype=np.int32)
-    seq_table[:n_live, :pr, 0] = idx[live][:, None] * pr + np.arange(pr)[None, :]
     init = np.asarray(has_initial_state, dtype=bool)[live]
-    seq_table[:n_live, 0, 1] = pairs
-    seq_table[:n_live, 1, 1] = init
-    seq_table[:n_live, 2, 1] = ~init
-    seq_table[:n_live, 0, 2] = base
-    seq_table[:n_live, 0, 3] = 1
-    chunk_rows = num_tokens // Q + 3 * num_seqs
-    chunk_table = np.zeros((chunk_rows, Q, 2), dtype=np.int32)
-    chunk_table[:, :, 0] = num_tokens
-    total = int(rows_per.sum())
+    zero_block = num_seqs                            # the scratch block of zeros
+    pairs = (lens_l + 2 * Q - 1) // (2 * Q)
+    total = int(pairs.sum())
+    pair_count = -(-num_tokens // (2 * Q)) + num_seqs + 1
+    pair_rows = np.zeros((pair_count, Q, 4), dtype=np.int32)
+    pair_rows[:, :, 0::2] = num_tokens
+    pair_vals = np.full((pair_count, 4), num_tokens, dtype=np.int32)
+    pair_vals[:, 2:] = zero_block
     if total:
-        seq_of_row = np.repeat(np.arange(n_live), rows_per)
-        local = np.arange(total) - base[seq_of_row]               # chunk index in its sequence
-        offs = local[:, None] * Q + np.arange(Q)[None, :]         # token offset in the sequence
-        valid = offs < lens_l[seq_of_row][:, None]
-        tok = cu[live][seq_of_row][:, None] + offs
-        chunk_table[:total, :, 0] = np.where(valid, tok, num_tokens)
-        chunk_table[:total, :, 1] = valid
+        seq_of_pair = np.repeat(np.arange(n_live), pairs)
+        base = np.concatenate([[0], np.cumsum(pairs)[:-1]])
+        local = np.arange(total) - base[seq_of_pair]               # pair index in its sequence
+        offs = local[:, None] * (2 * Q) + np.arange(2 * Q)[None, :]  # token offset in the sequence
+        valid = offs < lens_l[seq_of_pair][:, None]
+        tok = np.where(valid, cu[live][seq_of_pair][:, None] + offs, num_tokens)
+        pair_rows[:total, :, 0] = tok[:, :Q]
+        pair_rows[:total, :, 1] = valid[:, :Q]
+        pair_rows[:total, :, 2] = tok[:, Q:]
+        pair_rows[:total, :, 3] = valid[:, Q:]
+        # state source of each pair: its sequence's block (the previous pair's
+        # result, or the initial state loop A put there) or the zero block
+        src = np.where((local > 0) | init[seq_of_pair], seq_of_pair, zero_block)
+        pair_vals[:total, 0] = tok[:, 0]
+        pair_vals[:total, 1] = tok[:, Q]
+        pair_vals[:total, 2] = seq_of_pair
+        pair_vals[:total - 1, 3] = src[1:]
+    src0 = int(src[0]) if total else zero_block
+    pool_rows = idx[live][:, None] * pr + np.arange(pr)[None, :]
+    init_table = np.zeros((num_seqs, _PMAX, 2), dtype=np.int32)
+    n_init = int(init.sum())
+    init_table[:n_init, :pr, 0] = pool_rows[init]
+    init_table[:n_init, 0, 1] = np.flatnonzero(init)
+    final_table = np.zeros((num_seqs, _PMAX, 2), dtype=np.int32)
+    final_table[:n_live, :pr, 0] = pool_rows
+    # an empty sequence without an initial state ends in the zero state
+    final_table[:n_live, 0, 1] = np.where((pairs > 0) | init, np.arange(n_live), zero_block)
     # tokens of padding sequences -> zero rows of y, Q per DMA
     seq_of_tok = np.repeat(np.arange(lens.size), lens)
     pad_tok = np.flatnonzero(idx[seq_of_tok] < 0)
-    zero_blocks = num_tokens // Q
-    zero_table = np.full((zero_blocks * Q, 1), num_tokens, dtype=np.int32)
+    zero_rows = -(-num_tokens // Q)
+    zero_table = np.full((zero_rows * Q, 1), num_tokens, dtype=np.int32)
     zero_table[:pad_tok.size, 0] = pad_tok
-    counts = np.array([[n_live, (pad_tok.size + Q - 1) // Q]], dtype=np.int32)
-    return seq_table, chunk_table, zero_table.reshape(zero_blocks, Q, 1), counts
+    counts = np.array([[n_init, total, n_live, -(-pad_tok.size // Q), src0]], dtype=np.int32)
+    return (pair_rows, pair_vals, init_table, final_table, zero_table.reshape(zero_rows, Q, 1),
+            counts)
 
 
 _MAX_KERNEL_P = 256   # the prefill kernel packs y_intra | y_off ([Q, 2P] fp32) in one PSUM bank
