@@ -540,7 +540,8 @@ def test_prefill_one_specialisation_per_bucket(dtype, pool_dtype):
 def test_prefill_program_size_does_not_grow_with_tokens():
     """Static program size (each runtime loop body once) is equal at 2K and 16K tokens and
     for 8 sequences of 640. In every batch a sequence runs 4-chunk bodies and single
-    remaining chunks, so every loop runs (the simulator counts only loops that ran)."""
+    remaining chunks and every sequence starts from the pool, so every loop but the
+    padding one runs (the simulator counts only loops that ran)."""
     from nki_ssm.kernels.gated_delta.chunk import chunks_per_iteration
     from nki_ssm.sim.trace import record
 
@@ -548,7 +549,7 @@ def test_prefill_program_size_does_not_grow_with_tokens():
     sizes = []
     for lens in ([2048 + 128, 640], [16384 + 128, 640], [640] * 8):
         inp = make_gated_delta_inputs(np.random.default_rng(0), seqlens=lens, H=1, HV=2, K=16,
-                                      V=16)
+                                      V=16, has_initial_state=True)
         with record() as tr:
             ops.gated_delta_prefill(**inp, chunk_size=128, backend="sim")
         sizes.append(tr.program_instructions())

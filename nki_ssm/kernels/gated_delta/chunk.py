@@ -25,7 +25,12 @@ block inverted by nilpotent doubling ``(I - N)^{-1} = (I + N)(I + N^2)(I + N^4).
 (N = -A_bb, 4 rounds; the inverse kept compact, a quarter of the columns), then
 forward substitution over the blocks, ``X_b = A_bb^{-1} (R_b - sum_{k<b} A_bk X_k)``:
 one PSUM accumulation of the off-diagonal products, one subtraction and one
-application per block for the 4 heads; never a series over the whole chunk.
+application per block for the 4 heads; never a series over the whole chunk. With fewer
+than 8 head groups (_few_groups: TP2 and up) the right-hand sides are not packed, so the
+state chain has no packing moves: each head's block inverses are moved off the chain to
+the block's own rows (G, _place_g), and block b's application ``X_b = inv_bb B_b +
+inv_bb Z_b`` reads B_b where the k S eviction put it, through one matmul per head on the
+PE array's 32-row row tile at (32 b, 0).
 
 Arguments (prepared by the launcher; Tb = the token bucket, Nb = the sequence bucket)
 -------------------------------------------------------------------------------------
@@ -96,23 +101,24 @@ Engines, per (chunk, value head) at C = 128 (tokens on partitions)
   small inputs the next row's during the body, k into a second tile) and the output
   scatter (per head group); the state in and out of the scratch block (per head group,
   once per row); the packed solve's layout moves as SBUF-to-SBUF DMAs: the diagonal
-  blocks into P^T, the right-hand sides into the packed R and the solutions back to
-  per-head tiles.
+  blocks into P^T, the right-hand sides into the packed R (< 8 head groups: instead the
+  block inverses into G, off the state chain) and the solutions back to per-head tiles
+  (< 8 head groups: all but the last block's).
 - TensorE: k^T, q^T (transposes, one PSUM bank per q/k head); k k^T | k q^T (one matmul
   per q/k head, shared by HV / H value heads); the segment sums (fp32, 0/1 stationaries);
   k S, q S; the doubling on the whole array, one matmul per 32-row block of the pack: P
   from P^T (transposes), P P and P^T P^T up to N^8, then compact products with N^8, and
-  the compact inverse updates; per block the off-diagonal products and the application;
-  M Y and kd^T Y; bf16 callers: q S into the output's accumulation (an identity matmul).
+  the compact inverse updates; per block the off-diagonal products and the application
+  (< 8 head groups: plus one 32-row row-tile product with G per head); M Y and kd^T Y; bf16 callers: q S into the output's accumulation (an identity matmul).
 - VectorE: the masked eviction of k k^T | k q^T, A^T, R, M, the state update (and o for
   float32 callers); per group the P eviction, the compact inverse updates and their
-  expansion, the substitution's subtractions; the zeroing of the packed tiles once per
+  expansion, the substitution's subtractions (< 8 head groups: ScalarE negates instead,
+  and the last block's solutions leave PSUM half on VectorE, half on ScalarE); the zeroing of the packed tiles once per
   launch (the placements write the same elements every chunk, so the zeros persist).
 - ScalarE: transpose evictions, the exps, the doubling's evictions and its chained
-  product, q S, the packed solutions, the decayed keys, o (bf16 callers); < 8 head groups
-  also the off-diagonal placements of block row 0.
-- GpSimd: the other off-diagonal blocks' placements (a row strip per head and block
-  row) and the software descriptors of the indirect gathers and scatters.
+  product, q S, the packed solutions, the decayed keys, o (bf16 callers).
+- GpSimd: the off-diagonal blocks' placements (a row strip per head and block row) and
+  the software descriptors of the indirect gathers and scatters.
 
 Operand precision: float32 callers get fp32 operands everywhere (the exact mode, tests
 1e-5). bfloat16 callers (``bf16``): q, k, v enter bf16 (exact: they are the inputs); q^T,
@@ -139,8 +145,11 @@ registers allocated before the loops and loaded from (1, 1) SBUF tiles on partit
 (1, 1) SBUF tile (same file) or the loop index (the ``fori_loop`` docstring) and
 ``indirect_dim=0``; one-row-per-partition ``vector_offset`` gathers / scatters
 (attention_tkg.py); a kernel-allocated ``shared_hbm`` scratch
-(moe_cte/bwmm_shard_on_I.py); whole-array matmuls (no tiling mode); DMAs without dtype
-conversion.
+(moe_cte/bwmm_shard_on_I.py); matmuls on the whole PE array, and (< 8 head groups)
+32-row row tiles ``tile_position=(32 b, 0)`` whose operands sit on the tile's partitions
+(nc_matmul "Tiling mode"; no tile with a non-zero column, no tiling in transpose mode);
+SBUF-to-SBUF DMAs and cross-quadrant compute-engine copies of <= 32 partitions for the
+packing; DMAs without dtype conversion.
 
 Limits: K, V <= 128; chunk a multiple of 16 up to 128. Non-finite values: g must be
 finite (host validation); beta must be finite on the tokens of real sequences (host
@@ -202,7 +211,7 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, body_rows, bo
     for j in range(nsub):
         sj = []
         for hvs in _head_groups(HV):
-            t = _solve_tiles(len(hvs), C, mdt)
+            t = _solve_tiles(len(hvs), C, mdt, _few_groups(HV))
             _zero_solve(t)
             sj.append(t)
         solve.append(sj)
@@ -497,7 +506,7 @@ def _l2norm_rows(x, L, H, K):
                        data2=ss.reshape((L, H, 1)).broadcast(2, K), op=nl.multiply)
 
 
-def _solve_place(ATs, L, tiles, diag, off, row0_scalar=False):
+def _solve_place(ATs, L, tiles, diag, off):
     """The layout moves of a pack's solve: from the transposes ATs[i] ([j, i] layout) of the
     strictly-lower A_i [L, L] of up to _PACK heads, the diagonal _BLOCK-row blocks A_bb^T into
     slot b of tiles["PT"] and the off-diagonal blocks A_kb^T (k < b) into slot pair(k, b) of
@@ -521,16 +530,12 @@ def _solve_place(ATs, L, tiles, diag, off, row0_scalar=False):
                 nisa.dma_copy(dst=tiles["PT"][q0:q0 + nb, b, q0:q0 + nb],
                               src=ATs[j][r0:r0 + nb, r0:r0 + nb])
             if off and b + 1 < nblk and nbs[nblk - 1] == _BLOCK:
-                # the row strip of blocks (b, c > b): one GpSimd copy (``row0_scalar``: row 0's,
-                # the longest, on ScalarE)
+                # the row strip of blocks (b, c > b): one GpSimd copy
                 p0 = _pair(b, b + 1, nblk)
                 n = nblk - 1 - b
-                eng = nisa.engine.gpsimd
-                if row0_scalar and b == 0:
-                    eng = nisa.engine.scalar
                 nisa.tensor_copy(dst=tiles["OT"][q0:q0 + nb, p0:p0 + n, q0:q0 + _BLOCK],
                                  src=ATs[j][r0:r0 + nb, r0 + _BLOCK:L].reshape((nb, n, _BLOCK)),
-                                 engine=eng)
+                                 engine=nisa.engine.gpsimd)
             elif off:
                 for c in range(b + 1, nblk):
                     c0 = c * _BLOCK
@@ -592,16 +597,18 @@ def _solve_setup(npk, L, cst, mdt, tiles):
     pk["cfin"] = nl.ndarray((W, nblk, _BLOCK), dtype=nl.float32, buffer=nl.sbuf)
     pk["inv"] = nl.ndarray((W, nblk, W), dtype=nl.float32, buffer=nl.sbuf)  # final, fp32
     pk["bd"] = cst["bd"]
+    pk["G"] = tiles["G"]
     pk["Xp"] = []
     pk["Z"] = []
     pk["tf"] = mdt != nl.float32     # the substitution's operands as tfloat32 (_tf)
     return pk
 
 
-def _solve_tiles(npk, L, mdt):
+def _solve_tiles(npk, L, mdt, few):
     """The packed tiles of one head group's solve (see _solve_setup): P^T ``[W, blocks, W]``
-    (``mdt``) and the off-diagonal blocks ``[W, pairs, W]`` float32 (None for one block);
-    zeroed by _zero_solve before their first use."""
+    (``mdt``), the off-diagonal blocks ``[W, pairs, W]`` float32 (None for one block) and,
+    ``few`` (the right-hand sides read where they are, _place_g), the moved inverses G
+    ``[L, npk, W]`` float32; zeroed by _zero_solve before their first use."""
     W = npk * _BLOCK
     nblk = len(_block_rows(L))
     t = {}
@@ -610,6 +617,9 @@ def _solve_tiles(npk, L, mdt):
     t["OT"] = None
     if npair > 0:
         t["OT"] = nl.ndarray((W, npair, W), dtype=nl.float32, buffer=nl.sbuf)
+    t["G"] = None
+    if few:
+        t["G"] = nl.ndarray((L, npk, W), dtype=nl.float32, buffer=nl.sbuf)
     return t
 
 
@@ -639,10 +649,12 @@ def _block_product(pk, st, mv, na, mdt):
 
 def _zero_solve(t):
     """Zero the packed solve tiles ``t`` (_solve_tiles): the placements fill only the
-    head-diagonal blocks."""
+    head-diagonal blocks (G: one block per head and block row)."""
     nisa.memset(dst=t["PT"], value=0.0, engine=nisa.engine.vector)
     if t["OT"] != None:  # noqa: E711
         nisa.memset(dst=t["OT"], value=0.0, engine=nisa.engine.vector)
+    if t["G"] != None:  # noqa: E711
+        nisa.memset(dst=t["G"], value=0.0, engine=nisa.engine.vector)
 
 
 def _tf(t, fast):
@@ -744,42 +756,98 @@ def _solve_update(pk, covered, mdt):
         nisa.tensor_tensor(dst=pk["cfin"][:, nc:na, :], data1=cinv[:, nc:na, :],
                            data2=psv[:, nc:na, :], op=nl.add)
     if nc == 0:
+        b0 = 0
+        if pk["G"] != None and nblk > 1:  # noqa: E711  (block 0 is applied through G only)
+            b0 = 1
         nisa.tensor_tensor(
-            dst=pk["inv"].reshape((W, nblk, npk, _BLOCK)),
-            data1=pk["cfin"].reshape((W, nblk, 1, _BLOCK)).broadcast(2, npk),
-            data2=pk["bd"][0:W, 0:npk, :].reshape((W, 1, npk, _BLOCK)).broadcast(1, nblk),
+            dst=pk["inv"][:, b0:nblk, :].reshape((W, nblk - b0, npk, _BLOCK)),
+            data1=pk["cfin"][:, b0:nblk, :].reshape((W, nblk - b0, 1, _BLOCK)).broadcast(2, npk),
+            data2=pk["bd"][0:W, 0:npk, :].reshape((W, 1, npk, _BLOCK)).broadcast(1, nblk - b0),
             op=nl.multiply)
+        if pk["G"] != None:  # noqa: E711
+            _place_g(pk)
+
+
+def _place_g(pk):
+    """G [(b, m), j, (h, i)] = [h == j] inv_jb^T[m, i]: head j's inverse of block b moved from
+    its quadrant of the packed tiles (partitions 32 j) to the block's own rows (32 b), so the
+    application of block b reads each head's right-hand side where the k S eviction put it
+    (_solve_apply_block: one 32-row row-tile matmul per head) and no right-hand side is
+    packed on the state chain. One SBUF-to-SBUF DMA per head and block, off the chain; the
+    other elements stay zero (_zero_solve)."""
+    npk = pk["npk"]
+    nbs = pk["nbs"]
+    for b in range(len(nbs)):
+        nb = nbs[b]
+        r0 = b * _BLOCK
+        for j in range(npk):
+            q0 = j * _BLOCK
+            nisa.dma_copy(dst=pk["G"][r0:r0 + nb, j, q0:q0 + nb],
+                          src=pk["cfin"][q0:q0 + nb, b, 0:nb])
 
 
 def _solve_rhs_block(pk, Rp, b, N):
     """Block b of the forward substitution, first half: Z_b = B_b - sum_{k<b} A_bk X_k for
     every head of the pack at once (packed right-hand sides ``Rp``, packed solutions
     pk["Xp"]; the off-diagonal stationaries are block-diagonal over the heads, so one PSUM
-    accumulation serves the pack and one subtraction evicts it)."""
+    accumulation serves the pack and one subtraction evicts it). Right-hand sides unpacked
+    (pk["G"], _place_g; ``Rp`` None): Z_b = -sum_{k<b} A_bk X_k, evicted by ScalarE; the
+    application adds inv_bb B_b."""
     W = pk["W"]
     nblk = len(pk["nbs"])
+    unpacked = pk["G"] != None  # noqa: E711
     if b == 0:
-        pk["Z"].append(Rp[:, 0, :])
+        if unpacked:
+            pk["Z"].append(None)
+        else:
+            pk["Z"].append(Rp[:, 0, :])
         return
     ps = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.psum)
     for k in range(b):
         nisa.nc_matmul(dst=ps, stationary=_tf(pk["OT"][:, _pair(k, b, nblk), :], pk["tf"]),
                        moving=_tf(pk["Xp"][k], pk["tf"]), accumulate=k > 0)
     Z = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=Z, data1=Rp[:, b, :], data2=ps, op=nl.subtract)
+    if unpacked:
+        nisa.activation(dst=Z, op=nl.copy, data=ps, scale=-1.0)
+    else:
+        nisa.tensor_tensor(dst=Z, data1=Rp[:, b, :], data2=ps, op=nl.subtract)
     pk["Z"].append(Z)
 
 
-def _solve_apply_block(pk, Xs, b, N):
+def _solve_apply_block(pk, Xs, b, N, Rs):
     """Block b of the forward substitution, second half: X_b = inv_bb Z_b for the pack's heads
     in one matmul (kept packed for the next blocks), unpacked into the heads' Xs by
-    SBUF-to-SBUF DMAs (partition moves no compute engine spends time on)."""
+    SBUF-to-SBUF DMAs (partition moves no compute engine spends time on). Right-hand sides
+    unpacked (pk["G"]; ``Rs`` the heads'): X_b = inv_bb B_b + inv_bb Z_b, inv_bb B_b as one
+    matmul per head on the PE array's row tile (32 b, 0) of 32 rows (the partitions of
+    block b's rows, where G and the head's right-hand side are) in the same PSUM
+    accumulation; the last block, which no later block reads, leaves PSUM straight into
+    the heads' rows (cross-quadrant moves of <= 32 partitions, ScalarE and VectorE in turn)
+    instead of through the packed tile and the unpacking DMAs."""
     npk, W, nbs = pk["npk"], pk["W"], pk["nbs"]
     r0 = b * _BLOCK
     nb = nbs[b]
+    unpacked = pk["G"] != None  # noqa: E711
     ps = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=_tf(pk["inv"][:, b, :], pk["tf"]),
-                   moving=_tf(pk["Z"][b], pk["tf"]), accumulate=False)
+    if not unpacked:
+        nisa.nc_matmul(dst=ps, stationary=_tf(pk["inv"][:, b, :], pk["tf"]),
+                       moving=_tf(pk["Z"][b], pk["tf"]), accumulate=False)
+    else:
+        for j in range(npk):
+            nisa.nc_matmul(dst=ps, stationary=_tf(pk["G"][r0:r0 + nb, j, :], pk["tf"]),
+                           moving=_tf(Rs[j][r0:r0 + nb, :], pk["tf"]), accumulate=j > 0,
+                           tile_position=(r0, 0), tile_size=(_BLOCK, 128))
+        if b > 0:
+            nisa.nc_matmul(dst=ps, stationary=_tf(pk["inv"][:, b, :], pk["tf"]),
+                           moving=_tf(pk["Z"][b], pk["tf"]), accumulate=True)
+    if unpacked and b == len(nbs) - 1:
+        for j in range(npk):
+            q0 = j * _BLOCK
+            eng = nisa.engine.scalar
+            if j % 2 == 1:
+                eng = nisa.engine.vector
+            nisa.tensor_copy(dst=Xs[j][r0:r0 + nb, :], src=ps[q0:q0 + nb, :], engine=eng)
+        return
     Xp = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=Xp, src=ps, engine=nisa.engine.scalar)
     pk["Xp"].append(Xp)
@@ -1072,7 +1140,7 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, HV,
         ATs = []
         for d in pres[key]:
             ATs.append(d["AT"])
-        _solve_place(ATs, L, solve[u], False, True, True)
+        _solve_place(ATs, L, solve[u], False, True)
     elif job == "setup":
         items[key] = _solve_setup(len(hvs), L, cst, xdt, solve[u])
     elif job == "square":
@@ -1084,7 +1152,10 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, HV,
         for i in range(len(hvs)):
             _head_rhs(pres[key][i], qk[str(hvs[i] // rep)], buf["v"], ch["nec"], S, hvs[i], V)
             Rs.append(pres[key][i]["R"])
-        gdat[key]["Rp"] = _pack_rhs(Rs, L, V)
+        gdat[key]["Rs"] = Rs
+        gdat[key]["Rp"] = None
+        if solve[u]["G"] == None:  # noqa: E711  (packed unless _place_g moves the inverses)
+            gdat[key]["Rp"] = _pack_rhs(Rs, L, V)
     elif job == "oq":
         for i in range(len(hvs)):
             _head_oq(pres[key][i], qk[str(hvs[i] // rep)], ch["qs"], S, hvs[i], V)
@@ -1094,7 +1165,7 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, HV,
         if x == 0:
             for i in range(len(hvs)):
                 gdat[key]["X"].append(nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf))
-        _solve_apply_block(items[key], gdat[key]["X"], x, V)
+        _solve_apply_block(items[key], gdat[key]["X"], x, V, gdat[key]["Rs"])
     elif job == "post_ops":
         for i in range(len(hvs)):
             _head_post_ops(qk[str(hvs[i] // rep)], pres[key][i], ch["bs"], ch["dlb"], hvs[i],
