@@ -623,6 +623,18 @@ def test_prefill_tables_state_sources():
                                          for p, (c, i) in enumerate(zip(chunks, init))]
 
 
+def test_prefill_all_padding_batch_touches_nothing():
+    """Every sequence is padding: the kernel runs only its padding loop (zeros out), the
+    pool stays bit-identical."""
+    inp = make_gated_delta_inputs(np.random.default_rng(37), seqlens=[20, 0, 45], H=1, HV=2,
+                                  K=16, V=16, slots=4)
+    inp["state_indices"] = np.full(3, -1, dtype=np.int32)
+    before = inp["ssm_states"].copy()
+    o = ops.gated_delta_prefill(**inp, chunk_size=16, backend="sim")
+    assert not np.any(_f64(o))
+    assert inp["ssm_states"].tobytes() == before.tobytes()
+
+
 def test_prefill_no_runtime_loop_inside_another():
     """One runtime loop level (KERNEL_RULES 2): on a ragged batch with initial states,
     padding slots, empty sequences, several 4-chunk bodies and single remaining chunks,
