@@ -169,8 +169,7 @@ _PACK = 4             # most heads whose blocks share one 128-partition packed s
 _MAX_CHUNKS = 4       # most chunks per loop iteration (SBUF: TP2 with 4 does not fit)
 _CHUNK_STEP = 6       # steps between the starts of a loop body's chunks (_body_plan)
 _FIRST_LEAD = 2       # extra steps chunk 0 runs alone in a body of _MAX_CHUNKS chunks (_body_plan)
-_SQUARED = 8          # the doubling squares up to N^8, then chains products with it (modeled:
-                      # squaring to N^16 or chaining from N^4, TP1 -4 % / -2 %)
+_SQUARED = 8          # the doubling squares up to N^8, then chains compact products with it
 _L2NORM_EPS = 1e-6
 _PREFETCH_BYTES = 25 * 1024   # inputs (per partition) up to which k gets a second tile:
                                # bf16 TP1 16.25 KiB, with the fused L2 norm 24.25 (float32
@@ -386,9 +385,7 @@ def _tile_bytes(buf):
 
 def _head_groups(HV):
     """The value heads of each software-pipeline group (and packed solve): _PACK per group,
-    128 partitions (2 per group at TP4 and a single-chunk body: TP4 4.19 -> 4.46 M
-    tokens/s; with 4 chunks per iteration 4 per group is faster, the packed solve's ops
-    then cost half as much per head)."""
+    128 partitions, so the packed solve's ops serve 4 heads each."""
     return consecutive_groups(HV, _PACK)
 
 
@@ -513,13 +510,12 @@ def _solve_place(ATs, L, tiles, diag, off):
     slot b of tiles["PT"] and the off-diagonal blocks A_kb^T (k < b) into slot pair(k, b) of
     tiles["OT"], head i at partitions 32 i of each (block-diagonal over the heads: one
     matmul then serves the pack): ``diag`` / ``off`` say which. The diagonal blocks by
-    SBUF-to-SBUF DMAs, partition moves no compute engine spends time on (modeled: ScalarE
-    copies instead, TP4 3.58 -> 3.0 M tokens/s); the off-diagonal ones as one GpSimd copy
-    per head and block row (by DMA they put the queues on the critical path; a short last
-    block falls back to DMAs, one per block). The tiles are zeroed once per launch
-    (_zero_solve) and these moves write the same elements every chunk, so the zeros that
-    keep the packed products block-diagonal persist (modeled: zeroing them per chunk put
-    GpSimd on the critical path)."""
+    SBUF-to-SBUF DMAs, partition moves no compute engine spends time on; the off-diagonal
+    ones as one GpSimd copy per head and block row (cross-quadrant moves of <= 32
+    partitions; by DMA they would put the queues on the critical path; a short last block
+    falls back to DMAs, one per block). The tiles are zeroed once per launch (_zero_solve)
+    and these moves write the same elements every chunk, so the zeros that keep the packed
+    products block-diagonal persist."""
     nbs = _block_rows(L)
     nblk = len(nbs)
     for j in range(len(ATs)):
@@ -996,11 +992,10 @@ def _body_plan(jobs, G, n):
     stage order and ``off[k][i]`` the step at which group 0 runs its stage i (group u at
     step off + u); ``nslot`` steps in all. Chunk 0 runs its jobs as listed; a later chunk
     runs its state-independent jobs first, from step _CHUNK_STEP * k (+ _FIRST_LEAD in a
-    body of _MAX_CHUNKS chunks: chunk 0's doubling, which the iteration's first chain waits
-    for, then shares the queues with fewer of the later chunks' jobs; modeled trn2 TP4 4K
-    6.84 -> 6.92 M tokens/s, TP8 9.39 -> 9.50 M, lead 1 or 3 6.90 / 6.75 M; with 2 chunks,
-    TP2 3.68 -> 3.66 M, so not there), and its jobs from k S on (_STATE_JOBS) once the chunk
-    before has updated that group's state (program order is the state's data order)."""
+    body of _MAX_CHUNKS chunks: chunk 0's doubling, which the body's first chain waits
+    for, then shares the queues with fewer of the later chunks' jobs), and its jobs from
+    k S on (_STATE_JOBS) once the chunk before has updated that group's state (program
+    order is the state's data order)."""
     order = []
     off = []
     nslot = 0
@@ -1051,18 +1046,14 @@ def _group_jobs(HV, L):
     solve's layout moves, the right-hand sides (k S), q S, the solve setup, per doubling
     round its squaring and inverse update, per substitution block its packed right-hand
     side and its application, the product operands, the outputs, the state update. The
-    state-dependent k S and R go in early: they do not wait for the solve (modeled: TP1
-    1.17 -> 1.22 M tokens/s against after the doubling). The order differs with the head
-    groups a chunk has, both measured (modeled trn2):
+    state-dependent k S and R go in early: they do not wait for the solve. The order
+    differs with the head groups a chunk has:
 
     - < 8 groups (TP2, TP4, TP8): the off-diagonal blocks are placed by their own job
       (``place_off``, GpSimd copies) after k S and q S, just before the solve setup, so
-      GpSimd places them while the doubling runs (modeled 4K: TP4 6.22 -> 6.48 M tokens/s,
-      TP2 3.52 -> 3.57 M, TP8 8.03 -> 8.51 M against after the doubling, which paid when
-      the placements were DMAs that delayed the diagonal blocks');
+      GpSimd places them while the doubling runs;
     - >= 8 groups (TP1): q S after the second substitution block instead of beside k S,
-      out of ScalarE's busiest stretch (TP1 16K 1.95 -> 2.0 M tokens/s; TP2 3.24 -> 3.08 M,
-      TP4 4.56 -> 4.36 M)."""
+      out of ScalarE's busiest stretch."""
     nround = 0
     covered = 2
     while covered < _BLOCK and covered < L:
