@@ -623,6 +623,25 @@ def test_prefill_tables_state_sources():
                                          for p, (c, i) in enumerate(zip(chunks, init))]
 
 
+@pytest.mark.parametrize("dtype, pool_dtype, raw", [(BF16, BF16, True), (BF16, np.float32, False),
+                                                    (np.float32, BF16, True)])
+def test_prefill_dmas_never_convert_dtype(dtype, pool_dtype, raw):
+    """Hardware DGE needs matching dtypes (KERNEL_RULES 3): every DMA of the prefill kernel
+    moves data in its own dtype (a bf16 pool, bf16 activations with the fused L2 norm, the
+    packed solve's float32 blocks); conversions happen on compute engines."""
+    from nki_ssm.sim.trace import record
+
+    inp = make_gated_delta_inputs(np.random.default_rng(41), seqlens=[70, 0, 40], H=2, HV=4,
+                                  K=16, V=16, raw_gates=raw, use_qk_l2norm=True, dtype=dtype,
+                                  pool_dtype=pool_dtype, padding=1, slots=5,
+                                  has_initial_state=np.array([True, False, True]))
+    with record() as tr:
+        _prefill_check(inp, BF16_TOL, 32)
+    dmas = [i for i in tr.instructions if i.engine == "dma"]
+    assert dmas
+    assert [i.dtypes for i in dmas if len(set(i.dtypes.values())) > 1] == []
+
+
 def test_prefill_all_padding_batch_touches_nothing():
     """Every sequence is padding: the kernel runs only its padding loop (zeros out), the
     pool stays bit-identical."""

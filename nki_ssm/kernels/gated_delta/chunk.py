@@ -34,8 +34,8 @@ PE array's 32-row row tile at (32 b, 0).
 
 Arguments (prepared by the launcher; Tb = the token bucket, Nb = the sequence bucket)
 -------------------------------------------------------------------------------------
-q2, k2 ``[Tb + 1, H*K]``, v2 ``[Tb + 1, HV*V]`` (q's dtype; row Tb and rows past
-num_tokens are zero); gate1, gate2 ``[Tb + 1, HV]`` float32: g and beta, or raw a and b;
+q2, k2 ``[Tb + 1, H*K]`` (q's dtype; float32 with use_qk_l2norm), v2 ``[Tb + 1, HV*V]``
+(q's dtype; row Tb and rows past num_tokens are zero in all three); gate1, gate2 ``[Tb + 1, HV]`` float32: g and beta, or raw a and b;
 head_params ``[128, 2*HV]`` float32 (A_log, dt_bias on every row) or None; pool
 ``[slots*HV*K, V]`` float32 or bfloat16 (the ``[slots, HV, K, V]`` pool, updated in
 place: a slot is the contiguous block from row ``slot*HV*K``); the int32 work lists of
@@ -188,7 +188,7 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, body_rows, bo
     HV = v2.shape[1] // V
     rep = HV // H
     C = chunk
-    odt = q2.dtype
+    odt = v2.dtype
     o = nl.ndarray((T1, HV * V), dtype=odt, buffer=nl.shared_hbm)
     # float32 states of the live sequences, one [K, HV*V] block each, and a zero block last
     nblocks = init_tab.shape[0] + 1
@@ -211,7 +211,7 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, body_rows, bo
     for j in range(nsub):
         sj = []
         for hvs in _head_groups(HV):
-            t = _solve_tiles(len(hvs), C, mdt, _few_groups(HV))
+            t = _solve_tiles(len(hvs), C, _few_groups(HV))
             _zero_solve(t)
             sj.append(t)
         solve.append(sj)
@@ -467,10 +467,10 @@ def _constants(C, K, mdt):
     cst["ident"] = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
     nisa.affine_select(dst=cst["ident"], pattern=[[-1, 128]], channel_multiplier=1,
                        on_true_tile=ones, on_false_value=0.0, cmp_op=nl.equal)
-    # the packed solve's compact identity, once per block: cIb [(h, m), b, c] = [m == c]
-    # (operand dtype), and the head-quadrant mask bd [(h, m), h', c] = [h == h'] (float32)
+    # the packed solve's compact identity, once per block: cIb [(h, m), b, c] = [m == c],
+    # and the head-quadrant mask bd [(h, m), h', c] = [h == h'] (float32)
     nq = 128 // _BLOCK
-    cst["cIb"] = nl.ndarray((128, nq, _BLOCK), dtype=mdt, buffer=nl.sbuf)
+    cst["cIb"] = nl.ndarray((128, nq, _BLOCK), dtype=nl.float32, buffer=nl.sbuf)
     cst["bd"] = nl.ndarray((128, nq, _BLOCK), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=cst["bd"], value=0.0)
     for h in range(nq):
@@ -510,7 +510,8 @@ def _solve_place(ATs, L, tiles, diag, off):
     slot b of tiles["PT"] and the off-diagonal blocks A_kb^T (k < b) into slot pair(k, b) of
     tiles["OT"], head i at partitions 32 i of each (block-diagonal over the heads: one
     matmul then serves the pack): ``diag`` / ``off`` say which. The diagonal blocks by
-    SBUF-to-SBUF DMAs, partition moves no compute engine spends time on; the off-diagonal
+    SBUF-to-SBUF DMAs, partition moves no compute engine spends time on (float32, as A^T:
+    a DMA never converts); the off-diagonal
     ones as one GpSimd copy per head and block row (cross-quadrant moves of <= 32
     partitions; by DMA they would put the queues on the critical path; a short last block
     falls back to DMAs, one per block). The tiles are zeroed once per launch (_zero_solve)
@@ -565,14 +566,16 @@ def _solve_setup(npk, L, cst, mdt, tiles):
     nbs = _block_rows(L)
     nblk = len(nbs)
     PT = tiles["PT"]
+    tf = mdt != nl.float32
     pk = {}
     pk["W"] = W
-    # P = the transposes of P^T's blocks (bit-exact, PSUM in mdt), one eviction
-    pst = nl.ndarray((W, nblk * W), dtype=mdt, buffer=nl.psum)
+    # P = the transposes of P^T's blocks (float32, bit-exact), one eviction; the first
+    # round's products read both as tfloat32 for bf16 callers (the rounds after it in mdt)
+    pst = nl.ndarray((W, nblk * W), dtype=nl.float32, buffer=nl.psum)
     for b in range(nblk):
         nisa.nc_transpose(dst=pst[:, b * W:(b + 1) * W], data=PT[:, b, :],
                           engine=nisa.engine.tensor)
-    P = nl.ndarray((W, nblk, W), dtype=mdt, buffer=nl.sbuf)
+    P = nl.ndarray((W, nblk, W), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=P.reshape((W, nblk * W)), src=pst, engine=nisa.engine.vector)
     # inv = sum_{m < covered} N^m, kept compact: inv^T's diagonal sub-blocks
     # cinv [(h, i), b, c] = inv_hb^T[i, c] (the doubling's updates are products with it as
@@ -581,14 +584,14 @@ def _solve_setup(npk, L, cst, mdt, tiles):
     # identity, a tile of its own for each block: no broadcast view as a matmul operand).
     cIb = cst["cIb"][0:W, 0:nblk, :]
     ps = nl.ndarray((W, nblk * _BLOCK), dtype=nl.float32, buffer=nl.psum)
-    _block_mm(ps, P, cIb, nblk, W)
+    _block_mm(ps, _tf(P, tf), _tf(cIb, tf), nblk, W)
     cinv = nl.ndarray((W, nblk, _BLOCK), dtype=mdt, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=cinv, data1=cIb, data2=ps.reshape((W, nblk, _BLOCK)),
                        op=nl.subtract)
     pk["npk"] = npk
     pk["nbs"] = nbs
-    pk["P"] = P
-    pk["PT"] = PT
+    pk["P"] = _tf(P, tf)
+    pk["PT"] = _tf(PT, tf)
     pk["OT"] = tiles["OT"]
     pk["cinv"] = cinv
     pk["cfin"] = nl.ndarray((W, nblk, _BLOCK), dtype=nl.float32, buffer=nl.sbuf)
@@ -601,15 +604,16 @@ def _solve_setup(npk, L, cst, mdt, tiles):
     return pk
 
 
-def _solve_tiles(npk, L, mdt, few):
+def _solve_tiles(npk, L, few):
     """The packed tiles of one head group's solve (see _solve_setup): P^T ``[W, blocks, W]``
-    (``mdt``), the off-diagonal blocks ``[W, pairs, W]`` float32 (None for one block) and,
+    float32 (A^T's blocks as placed), the off-diagonal blocks ``[W, pairs, W]`` float32 (None
+    for one block) and,
     ``few`` (the right-hand sides read where they are, _place_g), the moved inverses G
     ``[L, npk, W]`` float32; zeroed by _zero_solve before their first use."""
     W = npk * _BLOCK
     nblk = len(_block_rows(L))
     t = {}
-    t["PT"] = nl.ndarray((W, nblk, W), dtype=mdt, buffer=nl.sbuf)
+    t["PT"] = nl.ndarray((W, nblk, W), dtype=nl.float32, buffer=nl.sbuf)
     npair = nblk * (nblk - 1) // 2
     t["OT"] = None
     if npair > 0:

@@ -4,7 +4,8 @@
 sequence); ``prefill`` launches ``chunk.gdn_chunk_prefill`` (chunked WY / UT
 form; batch composition as run-time int32 tables, ``prefill_tables``; q/k/v
 flattened to ``[num_tokens, heads*dim]`` and padded to the token bucket plus
-one zero row, gates widened to float32, A_log / dt_bias repeated on 128 rows).
+one zero row, gates (and q/k with use_qk_l2norm) widened to float32, A_log /
+dt_bias repeated on 128 rows).
 
 Host side only arranges layouts and index tables; all math and every pool
 gather / scatter happens in the kernel:
@@ -328,7 +329,10 @@ def prefill_call(xp, call, *, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use
                             K=K, chunk_size=chunk_size, num_tokens_bucket=Tb,
                             num_seqs_bucket=Nb)
     pool = xp.pool_view(ssm_states, (slots * HV * K, V))
-    o = call(prefill_kernel(), xp.pad_rows(q, Tb + 1, H * K), xp.pad_rows(k, Tb + 1, H * K),
+    # q, k in float32 when the kernel normalises them in float32 (its DMAs never convert)
+    l2 = bool(use_qk_l2norm)
+    o = call(prefill_kernel(), xp.pad_rows(q, Tb + 1, H * K, f32=l2),
+             xp.pad_rows(k, Tb + 1, H * K, f32=l2),
              xp.pad_rows(v, Tb + 1, HV * V), xp.pad_rows(first, Tb + 1, HV, f32=True),
              xp.pad_rows(second, Tb + 1, HV, f32=True), hp, pool,
              *(xp.table(t) for t in tables), int(H), bool(raw), bool(use_qk_l2norm),
