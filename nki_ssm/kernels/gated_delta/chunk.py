@@ -124,9 +124,10 @@ Operand precision: float32 callers get fp32 operands everywhere (the exact mode,
 1e-5). bfloat16 callers (``bf16``): q, k, v enter bf16 (exact: they are the inputs); q^T,
 k^T, the state, the substitution's operands, M, kd and Y are tfloat32 operands (10
 mantissa bits, streamed at the BF16 rate: nki_spec §8.1), so k S and q S read the
-float32 state without a bf16 copy; the doubling's powers and partial inverses are bf16
-(the inverse's unit diagonal is exact; its last round writes fp32); all decays, segment
-sums and the state stay fp32.
+float32 state without a bf16 copy; P^T's blocks are placed in float32 (a DMA never
+converts) and the doubling's first round reads P^T and P as tfloat32, its later powers
+and partial inverses are bf16 (the inverse's unit diagonal is exact; its last round
+writes fp32); all decays, segment sums and the state stay fp32.
 
 What binds (modeled trn2, bf16 I/O, fp32 pool, chunk 128). Qwen3-Next TP1 (32 value heads,
 8 groups, one chunk per body): the DMA queues, with VectorE and ScalarE close behind (2K
