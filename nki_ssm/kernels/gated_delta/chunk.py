@@ -130,8 +130,8 @@ and partial inverses are bf16 (the inverse's unit diagonal is exact; its last ro
 writes fp32); all decays, segment sums and the state stay fp32.
 
 What binds (modeled trn2, bf16 I/O, fp32 pool, chunk 128). Qwen3-Next TP1 (32 value heads,
-8 groups, one chunk per body): the DMA queues, with VectorE and ScalarE close behind (2K
-tokens, per chunk of 73 us: DMA 55 us busy, VectorE 56, ScalarE 56, TensorE 37): a chunk
+8 groups, one chunk per body): VectorE, with ScalarE and the DMA queues close behind (2K
+tokens, per chunk of 74 us: VectorE 58 us busy, ScalarE 56, DMA 49, TensorE 39): a chunk
 moves its inputs (~2 MB), its outputs (1 MB), the packing moves of its solves and the
 state in and out of its scratch block (2 x 2 MB, the price of one loop level: the state
 cannot stay in SBUF from one row to the next when a row may start another sequence).
