@@ -107,6 +107,23 @@ def _check_gate_values(kw: dict, live: np.ndarray) -> None:
                              element="g")
 
 
+def _check_beta_values(kw: dict, live: np.ndarray) -> None:
+    """beta (or sigmoid(b)) finite on the tokens of non-padding sequences (prefill).
+
+    The prefill kernel solves 4 value heads in one block-diagonal matmul, so a
+    NaN in one head's beta would become 0 * NaN = NaN in the other three heads
+    of the group, while the reference keeps it in its head: rejected on every
+    backend instead (b = +-inf gives a finite sigmoid and passes).
+    """
+    what = "finite (beta = sigmoid(b) when raw gates are given)"
+    if kw["beta"] is not None:
+        beta = kw["beta"].astype(np.float64)
+        v.require_on_live_tokens("beta", np.isfinite(beta), live, beta, what)
+        return
+    b = kw["b"].astype(np.float64)
+    v.require_on_live_tokens("b", ~np.isnan(b), live, b, "not NaN (beta = sigmoid(b))")
+
+
 def validate_prefill(q, k, v_, *, gates: dict, scale, use_qk_l2norm, cu_seqlens, ssm_states,
                      state_indices, has_initial_state, chunk_size) -> dict:
     """All pre-launch checks of gated_delta_prefill -> normalised kwargs."""
@@ -116,7 +133,9 @@ def validate_prefill(q, k, v_, *, gates: dict, scale, use_qk_l2norm, cu_seqlens,
                                    pool=kw["ssm_states"], pool_name="ssm_states"))
     # None: the kernel's default chunk for the layer shape (ops.launch.gated_delta)
     kw["chunk_size"] = None if chunk_size is None else v.check_chunk_size(chunk_size)
-    _check_gate_values(kw, v.live_tokens(kw["cu_seqlens"], kw["state_indices"]))
+    live = v.live_tokens(kw["cu_seqlens"], kw["state_indices"])
+    _check_gate_values(kw, live)
+    _check_beta_values(kw, live)
     return kw
 
 

@@ -521,9 +521,9 @@ def test_prefill_one_specialisation_per_bucket(dtype, pool_dtype):
 
 def test_prefill_program_size_does_not_grow_with_tokens():
     """Static program size (each runtime loop body once) is equal at 2K and 16K tokens and
-    for 8 sequences of 640 (the chunk loops nested in the sequence loop count once). In
-    every batch a sequence ends with one-chunk bodies and a later one runs 4-chunk
-    iterations, so every loop runs (the simulator counts only loops that ran)."""
+    for 8 sequences of 640. In every batch a sequence runs 4-chunk bodies and single
+    remaining chunks and every sequence starts from the pool, so every loop but the
+    padding one runs (the simulator counts only loops that ran)."""
     from nki_ssm.kernels.gated_delta.chunk import chunks_per_iteration
     from nki_ssm.sim.trace import record
 
@@ -531,7 +531,7 @@ def test_prefill_program_size_does_not_grow_with_tokens():
     sizes = []
     for lens in ([2048 + 128, 640], [16384 + 128, 640], [640] * 8):
         inp = make_gated_delta_inputs(np.random.default_rng(0), seqlens=lens, H=1, HV=2, K=16,
-                                      V=16)
+                                      V=16, has_initial_state=True)
         with record() as tr:
             ops.gated_delta_prefill(**inp, chunk_size=128, backend="sim")
         sizes.append(tr.program_instructions())
@@ -539,46 +539,118 @@ def test_prefill_program_size_does_not_grow_with_tokens():
 
 
 def test_prefill_tables_layout():
-    """Launcher tables: chunk rows (past a sequence end -> the zero row = bucket; spare rows
-    for the look-ahead gathers), live sequences compacted with their chunk ranges (and where
-    their iterations of several chunks end) and first pool rows, padding rows, counts."""
+    """Launcher work lists: bodies of 4 chunks and the remaining chunks one per row (past a
+    sequence end -> the zero row = bucket; a spare row each for the look-ahead gathers),
+    each row's source and destination state block (the zero block for a first row without
+    initial state), the initial and final state copies, padding rows, counts."""
     from nki_ssm.kernels.gated_delta.chunk import chunks_per_iteration
     from nki_ssm.ops.launch.gated_delta import prefill_tables
 
     per = chunks_per_iteration(2)
     assert per == 4
+    K, HV, Nb = 2, 2, 4
     cu = np.array([0, 5, 5, 9, 30])
-    chunk_rows, seq_tab, pad_rows, counts = prefill_tables(
-        cu, np.array([2, 0, -1, 1]), np.array([True, False, True, False]), slots=3, HV=2,
-        K=2, chunk_size=4, num_tokens_bucket=128, num_seqs_bucket=4)
-    assert chunk_rows.shape == pad_rows.shape == (128 // 4 + 4 + per, 4)
-    assert chunk_rows[:2].tolist() == [[0, 1, 2, 3], [4, 128, 128, 128]]
-    assert chunk_rows[2:8].tolist() == [[9, 10, 11, 12], [13, 14, 15, 16], [17, 18, 19, 20],
-                                        [21, 22, 23, 24], [25, 26, 27, 28], [29, 128, 128, 128]]
-    assert (chunk_rows[8:] == 128).all()
-    # live sequences compacted: (has_initial_state, first chunk, end of the 4-chunk
-    # iterations, end chunk, slot*HV*K, refill); the third runs a 4-chunk iteration after
-    # the first's one-chunk bodies: its chunks 1..3 are gathered again
-    assert seq_tab.tolist() == [[1, 0, 0, 2, 8, 0], [0, 2, 2, 2, 0, 0], [0, 2, 6, 8, 4, 1],
-                                [0, 0, 0, 0, 0, 0]]
+    (body_rows, body_state, tail_rows, tail_state, init_tab, final_tab, pad_rows,
+     counts) = prefill_tables(cu, np.array([2, 0, -1, 1]), np.array([True, False, True, False]),
+                              slots=3, HV=HV, K=K, chunk_size=4, num_tokens_bucket=128,
+                              num_seqs_bucket=Nb)
+    E = 128 // 4 + Nb
+    assert body_rows.shape == (E // per + 1, per * 4)
+    assert tail_rows.shape == (min(E, Nb * (per - 1)) + 1, 4)
+    assert pad_rows.shape == (E + 1, 4)
+    # live positions: 0 (slot 2, 2 chunks), 1 (slot 0, empty), 2 (slot 1, 6 chunks)
+    assert body_rows[0].tolist() == list(range(9, 25))
+    assert (body_rows[1:] == 128).all()
+    assert body_state[0].tolist() == [Nb * K, 2 * K]          # no initial state: zero block
+    assert tail_rows[:4].tolist() == [[0, 1, 2, 3], [4, 128, 128, 128], [25, 26, 27, 28],
+                                      [29, 128, 128, 128]]
+    assert (tail_rows[4:] == 128).all()
+    assert tail_state[:4].tolist() == [[0, 0], [0, 0], [2 * K, 2 * K], [2 * K, 2 * K]]
+    assert init_tab[0].tolist() == [2 * HV * K, 0]
+    assert final_tab[:3].tolist() == [[0, 2 * HV * K], [Nb * K, 0], [2 * K, HV * K]]
     assert pad_rows[0].tolist() == [5, 6, 7, 8] and (pad_rows[1:] == 128).all()
-    assert counts.tolist() == [[3, 1]]
+    assert counts.tolist() == [[1, 1, 1, 4, 3]]
 
 
-def test_prefill_tables_refill_after_one_chunk_bodies():
-    """seq_tab's refill column: 1 exactly for the sequences that run a 4-chunk iteration
-    when the last body before them (of the nearest earlier sequence with chunks) was a
-    one-chunk body or none ran (the kernel gathers only chunk 0 before the loops)."""
+def test_prefill_tables_state_sources():
+    """Each sequence's first work row (a body if it has 4 chunks, else its first single
+    chunk) reads the zero block unless it has an initial state; every later row, and
+    every row's destination, is the sequence's own block."""
     from nki_ssm.ops.launch.gated_delta import prefill_tables
 
-    chunks = [6, 0, 4, 8, 3, 5, 0, 4]
+    K, Nb = 2, 8
+    chunks = [6, 0, 4, 8, 3, 5, 0, 1]
+    init = np.array([False, True, True, False, False, True, False, False])
     cu = np.concatenate([[0], np.cumsum(np.array(chunks) * 4)])
     n = len(chunks)
-    _, seq_tab, _, _ = prefill_tables(cu, np.arange(n), np.zeros(n, bool), slots=n, HV=2,
-                                      K=2, chunk_size=4, num_tokens_bucket=256,
-                                      num_seqs_bucket=8)
-    assert seq_tab[:, 5].tolist() == [1, 0, 1, 0, 0, 1, 0, 1]
-    assert (seq_tab[:, 2] - seq_tab[:, 1]).tolist() == [4, 0, 4, 8, 0, 4, 0, 4]
+    _, body_state, _, tail_state, init_tab, final_tab, _, counts = prefill_tables(
+        cu, np.arange(n), init, slots=n, HV=2, K=K, chunk_size=4, num_tokens_bucket=256,
+        num_seqs_bucket=Nb)
+    nb, nt = counts[0, 2], counts[0, 3]
+    bodies = [c // 4 for c in chunks]
+    assert nb == sum(bodies) and nt == sum(c % 4 for c in chunks)
+    expect_body = []
+    expect_tail = []
+    for p in range(n):
+        for m in range(bodies[p]):
+            first = m == 0 and not init[p]
+            expect_body.append([Nb * K if first else p * K, p * K])
+        for j in range(chunks[p] % 4):
+            first = j == 0 and bodies[p] == 0 and not init[p]
+            expect_tail.append([Nb * K if first else p * K, p * K])
+    assert body_state[:nb].tolist() == expect_body
+    assert tail_state[:nt].tolist() == expect_tail
+    assert init_tab[:counts[0, 1], 1].tolist() == [K * p for p in np.flatnonzero(init)]
+    assert final_tab[:n, 0].tolist() == [Nb * K if c == 0 and not i else p * K
+                                         for p, (c, i) in enumerate(zip(chunks, init))]
+
+
+@pytest.mark.parametrize("dtype, pool_dtype, raw", [(BF16, BF16, True), (BF16, np.float32, False),
+                                                    (np.float32, BF16, True)])
+def test_prefill_dmas_never_convert_dtype(dtype, pool_dtype, raw):
+    """Hardware DGE needs matching dtypes (KERNEL_RULES 3): every DMA of the prefill kernel
+    moves data in its own dtype (a bf16 pool, bf16 activations with the fused L2 norm, the
+    packed solve's float32 blocks); conversions happen on compute engines."""
+    from nki_ssm.sim.trace import record
+
+    inp = make_gated_delta_inputs(np.random.default_rng(41), seqlens=[70, 0, 40], H=2, HV=4,
+                                  K=16, V=16, raw_gates=raw, use_qk_l2norm=True, dtype=dtype,
+                                  pool_dtype=pool_dtype, padding=1, slots=5,
+                                  has_initial_state=np.array([True, False, True]))
+    with record() as tr:
+        _prefill_check(inp, BF16_TOL, 32)
+    dmas = [i for i in tr.instructions if i.engine == "dma"]
+    assert dmas
+    assert [i.dtypes for i in dmas if len(set(i.dtypes.values())) > 1] == []
+
+
+def test_prefill_all_padding_batch_touches_nothing():
+    """Every sequence is padding: the kernel runs only its padding loop (zeros out), the
+    pool stays bit-identical."""
+    inp = make_gated_delta_inputs(np.random.default_rng(37), seqlens=[20, 0, 45], H=1, HV=2,
+                                  K=16, V=16, slots=4)
+    inp["state_indices"] = np.full(3, -1, dtype=np.int32)
+    before = inp["ssm_states"].copy()
+    o = ops.gated_delta_prefill(**inp, chunk_size=16, backend="sim")
+    assert not np.any(_f64(o))
+    assert inp["ssm_states"].tobytes() == before.tobytes()
+
+
+def test_prefill_no_runtime_loop_inside_another():
+    """One runtime loop level (KERNEL_RULES 2): on a ragged batch with initial states,
+    padding slots, empty sequences, several 4-chunk bodies and single remaining chunks,
+    no instruction of the trace sits in more than one runtime loop."""
+    from nki_ssm.sim.trace import record
+
+    inp = make_gated_delta_inputs(np.random.default_rng(31), seqlens=[150, 0, 40, 70, 9],
+                                  H=1, HV=2, K=16, V=16,
+                                  has_initial_state=np.array([True, True, False, True, False]),
+                                  padding=1, slots=6)
+    with record() as tr:
+        _prefill_check(inp, F32_TOL, 16)
+    assert tr.instructions
+    depth = max(len(inst.loop_path) for inst in tr.instructions)
+    assert depth == 1
 
 
 def test_prefill_nan_padding_tokens_never_reach_live_outputs():
@@ -624,3 +696,26 @@ def test_prefill_qwen3_next_tp4_2k_bf16_within_budget():
     inp = make_gated_delta_inputs(np.random.default_rng(15), seqlens=[2048], H=4, HV=8, K=128,
                                   V=128, dtype=BF16, has_initial_state=True)
     _one_sequence_check(inp, BF16_TOL, BF16_TOL)
+
+
+@pytest.mark.parametrize("backend", ["reference", "sim"])
+@pytest.mark.parametrize("raw", [False, True])
+def test_prefill_nan_beta_on_a_real_token_is_rejected_pool_untouched(backend, raw):
+    """Issue 26 row 7: the kernel's packed solve would spread a NaN beta of one value head
+    to the other heads of its group (0 * NaN on TensorE), the reference keeps it in its
+    head; every backend rejects it, naming the argument, and leaves the pool as it was.
+    The same value on a padding token is accepted (never read)."""
+    inp = make_gated_delta_inputs(np.random.default_rng(1), seqlens=[40, 12], H=1, HV=2,
+                                  K=16, V=16, raw_gates=raw)
+    inp["state_indices"] = np.array([0, -1], dtype=np.int32)
+    name = "b" if raw else "beta"
+    bad = _copy(inp)
+    bad[name][3, 0] = np.nan
+    before = bad["ssm_states"].copy()
+    with pytest.raises(ValueError, match=rf"^{name} must be"):
+        ops.gated_delta_prefill(**bad, chunk_size=16, backend=backend)
+    assert bad["ssm_states"].tobytes() == before.tobytes()
+    pad = _copy(inp)
+    pad[name][45, 1] = np.nan          # a token of the padding sequence
+    o = ops.gated_delta_prefill(**pad, chunk_size=16, backend=backend)
+    assert np.all(np.isfinite(_f64(o)))

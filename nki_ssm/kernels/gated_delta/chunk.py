@@ -19,254 +19,146 @@ This is the WY / UT form with beta folded into the unknown: the textbook
 [j, i]-layout operands (A^T, the masked q k^T, the decayed keys) and no operand
 needs a per-column one. ``W S`` is folded into the right-hand side: one system
 of width V per head, no W. The system is solved exactly on 32-row blocks
-(DESIGN.md), packed over 4 heads (head h on partitions 32h..32h+31, the matrices
-block-diagonal over the heads, so one 128-row matmul serves 4 heads): each diagonal
+(DESIGN.md), packed over up to 4 heads (head h on partitions 32h..32h+31, the matrices
+block-diagonal over the heads, so one whole-array matmul serves 4 heads): each diagonal
 block inverted by nilpotent doubling ``(I - N)^{-1} = (I + N)(I + N^2)(I + N^4)...``
 (N = -A_bb, 4 rounds; the inverse kept compact, a quarter of the columns), then
 forward substitution over the blocks, ``X_b = A_bb^{-1} (R_b - sum_{k<b} A_bk X_k)``:
 one PSUM accumulation of the off-diagonal products, one subtraction and one
 application per block for the 4 heads; never a series over the whole chunk. With fewer
-than 8 head groups (_few_groups) the right-hand sides are not packed: each head's block
-inverses are moved to the block's own rows (G, _place_g), so block b's application
-``X_b = inv_bb B_b - inv_bb sum_{k<b} A_bk X_k`` reads B_b where the k S eviction put it.
+than 8 head groups (_few_groups: TP2 and up) the right-hand sides are not packed, so the
+state chain has no packing moves: each head's block inverses are moved off the chain to
+the block's own rows (G, _place_g), and block b's application ``X_b = inv_bb B_b +
+inv_bb Z_b`` reads B_b where the k S eviction put it, through one matmul per head on the
+PE array's 32-row row tile at (32 b, 0).
 
-HBM arguments (prepared by the launcher; Tb = the token bucket, Nb = the sequence bucket):
-  q2, k2 ``[Tb + 1, H*K]``, v2 ``[Tb + 1, HV*V]`` (q's dtype; row Tb and rows past
-  num_tokens are zero); gate1, gate2 ``[Tb + 1, HV]`` float32: g and beta, or raw
-  a and b; head_params ``[128, 2*HV]`` float32 (A_log, dt_bias on every row) or
-  None; pool ``[slots*HV*K, V]`` (the ``[slots, HV, K, V]`` pool, updated in
-  place); the int32 tables below. Returns o ``[Tb + 1, HV*V]`` in q's dtype (rows
-  of padding sequences zero; the launcher slices ``[:num_tokens]``).
+Arguments (prepared by the launcher; Tb = the token bucket, Nb = the sequence bucket)
+-------------------------------------------------------------------------------------
+q2, k2 ``[Tb + 1, H*K]`` (q's dtype; float32 with use_qk_l2norm), v2 ``[Tb + 1, HV*V]``
+(q's dtype; row Tb and rows past num_tokens are zero in all three); gate1, gate2 ``[Tb + 1, HV]`` float32: g and beta, or raw a and b;
+head_params ``[128, 2*HV]`` float32 (A_log, dt_bias on every row) or None; pool
+``[slots*HV*K, V]`` float32 or bfloat16 (the ``[slots, HV, K, V]`` pool, updated in
+place: a slot is the contiguous block from row ``slot*HV*K``); the int32 work lists of
+``prefill_tables`` (their layouts are documented there): body_rows / body_state (bodies
+of n = ``chunks_per_iteration(HV)`` consecutive chunks of one sequence: token rows,
+source and destination state block), tail_rows / tail_state (each sequence's last
+``chunks mod n`` chunks, one per row), init_tab, final_tab (state copies pool -> block,
+block -> pool), pad_rows (chunks of padding sequences), counts ``[1, 5]`` (the trip
+counts). Compile-time arguments: H, raw_gates, use_qk_l2norm, scale, chunk, bf16 (= the
+activations are bfloat16) and the shapes. Returns o ``[Tb + 1, HV*V]`` in q's dtype (rows
+of padding sequences zero; the launcher slices ``[:num_tokens]``).
 
-Batch composition is runtime data (issue 10)
---------------------------------------------
-Compile-time arguments: shapes, dtypes, H, raw_gates, use_qk_l2norm, scale,
-chunk, bf16 (= the activations are bfloat16). Everything per batch is an int32
-table built by the launcher from cu_seqlens / state_indices / has_initial_state
-with a few vectorised array ops (``prefill_tables``; shapes depend only on the
-token / sequence buckets):
+Loops: one runtime level, five ``nl.fori_loop`` in sequence
+-----------------------------------------------------------
+Trip counts are registers allocated and loaded (from (1, 1) views of an SBUF copy of
+``counts``, partition 0) before the first loop; the loop index (a register) selects the
+work row; a row's block and pool rows are DMA'd into (1, 1) SBUF tiles on partition 0,
+the ``scalar_offset`` of the state DMAs. Batch composition is data: a sequence with or
+without initial state, a first or a later row, a final or an intermediate state differ
+only in the block rows of their work rows. Between rows the state lives in ``scratch``,
+a float32 HBM tensor the kernel allocates: one ``[K, HV*V]`` block per live sequence and
+a zero block.
 
-- ``chunk_rows [Tb // C + Nb + n, C]`` (n = ``chunks_per_iteration(HV)``): the token
-  row of every row of every chunk of the live sequences, in order; rows past a
-  sequence end hold ``Tb``, the zero row the launcher appends to every token array
-  (and the trash row of ``o``); n spare rows of ``Tb`` at the end (each iteration
-  gathers the next n chunks, read at a static row offset from its first);
-- ``seq_tab [Nb, 6]``: (has_initial_state, first chunk, where its iterations of n
-  chunks end, end chunk, first pool row ``slot*HV*K``, refill) of each live sequence,
-  compacted; refill = 1 when the sequence runs an iteration of n chunks and the last
-  body before it was a one-chunk body (which refills only the first tile set) or none
-  ran (the kernel gathers only chunk 0 before the loops);
-- ``pad_rows``: the rows of padding sequences (chunked as above), which get
-  zeros; ``counts [1, 2]``: live sequences, padding chunks.
+1. padding chunks: zeros scattered to the output rows of padding sequences;
+2. init_tab: each live sequence with an initial state: its pool slot -> its block (the
+   DMAs keep the pool's dtype; a bfloat16 slot is widened by VectorE in SBUF);
+3. body rows: S [K, HV*V] <- the row's source block (one DMA per head group), n chunks
+   in a software pipeline (below), S -> the destination block (per head group, as soon
+   as the row's last chunk updated it); the next row's chunks are gathered during the
+   body;
+4. tail rows (n > 1 only): the same with one chunk per row;
+5. final_tab: each live sequence's block -> its pool slot (bf16 pools: rounded by
+   VectorE, then DMA'd in the pool's dtype).
 
-Loops: ``for z in dynamic_range(n_pad)`` writes zeros; ``for s in
-dynamic_range(n_live)``: state gathered (``dynamic_range(has_init)``: 0 or 1 trips; else
-zeros), ``dynamic_range(refill)`` gathers its chunks 1 .. n - 1 into tile sets
-1 .. n - 1 (and zeroes their packed solve tiles), ``for c in dynamic_range(first, mid,
-n)`` runs a body of n chunks, ``for c in dynamic_range(mid, end)`` the remaining 0 .. n - 1 one at
-a time (n = 1: only the second loop), state scattered. The kernel gathers chunk 0 and
-zeroes tile set 0's packed tiles before the loops, the rest only for a sequence that
-runs a body of n chunks; a body of n chunks gathers the next n, a one-chunk body the
-next one (modeled TP4 1 x 128: 37.8 us with 1 chunk per iteration, 51.8 when one-chunk
-bodies refilled every set, 44.5 when the launch gathered and zeroed all n sets, 36.0
-then, 36.1 now; 4K 0.5 % slower: the first body of n chunks waits for its gathers). A runtime loop
-drains every engine at each iteration boundary (nki-dynamic-loops.rst, "Iterations Do
-Not Overlap"), so with few heads per core an iteration holds several chunks
-(``chunks_per_iteration``: about 8 head groups in flight). What is unrolled inside a
-body is bounded by the layer (heads, 32-row blocks, n). Program size (static
-instructions, both chunk loops): Qwen3-Next TP1 1,736, TP2 3,368, TP4 2,876; the same at
-2K and 16K tokens and for 8 x 2K (the simulator counts a loop only when it runs: at 2K,
-16K and 8 x 2K the one-chunk loop does not, and the reported figure is TP4 2,315; the
-doubling's 2-head PE tiles (below) add ~450 to it).
-Every matmul passes ``accumulate=`` explicitly.
+A runtime loop drains every engine at each iteration boundary (nki-dynamic-loops.rst,
+"Iterations Do Not Overlap"), so with few heads per core a body holds several chunks
+(``chunks_per_iteration``: about 8 head groups in flight: 1 at Qwen3-Next TP1, 2 at TP2, 4
+at TP4 and TP8). Rows past a sequence's end read the zero row (q = k = v = 0, g = 0,
+beta = 0; raw gates: g is multiplied by a row-valid column, as softplus(dt_bias) != 0):
+such a row adds nothing to A, to v_new of the real rows (strictly lower products never
+reach them) or to S, and g = 0 leaves every decay exact; its output row is scattered to
+the trash row Tb. Padding tokens are never read as data of a live sequence, so
+non-finite padding cannot leak. What is unrolled in a body is bounded by the layer
+(heads, 32-row blocks, n), so the program size does not depend on the batch.
 
-A loop body is a software pipeline over groups of 4 value heads and its chunks: each
-group's work is a list of jobs, one per dependent step (``_group_jobs``: q/k
-transposes; their masked products; gU; the decays; A^T; the packed solve's layout
-moves; the right-hand sides; q S; the solve setup; per doubling round the squaring
+A body: software pipeline over head groups and chunks
+-----------------------------------------------------
+Each group of 4 value heads has a list of jobs, one per dependent step (``_group_jobs``:
+q/k transposes; their masked products; gU; the decays; A^T; the packed solve's layout
+moves; the right-hand sides (k S); q S; the solve setup; per doubling round the squaring
 and the inverse update; per 32-row block its substitution and its application; the
-product operands; the outputs; the state update), and step t issues job s of group
-t - s for every s, the later stages first. Every in-order engine queue then holds
-work of up to 8 groups between one group's dependent steps: this is most of the
-speed (modeled TP1: three stages per group — pre-solve, solve, post-solve — 0.61 M
-tokens/s; one job per stage 1.1 M). With n chunks per body (``_body_plan``), chunk
-k > 0 starts its state-independent jobs (up to the doubling) _CHUNK_STEP steps after
-chunk k - 1 and its state jobs (from k S on) one step after chunk k - 1's state update
-of the same group, so program order is the state's data order.
-
-Short and padded chunks: every chunk is C rows. Its rows are gathered with
-indirect DMAs (one row per partition) from ``chunk_rows``; rows past the
-sequence end read the zero row, so q = k = v = 0, g = 0, beta = 0 there
-(raw gates: g is multiplied by a row-valid column, as softplus(dt_bias) != 0).
-With k = v = 0 such a row adds nothing to A, to v_new of the real rows (they
-precede it: strictly lower products never reach them) or to S, and g = 0
-leaves every decay exact; its output row is scattered to the trash row. Padding
-tokens are never read as data of a live sequence, so non-finite padding
-cannot leak. A slot is one contiguous ``[HV*K, V]`` block of the pool, moved by
-one DMA with a run-time start (``scalar_offset``, no per-partition indices) each
-way per sequence; the pool update is the kernel's own write.
+product operands; the outputs; the state update), and step t issues job s of group t - s
+for every s, the later stages first, so every in-order engine queue holds work of
+several groups between one group's dependent steps. With n chunks per body
+(``_body_plan``), chunk k > 0 starts its state-independent jobs (up to the doubling)
+_CHUNK_STEP steps after chunk k - 1 (plus _FIRST_LEAD in a body of 4) and its state jobs
+one step after chunk k - 1's state update of the same group: program order is the
+state's data order.
 
 Engines, per (chunk, value head) at C = 128 (tokens on partitions)
--------------------------------------------------------------------
-- DMA: the row gathers of q, k, v, g, beta (with small inputs the next chunk's during
-  the body: q, v, g, beta into the tiles once their last reader is issued, k into a
-  second tile) and the output scatter (per head group: every iteration has >= 4 groups
-  over its chunks); the packed solve's layout moves as SBUF-to-SBUF DMAs — the
-  diagonal blocks (into P^T), the right-hand sides (into the packed R; < 8 head groups:
-  instead the block inverses into G, off the state chain) and the solutions back to
-  per-head tiles (< 8 head groups: all but the last block's) — partition moves no
-  compute engine spends time on (ScalarE copies instead: modeled TP4 3.58 -> 3.0 M
-  tokens/s).
-- TensorE: k^T, q^T (transposes, one PSUM bank per q/k head); k k^T | k q^T (one
-  matmul per q/k head, shared by HV / H value heads); the segment sums (fp32, 0/1
-  stationary); k S, q S; the doubling: P from P^T (transpose mode), P P and P^T P^T
-  up to N^8 (block-diagonal tiles, from the same operands: no transpose on the chain),
-  then compact products with N^8, and the compact inverse updates, all on PE tiles of
-  the pack's heads (_tile_mm: the whole array at TP1; < 8 head groups tiles of 2 heads,
-  64 rows and columns, so the block-diagonal tiles hold 64 columns per block instead of
-  128 and the expanded evictions halve); per block the
-  off-diagonal products (1-3 per group) and the application (1 per group; < 8 head
-  groups also one 32-row product with G per head); M Y and kd^T Y; bf16 callers: q S
-  into the output's accumulation (an identity matmul).
-- VectorE: the masked eviction of k k^T | k q^T, A^T, R, M, the state update (and o
-  for float32 callers); per group the P eviction, the compact inverse updates (one
-  [W, 4 blocks, 32] op per round) and its expansion, the substitution's subtractions
-  (3 per group; < 8 head groups: ScalarE negates instead, and the last block's
-  solutions leave PSUM half on VectorE, half on ScalarE).
-- ScalarE: transpose evictions, the exps, the doubling's expanded evictions (5 per
-  group) and its chained product, q S, the packed solutions, the decayed keys, o (bf16
-  callers); < 8 head groups also the off-diagonal placements of block row 0.
-- GpSimd: the off-diagonal blocks' placements (a row strip per head and block row:
-  on DMA they put the queues on the critical path; < 8 head groups rows 1-2 only),
-  software descriptor generation of the indirect gathers and scatters.
-  VectorE zeroes the packed tiles once per launch (sets 1 .. n - 1 only if a body of n
-  chunks runs): the placements write the same elements every chunk, so the zeros persist.
-Operand precision: float32 callers get fp32 operands everywhere (the exact
-mode: 6e-8 output, 4e-8 state at small shapes, tests 1e-5). bfloat16 callers
-(``bf16``): q, k, v enter bf16 (exact: they are the inputs); q^T, k^T, the state,
-the substitution's operands, M, kd and Y are tfloat32 operands (10 mantissa bits,
-streamed at the BF16 rate: nki_spec §8.1, dense BF16/FP16/TF32 79 TFLOPS on trn2 vs
-FP32 20), so k S and q S read the float32 state without a bf16 copy; the doubling's
-powers and partial inverses are bf16 (the inverse's unit diagonal is exact; its
-last round writes fp32); all decays and segment sums stay fp32. Rounding Y and M to
-bf16 instead measured 2.5e-3 output error (most of the 3e-3 budget), the state
-update in bf16 1.7e-3 state error. Measured at Qwen3-Next TP4 2K, realistic gates:
-output 1.68e-3 (bf16 output rounding ~1.1e-3 of it), state 2.4e-4; strong-then-weak
-gates 1.69e-3 / 3.6e-4.
+------------------------------------------------------------------
+- DMA: the row gathers of q, k, v, g, beta (indirect, one token row per partition; with
+  small inputs the next row's during the body, k into a second tile) and the output
+  scatter (per head group); the state in and out of the scratch block (per head group,
+  once per row); the packed solve's layout moves as SBUF-to-SBUF DMAs: the diagonal
+  blocks into P^T, the right-hand sides into the packed R (< 8 head groups: instead the
+  block inverses into G, off the state chain) and the solutions back to per-head tiles
+  (< 8 head groups: all but the last block's).
+- TensorE: k^T, q^T (transposes, one PSUM bank per q/k head); k k^T | k q^T (one matmul
+  per q/k head, shared by HV / H value heads); the segment sums (fp32, 0/1 stationaries);
+  k S, q S; the doubling on the whole array, one matmul per 32-row block of the pack: P
+  from P^T (transposes), P P and P^T P^T up to N^8, then compact products with N^8, and
+  the compact inverse updates; per block the off-diagonal products and the application
+  (< 8 head groups: plus one 32-row row-tile product with G per head); M Y and kd^T Y; bf16 callers: q S into the output's accumulation (an identity matmul).
+- VectorE: the masked eviction of k k^T | k q^T, A^T, R, M, the state update (and o for
+  float32 callers); per group the P eviction, the compact inverse updates and their
+  expansion, the substitution's subtractions (< 8 head groups: ScalarE negates instead,
+  and the last block's solutions leave PSUM half on VectorE, half on ScalarE); the zeroing of the packed tiles once per
+  launch (the placements write the same elements every chunk, so the zeros persist).
+- ScalarE: transpose evictions, the exps, the doubling's evictions and its chained
+  product, q S, the packed solutions, the decayed keys, o (bf16 callers).
+- GpSimd: the off-diagonal blocks' placements (a row strip per head and block row) and
+  the software descriptors of the indirect gathers and scatters.
 
-What binds (modeled, trn2, bf16 I/O, fp32 pool, chunk 128, Qwen3-Next TP1): work
-per chunk of 32 heads VectorE 56 us, ScalarE 56, TensorE 37, GpSimd 26, DMA queues
-~62 % busy, in a 64 us chunk at 16K tokens (VectorE and ScalarE 86-87 % busy): 2.00 M
-tokens/s, the issue-15 goal, by the central figure (range 0.69-2.43 M). Both bind in
-turn: the chunk opens with ScalarE (transposes, exps) and the DMA queues (layout
-moves), the doubling's evictions hold ScalarE in the middle and VectorE (products'
-evictions, state updates) closes it; the runtime loop's barrier keeps the next
-chunk's state-independent work from filling the ends. Most steps that moved work
-between the two (an eviction from one to the other, to GpSimd, to a DMA transpose)
-measured slower or within 1 %: more speed needs less work on both, not another
-balance. Figures, tokens/s per NeuronCore: the README's "Modeled performance" table
-and ``python -m simulate``. The kernel of issue 10, same model: TP1 0.42 M, TP4 1.69 M.
+Operand precision: float32 callers get fp32 operands everywhere (the exact mode, tests
+1e-5). bfloat16 callers (``bf16``): q, k, v enter bf16 (exact: they are the inputs); q^T,
+k^T, the state, the substitution's operands, M, kd and Y are tfloat32 operands (10
+mantissa bits, streamed at the BF16 rate: nki_spec §8.1), so k S and q S read the
+float32 state without a bf16 copy; P^T's blocks are placed in float32 (a DMA never
+converts) and the doubling's first round reads P^T and P as tfloat32, its later powers
+and partial inverses are bf16 (the inverse's unit diagonal is exact; its last round
+writes fp32); all decays, segment sums and the state stay fp32.
 
-Qwen3-Next TP4 (8 value heads: 2 groups of 4): 7.13 M tokens/s at 16K (range 2.42-8.67 M),
-3.56x TP1 (goal 3.5x, met by the central figure); 4.78 M with one chunk and 4 groups of 2
-heads per iteration. An iteration of 4 chunks takes 71.5 us (modeled 4K); ScalarE has 57 us
-of work in it, VectorE 52, TensorE 49, GpSimd 14 plus the gathers' software descriptors.
-The last three steps (modeled 4K, 6.72 M before): (a) the doubling's products on PE tiles
-of 2 heads (tiling mode, tile_size (64, 64) at tile_position (64 t, 64 t); _tile_mm), so
-P^T, P and the squares hold 64 columns per block instead of 128 and the 5 expanded
-evictions per group halve: ScalarE 62 -> 53 us of work per iteration, but alone 6.65 M
-(the tiles double the doubling's matmuls in the in-order TensorE queue); with row 0's
-off-diagonal placements moved from GpSimd to the freed ScalarE 6.77 M (every row on
-ScalarE 6.65 M, every other head 6.77 M, VectorE 6.11 M), and P from P^T by transpose-mode
-matmuls (their bf16 PSUM lets VectorE evict at the 16-bit rate; fp32 products 6.77 M)
-6.84 M; (b) chunk 0 two steps ahead of the others in a body of 4 (_FIRST_LEAD) 6.92 M.
-Tiles of one head (32 x 32: 4x the matmuls) make TensorE bind (6.14 M); at TP1 2-head
-tiles cost 1.96 -> 1.94 M (TensorE and VectorE), so TP1 keeps the whole array.
-[UNVERIFIED on hardware] that a row tile takes its operands from the partitions of its
-rows (as the 32-row G products already assume); that a column tile writes the PSUM
-partitions of its columns is nki-library practice (mlp_tkg, router_topk), and the
-simulator follows both. The cost model runs the tiles' matmuls one after another, while
-the hardware runs matmuls on disjoint tiles in parallel (nki.isa.nc_matmul, "Tiling
-mode"): the modeled TensorE time of the doubling is an upper bound. What-ifs now (4K,
-6.92 M): VectorE twice as fast +6.3 %, ScalarE +0.8 %, both +12.3 %, no cross-engine
-semaphore latency +4.7 %, DMA fixed and completion latency 0 +1.5 %, twice the DMA
-engines +1.7 %: VectorE binds the chain phase. Tried and dropped this round (4K, against
-6.77-6.84 M): the next chunks' gathers issued no earlier than a given step (-2 % to +0.8 %
-depending on the step, too sensitive to keep); the decayed keys, M and the state update
-in other orders again (6.41-6.72 M) and a step issuing the chains' jobs before the other
-jobs (5.28-5.61 M: the state-independent work then starves); the state update's eviction
-on GpSimd (scalar_tensor_tensor has no engine choice); chunk starts other than (0, 8, 14,
-20) (2K, 4K, 8K and TP8 all best there; (0, 8, 14, 19) is 0.8 % faster at 4K only).
-Before this round (6.92 M at 16K, 74 us per iteration, ScalarE 62 us): chunk 0's
-doubling ended at ~25 us (the off-diagonal placements run on GpSimd meanwhile: 6.22 ->
-6.48 M at 4K against after the doubling), but its substitution then ran among chunks
-1-3's state-independent work (transposes, products, decays, A^T, the doubling:
-ScalarE's expanded evictions) and its chain ended at ~44 us; the chains of chunks 1-3
-follow one another (k S, the right-hand-side evictions, the 4 substitution
-blocks, the products with Y, the state update: ~8.5 us for both groups, 10 before the
-right-hand sides stayed unpacked) with VectorE and ScalarE 70-80 % busy. The right-hand
-sides unpacked (_place_g; modeled 4K: TP4 6.48 -> 6.59 M tokens/s with G placed by DMA,
-6.31 M by GpSimd copies, which then bind; the negation on ScalarE 6.61 M against VectorE
-6.50 M), the last block straight from PSUM (6.64 M), _CHUNK_STEP 6 (6.69 M; 8K: 6.78 ->
-6.83 M) and the expansion of the inverse without block 0 (6.72 M): the chain loses the
-packing DMAs (1.9 us: fixed latency, transfer, completion) and the last block's
-unpacking (1.4 us) and gains 4 G products per block on TensorE. What-ifs on this shape
-(modeled 4K, 6.69 M): VectorE twice as fast +7.8 %, ScalarE +4 %, both +18 %, no
-cross-engine semaphore latency +5.3 %, DMA fixed and completion latency 0 +2 %, twice the
-DMA engines +1.9 %. Tried and dropped with this design (4K, 6.69-6.72 M): post_ops or oq
-at other places of the job list (6.43-6.66 M), the decayed keys and M as separate jobs
-around the state update (6.37-6.63 M), M of the last chunk among its state-independent
-jobs (6.59 M); q/k transpose evictions, gU, the decayed keys or q S's eviction on VectorE
-(6.19-6.52 M; both VectorE and ScalarE are near their limit, as at TP1); the right-hand
-side's eviction on ScalarE with v added by G products (5.74 M); _SQUARED 4 / 16 (6.29 /
-6.40 M); the inverse expanded by DMAs (6.51 M: 128-byte runs); the G products of block b
-issued early in the TensorE queue (6.67-6.70 M); the outputs of a group in one eviction
-(no change); 5 or 6 chunks per iteration (16K: 6.74 / 6.92 M against 6.90 M; 6 leaves
-4 KiB of SBUF). Dropped with the design before (TP4 4K, 6.48 M): the state update from
-the packed solutions (per head and block a 32-row matmul, no unpack on the chain) with
-the decayed keys packed by DMA (5.15 M: the 16 more DMAs per group hold the DMA queues
-the chain's packing used); gU or the decayed keys on GpSimd (5.65 / 6.15 M: GpSimd's
-0.25 element per cycle); the chain's sub / apply jobs sharing a step or spaced a step
-apart (6.05-6.40 / 6.20-6.29 M); later or earlier chunk starts (6.00-6.50 M); squaring
-only to N^4 or N^2 (5.92 / 5.01 M: the doubling's latency is on the chain); the state
-update before the outputs (6.46 M). Before the placement change (6.26 M): T = (I +
-A)^{-1} formed explicitly so the state chain is only k S, R, o, S (the products with T
-add 1.3 us of VectorE and of ScalarE per chunk: 5.92 M); the products with Y read from
-the packed solutions, M and kd packed off the chain, no unpack (TensorE then binds the
-chain phase: 5.97 M); A^T | M^T in one op (6.11 M); off-diagonal placements by DMA (6.22
-M); the TP1 job order (6.17 M); chunk offsets 0-16 steps and later chunks started later
-(<= 6.26 M); 8 chunks per iteration (SBUF); chunk 64 (4.5 M); the decayed keys and M in
-the state-independent part (5.76 M), M alone right after A^T (6.03-6.07 M), the decayed
-keys and M first among the state jobs (5.52 M); the diagonal blocks placed by GpSimd
-copies (5.63 M: GpSimd binds). A lookahead across the loop boundary (5.65 M, with 1 to 4
-of the 4 chunks looked ahead and other start offsets and spacings 4.9-5.7 M): a body runs
-the state jobs of its first 2 chunks from what the body before computed (their
-transposes, M, the decayed keys, the packed inverse and decay columns kept in tiles
-allocated before the loops, written only after the restored chunk of the same tile set
-has read them) and the state-independent jobs of the next body's first 2 chunks, so no
-chain waits for its own chunk's doubling. It loses because a state chain interleaved
-with other chunks' state-independent work takes about 2.5x as long as alone (24 us
-against ~9.4): its matmuls wait in the in-order TensorE queue behind transposes and
-products that themselves wait on ScalarE, and its right-hand-side packing and unpacking
-DMAs wait up to 5 us behind the gathers and the diagonal placements on the DMA queues
-(the code: branch gdn-lookahead-experiment).
+What binds (modeled trn2, bf16 I/O, fp32 pool, chunk 128). Qwen3-Next TP1 (32 value heads,
+8 groups, one chunk per body): VectorE, with ScalarE and the DMA queues close behind (2K
+tokens, per chunk of 74 us: VectorE 58 us busy, ScalarE 56, DMA 49, TensorE 39): a chunk
+moves its inputs (~2 MB), its outputs (1 MB), the packing moves of its solves and the
+state in and out of its scratch block (2 x 2 MB, the price of one loop level: the state
+cannot stay in SBUF from one row to the next when a row may start another sequence).
+TP4 (8 value heads, 2 groups, 4 chunks per body): ScalarE (the doubling's evictions on
+the whole array) and the chain phase: the state chains of a body's chunks follow one
+another, each chain step waiting behind other chunks' work in the in-order engine
+queues. Figures: the README's "Modeled performance" table and ``python -m simulate``.
 
-What is left, largest first: (1) at TP4, the chain phase: the state chains of an
-iteration's chunks follow one another, and a chain step waits behind the other chunks'
-queued work in the in-order engine queues; VectorE now binds it (the right-hand sides',
-M's and the state update's evictions, 0.85 us per group each); fewer hops per
-substitution block (TensorE -> ScalarE negation -> TensorE -> ScalarE eviction: folding
-the negation into the application needs inv_bb A_bk, i.e. A_bk in the [i, j] layout, a
-transpose per block pair); (2) at TP1, overlap across chunks (SBUF holds one chunk's
-tiles: 172 of 208 KiB); (3) the doubling at TP1: 5 expanded evictions per group (19 us of
-ScalarE per chunk), three quarters of whose columns are the packing's zeros (the 2-head
-tiles of TP4 halve them but cost TP1 more TensorE than they save); the 16 diagonal-block
-and 16 G placement DMAs per group (32-partition, 64-128-byte runs) sit on chunk 0's path
-at TP4; (4) VectorE's five
-[128, 128] float32 ops per head, PSUM-sourced or two-input, so no bf16 perf mode and no
-other engine that can take them.
+Constructs and their evidence (released kernels or the NKI 0.6.0 docs): runtime loops
+as ``nl.fori_loop`` with an inner ``def`` body (the ``fori_loop`` docstring, NKI 0.6.0);
+registers allocated before the loops and loaded from (1, 1) SBUF tiles on partition 0
+(nki-library moe_cte/bwmm_shard_on_block_mx.py); HBM views with ``scalar_offset`` a
+(1, 1) SBUF tile (same file) or the loop index (the ``fori_loop`` docstring) and
+``indirect_dim=0``; one-row-per-partition ``vector_offset`` gathers / scatters
+(attention_tkg.py); a kernel-allocated ``shared_hbm`` scratch
+(moe_cte/bwmm_shard_on_I.py); matmuls on the whole PE array, and (< 8 head groups)
+32-row row tiles ``tile_position=(32 b, 0)`` whose operands sit on the tile's partitions
+(nc_matmul "Tiling mode"; no tile with a non-zero column, no tiling in transpose mode);
+SBUF-to-SBUF DMAs and cross-quadrant compute-engine copies of <= 32 partitions for the
+packing; DMAs without dtype conversion.
 
-Limits: K, V <= 128; chunk a multiple of 16 up to 128.
+Limits: K, V <= 128; chunk a multiple of 16 up to 128. Non-finite values: g must be
+finite (host validation); beta must be finite on the tokens of real sequences (host
+validation), because the packed solve multiplies each head's values by the other heads'
+zeros (0 * NaN = NaN on TensorE): a non-finite k or v value of a real token likewise
+reaches every head of its group of 4 in that sequence (the reference keeps it in its
+head).
 """
 from __future__ import annotations
 
@@ -275,12 +167,10 @@ from nki_ssm.kernels.gated_delta._common import consecutive_groups
 
 _BLOCK = 32           # rows per exactly-inverted diagonal block
 _PACK = 4             # most heads whose blocks share one 128-partition packed solve
-_FEW_TILE_HEADS = 2   # < 8 head groups: heads per PE tile of the doubling's products (_tile_mm)
 _MAX_CHUNKS = 4       # most chunks per loop iteration (SBUF: TP2 with 4 does not fit)
 _CHUNK_STEP = 6       # steps between the starts of a loop body's chunks (_body_plan)
 _FIRST_LEAD = 2       # extra steps chunk 0 runs alone in a body of _MAX_CHUNKS chunks (_body_plan)
-_SQUARED = 8          # the doubling squares up to N^8, then chains products with it (modeled:
-                      # squaring to N^16 or chaining from N^4, TP1 -4 % / -2 %)
+_SQUARED = 8          # the doubling squares up to N^8, then chains compact products with it
 _L2NORM_EPS = 1e-6
 _PREFETCH_BYTES = 25 * 1024   # inputs (per partition) up to which k gets a second tile:
                                # bf16 TP1 16.25 KiB, with the fused L2 norm 24.25 (float32
@@ -288,17 +178,22 @@ _PREFETCH_BYTES = 25 * 1024   # inputs (per partition) up to which k gets a seco
 
 
 @nki.jit
-def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, seq_tab,
-                      pad_rows, counts, H, raw_gates, use_qk_l2norm, scale, chunk, bf16):
-    """Chunked gated delta rule over a ragged batch (layouts in the module docstring)."""
+def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, body_rows, body_state,
+                      tail_rows, tail_state, init_tab, final_tab, pad_rows, counts, H, raw_gates,
+                      use_qk_l2norm, scale, chunk, bf16):
+    """Chunked gated delta rule over a ragged batch (layouts and loops in the module
+    docstring)."""
     T1 = q2.shape[0]
     V = pool.shape[1]
     K = q2.shape[1] // H
     HV = v2.shape[1] // V
     rep = HV // H
     C = chunk
-    odt = q2.dtype
+    odt = v2.dtype
     o = nl.ndarray((T1, HV * V), dtype=odt, buffer=nl.shared_hbm)
+    # float32 states of the live sequences, one [K, HV*V] block each, and a zero block last
+    nblocks = init_tab.shape[0] + 1
+    scratch = nl.ndarray((nblocks * K, HV * V), dtype=nl.float32, buffer=nl.shared_hbm)
     hbm = {}
     hbm["q"] = q2
     hbm["k"] = k2
@@ -311,15 +206,16 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, s
         mdt = nl.bfloat16
     cst = _constants(C, K, mdt)
     nsub = chunks_per_iteration(HV)
-    # the packed solve's tiles, one set per chunk of the loop body and head group
+    # the packed solve's tiles, one set per chunk of a body and head group, zeroed once: the
+    # placements write the same elements every chunk, so the zeros persist
     solve = []
     for j in range(nsub):
         sj = []
         for hvs in _head_groups(HV):
-            sj.append(_solve_tiles(len(hvs), C, mdt, _few_groups(HV)))
+            t = _solve_tiles(len(hvs), C, _few_groups(HV))
+            _zero_solve(t)
+            sj.append(t)
         solve.append(sj)
-    for t in solve[0]:
-        _zero_solve(t)
     if raw_gates:
         hp = nl.ndarray((128, 2 * HV), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=hp, src=head_params)
@@ -329,28 +225,41 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, s
         cst["negA"] = negA
         cst["dtb"] = hp[:, HV:2 * HV]
 
-    cnt = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
+    # trip counts: padding chunks, initial states, bodies of nsub chunks, single chunks,
+    # live sequences; registers allocated and loaded here, before the loops
+    cnt = nl.ndarray((1, 5), dtype=nl.int32, buffer=nl.sbuf)
     nisa.dma_copy(dst=cnt, src=counts)
-    n_live = nisa.register_alloc()
-    nisa.register_load(dst=n_live, src=cnt[0:1, 0:1])
-    n_pad = nisa.register_alloc()
-    nisa.register_load(dst=n_pad, src=cnt[0:1, 1:2])
+    trips = []
+    for j in range(5):
+        r = nisa.register_alloc()
+        nisa.register_load(dst=r, src=cnt[0:1, j:j + 1])
+        trips.append(r)
 
-    # rows of padding sequences: zeros, C rows per table entry (unused entries -> trash row)
-    zt = nl.ndarray((C, HV * V), dtype=odt, buffer=nl.sbuf)
-    nisa.memset(dst=zt, value=0.0)
-    for z in nl.dynamic_range(n_pad):
+    # the state S [K, HV*V] float32 (partition k: row k of every head's state)
+    S = nl.ndarray((K, HV * V), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=S, value=0.0)
+    nisa.dma_copy(dst=_state_block(scratch, None, nblocks - 1, K, HV * V, 0, HV * V), src=S)
+
+    # loop 1: rows of padding sequences get zeros, C rows per table entry
+    def pad_body(z):
+        zt = nl.ndarray((C, HV * V), dtype=odt, buffer=nl.sbuf)
+        nisa.memset(dst=zt, value=0.0)
         zr = _table_rows(pad_rows, z, C, 0)
         nisa.dma_copy(dst=_rows_view(o, zr, C, HV * V), src=zt)
 
-    # chunk inputs, one tile set per chunk of the loop body: gathered ahead (chunk 0 here,
-    # chunks 1 .. nsub - 1 by a sequence's refill, the next ones during each body), so the
-    # gathers' fixed latencies overlap the previous body's tail and the loop boundary (DMAs
-    # in flight continue)
+    nl.fori_loop(0, trips[0], pad_body)
+
+    # loop 2: initial states from the pool into the sequences' scratch blocks
+    def init_body(s):
+        _pool_to_scratch(pool, scratch, S, _row_cells(init_tab, s), HV, K, V)
+
+    nl.fori_loop(0, trips[1], init_body)
+
+    # chunk input tiles, one set per chunk of a body, gathered one body ahead
     bufs = []
     for j in range(nsub):
         bufs.append(_chunk_buffers(H, HV, K, V, C, bf16, use_qk_l2norm))
-    # the next chunks' k in second tiles only when the inputs are small (SBUF)
+    # the next body's k in second tiles only when the inputs are small (SBUF)
     prefetch = _tile_bytes(bufs[0]) <= _PREFETCH_BYTES
     nxt_k = []
     for j in range(nsub):
@@ -358,77 +267,107 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, chunk_rows, s
         if prefetch:
             t = nl.ndarray(bufs[j]["k"].shape, dtype=bufs[j]["k"].dtype, buffer=nl.sbuf)
         nxt_k.append(t)
-    _gather_chunk(bufs[0], hbm, chunk_rows, None, 0, C)
-
-    # live sequences (compacted): state in, chunks, state out
-    # the state, float32 whatever the pool's dtype (a bf16 pool is cast by the DMAs)
-    S = nl.ndarray((K, HV * V), dtype=nl.float32, buffer=nl.sbuf)
     io = {}
     io["o"] = o
     io["hbm"] = hbm
-    io["chunk_rows"] = chunk_rows
+    io["scratch"] = scratch
     io["T1"] = T1
     io["prefetch"] = prefetch
     io["nxt_k"] = nxt_k
-    for s in nl.dynamic_range(n_live):
-        st = nl.ndarray((1, 6), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=st, src=seq_tab.ap(pattern=[[6, 1], [1, 6]], offset=0,
-                                              scalar_offset=s, indirect_dim=0))
-        has_init = nisa.register_alloc()
-        nisa.register_load(dst=has_init, src=st[0:1, 0:1])
-        c_lo = nisa.register_alloc()
-        nisa.register_load(dst=c_lo, src=st[0:1, 1:2])
-        c_mid = nisa.register_alloc()
-        nisa.register_load(dst=c_mid, src=st[0:1, 2:3])
-        c_hi = nisa.register_alloc()
-        nisa.register_load(dst=c_hi, src=st[0:1, 3:4])
-        slot_row = nisa.register_alloc()
-        nisa.register_load(dst=slot_row, src=st[0:1, 4:5])
-        refill = nisa.register_alloc()
-        nisa.register_load(dst=refill, src=st[0:1, 5:6])
-        # the slot is one contiguous [HV*K, V] block of the pool: one DMA with a run-time
-        # start moves it (partition k holds rows (hv, k) of every head)
-        slot = pool.ap(pattern=[[V, K], [K * V, HV], [1, V]], offset=0, scalar_offset=slot_row,
-                       indirect_dim=0)
-        nisa.memset(dst=S, value=0.0)
-        for _ in nl.dynamic_range(has_init):     # 0 or 1 trips: gather the initial state
-            nisa.dma_copy(dst=S, src=slot)
-        if nsub > 1:
-            # tile sets 1 .. nsub - 1 hold this sequence's chunks 1 .. nsub - 1 unless the
-            # last body before was a one-chunk body (it refills set 0 only) or none ran (the
-            # launch zeroed and gathered set 0 only: short prompts pay for one set): 0 or 1
-            # trips
-            for _ in nl.dynamic_range(refill):
-                for j in range(1, nsub):
-                    _gather_chunk(bufs[j], hbm, chunk_rows, c_lo, j, C)
-                for j in range(1, nsub):
-                    for t in solve[j]:
-                        _zero_solve(t)
-            # nsub chunks per iteration (c_mid - c_lo a multiple of nsub), then the rest one
-            # per iteration: the loop drains every engine at each iteration boundary
-            for c in nl.dynamic_range(c_lo, c_mid, nsub):
-                _chunks(bufs, nsub, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates,
-                        use_qk_l2norm, scale, C)
-            for c in nl.dynamic_range(c_mid, c_hi):
-                _chunks(bufs, 1, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates,
-                        use_qk_l2norm, scale, C)
-        else:
-            for c in nl.dynamic_range(c_lo, c_hi):
-                _chunks(bufs, 1, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates,
-                        use_qk_l2norm, scale, C)
-        nisa.dma_copy(dst=slot, src=S)
+
+    # loop 3: bodies of nsub consecutive chunks of one sequence, state in from and out to
+    # its scratch block (the zero block for a sequence's first body without initial state)
+    for j in range(nsub):
+        _gather_chunk(bufs[j], hbm, body_rows, None, j, C)
+    io["rows"] = body_rows
+    io["state"] = body_state
+
+    def body(i):
+        _chunks(bufs, nsub, io, cst, solve, S, i, H, HV, K, V, rep, raw_gates, use_qk_l2norm,
+                scale, C)
+
+    nl.fori_loop(0, trips[2], body)
+
+    # loop 4: a sequence's last (chunks mod nsub) chunks, one per iteration
+    if nsub > 1:
+        _gather_chunk(bufs[0], hbm, tail_rows, None, 0, C)
+        io["rows"] = tail_rows
+        io["state"] = tail_state
+
+        def tail_body(i):
+            _chunks(bufs, 1, io, cst, solve, S, i, H, HV, K, V, rep, raw_gates,
+                    use_qk_l2norm, scale, C)
+
+        nl.fori_loop(0, trips[3], tail_body)
+
+    # loop 5: final states from the scratch blocks into the pool slots
+    def final_body(s):
+        _scratch_to_pool(pool, scratch, S, _row_cells(final_tab, s), HV, K, V)
+
+    nl.fori_loop(0, trips[4], final_body)
     return o
 
 
+def _row_cells(table, r):
+    """The values of row ``r`` (a register) of an int32 ``[rows, w]`` HBM table, each in a
+    (1, 1) SBUF tile on partition 0: the ``scalar_offset`` of the DMAs that use them."""
+    w = table.shape[1]
+    cells = []
+    for j in range(w):
+        t = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=table.ap(pattern=[[w, 1], [1, 1]], offset=j, scalar_offset=r,
+                                          indirect_dim=0))
+        cells.append(t)
+    return cells
+
+
+def _state_block(scratch, row, block, K, width, c0, c1):
+    """Columns c0:c1 of the ``[K, width]`` scratch block starting at row ``row`` (a (1, 1)
+    SBUF tile; None: the static block ``block``)."""
+    if row == None:  # noqa: E711  (NKI has no `is`)
+        return scratch.ap(pattern=[[width, K], [1, c1 - c0]], offset=block * K * width + c0)
+    return scratch.ap(pattern=[[width, K], [1, c1 - c0]], offset=c0, scalar_offset=row,
+                      indirect_dim=0)
+
+
+def _pool_slot(pool, row, HV, K, V):
+    """The pool slot from pool row ``row`` (a (1, 1) SBUF tile) as ``[K, HV, V]``: one contiguous
+    ``[HV*K, V]`` block, partition k holding rows (hv, k) of every head."""
+    return pool.ap(pattern=[[V, K], [K * V, HV], [1, V]], offset=0, scalar_offset=row,
+                   indirect_dim=0)
+
+
+def _pool_to_scratch(pool, scratch, S, cells, HV, K, V):
+    """Scratch block at row cells[1] <- the pool slot at row cells[0], through S: the DMAs keep
+    the pool's dtype and a bf16 slot is widened by VectorE."""
+    src = _pool_slot(pool, cells[0], HV, K, V)
+    dst = S.reshape((K, HV, V))
+    if pool.dtype != nl.float32:
+        dst = nl.ndarray((K, HV, V), dtype=pool.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=dst, src=src)
+    if pool.dtype != nl.float32:
+        nisa.tensor_copy(dst=S.reshape((K, HV, V)), src=dst, engine=nisa.engine.vector)
+    nisa.dma_copy(dst=_state_block(scratch, cells[1], 0, K, HV * V, 0, HV * V), src=S)
+
+
+def _scratch_to_pool(pool, scratch, S, cells, HV, K, V):
+    """The pool slot at row cells[1] <- the scratch block at row cells[0], through S (a bf16
+    pool's copy rounded by VectorE, so no DMA converts)."""
+    nisa.dma_copy(dst=S, src=_state_block(scratch, cells[0], 0, K, HV * V, 0, HV * V))
+    src = S.reshape((K, HV, V))
+    if pool.dtype != nl.float32:
+        src = nl.ndarray((K, HV, V), dtype=pool.dtype, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=src, src=S.reshape((K, HV, V)), engine=nisa.engine.vector)
+    nisa.dma_copy(dst=_pool_slot(pool, cells[1], HV, K, V), src=src)
+
+
 def chunks_per_iteration(HV):
-    """Chunks per iteration of the chunk loop (the launcher's tables follow it): about 8 head
-    groups in flight, so 1 at Qwen3-Next TP1 (8 groups; SBUF holds one chunk's tiles), 2 at
-    TP2, 4 at TP4 and below. The loop drains every engine at each iteration boundary
-    (nki-dynamic-loops.rst, "Iterations Do Not Overlap"): with several chunks per
-    iteration the drain is paid once per iteration and chunk c + 1's state-independent work
-    overlaps chunk c's state chain (modeled trn2, TP4 16K: 4.78 M tokens/s at 1 chunk and
-    2 heads per group, 6.4 M at 4 chunks and 4 heads per group; TP2 4K 3.37 -> 3.53 M at 2;
-    TP8 4K 6.14 -> 8.06 M at 4)."""
+    """Chunks per body row (the launcher's work lists follow it): about 8 head groups in
+    flight, so 1 at Qwen3-Next TP1 (8 groups; SBUF holds one chunk's tiles), 2 at TP2, 4 at
+    TP4 and below. A runtime loop drains every engine at each iteration boundary
+    (nki-dynamic-loops.rst, "Iterations Do Not Overlap"): with several chunks per body the
+    drain and the state's trip through its scratch block are paid once per body, and chunk
+    c + 1's state-independent work overlaps chunk c's state chain."""
     n = 8 // len(_head_groups(HV))
     return max(1, min(n, _MAX_CHUNKS))
 
@@ -447,24 +386,21 @@ def _tile_bytes(buf):
 
 def _head_groups(HV):
     """The value heads of each software-pipeline group (and packed solve): _PACK per group,
-    128 partitions (2 per group at TP4 and a single-chunk body: TP4 4.19 -> 4.46 M
-    tokens/s; with 4 chunks per iteration 4 per group is faster, the packed solve's ops
-    then cost half as much per head)."""
+    128 partitions, so the packed solve's ops serve 4 heads each."""
     return consecutive_groups(HV, _PACK)
 
 
 def _few_groups(HV):
     """Whether a chunk has fewer than 8 head groups (TP2, TP4, TP8 of Qwen3-Next): its state
-    chains then bind (the iteration's chunks follow one another's state), and the job order
-    (_group_jobs) and the substitution (right-hand sides unpacked, _place_g) shorten them;
-    with 8 or more (TP1) ScalarE and VectorE bind, and both would cost more than they save
-    (modeled TP1 2K: 1.96 -> 1.90 M tokens/s)."""
+    chains then bind (the body's chunks follow one another's state) and the job order
+    (_group_jobs) shortens them; with 8 or more (TP1) ScalarE and VectorE bind."""
     return len(_head_groups(HV)) < 8
 
 
 def _table_rows(table, r, C, plus):
-    """Row ``r + plus`` (``r`` a register, None: 0; ``plus`` a static int) of an int32
-    ``[entries, C]`` table as a ``[C, 1]`` SBUF column."""
+    """Token rows of chunk ``plus`` (a static int) of row ``r`` (a register, None: row 0) of
+    an int32 ``[entries, n*C]`` table as a ``[C, 1]`` SBUF column (``plus`` >= n: the
+    chunks of the rows after ``r``)."""
     t = nl.ndarray((C, 1), dtype=nl.int32, buffer=nl.sbuf)
     if r == None:  # noqa: E711  (NKI has no `is`)
         nisa.dma_copy(dst=t, src=table.ap(pattern=[[1, C], [1, 1]], offset=plus * C))
@@ -532,16 +468,17 @@ def _constants(C, K, mdt):
     cst["ident"] = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
     nisa.affine_select(dst=cst["ident"], pattern=[[-1, 128]], channel_multiplier=1,
                        on_true_tile=ones, on_false_value=0.0, cmp_op=nl.equal)
-    # the packed solve's compact identity cI [(h, m), c] = [m == c] (operand dtype) and
-    # head-quadrant mask bd [(h, m), h', c] = [h == h'] (float32)
-    cst["cI"] = nl.ndarray((128, _BLOCK), dtype=mdt, buffer=nl.sbuf)
-    cst["identm"] = nl.ndarray((128, 128), dtype=mdt, buffer=nl.sbuf)   # (transpose mode)
-    nisa.tensor_copy(dst=cst["identm"], src=cst["ident"])
-    cst["bd"] = nl.ndarray((128, 128 // _BLOCK, _BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+    # the packed solve's compact identity, once per block: cIb [(h, m), b, c] = [m == c],
+    # and the head-quadrant mask bd [(h, m), h', c] = [h == h'] (float32)
+    nq = 128 // _BLOCK
+    cst["cIb"] = nl.ndarray((128, nq, _BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+    cst["bd"] = nl.ndarray((128, nq, _BLOCK), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=cst["bd"], value=0.0)
-    for h in range(128 // _BLOCK):
+    for h in range(nq):
         q0 = h * _BLOCK
-        nisa.tensor_copy(dst=cst["cI"][q0:q0 + _BLOCK, :], src=cst["ident"][0:_BLOCK, 0:_BLOCK])
+        for b in range(nq):
+            nisa.tensor_copy(dst=cst["cIb"][q0:q0 + _BLOCK, b, :],
+                             src=cst["ident"][0:_BLOCK, 0:_BLOCK])
         nisa.memset(dst=cst["bd"][q0:q0 + _BLOCK, h, :], value=1.0)
     return cst
 
@@ -568,19 +505,19 @@ def _l2norm_rows(x, L, H, K):
                        data2=ss.reshape((L, H, 1)).broadcast(2, K), op=nl.multiply)
 
 
-def _solve_place(ATs, L, tiles, diag, off, row0_scalar=False):
+def _solve_place(ATs, L, tiles, diag, off):
     """The layout moves of a pack's solve: from the transposes ATs[i] ([j, i] layout) of the
     strictly-lower A_i [L, L] of up to _PACK heads, the diagonal _BLOCK-row blocks A_bb^T into
     slot b of tiles["PT"] and the off-diagonal blocks A_kb^T (k < b) into slot pair(k, b) of
     tiles["OT"], head i at partitions 32 i of each (block-diagonal over the heads: one
     matmul then serves the pack): ``diag`` / ``off`` say which. The diagonal blocks by
-    SBUF-to-SBUF DMAs, partition moves no compute engine spends time on (modeled: ScalarE
-    copies instead, TP4 3.58 -> 3.0 M tokens/s); the off-diagonal ones as one GpSimd copy
-    per head and block row (by DMA they put the queues on the critical path; a short last
-    block falls back to DMAs, one per block). The tiles are zeroed once per launch
-    (_zero_solve) and these moves write the same elements every chunk, so the zeros that
-    keep the packed products block-diagonal persist (modeled: zeroing them per chunk put
-    GpSimd on the critical path)."""
+    SBUF-to-SBUF DMAs, partition moves no compute engine spends time on (float32, as A^T:
+    a DMA never converts); the off-diagonal
+    ones as one GpSimd copy per head and block row (cross-quadrant moves of <= 32
+    partitions; by DMA they would put the queues on the critical path; a short last block
+    falls back to DMAs, one per block). The tiles are zeroed once per launch (_zero_solve)
+    and these moves write the same elements every chunk, so the zeros that keep the packed
+    products block-diagonal persist."""
     nbs = _block_rows(L)
     nblk = len(nbs)
     for j in range(len(ATs)):
@@ -589,20 +526,15 @@ def _solve_place(ATs, L, tiles, diag, off, row0_scalar=False):
             r0 = b * _BLOCK
             nb = nbs[b]
             if diag:
-                c0 = (j % tiles["th"]) * _BLOCK
-                nisa.dma_copy(dst=tiles["PT"][q0:q0 + nb, b, c0:c0 + nb],
+                nisa.dma_copy(dst=tiles["PT"][q0:q0 + nb, b, q0:q0 + nb],
                               src=ATs[j][r0:r0 + nb, r0:r0 + nb])
             if off and b + 1 < nblk and nbs[nblk - 1] == _BLOCK:
-                # the row strip of blocks (b, c > b): one GpSimd copy (``row0_scalar``: row 0's,
-                # the longest, on ScalarE)
+                # the row strip of blocks (b, c > b): one GpSimd copy
                 p0 = _pair(b, b + 1, nblk)
                 n = nblk - 1 - b
-                eng = nisa.engine.gpsimd
-                if row0_scalar and b == 0:
-                    eng = nisa.engine.scalar
                 nisa.tensor_copy(dst=tiles["OT"][q0:q0 + nb, p0:p0 + n, q0:q0 + _BLOCK],
                                  src=ATs[j][r0:r0 + nb, r0 + _BLOCK:L].reshape((nb, n, _BLOCK)),
-                                 engine=eng)
+                                 engine=nisa.engine.gpsimd)
             elif off:
                 for c in range(b + 1, nblk):
                     c0 = c * _BLOCK
@@ -621,11 +553,11 @@ def _block_rows(L):
 
 def _solve_setup(npk, L, cst, mdt, tiles):
     """Setup of the packed solve X_i = (I + A_i)^{-1} B_i of up to _PACK heads (blocks placed
-    by _solve_place): P = A_bb by transpose-mode matmuls of P^T's PE tiles (_tile_mm; one
-    PSUM bank in the operand dtype, one eviction);
-    with N = -P the diagonal blocks' inverse (I - N)^{-1} = (I + N)(I + N^2)(I + N^4)...
-    starts as inv^T = I - P^T (the even powers need no sign). The substitution over the
-    blocks uses the off-diagonal blocks in tiles["OT"].
+    by _solve_place): P = A_bb from P^T by TensorE transposes (one PSUM bank in the operand
+    dtype, one eviction); with N = -P the diagonal blocks' inverse
+    (I - N)^{-1} = (I + N)(I + N^2)(I + N^4)... starts as inv^T = I - P^T (the even powers
+    need no sign). The substitution over the blocks uses the off-diagonal blocks in
+    tiles["OT"].
 
     ``mdt`` is the doubling's TensorE operand dtype: bfloat16 for bf16 callers (the powers
     and the partial inverses are rounded; the inverse's unit diagonal stays exact and the
@@ -635,31 +567,32 @@ def _solve_setup(npk, L, cst, mdt, tiles):
     nbs = _block_rows(L)
     nblk = len(nbs)
     PT = tiles["PT"]
-    WT = tiles["th"] * _BLOCK
+    tf = mdt != nl.float32
     pk = {}
-    pk["npk"] = npk
-    pk["th"] = tiles["th"]
-    pk["ident"] = cst["identm"]
-    # P = the transposes of P^T's tiles (transpose mode: bit-exact, PSUM in mdt), one eviction
-    pst = nl.ndarray((W, nblk * WT), dtype=mdt, buffer=nl.psum)
-    _tile_mm(pst, PT, None, nblk, pk, True)
-    P = nl.ndarray((W, nblk, WT), dtype=mdt, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=P.reshape((W, nblk * WT)), src=pst, engine=nisa.engine.vector)
+    pk["W"] = W
+    # P = the transposes of P^T's blocks (float32, bit-exact), one eviction; the first
+    # round's products read both as tfloat32 for bf16 callers (the rounds after it in mdt)
+    pst = nl.ndarray((W, nblk * W), dtype=nl.float32, buffer=nl.psum)
+    for b in range(nblk):
+        nisa.nc_transpose(dst=pst[:, b * W:(b + 1) * W], data=PT[:, b, :],
+                          engine=nisa.engine.tensor)
+    P = nl.ndarray((W, nblk, W), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=P.reshape((W, nblk * W)), src=pst, engine=nisa.engine.vector)
     # inv = sum_{m < covered} N^m, kept compact: inv^T's diagonal sub-blocks
     # cinv [(h, i), b, c] = inv_hb^T[i, c] (the doubling's updates are products with it as
     # the moving operand, and a product with a compact moving operand is compact). Starts
     # as I - P^T: the compact P^T is P_b^T cI, cI [(h, m), c] = [m == c] (the compact
-    # identity).
-    cI = cst["cI"][0:W, :]
+    # identity, a tile of its own for each block: no broadcast view as a matmul operand).
+    cIb = cst["cIb"][0:W, 0:nblk, :]
     ps = nl.ndarray((W, nblk * _BLOCK), dtype=nl.float32, buffer=nl.psum)
-    _tile_mm(ps, P, cI.reshape((W, 1, _BLOCK)).broadcast(1, nblk), nblk, pk)
+    _block_mm(ps, _tf(P, tf), _tf(cIb, tf), nblk, W)
     cinv = nl.ndarray((W, nblk, _BLOCK), dtype=mdt, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=cinv, data1=cI.reshape((W, 1, _BLOCK)).broadcast(1, nblk),
-                       data2=ps.reshape((W, nblk, _BLOCK)), op=nl.subtract)
-    pk["W"] = W
+    nisa.tensor_tensor(dst=cinv, data1=cIb, data2=ps.reshape((W, nblk, _BLOCK)),
+                       op=nl.subtract)
+    pk["npk"] = npk
     pk["nbs"] = nbs
-    pk["P"] = P
-    pk["PT"] = PT
+    pk["P"] = _tf(P, tf)
+    pk["PT"] = _tf(PT, tf)
     pk["OT"] = tiles["OT"]
     pk["cinv"] = cinv
     pk["cfin"] = nl.ndarray((W, nblk, _BLOCK), dtype=nl.float32, buffer=nl.sbuf)
@@ -672,17 +605,16 @@ def _solve_setup(npk, L, cst, mdt, tiles):
     return pk
 
 
-def _solve_tiles(npk, L, mdt, few):
-    """The packed tiles of one head group's solve (see _solve_setup): P^T ``[W, blocks, WT]``
-    (``mdt``; WT the columns of a PE tile's heads, _tile_heads), the off-diagonal blocks
-    ``[W, pairs, W]`` float32 (None for one block) and, ``few`` (the right-hand sides read
-    where they are, _place_g), the moved inverses G ``[L, npk, W]`` float32; zeroed by
-    _zero_solve before their first use."""
+def _solve_tiles(npk, L, few):
+    """The packed tiles of one head group's solve (see _solve_setup): P^T ``[W, blocks, W]``
+    float32 (A^T's blocks as placed), the off-diagonal blocks ``[W, pairs, W]`` float32 (None
+    for one block) and,
+    ``few`` (the right-hand sides read where they are, _place_g), the moved inverses G
+    ``[L, npk, W]`` float32; zeroed by _zero_solve before their first use."""
     W = npk * _BLOCK
     nblk = len(_block_rows(L))
     t = {}
-    t["th"] = _tile_heads(npk, few)
-    t["PT"] = nl.ndarray((W, nblk, t["th"] * _BLOCK), dtype=mdt, buffer=nl.sbuf)
+    t["PT"] = nl.ndarray((W, nblk, W), dtype=nl.float32, buffer=nl.sbuf)
     npair = nblk * (nblk - 1) // 2
     t["OT"] = None
     if npair > 0:
@@ -693,56 +625,25 @@ def _solve_tiles(npk, L, mdt, few):
     return t
 
 
-def _tile_heads(npk, few):
-    """Heads of a pack whose blocks share one PE tile in the doubling's products (_tile_mm):
-    _FEW_TILE_HEADS with few head groups, else all of them (the whole array)."""
-    if few:
-        return min(npk, _FEW_TILE_HEADS)
-    return npk
-
-
-def _tile_mm(ps, st, mv, na, pk, transpose=False):
-    """ps[:, b] = st[:, b]^T @ mv[:, b] for the blocks b < na of a pack, one matmul per PE tile
-    of pk["th"] heads (tiling mode: rows and columns 32 th t.. of the array for tile t, so a
-    tile's products land on its own partitions). ``st`` ``[W, blocks, WT]`` holds each tile's
-    blocks block-diagonally over its heads (WT = 32 th columns, head h at columns 32 (h %
-    th)), so no head reads another's; ``mv`` ``[W, blocks, n]`` in that layout or compact
-    (``[W, blocks, 32]``) gives ps ``[W, blocks * n]`` in the same layout. ``transpose``:
-    ps[:, b] = st[:, b]^T per tile (TensorE transpose mode, moving a tile identity from
-    pk["ident"]; ps in ``st``'s dtype)."""
-    npk = pk["npk"]
-    th = pk["th"]
-    WT = th * _BLOCK
-    n = WT
-    if not transpose:
-        n = mv.shape[2]
+def _block_mm(ps, st, mv, na, W):
+    """ps[:, b] = st[:, b]^T @ mv[:, b] for the blocks b < na of a pack: one whole-array
+    matmul per block (partitions 0 .. W). ``st`` ``[W, blocks, W]`` holds each block
+    block-diagonally over the pack's heads, so no head's product reads another's values
+    (but 0 * a non-finite value of another head is NaN: module docstring, Limits);
+    ``mv`` ``[W, blocks, n]`` gives ps ``[W, blocks * n]``."""
+    n = mv.shape[2]
     for b in range(na):
-        for h0 in range(0, npk, th):
-            r0 = h0 * _BLOCK
-            r = min(npk - h0, th) * _BLOCK
-            tpos = ()
-            tsize = ()
-            if WT < 128:
-                tpos = (r0, r0)
-                tsize = (WT, WT)
-            cols = n
-            if transpose:
-                moving = pk["ident"][r0:r0 + r, r0:r0 + r]
-                cols = r
-            else:
-                moving = mv[r0:r0 + r, b, :]
-            nisa.nc_matmul(dst=ps[r0:r0 + r, b * n:b * n + cols], stationary=st[r0:r0 + r, b, 0:r],
-                           moving=moving, is_transpose=transpose, tile_position=tpos,
-                           tile_size=tsize, accumulate=False)
+        nisa.nc_matmul(dst=ps[:, b * n:(b + 1) * n], stationary=st[0:W, b, 0:W],
+                       moving=mv[0:W, b, :], accumulate=False)
 
 
-def _tile_product(pk, st, mv, na, mdt):
-    """SBUF ``[W, na, n]`` (``mdt``) = the tile products st^T mv of blocks < na (_tile_mm),
+def _block_product(pk, st, mv, na, mdt):
+    """SBUF ``[W, na, n]`` (``mdt``) = the block products st^T mv of blocks < na (_block_mm),
     one PSUM bank, evicted by ScalarE."""
     W = pk["W"]
     n = mv.shape[2]
     ps = nl.ndarray((W, na * n), dtype=nl.float32, buffer=nl.psum)
-    _tile_mm(ps, st, mv, na, pk)
+    _block_mm(ps, st, mv, na, W)
     out = nl.ndarray((W, na, n), dtype=mdt, buffer=nl.sbuf)
     nisa.tensor_copy(dst=out.reshape((W, na * n)), src=ps, engine=nisa.engine.scalar)
     return out
@@ -820,13 +721,13 @@ def _solve_round(pk, covered, mdt):
         # eviction); all but the last here, the last in _solve_update
         X = pk["cinv"]
         for r in range(covered // _SQUARED - 1):
-            X = _tile_product(pk, pk["P"], X, na, mdt)
+            X = _block_product(pk, pk["P"], X, na, mdt)
         pk["chain"] = X
         return
-    P2 = _tile_product(pk, pk["PT"], pk["P"], na, mdt)                   # P @ P
+    P2 = _block_product(pk, pk["PT"], pk["P"], na, mdt)                   # P @ P
     # the transposed square only if the next round squares again
     if nc > 0 and covered * 2 <= _SQUARED:
-        pk["PT"] = _tile_product(pk, pk["P"], pk["PT"], nc, mdt)         # (P @ P)^T
+        pk["PT"] = _block_product(pk, pk["P"], pk["PT"], nc, mdt)         # (P @ P)^T
     pk["P"] = P2
 
 
@@ -848,7 +749,7 @@ def _solve_update(pk, covered, mdt):
     if covered > _SQUARED:
         mv = pk["chain"]       # chained products with the last explicit power (_solve_round)
     ps = nl.ndarray((W, na * _BLOCK), dtype=nl.float32, buffer=nl.psum)
-    _tile_mm(ps, pk["P"], mv, na, pk)                                    # (inv @ P)^T
+    _block_mm(ps, pk["P"], mv, na, W)                                    # (inv @ P)^T
     psv = ps.reshape((W, na, _BLOCK))
     if nc > 0:
         nisa.tensor_tensor(dst=cinv[:, 0:nc, :], data1=cinv[:, 0:nc, :], data2=psv[:, 0:nc, :],
@@ -858,7 +759,7 @@ def _solve_update(pk, covered, mdt):
                            data2=psv[:, nc:na, :], op=nl.add)
     if nc == 0:
         b0 = 0
-        if pk["G"] != None and nblk > 1:  # noqa: E711
+        if pk["G"] != None and nblk > 1:  # noqa: E711  (block 0 is applied through G only)
             b0 = 1
         nisa.tensor_tensor(
             dst=pk["inv"][:, b0:nblk, :].reshape((W, nblk - b0, npk, _BLOCK)),
@@ -873,10 +774,9 @@ def _place_g(pk):
     """G [(b, m), j, (h, i)] = [h == j] inv_jb^T[m, i]: head j's inverse of block b moved from
     its quadrant of the packed tiles (partitions 32 j) to the block's own rows (32 b), so the
     application of block b reads each head's right-hand side where the k S eviction put it
-    (_solve_apply_block: one 32-row matmul per head) and no right-hand side is packed. One
-    SBUF-to-SBUF DMA per head and block, off the chain (GpSimd copies instead: GpSimd binds,
-    modeled TP4 4K 6.31 against 6.59 M tokens/s); the other elements stay zero
-    (_zero_solve)."""
+    (_solve_apply_block: one 32-row row-tile matmul per head) and no right-hand side is
+    packed on the state chain. One SBUF-to-SBUF DMA per head and block, off the chain; the
+    other elements stay zero (_zero_solve)."""
     npk = pk["npk"]
     nbs = pk["nbs"]
     for b in range(len(nbs)):
@@ -893,8 +793,8 @@ def _solve_rhs_block(pk, Rp, b, N):
     every head of the pack at once (packed right-hand sides ``Rp``, packed solutions
     pk["Xp"]; the off-diagonal stationaries are block-diagonal over the heads, so one PSUM
     accumulation serves the pack and one subtraction evicts it). Right-hand sides unpacked
-    (pk["G"], _place_g; ``Rp`` None): Z_b = -sum_{k<b} A_bk X_k, evicted by ScalarE (VectorE:
-    modeled TP4 4K 6.50 against 6.64 M tokens/s); the application adds inv_bb B_b."""
+    (pk["G"], _place_g; ``Rp`` None): Z_b = -sum_{k<b} A_bk X_k, evicted by ScalarE; the
+    application adds inv_bb B_b."""
     W = pk["W"]
     nblk = len(pk["nbs"])
     unpacked = pk["G"] != None  # noqa: E711
@@ -911,20 +811,21 @@ def _solve_rhs_block(pk, Rp, b, N):
     Z = nl.ndarray((W, N), dtype=nl.float32, buffer=nl.sbuf)
     if unpacked:
         nisa.activation(dst=Z, op=nl.copy, data=ps, scale=-1.0)
-        pk["Z"].append(Z)
-        return
-    nisa.tensor_tensor(dst=Z, data1=Rp[:, b, :], data2=ps, op=nl.subtract)
+    else:
+        nisa.tensor_tensor(dst=Z, data1=Rp[:, b, :], data2=ps, op=nl.subtract)
     pk["Z"].append(Z)
 
 
 def _solve_apply_block(pk, Xs, b, N, Rs):
     """Block b of the forward substitution, second half: X_b = inv_bb Z_b for the pack's heads
-    in one matmul (kept packed for the next blocks), unpacked into the heads' Xs by DMA.
-    Right-hand sides unpacked (pk["G"]; ``Rs`` the heads'): X_b = inv_bb B_b + inv_bb Z_b,
-    inv_bb B_b as one 32-row matmul per head with the moved inverses G (_place_g) in the same
-    PSUM accumulation; the last block, which no later block reads, leaves PSUM straight into
-    the heads' rows (cross-quadrant moves of <= 32 partitions, ScalarE and VectorE in turn:
-    modeled TP4 4K +0.5 %) instead of through the packed tile and the unpacking DMAs."""
+    in one matmul (kept packed for the next blocks), unpacked into the heads' Xs by
+    SBUF-to-SBUF DMAs (partition moves no compute engine spends time on). Right-hand sides
+    unpacked (pk["G"]; ``Rs`` the heads'): X_b = inv_bb B_b + inv_bb Z_b, inv_bb B_b as one
+    matmul per head on the PE array's row tile (32 b, 0) of 32 rows (the partitions of
+    block b's rows, where G and the head's right-hand side are) in the same PSUM
+    accumulation; the last block, which no later block reads, leaves PSUM straight into
+    the heads' rows (cross-quadrant moves of <= 32 partitions, ScalarE and VectorE in turn)
+    instead of through the packed tile and the unpacking DMAs."""
     npk, W, nbs = pk["npk"], pk["W"], pk["nbs"]
     r0 = b * _BLOCK
     nb = nbs[b]
@@ -936,7 +837,8 @@ def _solve_apply_block(pk, Xs, b, N, Rs):
     else:
         for j in range(npk):
             nisa.nc_matmul(dst=ps, stationary=_tf(pk["G"][r0:r0 + nb, j, :], pk["tf"]),
-                           moving=_tf(Rs[j][r0:r0 + nb, :], pk["tf"]), accumulate=j > 0)
+                           moving=_tf(Rs[j][r0:r0 + nb, :], pk["tf"]), accumulate=j > 0,
+                           tile_position=(r0, 0), tile_size=(_BLOCK, 128))
         if b > 0:
             nisa.nc_matmul(dst=ps, stationary=_tf(pk["inv"][:, b, :], pk["tf"]),
                            moving=_tf(pk["Z"][b], pk["tf"]), accumulate=True)
@@ -999,9 +901,11 @@ def _chunk_prologue(buf, o, cst, rows, T1, H, HV, K, V, raw_gates, use_qk_l2norm
 
 def _chunks(bufs, n, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates, use_qk_l2norm, scale,
             C):
-    """Chunks c .. c + n - 1 of one sequence from the tiles bufs[0 .. n - 1] (gathered
-    earlier: rows past the sequence end read the zero row); o rows scattered (those rows
-    go to the trash row), S updated; afterwards bufs[j] holds chunk c + n + j for j < n.
+    """Row ``c`` (a register) of the work list io["rows"] / io["state"]: n consecutive chunks
+    of one sequence from the tiles bufs[0 .. n - 1] (gathered earlier: rows past the sequence
+    end read the zero row). S is loaded from the row's source scratch block, carried through
+    the n chunks and stored to its destination block; o rows scattered (rows past the end to
+    the trash row); afterwards bufs[j] holds chunk j of row c + 1.
 
     A software pipeline over groups of value heads (_head_groups) and the n chunks
     (_body_plan): a group's work is a list of jobs, one per dependent step (_group_jobs),
@@ -1014,6 +918,14 @@ def _chunks(bufs, n, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates, use_qk_l
     G = len(groups)
     jobs, jarg = _group_jobs(HV, L)
     order, off, nslot = _body_plan(jobs, G, n)
+    table = io["rows"]
+    # the state entering the row, per head group (group 0's first: its k S comes first)
+    cells = _row_cells(io["state"], c)
+    for hvs in groups:
+        c0 = hvs[0] * V
+        c1 = (hvs[len(hvs) - 1] + 1) * V
+        nisa.dma_copy(dst=S[:, c0:c1], src=_state_block(io["scratch"], cells[0], 0, K, HV * V,
+                                                        c0, c1))
     chs = []
     pres = []
     gdat = []
@@ -1023,16 +935,15 @@ def _chunks(bufs, n, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates, use_qk_l
         pres.append({})
         gdat.append({})
         items.append({})
-    # the next chunks' rows; with prefetch their inputs land in the tiles during the body:
+    # the next row's chunks; with prefetch their inputs land in the tiles during the body:
     # q, v, g, beta once the last reader of each is issued, k (read until the end, by the
-    # decayed keys) into a second tile, moved over at the end (modeled TP1 2K: 1.81 -> 1.88
-    # M tokens/s against all five through a second set)
+    # decayed keys) into a second tile, moved over at the end
     src = []
     for j in range(nsub):
         src.append(None)
     if io["prefetch"]:
         for j in range(n):
-            rows = _table_rows(io["chunk_rows"], c, C, n + j)
+            rows = _table_rows(table, c, C, n + j)
             views = {}
             for name in _INPUTS:
                 views[name] = _rows_view(io["hbm"][name], rows, C, bufs[j][name].shape[1])
@@ -1052,12 +963,18 @@ def _chunks(bufs, n, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates, use_qk_l
                 if u < 0 or u >= G:
                     continue
                 if chs[k] == None:  # noqa: E711  (NKI has no `is`)
-                    rows = _table_rows(io["chunk_rows"], c, C, k)
+                    rows = _table_rows(table, c, C, k)
                     chs[k] = _chunk_prologue(bufs[k], o, cst, rows, io["T1"], H, HV, K, V,
                                              raw_gates, use_qk_l2norm, scale, C)
                 s = order[k][i]
                 _group_job(jobs[s], jarg[s], u, groups[u], chs[k], bufs[k], pres[k], gdat[k],
                            items[k], o, cst, solve[k], S, HV, K, V, rep, L, C)
+                if k == n - 1 and jobs[s] == "state":
+                    # the group's state leaves as soon as the row's last chunk updated it
+                    c0 = groups[u][0] * V
+                    c1 = (groups[u][len(groups[u]) - 1] + 1) * V
+                    nisa.dma_copy(dst=_state_block(io["scratch"], cells[1], 0, K, HV * V, c0,
+                                                   c1), src=S[:, c0:c1])
         # the next chunks' inputs after the last group's last reader
         for k in range(n):
             if src[k] != None:  # noqa: E711
@@ -1069,7 +986,7 @@ def _chunks(bufs, n, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates, use_qk_l
         if io["prefetch"]:
             nisa.dma_copy(dst=bufs[j]["k"], src=io["nxt_k"][j])
         else:
-            _gather_chunk(bufs[j], io["hbm"], io["chunk_rows"], c, n + j, C)
+            _gather_chunk(bufs[j], io["hbm"], table, c, n + j, C)
 
 
 _STATE_JOBS = ("rhs", "oq", "sub", "apply", "post_ops", "out", "state")
@@ -1080,11 +997,10 @@ def _body_plan(jobs, G, n):
     stage order and ``off[k][i]`` the step at which group 0 runs its stage i (group u at
     step off + u); ``nslot`` steps in all. Chunk 0 runs its jobs as listed; a later chunk
     runs its state-independent jobs first, from step _CHUNK_STEP * k (+ _FIRST_LEAD in a
-    body of _MAX_CHUNKS chunks: chunk 0's doubling, which the iteration's first chain waits
-    for, then shares the queues with fewer of the later chunks' jobs; modeled trn2 TP4 4K
-    6.84 -> 6.92 M tokens/s, TP8 9.39 -> 9.50 M, lead 1 or 3 6.90 / 6.75 M; with 2 chunks,
-    TP2 3.68 -> 3.66 M, so not there), and its jobs from k S on (_STATE_JOBS) once the chunk
-    before has updated that group's state (program order is the state's data order)."""
+    body of _MAX_CHUNKS chunks: chunk 0's doubling, which the body's first chain waits
+    for, then shares the queues with fewer of the later chunks' jobs), and its jobs from
+    k S on (_STATE_JOBS) once the chunk before has updated that group's state (program
+    order is the state's data order)."""
     order = []
     off = []
     nslot = 0
@@ -1135,18 +1051,14 @@ def _group_jobs(HV, L):
     solve's layout moves, the right-hand sides (k S), q S, the solve setup, per doubling
     round its squaring and inverse update, per substitution block its packed right-hand
     side and its application, the product operands, the outputs, the state update. The
-    state-dependent k S and R go in early: they do not wait for the solve (modeled: TP1
-    1.17 -> 1.22 M tokens/s against after the doubling). The order differs with the head
-    groups a chunk has, both measured (modeled trn2):
+    state-dependent k S and R go in early: they do not wait for the solve. The order
+    differs with the head groups a chunk has:
 
     - < 8 groups (TP2, TP4, TP8): the off-diagonal blocks are placed by their own job
       (``place_off``, GpSimd copies) after k S and q S, just before the solve setup, so
-      GpSimd places them while the doubling runs (modeled 4K: TP4 6.22 -> 6.48 M tokens/s,
-      TP2 3.52 -> 3.57 M, TP8 8.03 -> 8.51 M against after the doubling, which paid when
-      the placements were DMAs that delayed the diagonal blocks');
+      GpSimd places them while the doubling runs;
     - >= 8 groups (TP1): q S after the second substitution block instead of beside k S,
-      out of ScalarE's busiest stretch (TP1 16K 1.95 -> 2.0 M tokens/s; TP2 3.24 -> 3.08 M,
-      TP4 4.56 -> 4.36 M)."""
+      out of ScalarE's busiest stretch."""
     nround = 0
     covered = 2
     while covered < _BLOCK and covered < L:
@@ -1225,7 +1137,7 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, HV,
         ATs = []
         for d in pres[key]:
             ATs.append(d["AT"])
-        _solve_place(ATs, L, solve[u], False, True, True)
+        _solve_place(ATs, L, solve[u], False, True)
     elif job == "setup":
         items[key] = _solve_setup(len(hvs), L, cst, xdt, solve[u])
     elif job == "square":

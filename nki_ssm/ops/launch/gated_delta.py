@@ -4,7 +4,8 @@
 sequence); ``prefill`` launches ``chunk.gdn_chunk_prefill`` (chunked WY / UT
 form; batch composition as run-time int32 tables, ``prefill_tables``; q/k/v
 flattened to ``[num_tokens, heads*dim]`` and padded to the token bucket plus
-one zero row, gates widened to float32, A_log / dt_bias repeated on 128 rows).
+one zero row, gates (and q/k with use_qk_l2norm) widened to float32, A_log /
+dt_bias repeated on 128 rows).
 
 Host side only arranges layouts and index tables; all math and every pool
 gather / scatter happens in the kernel:
@@ -17,7 +18,8 @@ gather / scatter happens in the kernel:
   ops (see ``decode_call``);
 - prefill: the pool is passed as its ``[slots*HV*K, V]`` row view (no copy for a
   C-contiguous pool); a slot is the contiguous block from row ``slot*HV*K``
-  (``seq_tab``), moved with a run-time start;
+  (``init_tab`` / ``final_tab``), moved with a run-time start; the chunks go in as
+  flat work lists (``prefill_tables``);
 - decode, per loop iteration (``decode_tables``, all float32): q and k become
   one ``[K, width*T*H*2]`` column block (k on partitions, k / q columns
   interleaved per head) plus k as one row ``[width*T*H*K]``; v becomes
@@ -215,21 +217,31 @@ def decode_call(xp, call, *, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_
 
 def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K, chunk_size,
                    num_tokens_bucket, num_seqs_bucket):
-    """Batch composition of ``gdn_chunk_prefill`` as int32 tables (layouts in its docstring).
+    """Batch composition of ``gdn_chunk_prefill`` as its int32 work lists (layouts in its
+    docstring): ``(body_rows, body_state, tail_rows, tail_state, init_tab, final_tab,
+    pad_rows, counts)``.
 
     Every step is one vectorised array op with a direct torch equivalent on
     device (named in the comments), so a serving loop builds them without a
     host round trip: ``diff``, ``where``, ``cumsum``, ``nonzero`` (stable
     compaction), ``repeat_interleave``, ``arange``, broadcasting arithmetic.
-    Shapes depend only on the buckets and the layer: with ``per`` the kernel's chunks per
-    loop iteration (``chunks_per_iteration(HV)``), ``chunk_rows`` and ``pad_rows``
-    ``[num_tokens_bucket // C + num_seqs_bucket + per, C]`` (``per`` spare rows: the
-    kernel gathers the next ``per`` chunks during each iteration), ``seq_tab``
-    ``[num_seqs_bucket, 6]`` (has_initial_state, first chunk, where its iterations of
-    ``per`` chunks end, end chunk, first pool row ``slot*HV*K``, refill: 1 when the
-    sequence has an iteration of ``per`` chunks and the last body before it was not one
-    (or none ran), so the kernel gathers its chunks 1 .. per - 1), ``counts`` ``[1, 2]``.
-    Row index ``num_tokens_bucket`` is the zero / trash row.
+    With ``n = chunks_per_iteration(HV)`` and the live sequences compacted (position p,
+    scratch block p, the zero block ``num_seqs_bucket``; a block row is ``block*K``):
+
+    - ``body_rows [E // n + 1, n*C]``: the token rows of every body of n consecutive chunks
+      (a sequence's first ``n * (chunks // n)`` chunks), in order; rows past a sequence
+      end hold ``num_tokens_bucket`` (the zero / trash row); ``tail_rows
+      [min(E, Nb*(n-1)) + 1, C]`` (n > 1, else ``[1, C]``): each sequence's remaining
+      chunks, one per row; one spare row each (the kernel gathers the next row ahead);
+      ``E = num_tokens_bucket // C + num_seqs_bucket`` bounds the chunks of a batch;
+    - ``body_state``, ``tail_state`` (one row per work row): (source block row, destination
+      block row): the sequence's own block, or the zero block as the source of its first
+      row when it has no initial state;
+    - ``init_tab [Nb, 2]``: (first pool row ``slot*HV*K``, block row) of each live sequence
+      with an initial state; ``final_tab [Nb, 2]``: (block row, pool row) of every live
+      sequence (an empty one without initial state: the zero block);
+    - ``pad_rows [E + 1, C]``: the chunks of padding sequences (their output rows get zeros);
+    - ``counts [1, 5]``: padding chunks, initial states, body rows, tail rows, live sequences.
     """
     from nki_ssm.kernels.gated_delta.chunk import chunks_per_iteration
 
@@ -240,43 +252,55 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K
                          f"got {slots}*{HV}*{K} = {slots * HV * K}")
     cu = np.asarray(cu_seqlens, dtype=np.int64)
     idx = np.asarray(state_indices, dtype=np.int64)
-    init = np.asarray(has_initial_state).astype(np.int64)
-    lens = np.diff(cu)                                            # torch.diff
+    init = np.asarray(has_initial_state).astype(bool)
+    n = chunks_per_iteration(HV)
     live = idx >= 0
-    nchunks = (lens + C - 1) // C                                 # elementwise
-    per = chunks_per_iteration(HV)
-    entries = Tb // C + Nb + per
-
-    def chunk_table(mask):
-        n = np.where(mask, nchunks, 0)                            # torch.where
-        hi = np.cumsum(n)                                         # torch.cumsum
-        lo = hi - n
-        seq = np.repeat(np.arange(len(n)), n)                     # torch.repeat_interleave
-        j = np.arange(seq.size) - lo[seq]                         # arange, gather
-        t0 = cu[seq] + j * C
-        rows = t0[:, None] + np.arange(C)[None, :]                # broadcasting
-        rows = np.where(rows < cu[seq + 1][:, None], rows, Tb)    # past the end: zero row
-        table = np.full((entries, C), Tb, dtype=np.int32)
-        table[:seq.size] = rows
-        return table, lo, hi, seq.size
-
-    chunk_rows, lo, hi, _ = chunk_table(live)
-    pad_rows, _, _, n_pad = chunk_table(~live)
     ids = np.flatnonzero(live)                                    # torch.nonzero (stable)
-    n = hi - lo
-    mid = lo + n // per * per                                     # elementwise
-    # refill: the sequence runs an iteration of ``per`` chunks but the last body before it
-    # (of the nearest earlier sequence with chunks) was a one-chunk body, or none ran
-    ends_full = np.where(n > 0, (n % per == 0).astype(np.int64), -1)[ids]
-    last = np.maximum.accumulate(np.where(ends_full >= 0, np.arange(ids.size), -1))  # cummax
-    prev = np.concatenate([[-1], last])[:ids.size]                 # shift by one
-    prev_full = np.where(prev >= 0, ends_full[np.maximum(prev, 0)], 0)
-    refill = ((n[ids] >= per) & (prev_full == 0)).astype(np.int64)
-    seq_tab = np.zeros((Nb, 6), dtype=np.int32)
-    seq_tab[:ids.size] = np.stack([init[ids], lo[ids], mid[ids], hi[ids], idx[ids] * HV * K,
-                                   refill], axis=1)
-    counts = np.array([[ids.size, n_pad]], dtype=np.int32)
-    return chunk_rows, seq_tab, pad_rows, counts
+    nchunks = (np.diff(cu) + C - 1) // C                          # torch.diff, elementwise
+    entries = Tb // C + Nb
+    zero_row = Nb * K
+
+    def chunks(seq, j):
+        """Token rows [len(seq), C] of chunk j of sequence seq (past its end: Tb)."""
+        rows = (cu[seq] + j * C)[:, None] + np.arange(C)[None, :]  # broadcasting
+        return np.where(rows < cu[seq + 1][:, None], rows, Tb)    # torch.where
+
+    def flat(counts):
+        """(owner, index within owner) of every item, owners given item counts."""
+        hi = np.cumsum(counts)                                    # torch.cumsum
+        owner = np.repeat(np.arange(counts.size), counts)         # torch.repeat_interleave
+        return owner, np.arange(owner.size) - (hi - counts)[owner]
+
+    def table(rows, length, width):
+        out = np.full((length, width), Tb, dtype=np.int32)
+        out[:rows.shape[0]] = rows
+        return out
+
+    def state(p, first):
+        """(source, destination) block rows of work rows of live positions p."""
+        src = np.where(first & ~init[ids[p]], zero_row, p * K)
+        return np.stack([src, p * K], axis=1)
+
+    nch = nchunks[ids]
+    bodies = nch // n
+    p, m = flat(bodies)                                           # body m of position p
+    body = np.stack([chunks(ids[p], m * n + j) for j in range(n)], axis=1).reshape(-1, n * C)
+    body_rows = table(body, entries // n + 1, n * C)
+    body_state = table(state(p, m == 0), entries // n + 1, 2)
+    n_tail = min(entries, Nb * (n - 1)) + 1 if n > 1 else 1
+    p, j = flat(nch - bodies * n)                                 # remaining chunk j
+    tail_rows = table(chunks(ids[p], bodies[p] * n + j), n_tail, C)
+    tail_state = table(state(p, (j == 0) & (bodies[p] == 0)), n_tail, 2)
+    with_init = np.flatnonzero(init[ids])                         # torch.nonzero
+    init_tab = table(np.stack([idx[ids[with_init]] * HV * K, with_init * K], axis=1), Nb, 2)
+    final_src = np.where(init[ids] | (nch > 0), np.arange(ids.size) * K, zero_row)
+    final_tab = table(np.stack([final_src, idx[ids] * HV * K], axis=1), Nb, 2)
+    pad = np.flatnonzero(~live)
+    q, j = flat(nchunks[pad])
+    pad_rows = table(chunks(pad[q], j), entries + 1, C)
+    counts = np.array([[q.size, with_init.size, body.shape[0], p.size, ids.size]],
+                      dtype=np.int32)
+    return body_rows, body_state, tail_rows, tail_state, init_tab, final_tab, pad_rows, counts
 
 
 def default_chunk_size(K, V, HV):
@@ -326,7 +350,10 @@ def prefill_call(xp, call, *, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use
                             K=K, chunk_size=chunk_size, num_tokens_bucket=Tb,
                             num_seqs_bucket=Nb)
     pool = xp.pool_view(ssm_states, (slots * HV * K, V))
-    o = call(prefill_kernel(), xp.pad_rows(q, Tb + 1, H * K), xp.pad_rows(k, Tb + 1, H * K),
+    # q, k in float32 when the kernel normalises them in float32 (its DMAs never convert)
+    l2 = bool(use_qk_l2norm)
+    o = call(prefill_kernel(), xp.pad_rows(q, Tb + 1, H * K, f32=l2),
+             xp.pad_rows(k, Tb + 1, H * K, f32=l2),
              xp.pad_rows(v, Tb + 1, HV * V), xp.pad_rows(first, Tb + 1, HV, f32=True),
              xp.pad_rows(second, Tb + 1, HV, f32=True), hp, pool,
              *(xp.table(t) for t in tables), int(H), bool(raw), bool(use_qk_l2norm),
