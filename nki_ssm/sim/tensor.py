@@ -34,6 +34,7 @@ import numpy as np
 
 from . import dtypes as _dt
 from . import memory as _memory
+from .control import SUPPRESS_FLOOR as _SUPPRESS
 from .errors import NkiValidationError
 from .trace import Region
 
@@ -137,6 +138,12 @@ def as_region(buffer, what: str = "buffer") -> MemoryRegion:
 # --------------------------------------------------------------------------- storage
 
 _storage_ids = itertools.count(1)
+_next_id = [1]
+
+
+def next_storage_id() -> int:
+    """The id the next Storage will get (ids only grow: a storage with a smaller id is older)."""
+    return _next_id[0]
 
 
 class Storage:
@@ -148,6 +155,7 @@ class Storage:
     def __init__(self, region: MemoryRegion, shape: tuple[int, ...], dtype, data: np.ndarray,
                  name: str = ""):
         self.id = next(_storage_ids)
+        _next_id[0] = self.id + 1
         self.buffer = region.kind                  # "sbuf" | "psum" | "hbm"
         self.kind = region                         # MemoryRegion (shared/private for HBM)
         self.dtype = np.dtype(dtype)
@@ -309,6 +317,11 @@ class Indirection:
 
     def values(self) -> np.ndarray:
         """The index values now, int64: shape (1,) for scalar, (rows,) for vector."""
+        if _SUPPRESS:
+            # a body whose loop runs zero times: its offsets are garbage; address index 0
+            n = 1 if self.kind == "scalar" else (self.rows if self.rows is not None
+                                                 else self.index.size)
+            return np.zeros(n, dtype=np.int64)
         if not isinstance(self.index, NkiTensor):   # a VirtualRegister (scalar_offset=reg)
             return np.array([self.index.runtime_value("scalar_offset")], dtype=np.int64)
         v = self.index.read()
@@ -691,6 +704,8 @@ class NkiTensor:
         tr = self.storage._tracker
         if tr is not None:
             tr.touch(self.storage.id)
+        if _SUPPRESS and self.storage.id < _SUPPRESS[0]:
+            return      # a body whose loop runs zero times: traced, no effect (sim.control)
         vals = _dt.cast(values, self.dtype)
         if self.indirection is None:
             self._array()[...] = vals
