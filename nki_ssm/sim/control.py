@@ -375,25 +375,43 @@ def fori_loop(lower, upper, body_fun, step=1):
         body_fun(i)
 
 
-def _while(kind: str, init, body):
-    """A runtime loop while register ``r`` is non-zero; ``body(r)`` returns the next ``r``."""
+def _while_iterations(kind: str, init, cond):
+    """Yield once per iteration of a runtime loop that runs while the register ``cond()``
+    (``init`` at first) is non-zero, checked before each iteration."""
     frame = _new_frame(kind)
-    r = init
     completed = False
     try:
-        if SUPPRESS_FLOOR or init.runtime_value(f"nl.{kind} condition") == 0:
+        if SUPPRESS_FLOOR or init.runtime_value(f"{kind} condition") == 0:
             if _trace_unrun(frame):
                 _next_iteration(frame, unrun=True)
                 with _Suppressed():
-                    body(r)
+                    yield
         else:
-            while r.runtime_value(f"nl.{kind} condition") != 0:
+            while _condition(kind, cond()).runtime_value(f"{kind} condition") != 0:
                 _next_iteration(frame)
-                r = body(r)
+                yield
         completed = True
     finally:
         _exit(frame, completed)
+
+
+def _condition(kind: str, r):
+    from .isa.registers import VirtualRegister
+    if not isinstance(r, VirtualRegister):
+        raise TypeError(f"{kind}: the loop condition must stay a VirtualRegister, got "
+                        f"{type(r).__name__}")
     return r
+
+
+def dynamic_while(reg, cond):
+    """``while reg:`` with a register condition (``cond()`` re-reads it): a runtime loop
+    (nki-dynamic-loops.rst, "Using while with a VirtualRegister"); deprecated by NKI 0.6.0."""
+    if version.at_least("0.6.0"):
+        warnings.warn(
+            "dynamic 'while reg:' loops are deprecated in NKI 0.6.0 and will be removed in a "
+            "future release; use nl.while_loop(init, body) (release-notes/components/nki.rst, "
+            "0.6.0, Deprecated and Removed APIs)", DeprecationWarning, stacklevel=3)
+    return _while_iterations("while", reg, cond)
 
 
 def while_loop(init, body_fun):
@@ -407,14 +425,13 @@ def while_loop(init, body_fun):
         raise TypeError(f"nl.while_loop: body_fun must be a function (r) -> VirtualRegister, "
                         f"got {type(body_fun).__name__}")
 
-    def body(r):
-        nxt = body_fun(r)
+    current = [init]
+    for _ in _while_iterations(kind, init, lambda: current[0]):
+        nxt = body_fun(current[0])
         if not isinstance(nxt, VirtualRegister):
             raise TypeError(f"nl.while_loop: body_fun must return a VirtualRegister (the next "
                             f"condition), got {type(nxt).__name__}")
-        return nxt
-
-    _while(kind, init, body)
+        current[0] = nxt
 
 
 __all__ = ["dynamic_range", "fori_loop", "while_loop", "loop_stack", "loop_path", "LoopFrame",

@@ -145,3 +145,41 @@ def test_fori_loop_passes_the_induction_variable_by_value():
     for i in nl.dynamic_range(1):       # dynamic_range keeps the 0.4.0 rule: frozen
         with pytest.raises(NkiValidationError, match="frozen"):
             nisa.register_load(i, nl.zeros((1, 1), nl.int32, buffer=nl.sbuf))
+
+
+@jit
+def count_down_while_reg(x, n):
+    """out = x + n[0]: a dynamic ``while reg:`` loop adds 1 and decrements the counter."""
+    out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    left = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=left, src=n.ap(pattern=[[1, 1], [1, 1]], offset=0))
+    reg = nisa.register_alloc()
+    nisa.register_load(reg, left)
+    steps = 0
+    while steps < 2:                     # a Python while: unrolled, no warning
+        steps = steps + 1
+    while reg:
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.add, operand0=1.0)
+        nisa.tensor_scalar(dst=left, data=left, op0=nl.subtract, operand0=1)
+        nisa.register_load(reg, left)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+@pytest.mark.parametrize("count", [0, 1, 3])
+def test_while_reg_is_a_runtime_loop_deprecated_in_060(count):
+    with pytest.warns(DeprecationWarning, match="while_loop"):
+        with record() as tr:
+            y = simulate(count_down_while_reg)(X, np.array([count], np.int32))
+    np.testing.assert_array_equal(y, X + count)
+    assert [lp.iterations for lp in tr.loops.values()] == [count]
+    assert tr.program_instructions() == 5                 # 2 DMAs in, the body's 2, 1 out
+
+
+def test_while_reg_does_not_warn_under_050(nki_050):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y = simulate(count_down_while_reg)(X, np.array([2], np.int32))
+    np.testing.assert_array_equal(y, X + 2)
