@@ -13,6 +13,7 @@ def _default_target(monkeypatch):
     monkeypatch.delenv(ENV_VAR, raising=False)
     monkeypatch.delenv("NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE", raising=False)
     monkeypatch.delenv("NKI_SSM_NKI_VERSION", raising=False)     # NKI 0.6.0 unless set
+    monkeypatch.delenv("NKI_PRECISE_FP", raising=False)
 
 
 @pytest.fixture

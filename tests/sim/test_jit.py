@@ -227,3 +227,18 @@ def test_torch_tensors_in_and_out():
     s = torch.zeros((4, 8), dtype=torch.float32)
     simulate(increment_in_place)(s, False)
     assert torch.equal(s, torch.ones((4, 8)))
+
+
+def test_nki_precise_fp(monkeypatch, rng):
+    """nki_simulator.rst: NKI_PRECISE_FP=1 (default) stores bf16/fp8 through ml_dtypes, as
+    this simulator always does; 0 (float32 storage) is refused, not silently ignored."""
+    x = rng.standard_normal((4, 4)).astype(np.float32)
+    want = scale_copy(x, 3.0)
+    monkeypatch.setenv("NKI_PRECISE_FP", "1")
+    np.testing.assert_array_equal(scale_copy(x, 3.0), want)
+    monkeypatch.setenv("NKI_PRECISE_FP", "0")
+    with pytest.raises(NotImplementedError, match="NKI_PRECISE_FP=0"):
+        scale_copy(x, 3.0)
+    monkeypatch.setenv("NKI_PRECISE_FP", "yes")
+    with pytest.raises(ValueError, match="NKI_PRECISE_FP: expected 0 or 1"):
+        scale_copy(x, 3.0)
