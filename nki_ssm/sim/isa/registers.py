@@ -68,8 +68,25 @@ def _reg(inst, arg, r) -> VirtualRegister:
     return r
 
 
+# nisa.register_alloc documents x as None or an int; nki-library at d2ad3a5 passes a one-element
+# SBUF tile view, src/nkilib_src/nkilib/core/moe/moe_tkg/all_expert_mx_impl.py:311
+# (``nisa.register_alloc(dynamic_decision_sb[0, 0])``): released kernels win.
+_ALLOC_FROM_TENSOR = ("aws-neuron/nki-library d2ad3a5 src/nkilib_src/nkilib/core/moe/moe_tkg/"
+                      "all_expert_mx_impl.py:311")
+
+
 def register_alloc(x=None) -> VirtualRegister:
-    """A new register, uninitialised (None) or holding the int ``x``."""
+    """A new register, uninitialised (None), holding the int ``x``, or loaded from ``x``, a
+    one-element integer tensor (as ``register_load``; with an ``NkiReleasedUseWarning``)."""
+    if C.is_tensor(x):
+        import warnings
+        from ..errors import NkiReleasedUseWarning
+        warnings.warn(f"register_alloc(x) with a tensor x: the docs allow None or an int; a "
+                      f"released kernel does this ({_ALLOC_FROM_TENSOR}), so it is accepted "
+                      "and loads the tensor's value", NkiReleasedUseWarning, stacklevel=2)
+        r = VirtualRegister()
+        register_load(r, x)
+        return r
     return VirtualRegister(None if x is None else _int32("register_alloc", "x", x))
 
 
