@@ -182,9 +182,10 @@ def test_trace_records_target_and_instructions(set_target):
     assert [i.op for i in tr.instructions][0] == "dma_copy" and len(tr) == 3
 
 
-def test_plain_helper_is_inlined_jit_helper_rejected(rng):
-    """Sub-kernels are plain functions (inlined); a call to an nki.jit-decorated
-    function from a kernel is rejected (migration guide: remove nki.jit on sub-kernels)."""
+def test_plain_helper_and_jit_sub_kernel_are_inlined(rng):
+    """Sub-kernels are inlined. The migration guide asks for plain functions, but released
+    kernels call nki.jit kernels from kernels (nki-library d2ad3a5 core/moe/moe_cte/moe_cte.py:351):
+    accepted with a warning naming that file."""
     plain = scale_copy.func
 
     @jit
@@ -198,8 +199,9 @@ def test_plain_helper_is_inlined_jit_helper_rejected(rng):
     def outer_jit(x):
         return scale_copy(x, 2.0)
 
-    with pytest.raises(NkiValidationError, match="decorated with nki.jit"):
-        simulate(outer_jit)(x)
+    from nki_ssm.sim.subset import NkiFrontendWarning
+    with pytest.warns(NkiFrontendWarning, match="decorated with nki.jit.*moe_cte.py:351"):
+        np.testing.assert_array_equal(simulate(outer_jit)(x), x * np.float32(2.0))
 
 
 def test_inputs_are_hbm_and_shared_under_lnc2():
