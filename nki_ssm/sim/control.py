@@ -186,7 +186,17 @@ def _nesting_rules(kind: str, st: _ProgramState) -> None:
         f"nl.{kind} inside nl.{outer}: a runtime loop nested in a runtime loop; NKI 0.6.0 "
         "carries forward the known issue that nested runtime loops with loop-carried values "
         "fail to compile (\"Could not find register\"; release-notes/components/nki.rst, "
-        "0.5.0 Known Issues, Control Flow)", NkiKnownIssueWarning, stacklevel=4)
+        "0.5.0 Known Issues, Control Flow)", NkiKnownIssueWarning, stacklevel=_kernel_level())
+
+
+def _kernel_level() -> int:
+    """``warnings.warn`` stacklevel of the innermost caller outside the simulator (the
+    kernel line that entered the loop)."""
+    import sys
+    f, level = sys._getframe(2), 2      # the frame that called warn's caller
+    while f is not None and f.f_globals.get("__name__", "").startswith("nki_ssm.sim"):
+        f, level = f.f_back, level + 1
+    return level
 
 
 def _new_frame(kind: str) -> LoopFrame:
