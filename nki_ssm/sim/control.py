@@ -426,7 +426,8 @@ def dynamic_while(reg, cond):
 
 def while_loop(init, body_fun):
     """``nl.while_loop`` (NKI 0.6.0): runs ``r = body_fun(r)`` while register ``r`` is
-    non-zero (checked before each iteration); returns None, as documented."""
+    non-zero (checked before each iteration), ``r`` passed by value; returns None, as
+    documented."""
     from .isa.registers import VirtualRegister
     kind = "while_loop"
     if not isinstance(init, VirtualRegister):
@@ -437,7 +438,9 @@ def while_loop(init, body_fun):
 
     current = [init]
     for _ in _while_iterations(kind, init, lambda: current[0]):
-        nxt = body_fun(current[0])
+        # "The body receives the current condition value r as a VirtualRegister, passed by
+        # value" (nl.while_loop docstring): a copy, which it may load and return
+        nxt = body_fun(VirtualRegister(current[0].value))
         if not isinstance(nxt, VirtualRegister):
             raise TypeError(f"nl.while_loop: body_fun must return a VirtualRegister (the next "
                             f"condition), got {type(nxt).__name__}")

@@ -26,7 +26,6 @@ further in this simulator.
 """
 from __future__ import annotations
 
-import itertools
 import math
 from enum import Enum
 
@@ -137,7 +136,6 @@ def as_region(buffer, what: str = "buffer") -> MemoryRegion:
 
 # --------------------------------------------------------------------------- storage
 
-_storage_ids = itertools.count(1)
 _next_id = [1]
 
 
@@ -154,8 +152,8 @@ class Storage:
 
     def __init__(self, region: MemoryRegion, shape: tuple[int, ...], dtype, data: np.ndarray,
                  name: str = ""):
-        self.id = next(_storage_ids)
-        _next_id[0] = self.id + 1
+        self.id = _next_id[0]
+        _next_id[0] += 1
         self.buffer = region.kind                  # "sbuf" | "psum" | "hbm"
         self.kind = region                         # MemoryRegion (shared/private for HBM)
         self.dtype = np.dtype(dtype)
