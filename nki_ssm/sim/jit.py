@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import enum
 import functools
-import os
 from dataclasses import dataclass, field
 
 import ml_dtypes
 import numpy as np
 
 from . import control as _control
+from . import dtypes as _dt
 from . import frontend as _frontend
 from . import memory as _memory
 from . import subset as _subset
@@ -256,33 +256,12 @@ def reset_specialisations() -> None:
 
 # ----------------------------------------------------------------- running
 
-PRECISE_FP_ENV = "NKI_PRECISE_FP"
-
-
-def _check_precise_fp() -> None:
-    """``NKI_PRECISE_FP`` (aws-neuron-sdk nki/guides/nki_simulator.rst, "Precise
-    Floating-Point Mode"): 1 (the default) stores bfloat16 / fp8 through ml_dtypes, which is
-    what this simulator always does. 0 (every low-precision tensor stored as float32) is not
-    modelled: storage here is byte-exact (views, bitcasts, capacity), so a launch refuses it
-    rather than silently rounding anyway."""
-    v = os.environ.get(PRECISE_FP_ENV, "").strip()
-    if v in ("", "1"):
-        return
-    if v == "0":
-        raise NotImplementedError(
-            f"{PRECISE_FP_ENV}=0 (low-precision tensors stored as float32) is not modelled by the "
-            f"nki_ssm simulator, which always stores bfloat16 / fp8 in their own format (the "
-            f"SDK's default, {PRECISE_FP_ENV}=1); unset it, or compare against a float32 "
-            "reference instead")
-    raise ValueError(f"{PRECISE_FP_ENV}: expected 0 or 1, got {v!r}")
-
-
 def _run(fn, num_programs: int, grid_ndim: int, args, kwargs, kernel=None):
     if _launches:
         # (only reached when the outer source cannot be read: the subset check rejects
         # calls to jit kernels from a kernel) run it inline
         return fn(*args, **kwargs)
-    _check_precise_fp()
+    _dt.precise_fp()        # NKI_PRECISE_FP=0|1 (sim.dtypes): a bad value fails before the run
     # the compiler parses the source: Python it rejects fails here, before anything runs;
     # the launch runs a copy that applies the front end's trace-time rules (sim.frontend)
     runner = _frontend.prepare(fn, _subset.check_kernel(fn))
