@@ -171,7 +171,10 @@ def _convert_output(value, where: str = "output"):
             raise NkiValidationError(
                 f"kernel {where}: returned tensors must be allocated in nl.shared_hbm "
                 f"(NKI 0.3.0), got a tensor in {value.storage.kind.value}")
-        return value.read()
+        out = value.read()
+        # NKI_PRECISE_FP=0 holds bf16 / fp8 as float32 inside the kernel; the caller gets the
+        # output's own dtype (rounded once, here)
+        return out.astype(value.dtype.np) if value.storage.widened else out
     if isinstance(value, (tuple, list)):
         return tuple(_convert_output(v, f"{where}[{i}]") for i, v in enumerate(value))
     raise NkiValidationError(f"kernel {where}: a kernel returns shared_hbm tensors (or a tuple "

@@ -263,6 +263,9 @@ def test_nki_precise_fp(monkeypatch):
     monkeypatch.setenv("NKI_PRECISE_FP", "0")
     y = bf16_sum_of_three(x)
     np.testing.assert_allclose(y, exact, rtol=1e-6)
+    yb = bf16_sum_of_three(x.astype(ml_dtypes.bfloat16))      # outputs keep their dtype:
+    assert yb.dtype == ml_dtypes.bfloat16                      # rounded once, on the way out
+    np.testing.assert_array_equal(yb, exact.astype(ml_dtypes.bfloat16))
     # capacity counts the tile's bf16 bytes, not the float32 copy the simulator holds
     assert bf16_sum_of_three.last_memory_usage[0]["sbuf_peak"] == peak
     monkeypatch.setenv("NKI_PRECISE_FP", "yes")
