@@ -4,9 +4,16 @@
 package when it is importable and ``NKI_SSM_BACKEND`` is not ``sim``, and the
 bundled simulator (``nki_ssm.sim``) otherwise. ``NKI_SSM_BACKEND``:
 
-- ``auto`` (default): the SDK when importable, else the simulator;
-- ``neuron``: the SDK; ImportError when it is not installed;
+- ``auto`` (default): the SDK when importable and new enough, else the
+  simulator (with a warning when an older SDK was passed over);
+- ``neuron``: the SDK; ImportError when it is not installed or older than
+  the minimum;
 - ``sim``: the simulator, even when the SDK is installed.
+
+The kernels target NKI 0.6.0 (Neuron SDK 2.32.0): their runtime loops are
+``nl.fori_loop``, which NKI 0.6.0 introduced (release-notes/components/nki.rst,
+0.6.0), so ``MIN_NKI`` is 0.6.0. The simulator imitates the release
+``NKI_SSM_NKI_VERSION`` names (``nki_ssm.sim.version``).
 
 The choice is made once, when this module is first imported (kernels bind
 ``nki.jit`` at import time); ``name()`` reports it. ``resolve()`` evaluates
@@ -19,9 +26,33 @@ import importlib
 import os
 import sys
 import types
+import warnings
 
 ENV_VAR = "NKI_SSM_BACKEND"
 CHOICES = ("auto", "neuron", "sim")
+MIN_NKI = "0.6.0"           # NKI 0.6.0 = Neuron SDK 2.32.0: nl.fori_loop / nl.while_loop
+MIN_SDK = "2.32.0"
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``"0.6.0+31049202112.g85070674"`` -> (0, 6, 0); unparsable parts end the tuple."""
+    out = []
+    for part in version.split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit()) if part[:1].isdigit() else ""
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
+
+
+def sdk_too_old(sdk) -> str | None:
+    """Why the SDK's ``nki`` module is older than ``MIN_NKI`` (None when it is new enough or
+    reports no version)."""
+    found = str(getattr(sdk, "__version__", "") or "")
+    if found and _release(found) < _release(MIN_NKI):
+        return (f"the installed Neuron SDK has NKI {found}; nki_ssm's kernels need NKI >= "
+                f"{MIN_NKI} (Neuron SDK >= {MIN_SDK}: nl.fori_loop)")
+    return None
 
 
 def _sdk_modules() -> tuple[types.ModuleType, types.ModuleType, types.ModuleType] | None:
@@ -39,17 +70,10 @@ def _sdk_modules() -> tuple[types.ModuleType, types.ModuleType, types.ModuleType
 
 
 def _sim_modules():
-    from .sim import isa, jit, language
+    from .sim.install import build_nki
 
-    sim_nki = types.ModuleType("nki", "NKI API served by the nki_ssm CPU simulator")
-    sim_nki.IS_NKI_SSM_SIMULATOR = True
-    sim_nki.jit = jit.jit
-    sim_nki.simulate = jit.simulate
-    sim_nki.simulate_kernel = jit.simulate_kernel
-    sim_nki.Kernel = jit.Kernel
-    sim_nki.language = language
-    sim_nki.isa = isa
-    return sim_nki, language, isa
+    sim_nki = build_nki()
+    return sim_nki, sim_nki.language, sim_nki.isa
 
 
 def resolve(choice: str | None = None):
@@ -60,13 +84,18 @@ def resolve(choice: str | None = None):
         raise ValueError(f"{ENV_VAR}: expected one of {', '.join(CHOICES)}, got {choice!r}")
     if choice != "sim":
         sdk = _sdk_modules()
-        if sdk is not None:
+        old = sdk_too_old(sdk[0]) if sdk is not None else None
+        if sdk is not None and old is None:
             return ("neuron",) + sdk
         if choice == "neuron":
             raise ImportError(
-                f"{ENV_VAR}=neuron but the Neuron SDK's `nki` package is not importable; install "
-                "the Neuron SDK (NKI >= 0.5.0) or set NKI_SSM_BACKEND=sim (or auto) to use the "
+                f"{ENV_VAR}=neuron but " + (old if old else "the Neuron SDK's `nki` package is "
+                                            "not importable") + f"; install the Neuron SDK >= "
+                f"{MIN_SDK} (NKI >= {MIN_NKI}) or set {ENV_VAR}=sim (or auto) to use the "
                 "bundled simulator")
+        if old:
+            warnings.warn(f"{old}; using the bundled simulator ({ENV_VAR}=auto)", RuntimeWarning,
+                          stacklevel=2)
     return ("sim",) + _sim_modules()
 
 
@@ -101,4 +130,5 @@ def run(kernel, *args, backend: str | None = None, **kwargs):
     raise ValueError(f"backend: expected 'sim', 'neuron' or None, got {backend!r}")
 
 
-__all__ = ["nki", "nl", "nisa", "name", "run", "resolve", "ENV_VAR", "CHOICES"]
+__all__ = ["nki", "nl", "nisa", "name", "run", "resolve", "sdk_too_old", "ENV_VAR", "CHOICES",
+           "MIN_NKI", "MIN_SDK"]

@@ -30,7 +30,8 @@ def test_smoke_run_writes_report(tmp_path):
             assert c["modeled_ns"] > 0 and 0 < c["roofline_fraction"] <= 1.0
             assert 0 < c["modeled_ns_low"] <= c["modeled_ns"] <= c["modeled_ns_high"]
             assert c["modeled_ns_optimistic"] == c["modeled_ns_low"]
-            assert 0 < c["program_instructions"] <= c["instructions"]
+            # static: every runtime-loop body once, run or not (so it may exceed what ran)
+            assert c["program_instructions"] > 0 and c["instructions"] > 0
             assert c["binding_engine"] in ("tensor", "vector", "scalar", "gpsimd", "dma")
             assert c["err_out"] < 1e-2, c
         if c["status"] == NO_KERNEL:

@@ -7,10 +7,12 @@ Modules: ``errors`` (NkiValidationError, NkiCapacityError), ``dtypes``,
 ``tensor`` (Storage, NkiTensor views), ``memory`` (SBUF/PSUM capacity by access
 liveness: first to last access, whole runtime loops),
 ``language`` (nki.language), ``isa`` (nki.isa), ``control`` (runtime loops:
-``nl.dynamic_range`` / ``fori_loop`` / ``while_loop`` with VirtualRegisters, recorded
-with their loop structure so the trace gives both the dynamic instruction count and the
-program size), ``jit`` (jit, simulate, ``specialisations()``: the compiles the real
-toolchain would make),
+``nl.fori_loop`` / ``while_loop``, deprecated ``nl.dynamic_range`` / ``while reg:``, with
+VirtualRegisters, recorded with their loop structure so the trace gives both the dynamic
+instruction count and the program size; a body that runs zero times is traced once with
+its effects suppressed), ``version`` (``NKI_SSM_NKI_VERSION``: the 0.6.0 or 0.5.0 rules),
+``jit`` (jit, simulate, ``specialisations()``: the compiles the real
+toolchain would make), ``simulator`` (``nki.simulator.simulate_kernel``),
 ``install`` (register the simulator as ``import nki``), ``trace``,
 ``subset`` (every launched kernel's Python is checked against the subset the
 NKI front end, leanprover/KLR, accepts: no comprehensions, lambda, raise, try,
@@ -35,7 +37,7 @@ from .targets import current_target
 IS_NKI_SSM_SIMULATOR = True
 
 _LAZY = {"language": ".language", "isa": ".isa", "jit": ".jit", "tensor": ".tensor",
-         "control": ".control",
+         "control": ".control", "simulator": ".simulator", "version": ".version",
          "memory": ".memory", "dtypes": ".dtypes", "targets": ".targets", "trace": ".trace"}
 _LAZY_ATTRS = {"simulate": "jit", "simulate_kernel": "jit", "Kernel": "jit", "NkiTensor": "tensor",
                "specialisations": "jit", "reset_specialisations": "jit"}

@@ -13,6 +13,8 @@ float -> integer rounds to nearest even and saturates to the integer range
 """
 from __future__ import annotations
 
+import os
+
 import ml_dtypes
 import numpy as np
 
@@ -155,6 +157,31 @@ def cast(values, dtype) -> np.ndarray:
     return np.clip(a.astype(np.int64), info.min, info.max).astype(target)
 
 
+PRECISE_FP_ENV = "NKI_PRECISE_FP"
+# "low-precision dtypes (bfloat16, float8_e4m3, float8_e5m2)" (nki_simulator.rst)
+_WIDENED = frozenset({"bfloat16", "float8_e4m3", "float8_e5m2"})
+
+
+def precise_fp() -> bool:
+    """``NKI_PRECISE_FP`` (aws-neuron-sdk nki/guides/nki_simulator.rst, "Precise
+    Floating-Point Mode"): 1 (default) stores bfloat16 / fp8 through ml_dtypes; 0 stores
+    them as float32, so no rounding or truncation happens inside a kernel."""
+    v = os.environ.get(PRECISE_FP_ENV, "").strip()
+    if v in ("", "1"):
+        return True
+    if v == "0":
+        return False
+    raise ValueError(f"{PRECISE_FP_ENV}: expected 0 or 1, got {v!r}")
+
+
+def storage_np(d: "DType") -> np.dtype:
+    """The NumPy dtype a new tensor of ``d`` is held in: ``d.np``, or float32 for a
+    low-precision float under ``NKI_PRECISE_FP=0``."""
+    if d.name in _WIDENED and not precise_fp():
+        return np.dtype(np.float32)
+    return d.np
+
+
 def cast_float32(values) -> np.ndarray:
     """``values`` as float32 (how Vector/Scalar/GpSimd engines read every operand)."""
     a = np.asarray(values)
@@ -164,7 +191,7 @@ def cast_float32(values) -> np.ndarray:
 
 
 __all__ = [
-    "DType", "ALL", "as_dtype", "from_numpy", "is_float", "is_int", "cast", "cast_float32",
+    "PRECISE_FP_ENV", "precise_fp", "storage_np", "DType", "ALL", "as_dtype", "from_numpy", "is_float", "is_int", "cast", "cast_float32",
     "bool_", "int8", "int16", "int32", "uint8", "uint16", "uint32", "float16", "float32",
     "bfloat16", "tfloat32", "float8_e4m3", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu",
 ]

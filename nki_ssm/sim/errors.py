@@ -15,4 +15,10 @@ class NkiCapacityError(NkiValidationError):
     """Live SBUF or PSUM allocations exceed what the target holds."""
 
 
-__all__ = ["NkiValidationError", "NkiCapacityError"]
+class NkiReleasedUseWarning(UserWarning):
+    """A construct the NKI docs do not allow but a released kernel (nki-library, nki-samples,
+    NxD Inference contrib) uses: the simulator accepts it, naming the released file, since
+    released kernels are what the compiler demonstrably takes."""
+
+
+__all__ = ["NkiValidationError", "NkiCapacityError", "NkiReleasedUseWarning"]

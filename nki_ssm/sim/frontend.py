@@ -27,6 +27,11 @@ functions ``subset.check_kernel`` walked), with the same source lines:
   every equal item, as there (Python.lean 301-316); tuples and strs have no
   methods; ``lst[i] = v`` needs ``0 <= i < len`` and ``d[k] = v`` a str key
   (KLR/Trace/NKI.lean 340-360).
+- ``while cond:``: evaluated while tracing and unrolled, unless ``cond`` is a
+  VirtualRegister: then a runtime loop that runs while the register is non-zero
+  (nki-dynamic-loops.rst, "Using while with a VirtualRegister"; the
+  VirtualRegister API page: supported by the parser front end), deprecated
+  by NKI 0.6.0 (``sim.control.dynamic_while``).
 - module-level lists and dicts a kernel reads are constants copied when the
   kernel is traced (KLR interop/klr/gather.c ``const_expr``): the copy gets
   fresh copies at every launch, so a kernel never changes module state.
@@ -42,7 +47,9 @@ import copy
 import sys
 import types
 
+from . import control as _control
 from .errors import NkiValidationError
+from .isa.registers import VirtualRegister
 from .subset import RANGE_NAMES, Checked, _tail
 
 RT_NAME = "__nki_frontend__"
@@ -127,6 +134,18 @@ class _Runtime:
             _reject(f"dict item assignment with a {type(key).__name__} key (dict keys are strs, "
                     "KLR/Trace/NKI.lean 352-360)")
         obj[key] = value
+
+    @staticmethod
+    def while_(cond):
+        """``while <cond>:``: unrolled while ``cond()`` is a Python value (the front end
+        evaluates it while tracing); a runtime loop when it is a VirtualRegister."""
+        v = cond()
+        if isinstance(v, VirtualRegister):
+            yield from _control.dynamic_while(v, cond)
+            return
+        while v:
+            yield None
+            v = cond()
 
     @staticmethod
     def iterate(value):
@@ -265,6 +284,18 @@ class _Rewrite(ast.NodeTransformer):
         if not (isinstance(it, ast.Call) and _tail(it.func) in RANGE_NAMES):
             node.iter = _call("iterate", [it], it)
         return node
+
+
+    def visit_While(self, node):
+        # for _ in while_(lambda: test): body -- the test re-evaluated before each iteration
+        self.generic_visit(node)
+        test = ast.Lambda(args=ast.arguments(posonlyargs=[], args=[], vararg=None,
+                                             kwonlyargs=[], kw_defaults=[], kwarg=None,
+                                             defaults=[]), body=node.test)
+        loop = ast.For(target=ast.Name(id="__nki_while__", ctx=ast.Store()),
+                       iter=_call("while_", [ast.copy_location(test, node.test)], node.test),
+                       body=node.body, orelse=[])
+        return ast.copy_location(loop, node)
 
 
 def _slice_call(s: ast.Slice) -> ast.Call:

@@ -7,6 +7,7 @@ file (``import nki; import nki.language as nl; import nki.isa as nisa``)::
     nki_ssm.sim.install()          # no-op (returns False) if the SDK is importable
     import my_kernel_file          # its `import nki` now gets the simulator
     y = nki.simulate(my_kernel_file.kernel)(x)
+    y = nki.simulator.simulate_kernel(my_kernel_file.kernel, (x,), {}, lnc=2)
 
 The registered modules carry ``IS_NKI_SSM_SIMULATOR = True`` so code (e.g.
 ``nki_ssm.backend``) can tell them from the SDK.
@@ -17,7 +18,7 @@ import importlib.machinery
 import sys
 import types
 
-_NAMES = ("nki", "nki.language", "nki.isa", "nki.typing")
+_NAMES = ("nki", "nki.language", "nki.isa", "nki.typing", "nki.simulator")
 
 
 def is_simulator_module(module) -> bool:
@@ -32,21 +33,31 @@ def sdk_importable() -> bool:
     return importlib.machinery.PathFinder.find_spec("nki") is not None
 
 
-def _build() -> dict[str, types.ModuleType]:
-    from . import isa, jit, language, tensor
+def build_nki() -> types.ModuleType:
+    """A module ``nki`` serving the simulator: ``jit``, ``simulate``, ``simulator``
+    (``simulate_kernel(func, args, kwargs, lnc=...)``), ``language``, ``isa``, ``typing``.
+
+    As in the SDK with ``NKI_SIMULATOR=1`` (aws-neuron-sdk nki/guides/nki_simulator.rst,
+    "Running the Simulator"), calling a ``@nki.jit`` kernel runs it on the simulator, with
+    NumPy or torch CPU tensors; there is no device here, so it does so whatever
+    ``NKI_SIMULATOR`` says.
+    """
+    from . import isa, jit, language, simulator, tensor, version
 
     nki = types.ModuleType("nki", "NKI API served by the nki_ssm CPU simulator")
     nki.IS_NKI_SSM_SIMULATOR = True
-    nki.__version__ = "0.5.0+nki_ssm.sim"
+    nki.__version__ = f"{version.DEFAULT}+nki_ssm.sim"
     nki.__path__ = []  # a package, so `import nki.language` looks in sys.modules
     nki.jit = jit.jit
     nki.simulate = jit.simulate
-    nki.simulate_kernel = jit.simulate_kernel
+    nki.simulate_kernel = jit.simulate_kernel      # the older spelling: (kernel, *arrays)
     nki.Kernel = jit.Kernel
     from .dtypes import DType
     nki.dtype = DType  # used in kernel signatures as an annotation (nki-library: `dtype: nki.dtype`)
     nki.language = language
     nki.isa = isa
+    simulator.IS_NKI_SSM_SIMULATOR = True
+    nki.simulator = simulator
 
     typing = types.ModuleType("nki.typing", "Type names for kernel annotations")
     typing.IS_NKI_SSM_SIMULATOR = True
@@ -57,7 +68,13 @@ def _build() -> dict[str, types.ModuleType]:
 
     for m in (language, isa):
         m.IS_NKI_SSM_SIMULATOR = True
-    return {"nki": nki, "nki.language": language, "nki.isa": isa, "nki.typing": typing}
+    return nki
+
+
+def _build() -> dict[str, types.ModuleType]:
+    nki = build_nki()
+    return {"nki": nki, "nki.language": nki.language, "nki.isa": nki.isa,
+            "nki.typing": nki.typing, "nki.simulator": nki.simulator}
 
 
 def install(force: bool = False) -> bool:
@@ -83,4 +100,4 @@ def uninstall() -> None:
             del sys.modules[name]
 
 
-__all__ = ["install", "uninstall", "sdk_importable", "is_simulator_module"]
+__all__ = ["install", "uninstall", "sdk_importable", "is_simulator_module", "build_nki"]

@@ -28,6 +28,7 @@ import ml_dtypes
 import numpy as np
 
 from . import control as _control
+from . import dtypes as _dt
 from . import frontend as _frontend
 from . import memory as _memory
 from . import subset as _subset
@@ -170,7 +171,10 @@ def _convert_output(value, where: str = "output"):
             raise NkiValidationError(
                 f"kernel {where}: returned tensors must be allocated in nl.shared_hbm "
                 f"(NKI 0.3.0), got a tensor in {value.storage.kind.value}")
-        return value.read()
+        out = value.read()
+        # NKI_PRECISE_FP=0 holds bf16 / fp8 as float32 inside the kernel; the caller gets the
+        # output's own dtype (rounded once, here)
+        return out.astype(value.dtype.np) if value.storage.widened else out
     if isinstance(value, (tuple, list)):
         return tuple(_convert_output(v, f"{where}[{i}]") for i, v in enumerate(value))
     raise NkiValidationError(f"kernel {where}: a kernel returns shared_hbm tensors (or a tuple "
@@ -260,6 +264,7 @@ def _run(fn, num_programs: int, grid_ndim: int, args, kwargs, kernel=None):
         # (only reached when the outer source cannot be read: the subset check rejects
         # calls to jit kernels from a kernel) run it inline
         return fn(*args, **kwargs)
+    _dt.precise_fp()        # NKI_PRECISE_FP=0|1 (sim.dtypes): a bad value fails before the run
     # the compiler parses the source: Python it rejects fails here, before anything runs;
     # the launch runs a copy that applies the front end's trace-time rules (sim.frontend)
     runner = _frontend.prepare(fn, _subset.check_kernel(fn))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 
 import numpy as np
 
@@ -20,6 +21,7 @@ from . import dtypes as _dt
 from . import control as _control
 from . import tensor as _tensor
 from . import trace as _trace
+from . import version as _version
 from .dtypes import (bfloat16, bool_, float8_e4m3, float8_e4m3fn, float8_e5m2, float8_e8m0fnu,
                      float16, float32, int8, int16, int32, tfloat32, uint8, uint16, uint32)
 from .errors import NkiValidationError
@@ -232,20 +234,36 @@ static_range = affine_range
 
 
 def dynamic_range(start, stop=None, step=1):
-    """A runtime loop (NKI 0.5): the body is compiled once; ``i`` is a frozen VirtualRegister.
+    """A runtime loop: the body is compiled once; ``i`` is a frozen VirtualRegister.
 
-    See ``nki_ssm.sim.control`` for what the simulator records and checks."""
+    Deprecated by NKI 0.6.0 in favour of ``fori_loop`` / ``while_loop``: under 0.6.0 it
+    warns (``DeprecationWarning``). See ``nki_ssm.sim.control`` for what the simulator
+    records and checks."""
+    if _version.at_least("0.6.0"):
+        warnings.warn(
+            "nl.dynamic_range for-loops are deprecated in NKI 0.6.0 and will be removed in a "
+            "future release; use nl.fori_loop(lower, upper, body) (release-notes/components/"
+            "nki.rst, 0.6.0, Deprecated and Removed APIs)", DeprecationWarning, stacklevel=2)
     return _control.dynamic_range(start, stop, step)
 
 
-def fori_loop(lower, upper, body_fun, step=1):
-    """A runtime counted loop (NKI 0.6): ``body_fun(i)`` with a frozen VirtualRegister ``i``."""
+def _fori_loop(lower, upper, body_fun, step=1):
+    """A runtime counted loop (NKI 0.6.0): ``body_fun(i)``, ``i`` a VirtualRegister passed
+    by value; an int bound still makes a runtime loop. Absent under NKI 0.5.0."""
     _control.fori_loop(lower, upper, body_fun, step)
 
 
-def while_loop(init, body_fun):
-    """A runtime loop (NKI 0.6) while register ``r`` is non-zero: ``r = body_fun(r)``."""
-    return _control.while_loop(init, body_fun)
+def _while_loop(init, body_fun):
+    """A runtime loop (NKI 0.6.0) while register ``r`` is non-zero: ``r = body_fun(r)``;
+    returns None. Absent under NKI 0.5.0."""
+    _control.while_loop(init, body_fun)
+
+
+_fori_loop.__name__ = _fori_loop.__qualname__ = "fori_loop"
+_while_loop.__name__ = _while_loop.__qualname__ = "while_loop"
+# NKI 0.6.0 API: an attribute only when the targeted version has it (sim.version.SINCE)
+__getattr__ = _version.versioned_getattr(__name__, {"fori_loop": _fori_loop,
+                                                    "while_loop": _while_loop})
 
 
 @contextlib.contextmanager
@@ -632,4 +650,4 @@ import builtins as _builtins  # noqa: E402
 builtins_min = _builtins.min
 
 
-__all__ = [n for n in dir() if not n.startswith("_") and n not in ("annotations", "contextlib", "os", "np")]
+__all__ = [n for n in dir() if not n.startswith("_") and n not in ("annotations", "contextlib", "os", "np", "warnings")]

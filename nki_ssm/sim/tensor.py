@@ -26,7 +26,6 @@ further in this simulator.
 """
 from __future__ import annotations
 
-import itertools
 import math
 from enum import Enum
 
@@ -34,6 +33,7 @@ import numpy as np
 
 from . import dtypes as _dt
 from . import memory as _memory
+from .control import SUPPRESS_FLOOR as _SUPPRESS
 from .errors import NkiValidationError
 from .trace import Region
 
@@ -136,18 +136,26 @@ def as_region(buffer, what: str = "buffer") -> MemoryRegion:
 
 # --------------------------------------------------------------------------- storage
 
-_storage_ids = itertools.count(1)
+_next_id = [1]
+
+
+def next_storage_id() -> int:
+    """The id the next Storage will get (ids only grow: a storage with a smaller id is older)."""
+    return _next_id[0]
 
 
 class Storage:
-    """One allocation: ``data`` is flat, in ``dtype`` (NumPy / ml_dtypes)."""
+    """One allocation: ``data`` is flat, in ``dtype`` (NumPy / ml_dtypes), or in float32 for
+    a low-precision float ``dtype`` under ``NKI_PRECISE_FP=0`` (``widened``: no rounding,
+    byte sizes and addresses still those of ``dtype``; no bitcast views)."""
 
     __slots__ = ("id", "buffer", "kind", "dtype", "shape", "data", "name",
-                 "bytes_per_partition", "_flats", "_tracker", "__weakref__")
+                 "bytes_per_partition", "widened", "_flats", "_tracker", "__weakref__")
 
     def __init__(self, region: MemoryRegion, shape: tuple[int, ...], dtype, data: np.ndarray,
                  name: str = ""):
-        self.id = next(_storage_ids)
+        self.id = _next_id[0]
+        _next_id[0] += 1
         self.buffer = region.kind                  # "sbuf" | "psum" | "hbm"
         self.kind = region                         # MemoryRegion (shared/private for HBM)
         self.dtype = np.dtype(dtype)
@@ -156,6 +164,7 @@ class Storage:
         self.name = name
         free = math.prod(self.shape[1:])
         self.bytes_per_partition = free * self.dtype.itemsize
+        self.widened = data.dtype != self.dtype
         self._flats: dict[np.dtype, np.ndarray] = {self.dtype: data}
         self._tracker = None  # sim.memory tracker recording this storage's accesses, if any
 
@@ -165,12 +174,18 @@ class Storage:
 
     @property
     def nbytes(self) -> int:
-        return self.data.nbytes
+        """Bytes on the device (``dtype``'s size, also for a widened storage)."""
+        return self.data.size * self.dtype.itemsize
 
     def flat(self, np_dtype: np.dtype) -> np.ndarray:
-        """The storage reinterpreted as a flat array of ``np_dtype``."""
+        """The storage reinterpreted as a flat array of ``np_dtype`` (a widened storage: only
+        as its own ``dtype``, which gives the float32 data)."""
         arr = self._flats.get(np_dtype)
         if arr is None:
+            if self.widened:
+                raise NotImplementedError(
+                    f"a bitcast view ({np.dtype(np_dtype)}) of a {self.dtype} tensor stored as "
+                    f"float32 under {_dt.PRECISE_FP_ENV}=0; run with {_dt.PRECISE_FP_ENV}=1")
             arr = self.data.view(np.uint8).view(np_dtype)
             self._flats[np_dtype] = arr
         return arr
@@ -224,10 +239,11 @@ def allocate(shape, dtype, buffer=MemoryRegion.sbuf, name: str = "", fill=None,
             raise NkiValidationError(
                 f"{what}: partition dim (shape[0]) must be <= {PMAX}, got {shape[0]} in shape {shape}")
     size = math.prod(shape)
+    held = _dt.storage_np(d)
     if fill is None:
-        data = np.full(size, _sentinel(d), dtype=d.np)
+        data = np.full(size, _sentinel(d), dtype=held)
     else:
-        data = np.full(size, _dt.cast(np.asarray(fill), d), dtype=d.np)
+        data = np.full(size, _dt.cast(np.asarray(fill), d) if held == d.np else fill, dtype=held)
     storage = Storage(region, shape, d.np, data, name)
     if region.kind != "hbm":
         _memory.track(storage, f"{name or 'tensor'} {shape} {d} on {region.value}")
@@ -240,7 +256,7 @@ def from_array(array: np.ndarray, buffer=MemoryRegion.shared_hbm, name: str = ""
     d = _dt.from_numpy(a.dtype)
     region = as_region(buffer)
     shape = _check_shape(a.shape if a.ndim else (1,), f"argument {name or 'array'}")
-    data = np.array(a, dtype=d.np, copy=True).reshape(-1)
+    data = np.array(a, dtype=_dt.storage_np(d), copy=True).reshape(-1)
     storage = Storage(region, shape, d.np, data, name)
     if region.kind != "hbm":
         _memory.track(storage, f"{name or 'tensor'} {shape} {d} on {region.value}")
@@ -309,6 +325,11 @@ class Indirection:
 
     def values(self) -> np.ndarray:
         """The index values now, int64: shape (1,) for scalar, (rows,) for vector."""
+        if _SUPPRESS:
+            # a body whose loop runs zero times: its offsets are garbage; address index 0
+            n = 1 if self.kind == "scalar" else (self.rows if self.rows is not None
+                                                 else self.index.size)
+            return np.zeros(n, dtype=np.int64)
         if not isinstance(self.index, NkiTensor):   # a VirtualRegister (scalar_offset=reg)
             return np.array([self.index.runtime_value("scalar_offset")], dtype=np.int64)
         v = self.index.read()
@@ -635,8 +656,9 @@ class NkiTensor:
         """Live NumPy view of a direct (non-indirect) tensor."""
         v = self._np
         if v is None:
-            isz = self.dtype.itemsize
-            v = np.ndarray(self.shape, self.dtype.np, buffer=self._flat(),
+            flat = self._flat()
+            isz = flat.itemsize       # the dtype's size, or 4 for a widened storage
+            v = np.ndarray(self.shape, flat.dtype, buffer=flat,
                            offset=self.offset * isz, strides=tuple(s * isz for s in self.strides))
             self._np = v
         return v
@@ -691,7 +713,10 @@ class NkiTensor:
         tr = self.storage._tracker
         if tr is not None:
             tr.touch(self.storage.id)
-        vals = _dt.cast(values, self.dtype)
+        if _SUPPRESS and self.storage.id < _SUPPRESS[0]:
+            return      # a body whose loop runs zero times: traced, no effect (sim.control)
+        vals = (np.asarray(values, dtype=np.float32) if self.storage.widened
+                else _dt.cast(values, self.dtype))
         if self.indirection is None:
             self._array()[...] = vals
         else:

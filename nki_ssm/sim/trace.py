@@ -122,6 +122,9 @@ class Trace:
     target: str = "trn2"
     instructions: list[Instruction] = field(default_factory=list)
     loops: dict = field(default_factory=dict)     # (program_id, loop_id) -> Loop
+    # instructions of loop bodies that never ran (trip count 0), traced once with their
+    # effects suppressed (sim.control): in the program, never executed, not timed
+    unrun: list[Instruction] = field(default_factory=list)
 
     def append(self, inst: Instruction) -> None:
         inst.index = len(self.instructions)
@@ -130,6 +133,10 @@ class Trace:
             # compiler's lowering of that op, not every instruction the simulator uses
             inst.attrs = dict(inst.attrs or {}, lowering=_lowering[-1])
         self.instructions.append(inst)
+
+    def append_unrun(self, inst: Instruction) -> None:
+        inst.index = -1
+        self.unrun.append(inst)
 
     # -- runtime loops (called by nki_ssm.sim.control)
     def loop_entered(self, loop_id: tuple, kind: str, program_id: int = 0) -> None:
@@ -148,10 +155,11 @@ class Trace:
 
     def program_instructions(self, program_id: int = 0) -> int:
         """Static instructions of one SPMD program: what the compiler emits, each runtime
-        loop body once (the largest iteration of each loop; a loop that never ran adds 0)."""
+        loop body once, run or not (the largest iteration of each loop; a body that never
+        ran is in ``unrun``)."""
         top = 0
         per_iter: dict = {}
-        for inst in self.instructions:
+        for inst in (*self.instructions, *self.unrun):
             if inst.program_id != program_id:
                 continue
             path = inst.loop_path

@@ -27,4 +27,36 @@ def at_least(version: str) -> bool:
     return tuple(map(int, nki_version().split("."))) >= tuple(map(int, version.split(".")))
 
 
-__all__ = ["ENV_VAR", "VERSIONS", "DEFAULT", "nki_version", "at_least"]
+# API that appeared in a release, with the release note that introduces it
+SINCE = {
+    "nki.language.fori_loop": ("0.6.0", "release-notes/components/nki.rst, NKI 0.6.0, New "
+                                        "Features: nl.fori_loop and nl.while_loop"),
+    "nki.language.while_loop": ("0.6.0", "release-notes/components/nki.rst, NKI 0.6.0, New "
+                                         "Features: nl.fori_loop and nl.while_loop"),
+    "nki.isa.topk": ("0.6.0", "release-notes/components/nki.rst, NKI 0.6.0, New Features: "
+                              "nisa.topk"),
+}
+
+
+def require(api: str):
+    """AttributeError when ``api`` (a key of ``SINCE``) is newer than the targeted NKI: the
+    module of that release has no such name."""
+    since, source = SINCE[api]
+    if not at_least(since):
+        raise AttributeError(f"{api} is not in NKI {nki_version()}: it was added in NKI {since} "
+                             f"({source}); {ENV_VAR}={nki_version()} targets the older release")
+
+
+def versioned_getattr(module: str, table: dict):
+    """A module ``__getattr__`` serving ``table`` (name -> object) per ``SINCE``."""
+    def __getattr__(name):
+        obj = table.get(name)
+        if obj is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        require(f"{module.replace('nki_ssm.sim', 'nki')}.{name}")
+        return obj
+    return __getattr__
+
+
+__all__ = ["ENV_VAR", "VERSIONS", "DEFAULT", "nki_version", "at_least", "SINCE", "require",
+           "versioned_getattr"]

@@ -85,3 +85,25 @@ def test_run_on_neuron_without_sdk_raises(rng):
 def test_run_unknown_backend_rejected():
     with pytest.raises(ValueError, match="'tpu'"):
         backend.run(_double, np.ones((2, 2), np.float32), backend="tpu")
+
+
+def _fake_sdk(monkeypatch, version):
+    """A foreign `nki` package (with language / isa) reporting ``version``."""
+    for name in ("nki", "nki.language", "nki.isa"):
+        mod = type(sys)(name)
+        mod.__version__ = version
+        monkeypatch.setitem(sys.modules, name, mod)
+
+
+def test_sdk_older_than_nki_060_is_passed_over(monkeypatch):
+    _fake_sdk(monkeypatch, "0.5.0+30517103.g4f8d9c1")
+    with pytest.raises(ImportError, match=r"NKI 0\.5\.0.*need NKI >= 0\.6\.0 \(Neuron SDK >= 2\.32"):
+        backend.resolve("neuron")
+    with pytest.warns(RuntimeWarning, match="using the bundled simulator"):
+        assert backend.resolve("auto")[0] == "sim"
+
+
+def test_sdk_with_nki_060_is_used(monkeypatch):
+    _fake_sdk(monkeypatch, "0.6.0+31049202112.g85070674")
+    assert backend.resolve("neuron")[0] == "neuron"
+    assert backend.resolve("auto")[1] is sys.modules["nki"]

@@ -55,3 +55,28 @@ def test_uninstall_leaves_foreign_nki_alone(monkeypatch):
     assert sdk_importable() is True        # a non-simulator `nki` counts as the SDK
     assert install() is False              # ... and is not replaced
     assert sys.modules["nki"] is fake
+
+
+def test_sdk_simulator_entry_points(installed, rng, monkeypatch):
+    """aws-neuron-sdk nki/guides/nki_simulator.rst: nki.simulate(kernel)(...) with NumPy or
+    torch tensors; NKI_SIMULATOR=1 runs every @nki.jit kernel on the simulator; vLLM Neuron's
+    CPU mode calls nki.simulator.simulate_kernel(func, args, kwargs, lnc=...)."""
+    mod = importlib.import_module("plain_nki_kernel")
+    import nki
+    from nki.simulator import simulate_kernel
+    a = rng.standard_normal((200, 16)).astype(np.float32)
+    b = rng.standard_normal((200, 16)).astype(np.float32)
+    np.testing.assert_array_equal(simulate_kernel(mod.add_rows_kernel, (), {"a": a, "b": b},
+                                                  lnc=1), a + b)
+    raw = mod.add_rows_kernel.func                      # the plain function vLLM Neuron passes
+    np.testing.assert_array_equal(simulate_kernel(raw, (a,), {"b": b}, lnc=2), a + b)
+    with pytest.raises(ValueError, match="lnc must be None, 1 or 2"):
+        simulate_kernel(raw, (a, b), {}, lnc=4)
+    with pytest.raises(TypeError, match="args must be a tuple"):
+        simulate_kernel(raw, a, {})
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("NKI_SIMULATOR", "1")
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    for out in (nki.simulate(mod.add_rows_kernel)(ta, tb), mod.add_rows_kernel(ta, tb)):
+        assert isinstance(out, torch.Tensor)
+        np.testing.assert_array_equal(out.numpy(), a + b)

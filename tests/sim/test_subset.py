@@ -277,9 +277,10 @@ def k_calls_jit(x):
     return _jit_helper(x)
 
 
-def test_jit_decorated_helper_rejected():
-    with pytest.raises(NkiValidationError, match="decorated with nki.jit"):
-        simulate(jit(k_calls_jit))(X)
+def test_jit_decorated_helper_warns_citing_released_use():
+    from nki_ssm.sim.subset import NkiFrontendWarning
+    with pytest.warns(NkiFrontendWarning, match="decorated with nki.jit.*moe_cte.py:351"):
+        np.testing.assert_array_equal(simulate(jit(k_calls_jit))(X), X)
 
 
 def test_numpy_scalar_kernel_args_rejected():
@@ -310,3 +311,28 @@ def test_module_global_list_read_is_accepted_with_a_warning():
 def test_inner_def_is_a_060_loop_body():
     """NKI 0.6.0's nl.fori_loop docstring defines its body inside the kernel."""
     np.testing.assert_array_equal(simulate(jit(k_nested_def))(X), X)
+
+
+def k_numpy_constant(x):
+    out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=t, value=-np.inf)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def k_numpy_call(x):
+    out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=t, value=np.float32(1.0))
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_numpy_constant_warns_citing_the_released_kernel_and_numpy_calls_fail():
+    from nki_ssm.sim.subset import NkiFrontendWarning
+    with pytest.warns(NkiFrontendWarning, match=r"np\.inf.*attention_tkg\.py:1040"):
+        y = simulate(jit(k_numpy_constant))(X)
+    assert np.isneginf(y).all()
+    with pytest.raises(NkiValidationError, match=r"numpy \(np\.float32\)"):
+        simulate(jit(k_numpy_call))(X)

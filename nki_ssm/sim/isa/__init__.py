@@ -71,6 +71,7 @@ outside their valid ranges.
 """
 from __future__ import annotations
 
+from .. import version as _version
 from ..errors import NkiValidationError
 from ._enums import (NkiInstruction, dge_mode, dma_engine, engine, gpsimd_engine, matmul_perf_mode,
                      nc_version, oob_mode, reduce_cmd, scalar_engine, tensor_engine, unknown_engine,
@@ -115,9 +116,13 @@ def _missing(api: str):
 NOT_IMPLEMENTED = (
     "nc_matmul_mx", "quantize_mx", "topk", "core_barrier", "sendrecv",
 )
+# NKI 0.6.0 API: an attribute only when the targeted version has it (sim.version.SINCE)
+_SINCE_0_6 = ("topk",)
 for _api in NOT_IMPLEMENTED:
-    globals()[_api] = _missing(_api)
+    if _api not in _SINCE_0_6:
+        globals()[_api] = _missing(_api)
 del _api
+__getattr__ = _version.versioned_getattr(__name__, {a: _missing(a) for a in _SINCE_0_6})
 
 __all__ = [
     "NkiValidationError", "NkiInstruction", "engine", "reduce_cmd", "dge_mode", "oob_mode",
@@ -132,5 +137,5 @@ __all__ = [
     "tensor_copy_predicated", "max8", "nc_n_gather", "nc_find_index8", "nc_match_replace8",
     "dma_compute", "VirtualRegister", "register_alloc", "register_move", "register_load",
     "register_store", "local_gather", "sequence_bounds", "nonzero_with_count", "rng", "rand2", "dropout", "set_rng_seed", "rand_set_state", "rand_get_state",
-    *NOT_IMPLEMENTED,
+    *(a for a in NOT_IMPLEMENTED if a not in _SINCE_0_6),
 ]

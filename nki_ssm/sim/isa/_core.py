@@ -221,6 +221,19 @@ def write(t, values: np.ndarray):
     t.write(values.reshape(t.shape))
 
 
+def unrun() -> bool:
+    """Inside a body whose loop runs zero times (``sim.control``): data-dependent checks
+    (values the body would read) do not apply, its effects are suppressed."""
+    return bool(_control.SUPPRESS_FLOOR)
+
+
+def writable(t) -> bool:
+    """False for memory older than a body whose loop runs zero times (``sim.control``):
+    state an instruction keeps beside the data (e.g. the PSUM written-bitmap) stays too."""
+    floor = _control.SUPPRESS_FLOOR
+    return not floor or t.storage.id >= floor[0]
+
+
 def is_16bit_float(t) -> bool:
     d = t.dtype
     return d.is_float and d.itemsize == 2
@@ -271,6 +284,7 @@ def emit(op: str, eng: str, name, *, reads=(), writes=(), num_partitions: int, f
     if not _ACTIVE:
         return NkiInstruction(op, name)
     tr = _ACTIVE[-1]
+    unrun = bool(_control.SUPPRESS_FLOOR)   # a body whose loop runs zero times (sim.control)
     if not tr.target:
         tr.target = current_target().name
     if compute is not None:
@@ -289,6 +303,9 @@ def emit(op: str, eng: str, name, *, reads=(), writes=(), num_partitions: int, f
         tuple([t.region() for t in writes if t is not None]),
         int(num_partitions), int(free), int(num_inputs), int(nbytes), dtypes, shapes,
         attrs if attrs is not None else {}, name, _program_id(), _control.loop_path())
+    if unrun:
+        tr.append_unrun(inst)      # program size only: never executed, never timed
+        return NkiInstruction(op, name)
     tr.append(inst)
     return NkiInstruction(op, name, inst.index)
 

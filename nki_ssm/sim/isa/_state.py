@@ -61,6 +61,18 @@ def rng_states() -> dict:
     return r
 
 
+def snapshot():
+    """A copy of every register table (a body whose loop runs zero times restores it)."""
+    return ({k: v.copy() for k, v in _vector.items()}, {k: v.copy() for k, v in _scalar.items()},
+            {k: {e: a.copy() for e, a in d.items()} for k, d in _rng.items()})
+
+
+def restore(saved) -> None:
+    for table, old in zip((_vector, _scalar, _rng), saved):
+        table.clear()
+        table.update(old)
+
+
 def reset_all():
     """Forget all register state (every lane back to NaN, generators unseeded)."""
     _vector.clear()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import control as _control
 from . import _core as C
 
 
@@ -28,6 +29,8 @@ class VirtualRegister:
 
     def _get(self, what: str) -> int:
         if self.value is None:
+            if _control.SUPPRESS_FLOOR:
+                return 0    # a body whose loop runs zero times reads garbage (sim.control)
             raise C.NkiValidationError(f"{what}: the register was read before any value was written")
         return self.value
 
@@ -65,8 +68,25 @@ def _reg(inst, arg, r) -> VirtualRegister:
     return r
 
 
+# nisa.register_alloc documents x as None or an int; nki-library at d2ad3a5 passes a one-element
+# SBUF tile view, src/nkilib_src/nkilib/core/moe/moe_tkg/all_expert_mx_impl.py:311
+# (``nisa.register_alloc(dynamic_decision_sb[0, 0])``): released kernels win.
+_ALLOC_FROM_TENSOR = ("aws-neuron/nki-library d2ad3a5 src/nkilib_src/nkilib/core/moe/moe_tkg/"
+                      "all_expert_mx_impl.py:311")
+
+
 def register_alloc(x=None) -> VirtualRegister:
-    """A new register, uninitialised (None) or holding the int ``x``."""
+    """A new register, uninitialised (None), holding the int ``x``, or loaded from ``x``, a
+    one-element integer tensor (as ``register_load``; with an ``NkiReleasedUseWarning``)."""
+    if C.is_tensor(x):
+        import warnings
+        from ..errors import NkiReleasedUseWarning
+        warnings.warn(f"register_alloc(x) with a tensor x: the docs allow None or an int; a "
+                      f"released kernel does this ({_ALLOC_FROM_TENSOR}), so it is accepted "
+                      "and loads the tensor's value", NkiReleasedUseWarning, stacklevel=2)
+        r = VirtualRegister()
+        register_load(r, x)
+        return r
     return VirtualRegister(None if x is None else _int32("register_alloc", "x", x))
 
 
@@ -76,6 +96,7 @@ def register_move(dst, src):
     d = _reg(inst, "dst", dst)
     if d.frozen:
         C.fail(inst, "dst is a frozen register (a loop induction variable) and cannot be written")
+    _control.note_register_write(d)
     d.value = src._get(inst) if isinstance(src, VirtualRegister) else _int32(inst, "src", src)
 
 
@@ -97,6 +118,9 @@ def register_load(dst, src):
     _single(inst, "src", src)
     if not src.dtype.is_int:
         C.fail(inst, f"src must have an integer dtype, got {src.dtype}")
+    if d.frozen:
+        C.fail(inst, "dst is a frozen register (a loop induction variable) and cannot be written")
+    _control.note_register_write(d)
     d.value = int(src.read().reshape(-1)[0])
 
 

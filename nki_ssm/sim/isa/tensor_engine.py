@@ -170,12 +170,14 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     accumulated = False   # PSUM read-modify-write: dst is also read (traced)
     if is_transpose and tgt.nc_version >= 3:
         mv = C.read_f32(moving)
-        if mv.shape != (K, N) or not np.array_equal(mv, np.eye(K, N, dtype=np.float32)) or N != K:
+        if mv.shape != (K, N) or N != K or (
+                not C.unrun() and not np.array_equal(mv, np.eye(K, N, dtype=np.float32))):
             C.fail(inst, f"is_transpose=True needs moving to be a {K}x{K} identity matrix")
         res = C.read_raw(stationary).T  # bit-exact, stationary's dtype
         pos = _positions(dst)
-        dst.storage.flat(dst.dtype.np)[pos] = res.reshape(pos.shape)
-        _bitmap(dst)[pos] = True
+        if C.writable(dst):
+            dst.storage.flat(dst.dtype.np)[pos] = res.reshape(pos.shape)
+            _bitmap(dst)[pos] = True
     else:
         s = C.read_f32(stationary)
         m = C.read_f32(moving)
@@ -192,7 +194,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         bmv = _bitmap_view(dst)                      # live [dst.shape] view
         prev = bmv.reshape(M, N) if bmv.flags.c_contiguous else bmv.copy().reshape(M, N)
         if accumulate is True:
-            if not prev.all() and tgt.nc_version <= 3:
+            # (a body whose loop runs zero times cannot know what earlier iterations wrote)
+            if not prev.all() and tgt.nc_version <= 3 and C.writable(dst):
                 C.fail(inst, "accumulate=True on PSUM elements no matmul has written (undefined behaviour "
                              "on hardware; use accumulate=False or None for the first matmul)")
             add = np.ones_like(prev)
@@ -205,7 +208,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
             old = C.read_f32(dst)
             prod = np.where(add, old + prod, prod)
         C.write(dst, prod)
-        bmv[...] = True
+        if C.writable(dst):
+            bmv[...] = True
 
     # quarter rate when an operand is full float32; tfloat32 with tfloat32 streams at the
     # BF16 rate (nki_spec §8.1: dense BF16/FP16/TF32 79 TFLOPS vs FP32 20 on trn2 [A2/NC3];

@@ -11,6 +11,7 @@ from . import _alu as A
 from . import _core as C
 from . import _state as S
 from ._enums import check_enum, engine as _engine, reduce_cmd as _rc
+from .. import version as _version
 
 _F32 = np.float32
 
@@ -458,6 +459,10 @@ def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, r
     P = data.shape[0]
     if reduce_res is not None:
         C.column(inst, "reduce_res", reduce_res, P)
+    elif not _version.at_least("0.6.0"):
+        C.fail(inst, f"reduce_res=None needs NKI 0.6.0 (release-notes/components/nki.rst, "
+                     f"0.6.0: tensor_scalar_reduce 'now accepts reduce_res=None'); "
+                     f"NKI {_version.nki_version()} requires a (P, 1) reduce_res")
     v0 = _scalar_operand(inst, "operand0", operand0, P, "arith", unary)
     x = C.read_f32(data)
     with np.errstate(all="ignore"):
