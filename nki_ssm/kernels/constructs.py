@@ -60,7 +60,14 @@ TENSOR_METHODS = frozenset({"ap", "reshape", "view", "bitcast", "permute", "slic
                             "broadcast_to", "expand_dims"})
 # runtime loops: (api name, index of the body argument)
 RUNTIME_LOOPS = {"nl.fori_loop": 2, "nl.while_loop": 1}
-RUNTIME_ITERATORS = frozenset({"nl.dynamic_range"})
+# a for loop over an nl iterator is a runtime loop unless it is one of the unrolled aliases of
+# range (nki_spec.md §2: NKI 0.5's runtime iterator, deprecated in 0.6.0)
+STATIC_ITERATORS = frozenset({"nl.affine_range", "nl.sequential_range", "nl.static_range"})
+
+
+def _runtime_iterator(call) -> bool:
+    name = _api_name(call.func) if isinstance(call, ast.Call) else None
+    return name is not None and name.startswith("nl.") and name not in STATIC_ITERATORS
 # keyword arguments whose value is itself part of the form
 _FORM_KEYWORDS = ("indirect_dim",)
 
@@ -178,15 +185,16 @@ class _Reader(ast.NodeVisitor):
     def _in_runtime_body(self) -> bool:
         return (bool(self.loop_bodies) and self.loop_bodies[-1]) or self.dynamic_for_depth > 0
 
-    # -- for loops over nl.dynamic_range
+    # -- for loops over a runtime iterator
     def visit_For(self, node) -> None:
         it = node.iter
-        runtime = isinstance(it, ast.Call) and _api_name(it.func) in RUNTIME_ITERATORS
+        runtime = _runtime_iterator(it)
         if runtime:
             if self._in_runtime_body():
                 self.add("runtime loop nested in a runtime loop's body", node)
             self.add(f"for _ in {_api_name(it.func)}{_form(it)}", node)
-            self.visit(it)
+            for a in list(it.args) + [k.value for k in it.keywords]:
+                self.visit(a)
             self.dynamic_for_depth += 1
             for s in node.body:
                 self.visit(s)
@@ -198,8 +206,7 @@ class _Reader(ast.NodeVisitor):
     def visit_Call(self, node) -> None:
         name = _api_name(node.func)
         if name is not None:
-            if name not in RUNTIME_ITERATORS:     # those are named by their for statement
-                self.add(f"{name}{_form(node, name)}", node)
+            self.add(f"{name}{_form(node, name)}", node)
             self._call_forms(name, node)
             for a in node.args:
                 self.visit(a)
@@ -262,7 +269,7 @@ class _Reader(ast.NodeVisitor):
 
 def _register_names(tree) -> dict:
     """``{id(function node): names that hold a VirtualRegister there}``: results of
-    ``nisa.register_alloc``, ``nl.dynamic_range`` targets, runtime-loop body parameters, copies
+    ``nisa.register_alloc``, runtime-iterator loop targets, runtime-loop body parameters, copies
     of those, names visible from an enclosing function, and parameters that some call in this
     module passes a register to (propagated until nothing changes)."""
     funcs, parent = [], {}
@@ -317,7 +324,7 @@ def _register_names(tree) -> dict:
                             or (isinstance(v, ast.Name) and v.id in seen):
                         new.add(n.targets[0].id)
                 elif isinstance(n, ast.For) and isinstance(n.iter, ast.Call) \
-                        and _api_name(n.iter.func) in RUNTIME_ITERATORS \
+                        and _runtime_iterator(n.iter) \
                         and isinstance(n.target, ast.Name):
                     new.add(n.target.id)
                 elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name):

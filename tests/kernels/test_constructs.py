@@ -107,3 +107,36 @@ def test_doc_is_generated_from_kernels_and_evidence():
     text = constructs.render(constructs.scan(), constructs.load_evidence())
     assert constructs.DOC_FILE.read_text() == text, \
         "docs/constructs.md is stale: python -m nki_ssm.kernels.constructs --write"
+
+
+def test_a_for_loop_over_an_nl_runtime_iterator_is_a_runtime_loop():
+    found = _read("""
+    def kernel(x, n):
+        for i in nl.affine_range(4):
+            def body(j):
+                nisa.memset(dst=t, value=0.0)
+            nl.fori_loop(0, n, body)
+        for i in nl.dynamic_range(n):
+            def body2(j):
+                nisa.memset(dst=t, value=1.0)
+            nl.fori_loop(0, n, body2)
+    """)
+    assert [u.line for u in found["runtime loop nested in a runtime loop's body"]] == [10]
+    assert "for _ in nl.dynamic_range(_)" in found
+    assert "for _ in nl.affine_range(_)" not in found      # unrolled: no runtime loop
+
+
+def test_every_construct_the_kernels_use_has_evidence():
+    found = constructs.scan()
+    gaps = [f"{c} ({found[c][0].path}:{found[c][0].line})"
+            for c in constructs.missing(found, constructs.load_evidence())]
+    assert gaps == [], "constructs without evidence (add a released use or a doc section to " \
+                       "nki_ssm/kernels/constructs_evidence.toml):\n" + "\n".join(gaps)
+
+
+def test_no_kernel_names_the_deprecated_runtime_iterator():
+    """NKI 0.6.0 deprecates it (release notes, 0.6.0); not even a comment keeps it alive."""
+    hits = [str(p) for p in constructs.kernel_files() + [constructs.EVIDENCE_FILE,
+                                                           constructs.KERNELS_DIR / "constructs.py"]
+            if "dynamic" + "_range" in p.read_text()]
+    assert hits == []
