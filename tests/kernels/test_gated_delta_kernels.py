@@ -719,3 +719,14 @@ def test_prefill_nan_beta_on_a_real_token_is_rejected_pool_untouched(backend, ra
     pad[name][45, 1] = np.nan          # a token of the padding sequence
     o = ops.gated_delta_prefill(**pad, chunk_size=16, backend=backend)
     assert np.all(np.isfinite(_f64(o)))
+
+
+@pytest.mark.parametrize("seqlens", [[64], [1]])
+def test_prefill_batch_shorter_than_one_body(seqlens):
+    """A bucket with fewer chunks than one body of chunks_per_iteration(HV) chunks (K = 128:
+    one 128-token chunk in the 128-token bucket): the body loop never runs, but its body is
+    compiled with its look-ahead row in the table (a static offset out of the table is a
+    compile error; the simulator traces unrun bodies too)."""
+    inp = make_gated_delta_inputs(np.random.default_rng(11), seqlens=seqlens, H=1, HV=2,
+                                  K=128, V=128)
+    _prefill_check(inp, F32_TOL, chunk_size=None)

@@ -228,8 +228,8 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K
     With ``n = chunks_per_iteration(HV)`` and the live sequences compacted (position p,
     scratch block p, the zero block ``num_seqs_bucket``; a block row is ``block*K``):
 
-    - ``body_rows [E // n + 1, n*C]``: the token rows of every body of n consecutive chunks
-      (a sequence's first ``n * (chunks // n)`` chunks), in order; rows past a sequence
+    - ``body_rows [max(E // n, 1) + 1, n*C]``: the token rows of every body of n
+      consecutive chunks (a sequence's first ``n * (chunks // n)`` chunks), in order; rows past a sequence
       end hold ``num_tokens_bucket`` (the zero / trash row); ``tail_rows
       [min(E, Nb*(n-1)) + 1, C]`` (n > 1, else ``[1, C]``): each sequence's remaining
       chunks, one per row; one spare row each (the kernel gathers the next row ahead);
@@ -285,8 +285,11 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K
     bodies = nch // n
     p, m = flat(bodies)                                           # body m of position p
     body = np.stack([chunks(ids[p], m * n + j) for j in range(n)], axis=1).reshape(-1, n * C)
-    body_rows = table(body, entries // n + 1, n * C)
-    body_state = table(state(p, m == 0), entries // n + 1, 2)
+    # room for the most bodies the bucket holds (at least one: the body is compiled even when
+    # it never runs) and the spare row its look-ahead gathers
+    n_body = max(entries // n, 1) + 1
+    body_rows = table(body, n_body, n * C)
+    body_state = table(state(p, m == 0), n_body, 2)
     n_tail = min(entries, Nb * (n - 1)) + 1 if n > 1 else 1
     p, j = flat(nch - bodies * n)                                 # remaining chunk j
     tail_rows = table(chunks(ids[p], bodies[p] * n + j), n_tail, C)
