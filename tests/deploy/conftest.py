@@ -2,7 +2,6 @@
 FAKE Neuron toolchain (fake `nki` package, neuronx-cc, neuron-ls, neuron-explorer, dpkg-query)."""
 from __future__ import annotations
 
-import datetime as _dt
 import os
 import stat
 import sys
@@ -10,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from moto_env import BUCKET, REGION
+from moto_env import BUCKET, REGION, seed_reserved_parameter
 
 FAKES = Path(__file__).parent / "fakes"
 TOOLS = ("neuron-explorer", "neuron-ls", "neuronx-cc", "dpkg-query")
@@ -26,19 +25,6 @@ def no_credentials(monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")   # no IMDS look-up for credentials
-
-
-def seed_reserved_parameter(name: str, value: str, region: str = REGION) -> None:
-    """Put a parameter under /aws/... into moto's SSM backend. PutParameter on a reserved
-    name is refused (as by AWS), so the backend is written directly."""
-    from moto.core import DEFAULT_ACCOUNT_ID
-    from moto.ssm.models import Parameter, ssm_backends
-
-    backend = ssm_backends[DEFAULT_ACCOUNT_ID][region]
-    backend._parameters[name].append(Parameter(
-        account_id=DEFAULT_ACCOUNT_ID, name=name, value=value, parameter_type="String",
-        description=None, allowed_pattern=None, keyid=None,
-        last_modified_date=_dt.datetime.now(_dt.timezone.utc), version=1, data_type="aws:ec2:image"))
 
 
 def seed_managed_policy(name: str) -> None:

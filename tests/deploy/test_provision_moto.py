@@ -13,7 +13,7 @@ from deploy.provision import launch as L
 from deploy.provision import plan as P
 from deploy.provision import teardown as T
 
-from moto_env import BUCKET, REGION
+from moto_env import BUCKET, REGION, seed_reserved_parameter
 
 NOW = _dt.datetime(2026, 11, 24, 12, 0, 0, tzinfo=_dt.timezone.utc)
 
@@ -262,7 +262,6 @@ def test_ami_follows_the_sdk_profile(aws, monkeypatch):
     reg("Deep Learning AMI Neuron PyTorch Inference vLLM 0.21 (Ubuntu 24.04) 20260709",
         "Neuron SDK 2.31.0, vLLM")
     moved = reg("Deep Learning AMI Neuron PyTorch 2.9 (Ubuntu 24.04) 20260720", "Neuron SDK 2.31.1")
-    from conftest import seed_reserved_parameter
 
     seed_reserved_parameter(C.DLAMI_SSM_PARAMETERS["pytorch-2.9"], moved, REGION)
     r = W.resolve(aws.clients, _settings(sdk="2.31.0"), need_subnet=False)
