@@ -201,7 +201,7 @@ _NOTES = """\
   largest uncertainties for VectorE/GpSimd-bound kernels.
 * "time [10-90 %]": the central figure (goals are judged on it) and the 10th-90th
   percentile of the same trace modeled with each uncertain constant drawn
-  independently within its documented (or estimated) range, 24 seeded draws
+  independently within its documented (or estimated) range, 12 seeded stratified draws
   (`nki_ssm.perf.hardware.sampled`, `nki_ssm.perf.model_range`); results.json also
   keeps the extremes (every constant at its fast / slow end at once).
 * "instructions executed / program": dynamic instructions run in this call and
