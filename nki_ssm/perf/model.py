@@ -15,8 +15,9 @@ depends on has finished (``deps.py``: read-after-write, write-after-read,
 write-after-write through overlapping regions). Extra latency on a
 dependency: ``costs.raw_latency_ns`` when a Vector/Scalar instruction reads
 what the same engine just wrote (the documented ~100-cycle overhead of
-dependent instructions), ``semaphore_ns`` across engines (0 by default, see
-hardware.SOURCES).
+dependent instructions); across engines, the producer's result latency
+(``costs.result_latency_ns``: its pipeline, or TensorE's array drain) and then
+``semaphore_ns``; after a DMA, ``dma_completion_ns``.
 
 On-chip capacity: an SBUF tile (bytes per partition) or PSUM tile (whole
 banks) is live from its first to its last access in program order; a new
