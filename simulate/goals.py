@@ -48,6 +48,11 @@ class Goal:
     base: Case | None = None         # set: value(result, base case's result)
 
     @property
+    def name(self) -> str:
+        """What the goal measures, e.g. "GDN prefill: tokens/s per NeuronCore" (the report's label)."""
+        return f"{OP_LABELS[(self.case.family, self.case.entry)]}: {self.figure}"
+
+    @property
     def goal_text(self) -> str:
         if self.op is None:
             return "— (reported)"
@@ -56,7 +61,7 @@ class Goal:
 
 @dataclass(frozen=True)
 class GoalRow:
-    issue: str
+    name: str                        # what is measured (Goal.name)
     case_id: str
     figure: str
     value: str
@@ -64,10 +69,13 @@ class GoalRow:
     status: str                      # "met", "not met", "reported", "not run: ..."
 
     def cells(self) -> list[str]:
-        return [self.issue, self.case_id, self.figure, self.value, self.goal, self.status]
+        return [self.name, self.case_id, self.value, self.goal, self.status]
 
 
-HEADERS = ["issue", "case", "figure", "value (modeled)", "goal", "status"]
+HEADERS = ["what is measured", "case", "value (modeled)", "goal", "status"]
+OP_LABELS = {("short_conv", "prefill"): "conv prefill", ("short_conv", "decode"): "conv decode",
+             ("mamba2_ssd", "prefill"): "SSD prefill", ("mamba2_ssd", "decode"): "SSD decode",
+             ("gated_delta", "prefill"): "GDN prefill", ("gated_delta", "decode"): "GDN decode"}
 NOT_IN_RUN = "not in this run (python -m simulate --set judged)"
 
 
@@ -165,24 +173,24 @@ def evaluate(results, goal_list: list[Goal] | None = None, target: str | None = 
         goal_text = g.goal_text
         if r is None:
             if all_goals:
-                rows.append(GoalRow(g.issue, g.case.id, g.figure, "—", goal_text, NOT_IN_RUN))
+                rows.append(GoalRow(g.name, g.case.id, g.figure, "—", goal_text, NOT_IN_RUN))
             continue
         if r.status != "kernel":
-            rows.append(GoalRow(g.issue, g.case.id, g.figure, "—", goal_text,
+            rows.append(GoalRow(g.name, g.case.id, g.figure, "—", goal_text,
                                 f"not run: {r.status}" + (f" ({r.error})" if r.error else "")))
             continue
         if g.base is not None:
             rb = by_id.get(g.base.id)
             if rb is None or rb.status != "kernel":
                 if all_goals or rb is not None:
-                    rows.append(GoalRow(g.issue, g.case.id, g.figure, "—", goal_text,
+                    rows.append(GoalRow(g.name, g.case.id, g.figure, "—", goal_text,
                                         f"not run: needs {g.base.id}"))
                 continue
             v = g.value(r, rb)
         else:
             v = g.value(r)
         if v is None or not np.isfinite(v):
-            rows.append(GoalRow(g.issue, g.case.id, g.figure, "—", goal_text, "not met: no value"))
+            rows.append(GoalRow(g.name, g.case.id, g.figure, "—", goal_text, "not met: no value"))
             continue
         value = g.fmt(v) + (f" ({g.context(r)})" if g.context is not None else "")
         perf_goal = not g.figure.startswith("rel err")
@@ -193,7 +201,7 @@ def evaluate(results, goal_list: list[Goal] | None = None, target: str | None = 
         else:
             ok = v >= g.threshold if g.op == ">=" else v <= g.threshold
             status = "met" if ok else "not met"
-        rows.append(GoalRow(g.issue, g.case.id, g.figure, value, goal_text, status))
+        rows.append(GoalRow(g.name, g.case.id, g.figure, value, goal_text, status))
     return rows
 
 

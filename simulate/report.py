@@ -11,6 +11,8 @@ from nki_ssm.perf.calibration import fmt_ns
 from simulate.goals import NOT_IN_RUN
 from simulate.goals import evaluate as evaluate_goals
 from simulate.goals import markdown as goals_markdown
+from simulate.h100 import NEURONCORES_PER_CHIP, chip_ns, h100_for
+from simulate.h100 import SOURCE as H100_SOURCE
 from simulate.run import NO_KERNEL, CaseResult
 
 
@@ -44,10 +46,63 @@ def row_cells(r: CaseResult) -> list[str]:
     roof = "—" if r.roofline_fraction is None else f"{100 * r.roofline_fraction:.1f}% ({r.roofline_bound})"
     share = ", ".join(f"{e[:3]} {100 * v:.0f}%" for e, v in r.share.items() if v >= 0.005) or "—"
     time_cell = "—" if r.modeled_ns is None else f"{fmt_time(r.modeled_ns)} (modeled, {r.target})"
-    if r.modeled_ns_low is not None and r.modeled_ns_high is not None and r.modeled_ns:
-        time_cell += f" [{fmt_time(r.modeled_ns_low)}–{fmt_time(r.modeled_ns_high)}]"
+    if r.modeled_ns_p10 is not None and r.modeled_ns_p90 is not None and r.modeled_ns:
+        time_cell += f" [{interval(r)}]"
     return [r.case_id, status, _err(r.err_out), _err(r.err_state), time_cell, throughput(r),
             hbm_cell(r), roof, r.binding_engine or "—", share, instructions_cell(r)]
+
+
+def interval(r: CaseResult) -> str:
+    """The 10-90 % interval of the modeled time (constants drawn within their ranges)."""
+    return f"{fmt_time(r.modeled_ns_p10)}–{fmt_time(r.modeled_ns_p90)}"
+
+
+SUMMARY_HEADERS = ["op", "model", "batch", "time per NeuronCore, modeled (10-90 %)", "throughput per NeuronCore",
+                   "roofline", "binding engine", "error vs float64 (out / state)",
+                   f"one trn2 chip ({NEURONCORES_PER_CHIP} NeuronCores)", "one H100, measured", "chip / H100"]
+
+
+def summary_cells(r: CaseResult) -> list[str]:
+    """One op at one model shape, as a user asks about it: time with its interval, throughput,
+    roofline, binding engine, error, and one trn2 chip against one H100 (time ratio: > 1 = the chip
+    is faster)."""
+    op, model, layout = (r.case_id.split("/") + ["", "", ""])[:3]
+    if r.modeled_ns is None:
+        status = r.status if r.error is None else f"{r.status}: {r.error}"
+        return [op, model, layout, status] + ["—"] * (len(SUMMARY_HEADERS) - 4)
+    roof = "—" if r.roofline_fraction is None else f"{100 * r.roofline_fraction:.1f} % ({r.roofline_bound})"
+    chip = chip_ns(r.modeled_ns)
+    if r.entry == "decode":
+        chip_cell = f"{fmt_time(chip)}, {_si(r.bytes_per_s * NEURONCORES_PER_CHIP, 'B/s')}" \
+            if r.bytes_per_s else fmt_time(chip)
+    else:
+        chip_cell = f"{fmt_time(chip)}, {_si(r.num_tokens / (chip * 1e-9), 'tok/s')}"
+    peer = h100_for(r.case_id)
+    if peer is None:
+        h100_cell, vs = "— (not measured at this shape)", "—"
+    else:
+        name, ns = peer
+        rate = "" if r.entry == "decode" else f", {_si(r.num_tokens / (ns * 1e-9), 'tok/s')}"
+        h100_cell, vs = f"{fmt_time(ns)}{rate} ({name})", f"{ns / chip:.2f}x"
+    return [op, model, layout, f"{fmt_time(r.modeled_ns)} ({interval(r)})", throughput(r), roof,
+            r.binding_engine or "—", f"{_err(r.err_out)} / {_err(r.err_state)}", chip_cell, h100_cell, vs]
+
+
+def summary_markdown(results: list[CaseResult]) -> str:
+    lines = ["| " + " | ".join(SUMMARY_HEADERS) + " |", "|" + "---|" * len(SUMMARY_HEADERS)]
+    for r in results:
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in summary_cells(r)) + " |")
+    return "\n".join(lines)
+
+
+SUMMARY_NOTE = (
+    "Times are **modeled** by `nki_ssm.perf` for one NeuronCore (no Trainium was used): the central figure "
+    "(every constant at its central value; goals are judged on it) and the 10-90 % interval of the same trace "
+    "modeled with each uncertain constant drawn independently within its documented range "
+    "(`nki_ssm/perf/README.md`). Throughput: tokens/s for prefill, bytes/s of the minimal HBM traffic "
+    "for decode. One trn2 chip = 8 physical NeuronCores (4 logical cores of 2 at LNC=2: the same "
+    "silicon); its figure is the per-core time / 8, **assuming the 8 cores split the work perfectly**. "
+    f"\"chip / H100\" = the H100's time / the chip's (> 1: the chip is faster). H100 figures: {H100_SOURCE}.")
 
 
 def instructions_cell(r: CaseResult) -> str:
@@ -68,7 +123,7 @@ def hbm_cell(r: CaseResult) -> str:
     return f"{_si(r.bytes_per_s, 'B/s')} ({100 * r.hbm_fraction:.1f}%)"
 
 
-HEADERS = ["case", "status", "rel err out", "rel err state", "time [range]", "throughput",
+HEADERS = ["case", "status", "rel err out", "rel err state", "time [10-90 %]", "throughput",
            "HBM B/s (% of DMA bw)", "roofline", "binding", "busy share", "instructions executed / program"]
 
 
@@ -109,7 +164,7 @@ def print_goals(results: list[CaseResult], case_set: str = "") -> None:
     """The goals section on the terminal (plain Markdown; nothing when no judged case ran)."""
     rows = evaluate_goals(results, all_goals=case_set == "default")
     if any(g.status != NOT_IN_RUN for g in rows):
-        print("\nGoals (issues 5 and 6; values modeled, per NeuronCore):")
+        print("\nGoals (values modeled, per NeuronCore):")
         print(goals_markdown(rows))
 
 
@@ -128,8 +183,13 @@ _NOTES = """\
 * Dynamic DMAs (hwdge, swdge, vector-offset gathers) spend ~600 ns generating
   descriptors (2 hardware DGE blocks per trn2/trn3 core, or GpSimd time for
   software DGE) before their data moves.
-* Every instruction pays a fixed cost on top of its streaming cycles; cross-engine
-  waits pay a semaphore latency (DMA completions their own); ScalarE loads an
+* Every instruction pays a fixed cost on top of its streaming cycles (on trn2
+  read off the published NxD Inference DeltaNet kernel's per-chunk time: the
+  calibration's fit row deltanet_fused_slope); a consumer on another engine
+  waits for the producer's result to be written (its pipeline latency; TensorE's
+  array drain) and then a semaphore latency (DMA completions their own); VectorE
+  bf16 perf modes apply to the instructions the Trainium2 architecture guide
+  names (tensor_copy, tensor_scalar, tensor_tensor); ScalarE loads an
   activation table when the function changes; DMA efficiency is keyed on each
   descriptor's contiguous run, at a sustained rate below the peak; fp32 matmul
   weights load unhidden; each runtime-loop iteration pays a cross-engine
@@ -139,10 +199,11 @@ _NOTES = """\
   (rsqrt 4x slower than ScalarE on v2/v3); VectorE fp32 is 1 element per
   partition per cycle per input on trn2 (the documented range is 1-2): the two
   largest uncertainties for VectorE/GpSimd-bound kernels.
-* "time [range]": the central figure (goals are judged on it) and the range
-  from modeling the same trace with every uncertain constant at the fast and at
-  the slow end of its documented (or estimated) range
-  (`nki_ssm.perf.hardware.bracket`, `nki_ssm.perf.model_range`).
+* "time [10-90 %]": the central figure (goals are judged on it) and the 10th-90th
+  percentile of the same trace modeled with each uncertain constant drawn
+  independently within its documented (or estimated) range, 12 seeded stratified draws
+  (`nki_ssm.perf.hardware.sampled`, `nki_ssm.perf.model_range`); results.json also
+  keeps the extremes (every constant at its fast / slow end at once).
 * "instructions executed / program": dynamic instructions run in this call and
   the static program the compiler emits (runtime loop bodies counted once).
 * Not modelled: compiler reordering beyond in-order engine queues.
@@ -160,10 +221,8 @@ _NOTES = """\
   form with chunk 64 (exact for any chunk size, faster in NumPy than 128).
 * Binding engine: the engine owning the largest part of the critical path
   (`nki_ssm/perf/timing.py`).
-* Yardsticks (peers.md §10, measured on one H100, not comparable per core
-  without scaling): GDN prefill ~14 Mtok/s per layer (Qwen3-Next TP1, 16K tokens);
-  SSD prefill 16.4 Mtok/s (Mamba-2 2.7B, 16K); GDN decode ~2.4 TB/s effective state
-  streaming at 128+ sequences.
+* One H100 (the first table) is the yardstick: the best GPU kernel for the layer,
+  measured at the same shapes (`simulate/h100.py` holds the figures and their source).
 """
 
 
@@ -212,13 +271,15 @@ def write_report(out_dir, results: list[CaseResult], *, target: str, case_set: s
           f"({platform.machine()}, Python {platform.python_version()}).",
           "",
           ]
+    md += ["## Per op and model shape: modeled time, throughput, one trn2 chip against one H100", "",
+           SUMMARY_NOTE, "", summary_markdown(results), ""]
     goal_rows = evaluate_goals(results, target=target, all_goals=case_set == "default")
     if any(g.status != NOT_IN_RUN for g in goal_rows):
         met = sum(g.status == "met" for g in goal_rows)
         judged = sum(g.status in ("met", "not met") for g in goal_rows)
         md += ["## Goals", "",
-               f"The figures issues 5, 6, 10 and 15 are judged on, computed from this run: {met} of {judged} "
-               "goals met. Performance goals are stated for trn2, per NeuronCore.", "",
+               f"The project's goals, computed from this run: {met} of {judged} goals met. Performance "
+               "goals are stated for trn2, per NeuronCore, on the central figure.", "",
                goals_markdown(goal_rows), ""]
     md += ["## Results",
            "",

@@ -40,6 +40,8 @@ class CaseResult:
     err_state: float | None = None
     max_abs_out: float | None = None  # max |err| / max |ref|
     modeled_ns: float | None = None
+    modeled_ns_p10: float | None = None      # 10-90 % interval: constants drawn within their ranges
+    modeled_ns_p90: float | None = None      # (perf.model_range)
     modeled_ns_low: float | None = None      # same trace, every uncertain constant at its fast end
     modeled_ns_high: float | None = None     # ... at its slow end (perf.model_range)
     modeled_ns_optimistic: float | None = None   # = modeled_ns_low (older readers)
@@ -286,6 +288,7 @@ def run_case(case: Case, target: str = "trn2", seed: int = 0, *, keep_timing: bo
     res.max_abs_out = err_out.max_scaled()
     res.err_state = err_state.value()
     res.modeled_ns = timing.time_ns
+    res.modeled_ns_p10, res.modeled_ns_p90 = timing.time_p10_ns, timing.time_p90_ns
     res.modeled_ns_low, res.modeled_ns_high = timing.time_low_ns, timing.time_high_ns
     res.modeled_ns_optimistic = timing.time_low_ns
     res.launch_ns = timing.launch_ns

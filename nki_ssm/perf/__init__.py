@@ -1,7 +1,8 @@
 """Cost model: per-target engine timing over the simulator's instruction trace.
 
     perf.model(trace, target="trn2") -> Timing
-    perf.model_range(trace, target="trn2") -> Timing with time_low_ns / time_high_ns
+    perf.model_range(trace, target="trn2") -> Timing with time_p10_ns / time_p90_ns (10-90 %)
+                                              and time_low_ns / time_high_ns (extremes)
     perf.profile(kernel, *arrays, target="trn2") -> (outputs, Timing)
     perf.timeline_png(timing_or_trace, path)      # engine Gantt chart (matplotlib, lazy)
 

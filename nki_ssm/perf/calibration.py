@@ -3,13 +3,15 @@
 Two kinds of rows:
 
 * **published kernels** (``origin="published"``): the NKI tutorial kernels
-  (matrix multiplication, fused Mamba v1/v2/v3) run *unmodified* on this
+  (matrix multiplication, fused Mamba v1/v2/v3) and the NxD Inference
+  contrib Qwen3.5-27B fused DeltaNet kernel run *unmodified* on this
   project's simulator (``nki_ssm.sim.install()`` makes their ``import nki``
   resolve to it) and timed on the published hardware's target. Their code is
   not in this repository: ``python -m nki_ssm.perf.calibration --kernels-from
-  DIR`` runs the files from a local checkout of aws-neuron/aws-neuron-sdk (at
-  the commit in ``SDK_COMMIT``) and rewrites ``calibration_published.json``,
-  the checked-in record CI and the report read.
+  DIR [--kernels-from DIR2]`` runs the files from local checkouts of
+  aws-neuron/aws-neuron-sdk (``SDK_COMMIT``) and
+  aws-neuron/neuronx-distributed-inference (``NXDI_COMMIT``) and rewrites
+  ``calibration_published.json``, the checked-in record CI and the report read.
 * **micro kernels** (``origin="own"``): this project's few-line kernels that
   do what a published profile or measurement shows (one DMA, one exp, one
   VectorE op); they run live, offline.
@@ -21,7 +23,7 @@ published, on the central figure); a row outside it is a model error the
 table reports (``off_regimes``), not a band to widen.
 
     python -m nki_ssm.perf.calibration                      # print the table
-    python -m nki_ssm.perf.calibration --kernels-from DIR   # re-run the published kernels
+    python -m nki_ssm.perf.calibration --kernels-from SDK_DIR --kernels-from NXDI_DIR   # re-run them
 """
 from __future__ import annotations
 
@@ -32,13 +34,15 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
 
-CHECK_BAND = (0.77, 1.30)
-FIT_BAND = (0.9, 1.1)
+from nki_ssm.perf.calibration_row import (CHECK_BAND, FIT_BAND, MEASURES, CalibrationRow, fmt_ns,
+                                         off_regimes)
+from nki_ssm.perf.calibration_row import table_markdown as _table
+
 DATA_FILE = Path(__file__).with_name("calibration_published.json")
 
 SDK = "https://github.com/aws-neuron/aws-neuron-sdk"
@@ -51,69 +55,29 @@ MM_SOURCE = (f"{SDK}/blob/{MM_TIMINGS_COMMIT}/nki/tutorials/matrix_multiplicatio
 MAMBA_SOURCE = (f"{SDK}/blob/{SDK_COMMIT}/nki/guides/tutorials/fused_mamba.rst; kernels "
                 f"{SDK}/blob/{SDK_COMMIT}/{MAMBA_KERNELS}")
 DMA_SOURCE = f"{SDK}/blob/{SDK_COMMIT}/nki/get-started/about/nki-dma-overview.rst"
+NXDI = "https://github.com/aws-neuron/neuronx-distributed-inference"
+NXDI_COMMIT = "19feb8992f5e111421e498fa56e625f9c072df5f"
+DELTANET_DIR = "contrib/models/Qwen3.5-27B"
+DELTANET_KERNEL = f"{DELTANET_DIR}/src/nki_kernels/nki_deltanet_fused.py"
+DELTANET_SOURCE = (f"{NXDI}/blob/{NXDI_COMMIT}/{DELTANET_DIR}/README.md ('NKI Kernel Benchmarks (standalone, "
+                   f"single NeuronCore)': fused chunked 335 / 339 / 487 us at 128 / 256 / 512 tokens; SDK 2.29, "
+                   f"trn2.3xlarge, LNC=2); kernel {NXDI}/blob/{NXDI_COMMIT}/{DELTANET_KERNEL}")
 LOG_SOURCE = ("public trn2 microbenchmark log, SINGLE UNOFFICIAL SOURCE, figures as quoted in nki_ssm "
               "issue 11 (the log itself was not re-read for this table)")
 
 
-@dataclass
-class CalibrationRow:
-    name: str
-    target: str
-    workload: str
-    published_ns: float
-    source: str
-    kind: str                       # "check" or "fit"
-    note: str
-    dtype: str = ""
-    regime: str = ""                # what binds on hardware: tensor / dma / vector / scalar / latency
-    measure: str = "kernel"         # what is compared (see MEASURES)
-    origin: str = "own"             # "published" (their kernel file), "own" (micro kernel), "measured"
-    modeled_ns: float | None = None
-    low_ns: float | None = None
-    high_ns: float | None = None
-    error: str | None = None        # why the row could not run
-    wall_s: float | None = None
-    binding_engine: str | None = None
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def ratio(self) -> float | None:
-        return None if self.modeled_ns is None else self.modeled_ns / self.published_ns
-
-    @property
-    def within_band(self) -> bool | None:
-        if self.ratio is None:
-            return None
-        lo, hi = CHECK_BAND if self.kind == "check" else FIT_BAND
-        return lo <= self.ratio <= hi
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["ratio"] = self.ratio
-        d["within_band"] = self.within_band
-        return d
-
-
-MEASURES = {
-    "kernel": "modeled kernel time (time_ns) against the figure as recorded (e.g. deploy.bench p50)",
-    "kernel+launch": "modeled kernel time + launch_ns (a device profile / benchmark of one call)",
-    "span": "first DMA trigger to last DMA completion (the profile's timeline of the kernel body)",
-    "transfer": "one DMA engine's data-transfer bar of the first load",
-    "instruction": "the profiler's bar of one compute instruction: its engine occupancy plus the engine's "
-                   "pipeline latency (costs.raw_latency_ns; the bar ends when the result is written)",
-    "constant": "the model constant itself",
-    "chain_ii": "initiation interval of a dependent instruction chain",
-}
-
-
-def _measured(timing, measure: str, pick=None) -> tuple[float, float | None, float | None]:
-    """(central, low, high) of the compared quantity from a Timing (with ranges)."""
+def _measured(timing, measure: str, pick=None) -> dict:
+    """The compared quantity of a Timing (with ranges): central figure, 10-90 % interval, extremes."""
     if measure == "kernel+launch":
-        return (timing.time_ns + timing.launch_ns,
-                timing.time_low_ns + timing.launch_low_ns, timing.time_high_ns + timing.launch_high_ns)
+        return {"modeled_ns": timing.time_ns + timing.launch_ns,
+                "p10_ns": timing.time_p10_ns + timing.launch_p10_ns,
+                "p90_ns": timing.time_p90_ns + timing.launch_p90_ns,
+                "low_ns": timing.time_low_ns + timing.launch_low_ns,
+                "high_ns": timing.time_high_ns + timing.launch_high_ns}
     if measure == "span":
-        return timing.time_ns, timing.time_low_ns, timing.time_high_ns
-    return pick(timing), None, None
+        return {"modeled_ns": timing.time_ns, "p10_ns": timing.time_p10_ns, "p90_ns": timing.time_p90_ns,
+                "low_ns": timing.time_low_ns, "high_ns": timing.time_high_ns}
+    return {"modeled_ns": pick(timing)}
 
 
 # --------------------------------------------------------------- micro kernels
@@ -196,11 +160,11 @@ def _import_file(path: Path, module_name: str):
 TRACE_CACHE_ENV = "NKI_SSM_CALIBRATION_TRACE_CACHE"
 
 
-def _run_published(module, fn_name, target, args):
+def _trace_published(module, fn_name, target, args):
+    """(outputs, trace) of one run of a published kernel on the simulator (cached, see above)."""
     import pickle
 
-    from nki_ssm.perf.model import model_range
-    from nki_ssm.perf.profile import platform_target, program_instructions
+    from nki_ssm.perf.profile import platform_target
     from nki_ssm.sim.jit import simulate
     from nki_ssm.sim.trace import record
 
@@ -214,19 +178,35 @@ def _run_published(module, fn_name, target, args):
     else:
         with platform_target(target), record(target=target) as trace:
             out = simulate(getattr(module, fn_name))(*args)
-        out = np.asarray(out)
+        out = tuple(np.asarray(o) for o in out) if isinstance(out, (tuple, list)) else np.asarray(out)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "wb") as f:
                 pickle.dump((out, trace), f, protocol=pickle.HIGHEST_PROTOCOL)
+    return out, trace
+
+
+def _run_published(module, fn_name, target, args):
+    from nki_ssm.perf.model import model_range
+    from nki_ssm.perf.profile import program_instructions
+
+    out, trace = _trace_published(module, fn_name, target, args)
     timing = model_range(trace, target, keep_schedule=False)
     timing.program_instructions = program_instructions(trace)
     return out, timing
 
 
+def _locate(dirs, relpath: str) -> Path:
+    """The first of the checkout directories ``dirs`` that holds ``relpath``."""
+    for d in dirs:
+        if (Path(d) / relpath).is_file():
+            return Path(d) / relpath
+    raise FileNotFoundError(f"{relpath} is in none of the --kernels-from directories {[str(d) for d in dirs]}")
+
+
 def _matmul(fn_name, check_rows=128):
-    def run(kernels_dir: Path):
-        module = _import_file(kernels_dir / MM_KERNELS, "published_matmul")
+    def run(dirs):
+        module = _import_file(_locate(dirs, MM_KERNELS), "published_matmul")
         K, M, N = 8192, 4096, 8192
         lhsT, rhs = _bf16((K, M), 1), _bf16((K, N), 2)
         out, t = _run_published(module, fn_name, "trn1", (lhsT, rhs))
@@ -261,14 +241,80 @@ def _mamba_ref(delta, u, A, B, C, channels=128):
 
 
 def _mamba(fn_name, channels, seq):
-    def run(kernels_dir: Path):
-        module = _import_file(kernels_dir / MAMBA_KERNELS, "published_mamba")
+    def run(dirs):
+        module = _import_file(_locate(dirs, MAMBA_KERNELS), "published_mamba")
         args = _mamba_inputs(channels, seq)
         out, t = _run_published(module, fn_name, "trn1", args)
         ref = _mamba_ref(*args)
         got = np.asarray(out[:, :128], np.float64)
         rel = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
         return _measured(t, "kernel+launch"), t, {"rel_err_first_tile": rel, "vector_share": t.share["vector"]}
+    return run
+
+
+def _deltanet_inputs(seq, dim=128, seed=0):
+    """The fused DeltaNet kernel's inputs (its docstring): l2-normed q (scaled by dim**-0.5) and k,
+    v, raw log decays g [seq, 1], write gates beta [seq, 1], and its three [128, 128] masks."""
+    rng = np.random.default_rng(seed)
+
+    def unit_rows(x):
+        return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+    q = (unit_rows(rng.standard_normal((seq, dim))) / np.sqrt(dim)).astype(np.float32)
+    k = unit_rows(rng.standard_normal((seq, dim))).astype(np.float32)
+    v = rng.standard_normal((seq, dim)).astype(np.float32)
+    g = -rng.uniform(0.01, 0.1, (seq, 1)).astype(np.float32)
+    beta = rng.uniform(0.1, 0.9, (seq, 1)).astype(np.float32)
+    ones = np.ones((dim, dim), np.float32)
+    return q, k, v, g, beta, np.tril(ones, -1), np.eye(dim, dtype=np.float32), np.tril(ones)
+
+
+def _deltanet_ref(q, k, v, g, beta, *masks):
+    """float64 gated delta rule, token by token: S = e^g S; S += k beta (v - S^T k)^T; o = S^T q."""
+    q, k, v, g, beta = (np.asarray(a, np.float64) for a in (q, k, v, g, beta))
+    state = np.zeros((k.shape[1], v.shape[1]))
+    out = np.zeros_like(v)
+    for t in range(q.shape[0]):
+        state *= np.exp(g[t, 0])
+        state += np.outer(k[t], beta[t, 0] * (v[t] - state.T @ k[t]))
+        out[t] = state.T @ q[t]
+    return out, state
+
+
+def _deltanet_slope(seqs=(128, 512), chunk=128):
+    """Per-chunk slope of the NxD Inference fused DeltaNet kernel on trn2: (time at seqs[1] -
+    time at seqs[0]) / chunks added, central, 10-90 % (the same constant draws at both sizes) and
+    extremes; each run's output checked against the float64 recurrence."""
+    def run(dirs):
+        from nki_ssm.perf.hardware import bracket, get_target, sampled
+        from nki_ssm.perf.model import model
+
+        module = _import_file(_locate(dirs, DELTANET_KERNEL), "published_deltanet")
+        traces, errs = [], []
+        for seq in seqs:
+            args = _deltanet_inputs(seq)
+            (out, state), trace = _trace_published(module, "deltanet_fused_chunked_fwd", "trn2", args)
+            ref_out, ref_state = _deltanet_ref(*args)
+            errs.append(max(float(np.linalg.norm(np.asarray(out, np.float64) - ref_out) / np.linalg.norm(ref_out)),
+                            float(np.linalg.norm(np.asarray(state, np.float64) - ref_state)
+                                  / np.linalg.norm(ref_state))))
+            traces.append(trace)
+        chunks = (seqs[1] - seqs[0]) / chunk
+
+        def slope(hw):
+            return (model(traces[1], hw, keep_schedule=False).time_ns
+                    - model(traces[0], hw, keep_schedule=False).time_ns) / chunks
+
+        hw = get_target("trn2")
+        timing = model(traces[1], hw, keep_schedule=False)
+        draws = np.array([slope(d) for d in sampled(hw)])
+        p10, p90 = np.percentile(draws, [10, 90])
+        central = slope(hw)
+        figures = {"modeled_ns": central, "p10_ns": float(min(p10, central)), "p90_ns": float(max(p90, central)),
+                   "low_ns": slope(bracket(hw, "low")), "high_ns": slope(bracket(hw, "high"))}
+        extra = {"rel_err": max(errs), "modeled_ns_at": {str(s): model(t, hw, keep_schedule=False).time_ns
+                                                         for s, t in zip(seqs, traces)}}
+        return figures, timing, extra
     return run
 
 
@@ -320,6 +366,13 @@ def _rows() -> list:
            MAMBA_SOURCE, "check", "kernel+launch",
            "published: VectorE 94.85%, no spills; VectorE mix of the fitted v2 row", "published"),
          _mamba("mamba_v3", 4096, 8192), False),
+        # --- trn2, published kernel: a latency-bound chain across TensorE and VectorE, fp32
+        (R("deltanet_fused_slope", "trn2", "fp32", "latency",
+           "NxD Inference Qwen3.5-27B fused chunked DeltaNet, one head, [S, 128] fp32, chunk 128: time per "
+           "chunk from 128 to 512 tokens", (487e3 - 335e3) / 3, DELTANET_SOURCE, "fit", "slope",
+           "a serial chain of ~135 [128, 128] fp32 instructions per chunk between TensorE and VectorE; the NC-v3 "
+           "instruction overhead (vector/scalar/gpsimd_overhead_cycles) was fitted to it", "published"),
+         _deltanet_slope(), False),
         # --- trn2, AWS's DMA-overview profiles (own micro kernels doing what the example does)
         (R("dma_4x4096_one_engine", "trn2", "bf16", "dma", "[4, 4096] bf16 HBM->SBUF: one DMA engine",
            1416.0, DMA_SOURCE + " (Example 1 text)", "check", "transfer",
@@ -382,16 +435,18 @@ def fingerprint() -> str:
 
 
 def _fill(row: CalibrationRow, result) -> None:
-    (central, low, high), timing, extra = result
-    row.modeled_ns, row.low_ns, row.high_ns = float(central), low, high
+    figures, timing, extra = result
+    for key, value in figures.items():
+        setattr(row, key, None if value is None else float(value))
     row.binding_engine = timing.binding_engine
     row.extra = dict(extra, instructions=timing.num_instructions,
                      program_instructions=timing.program_instructions)
 
 
-def run_published(kernels_dir, names=None) -> list[CalibrationRow]:
-    """Run the published-kernel rows from a checkout (``kernels_dir`` holds ``nki/examples/...``)."""
-    kernels_dir = Path(kernels_dir)
+def run_published(kernels_dirs, names=None) -> list[CalibrationRow]:
+    """Run the published-kernel rows from checkouts: ``kernels_dirs`` is one directory or a list
+    (aws-neuron-sdk's holds ``nki/examples/...``, neuronx-distributed-inference's ``contrib/...``)."""
+    dirs = [Path(kernels_dirs)] if isinstance(kernels_dirs, (str, Path)) else [Path(d) for d in kernels_dirs]
     rows = []
     for tmpl, runner, _ in _rows():
         if tmpl.origin != "published" or (names is not None and tmpl.name not in names):
@@ -399,7 +454,7 @@ def run_published(kernels_dir, names=None) -> list[CalibrationRow]:
         row = CalibrationRow(**{f.name: getattr(tmpl, f.name) for f in fields(tmpl)})
         t0 = time.perf_counter()
         try:
-            _fill(row, runner(kernels_dir))
+            _fill(row, runner(dirs))
         except Exception as exc:   # a published kernel using API the simulator lacks is reported
             row.error = f"{type(exc).__name__}: {str(exc)[:300]}"
         row.wall_s = time.perf_counter() - t0
@@ -417,8 +472,10 @@ def save_published(rows: list[CalibrationRow], path: Path = DATA_FILE) -> None:
         by[r.name] = r.to_dict()
     order = [t.name for t, _, _ in _rows()]
     data = {"sdk": SDK, "sdk_commit": SDK_COMMIT, "matmul_timings_commit": MM_TIMINGS_COMMIT,
+            "nxdi": NXDI, "nxdi_commit": NXDI_COMMIT,
             "model_fingerprint": fingerprint(),
-            "how": "python -m nki_ssm.perf.calibration --kernels-from <checkout of aws-neuron-sdk at sdk_commit>",
+            "how": ("python -m nki_ssm.perf.calibration --kernels-from <checkout of aws-neuron-sdk at sdk_commit> "
+                    "--kernels-from <checkout of neuronx-distributed-inference at nxdi_commit>"),
             "rows": [by[n] for n in order if n in by]}
     path.write_text(json.dumps(data, indent=1) + "\n")
 
@@ -450,7 +507,8 @@ def run_calibration(full: bool = False, names=None) -> list[CalibrationRow]:
             if rec is None:
                 row.error = "not in calibration_published.json (run with --kernels-from)"
             else:
-                for key in ("modeled_ns", "low_ns", "high_ns", "error", "wall_s", "binding_engine", "extra"):
+                for key in ("modeled_ns", "p10_ns", "p90_ns", "low_ns", "high_ns", "error", "wall_s",
+                            "binding_engine", "extra"):
                     setattr(row, key, rec.get(key))
         elif kernels is None:
             row.error = build_error
@@ -465,80 +523,20 @@ def run_calibration(full: bool = False, names=None) -> list[CalibrationRow]:
     return rows
 
 
-def off_regimes(rows: list[CalibrationRow]) -> dict:
-    """regime -> [check rows outside the band]: where the model is off (empty when it fits)."""
-    out: dict = {}
-    for r in rows:
-        if r.kind == "check" and r.ratio is not None and not r.within_band:
-            out.setdefault(f"{r.target} {r.regime}", []).append(r.name)
-    return out
-
-
-def fmt_ns(ns: float | None) -> str:
-    """A time in ns as ns / us / ms text ("—" for None); also used by simulate/'s report."""
-    if ns is None:
-        return "—"
-    if ns >= 1e6:
-        return f"{ns / 1e6:.3g} ms"
-    if ns >= 1e3:
-        return f"{ns / 1e3:.4g} us"
-    return f"{ns:.4g} ns"
-
-
-_TAGS = {"MM": MM_SOURCE, "MAMBA": MAMBA_SOURCE, "DMA-OV": DMA_SOURCE, "LOG": LOG_SOURCE,
+_TAGS = {"MM": MM_SOURCE, "MAMBA": MAMBA_SOURCE, "DMA-OV": DMA_SOURCE, "LOG": LOG_SOURCE, "NXDI-DN": DELTANET_SOURCE,
          "PERF": f"{SDK}/blob/{SDK_COMMIT}/nki/deep-dives/nki_perf_guide.rst"}
 
 
-def _source_cell(r: CalibrationRow) -> str:
-    """[TAG] plus what the row adds to the tagged source (the legend under the table)."""
-    for tag, text in _TAGS.items():
-        if r.source.startswith(text):
-            rest = r.source[len(text):].strip()
-            return f"[{tag}]" + (f" {rest}" if rest else "")
-    return r.source
-
-
-def _modeled_cell(r: CalibrationRow) -> str:
-    if r.modeled_ns is None:
-        return "—"
-    rng = f" ({fmt_ns(r.low_ns)}–{fmt_ns(r.high_ns)})" if r.low_ns is not None else ""
-    return f"{fmt_ns(r.modeled_ns)}{rng}"
-
-
 def table_markdown(rows: list[CalibrationRow]) -> str:
-    """The calibration table as Markdown: check rows, then fit rows apart."""
-    head = ["| row | target | dtype | binds | published | modeled, central (range) | modeled / published "
-            "| compares | binding (model) | origin | note |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
-    lines = []
-    for kind, title in (("check", "Check rows (no constant was set from them)"),
-                        ("fit", "Fit rows (a constant was read off them; not checks)")):
-        lines += ["", f"**{title}**", ""] + head
-        for r in rows:
-            if r.kind != kind:
-                continue
-            ratio = "not run: " + (r.error or "?") if r.ratio is None else f"{r.ratio:.2f}"
-            lines.append(
-                f"| {r.name} | {r.target} | {r.dtype} | {r.regime} | {fmt_ns(r.published_ns)} {_source_cell(r)} | "
-                f"{_modeled_cell(r)} modeled, {r.target} | {ratio} | {r.measure} | {r.binding_engine or '—'} | "
-                f"{r.origin} | {r.note} |")
-    checks = [r for r in rows if r.kind == "check" and r.ratio is not None]
-    inside = sum(bool(r.within_band) for r in checks)
-    lo, hi = CHECK_BAND
-    lines += ["", f"Band: check rows {lo}-{hi} (modeled / published, central figure): {inside} of "
-                  f"{len(checks)} inside; fit rows {FIT_BAND[0]}-{FIT_BAND[1]}."]
-    off = off_regimes(rows)
-    if off:
-        lines.append("Outside the band (model error, by regime): " +
-                     "; ".join(f"{k}: {', '.join(v)}" for k, v in off.items()))
+    """The calibration table as Markdown (check rows, then fit rows apart) with the state of
+    the published-kernel record."""
+    notes = []
     data = load_published_data()
     if data:
         stale = data.get("model_fingerprint") != fingerprint()
-        lines.append(f"Published-kernel rows: {data.get('how')} (model fingerprint "
+        notes.append(f"Published-kernel rows: {data.get('how')} (model fingerprint "
                      f"{data.get('model_fingerprint')}{', STALE: re-run' if stale else ', current'}).")
-    lines.append("Compares: " + "; ".join(f"{k} = {v}" for k, v in MEASURES.items()) + ".")
-    lines.append("Sources: " + "; ".join(f"[{k}] {v}" for k, v in _TAGS.items()) + ".")
-    return "\n".join(lines).lstrip()
+    return _table(rows, _TAGS, notes)
 
 
 def summarize(rows: list[CalibrationRow]) -> str:
@@ -553,9 +551,10 @@ def main(argv=None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m nki_ssm.perf.calibration", description=__doc__.split("\n")[0])
-    ap.add_argument("--kernels-from", metavar="DIR",
-                    help="checkout of aws-neuron/aws-neuron-sdk (or a dir holding its nki/examples): re-run "
-                         "the published kernels and rewrite calibration_published.json")
+    ap.add_argument("--kernels-from", metavar="DIR", action="append",
+                    help="checkout of aws-neuron/aws-neuron-sdk (or a dir holding its nki/examples) and, "
+                         "repeated, of aws-neuron/neuronx-distributed-inference (contrib/...): re-run the "
+                         "published kernels found there and rewrite calibration_published.json")
     ap.add_argument("--only", help="comma-separated row names")
     ap.add_argument("--measured", metavar="FILE",
                     help="results.json of a deploy.bench run on a trn instance: print its measured "
@@ -563,13 +562,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     names = set(args.only.split(",")) if args.only else None
     if args.kernels_from:
-        if not os.path.isdir(args.kernels_from):
-            ap.error(f"--kernels-from: {args.kernels_from} is not a directory")
+        for d in args.kernels_from:
+            if not os.path.isdir(d):
+                ap.error(f"--kernels-from: {d} is not a directory")
         save_published(run_published(args.kernels_from, names))
     rows = run_calibration(names=names)
     print(table_markdown(rows))
     if args.measured:
-        from .measured import calibration_rows
+        from nki_ssm.perf.measured import calibration_rows
         if not os.path.isfile(args.measured):
             ap.error(f"--measured: {args.measured} is not a file")
         print()

@@ -55,8 +55,16 @@ def tensor_cycles(inst, hw: HardwareSpec) -> float:
     return max(mm, m / hw.ls_speedup)
 
 
+# The VectorE instructions the NC-v3 perf modes apply to, by input count (trainium2_arch.rst,
+# "Vector Engine Performance Mode"): one input, tensor_copy / tensor_scalar (x4 SBUF contiguous,
+# x2 non-contiguous or a PSUM side); two inputs, tensor_tensor (x2, both SBUF). Every other
+# instruction (scans, reductions, scalar_tensor_tensor, shuffles, ...) streams at the base rate.
+_PERF_MODE_OPS = {1: ("tensor_copy", "tensor_scalar"), 2: ("tensor_tensor",)}
+
+
 def vector_cycles(inst, hw: HardwareSpec) -> float:
-    """VectorE cycles: passes x N / rate + fixed overhead, with NC-v3+ bf16 perf modes.
+    """VectorE cycles: passes x N / rate + fixed overhead, with NC-v3+ bf16 perf modes
+    for the instructions the architecture guide names (``_PERF_MODE_OPS``).
 
     Without a perf mode a k-input op makes 1 + (k - 1) x ``vector_second_input``
     passes (documented 2N for two inputs is the slow end; the published trn1
@@ -71,7 +79,7 @@ def vector_cycles(inst, hw: HardwareSpec) -> float:
     k = max(int(inst.num_inputs), 1)
     rate = hw.vector_elems_per_cycle
     passes = float(k)
-    if hw.vector_perf_modes and _attr(inst, "all_16bit", False):
+    if hw.vector_perf_modes and _attr(inst, "all_16bit", False) and inst.op in _PERF_MODE_OPS[min(k, 2)]:
         psum = bool(_attr(inst, "psum_operand", False))
         contiguous = bool(_attr(inst, "contiguous", True))
         if k == 1:
@@ -152,6 +160,16 @@ def raw_latency_ns(engine: str, hw: HardwareSpec) -> float:
     if engine == "scalar":
         return hw.scalar_raw_cycles / hw.scalar_ghz
     return 0.0
+
+
+def result_latency_ns(engine: str, hw: HardwareSpec) -> float:
+    """Time from an instruction's engine occupancy ending to its result being readable by
+    another engine: the Vector/Scalar pipeline latency (``raw_latency_ns``) or the TensorE
+    array drain to PSUM (``tensor_result_cycles``); 0 for GpSimd (no figure) and DMA
+    (its completion semaphore is ``dma_completion_ns``)."""
+    if engine == "tensor":
+        return hw.tensor_result_cycles / hw.tensor_ghz
+    return raw_latency_ns(engine, hw)
 
 
 def dma_plan(inst, hw: HardwareSpec) -> tuple[int, float]:

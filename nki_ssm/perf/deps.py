@@ -4,7 +4,9 @@
 given every earlier instruction that touched overlapping regions:
 read-after-write (the producer's end, plus ``same_engine_latency[unit]``
 when the producer ran on the same compute engine, ``dma_completion_ns`` when
-it is a DMA (the completion semaphore), else ``cross_engine_ns``),
+it is a DMA (the completion semaphore), else the producer engine's
+``result_latency`` (its pipeline: the result is written that long after the
+engine is free for its next instruction) plus ``cross_engine_ns``),
 write-after-read and write-after-write (the earlier access's end, plus the
 same semaphore latency when the engines differ).
 ``record`` adds an instruction's accesses once it is placed.
@@ -46,9 +48,11 @@ def _fold(records: list) -> None:
 
 
 class DependencyIndex:
-    def __init__(self, same_engine_latency: dict, cross_engine_ns: float, dma_completion_ns: float = None):
+    def __init__(self, same_engine_latency: dict, cross_engine_ns: float, dma_completion_ns: float = None,
+                 result_latency: dict | None = None):
         self.same = same_engine_latency
         self.cross = cross_engine_ns
+        self.result = result_latency or {}
         self.dma = cross_engine_ns if dma_completion_ns is None else dma_completion_ns
         self.writes: dict = {}
         self.reads: dict = {}
@@ -74,7 +78,10 @@ class DependencyIndex:
             p0, p1, b0, b1 = span(r)
             for a in recs:
                 if a.p0 < p1 and p0 < a.p1 and a.b0 < b1 and b0 < a.b1:
-                    t = a.end + (raw_same if (a.unit == unit and unit != "dma") else self._sync(a.unit, unit))
+                    if a.unit == unit and unit != "dma":
+                        t = a.end + raw_same
+                    else:
+                        t = a.end + self.result.get(a.unit, 0.0) + self._sync(a.unit, unit)
                     if t > ready:
                         ready, dep = t, a.idx
         for w in inst.writes:

@@ -70,6 +70,7 @@ class HardwareSpec:
     act_table_load_ns: float = 1300.0  # ScalarE time to load another function's table
     # --- TensorE fp32 weights ------------------------------------------------
     mm_fp32_ls_exposed: bool = True    # fp32 stationary load not hidden behind the previous matmul
+    tensor_result_cycles: int = 256    # TensorE: array drain from engine free to the PSUM result readable
     # --- launch and runtime loops ------------------------------------------
     launch_ns: float = 16000.0     # kernel prologue + epilogue (reported apart from the kernel time)
     loop_branch_ns: float = 50.0   # per runtime-loop iteration, on each engine's sequencer
@@ -145,10 +146,20 @@ _COMMON_SOURCES = {
     "psum_bank_bytes": "nki_spec §3.2: 2 KiB (512 fp32) per bank per partition [A1]",
     "hwdge_issue_ns": "nki_spec §8.1 / nki-dge.rst: each hardware-DGE DMA instruction takes ~600 ns [A2, DGE]",
     "swdge_issue_ns": "not documented: software DGE 'consumes GpSimd cycles' [DGE]; assumed equal to the hwdge figure (600 ns per instruction)",
-    "semaphore_ns": "not documented (nki_spec §8.3 'fit it'): estimate, central 100 ns, range 64-150 ns (issue 11's two settings); a DMA consumer waits dma_completion_ns instead",
+    "semaphore_ns": "not documented (nki_spec §8.3 'fit it'): estimate, central 100 ns, range 64-150 ns (issue 11's two settings); a DMA consumer waits dma_completion_ns instead. Paid after the producer's result latency (costs.result_latency_ns)",
+    "tensor_result_cycles": "estimate (undocumented): a matmul's result reaches PSUM after the last moving column has crossed the 128x128 array, so a consumer on another engine sees it this long after TensorE is free for its next instruction: the fill-and-drain latency of an n x n systolic array, ~2n cycles; central 256 (128 rows + 128 columns), range 128-384. [PERF Opt #5a]: a dependent instruction 'cannot start data read until the previous instruction has all of its output committed'",
 }
 
 SOURCES: dict[str, dict[str, str]] = {}
+
+_NC3_OVERHEAD_SOURCE = (
+    "fitted (CALIBRATED) on NC-v3: the static cost of every Vector/Scalar/GpSimd instruction (dispatch, "
+    "semaphore check, SBUF/PSUM access start), added to its stream, read off the NxD Inference contrib "
+    "Qwen3.5-27B fused DeltaNet kernel's per-chunk slope on trn2 (calibration row deltanet_fused_slope: "
+    "a serial chain of ~135 [128, 128] fp32 instructions per chunk, half of them VectorE): 199 cycles. Same "
+    "order as [PERF Opt #5a] 'static instruction overhead in the order of ~100 cycles'; one figure for the "
+    "three engines as that text gives one. Range 132-254: the fit redone with semaphore_ns and "
+    "tensor_result_cycles at their range ends. NC-v2 keeps 64 (its dependent-chain II, scalar_raw_cycles)")
 
 # The values of the constants _COMMON_SOURCES documents (each stated once for
 # NC-v2 and assumed for later cores; a later target overrides one only with its
@@ -192,8 +203,14 @@ SOURCES["trn1"] = dict(
     hbm_bw_per_core="nki_spec §8.1: 820 GB/s / 2 NCs [A1] (information only; the roofline uses the DMA aggregate)",
 )
 
+# NC-v3 static cost of every Vector/Scalar/GpSimd instruction, read off the published
+# trn2 DeltaNet kernel's per-chunk slope (calibration row deltanet_fused_slope; CALIBRATED).
+NC3_INSTRUCTION_OVERHEAD_CYCLES = 199
+
 TRN2 = HardwareSpec(
-    name="trn2", nc_version=3, **_COMMON_VALUES,
+    name="trn2", nc_version=3, **dict(_COMMON_VALUES, vector_overhead_cycles=NC3_INSTRUCTION_OVERHEAD_CYCLES,
+                                      scalar_overhead_cycles=NC3_INSTRUCTION_OVERHEAD_CYCLES,
+                                      gpsimd_overhead_cycles=NC3_INSTRUCTION_OVERHEAD_CYCLES),
     tensor_ghz=2.4, transpose_fp32_factor=2.0,
     bf16_peak_flops=79e12, fp32_peak_flops=20e12,
     vector_ghz=0.96, vector_perf_modes=True,
@@ -206,6 +223,7 @@ TRN2 = HardwareSpec(
 SOURCES["trn2"] = dict(
     _COMMON_SOURCES,
     hwdge_instances="nki-dge.rst: 'Each TRN2 NeuronCore has two DGE instances' [DGE]",
+    **dict.fromkeys(("vector_overhead_cycles", "scalar_overhead_cycles", "gpsimd_overhead_cycles"), _NC3_OVERHEAD_SOURCE),
     sbuf_bytes_per_partition="nki_spec §3.2: 224 KiB per partition [A2] less the 16 KiB reserve nki_ssm.sim.targets keeps (usable size undocumented, §12)",
     tensor_ghz="nki_spec §8.1: TensorE 2.4 GHz [A2]",
     bf16_peak_flops="nki_spec §8.1: 79 TFLOPS dense bf16 per NC-v3 [A2, NC3]",
@@ -234,6 +252,8 @@ TRN3 = replace(
 SOURCES["trn3"] = dict(
     _COMMON_SOURCES,
     hwdge_instances="not restated for NC-v4 (nki_spec §8.1); trn2's two instances assumed",
+    **dict.fromkeys(("vector_overhead_cycles", "scalar_overhead_cycles", "gpsimd_overhead_cycles"),
+                    "NC-v3's fitted figure assumed for NC-v4: " + _NC3_OVERHEAD_SOURCE),
     sbuf_bytes_per_partition="nki_spec §3.2: 256 KiB per partition [A3] less the 16 KiB reserve nki_ssm.sim.targets keeps (usable size undocumented, §12)",
     tensor_ghz="nki_spec §8.1: TensorE 2.4 GHz [A3]",
     bf16_peak_flops="nki_spec §8.1: 79 TFLOPS dense bf16 per NC-v4 [A3, NC4] (MXFP8 315 not used: kernels here are bf16)",
@@ -262,6 +282,7 @@ CALIBRATED: dict[str, str] = {
     "launch_ns": "the trn2 log's ~16 us (calibration row launch_overhead)",
     "vector_second_input": "fitted to the fused-Mamba tutorial's mamba_v2 at 4096 channels (1.61 ms, VectorE 99.63%; calibration row mamba_v2_4096ch); the documented 2N rule puts that row at 1.73x",
     "dma_sustained": "trn1 only: fitted to the NKI matmul tutorial's nki_matmul_hoist_load_ (42.96 ms; calibration row matmul_hoist_load); trn2/trn3 keep the profile-based 0.85",
+    "vector_overhead_cycles": "NC-v3 (trn2, and trn3 by assumption) only: fitted to the NxD Inference Qwen3.5-27B fused DeltaNet kernel's per-chunk slope (calibration row deltanet_fused_slope); also scalar_overhead_cycles and gpsimd_overhead_cycles (one figure for the three engines)",
 }
 
 
@@ -275,6 +296,7 @@ _COMMON_RANGES = {
     "scalar_overhead_cycles": (32, 150),
     "gpsimd_overhead_cycles": (32, 150),
     "semaphore_ns": (64.0, 150.0),
+    "tensor_result_cycles": (128, 384),
     "dma_completion_ns": (250.0, 350.0),
     "dma_fixed_ns": (700.0, 1300.0),
     "dma_min_run_bytes": (256, 2048),
@@ -284,6 +306,7 @@ _COMMON_RANGES = {
     "loop_barrier_ns": (100.0, 400.0),
     "swdge_issue_ns": (300.0, 900.0),
 }
+NC3_OVERHEAD_RANGE = (132, 254)
 RANGE_SOURCES = {
     "vector_elems_per_cycle": "nki_spec §8.1: VectorE data path 256 elements/cycle for non-16-bit dtypes on v3/v4 "
                               "(= 2/partition/cycle, fast end); v2: 128 lanes, no range (its two-input evidence "
@@ -302,6 +325,10 @@ def ranges(spec: "HardwareSpec | str") -> dict:
     out = dict(_COMMON_RANGES)
     out["dma_sustained"] = (0.70, 0.35) if spec.nc_version == 2 else (1.0, 0.60)
     if spec.nc_version >= 3:
+        # the fitted NC-v3 instruction overhead: its fit with the wait constants at their ends
+        for name in ("vector_overhead_cycles", "scalar_overhead_cycles", "gpsimd_overhead_cycles"):
+            out[name] = NC3_OVERHEAD_RANGE
+    if spec.nc_version >= 3:
         out["vector_elems_per_cycle"] = (2.0, spec.vector_elems_per_cycle)
     out["gpsimd_elems_per_cycle"] = (max(1.0, spec.gpsimd_elems_per_cycle), spec.gpsimd_elems_per_cycle)
     out["gpsimd_elems_per_cycle_16bit"] = (max(1.0, spec.gpsimd_elems_per_cycle_16bit),
@@ -316,6 +343,48 @@ def bracket(spec: "HardwareSpec | str", end: str) -> HardwareSpec:
         raise ValueError(f"end must be 'low' or 'high', got {end!r}")
     k = 0 if end == "low" else 1
     return spec.with_overrides(**{name: pair[k] for name, pair in ranges(spec).items()})
+
+
+# How the 10-90 % interval is drawn (model.model_range): this many tables, this seed.
+RANGE_SAMPLES = 12
+RANGE_SEED = 2026
+
+
+def _split_uniform(q, fast, central, slow):
+    """The value at quantile ``q`` of a split uniform: half the mass uniformly between the
+    fast end and the central value, half between the central value and the slow end."""
+    if q < 0.5:
+        return fast + (central - fast) * (q / 0.5)
+    return central + (slow - central) * ((q - 0.5) / 0.5)
+
+
+def sampled(spec: "HardwareSpec | str", samples: int = RANGE_SAMPLES, seed: int = RANGE_SEED) -> list:
+    """``samples`` copies of ``spec``, each uncertain constant drawn independently of the others.
+
+    Each constant follows a split uniform about its central value (half its
+    mass between the fast end and the central value, half between the central
+    value and the slow end), so the central value is its median whatever the
+    asymmetry of its range. The draws are stratified (Latin hypercube): each
+    constant's ``samples`` draws fall one in each of ``samples`` equal
+    quantile bins, in an order drawn independently per constant, so a dozen
+    tables cover every range evenly while the constants stay independent of
+    one another. Integer constants are rounded. Seeded (``seed``): the same
+    spec gives the same tables on every run, so reports and CI are deterministic.
+    """
+    spec = get_target(spec)
+    if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
+        raise ValueError(f"samples must be an int >= 1, got {samples!r}")
+    rng = np.random.default_rng(seed)
+    table = ranges(spec)
+    columns = {}
+    for name in sorted(table):
+        fast, slow = table[name]
+        central = getattr(spec, name)
+        quantiles = (rng.permutation(samples) + rng.random(samples)) / samples
+        values = [_split_uniform(q, fast, central, slow) for q in quantiles]
+        integer = isinstance(central, (int, np.integer)) and not isinstance(central, bool)
+        columns[name] = [int(round(v)) if integer else float(v) for v in values]
+    return [spec.with_overrides(**{name: col[k] for name, col in columns.items()}) for k in range(samples)]
 
 
 def optimistic(spec: "HardwareSpec | str") -> HardwareSpec:

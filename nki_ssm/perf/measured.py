@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from nki_ssm.perf.calibration import CalibrationRow
+from nki_ssm.perf.calibration_row import CalibrationRow, table_markdown
 
 
 def load_measured(results) -> tuple[list[dict], dict]:
@@ -60,8 +60,6 @@ def calibration_rows(results) -> list[CalibrationRow]:
 
 
 def main(argv=None) -> int:
-    from nki_ssm.perf.calibration import table_markdown
-
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m nki_ssm.perf.measured <results.json>", file=sys.stderr)

@@ -15,8 +15,9 @@ depends on has finished (``deps.py``: read-after-write, write-after-read,
 write-after-write through overlapping regions). Extra latency on a
 dependency: ``costs.raw_latency_ns`` when a Vector/Scalar instruction reads
 what the same engine just wrote (the documented ~100-cycle overhead of
-dependent instructions), ``semaphore_ns`` across engines (0 by default, see
-hardware.SOURCES).
+dependent instructions); across engines, the producer's result latency
+(``costs.result_latency_ns``: its pipeline, or TensorE's array drain) and then
+``semaphore_ns``; after a DMA, ``dma_completion_ns``.
 
 On-chip capacity: an SBUF tile (bytes per partition) or PSUM tile (whole
 banks) is live from its first to its last access in program order; a new
@@ -195,7 +196,7 @@ def model(trace, target: "str | HardwareSpec | None" = None, *, keep_schedule: b
     n = len(insts)
     run = _Run(n)
     deps = DependencyIndex({e: costs.raw_latency_ns(e, hw) for e in COMPUTE_ENGINES}, hw.semaphore_ns,
-                           hw.dma_completion_ns)
+                           hw.dma_completion_ns, {e: costs.result_latency_ns(e, hw) for e in COMPUTE_ENGINES})
     first_use, dies_at, size_of = lifetimes(insts, hw.psum_bank_bytes)
     cores: dict = {}
     last_end: dict = {}      # storage id -> (latest end of an access, that instruction)
@@ -247,13 +248,20 @@ def _track_lifetimes(i, inst, core: _Core, run: _Run, last_end: dict, dies_at: d
         core.pools[buf].release(size, t_rel, who)
 
 
-def model_range(trace, target: "str | HardwareSpec | None" = None, *, keep_schedule: bool = True) -> Timing:
-    """``model(trace, target)`` with ``time_low_ns`` / ``time_high_ns`` filled in: the same
-    trace modeled with every uncertain constant at its fast and slow end
-    (``hardware.bracket``), widened to include the central figure when the scheduler's
-    greedy order makes an end cross it (``range_clamped``). Goals are judged on the
-    central ``time_ns``."""
-    from nki_ssm.perf.hardware import bracket
+def model_range(trace, target: "str | HardwareSpec | None" = None, *, keep_schedule: bool = True,
+                samples: int | None = None, seed: int | None = None) -> Timing:
+    """``model(trace, target)`` with its 10-90 % interval and its extremes filled in.
+
+    ``time_p10_ns`` / ``time_p90_ns``: the 10th and 90th percentiles of the
+    same trace modeled with ``samples`` constant tables, each uncertain
+    constant drawn independently within its documented range
+    (``hardware.sampled``, seeded: deterministic). ``time_low_ns`` /
+    ``time_high_ns``: every constant at its fast / slow end at once
+    (``hardware.bracket``), kept as the extremes. Each is widened to include
+    the central figure when the scheduler's greedy order puts it on the wrong
+    side (``range_clamped``). Goals are judged on the central ``time_ns``.
+    """
+    from nki_ssm.perf.hardware import RANGE_SAMPLES, RANGE_SEED, bracket, sampled
 
     if target is None:
         target = getattr(trace, "target", None) or None
@@ -262,13 +270,20 @@ def model_range(trace, target: "str | HardwareSpec | None" = None, *, keep_sched
     low, high = bracket(hw, "low"), bracket(hw, "high")
     t_low = model(trace, low, keep_schedule=False).time_ns
     t_high = model(trace, high, keep_schedule=False).time_ns
+    draws = sampled(hw, RANGE_SAMPLES if samples is None else samples, RANGE_SEED if seed is None else seed)
+    times = np.array([model(trace, d, keep_schedule=False).time_ns for d in draws])
+    launches = np.array([d.launch_ns for d in draws])
+    p10, p90 = (float(v) for v in np.percentile(times, [10, 90]))
     # greedy list scheduling is not monotone: every constant at its fast end can still
     # reorder DMAs / buffer reuse into a slower schedule (seen: gated delta decode, +6 %).
     # The range then includes the central figure rather than sitting beside it.
-    central.range_clamped = t_low > central.time_ns or t_high < central.time_ns
-    central.time_low_ns = min(t_low, central.time_ns)
-    central.time_high_ns = max(t_high, central.time_ns)
+    t = central.time_ns
+    central.range_clamped = t_low > t or t_high < t or p10 > t or p90 < t
+    central.time_low_ns, central.time_high_ns = min(t_low, t), max(t_high, t)
+    central.time_p10_ns, central.time_p90_ns = min(p10, t), max(p90, t)
     central.launch_low_ns, central.launch_high_ns = low.launch_ns, high.launch_ns
+    central.launch_p10_ns, central.launch_p90_ns = (float(v) for v in np.percentile(launches, [10, 90]))
+    central.range_samples = len(draws)
     return central
 
 

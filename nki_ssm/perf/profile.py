@@ -55,8 +55,10 @@ def profile(kernel, *arrays, target: "str | HardwareSpec" = "trn2", ranges: bool
     returns (HBM inputs it modifies are written back as the simulator does).
     The simulator runs with NEURON_PLATFORM_TARGET_OVERRIDE = ``target`` so
     target-gated instructions are checked for the target being timed.
-    ``ranges``: also model the fast and slow ends (``Timing.time_low_ns`` /
-    ``time_high_ns``; three scheduling passes instead of one).
+    ``ranges``: also model the 10-90 % interval (``Timing.time_p10_ns`` /
+    ``time_p90_ns``, from ``hardware.RANGE_SAMPLES`` sampled constant tables) and
+    the all-fast / all-slow extremes (``time_low_ns`` / ``time_high_ns``):
+    RANGE_SAMPLES + 3 scheduling passes instead of one.
     """
     from nki_ssm.sim.trace import record
 

@@ -81,12 +81,18 @@ class Timing:
     loop_iterations: int = 0          # runtime-loop iterations (each charged a boundary)
     loop_overhead_ns: float = 0.0     # iterations x (barrier + branch) charged
     program_instructions: int | None = None   # static instructions (runtime loop bodies once)
-    # range from the documented ranges of the constants (perf.model_range); None if not run
+    # the range from the documented ranges of the constants (perf.model_range); None if not run:
+    # the 10-90 % interval of independent draws, and the all-fast / all-slow extremes
+    time_p10_ns: float | None = None
+    time_p90_ns: float | None = None
     time_low_ns: float | None = None
     time_high_ns: float | None = None
+    launch_p10_ns: float | None = None
+    launch_p90_ns: float | None = None
     launch_low_ns: float | None = None
-    range_clamped: bool = False       # an end's schedule crossed the central one (list-scheduling anomaly)
     launch_high_ns: float | None = None
+    range_samples: int = 0            # constant tables drawn for the 10-90 % interval
+    range_clamped: bool = False       # a draw's schedule crossed the central one (list-scheduling anomaly)
 
     def top_ops(self, k: int = 5) -> list:
         """The k "engine:op" pairs with the most busy time: [(name, count, ns), ...]."""
@@ -138,8 +144,8 @@ class Timing:
     def summary(self) -> str:
         share = ", ".join(f"{e} {100 * s:.0f}%" for e, s in self.share.items())
         rng = ""
-        if self.time_low_ns is not None and self.time_high_ns is not None:
-            rng = f" (range {self.time_low_ns / 1e3:.2f}-{self.time_high_ns / 1e3:.2f})"
+        if self.time_p10_ns is not None and self.time_p90_ns is not None:
+            rng = f" (10-90 % {self.time_p10_ns / 1e3:.2f}-{self.time_p90_ns / 1e3:.2f})"
         return (f"{self.time_us:.2f} us{rng} modeled on {self.target} + {self.launch_ns / 1e3:.0f} us launch; "
                 f"binding {self.binding_engine}; "
                 f"busy {share}; {self.dma_transfers} DMAs / {self.dma_bytes / 1e6:.3f} MB; "
@@ -161,6 +167,8 @@ class Timing:
             "launch_ns": self.launch_ns, "act_table_loads": self.act_table_loads,
             "loop_iterations": self.loop_iterations, "loop_overhead_ns": self.loop_overhead_ns,
             "program_instructions": self.program_instructions,
+            "time_p10_ns": self.time_p10_ns, "time_p90_ns": self.time_p90_ns,
             "time_low_ns": self.time_low_ns, "time_high_ns": self.time_high_ns,
+            "range_samples": self.range_samples,
             "range_clamped": self.range_clamped,
         }

@@ -30,6 +30,7 @@ def test_record_is_from_the_current_model():
         "the cost model changed since calibration_published.json was written: re-run "
         "python -m nki_ssm.perf.calibration --kernels-from <aws-neuron-sdk checkout>")
     assert data["sdk_commit"] and "github.com/aws-neuron/aws-neuron-sdk" in data["sdk"]
+    assert data["nxdi_commit"] and "github.com/aws-neuron/neuronx-distributed-inference" in data["nxdi"]
 
 
 def test_every_row_ran_and_sits_in_its_band(rows):
@@ -63,7 +64,7 @@ def test_published_kernels_computed_the_right_answer(rows):
     for r in rows:
         if r.origin != "published":
             continue
-        err = r.extra.get("rel_err_first_rows", r.extra.get("rel_err_first_tile"))
+        err = r.extra.get("rel_err_first_rows", r.extra.get("rel_err_first_tile", r.extra.get("rel_err")))
         assert err is not None and err < (2e-2 if r.dtype == "bf16" else 1e-4), (r.name, err)
 
 
@@ -71,6 +72,27 @@ def test_ranges_bracket_the_central_figures(rows):
     for r in rows:
         if r.low_ns is not None:
             assert r.low_ns <= r.modeled_ns <= r.high_ns, r.name
+        if r.p10_ns is not None:
+            assert r.p10_ns <= r.modeled_ns <= r.p90_ns, r.name
+
+
+# The check rows before issue 28: none of them may become a fit row.
+CHECK_ROWS = ("matmul_tiled", "matmul_block_free", "matmul_fully_optimized", "mamba_v1_256ch", "mamba_v1_4096ch",
+              "mamba_v3_4096ch_2k", "mamba_v3_4096ch_8k", "dma_4x4096_one_engine", "dma_128x128_16_engines",
+              "exp_4x4096_instruction", "exp_128x128_instruction", "exp_kernel_4x4096_span",
+              "exp_kernel_128x128_span", "vector_128x512_op")
+
+
+def test_the_deltanet_slope_is_a_fit_row_and_the_old_checks_stay_checks(rows):
+    by = {r.name: r for r in rows}
+    assert all(by[name].kind == "check" for name in CHECK_ROWS)
+    dn = by["deltanet_fused_slope"]
+    assert (dn.kind, dn.measure, dn.origin, dn.target) == ("fit", "slope", "published", "trn2")
+    assert dn.published_ns == pytest.approx((487e3 - 335e3) / 3)
+    assert "neuronx-distributed-inference/blob/19feb8992f5e111421e498fa56e625f9c072df5f" in dn.source
+    # the slope is the difference of the two modeled runs per chunk added
+    at = dn.extra["modeled_ns_at"]
+    assert dn.modeled_ns == pytest.approx((at["512"] - at["128"]) / 3)
 
 
 def test_table_lists_fit_rows_apart(rows):
@@ -84,9 +106,15 @@ def test_table_lists_fit_rows_apart(rows):
 @pytest.mark.skipif(not os.environ.get("NKI_SSM_PUBLISHED_KERNELS"),
                     reason="set NKI_SSM_PUBLISHED_KERNELS to a checkout of aws-neuron/aws-neuron-sdk")
 def test_published_small_rows_reproduce_the_record():
+    # NKI_SSM_PUBLISHED_NXDI (optional): a checkout of aws-neuron/neuronx-distributed-inference
     pytest.importorskip("nki_ssm.sim.jit")
     stored = {r["name"]: r for r in load_published_data()["rows"]}
-    fresh = run_published(Path(os.environ["NKI_SSM_PUBLISHED_KERNELS"]), names={"mamba_v1_256ch"})
+    dirs, names = [Path(os.environ["NKI_SSM_PUBLISHED_KERNELS"])], {"mamba_v1_256ch"}
+    if os.environ.get("NKI_SSM_PUBLISHED_NXDI"):
+        dirs.append(Path(os.environ["NKI_SSM_PUBLISHED_NXDI"]))
+        names.add("deltanet_fused_slope")
+    fresh = run_published(dirs, names=names)
+    assert {r.name for r in fresh} == names
     for r in fresh:
         assert r.error is None, r.error
         assert r.modeled_ns == pytest.approx(stored[r.name]["modeled_ns"], rel=1e-9)

@@ -39,13 +39,13 @@ def test_matmul_initiation_interval():
 
 
 def test_vector_rules_and_perf_modes():
-    fixed = TRN2.vector_overhead_cycles
+    fixed, fixed1 = TRN2.vector_overhead_cycles, TRN1.vector_overhead_cycles
     two = vec([], [], n=512, inputs=2)
-    assert costs.vector_cycles(two, TRN1) == 564 + fixed           # N (1 + 0.1) + fixed (fitted)
-    one16 = vec([], [], n=512, inputs=1, all_16bit=True, contiguous=True, psum_operand=False)
-    assert costs.vector_cycles(one16, TRN1) == 512 + fixed         # no perf mode on NC-v2
+    assert costs.vector_cycles(two, TRN1) == 564 + fixed1          # N (1 + 0.1) + fixed (fitted)
+    one16 = vec([], [], n=512, inputs=1, op="tensor_copy", all_16bit=True, contiguous=True, psum_operand=False)
+    assert costs.vector_cycles(one16, TRN1) == 512 + fixed1        # no perf mode on NC-v2
     assert costs.vector_cycles(one16, TRN2) == 128 + fixed         # x4
-    psum16 = vec([], [], n=512, inputs=1, all_16bit=True, psum_operand=True)
+    psum16 = vec([], [], n=512, inputs=1, op="tensor_scalar", all_16bit=True, psum_operand=True)
     assert costs.vector_cycles(psum16, TRN2) == 256 + fixed        # x2
     two16 = vec([], [], n=512, inputs=2, all_16bit=True, psum_operand=False)
     assert costs.vector_cycles(two16, TRN2) == 512 + fixed         # x2

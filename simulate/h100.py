@@ -1,0 +1,55 @@
+"""One H100's measured times at nki_ssm's shapes: the yardstick of the report's per-chip table.
+
+The figures are copied (not read at run time) from the project's reference
+notes on the GPU peers, "GPU peers measured at nki_ssm's shapes": one H100
+SXM 80GB, measured 2026-11-24 with ``triton.testing.do_bench`` (warm-up 50,
+300 ms of repetitions), eager PyTorch 2.11 + Triton 3.6, no CUDA graphs, bf16
+data, float32 states, random inputs with realistic gates. Peers:
+flash-linear-attention (fla-core 0.6.0), mamba_ssm (main, Triton SSD path),
+FLA's Triton causal conv.
+
+A trn2 chip is 8 physical NeuronCores (4 logical cores of 2 at LNC=2: the
+same silicon). The per-chip figure is the modeled per-NeuronCore time divided
+by 8: it assumes the 8 cores split the work perfectly.
+"""
+from __future__ import annotations
+
+SOURCE = ("one H100 SXM 80GB, 2026-11-24, triton.testing.do_bench (warm-up 50, 300 ms), eager PyTorch 2.11 + "
+          "Triton 3.6, no CUDA graphs, bf16 data, fp32 states; FLA fla-core 0.6.0, mamba_ssm main (Triton "
+          "SSD), FLA Triton causal conv (nki_ssm reference notes, 'GPU peers measured at nki_ssm's shapes')")
+NEURONCORES_PER_CHIP = 8
+
+_FLA_CHUNK = "FLA chunk_gated_delta_rule"
+_FLA_DECODE = "FLA fused_recurrent_gated_delta_rule"
+_MAMBA_CHUNK = "mamba_ssm mamba_chunk_scan_combined (chunk 256)"
+_MAMBA_DECODE = "mamba_ssm selective_state_update"
+_FLA_CONV = "FLA Triton causal_conv1d + SiLU"
+
+# (op, model, layout as in simulate's case ids) -> (peer, measured time in ns)
+H100_NS = {
+    ("gated_delta_prefill", "qwen3-next", "1x16384"): (_FLA_CHUNK, 1.061e6),
+    ("gated_delta_prefill", "qwen3-next", "8x2048"): (_FLA_CHUNK, 1.097e6),
+    ("gated_delta_prefill", "qwen3-next", "1x2048"): (_FLA_CHUNK, 0.962e6),
+    ("gated_delta_prefill", "qwen3-next-tp4", "1x16384"): (_FLA_CHUNK, 1.136e6),
+    ("gated_delta_decode", "qwen3-next", "32seq"): (_FLA_DECODE, 0.113e6),
+    ("gated_delta_decode", "qwen3-next", "64seq"): (_FLA_DECODE, 0.116e6),
+    ("gated_delta_decode", "qwen3-next", "512seq"): (_FLA_DECODE, 0.873e6),
+    ("short_conv_prefill", "qwen3-next", "1x16384"): (_FLA_CONV, 0.279e6),
+    ("short_conv_prefill", "qwen3-next", "8x2048"): (_FLA_CONV, 0.290e6),
+    ("ssd_prefill", "mamba2-2.7b", "1x16384"): (_MAMBA_CHUNK, 0.849e6),
+    ("ssd_prefill", "mamba2-2.7b", "8x2048"): (_MAMBA_CHUNK, 1.300e6),
+    ("ssd_prefill", "granite-4.0-h", "1x16384"): (_MAMBA_CHUNK, 1.245e6),
+    ("ssd_decode", "mamba2-2.7b", "32seq"): (_MAMBA_DECODE, 0.144e6),
+    ("ssd_decode", "mamba2-2.7b", "512seq"): (_MAMBA_DECODE, 1.163e6),
+}
+
+
+def h100_for(case_id: str) -> tuple[str, float] | None:
+    """(peer, H100 time in ns) measured at the case's op, model and batch layout, or None."""
+    op, model, layout = (case_id.split("/") + ["", "", ""])[:3]
+    return H100_NS.get((op, model, layout))
+
+
+def chip_ns(per_core_ns: float) -> float:
+    """Modeled time of one trn2 chip: the per-NeuronCore time over 8 cores, split perfectly."""
+    return per_core_ns / NEURONCORES_PER_CHIP
