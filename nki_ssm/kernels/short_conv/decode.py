@@ -30,9 +30,10 @@ builds from ``state_indices`` with a few vectorised array ops
   rows ``slot * R + r`` (partition ``r * Pn + i``), one group per Pn rows;
 - ``rows_one [N, R]``: per position of the one-block layout its R pool rows
   ``slot * R + c``;
-- ``counts [1, 2]``: the stop of the wide layout's group loop and of the
+- ``counts [1, 3]``: the stop of the wide layout's group loop and of the
   one-block layout's (the number of live sequences for the layout the launcher
-  picked, 0 for the other).
+  picked, 0 for the other), and the trips of the one-block layout's diagonal
+  build (1 when that layout runs, else 0).
 
 Loops: the kernel runs the two layouts one after the other, each as its weight
 setup (straight-line code) and ONE top-level runtime loop over its groups,
@@ -42,9 +43,9 @@ offset of its x / y rows and of its table rows. The stops are registers
 allocated before the loops and loaded from (1, 1) SBUF tiles that a DMA filled
 from ``counts``. No runtime loop runs inside another: the layout not picked
 runs zero iterations (its setup, weight-column DMAs, still runs; the one-block
-TensorE taps' diagonal weights are built by VectorE inside each group iteration,
-a chunk ahead of their matmuls, so a launch of the wide layout does not pay for
-them -- about 30 us of VectorE at dim 8192). The launcher picks
+TensorE taps' diagonal weights are built once by VectorE in a top-level loop of
+one trip when that layout runs and none when the wide one does, so a launch of
+the wide layout does not pay for them). The launcher picks
 the wide layout when the live rows fit two groups (``num_live * R <= 256``, i.e.
 at most 64 live sequences at R = 4: the measured crossover,
 ``use_wide_layout``), else the one-block layout: one program (the same size at
@@ -80,8 +81,7 @@ and the W taps (+ a K=1 bias matmul) accumulate in PSUM as
 ``psum[rows, ch] += window_k[ch, rows].T @ diag(weight[:, k])``, already
 row-major, so no transpose back; ScalarE applies SiLU on eviction. The
 diagonals (``diag(weight[:, k])`` per 128-channel sub-tile, bfloat16) are
-rebuilt by VectorE in every group iteration, chunk c + 1's behind chunk c's
-first evictions.
+built once per launch by VectorE, before the group loop.
 The new state (window columns T .. T+W-2) is assembled row-major by ScalarE
 copies and scattered back with one DMA per group and chunk. Gathers run PD
 chunks ahead of the scatters inside a group (software pipeline); a scatter
@@ -400,10 +400,13 @@ def _store_chunk(y, pool_flat, yt, st, xs, g, prow, c0, cd, R, Pn, D, H, CD):
                   src=ns[0:P, 0:cd, :])
 
 
-def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, act_op, has_bias, R, tensor_taps):
-    """One row layout of R channel blocks per sequence: its weight columns (and TensorE
-    diagonals), then the top-level runtime group loop over positions 0, Pn, 2 Pn, .. <
-    stop (the register; 0 when the launcher picked the other layout)."""
+def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_bias, R,
+            tensor_taps):
+    """One row layout of R channel blocks per sequence: its weight columns, with TensorE
+    taps a top-level runtime loop of ``setup`` (a register, 1 when this layout runs, else
+    0) trips that builds the diagonal weights, then the top-level runtime group loop over
+    positions 0, Pn, 2 Pn, .. < stop (the register; 0 when the launcher picked the other
+    layout)."""
     N, T, dim = x.shape
     W = weight.shape[1]
     H = W - 1
@@ -450,12 +453,19 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, act_op, has_bias, R,
                 b_raw = nl.ndarray((1, D), dtype=bias.dtype, buffer=nl.sbuf)
                 nisa.dma_copy(dst=b_raw, src=bias.ap(pattern=[[D, 1], [1, D]], offset=0))
                 nisa.tensor_copy(dst=b_row, src=b_raw)
-        # the diagonals' tiles; VectorE fills them inside each group iteration, a chunk
-        # ahead of its matmuls (built before the loop they would cost the launches that
-        # run the other layout their whole VectorE time)
+        # the diagonals, built once by VectorE in a loop of 1 trip when this layout runs
+        # and 0 when the other one does (built unconditionally they would cost the launches
+        # of the other layout their whole VectorE time; built per group, every group)
         for ci in range(len(chunks)):
             diags[ci] = nl.ndarray((SUB, (chunks[ci][1] + SUB - 1) // SUB, W, SUB),
                                    dtype=nl.bfloat16, buffer=nl.sbuf)
+
+        def diagonals_body(i):
+            for ci in range(len(chunks)):
+                _chunk_diagonals(diags[ci], ident, w_all, chunks[ci][0] // SUB,
+                                 (chunks[ci][1] + SUB - 1) // SUB, D, W)
+
+        nl.fori_loop(0, setup, diagonals_body)
 
     chunk_bytes = CD * (H * pool_bytes + T * x_bytes)
     PD = max(1, min(len(chunks) - 1, LOAD_BUDGET // chunk_bytes - 1))
@@ -476,9 +486,6 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, act_op, has_bias, R,
         for ci in range(min(PD, len(chunks))):
             loads[ci] = _load_group(x, pool_flat, g, prow, chunks[ci][0], chunks[ci][1],
                                     R, Pn, D, H, CD)
-        if tensor_taps:
-            _chunk_diagonals(diags[0], ident, w_all, chunks[0][0] // SUB,
-                             (chunks[0][1] + SUB - 1) // SUB, D, W)
         prev = None
         for i in range(len(steps) + 1):
             nxt = None
@@ -496,10 +503,6 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, act_op, has_bias, R,
                 st, xs, yt = units[ci]
                 if tensor_taps:
                     front = _front_mm((st, xs), j_list, P, chunks[ci][0] // SUB, H, t0, n)
-                    if first_step and ci + 1 < len(chunks):
-                        # the next chunk's diagonals, behind this chunk's first evictions
-                        _chunk_diagonals(diags[ci + 1], ident, w_all, chunks[ci + 1][0] // SUB,
-                                         (chunks[ci + 1][1] + SUB - 1) // SUB, D, W)
                 else:
                     front = _front((st, xs), j_list, w_all, b_all, has_bias, R, Pn,
                                    chunks[ci][0] // SUB, H, t0, n)
@@ -536,7 +539,8 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows_wide, rows_one, co
     kernel's scatters); rows_wide int32 ``[N, R]``: per group of the wide layout and
     partition ``r * Pn + i``, the pool row ``slot * R + r``; rows_one int32 ``[N, R]``:
     per position of the one-block layout, its R pool rows ``slot * R + c``; counts int32
-    ``[1, 2]``: (stop of the wide group loop, stop of the one-block group loop) -- the
+    ``[1, 3]``: (stop of the wide group loop, stop of the one-block group loop, trips of
+    the one-block diagonal build: 1 when that layout runs) -- the
     launcher gives the layout it did not pick a stop of 0;
     activation "silu" or "none"; R channel blocks per sequence of the wide layout (1: the
     program holds the one-block layout only; dim / R a multiple of 128); tensor_taps: the
@@ -553,16 +557,19 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows_wide, rows_one, co
     act_op = nl.silu if activation == "silu" else nl.copy
     y = nl.ndarray((N, T, dim), dtype=x.dtype, buffer=nl.shared_hbm)
 
-    # loop stops of the two layouts (0 for the layout the launcher did not pick), each DMA'd
-    # into a (1, 1) SBUF tile on partition 0 and loaded into a register allocated here
+    # loop stops of the two layouts (0 for the layout the launcher did not pick) and the
+    # one-block layout's diagonal-build trips (1 when it runs), each DMA'd into a (1, 1) SBUF
+    # tile on partition 0 and loaded into a register allocated here
     regs = []
-    for k in range(2):
+    for k in range(3):
         cnt = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
         nisa.dma_copy(dst=cnt, src=counts[0:1, k:k + 1])
         r = nisa.register_alloc()
         nisa.register_load(dst=r, src=cnt)
         regs.append(r)
     if R > 1:
-        _layout(x, weight, bias, y, pool_flat, rows_wide, regs[0], act_op, has_bias, R, False)
-    _layout(x, weight, bias, y, pool_flat, rows_one, regs[1], act_op, has_bias, 1, tensor_taps)
+        _layout(x, weight, bias, y, pool_flat, rows_wide, regs[0], None, act_op, has_bias, R,
+                False)
+    _layout(x, weight, bias, y, pool_flat, rows_one, regs[1], regs[2], act_op, has_bias, 1,
+            tensor_taps)
     return y

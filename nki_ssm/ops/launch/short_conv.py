@@ -257,8 +257,8 @@ def decode_plan(state_indices, num_seqs: int, dim: int):
     """(R, order, pos, rows_wide, rows_one, counts): the run-time arguments of
     ``short_conv_decode_kernel`` for a batch padded to ``num_seqs`` (the bucket)
     sequences: both layouts' tables (``decode_tables``), the x order and y positions of
-    the layout used, and counts ``[1, 2]`` int32 = (wide stop, one-block stop), the
-    layout not used getting 0 (``use_wide_layout`` picks). On
+    the layout used, and counts ``[1, 3]`` int32 = (wide stop, one-block stop, one-block
+    diagonal-build trips), the layout not used getting 0 (``use_wide_layout`` picks). On
     device: the two table builds, one scalar compare and torch.where selections.
     """
     R = wide_blocks(dim)
@@ -266,7 +266,8 @@ def decode_plan(state_indices, num_seqs: int, dim: int):
     order_1, _, rows_one, _ = decode_tables(state_indices, num_seqs, 1, R)
     wide = R > 1 and bool(use_wide_layout(num_live, R))
     order = order_w if wide else order_1
-    counts = np.array([[num_live if wide else 0, 0 if wide else num_live]], dtype=np.int32)
+    counts = np.array([[num_live if wide else 0, 0 if wide else num_live,
+                        int(not wide and num_live > 0)]], dtype=np.int32)
     return R, order, pos, rows_wide, rows_one, counts
 
 
