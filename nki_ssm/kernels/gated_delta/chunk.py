@@ -129,16 +129,18 @@ converts) and the doubling's first round reads P^T and P as tfloat32, its later 
 and partial inverses are bf16 (the inverse's unit diagonal is exact; its last round
 writes fp32); all decays, segment sums and the state stay fp32.
 
-What binds (modeled trn2, bf16 I/O, fp32 pool, chunk 128). Qwen3-Next TP1 (32 value heads,
-8 groups, one chunk per body): VectorE, with ScalarE and the DMA queues close behind (2K
-tokens, per chunk of 74 us: VectorE 58 us busy, ScalarE 56, DMA 49, TensorE 39): a chunk
-moves its inputs (~2 MB), its outputs (1 MB), the packing moves of its solves and the
-state in and out of its scratch block (2 x 2 MB, the price of one loop level: the state
-cannot stay in SBUF from one row to the next when a row may start another sequence).
-TP4 (8 value heads, 2 groups, 4 chunks per body): ScalarE (the doubling's evictions on
-the whole array) and the chain phase: the state chains of a body's chunks follow one
-another, each chain step waiting behind other chunks' work in the in-order engine
-queues. Figures: the README's "Modeled performance" table and ``python -m simulate``.
+What binds (modeled trn2 by nki_ssm.perf as of this commit, bf16 I/O, fp32 pool, chunk
+128; ``python -m simulate --op gated_delta_prefill``). Qwen3-Next TP1 (32 value heads, 8
+groups, one chunk per body; 16K tokens 13.2 ms, 10-90 %: 12.6-14.8, 1.24 M tokens/s):
+VectorE (87 % busy), with ScalarE (82 %) close behind, DMA 45 %, GpSimd 43 %, TensorE
+38 %: a chunk moves its inputs (~2 MB), its outputs (1 MB), the packing moves of its solves
+and the state in and out of its scratch block (2 x 2 MB, the price of one loop level: the
+state cannot stay in SBUF from one row to the next when a row may start another sequence).
+TP4 (8 value heads, 2 groups, 4 chunks per body; 16K tokens 3.67 ms, 4.46 M tokens/s, 3.6x
+TP1): ScalarE (83 %; the doubling's evictions on the whole array) and the chain phase: the
+state chains of a body's chunks follow one another, each chain step waiting behind other
+chunks' work in the in-order engine queues. Figures: the README's "Modeled performance"
+table and ``python -m simulate``.
 
 Constructs and their evidence (released kernels or the NKI 0.6.0 docs): runtime loops
 as ``nl.fori_loop`` with an inner ``def`` body (the ``fori_loop`` docstring, NKI 0.6.0);

@@ -84,17 +84,13 @@ every sequence in and out (``2*HV*K*V*4`` bytes with a float32 pool), plus
 ``HV*K*V`` per token with ``want_inter``, and small input / output rows per
 iteration.
 
-What binds (modeled, trn2, ``python -m simulate --set full --op
-gated_delta_decode``; Qwen3-Next H=16 HV=32 K=V=128, T=1, raw gates, l2norm,
-float32 pool, bf16 q/k/v): DMA of the states. 64 sequences 1.07 ms, 253 GB/s
-(69 % of the core's DMA bandwidth; DMA queues 89 % busy, TensorE 78 %,
-VectorE 47 %), 128 sequences 2.12 ms, 512 sequences 8.43 ms (70 %); 8 sequences
-151 us (61 %); 1 sequence 28.9 us (40 %, tail loop only); speculative
-4-token steps at 128 sequences 7.82 ms (TensorE-bound); TP4 shard 64
-sequences 351 us, 512 sequences 2.77 ms. Program: 1,521 static instructions
-in the main body at T = 1, 1,798 with both loops traced (32-sequence bucket,
-19 live), 2,329 at T = 4 (8-sequence bucket, 7 live); 118 for a bucket of
-one (tail only).
+What binds (modeled, trn2, nki_ssm.perf as of this commit, ``python -m simulate
+--op gated_delta_decode``; Qwen3-Next H=16 HV=32 K=V=128, T=1, raw gates, l2norm,
+float32 pool, bf16 q/k/v): moving the states. 64 sequences 1.12 ms (10-90 %:
+1.12-2.96), 241 GB/s (65 % of the core's DMA bandwidth; DMA queues 85 % busy,
+VectorE 76 %, TensorE 74 %). Program: 1,735 static instructions (64-sequence
+bucket, every loop body once), 2,329 at T = 4 (8-sequence bucket); 118 for a
+bucket of one (tail only).
 
 HBM arguments (prepared by the launcher, ``nki_ssm.ops.launch.gated_delta``),
 one row per loop iteration, for the main loop (``*_main``, width SPI, rows

@@ -206,20 +206,20 @@ on the whole PE array only; no DMA converts a dtype.
 
 Engine budget and what binds
 ----------------------------
-Modeled (trn2, nki_ssm.perf; ``python -m simulate --set judged --op ssd
---no-calibration``; Mamba-2 2.7B, bf16 I/O, float32 pool, one 16K-token
-sequence): 7.51 ms = 2.18 M tokens/s, ScalarE-bound (95 %; TensorE 88 %,
-VectorE 64 %, GpSimd 63 %, DMA 31 %; 66 loop iterations: 64 pairs, one
-initial and one final state). What binds is the elementwise work over the
-Q x Q decay matrix per chunk and head (W on GpSimd, exp on ScalarE, Mt on
+Modeled (trn2, nki_ssm.perf as of this commit; ``python -m simulate --op
+ssd_prefill --no-calibration``; Mamba-2 2.7B, bf16 I/O, float32 pool, one
+16K-token sequence): 13.2 ms (10-90 %: 11.1-14.9) = 1.24 M tokens/s,
+ScalarE-bound (97 %; VectorE 59 %, TensorE 50 %, GpSimd 39 %, DMA 18 %; 66
+loop iterations: 64 pairs, one initial and one final state). What binds is the
+elementwise work over the Q x Q decay matrix per chunk and head (W on GpSimd, exp on ScalarE, Mt on
 VectorE) and ScalarE's per-block passes (y_off * exp(cs), silu(z), Xd),
 not the matmuls; the rest is balanced by moving y_off + y_intra and every
 second block's state update to TensorE identity matmuls (fp32, 0/1
 stationary: exact). Closer to the roof needs fewer elementwise passes
 (trn3's VectorE exponential, bf16 perf modes where the precision budget
 allows), not faster matmuls. Same model, other batches: 2.7B 2K tokens
-1.03 ms, 8 x 2K 7.76 ms (the pipeline runs on across sequence boundaries);
-Granite-like 128 tokens 348 us, DMA-bound: a short batch pays the fixed HBM
+1.75 ms (the pipeline runs on across sequence boundaries); Granite-like 128
+tokens 509 us: a short batch pays the fixed HBM
 traffic of the S^T blocks (zero block, initial state stored and loaded, one
 pair's round trip, final state loaded: ~5 x 4 MB at H*P = 8192).
 

@@ -111,14 +111,13 @@ the largest divisor of H*P <= 128 keeping partitions inside one group); T
 tokens per sequence (a shape: unrolled, program size grows with T); any
 number of sequences (run time); slots*pr < 2^31 (int32 pool rows).
 
-Modeled (trn2, nki_ssm.perf; ``python -m simulate --set judged --op
+Modeled (trn2, nki_ssm.perf as of this commit; ``python -m simulate --op
 ssd_decode --no-calibration``; Mamba-2 2.7B, float32 state, bf16 I/O; share
-of the 368 GB/s core DMA bandwidth): 1 sequence 28.7 us (49.9 %), 32
-sequences 718 us (63.8 %), 512 sequences 11.2 ms (65.1 %); VectorE /
-ScalarE / DMA each ~80 % busy: the per-element update passes over the state
-(decay, input, C product, y reduction) and moving it bind together.
-Program size: 372 static instructions at 32 and at 512 sequences (2.7B,
-simulate's report; runtime-loop bodies that ran).
+of the 368 GB/s core DMA bandwidth): 1 sequence 41.5 us (34.5 %), 32
+sequences 1.14 ms (40.2 %), 512 sequences 18.0 ms (40.6 %); VectorE (85 %)
+and ScalarE (76 %) bind: the per-element update passes over the state
+(decay, input, C product, y reduction); DMA 49 %. Program size: 549 static
+instructions at 32 and at 512 sequences (every runtime-loop body once).
 
 Numerics: all float32 (no matmul precision choice: the only matmul is the
 exact 0/1 broadcast). A bfloat16 pool is widened by the first token's

@@ -75,19 +75,20 @@ written for trn2 limits (PSUM N <= 512, 8 banks) and run unchanged on trn3.
 
 Performance (modeled, trn2, one NeuronCore, LNC=1)
 --------------------------------------------------
-Command: ``PYTHONPATH=. python -m simulate --set judged --op short_conv
---no-calibration`` (Qwen3-Next conv shape: dim 8192, W 4, bfloat16 x / weight /
-pool, no bias, SiLU; the bound is the minimal HBM bytes -- x, y and the named
-slots' state in and out -- over the core's 368 GB/s DMA bandwidth; cost model
-of nki_ssm.perf as of this commit, with runtime-loop synchronisation).
+Command: ``PYTHONPATH=. python -m simulate --op short_conv --no-calibration``
+(Qwen3-Next conv shape: dim 8192, W 4, bfloat16 x / weight / pool, no bias,
+SiLU; the bound is the minimal HBM bytes -- x, y and the named slots' state in
+and out -- over the core's 368 GB/s DMA bandwidth; central figure and 10-90 %
+interval of nki_ssm.perf as of this commit).
 
-- prefill 16K tokens, one sequence: 1926.8 us, 279 GB/s = 75.7 % of DMA
-  bandwidth; DMA-bound (the windows and the stores), TensorE behind.
-- prefill 8 x 2K ragged: 2077.0 us, 70.3 % of DMA bandwidth.
-- decode 512 sequences x 1 token: 294.6 us = 1.61x the bytes-moved bound;
-  VectorE (the taps' PSUM evictions and the per-group diagonal build) and DMA.
-- decode 32 sequences x 1 token: 58.5 us = 5.05x the bound (wide layout, one
-  group): DMA and the pipeline latency.
+- prefill 16K tokens, one sequence: 2.10 ms (2.03-2.41), 256 GB/s = 69.5 %
+  of DMA bandwidth; DMA-bound (89 % busy: the windows and the stores), TensorE
+  and VectorE 78 %.
+- prefill 8 x 2K ragged: 2.28 ms (2.21-2.60), 64.1 % of DMA bandwidth.
+- decode 512 sequences x 1 token: 313 us (306-381) = 1.71x the bytes-moved
+  bound; DMA (77 %) with VectorE (59 %: the taps' PSUM evictions) behind.
+- decode 32 sequences x 1 token: 87 us (71-154) = 7.5x the bound (wide layout,
+  one group): VectorE (56 %) and the pipeline latency.
 
 Other precision plans (not re-measured with this commit): float32 x and pool
 take quarter-rate float32 matmuls and half the tiles on VectorE, and the

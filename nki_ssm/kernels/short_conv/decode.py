@@ -95,11 +95,10 @@ steps (T >= 15 at W = 4) the tokens are processed in slices (``_psum_plan``).
 Limits: any T >= 1, any dim, W >= 2, any number of sequences (groups of up
 to 128 rows); x, pool float32 or bfloat16, weight / bias any float dtype (DMA'd
 in their dtype, VectorE converts). What binds (modeled, trn2, dim 8192, bf16,
-one token; ``python -m simulate --set judged --op short_conv_decode``): VectorE
-(64 % busy: the PSUM evictions of the transposed windows and the per-group
-diagonal build) with DMA close behind (82 %) for 512 sequences (one-block
-layout, 4 groups, TensorE taps); DMA and the pipeline latency for 32 (wide
-layout R = 4, one group); figures in
+one token; ``python -m simulate --op short_conv_decode``): DMA (77 % busy) with
+VectorE behind (59 %: the PSUM evictions of the transposed windows) for 512
+sequences (one-block layout, 4 groups, TensorE taps); VectorE and the pipeline
+latency for 32 (wide layout R = 4, one group); figures in
 ``nki_ssm/kernels/short_conv/__init__.py``. At R = 1 and 32 sequences what
 binds is the DMA (every load / store spans 32 partitions, so 4 of the 16 DMA
 engines) and ScalarE's new-state assembly; a single layout would need each
