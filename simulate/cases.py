@@ -9,8 +9,8 @@ are judged on, at their exact shapes: Qwen3-Next conv 16K x 1 and 8 x 2K
 ragged, conv decode at 32 / 512 sequences, Mamba-2 2.7B SSD 16K, SSD decode
 at 1 / 32 / 512 sequences with a float32 state pool, GDN prefill Qwen3-Next TP1 16K,
 2K and 8 x 2K ragged, TP4 16K), ``default`` (the judged
-cases, plus one small case of every other shape and the GDN cases; ~2.5
-minutes on this machine's 2 cores when they are not shared), ``full`` (every shape at 128 / 2K / 16K / 64K tokens,
+cases, plus one small case of every other shape and the GDN cases; ~17
+minutes on this machine's 2 cores), ``full`` (every shape at 128 / 2K / 16K / 64K tokens,
 8 x 2K ragged, decode batches 1..512).
 
 Layer configuration (part of the case id, e.g. ``.../bf16,w-bf16,nobias,pool-bf16``):
@@ -265,10 +265,10 @@ def judged_cases() -> list[Case]:
 
 
 # judged cases left out of the default set for its 5-minute wall budget on this machine:
-# none. Measured `time python3 -m simulate` with every judged case: 2 min 28 s at load ~1.5,
-# 6 min 14 s while seven other engineers' jobs shared the 2 cores (load ~5). If the default
-# must fit a loaded machine, list id prefixes here, e.g. "ssd_decode/mamba2-2.7b/512seq/"
-# (~85 s there) and "short_conv_prefill/qwen3-next/8x2048/" (~55 s): `--set judged` runs them.
+# none. Measured `python -m simulate` with every judged case: 1,014 s wall while a test run
+# shared the 2 cores (the 10-90 % interval's 15 scheduling passes per trace are most of it).
+# If the default must fit a tighter budget, list id prefixes here, e.g.
+# "ssd_decode/mamba2-2.7b/512seq/": `--set judged` runs them.
 DEFAULT_LEAVES_OUT: tuple = ()
 
 
