@@ -135,6 +135,7 @@ size"). Everything else follows released nki-library kernels.
 from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
+from nki_ssm.kernels._common import count_register
 from nki_ssm.kernels.gated_delta._common import consecutive_groups
 
 _STREAMS = 2          # sequences whose per-token instruction streams are interleaved (a batch)
@@ -166,8 +167,8 @@ def gdn_decode_step(kq_main, k_main, v_main, gate_main, slots_main, kq_tail, k_t
     # allocated here, before any loop
     reg_main = None
     if has_main:
-        reg_main = _count_register(counts, 0)
-    reg_tail = _count_register(counts, 1)
+        reg_main = count_register(counts, 0)
+    reg_tail = count_register(counts, 1)
 
     o_tail, inter_tail = _outputs(n_tail_rows, W, T, HV, K, V, pool.dtype, want_inter)
     parts = min(_PARTS, H)
@@ -277,16 +278,6 @@ def _constants(head_params, HV, K, PB, raw_gates):
         cst["neg_A"] = neg_A
         cst["dt_b"] = dt_b
     return cst
-
-
-def _count_register(counts, col):
-    """A register holding ``counts[0, col]`` (int32 HBM): DMA'd into a (1, 1) SBUF tile on
-    partition 0, then ``register_load`` (register allocated here, before the loops)."""
-    tile = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=tile, src=counts[0:1, col:col + 1])
-    reg = nisa.register_alloc()
-    nisa.register_load(dst=reg, src=tile)
-    return reg
 
 
 def _outputs(rows, width, T, HV, K, V, pool_dtype, want_inter):

@@ -35,15 +35,3 @@ def dt_prime(dt_in, bias_sb, rows, cols, dt_softplus, dt_lo, dt_hi):
     else:
         nisa.tensor_scalar(dst=dtp, data=src, op0=nl.maximum, operand0=dt_lo)
     return dtp
-
-
-def count_register(counts, k):
-    """A register holding ``counts[0, k]`` (int32 HBM ``[1, n]``): DMA'd into a (1, 1)
-    SBUF tile on partition 0 and loaded from it (the form released kernels use).
-    Call it before the loop whose bound it is: registers are allocated outside
-    runtime loops."""
-    one = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=one, src=counts[0:1, k:k + 1])
-    reg = nisa.register_alloc()
-    nisa.register_load(dst=reg, src=one)
-    return reg

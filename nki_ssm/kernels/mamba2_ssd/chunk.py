@@ -230,7 +230,8 @@ Program size (static instructions, ``Trace.program_instructions()``):
 from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
-from nki_ssm.kernels.mamba2_ssd._common import count_register, dt_prime, load_f32
+from nki_ssm.kernels._common import count_register
+from nki_ssm.kernels.mamba2_ssd._common import dt_prime, load_f32
 
 _PSUM_F = 512      # fp32 elements of one PSUM bank per partition
 _PMAX = 128

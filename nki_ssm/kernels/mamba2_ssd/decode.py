@@ -138,7 +138,8 @@ array; no DMA converts a dtype (the launcher passes x | dt | z in float32).
 from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
-from nki_ssm.kernels.mamba2_ssd._common import count_register, dt_prime
+from nki_ssm.kernels._common import count_register
+from nki_ssm.kernels.mamba2_ssd._common import dt_prime
 
 
 @nki.jit

@@ -105,6 +105,7 @@ engines) and ScalarE's new-state assembly; a single layout would need each
 group's DMAs split into >= 4 concurrent channel slices -- not tried.
 """
 from nki_ssm.backend import nki, nl, nisa
+from nki_ssm.kernels._common import count_register
 
 PMAX = 128
 SUB = 128                   # channels per transposed sub-tile
@@ -561,11 +562,7 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows_wide, rows_one, co
     # tile on partition 0 and loaded into a register allocated here
     regs = []
     for k in range(3):
-        cnt = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=cnt, src=counts[0:1, k:k + 1])
-        r = nisa.register_alloc()
-        nisa.register_load(dst=r, src=cnt)
-        regs.append(r)
+        regs.append(count_register(counts, k))
     if R > 1:
         _layout(x, weight, bias, y, pool_flat, rows_wide, regs[0], None, act_op, has_bias, R,
                 False)

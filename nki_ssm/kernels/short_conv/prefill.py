@@ -120,6 +120,7 @@ values pass through exactly), else bfloat16 (hi + lo split of float32
 weights / bias that bfloat16 does not hold).
 """
 from nki_ssm.backend import nki, nl, nisa
+from nki_ssm.kernels._common import count_register
 
 TILE = 128          # channels per partition tile / tokens per output block
 GROUP_TILES = 16    # most channel tiles per group: 2048 channels -> 4 KiB bf16 store rows
@@ -812,14 +813,9 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     # loop counts (chunk pairs before the last one, live sequences, live sequences without
     # initial state): each DMA'd into a (1, 1) SBUF tile on partition 0, loaded into a
     # register allocated here, before every loop
-    regs = []
-    for k in range(3):
-        cnt = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=cnt, src=counts[0:1, k:k + 1])
-        r = nisa.register_alloc()
-        nisa.register_load(dst=r, src=cnt)
-        regs.append(r)
-    pairs, live, n_zero = regs
+    pairs = count_register(counts, 0)
+    live = count_register(counts, 1)
+    n_zero = count_register(counts, 2)
 
     # 0. zero loop: the slots of live sequences without initial state get zeros, so every
     # head reads its old state from its slot (DMAs only: they run under the stream loops)
