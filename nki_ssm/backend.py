@@ -107,28 +107,61 @@ def name() -> str:
     return _NAME
 
 
-def run(kernel, *args, backend: str | None = None, **kwargs):
-    """Launch ``kernel`` on ``backend`` ("sim" | "neuron"; None = ``name()``).
+LNC_ENV_VAR = "NEURON_LOGICAL_NC_CONFIG"
+LNC_CHOICES = (1, 2)
 
-    "sim": ``nki_ssm.sim.simulate(kernel)(*args)`` -> NumPy outputs, modified
-    inputs written back. "neuron": ``kernel(*args)`` on a NeuronDevice through
+
+def logical_nc_config(backend: str | None = None) -> int:
+    """The programs a kernel launch runs as (its SPMD grid, ``kernel[lnc]``): 1 or 2.
+
+    ``NEURON_LOGICAL_NC_CONFIG`` ("1" or "2") on every backend, read now. Unset, it is
+    the Neuron runtime's default on the Neuron backend -- 2 on trn2 / trn3 ("With
+    LNC=2 (default), these are grouped into 4 Logical NeuronCores",
+    aws-neuron-sdk about-neuron/arch/neuron-features/logical-neuroncore-config.rst),
+    1 on trn1, whose cores are not grouped -- and 1 on the simulator, so modeled
+    figures stay per physical NeuronCore unless a caller asks for 2. The Neuron
+    target is ``NEURON_PLATFORM_TARGET_OVERRIDE`` (default trn2, as the simulator's).
+    """
+    which = name() if backend is None else backend
+    raw = os.environ.get(LNC_ENV_VAR, "").strip()
+    if raw:
+        if raw not in ("1", "2"):
+            raise ValueError(f"{LNC_ENV_VAR}: expected 1 or 2, got {raw!r}")
+        return int(raw)
+    if which == "neuron":
+        from .sim.targets import current_target
+
+        return 1 if current_target().nc_version <= 2 else 2
+    return 1
+
+
+def run(kernel, *args, backend: str | None = None, lnc: int | None = None, **kwargs):
+    """Launch ``kernel`` on ``backend`` ("sim" | "neuron"; None = ``name()``) as a grid
+    of ``lnc`` programs (None: ``logical_nc_config(backend)``).
+
+    "sim": ``nki_ssm.sim.simulate(kernel[lnc])(*args)`` -> NumPy outputs, modified
+    inputs written back. "neuron": ``kernel[lnc](*args)`` on a NeuronDevice through
     the SDK (needs the SDK exported here, i.e. ``name() == "neuron"``).
     """
     which = name() if backend is None else backend
+    if lnc is None:
+        lnc = logical_nc_config(which)
+    if isinstance(lnc, bool) or lnc not in LNC_CHOICES:
+        raise ValueError(f"lnc: expected 1 or 2, got {lnc!r}")
     if which == "sim":
         from .sim.jit import Kernel, simulate
         if not isinstance(kernel, Kernel) and hasattr(kernel, "func") and _NAME == "neuron":
             raise ValueError(
                 "backend='sim': this kernel was built with the Neuron SDK's nki.jit; run with "
                 "NKI_SSM_BACKEND=sim so kernels are built against the simulator")
-        return simulate(kernel)(*args, **kwargs)
+        return simulate(kernel[lnc])(*args, **kwargs)
     if which == "neuron":
         if _NAME != "neuron":
             raise ImportError("backend='neuron' needs the Neuron SDK's `nki` package, which is "
                               f"not in use here (nki_ssm.backend.name() == {_NAME!r})")
-        return kernel(*args, **kwargs)
+        return kernel[lnc](*args, **kwargs)
     raise ValueError(f"backend: expected 'sim', 'neuron' or None, got {backend!r}")
 
 
-__all__ = ["nki", "nl", "nisa", "name", "run", "resolve", "sdk_too_old", "ENV_VAR", "CHOICES",
+__all__ = ["nki", "nl", "nisa", "name", "run", "logical_nc_config", "LNC_ENV_VAR", "resolve", "sdk_too_old", "ENV_VAR", "CHOICES",
            "MIN_NKI", "MIN_SDK"]

@@ -120,10 +120,13 @@ def _kernel_kwargs(kernel, args) -> dict | None:
         return None
 
 
-def device_call(kernel, *args):
+def device_call(kernel, *args, lnc: int = 1):
     """The device boundary: an ``@nki.jit`` kernel with device tensors (and the kernel's
-    compile-time Python values), by the device's ``launch_path``. Replaced in the CPU tests."""
+    compile-time Python values) as a grid of ``lnc`` programs (``kernel[lnc]``), by the
+    device's ``launch_path``. Replaced in the CPU tests."""
     device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+    if lnc != 1:        # a grid of one is the kernel itself
+        kernel = kernel[lnc]
     if launch_path(device) == "jit":
         return kernel(*args)
     caller = wrap_nki()(kernel)
@@ -178,8 +181,12 @@ def _shared(validator, launcher_call, args: dict):
         elif name not in _INDEX_ARGS and isinstance(value, np.ndarray):
             # a stand-in has no data: the launcher must never see one
             raise AssertionError(f"validated {name!r} has no device tensor")
-    return launcher_call(TorchArrays(like.device), lambda kernel, *a: device_call(kernel, *a),
-                         **kw)
+    from nki_ssm import backend
+    from nki_ssm.ops.launch._arrays import KernelCall
+
+    call = KernelCall(lambda kernel, lnc, *a: device_call(kernel, *a, lnc=lnc),
+                      backend.logical_nc_config("neuron"))
+    return launcher_call(TorchArrays(like.device), call, **kw)
 
 
 # ------------------------------------------------------------------ short conv

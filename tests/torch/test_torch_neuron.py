@@ -23,6 +23,13 @@ from nki_ssm.reference import inputs as gen  # noqa: E402
 from nki_ssm.torch import neuron  # noqa: E402
 from nki_ssm.torch._convert import from_numpy, to_numpy  # noqa: E402
 
+
+@pytest.fixture(autouse=True)
+def _same_lnc_as_the_host_path(monkeypatch):
+    """Unset, the device path's LNC is the Neuron runtime's (2 on trn2) and the host
+    simulator's is 1: these tests compare the two paths at one LNC."""
+    monkeypatch.setenv(nki_backend.LNC_ENV_VAR, "1")
+
 BF16 = dict(dtype=ml_dtypes.bfloat16, pool_dtype=ml_dtypes.bfloat16)
 DEFAULTS = {"bias": None, "D": None, "z": None, "dt_bias": None, "g": None, "beta": None,
             "a": None, "b": None, "A_log": None, "scale": None, "dt_softplus": False,
@@ -38,10 +45,10 @@ def device(monkeypatch):
     """Replace the device boundary: record (kernel, args), run the kernel on the simulator."""
     calls = []
 
-    def call(kernel, *args):
+    def call(kernel, *args, lnc=1):
         calls.append((kernel, args))
         arrays = [to_numpy(a) if isinstance(a, torch.Tensor) else a for a in args]
-        out = nki_backend.run(kernel, *arrays, backend="sim")
+        out = nki_backend.run(kernel, *arrays, backend="sim", lnc=lnc)
         if isinstance(out, (tuple, list)):
             return tuple(from_numpy(np.asarray(o)) for o in out)
         return from_numpy(np.asarray(out))
@@ -121,10 +128,10 @@ def test_kernel_arguments_equal_the_launchers(op, dtype, monkeypatch):
         host_calls.append((kernel, _snapshot(args)))
         return real_run(kernel, *args, **options)
 
-    def device(kernel, *args):
+    def device(kernel, *args, lnc=1):
         device_calls.append((kernel, _snapshot(args)))
         out = real_run(kernel, *[to_numpy(a) if isinstance(a, torch.Tensor) else a
-                                 for a in args], backend="sim")
+                                 for a in args], backend="sim", lnc=lnc)
         if isinstance(out, (tuple, list)):
             return tuple(from_numpy(np.asarray(o)) for o in out)
         return from_numpy(np.asarray(out))

@@ -104,12 +104,27 @@ class NumpyArrays:
 NUMPY = NumpyArrays()
 
 
-def host_call(backend):
-    """``call(kernel, *args)`` of the host path (with ``NUMPY``): the kernel on
-    ``backend``'s NKI (``nki_ssm.backend.run``)."""
-    def call(kernel, *args):
-        from nki_ssm import backend as _backend
+class KernelCall:
+    """``call(kernel, *args)``: how a launcher launches a kernel, and ``call.lnc``, the
+    number of programs the launch runs as (1 or 2: the launcher shards its work lists
+    across them). ``launch(kernel, lnc, *args)`` does the launching."""
 
-        return _backend.run(kernel, *args, backend=backend)
+    def __init__(self, launch, lnc: int):
+        if isinstance(lnc, bool) or lnc not in (1, 2):
+            raise ValueError(f"lnc: expected 1 or 2, got {lnc!r}")
+        self._launch = launch
+        self.lnc = int(lnc)
 
-    return call
+    def __call__(self, kernel, *args):
+        return self._launch(kernel, self.lnc, *args)
+
+
+def host_call(backend, lnc: int | None = None):
+    """The ``KernelCall`` of the host path (with ``NUMPY``): the kernel on ``backend``'s NKI
+    (``nki_ssm.backend.run``) as ``lnc`` programs (None: ``backend.logical_nc_config``)."""
+    from nki_ssm import backend as _backend
+
+    def launch(kernel, programs, *args):
+        return _backend.run(kernel, *args, backend=backend, lnc=programs)
+
+    return KernelCall(launch, _backend.logical_nc_config(backend) if lnc is None else lnc)
