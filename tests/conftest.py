@@ -24,3 +24,11 @@ def pytest_collection_modifyitems(config, items):
 def rng(request) -> np.random.Generator:
     """A generator seeded from the test's node id: deterministic per test, distinct across tests."""
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture(params=[1, 2], ids=["lnc1", "lnc2"])
+def lnc(request, monkeypatch) -> int:
+    """Run the test at LNC=1 and at LNC=2: ``NEURON_LOGICAL_NC_CONFIG``, which every
+    launcher reads (``nki_ssm.backend.logical_nc_config``), is set for its duration."""
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", str(request.param))
+    return request.param
