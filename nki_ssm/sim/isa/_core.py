@@ -283,9 +283,9 @@ def emit(op: str, eng: str, name, *, reads=(), writes=(), num_partitions: int, f
     if _MEMORY:
         # capacity by access liveness: this instruction touches its operands
         _MEMORY[-1].instruction(op, (*reads, *writes))
-    if _RACES and not _control.SUPPRESS_FLOOR:
+    if _RACES and not _control.SUPPRESS_FLOOR and op != "core_barrier":
         # LNC=2: which HBM bytes this program touched in this epoch (a body whose loop runs
-        # zero times touches nothing)
+        # zero times touches nothing; a barrier's ``data`` names what it orders, unread)
         _RACES[-1].note(_program_id(), op, reads, writes)
     if not _ACTIVE:
         return NkiInstruction(op, name)
