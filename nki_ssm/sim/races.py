@@ -69,18 +69,18 @@ def _site() -> str:
 class _Access:
     """One HBM view an instruction read or wrote: its units are computed only when checked."""
 
-    __slots__ = ("write", "view", "elems", "itemsize", "lo", "hi", "op", "site")
+    __slots__ = ("write", "view", "shift", "elems", "itemsize", "lo", "hi", "op", "site")
 
-    def __init__(self, write, view, elems, itemsize, lo, hi, op, site):
-        self.write, self.view, self.elems, self.itemsize = write, view, elems, itemsize
-        self.lo, self.hi, self.op, self.site = lo, hi, op, site
+    def __init__(self, write, view, shift, elems, itemsize, lo, hi, op, site):
+        self.write, self.view, self.shift, self.elems = write, view, shift, elems
+        self.itemsize, self.lo, self.hi, self.op, self.site = itemsize, lo, hi, op, site
 
     def elements(self) -> np.ndarray:
         """Flat element indices (in units of ``itemsize``) of the storage it touched."""
         if self.elems is not None:
             return self.elems
         v = self.view
-        e = np.full((1,) * len(v.shape), v.offset, dtype=np.int64)
+        e = np.full((1,) * len(v.shape), v.offset + self.shift, dtype=np.int64)
         for k, (n, s) in enumerate(zip(v.shape, v.strides)):
             if n > 1 and s != 0:
                 shp = [1] * len(v.shape)
@@ -126,7 +126,16 @@ class HbmLog:
                 ind = t.indirection
                 if ind is None:
                     r = t.region()
-                    acc = _Access(write, t, None, isz, r.byte_start, r.byte_stop, op, site)
+                    acc = _Access(write, t, 0, None, isz, r.byte_start, r.byte_stop, op, site)
+                elif ind.kind == "scalar":
+                    # the whole view moved by one run-time offset: keep the view and the shift
+                    if not ind.valid().all():
+                        continue               # skipped (oob_mode.skip): touches nothing
+                    shift = int(ind.offsets(clamp=True)[0])
+                    lo, hi = t._span(0, indirect=False)
+                    base = t.offset + shift
+                    acc = _Access(write, t, shift, None, isz, (base + lo) * isz,
+                                  (base + hi + 1) * isz, op, site)
                 else:
                     e = np.asarray(t.elements(clamp_oob=True)).reshape(t.shape[0], -1)
                     valid = ind.valid()
@@ -135,7 +144,7 @@ class HbmLog:
                     e = e.reshape(-1).copy()
                     if not e.size:
                         continue
-                    acc = _Access(write, None, e, isz, int(e.min()) * isz,
+                    acc = _Access(write, None, 0, e, isz, int(e.min()) * isz,
                                   (int(e.max()) + 1) * isz, op, site)
                 self.storages[st.id] = st
                 self._acc[pid].setdefault(st.id, []).append(acc)

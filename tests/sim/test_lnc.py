@@ -119,6 +119,22 @@ def scatter_rows(x, idx):
 
 
 @jit
+def register_row_writes(x, rows):
+    """Each program writes row rows[pid] of out through a scalar_offset register view."""
+    pid = nl.program_id(0)
+    out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+    r = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=r, src=rows[pid:pid + 1, :])
+    reg = nisa.register_alloc()
+    nisa.register_load(reg, r)
+    t = nl.ndarray((1, x.shape[1]), x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x[pid:pid + 1, :])
+    nisa.dma_copy(dst=out.ap(pattern=[[x.shape[1], 1], [1, x.shape[1]]], offset=0,
+                             scalar_offset=reg, indirect_dim=0), src=t)
+    return out
+
+
+@jit
 def exchange(x):
     """sendrecv: each program sends its row of x (plus its id) to the other one, which
     stores what it received into its own row of out."""
@@ -181,6 +197,14 @@ def test_indirect_dma_races_are_byte_exact():
     clash = np.array([[[0], [2]], [[3], [2]]], np.int32)    # both scatter into row 2
     with pytest.raises(NkiRaceError, match=r"element \(2, 0\)"):
         simulate(scatter_rows[2])(x, clash)
+
+
+def test_scalar_offset_races_use_the_run_time_offset():
+    x = _x()
+    out = simulate(register_row_writes[2])(x, np.array([[3], [1]], np.int32))
+    np.testing.assert_array_equal(out[[3, 1]], x[:2])
+    with pytest.raises(NkiRaceError, match=r"both write element \(2, 0\)"):
+        simulate(register_row_writes[2])(x, np.array([[2], [2]], np.int32))
 
 
 def test_sendrecv_swaps_tiles_between_programs():

@@ -115,19 +115,16 @@ def core_barrier(data, cores, engine=_engine.gpsimd, name=None):
         C.fail(inst, f"data must be in shared HBM (\"must be data in shared HBM\"), got a tensor "
                      f"in {kind}")
     eng = C.ENGINE_NAMES.get(engine, "gpsimd")
-    sync_id = -1
     run = _lnc.current()
-    if n > 1 and run is not None and not _control.SUPPRESS_FLOOR:
-        arrival = _lnc.Arrival(C._program_id(), inst, f"nisa.core_barrier at {_site()}", {})
-        h = C.emit(inst, eng, name, reads=[data], num_partitions=1, free=1, num_inputs=0,
-                   nbytes=0, attrs={"sync": inst, "sync_id": run.syncs, "cores": got})
-        run.arrive(arrival)
-        return h
-    return C.emit(inst, eng, name, reads=[data], num_partitions=1, free=1, num_inputs=0,
-                  nbytes=0, attrs={"sync": inst, "sync_id": sync_id, "cores": got})
+    meets = n > 1 and run is not None and not _control.SUPPRESS_FLOOR
+    h = C.emit(inst, eng, name, reads=[data], num_partitions=1, free=1, num_inputs=0, nbytes=0,
+               attrs={"sync": inst, "sync_id": run.syncs if meets else -1, "cores": got})
+    if meets:
+        run.arrive(_lnc.Arrival(C._program_id(), inst, f"nisa.core_barrier at {_site()}", {}))
+    return h
 
 
-def _rank(inst: str, arg: str, v, n: int) -> int:
+def _rank(inst: str, arg: str, v) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise TypeError(f"{inst}: {arg} must be an int rank (0 or 1), got {type(v).__name__}")
     if v not in (0, 1):
@@ -152,8 +149,8 @@ def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, dma_engine=_dma_en
         C.fail(inst, f"src and dst must have the same shape, got src {tuple(src.shape)} and dst "
                      f"{tuple(dst.shape)}")
     n = _grid()
-    to = _rank(inst, "send_to_rank", send_to_rank, n)
-    frm = _rank(inst, "recv_from_rank", recv_from_rank, n)
+    to = _rank(inst, "send_to_rank", send_to_rank)
+    frm = _rank(inst, "recv_from_rank", recv_from_rank)
     if isinstance(pipe_id, bool) or not isinstance(pipe_id, int) or pipe_id < 0:
         raise TypeError(f"{inst}: pipe_id must be a non-negative int, got {pipe_id!r}")
     P = src.shape[0]
