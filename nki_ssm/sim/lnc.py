@@ -23,7 +23,8 @@ for program 1 to read after it.
 
 Per program (saved and restored at each hand-off, so every module keeps its
 plain module-level state and hot paths stay as fast as at LNC=1): the
-launch's ``program_id`` and shared-allocation cursor (``sim.jit``), the
+launch's ``program_id``, shared-allocation cursor and ``nl.rand`` generator
+(``sim.jit``), the
 runtime-loop state and effect suppression (``sim.control``), the SBUF/PSUM
 capacity tracker (``sim.memory``), the lowering tags (``sim.trace``); the
 engine registers are keyed by program (``sim.isa._state``). Shared: HBM, the
@@ -48,6 +49,8 @@ engines' accesses to ``data`` after it by dependency).
 from __future__ import annotations
 
 import threading
+
+import numpy as np
 
 from . import control as _control
 from . import memory as _memory
@@ -95,6 +98,7 @@ class Lockstep:
         self._base = [list(lst) for lst in _PER_PROGRAM]
         self._saved = [[list(b) for b in self._base] for _ in range(self.n)]
         self._cursor = [0] * self.n
+        self._rng = [np.random.default_rng(0) for _ in range(self.n)]   # nl.rand, per core
 
     # -- per-program state
     def _install(self, pid: int) -> None:
@@ -102,10 +106,12 @@ class Lockstep:
             lst[:] = saved
         self.launch.program_id = pid
         self.launch.shared_cursor = self._cursor[pid]
+        self.launch.rng = self._rng[pid]
 
     def _save(self, pid: int) -> None:
         self._saved[pid] = [list(lst) for lst in _PER_PROGRAM]
         self._cursor[pid] = self.launch.shared_cursor
+        self._rng[pid] = self.launch.rng
 
     def _pass_to(self, pid: int, nxt: int) -> None:
         """(cv held) Hand the baton from ``pid`` to ``nxt`` and wait until it comes back."""

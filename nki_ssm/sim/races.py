@@ -42,28 +42,17 @@ their source lines.
 from __future__ import annotations
 
 import math
-import sys
 
 import numpy as np
 
 from .errors import NkiRaceError
+from .memory import _kernel_site as _site      # file:line of the kernel line issuing it
 
 # one HbmLog while an LNC>1 launch runs (sim.isa._core.emit tests this list on its hot path)
 ACTIVE: list = []
 
 # units per mask window in the exact check (bounds the mask's memory: 16 MiB of uint8)
 _WINDOW = 1 << 24
-
-
-def _site() -> str:
-    """``file:line`` of the innermost frame outside the simulator (the kernel line)."""
-    f = sys._getframe(2)
-    while f is not None:
-        mod = f.f_globals.get("__name__", "")
-        if not mod.startswith("nki_ssm.sim") and not mod.startswith("contextlib"):
-            return f"{f.f_code.co_filename}:{f.f_lineno}"
-        f = f.f_back
-    return "?"
 
 
 class _Access:
@@ -219,10 +208,11 @@ class HbmLog:
         flat = (hit * unit) // itemsize
         index = tuple(int(i) for i in np.unravel_index(flat, st.shape)) if flat < math.prod(
             st.shape) else (flat,)
-        kinds = "both write" if a.write and b.write else "one writes what the other reads"
+        what = (f"program 0 {'writes' if a.write else 'reads'} and program 1 "
+                f"{'writes' if b.write else 'reads'}")
         raise NkiRaceError(
-            f"HBM race on {name} {tuple(st.shape)} {st.dtype} ({st.kind.value}): programs 0 "
-            f"and 1 of the LNC=2 grid {kinds} element {index} (byte {hit * unit}) with no "
+            f"HBM race on {name} {tuple(st.shape)} {st.dtype} ({st.kind.value}) between the "
+            f"programs of the LNC=2 grid: {what} element {index} (byte {hit * unit}) with no "
             f"nisa.core_barrier / nisa.sendrecv between them (epoch {self.epoch}, closed by "
             f"{boundary}). Program 0: {a.describe()}; program 1: {b.describe()}. The two "
             "physical cores run at once, so the value is timing-dependent on hardware: give "

@@ -51,6 +51,7 @@ from ._enums import check_enum, dma_engine as _dma_engine, engine as _engine
 from .. import control as _control
 from .. import lnc as _lnc
 from ..errors import NkiReleasedUseWarning
+from ..memory import _kernel_site as _site
 
 _SBUF_DATA = ("aws-neuron/nki-library d2ad3a5 src/nkilib_src/nkilib/core/moe/moe_cte/"
               "bwmm_shard_on_I.py:577 (core_barrier(block_idx, (0, 1)) on an SBUF tile)")
@@ -88,11 +89,6 @@ def _cores(inst: str, cores, n: int) -> tuple:
         C.fail(inst, f"cores must be (0, 1) at LNC=2 (\"Currently only cores=(0, 1) is "
                      f"supported\"), got {got}")
     return got
-
-
-def _site() -> str:
-    from ..races import _site as site
-    return site()
 
 
 def core_barrier(data, cores, engine=_engine.gpsimd, name=None):
