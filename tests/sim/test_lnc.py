@@ -43,41 +43,25 @@ def same_row_writes(x):
 
 
 @jit
-def handoff(x, sync):
-    """Program 0 writes row 0 of a shared scratch tensor, program 1 reads it (and writes it,
-    plus 100, to out row 1); ``sync`` puts a core_barrier between the write and the read."""
+def handoff(x, sync, writer):
+    """Program ``writer`` writes x row 2 into a shared scratch tensor (and out row
+    ``writer``); the other program reads the scratch and writes it, plus 100, to its own
+    out row. ``sync`` puts a core_barrier between the write and the read (writer 1 checks
+    the barrier also orders the program that runs second in each epoch before the other)."""
     pid = nl.program_id(0)
     scratch = nl.ndarray((1, x.shape[1]), x.dtype, buffer=nl.shared_hbm)
     out = nl.ndarray((2, x.shape[1]), x.dtype, buffer=nl.shared_hbm)
     t = nl.ndarray((1, x.shape[1]), x.dtype, buffer=nl.sbuf)
-    if pid == 0:
+    if pid == writer:
         nisa.dma_copy(dst=t, src=x[2:3, :])
         nisa.dma_copy(dst=scratch, src=t)
-        nisa.dma_copy(dst=out[0:1, :], src=t)
+        nisa.dma_copy(dst=out[pid:pid + 1, :], src=t)
     if sync:
-        nisa.core_barrier(data=scratch, cores=(0, 1))
-    if pid == 1:
+        nisa.core_barrier(data=scratch, cores=[0, 1])     # the list form nki-library uses
+    if pid != writer:
         nisa.dma_copy(dst=t, src=scratch)
         nisa.tensor_scalar(dst=t, data=t, op0=nl.add, operand0=100.0)
-        nisa.dma_copy(dst=out[1:2, :], src=t)
-    return out
-
-
-@jit
-def handoff_back(x):
-    """Program 1 writes the scratch, program 0 reads it after the barrier (program 1 runs
-    second in each epoch, so this checks the barrier orders both ways)."""
-    pid = nl.program_id(0)
-    scratch = nl.ndarray((1, x.shape[1]), x.dtype, buffer=nl.shared_hbm)
-    out = nl.ndarray((1, x.shape[1]), x.dtype, buffer=nl.shared_hbm)
-    t = nl.ndarray((1, x.shape[1]), x.dtype, buffer=nl.sbuf)
-    if pid == 1:
-        nisa.dma_copy(dst=t, src=x[3:4, :])
-        nisa.dma_copy(dst=scratch, src=t)
-    nisa.core_barrier(data=scratch, cores=[0, 1])
-    if pid == 0:
-        nisa.dma_copy(dst=t, src=scratch)
-        nisa.dma_copy(dst=out, src=t)
+        nisa.dma_copy(dst=out[pid:pid + 1, :], src=t)
     return out
 
 
@@ -162,7 +146,7 @@ def test_planted_overlapping_write_is_reported():
 
 def test_one_program_reading_what_the_other_writes_is_reported():
     with pytest.raises(NkiRaceError, match="program 0 writes and program 1 reads") as e:
-        simulate(handoff[2])(_x(), False)
+        simulate(handoff[2])(_x(), False, 0)
     msg = str(e.value)
     assert f"Program 0: write by dma_copy at {_line(handoff, 'dst=scratch')}" in msg
     assert f"program 1: read by dma_copy at {_line(handoff, 'src=scratch')}" in msg
@@ -170,10 +154,10 @@ def test_one_program_reading_what_the_other_writes_is_reported():
 
 def test_barrier_orders_the_write_before_the_read():
     x = _x()
-    out = simulate(handoff[2])(x, True)
-    np.testing.assert_array_equal(out[0], x[2])
-    np.testing.assert_array_equal(out[1], x[2] + 100)      # program 1 read program 0's write
-    np.testing.assert_array_equal(simulate(handoff_back[2])(x)[0], x[3])
+    for writer in (0, 1):
+        out = simulate(handoff[2])(x, True, writer)
+        np.testing.assert_array_equal(out[writer], x[2])
+        np.testing.assert_array_equal(out[1 - writer], x[2] + 100)   # read the other's write
 
 
 def test_disjoint_writes_pass_and_program_ids_are_0_and_1():
@@ -216,7 +200,7 @@ def test_sendrecv_swaps_tiles_between_programs():
 
 def test_trace_tags_programs_and_sync_ids():
     with record() as tr:
-        simulate(handoff[2])(_x(), True)
+        simulate(handoff[2])(_x(), True, 0)
     pids = [i.program_id for i in tr.instructions]
     assert set(pids) == {0, 1}
     bars = [i for i in tr.instructions if i.op == "core_barrier"]
