@@ -51,7 +51,10 @@ from .memory import _kernel_site as _site      # file:line of the kernel line is
 # one HbmLog while an LNC>1 launch runs (sim.isa._core.emit tests this list on its hot path)
 ACTIVE: list = []
 
-# units per mask window in the exact check (bounds the mask's memory: 16 MiB of uint8)
+# the exact check's mask: one uint8 per unit over the intersecting span, marked through
+# strided views of direct accesses, when the span is at most _WHOLE units (128 MiB); a
+# larger span is checked in windows of _WINDOW units through index arrays
+_WHOLE = 1 << 27
 _WINDOW = 1 << 24
 
 
@@ -166,20 +169,32 @@ class HbmLog:
         for x in (*acc0, *acc1):
             unit = math.gcd(unit, x.itemsize)
         u0, u1 = lo // unit, -(-hi // unit)
-        for start in range(u0, u1, _WINDOW):
-            stop = min(u1, start + _WINDOW)
-            hit = self._first_conflict(acc0, acc1, unit, start, stop)
+        whole = u1 - u0 <= _WHOLE
+        step = u1 - u0 if whole else _WINDOW
+        for start in range(u0, u1, step):
+            stop = min(u1, start + step)
+            hit = self._first_conflict(acc0, acc1, unit, start, stop, whole=whole)
             if hit is not None:
                 self._raise(sid, acc0, acc1, unit, hit, boundary)
 
     @staticmethod
-    def _first_conflict(acc0, acc1, unit, start, stop):
-        """The first unit in [start, stop) one program writes and the other touches."""
+    def _first_conflict(acc0, acc1, unit, start, stop, whole=False):
+        """The first unit in [start, stop) one program writes and the other touches
+        (``whole``: [start, stop) covers every access that meets it)."""
         code = np.zeros(stop - start, dtype=np.uint8)
         lo_b, hi_b = start * unit, stop * unit
         for accs, wbit, rbit in ((acc0, 1, 2), (acc1, 4, 8)):
             for x in accs:
                 if x.hi <= lo_b or x.lo >= hi_b:
+                    continue
+                if whole and x.view is not None and x.lo >= lo_b and x.hi <= hi_b:
+                    # mark a direct access through a strided view of the mask (no index array)
+                    v, per = x.view, x.itemsize // unit
+                    first = (v.offset + x.shift) * per - start
+                    m = np.lib.stride_tricks.as_strided(
+                        code[first:], shape=(*v.shape, per),
+                        strides=(*(st * per for st in v.strides), 1))
+                    m |= wbit if x.write else rbit
                     continue
                 u = x.units(unit)
                 u = u[(u >= start) & (u < stop)] - start

@@ -173,6 +173,31 @@ def test_disjoint_writes_pass_and_program_ids_are_0_and_1():
     np.testing.assert_array_equal(out, x + 1000)
 
 
+@pytest.mark.parametrize("mask", ["whole", "windows"])
+def test_strided_writes_meeting_in_one_element_are_reported(mask, monkeypatch):
+    if mask == "windows":   # the large-tensor path: index arrays in windows of 5 units
+        from nki_ssm.sim import races
+        monkeypatch.setattr(races, "_WHOLE", 0)
+        monkeypatch.setattr(races, "_WINDOW", 5)
+
+    @jit
+    def columns(x, other):
+        """Program 0 writes the even columns, program 1 column ``other``."""
+        pid = nl.program_id(0)
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x)
+        if pid == 0:
+            nisa.dma_copy(dst=out[:, 0::2], src=t[:, 0::2])
+        else:
+            nisa.dma_copy(dst=out[:, other:other + 1], src=t[:, other:other + 1])
+        return out
+
+    simulate(columns[2])(_x(), 3)                 # odd column: the spans meet, bytes do not
+    with pytest.raises(NkiRaceError, match=r"1 writes element \(0, 4\) \(byte 16\)"):
+        simulate(columns[2])(_x(), 4)
+
+
 def test_indirect_dma_races_are_byte_exact():
     x = _x()
     ok = np.array([[[0], [2]], [[1], [3]]], np.int32)       # disjoint rows per program
