@@ -33,8 +33,10 @@ The check at the end of an epoch is byte-exact: per HBM storage both
 programs touched and at least one wrote, first the covering byte spans
 (cheap; disjoint rows never go further), then, where they intersect, a
 per-unit mask (units of the greatest common itemsize of the views, so a
-``.view(dtype)`` bitcast is still exact) over the intersecting span, in
-windows to bound memory. The error (:class:`NkiRaceError`) names the tensor,
+``.view(dtype)`` bitcast is still exact) over the intersecting span: direct
+views mark it through strided NumPy views, indirect ones through their
+element indices; a span over 128 Mi units is checked in windows to bound
+memory. The error (:class:`NkiRaceError`) names the tensor,
 both programs, the first overlapping element (as an index of the tensor's
 shape), what each did (write/write or write/read) and both instructions with
 their source lines.
