@@ -8,7 +8,8 @@ and 1. The SDK simulator "spawns two Python threads that execute the kernel
 concurrently, each with its own program_id. Input arrays use shared_hbm
 buffers, so both threads can access shared memory. nki.isa.sendrecv and
 nki.isa.core_barrier use thread-safe synchronization primitives"
-(aws-neuron-sdk 81ce03a, nki/guides/nki_simulator.rst, "Execution").
+(aws-neuron-sdk a3247f5, Neuron 2.32.0 / NKI 0.6.0, nki/guides/nki_simulator.rst
+lines 207-210, "Execution").
 
 Here too each program runs in its own thread, but only one runs at a time
 and the order is fixed (:class:`Lockstep`): program 0 runs until it reaches a

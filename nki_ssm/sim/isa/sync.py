@@ -1,8 +1,9 @@
 """Synchronisation between the programs of an LNC=2 grid: ``core_barrier``, ``sendrecv``.
 
-Signatures and rules from the NKI API page (aws-neuron-sdk 81ce03a,
-nki/api/nki/isa/__init__.py: ``core_barrier`` line 2601, ``sendrecv`` line
-2971) and from released kernels (aws-neuron/nki-library d2ad3a5):
+Signatures and rules from the NKI 0.6.0 API page (aws-neuron-sdk a3247f5, the
+Neuron 2.32.0 release, nki/api/nki/isa/__init__.py: ``core_barrier`` line
+2601, ``sendrecv`` line 2971) and from released kernels (aws-neuron/nki-library
+d2ad3a5):
 
 ``core_barrier(data, cores, engine=engine.gpsimd, name=None)``: "a
 synchronization point where all specified NeuronCores must reach before any
