@@ -23,9 +23,10 @@ fine.
 What is recorded, per program and per epoch: every HBM view an instruction
 reads or writes (``sim.isa._core.emit`` passes its operands; the register
 instructions pass theirs), with the kernel source line. A direct view is kept
-as the view (its offset/shape/strides); an indirect view (``.ap(vector_offset=
-/ scalar_offset=)``, gathers and scatters) as the element indices it touched,
-taken when it ran (the index tile may change later). Private HBM
+as its offset/shape/strides, a ``scalar_offset`` view likewise with the
+offset its register or index tile held when it ran, a ``vector_offset``
+gather or scatter as the element indices it touched then (the index tile may
+change later). Private HBM
 (``nl.hbm``) allocations are per program and never shared, so they never
 meet.
 
@@ -61,23 +62,30 @@ _WINDOW = 1 << 24
 
 
 class _Access:
-    """One HBM view an instruction read or wrote: its units are computed only when checked."""
+    """One HBM view an instruction read or wrote: its units are computed only when checked.
 
-    __slots__ = ("write", "view", "shift", "elems", "itemsize", "lo", "hi", "op", "site")
+    A direct (or scalar-offset) view is kept as ``start`` (first element, offset included),
+    ``shape`` and ``strides`` (the view's own tuples: no reference to the view or its
+    caches); an indirect row gather/scatter as ``elems``, the element indices it touched.
+    """
 
-    def __init__(self, write, view, shift, elems, itemsize, lo, hi, op, site):
-        self.write, self.view, self.shift, self.elems = write, view, shift, elems
-        self.itemsize, self.lo, self.hi, self.op, self.site = itemsize, lo, hi, op, site
+    __slots__ = ("write", "start", "shape", "strides", "elems", "itemsize", "lo", "hi", "op",
+                 "site")
+
+    def __init__(self, write, start, shape, strides, elems, itemsize, lo, hi, op, site):
+        self.write, self.start, self.shape, self.strides = write, start, shape, strides
+        self.elems, self.itemsize, self.lo, self.hi = elems, itemsize, lo, hi
+        self.op, self.site = op, site
 
     def elements(self) -> np.ndarray:
         """Flat element indices (in units of ``itemsize``) of the storage it touched."""
         if self.elems is not None:
             return self.elems
-        v = self.view
-        e = np.full((1,) * len(v.shape), v.offset + self.shift, dtype=np.int64)
-        for k, (n, s) in enumerate(zip(v.shape, v.strides)):
+        shape = self.shape
+        e = np.full((1,) * len(shape), self.start, dtype=np.int64)
+        for k, (n, s) in enumerate(zip(shape, self.strides)):
             if n > 1 and s != 0:
-                shp = [1] * len(v.shape)
+                shp = [1] * len(shape)
                 shp[k] = n
                 e = e + (np.arange(n, dtype=np.int64) * s).reshape(shp)
         return e.reshape(-1)
@@ -102,6 +110,7 @@ class HbmLog:
         self.epoch = 0
         self.storages: dict = {}
         self.alloc_sites: dict = {}     # storage id -> where an unnamed shared tensor was made
+        self._sites: dict = {}
         self._acc: list[dict] = [dict() for _ in range(num_programs)]
 
     def note(self, pid: int, op: str, reads=(), writes=()) -> None:
@@ -116,19 +125,21 @@ class HbmLog:
                     continue
                 if site is None:
                     site = _site()
+                    site = self._sites.setdefault(site, site)     # one copy per line
                 isz = t.dtype.itemsize
                 ind = t.indirection
                 if ind is None:
                     r = t.region()
-                    acc = _Access(write, t, 0, None, isz, r.byte_start, r.byte_stop, op, site)
+                    acc = _Access(write, t.offset, t.shape, t.strides, None, isz, r.byte_start,
+                                  r.byte_stop, op, site)
                 elif ind.kind == "scalar":
-                    # the whole view moved by one run-time offset: keep the view and the shift
+                    # the whole view moved by one run-time offset
                     if not ind.valid().all():
                         continue               # skipped (oob_mode.skip): touches nothing
                     shift = int(ind.offsets(clamp=True)[0])
                     lo, hi = t._span(0, indirect=False)
                     base = t.offset + shift
-                    acc = _Access(write, t, shift, None, isz, (base + lo) * isz,
+                    acc = _Access(write, base, t.shape, t.strides, None, isz, (base + lo) * isz,
                                   (base + hi + 1) * isz, op, site)
                 else:
                     e = np.asarray(t.elements(clamp_oob=True)).reshape(t.shape[0], -1)
@@ -138,7 +149,7 @@ class HbmLog:
                     e = e.reshape(-1).copy()
                     if not e.size:
                         continue
-                    acc = _Access(write, None, 0, e, isz, int(e.min()) * isz,
+                    acc = _Access(write, 0, None, None, e, isz, int(e.min()) * isz,
                                   (int(e.max()) + 1) * isz, op, site)
                 self.storages[st.id] = st
                 self._acc[pid].setdefault(st.id, []).append(acc)
@@ -189,13 +200,12 @@ class HbmLog:
             for x in accs:
                 if x.hi <= lo_b or x.lo >= hi_b:
                     continue
-                if whole and x.view is not None and x.lo >= lo_b and x.hi <= hi_b:
+                if whole and x.elems is None and x.lo >= lo_b and x.hi <= hi_b:
                     # mark a direct access through a strided view of the mask (no index array)
-                    v, per = x.view, x.itemsize // unit
-                    first = (v.offset + x.shift) * per - start
+                    per = x.itemsize // unit
                     m = np.lib.stride_tricks.as_strided(
-                        code[first:], shape=(*v.shape, per),
-                        strides=(*(st * per for st in v.strides), 1))
+                        code[x.start * per - start:], shape=(*x.shape, per),
+                        strides=(*(st * per for st in x.strides), 1))
                     m |= wbit if x.write else rbit
                     continue
                 u = x.units(unit)
