@@ -287,6 +287,8 @@ def test_a_barrier_only_one_program_reaches_is_a_hang():
                        match="program 1 of the LNC=2 grid ended while program 0 waits at "
                              "nisa.core_barrier"):
         simulate(looped[2])(_x(), np.array([[2], [1]], np.int32))
+    with pytest.raises(NkiSyncError, match="but program 0 ended without reaching it"):
+        simulate(looped[2])(_x(), np.array([[1], [2]], np.int32))
 
     @jit
     def mixed(x):
