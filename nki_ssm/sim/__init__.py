@@ -2,8 +2,8 @@
 ``nki.isa`` surface executed eagerly on NumPy, with hardware checks (partition
 limits, engine/buffer rules, SBUF/PSUM capacity) and an instruction trace.
 
-Modules: ``errors`` (NkiValidationError, NkiCapacityError), ``dtypes``,
-``targets`` (trn1/trn2/trn3 limits, NEURON_PLATFORM_TARGET_OVERRIDE),
+Modules: ``errors`` (NkiValidationError, NkiCapacityError, NkiRaceError,
+NkiSyncError), ``dtypes``, ``targets`` (trn1/trn2/trn3 limits, NEURON_PLATFORM_TARGET_OVERRIDE),
 ``tensor`` (Storage, NkiTensor views), ``memory`` (SBUF/PSUM capacity by access
 liveness: first to last access, whole runtime loops),
 ``language`` (nki.language), ``isa`` (nki.isa), ``control`` (runtime loops:
@@ -12,7 +12,11 @@ VirtualRegisters, recorded with their loop structure so the trace gives both the
 instruction count and the program size; a body that runs zero times is traced once with
 its effects suppressed), ``version`` (``NKI_SSM_NKI_VERSION``: the 0.6.0 or 0.5.0 rules),
 ``jit`` (jit, simulate, ``specialisations()``: the compiles the real
-toolchain would make), ``simulator`` (``nki.simulator.simulate_kernel``),
+toolchain would make), ``lnc`` (``kernel[2]``: both programs at once over
+shared HBM in deterministic lock-step epochs between ``nisa.core_barrier`` /
+``sendrecv``, as the SDK simulator's two threads; nki/guides/nki_simulator.rst),
+``races`` (HBM bytes the two programs write and read in one epoch: an
+``NkiRaceError``), ``simulator`` (``nki.simulator.simulate_kernel``),
 ``install`` (register the simulator as ``import nki``), ``trace``,
 ``subset`` (every launched kernel's Python is checked against the subset the
 NKI front end, leanprover/KLR, accepts: no comprehensions, lambda, raise, try,
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 import importlib
 
-from .errors import NkiCapacityError, NkiValidationError
+from .errors import NkiCapacityError, NkiRaceError, NkiSyncError, NkiValidationError
 from .install import install, uninstall
 from .targets import current_target
 
@@ -51,6 +55,7 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["NkiValidationError", "NkiCapacityError", "current_target", "install", "uninstall",
+__all__ = ["NkiValidationError", "NkiCapacityError", "NkiRaceError", "NkiSyncError",
+           "current_target", "install", "uninstall",
            "simulate", "simulate_kernel", "Kernel", "NkiTensor", "IS_NKI_SSM_SIMULATOR",
            "specialisations", "reset_specialisations"]

@@ -15,10 +15,23 @@ class NkiCapacityError(NkiValidationError):
     """Live SBUF or PSUM allocations exceed what the target holds."""
 
 
+class NkiRaceError(NkiValidationError):
+    """The two programs of an LNC=2 launch access the same HBM bytes in one epoch (between
+    two synchronisations), at least one of them writing (``sim.races``)."""
+
+
+class NkiSyncError(NkiValidationError):
+    """The programs of an LNC=2 launch do not meet at their synchronisations: one waits at a
+    ``core_barrier`` / ``sendrecv`` the other never reaches (a hang on hardware), or the two
+    reach different kinds of synchronisation or disagree on a ``sendrecv``'s partners
+    (``sim.lnc``)."""
+
+
 class NkiReleasedUseWarning(UserWarning):
     """A construct the NKI docs do not allow but a released kernel (nki-library, nki-samples,
     NxD Inference contrib) uses: the simulator accepts it, naming the released file, since
     released kernels are what the compiler demonstrably takes."""
 
 
-__all__ = ["NkiValidationError", "NkiCapacityError", "NkiReleasedUseWarning"]
+__all__ = ["NkiValidationError", "NkiCapacityError", "NkiRaceError", "NkiSyncError",
+           "NkiReleasedUseWarning"]

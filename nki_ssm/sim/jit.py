@@ -6,12 +6,20 @@
    Python ints/floats/bools/str/None, tuples of them, enums and NKIObject
    instances pass through as compile-time values; lists are rejected (NKI
    0.3.0: "no list kernel arguments").
-2. The function runs once per program of the LNC grid (``kernel[2]``: program
-   ids 0 and 1 one after the other), each with its own on-chip memory and
-   capacity accounting; ``nl.shared_hbm`` allocations are shared between
-   programs (the k-th shared allocation of program 1 is program 0's k-th).
+2. The function runs once per program of the LNC grid. ``kernel[2]``: programs
+   0 and 1 run at once over the same HBM, as on the two physical cores of an
+   LNC=2 logical core and in the SDK simulator (two threads, one
+   ``program_id`` each: aws-neuron-sdk nki/guides/nki_simulator.rst,
+   "Execution"), here in deterministic lock-step epochs between
+   ``nisa.core_barrier`` / ``nisa.sendrecv`` synchronisations (``sim.lnc``),
+   each with its own SBUF/PSUM, registers, loop state and capacity
+   accounting; ``nl.shared_hbm`` allocations are shared between programs (the
+   k-th shared allocation of program 1 is program 0's k-th); the two programs
+   touching the same HBM bytes in one epoch, one of them writing, is an
+   ``NkiRaceError`` (``sim.races``).
 3. Returned tensors (one, or a tuple) must be in ``nl.shared_hbm`` (the NKI
-   0.3.0 compiler rejects other outputs) and come back as NumPy arrays.
+   0.3.0 compiler rejects other outputs) and come back as NumPy arrays, read
+   when every program has finished.
 4. Inputs the kernel modified are written back into the caller's arrays —
    only when every program completed, so a failed launch changes nothing.
 
@@ -30,7 +38,9 @@ import numpy as np
 from . import control as _control
 from . import dtypes as _dt
 from . import frontend as _frontend
+from . import lnc as _lnc
 from . import memory as _memory
+from . import races as _races
 from . import subset as _subset
 from . import tensor as _tensor
 from . import trace as _trace
@@ -94,6 +104,7 @@ def allocate_in_launch(shape, dtype, buffer, name, fill) -> _tensor.NkiTensor:
     if launch.program_id == 0:
         t = _tensor.allocate(shape, dtype, region, name, fill)
         launch.shared.append(t)
+        _races.note_allocation(t.storage)
         return t
     k = launch.shared_cursor
     launch.shared_cursor += 1
@@ -163,7 +174,8 @@ def _convert_arg(name: str, value, inputs: list, region=_tensor.MemoryRegion.pri
                     f"a tuple, an Enum or an NKIObject, got {type(value).__name__}")
 
 
-def _convert_output(value, where: str = "output"):
+def _convert_output(value, where: str = "output", read: bool = True):
+    """Returned shared_hbm tensors -> NumPy (``read=False``: only check they may be returned)."""
     if value is None:
         return None
     if isinstance(value, _tensor.NkiTensor):
@@ -176,7 +188,7 @@ def _convert_output(value, where: str = "output"):
         # output's own dtype (rounded once, here)
         return out.astype(value.dtype.np) if value.storage.widened else out
     if isinstance(value, (tuple, list)):
-        return tuple(_convert_output(v, f"{where}[{i}]") for i, v in enumerate(value))
+        return tuple(_convert_output(v, f"{where}[{i}]", read) for i, v in enumerate(value))
     raise NkiValidationError(f"kernel {where}: a kernel returns shared_hbm tensors (or a tuple "
                              f"of them, or None), got {type(value).__name__}")
 
@@ -279,23 +291,31 @@ def _run(fn, num_programs: int, grid_ndim: int, args, kwargs, kernel=None):
     cargs = tuple(_convert_arg(n, a, inputs, region) for n, a in zip(names, args))
     ckwargs = {k: _convert_arg(k, v, inputs, region) for k, v in kwargs.items()}
     launch = _Launch(target=target, num_programs=num_programs, grid_ndim=grid_ndim)
-    usage = []
-    result = None
+
+    def program(pid: int):
+        """One program: its own loop state and SBUF/PSUM accounting; (result, usage)."""
+        _control.begin_program()
+        try:
+            with _memory.launch(target) as tracker:
+                result = runner(*cargs, **ckwargs)
+                _convert_output(result, read=False)       # outputs must be shared_hbm
+                return result, tracker.usage()
+        finally:
+            _control.end_program()
+
     _launches.append(launch)
     try:
-        for pid in range(num_programs):
-            launch.program_id = pid
-            launch.shared_cursor = 0
-            _control.begin_program()
-            try:
-                with _memory.launch(target) as tracker:
-                    result = runner(*cargs, **ckwargs)
-                    out = _convert_output(result)
-                    usage.append(tracker.usage())
-            finally:
-                _control.end_program()
+        if num_programs == 1:
+            ran = [program(0)]
+        else:
+            # LNC=2: both programs at once over the same HBM, in lock-step (sim.lnc)
+            ran = _lnc.Lockstep(launch, program).run()
     finally:
         _launches.remove(launch)
+    # outputs are read once every program has finished (program 0's return value: both
+    # programs return the same shared tensors)
+    out = _convert_output(ran[0][0])
+    usage = [u for _, u in ran]
     if kernel is not None:
         kernel.last_memory_usage = usage
     global _last_usage

@@ -278,6 +278,8 @@ def no_reorder():
 
 
 def program_id(axis=0) -> int:
+    """The running program's id in the LNC grid: 0, or 0 / 1 under ``kernel[2]`` (whose
+    two programs run at once over shared HBM: ``sim.lnc``); a Python int at trace time."""
     from . import jit as _jit
     if axis != 0:
         raise NkiValidationError(f"nl.program_id: axis must be 0 (1-D LNC grid), got {axis}")

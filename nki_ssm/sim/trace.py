@@ -78,7 +78,21 @@ class Instruction:
       ``transpose`` (bool);
     - VectorE/ScalarE/GpSimd: ``all_16bit`` (every tensor operand is a
       2-byte float), ``psum_operand`` (any operand in PSUM), ``contiguous``
-      (innermost free stride is 1 for every operand), ``reduce`` (bool).
+      (innermost free stride is 1 for every operand), ``reduce`` (bool);
+    - synchronisations between the programs of an LNC=2 grid (``op``
+      "core_barrier" on its ``engine=``, default "gpsimd"; "sendrecv" on
+      "dma"): ``sync`` (the op name), ``sync_id`` (int: the k-th
+      synchronisation of the launch, 0-based, the same on both programs' copies
+      of it, so the cost model can start each program's instructions after it
+      no earlier than the later of the two arrivals; -1 when it synchronises
+      nothing: a barrier of one core at LNC=1, or one in a loop body that never
+      ran), ``cores`` (core_barrier: the tuple of cores); sendrecv also
+      ``send_to_rank``, ``recv_from_rank``, ``pipe_id``, ``dma_engine``
+      ("dma" / "gpsimd_dma") and the DMA keys above (its ``nbytes`` are the
+      bytes it sends; its ``writes`` region is the local ``dst`` the other
+      program's data lands in).
+
+    ``program_id`` is the SPMD program (0, or 0 / 1 under LNC=2) that issued it.
     """
 
     index: int
@@ -117,7 +131,15 @@ class Loop:
 
 @dataclass
 class Trace:
-    """Instructions in program order, for one target."""
+    """Instructions in program order, for one target.
+
+    An LNC=2 launch records both programs in one trace, each instruction tagged with its
+    ``program_id``: the programs run in lock-step epochs (``sim.lnc``), so the list holds
+    program 0's instructions up to its first synchronisation, then program 1's up to the
+    same one, and so on; within one program the order is program order.
+    ``program_instructions(pid)``, ``loops`` (keyed by program) and ``unrun`` (tagged)
+    are per program.
+    """
 
     target: str = "trn2"
     instructions: list[Instruction] = field(default_factory=list)

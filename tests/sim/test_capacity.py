@@ -38,7 +38,8 @@ def hold_tiles(x, n_tiles, cols):
     for t in tiles:
         _touch(t)
     out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
-    nisa.dma_copy(dst=out, src=x)
+    if nl.program_id(0) == 0:       # under LNC=2 one program writes the output
+        nisa.dma_copy(dst=out, src=x)
     return out
 
 
@@ -66,7 +67,8 @@ def psum_tiles(x, n_tiles, cols):
     for t in tiles:
         _touch(t)
     out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
-    nisa.dma_copy(dst=out, src=x)
+    if nl.program_id(0) == 0:       # under LNC=2 one program writes the output
+        nisa.dma_copy(dst=out, src=x)
     return out
 
 

@@ -107,10 +107,11 @@ def test_trace_engine_override_and_program_id():
     @nki.jit
     def k(x):
         out = nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.shared_hbm)
-        t = nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=t, src=x)
+        t = nl.ndarray((2, 8), dtype=nl.float32, buffer=nl.sbuf)
+        rows = nl.ds(2 * nl.program_id(0), 2)       # each program its own rows of out
+        nisa.dma_copy(dst=t, src=x[rows, :])
         nisa.tensor_copy(dst=t, src=t, engine=nisa.engine.gpsimd)
-        nisa.dma_copy(dst=out, src=t)
+        nisa.dma_copy(dst=out[rows, :], src=t)
         return out
 
     with record() as tr:

@@ -211,7 +211,8 @@ def test_inputs_are_hbm_and_shared_under_lnc2():
     def k(x):
         seen.append(x.buffer)
         out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
-        nisa.dma_copy(dst=out, src=x)
+        pid = nl.program_id(0)
+        nisa.dma_copy(dst=out[pid:pid + 1, :], src=x[pid:pid + 1, :])
         return out
 
     simulate(k)(np.ones((2, 2), np.float32))

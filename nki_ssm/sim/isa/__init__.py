@@ -24,8 +24,9 @@ reductions), ``scan`` (tensor_tensor_scan, tensor_scalar_cumulative),
 ``select`` (range/select_reduce, nc_stream_shuffle, bn_stats/aggr),
 ``scalar`` (activation), ``gpsimd`` (iota, affine_select, partition reduce,
 local_gather, ...), ``extra`` (exponential, activate2, max8, ...),
-``random``, ``registers``; shared checks in ``_core``, ALU/activation tables
-in ``_alu``, accumulator and PRNG state in ``_state``.
+``random``, ``registers``, ``sync`` (core_barrier, sendrecv); shared checks
+in ``_core``, ALU/activation tables in ``_alu``, accumulator and PRNG state in
+``_state``.
 
 Assumptions beyond the documentation (each marked in the code):
 
@@ -54,9 +55,11 @@ Assumptions beyond the documentation (each marked in the code):
 Not implemented (documented nki.isa API of NKI 0.5/0.6; each raises
 NotImplementedError naming itself): ``nc_matmul_mx`` and ``quantize_mx``
 (MX formats; the packed x4 dtypes are not in sim.dtypes), ``topk`` (its
-"16P input snake" layout is not specified precisely enough to model),
-``core_barrier`` and ``sendrecv`` (LNC programs run one after the other
-here, so cross-core synchronisation cannot be modelled).
+"16P input snake" layout is not specified precisely enough to model).
+
+LNC=2 synchronisation (``sync``): ``core_barrier`` and ``sendrecv`` are
+rendezvous of the two programs, which run in lock-step (``sim.lnc``); HBM
+races between them are errors (``sim.races``).
 
 Partially implemented: ``get_nc_sub_version`` always returns 0;
 ``dma_transpose`` lacks the indirect (swdge gather-transpose) form;
@@ -84,6 +87,7 @@ from .registers import VirtualRegister, register_alloc, register_load, register_
 from .gpsimd import (affine_select, iota, local_gather, nonzero_with_count, sequence_bounds,
                      tensor_partition_reduce)
 from .scalar import activation, activation_reduce
+from .sync import core_barrier, sendrecv
 from .tensor_engine import nc_matmul, nc_transpose
 from .scan import tensor_scalar_cumulative, tensor_tensor_scan
 from .select import FP32_MIN, bn_aggr, bn_stats, nc_stream_shuffle, range_select, select_reduce
@@ -114,7 +118,7 @@ def _missing(api: str):
 
 
 NOT_IMPLEMENTED = (
-    "nc_matmul_mx", "quantize_mx", "topk", "core_barrier", "sendrecv",
+    "nc_matmul_mx", "quantize_mx", "topk",
 )
 # NKI 0.6.0 API: an attribute only when the targeted version has it (sim.version.SINCE)
 _SINCE_0_6 = ("topk",)
@@ -137,5 +141,6 @@ __all__ = [
     "tensor_copy_predicated", "max8", "nc_n_gather", "nc_find_index8", "nc_match_replace8",
     "dma_compute", "VirtualRegister", "register_alloc", "register_move", "register_load",
     "register_store", "local_gather", "sequence_bounds", "nonzero_with_count", "rng", "rand2", "dropout", "set_rng_seed", "rand_set_state", "rand_get_state",
+    "core_barrier", "sendrecv",
     *(a for a in NOT_IMPLEMENTED if a not in _SINCE_0_6),
 ]

@@ -11,6 +11,7 @@ import numpy as np
 
 from .. import control as _control
 from .. import memory as _memory
+from .. import races as _races
 from .. import trace as _trace
 from ..errors import NkiValidationError  # noqa: F401  (re-exported for submodules)
 from ..targets import current_target
@@ -263,6 +264,7 @@ def _program_id() -> int:
 
 _ACTIVE = _trace._active   # the trace stack (trace.current() without the call)
 _MEMORY = _memory._active  # the capacity trackers of running launches
+_RACES = _races.ACTIVE     # the HBM access log of a running LNC=2 launch (sim.races)
 
 
 def emit(op: str, eng: str, name, *, reads=(), writes=(), num_partitions: int, free: int,
@@ -281,6 +283,10 @@ def emit(op: str, eng: str, name, *, reads=(), writes=(), num_partitions: int, f
     if _MEMORY:
         # capacity by access liveness: this instruction touches its operands
         _MEMORY[-1].instruction(op, (*reads, *writes))
+    if _RACES and not _control.SUPPRESS_FLOOR and op != "core_barrier":
+        # LNC=2: which HBM bytes this program touched in this epoch (a body whose loop runs
+        # zero times touches nothing; a barrier's ``data`` names what it orders, unread)
+        _RACES[-1].note(_program_id(), op, reads, writes)
     if not _ACTIVE:
         return NkiInstruction(op, name)
     tr = _ACTIVE[-1]

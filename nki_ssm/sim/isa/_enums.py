@@ -91,7 +91,7 @@ class nc_version(Enum):
 
 
 class dma_engine(Enum):
-    """DMA transfer engine for ``sendrecv`` (enum only; sendrecv is not simulated)."""
+    """DMA transfer engine of ``sendrecv`` (``isa.sync``)."""
 
     dma = 1
     gpsimd_dma = 2

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import control as _control
+from .. import races as _races
 from . import _core as C
 
 
@@ -122,6 +123,8 @@ def register_load(dst, src):
         C.fail(inst, "dst is a frozen register (a loop induction variable) and cannot be written")
     _control.note_register_write(d)
     d.value = int(src.read().reshape(-1)[0])
+    if not _control.SUPPRESS_FLOOR:
+        _races.note(inst, reads=(src,))
 
 
 def register_store(dst, src):
@@ -131,3 +134,5 @@ def register_store(dst, src):
     s = _reg(inst, "src", src)
     from ..dtypes import cast
     dst.write(cast(np.asarray([s._get(inst)], dtype=np.int64), dst.dtype).reshape(dst.shape))
+    if not _control.SUPPRESS_FLOOR:
+        _races.note(inst, writes=(dst,))

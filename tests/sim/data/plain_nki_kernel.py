@@ -10,10 +10,12 @@ import nki.language as nl
 
 @nki.jit
 def add_rows_kernel(a, b):
-    """out = a + b for [N, F] inputs, tiled over 128-row blocks."""
+    """out = a + b for [N, F] inputs, tiled over 128-row blocks; under LNC=2 the blocks
+    alternate between the two programs."""
     out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
     n, f = a.shape
-    for i in range((n + nl.tile_size.pmax - 1) // nl.tile_size.pmax):
+    for i in range(nl.program_id(0), (n + nl.tile_size.pmax - 1) // nl.tile_size.pmax,
+                   nl.num_programs(0)):
         r0 = i * nl.tile_size.pmax
         rows = min(nl.tile_size.pmax, n - r0)
         ta = nl.ndarray((rows, f), dtype=a.dtype, buffer=nl.sbuf)
