@@ -169,7 +169,7 @@ def test_layouts_of_gated_delta_decode(device, monkeypatch):
     idx = np.full(nb, -1)
     idx[:S] = tkw["state_indices"].numpy()
     spi, w, main_rows, tail_rows = launch.decode_plan(nb, T)
-    order, _, counts = launch.decode_order(idx, nb, T)
+    order, _, _, counts = launch.decode_order(idx, nb, T)
     src = torch.as_tensor(np.minimum(order, S - 1))
     kq_m, k_m, v_m, gate_m, slots_m, kq_t, k_t, v_t, gate_t, slots_t = args[:10]
     head_params, pool_view, counts_arg = args[10:13]

@@ -49,14 +49,31 @@ first ``n_main = L // SPI`` groups run in the main loop, the remaining
 ``L - n_main*SPI`` positions in ``n_tail`` batches of W = min(2, bucket)
 positions in the tail loop; a tail position past L mirrors the first of
 its batch (same inputs, same slot: both states are gathered before either
-is scattered, and both write the same bytes). ``counts [1, 2]`` holds
-``n_main, n_tail``; each is DMA'd into a (1, 1) SBUF tile on partition 0 and
-loaded into a register allocated before the loops.
+is scattered, and both write the same bytes). ``counts [1, 2*n_prog]`` holds
+``n_main, n_tail`` of each program; each is DMA'd into a (1, 1) SBUF tile on
+partition 0 and loaded into a register allocated before the loops.
+
+LNC grid: launched as ``kernel[2]`` the kernel runs as two programs, one per
+physical core of the logical core (``nl.program_id(0)``; a launch without a
+grid is one program: ``nl.program_ndim() == 0``, as nki-library
+attention_bwd.py:1134-1137 tests). The launcher splits the compacted live
+sequences into two consecutive halves (program 0 one more; a lone sequence
+goes to program 0 and program 1 runs zero iterations of both loops) and lays
+out each half as a bucket of half the size. Every table stacks the programs'
+rows (program 0's, then program 1's); program ``pid`` reads and writes only
+rows ``[pid*rows, (pid+1)*rows)`` of each, a static offset added to the
+loop register's row, and its own columns of ``counts``. Both programs run the
+same instruction stream (same program size) over disjoint sequences: no pool
+slot is touched by both (the look-ahead gathers of unreached positions name
+one of the program's own slots), no output row is written by both, and no
+synchronisation is needed. Each program moves its half of the states on its
+own core's DMA queues: at 64 sequences each does the work of a 32-sequence
+bucket.
 
 Two runtime loops, ``nl.fori_loop(0, reg, body)`` with ``body`` an inner
 function, one after the other, none nested (every instruction sits in at
 most one runtime loop); what is unrolled in a body is bounded by SPI, T and
-the heads. A bucket of one or two sequences has no main loop.
+the heads. A bucket (per program) of one or two sequences has no main loop.
 
 * Main loop, iteration ``it`` (the body's register, used as
   ``scalar_offset`` on dim 0 of every per-iteration table): the inputs of
@@ -88,25 +105,27 @@ What binds (modeled, trn2, nki_ssm.perf as of this commit, ``python -m simulate
 --op gated_delta_decode``; Qwen3-Next H=16 HV=32 K=V=128, T=1, raw gates, l2norm,
 float32 pool, bf16 q/k/v): moving the states. 64 sequences 1.12 ms (10-90 %:
 1.12-2.96), 241 GB/s (65 % of the core's DMA bandwidth; DMA queues 85 % busy,
-VectorE 76 %, TensorE 74 %). Program: 1,735 static instructions (64-sequence
-bucket, every loop body once), 2,329 at T = 4 (8-sequence bucket); 118 for a
-bucket of one (tail only).
+VectorE 76 %, TensorE 74 %) at LNC=1; at LNC=2 each program models 0.57 ms (its
+32 sequences on its own core; 0.51x). Program: 1,735 static instructions per
+program (64-sequence bucket, every loop body once), 2,329 at T = 4 (8-sequence
+bucket); 118 for a bucket of one (tail only).
 
 HBM arguments (prepared by the launcher, ``nki_ssm.ops.launch.gated_delta``),
 one row per loop iteration, for the main loop (``*_main``, width SPI, rows
-``bucket // SPI``; None without a main loop) and the tail loop (``*_tail``,
-width W, rows ``SPI // W``); columns run over (position j of the row, token
-t, head), head fastest; all float32 (the launcher widens q/k/v: no DMA
-converts a dtype):
+``n_prog * (bucket // n_prog // SPI)``; None without a main loop) and the tail
+loop (``*_tail``, width W, rows ``n_prog * (SPI // W)``), program 0's rows
+first; columns run over (position j of the row, token t, head), head fastest;
+all float32 (the launcher widens q/k/v: no DMA converts a dtype):
   kq     ``[rows, K, width*T*H*2]``: row i, partition k, column
          ``((j*T + t)*H + h)*2 + c`` holds ``k`` (c=0) / ``q`` (c=1);
   k      ``[rows, width*T*H*K]``: k, token-major;
   v      ``[rows, V, width*T*HV]``: partition v, column ``(j*T + t)*HV + hv``;
   gate   ``[rows, 2, width*T*HV]``: g and beta (raw: a and b), columns as v;
-  slots  int32 ``[rows (+1 for main), width]``: pool slot of each position;
+  slots  int32 ``[rows (+1 per program for main), width]``: pool slot of each
+         position;
   head_params ``[1, 2*HV]`` (A_log then dt_bias) or None (g / beta given);
   pool   ``[slots, HV*K*V]`` float32 or bfloat16, updated in place;
-  counts int32 ``[1, 2]``: main and tail trip counts.
+  counts int32 ``[1, 2*n_prog]``: main and tail trip counts of each program.
 Returns ``o [rows, V, width*T*HV]`` float32 per loop (v-major; the launcher
 transposes and un-permutes) and, with ``want_inter``, ``inter [rows,
 width*T*HV*K, V]`` per loop in the pool dtype (state after each token, rows
@@ -152,7 +171,8 @@ def gdn_decode_step(kq_main, k_main, v_main, gate_main, slots_main, kq_tail, k_t
 
     Two runtime loops, one after the other: the main loop over full groups of SPI
     positions (absent when the ``*_main`` tables are None), then the tail loop over
-    single batches of W positions. ``counts [1, 2]`` int32: their trip counts."""
+    single batches of W positions. ``counts [1, 2*n_prog]`` int32: their trip counts,
+    per program of the LNC grid (program ``pid`` runs its own rows of every table)."""
     # the LNC grid: program pid runs rows [pid*rows, (pid+1)*rows) of every table (a static
     # offset); no grid (a plain launch) is one program
     n_prog, pid = 1, 0

@@ -13,9 +13,9 @@ gather / scatter happens in the kernel:
 - decode: the pool ``[slots, HV, K, V]`` is passed as its ``[slots, HV*K*V]``
   view (one contiguous block per slot, moved with a run-time start); the batch
   is padded to its sequence bucket and laid out as a work list
-  (``decode_plan`` / ``decode_order``: full groups of live sequences for the
-  kernel's main loop, then batches of two for its tail loop) with vectorised
-  ops (see ``decode_call``);
+  (``decode_plan`` / ``decode_order``: the live sequences in one half per LNC
+  program, each half in full groups for the kernel's main loop, then batches of
+  two for its tail loop) with vectorised ops (see ``decode_call``);
 - prefill: the pool is passed as its ``[slots*HV*K, V]`` row view (no copy for a
   C-contiguous pool); a slot is the contiguous block from row ``slot*HV*K``
   (``init_tab`` / ``final_tab``), moved with a run-time start; the chunks go in as
@@ -63,7 +63,8 @@ _STREAMS = 2   # sequences per batch (gdn_decode_step's interleaved instruction 
 
 
 def decode_plan(num_seqs: int, T: int = 1):
-    """(spi, w, main_rows, tail_rows) of ``gdn_decode_step`` for a bucket of ``num_seqs``.
+    """(spi, w, main_rows, tail_rows) of ``gdn_decode_step`` for a bucket of ``num_seqs`` (one
+    program's: ``ceil(seq_bucket / lnc)`` under an LNC grid).
 
     ``spi``: positions per main-loop iteration, _GROUP // T rounded down to a multiple
     of 2 * _STREAMS (an even number of batches; at least 2 batches), or the whole
@@ -199,12 +200,14 @@ def decode_call(xp, call, *, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_
 
     ``xp``: the array namespace of q ... ssm_states (``_arrays``; NumPy here, torch
     on device); ``state_indices`` is a host array. The batch is padded to
-    ``seq_bucket(num_seqs)`` and laid out as a work list (``decode_order``): the
-    per-sequence inputs are gathered in kernel-position order (``x[order]``,
+    ``seq_bucket(num_seqs)`` and laid out as a work list (``decode_order``) for the
+    ``call.lnc`` programs of the launch (each a bucket of ``seq_bucket / lnc``, its
+    rows stacked after the previous program's): the per-sequence inputs are gathered
+    in kernel-position order (``x[order]``,
     index_select) and split into the main loop's rows of ``spi`` positions and the
     tail loop's rows of ``w`` (``decode_tables``); the pool slot of each position is an
-    int32 table per loop (``slots_main`` with one extra row, read one iteration ahead;
-    padding never named: 0). Outputs come back by ``pos``, padding sequences zeroed
+    int32 table per loop (``slots_main`` with one extra row per program, read one
+    iteration ahead; positions a program does not compute name one of its own slots). Outputs come back by ``pos``, padding sequences zeroed
     (torch.where).
     """
     S, T, H, K = q.shape
