@@ -105,6 +105,12 @@ def run(launcher, kwargs: dict, *, pools: tuple, reference, backend):
     (with ``cast_rne``).
     """
     kind = resolve(backend)
+    if kind != "reference":
+        # the LNC every launch on this backend runs at: a bad NEURON_LOGICAL_NC_CONFIG fails
+        # here, before any pool is touched, pool without slots included (as on the device path)
+        from nki_ssm import backend as nki_backend
+
+        nki_backend.logical_nc_config(kind)
     slots = named_slots(kwargs["state_indices"])
     if kind == "reference" or any(kwargs[name].shape[0] == 0 for name in pools):
         # A pool without slots admits only padding sequences (a shape fact,

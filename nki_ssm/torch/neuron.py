@@ -8,10 +8,9 @@ Neuron devices (``DEVICE_TYPES``; ``is_neuron_device``), by SDK:
 * ``"neuron"``: the native PrivateUse1 device of SDK 2.32. Under vLLM Neuron 0.24
   (``libtorch_neuronx_lite``, the multi-framework DLAMI's
   ``/opt/aws_neuronx_venv_pytorch_inference_vllm_0_24_0_1_1_0``) kernels go through
-  its ``wrap_nki`` HOP, ``wrap_nki(kernel)(**kwargs)`` (vllm-neuron docs
+  its ``wrap_nki`` HOP, ``wrap_nki(kernel)[lnc](**kwargs)`` (vllm-neuron docs
   model-dev/nki_cpu_simulator.md: ``wrap_nki(kernel) -> NKIHOPCaller``,
-  ``NKIHOPCaller[grid](**kwargs)``; no grid here: the kernels launch without one,
-  LNC 1). Under TorchNeuron (aws-neuron/torch-neuronx, closed beta) the
+  ``NKIHOPCaller[grid](**kwargs)``; the grid is the LNC). Under TorchNeuron (aws-neuron/torch-neuronx, closed beta) the
   ``@nki.jit`` kernel is called with the ``neuron`` tensors inside the custom op
   (frameworks/torch/pytorch-native-overview.rst), as on XLA. ``launch_path`` says
   which one a device gets.
@@ -37,9 +36,13 @@ instead of the NumPy host API. Each op:
    tensor (aliasing, no write-back); a non-contiguous pool goes through a
    contiguous device copy that is copied back with ``copy_`` (still no host round
    trip);
-4. the launcher calls ``device_call(kernel, *args)`` -- the one boundary with the
-   device: ``kernel(*args)`` or ``wrap_nki(kernel)(**kwargs)`` (``launch_path``)
-   -- and lays the output back with torch ops.
+4. the launcher calls ``device_call(kernel, *args, lnc=)`` -- the one boundary with
+   the device: ``kernel[lnc](*args)`` or ``wrap_nki(kernel)[lnc](**kwargs)``
+   (``launch_path``) -- and lays the output back with torch ops. ``lnc`` is
+   ``nki_ssm.backend.logical_nc_config("neuron")`` (``NEURON_LOGICAL_NC_CONFIG``;
+   unset, the Neuron runtime's default: 2 on trn2 / trn3), read after validation and
+   before anything reaches the device, as on the host path; the launcher shards its
+   work lists for that many programs.
 
 ``device_call`` is what the CPU tests replace (they run the kernel on the
 simulator with NumPy views of the very tensors passed, and check that the
@@ -122,14 +125,18 @@ def _kernel_kwargs(kernel, args) -> dict | None:
 
 def device_call(kernel, *args, lnc: int = 1):
     """The device boundary: an ``@nki.jit`` kernel with device tensors (and the kernel's
-    compile-time Python values) as a grid of ``lnc`` programs (``kernel[lnc]``), by the
-    device's ``launch_path``. Replaced in the CPU tests."""
+    compile-time Python values) as a grid of ``lnc`` programs, by the device's
+    ``launch_path``: ``kernel[lnc](*args)`` (the kernel itself for a grid of one), or the
+    HOP's caller indexed by the grid, ``wrap_nki(kernel)[lnc](**kwargs)``. Replaced in the
+    CPU tests."""
     device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
-    if lnc != 1:        # a grid of one is the kernel itself
-        kernel = kernel[lnc]
     if launch_path(device) == "jit":
-        return kernel(*args)
-    caller = wrap_nki()(kernel)
+        return (kernel if lnc == 1 else kernel[lnc])(*args)
+    # vLLM Neuron 0.24's HOP takes the grid on its caller, "wrap_nki(kernel) -> NKIHOPCaller;
+    # NKIHOPCaller[grid](**kwargs)", which hands it to the launch as the LNC
+    # (aws-neuron/aws-neuron-sdk 81ce03ae vllm-neuron/docs/model-dev/nki_cpu_simulator.md
+    # l.22-23, cpu-development.md l.95-96); always given, as there
+    caller = wrap_nki()(kernel)[lnc]
     kwargs = _kernel_kwargs(kernel, args)
     return caller(*args) if kwargs is None else caller(**kwargs)
 

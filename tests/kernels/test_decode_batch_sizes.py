@@ -64,7 +64,7 @@ def test_short_conv_decode_batch_sizes(num_seqs, padding):
 
 
 @pytest.mark.parametrize("num_seqs, padding", BATCHES)
-def test_gated_delta_decode_batch_sizes(num_seqs, padding):
+def test_gated_delta_decode_batch_sizes(num_seqs, padding, lnc):
     inp = make_gated_delta_decode_inputs(np.random.default_rng(num_seqs), num_seqs=num_seqs,
                                          T=1, H=1, HV=2, K=16, V=16, padding=padding)
     ref_in = _copy(inp)

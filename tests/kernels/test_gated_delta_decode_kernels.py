@@ -30,7 +30,7 @@ pytestmark = pytest.mark.filterwarnings("error::DeprecationWarning")
 
 @pytest.mark.parametrize("num_seqs,padding", [(1, 0), (1, 1), (3, 0), (3, 2), (5, 0), (7, 2),
                                               (9, 0), (17, 4)])
-def test_decode_one_and_odd_numbers_of_live_sequences(num_seqs, padding):
+def test_decode_one_and_odd_numbers_of_live_sequences(num_seqs, padding, lnc):
     """1 sequence, odd live counts, a lone live sequence among padding: positions past
     the live count mirror their batch's first sequence; batches without one do not run
     (issue 14 item 7: no slicing past a list's end)."""
@@ -40,7 +40,7 @@ def test_decode_one_and_odd_numbers_of_live_sequences(num_seqs, padding):
     _run_and_check(inp, F32_TOL, inter=True)
 
 
-def test_decode_nan_in_padding_inputs_gives_zeros():
+def test_decode_nan_in_padding_inputs_gives_zeros(lnc):
     """A padding sequence's q/k/v/gates are never read: NaN there gives zeros."""
     inp = make_gated_delta_decode_inputs(np.random.default_rng(5), num_seqs=3, T=2, H=1, HV=2,
                                          K=16, V=16)
@@ -65,6 +65,17 @@ def test_decode_plan_splits_groups_and_batches():
     assert decode_plan(8, T=3) == (4, 2, 2, 2)
 
 
+def test_program_shares_split_live_sequences_evenly():
+    """Two programs: halves (program 0 one more), a lone sequence to program 0 alone."""
+    from nki_ssm.ops.launch.gated_delta import program_shares
+
+    assert program_shares(64, 2).tolist() == [32, 32]
+    assert program_shares(29, 2).tolist() == [15, 14]
+    assert program_shares(1, 2).tolist() == [1, 0]
+    assert program_shares(0, 2).tolist() == [0, 0]
+    assert program_shares(7, 1).tolist() == [7]
+
+
 def test_decode_order_is_a_work_list_of_full_groups_then_batches():
     """Live sequences compacted; full groups of spi in the main loop, the rest in
     batches of 2 in the tail, a position past the live count mirrors its batch's first;
@@ -72,16 +83,17 @@ def test_decode_order_is_a_work_list_of_full_groups_then_batches():
     from nki_ssm.ops.launch.gated_delta import decode_order
 
     idx = np.array([-1, 4, -1, 7, 2, -1, -1, -1])
-    order, pos, counts = decode_order(idx, 8)        # spi 8: no full group of 3 live
+    order, pos, slot_of, counts = decode_order(idx, 8)   # spi 8: no full group of 3 live
     assert counts.tolist() == [[0, 2]] and counts.dtype == np.int32
     # 8 main positions (never reached), then the tail: 1, 3, 4 and a mirror of 4
     assert list(order[8:12]) == [1, 3, 4, 4]
     assert list(pos[[1, 3, 4]]) == [8, 9, 10]
-    assert decode_order(np.full(4, -1), 4)[2].tolist() == [[0, 0]]
+    assert list(slot_of[8:12]) == [4, 7, 2, 2]
+    assert decode_order(np.full(4, -1), 4)[3].tolist() == [[0, 0]]
 
     idx = np.arange(32)
     idx[[3, 9, 30]] = -1                              # 29 live in a bucket of 32
-    order, pos, counts = decode_order(idx, 32)        # spi 16, 16 tail positions
+    order, pos, slot_of, counts = decode_order(idx, 32)   # spi 16, 16 tail positions
     live = np.flatnonzero(idx >= 0)
     assert counts.tolist() == [[1, 7]]
     assert list(order[:16]) == list(live[:16])
@@ -89,9 +101,41 @@ def test_decode_order_is_a_work_list_of_full_groups_then_batches():
     assert list(pos[live]) == list(range(16)) + list(range(32, 45))
 
 
+def test_decode_order_splits_sequences_between_two_programs():
+    """LNC=2: the compacted live sequences in two consecutive shares (program 0 one more),
+    each program laid out as a bucket of half the size: program 0's main positions, program
+    1's, then program 0's tail, program 1's; counts per program; every position of a
+    program names only its own sequences' slots (unreached ones: its first sequence's)."""
+    from nki_ssm.ops.launch.gated_delta import decode_order
+
+    idx = np.arange(100, 132)
+    idx[[3, 9, 30]] = -1                              # 29 live in a bucket of 32
+    live = np.flatnonzero(idx >= 0)
+    order, pos, slot_of, counts = decode_order(idx, 32, programs=2)
+    # per program: a bucket of 16 -> spi 16, one main row, 8 tail rows of 2
+    assert order.shape == (2 * 16 + 2 * 16,)
+    assert counts.tolist() == [[0, 8, 0, 7]]          # 15 and 14 live: tails only
+    assert list(order[32:47]) == list(live[:15])     # program 0's tail
+    assert list(order[48:62]) == list(live[15:])     # program 1's tail
+    assert list(pos[live]) == list(range(32, 47)) + list(range(48, 62))
+    shares = [idx[live[:15]], idx[live[15:]]]
+    for p, where in enumerate((np.r_[0:16, 32:48], np.r_[16:32, 48:64])):
+        assert set(slot_of[where]) <= set(shares[p])
+    order, pos, slot_of, counts = decode_order(np.arange(64), 64, programs=2)
+    assert counts.tolist() == [[2, 0, 2, 0]]          # 32 each: two full groups each
+    assert list(order[:64]) == list(range(64)) and list(pos) == list(range(64))
+    # one live sequence: program 1 gets nothing and reads only a slot nobody names
+    idx = np.full(8, -1)
+    idx[5] = 3
+    order, pos, slot_of, counts = decode_order(idx, 8, programs=2, slots=6)
+    assert counts.tolist() == [[0, 1, 0, 0]]
+    assert pos[5] == 8 and order[8] == 5 and slot_of[8] == 3
+    assert set(slot_of[np.r_[4:8, 12:16]]) == {0}      # program 1: slot 0, named by none
+
+
 @pytest.mark.parametrize("num_seqs,padding,T", [(16, 0, 1), (16, 9, 1), (32, 3, 1),
                                                 (13, 2, 2), (8, 1, 3)])
-def test_decode_main_only_tail_only_and_both(num_seqs, padding, T):
+def test_decode_main_only_tail_only_and_both(num_seqs, padding, T, lnc):
     """Full groups only (16 live of 16), tail only (7 live: no full group), both loops
     (29 of 32; 11 of 16 at T = 2; 7 of 8 at T = 3, groups of 4), with intermediate
     states, against float64."""
@@ -115,7 +159,7 @@ def _trace(inp, check_tol=None):
 
 
 @pytest.mark.parametrize("T", [1, 2])
-def test_decode_no_runtime_loop_inside_a_runtime_loop(T):
+def test_decode_no_runtime_loop_inside_a_runtime_loop(T, lnc):
     """A ragged batch (padding slots among the live ones, every state from the pool,
     several main iterations and a tail with a mirrored position): every instruction
     sits in at most one runtime loop, both loops ran, and the results match float64."""
@@ -126,9 +170,12 @@ def test_decode_no_runtime_loop_inside_a_runtime_loop(T):
     paths = [inst.loop_path for inst in trace.instructions]
     assert max(len(p) for p in paths) == 1
     assert len({p[0][0] for p in paths if p}) == 2
+    for pid in range(lnc):       # both loops ran in every program
+        ran = {i.loop_path[0][0] for i in trace.instructions if i.loop_path and i.program_id == pid}
+        assert len(ran) == 2, (pid, ran)
 
 
-def test_decode_dmas_never_convert_dtype():
+def test_decode_dmas_never_convert_dtype(lnc):
     """bf16 q/k/v and pool: every DMA moves one dtype (conversions on compute engines)."""
     inp = make_gated_delta_decode_inputs(np.random.default_rng(8), num_seqs=7, T=2, H=1, HV=2,
                                          K=16, V=16, dtype=BF16, pool_dtype=BF16, padding=1)
@@ -165,7 +212,7 @@ def test_decode_tables_layout():
 
 
 @pytest.mark.parametrize("pool_dtype,tol", [(np.float32, F32_TOL), (BF16, BF16_TOL)])
-def test_decode_one_specialisation_per_bucket(pool_dtype, tol):
+def test_decode_one_specialisation_per_bucket(pool_dtype, tol, lnc):
     """Many random batches within one bucket (9..16 sequences -> bucket 16; padding
     anywhere, all padding included; raw or given gates fixed per test): the kernel is
     compiled once and every call matches the float64 reference."""
@@ -186,26 +233,28 @@ def test_decode_one_specialisation_per_bucket(pool_dtype, tol):
     assert list(spec.values()) == [1], spec
 
 
-def test_decode_program_size_does_not_grow_with_sequences():
-    """29 of 32 and 507 of 512 live sequences (both loops run) compile the same program."""
+def test_decode_program_size_does_not_grow_with_sequences(lnc):
+    """40 of 64 and 507 of 512 live sequences (both loops run, in each program at LNC=2)
+    compile the same program, and the LNC programs are equal in size."""
     from nki_ssm.sim.trace import record
 
     sizes = []
-    for n, padding in ((32, 3), (512, 5)):
+    for n, padding in ((64, 24), (512, 5)):
         inp = make_gated_delta_decode_inputs(np.random.default_rng(n), num_seqs=n, T=1, H=1,
                                              HV=2, K=16, V=16, padding=padding)
         with record() as trace:
             ops.gated_delta_decode(**inp, backend="sim")
         assert len({p[0][0] for p in (i.loop_path for i in trace.instructions) if p}) == 2
-        sizes.append(trace.program_instructions())
-    assert sizes[0] == sizes[1], sizes
+        sizes.append([trace.program_instructions(p) for p in range(lnc)])
+    assert sizes[0] == sizes[1] and len(set(sizes[0])) == 1, sizes
 
 
 @pytest.mark.parametrize("T", [1, 2])
-def test_decode_ragged_batch_equals_separate_calls_bitwise(T):
+def test_decode_ragged_batch_equals_separate_calls_bitwise(T, lnc):
     """A batch with padding slots that runs both loops (and a mirrored tail position)
     gives, per sequence, the bytes of a one-sequence call (a bucket of one: tail loop
-    only, states moved in parts): outputs, final states and intermediate states."""
+    only, states moved in parts; at LNC=2 program 1 gets nothing): outputs, final states and
+    intermediate states."""
     rng = np.random.default_rng(60 + T)
     inp = make_gated_delta_decode_inputs(rng, num_seqs=23, T=T, H=2, HV=4, K=16, V=16,
                                          slots=26, raw_gates=True, use_qk_l2norm=True,
@@ -220,3 +269,59 @@ def test_decode_ragged_batch_equals_separate_calls_bitwise(T):
         assert o1.tobytes() == o[s:s + 1].tobytes()
         assert inter1.tobytes() == inter[s:s + 1].tobytes()
     assert sep["ssm_states"].tobytes() == inp["ssm_states"].tobytes()
+
+
+
+@pytest.mark.parametrize("T,raw,pool_dtype", [(1, True, np.float32), (3, False, BF16)])
+def test_decode_lnc2_equals_lnc1_bitwise(T, raw, pool_dtype, monkeypatch):
+    """A ragged batch (padding slots among the live sequences, both loops and a mirrored tail
+    position in each program, T tokens with intermediate states): the two programs of LNC=2
+    give the bytes of LNC=1 (outputs, intermediate and final states, unnamed slots untouched);
+    both programs run both loops; no pool slot a program reads or writes is written by the
+    other (the slot tables), and outputs are rows of one program (a static offset); their
+    programs are the same size, <= 20,000, and the same for another batch of the bucket.
+    (The trace's HBM spans of run-time-offset DMAs cover the whole tensor, so the slots are
+    checked on the tables.)"""
+    from nki_ssm.ops.launch.gated_delta import decode_order, decode_plan
+    from nki_ssm.sim.trace import record
+
+    inp = make_gated_delta_decode_inputs(np.random.default_rng(70 + T), num_seqs=59, T=T, H=2,
+                                         HV=4, K=16, V=16, slots=64, raw_gates=raw,
+                                         use_qk_l2norm=raw, pool_dtype=pool_dtype, padding=6)
+    runs = {}
+    for lnc in (1, 2):
+        monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", str(lnc))
+        kw = {n: (x.copy() if isinstance(x, np.ndarray) else x) for n, x in inp.items()}
+        with record() as trace:
+            o, inter = ops.gated_delta_decode(**kw, return_intermediate_states=True,
+                                              backend="sim")
+        runs[lnc] = (o, inter, kw["ssm_states"], trace)
+    for a, b in zip(runs[1][:3], runs[2][:3]):
+        assert a.tobytes() == b.tobytes()
+    trace = runs[2][3]
+    for pid in (0, 1):
+        ran = {i.loop_path[0][0] for i in trace.instructions if i.loop_path and i.program_id == pid}
+        assert len(ran) == 2, (pid, ran)
+    idx = np.full(64, -1)
+    idx[:59] = inp["state_indices"]
+    spi, w, main_rows, tail_rows = decode_plan(32, T)
+    order, pos, slot_of, counts = decode_order(idx, 64, T, 2, slots=64)
+    main, tail = slot_of[:2 * main_rows * spi], slot_of[2 * main_rows * spi:]
+    touched = []
+    for p in (0, 1):
+        n_main, n_tail = counts[0, 2 * p:2 * p + 2]
+        m = main.reshape(2, main_rows, spi)[p]
+        # main rows run, the look-ahead row after the last (or row 0), tail rows run
+        reads = set(m[:min(n_main + 1, main_rows)].ravel()) | set(m[0])
+        writes = set(m[:n_main].ravel()) | set(tail.reshape(2, tail_rows, w)[p][:n_tail].ravel())
+        assert writes                   # both programs have work
+        touched.append((reads | writes, writes))
+    assert not touched[0][0] & touched[1][1] and not touched[1][0] & touched[0][1]
+    sizes = [trace.program_instructions(p) for p in (0, 1)]
+    assert sizes[0] == sizes[1] <= 20_000, sizes
+    other = make_gated_delta_decode_inputs(np.random.default_rng(1), num_seqs=33, T=T, H=2,
+                                           HV=4, K=16, V=16, slots=64, raw_gates=raw,
+                                           use_qk_l2norm=raw, pool_dtype=pool_dtype, padding=1)
+    with record() as trace:
+        ops.gated_delta_decode(**other, return_intermediate_states=True, backend="sim")
+    assert [trace.program_instructions(p) for p in (0, 1)] == sizes

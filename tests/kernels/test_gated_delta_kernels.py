@@ -80,21 +80,24 @@ def _decode_case(draw, dtype=np.float32):
     return inp, draw(st.booleans())
 
 
-@_HYP
+# the lnc fixture sets NEURON_LOGICAL_NC_CONFIG once per test, for every example
+@settings(_HYP, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                       HealthCheck.function_scoped_fixture])
 @given(case=_decode_case())
-def test_decode_f32_matches_reference(case):
+def test_decode_f32_matches_reference(case, lnc):
     inp, inter = case
     _run_and_check(inp, F32_TOL, inter=inter)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(case=_decode_case(dtype=BF16))
-def test_decode_bf16_matches_reference(case):
+def test_decode_bf16_matches_reference(case, lnc):
     inp, inter = case
     _run_and_check(inp, BF16_TOL, inter=inter)
 
 
-def test_decode_explicit_scale_and_mixed_pool_dtype():
+def test_decode_explicit_scale_and_mixed_pool_dtype(lnc):
     """bf16 pool with float32 activations: state rounded once on store; scale honoured."""
     inp = make_gated_delta_decode_inputs(np.random.default_rng(3), num_seqs=2, T=2, H=1, HV=2,
                                          K=32, V=16, pool_dtype=BF16)
@@ -102,7 +105,7 @@ def test_decode_explicit_scale_and_mixed_pool_dtype():
     _run_and_check(inp, BF16_TOL, inter=True)
 
 
-def test_decode_multi_token_equals_single_steps():
+def test_decode_multi_token_equals_single_steps(lnc):
     """T tokens in one call == T calls of one token (same float32 operation order)."""
     rng = np.random.default_rng(11)
     inp = make_gated_delta_decode_inputs(rng, num_seqs=2, T=3, H=2, HV=4, K=16, V=32,
@@ -118,7 +121,7 @@ def test_decode_multi_token_equals_single_steps():
     assert step["ssm_states"].tobytes() == inp["ssm_states"].tobytes()
 
 
-def test_decode_continues_a_prefill():
+def test_decode_continues_a_prefill(lnc):
     """Prefill (reference) then one kernel decode step == the recurrence over L+1 tokens."""
     rng = np.random.default_rng(5)
     H, HV, K, V, L = 1, 2, 32, 32, 7
@@ -137,7 +140,7 @@ def test_decode_continues_a_prefill():
     assert rel_fro(_f64(pre["ssm_states"][slot]), ref_pool[slot]) <= F32_TOL
 
 
-def test_decode_huge_gates_do_not_overflow():
+def test_decode_huge_gates_do_not_overflow(lnc):
     """Strong decay (g ~ -500) and beta ~ 1: the state collapses onto the new token, no NaN."""
     rng = np.random.default_rng(9)
     inp = make_gated_delta_decode_inputs(rng, num_seqs=2, T=2, H=1, HV=2, K=16, V=16)
@@ -147,7 +150,7 @@ def test_decode_huge_gates_do_not_overflow():
     assert np.all(np.isfinite(out))
 
 
-def test_decode_all_padding_touches_nothing():
+def test_decode_all_padding_touches_nothing(lnc):
     inp = make_gated_delta_decode_inputs(np.random.default_rng(2), num_seqs=2, T=2, H=1, HV=2,
                                          K=16, V=16)
     inp["state_indices"] = np.array([-1, -1], dtype=np.int32)
@@ -159,7 +162,7 @@ def test_decode_all_padding_touches_nothing():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype, tol", [(np.float32, F32_TOL), (BF16, BF16_TOL)])
-def test_decode_qwen3_next_tp8_shape(dtype, tol):
+def test_decode_qwen3_next_tp8_shape(dtype, tol, lnc):
     """Qwen3-Next Gated DeltaNet at TP8 (H=2, HV=4, K=V=128), two speculative tokens."""
     inp = make_gated_delta_decode_inputs(np.random.default_rng(1), num_seqs=3, T=2, H=2, HV=4,
                                          K=128, V=128, raw_gates=True, use_qk_l2norm=True,
@@ -168,7 +171,7 @@ def test_decode_qwen3_next_tp8_shape(dtype, tol):
 
 
 @pytest.mark.parametrize("inter", [False, True])
-def test_decode_many_sequences_across_io_groups(inter):
+def test_decode_many_sequences_across_io_groups(inter, lnc):
     """More sequences than one I/O group (16) with padding spread over both groups:
     interleaved pairs, odd leftovers and group boundaries all match the reference."""
     rng = np.random.default_rng(21)
@@ -179,7 +182,7 @@ def test_decode_many_sequences_across_io_groups(inter):
 
 
 @pytest.mark.slow
-def test_decode_qwen3_next_full_shape_speculative():
+def test_decode_qwen3_next_full_shape_speculative(lnc):
     """Full Qwen3-Next layer (H=16, HV=32, K=V=128), 3 sequences x 4 tokens, bf16 pool and
     I/O with intermediate states: fits SBUF/PSUM on trn2 and meets the bf16 target."""
     inp = make_gated_delta_decode_inputs(np.random.default_rng(4), num_seqs=3, T=4, H=16,

@@ -71,19 +71,25 @@ def _run(make, batch, padding):
 CASES = [(_conv_prefill, PREFILL_BATCHES), (_ssd_prefill, PREFILL_BATCHES),
          (_gdn_prefill, PREFILL_BATCHES), (_conv_decode, DECODE_BATCHES),
          (_ssd_decode, DECODE_BATCHES), (_gdn_decode, DECODE_BATCHES)]
+# the LNC grids each op is checked at (both programs at LNC=2: same size, both in loops)
+LNC_GRIDS = {_gdn_decode: (1, 2)}
 
 
 @pytest.mark.parametrize("make, batches", CASES, ids=lambda v: getattr(v, "__name__", ""))
-def test_one_runtime_loop_level_and_one_program(make, batches):
-    sizes = []
-    for i, batch in enumerate(batches):
-        if isinstance(batch, tuple):
-            batch, padding = batch
-        else:
-            padding = 1 if len(batch) > 1 else 0
-        trace = _run(make, batch, padding)
-        depth = max((len(inst.loop_path) for inst in trace.instructions), default=0)
-        assert depth <= 1, f"an instruction sits in {depth} nested runtime loops"
-        assert any(inst.loop_path for inst in trace.instructions), "no runtime loop ran"
-        sizes.append(trace.program_instructions())
-    assert sizes[0] == sizes[1] <= 20_000
+def test_one_runtime_loop_level_and_one_program(make, batches, monkeypatch):
+    for lnc in LNC_GRIDS.get(make, (1,)):
+        monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", str(lnc))
+        sizes = []
+        for i, batch in enumerate(batches):
+            if isinstance(batch, tuple):
+                batch, padding = batch
+            else:
+                padding = 1 if len(batch) > 1 else 0
+            trace = _run(make, batch, padding)
+            depth = max((len(inst.loop_path) for inst in trace.instructions), default=0)
+            assert depth <= 1, f"an instruction sits in {depth} nested runtime loops"
+            for pid in range(lnc):
+                assert any(inst.loop_path for inst in trace.instructions
+                           if inst.program_id == pid), f"no runtime loop ran in program {pid}"
+            sizes.append([trace.program_instructions(pid) for pid in range(lnc)])
+        assert sizes[0] == sizes[1] and len(set(sizes[0])) == 1 and sizes[0][0] <= 20_000

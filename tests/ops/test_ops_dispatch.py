@@ -148,3 +148,93 @@ def test_find_launcher_names_each_ops_launcher():
 def test_resolve(backend, expected, monkeypatch):
     install(monkeypatch, {}, nki_backend="neuron")
     assert dispatch.resolve(backend) == expected
+
+
+# ------------------------------------------------------------------ the LNC (issue 29)
+
+from nki_ssm import backend as nki_backend  # noqa: E402
+
+LNC_VAR = nki_backend.LNC_ENV_VAR
+
+
+@pytest.mark.parametrize("value", ["1", "2", " 2 "])
+def test_logical_nc_config_reads_the_environment_on_every_backend(value, monkeypatch):
+    monkeypatch.setenv(LNC_VAR, value)
+    for which in ("sim", "neuron", None):
+        assert nki_backend.logical_nc_config(which) == int(value)
+
+
+@pytest.mark.parametrize("value", ["3", "0", "-1", "two", "1.0", "2,2"])
+def test_bad_logical_nc_config_names_the_variable(value, monkeypatch):
+    monkeypatch.setenv(LNC_VAR, value)
+    for which in ("sim", "neuron", None):
+        with pytest.raises(ValueError, match=rf"{LNC_VAR}: expected 1 or 2, got"):
+            nki_backend.logical_nc_config(which)
+
+
+@pytest.mark.parametrize("target,expected", [("trn2", 2), ("trn3", 2), ("trn1", 1)])
+def test_unset_logical_nc_config_is_the_runtime_default(target, expected, monkeypatch):
+    """Unset (or empty): the Neuron runtime's default on the Neuron backend (2 on trn2 /
+    trn3, 1 on trn1), 1 on the simulator whatever the target."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", target)
+    for unset in (None, ""):
+        if unset is None:
+            monkeypatch.delenv(LNC_VAR, raising=False)
+        else:
+            monkeypatch.setenv(LNC_VAR, unset)
+        assert nki_backend.logical_nc_config("neuron") == expected
+        assert nki_backend.logical_nc_config("sim") == 1
+        monkeypatch.setattr(nki_backend, "_NAME", "neuron")    # the SDK in use (faked)
+        assert nki_backend.logical_nc_config() == expected
+        monkeypatch.setattr(nki_backend, "_NAME", "sim")
+        assert nki_backend.logical_nc_config() == 1
+
+
+@nki_backend.nki.jit
+def _programs_kernel(x):
+    """Row ``pid`` of out [2, 4] = 10 * num_programs + pid (the other row untouched)."""
+    n, pid = 1, 0
+    if nki_backend.nl.program_ndim() != 0:
+        n, pid = nki_backend.nl.num_programs(0), nki_backend.nl.program_id(0)
+    out = nki_backend.nl.ndarray((2, 4), dtype=nki_backend.nl.float32,
+                                 buffer=nki_backend.nl.shared_hbm)
+    t = nki_backend.nl.ndarray((1, 4), dtype=nki_backend.nl.float32, buffer=nki_backend.nl.sbuf)
+    nki_backend.nisa.memset(dst=t, value=10.0 * n + pid)
+    nki_backend.nisa.dma_copy(dst=out[pid:pid + 1, :], src=t)
+    return out
+
+
+def test_run_launches_the_kernel_as_lnc_programs_on_the_simulator(monkeypatch):
+    """``backend.run(kernel, ..., lnc=)`` runs ``kernel[lnc]``: two programs at 2, one at 1;
+    lnc None is ``logical_nc_config``; a bad lnc is a ValueError naming it."""
+    if nki_backend.name() != "sim":
+        pytest.skip("runs the simulator's kernel")
+    x = np.zeros((1, 4), dtype=np.float32)
+    out = nki_backend.run(_programs_kernel, x, backend="sim", lnc=2)
+    assert out.tolist() == [[20.0] * 4, [21.0] * 4]
+    out = nki_backend.run(_programs_kernel, x, backend="sim", lnc=1)
+    assert out[0].tolist() == [10.0] * 4 and not np.any(out[1] == 11.0)
+    monkeypatch.setenv(LNC_VAR, "2")
+    assert nki_backend.run(_programs_kernel, x, backend="sim")[1].tolist() == [21.0] * 4
+    for bad in (3, 0, True, "2"):
+        with pytest.raises(ValueError, match="lnc: expected 1 or 2"):
+            nki_backend.run(_programs_kernel, x, backend="sim", lnc=bad)
+
+
+@pytest.mark.parametrize("backend", [None, "sim", "neuron"])
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_bad_lnc_fails_before_the_launch_and_leaves_pools(op, backend, monkeypatch):
+    """Every op on every NKI backend: a bad NEURON_LOGICAL_NC_CONFIG is the ValueError naming
+    it, before the launcher runs (no pool touched); the reference backend launches nothing and
+    never reads it."""
+    family, entry = FAMILY[op]
+    rec = Recorder()
+    install(monkeypatch, {family: {entry: rec}}, nki_backend="sim")
+    monkeypatch.setenv(LNC_VAR, "4")
+    kw = base(op)
+    before = pool_snapshot(kw)
+    with pytest.raises(ValueError, match=rf"{LNC_VAR}: expected 1 or 2, got '4'"):
+        OPS[op](**kw, backend=backend)
+    assert not rec.calls
+    assert_pools_unchanged(kw, before)
+    OPS[op](**base(op), backend="reference")

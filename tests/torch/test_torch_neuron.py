@@ -93,6 +93,58 @@ def test_same_result_as_host_sim_path_and_pool_aliased(op, dtype, device, monkey
             assert a.is_contiguous()
 
 
+@pytest.mark.parametrize("op", OPS)
+def test_device_and_host_paths_agree_at_lnc2(op, monkeypatch):
+    """NEURON_LOGICAL_NC_CONFIG=2: the device path launches every kernel as two programs
+    (``device_call(..., lnc=2)``) and gives the bytes of the host sim path at LNC=2 (outputs
+    and pool)."""
+    monkeypatch.setenv("NKI_SSM_BACKEND", "sim")
+    monkeypatch.setenv(nki_backend.LNC_ENV_VAR, "2")
+    seen = []
+
+    def call(kernel, *args, lnc=1):
+        seen.append(lnc)
+        out = nki_backend.run(kernel, *[to_numpy(a) if isinstance(a, torch.Tensor) else a
+                                        for a in args], backend="sim", lnc=lnc)
+        if isinstance(out, (tuple, list)):
+            return tuple(from_numpy(np.asarray(o)) for o in out)
+        return from_numpy(np.asarray(out))
+
+    monkeypatch.setattr(neuron, "device_call", call)
+    kw = numpy_case(op)
+    tkw = to_torch(kw)
+    name = pool_name(kw)
+    expected = getattr(host, op)(**kw, backend="sim")
+    got = _call(op, tkw)
+    assert seen == [2]
+    np.testing.assert_array_equal(to_numpy(_first(got)), _first(expected))
+    np.testing.assert_array_equal(to_numpy(tkw[name]), kw[name])
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_bad_lnc_fails_on_every_entry_point_before_the_pool(op, device, monkeypatch):
+    """The same bad NEURON_LOGICAL_NC_CONFIG gives the same ValueError from the host API, the
+    torch op on CPU tensors and the device path, with every pool as it was and nothing
+    launched."""
+    from torch_cases import op_args
+
+    monkeypatch.setenv("NKI_SSM_BACKEND", "sim")
+    monkeypatch.setenv(nki_backend.LNC_ENV_VAR, "3")
+    kw = numpy_case(op)
+    tkw = to_torch(kw)
+    name = pool_name(kw)
+    before, tbefore = kw[name].copy(), tkw[name].clone()
+    match = rf"{nki_backend.LNC_ENV_VAR}: expected 1 or 2, got '3'"
+    with pytest.raises(ValueError, match=match):
+        getattr(host, op)(**kw)
+    with pytest.raises(ValueError, match=match):
+        getattr(torch.ops.nki_ssm, op)(*op_args(op, tkw, None))
+    with pytest.raises(ValueError, match=match):
+        _call(op, tkw)
+    assert not device
+    assert kw[name].tobytes() == before.tobytes() and torch.equal(tkw[name], tbefore)
+
+
 def _snapshot(args):
     """Kernel arguments as NumPy copies (tensors through their NumPy views), taken before
     the kernel runs (it updates the pool argument in place)."""
@@ -169,7 +221,7 @@ def test_layouts_of_gated_delta_decode(device, monkeypatch):
     idx = np.full(nb, -1)
     idx[:S] = tkw["state_indices"].numpy()
     spi, w, main_rows, tail_rows = launch.decode_plan(nb, T)
-    order, _, counts = launch.decode_order(idx, nb, T)
+    order, _, _, counts = launch.decode_order(idx, nb, T)
     src = torch.as_tensor(np.minimum(order, S - 1))
     kq_m, k_m, v_m, gate_m, slots_m, kq_t, k_t, v_t, gate_t, slots_t = args[:10]
     head_params, pool_view, counts_arg = args[10:13]
@@ -287,22 +339,35 @@ def no_wrap_nki(monkeypatch):
         monkeypatch.setitem(sys.modules, name, None)   # import raises ImportError
 
 
-def _fake_hop_module(monkeypatch, calls):
-    """A FAKE ``libtorch_neuronx_lite.nki.nki_hop``: ``wrap_nki(kernel)(**kwargs)`` records the
-    call and runs the kernel on the simulator through NumPy views of the tensors passed."""
+def _fake_hop_module(monkeypatch, calls, grids=None):
+    """A FAKE ``libtorch_neuronx_lite.nki.nki_hop``: ``wrap_nki(kernel)[grid](**kwargs)``
+    records the call (and the grid in ``grids``) and runs the kernel on the simulator as
+    ``grid`` programs through NumPy views of the tensors passed; a caller without a grid
+    cannot be called."""
     import sys
     import types
 
+    class Caller:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            if grids is not None:
+                grids.append(grid)
+
+            def caller(*args, **kwargs):
+                calls.append((self.kernel, args, kwargs))
+                values = list(args) + list(kwargs.values())
+                out = nki_backend.run(self.kernel, *[to_numpy(a) if isinstance(a, torch.Tensor)
+                                                     else a for a in values],
+                                      backend="sim", lnc=grid)
+                if isinstance(out, (tuple, list)):
+                    return tuple(from_numpy(np.asarray(o)) for o in out)
+                return from_numpy(np.asarray(out))
+            return caller
+
     def wrap_nki(kernel):
-        def caller(*args, **kwargs):
-            calls.append((kernel, args, kwargs))
-            values = list(args) + list(kwargs.values())
-            out = nki_backend.run(kernel, *[to_numpy(a) if isinstance(a, torch.Tensor) else a
-                                            for a in values], backend="sim")
-            if isinstance(out, (tuple, list)):
-                return tuple(from_numpy(np.asarray(o)) for o in out)
-            return from_numpy(np.asarray(out))
-        return caller
+        return Caller(kernel)
 
     mod = types.ModuleType(neuron.WRAP_NKI_MODULES[0])
     mod.wrap_nki = wrap_nki
@@ -324,15 +389,18 @@ def test_neuron_devices_and_their_launch_paths(no_wrap_nki, monkeypatch):
     assert neuron.launch_path("neuron") == "wrap_nki" and neuron.launch_path("xla") == "jit"
 
 
+@pytest.mark.parametrize("lnc", [1, 2])
 @pytest.mark.parametrize("op", OPS)
-def test_native_device_through_the_wrap_nki_hop(op, monkeypatch):
-    """SDK 2.32 (vLLM Neuron 0.24): every op reaches its kernel as ``wrap_nki(kernel)(**kwargs)``
-    with each argument under the kernel's parameter name; same result as the host sim path,
-    the pool updated in the caller's tensor. The device is FAKE (CPU tensors typed
-    "neuron"), the HOP too (the simulator)."""
+def test_native_device_through_the_wrap_nki_hop(op, lnc, monkeypatch):
+    """SDK 2.32 (vLLM Neuron 0.24): every op reaches its kernel as
+    ``wrap_nki(kernel)[lnc](**kwargs)`` with each argument under the kernel's parameter name
+    and the LNC as the grid; same result as the host sim path at that LNC, the pool updated
+    in the caller's tensor. The device is FAKE (CPU tensors typed "neuron"), the HOP too
+    (the simulator)."""
     monkeypatch.setenv("NKI_SSM_BACKEND", "sim")
-    calls = []
-    _fake_hop_module(monkeypatch, calls)
+    monkeypatch.setenv(nki_backend.LNC_ENV_VAR, str(lnc))
+    calls, grids = [], []
+    _fake_hop_module(monkeypatch, calls, grids)
     real_type = neuron.device_type
     monkeypatch.setattr(neuron, "device_type",
                         lambda d: "neuron" if real_type(d) == "cpu" else real_type(d))
@@ -347,6 +415,7 @@ def test_native_device_through_the_wrap_nki_hop(op, monkeypatch):
 
     fn = getattr(kernel, "func", None) or getattr(kernel, "fn", None) or kernel
     assert args == () and list(kwargs) == list(inspect.signature(fn).parameters)[:len(kwargs)]
+    assert grids == [lnc]
 
 
 def test_torchneuron_calls_the_jit_kernel_itself(no_wrap_nki, monkeypatch):

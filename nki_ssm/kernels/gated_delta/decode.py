@@ -49,14 +49,31 @@ first ``n_main = L // SPI`` groups run in the main loop, the remaining
 ``L - n_main*SPI`` positions in ``n_tail`` batches of W = min(2, bucket)
 positions in the tail loop; a tail position past L mirrors the first of
 its batch (same inputs, same slot: both states are gathered before either
-is scattered, and both write the same bytes). ``counts [1, 2]`` holds
-``n_main, n_tail``; each is DMA'd into a (1, 1) SBUF tile on partition 0 and
-loaded into a register allocated before the loops.
+is scattered, and both write the same bytes). ``counts [1, 2*n_prog]`` holds
+``n_main, n_tail`` of each program; each is DMA'd into a (1, 1) SBUF tile on
+partition 0 and loaded into a register allocated before the loops.
+
+LNC grid: launched as ``kernel[2]`` the kernel runs as two programs, one per
+physical core of the logical core (``nl.program_id(0)``; a launch without a
+grid is one program: ``nl.program_ndim() == 0``, as nki-library
+attention_bwd.py:1134-1137 tests). The launcher splits the compacted live
+sequences into two consecutive halves (program 0 one more; a lone sequence
+goes to program 0 and program 1 runs zero iterations of both loops) and lays
+out each half as a bucket of half the size. Every table stacks the programs'
+rows (program 0's, then program 1's); program ``pid`` reads and writes only
+rows ``[pid*rows, (pid+1)*rows)`` of each, a static offset added to the
+loop register's row, and its own columns of ``counts``. Both programs run the
+same instruction stream (same program size) over disjoint sequences: no pool
+slot is touched by both (the look-ahead gathers of unreached positions name
+one of the program's own slots), no output row is written by both, and no
+synchronisation is needed. Each program moves its half of the states on its
+own core's DMA queues: at 64 sequences each does the work of a 32-sequence
+bucket.
 
 Two runtime loops, ``nl.fori_loop(0, reg, body)`` with ``body`` an inner
 function, one after the other, none nested (every instruction sits in at
 most one runtime loop); what is unrolled in a body is bounded by SPI, T and
-the heads. A bucket of one or two sequences has no main loop.
+the heads. A bucket (per program) of one or two sequences has no main loop.
 
 * Main loop, iteration ``it`` (the body's register, used as
   ``scalar_offset`` on dim 0 of every per-iteration table): the inputs of
@@ -88,25 +105,27 @@ What binds (modeled, trn2, nki_ssm.perf as of this commit, ``python -m simulate
 --op gated_delta_decode``; Qwen3-Next H=16 HV=32 K=V=128, T=1, raw gates, l2norm,
 float32 pool, bf16 q/k/v): moving the states. 64 sequences 1.12 ms (10-90 %:
 1.12-2.96), 241 GB/s (65 % of the core's DMA bandwidth; DMA queues 85 % busy,
-VectorE 76 %, TensorE 74 %). Program: 1,735 static instructions (64-sequence
-bucket, every loop body once), 2,329 at T = 4 (8-sequence bucket); 118 for a
-bucket of one (tail only).
+VectorE 76 %, TensorE 74 %) at LNC=1; at LNC=2 each program models 0.57 ms (its
+32 sequences on its own core; 0.51x). Program: 1,735 static instructions per
+program (64-sequence bucket, every loop body once), 2,329 at T = 4 (8-sequence
+bucket); 118 for a bucket of one (tail only).
 
 HBM arguments (prepared by the launcher, ``nki_ssm.ops.launch.gated_delta``),
 one row per loop iteration, for the main loop (``*_main``, width SPI, rows
-``bucket // SPI``; None without a main loop) and the tail loop (``*_tail``,
-width W, rows ``SPI // W``); columns run over (position j of the row, token
-t, head), head fastest; all float32 (the launcher widens q/k/v: no DMA
-converts a dtype):
+``n_prog * (bucket // n_prog // SPI)``; None without a main loop) and the tail
+loop (``*_tail``, width W, rows ``n_prog * (SPI // W)``), program 0's rows
+first; columns run over (position j of the row, token t, head), head fastest;
+all float32 (the launcher widens q/k/v: no DMA converts a dtype):
   kq     ``[rows, K, width*T*H*2]``: row i, partition k, column
          ``((j*T + t)*H + h)*2 + c`` holds ``k`` (c=0) / ``q`` (c=1);
   k      ``[rows, width*T*H*K]``: k, token-major;
   v      ``[rows, V, width*T*HV]``: partition v, column ``(j*T + t)*HV + hv``;
   gate   ``[rows, 2, width*T*HV]``: g and beta (raw: a and b), columns as v;
-  slots  int32 ``[rows (+1 for main), width]``: pool slot of each position;
+  slots  int32 ``[rows (+1 per program for main), width]``: pool slot of each
+         position;
   head_params ``[1, 2*HV]`` (A_log then dt_bias) or None (g / beta given);
   pool   ``[slots, HV*K*V]`` float32 or bfloat16, updated in place;
-  counts int32 ``[1, 2]``: main and tail trip counts.
+  counts int32 ``[1, 2*n_prog]``: main and tail trip counts of each program.
 Returns ``o [rows, V, width*T*HV]`` float32 per loop (v-major; the launcher
 transposes and un-permutes) and, with ``want_inter``, ``inter [rows,
 width*T*HV*K, V]`` per loop in the pool dtype (state after each token, rows
@@ -152,8 +171,15 @@ def gdn_decode_step(kq_main, k_main, v_main, gate_main, slots_main, kq_tail, k_t
 
     Two runtime loops, one after the other: the main loop over full groups of SPI
     positions (absent when the ``*_main`` tables are None), then the tail loop over
-    single batches of W positions. ``counts [1, 2]`` int32: their trip counts."""
-    n_tail_rows, K, _ = kq_tail.shape
+    single batches of W positions. ``counts [1, 2*n_prog]`` int32: their trip counts,
+    per program of the LNC grid (program ``pid`` runs its own rows of every table)."""
+    # the LNC grid: program pid runs rows [pid*rows, (pid+1)*rows) of every table (a static
+    # offset); no grid (a plain launch) is one program
+    n_prog, pid = 1, 0
+    if nl.program_ndim() != 0:
+        n_prog, pid = nl.num_programs(0), nl.program_id(0)
+    n_tail_rows = kq_tail.shape[0] // n_prog
+    K = kq_tail.shape[1]
     V = v_tail.shape[1]
     W = slots_tail.shape[1]
     HV = v_tail.shape[2] // (W * T)
@@ -167,18 +193,22 @@ def gdn_decode_step(kq_main, k_main, v_main, gate_main, slots_main, kq_tail, k_t
     # allocated here, before any loop
     reg_main = None
     if has_main:
-        reg_main = count_register(counts, 0)
-    reg_tail = count_register(counts, 1)
+        reg_main = count_register(counts, 2 * pid)
+    reg_tail = count_register(counts, 2 * pid + 1)
 
-    o_tail, inter_tail = _outputs(n_tail_rows, W, T, HV, K, V, pool.dtype, want_inter)
+    o_tail, inter_tail = _outputs(n_prog * n_tail_rows, W, T, HV, K, V, pool.dtype, want_inter)
+    tail_at = pid * n_tail_rows
     parts = min(_PARTS, H)
     tail_states = None
     o_main = None
     inter_main = None
     if has_main:
-        n_main_rows = kq_main.shape[0]
+        n_main_rows = kq_main.shape[0] // n_prog
         SPI = slots_main.shape[1]
-        o_main, inter_main = _outputs(n_main_rows, SPI, T, HV, K, V, pool.dtype, want_inter)
+        o_main, inter_main = _outputs(n_prog * n_main_rows, SPI, T, HV, K, V, pool.dtype,
+                                      want_inter)
+        main_at = pid * n_main_rows
+        slots_at = pid * (n_main_rows + 1)     # slots_main: one extra row per program
         batches = consecutive_groups(SPI, _STREAMS)
         NB = len(batches)
         # NB batches per iteration, software-pipelined: batch b+1's states are gathered
@@ -194,25 +224,27 @@ def gdn_decode_step(kq_main, k_main, v_main, gate_main, slots_main, kq_tail, k_t
         if T == 1:
             for q in range(2):
                 krs[q] = nl.ndarray((1, bsz), dtype=nl.float32, buffer=nl.sbuf)
-        _gather(sets[0], pool, slots_main, None, 0, batches[0], H, HV, K, V)
+        _gather(sets[0], pool, slots_main, (None, slots_at), 0, batches[0], H, HV, K, V)
 
         def main_body(it):
-            io = _load_group(kq_main, v_main, gate_main, cst, it, SPI, T, H, HV, K, V, PB,
+            at = (it, main_at)
+            io = _load_group(kq_main, v_main, gate_main, cst, at, SPI, T, H, HV, K, V, PB,
                              raw_gates, use_qk_l2norm, scale)
             if T == 1:
-                _load_krow(krs[0], k_main, it, batches[0], T, H, K)
+                _load_krow(krs[0], k_main, at, batches[0], T, H, K)
             for bi in range(NB):
                 if bi + 1 < NB:
                     if T == 1:
                         # inputs first: a small DMA issued after a state transfer waits for it
-                        _load_krow(krs[(bi + 1) % 2], k_main, it, batches[bi + 1], T, H, K)
-                    _gather(sets[(bi + 1) % 2], pool, slots_main, it, 0, batches[bi + 1], H,
-                            HV, K, V)
+                        _load_krow(krs[(bi + 1) % 2], k_main, at, batches[bi + 1], T, H, K)
+                    _gather(sets[(bi + 1) % 2], pool, slots_main, (it, slots_at), 0,
+                            batches[bi + 1], H, HV, K, V)
                 else:
-                    _gather(sets[0], pool, slots_main, it, 1, batches[0], H, HV, K, V)
-                _run_batch(io, k_main, krs[bi % 2], inter_main, sets[bi % 2], it, batches[bi],
+                    _gather(sets[0], pool, slots_main, (it, slots_at), 1, batches[0], H, HV,
+                            K, V)
+                _run_batch(io, k_main, krs[bi % 2], inter_main, sets[bi % 2], at, batches[bi],
                            T, H, HV, K, V, want_inter, pool)
-            _store_o(o_main, io, it)
+            _store_o(o_main, io, at)
 
         nl.fori_loop(0, reg_main, main_body)
         # the tail reuses the first state set's tiles, moved in parts
@@ -236,14 +268,15 @@ def gdn_decode_step(kq_main, k_main, v_main, gate_main, slots_main, kq_tail, k_t
         kr_tail = nl.ndarray((1, W * T * H * K), dtype=nl.float32, buffer=nl.sbuf)
 
     def tail_body(it):
-        io = _load_group(kq_tail, v_tail, gate_tail, cst, it, W, T, H, HV, K, V, PB,
+        at = (it, tail_at)
+        io = _load_group(kq_tail, v_tail, gate_tail, cst, at, W, T, H, HV, K, V, PB,
                          raw_gates, use_qk_l2norm, scale)
         if T == 1:
-            _load_krow(kr_tail, k_tail, it, tail_batch, T, H, K)
-        _gather(tail_states, pool, slots_tail, it, 0, tail_batch, H, HV, K, V)
-        _run_batch(io, k_tail, kr_tail, inter_tail, tail_states, it, tail_batch, T, H, HV, K,
+            _load_krow(kr_tail, k_tail, at, tail_batch, T, H, K)
+        _gather(tail_states, pool, slots_tail, at, 0, tail_batch, H, HV, K, V)
+        _run_batch(io, k_tail, kr_tail, inter_tail, tail_states, at, tail_batch, T, H, HV, K,
                    V, want_inter, pool)
-        _store_o(o_tail, io, it)
+        _store_o(o_tail, io, at)
 
     nl.fori_loop(0, reg_tail, tail_body)
     if has_main:
@@ -291,21 +324,31 @@ def _outputs(rows, width, T, HV, K, V, pool_dtype, want_inter):
     return o, inter
 
 
-def _load_krow(dst, k_rows, it, seqs, T, H, K):
+def _row_ap(tab, at, pattern, offset):
+    """``tab`` (HBM ``[rows, ...]``) at row ``base + it`` (``at = (it, base)``: the loop's
+    register and the program's first row, a Python int), ``pattern`` from element
+    ``offset`` of that row."""
+    it, base = at
+    row = 1
+    for d in tab.shape[1:]:
+        row = row * d
+    return tab.ap(pattern=pattern, offset=base * row + offset, scalar_offset=it,
+                  indirect_dim=0)
+
+
+def _load_krow(dst, k_rows, at, seqs, T, H, K):
     """k of every token of the batch's positions as one row on partition 0 (the outer
-    products' stationary): row ``it`` (register) of ``k_rows [rows, width]``."""
+    products' stationary): row ``at`` of ``k_rows [rows, width]``."""
     rows, width = k_rows.shape
     per = T * H * K
-    nisa.dma_copy(dst=dst, src=k_rows.ap(pattern=[[width, 1], [1, len(seqs) * per]],
-                                         offset=seqs[0] * per, scalar_offset=it,
-                                         indirect_dim=0))
+    nisa.dma_copy(dst=dst, src=_row_ap(k_rows, at, [[width, 1], [1, len(seqs) * per]],
+                                       seqs[0] * per))
 
 
-def _store_o(o, io, it):
-    """o row ``it`` (register) ``[V, width]`` in one DMA."""
+def _store_o(o, io, at):
+    """o row ``at`` ``[V, width]`` in one DMA."""
     rows, V, width = o.shape
-    nisa.dma_copy(dst=o.ap(pattern=[[width, V], [1, width]], offset=0, scalar_offset=it,
-                           indirect_dim=0), src=io["ot"])
+    nisa.dma_copy(dst=_row_ap(o, at, [[width, V], [1, width]], 0), src=io["ot"])
 
 
 def _pool_view(pool, slot, hv0, nh, K, V):
@@ -334,18 +377,19 @@ def _new_states(n, pool, HV, V, K, parts):
     return out
 
 
-def _gather(states, pool, pool_slots, it, ahead, seqs, H, HV, K, V):
-    """Gather the states of positions ``seqs`` of iteration ``it`` + ``ahead`` (``it``: a
-    register, or None for iteration 0) into ``states``, each in its ``parts`` DMAs."""
+def _gather(states, pool, pool_slots, at, ahead, seqs, H, HV, K, V):
+    """Gather the states of positions ``seqs`` of slot row ``at`` + ``ahead`` (``at = (it,
+    base)``; ``it`` None: iteration 0) into ``states``, each in its ``parts`` DMAs."""
     rep = HV // H
     n_rows, spi = pool_slots.shape
+    it, base = at
     for j in range(len(seqs)):
         st = states[j]
         if it == None:  # noqa: E711  (NKI has no `is`)
-            src = pool_slots[ahead:ahead + 1, seqs[j]:seqs[j] + 1]
+            r = base + ahead
+            src = pool_slots[r:r + 1, seqs[j]:seqs[j] + 1]
         else:
-            src = pool_slots.ap(pattern=[[spi, 1], [1, 1]], offset=ahead * spi + seqs[j],
-                                scalar_offset=it, indirect_dim=0)
+            src = _row_ap(pool_slots, at, [[spi, 1], [1, 1]], ahead * spi + seqs[j])
         nisa.dma_copy(dst=st["slot"], src=src)
         parts = st["parts"]
         for k in range(parts):
@@ -365,11 +409,9 @@ def _scatter_heads(pool, st, a, b, V):
     nisa.dma_copy(dst=_pool_view(pool, st["slot"], a, b - a, K, V), src=st["nat"][:, a * V:b * V])
 
 
-def _store_state(inter, S, it, row0, HV, K, V):
-    """S [K, HV*V] (inter's dtype) -> inter[it] rows row0 + hv*K + k."""
-    view = inter.ap(pattern=[[V, K], [K * V, HV], [1, V]], offset=row0 * V, scalar_offset=it,
-                    indirect_dim=0)
-    nisa.dma_copy(dst=view, src=S)
+def _store_state(inter, S, at, row0, HV, K, V):
+    """S [K, HV*V] (inter's dtype) -> inter row ``at``, its rows row0 + hv*K + k."""
+    nisa.dma_copy(dst=_row_ap(inter, at, [[V, K], [K * V, HV], [1, V]], row0 * V), src=S)
 
 
 def _partition_sums(dst, data, ones_kp, width):
@@ -397,10 +439,10 @@ def _per_value_head(dst, src, n, rep):
     nisa.tensor_copy(dst=dst.reshape((P, n, rep)), src=view)
 
 
-def _load_group(kq_tab, v_tab, gate_tab, cst, it, n, T, H, HV, K, V, PB,
+def _load_group(kq_tab, v_tab, gate_tab, cst, at, n, T, H, HV, K, V, PB,
                 raw_gates, use_qk_l2norm, scale):
-    """Inputs of the n sequence positions of loop iteration ``it`` (register: row ``it`` of
-    each float32 table) in one DMA each, and everything that does not depend on the
+    """Inputs of the n sequence positions of loop row ``at`` (``(it, base)``: row ``base +
+    it`` of each float32 table) in one DMA each, and everything that does not depend on the
     state: gates (dec = exp(g), beta), k.q and the l2norm factors, per value head. Column
     of (position j, token t, value head hv): (j*T + t)*HV + hv."""
     THV = T * HV
@@ -408,16 +450,14 @@ def _load_group(kq_tab, v_tab, gate_tab, cst, it, n, T, H, HV, K, V, PB,
     NTH = NT * H
     io = {}
     kq = nl.ndarray((K, NTH * 2), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=kq, src=kq_tab.ap(pattern=[[NTH * 2, K], [1, NTH * 2]], offset=0,
-                                        scalar_offset=it, indirect_dim=0))
+    nisa.dma_copy(dst=kq, src=_row_ap(kq_tab, at, [[NTH * 2, K], [1, NTH * 2]], 0))
     io["kq"] = kq
     io["vt"] = nl.ndarray((V, n * THV), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=io["vt"], src=v_tab.ap(pattern=[[n * THV, V], [1, n * THV]], offset=0,
-                                             scalar_offset=it, indirect_dim=0))
+    nisa.dma_copy(dst=io["vt"], src=_row_ap(v_tab, at, [[n * THV, V], [1, n * THV]], 0))
     # g and beta (or a and b) rows are contiguous in the row: one DMA to one partition
     grow = nl.ndarray((1, 2 * n * THV), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=grow, src=gate_tab.ap(pattern=[[2 * n * THV, 1], [1, 2 * n * THV]],
-                                            offset=0, scalar_offset=it, indirect_dim=0))
+    nisa.dma_copy(dst=grow, src=_row_ap(gate_tab, at, [[2 * n * THV, 1], [1, 2 * n * THV]],
+                                        0))
     io["ot"] = nl.ndarray((V, n * THV), dtype=nl.float32, buffer=nl.sbuf)
 
     # gates on every partition
@@ -478,7 +518,7 @@ def _load_group(kq_tab, v_tab, gate_tab, cst, it, n, T, H, HV, K, V, PB,
     return io
 
 
-def _run_batch(io, k_rows, krow, inter, got, it, seqs, T, H, HV, K, V, want_inter, pool):
+def _run_batch(io, k_rows, krow, inter, got, at, seqs, T, H, HV, K, V, want_inter, pool):
     """All T tokens of the batch's sequences, their instruction streams interleaved:
     per token, every sequence's front half (reductions, o, u row) is issued before any
     back half (outer products and state update), so one sequence's matmuls and vector
@@ -502,9 +542,8 @@ def _run_batch(io, k_rows, krow, inter, got, it, seqs, T, H, HV, K, V, want_inte
             if krow == None:  # noqa: E711  (T > 1: one small DMA per token)
                 r0 = (seqs[j] * T + t) * H * K
                 kr = nl.ndarray((1, H * K), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.dma_copy(dst=kr, src=k_rows.ap(pattern=[[k_rows.shape[1], 1], [1, H * K]],
-                                                    offset=r0, scalar_offset=it,
-                                                    indirect_dim=0))
+                nisa.dma_copy(dst=kr, src=_row_ap(k_rows, at, [[k_rows.shape[1], 1], [1, H * K]],
+                                                  r0))
                 krows.append(kr)
             else:
                 r0 = ((seqs[j] - seqs[0]) * T + t) * H * K
@@ -523,11 +562,11 @@ def _run_batch(io, k_rows, krow, inter, got, it, seqs, T, H, HV, K, V, want_inte
             if want_inter:
                 row0 = (s * T + t) * HV * K
                 if inter.dtype == nl.float32:
-                    _store_state(inter, got[j]["S"], it, row0, HV, K, V)
+                    _store_state(inter, got[j]["S"], at, row0, HV, K, V)
                 else:
                     Sc = nl.ndarray((K, HV * V), dtype=inter.dtype, buffer=nl.sbuf)
                     nisa.tensor_copy(dst=Sc, src=got[j]["S"], engine=nisa.engine.scalar)
-                    _store_state(inter, Sc, it, row0, HV, K, V)
+                    _store_state(inter, Sc, at, row0, HV, K, V)
 
 
 def _front(io, S, c0, H, HV, K, V):

@@ -13,9 +13,9 @@ gather / scatter happens in the kernel:
 - decode: the pool ``[slots, HV, K, V]`` is passed as its ``[slots, HV*K*V]``
   view (one contiguous block per slot, moved with a run-time start); the batch
   is padded to its sequence bucket and laid out as a work list
-  (``decode_plan`` / ``decode_order``: full groups of live sequences for the
-  kernel's main loop, then batches of two for its tail loop) with vectorised
-  ops (see ``decode_call``);
+  (``decode_plan`` / ``decode_order``: the live sequences in one half per LNC
+  program, each half in full groups for the kernel's main loop, then batches of
+  two for its tail loop) with vectorised ops (see ``decode_call``);
 - prefill: the pool is passed as its ``[slots*HV*K, V]`` row view (no copy for a
   C-contiguous pool); a slot is the contiguous block from row ``slot*HV*K``
   (``init_tab`` / ``final_tab``), moved with a run-time start; the chunks go in as
@@ -63,7 +63,8 @@ _STREAMS = 2   # sequences per batch (gdn_decode_step's interleaved instruction 
 
 
 def decode_plan(num_seqs: int, T: int = 1):
-    """(spi, w, main_rows, tail_rows) of ``gdn_decode_step`` for a bucket of ``num_seqs``.
+    """(spi, w, main_rows, tail_rows) of ``gdn_decode_step`` for a bucket of ``num_seqs`` (one
+    program's: ``ceil(seq_bucket / lnc)`` under an LNC grid).
 
     ``spi``: positions per main-loop iteration, _GROUP // T rounded down to a multiple
     of 2 * _STREAMS (an even number of batches; at least 2 batches), or the whole
@@ -77,36 +78,75 @@ def decode_plan(num_seqs: int, T: int = 1):
     return spi, w, main_rows, spi // w
 
 
-def decode_order(state_indices, num_seqs: int, T: int = 1):
-    """(order, pos, counts): the decode work list for a batch padded to ``num_seqs``
-    (the bucket) sequences, laid out as ``decode_plan`` says.
+def program_shares(num_live: int, programs: int):
+    """Live sequences per program of an LNC grid: equal shares, the first programs one more
+    (a lone live sequence goes to program 0; program 1 then gets an empty work list)."""
+    p = np.arange(programs)
+    return (num_live + programs - 1 - p) // programs
+
+
+def decode_order(state_indices, num_seqs: int, T: int = 1, programs: int = 1,
+                 slots: int | None = None):
+    """(order, pos, slot_of, counts): the decode work list for a batch padded to
+    ``num_seqs`` (the bucket) sequences, run by ``programs`` programs (the LNC grid), each
+    laid out as ``decode_plan(ceil(num_seqs / programs), T)`` says.
 
     Live sequences are compacted first (``argsort(idx < 0, stable)``, torch.argsort
-    (stable=True)); with L live, the main loop runs ``n_main = L // spi`` iterations
-    (0 without a main loop) over compacted positions ``[0, n_main*spi)`` and the tail
-    loop ``n_tail = ceil((L - n_main*spi) / w)`` iterations of w positions over the
-    rest. ``order [main_rows*spi + tail_rows*w]``: the sequence computed at each kernel
-    position, main positions first, then tail positions; a tail position past the live
-    count mirrors the first of its batch (same inputs, same slot); positions the loops
-    never reach hold any sequence (valid indices). ``pos``: each sequence's kernel
-    position (valid for live sequences). ``counts [1, 2]`` int32: n_main, n_tail.
+    (stable=True)) and split into consecutive shares, one per program
+    (``program_shares``: program p runs no sequence of another). With L_p live in its
+    share, program p's main loop runs ``n_main = L_p // spi`` iterations (0 without a main
+    loop) over its first ``n_main*spi`` positions and its tail loop ``n_tail =
+    ceil((L_p - n_main*spi) / w)`` iterations of w positions over the rest.
+
+    ``order``: the sequence computed at each kernel position: the main positions of every
+    program (program 0's ``main_rows*spi``, then program 1's), then the tail positions
+    (``tail_rows*w`` each); a tail position past a share's live count mirrors the first
+    of its batch (same inputs, same slot); positions the loops never reach hold any
+    sequence (valid indices). ``pos``: each sequence's kernel position (valid for live
+    sequences). ``slot_of``: the pool slot of each position; a position that is not one of
+    its program's live sequences (read by the main loop's look-ahead gather, never used)
+    names a slot of the same program, so no program reads a slot another one writes
+    (a program without live sequences: the first of the pool's ``slots`` no live sequence
+    names, if there is one, else 0).
+    ``counts [1, 2*programs]`` int32: n_main, n_tail of program 0, then of program 1.
     """
     idx = np.asarray(state_indices, dtype=np.int64)
-    spi, w, main_rows, tail_rows = decode_plan(num_seqs, T)
+    spi, w, main_rows, tail_rows = decode_plan(-(-num_seqs // programs), T)
     live = idx >= 0
     perm = np.argsort(~live, kind="stable")
-    num_live = int(live.sum())
-    n_main = num_live // spi if main_rows else 0
+    share = program_shares(int(live.sum()), programs)
+    start = np.cumsum(share) - share
+    n_main = share // spi if main_rows else np.zeros_like(share)
     first_tail = n_main * spi
-    n_tail = -(-(num_live - first_tail) // w)
-    main_q = np.arange(main_rows * spi)
-    tail_q = first_tail + np.arange(tail_rows * w)
-    tail_q = np.where(tail_q < num_live, tail_q, first_tail + (tail_q - first_tail) // w * w)
-    order = perm[np.minimum(np.concatenate([main_q, tail_q]), num_seqs - 1)]
+    n_tail = -(-(share - first_tail) // w)
+    # local (within a share) index of every position: [programs, main_rows*spi] then
+    # [programs, tail_rows*w]
+    main_l = np.broadcast_to(np.arange(main_rows * spi), (programs, main_rows * spi))
+    tail_l = first_tail[:, None] + np.arange(tail_rows * w)[None, :]
+    tail_l = np.where(tail_l < share[:, None], tail_l,
+                      first_tail[:, None] + (tail_l - first_tail[:, None]) // w * w)
+    local = np.concatenate([main_l.reshape(-1), tail_l.reshape(-1)])
+    prog = np.concatenate([np.repeat(np.arange(programs), main_rows * spi),
+                           np.repeat(np.arange(programs), tail_rows * w)])
+    mine = local < share[prog]
+    rank_at = np.minimum(start[prog] + local, num_seqs - 1)
+    order = perm[rank_at]
+    slot = np.maximum(idx[order], 0)
+    free = 0                                   # a slot of the pool no live sequence names
+    if slots is not None:
+        unnamed = np.setdiff1d(np.arange(min(int(slots), idx.size + 1)), idx[live])
+        free = int(unnamed[0]) if unnamed.size else 0
+    own = np.where(share > 0, idx[perm[np.minimum(start, num_seqs - 1)]], free)
+    slot_of = np.where(mine, slot, own[prog]).astype(np.int32)
+    # each live sequence's position: its program's main block or tail block
     rank = np.argsort(perm, kind="stable")
-    pos = np.where(rank < first_tail, rank, main_rows * spi + rank - first_tail)
+    p_of = np.minimum(np.searchsorted(np.cumsum(share), rank, side="right"), programs - 1)
+    l_of = rank - start[p_of]
+    pos = np.where(l_of < first_tail[p_of], p_of * main_rows * spi + l_of,
+                   programs * main_rows * spi + p_of * tail_rows * w + l_of - first_tail[p_of])
     pos = np.minimum(pos, order.shape[0] - 1)
-    return order, pos, np.array([[n_main, n_tail]], dtype=np.int32)
+    counts = np.stack([n_main, n_tail], axis=1).reshape(1, 2 * programs).astype(np.int32)
+    return order, pos, slot_of, counts
 
 
 def decode_tables(xp, q, k, v, first, second, rows, width):
@@ -160,12 +200,14 @@ def decode_call(xp, call, *, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_
 
     ``xp``: the array namespace of q ... ssm_states (``_arrays``; NumPy here, torch
     on device); ``state_indices`` is a host array. The batch is padded to
-    ``seq_bucket(num_seqs)`` and laid out as a work list (``decode_order``): the
-    per-sequence inputs are gathered in kernel-position order (``x[order]``,
+    ``seq_bucket(num_seqs)`` and laid out as a work list (``decode_order``) for the
+    ``call.lnc`` programs of the launch (each a bucket of ``seq_bucket / lnc``, its
+    rows stacked after the previous program's): the per-sequence inputs are gathered
+    in kernel-position order (``x[order]``,
     index_select) and split into the main loop's rows of ``spi`` positions and the
     tail loop's rows of ``w`` (``decode_tables``); the pool slot of each position is an
-    int32 table per loop (``slots_main`` with one extra row, read one iteration ahead;
-    padding never named: 0). Outputs come back by ``pos``, padding sequences zeroed
+    int32 table per loop (``slots_main`` with one extra row per program, read one
+    iteration ahead; positions a program does not compute name one of its own slots). Outputs come back by ``pos``, padding sequences zeroed
     (torch.where).
     """
     S, T, H, K = q.shape
@@ -176,21 +218,24 @@ def decode_call(xp, call, *, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_
     nb = seq_bucket(S)
     idx = np.full(nb, -1, dtype=np.int64)
     idx[:S] = np.asarray(state_indices, dtype=np.int64)
-    spi, w, main_rows, tail_rows = decode_plan(nb, T)
-    order, pos, counts = decode_order(idx, nb, T)
+    n_prog = call.lnc
+    spi, w, main_rows, tail_rows = decode_plan(-(-nb // n_prog), T)
+    order, pos, slot_of, counts = decode_order(idx, nb, T, n_prog, slots)
     src = np.minimum(order, S - 1)        # positions past the batch hold any real sequence
-    slot_of = np.maximum(idx[order], 0).astype(np.int32)
-    n_main_pos = main_rows * spi
+    n_main_pos = n_prog * main_rows * spi
     first, second = (a, b) if raw else (g, beta)
     per_pos = [xp.take(x, src) for x in (q, k, v, first, second)]
     main = [None] * 5
     if main_rows:
-        main = list(decode_tables(xp, *[x[:n_main_pos] for x in per_pos], main_rows, spi))
-        slots_main = np.zeros((main_rows + 1, spi), dtype=np.int32)
-        slots_main[:main_rows] = slot_of[:n_main_pos].reshape(main_rows, spi)
-        main.append(xp.table(slots_main))
-    tail = list(decode_tables(xp, *[x[n_main_pos:] for x in per_pos], tail_rows, w))
-    tail.append(xp.table(slot_of[n_main_pos:].reshape(tail_rows, w)))
+        main = list(decode_tables(xp, *[x[:n_main_pos] for x in per_pos], n_prog * main_rows,
+                                  spi))
+        # each program's rows and one look-ahead row (read after its last iteration, never
+        # used: a slot of its own)
+        slots_main = slot_of[:n_main_pos].reshape(n_prog, main_rows, spi)
+        slots_main = np.concatenate([slots_main, slots_main[:, :1]], axis=1)
+        main.append(xp.table(slots_main.reshape(n_prog * (main_rows + 1), spi)))
+    tail = list(decode_tables(xp, *[x[n_main_pos:] for x in per_pos], n_prog * tail_rows, w))
+    tail.append(xp.table(slot_of[n_main_pos:].reshape(n_prog * tail_rows, w)))
     head_params = None
     if raw:
         head_params = xp.cat([xp.f32(A_log), xp.f32(dt_bias)]).reshape(1, 2 * HV)
@@ -202,8 +247,10 @@ def decode_call(xp, call, *, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_
     if not isinstance(out, (tuple, list)):
         out = (out,)
     n_o = 2 if main_rows else 1
-    o_parts = [_kernel_positions(xp, out[0], main_rows, spi, T, HV, V)] if main_rows else []
-    o_parts.append(_kernel_positions(xp, out[n_o - 1], tail_rows, w, T, HV, V))
+    o_parts = []
+    if main_rows:
+        o_parts.append(_kernel_positions(xp, out[0], n_prog * main_rows, spi, T, HV, V))
+    o_parts.append(_kernel_positions(xp, out[n_o - 1], n_prog * tail_rows, w, T, HV, V))
     live = idx[:S] >= 0
     at = pos[:S]
     o = xp.take(xp.cat(o_parts), at)
