@@ -325,3 +325,25 @@ def test_decode_lnc2_equals_lnc1_bitwise(T, raw, pool_dtype, monkeypatch):
     with record() as trace:
         ops.gated_delta_decode(**other, return_intermediate_states=True, backend="sim")
     assert [trace.program_instructions(p) for p in (0, 1)] == sizes
+
+
+def test_one_slot_pool_one_live_sequence_at_lnc2(monkeypatch):
+    """A program without live sequences gathers a slot nobody names; a one-slot pool that
+    the only live sequence names has none, so the launcher stages it with a spare row:
+    no HBM race between the programs, the result and the pool as the reference's."""
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
+    rng = np.random.default_rng(7)
+    N, H, HV, K, V = 6, 1, 2, 16, 16
+    q = rng.standard_normal((N, 1, H, K)).astype(np.float32)
+    k = rng.standard_normal((N, 1, H, K)).astype(np.float32)
+    v = rng.standard_normal((N, 1, HV, V)).astype(np.float32)
+    g = -np.abs(rng.standard_normal((N, 1, HV))).astype(np.float32)
+    beta = rng.uniform(0.1, 0.9, (N, 1, HV)).astype(np.float32)
+    pool = rng.standard_normal((1, HV, K, V)).astype(np.float32)
+    si = np.array([-1, -1, 0, -1, -1, -1], np.int32)
+    kw = dict(g=g, beta=beta, state_indices=si, use_qk_l2norm=True)
+    ref_pool = pool.copy()
+    want = ops.gated_delta_decode(q, k, v, ssm_states=ref_pool, backend="reference", **kw)
+    got = ops.gated_delta_decode(q, k, v, ssm_states=pool, backend="sim", **kw)
+    assert np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want)
+    assert np.linalg.norm(pool - ref_pool) <= 1e-5 * np.linalg.norm(ref_pool)

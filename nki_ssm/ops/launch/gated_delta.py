@@ -219,8 +219,11 @@ def decode_call(xp, call, *, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_
     idx = np.full(nb, -1, dtype=np.int64)
     idx[:S] = np.asarray(state_indices, dtype=np.int64)
     n_prog = call.lnc
+    # a program without live sequences gathers (never uses) a slot no live sequence names;
+    # a one-slot pool that a live sequence names has none: stage it with one spare row
+    spare = n_prog > 1 and slots == 1 and int((idx >= 0).sum()) == 1
     spi, w, main_rows, tail_rows = decode_plan(-(-nb // n_prog), T)
-    order, pos, slot_of, counts = decode_order(idx, nb, T, n_prog, slots)
+    order, pos, slot_of, counts = decode_order(idx, nb, T, n_prog, slots + spare)
     src = np.minimum(order, S - 1)        # positions past the batch hold any real sequence
     n_main_pos = n_prog * main_rows * spi
     first, second = (a, b) if raw else (g, beta)
@@ -240,10 +243,12 @@ def decode_call(xp, call, *, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_
     if raw:
         head_params = xp.cat([xp.f32(A_log), xp.f32(dt_bias)]).reshape(1, 2 * HV)
     pool = xp.pool_view(ssm_states, (slots, HV * K * V))
+    if spare:
+        pool = xp.pad_rows(pool, slots + 1, HV * K * V)
     out = call(decode_kernel(), *main, *tail, head_params, pool, xp.table(counts), int(T),
                int(H), bool(raw), bool(use_qk_l2norm), float(scale),
                bool(return_intermediate_states))
-    xp.commit(pool, ssm_states)
+    xp.commit(pool[:slots] if spare else pool, ssm_states)
     if not isinstance(out, (tuple, list)):
         out = (out,)
     n_o = 2 if main_rows else 1
