@@ -59,6 +59,16 @@ def _gdn_decode(rng, num_seqs, padding):
     return ops.gated_delta_decode, kw
 
 
+def _lnc2(make):
+    """``make``'s case launched as two programs (LNC=2): both programs are checked."""
+    def at_lnc2(rng, batch, padding):
+        return make(rng, batch, padding)
+
+    at_lnc2.__name__ = make.__name__ + "_lnc2"
+    at_lnc2.lnc = 2
+    return at_lnc2
+
+
 def _run(make, batch, padding):
     op, kw = make(np.random.default_rng(len(str(batch))), batch, padding)
     with warnings.catch_warnings():
@@ -70,11 +80,14 @@ def _run(make, batch, padding):
 
 CASES = [(_conv_prefill, PREFILL_BATCHES), (_ssd_prefill, PREFILL_BATCHES),
          (_gdn_prefill, PREFILL_BATCHES), (_conv_decode, DECODE_BATCHES),
-         (_ssd_decode, DECODE_BATCHES), (_gdn_decode, DECODE_BATCHES)]
+         (_ssd_decode, DECODE_BATCHES), (_gdn_decode, DECODE_BATCHES),
+         (_lnc2(_conv_prefill), PREFILL_BATCHES), (_lnc2(_conv_decode), DECODE_BATCHES)]
 
 
 @pytest.mark.parametrize("make, batches", CASES, ids=lambda v: getattr(v, "__name__", ""))
-def test_one_runtime_loop_level_and_one_program(make, batches):
+def test_one_runtime_loop_level_and_one_program(make, batches, monkeypatch):
+    lnc = getattr(make, "lnc", 1)
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", str(lnc))
     sizes = []
     for i, batch in enumerate(batches):
         if isinstance(batch, tuple):
@@ -84,6 +97,9 @@ def test_one_runtime_loop_level_and_one_program(make, batches):
         trace = _run(make, batch, padding)
         depth = max((len(inst.loop_path) for inst in trace.instructions), default=0)
         assert depth <= 1, f"an instruction sits in {depth} nested runtime loops"
-        assert any(inst.loop_path for inst in trace.instructions), "no runtime loop ran"
-        sizes.append(trace.program_instructions())
-    assert sizes[0] == sizes[1] <= 20_000
+        for p in range(lnc):
+            assert any(inst.loop_path for inst in trace.instructions
+                       if inst.program_id == p), f"no runtime loop of program {p} ran"
+        sizes.append([trace.program_instructions(p) for p in range(lnc)])
+    # the same program for both batches, and at LNC=2 for both programs
+    assert sizes[0] == sizes[1] and len(set(sizes[0])) == 1 and sizes[0][0] <= 20_000, sizes

@@ -372,6 +372,20 @@ def test_prefill_tables_from_cu_seqlens():
     # 600 tokens -> 2 chunks of 512 -> 1 pair: 0 loop iterations + the last pair; 3 live
     # sequences; 1 slot to zero
     assert counts.tolist() == [[0, 3, 1]]
+    # LNC=2, dim 256: two programs of one tile each, y as 2 rows per token (one per
+    # program: each adds its block's offset), the same tables and counts for both
+    t2 = prefill_tables(cu, idx, init, 1024, 4, 4, 256, programs=2)
+    assert t2[2].shape == (4, 1, 128) and (t2[2][:3, 0, 0:H] // 2).tolist() == [
+        [0, 1, 1024 + 2], [2, 3, 4], [7, 8, 9]]
+    assert (t2[2][:3, 0, 0:H] % 2 == 0).all() and t2[5].tolist() == [[0, 3, 1, 0, 3, 1]]
+    # dim 300 -> 150 channels per program: a full and a 22-channel tile each, 4 rows per
+    # token (2 per program)
+    t300 = prefill_tables(cu, idx, init, 1024, 4, 4, 300, programs=2)
+    assert t300[2].shape == (4, 2, 128) and t300[2][1, 1, 0:H].tolist() == [
+        2 * 4 + 1, 3 * 4 + 1, 4 * 4 + 1]
+    # dim 128: program 1 gets no work (zero counts), y keeps a block for it
+    t128 = prefill_tables(cu, idx, init, 1024, 4, 4, 128, programs=2)
+    assert t128[5].tolist() == [[0, 3, 1, 0, 0, 0]] and t128[2][1, 0, 0] == 2 * 2
 
 
 # --------------------------------------------------------------------------- decode
@@ -499,7 +513,8 @@ def test_kernels_import_only_the_backend_and_take_tuples(rng, monkeypatch):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):     # the backend, and the kernels' helpers
-                assert node.module in ("nki_ssm.backend", "nki_ssm.kernels._common"), \
+                assert node.module in ("nki_ssm.backend", "nki_ssm.kernels._common",
+                                       "nki_ssm.kernels.short_conv.split"), \
                     (path.name, node.module)
             assert not isinstance(node, ast.Import), path.name
             assert not isinstance(node, ast.Raise), path.name      # NKI rejects raise
@@ -509,9 +524,9 @@ def test_kernels_import_only_the_backend_and_take_tuples(rng, monkeypatch):
     seen = []
     real = nki_backend.run
 
-    def spy(kernel, *args, backend):
+    def spy(kernel, *args, backend, lnc=None):
         seen.append(args)
-        return real(kernel, *args, backend=backend)
+        return real(kernel, *args, backend=backend, lnc=lnc)
 
     monkeypatch.setattr(nki_backend, "run", spy)   # the launchers' host path (host_call)
     inp = make_short_conv_inputs(rng, seqlens=[3, 0], dim=128, W=3, padding=1)
@@ -600,16 +615,26 @@ def test_decode_tables_compact_live_sequences_and_mirror_padding():
     order, _, pool_rows, _ = decode_tables(idx, 8, 1, 4)
     assert list(order[:3]) == [1, 3, 4]
     assert pool_rows[:3].tolist() == [[20, 21, 22, 23], [8, 9, 10, 11], [28, 29, 30, 31]]
-    R, _, _, _, _, counts = decode_plan(idx, 8, 512)
-    assert R == 4 and counts.tolist() == [[3, 0, 0]] and counts.dtype == np.int32
+    R, parts, _, _, _, _, counts = decode_plan(idx, 8, 512)
+    assert (R, parts) == (4, 1) and counts.tolist() == [[3, 0, 0]] and counts.dtype == np.int32
     live = np.concatenate([np.arange(40), -np.ones(24, int)])
-    _, order, _, _, _, counts = decode_plan(live, 64, 512)         # 40 * 4 rows: two groups
+    _, _, order, _, _, _, counts = decode_plan(live, 64, 512)      # 40 * 4 rows: two groups
     assert counts.tolist() == [[40, 0, 0]] and list(order[40:]) == [32] * 24
     live = np.concatenate([np.arange(70), -np.ones(58, int)])
-    _, order, _, _, _, counts = decode_plan(live, 128, 512)        # 70 * 4 > 256: one block
+    _, _, order, _, _, _, counts = decode_plan(live, 128, 512)     # 70 * 4 > 256: one block
     assert counts.tolist() == [[0, 70, 1]] and list(order[70:]) == [0] * 58
-    _, _, _, _, _, none = decode_plan(np.full(8, -1), 8, 512)
+    none = decode_plan(np.full(8, -1), 8, 512)[-1]
     assert none.tolist() == [[0, 0, 0]]
+    # LNC=2: two programs of 256 channels (R = 2 blocks of 128 each), the pool viewed as 4
+    # rows per slot; one table for both (program 1 adds its 2 rows), the same counts twice
+    R, parts, order, _, rows_wide, rows_one, counts = decode_plan(idx, 8, 512, programs=2)
+    assert (R, parts) == (2, 2) and counts.tolist() == [[3, 0, 0, 3, 0, 0]]
+    assert rows_wide.shape == (8, 2) and list(rows_wide.reshape(-1)[:3]) == [20, 8, 28]
+    assert rows_wide.reshape(-1)[8] == 5 * 4 + 1                 # block 1 of slot 5
+    assert rows_one[:3].tolist() == [[20, 21], [8, 9], [28, 29]]
+    # dim 128 (one channel tile): program 1 gets no work
+    R, parts, _, _, _, _, counts = decode_plan(idx, 8, 128, programs=2)
+    assert (R, parts) == (1, 1) and counts.tolist() == [[0, 3, 1, 0, 0, 0]]
 
 
 @pytest.mark.parametrize("pool_dtype", [np.float32, BF16])
@@ -658,3 +683,101 @@ def test_decode_program_size_does_not_grow_with_sequences(rng):
         # at 512 sequences the group loop iterates: more dynamic than static instructions
         assert len(traces[0]) > sizes[-1] or n < 512
     assert sizes == [sizes[0]] * 4 and sizes[0] <= 20_000, sizes
+
+
+# --------------------------------------------------------------------------- LNC=2
+
+def _programs_iterated(trace) -> list:
+    """Per program of the launch: whether any of its runtime loops ran an iteration."""
+    return [any(inst.loop_path for inst in trace.instructions if inst.program_id == p)
+            for p in (0, 1)]
+
+
+def _at_each_lnc(monkeypatch, run):
+    """{lnc: (run()'s result, trace)} with NEURON_LOGICAL_NC_CONFIG 1, then 2."""
+    from nki_ssm.sim.trace import record
+
+    out = {}
+    for lnc in (1, 2):
+        monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", str(lnc))
+        with record() as trace:
+            result = run()
+        out[lnc] = (result, trace)
+    return out
+
+
+@pytest.mark.parametrize("dim", [384, 200])
+def test_prefill_lnc2_splits_channels_bit_identical(rng, monkeypatch, dim):
+    """LNC=2: the two programs take the two channel halves (dim 384: 192 each, a full and
+    a partial tile; dim 200: 100 each, one partial tile). On ragged batches with initial
+    states (mixed), padding slots, empty and T = 1 sequences and sequences spanning several
+    chunks, y and the pool equal LNC=1 bit for bit (and the float64 reference); both
+    programs run their loops; the two programs have the same size, <= 20,000, and the same
+    for another batch of the same buckets (2048 tokens, 8 sequences)."""
+    sizes = []
+    for lens in ([5, 0, 1300, 2, 1, 700], [700, 1, 0, 1200, 9, 3, 40]):
+        inp = make_short_conv_inputs(rng, seqlens=lens, dim=dim, W=4, dtype=BF16,
+                                     pool_dtype=BF16, slots=11, padding=2,
+                                     has_initial_state="mixed")
+        out = _at_each_lnc(monkeypatch, lambda: _run_and_check(inp))
+        assert [a.tobytes() for a in out[1][0]] == [a.tobytes() for a in out[2][0]]
+        trace = out[2][1]
+        assert _programs_iterated(trace) == [True, True]
+        assert _max_loop_depth(trace) == 1
+        sizes.append([trace.program_instructions(p) for p in (0, 1)])
+    assert sizes[0] == sizes[1] and sizes[0][0] == sizes[0][1] <= 20_000, sizes
+
+
+@pytest.mark.parametrize("num_seqs,dim,T,dtype,wide", [
+    (6, 512, 2, BF16, None),         # wide layout (R = 2 per program)
+    (20, 512, 1, BF16, False),       # one block forced: TensorE taps, 2 pool rows / partition
+    (5, 200, 3, np.float32, None),   # 100 channels per program: one-block only, partial tile
+])
+def test_decode_lnc2_splits_channels_bit_identical(rng, monkeypatch, num_seqs, dim, T, dtype,
+                                                   wide):
+    """LNC=2 decode: the two programs take the two channel halves of every sequence. With
+    padding slots, y and the pool equal LNC=1 bit for bit (and the float64 reference); both
+    programs run their group loops; the two programs have the same size, <= 20,000, and
+    the same for another batch of the same bucket."""
+    from nki_ssm.ops.launch import short_conv as launch
+
+    if wide is not None:
+        monkeypatch.setattr(launch, "use_wide_layout", lambda n, R: wide)
+    sizes = []
+    for n, padding in ((num_seqs, 2), (num_seqs - 1, 1)):
+        inp = make_short_conv_decode_inputs(rng, num_seqs=n, T=T, dim=dim, W=4, dtype=dtype,
+                                            pool_dtype=dtype, padding=padding, slots=n + 3)
+
+        def run():
+            pool = inp["conv_states"].copy()
+            y = _run_decode_and_check(dict(inp, conv_states=pool), dtype)
+            return y, pool
+
+        out = _at_each_lnc(monkeypatch, run)
+        assert [a.tobytes() for a in out[1][0]] == [a.tobytes() for a in out[2][0]]
+        trace = out[2][1]
+        assert _programs_iterated(trace) == [True, True]
+        assert _max_loop_depth(trace) == 1
+        sizes.append([trace.program_instructions(p) for p in (0, 1)])
+    assert sizes[0] == sizes[1] and sizes[0][0] == sizes[0][1] <= 20_000, sizes
+
+
+@pytest.mark.parametrize("dim", [128, 99])
+def test_lnc2_one_channel_tile_or_odd_dim_program_1_idle(rng, monkeypatch, dim):
+    """The channels do not split (one 128-channel tile, or an odd dim): program 1 gets no
+    work (zero counts: none of its runtime loops iterates), results equal LNC=1 bit for
+    bit, and both programs have the same size."""
+    inp = make_short_conv_inputs(rng, seqlens=[3, 0, 600, 1], dim=dim, W=4, slots=6,
+                                 padding=1, has_initial_state="mixed")
+    dec = make_short_conv_decode_inputs(rng, num_seqs=5, T=2, dim=dim, W=3, padding=1)
+
+    def run_decode():
+        pool = dec["conv_states"].copy()
+        return _run_decode_and_check(dict(dec, conv_states=pool), np.float32), pool
+
+    for run in (lambda: _run_and_check(inp), run_decode):
+        out = _at_each_lnc(monkeypatch, run)
+        assert [a.tobytes() for a in out[1][0]] == [a.tobytes() for a in out[2][0]]
+        trace = out[2][1]
+        assert _programs_iterated(trace) == [True, False]
+        assert trace.program_instructions(0) == trace.program_instructions(1)

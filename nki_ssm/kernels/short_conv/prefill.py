@@ -5,10 +5,30 @@ Shapes: x ``[NB, dim]`` (the batch padded to the token bucket NB), weight
 ``[dim, W]``, bias ``[dim]`` or None, pool ``[slots, dim * (W-1)]`` (the
 ``[slots, dim, W-1]`` pool's row view, updated in place by the kernel's own DMA
 writes), y ``[(NB + M) * NT, 128]`` in x's dtype: token t's channels as NT =
-ceil(dim / 128) rows of 128 (the host views it as ``[NB + M, NT * 128]`` and
-keeps ``[:num_tokens, :dim]``; ``M = _margin(W-1)`` = 16 for W <= 17 scratch
+programs * ceil(Dp / 128) rows of 128, one block of ceil(Dp / 128) rows per program
+(below; the host views y as ``[NB + M, programs, ceil(Dp / 128) * 128]`` and keeps
+``[:num_tokens, :parts, :Dp]``; ``M = _margin(W-1)`` = 16 for W <= 17 scratch
 token rows at the end). x / pool float32 or bfloat16; weight / bias any float
 dtype (DMA'd in their dtype, converted on VectorE). H = W - 1, NH = M.
+
+LNC: the programs split the channels
+------------------------------------
+Launched as ``kernel[2]`` (LNC=2), the two programs take the two halves of the
+channels (``split.program_channels``: Dp = dim / 2 each when dim is even and above
+one 128-channel tile): program p (``nl.program_id(0)``, a Python int at trace time)
+runs everything below -- zero loop, stream loops, head loop -- on its channels
+``[p * Dp, (p + 1) * Dp)`` only: x, weight and bias columns from channel p * Dp,
+its part ``[p * Dp * H, (p + 1) * Dp * H)`` of every pool row (the pool is
+channel-major), its own block of y rows, its own ``private_hbm`` candidate scratch,
+and its three of the ``counts`` (``counts[0, 3p : 3p + 3]``). Both programs read
+the same batch tables and trace the same instructions (the same Dp), so they have the
+same program size; they share no HBM byte they write, and depthwise channels need
+nothing from each other, so no synchronisation is needed and the results equal
+LNC=1 bit for bit. At dim 8192 each program streams 2 groups of 16 tiles instead
+of 4 and its heads cover 4096 channels. When the channels do not split (one
+tile, an odd dim) program 0 takes them all and program 1 gets zero counts: its
+loops run no iteration (it touches no pool slot); its straight-line last stream
+pair writes only its own y block, which the host drops.
 
 Design note: batch composition is run-time data
 -----------------------------------------------
@@ -23,15 +43,16 @@ step named there with its torch equivalent):
 - the head work list, one row per live sequence (compacted: live sequences
   first, in order): ``seq_rows [SB, 2*NH, 1]`` uint32, the x rows of its first NH
   and last NH tokens (clamped into the bucket); ``seq_yrows [SB, columns, 128]``
-  int32, the y row ``row_k * NT + j`` of its token k in channel tile j (``row_k =
-  NB + k``, a scratch row, for k >= length), at ``(j % tb) * H + k`` of column
+  int32, the y row ``row_k * NT + j`` of its token k in channel tile j of a
+  program's block (``row_k = NB + k``, a scratch row, for k >= length; each program
+  adds its block's offset), at ``(j % tb) * H + k`` of column
   ``j // tb`` with ``tb = 128 // H`` (the partial tile, if any, in a last column of
   its own); ``seq_info [SB, 2]`` int32: its slot and its case ``min(length, H)``;
 - ``zero_slots [SB, 1]`` int32: the slots of live sequences without initial
   state, compacted;
-- ``counts [1, 3]`` int32: with ``pairs = ceil(ceil(num_tokens / CHUNK) / 2)``,
-  ``max(pairs - 1, 0)`` (stream loop trips), the live sequences, the slots to
-  zero.
+- ``counts [1, 3 * programs]`` int32, three per program: with ``pairs =
+  ceil(ceil(num_tokens / CHUNK) / 2)``, ``max(pairs - 1, 0)`` (stream loop trips),
+  the live sequences, the slots to zero (zeros for a program without work).
 
 Loops: every runtime loop is ``nl.fori_loop(0, reg, body)`` at the top level of
 the kernel, its body an inner ``def`` (NKI 0.6.0), its bound a register

@@ -221,9 +221,11 @@ def wide_blocks(dim: int) -> int:
     return r
 
 
-def decode_tables(state_indices, num_seqs: int, R: int, RB: int):
+def decode_tables(state_indices, num_seqs: int, R: int, RB: int, stride: int | None = None):
     """(order, pos, pool_rows, num_live) of one row layout (R channel blocks per
-    sequence, pool viewed with RB rows per slot, RB a multiple of R) of
+    sequence, a program's channels held in RB pool rows per slot, RB a multiple of R,
+    ``stride`` (default RB) pool rows per slot: ``parts * RB`` when the programs of an
+    LNC launch split the channels, each program adding its own first row) of
     ``short_conv_decode_kernel`` for a batch padded to ``num_seqs`` (the bucket)
     sequences; layouts in the kernel's docstring.
 
@@ -231,7 +233,7 @@ def decode_tables(state_indices, num_seqs: int, R: int, RB: int):
     gathers x rows by it); ``pos [num_seqs]``: the position where each live sequence is
     computed (its y row; ``argsort(perm)``, the inverse permutation); ``pool_rows
     [num_seqs, RB]``: the layout's ``[groups, R * Pn, RB / R]`` table of pool rows
-    (partition ``r * Pn + i`` holds block r of position i: pool rows ``slot * RB + r *
+    (partition ``r * Pn + i`` holds block r of position i: pool rows ``slot * stride + r *
     RB / R + c``) viewed with RB entries per position, so group g starts at row
     ``g * Pn``. Vectorised, each step one torch op on device (no per-sequence host loop):
     ``live = idx >= 0``; ``perm = argsort(~live, stable)`` (torch.argsort(stable=True):
@@ -241,6 +243,7 @@ def decode_tables(state_indices, num_seqs: int, R: int, RB: int):
     group); pool rows by broadcast adds and a reshape.
     """
     idx = np.asarray(state_indices, dtype=np.int64)
+    stride = RB if stride is None else stride
     Pn = min(128 // R, num_seqs)
     G = num_seqs // Pn
     K = RB // R
@@ -252,7 +255,7 @@ def decode_tables(state_indices, num_seqs: int, R: int, RB: int):
     slot = np.maximum(idx[order], 0)
     r = np.arange(R)[None, :, None, None]
     c = np.arange(K)[None, None, None, :]
-    pool_rows = (slot.reshape(G, 1, Pn, 1) * RB + r * K + c).reshape(num_seqs, RB)
+    pool_rows = (slot.reshape(G, 1, Pn, 1) * stride + r * K + c).reshape(num_seqs, RB)
     pos = np.argsort(perm, kind="stable")
     return order, pos, np.ascontiguousarray(pool_rows, dtype=np.int32), num_live
 
@@ -266,22 +269,29 @@ def use_wide_layout(num_live: int, R: int) -> bool:
     return R > 1 and num_live * R <= 256
 
 
-def decode_plan(state_indices, num_seqs: int, dim: int):
-    """(R, order, pos, rows_wide, rows_one, counts): the run-time arguments of
+def decode_plan(state_indices, num_seqs: int, dim: int, programs: int = 1):
+    """(R, parts, order, pos, rows_wide, rows_one, counts): the run-time arguments of
     ``short_conv_decode_kernel`` for a batch padded to ``num_seqs`` (the bucket)
-    sequences: both layouts' tables (``decode_tables``), the x order and y positions of
-    the layout used, and counts ``[1, 3]`` int32 = (wide stop, one-block stop, one-block
-    diagonal-build trips), the layout not used getting 0 (``use_wide_layout`` picks). On
-    device: the two table builds, one scalar compare and torch.where selections.
+    sequences, launched as ``programs`` (the LNC) programs that split the channels in
+    ``parts`` halves of Dp (``program_channels``; R = ``wide_blocks(Dp)``, the pool
+    viewed as ``parts * R`` rows per slot): both layouts' tables (``decode_tables``; one
+    table for both programs, each adding its first row), the x order and y positions of
+    the layout used, and counts ``[1, 3 * programs]`` int32, per program (wide stop,
+    one-block stop, one-block diagonal-build trips), the layout not used getting 0
+    (``use_wide_layout`` picks), program 1 all zeros when it gets no work. On device:
+    the two table builds, one scalar compare and torch.where selections.
     """
-    R = wide_blocks(dim)
-    order_w, pos, rows_wide, num_live = decode_tables(state_indices, num_seqs, R, R)
-    order_1, _, rows_one, _ = decode_tables(state_indices, num_seqs, 1, R)
+    Dp, parts = program_channels(dim, programs)
+    R = wide_blocks(Dp)
+    order_w, pos, rows_wide, num_live = decode_tables(state_indices, num_seqs, R, R,
+                                                      parts * R)
+    order_1, _, rows_one, _ = decode_tables(state_indices, num_seqs, 1, R, parts * R)
     wide = R > 1 and bool(use_wide_layout(num_live, R))
     order = order_w if wide else order_1
-    counts = np.array([[num_live if wide else 0, 0 if wide else num_live,
-                        int(not wide and num_live > 0)]], dtype=np.int32)
-    return R, order, pos, rows_wide, rows_one, counts
+    work = [num_live if wide else 0, 0 if wide else num_live, int(not wide and num_live > 0)]
+    idle = [0, 0, 0]
+    counts = np.array([work + (work if parts > 1 else idle) * (programs - 1)], dtype=np.int32)
+    return R, parts, order, pos, rows_wide, rows_one, counts
 
 
 def decode(*, x, weight, bias, activation, conv_states, state_indices, backend):
@@ -320,10 +330,10 @@ def decode_call(xp, call, *, x, weight, bias, activation, conv_states, state_ind
     nb = seq_bucket(num_seqs)
     idx = np.full(nb, -1, dtype=np.int64)
     idx[:num_seqs] = np.asarray(state_indices, dtype=np.int64)
-    R, order, pos, rows_wide, rows_one, counts = decode_plan(idx, nb, dim)
+    R, parts, order, pos, rows_wide, rows_one, counts = decode_plan(idx, nb, dim, call.lnc)
     # positions past the caller's batch mirror live sequences, so clamping is never used
     xk = xp.take(x3, np.minimum(order, num_seqs - 1))
-    flat = xp.pool_view(conv_states, (slots * R, (dim // R) * h))
+    flat = xp.pool_view(conv_states, (slots * parts * R, (dim // (parts * R)) * h))
     # TensorE taps need bfloat16-exact operands (the one-block layout only)
     tensor_taps = (xp.is_bf16(x) and xp.is_bf16(conv_states)
                    and not _needs_split(weight, xp) and not _needs_split(bias, xp))
