@@ -699,17 +699,21 @@ def _programs_iterated(trace) -> list:
             for p in (0, 1)]
 
 
-def _at_each_lnc(monkeypatch, run):
-    """{lnc: (run()'s result, trace)} with NEURON_LOGICAL_NC_CONFIG 1, then 2."""
+def _lnc2_program_sizes(monkeypatch, run, iterated=(True, True)) -> list:
+    """Run ``run`` (-> arrays) with NEURON_LOGICAL_NC_CONFIG 1, then 2: the arrays are
+    equal bit for bit, the programs of the LNC=2 launch whose runtime loops iterate are
+    ``iterated``, no runtime loop nests. Returns the LNC=2 programs' sizes."""
     from nki_ssm.sim.trace import record
 
     out = {}
     for lnc in (1, 2):
         monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", str(lnc))
         with record() as trace:
-            result = run()
-        out[lnc] = (result, trace)
-    return out
+            out[lnc] = [a.tobytes() for a in run()]
+    assert out[1] == out[2]
+    assert _programs_iterated(trace) == list(iterated)
+    assert _max_loop_depth(trace) == 1
+    return [trace.program_instructions(p) for p in (0, 1)]
 
 
 @pytest.mark.parametrize("dim", [384, 200])
@@ -725,12 +729,7 @@ def test_prefill_lnc2_splits_channels_bit_identical(rng, monkeypatch, dim):
         inp = make_short_conv_inputs(rng, seqlens=lens, dim=dim, W=4, dtype=BF16,
                                      pool_dtype=BF16, slots=11, padding=2,
                                      has_initial_state="mixed")
-        out = _at_each_lnc(monkeypatch, lambda: _run_and_check(inp))
-        assert [a.tobytes() for a in out[1][0]] == [a.tobytes() for a in out[2][0]]
-        trace = out[2][1]
-        assert _programs_iterated(trace) == [True, True]
-        assert _max_loop_depth(trace) == 1
-        sizes.append([trace.program_instructions(p) for p in (0, 1)])
+        sizes.append(_lnc2_program_sizes(monkeypatch, lambda: _run_and_check(inp)))
     assert sizes[0] == sizes[1] and sizes[0][0] == sizes[0][1] <= 20_000, sizes
 
 
@@ -759,12 +758,7 @@ def test_decode_lnc2_splits_channels_bit_identical(rng, monkeypatch, num_seqs, d
             y = _run_decode_and_check(dict(inp, conv_states=pool), dtype)
             return y, pool
 
-        out = _at_each_lnc(monkeypatch, run)
-        assert [a.tobytes() for a in out[1][0]] == [a.tobytes() for a in out[2][0]]
-        trace = out[2][1]
-        assert _programs_iterated(trace) == [True, True]
-        assert _max_loop_depth(trace) == 1
-        sizes.append([trace.program_instructions(p) for p in (0, 1)])
+        sizes.append(_lnc2_program_sizes(monkeypatch, run))
     assert sizes[0] == sizes[1] and sizes[0][0] == sizes[0][1] <= 20_000, sizes
 
 
@@ -782,8 +776,5 @@ def test_lnc2_one_channel_tile_or_odd_dim_program_1_idle(rng, monkeypatch, dim):
         return _run_decode_and_check(dict(dec, conv_states=pool), np.float32), pool
 
     for run in (lambda: _run_and_check(inp), run_decode):
-        out = _at_each_lnc(monkeypatch, run)
-        assert [a.tobytes() for a in out[1][0]] == [a.tobytes() for a in out[2][0]]
-        trace = out[2][1]
-        assert _programs_iterated(trace) == [True, False]
-        assert trace.program_instructions(0) == trace.program_instructions(1)
+        sizes = _lnc2_program_sizes(monkeypatch, run, iterated=(True, False))
+        assert sizes[0] == sizes[1], sizes
