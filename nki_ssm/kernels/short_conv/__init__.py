@@ -104,6 +104,20 @@ interval of nki_ssm.perf as of this commit).
 - decode 32 sequences x 1 token: 87 us (71-154) = 7.5x the bound (wide layout,
   one group): VectorE (56 %) and the pipeline latency.
 
+Performance at LNC=2 (modeled, trn2, one logical core = two physical cores;
+command: ``PYTHONPATH=. python tests/kernels/short_conv_perf.py judged``, the judged
+cases of ``simulate.cases``): each program timed alone on its own core (the cost model
+over that program's instructions), against LNC=1:
+
+- prefill 16K x 1: 1058 us = 0.504x LNC=1; 8 x 2K: 1219 us = 0.535x (the head loop's
+  per-sequence DMA latencies do not halve);
+- decode 32 sequences: 39.8 us = 0.456x; 512 sequences: 168 us = 0.537x.
+
+Timed as one trace, today's cost model also makes program 1's first run-time-addressed
+stores and pool gathers wait for program 0's last writes to the same tensor (their
+byte spans cannot be told apart, as within one program; across the two cores no
+such order exists), which gives 0.80-1.05x; shared HBM bandwidth is not modeled yet.
+
 Other precision plans (not re-measured with this commit): float32 x and pool
 take quarter-rate float32 matmuls and half the tiles on VectorE, and the
 gather transpose is 2-byte only, so float32 windows are gathered token-major
