@@ -1,6 +1,8 @@
 """Modeled trn2 figures of the short conv kernels at the issue's shapes (not a test).
 
     PYTHONPATH=. python3 tests/kernels/short_conv_perf.py [16k] [8x2k] [2k] [d32] [d512] [--target trn2]
+        [--lnc 1|2]
+    PYTHONPATH=. python3 tests/kernels/short_conv_perf.py judged [--target trn2]
 
 Qwen3-Next conv shape: dim 8192, W 4, bfloat16 x / weight / pool, no bias,
 SiLU. Prefill: 16K or 2K tokens in one sequence, or 8 x 2K ragged; decode: 32
@@ -12,6 +14,18 @@ the launch that ran it), so it is the whole compiled program. Each case runs thr
 backend="sim" under nki_ssm.sim.trace.record() and is timed by
 nki_ssm.perf.model. "bound" = minimal HBM bytes (x, y and the named pool
 slots' state in and out) over the core's DMA bandwidth.
+
+``--lnc 2`` launches the kernels as two programs (NEURON_LOGICAL_NC_CONFIG=2). The
+line then also gives each program timed alone (``nki_ssm.perf.model`` over that
+program's instructions: its own core, no dependency on the other program's
+accesses) and the larger of the two, beside the whole trace's figure, plus both
+programs' sizes.
+
+``judged`` runs the judged short conv cases of ``simulate.cases.judged_cases()`` (the
+same inputs as ``python -m simulate --set judged``, seed 0) at LNC=1 and LNC=2 and
+prints, per case, the LNC=1 time, the LNC=2 time of the slower program timed alone
+and of the whole two-program trace, and the ratios to LNC=1 (central figures of
+``nki_ssm.perf.model``, no 10-90 % interval).
 """
 from __future__ import annotations
 
@@ -30,11 +44,12 @@ DIM, W = 8192, 4
 CASES = ("16k", "8x2k", "2k", "d32", "d512")
 
 
-def program_size(traces) -> int:
-    """Static instructions of one compiled program from several launches of it: the
-    instructions outside runtime loops (the same in every launch) plus each runtime loop's
-    body once -- its largest iteration over all launches. Every runtime loop must have run
-    in at least one launch, else its body would be missing."""
+def program_size(traces, program_id: int = 0) -> int:
+    """Static instructions of one compiled program (of program ``program_id`` of an LNC
+    launch) from several launches of it: the instructions outside runtime loops (the same
+    in every launch) plus each runtime loop's body once -- its largest iteration over all
+    launches. Every runtime loop must have run in at least one launch, else its body would
+    be missing."""
     tops = set()
     body: dict = {}
     ran = set()
@@ -43,6 +58,8 @@ def program_size(traces) -> int:
         top = 0
         per_iter: dict = {}
         for inst in trace.instructions:
+            if inst.program_id != program_id:
+                continue
             if inst.loop_path:
                 per_iter[inst.loop_path] = per_iter.get(inst.loop_path, 0) + 1
             else:
@@ -51,6 +68,8 @@ def program_size(traces) -> int:
             body[path[-1][0]] = max(body.get(path[-1][0], 0), n)
         tops.add(top)
         for key, loop in trace.loops.items():
+            if key[0] != program_id:
+                continue
             seen.add(key)
             if loop.iterations:
                 ran.add(key)
@@ -81,6 +100,14 @@ def decode_traces(inp):
     return traces
 
 
+def program_times_us(trace, target: str) -> list:
+    """Modeled time of each program of an LNC launch, its instructions timed alone (its
+    own core; none of the other program's accesses can delay it)."""
+    pids = sorted({inst.program_id for inst in trace.instructions})
+    return [perf.model([inst for inst in trace.instructions if inst.program_id == p],
+                       target=target).time_us for p in pids]
+
+
 def run_case(case: str, target: str, rng) -> str:
     t0 = time.time()
     if case in ("16k", "8x2k", "2k"):
@@ -108,7 +135,13 @@ def run_case(case: str, target: str, rng) -> str:
         program = trace.program_instructions()
     timing = perf.model(trace, target=target)
     bound_ns = min_bytes / timing.dma_bw_bytes_per_ns
-    return (f"{case}: modeled {timing.time_us:.1f} us on {timing.target}, "
+    lnc = ""
+    if any(inst.program_id for inst in trace.instructions):
+        times = program_times_us(trace, target)
+        sizes = [trace.program_instructions(p) for p in range(len(times))]
+        lnc = (f" [LNC=2: programs alone {' / '.join(f'{t:.1f}' for t in times)} us, max "
+               f"{max(times):.1f} us; program sizes {sizes}]")
+    return (f"{case}: modeled {timing.time_us:.1f} us on {timing.target}{lnc}, "
             f"{min_bytes / timing.time_ns:.0f} GB/s = {100 * bound_ns / timing.time_ns:.1f}% of "
             f"the core's {timing.dma_bw_bytes_per_ns:.0f} GB/s DMA bandwidth "
             f"({timing.time_ns / bound_ns:.2f}x the bytes-moved bound {bound_ns / 1e3:.1f} us); "
@@ -118,12 +151,47 @@ def run_case(case: str, target: str, rng) -> str:
             f"{len(trace)} dynamic instructions; simulated in {time.time() - t0:.0f} s")
 
 
+def judged(target: str) -> None:
+    """LNC=2 / LNC=1 modeled time at the judged short conv cases (module docstring)."""
+    import os
+
+    from simulate.cases import judged_cases
+
+    for case in judged_cases():
+        if case.family != "short_conv":
+            continue
+        times = {}
+        for lnc in (1, 2):
+            os.environ["NEURON_LOGICAL_NC_CONFIG"] = str(lnc)
+            kw = case.make_inputs(0)
+            with record() as trace:
+                getattr(ops, case.op)(**kw, backend="sim")
+            times[lnc] = (perf.model(trace, target=target).time_us,
+                          max(program_times_us(trace, target)),
+                          [trace.program_instructions(p) for p in range(lnc)])
+            del trace, kw
+        t1 = times[1][0]
+        whole, alone, sizes = times[2]
+        print(f"{case.id}: LNC=1 {t1:.1f} us (program {times[1][2][0]}); LNC=2 programs "
+              f"alone {alone:.1f} us = {alone / t1:.3f}x, whole trace {whole:.1f} us = "
+              f"{whole / t1:.3f}x (program sizes {sizes})", flush=True)
+
+
 def main(argv):
+    import os
+
     target = "trn2"
     if "--target" in argv:
         i = argv.index("--target")
         target = argv[i + 1]
         argv = argv[:i] + argv[i + 2:]
+    if "--lnc" in argv:
+        i = argv.index("--lnc")
+        os.environ["NEURON_LOGICAL_NC_CONFIG"] = argv[i + 1]
+        argv = argv[:i] + argv[i + 2:]
+    if argv == ["judged"]:
+        judged(target)
+        return
     cases = argv or list(CASES)
     bad = [c for c in cases if c not in CASES]
     if bad:

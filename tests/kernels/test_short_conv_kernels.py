@@ -89,9 +89,9 @@ def _run_decode_and_check(inp, dtype):
 
 @pytest.mark.parametrize("W", [2, 3, 4])
 @pytest.mark.parametrize("dtype", [np.float32, BF16])
-def test_prefill_ragged_edge_lengths(rng, W, dtype):
+def test_prefill_ragged_edge_lengths(rng, W, dtype, lnc):
     """T = 1, T < W-1, empty, a padding slot and a normal sequence in one launch."""
-    inp = make_short_conv_inputs(rng, seqlens=[1, W - 2, 0, 7, 5], dim=128, W=W, dtype=dtype,
+    inp = make_short_conv_inputs(rng, seqlens=[1, W - 2, 0, 7, 5], dim=256, W=W, dtype=dtype,
                                  pool_dtype=dtype, padding=1, has_initial_state="mixed")
     y, _ = _run_and_check(inp)
     pad = np.flatnonzero(inp["state_indices"] < 0)
@@ -105,8 +105,8 @@ def test_prefill_ragged_edge_lengths(rng, W, dtype):
     (BF16, np.float32, BF16),           # bf16 x staged up to fp32 (fp32 pool values kept exact)
     (BF16, BF16, np.float32),           # hi+lo bf16 split of fp32 weights
 ])
-def test_prefill_mixed_dtypes(rng, x_dtype, pool_dtype, w_dtype):
-    inp = make_short_conv_inputs(rng, seqlens=[3, 1, 9], dim=128, W=4, dtype=x_dtype,
+def test_prefill_mixed_dtypes(rng, x_dtype, pool_dtype, w_dtype, lnc):
+    inp = make_short_conv_inputs(rng, seqlens=[3, 1, 9], dim=256, W=4, dtype=x_dtype,
                                  pool_dtype=pool_dtype, has_initial_state=[True, True, False])
     _with_param_dtype(rng, inp, w_dtype)
     _run_and_check(inp)
@@ -122,24 +122,24 @@ def _with_param_dtype(rng, inp, w_dtype):
         inp[name] = v.astype(w_dtype)
 
 
-def test_prefill_partial_tile_no_bias_no_activation(rng):
+def test_prefill_partial_tile_no_bias_no_activation(rng, lnc):
     """dim 192 = one full and one 64-channel tile; identity activation, no bias."""
     inp = make_short_conv_inputs(rng, seqlens=[4, 2], dim=192, W=3, bias=False, activation=None,
                                  has_initial_state=True)
     _run_and_check(inp)
 
 
-def test_prefill_long_sequence_crosses_chunks(rng):
+def test_prefill_long_sequence_crosses_chunks(rng, lnc):
     """A 700-token sequence spans two 512-token chunks (the second chunk's window starts
     16 tokens before it, gathered by index)."""
-    inp = make_short_conv_inputs(rng, seqlens=[700, 130], dim=128, W=4, dtype=BF16,
+    inp = make_short_conv_inputs(rng, seqlens=[700, 130], dim=256, W=4, dtype=BF16,
                                  pool_dtype=BF16, has_initial_state=True)
     _run_and_check(inp)
 
 
-def test_prefill_repeated_calls_continue_sequences(rng):
+def test_prefill_repeated_calls_continue_sequences(rng, lnc):
     """Two calls over the halves of each sequence == one call over the whole sequences."""
-    dim, W = 128, 4
+    dim, W = 256, 4
     full = make_short_conv_inputs(rng, seqlens=[6, 2, 9], dim=dim, W=W, has_initial_state=True)
     lengths = np.diff(full["cu_seqlens"])
     first_len = np.array([4, 1, 2])
@@ -163,7 +163,7 @@ def test_prefill_repeated_calls_continue_sequences(rng):
     _check_pool(pool, full["conv_states"], pool_ref, full["state_indices"])
 
 
-def test_prefill_varlen_equals_separate_calls(rng):
+def test_prefill_varlen_equals_separate_calls(rng, lnc):
     """A ragged batch (empty, T = 1, T < W-1, one spanning chunks, mixed initial states)
     gives, bit for bit, the y rows and pool slots of one call per sequence."""
     inp = make_short_conv_inputs(rng, seqlens=[2, 0, 600, 1, 9], dim=160, W=4, dtype=BF16,
@@ -181,7 +181,7 @@ def test_prefill_varlen_equals_separate_calls(rng):
     assert pool.tobytes() == after.tobytes()
 
 
-def test_prefill_all_padding_touches_nothing(rng):
+def test_prefill_all_padding_touches_nothing(rng, lnc):
     """Every sequence a padding slot: y is zeros and the pool keeps its bytes."""
     inp = make_short_conv_inputs(rng, seqlens=[3, 0, 5], dim=128, W=4, dtype=BF16,
                                  pool_dtype=BF16, slots=4)
@@ -192,7 +192,7 @@ def test_prefill_all_padding_touches_nothing(rng):
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
-def test_prefill_garbage_in_fresh_slots_and_padding_tokens(rng, bad):
+def test_prefill_garbage_in_fresh_slots_and_padding_tokens(rng, bad, lnc):
     """Slots of sequences without initial state hold NaN / Inf, and so do the tokens of
     padding sequences: neither reaches a live output or a stored state (the old state of
     a fresh sequence is zeroed, the new state is picked by a DMA offset, never by a mask)."""
@@ -213,7 +213,7 @@ def test_prefill_garbage_in_fresh_slots_and_padding_tokens(rng, bad):
 @given(data=st.data())
 def test_prefill_hypothesis_ragged(data):
     """Random ragged batches: lengths 0..12 (T = 1, T < W-1, empty), padding, mixed
-    initial states, W 2..8, partial channel tiles, both dtypes, bias or not."""
+    initial states, W 2..8, partial channel tiles, both dtypes, bias or not, LNC=1 or 2."""
     seed = data.draw(st.integers(0, 2**31 - 1))
     W = data.draw(st.sampled_from([2, 3, 4, 8]))
     dim = data.draw(st.sampled_from([64, 128, 160, 256]))
@@ -224,7 +224,9 @@ def test_prefill_hypothesis_ragged(data):
     inp = make_short_conv_inputs(rng, seqlens=lens, dim=dim, W=W, dtype=dtype, pool_dtype=dtype,
                                  padding=padding, has_initial_state="mixed",
                                  bias=data.draw(st.booleans()))
-    _run_and_check(inp)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NEURON_LOGICAL_NC_CONFIG", str(data.draw(st.sampled_from([1, 2]))))
+        _run_and_check(inp)
 
 
 def test_invalid_call_changes_nothing(rng):
@@ -258,7 +260,7 @@ def _prefill_lengths(draw, W, total_lo, total_hi, n_lo, n_hi):
 
 @pytest.mark.parametrize("dtype,pool_dtype", [(np.float32, np.float32), (BF16, BF16),
                                               (BF16, np.float32)])
-def test_prefill_one_specialisation_per_bucket(dtype, pool_dtype):
+def test_prefill_one_specialisation_per_bucket(dtype, pool_dtype, lnc):
     """Many ragged batches within one bucket (513..1024 tokens -> token bucket 1024 =
     two 512-token chunks; 5..8 sequences -> sequence bucket 8): lengths 0, 1, < W-1 and
     one spanning both chunks, padding slots anywhere, mixed has_initial_state. The
@@ -288,7 +290,7 @@ def test_prefill_one_specialisation_per_bucket(dtype, pool_dtype):
     assert list(spec.values()) == [1], spec
 
 
-def test_prefill_program_size_does_not_grow_with_tokens(rng):
+def test_prefill_program_size_does_not_grow_with_tokens(rng, lnc):
     """One sequence of 3000 tokens (bucket 4096: 3 chunk pairs) and of 9000 (bucket
     16384: 9 pairs): the same static program (each runtime loop body once)."""
     from nki_ssm.sim.trace import record
@@ -309,7 +311,7 @@ def _max_loop_depth(trace) -> int:
 
 
 @pytest.mark.parametrize("dim", [256, 200])
-def test_prefill_no_runtime_loop_inside_a_runtime_loop(rng, dim):
+def test_prefill_no_runtime_loop_inside_a_runtime_loop(rng, dim, lnc):
     """Issue 25: on a ragged batch with initial states (mixed), padding slots, empty and
     short sequences and one spanning several chunks, no instruction sits in more than one
     runtime loop -- and the result still matches the float64 reference. dim 200 adds the
@@ -326,7 +328,7 @@ def test_prefill_no_runtime_loop_inside_a_runtime_loop(rng, dim):
 
 
 @pytest.mark.parametrize("num_seqs,padding", [(6, 2), (80, 5)])
-def test_decode_no_runtime_loop_inside_a_runtime_loop(rng, num_seqs, padding):
+def test_decode_no_runtime_loop_inside_a_runtime_loop(rng, num_seqs, padding, lnc):
     """Issue 25: decode with padding slots, either row layout (6 live sequences: the wide
     layout; 75: one block per sequence), T = 2: every instruction sits in at
     most one runtime loop, and the result matches the float64 reference."""
@@ -372,15 +374,29 @@ def test_prefill_tables_from_cu_seqlens():
     # 600 tokens -> 2 chunks of 512 -> 1 pair: 0 loop iterations + the last pair; 3 live
     # sequences; 1 slot to zero
     assert counts.tolist() == [[0, 3, 1]]
+    # LNC=2, dim 256: two programs of one tile each, y as 2 rows per token (one per
+    # program: each adds its block's offset), the same tables and counts for both
+    t2 = prefill_tables(cu, idx, init, 1024, 4, 4, 256, programs=2)
+    assert t2[2].shape == (4, 1, 128) and (t2[2][:3, 0, 0:H] // 2).tolist() == [
+        [0, 1, 1024 + 2], [2, 3, 4], [7, 8, 9]]
+    assert (t2[2][:3, 0, 0:H] % 2 == 0).all() and t2[5].tolist() == [[0, 3, 1, 0, 3, 1]]
+    # dim 300 -> 150 channels per program: a full and a 22-channel tile each, 4 rows per
+    # token (2 per program)
+    t300 = prefill_tables(cu, idx, init, 1024, 4, 4, 300, programs=2)
+    assert t300[2].shape == (4, 2, 128) and t300[2][1, 1, 0:H].tolist() == [
+        2 * 4 + 1, 3 * 4 + 1, 4 * 4 + 1]
+    # dim 128: program 1 gets no work (zero counts), y keeps a block for it
+    t128 = prefill_tables(cu, idx, init, 1024, 4, 4, 128, programs=2)
+    assert t128[5].tolist() == [[0, 3, 1, 0, 0, 0]] and t128[2][1, 0, 0] == 2 * 2
 
 
 # --------------------------------------------------------------------------- decode
 
 @pytest.mark.parametrize("T", [None, 1, 3])
 @pytest.mark.parametrize("dtype", [np.float32, BF16])
-def test_decode_matches_reference(rng, T, dtype):
+def test_decode_matches_reference(rng, T, dtype, lnc):
     """T = 1 ([num_seqs, dim] and [num_seqs, 1, dim]) and a 3-token speculative step."""
-    inp = make_short_conv_decode_inputs(rng, num_seqs=5, T=T, dim=128, W=4, dtype=dtype,
+    inp = make_short_conv_decode_inputs(rng, num_seqs=5, T=T, dim=256, W=4, dtype=dtype,
                                         pool_dtype=dtype, padding=1)
     y = _run_decode_and_check(inp, dtype)
     assert not np.any(y[inp["state_indices"] < 0].astype(np.float64))
@@ -397,7 +413,7 @@ def test_kernel_docstrings_state_layouts_limits_engine_plan():
         assert word in doc, word
 
 
-def test_prefill_several_channel_groups(rng):
+def test_prefill_several_channel_groups(rng, lnc):
     """dim 2240 = a 16-tile group, a 1-tile group and a 64-channel partial tile: heads of
     the first groups carried by the next group's stream loop, the last group's in the
     final head loop."""
@@ -415,7 +431,7 @@ def test_prefill_several_channel_groups(rng):
     (20, 512, 1, BF16, False),   # one block forced: 4 pool rows per partition, TensorE taps
     (6, 512, 3, np.float32, False),    # one block forced at a small batch: 4 rows / partition
 ])
-def test_decode_row_split_and_groups(rng, monkeypatch, num_seqs, dim, T, pool_dtype, wide):
+def test_decode_row_split_and_groups(rng, monkeypatch, num_seqs, dim, T, pool_dtype, wide, lnc):
     """Both row layouts (the launcher's pick or forced), partition groups, both tap
     engines; W = 2, 3, 4."""
     from nki_ssm.ops.launch import short_conv as launch
@@ -429,7 +445,7 @@ def test_decode_row_split_and_groups(rng, monkeypatch, num_seqs, dim, T, pool_dt
 
 
 @pytest.mark.slow
-def test_model_dim_prefill_and_decode(rng):
+def test_model_dim_prefill_and_decode(rng, lnc):
     """Qwen3-Next conv dim 8192 (4 channel groups): a ragged prefill across a chunk
     boundary with T = 1, empty and padding sequences, then a 2-token decode of 130
     sequences (two partition groups) continuing from the same pool."""
@@ -446,16 +462,20 @@ def test_model_dim_prefill_and_decode(rng):
 @given(data=st.data())
 def test_decode_hypothesis(data):
     """Random decode batches: 1..140 sequences (R from 1 to 64 channel blocks), T 1..4,
-    W 2..8, padding, dims that are not powers of two, bias or not, both dtypes."""
+    W 2..8, padding, dims that are not powers of two, bias or not, both dtypes, LNC=1 or 2
+    (dims 200 and 256 split across the two programs)."""
     rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1)))
     num_seqs = data.draw(st.integers(1, 140))
     dtype = data.draw(st.sampled_from([np.float32, BF16]))
     inp = make_short_conv_decode_inputs(
         rng, num_seqs=num_seqs, T=data.draw(st.integers(1, 4)),
-        dim=data.draw(st.sampled_from([64, 96, 128, 200])), W=data.draw(st.sampled_from([2, 3, 4, 8])),
+        dim=data.draw(st.sampled_from([64, 96, 128, 200, 256])),
+        W=data.draw(st.sampled_from([2, 3, 4, 8])),
         dtype=dtype, pool_dtype=data.draw(st.sampled_from([np.float32, BF16])),
         padding=data.draw(st.integers(0, num_seqs - 1)), bias=data.draw(st.booleans()))
-    _run_decode_and_check(inp, dtype)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NEURON_LOGICAL_NC_CONFIG", str(data.draw(st.sampled_from([1, 2]))))
+        _run_decode_and_check(inp, dtype)
 
 
 @pytest.mark.slow
@@ -464,7 +484,7 @@ def test_decode_hypothesis(data):
     (BF16, np.float32, np.float32),         # staged bf16 x, fp32 weights
     (BF16, BF16, np.float32),               # hi + lo split weights
 ])
-def test_model_dim_prefill_precisions(rng, x_dtype, pool_dtype, w_dtype):
+def test_model_dim_prefill_precisions(rng, x_dtype, pool_dtype, w_dtype, lnc):
     """dim 8192 with every precision plan (the SBUF working set depends on it)."""
     inp = make_short_conv_inputs(rng, seqlens=[130, 2], dim=8192, W=4, dtype=x_dtype,
                                  pool_dtype=pool_dtype, has_initial_state=True)
@@ -499,7 +519,8 @@ def test_kernels_import_only_the_backend_and_take_tuples(rng, monkeypatch):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):     # the backend, and the kernels' helpers
-                assert node.module in ("nki_ssm.backend", "nki_ssm.kernels._common"), \
+                assert node.module in ("nki_ssm.backend", "nki_ssm.kernels._common",
+                                       "nki_ssm.kernels.short_conv.split"), \
                     (path.name, node.module)
             assert not isinstance(node, ast.Import), path.name
             assert not isinstance(node, ast.Raise), path.name      # NKI rejects raise
@@ -509,9 +530,9 @@ def test_kernels_import_only_the_backend_and_take_tuples(rng, monkeypatch):
     seen = []
     real = nki_backend.run
 
-    def spy(kernel, *args, backend):
+    def spy(kernel, *args, backend, lnc=None):
         seen.append(args)
-        return real(kernel, *args, backend=backend)
+        return real(kernel, *args, backend=backend, lnc=lnc)
 
     monkeypatch.setattr(nki_backend, "run", spy)   # the launchers' host path (host_call)
     inp = make_short_conv_inputs(rng, seqlens=[3, 0], dim=128, W=3, padding=1)
@@ -542,7 +563,7 @@ def _decode_both(inp, dtype):
     (3, 131, 17),       # odd dim: one channel block, odd T
     (70, 128, 16),      # > 64 sequences (one block, one group of 128 positions)
 ])
-def test_decode_long_speculative_steps_fit_psum(rng, num_seqs, dim, T):
+def test_decode_long_speculative_steps_fit_psum(rng, num_seqs, dim, T, lnc):
     """Issue 9 row 2: any T works (tokens processed in PSUM-sized slices) on every
     backend, and the kernel matches the reference."""
     inp = make_short_conv_decode_inputs(rng, num_seqs=num_seqs, T=T, dim=dim, W=4,
@@ -552,7 +573,7 @@ def test_decode_long_speculative_steps_fit_psum(rng, num_seqs, dim, T):
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, 1e30])
-def test_decode_padding_row_nan_gives_zeros(rng, bad):
+def test_decode_padding_row_nan_gives_zeros(rng, bad, lnc):
     """Issue 9 row 3: a padding row's x is never read, so NaN / Inf / huge garbage there
     gives zeros (the contract) on every backend, and the live rows are unaffected."""
     inp = make_short_conv_decode_inputs(rng, num_seqs=3, T=2, dim=128, W=4)
@@ -564,7 +585,7 @@ def test_decode_padding_row_nan_gives_zeros(rng, bad):
 
 
 @pytest.mark.parametrize("num_seqs,padding", [(1, 0), (1, 1), (3, 0), (5, 2), (7, 0), (6, 5)])
-def test_decode_one_and_odd_numbers_of_live_sequences(rng, num_seqs, padding):
+def test_decode_one_and_odd_numbers_of_live_sequences(rng, num_seqs, padding, lnc):
     """1 sequence, odd numbers of live sequences and an all-but-one-padding batch: the
     last group's unused positions mirror a live sequence (issue 14 item 7)."""
     inp = make_short_conv_decode_inputs(rng, num_seqs=num_seqs, T=1, dim=256, W=4,
@@ -572,7 +593,7 @@ def test_decode_one_and_odd_numbers_of_live_sequences(rng, num_seqs, padding):
     _run_decode_and_check(inp, np.float32)
 
 
-def test_decode_all_padding_touches_nothing(rng):
+def test_decode_all_padding_touches_nothing(rng, lnc):
     inp = make_short_conv_decode_inputs(rng, num_seqs=4, T=1, dim=128, W=3, padding=4)
     y = _run_decode_and_check(inp, np.float32)
     assert not np.any(y)
@@ -600,20 +621,30 @@ def test_decode_tables_compact_live_sequences_and_mirror_padding():
     order, _, pool_rows, _ = decode_tables(idx, 8, 1, 4)
     assert list(order[:3]) == [1, 3, 4]
     assert pool_rows[:3].tolist() == [[20, 21, 22, 23], [8, 9, 10, 11], [28, 29, 30, 31]]
-    R, _, _, _, _, counts = decode_plan(idx, 8, 512)
-    assert R == 4 and counts.tolist() == [[3, 0, 0]] and counts.dtype == np.int32
+    R, parts, _, _, _, _, counts = decode_plan(idx, 8, 512)
+    assert (R, parts) == (4, 1) and counts.tolist() == [[3, 0, 0]] and counts.dtype == np.int32
     live = np.concatenate([np.arange(40), -np.ones(24, int)])
-    _, order, _, _, _, counts = decode_plan(live, 64, 512)         # 40 * 4 rows: two groups
+    _, _, order, _, _, _, counts = decode_plan(live, 64, 512)      # 40 * 4 rows: two groups
     assert counts.tolist() == [[40, 0, 0]] and list(order[40:]) == [32] * 24
     live = np.concatenate([np.arange(70), -np.ones(58, int)])
-    _, order, _, _, _, counts = decode_plan(live, 128, 512)        # 70 * 4 > 256: one block
+    _, _, order, _, _, _, counts = decode_plan(live, 128, 512)     # 70 * 4 > 256: one block
     assert counts.tolist() == [[0, 70, 1]] and list(order[70:]) == [0] * 58
-    _, _, _, _, _, none = decode_plan(np.full(8, -1), 8, 512)
+    none = decode_plan(np.full(8, -1), 8, 512)[-1]
     assert none.tolist() == [[0, 0, 0]]
+    # LNC=2: two programs of 256 channels (R = 2 blocks of 128 each), the pool viewed as 4
+    # rows per slot; one table for both (program 1 adds its 2 rows), the same counts twice
+    R, parts, order, _, rows_wide, rows_one, counts = decode_plan(idx, 8, 512, programs=2)
+    assert (R, parts) == (2, 2) and counts.tolist() == [[3, 0, 0, 3, 0, 0]]
+    assert rows_wide.shape == (8, 2) and list(rows_wide.reshape(-1)[:3]) == [20, 8, 28]
+    assert rows_wide.reshape(-1)[8] == 5 * 4 + 1                 # block 1 of slot 5
+    assert rows_one[:3].tolist() == [[20, 21], [8, 9], [28, 29]]
+    # dim 128 (one channel tile): program 1 gets no work
+    R, parts, _, _, _, _, counts = decode_plan(idx, 8, 128, programs=2)
+    assert (R, parts) == (1, 1) and counts.tolist() == [[0, 3, 1, 0, 0, 0]]
 
 
 @pytest.mark.parametrize("pool_dtype", [np.float32, BF16])
-def test_decode_one_specialisation_per_bucket(pool_dtype):
+def test_decode_one_specialisation_per_bucket(pool_dtype, lnc):
     """Many random batches within one bucket (5..8 sequences -> bucket 8; padding slots
     anywhere, all-padding included): the kernel is compiled once, and every call
     matches the float64 reference (y, named and unnamed pool slots)."""
@@ -636,7 +667,7 @@ def test_decode_one_specialisation_per_bucket(pool_dtype):
     assert list(spec.values()) == [1], spec
 
 
-def test_decode_program_size_does_not_grow_with_sequences(rng):
+def test_decode_program_size_does_not_grow_with_sequences(rng, lnc):
     """Buckets of 1, 32, 128 and 512 sequences compile the same program: both row layouts,
     each a runtime group loop (the program counted over a launch with the launcher's
     layout and one with the other, so each layout's loops ran once)."""
@@ -658,3 +689,92 @@ def test_decode_program_size_does_not_grow_with_sequences(rng):
         # at 512 sequences the group loop iterates: more dynamic than static instructions
         assert len(traces[0]) > sizes[-1] or n < 512
     assert sizes == [sizes[0]] * 4 and sizes[0] <= 20_000, sizes
+
+
+# --------------------------------------------------------------------------- LNC=2
+
+def _programs_iterated(trace) -> list:
+    """Per program of the launch: whether any of its runtime loops ran an iteration."""
+    return [any(inst.loop_path for inst in trace.instructions if inst.program_id == p)
+            for p in (0, 1)]
+
+
+def _lnc2_program_sizes(monkeypatch, run, iterated=(True, True)) -> list:
+    """Run ``run`` (-> arrays) with NEURON_LOGICAL_NC_CONFIG 1, then 2: the arrays are
+    equal bit for bit, the programs of the LNC=2 launch whose runtime loops iterate are
+    ``iterated``, no runtime loop nests. Returns the LNC=2 programs' sizes."""
+    from nki_ssm.sim.trace import record
+
+    out = {}
+    for lnc in (1, 2):
+        monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", str(lnc))
+        with record() as trace:
+            out[lnc] = [a.tobytes() for a in run()]
+    assert out[1] == out[2]
+    assert _programs_iterated(trace) == list(iterated)
+    assert _max_loop_depth(trace) == 1
+    return [trace.program_instructions(p) for p in (0, 1)]
+
+
+@pytest.mark.parametrize("dim", [384, 200])
+def test_prefill_lnc2_splits_channels_bit_identical(rng, monkeypatch, dim):
+    """LNC=2: the two programs take the two channel halves (dim 384: 192 each, a full and
+    a partial tile; dim 200: 100 each, one partial tile). On ragged batches with initial
+    states (mixed), padding slots, empty and T = 1 sequences and sequences spanning several
+    chunks, y and the pool equal LNC=1 bit for bit (and the float64 reference); both
+    programs run their loops; the two programs have the same size, <= 20,000, and the same
+    for another batch of the same buckets (2048 tokens, 8 sequences)."""
+    sizes = []
+    for lens in ([5, 0, 1300, 2, 1, 700], [700, 1, 0, 1200, 9, 3, 40]):
+        inp = make_short_conv_inputs(rng, seqlens=lens, dim=dim, W=4, dtype=BF16,
+                                     pool_dtype=BF16, slots=11, padding=2,
+                                     has_initial_state="mixed")
+        sizes.append(_lnc2_program_sizes(monkeypatch, lambda: _run_and_check(inp)))
+    assert sizes[0] == sizes[1] and sizes[0][0] == sizes[0][1] <= 20_000, sizes
+
+
+@pytest.mark.parametrize("num_seqs,dim,T,dtype,wide", [
+    (6, 512, 2, BF16, None),         # wide layout (R = 2 per program)
+    (20, 512, 1, BF16, False),       # one block forced: TensorE taps, 2 pool rows / partition
+    (5, 200, 3, np.float32, None),   # 100 channels per program: one-block only, partial tile
+])
+def test_decode_lnc2_splits_channels_bit_identical(rng, monkeypatch, num_seqs, dim, T, dtype,
+                                                   wide):
+    """LNC=2 decode: the two programs take the two channel halves of every sequence. With
+    padding slots, y and the pool equal LNC=1 bit for bit (and the float64 reference); both
+    programs run their group loops; the two programs have the same size, <= 20,000, and
+    the same for another batch of the same bucket."""
+    from nki_ssm.ops.launch import short_conv as launch
+
+    if wide is not None:
+        monkeypatch.setattr(launch, "use_wide_layout", lambda n, R: wide)
+    sizes = []
+    for n, padding in ((num_seqs, 2), (num_seqs - 1, 1)):
+        inp = make_short_conv_decode_inputs(rng, num_seqs=n, T=T, dim=dim, W=4, dtype=dtype,
+                                            pool_dtype=dtype, padding=padding, slots=n + 3)
+
+        def run():
+            pool = inp["conv_states"].copy()
+            y = _run_decode_and_check(dict(inp, conv_states=pool), dtype)
+            return y, pool
+
+        sizes.append(_lnc2_program_sizes(monkeypatch, run))
+    assert sizes[0] == sizes[1] and sizes[0][0] == sizes[0][1] <= 20_000, sizes
+
+
+@pytest.mark.parametrize("dim", [128, 99])
+def test_lnc2_one_channel_tile_or_odd_dim_program_1_idle(rng, monkeypatch, dim):
+    """The channels do not split (one 128-channel tile, or an odd dim): program 1 gets no
+    work (zero counts: none of its runtime loops iterates), results equal LNC=1 bit for
+    bit, and both programs have the same size."""
+    inp = make_short_conv_inputs(rng, seqlens=[3, 0, 600, 1], dim=dim, W=4, slots=6,
+                                 padding=1, has_initial_state="mixed")
+    dec = make_short_conv_decode_inputs(rng, num_seqs=5, T=2, dim=dim, W=3, padding=1)
+
+    def run_decode():
+        pool = dec["conv_states"].copy()
+        return _run_decode_and_check(dict(dec, conv_states=pool), np.float32), pool
+
+    for run in (lambda: _run_and_check(inp), run_decode):
+        sizes = _lnc2_program_sizes(monkeypatch, run, iterated=(True, False))
+        assert sizes[0] == sizes[1], sizes

@@ -51,6 +51,19 @@ run on TensorE instead (diagonal weights built by VectorE in each group
 iteration). Each row layout is one top-level ``nl.fori_loop`` over its groups;
 the layout the launcher did not pick gets a stop of 0.
 
+LNC (two programs per logical core)
+-----------------------------------
+Launched as ``kernel[2]`` (``NEURON_LOGICAL_NC_CONFIG=2``; the launchers build their
+tables for ``call.lnc`` programs), both kernels split the channels: program p
+(``nl.program_id(0)``) takes channels ``[p * dim / 2, (p + 1) * dim / 2)`` of every
+token and sequence (``split.program_channels``) and runs the whole plan above on
+them -- prefill: its stream groups, its part of every pool row in the zero and head
+loops, its own block of y rows; decode: both row layouts over its half, the pool
+viewed with 2R rows per slot. The channels are independent, so the programs share
+no written HBM byte, need no synchronisation, trace the same instructions (equal
+program sizes) and give LNC=1's results bit for bit. When the channels do not
+split (dim <= 128 or odd) program 1 gets zero loop counts and no work.
+
 Compile-time vs run-time
 ------------------------
 Both kernels take only shapes (the token / sequence buckets), dtypes and layer
@@ -60,7 +73,8 @@ built by a few vectorised array ops in the launcher, and every loop that grows
 with tokens or sequences is a runtime loop whose bound is a register loaded
 from a (1, 1) SBUF tile (design notes in prefill.py and decode.py). One
 program per bucket: prefill 4,900 static instructions at 16K x 1 and 8 x 2K
-(dim 8192, W 4, bf16; ``python -m simulate`` counts the loop bodies that ran).
+(dim 8192, W 4, bf16), 2,481 per program at LNC=2; decode 1,276, 672 per program
+at LNC=2 (``Trace.program_instructions``, every loop body counted once).
 
 Limits
 ------
@@ -89,6 +103,20 @@ interval of nki_ssm.perf as of this commit).
   bound; DMA (77 %) with VectorE (59 %: the taps' PSUM evictions) behind.
 - decode 32 sequences x 1 token: 87 us (71-154) = 7.5x the bound (wide layout,
   one group): VectorE (56 %) and the pipeline latency.
+
+Performance at LNC=2 (modeled, trn2, one logical core = two physical cores;
+command: ``PYTHONPATH=. python tests/kernels/short_conv_perf.py judged``, the judged
+cases of ``simulate.cases``): each program timed alone on its own core (the cost model
+over that program's instructions), against LNC=1:
+
+- prefill 16K x 1: 1058 us = 0.504x LNC=1; 8 x 2K: 1219 us = 0.535x (the head loop's
+  per-sequence DMA latencies do not halve);
+- decode 32 sequences: 39.8 us = 0.456x; 512 sequences: 168 us = 0.537x.
+
+Timed as one trace, today's cost model also makes program 1's first run-time-addressed
+stores and pool gathers wait for program 0's last writes to the same tensor (their
+byte spans cannot be told apart, as within one program; across the two cores no
+such order exists), which gives 0.80-1.05x; shared HBM bandwidth is not modeled yet.
 
 Other precision plans (not re-measured with this commit): float32 x and pool
 take quarter-rate float32 matmuls and half the tiles on VectorE, and the

@@ -16,12 +16,13 @@ and one ``vector_offset`` DMA per group and chunk gathers (later scatters)
 partition: a one-block partition spans R pool rows, its chunks never cross
 one, and its table row holds the R row numbers. x ``[N, T, dim]`` and y are
 gathered / scattered one sequence row per partition (one DMA per channel
-block r, the base row being the group's first position).
+block r, the base row being the group's first position). Under LNC=2 each program
+does this on its half of the channels (section LNC below: dim there reads Dp).
 
 Design note: batch composition is run-time data
 -----------------------------------------------
 Compile-time arguments are the shapes (the sequence bucket, T, dim, W, slot
-count), dtypes, R (a function of dim only), the activation and the bias /
+count), dtypes, R (a function of dim and the LNC only), the activation and the bias /
 TensorE-taps flags. The batch arrives as three int32 tables the launcher
 builds from ``state_indices`` with a few vectorised array ops
 (``nki_ssm.ops.launch.short_conv.decode_plan``):
@@ -30,10 +31,29 @@ builds from ``state_indices`` with a few vectorised array ops
   rows ``slot * R + r`` (partition ``r * Pn + i``), one group per Pn rows;
 - ``rows_one [N, R]``: per position of the one-block layout its R pool rows
   ``slot * R + c``;
-- ``counts [1, 3]``: the stop of the wide layout's group loop and of the
-  one-block layout's (the number of live sequences for the layout the launcher
-  picked, 0 for the other), and the trips of the one-block layout's diagonal
-  build (1 when that layout runs, else 0).
+- ``counts [1, 3 * programs]``, three per program: the stop of the wide layout's
+  group loop and of the one-block layout's (the number of live sequences for the
+  layout the launcher picked, 0 for the other), and the trips of the one-block
+  layout's diagonal build (1 when that layout runs, else 0); all zeros for a
+  program without work.
+
+LNC: the programs split the channels
+------------------------------------
+Launched as ``kernel[2]`` (LNC=2), the two programs take the two halves of every
+sequence's channels (``split.program_channels``: Dp = dim / 2 each when dim is even
+and above one 128-channel tile), so both keep every sequence on their partitions
+and halve the free size of every instruction (splitting by sequences would leave
+each program's group of 32 sequences x R = 4 blocks half empty at 32 sequences).
+Everything above then holds with dim replaced by Dp: R = ``wide_blocks(Dp)``, the
+pool viewed as ``[slots * 2R, (Dp / R) * (W-1)]`` (2R rows per slot, program p's
+being rows p * R .. p * R + R - 1: the tables hold program 0's rows and program p
+adds ``p * R`` rows as a static element offset of its pool gathers / scatters), x /
+y / weight / bias read and written from channel p * Dp on, counts
+``counts[0, 3p : 3p + 3]``. Both programs trace the same instructions (the same
+program size); they write disjoint y columns and disjoint pool rows, read nothing
+the other writes, and need no synchronisation; results equal LNC=1 bit for bit.
+When the channels do not split (one tile, an odd dim) program 0 takes them all and
+program 1 gets zero counts (no loop iteration: it writes nothing).
 
 Loops: the kernel runs the two layouts one after the other, each as its weight
 setup (straight-line code) and ONE top-level runtime loop over its groups,
@@ -106,6 +126,7 @@ group's DMAs split into >= 4 concurrent channel slices -- not tried.
 """
 from nki_ssm.backend import nki, nl, nisa
 from nki_ssm.kernels._common import count_register
+from nki_ssm.kernels.short_conv.split import program_channels
 
 PMAX = 128
 SUB = 128                   # channels per transposed sub-tile
@@ -140,28 +161,32 @@ def _pool_column(pool_flat, c0, H):
     return (c0 // DP, c0 - (c0 // DP) * DP)
 
 
-def _load_group(x, pool_flat, g, prow, c0, cd, R, Pn, D, H, CD):
+def _load_group(x, pool_flat, g, prow, c0, cd, R, Pn, D, H, CD, base):
     """Gather the state rows (one pool row per partition) and load the x rows of the group
-    starting at position g (register), channels [c0, c0 + cd) of each block."""
+    starting at position g (register), channels [c0, c0 + cd) of each block of this
+    program's channels (``base``: its first channel cb and the element offset pbase of
+    its pool rows)."""
     N, T, dim = x.shape
     P = R * Pn
+    cb, pbase = base
     col, pc0 = _pool_column(pool_flat, c0, H)
     st = nl.ndarray((PMAX, CD, H), dtype=pool_flat.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=st[0:P, 0:cd, :],
                   src=pool_flat.ap(pattern=[[pool_flat.shape[1], P], [H, cd], [1, H]],
-                                   offset=pc0 * H, vector_offset=prow[0:P, col:col + 1],
+                                   offset=pbase + pc0 * H, vector_offset=prow[0:P, col:col + 1],
                                    indirect_dim=0))
     xs = nl.ndarray((PMAX, T, CD), dtype=x.dtype, buffer=nl.sbuf)
-    # partition r*Pn + i reads x[g + i, :, r*D + c0 : r*D + c0 + cd]
+    # partition r*Pn + i reads x[g + i, :, cb + r*D + c0 : cb + r*D + c0 + cd]
     nisa.dma_copy(dst=xs[0:P, :, 0:cd],
-                  src=x.ap(pattern=[[D, R], [T * dim, Pn], [dim, T], [1, cd]], offset=c0,
+                  src=x.ap(pattern=[[D, R], [T * dim, Pn], [dim, T], [1, cd]], offset=cb + c0,
                            scalar_offset=g, indirect_dim=0))
     return (st, xs)
 
 
-def _channel_columns(src, R, D, width, dst):
-    """dst[p, r, s, :] = src[r*D + s*128 + p, ...] (channel-major per-partition columns,
-    float32): DMA in the source dtype, VectorE converts when it is not float32."""
+def _channel_columns(src, cb, R, D, width, dst):
+    """dst[p, r, s, :] = src[cb + r*D + s*128 + p, ...] (channel-major per-partition columns
+    of the channels from cb on, float32): DMA in the source dtype, VectorE converts when it
+    is not float32."""
     nsub = (D + SUB - 1) // SUB
     nfull = D // SUB
     inner = width
@@ -171,14 +196,14 @@ def _channel_columns(src, R, D, width, dst):
     if nfull > 0:
         nisa.dma_copy(dst=stage[:, :, 0:nfull, :],
                       src=src.ap(pattern=[[inner, SUB], [D * inner, R], [SUB * inner, nfull],
-                                          [1, inner]], offset=0))
+                                          [1, inner]], offset=cb * inner))
         if src.dtype != dst.dtype:
             nisa.tensor_copy(dst=dst[:, :, 0:nfull, :], src=stage[:, :, 0:nfull, :])
     if nsub > nfull:
         wl = D - nfull * SUB
         nisa.dma_copy(dst=stage[0:wl, :, nfull, :],
                       src=src.ap(pattern=[[inner, wl], [D * inner, R], [1, inner]],
-                                 offset=nfull * SUB * inner))
+                                 offset=(cb + nfull * SUB) * inner))
         if src.dtype != dst.dtype:
             nisa.tensor_copy(dst=dst[0:wl, :, nfull, :], src=stage[0:wl, :, nfull, :])
 
@@ -376,13 +401,14 @@ def _plan_steps(chunks, batch, tn, T):
     return steps
 
 
-def _store_chunk(y, pool_flat, yt, st, xs, g, prow, c0, cd, R, Pn, D, H, CD):
+def _store_chunk(y, pool_flat, yt, st, xs, g, prow, c0, cd, R, Pn, D, H, CD, base):
     """y rows of the group starting at position g (register) for the chunk and the new
     state (window columns T .. T+W-2, assembled contiguous) back to the pool rows (one row
-    per partition)."""
+    per partition); ``base`` as in ``_load_group``."""
     N, T, dim = y.shape
     P = R * Pn
-    nisa.dma_copy(dst=y.ap(pattern=[[D, R], [T * dim, Pn], [dim, T], [1, cd]], offset=c0,
+    cb, pbase = base
+    nisa.dma_copy(dst=y.ap(pattern=[[D, R], [T * dim, Pn], [dim, T], [1, cd]], offset=cb + c0,
                            scalar_offset=g, indirect_dim=0),
                   src=yt[0:P, :, 0:cd])
     ns = nl.ndarray((PMAX, CD, H), dtype=pool_flat.dtype, buffer=nl.sbuf)
@@ -395,22 +421,25 @@ def _store_chunk(y, pool_flat, yt, st, xs, g, prow, c0, cd, R, Pn, D, H, CD):
         nisa.tensor_copy(dst=ns[0:P, 0:cd, jj], src=src, engine=nisa.engine.scalar)
     col, pc0 = _pool_column(pool_flat, c0, H)
     nisa.dma_copy(dst=pool_flat.ap(pattern=[[pool_flat.shape[1], P], [H, cd], [1, H]],
-                                   offset=pc0 * H, vector_offset=prow[0:P, col:col + 1],
+                                   offset=pbase + pc0 * H, vector_offset=prow[0:P, col:col + 1],
                                    indirect_dim=0),
                   src=ns[0:P, 0:cd, :])
 
 
 def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_bias, R,
-            tensor_taps):
-    """One row layout of R channel blocks per sequence: its weight columns, with TensorE
-    taps a top-level runtime loop of ``setup`` (a register, 1 when this layout runs, else
-    0) trips that builds the diagonal weights, then the top-level runtime group loop over
-    positions 0, Pn, 2 Pn, .. < stop (the register; 0 when the launcher picked the other
-    layout)."""
+            tensor_taps, part):
+    """One row layout of R channel blocks per sequence over this program's ``part = (cb,
+    Dp, pbase)`` (its Dp channels from cb on, its pool rows from element pbase of a slot's
+    rows on): its weight columns, with TensorE taps a top-level runtime loop of ``setup``
+    (a register, 1 when this layout runs, else 0) trips that builds the diagonal weights,
+    then the top-level runtime group loop over positions 0, Pn, 2 Pn, .. < stop (the
+    register; 0 when the launcher picked the other layout)."""
     N, T, dim = x.shape
+    cb, Dp, pbase = part
+    base = (cb, pbase)
     W = weight.shape[1]
     H = W - 1
-    D = dim // R
+    D = Dp // R
     Pn = min(PMAX // R, N)
     P = R * Pn
     nsub = (D + SUB - 1) // SUB
@@ -427,11 +456,11 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
 
     # channel-major weights / bias of every block: w_all[p, r, s, k] = weight[r*D + s*128 + p, k]
     w_all = nl.ndarray((SUB, R, nsub, W), dtype=nl.float32, buffer=nl.sbuf)
-    _channel_columns(weight, R, D, W, w_all)
+    _channel_columns(weight, cb, R, D, W, w_all)
     b_all = None
     if has_bias:
         b_all = nl.ndarray((SUB, R, nsub, 1), dtype=nl.float32, buffer=nl.sbuf)
-        _channel_columns(bias, R, D, 1, b_all)
+        _channel_columns(bias, cb, R, D, 1, b_all)
 
     ident = None
     ones = None
@@ -446,12 +475,12 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
         if has_bias:
             b_row = nl.ndarray((1, D), dtype=nl.bfloat16, buffer=nl.sbuf)
             if bias.dtype == nl.bfloat16:
-                nisa.dma_copy(dst=b_row, src=bias.ap(pattern=[[D, 1], [1, D]], offset=0))
+                nisa.dma_copy(dst=b_row, src=bias.ap(pattern=[[D, 1], [1, D]], offset=cb))
             else:
                 # DMA in the bias dtype; VectorE rounds (exact: the launcher checked the
                 # values are bfloat16 values)
                 b_raw = nl.ndarray((1, D), dtype=bias.dtype, buffer=nl.sbuf)
-                nisa.dma_copy(dst=b_raw, src=bias.ap(pattern=[[D, 1], [1, D]], offset=0))
+                nisa.dma_copy(dst=b_raw, src=bias.ap(pattern=[[D, 1], [1, D]], offset=cb))
                 nisa.tensor_copy(dst=b_row, src=b_raw)
         # the diagonals, built once by VectorE in a loop of 1 trip when this layout runs
         # and 0 when the other one does (built unconditionally they would cost the launches
@@ -485,7 +514,7 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
             units.append(None)
         for ci in range(min(PD, len(chunks))):
             loads[ci] = _load_group(x, pool_flat, g, prow, chunks[ci][0], chunks[ci][1],
-                                    R, Pn, D, H, CD)
+                                    R, Pn, D, H, CD, base)
         prev = None
         for i in range(len(steps) + 1):
             nxt = None
@@ -496,7 +525,7 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
                     if ci + PD < len(chunks):
                         loads[ci + PD] = _load_group(x, pool_flat, g, prow,
                                                      chunks[ci + PD][0], chunks[ci + PD][1],
-                                                     R, Pn, D, H, CD)
+                                                     R, Pn, D, H, CD, base)
                     yt = nl.ndarray((PMAX, T, CD), dtype=x.dtype, buffer=nl.sbuf)
                     units[ci] = (loads[ci][0], loads[ci][1], yt)
                     loads[ci] = None
@@ -522,7 +551,8 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
                     _middle(subs, w_all, R, Pn, pn, W)
                     _back(subs, yt, P, pt0, pn, act_op)
                 if plast:
-                    _store_chunk(y, pool_flat, yt, st, xs, g, prow, c0, cd, R, Pn, D, H, CD)
+                    _store_chunk(y, pool_flat, yt, st, xs, g, prow, c0, cd, R, Pn, D, H, CD,
+                                 base)
                     units[pci] = None     # the chunk's buffers die here
                 subs = None               # step i-1's PSUM windows die before step i+1's
             prev = nxt
@@ -534,20 +564,21 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
 def short_conv_decode_kernel(x, weight, bias, pool_flat, rows_wide, rows_one, counts,
                              activation, has_bias, R, tensor_taps):
     """x ``[N, T, dim]`` (the compacted batch, N = the sequence bucket, see the module
-    docstring); weight ``[dim, W]``; bias ``[dim]`` or None; pool_flat ``[slots * R, (dim
-    / R) * (W-1)]`` (the pool, one row per (slot, channel block); updated in place by the
+    docstring); weight ``[dim, W]``; bias ``[dim]`` or None; pool_flat ``[slots * RT, (dim
+    / RT) * (W-1)]`` (the pool, one row per (slot, channel block), RT = R, or 2R when the
+    two programs of an LNC=2 launch split the channels; updated in place by the
     kernel's scatters); rows_wide int32 ``[N, R]``: per group of the wide layout and
-    partition ``r * Pn + i``, the pool row ``slot * R + r``; rows_one int32 ``[N, R]``:
-    per position of the one-block layout, its R pool rows ``slot * R + c``; counts int32
-    ``[1, 3]``: (stop of the wide group loop, stop of the one-block group loop, trips of
-    the one-block diagonal build: 1 when that layout runs) -- the
-    launcher gives the layout it did not pick a stop of 0;
-    activation "silu" or "none"; R channel blocks per sequence of the wide layout (1: the
-    program holds the one-block layout only; dim / R a multiple of 128); tensor_taps: the
-    one-block layout does the taps as TensorE matmuls with diagonal weights (launcher:
-    bfloat16 x and pool, weights / bias holding bfloat16 values) instead of ScalarE +
-    VectorE multiply-adds. Returns y ``[N, T, dim]`` in x's dtype (positions past the
-    live ones not written).
+    partition ``r * Pn + i``, the pool row ``slot * RT + r``; rows_one int32 ``[N, R]``:
+    per position of the one-block layout, its R pool rows ``slot * RT + c`` (program p
+    adds p * R to both); counts int32 ``[1, 3 * programs]``, per program: (stop of the
+    wide group loop, stop of the one-block group loop, trips of the one-block diagonal
+    build: 1 when that layout runs) -- the launcher gives the layout it did not pick a
+    stop of 0; activation "silu" or "none"; R channel blocks per sequence of the wide
+    layout (1: the program holds the one-block layout only; Dp / R a multiple of 128,
+    Dp the program's channels); tensor_taps: the one-block layout does the taps as
+    TensorE matmuls with diagonal weights (launcher: bfloat16 x and pool, weights / bias
+    holding bfloat16 values) instead of ScalarE + VectorE multiply-adds. Returns y ``[N,
+    T, dim]`` in x's dtype (positions past the live ones not written).
 
     Inside a group, steps of ``batch`` sub-tiles run as a three-stage software
     pipeline: the transposes and first tap of step i+1 are issued before the
@@ -560,12 +591,21 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows_wide, rows_one, co
     # loop stops of the two layouts (0 for the layout the launcher did not pick) and the
     # one-block layout's diagonal-build trips (1 when it runs), each DMA'd into a (1, 1) SBUF
     # tile on partition 0 and loaded into a register allocated here
+    # (this program's three of counts [1, 3 * programs])
+    pid = nl.program_id(0)
     regs = []
     for k in range(3):
-        regs.append(count_register(counts, k))
+        regs.append(count_register(counts, 3 * pid + k))
+    # LNC: this program's channels [cb, cb + Dp) (both halves, or all of them for program
+    # 0 when they do not split: split.program_channels), pool rows p * R .. p * R + R - 1
+    # of each slot's rows
+    Dp, parts = program_channels(dim, nl.num_programs(0))
+    part = (0, Dp, 0)
+    if parts > 1:
+        part = (pid * Dp, Dp, pid * R * pool_flat.shape[1])
     if R > 1:
         _layout(x, weight, bias, y, pool_flat, rows_wide, regs[0], None, act_op, has_bias, R,
-                False)
+                False, part)
     _layout(x, weight, bias, y, pool_flat, rows_one, regs[1], regs[2], act_op, has_bias, 1,
-            tensor_taps)
+            tensor_taps, part)
     return y

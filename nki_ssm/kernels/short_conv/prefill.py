@@ -5,10 +5,30 @@ Shapes: x ``[NB, dim]`` (the batch padded to the token bucket NB), weight
 ``[dim, W]``, bias ``[dim]`` or None, pool ``[slots, dim * (W-1)]`` (the
 ``[slots, dim, W-1]`` pool's row view, updated in place by the kernel's own DMA
 writes), y ``[(NB + M) * NT, 128]`` in x's dtype: token t's channels as NT =
-ceil(dim / 128) rows of 128 (the host views it as ``[NB + M, NT * 128]`` and
-keeps ``[:num_tokens, :dim]``; ``M = _margin(W-1)`` = 16 for W <= 17 scratch
+programs * ceil(Dp / 128) rows of 128, one block of ceil(Dp / 128) rows per program
+(below; the host views y as ``[NB + M, programs, ceil(Dp / 128) * 128]`` and keeps
+``[:num_tokens, :parts, :Dp]``; ``M = _margin(W-1)`` = 16 for W <= 17 scratch
 token rows at the end). x / pool float32 or bfloat16; weight / bias any float
 dtype (DMA'd in their dtype, converted on VectorE). H = W - 1, NH = M.
+
+LNC: the programs split the channels
+------------------------------------
+Launched as ``kernel[2]`` (LNC=2), the two programs take the two halves of the
+channels (``split.program_channels``: Dp = dim / 2 each when dim is even and above
+one 128-channel tile): program p (``nl.program_id(0)``, a Python int at trace time)
+runs everything below -- zero loop, stream loops, head loop -- on its channels
+``[p * Dp, (p + 1) * Dp)`` only: x, weight and bias columns from channel p * Dp,
+its part ``[p * Dp * H, (p + 1) * Dp * H)`` of every pool row (the pool is
+channel-major), its own block of y rows, its own ``private_hbm`` candidate scratch,
+and its three of the ``counts`` (``counts[0, 3p : 3p + 3]``). Both programs read
+the same batch tables and trace the same instructions (the same Dp), so they have the
+same program size; they share no HBM byte they write, and depthwise channels need
+nothing from each other, so no synchronisation is needed and the results equal
+LNC=1 bit for bit. At dim 8192 each program streams 2 groups of 16 tiles instead
+of 4 and its heads cover 4096 channels. When the channels do not split (one
+tile, an odd dim) program 0 takes them all and program 1 gets zero counts: its
+loops run no iteration (it touches no pool slot); its straight-line last stream
+pair writes only its own y block, which the host drops.
 
 Design note: batch composition is run-time data
 -----------------------------------------------
@@ -23,15 +43,16 @@ step named there with its torch equivalent):
 - the head work list, one row per live sequence (compacted: live sequences
   first, in order): ``seq_rows [SB, 2*NH, 1]`` uint32, the x rows of its first NH
   and last NH tokens (clamped into the bucket); ``seq_yrows [SB, columns, 128]``
-  int32, the y row ``row_k * NT + j`` of its token k in channel tile j (``row_k =
-  NB + k``, a scratch row, for k >= length), at ``(j % tb) * H + k`` of column
+  int32, the y row ``row_k * NT + j`` of its token k in channel tile j of a
+  program's block (``row_k = NB + k``, a scratch row, for k >= length; each program
+  adds its block's offset), at ``(j % tb) * H + k`` of column
   ``j // tb`` with ``tb = 128 // H`` (the partial tile, if any, in a last column of
   its own); ``seq_info [SB, 2]`` int32: its slot and its case ``min(length, H)``;
 - ``zero_slots [SB, 1]`` int32: the slots of live sequences without initial
   state, compacted;
-- ``counts [1, 3]`` int32: with ``pairs = ceil(ceil(num_tokens / CHUNK) / 2)``,
-  ``max(pairs - 1, 0)`` (stream loop trips), the live sequences, the slots to
-  zero.
+- ``counts [1, 3 * programs]`` int32, three per program: with ``pairs =
+  ceil(ceil(num_tokens / CHUNK) / 2)``, ``max(pairs - 1, 0)`` (stream loop trips),
+  the live sequences, the slots to zero (zeros for a program without work).
 
 Loops: every runtime loop is ``nl.fori_loop(0, reg, body)`` at the top level of
 the kernel, its body an inner ``def`` (NKI 0.6.0), its bound a register
@@ -121,6 +142,7 @@ weights / bias that bfloat16 does not hold).
 """
 from nki_ssm.backend import nki, nl, nisa
 from nki_ssm.kernels._common import count_register
+from nki_ssm.kernels.short_conv.split import program_channels
 
 TILE = 128          # channels per partition tile / tokens per output block
 GROUP_TILES = 16    # most channel tiles per group: 2048 channels -> 4 KiB bf16 store rows
@@ -171,17 +193,18 @@ def _group_tiles(W, mm_bytes, n_parts, x_bytes, stage, tok_major, F, dim):
     return g
 
 
-def _channel_groups(dim, gt):
-    """[(c0, n_tiles, P)]: full 128-channel tiles in groups of gt, then the partial tile."""
+def _channel_groups(dim, gt, cb):
+    """[(c0, n_tiles, P)] of the dim channels from channel cb on (c0 a channel of x):
+    full 128-channel tiles in groups of gt, then the partial tile."""
     groups = []
     n_full = dim // TILE
     g0 = 0
     while g0 < n_full:
         n = min(gt, n_full - g0)
-        groups.append((g0 * TILE, n, TILE))
+        groups.append((cb + g0 * TILE, n, TILE))
         g0 += n
     if dim % TILE:
-        groups.append((n_full * TILE, 1, dim % TILE))
+        groups.append((cb + n_full * TILE, 1, dim % TILE))
     return groups
 
 
@@ -429,7 +452,7 @@ def _next_window(x, bufs, a, group, W, rot, first=False):
     transpose (or the float32 path) loads ``x[t0 - M : t0 + CH]`` channel-major."""
     NB, dim = x.shape
     c0, n, P = group
-    run, st, sti, base, idx2, wins, outs, idx0, st0, NT = bufs
+    run, st, sti, base, idx2, wins, outs, idx0, st0, NT, yshift = bufs
     NI = base.shape[1]
     xw, xs, tm = wins[a]
     F = xw.shape[2]
@@ -453,11 +476,10 @@ def _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot):
     """Compute the chunk whose window is in slot ``a`` and store it: one DMA of its CH
     token rows at the run-time first token (``sti[a] = t0 * NT``, y being stored as
     ``[(NB + M) * NT, 128]``: NT rows of 128 channels per token)."""
-    NT = bufs[9]
+    run, st, sti, base, idx2, wins, outs, idx0, st0, NT, yshift = bufs
     DP = NT * TILE
     c0, n, P = group
     gw = (n - 1) * TILE + P
-    run, st, sti, base, idx2, wins, outs, idx0, st0, NT = bufs
     xw = wins[a][0]
     CH = xw.shape[2] - _margin(W - 1)
     nblk = CH // TILE
@@ -469,7 +491,7 @@ def _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot):
                        operand0=float(NT))
     # Stores with run-time addresses are ordered after each other (their rows cannot be
     # told apart at compile time), so one large store per chunk keeps that chain short.
-    nisa.dma_copy(dst=y.ap(pattern=[[DP, TILE], [TILE * DP, nblk], [1, gw]], offset=c0,
+    nisa.dma_copy(dst=y.ap(pattern=[[DP, TILE], [TILE * DP, nblk], [1, gw]], offset=c0 + yshift,
                            scalar_offset=sti[a], indirect_dim=0),
                   src=outs[a][0:TILE, 0:nblk, 0:gw])
 
@@ -519,12 +541,13 @@ def _row_at(t, off, rows, width, slot):
                 indirect_dim=0)
 
 
-def _zero_slot(pool, blocks, zero, slot):
-    """Write zeros over the pool row of ``slot`` (one DMA per block, from an SBUF zero tile
-    in the pool dtype)."""
+def _zero_slot(pool, blocks, pbase, zero, slot):
+    """Write zeros over this program's part of the pool row of ``slot`` (the blocks from
+    element ``pbase`` on; one DMA per block, from an SBUF zero tile in the pool dtype)."""
     for blk in blocks:
         off, rows, width = blk
-        nisa.dma_copy(dst=_row_at(pool, off, rows, width, slot), src=zero[0:rows, 0:width])
+        nisa.dma_copy(dst=_row_at(pool, pbase + off, rows, width, slot),
+                      src=zero[0:rows, 0:width])
 
 
 def _head_sequence(hctx, s):
@@ -536,7 +559,7 @@ def _head_sequence(hctx, s):
     the slot of a sequence without initial state holds zeros (the zero loop), and the case
     is a DMA offset."""
     (x, y, pool, tabs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot, srows,
-     cand, blocks) = hctx
+     cand, blocks, cb, yb) = hctx
     H = W - 1
     M = _margin(H)
     sidx, yr, slot, case = tabs
@@ -559,7 +582,7 @@ def _head_sequence(hctx, s):
         c0, n, P = groups[g]
         wt = hbs[g][0]
         if P == TILE:
-            _state_in(pool, slot, srows, wt, n, H, M, rot)
+            _state_in(pool, c0, slot, srows, wt, n, H, M, rot)
         else:
             nisa.dma_copy(dst=pst[0:P, 0:H],
                           src=pool.ap(pattern=[[H, P], [1, H]], offset=c0 * H,
@@ -572,8 +595,8 @@ def _head_sequence(hctx, s):
     for g in range(len(groups)):
         _head_outputs(hctx, g)
     # candidate c < H: window columns c .. c+H of (old state ++ tokens); c = H: the last
-    # H tokens (end of the window)
-    dim = pool.shape[1] // H
+    # H tokens (end of the window); cand holds this program's channels (from cb on)
+    dim = cand.shape[1] // H
     for c in range(H + 1):
         col = M - H + c
         if c == H:
@@ -587,18 +610,21 @@ def _head_sequence(hctx, s):
                 _state_rows(cand, c * dim * H, sr[c], nsc, n, H, rot)
             else:
                 nisa.tensor_copy(dst=pst[0:P, H:2 * H], src=wt[0:P, 0, col:col + H])
-                nisa.dma_copy(dst=cand.ap(pattern=[[H, P], [1, H]], offset=c * dim * H + c0 * H),
+                nisa.dma_copy(dst=cand.ap(pattern=[[H, P], [1, H]],
+                                          offset=c * dim * H + (c0 - cb) * H),
                               src=pst[0:P, H:2 * H])
     # the new state: candidate `case` -> the slot (through SBUF: one run-time offset per DMA)
     fin = sr[H + 1]
     for blk in blocks:
         off, rows, width = blk
         nisa.dma_copy(dst=fin[0:rows, 0:width], src=_row_at(cand, off, rows, width, case))
-        nisa.dma_copy(dst=_row_at(pool, off, rows, width, slot), src=fin[0:rows, 0:width])
+        nisa.dma_copy(dst=_row_at(pool, cb * H + off, rows, width, slot),
+                      src=fin[0:rows, 0:width])
 
 
-def _state_in(pool, slot, srows, wt, n, H, M, rot):
-    """The slot's old state for n full channel tiles into window columns M-H .. M.
+def _state_in(pool, c0, slot, srows, wt, n, H, M, rot):
+    """The slot's old state for n full channel tiles from channel c0 on into window
+    columns M-H .. M.
 
     The pool row holds channel-major ``[dim, H]``: read channel-on-partition it is one
     H-element (6-byte) run per channel. Instead rows of 128 channels go on partitions
@@ -611,7 +637,7 @@ def _state_in(pool, slot, srows, wt, n, H, M, rot):
     for j0 in range(0, n, TILE):
         nb = min(TILE, n - j0)
         nisa.dma_copy(dst=st[0:nb, 0:TILE * H],
-                      src=_row_at(pool, j0 * TILE * H, nb, TILE * H, slot))
+                      src=_row_at(pool, (c0 + j0 * TILE) * H, nb, TILE * H, slot))
         nisa.tensor_copy(dst=s32[0:nb, 0:TILE * H], src=st[0:nb, 0:TILE * H])
         hpb = BANK // nb                      # state columns per PSUM bank
         for h0 in range(0, H, hpb):
@@ -661,9 +687,9 @@ def _head_outputs(hctx, g):
     of the yr tile, the partial tile in the last column; one contiguous run per
     partition; k >= length -> a scratch row)."""
     (x, y, pool, tabs, seq_tabs, hbs, w_all, b_all, groups, W, act_op, rot, srows,
-     cand, blocks) = hctx
+     cand, blocks, cb, yb) = hctx
     c0, n, P = groups[g]
-    t0 = c0 // TILE
+    t0 = (c0 - cb) // TILE
     H = W - 1
     M = _margin(H)
     yr = tabs[1]
@@ -696,14 +722,15 @@ def _head_outputs(hctx, g):
                           data=acc.ap(pattern=[[row, P], [1, nb * H]], offset=j0 * H))
         ot = _take(rot, 1)
         nisa.activation(dst=ot[0:nb * H, 0:P], op=act_op, data=ps[0:nb * H, 0:P])
-        nisa.dma_copy(dst=y.ap(pattern=[[TILE, nb * H], [1, P]], offset=0,
+        nisa.dma_copy(dst=y.ap(pattern=[[TILE, nb * H], [1, P]], offset=yb,
                                vector_offset=yr[0:nb * H, b:b + 1], indirect_dim=0),
                       src=ot[0:nb * H, 0:P])
 
 
-def _channel_columns(src, dim, width, dst):
-    """dst[p, t, :] = src[t*128 + p, :] (per-channel columns of weight / bias, float32):
-    DMA in the source dtype, VectorE converts when it is not float32."""
+def _channel_columns(src, cb, dim, width, dst):
+    """dst[p, t, :] = src[cb + t*128 + p, :] for the dim channels from cb on (per-channel
+    columns of weight / bias, float32): DMA in the source dtype, VectorE converts when it
+    is not float32."""
     nfull = dim // TILE
     stage = dst
     if src.dtype != dst.dtype:
@@ -711,13 +738,13 @@ def _channel_columns(src, dim, width, dst):
     if nfull > 0:
         nisa.dma_copy(dst=stage[:, 0:nfull, :],
                       src=src.ap(pattern=[[width, TILE], [TILE * width, nfull], [1, width]],
-                                 offset=0))
+                                 offset=cb * width))
         if src.dtype != dst.dtype:
             nisa.tensor_copy(dst=dst[:, 0:nfull, :], src=stage[:, 0:nfull, :])
     if dim % TILE:
         nisa.dma_copy(dst=stage[0:dim % TILE, nfull, :],
                       src=src.ap(pattern=[[width, dim % TILE], [1, width]],
-                                 offset=nfull * TILE * width))
+                                 offset=(cb + nfull * TILE) * width))
         if src.dtype != dst.dtype:
             nisa.tensor_copy(dst=dst[0:dim % TILE, nfull, :], src=stage[0:dim % TILE, nfull, :])
 
@@ -748,16 +775,27 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     FH = M + NH2
     mm_dtype = nl.float32 if mm_fp32 else nl.bfloat16
     act_op = nl.silu if activation == "silu" else nl.copy
-    nt = (dim + TILE - 1) // TILE
-    # y as rows of 128 channels ([token, channel tile] flattened): the stream stores a
-    # chunk's token rows at a run-time row offset, the heads scatter one (token, tile) row
-    # per partition
+    # LNC: this program's channels [cb, cb + Dp) (both halves, or all of them for program
+    # 0 when they do not split: split.program_channels)
+    programs = nl.num_programs(0)
+    pid = nl.program_id(0)
+    Dp, parts = program_channels(dim, programs)
+    cb = 0
+    if parts > 1:
+        cb = pid * Dp
+    ntp = (Dp + TILE - 1) // TILE
+    nt = programs * ntp
+    # y as rows of 128 channels ([token, program, channel tile] flattened: each program
+    # writes its own block of ntp rows per token, starting at element yb of a token's y
+    # row): the stream stores a chunk's token rows at a run-time row offset, the heads
+    # scatter one (token, tile) row per partition
+    yb = pid * ntp * TILE
     y = nl.ndarray(((NB + M) * nt, TILE), dtype=x.dtype, buffer=nl.shared_hbm)
     x_bytes = 4 if x.dtype == nl.float32 else 2
     tok_major = x.dtype == nl.float32
     gt = _group_tiles(W, 4 if mm_fp32 else 2, 2 if w_split else 1, x_bytes, x_stage,
-                      tok_major, F, dim)
-    groups = _channel_groups(dim, gt)
+                      tok_major, F, Dp)
+    groups = _channel_groups(Dp, gt, cb)
     GW = gt * TILE
     # every vec_every-th channel tile of a chunk runs on VectorE (+ a TensorE transpose)
     # so TensorE and VectorE finish together: per 128 x 128 block TensorE needs W (x parts)
@@ -809,17 +847,18 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
                            operand0=float(min(a * CH, NB - CH)), op1=nl.maximum, operand1=0.0)
         nisa.tensor_scalar(dst=idx0[:, a, 0:NI], data=idx0[:, a, 0:NI], op0=nl.minimum,
                            operand0=float(NB - 1))
-    bufs = (run, st, sti, base, idx2, wins, outs, idx0, st0, nt)
-    # loop counts (chunk pairs before the last one, live sequences, live sequences without
-    # initial state): each DMA'd into a (1, 1) SBUF tile on partition 0, loaded into a
-    # register allocated here, before every loop
-    pairs = count_register(counts, 0)
-    live = count_register(counts, 1)
-    n_zero = count_register(counts, 2)
+    bufs = (run, st, sti, base, idx2, wins, outs, idx0, st0, nt, yb - cb)
+    # this program's loop counts (chunk pairs before the last one, live sequences, live
+    # sequences without initial state; counts [1, 3 * programs]): each DMA'd into a (1, 1)
+    # SBUF tile on partition 0, loaded into a register allocated here, before every loop
+    pairs = count_register(counts, 3 * pid)
+    live = count_register(counts, 3 * pid + 1)
+    n_zero = count_register(counts, 3 * pid + 2)
 
-    # 0. zero loop: the slots of live sequences without initial state get zeros, so every
-    # head reads its old state from its slot (DMAs only: they run under the stream loops)
-    blocks = _pool_blocks(dim, H)
+    # 0. zero loop: the slots of live sequences without initial state get zeros (this
+    # program's channels), so every head reads its old state from its slot (DMAs only:
+    # they run under the stream loops)
+    blocks = _pool_blocks(Dp, H)
     zero = nl.ndarray((TILE, TILE * H), dtype=pool.dtype, buffer=nl.sbuf)
     nisa.memset(dst=zero, value=0.0)
     zslot = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
@@ -827,7 +866,7 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     def zero_body(i):
         nisa.dma_copy(dst=zslot, src=zero_slots.ap(pattern=[[1, 1], [1, 1]], offset=0,
                                                    scalar_offset=i, indirect_dim=0))
-        _zero_slot(pool, blocks, zero, zslot)
+        _zero_slot(pool, blocks, cb * H, zero, zslot)
 
     nl.fori_loop(0, n_zero, zero_body)
 
@@ -878,22 +917,22 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     # 2. head loop over live sequences (every group per iteration); a head rewrites rows
     # the stream loops wrote. Float32 weight / bias columns of every channel tile for the
     # head taps (loaded here: the DMA queues serve the stream's first windows first)
-    w_all = nl.ndarray((TILE, nt, W), dtype=nl.float32, buffer=nl.sbuf)
-    _channel_columns(weight, dim, W, w_all)
+    w_all = nl.ndarray((TILE, ntp, W), dtype=nl.float32, buffer=nl.sbuf)
+    _channel_columns(weight, cb, Dp, W, w_all)
     b_all = None
     if has_bias:
-        b_all = nl.ndarray((TILE, nt, 1), dtype=nl.float32, buffer=nl.sbuf)
-        _channel_columns(bias, dim, 1, b_all)
+        b_all = nl.ndarray((TILE, ntp, 1), dtype=nl.float32, buffer=nl.sbuf)
+        _channel_columns(bias, cb, Dp, 1, b_all)
     tabs = (nl.ndarray((NH2, 1), dtype=nl.uint32, buffer=nl.sbuf),
             nl.ndarray((TILE, seq_yrows.shape[1]), dtype=nl.int32, buffer=nl.sbuf),
             nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf),
             nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf))
     # head groups: every full 128-channel tile at once, then the partial tile
     hgroups = []
-    if dim // TILE > 0:
-        hgroups.append((0, dim // TILE, TILE))
-    if dim % TILE:
-        hgroups.append((dim // TILE * TILE, 1, dim % TILE))
+    if Dp // TILE > 0:
+        hgroups.append((cb, Dp // TILE, TILE))
+    if Dp % TILE:
+        hgroups.append((cb + Dp // TILE * TILE, 1, Dp % TILE))
     seq_tabs = (seq_rows, seq_yrows, seq_info)
     tmh = None
     if tok_major:
@@ -914,7 +953,7 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     # pool-dtype rows of 128 channels: one per candidate new state, the chosen one, the old
     # state; float32 staging of the old state and of two candidates; the partial tile's
     # old state and candidate
-    nfull_t = max(1, dim // TILE)
+    nfull_t = max(1, Dp // TILE)
     rows_t = min(TILE, nfull_t)
     sr = []
     for i in range(H + 3):
@@ -923,10 +962,11 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
              (nl.ndarray((TILE, nfull_t, H), dtype=nl.float32, buffer=nl.sbuf),
               nl.ndarray((TILE, nfull_t, H), dtype=nl.float32, buffer=nl.sbuf)),
              nl.ndarray((TILE, 2 * H), dtype=pool.dtype, buffer=nl.sbuf))
-    # candidate new states, one pool row each (kernel scratch)
-    cand = nl.ndarray((H + 1, dim * H), dtype=pool.dtype, buffer=nl.private_hbm)
+    # candidate new states of this program's channels, one pool-row part each (kernel
+    # scratch, private to the program)
+    cand = nl.ndarray((H + 1, Dp * H), dtype=pool.dtype, buffer=nl.private_hbm)
     hctx = (x, y, pool, tabs, seq_tabs, hbs, w_all, b_all, hgroups, W, act_op, hrot, srows,
-            cand, blocks)
+            cand, blocks, cb, yb)
 
     def head_body(s):
         _head_sequence(hctx, s)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from nki_ssm.kernels.short_conv.split import program_channels
 from nki_ssm.ops.launch._arrays import NUMPY, host_call
 
 _INT32_MAX = np.iinfo(np.int32).max
@@ -62,9 +63,11 @@ def _precision_flags(x, weight, bias, conv_states, xp=NUMPY):
 
 
 def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_bucket: int,
-                   num_seqs_bucket: int, W: int, dim: int):
+                   num_seqs_bucket: int, W: int, dim: int, programs: int = 1):
     """The run-time batch tables of ``short_conv_prefill_kernel`` (layouts in its module
-    docstring) for a batch padded to the buckets.
+    docstring) for a batch padded to the buckets, launched as ``programs`` (the LNC)
+    programs: each takes ``Dp`` channels (``program_channels``) and writes y as its own
+    block of ``ceil(Dp / 128)`` rows of 128 channels per token.
 
     Returns (win_base, seq_rows, seq_yrows, seq_info, zero_slots, counts). Every step is a
     vectorised array op with a torch equivalent that runs on device (no per-sequence
@@ -77,17 +80,20 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_buck
       live sequences first, in order); ``num_live = live.sum()``;
     - ``start, end = cu[:-1][perm], cu[1:][perm]`` (index_select); ``length = end - start``;
     - head / tail rows: broadcast adds of ``arange(NH)`` to start and end - NH, ``clip``;
-    - y rows (y as 128-channel rows, ``nt = ceil(dim / 128)`` per token) of the first H
-      tokens per channel tile j: ``where(arange(H) < length, start + arange(H), NB +
-      arange(H)) * nt + j`` (scratch rows past the bucket; broadcast ops and one
-      scatter into the [SB, columns, 128] layout the kernel reads);
+    - y rows (y as 128-channel rows, ``nt = programs * ceil(Dp / 128)`` per token) of the
+      first H tokens per channel tile j of a program's block: ``where(arange(H) < length,
+      start + arange(H), NB + arange(H)) * nt + j`` (scratch rows past the bucket;
+      broadcast ops and one scatter into the [SB, columns, 128] layout the kernel reads;
+      each program adds its block's offset);
     - seq_info: slot (``where(live, idx, 0)``) and the new-state case ``minimum(length,
       H)``, stacked (index_select by perm);
     - zero_slots: the slots of live sequences without initial state first
       (``argsort(~(live & ~has_initial_state), stable)``, index_select); their count;
-    - counts: with ``pairs = ceil(ceil(num_tokens / CHUNK) / 2)`` chunk pairs,
-      ``max(pairs - 1, 0)`` (the stream loop; the last pair follows it), num_live and
-      the number of slots to zero (integer ops on scalars of ``cu[-1]`` and sums).
+    - counts ``[1, 3 * programs]``, three per program: with ``pairs = ceil(ceil(num_tokens
+      / CHUNK) / 2)`` chunk pairs, ``max(pairs - 1, 0)`` (the stream loop; the last pair
+      follows it), num_live and the number of slots to zero (integer ops on scalars of
+      ``cu[-1]`` and sums); the same for both programs when they split the channels, zeros
+      for program 1 when they do not (it gets no work).
     """
     from nki_ssm.kernels.short_conv.prefill import TILE, _chunk_tokens, _index_columns, _margin
 
@@ -121,19 +127,20 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_buck
     seq_rows = np.concatenate([head, tail], axis=1)[:, :, None]
     kh = np.arange(H)[None, :]
     y_row = np.where(kh < length[:, None], s0[:, None] + kh, NB + kh)          # [SB, H]
-    # y rows (y as 128-channel rows, nt per token) of token k, tile j: row_k * nt + j, in
-    # columns of 128 // H tiles (row (j % tb) * H + k of column j // tb), the partial
-    # tile (if any) in its own last column
-    nt = -(-dim // TILE)
-    nfull = dim // TILE
+    # y rows (y as 128-channel rows, nt per token) of token k, tile j of a program's
+    # block: row_k * nt + j, in columns of 128 // H tiles (row (j % tb) * H + k of column
+    # j // tb), the partial tile (if any) in its own last column
+    Dp, parts = program_channels(dim, programs)
+    nt = programs * -(-Dp // TILE)
+    nfull = Dp // TILE
     tb = TILE // H
     nb_full = -(-nfull // tb)
-    ncol = nb_full + (1 if dim % TILE else 0)
+    ncol = nb_full + (1 if Dp % TILE else 0)
     seq_yrows = np.zeros((SB, ncol, TILE), dtype=np.int64)
     j = np.arange(nfull)
     pos = (j % tb)[:, None] * H + np.arange(H)[None, :]              # [nfull, H]
     seq_yrows[:, j[:, None] // tb, pos] = y_row[:, None, :] * nt + j[None, :, None]
-    if dim % TILE:
+    if Dp % TILE:
         seq_yrows[:, nb_full, :H] = y_row * nt + nfull
     # per live sequence: slot, case min(length, H) (which candidate new state is stored)
     seq_info = np.stack([slot[perm], np.minimum(length, H)], axis=1)
@@ -143,7 +150,9 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_buck
     zero_slots = slot[zperm][:, None]
     n_real = -(-int(cu[-1]) // CH)
     pairs = (n_real + 1) // 2
-    counts = np.array([[max(pairs - 1, 0), num_live, num_zero]], dtype=np.int64)
+    work = [max(pairs - 1, 0), num_live, num_zero]
+    idle = [0, 0, 0]
+    counts = np.array([work + (work if parts > 1 else idle) * (programs - 1)], dtype=np.int64)
     f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)  # noqa: E731
     u32 = lambda a: np.ascontiguousarray(a, dtype=np.uint32)  # noqa: E731
     i32 = lambda a: np.ascontiguousarray(a, dtype=np.int32)  # noqa: E731
@@ -181,7 +190,8 @@ def prefill_call(xp, call, *, x, weight, bias, activation, cu_seqlens, conv_stat
     NB = token_bucket(num_tokens)
     num_seqs = len(state_indices)
     SB = seq_bucket(num_seqs)
-    tables = prefill_tables(cu_seqlens, state_indices, has_initial_state, NB, SB, h + 1, dim)
+    tables = prefill_tables(cu_seqlens, state_indices, has_initial_state, NB, SB, h + 1, dim,
+                            call.lnc)
     # the pool as its [slots, dim * (W-1)] row view (one slot's state per row)
     pool = xp.pool_view(conv_states, (slots, dim * h))
     flags = _precision_flags(x, weight, bias, conv_states, xp)
@@ -193,8 +203,11 @@ def prefill_call(xp, call, *, x, weight, bias, activation, cu_seqlens, conv_stat
     # tokens of padding sequences are zero (torch.repeat_interleave + where on device)
     lengths = np.diff(np.asarray(cu_seqlens, dtype=np.int64))
     token_live = np.repeat(np.asarray(state_indices) >= 0, lengths)
-    nt = -(-dim // 128)
-    return xp.where_rows(token_live, y.reshape(-1, nt * 128)[:num_tokens, :dim])
+    # each program's block of y rows holds its Dp channels (program 1's block is scratch
+    # when it gets no work)
+    Dp, parts = program_channels(dim, call.lnc)
+    y = y.reshape(-1, call.lnc, -(-Dp // 128) * 128)[:num_tokens, :parts, :Dp]
+    return xp.where_rows(token_live, y.reshape(num_tokens, parts * Dp))
 
 
 def wide_blocks(dim: int) -> int:
@@ -208,9 +221,11 @@ def wide_blocks(dim: int) -> int:
     return r
 
 
-def decode_tables(state_indices, num_seqs: int, R: int, RB: int):
+def decode_tables(state_indices, num_seqs: int, R: int, RB: int, stride: int | None = None):
     """(order, pos, pool_rows, num_live) of one row layout (R channel blocks per
-    sequence, pool viewed with RB rows per slot, RB a multiple of R) of
+    sequence, a program's channels held in RB pool rows per slot, RB a multiple of R,
+    ``stride`` (default RB) pool rows per slot: ``parts * RB`` when the programs of an
+    LNC launch split the channels, each program adding its own first row) of
     ``short_conv_decode_kernel`` for a batch padded to ``num_seqs`` (the bucket)
     sequences; layouts in the kernel's docstring.
 
@@ -218,7 +233,7 @@ def decode_tables(state_indices, num_seqs: int, R: int, RB: int):
     gathers x rows by it); ``pos [num_seqs]``: the position where each live sequence is
     computed (its y row; ``argsort(perm)``, the inverse permutation); ``pool_rows
     [num_seqs, RB]``: the layout's ``[groups, R * Pn, RB / R]`` table of pool rows
-    (partition ``r * Pn + i`` holds block r of position i: pool rows ``slot * RB + r *
+    (partition ``r * Pn + i`` holds block r of position i: pool rows ``slot * stride + r *
     RB / R + c``) viewed with RB entries per position, so group g starts at row
     ``g * Pn``. Vectorised, each step one torch op on device (no per-sequence host loop):
     ``live = idx >= 0``; ``perm = argsort(~live, stable)`` (torch.argsort(stable=True):
@@ -228,6 +243,7 @@ def decode_tables(state_indices, num_seqs: int, R: int, RB: int):
     group); pool rows by broadcast adds and a reshape.
     """
     idx = np.asarray(state_indices, dtype=np.int64)
+    stride = RB if stride is None else stride
     Pn = min(128 // R, num_seqs)
     G = num_seqs // Pn
     K = RB // R
@@ -239,7 +255,7 @@ def decode_tables(state_indices, num_seqs: int, R: int, RB: int):
     slot = np.maximum(idx[order], 0)
     r = np.arange(R)[None, :, None, None]
     c = np.arange(K)[None, None, None, :]
-    pool_rows = (slot.reshape(G, 1, Pn, 1) * RB + r * K + c).reshape(num_seqs, RB)
+    pool_rows = (slot.reshape(G, 1, Pn, 1) * stride + r * K + c).reshape(num_seqs, RB)
     pos = np.argsort(perm, kind="stable")
     return order, pos, np.ascontiguousarray(pool_rows, dtype=np.int32), num_live
 
@@ -253,22 +269,29 @@ def use_wide_layout(num_live: int, R: int) -> bool:
     return R > 1 and num_live * R <= 256
 
 
-def decode_plan(state_indices, num_seqs: int, dim: int):
-    """(R, order, pos, rows_wide, rows_one, counts): the run-time arguments of
+def decode_plan(state_indices, num_seqs: int, dim: int, programs: int = 1):
+    """(R, parts, order, pos, rows_wide, rows_one, counts): the run-time arguments of
     ``short_conv_decode_kernel`` for a batch padded to ``num_seqs`` (the bucket)
-    sequences: both layouts' tables (``decode_tables``), the x order and y positions of
-    the layout used, and counts ``[1, 3]`` int32 = (wide stop, one-block stop, one-block
-    diagonal-build trips), the layout not used getting 0 (``use_wide_layout`` picks). On
-    device: the two table builds, one scalar compare and torch.where selections.
+    sequences, launched as ``programs`` (the LNC) programs that split the channels in
+    ``parts`` halves of Dp (``program_channels``; R = ``wide_blocks(Dp)``, the pool
+    viewed as ``parts * R`` rows per slot): both layouts' tables (``decode_tables``; one
+    table for both programs, each adding its first row), the x order and y positions of
+    the layout used, and counts ``[1, 3 * programs]`` int32, per program (wide stop,
+    one-block stop, one-block diagonal-build trips), the layout not used getting 0
+    (``use_wide_layout`` picks), program 1 all zeros when it gets no work. On device:
+    the two table builds, one scalar compare and torch.where selections.
     """
-    R = wide_blocks(dim)
-    order_w, pos, rows_wide, num_live = decode_tables(state_indices, num_seqs, R, R)
-    order_1, _, rows_one, _ = decode_tables(state_indices, num_seqs, 1, R)
+    Dp, parts = program_channels(dim, programs)
+    R = wide_blocks(Dp)
+    order_w, pos, rows_wide, num_live = decode_tables(state_indices, num_seqs, R, R,
+                                                      parts * R)
+    order_1, _, rows_one, _ = decode_tables(state_indices, num_seqs, 1, R, parts * R)
     wide = R > 1 and bool(use_wide_layout(num_live, R))
     order = order_w if wide else order_1
-    counts = np.array([[num_live if wide else 0, 0 if wide else num_live,
-                        int(not wide and num_live > 0)]], dtype=np.int32)
-    return R, order, pos, rows_wide, rows_one, counts
+    work = [num_live if wide else 0, 0 if wide else num_live, int(not wide and num_live > 0)]
+    idle = [0, 0, 0]
+    counts = np.array([work + (work if parts > 1 else idle) * (programs - 1)], dtype=np.int32)
+    return R, parts, order, pos, rows_wide, rows_one, counts
 
 
 def decode(*, x, weight, bias, activation, conv_states, state_indices, backend):
@@ -307,10 +330,10 @@ def decode_call(xp, call, *, x, weight, bias, activation, conv_states, state_ind
     nb = seq_bucket(num_seqs)
     idx = np.full(nb, -1, dtype=np.int64)
     idx[:num_seqs] = np.asarray(state_indices, dtype=np.int64)
-    R, order, pos, rows_wide, rows_one, counts = decode_plan(idx, nb, dim)
+    R, parts, order, pos, rows_wide, rows_one, counts = decode_plan(idx, nb, dim, call.lnc)
     # positions past the caller's batch mirror live sequences, so clamping is never used
     xk = xp.take(x3, np.minimum(order, num_seqs - 1))
-    flat = xp.pool_view(conv_states, (slots * R, (dim // R) * h))
+    flat = xp.pool_view(conv_states, (slots * parts * R, (dim // (parts * R)) * h))
     # TensorE taps need bfloat16-exact operands (the one-block layout only)
     tensor_taps = (xp.is_bf16(x) and xp.is_bf16(conv_states)
                    and not _needs_split(weight, xp) and not _needs_split(bias, xp))
