@@ -56,6 +56,13 @@ from .ops import _GATES, _chunk_size, _dt_limit, _require_tensors, _scale
 _NS = "nki_ssm"
 
 
+def needs_grad(*tensors) -> bool:
+    """True when autograd records and a tensor among ``tensors`` requires grad (the drop-ins
+    then run the training ops)."""
+    return torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad
+                                           for t in tensors)
+
+
 def _state_dtype(t: Tensor) -> torch.dtype:
     """Final states are float32 (float64 for a float64 call)."""
     return torch.float64 if t.dtype == torch.float64 else torch.float32
