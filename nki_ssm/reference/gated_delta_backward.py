@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._pool import functional_cu_seqlens, states_or_zeros
 from .gated_delta import L2NORM_EPS, _gates_f64, _sigmoid, gated_delta_chunked
 
 __all__ = ["gated_delta_forward", "gated_delta_backward"]
@@ -34,23 +35,6 @@ __all__ = ["gated_delta_forward", "gated_delta_backward"]
 
 def _f64(name, a):
     return None if a is None else np.array(np.asarray(a), dtype=np.float64, copy=True)
-
-
-def _batch(cu_seqlens, num_tokens: int) -> np.ndarray:
-    cu = np.asarray(cu_seqlens).astype(np.int64)
-    if cu.ndim != 1 or cu.size < 2 or cu[0] != 0 or cu[-1] != num_tokens or np.any(np.diff(cu) < 0):
-        raise ValueError(f"cu_seqlens must start at 0, be non-decreasing and end at "
-                         f"num_tokens = {num_tokens}, got {cu.tolist()}")
-    return cu
-
-
-def _states(arr, shape: tuple, name: str) -> np.ndarray:
-    if arr is None:
-        return np.zeros(shape)
-    s = _f64(name, arr)
-    if s.shape != shape:
-        raise ValueError(f"{name} must have shape {list(shape)}, got {list(s.shape)}")
-    return s
 
 
 def gated_delta_forward(q, k, v, *, g=None, beta=None, a=None, b=None, A_log=None,
@@ -62,9 +46,9 @@ def gated_delta_forward(q, k, v, *, g=None, beta=None, a=None, b=None, A_log=Non
     initial_states [num_seqs, HV, K, V] or None (zeros)."""
     num_tokens, _, K = np.shape(q)
     HV, V = np.shape(v)[1:]
-    cu = _batch(cu_seqlens, num_tokens)
+    cu = functional_cu_seqlens(cu_seqlens, num_tokens)
     num_seqs = cu.size - 1
-    pool = _states(initial_states, (num_seqs, HV, K, V), "initial_states")
+    pool = states_or_zeros(initial_states, (num_seqs, HV, K, V), "initial_states")
     return gated_delta_chunked(q, k, v, g=g, beta=beta, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
                                scale=scale, use_qk_l2norm=use_qk_l2norm, cu_seqlens=cu,
                                ssm_states=pool, state_indices=np.arange(num_seqs),
@@ -100,10 +84,10 @@ def gated_delta_backward(q, k, v, do, *, g=None, beta=None, a=None, b=None, A_lo
     qe = np.repeat(qn, rep, axis=1) * scale                     # [T, HV, K]
     ke = np.repeat(kn, rep, axis=1)
     do64 = _f64("do", do)
-    cu = _batch(cu_seqlens, num_tokens)
+    cu = functional_cu_seqlens(cu_seqlens, num_tokens)
     num_seqs = cu.size - 1
-    S0 = _states(initial_states, (num_seqs, HV, K, V), "initial_states")
-    dSf = _states(d_final_states, (num_seqs, HV, K, V), "d_final_states")
+    S0 = states_or_zeros(initial_states, (num_seqs, HV, K, V), "initial_states")
+    dSf = states_or_zeros(d_final_states, (num_seqs, HV, K, V), "d_final_states")
 
     dqe, dke, dv = np.zeros_like(qe), np.zeros_like(ke), np.zeros_like(v64)
     dg, dbeta = np.zeros_like(g64), np.zeros_like(beta64)

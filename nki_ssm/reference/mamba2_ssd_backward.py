@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 
-from ._pool import f64, f64_or_none, silu
+from ._pool import f64, f64_or_none, functional_cu_seqlens, silu, states_or_zeros
 from .mamba2_ssd import ssd_chunked, ssd_dt
 
 __all__ = ["ssd_forward", "ssd_backward"]
@@ -43,23 +43,6 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return np.exp(-np.logaddexp(0.0, -x))
 
 
-def _batch(cu_seqlens, num_tokens: int) -> np.ndarray:
-    cu = np.asarray(cu_seqlens).astype(np.int64)
-    if cu.ndim != 1 or cu.size < 2 or cu[0] != 0 or cu[-1] != num_tokens or np.any(np.diff(cu) < 0):
-        raise ValueError(f"cu_seqlens must start at 0, be non-decreasing and end at "
-                         f"num_tokens = {num_tokens}, got {cu.tolist()}")
-    return cu
-
-
-def _initial(initial_states, shape: tuple, name: str = "initial_states") -> np.ndarray:
-    if initial_states is None:
-        return np.zeros(shape)
-    s = f64(initial_states, name)
-    if s.shape != shape:
-        raise ValueError(f"{name} must have shape {list(shape)}, got {list(s.shape)}")
-    return s
-
-
 def ssd_forward(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False,
                 dt_limit=(0.0, _INF), cu_seqlens, initial_states=None, chunk_size=128):
     """-> (y [num_tokens, H, P], final_states [num_seqs, H, P, N]), float64.
@@ -68,9 +51,9 @@ def ssd_forward(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
     D [H] or [H, P], z like x, dt_bias [H], initial_states [num_seqs, H, P, N] or None."""
     num_tokens, H, P = np.shape(x)
     N = np.shape(B)[-1]
-    cu = _batch(cu_seqlens, num_tokens)
+    cu = functional_cu_seqlens(cu_seqlens, num_tokens)
     num_seqs = cu.size - 1
-    pool = _initial(initial_states, (num_seqs, H, P, N))
+    pool = states_or_zeros(initial_states, (num_seqs, H, P, N), "initial_states")
     return ssd_chunked(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
                        dt_limit=dt_limit, cu_seqlens=cu, ssm_states=pool,
                        state_indices=np.arange(num_seqs), has_initial_state=np.ones(num_seqs, bool),
@@ -112,10 +95,10 @@ def ssd_backward(x, dt, A, B, C, dy, *, D=None, z=None, dt_bias=None, dt_softplu
     zs = f64_or_none(z, "z")
     Ds = f64_or_none(D, "D")
     Dfull = None if Ds is None else (np.repeat(Ds[:, None], P, axis=1) if Ds.ndim == 1 else Ds)
-    cu = _batch(cu_seqlens, num_tokens)
+    cu = functional_cu_seqlens(cu_seqlens, num_tokens)
     num_seqs = cu.size - 1
-    S0 = _initial(initial_states, (num_seqs, H, P, N))
-    dSf = _initial(d_final_states, (num_seqs, H, P, N), "d_final_states")
+    S0 = states_or_zeros(initial_states, (num_seqs, H, P, N), "initial_states")
+    dSf = states_or_zeros(d_final_states, (num_seqs, H, P, N), "d_final_states")
 
     dx = np.zeros_like(xs)
     ddtp = np.zeros_like(dts)
