@@ -28,3 +28,23 @@ def rel_err(actual, expected) -> float:
     a, e = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
     den = np.linalg.norm(e)
     return float(np.linalg.norm(a - e) / den) if den else float(np.linalg.norm(a))
+
+
+def assert_gradients_match(rng, forward, backward, inp: dict, grads: dict, output_grad: str,
+                           tol: float, **forward_options) -> None:
+    """``backward(**inp, <output_grad>=dy, d_final_states=dfinal)`` against central differences
+    of ``<dy, y> + <dfinal, final>`` with ``(y, final) = forward(**inp, **forward_options)``,
+    for every input name -> gradient key in ``grads`` (None inputs: None gradients)."""
+    y, final = forward(**inp, **forward_options)
+    dy, dfinal = rng.standard_normal(y.shape), rng.standard_normal(final.shape)
+
+    def loss(**args):
+        return weighted_loss(forward(**args, **forward_options), (dy, dfinal))
+
+    result = backward(**inp, **{output_grad: dy}, d_final_states=dfinal)
+    for name, key in grads.items():
+        if inp.get(name) is None:
+            assert result[key] is None, key
+            continue
+        err = rel_err(result[key], numeric_grad(loss, inp, name))
+        assert err < tol, (name, err)

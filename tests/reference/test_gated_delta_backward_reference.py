@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from finite_diff import numeric_grad, rel_err, weighted_loss
+from finite_diff import assert_gradients_match, rel_err
 from nki_ssm.reference.gated_delta_backward import gated_delta_backward, gated_delta_forward
 from nki_ssm.reference.inputs import make_gated_delta_inputs
 
@@ -31,19 +31,8 @@ def _case(rng, seqlens, *, raw_gates=False, use_qk_l2norm=True, pattern="strong_
 
 
 def _check_fd(rng, inp, chunk_size):
-    o, final = gated_delta_forward(**inp, chunk_size=chunk_size)
-    do, dfinal = rng.standard_normal(o.shape), rng.standard_normal(final.shape)
-
-    def loss(**args):
-        return weighted_loss(gated_delta_forward(**args, chunk_size=chunk_size), (do, dfinal))
-
-    grads = gated_delta_backward(**inp, do=do, d_final_states=dfinal)
-    for name, key in GRADS.items():
-        if inp.get(name) is None:
-            assert grads[key] is None, key
-            continue
-        err = rel_err(grads[key], numeric_grad(loss, inp, name))
-        assert err < FD_TOL, (name, err)
+    assert_gradients_match(rng, gated_delta_forward, gated_delta_backward, inp, GRADS, "do", FD_TOL,
+                           chunk_size=chunk_size)
 
 
 @pytest.mark.parametrize("raw_gates", [False, True], ids=["g_beta", "raw_gates"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from finite_diff import numeric_grad, rel_err, weighted_loss
+from finite_diff import assert_gradients_match, rel_err
 from nki_ssm.reference.inputs import make_ssd_inputs
 from nki_ssm.reference.mamba2_ssd_backward import ssd_backward, ssd_forward
 
@@ -32,19 +32,8 @@ def _case(rng, seqlens, *, D="H", z=True, pattern="strong_then_weak", dt_mode="s
 
 
 def _check_fd(rng, inp, chunk_size):
-    y, final = ssd_forward(**inp, chunk_size=chunk_size)
-    dy, dfinal = rng.standard_normal(y.shape), rng.standard_normal(final.shape)
-
-    def loss(**args):
-        return weighted_loss(ssd_forward(**args, chunk_size=chunk_size), (dy, dfinal))
-
-    grads = ssd_backward(**inp, dy=dy, d_final_states=dfinal)
-    for name, key in GRADS.items():
-        if inp.get(name) is None:
-            assert grads[key] is None, key
-            continue
-        err = rel_err(grads[key], numeric_grad(loss, inp, name))
-        assert err < FD_TOL, (name, err)
+    assert_gradients_match(rng, ssd_forward, ssd_backward, inp, GRADS, "dy", FD_TOL,
+                           chunk_size=chunk_size)
 
 
 @pytest.mark.parametrize("D", ["H", "HP", None])
