@@ -188,14 +188,20 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, body_rows, bo
     T1 = q2.shape[0]
     V = pool.shape[1]
     K = q2.shape[1] // H
-    HV = v2.shape[1] // V
-    rep = HV // H
     C = chunk
     odt = v2.dtype
-    o = nl.ndarray((T1, HV * V), dtype=odt, buffer=nl.shared_hbm)
-    # float32 states of the live sequences, one [K, HV*V] block each, and a zero block last
+    # this program's value heads (Python ints at trace time): HV of them from head hv0
+    nprog = nl.num_programs(0)
+    pid = nl.program_id(0)
+    win = _program_window(H, v2.shape[1] // V, nprog, pid)
+    HV = win["nhv"]
+    o = nl.ndarray((T1, win["HV"] * V), dtype=odt, buffer=nl.shared_hbm)
+    # float32 states of the live sequences, one [K, HV*V] block each, and a zero block last,
+    # for each program (blocks pid*nblocks ..: no block is written by two programs)
     nblocks = init_tab.shape[0] + 1
-    scratch = nl.ndarray((nblocks * K, HV * V), dtype=nl.float32, buffer=nl.shared_hbm)
+    scratch = nl.ndarray((nprog * nblocks * K, HV * V), dtype=nl.float32,
+                         buffer=nl.shared_hbm)
+    blk0 = pid * nblocks
     hbm = {}
     hbm["q"] = q2
     hbm["k"] = k2
@@ -219,18 +225,21 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, body_rows, bo
             sj.append(t)
         solve.append(sj)
     if raw_gates:
-        hp = nl.ndarray((128, 2 * HV), dtype=nl.float32, buffer=nl.sbuf)
+        hp = nl.ndarray((128, 2 * win["HV"]), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=hp, src=head_params)
+        a0 = win["hv0"]
+        d0 = win["HV"] + win["hv0"]
         negA = nl.ndarray((128, HV), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=negA, op=nl.exp, data=hp[:, 0:HV])
+        nisa.activation(dst=negA, op=nl.exp, data=hp[:, a0:a0 + HV])
         nisa.tensor_scalar(dst=negA, data=negA, op0=nl.multiply, operand0=-1.0)
         cst["negA"] = negA
-        cst["dtb"] = hp[:, HV:2 * HV]
+        cst["dtb"] = hp[:, d0:d0 + HV]
 
     # trip counts: padding chunks, initial states, bodies of nsub chunks, single chunks,
-    # live sequences; registers allocated and loaded here, before the loops
+    # live sequences (this program's row of counts); registers allocated and loaded here,
+    # before the loops
     cnt = nl.ndarray((1, 5), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=cnt, src=counts)
+    nisa.dma_copy(dst=cnt, src=counts[pid:pid + 1, 0:5])
     trips = []
     for j in range(5):
         r = nisa.register_alloc()
@@ -240,27 +249,27 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, body_rows, bo
     # the state S [K, HV*V] float32 (partition k: row k of every head's state)
     S = nl.ndarray((K, HV * V), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=S, value=0.0)
-    nisa.dma_copy(dst=_state_block(scratch, None, nblocks - 1, K, HV * V, 0, HV * V), src=S)
+    nisa.dma_copy(dst=_state_block(scratch, None, blk0 + nblocks - 1, K, 0, HV * V), src=S)
 
     # loop 1: rows of padding sequences get zeros, C rows per table entry
     def pad_body(z):
         zt = nl.ndarray((C, HV * V), dtype=odt, buffer=nl.sbuf)
         nisa.memset(dst=zt, value=0.0)
         zr = _table_rows(pad_rows, z, C, 0)
-        nisa.dma_copy(dst=_rows_view(o, zr, C, HV * V), src=zt)
+        nisa.dma_copy(dst=_rows_view(o, zr, C, win["hv0"] * V, HV * V), src=zt)
 
     nl.fori_loop(0, trips[0], pad_body)
 
     # loop 2: initial states from the pool into the sequences' scratch blocks
     def init_body(s):
-        _pool_to_scratch(pool, scratch, S, _row_cells(init_tab, s), HV, K, V)
+        _pool_to_scratch(pool, scratch, S, _row_cells(init_tab, s), win, blk0, K, V)
 
     nl.fori_loop(0, trips[1], init_body)
 
     # chunk input tiles, one set per chunk of a body, gathered one body ahead
     bufs = []
     for j in range(nsub):
-        bufs.append(_chunk_buffers(H, HV, K, V, C, bf16, use_qk_l2norm))
+        bufs.append(_chunk_buffers(win["nh"], HV, K, V, C, bf16, use_qk_l2norm))
     # the next body's k in second tiles only when the inputs are small (SBUF)
     prefetch = _tile_bytes(bufs[0]) <= _PREFETCH_BYTES
     nxt_k = []
@@ -272,6 +281,8 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, body_rows, bo
     io = {}
     io["o"] = o
     io["hbm"] = hbm
+    io["cols"] = _input_columns(win, K, V)
+    io["blk0"] = blk0
     io["scratch"] = scratch
     io["T1"] = T1
     io["prefetch"] = prefetch
@@ -280,31 +291,30 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, body_rows, bo
     # loop 3: bodies of nsub consecutive chunks of one sequence, state in from and out to
     # its scratch block (the zero block for a sequence's first body without initial state)
     for j in range(nsub):
-        _gather_chunk(bufs[j], hbm, body_rows, None, j, C)
+        _gather_chunk(bufs[j], io, body_rows, None, j, C)
     io["rows"] = body_rows
     io["state"] = body_state
 
     def body(i):
-        _chunks(bufs, nsub, io, cst, solve, S, i, H, HV, K, V, rep, raw_gates, use_qk_l2norm,
-                scale, C)
+        _chunks(bufs, nsub, io, cst, solve, S, i, K, V, win, raw_gates, use_qk_l2norm, scale, C)
 
     nl.fori_loop(0, trips[2], body)
 
     # loop 4: a sequence's last (chunks mod nsub) chunks, one per iteration
     if nsub > 1:
-        _gather_chunk(bufs[0], hbm, tail_rows, None, 0, C)
+        _gather_chunk(bufs[0], io, tail_rows, None, 0, C)
         io["rows"] = tail_rows
         io["state"] = tail_state
 
         def tail_body(i):
-            _chunks(bufs, 1, io, cst, solve, S, i, H, HV, K, V, rep, raw_gates,
-                    use_qk_l2norm, scale, C)
+            _chunks(bufs, 1, io, cst, solve, S, i, K, V, win, raw_gates, use_qk_l2norm, scale,
+                    C)
 
         nl.fori_loop(0, trips[3], tail_body)
 
     # loop 5: final states from the scratch blocks into the pool slots
     def final_body(s):
-        _scratch_to_pool(pool, scratch, S, _row_cells(final_tab, s), HV, K, V)
+        _scratch_to_pool(pool, scratch, S, _row_cells(final_tab, s), win, blk0, K, V)
 
     nl.fori_loop(0, trips[4], final_body)
     return o
@@ -323,44 +333,95 @@ def _row_cells(table, r):
     return cells
 
 
-def _state_block(scratch, row, block, K, width, c0, c1):
-    """Columns c0:c1 of the ``[K, width]`` scratch block starting at row ``row`` (a (1, 1)
-    SBUF tile; None: the static block ``block``)."""
+def _state_block(scratch, row, block, K, c0, c1):
+    """Columns c0:c1 of the ``[K, width]`` scratch block ``block`` (static) plus the run-time
+    block row ``row`` (a (1, 1) SBUF tile, or None)."""
+    width = scratch.shape[1]
+    pattern = [[width, K], [1, c1 - c0]]
     if row == None:  # noqa: E711  (NKI has no `is`)
-        return scratch.ap(pattern=[[width, K], [1, c1 - c0]], offset=block * K * width + c0)
-    return scratch.ap(pattern=[[width, K], [1, c1 - c0]], offset=c0, scalar_offset=row,
+        return scratch.ap(pattern=pattern, offset=block * K * width + c0)
+    return scratch.ap(pattern=pattern, offset=block * K * width + c0, scalar_offset=row,
                       indirect_dim=0)
 
 
-def _pool_slot(pool, row, HV, K, V):
-    """The pool slot from pool row ``row`` (a (1, 1) SBUF tile) as ``[K, HV, V]``: one contiguous
-    ``[HV*K, V]`` block, partition k holding rows (hv, k) of every head."""
-    return pool.ap(pattern=[[V, K], [K * V, HV], [1, V]], offset=0, scalar_offset=row,
-                   indirect_dim=0)
+def _pool_slot(pool, row, win, K, V):
+    """This program's heads (``win``) of the pool slot from pool row ``row`` (a (1, 1) SBUF
+    tile) as ``[K, HV, V]``: a slot is one contiguous ``[HV*K, V]`` block, partition k
+    holding rows (hv, k) of the program's heads."""
+    return pool.ap(pattern=[[V, K], [K * V, win["nhv"]], [1, V]], offset=win["hv0"] * K * V,
+                   scalar_offset=row, indirect_dim=0)
 
 
-def _pool_to_scratch(pool, scratch, S, cells, HV, K, V):
-    """Scratch block at row cells[1] <- the pool slot at row cells[0], through S: the DMAs keep
-    the pool's dtype and a bf16 slot is widened by VectorE."""
-    src = _pool_slot(pool, cells[0], HV, K, V)
+def _pool_to_scratch(pool, scratch, S, cells, win, blk0, K, V):
+    """Scratch block at row cells[1] (from the program's block blk0) <- the pool slot at row
+    cells[0], through S: the DMAs keep the pool's dtype and a bf16 slot is widened by
+    VectorE."""
+    HV = win["nhv"]
+    src = _pool_slot(pool, cells[0], win, K, V)
     dst = S.reshape((K, HV, V))
     if pool.dtype != nl.float32:
         dst = nl.ndarray((K, HV, V), dtype=pool.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=dst, src=src)
     if pool.dtype != nl.float32:
         nisa.tensor_copy(dst=S.reshape((K, HV, V)), src=dst, engine=nisa.engine.vector)
-    nisa.dma_copy(dst=_state_block(scratch, cells[1], 0, K, HV * V, 0, HV * V), src=S)
+    nisa.dma_copy(dst=_state_block(scratch, cells[1], blk0, K, 0, HV * V), src=S)
 
 
-def _scratch_to_pool(pool, scratch, S, cells, HV, K, V):
-    """The pool slot at row cells[1] <- the scratch block at row cells[0], through S (a bf16
-    pool's copy rounded by VectorE, so no DMA converts)."""
-    nisa.dma_copy(dst=S, src=_state_block(scratch, cells[0], 0, K, HV * V, 0, HV * V))
+def _scratch_to_pool(pool, scratch, S, cells, win, blk0, K, V):
+    """The pool slot at row cells[1] <- the scratch block at row cells[0] (from the program's
+    block blk0), through S (a bf16 pool's copy rounded by VectorE, so no DMA converts)."""
+    HV = win["nhv"]
+    nisa.dma_copy(dst=S, src=_state_block(scratch, cells[0], blk0, K, 0, HV * V))
     src = S.reshape((K, HV, V))
     if pool.dtype != nl.float32:
         src = nl.ndarray((K, HV, V), dtype=pool.dtype, buffer=nl.sbuf)
         nisa.tensor_copy(dst=src, src=S.reshape((K, HV, V)), engine=nisa.engine.vector)
-    nisa.dma_copy(dst=_pool_slot(pool, cells[1], HV, K, V), src=src)
+    nisa.dma_copy(dst=_pool_slot(pool, cells[1], win, K, V), src=src)
+
+
+def heads_per_program(HV, programs):
+    """Value heads each of ``programs`` SPMD programs (the LNC) computes: HV / programs when
+    they split evenly, else all HV in program 0 (the others get empty work lists: zero trip
+    counts, the launcher's ``prefill_tables``)."""
+    if HV % programs == 0:
+        return HV // programs
+    return HV
+
+
+def _program_window(H, HV, programs, pid):
+    """The heads program ``pid`` of ``programs`` computes: ``nhv`` value heads from ``hv0``,
+    reading q/k heads ``h0 .. h0 + nh - 1`` (``qk[j]``: the tile column block of value head
+    hv0 + j's q/k head); ``HV``, ``H`` all heads. A program without work (the split does not
+    divide) gets program 0's window: same shapes, same program size."""
+    nhv = heads_per_program(HV, programs)
+    hv0 = 0
+    if nhv < HV:
+        hv0 = pid * nhv
+    rep = HV // H
+    h0 = hv0 // rep
+    qk = []
+    for j in range(nhv):
+        qk.append((hv0 + j) // rep - h0)
+    w = {}
+    w["HV"] = HV
+    w["H"] = H
+    w["hv0"] = hv0
+    w["nhv"] = nhv
+    w["h0"] = h0
+    w["nh"] = qk[nhv - 1] + 1
+    w["qk"] = qk
+    return w
+
+
+def _input_columns(win, K, V):
+    """The first HBM column of the program's heads in each token input (_INPUTS)."""
+    cols = {}
+    cols["q"] = win["h0"] * K
+    cols["k"] = win["h0"] * K
+    cols["v"] = win["hv0"] * V
+    cols["g"] = win["hv0"]
+    cols["beta"] = win["hv0"]
+    return cols
 
 
 def chunks_per_iteration(HV):
@@ -433,16 +494,20 @@ def _chunk_buffers(H, HV, K, V, C, bf16, use_qk_l2norm):
 _INPUTS = ("q", "k", "v", "g", "beta")
 
 
-def _gather_chunk(buf, hbm, table, r, plus, C):
-    """Gather the token rows listed in row ``r + plus`` of ``table`` into the chunk tiles."""
+def _gather_chunk(buf, io, table, r, plus, C):
+    """Gather the token rows listed in row ``r + plus`` of ``table`` into the chunk tiles (the
+    program's columns of io["hbm"]'s inputs, from io["cols"])."""
     rows = _table_rows(table, r, C, plus)
     for name in _INPUTS:
-        nisa.dma_copy(dst=buf[name], src=_rows_view(hbm[name], rows, C, buf[name].shape[1]))
+        nisa.dma_copy(dst=buf[name], src=_rows_view(io["hbm"][name], rows, C, io["cols"][name],
+                                                    buf[name].shape[1]))
 
 
-def _rows_view(x, rows, C, width):
-    """Rows ``rows[p]`` of HBM ``x [n, width]``, one per partition (indirect gather/scatter)."""
-    return x.ap(pattern=[[width, C], [1, width]], offset=0, vector_offset=rows, indirect_dim=0)
+def _rows_view(x, rows, C, c0, width):
+    """Columns c0 .. c0 + width of rows ``rows[p]`` of HBM ``x [n, w]``, one row per partition
+    (indirect gather / scatter)."""
+    return x.ap(pattern=[[x.shape[1], C], [1, width]], offset=c0, vector_offset=rows,
+                indirect_dim=0)
 
 
 def _constants(C, K, mdt):
@@ -901,8 +966,7 @@ def _chunk_prologue(buf, o, cst, rows, T1, H, HV, K, V, raw_gates, use_qk_l2norm
     return ch
 
 
-def _chunks(bufs, n, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates, use_qk_l2norm, scale,
-            C):
+def _chunks(bufs, n, io, cst, solve, S, c, K, V, win, raw_gates, use_qk_l2norm, scale, C):
     """Row ``c`` (a register) of the work list io["rows"] / io["state"]: n consecutive chunks
     of one sequence from the tiles bufs[0 .. n - 1] (gathered earlier: rows past the sequence
     end read the zero row). S is loaded from the row's source scratch block, carried through
@@ -916,6 +980,7 @@ def _chunks(bufs, n, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates, use_qk_l
     L = C
     nsub = len(bufs)
     o = io["o"]
+    HV = win["nhv"]
     groups = _head_groups(HV)
     G = len(groups)
     jobs, jarg = _group_jobs(HV, L)
@@ -926,7 +991,7 @@ def _chunks(bufs, n, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates, use_qk_l
     for hvs in groups:
         c0 = hvs[0] * V
         c1 = (hvs[len(hvs) - 1] + 1) * V
-        nisa.dma_copy(dst=S[:, c0:c1], src=_state_block(io["scratch"], cells[0], 0, K, HV * V,
+        nisa.dma_copy(dst=S[:, c0:c1], src=_state_block(io["scratch"], cells[0], io["blk0"], K,
                                                         c0, c1))
     chs = []
     pres = []
@@ -948,7 +1013,8 @@ def _chunks(bufs, n, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates, use_qk_l
             rows = _table_rows(table, c, C, n + j)
             views = {}
             for name in _INPUTS:
-                views[name] = _rows_view(io["hbm"][name], rows, C, bufs[j][name].shape[1])
+                views[name] = _rows_view(io["hbm"][name], rows, C, io["cols"][name],
+                                         bufs[j][name].shape[1])
             nisa.dma_copy(dst=io["nxt_k"][j], src=views["k"])
             src[j] = views
     # last reader of each input (the next chunk lands after the last group's job)
@@ -966,16 +1032,16 @@ def _chunks(bufs, n, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates, use_qk_l
                     continue
                 if chs[k] == None:  # noqa: E711  (NKI has no `is`)
                     rows = _table_rows(table, c, C, k)
-                    chs[k] = _chunk_prologue(bufs[k], o, cst, rows, io["T1"], H, HV, K, V,
-                                             raw_gates, use_qk_l2norm, scale, C)
+                    chs[k] = _chunk_prologue(bufs[k], o, cst, rows, io["T1"], win["nh"], HV, K,
+                                             V, raw_gates, use_qk_l2norm, scale, C)
                 s = order[k][i]
                 _group_job(jobs[s], jarg[s], u, groups[u], chs[k], bufs[k], pres[k], gdat[k],
-                           items[k], o, cst, solve[k], S, HV, K, V, rep, L, C)
+                           items[k], o, cst, solve[k], S, K, V, win, L, C)
                 if k == n - 1 and jobs[s] == "state":
                     # the group's state leaves as soon as the row's last chunk updated it
                     c0 = groups[u][0] * V
                     c1 = (groups[u][len(groups[u]) - 1] + 1) * V
-                    nisa.dma_copy(dst=_state_block(io["scratch"], cells[1], 0, K, HV * V, c0,
+                    nisa.dma_copy(dst=_state_block(io["scratch"], cells[1], io["blk0"], K, c0,
                                                    c1), src=S[:, c0:c1])
         # the next chunks' inputs after the last group's last reader
         for k in range(n):
@@ -988,7 +1054,7 @@ def _chunks(bufs, n, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates, use_qk_l
         if io["prefetch"]:
             nisa.dma_copy(dst=bufs[j]["k"], src=io["nxt_k"][j])
         else:
-            _gather_chunk(bufs[j], io["hbm"], table, c, n + j, C)
+            _gather_chunk(bufs[j], io, table, c, n + j, C)
 
 
 _STATE_JOBS = ("rhs", "oq", "sub", "apply", "post_ops", "out", "state")
@@ -1096,10 +1162,10 @@ def _group_jobs(HV, L):
     return jobs, jarg
 
 
-def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, HV, K, V, rep, L,
-               C):
-    """Job ``job`` (argument ``x``) of head group ``u`` (value heads ``hvs``; see
-    _group_jobs) of the chunk in ``buf`` / ``ch``."""
+def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, K, V, win, L, C):
+    """Job ``job`` (argument ``x``) of head group ``u`` (the program's value heads ``hvs``,
+    numbered within its window ``win``; see _group_jobs) of the chunk in ``buf`` / ``ch``."""
+    qk_of = win["qk"]
     key = str(u)
     qk = ch["qk"]
     xdt = buf["v"].dtype
@@ -1112,13 +1178,13 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, HV,
         gd["X"] = []
         gdat[key] = gd
         for hv in hvs:
-            h = hv // rep
+            h = qk_of[hv]
             if qk.get(str(h)) == None:  # noqa: E711  (NKI has no `is`)
                 qk[str(h)] = _qk_transposes(buf["k"], buf["q"], h, L, K, xdt != nl.float32)
                 qk[str(h)]["group"] = u
     elif job == "qk_mm":
         for hv in hvs:
-            d = qk[str(hv // rep)]
+            d = qk[str(qk_of[hv])]
             if d["group"] == u and d.get("kk") == None:  # noqa: E711 (once per q/k head)
                 _qk_products(cst, d, L)
     elif job == "gu":
@@ -1129,7 +1195,7 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, HV,
             _head_decay(cst, d, L)
     elif job == "at":
         for i in range(len(hvs)):
-            _head_at(qk[str(hvs[i] // rep)], pres[key][i], buf["beta"], hvs[i], L)
+            _head_at(qk[str(qk_of[hvs[i]])], pres[key][i], buf["beta"], hvs[i], L)
     elif job == "place":
         ATs = []
         for d in pres[key]:
@@ -1149,7 +1215,7 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, HV,
     elif job == "rhs":
         Rs = []
         for i in range(len(hvs)):
-            _head_rhs(pres[key][i], qk[str(hvs[i] // rep)], buf["v"], ch["nec"], S, hvs[i], V)
+            _head_rhs(pres[key][i], qk[str(qk_of[hvs[i]])], buf["v"], ch["nec"], S, hvs[i], V)
             Rs.append(pres[key][i]["R"])
         gdat[key]["Rs"] = Rs
         gdat[key]["Rp"] = None
@@ -1157,7 +1223,7 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, HV,
             gdat[key]["Rp"] = _pack_rhs(Rs, L, V)
     elif job == "oq":
         for i in range(len(hvs)):
-            _head_oq(pres[key][i], qk[str(hvs[i] // rep)], ch["qs"], S, hvs[i], V)
+            _head_oq(pres[key][i], qk[str(qk_of[hvs[i]])], ch["qs"], S, hvs[i], V)
     elif job == "sub":
         _solve_rhs_block(items[key], gdat[key]["Rp"], x, V)
     elif job == "apply":
@@ -1167,7 +1233,7 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, HV,
         _solve_apply_block(items[key], gdat[key]["X"], x, V, gdat[key]["Rs"])
     elif job == "post_ops":
         for i in range(len(hvs)):
-            _head_post_ops(qk[str(hvs[i] // rep)], pres[key][i], ch["bs"], ch["dlb"], hvs[i],
+            _head_post_ops(qk[str(qk_of[hvs[i]])], pres[key][i], ch["bs"], ch["dlb"], hvs[i],
                            L, K)
     elif job == "out":
         for i in range(len(hvs)):
@@ -1176,8 +1242,7 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, HV,
         # each group's o columns leave as soon as they are done
         c0 = hvs[0] * V
         c1 = (hvs[len(hvs) - 1] + 1) * V
-        nisa.dma_copy(dst=o.ap(pattern=[[HV * V, C], [1, c1 - c0]], offset=c0,
-                               vector_offset=ch["rows"], indirect_dim=0),
+        nisa.dma_copy(dst=_rows_view(o, ch["rows"], C, win["hv0"] * V + c0, c1 - c0),
                       src=ch["oc"][:, c0:c1])
     else:
         for i in range(len(hvs)):
