@@ -73,8 +73,13 @@ CASES = [(_conv_prefill, PREFILL_BATCHES), (_ssd_prefill, PREFILL_BATCHES),
          (_ssd_decode, DECODE_BATCHES), (_gdn_decode, DECODE_BATCHES)]
 
 
-@pytest.mark.parametrize("make, batches", CASES, ids=lambda v: getattr(v, "__name__", ""))
-def test_one_runtime_loop_level_and_one_program(make, batches):
+# the ops whose kernels split their work across the two programs of LNC=2
+LNC2_CASES = [(_gdn_prefill, PREFILL_BATCHES)]
+
+
+def _program_sizes(make, batches, programs):
+    """Per batch, the program size of each of the ``programs`` programs, after checking that
+    no instruction sits in nested runtime loops and that every program ran a loop."""
     sizes = []
     for i, batch in enumerate(batches):
         if isinstance(batch, tuple):
@@ -84,6 +89,23 @@ def test_one_runtime_loop_level_and_one_program(make, batches):
         trace = _run(make, batch, padding)
         depth = max((len(inst.loop_path) for inst in trace.instructions), default=0)
         assert depth <= 1, f"an instruction sits in {depth} nested runtime loops"
-        assert any(inst.loop_path for inst in trace.instructions), "no runtime loop ran"
-        sizes.append(trace.program_instructions())
-    assert sizes[0] == sizes[1] <= 20_000
+        for pid in range(programs):
+            assert any(inst.loop_path and inst.program_id == pid
+                       for inst in trace.instructions), f"program {pid}: no runtime loop ran"
+        sizes.append([trace.program_instructions(pid) for pid in range(programs)])
+    return sizes
+
+
+@pytest.mark.parametrize("make, batches", CASES, ids=lambda v: getattr(v, "__name__", ""))
+def test_one_runtime_loop_level_and_one_program(make, batches):
+    sizes = _program_sizes(make, batches, 1)
+    assert sizes[0] == sizes[1] and sizes[0][0] <= 20_000
+
+
+@pytest.mark.parametrize("make, batches", LNC2_CASES, ids=lambda v: getattr(v, "__name__", ""))
+def test_lnc2_both_programs_one_loop_level_and_one_program_size(make, batches, monkeypatch):
+    """At LNC=2 both programs run their share in one level of runtime loops, with the same
+    program size, independent of the batch."""
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
+    sizes = _program_sizes(make, batches, 2)
+    assert sizes[0] == sizes[1] and sizes[0][0] == sizes[0][1] <= 20_000

@@ -40,13 +40,31 @@ head_params ``[128, 2*HV]`` float32 (A_log, dt_bias on every row) or None; pool
 ``[slots*HV*K, V]`` float32 or bfloat16 (the ``[slots, HV, K, V]`` pool, updated in
 place: a slot is the contiguous block from row ``slot*HV*K``); the int32 work lists of
 ``prefill_tables`` (their layouts are documented there): body_rows / body_state (bodies
-of n = ``chunks_per_iteration(HV)`` consecutive chunks of one sequence: token rows,
+of n = ``chunks_per_iteration`` (of a program's heads) consecutive chunks of one sequence: token rows,
 source and destination state block), tail_rows / tail_state (each sequence's last
 ``chunks mod n`` chunks, one per row), init_tab, final_tab (state copies pool -> block,
-block -> pool), pad_rows (chunks of padding sequences), counts ``[1, 5]`` (the trip
-counts). Compile-time arguments: H, raw_gates, use_qk_l2norm, scale, chunk, bf16 (= the
-activations are bfloat16) and the shapes. Returns o ``[Tb + 1, HV*V]`` in q's dtype (rows
-of padding sequences zero; the launcher slices ``[:num_tokens]``).
+block -> pool), pad_rows (chunks of padding sequences), counts ``[programs, 5]`` (each
+program's trip counts). Compile-time arguments: H, raw_gates, use_qk_l2norm, scale, chunk,
+bf16 (= the activations are bfloat16) and the shapes. Returns o ``[Tb + 1, HV*V]`` in q's
+dtype (rows of padding sequences zero; the launcher slices ``[:num_tokens]``).
+
+LNC: the value heads split across the programs
+----------------------------------------------
+Launched as a grid of ``programs = nl.num_programs(0)`` (1, or 2 on a trn2 / trn3 logical
+core of two physical cores), program ``pid = nl.program_id(0)`` computes the value heads
+``hv0 .. hv0 + HV/programs - 1`` (``heads_per_program``, ``_program_window``; Python ints at
+trace time) for every chunk of the batch: the heads are independent (own gates, own
+state), so the split reorders no reduction and the results equal LNC=1 bit for bit. Both
+programs run the same work lists (shared tables) and the same instructions over their own
+heads: q/k columns of the q/k heads their value heads read (HV = 2 at H = 1: both read
+head 0), v / g / beta / A_log / dt_bias columns, o columns (padding rows and the trash row
+included), pool rows ``slot*HV*K + hv0*K ..`` of each slot, and a scratch of their own
+(blocks ``pid * nblocks ..``). So no HBM byte is written by two programs, nor written by one
+and read by the other, and no synchronisation is needed. When HV does not split evenly (odd
+HV, e.g. 1) program 0 computes every head and program 1 gets zero trip counts (its counts
+row): it traces program 0's instructions but runs no loop iteration. Within a program
+everything below holds with HV its own heads: at Qwen3-Next TP1 (32 value heads) 16 per
+program, 4 head groups, 2 chunks per body; at TP4 (8) 4 per program, one group, 4 chunks.
 
 Loops: one runtime level, five ``nl.fori_loop`` in sequence
 -----------------------------------------------------------
@@ -56,8 +74,8 @@ work row; a row's block and pool rows are DMA'd into (1, 1) SBUF tiles on partit
 the ``scalar_offset`` of the state DMAs. Batch composition is data: a sequence with or
 without initial state, a first or a later row, a final or an intermediate state differ
 only in the block rows of their work rows. Between rows the state lives in ``scratch``,
-a float32 HBM tensor the kernel allocates: one ``[K, HV*V]`` block per live sequence and
-a zero block.
+a float32 HBM tensor the kernel allocates: per program, one ``[K, HV*V]`` block per live
+sequence and a zero block.
 
 1. padding chunks: zeros scattered to the output rows of padding sequences;
 2. init_tab: each live sequence with an initial state: its pool slot -> its block (the
@@ -142,7 +160,9 @@ state chains of a body's chunks follow one another, each chain step waiting behi
 chunks' work in the in-order engine queues. Figures: the README's "Modeled performance"
 table and ``python -m simulate``.
 
-Constructs and their evidence (released kernels or the NKI 0.6.0 docs): runtime loops
+Constructs and their evidence (released kernels or the NKI 0.6.0 docs): the program's
+place in the LNC grid as ``nl.num_programs(0)`` / ``nl.program_id(0)``, Python ints
+(nki-library moe_tkg/selective_expert_mx_impl.py, attention_tkg.py); runtime loops
 as ``nl.fori_loop`` with an inner ``def`` body (the ``fori_loop`` docstring, NKI 0.6.0);
 registers allocated before the loops and loaded from (1, 1) SBUF tiles on partition 0
 (nki-library moe_cte/bwmm_shard_on_block_mx.py); HBM views with ``scalar_offset`` a

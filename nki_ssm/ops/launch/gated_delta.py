@@ -19,7 +19,8 @@ gather / scatter happens in the kernel:
 - prefill: the pool is passed as its ``[slots*HV*K, V]`` row view (no copy for a
   C-contiguous pool); a slot is the contiguous block from row ``slot*HV*K``
   (``init_tab`` / ``final_tab``), moved with a run-time start; the chunks go in as
-  flat work lists (``prefill_tables``);
+  flat work lists (``prefill_tables``), which the ``call.lnc`` programs share: they
+  split the value heads (the kernel's design note), each with its row of trip counts;
 - decode, per loop iteration (``decode_tables``, all float32): q and k become
   one ``[K, width*T*H*2]`` column block (k on partitions, k / q columns
   interleaved per head) plus k as one row ``[width*T*H*K]``; v becomes
