@@ -240,7 +240,7 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, body_rows, bo
     for j in range(nsub):
         sj = []
         for hvs in _head_groups(HV):
-            t = _solve_tiles(len(hvs), C, _few_groups(HV))
+            t = _solve_tiles(len(hvs), C, win["few"])
             _zero_solve(t)
             sj.append(t)
         solve.append(sj)
@@ -430,6 +430,7 @@ def _program_window(H, HV, programs, pid):
     w["h0"] = h0
     w["nh"] = qk[nhv - 1] + 1
     w["qk"] = qk
+    w["few"] = _few_groups(HV)
     return w
 
 
@@ -1003,7 +1004,7 @@ def _chunks(bufs, n, io, cst, solve, S, c, K, V, win, raw_gates, use_qk_l2norm, 
     HV = win["nhv"]
     groups = _head_groups(HV)
     G = len(groups)
-    jobs, jarg = _group_jobs(HV, L)
+    jobs, jarg = _group_jobs(win["few"], L)
     order, off, nslot = _body_plan(jobs, G, n)
     table = io["rows"]
     # the state entering the row, per head group (group 0's first: its k S comes first)
@@ -1133,7 +1134,7 @@ def _is_state_job(name):
     return False
 
 
-def _group_jobs(HV, L):
+def _group_jobs(few, L):
     """The jobs of one head group, in order (one per software-pipeline stage), and their
     arguments: q/k transposes, their masked products, gU, the decays, A^T, the packed
     solve's layout moves, the right-hand sides (k S), q S, the solve setup, per doubling
@@ -1146,14 +1147,16 @@ def _group_jobs(HV, L):
       (``place_off``, GpSimd copies) after k S and q S, just before the solve setup, so
       GpSimd places them while the doubling runs;
     - >= 8 groups (TP1): q S after the second substitution block instead of beside k S,
-      out of ScalarE's busiest stretch."""
+      out of ScalarE's busiest stretch.
+
+    ``few``: the first (``_few_groups`` of the layer's value heads, so a program of an LNC
+    grid computes its heads as LNC=1 does)."""
     nround = 0
     covered = 2
     while covered < _BLOCK and covered < L:
         nround = nround + 1
         covered = covered * 2
     nblk = len(_block_rows(L))
-    few = _few_groups(HV)               # the first order above, else the second
     jobs = ["qk_t", "qk_mm", "gu", "decay", "at", "place", "rhs", "oq", "place_off", "setup"]
     if not few:
         jobs = ["qk_t", "qk_mm", "gu", "decay", "at", "place", "rhs", "setup"]
