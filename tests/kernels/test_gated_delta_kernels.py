@@ -694,11 +694,13 @@ def _loop_instructions(tr, pid):
     return sum(1 for inst in tr.instructions if inst.program_id == pid and inst.loop_path)
 
 
-@pytest.mark.parametrize("H, HV", [(1, 2), (2, 4), (4, 16)])
-def test_prefill_lnc2_splits_heads_and_equals_lnc1_bitwise(H, HV):
+@pytest.mark.parametrize("H, HV, dtype, chunk", [(1, 2, np.float32, 32), (2, 4, np.float32, 32),
+                                                 (4, 16, np.float32, 32), (16, 32, BF16, 128)])
+def test_prefill_lnc2_splits_heads_and_equals_lnc1_bitwise(H, HV, dtype, chunk):
     """LNC=2: each program computes half the value heads (HV = 2: one each, sharing q/k head
-    0; HV = 4: q/k head h in program h; HV = 16: two head groups each) over the same work
-    lists. On a ragged batch with initial states, a padding slot, an empty sequence and
+    0; HV = 4: q/k head h in program h; HV = 16: two head groups each; HV = 32, bf16: four
+    groups each, solved as LNC=1 solves its eight: chunk 128, four 32-row blocks) over the
+    same work lists. On a ragged batch with initial states, a padding slot, an empty sequence and
     several chunks per sequence (4-chunk bodies and single chunks), output and pool equal
     LNC=1 bit for bit; both programs run the same loop iterations; their program sizes are
     equal, <= 20,000 and the same for another batch of the bucket."""
@@ -707,12 +709,13 @@ def test_prefill_lnc2_splits_heads_and_equals_lnc1_bitwise(H, HV):
         n = len(lens)
         inp = make_gated_delta_inputs(np.random.default_rng(seed), seqlens=lens, H=H, HV=HV,
                                       K=16, V=16, raw_gates=True, use_qk_l2norm=True, padding=1,
-                                      slots=n + 1, has_initial_state=np.arange(n) % 2 == 0)
-        o2, pool2, tr = _prefill_at_lnc(inp, 2, 32)
+                                      slots=n + 1, has_initial_state=np.arange(n) % 2 == 0,
+                                      dtype=dtype, pool_dtype=dtype)
+        o2, pool2, tr = _prefill_at_lnc(inp, 2, chunk)
         assert _loop_instructions(tr, 0) == _loop_instructions(tr, 1) > 0
         sizes.append([tr.program_instructions(0), tr.program_instructions(1)])
         if len(sizes) == 1:
-            o1, pool1, _ = _prefill_at_lnc(inp, 1, 32)
+            o1, pool1, _ = _prefill_at_lnc(inp, 1, chunk)
             assert o2.tobytes() == o1.tobytes()
             assert pool2.tobytes() == pool1.tobytes()
     assert sizes[0] == sizes[1]
