@@ -160,6 +160,17 @@ state chains of a body's chunks follow one another, each chain step waiting behi
 chunks' work in the in-order engine queues. Figures: the README's "Modeled performance"
 table and ``python -m simulate``.
 
+At LNC=2 (each program modeled alone on its own physical core, ``nki_ssm.perf.model`` on
+its instructions; 16K tokens): TP1 6.81 ms per program against 13.21 ms at LNC=1 (0.515x):
+each program has half the work, still throughput-bound. TP4 2.45 ms against 3.67 ms
+(0.67x): a program's 4 value heads are one head group, one packed solve, so its state
+chain (k S, four substitution blocks of two cross-engine hops each, the state update:
+~19 us per chunk) is no longer hidden behind a second group's, and the engines idle at
+~60 % (neither more chunks per body nor two packs of 2 heads shortened it, modeled). The
+solve variant (packed right-hand sides with 8 or more groups, moved inverses with fewer:
+``_few_groups``) follows the layer's head count, not the program's, so LNC=2 computes
+every head exactly as LNC=1 does.
+
 Constructs and their evidence (released kernels or the NKI 0.6.0 docs): the program's
 place in the LNC grid as ``nl.num_programs(0)`` / ``nl.program_id(0)``, Python ints
 (nki-library moe_tkg/selective_expert_mx_impl.py, attention_tkg.py); runtime loops
