@@ -422,8 +422,9 @@ def heads_per_program(HV, programs):
 def _program_window(H, HV, programs, pid):
     """The heads program ``pid`` of ``programs`` computes: ``nhv`` value heads from ``hv0``,
     reading q/k heads ``h0 .. h0 + nh - 1`` (``qk[j]``: the tile column block of value head
-    hv0 + j's q/k head); ``HV``, ``H`` all heads. A program without work (the split does not
-    divide) gets program 0's window: same shapes, same program size."""
+    hv0 + j's q/k head), ``HV`` all value heads, ``few`` the solve variant of the layer
+    (_few_groups). A program without work (the split does not divide) gets program 0's
+    window: same shapes, same program size."""
     nhv = heads_per_program(HV, programs)
     hv0 = 0
     if nhv < HV:
@@ -435,7 +436,6 @@ def _program_window(H, HV, programs, pid):
         qk.append((hv0 + j) // rep - h0)
     w = {}
     w["HV"] = HV
-    w["H"] = H
     w["hv0"] = hv0
     w["nhv"] = nhv
     w["h0"] = h0
