@@ -7,6 +7,8 @@ padding sequences give zero output (and zero intermediate states).
 """
 from __future__ import annotations
 
+import contextlib
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -229,26 +231,37 @@ def _prefill_case(draw, dtype=np.float32):
                                   V=V, raw_gates=draw(st.booleans()),
                                   use_qk_l2norm=draw(st.booleans()), dtype=dtype,
                                   pool_dtype=dtype, padding=padding)
-    return inp, chunk
+    return inp, chunk, draw(st.sampled_from([1, 2]))
 
 
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=_prefill_case())
 def test_prefill_f32_matches_recurrent_reference(case):
-    inp, chunk = case
-    _prefill_check(inp, F32_TOL, chunk)
+    inp, chunk, lnc = case
+    with _at_lnc(lnc):
+        _prefill_check(inp, F32_TOL, chunk)
 
 
 @settings(max_examples=8, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=_prefill_case(dtype=BF16))
 def test_prefill_bf16_matches_recurrent_reference(case):
-    inp, chunk = case
-    _prefill_check(inp, BF16_TOL, chunk)
+    inp, chunk, lnc = case
+    with _at_lnc(lnc):
+        _prefill_check(inp, BF16_TOL, chunk)
 
 
-def test_prefill_length_one_and_empty_sequences():
+@contextlib.contextmanager
+def _at_lnc(lnc):
+    """Launches inside run as ``lnc`` programs (NEURON_LOGICAL_NC_CONFIG, as the ``lnc``
+    fixture sets it; for hypothesis examples, which draw it)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NEURON_LOGICAL_NC_CONFIG", str(lnc))
+        yield
+
+
+def test_prefill_length_one_and_empty_sequences(lnc):
     """T = 1, empty sequences with and without initial state (the latter zero their slot)."""
     inp = make_gated_delta_inputs(np.random.default_rng(8), seqlens=[1, 0, 0, 3], H=1, HV=2,
                                   K=16, V=16, has_initial_state=np.array([True, True, False,
@@ -284,7 +297,7 @@ def _prefill_separately(inp, chunk_size):
     return np.concatenate(outs)
 
 
-def test_prefill_continuation_through_pool_equals_one_long_prefill():
+def test_prefill_continuation_through_pool_equals_one_long_prefill(lnc):
     """Two prefills (the second from the pool) == one prefill over the whole sequence."""
     rng = np.random.default_rng(13)
     L1, L2 = 45, 38
@@ -300,7 +313,7 @@ def test_prefill_continuation_through_pool_equals_one_long_prefill():
     assert rel_fro(_f64(split["ssm_states"]), _f64(one["ssm_states"])) <= 1e-6
 
 
-def test_prefill_ragged_batch_equals_separate_calls_bitwise():
+def test_prefill_ragged_batch_equals_separate_calls_bitwise(lnc):
     rng = np.random.default_rng(17)
     lens = [23, 70, 5]
     inp = make_gated_delta_inputs(rng, seqlens=lens, H=1, HV=2, K=32, V=16, raw_gates=True)
@@ -312,7 +325,7 @@ def test_prefill_ragged_batch_equals_separate_calls_bitwise():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, BF16])
-def test_prefill_several_chunks_per_iteration(dtype):
+def test_prefill_several_chunks_per_iteration(dtype, lnc):
     """Iterations of 4 chunks (HV = 2) and the one-chunk remainder loop: sequences of 6
     chunks (4 + 2, the last short), 8 (two full iterations), exactly 4, 3 (remainder only),
     1 token, empty; initial states mixed and a padding slot. Matches float64 and equals
@@ -331,7 +344,7 @@ def test_prefill_several_chunks_per_iteration(dtype):
     assert _prefill_separately(_copy(inp), 16).tobytes() == o_batch.tobytes()
 
 
-def test_prefill_continuation_across_iterations_equals_one_long_prefill():
+def test_prefill_continuation_across_iterations_equals_one_long_prefill(lnc):
     """A prefill of 5 chunks + 3 tokens (one 4-chunk iteration, two remainder chunks), then
     one of 4 chunks from the pool == one prefill of the whole sequence."""
     rng = np.random.default_rng(37)
@@ -347,7 +360,7 @@ def test_prefill_continuation_across_iterations_equals_one_long_prefill():
     assert rel_fro(_f64(split["ssm_states"]), _f64(one["ssm_states"])) <= 1e-6
 
 
-def test_prefill_huge_gates_do_not_overflow():
+def test_prefill_huge_gates_do_not_overflow(lnc):
     """g ~ -500 per token: cumulative log decay reaches -4e4 in a chunk; masked
     exp(min(c_i - c_j, 0)) keeps everything finite and exact."""
     inp = make_gated_delta_inputs(np.random.default_rng(9), seqlens=[80], H=1, HV=2, K=16,
@@ -379,7 +392,7 @@ def test_prefill_then_decode_kernels_equal_recurrence():
 
 @pytest.mark.parametrize("dtype, tol, chunk", [(np.float32, F32_TOL, 64), (BF16, BF16_TOL, 128),
                                                (np.float32, F32_TOL, 48)])
-def test_prefill_many_head_groups(dtype, tol, chunk):
+def test_prefill_many_head_groups(dtype, tol, chunk, lnc):
     """HV = 16 (4 head groups: the packed solve's layout moves by SBUF-to-SBUF DMA and the
     output scattered per group, as at Qwen3-Next TP1/TP2), small head dims, ragged with an
     empty sequence, a padding slot, a short last chunk (chunk 48: blocks of 32 and 16) and
@@ -392,7 +405,7 @@ def test_prefill_many_head_groups(dtype, tol, chunk):
 
 
 @pytest.mark.parametrize("dtype, tol, chunk", [(np.float32, F32_TOL, 48), (BF16, BF16_TOL, 128)])
-def test_prefill_odd_head_group(dtype, tol, chunk):
+def test_prefill_odd_head_group(dtype, tol, chunk, lnc):
     """HV = 3 (one head group of 3, fewer than 8 groups): the doubling's products run on PE
     tiles of 2 heads, so the group has a tile of 2 heads and one of 1 (32 rows of a 64-row
     tile); ragged, with a short last block at chunk 48."""
@@ -404,7 +417,7 @@ def test_prefill_odd_head_group(dtype, tol, chunk):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype, tol", [(np.float32, F32_TOL), (BF16, BF16_TOL)])
-def test_prefill_qwen3_next_tp8_shape(dtype, tol):
+def test_prefill_qwen3_next_tp8_shape(dtype, tol, lnc):
     """Qwen3-Next at TP8 (H=2, HV=4, K=V=128), 300 ragged tokens, chunk 64."""
     inp = make_gated_delta_inputs(np.random.default_rng(3), seqlens=[170, 130], H=2, HV=4,
                                   K=128, V=128, raw_gates=True, use_qk_l2norm=True,
@@ -414,7 +427,7 @@ def test_prefill_qwen3_next_tp8_shape(dtype, tol):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype, tol", [(np.float32, F32_TOL), (BF16, BF16_TOL)])
-def test_prefill_qwen3_next_tp1_shape_fits_sbuf(dtype, tol):
+def test_prefill_qwen3_next_tp1_shape_fits_sbuf(dtype, tol, lnc):
     """Qwen3-Next at TP1 (H=16, HV=32, K=V=128: 8 head groups, the most SBUF the kernel
     holds) with the largest-footprint options, a bf16 pool, raw gates and the fused L2
     norm: it fits SBUF (the simulator raises otherwise) and matches the reference."""
@@ -467,7 +480,7 @@ def _strong_then_weak(g, cu, chunk, strong=-20.0, weak=-1e-3):
 
 
 @pytest.mark.parametrize("chunk", [16, 32, 64, 128])
-def test_prefill_strong_then_weak_decay_inside_one_chunk(chunk):
+def test_prefill_strong_then_weak_decay_inside_one_chunk(chunk, lnc):
     """float32 I/O stays within 1e-5 when a chunk decays strongly then weakly (issue 9:
     pairwise decays from direct segment sums, never a difference of running sums)."""
     inp = make_gated_delta_inputs(np.random.default_rng(40 + chunk), seqlens=[2 * chunk + 5, chunk],
@@ -573,6 +586,19 @@ def test_prefill_tables_layout():
     assert final_tab[:3].tolist() == [[0, 2 * HV * K], [Nb * K, 0], [2 * K, HV * K]]
     assert pad_rows[0].tolist() == [5, 6, 7, 8] and (pad_rows[1:] == 128).all()
     assert counts.tolist() == [[1, 1, 1, 4, 3]]
+    # LNC=2: the programs split the value heads and share the work lists; counts per program
+    two = prefill_tables(cu, np.array([2, 0, -1, 1]), np.array([True, False, True, False]),
+                         slots=3, HV=HV, K=K, chunk_size=4, num_tokens_bucket=128,
+                         num_seqs_bucket=Nb, programs=2)
+    for a, b in zip(two[:7], (body_rows, body_state, tail_rows, tail_state, init_tab, final_tab,
+                              pad_rows)):
+        assert a.tolist() == b.tolist()
+    assert two[7].tolist() == [[1, 1, 1, 4, 3]] * 2
+    # HV = 3 does not split: program 1 gets empty work lists
+    odd = prefill_tables(cu, np.array([2, 0, -1, 1]), np.array([True, False, True, False]),
+                         slots=3, HV=3, K=K, chunk_size=4, num_tokens_bucket=128,
+                         num_seqs_bucket=Nb, programs=2)
+    assert odd[7].tolist() == [[1, 1, 1, 4, 3], [0, 0, 0, 0, 0]]
 
 
 def test_prefill_tables_state_sources():
@@ -610,7 +636,7 @@ def test_prefill_tables_state_sources():
 
 @pytest.mark.parametrize("dtype, pool_dtype, raw", [(BF16, BF16, True), (BF16, np.float32, False),
                                                     (np.float32, BF16, True)])
-def test_prefill_dmas_never_convert_dtype(dtype, pool_dtype, raw):
+def test_prefill_dmas_never_convert_dtype(dtype, pool_dtype, raw, lnc):
     """Hardware DGE needs matching dtypes (KERNEL_RULES 3): every DMA of the prefill kernel
     moves data in its own dtype (a bf16 pool, bf16 activations with the fused L2 norm, the
     packed solve's float32 blocks); conversions happen on compute engines."""
@@ -627,7 +653,7 @@ def test_prefill_dmas_never_convert_dtype(dtype, pool_dtype, raw):
     assert [i.dtypes for i in dmas if len(set(i.dtypes.values())) > 1] == []
 
 
-def test_prefill_all_padding_batch_touches_nothing():
+def test_prefill_all_padding_batch_touches_nothing(lnc):
     """Every sequence is padding: the kernel runs only its padding loop (zeros out), the
     pool stays bit-identical."""
     inp = make_gated_delta_inputs(np.random.default_rng(37), seqlens=[20, 0, 45], H=1, HV=2,
@@ -639,7 +665,7 @@ def test_prefill_all_padding_batch_touches_nothing():
     assert inp["ssm_states"].tobytes() == before.tobytes()
 
 
-def test_prefill_no_runtime_loop_inside_another():
+def test_prefill_no_runtime_loop_inside_another(lnc):
     """One runtime loop level (KERNEL_RULES 2): on a ragged batch with initial states,
     padding slots, empty sequences, several 4-chunk bodies and single remaining chunks,
     no instruction of the trace sits in more than one runtime loop."""
@@ -656,7 +682,64 @@ def test_prefill_no_runtime_loop_inside_another():
     assert depth == 1
 
 
-def test_prefill_nan_padding_tokens_never_reach_live_outputs():
+def _prefill_at_lnc(inp, lnc, chunk_size):
+    """(o, pool, trace) of one kernel prefill of a copy of ``inp`` as ``lnc`` programs."""
+    from nki_ssm.sim.trace import record
+
+    kw = _copy(inp)
+    with _at_lnc(lnc), record() as tr:
+        o = ops.gated_delta_prefill(**kw, chunk_size=chunk_size, backend="sim")
+    return o, kw["ssm_states"], tr
+
+
+def _loop_instructions(tr, pid):
+    """How many instructions program ``pid`` ran inside runtime loops."""
+    return sum(1 for inst in tr.instructions if inst.program_id == pid and inst.loop_path)
+
+
+@pytest.mark.parametrize("H, HV, dtype, chunk", [(1, 2, np.float32, 32), (2, 4, np.float32, 32),
+                                                 (4, 16, np.float32, 32), (16, 32, BF16, 128)])
+def test_prefill_lnc2_splits_heads_and_equals_lnc1_bitwise(H, HV, dtype, chunk):
+    """LNC=2: each program computes half the value heads (HV = 2: one each, sharing q/k head
+    0; HV = 4: q/k head h in program h; HV = 16: two head groups each; HV = 32, bf16: four
+    groups each, solved as LNC=1 solves its eight: chunk 128, four 32-row blocks) over the
+    same work lists. On a ragged batch with initial states, a padding slot, an empty sequence and
+    several chunks per sequence (4-chunk bodies and single chunks), output and pool equal
+    LNC=1 bit for bit; both programs run the same loop iterations; their program sizes are
+    equal, <= 20,000 and the same for another batch of the bucket."""
+    sizes = []
+    for lens, seed in (([150, 0, 40, 70, 9], 31), ([200, 1, 60], 32)):
+        n = len(lens)
+        inp = make_gated_delta_inputs(np.random.default_rng(seed), seqlens=lens, H=H, HV=HV,
+                                      K=16, V=16, raw_gates=True, use_qk_l2norm=True, padding=1,
+                                      slots=n + 1, has_initial_state=np.arange(n) % 2 == 0,
+                                      dtype=dtype, pool_dtype=dtype)
+        o2, pool2, tr = _prefill_at_lnc(inp, 2, chunk)
+        assert _loop_instructions(tr, 0) == _loop_instructions(tr, 1) > 0
+        sizes.append([tr.program_instructions(0), tr.program_instructions(1)])
+        if len(sizes) == 1:
+            o1, pool1, _ = _prefill_at_lnc(inp, 1, chunk)
+            assert o2.tobytes() == o1.tobytes()
+            assert pool2.tobytes() == pool1.tobytes()
+    assert sizes[0] == sizes[1]
+    assert sizes[0][0] == sizes[0][1] <= 20_000
+
+
+@pytest.mark.parametrize("H, HV", [(1, 1), (1, 3)])
+def test_prefill_lnc2_heads_that_do_not_split_run_in_program_0(H, HV):
+    """HV = 1 or 3 (odd: no even split): program 0 computes every head, program 1 gets
+    empty work lists (it runs no loop iteration) and the same program size; results equal
+    LNC=1 bit for bit."""
+    inp = make_gated_delta_inputs(np.random.default_rng(3), seqlens=[70, 0, 20], H=H, HV=HV,
+                                  K=16, V=16, padding=1, slots=4, has_initial_state=True)
+    o1, pool1, _ = _prefill_at_lnc(inp, 1, 32)
+    o2, pool2, tr = _prefill_at_lnc(inp, 2, 32)
+    assert o2.tobytes() == o1.tobytes() and pool2.tobytes() == pool1.tobytes()
+    assert _loop_instructions(tr, 0) > 0 and _loop_instructions(tr, 1) == 0
+    assert tr.program_instructions(0) == tr.program_instructions(1)
+
+
+def test_prefill_nan_padding_tokens_never_reach_live_outputs(lnc):
     """Rows past a live sequence's end read the launcher's zero row, never the next
     (padding) sequence's tokens: NaN there leaves live outputs exact and padding zero."""
     inp = make_gated_delta_inputs(np.random.default_rng(23), seqlens=[37, 20, 9], H=1, HV=2,
@@ -671,7 +754,7 @@ def test_prefill_nan_padding_tokens_never_reach_live_outputs():
 
 @pytest.mark.parametrize("chunk", [16, 64, 128])
 @pytest.mark.parametrize("raw", [False, True])
-def test_prefill_strong_then_weak_generator_pattern(chunk, raw):
+def test_prefill_strong_then_weak_generator_pattern(chunk, raw, lnc):
     """The shared generator's strong-then-weak gates (issue 9): float32 within 1e-5."""
     inp = make_gated_delta_inputs(np.random.default_rng(60 + chunk), seqlens=[2 * chunk + 9, 40],
                                   H=1, HV=2, K=16, V=16, raw_gates=raw, has_initial_state=True,
@@ -679,20 +762,22 @@ def test_prefill_strong_then_weak_generator_pattern(chunk, raw):
     _prefill_check(inp, F32_TOL, chunk)
 
 
-def test_prefill_program_size_at_qwen3_next_tp1_is_bounded():
-    """Qwen3-Next TP1 (H=16, HV=32, K=V=128): the static program stays under 20,000
-    instructions (program size does not depend on the token count: 128 tokens suffice)."""
+def test_prefill_program_size_at_qwen3_next_tp1_is_bounded(lnc):
+    """Qwen3-Next TP1 (H=16, HV=32, K=V=128): the static program of each program stays under
+    20,000 instructions (program size does not depend on the token count: 128 tokens
+    suffice); at LNC=2 the two programs (16 value heads each) have the same size."""
     from nki_ssm.sim.trace import record
 
     inp = make_gated_delta_inputs(np.random.default_rng(0), seqlens=[100, 28], H=16, HV=32,
                                   K=128, V=128, dtype=BF16)
     with record() as tr:
         ops.gated_delta_prefill(**inp, backend="sim")
-    assert tr.program_instructions() <= 20_000
+    sizes = {tr.program_instructions(pid) for pid in range(lnc)}
+    assert len(sizes) == 1 and max(sizes) <= 20_000
 
 
 @pytest.mark.slow
-def test_prefill_qwen3_next_tp4_2k_bf16_within_budget():
+def test_prefill_qwen3_next_tp4_2k_bf16_within_budget(lnc):
     """Issue 15's accuracy bar at a model shape: bf16 I/O (bf16 and tfloat32 TensorE
     operands, the chunk kernel's design note) within 3e-3 of float64 at 2K tokens,
     Qwen3-Next TP4 (H=4, HV=8, K=V=128), realistic gates, default chunk."""
@@ -703,7 +788,7 @@ def test_prefill_qwen3_next_tp4_2k_bf16_within_budget():
 
 @pytest.mark.parametrize("backend", ["reference", "sim"])
 @pytest.mark.parametrize("raw", [False, True])
-def test_prefill_nan_beta_on_a_real_token_is_rejected_pool_untouched(backend, raw):
+def test_prefill_nan_beta_on_a_real_token_is_rejected_pool_untouched(backend, raw, lnc):
     """Issue 26 row 7: the kernel's packed solve would spread a NaN beta of one value head
     to the other heads of its group (0 * NaN on TensorE), the reference keeps it in its
     head; every backend rejects it, naming the argument, and leaves the pool as it was.
@@ -725,7 +810,7 @@ def test_prefill_nan_beta_on_a_real_token_is_rejected_pool_untouched(backend, ra
 
 
 @pytest.mark.parametrize("seqlens", [[64], [1]])
-def test_prefill_batch_shorter_than_one_body(seqlens):
+def test_prefill_batch_shorter_than_one_body(seqlens, lnc):
     """A bucket with fewer chunks than one body of chunks_per_iteration(HV) chunks (K = 128:
     one 128-token chunk in the 128-token bucket): the body loop never runs, but its body is
     compiled with its look-ahead row in the table (a static offset out of the table is a

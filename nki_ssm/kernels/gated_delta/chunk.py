@@ -40,13 +40,31 @@ head_params ``[128, 2*HV]`` float32 (A_log, dt_bias on every row) or None; pool
 ``[slots*HV*K, V]`` float32 or bfloat16 (the ``[slots, HV, K, V]`` pool, updated in
 place: a slot is the contiguous block from row ``slot*HV*K``); the int32 work lists of
 ``prefill_tables`` (their layouts are documented there): body_rows / body_state (bodies
-of n = ``chunks_per_iteration(HV)`` consecutive chunks of one sequence: token rows,
+of n = ``chunks_per_iteration`` (of a program's heads) consecutive chunks of one sequence: token rows,
 source and destination state block), tail_rows / tail_state (each sequence's last
 ``chunks mod n`` chunks, one per row), init_tab, final_tab (state copies pool -> block,
-block -> pool), pad_rows (chunks of padding sequences), counts ``[1, 5]`` (the trip
-counts). Compile-time arguments: H, raw_gates, use_qk_l2norm, scale, chunk, bf16 (= the
-activations are bfloat16) and the shapes. Returns o ``[Tb + 1, HV*V]`` in q's dtype (rows
-of padding sequences zero; the launcher slices ``[:num_tokens]``).
+block -> pool), pad_rows (chunks of padding sequences), counts ``[programs, 5]`` (each
+program's trip counts). Compile-time arguments: H, raw_gates, use_qk_l2norm, scale, chunk,
+bf16 (= the activations are bfloat16) and the shapes. Returns o ``[Tb + 1, HV*V]`` in q's
+dtype (rows of padding sequences zero; the launcher slices ``[:num_tokens]``).
+
+LNC: the value heads split across the programs
+----------------------------------------------
+Launched as a grid of ``programs = nl.num_programs(0)`` (1, or 2 on a trn2 / trn3 logical
+core of two physical cores), program ``pid = nl.program_id(0)`` computes the value heads
+``hv0 .. hv0 + HV/programs - 1`` (``heads_per_program``, ``_program_window``; Python ints at
+trace time) for every chunk of the batch: the heads are independent (own gates, own
+state), so the split reorders no reduction and the results equal LNC=1 bit for bit. Both
+programs run the same work lists (shared tables) and the same instructions over their own
+heads: q/k columns of the q/k heads their value heads read (HV = 2 at H = 1: both read
+head 0), v / g / beta / A_log / dt_bias columns, o columns (padding rows and the trash row
+included), pool rows ``slot*HV*K + hv0*K ..`` of each slot, and a scratch of their own
+(blocks ``pid * nblocks ..``). So no HBM byte is written by two programs, nor written by one
+and read by the other, and no synchronisation is needed. When HV does not split evenly (odd
+HV, e.g. 1) program 0 computes every head and program 1 gets zero trip counts (its counts
+row): it traces program 0's instructions but runs no loop iteration. Within a program
+everything below holds with HV its own heads: at Qwen3-Next TP1 (32 value heads) 16 per
+program, 4 head groups, 2 chunks per body; at TP4 (8) 4 per program, one group, 4 chunks.
 
 Loops: one runtime level, five ``nl.fori_loop`` in sequence
 -----------------------------------------------------------
@@ -56,8 +74,8 @@ work row; a row's block and pool rows are DMA'd into (1, 1) SBUF tiles on partit
 the ``scalar_offset`` of the state DMAs. Batch composition is data: a sequence with or
 without initial state, a first or a later row, a final or an intermediate state differ
 only in the block rows of their work rows. Between rows the state lives in ``scratch``,
-a float32 HBM tensor the kernel allocates: one ``[K, HV*V]`` block per live sequence and
-a zero block.
+a float32 HBM tensor the kernel allocates: per program, one ``[K, HV*V]`` block per live
+sequence and a zero block.
 
 1. padding chunks: zeros scattered to the output rows of padding sequences;
 2. init_tab: each live sequence with an initial state: its pool slot -> its block (the
@@ -142,7 +160,20 @@ state chains of a body's chunks follow one another, each chain step waiting behi
 chunks' work in the in-order engine queues. Figures: the README's "Modeled performance"
 table and ``python -m simulate``.
 
-Constructs and their evidence (released kernels or the NKI 0.6.0 docs): runtime loops
+At LNC=2 (each program modeled alone on its own physical core, ``nki_ssm.perf.model`` on
+its instructions; 16K tokens): TP1 6.81 ms per program against 13.21 ms at LNC=1 (0.515x):
+each program has half the work, still throughput-bound. TP4 2.45 ms against 3.67 ms
+(0.67x): a program's 4 value heads are one head group, one packed solve, so its state
+chain (k S, four substitution blocks of two cross-engine hops each, the state update:
+~19 us per chunk) is no longer hidden behind a second group's, and the engines idle at
+~60 % (neither more chunks per body nor two packs of 2 heads shortened it, modeled). The
+solve variant (packed right-hand sides with 8 or more groups, moved inverses with fewer:
+``_few_groups``) follows the layer's head count, not the program's, so LNC=2 computes
+every head exactly as LNC=1 does.
+
+Constructs and their evidence (released kernels or the NKI 0.6.0 docs): the program's
+place in the LNC grid as ``nl.num_programs(0)`` / ``nl.program_id(0)``, Python ints
+(nki-library moe_tkg/selective_expert_mx_impl.py, attention_tkg.py); runtime loops
 as ``nl.fori_loop`` with an inner ``def`` body (the ``fori_loop`` docstring, NKI 0.6.0);
 registers allocated before the loops and loaded from (1, 1) SBUF tiles on partition 0
 (nki-library moe_cte/bwmm_shard_on_block_mx.py); HBM views with ``scalar_offset`` a
@@ -188,14 +219,20 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, body_rows, bo
     T1 = q2.shape[0]
     V = pool.shape[1]
     K = q2.shape[1] // H
-    HV = v2.shape[1] // V
-    rep = HV // H
     C = chunk
     odt = v2.dtype
-    o = nl.ndarray((T1, HV * V), dtype=odt, buffer=nl.shared_hbm)
-    # float32 states of the live sequences, one [K, HV*V] block each, and a zero block last
+    # this program's value heads (Python ints at trace time): HV of them from head hv0
+    nprog = nl.num_programs(0)
+    pid = nl.program_id(0)
+    win = _program_window(H, v2.shape[1] // V, nprog, pid)
+    HV = win["nhv"]
+    o = nl.ndarray((T1, win["HV"] * V), dtype=odt, buffer=nl.shared_hbm)
+    # float32 states of the live sequences, one [K, HV*V] block each, and a zero block last,
+    # for each program (blocks pid*nblocks ..: no block is written by two programs)
     nblocks = init_tab.shape[0] + 1
-    scratch = nl.ndarray((nblocks * K, HV * V), dtype=nl.float32, buffer=nl.shared_hbm)
+    scratch = nl.ndarray((nprog * nblocks * K, HV * V), dtype=nl.float32,
+                         buffer=nl.shared_hbm)
+    blk0 = pid * nblocks
     hbm = {}
     hbm["q"] = q2
     hbm["k"] = k2
@@ -214,23 +251,26 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, body_rows, bo
     for j in range(nsub):
         sj = []
         for hvs in _head_groups(HV):
-            t = _solve_tiles(len(hvs), C, _few_groups(HV))
+            t = _solve_tiles(len(hvs), C, win["few"])
             _zero_solve(t)
             sj.append(t)
         solve.append(sj)
     if raw_gates:
-        hp = nl.ndarray((128, 2 * HV), dtype=nl.float32, buffer=nl.sbuf)
+        hp = nl.ndarray((128, 2 * win["HV"]), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=hp, src=head_params)
+        a0 = win["hv0"]
+        d0 = win["HV"] + win["hv0"]
         negA = nl.ndarray((128, HV), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=negA, op=nl.exp, data=hp[:, 0:HV])
+        nisa.activation(dst=negA, op=nl.exp, data=hp[:, a0:a0 + HV])
         nisa.tensor_scalar(dst=negA, data=negA, op0=nl.multiply, operand0=-1.0)
         cst["negA"] = negA
-        cst["dtb"] = hp[:, HV:2 * HV]
+        cst["dtb"] = hp[:, d0:d0 + HV]
 
     # trip counts: padding chunks, initial states, bodies of nsub chunks, single chunks,
-    # live sequences; registers allocated and loaded here, before the loops
+    # live sequences (this program's row of counts); registers allocated and loaded here,
+    # before the loops
     cnt = nl.ndarray((1, 5), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=cnt, src=counts)
+    nisa.dma_copy(dst=cnt, src=counts[pid:pid + 1, 0:5])
     trips = []
     for j in range(5):
         r = nisa.register_alloc()
@@ -240,27 +280,27 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, body_rows, bo
     # the state S [K, HV*V] float32 (partition k: row k of every head's state)
     S = nl.ndarray((K, HV * V), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=S, value=0.0)
-    nisa.dma_copy(dst=_state_block(scratch, None, nblocks - 1, K, HV * V, 0, HV * V), src=S)
+    nisa.dma_copy(dst=_state_block(scratch, None, blk0 + nblocks - 1, K, 0, HV * V), src=S)
 
     # loop 1: rows of padding sequences get zeros, C rows per table entry
     def pad_body(z):
         zt = nl.ndarray((C, HV * V), dtype=odt, buffer=nl.sbuf)
         nisa.memset(dst=zt, value=0.0)
         zr = _table_rows(pad_rows, z, C, 0)
-        nisa.dma_copy(dst=_rows_view(o, zr, C, HV * V), src=zt)
+        nisa.dma_copy(dst=_rows_view(o, zr, C, win["hv0"] * V, HV * V), src=zt)
 
     nl.fori_loop(0, trips[0], pad_body)
 
     # loop 2: initial states from the pool into the sequences' scratch blocks
     def init_body(s):
-        _pool_to_scratch(pool, scratch, S, _row_cells(init_tab, s), HV, K, V)
+        _pool_to_scratch(pool, scratch, S, _row_cells(init_tab, s), win, blk0, K, V)
 
     nl.fori_loop(0, trips[1], init_body)
 
     # chunk input tiles, one set per chunk of a body, gathered one body ahead
     bufs = []
     for j in range(nsub):
-        bufs.append(_chunk_buffers(H, HV, K, V, C, bf16, use_qk_l2norm))
+        bufs.append(_chunk_buffers(win["nh"], HV, K, V, C, bf16, use_qk_l2norm))
     # the next body's k in second tiles only when the inputs are small (SBUF)
     prefetch = _tile_bytes(bufs[0]) <= _PREFETCH_BYTES
     nxt_k = []
@@ -272,6 +312,8 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, body_rows, bo
     io = {}
     io["o"] = o
     io["hbm"] = hbm
+    io["cols"] = _input_columns(win, K, V)
+    io["blk0"] = blk0
     io["scratch"] = scratch
     io["T1"] = T1
     io["prefetch"] = prefetch
@@ -280,31 +322,30 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, body_rows, bo
     # loop 3: bodies of nsub consecutive chunks of one sequence, state in from and out to
     # its scratch block (the zero block for a sequence's first body without initial state)
     for j in range(nsub):
-        _gather_chunk(bufs[j], hbm, body_rows, None, j, C)
+        _gather_chunk(bufs[j], io, body_rows, None, j, C)
     io["rows"] = body_rows
     io["state"] = body_state
 
     def body(i):
-        _chunks(bufs, nsub, io, cst, solve, S, i, H, HV, K, V, rep, raw_gates, use_qk_l2norm,
-                scale, C)
+        _chunks(bufs, nsub, io, cst, solve, S, i, K, V, win, raw_gates, use_qk_l2norm, scale, C)
 
     nl.fori_loop(0, trips[2], body)
 
     # loop 4: a sequence's last (chunks mod nsub) chunks, one per iteration
     if nsub > 1:
-        _gather_chunk(bufs[0], hbm, tail_rows, None, 0, C)
+        _gather_chunk(bufs[0], io, tail_rows, None, 0, C)
         io["rows"] = tail_rows
         io["state"] = tail_state
 
         def tail_body(i):
-            _chunks(bufs, 1, io, cst, solve, S, i, H, HV, K, V, rep, raw_gates,
-                    use_qk_l2norm, scale, C)
+            _chunks(bufs, 1, io, cst, solve, S, i, K, V, win, raw_gates, use_qk_l2norm, scale,
+                    C)
 
         nl.fori_loop(0, trips[3], tail_body)
 
     # loop 5: final states from the scratch blocks into the pool slots
     def final_body(s):
-        _scratch_to_pool(pool, scratch, S, _row_cells(final_tab, s), HV, K, V)
+        _scratch_to_pool(pool, scratch, S, _row_cells(final_tab, s), win, blk0, K, V)
 
     nl.fori_loop(0, trips[4], final_body)
     return o
@@ -323,44 +364,96 @@ def _row_cells(table, r):
     return cells
 
 
-def _state_block(scratch, row, block, K, width, c0, c1):
-    """Columns c0:c1 of the ``[K, width]`` scratch block starting at row ``row`` (a (1, 1)
-    SBUF tile; None: the static block ``block``)."""
+def _state_block(scratch, row, block, K, c0, c1):
+    """Columns c0:c1 of the ``[K, width]`` scratch block ``block`` (static) plus the run-time
+    block row ``row`` (a (1, 1) SBUF tile, or None)."""
+    width = scratch.shape[1]
+    pattern = [[width, K], [1, c1 - c0]]
     if row == None:  # noqa: E711  (NKI has no `is`)
-        return scratch.ap(pattern=[[width, K], [1, c1 - c0]], offset=block * K * width + c0)
-    return scratch.ap(pattern=[[width, K], [1, c1 - c0]], offset=c0, scalar_offset=row,
+        return scratch.ap(pattern=pattern, offset=block * K * width + c0)
+    return scratch.ap(pattern=pattern, offset=block * K * width + c0, scalar_offset=row,
                       indirect_dim=0)
 
 
-def _pool_slot(pool, row, HV, K, V):
-    """The pool slot from pool row ``row`` (a (1, 1) SBUF tile) as ``[K, HV, V]``: one contiguous
-    ``[HV*K, V]`` block, partition k holding rows (hv, k) of every head."""
-    return pool.ap(pattern=[[V, K], [K * V, HV], [1, V]], offset=0, scalar_offset=row,
-                   indirect_dim=0)
+def _pool_slot(pool, row, win, K, V):
+    """This program's heads (``win``) of the pool slot from pool row ``row`` (a (1, 1) SBUF
+    tile) as ``[K, HV, V]``: a slot is one contiguous ``[HV*K, V]`` block, partition k
+    holding rows (hv, k) of the program's heads."""
+    return pool.ap(pattern=[[V, K], [K * V, win["nhv"]], [1, V]], offset=win["hv0"] * K * V,
+                   scalar_offset=row, indirect_dim=0)
 
 
-def _pool_to_scratch(pool, scratch, S, cells, HV, K, V):
-    """Scratch block at row cells[1] <- the pool slot at row cells[0], through S: the DMAs keep
-    the pool's dtype and a bf16 slot is widened by VectorE."""
-    src = _pool_slot(pool, cells[0], HV, K, V)
+def _pool_to_scratch(pool, scratch, S, cells, win, blk0, K, V):
+    """Scratch block at row cells[1] (from the program's block blk0) <- the pool slot at row
+    cells[0], through S: the DMAs keep the pool's dtype and a bf16 slot is widened by
+    VectorE."""
+    HV = win["nhv"]
+    src = _pool_slot(pool, cells[0], win, K, V)
     dst = S.reshape((K, HV, V))
     if pool.dtype != nl.float32:
         dst = nl.ndarray((K, HV, V), dtype=pool.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=dst, src=src)
     if pool.dtype != nl.float32:
         nisa.tensor_copy(dst=S.reshape((K, HV, V)), src=dst, engine=nisa.engine.vector)
-    nisa.dma_copy(dst=_state_block(scratch, cells[1], 0, K, HV * V, 0, HV * V), src=S)
+    nisa.dma_copy(dst=_state_block(scratch, cells[1], blk0, K, 0, HV * V), src=S)
 
 
-def _scratch_to_pool(pool, scratch, S, cells, HV, K, V):
-    """The pool slot at row cells[1] <- the scratch block at row cells[0], through S (a bf16
-    pool's copy rounded by VectorE, so no DMA converts)."""
-    nisa.dma_copy(dst=S, src=_state_block(scratch, cells[0], 0, K, HV * V, 0, HV * V))
+def _scratch_to_pool(pool, scratch, S, cells, win, blk0, K, V):
+    """The pool slot at row cells[1] <- the scratch block at row cells[0] (from the program's
+    block blk0), through S (a bf16 pool's copy rounded by VectorE, so no DMA converts)."""
+    HV = win["nhv"]
+    nisa.dma_copy(dst=S, src=_state_block(scratch, cells[0], blk0, K, 0, HV * V))
     src = S.reshape((K, HV, V))
     if pool.dtype != nl.float32:
         src = nl.ndarray((K, HV, V), dtype=pool.dtype, buffer=nl.sbuf)
         nisa.tensor_copy(dst=src, src=S.reshape((K, HV, V)), engine=nisa.engine.vector)
-    nisa.dma_copy(dst=_pool_slot(pool, cells[1], HV, K, V), src=src)
+    nisa.dma_copy(dst=_pool_slot(pool, cells[1], win, K, V), src=src)
+
+
+def heads_per_program(HV, programs):
+    """Value heads each of ``programs`` SPMD programs (the LNC) computes: HV / programs when
+    they split evenly, else all HV in program 0 (the others get empty work lists: zero trip
+    counts, the launcher's ``prefill_tables``)."""
+    if HV % programs == 0:
+        return HV // programs
+    return HV
+
+
+def _program_window(H, HV, programs, pid):
+    """The heads program ``pid`` of ``programs`` computes: ``nhv`` value heads from ``hv0``,
+    reading q/k heads ``h0 .. h0 + nh - 1`` (``qk[j]``: the tile column block of value head
+    hv0 + j's q/k head), ``HV`` all value heads, ``few`` the solve variant of the layer
+    (_few_groups). A program without work (the split does not divide) gets program 0's
+    window: same shapes, same program size."""
+    nhv = heads_per_program(HV, programs)
+    hv0 = 0
+    if nhv < HV:
+        hv0 = pid * nhv
+    rep = HV // H
+    h0 = hv0 // rep
+    qk = []
+    for j in range(nhv):
+        qk.append((hv0 + j) // rep - h0)
+    w = {}
+    w["HV"] = HV
+    w["hv0"] = hv0
+    w["nhv"] = nhv
+    w["h0"] = h0
+    w["nh"] = qk[nhv - 1] + 1
+    w["qk"] = qk
+    w["few"] = _few_groups(HV)
+    return w
+
+
+def _input_columns(win, K, V):
+    """The first HBM column of the program's heads in each token input (_INPUTS)."""
+    cols = {}
+    cols["q"] = win["h0"] * K
+    cols["k"] = win["h0"] * K
+    cols["v"] = win["hv0"] * V
+    cols["g"] = win["hv0"]
+    cols["beta"] = win["hv0"]
+    return cols
 
 
 def chunks_per_iteration(HV):
@@ -433,16 +526,20 @@ def _chunk_buffers(H, HV, K, V, C, bf16, use_qk_l2norm):
 _INPUTS = ("q", "k", "v", "g", "beta")
 
 
-def _gather_chunk(buf, hbm, table, r, plus, C):
-    """Gather the token rows listed in row ``r + plus`` of ``table`` into the chunk tiles."""
+def _gather_chunk(buf, io, table, r, plus, C):
+    """Gather the token rows listed in row ``r + plus`` of ``table`` into the chunk tiles (the
+    program's columns of io["hbm"]'s inputs, from io["cols"])."""
     rows = _table_rows(table, r, C, plus)
     for name in _INPUTS:
-        nisa.dma_copy(dst=buf[name], src=_rows_view(hbm[name], rows, C, buf[name].shape[1]))
+        nisa.dma_copy(dst=buf[name], src=_rows_view(io["hbm"][name], rows, C, io["cols"][name],
+                                                    buf[name].shape[1]))
 
 
-def _rows_view(x, rows, C, width):
-    """Rows ``rows[p]`` of HBM ``x [n, width]``, one per partition (indirect gather/scatter)."""
-    return x.ap(pattern=[[width, C], [1, width]], offset=0, vector_offset=rows, indirect_dim=0)
+def _rows_view(x, rows, C, c0, width):
+    """Columns c0 .. c0 + width of rows ``rows[p]`` of HBM ``x [n, w]``, one row per partition
+    (indirect gather / scatter)."""
+    return x.ap(pattern=[[x.shape[1], C], [1, width]], offset=c0, vector_offset=rows,
+                indirect_dim=0)
 
 
 def _constants(C, K, mdt):
@@ -901,8 +998,7 @@ def _chunk_prologue(buf, o, cst, rows, T1, H, HV, K, V, raw_gates, use_qk_l2norm
     return ch
 
 
-def _chunks(bufs, n, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates, use_qk_l2norm, scale,
-            C):
+def _chunks(bufs, n, io, cst, solve, S, c, K, V, win, raw_gates, use_qk_l2norm, scale, C):
     """Row ``c`` (a register) of the work list io["rows"] / io["state"]: n consecutive chunks
     of one sequence from the tiles bufs[0 .. n - 1] (gathered earlier: rows past the sequence
     end read the zero row). S is loaded from the row's source scratch block, carried through
@@ -916,9 +1012,10 @@ def _chunks(bufs, n, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates, use_qk_l
     L = C
     nsub = len(bufs)
     o = io["o"]
+    HV = win["nhv"]
     groups = _head_groups(HV)
     G = len(groups)
-    jobs, jarg = _group_jobs(HV, L)
+    jobs, jarg = _group_jobs(win["few"], L)
     order, off, nslot = _body_plan(jobs, G, n)
     table = io["rows"]
     # the state entering the row, per head group (group 0's first: its k S comes first)
@@ -926,7 +1023,7 @@ def _chunks(bufs, n, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates, use_qk_l
     for hvs in groups:
         c0 = hvs[0] * V
         c1 = (hvs[len(hvs) - 1] + 1) * V
-        nisa.dma_copy(dst=S[:, c0:c1], src=_state_block(io["scratch"], cells[0], 0, K, HV * V,
+        nisa.dma_copy(dst=S[:, c0:c1], src=_state_block(io["scratch"], cells[0], io["blk0"], K,
                                                         c0, c1))
     chs = []
     pres = []
@@ -948,7 +1045,8 @@ def _chunks(bufs, n, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates, use_qk_l
             rows = _table_rows(table, c, C, n + j)
             views = {}
             for name in _INPUTS:
-                views[name] = _rows_view(io["hbm"][name], rows, C, bufs[j][name].shape[1])
+                views[name] = _rows_view(io["hbm"][name], rows, C, io["cols"][name],
+                                         bufs[j][name].shape[1])
             nisa.dma_copy(dst=io["nxt_k"][j], src=views["k"])
             src[j] = views
     # last reader of each input (the next chunk lands after the last group's job)
@@ -966,16 +1064,16 @@ def _chunks(bufs, n, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates, use_qk_l
                     continue
                 if chs[k] == None:  # noqa: E711  (NKI has no `is`)
                     rows = _table_rows(table, c, C, k)
-                    chs[k] = _chunk_prologue(bufs[k], o, cst, rows, io["T1"], H, HV, K, V,
-                                             raw_gates, use_qk_l2norm, scale, C)
+                    chs[k] = _chunk_prologue(bufs[k], o, cst, rows, io["T1"], win["nh"], HV, K,
+                                             V, raw_gates, use_qk_l2norm, scale, C)
                 s = order[k][i]
                 _group_job(jobs[s], jarg[s], u, groups[u], chs[k], bufs[k], pres[k], gdat[k],
-                           items[k], o, cst, solve[k], S, HV, K, V, rep, L, C)
+                           items[k], o, cst, solve[k], S, K, V, win, L, C)
                 if k == n - 1 and jobs[s] == "state":
                     # the group's state leaves as soon as the row's last chunk updated it
                     c0 = groups[u][0] * V
                     c1 = (groups[u][len(groups[u]) - 1] + 1) * V
-                    nisa.dma_copy(dst=_state_block(io["scratch"], cells[1], 0, K, HV * V, c0,
+                    nisa.dma_copy(dst=_state_block(io["scratch"], cells[1], io["blk0"], K, c0,
                                                    c1), src=S[:, c0:c1])
         # the next chunks' inputs after the last group's last reader
         for k in range(n):
@@ -988,7 +1086,7 @@ def _chunks(bufs, n, io, cst, solve, S, c, H, HV, K, V, rep, raw_gates, use_qk_l
         if io["prefetch"]:
             nisa.dma_copy(dst=bufs[j]["k"], src=io["nxt_k"][j])
         else:
-            _gather_chunk(bufs[j], io["hbm"], table, c, n + j, C)
+            _gather_chunk(bufs[j], io, table, c, n + j, C)
 
 
 _STATE_JOBS = ("rhs", "oq", "sub", "apply", "post_ops", "out", "state")
@@ -1047,7 +1145,7 @@ def _is_state_job(name):
     return False
 
 
-def _group_jobs(HV, L):
+def _group_jobs(few, L):
     """The jobs of one head group, in order (one per software-pipeline stage), and their
     arguments: q/k transposes, their masked products, gU, the decays, A^T, the packed
     solve's layout moves, the right-hand sides (k S), q S, the solve setup, per doubling
@@ -1060,14 +1158,16 @@ def _group_jobs(HV, L):
       (``place_off``, GpSimd copies) after k S and q S, just before the solve setup, so
       GpSimd places them while the doubling runs;
     - >= 8 groups (TP1): q S after the second substitution block instead of beside k S,
-      out of ScalarE's busiest stretch."""
+      out of ScalarE's busiest stretch.
+
+    ``few``: the first (``_few_groups`` of the layer's value heads, so a program of an LNC
+    grid computes its heads as LNC=1 does)."""
     nround = 0
     covered = 2
     while covered < _BLOCK and covered < L:
         nround = nround + 1
         covered = covered * 2
     nblk = len(_block_rows(L))
-    few = _few_groups(HV)               # the first order above, else the second
     jobs = ["qk_t", "qk_mm", "gu", "decay", "at", "place", "rhs", "oq", "place_off", "setup"]
     if not few:
         jobs = ["qk_t", "qk_mm", "gu", "decay", "at", "place", "rhs", "setup"]
@@ -1096,10 +1196,10 @@ def _group_jobs(HV, L):
     return jobs, jarg
 
 
-def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, HV, K, V, rep, L,
-               C):
-    """Job ``job`` (argument ``x``) of head group ``u`` (value heads ``hvs``; see
-    _group_jobs) of the chunk in ``buf`` / ``ch``."""
+def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, K, V, win, L, C):
+    """Job ``job`` (argument ``x``) of head group ``u`` (the program's value heads ``hvs``,
+    numbered within its window ``win``; see _group_jobs) of the chunk in ``buf`` / ``ch``."""
+    qk_of = win["qk"]
     key = str(u)
     qk = ch["qk"]
     xdt = buf["v"].dtype
@@ -1112,13 +1212,13 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, HV,
         gd["X"] = []
         gdat[key] = gd
         for hv in hvs:
-            h = hv // rep
+            h = qk_of[hv]
             if qk.get(str(h)) == None:  # noqa: E711  (NKI has no `is`)
                 qk[str(h)] = _qk_transposes(buf["k"], buf["q"], h, L, K, xdt != nl.float32)
                 qk[str(h)]["group"] = u
     elif job == "qk_mm":
         for hv in hvs:
-            d = qk[str(hv // rep)]
+            d = qk[str(qk_of[hv])]
             if d["group"] == u and d.get("kk") == None:  # noqa: E711 (once per q/k head)
                 _qk_products(cst, d, L)
     elif job == "gu":
@@ -1129,7 +1229,7 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, HV,
             _head_decay(cst, d, L)
     elif job == "at":
         for i in range(len(hvs)):
-            _head_at(qk[str(hvs[i] // rep)], pres[key][i], buf["beta"], hvs[i], L)
+            _head_at(qk[str(qk_of[hvs[i]])], pres[key][i], buf["beta"], hvs[i], L)
     elif job == "place":
         ATs = []
         for d in pres[key]:
@@ -1149,7 +1249,7 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, HV,
     elif job == "rhs":
         Rs = []
         for i in range(len(hvs)):
-            _head_rhs(pres[key][i], qk[str(hvs[i] // rep)], buf["v"], ch["nec"], S, hvs[i], V)
+            _head_rhs(pres[key][i], qk[str(qk_of[hvs[i]])], buf["v"], ch["nec"], S, hvs[i], V)
             Rs.append(pres[key][i]["R"])
         gdat[key]["Rs"] = Rs
         gdat[key]["Rp"] = None
@@ -1157,7 +1257,7 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, HV,
             gdat[key]["Rp"] = _pack_rhs(Rs, L, V)
     elif job == "oq":
         for i in range(len(hvs)):
-            _head_oq(pres[key][i], qk[str(hvs[i] // rep)], ch["qs"], S, hvs[i], V)
+            _head_oq(pres[key][i], qk[str(qk_of[hvs[i]])], ch["qs"], S, hvs[i], V)
     elif job == "sub":
         _solve_rhs_block(items[key], gdat[key]["Rp"], x, V)
     elif job == "apply":
@@ -1167,7 +1267,7 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, HV,
         _solve_apply_block(items[key], gdat[key]["X"], x, V, gdat[key]["Rs"])
     elif job == "post_ops":
         for i in range(len(hvs)):
-            _head_post_ops(qk[str(hvs[i] // rep)], pres[key][i], ch["bs"], ch["dlb"], hvs[i],
+            _head_post_ops(qk[str(qk_of[hvs[i]])], pres[key][i], ch["bs"], ch["dlb"], hvs[i],
                            L, K)
     elif job == "out":
         for i in range(len(hvs)):
@@ -1176,8 +1276,7 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, HV,
         # each group's o columns leave as soon as they are done
         c0 = hvs[0] * V
         c1 = (hvs[len(hvs) - 1] + 1) * V
-        nisa.dma_copy(dst=o.ap(pattern=[[HV * V, C], [1, c1 - c0]], offset=c0,
-                               vector_offset=ch["rows"], indirect_dim=0),
+        nisa.dma_copy(dst=_rows_view(o, ch["rows"], C, win["hv0"] * V + c0, c1 - c0),
                       src=ch["oc"][:, c0:c1])
     else:
         for i in range(len(hvs)):

@@ -19,7 +19,8 @@ gather / scatter happens in the kernel:
 - prefill: the pool is passed as its ``[slots*HV*K, V]`` row view (no copy for a
   C-contiguous pool); a slot is the contiguous block from row ``slot*HV*K``
   (``init_tab`` / ``final_tab``), moved with a run-time start; the chunks go in as
-  flat work lists (``prefill_tables``);
+  flat work lists (``prefill_tables``), which the ``call.lnc`` programs share: they
+  split the value heads (the kernel's design note), each with its row of trip counts;
 - decode, per loop iteration (``decode_tables``, all float32): q and k become
   one ``[K, width*T*H*2]`` column block (k on partitions, k / q columns
   interleaved per head) plus k as one row ``[width*T*H*K]``; v becomes
@@ -268,16 +269,21 @@ def decode_call(xp, call, *, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_
 
 
 def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K, chunk_size,
-                   num_tokens_bucket, num_seqs_bucket):
+                   num_tokens_bucket, num_seqs_bucket, programs=1):
     """Batch composition of ``gdn_chunk_prefill`` as its int32 work lists (layouts in its
     docstring): ``(body_rows, body_state, tail_rows, tail_state, init_tab, final_tab,
-    pad_rows, counts)``.
+    pad_rows, counts)`` for a launch of ``programs`` SPMD programs (the LNC, 1 or 2).
+
+    The programs split the value heads (``heads_per_program``: halves of HV at LNC=2 when HV
+    is even), so every program runs every chunk, for its own heads: the work lists are
+    shared and only ``counts`` has a row per program (zeros for a program without heads).
 
     Every step is one vectorised array op with a direct torch equivalent on
     device (named in the comments), so a serving loop builds them without a
     host round trip: ``diff``, ``where``, ``cumsum``, ``nonzero`` (stable
     compaction), ``repeat_interleave``, ``arange``, broadcasting arithmetic.
-    With ``n = chunks_per_iteration(HV)`` and the live sequences compacted (position p,
+    With ``n = chunks_per_iteration(heads_per_program(HV, programs))`` and the live sequences
+    compacted (position p,
     scratch block p, the zero block ``num_seqs_bucket``; a block row is ``block*K``):
 
     - ``body_rows [max(E // n, 1) + 1, n*C]``: the token rows of every body of n
@@ -293,9 +299,10 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K
       with an initial state; ``final_tab [Nb, 2]``: (block row, pool row) of every live
       sequence (an empty one without initial state: the zero block);
     - ``pad_rows [E + 1, C]``: the chunks of padding sequences (their output rows get zeros);
-    - ``counts [1, 5]``: padding chunks, initial states, body rows, tail rows, live sequences.
+    - ``counts [programs, 5]``: per program, padding chunks, initial states, body rows, tail
+      rows, live sequences.
     """
-    from nki_ssm.kernels.gated_delta.chunk import chunks_per_iteration
+    from nki_ssm.kernels.gated_delta.chunk import chunks_per_iteration, heads_per_program
 
     C = int(chunk_size)
     Tb, Nb = int(num_tokens_bucket), int(num_seqs_bucket)
@@ -305,7 +312,8 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K
     cu = np.asarray(cu_seqlens, dtype=np.int64)
     idx = np.asarray(state_indices, dtype=np.int64)
     init = np.asarray(has_initial_state).astype(bool)
-    n = chunks_per_iteration(HV)
+    heads = heads_per_program(HV, programs)
+    n = chunks_per_iteration(heads)
     live = idx >= 0
     ids = np.flatnonzero(live)                                    # torch.nonzero (stable)
     nchunks = (np.diff(cu) + C - 1) // C                          # torch.diff, elementwise
@@ -353,8 +361,9 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K
     pad = np.flatnonzero(~live)
     q, j = flat(nchunks[pad])
     pad_rows = table(chunks(pad[q], j), entries + 1, C)
-    counts = np.array([[q.size, with_init.size, body.shape[0], p.size, ids.size]],
-                      dtype=np.int32)
+    # every program with heads runs the whole work list; one that gets none runs nothing
+    counts = np.zeros((programs, 5), dtype=np.int32)
+    counts[:HV // heads] = [q.size, with_init.size, body.shape[0], p.size, ids.size]
     return body_rows, body_state, tail_rows, tail_state, init_tab, final_tab, pad_rows, counts
 
 
@@ -403,7 +412,7 @@ def prefill_call(xp, call, *, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use
         hp = xp.broadcast_rows(xp.cat([xp.f32(A_log), xp.f32(dt_bias)]), _PMAX)
     tables = prefill_tables(cu_seqlens, state_indices, has_initial_state, slots=slots, HV=HV,
                             K=K, chunk_size=chunk_size, num_tokens_bucket=Tb,
-                            num_seqs_bucket=Nb)
+                            num_seqs_bucket=Nb, programs=call.lnc)
     pool = xp.pool_view(ssm_states, (slots * HV * K, V))
     # q, k in float32 when the kernel normalises them in float32 (its DMAs never convert)
     l2 = bool(use_qk_l2norm)
