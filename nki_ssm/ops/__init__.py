@@ -9,6 +9,7 @@ the output in the input activation dtype. See docs/contracts.md, Host API.
 from .gated_delta import gated_delta_decode, gated_delta_prefill
 from .mamba2_ssd import ssd_decode, ssd_prefill
 from .short_conv import short_conv_decode, short_conv_prefill
+from .short_conv_backward import short_conv_backward
 
 __all__ = [
     "short_conv_prefill",
