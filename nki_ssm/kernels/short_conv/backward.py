@@ -76,11 +76,12 @@ bfloat16 for the dx taps), float32 accumulation and float32 dweight / dbias.
 from nki_ssm.backend import nki, nl, nisa
 from nki_ssm.kernels._common import count_register
 
-TILE = 128          # channels per tile, positions per work row
-ROW = 128           # T: window positions whose dx a work row writes
-GROUP_TILES = 8     # channel tiles per group (one loop each)
+TILE = 128          # channels per tile; rows per gather block
+BLOCKS = 3          # 128-position blocks per work row
+ROW = BLOCKS * TILE  # T: window positions whose dx a work row writes (T + 2H <= 512)
+GROUP_TILES = 16    # channel tiles per group (one loop each; 8 for float32 x)
 BANK = 512          # float32 columns of one PSUM bank
-TABLE_COLUMNS = 5   # index columns of a work row
+TABLE_COLUMNS = 3 * BLOCKS + 2   # index columns of a work row (x, dy, dx blocks)
 FS_COLUMNS = 2048   # channels per d_final read-modify-write block
 
 
@@ -107,94 +108,129 @@ def _group_weights(weight, bias, wcol, bcol, diag, ident, c0, n, W):
                                operand0=wcol[:, j, k:k + 1])
 
 
-def _transpose_in(ps, g0, g1, cols, ident, n0, n1):
-    """``ps[:, 0:n0 + n1]`` = rows ``g0[0:n0] ++ g1[0:n1]`` of channel block ``cols``,
-    channel-major (TensorE: the gathered rows as stationary against an identity)."""
-    nisa.nc_matmul(dst=ps[:, 0:n0], stationary=g0[0:n0, cols], moving=ident[0:n0, 0:n0],
-                   accumulate=False)
-    nisa.nc_matmul(dst=ps[:, n0:n0 + n1], stationary=g1[0:n1, cols],
-                   moving=ident[0:n1, 0:n1], accumulate=False)
+def _gather(src, dst, idx, col, rows, c0, gw):
+    """dst[0:rows, 0:gw] = rows ``idx[0:rows, col]`` of HBM ``src`` from channel c0 (one
+    row per partition)."""
+    nisa.dma_copy(dst=dst[0:rows, 0:gw],
+                  src=src.ap(pattern=[[src.shape[1], rows], [1, gw]], offset=c0,
+                             vector_offset=idx[0:rows, col:col + 1], indirect_dim=0))
 
 
-def _tile_grads(bufs, j, W, silu, bf16):
-    """Channel tile j of a work row: x and dy windows channel-major, z (SiLU), dz, and the
-    W dx taps into its 128 columns of a token-major PSUM bank."""
-    (ident, xg0, xg1, dg0, dg1, xw, dz32, dzm, sg, ac, om, banks, diag, bcol) = bufs
+def _transpose_in(ps, g, cols, ident, tail):
+    """``ps[:, 0:T + tail]`` = the gathered rows of ``g`` (BLOCKS blocks of 128, then
+    ``tail`` rows) for channel block ``cols``, channel-major: TensorE, the rows as
+    stationary against an identity."""
+    for b in range(BLOCKS):
+        nisa.nc_matmul(dst=ps[:, b * TILE:(b + 1) * TILE], stationary=g[:, b, cols],
+                       moving=ident, accumulate=False)
+    nisa.nc_matmul(dst=ps[:, ROW:ROW + tail], stationary=g[0:tail, BLOCKS, cols],
+                   moving=ident[0:tail, 0:tail], accumulate=False)
+
+
+def _stage(bufs, red, st, j, W, silu):
+    """Stage ``st`` of channel tile j of a work row (module design note): 0 x window
+    transposes; 1 its ScalarE eviction; 2 dy transposes, z taps, sigmoid; 3 dz; 4 dx taps;
+    5 dx eviction and the dweight products; 6 the dweight / dbias sums. Each stage's PSUM
+    and SBUF buffers alternate by tile (two of each), which the one-step skew between
+    consecutive stages allows."""
+    (ident, xg, dg, xw, dzm, sg, zb, uv, out, banks, diag, bcol, has_bias) = bufs
+    prods, junk, redw, redb = red
     H = W - 1
     T = ROW
-    F = T + 2 * H
     D = T + H
     cols = slice(j * TILE, (j + 1) * TILE)
-    psx = banks[j % 2]
-    _transpose_in(psx, xg0, xg1, cols, ident, T, 2 * H)
-    nisa.tensor_copy(dst=xw[:, j, :], src=psx[:, 0:F], engine=nisa.engine.scalar)
-    psd = banks[2 + j % 2]
-    _transpose_in(psd, dg0, dg1, cols, ident, T, H)
-    if silu:
-        psz = banks[4 + j % 2]
+    psx, psd, psz, pso = banks[j % 2], banks[2 + j % 2], banks[4 + j % 2], banks[6 + j % 2]
+    s, u = sg[j % 2], uv[j % 2]
+    if st == 0:
+        _transpose_in(psx, xg, cols, ident, 2 * H)
+    elif st == 1:
+        nisa.tensor_copy(dst=xw[:, j, :], src=psx[:, 0:T + 2 * H], engine=nisa.engine.scalar)
+    elif st == 2:
+        _transpose_in(psd, dg, cols, ident, H)
+        if silu:
+            for k in range(W):
+                nisa.nc_matmul(dst=psz[:, 0:D], stationary=diag[:, j, k, :],
+                               moving=xw[:, j, k:k + D], accumulate=k > 0)
+            # s = sigmoid(z + b): the one ScalarE function (no activation-table switches)
+            nisa.activation(dst=s, op=nl.sigmoid, data=psz[:, 0:D], bias=bcol[:, j:j + 1])
+            if has_bias:
+                nisa.activation(dst=zb[j % 2], op=nl.copy, data=psz[:, 0:D],
+                                bias=bcol[:, j:j + 1])
+    elif st == 3:
+        if not silu:
+            nisa.tensor_copy(dst=dzm[:, j, :], src=psd[:, 0:D], engine=nisa.engine.vector)
+            return
+        z = psz[:, 0:D]
+        if has_bias:
+            z = zb[j % 2]
+        # silu'(z) = s (1 + z (1 - s)): u = (s - 1) z; v = (u - 1) s = -silu'(z); dz = -v dy
+        nisa.scalar_tensor_tensor(dst=u, data=s, op0=nl.subtract, operand0=1.0,
+                                  op1=nl.multiply, operand1=z)
+        nisa.scalar_tensor_tensor(dst=u, data=u, op0=nl.subtract, operand0=1.0,
+                                  op1=nl.multiply, operand1=s)
+        nisa.scalar_tensor_tensor(dst=dzm[:, j, :], data=u, op0=nl.multiply, operand0=-1.0,
+                                  op1=nl.multiply, operand1=psd[:, 0:D])
+    elif st == 4:
+        for b in range(BLOCKS):
+            for k in range(W):
+                # dx[p0 + b*128 + q] += w_k * dz[p0 + b*128 + q - k]: dz window column
+                # b*128 + q + H - k
+                c = b * TILE + H - k
+                nisa.nc_matmul(dst=pso[:, b * TILE:(b + 1) * TILE],
+                               stationary=dzm[:, j, c:c + TILE], moving=diag[:, j, k, :],
+                               accumulate=k > 0)
+    elif st == 5:
+        nisa.tensor_copy(dst=out[:, :, cols],
+                         src=pso.ap(pattern=[[BANK, TILE], [TILE, BLOCKS], [1, TILE]], offset=0),
+                         engine=nisa.engine.vector)
+        # dweight products over the row's own tokens (dz window columns H .. H+T)
         for k in range(W):
-            nisa.nc_matmul(dst=psz[:, 0:D], stationary=diag[:, j, k, :],
-                           moving=xw[:, j, k:k + D], accumulate=k > 0)
-        # silu'(z) = s + silu(z) * (1 - s), s = sigmoid(z), z = taps + bias
-        nisa.activation(dst=sg, op=nl.sigmoid, data=psz[:, 0:D], bias=bcol[:, j:j + 1])
-        nisa.activation(dst=ac, op=nl.silu, data=psz[:, 0:D], bias=bcol[:, j:j + 1])
-        nisa.tensor_scalar(dst=om, data=sg, op0=nl.multiply, operand0=-1.0, op1=nl.add,
-                           operand1=1.0)
-        nisa.tensor_tensor(dst=om, data1=ac, data2=om, op=nl.multiply)
-        nisa.tensor_tensor(dst=om, data1=om, data2=sg, op=nl.add)
-        nisa.tensor_tensor(dst=dz32[:, j, :], data1=om, data2=psd[:, 0:D], op=nl.multiply)
+            engine = nisa.engine.vector
+            if k < 2:
+                engine = nisa.engine.gpsimd
+            nisa.tensor_tensor(dst=prods[(j % 2) * W + k], data1=dzm[:, j, H:H + T],
+                               data2=xw[:, j, H + k:H + k + T], op=nl.multiply, engine=engine)
     else:
-        nisa.tensor_copy(dst=dz32[:, j, :], src=psd[:, 0:D])
-    dzs = dz32
-    if bf16:
-        nisa.tensor_copy(dst=dzm[:, j, :], src=dz32[:, j, :])
-        dzs = dzm
-    pso = banks[6 + (j // (BANK // TILE)) % 2]
-    col = (j % (BANK // TILE)) * TILE
-    for k in range(W):
-        # dx[p0 + q] += w_k * dz[p0 + q - k]: dz window column q + H - k
-        nisa.nc_matmul(dst=pso[:, col:col + TILE], stationary=dzs[:, j, H - k:H - k + T],
-                       moving=diag[:, j, k, :], accumulate=k > 0)
-    return pso
+        for k in range(W):
+            nisa.activation(dst=junk, op=nl.copy, data=prods[(j % 2) * W + k], reduce_op=nl.add,
+                            reduce_res=redw[:, j, k:k + 1],
+                            reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        nisa.activation(dst=junk, op=nl.copy, data=dzm[:, j, H:H + T], reduce_op=nl.add,
+                        reduce_res=redb[:, j:j + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
 
 
-def _row(i, rows, xsrc, dysrc, dxo, bufs, red, acc, out, idx, c0, n, W, silu, bf16):
+STAGES = 7
+
+
+def _row(i, tabs, xsrc, dysrc, dxo, bufs, red, acc, c0, n, W, silu):
     """Work row i for the group's n tiles at channel c0."""
-    (ident, xg0, xg1, dg0, dg1, xw, dz32, dzm, sg, ac, om, banks, diag, bcol) = bufs
-    prod, redw, redb = red
+    rows, idx = tabs
+    (ident, xg, dg, xw, dzm, sg, zb, uv, out, banks, diag, bcol, has_bias) = bufs
+    prods, junk, redw, redb = red
     acc_w, acc_b = acc
     H = W - 1
     T = ROW
-    DP = xsrc.shape[1]
     gw = n * TILE
     nisa.dma_copy(dst=idx, src=rows.ap(pattern=[[TABLE_COLUMNS, TILE], [1, TABLE_COLUMNS]],
                                        offset=0, scalar_offset=i, indirect_dim=0))
-    nisa.dma_copy(dst=xg0[:, 0:gw], src=xsrc.ap(pattern=[[DP, TILE], [1, gw]], offset=c0,
-                                                vector_offset=idx[:, 0:1], indirect_dim=0))
-    nisa.dma_copy(dst=xg1[:, 0:gw], src=xsrc.ap(pattern=[[DP, 2 * H], [1, gw]], offset=c0,
-                                                vector_offset=idx[0:2 * H, 1:2], indirect_dim=0))
-    nisa.dma_copy(dst=dg0[:, 0:gw], src=dysrc.ap(pattern=[[DP, TILE], [1, gw]], offset=c0,
-                                                 vector_offset=idx[:, 2:3], indirect_dim=0))
-    nisa.dma_copy(dst=dg1[:, 0:gw], src=dysrc.ap(pattern=[[DP, H], [1, gw]], offset=c0,
-                                                 vector_offset=idx[0:H, 3:4], indirect_dim=0))
-    per_bank = BANK // TILE
-    for j in range(n):
-        pso = _tile_grads(bufs, j, W, silu, bf16)
-        if j % per_bank == per_bank - 1 or j == n - 1:
-            b0 = (j // per_bank) * per_bank
-            nisa.tensor_copy(dst=out[:, b0 * TILE:(j + 1) * TILE],
-                             src=pso[:, 0:(j + 1 - b0) * TILE])
-    nisa.dma_copy(dst=dxo.ap(pattern=[[DP, TILE], [1, gw]], offset=c0,
-                             vector_offset=idx[:, 4:5], indirect_dim=0),
-                  src=out[:, 0:gw])
-    # dweight[:, k] += sum over the row's own tokens (window columns H .. H+T) of dz * xx
-    for k in range(W):
-        nisa.tensor_tensor(dst=prod[:, 0:n, :], data1=dz32[:, 0:n, H:H + T],
-                           data2=xw[:, 0:n, H + k:H + k + T], op=nl.multiply)
-        nisa.tensor_reduce(dst=redw[:, 0:n, k], op=nl.add, data=prod[:, 0:n, :], axis=(2,))
+    for b in range(BLOCKS):
+        _gather(xsrc, xg[:, b, :], idx, b, TILE, c0, gw)
+        _gather(dysrc, dg[:, b, :], idx, BLOCKS + 1 + b, TILE, c0, gw)
+    _gather(xsrc, xg[:, BLOCKS, :], idx, BLOCKS, 2 * H, c0, gw)
+    _gather(dysrc, dg[:, BLOCKS, :], idx, 2 * BLOCKS + 1, H, c0, gw)
+    # the tiles' stages as a wavefront: at step t, stage st of tile t - st (oldest first),
+    # so each engine's in-order queue holds work of several tiles at once
+    for t in range(n + STAGES - 1):
+        for st in range(STAGES - 1, -1, -1):
+            if 0 <= t - st < n:
+                _stage(bufs, red, st, t - st, W, silu)
+    for b in range(BLOCKS):
+        nisa.dma_copy(dst=dxo.ap(pattern=[[dxo.shape[1], TILE], [1, gw]], offset=c0,
+                                 vector_offset=idx[:, 2 * BLOCKS + 2 + b:2 * BLOCKS + 3 + b],
+                                 indirect_dim=0),
+                      src=out[:, b, 0:gw])
     nisa.tensor_tensor(dst=acc_w[:, 0:n, :], data1=acc_w[:, 0:n, :], data2=redw[:, 0:n, :],
                        op=nl.add)
-    nisa.tensor_reduce(dst=redb[:, 0:n], op=nl.add, data=dz32[:, 0:n, H:H + T], axis=(2,))
     nisa.tensor_tensor(dst=acc_b[:, 0:n], data1=acc_b[:, 0:n], data2=redb[:, 0:n], op=nl.add)
 
 
@@ -232,13 +268,12 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
     NB = dysrc.shape[0] - 1
     SB = fs_rows.shape[0]
     xdt = xsrc.dtype
-    bf16 = xdt != nl.float32
     silu = activation == "silu"
     programs = nl.num_programs(0)
     pid = nl.program_id(0)
     NTP = DP // TILE // programs           # channel tiles of each program
     cp0 = pid * NTP * TILE
-    G = min(GROUP_TILES, NTP)
+    G = min(GROUP_TILES if xdt != nl.float32 else GROUP_TILES // 2, NTP)
 
     dxo = nl.ndarray((NB + SB * H + T, DP), dtype=xdt, buffer=nl.shared_hbm)
     dwo = nl.ndarray((DP, W), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -249,29 +284,31 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
     for b in range(8):
         banks.append(nl.ndarray((TILE, BANK), dtype=nl.float32, buffer=nl.psum))
     GW = G * TILE
-    xg0 = nl.ndarray((TILE, GW), dtype=xdt, buffer=nl.sbuf)
-    xg1 = nl.ndarray((2 * H, GW), dtype=xdt, buffer=nl.sbuf)
-    dg0 = nl.ndarray((TILE, GW), dtype=xdt, buffer=nl.sbuf)
-    dg1 = nl.ndarray((H, GW), dtype=xdt, buffer=nl.sbuf)
+    # gathered windows, token-major: BLOCKS blocks of 128 rows, then the tail rows
+    xg = nl.ndarray((TILE, BLOCKS + 1, GW), dtype=xdt, buffer=nl.sbuf)
+    dg = nl.ndarray((TILE, BLOCKS + 1, GW), dtype=xdt, buffer=nl.sbuf)
     xw = nl.ndarray((TILE, G, T + 2 * H), dtype=xdt, buffer=nl.sbuf)
-    dz32 = nl.ndarray((TILE, G, T + H), dtype=nl.float32, buffer=nl.sbuf)
-    dzm = None
-    if bf16:
-        dzm = nl.ndarray((TILE, G, T + H), dtype=xdt, buffer=nl.sbuf)
-    sg = nl.ndarray((TILE, T + H), dtype=nl.float32, buffer=nl.sbuf)
-    ac = nl.ndarray((TILE, T + H), dtype=nl.float32, buffer=nl.sbuf)
-    om = nl.ndarray((TILE, T + H), dtype=nl.float32, buffer=nl.sbuf)
-    out = nl.ndarray((TILE, GW), dtype=xdt, buffer=nl.sbuf)
+    dzm = nl.ndarray((TILE, G, T + H), dtype=xdt, buffer=nl.sbuf)
+    sg, zb, uv = [], [], []
+    for i in range(2):
+        sg.append(nl.ndarray((TILE, T + H), dtype=nl.float32, buffer=nl.sbuf))
+        zb.append(nl.ndarray((TILE, T + H), dtype=nl.float32, buffer=nl.sbuf))
+        uv.append(nl.ndarray((TILE, T + H), dtype=nl.float32, buffer=nl.sbuf))
+    out = nl.ndarray((TILE, BLOCKS, GW), dtype=xdt, buffer=nl.sbuf)
     idx = nl.ndarray((TILE, TABLE_COLUMNS), dtype=nl.int32, buffer=nl.sbuf)
     wcol = nl.ndarray((TILE, G, W), dtype=nl.float32, buffer=nl.sbuf)
     bcol = nl.ndarray((TILE, G), dtype=nl.float32, buffer=nl.sbuf)
     diag = nl.ndarray((TILE, G, W, TILE), dtype=xdt, buffer=nl.sbuf)
-    red = (nl.ndarray((TILE, G, T), dtype=nl.float32, buffer=nl.sbuf),
+    prods = []
+    for i in range(2 * W):
+        prods.append(nl.ndarray((TILE, T), dtype=nl.float32, buffer=nl.sbuf))
+    red = (prods,
+           nl.ndarray((TILE, T), dtype=nl.float32, buffer=nl.sbuf),
            nl.ndarray((TILE, G, W), dtype=nl.float32, buffer=nl.sbuf),
            nl.ndarray((TILE, G), dtype=nl.float32, buffer=nl.sbuf))
     acc = (nl.ndarray((TILE, G, W), dtype=nl.float32, buffer=nl.sbuf),
            nl.ndarray((TILE, G), dtype=nl.float32, buffer=nl.sbuf))
-    bufs = (ident, xg0, xg1, dg0, dg1, xw, dz32, dzm, sg, ac, om, banks, diag, bcol)
+    bufs = (ident, xg, dg, xw, dzm, sg, zb, uv, out, banks, diag, bcol, bias != None)  # noqa: E711
     if bias == None:  # noqa: E711
         nisa.memset(dst=bcol, value=0.0)
     n_rows = count_register(counts, 0)
@@ -285,7 +322,7 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
         nisa.memset(dst=acc[1], value=0.0)
 
         def row_body(i):
-            _row(i, rows, xsrc, dysrc, dxo, bufs, red, acc, out, idx, c0, n, W, silu, bf16)
+            _row(i, (rows, idx), xsrc, dysrc, dxo, bufs, red, acc, c0, n, W, silu)
 
         nl.fori_loop(0, n_rows, row_body)
         nisa.dma_copy(dst=dwo.ap(pattern=[[W, TILE], [TILE * W, n], [1, W]], offset=c0 * W),

@@ -30,21 +30,23 @@ def padded_dim(dim: int, lnc: int) -> int:
 
 def backward_tables(cu_seqlens, num_tokens_bucket: int, num_seqs_bucket: int, W: int,
                     has_initial_state: bool, has_final_grad: bool):
-    """(rows ``[R, 128, 5]``, fs_rows ``[SB, H, 2]``, counts ``[1, 2]``) int32 for a batch
-    padded to the buckets (R = NB / 128 + 2 * SB rows, the used ones first).
+    """(rows ``[R, 128, 3 * BLOCKS + 2]``, fs_rows ``[SB, H, 2]``, counts ``[1, 2]``) int32 for
+    a batch padded to the buckets (R = ceil(NB / T) + 2 * SB rows, the used ones first; T =
+    128 * BLOCKS positions per row).
 
     Each step is a vectorised array op (torch: repeat_interleave, cumsum, arange
-    broadcasts, where): rows per sequence ``r = ceil((L + H) / 128)``; the sequence of
+    broadcasts, where): rows per sequence ``r = ceil((L + H) / T)``; the sequence of
     each row (``repeat``) and its first position ``p0`` (row rank within its sequence
-    times 128); window positions ``p0 - H + arange(128 + 2H)`` mapped to x rows (``s0 + p
+    times T); window positions ``p0 - H + arange(T + 2H)`` mapped to x rows (``s0 + p
     - H``), initial-state rows (``NB + n*H + p``, p < H) or the zero row; dy tokens
-    ``p0 - H + arange(128 + H)`` to dy rows or dy's zero row; output positions
-    ``p0 + arange(128)`` to dx rows, initial-state rows or scratch rows; d_final rows of
+    ``p0 - H + arange(T + H)`` to dy rows or dy's zero row; output positions
+    ``p0 + arange(T)`` to dx rows, initial-state rows or scratch rows; d_final rows of
     positions ``L + arange(H)``.
     """
-    from nki_ssm.kernels.short_conv.backward import ROW, TABLE_COLUMNS
+    from nki_ssm.kernels.short_conv.backward import BLOCKS, ROW, TABLE_COLUMNS
 
     NB, SB, H, T = int(num_tokens_bucket), int(num_seqs_bucket), W - 1, ROW
+    B = 128
     cu = np.asarray(cu_seqlens, dtype=np.int64)
     S = cu.shape[0] - 1
     s0, L = cu[:-1], np.diff(cu)
@@ -63,16 +65,17 @@ def backward_tables(cu_seqlens, num_tokens_bucket: int, num_seqs_bucket: int, W:
     # dy tokens p0 - H .. p0 + T - 1
     i = p0[:, None] - H + np.arange(T + H)[None, :]
     dyrow = np.where((i >= 0) & (i < Lq), s0q + i, zero_dy)
-    # output positions p0 .. p0 + T - 1
+    # output positions p0 .. p0 + T - 1 (past the sequence: a scratch row each)
     q = np.arange(T)[None, :]
     po = p0[:, None] + q
     orow = np.where(po < H, NB + sq * H + po, np.where(po < Lq + H, s0q + po - H, scratch + q))
-    rows = np.zeros((NB // T + 2 * SB, T, TABLE_COLUMNS), dtype=np.int64)
-    rows[:R, :, 0] = xrow[:, :T]
-    rows[:R, :2 * H, 1] = xrow[:, T:]
-    rows[:R, :, 2] = dyrow[:, :T]
-    rows[:R, :H, 3] = dyrow[:, T:]
-    rows[:R, :, 4] = orow
+    rows = np.zeros((-(-NB // T) + 2 * SB, B, TABLE_COLUMNS), dtype=np.int64)
+    for b in range(BLOCKS):
+        rows[:R, :, b] = xrow[:, b * B:(b + 1) * B]
+        rows[:R, :, BLOCKS + 1 + b] = dyrow[:, b * B:(b + 1) * B]
+        rows[:R, :, 2 * BLOCKS + 2 + b] = orow[:, b * B:(b + 1) * B]
+    rows[:R, :2 * H, BLOCKS] = xrow[:, T:]
+    rows[:R, :H, 2 * BLOCKS + 1] = dyrow[:, T:]
     fs_rows = np.zeros((SB, H, 2), dtype=np.int64)
     h = np.arange(H)[None, :]
     pf = L[:, None] + h
