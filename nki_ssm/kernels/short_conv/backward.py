@@ -183,16 +183,24 @@ def _stage(bufs, red, st, j, W, silu):
         nisa.tensor_copy(dst=out[:, :, cols],
                          src=pso.ap(pattern=[[BANK, TILE], [TILE, BLOCKS], [1, TILE]], offset=0),
                          engine=nisa.engine.vector)
-        # dweight products over the row's own tokens (dz window columns H .. H+T)
-        for k in range(W):
-            engine = nisa.engine.vector
-            if k < 2:
-                engine = nisa.engine.gpsimd
-            nisa.tensor_tensor(dst=prods[(j % 2) * W + k], data1=dzm[:, j, H:H + T],
-                               data2=xw[:, j, H + k:H + k + T], op=nl.multiply, engine=engine)
+        # dweight products over the row's own tokens (dz window columns H .. H+T), two taps
+        # per instruction (dz repeated by a zero stride, the x window at two shifts):
+        # taps 0, 1 on GpSimd, the others on VectorE
+        F = T + 2 * H
+        for k0 in range(0, W, 2):
+            nk = min(2, W - k0)
+            engine = nisa.engine.gpsimd if k0 == 0 else nisa.engine.vector
+            nisa.tensor_tensor(
+                dst=prods[(j % 2) * W + k0][:, 0:nk, :],
+                data1=dzm.ap(pattern=[[dzm.shape[1] * D, TILE], [0, nk], [1, T]], offset=j * D + H),
+                data2=xw.ap(pattern=[[xw.shape[1] * F, TILE], [1, nk], [1, T]],
+                            offset=j * F + H + k0),
+                op=nl.multiply, engine=engine)
     else:
         for k in range(W):
-            nisa.activation(dst=junk, op=nl.copy, data=prods[(j % 2) * W + k], reduce_op=nl.add,
+            kk = k - k % 2
+            nisa.activation(dst=junk, op=nl.copy, data=prods[(j % 2) * W + kk][:, k % 2, :],
+                            reduce_op=nl.add,
                             reduce_res=redw[:, j, k:k + 1],
                             reduce_cmd=nisa.reduce_cmd.reset_reduce)
         nisa.activation(dst=junk, op=nl.copy, data=dzm[:, j, H:H + T], reduce_op=nl.add,
@@ -200,30 +208,44 @@ def _stage(bufs, red, st, j, W, silu):
 
 
 STAGES = 7
+# stages issued together for one tile (one wavefront step each)
+STEPS = ((0,), (1,), (2,), (3,), (4,), (5,), (6,))
 
 
-def _row(i, tabs, xsrc, dysrc, dxo, bufs, red, acc, c0, n, W, silu):
-    """Work row i for the group's n tiles at channel c0."""
-    rows, idx = tabs
-    (ident, xg, dg, xw, dzm, sg, zb, uv, out, banks, diag, bcol, has_bias) = bufs
-    prods, junk, redw, redb = red
-    acc_w, acc_b = acc
-    H = W - 1
-    T = ROW
-    gw = n * TILE
-    nisa.dma_copy(dst=idx, src=rows.ap(pattern=[[TABLE_COLUMNS, TILE], [1, TABLE_COLUMNS]],
-                                       offset=0, scalar_offset=i, indirect_dim=0))
+def _gather_windows(xsrc, dysrc, xg, dg, idx, c0, gw, H):
+    """The x window (BLOCKS blocks of 128 positions, then 2H) and the dy window (BLOCKS
+    blocks, then H tokens) of a work row, token-major, by the index columns in ``idx``."""
     for b in range(BLOCKS):
         _gather(xsrc, xg[:, b, :], idx, b, TILE, c0, gw)
         _gather(dysrc, dg[:, b, :], idx, BLOCKS + 1 + b, TILE, c0, gw)
     _gather(xsrc, xg[:, BLOCKS, :], idx, BLOCKS, 2 * H, c0, gw)
     _gather(dysrc, dg[:, BLOCKS, :], idx, 2 * BLOCKS + 1, H, c0, gw)
-    # the tiles' stages as a wavefront: at step t, stage st of tile t - st (oldest first),
+
+
+def _row(i, tabs, xsrc, dysrc, dxo, bufs, red, acc, c0, n, W, silu):
+    """Work row i for the group's n tiles at channel c0. Its windows are in xg / dg (the
+    previous iteration, or the prologue, gathered them); table row i + 1 holds the next
+    row's gather indices, issued once this row's last window transposes are queued."""
+    rows, idx = tabs
+    (ident, xg, dg, xw, dzm, sg, zb, uv, out, banks, diag, bcol, has_bias) = bufs
+    prods, junk, redw, redb = red
+    acc_w, acc_b = acc
+    H = W - 1
+    gw = n * TILE
+    nisa.dma_copy(dst=idx, src=rows.ap(pattern=[[TABLE_COLUMNS, TILE], [1, TABLE_COLUMNS]],
+                                       offset=TILE * TABLE_COLUMNS, scalar_offset=i,
+                                       indirect_dim=0))
+    # the tiles' stages as a wavefront: at step t, stage q of tile t - q (oldest first),
     # so each engine's in-order queue holds work of several tiles at once
-    for t in range(n + STAGES - 1):
-        for st in range(STAGES - 1, -1, -1):
-            if 0 <= t - st < n:
-                _stage(bufs, red, st, t - st, W, silu)
+    for t in range(n + len(STEPS) - 1):
+        for q in range(len(STEPS) - 1, -1, -1):
+            if 0 <= t - q < n:
+                for st in STEPS[q]:
+                    _stage(bufs, red, st, t - q, W, silu)
+        if t == n + 1:
+            # every read of xg / dg is queued (stages 0 and 2): the next row's windows
+            # load under this row's remaining stages
+            _gather_windows(xsrc, dysrc, xg, dg, idx, c0, gw, H)
     for b in range(BLOCKS):
         nisa.dma_copy(dst=dxo.ap(pattern=[[dxo.shape[1], TILE], [1, gw]], offset=c0,
                                  vector_offset=idx[:, 2 * BLOCKS + 2 + b:2 * BLOCKS + 3 + b],
@@ -301,7 +323,7 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
     diag = nl.ndarray((TILE, G, W, TILE), dtype=xdt, buffer=nl.sbuf)
     prods = []
     for i in range(2 * W):
-        prods.append(nl.ndarray((TILE, T), dtype=nl.float32, buffer=nl.sbuf))
+        prods.append(nl.ndarray((TILE, 2, T), dtype=nl.float32, buffer=nl.sbuf))
     red = (prods,
            nl.ndarray((TILE, T), dtype=nl.float32, buffer=nl.sbuf),
            nl.ndarray((TILE, G, W), dtype=nl.float32, buffer=nl.sbuf),
@@ -320,6 +342,10 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
         _group_weights(weight, bias, wcol, bcol, diag, ident, c0, n, W)
         nisa.memset(dst=acc[0], value=0.0)
         nisa.memset(dst=acc[1], value=0.0)
+        # prologue: table row 0 holds the first work row's gather indices
+        nisa.dma_copy(dst=idx, src=rows.ap(pattern=[[TABLE_COLUMNS, TILE], [1, TABLE_COLUMNS]],
+                                           offset=0))
+        _gather_windows(xsrc, dysrc, xg, dg, idx, c0, n * TILE, H)
 
         def row_body(i):
             _row(i, (rows, idx), xsrc, dysrc, dxo, bufs, red, acc, c0, n, W, silu)

@@ -30,9 +30,10 @@ def padded_dim(dim: int, lnc: int) -> int:
 
 def backward_tables(cu_seqlens, num_tokens_bucket: int, num_seqs_bucket: int, W: int,
                     has_initial_state: bool, has_final_grad: bool):
-    """(rows ``[R, 128, 3 * BLOCKS + 2]``, fs_rows ``[SB, H, 2]``, counts ``[1, 2]``) int32 for
-    a batch padded to the buckets (R = ceil(NB / T) + 2 * SB rows, the used ones first; T =
-    128 * BLOCKS positions per row).
+    """(rows ``[R + 1, 128, 3 * BLOCKS + 2]``, fs_rows ``[SB, H, 2]``, counts ``[1, 2]``) int32
+    for a batch padded to the buckets (R = ceil(NB / T) + 2 * SB work rows, the used ones
+    first; T = 128 * BLOCKS positions per row; table row 0 the first row's gather indices,
+    table row r + 1 row r's dx rows and row r + 1's gather indices).
 
     Each step is a vectorised array op (torch: repeat_interleave, cumsum, arange
     broadcasts, where): rows per sequence ``r = ceil((L + H) / T)``; the sequence of
@@ -69,13 +70,21 @@ def backward_tables(cu_seqlens, num_tokens_bucket: int, num_seqs_bucket: int, W:
     q = np.arange(T)[None, :]
     po = p0[:, None] + q
     orow = np.where(po < H, NB + sq * H + po, np.where(po < Lq + H, s0q + po - H, scratch + q))
-    rows = np.zeros((-(-NB // T) + 2 * SB, B, TABLE_COLUMNS), dtype=np.int64)
+    # table row 0: the first work row's gather indices; row r + 1: work row r's dx rows and
+    # the gather indices of work row r + 1 (the kernel prefetches them; past the last row
+    # the zero rows)
+    gather = np.zeros((R + 1, B, 2 * BLOCKS + 2), dtype=np.int64)
+    gather[:, :, :BLOCKS + 1] = zero_x
+    gather[:, :, BLOCKS + 1:] = zero_dy
     for b in range(BLOCKS):
-        rows[:R, :, b] = xrow[:, b * B:(b + 1) * B]
-        rows[:R, :, BLOCKS + 1 + b] = dyrow[:, b * B:(b + 1) * B]
-        rows[:R, :, 2 * BLOCKS + 2 + b] = orow[:, b * B:(b + 1) * B]
-    rows[:R, :2 * H, BLOCKS] = xrow[:, T:]
-    rows[:R, :H, 2 * BLOCKS + 1] = dyrow[:, T:]
+        gather[:R, :, b] = xrow[:, b * B:(b + 1) * B]
+        gather[:R, :, BLOCKS + 1 + b] = dyrow[:, b * B:(b + 1) * B]
+    gather[:R, :2 * H, BLOCKS] = xrow[:, T:]
+    gather[:R, :H, 2 * BLOCKS + 1] = dyrow[:, T:]
+    rows = np.zeros((-(-NB // T) + 2 * SB + 1, B, TABLE_COLUMNS), dtype=np.int64)
+    rows[:R + 1, :, :2 * BLOCKS + 2] = gather
+    for b in range(BLOCKS):
+        rows[1:R + 1, :, 2 * BLOCKS + 2 + b] = orow[:, b * B:(b + 1) * B]
     fs_rows = np.zeros((SB, H, 2), dtype=np.int64)
     h = np.arange(H)[None, :]
     pf = L[:, None] + h
