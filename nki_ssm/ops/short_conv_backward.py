@@ -10,7 +10,7 @@ from __future__ import annotations
 from . import _dispatch
 from . import _validate as v
 from .launch import short_conv_backward as launch
-from .short_conv import ACTIVATIONS
+from .short_conv import check_conv_weights
 
 
 def _reference(**kw):
@@ -32,16 +32,11 @@ def validate_backward(x, weight, bias, dy, *, activation, cu_seqlens, initial_st
     v.require_ndim("x", x, ("num_tokens", "dim"))
     v.require_positive_dims("x", x, ("num_tokens", "dim"), start=1)
     num_tokens, dim = x.shape
-    weight = v.require_float("weight", weight)
-    v.require_ndim("weight", weight, ("dim", "W"))
-    v.require_shape("weight", weight, ("dim", "W"), (dim, None))
+    weight, bias, activation = check_conv_weights(dim, weight, bias, activation)
     width = weight.shape[1]
-    v.check_conv_width(width)
-    bias = v.optional_float("bias", bias, ("dim",), (dim,))
     dy = v.require_float("dy", dy)
     v.require_same_dtype("dy", dy, "x", x)
     v.require_shape("dy", dy, ("num_tokens", "dim"), (num_tokens, dim))
-    activation = v.require_choice("activation", activation, ACTIVATIONS)
     cu, num_seqs = v.check_cu_seqlens(cu_seqlens, num_tokens, "x.shape[0]")
     states = ("num_seqs", "dim", "W-1")
     expected = (num_seqs, dim, width - 1)

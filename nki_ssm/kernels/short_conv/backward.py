@@ -9,7 +9,7 @@ x)`` of L + H positions; ``nki_ssm.reference.short_conv_backward``)::
     dx = dxx[H:], d_initial = dxx[:H], dweight[:, k] = sum_i dz[i] xx[i + k], dbias = sum dz
 
 Shapes (DP = dim padded to a multiple of 128 * programs, NB the token bucket, SB the
-sequence bucket, T = 128 positions per work row):
+sequence bucket, T = 384 window positions per work row in BLOCKS = 3 blocks of 128):
 
 - ``xsrc [NB + SB*H + 1, DP]`` (x's dtype, float32 or bfloat16): the x rows, then each
   sequence's initial state token-major (sequence n, column h at row NB + n*H + h), then
@@ -17,50 +17,69 @@ sequence bucket, T = 128 positions per work row):
 - ``dysrc [NB + 1, DP]`` (x's dtype): dy rows, then a zero row (row NB);
 - ``weight [DP, W]`` float32, ``bias [DP]`` float32 or None;
 - ``dfsrc [SB*H + 1, DP]`` float32 or None: d_final_states token-major (row n*H + h);
-- ``rows [R, 128, 5]`` int32, the work list: one row per block of T window positions of a
-  sequence (``ceil((L + H) / T)`` rows per sequence, so empty sequences have one), per
-  partition q: col 0 / 1 the xsrc row of window position ``p0 - H + q`` / ``p0 - H + 128 +
-  q`` (q < 2H), col 2 / 3 the dysrc row of token ``p0 - H + q`` / ``p0 - H + 128 + q``
-  (q < H), col 4 the dxo row of position ``p0 + q`` (token row, initial-state row NB + n*H
-  + p, or scratch row NB + SB*H + q past the sequence);
+- ``rows [R + 1, 128, 3 * BLOCKS + 2]`` int32, the work list: a work row per T window
+  positions ``p0 .. p0 + T`` of a sequence (``ceil((L + H) / T)`` per sequence, so an
+  empty sequence has one). Per partition q: columns 0 .. BLOCKS the xsrc rows of window
+  positions ``p0 - H + b*128 + q`` (then ``p0 - H + T + q``, q < 2H); columns BLOCKS+1 ..
+  2*BLOCKS+1 the dysrc rows of tokens ``p0 - H + b*128 + q`` (then ``p0 - H + T + q``, q <
+  H); columns 2*BLOCKS+2 .. the dxo rows of positions ``p0 + b*128 + q`` (a token row, an
+  initial-state row NB + n*H + p, or a scratch row past the sequence). Table row 0 holds
+  the first work row's gather columns; table row r + 1 work row r's dx rows and work row
+  r + 1's gather columns (prefetched);
 - ``fs_rows [SB, H, 2]`` int32: per sequence, the dxo row of position L + h and the dfsrc
   row of d_final[h]; ``counts [1, 2]`` int32: work rows, sequences with d_final_states;
-- outputs: ``dxo [NB + SB*H + 128, DP]`` (x's dtype; dx rows, then d_initial rows, then
+- outputs: ``dxo [NB + SB*H + T, DP]`` (x's dtype; dx rows, then d_initial rows, then
   scratch), ``dweight [DP, W]`` and ``dbias [DP]`` float32.
 
 Design note
 -----------
-Loops: per channel group of up to 8 tiles of 128 channels, one top-level
-``nl.fori_loop`` over the work rows (the same list for every group: a group's channels
-are compile-time offsets); then, with d_final_states, one top-level loop over sequences.
-No loop inside another; bounds are registers loaded from ``counts`` through a (1, 1) SBUF
-tile before the loops; everything unrolled in a body is bounded by the group (8 tiles)
-and W. Program size depends on DP, W, dtypes and flags only.
+Loops: per channel group (16 tiles of 128 channels for bfloat16 x, 8 for float32) one
+top-level ``nl.fori_loop`` over the work rows (the same list for every group: a group's
+channels are compile-time offsets); then, with d_final_states, one top-level loop over
+sequences. No loop inside another; bounds are registers loaded from ``counts`` through a
+(1, 1) SBUF tile before the loops; everything unrolled in a body is bounded by the group
+and W. Program size depends on DP, W, dtypes and flags only (2,758 static instructions at
+dim 8192, W 4, bfloat16, LNC=1).
 
-Per work row and group: one DMA loads the row's index columns (the loop register as
-``scalar_offset``); four ``vector_offset`` gathers (one xsrc / dysrc row per partition)
-bring the x window (T + 2H positions) and the dy window (T + H tokens) token-major;
-positions outside the sequence read the zero row, so no masks and no conditionals. Per
-128-channel tile, TensorE: transposes (matmuls against an identity) of both windows into
-PSUM, channel-major; with SiLU the W taps of z as accumulating matmuls with
-``diag(w_k)`` stationary and the shifted x window moving (z channel-major); the W taps
-of dx with the shifted dz window stationary and ``diag(w_k)`` moving, which makes dx
-token-major for a contiguous-row scatter. ScalarE: the x window's PSUM eviction,
-``sigmoid(z + b)`` and ``silu(z + b)``; VectorE: ``dz = dy * (s + silu * (1 - s))``
-(float32, read from PSUM), dx's PSUM eviction, and dweight / dbias: products of dz with
-each shifted x window, reduced over tokens into float32 accumulators (a token's products
-are counted by the one row whose T positions hold it). The row's dx block goes out by
-one ``vector_offset`` scatter. After a group's loop its float32 accumulators are stored.
-The d_final loop then reads back the H rows of positions L .. L+H-1 of each sequence,
-adds d_final (VectorE) and writes them again.
+Per work row and group: one DMA loads the table row (the loop register as
+``scalar_offset``); the row's windows were gathered by the previous iteration (or the
+prologue): ``vector_offset`` gathers (one xsrc / dysrc row per partition) of the x window
+(T + 2H positions) and the dy window (T + H tokens), token-major; positions outside the
+sequence read the zero row, so no masks and no conditionals. Each 128-channel tile then
+runs seven stages, issued as a wavefront (stage q of tile t - q at step t) so every
+engine's in-order queue holds several tiles' work:
+
+0. TensorE: the x window transposed to channel-major (matmuls against an identity);
+1. ScalarE: its PSUM eviction (``xw``, x's dtype);
+2. TensorE: the dy window transposed; with SiLU the W taps of z (``diag(w_k)``
+   stationary, the shifted x window moving); ScalarE ``s = sigmoid(z + b)`` (the only
+   ScalarE function: no activation-table switches), ``z + b`` with a bias;
+3. VectorE: ``dz = dy * s * (1 + z (1 - s))`` by three fused ``scalar_tensor_tensor``
+   ops (x's dtype);
+4. TensorE: the W dx taps per 128-position block (the shifted dz window stationary,
+   ``diag(w_k)`` moving: dx comes out token-major);
+5. VectorE: dx's PSUM eviction; the dweight products ``dz * xx[. + k]`` over the row's
+   own tokens, two taps per instruction (GpSimd taps 0-1, VectorE the rest);
+6. ScalarE: the products and dz summed over tokens (activation accumulate) into the
+   tile's dweight / dbias columns.
+
+Once the last window read is queued, the next row's gathers are issued (they load under
+the remaining stages); the row's dx blocks go out by ``vector_offset`` scatters; the
+per-row sums are added into float32 accumulators, stored after the group's loop. A
+token's products are counted by the one row whose window holds it at columns H .. H+T.
+The d_final loop then reads back the H dxo rows of positions L .. L+H-1 of each
+sequence, adds d_final (VectorE) and writes them again.
 
 Saved vs recomputed: the forward saves nothing beyond its inputs (x, weight, bias and
-the initial states the caller already holds); z and sigmoid(z) are recomputed here (W
-TensorE taps per tile), so the training forward costs 0 extra bytes per token.
+the initial states the caller holds); z and sigmoid(z) are recomputed here (W TensorE
+taps per tile), so training costs 0 extra bytes per token of activation memory.
 
-What binds (modeled, trn2): TensorE (per 128 x 128 block: two window transposes of T +
-2H and T + H columns, 2W taps of ~T columns) with VectorE close behind; see the report
-in the launcher (nki_ssm.ops.launch.short_conv_backward) for figures.
+What binds (modeled, trn2, the cost model of this commit): the elementwise engines,
+VectorE first (per tile and work row: three fused dz ops over T + H columns, the dx
+eviction, two product instructions) with ScalarE (two evictions, sigmoid, W + 1
+accumulating sums) and GpSimd (products, gather descriptors) close behind; TensorE
+(~35 % busy) and the HBM traffic (x, dy in, dx out: ~23 % of the time) do not bind.
+Figures in the launcher (``nki_ssm.ops.launch.short_conv_backward``).
 
 LNC: the channel tiles split evenly between the programs (DP is padded to 128 * programs
 channels): program ``nl.program_id(0)`` takes tiles ``pid * NTP .. (pid + 1) * NTP``, runs
@@ -68,13 +87,13 @@ the same loops over the same work list on its own channels, writes only its own 
 of dxo / rows of dweight and dbias (the scratch rows too), and reduces dweight / dbias over
 tokens itself: no cross-program reduction, results bit-identical to LNC=1.
 
-Limits: 2 <= W <= 65 (2H <= 128 window rows in the second gather); any dim; any lengths
-(empty sequences, T = 1, T < W); float32 x: float32 matmuls (quarter rate); bfloat16 x:
-bfloat16 matmul operands (weights rounded to bfloat16 in the diagonals, dz rounded to
-bfloat16 for the dx taps), float32 accumulation and float32 dweight / dbias.
+Limits: 2 <= W <= 65 (2H <= 128 rows in the tail gather); any dim; any lengths (empty
+sequences, T = 1, T < W); float32 x: float32 matmuls (quarter rate); bfloat16 x:
+bfloat16 matmul operands (weights rounded to bfloat16 in the diagonals) and dz in
+bfloat16, float32 accumulation, float32 dweight / dbias.
 """
 from nki_ssm.backend import nki, nl, nisa
-from nki_ssm.kernels._common import count_register
+from nki_ssm.kernels._common import count_register, identity
 
 TILE = 128          # channels per tile; rows per gather block
 BLOCKS = 3          # 128-position blocks per work row
@@ -83,16 +102,6 @@ GROUP_TILES = 16    # channel tiles per group (one loop each; 8 for float32 x)
 BANK = 512          # float32 columns of one PSUM bank
 TABLE_COLUMNS = 3 * BLOCKS + 2   # index columns of a work row (x, dy, dx blocks)
 FS_COLUMNS = 2048   # channels per d_final read-modify-write block
-
-
-def _identity(dtype):
-    """[128, 128] identity in ``dtype`` (ones where partition == column)."""
-    ones = nl.ndarray((TILE, TILE), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=ones, value=1.0)
-    ident = nl.ndarray((TILE, TILE), dtype=dtype, buffer=nl.sbuf)
-    nisa.affine_select(dst=ident, pattern=[[-1, TILE]], channel_multiplier=1,
-                       on_true_tile=ones, on_false_value=0.0, cmp_op=nl.equal)
-    return ident
 
 
 def _group_weights(weight, bias, wcol, bcol, diag, ident, c0, n, W):
@@ -301,7 +310,7 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
     dwo = nl.ndarray((DP, W), dtype=nl.float32, buffer=nl.shared_hbm)
     dbo = nl.ndarray((DP,), dtype=nl.float32, buffer=nl.shared_hbm)
 
-    ident = _identity(xdt)
+    ident = identity(xdt)
     banks = []
     for b in range(8):
         banks.append(nl.ndarray((TILE, BANK), dtype=nl.float32, buffer=nl.psum))
