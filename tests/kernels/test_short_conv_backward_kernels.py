@@ -61,6 +61,7 @@ def _assert_close(got, b, activation, tol):
     (None, False, False, False, 4),
     ("silu", False, True, False, 2),
     (None, True, False, True, 3),
+    ("silu", True, True, True, 8),      # the widest conv the host API takes
 ])
 def test_float32_gradients(rng, lnc, activation, bias, init, dfin, W):
     b = _batch(rng, EDGE_LENGTHS, 200, W, bias=bias, init=init, dfin=dfin)

@@ -28,8 +28,8 @@ sequence bucket, T = 384 window positions per work row in BLOCKS = 3 blocks of 1
   r + 1's gather columns (prefetched);
 - ``fs_rows [SB, H, 2]`` int32: per sequence, the dxo row of position L + h and the dfsrc
   row of d_final[h]; ``counts [1, 2]`` int32: work rows, sequences with d_final_states;
-- outputs: ``dxo [NB + SB*H + T, DP]`` (x's dtype; dx rows, then d_initial rows, then
-  scratch), ``dweight [DP, W]`` and ``dbias [DP]`` float32.
+- outputs: per program ``dxo [NB + SB*H + T, DP / programs]`` (x's dtype; its channels:
+  dx rows, then d_initial rows, then scratch), ``dweight [DP, W]`` and ``dbias [DP]`` float32.
 
 Design note
 -----------
@@ -84,7 +84,7 @@ Figures in the launcher (``nki_ssm.ops.launch.short_conv_backward``).
 LNC: the channel tiles split evenly between the programs (DP is padded to 128 * programs
 channels): program ``nl.program_id(0)`` takes tiles ``pid * NTP .. (pid + 1) * NTP``, runs
 the same loops over the same work list on its own channels, writes only its own columns
-of dxo / rows of dweight and dbias (the scratch rows too), and reduces dweight / dbias over
+of dweight and dbias and its own dxo tensor (the scratch rows too), and reduces dweight / dbias over
 tokens itself: no cross-program reduction, results bit-identical to LNC=1.
 
 Limits: 2 <= W <= 65 (2H <= 128 rows in the tail gather); any dim; any lengths (empty
@@ -231,7 +231,7 @@ def _gather_windows(xsrc, dysrc, xg, dg, idx, c0, gw, H):
     _gather(dysrc, dg[:, BLOCKS, :], idx, 2 * BLOCKS + 1, H, c0, gw)
 
 
-def _row(i, tabs, xsrc, dysrc, dxo, bufs, red, acc, c0, n, W, silu):
+def _row(i, tabs, xsrc, dysrc, dxo, dx_off, bufs, red, acc, c0, n, W, silu):
     """Work row i for the group's n tiles at channel c0. Its windows are in xg / dg (the
     previous iteration, or the prologue, gathered them); table row i + 1 holds the next
     row's gather indices, issued once this row's last window transposes are queued."""
@@ -256,7 +256,8 @@ def _row(i, tabs, xsrc, dysrc, dxo, bufs, red, acc, c0, n, W, silu):
             # load under this row's remaining stages
             _gather_windows(xsrc, dysrc, xg, dg, idx, c0, gw, H)
     for b in range(BLOCKS):
-        nisa.dma_copy(dst=dxo.ap(pattern=[[dxo.shape[1], TILE], [1, gw]], offset=c0,
+        # dxo: this program's own tensor, its channels from the program's first
+        nisa.dma_copy(dst=dxo.ap(pattern=[[dxo.shape[1], TILE], [1, gw]], offset=dx_off,
                                  vector_offset=idx[:, 2 * BLOCKS + 2 + b:2 * BLOCKS + 3 + b],
                                  indirect_dim=0),
                       src=out[:, b, 0:gw])
@@ -265,22 +266,23 @@ def _row(i, tabs, xsrc, dysrc, dxo, bufs, red, acc, c0, n, W, silu):
     nisa.tensor_tensor(dst=acc_b[:, 0:n], data1=acc_b[:, 0:n], data2=redb[:, 0:n], op=nl.add)
 
 
-def _final_state_grads(f, fs_rows, dfsrc, dxo, fbufs, cp0, PW, H):
+def _final_state_grads(f, fs_rows, dfsrc, dxo, dx_off, fbufs, cp0, H):
     """Sequence f: dxo rows of positions L .. L+H-1 += d_final (read, add, write back),
-    over the program's channels [cp0, cp0 + PW)."""
+    over the program's channels [cp0, cp0 + PW) (its dxo block at element ``dx_off``)."""
     fi, cur, dfv, new = fbufs
-    DP = dxo.shape[1]
+    PW = dxo.shape[1]
+    DP = dfsrc.shape[1]
     nisa.dma_copy(dst=fi, src=fs_rows.ap(pattern=[[2, H], [1, 2]], offset=0, scalar_offset=f,
                                          indirect_dim=0))
     for b0 in range(0, PW, FS_COLUMNS):
         bw = min(FS_COLUMNS, PW - b0)
-        nisa.dma_copy(dst=cur[:, 0:bw], src=dxo.ap(pattern=[[DP, H], [1, bw]], offset=cp0 + b0,
+        nisa.dma_copy(dst=cur[:, 0:bw], src=dxo.ap(pattern=[[PW, H], [1, bw]], offset=dx_off + b0,
                                                    vector_offset=fi[:, 0:1], indirect_dim=0))
         nisa.dma_copy(dst=dfv[:, 0:bw], src=dfsrc.ap(pattern=[[DP, H], [1, bw]],
                                                      offset=cp0 + b0, vector_offset=fi[:, 1:2],
                                                      indirect_dim=0))
         nisa.tensor_tensor(dst=new[:, 0:bw], data1=cur[:, 0:bw], data2=dfv[:, 0:bw], op=nl.add)
-        nisa.dma_copy(dst=dxo.ap(pattern=[[DP, H], [1, bw]], offset=cp0 + b0,
+        nisa.dma_copy(dst=dxo.ap(pattern=[[PW, H], [1, bw]], offset=dx_off + b0,
                                  vector_offset=fi[:, 0:1], indirect_dim=0),
                       src=new[:, 0:bw])
 
@@ -290,7 +292,7 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
                                activation):
     """dx / d_initial_states (as dxo rows), dweight, dbias of the short conv over a ragged
     batch; tensors and tables as in the module docstring; activation "silu" or "none".
-    Returns (dxo ``[NB + SB*H + 128, DP]`` in x's dtype, dweight ``[DP, W]`` float32, dbias
+    Returns (dxo ``[NB + SB*H + T, DP / programs]`` of each program in x's dtype, dweight ``[DP, W]`` float32, dbias
     ``[DP]`` float32)."""
     NX, DP = xsrc.shape
     W = weight.shape[1]
@@ -306,7 +308,15 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
     cp0 = pid * NTP * TILE
     G = min(GROUP_TILES if xdt != nl.float32 else GROUP_TILES // 2, NTP)
 
-    dxo = nl.ndarray((NB + SB * H + T, DP), dtype=xdt, buffer=nl.shared_hbm)
+    # one dx tensor per program (its channels only): the programs' run-time-addressed
+    # writes go to different tensors
+    NR = NB + SB * H + T
+    PW = NTP * TILE
+    dxos = []
+    for p in range(programs):
+        dxos.append(nl.ndarray((NR, PW), dtype=xdt, buffer=nl.shared_hbm))
+    dxo = dxos[pid]
+    dx_base = 0
     dwo = nl.ndarray((DP, W), dtype=nl.float32, buffer=nl.shared_hbm)
     dbo = nl.ndarray((DP,), dtype=nl.float32, buffer=nl.shared_hbm)
 
@@ -357,7 +367,8 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
         _gather_windows(xsrc, dysrc, xg, dg, idx, c0, n * TILE, H)
 
         def row_body(i):
-            _row(i, (rows, idx), xsrc, dysrc, dxo, bufs, red, acc, c0, n, W, silu)
+            _row(i, (rows, idx), xsrc, dysrc, dxo, dx_base + g0 * TILE, bufs, red, acc, c0, n,
+                 W, silu)
 
         nl.fori_loop(0, n_rows, row_body)
         nisa.dma_copy(dst=dwo.ap(pattern=[[W, TILE], [TILE * W, n], [1, W]], offset=c0 * W),
@@ -374,7 +385,12 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
                  nl.ndarray((H, fw), dtype=xdt, buffer=nl.sbuf))
 
         def fs_body(f):
-            _final_state_grads(f, fs_rows, dfsrc, dxo, fbufs, cp0, PW, H)
+            _final_state_grads(f, fs_rows, dfsrc, dxo, dx_base, fbufs, cp0, H)
 
         nl.fori_loop(0, n_fs, fs_body)
-    return dxo, dwo, dbo
+    outs = []
+    for p in range(programs):
+        outs.append(dxos[p])
+    outs.append(dwo)
+    outs.append(dbo)
+    return tuple(outs)

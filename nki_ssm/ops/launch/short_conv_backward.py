@@ -147,9 +147,11 @@ def backward_call(xp, call, *, x, weight, bias, dy, activation, cu_seqlens, init
     b32 = None
     if bias is not None:
         b32 = xp.pad_rows(bias.reshape(dim, 1), DP, 1, f32=True).reshape(DP)
-    dxo, dwo, dbo = call(backward_kernel(), xsrc, dysrc, w32, b32, dfsrc,
-                         *(xp.table(t) for t in tables),
-                         "silu" if activation == "silu" else "none")
+    outs = call(backward_kernel(), xsrc, dysrc, w32, b32, dfsrc,
+                *(xp.table(t) for t in tables), "silu" if activation == "silu" else "none")
+    # the programs' dx tensors (each [NR, DP / lnc], its channels) side by side
+    dwo, dbo = outs[-2], outs[-1]
+    dxo = outs[0] if call.lnc == 1 else xp.cat(list(outs[:-2]), axis=1)
     out = dict(dx=dxo[:num_tokens, :dim], dweight=xp.cast_like(dwo[:dim], weight),
                dbias=None, d_initial_states=None)
     if bias is not None:
