@@ -15,3 +15,13 @@ def count_register(counts, k):
     reg = nisa.register_alloc()
     nisa.register_load(dst=reg, src=one)
     return reg
+
+
+def identity(dtype):
+    """[128, 128] identity in ``dtype`` (ones where partition == column), built on GpSimd."""
+    ones = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ones, value=1.0)
+    ident = nl.ndarray((128, 128), dtype=dtype, buffer=nl.sbuf)
+    nisa.affine_select(dst=ident, pattern=[[-1, 128]], channel_multiplier=1,
+                       on_true_tile=ones, on_false_value=0.0, cmp_op=nl.equal)
+    return ident

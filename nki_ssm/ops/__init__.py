@@ -12,6 +12,7 @@ from .gated_delta_backward import gated_delta_backward
 from .mamba2_ssd import ssd_decode, ssd_prefill
 from .mamba2_ssd_backward import ssd_backward
 from .short_conv import short_conv_decode, short_conv_prefill
+from .short_conv_backward import short_conv_backward
 from .training import gated_delta_forward, short_conv_forward, ssd_forward
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "short_conv_forward",
     "ssd_forward",
     "gated_delta_forward",
+    "short_conv_backward",
     "ssd_backward",
     "gated_delta_backward",
 ]

@@ -16,15 +16,21 @@ from .launch import short_conv as launch
 ACTIVATIONS = (None, "silu")
 
 
-def _check_conv_params(dim: int, weight, bias, activation, conv_states):
-    """weight [dim, W], bias [dim], activation, conv_states [slots, dim, W-1]."""
+def check_conv_weights(dim: int, weight, bias, activation):
+    """weight [dim, W], bias [dim] or None, activation (the checks every conv entry shares)."""
     weight = v.require_float("weight", weight)
     v.require_ndim("weight", weight, ("dim", "W"))
     v.require_shape("weight", weight, ("dim", "W"), (dim, None))
-    width = weight.shape[1]
-    v.check_conv_width(width)
+    v.check_conv_width(weight.shape[1])
     bias = v.optional_float("bias", bias, ("dim",), (dim,))
     activation = v.require_choice("activation", activation, ACTIVATIONS)
+    return weight, bias, activation
+
+
+def _check_conv_params(dim: int, weight, bias, activation, conv_states):
+    """weight [dim, W], bias [dim], activation, conv_states [slots, dim, W-1]."""
+    weight, bias, activation = check_conv_weights(dim, weight, bias, activation)
+    width = weight.shape[1]
     conv_states = v.check_pool(
         "conv_states", conv_states, ("slots", "dim", "W-1"), (dim, width - 1)
     )

@@ -1,0 +1,399 @@
+"""Backward of the short causal depthwise conv1d over a ragged batch (training form: each
+sequence starts from its own initial state and returns its final state; no pool).
+
+Math (per sequence of L tokens, H = W - 1, the window stream ``xx = (initial state ++
+x)`` of L + H positions; ``nki_ssm.reference.short_conv_backward``)::
+
+    z[i]   = bias + sum_k w[:, k] * xx[i + k]          dz[i] = dy[i] * act'(z[i])
+    dxx[p] = sum_k w[:, k] * dz[p - k]  (0 <= p-k < L)  + d_final[p - L]  (p >= L)
+    dx = dxx[H:], d_initial = dxx[:H], dweight[:, k] = sum_i dz[i] xx[i + k], dbias = sum dz
+
+Shapes (DP = dim padded to a multiple of 128 * programs, NB the token bucket, SB the
+sequence bucket, T = 384 window positions per work row in BLOCKS = 3 blocks of 128):
+
+- ``xsrc [NB + SB*H + 1, DP]`` (x's dtype, float32 or bfloat16): the x rows, then each
+  sequence's initial state token-major (sequence n, column h at row NB + n*H + h), then
+  zero rows (the last row is zero: every window position outside a sequence reads it);
+- ``dysrc [NB + 1, DP]`` (x's dtype): dy rows, then a zero row (row NB);
+- ``weight [DP, W]`` float32, ``bias [DP]`` float32 or None;
+- ``dfsrc [SB*H + 1, DP]`` float32 or None: d_final_states token-major (row n*H + h);
+- ``rows [R + 1, 128, 3 * BLOCKS + 2]`` int32, the work list: a work row per T window
+  positions ``p0 .. p0 + T`` of a sequence (``ceil((L + H) / T)`` per sequence, so an
+  empty sequence has one). Per partition q: columns 0 .. BLOCKS the xsrc rows of window
+  positions ``p0 - H + b*128 + q`` (then ``p0 - H + T + q``, q < 2H); columns BLOCKS+1 ..
+  2*BLOCKS+1 the dysrc rows of tokens ``p0 - H + b*128 + q`` (then ``p0 - H + T + q``, q <
+  H); columns 2*BLOCKS+2 .. the dxo rows of positions ``p0 + b*128 + q`` (a token row, an
+  initial-state row NB + n*H + p, or a scratch row past the sequence). Table row 0 holds
+  the first work row's gather columns; table row r + 1 work row r's dx rows and work row
+  r + 1's gather columns (prefetched);
+- ``fs_rows [SB, H, 2]`` int32: per sequence, the dxo row of position L + h and the dfsrc
+  row of d_final[h]; ``counts [1, 2]`` int32: work rows, sequences with d_final_states;
+- outputs: per program ``dxo [NB + SB*H + T, DP / programs]`` (x's dtype; its channels:
+  dx rows, then d_initial rows, then scratch), ``dweight [DP, W]`` and ``dbias [DP]`` float32.
+
+Design note
+-----------
+Loops: per channel group (16 tiles of 128 channels for bfloat16 x, 8 for float32) one
+top-level ``nl.fori_loop`` over the work rows (the same list for every group: a group's
+channels are compile-time offsets); then, with d_final_states, one top-level loop over
+sequences. No loop inside another; bounds are registers loaded from ``counts`` through a
+(1, 1) SBUF tile before the loops; everything unrolled in a body is bounded by the group
+and W. Program size depends on DP, W, dtypes and flags only (2,758 static instructions at
+dim 8192, W 4, bfloat16, LNC=1).
+
+Per work row and group: one DMA loads the table row (the loop register as
+``scalar_offset``); the row's windows were gathered by the previous iteration (or the
+prologue): ``vector_offset`` gathers (one xsrc / dysrc row per partition) of the x window
+(T + 2H positions) and the dy window (T + H tokens), token-major; positions outside the
+sequence read the zero row, so no masks and no conditionals. Each 128-channel tile then
+runs seven stages, issued as a wavefront (stage q of tile t - q at step t) so every
+engine's in-order queue holds several tiles' work:
+
+0. TensorE: the x window transposed to channel-major (matmuls against an identity);
+1. ScalarE: its PSUM eviction (``xw``, x's dtype);
+2. TensorE: the dy window transposed; with SiLU the W taps of z (``diag(w_k)``
+   stationary, the shifted x window moving); ScalarE ``s = sigmoid(z + b)`` (the only
+   ScalarE function: no activation-table switches), ``z + b`` with a bias;
+3. VectorE: ``dz = dy * s * (1 + z (1 - s))`` by three fused ``scalar_tensor_tensor``
+   ops (x's dtype);
+4. TensorE: the W dx taps per 128-position block (the shifted dz window stationary,
+   ``diag(w_k)`` moving: dx comes out token-major);
+5. VectorE: dx's PSUM eviction; the dweight products ``dz * xx[. + k]`` over the row's
+   own tokens, two taps per instruction (GpSimd taps 0-1, VectorE the rest);
+6. ScalarE: the products and dz summed over tokens (activation accumulate) into the
+   tile's dweight / dbias columns.
+
+Once the last window read is queued, the next row's gathers are issued (they load under
+the remaining stages); the row's dx blocks go out by ``vector_offset`` scatters; the
+per-row sums are added into float32 accumulators, stored after the group's loop. A
+token's products are counted by the one row whose window holds it at columns H .. H+T.
+The d_final loop then reads back the H dxo rows of positions L .. L+H-1 of each
+sequence, adds d_final (VectorE) and writes them again.
+
+Saved vs recomputed: the forward saves nothing beyond its inputs (x, weight, bias and
+the initial states the caller holds); z and sigmoid(z) are recomputed here (W TensorE
+taps per tile), so training costs 0 extra bytes per token of activation memory.
+
+What binds (modeled, trn2, the cost model of this commit): the elementwise engines,
+VectorE first (per tile and work row: three fused dz ops over T + H columns, the dx
+eviction, two product instructions) with ScalarE (two evictions, sigmoid, W + 1
+accumulating sums) and GpSimd (products, gather descriptors) close behind; TensorE
+(~35 % busy) and the HBM traffic (x, dy in, dx out: ~23 % of the time) do not bind: at
+dim 8192 x 16K tokens, bfloat16, 12.7 ms at LNC=1 and 6.3 ms at LNC=2, 17 % of the HBM
+roofline (figures and command in ``nki_ssm.ops.launch.short_conv_backward``). Moving the
+dweight reductions to TensorE (token-major dz against shifted x gathers) is the next
+step; it needs PSUM room this layout does not leave.
+
+LNC: the channel tiles split evenly between the programs (DP is padded to 128 * programs
+channels): program ``nl.program_id(0)`` takes tiles ``pid * NTP .. (pid + 1) * NTP``, runs
+the same loops over the same work list on its own channels, writes only its own columns
+of dweight and dbias and its own dxo tensor (the scratch rows too), and reduces dweight / dbias over
+tokens itself: no cross-program reduction, results bit-identical to LNC=1.
+
+Limits: 2 <= W <= 65 (2H <= 128 rows in the tail gather); any dim; any lengths (empty
+sequences, T = 1, T < W); float32 x: float32 matmuls (quarter rate); bfloat16 x:
+bfloat16 matmul operands (weights rounded to bfloat16 in the diagonals) and dz in
+bfloat16, float32 accumulation, float32 dweight / dbias.
+"""
+from nki_ssm.backend import nki, nl, nisa
+from nki_ssm.kernels._common import count_register, identity
+
+TILE = 128          # channels per tile; rows per gather block
+BLOCKS = 3          # 128-position blocks per work row
+ROW = BLOCKS * TILE  # T: window positions whose dx a work row writes (T + 2H <= 512)
+GROUP_TILES = 16    # channel tiles per group (one loop each; 8 for float32 x)
+BANK = 512          # float32 columns of one PSUM bank
+TABLE_COLUMNS = 3 * BLOCKS + 2   # index columns of a work row (x, dy, dx blocks)
+FS_COLUMNS = 2048   # channels per d_final read-modify-write block
+
+
+def _group_weights(weight, bias, wcol, bcol, diag, ident, c0, n, W):
+    """Float32 weight / bias columns of the group's n tiles (channel c0 + j*128 + p on
+    partition p) and the diagonals ``diag[:, j, k, :] = diag(w[:, k])`` in the matmul dtype."""
+    nisa.dma_copy(dst=wcol[:, 0:n, :],
+                  src=weight.ap(pattern=[[W, TILE], [TILE * W, n], [1, W]], offset=c0 * W))
+    if bias != None:  # noqa: E711
+        nisa.dma_copy(dst=bcol[:, 0:n], src=bias.ap(pattern=[[1, TILE], [TILE, n]], offset=c0))
+    for j in range(n):
+        for k in range(W):
+            nisa.tensor_scalar(dst=diag[:, j, k, :], data=ident, op0=nl.multiply,
+                               operand0=wcol[:, j, k:k + 1])
+
+
+def _gather(src, dst, idx, col, rows, c0, gw):
+    """dst[0:rows, 0:gw] = rows ``idx[0:rows, col]`` of HBM ``src`` from channel c0 (one
+    row per partition)."""
+    nisa.dma_copy(dst=dst[0:rows, 0:gw],
+                  src=src.ap(pattern=[[src.shape[1], rows], [1, gw]], offset=c0,
+                             vector_offset=idx[0:rows, col:col + 1], indirect_dim=0))
+
+
+def _transpose_in(ps, g, cols, ident, tail):
+    """``ps[:, 0:T + tail]`` = the gathered rows of ``g`` (BLOCKS blocks of 128, then
+    ``tail`` rows) for channel block ``cols``, channel-major: TensorE, the rows as
+    stationary against an identity."""
+    for b in range(BLOCKS):
+        nisa.nc_matmul(dst=ps[:, b * TILE:(b + 1) * TILE], stationary=g[:, b, cols],
+                       moving=ident, accumulate=False)
+    nisa.nc_matmul(dst=ps[:, ROW:ROW + tail], stationary=g[0:tail, BLOCKS, cols],
+                   moving=ident[0:tail, 0:tail], accumulate=False)
+
+
+def _stage(bufs, red, st, j, W, silu):
+    """Stage ``st`` of channel tile j of a work row (module design note): 0 x window
+    transposes; 1 its ScalarE eviction; 2 dy transposes, z taps, sigmoid; 3 dz; 4 dx taps;
+    5 dx eviction and the dweight products; 6 the dweight / dbias sums. Each stage's PSUM
+    and SBUF buffers alternate by tile (two of each), which the one-step skew between
+    consecutive stages allows."""
+    (ident, xg, dg, xw, dzm, sg, zb, uv, out, banks, diag, bcol, has_bias) = bufs
+    prods, junk, redw, redb = red
+    H = W - 1
+    T = ROW
+    D = T + H
+    cols = slice(j * TILE, (j + 1) * TILE)
+    psx, psd, psz, pso = banks[j % 2], banks[2 + j % 2], banks[4 + j % 2], banks[6 + j % 2]
+    s, u = sg[j % 2], uv[j % 2]
+    if st == 0:
+        _transpose_in(psx, xg, cols, ident, 2 * H)
+    elif st == 1:
+        nisa.tensor_copy(dst=xw[:, j, :], src=psx[:, 0:T + 2 * H], engine=nisa.engine.scalar)
+    elif st == 2:
+        _transpose_in(psd, dg, cols, ident, H)
+        if silu:
+            for k in range(W):
+                nisa.nc_matmul(dst=psz[:, 0:D], stationary=diag[:, j, k, :],
+                               moving=xw[:, j, k:k + D], accumulate=k > 0)
+            # s = sigmoid(z + b): the one ScalarE function (no activation-table switches)
+            nisa.activation(dst=s, op=nl.sigmoid, data=psz[:, 0:D], bias=bcol[:, j:j + 1])
+            if has_bias:
+                nisa.activation(dst=zb[j % 2], op=nl.copy, data=psz[:, 0:D],
+                                bias=bcol[:, j:j + 1])
+    elif st == 3:
+        if not silu:
+            nisa.tensor_copy(dst=dzm[:, j, :], src=psd[:, 0:D], engine=nisa.engine.vector)
+            return
+        z = psz[:, 0:D]
+        if has_bias:
+            z = zb[j % 2]
+        # silu'(z) = s (1 + z (1 - s)): u = (s - 1) z; v = (u - 1) s = -silu'(z); dz = -v dy
+        nisa.scalar_tensor_tensor(dst=u, data=s, op0=nl.subtract, operand0=1.0,
+                                  op1=nl.multiply, operand1=z)
+        nisa.scalar_tensor_tensor(dst=u, data=u, op0=nl.subtract, operand0=1.0,
+                                  op1=nl.multiply, operand1=s)
+        nisa.scalar_tensor_tensor(dst=dzm[:, j, :], data=u, op0=nl.multiply, operand0=-1.0,
+                                  op1=nl.multiply, operand1=psd[:, 0:D])
+    elif st == 4:
+        for b in range(BLOCKS):
+            for k in range(W):
+                # dx[p0 + b*128 + q] += w_k * dz[p0 + b*128 + q - k]: dz window column
+                # b*128 + q + H - k
+                c = b * TILE + H - k
+                nisa.nc_matmul(dst=pso[:, b * TILE:(b + 1) * TILE],
+                               stationary=dzm[:, j, c:c + TILE], moving=diag[:, j, k, :],
+                               accumulate=k > 0)
+    elif st == 5:
+        nisa.tensor_copy(dst=out[:, :, cols],
+                         src=pso.ap(pattern=[[BANK, TILE], [TILE, BLOCKS], [1, TILE]], offset=0),
+                         engine=nisa.engine.vector)
+        # dweight products over the row's own tokens (dz window columns H .. H+T), two taps
+        # per instruction (dz repeated by a zero stride, the x window at two shifts):
+        # taps 0, 1 on GpSimd, the others on VectorE
+        F = T + 2 * H
+        for k0 in range(0, W, 2):
+            nk = min(2, W - k0)
+            engine = nisa.engine.gpsimd if k0 == 0 else nisa.engine.vector
+            nisa.tensor_tensor(
+                dst=prods[(j % 2) * W + k0][:, 0:nk, :],
+                data1=dzm.ap(pattern=[[dzm.shape[1] * D, TILE], [0, nk], [1, T]], offset=j * D + H),
+                data2=xw.ap(pattern=[[xw.shape[1] * F, TILE], [1, nk], [1, T]],
+                            offset=j * F + H + k0),
+                op=nl.multiply, engine=engine)
+    else:
+        for k in range(W):
+            kk = k - k % 2
+            nisa.activation(dst=junk, op=nl.copy, data=prods[(j % 2) * W + kk][:, k % 2, :],
+                            reduce_op=nl.add,
+                            reduce_res=redw[:, j, k:k + 1],
+                            reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        nisa.activation(dst=junk, op=nl.copy, data=dzm[:, j, H:H + T], reduce_op=nl.add,
+                        reduce_res=redb[:, j:j + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
+
+
+STAGES = 7
+# stages issued together for one tile (one wavefront step each)
+STEPS = ((0,), (1,), (2,), (3,), (4,), (5,), (6,))
+
+
+def _gather_windows(xsrc, dysrc, xg, dg, idx, c0, gw, H):
+    """The x window (BLOCKS blocks of 128 positions, then 2H) and the dy window (BLOCKS
+    blocks, then H tokens) of a work row, token-major, by the index columns in ``idx``."""
+    for b in range(BLOCKS):
+        _gather(xsrc, xg[:, b, :], idx, b, TILE, c0, gw)
+        _gather(dysrc, dg[:, b, :], idx, BLOCKS + 1 + b, TILE, c0, gw)
+    _gather(xsrc, xg[:, BLOCKS, :], idx, BLOCKS, 2 * H, c0, gw)
+    _gather(dysrc, dg[:, BLOCKS, :], idx, 2 * BLOCKS + 1, H, c0, gw)
+
+
+def _row(i, tabs, xsrc, dysrc, dxo, dx_off, bufs, red, acc, c0, n, W, silu):
+    """Work row i for the group's n tiles at channel c0. Its windows are in xg / dg (the
+    previous iteration, or the prologue, gathered them); table row i + 1 holds the next
+    row's gather indices, issued once this row's last window transposes are queued."""
+    rows, idx = tabs
+    (ident, xg, dg, xw, dzm, sg, zb, uv, out, banks, diag, bcol, has_bias) = bufs
+    prods, junk, redw, redb = red
+    acc_w, acc_b = acc
+    H = W - 1
+    gw = n * TILE
+    nisa.dma_copy(dst=idx, src=rows.ap(pattern=[[TABLE_COLUMNS, TILE], [1, TABLE_COLUMNS]],
+                                       offset=TILE * TABLE_COLUMNS, scalar_offset=i,
+                                       indirect_dim=0))
+    # the tiles' stages as a wavefront: at step t, stage q of tile t - q (oldest first),
+    # so each engine's in-order queue holds work of several tiles at once
+    for t in range(n + len(STEPS) - 1):
+        for q in range(len(STEPS) - 1, -1, -1):
+            if 0 <= t - q < n:
+                for st in STEPS[q]:
+                    _stage(bufs, red, st, t - q, W, silu)
+        if t == n + 1:
+            # every read of xg / dg is queued (stages 0 and 2): the next row's windows
+            # load under this row's remaining stages
+            _gather_windows(xsrc, dysrc, xg, dg, idx, c0, gw, H)
+    for b in range(BLOCKS):
+        # dxo: this program's own tensor, its channels from the program's first
+        nisa.dma_copy(dst=dxo.ap(pattern=[[dxo.shape[1], TILE], [1, gw]], offset=dx_off,
+                                 vector_offset=idx[:, 2 * BLOCKS + 2 + b:2 * BLOCKS + 3 + b],
+                                 indirect_dim=0),
+                      src=out[:, b, 0:gw])
+    nisa.tensor_tensor(dst=acc_w[:, 0:n, :], data1=acc_w[:, 0:n, :], data2=redw[:, 0:n, :],
+                       op=nl.add)
+    nisa.tensor_tensor(dst=acc_b[:, 0:n], data1=acc_b[:, 0:n], data2=redb[:, 0:n], op=nl.add)
+
+
+def _final_state_grads(f, fs_rows, dfsrc, dxo, dx_off, fbufs, cp0, H):
+    """Sequence f: dxo rows of positions L .. L+H-1 += d_final (read, add, write back),
+    over the program's channels [cp0, cp0 + PW) (its dxo block at element ``dx_off``)."""
+    fi, cur, dfv, new = fbufs
+    PW = dxo.shape[1]
+    DP = dfsrc.shape[1]
+    nisa.dma_copy(dst=fi, src=fs_rows.ap(pattern=[[2, H], [1, 2]], offset=0, scalar_offset=f,
+                                         indirect_dim=0))
+    for b0 in range(0, PW, FS_COLUMNS):
+        bw = min(FS_COLUMNS, PW - b0)
+        nisa.dma_copy(dst=cur[:, 0:bw], src=dxo.ap(pattern=[[PW, H], [1, bw]], offset=dx_off + b0,
+                                                   vector_offset=fi[:, 0:1], indirect_dim=0))
+        nisa.dma_copy(dst=dfv[:, 0:bw], src=dfsrc.ap(pattern=[[DP, H], [1, bw]],
+                                                     offset=cp0 + b0, vector_offset=fi[:, 1:2],
+                                                     indirect_dim=0))
+        nisa.tensor_tensor(dst=new[:, 0:bw], data1=cur[:, 0:bw], data2=dfv[:, 0:bw], op=nl.add)
+        nisa.dma_copy(dst=dxo.ap(pattern=[[PW, H], [1, bw]], offset=dx_off + b0,
+                                 vector_offset=fi[:, 0:1], indirect_dim=0),
+                      src=new[:, 0:bw])
+
+
+@nki.jit
+def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, counts,
+                               activation):
+    """dx / d_initial_states (as dxo rows), dweight, dbias of the short conv over a ragged
+    batch; tensors and tables as in the module docstring; activation "silu" or "none".
+    Returns (dxo ``[NB + SB*H + T, DP / programs]`` of each program in x's dtype, dweight ``[DP, W]`` float32, dbias
+    ``[DP]`` float32)."""
+    NX, DP = xsrc.shape
+    W = weight.shape[1]
+    H = W - 1
+    T = ROW
+    NB = dysrc.shape[0] - 1
+    SB = fs_rows.shape[0]
+    xdt = xsrc.dtype
+    silu = activation == "silu"
+    programs = nl.num_programs(0)
+    pid = nl.program_id(0)
+    NTP = DP // TILE // programs           # channel tiles of each program
+    cp0 = pid * NTP * TILE
+    G = min(GROUP_TILES if xdt != nl.float32 else GROUP_TILES // 2, NTP)
+
+    # one dx tensor per program (its channels only): the programs' run-time-addressed
+    # writes go to different tensors
+    NR = NB + SB * H + T
+    PW = NTP * TILE
+    dxos = []
+    for p in range(programs):
+        dxos.append(nl.ndarray((NR, PW), dtype=xdt, buffer=nl.shared_hbm))
+    dxo = dxos[pid]
+    dx_base = 0
+    dwo = nl.ndarray((DP, W), dtype=nl.float32, buffer=nl.shared_hbm)
+    dbo = nl.ndarray((DP,), dtype=nl.float32, buffer=nl.shared_hbm)
+
+    ident = identity(xdt)
+    banks = []
+    for b in range(8):
+        banks.append(nl.ndarray((TILE, BANK), dtype=nl.float32, buffer=nl.psum))
+    GW = G * TILE
+    # gathered windows, token-major: BLOCKS blocks of 128 rows, then the tail rows
+    xg = nl.ndarray((TILE, BLOCKS + 1, GW), dtype=xdt, buffer=nl.sbuf)
+    dg = nl.ndarray((TILE, BLOCKS + 1, GW), dtype=xdt, buffer=nl.sbuf)
+    xw = nl.ndarray((TILE, G, T + 2 * H), dtype=xdt, buffer=nl.sbuf)
+    dzm = nl.ndarray((TILE, G, T + H), dtype=xdt, buffer=nl.sbuf)
+    sg, zb, uv = [], [], []
+    for i in range(2):
+        sg.append(nl.ndarray((TILE, T + H), dtype=nl.float32, buffer=nl.sbuf))
+        zb.append(nl.ndarray((TILE, T + H), dtype=nl.float32, buffer=nl.sbuf))
+        uv.append(nl.ndarray((TILE, T + H), dtype=nl.float32, buffer=nl.sbuf))
+    out = nl.ndarray((TILE, BLOCKS, GW), dtype=xdt, buffer=nl.sbuf)
+    idx = nl.ndarray((TILE, TABLE_COLUMNS), dtype=nl.int32, buffer=nl.sbuf)
+    wcol = nl.ndarray((TILE, G, W), dtype=nl.float32, buffer=nl.sbuf)
+    bcol = nl.ndarray((TILE, G), dtype=nl.float32, buffer=nl.sbuf)
+    diag = nl.ndarray((TILE, G, W, TILE), dtype=xdt, buffer=nl.sbuf)
+    prods = []
+    for i in range(2 * W):
+        prods.append(nl.ndarray((TILE, 2, T), dtype=nl.float32, buffer=nl.sbuf))
+    red = (prods,
+           nl.ndarray((TILE, T), dtype=nl.float32, buffer=nl.sbuf),
+           nl.ndarray((TILE, G, W), dtype=nl.float32, buffer=nl.sbuf),
+           nl.ndarray((TILE, G), dtype=nl.float32, buffer=nl.sbuf))
+    acc = (nl.ndarray((TILE, G, W), dtype=nl.float32, buffer=nl.sbuf),
+           nl.ndarray((TILE, G), dtype=nl.float32, buffer=nl.sbuf))
+    bufs = (ident, xg, dg, xw, dzm, sg, zb, uv, out, banks, diag, bcol, bias != None)  # noqa: E711
+    if bias == None:  # noqa: E711
+        nisa.memset(dst=bcol, value=0.0)
+    n_rows = count_register(counts, 0)
+    n_fs = count_register(counts, 1)
+
+    for g0 in range(0, NTP, G):
+        n = min(G, NTP - g0)
+        c0 = cp0 + g0 * TILE
+        _group_weights(weight, bias, wcol, bcol, diag, ident, c0, n, W)
+        nisa.memset(dst=acc[0], value=0.0)
+        nisa.memset(dst=acc[1], value=0.0)
+        # prologue: table row 0 holds the first work row's gather indices
+        nisa.dma_copy(dst=idx, src=rows.ap(pattern=[[TABLE_COLUMNS, TILE], [1, TABLE_COLUMNS]],
+                                           offset=0))
+        _gather_windows(xsrc, dysrc, xg, dg, idx, c0, n * TILE, H)
+
+        def row_body(i):
+            _row(i, (rows, idx), xsrc, dysrc, dxo, dx_base + g0 * TILE, bufs, red, acc, c0, n,
+                 W, silu)
+
+        nl.fori_loop(0, n_rows, row_body)
+        nisa.dma_copy(dst=dwo.ap(pattern=[[W, TILE], [TILE * W, n], [1, W]], offset=c0 * W),
+                      src=acc[0][:, 0:n, :])
+        nisa.dma_copy(dst=dbo.ap(pattern=[[1, TILE], [TILE, n]], offset=c0),
+                      src=acc[1][:, 0:n])
+
+    if dfsrc != None:  # noqa: E711
+        PW = NTP * TILE
+        fw = min(FS_COLUMNS, PW)
+        fbufs = (nl.ndarray((H, 2), dtype=nl.int32, buffer=nl.sbuf),
+                 nl.ndarray((H, fw), dtype=xdt, buffer=nl.sbuf),
+                 nl.ndarray((H, fw), dtype=nl.float32, buffer=nl.sbuf),
+                 nl.ndarray((H, fw), dtype=xdt, buffer=nl.sbuf))
+
+        def fs_body(f):
+            _final_state_grads(f, fs_rows, dfsrc, dxo, dx_base, fbufs, cp0, H)
+
+        nl.fori_loop(0, n_fs, fs_body)
+    outs = []
+    for p in range(programs):
+        outs.append(dxos[p])
+    outs.append(dwo)
+    outs.append(dbo)
+    return tuple(outs)
