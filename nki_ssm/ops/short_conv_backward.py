@@ -7,10 +7,10 @@ last W-1 entries of xx. No pool is read or written.
 """
 from __future__ import annotations
 
+from . import _backward
 from . import _dispatch
-from . import _validate as v
+from . import training
 from .launch import short_conv_backward as launch
-from .short_conv import check_conv_weights
 
 
 def _reference(**kw):
@@ -25,24 +25,18 @@ def _reference(**kw):
 
 
 def validate_backward(x, weight, bias, dy, *, activation, cu_seqlens, initial_states,
-                      d_final_states) -> dict:
-    """All pre-launch checks of short_conv_backward -> normalised kwargs (the forward's
-    checks and messages for x, weight, bias, activation and cu_seqlens)."""
-    x = v.require_float("x", x)
-    v.require_ndim("x", x, ("num_tokens", "dim"))
-    v.require_positive_dims("x", x, ("num_tokens", "dim"), start=1)
-    num_tokens, dim = x.shape
-    weight, bias, activation = check_conv_weights(dim, weight, bias, activation)
-    width = weight.shape[1]
-    dy = v.require_float("dy", dy)
-    v.require_same_dtype("dy", dy, "x", x)
-    v.require_shape("dy", dy, ("num_tokens", "dim"), (num_tokens, dim))
-    cu, num_seqs = v.check_cu_seqlens(cu_seqlens, num_tokens, "x.shape[0]")
-    states = ("num_seqs", "dim", "W-1")
-    expected = (num_seqs, dim, width - 1)
-    initial_states = v.optional_float("initial_states", initial_states, states, expected)
-    d_final_states = v.optional_float("d_final_states", d_final_states, states, expected)
-    return dict(x=x, weight=weight, bias=bias, dy=dy, activation=activation, cu_seqlens=cu,
+                      d_final_states, backend) -> dict:
+    """All pre-launch checks of short_conv_backward -> normalised kwargs: the functional
+    forward's checks and messages (``training.validate_short_conv``: float64 accepted on
+    the reference backend) plus ``dy`` (x's shape and dtype) and ``d_final_states``."""
+    call = training.validate_short_conv(x, weight, bias, activation=activation,
+                                        cu_seqlens=cu_seqlens, initial_states=initial_states,
+                                        backend=backend)
+    _backward.check_output_grad(call, "dy", dy, "x", x)
+    call.states("d_final_states", d_final_states)
+    kw = call.kw
+    return dict(x=kw["x"], weight=kw["weight"], bias=kw["bias"], dy=dy,
+                activation=kw["activation"], cu_seqlens=kw["cu_seqlens"],
                 initial_states=initial_states, d_final_states=d_final_states)
 
 
@@ -58,7 +52,8 @@ def short_conv_backward(x, weight, bias=None, dy=None, *, activation="silu", cu_
     initial_states' or None). Backends "reference", "sim", "neuron" (None: the NKI one).
     """
     kw = validate_backward(x, weight, bias, dy, activation=activation, cu_seqlens=cu_seqlens,
-                           initial_states=initial_states, d_final_states=d_final_states)
+                           initial_states=initial_states, d_final_states=d_final_states,
+                           backend=backend)
     kind = _dispatch.resolve(backend)
     if kind == "reference":
         return _reference(**kw)
