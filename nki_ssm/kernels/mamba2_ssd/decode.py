@@ -188,12 +188,20 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, pad_table,
     sel = nl.ndarray((G, pr), dtype=group_sel.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=sel, src=group_sel)
     ident = _identity(pr)
+    # this program's sequences: its block of table rows and its row of counts (the
+    # program id is a Python int at trace time: static offsets)
+    pid = nl.program_id(0)
+    rows = seq_table.shape[0] // nl.num_programs(0)
+    w = seq_table.shape[2]
+    tab0 = pid * rows * 128 * w              # first element of this program's seq_table rows
+    pad0 = pid * num_seqs                    # ... and of its pad_table rows
     # batch counts -> registers (allocated here, before every loop; each loaded from
     # a (1, 1) SBUF tile that a DMA filled)
-    r_stop = count_register(counts, 0)       # full iterations + 1
-    r_pads = count_register(counts, 1)       # padding sequences
-    r_any = count_register(counts, 2)        # 1 if any sequence is live
-    r_tail = count_register(counts, 3)       # 1 if a last iteration has only entry 0
+    mine = counts[pid:pid + 1, :]
+    r_stop = count_register(mine, 0)         # full iterations + 1
+    r_pads = count_register(mine, 1)         # padding sequences
+    r_any = count_register(mine, 2)          # 1 if any sequence is live
+    r_tail = count_register(mine, 3)         # 1 if a last iteration has only entry 0
 
     span_max = 0
     for j in range(nu):
@@ -236,7 +244,7 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, pad_table,
             has_bias, has_D, dt_softplus, dt_lo, dt_hi)
 
     # prefetch: the first iteration's table row, tokens and first unit
-    nisa.dma_copy(dst=ntab, src=seq_table[0, :, :])
+    nisa.dma_copy(dst=ntab, src=seq_table[pid * rows, :, :])
     _seq_cols(ntab, nseqs, per)
 
     def prefetch_body(i):
@@ -248,8 +256,7 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, pad_table,
     def live_body(it):
         rings["n_bc"][0] = 0
         _take_over(tabs, ntabs, seqs, nseqs, staged, toks, per, T)
-        w = 2 * per
-        nisa.dma_copy(dst=ntab, src=seq_table.ap(pattern=[[w, 128], [1, w]], offset=0,
+        nisa.dma_copy(dst=ntab, src=seq_table.ap(pattern=[[w, 128], [1, w]], offset=tab0,
                                                  scalar_offset=it, indirect_dim=0))
         _seq_cols(ntab, nseqs, per)
         _tok_prep_all(toks[0], prm, T, pr, nt, has_bias, dt_softplus, dt_lo, dt_hi)
@@ -273,7 +280,7 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, pad_table,
     pad = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
 
     def pad_body(i):
-        nisa.dma_copy(dst=pad, src=pad_table.ap(pattern=[[1, 1], [1, 1]], offset=0,
+        nisa.dma_copy(dst=pad, src=pad_table.ap(pattern=[[1, 1], [1, 1]], offset=pad0,
                                                 scalar_offset=i, indirect_dim=0))
         for tok in range(T):
             nisa.dma_copy(dst=y.ap(pattern=[[nt, pr], [1, nt]], offset=tok * pr * nt,
