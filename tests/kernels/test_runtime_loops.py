@@ -8,7 +8,9 @@ Small shapes: the families' own tests check the values against float64.
 """
 from __future__ import annotations
 
+import os
 import warnings
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -35,6 +37,11 @@ def _ssd_prefill(rng, seqlens, padding):
     return ops.ssd_prefill, dict(kw, chunk_size=64)
 
 
+def _ssd_prefill_lnc2(rng, seqlens, padding):
+    op, kw = _ssd_prefill(rng, seqlens, padding)
+    return _at_lnc2(op), kw
+
+
 def _gdn_prefill(rng, seqlens, padding):
     kw = inputs.make_gated_delta_inputs(rng, seqlens=seqlens, H=1, HV=2, K=16, V=16,
                                         padding=padding)
@@ -51,6 +58,19 @@ def _ssd_decode(rng, num_seqs, padding):
     kw = inputs.make_ssd_decode_inputs(rng, num_seqs=num_seqs, T=2, H=2, P=16, N=16, G=1,
                                        padding=padding)
     return ops.ssd_decode, kw
+
+
+def _ssd_decode_lnc2(rng, num_seqs, padding):
+    op, kw = _ssd_decode(rng, num_seqs, padding)
+    return _at_lnc2(op), kw
+
+
+def _at_lnc2(op):
+    """``op`` launched at LNC=2 (two programs)."""
+    def run(**kw):
+        with mock.patch.dict(os.environ, {"NEURON_LOGICAL_NC_CONFIG": "2"}):
+            return op(**kw)
+    return run
 
 
 def _gdn_decode(rng, num_seqs, padding):
@@ -70,7 +90,8 @@ def _run(make, batch, padding):
 
 CASES = [(_conv_prefill, PREFILL_BATCHES), (_ssd_prefill, PREFILL_BATCHES),
          (_gdn_prefill, PREFILL_BATCHES), (_conv_decode, DECODE_BATCHES),
-         (_ssd_decode, DECODE_BATCHES), (_gdn_decode, DECODE_BATCHES)]
+         (_ssd_decode, DECODE_BATCHES), (_gdn_decode, DECODE_BATCHES),
+         (_ssd_prefill_lnc2, PREFILL_BATCHES), (_ssd_decode_lnc2, DECODE_BATCHES)]
 
 
 @pytest.mark.parametrize("make, batches", CASES, ids=lambda v: getattr(v, "__name__", ""))
@@ -85,5 +106,7 @@ def test_one_runtime_loop_level_and_one_program(make, batches):
         depth = max((len(inst.loop_path) for inst in trace.instructions), default=0)
         assert depth <= 1, f"an instruction sits in {depth} nested runtime loops"
         assert any(inst.loop_path for inst in trace.instructions), "no runtime loop ran"
-        sizes.append(trace.program_instructions())
-    assert sizes[0] == sizes[1] <= 20_000
+        # every program of the launch (LNC=2: both), each the same size
+        programs = sorted({inst.program_id for inst in trace.instructions})
+        sizes.append([trace.program_instructions(p) for p in programs])
+    assert sizes[0] == sizes[1] == [sizes[0][0]] * len(sizes[0]) and sizes[0][0] <= 20_000

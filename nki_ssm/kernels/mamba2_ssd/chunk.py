@@ -11,8 +11,9 @@ Design note
 One compiled program per shape bucket
 -------------------------------------
 Compile-time arguments are shapes (the token bucket T, the sequence bucket
-S, H, P, N, G, chunk_size Q) and layer configuration (dt_softplus, dt
-limits, precision) only. The batch composition is run-time int32 data:
+S, H, P, N, G, chunk_size Q), the head split (head_parts) and layer
+configuration (dt_softplus, dt limits, precision) only. The batch
+composition is run-time int32 data:
 
 - the work list, every pair of chunks of every live sequence in batch order
   (padding sequences are left out by the launcher), then all-masked rows:
@@ -24,19 +25,47 @@ limits, precision) only. The batch composition is run-time int32 data:
   ``k*Q ..``; a sequence with an odd number of chunks ends in an all-masked
   chunk. Masked positions name row T (the inputs' zero rows, y's dump row);
 - ``init_table [S, 128, 2]``: the live sequences with an initial state, in
-  order: the pool row ``slot*pr + q`` of partition q (column 0, q < pr) and
-  (partition 0 of column 1) the sequence's S^T block;
+  order: the pool row ``slot*parts*pr + q`` of partition q (column 0, q <
+  pr; part 0's rows, see LNC) and (partition 0 of column 1) the sequence's
+  S^T block;
 - ``final_table [S, 128, 2]``: every live sequence: its pool rows and the
   block holding its final state (the zero block for an empty sequence
   without an initial state);
 - ``zero_table [ceil(T / Q), Q, 1]``: the token rows of padding sequences, Q
   per row (unused entries name the dump row);
-- ``counts [1, 5]``: sequences with an initial state, pairs, live
-  sequences, zero_table rows in use, the first pair's source block.
+- ``counts [programs, 5]``, a row per program: sequences with an initial
+  state, pairs, live sequences, zero_table rows in use, the first pair's
+  source block.
 
-S^T blocks: an fp32 HBM scratch ``[S + 1, N, H*P]`` the kernel allocates
-(``nl.private_hbm``): block k holds live sequence k's state in the S^T
-layout (initial, then after each pair, then final), block S zeros.
+S^T blocks: an fp32 HBM scratch ``[S + 1, N, Hp*P]`` the kernel allocates
+(``nl.private_hbm``, one per core: each program has its own): block k holds
+live sequence k's state in the S^T layout (initial, then after each pair,
+then final), block S zeros.
+
+LNC: two programs split the heads
+---------------------------------
+Launched as ``kernel[2]`` (trn2 / trn3 at LNC=2) the kernel runs as two
+programs, one per physical core, that never synchronise. The heads are
+independent, so the launcher splits them: ``head_parts = 2`` and program
+``pid = nl.program_id(0)`` (a Python int at trace time) takes the Hp = H/2
+heads from ``h_base = pid*Hp`` (an odd H is first made 2H heads of P/2
+channels: the recurrence is independent along P; a single head of odd P
+is not split: ``head_parts = 1``, program 1 gets zero counts and runs no
+loop). Both programs run the whole work list (the tables are shared,
+read-only) on their own heads: static column slices of x, z, dt, A, D,
+dt_bias and of y (disjoint columns: each y byte, the dump row and the
+padding rows included, is written by one program), the B / C columns of
+the groups their heads read (at a group shared by the programs both read
+it), and their own pool rows: the launcher views the pool ``[slots, H, P,
+N]`` as ``[slots*parts*pr, nt*N]`` (``pr*nt = Hp*P``), part p of a slot
+``pr`` rows after part 0, a static offset added to the gathers' and
+scatters' element offset. A program reads no HBM byte the other writes.
+The programs have the same instructions (same Hp, block structure and
+counts registers), so equal program sizes; the results equal LNC=1's bit
+for bit (every output element is computed by the same operations: matmuls
+contract over tokens or dstate, never over heads or channels). Modeled
+(nki_ssm.perf, each program's trace on its own core; Mamba-2 2.7B, 16K
+tokens, bf16): see "Engine budget" below.
 
 Loops
 -----
@@ -239,6 +268,7 @@ _CB_AHEAD = 2         # steps between a context's prologue compute and its CB (m
 _PE_STATE_CYCLE = 2   # one block in this many updates the state on TensorE (pe_state)
 _SBUF_BUDGET = 200 * 1024   # bytes per partition the tile estimate may plan for (of 208 KiB)
 _NAT_BYTES = 4 * 1024   # bytes per partition of one piece of a state gather / scatter
+_HALVE_BLOCKS = True    # halve the heads per block when that enables the modulo loop
 
 
 @nki.jit
@@ -258,16 +288,17 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
       into TensorE as D_h * I), D_rows ``[128, H*P]`` float32 or None (D per
       head and channel), z ``[num_tokens + Q, H*P]`` or None, bias_rows
       ``[128, H]`` float32 or None, pool ``[slots*pr, nt*N]`` (float32 or
-      bfloat16: the state pool ``[slots, H, P, N]`` as pr rows of nt state
-      rows per slot, ``pr*nt = H*P``, pr <= 128; updated in place by the
-      kernel's scatters),
+      bfloat16: the state pool ``[slots, H, P, N]`` as head_parts * pr rows
+      of nt state rows per slot, ``pr*nt = H*P / head_parts``, pr <= 128;
+      updated in place by the kernel's scatters),
       pair_rows ``[pairs, Q, 4]``, pair_vals ``[pairs, 4]``, init_table and
       final_table ``[num_seqs, 128, 2]``, zero_table ``[ceil(num_tokens / Q),
-      Q, 1]``, counts ``[1, 5]`` int32: the batch composition (module
+      Q, 1]``, counts ``[programs, 5]`` int32: the batch composition (module
       docstring).
-    Compile-time: heads (H), dstate (N), dt_softplus (bool), dt_lo, dt_hi
-      (floats, dt_hi may be inf), chunk_size Q (a multiple of 16 in 16..128),
-      exact (bool: fp32 matmul operands), and the shapes.
+    Compile-time: heads (H), head_parts (1 or 2: program pid takes heads
+      ``pid*H/2 ..`` when 2, all when 1), dstate (N), dt_softplus (bool),
+      dt_lo, dt_hi (floats, dt_hi may be inf), chunk_size Q (a multiple of 16
+      in 16..128), exact (bool: fp32 matmul operands), and the shapes.
     Limits: N <= 256 (two dstate tiles; the host API checks it), P <= 256,
       H*P*4 bytes per partition of fp32 state per dstate tile within SBUF.
     """
@@ -307,12 +338,14 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     # each fill at most one PSUM bank
     # (two-argument min / max only: the NKI front end rejects more)
     hb = max(1, min(min(HPG, _PSUM_F // Q), min((_PSUM_F // 2) // P, (_PSUM_F // n_tiles) // P)))
-    blocks = []              # (local group, first local head, heads)
-    for gl in range(G):
-        lo = max((g_lo + gl) * HPG, h_base) - h_base
-        hi = min((g_lo + gl + 1) * HPG, h_base + H) - h_base
-        for h0 in range(lo, hi, hb):
-            blocks.append((gl, h0, min(hb, hi - h0)))
+    blocks = _head_blocks(G, g_lo, HPG, h_base, H, hb)
+    if _HALVE_BLOCKS and not _modulo_count(len(blocks)) and hb > 1:
+        # blocks of half the heads when only those are enough for the modulo-scheduled
+        # loop (more blocks than stages, an even count; e.g. LNC=2 at Mamba-2 2.7B:
+        # 40 heads per program, 10 blocks of 4 -> 20 of 2)
+        if _modulo_count(len(_head_blocks(G, g_lo, HPG, h_base, H, hb // 2))):
+            hb = hb // 2
+            blocks = _head_blocks(G, g_lo, HPG, h_base, H, hb)
 
     cst = {"ones": ones, "U": U, "Ls": Ls, "A": A_sb, "bias": bias_sb, "D_sb": D_sb,
            "Dh": None, "ident": None, "H": H, "P": P, "N": N, "G": G, "Q": Q,
@@ -360,8 +393,7 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     # blocks than stages, an even block count (ring sizes 2 and 4 divide the
     # items per iteration), the chunk-state PSUM pair in one bank, two contexts
     nb = len(blocks)
-    modulo = (double and nb > len(_STAGES) and nb % 2 == 0
-              and 2 * n_tiles * hb * P <= _PSUM_F)
+    modulo = double and _modulo_count(nb) and 2 * n_tiles * hb * P <= _PSUM_F
     rings = _item_rings(cst, hb, modulo)
     # y_off * exp(cs) is added to y_intra on TensorE (identity matmul into the PSUM
     # bank) instead of VectorE, which carries the float products, when the y ring
@@ -470,6 +502,24 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
 
     nl.fori_loop(0, r_zero, zero_body)
     return y
+
+
+def _head_blocks(G, g_lo, HPG, h_base, H, hb):
+    """Head blocks ``(local group, first local head, heads)`` of the program's heads
+    h_base .. h_base+H-1: up to hb heads of one group each."""
+    blocks = []
+    for gl in range(G):
+        lo = max((g_lo + gl) * HPG, h_base) - h_base
+        hi = min((g_lo + gl + 1) * HPG, h_base + H) - h_base
+        for h0 in range(lo, hi, hb):
+            blocks.append((gl, h0, min(hb, hi - h0)))
+    return blocks
+
+
+def _modulo_count(nb):
+    """Whether nb blocks suit the modulo-scheduled pair loop: more blocks than stages,
+    an even count (its ring sizes 2 and 4 divide the 2nb items of an iteration)."""
+    return nb > len(_STAGES) and nb % 2 == 0
 
 
 def _seq_row(table, i, tab, blk):

@@ -6,18 +6,36 @@ Compile-time arguments are shapes (the padded ``num_seqs`` bucket, T, H, P,
 N, G) and layer flags only. The batch composition is run-time int32 data
 built by the launcher (``nki_ssm/ops/launch/mamba2_ssd.py``):
 
-- ``seq_table [ceil(num_seqs / per) + 1, 128, 2*per]``: row q describes
-  loop iteration q (row 0: the first iteration, loaded before the loop),
+- ``seq_table [programs * (ceil(num_seqs / per) + 1), 128, 2*per]``: a
+  block of rows per program (LNC below); row q of a block describes loop
+  iteration q (row 0: the first iteration, loaded before the loop),
   ``per`` entries (live sequences, in order) of two columns each: the
   first holds the pool row ``slot*pr + q`` of partition q (q < pr), the
   second at partition 0 the sequence's index in the batch (for its x / B /
-  C / y rows); entries past the last live sequence repeat live sequence 0
-  (only the prefetch after the last iteration reads them, and discards the
-  data);
-- ``pad_table [num_seqs, 1]``: the indices of the padding sequences
-  (``state_indices == -1``) first, then zeros;
-- ``counts [1, 4]``: full iterations + 1, padding sequences, 1 if any
-  sequence is live, 1 if a last iteration holds entry 0 only.
+  C / y rows); entries past the program's last live sequence repeat its
+  first (only the prefetch after the last iteration reads them, and
+  discards the data);
+- ``pad_table [programs * num_seqs, 1]``: per program, the indices of its
+  padding sequences (``state_indices == -1``) first, then zeros;
+- ``counts [programs, 4]``, a row per program: full iterations + 1,
+  padding sequences, 1 if any sequence is live, 1 if a last iteration holds
+  entry 0 only.
+
+LNC: two programs split the sequences. Launched as ``kernel[2]`` the kernel
+runs as two programs (one per physical core, never synchronised); the
+launcher gives program 0 the first ceil(n/2) live sequences and program 1
+the rest (the padding sequences likewise), and each program
+(``nl.program_id(0)``, a Python int at trace time) reads its own block of
+table rows and its row of counts at static offsets, then runs the loops
+below on its sequences. Sequences are independent and own their pool slots,
+y rows and token rows, so no HBM byte one program writes is read or written
+by the other (dummy entries repeat the program's own first sequence); a lone
+live sequence runs on program 0 and program 1 runs no loop. Both programs
+have the same instructions (equal program sizes) and the results equal
+LNC=1's bit for bit (the same per-sequence operations). The split balances
+at the judged batches (32 and 512 sequences: 16 and 256 per program);
+splitting the heads instead would halve each state DMA and keep the
+per-sequence fixed costs on both cores.
 
 Loops. Every loop that grows with the batch is a runtime loop,
 ``nl.fori_loop(lo, reg, body)`` with ``body`` an inner ``def`` of the kernel

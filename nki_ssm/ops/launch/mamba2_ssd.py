@@ -19,6 +19,13 @@ compiled program per (bucket, layer shape, dtypes):
   view (``pr*nt = H*P``, no copy for a C-contiguous pool), so the kernels
   gather / scatter a sequence's state with one int32 row index per
   partition (``.ap(vector_offset=...)``) and update it in place;
+- LNC=2 (``call.lnc``): prefill splits the heads over the two programs
+  (``head_parts = 2``: an odd H first becomes 2H heads of P/2 channels; the
+  pool view then has ``2*pr`` rows per slot, part 1's ``pr`` after part 0's),
+  decode splits the live and the padding sequences in order; ``counts``
+  gets a row per program (and decode's tables a block of rows per program).
+  A single unit (one head of odd P, one live sequence) stays on program 0,
+  program 1 gets zero counts;
 - per-head parameters are repeated on 128 rows (prefill; D [H] goes to the
   TensorE identity path, D [H, P] to the per-channel path) or arranged as
   per-row ``[pr, nt]`` tiles (decode); dt is widened to float32; tensors are
