@@ -268,7 +268,6 @@ _CB_AHEAD = 2         # steps between a context's prologue compute and its CB (m
 _PE_STATE_CYCLE = 2   # one block in this many updates the state on TensorE (pe_state)
 _SBUF_BUDGET = 200 * 1024   # bytes per partition the tile estimate may plan for (of 208 KiB)
 _NAT_BYTES = 4 * 1024   # bytes per partition of one piece of a state gather / scatter
-_HALVE_BLOCKS = True    # halve the heads per block when that enables the modulo loop
 
 
 @nki.jit
@@ -338,14 +337,7 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     # each fill at most one PSUM bank
     # (two-argument min / max only: the NKI front end rejects more)
     hb = max(1, min(min(HPG, _PSUM_F // Q), min((_PSUM_F // 2) // P, (_PSUM_F // n_tiles) // P)))
-    blocks = _head_blocks(G, g_lo, HPG, h_base, H, hb)
-    if _HALVE_BLOCKS and not _modulo_count(len(blocks)) and hb > 1:
-        # blocks of half the heads when only those are enough for the modulo-scheduled
-        # loop (more blocks than stages, an even count; e.g. LNC=2 at Mamba-2 2.7B:
-        # 40 heads per program, 10 blocks of 4 -> 20 of 2)
-        if _modulo_count(len(_head_blocks(G, g_lo, HPG, h_base, H, hb // 2))):
-            hb = hb // 2
-            blocks = _head_blocks(G, g_lo, HPG, h_base, H, hb)
+    blocks = _modulo_blocks(_head_blocks(G, g_lo, HPG, h_base, H, hb))
 
     cst = {"ones": ones, "U": U, "Ls": Ls, "A": A_sb, "bias": bias_sb, "D_sb": D_sb,
            "Dh": None, "ident": None, "H": H, "P": P, "N": N, "G": G, "Q": Q,
@@ -513,6 +505,33 @@ def _head_blocks(G, g_lo, HPG, h_base, H, hb):
         hi = min((g_lo + gl + 1) * HPG, h_base + H) - h_base
         for h0 in range(lo, hi, hb):
             blocks.append((gl, h0, min(hb, hi - h0)))
+    return blocks
+
+
+def _modulo_blocks(blocks):
+    """``blocks``, or, when they are too few for the modulo-scheduled pair loop but
+    splitting some in two gets there, that split: the last of the largest blocks
+    first, until the count suits (e.g. LNC=2 at Mamba-2 2.7B: 40 heads per
+    program, 10 blocks of 4 -> 8 of 4 and 4 of 2)."""
+    out = blocks
+    for k in range(len(_STAGES) + 2):       # each split adds a block: enough of them
+        if not _modulo_count(len(out)):
+            big, j = 1, -1
+            for b in range(len(out)):
+                if out[b][2] >= big and out[b][2] > 1:
+                    big, j = out[b][2], b
+            if j >= 0:
+                g, h0, nh = out[j]
+                split = []
+                for b in range(len(out)):
+                    if b == j:
+                        split.append((g, h0, nh - nh // 2))
+                        split.append((g, h0 + nh - nh // 2, nh // 2))
+                    else:
+                        split.append(out[b])
+                out = split
+    if _modulo_count(len(out)):
+        return out
     return blocks
 
 
