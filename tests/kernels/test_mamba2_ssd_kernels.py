@@ -131,13 +131,13 @@ def test_prefill_bf16_mode_within_3e3(case, lnc):
 
 @pytest.mark.parametrize("precision, tol", [("fp32", EXACT_TOL), ("bf16", BF16_MODE_TOL)])
 def test_prefill_pipelined_across_chunks(precision, tol, lnc):
-    # 6 < head blocks <= 10 (LNC=1: H 8 in 8 groups -> 8 blocks of one head, too few
-    # for the modulo loop and not halvable): the kernel pipelines blocks across
-    # the pair's two chunks (the small hypothesis shapes drain the pipeline at
-    # each chunk instead; LNC=2: 4 blocks per program, drained)
+    # > 6 head blocks (H 32, P 64, chunk 128 -> 4 heads per block, 8 blocks):
+    # the kernel pipelines blocks across chunk boundaries (the small
+    # hypothesis shapes drain the pipeline at each chunk instead; LNC=2: 4
+    # blocks per program, drained)
     rng = np.random.default_rng(11)
     dtype = np.float32 if precision == "fp32" else BF16
-    inp = make_ssd_inputs(rng, seqlens=[300, 0, 129], H=8, P=64, N=16, G=8, z=True,
+    inp = make_ssd_inputs(rng, seqlens=[300, 0, 129], H=32, P=64, N=16, G=2, z=True,
                           dtype=dtype, padding=0)
     y_ref, pool_ref = ssd_recurrent(**inp)
     y, after, before = _prefill(inp, precision=precision, chunk_size=128)

@@ -337,7 +337,7 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     # each fill at most one PSUM bank
     # (two-argument min / max only: the NKI front end rejects more)
     hb = max(1, min(min(HPG, _PSUM_F // Q), min((_PSUM_F // 2) // P, (_PSUM_F // n_tiles) // P)))
-    blocks = _modulo_blocks(_head_blocks(G, g_lo, HPG, h_base, H, hb))
+    blocks = _head_blocks(G, g_lo, HPG, h_base, H, hb)
 
     cst = {"ones": ones, "U": U, "Ls": Ls, "A": A_sb, "bias": bias_sb, "D_sb": D_sb,
            "Dh": None, "ident": None, "H": H, "P": P, "N": N, "G": G, "Q": Q,
@@ -385,7 +385,8 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     # blocks than stages, an even block count (ring sizes 2 and 4 divide the
     # items per iteration), the chunk-state PSUM pair in one bank, two contexts
     nb = len(blocks)
-    modulo = double and _modulo_count(nb) and 2 * n_tiles * hb * P <= _PSUM_F
+    modulo = (double and nb > len(_STAGES) and nb % 2 == 0
+              and 2 * n_tiles * hb * P <= _PSUM_F)
     rings = _item_rings(cst, hb, modulo)
     # y_off * exp(cs) is added to y_intra on TensorE (identity matmul into the PSUM
     # bank) instead of VectorE, which carries the float products, when the y ring
@@ -506,39 +507,6 @@ def _head_blocks(G, g_lo, HPG, h_base, H, hb):
         for h0 in range(lo, hi, hb):
             blocks.append((gl, h0, min(hb, hi - h0)))
     return blocks
-
-
-def _modulo_blocks(blocks):
-    """``blocks``, or, when they are too few for the modulo-scheduled pair loop but
-    splitting some in two gets there, that split: the last of the largest blocks
-    first, until the count suits (e.g. LNC=2 at Mamba-2 2.7B: 40 heads per
-    program, 10 blocks of 4 -> 8 of 4 and 4 of 2)."""
-    out = blocks
-    for k in range(len(_STAGES) + 2):       # each split adds a block: enough of them
-        if not _modulo_count(len(out)):
-            big, j = 1, -1
-            for b in range(len(out)):
-                if out[b][2] >= big and out[b][2] > 1:
-                    big, j = out[b][2], b
-            if j >= 0:
-                g, h0, nh = out[j]
-                split = []
-                for b in range(len(out)):
-                    if b == j:
-                        split.append((g, h0, nh - nh // 2))
-                        split.append((g, h0 + nh - nh // 2, nh // 2))
-                    else:
-                        split.append(out[b])
-                out = split
-    if _modulo_count(len(out)):
-        return out
-    return blocks
-
-
-def _modulo_count(nb):
-    """Whether nb blocks suit the modulo-scheduled pair loop: more blocks than stages,
-    an even count (its ring sizes 2 and 4 divide the 2nb items of an iteration)."""
-    return nb > len(_STAGES) and nb % 2 == 0
 
 
 def _seq_row(table, i, tab, blk):
