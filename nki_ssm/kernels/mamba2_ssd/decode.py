@@ -136,6 +136,10 @@ sequences 1.14 ms (40.2 %), 512 sequences 18.0 ms (40.6 %); VectorE (85 %)
 and ScalarE (76 %) bind: the per-element update passes over the state
 (decay, input, C product, y reduction); DMA 49 %. Program size: 549 static
 instructions at 32 and at 512 sequences (every runtime-loop body once).
+LNC=2 (each program's instructions timed on its own core): 32 sequences
+577 us per program (0.51 x LNC=1), 512 sequences 9.02 ms (0.50 x); one
+sequence 41.5 us on program 0 (program 1 has no work); 549 static
+instructions per program.
 
 Numerics: all float32 (no matmul precision choice: the only matmul is the
 exact 0/1 broadcast). A bfloat16 pool is widened by the first token's
