@@ -49,7 +49,7 @@ programs, one per physical core, that never synchronise. The heads are
 independent, so the launcher splits them: ``head_parts = 2`` and program
 ``pid = nl.program_id(0)`` (a Python int at trace time) takes the Hp = H/2
 heads from ``h_base = pid*Hp`` (an odd H is first made 2H heads of P/2
-channels: the recurrence is independent along P; a single head of odd P
+channels: the recurrence is independent along P; an odd H of odd P
 is not split: ``head_parts = 1``, program 1 gets zero counts and runs no
 loop). Both programs run the whole work list (the tables are shared,
 read-only) on their own heads: static column slices of x, z, dt, A, D,

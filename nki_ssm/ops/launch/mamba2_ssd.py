@@ -24,8 +24,8 @@ compiled program per (bucket, layer shape, dtypes):
   pool view then has ``2*pr`` rows per slot, part 1's ``pr`` after part 0's),
   decode splits the live and the padding sequences in order; ``counts``
   gets a row per program (and decode's tables a block of rows per program).
-  A single unit (one head of odd P, one live sequence) stays on program 0,
-  program 1 gets zero counts;
+  Work that does not split (an odd H of odd P, e.g. one head; one live
+  sequence) stays on program 0, program 1 gets zero counts;
 - per-head parameters are repeated on 128 rows (prefill; D [H] goes to the
   TensorE identity path, D [H, P] to the per-channel path) or arranged as
   per-row ``[pr, nt]`` tiles (decode); dt is widened to float32; tensors are
@@ -227,7 +227,7 @@ def prefill_call(xp, call, *, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_lim
     slots = ssm_states.shape[0]
     Tb, Sb = token_bucket(T), seq_bucket(S)
     # LNC=2: each program takes half of the heads (an odd H was split along P
-    # above; a single head of odd P stays whole: program 1 gets zero counts)
+    # above; an odd H of odd P stays whole: program 1 gets zero counts)
     parts = 2 if call.lnc == 2 and H % 2 == 0 else 1
     pr, nt = decode_layout(H // parts, P, 1)   # pr partitions x nt state rows, per part
     tables = prefill_tables(cu_seqlens, state_indices, has_initial_state, Tb, Sb,
