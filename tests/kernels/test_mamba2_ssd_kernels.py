@@ -11,6 +11,9 @@ Bounds (relative Frobenius error against ``ssd_recurrent`` / ``ssd_decode``):
 - bfloat16 I/O with the exact mode: the kernel's float32 result is rounded
   once to bf16, so |y - ref| <= 2^-8 |ref| + 1e-5 max|ref| per element.
 - slots no sequence names keep their bytes; padding rows of y are exactly 0.
+Every kernel test runs at LNC=1 and LNC=2 (the ``lnc`` fixture: the programs
+split the heads (prefill) or the sequences (decode)); LNC=2 results equal
+LNC=1 bit for bit, and the two programs have equal sizes.
 Model shapes (Mamba-2 2.7B, Granite-like G=8, 2K tokens; Falcon-H1-like
 N=256 decode and a 256-token prefill) are ``slow``. The decode's split-state
 path (a state cut into SBUF-sized units, taken at N=256 model size) is
@@ -36,7 +39,8 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 EXACT_TOL = 1e-5
 BF16_MODE_TOL = 3e-3
 _HYP = settings(max_examples=40, deadline=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                       HealthCheck.function_scoped_fixture])
 
 
 def _copy(inp):
@@ -102,7 +106,7 @@ def _prefill_case(draw, filler=0, dtype=np.float32):
 
 @_HYP
 @given(case=_prefill_case())
-def test_prefill_exact_mode_matches_recurrent_reference(case):
+def test_prefill_exact_mode_matches_recurrent_reference(case, lnc):
     inp, chunk = case
     y_ref, pool_ref = ssd_recurrent(**inp)
     y, after, before = _prefill(inp, precision="fp32", chunk_size=chunk)
@@ -112,7 +116,7 @@ def test_prefill_exact_mode_matches_recurrent_reference(case):
 
 @_HYP
 @given(case=_prefill_case(filler=64, dtype=BF16))
-def test_prefill_bf16_mode_within_3e3(case):
+def test_prefill_bf16_mode_within_3e3(case, lnc):
     # bf16 model I/O (x, B, C, z bfloat16; y rounded to bf16 alone costs
     # ~1.6e-3). 3e-3 is a Frobenius-norm statistic of roundings; over a
     # handful of elements one cancelling dot product can exceed it, so each
@@ -126,10 +130,11 @@ def test_prefill_bf16_mode_within_3e3(case):
 
 
 @pytest.mark.parametrize("precision, tol", [("fp32", EXACT_TOL), ("bf16", BF16_MODE_TOL)])
-def test_prefill_pipelined_across_chunks(precision, tol):
+def test_prefill_pipelined_across_chunks(precision, tol, lnc):
     # > 6 head blocks (H 32, P 64, chunk 128 -> 4 heads per block, 8 blocks):
     # the kernel pipelines blocks across chunk boundaries (the small
-    # hypothesis shapes drain the pipeline at each chunk instead)
+    # hypothesis shapes drain the pipeline at each chunk instead; LNC=2: 4
+    # blocks per program, drained)
     rng = np.random.default_rng(11)
     dtype = np.float32 if precision == "fp32" else BF16
     inp = make_ssd_inputs(rng, seqlens=[300, 0, 129], H=32, P=64, N=16, G=2, z=True,
@@ -139,7 +144,7 @@ def test_prefill_pipelined_across_chunks(precision, tol):
     _check(y, after, before, y_ref, pool_ref, inp["state_indices"], tol, inp["cu_seqlens"])
 
 
-def test_largest_head_dim_and_dstate():
+def test_largest_head_dim_and_dstate(lnc):
     # P = 128 (one head fills the partitions), N = 256 (Falcon-H1: two dstate
     # tiles), G = 2; prefill and a 2-token decode
     rng = np.random.default_rng(12)
@@ -155,7 +160,7 @@ def test_largest_head_dim_and_dstate():
     assert rel_fro(dafter[named], dpool_ref[named]) <= EXACT_TOL
 
 
-def test_prefill_bf16_io_and_pool_round_once():
+def test_prefill_bf16_io_and_pool_round_once(lnc):
     rng = np.random.default_rng(3)
     inp = make_ssd_inputs(rng, seqlens=[37, 0, 20], H=4, P=16, N=32, G=2, z=True,
                           dtype=BF16, pool_dtype=BF16, padding=1)
@@ -172,7 +177,7 @@ def test_prefill_bf16_io_and_pool_round_once():
 
 
 @pytest.mark.parametrize("precision, tol", [("fp32", 1e-6), ("bf16", BF16_MODE_TOL)])
-def test_prefill_continuation_through_pool_equals_one_long_prefill(precision, tol):
+def test_prefill_continuation_through_pool_equals_one_long_prefill(precision, tol, lnc):
     rng = np.random.default_rng(4)
     whole = make_ssd_inputs(rng, seqlens=[70], H=2, P=16, N=16, slots=3, z=True,
                             has_initial_state=True)
@@ -193,7 +198,7 @@ def test_prefill_continuation_through_pool_equals_one_long_prefill(precision, to
     assert rel_fro(pool, pool_one) <= tol
 
 
-def test_prefill_ragged_batch_equals_separate_calls_bitwise():
+def test_prefill_ragged_batch_equals_separate_calls_bitwise(lnc):
     rng = np.random.default_rng(5)
     lens = [19, 0, 40, 1]
     inp = make_ssd_inputs(rng, seqlens=lens, H=4, P=8, N=16, G=2, D="HP", z=True)
@@ -214,7 +219,7 @@ def test_prefill_ragged_batch_equals_separate_calls_bitwise():
     assert pool.tobytes() == pool_all.tobytes()
 
 
-def test_prefill_huge_gates_do_not_overflow():
+def test_prefill_huge_gates_do_not_overflow(lnc):
     # dt' up to ~1e3 with A = -16: per-token log decays of -1.6e4 (a factored
     # exp(c_i) * exp(-c_j) would overflow float32 within one chunk)
     rng = np.random.default_rng(6)
@@ -263,7 +268,7 @@ def _decode_case(draw):
 
 @_HYP
 @given(inp=_decode_case())
-def test_decode_matches_reference(inp):
+def test_decode_matches_reference(inp, lnc):
     y_ref, pool_ref = ssd_decode(**inp)
     y, after, before = _decode(inp)
     assert y.dtype == np.float32 and y.shape == inp["x"].shape
@@ -282,7 +287,7 @@ def test_decode_matches_reference(inp):
         assert not np.any(y[s])
 
 
-def test_decode_multi_token_equals_single_steps_bitwise():
+def test_decode_multi_token_equals_single_steps_bitwise(lnc):
     rng = np.random.default_rng(8)
     inp = make_ssd_decode_inputs(rng, num_seqs=3, T=4, H=4, P=16, N=32, G=2, z=True, padding=1)
     y_multi, pool_multi, _ = _decode(inp)
@@ -297,7 +302,7 @@ def test_decode_multi_token_equals_single_steps_bitwise():
     assert pool.tobytes() == pool_multi.tobytes()
 
 
-def test_decode_step_continues_a_prefill():
+def test_decode_step_continues_a_prefill(lnc):
     """prefill(n tokens) then decode(token n+1) == prefill(n+1 tokens), exact mode."""
     rng = np.random.default_rng(9)
     inp = make_ssd_inputs(rng, seqlens=[21], H=2, P=16, N=16, z=True, has_initial_state=True)
@@ -349,7 +354,7 @@ def test_decode_units_cover_each_state_once():
 
 @pytest.mark.parametrize("num_seqs, T, pool_dtype", [(1, None, np.float32), (3, 2, np.float32),
                                                      (3, None, BF16), (2, 3, BF16)])
-def test_decode_split_state_dstate_256_equals_whole_state_bitwise(num_seqs, T, pool_dtype):
+def test_decode_split_state_dstate_256_equals_whole_state_bitwise(num_seqs, T, pool_dtype, lnc):
     # N = 256 with 2 row blocks per partition (H 4, P 64 -> pr 128, nt 2); a
     # one-block unit budget cuts every state in two units, as Falcon-H1's 64
     # KiB state is cut at model size. Per element the math is the same, so y
@@ -371,11 +376,12 @@ def test_decode_split_state_dstate_256_equals_whole_state_bitwise(num_seqs, T, p
         assert rel_fro(after[named], pool_ref[named]) <= EXACT_TOL
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(H=st.sampled_from([2, 3, 6]), P=st.sampled_from([24, 64]), N=st.sampled_from([8, 136, 256]),
        S=st.integers(1, 4), T=st.sampled_from([None, 2]), rows=st.integers(1, 3),
        pool_dtype=st.sampled_from([np.float32, BF16]), seed=st.integers(0, 2**31 - 1))
-def test_decode_split_state_matches_reference(H, P, N, S, T, rows, pool_dtype, seed):
+def test_decode_split_state_matches_reference(H, P, N, S, T, rows, pool_dtype, seed, lnc):
     # H*P > 128 gives several row blocks per partition; a budget of `rows`
     # row blocks per unit cuts the states into units of 1..3 blocks
     inp = make_ssd_decode_inputs(np.random.default_rng(seed), num_seqs=S, T=T, H=H, P=P, N=N,
@@ -405,7 +411,7 @@ def test_decode_split_state_matches_reference(H, P, N, S, T, rows, pool_dtype, s
     (80, 64, 128, 1, "fp32", EXACT_TOL),         # Mamba-2 2.7B, exact mode, float32 I/O
     (128, 64, 128, 8, "bf16", BF16_MODE_TOL),    # Granite-4.0-H-like, bf16 I/O
 ])
-def test_prefill_model_shapes_2k_tokens(H, P, N, G, precision, tol):
+def test_prefill_model_shapes_2k_tokens(H, P, N, G, precision, tol, lnc):
     rng = np.random.default_rng(10)
     dtype = BF16 if precision == "bf16" else np.float32
     inp = make_ssd_inputs(rng, seqlens=[1500, 548], H=H, P=P, N=N, G=G, z=True, dtype=dtype,
@@ -419,7 +425,7 @@ def test_prefill_model_shapes_2k_tokens(H, P, N, G, precision, tol):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("pool_dtype", [np.float32, BF16])
-def test_decode_falcon_h1_shape(pool_dtype):
+def test_decode_falcon_h1_shape(pool_dtype, lnc):
     # H 128, P 64, N 256: 64 KiB of fp32 state per partition and sequence,
     # more than SBUF holds for the three sequences in flight unless cut
     rng = np.random.default_rng(14)
@@ -438,7 +444,7 @@ def test_decode_falcon_h1_shape(pool_dtype):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("precision, pool_dtype", [("bf16", np.float32), ("fp32", BF16)])
-def test_prefill_falcon_h1_shape(precision, pool_dtype):
+def test_prefill_falcon_h1_shape(precision, pool_dtype, lnc):
     rng = np.random.default_rng(15)
     dtype = BF16 if precision == "bf16" else np.float32
     inp = make_ssd_inputs(rng, seqlens=[150, 106], H=128, P=64, N=256, G=1, z=True,
@@ -468,7 +474,7 @@ _BUCKET_HYP = settings(max_examples=12, deadline=None,
 
 
 @pytest.mark.parametrize("pool_dtype", [np.float32, BF16])
-def test_prefill_ragged_batches_in_one_bucket_share_one_program(pool_dtype):
+def test_prefill_ragged_batches_in_one_bucket_share_one_program(pool_dtype, lnc):
     """Many ragged batches within one bucket (<= 128 tokens, 3-4 sequences; lengths 0, 1,
     short, several chunks; padding slots; mixed has_initial_state) run one compiled
     program and match the float64 reference (exact mode), pools and unnamed slots as
@@ -511,7 +517,7 @@ def test_prefill_ragged_batches_in_one_bucket_share_one_program(pool_dtype):
 
 
 @pytest.mark.parametrize("pool_dtype", [np.float32, BF16])
-def test_decode_batches_in_one_bucket_share_one_program(pool_dtype):
+def test_decode_batches_in_one_bucket_share_one_program(pool_dtype, lnc):
     """Decode batches of 3-4 sequences (one bucket) with 0..all padding run one program
     and match the reference (an all-padding batch included: zeros, pool untouched)."""
     from nki_ssm import sim
@@ -543,7 +549,7 @@ def test_decode_batches_in_one_bucket_share_one_program(pool_dtype):
     assert _specialisations("ssd_decode_step") == 1
 
 
-def test_decode_all_padding_batch():
+def test_decode_all_padding_batch(lnc):
     """Issue 9 row 1: every sequence padding -> zero output, pool untouched (no error)."""
     inp = make_ssd_decode_inputs(np.random.default_rng(0), num_seqs=2, H=2, P=4, N=8)
     inp["state_indices"][:] = -1
@@ -552,15 +558,19 @@ def test_decode_all_padding_batch():
 
 
 def _program_size(fn):
+    """(static instructions of each program, instructions program 0 ran in runtime loops)."""
     from nki_ssm.sim.trace import record
     with record() as trace:
         fn()
-    return trace.program_instructions(), len(trace.instructions)
+    programs = sorted({inst.program_id for inst in trace.instructions})
+    return (tuple(trace.program_instructions(p) for p in programs),
+            sum(inst.program_id == 0 and bool(inst.loop_path) for inst in trace.instructions))
 
 
-def test_program_size_does_not_grow_with_the_batch():
+def test_program_size_does_not_grow_with_the_batch(lnc):
     """The compiled program is the same size for a short and an 8x longer prefill and
-    for a 4- and a 32-sequence decode (every batch-sized loop is a runtime loop)."""
+    for a 4- and a 32-sequence decode (every batch-sized loop is a runtime loop), and
+    at LNC=2 the same for both programs."""
     def prefill(lens):
         inp = make_ssd_inputs(np.random.default_rng(1), seqlens=lens, H=2, P=16, N=16,
                               z=True, has_initial_state=True)
@@ -572,13 +582,13 @@ def test_program_size_does_not_grow_with_the_batch():
         return lambda: _decode(inp)
 
     short, long_ = _program_size(prefill([100, 20])), _program_size(prefill([700, 100, 3]))
-    assert short[0] == long_[0] and long_[1] > 4 * short[1]
+    assert short[0] == long_[0] == (short[0][0],) * lnc and long_[1] > 4 * short[1]
     few, many = _program_size(decode(4)), _program_size(decode(32))
-    assert few[0] == many[0] and many[1] > 4 * few[1]
+    assert few[0] == many[0] == (few[0][0],) * lnc and many[1] > 4 * few[1]
 
 
 @pytest.mark.parametrize("chunk", [16, 64, 128])
-def test_prefill_strong_then_weak_decay_in_one_chunk(chunk):
+def test_prefill_strong_then_weak_decay_in_one_chunk(chunk, lnc):
     """Strong decays then weak ones inside one chunk (issue 9's gate pattern): the
     decays are exp of direct segment sums, so float32 stays within 1e-5 at every
     chunk size (ragged, with a sequence that starts mid-chunk)."""
@@ -593,7 +603,7 @@ def test_prefill_strong_then_weak_decay_in_one_chunk(chunk):
 
 
 @pytest.mark.parametrize("precision, tol", [("fp32", EXACT_TOL), ("bf16", BF16_MODE_TOL)])
-def test_prefill_modulo_scheduled_pair_loop(precision, tol):
+def test_prefill_modulo_scheduled_pair_loop(precision, tol, lnc):
     # 12 head blocks (H 48, P 64 -> 4 heads per block) > 10 stages: the chunk-pair
     # loop runs modulo-scheduled (each iteration fills the next pair's first
     # items); lengths with odd chunk counts, an empty live sequence and padding
@@ -606,7 +616,7 @@ def test_prefill_modulo_scheduled_pair_loop(precision, tol):
     _check(y, after, before, y_ref, pool_ref, inp["state_indices"], tol, inp["cu_seqlens"])
 
 
-def test_prefill_single_context_equals_double_bitwise(monkeypatch):
+def test_prefill_single_context_equals_double_bitwise(monkeypatch, lnc):
     # shapes whose two chunk contexts would not fit SBUF (Falcon-H1-like) use
     # one; same arithmetic, so the results are bit-identical
     from nki_ssm.kernels.mamba2_ssd import chunk as chunk_kernel
@@ -628,7 +638,7 @@ def _loop_depths(fn):
 
 
 @pytest.mark.parametrize("H, P, chunk", [(2, 16, 16), (48, 64, 32)])   # _pair / modulo loop
-def test_prefill_runs_no_runtime_loop_inside_another(H, P, chunk):
+def test_prefill_runs_no_runtime_loop_inside_another(H, P, chunk, lnc):
     """A ragged batch with initial states, padding slots, an empty sequence and several
     chunks per sequence: every instruction sits in at most one runtime loop."""
     inp = make_ssd_inputs(np.random.default_rng(20), seqlens=[5 * chunk + 3, 0, 2 * chunk, 7],
@@ -641,7 +651,7 @@ def test_prefill_runs_no_runtime_loop_inside_another(H, P, chunk):
     _check(*out[0], y_ref, pool_ref, inp["state_indices"], EXACT_TOL, inp["cu_seqlens"])
 
 
-def test_decode_runs_no_runtime_loop_inside_another():
+def test_decode_runs_no_runtime_loop_inside_another(lnc):
     inp = make_ssd_decode_inputs(np.random.default_rng(21), num_seqs=5, T=2, H=2, P=16, N=16,
                                  z=True, padding=2)
     assert max(_loop_depths(lambda: _decode(inp))) == 1
@@ -686,3 +696,143 @@ def test_prefill_tables_work_list():
         *_, zt, c = prefill_tables(np.array([0, 100, 101]), np.array([-1, 0]), [False, False],
                                    128, 2, q, pr)
         assert zt.shape[0] * q >= 100 and c[0, 3] * q >= 100
+
+
+def test_prefill_tables_two_programs():
+    """LNC=2: both programs run the same work list (on their heads: pool rows a part
+    further per slot); with one head part, program 1's counts are zero."""
+    from nki_ssm.ops.launch.mamba2_ssd import prefill_tables
+    cu = np.array([0, 70, 70, 103], np.int32)
+    idx = np.array([4, 2, 0], np.int32)
+    init = np.array([True, False, True])
+    one = prefill_tables(cu, idx, init, 256, 4, 16, 3)
+    two = prefill_tables(cu, idx, init, 256, 4, 16, 3, 6, 2, 2)
+    for a, b in zip(one[:2] + one[4:5], two[:2] + two[4:5]):
+        assert a.tobytes() == b.tobytes()
+    assert two[5].tolist() == [one[5][0].tolist()] * 2
+    assert two[2][0, :3, 0].tolist() == [24, 25, 26]    # slot 4: rows 4 * 6 + q
+    assert two[3][:3, 0, 0].tolist() == [24, 12, 0]
+    lone = prefill_tables(cu, idx, init, 256, 4, 16, 3, 3, 2, 1)
+    assert lone[5][0].tolist() == one[5][0].tolist() and lone[5][1].tolist() == [0, 0, 0, 0, 4]
+
+
+def test_decode_tables_two_programs():
+    """LNC=2: the live sequences split in order (program 0 takes the odd one), padding
+    sequences too; dummy entries repeat the program's own first sequence; one live
+    sequence leaves program 1 without work."""
+    from nki_ssm.ops.launch.mamba2_ssd import decode_tables
+    idx = np.array([3, -1, 5, 0, -1, 1, 2], np.int32)      # live 0, 2, 3, 5, 6
+    seq, pad, counts = decode_tables(idx, 8, 2, 2, 2)
+    rows = 8 // 2 + 1
+    assert seq.shape == (2 * rows, 128, 4) and pad.shape == (16, 1)
+    assert counts.tolist() == [[2, 1, 1, 1], [2, 1, 1, 0]]
+    # program 0: sequences 0, 2, 3 then dummies of 0; program 1: 5, 6 then dummies of 5
+    assert seq[:rows, 0, 1::2].reshape(-1)[:5].tolist() == [0, 2, 3, 0, 0]
+    assert seq[rows:, 0, 1::2].reshape(-1)[:4].tolist() == [5, 6, 5, 5]
+    assert seq[rows, :2, 2].tolist() == [2 * 2, 2 * 2 + 1]          # slot 2 of sequence 6
+    assert pad[:, 0].tolist() == [1] + [0] * 7 + [4] + [0] * 7
+    _, _, lone = decode_tables(np.array([7], np.int32), 1, 2, 2, 2)
+    assert lone.tolist() == [[1, 0, 1, 1], [1, 0, 0, 0]]
+
+
+# ------------------------------------------------------------- LNC=2: two programs (issue 29)
+
+def _at_lnc(monkeypatch, lnc, fn):
+    """fn() at NEURON_LOGICAL_NC_CONFIG=lnc -> (its result, the trace)."""
+    from nki_ssm.sim.trace import record
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", str(lnc))
+    with record() as trace:
+        out = fn()
+    return out, trace
+
+
+def _program_sizes(trace, both_work=True):
+    """Both programs' static sizes (asserted equal and <= 20,000); with ``both_work``
+    each program ran runtime-loop iterations, else program 1 ran none."""
+    sizes = [trace.program_instructions(p) for p in (0, 1)]
+    assert sizes[0] == sizes[1] <= 20_000
+    looped = [any(i.program_id == p and i.loop_path for i in trace.instructions) for p in (0, 1)]
+    assert looped == [True, both_work]
+    return sizes[0]
+
+
+@pytest.mark.parametrize("H, P, N, G, chunk, precision", [
+    (4, 16, 16, 2, 16, "bf16"),      # one group per program; _pair loop
+    (3, 8, 136, 1, 16, "fp32"),      # odd H: 6 heads of P/2 (3 per program); two dstate tiles
+    (6, 8, 16, 3, 32, "bf16"),       # the middle group's heads on both programs
+    (48, 128, 16, 2, 32, "fp32"),    # 24 heads per program: the modulo-scheduled loop
+])
+def test_prefill_lnc2_equals_lnc1_bitwise(monkeypatch, H, P, N, G, chunk, precision):
+    """A ragged batch with initial states, padding slots, an empty sequence and several
+    chunks: LNC=2 (heads split over two programs) gives LNC=1's y and pool bit for bit;
+    both programs work, with equal program sizes that do not depend on the batch."""
+    def batch(seed, lens, padding):
+        return make_ssd_inputs(np.random.default_rng(seed), seqlens=lens, H=H, P=P, N=N, G=G,
+                               z=True, D="HP", slots=7, padding=padding,
+                               has_initial_state=np.arange(len(lens)) % 3 != 1)
+
+    inp = batch(30, [3 * chunk + 5, 0, 2 * chunk, 7, chunk + 1], 3)
+    (y1, after1, before), _ = _at_lnc(monkeypatch, 1, lambda: _prefill(
+        inp, precision=precision, chunk_size=chunk))
+    (y2, after2, _), trace = _at_lnc(monkeypatch, 2, lambda: _prefill(
+        inp, precision=precision, chunk_size=chunk))
+    assert y2.tobytes() == y1.tobytes() and after2.tobytes() == after1.tobytes()
+    y_ref, pool_ref = ssd_recurrent(**inp)
+    tol = EXACT_TOL if precision == "fp32" else BF16_MODE_TOL
+    _check(y2, after2, before, y_ref, pool_ref, inp["state_indices"], tol, inp["cu_seqlens"])
+    size = _program_sizes(trace)
+    other = batch(31, [chunk, 5 * chunk + 3, 1], 0)     # same buckets
+    _, trace = _at_lnc(monkeypatch, 2, lambda: _prefill(other, precision=precision,
+                                                        chunk_size=chunk))
+    assert _program_sizes(trace) == size
+
+
+def test_prefill_lnc2_one_head_runs_on_program_0(monkeypatch):
+    """One head of odd P does not split: program 1 runs the same program with zero
+    counts; y and the pool equal LNC=1's bit for bit."""
+    inp = make_ssd_inputs(np.random.default_rng(32), seqlens=[40, 0, 17], H=1, P=5, N=8,
+                          z=True, slots=4, padding=1, has_initial_state=True)
+    (y1, after1, _), _ = _at_lnc(monkeypatch, 1, lambda: _prefill(inp))
+    (y2, after2, _), trace = _at_lnc(monkeypatch, 2, lambda: _prefill(inp))
+    assert y2.tobytes() == y1.tobytes() and after2.tobytes() == after1.tobytes()
+    _program_sizes(trace, both_work=False)
+
+
+@pytest.mark.parametrize("num_seqs, T, pool_dtype, padding, unit_bytes", [
+    (7, 2, np.float32, 2, None),     # 5 live: 3 + 2, each with a last partial iteration
+    (6, None, BF16, 1, None),
+    (5, None, np.float32, 1, 256 * 4),   # split states: one sequence per iteration
+])
+def test_decode_lnc2_equals_lnc1_bitwise(monkeypatch, num_seqs, T, pool_dtype, padding,
+                                         unit_bytes):
+    """Sequences split over two programs: y and the pool equal LNC=1's bit for bit,
+    both programs work, equal program sizes independent of the batch."""
+    def batch(seed, S, pad):
+        return make_ssd_decode_inputs(np.random.default_rng(seed), num_seqs=S, T=T, H=4, P=64,
+                                      N=256 if unit_bytes else 16, G=2, z=True, D="HP",
+                                      pool_dtype=pool_dtype, padding=pad)
+
+    inp = batch(33, num_seqs, padding)
+    with contextlib.ExitStack() as stack:
+        if unit_bytes:
+            stack.enter_context(_unit_bytes(unit_bytes))
+        (y1, after1, before), _ = _at_lnc(monkeypatch, 1, lambda: _decode(inp))
+        (y2, after2, _), trace = _at_lnc(monkeypatch, 2, lambda: _decode(inp))
+        size = _program_sizes(trace)
+        _, trace = _at_lnc(monkeypatch, 2, lambda: _decode(batch(34, num_seqs + 1, 0)))
+        assert _program_sizes(trace) == size
+    assert y2.tobytes() == y1.tobytes() and after2.tobytes() == after1.tobytes()
+    named = _named(inp["state_indices"])
+    unnamed = np.setdiff1d(np.arange(before.shape[0]), named)
+    assert after2[unnamed].tobytes() == before[unnamed].tobytes()
+    y_ref, _ = ssd_decode(**inp)
+    assert rel_fro(y2, y_ref) <= EXACT_TOL
+
+
+def test_decode_lnc2_one_sequence_runs_on_program_0(monkeypatch):
+    inp = make_ssd_decode_inputs(np.random.default_rng(35), num_seqs=1, T=None, H=2, P=16,
+                                 N=16, z=True)
+    (y1, after1, _), _ = _at_lnc(monkeypatch, 1, lambda: _decode(inp))
+    (y2, after2, _), trace = _at_lnc(monkeypatch, 2, lambda: _decode(inp))
+    assert y2.tobytes() == y1.tobytes() and after2.tobytes() == after1.tobytes()
+    _program_sizes(trace, both_work=False)

@@ -71,14 +71,10 @@ def _run(make, batch, padding):
 CASES = [(_conv_prefill, PREFILL_BATCHES), (_ssd_prefill, PREFILL_BATCHES),
          (_gdn_prefill, PREFILL_BATCHES), (_conv_decode, DECODE_BATCHES),
          (_ssd_decode, DECODE_BATCHES), (_gdn_decode, DECODE_BATCHES)]
-# the LNC grids each op is checked at (both programs at LNC=2: same size, both in loops)
-LNC_GRIDS = {_gdn_decode: (1, 2), _conv_prefill: (1, 2), _conv_decode: (1, 2),
-             _gdn_prefill: (1, 2)}
-
 
 @pytest.mark.parametrize("make, batches", CASES, ids=lambda v: getattr(v, "__name__", ""))
 def test_one_runtime_loop_level_and_one_program(make, batches, monkeypatch):
-    for lnc in LNC_GRIDS.get(make, (1,)):
+    for lnc in (1, 2):      # both programs at LNC=2: same size, both in loops
         monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", str(lnc))
         sizes = []
         for i, batch in enumerate(batches):

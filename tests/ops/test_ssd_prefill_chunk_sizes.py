@@ -4,6 +4,8 @@ Q = 48, 80, 96, 112 while the reference accepted the call). Every backend gives 
 same verdict: chunk multiples of 16 in 16..128 run and match the float64 recurrence,
 padding rows of y are zero, the padding sequence's slot and unnamed slots keep
 their bytes; other chunk sizes are a ValueError naming chunk_size, pool untouched.
+Each runs at LNC=1 and LNC=2 (one head of P = 4: at LNC=2 two heads of 2 channels,
+one per program).
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ def _run(kw, chunk_size, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("chunk_size", range(16, 129, 16))
-def test_padding_tokens_beyond_whole_chunks_of_the_bucket(chunk_size, backend):
+def test_padding_tokens_beyond_whole_chunks_of_the_bucket(chunk_size, backend, lnc):
     # 101 tokens -> bucket 128; the padding sequence's 100 tokens exceed 128 // Q * Q
     # for Q = 48 (96), 80 (80), 96 (96), 112 (112)
     kw = _inputs([100, 1], [-1, 0])
@@ -49,7 +51,7 @@ def test_padding_tokens_beyond_whole_chunks_of_the_bucket(chunk_size, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("chunk_size", [48, 80, 112])
-def test_all_padding_batch_filling_the_bucket(chunk_size, backend):
+def test_all_padding_batch_filling_the_bucket(chunk_size, backend, lnc):
     # every token of a full bucket belongs to padding sequences: y is all zeros and
     # no pool slot changes
     kw = _inputs([70, 58], [-1, -1])
@@ -60,7 +62,7 @@ def test_all_padding_batch_filling_the_bucket(chunk_size, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("chunk_size", [0, 8, 40, 144, 256])
-def test_other_chunk_sizes_rejected_alike(chunk_size, backend):
+def test_other_chunk_sizes_rejected_alike(chunk_size, backend, lnc):
     kw = _inputs([100, 1], [-1, 0])
     pool = kw["ssm_states"]
     before = pool.copy()

@@ -11,8 +11,9 @@ Design note
 One compiled program per shape bucket
 -------------------------------------
 Compile-time arguments are shapes (the token bucket T, the sequence bucket
-S, H, P, N, G, chunk_size Q) and layer configuration (dt_softplus, dt
-limits, precision) only. The batch composition is run-time int32 data:
+S, H, P, N, G, chunk_size Q), the head split (head_parts) and layer
+configuration (dt_softplus, dt limits, precision) only. The batch
+composition is run-time int32 data:
 
 - the work list, every pair of chunks of every live sequence in batch order
   (padding sequences are left out by the launcher), then all-masked rows:
@@ -24,19 +25,50 @@ limits, precision) only. The batch composition is run-time int32 data:
   ``k*Q ..``; a sequence with an odd number of chunks ends in an all-masked
   chunk. Masked positions name row T (the inputs' zero rows, y's dump row);
 - ``init_table [S, 128, 2]``: the live sequences with an initial state, in
-  order: the pool row ``slot*pr + q`` of partition q (column 0, q < pr) and
-  (partition 0 of column 1) the sequence's S^T block;
+  order: the pool row ``slot*parts*pr + q`` of partition q (column 0, q <
+  pr; part 0's rows, see LNC) and (partition 0 of column 1) the sequence's
+  S^T block;
 - ``final_table [S, 128, 2]``: every live sequence: its pool rows and the
   block holding its final state (the zero block for an empty sequence
   without an initial state);
 - ``zero_table [ceil(T / Q), Q, 1]``: the token rows of padding sequences, Q
   per row (unused entries name the dump row);
-- ``counts [1, 5]``: sequences with an initial state, pairs, live
-  sequences, zero_table rows in use, the first pair's source block.
+- ``counts [programs, 5]``, a row per program: sequences with an initial
+  state, pairs, live sequences, zero_table rows in use, the first pair's
+  source block.
 
-S^T blocks: an fp32 HBM scratch ``[S + 1, N, H*P]`` the kernel allocates
-(``nl.private_hbm``): block k holds live sequence k's state in the S^T
-layout (initial, then after each pair, then final), block S zeros.
+S^T blocks: an fp32 HBM scratch ``[S + 1, N, Hp*P]`` the kernel allocates
+(``nl.private_hbm``, one per core: each program has its own): block k holds
+live sequence k's state in the S^T layout (initial, then after each pair,
+then final), block S zeros.
+
+LNC: two programs split the heads
+---------------------------------
+Launched as ``kernel[2]`` (trn2 / trn3 at LNC=2) the kernel runs as two
+programs, one per physical core, that never synchronise. The heads are
+independent, so the launcher splits them: ``head_parts = 2`` and program
+``pid = nl.program_id(0)`` (a Python int at trace time) takes the Hp = H/2
+heads from ``h_base = pid*Hp`` (an odd H is first made 2H heads of P/2
+channels: the recurrence is independent along P; an odd H of odd P
+is not split: ``head_parts = 1``, program 1 gets zero counts and runs no
+loop). Both programs run the whole work list (the tables are shared,
+read-only) on their own heads: static column slices of x, z, dt, A, D,
+dt_bias and of y (disjoint columns: each y byte, the dump row and the
+padding rows included, is written by one program), the B / C columns of
+the groups their heads read (at a group shared by the programs both read
+it), and their own pool rows: the launcher views the pool ``[slots, H, P,
+N]`` as ``[slots*parts*pr, nt*N]`` (``pr*nt = Hp*P``), part p of a slot
+``pr`` rows after part 0, a static offset added to the gathers' and
+scatters' element offset. A program reads no HBM byte the other writes.
+The programs have the same instructions (same Hp, block structure and
+counts registers), so equal program sizes; the results equal LNC=1's bit
+for bit (every output element is computed by the same operations: matmuls
+contract over tokens or dstate, never over heads or channels). At Mamba-2
+2.7B a program's 40 heads make 10 blocks: too few for the modulo-scheduled
+loop, so the pair loop runs both chunks in one pipeline that drains at the
+end of each iteration (modeled faster than splitting blocks to reach the 12
+the modulo loop needs: 4K tokens, 1.76 ms against 1.85 ms per program).
+Modeled figures: "Engine budget" below.
 
 Loops
 -----
@@ -223,9 +255,14 @@ tokens 509 us: a short batch pays the fixed HBM
 traffic of the S^T blocks (zero block, initial state stored and loaded, one
 pair's round trip, final state loaded: ~5 x 4 MB at H*P = 8192).
 
+LNC=2 (same model, each program's instructions timed on its own core;
+the programs never synchronise): 6.88 ms per program at 16K tokens, 0.52 x
+LNC=1 (the pair loop drains per iteration at 10 blocks; the fixed costs,
+constants and the pipeline fill, are paid by both programs).
+
 Program size (static instructions, ``Trace.program_instructions()``):
-2,176 at 16K tokens (simulate's report) and at 8 x 2K; Granite-like 3,439
-(runtime-loop bodies that ran).
+2,178 at 16K tokens and at 1K; at LNC=2 1,031 per program (both
+programs); Granite-like 3,439 (runtime-loop bodies that ran).
 """
 from __future__ import annotations
 
@@ -243,8 +280,8 @@ _NAT_BYTES = 4 * 1024   # bytes per partition of one piece of a state gather / s
 
 @nki.jit
 def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, pair_rows,
-                      pair_vals, init_table, final_table, zero_table, counts, heads, dstate,
-                      dt_softplus, dt_lo, dt_hi, chunk_size, exact):
+                      pair_vals, init_table, final_table, zero_table, counts, heads, head_parts,
+                      dstate, dt_softplus, dt_lo, dt_hi, chunk_size, exact):
     """Chunked SSD prefill; returns y ``[num_tokens + Q, H*P]`` and updates ``pool`` in place.
 
     ``num_tokens`` is the padded token bucket; rows ``num_tokens ..`` of every
@@ -258,51 +295,63 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
       into TensorE as D_h * I), D_rows ``[128, H*P]`` float32 or None (D per
       head and channel), z ``[num_tokens + Q, H*P]`` or None, bias_rows
       ``[128, H]`` float32 or None, pool ``[slots*pr, nt*N]`` (float32 or
-      bfloat16: the state pool ``[slots, H, P, N]`` as pr rows of nt state
-      rows per slot, ``pr*nt = H*P``, pr <= 128; updated in place by the
-      kernel's scatters),
+      bfloat16: the state pool ``[slots, H, P, N]`` as head_parts * pr rows
+      of nt state rows per slot, ``pr*nt = H*P / head_parts``, pr <= 128;
+      updated in place by the kernel's scatters),
       pair_rows ``[pairs, Q, 4]``, pair_vals ``[pairs, 4]``, init_table and
       final_table ``[num_seqs, 128, 2]``, zero_table ``[ceil(num_tokens / Q),
-      Q, 1]``, counts ``[1, 5]`` int32: the batch composition (module
+      Q, 1]``, counts ``[programs, 5]`` int32: the batch composition (module
       docstring).
-    Compile-time: heads (H), dstate (N), dt_softplus (bool), dt_lo, dt_hi
-      (floats, dt_hi may be inf), chunk_size Q (a multiple of 16 in 16..128),
-      exact (bool: fp32 matmul operands), and the shapes.
+    Compile-time: heads (H), head_parts (1 or 2: program pid takes heads
+      ``pid*H/2 ..`` when 2, all when 1), dstate (N), dt_softplus (bool),
+      dt_lo, dt_hi (floats, dt_hi may be inf), chunk_size Q (a multiple of 16
+      in 16..128), exact (bool: fp32 matmul operands), and the shapes.
     Limits: N <= 256 (two dstate tiles; the host API checks it), P <= 256,
       H*P*4 bytes per partition of fp32 state per dstate tile within SBUF.
     """
-    T1, HP = x.shape
-    H = heads
-    P = HP // H
+    T1, HP_all = x.shape
+    P = HP_all // heads
     N = dstate
-    GN = B.shape[1]
-    G = GN // N
-    HPG = H // G
+    HPG = heads // (B.shape[1] // N)     # heads per group
+    # this program's heads: part `part` of head_parts equal parts (a static slice: the
+    # program id is a Python int at trace time); with head_parts 1 every program has
+    # all heads and the launcher gives program 1 zero counts
+    pid = nl.program_id(0)
+    part = pid % head_parts
+    H = heads // head_parts
+    h_base = part * H
+    HP = H * P
+    # the groups its heads read (local group gl is group g_lo + gl)
+    g_lo = h_base // HPG
+    G = (h_base + H - 1) // HPG - g_lo + 1
+    GN = G * N
     Q = chunk_size
     n_tiles = (N + _PMAX - 1) // _PMAX
     md = nl.float32 if exact else nl.bfloat16
-    y = nl.ndarray((T1, HP), dtype=x.dtype, buffer=nl.shared_hbm)
+    y = nl.ndarray((T1, HP_all), dtype=x.dtype, buffer=nl.shared_hbm)
 
     ones, U, Ls = _tri_consts(Q)
-    A_sb = load_f32(A_rows, _PMAX, H)
-    bias_sb = load_f32(bias_rows, _PMAX, H)
-    D_sb = load_f32(D_rows, _PMAX, HP)
+    A_sb = load_f32(A_rows[:, h_base:h_base + H], _PMAX, H)
+    bias_sb = None
+    if bias_rows != None:  # noqa: E711
+        bias_sb = load_f32(bias_rows[:, h_base:h_base + H], _PMAX, H)
+    D_sb = None
+    if D_rows != None:  # noqa: E711
+        D_sb = load_f32(D_rows[:, h_base * P:h_base * P + HP], _PMAX, HP)
     DI = None
     if D_heads != None:  # noqa: E711
-        DI = _d_heads(D_heads, ones, Q, H)
+        DI = _d_heads(D_heads, ones, Q, h_base, H)
     # heads per block: seg [Q, hb*Q], y [Q, 2*hb*P] and the state [., n_tiles*hb*P]
     # each fill at most one PSUM bank
     # (two-argument min / max only: the NKI front end rejects more)
     hb = max(1, min(min(HPG, _PSUM_F // Q), min((_PSUM_F // 2) // P, (_PSUM_F // n_tiles) // P)))
-    blocks = []
-    for g in range(G):
-        for h0 in range(g * HPG, (g + 1) * HPG, hb):
-            blocks.append((g, h0, min(hb, (g + 1) * HPG - h0)))
+    blocks = _head_blocks(G, g_lo, HPG, h_base, H, hb)
 
     cst = {"ones": ones, "U": U, "Ls": Ls, "A": A_sb, "bias": bias_sb, "D_sb": D_sb,
            "Dh": None, "ident": None, "H": H, "P": P, "N": N, "G": G, "Q": Q,
            "n_tiles": n_tiles, "md": md, "dt_softplus": dt_softplus, "dt_lo": dt_lo,
-           "dt_hi": dt_hi, "x": x, "dt": dt, "B": B, "C": C, "z": z, "y": y}
+           "dt_hi": dt_hi, "x": x, "dt": dt, "B": B, "C": C, "z": z, "y": y,
+           "h_base": h_base, "g_lo": g_lo}
     if DI != None:  # noqa: E711
         cst["Dh"] = DI[0]
         cst["ident"] = DI[1]
@@ -363,13 +412,17 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
 
     # batch counts -> registers (allocated here, before every loop; each loaded from
     # a (1, 1) SBUF tile that a DMA filled)
-    r_init = count_register(counts, 0)      # live sequences with an initial state
-    r_pairs = count_register(counts, 1)     # chunk pairs of all live sequences
-    r_live = count_register(counts, 2)      # live sequences
-    r_zero = count_register(counts, 3)      # zero_table rows in use
+    # (this program's row of counts)
+    r_init = count_register(counts[pid:pid + 1, :], 0)    # live sequences with an initial state
+    r_pairs = count_register(counts[pid:pid + 1, :], 1)   # chunk pairs of all live sequences
+    r_live = count_register(counts[pid:pid + 1, :], 2)    # live sequences
+    r_zero = count_register(counts[pid:pid + 1, :], 3)    # zero_table rows in use
     num_seqs = init_table.shape[0]
     nt_rows = pool.shape[1] // N            # state rows per pool row
     pr = HP // nt_rows
+    # this program's pool rows: pr per part of a slot (the launcher's pool view has
+    # head_parts * pr rows per slot; the tables name part 0's)
+    cst["pool_base"] = part * pr * nt_rows * N
     # two halves of _NAT_BYTES: a state piece is jb pool-row blocks per partition
     jb = max(1, min(nt_rows, (_NAT_BYTES // 2) // (N * _itemsize(pool.dtype))))
     nat = nl.ndarray((pr, 2 * jb * N), dtype=pool.dtype, buffer=nl.sbuf)
@@ -379,7 +432,8 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
                            on_true_tile=ones[0:_PMAX, 0:_PMAX] if Q == _PMAX else _ones128(),
                            on_false_value=0.0, cmp_op=nl.equal, offset=0)
     # S^T blocks in HBM: one per live sequence (its initial, then running, then
-    # final state) and block num_seqs, zeros
+    # final state) and block num_seqs, zeros. nl.private_hbm: each program (core)
+    # has its own
     cst["scratch"] = nl.ndarray((num_seqs + 1, N, HP), dtype=nl.float32, buffer=nl.private_hbm)
     cst["pair_rows"] = pair_rows
     cst["pair_vals"] = pair_vals
@@ -404,7 +458,7 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     # iteration (contexts 0 and 1). The first pair's chunk 0 and state come in
     # before the loop (the chunk's loads first: the state is read later); each iteration stores its pair's state block by block
     # and loads the next pair's (_st_state), and loads the next chunk 0
-    nisa.dma_copy(dst=cst["nsrc"], src=counts[0:1, 4:5])
+    nisa.dma_copy(dst=cst["nsrc"], src=counts[pid:pid + 1, 4:5])
     _prologue_loads(cst, ctxs[0], 0, 0, 0)
     _state_dma(cst, cst["nsrc"], 0, HP, False)
     _prologue_compute(cst, ctxs[0])
@@ -444,11 +498,23 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     def zero_body(i):
         nisa.dma_copy(dst=zidx, src=zero_table.ap(pattern=[[1, Q], [1, 1]], offset=0,
                                                   scalar_offset=i, indirect_dim=0))
-        nisa.dma_copy(dst=y.ap(pattern=[[HP, Q], [1, HP]], offset=0, vector_offset=zidx,
-                               indirect_dim=0), src=zt)
+        nisa.dma_copy(dst=y.ap(pattern=[[HP_all, Q], [1, HP]], offset=h_base * P,
+                               vector_offset=zidx, indirect_dim=0), src=zt)
 
     nl.fori_loop(0, r_zero, zero_body)
     return y
+
+
+def _head_blocks(G, g_lo, HPG, h_base, H, hb):
+    """Head blocks ``(local group, first local head, heads)`` of the program's heads
+    h_base .. h_base+H-1: up to hb heads of one group each."""
+    blocks = []
+    for gl in range(G):
+        lo = max((g_lo + gl) * HPG, h_base) - h_base
+        hi = min((g_lo + gl + 1) * HPG, h_base + H) - h_base
+        for h0 in range(lo, hi, hb):
+            blocks.append((gl, h0, min(hb, hi - h0)))
+    return blocks
 
 
 def _seq_row(table, i, tab, blk):
@@ -518,10 +584,11 @@ def _identity(ones, Q):
     return ident
 
 
-def _d_heads(D_heads, ones, Q, H):
-    """(D per head on Q rows [Q, H] fp32, identity [Q, Q] fp32) for the TensorE D x term."""
+def _d_heads(D_heads, ones, Q, h_base, H):
+    """(D of heads h_base .. h_base+H-1 on Q rows [Q, H] fp32, identity [Q, Q] fp32) for
+    the TensorE D x term."""
     Dh = nl.ndarray((Q, H), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=Dh, src=D_heads[0:Q, :])
+    nisa.dma_copy(dst=Dh, src=D_heads[0:Q, h_base:h_base + H])
     return Dh, _identity(ones, Q)
 
 
@@ -545,7 +612,7 @@ def _state_in(pool, tab, nat, cst, pr, nt, jb):
     for j0 in range(0, nt, jb):
         nj = min(jb, nt - j0)
         half = nat[:, ((j0 // jb) % 2) * jb * N:((j0 // jb) % 2 + 1) * jb * N]
-        src = pool.ap(pattern=[[nt * N, pr], [1, nj * N]], offset=j0 * N,
+        src = pool.ap(pattern=[[nt * N, pr], [1, nj * N]], offset=cst["pool_base"] + j0 * N,
                       vector_offset=tab[0:pr, 0:1], indirect_dim=0)
         nisa.dma_copy(dst=half[:, 0:nj * N], src=src)
         for jj in range(nj):
@@ -587,7 +654,7 @@ def _state_out(pool, tab, nat, cst, pr, nt, jb):
                 nisa.nc_transpose(dst=ps[:, n0:n0 + ntile], data=ST[t][:, j:HP:nt])
             nisa.tensor_copy(dst=half[:, jj * N:(jj + 1) * N], src=ps,
                              engine=nisa.engine.scalar if n % 2 else nisa.engine.vector)
-        dst = pool.ap(pattern=[[nt * N, pr], [1, nj * N]], offset=j0 * N,
+        dst = pool.ap(pattern=[[nt * N, pr], [1, nj * N]], offset=cst["pool_base"] + j0 * N,
                       vector_offset=tab[0:pr, 0:1], indirect_dim=0)
         nisa.dma_copy(dst=dst, src=half[:, 0:nj * N])
 
@@ -688,12 +755,12 @@ def _ring(n, shape, dtype, buf):
     return out
 
 
-def _load_rows(dst, src, start, width):
-    """dst [Q, width] <- rows start .. start+Q-1 of the HBM tensor src [rows, width]
-    (``start``: a 1x1 int32 tile; a dynamic offset, so hardware DGE on trn2 and
-    no GpSimd descriptor work)."""
-    nisa.dma_copy(dst=dst, src=src.ap(pattern=[[width, dst.shape[0]], [1, width]], offset=0,
-                                      scalar_offset=start, indirect_dim=0))
+def _load_rows(dst, src, start, col0):
+    """dst [Q, w] <- columns col0 .. col0+w-1 of rows start .. start+Q-1 of the HBM
+    tensor src [rows, width] (``start``: a 1x1 int32 tile; a dynamic offset, so
+    hardware DGE on trn2 and no GpSimd descriptor work)."""
+    nisa.dma_copy(dst=dst, src=src.ap(pattern=[[src.shape[1], dst.shape[0]], [1, dst.shape[1]]],
+                                      offset=col0, scalar_offset=start, indirect_dim=0))
 
 
 def _table_view(table, row_elems, i, offset, pattern):
@@ -724,12 +791,13 @@ def _prologue_loads(cst, c, which, i, ahead):
         nisa.dma_copy(dst=cst["dst"], src=_table_view(vals, V, i, 2, [[V, 1], [1, 1]]))
         nisa.dma_copy(dst=cst["nsrc"], src=_table_view(vals, V, i, 3, [[V, 1], [1, 1]]))
     t0 = c["t0"]
-    _load_rows(c["x_in"], cst["x"], t0, HP)
-    _load_rows(c["dt_in"], cst["dt"], t0, H)
-    _load_rows(c["B_raw"], cst["B"], t0, GN)
-    _load_rows(c["C_raw"], cst["C"], t0, GN)
+    h_base, g0 = cst["h_base"], cst["g_lo"] * N
+    _load_rows(c["x_in"], cst["x"], t0, h_base * P)
+    _load_rows(c["dt_in"], cst["dt"], t0, h_base)
+    _load_rows(c["B_raw"], cst["B"], t0, g0)
+    _load_rows(c["C_raw"], cst["C"], t0, g0)
     if c["z"] != None:  # noqa: E711
-        _load_rows(c["z"], cst["z"], t0, HP)
+        _load_rows(c["z"], cst["z"], t0, h_base * P)
 
 
 def _prologue_compute(cst, c, part=0):
@@ -829,10 +897,10 @@ def _exp_of_matmul(cst, out, stationary, moving, rows, cols, col0):
 
 def _store_y(cst, c):
     """The chunk's y rows, scattered to its token rows (masked rows: the dump row)."""
-    HP = c["yt"].shape[1]
-    nisa.dma_copy(dst=cst["y"].ap(pattern=[[HP, cst["Q"]], [1, HP]], offset=0,
-                                  vector_offset=c["yrows"], indirect_dim=0),
-                  src=c["yt"])
+    HP, y = c["yt"].shape[1], cst["y"]
+    nisa.dma_copy(dst=y.ap(pattern=[[y.shape[1], cst["Q"]], [1, HP]],
+                           offset=cst["h_base"] * cst["P"], vector_offset=c["yrows"],
+                           indirect_dim=0), src=c["yt"])
 
 
 def _pair_modulo(cst, ctxs, blocks, rings, i):

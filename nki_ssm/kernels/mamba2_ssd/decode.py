@@ -6,18 +6,36 @@ Compile-time arguments are shapes (the padded ``num_seqs`` bucket, T, H, P,
 N, G) and layer flags only. The batch composition is run-time int32 data
 built by the launcher (``nki_ssm/ops/launch/mamba2_ssd.py``):
 
-- ``seq_table [ceil(num_seqs / per) + 1, 128, 2*per]``: row q describes
-  loop iteration q (row 0: the first iteration, loaded before the loop),
+- ``seq_table [programs * (ceil(num_seqs / per) + 1), 128, 2*per]``: a
+  block of rows per program (LNC below); row q of a block describes loop
+  iteration q (row 0: the first iteration, loaded before the loop),
   ``per`` entries (live sequences, in order) of two columns each: the
   first holds the pool row ``slot*pr + q`` of partition q (q < pr), the
   second at partition 0 the sequence's index in the batch (for its x / B /
-  C / y rows); entries past the last live sequence repeat live sequence 0
-  (only the prefetch after the last iteration reads them, and discards the
-  data);
-- ``pad_table [num_seqs, 1]``: the indices of the padding sequences
-  (``state_indices == -1``) first, then zeros;
-- ``counts [1, 4]``: full iterations + 1, padding sequences, 1 if any
-  sequence is live, 1 if a last iteration holds entry 0 only.
+  C / y rows); entries past the program's last live sequence repeat its
+  first (only the prefetch after the last iteration reads them, and
+  discards the data);
+- ``pad_table [programs * num_seqs, 1]``: per program, the indices of its
+  padding sequences (``state_indices == -1``) first, then zeros;
+- ``counts [programs, 4]``, a row per program: full iterations + 1,
+  padding sequences, 1 if any sequence is live, 1 if a last iteration holds
+  entry 0 only.
+
+LNC: two programs split the sequences. Launched as ``kernel[2]`` the kernel
+runs as two programs (one per physical core, never synchronised); the
+launcher gives program 0 the first ceil(n/2) live sequences and program 1
+the rest (the padding sequences likewise), and each program
+(``nl.program_id(0)``, a Python int at trace time) reads its own block of
+table rows and its row of counts at static offsets, then runs the loops
+below on its sequences. Sequences are independent and own their pool slots,
+y rows and token rows, so no HBM byte one program writes is read or written
+by the other (dummy entries repeat the program's own first sequence); a lone
+live sequence runs on program 0 and program 1 runs no loop. Both programs
+have the same instructions (equal program sizes) and the results equal
+LNC=1's bit for bit (the same per-sequence operations). The split balances
+at the judged batches (32 and 512 sequences: 16 and 256 per program);
+splitting the heads instead would halve each state DMA and keep the
+per-sequence fixed costs on both cores.
 
 Loops. Every loop that grows with the batch is a runtime loop,
 ``nl.fori_loop(lo, reg, body)`` with ``body`` an inner ``def`` of the kernel
@@ -118,6 +136,10 @@ sequences 1.14 ms (40.2 %), 512 sequences 18.0 ms (40.6 %); VectorE (85 %)
 and ScalarE (76 %) bind: the per-element update passes over the state
 (decay, input, C product, y reduction); DMA 49 %. Program size: 549 static
 instructions at 32 and at 512 sequences (every runtime-loop body once).
+LNC=2 (each program's instructions timed on its own core): 32 sequences
+577 us per program (0.51 x LNC=1), 512 sequences 9.02 ms (0.50 x); one
+sequence 41.5 us on program 0 (program 1 has no work); 549 static
+instructions per program.
 
 Numerics: all float32 (no matmul precision choice: the only matmul is the
 exact 0/1 broadcast). A bfloat16 pool is widened by the first token's
@@ -188,12 +210,20 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, pad_table,
     sel = nl.ndarray((G, pr), dtype=group_sel.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=sel, src=group_sel)
     ident = _identity(pr)
+    # this program's sequences: its block of table rows and its row of counts (the
+    # program id is a Python int at trace time: static offsets)
+    pid = nl.program_id(0)
+    rows = seq_table.shape[0] // nl.num_programs(0)
+    w = seq_table.shape[2]
+    tab0 = pid * rows * 128 * w              # first element of this program's seq_table rows
+    pad0 = pid * num_seqs                    # ... and of its pad_table rows
     # batch counts -> registers (allocated here, before every loop; each loaded from
     # a (1, 1) SBUF tile that a DMA filled)
-    r_stop = count_register(counts, 0)       # full iterations + 1
-    r_pads = count_register(counts, 1)       # padding sequences
-    r_any = count_register(counts, 2)        # 1 if any sequence is live
-    r_tail = count_register(counts, 3)       # 1 if a last iteration has only entry 0
+    mine = counts[pid:pid + 1, :]
+    r_stop = count_register(mine, 0)         # full iterations + 1
+    r_pads = count_register(mine, 1)         # padding sequences
+    r_any = count_register(mine, 2)          # 1 if any sequence is live
+    r_tail = count_register(mine, 3)         # 1 if a last iteration has only entry 0
 
     span_max = 0
     for j in range(nu):
@@ -236,7 +266,7 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, pad_table,
             has_bias, has_D, dt_softplus, dt_lo, dt_hi)
 
     # prefetch: the first iteration's table row, tokens and first unit
-    nisa.dma_copy(dst=ntab, src=seq_table[0, :, :])
+    nisa.dma_copy(dst=ntab, src=seq_table[pid * rows, :, :])
     _seq_cols(ntab, nseqs, per)
 
     def prefetch_body(i):
@@ -248,8 +278,7 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, pad_table,
     def live_body(it):
         rings["n_bc"][0] = 0
         _take_over(tabs, ntabs, seqs, nseqs, staged, toks, per, T)
-        w = 2 * per
-        nisa.dma_copy(dst=ntab, src=seq_table.ap(pattern=[[w, 128], [1, w]], offset=0,
+        nisa.dma_copy(dst=ntab, src=seq_table.ap(pattern=[[w, 128], [1, w]], offset=tab0,
                                                  scalar_offset=it, indirect_dim=0))
         _seq_cols(ntab, nseqs, per)
         _tok_prep_all(toks[0], prm, T, pr, nt, has_bias, dt_softplus, dt_lo, dt_hi)
@@ -273,7 +302,7 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, pad_table,
     pad = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
 
     def pad_body(i):
-        nisa.dma_copy(dst=pad, src=pad_table.ap(pattern=[[1, 1], [1, 1]], offset=0,
+        nisa.dma_copy(dst=pad, src=pad_table.ap(pattern=[[1, 1], [1, 1]], offset=pad0,
                                                 scalar_offset=i, indirect_dim=0))
         for tok in range(T):
             nisa.dma_copy(dst=y.ap(pattern=[[nt, pr], [1, nt]], offset=tok * pr * nt,

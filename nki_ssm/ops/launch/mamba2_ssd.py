@@ -19,6 +19,13 @@ compiled program per (bucket, layer shape, dtypes):
   view (``pr*nt = H*P``, no copy for a C-contiguous pool), so the kernels
   gather / scatter a sequence's state with one int32 row index per
   partition (``.ap(vector_offset=...)``) and update it in place;
+- LNC=2 (``call.lnc``): prefill splits the heads over the two programs
+  (``head_parts = 2``: an odd H first becomes 2H heads of P/2 channels; the
+  pool view then has ``2*pr`` rows per slot, part 1's ``pr`` after part 0's),
+  decode splits the live and the padding sequences in order; ``counts``
+  gets a row per program (and decode's tables a block of rows per program).
+  Work that does not split (an odd H of odd P, e.g. one head; one live
+  sequence) stays on program 0, program 1 gets zero counts;
 - per-head parameters are repeated on 128 rows (prefill; D [H] goes to the
   TensorE identity path, D [H, P] to the per-channel path) or arranged as
   per-row ``[pr, nt]`` tiles (decode); dt is widened to float32; tensors are
@@ -77,11 +84,19 @@ def _D_per_row(xp, D, H, P):
 
 
 def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens: int,
-                   num_seqs: int, chunk_size: int, pr: int):
+                   num_seqs: int, chunk_size: int, pr: int, slot_rows: int | None = None,
+                   programs: int = 1, head_parts: int = 1):
     """Run-time batch tables of ``ssd_chunk_prefill`` (its module docstring):
     ``(pair_rows [pair_count, Q, 4], pair_vals [pair_count, 4], init_table [num_seqs, 128, 2],
-    final_table [num_seqs, 128, 2], zero_table [ceil(num_tokens / Q), Q, 1], counts [1, 5])``
-    int32, ``pair_count = ceil(num_tokens / 2Q) + num_seqs + 1``.
+    final_table [num_seqs, 128, 2], zero_table [ceil(num_tokens / Q), Q, 1],
+    counts [programs, 5])`` int32, ``pair_count = ceil(num_tokens / 2Q) + num_seqs + 1``.
+
+    Pool rows of slot s are ``s * slot_rows + q`` (q < pr; slot_rows defaults to pr).
+    The programs split the heads into ``head_parts`` parts and share every table
+    but counts: each runs the whole work list on its heads (its pool rows are
+    part * pr further, a static offset in the kernel); with one part (one head),
+    program 1's counts are zero (it runs no loop; its first source is the zero
+    block).
 
     ``num_tokens`` / ``num_seqs`` are the buckets; row ``num_tokens`` is the
     zero (inputs) / dump (y) row that masked chunk rows name; scratch block
@@ -131,7 +146,7 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens: int
         pair_vals[:total, 2] = seq_of_pair
         pair_vals[:total - 1, 3] = src[1:]
     src0 = int(src[0]) if total else zero_block
-    pool_rows = idx[live][:, None] * pr + np.arange(pr)[None, :]
+    pool_rows = idx[live][:, None] * (slot_rows or pr) + np.arange(pr)[None, :]
     init_table = np.zeros((num_seqs, _PMAX, 2), dtype=np.int32)
     n_init = int(init.sum())
     init_table[:n_init, :pr, 0] = pool_rows[init]
@@ -146,7 +161,9 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens: int
     zero_rows = -(-num_tokens // Q)
     zero_table = np.full((zero_rows * Q, 1), num_tokens, dtype=np.int32)
     zero_table[:pad_tok.size, 0] = pad_tok
-    counts = np.array([[n_init, total, n_live, -(-pad_tok.size // Q), src0]], dtype=np.int32)
+    counts = np.zeros((programs, 5), dtype=np.int32)
+    counts[:, 4] = zero_block
+    counts[:head_parts] = [n_init, total, n_live, -(-pad_tok.size // Q), src0]
     return (pair_rows, pair_vals, init_table, final_table, zero_table.reshape(zero_rows, Q, 1),
             counts)
 
@@ -183,11 +200,12 @@ def prefill_call(xp, call, *, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_lim
     (the rows masked chunk rows read), the batch to the sequence bucket.
     """
     T, H, P = x.shape
-    if P > _MAX_KERNEL_P:
+    if P > _MAX_KERNEL_P or (call.lnc == 2 and H % 2 and P % 2 == 0):
         # the recurrence is independent along P: a head of P channels is k heads
         # of P / k channels sharing its dt, A, D (per head), dt_bias (contiguous
-        # reshapes of x, z, D [H, P] and the pool; repeats of the per-head arrays)
-        k = _head_split(P)
+        # reshapes of x, z, D [H, P] and the pool; repeats of the per-head arrays).
+        # Also an odd number of heads at LNC=2: 2H heads of P/2 split evenly
+        k = _head_split(P) if P > _MAX_KERNEL_P else 2
         Hk, Pk = H * k, P // k
         pool = xp.pool_view(ssm_states, (ssm_states.shape[0], Hk, Pk, ssm_states.shape[-1]))
 
@@ -208,9 +226,12 @@ def prefill_call(xp, call, *, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_lim
     S = len(state_indices)
     slots = ssm_states.shape[0]
     Tb, Sb = token_bucket(T), seq_bucket(S)
-    pr, nt = decode_layout(H, P, 1)       # pr partitions x nt state rows each
+    # LNC=2: each program takes half of the heads (an odd H was split along P
+    # above; an odd H of odd P stays whole: program 1 gets zero counts)
+    parts = 2 if call.lnc == 2 and H % 2 == 0 else 1
+    pr, nt = decode_layout(H // parts, P, 1)   # pr partitions x nt state rows, per part
     tables = prefill_tables(cu_seqlens, state_indices, has_initial_state, Tb, Sb,
-                            int(chunk_size), pr)
+                            int(chunk_size), pr, parts * pr, call.lnc, parts)
 
     # tokens of padding sequences are zeroed (a masked fill): a chunk reads the Q
     # rows from its first token on, so rows past a sequence's end must be finite
@@ -232,13 +253,14 @@ def prefill_call(xp, call, *, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_lim
         D_row = xp.broadcast_rows(_D_per_row(xp, D, H, P), _PMAX)
     lo, hi = _dt_limit(dt_limit)
     _pool_rows(ssm_states)                # int32 range check
-    rows = xp.pool_view(ssm_states, (slots * pr, nt * N))
+    rows = xp.pool_view(ssm_states, (slots * parts * pr, nt * N))
     y = call(prefill_kernel(),
              tok2d(x, H * P), tok2d(dt, H, f32=True), xp.broadcast_rows(xp.f32(A), _PMAX),
              tok2d(B, G * N), tok2d(C, G * N), D_heads, D_row, tok2d(z, H * P),
              None if dt_bias is None else xp.broadcast_rows(xp.f32(dt_bias), _PMAX),
              rows, *(xp.table(t) for t in tables),
-             int(H), int(N), bool(dt_softplus), lo, hi, int(chunk_size), precision == "fp32")
+             int(H), parts, int(N), bool(dt_softplus), lo, hi, int(chunk_size),
+             precision == "fp32")
     xp.commit(rows, ssm_states)
     return y[:T].reshape(T, H, P)
 
@@ -255,42 +277,60 @@ def decode_layout(H: int, P: int, G: int) -> tuple[int, int]:
     raise AssertionError("unreachable: pr = G always qualifies")
 
 
-def decode_tables(state_indices, num_seqs: int, pr: int, per: int):
+def decode_tables(state_indices, num_seqs: int, pr: int, per: int, programs: int = 1):
     """Run-time batch tables of ``ssd_decode_step`` (its module docstring):
-    ``(seq_table [ceil(num_seqs / per) + 1, 128, 2*per], pad_table [num_seqs, 1],
-    counts [1, 4])`` int32.
+    ``(seq_table [programs * (ceil(num_seqs / per) + 1), 128, 2*per],
+    pad_table [programs * num_seqs, 1], counts [programs, 4])`` int32, one block of
+    rows per program.
 
     ``num_seqs`` is the bucket (>= len(state_indices)); ``per`` the kernel's
-    sequences per loop iteration: live sequence i is entry ``i % per`` of row
-    ``i // per``; entries past the last live sequence repeat live sequence 0
-    (the kernel's last prefetch reads them and discards the data; it never
-    writes them). counts: full iterations + 1, padding sequences, any live
-    (0/1), a last partial iteration (0/1). Built with vectorised array ops
-    only, each a torch op on device: ``nonzero`` of ``state_indices >= 0`` /
-    ``< 0`` (live and padding order), an ``arange`` broadcast add (pool rows
+    sequences per loop iteration. The programs split the live sequences (and,
+    apart, the padding ones) in order into halves, the first program taking the
+    odd one: a lone live sequence runs on program 0 and program 1 gets zero
+    counts. A program's k-th live sequence is entry ``k % per`` of its row
+    ``k // per``; entries past its last live sequence repeat its first (the
+    kernel's last prefetch reads them and discards the data; it never writes
+    them, and a program reads no pool rows the other writes). counts per
+    program: full iterations + 1, padding sequences, any live (0/1), a last
+    partial iteration (0/1). Built with vectorised array ops only, each a torch
+    op on device: ``nonzero`` of ``state_indices >= 0`` / ``< 0`` (live and
+    padding order), slices, an ``arange`` broadcast add (pool rows
     ``slot*pr + q``), a ``where`` (dummy entries), indexed writes into zero
     tables (``index_put``) and integer counts.
     """
     idx = np.asarray(state_indices, dtype=np.int64)
-    live = np.flatnonzero(idx >= 0)
-    pad = np.flatnonzero(idx < 0)
+    live_all = np.flatnonzero(idx >= 0)
+    pad_all = np.flatnonzero(idx < 0)
     rows = (num_seqs + per - 1) // per + 1
-    entries = np.zeros((rows * per, _PMAX, 2), dtype=np.int32)
-    if live.size:
-        order = np.where(np.arange(rows * per) < live.size,
-                         np.arange(rows * per), 0)           # dummies: live sequence 0
-        seqs = live[np.minimum(order, live.size - 1)]
-        entries[:, :pr, 0] = idx[seqs][:, None] * pr + np.arange(pr)[None, :]
-        entries[:, 0, 1] = seqs
-        entries[:live.size, 1, 1] = 1
-    # [rows*per, 128, 2] -> [rows, 128, per*2]: entry e of a row at columns 2e, 2e+1
-    seq_table = np.ascontiguousarray(
-        entries.reshape(rows, per, _PMAX, 2).transpose(0, 2, 1, 3).reshape(rows, _PMAX, 2 * per))
-    pad_table = np.zeros((num_seqs, 1), dtype=np.int32)
-    pad_table[:pad.size, 0] = pad
-    counts = np.array([[live.size // per + 1, pad.size, int(live.size > 0),
-                        int(live.size % per != 0)]], dtype=np.int32)
-    return seq_table, pad_table, counts
+    seq_tables, pad_tables, counts = [], [], []
+    for prog in range(programs):
+        live = _program_share(live_all, prog, programs)
+        pad = _program_share(pad_all, prog, programs)
+        entries = np.zeros((rows * per, _PMAX, 2), dtype=np.int32)
+        if live.size:
+            order = np.where(np.arange(rows * per) < live.size,
+                             np.arange(rows * per), 0)       # dummies: the first live sequence
+            seqs = live[np.minimum(order, live.size - 1)]
+            entries[:, :pr, 0] = idx[seqs][:, None] * pr + np.arange(pr)[None, :]
+            entries[:, 0, 1] = seqs
+            entries[:live.size, 1, 1] = 1
+        # [rows*per, 128, 2] -> [rows, 128, per*2]: entry e of a row at columns 2e, 2e+1
+        seq_tables.append(entries.reshape(rows, per, _PMAX, 2).transpose(0, 2, 1, 3)
+                          .reshape(rows, _PMAX, 2 * per))
+        pad_table = np.zeros((num_seqs, 1), dtype=np.int32)
+        pad_table[:pad.size, 0] = pad
+        pad_tables.append(pad_table)
+        counts.append([live.size // per + 1, pad.size, int(live.size > 0),
+                       int(live.size % per != 0)])
+    return (np.ascontiguousarray(np.concatenate(seq_tables)), np.concatenate(pad_tables),
+            np.array(counts, dtype=np.int32))
+
+
+def _program_share(items, prog: int, programs: int):
+    """Program ``prog``'s part of ``items`` split in order into ``programs`` parts, the
+    first parts one longer (``ceil``)."""
+    cut = -(-items.size // programs)
+    return items[prog * cut:(prog + 1) * cut]
 
 
 def decode(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states, state_indices,
@@ -349,7 +389,7 @@ def decode_call(xp, call, *, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limi
     lo, hi = _dt_limit(dt_limit)
     pool = xp.pool_view(ssm_states, (slots * pr, nt * N))
     per = entries_per_iteration(nt, N, xp.is_f32(ssm_states))
-    tables = decode_tables(state_indices, Sb, pr, per)
+    tables = decode_tables(state_indices, Sb, pr, per, call.lnc)
     y = call(decode_kernel(),
              xp.cat(xdt, axis=1).reshape(Sb, T * pr, -1), xp.cat(params, axis=1),
              BC.reshape(Sb, T * G, 2 * N), xp.cast_like(xp.table(sel), BC), pool,
