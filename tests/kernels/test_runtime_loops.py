@@ -72,6 +72,7 @@ CASES = [(_conv_prefill, PREFILL_BATCHES), (_ssd_prefill, PREFILL_BATCHES),
          (_gdn_prefill, PREFILL_BATCHES), (_conv_decode, DECODE_BATCHES),
          (_ssd_decode, DECODE_BATCHES), (_gdn_decode, DECODE_BATCHES)]
 
+
 @pytest.mark.parametrize("make, batches", CASES, ids=lambda v: getattr(v, "__name__", ""))
 def test_one_runtime_loop_level_and_one_program(make, batches, monkeypatch):
     for lnc in (1, 2):      # both programs at LNC=2: same size, both in loops
