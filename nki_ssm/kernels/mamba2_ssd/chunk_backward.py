@@ -272,7 +272,7 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
     t["C_raw"] = _sb((Q, GN), C.dtype)
     t["Bf"] = _sb((Q, GN))
     t["Cf"] = _sb((Q, GN))
-    for name in ("dtp", "dtA", "ecs", "eex", "wd", "gate", "tmp", "ddt", "V", "Wc", "DI", "qv",
+    for name in ("dtp", "dtA", "ecs", "eex", "wd", "gate", "tmp", "ddt", "V", "DI", "qv",
                  "accA", "accB"):
         t[name] = _sb((Q, nhp))
     t["elast"] = _sb((N, nhp))
@@ -578,8 +578,8 @@ def _block_grads(cfg, t, a, b):
         nisa.nc_matmul(dst=yi, stationary=t["KT"], moving=t["xdt"], accumulate=False)
         nisa.nc_matmul(dst=yo, stationary=t["CT"][g], moving=ST0[:, cols], accumulate=False)
         nisa.activation(dst=t["y0"], op=nl.copy, data=yo, scale=ecs[:, k:k + 1])
-        nisa.tensor_tensor(dst=t["y0"], data1=t["y0"], data2=yi, op=nl.add)
         _rowdot(t, t["V"][:, k:k + 1], t["y0"], dy1[:, cols])
+        nisa.tensor_tensor(dst=t["y0"], data1=t["y0"], data2=yi, op=nl.add)
         if t["z_raw"] != None:  # noqa: E711
             y1 = t["y0"]
             if t["D"] != None:  # noqa: E711
@@ -612,8 +612,13 @@ def _block_grads(cfg, t, a, b):
         nisa.tensor_tensor(dst=t["Zt"], data1=zz[0:Q, 0:Q], data2=t["Em"], op=nl.multiply)
         nisa.tensor_tensor(dst=t["ZTt"], data1=zz[0:Q, Q:2 * Q], data2=t["ETm"],
                            op=nl.multiply)
+        # intra-chunk ddA_k = sum_{i>=k, j<k} M_ij: (M Us)[i, k] masked to i >= k, summed
+        # over i (a ones matmul into column k of the chunk's ddA PSUM)
         nisa.tensor_tensor(dst=t["MT"], data1=t["ZTt"], data2=t["CBTm"][g], op=nl.multiply)
-        nisa.tensor_reduce(dst=t["Wc"][:, k:k + 1], op=nl.add, data=t["MT"], axis=(1,))
+        nisa.nc_matmul(dst=tpA[0:Q, 0:Q], stationary=t["MT"], moving=t["Us"], accumulate=False)
+        nisa.tensor_tensor(dst=t["Wt"], data1=tpA[0:Q, 0:Q], data2=t["Li"], op=nl.multiply)
+        nisa.nc_matmul(dst=t["pc"][0:Q, k:k + 1], stationary=t["Wt"], moving=t["ones"][0:Q, 0:1],
+                       accumulate=False)
         # dC, dB: every head of the group accumulates in one PSUM bank
         first = h == max(h0, g * HPG)
         dCp, dBp = t["dCps"][0:Q, 0:N], t["dBps"][0:Q, 0:N]
@@ -659,9 +664,8 @@ def _chunk_dt(cfg, t):
     dtp = t["dtp"]
     nisa.tensor_tensor(dst=t["qv"], data1=t["qv"], data2=dtp, op=nl.multiply)
     nisa.tensor_tensor(dst=t["Tn"], data1=t["Tn"], data2=t["elast"], op=nl.multiply)
-    nisa.tensor_tensor(dst=t["V"], data1=t["V"], data2=t["Wc"], op=nl.subtract)
-    dps = t["pc"][0:Q, 0:cfg["nhp"]]
-    nisa.nc_matmul(dst=dps, stationary=t["Li"], moving=t["V"], accumulate=False)
+    dps = t["pc"][0:Q, 0:cfg["nhp"]]      # holds the intra-chunk terms of every head
+    nisa.nc_matmul(dst=dps, stationary=t["Li"], moving=t["V"], accumulate=True)
     nisa.nc_matmul(dst=dps, stationary=t["Us"], moving=t["qv"], accumulate=True)
     nisa.nc_matmul(dst=dps, stationary=t["ones"][0:N, 0:Q], moving=t["Tn"], accumulate=True)
     tmp = t["tmp"]
