@@ -280,15 +280,16 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
     t["ST0"] = _sb((N, WB))
     t["dST"] = _sb((N, WB))
     t["Dacc"] = _sb((Q, W))
+    # per-head temporaries: rings of 2 (two heads in flight, _block_grads)
     for name in ("xdt", "Xd", "dy1e", "y0", "y1", "dxr", "dxS", "pP"):
-        t[name] = _sb((Q, P))
+        t[name] = [_sb((Q, P)), _sb((Q, P))]
     for name in ("Wt", "ETm", "Em", "KT", "K", "Zt", "ZTt", "MT"):
-        t[name] = _sb((Q, Q))
+        t[name] = [_sb((Q, Q)), _sb((Q, Q))]
     for name in ("dy1T", "dy1eT", "xdtT", "XdT"):
-        t[name] = _sb((P, Q))
-    t["S0"] = _sb((P, N))
-    t["dSe"] = _sb((P, N))
-    t["pS"] = _sb((N, P))
+        t[name] = [_sb((P, Q)), _sb((P, Q))]
+    for name in ("S0", "dSe"):
+        t[name] = [_sb((P, N)), _sb((P, N))]
+    t["pS"] = [_sb((N, P)), _sb((N, P))]
     t["CT"] = []
     t["BT"] = []
     t["CBTm"] = []
@@ -306,8 +307,15 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
     nisa.memset(dst=t["accA"], value=0.0)
     nisa.memset(dst=t["accB"], value=0.0)
     nisa.memset(dst=t["Dacc"], value=0.0)
-    for name in ("pc", "tpA", "tpB", "tpC", "zz", "dCps", "dBps", "dSps"):
+    # PSUM (8 banks): chunk scratch / ddA columns; dC | dB | dS; per head (ring of 2) hA
+    # (seg, E, dy1^T, (dy1 e^c)^T, then Z, Z^T, M Us), hB (the other four transposes), hC
+    # (y_intra, y_off, the two dx terms)
+    for name in ("pc", "dCB"):
         t[name] = nl.ndarray((_PMAX, _PSUM_F), dtype=f32, buffer=nl.psum)
+    for name in ("hA", "hB", "hC"):
+        t[name] = []
+        for r in range(2):
+            t[name].append(nl.ndarray((_PMAX, _PSUM_F), dtype=f32, buffer=nl.psum))
     cfg = {"Q": Q, "P": P, "N": N, "G": G, "HPG": HPG, "h0": h0, "nhp": nhp, "c0": c0,
            "W": W, "H": H, "x": x, "dt": dt, "B": B, "C": C, "z": z, "dy": dy,
            "soft": dt_softplus, "lo": dt_lo, "hi": dt_hi, "groups": groups, "blocks": blocks}
@@ -353,11 +361,12 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
             xw = _widen(t["xf"], t["x_raw"], wb)
             for k in range(a, b):
                 cols = slice((k - a) * P, (k - a + 1) * P)
-                nisa.tensor_scalar(dst=t["Xd"], data=xw[:, cols], op0=nl.multiply,
+                Xd = _r(t, "Xd", k)
+                nisa.tensor_scalar(dst=Xd, data=xw[:, cols], op0=nl.multiply,
                                    operand0=t["wd"][:, k:k + 1])
                 g = (h0 + k) // HPG
-                st = t["dSps"][0:N, 0:P]
-                nisa.nc_matmul(dst=st, stationary=t["Bw"][:, g * N:(g + 1) * N], moving=t["Xd"],
+                st = _r(t, "hC", k)[0:N, 0:P]
+                nisa.nc_matmul(dst=st, stationary=t["Bw"][:, g * N:(g + 1) * N], moving=Xd,
                                accumulate=False)
                 nisa.scalar_tensor_tensor(dst=t["dST"][:, cols], data=t["ST0"][:, cols],
                                           op0=nl.multiply, operand0=t["elast"][:, k:k + 1],
@@ -532,128 +541,165 @@ def _group_terms(cfg, t):
         nisa.tensor_copy(dst=t["CB"][g], src=pc[0:Q, 3 * Q:4 * Q], engine=nisa.engine.scalar)
 
 
-def _rowdot(t, dst, a, b):
-    """dst [rows, 1] = sum over the free dim of a o b (VectorE product, then reduce)."""
+def _rowdot(t, k, dst, a, b):
+    """dst [rows, 1] = sum over the free dim of a o b (VectorE product into head k's ring
+    temporary, then reduce)."""
     rows, w = a.shape[0], a.shape[1]
-    prod = t["pP"]
-    if rows != t["pP"].shape[0]:
-        prod = t["pS"]
+    prod = _r(t, "pP", k)
+    if rows != prod.shape[0]:
+        prod = _r(t, "pS", k)
     nisa.tensor_tensor(dst=prod[0:rows, 0:w], data1=a, data2=b, op=nl.multiply)
     nisa.tensor_reduce(dst=dst, op=nl.add, data=prod[0:rows, 0:w], axis=(1,))
 
 
+def _r(t, name, k):
+    """Head k's copy of a per-head temporary (rings of 2: heads k and k+1 are in flight)."""
+    return t[name][k % 2]
+
+
 def _block_grads(cfg, t, a, b):
-    """Loop B's per-head work for the program's heads a .. b-1 (module docstring)."""
+    """Loop B's per-head work for the program's heads a .. b-1, software-pipelined over
+    two stages: stage A of head k+1 is issued before stage B of head k (every per-head
+    temporary and PSUM region is a ring of 2), so each in-order engine queue holds work
+    of two heads and the engines overlap."""
+    for step in range(a, b + 1):
+        if step < b:
+            _head_a(cfg, t, a, step)
+        if step > a:
+            _head_b(cfg, t, a, step - 1)
+
+
+def _head_a(cfg, t, a, k):
+    """Stage A of head k: per-token scalings, the decay matrices E^T, E (masked), K^T, K,
+    y0 = y_intra + e^c y_off (dz and V = dy1 . e^c y_off), the transposes of dy1, dy1 e^c,
+    x dt', x dt' e^{c_end - c} ([P, Q]) and of S0, dSe ([P, N])."""
     Q, P, N, HPG, h0 = cfg["Q"], cfg["P"], cfg["N"], cfg["HPG"], cfg["h0"]
-    xw, dy1, dyz, Bw, Cw = t["xw"], t["dy1"], t["dyz"], t["Bw"], t["Cw"]
-    dtp, ecs, eex, wd, elast = t["dtp"], t["ecs"], t["eex"], t["wd"], t["elast"]
-    tpA, tpB, tpC, zz = t["tpA"], t["tpB"], t["tpC"], t["zz"]
+    xw, dy1, dyz = t["xw"], t["dy1"], t["dyz"]
+    dtp, ecs, wd = t["dtp"], t["ecs"], t["wd"]
     ST0, dST = t["ST0"], t["dST"]
-    for k in range(a, b):
-        h = h0 + k
-        g = h // HPG
-        n0 = g * N
-        cols = slice((k - a) * P, (k - a + 1) * P)
-        nisa.tensor_scalar(dst=t["xdt"], data=xw[:, cols], op0=nl.multiply,
-                           operand0=dtp[:, k:k + 1], engine=nisa.engine.scalar)
-        nisa.tensor_scalar(dst=t["Xd"], data=xw[:, cols], op0=nl.multiply,
-                           operand0=wd[:, k:k + 1], engine=nisa.engine.scalar)
-        nisa.tensor_scalar(dst=t["dy1e"], data=dy1[:, cols], op0=nl.multiply,
-                           operand0=ecs[:, k:k + 1], engine=nisa.engine.scalar)
-        # decay matrix E^T [j, i] = exp(sum_{j<k'<=i} dt'A) masked to j <= i, and E
-        nisa.affine_select(dst=t["Wt"], pattern=[[0, 1], [1, Q]], channel_multiplier=-1,
-                           on_true_tile=t["dtA"].ap(pattern=[[cfg["nhp"], Q], [1, 1], [0, Q]],
-                                                    offset=k),
-                           on_false_value=0.0, cmp_op=nl.greater_equal, offset=0)
-        nisa.nc_matmul(dst=tpA[0:Q, 0:Q], stationary=t["Ls"], moving=t["Wt"],
-                       accumulate=False, is_stationary_onezero=True)
-        nisa.activation(dst=t["ETm"], op=nl.exp, data=tpA[0:Q, 0:Q])
-        nisa.tensor_tensor(dst=t["ETm"], data1=t["ETm"], data2=t["U"], op=nl.multiply)
-        nisa.nc_transpose(dst=tpA[0:Q, Q:2 * Q], data=t["ETm"])
-        nisa.tensor_copy(dst=t["Em"], src=tpA[0:Q, Q:2 * Q], engine=nisa.engine.scalar)
-        nisa.tensor_tensor(dst=t["KT"], data1=t["ETm"], data2=t["CBTm"][g], op=nl.multiply)
-        nisa.tensor_tensor(dst=t["K"], data1=t["Em"], data2=t["CB"][g], op=nl.multiply)
-        # y0 = y_intra + e^c y_off; V = dy1 . y0; dz = dy silu'(z) (y0 + D x)
-        yi, yo = tpC[0:Q, N:N + P], tpC[0:Q, N + P:N + 2 * P]
-        nisa.nc_matmul(dst=yi, stationary=t["KT"], moving=t["xdt"], accumulate=False)
-        nisa.nc_matmul(dst=yo, stationary=t["CT"][g], moving=ST0[:, cols], accumulate=False)
-        nisa.activation(dst=t["y0"], op=nl.copy, data=yo, scale=ecs[:, k:k + 1])
-        _rowdot(t, t["V"][:, k:k + 1], t["y0"], dy1[:, cols])
-        nisa.tensor_tensor(dst=t["y0"], data1=t["y0"], data2=yi, op=nl.add)
-        if t["z_raw"] != None:  # noqa: E711
-            y1 = t["y0"]
-            if t["D"] != None:  # noqa: E711
-                y1 = t["y1"]
-                dcols = slice(k * P, (k + 1) * P)
-                nisa.tensor_tensor(dst=y1, data1=xw[:, cols], data2=t["D"][0:Q, dcols],
-                                   op=nl.multiply)
-                nisa.tensor_tensor(dst=y1, data1=y1, data2=t["y0"], op=nl.add)
-            nisa.tensor_tensor(dst=t["dzo"][:, cols], data1=dyz[:, cols], data2=y1,
-                               op=nl.multiply)
-        # transposes: dy1, dy1 e^c, x dt', x dt' e^{c_end - c} -> [P, Q]; S0, dSe -> [P, N]
-        for item in ((dy1[:, cols], t["dy1T"], tpA[0:P, 2 * Q:3 * Q]),
-                              (t["dy1e"], t["dy1eT"], tpA[0:P, 3 * Q:4 * Q]),
-                              (t["xdt"], t["xdtT"], tpB[0:P, 0:Q]),
-                              (t["Xd"], t["XdT"], tpB[0:P, Q:2 * Q])):
-            src = item[0]
-            dstT = item[1]
-            ps = item[2]
-            nisa.nc_transpose(dst=ps, data=src)
-            nisa.tensor_copy(dst=dstT, src=ps, engine=nisa.engine.scalar)
-        nisa.nc_transpose(dst=tpB[0:P, 2 * Q:2 * Q + N], data=ST0[:, cols])
-        nisa.tensor_copy(dst=t["S0"], src=tpB[0:P, 2 * Q:2 * Q + N])
-        nisa.nc_transpose(dst=tpC[0:P, 0:N], data=dST[:, cols])
-        nisa.tensor_copy(dst=t["dSe"], src=tpC[0:P, 0:N])
-        # Z [i, j] = E o (dy1 (x dt')^T), Z^T; Wc_j = sum_i (Z^T o CB^T)[j, i]
-        nisa.nc_matmul(dst=zz[0:Q, 0:Q], stationary=t["dy1T"], moving=t["xdtT"],
-                       accumulate=False)
-        nisa.nc_matmul(dst=zz[0:Q, Q:2 * Q], stationary=t["xdtT"], moving=t["dy1T"],
-                       accumulate=False)
-        nisa.tensor_tensor(dst=t["Zt"], data1=zz[0:Q, 0:Q], data2=t["Em"], op=nl.multiply)
-        nisa.tensor_tensor(dst=t["ZTt"], data1=zz[0:Q, Q:2 * Q], data2=t["ETm"],
-                           op=nl.multiply)
-        # intra-chunk ddA_k = sum_{i>=k, j<k} M_ij: (M Us)[i, k] masked to i >= k, summed
-        # over i (a ones matmul into column k of the chunk's ddA PSUM)
-        nisa.tensor_tensor(dst=t["MT"], data1=t["ZTt"], data2=t["CBTm"][g], op=nl.multiply)
-        nisa.nc_matmul(dst=tpA[0:Q, 0:Q], stationary=t["MT"], moving=t["Us"], accumulate=False)
-        nisa.tensor_tensor(dst=t["Wt"], data1=tpA[0:Q, 0:Q], data2=t["Li"], op=nl.multiply)
-        nisa.nc_matmul(dst=t["pc"][0:Q, k:k + 1], stationary=t["Wt"], moving=t["ones"][0:Q, 0:1],
-                       accumulate=False)
-        # dC, dB: every head of the group accumulates in one PSUM bank
-        first = h == max(h0, g * HPG)
-        dCp, dBp = t["dCps"][0:Q, 0:N], t["dBps"][0:Q, 0:N]
-        nisa.nc_matmul(dst=dCp, stationary=t["dy1eT"], moving=t["S0"], accumulate=not first)
-        nisa.nc_matmul(dst=dCp, stationary=t["ZTt"], moving=Bw[:, n0:n0 + N], accumulate=True)
-        nisa.nc_matmul(dst=dBp, stationary=t["Zt"], moving=Cw[:, n0:n0 + N],
-                       accumulate=not first)
-        nisa.nc_matmul(dst=dBp, stationary=t["XdT"], moving=t["dSe"], accumulate=True)
-        if h == min(h0 + cfg["nhp"], (g + 1) * HPG) - 1:
-            nisa.tensor_copy(dst=t["dCt"][:, n0:n0 + N], src=dCp)
-            nisa.tensor_copy(dst=t["dBt"][:, n0:n0 + N], src=dBp, engine=nisa.engine.scalar)
-        # dx = dt' (K^T dy1 + e^{c_end - c} B dSe^T) + D dy1; DI = x . dxr; q' = x . dxS
-        dxa, dxb = zz[0:Q, 2 * Q:2 * Q + P], zz[0:Q, 2 * Q + P:2 * Q + 2 * P]
-        nisa.nc_matmul(dst=dxa, stationary=t["K"], moving=dy1[:, cols], accumulate=False)
-        nisa.nc_matmul(dst=dxb, stationary=t["BT"][g], moving=dST[:, cols], accumulate=False)
-        nisa.tensor_scalar(dst=t["dxS"], data=dxb, op0=nl.multiply, operand0=eex[:, k:k + 1])
-        nisa.tensor_tensor(dst=t["dxr"], data1=dxa, data2=t["dxS"], op=nl.add)
-        _rowdot(t, t["DI"][:, k:k + 1], xw[:, cols], t["dxr"])
-        _rowdot(t, t["qv"][:, k:k + 1], xw[:, cols], t["dxS"])
+    hA, hB, hC = _r(t, "hA", k), _r(t, "hB", k), _r(t, "hC", k)
+    g = (h0 + k) // HPG
+    cols = slice((k - a) * P, (k - a + 1) * P)
+    xdt, Xd, dy1e = _r(t, "xdt", k), _r(t, "Xd", k), _r(t, "dy1e", k)
+    Wt, ETm, Em, KT, K = _r(t, "Wt", k), _r(t, "ETm", k), _r(t, "Em", k), _r(t, "KT", k), \
+        _r(t, "K", k)
+    y0 = _r(t, "y0", k)
+    nisa.tensor_scalar(dst=xdt, data=xw[:, cols], op0=nl.multiply, operand0=dtp[:, k:k + 1],
+                       engine=nisa.engine.scalar)
+    nisa.tensor_scalar(dst=Xd, data=xw[:, cols], op0=nl.multiply, operand0=wd[:, k:k + 1],
+                       engine=nisa.engine.scalar)
+    nisa.tensor_scalar(dst=dy1e, data=dy1[:, cols], op0=nl.multiply, operand0=ecs[:, k:k + 1],
+                       engine=nisa.engine.scalar)
+    # decay matrix E^T [j, i] = exp(sum_{j<k'<=i} dt'A) masked to j <= i, and E
+    nisa.affine_select(dst=Wt, pattern=[[0, 1], [1, Q]], channel_multiplier=-1,
+                       on_true_tile=t["dtA"].ap(pattern=[[cfg["nhp"], Q], [1, 1], [0, Q]],
+                                                offset=k),
+                       on_false_value=0.0, cmp_op=nl.greater_equal, offset=0)
+    nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=t["Ls"], moving=Wt, accumulate=False,
+                   is_stationary_onezero=True)
+    nisa.activation(dst=ETm, op=nl.exp, data=hA[0:Q, 0:Q])
+    nisa.tensor_tensor(dst=ETm, data1=ETm, data2=t["U"], op=nl.multiply)
+    nisa.nc_transpose(dst=hA[0:Q, Q:2 * Q], data=ETm)
+    nisa.tensor_copy(dst=Em, src=hA[0:Q, Q:2 * Q], engine=nisa.engine.scalar)
+    nisa.tensor_tensor(dst=KT, data1=ETm, data2=t["CBTm"][g], op=nl.multiply)
+    nisa.tensor_tensor(dst=K, data1=Em, data2=t["CB"][g], op=nl.multiply,
+                       engine=nisa.engine.gpsimd)
+    # y0 = y_intra + e^c y_off; V = dy1 . e^c y_off; dz = dy silu'(z) (y0 + D x)
+    yi, yo = hC[0:Q, 0:P], hC[0:Q, P:2 * P]
+    nisa.nc_matmul(dst=yi, stationary=KT, moving=xdt, accumulate=False)
+    nisa.nc_matmul(dst=yo, stationary=t["CT"][g], moving=ST0[:, cols], accumulate=False)
+    nisa.activation(dst=y0, op=nl.copy, data=yo, scale=ecs[:, k:k + 1])
+    _rowdot(t, k, t["V"][:, k:k + 1], y0, dy1[:, cols])
+    if t["z_raw"] != None:  # noqa: E711
+        nisa.tensor_tensor(dst=y0, data1=y0, data2=yi, op=nl.add)
+        y1 = y0
         if t["D"] != None:  # noqa: E711
+            y1 = _r(t, "y1", k)
             dcols = slice(k * P, (k + 1) * P)
-            nisa.tensor_tensor(dst=t["y1"], data1=dy1[:, cols], data2=t["D"][0:Q, dcols],
-                               op=nl.multiply)
-            nisa.scalar_tensor_tensor(dst=t["dxo"][:, cols], data=t["dxr"], op0=nl.multiply,
-                                      operand0=dtp[:, k:k + 1], op1=nl.add, operand1=t["y1"])
-        else:
-            nisa.tensor_scalar(dst=t["dxo"][:, cols], data=t["dxr"], op0=nl.multiply,
-                               operand0=dtp[:, k:k + 1])
-        # <dSe, S0> per state row; then dS0^T = e^{c_end} dSe^T + C^T (dy1 e^c)
-        _rowdot(t, t["Tn"][:, k:k + 1], dST[:, cols], ST0[:, cols])
-        dSp = t["dSps"][0:N, 0:P]
-        nisa.nc_matmul(dst=dSp, stationary=Cw[:, n0:n0 + N], moving=t["dy1e"],
-                       accumulate=False)
-        nisa.scalar_tensor_tensor(dst=dST[:, cols], data=dST[:, cols], op0=nl.multiply,
-                                  operand0=elast[:, k:k + 1], op1=nl.add, operand1=dSp)
+            nisa.tensor_tensor(dst=y1, data1=xw[:, cols], data2=t["D"][0:Q, dcols],
+                               op=nl.multiply, engine=nisa.engine.gpsimd)
+            nisa.tensor_tensor(dst=y1, data1=y1, data2=y0, op=nl.add)
+        nisa.tensor_tensor(dst=t["dzo"][:, cols], data1=dyz[:, cols], data2=y1,
+                           op=nl.multiply)
+    # transposes: dy1, dy1 e^c, x dt', x dt' e^{c_end - c} -> [P, Q]; S0, dSe -> [P, N]
+    for item in ((dy1[:, cols], "dy1T", hA[0:P, 2 * Q:3 * Q]),
+                 (dy1e, "dy1eT", hA[0:P, 3 * Q:4 * Q]),
+                 (xdt, "xdtT", hB[0:P, 0:Q]),
+                 (Xd, "XdT", hB[0:P, Q:2 * Q])):
+        nisa.nc_transpose(dst=item[2], data=item[0])
+        nisa.tensor_copy(dst=_r(t, item[1], k), src=item[2], engine=nisa.engine.scalar)
+    nisa.nc_transpose(dst=hB[0:P, 2 * Q:2 * Q + N], data=ST0[:, cols])
+    nisa.tensor_copy(dst=_r(t, "S0", k), src=hB[0:P, 2 * Q:2 * Q + N])
+    nisa.nc_transpose(dst=hB[0:P, 2 * Q + N:2 * Q + 2 * N], data=dST[:, cols])
+    nisa.tensor_copy(dst=_r(t, "dSe", k), src=hB[0:P, 2 * Q + N:2 * Q + 2 * N])
+
+
+def _head_b(cfg, t, a, k):
+    """Stage B of head k: Z, Z^T and the intra-chunk ddA column, dC and dB (accumulated over
+    the group's heads in one PSUM bank), dx with its row dots, <dSe, S0>, and the state
+    gradient dS0^T = e^{c_end} dSe^T + C^T (dy1 e^c)."""
+    Q, P, N, HPG, h0 = cfg["Q"], cfg["P"], cfg["N"], cfg["HPG"], cfg["h0"]
+    xw, dy1, Bw, Cw = t["xw"], t["dy1"], t["Bw"], t["Cw"]
+    dtp, eex, elast = t["dtp"], t["eex"], t["elast"]
+    ST0, dST = t["ST0"], t["dST"]
+    hA, hC = _r(t, "hA", k), _r(t, "hC", k)
+    h = h0 + k
+    g = h // HPG
+    n0 = g * N
+    cols = slice((k - a) * P, (k - a + 1) * P)
+    Zt, ZTt, MT, X = _r(t, "Zt", k), _r(t, "ZTt", k), _r(t, "MT", k), _r(t, "Wt", k)
+    dy1T, xdtT = _r(t, "dy1T", k), _r(t, "xdtT", k)
+    dxS, dxr = _r(t, "dxS", k), _r(t, "dxr", k)
+    # Z [i, j] = E o (dy1 (x dt')^T), Z^T (over seg / E^T's PSUM regions, read by now)
+    nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=dy1T, moving=xdtT, accumulate=False)
+    nisa.nc_matmul(dst=hA[0:Q, Q:2 * Q], stationary=xdtT, moving=dy1T, accumulate=False)
+    nisa.tensor_tensor(dst=Zt, data1=hA[0:Q, 0:Q], data2=_r(t, "Em", k), op=nl.multiply)
+    nisa.tensor_tensor(dst=ZTt, data1=hA[0:Q, Q:2 * Q], data2=_r(t, "ETm", k), op=nl.multiply)
+    # intra-chunk ddA_k' = sum_{i>=k', j<k'} M_ij: (M Us)[i, k'] masked to i >= k', summed
+    # over i (a ones matmul into column k of the chunk's ddA PSUM)
+    nisa.tensor_tensor(dst=MT, data1=ZTt, data2=t["CBTm"][g], op=nl.multiply,
+                       engine=nisa.engine.gpsimd)
+    nisa.nc_matmul(dst=hA[0:Q, 2 * Q:3 * Q], stationary=MT, moving=t["Us"], accumulate=False)
+    nisa.tensor_tensor(dst=X, data1=hA[0:Q, 2 * Q:3 * Q], data2=t["Li"], op=nl.multiply)
+    nisa.nc_matmul(dst=t["pc"][0:Q, k:k + 1], stationary=X, moving=t["ones"][0:Q, 0:1],
+                   accumulate=False)
+    # dC, dB: every head of the group accumulates in one PSUM bank
+    first = h == max(h0, g * HPG)
+    dCp, dBp = t["dCB"][0:Q, 0:N], t["dCB"][0:Q, N:2 * N]
+    nisa.nc_matmul(dst=dCp, stationary=_r(t, "dy1eT", k), moving=_r(t, "S0", k),
+                   accumulate=not first)
+    nisa.nc_matmul(dst=dCp, stationary=ZTt, moving=Bw[:, n0:n0 + N], accumulate=True)
+    nisa.nc_matmul(dst=dBp, stationary=Zt, moving=Cw[:, n0:n0 + N], accumulate=not first)
+    nisa.nc_matmul(dst=dBp, stationary=_r(t, "XdT", k), moving=_r(t, "dSe", k),
+                   accumulate=True)
+    if h == min(h0 + cfg["nhp"], (g + 1) * HPG) - 1:
+        nisa.tensor_copy(dst=t["dCt"][:, n0:n0 + N], src=dCp)
+        nisa.tensor_copy(dst=t["dBt"][:, n0:n0 + N], src=dBp, engine=nisa.engine.scalar)
+    # dx = dt' (K^T dy1 + e^{c_end - c} B dSe^T) + D dy1; DI = x . dxr; q' = x . dxS
+    dxa, dxb = hC[0:Q, 2 * P:3 * P], hC[0:Q, 3 * P:4 * P]
+    nisa.nc_matmul(dst=dxa, stationary=_r(t, "K", k), moving=dy1[:, cols], accumulate=False)
+    nisa.nc_matmul(dst=dxb, stationary=t["BT"][g], moving=dST[:, cols], accumulate=False)
+    nisa.activation(dst=dxS, op=nl.copy, data=dxb, scale=eex[:, k:k + 1])
+    nisa.tensor_tensor(dst=dxr, data1=dxa, data2=dxS, op=nl.add)
+    _rowdot(t, k, t["DI"][:, k:k + 1], xw[:, cols], dxr)
+    _rowdot(t, k, t["qv"][:, k:k + 1], xw[:, cols], dxS)
+    if t["D"] != None:  # noqa: E711
+        dD1 = _r(t, "y1", k)
+        dcols = slice(k * P, (k + 1) * P)
+        nisa.tensor_tensor(dst=dD1, data1=dy1[:, cols], data2=t["D"][0:Q, dcols],
+                           op=nl.multiply, engine=nisa.engine.gpsimd)
+        nisa.scalar_tensor_tensor(dst=t["dxo"][:, cols], data=dxr, op0=nl.multiply,
+                                  operand0=dtp[:, k:k + 1], op1=nl.add, operand1=dD1)
+    else:
+        nisa.tensor_scalar(dst=t["dxo"][:, cols], data=dxr, op0=nl.multiply,
+                           operand0=dtp[:, k:k + 1], engine=nisa.engine.scalar)
+    # <dSe, S0> per state row; then dS0^T = e^{c_end} dSe^T + C^T (dy1 e^c)
+    _rowdot(t, k, t["Tn"][:, k:k + 1], dST[:, cols], ST0[:, cols])
+    dSp = t["dCB"][0:N, 2 * N:2 * N + P]
+    nisa.nc_matmul(dst=dSp, stationary=Cw[:, n0:n0 + N], moving=_r(t, "dy1e", k),
+                   accumulate=False)
+    nisa.scalar_tensor_tensor(dst=dST[:, cols], data=dST[:, cols], op0=nl.multiply,
+                              operand0=elast[:, k:k + 1], op1=nl.add, operand1=dSp)
 
 
 def _chunk_dt(cfg, t):
