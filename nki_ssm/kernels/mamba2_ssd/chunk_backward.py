@@ -17,13 +17,17 @@ dy silu(z) (0 on masked rows), CB_ij = C_i.B_j, K = E o CB, Z_ij = E_ij dt'_j
     dB_j  = sum_i Z_ij C_i + dt'_j e^{c_end-c_j} dSe^T x_j        (summed over the group)
     dC_i  = e^{c_i} S0^T dy1_i + sum_j Z_ij B_j                    (summed over the group)
     dS0   = e^{c_end} dSe + sum_i e^{c_i} dy1_i C_i^T              (the previous chunk's dSe)
-    ddA_k = sum_{i>=k} (dy1_i.y0_i - sum_i' M_i'i) + sum_{j<k} q_j + e^{c_end} <dSe, S0>
+    ddA_k = sum_{i>=k} dy1_i.(e^{c_i} S0 C_i) + sum_{i>=k>j} M_ij + sum_{j<k} q_j
+            + e^{c_end} <dSe, S0>
 
-with q_j = dt'_j e^{c_end-c_j} x_j.(dSe B_j): the state term of ddA_k = dL/d(dt'_k A)
-is the exclusive prefix sum of q plus the boundary term, not a difference of
-two long sums. Then ddt'_k = A ddA_k + x_k.dxr_k (dxr the bracket of dx),
-dA += dt' ddA, ddt = ddt' [lo <= u <= hi] sigmoid(dt + dt_bias) (softplus; u
-the unclipped dt'), ddt_bias += ddt, dD += dy1 x, dz = dy silu'(z) (y0 + D x).
+with q_j = dt'_j e^{c_end-c_j} x_j.(dSe B_j). ddA_k = dL/d(dt'_k A): every term is a
+sum over its own index range (the intra-chunk term is the cross sum over
+i >= k > j, computed as (M Us) masked to i >= k and summed over i; the state term
+the exclusive prefix sum of q), never a difference of two long sums, which in
+float32 cancels (dA = sum dt' ddA cancels ~10x on realistic gates already).
+Then ddt'_k = A ddA_k + x_k.dxr_k (dxr the bracket of dx), dA += dt' ddA,
+ddt = ddt' [lo <= u <= hi] sigmoid(dt + dt_bias) (softplus; u the unclipped
+dt'), ddt_bias += ddt, dD += dy1 x, dz = dy silu'(z) (y0 + D x).
 
 Design note
 ===========
@@ -68,22 +72,35 @@ B. per chunk, reverse order: dSe^T <- the sequence's d-state block (loop S or
 E. once per program with heads: the dA, dD, ddt_bias accumulators ([Q, .]
    in SBUF, summed over partitions by a ones matmul) -> HBM.
 
-Per row of loop B: loads of dt (fp32), B, C (their dtype), the chunk-wide
+Per row of loop B: loads of dt (fp32), B, C (their dtype); the chunk-wide
 dt' and gate (ScalarE softplus / sigmoid, VectorE compares), the decay sums
 (TensorE 0/1 matmuls, ScalarE exp), per group C^T, B^T, CB, CB^T. Then per
 head block (at most _BLOCK_COLS columns: x, dy, z loaded in their dtype and
-widened; dy1, silu'(z) on ScalarE / VectorE) per head: GpSimd builds the
-segment-sum operand; TensorE the segment sum, 7 transposes and 12 matmuls
-(y_intra, y_off, Z, Z^T, dC x2, dB x2, dx x2, dS); ScalarE exp, per-token
-scalings and the PSUM evacuations of the transposes; VectorE the masked
-products, the row dots (product + tensor_reduce) and the state-gradient
-update. Per row at the end: three accumulating matmuls for ddA, the dt
+widened by GpSimd; dy1, silu'(z), the dD accumulation on ScalarE / VectorE)
+the heads run as a two-stage software pipeline (stage A of head k+1 issued
+before stage B of head k; per-head SBUF temporaries and PSUM banks are rings
+of 2). Stage A: ScalarE per-token scalings, GpSimd the segment-sum operand,
+TensorE segment sum / y_intra / y_off / 7 transposes, ScalarE exp and PSUM
+evacuations, VectorE the decay masks, K, K^T, y0, dz. Stage B: TensorE Z,
+Z^T, M Us, a ones column sum, dC x2, dB x2, dx x2, dS; VectorE the masked
+products, row dots (product + tensor_reduce), dx and the state-gradient
+update. Per row at the end: three accumulating matmuls complete ddA, the dt
 chain, and the scatters of dx, dz, ddt (one row per partition; masked rows
 go to the dump row), of dB / dC (the program's partial slab) and of dS0^T.
-What binds: instruction count per head (about 60, many small Q x Q or Q x P
-operations), so ScalarE / VectorE issue overhead and TensorE's fixed cost
-per matmul; it is not software-pipelined (the forward kernel's modulo
-schedule would be the next step).
+
+PSUM (8 banks of 2 KiB per partition): the chunk scratch (decay sums, group
+terms, then the ddA columns); dC | dB | dS; per head, ring of 2: hA (seg, E,
+dy1^T, (dy1 e^c)^T, reused for Z, Z^T, M Us), hB (the other four transposes),
+hC (y_intra, y_off, the two dx terms).
+
+What binds (modeled, trn2, ``nki_ssm.perf`` as of this commit; Mamba-2 2.7B,
+bf16 I/O, one 16K-token sequence, LNC=2): VectorE, which carries about a
+dozen full [Q, Q] / [Q, P] fp32 passes per head and chunk (the decay masks,
+Z, Z^T, M, the row dots, y0, dx, the state update); the other engines idle
+more than half the time. See MODELED below for the figures. Closer to the roof
+needs fewer VectorE passes (bf16 operands and perf modes where the 5e-3 budget
+allows, Z / Z^T / M fused into fewer passes, several heads per instruction)
+and a deeper pipeline, not faster matmuls.
 
 LNC: program p of 2 takes heads [p H/2, (p+1) H/2) (H even; odd H: program 1
 idles with counts 0 and traces the same code). It writes only its heads'
