@@ -161,8 +161,9 @@ def _scatter_view(dst, rows, c0, width, base):
 
 def _block_view(st, block, c0, width, N):
     """Columns [c0, c0+width) of block ``block`` (a (1, 1) tile or the loop register) of
-    the 3-D HBM tensor st [blocks, N, H*P]."""
-    return st.ap(pattern=[[st.shape[2], N], [1, width]], offset=c0, scalar_offset=block,
+    the 3-D HBM tensor st [blocks, N, cols]."""
+    cols = st.shape[2]
+    return st.ap(pattern=[[cols, N], [1, width]], offset=c0, scalar_offset=block,
                  indirect_dim=0)
 
 
@@ -239,16 +240,31 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
         blocks.append((a, min(nhp, a + hbk)))
     WB = hbk * P
 
-    dx = nl.ndarray((Tb + 1, HP), dtype=x.dtype, buffer=nl.shared_hbm)
-    ddt = nl.ndarray((Tb + 1, H), dtype=f32, buffer=nl.shared_hbm)
-    dz = nl.ndarray((Tb + 1, HP), dtype=x.dtype, buffer=nl.shared_hbm)
-    dB = nl.ndarray((npr * (Tb + 1), GN), dtype=f32, buffer=nl.shared_hbm)
-    dC = nl.ndarray((npr * (Tb + 1), GN), dtype=f32, buffer=nl.shared_hbm)
-    dA = nl.ndarray((1, H), dtype=f32, buffer=nl.shared_hbm)
-    dD = nl.ndarray((1, HP), dtype=f32, buffer=nl.shared_hbm)
-    dtb = nl.ndarray((1, H), dtype=f32, buffer=nl.shared_hbm)
-    dinit = nl.ndarray((S, N, HP), dtype=f32, buffer=nl.shared_hbm)
-    scratch = nl.ndarray((R + 1, N, HP), dtype=f32, buffer=nl.private_hbm)
+    # every output and the scratch: one tensor per program (each program allocates all
+    # of them, in the same order, and writes only its own), so no HBM tensor is written
+    # by both programs
+    rows1 = Tb + 1
+    outs = []
+    for item in (((rows1, W), x.dtype), ((rows1, nhp), f32), ((rows1, W), x.dtype),
+                 ((rows1, GN), f32), ((rows1, GN), f32), ((1, nhp), f32), ((1, W), f32),
+                 ((1, nhp), f32), ((S, N, W), f32)):
+        per = []
+        for p in range(npr):
+            per.append(nl.ndarray(item[0], dtype=item[1], buffer=nl.shared_hbm))
+        outs.append(per)
+    dx = outs[0][pid]
+    ddt = outs[1][pid]
+    dz = outs[2][pid]
+    dB = outs[3][pid]
+    dC = outs[4][pid]
+    dA = outs[5][pid]
+    dD = outs[6][pid]
+    dtb = outs[7][pid]
+    dinit = outs[8][pid]
+    scratches = []
+    for p in range(npr):
+        scratches.append(nl.ndarray((R + 1, N, W), dtype=f32, buffer=nl.private_hbm))
+    scratch = scratches[pid]
 
     # ---- constants
     ones = _sb((_PMAX, _PMAX))
@@ -353,9 +369,9 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
             b = item[1]
             ca, wb = c0 + a * P, (b - a) * P
             nisa.dma_copy(dst=t["ST0"][:, 0:wb], src=_block_view(init_st, t["ib"], ca, wb, N))
-            nisa.dma_copy(dst=_block_view(scratch, t["fb"], ca, wb, N), src=t["ST0"][:, 0:wb])
+            nisa.dma_copy(dst=_block_view(scratch, t["fb"], ca - c0, wb, N), src=t["ST0"][:, 0:wb])
             nisa.dma_copy(dst=t["dST"][:, 0:wb], src=_block_view(dfin_st, t["seq"], ca, wb, N))
-            nisa.dma_copy(dst=_block_view(dinit, t["seq"], ca, wb, N), src=t["dST"][:, 0:wb])
+            nisa.dma_copy(dst=_block_view(dinit, t["seq"], ca - c0, wb, N), src=t["dST"][:, 0:wb])
 
     nl.fori_loop(0, r_seqs, seq_body)
 
@@ -374,7 +390,7 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
             b = item[1]
             ca, wb = c0 + a * P, (b - a) * P
             nisa.dma_copy(dst=t["x_raw"][:, 0:wb], src=_rows_view(x, t["t0"], ca, wb, Q))
-            nisa.dma_copy(dst=t["ST0"][:, 0:wb], src=_block_view(scratch, i, ca, wb, N))
+            nisa.dma_copy(dst=t["ST0"][:, 0:wb], src=_block_view(scratch, i, ca - c0, wb, N))
             xw = _widen(t["xf"], t["x_raw"], wb)
             for k in range(a, b):
                 cols = slice((k - a) * P, (k - a + 1) * P)
@@ -388,7 +404,7 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
                 nisa.scalar_tensor_tensor(dst=t["dST"][:, cols], data=t["ST0"][:, cols],
                                           op0=nl.multiply, operand0=t["elast"][:, k:k + 1],
                                           op1=nl.add, operand1=st)
-            nisa.dma_copy(dst=_block_view(scratch, t["blk"], ca, wb, N), src=t["dST"][:, 0:wb])
+            nisa.dma_copy(dst=_block_view(scratch, t["blk"], ca - c0, wb, N), src=t["dST"][:, 0:wb])
 
     nl.fori_loop(0, r_rows, fwd_body)
 
@@ -410,25 +426,25 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
             b = item[1]
             ca, wb = c0 + a * P, (b - a) * P
             _load_block(cfg, t, ca, wb)
-            nisa.dma_copy(dst=t["ST0"][:, 0:wb], src=_block_view(scratch, t["blk"], ca, wb, N))
-            nisa.dma_copy(dst=t["dST"][:, 0:wb], src=_block_view(dinit, t["seq"], ca, wb, N))
+            nisa.dma_copy(dst=t["ST0"][:, 0:wb], src=_block_view(scratch, t["blk"], ca - c0, wb, N))
+            nisa.dma_copy(dst=t["dST"][:, 0:wb], src=_block_view(dinit, t["seq"], ca - c0, wb, N))
             _block_grads(cfg, t, a, b)
-            nisa.dma_copy(dst=_scatter_view(dx, yr, ca, wb, 0), src=t["dxo"][:, 0:wb])
+            nisa.dma_copy(dst=_scatter_view(dx, yr, ca - c0, wb, 0), src=t["dxo"][:, 0:wb])
             if z != None:  # noqa: E711
-                nisa.dma_copy(dst=_scatter_view(dz, yr, ca, wb, 0), src=t["dzo"][:, 0:wb])
-            nisa.dma_copy(dst=_block_view(dinit, t["seq"], ca, wb, N), src=t["dST"][:, 0:wb])
+                nisa.dma_copy(dst=_scatter_view(dz, yr, ca - c0, wb, 0), src=t["dzo"][:, 0:wb])
+            nisa.dma_copy(dst=_block_view(dinit, t["seq"], ca - c0, wb, N), src=t["dST"][:, 0:wb])
         _chunk_dt(cfg, t)
-        nisa.dma_copy(dst=_scatter_view(ddt, yr, h0, nhp, 0), src=t["ddt"])
-        nisa.dma_copy(dst=_scatter_view(dB, yr, 0, GN, pid * (Tb + 1)), src=t["dBt"])
-        nisa.dma_copy(dst=_scatter_view(dC, yr, 0, GN, pid * (Tb + 1)), src=t["dCt"])
+        nisa.dma_copy(dst=_scatter_view(ddt, yr, 0, nhp, 0), src=t["ddt"])
+        nisa.dma_copy(dst=_scatter_view(dB, yr, 0, GN, 0), src=t["dBt"])
+        nisa.dma_copy(dst=_scatter_view(dC, yr, 0, GN, 0), src=t["dCt"])
 
     nl.fori_loop(0, r_rows, bwd_body)
 
     # ---- loop E (once per active program): the per-head accumulators summed over
     # partitions (ones matmul) -> HBM
     def end_body(i):
-        for item in ((t["accA"], dA, h0, h1), (t["accB"], dtb, h0, h1),
-                                   (t["Dacc"], dD, c0, c1)):
+        for item in ((t["accA"], dA, 0, nhp), (t["accB"], dtb, 0, nhp),
+                     (t["Dacc"], dD, 0, W)):
             acc = item[0]
             out = item[1]
             c_a = item[2]
@@ -443,7 +459,12 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
             nisa.dma_copy(dst=out[0:1, c_a:c_b], src=t["out1"][:, 0:w])
 
     nl.fori_loop(0, r_act, end_body)
-    return dx, ddt, dz, dB, dC, dA, dD, dtb, dinit
+    if npr == 2:
+        return (outs[0][0], outs[0][1], outs[1][0], outs[1][1], outs[2][0], outs[2][1],
+                outs[3][0], outs[3][1], outs[4][0], outs[4][1], outs[5][0], outs[5][1],
+                outs[6][0], outs[6][1], outs[7][0], outs[7][1], outs[8][0], outs[8][1])
+    return (outs[0][0], outs[1][0], outs[2][0], outs[3][0], outs[4][0], outs[5][0], outs[6][0],
+            outs[7][0], outs[8][0])
 
 
 def _load_common(cfg, t, backward):

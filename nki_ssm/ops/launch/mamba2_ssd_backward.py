@@ -3,10 +3,11 @@
 Host side only pads to buckets, arranges layouts and builds int32 tables (the
 kernel's module docstring describes them); every gradient is computed in the
 kernel, the chain through dt_bias / softplus / dt_limit included. After the
-launch, device-side array ops only: slicing to the caller's sizes, the sum of
-the programs' dB / dC partial slabs (at LNC=2 the heads of one group may sit in
-both programs), the sum over P of dD for a per-head D, and the S^T -> [H, P, N]
-permute of d_initial_states.
+launch, device-side array ops only: slicing to the caller's sizes, joining the
+programs' outputs (each program writes its heads into its own tensors), the
+sum of the programs' dB / dC partial slabs (at LNC=2 the heads of one group may
+sit in both programs), the sum over P of dD for a per-head D, and the S^T ->
+[H, P, N] permute of d_initial_states.
 
 - token inputs ``[num_tokens, ...]`` become ``[T + Q, width]`` (T the token
   bucket, Q zero rows appended: the rows a chunk past the last token reads);
@@ -144,23 +145,36 @@ def backward_call(xp, call, *, x, dt, A, B, C, dy, D, z, dt_bias, dt_softplus, d
                tok2d(dy, HP), _states_st(xp, initial_states, x, Sb + 1, N, HP),
                _states_st(xp, d_final_states, x, Sb, N, HP), *(xp.table(t) for t in tables),
                int(H), int(N), bool(dt_softplus), lo, hi, Q)
-    dx, ddt, dz, dBs, dCs, dA, dD, dtb, dinit = out
-    rows = Tb + 1
+    # out: dx, ddt, dz, dB, dC, dA, dD, ddt_bias, d_init, each as one tensor per program
+    per = {}
+    names = ("dx", "ddt", "dz", "dB", "dC", "dA", "dD", "dtb", "dinit")
+    for k, name in enumerate(names):
+        per[name] = list(out[k * lnc:(k + 1) * lnc])
+    if not split:                           # program 1 idles (odd H): program 0 has it all
+        per = {name: v[:1] for name, v in per.items()}
 
-    def slabs(a):                          # the programs' partial dB / dC slabs, summed
-        total = a[0:T]
-        if split:
-            total = total + a[rows:rows + T]
+    def joined(name, width):                # the programs' head columns side by side
+        w = width // len(per[name])
+        parts = [a[:T].reshape(T, w) for a in per[name]]
+        return parts[0] if len(parts) == 1 else xp.cat(parts, 1)
+
+    def summed(name):                       # partial dB / dC of every program, added
+        total = per[name][0][:T]
+        for a in per[name][1:]:
+            total = total + a[:T]
         return total.reshape(T, G, N)
 
-    dD_ch = dD.reshape(H, P)
-    grads = dict(dx=dx[:T].reshape(T, H, P), ddt=ddt[:T], dA=dA.reshape(H), dB=slabs(dBs),
-                 dC=slabs(dCs), dD=None, dz=None, ddt_bias=None,
-                 d_initial_states=xp.permute(dinit[:n].reshape(n, N, H, P), (0, 2, 3, 1)))
+    w = HP // len(per["dinit"])
+    d_init = xp.cat([a[:n].reshape(n, N, w) for a in per["dinit"]], 2).reshape(n, N, H, P)
+    dD_ch = xp.cat([a.reshape(1, -1) for a in per["dD"]], 1).reshape(H, P)
+    grads = dict(dx=joined("dx", HP).reshape(T, H, P), ddt=joined("ddt", H),
+                 dA=xp.cat([a.reshape(1, -1) for a in per["dA"]], 1).reshape(H),
+                 dB=summed("dB"), dC=summed("dC"), dD=None, dz=None, ddt_bias=None,
+                 d_initial_states=xp.permute(d_init, (0, 2, 3, 1)))
     if D is not None:
         grads["dD"] = dD_ch.sum(-1) if tuple(D.shape) == (H,) else dD_ch
     if z is not None:
-        grads["dz"] = dz[:T].reshape(T, H, P)
+        grads["dz"] = joined("dz", HP).reshape(T, H, P)
     if dt_bias is not None:
-        grads["ddt_bias"] = dtb.reshape(H)
+        grads["ddt_bias"] = xp.cat([a.reshape(1, -1) for a in per["dtb"]], 1).reshape(H)
     return grads
