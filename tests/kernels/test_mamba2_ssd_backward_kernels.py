@@ -229,3 +229,14 @@ def test_kernel_limits_are_a_value_error():
     inp = _case(rng, [5], H=2, P=4, N=256, G=1)
     with pytest.raises(ValueError, match="dstate N <= 128"):
         _kernel(inp, 16)
+
+
+def test_all_sequences_empty(lnc):
+    """No tokens: d_initial_states is d_final_states, the per-head gradients are zero."""
+    rng = np.random.default_rng(11)
+    inp = _case(rng, [0, 0], H=2, G=1, D="H", z=False)
+    g = _kernel(inp, 16)
+    assert g["d_initial_states"].tobytes() == inp["d_final_states"].tobytes()
+    for key in ("dA", "dD", "ddt_bias"):
+        assert not np.any(g[key]), key
+    assert g["dx"].shape == (0, 2, 8) and g["dB"].shape == (0, 1, 16)

@@ -103,11 +103,12 @@ allows, Z / Z^T / M fused into fewer passes, several heads per instruction)
 and a deeper pipeline, not faster matmuls.
 
 LNC: program p of 2 takes heads [p H/2, (p+1) H/2) (H even; odd H: program 1
-idles with counts 0 and traces the same code). It writes only its heads'
-columns of dx, dz, ddt, dA, dD, ddt_bias, d_init and of the scratch, and its
-own slab of the dB / dC partials ``[lnc*(T + 1), G*N]`` (the launcher adds
-the slabs: the heads of one group may sit in both programs). No HBM byte is
-written by both programs or read by the other: no sync.
+idles with counts 0 and traces the same code). Every output and the scratch
+exist once per program (each program allocates all of them in the same order
+and writes only its own: dx, dz, ddt, dA, dD, ddt_bias, d_init for its heads,
+a partial dB / dC over its heads for every token); the launcher joins the head
+columns and adds the dB / dC partials (the heads of one group may sit in both
+programs). No HBM tensor is written by both programs: no sync.
 
 Layouts: token-major, heads on the free dim (x ``[T+Q, H*P]``); states in
 the S^T layout ``[N, H*P]`` (dstate on partitions), transposed per head on
@@ -202,11 +203,12 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
       the int32 tables of the module docstring.
     Compile-time: heads H, dstate N, dt_softplus, dt_lo, dt_hi (dt_hi may be inf),
       chunk_size Q.
-    Outputs: dx ``[T + 1, H*P]`` (x's dtype; row T a dump row), ddt ``[T + 1, H]``
-      float32 (through dt_bias, softplus, clip), dz like dx (unwritten without z),
-      dB, dC ``[lnc*(T + 1), G*N]`` float32 (one partial slab per program),
-      dA ``[1, H]``, dD ``[1, H*P]`` (per channel; unconditionally computed),
-      ddt_bias ``[1, H]`` float32, d_init ``[S, N, H*P]`` float32 (S^T layout).
+    Outputs, one tensor of each per program (``lnc`` of each in a row in the returned
+      tuple; w = the program's heads h times P): dx ``[T + 1, w]`` (x's dtype; row T a
+      dump row), ddt ``[T + 1, h]`` float32 (through dt_bias, softplus, clip), dz like
+      dx (unwritten without z), dB, dC ``[T + 1, G*N]`` float32 (partial: the program's
+      heads), dA ``[1, h]``, dD ``[1, w]`` (per channel; unconditionally computed),
+      ddt_bias ``[1, h]`` float32, d_init ``[S, N, w]`` float32 (S^T layout).
     """
     T1, HP = x.shape
     H = heads
