@@ -132,6 +132,7 @@ from nki_ssm.backend import nki, nl, nisa
 _PMAX = 128
 _PSUM_F = 512
 _BLOCK_COLS = 1024     # fp32 columns of the per-head-block tiles (16 heads at P = 64)
+_MASKED = -1.0e4       # added to masked decay exponents: exp underflows to exactly 0
 
 
 def _count_reg(counts, pid, k):
@@ -168,12 +169,12 @@ def _block_view(st, block, c0, width, N):
                  indirect_dim=0)
 
 
-def _tri(Q, ones, channel_multiplier, step, offset):
-    """0/1 fp32 [Q, Q]: 1 where channel_multiplier*k + step*i + offset >= 0."""
+def _tri(Q, ones, channel_multiplier, step, offset, cmp_op=nl.greater_equal):
+    """0/1 fp32 [Q, Q]: 1 where channel_multiplier*k + step*i + offset >= 0 (cmp_op)."""
     t = _sb((Q, Q))
     nisa.affine_select(dst=t, pattern=[[step, Q]], channel_multiplier=channel_multiplier,
                        on_true_tile=ones[0:Q, 0:Q], on_false_value=0.0,
-                       cmp_op=nl.greater_equal, offset=offset)
+                       cmp_op=cmp_op, offset=offset)
     return t
 
 
@@ -276,6 +277,12 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
          "Li": _tri(Q, ones, 1, -1, 0),     # Li[i, k] = (i >= k)
          "Us": _tri(Q, ones, -1, 1, -1),    # Us[j, k] = (j < k)
          "ones": ones}
+    t["I"] = _tri(Q, ones, 1, -1, 0, nl.equal)     # identity
+    negs = _sb((Q, Q))
+    nisa.memset(dst=negs, value=_MASKED)
+    t["NEG"] = _sb((Q, Q))                          # _MASKED where j > i (j = partition)
+    nisa.affine_select(dst=t["NEG"], pattern=[[-1, Q]], channel_multiplier=1, on_true_tile=negs,
+                       on_false_value=0.0, cmp_op=nl.greater_equal, offset=-1)
     t["A"] = _sb((_PMAX, nhp))
     nisa.dma_copy(dst=t["A"], src=A_rows[:, h0:h1])
     t["bias"] = None
@@ -637,8 +644,11 @@ def _head_a(cfg, t, a, k):
                        on_false_value=0.0, cmp_op=nl.greater_equal, offset=0)
     nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=t["Ls"], moving=Wt, accumulate=False,
                    is_stationary_onezero=True)
+    # + _MASKED above the diagonal (an exact fp32 identity matmul into the same PSUM), so
+    # the exp is 0 there: the causal mask costs TensorE, not a VectorE pass
+    nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=t["I"], moving=t["NEG"], accumulate=True,
+                   is_stationary_onezero=True)
     nisa.activation(dst=ETm, op=nl.exp, data=hA[0:Q, 0:Q])
-    nisa.tensor_tensor(dst=ETm, data1=ETm, data2=t["U"], op=nl.multiply)
     nisa.nc_transpose(dst=hA[0:Q, Q:2 * Q], data=ETm)
     nisa.tensor_copy(dst=Em, src=hA[0:Q, Q:2 * Q], engine=nisa.engine.scalar)
     nisa.tensor_tensor(dst=KT, data1=ETm, data2=t["CBTm"][g], op=nl.multiply)
