@@ -94,13 +94,16 @@ dy1^T, (dy1 e^c)^T, reused for Z, Z^T, M Us), hB (the other four transposes),
 hC (y_intra, y_off, the two dx terms).
 
 What binds (modeled, trn2, ``nki_ssm.perf`` as of this commit; Mamba-2 2.7B,
-bf16 I/O, one 16K-token sequence, LNC=2): VectorE, which carries about a
-dozen full [Q, Q] / [Q, P] fp32 passes per head and chunk (the decay masks,
-Z, Z^T, M, the row dots, y0, dx, the state update); the other engines idle
-more than half the time. See MODELED below for the figures. Closer to the roof
-needs fewer VectorE passes (bf16 operands and perf modes where the 5e-3 budget
-allows, Z / Z^T / M fused into fewer passes, several heads per instruction)
-and a deeper pipeline, not faster matmuls.
+bf16 I/O, one sequence): VectorE, which carries about a dozen full [Q, Q] /
+[Q, P] fp32 passes per head and chunk (Z, Z^T, the masked M Us, K^T, the row
+dots, y0, dx, the state update) and sits on the critical path (~45 % busy,
+the rest cross-engine waits of the two-stage pipeline); TensorE ~27 %,
+ScalarE ~21 %, GpSimd ~24 %, DMA < 10 %. 2K tokens: 19.2 ms at LNC=1, 9.8 ms
+at LNC=2 (0.51x); 16K tokens at LNC=2: MODELED_16K. Program size 2,631 per
+program at LNC=2 (5,135 at LNC=1). Closer to the roof needs fewer VectorE
+passes (bf16 operands and perf modes where the 5e-3 budget allows, Z / Z^T / M
+fused into fewer passes, several heads per instruction) and a deeper
+pipeline (PSUM allows two heads in flight as laid out), not faster matmuls.
 
 LNC: program p of 2 takes heads [p H/2, (p+1) H/2) (H even; odd H: program 1
 idles with counts 0 and traces the same code). Every output and the scratch
