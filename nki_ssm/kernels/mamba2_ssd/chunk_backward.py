@@ -99,7 +99,8 @@ bf16 I/O, one sequence): VectorE, which carries about a dozen full [Q, Q] /
 dots, y0, dx, the state update) and sits on the critical path (~45 % busy,
 the rest cross-engine waits of the two-stage pipeline); TensorE ~27 %,
 ScalarE ~21 %, GpSimd ~24 %, DMA < 10 %. 2K tokens: 19.2 ms at LNC=1, 9.8 ms
-at LNC=2 (0.51x); 16K tokens at LNC=2: MODELED_16K. Program size 2,631 per
+at LNC=2 (0.51x); 16K tokens at LNC=2: 77.9 ms (roofline 2.72 ms, 3.5 %:
+compute, twice the forward's minimal FLOPs). Program size 2,631 per
 program at LNC=2 (5,135 at LNC=1). Closer to the roof needs fewer VectorE
 passes (bf16 operands and perf modes where the 5e-3 budget allows, Z / Z^T / M
 fused into fewer passes, several heads per instruction) and a deeper
