@@ -14,10 +14,11 @@ forward applies them (the clip passes the gradient where lo <= dt' <= hi).
 
 Every argument is checked as ``ssd_forward`` checks it (same messages; chunk_size and
 precision are the forward's and are validated though the reference ignores them),
-plus ``dy`` (x's shape and dtype) and ``d_final_states``. Backends: "reference" only
-(``nki_ssm/reference/mamba2_ssd_backward.py``, float64). There is no NKI backward
-kernel for SSD yet (issue 30): on "sim" and "neuron" (and None, which resolves to one
-of them) a valid call raises NotImplementedError.
+plus ``dy`` (x's shape and dtype) and ``d_final_states``. Backends: "reference"
+(``nki_ssm/reference/mamba2_ssd_backward.py``, float64), "sim" and "neuron" (the NKI
+kernel ``nki_ssm/kernels/mamba2_ssd/chunk_backward.py`` through
+``nki_ssm/ops/launch/mamba2_ssd_backward.py``; float32 compute whatever the precision;
+limits N <= 128 and P <= 128, a ValueError otherwise).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import math
 
 from . import _backward
 from . import training
+from .launch import mamba2_ssd_backward as _launch
 
 GRAD_OF = dict(x="dx", dt="ddt", A="dA", B="dB", C="dC", D="dD", z="dz", dt_bias="ddt_bias")
 
@@ -39,11 +41,17 @@ def ssd_backward(x, dt, A, B, C, dy, *, D=None, z=None, dt_bias=None, dt_softplu
                                  chunk_size=chunk_size, precision=precision, backend=backend)
     _backward.check_output_grad(call, "dy", dy, "x", x)
     call.states("d_final_states", d_final_states)
-    _backward.require_reference(call, "ssd_backward", "Mamba-2 SSD chunked prefill",
-                                "nki_ssm/kernels/mamba2_ssd")
+    kw = call.kw
+    if call.kind != "reference":
+        grads = _launch.backward(x=kw["x"], dt=kw["dt"], A=kw["A"], B=kw["B"], C=kw["C"], dy=dy,
+                                 D=kw["D"], z=kw["z"], dt_bias=kw["dt_bias"],
+                                 dt_softplus=kw["dt_softplus"], dt_limit=kw["dt_limit"],
+                                 cu_seqlens=kw["cu_seqlens"], initial_states=initial_states,
+                                 d_final_states=d_final_states, chunk_size=kw["chunk_size"],
+                                 backend=call.kind)
+        return _backward.cast_grads(call, grads, GRAD_OF)
     from nki_ssm.reference.mamba2_ssd_backward import ssd_backward as ref
 
-    kw = call.kw
     grads = ref(kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], dy, D=kw["D"], z=kw["z"],
                 dt_bias=kw["dt_bias"], dt_softplus=kw["dt_softplus"], dt_limit=kw["dt_limit"],
                 cu_seqlens=kw["cu_seqlens"], initial_states=initial_states,

@@ -144,7 +144,23 @@ def test_forward_is_the_serving_kernel_and_final_states_float32(op):
     torch.testing.assert_close(final_sim, final_ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("op", ["ssd_train", "gated_delta_train"])
+def test_ssd_backward_on_sim_runs_the_nki_kernel():
+    """ssd_train's backward on "sim" (nki_ssm/kernels/mamba2_ssd/chunk_backward.py) gives the
+    reference backend's gradients (float32 inputs) to 1e-5."""
+    grads = {}
+    for backend in ("reference", "sim"):
+        kw = ssd_case(torch.float32)
+        names = _differentiable(kw)
+        for n in names:
+            kw[n].requires_grad_()
+        y, final = _call("ssd_train", kw, backend)
+        (y.sum() + final.sum()).backward()
+        grads[backend] = {n: kw[n].grad for n in names}
+    for n, ref in grads["reference"].items():
+        torch.testing.assert_close(grads["sim"][n], ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["gated_delta_train"])
 def test_backward_on_an_nki_backend_names_the_missing_kernel(op):
     kw = TRAIN[op][1](torch.float32)
     for n in _differentiable(kw):

@@ -1,0 +1,777 @@
+"""Mamba-2 SSD chunked prefill backward over a ragged batch (functional: no pool).
+
+Kernel: ``ssd_chunk_backward`` (an ``nki.jit`` kernel). The host launcher
+(``nki_ssm/ops/launch/mamba2_ssd_backward.py``, ``backward_tables``) pads the
+batch to its buckets and builds the run-time tables described here.
+
+Math (per head h of group g, one chunk of Q tokens i, j; the reference's
+recurrence S_t = a_t S_{t-1} + dt'_t x_t B_t^T, y = (S_t C_t + D x_t) silu(z_t)):
+c_i is the inclusive cumsum of dt'A in the chunk, E_ij = exp(c_i - c_j) for
+j <= i (a direct masked segment sum, never a difference of cumsums), S0 the
+state before the chunk, dSe the gradient of the state after it, dy1 =
+dy silu(z) (0 on masked rows), CB_ij = C_i.B_j, K = E o CB, Z_ij = E_ij dt'_j
+(dy1_i . x_j), M = Z o CB:
+
+    y0_i  = sum_j K_ij dt'_j x_j + e^{c_i} S0 C_i        (recomputed: dz and ddA need it)
+    dx_j  = dt'_j [sum_i K_ij dy1_i + e^{c_end-c_j} dSe B_j] + D dy1_j
+    dB_j  = sum_i Z_ij C_i + dt'_j e^{c_end-c_j} dSe^T x_j        (summed over the group)
+    dC_i  = e^{c_i} S0^T dy1_i + sum_j Z_ij B_j                    (summed over the group)
+    dS0   = e^{c_end} dSe + sum_i e^{c_i} dy1_i C_i^T              (the previous chunk's dSe)
+    ddA_k = sum_{i>=k} dy1_i.(e^{c_i} S0 C_i) + sum_{i>=k>j} M_ij + sum_{j<k} q_j
+            + e^{c_end} <dSe, S0>
+
+with q_j = dt'_j e^{c_end-c_j} x_j.(dSe B_j). ddA_k = dL/d(dt'_k A): every term is a
+sum over its own index range (the intra-chunk term is the cross sum over
+i >= k > j, computed as (M Us) masked to i >= k and summed over i; the state term
+the exclusive prefix sum of q), never a difference of two long sums, which in
+float32 cancels (dA = sum dt' ddA cancels ~10x on realistic gates already).
+Then ddt'_k = A ddA_k + x_k.dxr_k (dxr the bracket of dx), dA += dt' ddA,
+ddt = ddt' [lo <= u <= hi] sigmoid(dt + dt_bias) (softplus; u the unclipped
+dt'), ddt_bias += ddt, dD += dy1 x, dz = dy silu'(z) (y0 + D x).
+
+Design note
+===========
+
+What the forward saves: nothing (the host API's backward gets the forward's
+inputs). The kernel recomputes the chunk-boundary states (loop F) into an
+fp32 HBM scratch ``[R + 1, N, H*P]`` (``nl.private_hbm``): 4*H*P*N/Q bytes
+per token (20 KiB at Mamba-2 2.7B, Q = 128; 335 MB at 16K tokens), plus one
+d-state block per sequence (the d_initial_states output).
+
+One compiled program per shape bucket: compile-time arguments are shapes
+(token bucket T, sequence bucket S, H, P, N, G, Q) and layer configuration
+(dt_softplus, dt limits). The batch composition is run-time int32 data:
+
+- ``frows [R, Q, 2]`` / ``fvals [R, 2]``: every chunk of every live sequence
+  in order (R = ceil(T / Q) + S rows; the tail unused): per partition the
+  token row (row T past the sequence end: a zero input row, the outputs'
+  dump row) and a 0/1 valid flag; the first token row and the scratch block
+  the state after the chunk goes to (the next row's, or block R, a dump
+  block, after a sequence's last chunk);
+- ``brows [R, Q, 2]`` / ``bvals [R, 4]``: the same chunks in reverse order, with
+  the first token row, the chunk's forward row (its state block) and its
+  sequence;
+- ``seqs [S, 4]``: per live sequence its initial-state block (block S of
+  ``init_st`` is zeros), the scratch block of its first chunk (R: it has
+  none) and its index;
+- ``counts [lnc, 4]``: per program: live sequences, chunk rows, 1 if the
+  program has heads (0: idle), 0.
+
+Loops (top-level ``nl.fori_loop``s, none nested; the bounds are registers
+loaded from (1, 1) SBUF tiles a DMA filled from ``counts[pid]``):
+
+S. per sequence: its initial state (S^T layout) -> the scratch block of its
+   first chunk; its d_final_states block -> its d_initial_states block (an
+   empty sequence's gradient passes through).
+F. per chunk, forward order: S^T <- scratch[row] (loop S or the previous
+   row wrote it), S_end^T = e^{c_end} S^T + B^T (x dt' e^{c_end-c}) (TensorE
+   per head, VectorE combine) -> scratch[next].
+B. per chunk, reverse order: dSe^T <- the sequence's d-state block (loop S or
+   the previous row wrote it), S0^T <- scratch[row]; the work below; dS0^T ->
+   the same block. After a sequence's first chunk it holds d_initial_states.
+E. once per program with heads: the dA, dD, ddt_bias accumulators ([Q, .]
+   in SBUF, summed over partitions by a ones matmul) -> HBM.
+
+Per row of loop B: loads of dt (fp32), B, C (their dtype); the chunk-wide
+dt' and gate (ScalarE softplus / sigmoid, VectorE compares), the decay sums
+(TensorE 0/1 matmuls, ScalarE exp), per group C^T, B^T, CB, CB^T. Then per
+head block (at most _BLOCK_COLS columns: x, dy, z loaded in their dtype and
+widened by GpSimd; dy1, silu'(z), the dD accumulation on ScalarE / VectorE)
+the heads run as a two-stage software pipeline (stage A of head k+1 issued
+before stage B of head k; per-head SBUF temporaries and PSUM banks are rings
+of 2). Stage A: ScalarE per-token scalings, GpSimd the segment-sum operand,
+TensorE segment sum / y_intra / y_off / 7 transposes, ScalarE exp and PSUM
+evacuations, VectorE the decay masks, K, K^T, y0, dz. Stage B: TensorE Z,
+Z^T, M Us, a ones column sum, dC x2, dB x2, dx x2, dS; VectorE the masked
+products, row dots (product + tensor_reduce), dx and the state-gradient
+update. Per row at the end: three accumulating matmuls complete ddA, the dt
+chain, and the scatters of dx, dz, ddt (one row per partition; masked rows
+go to the dump row), of dB / dC (the program's partial slab) and of dS0^T.
+
+PSUM (8 banks of 2 KiB per partition): the chunk scratch (decay sums, group
+terms, then the ddA columns); dC | dB | dS; per head, ring of 2: hA (seg, E,
+dy1^T, (dy1 e^c)^T, reused for Z, Z^T, M Us), hB (the other four transposes),
+hC (y_intra, y_off, the two dx terms).
+
+What binds (modeled, trn2, ``nki_ssm.perf`` as of this commit; Mamba-2 2.7B,
+bf16 I/O, one sequence): VectorE, which carries about a dozen full [Q, Q] /
+[Q, P] fp32 passes per head and chunk (Z, Z^T, the masked M Us, K^T, the row
+dots, y0, dx, the state update) and sits on the critical path (~45 % busy,
+the rest cross-engine waits of the two-stage pipeline); TensorE ~27 %,
+ScalarE ~21 %, GpSimd ~24 %, DMA < 10 %. 2K tokens: 19.2 ms at LNC=1, 9.8 ms
+at LNC=2 (0.51x); 16K tokens at LNC=2: 77.9 ms (roofline 2.72 ms, 3.5 %:
+compute, twice the forward's minimal FLOPs). Program size 2,631 per
+program at LNC=2 (5,135 at LNC=1). Closer to the roof needs fewer VectorE
+passes (bf16 operands and perf modes where the 5e-3 budget allows, Z / Z^T / M
+fused into fewer passes, several heads per instruction) and a deeper
+pipeline (PSUM allows two heads in flight as laid out), not faster matmuls.
+
+LNC: program p of 2 takes heads [p H/2, (p+1) H/2) (H even; odd H: program 1
+idles with counts 0 and traces the same code). Every output and the scratch
+exist once per program (each program allocates all of them in the same order
+and writes only its own: dx, dz, ddt, dA, dD, ddt_bias, d_init for its heads,
+a partial dB / dC over its heads for every token); the launcher joins the head
+columns and adds the dB / dC partials (the heads of one group may sit in both
+programs). No HBM tensor is written by both programs: no sync.
+
+Layouts: token-major, heads on the free dim (x ``[T+Q, H*P]``); states in
+the S^T layout ``[N, H*P]`` (dstate on partitions), transposed per head on
+TensorE where a contraction over P needs ``[P, N]``. Numerics: fp32
+throughout (bfloat16 inputs widened after the load; outputs rounded once on
+write); every decay is exp of a sum <= 0.
+
+Limits: N <= 128, P <= 128, Q <= 128 (a multiple of 16); the program's
+per-partition SBUF (about 20 fp32 [Q, _BLOCK_COLS] or [N, .] tiles and the
+[Q, H/lnc*P] dD accumulator).
+
+Constructs: those of ``chunk.py`` (the forward), plus ``nl.program_id(0)`` /
+``nl.num_programs(0)`` as Python ints (nki-library d2ad3a5
+core/attention/attention_tkg.py:3065) and ``nisa.tensor_reduce`` over axis 1
+of a 2-D tile (nki-library attention_bwd.py:655).
+"""
+from __future__ import annotations
+
+from nki_ssm.backend import nki, nl, nisa
+
+_PMAX = 128
+_PSUM_F = 512
+_BLOCK_COLS = 1024     # fp32 columns of the per-head-block tiles (16 heads at P = 64)
+_MASKED = -1.0e4       # added to masked decay exponents: exp underflows to exactly 0
+
+
+def _count_reg(counts, pid, k):
+    """A register holding counts[pid, k] (DMA'd to a (1, 1) SBUF tile, then loaded)."""
+    one = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=one, src=counts[pid:pid + 1, k:k + 1])
+    reg = nisa.register_alloc()
+    nisa.register_load(dst=reg, src=one)
+    return reg
+
+
+def _sb(shape, dtype=nl.float32):
+    return nl.ndarray(shape, dtype=dtype, buffer=nl.sbuf)
+
+
+def _rows_view(src, start, c0, width, nrows):
+    """Rows start .. start+nrows-1, columns [c0, c0+width) of the 2-D HBM tensor src
+    (``start``: a (1, 1) int32 SBUF tile)."""
+    return src.ap(pattern=[[src.shape[1], nrows], [1, width]], offset=c0, scalar_offset=start,
+                  indirect_dim=0)
+
+
+def _scatter_view(dst, rows, c0, width, base):
+    """One row per partition of the 2-D HBM tensor dst: row ``base + rows[q]``."""
+    return dst.ap(pattern=[[dst.shape[1], rows.shape[0]], [1, width]],
+                  offset=base * dst.shape[1] + c0, vector_offset=rows, indirect_dim=0)
+
+
+def _block_view(st, block, c0, width, N):
+    """Columns [c0, c0+width) of block ``block`` (a (1, 1) tile or the loop register) of
+    the 3-D HBM tensor st [blocks, N, cols]."""
+    cols = st.shape[2]
+    return st.ap(pattern=[[cols, N], [1, width]], offset=c0, scalar_offset=block,
+                 indirect_dim=0)
+
+
+def _tri(Q, ones, channel_multiplier, step, offset, cmp_op=nl.greater_equal):
+    """0/1 fp32 [Q, Q]: 1 where channel_multiplier*k + step*i + offset >= 0 (cmp_op)."""
+    t = _sb((Q, Q))
+    nisa.affine_select(dst=t, pattern=[[step, Q]], channel_multiplier=channel_multiplier,
+                       on_true_tile=ones[0:Q, 0:Q], on_false_value=0.0,
+                       cmp_op=cmp_op, offset=offset)
+    return t
+
+
+def _widen(dst, src, width):
+    """fp32 copy of columns [0, width) of a loaded tile (bf16 inputs); an fp32 tile is
+    used as it is."""
+    if src.dtype == nl.float32:
+        return src
+    nisa.tensor_copy(dst=dst[:, 0:width], src=src[:, 0:width], engine=nisa.engine.gpsimd)
+    return dst
+
+
+@nki.jit
+def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, dfin_st,
+                       frows, fvals, brows, bvals, seqs, counts, heads, dstate, dt_softplus,
+                       dt_lo, dt_hi, chunk_size):
+    """Gradients of the chunked SSD prefill; returns
+    ``(dx, ddt, dz, dB, dC, dA, dD, ddt_bias, d_init)``.
+
+    Inputs (prepared by the launcher; T the token bucket, S the sequence bucket):
+      x, dy ``[T + Q, H*P]`` (float32 or bfloat16, one dtype), z like x or None,
+      dt ``[T + Q, H]`` float32 (raw dt), B, C ``[T + Q, G*N]`` (x's dtype); rows
+      T.. are zeros. A_rows, bias_rows ``[128, H]`` float32 (bias None: no
+      dt_bias), D_rows ``[128, H*P]`` float32 or None (D per channel),
+      init_st ``[S + 1, N, H*P]`` float32 (initial states in S^T layout, block S
+      zeros), dfin_st ``[S, N, H*P]`` float32 (d_final_states, S^T layout),
+      the int32 tables of the module docstring.
+    Compile-time: heads H, dstate N, dt_softplus, dt_lo, dt_hi (dt_hi may be inf),
+      chunk_size Q.
+    Outputs, one tensor of each per program (``lnc`` of each in a row in the returned
+      tuple; w = the program's heads h times P): dx ``[T + 1, w]`` (x's dtype; row T a
+      dump row), ddt ``[T + 1, h]`` float32 (through dt_bias, softplus, clip), dz like
+      dx (unwritten without z), dB, dC ``[T + 1, G*N]`` float32 (partial: the program's
+      heads), dA ``[1, h]``, dD ``[1, w]`` (per channel; unconditionally computed),
+      ddt_bias ``[1, h]`` float32, d_init ``[S, N, w]`` float32 (S^T layout).
+    """
+    T1, HP = x.shape
+    H = heads
+    P = HP // H
+    N = dstate
+    GN = B.shape[1]
+    G = GN // N
+    HPG = H // G
+    Q = chunk_size
+    Tb = T1 - Q
+    S = dfin_st.shape[0]
+    R = frows.shape[0]
+    f32 = nl.float32
+    npr = nl.num_programs(0)
+    pid = nl.program_id(0)
+    h0, h1 = 0, H
+    if npr == 2 and H % 2 == 0:
+        h0 = pid * (H // 2)
+        h1 = h0 + H // 2
+    nhp = h1 - h0
+    c0, c1 = h0 * P, h1 * P
+    W = c1 - c0
+    groups = []
+    for g in range(G):
+        if g * HPG < h1 and (g + 1) * HPG > h0:
+            groups.append(g)
+    # head blocks of the program: the per-block tiles are [Q, hbk*P]
+    hbk = max(1, min(nhp, _BLOCK_COLS // P))
+    blocks = []
+    for a in range(0, nhp, hbk):
+        blocks.append((a, min(nhp, a + hbk)))
+    WB = hbk * P
+
+    # every output and the scratch: one tensor per program (each program allocates all
+    # of them, in the same order, and writes only its own), so no HBM tensor is written
+    # by both programs
+    rows1 = Tb + 1
+    outs = []
+    for item in (((rows1, W), x.dtype), ((rows1, nhp), f32), ((rows1, W), x.dtype),
+                 ((rows1, GN), f32), ((rows1, GN), f32), ((1, nhp), f32), ((1, W), f32),
+                 ((1, nhp), f32), ((S, N, W), f32)):
+        per = []
+        for p in range(npr):
+            per.append(nl.ndarray(item[0], dtype=item[1], buffer=nl.shared_hbm))
+        outs.append(per)
+    dx = outs[0][pid]
+    ddt = outs[1][pid]
+    dz = outs[2][pid]
+    dB = outs[3][pid]
+    dC = outs[4][pid]
+    dA = outs[5][pid]
+    dD = outs[6][pid]
+    dtb = outs[7][pid]
+    dinit = outs[8][pid]
+    scratches = []
+    for p in range(npr):
+        scratches.append(nl.ndarray((R + 1, N, W), dtype=f32, buffer=nl.private_hbm))
+    scratch = scratches[pid]
+
+    # ---- constants
+    ones = _sb((_PMAX, _PMAX))
+    nisa.memset(dst=ones, value=1.0)
+    t = {"U": _tri(Q, ones, -1, 1, 0),      # U[k, i] = (k <= i)
+         "Ls": _tri(Q, ones, 1, -1, -1),    # Ls[k, j] = (k > j)
+         "Li": _tri(Q, ones, 1, -1, 0),     # Li[i, k] = (i >= k)
+         "Us": _tri(Q, ones, -1, 1, -1),    # Us[j, k] = (j < k)
+         "ones": ones}
+    t["I"] = _tri(Q, ones, 1, -1, 0, nl.equal)     # identity
+    negs = _sb((Q, Q))
+    nisa.memset(dst=negs, value=_MASKED)
+    t["NEG"] = _sb((Q, Q))                          # _MASKED where j > i (j = partition)
+    nisa.affine_select(dst=t["NEG"], pattern=[[-1, Q]], channel_multiplier=1, on_true_tile=negs,
+                       on_false_value=0.0, cmp_op=nl.greater_equal, offset=-1)
+    t["A"] = _sb((_PMAX, nhp))
+    nisa.dma_copy(dst=t["A"], src=A_rows[:, h0:h1])
+    t["bias"] = None
+    if bias_rows != None:  # noqa: E711
+        t["bias"] = _sb((_PMAX, nhp))
+        nisa.dma_copy(dst=t["bias"], src=bias_rows[:, h0:h1])
+    t["D"] = None
+    if D_rows != None:  # noqa: E711
+        t["D"] = _sb((_PMAX, W))
+        nisa.dma_copy(dst=t["D"], src=D_rows[:, c0:c1])
+
+    # ---- tiles (allocated once, before the loops)
+    for name in ("rows",):
+        t[name] = _sb((Q, 2), nl.int32)
+    for name in ("t0", "blk", "seq", "ib", "fb"):
+        t[name] = _sb((1, 1), nl.int32)
+    t["mask"] = _sb((Q, 1))
+    t["x_raw"] = _sb((Q, WB), x.dtype)
+    t["dy_raw"] = _sb((Q, WB), x.dtype)
+    t["z_raw"] = None
+    if z != None:  # noqa: E711
+        t["z_raw"] = _sb((Q, WB), z.dtype)
+    t["dxo"] = _sb((Q, WB), x.dtype)
+    t["dzo"] = _sb((Q, WB), x.dtype)
+    for name in ("xf", "dyf", "zf", "dy1", "dyz", "sig", "prod"):
+        t[name] = _sb((Q, WB))
+    t["dt_in"] = _sb((Q, nhp))
+    t["B_raw"] = _sb((Q, GN), B.dtype)
+    t["C_raw"] = _sb((Q, GN), C.dtype)
+    t["Bf"] = _sb((Q, GN))
+    t["Cf"] = _sb((Q, GN))
+    for name in ("dtp", "dtA", "ecs", "eex", "wd", "gate", "tmp", "ddt", "V", "DI", "qv",
+                 "accA", "accB"):
+        t[name] = _sb((Q, nhp))
+    t["elast"] = _sb((N, nhp))
+    t["Tn"] = _sb((N, nhp))
+    t["ST0"] = _sb((N, WB))
+    t["dST"] = _sb((N, WB))
+    t["Dacc"] = _sb((Q, W))
+    # per-head temporaries: rings of 2 (two heads in flight, _block_grads)
+    for name in ("xdt", "Xd", "dy1e", "y0", "y1", "dxr", "dxS", "pP"):
+        t[name] = [_sb((Q, P)), _sb((Q, P))]
+    for name in ("Wt", "ETm", "Em", "KT", "K", "Zt", "ZTt", "MT"):
+        t[name] = [_sb((Q, Q)), _sb((Q, Q))]
+    for name in ("dy1T", "dy1eT", "xdtT", "XdT"):
+        t[name] = [_sb((P, Q)), _sb((P, Q))]
+    for name in ("S0", "dSe"):
+        t[name] = [_sb((P, N)), _sb((P, N))]
+    t["pS"] = [_sb((N, P)), _sb((N, P))]
+    t["CT"] = []
+    t["BT"] = []
+    t["CBTm"] = []
+    t["CB"] = []
+    for g in range(G):
+        t["CT"].append(_sb((N, Q)))
+        t["BT"].append(_sb((N, Q)))
+        t["CBTm"].append(_sb((Q, Q)))
+        t["CB"].append(_sb((Q, Q)))
+    t["dBt"] = _sb((Q, GN))
+    t["dCt"] = _sb((Q, GN))
+    t["out1"] = _sb((1, W))
+    nisa.memset(dst=t["dBt"], value=0.0)     # groups without this program's heads stay 0
+    nisa.memset(dst=t["dCt"], value=0.0)
+    nisa.memset(dst=t["accA"], value=0.0)
+    nisa.memset(dst=t["accB"], value=0.0)
+    nisa.memset(dst=t["Dacc"], value=0.0)
+    # PSUM (8 banks): chunk scratch / ddA columns; dC | dB | dS; per head (ring of 2) hA
+    # (seg, E, dy1^T, (dy1 e^c)^T, then Z, Z^T, M Us), hB (the other four transposes), hC
+    # (y_intra, y_off, the two dx terms)
+    for name in ("pc", "dCB"):
+        t[name] = nl.ndarray((_PMAX, _PSUM_F), dtype=f32, buffer=nl.psum)
+    for name in ("hA", "hB", "hC"):
+        t[name] = []
+        for r in range(2):
+            t[name].append(nl.ndarray((_PMAX, _PSUM_F), dtype=f32, buffer=nl.psum))
+    cfg = {"Q": Q, "P": P, "N": N, "G": G, "HPG": HPG, "h0": h0, "nhp": nhp, "c0": c0,
+           "W": W, "H": H, "x": x, "dt": dt, "B": B, "C": C, "z": z, "dy": dy,
+           "soft": dt_softplus, "lo": dt_lo, "hi": dt_hi, "groups": groups, "blocks": blocks}
+
+    r_seqs = _count_reg(counts, pid, 0)
+    r_rows = _count_reg(counts, pid, 1)
+    r_act = _count_reg(counts, pid, 2)
+
+    # ---- loop S: initial states -> scratch block of the first chunk; dfin -> dinit
+    def seq_body(i):
+        for item in (("ib", 0), ("fb", 1), ("seq", 2)):
+            name = item[0]
+            col = item[1]
+            nisa.dma_copy(dst=t[name], src=seqs.ap(pattern=[[4, 1], [1, 1]], offset=col,
+                                                   scalar_offset=i, indirect_dim=0))
+        for item in blocks:
+            a = item[0]
+            b = item[1]
+            ca, wb = c0 + a * P, (b - a) * P
+            nisa.dma_copy(dst=t["ST0"][:, 0:wb], src=_block_view(init_st, t["ib"], ca, wb, N))
+            nisa.dma_copy(dst=_block_view(scratch, t["fb"], ca - c0, wb, N), src=t["ST0"][:, 0:wb])
+            nisa.dma_copy(dst=t["dST"][:, 0:wb], src=_block_view(dfin_st, t["seq"], ca, wb, N))
+            nisa.dma_copy(dst=_block_view(dinit, t["seq"], ca - c0, wb, N), src=t["dST"][:, 0:wb])
+
+    nl.fori_loop(0, r_seqs, seq_body)
+
+    # ---- loop F: chunk-boundary states, forward order
+    def fwd_body(i):
+        nisa.dma_copy(dst=t["rows"], src=frows.ap(pattern=[[2, Q], [1, 2]], offset=0,
+                                                  scalar_offset=i, indirect_dim=0))
+        nisa.dma_copy(dst=t["t0"], src=fvals.ap(pattern=[[2, 1], [1, 1]], offset=0,
+                                                scalar_offset=i, indirect_dim=0))
+        nisa.dma_copy(dst=t["blk"], src=fvals.ap(pattern=[[2, 1], [1, 1]], offset=1,
+                                                 scalar_offset=i, indirect_dim=0))
+        _load_common(cfg, t, False)
+        _chunk_decays(cfg, t)
+        for item in blocks:
+            a = item[0]
+            b = item[1]
+            ca, wb = c0 + a * P, (b - a) * P
+            nisa.dma_copy(dst=t["x_raw"][:, 0:wb], src=_rows_view(x, t["t0"], ca, wb, Q))
+            nisa.dma_copy(dst=t["ST0"][:, 0:wb], src=_block_view(scratch, i, ca - c0, wb, N))
+            xw = _widen(t["xf"], t["x_raw"], wb)
+            for k in range(a, b):
+                cols = slice((k - a) * P, (k - a + 1) * P)
+                Xd = _r(t, "Xd", k)
+                nisa.tensor_scalar(dst=Xd, data=xw[:, cols], op0=nl.multiply,
+                                   operand0=t["wd"][:, k:k + 1])
+                g = (h0 + k) // HPG
+                st = _r(t, "hC", k)[0:N, 0:P]
+                nisa.nc_matmul(dst=st, stationary=t["Bw"][:, g * N:(g + 1) * N], moving=Xd,
+                               accumulate=False)
+                nisa.scalar_tensor_tensor(dst=t["dST"][:, cols], data=t["ST0"][:, cols],
+                                          op0=nl.multiply, operand0=t["elast"][:, k:k + 1],
+                                          op1=nl.add, operand1=st)
+            nisa.dma_copy(dst=_block_view(scratch, t["blk"], ca - c0, wb, N), src=t["dST"][:, 0:wb])
+
+    nl.fori_loop(0, r_rows, fwd_body)
+
+    # ---- loop B: chunks in reverse order, the state gradient through the d-state blocks
+    def bwd_body(i):
+        nisa.dma_copy(dst=t["rows"], src=brows.ap(pattern=[[2, Q], [1, 2]], offset=0,
+                                                  scalar_offset=i, indirect_dim=0))
+        for item in (("t0", 0), ("blk", 1), ("seq", 2)):
+            name = item[0]
+            col = item[1]
+            nisa.dma_copy(dst=t[name], src=bvals.ap(pattern=[[4, 1], [1, 1]], offset=col,
+                                                    scalar_offset=i, indirect_dim=0))
+        _load_common(cfg, t, True)
+        _chunk_decays(cfg, t)
+        _group_terms(cfg, t)
+        yr = t["rows"][:, 0:1]
+        for item in blocks:
+            a = item[0]
+            b = item[1]
+            ca, wb = c0 + a * P, (b - a) * P
+            _load_block(cfg, t, ca, wb)
+            nisa.dma_copy(dst=t["ST0"][:, 0:wb], src=_block_view(scratch, t["blk"], ca - c0, wb, N))
+            nisa.dma_copy(dst=t["dST"][:, 0:wb], src=_block_view(dinit, t["seq"], ca - c0, wb, N))
+            _block_grads(cfg, t, a, b)
+            nisa.dma_copy(dst=_scatter_view(dx, yr, ca - c0, wb, 0), src=t["dxo"][:, 0:wb])
+            if z != None:  # noqa: E711
+                nisa.dma_copy(dst=_scatter_view(dz, yr, ca - c0, wb, 0), src=t["dzo"][:, 0:wb])
+            nisa.dma_copy(dst=_block_view(dinit, t["seq"], ca - c0, wb, N), src=t["dST"][:, 0:wb])
+        _chunk_dt(cfg, t)
+        nisa.dma_copy(dst=_scatter_view(ddt, yr, 0, nhp, 0), src=t["ddt"])
+        nisa.dma_copy(dst=_scatter_view(dB, yr, 0, GN, 0), src=t["dBt"])
+        nisa.dma_copy(dst=_scatter_view(dC, yr, 0, GN, 0), src=t["dCt"])
+
+    nl.fori_loop(0, r_rows, bwd_body)
+
+    # ---- loop E (once per active program): the per-head accumulators summed over
+    # partitions (ones matmul) -> HBM
+    def end_body(i):
+        for item in ((t["accA"], dA, 0, nhp), (t["accB"], dtb, 0, nhp),
+                     (t["Dacc"], dD, 0, W)):
+            acc = item[0]
+            out = item[1]
+            c_a = item[2]
+            c_b = item[3]
+            w = c_b - c_a
+            for a in range(0, w, _PSUM_F):
+                b = min(w, a + _PSUM_F)
+                ps = t["pc"][0:1, 0:b - a]
+                nisa.nc_matmul(dst=ps, stationary=ones[0:Q, 0:1], moving=acc[:, a:b],
+                               accumulate=False, is_stationary_onezero=True)
+                nisa.tensor_copy(dst=t["out1"][:, a:b], src=ps)
+            nisa.dma_copy(dst=out[0:1, c_a:c_b], src=t["out1"][:, 0:w])
+
+    nl.fori_loop(0, r_act, end_body)
+    if npr == 2:
+        return (outs[0][0], outs[0][1], outs[1][0], outs[1][1], outs[2][0], outs[2][1],
+                outs[3][0], outs[3][1], outs[4][0], outs[4][1], outs[5][0], outs[5][1],
+                outs[6][0], outs[6][1], outs[7][0], outs[7][1], outs[8][0], outs[8][1])
+    return (outs[0][0], outs[1][0], outs[2][0], outs[3][0], outs[4][0], outs[5][0], outs[6][0],
+            outs[7][0], outs[8][0])
+
+
+def _load_common(cfg, t, backward):
+    """The chunk's dt (program's heads) and B (and C) rows from its first token on, in
+    their dtypes, widened to fp32; the valid mask."""
+    Q, h0, nhp = cfg["Q"], cfg["h0"], cfg["nhp"]
+    GN = cfg["B"].shape[1]
+    t0 = t["t0"]
+    nisa.dma_copy(dst=t["dt_in"], src=_rows_view(cfg["dt"], t0, h0, nhp, Q))
+    nisa.dma_copy(dst=t["B_raw"], src=_rows_view(cfg["B"], t0, 0, GN, Q))
+    if backward:
+        nisa.dma_copy(dst=t["C_raw"], src=_rows_view(cfg["C"], t0, 0, GN, Q))
+    nisa.tensor_copy(dst=t["mask"], src=t["rows"][:, 1:2], engine=nisa.engine.gpsimd)
+    t["Bw"] = _widen(t["Bf"], t["B_raw"], GN)
+    if backward:
+        t["Cw"] = _widen(t["Cf"], t["C_raw"], GN)
+
+
+def _load_block(cfg, t, ca, wb):
+    """x, dy, z of one head block (columns [ca, ca+wb)), widened; dy1 = dy silu(z) valid,
+    dyz = dy silu'(z); dD accumulates dy1 x."""
+    Q, c0 = cfg["Q"], cfg["c0"]
+    t0 = t["t0"]
+    nisa.dma_copy(dst=t["x_raw"][:, 0:wb], src=_rows_view(cfg["x"], t0, ca, wb, Q))
+    nisa.dma_copy(dst=t["dy_raw"][:, 0:wb], src=_rows_view(cfg["dy"], t0, ca, wb, Q))
+    if t["z_raw"] != None:  # noqa: E711
+        nisa.dma_copy(dst=t["z_raw"][:, 0:wb], src=_rows_view(cfg["z"], t0, ca, wb, Q))
+    xw = _widen(t["xf"], t["x_raw"], wb)
+    dyw = _widen(t["dyf"], t["dy_raw"], wb)
+    t["xw"] = xw
+    mask = t["mask"][:, 0:1]
+    dy1, dyz = t["dy1"][:, 0:wb], t["dyz"][:, 0:wb]
+    if t["z_raw"] != None:  # noqa: E711
+        zw = _widen(t["zf"], t["z_raw"], wb)[:, 0:wb]
+        sig, silu = t["sig"][:, 0:wb], t["prod"][:, 0:wb]
+        nisa.activation(dst=sig, op=nl.sigmoid, data=zw)
+        nisa.tensor_tensor(dst=silu, data1=zw, data2=sig, op=nl.multiply)
+        # silu'(z) = sig (1 + z - silu)
+        nisa.tensor_tensor(dst=dyz, data1=zw, data2=silu, op=nl.subtract)
+        nisa.scalar_tensor_tensor(dst=dyz, data=dyz, op0=nl.add, operand0=1.0,
+                                  op1=nl.multiply, operand1=sig)
+        nisa.tensor_tensor(dst=dyz, data1=dyz, data2=dyw[:, 0:wb], op=nl.multiply)
+        nisa.scalar_tensor_tensor(dst=dy1, data=dyw[:, 0:wb], op0=nl.multiply, operand0=mask,
+                                  op1=nl.multiply, operand1=silu)
+    else:
+        nisa.tensor_scalar(dst=dy1, data=dyw[:, 0:wb], op0=nl.multiply, operand0=mask)
+    prod = t["prod"][:, 0:wb]
+    nisa.tensor_tensor(dst=prod, data1=dy1, data2=xw[:, 0:wb], op=nl.multiply)
+    dacc = t["Dacc"][:, ca - c0:ca - c0 + wb]
+    nisa.tensor_tensor(dst=dacc, data1=dacc, data2=prod, op=nl.add)
+
+
+def _chunk_decays(cfg, t):
+    """dt' (0 on masked rows), dt'A, e^{c_i}, e^{c_end - c_j}, dt' e^{c_end - c_j}, e^{c_end}
+    on the N state partitions; the dt gate (d dt' / d dt, times valid)."""
+    Q, N, nhp = cfg["Q"], cfg["N"], cfg["nhp"]
+    dt_in, dtp, dtA, gate = t["dt_in"], t["dtp"], t["dtA"], t["gate"]
+    mask = t["mask"][:, 0:1]
+    pre = dt_in
+    if t["bias"] != None:  # noqa: E711
+        nisa.tensor_tensor(dst=t["tmp"], data1=dt_in, data2=t["bias"][0:Q, :], op=nl.add)
+        pre = t["tmp"]
+    u = pre
+    if cfg["soft"]:
+        nisa.activation(dst=dtp, op=nl.softplus, data=pre)
+        u = dtp
+    # gate = [u >= lo] [u <= hi] sigmoid(pre) (softplus) valid; dt' = clip(u) valid
+    nisa.tensor_scalar(dst=gate, data=u, op0=nl.greater_equal, operand0=cfg["lo"],
+                       op1=nl.multiply, operand1=mask)
+    if cfg["hi"] < 3.0e38:
+        nisa.tensor_scalar(dst=dtA, data=u, op0=nl.multiply, operand0=-1.0,
+                           op1=nl.greater_equal, operand1=-cfg["hi"])
+        nisa.tensor_tensor(dst=gate, data1=gate, data2=dtA, op=nl.multiply)
+    if cfg["soft"]:
+        nisa.activation(dst=dtA, op=nl.sigmoid, data=pre)
+        nisa.tensor_tensor(dst=gate, data1=gate, data2=dtA, op=nl.multiply)
+    if cfg["hi"] < 3.0e38:
+        nisa.tensor_scalar(dst=dtp, data=u, op0=nl.maximum, operand0=cfg["lo"],
+                           op1=nl.minimum, operand1=cfg["hi"])
+    else:
+        nisa.tensor_scalar(dst=dtp, data=u, op0=nl.maximum, operand0=cfg["lo"])
+    nisa.tensor_scalar(dst=dtp, data=dtp, op0=nl.multiply, operand0=mask)
+    nisa.tensor_tensor(dst=dtA, data1=dtp, data2=t["A"][0:Q, :], op=nl.multiply)
+    pc = t["pc"]
+    for item in ((t["ecs"], t["U"], Q), (t["eex"], t["Ls"], Q),
+                            (t["elast"], t["ones"][0:Q, 0:N], N)):
+        dst = item[0]
+        stat = item[1]
+        rows = item[2]
+        nisa.nc_matmul(dst=pc[0:rows, 0:nhp], stationary=stat, moving=dtA, accumulate=False,
+                       is_stationary_onezero=True)
+        nisa.activation(dst=dst, op=nl.exp, data=pc[0:rows, 0:nhp])
+    nisa.tensor_tensor(dst=t["wd"], data1=t["eex"], data2=dtp, op=nl.multiply)
+
+
+def _group_terms(cfg, t):
+    """Per group of the program: C^T, B^T, CB^T (masked to j <= i) and CB."""
+    Q, N = cfg["Q"], cfg["N"]
+    pc = t["pc"]
+    for g in cfg["groups"]:
+        n0 = g * N
+        nisa.nc_transpose(dst=pc[0:N, 0:Q], data=t["Cw"][:, n0:n0 + N])
+        nisa.tensor_copy(dst=t["CT"][g], src=pc[0:N, 0:Q], engine=nisa.engine.scalar)
+        nisa.nc_transpose(dst=pc[0:N, Q:2 * Q], data=t["Bw"][:, n0:n0 + N])
+        nisa.tensor_copy(dst=t["BT"][g], src=pc[0:N, Q:2 * Q], engine=nisa.engine.scalar)
+        nisa.nc_matmul(dst=pc[0:Q, 2 * Q:3 * Q], stationary=t["BT"][g], moving=t["CT"][g],
+                       accumulate=False)
+        nisa.tensor_tensor(dst=t["CBTm"][g], data1=pc[0:Q, 2 * Q:3 * Q], data2=t["U"],
+                           op=nl.multiply)
+        nisa.nc_matmul(dst=pc[0:Q, 3 * Q:4 * Q], stationary=t["CT"][g], moving=t["BT"][g],
+                       accumulate=False)
+        nisa.tensor_copy(dst=t["CB"][g], src=pc[0:Q, 3 * Q:4 * Q], engine=nisa.engine.scalar)
+
+
+def _rowdot(t, k, dst, a, b):
+    """dst [rows, 1] = sum over the free dim of a o b (VectorE product into head k's ring
+    temporary, then reduce)."""
+    rows, w = a.shape[0], a.shape[1]
+    prod = _r(t, "pP", k)
+    if rows != prod.shape[0]:
+        prod = _r(t, "pS", k)
+    nisa.tensor_tensor(dst=prod[0:rows, 0:w], data1=a, data2=b, op=nl.multiply)
+    nisa.tensor_reduce(dst=dst, op=nl.add, data=prod[0:rows, 0:w], axis=(1,))
+
+
+def _r(t, name, k):
+    """Head k's copy of a per-head temporary (rings of 2: heads k and k+1 are in flight)."""
+    return t[name][k % 2]
+
+
+def _block_grads(cfg, t, a, b):
+    """Loop B's per-head work for the program's heads a .. b-1, software-pipelined over
+    two stages: stage A of head k+1 is issued before stage B of head k (every per-head
+    temporary and PSUM region is a ring of 2), so each in-order engine queue holds work
+    of two heads and the engines overlap."""
+    for step in range(a, b + 1):
+        if step < b:
+            _head_a(cfg, t, a, step)
+        if step > a:
+            _head_b(cfg, t, a, step - 1)
+
+
+def _head_a(cfg, t, a, k):
+    """Stage A of head k: per-token scalings, the decay matrices E^T, E (masked), K^T, K,
+    y0 = y_intra + e^c y_off (dz and V = dy1 . e^c y_off), the transposes of dy1, dy1 e^c,
+    x dt', x dt' e^{c_end - c} ([P, Q]) and of S0, dSe ([P, N])."""
+    Q, P, N, HPG, h0 = cfg["Q"], cfg["P"], cfg["N"], cfg["HPG"], cfg["h0"]
+    xw, dy1, dyz = t["xw"], t["dy1"], t["dyz"]
+    dtp, ecs, wd = t["dtp"], t["ecs"], t["wd"]
+    ST0, dST = t["ST0"], t["dST"]
+    hA, hB, hC = _r(t, "hA", k), _r(t, "hB", k), _r(t, "hC", k)
+    g = (h0 + k) // HPG
+    cols = slice((k - a) * P, (k - a + 1) * P)
+    xdt, Xd, dy1e = _r(t, "xdt", k), _r(t, "Xd", k), _r(t, "dy1e", k)
+    Wt, ETm, Em, KT, K = _r(t, "Wt", k), _r(t, "ETm", k), _r(t, "Em", k), _r(t, "KT", k), \
+        _r(t, "K", k)
+    y0 = _r(t, "y0", k)
+    nisa.tensor_scalar(dst=xdt, data=xw[:, cols], op0=nl.multiply, operand0=dtp[:, k:k + 1],
+                       engine=nisa.engine.scalar)
+    nisa.tensor_scalar(dst=Xd, data=xw[:, cols], op0=nl.multiply, operand0=wd[:, k:k + 1],
+                       engine=nisa.engine.scalar)
+    nisa.tensor_scalar(dst=dy1e, data=dy1[:, cols], op0=nl.multiply, operand0=ecs[:, k:k + 1],
+                       engine=nisa.engine.scalar)
+    # decay matrix E^T [j, i] = exp(sum_{j<k'<=i} dt'A) masked to j <= i, and E
+    nisa.affine_select(dst=Wt, pattern=[[0, 1], [1, Q]], channel_multiplier=-1,
+                       on_true_tile=t["dtA"].ap(pattern=[[cfg["nhp"], Q], [1, 1], [0, Q]],
+                                                offset=k),
+                       on_false_value=0.0, cmp_op=nl.greater_equal, offset=0)
+    nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=t["Ls"], moving=Wt, accumulate=False,
+                   is_stationary_onezero=True)
+    # + _MASKED above the diagonal (an exact fp32 identity matmul into the same PSUM), so
+    # the exp is 0 there: the causal mask costs TensorE, not a VectorE pass
+    nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=t["I"], moving=t["NEG"], accumulate=True,
+                   is_stationary_onezero=True)
+    nisa.activation(dst=ETm, op=nl.exp, data=hA[0:Q, 0:Q])
+    nisa.nc_transpose(dst=hA[0:Q, Q:2 * Q], data=ETm)
+    nisa.tensor_copy(dst=Em, src=hA[0:Q, Q:2 * Q], engine=nisa.engine.scalar)
+    nisa.tensor_tensor(dst=KT, data1=ETm, data2=t["CBTm"][g], op=nl.multiply)
+    nisa.tensor_tensor(dst=K, data1=Em, data2=t["CB"][g], op=nl.multiply,
+                       engine=nisa.engine.gpsimd)
+    # y0 = y_intra + e^c y_off; V = dy1 . e^c y_off; dz = dy silu'(z) (y0 + D x)
+    yi, yo = hC[0:Q, 0:P], hC[0:Q, P:2 * P]
+    nisa.nc_matmul(dst=yi, stationary=KT, moving=xdt, accumulate=False)
+    nisa.nc_matmul(dst=yo, stationary=t["CT"][g], moving=ST0[:, cols], accumulate=False)
+    nisa.activation(dst=y0, op=nl.copy, data=yo, scale=ecs[:, k:k + 1])
+    _rowdot(t, k, t["V"][:, k:k + 1], y0, dy1[:, cols])
+    if t["z_raw"] != None:  # noqa: E711
+        nisa.tensor_tensor(dst=y0, data1=y0, data2=yi, op=nl.add)
+        y1 = y0
+        if t["D"] != None:  # noqa: E711
+            y1 = _r(t, "y1", k)
+            dcols = slice(k * P, (k + 1) * P)
+            nisa.tensor_tensor(dst=y1, data1=xw[:, cols], data2=t["D"][0:Q, dcols],
+                               op=nl.multiply, engine=nisa.engine.gpsimd)
+            nisa.tensor_tensor(dst=y1, data1=y1, data2=y0, op=nl.add)
+        nisa.tensor_tensor(dst=t["dzo"][:, cols], data1=dyz[:, cols], data2=y1,
+                           op=nl.multiply)
+    # transposes: dy1, dy1 e^c, x dt', x dt' e^{c_end - c} -> [P, Q]; S0, dSe -> [P, N]
+    for item in ((dy1[:, cols], "dy1T", hA[0:P, 2 * Q:3 * Q]),
+                 (dy1e, "dy1eT", hA[0:P, 3 * Q:4 * Q]),
+                 (xdt, "xdtT", hB[0:P, 0:Q]),
+                 (Xd, "XdT", hB[0:P, Q:2 * Q])):
+        nisa.nc_transpose(dst=item[2], data=item[0])
+        nisa.tensor_copy(dst=_r(t, item[1], k), src=item[2], engine=nisa.engine.scalar)
+    nisa.nc_transpose(dst=hB[0:P, 2 * Q:2 * Q + N], data=ST0[:, cols])
+    nisa.tensor_copy(dst=_r(t, "S0", k), src=hB[0:P, 2 * Q:2 * Q + N])
+    nisa.nc_transpose(dst=hB[0:P, 2 * Q + N:2 * Q + 2 * N], data=dST[:, cols])
+    nisa.tensor_copy(dst=_r(t, "dSe", k), src=hB[0:P, 2 * Q + N:2 * Q + 2 * N])
+
+
+def _head_b(cfg, t, a, k):
+    """Stage B of head k: Z, Z^T and the intra-chunk ddA column, dC and dB (accumulated over
+    the group's heads in one PSUM bank), dx with its row dots, <dSe, S0>, and the state
+    gradient dS0^T = e^{c_end} dSe^T + C^T (dy1 e^c)."""
+    Q, P, N, HPG, h0 = cfg["Q"], cfg["P"], cfg["N"], cfg["HPG"], cfg["h0"]
+    xw, dy1, Bw, Cw = t["xw"], t["dy1"], t["Bw"], t["Cw"]
+    dtp, eex, elast = t["dtp"], t["eex"], t["elast"]
+    ST0, dST = t["ST0"], t["dST"]
+    hA, hC = _r(t, "hA", k), _r(t, "hC", k)
+    h = h0 + k
+    g = h // HPG
+    n0 = g * N
+    cols = slice((k - a) * P, (k - a + 1) * P)
+    Zt, ZTt, MT, X = _r(t, "Zt", k), _r(t, "ZTt", k), _r(t, "MT", k), _r(t, "Wt", k)
+    dy1T, xdtT = _r(t, "dy1T", k), _r(t, "xdtT", k)
+    dxS, dxr = _r(t, "dxS", k), _r(t, "dxr", k)
+    # Z [i, j] = E o (dy1 (x dt')^T), Z^T (over seg / E^T's PSUM regions, read by now)
+    nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=dy1T, moving=xdtT, accumulate=False)
+    nisa.nc_matmul(dst=hA[0:Q, Q:2 * Q], stationary=xdtT, moving=dy1T, accumulate=False)
+    nisa.tensor_tensor(dst=Zt, data1=hA[0:Q, 0:Q], data2=_r(t, "Em", k), op=nl.multiply)
+    nisa.tensor_tensor(dst=ZTt, data1=hA[0:Q, Q:2 * Q], data2=_r(t, "ETm", k), op=nl.multiply)
+    # intra-chunk ddA_k' = sum_{i>=k', j<k'} M_ij: (M Us)[i, k'] masked to i >= k', summed
+    # over i (a ones matmul into column k of the chunk's ddA PSUM)
+    nisa.tensor_tensor(dst=MT, data1=ZTt, data2=t["CBTm"][g], op=nl.multiply,
+                       engine=nisa.engine.gpsimd)
+    nisa.nc_matmul(dst=hA[0:Q, 2 * Q:3 * Q], stationary=MT, moving=t["Us"], accumulate=False)
+    nisa.tensor_tensor(dst=X, data1=hA[0:Q, 2 * Q:3 * Q], data2=t["Li"], op=nl.multiply)
+    nisa.nc_matmul(dst=t["pc"][0:Q, k:k + 1], stationary=X, moving=t["ones"][0:Q, 0:1],
+                   accumulate=False)
+    # dC, dB: every head of the group accumulates in one PSUM bank
+    first = h == max(h0, g * HPG)
+    dCp, dBp = t["dCB"][0:Q, 0:N], t["dCB"][0:Q, N:2 * N]
+    nisa.nc_matmul(dst=dCp, stationary=_r(t, "dy1eT", k), moving=_r(t, "S0", k),
+                   accumulate=not first)
+    nisa.nc_matmul(dst=dCp, stationary=ZTt, moving=Bw[:, n0:n0 + N], accumulate=True)
+    nisa.nc_matmul(dst=dBp, stationary=Zt, moving=Cw[:, n0:n0 + N], accumulate=not first)
+    nisa.nc_matmul(dst=dBp, stationary=_r(t, "XdT", k), moving=_r(t, "dSe", k),
+                   accumulate=True)
+    if h == min(h0 + cfg["nhp"], (g + 1) * HPG) - 1:
+        nisa.tensor_copy(dst=t["dCt"][:, n0:n0 + N], src=dCp)
+        nisa.tensor_copy(dst=t["dBt"][:, n0:n0 + N], src=dBp, engine=nisa.engine.scalar)
+    # dx = dt' (K^T dy1 + e^{c_end - c} B dSe^T) + D dy1; DI = x . dxr; q' = x . dxS
+    dxa, dxb = hC[0:Q, 2 * P:3 * P], hC[0:Q, 3 * P:4 * P]
+    nisa.nc_matmul(dst=dxa, stationary=_r(t, "K", k), moving=dy1[:, cols], accumulate=False)
+    nisa.nc_matmul(dst=dxb, stationary=t["BT"][g], moving=dST[:, cols], accumulate=False)
+    nisa.activation(dst=dxS, op=nl.copy, data=dxb, scale=eex[:, k:k + 1])
+    nisa.tensor_tensor(dst=dxr, data1=dxa, data2=dxS, op=nl.add)
+    _rowdot(t, k, t["DI"][:, k:k + 1], xw[:, cols], dxr)
+    _rowdot(t, k, t["qv"][:, k:k + 1], xw[:, cols], dxS)
+    if t["D"] != None:  # noqa: E711
+        dD1 = _r(t, "y1", k)
+        dcols = slice(k * P, (k + 1) * P)
+        nisa.tensor_tensor(dst=dD1, data1=dy1[:, cols], data2=t["D"][0:Q, dcols],
+                           op=nl.multiply, engine=nisa.engine.gpsimd)
+        nisa.scalar_tensor_tensor(dst=t["dxo"][:, cols], data=dxr, op0=nl.multiply,
+                                  operand0=dtp[:, k:k + 1], op1=nl.add, operand1=dD1)
+    else:
+        nisa.tensor_scalar(dst=t["dxo"][:, cols], data=dxr, op0=nl.multiply,
+                           operand0=dtp[:, k:k + 1], engine=nisa.engine.scalar)
+    # <dSe, S0> per state row; then dS0^T = e^{c_end} dSe^T + C^T (dy1 e^c)
+    _rowdot(t, k, t["Tn"][:, k:k + 1], dST[:, cols], ST0[:, cols])
+    dSp = t["dCB"][0:N, 2 * N:2 * N + P]
+    nisa.nc_matmul(dst=dSp, stationary=Cw[:, n0:n0 + N], moving=_r(t, "dy1e", k),
+                   accumulate=False)
+    nisa.scalar_tensor_tensor(dst=dST[:, cols], data=dST[:, cols], op0=nl.multiply,
+                              operand0=elast[:, k:k + 1], op1=nl.add, operand1=dSp)
+
+
+def _chunk_dt(cfg, t):
+    """ddA_k = sum_{i>=k} (V - Wc)_i + sum_{j<k} dt'_j q'_j + e^{c_end} <dSe, S0> (three
+    accumulating matmuls), then ddt' = A ddA + DI, dA += dt' ddA, ddt = ddt' gate,
+    ddt_bias += ddt."""
+    Q, N = cfg["Q"], cfg["N"]
+    dtp = t["dtp"]
+    nisa.tensor_tensor(dst=t["qv"], data1=t["qv"], data2=dtp, op=nl.multiply)
+    nisa.tensor_tensor(dst=t["Tn"], data1=t["Tn"], data2=t["elast"], op=nl.multiply)
+    dps = t["pc"][0:Q, 0:cfg["nhp"]]      # holds the intra-chunk terms of every head
+    nisa.nc_matmul(dst=dps, stationary=t["Li"], moving=t["V"], accumulate=True)
+    nisa.nc_matmul(dst=dps, stationary=t["Us"], moving=t["qv"], accumulate=True)
+    nisa.nc_matmul(dst=dps, stationary=t["ones"][0:N, 0:Q], moving=t["Tn"], accumulate=True)
+    tmp = t["tmp"]
+    nisa.tensor_tensor(dst=tmp, data1=dps, data2=dtp, op=nl.multiply)
+    nisa.tensor_tensor(dst=t["accA"], data1=t["accA"], data2=tmp, op=nl.add)
+    nisa.tensor_tensor(dst=tmp, data1=dps, data2=t["A"][0:Q, :], op=nl.multiply)
+    nisa.tensor_tensor(dst=tmp, data1=tmp, data2=t["DI"], op=nl.add)
+    nisa.tensor_tensor(dst=t["ddt"], data1=tmp, data2=t["gate"], op=nl.multiply)
+    nisa.tensor_tensor(dst=t["accB"], data1=t["accB"], data2=t["ddt"], op=nl.add)

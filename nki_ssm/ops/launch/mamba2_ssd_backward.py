@@ -1,0 +1,180 @@
+"""Launcher of the Mamba-2 SSD backward kernel (``nki_ssm.kernels.mamba2_ssd.chunk_backward``).
+
+Host side only pads to buckets, arranges layouts and builds int32 tables (the
+kernel's module docstring describes them); every gradient is computed in the
+kernel, the chain through dt_bias / softplus / dt_limit included. After the
+launch, device-side array ops only: slicing to the caller's sizes, joining the
+programs' outputs (each program writes its heads into its own tensors), the
+sum of the programs' dB / dC partial slabs (at LNC=2 the heads of one group may
+sit in both programs), the sum over P of dD for a per-head D, and the S^T ->
+[H, P, N] permute of d_initial_states.
+
+- token inputs ``[num_tokens, ...]`` become ``[T + Q, width]`` (T the token
+  bucket, Q zero rows appended: the rows a chunk past the last token reads);
+- initial_states / d_final_states ``[num_seqs, H, P, N]`` become S^T blocks
+  ``[S (+1), N, H*P]`` (S the sequence bucket; zeros for None, block S of the
+  initial states zeros);
+- per-head parameters are repeated on 128 rows, D always per channel.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from nki_ssm.ops.launch._arrays import NUMPY, host_call
+from nki_ssm.ops.launch.buckets import seq_bucket, token_bucket
+from nki_ssm.ops.launch.mamba2_ssd import _D_per_row, _dt_limit
+
+_PMAX = 128
+MAX_N = 128          # the kernel keeps dstate on one partition tile
+MAX_P = 128
+
+
+def backward_kernel():
+    """The ``@nki.jit`` kernel ``backward_call`` launches."""
+    from nki_ssm.kernels.mamba2_ssd.chunk_backward import ssd_chunk_backward
+
+    return ssd_chunk_backward
+
+
+def backward_tables(cu_seqlens, num_tokens: int, num_seqs: int, chunk_size: int, lnc: int,
+                    active: tuple):
+    """Run-time tables of ``ssd_chunk_backward``: ``(frows [R, Q, 2], fvals [R, 2],
+    brows [R, Q, 2], bvals [R, 4], seqs [num_seqs, 4], counts [lnc, 4])`` int32 with
+    ``R = ceil(num_tokens / Q) + num_seqs``; ``num_tokens`` / ``num_seqs`` are the
+    buckets (row ``num_tokens``: zero input / dump output row; scratch block R: dump;
+    initial-state block ``num_seqs``: zeros). ``active[p]``: whether program p has
+    heads. Vectorised array ops only: ``diff`` and ceil-division (chunks per
+    sequence), exclusive ``cumsum`` (row bases), ``repeat_interleave`` (row ->
+    sequence), ``arange`` broadcast adds, comparisons, ``where``, a flip (reverse
+    order), indexed writes into constant tables."""
+    Q = chunk_size
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    lens = cu[1:] - cu[:-1]
+    n = lens.size
+    chunks = (lens + Q - 1) // Q
+    total = int(chunks.sum())
+    R = -(-num_tokens // Q) + num_seqs
+    frows = np.zeros((R, Q, 2), dtype=np.int32)
+    frows[:, :, 0] = num_tokens
+    fvals = np.full((R, 2), num_tokens, dtype=np.int32)
+    fvals[:, 1] = R
+    brows = frows.copy()
+    bvals = np.zeros((R, 4), dtype=np.int32)
+    bvals[:, 0] = num_tokens
+    bvals[:, 1] = R
+    base = np.concatenate([[0], np.cumsum(chunks)[:-1]]).astype(np.int64)
+    if total:
+        seq_of = np.repeat(np.arange(n), chunks)
+        local = np.arange(total) - base[seq_of]
+        offs = local[:, None] * Q + np.arange(Q)[None, :]
+        valid = offs < lens[seq_of][:, None]
+        tok = np.where(valid, cu[:-1][seq_of][:, None] + offs, num_tokens)
+        frows[:total, :, 0] = tok
+        frows[:total, :, 1] = valid
+        fvals[:total, 0] = tok[:, 0]
+        last = local == chunks[seq_of] - 1
+        fvals[:total, 1] = np.where(last, R, np.arange(total) + 1)
+        rev = np.arange(total)[::-1]
+        brows[:total] = frows[rev]
+        bvals[:total, 0] = tok[rev, 0]
+        bvals[:total, 1] = rev
+        bvals[:total, 2] = seq_of[rev]
+    seqs = np.zeros((num_seqs, 4), dtype=np.int32)
+    seqs[:n, 0] = np.arange(n)
+    seqs[:n, 1] = np.where(chunks > 0, base, R)
+    seqs[:n, 2] = np.arange(n)
+    counts = np.zeros((lnc, 4), dtype=np.int32)
+    for p in range(lnc):
+        if active[p]:
+            counts[p, :3] = (n, total, 1)
+    return frows, fvals, brows, bvals, seqs, counts
+
+
+def _states_st(xp, states, like, S_rows: int, N: int, HP: int):
+    """``[num_seqs, H, P, N]`` (or None: zeros) -> float32 S^T blocks ``[S_rows, N, H*P]``
+    (zero blocks appended)."""
+    if states is None:
+        empty = xp.f32(like).reshape(-1)[:0].reshape(0, N * HP)
+        return xp.pad_rows(empty, S_rows, N * HP, True).reshape(S_rows, N, HP)
+    n = states.shape[0]
+    st = xp.permute(xp.f32(states), (0, 3, 1, 2)).reshape(n, N * HP)
+    return xp.pad_rows(st, S_rows, N * HP, True).reshape(S_rows, N, HP)
+
+
+def backward(*, x, dt, A, B, C, dy, D, z, dt_bias, dt_softplus, dt_limit, cu_seqlens,
+             initial_states, d_final_states, chunk_size, backend):
+    """Launch ``ssd_chunk_backward`` on the host path (``backward_call`` with NumPy)."""
+    return backward_call(NUMPY, host_call(backend), x=x, dt=dt, A=A, B=B, C=C, dy=dy, D=D, z=z,
+                         dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
+                         cu_seqlens=cu_seqlens, initial_states=initial_states,
+                         d_final_states=d_final_states, chunk_size=chunk_size)
+
+
+def backward_call(xp, call, *, x, dt, A, B, C, dy, D, z, dt_bias, dt_softplus, dt_limit,
+                  cu_seqlens, initial_states, d_final_states, chunk_size):
+    """Lay out, launch ``call(backward_kernel(), *args)`` as ``call.lnc`` programs; returns
+    the float32 gradients ``dict(dx, ddt, dA, dB, dC, dD, dz, ddt_bias, d_initial_states)``
+    in the inputs' shapes (None for D, z, dt_bias not given; ``xp`` arrays)."""
+    T, H, P = x.shape
+    G, N = B.shape[1:]
+    if N > MAX_N or P > MAX_P:
+        raise ValueError(f"ssd_backward: the NKI backward kernel needs dstate N <= {MAX_N} and "
+                         f"headdim P <= {MAX_P}, got N = {N}, P = {P}")
+    n = int(np.asarray(cu_seqlens).shape[0]) - 1
+    Q = int(chunk_size)
+    Tb, Sb = token_bucket(T), seq_bucket(n)
+    lnc = call.lnc
+    split = lnc == 2 and H % 2 == 0
+    active = (True, split) if lnc == 2 else (True,)
+    tables = backward_tables(cu_seqlens, Tb, Sb, Q, lnc, active)
+
+    def tok2d(a, width, f32=False):       # [T, ...] -> [Tb + Q, width], zero rows appended
+        if a is None:
+            return None
+        return xp.pad_rows(a.reshape(T, width), Tb + Q, width, f32)
+
+    HP = H * P
+    D_row = None
+    if D is not None:
+        D_row = xp.broadcast_rows(_D_per_row(xp, D, H, P), _PMAX)
+    lo, hi = _dt_limit(dt_limit)
+    out = call(backward_kernel(),
+               tok2d(x, HP), tok2d(dt, H, f32=True), xp.broadcast_rows(xp.f32(A), _PMAX),
+               tok2d(B, G * N), tok2d(C, G * N), D_row, tok2d(z, HP),
+               None if dt_bias is None else xp.broadcast_rows(xp.f32(dt_bias), _PMAX),
+               tok2d(dy, HP), _states_st(xp, initial_states, x, Sb + 1, N, HP),
+               _states_st(xp, d_final_states, x, Sb, N, HP), *(xp.table(t) for t in tables),
+               int(H), int(N), bool(dt_softplus), lo, hi, Q)
+    # out: dx, ddt, dz, dB, dC, dA, dD, ddt_bias, d_init, each as one tensor per program
+    per = {}
+    names = ("dx", "ddt", "dz", "dB", "dC", "dA", "dD", "dtb", "dinit")
+    for k, name in enumerate(names):
+        per[name] = list(out[k * lnc:(k + 1) * lnc])
+    if not split:                           # program 1 idles (odd H): program 0 has it all
+        per = {name: v[:1] for name, v in per.items()}
+
+    def joined(name, width):                # the programs' head columns side by side
+        w = width // len(per[name])
+        parts = [a[:T].reshape(T, w) for a in per[name]]
+        return parts[0] if len(parts) == 1 else xp.cat(parts, 1)
+
+    def summed(name):                       # partial dB / dC of every program, added
+        total = per[name][0][:T]
+        for a in per[name][1:]:
+            total = total + a[:T]
+        return total.reshape(T, G, N)
+
+    w = HP // len(per["dinit"])
+    d_init = xp.cat([a[:n].reshape(n, N, w) for a in per["dinit"]], 2).reshape(n, N, H, P)
+    dD_ch = xp.cat([a.reshape(1, -1) for a in per["dD"]], 1).reshape(H, P)
+    grads = dict(dx=joined("dx", HP).reshape(T, H, P), ddt=joined("ddt", H),
+                 dA=xp.cat([a.reshape(1, -1) for a in per["dA"]], 1).reshape(H),
+                 dB=summed("dB"), dC=summed("dC"), dD=None, dz=None, ddt_bias=None,
+                 d_initial_states=xp.permute(d_init, (0, 2, 3, 1)))
+    if D is not None:
+        grads["dD"] = dD_ch.sum(-1) if tuple(D.shape) == (H,) else dD_ch
+    if z is not None:
+        grads["dz"] = joined("dz", HP).reshape(T, H, P)
+    if dt_bias is not None:
+        grads["ddt_bias"] = xp.cat([a.reshape(1, -1) for a in per["dtb"]], 1).reshape(H)
+    return grads
