@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["f64", "f64_or_none", "Segment", "ragged_segments", "decode_slots", "silu",
-           "ACTIVATIONS"]
+           "ACTIVATIONS", "functional_cu_seqlens", "states_or_zeros"]
 
 
 def f64(a, name: str = "array") -> np.ndarray:
@@ -95,3 +95,23 @@ def ragged_segments(num_tokens: int, cu_seqlens, state_indices, has_initial_stat
 def decode_slots(num_seqs: int, state_indices, slots: int) -> np.ndarray:
     """int64 slots `[num_seqs]` of a decode batch (-1 = padding), checked."""
     return _slots_check(state_indices, num_seqs, slots)
+
+
+def functional_cu_seqlens(cu_seqlens, num_tokens: int) -> np.ndarray:
+    """int64 ``cu_seqlens`` of a functional (pool-free) call, checked: 0 first, non-decreasing,
+    ``num_tokens`` last, at least one sequence."""
+    cu = np.asarray(cu_seqlens).astype(np.int64)
+    if cu.ndim != 1 or cu.size < 2 or cu[0] != 0 or cu[-1] != num_tokens or np.any(np.diff(cu) < 0):
+        raise ValueError(f"cu_seqlens must start at 0, be non-decreasing and end at "
+                         f"num_tokens = {num_tokens}, got {cu.tolist()}")
+    return cu
+
+
+def states_or_zeros(states, shape: tuple, name: str) -> np.ndarray:
+    """A float64 copy of per-sequence ``states`` of ``shape``, or zeros when None."""
+    if states is None:
+        return np.zeros(shape)
+    s = f64(states, name)
+    if s.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(s.shape)}")
+    return s

@@ -2,6 +2,8 @@
 
 - ``nki_ssm.torch.ops``: ``torch.library`` custom ops ``torch.ops.nki_ssm.*`` for the six
   pool-based ops of ``nki_ssm.ops`` (fake kernels, pools declared mutated);
+- ``nki_ssm.torch.training``: functional training ops ``torch.ops.nki_ssm.*_train`` (initial
+  states in, output and final states out, no pool) with autograd;
 - ``nki_ssm.torch.fla``, ``.mamba_ssm``, ``.causal_conv1d``: drop-ins with the GPU peers'
   signatures, defaults and return values, running on our kernels;
 - ``nki_ssm.torch.hf.patch(model)``: puts our kernels under a transformers model's
@@ -12,7 +14,7 @@
 (None: the kernel on the NKI implementation ``NKI_SSM_BACKEND`` picks; "reference":
 the float64 reference; "sim" / "neuron": that NKI implementation).
 """
-from . import ops
+from . import ops, training
 from ._convert import get_backend, set_backend, use_backend
 
-__all__ = ["ops", "get_backend", "set_backend", "use_backend"]
+__all__ = ["ops", "training", "get_backend", "set_backend", "use_backend"]

@@ -25,6 +25,15 @@ entries of ``cache_indices`` are padding. ``activation`` keeps the causal-conv1d
 ``torch.compile``); dense calls trace fully. Index arguments must have integer
 dtypes (``has_initial_state`` bool) and every tensor must be on x's device.
 
+Training: when autograd records and x, weight, bias or initial_states requires grad,
+the dense and ``seq_idx`` forms run ``torch.ops.nki_ssm.short_conv_train`` (same
+kernel, no pool) and return gradients for exactly the inputs the peer's
+``CausalConv1dFn.backward`` does -- x, weight, bias, initial_states
+(Dao-AILab/causal-conv1d 0d2252d, causal_conv1d/causal_conv1d_interface.py:67-96);
+final_states are differentiable too. The varlen form (serving, in-place
+``conv_states``) and ``causal_conv1d_update`` (decode) stay inference-only: their
+ops have no autograd formula and a backward through them raises.
+
 Width ``W`` may be 2..8 (the peer: 2..4); float32 and bfloat16 (float16 raises
 TypeError). Errors name the argument; the peer's ``assert`` checks raise
 ``ArgumentError`` (a ValueError and an AssertionError).
@@ -34,6 +43,7 @@ from __future__ import annotations
 import torch
 
 from . import ops as _ops
+from . import training as _training
 from ._convert import get_backend
 from ._peer import (ArgumentError, check_inputs, check_slots, dense_cu_seqlens,
                     padding_to_minus_one, require, runs, slots_for)
@@ -90,23 +100,35 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None,
         require(tuple(initial_states.shape) == pool_shape,
                 f"initial_states must have shape [batch, dim, width - 1] = {list(pool_shape)}, "
                 f"got {tuple(initial_states.shape)}")
+    tokens = x.transpose(1, 2).reshape(batch * seqlen, dim)
+    if _training.needs_grad(x, weight, bias, initial_states):
+        y, final = _training.short_conv_train(tokens, weight, bias, activation=act, cu_seqlens=cu,
+                                              initial_states=initial_states,
+                                              backend=get_backend())
+        return _conv_result(y, final.to(x.dtype), batch, seqlen, dim, return_final_states,
+                            final_states_out)
+    if initial_states is not None:
         pool = initial_states.to(x.dtype).clone()
     else:
         pool = x.new_zeros(pool_shape)
-    tokens = x.transpose(1, 2).reshape(batch * seqlen, dim)
     y = _ops.short_conv_prefill(
         tokens, weight, bias, activation=act, cu_seqlens=cu, conv_states=pool,
         state_indices=slots_for(num_seqs, x.device),
         has_initial_state=torch.full((num_seqs,), initial_states is not None,
                                      dtype=torch.bool, device=x.device),
         backend=get_backend())
+    return _conv_result(y, pool, batch, seqlen, dim, return_final_states, final_states_out)
+
+
+def _conv_result(y, final, batch, seqlen, dim, return_final_states, final_states_out):
+    """The peer's return value from token-major y and the final states."""
     out = y.reshape(batch, seqlen, dim).transpose(1, 2).contiguous()
     if not return_final_states:
         return out
     if final_states_out is not None:
-        final_states_out.copy_(pool)
+        final_states_out.copy_(final)
         return out, final_states_out
-    return out, pool
+    return out, final
 
 
 def _varlen(x, weight, bias, act, query_start_loc, cache_indices, has_initial_state,

@@ -23,6 +23,16 @@ decay) and element-wise beta ``[B, T, HV, V]``. ``chunk_size`` (keyword) must be
 unused (our kernels build their own tables). The fused recurrent form with
 ``cu_seqlens`` runs the chunked kernel (same math; our decode kernel takes equal
 token counts per sequence). ``beta=None`` means ones ``[B, T, HV]``.
+
+Training: when autograd records and q, k, v, g, beta, A_log, dt_bias or
+initial_state requires grad, the chunked form runs
+``torch.ops.nki_ssm.gated_delta_train`` (same kernel, no pool) and returns gradients
+for exactly the inputs FLA's ``ChunkGatedDeltaRuleFunction.backward`` does -- q, k, v,
+g, beta, initial_state, and A_log, dt_bias with ``use_gate_in_kernel``
+(fla-org/flash-linear-attention bc3b101, fla/ops/gated_delta_rule/chunk.py:340-391);
+final_state is differentiable too. The recurrent form on dense batches (decode) stays
+inference-only, as FLA's own fused recurrent backward is (it raises
+NotImplementedError there): a backward through it raises.
 """
 from __future__ import annotations
 
@@ -30,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from . import ops as _ops
+from . import training as _training
 from ._convert import get_backend
 from ._peer import check_inputs, dense_cu_seqlens, is_int, slots_for
 
@@ -105,6 +116,18 @@ def _run(q, k, v, gates, scale, initial_state, output_final_state, use_qk_l2norm
         cu = dense_cu_seqlens(B, T, q.device)
     num_seqs = cu.shape[0] - 1
     pool = _pool(initial_state, num_seqs, HV, K, V, state_v_first, q.device)
+    if not recurrent and _training.needs_grad(q, k, v, initial_state, *gates.values()):
+        o, final = _training.gated_delta_train(
+            q.reshape(B * T, H, K), k.reshape(B * T, H, K), v.reshape(B * T, HV, V),
+            **{n: t.reshape((B * T,) + tuple(t.shape[2:])) if n in ("g", "beta", "a", "b")
+               else t for n, t in gates.items()},
+            scale=scale, use_qk_l2norm=bool(use_qk_l2norm_in_kernel), cu_seqlens=cu,
+            initial_states=None if initial_state is None else pool, chunk_size=chunk_size,
+            backend=get_backend())
+        o = o.reshape(B, T, HV, V)
+        if not output_final_state:
+            return o, None
+        return o, final.transpose(-1, -2).contiguous() if state_v_first else final
     slots = slots_for(num_seqs, q.device)
     common = dict(scale=scale, use_qk_l2norm=bool(use_qk_l2norm_in_kernel), ssm_states=pool,
                   state_indices=slots, backend=get_backend())

@@ -32,6 +32,18 @@ follow the peer:
   A negative ``state_batch_indices`` entry is padding (zero output, state
   untouched), as in the peer.
 
+Training: when autograd records and x, dt, A, B, C, D, z, dt_bias or initial_states
+requires grad, ``mamba_chunk_scan_combined`` runs ``torch.ops.nki_ssm.ssd_train``
+(same kernel, no pool) and returns gradients for exactly the inputs the peer's
+``MambaChunkScanCombinedFn.backward`` does -- x, dt (through dt_bias, softplus and
+dt_limit), A, B, C, D, z, dt_bias, initial_states (state-spaces/mamba e9594ce,
+mamba_ssm/ops/triton/ssd_combined.py:620-625); final_states and varlen_states are
+differentiable too. Two numerical differences from the peer's backward: softplus is
+exact (the peer switches to identity above 20), and dt_limit passes the gradient
+where lo <= dt' <= hi, as the peer's ``_chunk_cumsum_bwd_kernel`` does
+(ssd_chunk_state.py:152-160). ``selective_state_update`` (decode) stays
+inference-only: its op has no autograd formula and a backward through it raises.
+
 float32 and bfloat16 only (float16 raises TypeError naming the argument).
 The peer's ``assert`` checks raise ``ArgumentError`` (ValueError and AssertionError).
 """
@@ -42,6 +54,7 @@ import math
 import torch
 
 from . import ops as _ops
+from . import training as _training
 from ._convert import get_backend
 from ._peer import (ArgumentError, check_inputs, check_slots, constant_over, dense_cu_seqlens,
                     is_int, padding_to_minus_one, require, runs, slots_for)
@@ -125,12 +138,23 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     def flat(t):      # [batch, seqlen, ...] -> [batch * seqlen, ...]
         return None if t is None else t.reshape((batch * seqlen,) + tuple(t.shape[2:]))
 
-    y = _ops.ssd_prefill(
-        flat(x), flat(dt), A, flat(B), flat(C), D=D, z=flat(z), dt_bias=dt_bias,
-        dt_softplus=bool(dt_softplus), dt_limit=tuple(dt_limit), cu_seqlens=cu,
-        ssm_states=pool, state_indices=slots_for(num_seqs, x.device), has_initial_state=has_init,
-        chunk_size=chunk, precision="fp32" if x.dtype == torch.float32 else "bf16",
-        backend=get_backend())
+    precision = "fp32" if x.dtype == torch.float32 else "bf16"
+    if _training.needs_grad(x, dt, A, B, C, D, z, dt_bias, initial_states):
+        init = None
+        if initial_states is not None:    # the pool's rows, differentiably
+            init = torch.zeros_like(pool).index_copy(0, torch.tensor(first, device=x.device),
+                                                     initial_states.to(torch.float32))
+        y, pool = _training.ssd_train(
+            flat(x), flat(dt), A, flat(B), flat(C), D=D, z=flat(z), dt_bias=dt_bias,
+            dt_softplus=bool(dt_softplus), dt_limit=tuple(dt_limit), cu_seqlens=cu,
+            initial_states=init, chunk_size=chunk, precision=precision, backend=get_backend())
+    else:
+        y = _ops.ssd_prefill(
+            flat(x), flat(dt), A, flat(B), flat(C), D=D, z=flat(z), dt_bias=dt_bias,
+            dt_softplus=bool(dt_softplus), dt_limit=tuple(dt_limit), cu_seqlens=cu,
+            ssm_states=pool, state_indices=slots_for(num_seqs, x.device),
+            has_initial_state=has_init, chunk_size=chunk, precision=precision,
+            backend=get_backend())
     out = y.reshape(batch, seqlen, H, P)
     results = [out]
     if return_final_states:          # float32, as the peer's _state_passing_fwd allocates them

@@ -23,7 +23,8 @@ other device go to ``nki_ssm.torch.neuron`` (the kernels called with device
 tensors, pools aliased).
 
 Forward only (inference and serving): no autograd formula is registered, so
-a backward through these ops raises.
+a backward through these ops raises (they write their pools, and torch admits no
+autograd formula on a mutating op). Training: ``nki_ssm.torch.training``.
 
 ``gated_delta_decode`` always returns ``(o, intermediate)``; intermediate is
 an empty ``[0]`` tensor unless ``return_intermediate_states`` (schemas have

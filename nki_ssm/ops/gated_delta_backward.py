@@ -1,0 +1,52 @@
+"""Host API: gradients of the Gated DeltaNet prefill (the training op's backward).
+
+    gated_delta_backward(q, k, v, do, *, g=None, beta=None, a=None, b=None, A_log=None,
+                         dt_bias=None, scale=None, use_qk_l2norm=False, cu_seqlens,
+                         initial_states=None, d_final_states=None, chunk_size=None,
+                         backend=None) -> dict
+
+The gradients of ``nki_ssm.ops.gated_delta_forward``'s (o, final_states) given ``do
+[num_tokens, HV, V]`` (q's dtype) and ``d_final_states [num_seqs, HV, K, V]`` (None:
+zeros): ``dq, dk, dv`` (through the fused q/k L2 norm and the scale), the gates'
+gradients -- ``dg, dbeta`` when (g, beta) were given, ``da, db, dA_log, ddt_bias``
+when the raw gates were (the others None) -- each in its input's dtype, and
+``d_initial_states [num_seqs, HV, K, V]`` (float32; float64 for float64 inputs).
+
+Every argument is checked as ``gated_delta_forward`` checks it (same messages), plus
+``do`` (o's shape, q's dtype) and ``d_final_states``. Backends: "reference" only
+(``nki_ssm/reference/gated_delta_backward.py``, float64). There is no NKI backward
+kernel for Gated DeltaNet yet (issue 30): on "sim" and "neuron" (and None, which
+resolves to one of them) a valid call raises NotImplementedError.
+"""
+from __future__ import annotations
+
+from . import _backward
+from . import training
+
+GRAD_OF = dict(q="dq", k="dk", v="dv", g="dg", beta="dbeta", a="da", b="db", A_log="dA_log",
+               dt_bias="ddt_bias")
+
+
+def gated_delta_backward(q, k, v, do, *, g=None, beta=None, a=None, b=None, A_log=None,
+                         dt_bias=None, scale=None, use_qk_l2norm=False, cu_seqlens,
+                         initial_states=None, d_final_states=None, chunk_size=None,
+                         backend=None) -> dict:
+    """Gradients of the gated delta rule prefill; see the module docstring."""
+    gates = dict(g=g, beta=beta, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
+    call = training.validate_gated_delta(q, k, v, gates=gates, scale=scale,
+                                         use_qk_l2norm=use_qk_l2norm, cu_seqlens=cu_seqlens,
+                                         initial_states=initial_states, chunk_size=chunk_size,
+                                         backend=backend)
+    HV, V = v.shape[1:]
+    _backward.check_output_grad(call, "do", do, "q", q, shape=(q.shape[0], HV, V),
+                                labels=("num_tokens", "HV", "V"))
+    call.states("d_final_states", d_final_states)
+    _backward.require_reference(call, "gated_delta_backward", "Gated DeltaNet chunked prefill",
+                                "nki_ssm/kernels/gated_delta")
+    from nki_ssm.reference.gated_delta_backward import gated_delta_backward as ref
+
+    kw = call.kw
+    grads = ref(kw["q"], kw["k"], kw["v"], do, **{n: kw[n] for n in gates}, scale=kw["scale"],
+                use_qk_l2norm=kw["use_qk_l2norm"], cu_seqlens=kw["cu_seqlens"],
+                initial_states=initial_states, d_final_states=d_final_states)
+    return _backward.cast_grads(call, grads, GRAD_OF)
