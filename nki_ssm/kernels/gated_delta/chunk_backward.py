@@ -20,9 +20,12 @@ Backward given do and dh' (the gradient of h')::
     dk = (dP D)^T q + e^{c_L - c} (vn dh'^T) - beta e^c y + E k + E^T k,
          E = beta dA D (strictly lower)
     dbeta = <v, z> - e^c <k, y> + rowsum(dA kk D)
-    dc = rowsum(G) - colsum(G) + <q, e^c do h^T> - beta e^c <k, y> - <k, e^{c_L - c} vn dh'^T>,
-         G = dP tril(q k^T) D + dA A;  c_L collects e^{c_L} <dh', h> + sum_j <k_j, ...>_j
-    dg = reverse cumsum of dc (+ the c_L terms on every row)
+    G = dP tril(q k^T) D + dA A,   X = <q, e^c do h^T> - beta e^c <k, y>,
+    Q = <k, e^{c_L - c} vn dh'^T>
+    dg_m = sum_{i >= m} X_i + sum_{j < m} Q_j + e^{c_L} <dh', h> + sum_{i >= m > j} G[i, j]
+         (the pairs of G straddling m summed directly: reverse-summing rowsum G - colsum G
+         would cancel the pairs inside the chunk's tail and lose the small straddling ones
+         under strong decays)
     dh = e^{c_L} dh' + (e^c q)^T do - (beta e^c k)^T z
 
 C = 32: T is computed exactly on the one 32-row block by nilpotent doubling
@@ -34,8 +37,8 @@ value heads padded to a multiple of the program count, E = chunk rows of the tab
 q2, k2 ``[Tb + 1, HVp*K]`` float32 (q/k expanded to the value heads, normalised, q scaled),
 v2, do2 ``[Tb + 1, HVp*V]`` float32, g2, beta2 ``[Tb + 1, HVp]`` float32 (the log decays
 and betas, raw gates already applied); row Tb and rows past num_tokens are zero.
-h0 ``[(Nb + 1)*K, HVp*V]`` float32: block s (rows s*K..) the initial state of sequence s
-as ``[K, (hv, V)]``, block Nb zeros. dstate ``[Nb*K, HVp*V]`` float32, in place: block s
+h0 ``[Nb*K, HVp*V]`` float32: block s (rows s*K..) the initial state of sequence s as
+``[K, (hv, V)]`` (zeros without initial states). dstate ``[Nb*K, HVp*V]`` float32, in place: block s
 holds d_final_states of sequence s on entry and d_initial_states on exit.
 init_tab ``[Nb, 2]`` (h0 block row, hstore block row of the sequence's first chunk),
 fwd_rows / bwd_rows ``[E + 1, C]`` token rows (past a sequence end: Tb) of every chunk in
@@ -60,9 +63,9 @@ every program runs the same tables on its own columns of every tensor it writes 
 dstate, outputs), so no HBM byte is written by two programs; both trace the same
 instructions. The launcher pads HV with zero heads to a multiple of n.
 
-Engines per (chunk, value head) of loop 3: TensorE 6 transposes (k, q, do, h, dh', E,
-T), ~20 matmuls (kk, q k^T, segment sums, 7 for T, k h, vn^T, k dh', dvn, z, z^T, do vn^T
-both layouts, z vn^T, do h^T, z h^T, vn dh'^T, dq, dk (3 accumulated), dg (3), dh (2));
+Engines per (chunk, value head) of loop 3: TensorE 8 transposes (k, q, do, h, dh', E,
+G, N, T), ~20 matmuls (kk, q k^T, segment sums, 7 for T, k h, vn^T, k dh', dvn, z, z^T, do vn^T
+both layouts, z vn^T, do h^T, z h^T, vn dh'^T, dq, dk (3 accumulated), G^T and dg (1 + 4), dh (2));
 VectorE / ScalarE the masked evictions and per-row scalings, GpSimd none; DMA: the chunk's
 gathers (q, k, v, do, g, beta: one per tensor per chunk), h and dh' blocks in, dh' out,
 the five gradient scatters. Loop 2 is the recompute subset (T, vn, h'). What binds: the
@@ -186,13 +189,14 @@ def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, dstate, init_tab, fwd_row
 def _constants(C):
     """0/1 operators and masks [C, C] (float32): tri_up [p <= f] (cumsum), tri_lo [p > f]
     (segment sums over m > j; the strictly lower mask), tri_li [p >= f] (reverse cumsum;
-    the inclusive lower mask), ident, ones [128, 128]."""
+    the inclusive lower mask), tri_su [p < f] (exclusive cumsum), ident, ones [128, 128]."""
     cst = {}
     ones = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ones, value=1.0)
     cst["ones"] = ones
     for spec in (("tri_up", 1, -1, 0, nl.greater_equal), ("tri_lo", -1, 1, -1, nl.greater_equal),
-                 ("tri_li", -1, 1, 0, nl.greater_equal), ("ident", -1, 1, 0, nl.equal)):
+                 ("tri_li", -1, 1, 0, nl.greater_equal), ("tri_su", 1, -1, -1, nl.greater_equal),
+                 ("ident", -1, 1, 0, nl.equal)):
         t = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
         nisa.affine_select(dst=t, pattern=[[spec[1], C]], channel_multiplier=spec[2],
                            offset=spec[3], on_true_tile=ones[0:C, 0:C], on_false_value=0.0,
@@ -432,27 +436,27 @@ def _head_grads(x, ch, cst, d, S, dS, out, j, C, K, V):
     nisa.scalar_tensor_tensor(dst=db, data=ky, op0=nl.multiply, operand0=_neg(ec, C),
                               op1=nl.add, operand1=vz)
     nisa.tensor_tensor(dst=out["dbeta"][:, j:j + 1], data1=db, data2=w1, op=nl.subtract)
-    # dc = rowsum G - colsum G + <q, dq_int> - beta e^c <k, y> - <k, dkS>
-    gr = nl.ndarray((C, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=gr, op=nl.add, data=G, axis=(1,))
-    pc = nl.ndarray((C, 1), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pc, stationary=G, moving=cst["ones"][0:C, 0:1], accumulate=False)
-    dc = nl.ndarray((C, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=dc, data1=gr, data2=pc, op=nl.subtract)
-    qd = _rowsum(q, dq_int, C, K)
-    nisa.tensor_tensor(dst=dc, data1=dc, data2=qd, op=nl.add)
-    nisa.scalar_tensor_tensor(dst=dc, data=ky, op0=nl.multiply, operand0=ch["nbec"][:, j:j + 1],
-                              op1=nl.add, operand1=dc)
+    # dg_m = sum_{i >= m} X_i + sum_{j < m} (-<k, dkS>_j ... as Q) + e^{c_L} <dh', h>
+    #        + sum_{i >= m > j} G[i, j]: the pairs of G straddling m directly (rowsum G -
+    #        colsum G reverse-summed would cancel the pairs inside [m, C) and lose the small
+    #        straddling ones under strong decays), X_i = <q, dq_int> - beta e^c <k, y>
+    X = _rowsum(q, dq_int, C, K)
+    nisa.scalar_tensor_tensor(dst=X, data=ky, op0=nl.multiply, operand0=ch["nbec"][:, j:j + 1],
+                              op1=nl.add, operand1=X)
     kS = _rowsum(k, dkS, C, K)
-    nisa.tensor_tensor(dst=dc, data1=dc, data2=kS, op=nl.subtract)
-    # the c_L terms on every row: sum_j <k, dkS>_j + e^{c_L} <dh', h>
     hs = nl.ndarray((K, 1), dtype=nl.float32, buffer=nl.sbuf)
     hd = _rowsum(dSh, h, K, V)
     nisa.tensor_tensor(dst=hs, data1=hd, data2=ch["ecL"][:, j:j + 1], op=nl.multiply)
+    GT = _transpose(G, C, C)
+    ps = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ps, stationary=GT, moving=cst["tri_su"], accumulate=False)
+    Hm = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)      # [i, m]: sum_{j < m} G
+    nisa.tensor_tensor(dst=Hm, data1=ps, data2=cst["tri_li"], op=nl.multiply)
     pg = nl.ndarray((C, 1), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pg, stationary=cst["tri_li"], moving=dc, accumulate=False)
-    nisa.nc_matmul(dst=pg, stationary=cst["ones"][0:C, 0:C], moving=kS, accumulate=True)
+    nisa.nc_matmul(dst=pg, stationary=cst["tri_li"], moving=X, accumulate=False)
+    nisa.nc_matmul(dst=pg, stationary=cst["tri_su"], moving=kS, accumulate=True)
     nisa.nc_matmul(dst=pg, stationary=cst["ones"][0:K, 0:C], moving=hs, accumulate=True)
+    nisa.nc_matmul(dst=pg, stationary=Hm, moving=cst["ones"][0:C, 0:1], accumulate=True)
     nisa.tensor_copy(dst=out["dg"][:, j:j + 1], src=pg, engine=nisa.engine.vector)
     # dh = e^{c_L} dh' + (e^c q)^T do - (beta e^c k)^T z
     eq = _scaled(q, ec, C, K)
