@@ -47,7 +47,8 @@ def gated_delta_backward(q, k, v, do, *, g=None, beta=None, a=None, b=None, A_lo
         grads = backward(q=kw["q"], k=kw["k"], v=kw["v"], do=do, **{n: kw[n] for n in gates},
                          scale=kw["scale"], use_qk_l2norm=kw["use_qk_l2norm"],
                          cu_seqlens=kw["cu_seqlens"], initial_states=initial_states,
-                         d_final_states=d_final_states, backend=call.kind)
+                         d_final_states=d_final_states, chunk_size=kw.get("chunk_size"),
+                         backend=call.kind)
         return _backward.cast_grads(call, grads, GRAD_OF)
     from nki_ssm.reference.gated_delta_backward import gated_delta_backward as ref
 

@@ -47,8 +47,8 @@ def _rel(a, b):
     return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
 
 
-def _check(args, tol):
-    got = ops.gated_delta_backward(**args, backend="sim")
+def _check(args, tol, chunk_size=None):
+    got = ops.gated_delta_backward(**args, chunk_size=chunk_size, backend="sim")
     ref = ops.gated_delta_backward(**_f64(args), backend="reference")
     for name in GRADS:
         if ref[name] is None:
@@ -62,12 +62,20 @@ def _check(args, tol):
 
 @pytest.mark.parametrize("raw, l2", [(False, False), (True, True), (True, False)])
 def test_float32_ragged_batch(rng, lnc, raw, l2):
-    # lengths not multiples of the chunk (32), an empty sequence, T = 1, two q/k heads
-    _check(_case(rng, [45, 0, 1, 70], H=2, HV=4, raw=raw, l2=l2), 1e-5)
+    # lengths not multiples of the chunk (32: one exact block), an empty sequence, T = 1,
+    # two q/k heads
+    _check(_case(rng, [45, 0, 1, 70], H=2, HV=4, raw=raw, l2=l2), 1e-5, chunk_size=32)
 
 
-def test_float32_strong_then_weak_decays(rng, lnc):
-    _check(_case(rng, [64, 29], pattern="strong_then_weak"), 1e-5)
+@pytest.mark.parametrize("chunk_size", [None, 64], ids=["chunk128", "chunk64"])
+def test_float32_block_solve(rng, lnc, chunk_size):
+    # chunks of 4 and 2 exactly-inverted 32-row blocks, several chunks per sequence
+    _check(_case(rng, [300, 0, 1, 140], H=1, HV=2, raw=True, l2=True), 1e-5, chunk_size)
+
+
+@pytest.mark.parametrize("chunk_size", [None, 32], ids=["chunk128", "chunk32"])
+def test_float32_strong_then_weak_decays(rng, lnc, chunk_size):
+    _check(_case(rng, [200, 29], pattern="strong_then_weak"), 1e-5, chunk_size)
 
 
 def test_float32_single_token_and_no_states(rng, lnc):
@@ -82,12 +90,12 @@ def test_float32_empty_sequence_passes_its_state_gradient(rng):
 
 
 def test_bfloat16_model_head_dims(rng, lnc):
-    _check(_case(rng, [50, 17], H=1, HV=2, K=128, V=128, raw=True, l2=True, dtype=BF16),
+    _check(_case(rng, [150, 17], H=1, HV=2, K=128, V=128, raw=True, l2=True, dtype=BF16),
            5e-3)
 
 
 def test_ragged_equals_separate_calls(rng):
-    args = _case(rng, [37, 0, 70], HV=2)
+    args = _case(rng, [137, 0, 70], HV=2)
     whole = ops.gated_delta_backward(**args, backend="sim")
     cu = args["cu_seqlens"]
     for s in range(len(cu) - 1):
@@ -109,11 +117,11 @@ def test_ragged_equals_separate_calls(rng):
 
 
 def test_continuation_equals_one_long_sequence(rng):
-    args = _case(rng, [90], HV=2)
-    split = 45                       # not a chunk boundary of the long sequence's chunks
+    args = _case(rng, [190], HV=2)
+    split = 95                       # not a chunk boundary of the long sequence's chunks
     whole = ops.gated_delta_backward(**args, backend="sim")
     first = dict(args, cu_seqlens=np.array([0, split], np.int32))
-    second = dict(args, cu_seqlens=np.array([0, 90 - split], np.int32))
+    second = dict(args, cu_seqlens=np.array([0, 190 - split], np.int32))
     for name in ("q", "k", "v", "do", "g", "beta"):
         first[name] = args[name][:split]
         second[name] = args[name][split:]
@@ -138,7 +146,7 @@ def _traced(args, monkeypatch, lnc):
 
 
 def test_lnc2_equals_lnc1_and_program_size(rng, monkeypatch):
-    args = _case(rng, [45, 0, 1, 70], H=2, HV=4, raw=True)
+    args = _case(rng, [145, 0, 1, 70], H=2, HV=4, raw=True)
     one, _ = _traced(args, monkeypatch, 1)
     two, trace = _traced(args, monkeypatch, 2)
     for name in GRADS:
@@ -149,7 +157,7 @@ def test_lnc2_equals_lnc1_and_program_size(rng, monkeypatch):
         assert any(i.loop_path for i in trace.instructions if i.program_id == pid)
     assert max(len(i.loop_path) for i in trace.instructions) <= 1
     # another batch of the same bucket: the same program
-    other = _case(rng, [100, 0, 16, 0], H=2, HV=4, raw=True)
+    other = _case(rng, [200, 0, 16, 0], H=2, HV=4, raw=True)
     _, trace2 = _traced(other, monkeypatch, 2)
     assert sizes[0] == sizes[1] <= 20_000
     assert [trace2.program_instructions(pid) for pid in (0, 1)] == sizes

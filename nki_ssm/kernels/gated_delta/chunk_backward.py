@@ -89,7 +89,7 @@ from nki_ssm.backend import nki, nl, nisa
 from nki_ssm.kernels._common import count_register
 from nki_ssm.kernels.gated_delta.chunk import _row_cells, _rows_view, _state_block, _table_rows
 
-CHUNK = 32           # tokens per chunk: one exactly-inverted 32-row block (DESIGN.md)
+_BLOCK = 32          # rows per exactly-inverted diagonal block (DESIGN.md Numerics)
 _ROUNDS = 4          # doubling rounds after I + N: N^2, N^4, N^8, N^16 cover 32 rows
 
 
@@ -189,7 +189,8 @@ def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, dstate, init_tab, fwd_row
 def _constants(C):
     """0/1 operators and masks [C, C] (float32): tri_up [p <= f] (cumsum), tri_lo [p > f]
     (segment sums over m > j; the strictly lower mask), tri_li [p >= f] (reverse cumsum;
-    the inclusive lower mask), tri_su [p < f] (exclusive cumsum), ident, ones [128, 128]."""
+    the inclusive lower mask), tri_su [p < f] (exclusive cumsum), ident, bd / off (the
+    32-row diagonal blocks / the strictly lower rest), ones [128, 128]."""
     cst = {}
     ones = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ones, value=1.0)
@@ -202,6 +203,14 @@ def _constants(C):
                            offset=spec[3], on_true_tile=ones[0:C, 0:C], on_false_value=0.0,
                            cmp_op=spec[4])
         cst[spec[0]] = t
+    # bd: the 32-row diagonal blocks; off: strictly lower outside them
+    cst["bd"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=cst["bd"], value=0.0)
+    for r0 in range(0, C, _BLOCK):
+        nisa.memset(dst=cst["bd"][r0:r0 + _BLOCK, r0:r0 + _BLOCK], value=1.0)
+    cst["off"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=cst["off"], data1=cst["tri_lo"], data2=cst["bd"], op=nl.multiply)
+    nisa.tensor_tensor(dst=cst["off"], data1=cst["tri_lo"], data2=cst["off"], op=nl.subtract)
     return cst
 
 
@@ -293,24 +302,36 @@ def _recompute(x, ch, cst, S, j, C, K, V, grads):
     nisa.nc_matmul(dst=kk, stationary=d["kT"], moving=d["kT"], accumulate=False)
     d["KKD"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=d["KKD"], data1=kk, data2=Dl, op=nl.multiply)
-    # N = -A = -beta_i KKD; T = (I - N)^{-1} by doubling
+    # T = (I + A)^{-1}, A = beta_i KKD = A_bd + A_off (its 32-row diagonal blocks and the
+    # rest): the diagonal blocks exactly by doubling, Tb = (I + A_bd)^{-1}, then block
+    # forward substitution as products: T = (I + M)^{-1} Tb, M = Tb A_off strictly
+    # block-lower (M^nb = 0), (I + M)^{-1} = (I - M)(I + M^2) for up to 4 blocks
+    nb = C // _BLOCK
+    A = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=A, op=nl.copy, data=d["KKD"], scale=beta)
     N = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=N, op=nl.copy, data=d["KKD"], scale=_neg(beta, C))
+    nisa.scalar_tensor_tensor(dst=N, data=A, op0=nl.multiply, operand0=-1.0, op1=nl.multiply,
+                              operand1=cst["bd"])
     NT = _transpose(N, C, C)
     T = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=T, data1=N, data2=cst["ident"], op=nl.add)
     covered = 2
     for _ in range(_ROUNDS):
         N2T = _mm(N, NT, C, C)                     # (N^2)^T = N^T N^T
-        if covered * 2 < C:
+        if covered * 2 < _BLOCK:
             N = _mm(NT, N, C, C)                   # N^2
         NT = N2T
-        ps = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=ps, stationary=N2T, moving=T, accumulate=False)
-        T2 = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=T2, data1=ps, data2=T, op=nl.add)   # (I + N^{2m}) T
-        T = T2
+        T = _plus_product(N2T, T, C, nl.add)       # (I + N^{2m}) T
         covered = covered * 2
+    if nb > 1:
+        Aoff = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=Aoff, data1=A, data2=cst["off"], op=nl.multiply)
+        TbT = _transpose(T, C, C)
+        M = _mm(TbT, Aoff, C, C)                   # Tb A_off
+        MT = _mm(Aoff, TbT, C, C)                  # (Tb A_off)^T
+        if nb > 2:
+            T = _plus_product(_mm(M, MT, C, C), T, C, nl.add)     # (I + M^2) Tb
+        T = _plus_product(MT, T, C, nl.subtract)                  # (I - M) ...
     d["T"] = T
     d["TT"] = _transpose(T, C, C)
     # r = beta (v - e^c (k h))
@@ -336,6 +357,15 @@ def _recompute(x, ch, cst, S, j, C, K, V, grads):
         d["QKD"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=d["QKD"], data1=qk, data2=Di, op=nl.multiply)
     return d
+
+
+def _plus_product(st, X, C, op):
+    """X op st^T X ([C, C]; op add or subtract), the product through PSUM."""
+    ps = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ps, stationary=st, moving=X, accumulate=False)
+    out = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=out, data1=X, data2=ps, op=op)
+    return out
 
 
 def _neg(col, C):

@@ -63,6 +63,14 @@ def backward_tables(cu_seqlens, *, K, chunk_size, num_tokens_bucket, num_seqs_bu
     return init_tab, fwd_rows, fwd_state, bwd_rows, bwd_state, counts
 
 
+def backward_chunk(chunk_size):
+    """The backward kernel's chunk: 128 (None), else chunk_size rounded up to a multiple of
+    32 (its exactly-inverted diagonal blocks), at most 128 (tokens on partitions)."""
+    if chunk_size is None:
+        return 128
+    return min(128, -(-int(chunk_size) // 32) * 32)
+
+
 def backward(**kw):
     """Launch ``gdn_chunk_backward`` on the host path (``backward_call`` with NumPy)."""
     backend = kw.pop("backend")
@@ -96,10 +104,8 @@ def backward_call(xp, call, *, q, k, v, do, g, beta, a, b, A_log, dt_bias, scale
                   use_qk_l2norm, cu_seqlens, initial_states, d_final_states, chunk_size=None):
     """Gradients of the gated delta rule prefill -> dict of float32 arrays: dq, dk, dv,
     dg / dbeta (or da, db, dA_log, ddt_bias with raw gates; the others None) and
-    d_initial_states ``[num_seqs, HV, K, V]``. ``chunk_size`` is ignored: the kernel's
-    chunk is fixed (``chunk_backward.CHUNK``)."""
-    from nki_ssm.kernels.gated_delta.chunk_backward import CHUNK
-
+    d_initial_states ``[num_seqs, HV, K, V]``. ``chunk_size`` (None: 128) is rounded up to
+    a multiple of 32 (the kernel's exactly-inverted blocks), at most 128."""
     T, H, K = q.shape
     HV, V = v.shape[1:]
     rep = HV // H
@@ -107,6 +113,7 @@ def backward_call(xp, call, *, q, k, v, do, g, beta, a, b, A_log, dt_bias, scale
     n = call.lnc
     HVp = -(-HV // n) * n
     Tb, Nb = token_bucket(T), seq_bucket(S)
+    C = backward_chunk(chunk_size)
     raw = g is None
     qn, kn = xp.f32(q), xp.f32(k)
     if use_qk_l2norm:
@@ -132,11 +139,11 @@ def backward_call(xp, call, *, q, k, v, do, g, beta, a, b, A_log, dt_bias, scale
         dstate = xp.pad_rows(xp.f32(v)[:0], Nb * K, HVp * V)
     else:
         dstate = _state_rows(xp, d_final_states, HVp, Nb * K)
-    tables = backward_tables(cu_seqlens, K=K, chunk_size=CHUNK, num_tokens_bucket=Tb,
+    tables = backward_tables(cu_seqlens, K=K, chunk_size=C, num_tokens_bucket=Tb,
                              num_seqs_bucket=Nb)
     dq, dk, dv, dg, dbeta = call(backward_kernel(), tokens(qe, K), tokens(ke, K),
                                  tokens(v, V), tokens(do, V), tokens(gf, 1), tokens(bf, 1),
-                                 h0, dstate, *(xp.table(t) for t in tables), CHUNK)
+                                 h0, dstate, *(xp.table(t) for t in tables), C)
 
     def heads(x, w):
         return x[:T].reshape(T, HVp, w)[:, :HV]
