@@ -28,8 +28,12 @@ Backward given do and dh' (the gradient of h')::
          under strong decays)
     dh = e^{c_L} dh' + (e^c q)^T do - (beta e^c k)^T z
 
-C = 32: T is computed exactly on the one 32-row block by nilpotent doubling
-(I - N)^{-1} = (I + N)(I + N^2)(I + N^4)(I + N^8)(I + N^16), N = -A (DESIGN.md Numerics).
+T exactly on 32-row blocks (DESIGN.md Numerics): the diagonal blocks A_bd by nilpotent
+doubling, Tb = (I - N)^{-1} = (I + N)(I + N^2)(I + N^4)(I + N^8)(I + N^16) with N = -A_bd
+(all blocks in one C x C product per step: block-diagonal stays block-diagonal), then
+block forward substitution written as products: I + A = (I + A_bd)(I + M), M = Tb A_off
+strictly block-lower (M^{C/32} = 0), so T = (I - M)(I + M^2) Tb (C = 128; C = 64:
+(I - M) Tb; C = 32: Tb).
 
 Arguments (prepared by ``backward_call``; Tb = token bucket, Nb = sequence bucket, HVp =
 value heads padded to a multiple of the program count, E = chunk rows of the tables)
@@ -45,7 +49,7 @@ fwd_rows / bwd_rows ``[E + 1, C]`` token rows (past a sequence end: Tb) of every
 order / of every chunk in reverse order per sequence; fwd_state ``[E + 1, 2]`` (hstore row
 of the chunk, hstore row of the next chunk or the trash block); bwd_state ``[E + 1, 2]``
 (hstore row of the chunk, dstate row of its sequence); counts ``[1, 3]`` (sequences with
-chunks, chunks, chunks). Compile-time: chunk (32). Returns dq, dk ``[Tb + 1, HVp*K]``,
+chunks, chunks, chunks). Compile-time: chunk (a multiple of 32 up to 128). Returns dq, dk ``[Tb + 1, HVp*K]``,
 dv ``[Tb + 1, HVp*V]``, dg, dbeta ``[Tb + 1, HVp]`` float32, per value head (the launcher
 sums dq / dk over the value heads of a q/k head); row Tb is trash.
 
@@ -73,8 +77,9 @@ serial chain kk -> A -> T (4 doubling rounds) -> vn -> dvn -> z -> dA / dh per h
 heads are independent and interleave in the engine queues.
 
 Memory per token (HBM scratch, float32): hstore holds every chunk's entry state,
-4*HVp*K*V/C bytes per token (64 KiB at Qwen3-Next TP1, C = 32); nothing is saved by the
-forward (it is recomputed). Limits: K, V <= 128; C = 32.
+4*HVp*K*V/C bytes per token (16 KiB at Qwen3-Next TP1 with C = 128: 256 MiB for 16K
+tokens); nothing is saved by the forward (the backward recomputes it). Limits: K, V <=
+128; C a multiple of 32 up to 128 (the launcher's ``backward_chunk``; default 128).
 
 Constructs (the forward kernel ``chunk.py``'s, with its evidence): ``nl.fori_loop`` with
 an inner def body; registers loaded from a (1, 1) SBUF tile on partition 0
@@ -87,15 +92,17 @@ from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
 from nki_ssm.kernels._common import count_register
-from nki_ssm.kernels.gated_delta.chunk import _row_cells, _rows_view, _state_block, _table_rows
+from nki_ssm.kernels.gated_delta._common import consecutive_groups
+from nki_ssm.kernels.gated_delta.chunk import _row_cells, _state_block, _table_rows
 
 _BLOCK = 32          # rows per exactly-inverted diagonal block (DESIGN.md Numerics)
+_GROUP = 4           # heads whose phases interleave (SBUF: their tiles live at once)
 _ROUNDS = 4          # doubling rounds after I + N: N^2, N^4, N^8, N^16 cover 32 rows
 
 
 @nki.jit
-def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, dstate, init_tab, fwd_rows, fwd_state,
-                       bwd_rows, bwd_state, counts, chunk):
+def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, d_final, init_tab, seq_rows, fwd_rows,
+                       fwd_state, bwd_rows, bwd_state, counts, chunk):
     """Gradients of the chunked gated delta rule (layouts in the module docstring)."""
     T1 = q2.shape[0]
     HVp = g2.shape[1]
@@ -108,17 +115,24 @@ def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, dstate, init_tab, fwd_row
     nh = HVp // nprog
     heads = (pid * nh, (pid + 1) * nh)      # this program's value heads
 
-    dq = nl.ndarray((T1, HVp * K), dtype=nl.float32, buffer=nl.shared_hbm)
-    dk = nl.ndarray((T1, HVp * K), dtype=nl.float32, buffer=nl.shared_hbm)
-    dv = nl.ndarray((T1, HVp * V), dtype=nl.float32, buffer=nl.shared_hbm)
-    dg = nl.ndarray((T1, HVp), dtype=nl.float32, buffer=nl.shared_hbm)
-    dbeta = nl.ndarray((T1, HVp), dtype=nl.float32, buffer=nl.shared_hbm)
-    # every chunk's entry state, one [K, HVp*V] block per table row, the last the trash
-    hstore = nl.ndarray((E1 * K, HVp * V), dtype=nl.float32, buffer=nl.shared_hbm)
+    # outputs program-major: program p's part is one contiguous span (rows p*T1.., p*Nb*K..)
+    dq = nl.ndarray((nprog * T1, nh * K), dtype=nl.float32, buffer=nl.shared_hbm)
+    dk = nl.ndarray((nprog * T1, nh * K), dtype=nl.float32, buffer=nl.shared_hbm)
+    dv = nl.ndarray((nprog * T1, nh * V), dtype=nl.float32, buffer=nl.shared_hbm)
+    dg = nl.ndarray((nprog * T1, nh), dtype=nl.float32, buffer=nl.shared_hbm)
+    dbeta = nl.ndarray((nprog * T1, nh), dtype=nl.float32, buffer=nl.shared_hbm)
+    Nb = seq_rows.shape[0]
+    w = nh * V
+    d_init = nl.ndarray((nprog * Nb * K, w), dtype=nl.float32, buffer=nl.shared_hbm)
+    # this program's scratch (private HBM): every chunk's entry state, one [K, nh*V] block
+    # per table row (the last the trash), and each sequence's running state gradient
+    hstore = nl.ndarray((E1 * K, w), dtype=nl.float32, buffer=nl.private_hbm)
+    dss = nl.ndarray((Nb * K, w), dtype=nl.float32, buffer=nl.private_hbm)
     cst = _constants(C)
     n_init = count_register(counts, 0)
     n_fwd = count_register(counts, 1)
     n_bwd = count_register(counts, 2)
+    n_seq = count_register(counts, 3)
     sv0 = heads[0] * V
     sv1 = heads[1] * V
 
@@ -126,9 +140,17 @@ def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, dstate, init_tab, fwd_row
         cells = _row_cells(init_tab, s)
         S = nl.ndarray((K, nh * V), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=S, src=_state_block(h0, cells[0], 0, K, HVp * V, sv0, sv1))
-        nisa.dma_copy(dst=_state_block(hstore, cells[1], 0, K, HVp * V, sv0, sv1), src=S)
+        nisa.dma_copy(dst=_block(hstore, cells[1], 0, K, w), src=S)
 
     nl.fori_loop(0, n_init, init_body)
+
+    def dfinal_body(s):
+        cells = _row_cells(seq_rows, s)
+        G = nl.ndarray((K, nh * V), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=G, src=_state_block(d_final, cells[0], 0, K, HVp * V, sv0, sv1))
+        nisa.dma_copy(dst=_block(dss, cells[0], 0, K, w), src=G)
+
+    nl.fori_loop(0, n_seq, dfinal_body)
 
     def fwd_body(e):
         rows = _table_rows(fwd_rows, e, C, 0)
@@ -136,19 +158,14 @@ def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, dstate, init_tab, fwd_row
         x = _gather(rows, (("k", k2, K), ("v", v2, V), ("g", g2, 1), ("beta", beta2, 1)),
                     heads, C)
         S = nl.ndarray((K, nh * V), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=S, src=_state_block(hstore, cells[0], 0, K, HVp * V, sv0, sv1))
-        ch = _decays(x, cst, nh, C, K)
-        for j in range(nh):
-            d = _recompute(x, ch, cst, S, j, C, K, V, False)
-            vn = _mm(d["TT"], d["r"], C, V)
-            kd = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=kd, op=nl.copy, data=d["k"], scale=ch["el"][:, j:j + 1])
-            ps = nl.ndarray((K, V), dtype=nl.float32, buffer=nl.psum)
-            nisa.nc_matmul(dst=ps, stationary=kd, moving=vn, accumulate=False)
-            Sh = S[:, j * V:(j + 1) * V]
-            nisa.scalar_tensor_tensor(dst=Sh, data=Sh, op0=nl.multiply,
-                                      operand0=ch["ecL"][:, j:j + 1], op1=nl.add, operand1=ps)
-        nisa.dma_copy(dst=_state_block(hstore, cells[1], 0, K, HVp * V, sv0, sv1), src=S)
+        nisa.dma_copy(dst=S, src=_block(hstore, cells[0], 0, K, w))
+        c = _context(x, _decays(x, cst, nh, C, K), cst, S, None, None, C, K, V)
+        for grp in consecutive_groups(nh, _GROUP):
+            ds = _head_dicts(grp)
+            _phases_recompute(c, ds, False)
+            for d in ds:
+                _state_update(c, d)
+        nisa.dma_copy(dst=_block(hstore, cells[1], 0, K, w), src=S)
 
     nl.fori_loop(0, n_fwd, fwd_body)
 
@@ -158,32 +175,69 @@ def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, dstate, init_tab, fwd_row
         x = _gather(rows, (("q", q2, K), ("k", k2, K), ("v", v2, V), ("do", do2, V),
                            ("g", g2, 1), ("beta", beta2, 1)), heads, C)
         S = nl.ndarray((K, nh * V), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=S, src=_state_block(hstore, cells[0], 0, K, HVp * V, sv0, sv1))
+        nisa.dma_copy(dst=S, src=_block(hstore, cells[0], 0, K, w))
         dS = nl.ndarray((K, nh * V), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=dS, src=_state_block(dstate, cells[1], 0, K, HVp * V, sv0, sv1))
-        ch = _decays(x, cst, nh, C, K)
+        nisa.dma_copy(dst=dS, src=_block(dss, cells[1], 0, K, w))
         out = {}
         out["dq"] = nl.ndarray((C, nh * K), dtype=nl.float32, buffer=nl.sbuf)
         out["dk"] = nl.ndarray((C, nh * K), dtype=nl.float32, buffer=nl.sbuf)
         out["dv"] = nl.ndarray((C, nh * V), dtype=nl.float32, buffer=nl.sbuf)
         out["dg"] = nl.ndarray((C, nh), dtype=nl.float32, buffer=nl.sbuf)
         out["dbeta"] = nl.ndarray((C, nh), dtype=nl.float32, buffer=nl.sbuf)
-        for j in range(nh):
-            d = _recompute(x, ch, cst, S, j, C, K, V, True)
-            _head_grads(x, ch, cst, d, S, dS, out, j, C, K, V)
-        nisa.dma_copy(dst=_state_block(dstate, cells[1], 0, K, HVp * V, sv0, sv1), src=dS)
-        for spec in (("dq", dq, K), ("dk", dk, K), ("dv", dv, V), ("dg", dg, 1),
-                     ("dbeta", dbeta, 1)):
-            name = spec[0]
+        c = _context(x, _decays(x, cst, nh, C, K), cst, S, dS, out, C, K, V)
+        for grp in consecutive_groups(nh, _GROUP):
+            ds = _head_dicts(grp)
+            _phases_recompute(c, ds, True)
+            _phases_grads(c, ds)
+        nisa.dma_copy(dst=_block(dss, cells[1], 0, K, w), src=dS)
+        for spec in (("dq", dq), ("dk", dk), ("dv", dv), ("dg", dg), ("dbeta", dbeta)):
             dst = spec[1]
-            w = spec[2]
-            c0 = heads[0] * w
-            c1 = heads[1] * w
-            nisa.dma_copy(dst=dst.ap(pattern=[[HVp * w, C], [1, c1 - c0]], offset=c0,
-                                     vector_offset=rows, indirect_dim=0), src=out[name])
+            ow = dst.shape[1]
+            nisa.dma_copy(dst=dst.ap(pattern=[[ow, C], [1, ow]], offset=pid * T1 * ow,
+                                     vector_offset=rows, indirect_dim=0), src=out[spec[0]])
 
     nl.fori_loop(0, n_bwd, bwd_body)
-    return dq, dk, dv, dg, dbeta
+
+    def dinit_body(s):
+        cells = _row_cells(seq_rows, s)
+        G = nl.ndarray((K, nh * V), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=G, src=_block(dss, cells[0], 0, K, w))
+        nisa.dma_copy(dst=_block(d_init, cells[0], pid * Nb * K * w, K, w), src=G)
+
+    nl.fori_loop(0, n_seq, dinit_body)
+    return dq, dk, dv, dg, dbeta, d_init
+
+
+def _block(t, cell, base, K, w):
+    """The ``[K, w]`` block of HBM ``t [rows, w]`` at row cell (a (1, 1) SBUF tile) of the
+    program's part starting at element ``base``."""
+    return t.ap(pattern=[[w, K], [1, w]], offset=base, scalar_offset=cell, indirect_dim=0)
+
+
+def _context(x, ch, cst, S, dS, out, C, K, V):
+    """What every phase of a chunk reads: its input tiles x, decays ch, constants, entry
+    state S, state gradient dS and output tiles (None in the forward recompute)."""
+    c = {}
+    c["x"] = x
+    c["ch"] = ch
+    c["cst"] = cst
+    c["S"] = S
+    c["dS"] = dS
+    c["out"] = out
+    c["C"] = C
+    c["K"] = K
+    c["V"] = V
+    return c
+
+
+def _head_dicts(grp):
+    """One dict per head of the group, holding its index j."""
+    ds = []
+    for j in grp:
+        d = {}
+        d["j"] = j
+        ds.append(d)
+    return ds
 
 
 def _constants(C):
@@ -282,81 +336,143 @@ def _decays(x, cst, nh, C, K):
     return ch
 
 
-def _recompute(x, ch, cst, S, j, C, K, V, grads):
-    """The forward's chunk quantities of head j: kT, D (both layouts, masked), KKD = kk D
-    (strictly lower), T and T^T, kh = k h and r = beta (v - e^c k h); with ``grads`` also
-    qT and QKD = tril(q k^T) D."""
-    d = {}
-    d["k"] = x["k"][:, j * K:(j + 1) * K]
+def _phases_recompute(c, ds, grads):
+    """The forward's chunk quantities of the heads ``ds`` (one dict each, key "j"), phase by
+    phase, each phase issued for every head before the next (independent heads fill the
+    in-order engine queues between one head's dependent steps): kT, D (masked, both
+    layouts with ``grads``), KKD = kk D (strictly lower), T and T^T, r = beta (v - e^c k h);
+    with ``grads`` also qT and QKD = tril(q k^T) D."""
+    for d in ds:
+        _r_operands(c, d)
+    for d in ds:
+        _r_decay(c, d)
+    for d in ds:
+        _r_solve_setup(c, d)
+    for rnd in range(_ROUNDS):
+        for d in ds:
+            _r_doubling(c, d, rnd)
+    if c["C"] > _BLOCK:
+        for d in ds:
+            _r_blocks(c, d)
+        for d in ds:
+            _r_substitute(c, d)
+    for d in ds:
+        d["TT"] = _transpose(d["T"], c["C"], c["C"])
+    for d in ds:
+        _r_rhs(c, d)
+    if grads:
+        for d in ds:
+            _r_grad_operands(c, d)
+
+
+def _r_operands(c, d):
+    """k, k^T and gU[m, i] = g_m (m <= i) of head d["j"]."""
+    C, K, j = c["C"], c["K"], d["j"]
+    d["k"] = c["x"]["k"][:, j * K:(j + 1) * K]
+    d["beta"] = c["x"]["beta"][:, j:j + 1]
     d["kT"] = _transpose(d["k"], C, K)
-    beta = x["beta"][:, j:j + 1]
-    # segment sums seg(j, i] = sum_{j < m <= i} g_m, both layouts, exp, masked (i >= j)
-    gU = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=gU, op=nl.copy, data=cst["tri_up"], scale=x["g"][:, j:j + 1])
-    D = _mm(gU, cst["tri_lo"], C, C)
+    d["gU"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=d["gU"], op=nl.copy, data=c["cst"]["tri_up"],
+                    scale=c["x"]["g"][:, j:j + 1])
+
+
+def _r_decay(c, d):
+    """D[i, j] = exp(seg(j, i]) from direct segment sums (fp32 matmul with a 0/1 operator),
+    Dl its strictly lower part, KKD = (k k^T) Dl."""
+    C, cst = c["C"], c["cst"]
+    D = _mm(d["gU"], cst["tri_lo"], C, C)
     nisa.activation(dst=D, op=nl.exp, data=D)
-    Dl = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)       # [i, j], i > j
-    nisa.tensor_tensor(dst=Dl, data1=D, data2=cst["tri_lo"], op=nl.multiply)
-    d["Dl"] = Dl
+    d["D"] = D
+    d["Dl"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)       # [i, j], i > j
+    nisa.tensor_tensor(dst=d["Dl"], data1=D, data2=cst["tri_lo"], op=nl.multiply)
     kk = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=kk, stationary=d["kT"], moving=d["kT"], accumulate=False)
     d["KKD"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=d["KKD"], data1=kk, data2=Dl, op=nl.multiply)
-    # T = (I + A)^{-1}, A = beta_i KKD = A_bd + A_off (its 32-row diagonal blocks and the
-    # rest): the diagonal blocks exactly by doubling, Tb = (I + A_bd)^{-1}, then block
-    # forward substitution as products: T = (I + M)^{-1} Tb, M = Tb A_off strictly
-    # block-lower (M^nb = 0), (I + M)^{-1} = (I - M)(I + M^2) for up to 4 blocks
-    nb = C // _BLOCK
-    A = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=A, op=nl.copy, data=d["KKD"], scale=beta)
+    nisa.tensor_tensor(dst=d["KKD"], data1=kk, data2=d["Dl"], op=nl.multiply)
+
+
+def _r_solve_setup(c, d):
+    """A = beta_i KKD; N = -A_bd (the 32-row diagonal blocks), N^T, T = I + N."""
+    C, cst = c["C"], c["cst"]
+    d["A"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=d["A"], op=nl.copy, data=d["KKD"], scale=d["beta"])
     N = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=N, data=A, op0=nl.multiply, operand0=-1.0, op1=nl.multiply,
-                              operand1=cst["bd"])
-    NT = _transpose(N, C, C)
-    T = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=T, data1=N, data2=cst["ident"], op=nl.add)
-    covered = 2
-    for _ in range(_ROUNDS):
-        N2T = _mm(N, NT, C, C)                     # (N^2)^T = N^T N^T
-        if covered * 2 < _BLOCK:
-            N = _mm(NT, N, C, C)                   # N^2
-        NT = N2T
-        T = _plus_product(N2T, T, C, nl.add)       # (I + N^{2m}) T
-        covered = covered * 2
-    if nb > 1:
-        Aoff = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=Aoff, data1=A, data2=cst["off"], op=nl.multiply)
-        TbT = _transpose(T, C, C)
-        M = _mm(TbT, Aoff, C, C)                   # Tb A_off
-        MT = _mm(Aoff, TbT, C, C)                  # (Tb A_off)^T
-        if nb > 2:
-            T = _plus_product(_mm(M, MT, C, C), T, C, nl.add)     # (I + M^2) Tb
-        T = _plus_product(MT, T, C, nl.subtract)                  # (I - M) ...
-    d["T"] = T
-    d["TT"] = _transpose(T, C, C)
-    # r = beta (v - e^c (k h))
+    nisa.scalar_tensor_tensor(dst=N, data=d["A"], op0=nl.multiply, operand0=-1.0,
+                              op1=nl.multiply, operand1=cst["bd"])
+    d["N"] = N
+    d["NT"] = _transpose(N, C, C)
+    d["T"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=d["T"], data1=N, data2=cst["ident"], op=nl.add)
+
+
+def _r_doubling(c, d, rnd):
+    """Round rnd of the doubling: T <- (I + N^{2^(rnd+1)}) T (N^2 kept while needed)."""
+    C = c["C"]
+    N2T = _mm(d["N"], d["NT"], C, C)                 # (N^2)^T = N^T N^T
+    if 4 << rnd < _BLOCK:
+        d["N"] = _mm(d["NT"], d["N"], C, C)          # N^2
+    d["NT"] = N2T
+    d["T"] = _plus_product(N2T, d["T"], C, nl.add)
+
+
+def _r_blocks(c, d):
+    """M = Tb A_off and M^T (A_off: A outside the diagonal blocks)."""
+    C = c["C"]
+    Aoff = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=Aoff, data1=d["A"], data2=c["cst"]["off"], op=nl.multiply)
+    TbT = _transpose(d["T"], C, C)
+    d["M"] = _mm(TbT, Aoff, C, C)
+    d["MT"] = _mm(Aoff, TbT, C, C)
+
+
+def _r_substitute(c, d):
+    """T = (I - M)(I + M^2) Tb (M^2 = 0 with 2 blocks)."""
+    C = c["C"]
+    if C > 2 * _BLOCK:
+        d["T"] = _plus_product(_mm(d["M"], d["MT"], C, C), d["T"], C, nl.add)
+    d["T"] = _plus_product(d["MT"], d["T"], C, nl.subtract)
+
+
+def _r_rhs(c, d):
+    """r = beta (v - e^c (k h))."""
+    C, V, j = c["C"], c["V"], d["j"]
     ps = nl.ndarray((C, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=d["kT"], moving=S[:, j * V:(j + 1) * V], accumulate=False)
-    r = nl.ndarray((C, V), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=r, data=ps, op0=nl.multiply, operand0=ch["nbec"][:, j:j + 1],
-                              op1=nl.add, operand1=_scaled(x["v"][:, j * V:(j + 1) * V], beta,
-                                                           C, V))
-    d["r"] = r
-    if grads:
-        d["q"] = x["q"][:, j * K:(j + 1) * K]
-        d["qT"] = _transpose(d["q"], C, K)
-        Di = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)   # [i, j], i >= j
-        nisa.tensor_tensor(dst=Di, data1=D, data2=cst["tri_li"], op=nl.multiply)
-        d["Di"] = Di
-        DT = _mm(cst["tri_lo"], gU, C, C)                            # [j, i]
-        nisa.activation(dst=DT, op=nl.exp, data=DT)
-        nisa.tensor_tensor(dst=DT, data1=DT, data2=cst["tri_up"], op=nl.multiply)
-        d["DTi"] = DT
-        qk = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=qk, stationary=d["qT"], moving=d["kT"], accumulate=False)
-        d["QKD"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=d["QKD"], data1=qk, data2=Di, op=nl.multiply)
-    return d
+    nisa.nc_matmul(dst=ps, stationary=d["kT"], moving=c["S"][:, j * V:(j + 1) * V],
+                   accumulate=False)
+    d["r"] = nl.ndarray((C, V), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=d["r"], data=ps, op0=nl.multiply,
+                              operand0=c["ch"]["nbec"][:, j:j + 1], op1=nl.add,
+                              operand1=_scaled(c["x"]["v"][:, j * V:(j + 1) * V], d["beta"],
+                                               C, V))
+
+
+def _r_grad_operands(c, d):
+    """q, q^T, Di (D, i >= j), DTi ([j, i] layout, i >= j), QKD = (q k^T) Di."""
+    C, K, j, cst = c["C"], c["K"], d["j"], c["cst"]
+    d["q"] = c["x"]["q"][:, j * K:(j + 1) * K]
+    d["qT"] = _transpose(d["q"], C, K)
+    d["Di"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=d["Di"], data1=d["D"], data2=cst["tri_li"], op=nl.multiply)
+    DT = _mm(cst["tri_lo"], d["gU"], C, C)
+    nisa.activation(dst=DT, op=nl.exp, data=DT)
+    nisa.tensor_tensor(dst=DT, data1=DT, data2=cst["tri_up"], op=nl.multiply)
+    d["DTi"] = DT
+    qk = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=qk, stationary=d["qT"], moving=d["kT"], accumulate=False)
+    d["QKD"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=d["QKD"], data1=qk, data2=d["Di"], op=nl.multiply)
+
+
+def _state_update(c, d):
+    """h' = e^{c_L} h + (e^{c_L - c} k)^T vn, vn = T r, into S (head d["j"]'s columns)."""
+    C, K, V, j, ch = c["C"], c["K"], c["V"], d["j"], c["ch"]
+    vn = _mm(d["TT"], d["r"], C, V)
+    kd = _scaled(d["k"], ch["el"][:, j:j + 1], C, K)
+    ps = nl.ndarray((K, V), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ps, stationary=kd, moving=vn, accumulate=False)
+    Sh = c["S"][:, j * V:(j + 1) * V]
+    nisa.scalar_tensor_tensor(dst=Sh, data=Sh, op0=nl.multiply, operand0=ch["ecL"][:, j:j + 1],
+                              op1=nl.add, operand1=ps)
 
 
 def _plus_product(st, X, C, op):
@@ -382,102 +498,152 @@ def _scaled(a, col, C, w):
     return t
 
 
-def _head_grads(x, ch, cst, d, S, dS, out, j, C, K, V):
-    """The gradients of head j (module docstring) into ``out``'s column blocks; dS (head j's
-    columns) becomes the gradient of the chunk's entry state."""
-    k, q, kT = d["k"], d["q"], d["kT"]
-    h = S[:, j * V:(j + 1) * V]
-    dSh = dS[:, j * V:(j + 1) * V]
-    do = x["do"][:, j * V:(j + 1) * V]
-    v = x["v"][:, j * V:(j + 1) * V]
-    beta = x["beta"][:, j:j + 1]
-    ec = ch["ec"][:, j:j + 1]
-    el = ch["el"][:, j:j + 1]
-    vnT = _mm(d["r"], d["TT"], V, C)                  # vn^T [V, C]
-    # dvn = QKD^T do + e^{c_L - c} (k dh')
+def _phases_grads(c, ds):
+    """The gradients of the heads ``ds`` (module docstring) into c["out"]'s column blocks,
+    phase by phase as in _phases_recompute; c["dS"] (each head's columns) becomes the
+    gradient of the chunk's entry state."""
+    for d in ds:
+        _g_dvn(c, d)
+    for d in ds:
+        _g_z(c, d)
+    for d in ds:
+        _g_transposes(c, d)
+    for d in ds:
+        _g_dp(c, d)
+    for d in ds:
+        _g_da(c, d)
+    for d in ds:
+        _g_state_products(c, d)
+    for d in ds:
+        _g_dq_dk(c, d)
+    for d in ds:
+        _g_dbeta(c, d)
+    for d in ds:
+        _g_dg(c, d)
+    for d in ds:
+        _g_dh(c, d)
+
+
+def _g_dvn(c, d):
+    """vn^T = (T r)^T and dvn = QKD^T do + e^{c_L - c} (k dh')."""
+    C, V, j = c["C"], c["V"], d["j"]
+    d["vnT"] = _mm(d["r"], d["TT"], V, C)
+    d["do"] = c["x"]["do"][:, j * V:(j + 1) * V]
+    d["dSh"] = c["dS"][:, j * V:(j + 1) * V]
+    d["h"] = c["S"][:, j * V:(j + 1) * V]
     pk = nl.ndarray((C, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pk, stationary=kT, moving=dSh, accumulate=False)
-    pa = nl.ndarray((C, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pa, stationary=d["QKD"], moving=do, accumulate=False)
-    pa_s = nl.ndarray((C, V), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=pa_s, src=pa, engine=nisa.engine.scalar)
-    dvn = nl.ndarray((C, V), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=dvn, data=pk, op0=nl.multiply, operand0=el, op1=nl.add,
-                              operand1=pa_s)
-    z = _mm(d["T"], dvn, C, V)                        # T^T dvn
-    zT = _mm(dvn, d["T"], V, C)
-    nisa.activation(dst=out["dv"][:, j * V:(j + 1) * V], op=nl.copy, data=z, scale=beta)
-    doT = _transpose(do, C, V)
-    hT = _transpose(h, K, V)
-    dST = _transpose(dSh, K, V)
-    # dP = do vn^T ([i, j] and [j, i]), masked by D
+    nisa.nc_matmul(dst=pk, stationary=d["kT"], moving=d["dSh"], accumulate=False)
+    pa = _mm(d["QKD"], d["do"], C, V)
+    d["dvn"] = nl.ndarray((C, V), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=d["dvn"], data=pk, op0=nl.multiply,
+                              operand0=c["ch"]["el"][:, j:j + 1], op1=nl.add, operand1=pa)
+
+
+def _g_z(c, d):
+    """z = T^T dvn, z^T, dv = beta z."""
+    C, V, j = c["C"], c["V"], d["j"]
+    d["z"] = _mm(d["T"], d["dvn"], C, V)
+    d["zT"] = _mm(d["dvn"], d["T"], V, C)
+    nisa.activation(dst=c["out"]["dv"][:, j * V:(j + 1) * V], op=nl.copy, data=d["z"],
+                    scale=d["beta"])
+
+
+def _g_transposes(c, d):
+    """do^T, h^T, dh'^T."""
+    C, K, V = c["C"], c["K"], c["V"]
+    d["doT"] = _transpose(d["do"], C, V)
+    d["hT"] = _transpose(d["h"], K, V)
+    d["dST"] = _transpose(d["dSh"], K, V)
+
+
+def _g_dp(c, d):
+    """dP = do vn^T masked by D: dPD [i, j], dPDT [j, i]; G = dP QKD (the attention part of
+    the decays' gradient)."""
+    C = c["C"]
     pp = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pp, stationary=doT, moving=vnT, accumulate=False)
-    dPD = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=dPD, data1=pp, data2=d["Di"], op=nl.multiply)
+    nisa.nc_matmul(dst=pp, stationary=d["doT"], moving=d["vnT"], accumulate=False)
+    d["dPD"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=d["dPD"], data1=pp, data2=d["Di"], op=nl.multiply)
+    d["G"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=d["G"], data1=pp, data2=d["QKD"], op=nl.multiply)
     ppt = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ppt, stationary=vnT, moving=doT, accumulate=False)
-    dPDT = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=dPDT, data1=ppt, data2=d["DTi"], op=nl.multiply)
-    # z vn^T: W1 = (z vn^T) KKD (dA = -z vn^T), E = dA beta D (strictly lower)
-    pz = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pz, stationary=zT, moving=vnT, accumulate=False)
-    zv = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=zv, src=pz, engine=nisa.engine.vector)
-    W1 = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=W1, data1=zv, data2=d["KKD"], op=nl.multiply)
-    Em = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=Em, data=zv, op0=nl.multiply, operand0=_neg(beta, C),
-                              op1=nl.multiply, operand1=d["Dl"])
-    ET = _transpose(Em, C, C)
-    # G = dP QKD + dA A = dPD * QK - beta W1
-    G = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=G, data1=pp, data2=d["QKD"], op=nl.multiply)
-    bW1 = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=bW1, op=nl.copy, data=W1, scale=beta)
-    nisa.tensor_tensor(dst=G, data1=G, data2=bW1, op=nl.subtract)
-    # products with h^T and dh'^T
+    nisa.nc_matmul(dst=ppt, stationary=d["vnT"], moving=d["doT"], accumulate=False)
+    d["dPDT"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=d["dPDT"], data1=ppt, data2=d["DTi"], op=nl.multiply)
+
+
+def _g_da(c, d):
+    """dA = -z vn^T (strictly lower): W1 = (z vn^T) KKD, E = dA beta D and E^T, G -= beta W1
+    (dA A)."""
+    C = c["C"]
+    zv = _mm(d["zT"], d["vnT"], C, C)
+    d["W1"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=d["W1"], data1=zv, data2=d["KKD"], op=nl.multiply)
+    d["Em"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=d["Em"], data=zv, op0=nl.multiply,
+                              operand0=_neg(d["beta"], C), op1=nl.multiply, operand1=d["Dl"])
+    d["ET"] = _transpose(d["Em"], C, C)
+    bW1 = _scaled(d["W1"], d["beta"], C, C)
+    nisa.tensor_tensor(dst=d["G"], data1=d["G"], data2=bW1, op=nl.subtract)
+
+
+def _g_state_products(c, d):
+    """e^c do h^T (dq's inter-chunk part), y = z h^T, dkS = e^{c_L - c} vn dh'^T."""
+    C, K, j, ch = c["C"], c["K"], d["j"], c["ch"]
     doh = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=doh, stationary=doT, moving=hT, accumulate=False)
-    dq_int = _scaled(doh, ec, C, K)                  # e^c do h^T
-    y = _mm(zT, hT, C, K)                             # z h^T
+    nisa.nc_matmul(dst=doh, stationary=d["doT"], moving=d["hT"], accumulate=False)
+    d["dq_int"] = _scaled(doh, ch["ec"][:, j:j + 1], C, K)
+    d["y"] = _mm(d["zT"], d["hT"], C, K)
     pvs = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pvs, stationary=vnT, moving=dST, accumulate=False)
-    dkS = _scaled(pvs, el, C, K)                     # e^{c_L - c} vn dh'^T
-    # dq = e^c do h^T + dPD k
+    nisa.nc_matmul(dst=pvs, stationary=d["vnT"], moving=d["dST"], accumulate=False)
+    d["dkS"] = _scaled(pvs, ch["el"][:, j:j + 1], C, K)
+
+
+def _g_dq_dk(c, d):
+    """dq = e^c do h^T + dPD k; dk = dPD^T q + E k + E^T k + dkS - beta e^c y."""
+    C, K, j, out = c["C"], c["K"], d["j"], c["out"]
+    k = d["k"]
     pq = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pq, stationary=dPDT, moving=k, accumulate=False)
-    nisa.tensor_tensor(dst=out["dq"][:, j * K:(j + 1) * K], data1=pq, data2=dq_int, op=nl.add)
-    # dk = dPD^T q + E k + E^T k + dkS - beta e^c y
+    nisa.nc_matmul(dst=pq, stationary=d["dPDT"], moving=k, accumulate=False)
+    nisa.tensor_tensor(dst=out["dq"][:, j * K:(j + 1) * K], data1=pq, data2=d["dq_int"],
+                       op=nl.add)
     pkk = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pkk, stationary=dPD, moving=q, accumulate=False)
-    nisa.nc_matmul(dst=pkk, stationary=ET, moving=k, accumulate=True)
-    nisa.nc_matmul(dst=pkk, stationary=Em, moving=k, accumulate=True)
+    nisa.nc_matmul(dst=pkk, stationary=d["dPD"], moving=d["q"], accumulate=False)
+    nisa.nc_matmul(dst=pkk, stationary=d["ET"], moving=k, accumulate=True)
+    nisa.nc_matmul(dst=pkk, stationary=d["Em"], moving=k, accumulate=True)
     dk1 = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=dk1, data1=pkk, data2=dkS, op=nl.add)
-    nisa.scalar_tensor_tensor(dst=out["dk"][:, j * K:(j + 1) * K], data=y, op0=nl.multiply,
-                              operand0=ch["nbec"][:, j:j + 1], op1=nl.add, operand1=dk1)
-    # dbeta = <v, z> - e^c <k, y> - rowsum(W1)
-    ky = _rowsum(k, y, C, K)
-    vz = _rowsum(v, z, C, V)
+    nisa.tensor_tensor(dst=dk1, data1=pkk, data2=d["dkS"], op=nl.add)
+    nisa.scalar_tensor_tensor(dst=out["dk"][:, j * K:(j + 1) * K], data=d["y"], op0=nl.multiply,
+                              operand0=c["ch"]["nbec"][:, j:j + 1], op1=nl.add, operand1=dk1)
+
+
+def _g_dbeta(c, d):
+    """dbeta = <v, z> - e^c <k, y> - rowsum(W1)."""
+    C, K, V, j = c["C"], c["K"], c["V"], d["j"]
+    d["ky"] = _rowsum(d["k"], d["y"], C, K)
+    vz = _rowsum(c["x"]["v"][:, j * V:(j + 1) * V], d["z"], C, V)
     w1 = nl.ndarray((C, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=w1, op=nl.add, data=W1, axis=(1,))
+    nisa.tensor_reduce(dst=w1, op=nl.add, data=d["W1"], axis=(1,))
     db = nl.ndarray((C, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=db, data=ky, op0=nl.multiply, operand0=_neg(ec, C),
-                              op1=nl.add, operand1=vz)
-    nisa.tensor_tensor(dst=out["dbeta"][:, j:j + 1], data1=db, data2=w1, op=nl.subtract)
-    # dg_m = sum_{i >= m} X_i + sum_{j < m} (-<k, dkS>_j ... as Q) + e^{c_L} <dh', h>
-    #        + sum_{i >= m > j} G[i, j]: the pairs of G straddling m directly (rowsum G -
-    #        colsum G reverse-summed would cancel the pairs inside [m, C) and lose the small
-    #        straddling ones under strong decays), X_i = <q, dq_int> - beta e^c <k, y>
-    X = _rowsum(q, dq_int, C, K)
-    nisa.scalar_tensor_tensor(dst=X, data=ky, op0=nl.multiply, operand0=ch["nbec"][:, j:j + 1],
-                              op1=nl.add, operand1=X)
-    kS = _rowsum(k, dkS, C, K)
-    hs = nl.ndarray((K, 1), dtype=nl.float32, buffer=nl.sbuf)
-    hd = _rowsum(dSh, h, K, V)
-    nisa.tensor_tensor(dst=hs, data1=hd, data2=ch["ecL"][:, j:j + 1], op=nl.multiply)
-    GT = _transpose(G, C, C)
+    nisa.scalar_tensor_tensor(dst=db, data=d["ky"], op0=nl.multiply,
+                              operand0=_neg(c["ch"]["ec"][:, j:j + 1], C), op1=nl.add,
+                              operand1=vz)
+    nisa.tensor_tensor(dst=c["out"]["dbeta"][:, j:j + 1], data1=db, data2=w1, op=nl.subtract)
+
+
+def _g_dg(c, d):
+    """dg_m = sum_{i >= m} X_i + sum_{j < m} Q_j + e^{c_L} <dh', h> + sum_{i >= m > j} G[i, j]
+    (module docstring): the straddling pairs of G summed directly, never rowsum G - colsum G
+    reverse-summed (that cancels the pairs inside [m, C) and loses the small straddling
+    ones under strong decays); X = <q, e^c do h^T> - beta e^c <k, y>, Q = <k, dkS>."""
+    C, K, V, j, cst, ch = c["C"], c["K"], c["V"], d["j"], c["cst"], c["ch"]
+    X = _rowsum(d["q"], d["dq_int"], C, K)
+    nisa.scalar_tensor_tensor(dst=X, data=d["ky"], op0=nl.multiply,
+                              operand0=ch["nbec"][:, j:j + 1], op1=nl.add, operand1=X)
+    kS = _rowsum(d["k"], d["dkS"], C, K)
+    hs = _rowsum(d["dSh"], d["h"], K, V)
+    nisa.tensor_tensor(dst=hs, data1=hs, data2=ch["ecL"][:, j:j + 1], op=nl.multiply)
+    GT = _transpose(d["G"], C, C)
     ps = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=ps, stationary=GT, moving=cst["tri_su"], accumulate=False)
     Hm = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)      # [i, m]: sum_{j < m} G
@@ -487,12 +653,17 @@ def _head_grads(x, ch, cst, d, S, dS, out, j, C, K, V):
     nisa.nc_matmul(dst=pg, stationary=cst["tri_su"], moving=kS, accumulate=True)
     nisa.nc_matmul(dst=pg, stationary=cst["ones"][0:K, 0:C], moving=hs, accumulate=True)
     nisa.nc_matmul(dst=pg, stationary=Hm, moving=cst["ones"][0:C, 0:1], accumulate=True)
-    nisa.tensor_copy(dst=out["dg"][:, j:j + 1], src=pg, engine=nisa.engine.vector)
-    # dh = e^{c_L} dh' + (e^c q)^T do - (beta e^c k)^T z
-    eq = _scaled(q, ec, C, K)
-    bek = _scaled(k, ch["nbec"][:, j:j + 1], C, K)
+    nisa.tensor_copy(dst=c["out"]["dg"][:, j:j + 1], src=pg, engine=nisa.engine.vector)
+
+
+def _g_dh(c, d):
+    """dh = e^{c_L} dh' + (e^c q)^T do - (beta e^c k)^T z, into dS (after every reader of
+    this head's dh')."""
+    C, K, V, j, ch = c["C"], c["K"], c["V"], d["j"], c["ch"]
+    eq = _scaled(d["q"], ch["ec"][:, j:j + 1], C, K)
+    bek = _scaled(d["k"], ch["nbec"][:, j:j + 1], C, K)
     ph = nl.ndarray((K, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ph, stationary=eq, moving=do, accumulate=False)
-    nisa.nc_matmul(dst=ph, stationary=bek, moving=z, accumulate=True)
-    nisa.scalar_tensor_tensor(dst=dSh, data=dSh, op0=nl.multiply,
+    nisa.nc_matmul(dst=ph, stationary=eq, moving=d["do"], accumulate=False)
+    nisa.nc_matmul(dst=ph, stationary=bek, moving=d["z"], accumulate=True)
+    nisa.scalar_tensor_tensor(dst=d["dSh"], data=d["dSh"], op0=nl.multiply,
                               operand0=ch["ecL"][:, j:j + 1], op1=nl.add, operand1=ph)

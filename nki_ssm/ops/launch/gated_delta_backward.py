@@ -31,7 +31,7 @@ def backward_kernel():
 
 
 def backward_tables(cu_seqlens, *, K, chunk_size, num_tokens_bucket, num_seqs_bucket):
-    """``(init_tab, fwd_rows, fwd_state, bwd_rows, bwd_state, counts)`` of
+    """``(init_tab, seq_rows, fwd_rows, fwd_state, bwd_rows, bwd_state, counts)`` of
     ``gdn_chunk_backward`` (layouts in its docstring), each step a vectorised array op
     (diff, cumsum, repeat_interleave, arange, where, broadcasting)."""
     C = int(chunk_size)
@@ -54,13 +54,14 @@ def backward_tables(cu_seqlens, *, K, chunk_size, num_tokens_bucket, num_seqs_bu
         return out
 
     with_chunks = np.flatnonzero(nch > 0)
+    seq_rows = table((np.arange(nch.size) * K)[:, None], Nb, 1, 0)
     init_tab = table(np.stack([with_chunks * K, start[with_chunks] * K], axis=1), Nb, 2, 0)
     fwd_rows = table(rows, E + 1, C, Tb)
     fwd_state = table(np.stack([e * K, nxt * K], axis=1), E + 1, 2, E * K)
     bwd_rows = table(rows[rev], E + 1, C, Tb)
     bwd_state = table(np.stack([rev * K, seq[rev] * K], axis=1), E + 1, 2, E * K)
-    counts = np.array([[with_chunks.size, seq.size, seq.size]], dtype=np.int32)
-    return init_tab, fwd_rows, fwd_state, bwd_rows, bwd_state, counts
+    counts = np.array([[with_chunks.size, seq.size, seq.size, nch.size]], dtype=np.int32)
+    return init_tab, seq_rows, fwd_rows, fwd_state, bwd_rows, bwd_state, counts
 
 
 def backward_chunk(chunk_size):
@@ -100,6 +101,13 @@ def _state_rows(xp, states, HVp, rows):
     return xp.pad_rows(_pad_heads(xp, t, HVp), rows, HVp * V)
 
 
+def _column_major(xp, x, n):
+    """A program-major kernel output ``[n*rows, w]`` (program p's rows p*rows..) as
+    ``[rows, n*w]`` (its columns p*w..)."""
+    rows, w = x.shape[0] // n, x.shape[1]
+    return xp.permute(x.reshape(n, rows, w), (1, 0, 2)).reshape(rows, n * w)
+
+
 def backward_call(xp, call, *, q, k, v, do, g, beta, a, b, A_log, dt_bias, scale,
                   use_qk_l2norm, cu_seqlens, initial_states, d_final_states, chunk_size=None):
     """Gradients of the gated delta rule prefill -> dict of float32 arrays: dq, dk, dv,
@@ -136,24 +144,26 @@ def backward_call(xp, call, *, q, k, v, do, g, beta, a, b, A_log, dt_bias, scale
     else:
         h0 = _state_rows(xp, initial_states, HVp, Nb * K)
     if d_final_states is None:
-        dstate = xp.pad_rows(xp.f32(v)[:0], Nb * K, HVp * V)
+        d_final = xp.pad_rows(xp.f32(v)[:0], Nb * K, HVp * V)
     else:
-        dstate = _state_rows(xp, d_final_states, HVp, Nb * K)
+        d_final = _state_rows(xp, d_final_states, HVp, Nb * K)
+
     tables = backward_tables(cu_seqlens, K=K, chunk_size=C, num_tokens_bucket=Tb,
                              num_seqs_bucket=Nb)
-    dq, dk, dv, dg, dbeta = call(backward_kernel(), tokens(qe, K), tokens(ke, K),
+    dq, dk, dv, dg, dbeta, d_init = call(backward_kernel(), tokens(qe, K), tokens(ke, K),
                                  tokens(v, V), tokens(do, V), tokens(gf, 1), tokens(bf, 1),
-                                 h0, dstate, *(xp.table(t) for t in tables), C)
+                                 h0, d_final, *(xp.table(t) for t in tables), C)
 
     def heads(x, w):
-        return x[:T].reshape(T, HVp, w)[:, :HV]
+        return _column_major(xp, x, n)[:T].reshape(T, HVp, w)[:, :HV]
 
     dqn = xp.sum(heads(dq, K).reshape(T, H, rep, K), 2) * np.float32(scale)
     dkn = xp.sum(heads(dk, K).reshape(T, H, rep, K), 2)
     if use_qk_l2norm:
         dqn = dqn / q_norm - qn * xp.sum(qn * dqn, -1, keepdims=True) / q_norm
         dkn = dkn / k_norm - kn * xp.sum(kn * dkn, -1, keepdims=True) / k_norm
-    d_init = xp.permute(dstate[:S * K].reshape(S, K, HVp, V)[:, :, :HV], (0, 2, 1, 3))
+    d_init = _column_major(xp, d_init, n)[:S * K].reshape(S, K, HVp, V)[:, :, :HV]
+    d_init = xp.permute(d_init, (0, 2, 1, 3))
     out = dict(dq=dqn, dk=dkn, dv=heads(dv, V), dg=None, dbeta=None, da=None, db=None,
                dA_log=None, ddt_bias=None, d_initial_states=d_init)
     dgv, dbv = heads(dg, 1).reshape(T, HV), heads(dbeta, 1).reshape(T, HV)
