@@ -36,45 +36,61 @@ strictly block-lower (M^{C/32} = 0), so T = (I - M)(I + M^2) Tb (C = 128; C = 64
 (I - M) Tb; C = 32: Tb).
 
 Arguments (prepared by ``backward_call``; Tb = token bucket, Nb = sequence bucket, HVp =
-value heads padded to a multiple of the program count, E = chunk rows of the tables)
+value heads padded to a multiple of the program count n, nh = HVp / n, E = chunk rows of
+the tables)
 ----------------------------------------------------------------------------------
 q2, k2 ``[Tb + 1, HVp*K]`` float32 (q/k expanded to the value heads, normalised, q scaled),
 v2, do2 ``[Tb + 1, HVp*V]`` float32, g2, beta2 ``[Tb + 1, HVp]`` float32 (the log decays
 and betas, raw gates already applied); row Tb and rows past num_tokens are zero.
-h0 ``[Nb*K, HVp*V]`` float32: block s (rows s*K..) the initial state of sequence s as
-``[K, (hv, V)]`` (zeros without initial states). dstate ``[Nb*K, HVp*V]`` float32, in place: block s
-holds d_final_states of sequence s on entry and d_initial_states on exit.
-init_tab ``[Nb, 2]`` (h0 block row, hstore block row of the sequence's first chunk),
-fwd_rows / bwd_rows ``[E + 1, C]`` token rows (past a sequence end: Tb) of every chunk in
-order / of every chunk in reverse order per sequence; fwd_state ``[E + 1, 2]`` (hstore row
-of the chunk, hstore row of the next chunk or the trash block); bwd_state ``[E + 1, 2]``
-(hstore row of the chunk, dstate row of its sequence); counts ``[1, 3]`` (sequences with
-chunks, chunks, chunks). Compile-time: chunk (a multiple of 32 up to 128). Returns dq, dk ``[Tb + 1, HVp*K]``,
-dv ``[Tb + 1, HVp*V]``, dg, dbeta ``[Tb + 1, HVp]`` float32, per value head (the launcher
-sums dq / dk over the value heads of a q/k head); row Tb is trash.
+h0, d_final ``[Nb*K, HVp*V]`` float32: block s (rows s*K..) the initial state / the final
+state's gradient of sequence s as ``[K, (hv, V)]`` (zeros when not given).
+init_tab ``[Nb, 2]`` (h0 block row, hstore block row of the sequence's first chunk);
+seq_rows ``[Nb, 1]`` (block row s*K of every sequence); fwd_rows / bwd_rows ``[E + 1, C]``
+token rows (past a sequence end: Tb) of every chunk in order / in reverse order per
+sequence; fwd_state ``[E + 1, 2]`` (hstore row of the chunk, hstore row of the next
+chunk or the trash block); bwd_state ``[E + 1, 2]`` (hstore row of the chunk, dS row of
+its sequence); counts ``[1, 4]`` (sequences with chunks, chunks, chunks, sequences).
+Compile-time: chunk (a multiple of 32 up to 128). Returns, program-major (program p's
+part is rows p*rows..), dq, dk ``[n*(Tb + 1), nh*K]``, dv ``[n*(Tb + 1), nh*V]``, dg,
+dbeta ``[n*(Tb + 1), nh]`` float32 per value head (row Tb of each part is trash; the
+launcher puts the parts side by side and sums dq / dk over the value heads of a q/k
+head) and d_initial ``[n*Nb*K, nh*V]`` (the blocks of d_initial_states).
 
-Loops: three top-level ``nl.fori_loop`` over the tables, no nesting
+Loops: five top-level ``nl.fori_loop`` over the tables, no nesting
 -----------------------------------------------------------------
-1. init: each sequence's entry state h0 block -> its first chunk's hstore block;
-2. forward recompute, chunks in order: h from hstore[e], per head kk, D, A, T, vn, h' ->
-   hstore[e + 1] (the sequence's last chunk: the trash block);
-3. backward, chunks in reverse per sequence: h from hstore[e], dh' from the sequence's
-   dstate block, per head the recompute of 2 and the gradients above, dh -> the same
-   dstate block (after the sequence's first chunk: its d_initial_states).
+1. each sequence with chunks: its h0 block -> its first chunk's hstore block;
+2. each sequence: its d_final block -> its dS block;
+3. forward recompute, chunks in order: h from hstore[e], per head kk, D, A, T, vn,
+   h' -> hstore[e + 1] (the sequence's last chunk: the trash block);
+4. backward, chunks in reverse per sequence: h from hstore[e], dh' from the sequence's
+   dS block, per head the recompute of 3 and the gradients above, dh -> the same dS block;
+5. each sequence: its dS block (an empty sequence's d_final) -> d_initial.
+Scratch (``nl.private_hbm``, one per program): hstore ``[E*K, nh*V]`` (every chunk's entry
+state) and dS ``[Nb*K, nh*V]``. In loops 3 and 4 the heads go in groups of _GROUP, each
+group phase by phase (operands, decays, solve setup, doubling rounds, block substitution,
+T^T, r, then the gradient phases), a phase issued for every head of the group before the
+next, so independent heads sit between one head's dependent steps in the engine queues.
 
-LNC: program p of n owns value heads [p*HVp/n, (p+1)*HVp/n) statically (nl.program_id):
-every program runs the same tables on its own columns of every tensor it writes (hstore,
-dstate, outputs), so no HBM byte is written by two programs; both trace the same
-instructions. The launcher pads HV with zero heads to a multiple of n.
+LNC: program p of n owns value heads [p*nh, (p+1)*nh) statically (nl.program_id): both
+programs run the same tables on their own heads; each has its own scratch (private HBM)
+and writes only its own part of every output, so no HBM byte is written by two programs
+and neither reads what the other writes; both trace the same instructions. The launcher
+pads HV with zero heads to a multiple of n.
 
-Engines per (chunk, value head) of loop 3: TensorE 8 transposes (k, q, do, h, dh', E,
-G, N, T), ~20 matmuls (kk, q k^T, segment sums, 7 for T, k h, vn^T, k dh', dvn, z, z^T, do vn^T
-both layouts, z vn^T, do h^T, z h^T, vn dh'^T, dq, dk (3 accumulated), G^T and dg (1 + 4), dh (2));
-VectorE / ScalarE the masked evictions and per-row scalings, GpSimd none; DMA: the chunk's
-gathers (q, k, v, do, g, beta: one per tensor per chunk), h and dh' blocks in, dh' out,
-the five gradient scatters. Loop 2 is the recompute subset (T, vn, h'). What binds: the
-serial chain kk -> A -> T (4 doubling rounds) -> vn -> dvn -> z -> dA / dh per head;
-heads are independent and interleave in the engine queues.
+Engines per (chunk, value head) of loop 4: TensorE 8 transposes (k, q, do, h, dh', E,
+G, N, T) and ~35 matmuls (kk, q k^T, 2 segment sums, 7 for the diagonal blocks' doubling,
+4 for the block substitution, k h, vn^T, k dh', dvn, z, z^T, do vn^T both layouts, z vn^T,
+do h^T, z h^T, vn dh'^T, dq, dk (3 accumulated), G's straddle sums and dg (1 + 4), dh
+(2)), all float32 operands; VectorE / ScalarE the masked evictions, per-row scalings and
+row sums (~60 instructions on [C, <= 128] tiles); GpSimd none; DMA: the chunk's gathers
+(q, k, v, do, g, beta: one each), h and dh' blocks in, dh' out, the five gradient
+scatters. Loop 3 is the recompute subset (T, vn, h').
+
+What binds (modeled trn2, ``nki_ssm.perf``, Qwen3-Next TP1 shape: 32 value heads, K = V =
+128, bf16 I/O, C = 128): 1.47 ms per chunk of 128 tokens at LNC=1, ~188 ms for 16K
+tokens; VectorE (52 % busy), TensorE (39 %) and ScalarE (27 %) mostly take turns: the
+critical path runs through all three (each head's chain of ~25 dependent phases, fp32
+operands on TensorE); the HBM traffic is small (DMA 7 %).
 
 Memory per token (HBM scratch, float32): hstore holds every chunk's entry state,
 4*HVp*K*V/C bytes per token (16 KiB at Qwen3-Next TP1 with C = 128: 256 MiB for 16K
@@ -84,9 +100,11 @@ tokens); nothing is saved by the forward (the backward recomputes it). Limits: K
 Constructs (the forward kernel ``chunk.py``'s, with its evidence): ``nl.fori_loop`` with
 an inner def body; registers loaded from a (1, 1) SBUF tile on partition 0
 (``count_register``); ``.ap`` with ``scalar_offset`` a (1, 1) SBUF tile and
-``indirect_dim=0``; one-row-per-partition ``vector_offset`` gathers / scatters with a
-column ``offset``; kernel-allocated ``shared_hbm`` scratch; whole-array matmuls with
-explicit ``accumulate``; ``nc_transpose`` on TensorE; ``nl.program_id`` / ``num_programs``.
+``indirect_dim=0`` (static element ``offset`` for the program's part);
+one-row-per-partition ``vector_offset`` gathers / scatters with a static ``offset``;
+kernel-allocated ``nl.private_hbm`` scratch (the SSD kernel's) and ``shared_hbm``
+outputs; whole-array matmuls with explicit ``accumulate``; ``nc_transpose`` on TensorE;
+``memset`` on 32-partition blocks; ``nl.program_id`` / ``num_programs``.
 """
 from __future__ import annotations
 

@@ -10,8 +10,14 @@
   contiguous share); token arrays flattened to ``[num_tokens, HVp*width]`` and padded to
   the token bucket plus one zero row; states as ``[num_seqs*K, HVp*V]`` rows;
 - the batch composition as int32 work lists (``backward_tables``);
-- after it: dq / dk summed over the value heads of each q/k head, the scale and the L2
-  norm undone, the raw-gate chain (da, db, dA_log, ddt_bias), the padding sliced off.
+- after it: the kernel's program-major outputs (each program's heads in its own rows)
+  put side by side, dq / dk summed over the value heads of each q/k head, the scale and
+  the L2 norm undone, the raw-gate chain (da, db, dA_log, ddt_bias), the padding sliced
+  off.
+
+The device-side steps use ``xp`` methods only (``f32``, ``pad_rows``, ``permute``,
+``repeat``, ``sum``, ``exp``, ``sqrt``, ``sigmoid``, ``softplus``) and arithmetic
+operators.
 """
 from __future__ import annotations
 
