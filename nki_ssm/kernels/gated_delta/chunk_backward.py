@@ -180,9 +180,7 @@ def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, d_final, init_tab, seq_ro
         c = _context(x, _decays(x, cst, nh, C, K), cst, S, None, None, C, K, V)
         for grp in consecutive_groups(nh, _GROUP):
             ds = _head_dicts(grp)
-            _phases_recompute(c, ds, False)
-            for d in ds:
-                _state_update(c, d)
+            _run_phases(c, ds, False)
         nisa.dma_copy(dst=_block(hstore, cells[1], 0, K, w), src=S)
 
     nl.fori_loop(0, n_fwd, fwd_body)
@@ -205,8 +203,7 @@ def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, d_final, init_tab, seq_ro
         c = _context(x, _decays(x, cst, nh, C, K), cst, S, dS, out, C, K, V)
         for grp in consecutive_groups(nh, _GROUP):
             ds = _head_dicts(grp)
-            _phases_recompute(c, ds, True)
-            _phases_grads(c, ds)
+            _run_phases(c, ds, True)
         nisa.dma_copy(dst=_block(dss, cells[1], 0, K, w), src=dS)
         for spec in (("dq", dq), ("dk", dk), ("dv", dv), ("dg", dg), ("dbeta", dbeta)):
             dst = spec[1]
@@ -354,33 +351,84 @@ def _decays(x, cst, nh, C, K):
     return ch
 
 
-def _phases_recompute(c, ds, grads):
-    """The forward's chunk quantities of the heads ``ds`` (one dict each, key "j"), phase by
-    phase, each phase issued for every head before the next (independent heads fill the
-    in-order engine queues between one head's dependent steps): kT, D (masked, both
-    layouts with ``grads``), KKD = kk D (strictly lower), T and T^T, r = beta (v - e^c k h);
-    with ``grads`` also qT and QKD = tril(q k^T) D."""
-    for d in ds:
-        _r_operands(c, d)
-    for d in ds:
-        _r_decay(c, d)
-    for d in ds:
-        _r_solve_setup(c, d)
-    for rnd in range(_ROUNDS):
+def _run_phases(c, ds, grads):
+    """Every phase (_phase) of the heads ``ds`` (one dict each, key "j"), each phase issued
+    for every head before the next: independent heads fill the in-order engine queues
+    between one head's dependent steps. ``grads``: the backward, else the forward
+    recompute with its state update."""
+    for p in range(_phase_count(c["C"], grads)):
         for d in ds:
-            _r_doubling(c, d, rnd)
-    if c["C"] > _BLOCK:
-        for d in ds:
-            _r_blocks(c, d)
-        for d in ds:
-            _r_substitute(c, d)
-    for d in ds:
-        d["TT"] = _transpose(d["T"], c["C"], c["C"])
-    for d in ds:
-        _r_rhs(c, d)
+            _phase(c, d, p, grads)
+
+
+def _phase_count(C, grads):
+    """Phases per head: operands, decays, solve setup, _ROUNDS doubling rounds, (block
+    substitution: 2 when C > 32), T^T, r, then the state update (forward) or the gradient
+    operands and 10 gradient phases (backward)."""
+    n = 5 + _ROUNDS
+    if C > _BLOCK:
+        n = n + 2
     if grads:
-        for d in ds:
-            _r_grad_operands(c, d)
+        return n + 11
+    return n + 1
+
+
+def _phase(c, d, p, grads):
+    """Phase p of head d (the order of _phase_count): the forward's chunk quantities kT,
+    D, KKD = kk D (strictly lower), T and T^T, r = beta (v - e^c k h), then the state
+    update or the gradients."""
+    if p == 0:
+        _r_operands(c, d)
+    elif p == 1:
+        _r_decay(c, d)
+    elif p == 2:
+        _r_solve_setup(c, d)
+    elif p < 3 + _ROUNDS:
+        _r_doubling(c, d, p - 3)
+    else:
+        q = p - 3 - _ROUNDS
+        if c["C"] <= _BLOCK:
+            q = q + 2
+        if q == 0:
+            _r_blocks(c, d)
+        elif q == 1:
+            _r_substitute(c, d)
+        elif q == 2:
+            d["TT"] = _transpose(d["T"], c["C"], c["C"])
+        elif q == 3:
+            _r_rhs(c, d)
+        elif grads:
+            _grad_phase(c, d, q - 4)
+        else:
+            _state_update(c, d)
+
+
+def _grad_phase(c, d, q):
+    """Backward phase q (0..10) of head d (module docstring): the gradient operands (q^T,
+    masked decays, QKD), then dvn, z, transposes, dP, dA, the state products, dq / dk,
+    dbeta, dg, dh (c["dS"]'s columns of the head become the entry state's gradient)."""
+    if q == 0:
+        _r_grad_operands(c, d)
+    elif q == 1:
+        _g_dvn(c, d)
+    elif q == 2:
+        _g_z(c, d)
+    elif q == 3:
+        _g_transposes(c, d)
+    elif q == 4:
+        _g_dp(c, d)
+    elif q == 5:
+        _g_da(c, d)
+    elif q == 6:
+        _g_state_products(c, d)
+    elif q == 7:
+        _g_dq_dk(c, d)
+    elif q == 8:
+        _g_dbeta(c, d)
+    elif q == 9:
+        _g_dg(c, d)
+    else:
+        _g_dh(c, d)
 
 
 def _r_operands(c, d):
@@ -514,32 +562,6 @@ def _scaled(a, col, C, w):
     t = nl.ndarray((C, w), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=t, op=nl.copy, data=a, scale=col)
     return t
-
-
-def _phases_grads(c, ds):
-    """The gradients of the heads ``ds`` (module docstring) into c["out"]'s column blocks,
-    phase by phase as in _phases_recompute; c["dS"] (each head's columns) becomes the
-    gradient of the chunk's entry state."""
-    for d in ds:
-        _g_dvn(c, d)
-    for d in ds:
-        _g_z(c, d)
-    for d in ds:
-        _g_transposes(c, d)
-    for d in ds:
-        _g_dp(c, d)
-    for d in ds:
-        _g_da(c, d)
-    for d in ds:
-        _g_state_products(c, d)
-    for d in ds:
-        _g_dq_dk(c, d)
-    for d in ds:
-        _g_dbeta(c, d)
-    for d in ds:
-        _g_dg(c, d)
-    for d in ds:
-        _g_dh(c, d)
 
 
 def _g_dvn(c, d):
