@@ -82,7 +82,8 @@ G, N, T) and ~35 matmuls (kk, q k^T, 2 segment sums, 7 for the diagonal blocks' 
 4 for the block substitution, k h, vn^T, k dh', dvn, z, z^T, do vn^T both layouts, z vn^T,
 do h^T, z h^T, vn dh'^T, dq, dk (3 accumulated), G's straddle sums and dg (1 + 4), dh
 (2)), all float32 operands; VectorE / ScalarE the masked evictions, per-row scalings and
-row sums (~60 instructions on [C, <= 128] tiles); GpSimd none; DMA: the chunk's gathers
+row sums (~60 instructions on [C, <= 128] tiles); GpSimd the masks and products that read
+only SBUF (decay masks, A_off, W1, G, the row sums' products: VectorE binds); DMA: the chunk's gathers
 (q, k, v, do, g, beta: one each), h and dh' blocks in, dh' out, the five gradient
 scatters. Loop 3 is the recompute subset (T, vn, h').
 
@@ -321,7 +322,7 @@ def _transpose(src, P, F):
 def _rowsum(a, b, C, w):
     """[C, 1] = sum over the free axis of a * b."""
     prod = nl.ndarray((C, w), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=prod, data1=a, data2=b, op=nl.multiply)
+    nisa.tensor_tensor(dst=prod, data1=a, data2=b, op=nl.multiply, engine=nisa.engine.gpsimd)
     s = nl.ndarray((C, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_reduce(dst=s, op=nl.add, data=prod, axis=(1,))
     return s
@@ -450,7 +451,8 @@ def _r_decay(c, d):
     nisa.activation(dst=D, op=nl.exp, data=D)
     d["D"] = D
     d["Dl"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)       # [i, j], i > j
-    nisa.tensor_tensor(dst=d["Dl"], data1=D, data2=cst["tri_lo"], op=nl.multiply)
+    nisa.tensor_tensor(dst=d["Dl"], data1=D, data2=cst["tri_lo"],
+                       op=nl.multiply, engine=nisa.engine.gpsimd)
     kk = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=kk, stationary=d["kT"], moving=d["kT"], accumulate=False)
     d["KKD"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
@@ -485,7 +487,8 @@ def _r_blocks(c, d):
     """M = Tb A_off and M^T (A_off: A outside the diagonal blocks)."""
     C = c["C"]
     Aoff = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=Aoff, data1=d["A"], data2=c["cst"]["off"], op=nl.multiply)
+    nisa.tensor_tensor(dst=Aoff, data1=d["A"], data2=c["cst"]["off"],
+                       op=nl.multiply, engine=nisa.engine.gpsimd)
     TbT = _transpose(d["T"], C, C)
     d["M"] = _mm(TbT, Aoff, C, C)
     d["MT"] = _mm(Aoff, TbT, C, C)
@@ -518,10 +521,12 @@ def _r_grad_operands(c, d):
     d["q"] = c["x"]["q"][:, j * K:(j + 1) * K]
     d["qT"] = _transpose(d["q"], C, K)
     d["Di"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=d["Di"], data1=d["D"], data2=cst["tri_li"], op=nl.multiply)
+    nisa.tensor_tensor(dst=d["Di"], data1=d["D"], data2=cst["tri_li"],
+                       op=nl.multiply, engine=nisa.engine.gpsimd)
     DT = _mm(cst["tri_lo"], d["gU"], C, C)
     nisa.activation(dst=DT, op=nl.exp, data=DT)
-    nisa.tensor_tensor(dst=DT, data1=DT, data2=cst["tri_up"], op=nl.multiply)
+    nisa.tensor_tensor(dst=DT, data1=DT, data2=cst["tri_up"],
+                       op=nl.multiply, engine=nisa.engine.gpsimd)
     d["DTi"] = DT
     qk = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=qk, stationary=d["qT"], moving=d["kT"], accumulate=False)
@@ -618,13 +623,15 @@ def _g_da(c, d):
     C = c["C"]
     zv = _mm(d["zT"], d["vnT"], C, C)
     d["W1"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=d["W1"], data1=zv, data2=d["KKD"], op=nl.multiply)
+    nisa.tensor_tensor(dst=d["W1"], data1=zv, data2=d["KKD"],
+                       op=nl.multiply, engine=nisa.engine.gpsimd)
     d["Em"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=d["Em"], data=zv, op0=nl.multiply,
                               operand0=_neg(d["beta"], C), op1=nl.multiply, operand1=d["Dl"])
     d["ET"] = _transpose(d["Em"], C, C)
     bW1 = _scaled(d["W1"], d["beta"], C, C)
-    nisa.tensor_tensor(dst=d["G"], data1=d["G"], data2=bW1, op=nl.subtract)
+    nisa.tensor_tensor(dst=d["G"], data1=d["G"], data2=bW1,
+                       op=nl.subtract, engine=nisa.engine.gpsimd)
 
 
 def _g_state_products(c, d):
