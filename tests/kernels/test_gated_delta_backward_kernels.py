@@ -89,6 +89,19 @@ def test_float32_empty_sequence_passes_its_state_gradient(rng):
     np.testing.assert_array_equal(got["d_initial_states"][1], args["d_final_states"][1])
 
 
+def test_no_tokens_passes_every_state_gradient(rng, lnc):
+    HV, K, V = 2, 8, 8
+    z = np.zeros
+    dfinal = rng.standard_normal((2, HV, K, V)).astype(np.float32)
+    got = ops.gated_delta_backward(z((0, 1, K), np.float32), z((0, 1, K), np.float32),
+                                   z((0, HV, V), np.float32), z((0, HV, V), np.float32),
+                                   g=z((0, HV), np.float32), beta=z((0, HV), np.float32),
+                                   cu_seqlens=np.array([0, 0, 0], np.int32),
+                                   d_final_states=dfinal, backend="sim")
+    np.testing.assert_array_equal(got["d_initial_states"], dfinal)
+    assert got["dq"].shape == (0, 1, K) and got["dg"].shape == (0, HV)
+
+
 def test_bfloat16_model_head_dims(rng, lnc):
     _check(_case(rng, [150, 17], H=1, HV=2, K=128, V=128, raw=True, l2=True, dtype=BF16),
            5e-3)
