@@ -88,10 +88,14 @@ only SBUF (decay masks, A_off, W1, G, the row sums' products: VectorE binds); DM
 scatters. Loop 3 is the recompute subset (T, vn, h').
 
 What binds (modeled trn2, ``nki_ssm.perf``, Qwen3-Next TP1 shape: 32 value heads, K = V =
-128, bf16 I/O, C = 128): 1.47 ms per chunk of 128 tokens at LNC=1, ~188 ms for 16K
-tokens; VectorE (52 % busy), TensorE (39 %) and ScalarE (27 %) mostly take turns: the
-critical path runs through all three (each head's chain of ~25 dependent phases, fp32
-operands on TensorE); the HBM traffic is small (DMA 7 %).
+128, bf16 I/O, C = 128, one sequence): 1.37 ms per chunk of 128 tokens at LNC=1 (1024
+tokens 10.9 ms; ~175 ms for 16K tokens, linear in the chunks); VectorE (46 % busy),
+TensorE (42 %), ScalarE (29 %) and GpSimd (19 %) mostly take turns: the critical path
+runs through TensorE and VectorE alike (each head's ~25 dependent phases, fp32 operands
+on TensorE, [128, 128] fp32 tiles on VectorE); HBM traffic is small (DMA 7 %). LNC=2:
+8.67 ms at 1024 tokens (0.79x); each program alone models at 0.51x of LNC=1, the rest is
+the cost model ordering program 1's dynamic-offset output scatters after program 0's
+(it cannot tell their rows apart; no such dependency exists between the cores).
 
 Memory per token (HBM scratch, float32): hstore holds every chunk's entry state,
 4*HVp*K*V/C bytes per token (16 KiB at Qwen3-Next TP1 with C = 128: 256 MiB for 16K
