@@ -1,5 +1,4 @@
-"""What the backward host ops share: the output-gradient check, the backend rule
-(reference only until the NKI backward kernels exist) and the gradient casts."""
+"""What the backward host ops share: the output-gradient check and the gradient casts."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,15 +17,6 @@ def check_output_grad(call: Call, name: str, value, ref_name: str, ref, *, shape
     shape = tuple(ref.shape) if shape is None else shape
     labels = labels or tuple(f"{ref_name}.shape[{i}]" for i in range(len(shape)))
     v.require_shape(name, arr, labels, shape)
-
-
-def require_reference(call: Call, op: str, what: str, kernels: str) -> None:
-    """The backward runs on the float64 reference only: no NKI backward kernel yet."""
-    if call.kind != "reference":
-        raise NotImplementedError(
-            f"{op}: there is no NKI backward kernel for the {what} yet ({kernels} has forward "
-            f"kernels only; issue 30); backend {call.kind!r} cannot run it, pass "
-            f"backend='reference' (the float64 reference)")
 
 
 def cast_grads(call: Call, grads: dict, grad_of: dict) -> dict:

@@ -13,10 +13,9 @@ when the raw gates were (the others None) -- each in its input's dtype, and
 ``d_initial_states [num_seqs, HV, K, V]`` (float32; float64 for float64 inputs).
 
 Every argument is checked as ``gated_delta_forward`` checks it (same messages), plus
-``do`` (o's shape, q's dtype) and ``d_final_states``. Backends: "reference" only
-(``nki_ssm/reference/gated_delta_backward.py``, float64). There is no NKI backward
-kernel for Gated DeltaNet yet (issue 30): on "sim" and "neuron" (and None, which
-resolves to one of them) a valid call raises NotImplementedError.
+``do`` (o's shape, q's dtype) and ``d_final_states``. Backends: "reference" (``nki_ssm/reference/gated_delta_backward.py``,
+float64), "sim" and "neuron" (the NKI kernel ``nki_ssm/kernels/gated_delta/chunk_backward.py``
+through ``nki_ssm.ops.launch.gated_delta_backward``; float32 accumulation).
 """
 from __future__ import annotations
 
@@ -41,11 +40,18 @@ def gated_delta_backward(q, k, v, do, *, g=None, beta=None, a=None, b=None, A_lo
     _backward.check_output_grad(call, "do", do, "q", q, shape=(q.shape[0], HV, V),
                                 labels=("num_tokens", "HV", "V"))
     call.states("d_final_states", d_final_states)
-    _backward.require_reference(call, "gated_delta_backward", "Gated DeltaNet chunked prefill",
-                                "nki_ssm/kernels/gated_delta")
+    kw = call.kw
+    if call.kind != "reference":
+        from nki_ssm.ops.launch.gated_delta_backward import backward
+
+        grads = backward(q=kw["q"], k=kw["k"], v=kw["v"], do=do, **{n: kw[n] for n in gates},
+                         scale=kw["scale"], use_qk_l2norm=kw["use_qk_l2norm"],
+                         cu_seqlens=kw["cu_seqlens"], initial_states=initial_states,
+                         d_final_states=d_final_states, chunk_size=kw.get("chunk_size"),
+                         backend=call.kind)
+        return _backward.cast_grads(call, grads, GRAD_OF)
     from nki_ssm.reference.gated_delta_backward import gated_delta_backward as ref
 
-    kw = call.kw
     grads = ref(kw["q"], kw["k"], kw["v"], do, **{n: kw[n] for n in gates}, scale=kw["scale"],
                 use_qk_l2norm=kw["use_qk_l2norm"], cu_seqlens=kw["cu_seqlens"],
                 initial_states=initial_states, d_final_states=d_final_states)

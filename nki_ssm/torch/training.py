@@ -28,10 +28,10 @@ kernel, so the backward traces too), which calls ``nki_ssm.ops.short_conv_backwa
 backward recomputes the states. Gradients are returned for every floating tensor
 input that was given: conv x, weight, bias, initial_states; SSD x, dt, A, B, C, D, z,
 dt_bias, initial_states; GDN q, k, v and g, beta or a, b, A_log, dt_bias, and
-initial_states. The SSD and GDN backwards run on the float64 reference only: there
-are no NKI backward kernels yet (issue 30), so with ``backend`` "sim", "neuron" or
-None (an NKI backend) ``loss.backward()`` raises NotImplementedError naming the
-missing kernel, and so does any backward on Neuron tensors.
+initial_states. The backward host ops run the NKI backward kernels
+(``nki_ssm/kernels/<family>/..._backward.py``) on "sim" / "neuron" and the float64
+reference on "reference"; on Neuron tensors the backward's device path is not wired
+yet (NotImplementedError naming it).
 
 The Python wrappers (``short_conv_train(...)`` etc.) take the host API's keywords
 and defaults and run its checks on the arguments the schema would convert.
@@ -98,8 +98,8 @@ def _backward_host(host_fn, args: dict, lead: str, order: dict) -> tuple:
     (a schema has a fixed number of outputs)."""
     if check_devices(args, lead).type != "cpu":
         raise NotImplementedError(
-            f"{host_fn.__name__}: there is no NKI backward kernel yet (issue 30); the backward "
-            f"runs on CPU tensors with backend='reference' only")
+            f"{host_fn.__name__}: the backward's Neuron device path is not wired yet; the "
+            f"backward runs on CPU tensors (backend 'reference', 'sim' or 'neuron' host API)")
     grads = host_fn(**_numpy_args(args))
     x = args[lead]
     return tuple(x.new_empty((0,)) if args[name] is None

@@ -87,6 +87,24 @@ class NumpyArrays:
 
         return cast_rne(a, like.dtype)
 
+    def sum(self, a, axis: int, keepdims: bool = False):
+        """Sum over ``axis`` (torch.sum(dim=, keepdim=))."""
+        return np.sum(a, axis=axis, keepdims=keepdims)
+
+    def exp(self, a):
+        return np.exp(a)
+
+    def sqrt(self, a):
+        return np.sqrt(a)
+
+    def sigmoid(self, a):
+        """1 / (1 + e^-a) (torch.sigmoid), as e^{-softplus(-a)}: no overflow."""
+        return np.exp(-np.logaddexp(0.0, -a)).astype(a.dtype)
+
+    def softplus(self, a):
+        """log(1 + e^a) (torch.nn.functional.softplus)."""
+        return np.logaddexp(0.0, a).astype(a.dtype)
+
     def table(self, t):
         """A host-built index table as a kernel argument (here: itself, contiguous)."""
         return np.ascontiguousarray(t)

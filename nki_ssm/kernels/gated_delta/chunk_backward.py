@@ -1,0 +1,720 @@
+"""Gated DeltaNet chunked backward (WY / UT form) over a ragged batch.
+
+Kernel: ``gdn_chunk_backward`` (``@nki.jit``); launcher
+``nki_ssm.ops.launch.gated_delta_backward.backward_call``.
+
+Math, per chunk of C tokens of one sequence and value head (rows past the sequence end
+are zero rows: q = k = v = do = g = beta = 0, so they add nothing), entry state h [K, V],
+q already scaled (and L2-normalised) by the launcher::
+
+    c_i = sum_{m <= i} g_m,  D[i, j] = exp(seg(j, i]) (i >= j; direct segment sums)
+    A[i, j] = beta_i (k_i . k_j) D[i, j] (j < i),   T = (I + A)^{-1}
+    r = beta (v - e^c (k h)),  vn = T r                (the delta rule's v_new)
+    o = e^c (q h) + (tril(q k^T) D) vn,   h' = e^{c_L} h + (e^{c_L - c} k)^T vn
+
+Backward given do and dh' (the gradient of h')::
+
+    dvn = (tril(q k^T) D)^T do + e^{c_L - c} (k dh'),   z = T^T dvn
+    dv = beta z;  dA = -z vn^T (strictly lower);  y = z h^T
+    dq = e^c (do h^T) + (dP D) k,         dP[i, j] = do_i . vn_j
+    dk = (dP D)^T q + e^{c_L - c} (vn dh'^T) - beta e^c y + E k + E^T k,
+         E = beta dA D (strictly lower)
+    dbeta = <v, z> - e^c <k, y> + rowsum(dA kk D)
+    G = dP tril(q k^T) D + dA A,   X = <q, e^c do h^T> - beta e^c <k, y>,
+    Q = <k, e^{c_L - c} vn dh'^T>
+    dg_m = sum_{i >= m} X_i + sum_{j < m} Q_j + e^{c_L} <dh', h> + sum_{i >= m > j} G[i, j]
+         (the pairs of G straddling m summed directly: reverse-summing rowsum G - colsum G
+         would cancel the pairs inside the chunk's tail and lose the small straddling ones
+         under strong decays)
+    dh = e^{c_L} dh' + (e^c q)^T do - (beta e^c k)^T z
+
+T exactly on 32-row blocks (DESIGN.md Numerics): the diagonal blocks A_bd by nilpotent
+doubling, Tb = (I - N)^{-1} = (I + N)(I + N^2)(I + N^4)(I + N^8)(I + N^16) with N = -A_bd
+(all blocks in one C x C product per step: block-diagonal stays block-diagonal), then
+block forward substitution written as products: I + A = (I + A_bd)(I + M), M = Tb A_off
+strictly block-lower (M^{C/32} = 0), so T = (I - M)(I + M^2) Tb (C = 128; C = 64:
+(I - M) Tb; C = 32: Tb).
+
+Arguments (prepared by ``backward_call``; Tb = token bucket, Nb = sequence bucket, HVp =
+value heads padded to a multiple of the program count n, nh = HVp / n, E = chunk rows of
+the tables)
+----------------------------------------------------------------------------------
+q2, k2 ``[Tb + 1, HVp*K]`` float32 (q/k expanded to the value heads, normalised, q scaled),
+v2, do2 ``[Tb + 1, HVp*V]`` float32, g2, beta2 ``[Tb + 1, HVp]`` float32 (the log decays
+and betas, raw gates already applied); row Tb and rows past num_tokens are zero.
+h0, d_final ``[Nb*K, HVp*V]`` float32: block s (rows s*K..) the initial state / the final
+state's gradient of sequence s as ``[K, (hv, V)]`` (zeros when not given).
+init_tab ``[Nb, 2]`` (h0 block row, hstore block row of the sequence's first chunk);
+seq_rows ``[Nb, 1]`` (block row s*K of every sequence); fwd_rows / bwd_rows ``[E + 1, C]``
+token rows (past a sequence end: Tb) of every chunk in order / in reverse order per
+sequence; fwd_state ``[E + 1, 2]`` (hstore row of the chunk, hstore row of the next
+chunk or the trash block); bwd_state ``[E + 1, 2]`` (hstore row of the chunk, dS row of
+its sequence); counts ``[1, 4]`` (sequences with chunks, chunks, chunks, sequences).
+Compile-time: chunk (a multiple of 32 up to 128). Returns, program-major (program p's
+part is rows p*rows..), dq, dk ``[n*(Tb + 1), nh*K]``, dv ``[n*(Tb + 1), nh*V]``, dg,
+dbeta ``[n*(Tb + 1), nh]`` float32 per value head (row Tb of each part is trash; the
+launcher puts the parts side by side and sums dq / dk over the value heads of a q/k
+head) and d_initial ``[n*Nb*K, nh*V]`` (the blocks of d_initial_states).
+
+Loops: five top-level ``nl.fori_loop`` over the tables, no nesting
+-----------------------------------------------------------------
+1. each sequence with chunks: its h0 block -> its first chunk's hstore block;
+2. each sequence: its d_final block -> its dS block;
+3. forward recompute, chunks in order: h from hstore[e], per head kk, D, A, T, vn,
+   h' -> hstore[e + 1] (the sequence's last chunk: the trash block);
+4. backward, chunks in reverse per sequence: h from hstore[e], dh' from the sequence's
+   dS block, per head the recompute of 3 and the gradients above, dh -> the same dS block;
+5. each sequence: its dS block (an empty sequence's d_final) -> d_initial.
+Scratch (``nl.private_hbm``, one per program): hstore ``[E*K, nh*V]`` (every chunk's entry
+state) and dS ``[Nb*K, nh*V]``. In loops 3 and 4 the heads go in groups of _GROUP, each
+group phase by phase (operands, decays, solve setup, doubling rounds, block substitution,
+T^T, r, then the gradient phases), a phase issued for every head of the group before the
+next, so independent heads sit between one head's dependent steps in the engine queues.
+
+LNC: program p of n owns value heads [p*nh, (p+1)*nh) statically (nl.program_id): both
+programs run the same tables on their own heads; each has its own scratch (private HBM)
+and writes only its own part of every output, so no HBM byte is written by two programs
+and neither reads what the other writes; both trace the same instructions. The launcher
+pads HV with zero heads to a multiple of n.
+
+Engines per (chunk, value head) of loop 4: TensorE 8 transposes (k, q, do, h, dh', E,
+G, N, T) and ~35 matmuls (kk, q k^T, 2 segment sums, 7 for the diagonal blocks' doubling,
+4 for the block substitution, k h, vn^T, k dh', dvn, z, z^T, do vn^T both layouts, z vn^T,
+do h^T, z h^T, vn dh'^T, dq, dk (3 accumulated), G's straddle sums and dg (1 + 4), dh
+(2)), all float32 operands; VectorE / ScalarE the masked evictions, per-row scalings and
+row sums (~60 instructions on [C, <= 128] tiles); GpSimd the masks and products that read
+only SBUF (decay masks, A_off, W1, G, the row sums' products: VectorE binds); DMA: the chunk's gathers
+(q, k, v, do, g, beta: one each), h and dh' blocks in, dh' out, the five gradient
+scatters. Loop 3 is the recompute subset (T, vn, h').
+
+What binds (modeled trn2, ``nki_ssm.perf``, Qwen3-Next TP1 shape: 32 value heads, K = V =
+128, bf16 I/O, C = 128, one sequence): 1.37 ms per chunk of 128 tokens at LNC=1 (1024
+tokens 10.9 ms; ~175 ms for 16K tokens, linear in the chunks); VectorE (46 % busy),
+TensorE (42 %), ScalarE (29 %) and GpSimd (19 %) mostly take turns: the critical path
+runs through TensorE and VectorE alike (each head's ~25 dependent phases, fp32 operands
+on TensorE, [128, 128] fp32 tiles on VectorE); HBM traffic is small (DMA 7 %). LNC=2:
+8.67 ms at 1024 tokens (0.79x); each program alone models at 0.51x of LNC=1, the rest is
+the cost model ordering program 1's dynamic-offset output scatters after program 0's
+(it cannot tell their rows apart; no such dependency exists between the cores).
+
+Memory per token (HBM scratch, float32): hstore holds every chunk's entry state,
+4*HVp*K*V/C bytes per token (16 KiB at Qwen3-Next TP1 with C = 128: 256 MiB for 16K
+tokens); nothing is saved by the forward (the backward recomputes it). Limits: K, V <=
+128; C a multiple of 32 up to 128 (the launcher's ``backward_chunk``; default 128).
+
+Constructs (the forward kernel ``chunk.py``'s, with its evidence): ``nl.fori_loop`` with
+an inner def body; registers loaded from a (1, 1) SBUF tile on partition 0
+(``count_register``); ``.ap`` with ``scalar_offset`` a (1, 1) SBUF tile and
+``indirect_dim=0`` (static element ``offset`` for the program's part);
+one-row-per-partition ``vector_offset`` gathers / scatters with a static ``offset``;
+kernel-allocated ``nl.private_hbm`` scratch (the SSD kernel's) and ``shared_hbm``
+outputs; whole-array matmuls with explicit ``accumulate``; ``nc_transpose`` on TensorE;
+``memset`` on 32-partition blocks; ``nl.program_id`` / ``num_programs``.
+"""
+from __future__ import annotations
+
+from nki_ssm.backend import nki, nl, nisa
+from nki_ssm.kernels._common import count_register
+from nki_ssm.kernels.gated_delta._common import consecutive_groups
+from nki_ssm.kernels.gated_delta.chunk import _row_cells, _state_block, _table_rows
+
+_BLOCK = 32          # rows per exactly-inverted diagonal block (DESIGN.md Numerics)
+_GROUP = 4           # heads whose phases interleave (SBUF: their tiles live at once)
+_ROUNDS = 4          # doubling rounds after I + N: N^2, N^4, N^8, N^16 cover 32 rows
+
+
+@nki.jit
+def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, d_final, init_tab, seq_rows, fwd_rows,
+                       fwd_state, bwd_rows, bwd_state, counts, chunk):
+    """Gradients of the chunked gated delta rule (layouts in the module docstring)."""
+    T1 = q2.shape[0]
+    HVp = g2.shape[1]
+    K = q2.shape[1] // HVp
+    V = v2.shape[1] // HVp
+    C = chunk
+    E1 = fwd_rows.shape[0]
+    nprog = nl.num_programs(0)
+    pid = nl.program_id(0)
+    nh = HVp // nprog
+    heads = (pid * nh, (pid + 1) * nh)      # this program's value heads
+
+    # outputs program-major: program p's part is one contiguous span (rows p*T1.., p*Nb*K..)
+    dq = nl.ndarray((nprog * T1, nh * K), dtype=nl.float32, buffer=nl.shared_hbm)
+    dk = nl.ndarray((nprog * T1, nh * K), dtype=nl.float32, buffer=nl.shared_hbm)
+    dv = nl.ndarray((nprog * T1, nh * V), dtype=nl.float32, buffer=nl.shared_hbm)
+    dg = nl.ndarray((nprog * T1, nh), dtype=nl.float32, buffer=nl.shared_hbm)
+    dbeta = nl.ndarray((nprog * T1, nh), dtype=nl.float32, buffer=nl.shared_hbm)
+    Nb = seq_rows.shape[0]
+    w = nh * V
+    d_init = nl.ndarray((nprog * Nb * K, w), dtype=nl.float32, buffer=nl.shared_hbm)
+    # this program's scratch (private HBM): every chunk's entry state, one [K, nh*V] block
+    # per table row (the last the trash), and each sequence's running state gradient
+    hstore = nl.ndarray((E1 * K, w), dtype=nl.float32, buffer=nl.private_hbm)
+    dss = nl.ndarray((Nb * K, w), dtype=nl.float32, buffer=nl.private_hbm)
+    cst = _constants(C)
+    n_init = count_register(counts, 0)
+    n_fwd = count_register(counts, 1)
+    n_bwd = count_register(counts, 2)
+    n_seq = count_register(counts, 3)
+    sv0 = heads[0] * V
+    sv1 = heads[1] * V
+
+    def init_body(s):
+        cells = _row_cells(init_tab, s)
+        S = nl.ndarray((K, nh * V), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=S, src=_state_block(h0, cells[0], 0, K, HVp * V, sv0, sv1))
+        nisa.dma_copy(dst=_block(hstore, cells[1], 0, K, w), src=S)
+
+    nl.fori_loop(0, n_init, init_body)
+
+    def dfinal_body(s):
+        cells = _row_cells(seq_rows, s)
+        G = nl.ndarray((K, nh * V), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=G, src=_state_block(d_final, cells[0], 0, K, HVp * V, sv0, sv1))
+        nisa.dma_copy(dst=_block(dss, cells[0], 0, K, w), src=G)
+
+    nl.fori_loop(0, n_seq, dfinal_body)
+
+    def fwd_body(e):
+        rows = _table_rows(fwd_rows, e, C, 0)
+        cells = _row_cells(fwd_state, e)
+        x = _gather(rows, (("k", k2, K), ("v", v2, V), ("g", g2, 1), ("beta", beta2, 1)),
+                    heads, C)
+        S = nl.ndarray((K, nh * V), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=S, src=_block(hstore, cells[0], 0, K, w))
+        c = _context(x, _decays(x, cst, nh, C, K), cst, S, None, None, C, K, V)
+        for grp in consecutive_groups(nh, _GROUP):
+            ds = _head_dicts(grp)
+            _run_phases(c, ds, False)
+        nisa.dma_copy(dst=_block(hstore, cells[1], 0, K, w), src=S)
+
+    nl.fori_loop(0, n_fwd, fwd_body)
+
+    def bwd_body(e):
+        rows = _table_rows(bwd_rows, e, C, 0)
+        cells = _row_cells(bwd_state, e)
+        x = _gather(rows, (("q", q2, K), ("k", k2, K), ("v", v2, V), ("do", do2, V),
+                           ("g", g2, 1), ("beta", beta2, 1)), heads, C)
+        S = nl.ndarray((K, nh * V), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=S, src=_block(hstore, cells[0], 0, K, w))
+        dS = nl.ndarray((K, nh * V), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=dS, src=_block(dss, cells[1], 0, K, w))
+        out = {}
+        out["dq"] = nl.ndarray((C, nh * K), dtype=nl.float32, buffer=nl.sbuf)
+        out["dk"] = nl.ndarray((C, nh * K), dtype=nl.float32, buffer=nl.sbuf)
+        out["dv"] = nl.ndarray((C, nh * V), dtype=nl.float32, buffer=nl.sbuf)
+        out["dg"] = nl.ndarray((C, nh), dtype=nl.float32, buffer=nl.sbuf)
+        out["dbeta"] = nl.ndarray((C, nh), dtype=nl.float32, buffer=nl.sbuf)
+        c = _context(x, _decays(x, cst, nh, C, K), cst, S, dS, out, C, K, V)
+        for grp in consecutive_groups(nh, _GROUP):
+            ds = _head_dicts(grp)
+            _run_phases(c, ds, True)
+        nisa.dma_copy(dst=_block(dss, cells[1], 0, K, w), src=dS)
+        for spec in (("dq", dq), ("dk", dk), ("dv", dv), ("dg", dg), ("dbeta", dbeta)):
+            dst = spec[1]
+            ow = dst.shape[1]
+            nisa.dma_copy(dst=dst.ap(pattern=[[ow, C], [1, ow]], offset=pid * T1 * ow,
+                                     vector_offset=rows, indirect_dim=0), src=out[spec[0]])
+
+    nl.fori_loop(0, n_bwd, bwd_body)
+
+    def dinit_body(s):
+        cells = _row_cells(seq_rows, s)
+        G = nl.ndarray((K, nh * V), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=G, src=_block(dss, cells[0], 0, K, w))
+        nisa.dma_copy(dst=_block(d_init, cells[0], pid * Nb * K * w, K, w), src=G)
+
+    nl.fori_loop(0, n_seq, dinit_body)
+    return dq, dk, dv, dg, dbeta, d_init
+
+
+def _block(t, cell, base, K, w):
+    """The ``[K, w]`` block of HBM ``t [rows, w]`` at row cell (a (1, 1) SBUF tile) of the
+    program's part starting at element ``base``."""
+    return t.ap(pattern=[[w, K], [1, w]], offset=base, scalar_offset=cell, indirect_dim=0)
+
+
+def _context(x, ch, cst, S, dS, out, C, K, V):
+    """What every phase of a chunk reads: its input tiles x, decays ch, constants, entry
+    state S, state gradient dS and output tiles (None in the forward recompute)."""
+    c = {}
+    c["x"] = x
+    c["ch"] = ch
+    c["cst"] = cst
+    c["S"] = S
+    c["dS"] = dS
+    c["out"] = out
+    c["C"] = C
+    c["K"] = K
+    c["V"] = V
+    return c
+
+
+def _head_dicts(grp):
+    """One dict per head of the group, holding its index j."""
+    ds = []
+    for j in grp:
+        d = {}
+        d["j"] = j
+        ds.append(d)
+    return ds
+
+
+def _constants(C):
+    """0/1 operators and masks [C, C] (float32): tri_up [p <= f] (cumsum), tri_lo [p > f]
+    (segment sums over m > j; the strictly lower mask), tri_li [p >= f] (reverse cumsum;
+    the inclusive lower mask), tri_su [p < f] (exclusive cumsum), ident, bd / off (the
+    32-row diagonal blocks / the strictly lower rest), ones [128, 128]."""
+    cst = {}
+    ones = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ones, value=1.0)
+    cst["ones"] = ones
+    for spec in (("tri_up", 1, -1, 0, nl.greater_equal), ("tri_lo", -1, 1, -1, nl.greater_equal),
+                 ("tri_li", -1, 1, 0, nl.greater_equal), ("tri_su", 1, -1, -1, nl.greater_equal),
+                 ("ident", -1, 1, 0, nl.equal)):
+        t = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.affine_select(dst=t, pattern=[[spec[1], C]], channel_multiplier=spec[2],
+                           offset=spec[3], on_true_tile=ones[0:C, 0:C], on_false_value=0.0,
+                           cmp_op=spec[4])
+        cst[spec[0]] = t
+    # bd: the 32-row diagonal blocks; off: strictly lower outside them
+    cst["bd"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=cst["bd"], value=0.0)
+    for r0 in range(0, C, _BLOCK):
+        nisa.memset(dst=cst["bd"][r0:r0 + _BLOCK, r0:r0 + _BLOCK], value=1.0)
+    cst["off"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=cst["off"], data1=cst["tri_lo"], data2=cst["bd"], op=nl.multiply)
+    nisa.tensor_tensor(dst=cst["off"], data1=cst["tri_lo"], data2=cst["off"], op=nl.subtract)
+    return cst
+
+
+def _gather(rows, specs, heads, C):
+    """The chunk's token rows of each (name, tensor, width per head) for this program's
+    heads, one DMA each: ``[C, nh*width]`` float32 tiles."""
+    x = {}
+    for spec in specs:
+        src = spec[1]
+        w = spec[2]
+        HVp = src.shape[1] // w
+        c0 = heads[0] * w
+        c1 = heads[1] * w
+        t = nl.ndarray((C, c1 - c0), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=src.ap(pattern=[[HVp * w, C], [1, c1 - c0]], offset=c0,
+                                        vector_offset=rows, indirect_dim=0))
+        x[spec[0]] = t
+    return x
+
+
+def _mm(st, mv, M, N):
+    """SBUF [M, N] = st^T @ mv (float32, through PSUM, evicted by ScalarE)."""
+    ps = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ps, stationary=st, moving=mv, accumulate=False)
+    out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=out, src=ps, engine=nisa.engine.scalar)
+    return out
+
+
+def _transpose(src, P, F):
+    """SBUF [F, P] = src [P, F]^T (TensorE, float32 bit-exact)."""
+    ps = nl.ndarray((F, P), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=ps, data=src, engine=nisa.engine.tensor)
+    out = nl.ndarray((F, P), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=out, src=ps, engine=nisa.engine.vector)
+    return out
+
+
+def _rowsum(a, b, C, w):
+    """[C, 1] = sum over the free axis of a * b."""
+    prod = nl.ndarray((C, w), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=prod, data1=a, data2=b, op=nl.multiply, engine=nisa.engine.gpsimd)
+    s = nl.ndarray((C, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=s, op=nl.add, data=prod, axis=(1,))
+    return s
+
+
+def _decays(x, cst, nh, C, K):
+    """Per-token decays of every head of the chunk at once (0/1 stationaries, fp32):
+    ec = e^{c_i}, el = e^{c_L - c_i} (direct sums over m > i), ecL = e^{c_L} on K
+    partitions, and nbec = -beta e^{c}."""
+    g = x["g"]
+    ch = {}
+    ps = nl.ndarray((C, nh), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ps, stationary=cst["tri_up"], moving=g, accumulate=False)
+    ch["ec"] = nl.ndarray((C, nh), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=ch["ec"], op=nl.exp, data=ps)
+    ps2 = nl.ndarray((C, nh), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ps2, stationary=cst["tri_lo"], moving=g, accumulate=False)
+    ch["el"] = nl.ndarray((C, nh), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=ch["el"], op=nl.exp, data=ps2)
+    ps3 = nl.ndarray((K, nh), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ps3, stationary=cst["ones"][0:C, 0:K], moving=g, accumulate=False)
+    ch["ecL"] = nl.ndarray((K, nh), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=ch["ecL"], op=nl.exp, data=ps3)
+    ch["nbec"] = nl.ndarray((C, nh), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=ch["nbec"], data=ch["ec"], op0=nl.multiply, operand0=-1.0,
+                              op1=nl.multiply, operand1=x["beta"])
+    return ch
+
+
+def _run_phases(c, ds, grads):
+    """Every phase (_phase) of the heads ``ds`` (one dict each, key "j"), each phase issued
+    for every head before the next: independent heads fill the in-order engine queues
+    between one head's dependent steps. ``grads``: the backward, else the forward
+    recompute with its state update."""
+    for p in range(_phase_count(c["C"], grads)):
+        for d in ds:
+            _phase(c, d, p, grads)
+
+
+def _phase_count(C, grads):
+    """Phases per head: operands, decays, solve setup, _ROUNDS doubling rounds, (block
+    substitution: 2 when C > 32), T^T, r, then the state update (forward) or the gradient
+    operands and 10 gradient phases (backward)."""
+    n = 5 + _ROUNDS
+    if C > _BLOCK:
+        n = n + 2
+    if grads:
+        return n + 11
+    return n + 1
+
+
+def _phase(c, d, p, grads):
+    """Phase p of head d (the order of _phase_count): the forward's chunk quantities kT,
+    D, KKD = kk D (strictly lower), T and T^T, r = beta (v - e^c k h), then the state
+    update or the gradients."""
+    if p == 0:
+        _r_operands(c, d)
+    elif p == 1:
+        _r_decay(c, d)
+    elif p == 2:
+        _r_solve_setup(c, d)
+    elif p < 3 + _ROUNDS:
+        _r_doubling(c, d, p - 3)
+    else:
+        q = p - 3 - _ROUNDS
+        if c["C"] <= _BLOCK:
+            q = q + 2
+        if q == 0:
+            _r_blocks(c, d)
+        elif q == 1:
+            _r_substitute(c, d)
+        elif q == 2:
+            d["TT"] = _transpose(d["T"], c["C"], c["C"])
+        elif q == 3:
+            _r_rhs(c, d)
+        elif grads:
+            _grad_phase(c, d, q - 4)
+        else:
+            _state_update(c, d)
+
+
+def _grad_phase(c, d, q):
+    """Backward phase q (0..10) of head d (module docstring): the gradient operands (q^T,
+    masked decays, QKD), then dvn, z, transposes, dP, dA, the state products, dq / dk,
+    dbeta, dg, dh (c["dS"]'s columns of the head become the entry state's gradient)."""
+    if q == 0:
+        _r_grad_operands(c, d)
+    elif q == 1:
+        _g_dvn(c, d)
+    elif q == 2:
+        _g_z(c, d)
+    elif q == 3:
+        _g_transposes(c, d)
+    elif q == 4:
+        _g_dp(c, d)
+    elif q == 5:
+        _g_da(c, d)
+    elif q == 6:
+        _g_state_products(c, d)
+    elif q == 7:
+        _g_dq_dk(c, d)
+    elif q == 8:
+        _g_dbeta(c, d)
+    elif q == 9:
+        _g_dg(c, d)
+    else:
+        _g_dh(c, d)
+
+
+def _r_operands(c, d):
+    """k, k^T and gU[m, i] = g_m (m <= i) of head d["j"]."""
+    C, K, j = c["C"], c["K"], d["j"]
+    d["k"] = c["x"]["k"][:, j * K:(j + 1) * K]
+    d["beta"] = c["x"]["beta"][:, j:j + 1]
+    d["kT"] = _transpose(d["k"], C, K)
+    d["gU"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=d["gU"], op=nl.copy, data=c["cst"]["tri_up"],
+                    scale=c["x"]["g"][:, j:j + 1])
+
+
+def _r_decay(c, d):
+    """D[i, j] = exp(seg(j, i]) from direct segment sums (fp32 matmul with a 0/1 operator),
+    Dl its strictly lower part, KKD = (k k^T) Dl."""
+    C, cst = c["C"], c["cst"]
+    D = _mm(d["gU"], cst["tri_lo"], C, C)
+    nisa.activation(dst=D, op=nl.exp, data=D)
+    d["D"] = D
+    d["Dl"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)       # [i, j], i > j
+    nisa.tensor_tensor(dst=d["Dl"], data1=D, data2=cst["tri_lo"],
+                       op=nl.multiply, engine=nisa.engine.gpsimd)
+    kk = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=kk, stationary=d["kT"], moving=d["kT"], accumulate=False)
+    d["KKD"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=d["KKD"], data1=kk, data2=d["Dl"], op=nl.multiply)
+
+
+def _r_solve_setup(c, d):
+    """A = beta_i KKD; N = -A_bd (the 32-row diagonal blocks), N^T, T = I + N."""
+    C, cst = c["C"], c["cst"]
+    d["A"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=d["A"], op=nl.copy, data=d["KKD"], scale=d["beta"])
+    N = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=N, data=d["A"], op0=nl.multiply, operand0=-1.0,
+                              op1=nl.multiply, operand1=cst["bd"])
+    d["N"] = N
+    d["NT"] = _transpose(N, C, C)
+    d["T"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=d["T"], data1=N, data2=cst["ident"], op=nl.add)
+
+
+def _r_doubling(c, d, rnd):
+    """Round rnd of the doubling: T <- (I + N^{2^(rnd+1)}) T (N^2 kept while needed)."""
+    C = c["C"]
+    N2T = _mm(d["N"], d["NT"], C, C)                 # (N^2)^T = N^T N^T
+    if 4 << rnd < _BLOCK:
+        d["N"] = _mm(d["NT"], d["N"], C, C)          # N^2
+    d["NT"] = N2T
+    d["T"] = _plus_product(N2T, d["T"], C, nl.add)
+
+
+def _r_blocks(c, d):
+    """M = Tb A_off and M^T (A_off: A outside the diagonal blocks)."""
+    C = c["C"]
+    Aoff = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=Aoff, data1=d["A"], data2=c["cst"]["off"],
+                       op=nl.multiply, engine=nisa.engine.gpsimd)
+    TbT = _transpose(d["T"], C, C)
+    d["M"] = _mm(TbT, Aoff, C, C)
+    d["MT"] = _mm(Aoff, TbT, C, C)
+
+
+def _r_substitute(c, d):
+    """T = (I - M)(I + M^2) Tb (M^2 = 0 with 2 blocks)."""
+    C = c["C"]
+    if C > 2 * _BLOCK:
+        d["T"] = _plus_product(_mm(d["M"], d["MT"], C, C), d["T"], C, nl.add)
+    d["T"] = _plus_product(d["MT"], d["T"], C, nl.subtract)
+
+
+def _r_rhs(c, d):
+    """r = beta (v - e^c (k h))."""
+    C, V, j = c["C"], c["V"], d["j"]
+    ps = nl.ndarray((C, V), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ps, stationary=d["kT"], moving=c["S"][:, j * V:(j + 1) * V],
+                   accumulate=False)
+    d["r"] = nl.ndarray((C, V), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=d["r"], data=ps, op0=nl.multiply,
+                              operand0=c["ch"]["nbec"][:, j:j + 1], op1=nl.add,
+                              operand1=_scaled(c["x"]["v"][:, j * V:(j + 1) * V], d["beta"],
+                                               C, V))
+
+
+def _r_grad_operands(c, d):
+    """q, q^T, Di (D, i >= j), DTi ([j, i] layout, i >= j), QKD = (q k^T) Di."""
+    C, K, j, cst = c["C"], c["K"], d["j"], c["cst"]
+    d["q"] = c["x"]["q"][:, j * K:(j + 1) * K]
+    d["qT"] = _transpose(d["q"], C, K)
+    d["Di"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=d["Di"], data1=d["D"], data2=cst["tri_li"],
+                       op=nl.multiply, engine=nisa.engine.gpsimd)
+    DT = _mm(cst["tri_lo"], d["gU"], C, C)
+    nisa.activation(dst=DT, op=nl.exp, data=DT)
+    nisa.tensor_tensor(dst=DT, data1=DT, data2=cst["tri_up"],
+                       op=nl.multiply, engine=nisa.engine.gpsimd)
+    d["DTi"] = DT
+    qk = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=qk, stationary=d["qT"], moving=d["kT"], accumulate=False)
+    d["QKD"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=d["QKD"], data1=qk, data2=d["Di"], op=nl.multiply)
+
+
+def _state_update(c, d):
+    """h' = e^{c_L} h + (e^{c_L - c} k)^T vn, vn = T r, into S (head d["j"]'s columns)."""
+    C, K, V, j, ch = c["C"], c["K"], c["V"], d["j"], c["ch"]
+    vn = _mm(d["TT"], d["r"], C, V)
+    kd = _scaled(d["k"], ch["el"][:, j:j + 1], C, K)
+    ps = nl.ndarray((K, V), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ps, stationary=kd, moving=vn, accumulate=False)
+    Sh = c["S"][:, j * V:(j + 1) * V]
+    nisa.scalar_tensor_tensor(dst=Sh, data=Sh, op0=nl.multiply, operand0=ch["ecL"][:, j:j + 1],
+                              op1=nl.add, operand1=ps)
+
+
+def _plus_product(st, X, C, op):
+    """X op st^T X ([C, C]; op add or subtract), the product through PSUM."""
+    ps = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ps, stationary=st, moving=X, accumulate=False)
+    out = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=out, data1=X, data2=ps, op=op)
+    return out
+
+
+def _neg(col, C):
+    """-col ([C, 1])."""
+    t = nl.ndarray((C, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=t, data=col, op0=nl.multiply, operand0=-1.0)
+    return t
+
+
+def _scaled(a, col, C, w):
+    """a [C, w] times the per-row column col [C, 1]."""
+    t = nl.ndarray((C, w), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=t, op=nl.copy, data=a, scale=col)
+    return t
+
+
+def _g_dvn(c, d):
+    """vn^T = (T r)^T and dvn = QKD^T do + e^{c_L - c} (k dh')."""
+    C, V, j = c["C"], c["V"], d["j"]
+    d["vnT"] = _mm(d["r"], d["TT"], V, C)
+    d["do"] = c["x"]["do"][:, j * V:(j + 1) * V]
+    d["dSh"] = c["dS"][:, j * V:(j + 1) * V]
+    d["h"] = c["S"][:, j * V:(j + 1) * V]
+    pk = nl.ndarray((C, V), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=pk, stationary=d["kT"], moving=d["dSh"], accumulate=False)
+    pa = _mm(d["QKD"], d["do"], C, V)
+    d["dvn"] = nl.ndarray((C, V), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=d["dvn"], data=pk, op0=nl.multiply,
+                              operand0=c["ch"]["el"][:, j:j + 1], op1=nl.add, operand1=pa)
+
+
+def _g_z(c, d):
+    """z = T^T dvn, z^T, dv = beta z."""
+    C, V, j = c["C"], c["V"], d["j"]
+    d["z"] = _mm(d["T"], d["dvn"], C, V)
+    d["zT"] = _mm(d["dvn"], d["T"], V, C)
+    nisa.activation(dst=c["out"]["dv"][:, j * V:(j + 1) * V], op=nl.copy, data=d["z"],
+                    scale=d["beta"])
+
+
+def _g_transposes(c, d):
+    """do^T, h^T, dh'^T."""
+    C, K, V = c["C"], c["K"], c["V"]
+    d["doT"] = _transpose(d["do"], C, V)
+    d["hT"] = _transpose(d["h"], K, V)
+    d["dST"] = _transpose(d["dSh"], K, V)
+
+
+def _g_dp(c, d):
+    """dP = do vn^T masked by D: dPD [i, j], dPDT [j, i]; G = dP QKD (the attention part of
+    the decays' gradient)."""
+    C = c["C"]
+    pp = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=pp, stationary=d["doT"], moving=d["vnT"], accumulate=False)
+    d["dPD"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=d["dPD"], data1=pp, data2=d["Di"], op=nl.multiply)
+    d["G"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=d["G"], data1=pp, data2=d["QKD"], op=nl.multiply)
+    ppt = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ppt, stationary=d["vnT"], moving=d["doT"], accumulate=False)
+    d["dPDT"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=d["dPDT"], data1=ppt, data2=d["DTi"], op=nl.multiply)
+
+
+def _g_da(c, d):
+    """dA = -z vn^T (strictly lower): W1 = (z vn^T) KKD, E = dA beta D and E^T, G -= beta W1
+    (dA A)."""
+    C = c["C"]
+    zv = _mm(d["zT"], d["vnT"], C, C)
+    d["W1"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=d["W1"], data1=zv, data2=d["KKD"],
+                       op=nl.multiply, engine=nisa.engine.gpsimd)
+    d["Em"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=d["Em"], data=zv, op0=nl.multiply,
+                              operand0=_neg(d["beta"], C), op1=nl.multiply, operand1=d["Dl"])
+    d["ET"] = _transpose(d["Em"], C, C)
+    bW1 = _scaled(d["W1"], d["beta"], C, C)
+    nisa.tensor_tensor(dst=d["G"], data1=d["G"], data2=bW1,
+                       op=nl.subtract, engine=nisa.engine.gpsimd)
+
+
+def _g_state_products(c, d):
+    """e^c do h^T (dq's inter-chunk part), y = z h^T, dkS = e^{c_L - c} vn dh'^T."""
+    C, K, j, ch = c["C"], c["K"], d["j"], c["ch"]
+    doh = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=doh, stationary=d["doT"], moving=d["hT"], accumulate=False)
+    d["dq_int"] = _scaled(doh, ch["ec"][:, j:j + 1], C, K)
+    d["y"] = _mm(d["zT"], d["hT"], C, K)
+    pvs = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=pvs, stationary=d["vnT"], moving=d["dST"], accumulate=False)
+    d["dkS"] = _scaled(pvs, ch["el"][:, j:j + 1], C, K)
+
+
+def _g_dq_dk(c, d):
+    """dq = e^c do h^T + dPD k; dk = dPD^T q + E k + E^T k + dkS - beta e^c y."""
+    C, K, j, out = c["C"], c["K"], d["j"], c["out"]
+    k = d["k"]
+    pq = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=pq, stationary=d["dPDT"], moving=k, accumulate=False)
+    nisa.tensor_tensor(dst=out["dq"][:, j * K:(j + 1) * K], data1=pq, data2=d["dq_int"],
+                       op=nl.add)
+    pkk = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=pkk, stationary=d["dPD"], moving=d["q"], accumulate=False)
+    nisa.nc_matmul(dst=pkk, stationary=d["ET"], moving=k, accumulate=True)
+    nisa.nc_matmul(dst=pkk, stationary=d["Em"], moving=k, accumulate=True)
+    dk1 = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=dk1, data1=pkk, data2=d["dkS"], op=nl.add)
+    nisa.scalar_tensor_tensor(dst=out["dk"][:, j * K:(j + 1) * K], data=d["y"], op0=nl.multiply,
+                              operand0=c["ch"]["nbec"][:, j:j + 1], op1=nl.add, operand1=dk1)
+
+
+def _g_dbeta(c, d):
+    """dbeta = <v, z> - e^c <k, y> - rowsum(W1)."""
+    C, K, V, j = c["C"], c["K"], c["V"], d["j"]
+    d["ky"] = _rowsum(d["k"], d["y"], C, K)
+    vz = _rowsum(c["x"]["v"][:, j * V:(j + 1) * V], d["z"], C, V)
+    w1 = nl.ndarray((C, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=w1, op=nl.add, data=d["W1"], axis=(1,))
+    db = nl.ndarray((C, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=db, data=d["ky"], op0=nl.multiply,
+                              operand0=_neg(c["ch"]["ec"][:, j:j + 1], C), op1=nl.add,
+                              operand1=vz)
+    nisa.tensor_tensor(dst=c["out"]["dbeta"][:, j:j + 1], data1=db, data2=w1, op=nl.subtract)
+
+
+def _g_dg(c, d):
+    """dg_m = sum_{i >= m} X_i + sum_{j < m} Q_j + e^{c_L} <dh', h> + sum_{i >= m > j} G[i, j]
+    (module docstring): the straddling pairs of G summed directly, never rowsum G - colsum G
+    reverse-summed (that cancels the pairs inside [m, C) and loses the small straddling
+    ones under strong decays); X = <q, e^c do h^T> - beta e^c <k, y>, Q = <k, dkS>."""
+    C, K, V, j, cst, ch = c["C"], c["K"], c["V"], d["j"], c["cst"], c["ch"]
+    X = _rowsum(d["q"], d["dq_int"], C, K)
+    nisa.scalar_tensor_tensor(dst=X, data=d["ky"], op0=nl.multiply,
+                              operand0=ch["nbec"][:, j:j + 1], op1=nl.add, operand1=X)
+    kS = _rowsum(d["k"], d["dkS"], C, K)
+    hs = _rowsum(d["dSh"], d["h"], K, V)
+    nisa.tensor_tensor(dst=hs, data1=hs, data2=ch["ecL"][:, j:j + 1], op=nl.multiply)
+    GT = _transpose(d["G"], C, C)
+    ps = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ps, stationary=GT, moving=cst["tri_su"], accumulate=False)
+    Hm = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)      # [i, m]: sum_{j < m} G
+    nisa.tensor_tensor(dst=Hm, data1=ps, data2=cst["tri_li"], op=nl.multiply)
+    pg = nl.ndarray((C, 1), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=pg, stationary=cst["tri_li"], moving=X, accumulate=False)
+    nisa.nc_matmul(dst=pg, stationary=cst["tri_su"], moving=kS, accumulate=True)
+    nisa.nc_matmul(dst=pg, stationary=cst["ones"][0:K, 0:C], moving=hs, accumulate=True)
+    nisa.nc_matmul(dst=pg, stationary=Hm, moving=cst["ones"][0:C, 0:1], accumulate=True)
+    nisa.tensor_copy(dst=c["out"]["dg"][:, j:j + 1], src=pg, engine=nisa.engine.vector)
+
+
+def _g_dh(c, d):
+    """dh = e^{c_L} dh' + (e^c q)^T do - (beta e^c k)^T z, into dS (after every reader of
+    this head's dh')."""
+    C, K, V, j, ch = c["C"], c["K"], c["V"], d["j"], c["ch"]
+    eq = _scaled(d["q"], ch["ec"][:, j:j + 1], C, K)
+    bek = _scaled(d["k"], ch["nbec"][:, j:j + 1], C, K)
+    ph = nl.ndarray((K, V), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ph, stationary=eq, moving=d["do"], accumulate=False)
+    nisa.nc_matmul(dst=ph, stationary=bek, moving=d["z"], accumulate=True)
+    nisa.scalar_tensor_tensor(dst=d["dSh"], data=d["dSh"], op0=nl.multiply,
+                              operand0=ch["ecL"][:, j:j + 1], op1=nl.add, operand1=ph)
