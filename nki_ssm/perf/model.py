@@ -452,8 +452,9 @@ def _timing(run: _Run, hw: HardwareSpec, cores: dict, keep_schedule: bool) -> Ti
         num_instructions=n, launch_ns=hw.launch_ns, act_table_loads=run.act_table_loads,
         loop_iterations=run.loop_iterations, loop_overhead_ns=run.loop_overhead_ns,
         op_counts=dict(Counter(f"{u}:{o}" for u, o in zip(run.units, run.ops)) + run.extra_counts),
-        op_time_ns=run.op_time, bf16_peak_flops=hw.bf16_peak_flops,
-        dma_bw_bytes_per_ns=hw.dma_bw_per_core, num_cores=max(1, len(cores)), schedule=sched)
+        op_time_ns=run.op_time, bf16_peak_flops=hw.bf16_peak_flops * max(1, len(cores)),
+        dma_bw_bytes_per_ns=hw.dma_bw_per_core * max(1, len(cores)), num_cores=max(1, len(cores)),
+        schedule=sched)
 
 
 def _union_length(t0: np.ndarray, t1: np.ndarray, select: list) -> float:

@@ -42,9 +42,13 @@ def _simulator():
 
 def program_instructions(trace) -> int:
     """Static instructions the compiler emits (runtime loop bodies once): the trace's
-    ``program_instructions()`` when the simulator provides it, else ``len(trace)``."""
+    ``program_instructions(program_id)`` when the simulator provides it, else ``len(trace)``;
+    at LNC=2 the larger of the two programs'."""
     fn = getattr(trace, "program_instructions", None)
-    return int(fn()) if callable(fn) else len(trace)
+    if not callable(fn):
+        return len(trace)
+    pids = {int(getattr(i, "program_id", 0) or 0) for i in getattr(trace, "instructions", ())} or {0}
+    return max(int(fn(pid)) for pid in pids)
 
 
 def profile(kernel, *arrays, target: "str | HardwareSpec" = "trn2", ranges: bool = True,

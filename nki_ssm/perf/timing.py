@@ -71,7 +71,7 @@ class Timing:
     matmul_flops: int
     num_instructions: int
     op_counts: dict
-    bf16_peak_flops: float
+    bf16_peak_flops: float            # the logical core's (physical cores x one core's), as the next
     dma_bw_bytes_per_ns: float
     num_cores: int = 1                # physical cores = programs (LNC)
     program_time_ns: list = field(default_factory=list)   # each program's end; time_ns is the latest
