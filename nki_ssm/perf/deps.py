@@ -17,7 +17,8 @@ touch disjoint bytes of an HBM tensor; the simulator rejects overlapping
 accesses without a synchronisation between them, and ``model.py`` orders the
 programs only at those synchronisations). A folded record (below) can span
 bytes of both programs' work; keeping the programs apart also keeps it from
-ordering one after the other.
+ordering one after the other. (Program 0's key is the storage id itself, the
+common LNC=1 case; program p's is ``(p, storage id)``.)
 
 Per storage the index keeps short lists of writes and reads. A new write
 drops the entries it fully covers (later accesses depend on it, and it
@@ -80,7 +81,7 @@ class DependencyIndex:
         ready, dep = 0.0, -1
         raw_same = self.same.get(unit, 0.0)
         for r in inst.reads:
-            recs = self.writes.get((program, r.storage_id))
+            recs = self.writes.get(r.storage_id if program == 0 else (program, r.storage_id))
             if not recs:
                 continue
             p0, p1, b0, b1 = span(r)
@@ -95,7 +96,7 @@ class DependencyIndex:
         for w in inst.writes:
             p0, p1, b0, b1 = span(w)
             for table in (self.reads, self.writes):
-                for a in table.get((program, w.storage_id), ()):
+                for a in table.get(w.storage_id if program == 0 else (program, w.storage_id), ()):
                     if a.p0 < p1 and p0 < a.p1 and a.b0 < b1 and b0 < a.b1:
                         t = a.end + (0.0 if (a.unit == unit and unit != "dma") else self._sync(a.unit, unit))
                         if t > ready:
@@ -104,13 +105,13 @@ class DependencyIndex:
 
     def record(self, inst, unit: str, t_end: float, idx: int, program: int = 0) -> None:
         for r in inst.reads:
-            recs = self.reads.setdefault((program, r.storage_id), [])
+            recs = self.reads.setdefault(r.storage_id if program == 0 else (program, r.storage_id), [])
             recs.append(_Access(*span(r), t_end, idx, unit))
             if len(recs) > MAX_RECORDS:
                 _fold(recs)
         for w in inst.writes:
             p0, p1, b0, b1 = span(w)
-            key = (program, w.storage_id)
+            key = w.storage_id if program == 0 else (program, w.storage_id)
             for table in (self.reads, self.writes):
                 recs = table.get(key)
                 if recs:

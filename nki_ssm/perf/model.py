@@ -98,10 +98,6 @@ class _Core:
         self.hbm = BusyIntervals()  # when this core's DMAs move HBM data
         self.done, self.done_who = 0.0, -1   # latest end of the program's placed instructions
 
-    def finished(self, t: float, idx: int) -> None:
-        if t > self.done:
-            self.done, self.done_who = t, idx
-
 
 # Ops that synchronise the programs of a logical core (nki.isa.core_barrier / sendrecv).
 SYNC_OPS = ("core_barrier", "sendrecv")
@@ -183,8 +179,8 @@ def _place_dma(i, inst, core: _Core, cores: dict, hw: HardwareSpec, run: _Run, r
             earliest, early_dep = t_iss_end, who
     xfer = _hbm_capped(inst, core, cores, hw, n_eng, xfer, earliest)
     t0, t1, mask, blocker = core.dma.place(earliest, xfer, n_eng, i)
-    if _hbm_sides(inst):
-        core.hbm.add(t0, t1)
+    if len(cores) > 1 and _hbm_sides(inst):
+        core.hbm.add(t0, t1)      # what the other program sees
     run.pred[i] = early_dep if blocker < 0 else blocker
     run.dma_mask[i] = mask
     run.start[i], run.data_start[i], run.end[i] = ready, t0, t1
@@ -267,6 +263,12 @@ def model(trace, target: "str | HardwareSpec | None" = None, *, keep_schedule: b
             costs.compute_ns(inst, hw)  # raises the ValueError naming the engine
         order.setdefault(_program_id(inst), []).append(i)
     sched = _Scheduler(insts, hw, run, {pid: _Core(hw) for pid in sorted(order)})
+    if len(order) == 1 and not any(inst.op in SYNC_OPS for inst in insts):
+        # one program (LNC=1): program order, nothing to interleave or join
+        (pid, indices), = order.items()
+        for i in indices:
+            sched.place(i, pid)
+        return _timing(run, hw, sched.cores, keep_schedule)
     cursor = dict.fromkeys(order, 0)
     clock = dict.fromkeys(order, 0.0)
     waiting: dict = {}       # program id -> index of the sync it waits at
@@ -316,10 +318,11 @@ class _Scheduler:
         return ready, dep
 
     def _finish(self, i, inst, pid: int, unit: str) -> None:
-        core = self.cores[pid]
+        core, t_end = self.cores[pid], self.run.end[i]
         _track_lifetimes(i, inst, core, self.run, self.last_end, self.dies_at, self.size_of)
-        self.deps.record(inst, unit, self.run.end[i], i, pid)
-        core.finished(self.run.end[i], i)
+        self.deps.record(inst, unit, t_end, i, pid)
+        if t_end > core.done:
+            core.done, core.done_who = t_end, i
 
     def place(self, i: int, pid: int) -> None:
         inst, run, core = self.insts[i], self.run, self.cores[pid]
@@ -332,12 +335,12 @@ class _Scheduler:
             run.start[i] = run.data_start[i] = run.end[i] = ready
             run.pred[i] = dep
             self._finish(i, inst, pid, LOWERED)
-            return
-        if unit == "dma":
+        elif unit == "dma":
             _place_dma(i, inst, core, self.cores, self.hw, run, ready, dep)
+            self._finish(i, inst, pid, unit)
         else:
             _place_compute(i, inst, core, self.hw, run, ready, dep)
-        self._finish(i, inst, pid, unit)
+            self._finish(i, inst, pid, unit)
 
     def join(self, waiting: dict) -> None:
         """Release the programs waiting at their syncs (``waiting``: program id -> instruction)."""

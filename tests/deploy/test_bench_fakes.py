@@ -13,7 +13,8 @@ CASE = "short_conv_decode/tiny/4seq/bf16,w-bf16,bias,pool-bf16"
 
 
 def _run(tmp_path, *extra, lnc="1"):
-    # LNC=1 unless a test asks: the bench's mechanics on one program (the LNC=2 tests below)
+    # LNC=1 unless a test asks: the bench's mechanics on one program (the LNC=2 tests below;
+    # a kernel that does not shard yet updates its state twice at LNC=2 and fails its check)
     out = tmp_path / "bench"
     code = bench_main(["--set", "smoke", "--case", CASE, "--out", str(out), "--warmup", "3",
                        "--runs", "6", *(["--lnc", lnc] if lnc else []), *extra])
