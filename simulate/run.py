@@ -271,7 +271,8 @@ def logical_nc(lnc: int):
             os.environ[LNC_ENV_VAR] = old
 
 
-def _run_kernel(case: Case, kw: dict, target: str, lnc: int, ranges: bool, keep_timing: bool):
+def _run_kernel(case: Case, kw: dict, target: str, lnc: int, ranges: bool, keep_timing: bool,
+                range_samples: int | None = None):
     """-> (output, the named slots' new state, Timing): one simulated launch at ``lnc``."""
     from nki_ssm import ops, perf
     from nki_ssm.perf.profile import platform_target, program_instructions
@@ -286,18 +287,21 @@ def _run_kernel(case: Case, kw: dict, target: str, lnc: int, ranges: bool, keep_
         out = getattr(ops, case.op)(**args, backend="sim")
     if isinstance(out, tuple):
         out = out[0]
-    model = perf.model_range if ranges else perf.model
-    timing = model(trace, target=target, keep_schedule=keep_timing)
+    if ranges:
+        timing = perf.model_range(trace, target=target, keep_schedule=keep_timing, samples=range_samples)
+    else:
+        timing = perf.model(trace, target=target, keep_schedule=keep_timing)
     timing.program_instructions = program_instructions(trace)
     return out, args[pool][live], timing
 
 
 def run_case(case: Case, target: str = "trn2", seed: int = 0, *, keep_timing: bool = False,
-             lncs: tuple = (1,)):
+             lncs: tuple = (1,), range_samples: int | None = None):
     """-> (CaseResult, Timing or None). Never raises for a failing kernel: status says it.
 
     ``lncs``: the LNCs to launch at; the first fills the result (with the
-    10-90 % interval), a second (2) fills ``result.lnc2`` (central figure).
+    10-90 % interval from ``range_samples`` constant tables, None: hardware.RANGE_SAMPLES),
+    a second (2) fills ``result.lnc2`` (central figure).
     Memory: 512-sequence decode pools are ~1 GB (fp32); the kernel runs first
     on a copy of the pool, only its named slots are kept, and the float64
     reference (which copies the pool itself; references never modify their
@@ -320,7 +324,8 @@ def run_case(case: Case, target: str = "trn2", seed: int = 0, *, keep_timing: bo
             t0 = time.perf_counter()
             try:
                 out, new_slots, timing = _run_kernel(case, kw, target, r.lnc, ranges=k == 0,
-                                                     keep_timing=keep_timing and k == 0)
+                                                     keep_timing=keep_timing and k == 0,
+                                                     range_samples=range_samples)
             except Exception as exc:  # a kernel that fails is reported, not fatal
                 _fail(r, "", exc)
                 r.kernel_wall_s = time.perf_counter() - t0

@@ -396,3 +396,6 @@ def test_run_case_at_both_lncs(monkeypatch):
     assert res.err_out < 1e-2 and res.lnc2.err_out is not None and res.lnc2.err_state is not None
     with pytest.raises(ValueError, match="lncs"):
         run_case(case, lncs=(3,))
+    fewer, _ = run_case(case, lncs=(1,), range_samples=2)       # a coarser interval, same central
+    assert fewer.lnc2 is None and fewer.modeled_ns == res.modeled_ns
+    assert fewer.modeled_ns_p10 <= fewer.modeled_ns <= fewer.modeled_ns_p90
