@@ -15,8 +15,6 @@ is invented).
 """
 from __future__ import annotations
 
-import contextlib
-import os
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -253,22 +251,14 @@ def _fail(res: CaseResult, where: str, exc: BaseException) -> None:
     res.traceback = traceback.format_exc(limit=6)
 
 
-@contextlib.contextmanager
 def logical_nc(lnc: int):
     """Set NEURON_LOGICAL_NC_CONFIG (read by ``nki_ssm.backend.logical_nc_config``) for the block."""
     from nki_ssm.backend import LNC_ENV_VAR
+    from nki_ssm.perf.profile import environment
 
     if lnc not in (1, 2):
         raise ValueError(f"lnc must be 1 or 2, got {lnc!r}")
-    old = os.environ.get(LNC_ENV_VAR)
-    os.environ[LNC_ENV_VAR] = str(lnc)
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(LNC_ENV_VAR, None)
-        else:
-            os.environ[LNC_ENV_VAR] = old
+    return environment(LNC_ENV_VAR, str(lnc))
 
 
 def _run_kernel(case: Case, kw: dict, target: str, lnc: int, ranges: bool, keep_timing: bool,

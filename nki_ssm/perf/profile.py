@@ -12,17 +12,22 @@ _ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
 
 
 @contextlib.contextmanager
-def platform_target(name: str):
-    """Set NEURON_PLATFORM_TARGET_OVERRIDE for the block (the simulator reads it), then restore it."""
-    old = os.environ.get(_ENV)
-    os.environ[_ENV] = name
+def environment(name: str, value: str):
+    """Set the environment variable ``name`` to ``value`` for the block, then restore it."""
+    old = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if old is None:
-            os.environ.pop(_ENV, None)
+            os.environ.pop(name, None)
         else:
-            os.environ[_ENV] = old
+            os.environ[name] = old
+
+
+def platform_target(name: str):
+    """Set NEURON_PLATFORM_TARGET_OVERRIDE for the block (the simulator reads it), then restore it."""
+    return environment(_ENV, name)
 
 
 def _simulator():
