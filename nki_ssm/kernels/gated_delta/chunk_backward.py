@@ -162,7 +162,7 @@ def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, d_final, init_tab, seq_ro
     def init_body(s):
         cells = _row_cells(init_tab, s)
         S = nl.ndarray((K, nh * V), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=S, src=_state_block(h0, cells[0], 0, K, HVp * V, sv0, sv1))
+        nisa.dma_copy(dst=S, src=_state_block(h0, cells[0], 0, K, sv0, sv1))
         nisa.dma_copy(dst=_block(hstore, cells[1], 0, K, w), src=S)
 
     nl.fori_loop(0, n_init, init_body)
@@ -170,7 +170,7 @@ def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, d_final, init_tab, seq_ro
     def dfinal_body(s):
         cells = _row_cells(seq_rows, s)
         G = nl.ndarray((K, nh * V), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=G, src=_state_block(d_final, cells[0], 0, K, HVp * V, sv0, sv1))
+        nisa.dma_copy(dst=G, src=_state_block(d_final, cells[0], 0, K, sv0, sv1))
         nisa.dma_copy(dst=_block(dss, cells[0], 0, K, w), src=G)
 
     nl.fori_loop(0, n_seq, dfinal_body)
