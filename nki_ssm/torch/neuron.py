@@ -44,6 +44,13 @@ instead of the NumPy host API. Each op:
    before anything reaches the device, as on the host path; the launcher shards its
    work lists for that many programs.
 
+The training backwards (``short_conv_backward``, ``ssd_backward``,
+``gated_delta_backward``, called by ``nki_ssm.torch.training`` on device tensors) take the
+same steps with the host backward's checks (``nki_ssm.ops.<family>_backward``: output
+gradient and ``d_final_states`` too) and the backward launcher's ``backward_call``
+(``nki_ssm.ops.launch.<family>_backward``); they write no pool and return the host API's
+dict of gradients, each in its input's dtype.
+
 ``device_call`` is what the CPU tests replace (they run the kernel on the
 simulator with NumPy views of the very tensors passed, and check that the
 arguments equal the host path's, the layouts and the aliasing); the launch
