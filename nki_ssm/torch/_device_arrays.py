@@ -68,6 +68,23 @@ class TorchArrays:
     def cast_like(self, a, like):
         return a.to(like.dtype)          # one round to nearest even from float32
 
+    def sum(self, a, axis: int, keepdims: bool = False):
+        return a.sum(dim=axis, keepdim=keepdims)
+
+    def exp(self, a):
+        return torch.exp(a)
+
+    def sqrt(self, a):
+        return torch.sqrt(a)
+
+    def sigmoid(self, a):
+        # the NumPy namespace's formula, e^{-softplus(-a)}, so both paths round alike
+        return torch.exp(-self.softplus(-a))
+
+    def softplus(self, a):
+        # log(1 + e^a) without F.softplus's linear branch above its threshold (as NumPy's)
+        return torch.logaddexp(torch.zeros_like(a), a)
+
     def table(self, t):
         return torch.as_tensor(np.ascontiguousarray(t), device=self.device)
 

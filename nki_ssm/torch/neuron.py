@@ -44,6 +44,13 @@ instead of the NumPy host API. Each op:
    before anything reaches the device, as on the host path; the launcher shards its
    work lists for that many programs.
 
+The training backwards (``short_conv_backward``, ``ssd_backward``,
+``gated_delta_backward``, called by ``nki_ssm.torch.training`` on device tensors) take the
+same steps with the host backward's checks (``nki_ssm.ops.<family>_backward``: output
+gradient and ``d_final_states`` too) and the backward launcher's ``backward_call``
+(``nki_ssm.ops.launch.<family>_backward``); they write no pool and return the host API's
+dict of gradients, each in its input's dtype.
+
 ``device_call`` is what the CPU tests replace (they run the kernel on the
 simulator with NumPy views of the very tensors passed, and check that the
 arguments equal the host path's, the layouts and the aliasing); the launch
@@ -61,13 +68,23 @@ import ml_dtypes
 import numpy as np
 import torch
 
+from nki_ssm.ops import _backward as _bwd_host
 from nki_ssm.ops import gated_delta as _gdn_host
 from nki_ssm.ops import mamba2_ssd as _ssd_host
+from nki_ssm.ops import mamba2_ssd_backward as _ssd_bwd_host
 from nki_ssm.ops import short_conv as _conv_host
+from nki_ssm.ops import training as _train_host
 from nki_ssm.ops.launch import gated_delta as _gdn_launch
+from nki_ssm.ops.launch import gated_delta_backward as _gdn_bwd_launch
 from nki_ssm.ops.launch import mamba2_ssd as _ssd_launch
+from nki_ssm.ops.launch import mamba2_ssd_backward as _ssd_bwd_launch
 from nki_ssm.ops.launch import short_conv as _conv_launch
+from nki_ssm.ops.launch import short_conv_backward as _conv_bwd_launch
 from nki_ssm.torch._device_arrays import TorchArrays
+
+# by module path: nki_ssm.ops re-exports the functions of these names over the modules
+_conv_bwd_host = importlib.import_module("nki_ssm.ops.short_conv_backward")
+_gdn_bwd_host = importlib.import_module("nki_ssm.ops.gated_delta_backward")
 
 _NP_DTYPE = {torch.float32: np.dtype(np.float32), torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
              torch.float16: np.dtype(np.float16), torch.float64: np.dtype(np.float64)}
@@ -242,3 +259,82 @@ def gated_delta_decode(**args):
 def gated_delta_prefill(**args):
     """``torch.ops.nki_ssm.gated_delta_prefill`` on device tensors."""
     return _shared(_gdn_validator(_gdn_host.validate_prefill), _gdn_launch.prefill_call, args)
+
+
+# ------------------------------------------------------------------ backward (training)
+#
+# The training ops' backwards (``nki_ssm.torch.training``) on device tensors: the host
+# backward's checks (``nki_ssm.ops.<family>_backward``, same messages) on stand-ins, then the
+# backward launcher's ``backward_call`` with ``TorchArrays``; the dict of the host API back
+# (each gradient in its input's dtype, d_initial_states float32 for SSD / GDN).
+
+def _on_neuron(validator):
+    """``validator`` with the device tensors' backend, "neuron" (the host checks take one)."""
+    return lambda **kw: validator(**kw, backend="neuron")
+
+
+def _validate_ssd_backward(x, dt, A, B, C, dy, *, D, z, dt_bias, dt_softplus, dt_limit,
+                           cu_seqlens, initial_states, d_final_states, chunk_size, precision,
+                           backend) -> dict:
+    """``nki_ssm.ops.ssd_backward``'s checks -> the backward launcher's keywords."""
+    call = _train_host.validate_ssd(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias,
+                                    dt_softplus=dt_softplus, dt_limit=dt_limit,
+                                    cu_seqlens=cu_seqlens, initial_states=initial_states,
+                                    chunk_size=chunk_size, precision=precision, backend=backend)
+    _bwd_host.check_output_grad(call, "dy", dy, "x", x)
+    call.states("d_final_states", d_final_states)
+    kw = call.kw
+    return dict({n: kw[n] for n in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias",
+                                    "dt_softplus", "dt_limit", "cu_seqlens", "chunk_size")},
+                dy=dy, initial_states=initial_states, d_final_states=d_final_states)
+
+
+def _validate_gdn_backward(q, k, v, do, *, g, beta, a, b, A_log, dt_bias, scale, use_qk_l2norm,
+                           cu_seqlens, initial_states, d_final_states, chunk_size,
+                           backend) -> dict:
+    """``nki_ssm.ops.gated_delta_backward``'s checks -> the backward launcher's keywords."""
+    gates = dict(g=g, beta=beta, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
+    call = _train_host.validate_gated_delta(q, k, v, gates=gates, scale=scale,
+                                            use_qk_l2norm=use_qk_l2norm, cu_seqlens=cu_seqlens,
+                                            initial_states=initial_states,
+                                            chunk_size=chunk_size, backend=backend)
+    _bwd_host.check_output_grad(call, "do", do, "q", q, shape=(q.shape[0], *v.shape[1:]),
+                                labels=("num_tokens", "HV", "V"))
+    call.states("d_final_states", d_final_states)
+    kw = call.kw
+    return dict({n: kw[n] for n in ("q", "k", "v", *gates, "scale", "use_qk_l2norm",
+                                    "cu_seqlens")},
+                do=do, initial_states=initial_states, d_final_states=d_final_states,
+                chunk_size=kw.get("chunk_size"))
+
+
+def _in_input_dtypes(grads: dict, args: dict, grad_of: dict) -> dict:
+    """The launcher's float32 gradients in their inputs' dtypes (``_backward.cast_grads``:
+    one round to nearest even), None for inputs not given."""
+    out = dict(grads)
+    for name, key in grad_of.items():
+        out[key] = None if args[name] is None else grads[key].to(args[name].dtype)
+    return out
+
+
+def short_conv_backward(**args):
+    """``torch.ops.nki_ssm.short_conv_train_backward`` on device tensors (keywords of
+    ``nki_ssm.ops.short_conv_backward``) -> its dict of gradients."""
+    return _shared(_on_neuron(_conv_bwd_host.validate_backward), _conv_bwd_launch.backward_call,
+                   args)
+
+
+def ssd_backward(**args):
+    """``torch.ops.nki_ssm.ssd_train_backward`` on device tensors (keywords of
+    ``nki_ssm.ops.ssd_backward``) -> its dict of gradients."""
+    t = dict(args)
+    grads = _shared(_on_neuron(_validate_ssd_backward), _ssd_bwd_launch.backward_call, args)
+    return _in_input_dtypes(grads, t, _ssd_bwd_host.GRAD_OF)
+
+
+def gated_delta_backward(**args):
+    """``torch.ops.nki_ssm.gated_delta_train_backward`` on device tensors (keywords of
+    ``nki_ssm.ops.gated_delta_backward``) -> its dict of gradients."""
+    t = dict(args)
+    grads = _shared(_on_neuron(_validate_gdn_backward), _gdn_bwd_launch.backward_call, args)
+    return _in_input_dtypes(grads, t, _gdn_bwd_host.GRAD_OF)

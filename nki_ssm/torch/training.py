@@ -30,8 +30,10 @@ input that was given: conv x, weight, bias, initial_states; SSD x, dt, A, B, C, 
 dt_bias, initial_states; GDN q, k, v and g, beta or a, b, A_log, dt_bias, and
 initial_states. The backward host ops run the NKI backward kernels
 (``nki_ssm/kernels/<family>/..._backward.py``) on "sim" / "neuron" and the float64
-reference on "reference"; on Neuron tensors the backward's device path is not wired
-yet (NotImplementedError naming it).
+reference on "reference" (CPU tensors); on Neuron tensors the backward runs the same
+kernels through ``nki_ssm.torch.neuron.<family>_backward`` (the host API's checks and
+messages on stand-ins, then the backward launcher's ``backward_call`` with torch ops on
+the device; activations never leave it).
 
 The Python wrappers (``short_conv_train(...)`` etc.) take the host API's keywords
 and defaults and run its checks on the arguments the schema would convert.
@@ -92,19 +94,20 @@ def _forward(host_fn, args: dict, lead: str, neuron_fn, pool_name: str, tail: tu
     return out, pool
 
 
-def _backward_host(host_fn, args: dict, lead: str, order: dict) -> tuple:
-    """The host API's backward on CPU tensors -> the gradients of the inputs ``order``
-    names (input -> gradient key), an empty ``[0]`` tensor for inputs that were not given
-    (a schema has a fixed number of outputs)."""
-    if check_devices(args, lead).type != "cpu":
-        raise NotImplementedError(
-            f"{host_fn.__name__}: the backward's Neuron device path is not wired yet; the "
-            f"backward runs on CPU tensors (backend 'reference', 'sim' or 'neuron' host API)")
-    grads = host_fn(**_numpy_args(args))
+def _backward(host_fn, args: dict, lead: str, order: dict) -> tuple:
+    """The backward: the host API ``host_fn`` on CPU tensors, its device path (the function
+    of ``nki_ssm.torch.neuron`` of the same name) on Neuron tensors -> the gradients of the
+    inputs ``order`` names (input -> gradient key), an empty ``[0]`` tensor for inputs that
+    were not given (a schema has a fixed number of outputs)."""
+    if check_devices(args, lead).type == "cpu":
+        grads, tensor = host_fn(**_numpy_args(args)), from_numpy
+    else:
+        from . import neuron
+
+        grads, tensor = getattr(neuron, host_fn.__name__)(**args), (lambda g: g)
     x = args[lead]
     return tuple(x.new_empty((0,)) if args[name] is None
-                 else from_numpy(grads[key]).to(args[name].dtype)
-                 for name, key in order.items())
+                 else tensor(grads[key]).to(args[name].dtype) for name, key in order.items())
 
 
 def _fake_grads(inputs: dict, order: dict, lead: Tensor) -> tuple:
@@ -155,7 +158,7 @@ def _short_conv_train_backward(x: Tensor, weight: Tensor, bias: Optional[Tensor]
     args = dict(x=x, weight=weight, bias=bias, dy=dy, activation=activation,
                 cu_seqlens=cu_seqlens, initial_states=initial_states,
                 d_final_states=d_final_states, backend=backend)
-    return _backward_host(_host.short_conv_backward, args, "x", _CONV_GRADS)
+    return _backward(_host.short_conv_backward, args, "x", _CONV_GRADS)
 
 
 @_short_conv_train_backward.register_fake
@@ -228,7 +231,7 @@ def _ssd_train_backward(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
                 dt_softplus=dt_softplus, dt_limit=tuple(dt_limit), cu_seqlens=cu_seqlens,
                 initial_states=initial_states, d_final_states=d_final_states,
                 chunk_size=chunk_size, precision=precision, backend=backend)
-    return _backward_host(_host.ssd_backward, args, "x", _SSD_GRADS)
+    return _backward(_host.ssd_backward, args, "x", _SSD_GRADS)
 
 
 @_ssd_train_backward.register_fake
@@ -306,7 +309,7 @@ def _gated_delta_train_backward(q: Tensor, k: Tensor, v: Tensor, g: Optional[Ten
                 scale=scale, use_qk_l2norm=use_qk_l2norm, cu_seqlens=cu_seqlens,
                 initial_states=initial_states, d_final_states=d_final_states,
                 chunk_size=chunk_size, backend=backend)
-    return _backward_host(_host.gated_delta_backward, args, "q", _GDN_GRADS)
+    return _backward(_host.gated_delta_backward, args, "q", _GDN_GRADS)
 
 
 @_gated_delta_train_backward.register_fake
