@@ -1,6 +1,7 @@
 """A training step of tiny transformers models patched by ``hf.patch``: parameter gradients
-within 1e-4 (relative Frobenius, per parameter) of the stock model's (float32, random weights,
-reference backend).
+within 1e-4 (relative Frobenius, per parameter) of the stock model's (float32, random weights),
+on the float64 reference and on the NKI kernels (simulator): forward and backward kernels of
+the conv, SSD and Gated DeltaNet layers.
 
 The stock Gated DeltaNet core (``torch_chunk_gated_delta_rule``) computes in float32 whatever
 its input dtype. For the layer's A_log and dt_bias the net gradient is a small sum of much
@@ -35,6 +36,20 @@ pytestmark = pytest.mark.skipif(
     not hasattr(nki_ssm.ops, "short_conv_backward"),
     reason="the patched layers' short conv needs nki_ssm.ops.short_conv_backward (the conv "
            "backward, built on another branch of issue 30), not merged yet")
+
+
+def _kernels_launched(monkeypatch) -> list:
+    """The names of the kernels ``nki_ssm.backend.run`` launches from now on."""
+    from nki_ssm import backend as nki_backend
+
+    names, run = [], nki_backend.run
+
+    def spy(kernel, *args, **kwargs):
+        names.append(getattr(getattr(kernel, "func", kernel), "__name__", ""))
+        return run(kernel, *args, **kwargs)
+
+    monkeypatch.setattr(nki_backend, "run", spy)
+    return names
 
 
 def _train_step(model, input_ids):
@@ -96,17 +111,22 @@ def _setup(family):
     return stock, patched, layers, input_ids
 
 
-def test_patched_mamba2_training_step_matches_stock_gradients():
+@pytest.mark.parametrize("backend", ["reference", "sim"])
+def test_patched_mamba2_training_step_matches_stock_gradients(backend, monkeypatch):
     stock, patched, layers, input_ids = _setup("mamba2")
     loss_ref, grads_ref = _train_step(stock, input_ids)
-    with use_backend("reference"):
+    launched = _kernels_launched(monkeypatch)
+    with use_backend(backend):
         loss, grads = _train_step(patched, input_ids)
+    assert bool(launched) == (backend == "sim")
+    assert backend == "reference" or {"ssd_chunk_backward", "short_conv_backward_kernel"} <= set(launched), set(launched)
     assert abs(float(loss) - float(loss_ref)) <= TOL * abs(float(loss_ref))
     assert len(_compare(grads, grads_ref)) > 10
     _mixer_has_gradients(layers, grads_ref)
 
 
-def test_patched_qwen3_next_training_step_matches_stock_gradients(monkeypatch):
+@pytest.mark.parametrize("backend", ["reference", "sim"])
+def test_patched_qwen3_next_training_step_matches_stock_gradients(backend, monkeypatch):
     from transformers.models.qwen3_next import modeling_qwen3_next as qwen3_next
 
     stock, patched, layers, input_ids = _setup("qwen3_next")
@@ -115,8 +135,11 @@ def test_patched_qwen3_next_training_step_matches_stock_gradients(monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(qwen3_next, "torch_chunk_gated_delta_rule", _gated_delta_float64)
         _, grads_oracle = _train_step(oracle_model, input_ids)
-    with use_backend("reference"):
+    launched = _kernels_launched(monkeypatch)
+    with use_backend(backend):
         loss, grads = _train_step(patched, input_ids)
+    assert bool(launched) == (backend == "sim")
+    assert backend == "reference" or {"gdn_chunk_backward", "short_conv_backward_kernel"} <= set(launched), set(launched)
     assert abs(float(loss) - float(loss_stock)) <= TOL * abs(float(loss_stock))
     assert len(_compare(grads, grads_oracle)) > 10
     well = {n for n, g in grads_oracle.items()
