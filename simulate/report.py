@@ -13,6 +13,7 @@ from simulate.goals import evaluate as evaluate_goals
 from simulate.goals import markdown as goals_markdown
 from simulate.h100 import NEURONCORES_PER_CHIP, chip_ns, h100_for
 from simulate.h100 import SOURCE as H100_SOURCE
+from simulate import training
 from simulate.run import NO_KERNEL, CaseResult
 
 
@@ -330,6 +331,10 @@ def write_report(out_dir, results: list[CaseResult], *, target: str, case_set: s
           ]
     md += ["## Per op and model shape: modeled time, throughput, one trn2 chip against one H100", "",
            SUMMARY_NOTE, "", summary_markdown(results), ""]
+    train_md = training.markdown(results)
+    if train_md:
+        md += ["## Training step: forward + backward per NeuronCore and per trn2 chip against one H100", "",
+               training.NOTE, "", train_md, ""]
     goal_rows = evaluate_goals(results, target=target, all_goals=case_set == "default")
     if any(g.status != NOT_IN_RUN for g in goal_rows):
         met = sum(g.status == "met" for g in goal_rows)
