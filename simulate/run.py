@@ -230,11 +230,9 @@ def _reference_errors_of(case: Case, kw: dict, runs: list) -> list:
 def _backward_errors_of(case: Case, kw: dict, runs: list) -> list:
     """Each kernel run's gradients ``[grads, ...]`` against one float64 reference run ->
     ``[(worst gradient's error, d_initial_states' error, {name: error}), ...]``."""
-    from nki_ssm import ops
+    from simulate.backward_reference import reference_gradients
 
-    f64 = {n: (a.astype(np.float64) if isinstance(a, np.ndarray) and a.dtype.kind in "fV" else a)
-           for n, a in kw.items()}
-    ref = getattr(ops, case.op)(**f64, backend="reference")
+    ref = reference_gradients(case, kw)
     out = []
     for grads in runs:
         errs = {}

@@ -490,3 +490,29 @@ def test_training_table_adds_forward_and_backward_against_h100():
     alone = dict(zip(training.HEADERS, training.cells(bwd, {bwd_id: bwd})))
     assert "forward not in this run" in alone["forward + backward per NeuronCore, LNC=1 (forward + backward)"]
     assert alone["H100 / chip (> 1: chip faster), LNC=1 / LNC=2"] == "— / —"
+
+
+def test_backward_reference_in_pieces_equals_one_call(monkeypatch):
+    # SSD / GDN: time segments chained through the state (forced to one token each here),
+    # conv: blocks of channels -- the same float64 gradients as one reference call
+    import numpy as np
+
+    import nki_ssm.ops as ops
+    import simulate.backward_reference as pieces
+    from nki_ssm.reference import shapes as S
+    from simulate.cases import Case
+
+    monkeypatch.setattr(pieces, "SEGMENT_BYTES", 1)
+    monkeypatch.setattr(pieces, "CONV_CHANNELS", 3)
+    for case in (Case("mamba2_ssd", "backward", "x", S.SSDShape("s", H=4, P=8, N=16, G=2), seqlens=(37, 0, 20)),
+                 Case("gated_delta", "backward", "x", S.GDNShape("g", H=2, HV=4, K=8, V=8), seqlens=(29, 0, 5)),
+                 Case("short_conv", "backward", "x", S.ConvShape("c", dim=10, W=4), seqlens=(7, 0, 12))):
+        kw = case.make_inputs(3)
+        whole = getattr(ops, case.op)(**pieces._f64(kw), backend="reference")
+        parts = pieces.reference_gradients(case, kw)
+        for name, g in whole.items():
+            if g is None:
+                assert parts.get(name) is None, name
+                continue
+            np.testing.assert_allclose(parts[name], g, rtol=1e-12, atol=1e-12 * np.abs(g).max(),
+                                       err_msg=f"{case.op} {name}")
