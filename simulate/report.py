@@ -128,7 +128,9 @@ def summary_cells(r: CaseResult) -> list[str]:
     chip1 = _chip_cell(r, at[1], 1) if 1 in at else "—"
     chip2 = _chip_cell(r, at[2], 2) if 2 in at else "—"
     peer = h100_for(r.case_id)
-    if peer is None:
+    if r.entry == "backward":
+        h100_cell, vs = "— (forward + backward: the training-step table)", "—"
+    elif peer is None:
         h100_cell, vs = "— (not measured at this shape)", "—"
     else:
         name, ns = peer
@@ -267,7 +269,9 @@ _NOTES = """\
 * Not modelled: compiler reordering beyond in-order engine queues.
 * Error = relative Frobenius norm against the float64 reference (chunked form for
   prefill), for the output and for the updated state-pool slots; "max" is
-  max |err| / max |ref|.
+  max |err| / max |ref|. Backward cases: "out" is the worst gradient (every one is in
+  results.json `err_grads` and the training-step table), "state" d_initial_states;
+  the float64 reference gradients run in pieces (`simulate/backward_reference.py`).
 * Roofline = max(min FLOPs / TensorE bf16 peak, min HBM bytes / core DMA
   bandwidth); the fraction is roofline time / modeled time. FLOP and byte models:
   `simulate/cases.py` docstring. Decode throughput and the "HBM B/s" column are

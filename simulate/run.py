@@ -12,6 +12,11 @@ the second's (central figure only: one scheduling pass instead of 15) its
 An op "has a kernel" when ``nki_ssm.ops._dispatch.find_launcher`` finds its
 launcher; otherwise only the reference runs and the result says so (no time
 is invented).
+
+Backward cases (``ops.<family>_backward``, no state pool) compare every gradient
+with the float64 reference gradients (``simulate.backward_reference``, run in
+pieces): ``err_grads`` per gradient, ``err_out`` the worst per-token or
+parameter gradient, ``err_state`` d_initial_states'.
 """
 from __future__ import annotations
 
@@ -260,7 +265,7 @@ def _new_result(case: Case, target: str, **kw) -> CaseResult:
     return CaseResult(
         case_id=case.id, op=case.op, family=case.family, entry=case.entry, model=case.model,
         shape=repr(case.shape), num_tokens=case.num_tokens,
-        num_seqs=len(case.seqlens) if case.entry == "prefill" else case.num_seqs,
+        num_seqs=case.num_seqs if case.entry == "decode" else len(case.seqlens),
         dtype=np.dtype(case.dtype).name, pool_dtype=np.dtype(case.pool_dtype).name, target=target,
         config=case.config, min_flops=case.min_flops(),
         forward_id=case.forward().id if case.entry == "backward" else None, **kw)

@@ -139,7 +139,8 @@ def test_case_config_follows_the_model_and_is_in_the_id():
         cases_mod.DEFAULT_LEAVES_OUT = old
     assert {i for i in judged if i not in fewer} == {prefix + "bf16,state-fp32"}
     full = full_cases()
-    assert len({c.id for c in full}) == len(full) == 3 * 10 + 3 * 10 + 4 * 11
+    # per shape: forward cases, and the backward at 2K, 16K and 8 x 2K (10 shapes)
+    assert len({c.id for c in full}) == len(full) == 3 * 10 + 3 * 10 + 4 * 11 + 10 * 3
 
 
 def test_goals_are_computed_from_results():
