@@ -4,14 +4,20 @@ A :class:`Case` names an op (family + entry), a model shape, the batch
 layout (prefill: sequence lengths; decode: sequences x tokens) and dtypes,
 and knows its algorithmic minimum FLOPs and HBM bytes for the roofline.
 
-Sets: ``smoke`` (tiny, for the test), ``judged`` (the cases issues 5, 6 and 15
+Sets: ``smoke`` (tiny, for the test), ``judged`` (the cases issues 5, 6, 15 and 30
 are judged on, at their exact shapes: Qwen3-Next conv 16K x 1 and 8 x 2K
 ragged, conv decode at 32 / 512 sequences, Mamba-2 2.7B SSD 16K, SSD decode
 at 1 / 32 / 512 sequences with a float32 state pool, GDN prefill Qwen3-Next TP1 16K,
-2K and 8 x 2K ragged, TP4 16K), ``default`` (the judged
-cases, plus one small case of every other shape and the GDN cases; ~17
-minutes on this machine's 2 cores), ``full`` (every shape at 128 / 2K / 16K / 64K tokens,
-8 x 2K ragged, decode batches 1..512).
+2K and 8 x 2K ragged, TP4 16K; the backward of conv, SSD and GDN TP1 at 16K), ``default`` (the judged
+cases but the 16K backwards, plus one small case of every other shape, the GDN cases and
+smaller backward cases with their forwards; ~17 minutes on this machine's 2 cores),
+``full`` (every shape at 128 / 2K / 16K / 64K tokens, 8 x 2K ragged, decode batches
+1..512, backward at 2K / 16K / 8 x 2K).
+
+Backward cases (entry "backward": ``ops.<family>_backward``) take the inputs of their
+forward (:meth:`Case.forward`, the prefill case of the same shape, batch and dtypes),
+float32 initial states, an output gradient in the data dtype and a float32 final-state
+gradient.
 
 Layer configuration (part of the case id, e.g. ``.../bf16,w-bf16,nobias,pool-bf16``):
 the conv weights are in the model dtype and the conv state pool too (vLLM
@@ -28,9 +34,11 @@ yardsticks, so TFLOP/s figures are comparable):
   * GDN prefill, per token per value head: 6*K*V + 2*C*(3*K + 2*V), C = chunk_size.
   * short conv: 2*W per token per channel.
   * decode: SSD 4*P*N and GDN 6*K*V per token per (value) head (VectorE work).
+  * backward: 2 x the forward's (each forward product gives two gradient products).
 HBM bytes: every input array read once (data, parameters and the small
 int / bool metadata), every output written once, named state slots read
-(when has_initial_state, for prefill) and written once.
+(when has_initial_state, for prefill) and written once; backward: every argument
+read once, every gradient written once.
 """
 from __future__ import annotations
 

@@ -50,10 +50,14 @@ H100_NS = {
 }
 
 
+def _key(case_id: str) -> tuple:
+    """(op, model, batch layout) of a case id."""
+    return tuple((case_id.split("/") + ["", "", ""])[:3])
+
+
 def h100_for(case_id: str) -> tuple[str, float] | None:
     """(peer, H100 time in ns) measured at the case's op, model and batch layout, or None."""
-    op, model, layout = (case_id.split("/") + ["", "", ""])[:3]
-    return H100_NS.get((op, model, layout))
+    return H100_NS.get(_key(case_id))
 
 
 def chip_ns(per_core_ns: float, lnc: int = 1) -> float:
@@ -94,5 +98,4 @@ H100_TRAINING_NS = {
 
 def h100_training_for(case_id: str) -> tuple[str, float] | None:
     """(peer, H100 forward + backward time in ns) at a backward case's model and batch, or None."""
-    op, model, layout = (case_id.split("/") + ["", "", ""])[:3]
-    return H100_TRAINING_NS.get((op, model, layout))
+    return H100_TRAINING_NS.get(_key(case_id))
