@@ -440,6 +440,14 @@ def test_backward_cases_at_the_judged_forward_shapes(capsys):
     written = 8 * 16 * 2 + 16 * 4 * 2 + 2 * 16 * 3 * 4
     assert conv.min_hbm_bytes(kw) == read + written
     assert set(BACKWARD_GRADS["short_conv"]) == {"dx", "dweight", "dbias", "d_initial_states"}
+    # issue 30's goals: every gradient (the worst, and d_initial_states) <= 5e-3 with bf16 I/O,
+    # program size; no LNC=2 ratio is set for the backward
+    from simulate.goals import goals
+
+    bwd_goals = [(g.case.family, g.figure, g.op, g.threshold) for g in goals() if g.case.entry == "backward"]
+    assert len(bwd_goals) == 9 and all(g[2] == "<=" for g in bwd_goals)
+    assert sorted({g[3] for g in bwd_goals}) == [5e-3, 20_000]
+    assert not any("LNC" in g[1] for g in bwd_goals)
 
 
 def test_backward_wrong_gradient_is_caught(monkeypatch):
