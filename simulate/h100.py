@@ -1,5 +1,8 @@
 """One H100's measured times at nki_ssm's shapes: the yardstick of the report's per-chip table.
 
+Forward figures (``H100_NS``) and training-step figures, forward + backward
+(``H100_TRAINING_NS``, ``TRAINING_SOURCE``), at the same shapes.
+
 The figures are copied (not read at run time) from the project's reference
 notes on the GPU peers, "GPU peers measured at nki_ssm's shapes": one H100
 SXM 80GB, measured 2026-11-24 with ``triton.testing.do_bench`` (warm-up 50,
@@ -47,10 +50,14 @@ H100_NS = {
 }
 
 
+def _key(case_id: str) -> tuple:
+    """(op, model, batch layout) of a case id."""
+    return tuple((case_id.split("/") + ["", "", ""])[:3])
+
+
 def h100_for(case_id: str) -> tuple[str, float] | None:
     """(peer, H100 time in ns) measured at the case's op, model and batch layout, or None."""
-    op, model, layout = (case_id.split("/") + ["", "", ""])[:3]
-    return H100_NS.get((op, model, layout))
+    return H100_NS.get(_key(case_id))
 
 
 def chip_ns(per_core_ns: float, lnc: int = 1) -> float:
@@ -59,3 +66,36 @@ def chip_ns(per_core_ns: float, lnc: int = 1) -> float:
     if lnc not in (1, 2):
         raise ValueError(f"lnc must be 1 or 2, got {lnc!r}")
     return per_core_ns / (NEURONCORES_PER_CHIP // lnc)
+
+
+# ---- training step: forward + backward --------------------------------------------------
+TRAINING_SOURCE = (
+    "one H100 80GB HBM3, 2026-11-27, triton.testing.do_bench (warm-up 25, 200 ms), torch 2.11 + Triton 3.6, "
+    "bf16 data, fp32 states, a random upstream gradient; FLA fla-core chunk_gated_delta_rule, mamba_ssm "
+    "mamba_chunk_scan_combined (chunk 256, dt_softplus, D, dt_bias), FLA Triton causal_conv1d + SiLU "
+    "(nki_ssm reference notes, 'GPU peers measured at nki_ssm's shapes', training step table)")
+# FLA refuses its gated dq/dk backward on Hopper with Triton 3.4 to 3.7.0 because it gives
+# wrong gradients there (FLA issue #640); its GDN rows were timed with that guard off
+FLA_HOPPER_NOTE = ("FLA's gated backward refuses to run on Hopper with Triton 3.4–3.7.0 (wrong gradients, "
+                   "FLA issue #640); its figures were timed with that guard off: timing only, not a "
+                   "checked gradient")
+_FLA_CHUNK_TRAIN = f"{_FLA_CHUNK} forward + backward"
+_MAMBA_CHUNK_TRAIN = f"{_MAMBA_CHUNK} forward + backward"
+_FLA_CONV_TRAIN = f"{_FLA_CONV} forward + backward"
+
+# (backward op, model, layout as in simulate's case ids) -> (peer, measured forward + backward ns)
+H100_TRAINING_NS = {
+    ("gated_delta_backward", "qwen3-next", "1x16384"): (_FLA_CHUNK_TRAIN, 4.840e6),
+    ("gated_delta_backward", "qwen3-next", "8x2048"): (_FLA_CHUNK_TRAIN, 4.955e6),
+    ("gated_delta_backward", "qwen3-next-tp4", "1x16384"): (_FLA_CHUNK_TRAIN, 2.519e6),
+    ("gated_delta_backward", "qwen3-next-tp4", "8x2048"): (_FLA_CHUNK_TRAIN, 2.754e6),
+    ("ssd_backward", "mamba2-2.7b", "1x16384"): (_MAMBA_CHUNK_TRAIN, 4.324e6),
+    ("ssd_backward", "granite-4.0-h", "1x16384"): (_MAMBA_CHUNK_TRAIN, 6.080e6),
+    ("short_conv_backward", "qwen3-next", "1x16384"): (_FLA_CONV_TRAIN, 1.769e6),
+    ("short_conv_backward", "qwen3-next", "8x2048"): (_FLA_CONV_TRAIN, 1.770e6),
+}
+
+
+def h100_training_for(case_id: str) -> tuple[str, float] | None:
+    """(peer, H100 forward + backward time in ns) at a backward case's model and batch, or None."""
+    return H100_TRAINING_NS.get(_key(case_id))

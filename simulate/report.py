@@ -13,6 +13,7 @@ from simulate.goals import evaluate as evaluate_goals
 from simulate.goals import markdown as goals_markdown
 from simulate.h100 import NEURONCORES_PER_CHIP, chip_ns, h100_for
 from simulate.h100 import SOURCE as H100_SOURCE
+from simulate import training
 from simulate.run import NO_KERNEL, CaseResult
 
 
@@ -127,7 +128,9 @@ def summary_cells(r: CaseResult) -> list[str]:
     chip1 = _chip_cell(r, at[1], 1) if 1 in at else "—"
     chip2 = _chip_cell(r, at[2], 2) if 2 in at else "—"
     peer = h100_for(r.case_id)
-    if peer is None:
+    if r.entry == "backward":
+        h100_cell, vs = "— (forward + backward: the training-step table)", "—"
+    elif peer is None:
         h100_cell, vs = "— (not measured at this shape)", "—"
     else:
         name, ns = peer
@@ -266,7 +269,9 @@ _NOTES = """\
 * Not modelled: compiler reordering beyond in-order engine queues.
 * Error = relative Frobenius norm against the float64 reference (chunked form for
   prefill), for the output and for the updated state-pool slots; "max" is
-  max |err| / max |ref|.
+  max |err| / max |ref|. Backward cases: "out" is the worst gradient (every one is in
+  results.json `err_grads` and the training-step table), "state" d_initial_states;
+  the float64 reference gradients run in pieces (`simulate/backward_reference.py`).
 * Roofline = max(min FLOPs / TensorE bf16 peak, min HBM bytes / core DMA
   bandwidth); the fraction is roofline time / modeled time. FLOP and byte models:
   `simulate/cases.py` docstring. Decode throughput and the "HBM B/s" column are
@@ -330,6 +335,10 @@ def write_report(out_dir, results: list[CaseResult], *, target: str, case_set: s
           ]
     md += ["## Per op and model shape: modeled time, throughput, one trn2 chip against one H100", "",
            SUMMARY_NOTE, "", summary_markdown(results), ""]
+    train_md = training.markdown(results)
+    if train_md:
+        md += ["## Training step: forward + backward per NeuronCore and per trn2 chip against one H100", "",
+               training.NOTE, "", train_md, ""]
     goal_rows = evaluate_goals(results, target=target, all_goals=case_set == "default")
     if any(g.status != NOT_IN_RUN for g in goal_rows):
         met = sum(g.status == "met" for g in goal_rows)

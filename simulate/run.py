@@ -12,6 +12,11 @@ the second's (central figure only: one scheduling pass instead of 15) its
 An op "has a kernel" when ``nki_ssm.ops._dispatch.find_launcher`` finds its
 launcher; otherwise only the reference runs and the result says so (no time
 is invented).
+
+Backward cases (``ops.<family>_backward``, no state pool) compare every gradient
+with the float64 reference gradients (``simulate.backward_reference``, run in
+pieces): ``err_grads`` per gradient, ``err_out`` the worst per-token or
+parameter gradient, ``err_state`` d_initial_states'.
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from simulate.cases import SSD_REFERENCE_CHUNK, Case
+from simulate.cases import BACKWARD_GRADS, SSD_REFERENCE_CHUNK, Case
 
 NO_KERNEL = "reference only, no kernel yet"
 
@@ -43,8 +48,9 @@ class CaseResult:
     lnc: int = 1                     # programs of the launch: 1 physical core, or 2 (one logical core)
     status: str = NO_KERNEL          # "kernel", NO_KERNEL, "error" or "skipped"
     error: str | None = None
-    err_out: float | None = None     # rel Frobenius vs float64 reference
-    err_state: float | None = None
+    err_out: float | None = None     # rel Frobenius vs float64 reference (backward: the worst gradient)
+    err_state: float | None = None   # (backward: d_initial_states)
+    err_grads: dict = field(default_factory=dict)   # backward: gradient name -> rel Frobenius
     max_abs_out: float | None = None  # max |err| / max |ref|
     modeled_ns: float | None = None
     modeled_ns_p10: float | None = None      # 10-90 % interval: constants drawn within their ranges
@@ -77,6 +83,7 @@ class CaseResult:
     traceback: str | None = None
     top_ops: list = field(default_factory=list)   # [("engine:op", count, busy ns), ...]
     program_ns: list = field(default_factory=list)  # each program's end (LNC=2: two); modeled_ns the later
+    forward_id: str | None = None    # backward: the case id of its forward (the prefill case)
     lnc2: "CaseResult | None" = None  # the same case at LNC=2 (run_case(lncs=(1, 2))), central figure only
 
     def to_dict(self) -> dict:
@@ -225,9 +232,32 @@ def _reference_errors_of(case: Case, kw: dict, runs: list) -> list:
     return errors
 
 
+def _backward_errors_of(case: Case, kw: dict, runs: list) -> list:
+    """Each kernel run's gradients ``[grads, ...]`` against one float64 reference run ->
+    ``[(worst gradient's error, d_initial_states' error, {name: error}), ...]``."""
+    from simulate.backward_reference import reference_gradients
+
+    ref = reference_gradients(case, kw)
+    out = []
+    for grads in runs:
+        errs = {}
+        for name in BACKWARD_GRADS[case.family]:
+            if ref.get(name) is None:
+                continue
+            errs[name] = _FroError()
+            if grads is not None:
+                errs[name].add(grads[name], ref[name])
+        per_token = [e for n, e in errs.items() if n != "d_initial_states"]
+        worst = max(per_token, key=lambda e: (np.nan_to_num(e.value(), nan=np.inf)))
+        out.append((worst, errs["d_initial_states"], errs))
+    return out
+
+
 def has_kernel(case: Case) -> bool:
     from nki_ssm.ops._dispatch import find_launcher
 
+    if case.entry == "backward":
+        return True   # every backward host op runs its NKI kernel on the simulator
     return find_launcher(case.family, case.entry) is not None
 
 
@@ -235,9 +265,10 @@ def _new_result(case: Case, target: str, **kw) -> CaseResult:
     return CaseResult(
         case_id=case.id, op=case.op, family=case.family, entry=case.entry, model=case.model,
         shape=repr(case.shape), num_tokens=case.num_tokens,
-        num_seqs=len(case.seqlens) if case.entry == "prefill" else case.num_seqs,
+        num_seqs=case.num_seqs if case.entry == "decode" else len(case.seqlens),
         dtype=np.dtype(case.dtype).name, pool_dtype=np.dtype(case.pool_dtype).name, target=target,
-        config=case.config, min_flops=case.min_flops(), **kw)
+        config=case.config, min_flops=case.min_flops(),
+        forward_id=case.forward().id if case.entry == "backward" else None, **kw)
 
 
 def skipped(case: Case, target: str, reason: str) -> CaseResult:
@@ -268,21 +299,24 @@ def _run_kernel(case: Case, kw: dict, target: str, lnc: int, ranges: bool, keep_
     from nki_ssm.perf.profile import platform_target, program_instructions
     from nki_ssm.sim.trace import record
 
-    pool = case.pool_name
-    live = np.asarray(kw["state_indices"])
-    live = live[live >= 0]
-    args = dict(kw)
-    args[pool] = kw[pool].copy()
+    args, new_slots = dict(kw), None
+    if case.entry != "backward":
+        pool = case.pool_name
+        live = np.asarray(kw["state_indices"])
+        live = live[live >= 0]
+        args[pool] = kw[pool].copy()
     with platform_target(target), logical_nc(lnc), record(target=target) as trace:
-        out = getattr(ops, case.op)(**args, backend="sim")
+        out = getattr(ops, case.op)(**args, backend="sim")   # backward: the gradients (dict)
     if isinstance(out, tuple):
         out = out[0]
+    if case.entry != "backward":
+        new_slots = args[pool][live]
     if ranges:
         timing = perf.model_range(trace, target=target, keep_schedule=keep_timing, samples=range_samples)
     else:
         timing = perf.model(trace, target=target, keep_schedule=keep_timing)
     timing.program_instructions = program_instructions(trace)
-    return out, args[pool][live], timing
+    return out, new_slots, timing
 
 
 def run_case(case: Case, target: str = "trn2", seed: int = 0, *, keep_timing: bool = False,
@@ -327,15 +361,20 @@ def run_case(case: Case, target: str = "trn2", seed: int = 0, *, keep_timing: bo
 
     t0 = time.perf_counter()
     try:
-        errors = _reference_errors_of(case, kw, [(out, slots) for _, out, slots, _ in runs] or [(None, None)])
+        if case.entry == "backward":
+            errors = _backward_errors_of(case, kw, [out for _, out, _, _ in runs] or [None])
+        else:
+            errors = _reference_errors_of(case, kw, [(out, slots) for _, out, slots, _ in runs] or [(None, None)])
     except Exception as exc:  # a broken reference is reported like a broken kernel
         _fail(res, "reference: ", exc)
         return res, None
     res.reference_wall_s = time.perf_counter() - t0
     if not runs:
         return res, None
-    for (r, _, _, timing), (err_out, err_state) in zip(runs, errors):
+    for (r, _, _, timing), (err_out, err_state, *grads) in zip(runs, errors):
         _fill(r, case, timing, err_out, err_state)
+        if grads:
+            r.err_grads = {name: e.value() for name, e in grads[0].items()}
     timing = runs[0][3]
     return res, (timing if keep_timing else None)
 
