@@ -14,7 +14,9 @@ F32_TOL, BF16_TOL = 1e-5, 3e-3
 
 
 def select(sets=DEFAULT_SETS, *, contains=None, ops=None, models=None) -> list:
-    """Cases of the named simulate sets (deduplicated by id, in order), filtered."""
+    """Cases of the named simulate sets (deduplicated by id, in order), filtered. The
+    backward cases stay in simulate: the bench's worker checks and times the serving ops
+    (their pools), not the training backwards yet."""
     from simulate import cases as SC
 
     out, seen = [], set()
@@ -22,7 +24,8 @@ def select(sets=DEFAULT_SETS, *, contains=None, ops=None, models=None) -> list:
         if name not in SC.SETS:
             raise ValueError(f"set must be one of {sorted(SC.SETS)}, got {name!r}")
         for c in SC.select(SC.SETS[name](), models=models, ops=ops):
-            if c.id in seen or (contains and not any(s in c.id for s in contains)):
+            if c.entry == "backward" or c.id in seen or (
+                    contains and not any(s in c.id for s in contains)):
                 continue
             seen.add(c.id)
             out.append(c)
