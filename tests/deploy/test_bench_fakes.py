@@ -172,8 +172,25 @@ def test_default_bench_launches_two_programs_and_records_the_lnc(tmp_path, fake_
 
 def test_fake_runtime_rejects_a_grid_that_differs_from_its_lnc(tmp_path, fake_toolchain, monkeypatch):
     # what the bench's one NEURON_LOGICAL_NC_CONFIG for compiler and runtime prevents
+    import sys
+
+    # the fake `nki` (and its submodules) leave sys.modules with the test: later tests
+    # import the real choice
+    before = {m: sys.modules[m] for m in sys.modules if m == "nki" or m.startswith("nki.")}
+    for name in before:
+        del sys.modules[name]
+    try:
+        import nki
+
+        _grid_mismatch_is_refused(nki, tmp_path, monkeypatch)
+    finally:
+        for name in [m for m in sys.modules if m == "nki" or m.startswith("nki.")]:
+            del sys.modules[name]
+        sys.modules.update(before)
+
+
+def _grid_mismatch_is_refused(nki, tmp_path, monkeypatch):
     import numpy as np
-    import nki
 
     monkeypatch.setenv("NKI_ARTIFACTS_DIR", str(tmp_path))
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
