@@ -31,10 +31,10 @@ from .launch import mamba2_ssd_backward as _launch
 GRAD_OF = dict(x="dx", dt="ddt", A="dA", B="dB", C="dC", D="dD", z="dz", dt_bias="ddt_bias")
 
 
-def ssd_backward(x, dt, A, B, C, dy, *, D=None, z=None, dt_bias=None, dt_softplus=False,
-                 dt_limit=(0.0, math.inf), cu_seqlens, initial_states=None, d_final_states=None,
-                 chunk_size=128, precision=None, backend=None) -> dict:
-    """Gradients of the SSD prefill; see the module docstring for shapes and dtypes."""
+def validate_backward(x, dt, A, B, C, dy, *, D, z, dt_bias, dt_softplus, dt_limit, cu_seqlens,
+                      initial_states, d_final_states, chunk_size, precision, backend):
+    """All pre-launch checks of ssd_backward (``ssd_forward``'s, plus dy and d_final_states)
+    -> (the validated call, the backward launcher's keywords)."""
     call = training.validate_ssd(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias,
                                  dt_softplus=dt_softplus, dt_limit=dt_limit,
                                  cu_seqlens=cu_seqlens, initial_states=initial_states,
@@ -42,14 +42,22 @@ def ssd_backward(x, dt, A, B, C, dy, *, D=None, z=None, dt_bias=None, dt_softplu
     _backward.check_output_grad(call, "dy", dy, "x", x)
     call.states("d_final_states", d_final_states)
     kw = call.kw
+    return call, dict({n: kw[n] for n in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias",
+                                          "dt_softplus", "dt_limit", "cu_seqlens", "chunk_size")},
+                      dy=dy, initial_states=initial_states, d_final_states=d_final_states)
+
+
+def ssd_backward(x, dt, A, B, C, dy, *, D=None, z=None, dt_bias=None, dt_softplus=False,
+                 dt_limit=(0.0, math.inf), cu_seqlens, initial_states=None, d_final_states=None,
+                 chunk_size=128, precision=None, backend=None) -> dict:
+    """Gradients of the SSD prefill; see the module docstring for shapes and dtypes."""
+    call, kw = validate_backward(x, dt, A, B, C, dy, D=D, z=z, dt_bias=dt_bias,
+                                 dt_softplus=dt_softplus, dt_limit=dt_limit,
+                                 cu_seqlens=cu_seqlens, initial_states=initial_states,
+                                 d_final_states=d_final_states, chunk_size=chunk_size,
+                                 precision=precision, backend=backend)
     if call.kind != "reference":
-        grads = _launch.backward(x=kw["x"], dt=kw["dt"], A=kw["A"], B=kw["B"], C=kw["C"], dy=dy,
-                                 D=kw["D"], z=kw["z"], dt_bias=kw["dt_bias"],
-                                 dt_softplus=kw["dt_softplus"], dt_limit=kw["dt_limit"],
-                                 cu_seqlens=kw["cu_seqlens"], initial_states=initial_states,
-                                 d_final_states=d_final_states, chunk_size=kw["chunk_size"],
-                                 backend=call.kind)
-        return _backward.cast_grads(call, grads, GRAD_OF)
+        return _backward.cast_grads(call, _launch.backward(**kw, backend=call.kind), GRAD_OF)
     from nki_ssm.reference.mamba2_ssd_backward import ssd_backward as ref
 
     grads = ref(kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], dy, D=kw["D"], z=kw["z"],

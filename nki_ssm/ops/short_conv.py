@@ -7,7 +7,6 @@ when ``has_initial_state``, else zeros. ``activation`` is None or "silu".
 """
 from __future__ import annotations
 
-import numpy as np
 
 from . import _dispatch
 from . import _validate as v

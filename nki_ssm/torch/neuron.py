@@ -68,12 +68,10 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from nki_ssm.ops import _backward as _bwd_host
 from nki_ssm.ops import gated_delta as _gdn_host
 from nki_ssm.ops import mamba2_ssd as _ssd_host
 from nki_ssm.ops import mamba2_ssd_backward as _ssd_bwd_host
 from nki_ssm.ops import short_conv as _conv_host
-from nki_ssm.ops import training as _train_host
 from nki_ssm.ops.launch import gated_delta as _gdn_launch
 from nki_ssm.ops.launch import gated_delta_backward as _gdn_bwd_launch
 from nki_ssm.ops.launch import mamba2_ssd as _ssd_launch
@@ -273,39 +271,9 @@ def _on_neuron(validator):
     return lambda **kw: validator(**kw, backend="neuron")
 
 
-def _validate_ssd_backward(x, dt, A, B, C, dy, *, D, z, dt_bias, dt_softplus, dt_limit,
-                           cu_seqlens, initial_states, d_final_states, chunk_size, precision,
-                           backend) -> dict:
-    """``nki_ssm.ops.ssd_backward``'s checks -> the backward launcher's keywords."""
-    call = _train_host.validate_ssd(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias,
-                                    dt_softplus=dt_softplus, dt_limit=dt_limit,
-                                    cu_seqlens=cu_seqlens, initial_states=initial_states,
-                                    chunk_size=chunk_size, precision=precision, backend=backend)
-    _bwd_host.check_output_grad(call, "dy", dy, "x", x)
-    call.states("d_final_states", d_final_states)
-    kw = call.kw
-    return dict({n: kw[n] for n in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias",
-                                    "dt_softplus", "dt_limit", "cu_seqlens", "chunk_size")},
-                dy=dy, initial_states=initial_states, d_final_states=d_final_states)
-
-
-def _validate_gdn_backward(q, k, v, do, *, g, beta, a, b, A_log, dt_bias, scale, use_qk_l2norm,
-                           cu_seqlens, initial_states, d_final_states, chunk_size,
-                           backend) -> dict:
-    """``nki_ssm.ops.gated_delta_backward``'s checks -> the backward launcher's keywords."""
-    gates = dict(g=g, beta=beta, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
-    call = _train_host.validate_gated_delta(q, k, v, gates=gates, scale=scale,
-                                            use_qk_l2norm=use_qk_l2norm, cu_seqlens=cu_seqlens,
-                                            initial_states=initial_states,
-                                            chunk_size=chunk_size, backend=backend)
-    _bwd_host.check_output_grad(call, "do", do, "q", q, shape=(q.shape[0], *v.shape[1:]),
-                                labels=("num_tokens", "HV", "V"))
-    call.states("d_final_states", d_final_states)
-    kw = call.kw
-    return dict({n: kw[n] for n in ("q", "k", "v", *gates, "scale", "use_qk_l2norm",
-                                    "cu_seqlens")},
-                do=do, initial_states=initial_states, d_final_states=d_final_states,
-                chunk_size=kw.get("chunk_size"))
+def _launcher_kwargs(validate_backward):
+    """The host backward's ``validate_backward`` -> only the launcher's keywords."""
+    return lambda **kw: validate_backward(**kw)[1]
 
 
 def _in_input_dtypes(grads: dict, args: dict, grad_of: dict) -> dict:
@@ -328,7 +296,8 @@ def ssd_backward(**args):
     """``torch.ops.nki_ssm.ssd_train_backward`` on device tensors (keywords of
     ``nki_ssm.ops.ssd_backward``) -> its dict of gradients."""
     t = dict(args)
-    grads = _shared(_on_neuron(_validate_ssd_backward), _ssd_bwd_launch.backward_call, args)
+    grads = _shared(_on_neuron(_launcher_kwargs(_ssd_bwd_host.validate_backward)),
+                    _ssd_bwd_launch.backward_call, args)
     return _in_input_dtypes(grads, t, _ssd_bwd_host.GRAD_OF)
 
 
@@ -336,5 +305,6 @@ def gated_delta_backward(**args):
     """``torch.ops.nki_ssm.gated_delta_train_backward`` on device tensors (keywords of
     ``nki_ssm.ops.gated_delta_backward``) -> its dict of gradients."""
     t = dict(args)
-    grads = _shared(_on_neuron(_validate_gdn_backward), _gdn_bwd_launch.backward_call, args)
+    grads = _shared(_on_neuron(_launcher_kwargs(_gdn_bwd_host.validate_backward)),
+                    _gdn_bwd_launch.backward_call, args)
     return _in_input_dtypes(grads, t, _gdn_bwd_host.GRAD_OF)
