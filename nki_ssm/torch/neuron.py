@@ -292,19 +292,21 @@ def short_conv_backward(**args):
                    args)
 
 
+def _backward_in_input_dtypes(host, launch, args):
+    """``host.validate_backward``'s checks, ``launch.backward_call``, then the float32
+    gradients in their inputs' dtypes (SSD, GDN)."""
+    grads = _shared(_on_neuron(_launcher_kwargs(host.validate_backward)), launch.backward_call,
+                    args)
+    return _in_input_dtypes(grads, dict(args), host.GRAD_OF)
+
+
 def ssd_backward(**args):
     """``torch.ops.nki_ssm.ssd_train_backward`` on device tensors (keywords of
     ``nki_ssm.ops.ssd_backward``) -> its dict of gradients."""
-    t = dict(args)
-    grads = _shared(_on_neuron(_launcher_kwargs(_ssd_bwd_host.validate_backward)),
-                    _ssd_bwd_launch.backward_call, args)
-    return _in_input_dtypes(grads, t, _ssd_bwd_host.GRAD_OF)
+    return _backward_in_input_dtypes(_ssd_bwd_host, _ssd_bwd_launch, args)
 
 
 def gated_delta_backward(**args):
     """``torch.ops.nki_ssm.gated_delta_train_backward`` on device tensors (keywords of
     ``nki_ssm.ops.gated_delta_backward``) -> its dict of gradients."""
-    t = dict(args)
-    grads = _shared(_on_neuron(_launcher_kwargs(_gdn_bwd_host.validate_backward)),
-                    _gdn_bwd_launch.backward_call, args)
-    return _in_input_dtypes(grads, t, _gdn_bwd_host.GRAD_OF)
+    return _backward_in_input_dtypes(_gdn_bwd_host, _gdn_bwd_launch, args)
