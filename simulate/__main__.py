@@ -5,6 +5,7 @@
     python -m simulate --target trn3 --model qwen3 --op gated_delta
     python -m simulate --full               # 16K / 64K tokens, 512-sequence decode, every shape
     python -m simulate --smoke --out /tmp/r # tiny shapes (seconds)
+    python -m simulate --lnc 1              # one program per launch only (default: LNC=1 and 2)
 """
 from __future__ import annotations
 
@@ -29,6 +30,14 @@ def _parse(argv):
                    help="case set (default: default = the judged cases + small cases of the other shapes)")
     g.add_argument("--full", action="store_true", help="the full set (16K/64K tokens, every shape); = --set full")
     g.add_argument("--smoke", action="store_true", help="tiny shapes, for tests; = --set smoke")
+    p.add_argument("--lnc", default="both", choices=["1", "2", "both"],
+                   help="programs per launch (NEURON_LOGICAL_NC_CONFIG): 1 = one physical core, 2 = the two "
+                        "physical cores of a logical core, both (default) = LNC=1 with its 10-90 %% interval "
+                        "and LNC=2's central figure beside it")
+    p.add_argument("--range-samples", type=int, default=None,
+                   help="constant tables drawn for the 10-90 %% interval (default "
+                        "nki_ssm.perf.hardware.RANGE_SAMPLES = 12; each is one scheduling pass of every trace: "
+                        "fewer make the run faster and the interval coarser)")
     p.add_argument("--out", default=None, help="report folder (default reports/<timestamp>)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-calibration", action="store_true", help="skip the calibration table")
@@ -68,6 +77,7 @@ def main(argv=None) -> int:
     from simulate.run import run_case, skipped
 
     case_set = args.case_set or ("smoke" if args.smoke else "full" if args.full else "default")
+    lncs = {"1": (1,), "2": (2,), "both": (1, 2)}[args.lnc]
     selected = C.SETS[case_set]()
     selected = C.select(selected, models=args.model, ops=args.op)
     if args.max_tokens is not None:
@@ -97,7 +107,8 @@ def main(argv=None) -> int:
             return
         rank = _timeline_rank(c, args.timeline)
         want = rank < best[0]
-        res, timing = run_case(c, target=args.target, seed=args.seed, keep_timing=want)
+        res, timing = run_case(c, target=args.target, seed=args.seed, keep_timing=want, lncs=lncs,
+                               range_samples=args.range_samples)
         if want and timing is not None:
             timeline, timeline_case, best[0] = timing, c.id, rank
         results.append(res)
@@ -135,7 +146,8 @@ def main(argv=None) -> int:
         print("\nCalibration (modeled / published):")
         print(summarize(cal_rows))
     print(f"\nreport: {paths['report']}  ({wall:.1f} s wall)")
-    return 1 if any(r.status == "error" for r in results) else 0  # skipped cases are not errors
+    failed = any(x is not None and x.status == "error" for r in results for x in (r, r.lnc2))
+    return 1 if failed else 0  # skipped cases are not errors
 
 
 # the kernel drawn on the timeline: the first case of the first op here that has a kernel

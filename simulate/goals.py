@@ -16,6 +16,11 @@ Figures (all modeled for the run's target, per NeuronCore):
     with a ``base`` case: its value compares two results).
   * program size (static instructions the compiler emits, each runtime loop
     body once); issue 10 <= 20,000 at every judged case.
+  * LNC=2 / LNC=1: the modeled time of the launch as two programs on one
+    logical core (``CaseResult.lnc2``, ``python -m simulate --lnc both``)
+    over one program on one physical core; issue 29 <= 0.55 where the work
+    splits evenly: conv prefill, SSD prefill Mamba-2 2.7B, GDN prefill
+    Qwen3-Next TP1 and TP4, decode at >= 32 sequences.
   * errors vs float64 (relative Frobenius): issue 6 bf16 mode <= 3e-3 for y
     and the states; issue 5 bf16 I/O "within the rounding of a bfloat16
     output": <= 2^-8, bfloat16's unit roundoff (a rounded value is within
@@ -32,6 +37,7 @@ import numpy as np
 from simulate.cases import Case, judged_cases
 
 PROGRAM_SIZE_LIMIT = 20_000      # issue 10: static instructions at every judged shape
+LNC2_RATIO_LIMIT = 0.55          # issue 29: LNC=2 time / LNC=1 time where the work splits evenly
 BF16_UNIT_ROUNDOFF = float(ml_dtypes.finfo(ml_dtypes.bfloat16).eps) / 2   # 2^-8
 
 
@@ -113,8 +119,36 @@ def _ssd_prefill_context(r) -> str:
             f"({r.roofline_bound}); {r.modeled_ns / 1e3:.1f} us")
 
 
+def _lnc2_ratio(r):
+    """LNC=2 time / LNC=1 time of one result run at both (None: no LNC=2 figure)."""
+    other = r.lnc2
+    if other is None or other.status != "kernel" or r.lnc != 1:
+        return None
+    return _ratio(other.modeled_ns, r.modeled_ns)
+
+
+def _lnc2_context(r) -> str:
+    other = r.lnc2
+    programs = " / ".join(f"{t / 1e3:.1f}" for t in other.program_ns)
+    return f"{other.modeled_ns / 1e3:.1f} us (programs {programs} us) vs {r.modeled_ns / 1e3:.1f} us"
+
+
+def _program_size(r):
+    """Static instructions of the largest program the result's launches ran (LNC=1 and 2)."""
+    sizes = [x.program_instructions for x in (r, r.lnc2) if x is not None and x.program_instructions is not None]
+    return max(sizes) if sizes else None
+
+
+def lnc2_judged(c: Case) -> bool:
+    """Issue 29: the judged shapes where the work splits evenly over two programs."""
+    if c.entry == "decode":
+        return c.num_seqs >= 32
+    return (c.family == "short_conv" or (c.family == "mamba2_ssd" and c.model == "mamba2-2.7b")
+            or (c.family == "gated_delta" and c.model in ("qwen3-next", "qwen3-next-tp4")))
+
+
 def goals() -> list[Goal]:
-    """The goals of issues 5, 6, 10 and 15, over :func:`simulate.cases.judged_cases`."""
+    """The goals of issues 5, 6, 10, 15 and 29, over :func:`simulate.cases.judged_cases`."""
     out = []
     cases = judged_cases()
     tp1_16k = [c for c in cases if c.family == "gated_delta" and c.model == "qwen3-next"
@@ -153,8 +187,11 @@ def goals() -> list[Goal]:
                             3e-3))
         # issue 10: one compiled program per shape bucket, small enough to compile
         out.append(Goal("issue 10", c, "program size (static instructions)",
-                        lambda r: r.program_instructions, lambda v: f"{v:,.0f}", "<=",
+                        _program_size, lambda v: f"{v:,.0f}", "<=",
                         PROGRAM_SIZE_LIMIT))
+        if lnc2_judged(c):
+            out.append(Goal("issue 29", c, "LNC=2 time / LNC=1 time", _lnc2_ratio, _times, "<=",
+                            LNC2_RATIO_LIMIT, context=_lnc2_context))
     return out
 
 
@@ -178,6 +215,10 @@ def evaluate(results, goal_list: list[Goal] | None = None, target: str | None = 
         if r.status != "kernel":
             rows.append(GoalRow(g.name, g.case.id, g.figure, "—", goal_text,
                                 f"not run: {r.status}" + (f" ({r.error})" if r.error else "")))
+            continue
+        if g.value is _lnc2_ratio and r.lnc2 is None:
+            rows.append(GoalRow(g.name, g.case.id, g.figure, "—", goal_text,
+                                "not run: needs LNC=1 and 2 (python -m simulate --lnc both)"))
             continue
         if g.base is not None:
             rb = by_id.get(g.base.id)

@@ -9,8 +9,11 @@ flash-linear-attention (fla-core 0.6.0), mamba_ssm (main, Triton SSD path),
 FLA's Triton causal conv.
 
 A trn2 chip is 8 physical NeuronCores (4 logical cores of 2 at LNC=2: the
-same silicon). The per-chip figure is the modeled per-NeuronCore time divided
-by 8: it assumes the 8 cores split the work perfectly.
+same silicon; aws-neuron-sdk logical-neuroncore-config.rst); a trn3 chip is
+8 NeuronCore-v4 (trainium3.rst), grouped alike. The per-chip figure is the
+modeled time of one launch divided by the launches a chip runs at once: 8 at
+LNC=1 (one per physical core), 4 at LNC=2 (one per logical core); it assumes
+they split the work perfectly.
 """
 from __future__ import annotations
 
@@ -50,6 +53,9 @@ def h100_for(case_id: str) -> tuple[str, float] | None:
     return H100_NS.get((op, model, layout))
 
 
-def chip_ns(per_core_ns: float) -> float:
-    """Modeled time of one trn2 chip: the per-NeuronCore time over 8 cores, split perfectly."""
-    return per_core_ns / NEURONCORES_PER_CHIP
+def chip_ns(per_core_ns: float, lnc: int = 1) -> float:
+    """Modeled time of one chip: the time of one launch on a (logical) core over the chip's
+    8 / ``lnc`` (logical) cores, split perfectly."""
+    if lnc not in (1, 2):
+        raise ValueError(f"lnc must be 1 or 2, got {lnc!r}")
+    return per_core_ns / (NEURONCORES_PER_CHIP // lnc)

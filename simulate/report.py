@@ -48,8 +48,22 @@ def row_cells(r: CaseResult) -> list[str]:
     time_cell = "—" if r.modeled_ns is None else f"{fmt_time(r.modeled_ns)} (modeled, {r.target})"
     if r.modeled_ns_p10 is not None and r.modeled_ns_p90 is not None and r.modeled_ns:
         time_cell += f" [{interval(r)}]"
+    if r.lnc != 1:
+        time_cell += lnc_label(r)
     return [r.case_id, status, _err(r.err_out), _err(r.err_state), time_cell, throughput(r),
-            hbm_cell(r), roof, r.binding_engine or "—", share, instructions_cell(r)]
+            hbm_cell(r), roof, r.binding_engine or "—", share, instructions_cell(r), lnc2_cell(r)]
+
+
+def lnc2_cell(r: CaseResult) -> str:
+    """The LNC=2 launch beside an LNC=1 result: time (programs), ratio, its errors and program size."""
+    x = r.lnc2
+    if x is None:
+        return "—"
+    if x.modeled_ns is None:
+        return lnc2_time(r)
+    size = "—" if x.program_instructions is None else f"{x.program_instructions:,}"
+    return (f"{lnc2_time(r)}; {lnc2_ratio(r)}; err {_err(x.err_out)} / {_err(x.err_state)}; "
+            f"program {size}")
 
 
 def interval(r: CaseResult) -> str:
@@ -59,7 +73,42 @@ def interval(r: CaseResult) -> str:
 
 SUMMARY_HEADERS = ["op", "model", "batch", "time per NeuronCore, modeled (10-90 %)", "throughput per NeuronCore",
                    "roofline", "binding engine", "error vs float64 (out / state)",
-                   f"one trn2 chip ({NEURONCORES_PER_CHIP} NeuronCores)", "one H100, measured", "chip / H100"]
+                   f"one trn2 chip ({NEURONCORES_PER_CHIP} NeuronCores)",
+                   "LNC=2: time per logical core (programs)", "LNC=2 / LNC=1",
+                   f"one trn2 chip at LNC=2 ({NEURONCORES_PER_CHIP // 2} logical cores)",
+                   "one H100, measured", "chip / H100"]
+
+
+def lnc_label(r: CaseResult) -> str:
+    """" (LNC=2)" for a result whose main figures are of a two-program launch, else ""."""
+    return "" if r.lnc == 1 else f" (LNC={r.lnc})"
+
+
+def lnc2_time(r: CaseResult) -> str:
+    """The LNC=2 launch's time and each program's end (the result's own when it ran at LNC=2)."""
+    x = r if r.lnc == 2 else r.lnc2
+    if x is None:
+        return "— (--lnc both)"
+    if x.modeled_ns is None:
+        return x.status if x.error is None else f"{x.status}: {x.error}"
+    programs = " / ".join(fmt_time(t) for t in x.program_ns)
+    return f"{fmt_time(x.modeled_ns)} ({programs})"
+
+
+def lnc2_ratio(r: CaseResult) -> str:
+    """LNC=2 time / LNC=1 time (< 1: the two programs gain)."""
+    if r.lnc != 1 or r.lnc2 is None or not r.lnc2.modeled_ns or not r.modeled_ns:
+        return "—"
+    return f"{r.lnc2.modeled_ns / r.modeled_ns:.2f}x"
+
+
+def _chip_cell(r: CaseResult, ns: float, lnc: int) -> str:
+    chip = chip_ns(ns, lnc)
+    if r.entry == "decode":
+        # the minimal HBM traffic over the chip's time
+        rate = r.bytes_per_s * r.modeled_ns / chip if r.bytes_per_s and r.modeled_ns else None
+        return f"{fmt_time(chip)}, {_si(rate, 'B/s')}" if rate else fmt_time(chip)
+    return f"{fmt_time(chip)}, {_si(r.num_tokens / (chip * 1e-9), 'tok/s')}"
 
 
 def summary_cells(r: CaseResult) -> list[str]:
@@ -71,21 +120,23 @@ def summary_cells(r: CaseResult) -> list[str]:
         status = r.status if r.error is None else f"{r.status}: {r.error}"
         return [op, model, layout, status] + ["—"] * (len(SUMMARY_HEADERS) - 4)
     roof = "—" if r.roofline_fraction is None else f"{100 * r.roofline_fraction:.1f} % ({r.roofline_bound})"
-    chip = chip_ns(r.modeled_ns)
-    if r.entry == "decode":
-        chip_cell = f"{fmt_time(chip)}, {_si(r.bytes_per_s * NEURONCORES_PER_CHIP, 'B/s')}" \
-            if r.bytes_per_s else fmt_time(chip)
-    else:
-        chip_cell = f"{fmt_time(chip)}, {_si(r.num_tokens / (chip * 1e-9), 'tok/s')}"
+    # chip figures at each LNC that ran: (lnc, time of one launch)
+    at = {r.lnc: r.modeled_ns}
+    if r.lnc2 is not None and r.lnc2.modeled_ns:
+        at[2] = r.lnc2.modeled_ns
+    chip1 = _chip_cell(r, at[1], 1) if 1 in at else "—"
+    chip2 = _chip_cell(r, at[2], 2) if 2 in at else "—"
     peer = h100_for(r.case_id)
     if peer is None:
         h100_cell, vs = "— (not measured at this shape)", "—"
     else:
         name, ns = peer
         rate = "" if r.entry == "decode" else f", {_si(r.num_tokens / (ns * 1e-9), 'tok/s')}"
-        h100_cell, vs = f"{fmt_time(ns)}{rate} ({name})", f"{ns / chip:.2f}x"
-    return [op, model, layout, f"{fmt_time(r.modeled_ns)} ({interval(r)})", throughput(r), roof,
-            r.binding_engine or "—", f"{_err(r.err_out)} / {_err(r.err_state)}", chip_cell, h100_cell, vs]
+        h100_cell = f"{fmt_time(ns)}{rate} ({name})"
+        vs = " / ".join(f"LNC={n}: {ns / chip_ns(t, n):.2f}x" for n, t in sorted(at.items()))
+    return [op, model, layout, f"{fmt_time(r.modeled_ns)} ({interval(r)}){lnc_label(r)}", throughput(r), roof,
+            r.binding_engine or "—", f"{_err(r.err_out)} / {_err(r.err_state)}", chip1, lnc2_time(r),
+            lnc2_ratio(r), chip2, h100_cell, vs]
 
 
 def summary_markdown(results: list[CaseResult]) -> str:
@@ -101,7 +152,10 @@ SUMMARY_NOTE = (
     "modeled with each uncertain constant drawn independently within its documented range "
     "(`nki_ssm/perf/README.md`). Throughput: tokens/s for prefill, bytes/s of the minimal HBM traffic "
     "for decode. One trn2 chip = 8 physical NeuronCores (4 logical cores of 2 at LNC=2: the same "
-    "silicon); its figure is the per-core time / 8, **assuming the 8 cores split the work perfectly**. "
+    "silicon); its figure is the per-core time / 8 at LNC=1, the per-logical-core time / 4 at LNC=2, "
+    "**assuming the cores split the work perfectly**. LNC=2: the kernel launched as two programs on the "
+    "two physical cores of a logical core (`--lnc`), timed as both running at once and sharing their HBM "
+    "bank (central figure only); \"LNC=2 / LNC=1\" < 1 is what the second core gains. "
     f"\"chip / H100\" = the H100's time / the chip's (> 1: the chip is faster). H100 figures: {H100_SOURCE}.")
 
 
@@ -124,7 +178,8 @@ def hbm_cell(r: CaseResult) -> str:
 
 
 HEADERS = ["case", "status", "rel err out", "rel err state", "time [10-90 %]", "throughput",
-           "HBM B/s (% of DMA bw)", "roofline", "binding", "busy share", "instructions executed / program"]
+           "HBM B/s (% of DMA bw)", "roofline", "binding", "busy share", "instructions executed / program",
+           "LNC=2: time (programs); / LNC=1; errors; program"]
 
 
 def markdown_table(results: list[CaseResult]) -> str:
@@ -172,7 +227,9 @@ _NOTES = """\
 ## Notes
 
 * Every time is **modeled** by `nki_ssm.perf` for the named target, per NeuronCore
-  (LNC=1); no Trainium was used. The model list-schedules the simulator's
+  (LNC=1) unless marked LNC=2 (per logical core: both physical cores, each
+  running its program with its own engines and DMA queues, the two sharing
+  their HBM bank's bandwidth); no Trainium was used. The model list-schedules the simulator's
   instruction trace over in-order TensorE / VectorE / ScalarE / GpSimd queues and
   the 16 DMA engines, with read-after-write, write-after-read and write-after-write
   dependencies through the memory regions each instruction touches. Instruction

@@ -2,7 +2,13 @@
 
 The kernel runs through the host API (``nki_ssm.ops.<op>(..., backend="sim")``)
 inside ``nki_ssm.sim.trace.record()`` with NEURON_PLATFORM_TARGET_OVERRIDE
-set to the target, and the captured trace is timed by ``nki_ssm.perf.model``.
+set to the target and NEURON_LOGICAL_NC_CONFIG to the LNC (1: one program on
+one physical core; 2: two programs on the two physical cores of a logical
+core, launched ``kernel[2]``), and the captured trace is timed by
+``nki_ssm.perf.model``. ``run_case(..., lncs=(1, 2))`` runs the kernel at
+both: the first LNC's figures (with the 10-90 % interval) fill the result,
+the second's (central figure only: one scheduling pass instead of 15) its
+``lnc2`` field.
 An op "has a kernel" when ``nki_ssm.ops._dispatch.find_launcher`` finds its
 launcher; otherwise only the reference runs and the result says so (no time
 is invented).
@@ -34,6 +40,7 @@ class CaseResult:
     pool_dtype: str
     target: str
     config: str = ""                 # layer dtypes / options as in the case id
+    lnc: int = 1                     # programs of the launch: 1 physical core, or 2 (one logical core)
     status: str = NO_KERNEL          # "kernel", NO_KERNEL, "error" or "skipped"
     error: str | None = None
     err_out: float | None = None     # rel Frobenius vs float64 reference
@@ -69,6 +76,8 @@ class CaseResult:
     kernel_wall_s: float | None = None
     traceback: str | None = None
     top_ops: list = field(default_factory=list)   # [("engine:op", count, busy ns), ...]
+    program_ns: list = field(default_factory=list)  # each program's end (LNC=2: two); modeled_ns the later
+    lnc2: "CaseResult | None" = None  # the same case at LNC=2 (run_case(lncs=(1, 2))), central figure only
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -189,22 +198,31 @@ def _reference_errors(case: Case, kw: dict, out=None, new_slots=None):
     state_indices order (None: reference only). -> (output error, state error),
     two :class:`_FroError`; ``value()`` is the relative Frobenius error.
     """
+    return _reference_errors_of(case, kw, [(out, new_slots)])[0]
+
+
+def _reference_errors_of(case: Case, kw: dict, runs: list) -> list:
+    """:func:`_reference_errors` for several kernel runs ``[(out, new_slots), ...]`` against
+    one reference run -> ``[(output error, state error), ...]``."""
     fn = _reference_fn(case)
     if case.family == "mamba2_ssd" and case.entry == "prefill":
         kw = dict(kw, chunk_size=SSD_REFERENCE_CHUNK)  # exact for any chunk; faster in NumPy
     if case.family == "gated_delta" and case.entry == "prefill" and kw.get("chunk_size") is None:
         kw = dict(kw, chunk_size=case.chunk)  # None = the kernel's default; any chunk is exact
-    err_out, err_state = _FroError(), _FroError()
+    errors = [(_FroError(), _FroError()) for _ in runs]
     for sub, out_ix, live_ix, state_ix in _pieces(case, kw):
         ref_out, ref_pool = fn(**sub)[:2]
-        if out is not None:
-            err_out.add(out[out_ix], ref_out)
-        if new_slots is not None:
-            sub_idx = np.asarray(sub["state_indices"])
-            named = np.asarray(ref_pool)[sub_idx[sub_idx >= 0]]
-            err_state.add(new_slots[live_ix][state_ix], named)   # the piece's pool is its part
-        del ref_out, ref_pool
-    return err_out, err_state
+        named = None
+        for (out, new_slots), (err_out, err_state) in zip(runs, errors):
+            if out is not None:
+                err_out.add(out[out_ix], ref_out)
+            if new_slots is not None:
+                if named is None:
+                    sub_idx = np.asarray(sub["state_indices"])
+                    named = np.asarray(ref_pool)[sub_idx[sub_idx >= 0]]
+                err_state.add(new_slots[live_ix][state_ix], named)   # the piece's pool is its part
+        del ref_out, ref_pool, named
+    return errors
 
 
 def has_kernel(case: Case) -> bool:
@@ -233,61 +251,103 @@ def _fail(res: CaseResult, where: str, exc: BaseException) -> None:
     res.traceback = traceback.format_exc(limit=6)
 
 
-def run_case(case: Case, target: str = "trn2", seed: int = 0, *, keep_timing: bool = False):
-    """-> (CaseResult, Timing or None). Never raises for a failing kernel: status says it.
+def logical_nc(lnc: int):
+    """Set NEURON_LOGICAL_NC_CONFIG (read by ``nki_ssm.backend.logical_nc_config``) for the block."""
+    from nki_ssm.backend import LNC_ENV_VAR
+    from nki_ssm.perf.profile import environment
 
-    Memory: 512-sequence decode pools are ~1 GB (fp32); the kernel runs first
-    on a copy of the pool, only its named slots are kept, and the float64
-    reference (which copies the pool itself; references never modify their
-    inputs) runs after, so at most a few pool-sized arrays are alive.
-    """
+    if lnc not in (1, 2):
+        raise ValueError(f"lnc must be 1 or 2, got {lnc!r}")
+    return environment(LNC_ENV_VAR, str(lnc))
+
+
+def _run_kernel(case: Case, kw: dict, target: str, lnc: int, ranges: bool, keep_timing: bool,
+                range_samples: int | None = None):
+    """-> (output, the named slots' new state, Timing): one simulated launch at ``lnc``."""
     from nki_ssm import ops, perf
     from nki_ssm.perf.profile import platform_target, program_instructions
+    from nki_ssm.sim.trace import record
 
-    kw = case.make_inputs(seed)
-    res = _new_result(case, target, status=NO_KERNEL, min_hbm_bytes=case.min_hbm_bytes(kw))
     pool = case.pool_name
     live = np.asarray(kw["state_indices"])
     live = live[live >= 0]
+    args = dict(kw)
+    args[pool] = kw[pool].copy()
+    with platform_target(target), logical_nc(lnc), record(target=target) as trace:
+        out = getattr(ops, case.op)(**args, backend="sim")
+    if isinstance(out, tuple):
+        out = out[0]
+    if ranges:
+        timing = perf.model_range(trace, target=target, keep_schedule=keep_timing, samples=range_samples)
+    else:
+        timing = perf.model(trace, target=target, keep_schedule=keep_timing)
+    timing.program_instructions = program_instructions(trace)
+    return out, args[pool][live], timing
 
-    timing = out = new_slots = None
+
+def run_case(case: Case, target: str = "trn2", seed: int = 0, *, keep_timing: bool = False,
+             lncs: tuple = (1,), range_samples: int | None = None):
+    """-> (CaseResult, Timing or None). Never raises for a failing kernel: status says it.
+
+    ``lncs``: the LNCs to launch at; the first fills the result (with the
+    10-90 % interval from ``range_samples`` constant tables, None: hardware.RANGE_SAMPLES),
+    a second (2) fills ``result.lnc2`` (central figure).
+    Memory: 512-sequence decode pools are ~1 GB (fp32); the kernel runs first
+    on a copy of the pool, only its named slots are kept, and the float64
+    reference (which copies the pool itself; references never modify their
+    inputs) runs after, once for every launch, so at most a few pool-sized
+    arrays are alive.
+    """
+    lncs = tuple(lncs)
+    if not lncs or len(lncs) > 2 or any(n not in (1, 2) for n in lncs) or len(set(lncs)) != len(lncs):
+        raise ValueError(f"lncs must be (1,), (2,), (1, 2) or (2, 1), got {lncs!r}")
+    kw = case.make_inputs(seed)
+    res = _new_result(case, target, status=NO_KERNEL, min_hbm_bytes=case.min_hbm_bytes(kw), lnc=lncs[0])
+    results = [res] + [_new_result(case, target, status=NO_KERNEL, min_hbm_bytes=res.min_hbm_bytes, lnc=n)
+                       for n in lncs[1:]]
+    if len(results) > 1:
+        res.lnc2 = results[1]
+
+    runs = []        # (result, output, new slots, timing) of each launch that ran
     if has_kernel(case):
-        args = dict(kw)
-        args[pool] = kw[pool].copy()
-        t0 = time.perf_counter()
-        try:
-            from nki_ssm.sim.trace import record
-
-            with platform_target(target), record(target=target) as trace:
-                out = getattr(ops, case.op)(**args, backend="sim")
-            if isinstance(out, tuple):
-                out = out[0]
-            timing = perf.model_range(trace, target=target, keep_schedule=keep_timing)
-            timing.program_instructions = program_instructions(trace)
-            del trace
-        except Exception as exc:  # a kernel that fails is reported, not fatal
-            _fail(res, "", exc)
-            res.kernel_wall_s = time.perf_counter() - t0
-            return res, None
-        res.kernel_wall_s = time.perf_counter() - t0
-        new_slots = args[pool][live]
-        del args
+        for k, r in enumerate(results):
+            t0 = time.perf_counter()
+            try:
+                out, new_slots, timing = _run_kernel(case, kw, target, r.lnc, ranges=k == 0,
+                                                     keep_timing=keep_timing and k == 0,
+                                                     range_samples=range_samples)
+            except Exception as exc:  # a kernel that fails is reported, not fatal
+                _fail(r, "", exc)
+                r.kernel_wall_s = time.perf_counter() - t0
+                if k == 0:
+                    return res, None
+                continue
+            r.kernel_wall_s = time.perf_counter() - t0
+            runs.append((r, out, new_slots, timing))
 
     t0 = time.perf_counter()
     try:
-        err_out, err_state = _reference_errors(case, kw, out, new_slots)
+        errors = _reference_errors_of(case, kw, [(out, slots) for _, out, slots, _ in runs] or [(None, None)])
     except Exception as exc:  # a broken reference is reported like a broken kernel
         _fail(res, "reference: ", exc)
         return res, None
     res.reference_wall_s = time.perf_counter() - t0
-    if timing is None:
+    if not runs:
         return res, None
+    for (r, _, _, timing), (err_out, err_state) in zip(runs, errors):
+        _fill(r, case, timing, err_out, err_state)
+    timing = runs[0][3]
+    return res, (timing if keep_timing else None)
 
+
+def _fill(res: CaseResult, case: Case, timing, err_out, err_state) -> None:
+    """A kernel result's fields from its Timing and its errors against float64."""
     res.status = "kernel"
     res.err_out = err_out.value()
     res.max_abs_out = err_out.max_scaled()
     res.err_state = err_state.value()
     res.modeled_ns = timing.time_ns
+    res.program_ns = list(timing.program_time_ns)
     res.modeled_ns_p10, res.modeled_ns_p90 = timing.time_p10_ns, timing.time_p90_ns
     res.modeled_ns_low, res.modeled_ns_high = timing.time_low_ns, timing.time_high_ns
     res.modeled_ns_optimistic = timing.time_low_ns
@@ -309,4 +369,3 @@ def run_case(case: Case, target: str = "trn2", seed: int = 0, *, keep_timing: bo
     res.dma_bytes, res.dma_transfers = timing.dma_bytes, timing.dma_transfers
     res.matmul_flops = timing.matmul_flops
     res.top_ops = timing.top_ops(5)
-    return res, (timing if keep_timing else None)

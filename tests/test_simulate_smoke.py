@@ -277,7 +277,8 @@ def test_table_shows_range_and_program_instructions():
                    program_instructions=700, loop_iterations=16, loop_overhead_ns=4000.0)
     cells = row_cells(r)
     assert cells[4] == "2 ms (modeled, trn2) [1.8 ms–2.4 ms]"     # the 10-90 % interval
-    assert cells[-1] == "5,000 / 700; 16 loop iterations (4 us sync charged)"
+    assert cells[-2] == "5,000 / 700; 16 loop iterations (4 us sync charged)"
+    assert cells[-1] == "—"                                          # no LNC=2 launch in this result
 
 
 def _judged_result(case_id, entry, num_tokens, modeled_ns, **kw):
@@ -306,13 +307,14 @@ def test_summary_compares_one_chip_with_one_h100():
     assert cells["throughput per NeuronCore"] == "2.05 Mtok/s"
     assert cells["one trn2 chip (8 NeuronCores)"] == "1 ms, 16.4 Mtok/s"
     assert cells["one H100, measured"].startswith("1.06 ms, 15.4 Mtok/s (FLA")
-    assert cells["chip / H100"] == "1.06x"
+    assert cells["chip / H100"] == "LNC=1: 1.06x"
     assert cells["error vs float64 (out / state)"] == "1.00e-03 / 2.00e-03"
+    assert cells["LNC=2: time per logical core (programs)"] == "— (--lnc both)"
     # decode compares times; a shape the H100 was not measured at says so
     dec = "ssd_decode/mamba2-2.7b/512seq/bf16,state-fp32"
     cells = dict(zip(SUMMARY_HEADERS, summary_cells(_judged_result(dec, "decode", 512, 9.304e6,
                                                                     bytes_per_s=2e11))))
-    assert cells["chip / H100"] == "1.00x" and cells["one trn2 chip (8 NeuronCores)"] == "1.16 ms, 1.6 TB/s"
+    assert cells["chip / H100"] == "LNC=1: 1.00x" and cells["one trn2 chip (8 NeuronCores)"] == "1.16 ms, 1.6 TB/s"
     other = _judged_result("ssd_prefill/granite-4.0-h/1x128/bf16,state-fp32", "prefill", 128, 1e5)
     assert summary_cells(other)[-1] == "—"
 
@@ -328,3 +330,72 @@ def test_goal_rows_are_named_by_what_they_measure():
     g = next(g for g in gl if g.case.op == "ssd_prefill")
     row = evaluate([_judged_result(g.case.id, "prefill", 16384, 8.0e6)], [g])[0]
     assert row.cells()[0] == g.name and row.cells()[1] == g.case.id
+
+
+def test_summary_and_goal_at_lnc2():
+    # the same case at LNC=2: 4.4 ms on a logical core (programs 4.4 / 4.3 ms) against 8 ms on one
+    # physical core: 0.55x; a chip runs 4 such launches at once: 1.1 ms
+    from simulate.goals import LNC2_RATIO_LIMIT, evaluate, goals, lnc2_judged
+    from simulate.report import SUMMARY_HEADERS, row_cells, summary_cells
+
+    case = "gated_delta_prefill/qwen3-next/1x16384/bf16,state-fp32"
+    r = _judged_result(case, "prefill", 16384, 8.0e6)
+    r.lnc2 = _judged_result(case, "prefill", 16384, 4.4e6, lnc=2, program_ns=[4.4e6, 4.3e6],
+                            program_instructions=900)
+    cells = dict(zip(SUMMARY_HEADERS, summary_cells(r)))
+    assert cells["LNC=2: time per logical core (programs)"] == "4.4 ms (4.4 ms / 4.3 ms)"
+    assert cells["LNC=2 / LNC=1"] == "0.55x"
+    assert cells["one trn2 chip at LNC=2 (4 logical cores)"] == "1.1 ms, 14.9 Mtok/s"
+    assert cells["chip / H100"] == "LNC=1: 1.06x / LNC=2: 0.96x"
+    assert row_cells(r)[-1].startswith("4.4 ms (4.4 ms / 4.3 ms); 0.55x; err 1.00e-03 / 2.00e-03; program 900")
+    g = next(g for g in goals() if g.case.id == case and g.issue == "issue 29")
+    assert g.threshold == LNC2_RATIO_LIMIT == 0.55 and g.op == "<="
+    row = evaluate([r], [g])[0]
+    assert (row.value.split(" ")[0], row.status) == ("0.55x", "met")
+    r.lnc2.modeled_ns = 4.5e6
+    assert evaluate([r], [g])[0].status == "not met"
+    r.lnc2 = None
+    assert evaluate([r], [g])[0].status.startswith("not run: needs LNC=1 and 2")
+    # which judged cases the criterion covers
+    judged = {c.id for c in __import__("simulate.cases", fromlist=["judged_cases"]).judged_cases() if lnc2_judged(c)}
+    assert "ssd_decode/mamba2-2.7b/1seq/bf16,state-fp32" not in judged
+    assert {"ssd_decode/mamba2-2.7b/32seq/bf16,state-fp32", "short_conv_decode/qwen3-next/512seq/"
+            "bf16,w-bf16,nobias,pool-bf16", "gated_delta_prefill/qwen3-next-tp4/1x16384/bf16,state-fp32",
+            "ssd_prefill/mamba2-2.7b/1x16384/bf16,state-fp32"} <= judged
+    # the program-size goal covers the larger program of either launch
+    size = next(g for g in goals() if g.case.id == case and g.issue == "issue 10")
+    r.program_instructions = 800
+    r.lnc2 = _judged_result(case, "prefill", 16384, 4.4e6, lnc=2, program_instructions=21_000)
+    assert evaluate([r], [size])[0].status == "not met"
+
+
+def test_run_case_at_both_lncs(monkeypatch):
+    from simulate.cases import smoke_cases
+    from simulate.run import run_case
+
+    seen = []
+    import nki_ssm.backend as backend
+
+    real = backend.logical_nc_config
+
+    def spy(b=None):
+        seen.append(real(b))
+        return seen[-1]
+
+    monkeypatch.setattr(backend, "logical_nc_config", spy)
+    monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
+    case = next(c for c in smoke_cases() if c.op == "short_conv_decode")
+    res, _ = run_case(case, lncs=(1, 2))
+    assert "NEURON_LOGICAL_NC_CONFIG" not in __import__("os").environ       # restored
+    assert res.lnc == 1 and res.lnc2.lnc == 2 and res.status == res.lnc2.status == "kernel"
+    assert 1 in seen and 2 in seen
+    assert res.modeled_ns_p10 is not None and res.lnc2.modeled_ns_p10 is None   # interval at LNC=1 only
+    assert len(res.program_ns) == 1 and len(res.lnc2.program_ns) == 2
+    # checked against the same float64 reference (a kernel that ignores program_id updates the
+    # state twice at LNC=2: the error says so)
+    assert res.err_out < 1e-2 and res.lnc2.err_out is not None and res.lnc2.err_state is not None
+    with pytest.raises(ValueError, match="lncs"):
+        run_case(case, lncs=(3,))
+    fewer, _ = run_case(case, lncs=(1,), range_samples=2)       # a coarser interval, same central
+    assert fewer.lnc2 is None and fewer.modeled_ns == res.modeled_ns
+    assert fewer.modeled_ns_p10 <= fewer.modeled_ns <= fewer.modeled_ns_p90

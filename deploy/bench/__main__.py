@@ -4,13 +4,17 @@
     python -m deploy.bench --compile-only                 # any x86 host with the Neuron pip packages
     python -m deploy.bench --compile-only --dry-run       # list the cases and the commands, run nothing
     python -m deploy.bench --set full --case ssd_decode   # other simulate sets, id substrings
+    python -m deploy.bench --lnc 1                        # one physical core (default LNC=2: a logical core)
 
 Per case: compile through the host API on the SDK (``deploy.bench.worker``,
 one process per case), run it on the device and compare with the float64
 reference (tolerances and pool checks of the tests), time it with
 ``neuron-explorer capture`` (warm-up + runs, p50 / p90), and model it with
-the cost model for the same target. Output: results.json (simulate's schema
-+ ``measured`` rows), report.md and measured_vs_modeled.png.
+the cost model for the same target and LNC. LNC (``--lnc``, default 2, the
+trn2 / trn3 default): kernels launch as ``kernel[lnc]`` (nki_ssm.backend.run
+reads NEURON_LOGICAL_NC_CONFIG) and the runtime runs the same LNC, on logical
+core 0. Output: results.json (simulate's schema + ``measured`` rows, each with
+its LNC), report.md and measured_vs_modeled.png.
 """
 from __future__ import annotations
 
@@ -43,6 +47,10 @@ def _parse(argv):
                    help="NEURON_PLATFORM_TARGET_OVERRIDE and the cost model's target (default auto: "
                         "the instance type's, from IMDS; trn2 off EC2 and in a --dry-run; "
                         "python -m deploy passes it explicitly)")
+    p.add_argument("--lnc", type=int, default=2, choices=[1, 2],
+                   help="Logical NeuronCore configuration of every launch (NEURON_LOGICAL_NC_CONFIG): 2 "
+                        "(default, trn2 / trn3's) = the kernel as two programs on the two physical cores of "
+                        "logical core 0; 1 = one program on physical core 0")
     p.add_argument("--sdk", default=C.DEFAULT_SDK, choices=sorted(C.SDK_PROFILES),
                    help=f"the Neuron SDK release whose pins the toolchain must match (default "
                         f"{C.DEFAULT_SDK})")
@@ -74,12 +82,22 @@ def _parse(argv):
     return a
 
 
-# runtime settings of every execution (worker and profiler): kernels launch without a
-# grid, i.e. LNC 1, and the cost model is per NeuronCore; compiler and runtime must agree
-RUNTIME_ENV = {"NEURON_LOGICAL_NC_CONFIG": "1", "NEURON_RT_VISIBLE_CORES": "0"}
+def runtime_env(lnc: int) -> dict:
+    """Runtime settings of every execution (worker and profiler). The worker's launches are
+    ``kernel[lnc]`` (nki_ssm.backend.run reads NEURON_LOGICAL_NC_CONFIG), so the compiled
+    grid and the runtime's LNC agree (aws-neuron-sdk logical-neuroncore-config.rst: the
+    compiler's LNC must be the runtime's). NEURON_RT_VISIBLE_CORES counts the cores the
+    runtime exposes, logical ones at LNC=2 (neuron-ls.rst: a trn2 device at
+    logical-neuroncore-config 2 lists NEURON CORE IDS 0-3, "used with
+    NEURON_RT_VISIBLE_CORES"; the NxD programming guide: it selects a "specific Logical
+    NeuronCore"): core 0 is physical core 0 at LNC=1 and both physical cores of logical
+    core 0 at LNC=2."""
+    if lnc not in (1, 2):
+        raise ValueError(f"lnc must be 1 or 2, got {lnc!r}")
+    return {"NEURON_LOGICAL_NC_CONFIG": str(lnc), "NEURON_RT_VISIBLE_CORES": "0"}
 
 
-def worker_env(case_dir: Path, target: str) -> dict:
+def worker_env(case_dir: Path, target: str, lnc: int = 2) -> dict:
     """Environment of one case's worker (everything the SDK reads at import time). The NEFF
     lands in NKI_ARTIFACTS_DIR (SDK 2.32 nrtpy tutorial) or, as the 2.31 docs say with
     NEURON_FRAMEWORK_DEBUG=1, in the working directory (``worker_cwd``): the worker looks
@@ -89,7 +107,7 @@ def worker_env(case_dir: Path, target: str) -> dict:
         "NKI_SSM_BACKEND": "neuron",                       # kernels built with the SDK's nki.jit
         "NEURON_PLATFORM_TARGET_OVERRIDE": target,
         "NEURON_FRAMEWORK_DEBUG": "1",                     # keep artifacts, source mapping
-        **RUNTIME_ENV,
+        **runtime_env(lnc),
     }
 
 
@@ -115,7 +133,7 @@ def dry_run(cases, out: Path, a) -> int:
     from nki_ssm.ops._dispatch import find_launcher
 
     mode = "compile only" if a.compile_only else "compile, run on the device, check, time"
-    print(f"deploy.bench dry run: {len(cases)} cases, {mode}, target {a.target}; output {out}")
+    print(f"deploy.bench dry run: {len(cases)} cases, {mode}, target {a.target}, LNC={a.lnc}; output {out}")
     prof = C.SDK_PROFILES[a.sdk]
     print(f"toolchain check: pip {', '.join(f'{k}=={v}' for k, v in prof.pip_pins.items())} "
           f"(SDK {prof.release}, NKI {prof.nki}); neuronx-cc --version"
@@ -129,14 +147,14 @@ def dry_run(cases, out: Path, a) -> int:
         print(f"  op nki_ssm.ops.{c.op}(..., backend='neuron') -> launcher "
               f"nki_ssm.ops.launch.{c.family}.{c.entry}"
               + ("" if find_launcher(c.family, c.entry) else " (missing: the row will say no_kernel)"))
-        env = dict(worker_env(d, a.target), PYTHONPATH=str(REPO_ROOT))
+        env = dict(worker_env(d, a.target, a.lnc), PYTHONPATH=str(REPO_ROOT))
         print("  compile: " + _shell(env, worker_argv(c.id, d, a.compile_only, a.seed)))
         if not a.compile_only and a.timer == "explorer":
             launch = d / "inputs" / "launch_0"
             capture = PR.capture_argv(tool, str(launch / "kernel.neff"), str(d / "profile" / "launch_0" / "profile.ntff"),
                                       [("<param>", str(launch / "<param>.bin")), ("...", "...")],
                                       a.warmup + a.runs)
-            print("  time:    " + _shell(RUNTIME_ENV, capture))
+            print("  time:    " + _shell(runtime_env(a.lnc), capture))
             view = PR.view_argv(tool, str(launch / "kernel.neff"), "profile_exec_<k>.ntff")
             print(f"           then per execution: {' '.join(view)}  (first {a.warmup} dropped)")
     return 0
@@ -160,7 +178,7 @@ def _instance_type() -> str | None:
 def run_worker(case, case_dir: Path, a) -> dict:
     """The case's worker process -> its worker.json (+ compiler warnings from its output)."""
     worker_cwd(case_dir).mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, **worker_env(case_dir, a.target))
+    env = dict(os.environ, **worker_env(case_dir, a.target, a.lnc))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     log = case_dir / "worker.log"
     try:
@@ -208,7 +226,7 @@ def time_case(case, case_dir: Path, res: dict, a) -> dict | None:
         try:
             t = PR.profile(Path(launch["neff"]["path"]), inputs, case_dir / "profile" / f"launch_{k}",
                            warmup=a.warmup, runs=a.runs, tool=PR.tool_path(a.tools_bin),
-                           timeout_s=a.timeout, env=RUNTIME_ENV)
+                           timeout_s=a.timeout, env=runtime_env(a.lnc))
         except Exception as exc:  # the row says why; the case's check result stands
             return {"error": f"{type(exc).__name__}: {exc}"[:1000]}
         if totals is None:
@@ -251,19 +269,29 @@ def upload(out: Path, dest: str | None, region: str | None, run=subprocess.run) 
 
 
 def _modeled(cases, a) -> dict:
-    """{case id: simulate CaseResult dict} from --modeled, or the cost model run here."""
+    """{case id: simulate CaseResult dict at the bench's LNC} from --modeled, or the cost model
+    run here."""
     if a.no_model:
         return {}
     if a.modeled:
         data = json.loads(Path(a.modeled).read_text())
-        return {c["case_id"]: c for c in data.get("cases", [])}
+        return {c["case_id"]: row for c in data.get("cases", []) if (row := at_lnc(c, a.lnc)) is not None}
     from simulate.run import run_case
 
     out = {}
     for c in cases:
-        res, _ = run_case(c, target=a.target, seed=a.seed)
+        res, _ = run_case(c, target=a.target, seed=a.seed, lncs=(a.lnc,))
         out[c.id] = res.to_dict()
     return out
+
+
+def at_lnc(case_row: dict, lnc: int) -> dict | None:
+    """A simulate CaseResult dict's figures at ``lnc``: the row itself, its ``lnc2`` row
+    (``simulate --lnc both``), or None when the run did not model that LNC."""
+    if case_row.get("lnc", 1) == lnc:
+        return case_row
+    other = case_row.get("lnc2")
+    return other if other is not None and other.get("lnc") == lnc else None
 
 
 def _hardware(target: str) -> dict:
@@ -320,7 +348,7 @@ def main(argv=None) -> int:
         return {
             "schema": RS.SCHEMA, "target": a.target, "case_set": "+".join(sets),
             "command": command, "wall_s": time.perf_counter() - t0,
-            "mode": "compile-only" if a.compile_only else "device", "complete": done,
+            "mode": "compile-only" if a.compile_only else "device", "complete": done, "lnc": a.lnc,
             "cases_planned": len(cases), "instance_type": itype, "toolchain": tc,
             **_hardware(a.target),
             "time_unit": "ns (cases: modeled; measured: measured on the device)",
@@ -334,7 +362,8 @@ def main(argv=None) -> int:
         print(f"[{k}/{len(cases)}] {c.id}", flush=True)
         res = run_worker(c, d, a)
         timing = time_case(c, d, res, a)
-        row = RS.measured_row(c, res, timing, modeled.get(c.id), target=a.target, instance_type=itype)
+        row = RS.measured_row(c, res, timing, modeled.get(c.id), target=a.target, instance_type=itype,
+                              lnc=a.lnc)
         rows.append(row)
         p50 = f", p50 {row.measured_ns_p50 / 1e3:.1f} us" if row.measured_ns_p50 else ""
         print(f"    {row.status}{p50}" + (f": {row.error}" if row.error else ""), flush=True)

@@ -18,7 +18,8 @@ class MeasuredRow:
     op: str
     target: str
     instance_type: str | None
-    status: str    # compiled, compile_error, passed, failed, run_error, no_kernel, error
+    lnc: int = 2   # NEURON_LOGICAL_NC_CONFIG of the launches (the kernel ran as this many programs)
+    status: str = "error"   # compiled, compile_error, passed, failed, run_error, no_kernel, error
     error: str | None = None
     compile_s: float | None = None     # NEFF written - launch
     call_s: float | None = None        # the whole op call (compile + load + run)
@@ -83,11 +84,11 @@ def modeled_figures(case_row: dict | None) -> tuple:
 
 
 def measured_row(case, worker: dict, timing: dict | None, modeled: dict | None, *, target: str,
-                 instance_type: str | None, extra_warnings=()) -> MeasuredRow:
+                 instance_type: str | None, lnc: int = 2, extra_warnings=()) -> MeasuredRow:
     central, low, high, instr = modeled_figures(modeled)
     neffs = worker.get("neffs") or []
     row = MeasuredRow(
-        case_id=case.id, op=case.op, target=target, instance_type=instance_type,
+        case_id=case.id, op=case.op, target=target, instance_type=instance_type, lnc=lnc,
         status=worker.get("status") or "error",
         error="; ".join(filter(None, [worker.get("error"), worker.get("hint")])) or None,
         compile_s=worker.get("compile_s"), call_s=worker.get("call_s"),

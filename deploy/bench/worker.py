@@ -70,17 +70,19 @@ def capture_launches(out_dir: Path, artifacts):
     may overwrite the SDK's file), with its compile time. ``artifacts``: the folder, or
     folders, the NEFF may land in (:func:`neff_dirs`)."""
     from nki_ssm import backend
+    from nki_ssm import backend as backend_mod   # the wrapper's keyword shadows the name
 
     launches = []
     original = backend.run
 
-    def run(kernel, *args, backend=None, **kwargs):  # noqa: A002 - same keyword as the original
+    def run(kernel, *args, backend=None, lnc=None, **kwargs):  # noqa: A002 - the original's keywords
         k = len(launches)
         here = out_dir / f"launch_{k}"
         here.mkdir(parents=True, exist_ok=True)
         fn = getattr(kernel, "func", None) or getattr(kernel, "fn", None) or kernel
         entry = {"index": k, "kernel": getattr(fn, "__name__", type(kernel).__name__),
-                 "module": getattr(fn, "__module__", None), "inputs": [], "neff": None}
+                 "module": getattr(fn, "__module__", None), "inputs": [], "neff": None,
+                 "lnc": backend_mod.logical_nc_config(backend) if lnc is None else lnc}
         try:
             named = list(inspect.signature(fn).bind(*args, **kwargs).arguments.items())
         except (TypeError, ValueError) as exc:   # the NEFF's inputs are named by parameter
@@ -96,7 +98,7 @@ def capture_launches(out_dir: Path, artifacts):
         launches.append(entry)
         t0 = entry["t_launch"] = time.time()
         try:
-            return original(kernel, *args, backend=backend, **kwargs)
+            return original(kernel, *args, backend=backend, lnc=lnc, **kwargs)
         finally:   # compiled even when the execution then fails (no device)
             neff = _newest_neff(artifacts, t0, skip=out_dir)
             if neff is not None:

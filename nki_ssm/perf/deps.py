@@ -11,6 +11,15 @@ write-after-read and write-after-write (the earlier access's end, plus the
 same semaphore latency when the engines differ).
 ``record`` adds an instruction's accesses once it is placed.
 
+Programs (LNC=2): accesses are indexed per program id, so the two programs of
+a logical core never wait on each other through a storage they share (they
+touch disjoint bytes of an HBM tensor; the simulator rejects overlapping
+accesses without a synchronisation between them, and ``model.py`` orders the
+programs only at those synchronisations). A folded record (below) can span
+bytes of both programs' work; keeping the programs apart also keeps it from
+ordering one after the other. (Program 0's key is the storage id itself, the
+common LNC=1 case; program p's is ``(p, storage id)``.)
+
 Per storage the index keeps short lists of writes and reads. A new write
 drops the entries it fully covers (later accesses depend on it, and it
 already waited for them); a list longer than ``MAX_RECORDS`` folds its
@@ -67,12 +76,12 @@ class DependencyIndex:
             return 0.0
         return self.dma if producer == "dma" else self.cross
 
-    def ready(self, inst, unit: str) -> tuple[float, int]:
-        """(earliest start, index of the instruction that sets it or -1)."""
+    def ready(self, inst, unit: str, program: int = 0) -> tuple[float, int]:
+        """(earliest start, index of the instruction that sets it or -1), within ``program``."""
         ready, dep = 0.0, -1
         raw_same = self.same.get(unit, 0.0)
         for r in inst.reads:
-            recs = self.writes.get(r.storage_id)
+            recs = self.writes.get(r.storage_id if program == 0 else (program, r.storage_id))
             if not recs:
                 continue
             p0, p1, b0, b1 = span(r)
@@ -87,28 +96,29 @@ class DependencyIndex:
         for w in inst.writes:
             p0, p1, b0, b1 = span(w)
             for table in (self.reads, self.writes):
-                for a in table.get(w.storage_id, ()):
+                for a in table.get(w.storage_id if program == 0 else (program, w.storage_id), ()):
                     if a.p0 < p1 and p0 < a.p1 and a.b0 < b1 and b0 < a.b1:
                         t = a.end + (0.0 if (a.unit == unit and unit != "dma") else self._sync(a.unit, unit))
                         if t > ready:
                             ready, dep = t, a.idx
         return ready, dep
 
-    def record(self, inst, unit: str, t_end: float, idx: int) -> None:
+    def record(self, inst, unit: str, t_end: float, idx: int, program: int = 0) -> None:
         for r in inst.reads:
-            recs = self.reads.setdefault(r.storage_id, [])
+            recs = self.reads.setdefault(r.storage_id if program == 0 else (program, r.storage_id), [])
             recs.append(_Access(*span(r), t_end, idx, unit))
             if len(recs) > MAX_RECORDS:
                 _fold(recs)
         for w in inst.writes:
             p0, p1, b0, b1 = span(w)
+            key = w.storage_id if program == 0 else (program, w.storage_id)
             for table in (self.reads, self.writes):
-                recs = table.get(w.storage_id)
+                recs = table.get(key)
                 if recs:
                     # entries fully covered by this write are implied by it from now on
-                    table[w.storage_id] = [a for a in recs if not (
+                    table[key] = [a for a in recs if not (
                         p0 <= a.p0 and a.p1 <= p1 and b0 <= a.b0 and a.b1 <= b1)]
-            recs = self.writes.setdefault(w.storage_id, [])
+            recs = self.writes.setdefault(key, [])
             recs.append(_Access(p0, p1, b0, b1, t_end, idx, unit))
             if len(recs) > MAX_RECORDS:
                 _fold(recs)

@@ -80,7 +80,8 @@ class HardwareSpec:
     hwdge_issue_ns: float = 600.0  # per hwdge DMA instruction
     swdge_issue_ns: float = 600.0  # GpSimd time per software-DGE DMA instruction
     # --- memory / roofline -----------------------------------------------
-    hbm_bw_per_core: float = 0.0   # bytes / ns, device HBM / cores (information only)
+    hbm_bw_per_core: float = 0.0   # bytes / ns: a physical core's share of the device HBM (0: no cap)
+    cores_per_hbm_bank: int = 1    # physical cores sharing one HBM bank (the two programs of an LNC=2 core)
     # --- on-chip capacity (buffer reuse waits for the previous occupant) ---
     sbuf_bytes_per_partition: int = 0   # usable bytes per partition
     psum_banks: int = 8
@@ -152,6 +153,21 @@ _COMMON_SOURCES = {
 
 SOURCES: dict[str, dict[str, str]] = {}
 
+# The HBM bandwidth a physical core gets and what the two programs of an LNC=2 core share
+# (model.py: an HBM-side DMA moves at most this share; an LNC=2 program moving HBM data while
+# the other does not may use the whole bank's).
+_TRN2_HBM_SOURCE = (
+    "about-neuron/arch/neuron-hardware/trainium2.rst (aws-neuron-sdk 81ce03ae): '96 GiB of device memory with 2.9 "
+    "TB/sec of bandwidth', eight NeuronCore-v3 -> 362.5 GB/s per physical core ([A2] says 3 TB/s: 375). Binding "
+    "on the DMA path: a core's HBM-side transfers move at most this share when the other core of its bank moves "
+    "HBM data too (at LNC=1 the per-chip figures assume every core busy, so always). The 16 DMA engines' 368 GB/s "
+    "x dma_sustained stays below it except at dma_sustained > 0.985 (the range's fast end)")
+_TRN2_BANK_SOURCE = (
+    "about-neuron/arch/neuron-features/logical-neuroncore-config.rst (aws-neuron-sdk 81ce03ae): 'Trainium2 devices "
+    "contain four 24GB HBM banks. Each bank is shared by two physical NeuronCore-v3'; at LNC=2 the two physical "
+    "cores of a logical core are those two (they 'share a single address space'); nki.isa.core_barrier (NKI API, "
+    "v2.33): cores=(0, 1) are 'two NeuronCores that share the same HBM stack'")
+
 _NC3_OVERHEAD_SOURCE = (
     "fitted (CALIBRATED) on NC-v3: the static cost of every Vector/Scalar/GpSimd instruction (dispatch, "
     "semaphore check, SBUF/PSUM access start), added to its stream, read off the NxD Inference contrib "
@@ -200,7 +216,8 @@ SOURCES["trn1"] = dict(
     gpsimd_ghz="nki_spec §8.1: GpSimd 1.4 GHz [A1]",
     dma_bw_per_engine="nki_spec §8.1: 17 B/ns per engine (272 GB/s per NC) [DMABW]; the 27.2 GB/s 'theoretical' figure [DMA] is not reached",
     dma_sustained="fitted (CALIBRATED): the NKI matmul tutorial's DMA-bound trn1 kernels move their [128, 512] / [128, 128] bf16 tiles (1 KiB / 256 B rows, 8-16 KiB apart) at ~100-120 GB/s per core, ~0.40 of 16 x 17 B/ns, whatever the row length; range 0.35-0.70 ([PERF Opt #9] 'close to 70%')",
-    hbm_bw_per_core="nki_spec §8.1: 820 GB/s / 2 NCs [A1] (information only; the roofline uses the DMA aggregate)",
+    hbm_bw_per_core="nki_spec §8.1: 820 GB/s / 2 NCs [A1]; caps a core's HBM-side DMA rate (never binds: 16 x 17 B/ns = 272 GB/s; the roofline uses the DMA aggregate)",
+    cores_per_hbm_bank="trn1 has no LNC: one program per core, no bank sharing between programs",
 )
 
 # NC-v3 static cost of every Vector/Scalar/GpSimd instruction, read off the published
@@ -216,7 +233,8 @@ TRN2 = HardwareSpec(
     vector_ghz=0.96, vector_perf_modes=True,
     scalar_ghz=1.2, gpsimd_ghz=1.2,
     dma_bw_per_engine=23.0,
-    hbm_bw_per_core=375.0,
+    hbm_bw_per_core=2900.0 / 8,
+    cores_per_hbm_bank=2,
     sbuf_bytes_per_partition=(224 - 16) * 1024,
     hwdge_instances=2,
 )
@@ -235,7 +253,8 @@ SOURCES["trn2"] = dict(
     scalar_ghz="nki_spec §8.1: ScalarE 1.2 GHz / 128 lanes [A2]",
     gpsimd_ghz="nki_spec §8.1: GpSimd 1.2 GHz [A2]",
     dma_bw_per_engine="nki_spec §8.1: 23 B/ns per engine (368 GB/s per NC) [DMABW]; matches 32 KiB in 1416 ns on one engine [DMA]",
-    hbm_bw_per_core="nki_spec §8.1: 3 TB/s / 8 NCs [A2] (information only)",
+    hbm_bw_per_core=_TRN2_HBM_SOURCE,
+    cores_per_hbm_bank=_TRN2_BANK_SOURCE,
 )
 
 # trn3 = trn2 except the values below. The values it shares (e.g. TensorE 2.4 GHz,
@@ -246,7 +265,7 @@ TRN3 = replace(
     scalar_elems_per_cycle_16bit=2.0,
     gpsimd_elems_per_cycle=1.0, gpsimd_elems_per_cycle_16bit=1.0,
     dma_bw_per_engine=33.0,
-    hbm_bw_per_core=600.0,
+    hbm_bw_per_core=4900.0 / 8,
     sbuf_bytes_per_partition=(256 - 16) * 1024,
 )
 SOURCES["trn3"] = dict(
@@ -268,7 +287,11 @@ SOURCES["trn3"] = dict(
     gpsimd_elems_per_cycle="nki_spec §8.1: v4 GpSimd 128 elem/cycle for all dtypes [A3] => 1/partition/cycle",
     gpsimd_elems_per_cycle_16bit="nki_spec §8.1: v4 GpSimd 128 elem/cycle for all dtypes [A3]",
     dma_bw_per_engine="nki_spec §8.1: 33 B/ns per engine (528 GB/s per NC) [DMABW]",
-    hbm_bw_per_core="nki_spec §8.1: 4.7-4.9 TB/s / 8 NCs [A3, T3] (information only)",
+    hbm_bw_per_core=("about-neuron/arch/neuron-hardware/trainium3.rst (aws-neuron-sdk 81ce03ae): 144 GiB of device "
+                     "memory with 4.9 TB/sec, eight NeuronCore-v4 -> 612.5 GB/s per core ([A3] says 4.7 TB/s); "
+                     "binding as on trn2 (16 x 33 B/ns = 528 GB/s of DMA stays below it at every dma_sustained)"),
+    cores_per_hbm_bank=("assumed as trn2 (trainium3.rst: LNC 'similar to Trainium2'; the bank layout of Trainium3 is "
+                        "not stated; nki.isa.core_barrier: 'two NeuronCores that share the same HBM stack')"),
 )
 
 TARGETS: dict[str, HardwareSpec] = {"trn1": TRN1, "trn2": TRN2, "trn3": TRN3}

@@ -41,6 +41,29 @@ then ``loop_barrier_ns``, then each engine's sequencer branches
 (``loop_branch_ns``). DMAs in flight continue. ``Timing.loop_iterations`` and
 ``loop_overhead_ns`` report it.
 
+Logical cores (LNC=2): the trace's programs (``Instruction.program_id``)
+each run on their own physical core: own engines, DMA engines, DGE blocks,
+SBUF/PSUM pools and runtime loops. The scheduler interleaves them, always
+placing next the instruction of the program that is furthest behind (when
+its last placed instruction began: a DMA's data start), so each sees what the other does at
+the same time. They are ordered only by a synchronisation: an instruction
+whose op is ``core_barrier`` or ``sendrecv`` joins the programs (the k-th
+sync of each program with the k-th of the other). A program arrives when all
+its earlier work has finished (``core_barrier``: each core signals once its
+writes are complete); both leave ``semaphore_ns`` after the later arrival
+(the remote semaphore update; a ``sendrecv`` DMA then moves its bytes), and
+nothing after the sync in either program starts earlier. Storages are not a
+path between programs (``deps.py``). HBM: the two physical cores of a
+logical core share one HBM bank (``cores_per_hbm_bank``); an HBM-side
+transfer moves at most ``hbm_bw_per_core`` (over all 16 DMA engines of its
+core, times the HBM sides it has) while the other program moves HBM data in
+the same window, or when the trace has one program (LNC=1: the per-chip
+figures assume the bank's other core busy with its own kernel); alone, an
+LNC=2 program may use the bank's whole bandwidth. The program that is placed
+second sees the overlap (an approximation: its partner is not slowed
+retroactively). ``Timing.program_time_ns`` is each program's end;
+``time_ns`` the later one.
+
 Kernel launch (``launch_ns``) is reported as ``Timing.launch_ns``, not in
 ``time_ns``.
 
@@ -56,7 +79,7 @@ import numpy as np
 from nki_ssm.perf import costs
 from nki_ssm.perf.deps import LOWERED, DependencyIndex
 from nki_ssm.perf.hardware import HardwareSpec, get_target
-from nki_ssm.perf.resources import BufferPool, DmaEngines, InOrderEngine, lifetimes
+from nki_ssm.perf.resources import BufferPool, BusyIntervals, DmaEngines, InOrderEngine, lifetimes
 from nki_ssm.perf.timing import COMPUTE_ENGINES, ENGINE_ORDER, Schedule, Timing
 
 
@@ -70,8 +93,14 @@ class _Core:
         self.pools = {"sbuf": BufferPool(hw.sbuf_bytes_per_partition), "psum": BufferPool(hw.psum_banks)}
         self.act_table = None       # function whose activation table ScalarE holds
         self.loop_path = ()         # loop_path of the previous instruction
-        self.floor = 0.0            # nothing starts before the last iteration boundary
+        self.floor = 0.0            # nothing starts before the last iteration boundary / sync
         self.floor_who = -1
+        self.hbm = BusyIntervals()  # when this core's DMAs move HBM data
+        self.done, self.done_who = 0.0, -1   # latest end of the program's placed instructions
+
+
+# Ops that synchronise the programs of a logical core (nki.isa.core_barrier / sendrecv).
+SYNC_OPS = ("core_barrier", "sendrecv")
 
 
 class _Run:
@@ -105,7 +134,31 @@ def _instructions(trace_or_list):
     return trace_or_list.instructions if hasattr(trace_or_list, "instructions") else list(trace_or_list)
 
 
-def _place_dma(i, inst, core: _Core, hw: HardwareSpec, run: _Run, ready: float, dep: int) -> None:
+def _hbm_sides(inst) -> int:
+    """How many of a DMA's sides (source, destination) are in HBM."""
+    return sum(1 for regions in (inst.reads, inst.writes) if any(r.buffer == "hbm" for r in regions))
+
+
+def _hbm_capped(inst, core: _Core, cores: dict, hw: HardwareSpec, n_eng: int, xfer: float,
+                earliest: float) -> float:
+    """The transfer time of a DMA under its core's HBM share (module doc)."""
+    sides = _hbm_sides(inst)
+    if not sides or hw.hbm_bw_per_core <= 0 or xfer <= 0:
+        return xfer
+    # HBM bytes / ns the core would draw with all its DMA engines streaming at this transfer's rate
+    demand = inst.nbytes * sides / xfer * hw.dma_engines / n_eng
+    if demand <= hw.hbm_bw_per_core:
+        return xfer
+    share = hw.hbm_bw_per_core
+    others = [c for c in cores.values() if c is not core]
+    if others and len(cores) <= hw.cores_per_hbm_bank:
+        t0 = core.dma.first_start(earliest, xfer, n_eng)
+        if not any(c.hbm.overlaps(t0, t0 + xfer) for c in others):
+            share *= hw.cores_per_hbm_bank      # the partner is not moving HBM data: the whole bank
+    return xfer * max(1.0, demand / share)
+
+
+def _place_dma(i, inst, core: _Core, cores: dict, hw: HardwareSpec, run: _Run, ready: float, dep: int) -> None:
     n_eng, xfer = costs.dma_plan(inst, hw)
     earliest, early_dep = ready + hw.dma_fixed_ns, dep
     dge = costs.dge_mode(inst, hw)
@@ -124,7 +177,10 @@ def _place_dma(i, inst, core: _Core, hw: HardwareSpec, run: _Run, ready: float, 
         run.issue_start[i], run.issue_end[i], run.issue_unit[i] = t_iss, t_iss_end, dge
         if t_iss_end > earliest:
             earliest, early_dep = t_iss_end, who
+    xfer = _hbm_capped(inst, core, cores, hw, n_eng, xfer, earliest)
     t0, t1, mask, blocker = core.dma.place(earliest, xfer, n_eng, i)
+    if len(cores) > 1 and _hbm_sides(inst):
+        core.hbm.add(t0, t1)      # what the other program sees
     run.pred[i] = early_dep if blocker < 0 else blocker
     run.dma_mask[i] = mask
     run.start[i], run.data_start[i], run.end[i] = ready, t0, t1
@@ -184,10 +240,16 @@ def _place_compute(i, inst, core: _Core, hw: HardwareSpec, run: _Run, ready: flo
     run.flops += costs.matmul_flops(inst)
 
 
+def _program_id(inst) -> int:
+    return int(getattr(inst, "program_id", 0) or 0)
+
+
 def model(trace, target: "str | HardwareSpec | None" = None, *, keep_schedule: bool = True) -> Timing:
     """Time a trace (``trace.Trace`` or a list of ``trace.Instruction``) on ``target``.
 
     ``target`` None uses the trace's own target (if it names one) else trn2.
+    A trace of several programs (LNC=2) is timed as their cores running at
+    once (module doc).
     """
     insts = _instructions(trace)
     if target is None:
@@ -195,44 +257,120 @@ def model(trace, target: "str | HardwareSpec | None" = None, *, keep_schedule: b
     hw = get_target(target)
     n = len(insts)
     run = _Run(n)
-    deps = DependencyIndex({e: costs.raw_latency_ns(e, hw) for e in COMPUTE_ENGINES}, hw.semaphore_ns,
-                           hw.dma_completion_ns, {e: costs.result_latency_ns(e, hw) for e in COMPUTE_ENGINES})
-    first_use, dies_at, size_of = lifetimes(insts, hw.psum_bank_bytes)
-    cores: dict = {}
-    last_end: dict = {}      # storage id -> (latest end of an access, that instruction)
-
+    order: dict = {}         # program id -> its instruction indices, in program order
     for i, inst in enumerate(insts):
-        unit = inst.engine
-        if unit != "dma" and unit not in COMPUTE_ENGINES:
+        if inst.op not in SYNC_OPS and inst.engine != "dma" and inst.engine not in COMPUTE_ENGINES:
             costs.compute_ns(inst, hw)  # raises the ValueError naming the engine
-        pid = int(getattr(inst, "program_id", 0) or 0)
-        core = cores.get(pid) or cores.setdefault(pid, _Core(hw))
-        run.units[i], run.ops[i], run.pids[i] = unit, inst.op, pid
-        _loop_boundary(inst, core, hw, run)
-        lowered = unit != "dma" and costs.absent_in_lowering(inst)
-        ready, dep = deps.ready(inst, LOWERED if lowered else unit)
+        order.setdefault(_program_id(inst), []).append(i)
+    sched = _Scheduler(insts, hw, run, {pid: _Core(hw) for pid in sorted(order)})
+    if len(order) == 1 and not any(inst.op in SYNC_OPS for inst in insts):
+        # one program (LNC=1): program order, nothing to interleave or join
+        (pid, indices), = order.items()
+        for i in indices:
+            sched.place(i, pid)
+        return _timing(run, hw, sched.cores, keep_schedule)
+    cursor = dict.fromkeys(order, 0)
+    clock = dict.fromkeys(order, 0.0)
+    waiting: dict = {}       # program id -> index of the sync it waits at
+    while True:
+        live = [p for p in order if cursor[p] < len(order[p]) and p not in waiting]
+        if not live:
+            if not waiting:
+                break
+            sched.join(waiting)
+            waiting = {}
+            continue
+        pid = min(live, key=lambda q: (clock[q], q))
+        i = order[pid][cursor[pid]]
+        cursor[pid] += 1
+        if insts[i].op in SYNC_OPS:
+            waiting[pid] = i
+            continue
+        sched.place(i, pid)
+        clock[pid] = run.data_start[i]
+    return _timing(run, hw, sched.cores, keep_schedule)
+
+
+class _Scheduler:
+    """Places instructions onto the cores of one logical core (``model``'s state)."""
+
+    def __init__(self, insts, hw: HardwareSpec, run: _Run, cores: dict):
+        self.insts, self.hw, self.run, self.cores = insts, hw, run, cores
+        self.deps = DependencyIndex({e: costs.raw_latency_ns(e, hw) for e in COMPUTE_ENGINES}, hw.semaphore_ns,
+                                    hw.dma_completion_ns,
+                                    {e: costs.result_latency_ns(e, hw) for e in COMPUTE_ENGINES})
+        self.first_use, self.dies_at, self.size_of = lifetimes(insts, hw.psum_bank_bytes)
+        self.last_end: dict = {}      # storage id -> (latest end of an access, that instruction)
+
+    def _ready(self, i, inst, pid: int, unit: str) -> tuple[float, int]:
+        """Earliest start of ``inst`` on its core: dependencies, the core's floor, buffer reuse."""
+        core = self.cores[pid]
+        _loop_boundary(inst, core, self.hw, self.run)
+        ready, dep = self.deps.ready(inst, unit, pid)
         if core.floor > ready:
             ready, dep = core.floor, core.floor_who
         # a new on-chip tile waits until the buffer it reuses is released
-        for sid in first_use.get(i, ()):
-            buf, size = size_of[sid]
+        for sid in self.first_use.get(i, ()):
+            buf, size = self.size_of[sid]
             t, blocker = core.pools[buf].allocate(size)
             if t > ready:
                 ready, dep = t, blocker
+        return ready, dep
+
+    def _finish(self, i, inst, pid: int, unit: str) -> None:
+        core, t_end = self.cores[pid], self.run.end[i]
+        _track_lifetimes(i, inst, core, self.run, self.last_end, self.dies_at, self.size_of)
+        self.deps.record(inst, unit, t_end, i, pid)
+        if t_end > core.done:
+            core.done, core.done_who = t_end, i
+
+    def place(self, i: int, pid: int) -> None:
+        inst, run, core = self.insts[i], self.run, self.cores[pid]
+        unit = inst.engine
+        lowered = unit != "dma" and costs.absent_in_lowering(inst)
+        run.units[i], run.ops[i], run.pids[i] = unit, inst.op, pid
+        ready, dep = self._ready(i, inst, pid, LOWERED if lowered else unit)
         if lowered:
             # not in the compiled program: passes its inputs on, occupies no engine
             run.start[i] = run.data_start[i] = run.end[i] = ready
             run.pred[i] = dep
-            _track_lifetimes(i, inst, core, run, last_end, dies_at, size_of)
-            deps.record(inst, LOWERED, ready, i)
-            continue
-        if unit == "dma":
-            _place_dma(i, inst, core, hw, run, ready, dep)
+            self._finish(i, inst, pid, LOWERED)
+        elif unit == "dma":
+            _place_dma(i, inst, core, self.cores, self.hw, run, ready, dep)
+            self._finish(i, inst, pid, unit)
         else:
-            _place_compute(i, inst, core, hw, run, ready, dep)
-        _track_lifetimes(i, inst, core, run, last_end, dies_at, size_of)
-        deps.record(inst, unit, run.end[i], i)
-    return _timing(run, hw, cores, keep_schedule)
+            _place_compute(i, inst, core, self.hw, run, ready, dep)
+            self._finish(i, inst, pid, unit)
+
+    def join(self, waiting: dict) -> None:
+        """Release the programs waiting at their syncs (``waiting``: program id -> instruction)."""
+        run, hw = self.run, self.hw
+        arrival = {}
+        for pid, i in waiting.items():
+            inst, core = self.insts[i], self.cores[pid]
+            # the barrier's engine (GpSimd unless the trace says otherwise) carries it
+            unit = inst.engine if inst.engine in ENGINE_ORDER else "gpsimd"
+            run.units[i], run.ops[i], run.pids[i] = unit, inst.op, pid
+            ready, dep = self._ready(i, inst, pid, unit)
+            if core.done > ready:
+                ready, dep = core.done, core.done_who
+            arrival[pid] = (ready, dep)
+        last = max(arrival, key=lambda p: arrival[p][0])
+        release = arrival[last][0] + (hw.semaphore_ns if len(waiting) > 1 else 0.0)
+        for pid, i in waiting.items():
+            inst, core = self.insts[i], self.cores[pid]
+            xfer = 0.0
+            if inst.engine == "dma" and inst.nbytes:
+                xfer = costs.dma_plan(inst, hw)[1]
+                run.dma_bytes += int(inst.nbytes)
+                run.dma_transfers += 1
+            run.start[i] = arrival[pid][0]
+            run.data_start[i] = release
+            run.end[i] = release + xfer
+            run.pred[i] = arrival[last][1]
+            run.charge(run.units[i] + ":" + inst.op, run.end[i] - run.start[i])
+            core.floor, core.floor_who = run.end[i], i
+            self._finish(i, inst, pid, run.units[i])
 
 
 def _track_lifetimes(i, inst, core: _Core, run: _Run, last_end: dict, dies_at: dict, size_of: dict) -> None:
@@ -308,15 +446,18 @@ def _timing(run: _Run, hw: HardwareSpec, cores: dict, keep_schedule: bool) -> Ti
         sched = Schedule(start=run.start, end=run.end, unit=run.units, op=run.ops, dma_mask=run.dma_mask,
                          dma_data_start=run.data_start, program_id=run.pids, pred=run.pred,
                          issue_start=run.issue_start, issue_end=run.issue_end, issue_unit=run.issue_unit)
+    program_time = [float(run.end[run.pids == pid].max()) if (run.pids == pid).any() else 0.0
+                    for pid in sorted(cores)] if n else [0.0]
     return Timing(
-        target=hw.name, time_ns=float(run.end.max()) if n else 0.0, busy_ns=busy, critical_ns=critical,
+        target=hw.name, time_ns=float(run.end.max()) if n else 0.0, program_time_ns=program_time, busy_ns=busy, critical_ns=critical,
         binding_engine=binding, busiest_engine=busiest, dma_queue_busy_ns=queue_busy.tolist(),
         dma_bytes=run.dma_bytes, dma_transfers=run.dma_transfers, matmul_flops=run.flops,
         num_instructions=n, launch_ns=hw.launch_ns, act_table_loads=run.act_table_loads,
         loop_iterations=run.loop_iterations, loop_overhead_ns=run.loop_overhead_ns,
         op_counts=dict(Counter(f"{u}:{o}" for u, o in zip(run.units, run.ops)) + run.extra_counts),
-        op_time_ns=run.op_time, bf16_peak_flops=hw.bf16_peak_flops,
-        dma_bw_bytes_per_ns=hw.dma_bw_per_core, num_cores=max(1, len(cores)), schedule=sched)
+        op_time_ns=run.op_time, bf16_peak_flops=hw.bf16_peak_flops * max(1, len(cores)),
+        dma_bw_bytes_per_ns=hw.dma_bw_per_core * max(1, len(cores)), num_cores=max(1, len(cores)),
+        schedule=sched)
 
 
 def _union_length(t0: np.ndarray, t1: np.ndarray, select: list) -> float:

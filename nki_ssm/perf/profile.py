@@ -12,17 +12,22 @@ _ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
 
 
 @contextlib.contextmanager
-def platform_target(name: str):
-    """Set NEURON_PLATFORM_TARGET_OVERRIDE for the block (the simulator reads it), then restore it."""
-    old = os.environ.get(_ENV)
-    os.environ[_ENV] = name
+def environment(name: str, value: str):
+    """Set the environment variable ``name`` to ``value`` for the block, then restore it."""
+    old = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if old is None:
-            os.environ.pop(_ENV, None)
+            os.environ.pop(name, None)
         else:
-            os.environ[_ENV] = old
+            os.environ[name] = old
+
+
+def platform_target(name: str):
+    """Set NEURON_PLATFORM_TARGET_OVERRIDE for the block (the simulator reads it), then restore it."""
+    return environment(_ENV, name)
 
 
 def _simulator():
@@ -42,9 +47,13 @@ def _simulator():
 
 def program_instructions(trace) -> int:
     """Static instructions the compiler emits (runtime loop bodies once): the trace's
-    ``program_instructions()`` when the simulator provides it, else ``len(trace)``."""
+    ``program_instructions(program_id)`` when the simulator provides it, else ``len(trace)``;
+    at LNC=2 the larger of the two programs'."""
     fn = getattr(trace, "program_instructions", None)
-    return int(fn()) if callable(fn) else len(trace)
+    if not callable(fn):
+        return len(trace)
+    pids = {int(getattr(i, "program_id", 0) or 0) for i in getattr(trace, "instructions", ())} or {0}
+    return max(int(fn(pid)) for pid in pids)
 
 
 def profile(kernel, *arrays, target: "str | HardwareSpec" = "trn2", ranges: bool = True,

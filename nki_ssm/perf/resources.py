@@ -5,6 +5,8 @@
 * ``DmaEngines``: the 16 DMA engines; a transfer piece may fill an earlier
   idle gap (each engine serves 16 queues, so a transfer ready early is not
   held behind one issued before it but ready late).
+* ``BusyIntervals``: when a core moves HBM data (the two programs of an LNC=2
+  core share their HBM bank's bandwidth while both do).
 * ``BufferPool``: SBUF bytes per partition or PSUM banks; a tile is live from
   its first to its last access (the simulator frees a tile when the kernel
   drops it); a new tile that does not fit waits for dead tiles to be
@@ -68,6 +70,10 @@ class DmaEngines:
             k += 1
         return t, k, blocker
 
+    def first_start(self, earliest: float, dur: float, engines: int) -> float:
+        """When a transfer of ``engines`` pieces of ``dur`` would start (``place`` without placing)."""
+        return min(self._fit(q, earliest, dur)[0] for q in range(self.n))
+
     def place(self, earliest: float, dur: float, engines: int, idx: int):
         """-> (first piece start, end, engine bit mask, instruction that delayed the last piece or -1)."""
         fits = [self._fit(q, earliest, dur) for q in range(self.n)]
@@ -85,6 +91,30 @@ class DmaEngines:
                 last_q = q
         t_last, _, blocker = fits[last_q]
         return first, t_last + dur, mask, (blocker if t_last > earliest else -1)
+
+
+class BusyIntervals:
+    """The union of busy intervals of one activity (e.g. a core's HBM-side transfers)."""
+
+    def __init__(self):
+        self.starts: list = []
+        self.ends: list = []
+
+    def overlaps(self, t0: float, t1: float) -> bool:
+        """Whether [t0, t1) meets the union."""
+        k = bisect.bisect_right(self.ends, t0)
+        return k < len(self.starts) and self.starts[k] < t1
+
+    def add(self, t0: float, t1: float) -> None:
+        """Add [t0, t1), merging the intervals it meets (the lists stay sorted and disjoint)."""
+        if t1 <= t0:
+            return
+        lo = bisect.bisect_left(self.ends, t0)
+        hi = bisect.bisect_right(self.starts, t1)
+        if lo < hi:
+            t0, t1 = min(t0, self.starts[lo]), max(t1, self.ends[hi - 1])
+        self.starts[lo:hi] = [t0]
+        self.ends[lo:hi] = [t1]
 
 
 class BufferPool:

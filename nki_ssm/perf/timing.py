@@ -1,7 +1,8 @@
 """The result of timing one kernel run: :class:`Timing`.
 
-Every time is *modeled* for ``Timing.target`` on one NeuronCore (LNC=1), in
-nanoseconds unless a name says otherwise.
+Every time is *modeled* for ``Timing.target`` on one logical NeuronCore: one
+physical core at LNC=1, the two physical cores running their programs at once
+at LNC=2 (``program_time_ns``), in nanoseconds unless a name says otherwise.
 """
 from __future__ import annotations
 
@@ -70,9 +71,10 @@ class Timing:
     matmul_flops: int
     num_instructions: int
     op_counts: dict
-    bf16_peak_flops: float
+    bf16_peak_flops: float            # the logical core's (physical cores x one core's), as the next
     dma_bw_bytes_per_ns: float
-    num_cores: int = 1
+    num_cores: int = 1                # physical cores = programs (LNC)
+    program_time_ns: list = field(default_factory=list)   # each program's end; time_ns is the latest
     op_time_ns: dict = field(default_factory=dict)   # "engine:op" -> busy ns
     schedule: Schedule | None = field(default=None, repr=False)
     # kernel launch (prologue + epilogue): its own line, not part of time_ns
@@ -153,7 +155,9 @@ class Timing:
                 + (f" ({self.program_instructions} in the program)" if self.program_instructions is not None else "")
                 + (f"; {self.loop_iterations} loop iterations ({self.loop_overhead_ns / 1e3:.2f} us sync)"
                    if self.loop_iterations else "")
-                + (f"; {self.act_table_loads} ACT table loads" if self.act_table_loads else ""))
+                + (f"; {self.act_table_loads} ACT table loads" if self.act_table_loads else "")
+                + ("; programs end at " + " / ".join(f"{t / 1e3:.2f}" for t in self.program_time_ns) + " us"
+                   if len(self.program_time_ns) > 1 else ""))
 
     def to_dict(self) -> dict:
         return {
@@ -163,7 +167,7 @@ class Timing:
             "dma_queue_utilization": self.dma_queue_utilization, "dma_bytes": self.dma_bytes,
             "dma_transfers": self.dma_transfers, "matmul_flops": self.matmul_flops,
             "num_instructions": self.num_instructions, "op_counts": dict(self.op_counts),
-            "num_cores": self.num_cores, "op_time_ns": dict(self.op_time_ns),
+            "num_cores": self.num_cores, "program_time_ns": list(self.program_time_ns), "op_time_ns": dict(self.op_time_ns),
             "launch_ns": self.launch_ns, "act_table_loads": self.act_table_loads,
             "loop_iterations": self.loop_iterations, "loop_overhead_ns": self.loop_overhead_ns,
             "program_instructions": self.program_instructions,

@@ -12,10 +12,12 @@ from deploy.bench.__main__ import main as bench_main
 CASE = "short_conv_decode/tiny/4seq/bf16,w-bf16,bias,pool-bf16"
 
 
-def _run(tmp_path, *extra):
+def _run(tmp_path, *extra, lnc="1"):
+    # LNC=1 unless a test asks: the bench's mechanics on one program (the LNC=2 tests below;
+    # a kernel that does not shard yet updates its state twice at LNC=2 and fails its check)
     out = tmp_path / "bench"
     code = bench_main(["--set", "smoke", "--case", CASE, "--out", str(out), "--warmup", "3",
-                       "--runs", "6", *extra])
+                       "--runs", "6", *(["--lnc", lnc] if lnc else []), *extra])
     return code, json.loads((out / "results.json").read_text()), out
 
 
@@ -116,7 +118,7 @@ def test_every_smoke_op_passes_on_the_fake_device(tmp_path, fake_toolchain):
     """All six ops through nki_ssm.ops(backend="neuron") on the fake SDK: the same check
     the real device gets (the fake device is the simulator, so every case must pass)."""
     out = tmp_path / "bench"
-    code = bench_main(["--set", "smoke", "--out", str(out), "--no-model", "--timer", "none"])
+    code = bench_main(["--set", "smoke", "--out", str(out), "--no-model", "--timer", "none", "--lnc", "1"])
     data = json.loads((out / "results.json").read_text())
     assert [m["status"] for m in data["measured"]] == ["passed"] * 6, [
         (m["case_id"], m["error"]) for m in data["measured"]]
@@ -125,3 +127,67 @@ def test_every_smoke_op_passes_on_the_fake_device(tmp_path, fake_toolchain):
         "short_conv_prefill", "short_conv_decode", "ssd_prefill", "ssd_decode",
         "gated_delta_prefill", "gated_delta_decode"}
     assert all(m["pool_untouched"] and m["neff_bytes"] for m in data["measured"])
+
+
+def test_runtime_and_worker_env_follow_the_lnc(tmp_path):
+    from deploy.bench.__main__ import runtime_env, worker_env
+
+    assert runtime_env(2) == {"NEURON_LOGICAL_NC_CONFIG": "2", "NEURON_RT_VISIBLE_CORES": "0"}
+    assert runtime_env(1) == {"NEURON_LOGICAL_NC_CONFIG": "1", "NEURON_RT_VISIBLE_CORES": "0"}
+    with pytest.raises(ValueError, match="lnc"):
+        runtime_env(4)
+    d = tmp_path / "case"
+    assert worker_env(d, "trn2") == {
+        "NKI_ARTIFACTS_DIR": str(d / "artifacts"), "NKI_SSM_BACKEND": "neuron",
+        "NEURON_PLATFORM_TARGET_OVERRIDE": "trn2", "NEURON_FRAMEWORK_DEBUG": "1",
+        "NEURON_LOGICAL_NC_CONFIG": "2", "NEURON_RT_VISIBLE_CORES": "0"}
+    assert worker_env(d, "trn3", 1)["NEURON_LOGICAL_NC_CONFIG"] == "1"
+
+
+@pytest.mark.parametrize("lnc", ["2", "1"])
+def test_dry_run_commands_carry_the_lnc(capsys, lnc):
+    args = ["--set", "smoke", "--case", CASE, "--dry-run"] + ([] if lnc == "2" else ["--lnc", "1"])
+    assert bench_main(args) == 0
+    text = capsys.readouterr().out
+    assert f"LNC={lnc};" in text
+    # the compile (worker) and the timing (profiler) run the same LNC on core 0
+    assert text.count(f"NEURON_LOGICAL_NC_CONFIG={lnc} NEURON_RT_VISIBLE_CORES=0") == 2
+    assert f"NEURON_LOGICAL_NC_CONFIG={3 - int(lnc)}" not in text
+
+
+def test_default_bench_launches_two_programs_and_records_the_lnc(tmp_path, fake_toolchain):
+    code, data, out = _run(tmp_path, "--timer", "none", lnc=None)
+    (m,) = data["measured"]
+    assert data["lnc"] == 2 and m["lnc"] == 2
+    # compiled as kernel[2] and run by a runtime at LNC=2 (the fake runtime rejects a mismatch)
+    neff = next((out / "cases").rglob("launch_0/kernel.neff")).read_bytes()
+    assert b"lnc=2" in neff
+    worker = json.loads(next((out / "cases").rglob("worker.json")).read_text())
+    assert [ln["lnc"] for ln in worker["launches"]] == [2]
+    assert m["status"] in ("passed", "failed"), m["error"]
+    (c,) = data["cases"]
+    assert c["lnc"] == 2 and len(c["program_ns"]) == 2       # the cost model timed the same LNC
+
+
+def test_fake_runtime_rejects_a_grid_that_differs_from_its_lnc(tmp_path, fake_toolchain, monkeypatch):
+    # what the bench's one NEURON_LOGICAL_NC_CONFIG for compiler and runtime prevents
+    import numpy as np
+    import nki
+
+    monkeypatch.setenv("NKI_ARTIFACTS_DIR", str(tmp_path))
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
+
+    def copy(x):
+        return x
+
+    with pytest.raises(RuntimeError, match="compiled for LNC=1, the runtime runs LNC=2"):
+        nki.jit(copy)[1](np.zeros(4, dtype=np.float32))
+
+
+def test_modeled_rows_are_taken_at_the_bench_lnc():
+    from deploy.bench.__main__ import at_lnc
+
+    both = {"case_id": "c", "lnc": 1, "modeled_ns": 10.0, "lnc2": {"case_id": "c", "lnc": 2, "modeled_ns": 6.0}}
+    assert at_lnc(both, 1)["modeled_ns"] == 10.0 and at_lnc(both, 2)["modeled_ns"] == 6.0
+    assert at_lnc({"case_id": "c", "lnc": 1, "modeled_ns": 10.0, "lnc2": None}, 2) is None
+    assert at_lnc({"case_id": "c", "modeled_ns": 10.0}, 1)["modeled_ns"] == 10.0   # older files: LNC=1

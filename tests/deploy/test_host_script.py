@@ -128,7 +128,7 @@ def test_the_ssm_timeouts_nest(capsys):
 
 def test_success_leaves_every_result_in_the_bucket(tmp_path, capsys):
     script = _host_script(capsys, "--bench-args",
-                          f"--set smoke --case {CASES[0]} --warmup 1 --runs 2 --no-model")
+                          f"--set smoke --case {CASES[0]} --warmup 1 --runs 2 --no-model --lnc 1")
     root, env = _host(tmp_path)
     proc = _run(script, env, tmp_path, timeout=600)
     out = proc.stdout.decode() + proc.stderr.decode()
@@ -150,7 +150,7 @@ def test_a_run_stopped_half_way_still_leaves_its_results(tmp_path, capsys):
     finished), and the EXIT trap uploaded the log of the stopped run."""
     script = _host_script(capsys, "--bench-timeout", "90", "--bench-args",
                           f"--set smoke --case {CASES[0]} --case {CASES[1]} --warmup 1 --runs 2 "
-                          "--no-model")
+                          "--no-model --lnc 1")
     _, env = _host(tmp_path)
     env["FAKE_NKI_HANG"] = "ssd"
     proc = _run(script, env, tmp_path, timeout=400)
@@ -181,7 +181,7 @@ def test_a_failed_step_still_uploads_what_exists(tmp_path, capsys):
 
 def test_the_2_31_profile_runs_too(tmp_path, capsys):
     script = _host_script(capsys, "--sdk", "2.31.0", "--bench-args",
-                          f"--set smoke --case {CASES[0]} --timer none --no-model")
+                          f"--set smoke --case {CASES[0]} --timer none --no-model --lnc 1")
     root, env = _host(tmp_path, "2.31.0")
     proc = _run(script, env, tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()

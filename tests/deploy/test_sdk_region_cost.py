@@ -178,7 +178,7 @@ def test_neff_written_to_the_working_directory_is_found(tmp_path, fake_toolchain
     monkeypatch.setenv("FAKE_NKI_NEFF_IN_CWD", "1")
     out = tmp_path / "bench"
     code = bench_main(["--set", "smoke", "--case", "short_conv_decode/tiny", "--out", str(out),
-                       "--warmup", "1", "--runs", "2", "--no-model"])
+                       "--warmup", "1", "--runs", "2", "--no-model", "--lnc", "1"])
     data = json.loads((out / "results.json").read_text())
     (m,) = data["measured"]
     assert code == 0 and m["status"] == "passed" and m["measured_ns_p50"], m["error"]

@@ -11,6 +11,9 @@ FAKE_NKI_NO_WRITEBACK=1 runs on copies of the inputs (in-place writes are lost);
 FAKE_NKI_NEFF_IN_CWD=1 ignores NKI_ARTIFACTS_DIR and writes the NEFF under the
 working directory (``neuronxcc-<name>/graph.neff``, as a framework debug run keeps
 it); FAKE_NKI_HANG=<text> makes kernels whose name contains <text> compile forever.
+``kernel[lnc](...)`` launches a grid of ``lnc`` programs, as the SDK does; like the
+Neuron runtime, the execution fails when the grid differs from NEURON_LOGICAL_NC_CONFIG
+(unset: 2, the trn2 default), and the NEFF records the grid (``lnc=<n>``).
 """
 import os
 import sys
@@ -24,9 +27,15 @@ sys.modules[__name__ + ".isa"] = isa
 
 
 class Kernel:
-    def __init__(self, func, **options):
+    def __init__(self, func, grid=1, **options):
         self.func = func
+        self.grid = grid
         self._sim = _sim_jit.jit(func)
+
+    def __getitem__(self, grid):
+        launch = Kernel(self.func, grid=grid)
+        launch._sim = self._sim
+        return launch
 
     def __call__(self, *args, **kwargs):
         name = self.func.__name__
@@ -45,12 +54,16 @@ class Kernel:
         os.makedirs(art, exist_ok=True)
         with open(os.path.join(art, neff), "wb") as fh:
             target = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE", "?")
-            fh.write(f"FAKE-NEFF {name} target={target}".encode() + b"\0" * 4096)
+            fh.write(f"FAKE-NEFF {name} target={target} lnc={self.grid}".encode() + b"\0" * 4096)
         if os.environ.get("FAKE_NEURON_DEVICE") != "1":
             raise RuntimeError("NRT Error NRT_FAILURE(1): no Neuron device (fake)")
+        runtime_lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG") or 2)
+        if runtime_lnc != self.grid:
+            raise RuntimeError(f"NRT Error: the NEFF was compiled for LNC={self.grid}, the runtime runs "
+                               f"LNC={runtime_lnc} (fake)")
         if os.environ.get("FAKE_NKI_NO_WRITEBACK") == "1":
             args = [a.copy() if hasattr(a, "copy") and hasattr(a, "dtype") else a for a in args]
-        return _sim_jit.simulate(self._sim)(*args, **kwargs)
+        return _sim_jit.simulate(self._sim[self.grid])(*args, **kwargs)
 
 
 def jit(func=None, **options):
