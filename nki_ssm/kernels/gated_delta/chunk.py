@@ -169,22 +169,23 @@ VectorE (87 % busy), with ScalarE (82 %) close behind, DMA 45 %, GpSimd 43 %, Te
 38 %: a chunk moves its inputs (~2 MB), its outputs (1 MB), the packing moves of its solves
 and the state in and out of its scratch block (2 x 2 MB, the price of one loop level: the
 state cannot stay in SBUF from one row to the next when a row may start another sequence).
-TP4 (8 value heads, 2 groups, 4 chunks per body; 16K tokens 3.67 ms, 4.46 M tokens/s, 3.6x
-TP1): ScalarE (83 %; the doubling's evictions on the whole array) and the chain phase: the
-state chains of a body's chunks follow one another, each chain step waiting behind other
-chunks' work in the in-order engine queues. Figures: the README's "Modeled performance"
+TP4 (8 value heads, 2 groups, 4 chunks per body; the WY variant; 16K tokens 3.83 ms,
+4.27 M tokens/s): VectorE (79 % busy) and ScalarE (78 %), GpSimd 62 %, TensorE 50 %,
+DMA 44 %: the state chain is short, the engines are throughput-bound; the solve of
+width V + K costs more engine time than the width-V solve on the chain did (3.67 ms
+before, ScalarE-bound with the chain phase). Figures: the README's "Modeled performance"
 table and ``python -m simulate``.
 
-At LNC=2 (each program modeled alone on its own physical core, ``nki_ssm.perf.model`` on
-its instructions; 16K tokens): TP1 6.81 ms per program against 13.21 ms at LNC=1 (0.515x):
-each program has half the work, still throughput-bound. TP4 2.45 ms against 3.67 ms
-(0.67x): a program's 4 value heads are one head group, one packed solve, so its state
-chain (k S, four substitution blocks of two cross-engine hops each, the state update:
-~19 us per chunk) is no longer hidden behind a second group's, and the engines idle at
-~60 % (neither more chunks per body nor two packs of 2 heads shortened it, modeled). The
-solve variant (packed right-hand sides with 8 or more groups, moved inverses with fewer:
-``_few_groups``) follows the layer's head count, not the program's, so LNC=2 computes
-every head exactly as LNC=1 does.
+At LNC=2 (``python -m simulate --lnc both``: the two programs on their own physical
+cores, sharing HBM; 16K tokens): TP1 6.81 ms per program against 13.21 ms at LNC=1
+(0.515x): each program has half the work, still throughput-bound. TP4 2.34 ms against
+3.83 ms (0.61x): a program's 4 value heads are one head group, one solve; its state chain
+is short (WY), but each chunk's own dependent steps (doubling, substitution, outputs:
+~30 cross-engine steps) are hidden only behind the 3 other chunks of its body, so the
+engines idle at ~35 % (8 chunks per body: 2.21 ms, 0.58x). The solve variant (packed
+right-hand sides with 8 or more groups, WY with fewer: ``_few_groups``) follows the
+layer's head count, not the program's, so LNC=2 computes every head exactly as LNC=1
+does.
 
 Constructs and their evidence (released kernels or the NKI 0.6.0 docs): the program's
 place in the LNC grid as ``nl.num_programs(0)`` / ``nl.program_id(0)``, Python ints
@@ -502,8 +503,9 @@ def _head_groups(HV):
 
 def _few_groups(HV):
     """Whether a chunk has fewer than 8 head groups (TP2, TP4, TP8 of Qwen3-Next): its state
-    chains then bind (the body's chunks follow one another's state) and the job order
-    (_group_jobs) shortens them; with 8 or more (TP1) ScalarE and VectorE bind."""
+    chains would then bind (the body's chunks follow one another's state), so the solve
+    takes the state-free WY form (module docstring) and leaves the chain; with 8 or more
+    (TP1) ScalarE and VectorE bind and the width-V solve on the chain costs less."""
     return len(_head_groups(HV)) < 8
 
 
@@ -629,7 +631,9 @@ def _solve_place(ATs, L, tiles, diag, off, off_dma=False):
     a DMA never converts); the off-diagonal
     ones as one GpSimd copy per head and block row (cross-quadrant moves of <= 32
     partitions; by DMA they would put the queues on the critical path; a short last block
-    falls back to DMAs, one per block). The tiles are zeroed once per launch (_zero_solve)
+    falls back to DMAs, one per block), or (``off_dma``: the WY form, whose solve is off the
+    state chain and whose GpSimd builds the right-hand sides) by DMAs, one per block. The
+    tiles are zeroed once per launch (_zero_solve)
     and these moves write the same elements every chunk, so the zeros that keep the packed
     products block-diagonal persist."""
     nbs = _block_rows(L)
@@ -1174,9 +1178,10 @@ def _group_jobs(few, L):
     state-dependent k S and R go in early: they do not wait for the solve. The order
     differs with the head groups a chunk has:
 
-    - < 8 groups (TP2, TP4, TP8): the off-diagonal blocks are placed by their own job
-      (``place_off``, GpSimd copies) after k S and q S, just before the solve setup, so
-      GpSimd places them while the doubling runs;
+    - < 8 groups (TP2, TP4, TP8, the WY form): the right-hand sides are [v | -e^c k] (no
+      k S, no q S); the off-diagonal blocks are placed by their own job (``place_off``,
+      DMAs) just before the solve setup; after the product operands ``wy`` forms
+      nw^T kd and qd^T + (M nw)^T, and only the outputs and the state update read S;
     - >= 8 groups (TP1): q S after the second substitution block instead of beside k S,
       out of ScalarE's busiest stretch.
 
