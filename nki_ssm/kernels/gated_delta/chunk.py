@@ -74,7 +74,7 @@ and read by the other, and no synchronisation is needed. When HV does not split 
 HV, e.g. 1) program 0 computes every head and program 1 gets zero trip counts (its counts
 row): it traces program 0's instructions but runs no loop iteration. Within a program
 everything below holds with HV its own heads: at Qwen3-Next TP1 (32 value heads) 16 per
-program, 4 head groups, 2 chunks per body; at TP4 (8) 4 per program, one group, 4 chunks.
+program, 4 head groups, 2 chunks per body; at TP4 (8) 4 per program, one group, 8 chunks.
 
 Loops: one runtime level, five ``nl.fori_loop`` in sequence
 -----------------------------------------------------------
@@ -101,7 +101,8 @@ sequence and a zero block.
 A runtime loop drains every engine at each iteration boundary (nki-dynamic-loops.rst,
 "Iterations Do Not Overlap"), so with few heads per core a body holds several chunks
 (``chunks_per_iteration``: about 8 head groups in flight: 1 at Qwen3-Next TP1, 2 at TP2, 4
-at TP4 and TP8). Rows past a sequence's end read the zero row (q = k = v = 0, g = 0,
+at TP4, 8 with one group: TP8, TP4 at LNC=2; float32 callers half as many from 2 groups
+on, for SBUF). Rows past a sequence's end read the zero row (q = k = v = 0, g = 0,
 beta = 0; raw gates: g is multiplied by a row-valid column, as softplus(dt_bias) != 0):
 such a row adds nothing to A, to v_new of the real rows (strictly lower products never
 reach them) or to S, and g = 0 leaves every decay exact; its output row is scattered to
@@ -171,18 +172,21 @@ and the state in and out of its scratch block (2 x 2 MB, the price of one loop l
 state cannot stay in SBUF from one row to the next when a row may start another sequence).
 TP4 (8 value heads, 2 groups, 4 chunks per body; the WY variant; 16K tokens 3.83 ms,
 4.27 M tokens/s): VectorE (79 % busy) and ScalarE (78 %), GpSimd 62 %, TensorE 50 %,
-DMA 44 %: the state chain is short, the engines are throughput-bound; the solve of
-width V + K costs more engine time than the width-V solve on the chain did (3.67 ms
-before, ScalarE-bound with the chain phase). Figures: the README's "Modeled performance"
-table and ``python -m simulate``.
+DMA 44 %: the state chain is short, the engines are throughput-bound; the solve of width
+V + K costs more engine time than a width-V solve would, which is the price of taking it
+off the chain. Figures: the README's "Modeled performance" table and ``python -m
+simulate``.
 
 At LNC=2 (``python -m simulate --lnc both``: the two programs on their own physical
 cores, sharing HBM; 16K tokens): TP1 6.81 ms per program against 13.21 ms at LNC=1
-(0.515x): each program has half the work, still throughput-bound. TP4 2.34 ms against
-3.83 ms (0.61x): a program's 4 value heads are one head group, one solve; its state chain
-is short (WY), but each chunk's own dependent steps (doubling, substitution, outputs:
-~30 cross-engine steps) are hidden only behind the 3 other chunks of its body, so the
-engines idle at ~35 % (8 chunks per body: 2.21 ms, 0.58x). The solve variant (packed
+(0.515x): each program has half the work, still throughput-bound. TP4 2.21 ms against
+3.83 ms (0.58x): a program's 4 value heads are one head group, one solve, 8 chunks per
+body; its state chain is short (WY), but each chunk's own dependent steps (doubling,
+substitution, outputs: ~30 cross-engine hand-offs) are hidden only behind the 7 other
+chunks of its body and each body starts and ends with one chunk's chain alone (the
+iteration boundary drains the engines), so VectorE and ScalarE are ~70 % busy against
+~80 % at LNC=1, where two groups interleave. More chunks per body do not fit SBUF (a
+body's tiles are live for the whole loop). The solve variant (packed
 right-hand sides with 8 or more groups, WY with fewer: ``_few_groups``) follows the
 layer's head count, not the program's, so LNC=2 computes every head exactly as LNC=1
 does.
@@ -216,7 +220,7 @@ from nki_ssm.kernels.gated_delta._common import consecutive_groups
 
 _BLOCK = 32           # rows per exactly-inverted diagonal block
 _PACK = 4             # most heads whose blocks share one 128-partition packed solve
-_MAX_CHUNKS = 4       # most chunks per loop iteration (SBUF: TP2 with 4 does not fit)
+_MAX_CHUNKS = 8       # most chunks per loop iteration (SBUF: one head group of 4 with 8)
 _CHUNK_STEP = 6       # steps between the starts of a loop body's chunks (_body_plan)
 _FIRST_LEAD = 2       # extra steps chunk 0 runs alone in a body of _MAX_CHUNKS chunks (_body_plan)
 _SQUARED = 8          # the doubling squares up to N^8, then chains compact products with it
@@ -260,7 +264,7 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, body_rows, bo
     if bf16:
         mdt = nl.bfloat16
     cst = _constants(C, K, mdt)
-    nsub = chunks_per_iteration(HV)
+    nsub = chunks_per_iteration(HV, bf16)
     # the packed solve's tiles, one set per chunk of a body and head group, zeroed once: the
     # placements write the same elements every chunk, so the zeros persist
     solve = []
@@ -472,14 +476,20 @@ def _input_columns(win, K, V):
     return cols
 
 
-def chunks_per_iteration(HV):
-    """Chunks per body row (the launcher's work lists follow it): about 8 head groups in
-    flight, so 1 at Qwen3-Next TP1 (8 groups; SBUF holds one chunk's tiles), 2 at TP2, 4 at
-    TP4 and below. A runtime loop drains every engine at each iteration boundary
-    (nki-dynamic-loops.rst, "Iterations Do Not Overlap"): with several chunks per body the
-    drain and the state's trip through its scratch block are paid once per body, and chunk
-    c + 1's state-independent work overlaps chunk c's state chain."""
-    n = 8 // len(_head_groups(HV))
+def chunks_per_iteration(HV, bf16):
+    """Chunks per body row of a program's HV value heads (the launcher's work lists follow
+    it): about 8 head groups in flight, so 1 at Qwen3-Next TP1 (8 groups; SBUF holds one
+    chunk's tiles), 2 at TP2, 4 at TP4, 8 with one group (TP4 at LNC=2, TP8); float32
+    callers (``bf16`` False: inputs, and the tiles the WY form keeps per chunk, twice the
+    bytes) half as many from 2 groups on (TP4 float32 at LNC=1 with 4 does not fit SBUF). A
+    runtime loop drains every engine at each iteration boundary (nki-dynamic-loops.rst,
+    "Iterations Do Not Overlap"): with several chunks per body the drain and the state's
+    trip through its scratch block are paid once per body, and the chunks' dependent steps
+    (~30 cross-engine hand-offs each) overlap one another."""
+    groups = len(_head_groups(HV))
+    n = 8 // groups
+    if not bf16 and groups > 1:
+        n = n // 2
     return max(1, min(n, _MAX_CHUNKS))
 
 
