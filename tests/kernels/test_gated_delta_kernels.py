@@ -333,8 +333,9 @@ def test_prefill_several_chunks_per_iteration(dtype, lnc):
     whichever iteration the two chunks are in)."""
     from nki_ssm.kernels.gated_delta.chunk import chunks_per_iteration
 
-    assert chunks_per_iteration(2) == 4
-    lens = [16 * 5 + 3, 16 * 8, 16 * 4, 40, 1, 0]
+    n = chunks_per_iteration(2, dtype != np.float32)
+    assert n == 8
+    lens = [16 * (n + 1) + 3, 16 * 2 * n, 16 * n, 40, 1, 0]
     inp = make_gated_delta_inputs(np.random.default_rng(31), seqlens=lens, H=1, HV=2, K=32,
                                   V=16, dtype=dtype, pool_dtype=dtype, padding=1,
                                   has_initial_state=np.array([True, False, True, True, False,
@@ -537,15 +538,16 @@ def test_prefill_one_specialisation_per_bucket(dtype, pool_dtype):
 
 def test_prefill_program_size_does_not_grow_with_tokens():
     """Static program size (each runtime loop body once) is equal at 2K and 16K tokens and
-    for 8 sequences of 640. In every batch a sequence runs 4-chunk bodies and single
+    for 8 sequences of n + 1 chunks. In every batch a sequence runs n-chunk bodies and single
     remaining chunks and every sequence starts from the pool, so every loop but the
     padding one runs (the simulator counts only loops that ran)."""
     from nki_ssm.kernels.gated_delta.chunk import chunks_per_iteration
     from nki_ssm.sim.trace import record
 
-    assert chunks_per_iteration(2) == 4
     sizes = []
-    for lens in ([2048 + 128, 640], [16384 + 128, 640], [640] * 8):
+    n = chunks_per_iteration(2, False)
+    for lens in ([2048 + 128, 128 * (n + 1)], [16384 + 128, 128 * (n + 1)],
+                 [128 * (n + 1)] * 8):
         inp = make_gated_delta_inputs(np.random.default_rng(0), seqlens=lens, H=1, HV=2, K=16,
                                       V=16, has_initial_state=True)
         with record() as tr:
@@ -555,21 +557,22 @@ def test_prefill_program_size_does_not_grow_with_tokens():
 
 
 def test_prefill_tables_layout():
-    """Launcher work lists: bodies of 4 chunks and the remaining chunks one per row (past a
+    """Launcher work lists (HV = 8, bf16: bodies of 4 chunks): bodies and the remaining
+    chunks one per row (past a
     sequence end -> the zero row = bucket; a spare row each for the look-ahead gathers),
     each row's source and destination state block (the zero block for a first row without
     initial state), the initial and final state copies, padding rows, counts."""
     from nki_ssm.kernels.gated_delta.chunk import chunks_per_iteration
     from nki_ssm.ops.launch.gated_delta import prefill_tables
 
-    per = chunks_per_iteration(2)
+    per = chunks_per_iteration(8, True)
     assert per == 4
-    K, HV, Nb = 2, 2, 4
+    K, HV, Nb = 2, 8, 4
     cu = np.array([0, 5, 5, 9, 30])
     (body_rows, body_state, tail_rows, tail_state, init_tab, final_tab, pad_rows,
      counts) = prefill_tables(cu, np.array([2, 0, -1, 1]), np.array([True, False, True, False]),
                               slots=3, HV=HV, K=K, chunk_size=4, num_tokens_bucket=128,
-                              num_seqs_bucket=Nb)
+                              num_seqs_bucket=Nb, bf16=True)
     E = 128 // 4 + Nb
     assert body_rows.shape == (E // per + 1, per * 4)
     assert tail_rows.shape == (min(E, Nb * (per - 1)) + 1, 4)
@@ -588,21 +591,23 @@ def test_prefill_tables_layout():
     assert counts.tolist() == [[1, 1, 1, 4, 3]]
     # LNC=2: the programs split the value heads and share the work lists; counts per program
     two = prefill_tables(cu, np.array([2, 0, -1, 1]), np.array([True, False, True, False]),
-                         slots=3, HV=HV, K=K, chunk_size=4, num_tokens_bucket=128,
-                         num_seqs_bucket=Nb, programs=2)
-    for a, b in zip(two[:7], (body_rows, body_state, tail_rows, tail_state, init_tab, final_tab,
-                              pad_rows)):
+                         slots=3, HV=2 * HV, K=K, chunk_size=4, num_tokens_bucket=128,
+                         num_seqs_bucket=Nb, bf16=True, programs=2)
+    for a, b in zip(two[:4] + two[6:7], (body_rows, body_state, tail_rows, tail_state,
+                                         pad_rows)):
         assert a.tolist() == b.tolist()
     assert two[7].tolist() == [[1, 1, 1, 4, 3]] * 2
-    # HV = 3 does not split: program 1 gets empty work lists
+    # HV = 3 does not split: program 1 gets empty work lists (program 0: one group, bodies of
+    # 8 chunks, so the 6-chunk sequence is all single chunks)
     odd = prefill_tables(cu, np.array([2, 0, -1, 1]), np.array([True, False, True, False]),
                          slots=3, HV=3, K=K, chunk_size=4, num_tokens_bucket=128,
-                         num_seqs_bucket=Nb, programs=2)
-    assert odd[7].tolist() == [[1, 1, 1, 4, 3], [0, 0, 0, 0, 0]]
+                         num_seqs_bucket=Nb, bf16=True, programs=2)
+    assert odd[7].tolist() == [[1, 1, 0, 8, 3], [0, 0, 0, 0, 0]]
 
 
 def test_prefill_tables_state_sources():
-    """Each sequence's first work row (a body if it has 4 chunks, else its first single
+    """HV = 8, bf16 (bodies of 4 chunks): each sequence's first work row (a body if it has 4
+    chunks, else its first single
     chunk) reads the zero block unless it has an initial state; every later row, and
     every row's destination, is the sequence's own block."""
     from nki_ssm.ops.launch.gated_delta import prefill_tables
@@ -613,8 +618,8 @@ def test_prefill_tables_state_sources():
     cu = np.concatenate([[0], np.cumsum(np.array(chunks) * 4)])
     n = len(chunks)
     _, body_state, _, tail_state, init_tab, final_tab, _, counts = prefill_tables(
-        cu, np.arange(n), init, slots=n, HV=2, K=K, chunk_size=4, num_tokens_bucket=256,
-        num_seqs_bucket=Nb)
+        cu, np.arange(n), init, slots=n, HV=8, K=K, chunk_size=4, num_tokens_bucket=256,
+        num_seqs_bucket=Nb, bf16=True)
     nb, nt = counts[0, 2], counts[0, 3]
     bodies = [c // 4 for c in chunks]
     assert nb == sum(bodies) and nt == sum(c % 4 for c in chunks)
@@ -807,6 +812,22 @@ def test_prefill_nan_beta_on_a_real_token_is_rejected_pool_untouched(backend, ra
     pad[name][45, 1] = np.nan          # a token of the padding sequence
     o = ops.gated_delta_prefill(**pad, chunk_size=16, backend=backend)
     assert np.all(np.isfinite(_f64(o)))
+
+
+@pytest.mark.parametrize("H, HV", [(4, 8), (2, 4)])
+@pytest.mark.parametrize("dtype", [np.float32, BF16])
+def test_prefill_fits_sbuf_at_qwen3_next_shards(H, HV, dtype, lnc):
+    """The Qwen3-Next TP4 and TP8 shards (K = V = 128, 2 or 1 head groups per program) with
+    the largest input tiles (q / k normalised in float32, raw gates) fit SBUF at LNC=1 and 2
+    with a full body of chunks_per_iteration chunks, a remainder chunk and a padding slot,
+    and match float64."""
+    from nki_ssm.kernels.gated_delta.chunk import chunks_per_iteration, heads_per_program
+
+    n = chunks_per_iteration(heads_per_program(HV, lnc), dtype != np.float32)
+    inp = make_gated_delta_inputs(np.random.default_rng(43), seqlens=[128 * n + 5], H=H,
+                                  HV=HV, K=128, V=128, raw_gates=True, use_qk_l2norm=True,
+                                  dtype=dtype, padding=1)
+    _prefill_check(inp, F32_TOL if dtype == np.float32 else BF16_TOL, chunk_size=None)
 
 
 @pytest.mark.parametrize("seqlens", [[64], [1]])

@@ -25,12 +25,22 @@ block inverted by nilpotent doubling ``(I - N)^{-1} = (I + N)(I + N^2)(I + N^4).
 (N = -A_bb, 4 rounds; the inverse kept compact, a quarter of the columns), then
 forward substitution over the blocks, ``X_b = A_bb^{-1} (R_b - sum_{k<b} A_bk X_k)``:
 one PSUM accumulation of the off-diagonal products, one subtraction and one
-application per block for the 4 heads; never a series over the whole chunk. With fewer
-than 8 head groups (_few_groups: TP2 and up) the right-hand sides are not packed, so the
-state chain has no packing moves: each head's block inverses are moved off the chain to
-the block's own rows (G, _place_g), and block b's application ``X_b = inv_bb B_b +
-inv_bb Z_b`` reads B_b where the k S eviction put it, through one matmul per head on the
-PE array's 32-row row tile at (32 b, 0).
+application per block for the 4 heads; never a series over the whole chunk.
+
+With fewer than 8 head groups (_few_groups: TP2 and up) the state chains bind, so the
+solve leaves them: the system is solved for the state-free right-hand sides
+``B = [v | -e^c k]`` (width V + K), giving ``[u | nw] = (I + A)^{-1} B`` and
+``Y = u + nw S``; then, with ``kd = beta e^{c_last - c} k`` and ``qd = scale e^c q``::
+
+    S <- e^{c_last} S + kd^T u + (nw^T kd)^T S
+    o  = M u + (qd + M nw) S                  M = scale tril(q k^T) D diag(beta)
+
+so a chunk's state chain is one PSUM accumulation (kd^T u, issued early, plus
+(nw^T kd)^T S) and one VectorE update, and the outputs read S through one matmul; Y is
+never formed. The right-hand sides are not packed: each head's block inverses are moved
+to the block's own rows (G, _place_g), and block b's application ``X_b = inv_bb B_b +
+inv_bb Z_b`` reads B_b where it is, through one matmul per head on the PE array's 32-row
+row tile at (32 b, 0); the off-diagonal blocks are placed by SBUF-to-SBUF DMAs.
 
 Arguments (prepared by the launcher; Tb = the token bucket, Nb = the sequence bucket)
 -------------------------------------------------------------------------------------
@@ -64,7 +74,7 @@ and read by the other, and no synchronisation is needed. When HV does not split 
 HV, e.g. 1) program 0 computes every head and program 1 gets zero trip counts (its counts
 row): it traces program 0's instructions but runs no loop iteration. Within a program
 everything below holds with HV its own heads: at Qwen3-Next TP1 (32 value heads) 16 per
-program, 4 head groups, 2 chunks per body; at TP4 (8) 4 per program, one group, 4 chunks.
+program, 4 head groups, 2 chunks per body; at TP4 (8) 4 per program, one group, 8 chunks.
 
 Loops: one runtime level, five ``nl.fori_loop`` in sequence
 -----------------------------------------------------------
@@ -91,7 +101,8 @@ sequence and a zero block.
 A runtime loop drains every engine at each iteration boundary (nki-dynamic-loops.rst,
 "Iterations Do Not Overlap"), so with few heads per core a body holds several chunks
 (``chunks_per_iteration``: about 8 head groups in flight: 1 at Qwen3-Next TP1, 2 at TP2, 4
-at TP4 and TP8). Rows past a sequence's end read the zero row (q = k = v = 0, g = 0,
+at TP4, 8 with one group: TP8, TP4 at LNC=2; float32 callers half as many from 2 groups
+on, for SBUF). Rows past a sequence's end read the zero row (q = k = v = 0, g = 0,
 beta = 0; raw gates: g is multiplied by a row-valid column, as softplus(dt_bias) != 0):
 such a row adds nothing to A, to v_new of the real rows (strictly lower products never
 reach them) or to S, and g = 0 leaves every decay exact; its output row is scattered to
@@ -103,15 +114,16 @@ A body: software pipeline over head groups and chunks
 -----------------------------------------------------
 Each group of 4 value heads has a list of jobs, one per dependent step (``_group_jobs``:
 q/k transposes; their masked products; gU; the decays; A^T; the packed solve's layout
-moves; the right-hand sides (k S); q S; the solve setup; per doubling round the squaring
-and the inverse update; per 32-row block its substitution and its application; the
-product operands; the outputs; the state update), and step t issues job s of group t - s
+moves; the right-hand sides (k S, or < 8 groups [v | -e^c k]); q S (>= 8 groups); the
+solve setup; per doubling round the squaring and the inverse update; per 32-row block its
+substitution and its application; the product operands (< 8 groups: and nw^T kd,
+qd^T + (M nw)^T); the outputs; the state update), and step t issues job s of group t - s
 for every s, the later stages first, so every in-order engine queue holds work of
 several groups between one group's dependent steps. With n chunks per body
 (``_body_plan``), chunk k > 0 starts its state-independent jobs (up to the doubling)
 _CHUNK_STEP steps after chunk k - 1 (plus _FIRST_LEAD in a body of 4) and its state jobs
 one step after chunk k - 1's state update of the same group: program order is the
-state's data order.
+state's data order (< 8 groups only the outputs and the state update read the state).
 
 Engines, per (chunk, value head) at C = 128 (tokens on partitions)
 ------------------------------------------------------------------
@@ -120,14 +132,16 @@ Engines, per (chunk, value head) at C = 128 (tokens on partitions)
   scatter (per head group); the state in and out of the scratch block (per head group,
   once per row); the packed solve's layout moves as SBUF-to-SBUF DMAs: the diagonal
   blocks into P^T, the right-hand sides into the packed R (< 8 head groups: instead the
-  block inverses into G, off the state chain) and the solutions back to per-head tiles
-  (< 8 head groups: all but the last block's).
+  block inverses into G and the off-diagonal blocks into their slots) and the solutions
+  back to per-head tiles (< 8 head groups: all but the last block's).
 - TensorE: k^T, q^T (transposes, one PSUM bank per q/k head); k k^T | k q^T (one matmul
   per q/k head, shared by HV / H value heads); the segment sums (fp32, 0/1 stationaries);
   k S, q S; the doubling on the whole array, one matmul per 32-row block of the pack: P
   from P^T (transposes), P P and P^T P^T up to N^8, then compact products with N^8, and
   the compact inverse updates; per block the off-diagonal products and the application
   (< 8 head groups: plus one 32-row row-tile product with G per head); M Y and kd^T Y; bf16 callers: q S into the output's accumulation (an identity matmul).
+  < 8 head groups instead of k S, q S, M Y, kd^T Y: nw^T [kd | M^T] and qd^T (identity
+  matmul) in one PSUM bank, M u + (qd + M nw) S, kd^T u + (nw^T kd)^T S.
 - VectorE: the masked eviction of k k^T | k q^T, A^T, R, M, the state update (and o for
   float32 callers); per group the P eviction, the compact inverse updates and their
   expansion, the substitution's subtractions (< 8 head groups: ScalarE negates instead,
@@ -135,8 +149,10 @@ Engines, per (chunk, value head) at C = 128 (tokens on partitions)
   launch (the placements write the same elements every chunk, so the zeros persist).
 - ScalarE: transpose evictions, the exps, the doubling's evictions and its chained
   product, q S, the packed solutions, the decayed keys, o (bf16 callers).
-- GpSimd: the off-diagonal blocks' placements (a row strip per head and block row) and
-  the software descriptors of the indirect gathers and scatters.
+- GpSimd: the off-diagonal blocks' placements (>= 8 head groups: a row strip per head
+  and block row), < 8 head groups the right-hand sides [v | -e^c k] and qd (SBUF only,
+  off the busier engines), and the software descriptors of the indirect gathers and
+  scatters.
 
 Operand precision: float32 callers get fp32 operands everywhere (the exact mode, tests
 1e-5). bfloat16 callers (``bf16``): q, k, v enter bf16 (exact: they are the inputs); q^T,
@@ -154,22 +170,26 @@ VectorE (87 % busy), with ScalarE (82 %) close behind, DMA 45 %, GpSimd 43 %, Te
 38 %: a chunk moves its inputs (~2 MB), its outputs (1 MB), the packing moves of its solves
 and the state in and out of its scratch block (2 x 2 MB, the price of one loop level: the
 state cannot stay in SBUF from one row to the next when a row may start another sequence).
-TP4 (8 value heads, 2 groups, 4 chunks per body; 16K tokens 3.67 ms, 4.46 M tokens/s, 3.6x
-TP1): ScalarE (83 %; the doubling's evictions on the whole array) and the chain phase: the
-state chains of a body's chunks follow one another, each chain step waiting behind other
-chunks' work in the in-order engine queues. Figures: the README's "Modeled performance"
-table and ``python -m simulate``.
+TP4 (8 value heads, 2 groups, 4 chunks per body; the WY variant; 16K tokens 3.83 ms,
+4.27 M tokens/s): VectorE (79 % busy) and ScalarE (78 %), GpSimd 62 %, TensorE 50 %,
+DMA 44 %: the state chain is short, the engines are throughput-bound; the solve of width
+V + K costs more engine time than a width-V solve would, which is the price of taking it
+off the chain. Figures: the README's "Modeled performance" table and ``python -m
+simulate``.
 
-At LNC=2 (each program modeled alone on its own physical core, ``nki_ssm.perf.model`` on
-its instructions; 16K tokens): TP1 6.81 ms per program against 13.21 ms at LNC=1 (0.515x):
-each program has half the work, still throughput-bound. TP4 2.45 ms against 3.67 ms
-(0.67x): a program's 4 value heads are one head group, one packed solve, so its state
-chain (k S, four substitution blocks of two cross-engine hops each, the state update:
-~19 us per chunk) is no longer hidden behind a second group's, and the engines idle at
-~60 % (neither more chunks per body nor two packs of 2 heads shortened it, modeled). The
-solve variant (packed right-hand sides with 8 or more groups, moved inverses with fewer:
-``_few_groups``) follows the layer's head count, not the program's, so LNC=2 computes
-every head exactly as LNC=1 does.
+At LNC=2 (``python -m simulate --lnc both``: the two programs on their own physical
+cores, sharing HBM; 16K tokens): TP1 6.81 ms per program against 13.21 ms at LNC=1
+(0.515x): each program has half the work, still throughput-bound. TP4 2.21 ms against
+3.83 ms (0.58x): a program's 4 value heads are one head group, one solve, 8 chunks per
+body; its state chain is short (WY), but each chunk's own dependent steps (doubling,
+substitution, outputs: ~30 cross-engine hand-offs) are hidden only behind the 7 other
+chunks of its body and each body starts and ends with one chunk's chain alone (the
+iteration boundary drains the engines), so VectorE and ScalarE are ~70 % busy against
+~80 % at LNC=1, where two groups interleave. More chunks per body do not fit SBUF (a
+body's tiles are live for the whole loop). The solve variant (packed
+right-hand sides with 8 or more groups, WY with fewer: ``_few_groups``) follows the
+layer's head count, not the program's, so LNC=2 computes every head exactly as LNC=1
+does.
 
 Constructs and their evidence (released kernels or the NKI 0.6.0 docs): the program's
 place in the LNC grid as ``nl.num_programs(0)`` / ``nl.program_id(0)``, Python ints
@@ -200,7 +220,7 @@ from nki_ssm.kernels.gated_delta._common import consecutive_groups
 
 _BLOCK = 32           # rows per exactly-inverted diagonal block
 _PACK = 4             # most heads whose blocks share one 128-partition packed solve
-_MAX_CHUNKS = 4       # most chunks per loop iteration (SBUF: TP2 with 4 does not fit)
+_MAX_CHUNKS = 8       # most chunks per loop iteration (SBUF: one head group of 4 with 8)
 _CHUNK_STEP = 6       # steps between the starts of a loop body's chunks (_body_plan)
 _FIRST_LEAD = 2       # extra steps chunk 0 runs alone in a body of _MAX_CHUNKS chunks (_body_plan)
 _SQUARED = 8          # the doubling squares up to N^8, then chains compact products with it
@@ -244,7 +264,7 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, body_rows, bo
     if bf16:
         mdt = nl.bfloat16
     cst = _constants(C, K, mdt)
-    nsub = chunks_per_iteration(HV)
+    nsub = chunks_per_iteration(HV, bf16)
     # the packed solve's tiles, one set per chunk of a body and head group, zeroed once: the
     # placements write the same elements every chunk, so the zeros persist
     solve = []
@@ -456,14 +476,20 @@ def _input_columns(win, K, V):
     return cols
 
 
-def chunks_per_iteration(HV):
-    """Chunks per body row (the launcher's work lists follow it): about 8 head groups in
-    flight, so 1 at Qwen3-Next TP1 (8 groups; SBUF holds one chunk's tiles), 2 at TP2, 4 at
-    TP4 and below. A runtime loop drains every engine at each iteration boundary
-    (nki-dynamic-loops.rst, "Iterations Do Not Overlap"): with several chunks per body the
-    drain and the state's trip through its scratch block are paid once per body, and chunk
-    c + 1's state-independent work overlaps chunk c's state chain."""
-    n = 8 // len(_head_groups(HV))
+def chunks_per_iteration(HV, bf16):
+    """Chunks per body row of a program's HV value heads (the launcher's work lists follow
+    it): about 8 head groups in flight, so 1 at Qwen3-Next TP1 (8 groups; SBUF holds one
+    chunk's tiles), 2 at TP2, 4 at TP4, 8 with one group (TP4 at LNC=2, TP8); float32
+    callers (``bf16`` False: inputs, and the tiles the WY form keeps per chunk, twice the
+    bytes) half as many from 2 groups on (TP4 float32 at LNC=1 with 4 does not fit SBUF). A
+    runtime loop drains every engine at each iteration boundary (nki-dynamic-loops.rst,
+    "Iterations Do Not Overlap"): with several chunks per body the drain and the state's
+    trip through its scratch block are paid once per body, and the chunks' dependent steps
+    (~30 cross-engine hand-offs each) overlap one another."""
+    groups = len(_head_groups(HV))
+    n = 8 // groups
+    if not bf16 and groups > 1:
+        n = n // 2
     return max(1, min(n, _MAX_CHUNKS))
 
 
@@ -487,8 +513,9 @@ def _head_groups(HV):
 
 def _few_groups(HV):
     """Whether a chunk has fewer than 8 head groups (TP2, TP4, TP8 of Qwen3-Next): its state
-    chains then bind (the body's chunks follow one another's state) and the job order
-    (_group_jobs) shortens them; with 8 or more (TP1) ScalarE and VectorE bind."""
+    chains would then bind (the body's chunks follow one another's state), so the solve
+    takes the state-free WY form (module docstring) and leaves the chain; with 8 or more
+    (TP1) ScalarE and VectorE bind and the width-V solve on the chain costs less."""
     return len(_head_groups(HV)) < 8
 
 
@@ -604,7 +631,7 @@ def _l2norm_rows(x, L, H, K):
                        data2=ss.reshape((L, H, 1)).broadcast(2, K), op=nl.multiply)
 
 
-def _solve_place(ATs, L, tiles, diag, off):
+def _solve_place(ATs, L, tiles, diag, off, off_dma=False):
     """The layout moves of a pack's solve: from the transposes ATs[i] ([j, i] layout) of the
     strictly-lower A_i [L, L] of up to _PACK heads, the diagonal _BLOCK-row blocks A_bb^T into
     slot b of tiles["PT"] and the off-diagonal blocks A_kb^T (k < b) into slot pair(k, b) of
@@ -614,7 +641,9 @@ def _solve_place(ATs, L, tiles, diag, off):
     a DMA never converts); the off-diagonal
     ones as one GpSimd copy per head and block row (cross-quadrant moves of <= 32
     partitions; by DMA they would put the queues on the critical path; a short last block
-    falls back to DMAs, one per block). The tiles are zeroed once per launch (_zero_solve)
+    falls back to DMAs, one per block), or (``off_dma``: the WY form, whose solve is off the
+    state chain and whose GpSimd builds the right-hand sides) by DMAs, one per block. The
+    tiles are zeroed once per launch (_zero_solve)
     and these moves write the same elements every chunk, so the zeros that keep the packed
     products block-diagonal persist."""
     nbs = _block_rows(L)
@@ -627,7 +656,7 @@ def _solve_place(ATs, L, tiles, diag, off):
             if diag:
                 nisa.dma_copy(dst=tiles["PT"][q0:q0 + nb, b, q0:q0 + nb],
                               src=ATs[j][r0:r0 + nb, r0:r0 + nb])
-            if off and b + 1 < nblk and nbs[nblk - 1] == _BLOCK:
+            if off and not off_dma and b + 1 < nblk and nbs[nblk - 1] == _BLOCK:
                 # the row strip of blocks (b, c > b): one GpSimd copy
                 p0 = _pair(b, b + 1, nblk)
                 n = nblk - 1 - b
@@ -1016,7 +1045,7 @@ def _chunks(bufs, n, io, cst, solve, S, c, K, V, win, raw_gates, use_qk_l2norm, 
     groups = _head_groups(HV)
     G = len(groups)
     jobs, jarg = _group_jobs(win["few"], L)
-    order, off, nslot = _body_plan(jobs, G, n)
+    order, off, nslot = _body_plan(jobs, G, n, win["few"])
     table = io["rows"]
     # the state entering the row, per head group (group 0's first: its k S comes first)
     cells = _row_cells(io["state"], c)
@@ -1090,9 +1119,10 @@ def _chunks(bufs, n, io, cst, solve, S, c, K, V, win, raw_gates, use_qk_l2norm, 
 
 
 _STATE_JOBS = ("rhs", "oq", "sub", "apply", "post_ops", "out", "state")
+_WY_STATE_JOBS = ("out", "state")     # _few_groups: the solve does not read the state
 
 
-def _body_plan(jobs, G, n):
+def _body_plan(jobs, G, n, few):
     """The issue order of a loop body of n chunks: ``order[k]`` the job indices of chunk k in
     stage order and ``off[k][i]`` the step at which group 0 runs its stage i (group u at
     step off + u); ``nslot`` steps in all. Chunk 0 runs its jobs as listed; a later chunk
@@ -1105,7 +1135,7 @@ def _body_plan(jobs, G, n):
     off = []
     nslot = 0
     lead = 0
-    if n >= _MAX_CHUNKS:
+    if n >= 4:
         lead = _FIRST_LEAD
     for k in range(n):
         ok = []
@@ -1114,10 +1144,10 @@ def _body_plan(jobs, G, n):
                 ok.append(s)
         else:
             for s in range(len(jobs)):
-                if not _is_state_job(jobs[s]):
+                if not _is_state_job(jobs[s], few):
                     ok.append(s)
             for s in range(len(jobs)):
-                if _is_state_job(jobs[s]):
+                if _is_state_job(jobs[s], few):
                     ok.append(s)
         fk = []
         shift = 0
@@ -1125,7 +1155,7 @@ def _body_plan(jobs, G, n):
             step = k * _CHUNK_STEP + i + shift
             if k > 0:
                 step = step + lead
-            if k > 0 and shift == 0 and _is_state_job(jobs[ok[i]]):
+            if k > 0 and shift == 0 and _is_state_job(jobs[ok[i]], few):
                 # the first state job: one step after the chunk before updates the state
                 prev = off[k - 1][len(off[k - 1]) - 1]
                 shift = max(prev + 1 - step, 0)
@@ -1137,9 +1167,13 @@ def _body_plan(jobs, G, n):
     return order, off, nslot
 
 
-def _is_state_job(name):
-    """Whether job ``name`` reads the state entering the chunk (directly or through k S)."""
-    for x in _STATE_JOBS:
+def _is_state_job(name, few):
+    """Whether job ``name`` reads the state entering the chunk (directly or through k S;
+    ``few``: the WY variant, where only the outputs and the state update read it)."""
+    names = _STATE_JOBS
+    if few:
+        names = _WY_STATE_JOBS
+    for x in names:
         if x == name:
             return True
     return False
@@ -1154,9 +1188,10 @@ def _group_jobs(few, L):
     state-dependent k S and R go in early: they do not wait for the solve. The order
     differs with the head groups a chunk has:
 
-    - < 8 groups (TP2, TP4, TP8): the off-diagonal blocks are placed by their own job
-      (``place_off``, GpSimd copies) after k S and q S, just before the solve setup, so
-      GpSimd places them while the doubling runs;
+    - < 8 groups (TP2, TP4, TP8, the WY form): the right-hand sides are [v | -e^c k] (no
+      k S, no q S); the off-diagonal blocks are placed by their own job (``place_off``,
+      DMAs) just before the solve setup; after the product operands ``wy`` forms
+      nw^T kd and qd^T + (M nw)^T, and only the outputs and the state update read S;
     - >= 8 groups (TP1): q S after the second substitution block instead of beside k S,
       out of ScalarE's busiest stretch.
 
@@ -1168,7 +1203,7 @@ def _group_jobs(few, L):
         nround = nround + 1
         covered = covered * 2
     nblk = len(_block_rows(L))
-    jobs = ["qk_t", "qk_mm", "gu", "decay", "at", "place", "rhs", "oq", "place_off", "setup"]
+    jobs = ["qk_t", "qk_mm", "gu", "decay", "at", "place", "rhs", "place_off", "setup"]
     if not few:
         jobs = ["qk_t", "qk_mm", "gu", "decay", "at", "place", "rhs", "setup"]
     jarg = []
@@ -1190,7 +1225,10 @@ def _group_jobs(few, L):
         if not few and b == min(1, nblk - 1):
             jobs.append("oq")
             jarg.append(0)
-    for name in ["post_ops", "out", "state"]:
+    tail = ["post_ops", "out", "state"]
+    if few:
+        tail = ["post_ops", "wy", "out", "state"]
+    for name in tail:
         jobs.append(name)
         jarg.append(0)
     return jobs, jarg
@@ -1203,6 +1241,10 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, K, 
     key = str(u)
     qk = ch["qk"]
     xdt = buf["v"].dtype
+    few = win["few"]
+    N = V               # width of the solve's right-hand sides: v, or [v | -e^c k] (WY)
+    if few:
+        N = V + K
     if job == "qk_t":
         pre = []
         for hv in hvs:
@@ -1216,6 +1258,10 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, K, 
             if qk.get(str(h)) == None:  # noqa: E711  (NKI has no `is`)
                 qk[str(h)] = _qk_transposes(buf["k"], buf["q"], h, L, K, xdt != nl.float32)
                 qk[str(h)]["group"] = u
+        if few:
+            # q's last reader (the next chunk's q lands after this job)
+            for i in range(len(hvs)):
+                _head_qd(pre[i], buf["q"], ch["qs"], qk_of[hvs[i]], hvs[i], K)
     elif job == "qk_mm":
         for hv in hvs:
             d = qk[str(qk_of[hv])]
@@ -1239,7 +1285,7 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, K, 
         ATs = []
         for d in pres[key]:
             ATs.append(d["AT"])
-        _solve_place(ATs, L, solve[u], False, True)
+        _solve_place(ATs, L, solve[u], False, True, True)
     elif job == "setup":
         items[key] = _solve_setup(len(hvs), L, cst, xdt, solve[u])
     elif job == "square":
@@ -1249,7 +1295,12 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, K, 
     elif job == "rhs":
         Rs = []
         for i in range(len(hvs)):
-            _head_rhs(pres[key][i], qk[str(qk_of[hvs[i]])], buf["v"], ch["nec"], S, hvs[i], V)
+            if few:
+                _head_rhs_wy(pres[key][i], qk[str(qk_of[hvs[i]])], buf["v"], ch["nec"], hvs[i],
+                             V, K)
+            else:
+                _head_rhs(pres[key][i], qk[str(qk_of[hvs[i]])], buf["v"], ch["nec"], S, hvs[i],
+                          V)
             Rs.append(pres[key][i]["R"])
         gdat[key]["Rs"] = Rs
         gdat[key]["Rp"] = None
@@ -1259,25 +1310,36 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, K, 
         for i in range(len(hvs)):
             _head_oq(pres[key][i], qk[str(qk_of[hvs[i]])], ch["qs"], S, hvs[i], V)
     elif job == "sub":
-        _solve_rhs_block(items[key], gdat[key]["Rp"], x, V)
+        _solve_rhs_block(items[key], gdat[key]["Rp"], x, N)
     elif job == "apply":
         if x == 0:
             for i in range(len(hvs)):
-                gdat[key]["X"].append(nl.ndarray((L, V), dtype=nl.float32, buffer=nl.sbuf))
-        _solve_apply_block(items[key], gdat[key]["X"], x, V, gdat[key]["Rs"])
+                gdat[key]["X"].append(nl.ndarray((L, N), dtype=nl.float32, buffer=nl.sbuf))
+        _solve_apply_block(items[key], gdat[key]["X"], x, N, gdat[key]["Rs"])
     elif job == "post_ops":
         for i in range(len(hvs)):
             _head_post_ops(qk[str(qk_of[hvs[i]])], pres[key][i], ch["bs"], ch["dlb"], hvs[i],
                            L, K)
+    elif job == "wy":
+        for i in range(len(hvs)):
+            _head_wy(pres[key][i], gdat[key]["X"][i], cst["ident"], L, K, V, xdt != nl.float32)
     elif job == "out":
         for i in range(len(hvs)):
-            _head_out(pres[key][i], gdat[key]["X"][i], ch["oc"], cst["ident"], hvs[i], V,
-                      xdt != nl.float32)
+            if few:
+                _head_out_wy(pres[key][i], gdat[key]["X"][i], S, ch["oc"], hvs[i], V,
+                             xdt != nl.float32)
+            else:
+                _head_out(pres[key][i], gdat[key]["X"][i], ch["oc"], cst["ident"], hvs[i], V,
+                          xdt != nl.float32)
         # each group's o columns leave as soon as they are done
         c0 = hvs[0] * V
         c1 = (hvs[len(hvs) - 1] + 1) * V
         nisa.dma_copy(dst=_rows_view(o, ch["rows"], C, win["hv0"] * V + c0, c1 - c0),
                       src=ch["oc"][:, c0:c1])
+    elif few:
+        for i in range(len(hvs)):
+            _head_state_wy(S, pres[key][i], gdat[key]["X"][i], ch["el"], hvs[i], K, V,
+                           xdt != nl.float32)
     else:
         for i in range(len(hvs)):
             _head_state(S, pres[key][i]["kd"], gdat[key]["X"][i], ch["el"], hvs[i], K, V,
@@ -1380,13 +1442,15 @@ def _head_oq(d, qk, qs, S, hv, V):
 def _head_post_ops(qk, d, bs, dlb, hv, L, K):
     """The operands the products with Y need (into ``d``): MT = scale beta_j tril(q k^T) D
     ([j, i] layout) and the decayed keys kd = beta e^{c_last - c} k."""
-    MT = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
+    kdm = nl.ndarray((L, K + L), dtype=nl.float32, buffer=nl.sbuf)   # [kd | MT]: one operand
+    MT = kdm[:, K:K + L]
     nisa.scalar_tensor_tensor(dst=MT, data=qk["kq"], op0=nl.multiply, operand0=bs[:, hv:hv + 1],
                               op1=nl.multiply, operand1=d["DT"])
-    kd = nl.ndarray((L, K), dtype=nl.float32, buffer=nl.sbuf)
+    kd = kdm[:, 0:K]
     nisa.activation(dst=kd, op=nl.copy, data=qk["kh"], scale=dlb[:, hv:hv + 1])
     d["MT"] = MT
     d["kd"] = kd
+    d["kdm"] = kdm
 
 
 def _head_out(d, Y, oc, ident, hv, V, fast):
@@ -1403,6 +1467,71 @@ def _head_out(d, Y, oc, ident, hv, V, fast):
         nisa.tensor_copy(dst=oc[:, hv * V:(hv + 1) * V], src=pm, engine=nisa.engine.scalar)
     else:
         nisa.tensor_tensor(dst=oc[:, hv * V:(hv + 1) * V], data1=pm, data2=d["oq"], op=nl.add)
+
+
+def _head_qd(d, qc, qs, h, hv, K):
+    """qd = scale e^c q of value head hv (q/k head h; into ``d``), float32 [L, K]: the q S
+    part of the WY form's output operand (_head_wy). GpSimd: off the busier engines."""
+    L = qc.shape[0]
+    d["qd"] = nl.ndarray((L, K), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=d["qd"], data1=qc[:, h * K:(h + 1) * K],
+                       data2=qs[:, hv:hv + 1].broadcast(1, K), op=nl.multiply,
+                       engine=nisa.engine.gpsimd)
+
+
+def _head_rhs_wy(d, qk, vc, nec, hv, V, K):
+    """B = [v | -e^c k] of value head hv (into d["R"]), float32 [L, V + K]: the WY form's
+    right-hand sides, which do not read the state: the solve gives [u | nw] = (I + A)^{-1} B,
+    and Y = u + nw S (_head_wy). GpSimd: off the busier engines."""
+    L = vc.shape[0]
+    B = nl.ndarray((L, V + K), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=B[:, 0:V], src=vc[:, hv * V:(hv + 1) * V], engine=nisa.engine.gpsimd)
+    nisa.tensor_tensor(dst=B[:, V:V + K], data1=qk["kh"], data2=nec[:, hv:hv + 1].broadcast(1, K),
+                       op=nl.multiply, engine=nisa.engine.gpsimd)
+    d["R"] = B
+
+
+def _head_wy(d, X, ident, L, K, V, fast):
+    """The state-free operands of value head hv's outputs and state update, from the solve's
+    X = [u | nw] (into ``d``): with Y = u + nw S,
+    ``S' = e^{c_last} S + kd^T u + (nw^T kd)^T S`` and ``o = M u + (qd + M nw) S``, so
+    WT = [nw^T kd | qd^T + (M nw)^T] ``[K, K + L]``: one matmul of nw against [kd | MT],
+    qd^T added by an identity matmul, one eviction (VectorE)."""
+    nw = X[:, V:V + K]
+    ps = nl.ndarray((K, K + L), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ps, stationary=_tf(nw, fast), moving=_tf(d["kdm"], fast),
+                   accumulate=False)
+    nisa.nc_matmul(dst=ps[:, K:K + L], stationary=_tf(d["qd"], fast),
+                   moving=_tf(ident[0:L, 0:L], fast), accumulate=True)
+    d["WT"] = nl.ndarray((K, K + L), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=d["WT"], src=ps, engine=nisa.engine.vector)
+
+
+def _head_out_wy(d, X, S, oc, hv, V, fast):
+    """o columns of value head hv in the WY form: M u + (qd + M nw) S (_head_wy), one PSUM
+    accumulation, evicted by ScalarE."""
+    L = X.shape[0]
+    K = S.shape[0]
+    pm = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=pm, stationary=_tf(d["MT"], fast), moving=_tf(X[:, 0:V], fast),
+                   accumulate=False)
+    nisa.nc_matmul(dst=pm, stationary=_tf(d["WT"][:, K:K + L], fast),
+                   moving=_tf(S[:, hv * V:(hv + 1) * V], fast), accumulate=True)
+    nisa.tensor_copy(dst=oc[:, hv * V:(hv + 1) * V], src=pm, engine=nisa.engine.scalar)
+
+
+def _head_state_wy(S, d, X, el, hv, K, V, fast):
+    """S <- e^{c_last} S + kd^T u + (nw^T kd)^T S for value head hv (_head_wy): kd^T u does
+    not read the state, so the state's chain is one matmul and one VectorE update."""
+    Sh = S[:, hv * V:(hv + 1) * V]
+    su = nl.ndarray((K, V), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=su, stationary=_tf(d["kd"], fast), moving=_tf(X[:, 0:V], fast),
+                   accumulate=False)
+    nisa.nc_matmul(dst=su, stationary=_tf(d["WT"][:, 0:K], fast), moving=_tf(Sh, fast),
+                   accumulate=True)
+    nisa.scalar_tensor_tensor(dst=Sh, data=Sh, op0=nl.multiply, operand0=el[:, hv:hv + 1],
+                              op1=nl.add, operand1=su)
+    su = None
 
 
 def _head_state(S, kd, Y, el, hv, K, V, fast):
