@@ -1063,12 +1063,16 @@ def _chunks(bufs, n, io, cst, solve, S, c, K, V, win, raw_gates, use_qk_l2norm, 
         pres.append({})
         gdat.append({})
         items.append({})
-    # the next row's chunks; with prefetch their inputs land in the tiles during the body:
-    # q, v, g, beta once the last reader of each is issued, k (read until the end, by the
-    # decayed keys) into a second tile, moved over at the end
+    # the next row's chunks; with prefetch their inputs land in the tiles during the body,
+    # each once its last reader is issued: q, v, g, beta early; k is read until the decayed
+    # keys (post_ops), near the end of its chunk, so in a body of one chunk it goes to a
+    # second tile at the start and is moved over at the end (the next body's first job
+    # reads it), in a body of several it lands after post_ops as the others do (the next
+    # body reads chunk j's k only at chunk j's first step)
     src = []
     for j in range(nsub):
         src.append(None)
+    k_direct = n > 1
     if io["prefetch"]:
         for j in range(n):
             rows = _table_rows(table, c, C, n + j)
@@ -1076,7 +1080,8 @@ def _chunks(bufs, n, io, cst, solve, S, c, K, V, win, raw_gates, use_qk_l2norm, 
             for name in _INPUTS:
                 views[name] = _rows_view(io["hbm"][name], rows, C, io["cols"][name],
                                          bufs[j][name].shape[1])
-            nisa.dma_copy(dst=io["nxt_k"][j], src=views["k"])
+            if not k_direct:
+                nisa.dma_copy(dst=io["nxt_k"][j], src=views["k"])
             src[j] = views
     # last reader of each input (the next chunk lands after the last group's job)
     last = {}
@@ -1084,6 +1089,8 @@ def _chunks(bufs, n, io, cst, solve, S, c, K, V, win, raw_gates, use_qk_l2norm, 
     last["gu"] = "g"
     last["at"] = "beta"
     last["rhs"] = "v"
+    if k_direct:
+        last["post_ops"] = "k"
     for t in range(nslot):
         for k in range(n):
             for r in range(len(order[k])):
@@ -1112,10 +1119,10 @@ def _chunks(bufs, n, io, cst, solve, S, c, K, V, win, raw_gates, use_qk_l2norm, 
                     if name != None and t == off[k][i] + G - 1:  # noqa: E711
                         nisa.dma_copy(dst=bufs[k][name], src=src[k][name])
     for j in range(n):
-        if io["prefetch"]:
-            nisa.dma_copy(dst=bufs[j]["k"], src=io["nxt_k"][j])
-        else:
+        if not io["prefetch"]:
             _gather_chunk(bufs[j], io, table, c, n + j, C)
+        elif not k_direct:
+            nisa.dma_copy(dst=bufs[j]["k"], src=io["nxt_k"][j])
 
 
 _STATE_JOBS = ("rhs", "oq", "sub", "apply", "post_ops", "out", "state")
