@@ -128,27 +128,32 @@ state's data order (< 8 groups only the outputs and the state update read the st
 Engines, per (chunk, value head) at C = 128 (tokens on partitions)
 ------------------------------------------------------------------
 - DMA: the row gathers of q, k, v, g, beta (indirect, one token row per partition; with
-  small inputs the next row's during the body, k into a second tile) and the output
+  small inputs the next row's during the body, each after its last reader; k, read until
+  the decayed keys, into a second tile in a body of one chunk) and the output
   scatter (per head group); the state in and out of the scratch block (per head group,
   once per row); the packed solve's layout moves as SBUF-to-SBUF DMAs: the diagonal
   blocks into P^T, the right-hand sides into the packed R (< 8 head groups: instead the
   block inverses into G and the off-diagonal blocks into their slots) and the solutions
   back to per-head tiles (< 8 head groups: all but the last block's).
 - TensorE: k^T, q^T (transposes, one PSUM bank per q/k head); k k^T | k q^T (one matmul
-  per q/k head, shared by HV / H value heads); the segment sums (fp32, 0/1 stationaries);
+  per q/k head, shared by HV / H value heads); the segment sums (fp32, 0/1 stationaries;
+  one matmul for a group's 4 heads, side by side in one PSUM bank);
   k S, q S; the doubling on the whole array, one matmul per 32-row block of the pack: P
   from P^T (transposes), P P and P^T P^T up to N^8, then compact products with N^8, and
   the compact inverse updates; per block the off-diagonal products and the application
   (< 8 head groups: plus one 32-row row-tile product with G per head); M Y and kd^T Y; bf16 callers: q S into the output's accumulation (an identity matmul).
   < 8 head groups instead of k S, q S, M Y, kd^T Y: nw^T [kd | M^T] and qd^T (identity
-  matmul) in one PSUM bank, M u + (qd + M nw) S, kd^T u + (nw^T kd)^T S.
+  matmul; two heads per PSUM bank), M u + (qd + M nw) S (a group's 4 heads in one bank),
+  kd^T u + (nw^T kd)^T S.
 - VectorE: the masked eviction of k k^T | k q^T, A^T, R, M, the state update (and o for
   float32 callers); per group the P eviction, the compact inverse updates and their
   expansion, the substitution's subtractions (< 8 head groups: ScalarE negates instead,
   and the last block's solutions leave PSUM half on VectorE, half on ScalarE); the zeroing of the packed tiles once per
   launch (the placements write the same elements every chunk, so the zeros persist).
-- ScalarE: transpose evictions, the exps, the doubling's evictions and its chained
-  product, q S, the packed solutions, the decayed keys, o (bf16 callers).
+- ScalarE: transpose evictions, the exps (the decays: one per group), the doubling's
+  evictions and its chained product, q S, the packed solutions, the decayed keys, o (bf16
+  callers; < 8 head groups: one per group); < 8 head groups the operands [nw^T kd | qd^T +
+  (M nw)^T] of a group's first two heads (VectorE the other two).
 - GpSimd: the off-diagonal blocks' placements (>= 8 head groups: a row strip per head
   and block row), < 8 head groups the right-hand sides [v | -e^c k] and qd (SBUF only,
   off the busier engines), and the software descriptors of the indirect gathers and
@@ -1063,12 +1068,16 @@ def _chunks(bufs, n, io, cst, solve, S, c, K, V, win, raw_gates, use_qk_l2norm, 
         pres.append({})
         gdat.append({})
         items.append({})
-    # the next row's chunks; with prefetch their inputs land in the tiles during the body:
-    # q, v, g, beta once the last reader of each is issued, k (read until the end, by the
-    # decayed keys) into a second tile, moved over at the end
+    # the next row's chunks; with prefetch their inputs land in the tiles during the body,
+    # each once its last reader is issued: q, v, g, beta early; k is read until the decayed
+    # keys (post_ops), near the end of its chunk, so in a body of one chunk it goes to a
+    # second tile at the start and is moved over at the end (the next body's first job
+    # reads it), in a body of several it lands after post_ops as the others do (the next
+    # body reads chunk j's k only at chunk j's first step)
     src = []
     for j in range(nsub):
         src.append(None)
+    k_direct = n > 1
     if io["prefetch"]:
         for j in range(n):
             rows = _table_rows(table, c, C, n + j)
@@ -1076,7 +1085,8 @@ def _chunks(bufs, n, io, cst, solve, S, c, K, V, win, raw_gates, use_qk_l2norm, 
             for name in _INPUTS:
                 views[name] = _rows_view(io["hbm"][name], rows, C, io["cols"][name],
                                          bufs[j][name].shape[1])
-            nisa.dma_copy(dst=io["nxt_k"][j], src=views["k"])
+            if not k_direct:
+                nisa.dma_copy(dst=io["nxt_k"][j], src=views["k"])
             src[j] = views
     # last reader of each input (the next chunk lands after the last group's job)
     last = {}
@@ -1084,6 +1094,8 @@ def _chunks(bufs, n, io, cst, solve, S, c, K, V, win, raw_gates, use_qk_l2norm, 
     last["gu"] = "g"
     last["at"] = "beta"
     last["rhs"] = "v"
+    if k_direct:
+        last["post_ops"] = "k"
     for t in range(nslot):
         for k in range(n):
             for r in range(len(order[k])):
@@ -1112,10 +1124,10 @@ def _chunks(bufs, n, io, cst, solve, S, c, K, V, win, raw_gates, use_qk_l2norm, 
                     if name != None and t == off[k][i] + G - 1:  # noqa: E711
                         nisa.dma_copy(dst=bufs[k][name], src=src[k][name])
     for j in range(n):
-        if io["prefetch"]:
-            nisa.dma_copy(dst=bufs[j]["k"], src=io["nxt_k"][j])
-        else:
+        if not io["prefetch"]:
             _gather_chunk(bufs[j], io, table, c, n + j, C)
+        elif not k_direct:
+            nisa.dma_copy(dst=bufs[j]["k"], src=io["nxt_k"][j])
 
 
 _STATE_JOBS = ("rhs", "oq", "sub", "apply", "post_ops", "out", "state")
@@ -1268,11 +1280,11 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, K, 
             if d["group"] == u and d.get("kk") == None:  # noqa: E711 (once per q/k head)
                 _qk_products(cst, d, L)
     elif job == "gu":
+        gdat[key]["gU"] = nl.ndarray((L, len(hvs), L), dtype=nl.float32, buffer=nl.sbuf)
         for i in range(len(hvs)):
-            _head_gu(pres[key][i], cst, buf["g"], hvs[i], L)
+            _head_gu(gdat[key]["gU"][:, i, :], cst, buf["g"], hvs[i], L)
     elif job == "decay":
-        for d in pres[key]:
-            _head_decay(cst, d, L)
+        _group_decay(cst, pres[key], gdat[key]["gU"], L)
     elif job == "at":
         for i in range(len(hvs)):
             _head_at(qk[str(qk_of[hvs[i]])], pres[key][i], buf["beta"], hvs[i], L)
@@ -1321,19 +1333,18 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, K, 
             _head_post_ops(qk[str(qk_of[hvs[i]])], pres[key][i], ch["bs"], ch["dlb"], hvs[i],
                            L, K)
     elif job == "wy":
-        for i in range(len(hvs)):
-            _head_wy(pres[key][i], gdat[key]["X"][i], cst["ident"], L, K, V, xdt != nl.float32)
+        _group_wy(pres[key], gdat[key]["X"], cst["ident"], L, K, V, xdt != nl.float32)
     elif job == "out":
-        for i in range(len(hvs)):
-            if few:
-                _head_out_wy(pres[key][i], gdat[key]["X"][i], S, ch["oc"], hvs[i], V,
-                             xdt != nl.float32)
-            else:
+        c0 = hvs[0] * V
+        c1 = (hvs[len(hvs) - 1] + 1) * V
+        if few:
+            _group_out_wy(pres[key], gdat[key]["X"], S, ch["oc"][:, c0:c1], hvs, V,
+                          xdt != nl.float32)
+        else:
+            for i in range(len(hvs)):
                 _head_out(pres[key][i], gdat[key]["X"][i], ch["oc"], cst["ident"], hvs[i], V,
                           xdt != nl.float32)
         # each group's o columns leave as soon as they are done
-        c0 = hvs[0] * V
-        c1 = (hvs[len(hvs) - 1] + 1) * V
         nisa.dma_copy(dst=_rows_view(o, ch["rows"], C, win["hv0"] * V + c0, c1 - c0),
                       src=ch["oc"][:, c0:c1])
     elif few:
@@ -1393,19 +1404,23 @@ def _qk_products(cst, d, L):
     d["kq"] = kkq[:, 1, :]
 
 
-def _head_gu(d, cst, g, hv, L):
-    """gU[m, i] = g_m (m <= i) of value head hv (into ``d``): the moving operand of its
-    segment sums."""
-    d["gU"] = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=d["gU"], op=nl.copy, data=cst["tri_up"][0:L, 0:L],
-                    scale=g[:, hv:hv + 1])
+def _head_gu(gU, cst, g, hv, L):
+    """gU[m, i] = g_m (m <= i) of value head hv (into the ``[L, L]`` tile ``gU``): the
+    moving operand of its segment sums."""
+    nisa.activation(dst=gU, op=nl.copy, data=cst["tri_up"][0:L, 0:L], scale=g[:, hv:hv + 1])
 
 
-def _head_decay(cst, d, L):
-    """DT[j, i] = e^{seg(j, i]} ([j, i] layout; 1 where j >= i) from direct segment sums
-    seg(j, i] = sum_{j < m <= i} g_m (an fp32 matmul with a 0/1 operator), never
-    c_i - c_j of two running sums (that cancels)."""
-    d["DT"] = _exp_of_mm(cst["tri_lo"][0:L, 0:L], d["gU"], L, L)
+def _group_decay(cst, ds, gU, L):
+    """DT[j, i] = e^{seg(j, i]} ([j, i] layout; 1 where j >= i) of each head of a group (into
+    ``ds``) from direct segment sums seg(j, i] = sum_{j < m <= i} g_m (an fp32 matmul with a
+    0/1 operator), never c_i - c_j of two running sums (that cancels): the heads' gU side
+    by side (``[L, heads, L]``, one PSUM bank for 4 heads at L = 128), so one matmul and
+    one exp serve the group."""
+    nh = gU.shape[1]
+    DT = _exp_of_mm(cst["tri_lo"][0:L, 0:L], gU.reshape((L, nh * L)), L, nh * L)
+    DT = DT.reshape((L, nh, L))
+    for i in range(nh):
+        ds[i]["DT"] = DT[:, i, :]
 
 
 def _head_at(qk, d, beta, hv, L):
@@ -1471,7 +1486,7 @@ def _head_out(d, Y, oc, ident, hv, V, fast):
 
 def _head_qd(d, qc, qs, h, hv, K):
     """qd = scale e^c q of value head hv (q/k head h; into ``d``), float32 [L, K]: the q S
-    part of the WY form's output operand (_head_wy). GpSimd: off the busier engines."""
+    part of the WY form's output operand (_group_wy). GpSimd: off the busier engines."""
     L = qc.shape[0]
     d["qd"] = nl.ndarray((L, K), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=d["qd"], data1=qc[:, h * K:(h + 1) * K],
@@ -1482,7 +1497,7 @@ def _head_qd(d, qc, qs, h, hv, K):
 def _head_rhs_wy(d, qk, vc, nec, hv, V, K):
     """B = [v | -e^c k] of value head hv (into d["R"]), float32 [L, V + K]: the WY form's
     right-hand sides, which do not read the state: the solve gives [u | nw] = (I + A)^{-1} B,
-    and Y = u + nw S (_head_wy). GpSimd: off the busier engines."""
+    and Y = u + nw S (_group_wy). GpSimd: off the busier engines."""
     L = vc.shape[0]
     B = nl.ndarray((L, V + K), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=B[:, 0:V], src=vc[:, hv * V:(hv + 1) * V], engine=nisa.engine.gpsimd)
@@ -1491,37 +1506,51 @@ def _head_rhs_wy(d, qk, vc, nec, hv, V, K):
     d["R"] = B
 
 
-def _head_wy(d, X, ident, L, K, V, fast):
-    """The state-free operands of value head hv's outputs and state update, from the solve's
-    X = [u | nw] (into ``d``): with Y = u + nw S,
-    ``S' = e^{c_last} S + kd^T u + (nw^T kd)^T S`` and ``o = M u + (qd + M nw) S``, so
-    WT = [nw^T kd | qd^T + (M nw)^T] ``[K, K + L]``: one matmul of nw against [kd | MT],
-    qd^T added by an identity matmul, one eviction (VectorE)."""
-    nw = X[:, V:V + K]
-    ps = nl.ndarray((K, K + L), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=_tf(nw, fast), moving=_tf(d["kdm"], fast),
-                   accumulate=False)
-    nisa.nc_matmul(dst=ps[:, K:K + L], stationary=_tf(d["qd"], fast),
-                   moving=_tf(ident[0:L, 0:L], fast), accumulate=True)
-    d["WT"] = nl.ndarray((K, K + L), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=d["WT"], src=ps, engine=nisa.engine.vector)
+def _group_wy(ds, Xs, ident, L, K, V, fast):
+    """The state-free operands of a group's heads' outputs and state updates, from the
+    solves' X = [u | nw] (into ``ds``): with Y = u + nw S,
+    ``S' = e^{c_last} S + kd^T u + (nw^T kd)^T S`` and ``o = M u + (qd + M nw) S``, so per
+    head WT = [nw^T kd | qd^T + (M nw)^T] ``[K, K + L]``: one matmul of nw against
+    [kd | MT], qd^T added by an identity matmul; two heads share a PSUM bank and one
+    eviction (into the group's ``[K, heads, K + L]`` tile; ScalarE, then VectorE)."""
+    nh = len(ds)
+    WT = nl.ndarray((K, nh, K + L), dtype=nl.float32, buffer=nl.sbuf)
+    for p0 in range(0, nh, 2):
+        p1 = min(p0 + 2, nh)
+        ps = nl.ndarray((K, p1 - p0, K + L), dtype=nl.float32, buffer=nl.psum)
+        for i in range(p0, p1):
+            nw = Xs[i][:, V:V + K]
+            nisa.nc_matmul(dst=ps[:, i - p0, :], stationary=_tf(nw, fast),
+                           moving=_tf(ds[i]["kdm"], fast), accumulate=False)
+            nisa.nc_matmul(dst=ps[:, i - p0, K:K + L], stationary=_tf(ds[i]["qd"], fast),
+                           moving=_tf(ident[0:L, 0:L], fast), accumulate=True)
+        eng = nisa.engine.scalar
+        if p0 > 0:
+            eng = nisa.engine.vector
+        nisa.tensor_copy(dst=WT[:, p0:p1, :], src=ps, engine=eng)
+    for i in range(nh):
+        ds[i]["WT"] = WT[:, i, :]
 
 
-def _head_out_wy(d, X, S, oc, hv, V, fast):
-    """o columns of value head hv in the WY form: M u + (qd + M nw) S (_head_wy), one PSUM
-    accumulation, evicted by ScalarE."""
-    L = X.shape[0]
+def _group_out_wy(ds, Xs, S, oc, hvs, V, fast):
+    """o columns of a group's value heads ``hvs`` in the WY form (into ``oc``, their
+    ``[L, heads*V]`` columns): per head M u + (qd + M nw) S (_group_wy), one PSUM
+    accumulation in its columns of one bank, and one ScalarE eviction for the group."""
+    L = Xs[0].shape[0]
     K = S.shape[0]
-    pm = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pm, stationary=_tf(d["MT"], fast), moving=_tf(X[:, 0:V], fast),
-                   accumulate=False)
-    nisa.nc_matmul(dst=pm, stationary=_tf(d["WT"][:, K:K + L], fast),
-                   moving=_tf(S[:, hv * V:(hv + 1) * V], fast), accumulate=True)
-    nisa.tensor_copy(dst=oc[:, hv * V:(hv + 1) * V], src=pm, engine=nisa.engine.scalar)
+    nh = len(hvs)
+    pm = nl.ndarray((L, nh * V), dtype=nl.float32, buffer=nl.psum)
+    for i in range(nh):
+        hv = hvs[i]
+        nisa.nc_matmul(dst=pm[:, i * V:(i + 1) * V], stationary=_tf(ds[i]["MT"], fast),
+                       moving=_tf(Xs[i][:, 0:V], fast), accumulate=False)
+        nisa.nc_matmul(dst=pm[:, i * V:(i + 1) * V], stationary=_tf(ds[i]["WT"][:, K:K + L], fast),
+                       moving=_tf(S[:, hv * V:(hv + 1) * V], fast), accumulate=True)
+    nisa.tensor_copy(dst=oc, src=pm, engine=nisa.engine.scalar)
 
 
 def _head_state_wy(S, d, X, el, hv, K, V, fast):
-    """S <- e^{c_last} S + kd^T u + (nw^T kd)^T S for value head hv (_head_wy): kd^T u does
+    """S <- e^{c_last} S + kd^T u + (nw^T kd)^T S for value head hv (_group_wy): kd^T u does
     not read the state, so the state's chain is one matmul and one VectorE update."""
     Sh = S[:, hv * V:(hv + 1) * V]
     su = nl.ndarray((K, V), dtype=nl.float32, buffer=nl.psum)
