@@ -170,27 +170,27 @@ writes fp32); all decays, segment sums and the state stay fp32.
 
 What binds (modeled trn2 by nki_ssm.perf as of this commit, bf16 I/O, fp32 pool, chunk
 128; ``python -m simulate --op gated_delta_prefill``). Qwen3-Next TP1 (32 value heads, 8
-groups, one chunk per body; 16K tokens 13.2 ms, 10-90 %: 12.6-14.8, 1.24 M tokens/s):
-VectorE (87 % busy), with ScalarE (82 %) close behind, DMA 45 %, GpSimd 43 %, TensorE
-38 %: a chunk moves its inputs (~2 MB), its outputs (1 MB), the packing moves of its solves
+groups, one chunk per body; 16K tokens 13.15 ms, 10-90 %: 12.5-14.8, 1.25 M tokens/s):
+VectorE (87 % busy), with ScalarE (79 %) close behind, DMA 45 %, GpSimd 43 %, TensorE
+36 %: a chunk moves its inputs (~2 MB), its outputs (1 MB), the packing moves of its solves
 and the state in and out of its scratch block (2 x 2 MB, the price of one loop level: the
 state cannot stay in SBUF from one row to the next when a row may start another sequence).
-TP4 (8 value heads, 2 groups, 4 chunks per body; the WY variant; 16K tokens 3.83 ms,
-4.27 M tokens/s): VectorE (79 % busy) and ScalarE (78 %), GpSimd 62 %, TensorE 50 %,
-DMA 44 %: the state chain is short, the engines are throughput-bound; the solve of width
+TP4 (8 value heads, 2 groups, 4 chunks per body; the WY variant; 16K tokens 3.63 ms,
+4.51 M tokens/s): ScalarE (80 % busy) and VectorE (75 %), GpSimd 65 %, TensorE 52 %,
+DMA 45 %: the state chain is short, the engines are throughput-bound; the solve of width
 V + K costs more engine time than a width-V solve would, which is the price of taking it
 off the chain. Figures: the README's "Modeled performance" table and ``python -m
 simulate``.
 
 At LNC=2 (``python -m simulate --lnc both``: the two programs on their own physical
-cores, sharing HBM; 16K tokens): TP1 6.81 ms per program against 13.21 ms at LNC=1
-(0.515x): each program has half the work, still throughput-bound. TP4 2.21 ms against
-3.83 ms (0.58x): a program's 4 value heads are one head group, one solve, 8 chunks per
+cores, sharing HBM; 16K tokens): TP1 6.73 ms per program against 13.15 ms at LNC=1
+(0.51x): each program has half the work, still throughput-bound. TP4 2.07 ms against
+3.63 ms (0.57x): a program's 4 value heads are one head group, one solve, 8 chunks per
 body; its state chain is short (WY), but each chunk's own dependent steps (doubling,
 substitution, outputs: ~30 cross-engine hand-offs) are hidden only behind the 7 other
 chunks of its body and each body starts and ends with one chunk's chain alone (the
 iteration boundary drains the engines), so VectorE and ScalarE are ~70 % busy against
-~80 % at LNC=1, where two groups interleave. More chunks per body do not fit SBUF (a
+75-80 % at LNC=1, where two groups interleave. More chunks per body do not fit SBUF (a
 body's tiles are live for the whole loop). The solve variant (packed
 right-hand sides with 8 or more groups, WY with fewer: ``_few_groups``) follows the
 layer's head count, not the program's, so LNC=2 computes every head exactly as LNC=1
