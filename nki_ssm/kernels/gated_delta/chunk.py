@@ -190,8 +190,8 @@ body; its state chain is short (WY), but each chunk's own dependent steps (doubl
 substitution, outputs: ~30 cross-engine hand-offs) are hidden only behind the 7 other
 chunks of its body and each body starts and ends with one chunk's chain alone (the
 iteration boundary drains the engines), so VectorE and ScalarE are ~70 % busy against
-75-80 % at LNC=1, where two groups interleave. More chunks per body do not fit SBUF (a
-body's tiles are live for the whole loop). The solve variant (packed
+75-80 % at LNC=1, where two groups interleave. More chunks per body do not fit SBUF
+(each chunk keeps 7 KB per partition of solve tiles). The solve variant (packed
 right-hand sides with 8 or more groups, WY with fewer: ``_few_groups``) follows the
 layer's head count, not the program's, so LNC=2 computes every head exactly as LNC=1
 does.
