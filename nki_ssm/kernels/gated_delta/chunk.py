@@ -121,7 +121,7 @@ qd^T + (M nw)^T); the outputs; the state update), and step t issues job s of gro
 for every s, the later stages first, so every in-order engine queue holds work of
 several groups between one group's dependent steps. With n chunks per body
 (``_body_plan``), chunk k > 0 starts its state-independent jobs (up to the doubling)
-_CHUNK_STEP steps after chunk k - 1 (plus _FIRST_LEAD in a body of 4) and its state jobs
+_CHUNK_STEP steps after chunk k - 1 (plus _FIRST_LEAD in a body of 4 or more) and its state jobs
 one step after chunk k - 1's state update of the same group: program order is the
 state's data order (< 8 groups only the outputs and the state update read the state).
 
@@ -225,9 +225,8 @@ from nki_ssm.kernels.gated_delta._common import consecutive_groups
 
 _BLOCK = 32           # rows per exactly-inverted diagonal block
 _PACK = 4             # most heads whose blocks share one 128-partition packed solve
-_MAX_CHUNKS = 8       # most chunks per loop iteration (SBUF: one head group of 4 with 8)
 _CHUNK_STEP = 6       # steps between the starts of a loop body's chunks (_body_plan)
-_FIRST_LEAD = 2       # extra steps chunk 0 runs alone in a body of _MAX_CHUNKS chunks (_body_plan)
+_FIRST_LEAD = 2       # extra steps chunk 0 runs alone in a body of 4 or more chunks (_body_plan)
 _SQUARED = 8          # the doubling squares up to N^8, then chains compact products with it
 _L2NORM_EPS = 1e-6
 _PREFETCH_BYTES = 25 * 1024   # inputs (per partition) up to which k gets a second tile:
@@ -495,7 +494,7 @@ def chunks_per_iteration(HV, bf16):
     n = 8 // groups
     if not bf16 and groups > 1:
         n = n // 2
-    return max(1, min(n, _MAX_CHUNKS))
+    return max(1, n)
 
 
 def _tile_bytes(buf):
@@ -1139,7 +1138,7 @@ def _body_plan(jobs, G, n, few):
     stage order and ``off[k][i]`` the step at which group 0 runs its stage i (group u at
     step off + u); ``nslot`` steps in all. Chunk 0 runs its jobs as listed; a later chunk
     runs its state-independent jobs first, from step _CHUNK_STEP * k (+ _FIRST_LEAD in a
-    body of _MAX_CHUNKS chunks: chunk 0's doubling, which the body's first chain waits
+    body of 4 or more chunks: chunk 0's doubling, which the body's first chain waits
     for, then shares the queues with fewer of the later chunks' jobs), and its jobs from
     k S on (_STATE_JOBS) once the chunk before has updated that group's state (program
     order is the state's data order)."""

@@ -407,13 +407,14 @@ def prefill_call(xp, call, *, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use
         chunk_size = default_chunk_size(K, V, HV)
     Tb, Nb = token_bucket(T), seq_bucket(num_seqs)
     raw = g is None
+    bf16 = not xp.is_f32(q)
     first, second = (a, b) if raw else (g, beta)
     hp = None
     if raw:
         hp = xp.broadcast_rows(xp.cat([xp.f32(A_log), xp.f32(dt_bias)]), _PMAX)
     tables = prefill_tables(cu_seqlens, state_indices, has_initial_state, slots=slots, HV=HV,
                             K=K, chunk_size=chunk_size, num_tokens_bucket=Tb,
-                            num_seqs_bucket=Nb, bf16=not xp.is_f32(q), programs=call.lnc)
+                            num_seqs_bucket=Nb, bf16=bf16, programs=call.lnc)
     pool = xp.pool_view(ssm_states, (slots * HV * K, V))
     # q, k in float32 when the kernel normalises them in float32 (its DMAs never convert)
     l2 = bool(use_qk_l2norm)
@@ -422,6 +423,6 @@ def prefill_call(xp, call, *, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use
              xp.pad_rows(v, Tb + 1, HV * V), xp.pad_rows(first, Tb + 1, HV, f32=True),
              xp.pad_rows(second, Tb + 1, HV, f32=True), hp, pool,
              *(xp.table(t) for t in tables), int(H), bool(raw), bool(use_qk_l2norm),
-             float(scale), int(chunk_size), not xp.is_f32(q))
+             float(scale), int(chunk_size), bf16)
     xp.commit(pool, ssm_states)
     return o[:T].reshape(T, HV, V)
