@@ -178,23 +178,24 @@ VectorE (87 % busy), with ScalarE (79 %) close behind, DMA 45 %, GpSimd 43 %, Te
 36 %: a chunk moves its inputs (~2 MB), its outputs (1 MB), the packing moves of its solves
 and the state in and out of its scratch block (2 x 2 MB, the price of one loop level: the
 state cannot stay in SBUF from one row to the next when a row may start another sequence).
-TP4 (8 value heads, 2 groups, 4 chunks per body; the WY variant; 16K tokens 3.63 ms,
-4.51 M tokens/s): ScalarE (80 % busy) and VectorE (75 %), GpSimd 65 %, TensorE 52 %,
-DMA 45 %: the state chain is short, the engines are throughput-bound; the solve of width
+TP4 (8 value heads, 2 groups, 4 chunks per body; the WY variant; 16K tokens 3.46 ms,
+4.73 M tokens/s): ScalarE (84 % busy) and VectorE (79 %), GpSimd 69 %, TensorE 54 %,
+DMA 47 %: the state chain is short, the engines are throughput-bound; the solve of width
 V + K costs more engine time than a width-V solve would, which is the price of taking it
 off the chain. Figures: the README's "Modeled performance" table and ``python -m
 simulate``.
 
 At LNC=2 (``python -m simulate --lnc both``: the two programs on their own physical
 cores, sharing HBM; 16K tokens): TP1 6.73 ms per program against 13.15 ms at LNC=1
-(0.51x): each program has half the work, still throughput-bound. TP4 2.07 ms against
-3.63 ms (0.57x): a program's 4 value heads are one head group, one solve, 8 chunks per
-body; its state chain is short (WY), but each chunk's own dependent steps (doubling,
-substitution, outputs: ~30 cross-engine hand-offs) are hidden only behind the 7 other
-chunks of its body and each body starts and ends with one chunk's chain alone (the
-iteration boundary drains the engines), so VectorE and ScalarE are ~70 % busy against
-75-80 % at LNC=1, where two groups interleave. More chunks per body do not fit SBUF
-(each chunk keeps 7 KB per partition of solve tiles). The solve variant (packed
+(0.51x): each program has half the work, still throughput-bound. TP4 1.74 ms against
+3.46 ms (0.50x): a program's 4 value heads are one head group, one solve, 8 chunks per
+body, started 2 steps apart (``_chunk_stride``), so the body's 8 chunks are in flight at
+once and each chunk's own dependent steps (doubling, substitution, outputs: ~30
+cross-engine hand-offs) hide behind the 7 others: ScalarE 86 % busy, VectorE 82 %,
+GpSimd 80 %, TensorE 55 %. That takes ~200 KB per partition of SBUF (each chunk keeps
+7 KB of solve tiles, its inputs and its solutions in flight): more chunks per body, or
+float32 inputs, or one q/k head per value head, do not fit it (``compact_inputs``).
+The solve variant (packed
 right-hand sides with 8 or more groups, WY with fewer: ``_few_groups``) follows the
 layer's head count, not the program's, so LNC=2 computes every head exactly as LNC=1
 does.
