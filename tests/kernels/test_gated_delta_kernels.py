@@ -331,9 +331,9 @@ def test_prefill_several_chunks_per_iteration(dtype, lnc):
     1 token, empty; initial states mixed and a padding slot. Matches float64 and equals
     separate calls bitwise (each chunk's state update lands before the next chunk's k S,
     whichever iteration the two chunks are in)."""
-    from nki_ssm.kernels.gated_delta.chunk import chunks_per_iteration
+    from nki_ssm.kernels.gated_delta.chunk import chunks_per_iteration, compact_inputs
 
-    n = chunks_per_iteration(2, dtype != np.float32)
+    n = chunks_per_iteration(2, compact_inputs(1, 2, dtype != np.float32))
     assert n == 8
     lens = [16 * (n + 1) + 3, 16 * 2 * n, 16 * n, 40, 1, 0]
     inp = make_gated_delta_inputs(np.random.default_rng(31), seqlens=lens, H=1, HV=2, K=32,
@@ -565,14 +565,14 @@ def test_prefill_tables_layout():
     from nki_ssm.kernels.gated_delta.chunk import chunks_per_iteration
     from nki_ssm.ops.launch.gated_delta import prefill_tables
 
-    per = chunks_per_iteration(8, True)
+    per = chunks_per_iteration(8, True)     # H = 4 < HV, bf16: compact tiles
     assert per == 4
     K, HV, Nb = 2, 8, 4
     cu = np.array([0, 5, 5, 9, 30])
     (body_rows, body_state, tail_rows, tail_state, init_tab, final_tab, pad_rows,
      counts) = prefill_tables(cu, np.array([2, 0, -1, 1]), np.array([True, False, True, False]),
                               slots=3, HV=HV, K=K, chunk_size=4, num_tokens_bucket=128,
-                              num_seqs_bucket=Nb, bf16=True)
+                              num_seqs_bucket=Nb, H=4, bf16=True)
     E = 128 // 4 + Nb
     assert body_rows.shape == (E // per + 1, per * 4)
     assert tail_rows.shape == (min(E, Nb * (per - 1)) + 1, 4)
@@ -592,7 +592,7 @@ def test_prefill_tables_layout():
     # LNC=2: the programs split the value heads and share the work lists; counts per program
     two = prefill_tables(cu, np.array([2, 0, -1, 1]), np.array([True, False, True, False]),
                          slots=3, HV=2 * HV, K=K, chunk_size=4, num_tokens_bucket=128,
-                         num_seqs_bucket=Nb, bf16=True, programs=2)
+                         num_seqs_bucket=Nb, H=8, bf16=True, programs=2)
     for a, b in zip(two[:4] + two[6:7], (body_rows, body_state, tail_rows, tail_state,
                                          pad_rows)):
         assert a.tolist() == b.tolist()
@@ -601,7 +601,7 @@ def test_prefill_tables_layout():
     # 8 chunks, so the 6-chunk sequence is all single chunks)
     odd = prefill_tables(cu, np.array([2, 0, -1, 1]), np.array([True, False, True, False]),
                          slots=3, HV=3, K=K, chunk_size=4, num_tokens_bucket=128,
-                         num_seqs_bucket=Nb, bf16=True, programs=2)
+                         num_seqs_bucket=Nb, H=1, bf16=True, programs=2)
     assert odd[7].tolist() == [[1, 1, 0, 8, 3], [0, 0, 0, 0, 0]]
 
 
@@ -619,7 +619,7 @@ def test_prefill_tables_state_sources():
     n = len(chunks)
     _, body_state, _, tail_state, init_tab, final_tab, _, counts = prefill_tables(
         cu, np.arange(n), init, slots=n, HV=8, K=K, chunk_size=4, num_tokens_bucket=256,
-        num_seqs_bucket=Nb, bf16=True)
+        num_seqs_bucket=Nb, H=4, bf16=True)
     nb, nt = counts[0, 2], counts[0, 3]
     bodies = [c // 4 for c in chunks]
     assert nb == sum(bodies) and nt == sum(c % 4 for c in chunks)
@@ -814,20 +814,38 @@ def test_prefill_nan_beta_on_a_real_token_is_rejected_pool_untouched(backend, ra
     assert np.all(np.isfinite(_f64(o)))
 
 
-@pytest.mark.parametrize("H, HV", [(4, 8), (2, 4)])
+@pytest.mark.parametrize("H, HV", [(4, 8), (2, 4), (8, 8), (4, 4)])
 @pytest.mark.parametrize("dtype", [np.float32, BF16])
 def test_prefill_fits_sbuf_at_qwen3_next_shards(H, HV, dtype, lnc):
-    """The Qwen3-Next TP4 and TP8 shards (K = V = 128, 2 or 1 head groups per program) with
-    the largest input tiles (q / k normalised in float32, raw gates) fit SBUF at LNC=1 and 2
-    with a full body of chunks_per_iteration chunks, a remainder chunk and a padding slot,
-    and match float64."""
-    from nki_ssm.kernels.gated_delta.chunk import chunks_per_iteration, heads_per_program
+    """The Qwen3-Next TP4 and TP8 shards (K = V = 128, 2 or 1 head groups per program), and
+    the same value heads with one q/k head each (H = HV: no compact tiles, so fewer chunks
+    per body or chunks started further apart), with the largest input tiles (q / k
+    normalised in float32, raw gates) fit SBUF at LNC=1 and 2 with a full body of
+    chunks_per_iteration chunks, a remainder chunk and a padding slot, and match float64."""
+    from nki_ssm.kernels.gated_delta.chunk import (chunks_per_iteration, compact_inputs,
+                                                   heads_per_program)
 
-    n = chunks_per_iteration(heads_per_program(HV, lnc), dtype != np.float32)
+    n = chunks_per_iteration(heads_per_program(HV, lnc),
+                             compact_inputs(H, HV, dtype != np.float32))
     inp = make_gated_delta_inputs(np.random.default_rng(43), seqlens=[128 * n + 5], H=H,
                                   HV=HV, K=128, V=128, raw_gates=True, use_qk_l2norm=True,
                                   dtype=dtype, padding=1)
     _prefill_check(inp, F32_TOL if dtype == np.float32 else BF16_TOL, chunk_size=None)
+
+
+def test_chunks_per_iteration_and_stride():
+    """About 8 head groups per body (half as many from 2 groups on without compact tiles),
+    and chunks started 2 steps per group apart (at most 6; always 6 without compact tiles):
+    the SBUF budget test_prefill_fits_sbuf_at_qwen3_next_shards checks."""
+    from nki_ssm.kernels.gated_delta.chunk import (_chunk_stride, chunks_per_iteration,
+                                                   compact_inputs)
+
+    assert compact_inputs(16, 32, True) and compact_inputs(1, 2, True)
+    assert not compact_inputs(16, 32, False) and not compact_inputs(8, 8, True)
+    assert [chunks_per_iteration(hv, True) for hv in (32, 16, 8, 4, 2, 1)] == [1, 2, 4, 8, 8, 8]
+    assert [chunks_per_iteration(hv, False) for hv in (32, 16, 8, 4, 2)] == [1, 1, 2, 8, 8]
+    assert [_chunk_stride(g, True) for g in (1, 2, 4, 8)] == [2, 4, 6, 6]
+    assert [_chunk_stride(g, False) for g in (1, 2, 4, 8)] == [6, 6, 6, 6]
 
 
 @pytest.mark.parametrize("seqlens", [[64], [1]])

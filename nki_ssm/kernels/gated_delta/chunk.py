@@ -101,8 +101,8 @@ sequence and a zero block.
 A runtime loop drains every engine at each iteration boundary (nki-dynamic-loops.rst,
 "Iterations Do Not Overlap"), so with few heads per core a body holds several chunks
 (``chunks_per_iteration``: about 8 head groups in flight: 1 at Qwen3-Next TP1, 2 at TP2, 4
-at TP4, 8 with one group: TP8, TP4 at LNC=2; float32 callers half as many from 2 groups
-on, for SBUF). Rows past a sequence's end read the zero row (q = k = v = 0, g = 0,
+at TP4, 8 with one group: TP8, TP4 at LNC=2; half as many from 2 groups on for SBUF
+without ``compact_inputs``: float32 callers, or one q/k head per value head). Rows past a sequence's end read the zero row (q = k = v = 0, g = 0,
 beta = 0; raw gates: g is multiplied by a row-valid column, as softplus(dt_bias) != 0):
 such a row adds nothing to A, to v_new of the real rows (strictly lower products never
 reach them) or to S, and g = 0 leaves every decay exact; its output row is scattered to
@@ -120,10 +120,13 @@ substitution and its application; the product operands (< 8 groups: and nw^T kd,
 qd^T + (M nw)^T); the outputs; the state update), and step t issues job s of group t - s
 for every s, the later stages first, so every in-order engine queue holds work of
 several groups between one group's dependent steps. With n chunks per body
-(``_body_plan``), chunk k > 0 starts its state-independent jobs (up to the doubling)
-_CHUNK_STEP steps after chunk k - 1 (plus _FIRST_LEAD in a body of 4 or more) and its state jobs
-one step after chunk k - 1's state update of the same group: program order is the
-state's data order (< 8 groups only the outputs and the state update read the state).
+(``_body_plan``), chunk k > 0 starts its state-independent jobs 2 steps per head group
+after chunk k - 1 (``_chunk_stride``: at most 6; plus _FIRST_LEAD in a body of 4 or more)
+and its state jobs one step after chunk k - 1's state update of the same group: program
+order is the state's data order (< 8 groups only the outputs and the state update read
+the state). With one group a body's 8 chunks are then in flight at once: their
+state-free jobs (< 8 groups: everything up to the outputs) overlap one another, and the
+state chain runs a chunk every two steps.
 
 Engines, per (chunk, value head) at C = 128 (tokens on partitions)
 ------------------------------------------------------------------
@@ -175,23 +178,24 @@ VectorE (87 % busy), with ScalarE (79 %) close behind, DMA 45 %, GpSimd 43 %, Te
 36 %: a chunk moves its inputs (~2 MB), its outputs (1 MB), the packing moves of its solves
 and the state in and out of its scratch block (2 x 2 MB, the price of one loop level: the
 state cannot stay in SBUF from one row to the next when a row may start another sequence).
-TP4 (8 value heads, 2 groups, 4 chunks per body; the WY variant; 16K tokens 3.63 ms,
-4.51 M tokens/s): ScalarE (80 % busy) and VectorE (75 %), GpSimd 65 %, TensorE 52 %,
-DMA 45 %: the state chain is short, the engines are throughput-bound; the solve of width
+TP4 (8 value heads, 2 groups, 4 chunks per body; the WY variant; 16K tokens 3.46 ms,
+4.73 M tokens/s): ScalarE (84 % busy) and VectorE (79 %), GpSimd 69 %, TensorE 54 %,
+DMA 47 %: the state chain is short, the engines are throughput-bound; the solve of width
 V + K costs more engine time than a width-V solve would, which is the price of taking it
 off the chain. Figures: the README's "Modeled performance" table and ``python -m
 simulate``.
 
 At LNC=2 (``python -m simulate --lnc both``: the two programs on their own physical
 cores, sharing HBM; 16K tokens): TP1 6.73 ms per program against 13.15 ms at LNC=1
-(0.51x): each program has half the work, still throughput-bound. TP4 2.07 ms against
-3.63 ms (0.57x): a program's 4 value heads are one head group, one solve, 8 chunks per
-body; its state chain is short (WY), but each chunk's own dependent steps (doubling,
-substitution, outputs: ~30 cross-engine hand-offs) are hidden only behind the 7 other
-chunks of its body and each body starts and ends with one chunk's chain alone (the
-iteration boundary drains the engines), so VectorE and ScalarE are ~70 % busy against
-75-80 % at LNC=1, where two groups interleave. More chunks per body do not fit SBUF
-(each chunk keeps 7 KB per partition of solve tiles). The solve variant (packed
+(0.51x): each program has half the work, still throughput-bound. TP4 1.74 ms against
+3.46 ms (0.50x): a program's 4 value heads are one head group, one solve, 8 chunks per
+body, started 2 steps apart (``_chunk_stride``), so the body's 8 chunks are in flight at
+once and each chunk's own dependent steps (doubling, substitution, outputs: ~30
+cross-engine hand-offs) hide behind the 7 others: ScalarE 86 % busy, VectorE 82 %,
+GpSimd 80 %, TensorE 55 %. That takes ~200 KB per partition of SBUF (each chunk keeps
+7 KB of solve tiles, its inputs and its solutions in flight): more chunks per body, or
+float32 inputs, or one q/k head per value head, do not fit it (``compact_inputs``).
+The solve variant (packed
 right-hand sides with 8 or more groups, WY with fewer: ``_few_groups``) follows the
 layer's head count, not the program's, so LNC=2 computes every head exactly as LNC=1
 does.
@@ -225,7 +229,8 @@ from nki_ssm.kernels.gated_delta._common import consecutive_groups
 
 _BLOCK = 32           # rows per exactly-inverted diagonal block
 _PACK = 4             # most heads whose blocks share one 128-partition packed solve
-_CHUNK_STEP = 6       # steps between the starts of a loop body's chunks (_body_plan)
+_CHUNK_STEP = 2       # steps per head group between the starts of a body's chunks (_chunk_stride)
+_MAX_CHUNK_STEP = 6   # ... at most, and where SBUF does not hold a body in flight
 _FIRST_LEAD = 2       # extra steps chunk 0 runs alone in a body of 4 or more chunks (_body_plan)
 _SQUARED = 8          # the doubling squares up to N^8, then chains compact products with it
 _L2NORM_EPS = 1e-6
@@ -268,7 +273,8 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, body_rows, bo
     if bf16:
         mdt = nl.bfloat16
     cst = _constants(C, K, mdt)
-    nsub = chunks_per_iteration(HV, bf16)
+    compact = compact_inputs(H, win["HV"], bf16)
+    nsub = chunks_per_iteration(HV, compact)
     # the packed solve's tiles, one set per chunk of a body and head group, zeroed once: the
     # placements write the same elements every chunk, so the zeros persist
     solve = []
@@ -341,6 +347,7 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, body_rows, bo
     io["scratch"] = scratch
     io["T1"] = T1
     io["prefetch"] = prefetch
+    io["compact"] = compact
     io["nxt_k"] = nxt_k
 
     # loop 3: bodies of nsub consecutive chunks of one sequence, state in from and out to
@@ -480,19 +487,29 @@ def _input_columns(win, K, V):
     return cols
 
 
-def chunks_per_iteration(HV, bf16):
+def compact_inputs(H, HV, bf16):
+    """Whether a layer of H q/k heads and HV value heads (the whole layer's: both programs of
+    an LNC grid and the launcher decide alike) has the compact chunk tiles: bf16 inputs
+    (the WY tiles a chunk keeps are then bf16-sized too) and q/k heads each shared by two
+    or more value heads (every Qwen3-Next shard). Other layers run fewer chunks per body
+    from 2 head groups on (chunks_per_iteration) and start them further apart
+    (_chunk_stride): their tiles take more SBUF."""
+    return bf16 and H < HV
+
+
+def chunks_per_iteration(HV, compact):
     """Chunks per body row of a program's HV value heads (the launcher's work lists follow
     it): about 8 head groups in flight, so 1 at Qwen3-Next TP1 (8 groups; SBUF holds one
-    chunk's tiles), 2 at TP2, 4 at TP4, 8 with one group (TP4 at LNC=2, TP8); float32
-    callers (``bf16`` False: inputs, and the tiles the WY form keeps per chunk, twice the
-    bytes) half as many from 2 groups on (TP4 float32 at LNC=1 with 4 does not fit SBUF). A
+    chunk's tiles), 2 at TP2, 4 at TP4, 8 with one group (TP4 at LNC=2, TP8); half as many
+    from 2 groups on for a layer without ``compact`` tiles (compact_inputs: float32 TP4 at
+    LNC=1 with 4 does not fit SBUF, nor a bf16 layer with one q/k head per value head). A
     runtime loop drains every engine at each iteration boundary (nki-dynamic-loops.rst,
     "Iterations Do Not Overlap"): with several chunks per body the drain and the state's
     trip through its scratch block are paid once per body, and the chunks' dependent steps
     (~30 cross-engine hand-offs each) overlap one another."""
     groups = len(_head_groups(HV))
     n = 8 // groups
-    if not bf16 and groups > 1:
+    if not compact and groups > 1:
         n = n // 2
     return max(1, n)
 
@@ -1049,7 +1066,8 @@ def _chunks(bufs, n, io, cst, solve, S, c, K, V, win, raw_gates, use_qk_l2norm, 
     groups = _head_groups(HV)
     G = len(groups)
     jobs, jarg = _group_jobs(win["few"], L)
-    order, off, nslot = _body_plan(jobs, G, n, win["few"])
+    stride = _chunk_stride(G, io["compact"])
+    order, off, nslot = _body_plan(jobs, G, n, stride, win["few"])
     table = io["rows"]
     # the state entering the row, per head group (group 0's first: its k S comes first)
     cells = _row_cells(io["state"], c)
@@ -1133,11 +1151,23 @@ _STATE_JOBS = ("rhs", "oq", "sub", "apply", "post_ops", "out", "state")
 _WY_STATE_JOBS = ("out", "state")     # _few_groups: the solve does not read the state
 
 
-def _body_plan(jobs, G, n, few):
+def _chunk_stride(G, compact):
+    """Steps between the starts of a body's chunks (_body_plan) for G head groups:
+    _CHUNK_STEP per group, so a chunk's dependent steps overlap about the same number of
+    other (group, chunk) chains whatever the group count (one group: a body's 8 chunks in
+    flight at once), up to _MAX_CHUNK_STEP (4 groups: a shorter stride keeps more chunks'
+    tiles live than SBUF holds). Only ``compact`` tiles (compact_inputs) fit SBUF with the
+    chunks in flight; other layers' chunks start _MAX_CHUNK_STEP apart."""
+    if not compact:
+        return _MAX_CHUNK_STEP
+    return min(_CHUNK_STEP * G, _MAX_CHUNK_STEP)
+
+
+def _body_plan(jobs, G, n, stride, few):
     """The issue order of a loop body of n chunks: ``order[k]`` the job indices of chunk k in
     stage order and ``off[k][i]`` the step at which group 0 runs its stage i (group u at
     step off + u); ``nslot`` steps in all. Chunk 0 runs its jobs as listed; a later chunk
-    runs its state-independent jobs first, from step _CHUNK_STEP * k (+ _FIRST_LEAD in a
+    runs its state-independent jobs first, from step stride * k (_chunk_stride; + _FIRST_LEAD in a
     body of 4 or more chunks: chunk 0's doubling, which the body's first chain waits
     for, then shares the queues with fewer of the later chunks' jobs), and its jobs from
     k S on (_STATE_JOBS) once the chunk before has updated that group's state (program
@@ -1163,7 +1193,7 @@ def _body_plan(jobs, G, n, few):
         fk = []
         shift = 0
         for i in range(len(ok)):
-            step = k * _CHUNK_STEP + i + shift
+            step = k * stride + i + shift
             if k > 0:
                 step = step + lead
             if k > 0 and shift == 0 and _is_state_job(jobs[ok[i]], few):

@@ -269,7 +269,7 @@ def decode_call(xp, call, *, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_
 
 
 def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K, chunk_size,
-                   num_tokens_bucket, num_seqs_bucket, bf16, programs=1):
+                   num_tokens_bucket, num_seqs_bucket, H, bf16, programs=1):
     """Batch composition of ``gdn_chunk_prefill`` as its int32 work lists (layouts in its
     docstring): ``(body_rows, body_state, tail_rows, tail_state, init_tab, final_tab,
     pad_rows, counts)`` for a launch of ``programs`` SPMD programs (the LNC, 1 or 2).
@@ -282,8 +282,9 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K
     device (named in the comments), so a serving loop builds them without a
     host round trip: ``diff``, ``where``, ``cumsum``, ``nonzero`` (stable
     compaction), ``repeat_interleave``, ``arange``, broadcasting arithmetic.
-    With ``n = chunks_per_iteration(heads_per_program(HV, programs), bf16)`` (``bf16``: the
-    kernel's, bfloat16 activations) and the live sequences
+    With ``n = chunks_per_iteration(heads_per_program(HV, programs), compact_inputs(H, HV,
+    bf16))`` (``H`` the layer's q/k heads; ``bf16``: the kernel's, bfloat16 activations) and
+    the live sequences
     compacted (position p,
     scratch block p, the zero block ``num_seqs_bucket``; a block row is ``block*K``):
 
@@ -303,7 +304,8 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K
     - ``counts [programs, 5]``: per program, padding chunks, initial states, body rows, tail
       rows, live sequences.
     """
-    from nki_ssm.kernels.gated_delta.chunk import chunks_per_iteration, heads_per_program
+    from nki_ssm.kernels.gated_delta.chunk import (chunks_per_iteration, compact_inputs,
+                                                   heads_per_program)
 
     C = int(chunk_size)
     Tb, Nb = int(num_tokens_bucket), int(num_seqs_bucket)
@@ -314,7 +316,7 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K
     idx = np.asarray(state_indices, dtype=np.int64)
     init = np.asarray(has_initial_state).astype(bool)
     heads = heads_per_program(HV, programs)
-    n = chunks_per_iteration(heads, bf16)
+    n = chunks_per_iteration(heads, compact_inputs(H, HV, bf16))
     live = idx >= 0
     ids = np.flatnonzero(live)                                    # torch.nonzero (stable)
     nchunks = (np.diff(cu) + C - 1) // C                          # torch.diff, elementwise
@@ -414,7 +416,7 @@ def prefill_call(xp, call, *, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use
         hp = xp.broadcast_rows(xp.cat([xp.f32(A_log), xp.f32(dt_bias)]), _PMAX)
     tables = prefill_tables(cu_seqlens, state_indices, has_initial_state, slots=slots, HV=HV,
                             K=K, chunk_size=chunk_size, num_tokens_bucket=Tb,
-                            num_seqs_bucket=Nb, bf16=bf16, programs=call.lnc)
+                            num_seqs_bucket=Nb, H=H, bf16=bf16, programs=call.lnc)
     pool = xp.pool_view(ssm_states, (slots * HV * K, V))
     # q, k in float32 when the kernel normalises them in float32 (its DMAs never convert)
     l2 = bool(use_qk_l2norm)
