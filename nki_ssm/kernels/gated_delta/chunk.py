@@ -120,8 +120,8 @@ substitution and its application; the product operands (< 8 groups: and nw^T kd,
 qd^T + (M nw)^T); the outputs; the state update), and step t issues job s of group t - s
 for every s, the later stages first, so every in-order engine queue holds work of
 several groups between one group's dependent steps. With n chunks per body
-(``_body_plan``), chunk k > 0 starts its state-independent jobs 2 steps per head group
-after chunk k - 1 (``_chunk_stride``: at most 6; plus _FIRST_LEAD in a body of 4 or more)
+(``_body_plan``), chunk k > 0 starts its state-independent jobs 6 steps after chunk
+k - 1 (``_chunk_stride``; 2 with one head group; plus _FIRST_LEAD in a body of 4 or more)
 and its state jobs one step after chunk k - 1's state update of the same group: program
 order is the state's data order (< 8 groups only the outputs and the state update read
 the state). With one group a body's 8 chunks are then in flight at once: their
@@ -178,9 +178,9 @@ VectorE (87 % busy), with ScalarE (79 %) close behind, DMA 45 %, GpSimd 43 %, Te
 36 %: a chunk moves its inputs (~2 MB), its outputs (1 MB), the packing moves of its solves
 and the state in and out of its scratch block (2 x 2 MB, the price of one loop level: the
 state cannot stay in SBUF from one row to the next when a row may start another sequence).
-TP4 (8 value heads, 2 groups, 4 chunks per body; the WY variant; 16K tokens 3.46 ms,
-4.73 M tokens/s): ScalarE (84 % busy) and VectorE (79 %), GpSimd 69 %, TensorE 54 %,
-DMA 47 %: the state chain is short, the engines are throughput-bound; the solve of width
+TP4 (8 value heads, 2 groups, 4 chunks per body; the WY variant; 16K tokens 3.63 ms,
+4.51 M tokens/s): ScalarE (80 % busy) and VectorE (75 %), GpSimd 65 %, TensorE 52 %,
+DMA 45 %: the state chain is short, the engines are throughput-bound; the solve of width
 V + K costs more engine time than a width-V solve would, which is the price of taking it
 off the chain. Figures: the README's "Modeled performance" table and ``python -m
 simulate``.
@@ -188,7 +188,7 @@ simulate``.
 At LNC=2 (``python -m simulate --lnc both``: the two programs on their own physical
 cores, sharing HBM; 16K tokens): TP1 6.73 ms per program against 13.15 ms at LNC=1
 (0.51x): each program has half the work, still throughput-bound. TP4 1.74 ms against
-3.46 ms (0.50x): a program's 4 value heads are one head group, one solve, 8 chunks per
+3.63 ms (0.48x): a program's 4 value heads are one head group, one solve, 8 chunks per
 body, started 2 steps apart (``_chunk_stride``), so the body's 8 chunks are in flight at
 once and each chunk's own dependent steps (doubling, substitution, outputs: ~30
 cross-engine hand-offs) hide behind the 7 others: ScalarE 86 % busy, VectorE 82 %,
@@ -229,8 +229,8 @@ from nki_ssm.kernels.gated_delta._common import consecutive_groups
 
 _BLOCK = 32           # rows per exactly-inverted diagonal block
 _PACK = 4             # most heads whose blocks share one 128-partition packed solve
-_CHUNK_STEP = 2       # steps per head group between the starts of a body's chunks (_chunk_stride)
-_MAX_CHUNK_STEP = 6   # ... at most, and where SBUF does not hold a body in flight
+_CHUNK_STEP = 6       # steps between the starts of a body's chunks (_chunk_stride)
+_ONE_GROUP_STEP = 2   # ... with one head group and compact tiles: the whole body in flight
 _FIRST_LEAD = 2       # extra steps chunk 0 runs alone in a body of 4 or more chunks (_body_plan)
 _SQUARED = 8          # the doubling squares up to N^8, then chains compact products with it
 _L2NORM_EPS = 1e-6
@@ -1153,14 +1153,15 @@ _WY_STATE_JOBS = ("out", "state")     # _few_groups: the solve does not read the
 
 def _chunk_stride(G, compact):
     """Steps between the starts of a body's chunks (_body_plan) for G head groups:
-    _CHUNK_STEP per group, so a chunk's dependent steps overlap about the same number of
-    other (group, chunk) chains whatever the group count (one group: a body's 8 chunks in
-    flight at once), up to _MAX_CHUNK_STEP (4 groups: a shorter stride keeps more chunks'
-    tiles live than SBUF holds). Only ``compact`` tiles (compact_inputs) fit SBUF with the
-    chunks in flight; other layers' chunks start _MAX_CHUNK_STEP apart."""
-    if not compact:
-        return _MAX_CHUNK_STEP
-    return min(_CHUNK_STEP * G, _MAX_CHUNK_STEP)
+    _CHUNK_STEP, where the groups' jobs interleave between one group's dependent steps;
+    with one group (TP4 at LNC=2, TP8) _ONE_GROUP_STEP, so all 8 chunks of a body are in
+    flight at once and each chunk's dependent steps hide behind the other chunks' (modeled
+    trn2, TP4 16K at LNC=2: 1.74 ms against 2.07 ms at _CHUNK_STEP; 10-90 % draws 1.71-2.48
+    against 2.00-2.51 ms). Only ``compact`` tiles (compact_inputs) fit SBUF with the body
+    in flight."""
+    if G == 1 and compact:
+        return _ONE_GROUP_STEP
+    return _CHUNK_STEP
 
 
 def _body_plan(jobs, G, n, stride, few):
