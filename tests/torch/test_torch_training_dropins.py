@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from torch_cases import rel  # noqa: E402
+from torch_cases import fla_gdn_inputs, rel  # noqa: E402
 
 import nki_ssm.ops  # noqa: E402
 from nki_ssm.torch import causal_conv1d as cc  # noqa: E402
@@ -44,17 +44,9 @@ def mamba2():
     return pytest.importorskip("transformers.models.mamba2.modeling_mamba2")
 
 
-def _gdn_inputs(B=2, T=21, H=2, HV=4, K=16, V=8, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
-    return dict(q=r(B, T, H, K), k=r(B, T, H, K), v=r(B, T, HV, V),
-                g=-F.softplus(r(B, T, HV)) * 2.0, beta=torch.rand(B, T, HV, generator=gen),
-                initial_state=r(B, HV, K, V) * 0.1)
-
-
 def test_fla_chunk_gradients_match_transformers(qwen):
     names = ("q", "k", "v", "g", "beta", "initial_state")
-    a = _gdn_inputs()
+    a = fla_gdn_inputs(T=21, decay=2.0)
     common = dict(output_final_state=True, use_qk_l2norm_in_kernel=True)
     with use_backend("reference"):
         ours = _grads(lambda **kw: fla.chunk_gated_delta_rule(**kw, **common), a, names)
@@ -64,7 +56,7 @@ def test_fla_chunk_gradients_match_transformers(qwen):
 
 
 def test_fla_raw_gates_in_kernel_give_A_log_and_dt_bias_gradients(qwen):
-    a = _gdn_inputs(B=1, T=17, seed=1)
+    a = fla_gdn_inputs(B=1, T=17, seed=1, decay=2.0)
     gen = torch.Generator().manual_seed(3)
     a.update(g=torch.randn(1, 17, 4, generator=gen), beta=torch.randn(1, 17, 4, generator=gen),
              A_log=torch.rand(4, generator=gen), dt_bias=torch.randn(4, generator=gen))
@@ -158,7 +150,7 @@ def test_without_grad_the_serving_path_runs(monkeypatch):
 
     for name in ("short_conv_train", "ssd_train", "gated_delta_train"):
         monkeypatch.setattr(training, name, refuse)
-    a = _gdn_inputs(B=1, T=5)
+    a = fla_gdn_inputs(B=1, T=5, decay=2.0)
     with use_backend("reference"):
         fla.chunk_gated_delta_rule(a["q"], a["k"], a["v"], a["g"], a["beta"])
         with torch.no_grad():
@@ -171,7 +163,7 @@ def test_without_grad_the_serving_path_runs(monkeypatch):
 
 def test_decode_forms_stay_inference_only():
     """The recurrent / update forms run the serving ops, which have no autograd formula."""
-    a = _gdn_inputs(B=1, T=3)
+    a = fla_gdn_inputs(B=1, T=3, decay=2.0)
     q = a["q"].requires_grad_()
     with use_backend("reference"):
         o, _ = fla.fused_recurrent_gated_delta_rule(q, a["k"], a["v"], g=a["g"], beta=a["beta"])

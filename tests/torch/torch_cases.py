@@ -96,3 +96,17 @@ def ref_conv_update(x, state, w, b=None, activation=None, cache_seqlens=None):
         state.scatter_(2, put[:, None].expand(-1, x.shape[1], -1), x)
     out = F.conv1d(full, w.unsqueeze(1), b, groups=x.shape[1])[..., -T:]
     return out if activation is None else F.silu(out)
+
+
+def fla_gdn_inputs(B=2, T=13, H=2, HV=4, K=16, V=8, seed=0, decay=0.5) -> dict:
+    """FLA-layout gated delta rule inputs: q, k ``[B, T, H, K]``, v ``[B, T, HV, V]``, log
+    decays g = -decay * softplus(N(0, 1)) and beta ``[B, T, HV]``, initial_state
+    ``[B, HV, K, V]`` (float32 torch tensors)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    return dict(q=r(B, T, H, K), k=r(B, T, H, K), v=r(B, T, HV, V),
+                g=-F.softplus(r(B, T, HV)) * decay, beta=torch.rand(B, T, HV, generator=gen),
+                initial_state=r(B, HV, K, V) * 0.1)
