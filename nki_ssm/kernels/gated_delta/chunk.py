@@ -100,15 +100,15 @@ sequence and a zero block.
 
 A runtime loop drains every engine at each iteration boundary (nki-dynamic-loops.rst,
 "Iterations Do Not Overlap"), so with few heads per core a body holds several chunks
-(``chunks_per_iteration``: about 8 head groups in flight: 1 at Qwen3-Next TP1, 2 at TP2, 4
-at TP4, 8 with one group: TP8, TP4 at LNC=2; half as many from 2 groups on for SBUF
-without ``compact_inputs``: float32 callers, or one q/k head per value head). Rows past a sequence's end read the zero row (q = k = v = 0, g = 0,
-beta = 0; raw gates: g is multiplied by a row-valid column, as softplus(dt_bias) != 0):
-such a row adds nothing to A, to v_new of the real rows (strictly lower products never
-reach them) or to S, and g = 0 leaves every decay exact; its output row is scattered to
-the trash row Tb. Padding tokens are never read as data of a live sequence, so
-non-finite padding cannot leak. What is unrolled in a body is bounded by the layer
-(heads, 32-row blocks, n), so the program size does not depend on the batch.
+(``chunks_per_iteration``: about 8 head groups in flight: 1 at Qwen3-Next TP1, 2 at TP2, 4 at
+TP4, 8 with one group: TP8, TP4 at LNC=2; half as many from 2 groups on, for SBUF, without
+``compact_inputs``: float32 callers, or one q/k head per value head). Rows past a sequence's
+end read the zero row (q = k = v = 0, g = 0, beta = 0; raw gates: g is multiplied by a
+row-valid column, as softplus(dt_bias) != 0): such a row adds nothing to A, to v_new of the
+real rows (strictly lower products never reach them) or to S, and g = 0 leaves every decay
+exact; its output row is scattered to the trash row Tb. Padding tokens are never read as data
+of a live sequence, so non-finite padding cannot leak. What is unrolled in a body is bounded by
+the layer (heads, 32-row blocks, n), so the program size does not depend on the batch.
 
 A body: software pipeline over head groups and chunks
 -----------------------------------------------------
@@ -194,11 +194,10 @@ once and each chunk's own dependent steps (doubling, substitution, outputs: ~30
 cross-engine hand-offs) hide behind the 7 others: ScalarE 86 % busy, VectorE 82 %,
 GpSimd 80 %, TensorE 55 %. That takes ~200 KB per partition of SBUF (each chunk keeps
 7 KB of solve tiles, its inputs and its solutions in flight): more chunks per body, or
-float32 inputs, or one q/k head per value head, do not fit it (``compact_inputs``).
-The solve variant (packed
-right-hand sides with 8 or more groups, WY with fewer: ``_few_groups``) follows the
-layer's head count, not the program's, so LNC=2 computes every head exactly as LNC=1
-does.
+float32 inputs, or one q/k head per value head, do not fit it (``compact_inputs``). The
+solve variant (packed right-hand sides with 8 or more groups, WY with fewer:
+``_few_groups``) follows the layer's head count, not the program's, so LNC=2 computes
+every head exactly as LNC=1 does.
 
 Constructs and their evidence (released kernels or the NKI 0.6.0 docs): the program's
 place in the LNC grid as ``nl.num_programs(0)`` / ``nl.program_id(0)``, Python ints
@@ -490,9 +489,9 @@ def _input_columns(win, K, V):
 def compact_inputs(H, HV, bf16):
     """Whether a layer of H q/k heads and HV value heads (the whole layer's: both programs of
     an LNC grid and the launcher decide alike) has the compact chunk tiles: bf16 inputs
-    (the WY tiles a chunk keeps are then bf16-sized too) and q/k heads each shared by two
-    or more value heads (every Qwen3-Next shard). Other layers run fewer chunks per body
-    from 2 head groups on (chunks_per_iteration) and start them further apart
+    (float32 ones double the input tiles and the WY operands a chunk keeps) and q/k heads each
+    shared by two or more value heads (every Qwen3-Next shard). Other layers run fewer chunks
+    per body from 2 head groups on (chunks_per_iteration) and start them further apart
     (_chunk_stride): their tiles take more SBUF."""
     return bf16 and H < HV
 
@@ -1166,13 +1165,13 @@ def _chunk_stride(G, compact):
 
 def _body_plan(jobs, G, n, stride, few):
     """The issue order of a loop body of n chunks: ``order[k]`` the job indices of chunk k in
-    stage order and ``off[k][i]`` the step at which group 0 runs its stage i (group u at
-    step off + u); ``nslot`` steps in all. Chunk 0 runs its jobs as listed; a later chunk
-    runs its state-independent jobs first, from step stride * k (_chunk_stride; + _FIRST_LEAD in a
-    body of 4 or more chunks: chunk 0's doubling, which the body's first chain waits
-    for, then shares the queues with fewer of the later chunks' jobs), and its jobs from
-    k S on (_STATE_JOBS) once the chunk before has updated that group's state (program
-    order is the state's data order)."""
+    stage order and ``off[k][i]`` the step at which group 0 runs its stage i (group u at step
+    off + u); ``nslot`` steps in all. Chunk 0 runs its jobs as listed; a later chunk runs its
+    state-independent jobs first, from step stride * k (_chunk_stride; + _FIRST_LEAD in a body
+    of 4 or more chunks: chunk 0's doubling, which the body's first chain waits for, then
+    shares the queues with fewer of the later chunks' jobs), and its jobs from k S on
+    (_STATE_JOBS) once the chunk before has updated that group's state (program order is the
+    state's data order)."""
     order = []
     off = []
     nslot = 0

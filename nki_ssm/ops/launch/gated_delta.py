@@ -284,9 +284,8 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K
     compaction), ``repeat_interleave``, ``arange``, broadcasting arithmetic.
     With ``n = chunks_per_iteration(heads_per_program(HV, programs), compact_inputs(H, HV,
     bf16))`` (``H`` the layer's q/k heads; ``bf16``: the kernel's, bfloat16 activations) and
-    the live sequences
-    compacted (position p,
-    scratch block p, the zero block ``num_seqs_bucket``; a block row is ``block*K``):
+    the live sequences compacted (position p, scratch block p, the zero block
+    ``num_seqs_bucket``; a block row is ``block*K``):
 
     - ``body_rows [max(E // n, 1) + 1, n*C]``: the token rows of every body of n
       consecutive chunks (a sequence's first ``n * (chunks // n)`` chunks), in order; rows past a sequence
