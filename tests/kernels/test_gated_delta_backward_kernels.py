@@ -174,3 +174,27 @@ def test_lnc2_equals_lnc1_and_program_size(rng, monkeypatch):
     _, trace2 = _traced(other, monkeypatch, 2)
     assert sizes[0] == sizes[1] <= 20_000
     assert [trace2.program_instructions(pid) for pid in (0, 1)] == sizes
+
+
+def test_work_lists_name_each_chunk_once_in_both_orders():
+    """backward_tables: every chunk's hstore row (chunk e: e*K) and tstore row (e*C) in
+    order in fwd_state and reversed within each sequence in bwd_state, so the backward
+    reads the T the forward recompute stored for the same chunk; rows past the chunks name
+    the trash blocks (E*K, E*C)."""
+    from nki_ssm.ops.launch.gated_delta_backward import backward_tables
+
+    K, C, E = 16, 64, 256 // 64 + 4
+    cu = np.array([0, 5, 5, 140, 200])            # 1, 0, 3 and 1 chunks
+    _, _, fwd_rows, fwd_state, bwd_rows, bwd_state, counts = backward_tables(
+        cu, K=K, chunk_size=C, num_tokens_bucket=256, num_seqs_bucket=4)
+    assert counts.tolist() == [[3, 5, 5, 4]]
+    assert fwd_state[:5].tolist() == [[e * K, n * K, e * C]
+                                      for e, n in zip(range(5), [E, 2, 3, E, E])]
+    assert bwd_state[:5, 2].tolist() == [0, 3 * C, 2 * C, C, 4 * C]
+    assert (bwd_state[:5, 0] // K == bwd_state[:5, 2] // C).all()
+    assert (fwd_state[5:] == [E * K, E * K, E * C]).all()
+    assert (bwd_state[5:, 2] == E * C).all()
+    # the same chunk's token rows under the same tstore row in both orders
+    for r in range(5):
+        e = bwd_state[r, 2] // C
+        assert bwd_rows[r].tolist() == fwd_rows[e].tolist()

@@ -47,29 +47,32 @@ state's gradient of sequence s as ``[K, (hv, V)]`` (zeros when not given).
 init_tab ``[Nb, 2]`` (h0 block row, hstore block row of the sequence's first chunk);
 seq_rows ``[Nb, 1]`` (block row s*K of every sequence); fwd_rows / bwd_rows ``[E + 1, C]``
 token rows (past a sequence end: Tb) of every chunk in order / in reverse order per
-sequence; fwd_state ``[E + 1, 2]`` (hstore row of the chunk, hstore row of the next
-chunk or the trash block); bwd_state ``[E + 1, 2]`` (hstore row of the chunk, dS row of
-its sequence); counts ``[1, 4]`` (sequences with chunks, chunks, chunks, sequences).
-Compile-time: chunk (a multiple of 32 up to 128). Returns, program-major (program p's
-part is rows p*rows..), dq, dk ``[n*(Tb + 1), nh*K]``, dv ``[n*(Tb + 1), nh*V]``, dg,
-dbeta ``[n*(Tb + 1), nh]`` float32 per value head (row Tb of each part is trash; the
-launcher puts the parts side by side and sums dq / dk over the value heads of a q/k
-head) and d_initial ``[n*Nb*K, nh*V]`` (the blocks of d_initial_states).
+sequence; fwd_state ``[E + 1, 3]`` (hstore row of the chunk, hstore row of the next chunk or
+the trash block, tstore row of the chunk); bwd_state ``[E + 1, 3]`` (hstore row of the
+chunk, dS row of its sequence, tstore row of the chunk); counts ``[1, 4]`` (sequences with
+chunks, chunks, chunks, sequences). Compile-time: chunk (a multiple of 32 up to 128).
+Returns, program-major (program p's part is rows p*rows..), dq, dk ``[n*(Tb + 1), nh*K]``,
+dv ``[n*(Tb + 1), nh*V]``, dg, dbeta ``[n*(Tb + 1), nh]`` float32 per value head (row Tb of
+each part is trash; the launcher puts the parts side by side and sums dq / dk over the value
+heads of a q/k head) and d_initial ``[n*Nb*K, nh*V]`` (the blocks of d_initial_states).
 
 Loops: five top-level ``nl.fori_loop`` over the tables, no nesting
 -----------------------------------------------------------------
 1. each sequence with chunks: its h0 block -> its first chunk's hstore block;
 2. each sequence: its d_final block -> its dS block;
-3. forward recompute, chunks in order: h from hstore[e], per head kk, D, A, T, vn,
-   h' -> hstore[e + 1] (the sequence's last chunk: the trash block);
+3. forward recompute, chunks in order: h from hstore[e], per head kk, D, A, T
+   (-> tstore[e]), vn, h' -> hstore[e + 1] (the sequence's last chunk: the trash block);
 4. backward, chunks in reverse per sequence: h from hstore[e], dh' from the sequence's
-   dS block, per head the recompute of 3 and the gradients above, dh -> the same dS block;
+   dS block, per head kk, D, r, T from tstore[e] (not solved again) and the gradients
+   above, dh -> the same dS block;
 5. each sequence: its dS block (an empty sequence's d_final) -> d_initial.
 Scratch (``nl.private_hbm``, one per program): hstore ``[E*K, nh*V]`` (every chunk's entry
-state) and dS ``[Nb*K, nh*V]``. In loops 3 and 4 the heads go in groups of _GROUP, each
-group phase by phase (operands, decays, solve setup, doubling rounds, block substitution,
-T^T, r, then the gradient phases), a phase issued for every head of the group before the
-next, so independent heads sit between one head's dependent steps in the engine queues.
+state), tstore ``[E*C, nh*C]`` (every chunk's T per head) and dS ``[Nb*K, nh*V]``. In
+loops 3 and 4 the heads go in groups of _GROUP, each group phase by phase (_phases:
+operands, decays, in loop 3 the solve setup, doubling rounds and block substitution,
+then T^T, r, the state update or the gradient phases), a phase issued for every head of
+the group before the next, so independent heads sit between one head's dependent steps
+in the engine queues.
 
 LNC: program p of n owns value heads [p*nh, (p+1)*nh) statically (nl.program_id): both
 programs run the same tables on their own heads; each has its own scratch (private HBM)
@@ -77,29 +80,28 @@ and writes only its own part of every output, so no HBM byte is written by two p
 and neither reads what the other writes; both trace the same instructions. The launcher
 pads HV with zero heads to a multiple of n.
 
-Engines per (chunk, value head) of loop 4: TensorE 8 transposes (k, q, do, h, dh', E,
-G, N, T) and ~35 matmuls (kk, q k^T, 2 segment sums, 7 for the diagonal blocks' doubling,
-4 for the block substitution, k h, vn^T, k dh', dvn, z, z^T, do vn^T both layouts, z vn^T,
-do h^T, z h^T, vn dh'^T, dq, dk (3 accumulated), G's straddle sums and dg (1 + 4), dh
-(2)), all float32 operands; VectorE / ScalarE the masked evictions, per-row scalings and
-row sums (~60 instructions on [C, <= 128] tiles); GpSimd the masks and products that read
-only SBUF (decay masks, A_off, W1, G, the row sums' products: VectorE binds); DMA: the chunk's gathers
-(q, k, v, do, g, beta: one each), h and dh' blocks in, dh' out, the five gradient
-scatters. Loop 3 is the recompute subset (T, vn, h').
+Engines per (chunk, value head) of loop 4: TensorE 7 transposes (k, q, do, h, dh', E, G, T)
+and ~24 matmuls (kk, q k^T, 2 segment sums, k h, vn^T, k dh', dvn, z, z^T, do vn^T both
+layouts, z vn^T, do h^T, z h^T, vn dh'^T, dq, dk (3 accumulated), G's straddle sums and dg
+(1 + 4), dh (2)), all float32 operands; VectorE / ScalarE the masked evictions, per-row
+scalings and row sums on [C, <= 128] tiles; GpSimd the masks and products that read only
+SBUF (decay masks, W1, G, the row sums' products: VectorE binds); DMA: the chunk's gathers
+(q, k, v, do, g, beta: one each), T (C x C per head), h and dh' blocks in, dh' out, the five
+gradient scatters. Loop 3 solves T (the solve setup, 7 matmuls for the diagonal blocks'
+doubling, 4 for the block substitution, N and T^T transposes) and stores it, then vn and h'.
 
 What binds (modeled trn2, ``nki_ssm.perf``, Qwen3-Next TP1 shape: 32 value heads, K = V =
-128, bf16 I/O, C = 128, one sequence): 1.37 ms per chunk of 128 tokens at LNC=1 (1024
-tokens 10.9 ms; ~175 ms for 16K tokens, linear in the chunks); VectorE (46 % busy),
-TensorE (42 %), ScalarE (29 %) and GpSimd (19 %) mostly take turns: the critical path
-runs through TensorE and VectorE alike (each head's ~25 dependent phases, fp32 operands
-on TensorE, [128, 128] fp32 tiles on VectorE); HBM traffic is small (DMA 7 %). LNC=2:
-8.67 ms at 1024 tokens (0.79x); each program alone models at 0.51x of LNC=1, the rest is
-the cost model ordering program 1's dynamic-offset output scatters after program 0's
-(it cannot tell their rows apart; no such dependency exists between the cores).
+128, bf16 I/O, C = 128, one sequence): 1.05 ms per chunk of 128 tokens at LNC=1 (512 tokens
+4.20 ms, 1024 tokens 8.36 ms; ~134 ms for 16K tokens, linear in the chunks); VectorE (49 %
+busy), TensorE (42 %), ScalarE (29 %) and GpSimd (23 %) mostly take turns: the critical path
+runs through VectorE and TensorE alike (each head's 12 dependent phases in loop 3, 15 in
+loop 4, fp32 operands on TensorE, [128, 128] fp32 tiles on VectorE); HBM traffic is small
+(DMA 11 %, T's round trip included). LNC=2: 4.20 ms at 1024 tokens (0.50x).
 
-Memory per token (HBM scratch, float32): hstore holds every chunk's entry state,
-4*HVp*K*V/C bytes per token (16 KiB at Qwen3-Next TP1 with C = 128: 256 MiB for 16K
-tokens); nothing is saved by the forward (the backward recomputes it). Limits: K, V <=
+Memory per token (HBM scratch, float32, for the kernel's duration): hstore holds every
+chunk's entry state, 4*HVp*K*V/C bytes per token, and tstore every chunk's T, 4*HVp*C
+bytes per token (16 + 16 KiB at Qwen3-Next TP1 with C = 128: 512 MiB for 16K tokens);
+nothing is saved by the forward (the backward recomputes it; T once, in loop 3). Limits: K, V <=
 128; C a multiple of 32 up to 128 (the launcher's ``backward_chunk``; default 128).
 
 Constructs (the forward kernel ``chunk.py``'s, with its evidence): ``nl.fori_loop`` with
@@ -151,6 +153,8 @@ def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, d_final, init_tab, seq_ro
     # per table row (the last the trash), and each sequence's running state gradient
     hstore = nl.ndarray((E1 * K, w), dtype=nl.float32, buffer=nl.private_hbm)
     dss = nl.ndarray((Nb * K, w), dtype=nl.float32, buffer=nl.private_hbm)
+    # and every chunk's T per head (the forward recompute solves it, the backward reads it)
+    tstore = nl.ndarray((E1 * C, nh * C), dtype=nl.float32, buffer=nl.private_hbm)
     cst = _constants(C)
     n_init = count_register(counts, 0)
     n_fwd = count_register(counts, 1)
@@ -182,7 +186,8 @@ def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, d_final, init_tab, seq_ro
                     heads, C)
         S = nl.ndarray((K, nh * V), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=S, src=_block(hstore, cells[0], 0, K, w))
-        c = _context(x, _decays(x, cst, nh, C, K), cst, S, None, None, C, K, V)
+        c = _context(x, _decays(x, cst, nh, C, K), cst, S, None, None, C, K, V, tstore,
+                     cells[2])
         for grp in consecutive_groups(nh, _GROUP):
             ds = _head_dicts(grp)
             _run_phases(c, ds, False)
@@ -205,7 +210,8 @@ def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, d_final, init_tab, seq_ro
         out["dv"] = nl.ndarray((C, nh * V), dtype=nl.float32, buffer=nl.sbuf)
         out["dg"] = nl.ndarray((C, nh), dtype=nl.float32, buffer=nl.sbuf)
         out["dbeta"] = nl.ndarray((C, nh), dtype=nl.float32, buffer=nl.sbuf)
-        c = _context(x, _decays(x, cst, nh, C, K), cst, S, dS, out, C, K, V)
+        c = _context(x, _decays(x, cst, nh, C, K), cst, S, dS, out, C, K, V, tstore,
+                     cells[2])
         for grp in consecutive_groups(nh, _GROUP):
             ds = _head_dicts(grp)
             _run_phases(c, ds, True)
@@ -234,10 +240,13 @@ def _block(t, cell, base, K, w):
     return t.ap(pattern=[[w, K], [1, w]], offset=base, scalar_offset=cell, indirect_dim=0)
 
 
-def _context(x, ch, cst, S, dS, out, C, K, V):
+def _context(x, ch, cst, S, dS, out, C, K, V, tstore, trow):
     """What every phase of a chunk reads: its input tiles x, decays ch, constants, entry
-    state S, state gradient dS and output tiles (None in the forward recompute)."""
+    state S, state gradient dS and output tiles (None in the forward recompute), the T
+    scratch and the chunk's row in it (a (1, 1) SBUF tile)."""
     c = {}
+    c["tstore"] = tstore
+    c["trow"] = trow
     c["x"] = x
     c["ch"] = ch
     c["cst"] = cst
@@ -357,55 +366,94 @@ def _decays(x, cst, nh, C, K):
 
 
 def _run_phases(c, ds, grads):
-    """Every phase (_phase) of the heads ``ds`` (one dict each, key "j"), each phase issued
+    """Every phase (_phases) of the heads ``ds`` (one dict each, key "j"), each phase issued
     for every head before the next: independent heads fill the in-order engine queues
     between one head's dependent steps. ``grads``: the backward, else the forward
     recompute with its state update."""
-    for p in range(_phase_count(c["C"], grads)):
+    names, args = _phases(c["C"], grads)
+    for p in range(len(names)):
         for d in ds:
-            _phase(c, d, p, grads)
+            _phase(c, d, names[p], args[p], grads)
 
 
-def _phase_count(C, grads):
-    """Phases per head: operands, decays, solve setup, _ROUNDS doubling rounds, (block
-    substitution: 2 when C > 32), T^T, r, then the state update (forward) or the gradient
-    operands and 10 gradient phases (backward)."""
-    n = 5 + _ROUNDS
-    if C > _BLOCK:
-        n = n + 2
+def _phases(C, grads):
+    """The phases of a head, in order, as names and their arguments: operands, decays; the
+    forward recompute then solves for T (setup, _ROUNDS doubling rounds, the block
+    substitution when C > 32), keeps it in tstore and goes on with T^T, r and the state
+    update; the backward reads T back (issued with the operands) and goes on with T^T, r,
+    the gradient operands and 10 gradient phases."""
+    names = ["operands", "decay"]
+    if not grads:
+        names.append("setup")
+        for r in range(_ROUNDS):
+            names.append("round")
+        if C > _BLOCK:
+            names.append("blocks")
+            names.append("substitute")
+    names.append("transpose")
+    names.append("rhs")
     if grads:
-        return n + 11
-    return n + 1
-
-
-def _phase(c, d, p, grads):
-    """Phase p of head d (the order of _phase_count): the forward's chunk quantities kT,
-    D, KKD = kk D (strictly lower), T and T^T, r = beta (v - e^c k h), then the state
-    update or the gradients."""
-    if p == 0:
-        _r_operands(c, d)
-    elif p == 1:
-        _r_decay(c, d)
-    elif p == 2:
-        _r_solve_setup(c, d)
-    elif p < 3 + _ROUNDS:
-        _r_doubling(c, d, p - 3)
+        for q in range(11):
+            names.append("grad")
     else:
-        q = p - 3 - _ROUNDS
-        if c["C"] <= _BLOCK:
-            q = q + 2
-        if q == 0:
-            _r_blocks(c, d)
-        elif q == 1:
-            _r_substitute(c, d)
-        elif q == 2:
-            d["TT"] = _transpose(d["T"], c["C"], c["C"])
-        elif q == 3:
-            _r_rhs(c, d)
-        elif grads:
-            _grad_phase(c, d, q - 4)
-        else:
-            _state_update(c, d)
+        names.append("state")
+    # each phase's argument: its index among the phases of its name (rounds, gradients)
+    args = []
+    for i in range(len(names)):
+        k = 0
+        for m in range(i):
+            if names[m] == names[i]:
+                k = k + 1
+        args.append(k)
+    return names, args
+
+
+def _phase(c, d, name, arg, grads):
+    """Phase ``name`` (argument ``arg``) of head d (_phases): the forward's chunk quantities
+    kT, D, KKD = kk D (strictly lower), T (solved, or read back) and T^T, r = beta (v - e^c
+    k h), then the state update or the gradients."""
+    if name == "operands":
+        _r_operands(c, d)
+        if grads:
+            _t_load(c, d)
+    elif name == "decay":
+        _r_decay(c, d)
+    elif name == "setup":
+        _r_solve_setup(c, d)
+    elif name == "blocks":
+        _r_blocks(c, d)
+    elif name == "substitute":
+        _r_substitute(c, d)
+    elif name == "transpose":
+        d["TT"] = _transpose(d["T"], c["C"], c["C"])
+        if not grads:
+            _t_store(c, d)
+    elif name == "rhs":
+        _r_rhs(c, d)
+    elif name == "state":
+        _state_update(c, d)
+    elif name == "round":
+        _r_doubling(c, d, arg)
+    else:
+        _grad_phase(c, d, arg)
+
+
+def _t_view(c, d):
+    """Head d's ``[C, C]`` block of tstore at the chunk's row (c["trow"])."""
+    C, w = c["C"], c["tstore"].shape[1]
+    return c["tstore"].ap(pattern=[[w, C], [1, C]], offset=d["j"] * C, scalar_offset=c["trow"],
+                          indirect_dim=0)
+
+
+def _t_store(c, d):
+    """T of head d (float32, exact) to the chunk's tstore block, for the backward."""
+    nisa.dma_copy(dst=_t_view(c, d), src=d["T"])
+
+
+def _t_load(c, d):
+    """T of head d from the chunk's tstore block (written by the forward recompute)."""
+    d["T"] = nl.ndarray((c["C"], c["C"]), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=d["T"], src=_t_view(c, d))
 
 
 def _grad_phase(c, d, q):

@@ -63,9 +63,10 @@ def backward_tables(cu_seqlens, *, K, chunk_size, num_tokens_bucket, num_seqs_bu
     seq_rows = table((np.arange(nch.size) * K)[:, None], Nb, 1, 0)
     init_tab = table(np.stack([with_chunks * K, start[with_chunks] * K], axis=1), Nb, 2, 0)
     fwd_rows = table(rows, E + 1, C, Tb)
-    fwd_state = table(np.stack([e * K, nxt * K], axis=1), E + 1, 2, E * K)
+    fwd_state = table(np.stack([e * K, nxt * K, e * C], axis=1), E + 1, 3, [E * K, E * K, E * C])
     bwd_rows = table(rows[rev], E + 1, C, Tb)
-    bwd_state = table(np.stack([rev * K, seq[rev] * K], axis=1), E + 1, 2, E * K)
+    bwd_state = table(np.stack([rev * K, seq[rev] * K, rev * C], axis=1), E + 1, 3,
+                      [E * K, E * K, E * C])
     counts = np.array([[with_chunks.size, seq.size, seq.size, nch.size]], dtype=np.int32)
     return init_tab, seq_rows, fwd_rows, fwd_state, bwd_rows, bwd_state, counts
 
