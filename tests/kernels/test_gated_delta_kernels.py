@@ -558,10 +558,10 @@ def test_prefill_program_size_does_not_grow_with_tokens():
 
 def test_prefill_tables_layout():
     """Launcher work lists (HV = 8, bf16: bodies of 4 chunks): bodies and the remaining
-    chunks one per row (past a
-    sequence end -> the zero row = bucket; a spare row each for the look-ahead gathers),
-    each row's source and destination state block (the zero block for a first row without
-    initial state), the initial and final state copies, padding rows, counts."""
+    chunks one per row (past a sequence end -> the zero row = bucket; a spare row each for
+    the look-ahead gathers), each row's source and destination state block (the zero block
+    for a first row without initial state), the initial and final state copies, padding
+    rows, counts."""
     from nki_ssm.kernels.gated_delta.chunk import chunks_per_iteration
     from nki_ssm.ops.launch.gated_delta import prefill_tables
 
@@ -607,9 +607,8 @@ def test_prefill_tables_layout():
 
 def test_prefill_tables_state_sources():
     """HV = 8, bf16 (bodies of 4 chunks): each sequence's first work row (a body if it has 4
-    chunks, else its first single
-    chunk) reads the zero block unless it has an initial state; every later row, and
-    every row's destination, is the sequence's own block."""
+    chunks, else its first single chunk) reads the zero block unless it has an initial
+    state; every later row, and every row's destination, is the sequence's own block."""
     from nki_ssm.ops.launch.gated_delta import prefill_tables
 
     K, Nb = 2, 8

@@ -1589,7 +1589,6 @@ def _head_state_wy(S, d, X, el, hv, K, V, fast):
                    accumulate=True)
     nisa.scalar_tensor_tensor(dst=Sh, data=Sh, op0=nl.multiply, operand0=el[:, hv:hv + 1],
                               op1=nl.add, operand1=su)
-    su = None
 
 
 def _head_state(S, kd, Y, el, hv, K, V, fast):
@@ -1599,4 +1598,3 @@ def _head_state(S, kd, Y, el, hv, K, V, fast):
     nisa.nc_matmul(dst=su, stationary=_tf(kd, fast), moving=_tf(Y, fast), accumulate=False)
     nisa.scalar_tensor_tensor(dst=Sh, data=Sh, op0=nl.multiply, operand0=el[:, hv:hv + 1],
                               op1=nl.add, operand1=su)
-    su = None

@@ -383,28 +383,25 @@ def _phases(C, grads):
     update; the backward reads T back (issued with the operands) and goes on with T^T, r,
     the gradient operands and 10 gradient phases."""
     names = ["operands", "decay"]
+    args = [0, 0]
     if not grads:
         names.append("setup")
+        args.append(0)
         for r in range(_ROUNDS):
             names.append("round")
+            args.append(r)
         if C > _BLOCK:
-            names.append("blocks")
-            names.append("substitute")
-    names.append("transpose")
-    names.append("rhs")
+            names = names + ["blocks", "substitute"]
+            args = args + [0, 0]
+    names = names + ["transpose", "rhs"]
+    args = args + [0, 0]
     if grads:
         for q in range(11):
             names.append("grad")
+            args.append(q)
     else:
         names.append("state")
-    # each phase's argument: its index among the phases of its name (rounds, gradients)
-    args = []
-    for i in range(len(names)):
-        k = 0
-        for m in range(i):
-            if names[m] == names[i]:
-                k = k + 1
-        args.append(k)
+        args.append(0)
     return names, args
 
 
