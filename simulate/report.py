@@ -497,11 +497,11 @@ def _plots(out: Path, results, target: str, timeline_timing, timeline_case) -> d
 
 def _engine_share_png(kernels: list, path, target: str) -> str:
     """Grouped bars: busy share of each engine per kernel case (binding engine marked)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
+
+    from nki_ssm.perf.plots import pyplot
+
+    plt = pyplot()
 
     engines = ["tensor", "vector", "scalar", "gpsimd", "dma"]
     n = len(kernels)
