@@ -70,7 +70,7 @@ DLAMI_OWNER = "amazon"
 NEURON_PIP_INDEX = "https://pip.repos.neuron.amazonaws.com"
 NEURON_TOOLS_BIN = "/opt/aws/neuron/bin"
 
-# Where trn2 is offered. The evidence conflicts (issue 27): aws-neuron/nki-moe#14 finds no
+# Where trn2 is offered. The evidence conflicts: aws-neuron/nki-moe#14 finds no
 # trn2.3xlarge in US East, the Capacity Blocks docs list trn2.48xlarge in us-east-2, teams
 # launch trn2.3xlarge in ap-southeast-4 and sa-east-1 and hit InsufficientInstanceCapacity
 # there at times (nki-moe#9). moto 5.2.5's offerings data, generated from

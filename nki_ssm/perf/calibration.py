@@ -62,8 +62,8 @@ DELTANET_KERNEL = f"{DELTANET_DIR}/src/nki_kernels/nki_deltanet_fused.py"
 DELTANET_SOURCE = (f"{NXDI}/blob/{NXDI_COMMIT}/{DELTANET_DIR}/README.md ('NKI Kernel Benchmarks (standalone, "
                    f"single NeuronCore)': fused chunked 335 / 339 / 487 us at 128 / 256 / 512 tokens; SDK 2.29, "
                    f"trn2.3xlarge, LNC=2); kernel {NXDI}/blob/{NXDI_COMMIT}/{DELTANET_KERNEL}")
-LOG_SOURCE = ("public trn2 microbenchmark log, SINGLE UNOFFICIAL SOURCE, figures as quoted in nki_ssm "
-              "issue 11 (the log itself was not re-read for this table)")
+LOG_SOURCE = ("public trn2 microbenchmark log, SINGLE UNOFFICIAL SOURCE, figures as quoted in the "
+              "project's audit of the cost model (the log itself was not re-read for this table)")
 
 
 def _measured(timing, measure: str, pick=None) -> dict:
