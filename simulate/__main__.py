@@ -16,6 +16,12 @@ import sys
 import time
 from pathlib import Path
 
+# One BLAS thread (set before NumPy loads): the float64 references multiply small matrices,
+# and OpenBLAS's thread pool spends more CPU waiting than computing, most of all on a shared
+# machine (the 2K-token Gated DeltaNet reference: 7.6 CPU-s with two threads, 2.6 with one).
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
 
 def _parse(argv):
     p = argparse.ArgumentParser(prog="python -m simulate", description=__doc__.splitlines()[0])
@@ -81,12 +87,12 @@ class Progress:
     remaining case's expected cost (``simulate.cases.expected_seconds``) scaled by how this
     run's finished cases compared with theirs."""
 
-    def __init__(self, cases, extra_steps: int = 0, out=sys.stdout):
+    def __init__(self, cases, extra_steps: int = 0, out=None):
         from simulate.cases import expected_seconds
 
         self.expected = [expected_seconds(c) for c in cases]
         self.total = len(cases) + extra_steps
-        self.done, self.spent_expected, self.out = 0, 0.0, out
+        self.done, self.spent_expected, self.out = 0, 0.0, out or sys.stdout
         self.t0 = time.perf_counter()
 
     def start(self, label: str) -> None:
@@ -153,7 +159,7 @@ def main(argv=None) -> int:
     best = [len(_TIMELINE_PREFERENCE) + 1]
 
     for k, c in enumerate(selected):
-        progress.start(c.id)
+        progress.start(c.id.rsplit("/", 1)[0])      # op/model/batch: the set's configuration
         if c.pool_bytes() > args.max_pool_gb * 1e9:
             results.append(skipped(c, args.target, f"state pool {c.pool_bytes() / 1e9:.1f} GB "
                                                    f"> --max-pool-gb {args.max_pool_gb}"))

@@ -8,7 +8,7 @@ Sets: ``smoke`` (tiny, for the tests), ``default`` (every op at the judged model
 shapes at sizes that run in a few minutes: 2K-token prefill of the Qwen3-Next conv,
 Mamba-2 2.7B SSD and Qwen3-Next GDN TP1 and TP4, decode at 32 / 64 sequences, the
 backwards at 512 tokens (conv: 2K) with their forwards, and a 128-token prefill of the
-Mamba-2 conv and the Granite-4.0-H SSD), ``judged`` (the shapes the performance goals
+Mamba-2 conv, the Granite-4.0-H SSD and the Qwen3-Next GDN), ``judged`` (the shapes the performance goals
 are stated at: conv 16K x 1 and 8 x 2K ragged, conv decode at 32 / 512 sequences,
 Mamba-2 2.7B SSD 16K, SSD decode at 1 / 32 / 512 sequences, GDN prefill Qwen3-Next
 TP1 16K, 2K and 8 x 2K ragged, TP4 16K; the backward of conv, SSD and GDN TP1 at 16K),
@@ -367,7 +367,8 @@ def default_cases() -> list[Case]:
     on 2 cores, under 4 GB): the 2K-token prefill of the Qwen3-Next conv (dim 8192), Mamba-2
     2.7B SSD and Qwen3-Next GDN TP1 and TP4; decode at 32 sequences (conv, SSD; SSD also at 1)
     and 64 (GDN); the backwards of :data:`DEFAULT_BACKWARD` with their forwards; and a
-    128-token prefill of the Mamba-2 conv (with bias) and the Granite-4.0-H SSD (8 groups).
+    128-token prefill of the Mamba-2 conv (with bias), the Granite-4.0-H SSD (8 groups) and
+    the Qwen3-Next GDN (one chunk).
     ``--set judged`` runs the 16K / 512-sequence shapes the performance goals are stated at."""
     conv, m2 = S.CONV_SHAPES["qwen3-next"], S.SSD_SHAPES["mamba2-2.7b"]
     q3, q3tp4 = S.GDN_SHAPES["qwen3-next"], S.GDN_SHAPES["qwen3-next-tp4"]
@@ -382,6 +383,7 @@ def default_cases() -> list[Case]:
         _decode("gated_delta", "qwen3-next", q3, 64),
         _prefill("short_conv", "mamba2-2.7b", S.CONV_SHAPES["mamba2-2.7b"], [128]),
         _prefill("mamba2_ssd", "granite-4.0-h", S.SSD_SHAPES["granite-4.0-h"], [128]),
+        _prefill("gated_delta", "qwen3-next", q3, [128]),
     ]
     for family, model, n in DEFAULT_BACKWARD:
         bwd = _backward(family, model, dict(_FAMILY_SHAPES)[family][model], [n])

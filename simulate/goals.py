@@ -73,8 +73,13 @@ class Goal:
         of the same op, model shape and layer configuration."""
         if not self.any_batch:
             return r.case_id == self.case.id
-        c = self.case
-        return (r.op, r.model, r.config) == (c.op, c.model, c.config)
+        return _shape_key(r.case_id) == _shape_key(self.case.id)
+
+
+def _shape_key(case_id: str) -> tuple:
+    """A case id without its batch: op, model and layer configuration."""
+    parts = case_id.split("/")
+    return tuple(parts[:2] + parts[3:])
 
 
 @dataclass(frozen=True)
