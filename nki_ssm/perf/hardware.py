@@ -300,7 +300,7 @@ _ALIASES = {"inf2": "trn1", "gen2": "trn1", "gen3": "trn2", "gen4": "trn3"}
 # Constants whose value was set or moved by fitting a published measurement
 # (name -> which calibration row). Everything else is read from the docs.
 CALIBRATED: dict[str, str] = {
-    "scalar_raw_cycles": "the published dependent ScalarE chain (II 264 cycles) — the only data point for it",
+    "scalar_raw_cycles": "the published dependent ScalarE chain (II 264 cycles; calibration row scalar_dependent_chain) — the only data point for it",
     "act_table_load_ns": "read off the 1.32-1.34 us bars of AWS's trn2 DMA-overview profiles and the trn2 log's 1283 ns (calibration row act_table_load)",
     "launch_ns": "the trn2 log's ~16 us (calibration row launch_overhead)",
     "vector_second_input": "fitted to the fused-Mamba tutorial's mamba_v2 at 4096 channels (1.61 ms, VectorE 99.63%; calibration row mamba_v2_4096ch); the documented 2N rule puts that row at 1.73x",
