@@ -76,6 +76,13 @@ def missing_optional() -> list[tuple[str, str, str]]:
     return [dep for dep in OPTIONAL if importlib.util.find_spec(dep[0]) is None]
 
 
+def _say(text: str) -> None:
+    """A message wrapped at 100 columns, flushed."""
+    import textwrap
+
+    print("\n".join(textwrap.wrap(text, 100, subsequent_indent="  ")), flush=True)
+
+
 def _clock(seconds: float) -> str:
     seconds = max(0, int(round(seconds)))
     return f"{seconds // 60}:{seconds % 60:02d}"
@@ -144,15 +151,15 @@ def main(argv=None) -> int:
         return 2
     missing = missing_optional()
     for name, what, install in missing:
-        print(f"note: {name} is not installed, so {what} are left out of the report. "
-              f"To have them: {install}", flush=True)
+        _say(f"note: {name} is not installed, so {what} are left out of the report; to have them:")
+        print(f"  {install}", flush=True)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else Path("reports") / stamp
     command = "python -m simulate " + " ".join(sys.argv[1:] if argv is None else argv)
     expected = sum(C.expected_seconds(c) for c in selected)
-    print(f"nki_ssm main job: {len(selected)} cases ({case_set} set), times modeled for {args.target}, "
-          f"LNC={'1 and 2' if len(lncs) == 2 else lncs[0]}; about {_clock(expected)} on 2 idle cores; "
-          f"report in {out}", flush=True)
+    _say(f"nki_ssm main job: {len(selected)} cases ({case_set} set), times modeled for {args.target}, "
+         f"LNC={'1 and 2' if len(lncs) == 2 else lncs[0]}; about {_clock(expected)} on 2 idle cores; "
+         f"report in {out}")
     t_start = time.perf_counter()
     results, timeline, timeline_case = [], None, None
     progress = Progress(selected, extra_steps=0 if args.no_calibration else 1)
