@@ -142,11 +142,15 @@ def summary_cells(r: CaseResult) -> list[str]:
             lnc2_ratio(r), chip2, h100_cell, vs]
 
 
-def summary_markdown(results: list[CaseResult]) -> str:
-    lines = ["| " + " | ".join(SUMMARY_HEADERS) + " |", "|" + "---|" * len(SUMMARY_HEADERS)]
-    for r in results:
-        lines.append("| " + " | ".join(c.replace("|", "/") for c in summary_cells(r)) + " |")
+def md_table(headers: list[str], rows) -> str:
+    """A Markdown table of ``rows`` (lists of cells; a "|" in a cell becomes "/")."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(c.replace("|", "/") for c in cells) + " |" for cells in rows]
     return "\n".join(lines)
+
+
+def summary_markdown(results: list[CaseResult]) -> str:
+    return md_table(SUMMARY_HEADERS, map(summary_cells, results))
 
 
 SUMMARY_NOTE = (
@@ -186,10 +190,7 @@ HEADERS = ["case", "status", "rel err out", "rel err state", "time [10-90 %]", "
 
 
 def markdown_table(results: list[CaseResult]) -> str:
-    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
-    for r in results:
-        lines.append("| " + " | ".join(c.replace("|", "/") for c in row_cells(r)) + " |")
-    return "\n".join(lines)
+    return md_table(HEADERS, map(row_cells, results))
 
 
 OP_SHORT = {"short_conv_prefill": "conv prefill", "short_conv_decode": "conv decode",
@@ -223,10 +224,7 @@ def compact_cells(r: CaseResult) -> list[str]:
 
 
 def compact_markdown(results: list[CaseResult]) -> str:
-    lines = ["| " + " | ".join(COMPACT_HEADERS) + " |", "|" + "---|" * len(COMPACT_HEADERS)]
-    for r in results:
-        lines.append("| " + " | ".join(c.replace("|", "/") for c in compact_cells(r)) + " |")
-    return "\n".join(lines)
+    return md_table(COMPACT_HEADERS, map(compact_cells, results))
 
 
 COMPACT_NOTE = (
