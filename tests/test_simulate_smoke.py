@@ -583,3 +583,17 @@ def test_report_and_terminal_lead_with_the_verdict(tmp_path):
     assert text.splitlines()[1] == "Missed:" and "1.24 M tok/s" in text.splitlines()[2]
     assert max(len(ln) for ln in text.splitlines()) <= 100
     assert "GDN" not in text.split("\n\n")[0]                # no goal of a case not in the run
+
+
+def test_benchmark_reports_instructions_per_second(tmp_path, capsys):
+    """python -m simulate.benchmark: the simulator's and the cost model's rates (a benchmark;
+    this only checks that it measures, not how fast)."""
+    from simulate import benchmark
+
+    assert benchmark.main(["--quick", "--json", str(tmp_path / "b.json")]) == 0
+    rows = json.loads((tmp_path / "b.json").read_text())
+    assert [r["case"].split("/")[0] for r in rows] == ["short_conv_prefill", "ssd_decode",
+                                                       "gated_delta_prefill"]
+    for r in rows:
+        assert r["instructions"] > 0 and r["simulator_per_s"] > 0 and r["cost_model_per_s"] > 0
+    assert capsys.readouterr().out.splitlines()[-2].startswith("all ")
