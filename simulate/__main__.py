@@ -155,7 +155,7 @@ def main(argv=None) -> int:
         print(f"  {install}", flush=True)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else Path("reports") / stamp
-    command = "python -m simulate " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = " ".join(["python -m simulate", *(sys.argv[1:] if argv is None else argv)])
     expected = sum(C.expected_seconds(c) for c in selected)
     _say(f"nki_ssm main job: {len(selected)} cases ({case_set} set), times modeled for {args.target}, "
          f"LNC={'1 and 2' if len(lncs) == 2 else lncs[0]}; about {_clock(expected)} on 2 idle cores; "

@@ -406,8 +406,8 @@ def write_report(out_dir, results: list[CaseResult], *, target: str, case_set: s
            f"{sum(r.status == 'error' for r in results)} errors, "
            f"{sum(r.status == 'skipped' for r in results)} skipped, "
            f"{sum(r.status == NO_KERNEL for r in results)} reference only); {wall_s / 60:.1f} min wall "
-           f"on {platform.node() or 'this machine'} ({platform.machine()}, Python {platform.python_version()}).",
-           ""]
+           f"on {platform.node() or 'this machine'} ({platform.machine()}, Python {platform.python_version()}"
+           f"{_load()}).", ""]
     md += ["## Per op and model shape", "", COMPACT_NOTE, "", compact_markdown(results), ""]
     if goal_rows:
         md += ["## Goals", "",
@@ -465,6 +465,16 @@ def write_report(out_dir, results: list[CaseResult], *, target: str, case_set: s
     (out / "results.json").write_text(json.dumps(payload, indent=1, default=json_default))
     paths["json"] = str(out / "results.json")
     return paths
+
+
+def _load() -> str:
+    """The machine's load at the end of the run (a shared machine stretches the wall time)."""
+    import os
+
+    try:
+        return f", {os.cpu_count()} cores, load average {os.getloadavg()[1]:.1f} over 5 min"
+    except (AttributeError, OSError):
+        return ""
 
 
 def _plots(out: Path, results, target: str, timeline_timing, timeline_case) -> dict:
