@@ -89,7 +89,7 @@ class GoalRow:
     figure: str
     value: str
     goal: str
-    status: str                      # MET, MISSED, "reported" (another target) or "not run: ..."
+    status: str                      # MET, MISSED (": the error" when the kernel failed) or "reported"
 
     def cells(self) -> list[str]:
         return [self.name, self.case_id, self.value, self.goal, self.status]
