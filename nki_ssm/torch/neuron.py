@@ -70,8 +70,13 @@ import torch
 
 from nki_ssm.ops import gated_delta as _gdn_host
 from nki_ssm.ops import mamba2_ssd as _ssd_host
-from nki_ssm.ops import mamba2_ssd_backward as _ssd_bwd_host
 from nki_ssm.ops import short_conv as _conv_host
+# the backward modules by their own names (nki_ssm.ops re-exports functions of the same names)
+from nki_ssm.ops.gated_delta_backward import GRAD_OF as _GDN_GRAD_OF
+from nki_ssm.ops.gated_delta_backward import validate_backward as _gdn_validate_backward
+from nki_ssm.ops.mamba2_ssd_backward import GRAD_OF as _SSD_GRAD_OF
+from nki_ssm.ops.mamba2_ssd_backward import validate_backward as _ssd_validate_backward
+from nki_ssm.ops.short_conv_backward import validate_backward as _conv_validate_backward
 from nki_ssm.ops.launch import gated_delta as _gdn_launch
 from nki_ssm.ops.launch import gated_delta_backward as _gdn_bwd_launch
 from nki_ssm.ops.launch import mamba2_ssd as _ssd_launch
@@ -79,10 +84,6 @@ from nki_ssm.ops.launch import mamba2_ssd_backward as _ssd_bwd_launch
 from nki_ssm.ops.launch import short_conv as _conv_launch
 from nki_ssm.ops.launch import short_conv_backward as _conv_bwd_launch
 from nki_ssm.torch._device_arrays import TorchArrays
-
-# by module path: nki_ssm.ops re-exports the functions of these names over the modules
-_conv_bwd_host = importlib.import_module("nki_ssm.ops.short_conv_backward")
-_gdn_bwd_host = importlib.import_module("nki_ssm.ops.gated_delta_backward")
 
 _NP_DTYPE = {torch.float32: np.dtype(np.float32), torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
              torch.float16: np.dtype(np.float16), torch.float64: np.dtype(np.float64)}
@@ -288,25 +289,26 @@ def _in_input_dtypes(grads: dict, args: dict, grad_of: dict) -> dict:
 def short_conv_backward(**args):
     """``torch.ops.nki_ssm.short_conv_train_backward`` on device tensors (keywords of
     ``nki_ssm.ops.short_conv_backward``) -> its dict of gradients."""
-    return _shared(_on_neuron(_conv_bwd_host.validate_backward), _conv_bwd_launch.backward_call,
-                   args)
+    return _shared(_on_neuron(_conv_validate_backward), _conv_bwd_launch.backward_call, args)
 
 
-def _backward_in_input_dtypes(host, launch, args):
-    """``host.validate_backward``'s checks, ``launch.backward_call``, then the float32
-    gradients in their inputs' dtypes (SSD, GDN)."""
-    grads = _shared(_on_neuron(_launcher_kwargs(host.validate_backward)), launch.backward_call,
-                    args)
-    return _in_input_dtypes(grads, dict(args), host.GRAD_OF)
+def _backward_in_input_dtypes(validate_backward, grad_of, backward_call, args):
+    """The host backward's ``validate_backward`` checks, the launcher's ``backward_call``,
+    then the float32 gradients in their inputs' dtypes (``grad_of``: input -> gradient key;
+    SSD, GDN)."""
+    grads = _shared(_on_neuron(_launcher_kwargs(validate_backward)), backward_call, args)
+    return _in_input_dtypes(grads, dict(args), grad_of)
 
 
 def ssd_backward(**args):
     """``torch.ops.nki_ssm.ssd_train_backward`` on device tensors (keywords of
     ``nki_ssm.ops.ssd_backward``) -> its dict of gradients."""
-    return _backward_in_input_dtypes(_ssd_bwd_host, _ssd_bwd_launch, args)
+    return _backward_in_input_dtypes(_ssd_validate_backward, _SSD_GRAD_OF,
+                                     _ssd_bwd_launch.backward_call, args)
 
 
 def gated_delta_backward(**args):
     """``torch.ops.nki_ssm.gated_delta_train_backward`` on device tensors (keywords of
     ``nki_ssm.ops.gated_delta_backward``) -> its dict of gradients."""
-    return _backward_in_input_dtypes(_gdn_bwd_host, _gdn_bwd_launch, args)
+    return _backward_in_input_dtypes(_gdn_validate_backward, _GDN_GRAD_OF,
+                                     _gdn_bwd_launch.backward_call, args)
