@@ -49,36 +49,36 @@ _TORCHNEURON_DLAMI = "Deep Learning AMI Neuron torch-neuronx 2.14.0"
 _TORCHNEURON_VENV = "/opt/aws_neuronx_venv_torch_neuronx_2_14_0"
 _TORCHNEURON_SSM = tuple(f"/aws/service/neuron/dlami/torch-neuronx-2.14.0/{os}/latest/image_id"
                          for os in ("ubuntu-24.04", "ubuntu-26.04"))
-_TORCH_PATH = ("TorchNeuron {version} (PyTorch 2.14, device 'neuron'): @nki.jit kernels inside "
-               "the torch.library custom ops, eager and under torch.compile(backend=\"neuron\")")
 _RTD = "https://awsdocs-neuron.readthedocs-hosted.com/en"
 
+
+def _torchneuron_release(release: str, nki: str, compiler: str, runtime: str, tools: str,
+                         torchneuron: str, extra: str, unverified: tuple, sources: tuple):
+    """The profile of a release on the TorchNeuron DLAMI (pins from its release content)."""
+    ssm = ("SSM parameter " + _TORCHNEURON_SSM[0] + " (launch tries it, then describe-images "
+           f"by name and 'Neuron SDK {release}' in the description)")
+    return SdkProfile(
+        release=release, nki=nki, dlami=_TORCHNEURON_DLAMI, image_words=("torch-neuronx", "2.14"),
+        ssm_parameters=_TORCHNEURON_SSM, venv=_TORCHNEURON_VENV, extra=extra,
+        pip_pins={"neuronx-cc": compiler, "nki": nki},
+        apt_pins={"aws-neuronx-runtime-lib": runtime, "aws-neuronx-tools": tools},
+        torch_path=(f"TorchNeuron {torchneuron} (PyTorch 2.14, device 'neuron'): @nki.jit "
+                    "kernels inside the torch.library custom ops, eager and under "
+                    "torch.compile(backend=\"neuron\")"),
+        unverified=(ssm, *unverified), sources=(f"{_RTD}/v{release}/release-notes/releasecontent.html",
+                                                *sources))
+
+
 SDK_PROFILES = {
-    "2.34.0": SdkProfile(
-        release="2.34.0", nki="0.8.0", dlami=_TORCHNEURON_DLAMI,
-        image_words=("torch-neuronx", "2.14"), ssm_parameters=_TORCHNEURON_SSM,
-        venv=_TORCHNEURON_VENV, extra="neuron",
-        pip_pins={"neuronx-cc": "2.29.16866.0", "nki": "0.8.0"},
-        apt_pins={"aws-neuronx-runtime-lib": "2.36.8.0", "aws-neuronx-tools": "2.34.29.0"},
-        torch_path=_TORCH_PATH.format(version="2.14.3.1"),
-        unverified=("SSM parameter " + _TORCHNEURON_SSM[0] + " (launch tries it, then "
-                    "describe-images by name and 'Neuron SDK 2.34.0' in the description)",
-                    f"image name '{_TORCHNEURON_DLAMI}' and venv {_TORCHNEURON_VENV} in 2.34 "
+    "2.34.0": _torchneuron_release(
+        "2.34.0", "0.8.0", "2.29.16866.0", "2.36.8.0", "2.34.29.0", "2.14.3.1", "neuron",
+        unverified=(f"image name '{_TORCHNEURON_DLAMI}' and venv {_TORCHNEURON_VENV} in 2.34 "
                     "(documented for 2.33; the host script falls back to the /opt venv holding "
-                    "nki 0.8.0)"),
-        sources=(f"{_RTD}/v2.34.0/release-notes/releasecontent.html",
-                 "https://github.com/aws-neuron/torch-neuronx/releases/tag/v2.34.0")),
-    "2.33.0": SdkProfile(
-        release="2.33.0", nki="0.7.0", dlami=_TORCHNEURON_DLAMI,
-        image_words=("torch-neuronx", "2.14"), ssm_parameters=_TORCHNEURON_SSM,
-        venv=_TORCHNEURON_VENV, extra="neuron-2-33",
-        pip_pins={"neuronx-cc": "2.28.7631.0", "nki": "0.7.0"},
-        apt_pins={"aws-neuronx-runtime-lib": "2.35.30.0", "aws-neuronx-tools": "2.33.38.0"},
-        torch_path=_TORCH_PATH.format(version="2.14.3.0"),
-        unverified=("SSM parameter " + _TORCHNEURON_SSM[0] + " (launch tries it, then "
-                    "describe-images by name and 'Neuron SDK 2.33.0' in the description)",),
-        sources=(f"{_RTD}/v2.33.0/release-notes/releasecontent.html",
-                 f"{_RTD}/v2.33.0/setup/pytorch/update-dlami.html")),
+                    "nki 0.8.0)",),
+        sources=("https://github.com/aws-neuron/torch-neuronx/releases/tag/v2.34.0",)),
+    "2.33.0": _torchneuron_release(
+        "2.33.0", "0.7.0", "2.28.7631.0", "2.35.30.0", "2.33.38.0", "2.14.3.0", "neuron-2-33",
+        unverified=(), sources=(f"{_RTD}/v2.33.0/setup/pytorch/update-dlami.html",)),
 }
 DEFAULT_SDK = "2.34.0"
 # SDKs before 2.33 (NKI <= 0.6: nl.dynamic_range loops, no nl.if_else) cannot compile this

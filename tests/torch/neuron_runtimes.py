@@ -75,7 +75,8 @@ def neuron_device(monkeypatch):
                         lambda d: "neuron" if real(d) == "cpu" else real(d))
 
 
-def _no_vllm(monkeypatch):
+def unload_vllm(monkeypatch):
+    """No vLLM Neuron runtime in the process (for this test)."""
     for name in list(sys.modules):
         if name.split(".")[0] in neuron.WRAP_NKI_RUNTIMES:
             monkeypatch.delitem(sys.modules, name)
@@ -98,7 +99,7 @@ class TorchNeuronKernel:
 def torchneuron(monkeypatch, neuron_device):
     """TorchNeuron without vLLM: the device path's kernels run as ``TorchNeuronKernel``.
     -> the launch log."""
-    _no_vllm(monkeypatch)
+    unload_vllm(monkeypatch)
     log = []
     real = neuron.device_call
     monkeypatch.setattr(neuron, "device_call",
@@ -133,7 +134,7 @@ def install_vllm_neuron(monkeypatch, log: list, package: str = "vllm_neuron") ->
 @pytest.fixture
 def vllm_neuron(monkeypatch, neuron_device):
     """vLLM Neuron's plugin running: kernels go through its (FAKE) wrap_nki. -> the log."""
-    _no_vllm(monkeypatch)
+    unload_vllm(monkeypatch)
     log = []
     install_vllm_neuron(monkeypatch, log)
     return log

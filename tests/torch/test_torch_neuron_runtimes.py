@@ -21,6 +21,7 @@ from neuron_runtimes import (  # noqa: E402,F401  (fixtures)
     neuron_device,
     op_nodes,
     torchneuron,
+    unload_vllm,
     vllm_neuron,
 )
 from torch_cases import OPS, numpy_case, pool_name, to_torch  # noqa: E402
@@ -42,15 +43,22 @@ def _first(out):
     return out[0] if isinstance(out, tuple) else out
 
 
-def _serve(op, monkeypatch, lnc):
-    """One call of ``op`` through ``nki_ssm.torch.ops`` on (FAKE) device tensors, and the
-    host API's simulator path on the same inputs -> (got, expected, tensors, arrays)."""
+def _serve(op, monkeypatch, lnc, log) -> dict:
+    """One call of ``op`` through ``nki_ssm.torch.ops`` on (FAKE) device tensors: output and
+    pool bit for bit the host API's simulator path, one kernel launch whose pool argument is
+    a view of the caller's pool (written in place) -> that launch."""
     monkeypatch.setenv(nki_backend.LNC_ENV_VAR, str(lnc))
     kw = numpy_case(op)
     tkw = to_torch(kw)
     expected = getattr(host, op)(**kw, backend="sim")
     got = getattr(tops, op)(**tkw)
-    return got, expected, tkw, kw
+    name = pool_name(kw)
+    np.testing.assert_array_equal(to_numpy(_first(got)), _first(expected))
+    np.testing.assert_array_equal(to_numpy(tkw[name]), kw[name])
+    (launch,) = log
+    ptr = tkw[name].untyped_storage().data_ptr()
+    assert [t.untyped_storage().data_ptr() for t in launch["tensors"]].count(ptr) == 1
+    return launch
 
 
 def _kernel_params(kernel) -> list:
@@ -69,9 +77,7 @@ def test_devices_and_launch_paths(monkeypatch, tmp_path):
         assert not neuron.is_neuron_device(dev), dev
     with pytest.raises(ValueError, match="device must be a Neuron device"):
         neuron.launch_path("cpu")
-    for name in list(sys.modules):
-        if name.split(".")[0] in neuron.WRAP_NKI_RUNTIMES:
-            monkeypatch.delitem(sys.modules, name)
+    unload_vllm(monkeypatch)
     # TorchNeuron (and XLA): the @nki.jit kernel itself
     assert neuron.launch_path("neuron") == "jit" and neuron.launch_path("xla") == "jit"
     # vLLM Neuron installed but not running in this process: still TorchNeuron's call
@@ -106,9 +112,7 @@ def test_torchneuron_calls_the_jit_kernel_itself(neuron_device, monkeypatch):
             seen.append((self.grid, args))
             return args[0]
 
-    for name in list(sys.modules):
-        if name.split(".")[0] in neuron.WRAP_NKI_RUNTIMES:
-            monkeypatch.delitem(sys.modules, name)
+    unload_vllm(monkeypatch)
     x = torch.ones(2)
     assert neuron.device_call(Kernel(), x, 3, lnc=1) is x
     assert neuron.device_call(Kernel(), x, 3, lnc=2) is x
@@ -124,14 +128,8 @@ def test_torchneuron_eager(op, lnc, torchneuron, monkeypatch):
     """``torch.ops.nki_ssm.<op>`` on ``neuron`` tensors: one kernel launch, the @nki.jit
     kernel called with device tensors as a grid of NEURON_LOGICAL_NC_CONFIG programs, the
     pool argument a view of the caller's pool; the host simulator path's bytes."""
-    got, expected, tkw, kw = _serve(op, monkeypatch, lnc)
-    name = pool_name(kw)
-    np.testing.assert_array_equal(to_numpy(_first(got)), _first(expected))
-    np.testing.assert_array_equal(to_numpy(tkw[name]), kw[name])
-    (launch,) = torchneuron
-    assert launch["path"] == "jit" and launch["grid"] == lnc
-    ptr = tkw[name].untyped_storage().data_ptr()
-    assert [t.untyped_storage().data_ptr() for t in launch["tensors"]].count(ptr) == 1
+    launch = _serve(op, monkeypatch, lnc, torchneuron)
+    assert launch["path"] == "jit" and launch["grid"] == lnc and launch["args"] > 0
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -237,12 +235,16 @@ def _check_training(family: str, log: list, compiled_with=None):
     return forward, len(log) - forward
 
 
+@pytest.mark.parametrize("runtime, path", [("torchneuron", "jit"), ("vllm_neuron", "wrap_nki")])
 @pytest.mark.parametrize("family", TRAIN)
-def test_torchneuron_training_backward_eager(family, torchneuron, monkeypatch):
+def test_training_backward_eager(family, runtime, path, request, monkeypatch):
+    """The training op and its registered backward on device tensors, on TorchNeuron and
+    through vLLM Neuron's wrap_nki: the host API's loss and gradients."""
+    log = request.getfixturevalue(runtime)
     monkeypatch.setenv(nki_backend.LNC_ENV_VAR, "2")
-    forward, backward = _check_training(family, torchneuron)
+    forward, backward = _check_training(family, log)
     assert forward >= 1 and backward >= 1
-    assert {(e["path"], e["grid"]) for e in torchneuron} == {("jit", 2)}
+    assert {(e["path"], e["grid"]) for e in log} == {(path, 2)}
 
 
 @pytest.mark.parametrize("family", TRAIN)
@@ -270,11 +272,7 @@ def test_vllm_neuron_through_wrap_nki(op, lnc, vllm_neuron, monkeypatch):
     """vLLM Neuron running: every op reaches its kernel through the plugin's wrap_nki HOP,
     each argument under the kernel's parameter name, the caller itself for one program and
     indexed by the grid for two; the host simulator path's bytes, the pool in place."""
-    got, expected, tkw, kw = _serve(op, monkeypatch, lnc)
-    name = pool_name(kw)
-    np.testing.assert_array_equal(to_numpy(_first(got)), _first(expected))
-    np.testing.assert_array_equal(to_numpy(tkw[name]), kw[name])
-    (launch,) = vllm_neuron
+    launch = _serve(op, monkeypatch, lnc, vllm_neuron)
     assert launch["path"] == "wrap_nki" and launch["grid"] == lnc
     assert launch["indexed"] == (lnc != 1)
     params = _kernel_params(launch["kernel_object"])
@@ -283,19 +281,8 @@ def test_vllm_neuron_through_wrap_nki(op, lnc, vllm_neuron, monkeypatch):
 
 def test_vllm_neuron_0_24_runtime_too(monkeypatch, neuron_device):
     """0.24's runtime package (libtorch_neuronx_lite) serves the HOP the same way."""
-    for name in list(sys.modules):
-        if name.split(".")[0] in neuron.WRAP_NKI_RUNTIMES:
-            monkeypatch.delitem(sys.modules, name)
+    unload_vllm(monkeypatch)
     log = []
     install_vllm_neuron(monkeypatch, log, package="libtorch_neuronx_lite")
-    got, expected, _, _ = _serve("gated_delta_decode", monkeypatch, 2)
-    np.testing.assert_array_equal(to_numpy(_first(got)), _first(expected))
-    assert [(e["path"], e["grid"]) for e in log] == [("wrap_nki", 2)]
-
-
-@pytest.mark.parametrize("family", TRAIN)
-def test_vllm_neuron_training_backward(family, vllm_neuron, monkeypatch):
-    monkeypatch.setenv(nki_backend.LNC_ENV_VAR, "2")
-    forward, backward = _check_training(family, vllm_neuron)
-    assert forward >= 1 and backward >= 1
-    assert {(e["path"], e["grid"]) for e in vllm_neuron} == {("wrap_nki", 2)}
+    launch = _serve("gated_delta_decode", monkeypatch, 2, log)
+    assert (launch["path"], launch["grid"], launch["indexed"]) == ("wrap_nki", 2, True)
