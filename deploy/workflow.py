@@ -103,7 +103,7 @@ def price(clients: dict | None, s: P.LaunchSettings) -> tuple[float | None, str]
         else:
             note = "not in the Price List API; "
     else:
-        note = "Price List API not asked (no credentials, or the look-ups failed); "
+        note = "Price List API not asked: no credentials, or the look-ups failed; "
     value, source = D.reference_price(s.instance_type, s.region)
     return value, note + source
 
