@@ -91,6 +91,10 @@ def plot(rows: list[dict], path, title: str) -> str:
     return str(path)
 
 
+REPORT_NAME = "report.md"
+PLOT_NAME = "measured_vs_modeled.png"
+
+
 def write(results, out_dir=None) -> dict:
     """report.md + measured_vs_modeled.png next to results.json (or in ``out_dir``)."""
     data = load(results)
@@ -101,7 +105,7 @@ def write(results, out_dir=None) -> dict:
     rows = data["measured"]
     where = data.get("instance_type") or "this host"
     title = f"deploy.bench: measured on {where} vs modeled for {data.get('target')}"
-    png = plot(rows, out / "measured_vs_modeled.png", title)
+    png = plot(rows, out / PLOT_NAME, title)
     tc = data.get("toolchain") or {}
     n = {s: sum(m["status"] == s for m in rows) for s in
          ("passed", "compiled", "failed", "compile_error", "run_error", "no_kernel", "error")}
@@ -129,7 +133,7 @@ def write(results, out_dir=None) -> dict:
         for m in bad:
             md += [f"* `{m['case_id']}`: {m['status']}: {m.get('error')}"]
         md.append("")
-    path = out / "report.md"
+    path = out / REPORT_NAME
     path.write_text("\n".join(md))
     return {"report": str(path), "plot": png, "json": str(src)}
 

@@ -33,6 +33,7 @@ class Resolved:
     price: float | None = None
     price_source: str = ""
     block: dict | None = None          # the capacity reservation (zone, type, dates)
+    region_status: str | None = None   # OptInStatus of the region for the account
     notes: list = field(default_factory=list)
 
 
@@ -46,15 +47,21 @@ def make_clients(sess, region: str, *, quick: bool = False) -> dict:
                                 retries={"mode": "standard", "max_attempts": 5}))
     out = {svc: sess.client(svc, region_name=region, config=cfg) for svc in CLIENT_SERVICES}
     out["pricing"] = sess.client("pricing", region_name="us-east-1", config=cfg)  # Price List API endpoint
+    # describe-regions where every account is enabled: a disabled region refuses the call
+    out["regions"] = sess.client("ec2", region_name=C.REGION_STATUS_ENDPOINT, config=cfg)
     return out
 
 
 def resolve(clients: dict, s: P.LaunchSettings, *, need_subnet: bool = True) -> Resolved:
-    """AMI, instance type (family discovered), zones, capacity block, subnet, price:
-    read-only calls only."""
+    """Region enabled, AMI, instance type (family discovered), zones, capacity block, subnet,
+    price: read-only calls only, in the order of ``plan.lookup_calls``. A region the account
+    has not enabled, an image or a type that is not there: LookupError before anything is
+    created."""
     r = Resolved(instance_type=s.instance_type)
     ec2 = clients["ec2"]
+    r.region_status = D.check_region(clients.get("regions") or ec2, s.region)
     r.image = D.resolve_ami(ec2, clients["ssm"], s)
+    r.notes += r.image.get("notes", [])
     if s.capacity_reservation_id:
         r.block = D.capacity_block(ec2, s.capacity_reservation_id)
         if not s.family and r.block["instance_type"] != s.instance_type:
@@ -96,7 +103,7 @@ def price(clients: dict | None, s: P.LaunchSettings) -> tuple[float | None, str]
         else:
             note = "not in the Price List API; "
     else:
-        note = "Price List API not asked (no credentials, or the look-ups failed); "
+        note = "Price List API not asked: no credentials, or the look-ups failed; "
     value, source = D.reference_price(s.instance_type, s.region)
     return value, note + source
 
@@ -168,8 +175,10 @@ def cost_lines(s: P.LaunchSettings, p: float | None, psrc: str, bench_args: list
     return lines
 
 
-def plan_text(s: P.LaunchSettings, r: Resolved | None, *, with_run: bool, bench_args: list[str]) -> str:
-    """The full plan: settings, resolved values, and every API call in order."""
+def plan_text(s: P.LaunchSettings, r: Resolved | None, *, with_run: bool, bench_args: list[str],
+              region_status: str | None = None) -> str:
+    """The full plan: settings, resolved values, and every API call in order
+    (``region_status``: the account's, when the look-ups stopped at the region check)."""
     names = P.Names(s.run_id)
     prof = s.profile
     if s.family and r is None:   # the type is not known until describe-instance-types answers
@@ -177,9 +186,9 @@ def plan_text(s: P.LaunchSettings, r: Resolved | None, *, with_run: bool, bench_
     ami = (f"{r.image['ImageId']} ({r.image['Name']}; {r.image['Description']}; via {r.image['source']})"
            if r and r.image else
            (f"{s.ami_id} (given)" if s.ami_id else
-            f"resolved at launch from SSM parameter {C.DLAMI_SSM_PARAMETERS[prof.dlami]} (its "
-            f"description must name Neuron SDK {prof.release}; else the newest "
-            f"'{prof.image_name}' image that does)"))
+            f"'{prof.dlami}' (Ubuntu 24.04, else 26.04), resolved at launch: SSM parameter "
+            f"{prof.ssm_parameters[0]} (UNVERIFIED name), the image's description naming "
+            f"Neuron SDK {prof.release}; else the newest image of that release by name"))
     if r is not None:
         p, psrc = r.price, r.price_source
     else:
@@ -193,13 +202,13 @@ def plan_text(s: P.LaunchSettings, r: Resolved | None, *, with_run: bool, bench_
                    if reg == s.region and t == s.instance_type), None)
     lines = [
         f"{C.PROJECT} plan — run {s.run_id}",
-        f"  region          {s.region}",
+        f"  region          {s.region}: {region_text(s.region, r.region_status if r else region_status)}",
         f"  instance type   {itype}",
     ]
     if source:
         lines.append(f"                  offered there: {source}")
-    alternatives = [f"{t} in {reg}" for reg, t, _ in C.OFFERING_EVIDENCE
-                    if (reg, t) != (s.region, s.instance_type)]
+    alternatives = [f"{t} in {reg}" + (" (opt-in)" if reg in C.OPT_IN_REGIONS else "")
+                    for reg, t, _ in C.OFFERING_EVIDENCE if (reg, t) != (s.region, s.instance_type)]
     lines.append(f"  elsewhere       {'; '.join(alternatives)} (deploy/README.md, 'Where trn2 is')")
     if r and r.type_info:
         t = r.type_info
@@ -210,6 +219,7 @@ def plan_text(s: P.LaunchSettings, r: Resolved | None, *, with_run: bool, bench_
     lines += [
         f"  AMI             {ami}",
         f"  Neuron SDK      {prof.release} (NKI {prof.nki}), venv {prof.venv}",
+        f"  older SDKs      {C.OLDER_SDKS}",
         "  SDK pins        " + ", ".join(f"{k}=={v}" for k, v in prof.pip_pins.items()) + "; "
         + ", ".join(f"{k} {v}" for k, v in prof.apt_pins.items()),
         f"  compile target  --target {s.target} (NEURON_PLATFORM_TARGET_OVERRIDE and the cost model)",
@@ -229,9 +239,12 @@ def plan_text(s: P.LaunchSettings, r: Resolved | None, *, with_run: bool, bench_
         lines.append(f"  on the host     `python -m deploy host-script` prints the commands (POSIX sh); "
                      f"bench timeout {bench} s < SSM executionTimeout {ex} s; results to S3 after "
                      "every case and on exit")
+    if not s.ami_id:
+        for name in prof.unverified:
+            lines.append(f"  UNVERIFIED      {name}")
     for note in (r.notes if r else []):
         lines.append(f"  note            {note}")
-    calls = P.ami_calls(s) + P.discovery_calls(s)
+    calls = P.lookup_calls(s)
     img = r.image["ImageId"] if r and r.image else "<ami>"
     root = r.image["RootDeviceName"] if r and r.image else "/dev/sda1"
     calls += P.create_calls(s, image_id=img, subnet_id=(r.subnet_id if r and r.subnet_id else
@@ -251,6 +264,19 @@ def plan_text(s: P.LaunchSettings, r: Resolved | None, *, with_run: bool, bench_
     return "\n".join(lines)
 
 
+def region_text(region: str, status: str | None = None) -> str:
+    """The plan's word on the region: opt-in or not, and the account's status when known."""
+    if status == "not-opted-in":
+        return (f"an opt-in region NOT ENABLED for this account; launch stops before creating "
+                f"anything. Enable it with {C.enable_region_hint(region)}")
+    if status in ("opted-in", "opt-in-not-required"):
+        return f"enabled for this account ({status})"
+    if region in C.OPT_IN_REGIONS:
+        return ("an opt-in region, disabled on a new account; launch checks it (describe-regions) "
+                f"and stops before creating anything if it is not enabled: {C.enable_region_hint(region)}")
+    return "enabled on every account (not an opt-in region); launch checks it (describe-regions)"
+
+
 def host_commands(s: P.LaunchSettings, bench_args: list[str], bench_timeout_s: int | None = None
                   ) -> list[str]:
     """The lines the SSM document receives (``python -m deploy host-script`` prints them)."""
@@ -264,7 +290,7 @@ def host_commands(s: P.LaunchSettings, bench_args: list[str], bench_timeout_s: i
     prof = s.profile
     return R.bench_commands(bucket=s.bucket, prefix=P.Names(s.run_id).results_prefix, region=s.region,
                             run_id=s.run_id, bench_args=bench_argv(s, bench_args), venv=prof.venv,
-                            extra=prof.extra, bench_timeout_s=bench)
+                            nki=prof.nki, extra=prof.extra, bench_timeout_s=bench)
 
 
 def run_calls(s: P.LaunchSettings, *, instance_id: str, bench_args: list[str]) -> list[P.Call]:

@@ -34,6 +34,13 @@ from deploy.provision.plan import target_of
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+def _sdk(text: str) -> str:
+    try:
+        return C.sdk_profile_key(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _parse(argv):
     p = argparse.ArgumentParser(prog="python -m deploy.bench", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -51,9 +58,9 @@ def _parse(argv):
                    help="Logical NeuronCore configuration of every launch (NEURON_LOGICAL_NC_CONFIG): 2 "
                         "(default, trn2 / trn3's) = the kernel as two programs on the two physical cores of "
                         "logical core 0; 1 = one program on physical core 0")
-    p.add_argument("--sdk", default=C.DEFAULT_SDK, choices=sorted(C.SDK_PROFILES),
-                   help=f"the Neuron SDK release whose pins the toolchain must match (default "
-                        f"{C.DEFAULT_SDK})")
+    p.add_argument("--sdk", default=C.DEFAULT_SDK, type=_sdk,
+                   help=f"the Neuron SDK release whose pins the toolchain must match "
+                        f"({', '.join(C.SDK_PROFILES)}; default {C.DEFAULT_SDK})")
     p.add_argument("--upload-to", default=None, metavar="S3_URL",
                    help="after every case, `aws s3 sync` the output folder there (s3://...)")
     p.add_argument("--upload-region", default=None, help="region of the --upload-to bucket")
@@ -99,7 +106,7 @@ def runtime_env(lnc: int) -> dict:
 
 def worker_env(case_dir: Path, target: str, lnc: int = 2) -> dict:
     """Environment of one case's worker (everything the SDK reads at import time). The NEFF
-    lands in NKI_ARTIFACTS_DIR (SDK 2.32 nrtpy tutorial) or, as the 2.31 docs say with
+    lands in NKI_ARTIFACTS_DIR (the SDK's nrtpy tutorial) or, as the SDK docs say with
     NEURON_FRAMEWORK_DEBUG=1, in the working directory (``worker_cwd``): the worker looks
     in both."""
     return {

@@ -15,7 +15,7 @@ def boto3_module():
     try:
         import boto3
     except ImportError as exc:  # the deploy extra is optional
-        raise ImportError("deploy needs boto3: pip install -e '.[deploy]'") from exc
+        raise ImportError("deploy needs boto3: pip install -e '.[deploy]'", name="boto3") from exc
     return boto3
 
 

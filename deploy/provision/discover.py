@@ -1,4 +1,4 @@
-"""Read-only look-ups: the AMI, the instance types of a family, the zones, the price."""
+"""Read-only look-ups: the region, the AMI, the instance types of a family, the zones, the price."""
 from __future__ import annotations
 
 import json
@@ -7,44 +7,107 @@ from deploy import config as C
 from deploy.provision.plan import LaunchSettings, image_filters, pricing_filters
 
 
-def resolve_ami(ec2, ssm, s: LaunchSettings) -> dict:
-    """-> {"ImageId", "Name", "Description", "RootDeviceName", "source"}.
+def region_status(ec2, region: str) -> str | None:
+    """The account's OptInStatus of ``region`` ("opt-in-not-required", "opted-in",
+    "not-opted-in"), from describe-regions with AllRegions (a disabled region is listed
+    too); None when the region is unknown to the endpoint."""
+    got = ec2.describe_regions(AllRegions=True, RegionNames=[region]).get("Regions", [])
+    return got[0].get("OptInStatus") if got else None
 
-    An explicit AMI; else the DLAMI SSM parameter of the SDK profile when its image's
-    description names the profile's release ("The SDK version is included in each AMI's
-    description": release-notes/components/dlamis.rst 2.32.0); else (the parameter moved
-    on to a newer release) the newest image named like the profile's DLAMI (framework, OS)
-    whose description names the release. run-instances gets the image id itself, so the
-    plan shows what is launched and the pins match the image.
+
+class RegionNotEnabled(LookupError):
+    """The region is an opt-in region the account has not enabled (nothing was created)."""
+
+
+def check_region(ec2, region: str) -> str:
+    """RegionNotEnabled, with the command that enables it, unless the account has ``region``
+    -> its status."""
+    status = region_status(ec2, region)
+    if status == "not-opted-in":
+        others = "; ".join(f"--region {r} ({t})" for r, t, _ in C.OFFERING_EVIDENCE
+                           if r not in C.OPT_IN_REGIONS)
+        raise RegionNotEnabled(f"{region} is an opt-in region this account has not enabled "
+                               f"(ec2 describe-regions: {status}); nothing was created. Enable it "
+                               f"with {C.enable_region_hint(region)}, or use a region every account "
+                               f"has: {others}")
+    if status is None:
+        raise RegionNotEnabled(f"{region} is not a region this account can see "
+                               "(ec2 describe-regions lists no such region); nothing was created")
+    return status
+
+
+def _missing_parameter(exc) -> bool:
+    return getattr(exc, "response", {}).get("Error", {}).get("Code") == "ParameterNotFound"
+
+
+def resolve_ami(ec2, ssm, s: LaunchSettings) -> dict:
+    """-> {"ImageId", "Name", "Description", "RootDeviceName", "source", "notes"}.
+
+    An explicit AMI; else the first of the profile's DLAMI SSM parameters that exists and
+    holds an image whose description names the profile's release ("Each Neuron DLAMI includes
+    the SDK version in its description": the DLAMI guide); else (no such parameter, or it
+    moved on to a newer release) the newest x86_64 image of that release whose name holds the
+    profile's framework words (``pick_image``). run-instances gets the image id itself, so the
+    plan shows what is launched and the pins match the image. LookupError, listing the Neuron
+    images of that release, when there is none: before anything is created.
     """
     if s.ami_id:
         images = ec2.describe_images(ImageIds=[s.ami_id])["Images"]
         if not images:
-            raise LookupError(f"AMI {s.ami_id} not found")
+            raise LookupError(f"AMI {s.ami_id} not found in {s.region}")
         return _image(images[0], "given")
     p = s.profile
-    name = C.DLAMI_SSM_PARAMETERS[p.dlami]
-    image_id = ssm.get_parameter(Name=name)["Parameter"]["Value"]
-    images = ec2.describe_images(ImageIds=[image_id])["Images"]
     want = f"Neuron SDK {p.release}"
-    if images and want in images[0].get("Description", ""):
-        return _image(images[0], f"ssm:{name}")
-    found = ec2.describe_images(Owners=[C.DLAMI_OWNER], Filters=image_filters(p))["Images"]
-    found = [im for im in found if im.get("Architecture", "x86_64") == "x86_64"
-             and want in im.get("Description", "")]
-    found.sort(key=lambda im: im.get("CreationDate", ""), reverse=True)
-    if not found:
+    notes = []
+    for name in p.ssm_parameters:
+        try:
+            image_id = ssm.get_parameter(Name=name)["Parameter"]["Value"]
+        except Exception as exc:   # the name is UNVERIFIED: a missing one is a note, not an error
+            if not _missing_parameter(exc):
+                raise
+            notes.append(f"SSM parameter {name} does not exist (its name was UNVERIFIED)")
+            continue
+        images = ec2.describe_images(ImageIds=[image_id])["Images"]
+        if images and want in images[0].get("Description", ""):
+            return _image(images[0], f"ssm:{name}", notes)
         latest = images[0].get("Description", "?") if images else "no image"
-        raise LookupError(f"no '{p.image_name}' image with '{want}' in its description in "
-                          f"{s.region} (ssm:{name} is {image_id}: {latest}); pass --ami-id or "
-                          f"another --sdk ({', '.join(sorted(C.SDK_PROFILES))})")
-    return _image(found[0], f"describe-images name '{p.image_name}', '{want}'")
+        notes.append(f"SSM parameter {name} holds {image_id} ({latest[:80]}), not {want}")
+    found = ec2.describe_images(Owners=[C.DLAMI_OWNER], Filters=image_filters(p))["Images"]
+    chosen = pick_image(found, p)
+    if chosen is None:
+        names = sorted({im.get("Name", "?") for im in found})
+        raise LookupError(
+            f"no x86_64 '{p.dlami}' image with '{want}' in its description in {s.region} "
+            f"({'; '.join(notes) or 'no SSM parameter'}; Neuron images of that release: "
+            f"{', '.join(names[:8]) or 'none'}); pass --ami-id or another --sdk "
+            f"({', '.join(C.SDK_PROFILES)}); nothing was created")
+    words = " and ".join(repr(w) for w in p.image_words)
+    return _image(chosen, f"describe-images: name holds {words}, '{want}' in the description", notes)
 
 
-def _image(im: dict, source: str) -> dict:
+def pick_image(images: list[dict], profile: C.SdkProfile) -> dict | None:
+    """The newest x86_64 image of ``profile``'s release whose name holds its framework words
+    (any case), Ubuntu 24.04 before 26.04 before others; None if there is none."""
+    want = f"Neuron SDK {profile.release}"
+    ok = [im for im in images if im.get("Architecture", "x86_64") == "x86_64"
+          and want in im.get("Description", "")
+          and all(w.lower() in im.get("Name", "").lower() for w in profile.image_words)]
+    order = ("ubuntu 24.04", "ubuntu 26.04")
+
+    def os_rank(im):
+        name = im.get("Name", "").lower()
+        return next((k for k, o in enumerate(order) if o in name), len(order))
+
+    ok.sort(key=lambda im: im.get("CreationDate", ""), reverse=True)
+    ok.sort(key=os_rank)                      # stable: newest first within an OS
+    return ok[0] if ok else None
+
+
+def _image(im: dict, source: str, notes: list | None = None) -> dict:
     return {"ImageId": im["ImageId"], "Name": im.get("Name", ""),
             "Description": im.get("Description", ""),
-            "RootDeviceName": im.get("RootDeviceName") or "/dev/sda1", "source": source}
+            "RootDeviceName": im.get("RootDeviceName") or "/dev/sda1", "source": source,
+            "notes": list(notes or [])}
 
 
 def _pages(method, key, **kw):
@@ -93,7 +156,8 @@ def offerings(ec2, names: list[str]) -> dict[str, list[str]]:
 def elsewhere(instance_type: str | None = None) -> str:
     """Where else trn2 is reported offered (config.OFFERING_EVIDENCE), for error messages."""
     rows = [(r, t, src) for r, t, src in C.OFFERING_EVIDENCE if instance_type in (None, t)]
-    return "; ".join(f"{t} in {r} ({src})" for r, t, src in rows)
+    return "; ".join(f"{t} in {r}{' (an opt-in region)' if r in C.OPT_IN_REGIONS else ''} ({src})"
+                     for r, t, src in rows)
 
 
 def choose_type(types: list[dict], zones: dict, family: str | None, wanted: str,

@@ -42,6 +42,19 @@ def _run_instances(ec2, params: dict, attempts: int = 12, delay: float = 5.0) ->
             raise
 
 
+def _head_bucket(s3, s: P.LaunchSettings) -> None:
+    """The results bucket exists and is the caller's (LookupError saying how to make it)."""
+    try:
+        s3.head_bucket(Bucket=s.bucket)
+    except Exception as exc:
+        code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+        if code not in ("404", "NoSuchBucket", "403", "AccessDenied"):
+            raise
+        raise LookupError(f"bucket {s.bucket}: {'not found' if code in ('404', 'NoSuchBucket') else 'not yours'} "
+                          f"(head-bucket: {code}); create one with `aws s3 mb s3://<a new name> "
+                          f"--region {s.region}` and pass --bucket; nothing was created") from None
+
+
 def create(clients: dict, s: P.LaunchSettings, *, image_id: str, subnet_id: str, vpc_id: str,
            root_device: str = "/dev/sda1", log=print, retry_delay: float = 5.0) -> Launched:
     """Make every call of ``create_calls`` in order. Any exception: tear down everything
@@ -59,6 +72,8 @@ def create(clients: dict, s: P.LaunchSettings, *, image_id: str, subnet_id: str,
                 params["SecurityGroupIds"] = [sg_id]
                 resp = _run_instances(cl, params, delay=retry_delay)
                 instance_id = resp["Instances"][0]["InstanceId"]
+            elif call.operation == "head_bucket":
+                _head_bucket(cl, s)
             else:
                 resp = getattr(cl, call.operation)(**params)
                 if call.operation == "create_security_group":

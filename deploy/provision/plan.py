@@ -219,7 +219,7 @@ class LaunchSettings:
     region: str = C.DEFAULT_REGION
     instance_type: str = C.DEFAULT_INSTANCE_TYPE
     family: str | None = None            # "trn3", "trn2": discover the types of this family
-    sdk: str = C.DEFAULT_SDK             # key of config.SDK_PROFILES: image, venv, pins
+    sdk: str = C.DEFAULT_SDK             # config.SDK_PROFILES key ("2.34" accepted): image, venv, pins
     ami_id: str | None = None            # explicit AMI
     bucket: str = "<your-bucket>"
     ttl_hours: float = C.DEFAULT_TTL_HOURS
@@ -232,8 +232,10 @@ class LaunchSettings:
         if not self.run_id:
             self.run_id = new_run_id()
         check_run_id(self.run_id)
-        if self.sdk not in C.SDK_PROFILES:
-            raise ValueError(f"sdk must be one of {sorted(C.SDK_PROFILES)}, got {self.sdk!r}")
+        try:
+            self.sdk = C.sdk_profile_key(self.sdk)
+        except ValueError as exc:
+            raise ValueError(f"sdk {exc}") from None
         if not self.instance_type.startswith("<"):   # "<smallest offered trn3 type>": the plan's
             check_instance_type(self.instance_type)   # placeholder before discovery
         ttl_expiry(self.ttl_hours)   # range check
@@ -267,26 +269,47 @@ def target_of(type_or_family: str) -> str:
 
 
 def image_filters(profile: C.SdkProfile) -> list[dict]:
-    """describe-images filters naming framework, OS (name) and SDK release (description);
-    x86_64 is checked on the answer."""
-    return [{"Name": "name", "Values": [profile.image_name]},
+    """describe-images filters: every Neuron DLAMI by name, the SDK release by description
+    (the DLAMI guide's query); framework words, x86_64 and OS are checked on the answer
+    (``deploy.provision.discover.pick_image``)."""
+    return [{"Name": "name", "Values": [C.DLAMI_NAME_FILTER]},
             {"Name": "description", "Values": [f"*Neuron SDK {profile.release}*"]}]
 
 
+def region_calls(s: LaunchSettings) -> list[Call]:
+    """Whether the account has the region (opt-in regions are disabled on a new account)."""
+    return [Call("ec2", "describe_regions", {"AllRegions": True, "RegionNames": [s.region]},
+                 f"OptInStatus of {s.region} for this account (asked in "
+                 f"{C.REGION_STATUS_ENDPOINT}); 'not-opted-in' stops here, before anything is "
+                 "created")]
+
+
 def ami_calls(s: LaunchSettings) -> list[Call]:
-    """How the AMI is found: the DLAMI SSM parameter of the SDK profile, checked against the
-    profile's release (the AMI description names it); describe-images by name when the
-    parameter has moved on to a newer release."""
+    """How the AMI is found: the DLAMI's SSM parameters in turn (names UNVERIFIED: one that
+    does not exist is skipped), each image checked against the profile's release (the AMI
+    description names it); else describe-images by name and release."""
     if s.ami_id:
         return [Call("ec2", "describe_images", {"ImageIds": [s.ami_id]}, "the given AMI exists")]
     p = s.profile
-    name = C.DLAMI_SSM_PARAMETERS[p.dlami]
-    return [Call("ssm", "get_parameter", {"Name": name}, f"AMI of the {p.dlami} DLAMI (latest)"),
-            Call("ec2", "describe_images", {"ImageIds": ["<from ssm>"]},
-                 f"its description must name 'Neuron SDK {p.release}'; root device"),
-            Call("ec2", "describe_images", {"Owners": [C.DLAMI_OWNER], "Filters": image_filters(p)},
-                 f"the newest image of SDK {p.release} by name",
-                 only_if="the parameter's image is of another release")]
+    calls = []
+    for k, name in enumerate(p.ssm_parameters):
+        calls.append(Call("ssm", "get_parameter", {"Name": name},
+                          f"newest '{p.dlami}' image (parameter name UNVERIFIED)",
+                          only_if="" if k == 0 else "the parameters before name no image of "
+                                                    f"SDK {p.release}"))
+        calls.append(Call("ec2", "describe_images", {"ImageIds": ["<the parameter's image>"]},
+                          f"its description must name 'Neuron SDK {p.release}'; root device",
+                          only_if="the parameter exists"))
+    calls.append(Call("ec2", "describe_images", {"Owners": [C.DLAMI_OWNER], "Filters": image_filters(p)},
+                      f"the newest x86_64 image of SDK {p.release} whose name holds "
+                      + " and ".join(repr(w) for w in p.image_words),
+                      only_if="no parameter names an image of that release"))
+    return calls
+
+
+def lookup_calls(s: LaunchSettings) -> list[Call]:
+    """Every read-only look-up before anything is created, in order."""
+    return region_calls(s) + ami_calls(s) + discovery_calls(s)
 
 
 def discovery_calls(s: LaunchSettings) -> list[Call]:
@@ -306,7 +329,7 @@ def discovery_calls(s: LaunchSettings) -> list[Call]:
              {"LocationType": "availability-zone",
               "Filters": [{"Name": "instance-type", "Values": [
                   "<the types listed above>" if s.family else s.instance_type]}]},
-             "zones of the region that offer the type(s)"),
+             "zones of the region that offer the type(s); none stops here"),
         Call("ec2", "describe_subnets", ({"SubnetIds": [s.subnet_id]} if s.subnet_id else {"Filters": [
             {"Name": "default-for-az", "Values": ["true"]},
             {"Name": "availability-zone", "Values": [zones]}]}),

@@ -3,7 +3,8 @@
 The project source goes to ``s3://<bucket>/<prefix>/src/`` as a tarball; the
 command (POSIX sh: :func:`bench_commands`) downloads it with the instance role,
 installs it into the DLAMI venv of the SDK profile (which holds ``nki`` and
-``neuronx-cc``; the profile's extra pins exactly those versions), runs
+``neuronx-cc``; the profile's extra pins exactly those versions; when that venv is not
+there, the ``/opt`` venv holding the profile's ``nki``), runs
 ``python -m deploy.bench`` and copies the results folder to
 ``s3://<bucket>/<prefix>/results/`` after every case and on exit.
 """
@@ -54,18 +55,21 @@ HOST_ROOT_VAR = "NKI_SSM_HOST_ROOT"
 
 
 def bench_commands(*, bucket: str, prefix: str, region: str, run_id: str, bench_args: list[str],
-                   venv: str, extra: str, bench_timeout_s: int) -> list[str]:
+                   venv: str, nki: str, extra: str, bench_timeout_s: int) -> list[str]:
     """The lines of the Run Command: a POSIX sh script (AWS-RunShellScript hands them to
     ``sh``, which is dash on Ubuntu: no ``pipefail``, ``source`` or ``PIPESTATUS``).
 
-    The bench runs the DLAMI venv's python directly (no activation), under ``timeout``
-    shorter than the SSM executionTimeout; it copies the results to S3 after every case
-    (``--upload-to``), and an EXIT trap copies them once more however the script ends
+    The bench runs the DLAMI venv's python directly (no activation): ``venv``, else the
+    ``/opt/aws_neuronx_venv_*`` that holds ``nki`` ``nki`` (the venv's name is not verified
+    for every release), else the script stops naming the venvs it found. It runs under
+    ``timeout`` shorter than the SSM executionTimeout, copies the results to S3 after every
+    case (``--upload-to``), and an EXIT trap copies them once more however the script ends
     (success, a failed step, the timeout, SIGTERM)."""
     q = shlex.quote
     work = f"$R{WORK_ROOT}/{run_id}"
     s3 = f"s3://{bucket}/{prefix}"
     args = " ".join(q(a) for a in bench_args)
+    dist = f"nki-{nki}*.dist-info"
     return [
         f"# {C.PROJECT} run {run_id}: POSIX sh (AWS-RunShellScript runs sh; dash on Ubuntu)",
         "set -u",
@@ -76,8 +80,6 @@ def bench_commands(*, bucket: str, prefix: str, region: str, run_id: str, bench_
         f"REGION={q(region)}",
         'HOME="$R/root"',
         "export HOME",
-        f'PATH="$V/bin:$R{C.NEURON_TOOLS_BIN}:$PATH"',
-        "export PATH",
         # single quotes: expanded when the trap runs, i.e. on every way out of the script
         """trap 'aws s3 sync --region "$REGION" --only-show-errors "$W/results" "$S3/results" """
         """|| echo "nki-ssm-bench: results upload failed" >&2' EXIT""",
@@ -85,6 +87,16 @@ def bench_commands(*, bucket: str, prefix: str, region: str, run_id: str, bench_
         "trap 'exit 130' INT",
         "trap 'exit 143' TERM",
         'mkdir -p "$W/src" "$W/results" || exit 1',
+        # the venv holding the pinned nki when the expected one is not there
+        'if [ ! -x "$V/bin/python" ]; then for d in "$R"/opt/aws_neuronx_venv_*; do '
+        f'set -- "$d"/lib/python3*/site-packages/{dist}; '
+        'if [ -e "$1" ]; then V="$d"; break; fi; done; fi',
+        f'[ -x "$V/bin/python" ] || {{ echo "nki-ssm-bench: no venv with nki {nki} under /opt '
+        f'(looked for {venv} first); launch a DLAMI of that SDK (--ami-id)" >&2; '
+        'ls -d "$R"/opt/aws_neuronx_venv_* >&2; exit 1; }',
+        'echo "nki-ssm-bench: venv $V"',
+        f'PATH="$V/bin:$R{C.NEURON_TOOLS_BIN}:$PATH"',
+        "export PATH",
         'cd "$W" || exit 1',
         f'aws s3 cp --region "$REGION" --only-show-errors "$S3/{SOURCE_KEY}" src.tar.gz || exit 1',
         "tar -xzf src.tar.gz -C src || exit 1",

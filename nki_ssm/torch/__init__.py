@@ -8,7 +8,8 @@
   signatures, defaults and return values, running on our kernels;
 - ``nki_ssm.torch.hf.patch(model)``: puts our kernels under a transformers model's
   Gated DeltaNet / Mamba-2 layers;
-- ``nki_ssm.torch.neuron``: the device path (torch-neuronx tensors -> ``@nki.jit`` kernels).
+- ``nki_ssm.torch.neuron``: the device path (``neuron`` tensors of TorchNeuron or vLLM Neuron ->
+  ``@nki.jit`` kernels).
 
 ``set_backend`` / ``use_backend`` choose the backend the drop-ins pass to the ops
 (None: the kernel on the NKI implementation ``NKI_SSM_BACKEND`` picks; "reference":

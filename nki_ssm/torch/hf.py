@@ -142,10 +142,29 @@ def _scope(func, replacements: dict) -> dict:
     return module.__dict__
 
 
+def _require_plain_functions(cls, names) -> None:
+    """ValueError unless every name the patch swaps is a plain function in ``cls``'s module.
+
+    From transformers 5.25 on those names are ``kernels`` function modules that the layer
+    reaches through helpers (``causal_conv1d_forward``, ``mamba2_scan_forward``): swapping
+    them in ``forward``'s globals would leave the calls inside the helpers on the stock
+    path, so the patch would run only part of the layer on the kernels, silently."""
+    scope = sys.modules[cls.__module__].__dict__
+    modules = [n for n in names if n in scope and not inspect.isfunction(scope[n])]
+    if modules:
+        import transformers
+
+        raise ValueError(
+            f"nki_ssm.torch.hf.patch: transformers {transformers.__version__} wraps "
+            f"{', '.join(modules)} of {cls.__name__} as function modules, which the patch does "
+            f"not reach; install transformers<5.25 (as nki-ssm's torch extra does)")
+
+
 @functools.lru_cache(maxsize=None)
 def _patched_forward(cls):
     """The forward of ``cls`` running on the nki_ssm drop-ins (built once per class)."""
     _, names = KNOWN_LAYERS[cls.__name__]
+    _require_plain_functions(cls, names)
     return _with_globals(cls.forward, {n: _filtered(f) for n, f in names.items()})
 
 

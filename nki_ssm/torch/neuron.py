@@ -1,19 +1,29 @@
 """The Neuron device path of the custom ops: device tensors straight to the ``@nki.jit`` kernels.
 
-Neuron devices (``DEVICE_TYPES``; ``is_neuron_device``), by SDK:
+Neuron devices (``DEVICE_TYPES``; ``is_neuron_device``) and how a kernel reaches them
+(``launch_path``), by runtime:
 
-* ``"xla"``: torch-neuronx 2.9 (PyTorch/XLA), SDK <= 2.31 (PyTorch 2.9 DLAMI,
-  ``/opt/aws_neuronx_venv_pytorch_2_9``). The kernel is called with the XLA
-  tensors (``nki.jit``'s PyTorch integration; nki/examples/getting_started_torch.py).
-* ``"neuron"``: the native PrivateUse1 device of SDK 2.32. Under vLLM Neuron 0.24
-  (``libtorch_neuronx_lite``, the multi-framework DLAMI's
-  ``/opt/aws_neuronx_venv_pytorch_inference_vllm_0_24_0_1_1_0``) kernels go through
-  its ``wrap_nki`` HOP, ``wrap_nki(kernel)[lnc](**kwargs)`` (vllm-neuron docs
-  model-dev/nki_cpu_simulator.md: ``wrap_nki(kernel) -> NKIHOPCaller``,
-  ``NKIHOPCaller[grid](**kwargs)``; the grid is the LNC). Under TorchNeuron (aws-neuron/torch-neuronx, closed beta) the
-  ``@nki.jit`` kernel is called with the ``neuron`` tensors inside the custom op
-  (frameworks/torch/pytorch-native-overview.rst), as on XLA. ``launch_path`` says
-  which one a device gets.
+* TorchNeuron (``torch-neuronx`` 2.13 / 2.14 on the native ``neuron`` device; SDK 2.33
+  and 2.34, the "Deep Learning AMI Neuron torch-neuronx 2.14.0" DLAMI): the ``@nki.jit``
+  kernel is called with the ``neuron`` tensors inside the ``torch.library`` custom op,
+  ``kernel[lnc](*args)``. "A plain ``@nki.jit`` kernel" runs on ``neuron`` tensors eagerly
+  (compiled per shapes, dtypes and non-tensor values) and inside
+  ``torch.compile(backend="neuron")``, where the custom op is one node of the captured
+  graph; training registers the backward with ``register_autograd``
+  (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/torch/guides/how-to-work-with-nki.html).
+  TorchNeuron's own ``@nki_op`` decorator registers the same kind of ``torch.library``
+  custom op; its exact signature is not verified, so the ops are registered with
+  ``torch.library`` directly (``nki_ssm.torch.ops``, ``nki_ssm.torch.training``).
+* vLLM Neuron (its plugin, ``vllm_neuron``, loaded in the process; 0.24's runtime was
+  ``libtorch_neuronx_lite``): the kernel goes through the plugin's ``wrap_nki`` HOP, as
+  the plugin's own models call theirs: ``wrap_nki(kernel)(*args)`` for one program
+  (vllm-project/vllm-neuron b3a5a71f, vllm_neuron/model/qwen3_5/deltanet.py) and the
+  caller indexed by the grid for more, ``wrap_nki(kernel)[lnc](**kwargs)`` (the 0.24 docs,
+  aws-neuron/aws-neuron-sdk 81ce03ae vllm-neuron/docs/model-dev/nki_cpu_simulator.md
+  l.22-23). ``WRAP_NKI_RUNTIMES`` lists where the HOP lives.
+* ``"xla"``: torch-neuronx 2.9 (PyTorch/XLA), last shipped with SDK 2.31, whose NKI
+  (0.5) predates these kernels. The kernel call is TorchNeuron's, so the device is kept
+  while that costs nothing; no DLAMI of a supported SDK carries it.
 
 On those tensors ``nki_ssm.torch.ops`` calls the functions of this module
 instead of the NumPy host API. Each op:
@@ -53,16 +63,18 @@ dict of gradients, each in its input's dtype.
 
 ``device_call`` is what the CPU tests replace (they run the kernel on the
 simulator with NumPy views of the very tensors passed, and check that the
-arguments equal the host path's, the layouts and the aliasing); the launch
-paths are tested with fake ``wrap_nki`` modules; the real run needs a trn
+arguments equal the host path's, the layouts and the aliasing); each runtime's
+launch path is tested with a fake of that runtime (tests/torch/
+test_torch_neuron_runtimes.py: TorchNeuron eager and under ``torch.compile``, vLLM
+Neuron's ``wrap_nki``, forward and training backward); the real run needs a trn
 instance with the Neuron SDK (tests marked ``trn``). Whether the pool written in
 place by the kernel comes back through the HOP is what the bench's first call
 checks on the device (deploy/, the pool check and its hint).
 """
 from __future__ import annotations
 
-import importlib
 import inspect
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -70,8 +82,13 @@ import torch
 
 from nki_ssm.ops import gated_delta as _gdn_host
 from nki_ssm.ops import mamba2_ssd as _ssd_host
-from nki_ssm.ops import mamba2_ssd_backward as _ssd_bwd_host
 from nki_ssm.ops import short_conv as _conv_host
+# the backward modules by their own names (nki_ssm.ops re-exports functions of the same names)
+from nki_ssm.ops.gated_delta_backward import GRAD_OF as _GDN_GRAD_OF
+from nki_ssm.ops.gated_delta_backward import validate_backward as _gdn_validate_backward
+from nki_ssm.ops.mamba2_ssd_backward import GRAD_OF as _SSD_GRAD_OF
+from nki_ssm.ops.mamba2_ssd_backward import validate_backward as _ssd_validate_backward
+from nki_ssm.ops.short_conv_backward import validate_backward as _conv_validate_backward
 from nki_ssm.ops.launch import gated_delta as _gdn_launch
 from nki_ssm.ops.launch import gated_delta_backward as _gdn_bwd_launch
 from nki_ssm.ops.launch import mamba2_ssd as _ssd_launch
@@ -80,21 +97,18 @@ from nki_ssm.ops.launch import short_conv as _conv_launch
 from nki_ssm.ops.launch import short_conv_backward as _conv_bwd_launch
 from nki_ssm.torch._device_arrays import TorchArrays
 
-# by module path: nki_ssm.ops re-exports the functions of these names over the modules
-_conv_bwd_host = importlib.import_module("nki_ssm.ops.short_conv_backward")
-_gdn_bwd_host = importlib.import_module("nki_ssm.ops.gated_delta_backward")
-
 _NP_DTYPE = {torch.float32: np.dtype(np.float32), torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
              torch.float16: np.dtype(np.float16), torch.float64: np.dtype(np.float64)}
 _INDEX_ARGS = ("cu_seqlens", "state_indices", "has_initial_state")
 
 
 # Device types of the Neuron device path: "xla" (torch-neuronx 2.9, SDK <= 2.31) and
-# "neuron" (native PrivateUse1 device: TorchNeuron, vLLM Neuron's libtorch_neuronx_lite).
+# "neuron" (the native PrivateUse1 device: TorchNeuron, vLLM Neuron).
 DEVICE_TYPES = ("xla", "neuron")
-# where the wrap_nki HOP lives: libtorch_neuronx_lite under vLLM Neuron 0.24 (SDK 2.32
-# DLAMI), torch_neuronx.nki_hop under TorchNeuron (third-party code; unverified in the docs)
-WRAP_NKI_MODULES = ("libtorch_neuronx_lite.nki.nki_hop", "torch_neuronx.nki_hop")
+# the packages whose wrap_nki HOP the native device's kernels go through when that package
+# runs in the process: vLLM Neuron's plugin (vllm_neuron.nki.nki_hop, 0.29) and 0.24's
+# runtime (libtorch_neuronx_lite.nki.nki_hop)
+WRAP_NKI_RUNTIMES = ("vllm_neuron", "libtorch_neuronx_lite")
 
 
 def device_type(device) -> str | None:
@@ -111,18 +125,26 @@ def is_neuron_device(device) -> bool:
 
 
 def wrap_nki():
-    """The ``wrap_nki`` of the installed Neuron torch runtime (``WRAP_NKI_MODULES``), or None."""
-    for name in WRAP_NKI_MODULES:
+    """The ``wrap_nki`` HOP of the vLLM Neuron runtime running in this process (its package
+    already imported: an installed but idle vLLM is not imported here), or None."""
+    if "vllm_neuron" in sys.modules:
         try:
-            return importlib.import_module(name).wrap_nki
-        except (ImportError, AttributeError):
-            continue
+            from vllm_neuron.nki.nki_hop import wrap_nki as hop
+            return hop
+        except ImportError:
+            pass
+    if "libtorch_neuronx_lite" in sys.modules:
+        try:
+            from libtorch_neuronx_lite.nki.nki_hop import wrap_nki as hop
+            return hop
+        except ImportError:
+            pass
     return None
 
 
 def launch_path(device) -> str:
-    """How a kernel reaches ``device``: "jit" (``kernel(*args)``: XLA, and TorchNeuron's
-    eager custom ops) or "wrap_nki" (the HOP of the native device's runtime)."""
+    """How a kernel reaches ``device``: "jit" (the ``@nki.jit`` kernel called with the device
+    tensors: TorchNeuron, XLA) or "wrap_nki" (vLLM Neuron's HOP, when it runs)."""
     kind = device_type(device)
     if kind not in DEVICE_TYPES:
         raise ValueError(f"device must be a Neuron device ({', '.join(DEVICE_TYPES)}), got {kind!r}")
@@ -141,17 +163,15 @@ def _kernel_kwargs(kernel, args) -> dict | None:
 def device_call(kernel, *args, lnc: int = 1):
     """The device boundary: an ``@nki.jit`` kernel with device tensors (and the kernel's
     compile-time Python values) as a grid of ``lnc`` programs, by the device's
-    ``launch_path``: ``kernel[lnc](*args)`` (the kernel itself for a grid of one), or the
-    HOP's caller indexed by the grid, ``wrap_nki(kernel)[lnc](**kwargs)``. Replaced in the
-    CPU tests."""
+    ``launch_path``: ``kernel[lnc](*args)``, or vLLM Neuron's HOP caller,
+    ``wrap_nki(kernel)[lnc](**kwargs)``; for a grid of one the kernel (the caller) itself,
+    as the runtimes' own callers do. Replaced in the CPU tests."""
     device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
     if launch_path(device) == "jit":
         return (kernel if lnc == 1 else kernel[lnc])(*args)
-    # vLLM Neuron 0.24's HOP takes the grid on its caller, "wrap_nki(kernel) -> NKIHOPCaller;
-    # NKIHOPCaller[grid](**kwargs)", which hands it to the launch as the LNC
-    # (aws-neuron/aws-neuron-sdk 81ce03ae vllm-neuron/docs/model-dev/nki_cpu_simulator.md
-    # l.22-23, cpu-development.md l.95-96); always given, as there
-    caller = wrap_nki()(kernel)[lnc]
+    caller = wrap_nki()(kernel)
+    if lnc != 1:
+        caller = caller[lnc]
     kwargs = _kernel_kwargs(kernel, args)
     return caller(*args) if kwargs is None else caller(**kwargs)
 
@@ -288,25 +308,26 @@ def _in_input_dtypes(grads: dict, args: dict, grad_of: dict) -> dict:
 def short_conv_backward(**args):
     """``torch.ops.nki_ssm.short_conv_train_backward`` on device tensors (keywords of
     ``nki_ssm.ops.short_conv_backward``) -> its dict of gradients."""
-    return _shared(_on_neuron(_conv_bwd_host.validate_backward), _conv_bwd_launch.backward_call,
-                   args)
+    return _shared(_on_neuron(_conv_validate_backward), _conv_bwd_launch.backward_call, args)
 
 
-def _backward_in_input_dtypes(host, launch, args):
-    """``host.validate_backward``'s checks, ``launch.backward_call``, then the float32
-    gradients in their inputs' dtypes (SSD, GDN)."""
-    grads = _shared(_on_neuron(_launcher_kwargs(host.validate_backward)), launch.backward_call,
-                    args)
-    return _in_input_dtypes(grads, dict(args), host.GRAD_OF)
+def _backward_in_input_dtypes(validate_backward, grad_of, backward_call, args):
+    """The host backward's ``validate_backward`` checks, the launcher's ``backward_call``,
+    then the float32 gradients in their inputs' dtypes (``grad_of``: input -> gradient key;
+    SSD, GDN)."""
+    grads = _shared(_on_neuron(_launcher_kwargs(validate_backward)), backward_call, args)
+    return _in_input_dtypes(grads, dict(args), grad_of)
 
 
 def ssd_backward(**args):
     """``torch.ops.nki_ssm.ssd_train_backward`` on device tensors (keywords of
     ``nki_ssm.ops.ssd_backward``) -> its dict of gradients."""
-    return _backward_in_input_dtypes(_ssd_bwd_host, _ssd_bwd_launch, args)
+    return _backward_in_input_dtypes(_ssd_validate_backward, _SSD_GRAD_OF,
+                                     _ssd_bwd_launch.backward_call, args)
 
 
 def gated_delta_backward(**args):
     """``torch.ops.nki_ssm.gated_delta_train_backward`` on device tensors (keywords of
     ``nki_ssm.ops.gated_delta_backward``) -> its dict of gradients."""
-    return _backward_in_input_dtypes(_gdn_bwd_host, _gdn_bwd_launch, args)
+    return _backward_in_input_dtypes(_gdn_validate_backward, _GDN_GRAD_OF,
+                                     _gdn_bwd_launch.backward_call, args)

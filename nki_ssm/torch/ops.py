@@ -67,6 +67,12 @@ def _neuron():
     return neuron
 
 
+def _on_neuron(args: dict, lead: str) -> bool:
+    """Whether the call runs on a Neuron device (``nki_ssm.torch.neuron``) rather than the
+    CPU; every tensor argument must be on the device of ``args[lead]`` (``check_devices``)."""
+    return _neuron().is_neuron_device(check_devices(args, lead))
+
+
 # ------------------------------------------------------------------ short conv
 
 @torch.library.custom_op(f"{_NS}::short_conv_prefill", mutates_args=("conv_states",))
@@ -77,7 +83,7 @@ def _short_conv_prefill(x: Tensor, weight: Tensor, bias: Optional[Tensor],
     args = dict(x=x, weight=weight, bias=bias, activation=activation, cu_seqlens=cu_seqlens,
                 conv_states=conv_states, state_indices=state_indices,
                 has_initial_state=has_initial_state, backend=backend)
-    if check_devices(args, "x").type != "cpu":
+    if _on_neuron(args, "x"):
         return _neuron().short_conv_prefill(**args)
     return from_numpy(_host_call(_host.short_conv_prefill, args))
 
@@ -95,7 +101,7 @@ def _short_conv_decode(x: Tensor, weight: Tensor, bias: Optional[Tensor],
                        backend: Optional[str]) -> Tensor:
     args = dict(x=x, weight=weight, bias=bias, activation=activation, conv_states=conv_states,
                 state_indices=state_indices, backend=backend)
-    if check_devices(args, "x").type != "cpu":
+    if _on_neuron(args, "x"):
         return _neuron().short_conv_decode(**args)
     return from_numpy(_host_call(_host.short_conv_decode, args))
 
@@ -118,7 +124,7 @@ def _ssd_prefill(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Opti
                 dt_limit=tuple(dt_limit), cu_seqlens=cu_seqlens, ssm_states=ssm_states,
                 state_indices=state_indices, has_initial_state=has_initial_state,
                 chunk_size=chunk_size, precision=precision, backend=backend)
-    if check_devices(args, "x").type != "cpu":
+    if _on_neuron(args, "x"):
         return _neuron().ssd_prefill(**args)
     return from_numpy(_host_call(_host.ssd_prefill, args))
 
@@ -138,7 +144,7 @@ def _ssd_decode(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Optio
     args = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
                 dt_limit=tuple(dt_limit), ssm_states=ssm_states, state_indices=state_indices,
                 backend=backend)
-    if check_devices(args, "x").type != "cpu":
+    if _on_neuron(args, "x"):
         return _neuron().ssd_decode(**args)
     return from_numpy(_host_call(_host.ssd_decode, args))
 
@@ -162,7 +168,7 @@ def _gated_delta_prefill(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor],
                 scale=scale, use_qk_l2norm=use_qk_l2norm, cu_seqlens=cu_seqlens,
                 ssm_states=ssm_states, state_indices=state_indices,
                 has_initial_state=has_initial_state, chunk_size=chunk_size, backend=backend)
-    if check_devices(args, "q").type != "cpu":
+    if _on_neuron(args, "q"):
         return _neuron().gated_delta_prefill(**args)
     return from_numpy(_host_call(_host.gated_delta_prefill, args))
 
@@ -185,7 +191,7 @@ def _gated_delta_decode(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor],
                 scale=scale, use_qk_l2norm=use_qk_l2norm, ssm_states=ssm_states,
                 state_indices=state_indices,
                 return_intermediate_states=return_intermediate_states, backend=backend)
-    if check_devices(args, "q").type != "cpu":
+    if _on_neuron(args, "q"):
         return _neuron().gated_delta_decode(**args)
     out = _host_call(_host.gated_delta_decode, args)
     if return_intermediate_states:

@@ -53,7 +53,7 @@ from nki_ssm.ops.short_conv import ACTIVATIONS
 
 from ._convert import check_backend, from_numpy, to_numpy
 from ._devices import check_devices
-from .ops import _GATES, _chunk_size, _dt_limit, _require_tensors, _scale
+from .ops import _GATES, _chunk_size, _dt_limit, _on_neuron, _require_tensors, _scale
 
 _NS = "nki_ssm"
 
@@ -77,12 +77,12 @@ def _numpy_args(args: dict) -> dict:
 def _forward(host_fn, args: dict, lead: str, neuron_fn, pool_name: str, tail: tuple):
     """CPU: the host API's functional forward. Neuron: the serving prefill on a scratch
     pool holding the initial states (float32), one slot per sequence."""
-    device = check_devices(args, lead)
-    if device.type == "cpu":
-        out, final = host_fn(**_numpy_args(args))
-        return from_numpy(out), from_numpy(final)
     from . import neuron
 
+    if not _on_neuron(args, lead):
+        out, final = host_fn(**_numpy_args(args))
+        return from_numpy(out), from_numpy(final)
+    device = args[lead].device
     init = args.pop("initial_states")
     cu = args["cu_seqlens"]
     n = cu.shape[0] - 1
@@ -99,11 +99,11 @@ def _backward(host_fn, args: dict, lead: str, order: dict) -> tuple:
     of ``nki_ssm.torch.neuron`` of the same name) on Neuron tensors -> the gradients of the
     inputs ``order`` names (input -> gradient key), an empty ``[0]`` tensor for inputs that
     were not given (a schema has a fixed number of outputs)."""
-    if check_devices(args, lead).type == "cpu":
+    from . import neuron
+
+    if not _on_neuron(args, lead):
         grads, tensor = host_fn(**_numpy_args(args)), from_numpy
     else:
-        from . import neuron
-
         grads, tensor = getattr(neuron, host_fn.__name__)(**args), (lambda g: g)
     x = args[lead]
     return tuple(x.new_empty((0,)) if args[name] is None
@@ -204,7 +204,7 @@ def _ssd_train(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Option
     args = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
                 dt_limit=tuple(dt_limit), cu_seqlens=cu_seqlens, initial_states=initial_states,
                 chunk_size=chunk_size, precision=precision, backend=backend)
-    if check_devices(args, "x").type != "cpu":      # the serving op's precision default
+    if _on_neuron(args, "x"):                        # the serving op's precision default
         args["precision"] = precision or ("fp32" if x.dtype == torch.float32 else "bf16")
     return _forward(_host.ssd_forward, args, "x", "ssd_prefill", "ssm_states",
                     (x.shape[1], x.shape[2], B.shape[-1]))

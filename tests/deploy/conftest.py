@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from moto_env import BUCKET, REGION, seed_reserved_parameter
+from moto_env import BUCKET, REGION, register_dlami, seed_reserved_parameter
 
 FAKES = Path(__file__).parent / "fakes"
 TOOLS = ("neuron-explorer", "neuron-ls", "neuronx-cc", "dpkg-query")
@@ -52,10 +52,10 @@ class AwsEnv:
 
 @pytest.fixture
 def aws(monkeypatch, no_credentials):
-    """moto account in the default region: the SDK 2.32.0 multi-framework DLAMI registered
-    and its SSM parameter seeded, the results bucket created; dummy credentials in the env.
-    Instance-type offerings are moto's own data (generated from AWS's answers), not added
-    here: the default pair must be offered by that data."""
+    """moto account in the default region: the SDK 2.34.0 TorchNeuron DLAMI registered and
+    its (UNVERIFIED) SSM parameter seeded, the results bucket created; dummy credentials in
+    the env. Instance-type offerings and region opt-in states are moto's own data, not added
+    here: the default pair must be offered by that data, the default region enabled."""
     boto3 = pytest.importorskip("boto3")
     from moto import mock_aws
 
@@ -68,12 +68,9 @@ def aws(monkeypatch, no_credentials):
         seed_managed_policy(C.SSM_CORE_POLICY_ARN.rsplit("/", 1)[1])
         sess = boto3.session.Session(region_name=REGION)
         clients = {svc: sess.client(svc, region_name=REGION) for svc in ("ec2", "iam", "ssm", "s3")}
-        ami = clients["ec2"].register_image(
-            Name="Deep Learning AMI Neuron (Ubuntu 24.04) 20260817",
-            Description="Supported EC2 instances: Inf2, Trn1, Trn1n, Trn2, Trn3. Neuron SDK 2.32.0, "
-                        "JAX 0.10, vLLM 0.24.0", Architecture="x86_64",
-            RootDeviceName="/dev/sda1")["ImageId"]
-        seed_reserved_parameter(C.DLAMI_SSM_PARAMETERS["multi-framework"], ami)
+        clients["regions"] = sess.client("ec2", region_name=C.REGION_STATUS_ENDPOINT)
+        ami = register_dlami(clients["ec2"])
+        seed_reserved_parameter(C.SDK_PROFILES[C.DEFAULT_SDK].ssm_parameters[0], ami)
         clients["s3"].create_bucket(Bucket=BUCKET,
                                     CreateBucketConfiguration={"LocationConstraint": REGION})
         yield AwsEnv(sess, clients, ami)

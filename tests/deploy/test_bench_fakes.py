@@ -112,7 +112,7 @@ def test_dry_run_lists_every_case_and_command(capsys):
     assert text.count("-m deploy.bench.worker --case") == len(cases)
     assert text.count("--compile-only") == len(cases)
     assert "NKI_ARTIFACTS_DIR=" in text and "neuron-explorer capture" not in text
-    assert "(SDK 2.32.0, NKI 0.6.0)" in text
+    assert "(SDK 2.34.0, NKI 0.8.0)" in text
 
 
 def test_every_smoke_op_passes_on_the_fake_device(tmp_path, fake_toolchain):

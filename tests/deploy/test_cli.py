@@ -32,9 +32,12 @@ def test_dry_run_prints_the_plan_without_credentials(no_credentials, no_api_call
     out = capsys.readouterr().out
     assert "no AWS credentials" in out and "nothing was created" in out
     assert "instance type   trn2.3xlarge" in out
-    assert "/aws/service/neuron/dlami/multi-framework/ubuntu-24.04/latest/image_id" in out
-    assert "instance        $2.235/h" in out and "unverified" in out
-    for call in ("ssm.get_parameter", "ec2.describe_instance_types", "ec2.describe_instance_type_offerings",
+    assert "region          sa-east-1: enabled on every account (not an opt-in region)" in out
+    assert "/aws/service/neuron/dlami/torch-neuronx-2.14.0/ubuntu-24.04/latest/image_id" in out
+    assert "Neuron SDK      2.34.0 (NKI 0.8.0), venv /opt/aws_neuronx_venv_torch_neuronx_2_14_0" in out
+    assert "instance        unknown (" in out and "pass --hourly-price" in out
+    for call in ("ec2.describe_regions", "ssm.get_parameter", "ec2.describe_instance_types",
+                 "ec2.describe_instance_type_offerings",
                  "pricing.get_products", "iam.create_role", "iam.attach_role_policy",
                  "iam.put_role_policy", "iam.create_instance_profile", "ec2.create_security_group",
                  "ec2.run_instances"):
@@ -57,7 +60,7 @@ def test_run_dry_run_adds_the_ssm_steps_and_a_family(no_credentials, no_api_call
     # a trn3 host compiles and models for trn3 (issue 27 item 5): the plan says so, and the
     # bench command of the SSM document carries it
     assert "compile target  --target trn3" in out
-    assert "--target trn3 --sdk 2.32.0" in out
+    assert "--target trn3 --sdk 2.34.0" in out
 
 
 def test_missing_credentials_fail_clearly_before_any_call(no_credentials, no_api_calls, capsys):
@@ -87,3 +90,101 @@ def test_neuron_extras_pin_the_sdk_profiles_of_config():
     assert any(d.startswith("boto3") for d in extras["deploy"])
     for need in ("boto3", "moto", "cfn-lint"):      # CI installs the test extra
         assert any(d.startswith(need) for d in extras["test"])
+
+
+# ------------------------------------------------------------------ examples and optional deps
+
+REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+def _examples(text: str, markdown: bool = False) -> list[str]:
+    """The `python -m deploy...` commands of a text: its lines (help), or (``markdown``) the
+    lines of its code blocks and its inline code spans; trailing comments dropped."""
+    import re
+
+    out, fenced = [], False
+    for line in text.splitlines():
+        if markdown and line.startswith("```"):
+            fenced = not fenced
+            continue
+        if markdown and not fenced:
+            out += re.findall(r"`(python -m deploy(?:\.bench)?(?=[ `])[^`]*)`", line)
+            continue
+        m = re.match(r"\s*(python -m deploy(?:\.bench)?(?=\s|$)[^#]*)", line)
+        if m and "{" not in line:                      # not the synopsis line
+            out.append(m.group(1).strip())
+    return [e.strip() for e in out]
+
+
+def _help_text(capsys) -> str:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    return capsys.readouterr().out
+
+
+def test_every_example_runs_as_written_with_dry_run(aws, capsys, tmp_path, monkeypatch):
+    """Every example of `python -m deploy --help` and deploy/README.md, as written plus
+    --dry-run, exits 0 (against the moto account: credentials present, nothing created)."""
+    import shlex
+
+    from deploy.bench.__main__ import main as bench_main
+
+    aws.clients["s3"].create_bucket(Bucket="my-bucket",
+                                    CreateBucketConfiguration={"LocationConstraint": aws.region})
+    monkeypatch.chdir(tmp_path)                  # `report reports/<run id>` looks here
+    help_examples = _examples(_help_text(capsys))
+    readme = _examples((REPO / "deploy" / "README.md").read_text(), markdown=True)
+    assert len(help_examples) >= 10 and len(readme) >= 15
+    verbs = set()
+    for line in help_examples + readme:
+        argv = shlex.split(line)
+        bench = argv[2] == "deploy.bench"
+        args = argv[3:] + ([] if "--dry-run" in argv else ["--dry-run"])
+        if args[0] == "--help":
+            _help_text(capsys)
+            continue
+        code = (bench_main if bench else main)(args)
+        out = capsys.readouterr()
+        assert code == 0, (line, out.out[-800:], out.err[-800:])
+        if not bench:
+            verbs.add(args[0])
+            assert "nothing was" in out.out or args[0] in ("host-script", "ami"), line
+    assert verbs == set(__import__("deploy.__main__").__main__.VERBS)
+
+
+def test_help_examples_use_valid_names(capsys):
+    """No placeholder that the argument checks refuse (a bucket `B`, a run id `RUN`)."""
+    text = _help_text(capsys)
+    for bad in ("--bucket B", "--run-id RUN", "reports/RUN"):
+        assert bad not in text
+    readme = (REPO / "deploy" / "README.md").read_text()
+    assert "today" not in readme.lower()           # dates are stated "as of"
+
+
+@pytest.mark.parametrize("argv", [
+    ["launch", "--bucket", "my-bucket"], ["run", "--bucket", "my-bucket"], ["ami"],
+    ["collect", "--run-id", "r1", "--bucket", "my-bucket"], ["teardown", "--expired"],
+])
+def test_without_boto3_the_error_is_one_line(argv, monkeypatch, capsys):
+    import sys
+
+    for name in ("boto3", "botocore", "botocore.session", "botocore.config"):
+        monkeypatch.setitem(sys.modules, name, None)     # `import boto3` raises ImportError
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: `python -m deploy {argv[0]}` needs boto3 (the deploy extra): "
+                   "pip install -e '.[deploy]'\n")
+    assert main(["run", "--dry-run"]) == 0              # the plan needs none
+    assert "boto3 not installed" in capsys.readouterr().out
+
+
+def test_without_matplotlib_report_says_so_in_one_line(monkeypatch, capsys, tmp_path):
+    import shutil
+    import sys
+
+    shutil.copy(REPO / "tests" / "deploy" / "data" / "results_fabricated.json",
+                tmp_path / "results.json")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert main(["report", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == ("error: `python -m deploy report` needs matplotlib (the "
+                                       "deploy extra): pip install -e '.[deploy]'\n")

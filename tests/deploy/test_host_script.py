@@ -56,11 +56,15 @@ def _exe(path: Path, text: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
-def _host(tmp_path: Path, sdk: str = C.DEFAULT_SDK) -> tuple[Path, dict]:
-    """A fake host under tmp/root and the environment the script runs in."""
+def _host(tmp_path: Path, sdk: str = C.DEFAULT_SDK, venv: str | None = None) -> tuple[Path, dict]:
+    """A fake host under tmp/root and the environment the script runs in; its DLAMI venv is
+    the profile's, or ``venv`` (with the profile's nki in its site-packages)."""
     root = tmp_path / "root"
     prof = C.SDK_PROFILES[sdk]
-    venv_bin = Path(str(root) + prof.venv) / "bin"
+    venv_dir = Path(str(root) + (venv or prof.venv))
+    (venv_dir / "lib" / "python3.12" / "site-packages" / f"nki-{prof.nki}+fake.dist-info").mkdir(
+        parents=True)
+    venv_bin = venv_dir / "bin"
     # the venv's python is this interpreter; `-m pip` is recorded, not run (offline)
     _exe(venv_bin / "python", "#!/bin/sh\n"
          'if [ "$1" = -m ] && [ "$2" = pip ]; then echo "$@" >>"$NKI_SSM_HOST_ROOT/pip.log"; exit 0; fi\n'
@@ -138,7 +142,7 @@ def test_success_leaves_every_result_in_the_bucket(tmp_path, capsys):
     (m,) = data["measured"]
     assert m["status"] == "passed" and m["measured_ns_p50"] and data["complete"] is True
     assert data["target"] == "trn2" and data["toolchain"]["ok"]
-    assert data["toolchain"]["sdk_release"] == C.DEFAULT_SDK and data["toolchain"]["nki"] == "0.6.0"
+    assert data["toolchain"]["sdk_release"] == C.DEFAULT_SDK and data["toolchain"]["nki"] == "0.8.0"
     assert (got / "report.md").is_file() and "passed" in (got / "bench.log").read_text()
     pip = (root / "pip.log").read_text()
     assert "-e src[neuron,report]" in pip and C.NEURON_PIP_INDEX in pip
@@ -179,15 +183,44 @@ def test_a_failed_step_still_uploads_what_exists(tmp_path, capsys):
     assert _bucket_results(tmp_path).is_dir()     # the (empty) results folder went up
 
 
-def test_the_2_31_profile_runs_too(tmp_path, capsys):
-    script = _host_script(capsys, "--sdk", "2.31.0", "--bench-args",
+def test_the_2_33_profile_runs_too(tmp_path, capsys):
+    script = _host_script(capsys, "--sdk", "2.33", "--bench-args",
                           f"--set smoke --case {CASES[0]} --timer none --no-model --lnc 1")
-    root, env = _host(tmp_path, "2.31.0")
+    root, env = _host(tmp_path, "2.33.0")
     proc = _run(script, env, tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
     data = json.loads((_bucket_results(tmp_path) / "results.json").read_text())
-    assert data["toolchain"]["ok"] and data["toolchain"]["nki"] == "0.5.0"
-    assert "-e src[neuron-2-31,report]" in (root / "pip.log").read_text()
+    assert data["toolchain"]["ok"] and data["toolchain"]["nki"] == "0.7.0"
+    assert data["toolchain"]["sdk_release"] == "2.33.0"
+    assert "-e src[neuron-2-33,report]" in (root / "pip.log").read_text()
+
+
+def test_a_venv_of_another_name_holding_the_pinned_nki_is_used(tmp_path, capsys):
+    """The venv's name is not verified for every release: when the profile's is not there,
+    the /opt venv whose site-packages hold the profile's nki runs the bench."""
+    script = _host_script(capsys, "--bench-args",
+                          f"--set smoke --case {CASES[0]} --timer none --no-model --lnc 1")
+    other = "/opt/aws_neuronx_venv_torch_neuronx_2_14_1"
+    root, env = _host(tmp_path, venv=other)
+    decoy = Path(str(root) + "/opt/aws_neuronx_venv_jax_0_11/lib/python3.12/site-packages")
+    (decoy / "nki-0.7.0.dist-info").mkdir(parents=True)          # another release's nki
+    assert not Path(str(root) + C.DLAMI_VENV).exists()
+    proc = _run(script, env, tmp_path, timeout=600)
+    out = proc.stdout.decode() + proc.stderr.decode()
+    assert proc.returncode == 0, out
+    assert f"nki-ssm-bench: venv {root}{other}" in out
+    assert json.loads((_bucket_results(tmp_path) / "results.json").read_text())["toolchain"]["ok"]
+
+
+def test_no_venv_with_the_pinned_nki_stops_naming_what_is_there(tmp_path, capsys):
+    script = _host_script(capsys)
+    root, env = _host(tmp_path, "2.33.0", venv="/opt/aws_neuronx_venv_jax_0_11")   # nki 0.7.0
+    proc = _run(script, env, tmp_path, timeout=120)
+    err = proc.stderr.decode()
+    assert proc.returncode == 1
+    assert "no venv with nki 0.8.0 under /opt" in err and "aws_neuronx_venv_jax_0_11" in err
+    assert not (root / "pip.log").exists()                       # nothing was installed
+    assert _bucket_results(tmp_path).is_dir()                    # the trap still uploaded
 
 
 def test_the_source_tarball_holds_the_bench(tmp_path):

@@ -13,7 +13,7 @@ from deploy.provision import launch as L
 from deploy.provision import plan as P
 from deploy.provision import teardown as T
 
-from moto_env import BUCKET, REGION, seed_reserved_parameter
+from moto_env import BUCKET, REGION, register_dlami, seed_reserved_parameter
 
 NOW = _dt.datetime(2026, 11, 24, 12, 0, 0, tzinfo=_dt.timezone.utc)
 
@@ -112,10 +112,13 @@ def test_create_find_by_tag_teardown(aws):
     s = _settings()
     sent = _op_log(aws.clients)
     r = W.resolve(aws.clients, s)
-    # the read-only look-ups are those the plan prints (no pricing client under moto; the
-    # by-name image search only when the SSM parameter's image is of another release)
-    assert sent == [c.operation for c in P.ami_calls(s) + P.discovery_calls(s)
-                    if c.service != "pricing" and not c.only_if]
+    # the read-only look-ups are those the plan prints, in its order (no pricing client under
+    # moto; the first SSM parameter exists here and names an image of the release, so the
+    # second parameter and the by-name image search are not needed)
+    assert sent == ["describe_regions", "get_parameter", "describe_images", "describe_instance_types",
+                    "describe_instance_type_offerings", "describe_subnets"]
+    planned = iter(c.operation for c in P.lookup_calls(s))
+    assert all(op in planned for op in sent)            # a subsequence of the plan's calls
     assert r.image["ImageId"] == aws.ami and r.image["source"].startswith("ssm:/aws/service/neuron/")
     sent.clear()
     got = L.create(aws.clients, s, image_id=r.image["ImageId"], subnet_id=r.subnet_id,
@@ -242,33 +245,49 @@ def test_family_types_are_discovered(aws):
 
 
 def test_ami_follows_the_sdk_profile(aws, monkeypatch):
-    """The SSM parameter's image when its description names the profile's release; else the
-    newest image named like the profile's DLAMI (framework, OS) of that release; JAX, vLLM,
-    base and other releases' images never match."""
+    """The SSM parameter's image when its description names the profile's release; else (the
+    parameter does not exist: its name is UNVERIFIED; or it moved on to another release) the
+    newest TorchNeuron DLAMI of that release by name; JAX, vLLM, multi-framework and other
+    releases' images never match; no image at all: a LookupError naming what exists."""
     monkeypatch.setattr(C, "DLAMI_OWNER", "self")   # moto registers images in the test account
-    ec2 = aws.clients["ec2"]
+    ec2, ssm = aws.clients["ec2"], aws.clients["ssm"]
     r = W.resolve(aws.clients, _settings(), need_subnet=False)
-    assert r.image["ImageId"] == aws.ami and r.image["source"].startswith("ssm:")
+    assert r.image["ImageId"] == aws.ami and r.image["source"].startswith("ssm:") and not r.notes
 
-    def reg(name, desc):
-        return ec2.register_image(Name=name, Description=desc, Architecture="x86_64",
-                                  RootDeviceName="/dev/sda1")["ImageId"]
+    # SDK 2.33: no 2.33 image behind the parameter (it holds 2.34's), so describe-images runs
+    old = register_dlami(ec2, release="2.33.0", date="20261019")
+    for words in ("JAX 0.10", "PyTorch Inference vLLM 0.29.0.1.2.0", "torch-neuronx 2.13.0"):
+        register_dlami(ec2, release="2.33.0", words=words)
+    register_dlami(ec2, release="2.33.0", os_name="Amazon Linux 2023", words="JAX 0.10")
+    r = W.resolve(aws.clients, _settings(sdk="2.33"), need_subnet=False)
+    assert r.image["ImageId"] == old and "Neuron SDK 2.33.0" in r.image["Description"]
+    assert r.image["source"].startswith("describe-images: name holds 'torch-neuronx' and '2.14'")
+    assert any("holds " + aws.ami in n and "not Neuron SDK 2.33.0" in n for n in r.notes)
 
-    # 2.31.0: the PyTorch 2.9 DLAMI's parameter points at a 2.31.1-described image (none such
-    # exists in the release notes, but the check must not take it), so the name search runs
-    old = reg("Deep Learning AMI Neuron PyTorch 2.9 (Ubuntu 24.04) 20260707",
-              "Neuron SDK 2.31.0, PyTorch 2.9")
-    reg("Deep Learning AMI Neuron JAX 0.9 (Ubuntu 24.04) 20260708", "Neuron SDK 2.31.0, JAX 0.9")
-    reg("Deep Learning AMI Neuron PyTorch Inference vLLM 0.21 (Ubuntu 24.04) 20260709",
-        "Neuron SDK 2.31.0, vLLM")
-    moved = reg("Deep Learning AMI Neuron PyTorch 2.9 (Ubuntu 24.04) 20260720", "Neuron SDK 2.31.1")
+    # the parameter does not exist at all (its name is a guess): a note, then describe-images
+    name = C.SDK_PROFILES["2.34.0"].ssm_parameters[0]
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.ssm.models import ssm_backends
 
-    seed_reserved_parameter(C.DLAMI_SSM_PARAMETERS["pytorch-2.9"], moved, REGION)
-    r = W.resolve(aws.clients, _settings(sdk="2.31.0"), need_subnet=False)
-    assert r.image["ImageId"] == old and "Neuron SDK 2.31.0" in r.image["Description"]
-    assert r.image["source"].startswith("describe-images name 'Deep Learning AMI Neuron PyTorch 2.9")
+    del ssm_backends[DEFAULT_ACCOUNT_ID][REGION]._parameters[name]
+    with pytest.raises(Exception, match="ParameterNotFound"):
+        ssm.get_parameter(Name=name)
+    newer = register_dlami(ec2, release="2.34.0", os_name="Ubuntu 26.04", date="20261202")
+    r = W.resolve(aws.clients, _settings(), need_subnet=False)
+    assert r.image["ImageId"] == aws.ami            # Ubuntu 24.04 before 26.04
+    assert any(f"SSM parameter {name} does not exist" in n for n in r.notes)
+    assert newer != aws.ami
+
+    # nothing of that release: stop before anything is created, naming what there is
+    ec2.deregister_image(ImageId=old)
+    with pytest.raises(LookupError) as exc:
+        W.resolve(aws.clients, _settings(sdk="2.33"), need_subnet=False)
+    msg = str(exc.value)
+    assert "no x86_64 'Deep Learning AMI Neuron torch-neuronx 2.14.0' image with 'Neuron SDK 2.33.0'" in msg
+    assert "Deep Learning AMI Neuron JAX 0.10 (Ubuntu 24.04) 20261130" in msg
+    assert "--ami-id" in msg and "nothing was created" in msg
     with pytest.raises(ValueError, match="sdk must be one of"):
-        _settings(sdk="2.31.1")
+        _settings(sdk="2.35.0")
 
 
 def test_price_from_the_price_list_api():
@@ -285,8 +304,11 @@ def test_price_from_the_price_list_api():
                           P.pricing_filters("trn2.3xlarge", REGION))
         assert W.price({"pricing": pricing}, s) == (2.235, f"AWS Price List API, on-demand Linux, {REGION}")
     assert W.price(None, _settings(hourly_price=9.5)) == (9.5, "--hourly-price")
-    value, source = W.price(None, s)
-    assert value == C.REFERENCE_PRICES_USD[("trn2.3xlarge", REGION)][0] and "unverified" in source
+    value, source = W.price(None, s)          # no figure for the default region without credentials
+    assert value is None and "no reference figure for trn2.3xlarge in sa-east-1" in source
+    s4 = P.LaunchSettings(region="ap-southeast-4", bucket=BUCKET, run_id="r1")
+    value, source = W.price(None, s4)
+    assert value == C.REFERENCE_PRICES_USD[("trn2.3xlarge", "ap-southeast-4")][0] and "unverified" in source
 
 
 def test_expired_runs_are_found_by_their_ttl_tag(aws):

@@ -1,6 +1,7 @@
-"""What a trn2 account holder needs before spending money: today's SDK and its image, a
-region / type pair that exists, the right compile target, capacity blocks in their zone,
-the whole bill, NEFFs where the SDK puts them, and bad arguments refused up front."""
+"""What a trn2 account holder needs before spending money: the current SDK and its image, a
+region the account has and a type offered there, the right compile target, capacity blocks
+in their zone, the whole bill, NEFFs where the SDK puts them, and bad arguments refused up
+front."""
 from __future__ import annotations
 
 import json
@@ -25,76 +26,195 @@ def _settings(**kw):
 # ------------------------------------------------------------------ SDK and image
 
 
-def test_default_is_sdk_2_32_on_the_multi_framework_dlami():
+def test_default_is_sdk_2_34_on_the_torchneuron_dlami():
     prof = C.SDK_PROFILES[C.DEFAULT_SDK]
-    assert (prof.release, prof.nki, prof.dlami) == ("2.32.0", "0.6.0", "multi-framework")
-    # the venv the 2.32 DLAMI has (deploy/environments/dlami.rst), holding nki and neuronx-cc
-    # (the vLLM 0.24.0.1.1.0 image's Dockerfile installs them there, with these versions)
-    assert prof.venv == "/opt/aws_neuronx_venv_pytorch_inference_vllm_0_24_0_1_1_0"
-    assert prof.pip_pins == {"neuronx-cc": "2.27.5334.0", "nki": "0.6.0"}
-    assert prof.apt_pins == {"aws-neuronx-runtime-lib": "2.34.10.0", "aws-neuronx-tools": "2.32.28.0"}
-    old = C.SDK_PROFILES["2.31.0"]
-    assert (old.nki, old.dlami, old.venv) == ("0.5.0", "pytorch-2.9", "/opt/aws_neuronx_venv_pytorch_2_9")
-    # no 2.31.1 DLAMI exists: the 2.31 image carries tools 2.31.13, not 2.31.15
-    assert old.apt_pins["aws-neuronx-tools"] == "2.31.13.0"
+    assert (prof.release, prof.nki) == ("2.34.0", "0.8.0")
+    assert prof.dlami == "Deep Learning AMI Neuron torch-neuronx 2.14.0"
+    assert prof.venv == "/opt/aws_neuronx_venv_torch_neuronx_2_14_0"
+    # the release-content page of each release
+    assert prof.pip_pins == {"neuronx-cc": "2.29.16866.0", "nki": "0.8.0"}
+    assert prof.apt_pins == {"aws-neuronx-runtime-lib": "2.36.8.0", "aws-neuronx-tools": "2.34.29.0"}
+    old = C.SDK_PROFILES["2.33.0"]
+    assert (old.nki, old.venv, old.extra) == ("0.7.0", prof.venv, "neuron-2-33")
+    assert old.pip_pins == {"neuronx-cc": "2.28.7631.0", "nki": "0.7.0"}
+    assert old.apt_pins == {"aws-neuronx-runtime-lib": "2.35.30.0", "aws-neuronx-tools": "2.33.38.0"}
+    # the names no page confirms are listed, and each profile says where the rest comes from
+    for p in (prof, old):
+        assert any(p.ssm_parameters[0] in u for u in p.unverified)
+        assert all(src.startswith("https://") for src in p.sources)
+    assert "venv" in " ".join(prof.unverified)       # 2.34's image and venv names too
+
+
+def test_sdk_is_given_as_major_minor_and_older_ones_name_the_release_to_use():
+    assert C.sdk_profile_key("2.33") == C.sdk_profile_key("2.33.0") == "2.33.0"
+    assert C.sdk_profile_key("2.34") == "2.34.0"
+    for older in ("2.32", "2.32.0", "2.31.1"):
+        with pytest.raises(ValueError, match="nki_ssm 0.1"):
+            C.sdk_profile_key(older)
+    with pytest.raises(ValueError, match="must be one of 2.34.0, 2.33.0"):
+        C.sdk_profile_key("2.35")
 
 
 def test_the_image_versions_meet_the_pins():
-    """Versions as the 2.32 image reports them (wheels with local labels, dpkg build
-    suffixes) pass the check; anything else stops the bench."""
+    """Versions as an image reports them (wheels with local labels, dpkg build suffixes)
+    pass the check; anything else stops the bench."""
     from deploy.bench import toolchain as TC
 
-    prof = C.SDK_PROFILES["2.32.0"]
-    pip = {"neuronx-cc": "2.27.5334.0+f702b353", "nki": "0.6.0+31049202112.g85070674"}
-    apt = {"aws-neuronx-runtime-lib": "2.34.10.0-ac18d186d", "aws-neuronx-tools": "2.32.28.0-526c2b7f6"}
+    prof = C.SDK_PROFILES["2.34.0"]
+    pip = {"neuronx-cc": "2.29.16866.0+a1b2c3d4", "nki": "0.8.0+31049202112.g85070674"}
+    apt = {"aws-neuronx-runtime-lib": "2.36.8.0-ac18d186d", "aws-neuronx-tools": "2.34.29.0-526c2b7f6"}
     assert TC.mismatches(pip, prof.pip_pins, prof.release) == []
     assert TC.mismatches(apt, prof.apt_pins, prof.release) == []
-    assert TC.mismatches({**pip, "nki": "0.5.0"}, prof.pip_pins, prof.release) == [
-        "nki: 0.5.0 installed, SDK 2.32.0 pins 0.6.0"]
+    assert TC.mismatches({**pip, "nki": "0.7.0"}, prof.pip_pins, prof.release) == [
+        "nki: 0.7.0 installed, SDK 2.34.0 pins 0.8.0"]
 
 
-def test_image_filters_name_framework_os_and_release():
-    for prof in C.SDK_PROFILES.values():
-        (name, desc) = P.image_filters(prof)
-        assert desc == {"Name": "description", "Values": [f"*Neuron SDK {prof.release}*"]}
-        pattern = name["Values"][0]
-        assert "Ubuntu 24.04" in pattern and pattern.startswith("Deep Learning AMI Neuron")
-    import fnmatch
+def test_the_image_is_the_torchneuron_dlami_of_the_release():
+    """describe-images asks for every Neuron DLAMI of the release (the DLAMI guide's query);
+    the framework words pick the TorchNeuron one, Ubuntu 24.04 before 26.04, newest first."""
+    prof = C.SDK_PROFILES["2.34.0"]
+    assert P.image_filters(prof) == [{"Name": "name", "Values": ["Deep Learning AMI Neuron*"]},
+                                     {"Name": "description", "Values": ["*Neuron SDK 2.34.0*"]}]
 
-    multi = P.image_filters(C.SDK_PROFILES["2.32.0"])[0]["Values"][0]
-    assert fnmatch.fnmatchcase("Deep Learning AMI Neuron (Ubuntu 24.04) 20260817", multi)
-    for other in ("Deep Learning AMI Neuron JAX 0.10 (Ubuntu 24.04) 20260817",
-                  "Deep Learning AMI Neuron PyTorch Inference vLLM 0.24.0.1.1.0 (Ubuntu 24.04) 20260817",
-                  "Deep Learning AMI Neuron (Amazon Linux 2023) 20260817",
-                  "Deep Learning Base Neuron AMI (Ubuntu 24.04) 20260817"):
-        assert not fnmatch.fnmatchcase(other, multi), other
+    def im(name, release="2.34.0", date="2026-11-30", arch="x86_64"):
+        return {"ImageId": name, "Name": f"Deep Learning AMI Neuron {name}",
+                "Description": f"Neuron SDK {release}", "CreationDate": date, "Architecture": arch}
+
+    others = [im("JAX 0.11 (Ubuntu 24.04) 20261130"), im("(Ubuntu 24.04) 20261130"),
+              im("PyTorch Inference vLLM 0.29 (Ubuntu 24.04) 20261130"),
+              im("torch-neuronx 2.14.0 (Ubuntu 24.04) 20261019", release="2.33.0"),
+              im("torch-neuronx 2.14.0 (Ubuntu 24.04) 20261201", arch="arm64"),
+              im("torch-neuronx 2.13.0 (Ubuntu 24.04) 20261130")]
+    assert D.pick_image(others, prof) is None
+    u26 = im("torch-neuronx 2.14.0 (Ubuntu 26.04) 20261202", date="2026-12-02")
+    u24 = im("torch-neuronx 2.14.0 (Ubuntu 24.04) 20261130")
+    u24_new = im("TORCH-NEURONX 2.14.0 (Ubuntu 24.04) 20261201", date="2026-12-01")
+    assert D.pick_image(others + [u26], prof) is u26
+    assert D.pick_image(others + [u26, u24], prof) is u24
+    assert D.pick_image(others + [u24, u26, u24_new], prof) is u24_new
 
 
 def test_dry_run_shows_sdk_venv_pair_source_price_transfer_and_disk(no_credentials, capsys):
-    assert main(["run", "--dry-run", "--bucket", "my-bucket", "--run-id", "20261127-100000-cafe"]) == 0
+    assert main(["run", "--dry-run", "--bucket", "my-bucket", "--run-id", "20261127-100000-cafe",
+                 "--hourly-price", "2.5"]) == 0
     out = capsys.readouterr().out
-    assert "Neuron SDK      2.32.0 (NKI 0.6.0), venv /opt/aws_neuronx_venv_pytorch_inference_vllm_0_24_0_1_1_0" in out
-    assert f"region          {C.DEFAULT_REGION}" in out and "offered there: moto 5.2.5" in out
-    assert "elsewhere       trn2.3xlarge in sa-east-1" in out and "trn2.48xlarge in us-east-2" in out
-    assert "instance        $2.235/h (Price List API not asked" in out
+    assert "Neuron SDK      2.34.0 (NKI 0.8.0), venv /opt/aws_neuronx_venv_torch_neuronx_2_14_0" in out
+    assert f"region          {C.DEFAULT_REGION}: enabled on every account" in out
+    assert "offered there: moto 5.2.6" in out
+    assert "elsewhere       trn2.3xlarge in ap-southeast-4 (opt-in)" in out
+    assert "trn2.48xlarge in us-east-2" in out and "us-east-2 (opt-in)" not in out
+    assert "instance        $2.500/h (--hourly-price)" in out
     assert f"disk            {C.ROOT_VOLUME_GB} GB gp3" in out
     assert "S3 transfer     ~" in out and "out of S3 by `collect`" in out
     assert "total           at most ~$" in out
     assert "compile target  --target trn2" in out
+    assert "older SDKs      Neuron SDK 2.32 and older" in out and "nki_ssm 0.1" in out
+    assert out.count("UNVERIFIED      ") == 2
+    assert "TorchNeuron 2.14.3.1" in out
+
+
+def test_sdk_2_33_dry_run_names_the_2_33_ones(no_credentials, capsys):
+    assert main(["run", "--dry-run", "--sdk", "2.33"]) == 0
+    out = capsys.readouterr().out
+    assert "Neuron SDK      2.33.0 (NKI 0.7.0), venv /opt/aws_neuronx_venv_torch_neuronx_2_14_0" in out
+    assert "neuronx-cc==2.28.7631.0, nki==0.7.0" in out and "2.35.30.0" in out
+    assert "Neuron SDK 2.33.0" in out and "2.34.0" not in out
+    assert "--sdk 2.33.0" in out                      # the bench on the host checks these pins
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--dry-run", "--sdk", "2.32"])
+    assert exc.value.code == 2 and "nki_ssm 0.1" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------ regions and types
 
 
 def test_default_pair_is_offered_without_seeding(aws):
-    """moto's offerings data (generated from AWS's answers) offers the default pair; nothing
-    in conftest adds it."""
-    assert REGION == C.DEFAULT_REGION
+    """moto's offerings data (generated from AWS's answers) offers the default pair in a
+    region every account has; nothing in conftest adds it."""
+    assert REGION == C.DEFAULT_REGION and REGION not in C.OPT_IN_REGIONS
     assert (C.DEFAULT_REGION, C.DEFAULT_INSTANCE_TYPE) in {(r, t) for r, t, _ in C.OFFERING_EVIDENCE}
     r = W.resolve(aws.clients, _settings())
-    assert r.instance_type == C.DEFAULT_INSTANCE_TYPE and r.zones == ["ap-southeast-4c"]
+    assert r.region_status == "opt-in-not-required"
+    assert r.instance_type == C.DEFAULT_INSTANCE_TYPE
+    assert r.zones == ["sa-east-1a", "sa-east-1b", "sa-east-1c"]
     sub = aws.clients["ec2"].describe_subnets(SubnetIds=[r.subnet_id])["Subnets"][0]
-    assert sub["AvailabilityZone"] == "ap-southeast-4c"
+    assert sub["AvailabilityZone"] in r.zones
+
+
+def test_opt_in_regions_are_named_in_the_plan(no_credentials, capsys):
+    for region in ("ap-southeast-4", "ap-south-2"):
+        assert region in C.OPT_IN_REGIONS
+        assert main(["launch", "--dry-run", "--region", region]) == 0
+        out = capsys.readouterr().out
+        assert (f"region          {region}: an opt-in region, disabled on a new account; launch "
+                "checks it") in out
+        assert f"aws account enable-region --region-name {region}" in out
+        assert "trn2.3xlarge in sa-east-1;" in out and "sa-east-1 (opt-in)" not in out
+    for region in ("sa-east-1", "us-east-2", "us-east-1"):
+        assert region not in C.OPT_IN_REGIONS
+    # the account's answer, when there is one, is what the plan says
+    assert "NOT ENABLED for this account" in W.region_text("ap-southeast-4", "not-opted-in")
+    assert W.region_text("ap-southeast-4", "opted-in") == "enabled for this account (opted-in)"
+
+
+def _aws_ops(monkeypatch):
+    """Every AWS operation botocore sends, in order (passed through to moto)."""
+    import botocore.client
+
+    sent = []
+    real = botocore.client.BaseClient._make_api_call
+
+    def record(self, operation_name, api_params):
+        sent.append(operation_name)
+        return real(self, operation_name, api_params)
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", record)
+    return sent
+
+
+@pytest.mark.parametrize("region, instance_type, message", [
+    ("ap-southeast-4", "trn2.3xlarge", "ap-southeast-4 is an opt-in region this account has not "
+                                       "enabled (ec2 describe-regions: not-opted-in)"),
+    ("us-east-2", "trn2.3xlarge", "trn2.3xlarge is not offered in any zone of us-east-2"),
+])
+def test_launch_stops_before_any_resource(aws, monkeypatch, capsys, region, instance_type, message):
+    """A region the account has not enabled (moto's account: ap-southeast-4 is not opted in),
+    or one without the type: `launch` says so in one line and creates nothing."""
+    if region == "us-east-2":     # the image is there: the offering check is what stops
+        import boto3
+        from moto_env import register_dlami, seed_reserved_parameter
+
+        ami = register_dlami(boto3.client("ec2", region_name=region))
+        seed_reserved_parameter(C.SDK_PROFILES[C.DEFAULT_SDK].ssm_parameters[0], ami, region)
+    sent = _aws_ops(monkeypatch)
+    code = main(["launch", "--bucket", "my-bucket", "--region", region, "--instance-type",
+                 instance_type])
+    err = capsys.readouterr().err
+    assert code == 1 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert message in err and "--region" in err
+    if region == "ap-southeast-4":
+        assert "nothing was created" in err
+        assert "aws account enable-region --region-name ap-southeast-4" in err
+        assert sent == ["DescribeRegions"]             # the first call, and the only one
+    assert not [op for op in sent if op.startswith(("Create", "RunInstances", "Put", "Attach",
+                                                    "AddRole"))]
+    iam, ec2 = aws.clients["iam"], aws.clients["ec2"]
+    assert iam.list_roles(PathPrefix=C.IAM_PATH)["Roles"] == []
+    assert iam.list_instance_profiles(PathPrefix=C.IAM_PATH)["InstanceProfiles"] == []
+    assert ec2.describe_instances()["Reservations"] == []
+
+
+def test_an_enabled_opt_in_region_goes_on(aws):
+    """The account's answer decides, not the list: an opted-in region passes the check."""
+    class Regions:
+        def describe_regions(self, **kw):
+            assert kw == {"AllRegions": True, "RegionNames": ["ap-southeast-4"]}
+            return {"Regions": [{"RegionName": "ap-southeast-4", "OptInStatus": "opted-in"}]}
+
+    assert D.check_region(Regions(), "ap-southeast-4") == "opted-in"
+    assert D.check_region(aws.clients["regions"], "sa-east-1") == "opt-in-not-required"
+    with pytest.raises(D.RegionNotEnabled, match="not-opted-in"):
+        D.check_region(aws.clients["regions"], "ap-south-2")
 
 
 def test_a_region_without_the_type_says_where_else_to_look(aws):
@@ -117,7 +237,7 @@ def test_trn3_compiles_and_models_for_trn3():
     assert _settings(instance_type="trn3.48xlarge").target == "trn3"
     assert _settings().target == "trn2"
     argv = W.bench_argv(_settings(family="trn3"), ["--set", "smoke"])
-    assert argv[-4:] == ["--target", "trn3", "--sdk", "2.32.0"]
+    assert argv[-4:] == ["--target", "trn3", "--sdk", "2.34.0"]
     assert W.bench_argv(_settings(), ["--target", "trn2"]).count("--target") == 1   # the user's stays
     from deploy.bench.__main__ import _hardware
 
@@ -137,18 +257,18 @@ def _block(zone, itype="trn2.3xlarge"):
 def test_capacity_block_uses_its_zone_and_says_it_is_paid_up_front(aws, capsys):
     ec2 = aws.clients["ec2"]
     sent = []
-    ec2.describe_capacity_reservations = lambda **kw: sent.append(kw) or _block("ap-southeast-4a")
+    ec2.describe_capacity_reservations = lambda **kw: sent.append(kw) or _block("sa-east-1b")
     s = _settings(capacity_reservation_id="cr-0abc")
     r = W.resolve(aws.clients, s)
     assert sent == [{"CapacityReservationIds": ["cr-0abc"]}]
-    assert r.zones == ["ap-southeast-4a"]   # not the on-demand offering zone (4c)
-    assert ec2.describe_subnets(SubnetIds=[r.subnet_id])["Subnets"][0]["AvailabilityZone"] == "ap-southeast-4a"
+    assert r.zones == ["sa-east-1b"]   # the block's zone, not every on-demand offering zone
+    assert ec2.describe_subnets(SubnetIds=[r.subnet_id])["Subnets"][0]["AvailabilityZone"] == "sa-east-1b"
     text = W.plan_text(s, r, with_run=True, bench_args=["--set", "smoke"])
     assert "paid up front when purchased" in text and "no instance-hour charge" in text
-    assert "instance        capacity block cr-0abc (trn2.3xlarge in ap-southeast-4a, active)" in text
+    assert "instance        capacity block cr-0abc (trn2.3xlarge in sa-east-1b, active)" in text
     assert "instance        $" not in text   # the on-demand rate does not apply
     assert "ec2.describe_capacity_reservations" in text
-    ec2.describe_capacity_reservations = lambda **kw: _block("ap-southeast-4a", "trn2.48xlarge")
+    ec2.describe_capacity_reservations = lambda **kw: _block("sa-east-1b", "trn2.48xlarge")
     with pytest.raises(LookupError, match="holds trn2.48xlarge"):
         W.resolve(aws.clients, _settings(capacity_reservation_id="cr-0abc"))
 
@@ -311,8 +431,8 @@ def test_every_planned_payload_validates_against_botocore():
     from botocore.validate import ParamValidator
 
     session = botocore.session.get_session()
-    for s in (_settings(capacity_reservation_id="cr-0abc"), _settings(family="trn3", sdk="2.31.0")):
-        calls = (P.ami_calls(s) + P.discovery_calls(s) + P.create_calls(s)
+    for s in (_settings(capacity_reservation_id="cr-0abc"), _settings(family="trn3", sdk="2.33")):
+        calls = (P.lookup_calls(s) + P.create_calls(s)
                  + W.run_calls(s, instance_id="i-0", bench_args=["--set", "smoke"])
                  + P.teardown_calls(s.run_id))
         assert "describe_capacity_reservations" in [c.operation for c in calls] or s.family

@@ -133,6 +133,34 @@ def test_patch_refuses_unknown_model_and_is_idempotent():
     assert "forward" not in vars(layer)
 
 
+def test_patch_refuses_layers_whose_kernel_functions_are_modules(monkeypatch):
+    """A layer module whose kernel names are not plain functions (transformers >= 5.25 makes
+    them ``kernels`` function modules, reached through helpers the patch does not rewrite)
+    is refused by name instead of being patched halfway."""
+    import sys
+    import types
+
+    name = "transformers.models.mamba2.modeling_nki_ssm_probe"
+    source = types.ModuleType(name)
+
+    class Func(torch.nn.Module):          # the shape of a kernels function module
+        def forward(self, x, *args, **kwargs):
+            return x
+
+    def forward(self, x):
+        return causal_conv1d_fn(x)  # noqa: F821 (resolved in the probe module)
+
+    source.causal_conv1d_fn = Func()
+    source.Mamba2Mixer = type("Mamba2Mixer", (torch.nn.Module,),
+                              {"forward": types.FunctionType(forward.__code__, source.__dict__),
+                               "__module__": name})
+    monkeypatch.setitem(sys.modules, name, source)
+    model = torch.nn.Sequential(source.Mamba2Mixer())
+    with pytest.raises(ValueError, match=r"causal_conv1d_fn of Mamba2Mixer as function modules"):
+        hf.patch(model)
+    assert "forward" not in vars(model[0])
+
+
 @pytest.mark.parametrize("family,path,scan_op", [
     ("qwen3_next", "model.layers.0.linear_attn", "nki_ssm.gated_delta_prefill"),
     ("qwen3_5", "model.layers.0.linear_attn", "nki_ssm.gated_delta_prefill"),

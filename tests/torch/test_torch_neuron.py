@@ -1,4 +1,5 @@
-"""The Neuron device path (nki_ssm.torch.neuron) on CPU, with the device call replaced.
+"""The Neuron device path (nki_ssm.torch.neuron) on CPU, with the device call replaced
+(each runtime's own launch path, with a fake of that runtime: test_torch_neuron_runtimes.py).
 
 The replacement records what the adapter hands the kernel and runs the kernel
 on the simulator through NumPy views of exactly those tensors, so: outputs
@@ -274,20 +275,20 @@ def test_rejected_call_never_reaches_the_device(op, device):
 
 
 def _device(runtime):
-    """The Neuron device of ``runtime`` ("xla": torch-neuronx 2.9, SDK <= 2.31; "native": the
-    "neuron" device of SDK 2.32's vLLM Neuron venv or TorchNeuron), or a skip."""
+    """The Neuron device of ``runtime`` ("native": the ``neuron`` device of TorchNeuron, SDK
+    2.33 / 2.34; "xla": torch-neuronx 2.9, SDK <= 2.31), or a skip."""
     if runtime == "xla":
         return pytest.importorskip("torch_xla").device()
     try:
         dev = torch.device("neuron")
         torch.empty(1, device=dev)
     except (RuntimeError, ValueError):
-        pytest.skip("no native 'neuron' device (SDK 2.32 vLLM Neuron venv or TorchNeuron)")
+        pytest.skip("no native 'neuron' device (TorchNeuron: the torch-neuronx 2.14.0 DLAMI's venv)")
     return dev
 
 
 @pytest.mark.trn
-@pytest.mark.parametrize("runtime", ["xla", "native"])
+@pytest.mark.parametrize("runtime", ["native", "xla"])
 def test_on_a_neuron_device(runtime):
     """The real run: every op on a NeuronCore equals the CPU path (needs the Neuron SDK)."""
     if nki_backend.name() != "neuron":
@@ -325,108 +326,3 @@ def test_torch_layer_imports_no_kernels_and_namespaces_match():
             assert not any(n.startswith("nki_ssm.kernels") for n in names), path.name
     public = lambda cls: {n for n in vars(cls) if not n.startswith("_")}  # noqa: E731
     assert public(TorchArrays) == public(NumpyArrays)
-
-
-# ------------------------------------------------------------------ launch paths by SDK
-
-
-@pytest.fixture
-def no_wrap_nki(monkeypatch):
-    """No Neuron torch runtime with a wrap_nki HOP is importable (as on this CPU host)."""
-    import sys
-
-    for name in neuron.WRAP_NKI_MODULES:
-        monkeypatch.setitem(sys.modules, name, None)   # import raises ImportError
-
-
-def _fake_hop_module(monkeypatch, calls, grids=None):
-    """A FAKE ``libtorch_neuronx_lite.nki.nki_hop``: ``wrap_nki(kernel)[grid](**kwargs)``
-    records the call (and the grid in ``grids``) and runs the kernel on the simulator as
-    ``grid`` programs through NumPy views of the tensors passed; a caller without a grid
-    cannot be called."""
-    import sys
-    import types
-
-    class Caller:
-        def __init__(self, kernel):
-            self.kernel = kernel
-
-        def __getitem__(self, grid):
-            if grids is not None:
-                grids.append(grid)
-
-            def caller(*args, **kwargs):
-                calls.append((self.kernel, args, kwargs))
-                values = list(args) + list(kwargs.values())
-                out = nki_backend.run(self.kernel, *[to_numpy(a) if isinstance(a, torch.Tensor)
-                                                     else a for a in values],
-                                      backend="sim", lnc=grid)
-                if isinstance(out, (tuple, list)):
-                    return tuple(from_numpy(np.asarray(o)) for o in out)
-                return from_numpy(np.asarray(out))
-            return caller
-
-    def wrap_nki(kernel):
-        return Caller(kernel)
-
-    mod = types.ModuleType(neuron.WRAP_NKI_MODULES[0])
-    mod.wrap_nki = wrap_nki
-    monkeypatch.setitem(sys.modules, neuron.WRAP_NKI_MODULES[0], mod)
-
-
-def test_neuron_devices_and_their_launch_paths(no_wrap_nki, monkeypatch):
-    assert neuron.DEVICE_TYPES == ("xla", "neuron")
-    for dev in ("xla", "xla:0", "neuron", "neuron:3", torch.device("xla")):
-        assert neuron.is_neuron_device(dev), dev
-    for dev in ("cpu", "meta", torch.device("cpu"), torch.zeros(1), "cuda:0"):
-        assert not neuron.is_neuron_device(dev), dev
-    # torch-neuronx (XLA) and TorchNeuron without a HOP runtime: the @nki.jit kernel itself
-    assert neuron.launch_path("xla") == "jit" and neuron.launch_path("neuron") == "jit"
-    with pytest.raises(ValueError, match="device must be a Neuron device"):
-        neuron.launch_path("cpu")
-    # vLLM Neuron 0.24's runtime present: the native device goes through its wrap_nki HOP
-    _fake_hop_module(monkeypatch, [])
-    assert neuron.launch_path("neuron") == "wrap_nki" and neuron.launch_path("xla") == "jit"
-
-
-@pytest.mark.parametrize("lnc", [1, 2])
-@pytest.mark.parametrize("op", OPS)
-def test_native_device_through_the_wrap_nki_hop(op, lnc, monkeypatch):
-    """SDK 2.32 (vLLM Neuron 0.24): every op reaches its kernel as
-    ``wrap_nki(kernel)[lnc](**kwargs)`` with each argument under the kernel's parameter name
-    and the LNC as the grid; same result as the host sim path at that LNC, the pool updated
-    in the caller's tensor. The device is FAKE (CPU tensors typed "neuron"), the HOP too
-    (the simulator)."""
-    monkeypatch.setenv("NKI_SSM_BACKEND", "sim")
-    monkeypatch.setenv(nki_backend.LNC_ENV_VAR, str(lnc))
-    calls, grids = [], []
-    _fake_hop_module(monkeypatch, calls, grids)
-    real_type = neuron.device_type
-    monkeypatch.setattr(neuron, "device_type",
-                        lambda d: "neuron" if real_type(d) == "cpu" else real_type(d))
-    kw = numpy_case(op)
-    tkw = to_torch(kw)
-    name = pool_name(kw)
-    expected = getattr(host, op)(**kw, backend="sim")
-    np.testing.assert_array_equal(to_numpy(_first(_call(op, tkw))), _first(expected))
-    np.testing.assert_array_equal(to_numpy(tkw[name]), kw[name])
-    (kernel, args, kwargs), = calls
-    import inspect
-
-    fn = getattr(kernel, "func", None) or getattr(kernel, "fn", None) or kernel
-    assert args == () and list(kwargs) == list(inspect.signature(fn).parameters)[:len(kwargs)]
-    assert grids == [lnc]
-
-
-def test_torchneuron_calls_the_jit_kernel_itself(no_wrap_nki, monkeypatch):
-    """TorchNeuron without the HOP module: ``kernel(*args)`` on the neuron tensors, as the
-    SDK's native-PyTorch docs call ``@nki.jit`` kernels inside a custom op."""
-    monkeypatch.setattr(neuron, "device_type", lambda d: "neuron")
-    seen = []
-
-    def kernel(a, b):
-        seen.append((a, b))
-        return a
-
-    x = torch.ones(2)
-    assert neuron.device_call(kernel, x, 3) is x and seen == [(x, 3)]

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from nki_ssm import backend as nki_backend  # noqa: E402
 from nki_ssm import ops as host  # noqa: E402
 from nki_ssm.reference import inputs as gen  # noqa: E402
-from nki_ssm.torch import neuron, training  # noqa: E402
+from nki_ssm.torch import neuron  # noqa: E402
 from nki_ssm.torch._convert import from_numpy, to_numpy  # noqa: E402
 
 FAMILIES = ("short_conv_backward", "ssd_backward", "gated_delta_backward")
@@ -193,9 +193,9 @@ def test_training_backward_routes_neuron_tensors_to_the_device_path(monkeypatch)
     on_cpu = torch.ops.nki_ssm.short_conv_train_backward(*args, None)
     calls = []
     monkeypatch.setattr(neuron, "device_call", _on_sim(calls))
-    real = training.check_devices
-    monkeypatch.setattr(training, "check_devices",
-                        lambda a, lead: torch.device("xla") if real(a, lead) else None)
+    real = neuron.device_type                  # from here on the CPU tensors are "neuron" ones
+    monkeypatch.setattr(neuron, "device_type",
+                        lambda d: "neuron" if real(d) == "cpu" else real(d))
     on_device = torch.ops.nki_ssm.short_conv_train_backward(*args, None)
     assert len(calls) == 1
     for want, have in zip(on_cpu, on_device):

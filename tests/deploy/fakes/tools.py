@@ -1,7 +1,7 @@
 """FAKE Neuron command-line tools for the deploy tests (not the real binaries).
 
 neuronx-cc --version; neuron-ls --json-output; dpkg-query -W -f=${Version} <pkg>
-(versions of the SDK release FAKE_NEURON_SDK, default 2.32.0);
+(versions of the SDK release FAKE_NEURON_SDK, default 2.34.0);
 neuron-explorer capture (writes one NTFF per execution, named as the real tool
 does) and view --output-format summary-json (prints a summary in the documented
 shape; the times are FABRICATED: executions 1..3 take 60 us (warm-up), later
@@ -14,14 +14,14 @@ import os
 import sys
 
 APT_VERSIONS = {
-    "2.32.0": {"aws-neuronx-runtime-lib": "2.34.10.0-fake", "aws-neuronx-tools": "2.32.28.0-fake"},
-    "2.31.0": {"aws-neuronx-runtime-lib": "2.33.10.0-fake", "aws-neuronx-tools": "2.31.13.0-fake"},
+    "2.34.0": {"aws-neuronx-runtime-lib": "2.36.8.0-fake", "aws-neuronx-tools": "2.34.29.0-fake"},
+    "2.33.0": {"aws-neuronx-runtime-lib": "2.35.30.0-fake", "aws-neuronx-tools": "2.33.38.0-fake"},
 }
-COMPILER = {"2.32.0": "2.27.5334.0", "2.31.0": "2.26.6360.0"}
+COMPILER = {"2.34.0": "2.29.16866.0", "2.33.0": "2.28.7631.0"}
 
 
 def _sdk() -> str:
-    return os.environ.get("FAKE_NEURON_SDK", "2.32.0")
+    return os.environ.get("FAKE_NEURON_SDK", "2.34.0")
 
 
 def fake_time_s(k: int) -> float:
