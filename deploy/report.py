@@ -55,10 +55,9 @@ def markdown_table(rows: list[dict]) -> str:
 
 def plot(rows: list[dict], path, title: str) -> str:
     """Log-log: measured p50 (p50..p90 bar) against the modeled central figure (range bar)."""
-    import matplotlib
+    from nki_ssm.perf.plots import pyplot   # an ImportError naming the install without matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     pts = [m for m in rows if m.get("measured_ns_p50") and m.get("modeled_ns")]
     fig, ax = plt.subplots(figsize=(7.5, 6))

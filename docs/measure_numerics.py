@@ -1,7 +1,7 @@
 """Measure the numerics figures the README states (run from the repository root).
 
-    PYTHONPATH=. python3 docs/measure_numerics.py precision   # ssd_prefill precision="bf16" vs "fp32", float32 I/O (simulator)
-    PYTHONPATH=. python3 docs/measure_numerics.py drift       # SSD state pool dtype drift over many decode steps
+    .venv/bin/python docs/measure_numerics.py precision   # ssd_prefill precision="bf16" vs "fp32", float32 I/O (simulator)
+    .venv/bin/python docs/measure_numerics.py drift       # SSD state pool dtype drift over many decode steps
 
 ``precision``: relative Frobenius error of y and of the updated pool slots
 against the float64 reference (``ssd_recurrent``), float32 inputs and pool,

@@ -1,16 +1,17 @@
-"""The cases of the main job: every op at the model shapes of DESIGN.md.
+"""The cases of the main job: every op at the model shapes it is judged on.
 
 A :class:`Case` names an op (family + entry), a model shape, the batch
 layout (prefill: sequence lengths; decode: sequences x tokens) and dtypes,
 and knows its algorithmic minimum FLOPs and HBM bytes for the roofline.
 
-Sets: ``smoke`` (tiny, for the test), ``judged`` (the cases issues 5, 6, 15 and 30
-are judged on, at their exact shapes: Qwen3-Next conv 16K x 1 and 8 x 2K
-ragged, conv decode at 32 / 512 sequences, Mamba-2 2.7B SSD 16K, SSD decode
-at 1 / 32 / 512 sequences with a float32 state pool, GDN prefill Qwen3-Next TP1 16K,
-2K and 8 x 2K ragged, TP4 16K; the backward of conv, SSD and GDN TP1 at 16K), ``default`` (the judged
-cases but the 16K backwards, plus one small case of every other shape, the GDN cases and
-smaller backward cases with their forwards; ~17 minutes on this machine's 2 cores),
+Sets: ``smoke`` (tiny, for the tests), ``default`` (every op at the judged model
+shapes at sizes that run in a few minutes: 2K-token prefill of the Qwen3-Next conv,
+Mamba-2 2.7B SSD and Qwen3-Next GDN TP1 and TP4, decode at 32 / 64 sequences, the
+backwards at 512 tokens (conv: 2K) with their forwards, and a 128-token prefill of the
+Mamba-2 conv, the Granite-4.0-H SSD and the Qwen3-Next GDN), ``judged`` (the shapes the performance goals
+are stated at: conv 16K x 1 and 8 x 2K ragged, conv decode at 32 / 512 sequences,
+Mamba-2 2.7B SSD 16K, SSD decode at 1 / 32 / 512 sequences, GDN prefill Qwen3-Next
+TP1 16K, 2K and 8 x 2K ragged, TP4 16K; the backward of conv, SSD and GDN TP1 at 16K),
 ``full`` (every shape at 128 / 2K / 16K / 64K tokens, 8 x 2K ragged, decode batches
 1..512, backward at 2K / 16K / 8 x 2K).
 
@@ -20,16 +21,16 @@ float32 initial states, an output gradient in the data dtype and a float32 final
 gradient.
 
 Layer configuration (part of the case id, e.g. ``.../bf16,w-bf16,nobias,pool-bf16``):
-the conv weights are in the model dtype and the conv state pool too (vLLM
-keeps the conv state in the model dtype; peers.md §6.1), the conv has a bias
+the conv weights are in the model dtype and the conv state pool too (as vLLM
+keeps the conv state), the conv has a bias
 where the model's has one (Qwen3-Next: ``nn.Conv1d(..., bias=False)`` in
 transformers' modeling_qwen3_next; Mamba-2 ``use_conv_bias=True``,
 Granite-4.0-H ``mamba_conv_bias=True`` by default); SSD and GDN state pools
-are float32 (peers.md §8.2: fp32 state is the default everywhere).
+are float32 (the default of every GPU implementation of these layers).
 
 FLOP models (stated so they can be checked; the "minimum" is the work of the
-chunked TensorE formulation, counted as peers.md §10.1 counts the H100
-yardsticks, so TFLOP/s figures are comparable):
+chunked TensorE formulation, counted as the H100 yardsticks of ``simulate/h100.py``
+are, so TFLOP/s figures are comparable):
   * SSD prefill, per token per head: 2*C*(N + P) + 4*P*N, C = chunk_size.
   * GDN prefill, per token per value head: 6*K*V + 2*C*(3*K + 2*V), C = chunk_size.
   * short conv: 2*W per token per channel.
@@ -327,63 +328,62 @@ def smoke_cases() -> list[Case]:
 
 
 def judged_cases() -> list[Case]:
-    """The cases issues 5 (conv), 6 (SSD) and 15 (GDN prefill) are judged on, at their exact
-    shapes (bf16)."""
+    """The cases the performance goals are stated at (bf16 activations): the forwards at 16K
+    tokens and the other judged batches, decode up to 512 sequences, the backwards at 16K."""
     conv, m2 = S.CONV_SHAPES["qwen3-next"], S.SSD_SHAPES["mamba2-2.7b"]
     q3, q3tp4 = S.GDN_SHAPES["qwen3-next"], S.GDN_SHAPES["qwen3-next-tp4"]
-    i5, i6, i15 = ("issue 5",), ("issue 6",), ("issue 15",)
     return [
-        _prefill("short_conv", "qwen3-next", conv, [16384], tags=i5),
-        _prefill("short_conv", "qwen3-next", conv, [2048] * 8, tags=i5),
-        _decode("short_conv", "qwen3-next", conv, 32, tags=i5),
-        _decode("short_conv", "qwen3-next", conv, 512, tags=i5),
-        _prefill("mamba2_ssd", "mamba2-2.7b", m2, [16384], tags=i6),
-        _decode("mamba2_ssd", "mamba2-2.7b", m2, 1, tags=i6),
-        _decode("mamba2_ssd", "mamba2-2.7b", m2, 32, tags=i6),
-        _decode("mamba2_ssd", "mamba2-2.7b", m2, 512, tags=i6),
-        _prefill("gated_delta", "qwen3-next", q3, [16384], tags=i15),
-        _prefill("gated_delta", "qwen3-next", q3, [2048], tags=i15),
-        _prefill("gated_delta", "qwen3-next", q3, [2048] * 8, tags=i15),
-        _prefill("gated_delta", "qwen3-next-tp4", q3tp4, [16384], tags=i15),
+        _prefill("short_conv", "qwen3-next", conv, [16384]),
+        _prefill("short_conv", "qwen3-next", conv, [2048] * 8),
+        _decode("short_conv", "qwen3-next", conv, 32),
+        _decode("short_conv", "qwen3-next", conv, 512),
+        _prefill("mamba2_ssd", "mamba2-2.7b", m2, [16384]),
+        _decode("mamba2_ssd", "mamba2-2.7b", m2, 1),
+        _decode("mamba2_ssd", "mamba2-2.7b", m2, 32),
+        _decode("mamba2_ssd", "mamba2-2.7b", m2, 512),
+        _prefill("gated_delta", "qwen3-next", q3, [16384]),
+        _prefill("gated_delta", "qwen3-next", q3, [2048]),
+        _prefill("gated_delta", "qwen3-next", q3, [2048] * 8),
+        _prefill("gated_delta", "qwen3-next-tp4", q3tp4, [16384]),
     ] + backward_judged_cases()
 
 
 def backward_judged_cases() -> list[Case]:
-    """Issue 30: the backward of each family at its forward's judged 16K shape (bf16 I/O)."""
-    i30 = ("issue 30",)
-    return [_backward("short_conv", "qwen3-next", S.CONV_SHAPES["qwen3-next"], [16384], tags=i30),
-            _backward("mamba2_ssd", "mamba2-2.7b", S.SSD_SHAPES["mamba2-2.7b"], [16384], tags=i30),
-            _backward("gated_delta", "qwen3-next", S.GDN_SHAPES["qwen3-next"], [16384], tags=i30)]
+    """The backward of each family at its forward's judged 16K shape (bf16 I/O)."""
+    return [_backward("short_conv", "qwen3-next", S.CONV_SHAPES["qwen3-next"], [16384]),
+            _backward("mamba2_ssd", "mamba2-2.7b", S.SSD_SHAPES["mamba2-2.7b"], [16384]),
+            _backward("gated_delta", "qwen3-next", S.GDN_SHAPES["qwen3-next"], [16384])]
 
 
-# judged cases left out of the default set for its wall budget on this machine: the 16K
-# backward cases (issue 30; the reference and the kernel simulation take minutes each:
-# measured 138 s / 224 s wall for SSD / GDN backward at 2K tokens, load ~4), which
-# `--set judged` runs; the default set has smaller backward cases (default_cases).
-# Measured `python -m simulate` with every forward judged case: 1,014 s wall while a test
-# run shared the 2 cores (the 10-90 % interval's 15 scheduling passes per trace are most of it).
-DEFAULT_LEAVES_OUT: tuple = ("short_conv_backward/", "ssd_backward/", "gated_delta_backward/")
-# the default set's backward cases: (family, model, tokens), each with its forward
+# The default set's backward cases: (family, model, tokens), each with its forward. 512 tokens
+# for SSD and GDN (their float64 reference backward keeps 5-8 MB of states per token, and the
+# kernel simulation at 2K took minutes); the conv's 2K backward is cheap.
 DEFAULT_BACKWARD = (("short_conv", "qwen3-next", 2048), ("mamba2_ssd", "mamba2-2.7b", 512),
                     ("gated_delta", "qwen3-next", 512))
 
 
 def default_cases() -> list[Case]:
-    """The judged cases (but any in :data:`DEFAULT_LEAVES_OUT`); a 2K-token prefill beside
-    each judged 16K one (conv, SSD; GDN's is judged), so the two program sizes sit side by
-    side (issue 10); a 128-token prefill of the other conv / SSD shapes; the GDN cases
-    (Qwen3-Next TP4 2K, TP1 128 tokens, 64-sequence decode); and the backward cases of
-    :data:`DEFAULT_BACKWARD` with their forwards (added where not already in the set)."""
+    """Every op at the judged model shapes, at sizes a first run can wait for (a few minutes
+    on 2 cores, under 4 GB): the 2K-token prefill of the Qwen3-Next conv (dim 8192), Mamba-2
+    2.7B SSD and Qwen3-Next GDN TP1 and TP4; decode at 32 sequences (conv, SSD; SSD also at 1)
+    and 64 (GDN); the backwards of :data:`DEFAULT_BACKWARD` with their forwards; and a
+    128-token prefill of the Mamba-2 conv (with bias), the Granite-4.0-H SSD (8 groups) and
+    the Qwen3-Next GDN (one chunk).
+    ``--set judged`` runs the 16K / 512-sequence shapes the performance goals are stated at."""
+    conv, m2 = S.CONV_SHAPES["qwen3-next"], S.SSD_SHAPES["mamba2-2.7b"]
     q3, q3tp4 = S.GDN_SHAPES["qwen3-next"], S.GDN_SHAPES["qwen3-next-tp4"]
-    judged = [c for c in judged_cases() if not (DEFAULT_LEAVES_OUT and c.id.startswith(DEFAULT_LEAVES_OUT))]
-    out = judged + [
-        _prefill("short_conv", "qwen3-next", S.CONV_SHAPES["qwen3-next"], [2048]),
-        _prefill("mamba2_ssd", "mamba2-2.7b", S.SSD_SHAPES["mamba2-2.7b"], [2048]),
+    out = [
+        _prefill("short_conv", "qwen3-next", conv, [2048]),
+        _decode("short_conv", "qwen3-next", conv, 32),
+        _prefill("mamba2_ssd", "mamba2-2.7b", m2, [2048]),
+        _decode("mamba2_ssd", "mamba2-2.7b", m2, 1),
+        _decode("mamba2_ssd", "mamba2-2.7b", m2, 32),
+        _prefill("gated_delta", "qwen3-next", q3, [2048]),
+        _prefill("gated_delta", "qwen3-next-tp4", q3tp4, [2048]),
+        _decode("gated_delta", "qwen3-next", q3, 64),
         _prefill("short_conv", "mamba2-2.7b", S.CONV_SHAPES["mamba2-2.7b"], [128]),
         _prefill("mamba2_ssd", "granite-4.0-h", S.SSD_SHAPES["granite-4.0-h"], [128]),
-        _prefill("gated_delta", "qwen3-next-tp4", q3tp4, [2048]),
         _prefill("gated_delta", "qwen3-next", q3, [128]),
-        _decode("gated_delta", "qwen3-next", q3, 64),
     ]
     for family, model, n in DEFAULT_BACKWARD:
         bwd = _backward(family, model, dict(_FAMILY_SHAPES)[family][model], [n])
@@ -410,6 +410,29 @@ def full_cases() -> list[Case]:
                 out.append(_decode(family, key, shape, 128, T=4))
             out += [_backward(family, key, shape, lens) for lens in ([2048], [16384], [2048] * 8)]
     return out
+
+
+def state_elements(case: Case) -> int:
+    """Elements of one sequence's state (conv: dim x (W - 1); SSD: H x P x N; GDN: HV x K x V)."""
+    s = case.shape
+    return {"short_conv": lambda: s.dim * (s.W - 1), "mamba2_ssd": lambda: s.H * s.P * s.N,
+            "gated_delta": lambda: s.HV * s.K * s.V}[case.family]()
+
+
+# Seconds per 1e9 (token x state element) a case takes at --lnc both (the kernel simulated at
+# both LNCs, the 15 scheduling passes of the 10-90 % interval, the float64 reference), from
+# the default set's cases on 2 cores; with a fixed second per case, for the progress estimate.
+SECONDS_PER_GIGA_WORK = {
+    ("short_conv", "prefill"): 119.0, ("short_conv", "decode"): 254.0, ("short_conv", "backward"): 358.0,
+    ("mamba2_ssd", "prefill"): 12.2, ("mamba2_ssd", "decode"): 229.0, ("mamba2_ssd", "backward"): 44.7,
+    ("gated_delta", "prefill"): 37.2, ("gated_delta", "decode"): 238.0, ("gated_delta", "backward"): 74.6,
+}
+
+
+def expected_seconds(case: Case) -> float:
+    """A rough expected run time of ``case`` in ``python -m simulate`` on 2 idle cores."""
+    work = case.num_tokens * state_elements(case) / 1e9
+    return 1.0 + SECONDS_PER_GIGA_WORK[(case.family, case.entry)] * work
 
 
 SETS = {"smoke": smoke_cases, "judged": judged_cases, "default": default_cases, "full": full_cases}

@@ -3,9 +3,8 @@
 Forward figures (``H100_NS``) and training-step figures, forward + backward
 (``H100_TRAINING_NS``, ``TRAINING_SOURCE``), at the same shapes.
 
-The figures are copied (not read at run time) from the project's reference
-notes on the GPU peers, "GPU peers measured at nki_ssm's shapes": one H100
-SXM 80GB, measured 2026-11-24 with ``triton.testing.do_bench`` (warm-up 50,
+The figures were measured for this project on a rented GPU (nothing here
+runs on one): one H100 SXM 80GB, measured 2026-11-24 with ``triton.testing.do_bench`` (warm-up 50,
 300 ms of repetitions), eager PyTorch 2.11 + Triton 3.6, no CUDA graphs, bf16
 data, float32 states, random inputs with realistic gates. Peers:
 flash-linear-attention (fla-core 0.6.0), mamba_ssm (main, Triton SSD path),
@@ -22,7 +21,7 @@ from __future__ import annotations
 
 SOURCE = ("one H100 SXM 80GB, 2026-11-24, triton.testing.do_bench (warm-up 50, 300 ms), eager PyTorch 2.11 + "
           "Triton 3.6, no CUDA graphs, bf16 data, fp32 states; FLA fla-core 0.6.0, mamba_ssm main (Triton "
-          "SSD), FLA Triton causal conv (nki_ssm reference notes, 'GPU peers measured at nki_ssm's shapes')")
+          "SSD), FLA Triton causal conv (measured for this project at its shapes)")
 NEURONCORES_PER_CHIP = 8
 
 _FLA_CHUNK = "FLA chunk_gated_delta_rule"
@@ -73,7 +72,7 @@ TRAINING_SOURCE = (
     "one H100 80GB HBM3, 2026-11-27, triton.testing.do_bench (warm-up 25, 200 ms), torch 2.11 + Triton 3.6, "
     "bf16 data, fp32 states, a random upstream gradient; FLA fla-core chunk_gated_delta_rule, mamba_ssm "
     "mamba_chunk_scan_combined (chunk 256, dt_softplus, D, dt_bias), FLA Triton causal_conv1d + SiLU "
-    "(nki_ssm reference notes, 'GPU peers measured at nki_ssm's shapes', training step table)")
+    "(measured for this project at its shapes)")
 # FLA refuses its gated dq/dk backward on Hopper with Triton 3.4 to 3.7.0 because it gives
 # wrong gradients there (FLA issue #640); its GDN rows were timed with that guard off
 FLA_HOPPER_NOTE = ("FLA's gated backward refuses to run on Hopper with Triton 3.4–3.7.0 (wrong gradients, "

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from nki_ssm.perf.calibration import fmt_ns
-from simulate.goals import NOT_IN_RUN
+from simulate.goals import MISSED, verdict
 from simulate.goals import evaluate as evaluate_goals
 from simulate.goals import markdown as goals_markdown
 from simulate.h100 import NEURONCORES_PER_CHIP, chip_ns, h100_for
@@ -142,11 +142,15 @@ def summary_cells(r: CaseResult) -> list[str]:
             lnc2_ratio(r), chip2, h100_cell, vs]
 
 
-def summary_markdown(results: list[CaseResult]) -> str:
-    lines = ["| " + " | ".join(SUMMARY_HEADERS) + " |", "|" + "---|" * len(SUMMARY_HEADERS)]
-    for r in results:
-        lines.append("| " + " | ".join(c.replace("|", "/") for c in summary_cells(r)) + " |")
+def md_table(headers: list[str], rows) -> str:
+    """A Markdown table of ``rows`` (lists of cells; a "|" in a cell becomes "/")."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(c.replace("|", "/") for c in cells) + " |" for cells in rows]
     return "\n".join(lines)
+
+
+def summary_markdown(results: list[CaseResult]) -> str:
+    return md_table(SUMMARY_HEADERS, map(summary_cells, results))
 
 
 SUMMARY_NOTE = (
@@ -186,44 +190,125 @@ HEADERS = ["case", "status", "rel err out", "rel err state", "time [10-90 %]", "
 
 
 def markdown_table(results: list[CaseResult]) -> str:
-    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    return md_table(HEADERS, map(row_cells, results))
+
+
+OP_SHORT = {"short_conv_prefill": "conv prefill", "short_conv_decode": "conv decode",
+            "ssd_prefill": "SSD prefill", "ssd_decode": "SSD decode",
+            "gated_delta_prefill": "GDN prefill", "gated_delta_decode": "GDN decode",
+            "short_conv_backward": "conv backward", "ssd_backward": "SSD backward",
+            "gated_delta_backward": "GDN backward"}
+COMPACT_HEADERS = ["op", "model", "batch", "time per NeuronCore (10-90 %)", "throughput", "roofline",
+                   "error vs float64", "LNC=2 / LNC=1", "trn2 chip / H100 (LNC=1 / 2)"]
+
+
+def _vs_h100(r: CaseResult) -> str:
+    """The H100's time over one trn2 chip's (> 1: the chip is faster), at LNC=1 and LNC=2."""
+    peer = h100_for(r.case_id)
+    if peer is None or r.entry == "backward" or not r.modeled_ns:
+        return "—"
+    at = [(1, r.modeled_ns)] + ([(2, r.lnc2.modeled_ns)] if r.lnc2 is not None and r.lnc2.modeled_ns else [])
+    return " / ".join(f"{peer[1] / chip_ns(t, n):.2f}x" for n, t in at)
+
+
+def compact_cells(r: CaseResult) -> list[str]:
+    """One op at one model shape, what a user asks first (the report's first table)."""
+    op, model, layout = (r.case_id.split("/") + ["", "", ""])[:3]
+    op = OP_SHORT.get(op, op)
+    if r.modeled_ns is None:
+        status = r.status if r.error is None else f"{r.status}: {r.error.splitlines()[0][:80]}"
+        return [op, model, layout, status] + ["—"] * (len(COMPACT_HEADERS) - 4)
+    roof = "—" if r.roofline_fraction is None else f"{100 * r.roofline_fraction:.1f} % ({r.roofline_bound})"
+    return [op, model, layout, f"{fmt_time(r.modeled_ns)} ({interval(r)}){lnc_label(r)}", throughput(r),
+            roof, f"{_err(r.err_out)} / {_err(r.err_state)}", lnc2_ratio(r), _vs_h100(r)]
+
+
+def compact_markdown(results: list[CaseResult]) -> str:
+    return md_table(COMPACT_HEADERS, map(compact_cells, results))
+
+
+COMPACT_NOTE = (
+    "Times are **modeled** by the cost model (`nki_ssm.perf`) for one NeuronCore; no Trainium was used. "
+    "The central figure comes first (goals are judged on it), then the 10-90 % interval over the cost "
+    "constants' documented ranges. Throughput: tokens/s for prefill and backward, bytes/s of the minimal "
+    "HBM traffic for decode. Error: relative Frobenius norm against float64, output / state (backward: "
+    "worst gradient / initial-state gradient). LNC=2 / LNC=1 < 1 is what the second physical core of a "
+    "logical core gains. trn2 chip / H100: one H100's measured time for the best GPU kernel at the same "
+    "shape over one trn2 chip's (8 NeuronCores at LNC=1, 4 logical cores at LNC=2, assuming the cores "
+    "split the work perfectly); > 1: the chip is faster. The per-op details below give each figure.")
+
+
+# what the default set leaves to the judged set (time and memory measured on 2 idle cores)
+JUDGED_SET_NOTE = ("The speed goals stated at 16K tokens and 512 sequences are judged by "
+                   "python -m simulate --set judged (roughly 40 minutes on 2 idle cores, more than 12 GB "
+                   "of memory).")
+
+# the terminal summary: what fits in 100 columns
+TERMINAL_COLUMNS = 100
+_TERM = (("op", 13), ("model", 14), ("batch", 7), ("modeled", 9), ("throughput", 12), ("roofline", 8),
+         ("error", 8), ("LNC2/1", 6), ("vs H100", 7))
+
+
+def _terminal_row(cells) -> str:
+    return "  ".join(f"{str(c)[:w]:<{w}}" for c, (_, w) in zip(cells, _TERM)).rstrip()
+
+
+def _wrap(text: str, indent: str = "  ") -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, TERMINAL_COLUMNS, initial_indent=indent, subsequent_indent=indent + "  ")
+
+
+def verdict_lines(results: list[CaseResult], target: str, case_set: str) -> list[str]:
+    """The verdict in plain lines of at most 100 columns: goals met, then each missed goal."""
+    met, judged, rows = verdict(evaluate_goals(results, target=target))
+    if not judged:
+        lines = [f"No goal is judged on this run's cases (times modeled for {target})."]
+    else:
+        lines = [f"{met} of {judged} goals met (times modeled for {target}, per NeuronCore)."]
+    missed = [g for g in rows if g.status.startswith(MISSED)]
+    if missed:
+        lines.append("Missed:")
+        for g in missed:
+            op, model, layout = (g.case_id.split("/") + ["", "", ""])[:3]
+            lines += _wrap(f"{g.name} at {model} {layout}: {g.value} (goal {g.goal})")
+    if case_set == "default":
+        lines += _wrap(JUDGED_SET_NOTE, indent="")
+    return lines
+
+
+def terminal_summary(results: list[CaseResult], *, target: str, case_set: str, calibration_rows=None) -> str:
+    """The verdict, one line per case and the calibration in one line: at most 100 columns."""
+    lines = verdict_lines(results, target, case_set) + [""]
+    lines.append(_terminal_row(name for name, _ in _TERM))
     for r in results:
-        lines.append("| " + " | ".join(c.replace("|", "/") for c in row_cells(r)) + " |")
-    return "\n".join(lines)
+        op, model, layout = (r.case_id.split("/") + ["", "", ""])[:3]
+        if r.modeled_ns is None:
+            lines.append(_terminal_row([OP_SHORT.get(op, op), model, layout, r.status]))
+            continue
+        roof = "—" if r.roofline_fraction is None else f"{100 * r.roofline_fraction:.1f} %"
+        h100 = _vs_h100(r).split(" / ")[0]
+        lines.append(_terminal_row([OP_SHORT.get(op, op), model, layout, fmt_time(r.modeled_ns),
+                                    throughput(r), roof, _err(r.err_out).replace("e-0", "e-"),
+                                    lnc2_ratio(r), h100]))
+    if calibration_rows is not None:
+        lines += [""] + _wrap(calibration_line(calibration_rows), indent="")
+    return "\n".join(line[:TERMINAL_COLUMNS] for line in lines)
 
 
-def print_table(results: list[CaseResult], console=None) -> None:
-    """The results table on the terminal (rich if installed, else plain text)."""
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        print(markdown_table(results))
-        return
-    if console is None:
-        import shutil
-
-        # not a terminal (CI, pipes): use a wide table instead of folding every cell
-        width = None if sys.stdout.isatty() else max(200, shutil.get_terminal_size().columns)
-        console = Console(width=width)
-    target = results[0].target if results else "trn2"
-    table = Table(title=f"nki_ssm main job — times modeled for {target}, one NeuronCore",
-                  show_lines=False)
-    for h in HEADERS:
-        table.add_column(h, overflow="fold")
-    for r in results:
-        cells = row_cells(r)
-        style = {"kernel": None, NO_KERNEL: "dim", "error": "red", "skipped": "yellow"}.get(r.status)
-        table.add_row(*cells, style=style)
-    console.print(table)
-
-
-def print_goals(results: list[CaseResult], case_set: str = "") -> None:
-    """The goals section on the terminal (plain Markdown; nothing when no judged case ran)."""
-    rows = evaluate_goals(results, all_goals=case_set == "default")
-    if any(g.status != NOT_IN_RUN for g in rows):
-        print("\nGoals (values modeled, per NeuronCore):")
-        print(goals_markdown(rows))
+def calibration_line(rows) -> str:
+    """The calibration table in one sentence."""
+    checks = [r for r in rows if r.kind == "check" and r.ratio is not None]
+    inside = sum(bool(r.within_band) for r in checks)
+    worst = max(checks, key=lambda r: abs(math.log(r.ratio)), default=None)
+    text = (f"Calibration: {inside} of {len(checks)} check rows within their band of the published "
+            f"timings")
+    if worst is not None:
+        text += f" (furthest: {worst.name}, modeled / published {worst.ratio:.2f})"
+    failed = [r.name for r in rows if r.ratio is None]
+    if failed:
+        text += f"; without a figure: {', '.join(failed)}"
+    return text + "."
 
 
 _NOTES = """\
@@ -235,9 +320,8 @@ _NOTES = """\
   their HBM bank's bandwidth); no Trainium was used. The model list-schedules the simulator's
   instruction trace over in-order TensorE / VectorE / ScalarE / GpSimd queues and
   the 16 DMA engines, with read-after-write, write-after-read and write-after-write
-  dependencies through the memory regions each instruction touches. Instruction
-  costs follow nki_spec.md §8 (every constant and its source:
-  `nki_ssm/perf/hardware.py`).
+  dependencies through the memory regions each instruction touches. Every cost
+  constant and its published source: `nki_ssm/perf/hardware.py`.
 * On-chip capacity is modelled: a new SBUF tile or PSUM bank waits until the
   tile it reuses is dead and its last access has finished (buffer rotation).
 * Dynamic DMAs (hwdge, swdge, vector-offset gathers) spend ~600 ns generating
@@ -289,64 +373,54 @@ _NOTES = """\
 
 
 def write_report(out_dir, results: list[CaseResult], *, target: str, case_set: str, command: str,
-                 wall_s: float, calibration_rows=None, timeline_timing=None, timeline_case=None) -> dict:
-    """Write report.md, results.json and the PNGs into ``out_dir``; returns {name: path}."""
+                 wall_s: float, calibration_rows=None, timeline_timing=None, timeline_case=None,
+                 plots: bool = True) -> dict:
+    """Write report.md, results.json and (``plots``: matplotlib installed) the PNGs into
+    ``out_dir``; returns {name: path}."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {}
-    # plots (matplotlib lazily)
-    from nki_ssm.perf.plots import roofline_png, timeline_png
+    if plots:
+        paths.update(_plots(out, results, target, timeline_timing, timeline_case))
 
-    points = [dict(label=r.case_id, flops=r.min_flops, hbm_bytes=r.min_hbm_bytes,
-                   time_ns=r.modeled_ns, roofline_fraction=r.roofline_fraction)
-              for r in results if r.modeled_ns]
-    paths["roofline"] = roofline_png(points, out / "roofline.png", target=target,
-                                     title=f"Roofline of all kernel cases, modeled {target} (one NeuronCore)"
-                                     + ("" if points else " — no kernel case ran"))
-    if timeline_timing is not None:
-        paths["timeline"] = timeline_png(timeline_timing, out / "timeline.png",
-                                         title=f"{timeline_case}: engine timeline, modeled {target}, "
-                                               f"{timeline_timing.time_us:.1f} us, binding "
-                                               f"{timeline_timing.binding_engine}")
-        # zoom on the start so individual instructions are visible
-        span = _zoom_window(timeline_timing)
-        paths["timeline_zoom"] = timeline_png(timeline_timing, out / "timeline_zoom.png", window_ns=span,
-                                              title=f"{timeline_case}: first {span[1] / 1e3:.1f} us "
-                                                    f"(zoom), modeled {target}")
-    kernels = [r for r in results if r.status == "kernel"]
-    if kernels:
-        paths["engines"] = _engine_share_png(kernels, out / "engines.png", target)
     cal_md = None
     if calibration_rows is not None:
         from nki_ssm.perf.calibration import table_markdown
 
         cal_md = table_markdown(calibration_rows)
     n_kernel = sum(r.status == "kernel" for r in results)
-    md = [f"# nki_ssm main job — times modeled for {target}",
-          "",
-          f"Command: `{command}`  ",
-          f"Case set: {case_set}; {len(results)} cases, {n_kernel} with a kernel, "
-          f"{sum(r.status == NO_KERNEL for r in results)} reference only, "
-          f"{sum(r.status == 'error' for r in results)} errors, "
-          f"{sum(r.status == 'skipped' for r in results)} skipped.  ",
-          f"Wall time: {wall_s:.1f} s on {platform.node() or 'this machine'} "
-          f"({platform.machine()}, Python {platform.python_version()}).",
-          "",
-          ]
-    md += ["## Per op and model shape: modeled time, throughput, one trn2 chip against one H100", "",
-           SUMMARY_NOTE, "", summary_markdown(results), ""]
+    goal_rows = evaluate_goals(results, target=target)
+    met, judged, ordered = verdict(goal_rows)
+    title = (f"{met} of {judged} goals met" if judged else "no goal judged on these cases")
+    md = [f"# nki_ssm main job: {title} (times modeled for {target})", ""]
+    missed = [g for g in ordered if g.status.startswith(MISSED)]
+    if missed:
+        md += ["**Missed** (the figure, then the goal):", ""]
+        md += [f"* {g.name}, `{g.case_id}`: {g.value}; goal {g.goal}" for g in missed]
+        md.append("")
+    elif judged:
+        md += ["Every goal this run measured is met.", ""]
+    if case_set == "default":
+        md += [JUDGED_SET_NOTE, ""]
+    md += [f"Command: `{command}`; {case_set} set, {len(results)} cases ({n_kernel} kernels, "
+           f"{sum(r.status == 'error' for r in results)} errors, "
+           f"{sum(r.status == 'skipped' for r in results)} skipped, "
+           f"{sum(r.status == NO_KERNEL for r in results)} reference only); {wall_s / 60:.1f} min wall "
+           f"on {platform.node() or 'this machine'} ({platform.machine()}, Python {platform.python_version()}"
+           f"{_load()}).", ""]
+    md += ["## Per op and model shape", "", COMPACT_NOTE, "", compact_markdown(results), ""]
+    if goal_rows:
+        md += ["## Goals", "",
+               f"Every goal this run measured, missed ones first: {met} of {judged} met. Speed goals are "
+               "stated for trn2, per NeuronCore, on the central figure, at the case named; accuracy and "
+               "program-size goals at every batch of the model shape.", "",
+               goals_markdown(ordered), ""]
     train_md = training.markdown(results)
     if train_md:
         md += ["## Training step: forward + backward per NeuronCore and per trn2 chip against one H100", "",
                training.NOTE, "", train_md, ""]
-    goal_rows = evaluate_goals(results, target=target, all_goals=case_set == "default")
-    if any(g.status != NOT_IN_RUN for g in goal_rows):
-        met = sum(g.status == "met" for g in goal_rows)
-        judged = sum(g.status in ("met", "not met") for g in goal_rows)
-        md += ["## Goals", "",
-               f"The project's goals, computed from this run: {met} of {judged} goals met. Performance "
-               "goals are stated for trn2, per NeuronCore, on the central figure.", "",
-               goals_markdown(goal_rows), ""]
+    md += ["## Per op: one trn2 chip against one H100, LNC=2", "",
+           SUMMARY_NOTE, "", summary_markdown(results), ""]
     md += ["## Results",
            "",
            markdown_table(results),
@@ -364,7 +438,8 @@ def write_report(out_dir, results: list[CaseResult], *, target: str, case_set: s
         md.append("")
     if "engines" in paths:
         md += ["## Engine busy share per case", "", "![engines](engines.png)", ""]
-    md += ["## Roofline", "", "![roofline](roofline.png)", ""]
+    if "roofline" in paths:
+        md += ["## Roofline", "", "![roofline](roofline.png)", ""]
     if cal_md is not None:
         md += ["## Calibration (modeled / published)", "", cal_md, ""]
     errors = [r for r in results if r.status == "error"]
@@ -392,13 +467,50 @@ def write_report(out_dir, results: list[CaseResult], *, target: str, case_set: s
     return paths
 
 
+def _load() -> str:
+    """The machine's load at the end of the run (a shared machine stretches the wall time)."""
+    import os
+
+    try:
+        return f", {os.cpu_count()} cores, load average {os.getloadavg()[1]:.1f} over 5 min"
+    except (AttributeError, OSError):
+        return ""
+
+
+def _plots(out: Path, results, target: str, timeline_timing, timeline_case) -> dict:
+    """The roofline, timeline and engine-share PNGs -> {name: path} (needs matplotlib)."""
+    from nki_ssm.perf.plots import roofline_png, timeline_png
+
+    paths = {}
+    points = [dict(label=r.case_id, flops=r.min_flops, hbm_bytes=r.min_hbm_bytes,
+                   time_ns=r.modeled_ns, roofline_fraction=r.roofline_fraction)
+              for r in results if r.modeled_ns]
+    paths["roofline"] = roofline_png(points, out / "roofline.png", target=target,
+                                     title=f"Roofline of all kernel cases, modeled {target} (one NeuronCore)"
+                                     + ("" if points else " — no kernel case ran"))
+    if timeline_timing is not None:
+        paths["timeline"] = timeline_png(timeline_timing, out / "timeline.png",
+                                         title=f"{timeline_case}: engine timeline, modeled {target}, "
+                                               f"{timeline_timing.time_us:.1f} us, binding "
+                                               f"{timeline_timing.binding_engine}")
+        # zoom on the start so individual instructions are visible
+        span = _zoom_window(timeline_timing)
+        paths["timeline_zoom"] = timeline_png(timeline_timing, out / "timeline_zoom.png", window_ns=span,
+                                              title=f"{timeline_case}: first {span[1] / 1e3:.1f} us "
+                                                    f"(zoom), modeled {target}")
+    kernels = [r for r in results if r.status == "kernel"]
+    if kernels:
+        paths["engines"] = _engine_share_png(kernels, out / "engines.png", target)
+    return paths
+
+
 def _engine_share_png(kernels: list, path, target: str) -> str:
     """Grouped bars: busy share of each engine per kernel case (binding engine marked)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
+
+    from nki_ssm.perf.plots import pyplot
+
+    plt = pyplot()
 
     engines = ["tensor", "vector", "scalar", "gpsimd", "dma"]
     n = len(kernels)

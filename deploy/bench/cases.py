@@ -8,7 +8,7 @@ import re
 import numpy as np
 
 DEFAULT_SETS = ("smoke", "judged")
-# DESIGN.md, Numerics, and the kernel tests (tests/kernels/test_*_kernels.py): float32
+# the project's numerics targets, as the kernel tests (tests/kernels/test_*_kernels.py): float32
 # I/O with exact (fp32) matmuls <= 1e-5; bfloat16 I/O or bf16 TensorE operands <= 3e-3
 F32_TOL, BF16_TOL = 1e-5, 3e-3
 

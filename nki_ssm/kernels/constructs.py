@@ -3,7 +3,7 @@
 Nothing in this repository has been compiled by the Neuron compiler, so every
 distinct NKI construct a kernel uses must be used the same way by a released
 kernel (nki-library, nki-samples, NxD Inference contrib) or be documented
-without contradiction (DESIGN.md, "Every construct has evidence"). This module
+without contradiction (the project's rule: every construct has evidence). This module
 reads the kernels' source (it imports none of them) and lists the constructs:
 
 - a call of the API with its argument form: ``nisa.nc_matmul(accumulate, dst,

@@ -64,6 +64,13 @@ def require_same_dtype(name: str, arr: np.ndarray, ref_name: str, ref: np.ndarra
         )
 
 
+def require_one_dtype(arrays: dict) -> None:
+    """The given arrays (None: absent) share the first one's dtype (``require_same_dtype``)."""
+    given = [(name, a) for name, a in arrays.items() if a is not None]
+    for name, arr in given[1:]:
+        require_same_dtype(name, arr, *given[0])
+
+
 def require_shape(name: str, arr: np.ndarray, labels: tuple, expected: tuple) -> None:
     """Check ``arr.shape`` against ``expected`` (None = any size).
 

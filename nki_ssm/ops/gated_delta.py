@@ -26,6 +26,8 @@ _RAW = ("a", "b", "A_log", "dt_bias")
 # the 128 partitions in both kernels, and so do the value heads of decode's
 # per-token [V, HV] gate tiles.
 MAX_K = MAX_V = MAX_HV = 128
+# activations the kernels stream together: one dtype (float32 or bfloat16)
+STREAMED = ("q", "k", "v")
 
 
 def _check_gates(gates: dict, lead: tuple, lead_shape: tuple, HV: int) -> dict:

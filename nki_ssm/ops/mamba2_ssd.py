@@ -27,6 +27,8 @@ PRECISIONS = ("bf16", "fp32")
 # head's P output columns in one bank.
 MAX_DECODE_N = 256
 MAX_PREFILL_P = 512
+# activations the kernels stream together: one dtype (float32 or bfloat16)
+STREAMED = ("x", "B", "C", "z")
 
 
 def _dt_prime(kw: dict) -> np.ndarray:

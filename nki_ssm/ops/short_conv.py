@@ -13,6 +13,8 @@ from . import _validate as v
 from .launch import short_conv as launch
 
 ACTIVATIONS = (None, "silu")
+# activations the kernels stream (the weights and the pool may have other dtypes)
+STREAMED = ("x",)
 
 
 def check_conv_weights(dim: int, weight, bias, activation):

@@ -107,6 +107,9 @@ def validate(family, arrays: dict, options: dict, *, backend, pool_name: str,
     kw = (validate_prefill or family.validate_prefill)(
         **checked, **options, **{pool_name: np.zeros((n, *tail), np.float32)},
         state_indices=np.arange(n, dtype=np.int32), has_initial_state=np.ones(n, bool))
+    # the float32 stand-ins hide a float64 array streamed beside float32 ones: the same rule
+    # as on every other backend, on the caller's dtypes
+    v.require_one_dtype({k: arrays.get(k) for k in family.STREAMED})
     for k, a in arrays.items():      # the caller's arrays (float64 kept) from here on
         if a is not None and k in kw:
             kw[k] = a

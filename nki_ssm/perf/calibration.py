@@ -27,6 +27,7 @@ table reports (``off_regimes``), not a band to widen.
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
 import inspect
@@ -62,8 +63,8 @@ DELTANET_KERNEL = f"{DELTANET_DIR}/src/nki_kernels/nki_deltanet_fused.py"
 DELTANET_SOURCE = (f"{NXDI}/blob/{NXDI_COMMIT}/{DELTANET_DIR}/README.md ('NKI Kernel Benchmarks (standalone, "
                    f"single NeuronCore)': fused chunked 335 / 339 / 487 us at 128 / 256 / 512 tokens; SDK 2.29, "
                    f"trn2.3xlarge, LNC=2); kernel {NXDI}/blob/{NXDI_COMMIT}/{DELTANET_KERNEL}")
-LOG_SOURCE = ("public trn2 microbenchmark log, SINGLE UNOFFICIAL SOURCE, figures as quoted in nki_ssm "
-              "issue 11 (the log itself was not re-read for this table)")
+LOG_SOURCE = ("public trn2 microbenchmark log, SINGLE UNOFFICIAL SOURCE, figures as quoted in the "
+              "project's audit of the cost model (the log itself was not re-read for this table)")
 
 
 def _measured(timing, measure: str, pick=None) -> dict:
@@ -421,7 +422,8 @@ def _rows() -> list:
 
 def fingerprint() -> str:
     """Hash of every constant table and the cost code: a stored modeled figure is only
-    valid for the model that produced it (tests compare it with the data file's)."""
+    valid for the model that produced it (tests compare it with the data file's). The
+    code is hashed without its comments and docstrings: rewording one changes no figure."""
     from nki_ssm.perf import hardware
 
     h = hashlib.sha256()
@@ -430,8 +432,20 @@ def fingerprint() -> str:
         h.update(repr(sorted(hardware.ranges(name).items())).encode())
     # modules by name: nki_ssm.perf.model the attribute is the function perf.model
     for mod in ("costs", "deps", "model", "resources", "timing"):
-        h.update(inspect.getsource(importlib.import_module(f"nki_ssm.perf.{mod}")).encode())
+        h.update(_code(inspect.getsource(importlib.import_module(f"nki_ssm.perf.{mod}"))).encode())
     return h.hexdigest()[:16]
+
+
+def _code(source: str) -> str:
+    """``source``'s syntax tree without docstrings (comments are not in it)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
 
 
 def _fill(row: CalibrationRow, result) -> None:

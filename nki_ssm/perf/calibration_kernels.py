@@ -52,7 +52,7 @@ def build() -> dict:
         return out
 
     def scalar_chain(x, steps):
-        """`steps` dependent 1-element activations on [128, 1] (nki_spec §9 row 10)."""
+        """`steps` dependent 1-element activations on [128, 1] (the published dependent-chain figure)."""
         rows, _ = x.shape
         out = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.shared_hbm)
         cur = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)

@@ -1,4 +1,4 @@
-"""Cost of one traced instruction on its engine (nki_spec §8.2 / §8.3 rules).
+"""Cost of one traced instruction on its engine (the documented rules; sources in ``hardware.SOURCES``).
 
 ``compute_ns(inst, hw)`` is the occupancy of a TensorE / VectorE / ScalarE /
 GpSimd instruction; ``dma_plan(inst, hw)`` says how many DMA engines a
@@ -13,7 +13,7 @@ import math
 from nki_ssm.perf.hardware import HardwareSpec
 
 # Ops whose VectorE cost is not the generic streaming rule.
-_VECTOR_RECIPROCAL_FACTOR = 8  # reciprocal on VectorE: max(MIN_II, 8N) [SHARED, nki_spec §8.2]
+_VECTOR_RECIPROCAL_FACTOR = 8  # reciprocal on VectorE: max(MIN_II, 8N) [SHARED]
 
 
 def _attr(inst, key, default=None):
@@ -71,7 +71,7 @@ def vector_cycles(inst, hw: HardwareSpec) -> float:
     profiles imply ~1.4N); with one, ``k`` passes at the multiplied rate.
 
     The fixed cost (SBUF access initiation and dispatch, ``vector_overhead_cycles``)
-    is added to the stream, not used as a floor (issue 11; the trn2 log's
+    is added to the stream, not used as a floor (the public trn2 microbenchmark log's
     [128, 512] op at N + ~150 cycles); the extra latency of dependent
     instructions is the scheduler's raw latency.
     """

@@ -3,8 +3,8 @@
 Every number lives in a :class:`HardwareSpec` (one per target: ``trn1`` for
 calibration against the published NC-v2 figures, ``trn2`` the default,
 ``trn3``) and its source sits next to it in ``SOURCES[name]``. Sources are
-``../shared/reference/nki_spec.md`` sections (and the NKI doc tags it cites,
-e.g. [A2] = Trainium2 architecture guide). Where a documented range left a
+published documents, cited by the tags of the source table in
+``nki_ssm/perf/README.md`` (e.g. [A2] = the Trainium2 architecture guide). Where a documented range left a
 choice, the comment says which value was taken and why. Calibration
 (``perf/calibration.py``) checks these numbers against published timings; no
 constant here has been moved by calibration unless ``CALIBRATED`` says so.
@@ -98,8 +98,8 @@ class HardwareSpec:
 
         ``dma_sustained * min(1, run / dma_min_run_bytes)``: runs of at least
         ``dma_min_run_bytes`` stream at the sustained rate, shorter ones pay
-        per descriptor as if they were that long. (The old curve of nki_spec
-        §8.2, ``dma_eff_value``, is whole-transfer throughput including the
+        per descriptor as if they were that long. (The old curve, ``dma_eff_value``,
+        is whole-transfer throughput including the
         fixed latency the scheduler adds separately; it stays in the table for
         reference only.)
         """
@@ -113,41 +113,41 @@ class HardwareSpec:
 
 # Shared sources: most rules are stated once for NC-v2 and assumed for later cores.
 _COMMON_SOURCES = {
-    "mm_init_cycles": "nki_spec §8.2: MM II ~ max(N, MM_INIT_LATENCY=64) cycles [A1, PERF Opt #7] (stated for NC-v2; assumed for v3/v4, §12)",
-    "mm_fp32_factor": "nki_spec §8.1/§8.2: fp32 at 1/4 of bf16 rate (23 vs 92 / 20 vs 79 TFLOPS) [A1-A3]; tfloat32 operands (both) run at the BF16/FP16/TF32 rate (79 TFLOPS on trn2) and are not charged this",
-    "mm_fp32_onezero_factor": "nki_spec §8.2: is_*_onezero on an fp32 operand up to 2x faster [ISA] -> factor 2",
-    "ls_speedup": "nki_spec §8.2: Fast LoadStationary up to 4x faster than MM; background LS so a pair costs max(LS, MM) [PERF]",
-    "vector_elems_per_cycle": "nki_spec §8.2: NC-v2 one input ~N cycles, two inputs ~2N [A1] => 1 element/partition/cycle per input",
-    "vector_overhead_cycles": "added to the streaming cycles, not used as a floor (issue 11): [SHARED] MIN_II ~64 cycles and [A1] SBUF/PSUM access initiation ~60 cycles 'partly hidden by ILP' -> central 64; range 32 (half hidden, estimate) to 150 (public trn2 microbenchmark log, single unofficial source: [128, 512] VectorE op ~685 ns = N + ~150 cycles). [A1]'s '+~100 cycles' for dependent instructions is vector_raw_cycles, not this",
-    "vector_second_input": "a two-input op without a perf mode costs N x (1 + this) / rate: [A1] documents ~2N (this = 1, the slow end); the NKI fused-Mamba tutorial's VectorE-saturated trn1 profile (mamba_v2 at 4096 channels, 99.63% VectorE) fits 0.1 (CALIBRATED; nki_spec §9's check estimated 1.0-1.4N); fast end 0 (both inputs in one pass). Bf16 perf modes keep the documented rule",
-    "vector_raw_cycles": "nki_spec §8.2: '+~100 cycles' when an instruction depends on the previous one's output [A1]",
+    "mm_init_cycles": "MM II ~ max(N, MM_INIT_LATENCY=64) cycles [A1, PERF Opt #7] (stated for NC-v2; assumed for v3/v4)",
+    "mm_fp32_factor": "fp32 at 1/4 of bf16 rate (23 vs 92 / 20 vs 79 TFLOPS) [A1-A3]; tfloat32 operands (both) run at the BF16/FP16/TF32 rate (79 TFLOPS on trn2) and are not charged this",
+    "mm_fp32_onezero_factor": "is_*_onezero on an fp32 operand up to 2x faster [ISA] -> factor 2",
+    "ls_speedup": "Fast LoadStationary up to 4x faster than MM; background LS so a pair costs max(LS, MM) [PERF]",
+    "vector_elems_per_cycle": "NC-v2 one input ~N cycles, two inputs ~2N [A1] => 1 element/partition/cycle per input",
+    "vector_overhead_cycles": "added to the streaming cycles, not used as a floor (the public trn2 microbenchmark log): [SHARED] MIN_II ~64 cycles and [A1] SBUF/PSUM access initiation ~60 cycles 'partly hidden by ILP' -> central 64; range 32 (half hidden, estimate) to 150 (public trn2 microbenchmark log, single unofficial source: [128, 512] VectorE op ~685 ns = N + ~150 cycles). [A1]'s '+~100 cycles' for dependent instructions is vector_raw_cycles, not this",
+    "vector_second_input": "a two-input op without a perf mode costs N x (1 + this) / rate: [A1] documents ~2N (this = 1, the slow end); the NKI fused-Mamba tutorial's VectorE-saturated trn1 profile (mamba_v2 at 4096 channels, 99.63% VectorE) fits 0.1 (CALIBRATED; an earlier check estimated 1.0-1.4N); fast end 0 (both inputs in one pass). Bf16 perf modes keep the documented rule",
+    "vector_raw_cycles": "'+~100 cycles' when an instruction depends on the previous one's output [A1]",
     "scalar_overhead_cycles": "as vector_overhead_cycles (central 64, range 32-150); AWS's trn2 DMA-overview profiles show an isolated exp costing ~300 ns over its N/1.2 GHz stream (latency, of which this is the pipelined part)",
-    "scalar_raw_cycles": "nki_spec §9 row 10: dependent 1-element ScalarE chain II = 264 cycles = 1 + scalar_overhead_cycles (64) + 199 (this term); NC-v2 figure reused for v3/v4",
-    "scalar_reduce_cycles": "nki_spec §8.2: ActReadAccumulator ~64 ScalarE cycles [A1]",
-    "gpsimd_elems_per_cycle": "nki_spec §8.2: rsqrt on GpSimd has 4x lower throughput than on ScalarE (N cycles) [SHARED] => 0.25 element/partition/cycle; the only documented GpSimd rate, applied to every GpSimd op ('no rule of thumb' [A1])",
+    "scalar_raw_cycles": "dependent 1-element ScalarE chain II = 264 cycles = 1 + scalar_overhead_cycles (64) + 199 (this term); NC-v2 figure reused for v3/v4",
+    "scalar_reduce_cycles": "ActReadAccumulator ~64 ScalarE cycles [A1]",
+    "gpsimd_elems_per_cycle": "rsqrt on GpSimd has 4x lower throughput than on ScalarE (N cycles) [SHARED] => 0.25 element/partition/cycle; the only documented GpSimd rate, applied to every GpSimd op ('no rule of thumb' [A1])",
     "gpsimd_overhead_cycles": "estimate: as vector_overhead_cycles (central 64, range 32-150); GpSimd has 'no rule of thumb' [A1]",
-    "dma_engines": "nki_spec §8.1/§8.2: 16 DMA engines per NC [DMA, DMABW]",
-    "dma_partitions_per_engine": "nki_spec §8.2: each SBUF-side engine covers 8 partitions (128/16) [DMA]",
+    "dma_engines": "16 DMA engines per NC [DMA, DMABW]",
+    "dma_partitions_per_engine": "each SBUF-side engine covers 8 partitions (128/16) [DMA]",
     "dma_fixed_ns": "trigger to first data, as latency (queues prefetch descriptors), not as queue occupancy: AWS's trn2 DMA-overview profiles (nki-dma-intro-3/-5.png) show ~700-900 ns from trigger to data; [DMABW] quotes ~1300 ns for setup + sync + semaphore-to-start (the completion part is dma_completion_ns). Central 900, range 700-1300",
     "dma_completion_ns": "AWS's trn2 DMA-overview profiles (nki-dma-intro-3/-5.png): the consumer (ScalarE) starts ~275-320 ns after the last DMA engine finishes. Central 300, range 250-350 (two samples)",
-    "dma_min_run_bytes": "a descriptor's contiguous run r below this moves at r / this of the sustained rate: issue 11's '>= 512 B' rule (the sentence was not found in the pinned docs), central 512; range 256 (estimate) to 2048 ([DMABW]: '256 B - 2 KiB improving but still below peak', >= 2 KiB recommended). The NKI matmul tutorial's DMA-bound trn1 rows are insensitive to the row length (256 B and 1 KiB rows move at the same ~120 GB/s): trn1's dma_sustained, not this, carries them",
+    "dma_min_run_bytes": "a descriptor's contiguous run r below this moves at r / this of the sustained rate: the '>= 512 B' rule quoted from the public trn2 microbenchmark log (the sentence was not found in the pinned docs), central 512; range 256 (estimate) to 2048 ([DMABW]: '256 B - 2 KiB improving but still below peak', >= 2 KiB recommended). The NKI matmul tutorial's DMA-bound trn1 rows are insensitive to the row length (256 B and 1 KiB rows move at the same ~120 GB/s): trn1's dma_sustained, not this, carries them",
     "dma_sustained": "trn2/trn3: a single trn2 engine reaches 23 B/ns = dma_bw_per_engine [DMA Example 1] and 16 engines ~21 B/ns each (nki-dma-intro-5.png); [PERF Opt #9] 'close to 70%' for large DMAs -> central 0.85, range 0.60-1.0 (the low end allows for the trn1 finding below on strided tiles, unmeasured on trn2)",
     "act_table_load_ns": "ScalarE activation-table load when an activation needs another function's table: 1.32 / 1.34 us bars in AWS's trn2 DMA-overview profiles (nki-dma-intro-5/-3.png); 1283 ns in the public trn2 microbenchmark log (single unofficial source). Central 1300, range 1283-1340. Which functions share a table is undocumented: every distinct function is taken as its own table, copy/identity as none (estimate)",
-    "mm_fp32_ls_exposed": "estimate (issue 11): Fast/background LoadStationary is documented for bf16-class operands [PERF]; an fp32 stationary is loaded at the fp32 rate (M x 4 / ls_speedup cycles) before its matmul instead of behind the previous one",
+    "mm_fp32_ls_exposed": "estimate: Fast/background LoadStationary is documented for bf16-class operands [PERF]; an fp32 stationary is loaded at the fp32 rate (M x 4 / ls_speedup cycles) before its matmul instead of behind the previous one",
     "launch_ns": "kernel prologue + epilogue ~16 us measured on trn2 (public trn2 microbenchmark log, single unofficial source); estimate range 12-20 us; also charged for trn1 (no figure). Reported as its own line, not in time_ns",
     "loop_branch_ns": "estimate (no public figure): each engine's sequencer takes a branch per runtime-loop iteration; central 50 ns, range 25-100",
     "loop_barrier_ns": "estimate (no public figure): the compiler synchronises the engines at a runtime-loop iteration boundary (a semaphore round trip across engines, ~2 x semaphore_ns); central 200 ns, range 100-400",
-    "dma_eff_value": "reference only (no longer used): nki_spec §8.2 whole-transfer throughput vs bytes/partition digitized from nki-dma-intro-1.jpg [DMABW]; it includes the fixed latency the scheduler adds, so the model keys efficiency on descriptor runs (dma_min_run_bytes) instead",
-    "dma_transpose_hbm_factor": "nki_spec §8.2: DMA transpose up to 90% of copy throughput HBM->SBUF (Trn2) [A2]; assumed for all targets",
-    "dma_transpose_sbuf_factor": "nki_spec §8.2: DMA transpose 50% of copy throughput SBUF->SBUF (Trn2) [A2]; assumed for all targets",
-    "scalar_elems_per_cycle": "nki_spec §8.1/§8.3: ScalarE 128 lanes => 1 element/partition/cycle (W_S = 128 on v2/v3, 128 for non-16-bit on v4)",
-    "scalar_elems_per_cycle_16bit": "nki_spec §8.1: ScalarE 128 lanes for every dtype on v2/v3 [A1, A2]",
+    "dma_eff_value": "reference only (no longer used): whole-transfer throughput vs bytes/partition digitized from nki-dma-intro-1.jpg [DMABW]; it includes the fixed latency the scheduler adds, so the model keys efficiency on descriptor runs (dma_min_run_bytes) instead",
+    "dma_transpose_hbm_factor": "DMA transpose up to 90% of copy throughput HBM->SBUF (Trn2) [A2]; assumed for all targets",
+    "dma_transpose_sbuf_factor": "DMA transpose 50% of copy throughput SBUF->SBUF (Trn2) [A2]; assumed for all targets",
+    "scalar_elems_per_cycle": "ScalarE 128 lanes => 1 element/partition/cycle (W_S = 128 on v2/v3, 128 for non-16-bit on v4)",
+    "scalar_elems_per_cycle_16bit": "ScalarE 128 lanes for every dtype on v2/v3 [A1, A2]",
     "gpsimd_elems_per_cycle_16bit": "as gpsimd_elems_per_cycle: no 16-bit GpSimd rate is documented for v2/v3",
-    "psum_banks": "nki_spec §3.2: PSUM 8 banks x 2 KiB per partition [A1-A3]",
-    "psum_bank_bytes": "nki_spec §3.2: 2 KiB (512 fp32) per bank per partition [A1]",
-    "hwdge_issue_ns": "nki_spec §8.1 / nki-dge.rst: each hardware-DGE DMA instruction takes ~600 ns [A2, DGE]",
+    "psum_banks": "PSUM 8 banks x 2 KiB per partition [A1-A3]",
+    "psum_bank_bytes": "2 KiB (512 fp32) per bank per partition [A1]",
+    "hwdge_issue_ns": "each hardware-DGE DMA instruction takes ~600 ns [A2, DGE]",
     "swdge_issue_ns": "not documented: software DGE 'consumes GpSimd cycles' [DGE]; assumed equal to the hwdge figure (600 ns per instruction)",
-    "semaphore_ns": "not documented (nki_spec §8.3 'fit it'): estimate, central 100 ns, range 64-150 ns (issue 11's two settings); a DMA consumer waits dma_completion_ns instead. Paid after the producer's result latency (costs.result_latency_ns)",
+    "semaphore_ns": "not documented (the docs: 'fit it'): estimate, central 100 ns, range 64-150 ns (the two settings the cost-model audit tried); a DMA consumer waits dma_completion_ns instead. Paid after the producer's result latency (costs.result_latency_ns)",
     "tensor_result_cycles": "estimate (undocumented): a matmul's result reaches PSUM after the last moving column has crossed the 128x128 array, so a consumer on another engine sees it this long after TensorE is free for its next instruction: the fill-and-drain latency of an n x n systolic array, ~2n cycles; central 256 (128 rows + 128 columns), range 128-384. [PERF Opt #5a]: a dependent instruction 'cannot start data read until the previous instruction has all of its output committed'",
 }
 
@@ -203,20 +203,20 @@ TRN1 = HardwareSpec(
 )
 SOURCES["trn1"] = dict(
     _COMMON_SOURCES,
-    hwdge_instances="nki_spec §8.1: no hardware DGE on NC-v2 (software DGE on GpSimd) [A2, DGE]",
-    sbuf_bytes_per_partition="nki_spec §3.2: 192 KiB per partition [A1] less the 16 KiB reserve nki_ssm.sim.targets keeps (usable size undocumented, §12)",
-    tensor_ghz="nki_spec §8.1: TensorE 2.8 GHz [A1]",
-    bf16_peak_flops="nki_spec §8.1: 92 TFLOPS dense bf16 per NC-v2 [A1]",
-    fp32_peak_flops="nki_spec §8.1: 23 TFLOPS fp32 [A1]",
-    transpose_fp32_factor="nki_spec §8.3: fp32 transpose 4x on v2 (identity matmul at fp32 rate)",
-    vector_ghz="nki_spec §8.1: VectorE 1.12 GHz, 128 lanes [A1]",
+    hwdge_instances="no hardware DGE on NC-v2 (software DGE on GpSimd) [A2, DGE]",
+    sbuf_bytes_per_partition="192 KiB per partition [A1] less the 16 KiB reserve nki_ssm.sim.targets keeps (usable size undocumented)",
+    tensor_ghz="TensorE 2.8 GHz [A1]",
+    bf16_peak_flops="92 TFLOPS dense bf16 per NC-v2 [A1]",
+    fp32_peak_flops="23 TFLOPS fp32 [A1]",
+    transpose_fp32_factor="fp32 transpose 4x on v2 (identity matmul at fp32 rate)",
+    vector_ghz="VectorE 1.12 GHz, 128 lanes [A1]",
     vector_perf_modes="NC-v2 has no bf16 perf modes (introduced with NC-v3) [A2]",
-    scalar_ghz="nki_spec §8.1: ScalarE 1.4 GHz / 128 lanes [A1]",
-    scalar_elems_per_cycle="nki_spec §8.3: W_S = 128 lanes on v2 -> 1 element/partition/cycle",
-    gpsimd_ghz="nki_spec §8.1: GpSimd 1.4 GHz [A1]",
-    dma_bw_per_engine="nki_spec §8.1: 17 B/ns per engine (272 GB/s per NC) [DMABW]; the 27.2 GB/s 'theoretical' figure [DMA] is not reached",
+    scalar_ghz="ScalarE 1.4 GHz / 128 lanes [A1]",
+    scalar_elems_per_cycle="W_S = 128 lanes on v2 -> 1 element/partition/cycle",
+    gpsimd_ghz="GpSimd 1.4 GHz [A1]",
+    dma_bw_per_engine="17 B/ns per engine (272 GB/s per NC) [DMABW]; the 27.2 GB/s 'theoretical' figure [DMA] is not reached",
     dma_sustained="fitted (CALIBRATED): the NKI matmul tutorial's DMA-bound trn1 kernels move their [128, 512] / [128, 128] bf16 tiles (1 KiB / 256 B rows, 8-16 KiB apart) at ~100-120 GB/s per core, ~0.40 of 16 x 17 B/ns, whatever the row length; range 0.35-0.70 ([PERF Opt #9] 'close to 70%')",
-    hbm_bw_per_core="nki_spec §8.1: 820 GB/s / 2 NCs [A1]; caps a core's HBM-side DMA rate (never binds: 16 x 17 B/ns = 272 GB/s; the roofline uses the DMA aggregate)",
+    hbm_bw_per_core="820 GB/s / 2 NCs [A1]; caps a core's HBM-side DMA rate (never binds: 16 x 17 B/ns = 272 GB/s; the roofline uses the DMA aggregate)",
     cores_per_hbm_bank="trn1 has no LNC: one program per core, no bank sharing between programs",
 )
 
@@ -242,17 +242,17 @@ SOURCES["trn2"] = dict(
     _COMMON_SOURCES,
     hwdge_instances="nki-dge.rst: 'Each TRN2 NeuronCore has two DGE instances' [DGE]",
     **dict.fromkeys(("vector_overhead_cycles", "scalar_overhead_cycles", "gpsimd_overhead_cycles"), _NC3_OVERHEAD_SOURCE),
-    sbuf_bytes_per_partition="nki_spec §3.2: 224 KiB per partition [A2] less the 16 KiB reserve nki_ssm.sim.targets keeps (usable size undocumented, §12)",
-    tensor_ghz="nki_spec §8.1: TensorE 2.4 GHz [A2]",
-    bf16_peak_flops="nki_spec §8.1: 79 TFLOPS dense bf16 per NC-v3 [A2, NC3]",
-    fp32_peak_flops="nki_spec §8.1: 20 TFLOPS fp32 [A2]",
-    transpose_fp32_factor="nki_spec §8.2: v3 transpose mode makes fp32 transposes 2x faster than fp32 matmul rate [A2]",
-    vector_ghz="nki_spec §8.1: VectorE 0.96 GHz [A2]",
-    vector_elems_per_cycle="nki_spec §8.2/§12: v3 fp32 per-cycle throughput unclear (128 or 256/cycle); took 128 (1/partition/cycle) because the perf-mode text implies no fp32 gain over NC-v2",
-    vector_perf_modes="nki_spec §8.2: NC-v3 bf16/fp16 perf modes: 1-input SBUF contiguous x4, non-contiguous or PSUM x2, 2-input all-SBUF x2 [A2]",
-    scalar_ghz="nki_spec §8.1: ScalarE 1.2 GHz / 128 lanes [A2]",
-    gpsimd_ghz="nki_spec §8.1: GpSimd 1.2 GHz [A2]",
-    dma_bw_per_engine="nki_spec §8.1: 23 B/ns per engine (368 GB/s per NC) [DMABW]; matches 32 KiB in 1416 ns on one engine [DMA]",
+    sbuf_bytes_per_partition="224 KiB per partition [A2] less the 16 KiB reserve nki_ssm.sim.targets keeps (usable size undocumented)",
+    tensor_ghz="TensorE 2.4 GHz [A2]",
+    bf16_peak_flops="79 TFLOPS dense bf16 per NC-v3 [A2, NC3]",
+    fp32_peak_flops="20 TFLOPS fp32 [A2]",
+    transpose_fp32_factor="v3 transpose mode makes fp32 transposes 2x faster than fp32 matmul rate [A2]",
+    vector_ghz="VectorE 0.96 GHz [A2]",
+    vector_elems_per_cycle="v3 fp32 per-cycle throughput unclear (128 or 256/cycle); took 128 (1/partition/cycle) because the perf-mode text implies no fp32 gain over NC-v2",
+    vector_perf_modes="NC-v3 bf16/fp16 perf modes: 1-input SBUF contiguous x4, non-contiguous or PSUM x2, 2-input all-SBUF x2 [A2]",
+    scalar_ghz="ScalarE 1.2 GHz / 128 lanes [A2]",
+    gpsimd_ghz="GpSimd 1.2 GHz [A2]",
+    dma_bw_per_engine="23 B/ns per engine (368 GB/s per NC) [DMABW]; matches 32 KiB in 1416 ns on one engine [DMA]",
     hbm_bw_per_core=_TRN2_HBM_SOURCE,
     cores_per_hbm_bank=_TRN2_BANK_SOURCE,
 )
@@ -270,23 +270,23 @@ TRN3 = replace(
 )
 SOURCES["trn3"] = dict(
     _COMMON_SOURCES,
-    hwdge_instances="not restated for NC-v4 (nki_spec §8.1); trn2's two instances assumed",
+    hwdge_instances="not restated for NC-v4; trn2's two instances assumed",
     **dict.fromkeys(("vector_overhead_cycles", "scalar_overhead_cycles", "gpsimd_overhead_cycles"),
                     "NC-v3's fitted figure assumed for NC-v4: " + _NC3_OVERHEAD_SOURCE),
-    sbuf_bytes_per_partition="nki_spec §3.2: 256 KiB per partition [A3] less the 16 KiB reserve nki_ssm.sim.targets keeps (usable size undocumented, §12)",
-    tensor_ghz="nki_spec §8.1: TensorE 2.4 GHz [A3]",
-    bf16_peak_flops="nki_spec §8.1: 79 TFLOPS dense bf16 per NC-v4 [A3, NC4] (MXFP8 315 not used: kernels here are bf16)",
-    fp32_peak_flops="nki_spec §8.1: 20 TFLOPS fp32 [A3]",
-    transpose_fp32_factor="nki_spec §8.2: transpose mode as v3 (assumed; v4 background transpose not modelled)",
-    vector_ghz="nki_spec §8.1: VectorE 1.2 GHz [A3]",
-    vector_elems_per_cycle="as trn2 (v4 fp32 rate not stated, §12)",
-    vector_perf_modes="nki_spec §8.2: v3 perf modes assumed on v4 (512 bf16 elem/cycle data path [A3])",
-    scalar_ghz="nki_spec §8.1: ScalarE 1.2 GHz [A3]",
-    scalar_elems_per_cycle_16bit="nki_spec §8.1: ScalarE 256 lanes for bf16/fp16/fp8 on v4 [A3] -> 2/partition/cycle",
-    gpsimd_ghz="nki_spec §8.1: GpSimd 1.2 GHz [A3]",
-    gpsimd_elems_per_cycle="nki_spec §8.1: v4 GpSimd 128 elem/cycle for all dtypes [A3] => 1/partition/cycle",
-    gpsimd_elems_per_cycle_16bit="nki_spec §8.1: v4 GpSimd 128 elem/cycle for all dtypes [A3]",
-    dma_bw_per_engine="nki_spec §8.1: 33 B/ns per engine (528 GB/s per NC) [DMABW]",
+    sbuf_bytes_per_partition="256 KiB per partition [A3] less the 16 KiB reserve nki_ssm.sim.targets keeps (usable size undocumented)",
+    tensor_ghz="TensorE 2.4 GHz [A3]",
+    bf16_peak_flops="79 TFLOPS dense bf16 per NC-v4 [A3, NC4] (MXFP8 315 not used: kernels here are bf16)",
+    fp32_peak_flops="20 TFLOPS fp32 [A3]",
+    transpose_fp32_factor="transpose mode as v3 (assumed; v4 background transpose not modelled)",
+    vector_ghz="VectorE 1.2 GHz [A3]",
+    vector_elems_per_cycle="as trn2 (v4 fp32 rate not stated)",
+    vector_perf_modes="v3 perf modes assumed on v4 (512 bf16 elem/cycle data path [A3])",
+    scalar_ghz="ScalarE 1.2 GHz [A3]",
+    scalar_elems_per_cycle_16bit="ScalarE 256 lanes for bf16/fp16/fp8 on v4 [A3] -> 2/partition/cycle",
+    gpsimd_ghz="GpSimd 1.2 GHz [A3]",
+    gpsimd_elems_per_cycle="v4 GpSimd 128 elem/cycle for all dtypes [A3] => 1/partition/cycle",
+    gpsimd_elems_per_cycle_16bit="v4 GpSimd 128 elem/cycle for all dtypes [A3]",
+    dma_bw_per_engine="33 B/ns per engine (528 GB/s per NC) [DMABW]",
     hbm_bw_per_core=("about-neuron/arch/neuron-hardware/trainium3.rst (aws-neuron-sdk 81ce03ae): 144 GiB of device "
                      "memory with 4.9 TB/sec, eight NeuronCore-v4 -> 612.5 GB/s per core ([A3] says 4.7 TB/s); "
                      "binding as on trn2 (16 x 33 B/ns = 528 GB/s of DMA stays below it at every dma_sustained)"),
@@ -300,7 +300,7 @@ _ALIASES = {"inf2": "trn1", "gen2": "trn1", "gen3": "trn2", "gen4": "trn3"}
 # Constants whose value was set or moved by fitting a published measurement
 # (name -> which calibration row). Everything else is read from the docs.
 CALIBRATED: dict[str, str] = {
-    "scalar_raw_cycles": "nki_spec §9 row 10 (dependent ScalarE chain, II 264 cycles) — the only data point for it",
+    "scalar_raw_cycles": "the published dependent ScalarE chain (II 264 cycles; calibration row scalar_dependent_chain) — the only data point for it",
     "act_table_load_ns": "read off the 1.32-1.34 us bars of AWS's trn2 DMA-overview profiles and the trn2 log's 1283 ns (calibration row act_table_load)",
     "launch_ns": "the trn2 log's ~16 us (calibration row launch_overhead)",
     "vector_second_input": "fitted to the fused-Mamba tutorial's mamba_v2 at 4096 channels (1.61 ms, VectorE 99.63%; calibration row mamba_v2_4096ch); the documented 2N rule puts that row at 1.73x",
@@ -331,10 +331,10 @@ _COMMON_RANGES = {
 }
 NC3_OVERHEAD_RANGE = (132, 254)
 RANGE_SOURCES = {
-    "vector_elems_per_cycle": "nki_spec §8.1: VectorE data path 256 elements/cycle for non-16-bit dtypes on v3/v4 "
+    "vector_elems_per_cycle": "VectorE data path 256 elements/cycle for non-16-bit dtypes on v3/v4 "
                               "(= 2/partition/cycle, fast end); v2: 128 lanes, no range (its two-input evidence "
                               "is vector_second_input's)",
-    "gpsimd_elems_per_cycle": "nki_spec §8.1: 8 cores x 16 fp32 lanes = 128 lanes => 1/partition/cycle (v2/v3 fast end)",
+    "gpsimd_elems_per_cycle": "8 cores x 16 fp32 lanes = 128 lanes => 1/partition/cycle (v2/v3 fast end)",
     "gpsimd_elems_per_cycle_16bit": "as gpsimd_elems_per_cycle",
     "swdge_issue_ns": "undocumented; assumed 600 ns (hwdge figure), range 300-900",
     "dma_sustained": "see SOURCES",

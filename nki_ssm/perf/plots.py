@@ -17,8 +17,13 @@ from nki_ssm.perf.hardware import get_target
 from nki_ssm.perf.timing import COMPUTE_ENGINES, Timing
 
 
-def _pyplot():
-    import matplotlib
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or an ImportError that says how to install it."""
+    try:
+        import matplotlib
+    except ImportError as exc:   # the report extra is optional
+        raise ImportError("plots need matplotlib: pip install 'matplotlib>=3.7' "
+                          "(from a clone: pip install -e '.[report]')") from exc
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -41,7 +46,7 @@ def timeline_png(timing_or_trace, path, *, title: str | None = None, window_ns=N
     s = timing.schedule
     if s is None:
         raise ValueError("timing_or_trace: Timing has no schedule (modeled with keep_schedule=False)")
-    plt = _pyplot()
+    plt = pyplot()
     ndma = len(timing.dma_queue_busy_ns) or 16
     rows = ["critical path"] + list(COMPUTE_ENGINES) + [f"DMA q{q}" for q in range(ndma)]
     row_of = {e: i for i, e in enumerate(rows)}
@@ -121,7 +126,7 @@ def roofline_png(points, path, *, target: str = "trn2", title: str | None = None
     first part (the op), marker = its second part (the model).
     """
     hw = get_target(target)
-    plt = _pyplot()
+    plt = pyplot()
     peak = hw.bf16_peak_flops
     bw = hw.dma_bw_per_core * 1e9  # bytes/s
     fig, ax = plt.subplots(figsize=(12, 6.5))

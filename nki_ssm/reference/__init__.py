@@ -8,7 +8,7 @@ numpy (and ml_dtypes for bf16 inputs) only; signatures in docs/contracts.md,
     gated_delta   gated_delta_recurrent / gated_delta_chunked / gated_delta_decode
     inputs        realistic random inputs per family (make_*_inputs, make_*_decode_inputs)
     metrics       rel_fro, max_abs_scaled (float64, 0/0 = 0)
-    shapes        the model shapes of DESIGN.md as dataclasses
+    shapes        the model shapes the project is judged on, as dataclasses
     testing       checks the tests of every layer share (named slots, padding rows,
                   untouched arrays, two forms agreeing)
 """

@@ -1,16 +1,16 @@
-"""The model shapes the suite is judged on (DESIGN.md, "Model shapes"), as data.
+"""The model shapes the suite is judged on, as data.
 
 Used by simulate/ (the main job) and by model-shape tests. Each layer shape
 is a frozen dataclass; `SSD_SHAPES`, `GDN_SHAPES`, `CONV_SHAPES` map a short
 name to the shape, `SEQ_LENS` and `DECODE_BATCHES` are the sequence lengths
-and decode batch sizes of DESIGN.md.
+and decode batch sizes the project is judged on.
 
 Derived numbers (stated so they can be checked):
   * Mamba-2 2.7B: d_model 2560, expand 2 -> d_inner 5120 = H * P = 80 * 64;
     conv over xBC: conv_dim = d_inner + 2 * G * N = 5120 + 256 = 5376.
   * Granite-4.0-H / Nemotron-H-like: d_inner = 128 * 64 = 8192,
     conv_dim = 8192 + 2 * 8 * 128 = 10240.
-  * Falcon-H1-like: DESIGN.md fixes only N = 256; H = 128 and G = 1 follow
+  * Falcon-H1-like: only N = 256 is fixed; H = 128 and G = 1 follow
     transformers' FalconH1Config defaults (mamba_n_heads, mamba_n_groups),
     P = 64 is our choice (as the other SSD shapes).
   * Qwen3-Next / Qwen3.5 GDN: conv over [q, k, v] channels:

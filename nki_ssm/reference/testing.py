@@ -17,7 +17,7 @@ __all__ = ["FORMS_TOL", "named_slots", "unnamed_slots", "padding_rows", "array_s
            "assert_arrays_unchanged", "assert_forms_agree", "assert_padding_outputs_zero",
            "assert_pool_hygiene", "assert_reads_bf16_exactly", "token_range", "one_sequence"]
 
-FORMS_TOL = 1e-10  # DESIGN.md: two float64 forms of one op agree to 1e-10
+FORMS_TOL = 1e-10  # two float64 forms of one op agree to 1e-10
 
 
 def named_slots(state_indices) -> np.ndarray:

@@ -15,7 +15,13 @@
 (None: the kernel on the NKI implementation ``NKI_SSM_BACKEND`` picks; "reference":
 the float64 reference; "sim" / "neuron": that NKI implementation).
 """
-from . import ops, training
-from ._convert import get_backend, set_backend, use_backend
+try:
+    import torch  # noqa: F401
+except ImportError as exc:   # the torch extra is optional
+    raise ImportError("nki_ssm.torch needs PyTorch: pip install 'nki-ssm[torch]' "
+                      "(from a clone: pip install -e '.[torch]')") from exc
+
+from . import ops, training  # noqa: E402
+from ._convert import get_backend, set_backend, use_backend  # noqa: E402
 
 __all__ = ["ops", "training", "get_backend", "set_backend", "use_backend"]

@@ -4,8 +4,8 @@ A call runs on the device of its leading activation (``x``, or ``q`` for Gated
 DeltaNet): the CPU (the host API on NumPy views of the tensors) or a Neuron
 device (``nki_ssm.torch.neuron``: device tensors straight to the kernels): the
 native ``neuron`` device of TorchNeuron and vLLM Neuron (SDK 2.33, 2.34), or
-torch-neuronx 2.9's lazy ``xla`` device (SDK 2.31 and older), as DESIGN.md's
-integrations layer lists them.
+torch-neuronx 2.9's lazy ``xla`` device (SDK 2.31 and older), as the integration
+layer supports them.
 
 Every other tensor argument must be on that same device, index tensors
 included. Without the check torch itself picks the kernel from the devices of

@@ -107,17 +107,20 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None,
                                               backend=get_backend())
         return _conv_result(y, final.to(x.dtype), batch, seqlen, dim, return_final_states,
                             final_states_out)
+    # a float32 pool, as the training path's: a pool in x's dtype would round float32
+    # initial states to bfloat16 before the kernel reads them
     if initial_states is not None:
-        pool = initial_states.to(x.dtype).clone()
+        pool = initial_states.to(torch.float32).clone()
     else:
-        pool = x.new_zeros(pool_shape)
+        pool = x.new_zeros(pool_shape, dtype=torch.float32)
     y = _ops.short_conv_prefill(
         tokens, weight, bias, activation=act, cu_seqlens=cu, conv_states=pool,
         state_indices=slots_for(num_seqs, x.device),
         has_initial_state=torch.full((num_seqs,), initial_states is not None,
                                      dtype=torch.bool, device=x.device),
         backend=get_backend())
-    return _conv_result(y, pool, batch, seqlen, dim, return_final_states, final_states_out)
+    return _conv_result(y, pool.to(x.dtype), batch, seqlen, dim, return_final_states,
+                        final_states_out)
 
 
 def _conv_result(y, final, batch, seqlen, dim, return_final_states, final_states_out):

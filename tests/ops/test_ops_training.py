@@ -145,3 +145,31 @@ def test_backward_rejects_bad_arguments_naming_them(rng, backend):
     with pytest.raises(ValueError, match="gates: pass either"):
         ops.gated_delta_backward(**{**g, "g": g["a"]}, do=np.zeros(g["v"].shape, np.float32),
                                  backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["reference", "sim"])
+@pytest.mark.parametrize("entry", ["forward", "backward"])
+@pytest.mark.parametrize("family,lead,other", [("ssd", "x", "B"), ("ssd", "x", "C"), ("ssd", "x", "z"),
+                                               ("gdn", "q", "k"), ("gdn", "q", "v")])
+@pytest.mark.parametrize("wide", ["lead", "other"])
+def test_streamed_activations_share_one_dtype_on_every_backend(rng, backend, entry, family, lead,
+                                                               other, wide):
+    """A float64 activation beside float32 ones is a TypeError naming an argument of the pair on
+    every backend (the reference backend runs float64 calls, but all of one dtype)."""
+    inp = _ssd(rng) if family == "ssd" else _gdn(rng)
+    wide_name = lead if wide == "lead" else other
+    inp[wide_name] = inp[wide_name].astype(np.float64)
+    name = {"ssd": "ssd", "gdn": "gated_delta"}[family]
+    if entry == "backward":
+        grad, like = ("dy", "x") if family == "ssd" else ("do", "v")
+        inp[grad] = np.ones(inp[like].shape, np.float32)
+    before = _snapshot(inp)
+    if backend == "reference":
+        # a float64 lead: the first streamed array after it is named
+        named = other if wide == "other" else {"ssd": "B", "gdn": "k"}[family]
+        message = rf"{named} must have the same dtype as {lead} \({inp[lead].dtype}\)"
+    else:
+        message = rf"{wide_name} must have dtype float32 or bfloat16, got float64"
+    with pytest.raises(TypeError, match=message):
+        getattr(ops, f"{name}_{entry}")(**inp, backend=backend)
+    _unchanged(inp, before)

@@ -257,3 +257,17 @@ def test_model_shapes_match_design():
     assert max(shapes.DECODE_BATCHES) == 512 and min(shapes.DECODE_BATCHES) == 1
     with pytest.raises(ValueError, match="tp"):
         shapes.gdn_tp_shard(q, 3)
+
+
+def test_pools_are_drawn_slot_by_slot_with_the_same_values():
+    """A pool drawn one slot at a time (no float64 copy of the whole pool) holds the values
+    of one draw of the whole shape."""
+    import ml_dtypes
+
+    from nki_ssm.reference.inputs import _cast, _pool
+
+    for dtype in (np.float32, ml_dtypes.bfloat16):
+        whole = _cast(0.5 * np.random.default_rng(3).standard_normal((5, 3, 4)), dtype)
+        by_slot = _pool(np.random.default_rng(3), (5, 3, 4), 0.5, dtype)
+        assert by_slot.dtype == whole.dtype
+        np.testing.assert_array_equal(by_slot.view(np.uint8), whole.view(np.uint8))

@@ -146,3 +146,23 @@ def test_invalid_update_names_argument_and_leaves_state_untouched():
         cc.causal_conv1d_update(torch.randn(2, 8), state, w,
                                 conv_state_indices=torch.tensor([0, 5], dtype=torch.int32))
     assert torch.equal(state, before)
+
+
+@pytest.mark.parametrize("backend", ["reference", "sim"])
+@pytest.mark.parametrize("seqlen", [2, 9])   # T < W - 1: the final states hold initial states
+def test_inference_and_training_give_the_same_forward(backend, seqlen):
+    """bf16 x with float32 initial_states: the inference path (no grad) must not round the
+    initial states to bf16 before the kernel reads them, as the training path does not."""
+    g = torch.Generator().manual_seed(seqlen)
+    x = torch.randn(2, 16, seqlen, generator=g).to(torch.bfloat16)
+    w = torch.randn(16, 4, generator=g).to(torch.bfloat16)
+    h0 = torch.randn(2, 16, 3, generator=g)            # float32, not representable in bf16
+    assert not torch.equal(h0, h0.to(torch.bfloat16).float())
+    with use_backend(backend):
+        out, final = cc.causal_conv1d_fn(x, w, None, initial_states=h0, return_final_states=True,
+                                          activation="silu")
+        out_t, final_t = cc.causal_conv1d_fn(x, w, None, initial_states=h0.clone().requires_grad_(),
+                                              return_final_states=True, activation="silu")
+    assert out.dtype == out_t.dtype == final.dtype == final_t.dtype == torch.bfloat16
+    assert torch.equal(out, out_t.detach())
+    assert torch.equal(final, final_t.detach())

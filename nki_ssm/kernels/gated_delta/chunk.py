@@ -859,7 +859,7 @@ def _solve_round(pk, covered, mdt):
     inv <- inv (I + P), so inv covers the powers below 2 * covered. The blocks' products
     share one PSUM bank and one eviction; a block whose last round this is writes the
     float32 inverse the substitution applies."""
-    na = _count_over(pk["nbs"], covered)           # blocks in this round
+    na = _count_over(pk["nbs"], covered)           # blocks in this pass
     nc = _count_over(pk["nbs"], covered * 2)       # ... that need another round
     if na == 0:
         return

@@ -94,7 +94,7 @@ every block takes the VectorE path (``_PE_CYCLE = 1``); the switch stays
 for cost figures where VectorE binds. The TensorE path takes fp32 products
 and PSUM accumulation as exact (0/1 stationary: 1.0 * tmp + 1.0 * inp).
 
-No float ``tensor_tensor`` runs on GpSimd (issue 14: the ISA routes float
+No float ``tensor_tensor`` runs on GpSimd (the ISA routes float
 binary ops to VectorE); GpSimd generates the descriptors of the indirect
 (vector_offset, software-DGE) pool gathers and scatters and does the
 integer counter adds.
