@@ -41,6 +41,7 @@ from .targets import current_target
 IS_NKI_SSM_SIMULATOR = True
 
 _LAZY = {"language": ".language", "isa": ".isa", "jit": ".jit", "tensor": ".tensor",
+         "nki_lnc": ".nki_lnc",
          "control": ".control", "simulator": ".simulator", "version": ".version",
          "memory": ".memory", "dtypes": ".dtypes", "targets": ".targets", "trace": ".trace"}
 _LAZY_ATTRS = {"simulate": "jit", "simulate_kernel": "jit", "Kernel": "jit", "NkiTensor": "tensor",

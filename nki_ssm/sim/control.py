@@ -97,14 +97,27 @@ class LoopFrame:
     first_signature: list | None = None               # iteration 0's stream
     begin_access: int = 0       # memory-access counter when the loop began (liveness)
     unrun: bool = False         # the body is traced with its effects suppressed (trip count 0)
+    branches: int = 0           # nl.if_else reached in the current iteration
+
+
+@dataclass
+class _BranchSide:
+    """One side (then / else) of an ``nl.if_else`` as first traced."""
+
+    signature: list | None      # its instruction stream (inside a runtime loop)
+    loops: int                  # runtime loops it enters (loop ordinals it takes)
+    branches: int               # nl.if_else it reaches (branch ordinals it takes)
 
 
 @dataclass
 class _ProgramState:
     frames: list = field(default_factory=list)
     top_children: int = 0
+    top_branches: int = 0
     no_reorder_depth: int = 0
     bodies: dict = field(default_factory=dict)   # loop_id -> the body's instruction stream
+    sides: dict = field(default_factory=dict)    # (branch_id, taken) -> _BranchSide
+    flow: list = field(default_factory=list)     # program_flow()
 
 
 _state: list[_ProgramState] = []
@@ -238,6 +251,7 @@ def _next_iteration(frame: LoopFrame, unrun: bool = False) -> None:
         _check_same_body(frame)
     frame.iteration += 1
     frame.children = 0
+    frame.branches = 0
     frame.signature = []
     if unrun:
         frame.unrun = True
@@ -277,6 +291,8 @@ def _exit(frame: LoopFrame, completed: bool) -> None:
     if completed and frame.iteration >= 0:
         _check_same_body(frame)
     st = _current()
+    if completed and not SUPPRESS_FLOOR:
+        st.flow.append(("loop", frame.loop_id, 0 if frame.unrun else frame.iteration + 1))
     if st.frames and st.frames[-1] is frame:
         st.frames.pop()
 
@@ -307,18 +323,21 @@ def _program_id() -> int:
 
 
 def _check_bound(kind: str, arg: str, v):
-    """An int bound (as int) or a VirtualRegister (read later: not at all in an unrun body)."""
+    """An int bound (as int), a VirtualRegister or a 32-bit NkiScalar (NKI 0.7.0+; read
+    later: not at all in an unrun body)."""
+    from .isa.nki_scalar import NkiScalar
     from .isa.registers import VirtualRegister
     if isinstance(v, VirtualRegister):
         return v
+    if isinstance(v, NkiScalar):
+        # fori_loop bounds are 32-bit (nki.language.fori_loop API page, SDK 2.33 / 2.34)
+        return v.require_32bit(f"nl.{kind} {arg}")
     if isinstance(v, bool) or not isinstance(v, int):
-        try:
-            import numpy as np
-            if isinstance(v, np.integer):
-                return int(v)
-        except ImportError:  # pragma: no cover
-            pass
-        raise TypeError(f"nl.{kind}: {arg} must be an int or a VirtualRegister, got {type(v).__name__}")
+        import numpy as np
+        if isinstance(v, np.integer) and not isinstance(v, np.bool_):
+            return int(v)
+        raise TypeError(f"nl.{kind}: {arg} must be an int, an NkiScalar or a VirtualRegister, "
+                        f"got {type(v).__name__}")
     return int(v)
 
 
@@ -344,10 +363,16 @@ def _iterations(kind, frame, lo, hi, st):
 
 
 def _runtime_range(kind, start, stop, step, fresh_induction: bool):
+    from .isa.nki_scalar import NkiScalar
     from .isa.registers import VirtualRegister
     if stop is None:
         start, stop = 0, start
     lo, hi, st = _check_bound(kind, "start", start), _check_bound(kind, "stop", stop), _step(kind, step)
+    # the induction value: an NkiScalar from NKI 0.7.0 on, "or a VirtualRegister if a bound is
+    # one" (nki.language.fori_loop API page, SDK 2.33); a VirtualRegister before
+    scalar = (fresh_induction and version.at_least("0.7.0")
+              and not isinstance(lo, VirtualRegister) and not isinstance(hi, VirtualRegister))
+    make = NkiScalar if scalar else VirtualRegister
     frame = _new_frame(kind)
     completed = False
     try:
@@ -355,13 +380,17 @@ def _runtime_range(kind, start, stop, step, fresh_induction: bool):
         if values is None:
             _next_iteration(frame, unrun=True)
             with _Suppressed():
-                yield VirtualRegister(lo if isinstance(lo, int) else 0, frozen=not fresh_induction)
+                if scalar:
+                    yield NkiScalar(lo if isinstance(lo, int) else 0)
+                else:
+                    yield VirtualRegister(lo if isinstance(lo, int) else 0,
+                                          frozen=not fresh_induction)
         else:
             induction = VirtualRegister(0, frozen=True)
             for v in values:
                 _next_iteration(frame)
                 if fresh_induction:
-                    induction = VirtualRegister(v)
+                    induction = make(v)
                 else:
                     induction._set_runtime(v)
                 yield induction
@@ -376,8 +405,9 @@ def dynamic_range(start, stop=None, step=1):
 
 
 def fori_loop(lower, upper, body_fun, step=1):
-    """``nl.fori_loop`` (NKI 0.6.0): calls ``body_fun(i)``, ``i`` a VirtualRegister holding
-    the iteration value, passed by value (writing it does not change the loop)."""
+    """``nl.fori_loop`` (NKI 0.6.0): calls ``body_fun(i)``, ``i`` the iteration value passed
+    by value (writing it does not change the loop): an NkiScalar from NKI 0.7.0 on unless a
+    bound is a VirtualRegister, a VirtualRegister before."""
     if not callable(body_fun):
         raise TypeError(f"nl.fori_loop: body_fun must be a function (i) -> None, got "
                         f"{type(body_fun).__name__}")
@@ -386,8 +416,8 @@ def fori_loop(lower, upper, body_fun, step=1):
 
 
 def _while_iterations(kind: str, init, cond):
-    """Yield once per iteration of a runtime loop that runs while the register ``cond()``
-    (``init`` at first) is non-zero, checked before each iteration."""
+    """Yield once per iteration of a runtime loop that runs while the register / scalar
+    ``cond()`` (``init`` at first) is non-zero, checked before each iteration."""
     frame = _new_frame(kind)
     completed = False
     try:
@@ -397,20 +427,12 @@ def _while_iterations(kind: str, init, cond):
                 with _Suppressed():
                     yield
         else:
-            while _condition(kind, cond()).runtime_value(f"{kind} condition") != 0:
+            while cond().runtime_value(f"{kind} condition") != 0:
                 _next_iteration(frame)
                 yield
         completed = True
     finally:
         _exit(frame, completed)
-
-
-def _condition(kind: str, r):
-    from .isa.registers import VirtualRegister
-    if not isinstance(r, VirtualRegister):
-        raise TypeError(f"{kind}: the loop condition must stay a VirtualRegister, got "
-                        f"{type(r).__name__}")
-    return r
 
 
 def dynamic_while(reg, cond):
@@ -421,31 +443,173 @@ def dynamic_while(reg, cond):
             "dynamic 'while reg:' loops are deprecated in NKI 0.6.0 and will be removed in a "
             "future release; use nl.while_loop(init, body) (release-notes/components/nki.rst, "
             "0.6.0, Deprecated and Removed APIs)", DeprecationWarning, stacklevel=3)
-    return _while_iterations("while", reg, cond)
+
+    def checked():
+        return _condition("while", cond(), "the loop condition")
+    return _while_iterations("while", reg, checked)
+
+
+def _condition(kind: str, r, what: str):
+    """A while-loop condition: a VirtualRegister; from NKI 0.8.0 also a signed 32-bit NkiScalar
+    available on all engines, or an int (nki.language.while_loop API page, SDK 2.34: "Both the
+    initial and returned conditions must be signed 32-bit values and available on all engines.
+    nl.uint32, 64-bit scalars and Python bool values are rejected")."""
+    from .isa.nki_scalar import NkiScalar
+    from .isa.registers import VirtualRegister
+    if isinstance(r, VirtualRegister):
+        return r
+    if kind == "while_loop" and version.at_least("0.8.0"):
+        if isinstance(r, NkiScalar):
+            if r.dtype.name != "int32":
+                raise NkiValidationError(f"nl.while_loop: {what} is a {r.dtype} NkiScalar; the "
+                                         "condition must be a signed 32-bit value (nl.int32)")
+            _all_engines(f"nl.while_loop: {what}", r)
+            return r
+        if isinstance(r, int) and not isinstance(r, bool):
+            return NkiScalar(r)
+        raise TypeError(f"nl.while_loop: {what} must be an nl.int32 NkiScalar or an int, got "
+                        f"{type(r).__name__}")
+    if kind == "while_loop":
+        raise TypeError(f"nl.while_loop: {what} must be a VirtualRegister, got "
+                        f"{type(r).__name__}")
+    raise TypeError(f"{kind}: the loop condition must stay a VirtualRegister, got "
+                    f"{type(r).__name__}")
+
+
+def _all_engines(what: str, s) -> None:
+    if s.engine is not None:
+        raise NkiValidationError(
+            f"{what} is bound to {s.engine}; a control-flow condition must be available on all "
+            "engines (every sequencer runs the branch: nki.language.if_else / while_loop API "
+            "pages, SDK 2.34): load it without engine=")
 
 
 def while_loop(init, body_fun):
-    """``nl.while_loop`` (NKI 0.6.0): runs ``r = body_fun(r)`` while register ``r`` is
-    non-zero (checked before each iteration), ``r`` passed by value; returns None, as
-    documented."""
+    """``nl.while_loop`` (NKI 0.6.0): runs ``r = body_fun(r)`` while ``r`` is non-zero (checked
+    before each iteration), ``r`` passed by value; returns None, as documented. ``r``: a
+    VirtualRegister, or from NKI 0.8.0 an nl.int32 NkiScalar or an int."""
     from .isa.registers import VirtualRegister
     kind = "while_loop"
-    if not isinstance(init, VirtualRegister):
-        raise TypeError(f"nl.while_loop: init must be a VirtualRegister, got {type(init).__name__}")
+    current = [_condition(kind, init, "init")]
     if not callable(body_fun):
-        raise TypeError(f"nl.while_loop: body_fun must be a function (r) -> VirtualRegister, "
-                        f"got {type(body_fun).__name__}")
-
-    current = [init]
-    for _ in _while_iterations(kind, init, lambda: current[0]):
-        # "The body receives the current condition value r as a VirtualRegister, passed by
-        # value" (nl.while_loop docstring): a copy, which it may load and return
-        nxt = body_fun(VirtualRegister(current[0].value))
-        if not isinstance(nxt, VirtualRegister):
+        raise TypeError(f"nl.while_loop: body_fun must be a function (r) -> r, got "
+                        f"{type(body_fun).__name__}")
+    for _ in _while_iterations(kind, current[0], lambda: current[0]):
+        # "The body receives the current condition value r ... passed by value"
+        # (nl.while_loop docstring): a copy of a register (a scalar is immutable)
+        r = current[0]
+        nxt = body_fun(VirtualRegister(r.value) if isinstance(r, VirtualRegister) else r)
+        if not version.at_least("0.8.0") and not isinstance(nxt, VirtualRegister):
             raise TypeError(f"nl.while_loop: body_fun must return a VirtualRegister (the next "
                             f"condition), got {type(nxt).__name__}")
-        current[0] = nxt
+        current[0] = _condition(kind, nxt, "body_fun's return value")
 
 
-__all__ = ["dynamic_range", "fori_loop", "while_loop", "loop_stack", "loop_path", "LoopFrame",
-           "suppressed", "NkiKnownIssueWarning"]
+# ----------------------------------------------------------------- nl.if_else
+
+def if_else(cond, then_fn, else_fn=None) -> None:
+    """``nl.if_else`` (NKI 0.8.0): ``then_fn()`` when ``cond`` is non-zero, else ``else_fn()``.
+
+    A Python bool / int is resolved now: only the selected callback runs, no control flow is
+    emitted. A run-time ``cond`` (a 32-bit NkiScalar available on all engines) is a compiled
+    conditional: both callbacks are compiled program, so the one not taken is traced too,
+    with its effects suppressed, the first time this branch is reached in the program (as a
+    loop body that runs zero times; see the module doc). The outcome is recorded in the
+    trace (``Trace.branches``) and in the program's control flow (``program_flow``).
+    Source: nki.language.if_else API page (SDK 2.34).
+    """
+    import numpy as np
+
+    from .isa.nki_scalar import NkiScalar
+    for arg, fn in (("then_fn", then_fn), ("else_fn", else_fn)):
+        if (fn is not None or arg == "then_fn") and not callable(fn):
+            raise TypeError(f"nl.if_else: {arg} must be a function () -> None, got "
+                            f"{type(fn).__name__}")
+    if isinstance(cond, (bool, int, np.integer, np.bool_)):
+        fn = then_fn if cond else else_fn
+        if fn is not None:
+            fn()
+        return None
+    if not isinstance(cond, NkiScalar):
+        raise TypeError(f"nl.if_else: cond must be a Python bool / int or a 32-bit NkiScalar "
+                        f"(e.g. nisa.scalar_load(flag) > 0), got {type(cond).__name__}")
+    cond.require_32bit("nl.if_else cond")
+    _all_engines("nl.if_else: cond", cond)
+    st = _current()
+    frame = st.frames[-1] if st.frames else None
+    if frame is not None:
+        ordinal = frame.branches
+        frame.branches += 1
+        frame.signature.append(("if_else", ordinal))
+        branch_id = frame.loop_id + ("if", ordinal)
+    else:
+        ordinal = st.top_branches
+        st.top_branches += 1
+        branch_id = ("if", ordinal)
+    taken = None
+    if not SUPPRESS_FLOOR:
+        taken = cond.value != 0
+        st.flow.append(("if_else", branch_id, int(taken)))
+        from . import trace
+        tr = trace.current()
+        if tr is not None:
+            tr.branch_reached(branch_id, taken, _program_id())
+    for side, fn in ((True, then_fn), (False, else_fn)):
+        if fn is None:
+            continue
+        if taken is side:
+            _run_side(st, frame, branch_id, side, fn, suppress=False)
+        elif (branch_id, side) not in st.sides:
+            _run_side(st, frame, branch_id, side, fn, suppress=True)
+        else:
+            # compiled, not run: the ordinals its loops and branches took stay taken
+            rec = st.sides[(branch_id, side)]
+            if frame is not None:
+                frame.children += rec.loops
+                frame.branches += rec.branches
+            else:
+                st.top_children += rec.loops
+                st.top_branches += rec.branches
+    return None
+
+
+def _run_side(st: _ProgramState, frame, branch_id, side: bool, fn, suppress: bool) -> None:
+    """Run (or trace with effects suppressed) one side of an if_else; the compiler compiles
+    it once, so every run must issue the instruction stream of the first."""
+    loops0 = frame.children if frame is not None else st.top_children
+    branches0 = frame.branches if frame is not None else st.top_branches
+    outer = frame.signature if frame is not None else None
+    if frame is not None:
+        frame.signature = []
+    try:
+        if suppress:
+            with _Suppressed():
+                fn()
+        else:
+            fn()
+    finally:
+        sig = None
+        if frame is not None:
+            sig, frame.signature = frame.signature, outer
+    loops = (frame.children if frame is not None else st.top_children) - loops0
+    branches = (frame.branches if frame is not None else st.top_branches) - branches0
+    rec = st.sides.get((branch_id, side))
+    if rec is None:
+        st.sides[(branch_id, side)] = _BranchSide(sig, loops, branches)
+    elif rec.signature != sig or rec.loops != loops or rec.branches != branches:
+        which = "then_fn" if side else "else_fn"
+        raise NkiValidationError(
+            f"nl.if_else: {which} of branch {branch_id} issued a different instruction stream "
+            "than the first time it was traced; the compiler compiles each branch once, so its "
+            "Python code must not depend on values that change between runs")
+
+
+def program_flow() -> list:
+    """The running program's control flow so far, in program order: ``("loop", loop_id,
+    trips)`` for each completed entry of a runtime loop, ``("if_else", branch_id, taken)``
+    for each run-time if_else (sim.lnc compares the programs of an LNC=2 launch)."""
+    return list(_current().flow)
+
+
+__all__ = ["dynamic_range", "fori_loop", "while_loop", "if_else", "loop_stack", "loop_path",
+           "LoopFrame", "suppressed", "program_flow", "NkiKnownIssueWarning"]

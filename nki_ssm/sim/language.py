@@ -261,9 +261,16 @@ def _while_loop(init, body_fun):
 
 _fori_loop.__name__ = _fori_loop.__qualname__ = "fori_loop"
 _while_loop.__name__ = _while_loop.__qualname__ = "while_loop"
-# NKI 0.6.0 API: an attribute only when the targeted version has it (sim.version.SINCE)
-__getattr__ = _version.versioned_getattr(__name__, {"fori_loop": _fori_loop,
-                                                    "while_loop": _while_loop})
+
+
+def _if_else(cond, then_fn, else_fn=None):
+    """``nl.if_else`` (NKI 0.8.0): run ``then_fn()`` when ``cond`` is non-zero, else
+    ``else_fn()``; a Python bool / int is folded now, a 32-bit NkiScalar is a compiled
+    conditional (``sim.control.if_else``). Returns None."""
+    _control.if_else(cond, then_fn, else_fn)
+
+
+_if_else.__name__ = _if_else.__qualname__ = "if_else"
 
 
 @contextlib.contextmanager
@@ -651,5 +658,10 @@ import builtins as _builtins  # noqa: E402
 
 builtins_min = _builtins.min
 
+
+# newer API: an attribute only when the targeted version has it (sim.version.SINCE)
+__getattr__ = _version.versioned_getattr(__name__, {
+    "fori_loop": _fori_loop, "while_loop": _while_loop, "if_else": _if_else,
+    "int64": _dt.int64, "fmod": NlOp("fmod", 2)})
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in ("annotations", "contextlib", "os", "np", "warnings")]

@@ -225,7 +225,7 @@ class Lockstep:
                 return arrival
             everyone = sorted([arrival, *others], key=lambda a: a.pid)
             _match(everyone)
-            if arrival.kind == "sendrecv":
+            if arrival.kind in _EXCHANGES:
                 _exchange(everyone)
             self.log.end_epoch(f"{arrival.kind} #{arrival.sync_id} ({arrival.desc})")
             self.syncs += 1
@@ -246,7 +246,7 @@ def _match(arrivals) -> None:
                 f"the programs of the LNC=2 grid reach different synchronisations: program "
                 f"{a0.pid} {a0.desc}, program {a.pid} {a.desc} (the k-th synchronisation of "
                 "each program must be the same instruction)")
-    if a0.kind != "sendrecv":
+    if a0.kind not in _EXCHANGES:
         return
     by_pid = {a.pid: a for a in arrivals}
     for a in arrivals:
@@ -269,12 +269,19 @@ def _match(arrivals) -> None:
                 f"{a.pid} receives into {tuple(d.shape)} {d.dtype} (same shape and dtype)")
 
 
+_EXCHANGES = ("sendrecv", "sendrecv_compute")
+
+
 def _exchange(arrivals) -> None:
-    """Each program's ``dst`` receives its sender's ``src`` (read first: a swap is exact)."""
-    by_pid = {a.pid: a for a in arrivals}
-    values = {a.pid: by_pid[a.params["recv_from_rank"]].params["src"].read() for a in arrivals}
+    """Each program's ``dst`` receives its sender's ``src`` (every ``src`` read first: a swap
+    is exact); ``sendrecv_compute`` writes ``reduce_op(own src, sender's src)`` instead."""
+    srcs = {a.pid: a.params["src"].read() for a in arrivals}
     for a in arrivals:
-        a.params["dst"].write(values[a.pid])
+        received = srcs[a.params["recv_from_rank"]]
+        op = a.params.get("reduce_op")
+        if op is not None:
+            received = op.apply(srcs[a.pid].astype(np.float32), received.astype(np.float32))
+        a.params["dst"].write(received)
 
 
 def current() -> Lockstep | None:

@@ -24,7 +24,7 @@ def _indirect(t):
 def _check_index(inst, arg, ind, P):
     """Validate the index tensor of an indirect view (SBUF, int32/uint32, (P,1) for vector)."""
     idx = ind.index
-    if not C.is_tensor(idx):   # scalar_offset from a VirtualRegister: nothing in memory to check
+    if not C.is_tensor(idx):   # scalar_offset from a register / NkiScalar: nothing in memory
         return
     C.tile(inst, f"{arg} {ind.kind}_offset", idx, ("sbuf",), quadrant=False)
     if idx.dtype.name not in ("int32", "uint32"):
