@@ -78,7 +78,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from . import version
-from .errors import NkiValidationError
+from .errors import NkiSyncError, NkiValidationError
 
 
 class NkiKnownIssueWarning(UserWarning):
@@ -98,6 +98,7 @@ class LoopFrame:
     begin_access: int = 0       # memory-access counter when the loop began (liveness)
     unrun: bool = False         # the body is traced with its effects suppressed (trip count 0)
     branches: int = 0           # nl.if_else reached in the current iteration
+    first_storage: int = 0      # the id of the first storage allocated after the loop began
 
 
 @dataclass
@@ -118,6 +119,8 @@ class _ProgramState:
     bodies: dict = field(default_factory=dict)   # loop_id -> the body's instruction stream
     sides: dict = field(default_factory=dict)    # (branch_id, taken) -> _BranchSide
     flow: list = field(default_factory=list)     # program_flow()
+    sites: dict = field(default_factory=dict)    # loop_id / branch_id -> (kind, kernel line)
+    psum_warned: set = field(default_factory=set)  # PSUM storages warned about (psum_from_outside)
 
 
 _state: list[_ProgramState] = []
@@ -175,6 +178,28 @@ def note_instruction(op: str, engine: str) -> None:
         _state[-1].frames[-1].signature.append((op, engine))
 
 
+_PSUM_OUTSIDE = (
+    "released runtime-loop kernels allocate their PSUM tiles inside the loop body (nki-library "
+    "d2ad3a5 core/moe/moe_cte/bwmm_shard_on_I.py l.573 ff.); third-party reports give "
+    "NCC_IBIR092 from neuronx-cc 2.27 for a PSUM tile allocated outside a runtime loop and "
+    "written inside it (weak evidence: the reports are not attributable)")
+
+
+def psum_from_outside(inst: str, dst) -> None:
+    """Called by TensorE instructions writing PSUM ``dst``: warn (once per tile) when ``dst``
+    was allocated outside the innermost runtime loop being run (``NkiWeakEvidenceWarning``)."""
+    st = _state[-1]
+    frame = st.frames[-1]
+    sid = dst.storage.id
+    if sid < frame.first_storage and sid not in st.psum_warned:
+        st.psum_warned.add(sid)
+        from .errors import NkiWeakEvidenceWarning
+        version.warn_in_kernel(
+            f"nisa.{inst} writes PSUM tile {dst.storage.name or sid!r} inside runtime loop "
+            f"{frame.loop_id} ({frame.kind}) but it was allocated before the loop began; "
+            f"{_PSUM_OUTSIDE}: allocate it in the loop body", NkiWeakEvidenceWarning)
+
+
 def enter_no_reorder() -> None:
     _current().no_reorder_depth += 1
 
@@ -229,10 +254,14 @@ def _new_frame(kind: str) -> LoopFrame:
         st.top_children += 1
         loop_id = (ordinal,)
     from . import memory
+    from .tensor import next_storage_id as tensor_ids
     tracker = memory.current()
     begin = tracker.access_count() if tracker is not None and hasattr(tracker, "access_count") else 0
-    frame = LoopFrame(loop_id=loop_id, kind=kind, begin_access=begin)
+    frame = LoopFrame(loop_id=loop_id, kind=kind, begin_access=begin,
+                      first_storage=tensor_ids())
     st.frames.append(frame)
+    if loop_id not in st.sites:
+        st.sites[loop_id] = (f"nl.{kind}", memory._kernel_site())
     from . import trace
     tr = trace.current()
     if tr is not None:
@@ -438,6 +467,12 @@ def _while_iterations(kind: str, init, cond):
 def dynamic_while(reg, cond):
     """``while reg:`` with a register condition (``cond()`` re-reads it): a runtime loop
     (nki-dynamic-loops.rst, "Using while with a VirtualRegister"); deprecated by NKI 0.6.0."""
+    if version.at_least("0.7.0"):
+        # removed with the parser front end: the tracer evaluates the condition in Python
+        # (nki/migration, "Migrating from NKI 0.6.0 to NKI 0.7.0"; the VirtualRegister API
+        # page: a register in a Python while "raises TypeError")
+        raise TypeError(f"'while reg:' with a VirtualRegister was removed in NKI 0.7.0; use "
+                        f"nl.while_loop(init, body) ({version.ENV_VAR}={version.nki_version()})")
     if version.at_least("0.6.0"):
         warnings.warn(
             "dynamic 'while reg:' loops are deprecated in NKI 0.6.0 and will be removed in a "
@@ -546,6 +581,9 @@ def if_else(cond, then_fn, else_fn=None) -> None:
         ordinal = st.top_branches
         st.top_branches += 1
         branch_id = ("if", ordinal)
+    if branch_id not in st.sites:
+        from .memory import _kernel_site
+        st.sites[branch_id] = ("nl.if_else", _kernel_site())
     taken = None
     if not SUPPRESS_FLOOR:
         taken = cond.value != 0
@@ -607,9 +645,72 @@ def _run_side(st: _ProgramState, frame, branch_id, side: bool, fn, suppress: boo
 def program_flow() -> list:
     """The running program's control flow so far, in program order: ``("loop", loop_id,
     trips)`` for each completed entry of a runtime loop, ``("if_else", branch_id, taken)``
-    for each run-time if_else (sim.lnc compares the programs of an LNC=2 launch)."""
+    for each run-time if_else (compared between the programs of an LNC=2 launch)."""
     return list(_current().flow)
 
 
+def flow_record(state: _ProgramState | None = None) -> tuple:
+    """``(program_flow(), {id: (construct, kernel line)}, {loop_id: iteration of the loops
+    being run})`` of the running program (or of ``state``)."""
+    st = _current() if state is None else state
+    return list(st.flow), dict(st.sites), {f.loop_id: f.iteration for f in st.frames}
+
+
+def check_same_flow(records: list, where: str = "") -> None:
+    """Raise unless every program of an LNC launch took the same control flow.
+
+    ``records``: ``flow_record()`` per program. "Dynamic control flow that differs between
+    cores is undefined, and you will likely receive an error at runtime" (aws-neuron-sdk
+    81ce03ae nki/get-started/about/lnc.rst l.141-149); the released runtime-loop kernels give
+    both programs the same trip counts (nki-library d2ad3a5 core/moe/moe_cte/
+    bwmm_shard_on_I.py l.573). Every runtime loop entry's trip count and every run-time
+    ``nl.if_else`` outcome must match, in program order.
+    """
+    flow0, sites0, at0 = records[0]
+    for pid in range(1, len(records)):
+        flow, sites, at = records[pid]
+        for k in range(max(len(flow0), len(flow))):
+            a = flow0[k] if k < len(flow0) else None
+            b = flow[k] if k < len(flow) else None
+            if a == b:
+                continue
+            ref = a if a is not None else b
+            construct, line = (sites0 if a is not None else sites).get(ref[1], ("?", "?"))
+
+            def says(ev, p):
+                if ev is None:
+                    inside = (at0 if p == 0 else at).get(ref[1])
+                    if inside is not None:
+                        return (f"program {p} is still in it, in iteration {inside + 1} "
+                                f"(index {inside})")
+                    return f"program {p} has no such step (it stopped first)"
+                if ev[1] != ref[1]:
+                    return f"program {p} reaches {ev[0]} {ev[1]} instead"
+                if ev[0] == "loop":
+                    return f"program {p} runs {ev[2]} iteration{'s' if ev[2] != 1 else ''}"
+                return f"program {p} takes the {'then' if ev[2] else 'else'} branch"
+
+            n = sum(1 for e in flow0[:k] if e[1] == ref[1]) + 1
+            raise NkiSyncError(
+                f"LNC=2: programs 0 and {pid} take different control flow{where} at "
+                f"{construct} {ref[1]} ({line}, its entry #{n}): {says(a, 0)}, {says(b, pid)}. "
+                "Both programs must run the same runtime trip counts and branch outcomes "
+                "(lnc.rst: \"Dynamic control flow that differs between cores is undefined\"); "
+                "pad the work so each program does the same number of iterations")
+        for lid in sorted(set(at0) | set(at), key=repr):
+            if at0.get(lid) != at.get(lid):
+                construct, line = {**sites, **sites0}.get(lid, ("?", "?"))
+
+                def where_in(i):
+                    return "outside it" if i is None else f"in its iteration index {i}"
+                raise NkiSyncError(
+                    f"LNC=2: programs 0 and {pid} take different control flow{where} at "
+                    f"{construct} {lid} ({line}): program 0 is {where_in(at0.get(lid))}, program "
+                    f"{pid} {where_in(at.get(lid))}. Both programs must run the same runtime "
+                    "trip counts and branch outcomes (lnc.rst: \"Dynamic control flow that "
+                    "differs between cores is undefined\")")
+
+
 __all__ = ["dynamic_range", "fori_loop", "while_loop", "if_else", "loop_stack", "loop_path",
-           "LoopFrame", "suppressed", "program_flow", "NkiKnownIssueWarning"]
+           "LoopFrame", "suppressed", "program_flow", "flow_record", "check_same_flow",
+           "NkiKnownIssueWarning"]

@@ -210,12 +210,18 @@ def _convert_arg(name: str, value, inputs: list, region=_tensor.MemoryRegion.pri
                     f"a tuple, an Enum or an NKIObject, got {type(value).__name__}")
 
 
-def _convert_output(value, where: str = "output", read: bool = True):
-    """Returned shared_hbm tensors -> NumPy (``read=False``: only check they may be returned)."""
+def _convert_output(value, where: str = "output", read: bool = True, arguments=frozenset()):
+    """Returned shared_hbm tensors -> NumPy (``read=False``: only check they may be returned).
+
+    A returned kernel argument (storage id in ``arguments``) is accepted in any HBM: a kernel
+    that updates an input in place and returns it (its caller's buffer is the state) gives
+    back the updated values, and the caller's array is updated too (``_write_back``), as on
+    the device, where the returned tensor is the argument's own memory."""
     if value is None:
         return None
     if isinstance(value, _tensor.NkiTensor):
-        if value.storage.kind is not _tensor.MemoryRegion.shared_hbm:
+        if value.storage.kind is not _tensor.MemoryRegion.shared_hbm \
+                and value.storage.id not in arguments:
             raise NkiValidationError(
                 f"kernel {where}: returned tensors must be allocated in nl.shared_hbm "
                 f"(NKI 0.3.0), got a tensor in {value.storage.kind.value}")
@@ -224,7 +230,8 @@ def _convert_output(value, where: str = "output", read: bool = True):
         # output's own dtype (rounded once, here)
         return out.astype(value.dtype.np) if value.storage.widened else out
     if isinstance(value, (tuple, list)):
-        return tuple(_convert_output(v, f"{where}[{i}]", read) for i, v in enumerate(value))
+        return tuple(_convert_output(v, f"{where}[{i}]", read, arguments)
+                     for i, v in enumerate(value))
     raise NkiValidationError(f"kernel {where}: a kernel returns shared_hbm tensors (or a tuple "
                              f"of them, or None), got {type(value).__name__}")
 
@@ -330,15 +337,17 @@ def _run(fn, num_programs: int, grid_ndim: int, args, kwargs, kernel=None):
                      arguments=frozenset(t.storage.id for t in _tensors_in((cargs, ckwargs))))
 
     def program(pid: int):
-        """One program: its own loop state and SBUF/PSUM accounting; (result, usage)."""
+        """One program: its own loop state and SBUF/PSUM accounting; (result, usage, its
+        control flow)."""
         _control.begin_program()
         try:
             with _memory.launch(target) as tracker:
                 result = runner(*cargs, **ckwargs)
-                _convert_output(result, read=False)       # outputs must be shared_hbm
+                # outputs must be shared_hbm (or a kernel argument)
+                _convert_output(result, read=False, arguments=launch.arguments)
                 if launch.scalar_accessed:
                     _check_scalar_returned(launch, result)
-                return result, tracker.usage()
+                return result, tracker.usage(), _control.flow_record()
         finally:
             _control.end_program()
 
@@ -353,8 +362,11 @@ def _run(fn, num_programs: int, grid_ndim: int, args, kwargs, kernel=None):
         _launches.remove(launch)
     # outputs are read once every program has finished (program 0's return value: both
     # programs return the same shared tensors)
-    out = _convert_output(ran[0][0])
-    usage = [u for _, u in ran]
+    out = _convert_output(ran[0][0], arguments=launch.arguments)
+    if num_programs > 1:
+        # one control flow for every program (sim.control.check_same_flow)
+        _control.check_same_flow([flow for _, _, flow in ran])
+    usage = [u for _, u, _ in ran]
     if kernel is not None:
         kernel.last_memory_usage = usage
     global _last_usage

@@ -188,12 +188,32 @@ class Lockstep:
             self.turn = nxt
             self.cv.notify_all()
 
+    def _flows(self, pid: int) -> list:
+        """(cv held, in program ``pid``'s thread) every program's control flow so far: a
+        finished program's from its result (``body`` returns its ``control.flow_record()``
+        last), a running one's from its loop state."""
+        out = []
+        base = len(self._base[0])
+        for q in range(self.n):
+            if self.done[q] or (q == pid and self.results[q] is not None):
+                out.append(self.results[q][-1] if self.results[q] is not None else ([], {}, {}))
+                continue
+            states = _control._state if q == pid else self._saved[q][0]
+            out.append(_control.flow_record(states[-1]) if len(states) > base
+                       else ([], {}, {}))
+        return out
+
     def _ended(self, pid: int):
         """(cv held) Program ``pid`` ended normally: a deadlock, the final race check, or
         None."""
         for q in range(self.n):
             w = self.waiting[q]
             if q != pid and w is not None:
+                try:    # a deadlock from different control flow: say where the flows part
+                    _control.check_same_flow(self._flows(pid), f" (program {q} waits at "
+                                                                f"{w.desc})")
+                except BaseException as e:   # noqa: BLE001
+                    return e
                 return NkiSyncError(
                     f"program {pid} of the LNC=2 grid ended while program {q} waits at {w.desc}: "
                     f"on hardware program {q} waits forever (both programs must reach every "
@@ -214,6 +234,10 @@ class Lockstep:
             arrival.sync_id = self.syncs
             for q in range(self.n):
                 if q != pid and self.done[q]:
+                    # a hang from different control flow: say where the flows part
+                    _control.check_same_flow(self._flows(pid), f" (program {q} ended while "
+                                                                f"program {pid} waits at "
+                                                                f"{arrival.desc})")
                     raise NkiSyncError(
                         f"program {pid} of the LNC=2 grid reached {arrival.desc}, but program "
                         f"{q} ended without reaching it: on hardware program {pid} waits forever "
@@ -224,6 +248,7 @@ class Lockstep:
                 self._pass_to(pid, self._next_live(pid))
                 return arrival
             everyone = sorted([arrival, *others], key=lambda a: a.pid)
+            _control.check_same_flow(self._flows(pid), f" before {arrival.desc}")
             _match(everyone)
             if arrival.kind in _EXCHANGES:
                 _exchange(everyone)

@@ -1108,12 +1108,15 @@ class NkiTensor:
            dtype=None) -> "NkiTensor":
         """An explicit access pattern ``[[step, num], ...]`` (outermost first) over the storage.
 
-        The pattern ignores this view's shape/strides (``.ap`` is not
-        composable). ``offset`` counts elements (of ``dtype``) from the start
-        of the storage; None keeps this view's offset. (The API docstring
-        speaks of composing with "the base offset"; the APS guide says the
-        view's offset is ignored — the two agree on base tensors, and we
-        follow the guide for views.)
+        The pattern replaces this view's shape and strides; its start is this view's
+        storage offset plus ``offset`` elements (of ``dtype``; None adds nothing). The
+        NkiTensor.ap API docstring says so ("element offset added to the view's base storage
+        offset ... offset=N shifts by N additional elements"; aws-neuron-sdk 81ce03ae
+        nki/api/nki/language/__init__.py l.504-507) and released kernels rely on it
+        (nki-library e9ef98fc experimental/gdn/gdn_cte.py: ``k[batch_id].ap(pattern=...,
+        offset=group_base * D)`` loads batch ``batch_id``'s tokens, "device-verified"); the
+        language guide's "ignoring the ... offset of the view it is called on" (its
+        "Tensor Values" warning) contradicts them, and released kernels win.
         On-chip, the first pair is the partition pair and its step must equal
         the storage row size.
         """
@@ -1131,19 +1134,15 @@ class NkiTensor:
                 raise NkiValidationError(f"{what}: num must be >= 1, got {pair!r}")
             steps.append(int(pair[0]))
             nums.append(int(pair[1]))
-        if offset is None:
-            # None inherits this view's storage offset
-            base_bytes = self.offset * self.dtype.itemsize
-            if base_bytes % d.itemsize:
-                raise NkiValidationError(f"{what}: view offset of {base_bytes} bytes is not a "
-                                         f"whole number of {d} elements")
-            start = base_bytes // d.itemsize
-        else:
-            # an int is counted from the start of the storage (APS guide: .ap
-            # ignores the shape, strides and offset of the view it is called on)
+        base_bytes = self.offset * self.dtype.itemsize
+        if base_bytes % d.itemsize:
+            raise NkiValidationError(f"{what}: view offset of {base_bytes} bytes is not a "
+                                     f"whole number of {d} elements")
+        start = base_bytes // d.itemsize
+        if offset is not None:
             if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
                 raise TypeError(f"{what}: offset must be an int, got {offset!r}")
-            start = int(offset)
+            start += int(offset)
         if self.on_chip:
             F = self.storage.row_elements(d.itemsize)
             if len(nums) < 2:

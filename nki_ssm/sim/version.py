@@ -69,6 +69,17 @@ def require(api: str):
                              f"({source}); {ENV_VAR}={nki_version()} targets the older release")
 
 
+def warn_in_kernel(message: str, category=DeprecationWarning) -> None:
+    """Warn ``message``, attributed to the kernel line that used the API: the innermost frame
+    outside the simulator (so ``-W error::DeprecationWarning:<kernel module>`` catches it)."""
+    import sys
+    import warnings
+    f, level = sys._getframe(0), 1
+    while f is not None and f.f_globals.get("__name__", "").startswith("nki_ssm.sim"):
+        f, level = f.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
+
+
 def versioned_getattr(module: str, table: dict):
     """A module ``__getattr__`` serving ``table`` (name -> object) per ``SINCE``."""
     def __getattr__(name):
@@ -81,4 +92,4 @@ def versioned_getattr(module: str, table: dict):
 
 
 __all__ = ["ENV_VAR", "VERSIONS", "DEFAULT", "nki_version", "at_least", "SINCE", "require",
-           "versioned_getattr"]
+           "warn_in_kernel", "versioned_getattr"]

@@ -93,14 +93,13 @@ def _cores(inst: str, cores, n: int) -> tuple:
     return got
 
 
-def _deprecated(api: str, stacklevel: int = 3) -> None:
+def _deprecated(api: str) -> None:
     """NKI 0.8.0: the nisa entry points are deprecated wrappers of nki.lnc's."""
     if _version.at_least("0.8.0"):
-        warnings.warn(
+        _version.warn_in_kernel(
             f"nki.isa.{api} is deprecated in NKI 0.8.0 and will be removed in a future release; "
             f"use nki.lnc.{api}{' without pipe_id' if api.startswith('sendrecv') else ''} "
-            "(announce-intent-eos-nki-virtualregister-lnc-apis, Neuron 2.34.0)",
-            DeprecationWarning, stacklevel=stacklevel)
+            "(announce-intent-eos-nki-virtualregister-lnc-apis, Neuron 2.34.0)")
 
 
 def core_barrier(data, cores, engine=_engine.gpsimd, name=None):
