@@ -1,4 +1,4 @@
-"""Runtime control flow: the loops the NKI compiler keeps as loops.
+"""Runtime control flow: the loops and conditionals the NKI compiler keeps as control flow.
 
 On the real toolchain a kernel is a compiled program: every Python loop is
 unrolled while the kernel is traced, and only the runtime loops —
@@ -43,13 +43,15 @@ apply in such a body as in any other: the compiler rejects them there too.
 Rules enforced here, each from the docs, per targeted NKI version
 (``sim.version``):
 
-- ``step`` is a compile-time positive int; ``start`` / ``stop`` are ints or
-  ``VirtualRegister`` s (``nl.dynamic_range`` / ``nl.fori_loop`` API pages);
-  an int bound still makes a runtime loop;
+- ``step`` is a compile-time positive int; ``start`` / ``stop`` are ints,
+  ``VirtualRegister`` s or (NKI 0.7.0+) 32-bit ``NkiScalar`` s
+  (``nl.dynamic_range`` / ``nl.fori_loop`` API pages); an int bound still makes
+  a runtime loop;
 - ``nl.dynamic_range``'s induction variable is a frozen register (NKI 0.4.0
   release notes: writing it raises); ``nl.fori_loop`` passes it by value
   ("writing to ``i`` has no effect on the loop", ``fori_loop`` docstring), so
-  each iteration gets a fresh register holding ``i``;
+  each iteration gets a fresh register holding ``i`` -- an ``NkiScalar`` from NKI
+  0.7.0 on, unless a bound is a register (fori_loop API page, SDK 2.33);
 - no runtime loop inside ``nl.no_reorder()`` (``nl.no_reorder`` API page:
   dynamic loops are not supported in a no-reorder block);
 - NKI 0.5.0: a runtime loop inside a runtime loop fails to compile
@@ -63,6 +65,20 @@ Rules enforced here, each from the docs, per targeted NKI version
   ``NkiKnownIssueWarning`` for the known issue carried forward from 0.5.0
   ("Nested nl.dynamic_range loops with loop-carried values fail to compile
   with a 'Could not find register' error");
+- NKI 0.7.0: ``nl.dynamic_range`` and ``while reg:`` are removed (nki/migration,
+  "Migrating from NKI 0.6.0 to NKI 0.7.0"); NKI 0.8.0: ``nl.while_loop`` takes an
+  int or an ``nl.int32`` NkiScalar available on all engines (while_loop API page);
+- ``nl.if_else`` (NKI 0.8.0, ``if_else``): a run-time condition is a compiled
+  conditional; both callbacks are program, so the one not taken is traced with
+  its effects suppressed the first time that side is reached (its
+  instructions in ``Trace.unrun``), and a side that runs again must issue the
+  stream it issued the first time; outcomes go to ``Trace.branches``;
+- every program records its control flow (``program_flow``: each runtime-loop
+  entry's trip count, each if_else outcome); under LNC=2 the programs' flows
+  must be equal (``check_same_flow``; lnc.rst: "Dynamic control flow that
+  differs between cores is undefined");
+- a TensorE write to a PSUM tile allocated outside the runtime loop it runs in
+  warns (``psum_from_outside``: weak evidence of a compile failure);
 - tiles allocated inside a runtime loop body are live for the whole loop
   (NKI docs, dynamic loops: "all live tiles kept on chip for the loop's
   duration"); ``loop_stack()`` gives the memory tracker what it needs.

@@ -199,6 +199,12 @@ def test_scalar_store_needs_the_scalars_dtype():
 
 # ----------------------------------------------------------------- loops and offsets
 
+def _row(t, i):
+    """Row ``i`` (a run-time scalar) of the 2-D HBM tensor ``t``."""
+    cols = t.shape[1]
+    return t.ap(pattern=[[cols, 1], [1, cols]], offset=0, scalar_offset=i, indirect_dim=0)
+
+
 @jit
 def rows_plus_index(x, counts):
     """Rows 0 .. counts[0]-1 of x, row i plus i, through fori_loop(0, n) and scalar_offset."""
@@ -215,13 +221,11 @@ def rows_plus_index(x, counts):
     idx_f = nl.ndarray((1, 1), x.dtype, buffer=nl.sbuf)
 
     def body(i):
-        nisa.dma_copy(dst=row, src=x.ap(pattern=[[cols, 1], [1, cols]], offset=0,
-                                        scalar_offset=i, indirect_dim=0))
+        nisa.dma_copy(dst=row, src=_row(x, i))
         nisa.scalar_store(idx, i)
         nisa.tensor_copy(dst=idx_f, src=idx)
         nisa.tensor_scalar(dst=row, data=row, op0=nl.add, operand0=idx_f)
-        nisa.dma_copy(dst=out.ap(pattern=[[cols, 1], [1, cols]], offset=0, scalar_offset=i,
-                                 indirect_dim=0), src=row)
+        nisa.dma_copy(dst=_row(out, i), src=row)
 
     nl.fori_loop(0, n, body)
     return out
@@ -329,8 +333,7 @@ def branch_in_loop(x):
     row = nl.ndarray((1, cols), x.dtype, buffer=nl.sbuf)
 
     def body(i):
-        nisa.dma_copy(dst=row, src=x.ap(pattern=[[cols, 1], [1, cols]], offset=0,
-                                        scalar_offset=i, indirect_dim=0))
+        nisa.dma_copy(dst=row, src=_row(x, i))
 
         def up():
             nisa.tensor_scalar(dst=row, data=row, op0=nl.add, operand0=1.0)
@@ -339,8 +342,7 @@ def branch_in_loop(x):
             nisa.tensor_scalar(dst=row, data=row, op0=nl.subtract, operand0=1.0)
 
         nl.if_else(i % 2 == 0, up, down)
-        nisa.dma_copy(dst=out.ap(pattern=[[cols, 1], [1, cols]], offset=0, scalar_offset=i,
-                                 indirect_dim=0), src=row)
+        nisa.dma_copy(dst=_row(out, i), src=row)
 
     nl.fori_loop(0, rows, body)
     return out
