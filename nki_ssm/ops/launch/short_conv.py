@@ -276,10 +276,11 @@ def decode_plan(state_indices, num_seqs: int, dim: int, programs: int = 1):
     ``parts`` halves of Dp (``program_channels``; R = ``wide_blocks(Dp)``, the pool
     viewed as ``parts * R`` rows per slot): both layouts' tables (``decode_tables``; one
     table for both programs, each adding its first row), the x order and y positions of
-    the layout used, and counts ``[1, 3 * programs]`` int32, per program (wide stop,
-    one-block stop, one-block diagonal-build trips), the layout not used getting 0
-    (``use_wide_layout`` picks), program 1 all zeros when it gets no work. On device:
-    the two table builds, one scalar compare and torch.where selections.
+    the layout used, and counts ``[1, 3]`` int32, the one row every program reads (wide
+    stop, one-block stop, one-block diagonal-build flag), the layout not used getting 0
+    (``use_wide_layout`` picks); a program without channels of its own runs the same
+    loops into dumps. On device: the two table builds, one scalar compare and
+    torch.where selections.
     """
     Dp, parts = program_channels(dim, programs)
     R = wide_blocks(Dp)
@@ -288,9 +289,8 @@ def decode_plan(state_indices, num_seqs: int, dim: int, programs: int = 1):
     order_1, _, rows_one, _ = decode_tables(state_indices, num_seqs, 1, R, parts * R)
     wide = R > 1 and bool(use_wide_layout(num_live, R))
     order = order_w if wide else order_1
-    work = [num_live if wide else 0, 0 if wide else num_live, int(not wide and num_live > 0)]
-    idle = [0, 0, 0]
-    counts = np.array([work + (work if parts > 1 else idle) * (programs - 1)], dtype=np.int32)
+    counts = np.array([[num_live if wide else 0, 0 if wide else num_live,
+                        int(not wide and num_live > 0)]], dtype=np.int32)
     return R, parts, order, pos, rows_wide, rows_one, counts
 
 

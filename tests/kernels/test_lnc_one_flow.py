@@ -1,0 +1,123 @@
+"""One control flow for both LNC programs, on work that does not split evenly.
+
+Every op (forward and backward) at LNC=2 on batches whose work does not divide between
+the two programs (odd sequence counts, one sequence or head, channel tiles that do not
+split, all padding): both programs run identical runtime trip counts and ``nl.if_else``
+outcomes (read from ``Trace.loops`` / ``Trace.branches``: for every loop the same entries
+and iterations, for every branch the same outcomes in order), at least one runtime loop
+iterates on each, and every result (outputs, gradients and the updated pool) equals
+LNC=1's bit for bit. A planted kernel whose programs read different trip counts is
+rejected (``NkiSyncError``).
+
+Each family adds its cases to ``CASES``: ``(id, make)`` with ``make(rng) -> (op,
+kwargs)``, ``op`` an ``nki_ssm.ops`` function called with ``**kwargs, backend="sim"``
+(pools in ``kwargs`` are compared after the call, on fresh copies per run).
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from nki_ssm import ops
+from nki_ssm.reference import inputs
+from nki_ssm.sim.trace import record
+
+BF16 = ml_dtypes.bfloat16
+POOLS = ("conv_states", "ssm_states")
+
+
+def _conv_decode(num_seqs, padding, dim, T=2, dtype=np.float32):
+    def make(rng):
+        kw = inputs.make_short_conv_decode_inputs(rng, num_seqs=num_seqs, T=T, dim=dim, W=4,
+                                                  dtype=dtype, pool_dtype=dtype,
+                                                  padding=padding, slots=num_seqs + 2)
+        return ops.short_conv_decode, kw
+    return make
+
+
+CASES = [
+    # channels split in two (dim 512), an odd number of live sequences, one padding slot
+    ("short_conv_decode/odd-seqs", _conv_decode(5, 1, 512)),
+    # one sequence, one 128-channel tile: program 1 has no channels of its own
+    ("short_conv_decode/one-seq-one-tile", _conv_decode(1, 0, 128)),
+    # an odd dim (does not split) in bfloat16 (one-block TensorE taps), odd batch
+    ("short_conv_decode/odd-dim", _conv_decode(3, 1, 99, T=1, dtype=BF16)),
+    # all padding: no live sequence, both programs run zero groups
+    ("short_conv_decode/all-padding", _conv_decode(4, 4, 256)),
+]
+
+
+def _flatten(result) -> list:
+    if isinstance(result, dict):
+        return [result[k] for k in sorted(result) if result[k] is not None]
+    if isinstance(result, (tuple, list)):
+        return list(result)
+    return [result]
+
+
+def _run(make, monkeypatch, lnc):
+    """(result arrays, trace) of one call at ``lnc`` on fresh inputs (same seed)."""
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", str(lnc))
+    op, kw = make(np.random.default_rng(7))
+    with record() as trace:
+        out = _flatten(op(**kw, backend="sim"))
+    out += [kw[name] for name in POOLS if name in kw]
+    return [np.asarray(a) for a in out], trace
+
+
+def program_flows(trace) -> dict:
+    """Per program: {("loop", loop_id): (entries, iterations), ("if", branch_id): outcomes}."""
+    flows: dict = {}
+    for (pid, loop_id), loop in trace.loops.items():
+        flows.setdefault(pid, {})[("loop", loop_id)] = (loop.entries, loop.iterations)
+    for (pid, branch_id), branch in trace.branches.items():
+        flows.setdefault(pid, {})[("if", branch_id)] = tuple(branch.outcomes)
+    return flows
+
+
+@pytest.mark.parametrize("name, make", CASES, ids=[c[0] for c in CASES])
+def test_both_programs_one_flow_and_lnc1_results(name, make, monkeypatch):
+    ref, _ = _run(make, monkeypatch, 1)
+    got, trace = _run(make, monkeypatch, 2)
+    flows = program_flows(trace)
+    assert sorted(flows) == [0, 1], flows
+    assert flows[0] == flows[1], flows
+    # the work is real: both programs iterate (no live work: neither does)
+    iterated = {pid for (pid, _), loop in trace.loops.items() if loop.iterations}
+    assert iterated == (set() if name.endswith("all-padding") else {0, 1}), trace.loops
+    assert len(got) == len(ref)
+    for a, b in zip(got, ref):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert a.tobytes() == b.tobytes()
+
+
+def test_planted_kernel_whose_programs_differ_is_rejected():
+    """A kernel that reads each program's own trip count (the pre-0.8 form) and is given
+    different counts fails under LNC=2 with NkiSyncError naming both programs; given one
+    row for both (scaffold.trip_counts) it runs."""
+    from nki_ssm import backend
+    from nki_ssm.backend import nki, nl, nisa
+    from nki_ssm.kernels.scaffold import lnc_grid, trip_counts, work_loop
+    from nki_ssm.sim.errors import NkiSyncError
+
+    @nki.jit
+    def planted(x, counts):
+        programs, pid = lnc_grid()
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        n = trip_counts(counts[pid:pid + 1, :])[0]
+        t = nl.ndarray((1, x.shape[1]), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.memset(dst=t, value=0.0)
+
+        def body(i):
+            nisa.dma_copy(dst=out.ap(pattern=[[x.shape[1], 1], [1, x.shape[1]]],
+                                     offset=pid * x.shape[1], scalar_offset=i * 2,
+                                     indirect_dim=0), src=t)
+
+        work_loop(n, body)
+        return out
+
+    x = np.zeros((8, 4), dtype=np.float32)
+    backend.run(planted, x, np.array([[2], [2]], dtype=np.int32), backend="sim", lnc=2)
+    with pytest.raises(NkiSyncError, match="programs 0 and 1"):
+        backend.run(planted, x, np.array([[2], [1]], dtype=np.int32), backend="sim", lnc=2)
