@@ -36,7 +36,40 @@ def _conv_decode(num_seqs, padding, dim, T=2, dtype=np.float32):
     return make
 
 
+def _conv_prefill(seqlens, padding, dim, dtype=np.float32):
+    def make(rng):
+        kw = inputs.make_short_conv_inputs(rng, seqlens=seqlens, dim=dim, W=4, dtype=dtype,
+                                           pool_dtype=dtype, padding=padding,
+                                           slots=len(seqlens) + 2, has_initial_state="mixed")
+        return ops.short_conv_prefill, kw
+    return make
+
+
+def _conv_backward(lengths, dim, dtype=np.float32):
+    def make(rng):
+        cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        n, S = int(cu[-1]), len(lengths)
+        kw = dict(x=rng.standard_normal((n, dim)).astype(dtype),
+                  weight=rng.uniform(-0.5, 0.5, (dim, 4)).astype(np.float32),
+                  bias=rng.uniform(-0.5, 0.5, dim).astype(np.float32),
+                  dy=rng.standard_normal((n, dim)).astype(dtype), cu_seqlens=cu,
+                  initial_states=rng.standard_normal((S, dim, 3)).astype(np.float32),
+                  d_final_states=rng.standard_normal((S, dim, 3)).astype(np.float32))
+        return ops.short_conv_backward, kw
+    return make
+
+
 CASES = [
+    # prefill: channels split (dim 384: a full and a half tile each), odd sequence count with
+    # an empty one and padding; one 128-channel tile (program 1 has none of its own); an
+    # odd dim in bfloat16; all padding
+    ("short_conv_prefill/odd-seqs", _conv_prefill([5, 0, 700], 1, 384)),
+    ("short_conv_prefill/one-tile", _conv_prefill([300], 0, 128)),
+    ("short_conv_prefill/odd-dim", _conv_prefill([9, 1, 40], 1, 99, BF16)),
+    ("short_conv_prefill/all-padding", _conv_prefill([4, 6], 2, 256)),
+    # backward: odd sequence count, T < W, an empty sequence; a partial channel tile
+    ("short_conv_backward/odd-seqs", _conv_backward([5, 0, 2, 133], 200)),
+    ("short_conv_backward/one-seq", _conv_backward([300], 128, BF16)),
     # channels split in two (dim 512), an odd number of live sequences, one padding slot
     ("short_conv_decode/odd-seqs", _conv_decode(5, 1, 512)),
     # one sequence, one 128-channel tile: program 1 has no channels of its own

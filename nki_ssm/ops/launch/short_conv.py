@@ -89,11 +89,11 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_buck
       H)``, stacked (index_select by perm);
     - zero_slots: the slots of live sequences without initial state first
       (``argsort(~(live & ~has_initial_state), stable)``, index_select); their count;
-    - counts ``[1, 3 * programs]``, three per program: with ``pairs = ceil(ceil(num_tokens
-      / CHUNK) / 2)`` chunk pairs, ``max(pairs - 1, 0)`` (the stream loop; the last pair
-      follows it), num_live and the number of slots to zero (integer ops on scalars of
-      ``cu[-1]`` and sums); the same for both programs when they split the channels, zeros
-      for program 1 when they do not (it gets no work).
+    - counts ``[1, 3]``, the one row every program reads: with ``pairs =
+      ceil(ceil(num_tokens / CHUNK) / 2)`` chunk pairs, ``max(pairs - 1, 0)`` (the stream
+      loop; the last pair follows it), num_live and the number of slots to zero (integer
+      ops on scalars of ``cu[-1]`` and sums); a program without channels of its own (they
+      do not split) runs the same loops into its own y block and a dump of the pool.
     """
     from nki_ssm.kernels.short_conv.prefill import TILE, _chunk_tokens, _index_columns, _margin
 
@@ -150,9 +150,7 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_buck
     zero_slots = slot[zperm][:, None]
     n_real = -(-int(cu[-1]) // CH)
     pairs = (n_real + 1) // 2
-    work = [max(pairs - 1, 0), num_live, num_zero]
-    idle = [0, 0, 0]
-    counts = np.array([work + (work if parts > 1 else idle) * (programs - 1)], dtype=np.int64)
+    counts = np.array([[max(pairs - 1, 0), num_live, num_zero]], dtype=np.int64)
     f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)  # noqa: E731
     u32 = lambda a: np.ascontiguousarray(a, dtype=np.uint32)  # noqa: E731
     i32 = lambda a: np.ascontiguousarray(a, dtype=np.int32)  # noqa: E731

@@ -49,8 +49,8 @@ def backward_tables(cu_seqlens, num_tokens_bucket: int, num_seqs_bucket: int, W:
                     has_initial_state: bool, has_final_grad: bool):
     """(rows ``[R + 1, 128, 3 * BLOCKS + 2]``, fs_rows ``[SB, H, 2]``, counts ``[1, 2]``) int32
     for a batch padded to the buckets (R = ceil(NB / T) + 2 * SB work rows, the used ones
-    first; T = 128 * BLOCKS positions per row; table row 0 the first row's gather indices,
-    table row r + 1 row r's dx rows and row r + 1's gather indices).
+    first; T = 128 * BLOCKS positions per row; table row r holds row r's gather indices
+    and dx rows; counts is the one row both programs read).
 
     Each step is a vectorised array op (torch: repeat_interleave, cumsum, arange
     broadcasts, where): rows per sequence ``r = ceil((L + H) / T)``; the sequence of
@@ -87,9 +87,7 @@ def backward_tables(cu_seqlens, num_tokens_bucket: int, num_seqs_bucket: int, W:
     q = np.arange(T)[None, :]
     po = p0[:, None] + q
     orow = np.where(po < H, NB + sq * H + po, np.where(po < Lq + H, s0q + po - H, scratch + q))
-    # table row 0: the first work row's gather indices; row r + 1: work row r's dx rows and
-    # the gather indices of work row r + 1 (the kernel prefetches them; past the last row
-    # the zero rows)
+    # table row r: work row r's gather indices and dx rows (past the last row: zero rows)
     gather = np.zeros((R + 1, B, 2 * BLOCKS + 2), dtype=np.int64)
     gather[:, :, :BLOCKS + 1] = zero_x
     gather[:, :, BLOCKS + 1:] = zero_dy
@@ -101,7 +99,7 @@ def backward_tables(cu_seqlens, num_tokens_bucket: int, num_seqs_bucket: int, W:
     rows = np.zeros((-(-NB // T) + 2 * SB + 1, B, TABLE_COLUMNS), dtype=np.int64)
     rows[:R + 1, :, :2 * BLOCKS + 2] = gather
     for b in range(BLOCKS):
-        rows[1:R + 1, :, 2 * BLOCKS + 2 + b] = orow[:, b * B:(b + 1) * B]
+        rows[:R, :, 2 * BLOCKS + 2 + b] = orow[:, b * B:(b + 1) * B]
     fs_rows = np.zeros((SB, H, 2), dtype=np.int64)
     h = np.arange(H)[None, :]
     pf = L[:, None] + h
