@@ -60,6 +60,10 @@ The LNC split (two programs per logical core)
       shape and dtype (each program has its own: nothing another program reads or
       writes). A program without real work reads its state from and writes everything
       to such dumps (uninitialised: it computes on garbage that nothing reads).
+  ``dump_rows(t, rows)``
+      A new ``nl.private_hbm`` tensor of ``rows`` rows shaped like ``t``'s rows: the
+      destination of a dump row when the real tensor is too large to copy whole (a pool):
+      the program's table names rows ``0 .. rows-1`` of it.
   ``padded_split(n, programs)`` (trace time, for launchers)
       ``(trips, spans)``: ``n`` work rows in consecutive runs, ``spans[p] = (first,
       count)``, program 0 the larger; every program runs ``trips = ceil(n / programs)``
@@ -201,6 +205,16 @@ def destination(t, real):
     if real:
         return t
     return nl.ndarray(t.shape, dtype=t.dtype, buffer=nl.private_hbm)
+
+
+def dump_rows(t, rows):
+    """A private dump of ``rows`` rows shaped like the rows of ``t`` (``t.shape[1:]``, its
+    dtype): where a dump row's writes go when a program's work list addresses ``t`` by a
+    table (its table names rows 0 .. rows-1 of the dump)."""
+    shape = [rows]
+    for d in t.shape[1:]:
+        shape.append(d)
+    return nl.ndarray(tuple(shape), dtype=t.dtype, buffer=nl.private_hbm)
 
 
 def padded_split(n, programs):

@@ -344,12 +344,10 @@ def test_decode_units_cover_each_state_once():
     assert _unit_spans(64, 256, True) == [(0, 32), (32, 64)]
     assert _unit_spans(64, 256, False) == [(0, 32), (32, 64)]
     assert _unit_spans(40, 128, False) == [(0, 40)]
-    # the units of one loop iteration alternate two buffers: an even number
-    assert entries_per_iteration(40, 128, False) == 2
-    assert entries_per_iteration(64, 256, True) == 1
+    # entries per full iteration: 8, fewer for long speculative steps (token tiles)
+    assert [entries_per_iteration(T) for T in (1, 2, 4, 8, 16, 20)] == [8, 8, 4, 2, 1, 1]
     with _unit_bytes(1):          # never below one row block per unit
         assert _unit_spans(3, 8, True) == [(0, 1), (1, 2), (2, 3)]
-        assert entries_per_iteration(3, 8, True) == 2
 
 
 @pytest.mark.parametrize("num_seqs, T, pool_dtype", [(1, None, np.float32), (3, 2, np.float32),
@@ -717,22 +715,26 @@ def test_prefill_tables_two_programs():
 
 
 def test_decode_tables_two_programs():
-    """LNC=2: the live sequences split in order (program 0 takes the odd one), padding
-    sequences too; dummy entries repeat the program's own first sequence; one live
-    sequence leaves program 1 without work."""
+    """LNC=2: the live sequences split in order into two runs of n_live // 2 (full
+    iterations of per entries, then single-entry rows), one counts row for both; an odd
+    n_live leaves the last live sequence as program 0's spare entry (row 0 of its block)
+    and program 1's row 0 a dump entry (pool rows 0 .. pr-1, sequence 0); padding
+    sequences get no entry. One live sequence: no loop iteration, the spare only."""
     from nki_ssm.ops.launch.mamba2_ssd import decode_tables
     idx = np.array([3, -1, 5, 0, -1, 1, 2], np.int32)      # live 0, 2, 3, 5, 6
-    seq, pad, counts = decode_tables(idx, 8, 2, 2, 2)
-    rows = 8 // 2 + 1
-    assert seq.shape == (2 * rows, 128, 4) and pad.shape == (16, 1)
-    assert counts.tolist() == [[2, 1, 1, 1], [2, 1, 1, 0]]
-    # program 0: sequences 0, 2, 3 then dummies of 0; program 1: 5, 6 then dummies of 5
-    assert seq[:rows, 0, 1::2].reshape(-1)[:5].tolist() == [0, 2, 3, 0, 0]
-    assert seq[rows:, 0, 1::2].reshape(-1)[:4].tolist() == [5, 6, 5, 5]
-    assert seq[rows, :2, 2].tolist() == [2 * 2, 2 * 2 + 1]          # slot 2 of sequence 6
-    assert pad[:, 0].tolist() == [1] + [0] * 7 + [4] + [0] * 7
-    _, _, lone = decode_tables(np.array([7], np.int32), 1, 2, 2, 2)
-    assert lone.tolist() == [[1, 0, 1, 1], [1, 0, 0, 0]]
+    seq, counts = decode_tables(idx, 8, 2, 2, 2)
+    rows = 1 + 2 + 2                                       # spare, ceil(4 / 2) main, 2 tail
+    assert seq.shape == (2 * rows, 128, 4) and counts.tolist() == [[1, 0, 1]]
+    # main row of program 0: sequences 0, 2; of program 1: 3, 5; program 0's spare: 6
+    assert seq[1, 0, 1::2].tolist() == [0, 2] and seq[rows + 1, 0, 1::2].tolist() == [3, 5]
+    assert seq[0, 0, 1] == 6 and seq[0, :2, 0].tolist() == [2 * 2, 2 * 2 + 1]   # slot 2
+    assert seq[rows, :2, 0].tolist() == [0, 1] and seq[rows, 0, 1] == 0         # dump entry
+    assert seq[rows + 1, :2, 2].tolist() == [1 * 2, 1 * 2 + 1]     # sequence 5: slot 1
+    seq, counts = decode_tables(idx, 8, 2, 4, 1)           # LNC=1: one main row, one tail
+    assert counts.tolist() == [[1, 1, 0]]
+    assert seq[1, 0, 1::2].tolist() == [0, 2, 3, 5] and seq[2, 0, 1] == 6
+    _, lone = decode_tables(np.array([7], np.int32), 1, 2, 2, 2)
+    assert lone.tolist() == [[0, 0, 1]]
 
 
 # ------------------------------------------------------------- LNC=2: two programs (issue 29)
@@ -830,9 +832,14 @@ def test_decode_lnc2_equals_lnc1_bitwise(monkeypatch, num_seqs, T, pool_dtype, p
 
 
 def test_decode_lnc2_one_sequence_runs_on_program_0(monkeypatch):
+    """One live sequence at LNC=2: it is program 0's spare entry; program 1 takes the same
+    branch on a dump entry (same control flow), results equal LNC=1's bit for bit."""
     inp = make_ssd_decode_inputs(np.random.default_rng(35), num_seqs=1, T=None, H=2, P=16,
                                  N=16, z=True)
     (y1, after1, _), _ = _at_lnc(monkeypatch, 1, lambda: _decode(inp))
     (y2, after2, _), trace = _at_lnc(monkeypatch, 2, lambda: _decode(inp))
     assert y2.tobytes() == y1.tobytes() and after2.tobytes() == after1.tobytes()
-    _program_sizes(trace, both_work=False)
+    sizes = [trace.program_instructions(p) for p in (0, 1)]
+    assert sizes[0] == sizes[1] <= 20_000
+    assert [trace.branches[(p, ("if", 0))].outcomes for p in (0, 1)] == [[True], [True]]
+    assert not any(loop.iterations for loop in trace.loops.values())

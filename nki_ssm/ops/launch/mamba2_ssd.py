@@ -22,8 +22,10 @@ compiled program per (bucket, layer shape, dtypes):
 - LNC=2 (``call.lnc``): prefill splits the heads over the two programs
   (``head_parts = 2``: an odd H first becomes 2H heads of P/2 channels; the
   pool view then has ``2*pr`` rows per slot, part 1's ``pr`` after part 0's),
-  decode splits the live and the padding sequences in order; ``counts``
-  gets a row per program (and decode's tables a block of rows per program).
+  decode splits the live sequences in order into equal runs (one counts row
+  for both programs, a spare entry under ``nl.if_else``: ``decode_tables``);
+  prefill's ``counts`` gets a row per program (and decode's tables a block of
+  rows per program).
   Work that does not split (an odd H of odd P, e.g. one head; one live
   sequence) stays on program 0, program 1 gets zero counts;
 - per-head parameters are repeated on 128 rows (prefill; D [H] goes to the
@@ -278,59 +280,58 @@ def decode_layout(H: int, P: int, G: int) -> tuple[int, int]:
 
 
 def decode_tables(state_indices, num_seqs: int, pr: int, per: int, programs: int = 1):
-    """Run-time batch tables of ``ssd_decode_step`` (its module docstring):
-    ``(seq_table [programs * (ceil(num_seqs / per) + 1), 128, 2*per],
-    pad_table [programs * num_seqs, 1], counts [programs, 4])`` int32, one block of
-    rows per program.
+    """Run-time batch tables of ``ssd_decode_step`` (its module docstring): ``(seq_table
+    [programs * rows, 128, 2*per], counts [1, 3])`` int32, one block of ``rows = 1 +
+    ceil(ceil(num_seqs / programs) / per) + per`` table rows per program and one counts
+    row for all of them.
 
-    ``num_seqs`` is the bucket (>= len(state_indices)); ``per`` the kernel's
-    sequences per loop iteration. The programs split the live sequences (and,
-    apart, the padding ones) in order into halves, the first program taking the
-    odd one: a lone live sequence runs on program 0 and program 1 gets zero
-    counts. A program's k-th live sequence is entry ``k % per`` of its row
-    ``k // per``; entries past its last live sequence repeat its first (the
-    kernel's last prefetch reads them and discards the data; it never writes
-    them, and a program reads no pool rows the other writes). counts per
-    program: full iterations + 1, padding sequences, any live (0/1), a last
-    partial iteration (0/1). Built with vectorised array ops only, each a torch
-    op on device: ``nonzero`` of ``state_indices >= 0`` / ``< 0`` (live and
-    padding order), slices, an ``arange`` broadcast add (pool rows
-    ``slot*pr + q``), a ``where`` (dummy entries), indexed writes into zero
-    tables (``index_put``) and integer counts.
+    ``num_seqs`` is the bucket (>= len(state_indices)); ``per`` the kernel's entries per
+    full iteration. The live sequences, in order, are split into ``programs`` runs of E =
+    n_live // programs (``scaffold.padded_split`` of the E * programs first), so every
+    program runs ``E // per`` full iterations (row 1 + r: entries r*per .. of its run)
+    and ``E % per`` single-entry iterations (the rows after them, entry at columns 0, 1);
+    with LNC=2 and an odd n_live the last live sequence is program 0's spare entry (row
+    0 of its block, run under ``nl.if_else``) and program 1's row 0 is a dump entry
+    (pool rows 0 .. pr-1 of its private dump, sequence 0). An entry is two columns: pool
+    rows ``slot*pr + q`` at partitions q < pr, its batch sequence at partition 0.
+    counts: (full iterations, single-entry iterations, spare 0/1), the same for every
+    program. Padding sequences get no entry (the launcher zeroes their y rows). Built
+    with vectorised array ops (``nonzero`` of ``state_indices >= 0``, slices, an
+    ``arange`` broadcast add, reshapes, indexed writes into zero tables) and integer
+    counts.
     """
+    from nki_ssm.kernels.scaffold import padded_split
+
     idx = np.asarray(state_indices, dtype=np.int64)
     live_all = np.flatnonzero(idx >= 0)
-    pad_all = np.flatnonzero(idx < 0)
-    rows = (num_seqs + per - 1) // per + 1
-    seq_tables, pad_tables, counts = [], [], []
+    E = live_all.size // programs
+    spare = live_all.size - E * programs
+    n_main, n_tail = E // per, E % per
+    rows = 1 + -(-(-(-num_seqs // programs)) // per) + per
+    q = np.arange(_PMAX)[None, :]
+
+    def entries(seqs):  # [n] batch sequences -> [n, 128, 2] entries
+        ent = np.zeros((seqs.size, _PMAX, 2), dtype=np.int64)
+        ent[:, :pr, 0] = idx[seqs][:, None] * pr + q[:, :pr]
+        ent[:, 0, 1] = seqs
+        return ent
+
+    table = np.zeros((programs, rows, _PMAX, 2 * per), dtype=np.int64)
+    _, spans = padded_split(E * programs, programs)
     for prog in range(programs):
-        live = _program_share(live_all, prog, programs)
-        pad = _program_share(pad_all, prog, programs)
-        entries = np.zeros((rows * per, _PMAX, 2), dtype=np.int32)
-        if live.size:
-            order = np.where(np.arange(rows * per) < live.size,
-                             np.arange(rows * per), 0)       # dummies: the first live sequence
-            seqs = live[np.minimum(order, live.size - 1)]
-            entries[:, :pr, 0] = idx[seqs][:, None] * pr + np.arange(pr)[None, :]
-            entries[:, 0, 1] = seqs
-            entries[:live.size, 1, 1] = 1
-        # [rows*per, 128, 2] -> [rows, 128, per*2]: entry e of a row at columns 2e, 2e+1
-        seq_tables.append(entries.reshape(rows, per, _PMAX, 2).transpose(0, 2, 1, 3)
-                          .reshape(rows, _PMAX, 2 * per))
-        pad_table = np.zeros((num_seqs, 1), dtype=np.int32)
-        pad_table[:pad.size, 0] = pad
-        pad_tables.append(pad_table)
-        counts.append([live.size // per + 1, pad.size, int(live.size > 0),
-                       int(live.size % per != 0)])
-    return (np.ascontiguousarray(np.concatenate(seq_tables)), np.concatenate(pad_tables),
-            np.array(counts, dtype=np.int32))
-
-
-def _program_share(items, prog: int, programs: int):
-    """Program ``prog``'s part of ``items`` split in order into ``programs`` parts, the
-    first parts one longer (``ceil``)."""
-    cut = -(-items.size // programs)
-    return items[prog * cut:(prog + 1) * cut]
+        first, count = spans[prog]
+        run = live_all[first:first + count]
+        main = entries(run[:n_main * per])
+        # [n_main*per, 128, 2] -> [n_main, 128, per*2]: entry e of a row at columns 2e, 2e+1
+        table[prog, 1:1 + n_main] = main.reshape(n_main, per, _PMAX, 2).transpose(
+            0, 2, 1, 3).reshape(n_main, _PMAX, 2 * per)
+        table[prog, 1 + n_main:1 + n_main + n_tail, :, 0:2] = entries(run[n_main * per:])
+    if spare:
+        table[0, 0, :, 0:2] = entries(live_all[-1:])[0]
+    table[1:, 0, :pr, 0] = np.arange(pr)                  # dump entries: pool rows 0 .. pr-1
+    counts = np.array([[n_main, n_tail, spare]], dtype=np.int32)
+    return (np.ascontiguousarray(table.reshape(programs * rows, _PMAX, 2 * per),
+                                 dtype=np.int32), counts)
 
 
 def decode(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states, state_indices,
@@ -388,7 +389,7 @@ def decode_call(xp, call, *, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limi
     BC = xp.cat([pad_seqs(B).reshape(n * G, N), pad_seqs(C).reshape(n * G, N)], axis=1)
     lo, hi = _dt_limit(dt_limit)
     pool = xp.pool_view(ssm_states, (slots * pr, nt * N))
-    per = entries_per_iteration(nt, N, xp.is_f32(ssm_states))
+    per = entries_per_iteration(T)
     tables = decode_tables(state_indices, Sb, pr, per, call.lnc)
     y = call(decode_kernel(),
              xp.cat(xdt, axis=1).reshape(Sb, T * pr, -1), xp.cat(params, axis=1),
@@ -396,4 +397,6 @@ def decode_call(xp, call, *, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limi
              *(xp.table(t) for t in tables), z is not None, dt_bias is not None, D is not None,
              bool(dt_softplus), lo, hi)
     xp.commit(pool, ssm_states)
-    return xp.cast_like(xp.f32(y)[:S].reshape(x.shape), x)
+    # y rows of padding sequences are zeros (the kernel gives them no entry: torch.where)
+    y = xp.where_rows(np.asarray(state_indices) >= 0, xp.f32(y)[:S])
+    return xp.cast_like(y.reshape(x.shape), x)
