@@ -59,7 +59,39 @@ def _conv_backward(lengths, dim, dtype=np.float32):
     return make
 
 
+def _ssd_decode(num_seqs, padding, T=None, H=2, pool_dtype=np.float32):
+    def make(rng):
+        kw = inputs.make_ssd_decode_inputs(rng, num_seqs=num_seqs, T=T, H=H, P=16, N=16, G=1,
+                                           padding=padding, z=True, pool_dtype=pool_dtype,
+                                           slots=num_seqs + 2)
+        return ops.ssd_decode, kw
+    return make
+
+
+def _gdn_decode(num_seqs, padding, T=1, HV=2, raw=False, pool_dtype=np.float32):
+    def make(rng):
+        kw = inputs.make_gated_delta_decode_inputs(rng, num_seqs=num_seqs, T=T, H=1, HV=HV,
+                                                   K=16, V=16, raw_gates=raw,
+                                                   use_qk_l2norm=raw, padding=padding,
+                                                   pool_dtype=pool_dtype,
+                                                   slots=num_seqs + 2)
+        return ops.gated_delta_decode, dict(kw, return_intermediate_states=True)
+    return make
+
+
 CASES = [
+    # SSD decode: the programs split the sequences; an odd live count (a spare entry), one
+    # sequence (spare only), full iterations and single-entry ones, all padding
+    ("ssd_decode/odd-seqs", _ssd_decode(7, 2, T=2)),
+    ("ssd_decode/one-seq", _ssd_decode(1, 0, H=1)),
+    ("ssd_decode/many-seqs-bf16-pool", _ssd_decode(37, 4, pool_dtype=BF16)),
+    ("ssd_decode/all-padding", _ssd_decode(3, 3)),
+    # GDN decode: an odd live count (spare batch), one sequence and one value head, both
+    # loops, all padding
+    ("gated_delta_decode/odd-seqs", _gdn_decode(7, 2, T=2, raw=True)),
+    ("gated_delta_decode/one-seq-one-head", _gdn_decode(1, 0, HV=1)),
+    ("gated_delta_decode/both-loops", _gdn_decode(45, 4, pool_dtype=BF16)),
+    ("gated_delta_decode/all-padding", _gdn_decode(2, 2)),
     # prefill: channels split (dim 384: a full and a half tile each), odd sequence count with
     # an empty one and padding; one 128-channel tile (program 1 has none of its own); an
     # odd dim in bfloat16; all padding
@@ -116,9 +148,11 @@ def test_both_programs_one_flow_and_lnc1_results(name, make, monkeypatch):
     flows = program_flows(trace)
     assert sorted(flows) == [0, 1], flows
     assert flows[0] == flows[1], flows
-    # the work is real: both programs iterate (no live work: neither does)
+    # the work is real: both programs iterate or take a branch (no live work: neither)
     iterated = {pid for (pid, _), loop in trace.loops.items() if loop.iterations}
-    assert iterated == (set() if name.endswith("all-padding") else {0, 1}), trace.loops
+    taken = {pid for (pid, _), branch in trace.branches.items() if branch.taken}
+    assert iterated | taken == (set() if name.endswith("all-padding") else {0, 1}), \
+        (trace.loops, trace.branches)
     assert len(got) == len(ref)
     for a, b in zip(got, ref):
         assert a.dtype == b.dtype and a.shape == b.shape
