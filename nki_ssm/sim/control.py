@@ -669,13 +669,15 @@ def flow_record(state: _ProgramState | None = None) -> tuple:
     """``(program_flow(), {id: (construct, kernel line)}, {loop_id: iteration of the loops
     being run})`` of the running program (or of ``state``)."""
     st = _current() if state is None else state
-    return list(st.flow), dict(st.sites), {f.loop_id: f.iteration for f in st.frames}
+    # the lists themselves, not copies: a caller compares them while the program waits
+    return st.flow, st.sites, {f.loop_id: f.iteration for f in st.frames}
 
 
-def check_same_flow(records: list, where: str = "") -> None:
+def check_same_flow(records: list, where: str = "", start: int = 0) -> None:
     """Raise unless every program of an LNC launch took the same control flow.
 
-    ``records``: ``flow_record()`` per program. "Dynamic control flow that differs between
+    ``records``: ``flow_record()`` per program; their flows are known to agree before
+    position ``start``. "Dynamic control flow that differs between
     cores is undefined, and you will likely receive an error at runtime" (aws-neuron-sdk
     81ce03ae nki/get-started/about/lnc.rst l.141-149); the released runtime-loop kernels give
     both programs the same trip counts (nki-library d2ad3a5 core/moe/moe_cte/
@@ -685,7 +687,7 @@ def check_same_flow(records: list, where: str = "") -> None:
     flow0, sites0, at0 = records[0]
     for pid in range(1, len(records)):
         flow, sites, at = records[pid]
-        for k in range(max(len(flow0), len(flow))):
+        for k in range(start, max(len(flow0), len(flow))):
             a = flow0[k] if k < len(flow0) else None
             b = flow[k] if k < len(flow) else None
             if a == b:

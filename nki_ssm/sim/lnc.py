@@ -95,6 +95,7 @@ class Lockstep:
         self.results: list = [None] * self.n
         self.error: BaseException | None = None
         self.syncs = 0                              # synchronisations completed (sync ids)
+        self.flow_checked = 0                       # flow events equal on every program
         self.log = _races.HbmLog(self.n)
         self._base = [list(lst) for lst in _PER_PROGRAM]
         self._saved = [[list(b) for b in self._base] for _ in range(self.n)]
@@ -248,7 +249,9 @@ class Lockstep:
                 self._pass_to(pid, self._next_live(pid))
                 return arrival
             everyone = sorted([arrival, *others], key=lambda a: a.pid)
-            _control.check_same_flow(self._flows(pid), f" before {arrival.desc}")
+            flows = self._flows(pid)
+            _control.check_same_flow(flows, f" before {arrival.desc}", self.flow_checked)
+            self.flow_checked = len(flows[0][0])
             _match(everyone)
             if arrival.kind in _EXCHANGES:
                 _exchange(everyone)
