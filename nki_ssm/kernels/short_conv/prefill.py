@@ -50,15 +50,16 @@ step named there with its torch equivalent):
   its own); ``seq_info [SB, 2]`` int32: its slot and its case ``min(length, H)``;
 - ``zero_slots [SB, 1]`` int32: the slots of live sequences without initial
   state, compacted;
-- ``counts [1, 3 * programs]`` int32, three per program: with ``pairs =
+- ``counts [1, 3]`` int32, the one row every program reads: with ``pairs =
   ceil(ceil(num_tokens / CHUNK) / 2)``, ``max(pairs - 1, 0)`` (stream loop trips),
-  the live sequences, the slots to zero (zeros for a program without work).
+  the live sequences, the slots to zero.
 
-Loops: every runtime loop is ``nl.fori_loop(0, reg, body)`` at the top level of
-the kernel, its body an inner ``def`` (NKI 0.6.0), its bound a register
-allocated before the loops and loaded from a (1, 1) SBUF tile that a DMA filled
-from ``counts``; no runtime loop runs inside another, and no 0/1-trip loop
-stands for a conditional: each choice is a DMA offset. Everything unrolled
+Loops: every runtime loop is ``nl.fori_loop(0, n, body)`` at the top level of
+the kernel (``scaffold.work_loop`` / ``for_each_row``), its body an inner ``def``,
+its bound an ``NkiScalar`` (``scaffold.trip_counts``: ``nisa.scalar_load`` of an
+SBUF copy of ``counts``), its table cells ``NkiScalar`` s too; no runtime loop runs
+inside another, and no 0/1-trip loop stands for a conditional: each choice is a
+DMA offset. Each loop body allocates the PSUM banks it writes. Everything unrolled
 inside a body is bounded by the layer shape (channel tiles, taps, the CH / 128
 token blocks of a chunk, H). The cost model synchronises every compute engine
 at each iteration start, so work that must not wait sits in DMAs, which run on
@@ -69,11 +70,11 @@ across iteration boundaries.
    reads its old state from its slot. DMAs only; they run under the stream.
 1. **Stream loops**, one per channel group (up to 16 tiles of 128 channels), over
    the whole token stream in fixed chunks of CH = 512 tokens (or the bucket if
-   smaller), two chunks (slots A, B) per iteration: each slot is refilled with
-   the chunk two ahead as soon as its matmuls are done, so the windows of the
-   next iteration load during this one. The last pair of a group follows its
-   loop as straight-line code: instead of refilling, its slots take the next
-   group's first chunks, and VectorE builds the next group's diagonal weights
+   smaller), two chunks (slots A, B) per iteration, both windows issued when the
+   iteration starts (B's loads while A computes): an iteration loads what it
+   reads, nothing is prefetched across iterations (nki-library turns that off for
+   dynamic loops, NKI-1582). The last pair of a group follows its loop as
+   straight-line code, and VectorE builds the next group's diagonal weights
    there (their DMAs were issued before the group's loop); with no tokens at
    all it computes the padding rows, which the host drops. The window of a
    chunk is one *indirect* ``dma_transpose`` (gather transpose, software DGE):
@@ -97,7 +98,7 @@ across iteration boundaries.
    loop; per sequence, for all full channel tiles at once (and the partial tile,
    if any), with the row's slot and case DMA'd into (1, 1) SBUF tiles:
    - window ``[old state | first NH tokens | last NH tokens]``: the old state by
-     one ``scalar_offset`` DMA of the slot as rows of 128 channels (contiguous
+     one ``scalar_offset`` DMA (the slot, an ``NkiScalar`` cell) as rows of 128 channels (contiguous
      128 * H runs; the pool is channel-major ``[dim, H]``, so channel-on-partition
      reads would be 6-byte runs), converted to float32 by VectorE and put into
      the window by TensorE transposes; the tokens by one gather transpose of
