@@ -59,10 +59,13 @@ tables for ``call.lnc`` programs), both kernels split the channels: program p
 token and sequence (``split.program_channels``) and runs the whole plan above on
 them -- prefill: its stream groups, its part of every pool row in the zero and head
 loops, its own block of y rows; decode: both row layouts over its half, the pool
-viewed with 2R rows per slot. The channels are independent, so the programs share
-no written HBM byte, need no synchronisation, trace the same instructions (equal
-program sizes) and give LNC=1's results bit for bit. When the channels do not
-split (dim <= 128 or odd) program 1 gets zero loop counts and no work.
+viewed with 2R rows per slot. Both read the one counts row (``scaffold.trip_counts``),
+so they run the same trip counts and branches. The channels are independent, so the
+programs share no written HBM byte, need no synchronisation, trace the same
+instructions (equal program sizes) and give LNC=1's results bit for bit. When the
+channels do not split (dim <= 128 or odd) program 1 runs program 0's channels, the
+same loops, into dumps (its own y block, private dumps of the pool and of decode's y:
+``scaffold.destination``): it writes nothing real.
 
 Compile-time vs run-time
 ------------------------
@@ -70,8 +73,9 @@ Both kernels take only shapes (the token / sequence buckets), dtypes and layer
 config (W, activation, bias and precision flags) as compile-time arguments;
 sequence lengths, slots, padding and has_initial_state are run-time tables
 built by a few vectorised array ops in the launcher, and every loop that grows
-with tokens or sequences is a runtime loop whose bound is a register loaded
-from a (1, 1) SBUF tile (design notes in prefill.py and decode.py). One
+with tokens or sequences is a runtime loop whose bound is an ``NkiScalar``
+(``nisa.scalar_load`` of an SBUF copy of the counts row; design notes in prefill.py
+and decode.py). One
 program per bucket: prefill 4,900 static instructions at 16K x 1 and 8 x 2K
 (dim 8192, W 4, bf16), 2,481 per program at LNC=2; decode 1,276, 672 per program
 at LNC=2 (``Trace.program_instructions``, every loop body counted once).
