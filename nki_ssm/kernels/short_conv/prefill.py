@@ -152,6 +152,7 @@ SBUF_BUDGET = 150 * 1024   # bytes per partition for the per-group working set
 CHUNK = 512         # tokens per stream window (n_tiles * 528 * 2 B = 16.5 KiB per partition)
 BANK = 512          # fp32 columns of one PSUM bank
 PSUM_TILES = 7      # rotating one-bank PSUM tiles (of 8 banks)
+WINDOW_PIECE = 4    # channel tiles per window gather: the first tiles' taps start early
 ALIGN = 16          # window offsets in elements: 32 B (bf16) / 64 B (fp32), the DMA
                     # transpose destination alignment (nki_ssm/sim/isa/dma.py)
 MAX_HALO = 64       # W - 1 limit: two head windows of _margin(W-1) rows in one gather
@@ -370,8 +371,10 @@ def _window_load(x, idx, rows, xw, xs, tm, col0, c0, n, P, rot):
     """Window columns ``col0 .. col0 + rows`` of ``xw[0:P, 0:n]`` <- x rows ``idx``
     (flat column-major over the index tile), channel-major.
 
-    2-byte x: one indirect ``dma_transpose`` (gather transpose; into the x-dtype staging
-    tile ``xs`` and a copy up when the matmuls are float32). float32 x (``tm`` given):
+    2-byte x: indirect ``dma_transpose`` s (gather transposes; into the x-dtype staging
+    tile ``xs`` and a copy up when the matmuls are float32), one per WINDOW_PIECE channel
+    tiles, so the taps of the first tiles start while the rest arrives (a window is loaded
+    by the loop iteration that uses it). float32 x (``tm`` given):
     the gather transpose takes 2-byte dtypes only, so one ``vector_offset`` gather per
     128 rows (one x row per partition) brings the rows token-major and TensorE
     transposes each [rows, 128 ch] block into PSUM, copied to the window.
@@ -384,13 +387,17 @@ def _window_load(x, idx, rows, xw, xs, tm, col0, c0, n, P, rot):
             dst_t = xs
         row = dst_t.shape[1] * dst_t.shape[2]
         RB = dst_t.shape[2]
-        nisa.dma_transpose(dst=dst_t.ap(pattern=[[row, P], [RB, n], [1, 1], [1, rows]],
-                                        offset=col0),
-                           src=x.ap(pattern=[[dim, rows], [TILE, n], [1, 1], [1, P]], offset=c0,
-                                    vector_offset=idx, indirect_dim=0),
-                           axes=(3, 1, 2, 0))
-        if xs != None:  # noqa: E711
-            nisa.tensor_copy(dst=xw[0:P, 0:n, col0:col0 + rows], src=xs[0:P, 0:n, col0:col0 + rows])
+        for s0 in range(0, n, WINDOW_PIECE):
+            ns = min(WINDOW_PIECE, n - s0)
+            nisa.dma_transpose(dst=dst_t.ap(pattern=[[row, P], [RB, ns], [1, 1], [1, rows]],
+                                            offset=s0 * RB + col0),
+                               src=x.ap(pattern=[[dim, rows], [TILE, ns], [1, 1], [1, P]],
+                                        offset=c0 + s0 * TILE, vector_offset=idx,
+                                        indirect_dim=0),
+                               axes=(3, 1, 2, 0))
+            if xs != None:  # noqa: E711
+                nisa.tensor_copy(dst=xw[0:P, s0:s0 + ns, col0:col0 + rows],
+                                 src=xs[0:P, s0:s0 + ns, col0:col0 + rows])
         return
     nblk = (rows + TILE - 1) // TILE
     per_bank = BANK // TILE
