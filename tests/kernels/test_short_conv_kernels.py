@@ -302,7 +302,9 @@ def test_prefill_program_size_does_not_grow_with_tokens(rng, lnc):
         with record() as trace:
             _run_and_check(inp)
         sizes.append(trace.program_instructions())
-        assert len(trace) > sizes[-1]          # the loops ran more than once
+        # a runtime loop ran more than once (3000: two single-pair iterations; 9000: one
+        # of PAIRS_PER_ITERATION pairs and three single ones)
+        assert max(lp.iterations for lp in trace.loops.values()) >= 2, trace.loops
     assert sizes[0] == sizes[1], sizes
 
 
@@ -347,6 +349,7 @@ def test_prefill_tables_from_cu_seqlens():
     bucket, y rows per (token, channel tile) (scratch rows past the bucket for k >=
     length), slot and case min(length, H), the compacted slots that start from zeros, loop
     counts."""
+    from nki_ssm.kernels.short_conv.prefill import PAIRS_PER_ITERATION
     from nki_ssm.ops.launch.short_conv import prefill_tables
 
     cu = np.array([0, 2, 2, 7, 600])                 # lengths 2, 0, 5, 593
@@ -371,15 +374,19 @@ def test_prefill_tables_from_cu_seqlens():
     assert info.shape == (4, 2) and info[:3].tolist() == [[4, 2], [0, 3], [3, 3]]
     # slot 0 (live, no initial state) is the one slot the zero loop writes
     assert zslots.shape == (4, 1) and zslots[0, 0] == 0
-    # 600 tokens -> 2 chunks of 512 -> 1 pair: 0 loop iterations + the last pair; 3 live
-    # sequences; 1 slot to zero
-    assert counts.tolist() == [[0, 3, 1]]
+    # 600 tokens -> 2 chunks of 512 -> 1 pair: no loop iteration (of PAIRS_PER_ITERATION
+    # pairs or of one) + the last pair; 3 live sequences; 1 slot to zero
+    assert counts.tolist() == [[0, 0, 3, 1]]
+    # 16K tokens in a 16K bucket: 16 pairs, 15 in the loops (3 x 5 + 0), then the last
+    many = prefill_tables(np.array([0, 16384]), np.array([0]), np.array([False]), 16384, 1,
+                          4, 256)[5]
+    assert many.tolist() == [[15 // PAIRS_PER_ITERATION, 15 % PAIRS_PER_ITERATION, 1, 1]]
     # LNC=2, dim 256: two programs of one tile each, y as 2 rows per token (one per
     # program: each adds its block's offset), the same tables and one counts row for both
     t2 = prefill_tables(cu, idx, init, 1024, 4, 4, 256, programs=2)
     assert t2[2].shape == (4, 1, 128) and (t2[2][:3, 0, 0:H] // 2).tolist() == [
         [0, 1, 1024 + 2], [2, 3, 4], [7, 8, 9]]
-    assert (t2[2][:3, 0, 0:H] % 2 == 0).all() and t2[5].tolist() == [[0, 3, 1]]
+    assert (t2[2][:3, 0, 0:H] % 2 == 0).all() and t2[5].tolist() == [[0, 0, 3, 1]]
     # dim 300 -> 150 channels per program: a full and a 22-channel tile each, 4 rows per
     # token (2 per program)
     t300 = prefill_tables(cu, idx, init, 1024, 4, 4, 300, programs=2)
@@ -388,7 +395,7 @@ def test_prefill_tables_from_cu_seqlens():
     # dim 128: program 1 has no channels of its own (the same counts: it runs program 0's
     # loops into dumps), y keeps a block for it
     t128 = prefill_tables(cu, idx, init, 1024, 4, 4, 128, programs=2)
-    assert t128[5].tolist() == [[0, 3, 1]] and t128[2][1, 0, 0] == 2 * 2
+    assert t128[5].tolist() == [[0, 0, 3, 1]] and t128[2][1, 0, 0] == 2 * 2
 
 
 # --------------------------------------------------------------------------- decode

@@ -50,9 +50,10 @@ step named there with its torch equivalent):
   its own); ``seq_info [SB, 2]`` int32: its slot and its case ``min(length, H)``;
 - ``zero_slots [SB, 1]`` int32: the slots of live sequences without initial
   state, compacted;
-- ``counts [1, 3]`` int32, the one row every program reads: with ``pairs =
-  ceil(ceil(num_tokens / CHUNK) / 2)``, ``max(pairs - 1, 0)`` (stream loop trips),
-  the live sequences, the slots to zero.
+- ``counts [1, 4]`` int32, the one row every program reads: with ``pairs =
+  ceil(ceil(num_tokens / CHUNK) / 2)`` and ``loop = max(pairs - 1, 0)``, ``loop //
+  PAIRS_PER_ITERATION`` and ``loop % PAIRS_PER_ITERATION`` (stream-loop trips), the
+  live sequences, the slots to zero.
 
 Loops: every runtime loop is ``nl.fori_loop(0, n, body)`` at the top level of
 the kernel (``scaffold.work_loop`` / ``for_each_row``), its body an inner ``def``,
@@ -68,15 +69,20 @@ across iteration boundaries.
 0. **Zero loop** over ``zero_slots``: one DMA per 128 pool-row channels writes
    zeros (an SBUF tile in the pool dtype) over the slot, so every head below
    reads its old state from its slot. DMAs only; they run under the stream.
-1. **Stream loops**, one per channel group (up to 16 tiles of 128 channels), over
+1. **Stream loops**, two per channel group (up to 16 tiles of 128 channels), over
    the whole token stream in fixed chunks of CH = 512 tokens (or the bucket if
-   smaller), two chunks (slots A, B) per iteration, both windows issued when the
-   iteration starts (B's loads while A computes): an iteration loads what it
-   reads, nothing is prefetched across iterations (nki-library turns that off for
-   dynamic loops, NKI-1582). The last pair of a group follows its loop as
-   straight-line code, and VectorE builds the next group's diagonal weights
-   there (their DMAs were issued before the group's loop); with no tokens at
-   all it computes the padding rows, which the host drops. The window of a
+   smaller), in pairs of chunks (slots A, B): the first loop runs
+   PAIRS_PER_ITERATION = 5 pairs per iteration, the second the pairs left, one per
+   iteration. An iteration loads what it reads: nothing is prefetched across
+   iterations (nki-library turns that off for dynamic loops, NKI-1582). Its first two
+   windows are issued when it starts (B's loads while A computes), each later
+   window as soon as its slot's matmuls are done (it loads under the other slot's
+   chunk), and its last chunk is stored block by block, so the next iteration's
+   first windows wait behind little; only those first windows are exposed, once per
+   iteration. The last pair of a group follows its loops as straight-line code, and
+   VectorE builds the next group's diagonal weights there (their DMAs were issued
+   before the group's loops); with no tokens at all it computes the padding rows,
+   which the host drops. The window of a
    chunk is one *indirect* ``dma_transpose`` (gather transpose, software DGE):
    x rows ``t0 - M .. t0 + CH`` by a uint32 index tile computed on VectorE
    (``clamp(win_base + t0, 0, NB - 1)``, t0 a running chunk start kept in SBUF;
@@ -152,7 +158,7 @@ SBUF_BUDGET = 150 * 1024   # bytes per partition for the per-group working set
 CHUNK = 512         # tokens per stream window (n_tiles * 528 * 2 B = 16.5 KiB per partition)
 BANK = 512          # fp32 columns of one PSUM bank
 PSUM_TILES = 7      # rotating one-bank PSUM tiles (of 8 banks)
-WINDOW_PIECE = 4    # channel tiles per window gather: the first tiles' taps start early
+PAIRS_PER_ITERATION = 5   # chunk pairs per stream-loop iteration (its first windows wait)
 ALIGN = 16          # window offsets in elements: 32 B (bf16) / 64 B (fp32), the DMA
                     # transpose destination alignment (nki_ssm/sim/isa/dma.py)
 MAX_HALO = 64       # W - 1 limit: two head windows of _margin(W-1) rows in one gather
@@ -371,10 +377,8 @@ def _window_load(x, idx, rows, xw, xs, tm, col0, c0, n, P, rot):
     """Window columns ``col0 .. col0 + rows`` of ``xw[0:P, 0:n]`` <- x rows ``idx``
     (flat column-major over the index tile), channel-major.
 
-    2-byte x: indirect ``dma_transpose`` s (gather transposes; into the x-dtype staging
-    tile ``xs`` and a copy up when the matmuls are float32), one per WINDOW_PIECE channel
-    tiles, so the taps of the first tiles start while the rest arrives (a window is loaded
-    by the loop iteration that uses it). float32 x (``tm`` given):
+    2-byte x: one indirect ``dma_transpose`` (gather transpose; into the x-dtype staging
+    tile ``xs`` and a copy up when the matmuls are float32). float32 x (``tm`` given):
     the gather transpose takes 2-byte dtypes only, so one ``vector_offset`` gather per
     128 rows (one x row per partition) brings the rows token-major and TensorE
     transposes each [rows, 128 ch] block into PSUM, copied to the window.
@@ -387,17 +391,13 @@ def _window_load(x, idx, rows, xw, xs, tm, col0, c0, n, P, rot):
             dst_t = xs
         row = dst_t.shape[1] * dst_t.shape[2]
         RB = dst_t.shape[2]
-        for s0 in range(0, n, WINDOW_PIECE):
-            ns = min(WINDOW_PIECE, n - s0)
-            nisa.dma_transpose(dst=dst_t.ap(pattern=[[row, P], [RB, ns], [1, 1], [1, rows]],
-                                            offset=s0 * RB + col0),
-                               src=x.ap(pattern=[[dim, rows], [TILE, ns], [1, 1], [1, P]],
-                                        offset=c0 + s0 * TILE, vector_offset=idx,
-                                        indirect_dim=0),
-                               axes=(3, 1, 2, 0))
-            if xs != None:  # noqa: E711
-                nisa.tensor_copy(dst=xw[0:P, s0:s0 + ns, col0:col0 + rows],
-                                 src=xs[0:P, s0:s0 + ns, col0:col0 + rows])
+        nisa.dma_transpose(dst=dst_t.ap(pattern=[[row, P], [RB, n], [1, 1], [1, rows]],
+                                        offset=col0),
+                           src=x.ap(pattern=[[dim, rows], [TILE, n], [1, 1], [1, P]], offset=c0,
+                                    vector_offset=idx, indirect_dim=0),
+                           axes=(3, 1, 2, 0))
+        if xs != None:  # noqa: E711
+            nisa.tensor_copy(dst=xw[0:P, 0:n, col0:col0 + rows], src=xs[0:P, 0:n, col0:col0 + rows])
         return
     nblk = (rows + TILE - 1) // TILE
     per_bank = BANK // TILE
@@ -486,7 +486,7 @@ def _next_window(x, bufs, a, group, W, rot):
     _window_load(x, idx2[0:TILE, a, 0:NI], F, xw, xs, tm, 0, c0, n, P, rot)
 
 
-def _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot):
+def _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot, last=False):
     """Compute the chunk whose window is in slot ``a`` and store it: one DMA of its CH
     token rows at the run-time first token (``sti[a] = t0 * NT``, y being stored as
     ``[(NB + M) * NT, 128]``: NT rows of 128 channels per token)."""
@@ -498,37 +498,56 @@ def _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot):
     CH = xw.shape[2] - _margin(W - 1)
     nblk = CH // TILE
     base_col = _margin(W - 1) - (W - 1)     # window column of token t0 - (W-1)
+    nisa.tensor_scalar(dst=sti[a], data=st[0:1, a:a + 1], op0=nl.multiply,
+                       operand0=float(NT))
+    row = nisa.scalar_load(sti[a])
     for b in range(nblk):
         _conv_block(xw, outs[a][0:TILE, b, :], weights, ones, b * TILE, n, P, W, act_op,
                     vec_every, base_col, rot)
-    nisa.tensor_scalar(dst=sti[a], data=st[0:1, a:a + 1], op0=nl.multiply,
-                       operand0=float(NT))
-    # Stores with run-time addresses are ordered after each other (their rows cannot be
-    # told apart at compile time), so one large store per chunk keeps that chain short.
-    row = nisa.scalar_load(sti[a])
-    nisa.dma_copy(dst=y.ap(pattern=[[DP, TILE], [TILE * DP, nblk], [1, gw]], offset=c0 + yshift,
-                           scalar_offset=row, indirect_dim=0),
-                  src=outs[a][0:TILE, 0:nblk, 0:gw])
+        if last:
+            # the iteration's last chunk: each block's rows leave as soon as they are
+            # done, so little of the store is left when the next iteration's windows load
+            nisa.dma_copy(dst=y.ap(pattern=[[DP, TILE], [1, gw]],
+                                   offset=c0 + yshift + b * TILE * DP, scalar_offset=row,
+                                   indirect_dim=0),
+                          src=outs[a][0:TILE, b, 0:gw])
+    if not last:
+        # Stores with run-time addresses are ordered after each other (their rows cannot
+        # be told apart at compile time), so one large store per chunk keeps that chain
+        # short.
+        nisa.dma_copy(dst=y.ap(pattern=[[DP, TILE], [TILE * DP, nblk], [1, gw]],
+                               offset=c0 + yshift, scalar_offset=row, indirect_dim=0),
+                      src=outs[a][0:TILE, 0:nblk, 0:gw])
 
 
-def _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, next_build):
-    """Two chunks (slots A, B) from the running chunk start ``run``: both windows are
-    issued first, so B's arrives while A computes, then ``run`` advances by two chunks.
-    Every window is loaded by the iteration that uses it: no SBUF prefetch across the
-    runtime loop's iterations (nki-library turns it off for dynamic loops, NKI-1582).
-    ``next_build`` (the last pair of a group, after its loop): the next group's diagonal
-    weights, built on VectorE after chunk A while TensorE computes chunk B."""
+def _stream_pairs(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, npairs,
+                  next_build):
+    """``npairs`` consecutive pairs of chunks (slots A, B) from the running chunk start
+    ``run``: the first two windows are issued when the call starts, so B's arrives while A
+    computes; each later window goes into its slot as soon as that slot's matmuls are
+    done, so it loads under the other slot's chunk. Every window is loaded by the loop
+    iteration that uses it: no SBUF prefetch across the runtime loop's iterations
+    (nki-library turns it off for dynamic loops, NKI-1582); more pairs per iteration
+    leave fewer first windows waited for. ``run`` ends two chunks past the last pair.
+    ``next_build`` (the last pair of a group, after its loops): the next group's
+    diagonal weights, built on VectorE after the last chunk A while TensorE computes B."""
     run = bufs[0]
     CH = bufs[5][0][0].shape[2] - _margin(W - 1)
     _new_banks(rot)
     for a in range(2):
         _next_window(x, bufs, a, group, W, rot)
+    for p in range(npairs):
+        for a in range(2):
+            _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot,
+                          a == 1 and p + 1 == npairs)
+            if p + 1 < npairs:
+                if a == 0:
+                    nisa.tensor_scalar(dst=run, data=run, op0=nl.add, operand0=float(2 * CH))
+                _next_window(x, bufs, a, group, W, rot)
+            elif a == 0 and next_build != None:  # noqa: E711
+                _weight_build(next_build[0], next_build[1], next_build[2], next_build[3],
+                              next_build[4])
     nisa.tensor_scalar(dst=run, data=run, op0=nl.add, operand0=float(2 * CH))
-    for a in range(2):
-        _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot)
-        if a == 0 and next_build != None:  # noqa: E711
-            _weight_build(next_build[0], next_build[1], next_build[2], next_build[3],
-                          next_build[4])
 
 
 def _pool_blocks(dim, H):
@@ -844,9 +863,10 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
            nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf))
     idx2 = nl.ndarray((TILE, 2, NI), dtype=nl.uint32, buffer=nl.sbuf)
     bufs = (run, st, sti, base, idx2, wins, outs, nt, yb - cb)
-    # the loop counts (chunk pairs before the last one, live sequences, live sequences
-    # without initial state): device scalars of the one counts row both programs read
-    pairs, live, n_zero = trip_counts(counts)
+    # the loop counts (iterations of PAIRS_PER_ITERATION chunk pairs, then of one pair,
+    # before a group's last pair; live sequences; live sequences without initial state):
+    # device scalars of the one counts row both programs read
+    n_main, n_tail, live, n_zero = trip_counts(counts)
 
     # 0. zero loop: the slots of live sequences without initial state get zeros (this
     # program's channels), so every head reads its old state from its slot (DMAs only:
@@ -883,11 +903,18 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
         group_weights = weights
 
         def stream_body(k):
-            _stream_pair(x, y, bufs, group_weights, ones, group, W, act_op, vec_every, rot,
-                         None)
+            _stream_pairs(x, y, bufs, group_weights, ones, group, W, act_op, vec_every, rot,
+                          PAIRS_PER_ITERATION, None)
 
-        work_loop(pairs, stream_body)
-        _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, next_build)
+        work_loop(n_main, stream_body)
+
+        def tail_body(k):
+            _stream_pairs(x, y, bufs, group_weights, ones, group, W, act_op, vec_every, rot, 1,
+                          None)
+
+        work_loop(n_tail, tail_body)
+        _stream_pairs(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, 1,
+                      next_build)
         if g + 1 < len(groups):
             w32, diags, bias_t, raws = wtiles[(g + 1) % 2]
             bparts = ()

@@ -89,13 +89,16 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_buck
       H)``, stacked (index_select by perm);
     - zero_slots: the slots of live sequences without initial state first
       (``argsort(~(live & ~has_initial_state), stable)``, index_select); their count;
-    - counts ``[1, 3]``, the one row every program reads: with ``pairs =
-      ceil(ceil(num_tokens / CHUNK) / 2)`` chunk pairs, ``max(pairs - 1, 0)`` (the stream
-      loop; the last pair follows it), num_live and the number of slots to zero (integer
-      ops on scalars of ``cu[-1]`` and sums); a program without channels of its own (they
-      do not split) runs the same loops into its own y block and a dump of the pool.
+    - counts ``[1, 4]``, the one row every program reads: with ``pairs =
+      ceil(ceil(num_tokens / CHUNK) / 2)`` chunk pairs and ``loop = max(pairs - 1, 0)``
+      of them in the stream loops (the last pair follows them), ``loop // PAIRS`` and
+      ``loop % PAIRS`` (iterations of PAIRS_PER_ITERATION pairs, then of one), num_live
+      and the number of slots to zero (integer ops on scalars of ``cu[-1]`` and sums); a
+      program without channels of its own (they do not split) runs the same loops into
+      its own y block and a dump of the pool.
     """
-    from nki_ssm.kernels.short_conv.prefill import TILE, _chunk_tokens, _index_columns, _margin
+    from nki_ssm.kernels.short_conv.prefill import (PAIRS_PER_ITERATION, TILE, _chunk_tokens,
+                                                    _index_columns, _margin)
 
     NB, SB, H = int(num_tokens_bucket), int(num_seqs_bucket), W - 1
     M = _margin(H)
@@ -150,7 +153,9 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_buck
     zero_slots = slot[zperm][:, None]
     n_real = -(-int(cu[-1]) // CH)
     pairs = (n_real + 1) // 2
-    counts = np.array([[max(pairs - 1, 0), num_live, num_zero]], dtype=np.int64)
+    loop = max(pairs - 1, 0)
+    counts = np.array([[loop // PAIRS_PER_ITERATION, loop % PAIRS_PER_ITERATION, num_live,
+                        num_zero]], dtype=np.int64)
     f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)  # noqa: E731
     u32 = lambda a: np.ascontiguousarray(a, dtype=np.uint32)  # noqa: E731
     i32 = lambda a: np.ascontiguousarray(a, dtype=np.int32)  # noqa: E731
