@@ -33,20 +33,24 @@ sequence bucket, T = 384 window positions per work row in BLOCKS = 3 blocks of 1
 
 Design note
 -----------
-Loops: per channel group (16 tiles of 128 channels for bfloat16 x, 8 for float32) one
-top-level ``nl.fori_loop`` over the work rows (the same list for every group: a group's
-channels are compile-time offsets); then, with d_final_states, one top-level loop over
-sequences. No loop inside another; bounds are ``NkiScalar`` s loaded
+Loops: per channel group (16 tiles of 128 channels for bfloat16 x, 8 for float32) two
+top-level ``nl.fori_loop`` s over the work rows (the same list for every group: a group's
+channels are compile-time offsets), the first ROWS_PER_ITERATION = 4 rows per iteration,
+the second the rows left, one per iteration; then, with d_final_states, one top-level
+loop over sequences. No loop inside another; bounds are ``NkiScalar`` s loaded
 (``scaffold.trip_counts``) from an SBUF copy of ``counts`` before the loops; everything
 unrolled in a body is bounded by the group and W. Program size depends on DP, W, dtypes and flags only (2,758 static instructions at
 dim 8192, W 4, bfloat16, LNC=1).
 
-Per work row and group: one DMA loads the table row (the loop's ``NkiScalar`` as
+Per work row and group: one DMA loads the table row (the row's ``NkiScalar`` index as
 ``scalar_offset``), then the row's windows: ``vector_offset`` gathers (one xsrc / dysrc row
 per partition) of the x window (T + 2H positions) and the dy window (T + H tokens),
 token-major; positions outside the sequence read the zero row, so no masks and no
-conditionals. The iteration loads all it reads (no SBUF prefetch across iterations:
-nki-library turns it off for dynamic loops, NKI-1582) and allocates its PSUM banks. Each 128-channel tile then
+conditionals. The rows of an iteration alternate two buffer sets (table row, windows, dx
+tile): row r + 2's loads are issued as soon as row r is done with its set, so they
+arrive under row r + 1's stages. The iteration loads all it reads (no SBUF prefetch
+across iterations: nki-library turns it off for dynamic loops, NKI-1582), so only its
+first row waits for its windows, and it allocates its PSUM banks. Each 128-channel tile then
 runs seven stages, issued as a wavefront (stage q of tile t - q at step t) so every
 engine's in-order queue holds several tiles' work:
 
@@ -106,6 +110,7 @@ GROUP_TILES = 16    # channel tiles per group (one loop each; 8 for float32 x)
 BANK = 512          # float32 columns of one PSUM bank
 TABLE_COLUMNS = 3 * BLOCKS + 2   # index columns of a work row (x, dy, dx blocks)
 FS_COLUMNS = 2048   # channels per d_final read-modify-write block
+ROWS_PER_ITERATION = 4   # work rows per iteration of the first row loop (its first waits)
 
 
 def _group_weights(weight, bias, wcol, bcol, diag, ident, c0, n, W):
@@ -235,41 +240,55 @@ def _gather_windows(xsrc, dysrc, xg, dg, idx, c0, gw, H):
     _gather(dysrc, dg[:, BLOCKS, :], idx, 2 * BLOCKS + 1, H, c0, gw)
 
 
-def _row(i, tabs, xsrc, dysrc, dxo, dx_off, bufs, red, acc, c0, n, W, silu):
-    """Work row i (an NkiScalar) for the group's n tiles at channel c0: its table row (its
-    gather indices and dx rows), its windows, the tiles' stages. Everything the row reads
-    is loaded by its own iteration (no SBUF prefetch across the runtime loop's iterations:
-    nki-library turns it off for dynamic loops, NKI-1582), and its PSUM banks are
+def _load_row(i, rows, rset, xsrc, dysrc, c0, gw, H):
+    """Work row i's table row (gather indices and dx rows) and windows into the buffer set
+    ``rset = (idx, xg, dg, out)``."""
+    idx, xg, dg, out = rset
+    nisa.dma_copy(dst=idx, src=rows.ap(pattern=[[TABLE_COLUMNS, TILE], [1, TABLE_COLUMNS]],
+                                       offset=0, scalar_offset=i, indirect_dim=0))
+    _gather_windows(xsrc, dysrc, xg, dg, idx, c0, gw, H)
+
+
+def _rows(first, count, rows, sets, xsrc, dysrc, dxo, dx_off, bufs, red, acc, c0, n, W, silu):
+    """``count`` consecutive work rows from row ``first`` (an NkiScalar) for the group's n
+    tiles at channel c0, in one loop iteration: rows alternate the two buffer sets, row r +
+    2's table row and windows load as soon as row r is done with its set, so they arrive
+    under row r + 1's stages. Everything the iteration reads is loaded by it (no SBUF
+    prefetch across the runtime loop's iterations: nki-library turns it off for dynamic
+    loops, NKI-1582): only its first row waits for its windows. Its PSUM banks are
     allocated here, in the loop body."""
-    rows, idx = tabs
     (ident, xg, dg, xw, dzm, sg, zb, uv, out, banks, diag, bcol, has_bias) = bufs
-    prods, junk, redw, redb = red
     acc_w, acc_b = acc
+    prods, junk, redw, redb = red
     H = W - 1
     gw = n * TILE
     banks = []
     for b in range(8):
         banks.append(nl.ndarray((TILE, BANK), dtype=nl.float32, buffer=nl.psum))
-    bufs = (ident, xg, dg, xw, dzm, sg, zb, uv, out, banks, diag, bcol, has_bias)
-    nisa.dma_copy(dst=idx, src=rows.ap(pattern=[[TABLE_COLUMNS, TILE], [1, TABLE_COLUMNS]],
-                                       offset=0, scalar_offset=i, indirect_dim=0))
-    _gather_windows(xsrc, dysrc, xg, dg, idx, c0, gw, H)
-    # the tiles' stages as a wavefront: at step t, stage q of tile t - q (oldest first),
-    # so each engine's in-order queue holds work of several tiles at once
-    for t in range(n + len(STEPS) - 1):
-        for q in range(len(STEPS) - 1, -1, -1):
-            if 0 <= t - q < n:
-                for st in STEPS[q]:
-                    _stage(bufs, red, st, t - q, W, silu)
-    for b in range(BLOCKS):
-        # dxo: this program's own tensor, its channels from the program's first
-        nisa.dma_copy(dst=dxo.ap(pattern=[[dxo.shape[1], TILE], [1, gw]], offset=dx_off,
-                                 vector_offset=idx[:, 2 * BLOCKS + 2 + b:2 * BLOCKS + 3 + b],
-                                 indirect_dim=0),
-                      src=out[:, b, 0:gw])
-    nisa.tensor_tensor(dst=acc_w[:, 0:n, :], data1=acc_w[:, 0:n, :], data2=redw[:, 0:n, :],
-                       op=nl.add)
-    nisa.tensor_tensor(dst=acc_b[:, 0:n], data1=acc_b[:, 0:n], data2=redb[:, 0:n], op=nl.add)
+    for j in range(min(2, count)):
+        _load_row(first + j, rows, sets[j], xsrc, dysrc, c0, gw, H)
+    for j in range(count):
+        idx, xg, dg, out = sets[j % 2]
+        rbufs = (ident, xg, dg, xw, dzm, sg, zb, uv, out, banks, diag, bcol, has_bias)
+        # the tiles' stages as a wavefront: at step t, stage q of tile t - q (oldest first),
+        # so each engine's in-order queue holds work of several tiles at once
+        for t in range(n + len(STEPS) - 1):
+            for q in range(len(STEPS) - 1, -1, -1):
+                if 0 <= t - q < n:
+                    for st in STEPS[q]:
+                        _stage(rbufs, red, st, t - q, W, silu)
+        for b in range(BLOCKS):
+            # dxo: this program's own tensor, its channels from the program's first
+            nisa.dma_copy(dst=dxo.ap(pattern=[[dxo.shape[1], TILE], [1, gw]], offset=dx_off,
+                                     vector_offset=idx[:, 2 * BLOCKS + 2 + b:2 * BLOCKS + 3 + b],
+                                     indirect_dim=0),
+                          src=out[:, b, 0:gw])
+        nisa.tensor_tensor(dst=acc_w[:, 0:n, :], data1=acc_w[:, 0:n, :],
+                           data2=redw[:, 0:n, :], op=nl.add)
+        nisa.tensor_tensor(dst=acc_b[:, 0:n], data1=acc_b[:, 0:n], data2=redb[:, 0:n],
+                           op=nl.add)
+        if j + 2 < count:
+            _load_row(first + j + 2, rows, sets[j % 2], xsrc, dysrc, c0, gw, H)
 
 
 def _final_state_grads(f, fs_rows, dfsrc, dxo, dx_off, fbufs, cp0, H):
@@ -327,9 +346,15 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
 
     ident = identity(xdt)
     GW = G * TILE
-    # gathered windows, token-major: BLOCKS blocks of 128 rows, then the tail rows
-    xg = nl.ndarray((TILE, BLOCKS + 1, GW), dtype=xdt, buffer=nl.sbuf)
-    dg = nl.ndarray((TILE, BLOCKS + 1, GW), dtype=xdt, buffer=nl.sbuf)
+    # two buffer sets of a work row (rows alternate them inside an iteration): its table
+    # row, its gathered windows (token-major: BLOCKS blocks of 128 rows, then the tail
+    # rows) and its dx tile
+    sets = []
+    for i in range(2):
+        sets.append((nl.ndarray((TILE, TABLE_COLUMNS), dtype=nl.int32, buffer=nl.sbuf),
+                     nl.ndarray((TILE, BLOCKS + 1, GW), dtype=xdt, buffer=nl.sbuf),
+                     nl.ndarray((TILE, BLOCKS + 1, GW), dtype=xdt, buffer=nl.sbuf),
+                     nl.ndarray((TILE, BLOCKS, GW), dtype=xdt, buffer=nl.sbuf)))
     xw = nl.ndarray((TILE, G, T + 2 * H), dtype=xdt, buffer=nl.sbuf)
     dzm = nl.ndarray((TILE, G, T + H), dtype=xdt, buffer=nl.sbuf)
     sg, zb, uv = [], [], []
@@ -337,8 +362,6 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
         sg.append(nl.ndarray((TILE, T + H), dtype=nl.float32, buffer=nl.sbuf))
         zb.append(nl.ndarray((TILE, T + H), dtype=nl.float32, buffer=nl.sbuf))
         uv.append(nl.ndarray((TILE, T + H), dtype=nl.float32, buffer=nl.sbuf))
-    out = nl.ndarray((TILE, BLOCKS, GW), dtype=xdt, buffer=nl.sbuf)
-    idx = nl.ndarray((TILE, TABLE_COLUMNS), dtype=nl.int32, buffer=nl.sbuf)
     wcol = nl.ndarray((TILE, G, W), dtype=nl.float32, buffer=nl.sbuf)
     bcol = nl.ndarray((TILE, G), dtype=nl.float32, buffer=nl.sbuf)
     diag = nl.ndarray((TILE, G, W, TILE), dtype=xdt, buffer=nl.sbuf)
@@ -351,12 +374,14 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
            nl.ndarray((TILE, G), dtype=nl.float32, buffer=nl.sbuf))
     acc = (nl.ndarray((TILE, G, W), dtype=nl.float32, buffer=nl.sbuf),
            nl.ndarray((TILE, G), dtype=nl.float32, buffer=nl.sbuf))
-    bufs = (ident, xg, dg, xw, dzm, sg, zb, uv, out, None, diag, bcol, bias != None)  # noqa: E711
+    bufs = (ident, None, None, xw, dzm, sg, zb, uv, None, None, diag, bcol,
+            bias != None)  # noqa: E711
     if bias == None:  # noqa: E711
         nisa.memset(dst=bcol, value=0.0)
-    # work rows and sequences with d_final_states: device scalars of the one counts row
-    # both programs read (the programs split the channels: the same work list)
-    n_rows, n_fs = trip_counts(counts)
+    # iterations of ROWS_PER_ITERATION work rows, then of one (the rows left), and sequences
+    # with d_final_states: device scalars of the one counts row both programs read (the
+    # programs split the channels: the same work list)
+    n_main, n_tail, n_fs = trip_counts(counts)
 
     for g0 in range(0, NTP, G):
         n = min(G, NTP - g0)
@@ -365,11 +390,17 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
         nisa.memset(dst=acc[0], value=0.0)
         nisa.memset(dst=acc[1], value=0.0)
 
-        def row_body(i):
-            _row(i, (rows, idx), xsrc, dysrc, dxo, dx_base + g0 * TILE, bufs, red, acc, c0, n,
-                 W, silu)
+        def main_body(i):
+            _rows(i * ROWS_PER_ITERATION, ROWS_PER_ITERATION, rows, sets, xsrc, dysrc, dxo,
+                  dx_base + g0 * TILE, bufs, red, acc, c0, n, W, silu)
 
-        work_loop(n_rows, row_body)
+        work_loop(n_main, main_body)
+
+        def tail_body(i):
+            _rows(n_main * ROWS_PER_ITERATION + i, 1, rows, sets, xsrc, dysrc, dxo,
+                  dx_base + g0 * TILE, bufs, red, acc, c0, n, W, silu)
+
+        work_loop(n_tail, tail_body)
         nisa.dma_copy(dst=dwo.ap(pattern=[[W, TILE], [TILE * W, n], [1, W]], offset=c0 * W),
                       src=acc[0][:, 0:n, :])
         nisa.dma_copy(dst=dbo.ap(pattern=[[1, TILE], [TILE, n]], offset=c0),

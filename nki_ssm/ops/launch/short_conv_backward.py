@@ -47,10 +47,12 @@ def padded_dim(dim: int, lnc: int) -> int:
 
 def backward_tables(cu_seqlens, num_tokens_bucket: int, num_seqs_bucket: int, W: int,
                     has_initial_state: bool, has_final_grad: bool):
-    """(rows ``[R + 1, 128, 3 * BLOCKS + 2]``, fs_rows ``[SB, H, 2]``, counts ``[1, 2]``) int32
+    """(rows ``[R + 1, 128, 3 * BLOCKS + 2]``, fs_rows ``[SB, H, 2]``, counts ``[1, 3]``) int32
     for a batch padded to the buckets (R = ceil(NB / T) + 2 * SB work rows, the used ones
     first; T = 128 * BLOCKS positions per row; table row r holds row r's gather indices
-    and dx rows; counts is the one row both programs read).
+    and dx rows; counts, the one row both programs read: ``R // ROWS_PER_ITERATION``,
+    ``R % ROWS_PER_ITERATION`` (the two row loops' trips) and the sequences with
+    d_final_states).
 
     Each step is a vectorised array op (torch: repeat_interleave, cumsum, arange
     broadcasts, where): rows per sequence ``r = ceil((L + H) / T)``; the sequence of
@@ -61,7 +63,7 @@ def backward_tables(cu_seqlens, num_tokens_bucket: int, num_seqs_bucket: int, W:
     ``p0 + arange(T)`` to dx rows, initial-state rows or scratch rows; d_final rows of
     positions ``L + arange(H)``.
     """
-    from nki_ssm.kernels.short_conv.backward import BLOCKS, ROW, TABLE_COLUMNS
+    from nki_ssm.kernels.short_conv.backward import BLOCKS, ROW, ROWS_PER_ITERATION, TABLE_COLUMNS
 
     NB, SB, H, T = int(num_tokens_bucket), int(num_seqs_bucket), W - 1, ROW
     B = 128
@@ -105,7 +107,8 @@ def backward_tables(cu_seqlens, num_tokens_bucket: int, num_seqs_bucket: int, W:
     pf = L[:, None] + h
     fs_rows[:S, :, 0] = np.where(pf < H, NB + np.arange(S)[:, None] * H + pf, s0[:, None] + pf - H)
     fs_rows[:S, :, 1] = np.arange(S)[:, None] * H + h
-    counts = np.array([[R, S if has_final_grad else 0]], dtype=np.int64)
+    counts = np.array([[R // ROWS_PER_ITERATION, R % ROWS_PER_ITERATION,
+                        S if has_final_grad else 0]], dtype=np.int64)
     i32 = lambda a: np.ascontiguousarray(a, dtype=np.int32)  # noqa: E731
     return i32(rows), i32(fs_rows), i32(counts)
 
