@@ -128,15 +128,18 @@ number of sequences (run time); slots*pr < 2^31 (int32 pool rows).
 
 Modeled (trn2, nki_ssm.perf as of this commit; ``python -m simulate --op
 ssd_decode --no-calibration``; Mamba-2 2.7B, float32 state, bf16 I/O; share
-of the 368 GB/s core DMA bandwidth): 1 sequence 41.5 us (34.5 %), 32
-sequences 1.14 ms (40.2 %), 512 sequences 18.0 ms (40.6 %); VectorE (85 %)
-and ScalarE (76 %) bind: the per-element update passes over the state
-(decay, input, C product, y reduction); DMA 49 %. Program size: 549 static
-instructions at 32 and at 512 sequences (every runtime-loop body once).
-LNC=2 (each program's instructions timed on its own core): 32 sequences
-577 us per program (0.51 x LNC=1), 512 sequences 9.02 ms (0.50 x); one
-sequence 41.5 us on program 0 (program 1 has no work); 549 static
-instructions per program.
+of the 368 GB/s core DMA bandwidth): 1 sequence 38.9 us (36.8 %), 32
+sequences 1.16 ms (39.3 %), 512 sequences 18.6 ms (39.3 %); VectorE and
+ScalarE bind: the per-element update passes over the state (decay, input, C
+product, y reduction). Each main-loop iteration waits for its first table
+row, tokens and state unit once (nothing is prefetched across iterations):
++2 % at 32 and +3 % at 512 sequences against the former cross-iteration
+prefetch. Program size: 1,748 static instructions (every runtime-loop body
+and both sides of the spare's ``nl.if_else`` once; the main body holds 8
+entries). LNC=2 (each program's instructions timed on its own core): 32
+sequences 583 us per program (0.50 x LNC=1), 512 sequences 9.31 ms (0.50
+x); one sequence 37.6 us (program 0's spare entry, program 1 a dump entry);
+1,748 static instructions per program.
 
 Numerics: all float32 (no matmul precision choice: the only matmul is the
 exact 0/1 broadcast). A bfloat16 pool is widened by the first token's
