@@ -76,9 +76,10 @@ built by a few vectorised array ops in the launcher, and every loop that grows
 with tokens or sequences is a runtime loop whose bound is an ``NkiScalar``
 (``nisa.scalar_load`` of an SBUF copy of the counts row; design notes in prefill.py
 and decode.py). One
-program per bucket: prefill 4,900 static instructions at 16K x 1 and 8 x 2K
-(dim 8192, W 4, bf16), 2,481 per program at LNC=2; decode 1,276, 672 per program
-at LNC=2 (``Trace.program_instructions``, every loop body counted once).
+program per bucket: prefill 16,407 static instructions at 16K x 1 and 8 x 2K
+(dim 8192, W 4, bf16, LNC=1; the first stream loop's body holds 5 chunk pairs);
+decode 1,276, 672 per program at LNC=2 (``Trace.program_instructions``, every loop
+body and both sides of every ``nl.if_else`` counted once).
 
 Limits
 ------
