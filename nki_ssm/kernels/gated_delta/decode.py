@@ -109,9 +109,10 @@ What binds (modeled, trn2, nki_ssm.perf as of this commit, ``python -m simulate
 float32 pool, bf16 q/k/v): moving the states. 64 sequences 1.12 ms (10-90 %:
 1.12-2.96), 241 GB/s (65 % of the core's DMA bandwidth; DMA queues 85 % busy,
 VectorE 76 %, TensorE 74 %) at LNC=1; at LNC=2 each program models 0.57 ms (its
-32 sequences on its own core; 0.51x). Program: 1,735 static instructions per
-program (64-sequence bucket, every loop body once), 2,329 at T = 4 (8-sequence
-bucket); 118 for a bucket of one (tail only).
+32 sequences on its own core; 0.51x). Gathering each main iteration's first
+batch in the iteration (no prefetch across iterations) costs +0.3 % at 64
+sequences (LNC=1; LNC=2 -0.5 %). Program: 2,022 static instructions per program
+(64-sequence bucket, every loop body and the spare batch once).
 
 HBM arguments (prepared by the launcher, ``nki_ssm.ops.launch.gated_delta``),
 one row per loop iteration, for the main loop (``*_main``, width SPI, rows
