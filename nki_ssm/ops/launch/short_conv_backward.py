@@ -19,7 +19,7 @@ binds is the elementwise work of the channel-major formulation -- VectorE busy 1
 ScalarE 10.1 ms, GpSimd 8.7 ms of the 12.7 ms (LNC=1); TensorE 4.6 ms, DMA queues 2.9
 ms -- about 15 passes over every (token, channel) element: x-window and dx PSUM
 evictions, sigmoid, three fused dz ops, W dweight products and W + 1 sums. Program size
-2,758 static instructions (LNC=1) / 1,382 per program (LNC=2). For comparison, one H100
+12,417 static instructions (LNC=1; 4 work rows per iteration of the first row loop). For comparison, one H100
 runs FLA's Triton causal_conv1d + SiLU forward + backward at this shape in 1.769 ms
 (forward 0.219 ms; measured, the project's H100 reference figures): per chip, 8 trn2
 cores running forward (2.10 ms modeled) + this backward on a 16K sequence each are
