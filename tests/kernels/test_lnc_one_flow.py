@@ -80,6 +80,29 @@ def _gdn_decode(num_seqs, padding, T=1, HV=2, raw=False, pool_dtype=np.float32):
     return make
 
 
+def _ssd_prefill(seqlens, padding, H, P, G=1, dtype=np.float32, chunk=16):
+    def make(rng):
+        kw = inputs.make_ssd_inputs(rng, seqlens=seqlens, H=H, P=P, N=16, G=G, dtype=dtype,
+                                    padding=padding, slots=len(seqlens) + 2, z=True,
+                                    has_initial_state="mixed")
+        return ops.ssd_prefill, dict(kw, chunk_size=chunk)
+    return make
+
+
+def _ssd_backward(lengths, H, P, G=1, dtype=np.float32, chunk=16):
+    def make(rng):
+        kw = inputs.make_ssd_inputs(rng, seqlens=lengths, H=H, P=P, N=16, G=G, dtype=dtype,
+                                    z=True)
+        for name in ("ssm_states", "state_indices", "has_initial_state"):
+            kw.pop(name)
+        S, n = len(lengths), int(sum(lengths))
+        kw.update(dy=rng.standard_normal((n, H, P)).astype(dtype), chunk_size=chunk,
+                  initial_states=rng.standard_normal((S, H, P, 16)).astype(np.float32),
+                  d_final_states=rng.standard_normal((S, H, P, 16)).astype(np.float32))
+        return ops.ssd_backward, kw
+    return make
+
+
 CASES = [
     # SSD decode: the programs split the sequences; an odd live count (a spare entry), one
     # sequence (spare only), full iterations and single-entry ones, all padding
@@ -111,6 +134,18 @@ CASES = [
     ("short_conv_decode/odd-dim", _conv_decode(3, 1, 99, T=1, dtype=BF16)),
     # all padding: no live sequence, both programs run zero groups
     ("short_conv_decode/all-padding", _conv_decode(4, 4, 256)),
+    # SSD prefill: the heads split (both programs run the whole work list): an odd sequence
+    # count with an empty one and padding, pairs ending in an all-masked chunk; one head of
+    # odd P (does not split: program 1 runs program 0's loops into dumps); an odd H (2H heads
+    # of P/2) in bfloat16; all padding (only the padding tokens' y rows are zeroed)
+    ("ssd_prefill/odd-seqs", _ssd_prefill([37, 0, 70], 1, 4, 8, G=2)),
+    ("ssd_prefill/one-head", _ssd_prefill([21], 0, 1, 5)),
+    ("ssd_prefill/odd-H", _ssd_prefill([9, 40, 1], 1, 3, 8, dtype=BF16)),
+    ("ssd_prefill/all-padding", _ssd_prefill([5, 30], 2, 2, 8)),
+    # SSD backward: an odd sequence count with an empty one (a group per program); odd H
+    # (does not split: both programs run every head, program 0's gradients kept)
+    ("ssd_backward/odd-seqs", _ssd_backward([37, 0, 5], 4, 8, G=2)),
+    ("ssd_backward/odd-H", _ssd_backward([20, 3], 3, 8, dtype=BF16)),
 ]
 
 
@@ -152,11 +187,14 @@ def test_both_programs_one_flow_and_lnc1_results(name, make, monkeypatch):
     flows = program_flows(trace)
     assert sorted(flows) == [0, 1], flows
     assert flows[0] == flows[1], flows
-    # the work is real: both programs iterate or take a branch (no live work: neither)
+    # the work is real: both programs iterate or take a branch (no live work: neither
+    # does, or both only zero the padding tokens' rows)
     iterated = {pid for (pid, _), loop in trace.loops.items() if loop.iterations}
     taken = {pid for (pid, _), branch in trace.branches.items() if branch.taken}
-    assert iterated | taken == (set() if name.endswith("all-padding") else {0, 1}), \
-        (trace.loops, trace.branches)
+    if name.endswith("all-padding"):
+        assert iterated | taken in (set(), {0, 1}), (trace.loops, trace.branches)
+    else:
+        assert iterated | taken == {0, 1}, (trace.loops, trace.branches)
     assert len(got) == len(ref)
     for a, b in zip(got, ref):
         assert a.dtype == b.dtype and a.shape == b.shape

@@ -20,14 +20,14 @@ compiled program per (bucket, layer shape, dtypes):
   gather / scatter a sequence's state with one int32 row index per
   partition (``.ap(vector_offset=...)``) and update it in place;
 - LNC=2 (``call.lnc``): prefill splits the heads over the two programs
-  (``head_parts = 2``: an odd H first becomes 2H heads of P/2 channels; the
-  pool view then has ``2*pr`` rows per slot, part 1's ``pr`` after part 0's),
+  (two parts: an odd H first becomes 2H heads of P/2 channels; the pool
+  view then has ``2*pr`` rows per slot, part 1's ``pr`` after part 0's),
   decode splits the live sequences in order into equal runs (one counts row
-  for both programs, a spare entry under ``nl.if_else``: ``decode_tables``);
-  prefill's ``counts`` gets a row per program (and decode's tables a block of
-  rows per program).
-  Work that does not split (an odd H of odd P, e.g. one head; one live
-  sequence) stays on program 0, program 1 gets zero counts;
+  for both programs, a spare entry under ``nl.if_else``: ``decode_tables``;
+  decode's tables get a block of rows per program). Prefill's tables, counts
+  included, are shared: both programs run the whole work list, so heads that
+  do not split (an odd H of odd P, e.g. one head) run on both, program 1
+  writing into private dumps;
 - per-head parameters are repeated on 128 rows (prefill; D [H] goes to the
   TensorE identity path, D [H, P] to the per-channel path) or arranged as
   per-row ``[pr, nt]`` tiles (decode); dt is widened to float32; tensors are
@@ -86,26 +86,22 @@ def _D_per_row(xp, D, H, P):
 
 
 def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens: int,
-                   num_seqs: int, chunk_size: int, pr: int, slot_rows: int | None = None,
-                   programs: int = 1, head_parts: int = 1):
+                   num_seqs: int, chunk_size: int, pr: int, slot_rows: int | None = None):
     """Run-time batch tables of ``ssd_chunk_prefill`` (its module docstring):
     ``(pair_rows [pair_count, Q, 4], pair_vals [pair_count, 4], init_table [num_seqs, 128, 2],
     final_table [num_seqs, 128, 2], zero_table [ceil(num_tokens / Q), Q, 1],
-    counts [programs, 5])`` int32, ``pair_count = ceil(num_tokens / 2Q) + num_seqs + 1``.
+    counts [1, 4])`` int32, ``pair_count = ceil(num_tokens / 2Q) + num_seqs``.
 
     Pool rows of slot s are ``s * slot_rows + q`` (q < pr; slot_rows defaults to pr).
-    The programs split the heads into ``head_parts`` parts and share every table
-    but counts: each runs the whole work list on its heads (its pool rows are
-    part * pr further, a static offset in the kernel); with one part (one head),
-    program 1's counts are zero (it runs no loop; its first source is the zero
-    block).
+    Every program of the launch reads all of them (the one control flow of LNC=2):
+    the programs split the heads, each running the whole work list on its heads
+    (its pool rows a part further per slot, a static offset in the kernel).
 
     ``num_tokens`` / ``num_seqs`` are the buckets; row ``num_tokens`` is the
     zero (inputs) / dump (y) row that masked chunk rows name; scratch block
     ``num_seqs`` is the kernel's zero state. The work list is every pair of
-    chunks of every live sequence, in order, then all-masked rows (the
-    kernel's last prefetch reads the one after the last pair). Shapes depend
-    only on the buckets and Q. Built with vectorised array ops only, each a
+    chunks of every live sequence, in order (unused rows: all masked). Shapes
+    depend only on the buckets and Q. Built with vectorised array ops only, each a
     torch op on device: ``diff`` / integer ceil-division (lengths, pairs),
     ``nonzero`` of ``state_indices >= 0`` and of has_initial_state (live and
     init order), an exclusive ``cumsum`` (pair bases), ``repeat_interleave``
@@ -124,7 +120,7 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens: int
     zero_block = num_seqs                            # the scratch block of zeros
     pairs = (lens_l + 2 * Q - 1) // (2 * Q)
     total = int(pairs.sum())
-    pair_count = -(-num_tokens // (2 * Q)) + num_seqs + 1
+    pair_count = -(-num_tokens // (2 * Q)) + num_seqs
     pair_rows = np.zeros((pair_count, Q, 4), dtype=np.int32)
     pair_rows[:, :, 0::2] = num_tokens
     pair_vals = np.full((pair_count, 4), num_tokens, dtype=np.int32)
@@ -146,8 +142,7 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens: int
         pair_vals[:total, 0] = tok[:, 0]
         pair_vals[:total, 1] = tok[:, Q]
         pair_vals[:total, 2] = seq_of_pair
-        pair_vals[:total - 1, 3] = src[1:]
-    src0 = int(src[0]) if total else zero_block
+        pair_vals[:total, 3] = src
     pool_rows = idx[live][:, None] * (slot_rows or pr) + np.arange(pr)[None, :]
     init_table = np.zeros((num_seqs, _PMAX, 2), dtype=np.int32)
     n_init = int(init.sum())
@@ -163,9 +158,7 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens: int
     zero_rows = -(-num_tokens // Q)
     zero_table = np.full((zero_rows * Q, 1), num_tokens, dtype=np.int32)
     zero_table[:pad_tok.size, 0] = pad_tok
-    counts = np.zeros((programs, 5), dtype=np.int32)
-    counts[:, 4] = zero_block
-    counts[:head_parts] = [n_init, total, n_live, -(-pad_tok.size // Q), src0]
+    counts = np.array([[n_init, total, n_live, -(-pad_tok.size // Q)]], dtype=np.int32)
     return (pair_rows, pair_vals, init_table, final_table, zero_table.reshape(zero_rows, Q, 1),
             counts)
 
@@ -229,11 +222,12 @@ def prefill_call(xp, call, *, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_lim
     slots = ssm_states.shape[0]
     Tb, Sb = token_bucket(T), seq_bucket(S)
     # LNC=2: each program takes half of the heads (an odd H was split along P
-    # above; an odd H of odd P stays whole: program 1 gets zero counts)
+    # above; an odd H of odd P stays whole: both programs run it, program 1 into
+    # private dumps; the kernel's program_share agrees)
     parts = 2 if call.lnc == 2 and H % 2 == 0 else 1
     pr, nt = decode_layout(H // parts, P, 1)   # pr partitions x nt state rows, per part
     tables = prefill_tables(cu_seqlens, state_indices, has_initial_state, Tb, Sb,
-                            int(chunk_size), pr, parts * pr, call.lnc, parts)
+                            int(chunk_size), pr, parts * pr)
 
     # tokens of padding sequences are zeroed (a masked fill): a chunk reads the Q
     # rows from its first token on, so rows past a sequence's end must be finite
@@ -261,7 +255,7 @@ def prefill_call(xp, call, *, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_lim
              tok2d(B, G * N), tok2d(C, G * N), D_heads, D_row, tok2d(z, H * P),
              None if dt_bias is None else xp.broadcast_rows(xp.f32(dt_bias), _PMAX),
              rows, *(xp.table(t) for t in tables),
-             int(H), parts, int(N), bool(dt_softplus), lo, hi, int(chunk_size),
+             int(H), int(N), bool(dt_softplus), lo, hi, int(chunk_size),
              precision == "fp32")
     xp.commit(rows, ssm_states)
     return y[:T].reshape(T, H, P)
