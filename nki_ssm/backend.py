@@ -10,10 +10,11 @@ bundled simulator (``nki_ssm.sim``) otherwise. ``NKI_SSM_BACKEND``:
   the minimum;
 - ``sim``: the simulator, even when the SDK is installed.
 
-The kernels target NKI 0.6.0 (Neuron SDK 2.32.0): their runtime loops are
-``nl.fori_loop``, which NKI 0.6.0 introduced (release-notes/components/nki.rst,
-0.6.0), so ``MIN_NKI`` is 0.6.0. The simulator imitates the release
-``NKI_SSM_NKI_VERSION`` names (``nki_ssm.sim.version``).
+The kernels target NKI 0.8.0 (Neuron SDK 2.34.0): their run-time bounds and
+offsets are ``NkiScalar`` s and their conditionals ``nl.if_else``, which NKI 0.8.0
+completed (release-notes/components/nki.rst, 0.8.0), so ``MIN_NKI`` is 0.8.0; users
+of older SDKs pin the last nki_ssm release built for them. The simulator imitates
+the release ``NKI_SSM_NKI_VERSION`` names (``nki_ssm.sim.version``, default 0.8.0).
 
 The choice is made once, when this module is first imported (kernels bind
 ``nki.jit`` at import time); ``name()`` reports it. ``resolve()`` evaluates
@@ -30,8 +31,8 @@ import warnings
 
 ENV_VAR = "NKI_SSM_BACKEND"
 CHOICES = ("auto", "neuron", "sim")
-MIN_NKI = "0.6.0"           # NKI 0.6.0 = Neuron SDK 2.32.0: nl.fori_loop / nl.while_loop
-MIN_SDK = "2.32.0"
+MIN_NKI = "0.8.0"           # NKI 0.8.0 = Neuron SDK 2.34.0: NkiScalar arithmetic, nl.if_else
+MIN_SDK = "2.34.0"
 
 
 def _release(version: str) -> tuple[int, ...]:
@@ -51,7 +52,7 @@ def sdk_too_old(sdk) -> str | None:
     found = str(getattr(sdk, "__version__", "") or "")
     if found and _release(found) < _release(MIN_NKI):
         return (f"the installed Neuron SDK has NKI {found}; nki_ssm's kernels need NKI >= "
-                f"{MIN_NKI} (Neuron SDK >= {MIN_SDK}: nl.fori_loop)")
+                f"{MIN_NKI} (Neuron SDK >= {MIN_SDK}: NkiScalar, nl.if_else)")
     return None
 
 
@@ -114,7 +115,8 @@ LNC_CHOICES = (1, 2)
 def logical_nc_config(backend: str | None = None) -> int:
     """The programs a kernel launch runs as (its SPMD grid, ``kernel[lnc]``): 1 or 2.
 
-    ``NEURON_LOGICAL_NC_CONFIG`` ("1" or "2") on every backend, read now. Unset, it is
+    ``NEURON_LOGICAL_NC_CONFIG`` (exactly "1" or "2", else ValueError naming it; the
+    one place in the package that reads it) on every backend, read now. Unset, it is
     the Neuron runtime's default on the Neuron backend -- 2 on trn2 / trn3 ("With
     LNC=2 (default), these are grouped into 4 Logical NeuronCores",
     aws-neuron-sdk about-neuron/arch/neuron-features/logical-neuroncore-config.rst),
@@ -123,8 +125,9 @@ def logical_nc_config(backend: str | None = None) -> int:
     target is ``NEURON_PLATFORM_TARGET_OVERRIDE`` (default trn2, as the simulator's).
     """
     which = name() if backend is None else backend
-    raw = os.environ.get(LNC_ENV_VAR, "").strip()
-    if raw:
+    raw = os.environ.get(LNC_ENV_VAR)
+    if raw is not None:
+        # exactly "1" or "2": an empty or padded value is a mistake, not "unset"
         if raw not in ("1", "2"):
             raise ValueError(f"{LNC_ENV_VAR}: expected 1 or 2, got {raw!r}")
         return int(raw)

@@ -18,7 +18,20 @@ reads the kernels' source (it imports none of them) and lists the constructs:
   a position not written as a tuple), a tile in transpose mode, a runtime loop
   whose body is an inner ``def``, a runtime loop lexically inside another one's
   body, a register allocated inside a runtime-loop body, ``register_load`` straight
-  from a kernel input.
+  from a kernel input, ``scalar_load`` from a slice of a tile or a whole tile, a
+  ``scalar_offset`` that is a device scalar (``NkiScalar``: a ``scalar_load`` result,
+  a loop's iteration value, scalar arithmetic) or a tensor, a PSUM tile allocated
+  outside a runtime loop and written inside it.
+
+Runtime loops and conditionals are read through the kernels' scaffolding too
+(``nki_ssm/kernels/scaffold.py``): a function passed to ``work_loop`` /
+``for_each_row`` is a runtime-loop body, and the values ``trip_counts`` /
+``row_cells`` return are device scalars.
+
+Forbidden forms (``FORBIDDEN``): what NKI 0.8.0 deprecates or removes (registers,
+``nisa.sendrecv`` / ``core_barrier``, the range iterators) and the forms released
+kernels avoid (a runtime loop nested in another, a PSUM tile allocated outside the
+runtime loop that writes it). ``--check`` fails on any of them, evidence or not.
 
 The evidence map, ``constructs_evidence.toml`` beside this file, gives each
 construct a released use (repository, commit, path, line) or a doc section.
@@ -57,9 +70,27 @@ DOC_FILE = REPO_ROOT / "docs" / "constructs.md"
 API_MODULES = ("nl", "nisa", "nki")
 # NKI tensor methods (nki_spec.md §3.6: access patterns and views)
 TENSOR_METHODS = frozenset({"ap", "reshape", "view", "bitcast", "permute", "slice", "select",
-                            "broadcast_to", "expand_dims"})
+                            "broadcast", "broadcast_to", "expand_dims"})
 # runtime loops: (api name, index of the body argument)
 RUNTIME_LOOPS = {"nl.fori_loop": 2, "nl.while_loop": 1}
+# the scaffolding's runtime loops (nki_ssm/kernels/scaffold.py): (function, index of the body)
+SCAFFOLD_LOOPS = {"work_loop": 1, "for_each_row": 2}
+# calls whose result holds device scalars (the scaffolding's lists of them included)
+SCALAR_SOURCES = frozenset({"nisa.scalar_load", "nisa.register_alloc", "nisa.scalar_alu",
+                            "trip_counts", "row_cells"})
+PSUM_OUTSIDE = "PSUM tile allocated outside a runtime loop and written inside it"
+NESTED = "runtime loop nested in a runtime loop's body"
+# NKI 0.8.0 deprecates these (announce-intent-eos-nki-virtualregister-lnc-apis, Neuron
+# 2.34.0) or removed them in 0.7.0 (nki/migration: the runtime range iterator; the aliases mean
+# `range`); the last three: forms released runtime-loop kernels avoid (sdk234 facts)
+FORBIDDEN = ("nisa.VirtualRegister", "nisa.register_", "nisa.sendrecv", "nisa.core_barrier",
+             "for _ in nl.", "nl.affine_range", "nl.sequential_range", "nl.static_range",
+             NESTED, "nisa.register_alloc inside a runtime-loop body", PSUM_OUTSIDE)
+
+
+def forbidden(construct: str) -> bool:
+    """Whether ``construct`` is one of the FORBIDDEN forms."""
+    return any(construct.startswith(f) for f in FORBIDDEN)
 # a for loop over an nl iterator is a runtime loop unless it is one of the unrolled aliases of
 # range (nki_spec.md §2: NKI 0.5's runtime iterator, deprecated in 0.6.0)
 STATIC_ITERATORS = frozenset({"nl.affine_range", "nl.sequential_range", "nl.static_range"})
@@ -149,11 +180,14 @@ def _is_true(value) -> bool:
 class _Reader(ast.NodeVisitor):
     """Collects the constructs of one module."""
 
-    def __init__(self, path: str, found: dict, registers: dict | None = None):
+    def __init__(self, path: str, found: dict, scalars: tuple | None = None):
         self.path = path
         self.found = found
-        self.registers = registers or {}     # id(function node) -> register names there
+        # ({id(function node): names holding device scalars there}, dict keys holding them)
+        self.scalars, self.scalar_keys = scalars or ({}, set())
         self.register_stack: list[set] = []
+        self.psum_stack: list[set] = []      # per enclosing function: names of PSUM tiles
+        self.outer_psum: list[set] = []      # PSUM names of the functions a loop body is in
         self.kernel_params: list[set] = []   # parameters of enclosing @nki.jit functions
         self.loop_bodies: list[bool] = []    # per enclosing function: is it a runtime-loop body?
         self.body_names: list[set] = []      # per enclosing function: names passed as loop bodies
@@ -176,11 +210,35 @@ class _Reader(ast.NodeVisitor):
         self.loop_bodies.append(is_body or (bool(self.loop_bodies) and self.loop_bodies[-1]))
         self.body_names.append(_loop_body_names(node))
         self.inner_defs.append(set())
-        self.register_stack.append(self.registers.get(id(node), set()))
+        self.register_stack.append(self.scalars.get(id(node), set()))
+        # PSUM tiles a runtime-loop body sees from outside it: those of every enclosing
+        # function up to (and including) the one that runs the loop
+        outer = set()
+        if is_body:
+            for names in self.psum_stack:
+                outer |= names
+        elif self.outer_psum:
+            outer = set(self.outer_psum[-1])
+        self.outer_psum.append(outer)
+        self.psum_stack.append(_psum_names(node))
+        if is_body:
+            self._psum_writes(node, outer - self.psum_stack[-1])
         self.generic_visit(node)
         for stack in (self.kernel_params, self.loop_bodies, self.body_names, self.inner_defs,
-                      self.register_stack):
+                      self.register_stack, self.psum_stack, self.outer_psum):
             stack.pop()
+
+    def _psum_writes(self, body, outside: set) -> None:
+        """A loop body's instructions whose destination is a PSUM tile allocated outside."""
+        for sub in ast.walk(body):
+            if not isinstance(sub, ast.Call) or _api_name(sub.func) is None:
+                continue
+            dst = _keyword(sub, "dst")
+            if dst is None and sub.args and _api_name(sub.func).startswith("nisa."):
+                dst = sub.args[0]
+            root = _root_name(dst)
+            if root is not None and root in outside:
+                self.add(PSUM_OUTSIDE, sub)
 
     def _in_runtime_body(self) -> bool:
         return (bool(self.loop_bodies) and self.loop_bodies[-1]) or self.dynamic_for_depth > 0
@@ -204,6 +262,12 @@ class _Reader(ast.NodeVisitor):
 
     # -- calls and values
     def visit_Call(self, node) -> None:
+        if isinstance(node.func, ast.Name) and node.func.id in SCAFFOLD_LOOPS:
+            if self._in_runtime_body():
+                self.add(NESTED, node)
+            self.add(f"{node.func.id} (scaffold: nl.fori_loop) body: "
+                     f"{'an inner def' if self._inner_def_arg(node) else 'not an inner def'}",
+                     node)
         name = _api_name(node.func)
         if name is not None:
             self.add(f"{name}{_form(node, name)}", node)
@@ -226,11 +290,18 @@ class _Reader(ast.NodeVisitor):
             self.add(form, node)
         self.generic_visit(node)
 
+    def _inner_def_arg(self, node) -> bool:
+        idx = SCAFFOLD_LOOPS[node.func.id]
+        body = node.args[idx] if len(node.args) > idx else _keyword(node, "body")
+        return isinstance(body, ast.Name) and bool(self.inner_defs) \
+            and body.id in self.inner_defs[-1]
+
     def _offset_kind(self, value) -> str:
-        """``register`` (a VirtualRegister: loop index, register_alloc result, or a parameter
-        some call passes one to) or ``tensor`` (anything else: an SBUF tile or expression)."""
-        regs = self.register_stack[-1] if self.register_stack else set()
-        return "register" if isinstance(value, ast.Name) and value.id in regs else "tensor"
+        """``scalar`` (a device scalar: a loop's iteration value, a ``scalar_load`` /
+        ``register_alloc`` result or the scaffolding's, arithmetic on them, or a parameter
+        some call passes one to) or ``tensor`` (anything else: an SBUF tile)."""
+        names = self.register_stack[-1] if self.register_stack else set()
+        return "scalar" if _holds_scalar(value, names, self.scalar_keys) else "tensor"
 
     def _call_forms(self, name: str, node) -> None:
         if name == "nisa.nc_matmul":
@@ -250,6 +321,12 @@ class _Reader(ast.NodeVisitor):
                 self.add(f"{name} body: not an inner def of the caller", node)
         elif name == "nisa.register_alloc" and self._in_runtime_body():
             self.add("nisa.register_alloc inside a runtime-loop body", node)
+        elif name == "nisa.scalar_load":
+            src = _keyword(node, "src") or (node.args[0] if node.args else None)
+            sliced = isinstance(src, ast.Subscript) and not (
+                isinstance(src.slice, ast.Constant) and isinstance(src.slice.value, str))
+            self.add("nisa.scalar_load src=" + ("a slice of a tile" if sliced else "a tile"),
+                     node)
         elif name == "nisa.register_load":
             src = _keyword(node, "src") or (node.args[1] if len(node.args) > 1 else None)
             root = src
@@ -267,11 +344,69 @@ class _Reader(ast.NodeVisitor):
         self.generic_visit(node)
 
 
-def _register_names(tree) -> dict:
-    """``{id(function node): names that hold a VirtualRegister there}``: results of
-    ``nisa.register_alloc``, runtime-iterator loop targets, runtime-loop body parameters, copies
-    of those, names visible from an enclosing function, and parameters that some call in this
-    module passes a register to (propagated until nothing changes)."""
+def _root_name(node):
+    """The name a subscript / attribute / method-call chain starts from (``banks[j % 2]`` ->
+    ``banks``), else None."""
+    while isinstance(node, (ast.Subscript, ast.Attribute, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _is_psum_alloc(v) -> bool:
+    if not isinstance(v, ast.Call) or _api_name(v.func) not in ("nl.ndarray", "nl.zeros"):
+        return False
+    buf = _keyword(v, "buffer")
+    return buf is not None and _api_name(buf) == "nl.psum"
+
+
+def _psum_names(fn) -> set:
+    """Names a function binds to PSUM tiles in its own statements: ``t = nl.ndarray(...,
+    buffer=nl.psum)``, or lists ``banks.append(<such an allocation>)``."""
+    out = set()
+    todo = list(fn.body)
+    while todo:
+        n = todo.pop()
+        if isinstance(n, ast.FunctionDef):
+            continue
+        if isinstance(n, ast.Assign) and _is_psum_alloc(n.value):
+            for t in n.targets:
+                if isinstance(t, ast.Name):
+                    out.add(t.id)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) \
+                and n.func.attr == "append" and n.args and _is_psum_alloc(n.args[0]):
+            root = _root_name(n.func.value)
+            if root is not None:
+                out.add(root)
+        todo.extend(ast.iter_child_nodes(n))
+    return out
+
+
+def _holds_scalar(expr, names: set, keys: set) -> bool:
+    """Whether ``expr`` holds a device scalar: it names one (or a list / tuple of them), calls
+    a scalar source, or reads a dict key a scalar was stored under."""
+    if expr is None:
+        return False
+    for sub in ast.walk(expr):
+        if isinstance(sub, ast.Name) and sub.id in names:
+            return True
+        if isinstance(sub, ast.Call):
+            f = sub.func
+            fname = _api_name(f) or (f.id if isinstance(f, ast.Name) else None)
+            if fname in SCALAR_SOURCES:
+                return True
+        if isinstance(sub, ast.Subscript) and isinstance(sub.slice, ast.Constant) \
+                and sub.slice.value in keys:
+            return True
+    return False
+
+
+def _scalar_names(tree) -> tuple:
+    """``({id(function node): names that hold device scalars there}, dict keys that do)``:
+    NkiScalars (``scalar_load`` results, the scaffolding's counts and cells, arithmetic on
+    them), VirtualRegisters (``register_alloc`` results), runtime-iterator loop targets,
+    runtime-loop body parameters (``nl.fori_loop`` / ``nl.while_loop`` and the scaffolding's
+    loops), names visible from an enclosing function, and parameters that some call in this
+    module passes one to (propagated until nothing changes)."""
     funcs, parent = [], {}
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef):
@@ -284,6 +419,7 @@ def _register_names(tree) -> dict:
     for f in funcs:
         by_name[f.name].append(f)
     regs = {id(f): set() for f in funcs}
+    keys: set = set()
 
     def params(f):
         return [a.arg for a in f.args.posonlyargs + f.args.args]
@@ -304,11 +440,21 @@ def _register_names(tree) -> dict:
             yield n
             todo.extend(c for c in ast.iter_child_nodes(n) if not isinstance(c, ast.FunctionDef))
 
+    def target_names(t):
+        if isinstance(t, ast.Name):
+            return {t.id}
+        if isinstance(t, (ast.Tuple, ast.List)):
+            out = set()
+            for e in t.elts:
+                out |= target_names(e)
+            return out
+        return set()
+
     for f in funcs:
-        for body in _loop_body_names(f):
+        for body in _loop_body_names(f, scaffold=True):
             for g in by_name.get(body, ()):
                 if parent.get(id(g)) is f and params(g):
-                    regs[id(g)].add(params(g)[0])
+                    regs[id(g)] |= set(params(g))
     changed = True
     while changed:
         changed = False
@@ -317,12 +463,13 @@ def _register_names(tree) -> dict:
             mine = regs[id(f)]
             for n in own_statements(f):
                 new = set()
-                if isinstance(n, ast.Assign) and len(n.targets) == 1 \
-                        and isinstance(n.targets[0], ast.Name):
-                    v = n.value
-                    if (isinstance(v, ast.Call) and _api_name(v.func) == "nisa.register_alloc") \
-                            or (isinstance(v, ast.Name) and v.id in seen):
-                        new.add(n.targets[0].id)
+                if isinstance(n, ast.Assign) and _holds_scalar(n.value, seen, keys):
+                    for t in n.targets:
+                        new |= target_names(t)
+                        if isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant) \
+                                and t.slice.value not in keys:
+                            keys.add(t.slice.value)
+                            changed = True
                 elif isinstance(n, ast.For) and isinstance(n.iter, ast.Call) \
                         and _runtime_iterator(n.iter) \
                         and isinstance(n.target, ast.Name):
@@ -331,33 +478,38 @@ def _register_names(tree) -> dict:
                     for g in by_name.get(n.func.id, ()):
                         ps = params(g)
                         for i, a in enumerate(n.args):
-                            if i < len(ps) and isinstance(a, ast.Name) and a.id in seen \
+                            if i < len(ps) and _holds_scalar(a, seen, keys) \
                                     and ps[i] not in regs[id(g)]:
                                 regs[id(g)].add(ps[i])
                                 changed = True
                         for k in n.keywords:
-                            if k.arg in ps and isinstance(k.value, ast.Name) \
-                                    and k.value.id in seen and k.arg not in regs[id(g)]:
+                            if k.arg in ps and _holds_scalar(k.value, seen, keys) \
+                                    and k.arg not in regs[id(g)]:
                                 regs[id(g)].add(k.arg)
                                 changed = True
                 if new - mine:
                     mine |= new
                     seen |= new
                     changed = True
-    return {id(f): visible(f) for f in funcs}
+    return {id(f): visible(f) for f in funcs}, keys
 
 
-def _loop_body_names(fn) -> set:
-    """Names a function passes as the body of a runtime loop (in its own statements)."""
+def _loop_body_names(fn, scaffold: bool = True) -> set:
+    """Names a function passes as the body of a runtime loop (in its own statements): to
+    ``nl.fori_loop`` / ``nl.while_loop``, and with ``scaffold`` to the scaffolding's loops."""
     out = set()
     for sub in ast.walk(fn):
         if isinstance(sub, ast.Call):
             name = _api_name(sub.func)
+            body = None
             if name in RUNTIME_LOOPS:
                 idx = RUNTIME_LOOPS[name]
                 body = sub.args[idx] if len(sub.args) > idx else _keyword(sub, "body_fun")
-                if isinstance(body, ast.Name):
-                    out.add(body.id)
+            elif scaffold and isinstance(sub.func, ast.Name) and sub.func.id in SCAFFOLD_LOOPS:
+                idx = SCAFFOLD_LOOPS[sub.func.id]
+                body = sub.args[idx] if len(sub.args) > idx else _keyword(sub, "body")
+            if isinstance(body, ast.Name):
+                out.add(body.id)
     return out
 
 
@@ -365,7 +517,7 @@ def read_source(text: str, path: str, found: dict | None = None) -> dict:
     """``{construct: [Use, ...]}`` for one module's source."""
     found = defaultdict(list) if found is None else found
     tree = ast.parse(text)
-    _Reader(path, found, _register_names(tree)).visit(tree)
+    _Reader(path, found, _scalar_names(tree)).visit(tree)
     return found
 
 
@@ -537,12 +689,16 @@ def main(argv=None) -> int:
         DOC_FILE.write_text(text)
     if args.check:
         gaps = missing(found, evidence)
+        banned = [c for c in found if forbidden(c)]
         stale = not DOC_FILE.exists() or DOC_FILE.read_text() != text
         for c in gaps:
             print(f"no evidence: {c} (first use {found[c][0].path}:{found[c][0].line})")
+        for c in banned:
+            uses = ", ".join(f"{u.path}:{u.line}" for u in found[c])
+            print(f"forbidden: {c} ({uses})")
         if stale:
             print(f"{DOC_FILE.relative_to(REPO_ROOT)} is stale: run with --write")
-        return 1 if gaps or stale else 0
+        return 1 if gaps or banned or stale else 0
     if not args.write:
         sys.stdout.write(text)
     return 0

@@ -21,9 +21,9 @@ bug this cannot undo). Launchers see C-contiguous arrays only.
 """
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
+from .launch._arrays import cast_rne  # noqa: F401  (the ops' cast; it lives with the launchers)
 from .launch import gated_delta as _gated_delta_launch
 from .launch import mamba2_ssd as _ssd_launch
 from .launch import short_conv as _conv_launch
@@ -64,28 +64,6 @@ def resolve(backend) -> str:
             f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}"
         )
     return nki_backend_name() if backend is None else backend
-
-
-def cast_rne(values, dtype) -> np.ndarray:
-    """``values`` cast to ``dtype`` with one round-to-nearest-even.
-
-    ml_dtypes casts float64 -> bfloat16 through float32, rounding twice
-    (1 + 2**-8 + 2**-40 becomes 1.0 instead of 1 + 2**-7). Rounding float64
-    to float32 *to odd* first makes the second RNE step exact, because
-    float32 keeps more than bfloat16's 8 significant bits + 2.
-    """
-    dtype = np.dtype(dtype)
-    a = np.asarray(values)
-    if dtype != np.dtype(ml_dtypes.bfloat16) or a.dtype != np.float64:
-        return a.astype(dtype)
-    with np.errstate(over="ignore"):  # beyond float32 range is inf in bfloat16 too
-        f = a.astype(np.float32)
-    back = f.astype(np.float64)
-    fix = (back != a) & np.isfinite(f) & ((f.view(np.uint32) & 1) == 0)
-    if fix.any():
-        toward = np.where(a[fix] > back[fix], np.float32(np.inf), np.float32(-np.inf))
-        f[fix] = np.nextafter(f[fix], toward)
-    return f.astype(dtype)
 
 
 def named_slots(state_indices: np.ndarray) -> np.ndarray:

@@ -6,11 +6,15 @@ Modules: ``errors`` (NkiValidationError, NkiCapacityError, NkiRaceError,
 NkiSyncError), ``dtypes``, ``targets`` (trn1/trn2/trn3 limits, NEURON_PLATFORM_TARGET_OVERRIDE),
 ``tensor`` (Storage, NkiTensor views), ``memory`` (SBUF/PSUM capacity by access
 liveness: first to last access, whole runtime loops),
-``language`` (nki.language), ``isa`` (nki.isa), ``control`` (runtime loops:
-``nl.fori_loop`` / ``while_loop``, deprecated ``nl.dynamic_range`` / ``while reg:``, with
-VirtualRegisters, recorded with their loop structure so the trace gives both the dynamic
-instruction count and the program size; a body that runs zero times is traced once with
-its effects suppressed), ``version`` (``NKI_SSM_NKI_VERSION``: the 0.6.0 or 0.5.0 rules),
+``language`` (nki.language), ``isa`` (nki.isa; ``isa.nki_scalar``: NkiScalar,
+scalar_load / scalar_store / scalar_alu), ``nki_lnc`` (nki.lnc: sendrecv,
+sendrecv_compute, core_barrier), ``control`` (runtime loops: ``nl.fori_loop`` /
+``while_loop``, the older ``nl.dynamic_range`` / ``while reg:``, with NkiScalars or
+VirtualRegisters, and ``nl.if_else``, recorded with their structure so the trace gives
+both the dynamic instruction count and the program size; a body that runs zero times, and
+an if_else callback not taken, is traced once with its effects suppressed; each program's
+trip counts and branch outcomes, equal on both LNC programs), ``version``
+(``NKI_SSM_NKI_VERSION``: the 0.8.0, 0.7.0, 0.6.0 or 0.5.0 rules),
 ``jit`` (jit, simulate, ``specialisations()``: the compiles the real
 toolchain would make), ``lnc`` (``kernel[2]``: both programs at once over
 shared HBM in deterministic lock-step epochs between ``nisa.core_barrier`` /
@@ -41,6 +45,7 @@ from .targets import current_target
 IS_NKI_SSM_SIMULATOR = True
 
 _LAZY = {"language": ".language", "isa": ".isa", "jit": ".jit", "tensor": ".tensor",
+         "nki_lnc": ".nki_lnc",
          "control": ".control", "simulator": ".simulator", "version": ".version",
          "memory": ".memory", "dtypes": ".dtypes", "targets": ".targets", "trace": ".trace"}
 _LAZY_ATTRS = {"simulate": "jit", "simulate_kernel": "jit", "Kernel": "jit", "NkiTensor": "tensor",

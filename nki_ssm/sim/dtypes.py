@@ -60,6 +60,10 @@ uint16 = DType("uint16", np.uint16)
 uint32 = DType("uint32", np.uint32)
 float16 = DType("float16", np.float16)
 float32 = DType("float32", np.float32)
+# nl.int64 (NKI 0.7.0+): only for scalar_load / scalar_store tiles and the DMAs that fill them
+# (nki.isa.scalar_load API page: "Unlike the compute instructions, scalar_load accepts
+# nl.int64"); not in ALL, so as_dtype gives it only when the targeted NKI has it.
+int64 = DType("int64", np.int64)
 bfloat16 = DType("bfloat16", ml_dtypes.bfloat16)
 # tfloat32 (1,8,10) is stored as float32 without mantissa truncation: TensorE
 # reads only the top 10 mantissa bits, which the matmul model may apply.
@@ -95,6 +99,8 @@ def as_dtype(dtype, what: str = "dtype") -> DType:
         return dtype
     if isinstance(dtype, str):
         d = _BY_NAME.get(dtype)
+        if d is None and dtype == "int64" and _int64_ok():
+            return int64
         if d is None:
             raise TypeError(f"{what}: expected an NKI dtype such as nl.float32, got {dtype!r}")
         return d
@@ -103,9 +109,16 @@ def as_dtype(dtype, what: str = "dtype") -> DType:
     except TypeError:
         raise TypeError(f"{what}: expected an NKI dtype such as nl.float32, got {dtype!r}") from None
     d = _BY_NP.get(npd)
+    if d is None and npd == int64.np and _int64_ok():
+        return int64
     if d is None:
-        raise TypeError(f"{what}: NumPy dtype {npd} has no NKI equivalent (float64/int64 are not NKI types)")
+        raise TypeError(f"{what}: NumPy dtype {npd} has no NKI equivalent (float64 is not an NKI type, nor int64 before NKI 0.7.0)")
     return d
+
+
+def _int64_ok() -> bool:
+    from .version import at_least
+    return at_least("0.7.0")
 
 
 def from_numpy(np_dtype) -> DType:

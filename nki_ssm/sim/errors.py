@@ -21,10 +21,11 @@ class NkiRaceError(NkiValidationError):
 
 
 class NkiSyncError(NkiValidationError):
-    """The programs of an LNC=2 launch do not meet at their synchronisations: one waits at a
-    ``core_barrier`` / ``sendrecv`` the other never reaches (a hang on hardware), or the two
-    reach different kinds of synchronisation or disagree on a ``sendrecv``'s partners
-    (``sim.lnc``)."""
+    """The programs of an LNC=2 launch do not run in step: their control flow differs (a
+    runtime loop's trip count or an ``nl.if_else`` outcome: ``sim.control.check_same_flow``),
+    or one waits at a ``core_barrier`` / ``sendrecv`` the other never reaches (a hang on
+    hardware), or the two reach different kinds of synchronisation or disagree on a
+    ``sendrecv``'s partners (``sim.lnc``)."""
 
 
 class NkiReleasedUseWarning(UserWarning):
@@ -33,5 +34,10 @@ class NkiReleasedUseWarning(UserWarning):
     released kernels are what the compiler demonstrably takes."""
 
 
+class NkiWeakEvidenceWarning(UserWarning):
+    """A construct that only weak evidence (reports without an attributable source) says the
+    compiler rejects: the simulator runs it, and warns naming the evidence."""
+
+
 __all__ = ["NkiValidationError", "NkiCapacityError", "NkiRaceError", "NkiSyncError",
-           "NkiReleasedUseWarning"]
+           "NkiReleasedUseWarning", "NkiWeakEvidenceWarning"]

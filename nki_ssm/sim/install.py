@@ -18,7 +18,7 @@ import importlib.machinery
 import sys
 import types
 
-_NAMES = ("nki", "nki.language", "nki.isa", "nki.typing", "nki.simulator")
+_NAMES = ("nki", "nki.language", "nki.isa", "nki.typing", "nki.simulator", "nki.lnc")
 
 
 def is_simulator_module(module) -> bool:
@@ -35,14 +35,15 @@ def sdk_importable() -> bool:
 
 def build_nki() -> types.ModuleType:
     """A module ``nki`` serving the simulator: ``jit``, ``simulate``, ``simulator``
-    (``simulate_kernel(func, args, kwargs, lnc=...)``), ``language``, ``isa``, ``typing``.
+    (``simulate_kernel(func, args, kwargs, lnc=...)``), ``language``, ``isa``, ``lnc``,
+    ``typing``.
 
     As in the SDK with ``NKI_SIMULATOR=1`` (aws-neuron-sdk nki/guides/nki_simulator.rst,
     "Running the Simulator"), calling a ``@nki.jit`` kernel runs it on the simulator, with
     NumPy or torch CPU tensors; there is no device here, so it does so whatever
     ``NKI_SIMULATOR`` says.
     """
-    from . import isa, jit, language, simulator, tensor, version
+    from . import isa, jit, language, nki_lnc, simulator, tensor, version
 
     nki = types.ModuleType("nki", "NKI API served by the nki_ssm CPU simulator")
     nki.IS_NKI_SSM_SIMULATOR = True
@@ -56,6 +57,7 @@ def build_nki() -> types.ModuleType:
     nki.dtype = DType  # used in kernel signatures as an annotation (nki-library: `dtype: nki.dtype`)
     nki.language = language
     nki.isa = isa
+    nki.lnc = nki_lnc        # NKI 0.8.0 (its functions refuse older targets)
     simulator.IS_NKI_SSM_SIMULATOR = True
     nki.simulator = simulator
 
@@ -74,7 +76,7 @@ def build_nki() -> types.ModuleType:
 def _build() -> dict[str, types.ModuleType]:
     nki = build_nki()
     return {"nki": nki, "nki.language": nki.language, "nki.isa": nki.isa,
-            "nki.typing": nki.typing, "nki.simulator": nki.simulator}
+            "nki.typing": nki.typing, "nki.simulator": nki.simulator, "nki.lnc": nki.lnc}
 
 
 def install(force: bool = False) -> bool:

@@ -62,6 +62,8 @@ class _Launch:
     shared: list = field(default_factory=list)   # shared_hbm tensors of program 0, in order
     shared_cursor: int = 0
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+    arguments: frozenset = frozenset()                 # storage ids of the kernel's arguments
+    scalar_accessed: dict = field(default_factory=dict)   # storage id -> "scalar_load" / "_store"
 
 
 _launches: list[_Launch] = []
@@ -84,6 +86,40 @@ def current_num_programs() -> int:
 
 def current_program_ndim() -> int:
     return _launches[-1].grid_ndim if _launches else 0
+
+
+def is_kernel_argument(storage) -> bool:
+    """``storage`` belongs to a tensor passed to the running kernel."""
+    return bool(_launches) and storage.id in _launches[-1].arguments
+
+
+def note_scalar_access(storage, inst: str) -> None:
+    """``scalar_load`` / ``scalar_store`` touched ``storage`` (NKI 0.8.0: a returned tensor
+    must not have been; checked when the kernel returns)."""
+    if _launches:
+        _launches[-1].scalar_accessed.setdefault(storage.id, inst)
+
+
+def _tensors_in(value):
+    if isinstance(value, _tensor.NkiTensor):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _tensors_in(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors_in(v)
+
+
+def _check_scalar_returned(launch: _Launch, result) -> None:
+    for t in _tensors_in(result):
+        inst = launch.scalar_accessed.get(t.storage.id)
+        if inst is not None:
+            raise NkiValidationError(
+                f"kernel output: a returned tensor ({t.storage.name or 'unnamed'}) was used by "
+                f"nisa.{inst}; scalar loads and stores operate on internal tiles (scalar_load / "
+                "scalar_store API pages, SDK 2.34: \"Kernel arguments and returned tensors "
+                "cannot be used directly\"): use an internal tile and dma_copy it")
 
 
 def launch_rng() -> np.random.Generator:
@@ -174,12 +210,18 @@ def _convert_arg(name: str, value, inputs: list, region=_tensor.MemoryRegion.pri
                     f"a tuple, an Enum or an NKIObject, got {type(value).__name__}")
 
 
-def _convert_output(value, where: str = "output", read: bool = True):
-    """Returned shared_hbm tensors -> NumPy (``read=False``: only check they may be returned)."""
+def _convert_output(value, where: str = "output", read: bool = True, arguments=frozenset()):
+    """Returned shared_hbm tensors -> NumPy (``read=False``: only check they may be returned).
+
+    A returned kernel argument (storage id in ``arguments``) is accepted in any HBM: a kernel
+    that updates an input in place and returns it (its caller's buffer is the state) gives
+    back the updated values, and the caller's array is updated too (``_write_back``), as on
+    the device, where the returned tensor is the argument's own memory."""
     if value is None:
         return None
     if isinstance(value, _tensor.NkiTensor):
-        if value.storage.kind is not _tensor.MemoryRegion.shared_hbm:
+        if value.storage.kind is not _tensor.MemoryRegion.shared_hbm \
+                and value.storage.id not in arguments:
             raise NkiValidationError(
                 f"kernel {where}: returned tensors must be allocated in nl.shared_hbm "
                 f"(NKI 0.3.0), got a tensor in {value.storage.kind.value}")
@@ -188,7 +230,8 @@ def _convert_output(value, where: str = "output", read: bool = True):
         # output's own dtype (rounded once, here)
         return out.astype(value.dtype.np) if value.storage.widened else out
     if isinstance(value, (tuple, list)):
-        return tuple(_convert_output(v, f"{where}[{i}]", read) for i, v in enumerate(value))
+        return tuple(_convert_output(v, f"{where}[{i}]", read, arguments)
+                     for i, v in enumerate(value))
     raise NkiValidationError(f"kernel {where}: a kernel returns shared_hbm tensors (or a tuple "
                              f"of them, or None), got {type(value).__name__}")
 
@@ -290,16 +333,21 @@ def _run(fn, num_programs: int, grid_ndim: int, args, kwargs, kernel=None):
     region = _tensor.MemoryRegion.shared_hbm if num_programs > 1 else _tensor.MemoryRegion.private_hbm
     cargs = tuple(_convert_arg(n, a, inputs, region) for n, a in zip(names, args))
     ckwargs = {k: _convert_arg(k, v, inputs, region) for k, v in kwargs.items()}
-    launch = _Launch(target=target, num_programs=num_programs, grid_ndim=grid_ndim)
+    launch = _Launch(target=target, num_programs=num_programs, grid_ndim=grid_ndim,
+                     arguments=frozenset(t.storage.id for t in _tensors_in((cargs, ckwargs))))
 
     def program(pid: int):
-        """One program: its own loop state and SBUF/PSUM accounting; (result, usage)."""
+        """One program: its own loop state and SBUF/PSUM accounting; (result, usage, its
+        control flow)."""
         _control.begin_program()
         try:
             with _memory.launch(target) as tracker:
                 result = runner(*cargs, **ckwargs)
-                _convert_output(result, read=False)       # outputs must be shared_hbm
-                return result, tracker.usage()
+                # outputs must be shared_hbm (or a kernel argument)
+                _convert_output(result, read=False, arguments=launch.arguments)
+                if launch.scalar_accessed:
+                    _check_scalar_returned(launch, result)
+                return result, tracker.usage(), _control.flow_record()
         finally:
             _control.end_program()
 
@@ -314,8 +362,11 @@ def _run(fn, num_programs: int, grid_ndim: int, args, kwargs, kernel=None):
         _launches.remove(launch)
     # outputs are read once every program has finished (program 0's return value: both
     # programs return the same shared tensors)
-    out = _convert_output(ran[0][0])
-    usage = [u for _, u in ran]
+    out = _convert_output(ran[0][0], arguments=launch.arguments)
+    if num_programs > 1:
+        # one control flow for every program (sim.control.check_same_flow)
+        _control.check_same_flow([flow for _, _, flow in ran])
+    usage = [u for _, u, _ in ran]
     if kernel is not None:
         kernel.last_memory_usage = usage
     global _last_usage
@@ -403,4 +454,5 @@ def simulate_kernel(kernel, *args, **kwargs):
 
 
 __all__ = ["Kernel", "jit", "specialisations", "reset_specialisations", "simulate", "simulate_kernel", "current_program_id", "last_memory_usage",
+           "is_kernel_argument", "note_scalar_access",
            "current_num_programs", "current_program_ndim", "MAX_LNC"]

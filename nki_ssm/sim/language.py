@@ -224,21 +224,38 @@ def ds(start, size) -> DynSlice:
     return DynSlice(start, size)
 
 
-def affine_range(start, stop=None, step=1):
-    """Alias of Python's range (deprecated in NKI; loops are unrolled)."""
-    return range(start, stop, step) if stop is not None else range(start)
+def _range_alias(name: str):
+    def alias(start, stop=None, step=1):
+        if _version.at_least("0.7.0"):
+            _version.warn_in_kernel(
+                f"nl.{name} is deprecated in NKI 0.7.0 and means Python range: loops are "
+                "unrolled while the kernel is traced; write range(...) (nki/deep-dives/"
+                "nki-loops.rst, NKI 0.7.0)")
+        return range(start, stop, step) if stop is not None else range(start)
+    alias.__name__ = alias.__qualname__ = name
+    alias.__doc__ = (f"``nl.{name}``: Python's range (the loop is unrolled); deprecated from "
+                     "NKI 0.7.0 on, where it warns.")
+    return alias
 
 
-sequential_range = affine_range
-static_range = affine_range
+affine_range = _range_alias("affine_range")
+sequential_range = _range_alias("sequential_range")
+static_range = _range_alias("static_range")
 
 
 def dynamic_range(start, stop=None, step=1):
     """A runtime loop: the body is compiled once; ``i`` is a frozen VirtualRegister.
 
     Deprecated by NKI 0.6.0 in favour of ``fori_loop`` / ``while_loop``: under 0.6.0 it
-    warns (``DeprecationWarning``). See ``nki_ssm.sim.control`` for what the simulator
-    records and checks."""
+    warns (``DeprecationWarning``); NKI 0.7.0 removed it (nki/migration, "Migrating from
+    NKI 0.6.0 to NKI 0.7.0": the release "removes the dynamic loop constructs deprecated in
+    NKI 0.6.0"; only the old front end, ``NKI_COMPILER_FRONTEND=custom``, kept them). See
+    ``nki_ssm.sim.control`` for what the simulator records and checks."""
+    if _version.at_least("0.7.0"):
+        raise NkiValidationError(
+            f"nl.dynamic_range was removed in NKI 0.7.0 (nki/migration, \"Migrating from NKI "
+            f"0.6.0 to NKI 0.7.0\"); use nl.fori_loop(lower, upper, body) "
+            f"({_version.ENV_VAR}={_version.nki_version()})")
     if _version.at_least("0.6.0"):
         warnings.warn(
             "nl.dynamic_range for-loops are deprecated in NKI 0.6.0 and will be removed in a "
@@ -248,8 +265,9 @@ def dynamic_range(start, stop=None, step=1):
 
 
 def _fori_loop(lower, upper, body_fun, step=1):
-    """A runtime counted loop (NKI 0.6.0): ``body_fun(i)``, ``i`` a VirtualRegister passed
-    by value; an int bound still makes a runtime loop. Absent under NKI 0.5.0."""
+    """A runtime counted loop (NKI 0.6.0): ``body_fun(i)``, ``i`` passed by value (an
+    NkiScalar from NKI 0.7.0 on unless a bound is a VirtualRegister); an int bound still makes
+    a runtime loop. Absent under NKI 0.5.0."""
     _control.fori_loop(lower, upper, body_fun, step)
 
 
@@ -261,9 +279,16 @@ def _while_loop(init, body_fun):
 
 _fori_loop.__name__ = _fori_loop.__qualname__ = "fori_loop"
 _while_loop.__name__ = _while_loop.__qualname__ = "while_loop"
-# NKI 0.6.0 API: an attribute only when the targeted version has it (sim.version.SINCE)
-__getattr__ = _version.versioned_getattr(__name__, {"fori_loop": _fori_loop,
-                                                    "while_loop": _while_loop})
+
+
+def _if_else(cond, then_fn, else_fn=None):
+    """``nl.if_else`` (NKI 0.8.0): run ``then_fn()`` when ``cond`` is non-zero, else
+    ``else_fn()``; a Python bool / int is folded now, a 32-bit NkiScalar is a compiled
+    conditional (``sim.control.if_else``). Returns None."""
+    _control.if_else(cond, then_fn, else_fn)
+
+
+_if_else.__name__ = _if_else.__qualname__ = "if_else"
 
 
 @contextlib.contextmanager
@@ -651,5 +676,10 @@ import builtins as _builtins  # noqa: E402
 
 builtins_min = _builtins.min
 
+
+# newer API: an attribute only when the targeted version has it (sim.version.SINCE)
+__getattr__ = _version.versioned_getattr(__name__, {
+    "fori_loop": _fori_loop, "while_loop": _while_loop, "if_else": _if_else,
+    "int64": _dt.int64, "fmod": NlOp("fmod", 2)})
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in ("annotations", "contextlib", "os", "np", "warnings")]

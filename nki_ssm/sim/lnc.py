@@ -95,6 +95,7 @@ class Lockstep:
         self.results: list = [None] * self.n
         self.error: BaseException | None = None
         self.syncs = 0                              # synchronisations completed (sync ids)
+        self.flow_checked = 0                       # flow events equal on every program
         self.log = _races.HbmLog(self.n)
         self._base = [list(lst) for lst in _PER_PROGRAM]
         self._saved = [[list(b) for b in self._base] for _ in range(self.n)]
@@ -188,12 +189,32 @@ class Lockstep:
             self.turn = nxt
             self.cv.notify_all()
 
+    def _flows(self, pid: int) -> list:
+        """(cv held, in program ``pid``'s thread) every program's control flow so far: a
+        finished program's from its result (``body`` returns its ``control.flow_record()``
+        last), a running one's from its loop state."""
+        out = []
+        base = len(self._base[0])
+        for q in range(self.n):
+            if self.done[q] or (q == pid and self.results[q] is not None):
+                out.append(self.results[q][-1] if self.results[q] is not None else ([], {}, {}))
+                continue
+            states = _control._state if q == pid else self._saved[q][0]
+            out.append(_control.flow_record(states[-1]) if len(states) > base
+                       else ([], {}, {}))
+        return out
+
     def _ended(self, pid: int):
         """(cv held) Program ``pid`` ended normally: a deadlock, the final race check, or
         None."""
         for q in range(self.n):
             w = self.waiting[q]
             if q != pid and w is not None:
+                try:    # a deadlock from different control flow: say where the flows part
+                    _control.check_same_flow(self._flows(pid), f" (program {q} waits at "
+                                                                f"{w.desc})")
+                except BaseException as e:   # noqa: BLE001
+                    return e
                 return NkiSyncError(
                     f"program {pid} of the LNC=2 grid ended while program {q} waits at {w.desc}: "
                     f"on hardware program {q} waits forever (both programs must reach every "
@@ -214,6 +235,10 @@ class Lockstep:
             arrival.sync_id = self.syncs
             for q in range(self.n):
                 if q != pid and self.done[q]:
+                    # a hang from different control flow: say where the flows part
+                    _control.check_same_flow(self._flows(pid), f" (program {q} ended while "
+                                                                f"program {pid} waits at "
+                                                                f"{arrival.desc})")
                     raise NkiSyncError(
                         f"program {pid} of the LNC=2 grid reached {arrival.desc}, but program "
                         f"{q} ended without reaching it: on hardware program {pid} waits forever "
@@ -224,8 +249,11 @@ class Lockstep:
                 self._pass_to(pid, self._next_live(pid))
                 return arrival
             everyone = sorted([arrival, *others], key=lambda a: a.pid)
+            flows = self._flows(pid)
+            _control.check_same_flow(flows, f" before {arrival.desc}", self.flow_checked)
+            self.flow_checked = len(flows[0][0])
             _match(everyone)
-            if arrival.kind == "sendrecv":
+            if arrival.kind in _EXCHANGES:
                 _exchange(everyone)
             self.log.end_epoch(f"{arrival.kind} #{arrival.sync_id} ({arrival.desc})")
             self.syncs += 1
@@ -246,7 +274,7 @@ def _match(arrivals) -> None:
                 f"the programs of the LNC=2 grid reach different synchronisations: program "
                 f"{a0.pid} {a0.desc}, program {a.pid} {a.desc} (the k-th synchronisation of "
                 "each program must be the same instruction)")
-    if a0.kind != "sendrecv":
+    if a0.kind not in _EXCHANGES:
         return
     by_pid = {a.pid: a for a in arrivals}
     for a in arrivals:
@@ -269,12 +297,19 @@ def _match(arrivals) -> None:
                 f"{a.pid} receives into {tuple(d.shape)} {d.dtype} (same shape and dtype)")
 
 
+_EXCHANGES = ("sendrecv", "sendrecv_compute")
+
+
 def _exchange(arrivals) -> None:
-    """Each program's ``dst`` receives its sender's ``src`` (read first: a swap is exact)."""
-    by_pid = {a.pid: a for a in arrivals}
-    values = {a.pid: by_pid[a.params["recv_from_rank"]].params["src"].read() for a in arrivals}
+    """Each program's ``dst`` receives its sender's ``src`` (every ``src`` read first: a swap
+    is exact); ``sendrecv_compute`` writes ``reduce_op(own src, sender's src)`` instead."""
+    srcs = {a.pid: a.params["src"].read() for a in arrivals}
     for a in arrivals:
-        a.params["dst"].write(values[a.pid])
+        received = srcs[a.params["recv_from_rank"]]
+        op = a.params.get("reduce_op")
+        if op is not None:
+            received = op.apply(srcs[a.pid].astype(np.float32), received.astype(np.float32))
+        a.params["dst"].write(received)
 
 
 def current() -> Lockstep | None:

@@ -290,7 +290,7 @@ class DynSlice:
 
 class Indirection:
     """Run-time indexing of a view: an SBUF index tensor (or, for ``scalar_offset``, a
-    VirtualRegister) read at access time.
+    VirtualRegister or an NkiScalar) read at access time.
 
     ``kind`` "scalar": one index (a 1x1 tensor) moves the whole view by
     ``index * stride`` elements. ``kind`` "vector": row ``r`` (dim 0) of the
@@ -330,7 +330,7 @@ class Indirection:
             n = 1 if self.kind == "scalar" else (self.rows if self.rows is not None
                                                  else self.index.size)
             return np.zeros(n, dtype=np.int64)
-        if not isinstance(self.index, NkiTensor):   # a VirtualRegister (scalar_offset=reg)
+        if not isinstance(self.index, NkiTensor):   # a VirtualRegister / NkiScalar
             return np.array([self.index.runtime_value("scalar_offset")], dtype=np.int64)
         v = self.index.read()
         if self.kind == "vector" and self.rows is not None:
@@ -369,6 +369,27 @@ def _check_index_tensor(t, what: str, kind: str, columns: bool = False) -> None:
         raise NkiValidationError(f"{what}: scalar_offset must be a 1x1 tensor, got shape {t.shape}")
     if kind == "vector" and (t.ndim != 2 or (t.shape[1] != 1 and not columns)):
         raise NkiValidationError(f"{what}: vector_offset must have shape (P, 1), got {t.shape}")
+
+
+def _check_scalar_offset(v, what: str, on_chip: bool) -> None:
+    """A ``scalar_offset``: a 1x1 integer SBUF tile, a VirtualRegister or (NKI 0.7.0+) an
+    NkiScalar: int32 on SBUF / PSUM, int32 or int64 on HBM, signed (nki.isa.scalar_load API
+    page, SDK 2.34: "A signed scalar can be used as a scalar_offset ... on an SBUF or PSUM
+    operand the offset must be nl.int32")."""
+    from .isa.nki_scalar import NkiScalar
+    from .isa.registers import VirtualRegister
+    if isinstance(v, VirtualRegister):
+        return
+    if isinstance(v, NkiScalar):
+        if v.unusable is not None:
+            raise NkiValidationError(f"{what}: scalar_offset: {v.unusable}")
+        if v.dtype.name == "uint32" or (on_chip and v.dtype.name != "int32"):
+            raise NkiValidationError(
+                f"{what}: a {v.dtype} NkiScalar as scalar_offset of an "
+                f"{'on-chip' if on_chip else 'HBM'} tensor; the offset must be a signed scalar, "
+                "nl.int32 on SBUF / PSUM (nki.isa.scalar_load API page)")
+        return
+    _check_index_tensor(v, what, "scalar")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -1087,12 +1108,15 @@ class NkiTensor:
            dtype=None) -> "NkiTensor":
         """An explicit access pattern ``[[step, num], ...]`` (outermost first) over the storage.
 
-        The pattern ignores this view's shape/strides (``.ap`` is not
-        composable). ``offset`` counts elements (of ``dtype``) from the start
-        of the storage; None keeps this view's offset. (The API docstring
-        speaks of composing with "the base offset"; the APS guide says the
-        view's offset is ignored — the two agree on base tensors, and we
-        follow the guide for views.)
+        The pattern replaces this view's shape and strides; its start is this view's
+        storage offset plus ``offset`` elements (of ``dtype``; None adds nothing). The
+        NkiTensor.ap API docstring says so ("element offset added to the view's base storage
+        offset ... offset=N shifts by N additional elements"; aws-neuron-sdk 81ce03ae
+        nki/api/nki/language/__init__.py l.504-507) and released kernels rely on it
+        (nki-library e9ef98fc experimental/gdn/gdn_cte.py: ``k[batch_id].ap(pattern=...,
+        offset=group_base * D)`` loads batch ``batch_id``'s tokens, "device-verified"); the
+        language guide's "ignoring the ... offset of the view it is called on" (its
+        "Tensor Values" warning) contradicts them, and released kernels win.
         On-chip, the first pair is the partition pair and its step must equal
         the storage row size.
         """
@@ -1110,19 +1134,15 @@ class NkiTensor:
                 raise NkiValidationError(f"{what}: num must be >= 1, got {pair!r}")
             steps.append(int(pair[0]))
             nums.append(int(pair[1]))
-        if offset is None:
-            # None inherits this view's storage offset
-            base_bytes = self.offset * self.dtype.itemsize
-            if base_bytes % d.itemsize:
-                raise NkiValidationError(f"{what}: view offset of {base_bytes} bytes is not a "
-                                         f"whole number of {d} elements")
-            start = base_bytes // d.itemsize
-        else:
-            # an int is counted from the start of the storage (APS guide: .ap
-            # ignores the shape, strides and offset of the view it is called on)
+        base_bytes = self.offset * self.dtype.itemsize
+        if base_bytes % d.itemsize:
+            raise NkiValidationError(f"{what}: view offset of {base_bytes} bytes is not a "
+                                     f"whole number of {d} elements")
+        start = base_bytes // d.itemsize
+        if offset is not None:
             if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
                 raise TypeError(f"{what}: offset must be an int, got {offset!r}")
-            start = int(offset)
+            start += int(offset)
         if self.on_chip:
             F = self.storage.row_elements(d.itemsize)
             if len(nums) < 2:
@@ -1154,9 +1174,7 @@ class NkiTensor:
                 if self.on_chip and indirect_dim == 0:
                     raise NkiValidationError(f"{what}: scalar_offset on the partition dim of an "
                                              "on-chip tensor is not allowed (indirect_dim must be > 0)")
-                from .isa.registers import VirtualRegister
-                if not isinstance(scalar_offset, VirtualRegister):   # a register or a 1x1 tile
-                    _check_index_tensor(scalar_offset, what, "scalar")
+                _check_scalar_offset(scalar_offset, what, self.on_chip)
                 ind = Indirection("scalar", scalar_offset, stride, sshape[indirect_dim])
             else:
                 if self.on_chip:

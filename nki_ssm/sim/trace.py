@@ -130,6 +130,28 @@ class Loop:
 
 
 @dataclass
+class Branch:
+    """A run-time ``nl.if_else`` of the program (NKI 0.8.0).
+
+    ``branch_id`` is its static identity (``nki_ssm.sim.control``: the enclosing runtime
+    loop's ``loop_id`` + ``("if", ordinal)``); ``outcomes`` the condition each time it was
+    reached, in program order (True: ``then_fn`` ran); ``entries`` / ``taken`` count them.
+    """
+
+    branch_id: tuple
+    program_id: int = 0
+    outcomes: list = field(default_factory=list)
+
+    @property
+    def entries(self) -> int:
+        return len(self.outcomes)
+
+    @property
+    def taken(self) -> int:
+        return sum(self.outcomes)
+
+
+@dataclass
 class Trace:
     """Instructions in program order, for one target.
 
@@ -137,13 +159,14 @@ class Trace:
     ``program_id``: the programs run in lock-step epochs (``sim.lnc``), so the list holds
     program 0's instructions up to its first synchronisation, then program 1's up to the
     same one, and so on; within one program the order is program order.
-    ``program_instructions(pid)``, ``loops`` (keyed by program) and ``unrun`` (tagged)
-    are per program.
+    ``program_instructions(pid)``, ``loops`` and ``branches`` (keyed by program) and
+    ``unrun`` (tagged) are per program.
     """
 
     target: str = "trn2"
     instructions: list[Instruction] = field(default_factory=list)
     loops: dict = field(default_factory=dict)     # (program_id, loop_id) -> Loop
+    branches: dict = field(default_factory=dict)  # (program_id, branch_id) -> Branch
     # instructions of loop bodies that never ran (trip count 0), traced once with their
     # effects suppressed (sim.control): in the program, never executed, not timed
     unrun: list[Instruction] = field(default_factory=list)
@@ -175,10 +198,17 @@ class Trace:
             lp = self.loops[key] = Loop(loop_id, kind, program_id, entries=1)
         lp.iterations += 1
 
+    def branch_reached(self, branch_id: tuple, taken: bool, program_id: int = 0) -> None:
+        key = (program_id, branch_id)
+        br = self.branches.get(key)
+        if br is None:
+            br = self.branches[key] = Branch(branch_id, program_id)
+        br.outcomes.append(bool(taken))
+
     def program_instructions(self, program_id: int = 0) -> int:
         """Static instructions of one SPMD program: what the compiler emits, each runtime
         loop body once, run or not (the largest iteration of each loop; a body that never
-        ran is in ``unrun``)."""
+        ran, and an ``nl.if_else`` callback not taken, is in ``unrun``)."""
         top = 0
         per_iter: dict = {}
         for inst in (*self.instructions, *self.unrun):

@@ -9,8 +9,8 @@ SiLU. Prefill: 16K or 2K tokens in one sequence, or 8 x 2K ragged; decode: 32
 or 512 sequences of one token. Each line also gives the program size (static
 instructions, each runtime loop body once) beside the dynamic count; for decode it
 is counted over the timed launch and a second launch forced to the other row layout
-(``program_size``: a runtime loop that ran zero times in one launch is counted from
-the launch that ran it), so it is the whole compiled program. Each case runs through nki_ssm.ops with
+(``program_size``: each must give the whole compiled program, loop bodies and branches
+run or not). Each case runs through nki_ssm.ops with
 backend="sim" under nki_ssm.sim.trace.record() and is timed by
 nki_ssm.perf.model. "bound" = minimal HBM bytes (x, y and the named pool
 slots' state in and out) over the core's DMA bandwidth.
@@ -46,37 +46,12 @@ CASES = ("16k", "8x2k", "2k", "d32", "d512")
 
 def program_size(traces, program_id: int = 0) -> int:
     """Static instructions of one compiled program (of program ``program_id`` of an LNC
-    launch) from several launches of it: the instructions outside runtime loops (the same
-    in every launch) plus each runtime loop's body once -- its largest iteration over all
-    launches. Every runtime loop must have run in at least one launch, else its body would
-    be missing."""
-    tops = set()
-    body: dict = {}
-    ran = set()
-    seen = set()
-    for trace in traces:
-        top = 0
-        per_iter: dict = {}
-        for inst in trace.instructions:
-            if inst.program_id != program_id:
-                continue
-            if inst.loop_path:
-                per_iter[inst.loop_path] = per_iter.get(inst.loop_path, 0) + 1
-            else:
-                top += 1
-        for path, n in per_iter.items():
-            body[path[-1][0]] = max(body.get(path[-1][0], 0), n)
-        tops.add(top)
-        for key, loop in trace.loops.items():
-            if key[0] != program_id:
-                continue
-            seen.add(key)
-            if loop.iterations:
-                ran.add(key)
-    if len(tops) != 1 or seen != ran:
-        raise ValueError(f"launches differ outside runtime loops ({sorted(tops)}) or a loop "
-                         f"never ran ({sorted(seen - ran)})")
-    return tops.pop() + sum(body.values())
+    launch): ``Trace.program_instructions`` (each runtime loop body once and both sides of
+    every ``nl.if_else``, run or not), which must be the same in every launch."""
+    sizes = {trace.program_instructions(program_id) for trace in traces}
+    if len(sizes) != 1:
+        raise ValueError(f"launches of one program differ in size ({sorted(sizes)})")
+    return sizes.pop()
 
 
 def decode_traces(inp):

@@ -61,10 +61,59 @@ def test_the_forms_without_evidence_are_seen():
     assert "nisa.register_load from a kernel input (HBM)" in found
     assert "nl.fori_loop body: an inner def" in found
     ap = "(indirect_dim, offset, pattern, scalar_offset)"
-    # a register reaches helper() through its parameter: the reader follows the call
-    assert f".ap{ap} indirect_dim=0 scalar_offset=register" in found
-    assert f".ap{ap} indirect_dim=1 scalar_offset=register" in found
+    # a loop index reaches helper() through its parameter: the reader follows the call
+    assert f".ap{ap} indirect_dim=0 scalar_offset=scalar" in found
+    assert f".ap{ap} indirect_dim=1 scalar_offset=scalar" in found
     assert f".ap{ap} indirect_dim=0 scalar_offset=tensor" in found
+    assert all(constructs.forbidden(c) for c in (
+        "runtime loop nested in a runtime loop's body", "nisa.register_alloc()",
+        "nisa.register_alloc inside a runtime-loop body"))
+
+
+SCAFFOLDED = """
+@nki.jit
+def kernel(x, counts, table, n2):
+    trips, flag = trip_counts(counts)
+    acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+    banks = []
+    banks.append(nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum))
+    def body(i, cells):
+        ps = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=ps, stationary=a, moving=b)
+        nisa.nc_matmul(dst=acc[:, 0:128], stationary=a, moving=b)
+        nisa.nc_transpose(banks[0], t)
+        nisa.dma_copy(dst=t, src=x.ap(pattern=[[4, 1], [1, 4]], offset=0,
+                                      scalar_offset=cells[1], indirect_dim=0))
+        def inner(j):
+            nisa.memset(dst=t, value=0.0)
+        work_loop(n2, inner)
+    for_each_row(trips, table, body)
+    k = nisa.scalar_load(t[0:1, 0:1])
+    st = {}
+    st["at"] = nisa.scalar_load(u)
+    nisa.dma_copy(dst=t, src=x.ap(pattern=[[4, 1], [1, 4]], offset=0, scalar_offset=k + 1,
+                                  indirect_dim=0))
+    nisa.dma_copy(dst=t, src=x.ap(pattern=[[4, 1], [1, 4]], offset=0, scalar_offset=st["at"],
+                                  indirect_dim=0))
+    nisa.tensor_tensor(dst=t, data1=t, data2=w.reshape((128, 1)).broadcast(1, 4), op=nl.add)
+"""
+
+
+def test_the_scaffolding_is_read_as_loops_and_scalars():
+    """A body passed to the scaffolding's work_loop / for_each_row is a runtime-loop body
+    (a loop inside it is nested; a PSUM tile allocated outside it and written inside it is
+    flagged, one allocated inside is not); counts, cells, scalar_load results, arithmetic on
+    them and dict entries holding them are device scalars; .broadcast(dim, n) is a form."""
+    found = _read(SCAFFOLDED)
+    assert [u.line for u in found["runtime loop nested in a runtime loop's body"]] == [17]
+    assert [u.line for u in found[constructs.PSUM_OUTSIDE]] == [11, 12]
+    assert "for_each_row (scaffold: nl.fori_loop) body: an inner def" in found
+    ap = ".ap(indirect_dim, offset, pattern, scalar_offset) indirect_dim=0 scalar_offset="
+    assert len(found[ap + "scalar"]) == 3 and ap + "tensor" not in found
+    assert "nisa.scalar_load src=a slice of a tile" in found
+    assert "nisa.scalar_load src=a tile" in found
+    assert ".broadcast(_, _)" in found
+    assert constructs.forbidden(constructs.PSUM_OUTSIDE)
 
 
 def test_a_loop_after_a_loop_is_not_nested():
@@ -86,12 +135,14 @@ FORBIDDEN = ("runtime loop nested in a runtime loop's body",
              "nisa.register_alloc inside a runtime-loop body",
              "nisa.register_load from a kernel input (HBM)",
              "nisa.nc_matmul tile_position=(r, c)",
-             "nisa.nc_matmul tile_position with is_transpose=True")
+             "nisa.nc_matmul tile_position with is_transpose=True",
+             constructs.PSUM_OUTSIDE)
 
 
 def test_forbidden_forms_have_no_evidence():
     evidence = constructs.load_evidence()
     assert [c for c in FORBIDDEN if c in evidence] == []
+    assert [c for c in evidence if constructs.forbidden(c)] == []
 
 
 def test_every_evidence_entry_is_a_citation():

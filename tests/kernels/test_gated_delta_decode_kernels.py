@@ -65,72 +65,66 @@ def test_decode_plan_splits_groups_and_batches():
     assert decode_plan(8, T=3) == (4, 2, 2, 2)
 
 
-def test_program_shares_split_live_sequences_evenly():
-    """Two programs: halves (program 0 one more), a lone sequence to program 0 alone."""
-    from nki_ssm.ops.launch.gated_delta import program_shares
-
-    assert program_shares(64, 2).tolist() == [32, 32]
-    assert program_shares(29, 2).tolist() == [15, 14]
-    assert program_shares(1, 2).tolist() == [1, 0]
-    assert program_shares(0, 2).tolist() == [0, 0]
-    assert program_shares(7, 1).tolist() == [7]
-
-
 def test_decode_order_is_a_work_list_of_full_groups_then_batches():
     """Live sequences compacted; full groups of spi in the main loop, the rest in
     batches of 2 in the tail, a position past the live count mirrors its batch's first;
-    counts = (main iterations, tail iterations)."""
+    one spare row after the tail; counts = (main iterations, tail iterations, spare)."""
     from nki_ssm.ops.launch.gated_delta import decode_order
 
     idx = np.array([-1, 4, -1, 7, 2, -1, -1, -1])
     order, pos, slot_of, counts = decode_order(idx, 8)   # spi 8: no full group of 3 live
-    assert counts.tolist() == [[0, 2]] and counts.dtype == np.int32
+    assert counts.tolist() == [[0, 2, 0]] and counts.dtype == np.int32
+    assert order.shape == (8 + 4 * 2 + 2,)
     # 8 main positions (never reached), then the tail: 1, 3, 4 and a mirror of 4
     assert list(order[8:12]) == [1, 3, 4, 4]
     assert list(pos[[1, 3, 4]]) == [8, 9, 10]
     assert list(slot_of[8:12]) == [4, 7, 2, 2]
-    assert decode_order(np.full(4, -1), 4)[3].tolist() == [[0, 0]]
+    assert decode_order(np.full(4, -1), 4)[3].tolist() == [[0, 0, 0]]
 
     idx = np.arange(32)
     idx[[3, 9, 30]] = -1                              # 29 live in a bucket of 32
     order, pos, slot_of, counts = decode_order(idx, 32)   # spi 16, 16 tail positions
     live = np.flatnonzero(idx >= 0)
-    assert counts.tolist() == [[1, 7]]
+    assert counts.tolist() == [[1, 7, 0]]
     assert list(order[:16]) == list(live[:16])
     assert list(order[32:45]) == list(live[16:]) and order[45] == live[-1]
     assert list(pos[live]) == list(range(16)) + list(range(32, 45))
 
 
 def test_decode_order_splits_sequences_between_two_programs():
-    """LNC=2: the compacted live sequences in two consecutive shares (program 0 one more),
-    each program laid out as a bucket of half the size: program 0's main positions, program
-    1's, then program 0's tail, program 1's; counts per program; every position of a
-    program names only its own sequences' slots (unreached ones: its first sequence's)."""
+    """LNC=2: the compacted live sequences in two consecutive runs of n_live // 2, each
+    program laid out as a bucket of half the size (program 0's main positions, program 1's,
+    then program 0's tail and spare row, program 1's), one counts row for both: the same
+    trip counts; an odd n_live leaves the last live sequence as program 0's spare, program
+    1's spare row names the dump slot 0."""
     from nki_ssm.ops.launch.gated_delta import decode_order
 
     idx = np.arange(100, 132)
     idx[[3, 9, 30]] = -1                              # 29 live in a bucket of 32
     live = np.flatnonzero(idx >= 0)
     order, pos, slot_of, counts = decode_order(idx, 32, programs=2)
-    # per program: a bucket of 16 -> spi 16, one main row, 8 tail rows of 2
-    assert order.shape == (2 * 16 + 2 * 16,)
-    assert counts.tolist() == [[0, 8, 0, 7]]          # 15 and 14 live: tails only
-    assert list(order[32:47]) == list(live[:15])     # program 0's tail
-    assert list(order[48:62]) == list(live[15:])     # program 1's tail
-    assert list(pos[live]) == list(range(32, 47)) + list(range(48, 62))
-    shares = [idx[live[:15]], idx[live[15:]]]
-    for p, where in enumerate((np.r_[0:16, 32:48], np.r_[16:32, 48:64])):
+    # per program: a bucket of 16 -> spi 16, one main row, 8 tail rows of 2 and a spare row
+    assert order.shape == (2 * 16 + 2 * 18,)
+    assert counts.tolist() == [[0, 7, 1]]             # 14 each, tails only; one spare
+    assert list(order[32:46]) == list(live[:14])     # program 0's tail
+    assert list(order[50:64]) == list(live[14:28])   # program 1's tail
+    assert list(order[48:50]) == [live[28]] * 2      # program 0's spare row
+    assert list(pos[live]) == list(range(32, 46)) + list(range(50, 64)) + [48]
+    assert list(slot_of[48:50]) == [idx[live[28]]] * 2 and list(slot_of[66:68]) == [0, 0]
+    shares = [idx[live[:14]], idx[live[14:28]]]
+    for p, where in enumerate((np.r_[32:46], np.r_[50:64])):
         assert set(slot_of[where]) <= set(shares[p])
     order, pos, slot_of, counts = decode_order(np.arange(64), 64, programs=2)
-    assert counts.tolist() == [[2, 0, 2, 0]]          # 32 each: two full groups each
+    assert counts.tolist() == [[2, 0, 0]]            # 32 each: two full groups each
     assert list(order[:64]) == list(range(64)) and list(pos) == list(range(64))
-    # one live sequence: program 1 gets nothing and reads only a slot nobody names
+    # one live sequence: no loop iteration; program 0's spare, program 1's dump
     idx = np.full(8, -1)
     idx[5] = 3
-    order, pos, slot_of, counts = decode_order(idx, 8, programs=2, slots=6)
-    assert counts.tolist() == [[0, 1, 0, 0]]
-    assert pos[5] == 8 and order[8] == 5 and slot_of[8] == 3
-    assert set(slot_of[np.r_[4:8, 12:16]]) == {0}      # program 1: slot 0, named by none
+    order, pos, slot_of, counts = decode_order(idx, 8, programs=2)
+    assert counts.tolist() == [[0, 0, 1]]
+    # per program a bucket of 4: spi 4 (8 main positions), 2 tail rows of 2 and a spare row
+    assert pos[5] == 8 + 2 * 2 and order[12] == 5 and slot_of[12] == 3
+    assert list(slot_of[18:20]) == [0, 0]
 
 
 @pytest.mark.parametrize("num_seqs,padding,T", [(16, 0, 1), (16, 9, 1), (32, 3, 1),
@@ -302,21 +296,25 @@ def test_decode_lnc2_equals_lnc1_bitwise(T, raw, pool_dtype, monkeypatch):
     for pid in (0, 1):
         ran = {i.loop_path[0][0] for i in trace.instructions if i.loop_path and i.program_id == pid}
         assert len(ran) == 2, (pid, ran)
+        assert trace.branches[(pid, ("if", 0))].outcomes == [True]      # 53 live: a spare
     idx = np.full(64, -1)
     idx[:59] = inp["state_indices"]
     spi, w, main_rows, tail_rows = decode_plan(32, T)
-    order, pos, slot_of, counts = decode_order(idx, 64, T, 2, slots=64)
-    main, tail = slot_of[:2 * main_rows * spi], slot_of[2 * main_rows * spi:]
+    order, pos, slot_of, counts = decode_order(idx, 64, T, 2)
+    main = slot_of[:2 * main_rows * spi]
+    tail = slot_of[2 * main_rows * spi:].reshape(2, tail_rows + 1, w)
+    n_main, n_tail, spare = counts[0]
     touched = []
     for p in (0, 1):
-        n_main, n_tail = counts[0, 2 * p:2 * p + 2]
         m = main.reshape(2, main_rows, spi)[p]
-        # main rows run, the look-ahead row after the last (or row 0), tail rows run
-        reads = set(m[:min(n_main + 1, main_rows)].ravel()) | set(m[0])
-        writes = set(m[:n_main].ravel()) | set(tail.reshape(2, tail_rows, w)[p][:n_tail].ravel())
-        assert writes                   # both programs have work
-        touched.append((reads | writes, writes))
-    assert not touched[0][0] & touched[1][1] and not touched[1][0] & touched[0][1]
+        # main rows run, tail rows run, the spare row (program 0's only: program 1's is a
+        # dump slot of its own)
+        slots = set(m[:n_main].ravel()) | set(tail[p][:n_tail].ravel())
+        if spare and p == 0:
+            slots |= set(tail[p][tail_rows])
+        assert slots                    # both programs have work
+        touched.append(slots)
+    assert not touched[0] & touched[1]
     sizes = [trace.program_instructions(p) for p in (0, 1)]
     assert sizes[0] == sizes[1] <= 20_000, sizes
     other = make_gated_delta_decode_inputs(np.random.default_rng(1), num_seqs=33, T=T, H=2,
@@ -328,9 +326,9 @@ def test_decode_lnc2_equals_lnc1_bitwise(T, raw, pool_dtype, monkeypatch):
 
 
 def test_one_slot_pool_one_live_sequence_at_lnc2(monkeypatch):
-    """A program without live sequences gathers a slot nobody names; a one-slot pool that
-    the only live sequence names has none, so the launcher stages it with a spare row:
-    no HBM race between the programs, the result and the pool as the reference's."""
+    """One live sequence in a one-slot pool at LNC=2: it is program 0's spare batch, program
+    1 runs a dump batch into its private one-slot dump: no HBM race between the programs,
+    the result and the pool as the reference's."""
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
     rng = np.random.default_rng(7)
     N, H, HV, K, V = 6, 1, 2, 16, 16

@@ -168,7 +168,8 @@ def _run_lnc(monkeypatch, lnc, inp, chunk):
 
 @pytest.mark.parametrize("H, G", [(4, 2), (4, 1), (6, 3), (3, 1)])
 def test_lnc2_equals_lnc1(monkeypatch, H, G):
-    """Heads split across the two programs (H even; odd H: program 1 idles): every
+    """Heads split across the two programs (H even; odd H: both programs run every head,
+    program 0's gradients are kept): every
     gradient equals LNC=1 bit for bit, except dB / dC when a group's heads sit in both
     programs (G = 1, or G = 3 with H = 6: the launcher adds the two programs' partials,
     float32 noise)."""

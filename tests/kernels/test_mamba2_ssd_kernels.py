@@ -344,12 +344,10 @@ def test_decode_units_cover_each_state_once():
     assert _unit_spans(64, 256, True) == [(0, 32), (32, 64)]
     assert _unit_spans(64, 256, False) == [(0, 32), (32, 64)]
     assert _unit_spans(40, 128, False) == [(0, 40)]
-    # the units of one loop iteration alternate two buffers: an even number
-    assert entries_per_iteration(40, 128, False) == 2
-    assert entries_per_iteration(64, 256, True) == 1
+    # entries per full iteration: 8, fewer for long speculative steps (token tiles)
+    assert [entries_per_iteration(T) for T in (1, 2, 4, 8, 16, 20)] == [8, 8, 4, 2, 1, 1]
     with _unit_bytes(1):          # never below one row block per unit
         assert _unit_spans(3, 8, True) == [(0, 1), (1, 2), (2, 3)]
-        assert entries_per_iteration(3, 8, True) == 2
 
 
 @pytest.mark.parametrize("num_seqs, T, pool_dtype", [(1, None, np.float32), (3, 2, np.float32),
@@ -603,10 +601,11 @@ def test_prefill_strong_then_weak_decay_in_one_chunk(chunk, lnc):
 
 
 @pytest.mark.parametrize("precision, tol", [("fp32", EXACT_TOL), ("bf16", BF16_MODE_TOL)])
-def test_prefill_modulo_scheduled_pair_loop(precision, tol, lnc):
-    # 12 head blocks (H 48, P 64 -> 4 heads per block) > 10 stages: the chunk-pair
-    # loop runs modulo-scheduled (each iteration fills the next pair's first
-    # items); lengths with odd chunk counts, an empty live sequence and padding
+def test_prefill_long_pipeline_pair_loop(precision, tol, lnc):
+    # 12 head blocks (H 48, P 64 -> 4 heads per block) > 10 stages: the chunk-pair loop
+    # balances the engines through TensorE (y_off + y_intra and every second block's
+    # state update as identity matmuls, pe_add); lengths with odd chunk counts, an empty
+    # live sequence and padding
     rng = np.random.default_rng(17)
     dtype = np.float32 if precision == "fp32" else BF16
     inp = make_ssd_inputs(rng, seqlens=[100, 0, 70, 1], H=48, P=64, N=16, G=2, z=True,
@@ -637,7 +636,7 @@ def _loop_depths(fn):
     return {len(inst.loop_path) for inst in trace.instructions}
 
 
-@pytest.mark.parametrize("H, P, chunk", [(2, 16, 16), (48, 64, 32)])   # _pair / modulo loop
+@pytest.mark.parametrize("H, P, chunk", [(2, 16, 16), (48, 64, 32)])   # drained / pe_add
 def test_prefill_runs_no_runtime_loop_inside_another(H, P, chunk, lnc):
     """A ragged batch with initial states, padding slots, an empty sequence and several
     chunks per sequence: every instruction sits in at most one runtime loop."""
@@ -658,7 +657,7 @@ def test_decode_runs_no_runtime_loop_inside_another(lnc):
 
 
 def test_prefill_tables_work_list():
-    """The flat work list: one row per chunk pair of each live sequence in order, state
+    """The flat work list: one row per chunk pair of each live sequence in order, its state
     source = the sequence's own block after its first pair, its initial state's block
     (has_initial_state) or the zero block; final blocks; zero rows for padding tokens."""
     from nki_ssm.ops.launch.mamba2_ssd import prefill_tables
@@ -669,11 +668,12 @@ def test_prefill_tables_work_list():
     pair_rows, pair_vals, init_tab, final_tab, zero_tab, counts = prefill_tables(
         cu, idx, init, T, S, Q, pr)
     # live: 0 (70 tok, 3 pairs), 1 (empty), 3 (5 tok, 1 pair), 4 (120 tok, 4 pairs)
-    assert counts.tolist() == [[2, 8, 4, 3, S]]     # src0 = zero block (seq 0: no init)
-    assert pair_rows.shape == (T // (2 * Q) + S + 1, Q, 4)
+    assert counts.tolist() == [[2, 8, 4, 3]]
+    assert pair_rows.shape == (T // (2 * Q) + S, Q, 4) and pair_vals.shape == (T // 32 + S, 4)
     assert pair_vals[:8, 2].tolist() == [0, 0, 0, 2, 3, 3, 3, 3]    # blocks (live order)
-    # next pair's source: own block, then seq 3's init (block 2), seq 4 from zeros
-    assert pair_vals[:8, 3].tolist() == [0, 0, 2, S, 3, 3, 3, S]
+    # the pair's source: seq 0 from zeros, then its own block; seq 3's init (block 2);
+    # seq 4 from zeros, then its own block
+    assert pair_vals[:8, 3].tolist() == [S, 0, 0, 2, S, 3, 3, 3]
     assert pair_vals[:8, 0].tolist() == [0, 32, 64, 103, 108, 140, 172, 204]
     assert pair_vals[:8, 1].tolist() == [16, 48, T, T, 124, 156, 188, 220]
     assert np.all(pair_vals[8:, 0:2] == T) and np.all(pair_vals[8:, 2:] == S)
@@ -699,40 +699,43 @@ def test_prefill_tables_work_list():
 
 
 def test_prefill_tables_two_programs():
-    """LNC=2: both programs run the same work list (on their heads: pool rows a part
-    further per slot); with one head part, program 1's counts are zero."""
+    """LNC=2: both programs read the same tables, counts included (one control flow), and
+    run the whole work list on their heads: with two head parts the pool rows of a slot
+    are 2 pr apart (part 1's a static offset in the kernel), nothing else changes."""
     from nki_ssm.ops.launch.mamba2_ssd import prefill_tables
     cu = np.array([0, 70, 70, 103], np.int32)
     idx = np.array([4, 2, 0], np.int32)
     init = np.array([True, False, True])
     one = prefill_tables(cu, idx, init, 256, 4, 16, 3)
-    two = prefill_tables(cu, idx, init, 256, 4, 16, 3, 6, 2, 2)
-    for a, b in zip(one[:2] + one[4:5], two[:2] + two[4:5]):
-        assert a.tobytes() == b.tobytes()
-    assert two[5].tolist() == [one[5][0].tolist()] * 2
+    two = prefill_tables(cu, idx, init, 256, 4, 16, 3, 6)
+    for k in (0, 1, 4, 5):
+        assert one[k].tobytes() == two[k].tobytes()
+    assert one[5].tolist() == [[2, 5, 3, 0]]      # 2 initial states, 3 + 0 + 2 pairs, 3 live
     assert two[2][0, :3, 0].tolist() == [24, 25, 26]    # slot 4: rows 4 * 6 + q
     assert two[3][:3, 0, 0].tolist() == [24, 12, 0]
-    lone = prefill_tables(cu, idx, init, 256, 4, 16, 3, 3, 2, 1)
-    assert lone[5][0].tolist() == one[5][0].tolist() and lone[5][1].tolist() == [0, 0, 0, 0, 4]
 
 
 def test_decode_tables_two_programs():
-    """LNC=2: the live sequences split in order (program 0 takes the odd one), padding
-    sequences too; dummy entries repeat the program's own first sequence; one live
-    sequence leaves program 1 without work."""
+    """LNC=2: the live sequences split in order into two runs of n_live // 2 (full
+    iterations of per entries, then single-entry rows), one counts row for both; an odd
+    n_live leaves the last live sequence as program 0's spare entry (row 0 of its block)
+    and program 1's row 0 a dump entry (pool rows 0 .. pr-1, sequence 0); padding
+    sequences get no entry. One live sequence: no loop iteration, the spare only."""
     from nki_ssm.ops.launch.mamba2_ssd import decode_tables
     idx = np.array([3, -1, 5, 0, -1, 1, 2], np.int32)      # live 0, 2, 3, 5, 6
-    seq, pad, counts = decode_tables(idx, 8, 2, 2, 2)
-    rows = 8 // 2 + 1
-    assert seq.shape == (2 * rows, 128, 4) and pad.shape == (16, 1)
-    assert counts.tolist() == [[2, 1, 1, 1], [2, 1, 1, 0]]
-    # program 0: sequences 0, 2, 3 then dummies of 0; program 1: 5, 6 then dummies of 5
-    assert seq[:rows, 0, 1::2].reshape(-1)[:5].tolist() == [0, 2, 3, 0, 0]
-    assert seq[rows:, 0, 1::2].reshape(-1)[:4].tolist() == [5, 6, 5, 5]
-    assert seq[rows, :2, 2].tolist() == [2 * 2, 2 * 2 + 1]          # slot 2 of sequence 6
-    assert pad[:, 0].tolist() == [1] + [0] * 7 + [4] + [0] * 7
-    _, _, lone = decode_tables(np.array([7], np.int32), 1, 2, 2, 2)
-    assert lone.tolist() == [[1, 0, 1, 1], [1, 0, 0, 0]]
+    seq, counts = decode_tables(idx, 8, 2, 2, 2)
+    rows = 1 + 2 + 2                                       # spare, ceil(4 / 2) main, 2 tail
+    assert seq.shape == (2 * rows, 128, 4) and counts.tolist() == [[1, 0, 1]]
+    # main row of program 0: sequences 0, 2; of program 1: 3, 5; program 0's spare: 6
+    assert seq[1, 0, 1::2].tolist() == [0, 2] and seq[rows + 1, 0, 1::2].tolist() == [3, 5]
+    assert seq[0, 0, 1] == 6 and seq[0, :2, 0].tolist() == [2 * 2, 2 * 2 + 1]   # slot 2
+    assert seq[rows, :2, 0].tolist() == [0, 1] and seq[rows, 0, 1] == 0         # dump entry
+    assert seq[rows + 1, :2, 2].tolist() == [1 * 2, 1 * 2 + 1]     # sequence 5: slot 1
+    seq, counts = decode_tables(idx, 8, 2, 4, 1)           # LNC=1: one main row, one tail
+    assert counts.tolist() == [[1, 1, 0]]
+    assert seq[1, 0, 1::2].tolist() == [0, 2, 3, 5] and seq[2, 0, 1] == 6
+    _, lone = decode_tables(np.array([7], np.int32), 1, 2, 2, 2)
+    assert lone.tolist() == [[0, 0, 1]]
 
 
 # ------------------------------------------------------------- LNC=2: two programs (issue 29)
@@ -760,7 +763,7 @@ def _program_sizes(trace, both_work=True):
     (4, 16, 16, 2, 16, "bf16"),      # one group per program; _pair loop
     (3, 8, 136, 1, 16, "fp32"),      # odd H: 6 heads of P/2 (3 per program); two dstate tiles
     (6, 8, 16, 3, 32, "bf16"),       # the middle group's heads on both programs
-    (48, 128, 16, 2, 32, "fp32"),    # 24 heads per program: the modulo-scheduled loop
+    (48, 128, 16, 2, 32, "fp32"),    # 24 heads per program: the TensorE-balanced pipeline
 ])
 def test_prefill_lnc2_equals_lnc1_bitwise(monkeypatch, H, P, N, G, chunk, precision):
     """A ragged batch with initial states, padding slots, an empty sequence and several
@@ -787,15 +790,19 @@ def test_prefill_lnc2_equals_lnc1_bitwise(monkeypatch, H, P, N, G, chunk, precis
     assert _program_sizes(trace) == size
 
 
-def test_prefill_lnc2_one_head_runs_on_program_0(monkeypatch):
-    """One head of odd P does not split: program 1 runs the same program with zero
-    counts; y and the pool equal LNC=1's bit for bit."""
+def test_prefill_lnc2_one_head_runs_on_both_programs(monkeypatch):
+    """One head of odd P does not split: program 1 runs program 0's head and loops into
+    private dumps of y and the pool (one control flow); y and the pool equal LNC=1's bit
+    for bit."""
     inp = make_ssd_inputs(np.random.default_rng(32), seqlens=[40, 0, 17], H=1, P=5, N=8,
                           z=True, slots=4, padding=1, has_initial_state=True)
     (y1, after1, _), _ = _at_lnc(monkeypatch, 1, lambda: _prefill(inp))
     (y2, after2, _), trace = _at_lnc(monkeypatch, 2, lambda: _prefill(inp))
     assert y2.tobytes() == y1.tobytes() and after2.tobytes() == after1.tobytes()
-    _program_sizes(trace, both_work=False)
+    _program_sizes(trace)
+    loops = {pid: {k[1]: (v.entries, v.iterations) for k, v in trace.loops.items()
+                   if k[0] == pid} for pid in (0, 1)}
+    assert loops[0] == loops[1] and loops[0]
 
 
 @pytest.mark.parametrize("num_seqs, T, pool_dtype, padding, unit_bytes", [
@@ -830,9 +837,14 @@ def test_decode_lnc2_equals_lnc1_bitwise(monkeypatch, num_seqs, T, pool_dtype, p
 
 
 def test_decode_lnc2_one_sequence_runs_on_program_0(monkeypatch):
+    """One live sequence at LNC=2: it is program 0's spare entry; program 1 takes the same
+    branch on a dump entry (same control flow), results equal LNC=1's bit for bit."""
     inp = make_ssd_decode_inputs(np.random.default_rng(35), num_seqs=1, T=None, H=2, P=16,
                                  N=16, z=True)
     (y1, after1, _), _ = _at_lnc(monkeypatch, 1, lambda: _decode(inp))
     (y2, after2, _), trace = _at_lnc(monkeypatch, 2, lambda: _decode(inp))
     assert y2.tobytes() == y1.tobytes() and after2.tobytes() == after1.tobytes()
-    _program_sizes(trace, both_work=False)
+    sizes = [trace.program_instructions(p) for p in (0, 1)]
+    assert sizes[0] == sizes[1] <= 20_000
+    assert [trace.branches[(p, ("if", 0))].outcomes for p in (0, 1)] == [[True], [True]]
+    assert not any(loop.iterations for loop in trace.loops.values())

@@ -213,3 +213,26 @@ def test_the_walker_follows_re_exports_and_stops_at_other_packages():
     assert any(m == "nki_ssm.kernels.gated_delta.chunk" for m, _ in came_from)
     backend = follow("nki_ssm.backend", "resolve")      # importlib.import_module("nki")
     assert not any(m.startswith("nki_ssm.kernels") for m, _ in backend)
+
+
+def test_launchers_import_nothing_from_the_host_api():
+    """Layers point down: ``nki_ssm.ops.launch`` (module- and function-level imports alike)
+    imports the kernels, the backend and its own modules, never the host API above it
+    (``nki_ssm.ops.<op>`` / ``_dispatch`` / ``_validate``)."""
+    launch = PACKAGE_ROOT / "ops" / "launch"
+    bad = []
+    for path in sorted(launch.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                if node.level:
+                    names = [("nki_ssm.ops.launch." if node.level == 1 else "nki_ssm.ops.")
+                             + node.module]
+                else:
+                    names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                if name.startswith("nki_ssm.ops.") and not name.startswith("nki_ssm.ops.launch"):
+                    bad.append(f"{path.name}:{node.lineno} {name}")
+    assert bad == []

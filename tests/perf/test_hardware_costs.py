@@ -237,15 +237,18 @@ def test_dma_run_length_recorded_and_priced(sim):
 
 def test_profile_reports_program_and_dynamic_instructions(sim):
     nl, nisa, simulate, record = sim
-    if not hasattr(nl, "dynamic_range"):
+    if not hasattr(nl, "fori_loop"):
         pytest.skip("simulator without runtime loops")
 
     def kernel(x, n):
         out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
         t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=t, src=x)
-        for _ in nl.dynamic_range(n):
+
+        def body(i):
             nisa.tensor_scalar(dst=t, data=t, op0=nl.add, operand0=1.0)
+
+        nl.fori_loop(0, n, body)
         nisa.dma_copy(dst=out, src=t)
         return out
 

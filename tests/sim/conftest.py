@@ -8,11 +8,12 @@ from nki_ssm.sim.targets import ENV_VAR
 
 @pytest.fixture(autouse=True)
 def _default_target(monkeypatch):
-    """Every simulator test starts on the default target (trn2) and NKI version (0.6.0)
-    unless it sets one."""
+    """Every simulator test starts on the default target (trn2) and on NKI 0.6.0, the release
+    the register-era tests were written against, unless it sets another (the tests of the
+    NKI 0.7 / 0.8 rules use the ``nki08`` / ``nki07`` fixtures)."""
     monkeypatch.delenv(ENV_VAR, raising=False)
     monkeypatch.delenv("NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE", raising=False)
-    monkeypatch.delenv("NKI_SSM_NKI_VERSION", raising=False)     # NKI 0.6.0 unless set
+    monkeypatch.setenv("NKI_SSM_NKI_VERSION", "0.6.0")
     monkeypatch.delenv("NKI_PRECISE_FP", raising=False)
 
 
@@ -22,3 +23,15 @@ def set_target(monkeypatch):
     def _set(name: str) -> None:
         monkeypatch.setenv(ENV_VAR, name)
     return _set
+
+
+@pytest.fixture
+def nki08(monkeypatch):
+    """Target NKI 0.8.0 (Neuron SDK 2.34.0), the package default."""
+    monkeypatch.setenv("NKI_SSM_NKI_VERSION", "0.8.0")
+
+
+@pytest.fixture
+def nki07(monkeypatch):
+    """Target NKI 0.7.0 (Neuron SDK 2.33.0)."""
+    monkeypatch.setenv("NKI_SSM_NKI_VERSION", "0.7.0")

@@ -95,15 +95,15 @@ def _fake_sdk(monkeypatch, version):
         monkeypatch.setitem(sys.modules, name, mod)
 
 
-def test_sdk_older_than_nki_060_is_passed_over(monkeypatch):
-    _fake_sdk(monkeypatch, "0.5.0+30517103.g4f8d9c1")
-    with pytest.raises(ImportError, match=r"NKI 0\.5\.0.*need NKI >= 0\.6\.0 \(Neuron SDK >= 2\.32"):
+def test_sdk_older_than_nki_080_is_passed_over(monkeypatch):
+    _fake_sdk(monkeypatch, "0.7.0+30517103.g4f8d9c1")
+    with pytest.raises(ImportError, match=r"NKI 0\.7\.0.*need NKI >= 0\.8\.0 \(Neuron SDK >= 2\.34"):
         backend.resolve("neuron")
     with pytest.warns(RuntimeWarning, match="using the bundled simulator"):
         assert backend.resolve("auto")[0] == "sim"
 
 
-def test_sdk_with_nki_060_is_used(monkeypatch):
-    _fake_sdk(monkeypatch, "0.6.0+31049202112.g85070674")
+def test_sdk_with_nki_080_is_used(monkeypatch):
+    _fake_sdk(monkeypatch, "0.8.0+31049202112.g85070674")
     assert backend.resolve("neuron")[0] == "neuron"
     assert backend.resolve("auto")[1] is sys.modules["nki"]

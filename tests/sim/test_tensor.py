@@ -350,13 +350,13 @@ def test_ap_example_from_aps_doc_on_hbm():
     np.testing.assert_array_equal(v.read(), (8 + 16 * w + z).astype(np.float32))
 
 
-def test_ap_ignores_the_view_except_offset_none():
+def test_ap_replaces_the_views_pattern_and_adds_to_its_offset():
     t = filled((1, 64), MemoryRegion.shared_hbm)
     # offset=None inherits the view's offset; the view's strides are ignored
     np.testing.assert_array_equal(t[:, 10:20].ap(pattern=[[1, 4]]).read(), [10, 11, 12, 13])
     np.testing.assert_array_equal(t[:, 0:64:2].ap(pattern=[[1, 3]]).read(), [0, 1, 2])
-    # an int offset counts from the start of the storage (APS guide)
-    np.testing.assert_array_equal(t[:, 10:20].ap(pattern=[[1, 3]], offset=5).read(), [5, 6, 7])
+    # an int offset is added to the view's offset (NkiTensor.ap docstring; released kernels)
+    np.testing.assert_array_equal(t[:, 10:20].ap(pattern=[[1, 3]], offset=5).read(), [15, 16, 17])
 
 
 def test_ap_is_not_composable():

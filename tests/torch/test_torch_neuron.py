@@ -232,16 +232,16 @@ def test_layouts_of_gated_delta_decode(device, monkeypatch):
     kq = torch.stack([k[src], q[src]], -1).float()
     want_kq_m = kq[:n_main].reshape(main_rows, spi, T, H, K, 2).permute(0, 4, 1, 2, 3, 5)
     assert torch.equal(kq_m, want_kq_m.reshape(main_rows, K, -1))
-    want_kq_t = kq[n_main:].reshape(tail_rows, w, T, H, K, 2).permute(0, 4, 1, 2, 3, 5)
-    assert torch.equal(kq_t, want_kq_t.reshape(tail_rows, K, -1))
+    want_kq_t = kq[n_main:].reshape(tail_rows + 1, w, T, H, K, 2).permute(0, 4, 1, 2, 3, 5)
+    assert torch.equal(kq_t, want_kq_t.reshape(tail_rows + 1, K, -1))
     assert torch.equal(k_t.reshape(-1), k[src][n_main:].float().reshape(-1))
-    want_v = v[src][n_main:].float().reshape(tail_rows, w, T, HV, V).permute(0, 4, 1, 2, 3)
-    assert torch.equal(v_t, want_v.reshape(tail_rows, V, -1))
+    want_v = v[src][n_main:].float().reshape(tail_rows + 1, w, T, HV, V).permute(0, 4, 1, 2, 3)
+    assert torch.equal(v_t, want_v.reshape(tail_rows + 1, V, -1))
     assert gate_m.dtype == gate_t.dtype == torch.float32 and head_params is None
     assert pool_view.shape == (pool.shape[0], HV * K * V)
     assert pool_view.data_ptr() == pool.data_ptr()
-    assert slots_m.dtype == torch.int32 and slots_m.shape == (main_rows + 1, spi)
-    assert slots_t.shape == (tail_rows, w)
+    assert slots_m.dtype == torch.int32 and slots_m.shape == (main_rows, spi)
+    assert slots_t.shape == (tail_rows + 1, w)
     assert torch.equal(counts_arg, torch.as_tensor(counts))
 
 

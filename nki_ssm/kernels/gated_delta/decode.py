@@ -43,53 +43,56 @@ Compile-time arguments: shapes (sequence bucket, T, heads, K, V, slots),
 dtypes and the layer flags (raw_gates, use_qk_l2norm, scale, want_inter);
 batch composition is run-time int32 data the launcher builds
 (``nki_ssm.ops.launch.gated_delta.decode_order``): live sequences compacted
-first; with L live and SPI positions per group (``decode_plan``: 16 // T
-rounded down to a multiple of 4, at least 4, at most the bucket), the
-first ``n_main = L // SPI`` groups run in the main loop, the remaining
-``L - n_main*SPI`` positions in ``n_tail`` batches of W = min(2, bucket)
-positions in the tail loop; a tail position past L mirrors the first of
+first; with E live per program and SPI positions per group (``decode_plan``:
+16 // T rounded down to a multiple of 4, at least 4, at most the bucket),
+the first ``n_main = E // SPI`` groups run in the main loop, the remaining
+``E - n_main*SPI`` positions in ``n_tail`` batches of W = min(2, bucket)
+positions in the tail loop; a tail position past E mirrors the first of
 its batch (same inputs, same slot: both states are gathered before either
-is scattered, and both write the same bytes). ``counts [1, 2*n_prog]`` holds
-``n_main, n_tail`` of each program; each is DMA'd into a (1, 1) SBUF tile on
-partition 0 and loaded into a register allocated before the loops.
+is scattered, and both write the same bytes). ``counts [1, 3]``, the one
+row every program reads: ``n_main, n_tail`` and the spare flag, loaded as
+``NkiScalar`` s (``scaffold.trip_counts``) before the loops.
 
 LNC grid: launched as ``kernel[2]`` the kernel runs as two programs, one per
-physical core of the logical core (``nl.program_id(0)``; a launch without a
+physical core of the logical core (``scaffold.lnc_grid``; a launch without a
 grid is one program: ``nl.program_ndim() == 0``, as nki-library
 attention_bwd.py:1134-1137 tests). The launcher splits the compacted live
-sequences into two consecutive halves (program 0 one more; a lone sequence
-goes to program 0 and program 1 runs zero iterations of both loops) and lays
-out each half as a bucket of half the size. Every table stacks the programs'
-rows (program 0's, then program 1's); program ``pid`` reads and writes only
-rows ``[pid*rows, (pid+1)*rows)`` of each, a static offset added to the
-loop register's row, and its own columns of ``counts``. Both programs run the
-same instruction stream (same program size) over disjoint sequences: no pool
-slot is touched by both (the look-ahead gathers of unreached positions name
-one of the program's own slots), no output row is written by both, and no
-synchronisation is needed. Each program moves its half of the states on its
-own core's DMA queues: at 64 sequences each does the work of a 32-sequence
-bucket.
+sequences into two consecutive runs of E = n_live // 2 and lays out each run
+as a bucket of half the size, so both programs run the same trip counts;
+with an odd n_live the last live sequence is program 0's spare batch (the
+last row of its tail block), run under ``nl.if_else`` on the spare flag
+after the loops, while program 1 takes the same branch on a dump batch
+whose slot 0 names a private one-slot dump of the pool (``scaffold.dump_rows``;
+its o / intermediate rows are its own and never read). Every table stacks the
+programs' rows (program 0's, then program 1's); program ``pid`` reads and
+writes only rows ``[pid*rows, (pid+1)*rows)`` of each, a static offset added
+to the loop's row. Both programs run the same instruction stream (same
+program size) over disjoint sequences: no pool slot is touched by both, no
+output row is written by both, and no synchronisation is needed. Each program
+moves its half of the states on its own core's DMA queues: at 64 sequences
+each does the work of a 32-sequence bucket.
 
-Two runtime loops, ``nl.fori_loop(0, reg, body)`` with ``body`` an inner
-function, one after the other, none nested (every instruction sits in at
-most one runtime loop); what is unrolled in a body is bounded by SPI, T and
-the heads. A bucket (per program) of one or two sequences has no main loop.
+Two runtime loops, ``nl.fori_loop(0, n, body)`` with ``body`` an inner
+function (``scaffold.work_loop``), one after the other, none nested (every
+instruction sits in at most one runtime loop), then the spare batch; what is
+unrolled in a body is bounded by SPI, T and the heads. A bucket (per program)
+of one or two sequences has no main loop.
 
-* Main loop, iteration ``it`` (the body's register, used as
-  ``scalar_offset`` on dim 0 of every per-iteration table): the inputs of
-  SPI positions in one DMA each; the gate math for all of them; then NB =
-  SPI / 2 batches of two sequences whose per-token instruction streams are
-  interleaved (one sequence's matmuls fill the other's waits). Software
-  pipeline over two state sets allocated before the loop: batch b+1's
-  states are gathered while batch b runs, and the next iteration's first
-  batch while the last one runs (``slots_main`` row it + 1; after the last
-  iteration that row is read and never used). A gather issued after a
-  scatter to the pool waits for it (slots are run-time data). Every
-  position of a main iteration is live: no run-time conditional.
+* Main loop, iteration ``it`` (an ``NkiScalar``, the ``scalar_offset`` on
+  dim 0 of every per-iteration table): the inputs of SPI positions in one DMA
+  each; the gate math for all of them; then NB = SPI / 2 batches of two
+  sequences whose per-token instruction streams are interleaved (one
+  sequence's matmuls fill the other's waits). Software pipeline over two
+  state sets allocated before the loop: batch b+1's states are gathered
+  while batch b runs; the iteration's first batch is gathered when it
+  starts (nothing is prefetched across iterations: nki-library turns that
+  off for dynamic loops, NKI-1582). A gather issued after a scatter to the
+  pool waits for it (slots are run-time data). Every position of a main
+  iteration is live: no run-time conditional.
 * Tail loop: one batch per iteration, each state gathered and scattered in
   ``min(4, H)`` parts by q/k head so the first heads' reductions overlap the
   rest of the gather and their scatter the rest of the update; it reuses
-  the main loop's first state set.
+  the main loop's first state set. The spare batch is one more such batch.
 
 Per token and sequence at Qwen3-Next (HV=32, K=V=128): TensorE HV matmuls
 of 2 fp32 columns + H outer products of ``rep*V`` fp32 columns, one
@@ -106,9 +109,10 @@ What binds (modeled, trn2, nki_ssm.perf as of this commit, ``python -m simulate
 float32 pool, bf16 q/k/v): moving the states. 64 sequences 1.12 ms (10-90 %:
 1.12-2.96), 241 GB/s (65 % of the core's DMA bandwidth; DMA queues 85 % busy,
 VectorE 76 %, TensorE 74 %) at LNC=1; at LNC=2 each program models 0.57 ms (its
-32 sequences on its own core; 0.51x). Program: 1,735 static instructions per
-program (64-sequence bucket, every loop body once), 2,329 at T = 4 (8-sequence
-bucket); 118 for a bucket of one (tail only).
+32 sequences on its own core; 0.51x). Gathering each main iteration's first
+batch in the iteration (no prefetch across iterations) costs +0.3 % at 64
+sequences (LNC=1; LNC=2 -0.5 %). Program: 2,022 static instructions per program
+(64-sequence bucket, every loop body and the spare batch once).
 
 HBM arguments (prepared by the launcher, ``nki_ssm.ops.launch.gated_delta``),
 one row per loop iteration, for the main loop (``*_main``, width SPI, rows
@@ -121,11 +125,11 @@ all float32 (the launcher widens q/k/v: no DMA converts a dtype):
   k      ``[rows, width*T*H*K]``: k, token-major;
   v      ``[rows, V, width*T*HV]``: partition v, column ``(j*T + t)*HV + hv``;
   gate   ``[rows, 2, width*T*HV]``: g and beta (raw: a and b), columns as v;
-  slots  int32 ``[rows (+1 per program for main), width]``: pool slot of each
-         position;
+  slots  int32 ``[rows, width]``: pool slot of each position (the tail tables
+         hold one spare row per program after its tail rows);
   head_params ``[1, 2*HV]`` (A_log then dt_bias) or None (g / beta given);
   pool   ``[slots, HV*K*V]`` float32 or bfloat16, updated in place;
-  counts int32 ``[1, 2*n_prog]``: main and tail trip counts of each program.
+  counts int32 ``[1, 3]``: main and tail trip counts and the spare flag.
 Returns ``o [rows, V, width*T*HV]`` float32 per loop (v-major; the launcher
 transposes and un-permutes) and, with ``want_inter``, ``inter [rows,
 width*T*HV*K, V]`` per loop in the pool dtype (state after each token, rows
@@ -139,13 +143,11 @@ TensorE operands); a bfloat16 pool is widened on ScalarE after its
 same-dtype gather, and the pool and intermediates are rounded once (RNE)
 on ScalarE before their same-dtype store.
 
-Constructs whose evidence is documentation only (NKI 0.6.0 docs, aws-neuron-sdk
-81ce03ae; no released kernel uses them yet): ``nl.fori_loop`` with an
-inner-function body (its docstring, nki/api/nki/language/__init__.py) and
-its induction register as a ``scalar_offset`` with ``indirect_dim=0`` (the
-same docstring; nki/deep-dives/nki-aps.rst, "Dynamic Access";
-nki-dynamic-loops.rst, "Runtime trip count from a VirtualRegister";
-released kernels address by a (1, 1) SBUF tile); ``nl.softplus`` as an
+Constructs whose evidence is documentation only: the scaffolding of
+``nki_ssm.kernels.scaffold`` (its docstring: ``nl.fori_loop`` with an
+inner-function body and ``NkiScalar`` bounds, the iteration value and table
+cells as ``scalar_offset`` with ``indirect_dim=0``, ``nisa.scalar_load``,
+``nl.if_else``; NKI 0.8.0 docs); ``nl.softplus`` as an
 ``activation`` function (nki.api.shared.rst, "Supported Activation
 Functions"); an SBUF -> SBUF ``dma_copy`` between tiles of different shape
 and equal element count (the ``dma_copy`` docstring: "Memory types", "Tile
@@ -154,8 +156,9 @@ size"). Everything else follows released nki-library kernels.
 from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
-from nki_ssm.kernels._common import count_register
 from nki_ssm.kernels.gated_delta._common import consecutive_groups
+from nki_ssm.kernels.scaffold import (at_row, dump_rows, lnc_grid, run_if, trip_counts,
+                                      work_loop)
 
 _STREAMS = 2          # sequences whose per-token instruction streams are interleaved (a batch)
 _PARTS = 4            # state DMAs per sequence in the tail loop (one batch per iteration: latency)
@@ -171,13 +174,12 @@ def gdn_decode_step(kq_main, k_main, v_main, gate_main, slots_main, kq_tail, k_t
 
     Two runtime loops, one after the other: the main loop over full groups of SPI
     positions (absent when the ``*_main`` tables are None), then the tail loop over
-    single batches of W positions. ``counts [1, 2*n_prog]`` int32: their trip counts,
-    per program of the LNC grid (program ``pid`` runs its own rows of every table)."""
+    single batches of W positions; then the spare batch under ``nl.if_else``. ``counts
+    [1, 3]`` int32, the one row every program reads: the two trip counts and the spare
+    flag (program ``pid`` runs its own rows of every table)."""
     # the LNC grid: program pid runs rows [pid*rows, (pid+1)*rows) of every table (a static
     # offset); no grid (a plain launch) is one program
-    n_prog, pid = 1, 0
-    if nl.program_ndim() != 0:
-        n_prog, pid = nl.num_programs(0), nl.program_id(0)
+    n_prog, pid = lnc_grid()
     n_tail_rows = kq_tail.shape[0] // n_prog
     K = kq_tail.shape[1]
     V = v_tail.shape[1]
@@ -189,12 +191,9 @@ def gdn_decode_step(kq_main, k_main, v_main, gate_main, slots_main, kq_tail, k_t
     cst = _constants(head_params, HV, K, PB, raw_gates)
     has_main = kq_main != None  # noqa: E711  (NKI has no `is`)
 
-    # trip counts: DMA'd to (1, 1) SBUF tiles on partition 0, loaded into registers
-    # allocated here, before any loop
-    reg_main = None
-    if has_main:
-        reg_main = count_register(counts, 2 * pid)
-    reg_tail = count_register(counts, 2 * pid + 1)
+    # trip counts and the spare flag: device scalars of the one counts row both programs
+    # read, so both run the same loops and take the same branch
+    n_main, n_tail, spare = trip_counts(counts)
 
     o_tail, inter_tail = _outputs(n_prog * n_tail_rows, W, T, HV, K, V, pool.dtype, want_inter)
     tail_at = pid * n_tail_rows
@@ -208,14 +207,13 @@ def gdn_decode_step(kq_main, k_main, v_main, gate_main, slots_main, kq_tail, k_t
         o_main, inter_main = _outputs(n_prog * n_main_rows, SPI, T, HV, K, V, pool.dtype,
                                       want_inter)
         main_at = pid * n_main_rows
-        slots_at = pid * (n_main_rows + 1)     # slots_main: one extra row per program
         batches = consecutive_groups(SPI, _STREAMS)
         NB = len(batches)
-        # NB batches per iteration, software-pipelined: batch b+1's states are gathered
-        # while batch b runs, and the next iteration's first batch while the last one
-        # runs (slots_main row it + 1; after the last iteration it is read, never used).
-        # Two state sets (allocated here: they carry the prefetch across iterations)
-        # alternate; NB is even. Every position of a main iteration is live.
+        # NB batches per iteration, software-pipelined inside it: batch b+1's states are
+        # gathered while batch b runs; the iteration's first batch is gathered when it
+        # starts (nothing is prefetched across iterations: nki-library turns that off for
+        # dynamic loops, NKI-1582). Two state sets alternate. Every position of a main
+        # iteration is live.
         sets = (_new_states(_STREAMS, pool, HV, V, K, 1), _new_states(_STREAMS, pool, HV, V, K, 1))
         # T == 1: each batch's k rows in one small DMA issued ahead of its state gather;
         # longer steps load them per token (the rows would not fit one partition twice)
@@ -224,7 +222,6 @@ def gdn_decode_step(kq_main, k_main, v_main, gate_main, slots_main, kq_tail, k_t
         if T == 1:
             for q in range(2):
                 krs[q] = nl.ndarray((1, bsz), dtype=nl.float32, buffer=nl.sbuf)
-        _gather(sets[0], pool, slots_main, (None, slots_at), 0, batches[0], H, HV, K, V)
 
         def main_body(it):
             at = (it, main_at)
@@ -232,21 +229,19 @@ def gdn_decode_step(kq_main, k_main, v_main, gate_main, slots_main, kq_tail, k_t
                              raw_gates, use_qk_l2norm, scale)
             if T == 1:
                 _load_krow(krs[0], k_main, at, batches[0], T, H, K)
+            _gather(sets[0], pool, slots_main, at, 0, batches[0], H, HV, K, V)
             for bi in range(NB):
                 if bi + 1 < NB:
                     if T == 1:
                         # inputs first: a small DMA issued after a state transfer waits for it
                         _load_krow(krs[(bi + 1) % 2], k_main, at, batches[bi + 1], T, H, K)
-                    _gather(sets[(bi + 1) % 2], pool, slots_main, (it, slots_at), 0,
-                            batches[bi + 1], H, HV, K, V)
-                else:
-                    _gather(sets[0], pool, slots_main, (it, slots_at), 1, batches[0], H, HV,
-                            K, V)
+                    _gather(sets[(bi + 1) % 2], pool, slots_main, at, 0, batches[bi + 1], H,
+                            HV, K, V)
                 _run_batch(io, k_main, krs[bi % 2], inter_main, sets[bi % 2], at, batches[bi],
                            T, H, HV, K, V, want_inter, pool)
             _store_o(o_main, io, at)
 
-        nl.fori_loop(0, reg_main, main_body)
+        work_loop(n_main, main_body)
         # the tail reuses the first state set's tiles, moved in parts
         tail_states = []
         for j in range(W):
@@ -267,18 +262,33 @@ def gdn_decode_step(kq_main, k_main, v_main, gate_main, slots_main, kq_tail, k_t
     if T == 1:
         kr_tail = nl.ndarray((1, W * T * H * K), dtype=nl.float32, buffer=nl.sbuf)
 
-    def tail_body(it):
-        at = (it, tail_at)
+    def batch_at(at, batch_pool):
         io = _load_group(kq_tail, v_tail, gate_tail, cst, at, W, T, H, HV, K, V, PB,
                          raw_gates, use_qk_l2norm, scale)
         if T == 1:
             _load_krow(kr_tail, k_tail, at, tail_batch, T, H, K)
-        _gather(tail_states, pool, slots_tail, at, 0, tail_batch, H, HV, K, V)
+        _gather(tail_states, batch_pool, slots_tail, at, 0, tail_batch, H, HV, K, V)
         _run_batch(io, k_tail, kr_tail, inter_tail, tail_states, at, tail_batch, T, H, HV, K,
-                   V, want_inter, pool)
+                   V, want_inter, batch_pool)
         _store_o(o_tail, io, at)
 
-    nl.fori_loop(0, reg_tail, tail_body)
+    def tail_body(it):
+        batch_at((it, tail_at), pool)
+
+    work_loop(n_tail, tail_body)
+
+    # the spare batch (the last row of the program's tail block; LNC=2 with an odd number
+    # of live sequences): program 0's last live sequence; the other program takes the same
+    # branch on a dump batch whose slot 0 names a private one-slot dump of the pool (its
+    # o / intermediate rows are its own, never read): nothing real is written
+    spare_pool = pool
+    if pid != 0:
+        spare_pool = dump_rows(pool, 1)
+
+    def spare_batch():
+        batch_at((None, tail_at + n_tail_rows - 1), spare_pool)
+
+    run_if(spare, spare_batch)
     if has_main:
         if want_inter:
             return o_main, o_tail, inter_main, inter_tail
@@ -326,14 +336,13 @@ def _outputs(rows, width, T, HV, K, V, pool_dtype, want_inter):
 
 def _row_ap(tab, at, pattern, offset):
     """``tab`` (HBM ``[rows, ...]``) at row ``base + it`` (``at = (it, base)``: the loop's
-    register and the program's first row, a Python int), ``pattern`` from element
-    ``offset`` of that row."""
+    iteration value, an NkiScalar or None, and a static row, a Python int), ``pattern``
+    from element ``offset`` of that row."""
     it, base = at
     row = 1
     for d in tab.shape[1:]:
         row = row * d
-    return tab.ap(pattern=pattern, offset=base * row + offset, scalar_offset=it,
-                  indirect_dim=0)
+    return at_row(tab, it, pattern, base * row + offset)
 
 
 def _load_krow(dst, k_rows, at, seqs, T, H, K):
@@ -353,7 +362,7 @@ def _store_o(o, io, at):
 
 def _pool_view(pool, slot, hv0, nh, K, V):
     """Heads [hv0, hv0+nh) of one sequence's state in the pool ``[slots, HV*K*V]``: the
-    slot's contiguous block at a run-time start (``slot``: 1x1 int32 SBUF tile),
+    slot's contiguous block at a run-time start (``slot``: an NkiScalar),
     partition k -> elements ``hv*K*V + k*V + v`` (a static pattern, no per-partition
     indices)."""
     return pool.ap(pattern=[[V, K], [K * V, nh], [1, V]], offset=hv0 * K * V,
@@ -366,7 +375,8 @@ def _part_heads(H, parts, k):
 
 
 def _new_states(n, pool, HV, V, K, parts):
-    """Per sequence of a batch: {slot [1, 1] int32, nat [K, HV*V] pool dtype, parts}."""
+    """Per sequence of a batch: {slot [1, 1] int32 (the slot, DMA'd from the table, then
+    loaded as the NkiScalar ``at``), nat [K, HV*V] pool dtype, parts}."""
     out = []
     for j in range(n):
         st = {}
@@ -379,7 +389,8 @@ def _new_states(n, pool, HV, V, K, parts):
 
 def _gather(states, pool, pool_slots, at, ahead, seqs, H, HV, K, V):
     """Gather the states of positions ``seqs`` of slot row ``at`` + ``ahead`` (``at = (it,
-    base)``; ``it`` None: iteration 0) into ``states``, each in its ``parts`` DMAs."""
+    base)``; ``it`` None: the static row ``base``) into ``states``, each in its ``parts``
+    DMAs."""
     rep = HV // H
     n_rows, spi = pool_slots.shape
     it, base = at
@@ -391,12 +402,13 @@ def _gather(states, pool, pool_slots, at, ahead, seqs, H, HV, K, V):
         else:
             src = _row_ap(pool_slots, at, [[spi, 1], [1, 1]], ahead * spi + seqs[j])
         nisa.dma_copy(dst=st["slot"], src=src)
+        st["at"] = nisa.scalar_load(st["slot"])
         parts = st["parts"]
         for k in range(parts):
             h0, h1 = _part_heads(H, parts, k)
             a, b = h0 * rep, h1 * rep
             nisa.dma_copy(dst=st["nat"][:, a * V:b * V],
-                          src=_pool_view(pool, st["slot"], a, b - a, K, V))
+                          src=_pool_view(pool, st["at"], a, b - a, K, V))
 
 
 def _scatter_heads(pool, st, a, b, V):
@@ -406,7 +418,7 @@ def _scatter_heads(pool, st, a, b, V):
     if pool.dtype != nl.float32:
         nisa.tensor_copy(dst=st["nat"][:, a * V:b * V], src=st["S"][:, a * V:b * V],
                          engine=nisa.engine.scalar)
-    nisa.dma_copy(dst=_pool_view(pool, st["slot"], a, b - a, K, V), src=st["nat"][:, a * V:b * V])
+    nisa.dma_copy(dst=_pool_view(pool, st["at"], a, b - a, K, V), src=st["nat"][:, a * V:b * V])
 
 
 def _store_state(inter, S, at, row0, HV, K, V):

@@ -11,17 +11,17 @@ Design note
 One compiled program per shape bucket
 -------------------------------------
 Compile-time arguments are shapes (the token bucket T, the sequence bucket
-S, H, P, N, G, chunk_size Q), the head split (head_parts) and layer
-configuration (dt_softplus, dt limits, precision) only. The batch
-composition is run-time int32 data:
+S, H, P, N, G, chunk_size Q) and layer configuration (dt_softplus, dt
+limits, precision) only. The batch composition is run-time int32 data, the
+same tables for every program of the launch:
 
 - the work list, every pair of chunks of every live sequence in batch order
   (padding sequences are left out by the launcher), then all-masked rows:
-  ``pair_rows [ceil(T / 2Q) + S + 1, Q, 4]`` holds per pair, for each of its
+  ``pair_rows [ceil(T / 2Q) + S, Q, 4]`` holds per pair, for each of its
   2Q token positions, the token row (partition q: chunk 0 in column 0, chunk
   1 in column 2) and a 0/1 valid flag (columns 1, 3); ``pair_vals [.., 4]``
   the first token row of chunk 0 and of chunk 1, the pair's S^T block and
-  the next pair's source block. Chunk k of a sequence covers its tokens
+  the block its state starts from. Chunk k of a sequence covers its tokens
   ``k*Q ..``; a sequence with an odd number of chunks ends in an all-masked
   chunk. Masked positions name row T (the inputs' zero rows, y's dump row);
 - ``init_table [S, 128, 2]``: the live sequences with an initial state, in
@@ -33,9 +33,8 @@ composition is run-time int32 data:
   without an initial state);
 - ``zero_table [ceil(T / Q), Q, 1]``: the token rows of padding sequences, Q
   per row (unused entries name the dump row);
-- ``counts [programs, 5]``, a row per program: sequences with an initial
-  state, pairs, live sequences, zero_table rows in use, the first pair's
-  source block.
+- ``counts [1, 4]``: sequences with an initial state, pairs, live
+  sequences, zero_table rows in use (every program reads this one row).
 
 S^T blocks: an fp32 HBM scratch ``[S + 1, N, Hp*P]`` the kernel allocates
 (``nl.private_hbm``, one per core: each program has its own): block k holds
@@ -46,13 +45,17 @@ LNC: two programs split the heads
 ---------------------------------
 Launched as ``kernel[2]`` (trn2 / trn3 at LNC=2) the kernel runs as two
 programs, one per physical core, that never synchronise. The heads are
-independent, so the launcher splits them: ``head_parts = 2`` and program
-``pid = nl.program_id(0)`` (a Python int at trace time) takes the Hp = H/2
-heads from ``h_base = pid*Hp`` (an odd H is first made 2H heads of P/2
-channels: the recurrence is independent along P; an odd H of odd P
-is not split: ``head_parts = 1``, program 1 gets zero counts and runs no
-loop). Both programs run the whole work list (the tables are shared,
-read-only) on their own heads: static column slices of x, z, dt, A, D,
+independent, so the programs split them (``scaffold.program_share``):
+program ``pid`` (a Python int at trace time) takes the Hp = H/2 heads from
+``h_base = pid*Hp`` (the launcher first makes an odd H 2H heads of P/2
+channels: the recurrence is independent along P). Both programs run the
+whole work list (the tables, counts included, are shared and read-only) on
+their own heads, so they take one control flow: the same trip counts, read
+from the one counts row. Heads that do not split (an odd H of odd P, e.g.
+one head) run on both: program 1 runs program 0's heads into private dumps
+of y and the pool (``scaffold.destination``; it reads its states from the
+uninitialised dump and computes on garbage nothing reads). Otherwise each
+program works on its own heads: static column slices of x, z, dt, A, D,
 dt_bias and of y (disjoint columns: each y byte, the dump row and the
 padding rows included, is written by one program), the B / C columns of
 the groups their heads read (at a group shared by the programs both read
@@ -61,61 +64,54 @@ N]`` as ``[slots*parts*pr, nt*N]`` (``pr*nt = Hp*P``), part p of a slot
 ``pr`` rows after part 0, a static offset added to the gathers' and
 scatters' element offset. A program reads no HBM byte the other writes.
 The programs have the same instructions (same Hp, block structure and
-counts registers), so equal program sizes; the results equal LNC=1's bit
-for bit (every output element is computed by the same operations: matmuls
-contract over tokens or dstate, never over heads or channels). At Mamba-2
-2.7B a program's 40 heads make 10 blocks: too few for the modulo-scheduled
-loop, so the pair loop runs both chunks in one pipeline that drains at the
-end of each iteration (modeled faster than splitting blocks to reach the 12
-the modulo loop needs: 4K tokens, 1.76 ms against 1.85 ms per program).
-Modeled figures: "Engine budget" below.
+trip counts), so equal program sizes; the results equal LNC=1's bit for
+bit (every output element is computed by the same operations: matmuls
+contract over tokens or dstate, never over heads or channels). Modeled
+figures: "Engine budget" below.
 
 Loops
 -----
-Four runtime loops, one after the other, none inside another (nested
-runtime loops fail NKI 0.5.0's compiler, NCC_ICFG018, aws-neuron-sdk #1346;
-loop-carried registers in nested loops are a known issue in 0.6.0). Each is
-``nl.fori_loop(0, reg, body)`` with ``body`` an inner ``def`` of the kernel
-(the 0.6.0 ``fori_loop`` docstring's form); the bound registers are
-allocated before the loops and loaded from (1, 1) SBUF tiles a DMA filled
-from ``counts``. Table rows are addressed by the loop's induction register
-as ``scalar_offset``; a chunk's token rows by its first token row (a (1, 1)
-tile DMA'd from ``pair_vals``, the ``scalar_offset`` of one contiguous DMA
-per input: hardware DGE on trn2); y rows and pool rows by
-``vector_offset`` (one row per partition). What is unrolled inside a body
-is bounded by the layer shape (head blocks, dstate tiles, groups).
+Four runtime loops on the scaffold (``scaffold.work_loop`` /
+``for_each_row``: ``nl.fori_loop`` with an inner-``def`` body), one after
+the other, none inside another (nested runtime loops: unverified on NKI
+0.7 / 0.8). The bounds are device scalars of the counts row
+(``scaffold.trip_counts``). Table rows are addressed by the loop's
+iteration value as ``scalar_offset``; a chunk's token rows by its first
+token row (a cell of ``pair_vals`` loaded as a device scalar, the
+``scalar_offset`` of one contiguous DMA per input: hardware DGE on trn2),
+a sequence's S^T block likewise (a cell of its table row); y rows and pool
+rows by ``vector_offset`` (one row per partition). What is unrolled inside
+a body is bounded by the layer shape (head blocks, dstate tiles, groups).
+Each body allocates the PSUM banks it writes and loads what it reads: no
+SBUF value is prefetched across iterations (nki-library turns that off for
+dynamic loops, NKI-1582); what crosses them goes through HBM (the S^T
+blocks).
 
 A. Initial states (trip count: sequences with an initial state): gather
    the slot's state from the pool, transpose it on TensorE into S^T (SBUF,
    fp32) and store S^T to the sequence's block. Block S is zeroed before
    the loop. An uninitialised slot is never read.
 B. Pairs (trip count: all pairs of all sequences): two chunks per
-   iteration in contexts 0 and 1. The running state S^T lives in SBUF; after
-   a pair's chunk 1 has updated a head block of S^T (stage 9), that block is
-   stored to the pair's S^T block and the next pair's source block is loaded
-   over it: within a sequence the block just stored (an exact fp32 round
-   trip), at a sequence start its initial state or zeros. So a sequence
-   boundary is data (the source block), not a branch, and every pair runs
-   the same instructions. Modulo-scheduled (``_pair_modulo``) when a chunk
-   has more head blocks than the pipeline has stages (an even number;
-   Mamba-2 2.7B: 20, Granite-like: 32): each iteration completes its pair and
-   runs the first stages of the next pair's first items, so the pipeline
-   never drains, not even between sequences; the fill of pair 0 runs before
-   the loop, the last iteration's fill works on the all-masked row after
-   the last pair and is discarded (it stores no y and no state). Otherwise
-   (small shapes, Falcon-H1-like) ``_pair``: the two chunks of an iteration
-   share one pipeline (> 6 blocks) or drain between them, and the pipeline
-   drains at the iteration end. An all-masked chunk leaves the state exactly
-   unchanged (decay exp(0) = 1, zero input); its y rows go to the dump row.
+   iteration in contexts 0 and 1 (``_pair``). An iteration loads chunk 0,
+   its state source block (within a sequence the block the previous pair
+   stored: an exact fp32 round trip; at a sequence start its initial state
+   or zeros) into S^T in SBUF, block by block, and chunk 1; after its chunk
+   1 has updated a head block of S^T (stage 9), that block is stored to the
+   pair's S^T block. So a sequence boundary is data (the source block), not
+   a branch, and every pair runs the same instructions. The two chunks of
+   an iteration share one pipeline (more than 6 blocks) or drain between
+   them; the pipeline drains at the iteration end. An all-masked chunk
+   leaves the state exactly unchanged (decay exp(0) = 1, zero input); its y
+   rows go to the dump row.
 C. Final states (trip count: live sequences): load the sequence's final
    block into S^T, transpose it back and scatter it to the slot (the
    kernel's own writes to its HBM input are the pool update).
 D. Padding tokens (trip count: zero_table rows in use): zero rows of y.
 
 The S^T round trip costs DMA only (2 x H*P*N*4 bytes per pair: 5.2 MB at
-Mamba-2 2.7B, ~15 us of the core's DMA bandwidth against ~115 us of compute
-per pair) and has ``nb - 6`` pipeline steps between a block's store and the
-next pair's first read of it.
+Mamba-2 2.7B, ~20 us of the core's DMA bandwidth against ~200 us of compute
+per pair); a pair's loads wait for the previous pair's last stores (the
+iteration boundary, ~10 us per pair at Mamba-2 2.7B).
 
 Masking
 -------
@@ -144,20 +140,20 @@ pieces of <= 4 KiB per partition (partition q holds state rows
 ``q*nt ..``, one pool row segment per partition; a bf16 pool is transposed
 by an exact identity matmul into the fp32 PSUM scratch).
 
-Per chunk (prologue: loads issued early, compute later)
--------------------------------------------------------
-Loads (in the inputs' dtypes: a DMA never converts): the chunk's rows and
-first token row, x, dt (fp32), B, C and z. Compute: B and C widened to fp32
+Per chunk (prologue: loads, then compute)
+-----------------------------------------
+Loads (in the inputs' dtypes: a DMA never converts): the chunk's rows, dt
+(fp32), B, C (the compute's inputs first), x and z. Compute: B and C widened to fp32
 (GpSimd copies, bf16 inputs), dt' = clip(softplus(dt + dt_bias)) * valid,
 dtA = dt' A, ln dt' ([Q, H]). TensorE (fp32, 0/1 stationaries flagged
 onezero): cs = U^T dtA (inclusive cumsum), ex = Ls^T dtA (sum over the
 chunk's later tokens), tot = 1^T dtA (chunk total, broadcast on the N
 partitions); ScalarE exp of each. Per group: C^T and B^T (TensorE
 transposes, fp32), CB^T [Q, Q] (fp32, contract N, accumulate N tiles),
-causal mask (VectorE product with the 0/1 matrix U, from PSUM). The loads of
-a context are issued as soon as its previous chunk's last block has read
-it, the compute ~10 pipeline steps later (DMA queues and engines are in
-order: an engine reaching the compute earlier would wait for the loads).
+causal mask (VectorE product with the 0/1 matrix U, from PSUM). Chunk 0's
+prologue opens the iteration; chunk 1 loads in its first step and computes
+nb/2 steps later (DMA queues and engines are in order: an engine reaching
+the compute earlier would wait for the loads).
 
 Per (chunk, head block) item: ten stages, one engine each (mostly)
 -----------------------------------------------------------------
@@ -174,37 +170,35 @@ n_tiles*hb*P <= 512: one PSUM bank per tile; hb = 4 at Q = 128, P = 64).
             C S^T for the block (one matmul per N tile), both in one PSUM bank
  5 ScalarE  y_off * exp(cs_i) per head; silu(z); Xd = x_h dt'_j exp(ex_j);
             e^tot S^T (blocks on the TensorE state path)
- 6 VectorE  y = y_off + y_intra (PSUM operand); modulo schedule: TensorE
-            identity matmul accumulating y_off * exp(cs) into y_intra's PSUM
-            bank (y ring of 4 banks)
+ 6 VectorE  y = y_off + y_intra (PSUM operand); long pipelines (``pe_add``):
+            TensorE identity matmul accumulating y_off * exp(cs) into
+            y_intra's PSUM bank (y ring of 4 banks)
  7 VectorE  (+ x*D for D [H, P]) * silu(z) -> the chunk's y tile (written
             over z's columns: z's SBUF tile doubles as y's)
  8 TensorE  chunk state B^T Xd per N tile (fp32); TensorE state path: +
             I^T (e^tot S^T) into the same PSUM bank
  9 VectorE  S^T <- exp(tot) S^T + chunk state, per head (fp32); TensorE
-            state path (every second block, modulo schedule): ScalarE copies
-            the PSUM sum back. Chunk 1 of a pair: the block's S^T store and
-            the next pair's load (loop B)
-A chunk's y tile is scattered to its token rows before its context's next
-loads. Item (1, j) reads the state item (0, j) writes (and item (0, j) of
-the next pair what item (1, j) writes and the load after it brings): more
-than 6 blocks keep them apart in a shared pipeline.
+            state path (every second block with ``pe_add``): ScalarE copies
+            the PSUM sum back. Chunk 1 of a pair: the block's S^T store
+A chunk's y tile is scattered to its token rows once its items are done
+(chunk 1's in two halves, so little is left in flight at the iteration
+end). Item (1, j) reads the state item (0, j) writes: more than 6 blocks
+keep them apart in a shared pipeline.
 
 SBUF / PSUM budget
 ------------------
-Tiles allocated in a runtime loop body are live for the whole loop, so all
-tiles are allocated before the loops: the chunk contexts (x and z / y in
+SBUF tiles allocated in a runtime loop body are live for the whole loop, so
+they are allocated before the loops: the chunk contexts (x and z / y in
 their dtype, ``H*P*2`` each for bf16, B, C, dt, decay columns, C^T and CB per
 group), the state S^T (``H*P*4`` per N tile), a <= 4 KiB
 state-transfer piece, and the item temporaries as round-robin rings (a
-buffer written in stage k and last read in stage k' has k' - k + 1 copies;
-in the modulo schedule sizes 2 and 4, which divide the 2nb items of an
-iteration). Two contexts when the estimate fits ``_SBUF_BUDGET`` (200 of the
+buffer written in stage k and last read in stage k' has k' - k + 1
+copies). Two contexts when the estimate fits ``_SBUF_BUDGET`` (200 of the
 208 KiB usable), else one (its loads then wait for the previous chunk:
 Falcon-H1-like, 64 KiB of state; bit-identical results, tested). PSUM (8
-banks of 2 KiB per partition): seg x2, y_intra|y_off x3 (x4 modulo), chunk
-state x2 (modulo: both in one bank), one prologue / state-transfer scratch
-bank.
+banks of 2 KiB per partition, allocated in each loop body that writes
+them): seg x2, y_intra|y_off x3 (x4 with ``pe_add``), chunk state x2
+(``pe_add``: both in one bank), one prologue / state-transfer scratch bank.
 
 Numerics
 --------
@@ -221,12 +215,11 @@ exact.
 
 Constructs and their evidence
 -----------------------------
-Runtime loops: ``nl.fori_loop`` with an inner-``def`` body and register
-bounds (0.6.0 ``fori_loop`` docstring); registers: ``register_alloc`` before
-the loop, ``register_load`` from a DMA-filled (1, 1) SBUF tile (nki-library
-``bwmm_shard_on_block_mx.py``); DMA ``scalar_offset`` from a (1, 1) SBUF
-tile or the loop register, ``indirect_dim=0`` (nki-library
-``moe_cte_utils.py``, ``bwmm_shard_on_I.py``); ``vector_offset`` gathers and
+The scaffold's (``scaffold.py``: device scalars from ``nisa.scalar_load``
+as loop bounds and DMA ``scalar_offset``, ``nl.fori_loop`` with an
+inner-``def`` body, the LNC split, private dumps), among them
+``scalar_load`` of a 1x1 slice of a table row's SBUF tile (the S^T block
+of a sequence table row); ``vector_offset`` gathers and
 scatters with one row per partition (``bwmm_shard_on_I.py``); kernel HBM
 scratch in ``nl.private_hbm``, written and read back by DMA
 (``bwmm_shard_on_block.py``; read in a runtime loop at a dynamic offset:
@@ -240,9 +233,12 @@ Engine budget and what binds
 ----------------------------
 Modeled (trn2, nki_ssm.perf as of this commit; ``python -m simulate --op
 ssd_prefill --no-calibration``; Mamba-2 2.7B, bf16 I/O, float32 pool, one
-16K-token sequence): 13.2 ms (10-90 %: 11.1-14.9) = 1.24 M tokens/s,
-ScalarE-bound (97 %; VectorE 59 %, TensorE 50 %, GpSimd 39 %, DMA 18 %; 66
-loop iterations: 64 pairs, one initial and one final state). What binds is the
+16K-token sequence): 13.9 ms (10-90 %: 11.8-15.5) = 1.18 M tokens/s,
+ScalarE-bound (92 %; VectorE 56 %, TensorE 48 %, GpSimd 37 %, DMA 17 %; 66
+loop iterations: 64 pairs, one initial and one final state). Of a pair's
+~217 us, ~10 us are its boundary: the engines drain, and its first loads
+queue behind the previous pair's last stores (an iteration prefetches
+nothing for the next). What binds is the
 elementwise work over the Q x Q decay matrix per chunk and head (W on GpSimd, exp on ScalarE, Mt on
 VectorE) and ScalarE's per-block passes (y_off * exp(cs), silu(z), Xd),
 not the matmuls; the rest is balanced by moving y_off + y_intra and every
@@ -250,29 +246,29 @@ second block's state update to TensorE identity matmuls (fp32, 0/1
 stationary: exact). Closer to the roof needs fewer elementwise passes
 (trn3's VectorE exponential, bf16 perf modes where the precision budget
 allows), not faster matmuls. Same model, other batches: 2.7B 2K tokens
-1.75 ms (the pipeline runs on across sequence boundaries); Granite-like 128
-tokens 509 us: a short batch pays the fixed HBM
+1.80 ms; Granite-like 128 tokens 471 us: a short batch pays the fixed HBM
 traffic of the S^T blocks (zero block, initial state stored and loaded, one
 pair's round trip, final state loaded: ~5 x 4 MB at H*P = 8192).
 
 LNC=2 (same model, each program's instructions timed on its own core;
-the programs never synchronise): 6.88 ms per program at 16K tokens, 0.52 x
-LNC=1 (the pair loop drains per iteration at 10 blocks; the fixed costs,
-constants and the pipeline fill, are paid by both programs).
+the programs never synchronise): 6.87 ms per program at 16K tokens, 0.49 x
+LNC=1 (10 blocks per program: the two chunks share one pipeline without the
+TensorE balancing; the fixed costs, constants and the pipeline fill, are
+paid by both programs).
 
 Program size (static instructions, ``Trace.program_instructions()``):
-2,178 at 16K tokens and at 1K; at LNC=2 1,031 per program (both
-programs); Granite-like 3,439 (runtime-loop bodies that ran).
+1,941 at 16K tokens and at 1K; at LNC=2 991 per program (both programs);
+Granite-like 3,155.
 """
 from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
-from nki_ssm.kernels._common import count_register
 from nki_ssm.kernels.mamba2_ssd._common import dt_prime, load_f32
+from nki_ssm.kernels.scaffold import (at_row, destination, for_each_row, lnc_grid,
+                                      program_share, trip_counts, work_loop)
 
 _PSUM_F = 512      # fp32 elements of one PSUM bank per partition
 _PMAX = 128
-_CB_AHEAD = 2         # steps between a context's prologue compute and its CB (modulo loop)
 _PE_STATE_CYCLE = 2   # one block in this many updates the state on TensorE (pe_state)
 _SBUF_BUDGET = 200 * 1024   # bytes per partition the tile estimate may plan for (of 208 KiB)
 _NAT_BYTES = 4 * 1024   # bytes per partition of one piece of a state gather / scatter
@@ -280,8 +276,7 @@ _NAT_BYTES = 4 * 1024   # bytes per partition of one piece of a state gather / s
 
 @nki.jit
 def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, pair_rows,
-                      pair_vals, init_table, final_table, zero_table, counts, heads, head_parts,
-                      dstate, dt_softplus, dt_lo, dt_hi, chunk_size, exact):
+                      pair_vals, init_table, final_table, zero_table, counts, heads, dstate, dt_softplus, dt_lo, dt_hi, chunk_size, exact):
     """Chunked SSD prefill; returns y ``[num_tokens + Q, H*P]`` and updates ``pool`` in place.
 
     ``num_tokens`` is the padded token bucket; rows ``num_tokens ..`` of every
@@ -295,15 +290,16 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
       into TensorE as D_h * I), D_rows ``[128, H*P]`` float32 or None (D per
       head and channel), z ``[num_tokens + Q, H*P]`` or None, bias_rows
       ``[128, H]`` float32 or None, pool ``[slots*pr, nt*N]`` (float32 or
-      bfloat16: the state pool ``[slots, H, P, N]`` as head_parts * pr rows
-      of nt state rows per slot, ``pr*nt = H*P / head_parts``, pr <= 128;
-      updated in place by the kernel's scatters),
+      bfloat16: the state pool ``[slots, H, P, N]`` as parts * pr rows of nt
+      state rows per slot, parts = 2 when the launch's programs split the
+      heads, else 1, ``pr*nt = H*P / parts``, pr <= 128; updated in place by
+      the kernel's scatters),
       pair_rows ``[pairs, Q, 4]``, pair_vals ``[pairs, 4]``, init_table and
       final_table ``[num_seqs, 128, 2]``, zero_table ``[ceil(num_tokens / Q),
-      Q, 1]``, counts ``[programs, 5]`` int32: the batch composition (module
-      docstring).
-    Compile-time: heads (H), head_parts (1 or 2: program pid takes heads
-      ``pid*H/2 ..`` when 2, all when 1), dstate (N), dt_softplus (bool),
+      Q, 1]``, counts ``[1, 4]`` int32: the batch composition (module
+      docstring), the same for every program.
+    Compile-time: heads (H; under LNC=2 program pid takes heads ``pid*H/2 ..``
+      when H is even, all of them otherwise), dstate (N), dt_softplus (bool),
       dt_lo, dt_hi (floats, dt_hi may be inf), chunk_size Q (a multiple of 16
       in 16..128), exact (bool: fp32 matmul operands), and the shapes.
     Limits: N <= 256 (two dstate tiles; the host API checks it), P <= 256,
@@ -313,13 +309,12 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     P = HP_all // heads
     N = dstate
     HPG = heads // (B.shape[1] // N)     # heads per group
-    # this program's heads: part `part` of head_parts equal parts (a static slice: the
-    # program id is a Python int at trace time); with head_parts 1 every program has
-    # all heads and the launcher gives program 1 zero counts
-    pid = nl.program_id(0)
-    part = pid % head_parts
-    H = heads // head_parts
-    h_base = part * H
+    # this program's heads [h_base, h_base + H) (static: the program id is a Python int at
+    # trace time): half of them each when they split, else all of them on every program,
+    # program 1 running program 0's loops into private dumps of y and the pool (real False)
+    programs, pid = lnc_grid()
+    h_base, H, real = program_share(heads, programs, pid)
+    part = h_base // H          # the pool view's part of a slot (launcher: heads // H parts)
     HP = H * P
     # the groups its heads read (local group gl is group g_lo + gl)
     g_lo = h_base // HPG
@@ -329,6 +324,8 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     n_tiles = (N + _PMAX - 1) // _PMAX
     md = nl.float32 if exact else nl.bfloat16
     y = nl.ndarray((T1, HP_all), dtype=x.dtype, buffer=nl.shared_hbm)
+    y_out = destination(y, real)
+    pool = destination(pool, real)
 
     ones, U, Ls = _tri_consts(Q)
     A_sb = load_f32(A_rows[:, h_base:h_base + H], _PMAX, H)
@@ -350,15 +347,14 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     cst = {"ones": ones, "U": U, "Ls": Ls, "A": A_sb, "bias": bias_sb, "D_sb": D_sb,
            "Dh": None, "ident": None, "H": H, "P": P, "N": N, "G": G, "Q": Q,
            "n_tiles": n_tiles, "md": md, "dt_softplus": dt_softplus, "dt_lo": dt_lo,
-           "dt_hi": dt_hi, "x": x, "dt": dt, "B": B, "C": C, "z": z, "y": y,
+           "dt_hi": dt_hi, "x": x, "dt": dt, "B": B, "C": C, "z": z, "y": y_out,
            "h_base": h_base, "g_lo": g_lo}
     if DI != None:  # noqa: E711
         cst["Dh"] = DI[0]
         cst["ident"] = DI[1]
     else:
         cst["ident"] = _identity(ones, Q)
-    # prologue PSUM scratch (two banks, alternating) and temporaries
-    cst["pps"] = nl.ndarray((_PMAX, _PSUM_F), dtype=nl.float32, buffer=nl.psum)
+    # prologue temporaries (the PSUM scratch bank: _new_psum in each loop body)
     cst["CTf"] = nl.ndarray((_PMAX, Q), dtype=nl.float32, buffer=nl.sbuf)
     cst["BT"] = nl.ndarray((_PMAX, Q), dtype=nl.float32, buffer=nl.sbuf)
 
@@ -389,17 +385,13 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     ctxs = [c0, c0]
     if double:
         ctxs[1] = _ctx_tiles(cst, G, n_tiles)
-    # the modulo-scheduled chunk loop (no pipeline drain per iteration) needs more
-    # blocks than stages, an even block count (ring sizes 2 and 4 divide the
-    # items per iteration), the chunk-state PSUM pair in one bank, two contexts
+    # long pipelines (more blocks than stages, two contexts, the chunk-state PSUM pair in
+    # one bank) balance the engines through TensorE: y_off * exp(cs) is added to y_intra
+    # by an identity matmul into its PSUM bank instead of on VectorE, which carries the
+    # float products, with the 4 y banks that longer PSUM lifetime needs
     nb = len(blocks)
-    modulo = (double and nb > len(_STAGES) and nb % 2 == 0
-              and 2 * n_tiles * hb * P <= _PSUM_F)
-    rings = _item_rings(cst, hb, modulo)
-    # y_off * exp(cs) is added to y_intra on TensorE (identity matmul into the PSUM
-    # bank) instead of VectorE, which carries the float products, when the y ring
-    # has the 4 banks that longer PSUM lifetime needs (modulo schedule)
-    cst["pe_add"] = modulo
+    cst["pe_add"] = double and nb > len(_STAGES) and 2 * n_tiles * hb * P <= _PSUM_F
+    rings = _item_rings(cst, hb)
     # ... and the state update of most blocks goes the same way: ScalarE e*S,
     # TensorE accumulates it into the chunk-state PSUM, ScalarE copies back
     cst["pe_state"] = cst["pe_add"] and n_tiles == 1
@@ -410,18 +402,14 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
         if Q != N:
             cst["ident_n"] = _identity(_ones_n(N), N)
 
-    # batch counts -> registers (allocated here, before every loop; each loaded from
-    # a (1, 1) SBUF tile that a DMA filled)
-    # (this program's row of counts)
-    r_init = count_register(counts[pid:pid + 1, :], 0)    # live sequences with an initial state
-    r_pairs = count_register(counts[pid:pid + 1, :], 1)   # chunk pairs of all live sequences
-    r_live = count_register(counts[pid:pid + 1, :], 2)    # live sequences
-    r_zero = count_register(counts[pid:pid + 1, :], 3)    # zero_table rows in use
+    # trip counts (the one counts row every program reads): live sequences with an
+    # initial state, chunk pairs of all live sequences, live sequences, zero_table rows
+    n_init, n_pairs, n_live, n_zero = trip_counts(counts)
     num_seqs = init_table.shape[0]
     nt_rows = pool.shape[1] // N            # state rows per pool row
     pr = HP // nt_rows
     # this program's pool rows: pr per part of a slot (the launcher's pool view has
-    # head_parts * pr rows per slot; the tables name part 0's)
+    # parts * pr rows per slot; the tables name part 0's)
     cst["pool_base"] = part * pr * nt_rows * N
     # two halves of _NAT_BYTES: a state piece is jb pool-row blocks per partition
     jb = max(1, min(nt_rows, (_NAT_BYTES // 2) // (N * _itemsize(pool.dtype))))
@@ -436,11 +424,7 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     # has its own
     cst["scratch"] = nl.ndarray((num_seqs + 1, N, HP), dtype=nl.float32, buffer=nl.private_hbm)
     cst["pair_rows"] = pair_rows
-    cst["pair_vals"] = pair_vals
-    cst["dst"] = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)    # this pair's block
-    cst["nsrc"] = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)   # the next pair's source
     tab = nl.ndarray((_PMAX, 2), dtype=nl.int32, buffer=nl.sbuf)       # a sequence's pool rows
-    blk = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)           # ... and its block
 
     for t in range(n_tiles):
         nisa.memset(dst=ST[t], value=0.0)
@@ -448,45 +432,32 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
 
     # ---- loop A: initial states from the pool, transposed into their S^T blocks
     def init_body(i):
-        _seq_row(init_table, i, tab, blk)
+        _new_psum(cst)
+        blk = _seq_row(init_table, i, tab)
         _state_in(pool, tab, nat, cst, pr, nt_rows, jb)
         _state_dma(cst, blk, 0, HP, True)
 
-    nl.fori_loop(0, r_init, init_body)
+    work_loop(n_init, init_body)
 
-    # ---- loop B: every chunk pair of every live sequence, two chunks per
-    # iteration (contexts 0 and 1). The first pair's chunk 0 and state come in
-    # before the loop (the chunk's loads first: the state is read later); each iteration stores its pair's state block by block
-    # and loads the next pair's (_st_state), and loads the next chunk 0
-    nisa.dma_copy(dst=cst["nsrc"], src=counts[pid:pid + 1, 4:5])
-    _prologue_loads(cst, ctxs[0], 0, 0, 0)
-    _state_dma(cst, cst["nsrc"], 0, HP, False)
-    _prologue_compute(cst, ctxs[0])
-    if modulo:
-        ns = len(_STAGES)
-        for g in range(ns - 1):
-            for k in range(ns):
-                if g - k >= 0:
-                    _run_stage(cst, ctxs, blocks, rings, k, g - k)
+    # ---- loop B: every chunk pair of every live sequence, two chunks per iteration
+    # (contexts 0 and 1). Each iteration loads its own chunks and its state source
+    # block and stores its state block, block by block (_st_state)
+    def pair_body(i, cells):
+        _new_psum(cst)
+        _new_psum_rings(cst, rings, hb)
+        _pair(cst, ctxs, blocks, rings, i, cells, double)
 
-        def pair_body(i):
-            _pair_modulo(cst, ctxs, blocks, rings, i)
-
-        nl.fori_loop(0, r_pairs, pair_body)
-    else:
-        def pair_body(i):
-            _pair(cst, ctxs, blocks, rings, i, double)
-
-        nl.fori_loop(0, r_pairs, pair_body)
+    for_each_row(n_pairs, pair_vals, pair_body)
 
     # ---- loop C: final states from their S^T blocks, transposed into the pool
     # (the kernel's own writes to its HBM input are the pool update)
     def final_body(i):
-        _seq_row(final_table, i, tab, blk)
+        _new_psum(cst)
+        blk = _seq_row(final_table, i, tab)
         _state_dma(cst, blk, 0, HP, False)
         _state_out(pool, tab, nat, cst, pr, nt_rows, jb)
 
-    nl.fori_loop(0, r_live, final_body)
+    work_loop(n_live, final_body)
 
     # ---- loop D: tokens of padding sequences, zero rows of y, Q rows per DMA
     # (unused partitions write the dump row); the zeros come from context 0's
@@ -496,12 +467,11 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     zidx = ctxs[0]["yrows"]
 
     def zero_body(i):
-        nisa.dma_copy(dst=zidx, src=zero_table.ap(pattern=[[1, Q], [1, 1]], offset=0,
-                                                  scalar_offset=i, indirect_dim=0))
-        nisa.dma_copy(dst=y.ap(pattern=[[HP_all, Q], [1, HP]], offset=h_base * P,
-                               vector_offset=zidx, indirect_dim=0), src=zt)
+        nisa.dma_copy(dst=zidx, src=at_row(zero_table, i, [[1, Q], [1, 1]]))
+        nisa.dma_copy(dst=y_out.ap(pattern=[[HP_all, Q], [1, HP]], offset=h_base * P,
+                                   vector_offset=zidx, indirect_dim=0), src=zt)
 
-    nl.fori_loop(0, r_zero, zero_body)
+    work_loop(n_zero, zero_body)
     return y
 
 
@@ -517,26 +487,24 @@ def _head_blocks(G, g_lo, HPG, h_base, H, hb):
     return blocks
 
 
-def _seq_row(table, i, tab, blk):
-    """Row i of a sequence table ``[num_seqs, 128, 2]``: pool rows -> tab, block -> blk."""
-    nisa.dma_copy(dst=tab, src=table.ap(pattern=[[2, _PMAX], [1, 2]], offset=0, scalar_offset=i,
-                                        indirect_dim=0))
-    nisa.dma_copy(dst=blk, src=table.ap(pattern=[[2, 1], [1, 1]], offset=1, scalar_offset=i,
-                                        indirect_dim=0))
+def _seq_row(table, i, tab):
+    """Row i of a sequence table ``[num_seqs, 128, 2]``: its pool rows -> tab (one per
+    partition); returns its S^T block (partition 0 of column 1) as a device scalar."""
+    nisa.dma_copy(dst=tab, src=at_row(table, i, [[2, _PMAX], [1, 2]]))
+    return nisa.scalar_load(tab[0:1, 1:2])
 
 
 def _state_dma(cst, block, c0, c1, store):
     """Columns [c0, c1) of S^T to (``store``) or from S^T block ``block`` of the HBM
-    scratch (an int, or a (1, 1) int32 SBUF tile: a run-time block)."""
+    scratch (an int, or a device scalar: a run-time block)."""
     N, HP, sc = cst["N"], cst["H"] * cst["P"], cst["scratch"]
     for t in range(cst["n_tiles"]):
         ntile = min(_PMAX, N - t * _PMAX)
         pattern = [[HP, ntile], [1, c1 - c0]]
         if isinstance(block, int):
-            view = sc.ap(pattern=pattern, offset=(block * N + t * _PMAX) * HP + c0)
+            view = at_row(sc, None, pattern, (block * N + t * _PMAX) * HP + c0)
         else:
-            view = sc.ap(pattern=pattern, offset=t * _PMAX * HP + c0, scalar_offset=block,
-                         indirect_dim=0)
+            view = at_row(sc, block, pattern, t * _PMAX * HP + c0)
         if store:
             nisa.dma_copy(dst=view, src=cst["ST"][t][:, c0:c1])
         else:
@@ -596,6 +564,12 @@ def _pps(cst):
     """The prologue / state-transfer PSUM scratch bank (one: seg, y and the chunk
     state take the other seven)."""
     return cst["pps"]
+
+
+def _new_psum(cst):
+    """A fresh prologue / state-transfer PSUM bank: each runtime-loop body allocates the
+    PSUM it writes (as the released runtime-loop kernels do)."""
+    cst["pps"] = nl.ndarray((_PMAX, _PSUM_F), dtype=nl.float32, buffer=nl.psum)
 
 
 def _state_in(pool, tab, nat, cst, pr, nt, jb):
@@ -705,33 +679,18 @@ def _ctx_tiles(cst, G, n_tiles):
     return c
 
 
-def _item_rings(cst, hb, modulo):
-    """Per-item temporaries, reused round-robin by item index (``_pick``): a buffer
-    written in stage k and last read in stage k' needs k' - k + 1 of them
-    (program order then keeps every read before the next write). The modulo-
-    scheduled loop (``_pairs_modulo``) needs ring sizes dividing the items per
-    iteration, so 3 becomes 4 there, and the two chunk-state PSUM tiles share
-    one bank (PSUM: seg 2 + y 4 + state 1 + scratch 1 = 8 banks)."""
+def _item_rings(cst, hb):
+    """Per-item SBUF temporaries, reused round-robin by item index (``_pick``): a buffer
+    written in stage k and last read in stage k' needs k' - k + 1 of them (program order
+    then keeps every read before the next write). The PSUM rings: ``_new_psum_rings``."""
     Q, P, n_tiles, md, N = cst["Q"], cst["P"], cst["n_tiles"], cst["md"], cst["N"]
     f32 = nl.float32
-    three = 3
-    if modulo:
-        three = 4
-    r = {"W": _ring(2, (Q, hb * Q), f32, nl.sbuf), "seg": _ring(2, (Q, hb * Q), f32, nl.psum),
-         "Dm": _ring(three, (Q, hb * Q), f32, nl.sbuf),
-         "yps": _ring(three, (Q, 2 * hb * P), f32, nl.psum),
-         "yb": _ring(three, (Q, hb * P), f32, nl.sbuf),
-         "sz": _ring(three, (Q, hb * P), f32, nl.sbuf), "Xd": _ring(4, (Q, hb * P), f32, nl.sbuf),
-         "xD": _ring(2, (Q, hb * P), f32, nl.sbuf), "xd": _ring(2, (Q, hb * P), f32, nl.sbuf),
-         "S": []}
+    r = {"W": _ring(2, (Q, hb * Q), f32, nl.sbuf), "Dm": _ring(3, (Q, hb * Q), f32, nl.sbuf),
+         "yb": _ring(3, (Q, hb * P), f32, nl.sbuf), "sz": _ring(3, (Q, hb * P), f32, nl.sbuf),
+         "Xd": _ring(4, (Q, hb * P), f32, nl.sbuf), "xD": _ring(2, (Q, hb * P), f32, nl.sbuf),
+         "xd": _ring(2, (Q, hb * P), f32, nl.sbuf), "S": []}
     if cst["x"].dtype != f32:
         r["xf"] = _ring(2, (Q, hb * P), f32, nl.sbuf)
-    w = n_tiles * hb * P
-    if modulo:
-        st = nl.ndarray((_PMAX, 2 * w), dtype=f32, buffer=nl.psum)
-        r["st"] = [st[:, 0:w], st[:, w:2 * w]]
-    else:
-        r["st"] = _ring(2, (_PMAX, w), f32, nl.psum)
     if md != f32:
         for i in range(2):
             S = []
@@ -740,6 +699,25 @@ def _item_rings(cst, hb, modulo):
                                     buffer=nl.sbuf))
             r["S"].append(S)
     return r
+
+
+def _new_psum_rings(cst, r, hb):
+    """The item PSUM rings, allocated afresh in the pair loop's body: seg x2, y_intra |
+    y_off x3 (x4 with ``pe_add``: y is read from PSUM a stage later), the chunk state x2
+    (with ``pe_add`` both in one bank). With the scratch bank: 8 banks."""
+    Q, P, n_tiles = cst["Q"], cst["P"], cst["n_tiles"]
+    f32 = nl.float32
+    r["seg"] = _ring(2, (Q, hb * Q), f32, nl.psum)
+    ny = 3
+    if cst["pe_add"]:
+        ny = 4
+    r["yps"] = _ring(ny, (Q, 2 * hb * P), f32, nl.psum)
+    w = n_tiles * hb * P
+    if cst["pe_add"]:
+        st = nl.ndarray((_PMAX, 2 * w), dtype=f32, buffer=nl.psum)
+        r["st"] = [st[:, 0:w], st[:, w:2 * w]]
+    else:
+        r["st"] = _ring(2, (_PMAX, w), f32, nl.psum)
 
 
 def _pick(ring, w):
@@ -757,59 +735,34 @@ def _ring(n, shape, dtype, buf):
 
 def _load_rows(dst, src, start, col0):
     """dst [Q, w] <- columns col0 .. col0+w-1 of rows start .. start+Q-1 of the HBM
-    tensor src [rows, width] (``start``: a 1x1 int32 tile; a dynamic offset, so
+    tensor src [rows, width] (``start``: a device scalar; a dynamic offset, so
     hardware DGE on trn2 and no GpSimd descriptor work)."""
-    nisa.dma_copy(dst=dst, src=src.ap(pattern=[[src.shape[1], dst.shape[0]], [1, dst.shape[1]]],
-                                      offset=col0, scalar_offset=start, indirect_dim=0))
+    nisa.dma_copy(dst=dst, src=at_row(src, start, [[src.shape[1], dst.shape[0]],
+                                                   [1, dst.shape[1]]], col0))
 
 
-def _table_view(table, row_elems, i, offset, pattern):
-    """``table.ap(pattern)`` at element ``offset`` of row i (an int: a static row, or the
-    pair loop's register: a run-time row, ``row_elems`` elements each)."""
-    if isinstance(i, int):
-        return table.ap(pattern=pattern, offset=i * row_elems + offset)
-    return table.ap(pattern=pattern, offset=offset, scalar_offset=i, indirect_dim=0)
-
-
-def _prologue_loads(cst, c, which, i, ahead):
-    """Chunk ``which`` (0, 1) of pair i + ahead of the work list: its token rows and
-    valid flags (pair_rows), its first token row (pair_vals, a (1, 1) tile: the
-    loads' scalar offset), for chunk 1 also the pair's state block and the next
-    pair's state source; then x, dt, B, C, z for its Q tokens from its first token
-    on, into the context ``c`` (in the inputs' dtypes: a DMA does not convert).
-    Rows past the sequence end hold the next sequence's tokens or zeros (the
-    launcher zeroes padding sequences' tokens and pads the inputs with Q zero
-    rows): finite values, masked by dt' = 0."""
-    Q, H, P, N, G = cst["Q"], cst["H"], cst["P"], cst["N"], cst["G"]
-    HP, GN = H * P, G * N
-    rows, vals = cst["pair_rows"], cst["pair_vals"]
-    V = vals.shape[1]
-    nisa.dma_copy(dst=c["rows"], src=_table_view(rows, Q * 4, i, ahead * Q * 4 + 2 * which,
-                                                 [[4, Q], [1, 2]]))
-    nisa.dma_copy(dst=c["t0"], src=_table_view(vals, V, i, ahead * V + which, [[V, 1], [1, 1]]))
-    if which == 1:
-        nisa.dma_copy(dst=cst["dst"], src=_table_view(vals, V, i, 2, [[V, 1], [1, 1]]))
-        nisa.dma_copy(dst=cst["nsrc"], src=_table_view(vals, V, i, 3, [[V, 1], [1, 1]]))
-    t0 = c["t0"]
+def _prologue_loads(cst, c, which, i, t0):
+    """Chunk ``which`` (0, 1) of pair i of the work list: its token rows and valid flags
+    (pair_rows), then dt, B, C (the prologue's inputs), x and z for its Q tokens from its
+    first token row ``t0`` (a device scalar, a cell of pair_vals) on, into the context
+    ``c`` (in the inputs' dtypes: a DMA does not convert). Rows past the sequence end
+    hold the next sequence's tokens or zeros (the launcher zeroes padding sequences'
+    tokens and pads the inputs with Q zero rows): finite values, masked by dt' = 0."""
+    Q, P, N = cst["Q"], cst["P"], cst["N"]
+    nisa.dma_copy(dst=c["rows"], src=at_row(cst["pair_rows"], i, [[4, Q], [1, 2]], 2 * which))
     h_base, g0 = cst["h_base"], cst["g_lo"] * N
-    _load_rows(c["x_in"], cst["x"], t0, h_base * P)
     _load_rows(c["dt_in"], cst["dt"], t0, h_base)
     _load_rows(c["B_raw"], cst["B"], t0, g0)
     _load_rows(c["C_raw"], cst["C"], t0, g0)
+    _load_rows(c["x_in"], cst["x"], t0, h_base * P)
     if c["z"] != None:  # noqa: E711
         _load_rows(c["z"], cst["z"], t0, h_base * P)
 
 
-def _prologue_compute(cst, c, part=0):
+def _prologue_compute(cst, c):
     """dt' (masked: 0 past the sequence end), decay sums, C^T and the masked CB per
-    group, from the context's loaded tiles. ``part`` 0: all; 1: all but the CB
-    matmul, its copy and mask (one group and dstate tile only: their inputs then
-    wait in SBUF temporaries), 2: those (issued a few steps later, so the in-order
-    TensorE does not stall on the transposes' copies)."""
+    group, from the context's loaded tiles."""
     Q, H, N, G, md, n_tiles = cst["Q"], cst["H"], cst["N"], cst["G"], cst["md"], cst["n_tiles"]
-    if part == 2:
-        _cb_masked(cst, c, 0, 0)
-        return
     nisa.tensor_copy(dst=c["mask"], src=c["rows"][:, 1:2], engine=nisa.engine.gpsimd)
     # the y store's rows: the next chunk's rows may land in c["rows"] before it
     nisa.tensor_copy(dst=c["yrows"], src=c["rows"][:, 0:1], engine=nisa.engine.gpsimd)
@@ -863,22 +816,15 @@ def _prologue_compute(cst, c, part=0):
             nisa.nc_transpose(dst=bt_ps, data=c["B_mm"][:, n0:n0 + ntile])
             BT = cst["BT"][0:ntile, :]
             nisa.tensor_copy(dst=BT, src=bt_ps, engine=nisa.engine.scalar)
-            cst["CTf_of"] = CTf
-            if part == 0:
-                # cb[j, i] = sum_n B[j, n] C[i, n]
-                nisa.nc_matmul(dst=cb_ps, stationary=BT, moving=CTf, accumulate=(t > 0))
-        if part == 0:
-            _cb_masked(cst, c, g, -1)
+            # cb[j, i] = sum_n B[j, n] C[i, n]
+            nisa.nc_matmul(dst=cb_ps, stationary=BT, moving=CTf, accumulate=(t > 0))
+        _cb_masked(cst, c, g)
 
 
-def _cb_masked(cst, c, g, t):
-    """CB^T of group g (t >= 0: its one dstate tile's matmul first) -> cbm (the
-    causal mask by select: also the decay matrix's)."""
+def _cb_masked(cst, c, g):
+    """CB^T of group g -> cbm (the causal mask by select: also the decay matrix's)."""
     Q = cst["Q"]
     cb_ps = _pps(cst)[0:Q, 2 * Q:3 * Q]
-    if t >= 0:
-        nisa.nc_matmul(dst=cb_ps, stationary=cst["BT"][0:cst["N"], :], moving=cst["CTf_of"],
-                       accumulate=False)
     # keep i >= j (j = partition): the causal mask of the decay matrix too; a
     # VectorE product with the 0/1 matrix U straight from PSUM (CB is finite:
     # every loaded row is), not a GpSimd select, whose queue holds the W builds
@@ -895,99 +841,38 @@ def _exp_of_matmul(cst, out, stationary, moving, rows, cols, col0):
     nisa.activation(dst=out, op=nl.exp, data=ps)
 
 
-def _store_y(cst, c):
-    """The chunk's y rows, scattered to its token rows (masked rows: the dump row)."""
-    HP, y = c["yt"].shape[1], cst["y"]
-    nisa.dma_copy(dst=y.ap(pattern=[[y.shape[1], cst["Q"]], [1, HP]],
-                           offset=cst["h_base"] * cst["P"], vector_offset=c["yrows"],
-                           indirect_dim=0), src=c["yt"])
+def _store_y(cst, c, c0=0, c1=None):
+    """Columns [c0, c1) (default: all) of the chunk's y rows, scattered to its token rows
+    (masked rows: the dump row)."""
+    y = cst["y"]
+    if c1 == None:  # noqa: E711
+        c1 = c["yt"].shape[1]
+    nisa.dma_copy(dst=y.ap(pattern=[[y.shape[1], cst["Q"]], [1, c1 - c0]],
+                           offset=cst["h_base"] * cst["P"] + c0, vector_offset=c["yrows"],
+                           indirect_dim=0), src=c["yt"][:, c0:c1])
 
 
-def _pair_modulo(cst, ctxs, blocks, rings, i):
-    """Iteration i of the modulo-scheduled pair loop: completes pair i and fills
-    pair i + 1.
-
-    Items (chunk, head block) are numbered j = 0 .. 2nb-1 within a pair; over
-    the whole work list stage k works on item g - k in global step g. The
-    first ns - 1 steps (the fill of pair 0) run before the loop; iteration i
-    runs the next 2nb steps: in its step b, stage k works on item
-    j = ns-1 + b - k, of pair i if j < 2nb, else item j - 2nb of pair i + 1
-    (its first items, context 0). So the pipeline never drains, not even
-    between sequences (the last iteration's fill works on the all-masked row
-    after the last pair and is discarded: it writes no state and stores no
-    y). Context 1 loads at step 0 and computes at nb - ns; context 0 (next
-    pair) loads at step nb, once its last item has passed stage 9, and
-    computes at 2nb - ns, one step before its first item's stage 0; y of
-    context 0 is stored at step nb (before those loads: z's tile is y's), of
-    context 1 after the last step. Ring sizes divide 2nb, so an item's
-    buffers are the same in the iteration that fills it and the one that
-    completes it.
-    """
-    nb = len(blocks)
-    ns = len(_STAGES)
-    split = 0
-    if cst["G"] == 1 and cst["n_tiles"] == 1:
-        split = 1
-    # steps of the prologue computes (a: dt', sums, transposes; b: CB and its mask):
-    # context 1 before its first item's stage 0 at nb - ns + 1, the next context 0
-    # before 2nb - ns + 1 and after its loads at nb; the CB mask a step ahead of
-    # the W builds queued behind it there
-    a1 = max(1, nb - ns - 1 - _CB_AHEAD)
-    b1 = max(a1, nb - ns - 1)
-    a0 = max(nb + 1, 2 * nb - ns - 1 - _CB_AHEAD)
-    b0 = max(a0, 2 * nb - ns - 1)
-    for b in range(2 * nb):
-        if b == 0:
-            _prologue_loads(cst, ctxs[1], 1, i, 0)
-        if b == a1:
-            _prologue_compute(cst, ctxs[1], split)
-        if split == 1 and b == b1:
-            _prologue_compute(cst, ctxs[1], 2)
-        if b == nb:
-            _store_y(cst, ctxs[0])
-            _prologue_loads(cst, ctxs[0], 0, i, 1)
-        if b == a0:
-            _prologue_compute(cst, ctxs[0], split)
-        if split == 1 and b == b0:
-            _prologue_compute(cst, ctxs[0], 2)
-        for k in range(ns):
-            _run_stage(cst, ctxs, blocks, rings, k, ns - 1 + b - k)
-    _store_y(cst, ctxs[1])
-
-
-def _run_stage(cst, ctxs, blocks, rings, k, j):
-    """Stage k of item j of the modulo schedule (j >= 2nb: item j - 2nb of the next
-    pair, context 0; ring buffers by j, whose sizes divide 2nb)."""
-    nb = len(blocks)
-    c = 1
-    if j < nb or j >= 2 * nb:
-        c = 0
-    _STAGES[k](cst, ctxs[c], blocks[j % nb], {"i": j, "c": c}, rings)
-
-
-def _pair(cst, ctxs, blocks, rings, i, double):
+def _pair(cst, ctxs, blocks, rings, i, cells, double):
     """Pair i of the work list (contexts 0 and 1) as one software pipeline over
-    (chunk, head block) items; context 1's prologue is issued inside context
-    0's items, pair i + 1's context-0 prologue inside context 1's (after
-    context 0's last read).
+    (chunk, head block) items. ``cells``: the pair's row of pair_vals (device
+    scalars): the first token rows of its chunks, its S^T block and its state's
+    source block.
 
-    Ten stages per item (``_STAGES``, one engine each); in step b, stage k
-    works on item b - k, so each engine's in-order queue holds work whose
-    inputs were produced in earlier steps. Item (1, j) reads the state item
-    (0, j) writes: with more than _S_WRITE - _S_READ blocks the two chunks
-    share one pipeline, else it drains between them.
+    The iteration loads everything it reads (no SBUF value crosses iterations):
+    first chunk 0 and the source state, then chunk 1, whose prologue compute is
+    issued inside chunk 0's items. Ten stages per item (``_STAGES``, one engine
+    each); in step b, stage k works on item b - k, so each engine's in-order
+    queue holds work whose inputs were produced in earlier steps. Item (1, j)
+    reads the state item (0, j) writes: with more than _S_WRITE - _S_READ blocks
+    the two chunks share one pipeline, else it drains between them. The
+    pipeline drains at the end of the iteration.
     """
+    t0s = (cells[0], cells[1])
+    cst["dst"] = cells[2]
     nb = len(blocks)
     ns = len(_STAGES)
     pre = max(1, nb // 2)
     steps = []        # lists of (stage, item)
-    # prologue parts: (step, part, context), issued at the start of the step.
-    # Context 1 loads at step 1 (its tiles were last read in the previous
-    # iteration), computes at nb - pre; the next pair's context 0 loads once
-    # context 0's last item has left the pipeline and computes after the last
-    # step, so its DMAs (behind context 0's y store: z's tile is y's) have ~nb
-    # steps to land before an in-order engine waits for them
-    pro = []
     last0 = nb + ns - 1               # first step after context 0's last item
     if double and nb > _S_WRITE - _S_READ:
         for b in range(2 * nb + ns - 1):
@@ -1004,37 +889,40 @@ def _pair(cst, ctxs, blocks, rings, i, double):
                     if 0 <= b - k < nb:
                         step.append((k, c * nb + b - k))
                 steps.append(step)
-    if double:
-        pro.append((min(1, len(steps)), 0, 1))
-        pro.append((max(min(1, len(steps)), nb - pre), 1, 1))
-        pro.append((last0, 0, 0))
-        pro.append((len(steps), 1, 0))
-    else:
-        # one context: chunk 1 loads once chunk 0's items are done (the drained
-        # pipelines meet at last0), the next chunk 0 after chunk 1's
-        pro.append((last0, 0, 1))
-        pro.append((last0, 1, 1))
-        pro.append((len(steps), 0, 0))
-        pro.append((len(steps), 1, 0))
-    # y stores: context 0's right before the next context-0 loads (z's tile is
-    # y's), context 1's at the end of the body
-    ystore = [last0, len(steps)]
-    for si in range(len(steps) + 1):
-        for c in range(2):
-            if ystore[c] == si:
-                _store_y(cst, ctxs[c])
-        for e in range(len(pro)):
-            if pro[e][0] == si:
-                c = pro[e][2]
-                if pro[e][1] == 0:
-                    _prologue_loads(cst, ctxs[c], c, i, 1 - c)
-                else:
-                    _prologue_compute(cst, ctxs[c])
-        if si < len(steps):
-            for e in range(len(steps[si])):
-                k, item = steps[si][e]
-                c, j = item // nb, item % nb
-                _STAGES[k](cst, ctxs[c], blocks[j], {"i": item, "c": c}, rings)
+    # chunk 1's prologue: (step of its loads, step of its compute). Two contexts: it
+    # loads at step 1 and computes at nb - pre; one: once chunk 0's items are done (the
+    # drained pipelines meet at last0)
+    pro1 = (min(1, len(steps)), max(min(1, len(steps)), nb - pre))
+    if not double:
+        pro1 = (last0, last0)
+    # context 1's y: the first half of its blocks stored once their stage 7 has run, the
+    # rest after the last step (so little of it is left in flight at the iteration end)
+    half1 = -1
+    ysplit = 0
+    if double and nb > _S_WRITE - _S_READ and nb >= 4:
+        half1 = nb + nb // 2 - 1 + _S_YOUT
+        ysplit = blocks[nb // 2][1] * cst["P"]
+    # chunk 0's prologue and the state come first
+    _prologue_loads(cst, ctxs[0], 0, i, t0s[0])
+    for blk in blocks:
+        _state_dma(cst, cells[3], blk[1] * cst["P"], (blk[1] + blk[2]) * cst["P"], False)
+    _prologue_compute(cst, ctxs[0])
+    for si in range(len(steps)):
+        # y stores: context 0's once its last item is done (before chunk 1's loads with
+        # one context: z's tile is y's), context 1's after the last step
+        if si == last0:
+            _store_y(cst, ctxs[0])
+        if si == pro1[0]:
+            _prologue_loads(cst, ctxs[1], 1, i, t0s[1])
+        if si == pro1[1]:
+            _prologue_compute(cst, ctxs[1])
+        for e in range(len(steps[si])):
+            k, item = steps[si][e]
+            c, j = item // nb, item % nb
+            _STAGES[k](cst, ctxs[c], blocks[j], {"i": item, "c": c}, rings)
+        if si == half1:
+            _store_y(cst, ctxs[1], 0, ysplit)
+    _store_y(cst, ctxs[1], ysplit)
 
 
 # Stages of one (chunk, head block) item. Each stage runs on one engine
@@ -1218,9 +1106,8 @@ def _st_state_mm(cst, ctx, blk, w, r):
 def _st_state(cst, ctx, blk, w, r):
     """VectorE: S^T <- exp(total) S^T + chunk state, per head (fp32); blocks on the
     TensorE path (``_pe_state``): ScalarE copies the PSUM sum back. After a pair's
-    chunk 1 the block goes to the pair's S^T block in HBM and the next pair's
-    source block comes in (the same block within a sequence; at a sequence start
-    its initial state or zeros)."""
+    chunk 1 the block goes to the pair's S^T block in HBM (the next pair loads its
+    source block, this one within a sequence, at its start)."""
     g, h0, nh = blk
     P, ST, elast = cst["P"], cst["ST"], ctx["elast"]
     st = _pick(r["st"], w)
@@ -1239,7 +1126,6 @@ def _st_state(cst, ctx, blk, w, r):
                                                       (t * nh + k) * P:(t * nh + k + 1) * P])
     if w["c"] == 1:
         _state_dma(cst, cst["dst"], h0 * P, (h0 + nh) * P, True)
-        _state_dma(cst, cst["nsrc"], h0 * P, (h0 + nh) * P, False)
 
 
 def _pe_state(cst, w):
@@ -1259,3 +1145,4 @@ _STAGES = (_st_w, _st_seg, _st_exp, _st_mt, _st_out_mm, _st_scalar, _st_yadd, _s
 # stage reading the state (the bf16 copy / fp32 view in _st_mt / _st_out_mm) and
 # the stage writing it: item (1, j) may only read after item (0, j) wrote
 _S_READ, _S_WRITE = 3, 9
+_S_YOUT = 7        # the stage writing the chunk's y tile

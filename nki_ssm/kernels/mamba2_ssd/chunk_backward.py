@@ -48,17 +48,19 @@ One compiled program per shape bucket: compile-time arguments are shapes
   dump row) and a 0/1 valid flag; the first token row and the scratch block
   the state after the chunk goes to (the next row's, or block R, a dump
   block, after a sequence's last chunk);
-- ``brows [R, Q, 2]`` / ``bvals [R, 4]``: the same chunks in reverse order, with
+- ``brows [R, Q, 2]`` / ``bvals [R, 3]``: the same chunks in reverse order, with
   the first token row, the chunk's forward row (its state block) and its
   sequence;
-- ``seqs [S, 4]``: per live sequence its initial-state block (block S of
+- ``seqs [S, 3]``: per live sequence its initial-state block (block S of
   ``init_st`` is zeros), the scratch block of its first chunk (R: it has
   none) and its index;
-- ``counts [lnc, 4]``: per program: live sequences, chunk rows, 1 if the
-  program has heads (0: idle), 0.
+- ``counts [1, 2]``: live sequences, chunk rows: the one row every program
+  reads.
 
-Loops (top-level ``nl.fori_loop``s, none nested; the bounds are registers
-loaded from (1, 1) SBUF tiles a DMA filled from ``counts[pid]``):
+Loops (top-level ``nl.fori_loop``s on the scaffold, none nested; the bounds are
+device scalars of ``counts``, ``scaffold.trip_counts``; each iteration reads its
+table row's cells as device scalars, ``scaffold.for_each_row``, the DMA offsets
+of its token rows and state blocks):
 
 S. per sequence: its initial state (S^T layout) -> the scratch block of its
    first chunk; its d_final_states block -> its d_initial_states block (an
@@ -69,8 +71,13 @@ F. per chunk, forward order: S^T <- scratch[row] (loop S or the previous
 B. per chunk, reverse order: dSe^T <- the sequence's d-state block (loop S or
    the previous row wrote it), S0^T <- scratch[row]; the work below; dS0^T ->
    the same block. After a sequence's first chunk it holds d_initial_states.
-E. once per program with heads: the dA, dD, ddt_bias accumulators ([Q, .]
-   in SBUF, summed over partitions by a ones matmul) -> HBM.
+After the loops, straight-line: the dA, dD, ddt_bias accumulators ([Q, .] in
+SBUF, summed over partitions by a ones matmul) -> HBM.
+
+Every iteration loads what it reads (its table row, token rows and state
+blocks): no SBUF value is prefetched across iterations; what crosses them is
+in HBM (the scratch and d-state blocks) or the float32 accumulators of dA, dD
+and ddt_bias.
 
 Per row of loop B: loads of dt (fp32), B, C (their dtype); the chunk-wide
 dt' and gate (ScalarE softplus / sigmoid, VectorE compares), the decay sums
@@ -88,27 +95,29 @@ update. Per row at the end: three accumulating matmuls complete ddA, the dt
 chain, and the scatters of dx, dz, ddt (one row per partition; masked rows
 go to the dump row), of dB / dC (the program's partial slab) and of dS0^T.
 
-PSUM (8 banks of 2 KiB per partition): the chunk scratch (decay sums, group
-terms, then the ddA columns); dC | dB | dS; per head, ring of 2: hA (seg, E,
-dy1^T, (dy1 e^c)^T, reused for Z, Z^T, M Us), hB (the other four transposes),
-hC (y_intra, y_off, the two dx terms).
+PSUM (8 banks of 2 KiB per partition, allocated in each loop body that writes
+them): the chunk scratch (decay sums, group terms, then the ddA columns); dC |
+dB | dS; per head, ring of 2: hA (seg, E, dy1^T, (dy1 e^c)^T, reused for Z,
+Z^T, M Us), hB (the other four transposes), hC (y_intra, y_off, the two dx
+terms).
 
 What binds (modeled, trn2, ``nki_ssm.perf`` as of this commit; Mamba-2 2.7B,
 bf16 I/O, one sequence): VectorE, which carries about a dozen full [Q, Q] /
 [Q, P] fp32 passes per head and chunk (Z, Z^T, the masked M Us, K^T, the row
-dots, y0, dx, the state update) and sits on the critical path (~45 % busy,
-the rest cross-engine waits of the two-stage pipeline); TensorE ~27 %,
-ScalarE ~21 %, GpSimd ~24 %, DMA < 10 %. 2K tokens: 19.2 ms at LNC=1, 9.8 ms
-at LNC=2 (0.51x); 16K tokens at LNC=2: 77.9 ms (roofline 2.72 ms, 3.5 %:
-compute, twice the forward's minimal FLOPs). Program size 2,631 per
-program at LNC=2 (5,135 at LNC=1). Closer to the roof needs fewer VectorE
+dots, y0, dx, the state update) and sits on the critical path (~46 % busy,
+the rest cross-engine waits of the two-stage pipeline); TensorE ~31 %,
+ScalarE ~22 %, GpSimd ~22 %, DMA < 10 %. 512 tokens (``python -m simulate
+--op ssd_backward``): 4.27 ms at LNC=1, 2.17 ms at LNC=2; 2K tokens: 16.9 ms
+at LNC=1, 8.59 ms at LNC=2 (0.51x). Program size 2,440 per program at LNC=2
+(4,768 at LNC=1). Closer to the roof needs fewer VectorE
 passes (bf16 operands and perf modes where the 5e-3 budget allows, Z / Z^T / M
 fused into fewer passes, several heads per instruction) and a deeper
 pipeline (PSUM allows two heads in flight as laid out), not faster matmuls.
 
-LNC: program p of 2 takes heads [p H/2, (p+1) H/2) (H even; odd H: program 1
-idles with counts 0 and traces the same code). Every output and the scratch
-exist once per program (each program allocates all of them in the same order
+LNC: program p of 2 takes heads [p H/2, (p+1) H/2) (H even; odd H: both
+programs take every head, ``scaffold.program_share``, and the launcher keeps
+program 0's outputs), so both run the same loops and trip counts: one control
+flow. Every output and the scratch exist once per program (each program allocates all of them in the same order
 and writes only its own: dx, dz, ddt, dA, dD, ddt_bias, d_init for its heads,
 a partial dB / dC over its heads for every token); the launcher joins the head
 columns and adds the dB / dC partials (the heads of one group may sit in both
@@ -124,28 +133,20 @@ Limits: N <= 128, P <= 128, Q <= 128 (a multiple of 16); the program's
 per-partition SBUF (about 20 fp32 [Q, _BLOCK_COLS] or [N, .] tiles and the
 [Q, H/lnc*P] dD accumulator).
 
-Constructs: those of ``chunk.py`` (the forward), plus ``nl.program_id(0)`` /
-``nl.num_programs(0)`` as Python ints (nki-library d2ad3a5
-core/attention/attention_tkg.py:3065) and ``nisa.tensor_reduce`` over axis 1
+Constructs: those of ``chunk.py`` (the forward) and ``scaffold.py`` (device
+scalars, the work-row loops, the LNC split), plus ``nisa.tensor_reduce`` over axis 1
 of a 2-D tile (nki-library attention_bwd.py:655).
 """
 from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
+from nki_ssm.kernels.scaffold import (at_row, for_each_row, lnc_grid, program_share,
+                                      trip_counts)
 
 _PMAX = 128
 _PSUM_F = 512
 _BLOCK_COLS = 1024     # fp32 columns of the per-head-block tiles (16 heads at P = 64)
 _MASKED = -1.0e4       # added to masked decay exponents: exp underflows to exactly 0
-
-
-def _count_reg(counts, pid, k):
-    """A register holding counts[pid, k] (DMA'd to a (1, 1) SBUF tile, then loaded)."""
-    one = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=one, src=counts[pid:pid + 1, k:k + 1])
-    reg = nisa.register_alloc()
-    nisa.register_load(dst=reg, src=one)
-    return reg
 
 
 def _sb(shape, dtype=nl.float32):
@@ -154,9 +155,8 @@ def _sb(shape, dtype=nl.float32):
 
 def _rows_view(src, start, c0, width, nrows):
     """Rows start .. start+nrows-1, columns [c0, c0+width) of the 2-D HBM tensor src
-    (``start``: a (1, 1) int32 SBUF tile)."""
-    return src.ap(pattern=[[src.shape[1], nrows], [1, width]], offset=c0, scalar_offset=start,
-                  indirect_dim=0)
+    (``start``: an NkiScalar, a table cell)."""
+    return at_row(src, start, [[src.shape[1], nrows], [1, width]], c0)
 
 
 def _scatter_view(dst, rows, c0, width, base):
@@ -166,11 +166,23 @@ def _scatter_view(dst, rows, c0, width, base):
 
 
 def _block_view(st, block, c0, width, N):
-    """Columns [c0, c0+width) of block ``block`` (a (1, 1) tile or the loop register) of
-    the 3-D HBM tensor st [blocks, N, cols]."""
-    cols = st.shape[2]
-    return st.ap(pattern=[[cols, N], [1, width]], offset=c0, scalar_offset=block,
-                 indirect_dim=0)
+    """Columns [c0, c0+width) of block ``block`` (an NkiScalar: a table cell or the loop's
+    iteration value) of the 3-D HBM tensor st [blocks, N, cols]."""
+    return at_row(st, block, [[st.shape[2], N], [1, width]], c0)
+
+
+def _psum_tiles(t, names):
+    """Fresh one-bank PSUM tiles for ``names`` (a ring of 2 for the per-head ones): each
+    runtime-loop body (and the straight-line end) allocates the PSUM it writes."""
+    for name in names:
+        if name in ("hA", "hB", "hC"):
+            t[name] = [_psum_bank(), _psum_bank()]
+        else:
+            t[name] = _psum_bank()
+
+
+def _psum_bank():
+    return nl.ndarray((_PMAX, _PSUM_F), dtype=nl.float32, buffer=nl.psum)
 
 
 def _tri(Q, ones, channel_multiplier, step, offset, cmp_op=nl.greater_equal):
@@ -227,13 +239,12 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
     S = dfin_st.shape[0]
     R = frows.shape[0]
     f32 = nl.float32
-    npr = nl.num_programs(0)
-    pid = nl.program_id(0)
-    h0, h1 = 0, H
-    if npr == 2 and H % 2 == 0:
-        h0 = pid * (H // 2)
-        h1 = h0 + H // 2
-    nhp = h1 - h0
+    # this program's heads [h0, h0 + nhp): half of them each when they split; else all of
+    # them on both programs (program 1's outputs are its own tensors, which the launcher
+    # drops: it runs program 0's work and loops, changing nothing real)
+    npr, pid = lnc_grid()
+    h0, nhp, _ = program_share(H, npr, pid)
+    h1 = h0 + nhp
     c0, c1 = h0 * P, h1 * P
     W = c1 - c0
     groups = []
@@ -298,11 +309,8 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
         t["D"] = _sb((_PMAX, W))
         nisa.dma_copy(dst=t["D"], src=D_rows[:, c0:c1])
 
-    # ---- tiles (allocated once, before the loops)
-    for name in ("rows",):
-        t[name] = _sb((Q, 2), nl.int32)
-    for name in ("t0", "blk", "seq", "ib", "fb"):
-        t[name] = _sb((1, 1), nl.int32)
+    # ---- SBUF tiles (allocated once, before the loops; PSUM: _psum_tiles in each body)
+    t["rows"] = _sb((Q, 2), nl.int32)
     t["mask"] = _sb((Q, 1))
     t["x_raw"] = _sb((Q, WB), x.dtype)
     t["dy_raw"] = _sb((Q, WB), x.dtype)
@@ -353,49 +361,33 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
     nisa.memset(dst=t["accA"], value=0.0)
     nisa.memset(dst=t["accB"], value=0.0)
     nisa.memset(dst=t["Dacc"], value=0.0)
-    # PSUM (8 banks): chunk scratch / ddA columns; dC | dB | dS; per head (ring of 2) hA
-    # (seg, E, dy1^T, (dy1 e^c)^T, then Z, Z^T, M Us), hB (the other four transposes), hC
-    # (y_intra, y_off, the two dx terms)
-    for name in ("pc", "dCB"):
-        t[name] = nl.ndarray((_PMAX, _PSUM_F), dtype=f32, buffer=nl.psum)
-    for name in ("hA", "hB", "hC"):
-        t[name] = []
-        for r in range(2):
-            t[name].append(nl.ndarray((_PMAX, _PSUM_F), dtype=f32, buffer=nl.psum))
     cfg = {"Q": Q, "P": P, "N": N, "G": G, "HPG": HPG, "h0": h0, "nhp": nhp, "c0": c0,
            "W": W, "H": H, "x": x, "dt": dt, "B": B, "C": C, "z": z, "dy": dy,
            "soft": dt_softplus, "lo": dt_lo, "hi": dt_hi, "groups": groups, "blocks": blocks}
 
-    r_seqs = _count_reg(counts, pid, 0)
-    r_rows = _count_reg(counts, pid, 1)
-    r_act = _count_reg(counts, pid, 2)
+    # trip counts: live sequences, chunk rows (the one counts row both programs read)
+    n_seqs, n_rows = trip_counts(counts)
 
     # ---- loop S: initial states -> scratch block of the first chunk; dfin -> dinit
-    def seq_body(i):
-        for item in (("ib", 0), ("fb", 1), ("seq", 2)):
-            name = item[0]
-            col = item[1]
-            nisa.dma_copy(dst=t[name], src=seqs.ap(pattern=[[4, 1], [1, 1]], offset=col,
-                                                   scalar_offset=i, indirect_dim=0))
+    def seq_body(i, cells):
+        ib, fb, seq = cells
         for item in blocks:
             a = item[0]
             b = item[1]
             ca, wb = c0 + a * P, (b - a) * P
-            nisa.dma_copy(dst=t["ST0"][:, 0:wb], src=_block_view(init_st, t["ib"], ca, wb, N))
-            nisa.dma_copy(dst=_block_view(scratch, t["fb"], ca - c0, wb, N), src=t["ST0"][:, 0:wb])
-            nisa.dma_copy(dst=t["dST"][:, 0:wb], src=_block_view(dfin_st, t["seq"], ca, wb, N))
-            nisa.dma_copy(dst=_block_view(dinit, t["seq"], ca - c0, wb, N), src=t["dST"][:, 0:wb])
+            nisa.dma_copy(dst=t["ST0"][:, 0:wb], src=_block_view(init_st, ib, ca, wb, N))
+            nisa.dma_copy(dst=_block_view(scratch, fb, ca - c0, wb, N), src=t["ST0"][:, 0:wb])
+            nisa.dma_copy(dst=t["dST"][:, 0:wb], src=_block_view(dfin_st, seq, ca, wb, N))
+            nisa.dma_copy(dst=_block_view(dinit, seq, ca - c0, wb, N), src=t["dST"][:, 0:wb])
 
-    nl.fori_loop(0, r_seqs, seq_body)
+    for_each_row(n_seqs, seqs, seq_body)
 
     # ---- loop F: chunk-boundary states, forward order
-    def fwd_body(i):
-        nisa.dma_copy(dst=t["rows"], src=frows.ap(pattern=[[2, Q], [1, 2]], offset=0,
-                                                  scalar_offset=i, indirect_dim=0))
-        nisa.dma_copy(dst=t["t0"], src=fvals.ap(pattern=[[2, 1], [1, 1]], offset=0,
-                                                scalar_offset=i, indirect_dim=0))
-        nisa.dma_copy(dst=t["blk"], src=fvals.ap(pattern=[[2, 1], [1, 1]], offset=1,
-                                                 scalar_offset=i, indirect_dim=0))
+    def fwd_body(i, cells):
+        t0, blk = cells
+        t["t0"] = t0
+        _psum_tiles(t, ("pc", "hC"))
+        nisa.dma_copy(dst=t["rows"], src=at_row(frows, i, [[2, Q], [1, 2]]))
         _load_common(cfg, t, False)
         _chunk_decays(cfg, t)
         for item in blocks:
@@ -417,19 +409,16 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
                 nisa.scalar_tensor_tensor(dst=t["dST"][:, cols], data=t["ST0"][:, cols],
                                           op0=nl.multiply, operand0=t["elast"][:, k:k + 1],
                                           op1=nl.add, operand1=st)
-            nisa.dma_copy(dst=_block_view(scratch, t["blk"], ca - c0, wb, N), src=t["dST"][:, 0:wb])
+            nisa.dma_copy(dst=_block_view(scratch, blk, ca - c0, wb, N), src=t["dST"][:, 0:wb])
 
-    nl.fori_loop(0, r_rows, fwd_body)
+    for_each_row(n_rows, fvals, fwd_body)
 
     # ---- loop B: chunks in reverse order, the state gradient through the d-state blocks
-    def bwd_body(i):
-        nisa.dma_copy(dst=t["rows"], src=brows.ap(pattern=[[2, Q], [1, 2]], offset=0,
-                                                  scalar_offset=i, indirect_dim=0))
-        for item in (("t0", 0), ("blk", 1), ("seq", 2)):
-            name = item[0]
-            col = item[1]
-            nisa.dma_copy(dst=t[name], src=bvals.ap(pattern=[[4, 1], [1, 1]], offset=col,
-                                                    scalar_offset=i, indirect_dim=0))
+    def bwd_body(i, cells):
+        t0, blk, seq = cells
+        t["t0"] = t0
+        _psum_tiles(t, ("pc", "dCB", "hA", "hB", "hC"))
+        nisa.dma_copy(dst=t["rows"], src=at_row(brows, i, [[2, Q], [1, 2]]))
         _load_common(cfg, t, True)
         _chunk_decays(cfg, t)
         _group_terms(cfg, t)
@@ -439,39 +428,35 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
             b = item[1]
             ca, wb = c0 + a * P, (b - a) * P
             _load_block(cfg, t, ca, wb)
-            nisa.dma_copy(dst=t["ST0"][:, 0:wb], src=_block_view(scratch, t["blk"], ca - c0, wb, N))
-            nisa.dma_copy(dst=t["dST"][:, 0:wb], src=_block_view(dinit, t["seq"], ca - c0, wb, N))
+            nisa.dma_copy(dst=t["ST0"][:, 0:wb], src=_block_view(scratch, blk, ca - c0, wb, N))
+            nisa.dma_copy(dst=t["dST"][:, 0:wb], src=_block_view(dinit, seq, ca - c0, wb, N))
             _block_grads(cfg, t, a, b)
             nisa.dma_copy(dst=_scatter_view(dx, yr, ca - c0, wb, 0), src=t["dxo"][:, 0:wb])
             if z != None:  # noqa: E711
                 nisa.dma_copy(dst=_scatter_view(dz, yr, ca - c0, wb, 0), src=t["dzo"][:, 0:wb])
-            nisa.dma_copy(dst=_block_view(dinit, t["seq"], ca - c0, wb, N), src=t["dST"][:, 0:wb])
+            nisa.dma_copy(dst=_block_view(dinit, seq, ca - c0, wb, N), src=t["dST"][:, 0:wb])
         _chunk_dt(cfg, t)
         nisa.dma_copy(dst=_scatter_view(ddt, yr, 0, nhp, 0), src=t["ddt"])
         nisa.dma_copy(dst=_scatter_view(dB, yr, 0, GN, 0), src=t["dBt"])
         nisa.dma_copy(dst=_scatter_view(dC, yr, 0, GN, 0), src=t["dCt"])
 
-    nl.fori_loop(0, r_rows, bwd_body)
+    for_each_row(n_rows, bvals, bwd_body)
 
-    # ---- loop E (once per active program): the per-head accumulators summed over
-    # partitions (ones matmul) -> HBM
-    def end_body(i):
-        for item in ((t["accA"], dA, 0, nhp), (t["accB"], dtb, 0, nhp),
-                     (t["Dacc"], dD, 0, W)):
-            acc = item[0]
-            out = item[1]
-            c_a = item[2]
-            c_b = item[3]
-            w = c_b - c_a
-            for a in range(0, w, _PSUM_F):
-                b = min(w, a + _PSUM_F)
-                ps = t["pc"][0:1, 0:b - a]
-                nisa.nc_matmul(dst=ps, stationary=ones[0:Q, 0:1], moving=acc[:, a:b],
-                               accumulate=False, is_stationary_onezero=True)
-                nisa.tensor_copy(dst=t["out1"][:, a:b], src=ps)
-            nisa.dma_copy(dst=out[0:1, c_a:c_b], src=t["out1"][:, 0:w])
-
-    nl.fori_loop(0, r_act, end_body)
+    # ---- the end: the per-head accumulators summed over partitions (ones matmul) -> HBM
+    _psum_tiles(t, ("pc",))
+    for item in ((t["accA"], dA, 0, nhp), (t["accB"], dtb, 0, nhp), (t["Dacc"], dD, 0, W)):
+        acc = item[0]
+        out = item[1]
+        c_a = item[2]
+        c_b = item[3]
+        w = c_b - c_a
+        for a in range(0, w, _PSUM_F):
+            b = min(w, a + _PSUM_F)
+            ps = t["pc"][0:1, 0:b - a]
+            nisa.nc_matmul(dst=ps, stationary=ones[0:Q, 0:1], moving=acc[:, a:b],
+                           accumulate=False, is_stationary_onezero=True)
+            nisa.tensor_copy(dst=t["out1"][:, a:b], src=ps)
+        nisa.dma_copy(dst=out[0:1, c_a:c_b], src=t["out1"][:, 0:w])
     if npr == 2:
         return (outs[0][0], outs[0][1], outs[1][0], outs[1][1], outs[2][0], outs[2][1],
                 outs[3][0], outs[3][1], outs[4][0], outs[4][1], outs[5][0], outs[5][1],

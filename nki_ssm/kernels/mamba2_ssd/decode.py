@@ -6,66 +6,63 @@ Compile-time arguments are shapes (the padded ``num_seqs`` bucket, T, H, P,
 N, G) and layer flags only. The batch composition is run-time int32 data
 built by the launcher (``nki_ssm/ops/launch/mamba2_ssd.py``):
 
-- ``seq_table [programs * (ceil(num_seqs / per) + 1), 128, 2*per]``: a
-  block of rows per program (LNC below); row q of a block describes loop
-  iteration q (row 0: the first iteration, loaded before the loop),
-  ``per`` entries (live sequences, in order) of two columns each: the
-  first holds the pool row ``slot*pr + q`` of partition q (q < pr), the
-  second at partition 0 the sequence's index in the batch (for its x / B /
-  C / y rows); entries past the program's last live sequence repeat its
-  first (only the prefetch after the last iteration reads them, and
-  discards the data);
-- ``pad_table [programs * num_seqs, 1]``: per program, the indices of its
-  padding sequences (``state_indices == -1``) first, then zeros;
-- ``counts [programs, 4]``, a row per program: full iterations + 1,
-  padding sequences, 1 if any sequence is live, 1 if a last iteration holds
-  entry 0 only.
+- ``seq_table [programs * rows, 128, 2*per]``: a block of ``rows`` table
+  rows per program (LNC below): row 0 the program's spare entry, then one
+  row per full iteration of the main loop (``per`` entries: live sequences,
+  in order), then one row per single-entry iteration (the entry in columns
+  0, 1). An entry is two columns: the first holds the pool row ``slot*pr +
+  q`` of partition q (q < pr), the second at partition 0 the sequence's
+  index in the batch (for its x / B / C / y rows);
+- ``counts [1, 3]``, the one row every program reads: full iterations,
+  single-entry iterations, the spare entry (0 / 1).
+
+Padding sequences get no entry: the launcher zeroes their y rows.
 
 LNC: two programs split the sequences. Launched as ``kernel[2]`` the kernel
 runs as two programs (one per physical core, never synchronised); the
-launcher gives program 0 the first ceil(n/2) live sequences and program 1
-the rest (the padding sequences likewise), and each program
-(``nl.program_id(0)``, a Python int at trace time) reads its own block of
-table rows and its row of counts at static offsets, then runs the loops
-below on its sequences. Sequences are independent and own their pool slots,
-y rows and token rows, so no HBM byte one program writes is read or written
-by the other (dummy entries repeat the program's own first sequence); a lone
-live sequence runs on program 0 and program 1 runs no loop. Both programs
-have the same instructions (equal program sizes) and the results equal
-LNC=1's bit for bit (the same per-sequence operations). The split balances
-at the judged batches (32 and 512 sequences: 16 and 256 per program);
-splitting the heads instead would halve each state DMA and keep the
-per-sequence fixed costs on both cores.
+launcher gives each program a run of E = n_live // 2 live sequences, in
+order, so both run the same trip counts (``scaffold.trip_counts`` of the one
+counts row). With an odd n_live the last live sequence is program 0's spare
+entry, run under ``nl.if_else`` on the spare flag; program 1 takes the same
+branch on a dump entry (pool rows 0 .. pr-1 and sequence 0) whose writes go
+to private dumps of the pool and of y (``scaffold.dump_rows``: the program
+id is a Python int at trace time, so program 1's branch has other static
+destinations), so a lone live sequence runs on program 0 while program 1
+computes garbage nothing reads. Each program reads its own block of table
+rows at a static offset. Sequences are independent and own their pool
+slots, y rows and token rows, so no HBM byte one program writes is read or
+written by the other. Both programs have the same instructions (equal
+program sizes) and the results equal LNC=1's bit for bit (the same
+per-sequence operations). The split balances at the judged batches (32 and
+512 sequences: 16 and 256 per program); splitting the heads instead would
+halve each state DMA and keep the per-sequence fixed costs on both cores.
 
 Loops. Every loop that grows with the batch is a runtime loop,
-``nl.fori_loop(lo, reg, body)`` with ``body`` an inner ``def`` of the kernel
-(the NKI 0.6.0 ``fori_loop`` docstring's form); its bound register is
-allocated before the loops and loaded from a (1, 1) SBUF tile a DMA filled
-from ``counts``. No runtime loop runs inside another; what is unrolled
-inside a body is bounded by the layer shape (row blocks of the state, the T
-tokens, the state units). Four loops, one after the other:
+``nl.fori_loop(0, n, body)`` with ``body`` an inner ``def`` of the kernel
+(``scaffold.work_loop``), its bound an ``NkiScalar`` (``nisa.scalar_load``
+of an SBUF copy of ``counts``). No runtime loop runs inside another; what is
+unrolled inside a body is bounded by the layer shape (row blocks of the
+state, the T tokens, the state units, the entries of an iteration). One
+after the other:
 
-1. prefetch (0 or 1 trips: any live sequence): the first entry's token
-   inputs and first state unit;
-2. live loop (i = 1 .. full iterations): ``per`` sequences per iteration
-   (per = 2 when a state is one unit, or an odd number of units, else 1) so
-   the state units of consecutive sequences alternate between two SBUF
-   buffers: the gather of the next unit (DMA) is issued before the update
-   of the current one, so the pool traffic and the update overlap across
-   sequences. Table row i (the next iteration's) is loaded one iteration
-   ahead, by the loop register as ``scalar_offset``: a table DMA never holds
-   up the gather that needs it. The last iteration's prefetch reads a dummy
-   entry (live sequence 0's rows: a harmless read, discarded);
-3. a last iteration with entry 0 only (0 or 1 trips: an odd number of live
-   sequences with per = 2): every entry of the live loop exists, so no
-   conditional runs inside its body (the compiler drains every engine at
-   each loop entry), no dummy pool write, no ``oob_mode.skip``;
-4. padding sequences: zero rows of y, no pool access (after the live work:
-   small stores would otherwise queue ahead of the first gather).
+1. main loop (full iterations): ``per`` sequences per iteration
+   (``entries_per_iteration``: 8, fewer for long speculative steps); the
+   gather of the next state unit (DMA) is issued before the update of the
+   current one, and the units alternate between two SBUF buffers, so the
+   pool traffic and the updates overlap inside the iteration. An iteration
+   loads everything it reads -- its table row (the loop index as
+   ``scalar_offset``), its entries' token inputs and units -- and allocates
+   its PSUM tiles: nothing is prefetched across iterations (nki-library
+   turns that off for dynamic loops, NKI-1582), so only an iteration's first
+   table row, token and state loads wait, once per ``per`` sequences;
+2. single-entry loop: the ``E mod per`` sequences left, one per iteration
+   (its table row: the main trip count plus the loop index);
+3. the spare entry (``nl.if_else`` on the spare flag; LNC above).
 
-x / B / C / y rows are addressed by the entry's batch index, copied (GpSimd)
-into a (1, 1) int32 tile: the DMAs' ``scalar_offset``; pool rows by
-``vector_offset`` (one pool row per partition).
+x / B / C / y rows are addressed by the entry's batch index, an
+``NkiScalar`` (``nisa.scalar_load`` of partition 0 of the entry's second
+column): the DMAs' ``scalar_offset``; pool rows by ``vector_offset`` (one
+pool row per partition).
 
 Layout. Decode is bound by moving the state (``H*P*N`` floats per sequence,
 read and written once per call), so the layout is chosen for the DMA. The
@@ -131,15 +128,18 @@ number of sequences (run time); slots*pr < 2^31 (int32 pool rows).
 
 Modeled (trn2, nki_ssm.perf as of this commit; ``python -m simulate --op
 ssd_decode --no-calibration``; Mamba-2 2.7B, float32 state, bf16 I/O; share
-of the 368 GB/s core DMA bandwidth): 1 sequence 41.5 us (34.5 %), 32
-sequences 1.14 ms (40.2 %), 512 sequences 18.0 ms (40.6 %); VectorE (85 %)
-and ScalarE (76 %) bind: the per-element update passes over the state
-(decay, input, C product, y reduction); DMA 49 %. Program size: 549 static
-instructions at 32 and at 512 sequences (every runtime-loop body once).
-LNC=2 (each program's instructions timed on its own core): 32 sequences
-577 us per program (0.51 x LNC=1), 512 sequences 9.02 ms (0.50 x); one
-sequence 41.5 us on program 0 (program 1 has no work); 549 static
-instructions per program.
+of the 368 GB/s core DMA bandwidth): 1 sequence 38.9 us (36.8 %), 32
+sequences 1.16 ms (39.3 %), 512 sequences 18.6 ms (39.3 %); VectorE and
+ScalarE bind: the per-element update passes over the state (decay, input, C
+product, y reduction). Each main-loop iteration waits for its first table
+row, tokens and state unit once (nothing is prefetched across iterations):
++2 % at 32 and +3 % at 512 sequences against the former cross-iteration
+prefetch. Program size: 1,748 static instructions (every runtime-loop body
+and both sides of the spare's ``nl.if_else`` once; the main body holds 8
+entries). LNC=2 (each program's instructions timed on its own core): 32
+sequences 583 us per program (0.50 x LNC=1), 512 sequences 9.31 ms (0.50
+x); one sequence 37.6 us (program 0's spare entry, program 1 a dump entry);
+1,748 static instructions per program.
 
 Numerics: all float32 (no matmul precision choice: the only matmul is the
 exact 0/1 broadcast). A bfloat16 pool is widened by the first token's
@@ -147,12 +147,10 @@ decay (ScalarE reads the bf16 tile, writes fp32: no separate widening
 pass) and rounded once (RNE) by a per-block ScalarE copy on the last
 token, pipelined with the update.
 
-Constructs and their evidence: runtime loops ``nl.fori_loop`` with an
-inner-``def`` body and register bounds (NKI 0.6.0 ``fori_loop`` docstring);
-registers allocated before the loops and loaded from DMA-filled (1, 1) SBUF
-tiles (nki-library ``bwmm_shard_on_block_mx.py``); DMA ``scalar_offset``
-from the loop register (``fori_loop`` docstring) or a (1, 1) SBUF tile
-(nki-library ``moe_cte_utils.py``), ``vector_offset`` gathers and scatters
+Constructs and their evidence: the scaffolding of ``nki_ssm.kernels.scaffold``
+(its docstring: ``nl.fori_loop`` with an inner-``def`` body and ``NkiScalar``
+bounds, ``nisa.scalar_load`` of DMA-filled SBUF tiles, ``nl.if_else``, DMA
+``scalar_offset`` an ``NkiScalar``); ``vector_offset`` gathers and scatters
 with one pool row per partition (nki-library ``bwmm_shard_on_I.py``;
 ``nisa.dma_copy`` docs, indirect scatter example); matmuls on the whole PE
 array; no DMA converts a dtype (the launcher passes x | dt | z in float32).
@@ -160,14 +158,15 @@ array; no DMA converts a dtype (the launcher passes x | dt | z in float32).
 from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
-from nki_ssm.kernels._common import count_register
 from nki_ssm.kernels.mamba2_ssd._common import dt_prime
+from nki_ssm.kernels.scaffold import at_row, dump_rows, lnc_grid, run_if, trip_counts, work_loop
 
 
 @nki.jit
-def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, pad_table, counts, has_z,
-                    has_bias, has_D, dt_softplus, dt_lo, dt_hi):
-    """Selective state update; returns y ``[num_seqs, T*pr, nt]`` float32 (row layout).
+def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, has_z, has_bias,
+                    has_D, dt_softplus, dt_lo, dt_hi):
+    """Selective state update; returns y ``[num_seqs, T*pr, nt]`` float32 (row layout; rows
+    of sequences no entry names, padding ones included, are not written).
 
     Row layout: state row ``r = h*P + p`` of a sequence sits at partition
     ``r // nt``, column ``r % nt`` (``pr * nt = H*P``), so each partition
@@ -180,8 +179,8 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, pad_table,
       group_sel ``[G, pr]`` (BC's dtype, 1 where partition q's rows are in
       group g); pool ``[slots*pr, nt*N]`` float32 or bfloat16 (the pool
       ``[slots, H, P, N]``, updated in place by the kernel's scatters);
-      seq_table ``[num_seqs+3, 128, 2]``, pad_table ``[num_seqs, 1]``,
-      counts ``[1, 2]`` int32 (the batch composition: module docstring).
+      seq_table ``[programs * rows, 128, 2*per]`` and counts ``[1, 3]`` int32
+      (the batch composition: module docstring).
     Compile-time: has_z, has_bias, has_D, dt_softplus, dt_lo, dt_hi (layer
       configuration) and the shapes.
     """
@@ -197,36 +196,29 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, pad_table,
     y = nl.ndarray((num_seqs, T * pr, nt), dtype=nl.float32, buffer=nl.shared_hbm)
 
     spans = _unit_spans(nt, N, pool.dtype == nl.float32)
-    nu = len(spans)
-    per = entries_per_iteration(nt, N, pool.dtype == nl.float32)
-    K = per * nu
+    per = entries_per_iteration(T)
     parts = 1
     if num_seqs <= 2:
         parts = _PARTS
 
-    # ---- constants and buffers (allocated outside the runtime loops)
+    # ---- constants and buffers (SBUF, allocated outside the runtime loops)
     prm = nl.ndarray((pr, params.shape[1]), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=prm, src=params)
     sel = nl.ndarray((G, pr), dtype=group_sel.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=sel, src=group_sel)
     ident = _identity(pr)
-    # this program's sequences: its block of table rows and its row of counts (the
-    # program id is a Python int at trace time: static offsets)
-    pid = nl.program_id(0)
-    rows = seq_table.shape[0] // nl.num_programs(0)
+    # this program's block of table rows (the program id is a Python int at trace time:
+    # a static offset): row 0 its spare entry, then its main rows and its tail rows
+    programs, pid = lnc_grid()
+    rows = seq_table.shape[0] // programs
     w = seq_table.shape[2]
-    tab0 = pid * rows * 128 * w              # first element of this program's seq_table rows
-    pad0 = pid * num_seqs                    # ... and of its pad_table rows
-    # batch counts -> registers (allocated here, before every loop; each loaded from
-    # a (1, 1) SBUF tile that a DMA filled)
-    mine = counts[pid:pid + 1, :]
-    r_stop = count_register(mine, 0)         # full iterations + 1
-    r_pads = count_register(mine, 1)         # padding sequences
-    r_any = count_register(mine, 2)          # 1 if any sequence is live
-    r_tail = count_register(mine, 3)         # 1 if a last iteration has only entry 0
+    block = pid * rows * 128 * w             # first element of this program's rows
+    # full iterations, single-entry iterations, the spare entry (0/1): device scalars of the
+    # one counts row both programs read
+    n_main, n_tail, spare = trip_counts(counts)
 
     span_max = 0
-    for j in range(nu):
+    for j in range(len(spans)):
         span_max = max(span_max, spans[j][1] - spans[j][0])
     nats = []
     work = []
@@ -236,109 +228,73 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, pad_table,
             work.append(nl.ndarray((pr, span_max * N), dtype=nl.float32, buffer=nl.sbuf))
         else:
             work.append(nats[b])
-    # an iteration's table row is loaded one iteration ahead (row i by the loop
-    # register i), so a table DMA never holds up the gather that needs it: tabs =
-    # this iteration's entries (columns 2e, 2e+1 of entry e of the row), ntab =
-    # the next iteration's; token inputs of the next iteration's entry 0 are
-    # staged with its first gather and copied to the working set when it starts.
-    # No runtime conditional inside the loop body (the compiler drains every
-    # engine at each loop entry): every entry of a full iteration exists, a last
-    # partial iteration (entry 0 only) runs in its own conditional body, and the
-    # prefetch after the last one reads a dummy row (a live sequence's rows:
-    # a harmless read, discarded)
-    ntab = nl.ndarray((128, 2 * per), dtype=nl.int32, buffer=nl.sbuf)
-    tabs = []
-    ntabs = []
+    tab = nl.ndarray((128, w), dtype=nl.int32, buffer=nl.sbuf)
     toks = []
-    seqs = []     # each entry's batch sequence, (1, 1) tiles: the token DMAs' scalar offset
-    nseqs = []
     for e in range(per):
-        # one tile per entry: copying entry 0 in must not wait for the previous
-        # iteration's last scatter, which reads entry 1's pool rows
-        tabs.append(nl.ndarray((128, 2), dtype=nl.int32, buffer=nl.sbuf))
-        ntabs.append(ntab[:, 2 * e:2 * e + 2])
-        seqs.append(nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf))
-        nseqs.append(nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf))
         toks.append(_tok_tiles(xdt_rows.shape[2], BC.dtype, pr, nt, T, G, N))
-    staged = _tok_tiles(xdt_rows.shape[2], BC.dtype, pr, nt, T, G, N)
     rings = _rings(pr, N)
-    args = (xdt_rows, BC, pool, y, sel, ident, prm, rings, T, pr, nt, N, G, parts, has_z,
-            has_bias, has_D, dt_softplus, dt_lo, dt_hi)
+    bufs = (tab, toks, nats, work, spans, rings)
+    args = (xdt_rows, BC, pool, y, sel, ident, prm, T, pr, nt, N, G, parts, has_z, has_bias,
+            has_D, dt_softplus, dt_lo, dt_hi)
+    pattern = [[w, 128], [1, w]]
 
-    # prefetch: the first iteration's table row, tokens and first unit
-    nisa.dma_copy(dst=ntab, src=seq_table[pid * rows, :, :])
-    _seq_cols(ntab, nseqs, per)
+    # full iterations: per entries each (main row it)
+    def main_body(it):
+        _iteration(args, bufs, at_row(seq_table, it, pattern, block + 128 * w), per)
 
-    def prefetch_body(i):
-        _tok_load(xdt_rows, BC, nseqs[0], staged, T, pr, G)
-        _gather(pool, ntabs[0], nats[0], pr, nt, N, spans[0], parts)
+    work_loop(n_main, main_body)
 
-    nl.fori_loop(0, r_any, prefetch_body)
-
-    def live_body(it):
-        rings["n_bc"][0] = 0
-        _take_over(tabs, ntabs, seqs, nseqs, staged, toks, per, T)
-        nisa.dma_copy(dst=ntab, src=seq_table.ap(pattern=[[w, 128], [1, w]], offset=tab0,
-                                                 scalar_offset=it, indirect_dim=0))
-        _seq_cols(ntab, nseqs, per)
-        _tok_prep_all(toks[0], prm, T, pr, nt, has_bias, dt_softplus, dt_lo, dt_hi)
-        _units_of(args, tabs, ntabs, seqs, nseqs, toks, staged, nats, work, spans, per, per)
-
-    nl.fori_loop(1, r_stop, live_body)
-
-    # a last iteration with entry 0 only (odd number of live sequences, per = 2)
+    # single-entry iterations (tail row i, after the main rows)
     def tail_body(i):
-        rings["n_bc"][0] = 0
-        _take_over(tabs, ntabs, seqs, nseqs, staged, toks, 1, T)
-        _tok_prep_all(toks[0], prm, T, pr, nt, has_bias, dt_softplus, dt_lo, dt_hi)
-        _units_of(args, tabs, ntabs, seqs, nseqs, toks, staged, nats, work, spans, per, 1)
+        _iteration(args, bufs, at_row(seq_table, n_main + i, pattern, block + 128 * w), 1)
 
-    nl.fori_loop(0, r_tail, tail_body)
+    work_loop(n_tail, tail_body)
 
-    # padding sequences: zero rows of y, no pool access (after the live work:
-    # their small stores would otherwise queue ahead of the first gather)
-    zt = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=zt, value=0.0)
-    pad = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    # the spare entry (LNC=2 with an odd number of live sequences): program 0's last live
+    # sequence; the other program runs a dump entry (its row names pool rows 0 .. pr-1 and
+    # sequence 0) into private dumps of the pool and of y: nothing real is written
+    real = pid == 0
+    spare_args = args
+    if not real:
+        spare_args = (xdt_rows, BC, dump_rows(pool, pr), dump_rows(y, 1), sel, ident, prm, T,
+                      pr, nt, N, G, parts, has_z, has_bias, has_D, dt_softplus, dt_lo, dt_hi)
 
-    def pad_body(i):
-        nisa.dma_copy(dst=pad, src=pad_table.ap(pattern=[[1, 1], [1, 1]], offset=pad0,
-                                                scalar_offset=i, indirect_dim=0))
-        for tok in range(T):
-            nisa.dma_copy(dst=y.ap(pattern=[[nt, pr], [1, nt]], offset=tok * pr * nt,
-                                   scalar_offset=pad, indirect_dim=0), src=zt)
+    def spare_entry():
+        _iteration(spare_args, bufs, at_row(seq_table, None, pattern, block), 1)
 
-    nl.fori_loop(0, r_pads, pad_body)
+    run_if(spare, spare_entry)
     return y
 
 
-def _seq_cols(ntab, nseqs, per):
-    """Each entry's batch sequence (partition 0 of its second column) into its own
-    (1, 1) tile (GpSimd copies: tiny, off VectorE)."""
-    for e in range(per):
-        nisa.tensor_copy(dst=nseqs[e], src=ntab[0:1, 2 * e + 1:2 * e + 2],
-                         engine=nisa.engine.gpsimd)
+def _iteration(args, bufs, row_view, n):
+    """One loop iteration: the table row ``row_view`` (n entries), then every entry's
+    token inputs and state units (``_units_of``). All it reads is loaded here (no SBUF
+    prefetch across the runtime loop's iterations: nki-library turns it off for dynamic
+    loops, NKI-1582), and its PSUM tiles are allocated here."""
+    tab, toks, nats, work, spans, rings = bufs
+    nisa.dma_copy(dst=tab, src=row_view)
+    _psum_rings(rings, args[8], args[10])
+    seqs = []
+    tabs = []
+    for e in range(n):
+        # the entry's batch sequence (partition 0 of its second column): the token DMAs'
+        # scalar offset
+        seqs.append(nisa.scalar_load(tab[0:1, 2 * e + 1:2 * e + 2]))
+        tabs.append(tab[:, 2 * e:2 * e + 2])
+    _units_of(args, tabs, seqs, toks, nats, work, spans, rings, n)
 
 
-def _take_over(tabs, ntabs, seqs, nseqs, staged, toks, n, T):
-    """This iteration's table entries (n of them) and entry 0's staged tokens in."""
-    nisa.tensor_copy(dst=tabs[0], src=ntabs[0], engine=nisa.engine.gpsimd)
-    nisa.tensor_copy(dst=seqs[0], src=nseqs[0], engine=nisa.engine.gpsimd)
-    _tok_copy(staged, toks[0], T)
-    for e in range(1, n):
-        nisa.tensor_copy(dst=tabs[e], src=ntabs[e], engine=nisa.engine.gpsimd)
-        nisa.tensor_copy(dst=seqs[e], src=nseqs[e], engine=nisa.engine.gpsimd)
-
-
-def _units_of(args, tabs, ntabs, seqs, nseqs, toks, staged, nats, work, spans, per, n):
-    """The units of the first n entries of an iteration: unit m's update follows the
-    gather of unit m + 1 (the next entry's first unit, or with m the iteration's
-    last unit of a full iteration, the next iteration's entry 0); the units
-    alternate the two buffers (per * units per entry is even)."""
-    (xdt_rows, BC, pool, y, sel, ident, prm, rings, T, pr, nt, N, G, parts, has_z, has_bias,
+def _units_of(args, tabs, seqs, toks, nats, work, spans, rings, n):
+    """The units of the n entries of an iteration: unit m's update follows the gather of
+    unit m + 1 (and, for the next entry's first unit, its token loads), so the pool
+    traffic and the updates overlap inside the iteration; the units alternate the two
+    buffers."""
+    (xdt_rows, BC, pool, y, sel, ident, prm, T, pr, nt, N, G, parts, has_z, has_bias,
      has_D, dt_softplus, dt_lo, dt_hi) = args
     nu = len(spans)
     K = n * nu
+    _tok_load(xdt_rows, BC, seqs[0], toks[0], T, pr, G)
+    _gather(pool, tabs[0], nats[0], pr, nt, N, spans[0], parts)
     for m in range(K):
         e, j = m // nu, m % nu
         m1 = m + 1
@@ -347,15 +303,13 @@ def _units_of(args, tabs, ntabs, seqs, nseqs, toks, staged, nats, work, spans, p
             if j1 == 0:
                 _tok_load(xdt_rows, BC, seqs[e1], toks[e1], T, pr, G)
             _gather(pool, tabs[e1], nats[m1 % 2], pr, nt, N, spans[j1], parts)
-        elif n == per:
-            _tok_load(xdt_rows, BC, nseqs[0], staged, T, pr, G)
-            _gather(pool, ntabs[0], nats[0], pr, nt, N, spans[0], parts)
         _unit(toks[e], tabs[e], seqs[e], y, sel, ident, pool, nats[m % 2], work[m % 2], spans[j],
               j == nu - 1, rings, T, pr, nt, N, parts, prm, has_z, has_bias, has_D,
-              e > 0 and j == 0, dt_softplus, dt_lo, dt_hi)
+              j == 0, dt_softplus, dt_lo, dt_hi)
 
 
 _PARTS = 4            # state DMAs per unit when the bucket holds one or two sequences
+_ENTRIES = 8          # sequences per full iteration (fewer for long speculative steps)
 _SCATTER_LAG = 4      # blocks between a part's last update and its scatter (parts > 1)
 _PE_CYCLE = 1       # blocks t % _PE_CYCLE != 0 take the TensorE input path (1: none; module doc)
 _UNIT_BYTES = 48 * 1024   # SBUF bytes per partition of one state unit (fp32 state + pool copy)
@@ -381,29 +335,37 @@ def _unit_spans(nt, N, f32_pool):
     return spans
 
 
-def entries_per_iteration(nt, N, f32_pool):
-    """Sequences per iteration of the live loop (the launcher's trip count is
-    ceil(n_live / this)): the units of one iteration alternate between the two
-    unit buffers, so their number must be even (2 sequences of an odd number
-    of units, else 1)."""
-    if len(_unit_spans(nt, N, f32_pool)) % 2 == 1:
-        return 2
-    return 1
+def entries_per_iteration(T):
+    """Sequences per full iteration of the main loop (the launcher's trip counts are
+    ``E // per`` full and ``E % per`` single-entry iterations): only an iteration's first
+    gather waits (nothing is prefetched across iterations), so more entries per iteration
+    hide more of it; the token tiles of per entries stay within ~24 KiB per partition."""
+    return max(1, min(_ENTRIES, 16 // T))
 
 
 def _rings(pr, N):
-    """Pipeline temporaries of the row-block update, reused round-robin (SBUF
-    tmp / inp / prod and PSUM sums; [B | C] broadcasts in PSUM)."""
+    """Pipeline temporaries of the row-block update, reused round-robin: SBUF tmp / inp /
+    prod (allocated once); the PSUM sums and [B | C] broadcasts are allocated in each
+    loop body (``_psum_rings``)."""
     r = {"tmp": [], "inp": [], "prod": [], "ps": [], "bc": []}
     for i in range(_RING):
         r["tmp"].append(nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf))
         r["inp"].append(nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf))
         r["prod"].append(nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf))
-    for i in range(2):
-        r["ps"].append(nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.psum))
-        r["bc"].append(nl.ndarray((pr, 2 * N), dtype=nl.float32, buffer=nl.psum))
     r["n_bc"] = [0]
     return r
+
+
+def _psum_rings(r, pr, N):
+    """Fresh PSUM tiles of the rings (PSUM sums, [B | C] broadcasts) for one loop body."""
+    ps = []
+    bc = []
+    for i in range(2):
+        ps.append(nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.psum))
+        bc.append(nl.ndarray((pr, 2 * N), dtype=nl.float32, buffer=nl.psum))
+    r["ps"] = ps
+    r["bc"] = bc
+    r["n_bc"][0] = 0
 
 
 def _part_bounds(n, parts, k):
@@ -445,7 +407,7 @@ def _tok_tiles(width, bc_dtype, pr, nt, T, G, N):
 
 def _tok_load(xdt_rows, BC, seq, tl, T, pr, G):
     """Loads of an entry's token inputs: x | dt | z rows and B | C, one DMA each per
-    token, rows of batch sequence ``seq`` (a (1, 1) int32 tile: run-time)."""
+    token, rows of batch sequence ``seq`` (an NkiScalar)."""
     w = xdt_rows.shape[2]
     n2 = BC.shape[2]
     for tok in range(T):
@@ -453,13 +415,6 @@ def _tok_load(xdt_rows, BC, seq, tl, T, pr, G):
             pattern=[[w, pr], [1, w]], offset=tok * pr * w, scalar_offset=seq, indirect_dim=0))
         nisa.dma_copy(dst=tl[tok]["bc"], src=BC.ap(
             pattern=[[n2, G], [1, n2]], offset=tok * G * n2, scalar_offset=seq, indirect_dim=0))
-
-
-def _tok_copy(src, dst, T):
-    """Staged token inputs -> the working set (GpSimd copies: tiny, off VectorE)."""
-    for tok in range(T):
-        nisa.tensor_copy(dst=dst[tok]["xdt"], src=src[tok]["xdt"], engine=nisa.engine.gpsimd)
-        nisa.tensor_copy(dst=dst[tok]["bc"], src=src[tok]["bc"], engine=nisa.engine.gpsimd)
 
 
 def _tok_prep_all(tl, prm, T, pr, nt, has_bias, dt_softplus, dt_lo, dt_hi):
@@ -599,7 +554,7 @@ def _scatter_due(out, u, nu, pr, nt, N, a):
 
 def _tok_out(tk, prm, y, seq, tok, pr, nt, has_z, has_bias, has_D):
     """y rows of one token: (sum_n S C + D x) * silu(z), stored at the entry's
-    batch sequence (``seq``, a (1, 1) int32 tile: run-time)."""
+    batch sequence (``seq``, an NkiScalar)."""
     yc, xdt = tk["y"], tk["xdt"]
     if has_D:
         d0 = nt

@@ -59,10 +59,13 @@ tables for ``call.lnc`` programs), both kernels split the channels: program p
 token and sequence (``split.program_channels``) and runs the whole plan above on
 them -- prefill: its stream groups, its part of every pool row in the zero and head
 loops, its own block of y rows; decode: both row layouts over its half, the pool
-viewed with 2R rows per slot. The channels are independent, so the programs share
-no written HBM byte, need no synchronisation, trace the same instructions (equal
-program sizes) and give LNC=1's results bit for bit. When the channels do not
-split (dim <= 128 or odd) program 1 gets zero loop counts and no work.
+viewed with 2R rows per slot. Both read the one counts row (``scaffold.trip_counts``),
+so they run the same trip counts and branches. The channels are independent, so the
+programs share no written HBM byte, need no synchronisation, trace the same
+instructions (equal program sizes) and give LNC=1's results bit for bit. When the
+channels do not split (dim <= 128 or odd) program 1 runs program 0's channels, the
+same loops, into dumps (its own y block, private dumps of the pool and of decode's y:
+``scaffold.destination``): it writes nothing real.
 
 Compile-time vs run-time
 ------------------------
@@ -70,11 +73,13 @@ Both kernels take only shapes (the token / sequence buckets), dtypes and layer
 config (W, activation, bias and precision flags) as compile-time arguments;
 sequence lengths, slots, padding and has_initial_state are run-time tables
 built by a few vectorised array ops in the launcher, and every loop that grows
-with tokens or sequences is a runtime loop whose bound is a register loaded
-from a (1, 1) SBUF tile (design notes in prefill.py and decode.py). One
-program per bucket: prefill 4,900 static instructions at 16K x 1 and 8 x 2K
-(dim 8192, W 4, bf16), 2,481 per program at LNC=2; decode 1,276, 672 per program
-at LNC=2 (``Trace.program_instructions``, every loop body counted once).
+with tokens or sequences is a runtime loop whose bound is an ``NkiScalar``
+(``nisa.scalar_load`` of an SBUF copy of the counts row; design notes in prefill.py
+and decode.py). One
+program per bucket: prefill 16,407 static instructions at 16K x 1 and 8 x 2K
+(dim 8192, W 4, bf16, LNC=1; the first stream loop's body holds 5 chunk pairs);
+decode 1,276, 672 per program at LNC=2 (``Trace.program_instructions``, every loop
+body and both sides of every ``nl.if_else`` counted once).
 
 Limits
 ------
@@ -93,12 +98,14 @@ Command: ``PYTHONPATH=. python -m simulate --op short_conv --no-calibration``
 (Qwen3-Next conv shape: dim 8192, W 4, bfloat16 x / weight / pool, no bias,
 SiLU; the bound is the minimal HBM bytes -- x, y and the named slots' state in
 and out -- over the core's 368 GB/s DMA bandwidth; central figure and 10-90 %
-interval of nki_ssm.perf as of this commit).
+interval of nki_ssm.perf as of this commit; prefill: central figures).
 
-- prefill 16K tokens, one sequence: 2.10 ms (2.03-2.41), 256 GB/s = 69.5 %
-  of DMA bandwidth; DMA-bound (89 % busy: the windows and the stores), TensorE
-  and VectorE 78 %.
-- prefill 8 x 2K ragged: 2.28 ms (2.21-2.60), 64.1 % of DMA bandwidth.
+- prefill 16K tokens, one sequence: 2.27 ms, 237 GB/s = 64.3 % of DMA
+  bandwidth; DMA-bound (the windows and the stores), TensorE and VectorE
+  behind. Each stream-loop iteration loads its own first windows (nothing is
+  prefetched across iterations, NKI-1582): +8 % against the former
+  cross-iteration prefetch (2.10 ms), with 5 chunk pairs per iteration.
+- prefill 8 x 2K ragged: 2.43 ms, 60.0 % of DMA bandwidth (+7 % against 2.28 ms).
 - decode 512 sequences x 1 token: 313 us (306-381) = 1.71x the bytes-moved
   bound; DMA (77 %) with VectorE (59 %: the taps' PSUM evictions) behind.
 - decode 32 sequences x 1 token: 87 us (71-154) = 7.5x the bound (wide layout,
@@ -109,7 +116,7 @@ command: ``PYTHONPATH=. python tests/kernels/short_conv_perf.py judged``, the ju
 cases of ``simulate.cases``): each program timed alone on its own core (the cost model
 over that program's instructions), against LNC=1:
 
-- prefill 16K x 1: 1058 us = 0.504x LNC=1; 8 x 2K: 1219 us = 0.535x (the head loop's
+- prefill 16K x 1: 1139 us = 0.501x LNC=1; 8 x 2K: 1282 us = 0.527x (the head loop's
   per-sequence DMA latencies do not halve);
 - decode 32 sequences: 39.8 us = 0.456x; 512 sequences: 168 us = 0.537x.
 

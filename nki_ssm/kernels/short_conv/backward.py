@@ -23,29 +23,35 @@ sequence bucket, T = 384 window positions per work row in BLOCKS = 3 blocks of 1
   positions ``p0 - H + b*128 + q`` (then ``p0 - H + T + q``, q < 2H); columns BLOCKS+1 ..
   2*BLOCKS+1 the dysrc rows of tokens ``p0 - H + b*128 + q`` (then ``p0 - H + T + q``, q <
   H); columns 2*BLOCKS+2 .. the dxo rows of positions ``p0 + b*128 + q`` (a token row, an
-  initial-state row NB + n*H + p, or a scratch row past the sequence). Table row 0 holds
-  the first work row's gather columns; table row r + 1 work row r's dx rows and work row
-  r + 1's gather columns (prefetched);
+  initial-state row NB + n*H + p, or a scratch row past the sequence). Table row r holds
+  work row r's gather columns and dx rows;
 - ``fs_rows [SB, H, 2]`` int32: per sequence, the dxo row of position L + h and the dfsrc
-  row of d_final[h]; ``counts [1, 2]`` int32: work rows, sequences with d_final_states;
+  row of d_final[h]; ``counts [1, 2]`` int32, the one row both programs read: work rows,
+  sequences with d_final_states;
 - outputs: per program ``dxo [NB + SB*H + T, DP / programs]`` (x's dtype; its channels:
   dx rows, then d_initial rows, then scratch), ``dweight [DP, W]`` and ``dbias [DP]`` float32.
 
 Design note
 -----------
-Loops: per channel group (16 tiles of 128 channels for bfloat16 x, 8 for float32) one
-top-level ``nl.fori_loop`` over the work rows (the same list for every group: a group's
-channels are compile-time offsets); then, with d_final_states, one top-level loop over
-sequences. No loop inside another; bounds are registers loaded from ``counts`` through a
-(1, 1) SBUF tile before the loops; everything unrolled in a body is bounded by the group
-and W. Program size depends on DP, W, dtypes and flags only (2,758 static instructions at
-dim 8192, W 4, bfloat16, LNC=1).
+Loops: per channel group (16 tiles of 128 channels for bfloat16 x, 8 for float32) two
+top-level ``nl.fori_loop`` s over the work rows (the same list for every group: a group's
+channels are compile-time offsets), the first ROWS_PER_ITERATION = 4 rows per iteration,
+the second the rows left, one per iteration; then, with d_final_states, one top-level
+loop over sequences. No loop inside another; bounds are ``NkiScalar`` s loaded
+(``scaffold.trip_counts``) from an SBUF copy of ``counts`` before the loops; everything
+unrolled in a body is bounded by the group and W. Program size depends on DP, W, dtypes
+and flags only (12,417 static instructions at dim 8192, W 4, bfloat16, LNC=1: the first
+row loop's body holds 4 rows).
 
-Per work row and group: one DMA loads the table row (the loop register as
-``scalar_offset``); the row's windows were gathered by the previous iteration (or the
-prologue): ``vector_offset`` gathers (one xsrc / dysrc row per partition) of the x window
-(T + 2H positions) and the dy window (T + H tokens), token-major; positions outside the
-sequence read the zero row, so no masks and no conditionals. Each 128-channel tile then
+Per work row and group: one DMA loads the table row (the row's ``NkiScalar`` index as
+``scalar_offset``), then the row's windows: ``vector_offset`` gathers (one xsrc / dysrc row
+per partition) of the x window (T + 2H positions) and the dy window (T + H tokens),
+token-major; positions outside the sequence read the zero row, so no masks and no
+conditionals. The rows of an iteration alternate two buffer sets (table row, windows, dx
+tile): row r + 2's loads are issued as soon as row r is done with its set, so they
+arrive under row r + 1's stages. The iteration loads all it reads (no SBUF prefetch
+across iterations: nki-library turns it off for dynamic loops, NKI-1582), so only its
+first row waits for its windows, and it allocates its PSUM banks. Each 128-channel tile then
 runs seven stages, issued as a wavefront (stage q of tile t - q at step t) so every
 engine's in-order queue holds several tiles' work:
 
@@ -63,8 +69,7 @@ engine's in-order queue holds several tiles' work:
 6. ScalarE: the products and dz summed over tokens (activation accumulate) into the
    tile's dweight / dbias columns.
 
-Once the last window read is queued, the next row's gathers are issued (they load under
-the remaining stages); the row's dx blocks go out by ``vector_offset`` scatters; the
+The row's dx blocks go out by ``vector_offset`` scatters; the
 per-row sums are added into float32 accumulators, stored after the group's loop. A
 token's products are counted by the one row whose window holds it at columns H .. H+T.
 The d_final loop then reads back the H dxo rows of positions L .. L+H-1 of each
@@ -96,7 +101,8 @@ bfloat16 matmul operands (weights rounded to bfloat16 in the diagonals) and dz i
 bfloat16, float32 accumulation, float32 dweight / dbias.
 """
 from nki_ssm.backend import nki, nl, nisa
-from nki_ssm.kernels._common import count_register, identity
+from nki_ssm.kernels._common import identity
+from nki_ssm.kernels.scaffold import lnc_grid, trip_counts, work_loop
 
 TILE = 128          # channels per tile; rows per gather block
 BLOCKS = 3          # 128-position blocks per work row
@@ -105,6 +111,7 @@ GROUP_TILES = 16    # channel tiles per group (one loop each; 8 for float32 x)
 BANK = 512          # float32 columns of one PSUM bank
 TABLE_COLUMNS = 3 * BLOCKS + 2   # index columns of a work row (x, dy, dx blocks)
 FS_COLUMNS = 2048   # channels per d_final read-modify-write block
+ROWS_PER_ITERATION = 4   # work rows per iteration of the first row loop (its first waits)
 
 
 def _group_weights(weight, bias, wcol, bcol, diag, ident, c0, n, W):
@@ -234,39 +241,55 @@ def _gather_windows(xsrc, dysrc, xg, dg, idx, c0, gw, H):
     _gather(dysrc, dg[:, BLOCKS, :], idx, 2 * BLOCKS + 1, H, c0, gw)
 
 
-def _row(i, tabs, xsrc, dysrc, dxo, dx_off, bufs, red, acc, c0, n, W, silu):
-    """Work row i for the group's n tiles at channel c0. Its windows are in xg / dg (the
-    previous iteration, or the prologue, gathered them); table row i + 1 holds the next
-    row's gather indices, issued once this row's last window transposes are queued."""
-    rows, idx = tabs
+def _load_row(i, rows, rset, xsrc, dysrc, c0, gw, H):
+    """Work row i's table row (gather indices and dx rows) and windows into the buffer set
+    ``rset = (idx, xg, dg, out)``."""
+    idx, xg, dg, out = rset
+    nisa.dma_copy(dst=idx, src=rows.ap(pattern=[[TABLE_COLUMNS, TILE], [1, TABLE_COLUMNS]],
+                                       offset=0, scalar_offset=i, indirect_dim=0))
+    _gather_windows(xsrc, dysrc, xg, dg, idx, c0, gw, H)
+
+
+def _rows(first, count, rows, sets, xsrc, dysrc, dxo, dx_off, bufs, red, acc, c0, n, W, silu):
+    """``count`` consecutive work rows from row ``first`` (an NkiScalar) for the group's n
+    tiles at channel c0, in one loop iteration: rows alternate the two buffer sets, row r +
+    2's table row and windows load as soon as row r is done with its set, so they arrive
+    under row r + 1's stages. Everything the iteration reads is loaded by it (no SBUF
+    prefetch across the runtime loop's iterations: nki-library turns it off for dynamic
+    loops, NKI-1582): only its first row waits for its windows. Its PSUM banks are
+    allocated here, in the loop body."""
     (ident, xg, dg, xw, dzm, sg, zb, uv, out, banks, diag, bcol, has_bias) = bufs
-    prods, junk, redw, redb = red
     acc_w, acc_b = acc
+    prods, junk, redw, redb = red
     H = W - 1
     gw = n * TILE
-    nisa.dma_copy(dst=idx, src=rows.ap(pattern=[[TABLE_COLUMNS, TILE], [1, TABLE_COLUMNS]],
-                                       offset=TILE * TABLE_COLUMNS, scalar_offset=i,
-                                       indirect_dim=0))
-    # the tiles' stages as a wavefront: at step t, stage q of tile t - q (oldest first),
-    # so each engine's in-order queue holds work of several tiles at once
-    for t in range(n + len(STEPS) - 1):
-        for q in range(len(STEPS) - 1, -1, -1):
-            if 0 <= t - q < n:
-                for st in STEPS[q]:
-                    _stage(bufs, red, st, t - q, W, silu)
-        if t == n + 1:
-            # every read of xg / dg is queued (stages 0 and 2): the next row's windows
-            # load under this row's remaining stages
-            _gather_windows(xsrc, dysrc, xg, dg, idx, c0, gw, H)
-    for b in range(BLOCKS):
-        # dxo: this program's own tensor, its channels from the program's first
-        nisa.dma_copy(dst=dxo.ap(pattern=[[dxo.shape[1], TILE], [1, gw]], offset=dx_off,
-                                 vector_offset=idx[:, 2 * BLOCKS + 2 + b:2 * BLOCKS + 3 + b],
-                                 indirect_dim=0),
-                      src=out[:, b, 0:gw])
-    nisa.tensor_tensor(dst=acc_w[:, 0:n, :], data1=acc_w[:, 0:n, :], data2=redw[:, 0:n, :],
-                       op=nl.add)
-    nisa.tensor_tensor(dst=acc_b[:, 0:n], data1=acc_b[:, 0:n], data2=redb[:, 0:n], op=nl.add)
+    banks = []
+    for b in range(8):
+        banks.append(nl.ndarray((TILE, BANK), dtype=nl.float32, buffer=nl.psum))
+    for j in range(min(2, count)):
+        _load_row(first + j, rows, sets[j], xsrc, dysrc, c0, gw, H)
+    for j in range(count):
+        idx, xg, dg, out = sets[j % 2]
+        rbufs = (ident, xg, dg, xw, dzm, sg, zb, uv, out, banks, diag, bcol, has_bias)
+        # the tiles' stages as a wavefront: at step t, stage q of tile t - q (oldest first),
+        # so each engine's in-order queue holds work of several tiles at once
+        for t in range(n + len(STEPS) - 1):
+            for q in range(len(STEPS) - 1, -1, -1):
+                if 0 <= t - q < n:
+                    for st in STEPS[q]:
+                        _stage(rbufs, red, st, t - q, W, silu)
+        for b in range(BLOCKS):
+            # dxo: this program's own tensor, its channels from the program's first
+            nisa.dma_copy(dst=dxo.ap(pattern=[[dxo.shape[1], TILE], [1, gw]], offset=dx_off,
+                                     vector_offset=idx[:, 2 * BLOCKS + 2 + b:2 * BLOCKS + 3 + b],
+                                     indirect_dim=0),
+                          src=out[:, b, 0:gw])
+        nisa.tensor_tensor(dst=acc_w[:, 0:n, :], data1=acc_w[:, 0:n, :],
+                           data2=redw[:, 0:n, :], op=nl.add)
+        nisa.tensor_tensor(dst=acc_b[:, 0:n], data1=acc_b[:, 0:n], data2=redb[:, 0:n],
+                           op=nl.add)
+        if j + 2 < count:
+            _load_row(first + j + 2, rows, sets[j % 2], xsrc, dysrc, c0, gw, H)
 
 
 def _final_state_grads(f, fs_rows, dfsrc, dxo, dx_off, fbufs, cp0, H):
@@ -305,8 +328,7 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
     SB = fs_rows.shape[0]
     xdt = xsrc.dtype
     silu = activation == "silu"
-    programs = nl.num_programs(0)
-    pid = nl.program_id(0)
+    programs, pid = lnc_grid()
     NTP = DP // TILE // programs           # channel tiles of each program
     cp0 = pid * NTP * TILE
     G = min(GROUP_TILES if xdt != nl.float32 else GROUP_TILES // 2, NTP)
@@ -324,13 +346,16 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
     dbo = nl.ndarray((DP,), dtype=nl.float32, buffer=nl.shared_hbm)
 
     ident = identity(xdt)
-    banks = []
-    for b in range(8):
-        banks.append(nl.ndarray((TILE, BANK), dtype=nl.float32, buffer=nl.psum))
     GW = G * TILE
-    # gathered windows, token-major: BLOCKS blocks of 128 rows, then the tail rows
-    xg = nl.ndarray((TILE, BLOCKS + 1, GW), dtype=xdt, buffer=nl.sbuf)
-    dg = nl.ndarray((TILE, BLOCKS + 1, GW), dtype=xdt, buffer=nl.sbuf)
+    # two buffer sets of a work row (rows alternate them inside an iteration): its table
+    # row, its gathered windows (token-major: BLOCKS blocks of 128 rows, then the tail
+    # rows) and its dx tile
+    sets = []
+    for i in range(2):
+        sets.append((nl.ndarray((TILE, TABLE_COLUMNS), dtype=nl.int32, buffer=nl.sbuf),
+                     nl.ndarray((TILE, BLOCKS + 1, GW), dtype=xdt, buffer=nl.sbuf),
+                     nl.ndarray((TILE, BLOCKS + 1, GW), dtype=xdt, buffer=nl.sbuf),
+                     nl.ndarray((TILE, BLOCKS, GW), dtype=xdt, buffer=nl.sbuf)))
     xw = nl.ndarray((TILE, G, T + 2 * H), dtype=xdt, buffer=nl.sbuf)
     dzm = nl.ndarray((TILE, G, T + H), dtype=xdt, buffer=nl.sbuf)
     sg, zb, uv = [], [], []
@@ -338,8 +363,6 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
         sg.append(nl.ndarray((TILE, T + H), dtype=nl.float32, buffer=nl.sbuf))
         zb.append(nl.ndarray((TILE, T + H), dtype=nl.float32, buffer=nl.sbuf))
         uv.append(nl.ndarray((TILE, T + H), dtype=nl.float32, buffer=nl.sbuf))
-    out = nl.ndarray((TILE, BLOCKS, GW), dtype=xdt, buffer=nl.sbuf)
-    idx = nl.ndarray((TILE, TABLE_COLUMNS), dtype=nl.int32, buffer=nl.sbuf)
     wcol = nl.ndarray((TILE, G, W), dtype=nl.float32, buffer=nl.sbuf)
     bcol = nl.ndarray((TILE, G), dtype=nl.float32, buffer=nl.sbuf)
     diag = nl.ndarray((TILE, G, W, TILE), dtype=xdt, buffer=nl.sbuf)
@@ -352,11 +375,14 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
            nl.ndarray((TILE, G), dtype=nl.float32, buffer=nl.sbuf))
     acc = (nl.ndarray((TILE, G, W), dtype=nl.float32, buffer=nl.sbuf),
            nl.ndarray((TILE, G), dtype=nl.float32, buffer=nl.sbuf))
-    bufs = (ident, xg, dg, xw, dzm, sg, zb, uv, out, banks, diag, bcol, bias != None)  # noqa: E711
+    bufs = (ident, None, None, xw, dzm, sg, zb, uv, None, None, diag, bcol,
+            bias != None)  # noqa: E711
     if bias == None:  # noqa: E711
         nisa.memset(dst=bcol, value=0.0)
-    n_rows = count_register(counts, 0)
-    n_fs = count_register(counts, 1)
+    # iterations of ROWS_PER_ITERATION work rows, then of one (the rows left), and sequences
+    # with d_final_states: device scalars of the one counts row both programs read (the
+    # programs split the channels: the same work list)
+    n_main, n_tail, n_fs = trip_counts(counts)
 
     for g0 in range(0, NTP, G):
         n = min(G, NTP - g0)
@@ -364,16 +390,18 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
         _group_weights(weight, bias, wcol, bcol, diag, ident, c0, n, W)
         nisa.memset(dst=acc[0], value=0.0)
         nisa.memset(dst=acc[1], value=0.0)
-        # prologue: table row 0 holds the first work row's gather indices
-        nisa.dma_copy(dst=idx, src=rows.ap(pattern=[[TABLE_COLUMNS, TILE], [1, TABLE_COLUMNS]],
-                                           offset=0))
-        _gather_windows(xsrc, dysrc, xg, dg, idx, c0, n * TILE, H)
 
-        def row_body(i):
-            _row(i, (rows, idx), xsrc, dysrc, dxo, dx_base + g0 * TILE, bufs, red, acc, c0, n,
-                 W, silu)
+        def main_body(i):
+            _rows(i * ROWS_PER_ITERATION, ROWS_PER_ITERATION, rows, sets, xsrc, dysrc, dxo,
+                  dx_base + g0 * TILE, bufs, red, acc, c0, n, W, silu)
 
-        nl.fori_loop(0, n_rows, row_body)
+        work_loop(n_main, main_body)
+
+        def tail_body(i):
+            _rows(n_main * ROWS_PER_ITERATION + i, 1, rows, sets, xsrc, dysrc, dxo,
+                  dx_base + g0 * TILE, bufs, red, acc, c0, n, W, silu)
+
+        work_loop(n_tail, tail_body)
         nisa.dma_copy(dst=dwo.ap(pattern=[[W, TILE], [TILE * W, n], [1, W]], offset=c0 * W),
                       src=acc[0][:, 0:n, :])
         nisa.dma_copy(dst=dbo.ap(pattern=[[1, TILE], [TILE, n]], offset=c0),
@@ -390,7 +418,7 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
         def fs_body(f):
             _final_state_grads(f, fs_rows, dfsrc, dxo, dx_base, fbufs, cp0, H)
 
-        nl.fori_loop(0, n_fs, fs_body)
+        work_loop(n_fs, fs_body)
     outs = []
     for p in range(programs):
         outs.append(dxos[p])

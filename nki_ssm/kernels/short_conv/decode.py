@@ -31,11 +31,10 @@ builds from ``state_indices`` with a few vectorised array ops
   rows ``slot * R + r`` (partition ``r * Pn + i``), one group per Pn rows;
 - ``rows_one [N, R]``: per position of the one-block layout its R pool rows
   ``slot * R + c``;
-- ``counts [1, 3 * programs]``, three per program: the stop of the wide layout's
-  group loop and of the one-block layout's (the number of live sequences for the
-  layout the launcher picked, 0 for the other), and the trips of the one-block
-  layout's diagonal build (1 when that layout runs, else 0); all zeros for a
-  program without work.
+- ``counts [1, 3]``, the one row every program reads: the stop of the wide
+  layout's group loop and of the one-block layout's (the number of live sequences
+  for the layout the launcher picked, 0 for the other), and the one-block layout's
+  diagonal-build flag (1 when that layout runs, else 0).
 
 LNC: the programs split the channels
 ------------------------------------
@@ -48,24 +47,26 @@ Everything above then holds with dim replaced by Dp: R = ``wide_blocks(Dp)``, th
 pool viewed as ``[slots * 2R, (Dp / R) * (W-1)]`` (2R rows per slot, program p's
 being rows p * R .. p * R + R - 1: the tables hold program 0's rows and program p
 adds ``p * R`` rows as a static element offset of its pool gathers / scatters), x /
-y / weight / bias read and written from channel p * Dp on, counts
-``counts[0, 3p : 3p + 3]``. Both programs trace the same instructions (the same
-program size); they write disjoint y columns and disjoint pool rows, read nothing
-the other writes, and need no synchronisation; results equal LNC=1 bit for bit.
-When the channels do not split (one tile, an odd dim) program 0 takes them all and
-program 1 gets zero counts (no loop iteration: it writes nothing).
+y / weight / bias read and written from channel p * Dp on. Both programs read the
+one counts row (``scaffold.trip_counts``), so they run the same trip counts and
+branches, and trace the same instructions (the same program size); they write
+disjoint y columns and disjoint pool rows, read nothing the other writes, and need
+no synchronisation; results equal LNC=1 bit for bit. When the channels do not split
+(one tile, an odd dim) program 0 takes them all and program 1 runs program 0's
+channels, the same loops, into private dumps of y and of the pool
+(``scaffold.destination``): it writes nothing real.
 
 Loops: the kernel runs the two layouts one after the other, each as its weight
 setup (straight-line code) and ONE top-level runtime loop over its groups,
-``nl.fori_loop(0, stop, body, step=Pn)`` with an inner ``def body(g)`` (NKI
-0.6.0): the induction register g is the group's first position, the scalar
-offset of its x / y rows and of its table rows. The stops are registers
-allocated before the loops and loaded from (1, 1) SBUF tiles that a DMA filled
-from ``counts``. No runtime loop runs inside another: the layout not picked
+``nl.fori_loop(0, stop, body, step=Pn)`` with an inner ``def body(g)``
+(``scaffold.work_loop``): the iteration value g (an ``NkiScalar``) is the group's
+first position, the scalar offset of its x / y rows and of its table rows. The
+stops are ``NkiScalar`` s loaded (``nisa.scalar_load``) from an SBUF copy of
+``counts``. No runtime loop runs inside another: the layout not picked
 runs zero iterations (its setup, weight-column DMAs, still runs; the one-block
-TensorE taps' diagonal weights are built once by VectorE in a top-level loop of
-one trip when that layout runs and none when the wide one does, so a launch of
-the wide layout does not pay for them). The launcher picks
+TensorE taps' diagonal weights are built once by VectorE under an ``nl.if_else``
+on the flag, taken when that layout runs, so a launch of the wide layout does not
+pay for them). The launcher picks
 the wide layout when the live rows fit two groups (``num_live * R <= 256``, i.e.
 at most 64 live sequences at R = 4: the measured crossover,
 ``use_wide_layout``), else the one-block layout: one program (the same size at
@@ -125,7 +126,7 @@ engines) and ScalarE's new-state assembly; a single layout would need each
 group's DMAs split into >= 4 concurrent channel slices -- not tried.
 """
 from nki_ssm.backend import nki, nl, nisa
-from nki_ssm.kernels._common import count_register
+from nki_ssm.kernels.scaffold import destination, lnc_grid, run_if, trip_counts, work_loop
 from nki_ssm.kernels.short_conv.split import program_channels
 
 PMAX = 128
@@ -163,7 +164,7 @@ def _pool_column(pool_flat, c0, H):
 
 def _load_group(x, pool_flat, g, prow, c0, cd, R, Pn, D, H, CD, base):
     """Gather the state rows (one pool row per partition) and load the x rows of the group
-    starting at position g (register), channels [c0, c0 + cd) of each block of this
+    starting at position g (an NkiScalar), channels [c0, c0 + cd) of each block of this
     program's channels (``base``: its first channel cb and the element offset pbase of
     its pool rows)."""
     N, T, dim = x.shape
@@ -402,7 +403,7 @@ def _plan_steps(chunks, batch, tn, T):
 
 
 def _store_chunk(y, pool_flat, yt, st, xs, g, prow, c0, cd, R, Pn, D, H, CD, base):
-    """y rows of the group starting at position g (register) for the chunk and the new
+    """y rows of the group starting at position g (an NkiScalar) for the chunk and the new
     state (window columns T .. T+W-2, assembled contiguous) back to the pool rows (one row
     per partition); ``base`` as in ``_load_group``."""
     N, T, dim = y.shape
@@ -430,10 +431,10 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
             tensor_taps, part):
     """One row layout of R channel blocks per sequence over this program's ``part = (cb,
     Dp, pbase)`` (its Dp channels from cb on, its pool rows from element pbase of a slot's
-    rows on): its weight columns, with TensorE taps a top-level runtime loop of ``setup``
-    (a register, 1 when this layout runs, else 0) trips that builds the diagonal weights,
+    rows on): its weight columns, with TensorE taps the diagonal weights, built under an
+    ``nl.if_else`` on ``setup`` (an NkiScalar flag, 1 when this layout runs, else 0),
     then the top-level runtime group loop over positions 0, Pn, 2 Pn, .. < stop (the
-    register; 0 when the launcher picked the other layout)."""
+    NkiScalar; 0 when the launcher picked the other layout)."""
     N, T, dim = x.shape
     cb, Dp, pbase = part
     base = (cb, pbase)
@@ -482,19 +483,19 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
                 b_raw = nl.ndarray((1, D), dtype=bias.dtype, buffer=nl.sbuf)
                 nisa.dma_copy(dst=b_raw, src=bias.ap(pattern=[[D, 1], [1, D]], offset=cb))
                 nisa.tensor_copy(dst=b_row, src=b_raw)
-        # the diagonals, built once by VectorE in a loop of 1 trip when this layout runs
-        # and 0 when the other one does (built unconditionally they would cost the launches
-        # of the other layout their whole VectorE time; built per group, every group)
+        # the diagonals, built once by VectorE when this layout runs (``setup`` 1) and not
+        # when the other one does (built unconditionally they would cost the launches of
+        # the other layout their whole VectorE time; built per group, every group)
         for ci in range(len(chunks)):
             diags[ci] = nl.ndarray((SUB, (chunks[ci][1] + SUB - 1) // SUB, W, SUB),
                                    dtype=nl.bfloat16, buffer=nl.sbuf)
 
-        def diagonals_body(i):
+        def build_diagonals():
             for ci in range(len(chunks)):
                 _chunk_diagonals(diags[ci], ident, w_all, chunks[ci][0] // SUB,
                                  (chunks[ci][1] + SUB - 1) // SUB, D, W)
 
-        nl.fori_loop(0, setup, diagonals_body)
+        run_if(setup, build_diagonals)
 
     chunk_bytes = CD * (H * pool_bytes + T * x_bytes)
     PD = max(1, min(len(chunks) - 1, LOAD_BUDGET // chunk_bytes - 1))
@@ -557,7 +558,7 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
                 subs = None               # step i-1's PSUM windows die before step i+1's
             prev = nxt
 
-    nl.fori_loop(0, stop, group_body, step=Pn)
+    work_loop(stop, group_body, step=Pn)
 
 
 @nki.jit
@@ -570,9 +571,9 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows_wide, rows_one, co
     kernel's scatters); rows_wide int32 ``[N, R]``: per group of the wide layout and
     partition ``r * Pn + i``, the pool row ``slot * RT + r``; rows_one int32 ``[N, R]``:
     per position of the one-block layout, its R pool rows ``slot * RT + c`` (program p
-    adds p * R to both); counts int32 ``[1, 3 * programs]``, per program: (stop of the
-    wide group loop, stop of the one-block group loop, trips of the one-block diagonal
-    build: 1 when that layout runs) -- the launcher gives the layout it did not pick a
+    adds p * R to both); counts int32 ``[1, 3]``, read by every program: (stop of the
+    wide group loop, stop of the one-block group loop, the one-block diagonal-build
+    flag: 1 when that layout runs) -- the launcher gives the layout it did not pick a
     stop of 0; activation "silu" or "none"; R channel blocks per sequence of the wide
     layout (1: the program holds the one-block layout only; Dp / R a multiple of 128,
     Dp the program's channels); tensor_taps: the one-block layout does the taps as
@@ -588,24 +589,25 @@ def short_conv_decode_kernel(x, weight, bias, pool_flat, rows_wide, rows_one, co
     act_op = nl.silu if activation == "silu" else nl.copy
     y = nl.ndarray((N, T, dim), dtype=x.dtype, buffer=nl.shared_hbm)
 
-    # loop stops of the two layouts (0 for the layout the launcher did not pick) and the
-    # one-block layout's diagonal-build trips (1 when it runs), each DMA'd into a (1, 1) SBUF
-    # tile on partition 0 and loaded into a register allocated here
-    # (this program's three of counts [1, 3 * programs])
-    pid = nl.program_id(0)
-    regs = []
-    for k in range(3):
-        regs.append(count_register(counts, 3 * pid + k))
-    # LNC: this program's channels [cb, cb + Dp) (both halves, or all of them for program
-    # 0 when they do not split: split.program_channels), pool rows p * R .. p * R + R - 1
-    # of each slot's rows
-    Dp, parts = program_channels(dim, nl.num_programs(0))
+    # the stops of the two layouts' group loops (0 for the layout the launcher did not
+    # pick) and the one-block layout's diagonal-build flag: device scalars of the one
+    # counts row both programs read, so their trip counts and branches are equal
+    stops = trip_counts(counts)
+    # LNC: this program's channels [cb, cb + Dp) (a half each, or all of them when they do
+    # not split: split.program_channels), pool rows p * R .. p * R + R - 1 of each slot's
+    # rows. A second program without channels of its own runs program 0's channels into
+    # private dumps of y and the pool (same loops, nothing real written)
+    programs, pid = lnc_grid()
+    Dp, parts = program_channels(dim, programs)
     part = (0, Dp, 0)
     if parts > 1:
         part = (pid * Dp, Dp, pid * R * pool_flat.shape[1])
+    real = pid < parts
+    y_out = destination(y, real)
+    pool_io = destination(pool_flat, real)
     if R > 1:
-        _layout(x, weight, bias, y, pool_flat, rows_wide, regs[0], None, act_op, has_bias, R,
-                False, part)
-    _layout(x, weight, bias, y, pool_flat, rows_one, regs[1], regs[2], act_op, has_bias, 1,
-            tensor_taps, part)
+        _layout(x, weight, bias, y_out, pool_io, rows_wide, stops[0], None, act_op, has_bias,
+                R, False, part)
+    _layout(x, weight, bias, y_out, pool_io, rows_one, stops[1], stops[2], act_op, has_bias,
+            1, tensor_taps, part)
     return y

@@ -50,15 +50,17 @@ step named there with its torch equivalent):
   its own); ``seq_info [SB, 2]`` int32: its slot and its case ``min(length, H)``;
 - ``zero_slots [SB, 1]`` int32: the slots of live sequences without initial
   state, compacted;
-- ``counts [1, 3 * programs]`` int32, three per program: with ``pairs =
-  ceil(ceil(num_tokens / CHUNK) / 2)``, ``max(pairs - 1, 0)`` (stream loop trips),
-  the live sequences, the slots to zero (zeros for a program without work).
+- ``counts [1, 4]`` int32, the one row every program reads: with ``pairs =
+  ceil(ceil(num_tokens / CHUNK) / 2)`` and ``loop = max(pairs - 1, 0)``, ``loop //
+  PAIRS_PER_ITERATION`` and ``loop % PAIRS_PER_ITERATION`` (stream-loop trips), the
+  live sequences, the slots to zero.
 
-Loops: every runtime loop is ``nl.fori_loop(0, reg, body)`` at the top level of
-the kernel, its body an inner ``def`` (NKI 0.6.0), its bound a register
-allocated before the loops and loaded from a (1, 1) SBUF tile that a DMA filled
-from ``counts``; no runtime loop runs inside another, and no 0/1-trip loop
-stands for a conditional: each choice is a DMA offset. Everything unrolled
+Loops: every runtime loop is ``nl.fori_loop(0, n, body)`` at the top level of
+the kernel (``scaffold.work_loop`` / ``for_each_row``), its body an inner ``def``,
+its bound an ``NkiScalar`` (``scaffold.trip_counts``: ``nisa.scalar_load`` of an
+SBUF copy of ``counts``), its table cells ``NkiScalar`` s too; no runtime loop runs
+inside another, and no 0/1-trip loop stands for a conditional: each choice is a
+DMA offset. Each loop body allocates the PSUM banks it writes. Everything unrolled
 inside a body is bounded by the layer shape (channel tiles, taps, the CH / 128
 token blocks of a chunk, H). The cost model synchronises every compute engine
 at each iteration start, so work that must not wait sits in DMAs, which run on
@@ -67,15 +69,20 @@ across iteration boundaries.
 0. **Zero loop** over ``zero_slots``: one DMA per 128 pool-row channels writes
    zeros (an SBUF tile in the pool dtype) over the slot, so every head below
    reads its old state from its slot. DMAs only; they run under the stream.
-1. **Stream loops**, one per channel group (up to 16 tiles of 128 channels), over
+1. **Stream loops**, two per channel group (up to 16 tiles of 128 channels), over
    the whole token stream in fixed chunks of CH = 512 tokens (or the bucket if
-   smaller), two chunks (slots A, B) per iteration: each slot is refilled with
-   the chunk two ahead as soon as its matmuls are done, so the windows of the
-   next iteration load during this one. The last pair of a group follows its
-   loop as straight-line code: instead of refilling, its slots take the next
-   group's first chunks, and VectorE builds the next group's diagonal weights
-   there (their DMAs were issued before the group's loop); with no tokens at
-   all it computes the padding rows, which the host drops. The window of a
+   smaller), in pairs of chunks (slots A, B): the first loop runs
+   PAIRS_PER_ITERATION = 5 pairs per iteration, the second the pairs left, one per
+   iteration. An iteration loads what it reads: nothing is prefetched across
+   iterations (nki-library turns that off for dynamic loops, NKI-1582). Its first two
+   windows are issued when it starts (B's loads while A computes), each later
+   window as soon as its slot's matmuls are done (it loads under the other slot's
+   chunk), and its last chunk is stored block by block, so the next iteration's
+   first windows wait behind little; only those first windows are exposed, once per
+   iteration. The last pair of a group follows its loops as straight-line code, and
+   VectorE builds the next group's diagonal weights there (their DMAs were issued
+   before the group's loops); with no tokens at all it computes the padding rows,
+   which the host drops. The window of a
    chunk is one *indirect* ``dma_transpose`` (gather transpose, software DGE):
    x rows ``t0 - M .. t0 + CH`` by a uint32 index tile computed on VectorE
    (``clamp(win_base + t0, 0, NB - 1)``, t0 a running chunk start kept in SBUF;
@@ -97,7 +104,7 @@ across iteration boundaries.
    loop; per sequence, for all full channel tiles at once (and the partial tile,
    if any), with the row's slot and case DMA'd into (1, 1) SBUF tiles:
    - window ``[old state | first NH tokens | last NH tokens]``: the old state by
-     one ``scalar_offset`` DMA of the slot as rows of 128 channels (contiguous
+     one ``scalar_offset`` DMA (the slot, an ``NkiScalar`` cell) as rows of 128 channels (contiguous
      128 * H runs; the pool is channel-major ``[dim, H]``, so channel-on-partition
      reads would be 6-byte runs), converted to float32 by VectorE and put into
      the window by TensorE transposes; the tokens by one gather transpose of
@@ -141,7 +148,8 @@ values pass through exactly), else bfloat16 (hi + lo split of float32
 weights / bias that bfloat16 does not hold).
 """
 from nki_ssm.backend import nki, nl, nisa
-from nki_ssm.kernels._common import count_register
+from nki_ssm.kernels.scaffold import (destination, for_each_row, lnc_grid, row_cells,
+                                      trip_counts, work_loop)
 from nki_ssm.kernels.short_conv.split import program_channels
 
 TILE = 128          # channels per partition tile / tokens per output block
@@ -150,6 +158,7 @@ SBUF_BUDGET = 150 * 1024   # bytes per partition for the per-group working set
 CHUNK = 512         # tokens per stream window (n_tiles * 528 * 2 B = 16.5 KiB per partition)
 BANK = 512          # fp32 columns of one PSUM bank
 PSUM_TILES = 7      # rotating one-bank PSUM tiles (of 8 banks)
+PAIRS_PER_ITERATION = 5   # chunk pairs per stream-loop iteration (its first windows wait)
 ALIGN = 16          # window offsets in elements: 32 B (bf16) / 64 B (fp32), the DMA
                     # transpose destination alignment (nki_ssm/sim/isa/dma.py)
 MAX_HALO = 64       # W - 1 limit: two head windows of _margin(W-1) rows in one gather
@@ -332,11 +341,22 @@ def _vector_tile(ps, col, xw, w32, bcols, jj, pj, b, m, W, acc):
     nisa.nc_transpose(dst=ps[0:m, col:col + pj], data=acc[0:pj, 0:m])
 
 
-def _rotation(banks, outs, accs):
-    """Rotating buffers allocated once, outside the runtime loops: [PSUM banks, output
-    tiles, VectorE accumulators, use counters]. Each loop body restarts the counters so
-    every iteration uses the same tiles (one static body)."""
-    return [banks, outs, accs, [0, 0, 0]]
+def _rotation(outs, accs):
+    """Rotating buffers: [PSUM banks, output tiles, VectorE accumulators, use counters].
+    The SBUF tiles are allocated once, outside the runtime loops; the PSUM banks afresh by
+    ``_new_banks`` in each loop body (and straight-line section) that writes them, as the
+    released runtime-loop kernels allocate PSUM. Each body restarts the counters so every
+    iteration uses the same tiles (one static body)."""
+    return [[], outs, accs, [0, 0, 0]]
+
+
+def _new_banks(rot):
+    """PSUM_TILES fresh one-bank PSUM tiles for the rotation, counters restarted."""
+    banks = []
+    for i in range(PSUM_TILES):
+        banks.append(nl.ndarray((TILE, BANK), dtype=nl.float32, buffer=nl.psum))
+    rot[0] = banks
+    _restart(rot)
 
 
 def _take(rot, kind):
@@ -444,25 +464,19 @@ def _conv_block(xw, ot, weights, ones, b, n, P, W, act_op, vec_every, base, rot)
     return ot
 
 
-def _next_window(x, bufs, a, group, W, rot, first=False):
-    """Issue the window of the next chunk in slot ``a`` (A = 0, B = 1): its first token
+def _next_window(x, bufs, a, group, W, rot):
+    """Issue the window of chunk ``a`` (A = 0, B = 1) of this pair: its first token
     ``st[:, a] = min(run + a * CH, NB - CH)`` (past the bucket: the last chunk again, a
     mirror) and gather indices ``clamp(base + st, 0, NB - 1)`` with ``base[p, j] = j * 128
     + p - M`` are computed on VectorE (no table DMA in the loop), then one gather
     transpose (or the float32 path) loads ``x[t0 - M : t0 + CH]`` channel-major."""
     NB, dim = x.shape
     c0, n, P = group
-    run, st, sti, base, idx2, wins, outs, idx0, st0, NT, yshift = bufs
+    run, st, sti, base, idx2, wins, outs, NT, yshift = bufs
     NI = base.shape[1]
     xw, xs, tm = wins[a]
     F = xw.shape[2]
     CH = F - _margin(W - 1)
-    if first:
-        # chunks 0 and 1 of every group: indices computed once, so the DMA can start as
-        # soon as the slot is free (not behind the previous group's VectorE work)
-        nisa.tensor_copy(dst=st[:, a:a + 1], src=st0[:, a:a + 1])
-        _window_load(x, idx0[0:TILE, a, 0:NI], F, xw, xs, tm, 0, c0, n, P, rot)
-        return
     nisa.tensor_scalar(dst=st[:, a:a + 1], data=run, op0=nl.add, operand0=float(a * CH),
                        op1=nl.minimum, operand1=float(NB - CH))
     nisa.tensor_scalar(dst=idx2[:, a, 0:NI], data=base, op0=nl.add, operand0=st[:, a:a + 1],
@@ -472,11 +486,11 @@ def _next_window(x, bufs, a, group, W, rot, first=False):
     _window_load(x, idx2[0:TILE, a, 0:NI], F, xw, xs, tm, 0, c0, n, P, rot)
 
 
-def _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot):
+def _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot, last=False):
     """Compute the chunk whose window is in slot ``a`` and store it: one DMA of its CH
     token rows at the run-time first token (``sti[a] = t0 * NT``, y being stored as
     ``[(NB + M) * NT, 128]``: NT rows of 128 channels per token)."""
-    run, st, sti, base, idx2, wins, outs, idx0, st0, NT, yshift = bufs
+    run, st, sti, base, idx2, wins, outs, NT, yshift = bufs
     DP = NT * TILE
     c0, n, P = group
     gw = (n - 1) * TILE + P
@@ -484,41 +498,56 @@ def _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot):
     CH = xw.shape[2] - _margin(W - 1)
     nblk = CH // TILE
     base_col = _margin(W - 1) - (W - 1)     # window column of token t0 - (W-1)
+    nisa.tensor_scalar(dst=sti[a], data=st[0:1, a:a + 1], op0=nl.multiply,
+                       operand0=float(NT))
+    row = nisa.scalar_load(sti[a])
     for b in range(nblk):
         _conv_block(xw, outs[a][0:TILE, b, :], weights, ones, b * TILE, n, P, W, act_op,
                     vec_every, base_col, rot)
-    nisa.tensor_scalar(dst=sti[a], data=st[0:1, a:a + 1], op0=nl.multiply,
-                       operand0=float(NT))
-    # Stores with run-time addresses are ordered after each other (their rows cannot be
-    # told apart at compile time), so one large store per chunk keeps that chain short.
-    nisa.dma_copy(dst=y.ap(pattern=[[DP, TILE], [TILE * DP, nblk], [1, gw]], offset=c0 + yshift,
-                           scalar_offset=sti[a], indirect_dim=0),
-                  src=outs[a][0:TILE, 0:nblk, 0:gw])
+        if last:
+            # the iteration's last chunk: each block's rows leave as soon as they are
+            # done, so little of the store is left when the next iteration's windows load
+            nisa.dma_copy(dst=y.ap(pattern=[[DP, TILE], [1, gw]],
+                                   offset=c0 + yshift + b * TILE * DP, scalar_offset=row,
+                                   indirect_dim=0),
+                          src=outs[a][0:TILE, b, 0:gw])
+    if not last:
+        # Stores with run-time addresses are ordered after each other (their rows cannot
+        # be told apart at compile time), so one large store per chunk keeps that chain
+        # short.
+        nisa.dma_copy(dst=y.ap(pattern=[[DP, TILE], [TILE * DP, nblk], [1, gw]],
+                               offset=c0 + yshift, scalar_offset=row, indirect_dim=0),
+                      src=outs[a][0:TILE, 0:nblk, 0:gw])
 
 
-def _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, refill,
-                 next_group, next_build):
-    """Two chunks (slots A, B): A is computed while B's window arrives; when ``refill``,
-    each slot is reloaded with the chunk two ahead as soon as its matmuls are done (the
-    DMAs run on across the loop's iteration boundary, where the compute engines
-    synchronise); ``next_group`` (the last pair of a group, after its loop): the slots take the
-    next group's first chunks instead, so its windows load under this pair's matmuls,
-    and ``next_build`` (its diagonal weights) runs on VectorE after chunk A."""
+def _stream_pairs(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, npairs,
+                  next_build):
+    """``npairs`` consecutive pairs of chunks (slots A, B) from the running chunk start
+    ``run``: the first two windows are issued when the call starts, so B's arrives while A
+    computes; each later window goes into its slot as soon as that slot's matmuls are
+    done, so it loads under the other slot's chunk. Every window is loaded by the loop
+    iteration that uses it: no SBUF prefetch across the runtime loop's iterations
+    (nki-library turns it off for dynamic loops, NKI-1582); more pairs per iteration
+    leave fewer first windows waited for. ``run`` ends two chunks past the last pair.
+    ``next_build`` (the last pair of a group, after its loops): the next group's
+    diagonal weights, built on VectorE after the last chunk A while TensorE computes B."""
     run = bufs[0]
     CH = bufs[5][0][0].shape[2] - _margin(W - 1)
-    _restart(rot)
+    _new_banks(rot)
     for a in range(2):
-        _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot)
-        if refill:
-            if a == 0:
-                nisa.tensor_scalar(dst=run, data=run, op0=nl.add, operand0=float(2 * CH))
-            _next_window(x, bufs, a, group, W, rot)
-        elif next_group != None:  # noqa: E711
-            _next_window(x, bufs, a, next_group, W, rot, True)
-            if a == 0:
-                # the next group's diagonals (VectorE) while this group's chunk B computes
+        _next_window(x, bufs, a, group, W, rot)
+    for p in range(npairs):
+        for a in range(2):
+            _stream_chunk(y, bufs, a, weights, ones, group, W, act_op, vec_every, rot,
+                          a == 1 and p + 1 == npairs)
+            if p + 1 < npairs:
+                if a == 0:
+                    nisa.tensor_scalar(dst=run, data=run, op0=nl.add, operand0=float(2 * CH))
+                _next_window(x, bufs, a, group, W, rot)
+            elif a == 0 and next_build != None:  # noqa: E711
                 _weight_build(next_build[0], next_build[1], next_build[2], next_build[3],
                               next_build[4])
+    nisa.tensor_scalar(dst=run, data=run, op0=nl.add, operand0=float(2 * CH))
 
 
 def _pool_blocks(dim, H):
@@ -535,8 +564,8 @@ def _pool_blocks(dim, H):
 
 
 def _row_at(t, off, rows, width, slot):
-    """Rows ``[rows, width]`` at element ``off`` of row ``slot`` ((1, 1) int32 SBUF tile)
-    of the 2-D HBM tensor t."""
+    """Rows ``[rows, width]`` at element ``off`` of row ``slot`` (an NkiScalar) of the 2-D
+    HBM tensor t."""
     return t.ap(pattern=[[width, rows], [1, width]], offset=off, scalar_offset=slot,
                 indirect_dim=0)
 
@@ -562,20 +591,16 @@ def _head_sequence(hctx, s):
      cand, blocks, cb, yb) = hctx
     H = W - 1
     M = _margin(H)
-    sidx, yr, slot, case = tabs
+    sidx, yr = tabs
     seq_rows, seq_yrows, seq_info = seq_tabs
     NH2 = sidx.shape[0]
-    K = seq_info.shape[1]
     YB = yr.shape[1]
-    _restart(rot)
+    _new_banks(rot)
     nisa.dma_copy(dst=sidx, src=seq_rows.ap(pattern=[[1, NH2], [1, 1]], offset=0,
                                             scalar_offset=s, indirect_dim=0))
     nisa.dma_copy(dst=yr, src=seq_yrows.ap(pattern=[[1, TILE], [TILE, YB]], offset=0,
                                            scalar_offset=s, indirect_dim=0))
-    nisa.dma_copy(dst=slot, src=seq_info.ap(pattern=[[K, 1], [1, 1]], offset=0,
-                                            scalar_offset=s, indirect_dim=0))
-    nisa.dma_copy(dst=case, src=seq_info.ap(pattern=[[K, 1], [1, 1]], offset=1,
-                                            scalar_offset=s, indirect_dim=0))
+    slot, case = row_cells(seq_info, s)
     sr, s32, ns, pst = srows
     # old state at window columns M-H .. M
     for g in range(len(groups)):
@@ -775,14 +800,16 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     FH = M + NH2
     mm_dtype = nl.float32 if mm_fp32 else nl.bfloat16
     act_op = nl.silu if activation == "silu" else nl.copy
-    # LNC: this program's channels [cb, cb + Dp) (both halves, or all of them for program
-    # 0 when they do not split: split.program_channels)
-    programs = nl.num_programs(0)
-    pid = nl.program_id(0)
+    # LNC: this program's channels [cb, cb + Dp) (both halves, or all of them when they do
+    # not split: split.program_channels); a second program without channels of its own runs
+    # program 0's channels, the same loops, into its own y block and a private dump of the
+    # pool (it writes nothing real)
+    programs, pid = lnc_grid()
     Dp, parts = program_channels(dim, programs)
     cb = 0
     if parts > 1:
         cb = pid * Dp
+    pool = destination(pool, pid < parts)
     ntp = (Dp + TILE - 1) // TILE
     nt = programs * ntp
     # y as rows of 128 channels ([token, program, channel tile] flattened: each program
@@ -810,14 +837,11 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     ones = nl.ndarray((1, TILE), dtype=mm_dtype, buffer=nl.sbuf)
     nisa.memset(dst=ones, value=1.0)
 
-    # every buffer the runtime loops use is allocated here, once
-    banks = []
-    for i in range(PSUM_TILES):
-        banks.append(nl.ndarray((TILE, BANK), dtype=nl.float32, buffer=nl.psum))
+    # every SBUF buffer the runtime loops use is allocated here, once (PSUM: _new_banks)
     accs = []
     for i in range(2):
         accs.append(nl.ndarray((TILE, TILE), dtype=nl.float32, buffer=nl.sbuf))
-    rot = _rotation(banks, [], accs)
+    rot = _rotation([], accs)
     wins = []
     outs = []
     for a in range(2):
@@ -838,22 +862,11 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     sti = (nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf),
            nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf))
     idx2 = nl.ndarray((TILE, 2, NI), dtype=nl.uint32, buffer=nl.sbuf)
-    # indices of chunks 0 and 1 (every group's prologue)
-    st0 = nl.ndarray((TILE, 2), dtype=nl.float32, buffer=nl.sbuf)
-    idx0 = nl.ndarray((TILE, 2, NI), dtype=nl.uint32, buffer=nl.sbuf)
-    for a in range(2):
-        nisa.memset(dst=st0[:, a:a + 1], value=float(min(a * CH, NB - CH)))
-        nisa.tensor_scalar(dst=idx0[:, a, 0:NI], data=base, op0=nl.add,
-                           operand0=float(min(a * CH, NB - CH)), op1=nl.maximum, operand1=0.0)
-        nisa.tensor_scalar(dst=idx0[:, a, 0:NI], data=idx0[:, a, 0:NI], op0=nl.minimum,
-                           operand0=float(NB - 1))
-    bufs = (run, st, sti, base, idx2, wins, outs, idx0, st0, nt, yb - cb)
-    # this program's loop counts (chunk pairs before the last one, live sequences, live
-    # sequences without initial state; counts [1, 3 * programs]): each DMA'd into a (1, 1)
-    # SBUF tile on partition 0, loaded into a register allocated here, before every loop
-    pairs = count_register(counts, 3 * pid)
-    live = count_register(counts, 3 * pid + 1)
-    n_zero = count_register(counts, 3 * pid + 2)
+    bufs = (run, st, sti, base, idx2, wins, outs, nt, yb - cb)
+    # the loop counts (iterations of PAIRS_PER_ITERATION chunk pairs, then of one pair,
+    # before a group's last pair; live sequences; live sequences without initial state):
+    # device scalars of the one counts row both programs read
+    n_main, n_tail, live, n_zero = trip_counts(counts)
 
     # 0. zero loop: the slots of live sequences without initial state get zeros (this
     # program's channels), so every head reads its old state from its slot (DMAs only:
@@ -861,14 +874,11 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     blocks = _pool_blocks(Dp, H)
     zero = nl.ndarray((TILE, TILE * H), dtype=pool.dtype, buffer=nl.sbuf)
     nisa.memset(dst=zero, value=0.0)
-    zslot = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
 
-    def zero_body(i):
-        nisa.dma_copy(dst=zslot, src=zero_slots.ap(pattern=[[1, 1], [1, 1]], offset=0,
-                                                   scalar_offset=i, indirect_dim=0))
-        _zero_slot(pool, blocks, cb * H, zero, zslot)
+    def zero_body(i, cells):
+        _zero_slot(pool, blocks, cb * H, zero, cells[0])
 
-    nl.fori_loop(0, n_zero, zero_body)
+    for_each_row(n_zero, zero_slots, zero_body)
 
     # 1. stream loops, one per channel group, each followed by its last pair (straight-line
     # code: it also loads the next group's first windows and builds its diagonals)
@@ -882,29 +892,29 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     for g in range(len(groups)):
         builds.append((wtiles[g % 2], ident, groups[g], W, mm_dtype))
     weights = _weight_build(wtiles[0], ident, groups[0], W, mm_dtype)
-    _restart(rot)
-    for a in range(2):
-        # group 0's first windows (later groups': the previous group's last pair)
-        _next_window(x, bufs, a, groups[0], W, rot, True)
     for g in range(len(groups)):
         nisa.memset(dst=run, value=0.0)
-        next_group = None
         next_build = None
         if g + 1 < len(groups):
-            next_group = groups[g + 1]
             next_build = builds[g + 1]
             # the next group's weight DMAs run on under this group's loop
-            _weight_loads(weight, bias, wtiles[(g + 1) % 2], next_group, W)
+            _weight_loads(weight, bias, wtiles[(g + 1) % 2], groups[g + 1], W)
         group = groups[g]
         group_weights = weights
 
         def stream_body(k):
-            _stream_pair(x, y, bufs, group_weights, ones, group, W, act_op, vec_every, rot,
-                         True, None, None)
+            _stream_pairs(x, y, bufs, group_weights, ones, group, W, act_op, vec_every, rot,
+                          PAIRS_PER_ITERATION, None)
 
-        nl.fori_loop(0, pairs, stream_body)
-        _stream_pair(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot,
-                     False, next_group, next_build)
+        work_loop(n_main, stream_body)
+
+        def tail_body(k):
+            _stream_pairs(x, y, bufs, group_weights, ones, group, W, act_op, vec_every, rot, 1,
+                          None)
+
+        work_loop(n_tail, tail_body)
+        _stream_pairs(x, y, bufs, weights, ones, group, W, act_op, vec_every, rot, 1,
+                      next_build)
         if g + 1 < len(groups):
             w32, diags, bias_t, raws = wtiles[(g + 1) % 2]
             bparts = ()
@@ -924,9 +934,7 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
         b_all = nl.ndarray((TILE, ntp, 1), dtype=nl.float32, buffer=nl.sbuf)
         _channel_columns(bias, cb, Dp, 1, b_all)
     tabs = (nl.ndarray((NH2, 1), dtype=nl.uint32, buffer=nl.sbuf),
-            nl.ndarray((TILE, seq_yrows.shape[1]), dtype=nl.int32, buffer=nl.sbuf),
-            nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf),
-            nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf))
+            nl.ndarray((TILE, seq_yrows.shape[1]), dtype=nl.int32, buffer=nl.sbuf))
     # head groups: every full 128-channel tile at once, then the partial tile
     hgroups = []
     if Dp // TILE > 0:
@@ -949,7 +957,7 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     hots = []
     for i in range(2):
         hots.append(nl.ndarray((TILE, TILE), dtype=x.dtype, buffer=nl.sbuf))
-    hrot = _rotation(banks, hots, accs)
+    hrot = _rotation(hots, accs)
     # pool-dtype rows of 128 channels: one per candidate new state, the chosen one, the old
     # state; float32 staging of the old state and of two candidates; the partial tile's
     # old state and candidate
@@ -971,5 +979,5 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     def head_body(s):
         _head_sequence(hctx, s)
 
-    nl.fori_loop(0, live, head_body)
+    work_loop(live, head_body)
     return y

@@ -24,6 +24,28 @@ import ml_dtypes
 import numpy as np
 
 
+def cast_rne(values, dtype) -> np.ndarray:
+    """``values`` cast to ``dtype`` with one round-to-nearest-even.
+
+    ml_dtypes casts float64 -> bfloat16 through float32, rounding twice
+    (1 + 2**-8 + 2**-40 becomes 1.0 instead of 1 + 2**-7). Rounding float64
+    to float32 *to odd* first makes the second RNE step exact, because
+    float32 keeps more than bfloat16's 8 significant bits + 2.
+    """
+    dtype = np.dtype(dtype)
+    a = np.asarray(values)
+    if dtype != np.dtype(ml_dtypes.bfloat16) or a.dtype != np.float64:
+        return a.astype(dtype)
+    with np.errstate(over="ignore"):  # beyond float32 range is inf in bfloat16 too
+        f = a.astype(np.float32)
+    back = f.astype(np.float64)
+    fix = (back != a) & np.isfinite(f) & ((f.view(np.uint32) & 1) == 0)
+    if fix.any():
+        toward = np.where(a[fix] > back[fix], np.float32(np.inf), np.float32(-np.inf))
+        f[fix] = np.nextafter(f[fix], toward)
+    return f.astype(dtype)
+
+
 class NumpyArrays:
     """The namespace on NumPy arrays (the host API's path through ``nki_ssm.backend.run``)."""
 
@@ -83,8 +105,6 @@ class NumpyArrays:
 
     def cast_like(self, a, like):
         """``a`` in ``like``'s dtype, rounded once to nearest even."""
-        from nki_ssm.ops._dispatch import cast_rne
-
         return cast_rne(a, like.dtype)
 
     def sum(self, a, axis: int, keepdims: bool = False):

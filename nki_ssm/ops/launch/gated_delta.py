@@ -79,75 +79,68 @@ def decode_plan(num_seqs: int, T: int = 1):
     return spi, w, main_rows, spi // w
 
 
-def program_shares(num_live: int, programs: int):
-    """Live sequences per program of an LNC grid: equal shares, the first programs one more
-    (a lone live sequence goes to program 0; program 1 then gets an empty work list)."""
-    p = np.arange(programs)
-    return (num_live + programs - 1 - p) // programs
-
-
-def decode_order(state_indices, num_seqs: int, T: int = 1, programs: int = 1,
-                 slots: int | None = None):
+def decode_order(state_indices, num_seqs: int, T: int = 1, programs: int = 1):
     """(order, pos, slot_of, counts): the decode work list for a batch padded to
     ``num_seqs`` (the bucket) sequences, run by ``programs`` programs (the LNC grid), each
-    laid out as ``decode_plan(ceil(num_seqs / programs), T)`` says.
+    laid out as ``decode_plan(ceil(num_seqs / programs), T)`` says, with one spare tail row.
 
     Live sequences are compacted first (``argsort(idx < 0, stable)``, torch.argsort
-    (stable=True)) and split into consecutive shares, one per program
-    (``program_shares``: program p runs no sequence of another). With L_p live in its
-    share, program p's main loop runs ``n_main = L_p // spi`` iterations (0 without a main
-    loop) over its first ``n_main*spi`` positions and its tail loop ``n_tail =
-    ceil((L_p - n_main*spi) / w)`` iterations of w positions over the rest.
+    (stable=True)) and split into ``programs`` consecutive runs of E = n_live // programs
+    (``scaffold.padded_split``), so every program runs the same trip counts: its main loop
+    ``n_main = E // spi`` iterations (0 without a main loop) over its first ``n_main*spi``
+    positions and its tail loop ``n_tail = ceil((E - n_main*spi) / w)`` iterations of w
+    positions over the rest. With LNC=2 and an odd n_live the last live sequence is program
+    0's spare batch (the last row of its tail block, run under ``nl.if_else``); program 1's
+    spare row is a dump batch (slot 0 of its private one-slot dump of the pool).
 
     ``order``: the sequence computed at each kernel position: the main positions of every
     program (program 0's ``main_rows*spi``, then program 1's), then the tail positions
-    (``tail_rows*w`` each); a tail position past a share's live count mirrors the first
-    of its batch (same inputs, same slot); positions the loops never reach hold any
-    sequence (valid indices). ``pos``: each sequence's kernel position (valid for live
-    sequences). ``slot_of``: the pool slot of each position; a position that is not one of
-    its program's live sequences (read by the main loop's look-ahead gather, never used)
-    names a slot of the same program, so no program reads a slot another one writes
-    (a program without live sequences: the first of the pool's ``slots`` no live sequence
-    names, if there is one, else 0).
-    ``counts [1, 2*programs]`` int32: n_main, n_tail of program 0, then of program 1.
+    (``(tail_rows + 1)*w`` each, the spare row last); a tail position past a run's end
+    mirrors the first of its batch (same inputs, same slot); positions the loops never
+    reach hold any sequence (valid indices). ``pos``: each sequence's kernel position
+    (valid for live sequences). ``slot_of``: the pool slot of each position (0 on dump
+    rows). ``counts [1, 3]`` int32, the one row both programs read: n_main, n_tail, spare.
     """
+    from nki_ssm.kernels.scaffold import padded_split
+
     idx = np.asarray(state_indices, dtype=np.int64)
     spi, w, main_rows, tail_rows = decode_plan(-(-num_seqs // programs), T)
+    P = programs
     live = idx >= 0
     perm = np.argsort(~live, kind="stable")
-    share = program_shares(int(live.sum()), programs)
-    start = np.cumsum(share) - share
-    n_main = share // spi if main_rows else np.zeros_like(share)
+    num_live = int(live.sum())
+    E = num_live // P
+    spare = num_live - E * P
+    _, spans = padded_split(E * P, P)
+    start = np.array([first for first, _ in spans], dtype=np.int64)
+    n_main = E // spi if main_rows else 0
     first_tail = n_main * spi
-    n_tail = -(-(share - first_tail) // w)
-    # local (within a share) index of every position: [programs, main_rows*spi] then
-    # [programs, tail_rows*w]
-    main_l = np.broadcast_to(np.arange(main_rows * spi), (programs, main_rows * spi))
-    tail_l = first_tail[:, None] + np.arange(tail_rows * w)[None, :]
-    tail_l = np.where(tail_l < share[:, None], tail_l,
-                      first_tail[:, None] + (tail_l - first_tail[:, None]) // w * w)
-    local = np.concatenate([main_l.reshape(-1), tail_l.reshape(-1)])
-    prog = np.concatenate([np.repeat(np.arange(programs), main_rows * spi),
-                           np.repeat(np.arange(programs), tail_rows * w)])
-    mine = local < share[prog]
-    rank_at = np.minimum(start[prog] + local, num_seqs - 1)
-    order = perm[rank_at]
-    slot = np.maximum(idx[order], 0)
-    free = 0                                   # a slot of the pool no live sequence names
-    if slots is not None:
-        unnamed = np.setdiff1d(np.arange(min(int(slots), idx.size + 1)), idx[live])
-        free = int(unnamed[0]) if unnamed.size else 0
-    own = np.where(share > 0, idx[perm[np.minimum(start, num_seqs - 1)]], free)
-    slot_of = np.where(mine, slot, own[prog]).astype(np.int32)
-    # each live sequence's position: its program's main block or tail block
+    n_tail = -(-(E - first_tail) // w)
+    # rank (in the compacted order) of every position: [P, main_rows*spi], then per program
+    # [tail_rows*w] tail positions (mirrors past the run's end) and the spare row's w
+    main_l = np.arange(main_rows * spi)[None, :] + start[:, None]
+    tl = first_tail + np.arange(tail_rows * w)
+    tl = np.where(tl < E, tl, first_tail + (tl - first_tail) // w * w)
+    tail_l = tl[None, :] + start[:, None]
+    spare_l = np.full((P, w), P * E)
+    ranks = np.concatenate([main_l.reshape(-1),
+                            np.concatenate([tail_l, spare_l], axis=1).reshape(-1)])
+    order = perm[np.minimum(ranks, num_seqs - 1)]
+    slot_of = np.maximum(idx[order], 0)
+    n_main_pos = P * main_rows * spi
+    tail_block = (tail_rows + 1) * w
+    dump = n_main_pos + np.arange(1, P)[:, None] * tail_block + tail_rows * w + np.arange(w)
+    slot_of[dump.reshape(-1)] = 0                 # program p > 0's spare row: the dump slot
+    # each live sequence's position: its program's main block, tail block or spare row
     rank = np.argsort(perm, kind="stable")
-    p_of = np.minimum(np.searchsorted(np.cumsum(share), rank, side="right"), programs - 1)
+    p_of = np.minimum(rank // max(E, 1), P - 1)
     l_of = rank - start[p_of]
-    pos = np.where(l_of < first_tail[p_of], p_of * main_rows * spi + l_of,
-                   programs * main_rows * spi + p_of * tail_rows * w + l_of - first_tail[p_of])
+    pos = np.where(l_of < first_tail, p_of * main_rows * spi + l_of,
+                   n_main_pos + p_of * tail_block + l_of - first_tail)
+    pos = np.where(rank >= P * E, n_main_pos + tail_rows * w, pos)
     pos = np.minimum(pos, order.shape[0] - 1)
-    counts = np.stack([n_main, n_tail], axis=1).reshape(1, 2 * programs).astype(np.int32)
-    return order, pos, slot_of, counts
+    counts = np.array([[n_main, n_tail, spare]], dtype=np.int32)
+    return order, pos, slot_of.astype(np.int32), counts
 
 
 def decode_tables(xp, q, k, v, first, second, rows, width):
@@ -206,10 +199,9 @@ def decode_call(xp, call, *, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_
     rows stacked after the previous program's): the per-sequence inputs are gathered
     in kernel-position order (``x[order]``,
     index_select) and split into the main loop's rows of ``spi`` positions and the
-    tail loop's rows of ``w`` (``decode_tables``); the pool slot of each position is an
-    int32 table per loop (``slots_main`` with one extra row per program, read one
-    iteration ahead; positions a program does not compute name one of its own slots). Outputs come back by ``pos``, padding sequences zeroed
-    (torch.where).
+    tail loop's rows of ``w`` plus one spare row per program (``decode_tables``); the
+    pool slot of each position is an int32 table per loop. Outputs come back by ``pos``,
+    padding sequences zeroed (torch.where).
     """
     S, T, H, K = q.shape
     HV, V = v.shape[2:]
@@ -220,11 +212,8 @@ def decode_call(xp, call, *, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_
     idx = np.full(nb, -1, dtype=np.int64)
     idx[:S] = np.asarray(state_indices, dtype=np.int64)
     n_prog = call.lnc
-    # a program without live sequences gathers (never uses) a slot no live sequence names;
-    # a one-slot pool that a live sequence names has none: stage it with one spare row
-    spare = n_prog > 1 and slots == 1 and int((idx >= 0).sum()) == 1
     spi, w, main_rows, tail_rows = decode_plan(-(-nb // n_prog), T)
-    order, pos, slot_of, counts = decode_order(idx, nb, T, n_prog, slots + spare)
+    order, pos, slot_of, counts = decode_order(idx, nb, T, n_prog)
     src = np.minimum(order, S - 1)        # positions past the batch hold any real sequence
     n_main_pos = n_prog * main_rows * spi
     first, second = (a, b) if raw else (g, beta)
@@ -233,30 +222,26 @@ def decode_call(xp, call, *, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_
     if main_rows:
         main = list(decode_tables(xp, *[x[:n_main_pos] for x in per_pos], n_prog * main_rows,
                                   spi))
-        # each program's rows and one look-ahead row (read after its last iteration, never
-        # used: a slot of its own)
-        slots_main = slot_of[:n_main_pos].reshape(n_prog, main_rows, spi)
-        slots_main = np.concatenate([slots_main, slots_main[:, :1]], axis=1)
-        main.append(xp.table(slots_main.reshape(n_prog * (main_rows + 1), spi)))
-    tail = list(decode_tables(xp, *[x[n_main_pos:] for x in per_pos], n_prog * tail_rows, w))
-    tail.append(xp.table(slot_of[n_main_pos:].reshape(n_prog * tail_rows, w)))
+        main.append(xp.table(slot_of[:n_main_pos].reshape(n_prog * main_rows, spi)))
+    # each program's tail rows and its spare row
+    tail = list(decode_tables(xp, *[x[n_main_pos:] for x in per_pos],
+                              n_prog * (tail_rows + 1), w))
+    tail.append(xp.table(slot_of[n_main_pos:].reshape(n_prog * (tail_rows + 1), w)))
     head_params = None
     if raw:
         head_params = xp.cat([xp.f32(A_log), xp.f32(dt_bias)]).reshape(1, 2 * HV)
     pool = xp.pool_view(ssm_states, (slots, HV * K * V))
-    if spare:
-        pool = xp.pad_rows(pool, slots + 1, HV * K * V)
     out = call(decode_kernel(), *main, *tail, head_params, pool, xp.table(counts), int(T),
                int(H), bool(raw), bool(use_qk_l2norm), float(scale),
                bool(return_intermediate_states))
-    xp.commit(pool[:slots] if spare else pool, ssm_states)
+    xp.commit(pool, ssm_states)
     if not isinstance(out, (tuple, list)):
         out = (out,)
     n_o = 2 if main_rows else 1
     o_parts = []
     if main_rows:
         o_parts.append(_kernel_positions(xp, out[0], n_prog * main_rows, spi, T, HV, V))
-    o_parts.append(_kernel_positions(xp, out[n_o - 1], n_prog * tail_rows, w, T, HV, V))
+    o_parts.append(_kernel_positions(xp, out[n_o - 1], n_prog * (tail_rows + 1), w, T, HV, V))
     live = idx[:S] >= 0
     at = pos[:S]
     o = xp.take(xp.cat(o_parts), at)

@@ -20,12 +20,14 @@ compiled program per (bucket, layer shape, dtypes):
   gather / scatter a sequence's state with one int32 row index per
   partition (``.ap(vector_offset=...)``) and update it in place;
 - LNC=2 (``call.lnc``): prefill splits the heads over the two programs
-  (``head_parts = 2``: an odd H first becomes 2H heads of P/2 channels; the
-  pool view then has ``2*pr`` rows per slot, part 1's ``pr`` after part 0's),
-  decode splits the live and the padding sequences in order; ``counts``
-  gets a row per program (and decode's tables a block of rows per program).
-  Work that does not split (an odd H of odd P, e.g. one head; one live
-  sequence) stays on program 0, program 1 gets zero counts;
+  (two parts: an odd H first becomes 2H heads of P/2 channels; the pool
+  view then has ``2*pr`` rows per slot, part 1's ``pr`` after part 0's),
+  decode splits the live sequences in order into equal runs (one counts row
+  for both programs, a spare entry under ``nl.if_else``: ``decode_tables``;
+  decode's tables get a block of rows per program). Prefill's tables, counts
+  included, are shared: both programs run the whole work list, so heads that
+  do not split (an odd H of odd P, e.g. one head) run on both, program 1
+  writing into private dumps;
 - per-head parameters are repeated on 128 rows (prefill; D [H] goes to the
   TensorE identity path, D [H, P] to the per-channel path) or arranged as
   per-row ``[pr, nt]`` tiles (decode); dt is widened to float32; tensors are
@@ -84,26 +86,22 @@ def _D_per_row(xp, D, H, P):
 
 
 def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens: int,
-                   num_seqs: int, chunk_size: int, pr: int, slot_rows: int | None = None,
-                   programs: int = 1, head_parts: int = 1):
+                   num_seqs: int, chunk_size: int, pr: int, slot_rows: int | None = None):
     """Run-time batch tables of ``ssd_chunk_prefill`` (its module docstring):
     ``(pair_rows [pair_count, Q, 4], pair_vals [pair_count, 4], init_table [num_seqs, 128, 2],
     final_table [num_seqs, 128, 2], zero_table [ceil(num_tokens / Q), Q, 1],
-    counts [programs, 5])`` int32, ``pair_count = ceil(num_tokens / 2Q) + num_seqs + 1``.
+    counts [1, 4])`` int32, ``pair_count = ceil(num_tokens / 2Q) + num_seqs``.
 
     Pool rows of slot s are ``s * slot_rows + q`` (q < pr; slot_rows defaults to pr).
-    The programs split the heads into ``head_parts`` parts and share every table
-    but counts: each runs the whole work list on its heads (its pool rows are
-    part * pr further, a static offset in the kernel); with one part (one head),
-    program 1's counts are zero (it runs no loop; its first source is the zero
-    block).
+    Every program of the launch reads all of them (the one control flow of LNC=2):
+    the programs split the heads, each running the whole work list on its heads
+    (its pool rows a part further per slot, a static offset in the kernel).
 
     ``num_tokens`` / ``num_seqs`` are the buckets; row ``num_tokens`` is the
     zero (inputs) / dump (y) row that masked chunk rows name; scratch block
     ``num_seqs`` is the kernel's zero state. The work list is every pair of
-    chunks of every live sequence, in order, then all-masked rows (the
-    kernel's last prefetch reads the one after the last pair). Shapes depend
-    only on the buckets and Q. Built with vectorised array ops only, each a
+    chunks of every live sequence, in order (unused rows: all masked). Shapes
+    depend only on the buckets and Q. Built with vectorised array ops only, each a
     torch op on device: ``diff`` / integer ceil-division (lengths, pairs),
     ``nonzero`` of ``state_indices >= 0`` and of has_initial_state (live and
     init order), an exclusive ``cumsum`` (pair bases), ``repeat_interleave``
@@ -122,7 +120,7 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens: int
     zero_block = num_seqs                            # the scratch block of zeros
     pairs = (lens_l + 2 * Q - 1) // (2 * Q)
     total = int(pairs.sum())
-    pair_count = -(-num_tokens // (2 * Q)) + num_seqs + 1
+    pair_count = -(-num_tokens // (2 * Q)) + num_seqs
     pair_rows = np.zeros((pair_count, Q, 4), dtype=np.int32)
     pair_rows[:, :, 0::2] = num_tokens
     pair_vals = np.full((pair_count, 4), num_tokens, dtype=np.int32)
@@ -144,8 +142,7 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens: int
         pair_vals[:total, 0] = tok[:, 0]
         pair_vals[:total, 1] = tok[:, Q]
         pair_vals[:total, 2] = seq_of_pair
-        pair_vals[:total - 1, 3] = src[1:]
-    src0 = int(src[0]) if total else zero_block
+        pair_vals[:total, 3] = src
     pool_rows = idx[live][:, None] * (slot_rows or pr) + np.arange(pr)[None, :]
     init_table = np.zeros((num_seqs, _PMAX, 2), dtype=np.int32)
     n_init = int(init.sum())
@@ -161,9 +158,7 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens: int
     zero_rows = -(-num_tokens // Q)
     zero_table = np.full((zero_rows * Q, 1), num_tokens, dtype=np.int32)
     zero_table[:pad_tok.size, 0] = pad_tok
-    counts = np.zeros((programs, 5), dtype=np.int32)
-    counts[:, 4] = zero_block
-    counts[:head_parts] = [n_init, total, n_live, -(-pad_tok.size // Q), src0]
+    counts = np.array([[n_init, total, n_live, -(-pad_tok.size // Q)]], dtype=np.int32)
     return (pair_rows, pair_vals, init_table, final_table, zero_table.reshape(zero_rows, Q, 1),
             counts)
 
@@ -227,11 +222,12 @@ def prefill_call(xp, call, *, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_lim
     slots = ssm_states.shape[0]
     Tb, Sb = token_bucket(T), seq_bucket(S)
     # LNC=2: each program takes half of the heads (an odd H was split along P
-    # above; an odd H of odd P stays whole: program 1 gets zero counts)
+    # above; an odd H of odd P stays whole: both programs run it, program 1 into
+    # private dumps; the kernel's program_share agrees)
     parts = 2 if call.lnc == 2 and H % 2 == 0 else 1
     pr, nt = decode_layout(H // parts, P, 1)   # pr partitions x nt state rows, per part
     tables = prefill_tables(cu_seqlens, state_indices, has_initial_state, Tb, Sb,
-                            int(chunk_size), pr, parts * pr, call.lnc, parts)
+                            int(chunk_size), pr, parts * pr)
 
     # tokens of padding sequences are zeroed (a masked fill): a chunk reads the Q
     # rows from its first token on, so rows past a sequence's end must be finite
@@ -259,7 +255,7 @@ def prefill_call(xp, call, *, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_lim
              tok2d(B, G * N), tok2d(C, G * N), D_heads, D_row, tok2d(z, H * P),
              None if dt_bias is None else xp.broadcast_rows(xp.f32(dt_bias), _PMAX),
              rows, *(xp.table(t) for t in tables),
-             int(H), parts, int(N), bool(dt_softplus), lo, hi, int(chunk_size),
+             int(H), int(N), bool(dt_softplus), lo, hi, int(chunk_size),
              precision == "fp32")
     xp.commit(rows, ssm_states)
     return y[:T].reshape(T, H, P)
@@ -278,59 +274,58 @@ def decode_layout(H: int, P: int, G: int) -> tuple[int, int]:
 
 
 def decode_tables(state_indices, num_seqs: int, pr: int, per: int, programs: int = 1):
-    """Run-time batch tables of ``ssd_decode_step`` (its module docstring):
-    ``(seq_table [programs * (ceil(num_seqs / per) + 1), 128, 2*per],
-    pad_table [programs * num_seqs, 1], counts [programs, 4])`` int32, one block of
-    rows per program.
+    """Run-time batch tables of ``ssd_decode_step`` (its module docstring): ``(seq_table
+    [programs * rows, 128, 2*per], counts [1, 3])`` int32, one block of ``rows = 1 +
+    ceil(ceil(num_seqs / programs) / per) + per`` table rows per program and one counts
+    row for all of them.
 
-    ``num_seqs`` is the bucket (>= len(state_indices)); ``per`` the kernel's
-    sequences per loop iteration. The programs split the live sequences (and,
-    apart, the padding ones) in order into halves, the first program taking the
-    odd one: a lone live sequence runs on program 0 and program 1 gets zero
-    counts. A program's k-th live sequence is entry ``k % per`` of its row
-    ``k // per``; entries past its last live sequence repeat its first (the
-    kernel's last prefetch reads them and discards the data; it never writes
-    them, and a program reads no pool rows the other writes). counts per
-    program: full iterations + 1, padding sequences, any live (0/1), a last
-    partial iteration (0/1). Built with vectorised array ops only, each a torch
-    op on device: ``nonzero`` of ``state_indices >= 0`` / ``< 0`` (live and
-    padding order), slices, an ``arange`` broadcast add (pool rows
-    ``slot*pr + q``), a ``where`` (dummy entries), indexed writes into zero
-    tables (``index_put``) and integer counts.
+    ``num_seqs`` is the bucket (>= len(state_indices)); ``per`` the kernel's entries per
+    full iteration. The live sequences, in order, are split into ``programs`` runs of E =
+    n_live // programs (``scaffold.padded_split`` of the E * programs first), so every
+    program runs ``E // per`` full iterations (row 1 + r: entries r*per .. of its run)
+    and ``E % per`` single-entry iterations (the rows after them, entry at columns 0, 1);
+    with LNC=2 and an odd n_live the last live sequence is program 0's spare entry (row
+    0 of its block, run under ``nl.if_else``) and program 1's row 0 is a dump entry
+    (pool rows 0 .. pr-1 of its private dump, sequence 0). An entry is two columns: pool
+    rows ``slot*pr + q`` at partitions q < pr, its batch sequence at partition 0.
+    counts: (full iterations, single-entry iterations, spare 0/1), the same for every
+    program. Padding sequences get no entry (the launcher zeroes their y rows). Built
+    with vectorised array ops (``nonzero`` of ``state_indices >= 0``, slices, an
+    ``arange`` broadcast add, reshapes, indexed writes into zero tables) and integer
+    counts.
     """
+    from nki_ssm.kernels.scaffold import padded_split
+
     idx = np.asarray(state_indices, dtype=np.int64)
     live_all = np.flatnonzero(idx >= 0)
-    pad_all = np.flatnonzero(idx < 0)
-    rows = (num_seqs + per - 1) // per + 1
-    seq_tables, pad_tables, counts = [], [], []
+    E = live_all.size // programs
+    spare = live_all.size - E * programs
+    n_main, n_tail = E // per, E % per
+    rows = 1 + -(-(-(-num_seqs // programs)) // per) + per
+    q = np.arange(_PMAX)[None, :]
+
+    def entries(seqs):  # [n] batch sequences -> [n, 128, 2] entries
+        ent = np.zeros((seqs.size, _PMAX, 2), dtype=np.int64)
+        ent[:, :pr, 0] = idx[seqs][:, None] * pr + q[:, :pr]
+        ent[:, 0, 1] = seqs
+        return ent
+
+    table = np.zeros((programs, rows, _PMAX, 2 * per), dtype=np.int64)
+    _, spans = padded_split(E * programs, programs)
     for prog in range(programs):
-        live = _program_share(live_all, prog, programs)
-        pad = _program_share(pad_all, prog, programs)
-        entries = np.zeros((rows * per, _PMAX, 2), dtype=np.int32)
-        if live.size:
-            order = np.where(np.arange(rows * per) < live.size,
-                             np.arange(rows * per), 0)       # dummies: the first live sequence
-            seqs = live[np.minimum(order, live.size - 1)]
-            entries[:, :pr, 0] = idx[seqs][:, None] * pr + np.arange(pr)[None, :]
-            entries[:, 0, 1] = seqs
-            entries[:live.size, 1, 1] = 1
-        # [rows*per, 128, 2] -> [rows, 128, per*2]: entry e of a row at columns 2e, 2e+1
-        seq_tables.append(entries.reshape(rows, per, _PMAX, 2).transpose(0, 2, 1, 3)
-                          .reshape(rows, _PMAX, 2 * per))
-        pad_table = np.zeros((num_seqs, 1), dtype=np.int32)
-        pad_table[:pad.size, 0] = pad
-        pad_tables.append(pad_table)
-        counts.append([live.size // per + 1, pad.size, int(live.size > 0),
-                       int(live.size % per != 0)])
-    return (np.ascontiguousarray(np.concatenate(seq_tables)), np.concatenate(pad_tables),
-            np.array(counts, dtype=np.int32))
-
-
-def _program_share(items, prog: int, programs: int):
-    """Program ``prog``'s part of ``items`` split in order into ``programs`` parts, the
-    first parts one longer (``ceil``)."""
-    cut = -(-items.size // programs)
-    return items[prog * cut:(prog + 1) * cut]
+        first, count = spans[prog]
+        run = live_all[first:first + count]
+        main = entries(run[:n_main * per])
+        # [n_main*per, 128, 2] -> [n_main, 128, per*2]: entry e of a row at columns 2e, 2e+1
+        table[prog, 1:1 + n_main] = main.reshape(n_main, per, _PMAX, 2).transpose(
+            0, 2, 1, 3).reshape(n_main, _PMAX, 2 * per)
+        table[prog, 1 + n_main:1 + n_main + n_tail, :, 0:2] = entries(run[n_main * per:])
+    if spare:
+        table[0, 0, :, 0:2] = entries(live_all[-1:])[0]
+    table[1:, 0, :pr, 0] = np.arange(pr)                  # dump entries: pool rows 0 .. pr-1
+    counts = np.array([[n_main, n_tail, spare]], dtype=np.int32)
+    return (np.ascontiguousarray(table.reshape(programs * rows, _PMAX, 2 * per),
+                                 dtype=np.int32), counts)
 
 
 def decode(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states, state_indices,
@@ -388,7 +383,7 @@ def decode_call(xp, call, *, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limi
     BC = xp.cat([pad_seqs(B).reshape(n * G, N), pad_seqs(C).reshape(n * G, N)], axis=1)
     lo, hi = _dt_limit(dt_limit)
     pool = xp.pool_view(ssm_states, (slots * pr, nt * N))
-    per = entries_per_iteration(nt, N, xp.is_f32(ssm_states))
+    per = entries_per_iteration(T)
     tables = decode_tables(state_indices, Sb, pr, per, call.lnc)
     y = call(decode_kernel(),
              xp.cat(xdt, axis=1).reshape(Sb, T * pr, -1), xp.cat(params, axis=1),
@@ -396,4 +391,6 @@ def decode_call(xp, call, *, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limi
              *(xp.table(t) for t in tables), z is not None, dt_bias is not None, D is not None,
              bool(dt_softplus), lo, hi)
     xp.commit(pool, ssm_states)
-    return xp.cast_like(xp.f32(y)[:S].reshape(x.shape), x)
+    # y rows of padding sequences are zeros (the kernel gives them no entry: torch.where)
+    y = xp.where_rows(np.asarray(state_indices) >= 0, xp.f32(y)[:S])
+    return xp.cast_like(y.reshape(x.shape), x)

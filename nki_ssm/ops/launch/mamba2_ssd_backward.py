@@ -36,14 +36,13 @@ def backward_kernel():
     return ssd_chunk_backward
 
 
-def backward_tables(cu_seqlens, num_tokens: int, num_seqs: int, chunk_size: int, lnc: int,
-                    active: tuple):
+def backward_tables(cu_seqlens, num_tokens: int, num_seqs: int, chunk_size: int):
     """Run-time tables of ``ssd_chunk_backward``: ``(frows [R, Q, 2], fvals [R, 2],
-    brows [R, Q, 2], bvals [R, 4], seqs [num_seqs, 4], counts [lnc, 4])`` int32 with
+    brows [R, Q, 2], bvals [R, 3], seqs [num_seqs, 3], counts [1, 2])`` int32 with
     ``R = ceil(num_tokens / Q) + num_seqs``; ``num_tokens`` / ``num_seqs`` are the
     buckets (row ``num_tokens``: zero input / dump output row; scratch block R: dump;
-    initial-state block ``num_seqs``: zeros). ``active[p]``: whether program p has
-    heads. Vectorised array ops only: ``diff`` and ceil-division (chunks per
+    initial-state block ``num_seqs``: zeros). Every program reads all of them (the
+    programs split the heads, not the work list). Vectorised array ops only: ``diff`` and ceil-division (chunks per
     sequence), exclusive ``cumsum`` (row bases), ``repeat_interleave`` (row ->
     sequence), ``arange`` broadcast adds, comparisons, ``where``, a flip (reverse
     order), indexed writes into constant tables."""
@@ -59,7 +58,7 @@ def backward_tables(cu_seqlens, num_tokens: int, num_seqs: int, chunk_size: int,
     fvals = np.full((R, 2), num_tokens, dtype=np.int32)
     fvals[:, 1] = R
     brows = frows.copy()
-    bvals = np.zeros((R, 4), dtype=np.int32)
+    bvals = np.zeros((R, 3), dtype=np.int32)
     bvals[:, 0] = num_tokens
     bvals[:, 1] = R
     base = np.concatenate([[0], np.cumsum(chunks)[:-1]]).astype(np.int64)
@@ -79,14 +78,11 @@ def backward_tables(cu_seqlens, num_tokens: int, num_seqs: int, chunk_size: int,
         bvals[:total, 0] = tok[rev, 0]
         bvals[:total, 1] = rev
         bvals[:total, 2] = seq_of[rev]
-    seqs = np.zeros((num_seqs, 4), dtype=np.int32)
+    seqs = np.zeros((num_seqs, 3), dtype=np.int32)
     seqs[:n, 0] = np.arange(n)
     seqs[:n, 1] = np.where(chunks > 0, base, R)
     seqs[:n, 2] = np.arange(n)
-    counts = np.zeros((lnc, 4), dtype=np.int32)
-    for p in range(lnc):
-        if active[p]:
-            counts[p, :3] = (n, total, 1)
+    counts = np.array([[n, total]], dtype=np.int32)
     return frows, fvals, brows, bvals, seqs, counts
 
 
@@ -125,8 +121,7 @@ def backward_call(xp, call, *, x, dt, A, B, C, dy, D, z, dt_bias, dt_softplus, d
     Tb, Sb = token_bucket(T), seq_bucket(n)
     lnc = call.lnc
     split = lnc == 2 and H % 2 == 0
-    active = (True, split) if lnc == 2 else (True,)
-    tables = backward_tables(cu_seqlens, Tb, Sb, Q, lnc, active)
+    tables = backward_tables(cu_seqlens, Tb, Sb, Q)
 
     def tok2d(a, width, f32=False):       # [T, ...] -> [Tb + Q, width], zero rows appended
         if a is None:
@@ -150,7 +145,7 @@ def backward_call(xp, call, *, x, dt, A, B, C, dy, D, z, dt_bias, dt_softplus, d
     names = ("dx", "ddt", "dz", "dB", "dC", "dA", "dD", "dtb", "dinit")
     for k, name in enumerate(names):
         per[name] = list(out[k * lnc:(k + 1) * lnc])
-    if not split:                           # program 1 idles (odd H): program 0 has it all
+    if not split:                  # odd H: both programs ran every head; program 0's are kept
         per = {name: v[:1] for name, v in per.items()}
 
     def joined(name, width):                # the programs' head columns side by side

@@ -89,13 +89,16 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_buck
       H)``, stacked (index_select by perm);
     - zero_slots: the slots of live sequences without initial state first
       (``argsort(~(live & ~has_initial_state), stable)``, index_select); their count;
-    - counts ``[1, 3 * programs]``, three per program: with ``pairs = ceil(ceil(num_tokens
-      / CHUNK) / 2)`` chunk pairs, ``max(pairs - 1, 0)`` (the stream loop; the last pair
-      follows it), num_live and the number of slots to zero (integer ops on scalars of
-      ``cu[-1]`` and sums); the same for both programs when they split the channels, zeros
-      for program 1 when they do not (it gets no work).
+    - counts ``[1, 4]``, the one row every program reads: with ``pairs =
+      ceil(ceil(num_tokens / CHUNK) / 2)`` chunk pairs and ``loop = max(pairs - 1, 0)``
+      of them in the stream loops (the last pair follows them), ``loop // PAIRS`` and
+      ``loop % PAIRS`` (iterations of PAIRS_PER_ITERATION pairs, then of one), num_live
+      and the number of slots to zero (integer ops on scalars of ``cu[-1]`` and sums); a
+      program without channels of its own (they do not split) runs the same loops into
+      its own y block and a dump of the pool.
     """
-    from nki_ssm.kernels.short_conv.prefill import TILE, _chunk_tokens, _index_columns, _margin
+    from nki_ssm.kernels.short_conv.prefill import (PAIRS_PER_ITERATION, TILE, _chunk_tokens,
+                                                    _index_columns, _margin)
 
     NB, SB, H = int(num_tokens_bucket), int(num_seqs_bucket), W - 1
     M = _margin(H)
@@ -150,9 +153,9 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens_buck
     zero_slots = slot[zperm][:, None]
     n_real = -(-int(cu[-1]) // CH)
     pairs = (n_real + 1) // 2
-    work = [max(pairs - 1, 0), num_live, num_zero]
-    idle = [0, 0, 0]
-    counts = np.array([work + (work if parts > 1 else idle) * (programs - 1)], dtype=np.int64)
+    loop = max(pairs - 1, 0)
+    counts = np.array([[loop // PAIRS_PER_ITERATION, loop % PAIRS_PER_ITERATION, num_live,
+                        num_zero]], dtype=np.int64)
     f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)  # noqa: E731
     u32 = lambda a: np.ascontiguousarray(a, dtype=np.uint32)  # noqa: E731
     i32 = lambda a: np.ascontiguousarray(a, dtype=np.int32)  # noqa: E731
@@ -276,10 +279,11 @@ def decode_plan(state_indices, num_seqs: int, dim: int, programs: int = 1):
     ``parts`` halves of Dp (``program_channels``; R = ``wide_blocks(Dp)``, the pool
     viewed as ``parts * R`` rows per slot): both layouts' tables (``decode_tables``; one
     table for both programs, each adding its first row), the x order and y positions of
-    the layout used, and counts ``[1, 3 * programs]`` int32, per program (wide stop,
-    one-block stop, one-block diagonal-build trips), the layout not used getting 0
-    (``use_wide_layout`` picks), program 1 all zeros when it gets no work. On device:
-    the two table builds, one scalar compare and torch.where selections.
+    the layout used, and counts ``[1, 3]`` int32, the one row every program reads (wide
+    stop, one-block stop, one-block diagonal-build flag), the layout not used getting 0
+    (``use_wide_layout`` picks); a program without channels of its own runs the same
+    loops into dumps. On device: the two table builds, one scalar compare and
+    torch.where selections.
     """
     Dp, parts = program_channels(dim, programs)
     R = wide_blocks(Dp)
@@ -288,9 +292,8 @@ def decode_plan(state_indices, num_seqs: int, dim: int, programs: int = 1):
     order_1, _, rows_one, _ = decode_tables(state_indices, num_seqs, 1, R, parts * R)
     wide = R > 1 and bool(use_wide_layout(num_live, R))
     order = order_w if wide else order_1
-    work = [num_live if wide else 0, 0 if wide else num_live, int(not wide and num_live > 0)]
-    idle = [0, 0, 0]
-    counts = np.array([work + (work if parts > 1 else idle) * (programs - 1)], dtype=np.int32)
+    counts = np.array([[num_live if wide else 0, 0 if wide else num_live,
+                        int(not wide and num_live > 0)]], dtype=np.int32)
     return R, parts, order, pos, rows_wide, rows_one, counts
 
 

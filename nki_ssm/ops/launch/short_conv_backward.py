@@ -19,7 +19,7 @@ binds is the elementwise work of the channel-major formulation -- VectorE busy 1
 ScalarE 10.1 ms, GpSimd 8.7 ms of the 12.7 ms (LNC=1); TensorE 4.6 ms, DMA queues 2.9
 ms -- about 15 passes over every (token, channel) element: x-window and dx PSUM
 evictions, sigmoid, three fused dz ops, W dweight products and W + 1 sums. Program size
-2,758 static instructions (LNC=1) / 1,382 per program (LNC=2). For comparison, one H100
+12,417 static instructions (LNC=1; 4 work rows per iteration of the first row loop). For comparison, one H100
 runs FLA's Triton causal_conv1d + SiLU forward + backward at this shape in 1.769 ms
 (forward 0.219 ms; measured, the project's H100 reference figures): per chip, 8 trn2
 cores running forward (2.10 ms modeled) + this backward on a 16K sequence each are
@@ -47,10 +47,12 @@ def padded_dim(dim: int, lnc: int) -> int:
 
 def backward_tables(cu_seqlens, num_tokens_bucket: int, num_seqs_bucket: int, W: int,
                     has_initial_state: bool, has_final_grad: bool):
-    """(rows ``[R + 1, 128, 3 * BLOCKS + 2]``, fs_rows ``[SB, H, 2]``, counts ``[1, 2]``) int32
+    """(rows ``[R + 1, 128, 3 * BLOCKS + 2]``, fs_rows ``[SB, H, 2]``, counts ``[1, 3]``) int32
     for a batch padded to the buckets (R = ceil(NB / T) + 2 * SB work rows, the used ones
-    first; T = 128 * BLOCKS positions per row; table row 0 the first row's gather indices,
-    table row r + 1 row r's dx rows and row r + 1's gather indices).
+    first; T = 128 * BLOCKS positions per row; table row r holds row r's gather indices
+    and dx rows; counts, the one row both programs read: ``R // ROWS_PER_ITERATION``,
+    ``R % ROWS_PER_ITERATION`` (the two row loops' trips) and the sequences with
+    d_final_states).
 
     Each step is a vectorised array op (torch: repeat_interleave, cumsum, arange
     broadcasts, where): rows per sequence ``r = ceil((L + H) / T)``; the sequence of
@@ -61,7 +63,7 @@ def backward_tables(cu_seqlens, num_tokens_bucket: int, num_seqs_bucket: int, W:
     ``p0 + arange(T)`` to dx rows, initial-state rows or scratch rows; d_final rows of
     positions ``L + arange(H)``.
     """
-    from nki_ssm.kernels.short_conv.backward import BLOCKS, ROW, TABLE_COLUMNS
+    from nki_ssm.kernels.short_conv.backward import BLOCKS, ROW, ROWS_PER_ITERATION, TABLE_COLUMNS
 
     NB, SB, H, T = int(num_tokens_bucket), int(num_seqs_bucket), W - 1, ROW
     B = 128
@@ -87,9 +89,7 @@ def backward_tables(cu_seqlens, num_tokens_bucket: int, num_seqs_bucket: int, W:
     q = np.arange(T)[None, :]
     po = p0[:, None] + q
     orow = np.where(po < H, NB + sq * H + po, np.where(po < Lq + H, s0q + po - H, scratch + q))
-    # table row 0: the first work row's gather indices; row r + 1: work row r's dx rows and
-    # the gather indices of work row r + 1 (the kernel prefetches them; past the last row
-    # the zero rows)
+    # table row r: work row r's gather indices and dx rows (past the last row: zero rows)
     gather = np.zeros((R + 1, B, 2 * BLOCKS + 2), dtype=np.int64)
     gather[:, :, :BLOCKS + 1] = zero_x
     gather[:, :, BLOCKS + 1:] = zero_dy
@@ -101,13 +101,14 @@ def backward_tables(cu_seqlens, num_tokens_bucket: int, num_seqs_bucket: int, W:
     rows = np.zeros((-(-NB // T) + 2 * SB + 1, B, TABLE_COLUMNS), dtype=np.int64)
     rows[:R + 1, :, :2 * BLOCKS + 2] = gather
     for b in range(BLOCKS):
-        rows[1:R + 1, :, 2 * BLOCKS + 2 + b] = orow[:, b * B:(b + 1) * B]
+        rows[:R, :, 2 * BLOCKS + 2 + b] = orow[:, b * B:(b + 1) * B]
     fs_rows = np.zeros((SB, H, 2), dtype=np.int64)
     h = np.arange(H)[None, :]
     pf = L[:, None] + h
     fs_rows[:S, :, 0] = np.where(pf < H, NB + np.arange(S)[:, None] * H + pf, s0[:, None] + pf - H)
     fs_rows[:S, :, 1] = np.arange(S)[:, None] * H + h
-    counts = np.array([[R, S if has_final_grad else 0]], dtype=np.int64)
+    counts = np.array([[R // ROWS_PER_ITERATION, R % ROWS_PER_ITERATION,
+                        S if has_final_grad else 0]], dtype=np.int64)
     i32 = lambda a: np.ascontiguousarray(a, dtype=np.int32)  # noqa: E731
     return i32(rows), i32(fs_rows), i32(counts)
 

@@ -18,13 +18,15 @@ match (bit copy). ScalarE functions are the exact functions in float32/64:
 the hardware's piecewise polynomials (including ``sin`` without range
 reduction) are not modelled, and out-of-range inputs are not poisoned.
 
-Module layout: ``dma`` (dma_copy, dma_transpose), ``tensor_engine``
-(nc_matmul, nc_transpose), ``vector`` (copies, fills, elementwise,
+Module layout: ``dma`` (dma_copy, dma_transpose), ``matmul`` (TensorE:
+nc_matmul, nc_transpose; not named ``tensor_engine``, which would shadow the
+``nisa.tensor_engine`` engine constant), ``vector`` (copies, fills, elementwise,
 reductions), ``scan`` (tensor_tensor_scan, tensor_scalar_cumulative),
 ``select`` (range/select_reduce, nc_stream_shuffle, bn_stats/aggr),
 ``scalar`` (activation), ``gpsimd`` (iota, affine_select, partition reduce,
 local_gather, ...), ``extra`` (exponential, activate2, max8, ...),
-``random``, ``registers``, ``sync`` (core_barrier, sendrecv); shared checks
+``random``, ``registers``, ``nki_scalar`` (NkiScalar, scalar_load / scalar_store /
+scalar_alu: NKI 0.7.0+), ``sync`` (core_barrier, sendrecv); shared checks
 in ``_core``, ALU/activation tables in ``_alu``, accumulator and PRNG state in
 ``_state``.
 
@@ -83,12 +85,17 @@ from .dma import dma_copy, dma_transpose
 from .extra import (activate2, dma_compute, exponential, max8, nc_find_index8, nc_match_replace8,
                     nc_n_gather, tensor_copy_predicated)
 from .random import dropout, rand2, rand_get_state, rand_set_state, rng, set_rng_seed
-from .registers import VirtualRegister, register_alloc, register_load, register_move, register_store
+from .registers import VirtualRegister as _VirtualRegister
+from .registers import register_alloc, register_load, register_move, register_store
+from .nki_scalar import NkiScalar as _NkiScalar
+from .nki_scalar import scalar_alu as _scalar_alu
+from .nki_scalar import scalar_load as _scalar_load
+from .nki_scalar import scalar_store as _scalar_store
 from .gpsimd import (affine_select, iota, local_gather, nonzero_with_count, sequence_bounds,
                      tensor_partition_reduce)
 from .scalar import activation, activation_reduce
 from .sync import core_barrier, sendrecv
-from .tensor_engine import nc_matmul, nc_transpose
+from .matmul import nc_matmul, nc_transpose
 from .scan import tensor_scalar_cumulative, tensor_tensor_scan
 from .select import FP32_MIN, bn_aggr, bn_stats, nc_stream_shuffle, range_select, select_reduce
 from .vector import (memset, reciprocal, scalar_tensor_tensor, tensor_copy, tensor_reduce,
@@ -126,7 +133,18 @@ for _api in NOT_IMPLEMENTED:
     if _api not in _SINCE_0_6:
         globals()[_api] = _missing(_api)
 del _api
-__getattr__ = _version.versioned_getattr(__name__, {a: _missing(a) for a in _SINCE_0_6})
+# newer API: an attribute only when the targeted version has it (sim.version.SINCE)
+_versioned = _version.versioned_getattr(__name__, {
+    **{a: _missing(a) for a in _SINCE_0_6}, "NkiScalar": _NkiScalar, "scalar_load": _scalar_load,
+    "scalar_store": _scalar_store, "scalar_alu": _scalar_alu})
+
+
+def __getattr__(name):
+    if name == "VirtualRegister":       # deprecated by NKI 0.8.0 (isa.registers)
+        from .registers import deprecated_under_08
+        deprecated_under_08("VirtualRegister")
+        return _VirtualRegister
+    return _versioned(name)
 
 __all__ = [
     "NkiValidationError", "NkiInstruction", "engine", "reduce_cmd", "dge_mode", "oob_mode",

@@ -1,13 +1,19 @@
 """DMA instructions: ``dma_copy`` (with casting and indirect gather/scatter), ``dma_transpose``."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from . import _core as C
+from .. import version as _version
 from ..dtypes import cast
+from ..errors import NkiReleasedUseWarning
 from ._enums import check_enum, dge_mode as _dge, engine as _engine, oob_mode as _oob
 
 _DMA_BUFFERS = ("hbm", "sbuf")
+_GDN_TRANSPOSE = ("the released NKI-Lib 2.33 experimental/gdn kernels transpose with "
+                  "dge_mode=nisa.dge_mode.none")
 
 
 def _dma_operand(inst, arg, t):
@@ -24,7 +30,7 @@ def _indirect(t):
 def _check_index(inst, arg, ind, P):
     """Validate the index tensor of an indirect view (SBUF, int32/uint32, (P,1) for vector)."""
     idx = ind.index
-    if not C.is_tensor(idx):   # scalar_offset from a VirtualRegister: nothing in memory to check
+    if not C.is_tensor(idx):   # scalar_offset from a register / NkiScalar: nothing in memory
         return
     C.tile(inst, f"{arg} {ind.kind}_offset", idx, ("sbuf",), quadrant=False)
     if idx.dtype.name not in ("int32", "uint32"):
@@ -298,6 +304,14 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=_dge.unknown,
         if _indirect(src) is None:
             C.fail(inst, "dst must be a static SBUF view; only src may be indirect (gather transpose)")
         _check_gather_transpose(inst, src, dst, dge_mode, tgt)
+    elif dge_mode is _dge.none and _version.at_least("0.7.0"):
+        # the API page (SDK 2.32 - 2.34): "The only valid dge_mode s are unknown and hwdge"
+        # for a direct transpose, while its dge_mode parameter lists none ("turn off DGE");
+        # NKI-Lib 2.33's experimental/gdn kernels transpose with dge_mode=none: released
+        # kernels win from NKI 0.7.0 on (a DMA without descriptor generation)
+        warnings.warn(f"{inst}: dge_mode=none on a direct transpose; the API page allows "
+                      f"unknown or hwdge, {_GDN_TRANSPOSE}, so it is accepted",
+                      NkiReleasedUseWarning, stacklevel=2)
     elif dge_mode not in (_dge.unknown, _dge.hwdge):
         C.fail(inst, f"dge_mode must be unknown or hwdge for a direct transpose, got {dge_mode}")
     elif oob_mode is not _oob.error:

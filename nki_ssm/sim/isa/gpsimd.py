@@ -26,8 +26,9 @@ def _affine(inst, pattern, offset, channel_multiplier, P, F):
         total *= num
     if total != F:
         C.fail(inst, f"pattern covers {total} elements but dst has {F} elements per partition (must match)")
+    from .nki_scalar import NkiScalar
     from .registers import VirtualRegister
-    if isinstance(offset, VirtualRegister):   # run-time offsets from a register (NKI 0.4.0+)
+    if isinstance(offset, (VirtualRegister, NkiScalar)):   # run-time offsets (NKI 0.4.0+)
         offset = offset.runtime_value(inst)
     for arg, v in (("offset", offset), ("channel_multiplier", channel_multiplier)):
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool):

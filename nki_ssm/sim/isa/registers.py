@@ -9,6 +9,13 @@ range() raises TypeError"). Registers bound runtime loops
 (``nl.dynamic_range``, ``nl.fori_loop``, ``nl.while_loop``; see
 ``sim.control``) and address memory through ``.ap(scalar_offset=reg)``.
 NKI 0.5/0.6 has no arithmetic on registers.
+
+NKI 0.8.0 deprecates them for ``nisa.scalar_load`` / ``scalar_store`` and
+``NkiScalar`` (``isa.nki_scalar``): ``register_alloc`` / ``register_move`` /
+``register_load`` / ``register_store`` and ``nisa.VirtualRegister`` warn
+``DeprecationWarning`` at the kernel line ("When your kernel uses one of them, NKI
+raises a DeprecationWarning": announce-intent-eos-nki-virtualregister-lnc-apis,
+Neuron 2.34.0).
 """
 from __future__ import annotations
 
@@ -16,7 +23,16 @@ import numpy as np
 
 from .. import control as _control
 from .. import races as _races
+from .. import version as _version
 from . import _core as C
+
+
+def deprecated_under_08(api: str) -> None:
+    if _version.at_least("0.8.0"):
+        _version.warn_in_kernel(
+            f"nki.isa.{api} is deprecated in NKI 0.8.0 and will be removed in a future release; "
+            "use nisa.scalar_load / nisa.scalar_store and nisa.NkiScalar "
+            "(announce-intent-eos-nki-virtualregister-lnc-apis, Neuron 2.34.0)")
 
 
 class VirtualRegister:
@@ -79,6 +95,7 @@ _ALLOC_FROM_TENSOR = ("aws-neuron/nki-library d2ad3a5 src/nkilib_src/nkilib/core
 def register_alloc(x=None) -> VirtualRegister:
     """A new register, uninitialised (None), holding the int ``x``, or loaded from ``x``, a
     one-element integer tensor (as ``register_load``; with an ``NkiReleasedUseWarning``)."""
+    deprecated_under_08("register_alloc")
     if C.is_tensor(x):
         import warnings
         from ..errors import NkiReleasedUseWarning
@@ -86,13 +103,14 @@ def register_alloc(x=None) -> VirtualRegister:
                       f"released kernel does this ({_ALLOC_FROM_TENSOR}), so it is accepted "
                       "and loads the tensor's value", NkiReleasedUseWarning, stacklevel=2)
         r = VirtualRegister()
-        register_load(r, x)
+        _load(r, x)
         return r
     return VirtualRegister(None if x is None else _int32("register_alloc", "x", x))
 
 
 def register_move(dst, src):
     """``dst = src`` (an int constant or another register)."""
+    deprecated_under_08("register_move")
     inst = "register_move"
     d = _reg(inst, "dst", dst)
     if d.frozen:
@@ -114,6 +132,11 @@ def _single(inst, arg, t):
 
 def register_load(dst, src):
     """Load the single (integer) value of ``src`` (HBM or SBUF) into register ``dst``."""
+    deprecated_under_08("register_load")
+    _load(dst, src)
+
+
+def _load(dst, src):
     inst = "register_load"
     d = _reg(inst, "dst", dst)
     _single(inst, "src", src)
@@ -129,6 +152,7 @@ def register_load(dst, src):
 
 def register_store(dst, src):
     """Store register ``src`` into the single-element tensor ``dst`` (HBM or SBUF)."""
+    deprecated_under_08("register_store")
     inst = "register_store"
     _single(inst, "dst", dst)
     s = _reg(inst, "src", src)

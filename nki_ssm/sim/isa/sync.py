@@ -51,6 +51,7 @@ from . import _core as C
 from ._enums import check_enum, dma_engine as _dma_engine, engine as _engine
 from .. import control as _control
 from .. import lnc as _lnc
+from .. import version as _version
 from ..errors import NkiReleasedUseWarning
 from ..memory import _kernel_site as _site
 
@@ -92,8 +93,24 @@ def _cores(inst: str, cores, n: int) -> tuple:
     return got
 
 
+def _deprecated(api: str) -> None:
+    """NKI 0.8.0: the nisa entry points are deprecated wrappers of nki.lnc's."""
+    if _version.at_least("0.8.0"):
+        _version.warn_in_kernel(
+            f"nki.isa.{api} is deprecated in NKI 0.8.0 and will be removed in a future release; "
+            f"use nki.lnc.{api}{' without pipe_id' if api.startswith('sendrecv') else ''} "
+            "(announce-intent-eos-nki-virtualregister-lnc-apis, Neuron 2.34.0)")
+
+
 def core_barrier(data, cores, engine=_engine.gpsimd, name=None):
-    """Wait until every program of the LNC grid reaches this barrier (see module doc)."""
+    """Wait until every program of the LNC grid reaches this barrier (see module doc);
+    deprecated by NKI 0.8.0 for ``nki.lnc.core_barrier``."""
+    _deprecated("core_barrier")
+    return barrier(data, cores, engine, name)
+
+
+def barrier(data, cores, engine=_engine.gpsimd, name=None, module="nisa"):
+    """``core_barrier`` (``nisa`` and ``nki.lnc``)."""
     inst = "core_barrier"
     C.check_name(inst, name)
     engine = check_enum(inst, "engine", engine, _engine)
@@ -117,7 +134,7 @@ def core_barrier(data, cores, engine=_engine.gpsimd, name=None):
     h = C.emit(inst, eng, name, reads=[data], num_partitions=1, free=1, num_inputs=0, nbytes=0,
                attrs={"sync": inst, "sync_id": run.syncs if meets else -1, "cores": got})
     if meets:
-        run.arrive(_lnc.Arrival(C._program_id(), inst, f"nisa.core_barrier at {_site()}", {}))
+        run.arrive(_lnc.Arrival(C._program_id(), inst, f"{module}.core_barrier at {_site()}", {}))
     return h
 
 
@@ -132,13 +149,46 @@ def _rank(inst: str, arg: str, v) -> int:
 def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, dma_engine=_dma_engine.dma,
              name=None):
     """Send ``src`` to program ``send_to_rank``'s ``dst`` while receiving program
-    ``recv_from_rank``'s ``src`` into this program's ``dst`` (see module doc)."""
-    inst = "sendrecv"
+    ``recv_from_rank``'s ``src`` into this program's ``dst`` (see module doc); deprecated by
+    NKI 0.8.0 for ``nki.lnc.sendrecv`` (which has no ``pipe_id``; 0.8.0 ignores it)."""
+    _deprecated("sendrecv")
+    if isinstance(pipe_id, bool) or not isinstance(pipe_id, int) or pipe_id < 0:
+        raise TypeError(f"sendrecv: pipe_id must be a non-negative int, got {pipe_id!r}")
+    return exchange("sendrecv", src, dst, send_to_rank, recv_from_rank,
+                    pipe_id if not _version.at_least("0.8.0") else 0, dma_engine, name)
+
+
+_REDUCE_OPS = ("add", "maximum", "minimum")
+
+
+def exchange(inst, src, dst, send_to_rank, recv_from_rank, pipe_id, dma_engine=_dma_engine.dma,
+             name=None, reduce_op=None, priority=None, module="nisa"):
+    """``sendrecv`` (``nisa`` / ``nki.lnc``) and, with ``reduce_op``, ``nki.lnc.sendrecv_compute``
+    (``dst = reduce_op(src, the peer's src)``; nl.add / nl.maximum / nl.minimum; src and dst
+    both in SBUF or both in private HBM: nki.lnc.sendrecv_compute API page)."""
     C.check_name(inst, name)
     dma_engine = check_enum(inst, "dma_engine", dma_engine, _dma_engine)
+    if priority is not None:
+        if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 3:
+            raise TypeError(f"{inst}: priority must be None or an int 0 (highest) .. 3 (lowest), "
+                            f"got {priority!r}")
+        if dma_engine is _dma_engine.gpsimd_dma:
+            C.fail(inst, "priority must be None with dma_engine.gpsimd_dma (nki.lnc API page: "
+                         "explicit priorities are rejected)")
     _nc_v3(inst)
-    C.tile(inst, "src", src, ("sbuf",), quadrant=False)
-    C.tile(inst, "dst", dst, ("sbuf",), quadrant=False)
+    if reduce_op is not None:
+        if getattr(reduce_op, "name", None) not in _REDUCE_OPS:
+            C.fail(inst, f"reduce_op must be nl.add, nl.maximum or nl.minimum, got {reduce_op!r}")
+        for arg, t in (("src", src), ("dst", dst)):
+            C.tile(inst, arg, t, ("sbuf", "hbm"), quadrant=False)
+            if t.storage.buffer == "hbm" and t.storage.kind.value != "private_hbm":
+                C.fail(inst, f"{arg} must be in SBUF or private HBM, got {t.storage.kind.value}")
+        if src.storage.buffer != dst.storage.buffer:
+            C.fail(inst, "src and dst must be in the same memory space (both SBUF or both "
+                         "private HBM)")
+    else:
+        C.tile(inst, "src", src, ("sbuf",), quadrant=False)
+        C.tile(inst, "dst", dst, ("sbuf",), quadrant=False)
     if src.dtype != dst.dtype:
         C.fail(inst, f"src and dst must have the same dtype, got src {src.dtype} and dst "
                      f"{dst.dtype}")
@@ -148,8 +198,6 @@ def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, dma_engine=_dma_en
     n = _grid()
     to = _rank(inst, "send_to_rank", send_to_rank)
     frm = _rank(inst, "recv_from_rank", recv_from_rank)
-    if isinstance(pipe_id, bool) or not isinstance(pipe_id, int) or pipe_id < 0:
-        raise TypeError(f"{inst}: pipe_id must be a non-negative int, got {pipe_id!r}")
     P = src.shape[0]
     bpp = src.elements_per_partition * src.dtype.itemsize
     if dma_engine is _dma_engine.gpsimd_dma:
@@ -160,23 +208,27 @@ def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, dma_engine=_dma_en
     if n == 1:
         C.fail(inst, "sendrecv needs LNC=2 (\"only allowed ... when LNC (Logical NeuronCore) is "
                      "enabled\"); this launch has one program")
-    attrs = {"sync": inst, "sync_id": -1, "send_to_rank": to, "recv_from_rank": frm,
+    # in the trace both are a "sendrecv" (a compute adds ``reduce_op``): the cost model
+    # joins the programs there
+    attrs = {"sync": "sendrecv", "sync_id": -1, "send_to_rank": to, "recv_from_rank": frm,
              "pipe_id": pipe_id, "dma_engine": dma_engine.name, "partitions": P,
              "bytes_per_partition": bpp, "dge_mode": "none", "indirect": False,
              "transpose": False}
+    if reduce_op is not None:
+        attrs["reduce_op"] = reduce_op.name
     kw = dict(reads=[src], writes=[dst], num_partitions=P, free=src.elements_per_partition,
               num_inputs=1, nbytes=P * bpp, operands={"dst": dst, "src": src})
     run = _lnc.current()
     if run is None or _control.SUPPRESS_FLOOR:
-        return C.emit(inst, "dma", name, attrs=attrs, **kw)
+        return C.emit("sendrecv", "dma", name, attrs=attrs, **kw)
     attrs["sync_id"] = run.syncs
     pid = C._program_id()
-    arrival = _lnc.Arrival(pid, inst, f"nisa.sendrecv at {_site()}",
+    arrival = _lnc.Arrival(pid, inst, f"{module}.{inst} at {_site()}",
                            {"src": src, "dst": dst, "send_to_rank": to, "recv_from_rank": frm,
-                            "pipe_id": pipe_id})
-    h = C.emit(inst, "dma", name, attrs=attrs, **kw)
+                            "pipe_id": pipe_id, "reduce_op": reduce_op})
+    h = C.emit("sendrecv", "dma", name, attrs=attrs, **kw)
     run.arrive(arrival)
     return h
 
 
-__all__ = ["core_barrier", "sendrecv"]
+__all__ = ["core_barrier", "sendrecv", "barrier", "exchange"]

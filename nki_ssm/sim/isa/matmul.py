@@ -6,6 +6,7 @@ import weakref
 import numpy as np
 
 from . import _core as C
+from .. import control as _control
 from ._blas import matmul_f64
 from ._enums import check_enum, engine as _engine, matmul_perf_mode as _pm
 
@@ -105,6 +106,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     C.tile(inst, "dst", dst, ("psum",))
     C.tile(inst, "stationary", stationary, ("sbuf",))
     C.tile(inst, "moving", moving, ("sbuf",))
+    if _control._state and _control._state[-1].frames:
+        _control.psum_from_outside(inst, dst)
     tgt = C.target()
     sd, md, dd = stationary.dtype.name, moving.dtype.name, dst.dtype.name
     allowed_in = _MM_IN + (("float8_e4m3fn",) if tgt.nc_version >= 4 else ())
@@ -247,6 +250,8 @@ def nc_transpose(dst, data, engine=_engine.unknown, name=None):
     if engine is _engine.tensor:
         C.tile(inst, "data", data, ("sbuf",))
         C.tile(inst, "dst", dst, ("psum",))
+        if _control._state and _control._state[-1].frames:
+            _control.psum_from_outside(inst, dst)
         lim = 128
     else:
         C.tile(inst, "data", data)
