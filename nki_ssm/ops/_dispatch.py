@@ -3,10 +3,11 @@
 Each op names its kernel launcher with a plain import (``from .launch import
 gated_delta as launch`` ... ``run(launch.prefill, ...)``), so the path op ->
 launcher -> kernel reads top to bottom and tools that follow imports can
-follow it. ``backend=None`` runs that launcher on the NKI implementation that
-``nki_ssm.backend.name()`` picks ("sim" or "neuron"); ``"sim"`` /
-``"neuron"`` run it on that implementation; ``"reference"`` runs the float64
-reference.
+follow it. ``backend=None`` runs what ``nki_ssm.backend.default_op_backend()``
+names: that launcher on the NKI implementation ``NKI_SSM_BACKEND`` picks
+("sim" or "neuron"), or the float64 reference when it is ``reference``;
+``"sim"`` / ``"neuron"`` run the launcher on that implementation;
+``"reference"`` runs the float64 reference.
 
 A pool with zero slots (every sequence then is padding) launches nothing on
 any backend: the call returns zero outputs, computed by the reference.
@@ -47,14 +48,15 @@ def find_launcher(family: str, entry: str):
 
 
 def nki_backend_name() -> str:
-    """The NKI implementation ``backend=None`` runs on: ``nki_ssm.backend.name()``.
+    """What ``backend=None`` runs on: ``nki_ssm.backend.default_op_backend()``
+    ("reference", "sim" or "neuron").
 
     Imported on first use: choosing it imports the Neuron SDK or the simulator,
-    which a reference-only caller never needs.
+    which a caller passing an explicit backend never needs.
     """
     from nki_ssm import backend
 
-    return backend.name()
+    return backend.default_op_backend()
 
 
 def resolve(backend) -> str:
