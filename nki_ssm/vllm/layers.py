@@ -272,8 +272,7 @@ class GatedDeltaNet(QwenGatedDeltaNetAttention):
         state = torch.stack([conv_buf[s, :, o: o + width - 1] if s > 0
                              else conv_buf.new_zeros(conv_buf.shape[1], width - 1)
                              for s, o in zip(slot0, offsets)])
-        work = state.contiguous()
-        y = nki.short_conv_decode(xs, **self._conv_args(), conv_states=work,
+        y = nki.short_conv_decode(xs, **self._conv_args(), conv_states=state.clone(),
                                   state_indices=torch.tensor(
                                       [j if s > 0 else -1 for j, s in enumerate(slot0)],
                                       dtype=torch.int32))

@@ -10,7 +10,8 @@ CONFIG: ``model`` (a local folder), ``dtype``, ``prompts`` (lists of token ids),
 ``generate`` call each; prefix-cache hits come from the later rounds).
 OUT: per round, per prompt, the greedy tokens and the top logprobs of each position, and the
 number of prompt tokens served from the prefix cache; ``mixers``, the classes of the model's
-sequence-mixing layers (which layers ran: vLLM's or nki_ssm's).
+sequence-mixing layers (which layers ran: vLLM's or nki_ssm's); ``spec``, vLLM's
+speculative-decoding counters (drafts, draft tokens, accepted tokens).
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def main(config_path: str, out_path: str) -> None:
                   max_num_seqs=cfg.get("max_num_seqs", 8),
                   # a small cache: the host has 24 GiB for every process on it
                   kv_cache_memory_bytes=cfg.get("kv_cache_memory_bytes", 64 << 20),
-                  gpu_memory_utilization=0.05)
+                  gpu_memory_utilization=0.05, disable_log_stats=False)
     for key in ("max_num_batched_tokens", "block_size", "speculative_config",
                 "mamba_cache_mode"):
         if key in cfg:
@@ -57,8 +58,10 @@ def main(config_path: str, out_path: str) -> None:
             "cached_tokens": o.num_cached_tokens or 0,
         } for o in outs])
     mixers = llm.apply_model(_mixer_classes)[0]
+    spec = {m.name: m.value for m in llm.get_metrics()
+            if m.name.startswith("vllm:spec_decode_num_") and hasattr(m, "value")}
     with open(out_path, "w") as f:
-        json.dump({"rounds": rounds, "mixers": mixers}, f)
+        json.dump({"rounds": rounds, "mixers": mixers, "spec": spec}, f)
 
 
 if __name__ == "__main__":
