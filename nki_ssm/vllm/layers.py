@@ -45,14 +45,16 @@ from inside a prefill (``num_prefill_checkpoint_blocks``, v1/core/sched/schedule
 so every chunk ends on a block boundary and each step reads and writes one slot per request,
 the one vLLM's align copy has prepared (v1/worker/mamba_utils.py).
 
-Speculative decoding (Gated DeltaNet): a speculative row's T = 1 + drafts tokens run
-``gated_delta_decode`` from the slot of its last accepted token
-(``spec_state_indices_tensor[i, num_accepted_tokens[i] - 1]``) with per-token states
-returned, and the state after token t goes to ``spec_state_indices_tensor[i, t]``, as
-vLLM's ``fused_sigmoid_gating_delta_rule_update`` does; the conv state is vLLM's rolling
-buffer of W-1+num_spec columns, read at column ``num_accepted_tokens[i] - 1``
+Speculative decoding: a speculative row's T = 1 + drafts tokens start from the state of
+its last accepted token (column ``num_accepted_tokens[i] - 1`` of its state indices) and
+the state after token t goes to column t, as vLLM's kernels do
+(``fused_sigmoid_gating_delta_rule_update``, ``selective_state_update`` with
+``num_accepted_tokens``): Gated DeltaNet in one ``gated_delta_decode`` call with per-token
+states returned, Mamba-2 in T one-token ``ssd_decode`` steps, each column first taking
+the state of the one before it. The conv state is vLLM's rolling buffer of
+W-1+num_spec columns, read from column ``num_accepted_tokens[i] - 1``
 (``causal_conv1d_update`` with ``num_accepted_tokens``, mamba/ops/causal_conv1d.py).
-Mamba-2 with speculative decoding and ReplaySSM are refused at construction.
+ReplaySSM and LoRA are refused.
 """
 from __future__ import annotations
 
@@ -73,10 +75,16 @@ from nki_ssm.torch import ops as nki
 REPLACED = {}
 
 
-def _metadata(prefix: str):
-    """This layer's attention metadata for the current step, None in a profiling run."""
+def _metadata(layer, checkpoints: str):
+    """``layer``'s attention metadata for the current step, None in a profiling run (no
+    states bound yet). Prefill checkpoints (metadata field ``checkpoints``) are an error: our
+    layers declare none."""
     metadata = get_forward_context().attn_metadata
-    return metadata.get(prefix) if isinstance(metadata, dict) else None
+    md = metadata.get(layer.prefix) if isinstance(metadata, dict) else None
+    if md is not None and getattr(md, checkpoints) is not None:
+        raise RuntimeError(f"nki_ssm's {type(layer).__name__} got prefill checkpoints it did "
+                           "not declare (num_prefill_checkpoint_blocks)")
+    return md
 
 
 def _slots(indices: torch.Tensor) -> torch.Tensor:
@@ -116,6 +124,40 @@ def _flag(values, n: int) -> torch.Tensor:
     return values[:n].to(torch.bool)
 
 
+def _rolling_conv(xs: torch.Tensor, conv_buf: torch.Tensor, slots: list, accepted: list,
+                  conv_args: dict) -> torch.Tensor:
+    """Conv of speculative rows ``xs [rows, T, dim]`` on vLLM's rolling conv buffer
+    (``conv_buf [slots, dim, W-1+num_spec]``): row i's state is the W-1 columns of its
+    buffer (slot ``slots[i]``) from ``accepted[i] - 1``; afterwards the buffer holds those
+    columns but the first, then the T new inputs (``causal_conv1d_update`` with
+    ``num_accepted_tokens``, vllm/model_executor/layers/mamba/ops/causal_conv1d.py)."""
+    width = conv_args["weight"].size(-1)
+    length = xs.size(1)
+    state = torch.stack([conv_buf[s, :, a - 1: a - 1 + width - 1] if s > 0
+                         else conv_buf.new_zeros(conv_buf.shape[1], width - 1)
+                         for s, a in zip(slots, accepted)])
+    y = nki.short_conv_decode(xs, **conv_args, conv_states=state.clone(),
+                              state_indices=torch.tensor(
+                                  [j if s > 0 else -1 for j, s in enumerate(slots)],
+                                  dtype=torch.int32))
+    for j, s in enumerate(slots):
+        if s > 0:
+            conv_buf[s, :, : width - 2] = state[j, :, 1:]
+            conv_buf[s, :, width - 2: width - 2 + length] = xs[j].transpose(0, 1).to(
+                conv_buf.dtype)
+    return y
+
+
+def _spec_groups(query_start_loc: torch.Tensor, rows: int):
+    """Speculative rows grouped by length: ``(T, rows of that length, their token indices
+    [rows * T])`` for each length T > 0 (a row's tokens are contiguous)."""
+    cu = query_start_loc[: rows + 1].to(torch.int64).tolist()
+    lengths = [cu[i + 1] - cu[i] for i in range(rows)]
+    for length in sorted(set(lengths) - {0}):
+        group = [i for i in range(rows) if lengths[i] == length]
+        yield length, group, torch.tensor([cu[i] + t for i in group for t in range(length)])
+
+
 # ------------------------------------------------------------------ Gated DeltaNet
 
 class GatedDeltaNet(QwenGatedDeltaNetAttention):
@@ -150,17 +192,13 @@ class GatedDeltaNet(QwenGatedDeltaNetAttention):
 
     def _forward_core(self, mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
                       core_attn_out: torch.Tensor) -> None:
-        md = _metadata(self.prefix)
-        if md is None:              # profiling run: no states bound yet
+        md = _metadata(self, "checkpoint")
+        if md is None:
             return
-        if md.checkpoint is not None:
-            raise RuntimeError("nki_ssm's Gated DeltaNet layer got prefill checkpoints it "
-                               "did not declare (num_prefill_checkpoint_blocks)")
         n = md.num_actual_tokens
         mixed_qkv, b, a = mixed_qkv[:n], b[:n], a[:n]
         conv_buf = _conv_buffer(self.kv_cache)
-        width = self._width()
-        conv_pool = conv_buf[..., : width - 1]
+        conv_pool = conv_buf[..., : _conv_weight(self.conv1d).size(-1) - 1]
         ssm_pool = self.kv_cache[1].transpose(-1, -2)          # [slots, HV, K, V]
         if md.spec_sequence_masks is None:
             self._non_spec(md, mixed_qkv, b, a, core_attn_out, conv_pool, ssm_pool)
@@ -171,7 +209,7 @@ class GatedDeltaNet(QwenGatedDeltaNetAttention):
         else:
             spec_index = md.spec_token_indx
             spec_x, spec_b, spec_a = (t.index_select(0, spec_index) for t in (mixed_qkv, b, a))
-        spec_out = self._spec(md, spec_x, spec_b, spec_a, conv_buf, ssm_pool, width)
+        spec_out = self._spec(md, spec_x, spec_b, spec_a, conv_buf, ssm_pool)
         if spec_index is None:
             core_attn_out[: spec_out.size(0)] = spec_out
             return
@@ -181,9 +219,6 @@ class GatedDeltaNet(QwenGatedDeltaNetAttention):
             out = self._prefill(md, *(t.index_select(0, rest) for t in (mixed_qkv, b, a)),
                                 conv_pool, ssm_pool)
             core_attn_out.index_copy_(0, rest, out)
-
-    def _width(self) -> int:
-        return _conv_weight(self.conv1d).size(-1)
 
     def _conv_args(self) -> dict:
         return dict(weight=_conv_weight(self.conv1d), bias=self.conv1d.bias,
@@ -233,20 +268,17 @@ class GatedDeltaNet(QwenGatedDeltaNetAttention):
             o = torch.cat([o, o.new_zeros((x.size(0) - tokens,) + tuple(o.shape[1:]))])
         return o
 
-    def _spec(self, md, x, b, a, conv_buf, ssm_pool, width: int) -> torch.Tensor:
+    def _spec(self, md, x, b, a, conv_buf, ssm_pool) -> torch.Tensor:
         """The speculative rows: each row's 1 + drafts tokens from its last accepted state,
         the state after every token committed to that token's slot."""
         rows = md.num_spec_decodes
-        cu = md.spec_query_start_loc[: rows + 1].to(torch.int64).tolist()
         accepted = md.num_accepted_tokens[:rows].to(torch.int64).tolist()
         table = md.spec_state_indices_tensor[:rows].to(torch.int64)
         out = x.new_zeros((x.size(0), self.num_v_heads // self.tp_size, self.head_v_dim))
-        lengths = [cu[i + 1] - cu[i] for i in range(rows)]
-        for length in sorted(set(lengths) - {0}):
-            group = [i for i in range(rows) if lengths[i] == length]
-            tokens = torch.tensor([cu[i] + t for i in group for t in range(length)])
+        for length, group, tokens in _spec_groups(md.spec_query_start_loc, rows):
             xs = x.index_select(0, tokens).reshape(len(group), length, -1)
-            y = self._spec_conv(xs, conv_buf, table, group, accepted, width)
+            y = _rolling_conv(xs, conv_buf, [int(table[i, 0]) for i in group],
+                              [accepted[i] for i in group], self._conv_args())
             q, k, v = self._split_qkv(y.reshape(len(group) * length, -1), (len(group), length))
             start = torch.tensor([table[i, accepted[i] - 1] for i in group])
             o, states = nki.gated_delta_decode(
@@ -262,27 +294,6 @@ class GatedDeltaNet(QwenGatedDeltaNetAttention):
             out.index_copy_(0, tokens, o.reshape(len(group) * length, *o.shape[2:]))
         return out
 
-    def _spec_conv(self, xs, conv_buf, table, group, accepted, width: int) -> torch.Tensor:
-        """Conv of speculative rows ``xs [rows, T, dim]`` on vLLM's rolling conv buffer: row
-        i's state is its buffer's columns ``accepted - 1 ..`` (W-1 of them); afterwards the
-        buffer holds those columns but the first, then the T new inputs."""
-        rows, length = xs.shape[:2]
-        slot0 = [int(table[i, 0]) for i in group]
-        offsets = [accepted[i] - 1 for i in group]
-        state = torch.stack([conv_buf[s, :, o: o + width - 1] if s > 0
-                             else conv_buf.new_zeros(conv_buf.shape[1], width - 1)
-                             for s, o in zip(slot0, offsets)])
-        y = nki.short_conv_decode(xs, **self._conv_args(), conv_states=state.clone(),
-                                  state_indices=torch.tensor(
-                                      [j if s > 0 else -1 for j, s in enumerate(slot0)],
-                                      dtype=torch.int32))
-        for j, s in enumerate(slot0):
-            if s > 0:
-                conv_buf[s, :, : width - 2] = state[j, :, 1:]
-                conv_buf[s, :, width - 2: width - 2 + length] = xs[j].transpose(0, 1).to(
-                    conv_buf.dtype)
-        return y
-
 
 # ------------------------------------------------------------------ Mamba-2
 
@@ -295,9 +306,6 @@ class Mamba2Mixer(_VllmMambaMixer2):
         if self.use_replayssm:
             raise NotImplementedError("nki_ssm's MambaMixer2 does not support ReplaySSM "
                                       "(--use-replayssm)")
-        if self.num_spec:
-            raise NotImplementedError("nki_ssm's MambaMixer2 does not support speculative "
-                                      "decoding")
 
     def get_kv_cache_spec(self, vllm_config):
         """MambaBase's spec: no prefill checkpoints, so in align mode the scheduler ends
@@ -314,16 +322,15 @@ class Mamba2Mixer(_VllmMambaMixer2):
         hidden_states_B_C, dt = torch.split(
             projected_states[..., self.tped_intermediate_size:],
             [self.tped_conv_size, self.tped_dt_size], dim=-1)
-        md = _metadata(self.prefix)
-        if md is None:              # profiling run: no states bound yet
+        md = _metadata(self, "checkpoint_chunk_idx")
+        if md is None:
             return
-        if md.checkpoint_chunk_idx is not None:
-            raise RuntimeError("nki_ssm's MambaMixer2 got prefill checkpoints it did not "
-                               "declare (num_prefill_checkpoint_blocks)")
         conv_pool = _conv_buffer(self.kv_cache)[..., : self.conv_kernel_size - 1]
         ssm_pool = self.kv_cache[1]
         nd, npf = md.num_decode_tokens, md.num_prefill_tokens
-        if md.num_decodes > 0:
+        if md.num_decodes > 0 and md.num_accepted_tokens is not None:
+            self._spec(md, hidden_states_B_C[:nd], dt[:nd], output[:nd], ssm_pool)
+        elif md.num_decodes > 0:
             idx = _slots(md.state_indices_tensor_d[: md.num_decodes, 0])
             x = nki.short_conv_decode(hidden_states_B_C[:nd], **self._conv_args(),
                                       conv_states=conv_pool, state_indices=idx)
@@ -345,6 +352,40 @@ class Mamba2Mixer(_VllmMambaMixer2):
                 *self._ssd_inputs(x, dt[nd: nd + tokens]), **self._ssd_args(), cu_seqlens=cu,
                 ssm_states=ssm_pool, state_indices=idx, has_initial_state=has,
                 precision="fp32" if fp32 else "bf16").reshape(tokens, -1)
+
+    def _spec(self, md, x, dt, output, ssm_pool) -> None:
+        """Speculative decoding: the decode rows' 1 + drafts tokens from the state of each
+        row's last accepted token, the state after token t committed to the row's column t
+        (vLLM's ``selective_state_update`` with ``num_accepted_tokens`` and
+        ``dst_state_batch_indices``): one ``ssd_decode`` token step per column, each column
+        first taking the state of the one before it."""
+        rows = md.num_decodes
+        accepted = md.num_accepted_tokens[:rows].to(torch.int64).tolist()
+        table = md.state_indices_tensor_d[:rows].to(torch.int64)
+        conv_buf = _conv_buffer(self.kv_cache)
+        for length, group, tokens in _spec_groups(md.query_start_loc_d, rows):
+            xs = x.index_select(0, tokens).reshape(len(group), length, -1)
+            y = _rolling_conv(xs, conv_buf, [int(table[i, 0]) for i in group],
+                              [accepted[i] for i in group], self._conv_args())
+            xh, dt_, A, B, C = self._ssd_inputs(
+                y.reshape(len(group) * length, -1), dt.index_select(0, tokens))
+            lead = (len(group), length)
+            xh, dt_, B, C = (t.reshape(*lead, *t.shape[1:]) for t in (xh, dt_, B, C))
+            live = [int(table[i, accepted[i] - 1]) > 0 for i in group]
+            out = []
+            for t in range(length):
+                source = [table[i, accepted[i] - 1] if t == 0 else table[i, t - 1]
+                          for i in group]
+                column = torch.stack([table[i, t] for i in group])
+                for j, ok in enumerate(live):
+                    if ok and int(column[j]) > 0 and int(source[j]) != int(column[j]):
+                        ssm_pool[column[j]] = ssm_pool[source[j]]
+                idx = torch.where(torch.tensor(live), column, torch.zeros_like(column))
+                out.append(nki.ssd_decode(xh[:, t], dt_[:, t], A, B[:, t], C[:, t],
+                                          **self._ssd_args(), ssm_states=ssm_pool,
+                                          state_indices=_slots(idx)))
+            y_rows = torch.stack(out, dim=1)                  # [rows, T, H, P]
+            output.index_copy_(0, tokens, y_rows.reshape(len(group) * length, -1))
 
     def _conv_args(self) -> dict:
         return dict(weight=self.conv_weights, bias=self.conv1d.bias,
