@@ -71,10 +71,6 @@ from vllm.v1.kv_cache_interface import MambaSpec
 
 from nki_ssm.torch import ops as nki
 
-# vLLM layer class name -> ours (the names PluggableLayer.__new__ looks up)
-REPLACED = {}
-
-
 def _metadata(layer, checkpoints: str):
     """``layer``'s attention metadata for the current step, None in a profiling run (no
     states bound yet). Prefill checkpoints (metadata field ``checkpoints``) are an error: our
@@ -410,4 +406,3 @@ def register() -> None:
                       ("MambaMixer2", Mamba2Mixer)):
         if op_registry_oot.get(name) is not cls:
             PluggableLayer.register_oot(cls, name=name)
-        REPLACED[name] = cls
