@@ -54,6 +54,10 @@ SPEC_PROMPTS = dict(prompts=_prompts(2, (36, 9, 18, 75), SPEC_VOCAB), max_tokens
                     max_num_batched_tokens=64, max_model_len=1024)
 SPEC = dict(speculative_config=dict(method="ngram", num_speculative_tokens=3,
                                     prompt_lookup_max=3, prompt_lookup_min=1))
+# bfloat16: 12 prompts, so that how often a run follows the float32 model is not decided by
+# the near-ties of a few sequences.
+BF16 = dict(prompts=_prompts(5, (5, 12, 20, 33, 41, 58, 7, 16, 27, 64, 3, 50)), max_tokens=16,
+            max_num_batched_tokens=64)
 OURS = {"granite_hybrid": "nki_ssm.vllm.layers.Mamba2Mixer",
         "qwen3_next": "nki_ssm.vllm.layers.GatedDeltaNet"}
 
@@ -213,13 +217,17 @@ def _agreement(tokens: list, oracle: list) -> int:
                for t, o in zip(tokens, oracle))
 
 
-@pytest.mark.parametrize("kind, config", [("granite_hybrid", MAMBA), ("qwen3_next", QWEN)])
-def test_bfloat16_follows_stock_vllm(runs, kind, config):
+@pytest.mark.parametrize("kind", ["granite_hybrid", "qwen3_next"])
+def test_bfloat16_follows_stock_vllm(runs, kind):
     """Tokens as stock vLLM's up to a divergence where stock's own top-2 margin is below 0.2
-    nats, logprobs within 0.1 before it; and at least as close to transformers' float32
-    model as stock vLLM in bfloat16 is."""
-    stock = runs(kind, "bfloat16", backend=None, **config)
-    got = runs(kind, "bfloat16", backend="sim", **config)
+    nats, logprobs within 0.1 before it; and at least as close to the float32 model as stock
+    vLLM in bfloat16 is (12 sequences, so near-ties do not decide it). The float32 model:
+    transformers' for Qwen3-Next; for the Granite-4.0-H-like model stock vLLM's float32 run,
+    since transformers' GraniteMoeHybrid gives other tokens than vLLM's from the first one
+    on these random weights (attention / MoE, not the Mamba-2 layer, whose float32 results
+    are vLLM's within 1e-6 above)."""
+    stock = runs(kind, "bfloat16", backend=None, **BF16)
+    got = runs(kind, "bfloat16", backend="sim", **BF16)
     upto = []
     for s, (g, w) in enumerate(zip(got["rounds"][0], stock["rounds"][0])):
         d = _first_divergence(g["tokens"], w["tokens"])
@@ -229,6 +237,9 @@ def test_bfloat16_follows_stock_vllm(runs, kind, config):
                                           f"margin is {top[0] - top[1]:.3f}"
         upto.append(len(w["tokens"]) if d is None else d)
     _assert_logprobs_close(got["rounds"][0], stock["rounds"][0], 0.1, upto)
-    oracle = tiny_models.greedy(runs.model(kind, "float32"), config["prompts"],
-                                config["max_tokens"])
+    if kind == "qwen3_next":
+        oracle = tiny_models.greedy(runs.model(kind, "float32"), BF16["prompts"],
+                                    BF16["max_tokens"])
+    else:
+        oracle = _tokens(runs(kind, backend=None, **BF16))
     assert _agreement(_tokens(got), oracle) >= _agreement(_tokens(stock), oracle)

@@ -29,7 +29,7 @@ def _granite_hybrid(tf, vocab: int):
         **_DECODER, vocab_size=vocab, layer_types=["mamba", "attention"], mamba_n_heads=4, mamba_d_head=16,
         mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=1,
         mamba_chunk_size=16, num_local_experts=4, num_experts_per_tok=2,
-        shared_intermediate_size=32, position_embedding_type="rope"))
+        shared_intermediate_size=32))
 
 
 def _qwen3_next(tf, vocab: int):
