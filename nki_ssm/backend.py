@@ -8,7 +8,12 @@ bundled simulator (``nki_ssm.sim``) otherwise. ``NKI_SSM_BACKEND``:
   simulator (with a warning when an older SDK was passed over);
 - ``neuron``: the SDK; ImportError when it is not installed or older than
   the minimum;
-- ``sim``: the simulator, even when the SDK is installed.
+- ``sim``: the simulator, even when the SDK is installed;
+- ``reference``: ops called with ``backend=None`` run the float64 references
+  (``default_op_backend()``); the kernels still import against what ``auto``
+  picks, so an explicit ``backend="sim"`` still launches them.
+
+An invalid value is a ValueError naming the variable, raised on import.
 
 The kernels target NKI 0.8.0 (Neuron SDK 2.34.0): their run-time bounds and
 offsets are ``NkiScalar`` s and their conditionals ``nl.if_else``, which NKI 0.8.0
@@ -30,7 +35,7 @@ import types
 import warnings
 
 ENV_VAR = "NKI_SSM_BACKEND"
-CHOICES = ("auto", "neuron", "sim")
+CHOICES = ("auto", "neuron", "sim", "reference")
 MIN_NKI = "0.8.0"           # NKI 0.8.0 = Neuron SDK 2.34.0: NkiScalar arithmetic, nl.if_else
 MIN_SDK = "2.34.0"
 
@@ -77,12 +82,24 @@ def _sim_modules():
     return sim_nki, sim_nki.language, sim_nki.isa
 
 
+def choice_from_env() -> str:
+    """``$NKI_SSM_BACKEND`` (default "auto"), checked: ValueError naming it otherwise."""
+    choice = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
+    if choice not in CHOICES:
+        raise ValueError(f"{ENV_VAR}: expected one of {', '.join(CHOICES)}, "
+                         f"got {os.environ.get(ENV_VAR)!r}")
+    return choice
+
+
 def resolve(choice: str | None = None):
-    """``(name, nki, nl, nisa)`` for ``choice`` (default: $NKI_SSM_BACKEND or "auto")."""
+    """``(name, nki, nl, nisa)`` for ``choice`` (default: $NKI_SSM_BACKEND or "auto");
+    "reference" exports what "auto" would (the references need no NKI)."""
     if choice is None:
-        choice = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
+        choice = choice_from_env()
     if choice not in CHOICES:
         raise ValueError(f"{ENV_VAR}: expected one of {', '.join(CHOICES)}, got {choice!r}")
+    if choice == "reference":
+        choice = "auto"
     if choice != "sim":
         sdk = _sdk_modules()
         old = sdk_too_old(sdk[0]) if sdk is not None else None
@@ -100,12 +117,19 @@ def resolve(choice: str | None = None):
     return ("sim",) + _sim_modules()
 
 
-_NAME, nki, nl, nisa = resolve()
+_CHOICE = choice_from_env()
+_NAME, nki, nl, nisa = resolve(_CHOICE)
 
 
 def name() -> str:
     """"neuron" or "sim": the implementation exported as ``nki, nl, nisa``."""
     return _NAME
+
+
+def default_op_backend() -> str:
+    """What ``backend=None`` runs on every entry point: "reference" when
+    ``NKI_SSM_BACKEND=reference``, else ``name()``."""
+    return "reference" if _CHOICE == "reference" else _NAME
 
 
 LNC_ENV_VAR = "NEURON_LOGICAL_NC_CONFIG"
@@ -166,5 +190,5 @@ def run(kernel, *args, backend: str | None = None, lnc: int | None = None, **kwa
     raise ValueError(f"backend: expected 'sim', 'neuron' or None, got {backend!r}")
 
 
-__all__ = ["nki", "nl", "nisa", "name", "run", "logical_nc_config", "LNC_ENV_VAR", "resolve", "sdk_too_old", "ENV_VAR", "CHOICES",
+__all__ = ["nki", "nl", "nisa", "name", "default_op_backend", "choice_from_env", "run", "logical_nc_config", "LNC_ENV_VAR", "resolve", "sdk_too_old", "ENV_VAR", "CHOICES",
            "MIN_NKI", "MIN_SDK"]

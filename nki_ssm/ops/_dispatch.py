@@ -3,10 +3,11 @@
 Each op names its kernel launcher with a plain import (``from .launch import
 gated_delta as launch`` ... ``run(launch.prefill, ...)``), so the path op ->
 launcher -> kernel reads top to bottom and tools that follow imports can
-follow it. ``backend=None`` runs that launcher on the NKI implementation that
-``nki_ssm.backend.name()`` picks ("sim" or "neuron"); ``"sim"`` /
-``"neuron"`` run it on that implementation; ``"reference"`` runs the float64
-reference.
+follow it. ``backend=None`` runs what ``nki_ssm.backend.default_op_backend()``
+names: that launcher on the NKI implementation ``NKI_SSM_BACKEND`` picks
+("sim" or "neuron"), or the float64 reference when it is ``reference``;
+``"sim"`` / ``"neuron"`` run the launcher on that implementation;
+``"reference"`` runs the float64 reference.
 
 A pool with zero slots (every sequence then is padding) launches nothing on
 any backend: the call returns zero outputs, computed by the reference.
@@ -17,7 +18,9 @@ round-to-nearest-even) after every output has been computed and cast. A
 launcher updates pools in place itself; if it raises, the named slots are
 restored from a snapshot taken before the launch, so a failed call leaves
 every pool as it was (a launcher writing outside the named slots is a kernel
-bug this cannot undo). Launchers see C-contiguous arrays only.
+bug this cannot undo). Launchers see C-contiguous arrays only: a strided
+pool is handed to them, and to the reference, as a compact pool of the
+named slots (``compact``), so a call's cost never grows with the pool.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from .launch._arrays import cast_rne  # noqa: F401  (the ops' cast; it lives wit
 from .launch import gated_delta as _gated_delta_launch
 from .launch import mamba2_ssd as _ssd_launch
 from .launch import short_conv as _conv_launch
+from .launch.buckets import seq_bucket
 
 BACKENDS = (None, "reference", "sim", "neuron")
 # (launcher family, entry) -> launcher, for tools that list which ops run a kernel
@@ -47,14 +51,15 @@ def find_launcher(family: str, entry: str):
 
 
 def nki_backend_name() -> str:
-    """The NKI implementation ``backend=None`` runs on: ``nki_ssm.backend.name()``.
+    """What ``backend=None`` runs on: ``nki_ssm.backend.default_op_backend()``
+    ("reference", "sim" or "neuron").
 
     Imported on first use: choosing it imports the Neuron SDK or the simulator,
-    which a reference-only caller never needs.
+    which a caller passing an explicit backend never needs.
     """
     from nki_ssm import backend
 
-    return backend.name()
+    return backend.default_op_backend()
 
 
 def resolve(backend) -> str:
@@ -71,6 +76,31 @@ def named_slots(state_indices: np.ndarray) -> np.ndarray:
     return state_indices[state_indices >= 0]
 
 
+def compact(kwargs: dict, pools: tuple, size: int | None = None) -> dict:
+    """``kwargs`` with each pool replaced by a new C-contiguous pool of ``size`` slots
+    (default: one per named slot) holding the named slots in the order the batch names
+    them (zeros after), and ``state_indices`` renumbered to match (-1 stays -1).
+
+    Reads the caller's pools slot by slot (a gather of the named slots), so its cost
+    follows the batch, not the pool: a pool that is a strided view into a larger cache
+    (a serving engine's page-padded layout) is never copied whole.
+    """
+    idx = kwargs["state_indices"]
+    live = idx >= 0
+    slots = idx[live]
+    size = slots.size if size is None else size
+    out = dict(kwargs)
+    renumbered = np.full_like(idx, -1)
+    renumbered[live] = np.arange(slots.size, dtype=idx.dtype)
+    out["state_indices"] = renumbered
+    for name in pools:
+        pool = kwargs[name]
+        work = np.zeros((size,) + pool.shape[1:], dtype=pool.dtype)
+        work[: slots.size] = pool[slots]
+        out[name] = work
+    return out
+
+
 def run(launcher, kwargs: dict, *, pools: tuple, reference, backend):
     """Launch one validated call and commit its pool updates.
 
@@ -80,7 +110,8 @@ def run(launcher, kwargs: dict, *, pools: tuple, reference, backend):
     ``pools``: the names of the pool arguments in ``kwargs``.
     ``reference(**kwargs) -> (outputs, {pool_name: new_pool})`` where
     ``outputs`` is what the op returns, already cast to the output dtypes
-    (with ``cast_rne``).
+    (with ``cast_rne``). The reference sees a compact pool of the named slots
+    (``compact``), so its float64 work follows the batch, not the pool.
     """
     kind = resolve(backend)
     if kind != "reference":
@@ -94,11 +125,11 @@ def run(launcher, kwargs: dict, *, pools: tuple, reference, backend):
         # A pool without slots admits only padding sequences (a shape fact,
         # known before launch): nothing to launch; the reference gives the
         # contract's all-padding result (zero outputs) without touching it.
-        outputs, new_pools = reference(**kwargs)
+        outputs, new_pools = reference(**compact(kwargs, pools))
         # Cast everything before the first write so a failing cast cannot
         # leave a pool half-updated.
         staged = {
-            name: cast_rne(np.asarray(new_pools[name])[slots], kwargs[name].dtype)
+            name: cast_rne(np.asarray(new_pools[name])[: slots.size], kwargs[name].dtype)
             for name in pools
         }
         for name, values in staged.items():
@@ -111,24 +142,26 @@ def _launch(launcher, kind: str, kwargs: dict, pools: tuple, slots: np.ndarray):
     """Run a kernel launcher on C-contiguous arrays; restore named slots on failure.
 
     Kernels address HBM tensors as dense row-major buffers, so strided
-    inputs are made contiguous. A strided pool (e.g. a view into a larger
-    cache) is replaced by a contiguous working copy whose named slots are
-    committed back only on success.
+    inputs are made contiguous. A C-contiguous pool is the kernel's own
+    (updated in place; its named slots restored from a snapshot if the launch
+    fails). A strided pool (e.g. a slot view into a serving engine's
+    page-padded cache) is replaced by a compact working pool of its named
+    slots (``compact``; slot count rounded up to the launchers' sequence
+    bucket, so a device compiles one program per bucket), committed back slot
+    by slot only on success: the cost follows the batch, not the pool.
     """
+    direct = all(kwargs[n].flags.c_contiguous for n in pools)
+    work = kwargs if direct else compact(kwargs, pools, seq_bucket(slots.size))
     args = {n: np.ascontiguousarray(a) if isinstance(a, np.ndarray) and n not in pools else a
-            for n, a in kwargs.items()}
-    direct = [n for n in pools if kwargs[n].flags.c_contiguous]
-    for n in pools:
-        if n not in direct:
-            args[n] = np.ascontiguousarray(kwargs[n])
-    snapshot = {n: kwargs[n][slots].copy() for n in direct}
+            for n, a in work.items()}
+    snapshot = {n: kwargs[n][slots].copy() for n in pools} if direct else {}
     try:
         out = launcher(**args, backend=kind)
     except BaseException:
         for n, values in snapshot.items():
             kwargs[n][slots] = values
         raise
-    for n in pools:
-        if n not in direct:
-            kwargs[n][slots] = args[n][slots]
+    if not direct:
+        for n in pools:
+            kwargs[n][slots] = args[n][: slots.size]
     return out

@@ -12,7 +12,7 @@
   ``@nki.jit`` kernels).
 
 ``set_backend`` / ``use_backend`` choose the backend the drop-ins pass to the ops
-(None: the kernel on the NKI implementation ``NKI_SSM_BACKEND`` picks; "reference":
+(None: what ``NKI_SSM_BACKEND`` picks, a kernel's NKI implementation or the references; "reference":
 the float64 reference; "sim" / "neuron": that NKI implementation).
 """
 try:

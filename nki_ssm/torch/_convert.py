@@ -19,7 +19,8 @@ _state = {"backend": None}
 
 def get_backend():
     """The ``backend`` the drop-ins and the HF patch pass to the custom ops (default None:
-    the kernel on the NKI implementation ``NKI_SSM_BACKEND`` picks, see ``nki_ssm.backend``)."""
+    what ``NKI_SSM_BACKEND`` picks: the kernel on an NKI implementation, or the float64
+    references for ``reference``; see ``nki_ssm.backend``)."""
     return _state["backend"]
 
 

@@ -197,6 +197,11 @@ def _standin(t, layout: bool = False):
 def _validate(validator, args: dict, **extra) -> dict:
     """The host API's checks on ``args`` -> its normalised values (index arrays on the host)."""
     backend = args.pop("backend", None)
+    if backend is None:
+        from nki_ssm import backend as nki_backend
+
+        if nki_backend.default_op_backend() == "reference":
+            backend = "reference"     # NKI_SSM_BACKEND=reference: the host's float64 references
     if backend not in (None, "neuron"):
         raise ValueError(f"backend must be None or 'neuron' for device tensors, got "
                          f"{backend!r} (move the tensors to the CPU for {backend!r})")

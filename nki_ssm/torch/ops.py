@@ -15,9 +15,9 @@ naming the argument, raised by the real and the fake kernel alike, so a
 ``meta`` tensor cannot turn a call into shape inference).
 
 Execution: CPU tensors run through ``nki_ssm.ops`` on NumPy views of the
-caller's tensors (``backend`` argument: None = the NKI kernel on the
-implementation ``NKI_SSM_BACKEND`` picks, or "reference" / "sim" /
-"neuron"); the pools are updated in the caller's memory, with the host
+caller's tensors (``backend`` argument: None = what ``NKI_SSM_BACKEND``
+picks, the NKI kernel on an implementation or the references, or
+"reference" / "sim" / "neuron"); the pools are updated in the caller's memory, with the host
 API's guarantee that a rejected call leaves them untouched. Tensors on any
 other device go to ``nki_ssm.torch.neuron`` (the kernels called with device
 tensors, pools aliased).

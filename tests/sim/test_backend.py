@@ -107,3 +107,42 @@ def test_sdk_with_nki_080_is_used(monkeypatch):
     _fake_sdk(monkeypatch, "0.8.0+31049202112.g85070674")
     assert backend.resolve("neuron")[0] == "neuron"
     assert backend.resolve("auto")[1] is sys.modules["nki"]
+
+
+def test_reference_choice_exports_the_auto_implementation():
+    assert backend.resolve("reference")[0] == "sim"
+
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _run_with_backend(value: str, code: str):
+    env = dict(os.environ, NKI_SSM_BACKEND=value)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, cwd=_REPO)
+
+
+def test_reference_env_makes_backend_none_the_reference_on_every_op():
+    """NKI_SSM_BACKEND=reference: backend=None gives the reference's result bit for bit
+    (pools included), not the kernel's."""
+    code = """
+import numpy as np
+from nki_ssm import backend, ops
+from nki_ssm.ops import _dispatch
+from nki_ssm.reference import inputs
+print(backend.name(), backend.default_op_backend(), _dispatch.resolve(None))
+kw = inputs.make_ssd_inputs(np.random.default_rng(0), seqlens=[5, 0, 9], H=2, P=8, N=16, G=1)
+kw2 = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in kw.items()}
+y_none = ops.ssd_prefill(**kw)
+y_ref = ops.ssd_prefill(**kw2, backend="reference")
+print(np.array_equal(y_none, y_ref), np.array_equal(kw["ssm_states"], kw2["ssm_states"]))
+"""
+    r = _run_with_backend("reference", code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["sim", "reference", "reference", "True", "True"]
+
+
+def test_invalid_env_value_fails_on_import_naming_the_variable():
+    r = _run_with_backend("bogus", "import nki_ssm.backend")
+    assert r.returncode != 0
+    assert "NKI_SSM_BACKEND: expected one of auto, neuron, sim, reference, got 'bogus'" in r.stderr

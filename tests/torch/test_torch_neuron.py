@@ -274,6 +274,20 @@ def test_rejected_call_never_reaches_the_device(op, device):
                                "backend": "reference"})
 
 
+@pytest.mark.parametrize("op", OPS)
+def test_reference_env_is_refused_on_device_tensors(op, device, monkeypatch):
+    """NKI_SSM_BACKEND=reference makes backend=None the host's float64 references, which
+    device tensors cannot run: refused as backend="reference" is, before the device."""
+    monkeypatch.setattr(nki_backend, "_CHOICE", "reference")
+    tkw = to_torch(numpy_case(op))
+    name = pool_name(tkw)
+    before = tkw[name].clone()
+    with pytest.raises(ValueError, match=r"^backend must be None or 'neuron' for device "
+                                         r"tensors, got 'reference'"):
+        _call(op, tkw)
+    assert not device and torch.equal(tkw[name], before)
+
+
 def _device(runtime):
     """The Neuron device of ``runtime`` ("native": the ``neuron`` device of TorchNeuron, SDK
     2.33 / 2.34; "xla": torch-neuronx 2.9, SDK <= 2.31), or a skip."""
