@@ -80,6 +80,16 @@ def _gdn_decode(num_seqs, padding, T=1, HV=2, raw=False, pool_dtype=np.float32):
     return make
 
 
+def _gdn_prefill(seqlens, padding, H, HV, dtype=np.float32, raw=False, chunk=16):
+    def make(rng):
+        kw = inputs.make_gated_delta_inputs(rng, seqlens=seqlens, H=H, HV=HV, K=16, V=16,
+                                            dtype=dtype, pool_dtype=dtype, raw_gates=raw,
+                                            use_qk_l2norm=raw, padding=padding,
+                                            slots=len(seqlens) + 2)
+        return ops.gated_delta_prefill, dict(kw, chunk_size=chunk)
+    return make
+
+
 def _ssd_prefill(seqlens, padding, H, P, G=1, dtype=np.float32, chunk=16):
     def make(rng):
         kw = inputs.make_ssd_inputs(rng, seqlens=seqlens, H=H, P=P, N=16, G=G, dtype=dtype,
@@ -142,6 +152,14 @@ CASES = [
     ("ssd_prefill/one-head", _ssd_prefill([21], 0, 1, 5)),
     ("ssd_prefill/odd-H", _ssd_prefill([9, 40, 1], 1, 3, 8, dtype=BF16)),
     ("ssd_prefill/all-padding", _ssd_prefill([5, 30], 2, 2, 8)),
+    # GDN prefill: the value heads split (both programs run the whole work list): an odd
+    # sequence count with an empty one, padding, bodies of several chunks and single ones; one
+    # value head and an odd HV (do not split: program 1 runs program 0's heads into dumps)
+    # with raw gates and the fused L2 norm in bfloat16; all padding
+    ("gated_delta_prefill/odd-seqs", _gdn_prefill([37, 0, 150, 5], 1, 1, 2)),
+    ("gated_delta_prefill/one-head", _gdn_prefill([40, 3], 0, 1, 1)),
+    ("gated_delta_prefill/odd-HV", _gdn_prefill([9, 70, 1], 1, 1, 3, dtype=BF16, raw=True)),
+    ("gated_delta_prefill/all-padding", _gdn_prefill([5, 30], 2, 1, 2)),
     # SSD backward: an odd sequence count with an empty one (a group per program); odd H
     # (does not split: both programs run every head, program 0's gradients kept)
     ("ssd_backward/odd-seqs", _ssd_backward([37, 0, 5], 4, 8, G=2)),

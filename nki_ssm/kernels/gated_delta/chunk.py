@@ -60,28 +60,31 @@ dtype (rows of padding sequences zero; the launcher slices ``[:num_tokens]``).
 
 LNC: the value heads split across the programs
 ----------------------------------------------
-Launched as a grid of ``programs = nl.num_programs(0)`` (1, or 2 on a trn2 / trn3 logical
-core of two physical cores), program ``pid = nl.program_id(0)`` computes the value heads
-``hv0 .. hv0 + HV/programs - 1`` (``heads_per_program``, ``_program_window``; Python ints at
-trace time) for every chunk of the batch: the heads are independent (own gates, own
+Launched as a grid of ``programs`` (1, or 2 on a trn2 / trn3 logical core of two physical
+cores; ``scaffold.lnc_grid``), program ``pid`` computes the value heads
+``hv0 .. hv0 + HV/programs - 1`` (``scaffold.program_share``, ``_program_window``; Python
+ints at trace time) for every chunk of the batch: the heads are independent (own gates, own
 state), so the split reorders no reduction and the results equal LNC=1 bit for bit. Both
-programs run the same work lists (shared tables) and the same instructions over their own
-heads: q/k columns of the q/k heads their value heads read (HV = 2 at H = 1: both read
-head 0), v / g / beta / A_log / dt_bias columns, o columns (padding rows and the trash row
-included), pool rows ``slot*HV*K + hv0*K ..`` of each slot, and a scratch of their own
-(blocks ``pid * nblocks ..``). So no HBM byte is written by two programs, nor written by one
-and read by the other, and no synchronisation is needed. When HV does not split evenly (odd
-HV, e.g. 1) program 0 computes every head and program 1 gets zero trip counts (its counts
-row): it traces program 0's instructions but runs no loop iteration. Within a program
+programs run the same work lists (shared tables, the one counts row included: one control
+flow) and the same instructions over their own heads: q/k columns of the q/k heads their
+value heads read (HV = 2 at H = 1: both read head 0), v / g / beta / A_log / dt_bias
+columns, o columns (padding rows and the trash row included), pool rows
+``slot*HV*K + hv0*K ..`` of each slot, and a scratch of their own (blocks
+``pid * nblocks ..``). So no HBM byte is written by two programs, nor written by one and
+read by the other, and no synchronisation is needed. When HV does not split evenly (odd
+HV, e.g. 1) every program computes every head with the same trip counts, program 1 into
+private dumps of o and the pool (``scaffold.destination``: it reads its initial states
+from the uninitialised dump and computes on garbage nothing reads) and its own scratch
+blocks. Within a program
 everything below holds with HV its own heads: at Qwen3-Next TP1 (32 value heads) 16 per
 program, 4 head groups, 2 chunks per body; at TP4 (8) 4 per program, one group, 8 chunks.
 
 Loops: one runtime level, five ``nl.fori_loop`` in sequence
 -----------------------------------------------------------
-Trip counts are registers allocated and loaded (from (1, 1) views of an SBUF copy of
-``counts``, partition 0) before the first loop; the loop index (a register) selects the
-work row; a row's block and pool rows are DMA'd into (1, 1) SBUF tiles on partition 0,
-the ``scalar_offset`` of the state DMAs. Batch composition is data: a sequence with or
+Trip counts are ``NkiScalar`` s loaded once, before the first loop
+(``scaffold.trip_counts``); the loop's iteration value (an ``NkiScalar``) selects the work
+row; a row's block and pool rows are ``NkiScalar`` s too (``scaffold.row_cells``), the
+``scalar_offset`` of the state DMAs. Batch composition is data: a sequence with or
 without initial state, a first or a later row, a final or an intermediate state differ
 only in the block rows of their work rows. Between rows the state lives in ``scratch``,
 a float32 HBM tensor the kernel allocates: per program, one ``[K, HV*V]`` block per live
@@ -90,10 +93,11 @@ sequence and a zero block.
 1. padding chunks: zeros scattered to the output rows of padding sequences;
 2. init_tab: each live sequence with an initial state: its pool slot -> its block (the
    DMAs keep the pool's dtype; a bfloat16 slot is widened by VectorE in SBUF);
-3. body rows: S [K, HV*V] <- the row's source block (one DMA per head group), n chunks
-   in a software pipeline (below), S -> the destination block (per head group, as soon
-   as the row's last chunk updated it); the next row's chunks are gathered during the
-   body;
+3. body rows: the row's n chunks gathered (chunk 0 first), S [K, HV*V] <- the row's
+   source block (one DMA per head group), n chunks in a software pipeline (below), S ->
+   the destination block (per head group, as soon as the row's last chunk updated it);
+   nothing crosses an iteration boundary in SBUF but the constants and the solve tiles'
+   zeros;
 4. tail rows (n > 1 only): the same with one chunk per row;
 5. final_tab: each live sequence's block -> its pool slot (bf16 pools: rounded by
    VectorE, then DMA'd in the pool's dtype).
@@ -130,10 +134,8 @@ state chain runs a chunk every two steps.
 
 Engines, per (chunk, value head) at C = 128 (tokens on partitions)
 ------------------------------------------------------------------
-- DMA: the row gathers of q, k, v, g, beta (indirect, one token row per partition; with
-  small inputs the next row's during the body, each after its last reader; k, read until
-  the decayed keys, into a second tile in a body of one chunk) and the output
-  scatter (per head group); the state in and out of the scratch block (per head group,
+- DMA: the row gathers of q, k, v, g, beta (indirect, one token row per partition, at the
+  start of the body) and the output scatter (per head group); the state in and out of the scratch block (per head group,
   once per row); the packed solve's layout moves as SBUF-to-SBUF DMAs: the diagonal
   blocks into P^T, the right-hand sides into the packed R (< 8 head groups: instead the
   block inverses into G and the off-diagonal blocks into their slots) and the solutions
@@ -199,14 +201,11 @@ solve variant (packed right-hand sides with 8 or more groups, WY with fewer:
 ``_few_groups``) follows the layer's head count, not the program's, so LNC=2 computes
 every head exactly as LNC=1 does.
 
-Constructs and their evidence (released kernels or the NKI 0.6.0 docs): the program's
-place in the LNC grid as ``nl.num_programs(0)`` / ``nl.program_id(0)``, Python ints
-(nki-library moe_tkg/selective_expert_mx_impl.py, attention_tkg.py); runtime loops
-as ``nl.fori_loop`` with an inner ``def`` body (the ``fori_loop`` docstring, NKI 0.6.0);
-registers allocated before the loops and loaded from (1, 1) SBUF tiles on partition 0
-(nki-library moe_cte/bwmm_shard_on_block_mx.py); HBM views with ``scalar_offset`` a
-(1, 1) SBUF tile (same file) or the loop index (the ``fori_loop`` docstring) and
-``indirect_dim=0``; one-row-per-partition ``vector_offset`` gathers / scatters
+Constructs and their evidence: the scaffolding's (``scaffold.py``, NKI 0.8.0: the LNC grid
+as Python ints, runtime loops as ``nl.fori_loop`` with an inner ``def`` body, trip counts
+and table cells as ``NkiScalar`` s from ``nisa.scalar_load`` of an SBUF copy, HBM views
+with an ``NkiScalar`` ``scalar_offset`` and ``indirect_dim=0``, private HBM dumps, PSUM
+allocated in the loop bodies); one-row-per-partition ``vector_offset`` gathers / scatters
 (attention_tkg.py); a kernel-allocated ``shared_hbm`` scratch
 (moe_cte/bwmm_shard_on_I.py); matmuls on the whole PE array, and (< 8 head groups)
 32-row row tiles ``tile_position=(32 b, 0)`` whose operands sit on the tile's partitions
@@ -225,6 +224,8 @@ from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
 from nki_ssm.kernels.gated_delta._common import consecutive_groups
+from nki_ssm.kernels.scaffold import (at_row, destination, for_each_row, lnc_grid,
+                                      program_share, row_cells, trip_counts, work_loop)
 
 _BLOCK = 32           # rows per exactly-inverted diagonal block
 _PACK = 4             # most heads whose blocks share one 128-partition packed solve
@@ -233,9 +234,6 @@ _ONE_GROUP_STEP = 2   # ... with one head group and compact tiles: the whole bod
 _FIRST_LEAD = 2       # extra steps chunk 0 runs alone in a body of 4 or more chunks (_body_plan)
 _SQUARED = 8          # the doubling squares up to N^8, then chains compact products with it
 _L2NORM_EPS = 1e-6
-_PREFETCH_BYTES = 25 * 1024   # inputs (per partition) up to which k gets a second tile:
-                               # bf16 TP1 16.25 KiB, with the fused L2 norm 24.25 (float32
-                               # TP1, 32.25, would not fit SBUF beside it with a bf16 pool)
 
 
 @nki.jit
@@ -249,12 +247,15 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, body_rows, bo
     K = q2.shape[1] // H
     C = chunk
     odt = v2.dtype
-    # this program's value heads (Python ints at trace time): HV of them from head hv0
-    nprog = nl.num_programs(0)
-    pid = nl.program_id(0)
+    # this program's value heads (Python ints at trace time): HV of them from head hv0; a
+    # program without real work (heads that do not split) runs program 0's heads into
+    # private dumps of o and the pool
+    nprog, pid = lnc_grid()
     win = _program_window(H, v2.shape[1] // V, nprog, pid)
     HV = win["nhv"]
     o = nl.ndarray((T1, win["HV"] * V), dtype=odt, buffer=nl.shared_hbm)
+    o_out = destination(o, win["real"])
+    pool = destination(pool, win["real"])
     # float32 states of the live sequences, one [K, HV*V] block each, and a zero block last,
     # for each program (blocks pid*nblocks ..: no block is written by two programs)
     nblocks = init_tab.shape[0] + 1
@@ -295,16 +296,9 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, body_rows, bo
         cst["negA"] = negA
         cst["dtb"] = hp[:, d0:d0 + HV]
 
-    # trip counts: padding chunks, initial states, bodies of nsub chunks, single chunks,
-    # live sequences (this program's row of counts); registers allocated and loaded here,
-    # before the loops
-    cnt = nl.ndarray((1, 5), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=cnt, src=counts[pid:pid + 1, 0:5])
-    trips = []
-    for j in range(5):
-        r = nisa.register_alloc()
-        nisa.register_load(dst=r, src=cnt[0:1, j:j + 1])
-        trips.append(r)
+    # trip counts (the one counts row every program reads): padding chunks, initial states,
+    # bodies of nsub chunks, single chunks, live sequences
+    n_pad, n_init, n_body, n_tail, n_live = trip_counts(counts)
 
     # the state S [K, HV*V] float32 (partition k: row k of every head's state)
     S = nl.ndarray((K, HV * V), dtype=nl.float32, buffer=nl.sbuf)
@@ -316,54 +310,41 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, body_rows, bo
         zt = nl.ndarray((C, HV * V), dtype=odt, buffer=nl.sbuf)
         nisa.memset(dst=zt, value=0.0)
         zr = _table_rows(pad_rows, z, C, 0)
-        nisa.dma_copy(dst=_rows_view(o, zr, C, win["hv0"] * V, HV * V), src=zt)
+        nisa.dma_copy(dst=_rows_view(o_out, zr, C, win["hv0"] * V, HV * V), src=zt)
 
-    nl.fori_loop(0, trips[0], pad_body)
+    work_loop(n_pad, pad_body)
 
     # loop 2: initial states from the pool into the sequences' scratch blocks
-    def init_body(s):
-        _pool_to_scratch(pool, scratch, S, _row_cells(init_tab, s), win, blk0, K, V)
+    def init_body(s, cells):
+        _pool_to_scratch(pool, scratch, S, cells, win, blk0, K, V)
 
-    nl.fori_loop(0, trips[1], init_body)
+    for_each_row(n_init, init_tab, init_body)
 
-    # chunk input tiles, one set per chunk of a body, gathered one body ahead
+    # chunk input tiles, one set per chunk of a body: each body gathers its own chunks
     bufs = []
     for j in range(nsub):
         bufs.append(_chunk_buffers(win["nh"], HV, K, V, C, bf16, use_qk_l2norm))
-    # the next body's k in second tiles only when the inputs are small (SBUF)
-    prefetch = _tile_bytes(bufs[0]) <= _PREFETCH_BYTES
-    nxt_k = []
-    for j in range(nsub):
-        t = bufs[j]["k"]
-        if prefetch:
-            t = nl.ndarray(bufs[j]["k"].shape, dtype=bufs[j]["k"].dtype, buffer=nl.sbuf)
-        nxt_k.append(t)
     io = {}
-    io["o"] = o
+    io["o"] = o_out
     io["hbm"] = hbm
     io["cols"] = _input_columns(win, K, V)
     io["blk0"] = blk0
     io["scratch"] = scratch
     io["T1"] = T1
-    io["prefetch"] = prefetch
     io["compact"] = compact
-    io["nxt_k"] = nxt_k
 
     # loop 3: bodies of nsub consecutive chunks of one sequence, state in from and out to
     # its scratch block (the zero block for a sequence's first body without initial state)
-    for j in range(nsub):
-        _gather_chunk(bufs[j], io, body_rows, None, j, C)
     io["rows"] = body_rows
     io["state"] = body_state
 
     def body(i):
         _chunks(bufs, nsub, io, cst, solve, S, i, K, V, win, raw_gates, use_qk_l2norm, scale, C)
 
-    nl.fori_loop(0, trips[2], body)
+    work_loop(n_body, body)
 
     # loop 4: a sequence's last (chunks mod nsub) chunks, one per iteration
     if nsub > 1:
-        _gather_chunk(bufs[0], io, tail_rows, None, 0, C)
         io["rows"] = tail_rows
         io["state"] = tail_state
 
@@ -371,46 +352,28 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, body_rows, bo
             _chunks(bufs, 1, io, cst, solve, S, i, K, V, win, raw_gates, use_qk_l2norm, scale,
                     C)
 
-        nl.fori_loop(0, trips[3], tail_body)
+        work_loop(n_tail, tail_body)
 
     # loop 5: final states from the scratch blocks into the pool slots
-    def final_body(s):
-        _scratch_to_pool(pool, scratch, S, _row_cells(final_tab, s), win, blk0, K, V)
+    def final_body(s, cells):
+        _scratch_to_pool(pool, scratch, S, cells, win, blk0, K, V)
 
-    nl.fori_loop(0, trips[4], final_body)
+    for_each_row(n_live, final_tab, final_body)
     return o
-
-
-def _row_cells(table, r):
-    """The values of row ``r`` (a register) of an int32 ``[rows, w]`` HBM table, each in a
-    (1, 1) SBUF tile on partition 0: the ``scalar_offset`` of the DMAs that use them."""
-    w = table.shape[1]
-    cells = []
-    for j in range(w):
-        t = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=t, src=table.ap(pattern=[[w, 1], [1, 1]], offset=j, scalar_offset=r,
-                                          indirect_dim=0))
-        cells.append(t)
-    return cells
 
 
 def _state_block(scratch, row, block, K, c0, c1):
     """Columns c0:c1 of the ``[K, width]`` scratch block ``block`` (static) plus the run-time
-    block row ``row`` (a (1, 1) SBUF tile, or None)."""
+    block row ``row`` (an ``NkiScalar``, or None)."""
     width = scratch.shape[1]
-    pattern = [[width, K], [1, c1 - c0]]
-    if row == None:  # noqa: E711  (NKI has no `is`)
-        return scratch.ap(pattern=pattern, offset=block * K * width + c0)
-    return scratch.ap(pattern=pattern, offset=block * K * width + c0, scalar_offset=row,
-                      indirect_dim=0)
+    return at_row(scratch, row, [[width, K], [1, c1 - c0]], block * K * width + c0)
 
 
 def _pool_slot(pool, row, win, K, V):
-    """This program's heads (``win``) of the pool slot from pool row ``row`` (a (1, 1) SBUF
-    tile) as ``[K, HV, V]``: a slot is one contiguous ``[HV*K, V]`` block, partition k
-    holding rows (hv, k) of the program's heads."""
-    return pool.ap(pattern=[[V, K], [K * V, win["nhv"]], [1, V]], offset=win["hv0"] * K * V,
-                   scalar_offset=row, indirect_dim=0)
+    """This program's heads (``win``) of the pool slot from pool row ``row`` (an
+    ``NkiScalar``) as ``[K, HV, V]``: a slot is one contiguous ``[HV*K, V]`` block, partition
+    k holding rows (hv, k) of the program's heads."""
+    return at_row(pool, row, [[V, K], [K * V, win["nhv"]], [1, V]], win["hv0"] * K * V)
 
 
 def _pool_to_scratch(pool, scratch, S, cells, win, blk0, K, V):
@@ -442,23 +405,18 @@ def _scratch_to_pool(pool, scratch, S, cells, win, blk0, K, V):
 
 def heads_per_program(HV, programs):
     """Value heads each of ``programs`` SPMD programs (the LNC) computes: HV / programs when
-    they split evenly, else all HV in program 0 (the others get empty work lists: zero trip
-    counts, the launcher's ``prefill_tables``)."""
-    if HV % programs == 0:
-        return HV // programs
-    return HV
+    they split evenly, else all HV (every program runs program 0's heads, the others into
+    dumps: ``scaffold.program_share``)."""
+    return program_share(HV, programs, 0)[1]
 
 
 def _program_window(H, HV, programs, pid):
     """The heads program ``pid`` of ``programs`` computes: ``nhv`` value heads from ``hv0``,
     reading q/k heads ``h0 .. h0 + nh - 1`` (``qk[j]``: the tile column block of value head
     hv0 + j's q/k head), ``HV`` all value heads, ``few`` the solve variant of the layer
-    (_few_groups). A program without work (the split does not divide) gets program 0's
-    window: same shapes, same program size."""
-    nhv = heads_per_program(HV, programs)
-    hv0 = 0
-    if nhv < HV:
-        hv0 = pid * nhv
+    (_few_groups), ``real`` False for a program without real work (the split does not
+    divide: it runs program 0's window, same instructions and trip counts, into dumps)."""
+    hv0, nhv, real = program_share(HV, programs, pid)
     rep = HV // H
     h0 = hv0 // rep
     qk = []
@@ -472,6 +430,7 @@ def _program_window(H, HV, programs, pid):
     w["nh"] = qk[nhv - 1] + 1
     w["qk"] = qk
     w["few"] = _few_groups(HV)
+    w["real"] = real
     return w
 
 
@@ -513,18 +472,6 @@ def chunks_per_iteration(HV, compact):
     return max(1, n)
 
 
-def _tile_bytes(buf):
-    """Bytes per partition of the chunk input tiles ``buf``."""
-    n = 0
-    for name in _INPUTS:
-        t = buf[name]
-        size = 2
-        if t.dtype == nl.float32:
-            size = 4
-        n = n + t.shape[1] * size
-    return n
-
-
 def _head_groups(HV):
     """The value heads of each software-pipeline group (and packed solve): _PACK per group,
     128 partitions, so the packed solve's ops serve 4 heads each."""
@@ -540,15 +487,10 @@ def _few_groups(HV):
 
 
 def _table_rows(table, r, C, plus):
-    """Token rows of chunk ``plus`` (a static int) of row ``r`` (a register, None: row 0) of
-    an int32 ``[entries, n*C]`` table as a ``[C, 1]`` SBUF column (``plus`` >= n: the
-    chunks of the rows after ``r``)."""
+    """Token rows of chunk ``plus`` (a static int) of row ``r`` (an ``NkiScalar``; None: row
+    0) of an int32 ``[entries, n*C]`` table as a ``[C, 1]`` SBUF column."""
     t = nl.ndarray((C, 1), dtype=nl.int32, buffer=nl.sbuf)
-    if r == None:  # noqa: E711  (NKI has no `is`)
-        nisa.dma_copy(dst=t, src=table.ap(pattern=[[1, C], [1, 1]], offset=plus * C))
-    else:
-        nisa.dma_copy(dst=t, src=table.ap(pattern=[[1, C], [1, 1]], offset=plus * C,
-                                          scalar_offset=r, indirect_dim=0))
+    nisa.dma_copy(dst=t, src=at_row(table, r, [[1, C], [1, 1]], plus * C))
     return t
 
 
@@ -574,12 +516,13 @@ _INPUTS = ("q", "k", "v", "g", "beta")
 
 
 def _gather_chunk(buf, io, table, r, plus, C):
-    """Gather the token rows listed in row ``r + plus`` of ``table`` into the chunk tiles (the
-    program's columns of io["hbm"]'s inputs, from io["cols"])."""
+    """Gather the token rows of chunk ``plus`` of row ``r`` of ``table`` into the chunk tiles
+    (the program's columns of io["hbm"]'s inputs, from io["cols"]); returns the rows."""
     rows = _table_rows(table, r, C, plus)
     for name in _INPUTS:
         nisa.dma_copy(dst=buf[name], src=_rows_view(io["hbm"][name], rows, C, io["cols"][name],
                                                     buf[name].shape[1]))
+    return rows
 
 
 def _rows_view(x, rows, C, c0, width):
@@ -1048,18 +991,17 @@ def _chunk_prologue(buf, o, cst, rows, T1, H, HV, K, V, raw_gates, use_qk_l2norm
 
 
 def _chunks(bufs, n, io, cst, solve, S, c, K, V, win, raw_gates, use_qk_l2norm, scale, C):
-    """Row ``c`` (a register) of the work list io["rows"] / io["state"]: n consecutive chunks
-    of one sequence from the tiles bufs[0 .. n - 1] (gathered earlier: rows past the sequence
-    end read the zero row). S is loaded from the row's source scratch block, carried through
-    the n chunks and stored to its destination block; o rows scattered (rows past the end to
-    the trash row); afterwards bufs[j] holds chunk j of row c + 1.
+    """Row ``c`` (an ``NkiScalar``) of the work list io["rows"] / io["state"]: n consecutive
+    chunks of one sequence, gathered into the tiles bufs[0 .. n - 1] at the start of the
+    body (rows past the sequence end read the zero row). S is loaded from the row's source
+    scratch block, carried through the n chunks and stored to its destination block; o rows
+    scattered (rows past the end to the trash row).
 
     A software pipeline over groups of value heads (_head_groups) and the n chunks
     (_body_plan): a group's work is a list of jobs, one per dependent step (_group_jobs),
     so every in-order engine queue holds work of several groups between one group's
     dependent steps."""
     L = C
-    nsub = len(bufs)
     o = io["o"]
     HV = win["nhv"]
     groups = _head_groups(HV)
@@ -1068,13 +1010,17 @@ def _chunks(bufs, n, io, cst, solve, S, c, K, V, win, raw_gates, use_qk_l2norm, 
     stride = _chunk_stride(G, io["compact"])
     order, off, nslot = _body_plan(jobs, G, n, stride, win["few"])
     table = io["rows"]
-    # the state entering the row, per head group (group 0's first: its k S comes first)
-    cells = _row_cells(io["state"], c)
+    # chunk 0's inputs first (its first job reads them), then the state entering the row,
+    # per head group (group 0's first: its k S comes first), then the other chunks' inputs
+    rows = [_gather_chunk(bufs[0], io, table, c, 0, C)]
+    cells = row_cells(io["state"], c)
     for hvs in groups:
         c0 = hvs[0] * V
         c1 = (hvs[len(hvs) - 1] + 1) * V
         nisa.dma_copy(dst=S[:, c0:c1], src=_state_block(io["scratch"], cells[0], io["blk0"], K,
                                                         c0, c1))
+    for k in range(1, n):
+        rows.append(_gather_chunk(bufs[k], io, table, c, k, C))
     chs = []
     pres = []
     gdat = []
@@ -1084,34 +1030,6 @@ def _chunks(bufs, n, io, cst, solve, S, c, K, V, win, raw_gates, use_qk_l2norm, 
         pres.append({})
         gdat.append({})
         items.append({})
-    # the next row's chunks; with prefetch their inputs land in the tiles during the body,
-    # each once its last reader is issued: q, v, g, beta early; k is read until the decayed
-    # keys (post_ops), near the end of its chunk, so in a body of one chunk it goes to a
-    # second tile at the start and is moved over at the end (the next body's first job
-    # reads it), in a body of several it lands after post_ops as the others do (the next
-    # body reads chunk j's k only at chunk j's first step)
-    src = []
-    for j in range(nsub):
-        src.append(None)
-    k_direct = n > 1
-    if io["prefetch"]:
-        for j in range(n):
-            rows = _table_rows(table, c, C, n + j)
-            views = {}
-            for name in _INPUTS:
-                views[name] = _rows_view(io["hbm"][name], rows, C, io["cols"][name],
-                                         bufs[j][name].shape[1])
-            if not k_direct:
-                nisa.dma_copy(dst=io["nxt_k"][j], src=views["k"])
-            src[j] = views
-    # last reader of each input (the next chunk lands after the last group's job)
-    last = {}
-    last["qk_t"] = "q"
-    last["gu"] = "g"
-    last["at"] = "beta"
-    last["rhs"] = "v"
-    if k_direct:
-        last["post_ops"] = "k"
     for t in range(nslot):
         for k in range(n):
             for r in range(len(order[k])):
@@ -1120,9 +1038,8 @@ def _chunks(bufs, n, io, cst, solve, S, c, K, V, win, raw_gates, use_qk_l2norm, 
                 if u < 0 or u >= G:
                     continue
                 if chs[k] == None:  # noqa: E711  (NKI has no `is`)
-                    rows = _table_rows(table, c, C, k)
-                    chs[k] = _chunk_prologue(bufs[k], o, cst, rows, io["T1"], win["nh"], HV, K,
-                                             V, raw_gates, use_qk_l2norm, scale, C)
+                    chs[k] = _chunk_prologue(bufs[k], o, cst, rows[k], io["T1"], win["nh"], HV,
+                                             K, V, raw_gates, use_qk_l2norm, scale, C)
                 s = order[k][i]
                 _group_job(jobs[s], jarg[s], u, groups[u], chs[k], bufs[k], pres[k], gdat[k],
                            items[k], o, cst, solve[k], S, K, V, win, L, C)
@@ -1132,18 +1049,6 @@ def _chunks(bufs, n, io, cst, solve, S, c, K, V, win, raw_gates, use_qk_l2norm, 
                     c1 = (groups[u][len(groups[u]) - 1] + 1) * V
                     nisa.dma_copy(dst=_state_block(io["scratch"], cells[1], io["blk0"], K, c0,
                                                    c1), src=S[:, c0:c1])
-        # the next chunks' inputs after the last group's last reader
-        for k in range(n):
-            if src[k] != None:  # noqa: E711
-                for i in range(len(order[k])):
-                    name = last.get(jobs[order[k][i]])
-                    if name != None and t == off[k][i] + G - 1:  # noqa: E711
-                        nisa.dma_copy(dst=bufs[k][name], src=src[k][name])
-    for j in range(n):
-        if not io["prefetch"]:
-            _gather_chunk(bufs[j], io, table, c, n + j, C)
-        elif not k_direct:
-            nisa.dma_copy(dst=bufs[j]["k"], src=io["nxt_k"][j])
 
 
 _STATE_JOBS = ("rhs", "oq", "sub", "apply", "post_ops", "out", "state")

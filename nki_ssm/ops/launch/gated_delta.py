@@ -19,8 +19,8 @@ gather / scatter happens in the kernel:
 - prefill: the pool is passed as its ``[slots*HV*K, V]`` row view (no copy for a
   C-contiguous pool); a slot is the contiguous block from row ``slot*HV*K``
   (``init_tab`` / ``final_tab``), moved with a run-time start; the chunks go in as
-  flat work lists (``prefill_tables``), which the ``call.lnc`` programs share: they
-  split the value heads (the kernel's design note), each with its row of trip counts;
+  flat work lists (``prefill_tables``), which the ``call.lnc`` programs share with their
+  one row of trip counts: they split the value heads (the kernel's design note);
 - decode, per loop iteration (``decode_tables``, all float32): q and k become
   one ``[K, width*T*H*2]`` column block (k on partitions, k / q columns
   interleaved per head) plus k as one row ``[width*T*H*K]``; v becomes
@@ -260,8 +260,9 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K
     pad_rows, counts)`` for a launch of ``programs`` SPMD programs (the LNC, 1 or 2).
 
     The programs split the value heads (``heads_per_program``: halves of HV at LNC=2 when HV
-    is even), so every program runs every chunk, for its own heads: the work lists are
-    shared and only ``counts`` has a row per program (zeros for a program without heads).
+    is even; otherwise every program runs all of them, all but program 0 into dumps), so
+    every program runs every chunk, for its own heads: the work lists, ``counts``
+    included, are shared, and both programs take one control flow.
 
     Every step is one vectorised array op with a direct torch equivalent on
     device (named in the comments), so a serving loop builds them without a
@@ -272,11 +273,10 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K
     the live sequences compacted (position p, scratch block p, the zero block
     ``num_seqs_bucket``; a block row is ``block*K``):
 
-    - ``body_rows [max(E // n, 1) + 1, n*C]``: the token rows of every body of n
-      consecutive chunks (a sequence's first ``n * (chunks // n)`` chunks), in order; rows past a sequence
-      end hold ``num_tokens_bucket`` (the zero / trash row); ``tail_rows
-      [min(E, Nb*(n-1)) + 1, C]`` (n > 1, else ``[1, C]``): each sequence's remaining
-      chunks, one per row; one spare row each (the kernel gathers the next row ahead);
+    - ``body_rows [max(E // n, 1), n*C]``: the token rows of every body of n consecutive
+      chunks (a sequence's first ``n * (chunks // n)`` chunks), in order; rows past a
+      sequence end hold ``num_tokens_bucket`` (the zero / trash row); ``tail_rows
+      [max(min(E, Nb*(n-1)), 1), C]``: each sequence's remaining chunks, one per row;
       ``E = num_tokens_bucket // C + num_seqs_bucket`` bounds the chunks of a batch;
     - ``body_state``, ``tail_state`` (one row per work row): (source block row, destination
       block row): the sequence's own block, or the zero block as the source of its first
@@ -285,8 +285,8 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K
       with an initial state; ``final_tab [Nb, 2]``: (block row, pool row) of every live
       sequence (an empty one without initial state: the zero block);
     - ``pad_rows [E + 1, C]``: the chunks of padding sequences (their output rows get zeros);
-    - ``counts [programs, 5]``: per program, padding chunks, initial states, body rows, tail
-      rows, live sequences.
+    - ``counts [1, 5]``: padding chunks, initial states, body rows, tail rows, live
+      sequences (the one row every program reads).
     """
     from nki_ssm.kernels.gated_delta.chunk import (chunks_per_iteration, compact_inputs,
                                                    heads_per_program)
@@ -332,12 +332,11 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K
     bodies = nch // n
     p, m = flat(bodies)                                           # body m of position p
     body = np.stack([chunks(ids[p], m * n + j) for j in range(n)], axis=1).reshape(-1, n * C)
-    # room for the most bodies the bucket holds (at least one: the body is compiled even when
-    # it never runs) and the spare row its look-ahead gathers
-    n_body = max(entries // n, 1) + 1
+    # room for the most bodies the bucket holds (at least one row: a table is never empty)
+    n_body = max(entries // n, 1)
     body_rows = table(body, n_body, n * C)
     body_state = table(state(p, m == 0), n_body, 2)
-    n_tail = min(entries, Nb * (n - 1)) + 1 if n > 1 else 1
+    n_tail = max(min(entries, Nb * (n - 1)), 1)
     p, j = flat(nch - bodies * n)                                 # remaining chunk j
     tail_rows = table(chunks(ids[p], bodies[p] * n + j), n_tail, C)
     tail_state = table(state(p, (j == 0) & (bodies[p] == 0)), n_tail, 2)
@@ -348,9 +347,8 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, *, slots, HV, K
     pad = np.flatnonzero(~live)
     q, j = flat(nchunks[pad])
     pad_rows = table(chunks(pad[q], j), entries + 1, C)
-    # every program with heads runs the whole work list; one that gets none runs nothing
-    counts = np.zeros((programs, 5), dtype=np.int32)
-    counts[:HV // heads] = [q.size, with_init.size, body.shape[0], p.size, ids.size]
+    counts = np.array([[q.size, with_init.size, body.shape[0], p.size, ids.size]],
+                      dtype=np.int32)
     return body_rows, body_state, tail_rows, tail_state, init_tab, final_tab, pad_rows, counts
 
 
