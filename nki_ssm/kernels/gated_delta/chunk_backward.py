@@ -100,12 +100,13 @@ gradient scatters. Loop 3 solves T (the solve setup, 7 matmuls for the diagonal 
 doubling, 4 for the block substitution, N and T^T transposes) and stores it, then vn and h'.
 
 What binds (modeled trn2, ``nki_ssm.perf``, Qwen3-Next TP1 shape: 32 value heads, K = V =
-128, bf16 I/O, C = 128, one sequence): 1.05 ms per chunk of 128 tokens at LNC=1 (512 tokens
-4.20 ms, 1024 tokens 8.36 ms; ~134 ms for 16K tokens, linear in the chunks); VectorE (49 %
-busy), TensorE (42 %), ScalarE (29 %) and GpSimd (23 %) mostly take turns: the critical path
-runs through VectorE and TensorE alike (each head's 12 dependent phases in loop 3, 15 in
-loop 4, fp32 operands on TensorE, [128, 128] fp32 tiles on VectorE); HBM traffic is small
-(DMA 11 %, T's round trip included). LNC=2: 4.20 ms at 1024 tokens (0.50x).
+128, bf16 I/O, C = 128, one sequence): 1.04 ms per chunk of 128 tokens at LNC=1 (512 tokens,
+``python -m simulate --op gated_delta_backward``: 4.17 ms; ~133 ms for 16K tokens, linear
+in the chunks); VectorE (50 % busy), TensorE (42 %), ScalarE (29 %) and GpSimd (23 %) mostly
+take turns: the critical path runs through VectorE and TensorE alike (each head's 12
+dependent phases in loop 3, 15 in loop 4, fp32 operands on TensorE, [128, 128] fp32 tiles
+on VectorE); HBM traffic is small (DMA 11 %, T's round trip included). LNC=2: 2.11 ms at
+512 tokens (0.51x). Program size 5,117 instructions at LNC=1, 2,589 per program at LNC=2.
 
 Memory per token (HBM scratch, float32, for the kernel's duration): hstore holds every
 chunk's entry state, 4*HVp*K*V/C bytes per token, and tstore every chunk's T, 4*HVp*C
