@@ -113,6 +113,20 @@ def _ssd_backward(lengths, H, P, G=1, dtype=np.float32, chunk=16):
     return make
 
 
+def _gdn_backward(lengths, H, HV, raw=False, dtype=np.float32, chunk=32):
+    def make(rng):
+        kw = inputs.make_gated_delta_inputs(rng, seqlens=lengths, H=H, HV=HV, K=16, V=16,
+                                            raw_gates=raw, use_qk_l2norm=raw, dtype=dtype)
+        for name in ("ssm_states", "state_indices", "has_initial_state"):
+            kw.pop(name)
+        S, n = len(lengths), int(sum(lengths))
+        kw.update(do=rng.standard_normal((n, HV, 16)).astype(dtype), chunk_size=chunk,
+                  initial_states=(0.1 * rng.standard_normal((S, HV, 16, 16))).astype(np.float32),
+                  d_final_states=rng.standard_normal((S, HV, 16, 16)).astype(np.float32))
+        return ops.gated_delta_backward, kw
+    return make
+
+
 CASES = [
     # SSD decode: the programs split the sequences; an odd live count (a spare entry), one
     # sequence (spare only), full iterations and single-entry ones, all padding
@@ -164,6 +178,13 @@ CASES = [
     # (does not split: both programs run every head, program 0's gradients kept)
     ("ssd_backward/odd-seqs", _ssd_backward([37, 0, 5], 4, 8, G=2)),
     ("ssd_backward/odd-H", _ssd_backward([20, 3], 3, 8, dtype=BF16)),
+    # GDN backward: the value heads split (padded with zero heads to a multiple of the
+    # programs; both programs run the whole work list): an odd sequence count with an empty
+    # one, lengths not multiples of the chunk; one sequence of several chunks; one value
+    # head (program 1 runs a padding head) in bfloat16 with raw gates
+    ("gated_delta_backward/odd-seqs", _gdn_backward([45, 0, 1, 70, 33], 2, 4, raw=True)),
+    ("gated_delta_backward/one-seq", _gdn_backward([150], 1, 2, chunk=64)),
+    ("gated_delta_backward/one-head", _gdn_backward([37, 5, 90], 1, 1, raw=True, dtype=BF16)),
 ]
 
 

@@ -56,8 +56,15 @@ dv ``[n*(Tb + 1), nh*V]``, dg, dbeta ``[n*(Tb + 1), nh]`` float32 per value head
 each part is trash; the launcher puts the parts side by side and sums dq / dk over the value
 heads of a q/k head) and d_initial ``[n*Nb*K, nh*V]`` (the blocks of d_initial_states).
 
-Loops: five top-level ``nl.fori_loop`` over the tables, no nesting
------------------------------------------------------------------
+Loops: five top-level runtime loops over the tables, no nesting
+--------------------------------------------------------------
+Each loop is ``scaffold.for_each_row``: its trip count is a device scalar of ``counts``
+(``scaffold.trip_counts``, read once before the loops) and each iteration reads its
+table row's cells as device scalars, the ``scalar_offset`` s of its state, T and table
+DMAs. Every iteration loads what it reads (token rows, state blocks, T): no SBUF value is
+prefetched across iterations; what crosses them is in HBM (hstore, tstore, dS). The PSUM
+tiles an iteration writes are allocated in its body.
+
 1. each sequence with chunks: its h0 block -> its first chunk's hstore block;
 2. each sequence: its d_final block -> its dS block;
 3. forward recompute, chunks in order: h from hstore[e], per head kk, D, A, T
@@ -74,11 +81,13 @@ then T^T, r, the state update or the gradient phases), a phase issued for every 
 the group before the next, so independent heads sit between one head's dependent steps
 in the engine queues.
 
-LNC: program p of n owns value heads [p*nh, (p+1)*nh) statically (nl.program_id): both
-programs run the same tables on their own heads; each has its own scratch (private HBM)
-and writes only its own part of every output, so no HBM byte is written by two programs
-and neither reads what the other writes; both trace the same instructions. The launcher
-pads HV with zero heads to a multiple of n.
+LNC: program p of n owns value heads [p*nh, (p+1)*nh) statically (``scaffold.lnc_grid``).
+The launcher pads HV with zero heads to a multiple of n, so every program has nh heads
+(a padding head computes zero gradients the launcher drops) and the heads always split:
+both programs read the one counts row and run the same tables, so they take the same trip
+counts (one control flow) and trace the same instructions. Each has its own scratch
+(private HBM) and writes only its own part of every output, so no HBM byte is written by
+two programs and neither reads what the other writes.
 
 Engines per (chunk, value head) of loop 4: TensorE 7 transposes (k, q, do, h, dh', E, G, T)
 and ~24 matmuls (kk, q k^T, 2 segment sums, k h, vn^T, k dh', dvn, z, z^T, do vn^T both
@@ -91,12 +100,13 @@ gradient scatters. Loop 3 solves T (the solve setup, 7 matmuls for the diagonal 
 doubling, 4 for the block substitution, N and T^T transposes) and stores it, then vn and h'.
 
 What binds (modeled trn2, ``nki_ssm.perf``, Qwen3-Next TP1 shape: 32 value heads, K = V =
-128, bf16 I/O, C = 128, one sequence): 1.05 ms per chunk of 128 tokens at LNC=1 (512 tokens
-4.20 ms, 1024 tokens 8.36 ms; ~134 ms for 16K tokens, linear in the chunks); VectorE (49 %
-busy), TensorE (42 %), ScalarE (29 %) and GpSimd (23 %) mostly take turns: the critical path
-runs through VectorE and TensorE alike (each head's 12 dependent phases in loop 3, 15 in
-loop 4, fp32 operands on TensorE, [128, 128] fp32 tiles on VectorE); HBM traffic is small
-(DMA 11 %, T's round trip included). LNC=2: 4.20 ms at 1024 tokens (0.50x).
+128, bf16 I/O, C = 128, one sequence): 1.04 ms per chunk of 128 tokens at LNC=1 (512 tokens,
+``python -m simulate --op gated_delta_backward``: 4.17 ms; ~133 ms for 16K tokens, linear
+in the chunks); VectorE (50 % busy), TensorE (42 %), ScalarE (29 %) and GpSimd (23 %) mostly
+take turns: the critical path runs through VectorE and TensorE alike (each head's 12
+dependent phases in loop 3, 15 in loop 4, fp32 operands on TensorE, [128, 128] fp32 tiles
+on VectorE); HBM traffic is small (DMA 11 %, T's round trip included). LNC=2: 2.11 ms at
+512 tokens (0.51x). Program size 5,117 instructions at LNC=1, 2,589 per program at LNC=2.
 
 Memory per token (HBM scratch, float32, for the kernel's duration): hstore holds every
 chunk's entry state, 4*HVp*K*V/C bytes per token, and tstore every chunk's T, 4*HVp*C
@@ -104,21 +114,21 @@ bytes per token (16 + 16 KiB at Qwen3-Next TP1 with C = 128: 512 MiB for 16K tok
 nothing is saved by the forward (the backward recomputes it; T once, in loop 3). Limits: K, V <=
 128; C a multiple of 32 up to 128 (the launcher's ``backward_chunk``; default 128).
 
-Constructs (the forward kernel ``chunk.py``'s, with its evidence): ``nl.fori_loop`` with
-an inner def body; registers loaded from a (1, 1) SBUF tile on partition 0
-(``count_register``); ``.ap`` with ``scalar_offset`` a (1, 1) SBUF tile and
-``indirect_dim=0`` (static element ``offset`` for the program's part);
-one-row-per-partition ``vector_offset`` gathers / scatters with a static ``offset``;
-kernel-allocated ``nl.private_hbm`` scratch (the SSD kernel's) and ``shared_hbm``
-outputs; whole-array matmuls with explicit ``accumulate``; ``nc_transpose`` on TensorE;
-``memset`` on 32-partition blocks; ``nl.program_id`` / ``num_programs``.
+Constructs: those of ``scaffold.py`` (trip counts and table cells as ``NkiScalar`` s from
+``nisa.scalar_load``, ``nl.fori_loop`` bodies through ``for_each_row``, the LNC grid as
+Python ints) and of the forward kernel ``chunk.py``: ``.ap`` with ``scalar_offset`` an
+``NkiScalar`` (a table cell or the loop's iteration value) and ``indirect_dim=0`` (static
+element ``offset`` for the program's part); one-row-per-partition ``vector_offset``
+gathers / scatters with a static ``offset``; kernel-allocated ``nl.private_hbm`` scratch
+and ``shared_hbm`` outputs; whole-array matmuls with explicit ``accumulate``;
+``nc_transpose`` on TensorE; ``memset`` on 32-partition blocks.
 """
 from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
-from nki_ssm.kernels._common import count_register
 from nki_ssm.kernels.gated_delta._common import consecutive_groups
-from nki_ssm.kernels.gated_delta.chunk import _row_cells, _state_block, _table_rows
+from nki_ssm.kernels.gated_delta.chunk import _state_block, _table_rows
+from nki_ssm.kernels.scaffold import at_row, for_each_row, lnc_grid, trip_counts
 
 _BLOCK = 32          # rows per exactly-inverted diagonal block (DESIGN.md Numerics)
 _GROUP = 4           # heads whose phases interleave (SBUF: their tiles live at once)
@@ -135,9 +145,8 @@ def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, d_final, init_tab, seq_ro
     V = v2.shape[1] // HVp
     C = chunk
     E1 = fwd_rows.shape[0]
-    nprog = nl.num_programs(0)
-    pid = nl.program_id(0)
-    nh = HVp // nprog
+    nprog, pid = lnc_grid()
+    nh = HVp // nprog                        # the launcher pads HV to a multiple of nprog
     heads = (pid * nh, (pid + 1) * nh)      # this program's value heads
 
     # outputs program-major: program p's part is one contiguous span (rows p*T1.., p*Nb*K..)
@@ -156,32 +165,27 @@ def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, d_final, init_tab, seq_ro
     # and every chunk's T per head (the forward recompute solves it, the backward reads it)
     tstore = nl.ndarray((E1 * C, nh * C), dtype=nl.float32, buffer=nl.private_hbm)
     cst = _constants(C)
-    n_init = count_register(counts, 0)
-    n_fwd = count_register(counts, 1)
-    n_bwd = count_register(counts, 2)
-    n_seq = count_register(counts, 3)
+    # trip counts: the one counts row both programs read
+    n_init, n_fwd, n_bwd, n_seq = trip_counts(counts)
     sv0 = heads[0] * V
     sv1 = heads[1] * V
 
-    def init_body(s):
-        cells = _row_cells(init_tab, s)
+    def init_body(s, cells):
         S = nl.ndarray((K, nh * V), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=S, src=_state_block(h0, cells[0], 0, K, sv0, sv1))
         nisa.dma_copy(dst=_block(hstore, cells[1], 0, K, w), src=S)
 
-    nl.fori_loop(0, n_init, init_body)
+    for_each_row(n_init, init_tab, init_body)
 
-    def dfinal_body(s):
-        cells = _row_cells(seq_rows, s)
+    def dfinal_body(s, cells):
         G = nl.ndarray((K, nh * V), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=G, src=_state_block(d_final, cells[0], 0, K, sv0, sv1))
         nisa.dma_copy(dst=_block(dss, cells[0], 0, K, w), src=G)
 
-    nl.fori_loop(0, n_seq, dfinal_body)
+    for_each_row(n_seq, seq_rows, dfinal_body)
 
-    def fwd_body(e):
+    def fwd_body(e, cells):
         rows = _table_rows(fwd_rows, e, C, 0)
-        cells = _row_cells(fwd_state, e)
         x = _gather(rows, (("k", k2, K), ("v", v2, V), ("g", g2, 1), ("beta", beta2, 1)),
                     heads, C)
         S = nl.ndarray((K, nh * V), dtype=nl.float32, buffer=nl.sbuf)
@@ -193,11 +197,10 @@ def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, d_final, init_tab, seq_ro
             _run_phases(c, ds, False)
         nisa.dma_copy(dst=_block(hstore, cells[1], 0, K, w), src=S)
 
-    nl.fori_loop(0, n_fwd, fwd_body)
+    for_each_row(n_fwd, fwd_state, fwd_body)
 
-    def bwd_body(e):
+    def bwd_body(e, cells):
         rows = _table_rows(bwd_rows, e, C, 0)
-        cells = _row_cells(bwd_state, e)
         x = _gather(rows, (("q", q2, K), ("k", k2, K), ("v", v2, V), ("do", do2, V),
                            ("g", g2, 1), ("beta", beta2, 1)), heads, C)
         S = nl.ndarray((K, nh * V), dtype=nl.float32, buffer=nl.sbuf)
@@ -222,28 +225,27 @@ def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, d_final, init_tab, seq_ro
             nisa.dma_copy(dst=dst.ap(pattern=[[ow, C], [1, ow]], offset=pid * T1 * ow,
                                      vector_offset=rows, indirect_dim=0), src=out[spec[0]])
 
-    nl.fori_loop(0, n_bwd, bwd_body)
+    for_each_row(n_bwd, bwd_state, bwd_body)
 
-    def dinit_body(s):
-        cells = _row_cells(seq_rows, s)
+    def dinit_body(s, cells):
         G = nl.ndarray((K, nh * V), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=G, src=_block(dss, cells[0], 0, K, w))
         nisa.dma_copy(dst=_block(d_init, cells[0], pid * Nb * K * w, K, w), src=G)
 
-    nl.fori_loop(0, n_seq, dinit_body)
+    for_each_row(n_seq, seq_rows, dinit_body)
     return dq, dk, dv, dg, dbeta, d_init
 
 
 def _block(t, cell, base, K, w):
-    """The ``[K, w]`` block of HBM ``t [rows, w]`` at row cell (a (1, 1) SBUF tile) of the
-    program's part starting at element ``base``."""
-    return t.ap(pattern=[[w, K], [1, w]], offset=base, scalar_offset=cell, indirect_dim=0)
+    """The ``[K, w]`` block of HBM ``t [rows, w]`` at row ``cell`` (an NkiScalar, a table
+    cell) of the program's part starting at element ``base``."""
+    return at_row(t, cell, [[w, K], [1, w]], base)
 
 
 def _context(x, ch, cst, S, dS, out, C, K, V, tstore, trow):
     """What every phase of a chunk reads: its input tiles x, decays ch, constants, entry
     state S, state gradient dS and output tiles (None in the forward recompute), the T
-    scratch and the chunk's row in it (a (1, 1) SBUF tile)."""
+    scratch and the chunk's row in it (an NkiScalar, a table cell)."""
     c = {}
     c["tstore"] = tstore
     c["trow"] = trow
@@ -438,8 +440,7 @@ def _phase(c, d, name, arg, grads):
 def _t_view(c, d):
     """Head d's ``[C, C]`` block of tstore at the chunk's row (c["trow"])."""
     C, w = c["C"], c["tstore"].shape[1]
-    return c["tstore"].ap(pattern=[[w, C], [1, C]], offset=d["j"] * C, scalar_offset=c["trow"],
-                          indirect_dim=0)
+    return at_row(c["tstore"], c["trow"], [[w, C], [1, C]], d["j"] * C)
 
 
 def _t_store(c, d):
