@@ -87,6 +87,26 @@ OLDER_SDKS = ("Neuron SDK 2.32 and older (NKI 0.6 and older) need nki_ssm 0.1.x,
               "kernels use the NKI 0.6 front end; deploy/ of that release launches them")
 
 
+# the release of nki_ssm whose kernels predate NKI 0.8 (registers, no nl.if_else)
+LAST_PRE_08_RELEASE = "0.1.0 (git checkout 11f53ce)"
+
+
+def kernels_refusal(profile: SdkProfile) -> str | None:
+    """Why this checkout's kernels cannot compile on ``profile``'s NKI (None: they can): they
+    need ``nki_ssm.backend.MIN_NKI``."""
+    from nki_ssm.backend import MIN_NKI, MIN_SDK
+
+    def release(v):
+        return tuple(int(x) for x in v.split(".")[:3])
+
+    if release(profile.nki) >= release(MIN_NKI):
+        return None
+    return (f"Neuron SDK {profile.release} has NKI {profile.nki}, and this release's kernels need "
+            f"NKI >= {MIN_NKI} (Neuron SDK >= {MIN_SDK}: NkiScalar trip counts, nl.if_else); "
+            f"run them on --sdk {MIN_SDK.rsplit('.', 1)[0]}, or use nki_ssm "
+            f"{LAST_PRE_08_RELEASE}, the last release before NKI 0.8, with its own deploy/")
+
+
 def sdk_profile_key(text: str) -> str:
     """``--sdk`` as given ("2.34", "2.34.0") -> the key of SDK_PROFILES; ValueError naming
     what exists (and, for an older release, what to use instead)."""

@@ -220,6 +220,12 @@ def plan_text(s: P.LaunchSettings, r: Resolved | None, *, with_run: bool, bench_
         f"  AMI             {ami}",
         f"  Neuron SDK      {prof.release} (NKI {prof.nki}), venv {prof.venv}",
         f"  older SDKs      {C.OLDER_SDKS}",
+    ]
+    refusal = C.kernels_refusal(prof)
+    if refusal:
+        lines.append(f"  kernels         {refusal}: `run` and `host-script` refuse this SDK; "
+                     "`launch` gives you the host")
+    lines += [
         "  SDK pins        " + ", ".join(f"{k}=={v}" for k, v in prof.pip_pins.items()) + "; "
         + ", ".join(f"{k} {v}" for k, v in prof.apt_pins.items()),
         f"  compile target  --target {s.target} (NEURON_PLATFORM_TARGET_OVERRIDE and the cost model)",
@@ -234,7 +240,7 @@ def plan_text(s: P.LaunchSettings, r: Resolved | None, *, with_run: bool, bench_
         f"{names.results_prefix}/* only",
         f"  tags            {C.TAG_PROJECT}={C.PROJECT}, {C.TAG_RUN_ID}={s.run_id}, Name, {C.TAG_TTL_EXPIRES}",
     ]
-    if with_run:
+    if with_run and not refusal:
         ex, bench = run_timeouts(s.ttl_hours)
         lines.append(f"  on the host     `python -m deploy host-script` prints the commands (POSIX sh); "
                      f"bench timeout {bench} s < SSM executionTimeout {ex} s; results to S3 after "
@@ -250,7 +256,7 @@ def plan_text(s: P.LaunchSettings, r: Resolved | None, *, with_run: bool, bench_
     calls += P.create_calls(s, image_id=img, subnet_id=(r.subnet_id if r and r.subnet_id else
                                                          "<default subnet in an offering zone>"),
                             vpc_id=(r.vpc_id if r and r.vpc_id else "<default vpc>"), root_device=root)
-    if with_run:
+    if with_run and not refusal:
         calls += run_calls(s, instance_id="<instance id>", bench_args=bench_args)
     down = P.teardown_calls(s.run_id)
     lines.append("")
@@ -288,6 +294,9 @@ def host_commands(s: P.LaunchSettings, bench_args: list[str], bench_timeout_s: i
                              f"{UPLOAD_MARGIN_S} s for the results upload), got {bench_timeout_s}")
         bench = bench_timeout_s
     prof = s.profile
+    refusal = C.kernels_refusal(prof)
+    if refusal:
+        raise ValueError(f"sdk {refusal}")
     return R.bench_commands(bucket=s.bucket, prefix=P.Names(s.run_id).results_prefix, region=s.region,
                             run_id=s.run_id, bench_args=bench_argv(s, bench_args), venv=prof.venv,
                             nki=prof.nki, extra=prof.extra, bench_timeout_s=bench)

@@ -23,7 +23,7 @@ def pyplot():
         import matplotlib
     except ImportError as exc:   # the report extra is optional
         raise ImportError("plots need matplotlib: pip install 'matplotlib>=3.7' "
-                          "(from a clone: pip install -e '.[report]')") from exc
+                          "(from a clone: pip install -e '.[report]')", name="matplotlib") from exc
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
