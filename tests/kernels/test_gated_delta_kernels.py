@@ -836,15 +836,15 @@ def test_chunks_per_iteration_and_stride():
     """About 8 head groups per body (half as many from 2 groups on without compact tiles),
     and a body's chunks started 6 steps apart, 2 with one group and compact tiles: the SBUF
     budget test_prefill_fits_sbuf_at_qwen3_next_shards checks."""
-    from nki_ssm.kernels.gated_delta.chunk import (_chunk_stride, chunks_per_iteration,
-                                                   compact_inputs)
+    from nki_ssm.kernels.gated_delta.chunk import chunks_per_iteration, compact_inputs
+    from nki_ssm.kernels.gated_delta.chunk_pipeline import chunk_stride
 
     assert compact_inputs(16, 32, True) and compact_inputs(1, 2, True)
     assert not compact_inputs(16, 32, False) and not compact_inputs(8, 8, True)
     assert [chunks_per_iteration(hv, True) for hv in (32, 16, 8, 4, 2, 1)] == [1, 2, 4, 8, 8, 8]
     assert [chunks_per_iteration(hv, False) for hv in (32, 16, 8, 4, 2)] == [1, 1, 2, 8, 8]
-    assert [_chunk_stride(g, True) for g in (1, 2, 4, 8)] == [2, 6, 6, 6]
-    assert [_chunk_stride(g, False) for g in (1, 2, 4, 8)] == [6, 6, 6, 6]
+    assert [chunk_stride(g, True) for g in (1, 2, 4, 8)] == [2, 6, 6, 6]
+    assert [chunk_stride(g, False) for g in (1, 2, 4, 8)] == [6, 6, 6, 6]
 
 
 @pytest.mark.parametrize("seqlens", [[64], [1]])

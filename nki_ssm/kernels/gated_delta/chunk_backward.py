@@ -127,10 +127,10 @@ from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
 from nki_ssm.kernels.gated_delta._common import consecutive_groups
-from nki_ssm.kernels.gated_delta.chunk import _state_block, _table_rows
+from nki_ssm.kernels.gated_delta.chunk_utils import state_block, table_rows
 from nki_ssm.kernels.scaffold import at_row, for_each_row, lnc_grid, trip_counts
 
-_BLOCK = 32          # rows per exactly-inverted diagonal block (DESIGN.md Numerics)
+BLOCK = 32          # rows per exactly-inverted diagonal block (DESIGN.md Numerics)
 _GROUP = 4           # heads whose phases interleave (SBUF: their tiles live at once)
 _ROUNDS = 4          # doubling rounds after I + N: N^2, N^4, N^8, N^16 cover 32 rows
 
@@ -164,7 +164,7 @@ def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, d_final, init_tab, seq_ro
     dss = nl.ndarray((Nb * K, w), dtype=nl.float32, buffer=nl.private_hbm)
     # and every chunk's T per head (the forward recompute solves it, the backward reads it)
     tstore = nl.ndarray((E1 * C, nh * C), dtype=nl.float32, buffer=nl.private_hbm)
-    cst = _constants(C)
+    cst = constants(C)
     # trip counts: the one counts row both programs read
     n_init, n_fwd, n_bwd, n_seq = trip_counts(counts)
     sv0 = heads[0] * V
@@ -172,20 +172,20 @@ def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, d_final, init_tab, seq_ro
 
     def init_body(s, cells):
         S = nl.ndarray((K, nh * V), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=S, src=_state_block(h0, cells[0], 0, K, sv0, sv1))
+        nisa.dma_copy(dst=S, src=state_block(h0, cells[0], 0, K, sv0, sv1))
         nisa.dma_copy(dst=_block(hstore, cells[1], 0, K, w), src=S)
 
     for_each_row(n_init, init_tab, init_body)
 
     def dfinal_body(s, cells):
         G = nl.ndarray((K, nh * V), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=G, src=_state_block(d_final, cells[0], 0, K, sv0, sv1))
+        nisa.dma_copy(dst=G, src=state_block(d_final, cells[0], 0, K, sv0, sv1))
         nisa.dma_copy(dst=_block(dss, cells[0], 0, K, w), src=G)
 
     for_each_row(n_seq, seq_rows, dfinal_body)
 
     def fwd_body(e, cells):
-        rows = _table_rows(fwd_rows, e, C, 0)
+        rows = table_rows(fwd_rows, e, C, 0)
         x = _gather(rows, (("k", k2, K), ("v", v2, V), ("g", g2, 1), ("beta", beta2, 1)),
                     heads, C)
         S = nl.ndarray((K, nh * V), dtype=nl.float32, buffer=nl.sbuf)
@@ -200,7 +200,7 @@ def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, d_final, init_tab, seq_ro
     for_each_row(n_fwd, fwd_state, fwd_body)
 
     def bwd_body(e, cells):
-        rows = _table_rows(bwd_rows, e, C, 0)
+        rows = table_rows(bwd_rows, e, C, 0)
         x = _gather(rows, (("q", q2, K), ("k", k2, K), ("v", v2, V), ("do", do2, V),
                            ("g", g2, 1), ("beta", beta2, 1)), heads, C)
         S = nl.ndarray((K, nh * V), dtype=nl.float32, buffer=nl.sbuf)
@@ -271,7 +271,7 @@ def _head_dicts(grp):
     return ds
 
 
-def _constants(C):
+def constants(C):
     """0/1 operators and masks [C, C] (float32): tri_up [p <= f] (cumsum), tri_lo [p > f]
     (segment sums over m > j; the strictly lower mask), tri_li [p >= f] (reverse cumsum;
     the inclusive lower mask), tri_su [p < f] (exclusive cumsum), ident, bd / off (the
@@ -291,8 +291,8 @@ def _constants(C):
     # bd: the 32-row diagonal blocks; off: strictly lower outside them
     cst["bd"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=cst["bd"], value=0.0)
-    for r0 in range(0, C, _BLOCK):
-        nisa.memset(dst=cst["bd"][r0:r0 + _BLOCK, r0:r0 + _BLOCK], value=1.0)
+    for r0 in range(0, C, BLOCK):
+        nisa.memset(dst=cst["bd"][r0:r0 + BLOCK, r0:r0 + BLOCK], value=1.0)
     cst["off"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=cst["off"], data1=cst["tri_lo"], data2=cst["bd"], op=nl.multiply)
     nisa.tensor_tensor(dst=cst["off"], data1=cst["tri_lo"], data2=cst["off"], op=nl.subtract)
@@ -316,7 +316,7 @@ def _gather(rows, specs, heads, C):
     return x
 
 
-def _mm(st, mv, M, N):
+def mm(st, mv, M, N):
     """SBUF [M, N] = st^T @ mv (float32, through PSUM, evicted by ScalarE)."""
     ps = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=ps, stationary=st, moving=mv, accumulate=False)
@@ -392,7 +392,7 @@ def _phases(C, grads):
         for r in range(_ROUNDS):
             names.append("round")
             args.append(r)
-        if C > _BLOCK:
+        if C > BLOCK:
             names = names + ["blocks", "substitute"]
             args = args + [0, 0]
     names = names + ["transpose", "rhs"]
@@ -497,7 +497,7 @@ def _r_decay(c, d):
     """D[i, j] = exp(seg(j, i]) from direct segment sums (fp32 matmul with a 0/1 operator),
     Dl its strictly lower part, KKD = (k k^T) Dl."""
     C, cst = c["C"], c["cst"]
-    D = _mm(d["gU"], cst["tri_lo"], C, C)
+    D = mm(d["gU"], cst["tri_lo"], C, C)
     nisa.activation(dst=D, op=nl.exp, data=D)
     d["D"] = D
     d["Dl"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)       # [i, j], i > j
@@ -526,9 +526,9 @@ def _r_solve_setup(c, d):
 def _r_doubling(c, d, rnd):
     """Round rnd of the doubling: T <- (I + N^{2^(rnd+1)}) T (N^2 kept while needed)."""
     C = c["C"]
-    N2T = _mm(d["N"], d["NT"], C, C)                 # (N^2)^T = N^T N^T
-    if 4 << rnd < _BLOCK:
-        d["N"] = _mm(d["NT"], d["N"], C, C)          # N^2
+    N2T = mm(d["N"], d["NT"], C, C)                 # (N^2)^T = N^T N^T
+    if 4 << rnd < BLOCK:
+        d["N"] = mm(d["NT"], d["N"], C, C)          # N^2
     d["NT"] = N2T
     d["T"] = _plus_product(N2T, d["T"], C, nl.add)
 
@@ -540,15 +540,15 @@ def _r_blocks(c, d):
     nisa.tensor_tensor(dst=Aoff, data1=d["A"], data2=c["cst"]["off"],
                        op=nl.multiply, engine=nisa.engine.gpsimd)
     TbT = _transpose(d["T"], C, C)
-    d["M"] = _mm(TbT, Aoff, C, C)
-    d["MT"] = _mm(Aoff, TbT, C, C)
+    d["M"] = mm(TbT, Aoff, C, C)
+    d["MT"] = mm(Aoff, TbT, C, C)
 
 
 def _r_substitute(c, d):
     """T = (I - M)(I + M^2) Tb (M^2 = 0 with 2 blocks)."""
     C = c["C"]
-    if C > 2 * _BLOCK:
-        d["T"] = _plus_product(_mm(d["M"], d["MT"], C, C), d["T"], C, nl.add)
+    if C > 2 * BLOCK:
+        d["T"] = _plus_product(mm(d["M"], d["MT"], C, C), d["T"], C, nl.add)
     d["T"] = _plus_product(d["MT"], d["T"], C, nl.subtract)
 
 
@@ -573,7 +573,7 @@ def _r_grad_operands(c, d):
     d["Di"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=d["Di"], data1=d["D"], data2=cst["tri_li"],
                        op=nl.multiply, engine=nisa.engine.gpsimd)
-    DT = _mm(cst["tri_lo"], d["gU"], C, C)
+    DT = mm(cst["tri_lo"], d["gU"], C, C)
     nisa.activation(dst=DT, op=nl.exp, data=DT)
     nisa.tensor_tensor(dst=DT, data1=DT, data2=cst["tri_up"],
                        op=nl.multiply, engine=nisa.engine.gpsimd)
@@ -587,7 +587,7 @@ def _r_grad_operands(c, d):
 def _state_update(c, d):
     """h' = e^{c_L} h + (e^{c_L - c} k)^T vn, vn = T r, into S (head d["j"]'s columns)."""
     C, K, V, j, ch = c["C"], c["K"], c["V"], d["j"], c["ch"]
-    vn = _mm(d["TT"], d["r"], C, V)
+    vn = mm(d["TT"], d["r"], C, V)
     kd = _scaled(d["k"], ch["el"][:, j:j + 1], C, K)
     ps = nl.ndarray((K, V), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=ps, stationary=kd, moving=vn, accumulate=False)
@@ -622,13 +622,13 @@ def _scaled(a, col, C, w):
 def _g_dvn(c, d):
     """vn^T = (T r)^T and dvn = QKD^T do + e^{c_L - c} (k dh')."""
     C, V, j = c["C"], c["V"], d["j"]
-    d["vnT"] = _mm(d["r"], d["TT"], V, C)
+    d["vnT"] = mm(d["r"], d["TT"], V, C)
     d["do"] = c["x"]["do"][:, j * V:(j + 1) * V]
     d["dSh"] = c["dS"][:, j * V:(j + 1) * V]
     d["h"] = c["S"][:, j * V:(j + 1) * V]
     pk = nl.ndarray((C, V), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=pk, stationary=d["kT"], moving=d["dSh"], accumulate=False)
-    pa = _mm(d["QKD"], d["do"], C, V)
+    pa = mm(d["QKD"], d["do"], C, V)
     d["dvn"] = nl.ndarray((C, V), dtype=nl.float32, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=d["dvn"], data=pk, op0=nl.multiply,
                               operand0=c["ch"]["el"][:, j:j + 1], op1=nl.add, operand1=pa)
@@ -637,8 +637,8 @@ def _g_dvn(c, d):
 def _g_z(c, d):
     """z = T^T dvn, z^T, dv = beta z."""
     C, V, j = c["C"], c["V"], d["j"]
-    d["z"] = _mm(d["T"], d["dvn"], C, V)
-    d["zT"] = _mm(d["dvn"], d["T"], V, C)
+    d["z"] = mm(d["T"], d["dvn"], C, V)
+    d["zT"] = mm(d["dvn"], d["T"], V, C)
     nisa.activation(dst=c["out"]["dv"][:, j * V:(j + 1) * V], op=nl.copy, data=d["z"],
                     scale=d["beta"])
 
@@ -671,7 +671,7 @@ def _g_da(c, d):
     """dA = -z vn^T (strictly lower): W1 = (z vn^T) KKD, E = dA beta D and E^T, G -= beta W1
     (dA A)."""
     C = c["C"]
-    zv = _mm(d["zT"], d["vnT"], C, C)
+    zv = mm(d["zT"], d["vnT"], C, C)
     d["W1"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=d["W1"], data1=zv, data2=d["KKD"],
                        op=nl.multiply, engine=nisa.engine.gpsimd)
@@ -690,7 +690,7 @@ def _g_state_products(c, d):
     doh = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=doh, stationary=d["doT"], moving=d["hT"], accumulate=False)
     d["dq_int"] = _scaled(doh, ch["ec"][:, j:j + 1], C, K)
-    d["y"] = _mm(d["zT"], d["hT"], C, K)
+    d["y"] = mm(d["zT"], d["hT"], C, K)
     pvs = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=pvs, stationary=d["vnT"], moving=d["dST"], accumulate=False)
     d["dkS"] = _scaled(pvs, ch["el"][:, j:j + 1], C, K)
