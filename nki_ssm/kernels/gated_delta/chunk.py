@@ -181,33 +181,34 @@ converts) and the doubling's first round reads P^T and P as tfloat32, its later 
 and partial inverses are bf16 (the inverse's unit diagonal is exact; its last round
 writes fp32); all decays, segment sums and the state stay fp32.
 
-What binds (modeled trn2 by nki_ssm.perf as of this commit, bf16 I/O, fp32 pool, chunk
-128; ``python -m simulate --op gated_delta_prefill``). Qwen3-Next TP1 (32 value heads, 8
-groups, one chunk per body; 16K tokens 13.15 ms, 10-90 %: 12.5-14.8, 1.25 M tokens/s):
-VectorE (87 % busy), with ScalarE (79 %) close behind, DMA 45 %, GpSimd 43 %, TensorE
-36 %: a chunk moves its inputs (~2 MB), its outputs (1 MB), the packing moves of its solves
+What binds (modeled trn2 by nki_ssm.perf, bf16 I/O, fp32 pool, chunk 128; ``python -m
+simulate --set judged --op gated_delta_prefill``). Qwen3-Next TP1 (32 value heads, 8
+groups, one chunk per body; 16K tokens 13.9 ms, 10-90 %: 13.4-15.7, 1.18 M tokens/s):
+VectorE (82 % busy), with ScalarE (74 %) close behind, DMA 41 %, GpSimd 41 %, TensorE
+34 %: a chunk moves its inputs (~2 MB), its outputs (1 MB), the packing moves of its solves
 and the state in and out of its scratch block (2 x 2 MB, the price of one loop level: the
-state cannot stay in SBUF from one row to the next when a row may start another sequence).
-TP4 (8 value heads, 2 groups, 4 chunks per body; the WY variant; 16K tokens 3.63 ms,
-4.51 M tokens/s): ScalarE (80 % busy) and VectorE (75 %), GpSimd 65 %, TensorE 52 %,
-DMA 45 %: the state chain is short, the engines are throughput-bound; the solve of width
-V + K costs more engine time than a width-V solve would, which is the price of taking it
-off the chain. Figures: the README's "Modeled performance" table and ``python -m
-simulate``.
+state cannot stay in SBUF from one row to the next when a row may start another sequence);
+each body gathers its own chunks, so its first steps wait for those DMAs (about 6 % of the
+16K time against gathering the next body's chunks during this one, a form no released
+runtime-loop kernel uses). TP4 (8 value heads, 2 groups, 4 chunks per body; the WY
+variant; 16K tokens 3.85 ms, 4.26 M tokens/s): ScalarE (75 % busy) and VectorE (71 %),
+GpSimd 61 %, TensorE 49 %, DMA 41 %: the state chain is short, the engines are
+throughput-bound; the solve of width V + K costs more engine time than a width-V solve
+would, which is the price of taking it off the chain. Figures: the README's "Modeled
+performance" table and ``python -m simulate``.
 
 At LNC=2 (``python -m simulate --lnc both``: the two programs on their own physical
-cores, sharing HBM; 16K tokens): TP1 6.73 ms per program against 13.15 ms at LNC=1
-(0.51x): each program has half the work, still throughput-bound. TP4 1.74 ms against
-3.63 ms (0.48x): a program's 4 value heads are one head group, one solve, 8 chunks per
-body, started 2 steps apart (``chunk_pipeline.chunk_stride``), so the body's 8 chunks are in flight at
-once and each chunk's own dependent steps (doubling, substitution, outputs: ~30
-cross-engine hand-offs) hide behind the 7 others: ScalarE 86 % busy, VectorE 82 %,
-GpSimd 80 %, TensorE 55 %. That takes ~200 KB per partition of SBUF (each chunk keeps
-7 KB of solve tiles, its inputs and its solutions in flight): more chunks per body, or
-float32 inputs, or one q/k head per value head, do not fit it (``compact_inputs``). The
-solve variant (packed right-hand sides with 8 or more groups, WY with fewer:
-``few_groups``) follows the layer's head count, not the program's, so LNC=2 computes
-every head exactly as LNC=1 does.
+cores, sharing HBM; 16K tokens): TP1 7.12 ms per program against 13.9 ms at LNC=1
+(0.51x): each program has half the work, still throughput-bound. TP4 1.80 ms against
+3.85 ms (0.47x): a program's 4 value heads are one head group, one solve, 8 chunks per
+body, started 2 steps apart (``chunk_pipeline.chunk_stride``), so the body's 8 chunks are
+in flight at once and each chunk's own dependent steps (doubling, substitution, outputs:
+~30 cross-engine hand-offs) hide behind the 7 others. That takes ~200 KB per partition of
+SBUF (each chunk keeps 7 KB of solve tiles, its inputs and its solutions in flight): more
+chunks per body, or float32 inputs, or one q/k head per value head, do not fit it
+(``compact_inputs``). The solve variant (packed right-hand sides with 8 or more groups, WY
+with fewer: ``few_groups``) follows the layer's head count, not the program's, so LNC=2
+computes every head exactly as LNC=1 does.
 
 Constructs and their evidence: the scaffolding's (``scaffold.py``, NKI 0.8.0: the LNC grid
 as Python ints, runtime loops as ``nl.fori_loop`` with an inner ``def`` body, trip counts
