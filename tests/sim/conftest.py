@@ -7,13 +7,15 @@ from nki_ssm.sim.targets import ENV_VAR
 
 
 @pytest.fixture(autouse=True)
-def _default_target(monkeypatch):
-    """Every simulator test starts on the default target (trn2) and on NKI 0.6.0, the release
-    the register-era tests were written against, unless it sets another (the tests of the
-    NKI 0.7 / 0.8 rules use the ``nki08`` / ``nki07`` fixtures)."""
+def _default_target(request, monkeypatch):
+    """Every simulator test starts on the default target (trn2) and on NKI 0.8.0, the
+    package default, unless it is marked ``@pytest.mark.nki_version("0.6.0")`` (the tests of
+    registers, ``nl.dynamic_range`` and other forms of an older release) or sets another
+    version (the ``nki07`` / ``nki08`` fixtures)."""
     monkeypatch.delenv(ENV_VAR, raising=False)
     monkeypatch.delenv("NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE", raising=False)
-    monkeypatch.setenv("NKI_SSM_NKI_VERSION", "0.6.0")
+    marker = request.node.get_closest_marker("nki_version")
+    monkeypatch.setenv("NKI_SSM_NKI_VERSION", marker.args[0] if marker else "0.8.0")
     monkeypatch.delenv("NKI_PRECISE_FP", raising=False)
 
 

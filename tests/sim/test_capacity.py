@@ -258,6 +258,7 @@ def loop_body_tiles(x, n_iters, cols):
     return out
 
 
+@pytest.mark.nki_version("0.6.0")
 def test_allocation_in_every_iteration_of_a_runtime_loop_is_one_buffer():
     """nki-dynamic-loops.rst: "Tensors allocated inside the loop body are allocated once and
     reused across iterations": 6 iterations x 150 KiB is one 150 KiB buffer."""
@@ -288,6 +289,7 @@ def _body(a, cols_b, out, x):
     nisa.dma_copy(dst=out, src=x)
 
 
+@pytest.mark.nki_version("0.6.0")
 def test_tiles_live_during_a_runtime_loop_are_live_for_the_whole_loop():
     """nki-dynamic-loops.rst: "the compiler must keep all live tensors in on-chip memory
     (SBUF/PSUM) for the entire duration of the loop"."""
@@ -315,6 +317,7 @@ def two_body_tiles(x, cols):
     return out
 
 
+@pytest.mark.nki_version("0.6.0")
 def test_tiles_of_a_loop_body_share_memory_by_use(monkeypatch):
     """Tiles allocated in a runtime loop body are live by use within the body (one buffer
     each, reused by every iteration): released nki-library code relies on it

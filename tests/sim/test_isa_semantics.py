@@ -624,6 +624,7 @@ def test_dma_compute_add_and_scatter_rmw(rng):
     np.testing.assert_array_equal(hp.read(), want)
 
 
+@pytest.mark.nki_version("0.6.0")
 def test_virtual_registers_load_move_store():
     src = load(np.array([[7]], np.int32))
     r = nisa.register_alloc()

@@ -99,6 +99,7 @@ def test_nki_060_api_is_present_by_default():
         nisa.topk()
 
 
+@pytest.mark.nki_version("0.6.0")
 def test_dynamic_range_is_deprecated_in_060_only(monkeypatch):
     with pytest.warns(DeprecationWarning, match="fori_loop"):
         list(nl.dynamic_range(2))
@@ -108,6 +109,7 @@ def test_dynamic_range_is_deprecated_in_060_only(monkeypatch):
         assert len(list(nl.dynamic_range(2))) == 2
 
 
+@pytest.mark.nki_version("0.6.0")
 def test_fori_loop_and_while_loop_do_not_warn():
     tile = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
     nisa.memset(dst=tile, value=2)
@@ -135,6 +137,7 @@ def test_tensor_scalar_reduce_without_reduce_res_needs_060(monkeypatch):
         nisa.tensor_scalar_reduce(dst=a, data=a, op0=nl.multiply, operand0=2.0, reduce_op=nl.add)
 
 
+@pytest.mark.nki_version("0.6.0")
 def test_fori_loop_passes_the_induction_variable_by_value():
     seen = []
 
@@ -170,6 +173,7 @@ def count_down_while_reg(x, n):
     return out
 
 
+@pytest.mark.nki_version("0.6.0")
 @pytest.mark.parametrize("count", [0, 1, 3])
 def test_while_reg_is_a_runtime_loop_deprecated_in_060(count):
     with pytest.warns(DeprecationWarning, match="while_loop"):

@@ -112,6 +112,7 @@ def _want(x, rows):
 KERNELS = [(rows_by_fori_loop, 4), (rows_by_dynamic_range, 4), (rows_by_while_loop, 6)]
 
 
+@pytest.mark.nki_version("0.6.0")
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.parametrize("kernel, body", KERNELS, ids=["fori_loop", "dynamic_range", "while_loop"])
 def test_program_size_does_not_depend_on_the_trip_count(kernel, body):

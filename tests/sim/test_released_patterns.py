@@ -40,6 +40,7 @@ def leading_ones(decisions):
     return out
 
 
+@pytest.mark.nki_version("0.6.0")
 @pytest.mark.parametrize("ones", [0, 1, 4])
 def test_register_alloc_from_a_tile_and_while_reg(ones):
     d = np.zeros((1, 6), np.int32)

@@ -22,6 +22,10 @@ from nki_ssm.sim.trace import record
 ROW = 4
 
 
+# registers and nl.dynamic_range: the forms of NKI 0.6.0
+pytestmark = pytest.mark.nki_version("0.6.0")
+
+
 @jit
 def gather_listed_rows(x, table):
     """out[r] = x[r] for the rows listed in table[1 : 1 + table[0]], zeros elsewhere."""

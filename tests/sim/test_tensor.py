@@ -37,6 +37,7 @@ def test_dtype_objects_compare_as_strings_and_numpy():
     assert dt.float8_e4m3.np == np.dtype(ml_dtypes.float8_e4m3)
 
 
+@pytest.mark.nki_version("0.6.0")
 @pytest.mark.parametrize("bad", ["float64", np.float64, np.int64, object, 3])
 def test_as_dtype_rejects_non_nki_types(bad):
     with pytest.raises(TypeError, match="dtype"):
