@@ -124,7 +124,7 @@ the rest cross-engine waits of the two-stage pipeline); TensorE ~31 %,
 ScalarE ~22 %, GpSimd ~22 %, DMA < 10 %. 512 tokens (``python -m simulate
 --op ssd_backward``): 4.27 ms at LNC=1, 2.17 ms at LNC=2; 2K tokens: 16.9 ms
 at LNC=1, 8.59 ms at LNC=2 (0.51x). Program size 2,440 per program at LNC=2
-(4,768 at LNC=1). Closer to the roof needs fewer VectorE
+(4,770 at LNC=1). Closer to the roof needs fewer VectorE
 passes (bf16 operands and perf modes where the 5e-3 budget allows, Z / Z^T / M
 fused into fewer passes, several heads per instruction) and a deeper
 pipeline (PSUM allows two heads in flight as laid out), not faster matmuls.
