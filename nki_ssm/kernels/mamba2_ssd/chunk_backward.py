@@ -152,8 +152,9 @@ fp32 [Q, _BLOCK_COLS] or [128, .] tiles, two of those per state at N > 128, and
 the [Q, H/lnc*P] dD accumulator).
 
 Constructs: those of ``chunk.py`` (the forward) and ``scaffold.py`` (device
-scalars, the work-row loops, the LNC split), plus ``nisa.tensor_reduce`` over axis 1
-of a 2-D tile (nki-library attention_bwd.py:655).
+scalars, the work-row loops, the LNC split), plus ``nisa.tensor_reduce`` over the
+last axis of a 3-D ``.ap`` view of a 2-D tile (the per-head row dots of a block: the
+trailing free axes, NKI 0.8 docs; the form of ``gated_delta/chunk.py``).
 """
 from __future__ import annotations
 
@@ -377,15 +378,18 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
         t["dST"].append(_sb((item[1], WB)))
     t["Dacc"] = _sb((Q, W))
     # per-head temporaries: rings of 2 (two heads in flight, _block_grads)
-    for name in ("xdt", "Xd", "dy1e", "y0", "y1", "dxr", "dxS", "pP"):
+    for name in ("xdt", "Xd", "dy1e", "y0", "y1"):
         t[name] = [_sb((Q, P)), _sb((Q, P))]
+    # per-block operands of the row dots (one product and one reduce per block, _rowdots)
+    for name in ("yoffb", "dxrb", "dxSb"):
+        t[name] = _sb((Q, WB))
+    t["pB"] = _sb((_PMAX, WB))
     for name in ("Wt", "ETm", "Em", "KT", "K", "Zt", "ZTt", "MT"):
         t[name] = [_sb((Q, Q)), _sb((Q, Q))]
     for name in ("dy1T", "dy1eT", "xdtT", "XdT"):
         t[name] = [_sb((P, Q)), _sb((P, Q))]
     for name in ("S0", "dSe"):
         t[name] = [_sb((P, N)), _sb((P, N))]
-    t["pS"] = [_sb((NT, P)), _sb((NT, P))]
     t["CT"] = []
     t["BT"] = []
     t["CBTm"] = []
@@ -491,7 +495,16 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
                               src=_block_view(scratch, blk, ca - c0, wb, ntl[ti]))
                 nisa.dma_copy(dst=t["dST"][ti][:, 0:wb],
                               src=_block_view(dinit, seq, ca - c0, wb, ntl[ti]))
+            # <dSe, S0> per state row and head, before stage B updates dSe
+            for ti in range(len(ntl)):
+                nsz = ntl[ti][1]
+                _rowdots(t, t["Tn"][0:nsz, ti * nhp + a:ti * nhp + b], t["dST"][ti][:, 0:wb],
+                         t["ST0"][ti][:, 0:wb], P)
             _block_grads(cfg, t, a, b)
+            # V = dy1 . e^c y_off, DI = x . dxr, q' = x . dxS: per token and head
+            _rowdots(t, t["V"][:, a:b], t["yoffb"][:, 0:wb], t["dy1"][:, 0:wb], P)
+            _rowdots(t, t["DI"][:, a:b], t["xw"][:, 0:wb], t["dxrb"][:, 0:wb], P)
+            _rowdots(t, t["qv"][:, a:b], t["xw"][:, 0:wb], t["dxSb"][:, 0:wb], P)
             nisa.dma_copy(dst=_scatter_view(dx, yr, ca - c0, wb, 0), src=t["dxo"][:, 0:wb])
             if z != None:  # noqa: E711
                 nisa.dma_copy(dst=_scatter_view(dz, yr, ca - c0, wb, 0), src=t["dzo"][:, 0:wb])
@@ -646,15 +659,15 @@ def _group_terms(cfg, t):
         nisa.tensor_copy(dst=t["CB"][g], src=pc[0:Q, 3 * Q:4 * Q], engine=nisa.engine.scalar)
 
 
-def _rowdot(t, k, dst, a, b):
-    """dst [rows, 1] = sum over the free dim of a o b (VectorE product into head k's ring
-    temporary, then reduce)."""
+def _rowdots(t, dst, a, b, P):
+    """dst [rows, nb] = per head (P columns each) the sum over its columns of a o b, for
+    the nb heads of a block: one VectorE product into the block's product tile and one
+    reduce over the last axis of its [rows, nb, P] view."""
     rows, w = a.shape[0], a.shape[1]
-    prod = _r(t, "pP", k)
-    if rows != prod.shape[0]:
-        prod = _r(t, "pS", k)
+    prod = t["pB"]
     nisa.tensor_tensor(dst=prod[0:rows, 0:w], data1=a, data2=b, op=nl.multiply)
-    nisa.tensor_reduce(dst=dst, op=nl.add, data=prod[0:rows, 0:w], axis=(1,))
+    view = prod.ap(pattern=[[prod.shape[1], rows], [P, w // P], [1, P]], offset=0)
+    nisa.tensor_reduce(dst=dst, op=nl.add, data=view, axis=(2,))
 
 
 def _r(t, name, k):
@@ -689,7 +702,7 @@ def _head_a(cfg, t, a, k):
     xdt, Xd, dy1e = _r(t, "xdt", k), _r(t, "Xd", k), _r(t, "dy1e", k)
     Wt, ETm, Em, KT, K = _r(t, "Wt", k), _r(t, "ETm", k), _r(t, "Em", k), _r(t, "KT", k), \
         _r(t, "K", k)
-    y0 = _r(t, "y0", k)
+    y0, yoff = _r(t, "y0", k), t["yoffb"][:, cols]
     nisa.tensor_scalar(dst=xdt, data=xw[:, cols], op0=nl.multiply, operand0=dtp[:, k:k + 1],
                        engine=nisa.engine.scalar)
     nisa.tensor_scalar(dst=Xd, data=xw[:, cols], op0=nl.multiply, operand0=wd[:, k:k + 1],
@@ -719,10 +732,9 @@ def _head_a(cfg, t, a, k):
     for ti in range(len(ntl)):
         nisa.nc_matmul(dst=yo, stationary=t["CT"][g][ti], moving=ST0[ti][:, cols],
                        accumulate=ti > 0)
-    nisa.activation(dst=y0, op=nl.copy, data=yo, scale=ecs[:, k:k + 1])
-    _rowdot(t, k, t["V"][:, k:k + 1], y0, dy1[:, cols])
+    nisa.activation(dst=yoff, op=nl.copy, data=yo, scale=ecs[:, k:k + 1])
     if t["z_raw"] != None:  # noqa: E711
-        nisa.tensor_tensor(dst=y0, data1=y0, data2=yi, op=nl.add)
+        nisa.tensor_tensor(dst=y0, data1=yoff, data2=yi, op=nl.add)
         y1 = y0
         if t["D"] != None:  # noqa: E711
             y1 = _r(t, "y1", k)
@@ -766,7 +778,7 @@ def _head_b(cfg, t, a, k):
     cols = slice((k - a) * P, (k - a + 1) * P)
     Zt, ZTt, MT, X = _r(t, "Zt", k), _r(t, "ZTt", k), _r(t, "MT", k), _r(t, "Wt", k)
     dy1T, xdtT = _r(t, "dy1T", k), _r(t, "xdtT", k)
-    dxS, dxr = _r(t, "dxS", k), _r(t, "dxr", k)
+    dxS, dxr = t["dxSb"][:, cols], t["dxrb"][:, cols]
     # Z [i, j] = E o (dy1 (x dt')^T), Z^T (over seg / E^T's PSUM regions, read by now)
     nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=dy1T, moving=xdtT, accumulate=False)
     nisa.nc_matmul(dst=hA[0:Q, Q:2 * Q], stationary=xdtT, moving=dy1T, accumulate=False)
@@ -807,8 +819,6 @@ def _head_b(cfg, t, a, k):
                        accumulate=ti > 0)
     nisa.activation(dst=dxS, op=nl.copy, data=dxb, scale=eex[:, k:k + 1])
     nisa.tensor_tensor(dst=dxr, data1=dxa, data2=dxS, op=nl.add)
-    _rowdot(t, k, t["DI"][:, k:k + 1], xw[:, cols], dxr)
-    _rowdot(t, k, t["qv"][:, k:k + 1], xw[:, cols], dxS)
     if t["D"] != None:  # noqa: E711
         dD1 = _r(t, "y1", k)
         dcols = slice(k * P, (k + 1) * P)
@@ -819,12 +829,10 @@ def _head_b(cfg, t, a, k):
     else:
         nisa.tensor_scalar(dst=t["dxo"][:, cols], data=dxr, op0=nl.multiply,
                            operand0=dtp[:, k:k + 1], engine=nisa.engine.scalar)
-    # <dSe, S0> per state row; then dS0^T = e^{c_end} dSe^T + C^T (dy1 e^c)
-    # (dS per dstate tile into head k's hB region: its transposes were evacuated in stage A)
+    # dS0^T = e^{c_end} dSe^T + C^T (dy1 e^c) (dS per dstate tile into head k's hB region:
+    # its transposes were evacuated in stage A)
     for ti in range(len(ntl)):
         m0, nsz = ntl[ti]
-        _rowdot(t, k, t["Tn"][0:nsz, ti * nhp + k:ti * nhp + k + 1], dST[ti][:, cols],
-                ST0[ti][:, cols])
         dSp = hB[0:nsz, ti * P:(ti + 1) * P]
         nisa.nc_matmul(dst=dSp, stationary=Cw[:, n0 + m0:n0 + m0 + nsz],
                        moving=_r(t, "dy1e", k), accumulate=False)
