@@ -786,8 +786,7 @@ def _head_b(cfg, t, a, k):
     nisa.tensor_tensor(dst=ZTt, data1=hA[0:Q, Q:2 * Q], data2=_r(t, "ETm", k), op=nl.multiply)
     # intra-chunk ddA_k' = sum_{i>=k', j<k'} M_ij: (M Us)[i, k'] masked to i >= k', summed
     # over i (a ones matmul into column k of the chunk's ddA PSUM)
-    nisa.tensor_tensor(dst=MT, data1=ZTt, data2=t["CBTm"][g], op=nl.multiply,
-                       engine=nisa.engine.gpsimd)
+    nisa.tensor_tensor(dst=MT, data1=hA[0:Q, Q:2 * Q], data2=_r(t, "KT", k), op=nl.multiply)
     nisa.nc_matmul(dst=hA[0:Q, 2 * Q:3 * Q], stationary=MT, moving=t["Us"], accumulate=False)
     nisa.tensor_tensor(dst=X, data1=hA[0:Q, 2 * Q:3 * Q], data2=t["Li"], op=nl.multiply)
     nisa.nc_matmul(dst=t["pc"][0:Q, k:k + 1], stationary=X, moving=t["ones"][0:Q, 0:1],
