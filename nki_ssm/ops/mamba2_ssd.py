@@ -24,8 +24,10 @@ from .launch import mamba2_ssd as launch
 PRECISIONS = ("bf16", "fp32")
 # Kernel limits (nki_ssm/kernels/mamba2_ssd/*.py docstrings): decode moves
 # [B | C] (2N columns) through one fp32 PSUM bank of 512; prefill keeps a
-# head's P output columns in one bank.
+# head's P output columns in one bank and dstate in at most two 128-partition
+# tiles (the backward accumulates dC | dB, 2N columns, in one bank).
 MAX_DECODE_N = 256
+MAX_PREFILL_N = 256
 MAX_PREFILL_P = 512
 # activations the kernels stream together: one dtype (float32 or bfloat16)
 STREAMED = ("x", "B", "C", "z")
@@ -122,6 +124,8 @@ def validate_prefill(x, dt, A, B, C, *, D, z, dt_bias, dt_softplus, dt_limit, cu
     kw["precision"] = v.require_choice("precision", precision, PRECISIONS)
     v.require_at_most("P (x.shape[-1])", x.shape[-1], MAX_PREFILL_P,
                       "ssd_prefill kernel: a head's outputs fill one PSUM bank")
+    v.require_at_most("N (B.shape[-1])", kw["B"].shape[-1], MAX_PREFILL_N,
+                      "ssd_prefill kernels: dstate in at most two 128-partition tiles")
     _check_decay_values(kw, v.live_tokens(kw["cu_seqlens"], kw["state_indices"]), decaying=True)
     return kw
 
@@ -183,7 +187,7 @@ def ssd_prefill(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
     y only within ~2e-3 of float64 (measured 1.6e-3..2.6e-3 relative
     Frobenius on the simulator, ``python3 docs/measure_numerics.py
     precision``; states stay ~1e-7); pass precision="fp32" for the 1e-5
-    float32 target (~1e-7). Limits (every backend): P <= 512; A <= 0 and,
+    float32 target (~1e-7). Limits (every backend): P <= 512, N <= 256; A <= 0 and,
     on tokens of non-padding sequences, dt' finite and >= 0.
     """
     kw = validate_prefill(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,

@@ -18,7 +18,8 @@ plus ``dy`` (x's shape and dtype) and ``d_final_states``. Backends: "reference"
 (``nki_ssm/reference/mamba2_ssd_backward.py``, float64), "sim" and "neuron" (the NKI
 kernel ``nki_ssm/kernels/mamba2_ssd/chunk_backward.py`` through
 ``nki_ssm/ops/launch/mamba2_ssd_backward.py``; float32 compute whatever the precision;
-limits N <= 128 and P <= 128, a ValueError otherwise).
+the forward's limits, N <= 256 and P <= 512, checked by the shared validation). dB and
+dC are bit-identical at LNC=1 and LNC=2.
 """
 from __future__ import annotations
 

@@ -99,16 +99,16 @@ def _ssd_prefill(seqlens, padding, H, P, G=1, dtype=np.float32, chunk=16):
     return make
 
 
-def _ssd_backward(lengths, H, P, G=1, dtype=np.float32, chunk=16):
+def _ssd_backward(lengths, H, P, G=1, dtype=np.float32, chunk=16, N=16):
     def make(rng):
-        kw = inputs.make_ssd_inputs(rng, seqlens=lengths, H=H, P=P, N=16, G=G, dtype=dtype,
+        kw = inputs.make_ssd_inputs(rng, seqlens=lengths, H=H, P=P, N=N, G=G, dtype=dtype,
                                     z=True)
         for name in ("ssm_states", "state_indices", "has_initial_state"):
             kw.pop(name)
         S, n = len(lengths), int(sum(lengths))
         kw.update(dy=rng.standard_normal((n, H, P)).astype(dtype), chunk_size=chunk,
-                  initial_states=rng.standard_normal((S, H, P, 16)).astype(np.float32),
-                  d_final_states=rng.standard_normal((S, H, P, 16)).astype(np.float32))
+                  initial_states=rng.standard_normal((S, H, P, N)).astype(np.float32),
+                  d_final_states=rng.standard_normal((S, H, P, N)).astype(np.float32))
         return ops.ssd_backward, kw
     return make
 
@@ -175,9 +175,15 @@ CASES = [
     ("gated_delta_prefill/odd-HV", _gdn_prefill([9, 70, 1], 1, 1, 3, dtype=BF16, raw=True)),
     ("gated_delta_prefill/all-padding", _gdn_prefill([5, 30], 2, 1, 2)),
     # SSD backward: an odd sequence count with an empty one (a group per program); odd H
-    # (does not split: both programs run every head, program 0's gradients kept)
+    # (does not split: both programs run every head, program 0's gradients kept); groups
+    # whose heads sit in both programs (H = 6, G = 3: group 1; one group of two dstate
+    # tiles in bfloat16; heads of 256 channels split into 2H = 6 heads, G = 3): dB / dC
+    # bit for bit too
     ("ssd_backward/odd-seqs", _ssd_backward([37, 0, 5], 4, 8, G=2)),
     ("ssd_backward/odd-H", _ssd_backward([20, 3], 3, 8, dtype=BF16)),
+    ("ssd_backward/shared-group", _ssd_backward([37, 0, 5], 6, 8, G=3)),
+    ("ssd_backward/shared-group-N256", _ssd_backward([20, 3], 2, 8, N=256, dtype=BF16)),
+    ("ssd_backward/shared-group-P256", _ssd_backward([9, 21], 3, 256, G=3)),
     # GDN backward: the value heads split (padded with zero heads to a multiple of the
     # programs; both programs run the whole work list): an odd sequence count with an empty
     # one, lengths not multiples of the chunk; one sequence of several chunks; one value

@@ -35,8 +35,9 @@ Design note
 What the forward saves: nothing (the host API's backward gets the forward's
 inputs). The kernel recomputes the chunk-boundary states (loop F) into an
 fp32 HBM scratch ``[R + 1, N, H*P]`` (``nl.private_hbm``): 4*H*P*N/Q bytes
-per token (20 KiB at Mamba-2 2.7B, Q = 128; 335 MB at 16K tokens), plus one
-d-state block per sequence (the d_initial_states output).
+per token (20 KiB at Mamba-2 2.7B, Q = 128; 335 MB at 16K tokens; twice that per
+head channel at N = 256), plus one d-state block per sequence (the
+d_initial_states output).
 
 One compiled program per shape bucket: compile-time arguments are shapes
 (token bucket T, sequence bucket S, H, P, N, G, Q) and layer configuration
@@ -97,9 +98,23 @@ go to the dump row), of dB / dC (the program's partial slab) and of dS0^T.
 
 PSUM (8 banks of 2 KiB per partition, allocated in each loop body that writes
 them): the chunk scratch (decay sums, group terms, then the ddA columns); dC |
-dB | dS; per head, ring of 2: hA (seg, E, dy1^T, (dy1 e^c)^T, reused for Z,
-Z^T, M Us), hB (the other four transposes), hC (y_intra, y_off, the two dx
-terms).
+dB (2N <= 512 columns); per head, ring of 2: hA (seg, E, dy1^T, (dy1 e^c)^T,
+reused for Z, Z^T, M Us), hB (the other transposes; in stage B the dS tiles),
+hC (y_intra, y_off, the two dx terms; loop F's state update).
+
+dstate: N > 128 is two partition tiles (n0 = 0, 128; the second may be partial):
+the states S^T, dSe^T and the per-group B^T, C^T are one SBUF tile per dstate
+tile; the contractions over N (CB, CB^T, y_off, the dx state term, the ddA
+state term) are accumulating matmuls over the tiles, the [P, N] transposes of
+S0 and dSe are assembled from per-tile transposes, and the per-tile matmuls
+with N on the output partitions (loop F's state, dS) write one region each.
+
+dB / dC reduction order: within each half of the LNC=2 head split ([0, H/2),
+[H/2, H); H odd: one range) the heads of a group accumulate in one PSUM bank in
+head order; a group whose heads sit in both halves (gs) has two partials,
+which the launcher adds (at LNC=1 the kernel writes the second half's into N
+extra columns of dB / dC), so LNC=1 and LNC=2 add the same partials in the same
+order: bit-identical gradients.
 
 What binds (modeled, trn2, ``nki_ssm.perf`` as of this commit; Mamba-2 2.7B,
 bf16 I/O, one sequence): VectorE, which carries about a dozen full [Q, Q] /
@@ -109,7 +124,7 @@ the rest cross-engine waits of the two-stage pipeline); TensorE ~31 %,
 ScalarE ~22 %, GpSimd ~22 %, DMA < 10 %. 512 tokens (``python -m simulate
 --op ssd_backward``): 4.27 ms at LNC=1, 2.17 ms at LNC=2; 2K tokens: 16.9 ms
 at LNC=1, 8.59 ms at LNC=2 (0.51x). Program size 2,440 per program at LNC=2
-(4,768 at LNC=1). Closer to the roof needs fewer VectorE
+(4,770 at LNC=1). Closer to the roof needs fewer VectorE
 passes (bf16 operands and perf modes where the 5e-3 budget allows, Z / Z^T / M
 fused into fewer passes, several heads per instruction) and a deeper
 pipeline (PSUM allows two heads in flight as laid out), not faster matmuls.
@@ -120,8 +135,8 @@ program 0's outputs), so both run the same loops and trip counts: one control
 flow. Every output and the scratch exist once per program (each program allocates all of them in the same order
 and writes only its own: dx, dz, ddt, dA, dD, ddt_bias, d_init for its heads,
 a partial dB / dC over its heads for every token); the launcher joins the head
-columns and adds the dB / dC partials (the heads of one group may sit in both
-programs). No HBM tensor is written by both programs: no sync.
+columns and the groups' dB / dC columns, adding the two partials of the group
+whose heads sit in both programs. No HBM tensor is written by both programs: no sync.
 
 Layouts: token-major, heads on the free dim (x ``[T+Q, H*P]``); states in
 the S^T layout ``[N, H*P]`` (dstate on partitions), transposed per head on
@@ -129,13 +144,17 @@ TensorE where a contraction over P needs ``[P, N]``. Numerics: fp32
 throughout (bfloat16 inputs widened after the load; outputs rounded once on
 write); every decay is exp of a sum <= 0.
 
-Limits: N <= 128, P <= 128, Q <= 128 (a multiple of 16); the program's
-per-partition SBUF (about 20 fp32 [Q, _BLOCK_COLS] or [N, .] tiles and the
-[Q, H/lnc*P] dD accumulator).
+Limits: N <= 256 (two dstate tiles: dC | dB share one PSUM bank), P <= 128
+(a head's [Q, P] operands are transposed to P partitions; the launcher splits
+heads of P > 128 into k heads of P / k, the recurrence being independent along
+P), Q <= 128 (a multiple of 16); the program's per-partition SBUF (about 20
+fp32 [Q, _BLOCK_COLS] or [128, .] tiles, two of those per state at N > 128, and
+the [Q, H/lnc*P] dD accumulator).
 
 Constructs: those of ``chunk.py`` (the forward) and ``scaffold.py`` (device
-scalars, the work-row loops, the LNC split), plus ``nisa.tensor_reduce`` over axis 1
-of a 2-D tile (nki-library attention_bwd.py:655).
+scalars, the work-row loops, the LNC split), plus ``nisa.tensor_reduce`` over the
+last axis of a 3-D ``.ap`` view of a 2-D tile (the per-head row dots of a block: the
+trailing free axes, NKI 0.8 docs; the form of ``gated_delta/chunk.py``).
 """
 from __future__ import annotations
 
@@ -165,10 +184,11 @@ def _scatter_view(dst, rows, c0, width, base):
                   offset=base * dst.shape[1] + c0, vector_offset=rows, indirect_dim=0)
 
 
-def _block_view(st, block, c0, width, N):
-    """Columns [c0, c0+width) of block ``block`` (an NkiScalar: a table cell or the loop's
-    iteration value) of the 3-D HBM tensor st [blocks, N, cols]."""
-    return at_row(st, block, [[st.shape[2], N], [1, width]], c0)
+def _block_view(st, block, c0, width, tile):
+    """Rows [n0, n0+rows) (``tile`` = (n0, rows), a dstate tile), columns [c0, c0+width)
+    of block ``block`` (an NkiScalar: a table cell or the loop's iteration value) of the
+    3-D HBM tensor st [blocks, N, cols]."""
+    return at_row(st, block, [[st.shape[2], tile[1]], [1, width]], tile[0] * st.shape[2] + c0)
 
 
 def _psum_tiles(t, names):
@@ -218,13 +238,14 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
       init_st ``[S + 1, N, H*P]`` float32 (initial states in S^T layout, block S
       zeros), dfin_st ``[S, N, H*P]`` float32 (d_final_states, S^T layout),
       the int32 tables of the module docstring.
-    Compile-time: heads H, dstate N, dt_softplus, dt_lo, dt_hi (dt_hi may be inf),
+    Compile-time: heads H, dstate N (<= 256), dt_softplus, dt_lo, dt_hi (dt_hi may be inf),
       chunk_size Q.
     Outputs, one tensor of each per program (``lnc`` of each in a row in the returned
       tuple; w = the program's heads h times P): dx ``[T + 1, w]`` (x's dtype; row T a
       dump row), ddt ``[T + 1, h]`` float32 (through dt_bias, softplus, clip), dz like
-      dx (unwritten without z), dB, dC ``[T + 1, G*N]`` float32 (partial: the program's
-      heads), dA ``[1, h]``, dD ``[1, w]`` (per channel; unconditionally computed),
+      dx (unwritten without z), dB, dC ``[T + 1, G*N (+ N)]`` float32 (partial: the
+      program's heads; at LNC=1 with a group straddling the head split H/2, N extra
+      columns hold that group's second-half partial: module docstring), dA ``[1, h]``, dD ``[1, w]`` (per channel; unconditionally computed),
       ddt_bias ``[1, h]`` float32, d_init ``[S, N, w]`` float32 (S^T layout).
     """
     T1, HP = x.shape
@@ -251,6 +272,24 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
     for g in range(G):
         if g * HPG < h1 and (g + 1) * HPG > h0:
             groups.append(g)
+    # dstate tiles of at most 128 partitions: (first row, rows)
+    ntl = []
+    for n0 in range(0, N, _PMAX):
+        ntl.append((n0, min(_PMAX, N - n0)))
+    NT = ntl[0][1]
+    # dB / dC reduction order: the heads of a group accumulate in PSUM within each half of
+    # the LNC=2 head split ([0, H/2), [H/2, H); H odd: one range), the host adds the two
+    # halves' partials; at LNC=1 the second half's part of the group that straddles H/2
+    # (gs) goes to N extra columns, so both LNC configurations add the same partials
+    hsplit = H
+    if H % 2 == 0:
+        hsplit = H // 2
+    gs = -1
+    if hsplit % HPG != 0:
+        gs = hsplit // HPG
+    extra = 0
+    if npr == 1 and gs >= 0:
+        extra = N
     # head blocks of the program: the per-block tiles are [Q, hbk*P]
     hbk = max(1, min(nhp, _BLOCK_COLS // P))
     blocks = []
@@ -264,7 +303,8 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
     rows1 = Tb + 1
     outs = []
     for item in (((rows1, W), x.dtype), ((rows1, nhp), f32), ((rows1, W), x.dtype),
-                 ((rows1, GN), f32), ((rows1, GN), f32), ((1, nhp), f32), ((1, W), f32),
+                 ((rows1, GN + extra), f32), ((rows1, GN + extra), f32), ((1, nhp), f32),
+                 ((1, W), f32),
                  ((1, nhp), f32), ((S, N, W), f32)):
         per = []
         for p in range(npr):
@@ -329,32 +369,43 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
     for name in ("dtp", "dtA", "ecs", "eex", "wd", "gate", "tmp", "ddt", "V", "DI", "qv",
                  "accA", "accB"):
         t[name] = _sb((Q, nhp))
-    t["elast"] = _sb((N, nhp))
-    t["Tn"] = _sb((N, nhp))
-    t["ST0"] = _sb((N, WB))
-    t["dST"] = _sb((N, WB))
+    t["elast"] = _sb((NT, nhp))
+    t["Tn"] = _sb((NT, len(ntl) * nhp))
+    t["ST0"] = []
+    t["dST"] = []
+    for item in ntl:
+        t["ST0"].append(_sb((item[1], WB)))
+        t["dST"].append(_sb((item[1], WB)))
     t["Dacc"] = _sb((Q, W))
     # per-head temporaries: rings of 2 (two heads in flight, _block_grads)
-    for name in ("xdt", "Xd", "dy1e", "y0", "y1", "dxr", "dxS", "pP"):
+    for name in ("xdt", "Xd", "dy1e", "y0", "y1"):
         t[name] = [_sb((Q, P)), _sb((Q, P))]
+    # per-block operands of the row dots (one product and one reduce per block, _rowdots)
+    for name in ("yoffb", "dxrb", "dxSb"):
+        t[name] = _sb((Q, WB))
+    t["pB"] = _sb((_PMAX, WB))
     for name in ("Wt", "ETm", "Em", "KT", "K", "Zt", "ZTt", "MT"):
         t[name] = [_sb((Q, Q)), _sb((Q, Q))]
     for name in ("dy1T", "dy1eT", "xdtT", "XdT"):
         t[name] = [_sb((P, Q)), _sb((P, Q))]
     for name in ("S0", "dSe"):
         t[name] = [_sb((P, N)), _sb((P, N))]
-    t["pS"] = [_sb((N, P)), _sb((N, P))]
     t["CT"] = []
     t["BT"] = []
     t["CBTm"] = []
     t["CB"] = []
     for g in range(G):
-        t["CT"].append(_sb((N, Q)))
-        t["BT"].append(_sb((N, Q)))
+        CTg = []
+        BTg = []
+        for item in ntl:
+            CTg.append(_sb((item[1], Q)))
+            BTg.append(_sb((item[1], Q)))
+        t["CT"].append(CTg)
+        t["BT"].append(BTg)
         t["CBTm"].append(_sb((Q, Q)))
         t["CB"].append(_sb((Q, Q)))
-    t["dBt"] = _sb((Q, GN))
-    t["dCt"] = _sb((Q, GN))
+    t["dBt"] = _sb((Q, GN + extra))
+    t["dCt"] = _sb((Q, GN + extra))
     t["out1"] = _sb((1, W))
     nisa.memset(dst=t["dBt"], value=0.0)     # groups without this program's heads stay 0
     nisa.memset(dst=t["dCt"], value=0.0)
@@ -362,6 +413,7 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
     nisa.memset(dst=t["accB"], value=0.0)
     nisa.memset(dst=t["Dacc"], value=0.0)
     cfg = {"Q": Q, "P": P, "N": N, "G": G, "HPG": HPG, "h0": h0, "nhp": nhp, "c0": c0,
+           "ntl": ntl, "NT": NT, "hsplit": hsplit, "gs": gs, "extra": extra, "GN": GN,
            "W": W, "H": H, "x": x, "dt": dt, "B": B, "C": C, "z": z, "dy": dy,
            "soft": dt_softplus, "lo": dt_lo, "hi": dt_hi, "groups": groups, "blocks": blocks}
 
@@ -375,10 +427,13 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
             a = item[0]
             b = item[1]
             ca, wb = c0 + a * P, (b - a) * P
-            nisa.dma_copy(dst=t["ST0"][:, 0:wb], src=_block_view(init_st, ib, ca, wb, N))
-            nisa.dma_copy(dst=_block_view(scratch, fb, ca - c0, wb, N), src=t["ST0"][:, 0:wb])
-            nisa.dma_copy(dst=t["dST"][:, 0:wb], src=_block_view(dfin_st, seq, ca, wb, N))
-            nisa.dma_copy(dst=_block_view(dinit, seq, ca - c0, wb, N), src=t["dST"][:, 0:wb])
+            for ti in range(len(ntl)):
+                nt = ntl[ti]
+                ST0, dST = t["ST0"][ti], t["dST"][ti]
+                nisa.dma_copy(dst=ST0[:, 0:wb], src=_block_view(init_st, ib, ca, wb, nt))
+                nisa.dma_copy(dst=_block_view(scratch, fb, ca - c0, wb, nt), src=ST0[:, 0:wb])
+                nisa.dma_copy(dst=dST[:, 0:wb], src=_block_view(dfin_st, seq, ca, wb, nt))
+                nisa.dma_copy(dst=_block_view(dinit, seq, ca - c0, wb, nt), src=dST[:, 0:wb])
 
     for_each_row(n_seqs, seqs, seq_body)
 
@@ -395,7 +450,9 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
             b = item[1]
             ca, wb = c0 + a * P, (b - a) * P
             nisa.dma_copy(dst=t["x_raw"][:, 0:wb], src=_rows_view(x, t["t0"], ca, wb, Q))
-            nisa.dma_copy(dst=t["ST0"][:, 0:wb], src=_block_view(scratch, i, ca - c0, wb, N))
+            for ti in range(len(ntl)):
+                nisa.dma_copy(dst=t["ST0"][ti][:, 0:wb],
+                              src=_block_view(scratch, i, ca - c0, wb, ntl[ti]))
             xw = _widen(t["xf"], t["x_raw"], wb)
             for k in range(a, b):
                 cols = slice((k - a) * P, (k - a + 1) * P)
@@ -403,13 +460,18 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
                 nisa.tensor_scalar(dst=Xd, data=xw[:, cols], op0=nl.multiply,
                                    operand0=t["wd"][:, k:k + 1])
                 g = (h0 + k) // HPG
-                st = _r(t, "hC", k)[0:N, 0:P]
-                nisa.nc_matmul(dst=st, stationary=t["Bw"][:, g * N:(g + 1) * N], moving=Xd,
-                               accumulate=False)
-                nisa.scalar_tensor_tensor(dst=t["dST"][:, cols], data=t["ST0"][:, cols],
-                                          op0=nl.multiply, operand0=t["elast"][:, k:k + 1],
-                                          op1=nl.add, operand1=st)
-            nisa.dma_copy(dst=_block_view(scratch, blk, ca - c0, wb, N), src=t["dST"][:, 0:wb])
+                for ti in range(len(ntl)):
+                    n0, nsz = ntl[ti]
+                    st = _r(t, "hC", k)[0:nsz, ti * P:(ti + 1) * P]
+                    nisa.nc_matmul(dst=st, stationary=t["Bw"][:, g * N + n0:g * N + n0 + nsz],
+                                   moving=Xd, accumulate=False)
+                    nisa.scalar_tensor_tensor(dst=t["dST"][ti][:, cols],
+                                              data=t["ST0"][ti][:, cols], op0=nl.multiply,
+                                              operand0=t["elast"][0:nsz, k:k + 1], op1=nl.add,
+                                              operand1=st)
+            for ti in range(len(ntl)):
+                nisa.dma_copy(dst=_block_view(scratch, blk, ca - c0, wb, ntl[ti]),
+                              src=t["dST"][ti][:, 0:wb])
 
     for_each_row(n_rows, fvals, fwd_body)
 
@@ -428,17 +490,31 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
             b = item[1]
             ca, wb = c0 + a * P, (b - a) * P
             _load_block(cfg, t, ca, wb)
-            nisa.dma_copy(dst=t["ST0"][:, 0:wb], src=_block_view(scratch, blk, ca - c0, wb, N))
-            nisa.dma_copy(dst=t["dST"][:, 0:wb], src=_block_view(dinit, seq, ca - c0, wb, N))
+            for ti in range(len(ntl)):
+                nisa.dma_copy(dst=t["ST0"][ti][:, 0:wb],
+                              src=_block_view(scratch, blk, ca - c0, wb, ntl[ti]))
+                nisa.dma_copy(dst=t["dST"][ti][:, 0:wb],
+                              src=_block_view(dinit, seq, ca - c0, wb, ntl[ti]))
+            # <dSe, S0> per state row and head, before stage B updates dSe
+            for ti in range(len(ntl)):
+                nsz = ntl[ti][1]
+                _rowdots(t, t["Tn"][0:nsz, ti * nhp + a:ti * nhp + b], t["dST"][ti][:, 0:wb],
+                         t["ST0"][ti][:, 0:wb], P)
             _block_grads(cfg, t, a, b)
+            # V = dy1 . e^c y_off, DI = x . dxr, q' = x . dxS: per token and head
+            _rowdots(t, t["V"][:, a:b], t["yoffb"][:, 0:wb], t["dy1"][:, 0:wb], P)
+            _rowdots(t, t["DI"][:, a:b], t["xw"][:, 0:wb], t["dxrb"][:, 0:wb], P)
+            _rowdots(t, t["qv"][:, a:b], t["xw"][:, 0:wb], t["dxSb"][:, 0:wb], P)
             nisa.dma_copy(dst=_scatter_view(dx, yr, ca - c0, wb, 0), src=t["dxo"][:, 0:wb])
             if z != None:  # noqa: E711
                 nisa.dma_copy(dst=_scatter_view(dz, yr, ca - c0, wb, 0), src=t["dzo"][:, 0:wb])
-            nisa.dma_copy(dst=_block_view(dinit, seq, ca - c0, wb, N), src=t["dST"][:, 0:wb])
+            for ti in range(len(ntl)):
+                nisa.dma_copy(dst=_block_view(dinit, seq, ca - c0, wb, ntl[ti]),
+                              src=t["dST"][ti][:, 0:wb])
         _chunk_dt(cfg, t)
         nisa.dma_copy(dst=_scatter_view(ddt, yr, 0, nhp, 0), src=t["ddt"])
-        nisa.dma_copy(dst=_scatter_view(dB, yr, 0, GN, 0), src=t["dBt"])
-        nisa.dma_copy(dst=_scatter_view(dC, yr, 0, GN, 0), src=t["dCt"])
+        nisa.dma_copy(dst=_scatter_view(dB, yr, 0, GN + extra, 0), src=t["dBt"])
+        nisa.dma_copy(dst=_scatter_view(dC, yr, 0, GN + extra, 0), src=t["dCt"])
 
     for_each_row(n_rows, bvals, bwd_body)
 
@@ -518,7 +594,7 @@ def _load_block(cfg, t, ca, wb):
 def _chunk_decays(cfg, t):
     """dt' (0 on masked rows), dt'A, e^{c_i}, e^{c_end - c_j}, dt' e^{c_end - c_j}, e^{c_end}
     on the N state partitions; the dt gate (d dt' / d dt, times valid)."""
-    Q, N, nhp = cfg["Q"], cfg["N"], cfg["nhp"]
+    Q, nhp = cfg["Q"], cfg["nhp"]
     dt_in, dtp, dtA, gate = t["dt_in"], t["dtp"], t["dtA"], t["gate"]
     mask = t["mask"][:, 0:1]
     pre = dt_in
@@ -548,7 +624,7 @@ def _chunk_decays(cfg, t):
     nisa.tensor_tensor(dst=dtA, data1=dtp, data2=t["A"][0:Q, :], op=nl.multiply)
     pc = t["pc"]
     for item in ((t["ecs"], t["U"], Q), (t["eex"], t["Ls"], Q),
-                            (t["elast"], t["ones"][0:Q, 0:N], N)):
+                            (t["elast"], t["ones"][0:Q, 0:cfg["NT"]], cfg["NT"])):
         dst = item[0]
         stat = item[1]
         rows = item[2]
@@ -560,32 +636,38 @@ def _chunk_decays(cfg, t):
 
 def _group_terms(cfg, t):
     """Per group of the program: C^T, B^T, CB^T (masked to j <= i) and CB."""
-    Q, N = cfg["Q"], cfg["N"]
+    Q, N, ntl = cfg["Q"], cfg["N"], cfg["ntl"]
     pc = t["pc"]
     for g in cfg["groups"]:
-        n0 = g * N
-        nisa.nc_transpose(dst=pc[0:N, 0:Q], data=t["Cw"][:, n0:n0 + N])
-        nisa.tensor_copy(dst=t["CT"][g], src=pc[0:N, 0:Q], engine=nisa.engine.scalar)
-        nisa.nc_transpose(dst=pc[0:N, Q:2 * Q], data=t["Bw"][:, n0:n0 + N])
-        nisa.tensor_copy(dst=t["BT"][g], src=pc[0:N, Q:2 * Q], engine=nisa.engine.scalar)
-        nisa.nc_matmul(dst=pc[0:Q, 2 * Q:3 * Q], stationary=t["BT"][g], moving=t["CT"][g],
-                       accumulate=False)
+        for ti in range(len(ntl)):
+            n0 = g * N + ntl[ti][0]
+            nsz = ntl[ti][1]
+            nisa.nc_transpose(dst=pc[0:nsz, 0:Q], data=t["Cw"][:, n0:n0 + nsz])
+            nisa.tensor_copy(dst=t["CT"][g][ti], src=pc[0:nsz, 0:Q], engine=nisa.engine.scalar)
+            nisa.nc_transpose(dst=pc[0:nsz, Q:2 * Q], data=t["Bw"][:, n0:n0 + nsz])
+            nisa.tensor_copy(dst=t["BT"][g][ti], src=pc[0:nsz, Q:2 * Q],
+                             engine=nisa.engine.scalar)
+        # CB^T and CB contract over dstate: one accumulating matmul per tile
+        for ti in range(len(ntl)):
+            nisa.nc_matmul(dst=pc[0:Q, 2 * Q:3 * Q], stationary=t["BT"][g][ti],
+                           moving=t["CT"][g][ti], accumulate=ti > 0)
         nisa.tensor_tensor(dst=t["CBTm"][g], data1=pc[0:Q, 2 * Q:3 * Q], data2=t["U"],
                            op=nl.multiply)
-        nisa.nc_matmul(dst=pc[0:Q, 3 * Q:4 * Q], stationary=t["CT"][g], moving=t["BT"][g],
-                       accumulate=False)
+        for ti in range(len(ntl)):
+            nisa.nc_matmul(dst=pc[0:Q, 3 * Q:4 * Q], stationary=t["CT"][g][ti],
+                           moving=t["BT"][g][ti], accumulate=ti > 0)
         nisa.tensor_copy(dst=t["CB"][g], src=pc[0:Q, 3 * Q:4 * Q], engine=nisa.engine.scalar)
 
 
-def _rowdot(t, k, dst, a, b):
-    """dst [rows, 1] = sum over the free dim of a o b (VectorE product into head k's ring
-    temporary, then reduce)."""
+def _rowdots(t, dst, a, b, P):
+    """dst [rows, nb] = per head (P columns each) the sum over its columns of a o b, for
+    the nb heads of a block: one VectorE product into the block's product tile and one
+    reduce over the last axis of its [rows, nb, P] view."""
     rows, w = a.shape[0], a.shape[1]
-    prod = _r(t, "pP", k)
-    if rows != prod.shape[0]:
-        prod = _r(t, "pS", k)
+    prod = t["pB"]
     nisa.tensor_tensor(dst=prod[0:rows, 0:w], data1=a, data2=b, op=nl.multiply)
-    nisa.tensor_reduce(dst=dst, op=nl.add, data=prod[0:rows, 0:w], axis=(1,))
+    view = prod.ap(pattern=[[prod.shape[1], rows], [P, w // P], [1, P]], offset=0)
+    nisa.tensor_reduce(dst=dst, op=nl.add, data=view, axis=(2,))
 
 
 def _r(t, name, k):
@@ -609,7 +691,8 @@ def _head_a(cfg, t, a, k):
     """Stage A of head k: per-token scalings, the decay matrices E^T, E (masked), K^T, K,
     y0 = y_intra + e^c y_off (dz and V = dy1 . e^c y_off), the transposes of dy1, dy1 e^c,
     x dt', x dt' e^{c_end - c} ([P, Q]) and of S0, dSe ([P, N])."""
-    Q, P, N, HPG, h0 = cfg["Q"], cfg["P"], cfg["N"], cfg["HPG"], cfg["h0"]
+    Q, P, HPG, h0 = cfg["Q"], cfg["P"], cfg["HPG"], cfg["h0"]
+    ntl, NT = cfg["ntl"], cfg["NT"]
     xw, dy1, dyz = t["xw"], t["dy1"], t["dyz"]
     dtp, ecs, wd = t["dtp"], t["ecs"], t["wd"]
     ST0, dST = t["ST0"], t["dST"]
@@ -619,7 +702,7 @@ def _head_a(cfg, t, a, k):
     xdt, Xd, dy1e = _r(t, "xdt", k), _r(t, "Xd", k), _r(t, "dy1e", k)
     Wt, ETm, Em, KT, K = _r(t, "Wt", k), _r(t, "ETm", k), _r(t, "Em", k), _r(t, "KT", k), \
         _r(t, "K", k)
-    y0 = _r(t, "y0", k)
+    y0, yoff = _r(t, "y0", k), t["yoffb"][:, cols]
     nisa.tensor_scalar(dst=xdt, data=xw[:, cols], op0=nl.multiply, operand0=dtp[:, k:k + 1],
                        engine=nisa.engine.scalar)
     nisa.tensor_scalar(dst=Xd, data=xw[:, cols], op0=nl.multiply, operand0=wd[:, k:k + 1],
@@ -646,11 +729,12 @@ def _head_a(cfg, t, a, k):
     # y0 = y_intra + e^c y_off; V = dy1 . e^c y_off; dz = dy silu'(z) (y0 + D x)
     yi, yo = hC[0:Q, 0:P], hC[0:Q, P:2 * P]
     nisa.nc_matmul(dst=yi, stationary=KT, moving=xdt, accumulate=False)
-    nisa.nc_matmul(dst=yo, stationary=t["CT"][g], moving=ST0[:, cols], accumulate=False)
-    nisa.activation(dst=y0, op=nl.copy, data=yo, scale=ecs[:, k:k + 1])
-    _rowdot(t, k, t["V"][:, k:k + 1], y0, dy1[:, cols])
+    for ti in range(len(ntl)):
+        nisa.nc_matmul(dst=yo, stationary=t["CT"][g][ti], moving=ST0[ti][:, cols],
+                       accumulate=ti > 0)
+    nisa.activation(dst=yoff, op=nl.copy, data=yo, scale=ecs[:, k:k + 1])
     if t["z_raw"] != None:  # noqa: E711
-        nisa.tensor_tensor(dst=y0, data1=y0, data2=yi, op=nl.add)
+        nisa.tensor_tensor(dst=y0, data1=yoff, data2=yi, op=nl.add)
         y1 = y0
         if t["D"] != None:  # noqa: E711
             y1 = _r(t, "y1", k)
@@ -667,10 +751,15 @@ def _head_a(cfg, t, a, k):
                  (Xd, "XdT", hB[0:P, Q:2 * Q])):
         nisa.nc_transpose(dst=item[2], data=item[0])
         nisa.tensor_copy(dst=_r(t, item[1], k), src=item[2], engine=nisa.engine.scalar)
-    nisa.nc_transpose(dst=hB[0:P, 2 * Q:2 * Q + N], data=ST0[:, cols])
-    nisa.tensor_copy(dst=_r(t, "S0", k), src=hB[0:P, 2 * Q:2 * Q + N])
-    nisa.nc_transpose(dst=hB[0:P, 2 * Q + N:2 * Q + 2 * N], data=dST[:, cols])
-    nisa.tensor_copy(dst=_r(t, "dSe", k), src=hB[0:P, 2 * Q + N:2 * Q + 2 * N])
+    # per dstate tile, through two PSUM regions in turn
+    j = 0
+    for item in ((ST0, "S0"), (dST, "dSe")):
+        for ti in range(len(ntl)):
+            n0, nsz = ntl[ti]
+            reg = hB[0:P, 2 * Q + (j % 2) * NT:2 * Q + (j % 2) * NT + nsz]
+            nisa.nc_transpose(dst=reg, data=item[0][ti][:, cols])
+            nisa.tensor_copy(dst=_r(t, item[1], k)[:, n0:n0 + nsz], src=reg)
+            j += 1
 
 
 def _head_b(cfg, t, a, k):
@@ -678,17 +767,18 @@ def _head_b(cfg, t, a, k):
     the group's heads in one PSUM bank), dx with its row dots, <dSe, S0>, and the state
     gradient dS0^T = e^{c_end} dSe^T + C^T (dy1 e^c)."""
     Q, P, N, HPG, h0 = cfg["Q"], cfg["P"], cfg["N"], cfg["HPG"], cfg["h0"]
+    ntl, nhp = cfg["ntl"], cfg["nhp"]
     xw, dy1, Bw, Cw = t["xw"], t["dy1"], t["Bw"], t["Cw"]
     dtp, eex, elast = t["dtp"], t["eex"], t["elast"]
     ST0, dST = t["ST0"], t["dST"]
-    hA, hC = _r(t, "hA", k), _r(t, "hC", k)
+    hA, hB, hC = _r(t, "hA", k), _r(t, "hB", k), _r(t, "hC", k)
     h = h0 + k
     g = h // HPG
     n0 = g * N
     cols = slice((k - a) * P, (k - a + 1) * P)
     Zt, ZTt, MT, X = _r(t, "Zt", k), _r(t, "ZTt", k), _r(t, "MT", k), _r(t, "Wt", k)
     dy1T, xdtT = _r(t, "dy1T", k), _r(t, "xdtT", k)
-    dxS, dxr = _r(t, "dxS", k), _r(t, "dxr", k)
+    dxS, dxr = t["dxSb"][:, cols], t["dxrb"][:, cols]
     # Z [i, j] = E o (dy1 (x dt')^T), Z^T (over seg / E^T's PSUM regions, read by now)
     nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=dy1T, moving=xdtT, accumulate=False)
     nisa.nc_matmul(dst=hA[0:Q, Q:2 * Q], stationary=xdtT, moving=dy1T, accumulate=False)
@@ -696,14 +786,17 @@ def _head_b(cfg, t, a, k):
     nisa.tensor_tensor(dst=ZTt, data1=hA[0:Q, Q:2 * Q], data2=_r(t, "ETm", k), op=nl.multiply)
     # intra-chunk ddA_k' = sum_{i>=k', j<k'} M_ij: (M Us)[i, k'] masked to i >= k', summed
     # over i (a ones matmul into column k of the chunk's ddA PSUM)
-    nisa.tensor_tensor(dst=MT, data1=ZTt, data2=t["CBTm"][g], op=nl.multiply,
-                       engine=nisa.engine.gpsimd)
+    nisa.tensor_tensor(dst=MT, data1=hA[0:Q, Q:2 * Q], data2=_r(t, "KT", k), op=nl.multiply)
     nisa.nc_matmul(dst=hA[0:Q, 2 * Q:3 * Q], stationary=MT, moving=t["Us"], accumulate=False)
     nisa.tensor_tensor(dst=X, data1=hA[0:Q, 2 * Q:3 * Q], data2=t["Li"], op=nl.multiply)
     nisa.nc_matmul(dst=t["pc"][0:Q, k:k + 1], stationary=X, moving=t["ones"][0:Q, 0:1],
                    accumulate=False)
-    # dC, dB: every head of the group accumulates in one PSUM bank
-    first = h == max(h0, g * HPG)
+    # dC, dB: the group's heads in this half of the head split accumulate in one PSUM
+    # bank (cfg["hsplit"]: both LNC configurations sum the same heads in the same order)
+    lo, hi = 0, cfg["hsplit"]
+    if h >= cfg["hsplit"]:
+        lo, hi = cfg["hsplit"], cfg["H"]
+    first = h == max(lo, g * HPG)
     dCp, dBp = t["dCB"][0:Q, 0:N], t["dCB"][0:Q, N:2 * N]
     nisa.nc_matmul(dst=dCp, stationary=_r(t, "dy1eT", k), moving=_r(t, "S0", k),
                    accumulate=not first)
@@ -711,17 +804,20 @@ def _head_b(cfg, t, a, k):
     nisa.nc_matmul(dst=dBp, stationary=Zt, moving=Cw[:, n0:n0 + N], accumulate=not first)
     nisa.nc_matmul(dst=dBp, stationary=_r(t, "XdT", k), moving=_r(t, "dSe", k),
                    accumulate=True)
-    if h == min(h0 + cfg["nhp"], (g + 1) * HPG) - 1:
-        nisa.tensor_copy(dst=t["dCt"][:, n0:n0 + N], src=dCp)
-        nisa.tensor_copy(dst=t["dBt"][:, n0:n0 + N], src=dBp, engine=nisa.engine.scalar)
+    if h == min(hi, (g + 1) * HPG) - 1:
+        o0 = n0
+        if cfg["extra"] > 0 and g == cfg["gs"] and h >= cfg["hsplit"]:
+            o0 = cfg["GN"]          # LNC=1: the straddling group's second-half partial
+        nisa.tensor_copy(dst=t["dCt"][:, o0:o0 + N], src=dCp)
+        nisa.tensor_copy(dst=t["dBt"][:, o0:o0 + N], src=dBp, engine=nisa.engine.scalar)
     # dx = dt' (K^T dy1 + e^{c_end - c} B dSe^T) + D dy1; DI = x . dxr; q' = x . dxS
     dxa, dxb = hC[0:Q, 2 * P:3 * P], hC[0:Q, 3 * P:4 * P]
     nisa.nc_matmul(dst=dxa, stationary=_r(t, "K", k), moving=dy1[:, cols], accumulate=False)
-    nisa.nc_matmul(dst=dxb, stationary=t["BT"][g], moving=dST[:, cols], accumulate=False)
+    for ti in range(len(ntl)):
+        nisa.nc_matmul(dst=dxb, stationary=t["BT"][g][ti], moving=dST[ti][:, cols],
+                       accumulate=ti > 0)
     nisa.activation(dst=dxS, op=nl.copy, data=dxb, scale=eex[:, k:k + 1])
     nisa.tensor_tensor(dst=dxr, data1=dxa, data2=dxS, op=nl.add)
-    _rowdot(t, k, t["DI"][:, k:k + 1], xw[:, cols], dxr)
-    _rowdot(t, k, t["qv"][:, k:k + 1], xw[:, cols], dxS)
     if t["D"] != None:  # noqa: E711
         dD1 = _r(t, "y1", k)
         dcols = slice(k * P, (k + 1) * P)
@@ -732,27 +828,33 @@ def _head_b(cfg, t, a, k):
     else:
         nisa.tensor_scalar(dst=t["dxo"][:, cols], data=dxr, op0=nl.multiply,
                            operand0=dtp[:, k:k + 1], engine=nisa.engine.scalar)
-    # <dSe, S0> per state row; then dS0^T = e^{c_end} dSe^T + C^T (dy1 e^c)
-    _rowdot(t, k, t["Tn"][:, k:k + 1], dST[:, cols], ST0[:, cols])
-    dSp = t["dCB"][0:N, 2 * N:2 * N + P]
-    nisa.nc_matmul(dst=dSp, stationary=Cw[:, n0:n0 + N], moving=_r(t, "dy1e", k),
-                   accumulate=False)
-    nisa.scalar_tensor_tensor(dst=dST[:, cols], data=dST[:, cols], op0=nl.multiply,
-                              operand0=elast[:, k:k + 1], op1=nl.add, operand1=dSp)
+    # dS0^T = e^{c_end} dSe^T + C^T (dy1 e^c) (dS per dstate tile into head k's hB region:
+    # its transposes were evacuated in stage A)
+    for ti in range(len(ntl)):
+        m0, nsz = ntl[ti]
+        dSp = hB[0:nsz, ti * P:(ti + 1) * P]
+        nisa.nc_matmul(dst=dSp, stationary=Cw[:, n0 + m0:n0 + m0 + nsz],
+                       moving=_r(t, "dy1e", k), accumulate=False)
+        nisa.scalar_tensor_tensor(dst=dST[ti][:, cols], data=dST[ti][:, cols],
+                                  op0=nl.multiply, operand0=elast[0:nsz, k:k + 1], op1=nl.add,
+                                  operand1=dSp)
 
 
 def _chunk_dt(cfg, t):
     """ddA_k = sum_{i>=k} (V - Wc)_i + sum_{j<k} dt'_j q'_j + e^{c_end} <dSe, S0> (three
     accumulating matmuls), then ddt' = A ddA + DI, dA += dt' ddA, ddt = ddt' gate,
     ddt_bias += ddt."""
-    Q, N = cfg["Q"], cfg["N"]
+    Q, ntl, nhp = cfg["Q"], cfg["ntl"], cfg["nhp"]
     dtp = t["dtp"]
     nisa.tensor_tensor(dst=t["qv"], data1=t["qv"], data2=dtp, op=nl.multiply)
-    nisa.tensor_tensor(dst=t["Tn"], data1=t["Tn"], data2=t["elast"], op=nl.multiply)
-    dps = t["pc"][0:Q, 0:cfg["nhp"]]      # holds the intra-chunk terms of every head
+    dps = t["pc"][0:Q, 0:nhp]      # holds the intra-chunk terms of every head
     nisa.nc_matmul(dst=dps, stationary=t["Li"], moving=t["V"], accumulate=True)
     nisa.nc_matmul(dst=dps, stationary=t["Us"], moving=t["qv"], accumulate=True)
-    nisa.nc_matmul(dst=dps, stationary=t["ones"][0:N, 0:Q], moving=t["Tn"], accumulate=True)
+    for ti in range(len(ntl)):
+        nsz = ntl[ti][1]
+        Tn = t["Tn"][0:nsz, ti * nhp:(ti + 1) * nhp]
+        nisa.tensor_tensor(dst=Tn, data1=Tn, data2=t["elast"][0:nsz, :], op=nl.multiply)
+        nisa.nc_matmul(dst=dps, stationary=t["ones"][0:nsz, 0:Q], moving=Tn, accumulate=True)
     tmp = t["tmp"]
     nisa.tensor_tensor(dst=tmp, data1=dps, data2=dtp, op=nl.multiply)
     nisa.tensor_tensor(dst=t["accA"], data1=t["accA"], data2=tmp, op=nl.add)

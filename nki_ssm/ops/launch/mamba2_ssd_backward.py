@@ -6,8 +6,10 @@ kernel, the chain through dt_bias / softplus / dt_limit included. After the
 launch, device-side array ops only: slicing to the caller's sizes, joining the
 programs' outputs (each program writes its heads into its own tensors), the
 sum of the programs' dB / dC partial slabs (at LNC=2 the heads of one group may
-sit in both programs), the sum over P of dD for a per-head D, and the S^T ->
-[H, P, N] permute of d_initial_states.
+sit in both programs; LNC=1 adds the same two partials of that group: the
+kernel's extra columns), the sum over P of dD for a per-head D, and the S^T ->
+[H, P, N] permute of d_initial_states. Heads of P > 128 channels are k heads of
+P / k (``_split_heads``; their per-head gradients summed over the k parts).
 
 - token inputs ``[num_tokens, ...]`` become ``[T + Q, width]`` (T the token
   bucket, Q zero rows appended: the rows a chunk past the last token reads);
@@ -25,8 +27,16 @@ from nki_ssm.ops.launch.buckets import seq_bucket, token_bucket
 from nki_ssm.ops.launch.mamba2_ssd import _D_per_row, _dt_limit
 
 _PMAX = 128
-MAX_N = 128          # the kernel keeps dstate on one partition tile
-MAX_P = 128
+MAX_N = 256          # the kernel tiles dstate in (at most two) 128-partition tiles
+MAX_KERNEL_P = 128   # the kernel transposes a head's [Q, P] operands to P partitions
+
+
+def _head_split(P: int) -> int:
+    """Smallest k with P % k == 0 and P / k <= MAX_KERNEL_P."""
+    k = 2
+    while P % k or P // k > MAX_KERNEL_P:
+        k += 1
+    return k
 
 
 def backward_kernel():
@@ -113,9 +123,14 @@ def backward_call(xp, call, *, x, dt, A, B, C, dy, D, z, dt_bias, dt_softplus, d
     in the inputs' shapes (None for D, z, dt_bias not given; ``xp`` arrays)."""
     T, H, P = x.shape
     G, N = B.shape[1:]
-    if N > MAX_N or P > MAX_P:
-        raise ValueError(f"ssd_backward: the NKI backward kernel needs dstate N <= {MAX_N} and "
-                         f"headdim P <= {MAX_P}, got N = {N}, P = {P}")
+    if N > MAX_N:
+        raise ValueError(f"ssd_backward: the NKI backward kernel needs dstate N <= {MAX_N}, "
+                         f"got N = {N}")
+    if P > MAX_KERNEL_P:
+        return _split_heads(xp, call, x=x, dt=dt, A=A, B=B, C=C, dy=dy, D=D, z=z,
+                            dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
+                            cu_seqlens=cu_seqlens, initial_states=initial_states,
+                            d_final_states=d_final_states, chunk_size=chunk_size)
     n = int(np.asarray(cu_seqlens).shape[0]) - 1
     Q = int(chunk_size)
     Tb, Sb = token_bucket(T), seq_bucket(n)
@@ -153,11 +168,29 @@ def backward_call(xp, call, *, x, dt, A, B, C, dy, D, z, dt_bias, dt_softplus, d
         parts = [a[:T].reshape(T, w) for a in per[name]]
         return parts[0] if len(parts) == 1 else xp.cat(parts, 1)
 
-    def summed(name):                       # partial dB / dC of every program, added
-        total = per[name][0][:T]
-        for a in per[name][1:]:
-            total = total + a[:T]
-        return total.reshape(T, G, N)
+    # dB / dC: the heads of a group sum in PSUM within each half of the head split (H/2;
+    # H odd: one range); the group that straddles it (gs) has two partials, which are added
+    # here in one order at both LNC settings (LNC=2: the programs' slabs; LNC=1: the
+    # kernel's N extra columns), so the gradients agree bit for bit
+    hsplit = H // 2 if H % 2 == 0 else H
+    HPG = H // G
+    gs = hsplit // HPG if hsplit % HPG else -1
+    GN = G * N
+
+    def summed(name):
+        parts = [a[:T] for a in per[name]]
+        if len(parts) == 1:
+            m = parts[0]
+            if m.shape[1] == GN:
+                return m.reshape(T, G, N)
+            lo, hi, rest = m[:, :gs * N], m[:, gs * N:(gs + 1) * N], m[:, (gs + 1) * N:GN]
+            return xp.cat([lo, hi + m[:, GN:], rest], 1).reshape(T, G, N)
+        p0, p1 = parts
+        if gs < 0:                           # no group straddles: each from its program
+            gb = hsplit // HPG
+            return xp.cat([p0[:, :gb * N], p1[:, gb * N:]], 1).reshape(T, G, N)
+        mid = p0[:, gs * N:(gs + 1) * N] + p1[:, gs * N:(gs + 1) * N]
+        return xp.cat([p0[:, :gs * N], mid, p1[:, (gs + 1) * N:]], 1).reshape(T, G, N)
 
     w = HP // len(per["dinit"])
     d_init = xp.cat([a[:n].reshape(n, N, w) for a in per["dinit"]], 2).reshape(n, N, H, P)
@@ -173,3 +206,47 @@ def backward_call(xp, call, *, x, dt, A, B, C, dy, D, z, dt_bias, dt_softplus, d
     if dt_bias is not None:
         grads["ddt_bias"] = xp.cat([a.reshape(1, -1) for a in per["dtb"]], 1).reshape(H)
     return grads
+
+
+def _split_heads(xp, call, *, x, dt, A, B, C, dy, D, z, dt_bias, dt_softplus, dt_limit,
+                 cu_seqlens, initial_states, d_final_states, chunk_size):
+    """P > MAX_KERNEL_P: the recurrence is independent along P, so a head of P channels
+    is k heads of P / k channels sharing its dt, A, D (per head) and dt_bias (contiguous
+    reshapes of x, z, dy, D [H, P] and the states; repeats of the per-head arrays); the
+    per-head gradients (ddt, dA, ddt_bias, dD of a per-head D) are the sums of the k
+    parts."""
+    T, H, P = x.shape
+    k = _head_split(P)
+    Hk, Pk = H * k, P // k
+
+    def per_head(a):
+        return None if a is None else xp.repeat(a, k, -1)
+
+    def states(a):
+        return None if a is None else a.reshape(a.shape[0], Hk, Pk, a.shape[-1])
+
+    def heads(a):
+        return None if a is None else a.reshape(T, Hk, Pk)
+
+    Dk = None
+    if D is not None:
+        Dk = per_head(D) if tuple(D.shape) == (H,) else D.reshape(Hk, Pk)
+    g = backward_call(xp, call, x=heads(x), dt=per_head(dt), A=per_head(A), B=B, C=C,
+                      dy=heads(dy), D=Dk, z=heads(z), dt_bias=per_head(dt_bias),
+                      dt_softplus=dt_softplus, dt_limit=dt_limit, cu_seqlens=cu_seqlens,
+                      initial_states=states(initial_states),
+                      d_final_states=states(d_final_states), chunk_size=chunk_size)
+    n = g["d_initial_states"].shape[0]
+    g["dx"] = g["dx"].reshape(T, H, P)
+    g["ddt"] = g["ddt"].reshape(T, H, k).sum(-1)
+    g["dA"] = g["dA"].reshape(H, k).sum(-1)
+    g["d_initial_states"] = g["d_initial_states"].reshape(n, H, P, B.shape[-1])
+    if z is not None:
+        g["dz"] = g["dz"].reshape(T, H, P)
+    if dt_bias is not None:
+        g["ddt_bias"] = g["ddt_bias"].reshape(H, k).sum(-1)
+    if D is not None:
+        g["dD"] = g["dD"].reshape(H, k).sum(-1) if tuple(D.shape) == (H,) else \
+            g["dD"].reshape(H, P)
+    return g
+
