@@ -779,15 +779,32 @@ def _head_b(cfg, t, a, k):
     Zt, ZTt, MT, X = _r(t, "Zt", k), _r(t, "ZTt", k), _r(t, "MT", k), _r(t, "Wt", k)
     dy1T, xdtT = _r(t, "dy1T", k), _r(t, "xdtT", k)
     dxS, dxr = t["dxSb"][:, cols], t["dxrb"][:, cols]
+    # TensorE first takes what only needs stage A's results (Z, Z^T, the two dx terms, dS),
+    # so the VectorE / ScalarE work between the dependent matmuls below overlaps them
     # Z [i, j] = E o (dy1 (x dt')^T), Z^T (over seg / E^T's PSUM regions, read by now)
     nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=dy1T, moving=xdtT, accumulate=False)
     nisa.nc_matmul(dst=hA[0:Q, Q:2 * Q], stationary=xdtT, moving=dy1T, accumulate=False)
+    # dx = dt' (K^T dy1 + e^{c_end - c} B dSe^T) + D dy1 (DI = x . dxr, q' = x . dxS: the
+    # block's row dots)
+    dxa, dxb = hC[0:Q, 2 * P:3 * P], hC[0:Q, 3 * P:4 * P]
+    nisa.nc_matmul(dst=dxa, stationary=_r(t, "K", k), moving=dy1[:, cols], accumulate=False)
+    for ti in range(len(ntl)):
+        nisa.nc_matmul(dst=dxb, stationary=t["BT"][g][ti], moving=dST[ti][:, cols],
+                       accumulate=ti > 0)
+    # C^T (dy1 e^c) per dstate tile into head k's hB region (its transposes were evacuated
+    # in stage A), for dS0^T = e^{c_end} dSe^T + C^T (dy1 e^c) at the end
+    for ti in range(len(ntl)):
+        m0, nsz = ntl[ti]
+        nisa.nc_matmul(dst=hB[0:nsz, ti * P:(ti + 1) * P],
+                       stationary=Cw[:, n0 + m0:n0 + m0 + nsz], moving=_r(t, "dy1e", k),
+                       accumulate=False)
+    # intra-chunk ddA_k' = sum_{i>=k', j<k'} M_ij: (M Us)[i, k'] masked to i >= k', summed
+    # over i (a ones matmul into column k of the chunk's ddA PSUM); M^T = Z^T o CB^T
+    nisa.tensor_tensor(dst=MT, data1=hA[0:Q, Q:2 * Q], data2=_r(t, "KT", k), op=nl.multiply)
+    nisa.activation(dst=dxS, op=nl.copy, data=dxb, scale=eex[:, k:k + 1])
+    nisa.nc_matmul(dst=hA[0:Q, 2 * Q:3 * Q], stationary=MT, moving=t["Us"], accumulate=False)
     nisa.tensor_tensor(dst=Zt, data1=hA[0:Q, 0:Q], data2=_r(t, "Em", k), op=nl.multiply)
     nisa.tensor_tensor(dst=ZTt, data1=hA[0:Q, Q:2 * Q], data2=_r(t, "ETm", k), op=nl.multiply)
-    # intra-chunk ddA_k' = sum_{i>=k', j<k'} M_ij: (M Us)[i, k'] masked to i >= k', summed
-    # over i (a ones matmul into column k of the chunk's ddA PSUM)
-    nisa.tensor_tensor(dst=MT, data1=hA[0:Q, Q:2 * Q], data2=_r(t, "KT", k), op=nl.multiply)
-    nisa.nc_matmul(dst=hA[0:Q, 2 * Q:3 * Q], stationary=MT, moving=t["Us"], accumulate=False)
     nisa.tensor_tensor(dst=X, data1=hA[0:Q, 2 * Q:3 * Q], data2=t["Li"], op=nl.multiply)
     nisa.nc_matmul(dst=t["pc"][0:Q, k:k + 1], stationary=X, moving=t["ones"][0:Q, 0:1],
                    accumulate=False)
@@ -810,13 +827,6 @@ def _head_b(cfg, t, a, k):
             o0 = cfg["GN"]          # LNC=1: the straddling group's second-half partial
         nisa.tensor_copy(dst=t["dCt"][:, o0:o0 + N], src=dCp)
         nisa.tensor_copy(dst=t["dBt"][:, o0:o0 + N], src=dBp, engine=nisa.engine.scalar)
-    # dx = dt' (K^T dy1 + e^{c_end - c} B dSe^T) + D dy1; DI = x . dxr; q' = x . dxS
-    dxa, dxb = hC[0:Q, 2 * P:3 * P], hC[0:Q, 3 * P:4 * P]
-    nisa.nc_matmul(dst=dxa, stationary=_r(t, "K", k), moving=dy1[:, cols], accumulate=False)
-    for ti in range(len(ntl)):
-        nisa.nc_matmul(dst=dxb, stationary=t["BT"][g][ti], moving=dST[ti][:, cols],
-                       accumulate=ti > 0)
-    nisa.activation(dst=dxS, op=nl.copy, data=dxb, scale=eex[:, k:k + 1])
     nisa.tensor_tensor(dst=dxr, data1=dxa, data2=dxS, op=nl.add)
     if t["D"] != None:  # noqa: E711
         dD1 = _r(t, "y1", k)
@@ -828,16 +838,11 @@ def _head_b(cfg, t, a, k):
     else:
         nisa.tensor_scalar(dst=t["dxo"][:, cols], data=dxr, op0=nl.multiply,
                            operand0=dtp[:, k:k + 1], engine=nisa.engine.scalar)
-    # dS0^T = e^{c_end} dSe^T + C^T (dy1 e^c) (dS per dstate tile into head k's hB region:
-    # its transposes were evacuated in stage A)
     for ti in range(len(ntl)):
-        m0, nsz = ntl[ti]
-        dSp = hB[0:nsz, ti * P:(ti + 1) * P]
-        nisa.nc_matmul(dst=dSp, stationary=Cw[:, n0 + m0:n0 + m0 + nsz],
-                       moving=_r(t, "dy1e", k), accumulate=False)
+        nsz = ntl[ti][1]
         nisa.scalar_tensor_tensor(dst=dST[ti][:, cols], data=dST[ti][:, cols],
                                   op0=nl.multiply, operand0=elast[0:nsz, k:k + 1], op1=nl.add,
-                                  operand1=dSp)
+                                  operand1=hB[0:nsz, ti * P:(ti + 1) * P])
 
 
 def _chunk_dt(cfg, t):
