@@ -703,36 +703,59 @@ def _head_a(cfg, t, a, k):
     Wt, ETm, Em, KT, K = _r(t, "Wt", k), _r(t, "ETm", k), _r(t, "Em", k), _r(t, "KT", k), \
         _r(t, "K", k)
     y0, yoff = _r(t, "y0", k), t["yoffb"][:, cols]
+    # in dependency order per engine queue: the work that needs only the block's inputs
+    # (y_off, the transposes of dy1, S0, dSe) first, so TensorE runs it while GpSimd builds
+    # the segment-sum operand
     nisa.tensor_scalar(dst=xdt, data=xw[:, cols], op0=nl.multiply, operand0=dtp[:, k:k + 1],
                        engine=nisa.engine.scalar)
     nisa.tensor_scalar(dst=Xd, data=xw[:, cols], op0=nl.multiply, operand0=wd[:, k:k + 1],
                        engine=nisa.engine.scalar)
     nisa.tensor_scalar(dst=dy1e, data=dy1[:, cols], op0=nl.multiply, operand0=ecs[:, k:k + 1],
                        engine=nisa.engine.scalar)
-    # decay matrix E^T [j, i] = exp(sum_{j<k'<=i} dt'A) masked to j <= i, and E
+    # decay matrix E^T [j, i] = exp(sum_{j<k'<=i} dt'A) masked to j <= i: its operand
     nisa.affine_select(dst=Wt, pattern=[[0, 1], [1, Q]], channel_multiplier=-1,
                        on_true_tile=t["dtA"].ap(pattern=[[cfg["nhp"], Q], [1, 1], [0, Q]],
                                                 offset=k),
                        on_false_value=0.0, cmp_op=nl.greater_equal, offset=0)
+    # e^c y_off (V = dy1 . e^c y_off: the block's row dots)
+    yi, yo = hC[0:Q, 0:P], hC[0:Q, P:2 * P]
+    for ti in range(len(ntl)):
+        nisa.nc_matmul(dst=yo, stationary=t["CT"][g][ti], moving=ST0[ti][:, cols],
+                       accumulate=ti > 0)
+    nisa.activation(dst=yoff, op=nl.copy, data=yo, scale=ecs[:, k:k + 1])
+    # transposes: dy1 -> [P, Q]; S0, dSe -> [P, N] per dstate tile (two PSUM regions in turn)
+    nisa.nc_transpose(dst=hA[0:P, 2 * Q:3 * Q], data=dy1[:, cols])
+    nisa.tensor_copy(dst=_r(t, "dy1T", k), src=hA[0:P, 2 * Q:3 * Q], engine=nisa.engine.scalar)
+    j = 0
+    for item in ((ST0, "S0"), (dST, "dSe")):
+        for ti in range(len(ntl)):
+            n0, nsz = ntl[ti]
+            reg = hB[0:P, 2 * Q + (j % 2) * NT:2 * Q + (j % 2) * NT + nsz]
+            nisa.nc_transpose(dst=reg, data=item[0][ti][:, cols])
+            nisa.tensor_copy(dst=_r(t, item[1], k)[:, n0:n0 + nsz], src=reg)
+            j += 1
+    # E^T: the segment sums, + _MASKED above the diagonal (an exact fp32 identity matmul
+    # into the same PSUM), so the exp is 0 there: the causal mask costs TensorE, not a
+    # VectorE pass
     nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=t["Ls"], moving=Wt, accumulate=False,
                    is_stationary_onezero=True)
-    # + _MASKED above the diagonal (an exact fp32 identity matmul into the same PSUM), so
-    # the exp is 0 there: the causal mask costs TensorE, not a VectorE pass
     nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=t["I"], moving=t["NEG"], accumulate=True,
                    is_stationary_onezero=True)
     nisa.activation(dst=ETm, op=nl.exp, data=hA[0:Q, 0:Q])
+    # transposes: dy1 e^c, x dt', x dt' e^{c_end - c} -> [P, Q]
+    for item in ((dy1e, "dy1eT", hA[0:P, 3 * Q:4 * Q]),
+                 (xdt, "xdtT", hB[0:P, 0:Q]),
+                 (Xd, "XdT", hB[0:P, Q:2 * Q])):
+        nisa.nc_transpose(dst=item[2], data=item[0])
+        nisa.tensor_copy(dst=_r(t, item[1], k), src=item[2], engine=nisa.engine.scalar)
+    # E, K^T = E^T o CB^T, K = E o CB
     nisa.nc_transpose(dst=hA[0:Q, Q:2 * Q], data=ETm)
     nisa.tensor_copy(dst=Em, src=hA[0:Q, Q:2 * Q], engine=nisa.engine.scalar)
     nisa.tensor_tensor(dst=KT, data1=ETm, data2=t["CBTm"][g], op=nl.multiply)
     nisa.tensor_tensor(dst=K, data1=Em, data2=t["CB"][g], op=nl.multiply,
                        engine=nisa.engine.gpsimd)
-    # y0 = y_intra + e^c y_off; V = dy1 . e^c y_off; dz = dy silu'(z) (y0 + D x)
-    yi, yo = hC[0:Q, 0:P], hC[0:Q, P:2 * P]
+    # y0 = y_intra + e^c y_off; dz = dy silu'(z) (y0 + D x)
     nisa.nc_matmul(dst=yi, stationary=KT, moving=xdt, accumulate=False)
-    for ti in range(len(ntl)):
-        nisa.nc_matmul(dst=yo, stationary=t["CT"][g][ti], moving=ST0[ti][:, cols],
-                       accumulate=ti > 0)
-    nisa.activation(dst=yoff, op=nl.copy, data=yo, scale=ecs[:, k:k + 1])
     if t["z_raw"] != None:  # noqa: E711
         nisa.tensor_tensor(dst=y0, data1=yoff, data2=yi, op=nl.add)
         y1 = y0
@@ -744,22 +767,6 @@ def _head_a(cfg, t, a, k):
             nisa.tensor_tensor(dst=y1, data1=y1, data2=y0, op=nl.add)
         nisa.tensor_tensor(dst=t["dzo"][:, cols], data1=dyz[:, cols], data2=y1,
                            op=nl.multiply)
-    # transposes: dy1, dy1 e^c, x dt', x dt' e^{c_end - c} -> [P, Q]; S0, dSe -> [P, N]
-    for item in ((dy1[:, cols], "dy1T", hA[0:P, 2 * Q:3 * Q]),
-                 (dy1e, "dy1eT", hA[0:P, 3 * Q:4 * Q]),
-                 (xdt, "xdtT", hB[0:P, 0:Q]),
-                 (Xd, "XdT", hB[0:P, Q:2 * Q])):
-        nisa.nc_transpose(dst=item[2], data=item[0])
-        nisa.tensor_copy(dst=_r(t, item[1], k), src=item[2], engine=nisa.engine.scalar)
-    # per dstate tile, through two PSUM regions in turn
-    j = 0
-    for item in ((ST0, "S0"), (dST, "dSe")):
-        for ti in range(len(ntl)):
-            n0, nsz = ntl[ti]
-            reg = hB[0:P, 2 * Q + (j % 2) * NT:2 * Q + (j % 2) * NT + nsz]
-            nisa.nc_transpose(dst=reg, data=item[0][ti][:, cols])
-            nisa.tensor_copy(dst=_r(t, item[1], k)[:, n0:n0 + nsz], src=reg)
-            j += 1
 
 
 def _head_b(cfg, t, a, k):
