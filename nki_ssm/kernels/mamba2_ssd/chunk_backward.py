@@ -717,6 +717,11 @@ def _head_a(cfg, t, a, k):
                        on_true_tile=t["dtA"].ap(pattern=[[cfg["nhp"], Q], [1, 1], [0, Q]],
                                                 offset=k),
                        on_false_value=0.0, cmp_op=nl.greater_equal, offset=0)
+    y1 = y0
+    if t["z_raw"] != None and t["D"] != None:  # noqa: E711
+        y1 = _r(t, "y1", k)             # D x (GpSimd, ahead of K in its queue)
+        nisa.tensor_tensor(dst=y1, data1=xw[:, cols], data2=t["D"][0:Q, k * P:(k + 1) * P],
+                           op=nl.multiply, engine=nisa.engine.gpsimd)
     # e^c y_off (V = dy1 . e^c y_off: the block's row dots)
     yi, yo = hC[0:Q, 0:P], hC[0:Q, P:2 * P]
     for ti in range(len(ntl)):
@@ -742,28 +747,23 @@ def _head_a(cfg, t, a, k):
     nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=t["I"], moving=t["NEG"], accumulate=True,
                    is_stationary_onezero=True)
     nisa.activation(dst=ETm, op=nl.exp, data=hA[0:Q, 0:Q])
-    # transposes: dy1 e^c, x dt', x dt' e^{c_end - c} -> [P, Q]
-    for item in ((dy1e, "dy1eT", hA[0:P, 3 * Q:4 * Q]),
-                 (xdt, "xdtT", hB[0:P, 0:Q]),
-                 (Xd, "XdT", hB[0:P, Q:2 * Q])):
-        nisa.nc_transpose(dst=item[2], data=item[0])
-        nisa.tensor_copy(dst=_r(t, item[1], k), src=item[2], engine=nisa.engine.scalar)
     # E, K^T = E^T o CB^T, K = E o CB
     nisa.nc_transpose(dst=hA[0:Q, Q:2 * Q], data=ETm)
     nisa.tensor_copy(dst=Em, src=hA[0:Q, Q:2 * Q], engine=nisa.engine.scalar)
     nisa.tensor_tensor(dst=KT, data1=ETm, data2=t["CBTm"][g], op=nl.multiply)
     nisa.tensor_tensor(dst=K, data1=Em, data2=t["CB"][g], op=nl.multiply,
                        engine=nisa.engine.gpsimd)
+    # transposes: dy1 e^c, x dt', x dt' e^{c_end - c} -> [P, Q]
+    for item in ((dy1e, "dy1eT", hA[0:P, 3 * Q:4 * Q]),
+                 (xdt, "xdtT", hB[0:P, 0:Q]),
+                 (Xd, "XdT", hB[0:P, Q:2 * Q])):
+        nisa.nc_transpose(dst=item[2], data=item[0])
+        nisa.tensor_copy(dst=_r(t, item[1], k), src=item[2], engine=nisa.engine.scalar)
     # y0 = y_intra + e^c y_off; dz = dy silu'(z) (y0 + D x)
     nisa.nc_matmul(dst=yi, stationary=KT, moving=xdt, accumulate=False)
     if t["z_raw"] != None:  # noqa: E711
         nisa.tensor_tensor(dst=y0, data1=yoff, data2=yi, op=nl.add)
-        y1 = y0
         if t["D"] != None:  # noqa: E711
-            y1 = _r(t, "y1", k)
-            dcols = slice(k * P, (k + 1) * P)
-            nisa.tensor_tensor(dst=y1, data1=xw[:, cols], data2=t["D"][0:Q, dcols],
-                               op=nl.multiply, engine=nisa.engine.gpsimd)
             nisa.tensor_tensor(dst=y1, data1=y1, data2=y0, op=nl.add)
         nisa.tensor_tensor(dst=t["dzo"][:, cols], data1=dyz[:, cols], data2=y1,
                            op=nl.multiply)
