@@ -679,30 +679,32 @@ def _block_grads(cfg, t, a, b):
     """Loop B's per-head work for the program's heads a .. b-1, software-pipelined over
     two stages: stage A of head k+1 is issued before stage B of head k (every per-head
     temporary and PSUM region is a ring of 2), so each in-order engine queue holds work
-    of two heads and the engines overlap."""
+    of two heads and the engines overlap; stage A's part that waits on VectorE (K^T, y0,
+    dz) is issued after stage B of head k, so no engine queue holds it ahead of stage B."""
     for step in range(a, b + 1):
         if step < b:
             _head_a(cfg, t, a, step)
         if step > a:
             _head_b(cfg, t, a, step - 1)
+        if step < b:
+            _head_a2(cfg, t, a, step)
 
 
 def _head_a(cfg, t, a, k):
-    """Stage A of head k: per-token scalings, the decay matrices E^T, E (masked), K^T, K,
-    y0 = y_intra + e^c y_off (dz and V = dy1 . e^c y_off), the transposes of dy1, dy1 e^c,
+    """Stage A of head k, first part (no VectorE result needed): per-token scalings,
+    e^c y_off, the decay matrices E^T, E (masked), K, D x, the transposes of dy1, dy1 e^c,
     x dt', x dt' e^{c_end - c} ([P, Q]) and of S0, dSe ([P, N])."""
     Q, P, HPG, h0 = cfg["Q"], cfg["P"], cfg["HPG"], cfg["h0"]
     ntl, NT = cfg["ntl"], cfg["NT"]
-    xw, dy1, dyz = t["xw"], t["dy1"], t["dyz"]
+    xw, dy1 = t["xw"], t["dy1"]
     dtp, ecs, wd = t["dtp"], t["ecs"], t["wd"]
     ST0, dST = t["ST0"], t["dST"]
     hA, hB, hC = _r(t, "hA", k), _r(t, "hB", k), _r(t, "hC", k)
     g = (h0 + k) // HPG
     cols = slice((k - a) * P, (k - a + 1) * P)
     xdt, Xd, dy1e = _r(t, "xdt", k), _r(t, "Xd", k), _r(t, "dy1e", k)
-    Wt, ETm, Em, KT, K = _r(t, "Wt", k), _r(t, "ETm", k), _r(t, "Em", k), _r(t, "KT", k), \
-        _r(t, "K", k)
-    y0, yoff = _r(t, "y0", k), t["yoffb"][:, cols]
+    Wt, ETm, Em, K = _r(t, "Wt", k), _r(t, "ETm", k), _r(t, "Em", k), _r(t, "K", k)
+    yoff = t["yoffb"][:, cols]
     # in dependency order per engine queue: the work that needs only the block's inputs
     # (y_off, the transposes of dy1, S0, dSe) first, so TensorE runs it while GpSimd builds
     # the segment-sum operand
@@ -717,13 +719,12 @@ def _head_a(cfg, t, a, k):
                        on_true_tile=t["dtA"].ap(pattern=[[cfg["nhp"], Q], [1, 1], [0, Q]],
                                                 offset=k),
                        on_false_value=0.0, cmp_op=nl.greater_equal, offset=0)
-    y1 = y0
     if t["z_raw"] != None and t["D"] != None:  # noqa: E711
         y1 = _r(t, "y1", k)             # D x (GpSimd, ahead of K in its queue)
         nisa.tensor_tensor(dst=y1, data1=xw[:, cols], data2=t["D"][0:Q, k * P:(k + 1) * P],
                            op=nl.multiply, engine=nisa.engine.gpsimd)
     # e^c y_off (V = dy1 . e^c y_off: the block's row dots)
-    yi, yo = hC[0:Q, 0:P], hC[0:Q, P:2 * P]
+    yo = hC[0:Q, P:2 * P]
     for ti in range(len(ntl)):
         nisa.nc_matmul(dst=yo, stationary=t["CT"][g][ti], moving=ST0[ti][:, cols],
                        accumulate=ti > 0)
@@ -747,10 +748,9 @@ def _head_a(cfg, t, a, k):
     nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=t["I"], moving=t["NEG"], accumulate=True,
                    is_stationary_onezero=True)
     nisa.activation(dst=ETm, op=nl.exp, data=hA[0:Q, 0:Q])
-    # E, K^T = E^T o CB^T, K = E o CB
+    # E, K = E o CB
     nisa.nc_transpose(dst=hA[0:Q, Q:2 * Q], data=ETm)
     nisa.tensor_copy(dst=Em, src=hA[0:Q, Q:2 * Q], engine=nisa.engine.scalar)
-    nisa.tensor_tensor(dst=KT, data1=ETm, data2=t["CBTm"][g], op=nl.multiply)
     nisa.tensor_tensor(dst=K, data1=Em, data2=t["CB"][g], op=nl.multiply,
                        engine=nisa.engine.gpsimd)
     # transposes: dy1 e^c, x dt', x dt' e^{c_end - c} -> [P, Q]
@@ -759,11 +759,27 @@ def _head_a(cfg, t, a, k):
                  (Xd, "XdT", hB[0:P, Q:2 * Q])):
         nisa.nc_transpose(dst=item[2], data=item[0])
         nisa.tensor_copy(dst=_r(t, item[1], k), src=item[2], engine=nisa.engine.scalar)
+
+
+def _head_a2(cfg, t, a, k):
+    """Stage A of head k, second part (issued after stage B of head k - 1: it waits on
+    VectorE): K^T = E^T o CB^T, y0 = y_intra + e^c y_off and dz."""
+    Q, P, HPG, h0 = cfg["Q"], cfg["P"], cfg["HPG"], cfg["h0"]
+    dyz = t["dyz"]
+    g = (h0 + k) // HPG
+    cols = slice((k - a) * P, (k - a + 1) * P)
+    hC = _r(t, "hC", k)
+    yi = hC[0:Q, 0:P]
+    xdt, ETm, KT, y0 = _r(t, "xdt", k), _r(t, "ETm", k), _r(t, "KT", k), _r(t, "y0", k)
+    yoff = t["yoffb"][:, cols]
     # y0 = y_intra + e^c y_off; dz = dy silu'(z) (y0 + D x)
+    nisa.tensor_tensor(dst=KT, data1=ETm, data2=t["CBTm"][g], op=nl.multiply)
     nisa.nc_matmul(dst=yi, stationary=KT, moving=xdt, accumulate=False)
     if t["z_raw"] != None:  # noqa: E711
         nisa.tensor_tensor(dst=y0, data1=yoff, data2=yi, op=nl.add)
+        y1 = y0
         if t["D"] != None:  # noqa: E711
+            y1 = _r(t, "y1", k)
             nisa.tensor_tensor(dst=y1, data1=y1, data2=y0, op=nl.add)
         nisa.tensor_tensor(dst=t["dzo"][:, cols], data1=dyz[:, cols], data2=y1,
                            op=nl.multiply)
