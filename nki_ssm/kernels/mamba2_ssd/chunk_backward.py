@@ -378,8 +378,9 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
         t["dST"].append(_sb((item[1], WB)))
     t["Dacc"] = _sb((Q, W))
     # per-head temporaries: rings of 2 (two heads in flight, _block_grads)
-    for name in ("xdt", "Xd", "dy1e", "y0", "y1"):
+    for name in ("Xd", "dy1e", "y0", "y1", "dD1"):
         t[name] = [_sb((Q, P)), _sb((Q, P))]
+    t["xdt"] = [_sb((Q, P)), _sb((Q, P)), _sb((Q, P))]   # read by y_intra a step later
     # per-block operands of the row dots (one product and one reduce per block, _rowdots)
     for name in ("yoffb", "dxrb", "dxSb"):
         t[name] = _sb((Q, WB))
@@ -671,23 +672,29 @@ def _rowdots(t, dst, a, b, P):
 
 
 def _r(t, name, k):
-    """Head k's copy of a per-head temporary (rings of 2: heads k and k+1 are in flight)."""
-    return t[name][k % 2]
+    """Head k's copy of a per-head temporary (rings of 2: heads k and k+1 are in flight;
+    x dt' a ring of 3)."""
+    return t[name][k % len(t[name])]
 
 
 def _block_grads(cfg, t, a, b):
     """Loop B's per-head work for the program's heads a .. b-1, software-pipelined over
     two stages: stage A of head k+1 is issued before stage B of head k (every per-head
     temporary and PSUM region is a ring of 2), so each in-order engine queue holds work
-    of two heads and the engines overlap; stage A's part that waits on VectorE (K^T, y0,
-    dz) is issued after stage B of head k, so no engine queue holds it ahead of stage B."""
+    of two heads and the engines overlap. What waits on VectorE results is issued late:
+    K^T of head k+1 after stage B of head k, y0 and dz of head k (y_intra reads K^T) after
+    that, so no engine queue holds them ahead of stage B."""
     for step in range(a, b + 1):
         if step < b:
             _head_a(cfg, t, a, step)
         if step > a:
             _head_b(cfg, t, a, step - 1)
         if step < b:
-            _head_a2(cfg, t, a, step)
+            nisa.tensor_tensor(dst=_r(t, "KT", step), data1=_r(t, "ETm", step),
+                               data2=t["CBTm"][(cfg["h0"] + step) // cfg["HPG"]],
+                               op=nl.multiply)
+        if step > a:
+            _head_y(cfg, t, a, step - 1)
 
 
 def _head_a(cfg, t, a, k):
@@ -761,19 +768,15 @@ def _head_a(cfg, t, a, k):
         nisa.tensor_copy(dst=_r(t, item[1], k), src=item[2], engine=nisa.engine.scalar)
 
 
-def _head_a2(cfg, t, a, k):
-    """Stage A of head k, second part (issued after stage B of head k - 1: it waits on
-    VectorE): K^T = E^T o CB^T, y0 = y_intra + e^c y_off and dz."""
-    Q, P, HPG, h0 = cfg["Q"], cfg["P"], cfg["HPG"], cfg["h0"]
+def _head_y(cfg, t, a, k):
+    """y0 = y_intra + e^c y_off and dz = dy silu'(z) (y0 + D x) of head k (issued after
+    stage B of head k: y_intra waits on K^T, a VectorE result)."""
+    Q, P = cfg["Q"], cfg["P"]
     dyz = t["dyz"]
-    g = (h0 + k) // HPG
     cols = slice((k - a) * P, (k - a + 1) * P)
-    hC = _r(t, "hC", k)
-    yi = hC[0:Q, 0:P]
-    xdt, ETm, KT, y0 = _r(t, "xdt", k), _r(t, "ETm", k), _r(t, "KT", k), _r(t, "y0", k)
+    yi = _r(t, "hC", k)[0:Q, 0:P]
+    xdt, KT, y0 = _r(t, "xdt", k), _r(t, "KT", k), _r(t, "y0", k)
     yoff = t["yoffb"][:, cols]
-    # y0 = y_intra + e^c y_off; dz = dy silu'(z) (y0 + D x)
-    nisa.tensor_tensor(dst=KT, data1=ETm, data2=t["CBTm"][g], op=nl.multiply)
     nisa.nc_matmul(dst=yi, stationary=KT, moving=xdt, accumulate=False)
     if t["z_raw"] != None:  # noqa: E711
         nisa.tensor_tensor(dst=y0, data1=yoff, data2=yi, op=nl.add)
@@ -852,7 +855,7 @@ def _head_b(cfg, t, a, k):
         nisa.tensor_copy(dst=t["dBt"][:, o0:o0 + N], src=dBp, engine=nisa.engine.scalar)
     nisa.tensor_tensor(dst=dxr, data1=dxa, data2=dxS, op=nl.add)
     if t["D"] != None:  # noqa: E711
-        dD1 = _r(t, "y1", k)
+        dD1 = _r(t, "dD1", k)
         dcols = slice(k * P, (k + 1) * P)
         nisa.tensor_tensor(dst=dD1, data1=dy1[:, cols], data2=t["D"][0:Q, dcols],
                            op=nl.multiply, engine=nisa.engine.gpsimd)
