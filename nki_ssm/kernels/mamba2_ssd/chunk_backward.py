@@ -681,14 +681,20 @@ def _block_grads(cfg, t, a, b):
     """Loop B's per-head work for the program's heads a .. b-1, software-pipelined over
     two stages: stage A of head k+1 is issued before stage B of head k (every per-head
     temporary and PSUM region is a ring of 2), so each in-order engine queue holds work
-    of two heads and the engines overlap. What waits on VectorE results is issued late:
-    K^T of head k+1 after stage B of head k, y0 and dz of head k (y_intra reads K^T) after
-    that, so no engine queue holds them ahead of stage B."""
+    of two heads and the engines overlap. Each engine queue is in order, so what waits on
+    another engine's result comes after work that does not: per step, stage A of head
+    k+1, stage B's first part of head k (matmuls on stage A's results), E and K of head
+    k+1 (after its exp), stage B's second part of head k (the matmuls waiting on VectorE),
+    K^T of head k+1, then y0 and dz of head k (y_intra reads K^T)."""
     for step in range(a, b + 1):
         if step < b:
             _head_a(cfg, t, a, step)
         if step > a:
             _head_b(cfg, t, a, step - 1)
+        if step < b:
+            _head_e(cfg, t, step)
+        if step > a:
+            _head_b2(cfg, t, a, step - 1)
         if step < b:
             nisa.tensor_tensor(dst=_r(t, "KT", step), data1=_r(t, "ETm", step),
                                data2=t["CBTm"][(cfg["h0"] + step) // cfg["HPG"]],
@@ -698,9 +704,9 @@ def _block_grads(cfg, t, a, b):
 
 
 def _head_a(cfg, t, a, k):
-    """Stage A of head k, first part (no VectorE result needed): per-token scalings,
-    e^c y_off, the decay matrices E^T, E (masked), K, D x, the transposes of dy1, dy1 e^c,
-    x dt', x dt' e^{c_end - c} ([P, Q]) and of S0, dSe ([P, N])."""
+    """Stage A of head k (no VectorE result needed): per-token scalings, e^c y_off, the
+    masked decay matrix E^T (exp on ScalarE), D x, the transposes of dy1, dy1 e^c, x dt',
+    x dt' e^{c_end - c} ([P, Q]) and of S0, dSe ([P, N])."""
     Q, P, HPG, h0 = cfg["Q"], cfg["P"], cfg["HPG"], cfg["h0"]
     ntl, NT = cfg["ntl"], cfg["NT"]
     xw, dy1 = t["xw"], t["dy1"]
@@ -710,7 +716,7 @@ def _head_a(cfg, t, a, k):
     g = (h0 + k) // HPG
     cols = slice((k - a) * P, (k - a + 1) * P)
     xdt, Xd, dy1e = _r(t, "xdt", k), _r(t, "Xd", k), _r(t, "dy1e", k)
-    Wt, ETm, Em, K = _r(t, "Wt", k), _r(t, "ETm", k), _r(t, "Em", k), _r(t, "K", k)
+    Wt, ETm = _r(t, "Wt", k), _r(t, "ETm", k)
     yoff = t["yoffb"][:, cols]
     # in dependency order per engine queue: the work that needs only the block's inputs
     # (y_off, the transposes of dy1, S0, dSe) first, so TensorE runs it while GpSimd builds
@@ -755,17 +761,25 @@ def _head_a(cfg, t, a, k):
     nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=t["I"], moving=t["NEG"], accumulate=True,
                    is_stationary_onezero=True)
     nisa.activation(dst=ETm, op=nl.exp, data=hA[0:Q, 0:Q])
-    # E, K = E o CB
-    nisa.nc_transpose(dst=hA[0:Q, Q:2 * Q], data=ETm)
-    nisa.tensor_copy(dst=Em, src=hA[0:Q, Q:2 * Q], engine=nisa.engine.scalar)
-    nisa.tensor_tensor(dst=K, data1=Em, data2=t["CB"][g], op=nl.multiply,
-                       engine=nisa.engine.gpsimd)
     # transposes: dy1 e^c, x dt', x dt' e^{c_end - c} -> [P, Q]
     for item in ((dy1e, "dy1eT", hA[0:P, 3 * Q:4 * Q]),
                  (xdt, "xdtT", hB[0:P, 0:Q]),
                  (Xd, "XdT", hB[0:P, Q:2 * Q])):
         nisa.nc_transpose(dst=item[2], data=item[0])
         nisa.tensor_copy(dst=_r(t, item[1], k), src=item[2], engine=nisa.engine.scalar)
+
+
+def _head_e(cfg, t, k):
+    """E (the transpose of E^T: it waits on ScalarE's exp, so it is issued after the first
+    part of the previous head's stage B) and K = E o CB of head k."""
+    Q = cfg["Q"]
+    hA = _r(t, "hA", k)
+    Em = _r(t, "Em", k)
+    nisa.nc_transpose(dst=hA[0:Q, Q:2 * Q], data=_r(t, "ETm", k))
+    nisa.tensor_copy(dst=Em, src=hA[0:Q, Q:2 * Q], engine=nisa.engine.scalar)
+    nisa.tensor_tensor(dst=_r(t, "K", k), data1=Em,
+                       data2=t["CB"][(cfg["h0"] + k) // cfg["HPG"]], op=nl.multiply,
+                       engine=nisa.engine.gpsimd)
 
 
 def _head_y(cfg, t, a, k):
@@ -789,22 +803,23 @@ def _head_y(cfg, t, a, k):
 
 
 def _head_b(cfg, t, a, k):
-    """Stage B of head k: Z, Z^T and the intra-chunk ddA column, dC and dB (accumulated over
-    the group's heads in one PSUM bank), dx with its row dots, <dSe, S0>, and the state
-    gradient dS0^T = e^{c_end} dSe^T + C^T (dy1 e^c)."""
+    """Stage B of head k, first part (the matmuls that need only stage A's results, M^T and
+    the dx state term's scaling): Z, Z^T, the two dx terms, C^T (dy1 e^c). With the second
+    part (``_head_b2``): the intra-chunk ddA column, dC and dB (accumulated over the
+    group's heads in one PSUM bank), dx, and the state gradient dS0^T = e^{c_end} dSe^T +
+    C^T (dy1 e^c)."""
     Q, P, N, HPG, h0 = cfg["Q"], cfg["P"], cfg["N"], cfg["HPG"], cfg["h0"]
-    ntl, nhp = cfg["ntl"], cfg["nhp"]
-    xw, dy1, Bw, Cw = t["xw"], t["dy1"], t["Bw"], t["Cw"]
-    dtp, eex, elast = t["dtp"], t["eex"], t["elast"]
-    ST0, dST = t["ST0"], t["dST"]
+    ntl = cfg["ntl"]
+    dy1, Cw = t["dy1"], t["Cw"]
+    eex = t["eex"]
+    dST = t["dST"]
     hA, hB, hC = _r(t, "hA", k), _r(t, "hB", k), _r(t, "hC", k)
-    h = h0 + k
-    g = h // HPG
+    g = (h0 + k) // HPG
     n0 = g * N
     cols = slice((k - a) * P, (k - a + 1) * P)
-    Zt, ZTt, MT, X = _r(t, "Zt", k), _r(t, "ZTt", k), _r(t, "MT", k), _r(t, "Wt", k)
+    MT = _r(t, "MT", k)
     dy1T, xdtT = _r(t, "dy1T", k), _r(t, "xdtT", k)
-    dxS, dxr = t["dxSb"][:, cols], t["dxrb"][:, cols]
+    dxS = t["dxSb"][:, cols]
     # TensorE first takes what only needs stage A's results (Z, Z^T, the two dx terms, dS),
     # so the VectorE / ScalarE work between the dependent matmuls below overlaps them
     # Z [i, j] = E o (dy1 (x dt')^T), Z^T (over seg / E^T's PSUM regions, read by now)
@@ -828,6 +843,24 @@ def _head_b(cfg, t, a, k):
     # over i (a ones matmul into column k of the chunk's ddA PSUM); M^T = Z^T o CB^T
     nisa.tensor_tensor(dst=MT, data1=hA[0:Q, Q:2 * Q], data2=_r(t, "KT", k), op=nl.multiply)
     nisa.activation(dst=dxS, op=nl.copy, data=dxb, scale=eex[:, k:k + 1])
+
+
+def _head_b2(cfg, t, a, k):
+    """Stage B of head k, second part: the matmuls that wait on VectorE (M Us, the ddA
+    column, dC, dB), dx and the state-gradient update."""
+    Q, P, N, HPG, h0 = cfg["Q"], cfg["P"], cfg["N"], cfg["HPG"], cfg["h0"]
+    ntl = cfg["ntl"]
+    dy1, Bw, Cw = t["dy1"], t["Bw"], t["Cw"]
+    dtp, elast = t["dtp"], t["elast"]
+    dST = t["dST"]
+    hA, hB, hC = _r(t, "hA", k), _r(t, "hB", k), _r(t, "hC", k)
+    h = h0 + k
+    g = h // HPG
+    n0 = g * N
+    cols = slice((k - a) * P, (k - a + 1) * P)
+    Zt, ZTt, MT, X = _r(t, "Zt", k), _r(t, "ZTt", k), _r(t, "MT", k), _r(t, "Wt", k)
+    dxS, dxr = t["dxSb"][:, cols], t["dxrb"][:, cols]
+    dxa = hC[0:Q, 2 * P:3 * P]
     nisa.nc_matmul(dst=hA[0:Q, 2 * Q:3 * Q], stationary=MT, moving=t["Us"], accumulate=False)
     nisa.tensor_tensor(dst=Zt, data1=hA[0:Q, 0:Q], data2=_r(t, "Em", k), op=nl.multiply)
     nisa.tensor_tensor(dst=ZTt, data1=hA[0:Q, Q:2 * Q], data2=_r(t, "ETm", k), op=nl.multiply)
