@@ -751,7 +751,8 @@ def _head_a(cfg, t, a, k):
             n0, nsz = ntl[ti]
             reg = hB[0:P, 2 * Q + (j % 2) * NT:2 * Q + (j % 2) * NT + nsz]
             nisa.nc_transpose(dst=reg, data=item[0][ti][:, cols])
-            nisa.tensor_copy(dst=_r(t, item[1], k)[:, n0:n0 + nsz], src=reg)
+            nisa.tensor_copy(dst=_r(t, item[1], k)[:, n0:n0 + nsz], src=reg,
+                             engine=nisa.engine.scalar)
             j += 1
     # E^T: the segment sums, + _MASKED above the diagonal (an exact fp32 identity matmul
     # into the same PSUM), so the exp is 0 there: the causal mask costs TensorE, not a
@@ -839,10 +840,30 @@ def _head_b(cfg, t, a, k):
         nisa.nc_matmul(dst=hB[0:nsz, ti * P:(ti + 1) * P],
                        stationary=Cw[:, n0 + m0:n0 + m0 + nsz], moving=_r(t, "dy1e", k),
                        accumulate=False)
+    # dC, dB: the group's heads in this half of the head split accumulate in one PSUM
+    # bank (both LNC configurations sum the same heads in the same order); the state
+    # terms here, the Z terms in the second part
+    lo, hi = _half(cfg, h0 + k)
+    first = h0 + k == max(lo, g * HPG)
+    nisa.nc_matmul(dst=t["dCB"][0:Q, 0:N], stationary=_r(t, "dy1eT", k), moving=_r(t, "S0", k),
+                   accumulate=not first)
+    nisa.nc_matmul(dst=t["dCB"][0:Q, N:2 * N], stationary=_r(t, "XdT", k),
+                   moving=_r(t, "dSe", k), accumulate=not first)
+    if t["D"] != None:  # noqa: E711
+        nisa.tensor_tensor(dst=_r(t, "dD1", k), data1=dy1[:, cols],
+                           data2=t["D"][0:Q, k * P:(k + 1) * P], op=nl.multiply,
+                           engine=nisa.engine.gpsimd)
     # intra-chunk ddA_k' = sum_{i>=k', j<k'} M_ij: (M Us)[i, k'] masked to i >= k', summed
     # over i (a ones matmul into column k of the chunk's ddA PSUM); M^T = Z^T o CB^T
     nisa.tensor_tensor(dst=MT, data1=hA[0:Q, Q:2 * Q], data2=_r(t, "KT", k), op=nl.multiply)
     nisa.activation(dst=dxS, op=nl.copy, data=dxb, scale=eex[:, k:k + 1])
+
+
+def _half(cfg, h):
+    """The half of the LNC=2 head split head h is in: [lo, hi)."""
+    if h >= cfg["hsplit"]:
+        return cfg["hsplit"], cfg["H"]
+    return 0, cfg["hsplit"]
 
 
 def _head_b2(cfg, t, a, k):
@@ -850,7 +871,7 @@ def _head_b2(cfg, t, a, k):
     column, dC, dB), dx and the state-gradient update."""
     Q, P, N, HPG, h0 = cfg["Q"], cfg["P"], cfg["N"], cfg["HPG"], cfg["h0"]
     ntl = cfg["ntl"]
-    dy1, Bw, Cw = t["dy1"], t["Bw"], t["Cw"]
+    Bw, Cw = t["Bw"], t["Cw"]
     dtp, elast = t["dtp"], t["elast"]
     dST = t["dST"]
     hA, hB, hC = _r(t, "hA", k), _r(t, "hB", k), _r(t, "hC", k)
@@ -861,25 +882,18 @@ def _head_b2(cfg, t, a, k):
     Zt, ZTt, MT, X = _r(t, "Zt", k), _r(t, "ZTt", k), _r(t, "MT", k), _r(t, "Wt", k)
     dxS, dxr = t["dxSb"][:, cols], t["dxrb"][:, cols]
     dxa = hC[0:Q, 2 * P:3 * P]
+    # (M Us) and its masked column sum; the Z / Z^T terms of dB / dC (VectorE does Z
+    # while TensorE does M Us)
     nisa.nc_matmul(dst=hA[0:Q, 2 * Q:3 * Q], stationary=MT, moving=t["Us"], accumulate=False)
     nisa.tensor_tensor(dst=Zt, data1=hA[0:Q, 0:Q], data2=_r(t, "Em", k), op=nl.multiply)
-    nisa.tensor_tensor(dst=ZTt, data1=hA[0:Q, Q:2 * Q], data2=_r(t, "ETm", k), op=nl.multiply)
     nisa.tensor_tensor(dst=X, data1=hA[0:Q, 2 * Q:3 * Q], data2=t["Li"], op=nl.multiply)
+    nisa.tensor_tensor(dst=ZTt, data1=hA[0:Q, Q:2 * Q], data2=_r(t, "ETm", k), op=nl.multiply)
+    dCp, dBp = t["dCB"][0:Q, 0:N], t["dCB"][0:Q, N:2 * N]
+    nisa.nc_matmul(dst=dBp, stationary=Zt, moving=Cw[:, n0:n0 + N], accumulate=True)
     nisa.nc_matmul(dst=t["pc"][0:Q, k:k + 1], stationary=X, moving=t["ones"][0:Q, 0:1],
                    accumulate=False)
-    # dC, dB: the group's heads in this half of the head split accumulate in one PSUM
-    # bank (cfg["hsplit"]: both LNC configurations sum the same heads in the same order)
-    lo, hi = 0, cfg["hsplit"]
-    if h >= cfg["hsplit"]:
-        lo, hi = cfg["hsplit"], cfg["H"]
-    first = h == max(lo, g * HPG)
-    dCp, dBp = t["dCB"][0:Q, 0:N], t["dCB"][0:Q, N:2 * N]
-    nisa.nc_matmul(dst=dCp, stationary=_r(t, "dy1eT", k), moving=_r(t, "S0", k),
-                   accumulate=not first)
     nisa.nc_matmul(dst=dCp, stationary=ZTt, moving=Bw[:, n0:n0 + N], accumulate=True)
-    nisa.nc_matmul(dst=dBp, stationary=Zt, moving=Cw[:, n0:n0 + N], accumulate=not first)
-    nisa.nc_matmul(dst=dBp, stationary=_r(t, "XdT", k), moving=_r(t, "dSe", k),
-                   accumulate=True)
+    lo, hi = _half(cfg, h)
     if h == min(hi, (g + 1) * HPG) - 1:
         o0 = n0
         if cfg["extra"] > 0 and g == cfg["gs"] and h >= cfg["hsplit"]:
@@ -888,12 +902,9 @@ def _head_b2(cfg, t, a, k):
         nisa.tensor_copy(dst=t["dBt"][:, o0:o0 + N], src=dBp, engine=nisa.engine.scalar)
     nisa.tensor_tensor(dst=dxr, data1=dxa, data2=dxS, op=nl.add)
     if t["D"] != None:  # noqa: E711
-        dD1 = _r(t, "dD1", k)
-        dcols = slice(k * P, (k + 1) * P)
-        nisa.tensor_tensor(dst=dD1, data1=dy1[:, cols], data2=t["D"][0:Q, dcols],
-                           op=nl.multiply, engine=nisa.engine.gpsimd)
         nisa.scalar_tensor_tensor(dst=t["dxo"][:, cols], data=dxr, op0=nl.multiply,
-                                  operand0=dtp[:, k:k + 1], op1=nl.add, operand1=dD1)
+                                  operand0=dtp[:, k:k + 1], op1=nl.add,
+                                  operand1=_r(t, "dD1", k))
     else:
         nisa.tensor_scalar(dst=t["dxo"][:, cols], data=dxr, op0=nl.multiply,
                            operand0=dtp[:, k:k + 1], engine=nisa.engine.scalar)
