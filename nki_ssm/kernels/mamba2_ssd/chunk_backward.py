@@ -87,13 +87,18 @@ head block (at most _BLOCK_COLS columns: x, dy, z loaded in their dtype and
 widened by GpSimd; dy1, silu'(z), the dD accumulation on ScalarE / VectorE)
 the heads run as a two-stage software pipeline (stage A of head k+1 issued
 before stage B of head k; per-head SBUF temporaries and PSUM banks are rings
-of 2). Stage A: ScalarE per-token scalings, GpSimd the segment-sum operand,
-TensorE segment sum / y_intra / y_off / 7 transposes, ScalarE exp and PSUM
-evacuations, VectorE the decay masks, K, K^T, y0, dz. Stage B: TensorE Z,
-Z^T, M Us, a ones column sum, dC x2, dB x2, dx x2, dS; VectorE the masked
-products, row dots (product + tensor_reduce), dx and the state-gradient
-update. Per row at the end: three accumulating matmuls complete ddA, the dt
-chain, and the scatters of dx, dz, ddt (one row per partition; masked rows
+of 2, x dt' of 3), each in-order engine queue ordered so that work waiting on
+another engine's result comes after work that does not (``_block_grads``).
+Stage A: ScalarE per-token scalings, GpSimd the segment-sum operand and D x,
+TensorE y_off / segment sum / 6 transposes, ScalarE exp and the PSUM
+evictions. Then E (a transpose, ScalarE eviction) and K on GpSimd. Stage B:
+TensorE Z, Z^T, dx x2, dS, the state terms of dC and dB, then M Us, the Z
+terms of dC and dB and a ones column sum; VectorE M^T (from Z^T's PSUM and
+K^T), Z, Z^T, the masked M Us, dx and the state-gradient update; then K^T of
+the next head, y_intra and (VectorE) y0, dz. Per block: the row dots V, DI,
+q', <dSe, S0> (one product and one tensor_reduce over the [rows, heads, P]
+view each). Per row at the end: three accumulating matmuls complete ddA, the
+dt chain, and the scatters of dx, dz, ddt (one row per partition; masked rows
 go to the dump row), of dB / dC (the program's partial slab) and of dS0^T.
 
 PSUM (8 banks of 2 KiB per partition, allocated in each loop body that writes
@@ -117,17 +122,18 @@ extra columns of dB / dC), so LNC=1 and LNC=2 add the same partials in the same
 order: bit-identical gradients.
 
 What binds (modeled, trn2, ``nki_ssm.perf`` as of this commit; Mamba-2 2.7B,
-bf16 I/O, one sequence): VectorE, which carries about a dozen full [Q, Q] /
-[Q, P] fp32 passes per head and chunk (Z, Z^T, the masked M Us, K^T, the row
-dots, y0, dx, the state update) and sits on the critical path (~46 % busy,
-the rest cross-engine waits of the two-stage pipeline); TensorE ~31 %,
-ScalarE ~22 %, GpSimd ~22 %, DMA < 10 %. 512 tokens (``python -m simulate
---op ssd_backward``): 4.27 ms at LNC=1, 2.17 ms at LNC=2; 2K tokens: 16.9 ms
-at LNC=1, 8.59 ms at LNC=2 (0.51x). Program size 2,440 per program at LNC=2
-(4,770 at LNC=1). Closer to the roof needs fewer VectorE
-passes (bf16 operands and perf modes where the 5e-3 budget allows, Z / Z^T / M
-fused into fewer passes, several heads per instruction) and a deeper
-pipeline (PSUM allows two heads in flight as laid out), not faster matmuls.
+bf16 I/O, one sequence): no single engine: per 128-token chunk (loops F and B,
+80 heads, LNC=1; ``nki_ssm.perf.model`` of a 256-token trace minus a 128-token
+one) TensorE runs 1,853 instructions (23 per head, fp32 operands
+at the quarter rate: ~53 % busy), VectorE 1,140 (~55 %), ScalarE 1,060
+(~45 %), GpSimd 345 (~30 %), DMA 67 (~12 %); 670 us per chunk, the rest of
+each engine's time cross-engine waits along the per-head chain (exp -> E ->
+Z / Z^T -> M^T -> M Us -> the ddA column). 512 tokens (``python -m simulate
+--op ssd_backward --range-samples 2 --no-calibration``): 2.45 ms at LNC=1,
+1.27 ms at LNC=2 (0.52x); program size 2,144 per program at LNC=2 (4,170 at
+LNC=1). Closer to the roof needs fewer fp32 TensorE passes (bf16 operands
+where the 5e-3 budget allows) and fewer instructions per head (several heads
+per PSUM eviction and per VectorE pass), not more overlap.
 
 LNC: program p of 2 takes heads [p H/2, (p+1) H/2) (H even; odd H: both
 programs take every head, ``scaffold.program_share``, and the launcher keeps
