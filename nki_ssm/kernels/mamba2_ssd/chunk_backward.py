@@ -22,7 +22,8 @@ dy silu(z) (0 on masked rows), CB_ij = C_i.B_j, K = E o CB, Z_ij = E_ij dt'_j
 
 with q_j = dt'_j e^{c_end-c_j} x_j.(dSe B_j). ddA_k = dL/d(dt'_k A): every term is a
 sum over its own index range (the intra-chunk term is the cross sum over
-i >= k > j, computed as (M Us) masked to i >= k and summed over i; the state term
+i >= k > j, computed as R = Li^T M, R_kj = sum_{i>=k} M_ij, masked to j < k and
+summed over j; the state term
 the exclusive prefix sum of q), never a difference of two long sums, which in
 float32 cancels (dA = sum dt' ddA cancels ~10x on realistic gates already).
 Then ddt'_k = A ddA_k + x_k.dxr_k (dxr the bracket of dx), dA += dt' ddA,
@@ -92,19 +93,21 @@ another engine's result comes after work that does not (``_block_grads``).
 Stage A: ScalarE per-token scalings, GpSimd the segment-sum operand and D x,
 TensorE y_off / segment sum / 6 transposes, ScalarE exp and the PSUM
 evictions. Then E (a transpose, ScalarE eviction) and K on GpSimd. Stage B:
-TensorE Z, Z^T, dx x2, dS, the state terms of dC and dB, then M Us, the Z
-terms of dC and dB and a ones column sum; VectorE M^T (from Z^T's PSUM and
-K^T), Z, Z^T, the masked M Us, dx and the state-gradient update; then K^T of
-the next head, y_intra and (VectorE) y0, dz. Per block: the row dots V, DI,
-q', <dSe, S0> (one product and one tensor_reduce over the [rows, heads, P]
-view each). Per row at the end: three accumulating matmuls complete ddA, the
+TensorE Z, Z^T, dx x2, dS, the state terms of dC and dB, then R = Li^T M (a
+0/1 stationary) and the Z terms of dC and dB; VectorE M (from Z's PSUM and
+K), Z, Z^T, the masked R (into the block's tile), dx and the state-gradient
+update; then K^T of the next head, y_intra and (VectorE) y0, dz. Per block:
+the row dots V, DI, q', <dSe, S0> (one product and one tensor_reduce over the
+[rows, heads, P] view each) and the intra-chunk ddA columns (one
+tensor_reduce over the masked R tiles). Per row at the end: four accumulating
+matmuls complete ddA, the
 dt chain, and the scatters of dx, dz, ddt (one row per partition; masked rows
 go to the dump row), of dB / dC (the program's partial slab) and of dS0^T.
 
 PSUM (8 banks of 2 KiB per partition, allocated in each loop body that writes
 them): the chunk scratch (decay sums, group terms, then the ddA columns); dC |
 dB (2N <= 512 columns); per head, ring of 2: hA (seg, E, dy1^T, (dy1 e^c)^T,
-reused for Z, Z^T, M Us), hB (the other transposes; in stage B the dS tiles),
+reused for Z, Z^T, R), hB (the other transposes; in stage B the dS tiles),
 hC (y_intra, y_off, the two dx terms; loop F's state update).
 
 dstate: N > 128 is two partition tiles (n0 = 0, 128; the second may be partial):
@@ -127,8 +130,8 @@ bf16 I/O, one sequence): no single engine: per 128-token chunk (loops F and B,
 one) TensorE runs 1,853 instructions (23 per head, fp32 operands
 at the quarter rate: ~53 % busy), VectorE 1,140 (~55 %), ScalarE 1,060
 (~45 %), GpSimd 345 (~30 %), DMA 67 (~12 %); 670 us per chunk, the rest of
-each engine's time cross-engine waits along the per-head chain (exp -> E ->
-Z / Z^T -> M^T -> M Us -> the ddA column). 512 tokens (``python -m simulate
+each engine's time cross-engine waits along the per-head chain (exp -> E -> K
+-> M -> R). 512 tokens (``python -m simulate
 --op ssd_backward --range-samples 2 --no-calibration``): 2.45 ms at LNC=1,
 1.27 ms at LNC=2 (0.52x); program size 2,144 per program at LNC=2 (4,170 at
 LNC=1). Closer to the roof needs fewer fp32 TensorE passes (bf16 operands
@@ -391,7 +394,9 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
     for name in ("yoffb", "dxrb", "dxSb"):
         t[name] = _sb((Q, WB))
     t["pB"] = _sb((_PMAX, WB))
-    for name in ("Wt", "ETm", "Em", "KT", "K", "Zt", "ZTt", "MT"):
+    t["Xb"] = _sb((Q, hbk * Q))     # the block's masked (Li^T M) [k, j], one [Q, Q] per head
+    t["Wc"] = _sb((Q, nhp))         # the intra-chunk ddA term, a column per head
+    for name in ("Wt", "ETm", "Em", "KT", "K", "Zt", "ZTt", "M"):
         t[name] = [_sb((Q, Q)), _sb((Q, Q))]
     for name in ("dy1T", "dy1eT", "xdtT", "XdT"):
         t[name] = [_sb((P, Q)), _sb((P, Q))]
@@ -512,6 +517,11 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
             _rowdots(t, t["V"][:, a:b], t["yoffb"][:, 0:wb], t["dy1"][:, 0:wb], P)
             _rowdots(t, t["DI"][:, a:b], t["xw"][:, 0:wb], t["dxrb"][:, 0:wb], P)
             _rowdots(t, t["qv"][:, a:b], t["xw"][:, 0:wb], t["dxSb"][:, 0:wb], P)
+            # the intra-chunk ddA terms: row sums of the masked Li^T M per head
+            xb = t["Xb"]
+            nisa.tensor_reduce(dst=t["Wc"][:, a:b], op=nl.add,
+                               data=xb.ap(pattern=[[xb.shape[1], Q], [Q, b - a], [1, Q]],
+                                          offset=0), axis=(2,))
             nisa.dma_copy(dst=_scatter_view(dx, yr, ca - c0, wb, 0), src=t["dxo"][:, 0:wb])
             if z != None:  # noqa: E711
                 nisa.dma_copy(dst=_scatter_view(dz, yr, ca - c0, wb, 0), src=t["dzo"][:, 0:wb])
@@ -810,7 +820,7 @@ def _head_y(cfg, t, a, k):
 
 
 def _head_b(cfg, t, a, k):
-    """Stage B of head k, first part (the matmuls that need only stage A's results, M^T and
+    """Stage B of head k, first part (the matmuls that need only stage A's results, M and
     the dx state term's scaling): Z, Z^T, the two dx terms, C^T (dy1 e^c). With the second
     part (``_head_b2``): the intra-chunk ddA column, dC and dB (accumulated over the
     group's heads in one PSUM bank), dx, and the state gradient dS0^T = e^{c_end} dSe^T +
@@ -824,7 +834,7 @@ def _head_b(cfg, t, a, k):
     g = (h0 + k) // HPG
     n0 = g * N
     cols = slice((k - a) * P, (k - a + 1) * P)
-    MT = _r(t, "MT", k)
+    M = _r(t, "M", k)
     dy1T, xdtT = _r(t, "dy1T", k), _r(t, "xdtT", k)
     dxS = t["dxSb"][:, cols]
     # TensorE first takes what only needs stage A's results (Z, Z^T, the two dx terms, dS),
@@ -859,9 +869,8 @@ def _head_b(cfg, t, a, k):
         nisa.tensor_tensor(dst=_r(t, "dD1", k), data1=dy1[:, cols],
                            data2=t["D"][0:Q, k * P:(k + 1) * P], op=nl.multiply,
                            engine=nisa.engine.gpsimd)
-    # intra-chunk ddA_k' = sum_{i>=k', j<k'} M_ij: (M Us)[i, k'] masked to i >= k', summed
-    # over i (a ones matmul into column k of the chunk's ddA PSUM); M^T = Z^T o CB^T
-    nisa.tensor_tensor(dst=MT, data1=hA[0:Q, Q:2 * Q], data2=_r(t, "KT", k), op=nl.multiply)
+    # intra-chunk ddA_k' = sum_{j<k'} sum_{i>=k'} M_ij, M = Z o CB = (dy1 (x dt')^T) o K
+    nisa.tensor_tensor(dst=M, data1=hA[0:Q, 0:Q], data2=_r(t, "K", k), op=nl.multiply)
     nisa.activation(dst=dxS, op=nl.copy, data=dxb, scale=eex[:, k:k + 1])
 
 
@@ -873,8 +882,8 @@ def _half(cfg, h):
 
 
 def _head_b2(cfg, t, a, k):
-    """Stage B of head k, second part: the matmuls that wait on VectorE (M Us, the ddA
-    column, dC, dB), dx and the state-gradient update."""
+    """Stage B of head k, second part: the matmuls that wait on VectorE (R, the Z terms of
+    dC and dB), the masked R, dx and the state-gradient update."""
     Q, P, N, HPG, h0 = cfg["Q"], cfg["P"], cfg["N"], cfg["HPG"], cfg["h0"]
     ntl = cfg["ntl"]
     Bw, Cw = t["Bw"], t["Cw"]
@@ -885,19 +894,20 @@ def _head_b2(cfg, t, a, k):
     g = h // HPG
     n0 = g * N
     cols = slice((k - a) * P, (k - a + 1) * P)
-    Zt, ZTt, MT, X = _r(t, "Zt", k), _r(t, "ZTt", k), _r(t, "MT", k), _r(t, "Wt", k)
+    Zt, ZTt, M = _r(t, "Zt", k), _r(t, "ZTt", k), _r(t, "M", k)
     dxS, dxr = t["dxSb"][:, cols], t["dxrb"][:, cols]
     dxa = hC[0:Q, 2 * P:3 * P]
-    # (M Us) and its masked column sum; the Z / Z^T terms of dB / dC (VectorE does Z
-    # while TensorE does M Us)
-    nisa.nc_matmul(dst=hA[0:Q, 2 * Q:3 * Q], stationary=MT, moving=t["Us"], accumulate=False)
+    # R = Li^T M [k', j] = sum_{i>=k'} M_ij (a 0/1 stationary), masked to j < k' into the
+    # block's tile (its row sums, per head: the block's reduce); the Z / Z^T terms of dB /
+    # dC (VectorE does Z while TensorE does R)
+    nisa.nc_matmul(dst=hA[0:Q, 2 * Q:3 * Q], stationary=t["Li"], moving=M, accumulate=False,
+                   is_stationary_onezero=True)
     nisa.tensor_tensor(dst=Zt, data1=hA[0:Q, 0:Q], data2=_r(t, "Em", k), op=nl.multiply)
-    nisa.tensor_tensor(dst=X, data1=hA[0:Q, 2 * Q:3 * Q], data2=t["Li"], op=nl.multiply)
+    nisa.tensor_tensor(dst=t["Xb"][:, (k - a) * Q:(k - a + 1) * Q], data1=hA[0:Q, 2 * Q:3 * Q],
+                       data2=t["Ls"], op=nl.multiply)
     nisa.tensor_tensor(dst=ZTt, data1=hA[0:Q, Q:2 * Q], data2=_r(t, "ETm", k), op=nl.multiply)
     dCp, dBp = t["dCB"][0:Q, 0:N], t["dCB"][0:Q, N:2 * N]
     nisa.nc_matmul(dst=dBp, stationary=Zt, moving=Cw[:, n0:n0 + N], accumulate=True)
-    nisa.nc_matmul(dst=t["pc"][0:Q, k:k + 1], stationary=X, moving=t["ones"][0:Q, 0:1],
-                   accumulate=False)
     nisa.nc_matmul(dst=dCp, stationary=ZTt, moving=Bw[:, n0:n0 + N], accumulate=True)
     lo, hi = _half(cfg, h)
     if h == min(hi, (g + 1) * HPG) - 1:
@@ -922,13 +932,15 @@ def _head_b2(cfg, t, a, k):
 
 
 def _chunk_dt(cfg, t):
-    """ddA_k = sum_{i>=k} (V - Wc)_i + sum_{j<k} dt'_j q'_j + e^{c_end} <dSe, S0> (three
-    accumulating matmuls), then ddt' = A ddA + DI, dA += dt' ddA, ddt = ddt' gate,
+    """ddA_k = Wc_k + sum_{i>=k} V_i + sum_{j<k} dt'_j q'_j + e^{c_end} <dSe, S0> (Wc the
+    intra-chunk term; four accumulating matmuls), then ddt' = A ddA + DI, dA += dt' ddA, ddt = ddt' gate,
     ddt_bias += ddt."""
     Q, ntl, nhp = cfg["Q"], cfg["ntl"], cfg["nhp"]
     dtp = t["dtp"]
     nisa.tensor_tensor(dst=t["qv"], data1=t["qv"], data2=dtp, op=nl.multiply)
-    dps = t["pc"][0:Q, 0:nhp]      # holds the intra-chunk terms of every head
+    dps = t["pc"][0:Q, 0:nhp]
+    nisa.nc_matmul(dst=dps, stationary=t["I"], moving=t["Wc"], accumulate=False,
+                   is_stationary_onezero=True)
     nisa.nc_matmul(dst=dps, stationary=t["Li"], moving=t["V"], accumulate=True)
     nisa.nc_matmul(dst=dps, stationary=t["Us"], moving=t["qv"], accumulate=True)
     for ti in range(len(ntl)):
