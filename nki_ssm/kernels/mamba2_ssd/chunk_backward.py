@@ -93,10 +93,10 @@ another engine's result comes after work that does not (``_block_grads``).
 Stage A: ScalarE per-token scalings, GpSimd the segment-sum operand and D x,
 TensorE y_off / segment sum / 6 transposes, ScalarE exp and the PSUM
 evictions. Then E (a transpose, ScalarE eviction) and K on GpSimd. Stage B:
-TensorE Z, Z^T, dx x2, dS, the state terms of dC and dB, then R = Li^T M (a
-0/1 stationary) and the Z terms of dC and dB; VectorE M (from Z's PSUM and
-K), Z, Z^T, the masked R (into the block's tile), dx and the state-gradient
-update; then K^T of the next head, y_intra and (VectorE) y0, dz. Per block:
+TensorE dy1 (x dt')^T, dx x2, dS, the state terms of dC and dB, then R = Li^T
+M (a 0/1 stationary), the Z term of dB, Z^T (a transpose, ScalarE eviction),
+the Z^T term of dC; VectorE M (from the PSUM product and K), Z = E o it, the
+masked R (into the block's tile), dx and the state-gradient update; then K^T of the next head, y_intra and (VectorE) y0, dz. Per block:
 the row dots V, DI, q', <dSe, S0> (one product and one tensor_reduce over the
 [rows, heads, P] view each) and the intra-chunk ddA columns (one
 tensor_reduce over the masked R tiles). Per row at the end: four accumulating
@@ -107,7 +107,7 @@ go to the dump row), of dB / dC (the program's partial slab) and of dS0^T.
 PSUM (8 banks of 2 KiB per partition, allocated in each loop body that writes
 them): the chunk scratch (decay sums, group terms, then the ddA columns); dC |
 dB (2N <= 512 columns); per head, ring of 2: hA (seg, E, dy1^T, (dy1 e^c)^T,
-reused for Z, Z^T, R), hB (the other transposes; in stage B the dS tiles),
+reused for dy1 (x dt')^T, Z^T, R), hB (the other transposes; in stage B the dS tiles),
 hC (y_intra, y_off, the two dx terms; loop F's state update).
 
 dstate: N > 128 is two partition tiles (n0 = 0, 128; the second may be partial):
@@ -839,9 +839,8 @@ def _head_b(cfg, t, a, k):
     dxS = t["dxSb"][:, cols]
     # TensorE first takes what only needs stage A's results (Z, Z^T, the two dx terms, dS),
     # so the VectorE / ScalarE work between the dependent matmuls below overlaps them
-    # Z [i, j] = E o (dy1 (x dt')^T), Z^T (over seg / E^T's PSUM regions, read by now)
+    # dy1 (x dt')^T (over seg's PSUM region, read by now); Z = E o it in the second part
     nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=dy1T, moving=xdtT, accumulate=False)
-    nisa.nc_matmul(dst=hA[0:Q, Q:2 * Q], stationary=xdtT, moving=dy1T, accumulate=False)
     # dx = dt' (K^T dy1 + e^{c_end - c} B dSe^T) + D dy1 (DI = x . dxr, q' = x . dxS: the
     # block's row dots)
     dxa, dxb = hC[0:Q, 2 * P:3 * P], hC[0:Q, 3 * P:4 * P]
@@ -905,9 +904,11 @@ def _head_b2(cfg, t, a, k):
     nisa.tensor_tensor(dst=Zt, data1=hA[0:Q, 0:Q], data2=_r(t, "Em", k), op=nl.multiply)
     nisa.tensor_tensor(dst=t["Xb"][:, (k - a) * Q:(k - a + 1) * Q], data1=hA[0:Q, 2 * Q:3 * Q],
                        data2=t["Ls"], op=nl.multiply)
-    nisa.tensor_tensor(dst=ZTt, data1=hA[0:Q, Q:2 * Q], data2=_r(t, "ETm", k), op=nl.multiply)
     dCp, dBp = t["dCB"][0:Q, 0:N], t["dCB"][0:Q, N:2 * N]
     nisa.nc_matmul(dst=dBp, stationary=Zt, moving=Cw[:, n0:n0 + N], accumulate=True)
+    # Z^T: a transpose of Z (over E's PSUM region, evicted by now), ScalarE eviction
+    nisa.nc_transpose(dst=hA[0:Q, Q:2 * Q], data=Zt)
+    nisa.tensor_copy(dst=ZTt, src=hA[0:Q, Q:2 * Q], engine=nisa.engine.scalar)
     nisa.nc_matmul(dst=dCp, stationary=ZTt, moving=Bw[:, n0:n0 + N], accumulate=True)
     lo, hi = _half(cfg, h)
     if h == min(hi, (g + 1) * HPG) - 1:
