@@ -470,7 +470,7 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
                 cols = slice((k - a) * P, (k - a + 1) * P)
                 Xd = _r(t, "Xd", k)
                 nisa.tensor_scalar(dst=Xd, data=xw[:, cols], op0=nl.multiply,
-                                   operand0=t["wd"][:, k:k + 1])
+                                   operand0=t["wd"][:, k:k + 1], engine=nisa.engine.scalar)
                 g = (h0 + k) // HPG
                 for ti in range(len(ntl)):
                     n0, nsz = ntl[ti]
