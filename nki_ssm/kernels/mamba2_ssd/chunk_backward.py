@@ -125,18 +125,19 @@ extra columns of dB / dC), so LNC=1 and LNC=2 add the same partials in the same
 order: bit-identical gradients.
 
 What binds (modeled, trn2, ``nki_ssm.perf`` as of this commit; Mamba-2 2.7B,
-bf16 I/O, one sequence): no single engine: per 128-token chunk (loops F and B,
-80 heads, LNC=1; ``nki_ssm.perf.model`` of a 256-token trace minus a 128-token
-one) TensorE runs 1,853 instructions (23 per head, fp32 operands
-at the quarter rate: ~53 % busy), VectorE 1,140 (~55 %), ScalarE 1,060
-(~45 %), GpSimd 345 (~30 %), DMA 67 (~12 %); 670 us per chunk, the rest of
-each engine's time cross-engine waits along the per-head chain (exp -> E -> K
--> M -> R). 512 tokens (``python -m simulate
---op ssd_backward --range-samples 2 --no-calibration``): 2.45 ms at LNC=1,
-1.27 ms at LNC=2 (0.52x); program size 2,144 per program at LNC=2 (4,170 at
-LNC=1). Closer to the roof needs fewer fp32 TensorE passes (bf16 operands
-where the 5e-3 budget allows) and fewer instructions per head (several heads
-per PSUM eviction and per VectorE pass), not more overlap.
+bf16 I/O, one sequence): TensorE, along the per-head chain (its fp32 operands
+run at the quarter rate; the rest of each engine's time is cross-engine waits
+on exp -> E -> K -> M -> R). Per 128-token chunk (loops F and B, 80 heads,
+LNC=1; ``nki_ssm.perf.model`` of a 256-token trace minus a 128-token one):
+TensorE 1,774 instructions (22 per head), ScalarE 1,220, VectorE 985, GpSimd
+345, DMA 67; 586 us per chunk (548 us with float32 I/O), of which loop F ~70
+us. 512 tokens (``python -m simulate --op ssd_backward --range-samples 2
+--no-calibration``): 2.12 ms at LNC=1 (TensorE 55 %, VectorE 57 %, ScalarE
+59 %, GpSimd 35 %, DMA 14 % busy), 1.11 ms at LNC=2 (0.52x); program size
+2,108 per program at LNC=2 (4,096 at LNC=1). Closer to the roof needs fewer
+fp32 TensorE passes (bf16 operands where the 5e-3 budget allows) and fewer
+instructions per head (several heads per PSUM eviction and per VectorE pass),
+not more overlap.
 
 LNC: program p of 2 takes heads [p H/2, (p+1) H/2) (H even; odd H: both
 programs take every head, ``scaffold.program_share``, and the launcher keeps
