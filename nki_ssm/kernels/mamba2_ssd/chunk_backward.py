@@ -68,8 +68,11 @@ S. per sequence: its initial state (S^T layout) -> the scratch block of its
    first chunk; its d_final_states block -> its d_initial_states block (an
    empty sequence's gradient passes through).
 F. per chunk, forward order: S^T <- scratch[row] (loop S or the previous
-   row wrote it), S_end^T = e^{c_end} S^T + B^T (x dt' e^{c_end-c}) (TensorE
-   per head, VectorE combine) -> scratch[next].
+   row wrote it), S_end^T = e^{c_end} S^T + B^T (x dt' e^{c_end-c}) -> scratch[next]:
+   per head block one VectorE pass per dstate tile for e^{c_end} S^T (e^{c_end}
+   broadcast along each head's P columns), per head ScalarE x dt' e^{c_end-c} and
+   a TensorE matmul into one PSUM bank of up to 512 / P heads, one VectorE add per
+   bank.
 B. per chunk, reverse order: dSe^T <- the sequence's d-state block (loop S or
    the previous row wrote it), S0^T <- scratch[row]; the work below; dS0^T ->
    the same block. After a sequence's first chunk it holds d_initial_states.
@@ -108,7 +111,7 @@ PSUM (8 banks of 2 KiB per partition, allocated in each loop body that writes
 them): the chunk scratch (decay sums, group terms, then the ddA columns); dC |
 dB (2N <= 512 columns); per head, ring of 2: hA (seg, E, dy1^T, (dy1 e^c)^T,
 reused for dy1 (x dt')^T, Z^T, R), hB (the other transposes; in stage B the dS tiles),
-hC (y_intra, y_off, the two dx terms; loop F's state update).
+hC (y_intra, y_off, the two dx terms; loop F's states of up to 512 / P heads).
 
 dstate: N > 128 is two partition tiles (n0 = 0, 128; the second may be partial):
 the states S^T, dSe^T and the per-group B^T, C^T are one SBUF tile per dstate
@@ -164,7 +167,9 @@ the [Q, H/lnc*P] dD accumulator).
 Constructs: those of ``chunk.py`` (the forward) and ``scaffold.py`` (device
 scalars, the work-row loops, the LNC split), plus ``nisa.tensor_reduce`` over the
 last axis of a 3-D ``.ap`` view of a 2-D tile (the per-head row dots of a block: the
-trailing free axes, NKI 0.8 docs; the form of ``gated_delta/chunk.py``).
+trailing free axes, NKI 0.8 docs; the form of ``gated_delta/chunk.py``) and 3-D
+``.ap`` operands of ``nisa.tensor_tensor`` (loop F's e^{c_end} broadcast: a zero
+stride, as the segment-sum operand's ``.ap`` here).
 """
 from __future__ import annotations
 
@@ -287,6 +292,7 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
     for n0 in range(0, N, _PMAX):
         ntl.append((n0, min(_PMAX, N - n0)))
     NT = ntl[0][1]
+    hpp = max(1, _PSUM_F // (len(ntl) * P))    # loop F: heads per PSUM bank of states
     # dB / dC reduction order: the heads of a group accumulate in PSUM within each half of
     # the LNC=2 head split ([0, H/2), [H/2, H); H odd: one range), the host adds the two
     # halves' partials; at LNC=1 the second half's part of the group that straddles H/2
@@ -467,21 +473,37 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
                 nisa.dma_copy(dst=t["ST0"][ti][:, 0:wb],
                               src=_block_view(scratch, i, ca - c0, wb, ntl[ti]))
             xw = _widen(t["xf"], t["x_raw"], wb)
-            for k in range(a, b):
-                cols = slice((k - a) * P, (k - a + 1) * P)
-                Xd = _r(t, "Xd", k)
-                nisa.tensor_scalar(dst=Xd, data=xw[:, cols], op0=nl.multiply,
-                                   operand0=t["wd"][:, k:k + 1], engine=nisa.engine.scalar)
-                g = (h0 + k) // HPG
+            # e^{c_end} S^T of the block's heads (one VectorE pass per dstate tile, e^{c_end}
+            # broadcast along each head's P columns), then per PSUM bank of hpp heads the
+            # B^T (x dt' e^{c_end - c}) matmuls and one add
+            for ti in range(len(ntl)):
+                nsz = ntl[ti][1]
+                nisa.tensor_tensor(dst=_heads_view(t["dST"][ti], nsz, 0, b - a, P),
+                                   data1=_heads_view(t["ST0"][ti], nsz, 0, b - a, P),
+                                   data2=t["elast"].ap(pattern=[[nhp, nsz], [1, b - a], [0, P]],
+                                                       offset=a),
+                                   op=nl.multiply)
+            for g0 in range(a, b, hpp):
+                g1 = min(b, g0 + hpp)
+                ps = _r(t, "hC", g0 // hpp)
+                for k in range(g0, g1):
+                    Xd = _r(t, "Xd", k)
+                    nisa.tensor_scalar(dst=Xd, data=xw[:, (k - a) * P:(k - a + 1) * P],
+                                       op0=nl.multiply, operand0=t["wd"][:, k:k + 1],
+                                       engine=nisa.engine.scalar)
+                    g = (h0 + k) // HPG
+                    for ti in range(len(ntl)):
+                        n0, nsz = ntl[ti]
+                        c = (ti * hpp + k - g0) * P
+                        nisa.nc_matmul(dst=ps[0:nsz, c:c + P],
+                                       stationary=t["Bw"][:, g * N + n0:g * N + n0 + nsz],
+                                       moving=Xd, accumulate=False)
                 for ti in range(len(ntl)):
-                    n0, nsz = ntl[ti]
-                    st = _r(t, "hC", k)[0:nsz, ti * P:(ti + 1) * P]
-                    nisa.nc_matmul(dst=st, stationary=t["Bw"][:, g * N + n0:g * N + n0 + nsz],
-                                   moving=Xd, accumulate=False)
-                    nisa.scalar_tensor_tensor(dst=t["dST"][ti][:, cols],
-                                              data=t["ST0"][ti][:, cols], op0=nl.multiply,
-                                              operand0=t["elast"][0:nsz, k:k + 1], op1=nl.add,
-                                              operand1=st)
+                    nsz = ntl[ti][1]
+                    dcols = t["dST"][ti][:, (g0 - a) * P:(g1 - a) * P]
+                    nisa.tensor_tensor(dst=dcols, data1=dcols,
+                                       data2=ps[0:nsz, ti * hpp * P:(ti * hpp + g1 - g0) * P],
+                                       op=nl.add)
             for ti in range(len(ntl)):
                 nisa.dma_copy(dst=_block_view(scratch, blk, ca - c0, wb, ntl[ti]),
                               src=t["dST"][ti][:, 0:wb])
@@ -675,6 +697,11 @@ def _group_terms(cfg, t):
             nisa.nc_matmul(dst=pc[0:Q, 3 * Q:4 * Q], stationary=t["CT"][g][ti],
                            moving=t["BT"][g][ti], accumulate=ti > 0)
         nisa.tensor_copy(dst=t["CB"][g], src=pc[0:Q, 3 * Q:4 * Q], engine=nisa.engine.scalar)
+
+
+def _heads_view(tile, rows, c0, nb, P):
+    """[rows, nb, P] view of the nb heads' columns from column c0 of a 2-D SBUF tile."""
+    return tile.ap(pattern=[[tile.shape[1], rows], [P, nb], [1, P]], offset=c0)
 
 
 def _rowdots(t, dst, a, b, P):
