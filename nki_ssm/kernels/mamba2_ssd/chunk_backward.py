@@ -132,12 +132,12 @@ bf16 I/O, one sequence): TensorE, along the per-head chain (its fp32 operands
 run at the quarter rate; the rest of each engine's time is cross-engine waits
 on exp -> E -> K -> M -> R). Per 128-token chunk (loops F and B, 80 heads,
 LNC=1; ``nki_ssm.perf.model`` of a 256-token trace minus a 128-token one):
-TensorE 1,774 instructions (22 per head), ScalarE 1,220, VectorE 985, GpSimd
-345, DMA 67; 586 us per chunk (548 us with float32 I/O), of which loop F ~70
-us. 512 tokens (``python -m simulate --op ssd_backward --range-samples 2
---no-calibration``): 2.12 ms at LNC=1 (TensorE 55 %, VectorE 57 %, ScalarE
-59 %, GpSimd 35 %, DMA 14 % busy), 1.11 ms at LNC=2 (0.52x); program size
-2,108 per program at LNC=2 (4,096 at LNC=1). Closer to the roof needs fewer
+TensorE 1,774 instructions (22 per head), ScalarE 1,220, VectorE 920, GpSimd
+345, DMA 67; 577 us per chunk (546 us with float32 I/O). 512 tokens (``python
+-m simulate --op ssd_backward --range-samples 2 --no-calibration``): 2.08 ms
+at LNC=1 (TensorE 56 %, VectorE 56 %, ScalarE 60 %, GpSimd 36 %, DMA 14 %
+busy), 1.09 ms at LNC=2 (0.53x); program size 2,076 per program at LNC=2
+(4,031 at LNC=1). Closer to the roof needs fewer
 fp32 TensorE passes (bf16 operands where the 5e-3 budget allows) and fewer
 instructions per head (several heads per PSUM eviction and per VectorE pass),
 not more overlap.
