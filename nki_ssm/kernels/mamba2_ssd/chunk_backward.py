@@ -36,8 +36,8 @@ Design note
 What the forward saves: nothing (the host API's backward gets the forward's
 inputs). The kernel recomputes the chunk-boundary states (loop F) into an
 fp32 HBM scratch ``[R + 1, N, H*P]`` (``nl.private_hbm``): 4*H*P*N/Q bytes
-per token (20 KiB at Mamba-2 2.7B, Q = 128; 335 MB at 16K tokens; twice that per
-head channel at N = 256), plus one d-state block per sequence (the
+per token (20 KiB at Mamba-2 2.7B, Q = 128; 335 MB at 16K tokens; twice that
+per head channel at N = 256), plus one d-state block per sequence (the
 d_initial_states output).
 
 One compiled program per shape bucket: compile-time arguments are shapes
@@ -68,8 +68,8 @@ S. per sequence: its initial state (S^T layout) -> the scratch block of its
    first chunk; its d_final_states block -> its d_initial_states block (an
    empty sequence's gradient passes through).
 F. per chunk, forward order: S^T <- scratch[row] (loop S or the previous
-   row wrote it), S_end^T = e^{c_end} S^T + B^T (x dt' e^{c_end-c}) -> scratch[next]:
-   per head block one VectorE pass per dstate tile for e^{c_end} S^T (e^{c_end}
+   row wrote it), S_end^T = e^{c_end} S^T + B^T (x dt' e^{c_end-c}) ->
+   scratch[next]: per head block one VectorE pass per dstate tile for e^{c_end} S^T (e^{c_end}
    broadcast along each head's P columns), per head ScalarE x dt' e^{c_end-c} and
    a TensorE matmul into one PSUM bank of up to 512 / P heads, one VectorE add per
    bank.
@@ -99,19 +99,20 @@ evictions. Then E (a transpose, ScalarE eviction) and K on GpSimd. Stage B:
 TensorE dy1 (x dt')^T, dx x2, dS, the state terms of dC and dB, then R = Li^T
 M (a 0/1 stationary), the Z term of dB, Z^T (a transpose, ScalarE eviction),
 the Z^T term of dC; VectorE M (from the PSUM product and K), Z = E o it, the
-masked R (into the block's tile), dx and the state-gradient update; then K^T of the next head, y_intra and (VectorE) y0, dz. Per block:
-the row dots V, DI, q', <dSe, S0> (one product and one tensor_reduce over the
-[rows, heads, P] view each) and the intra-chunk ddA columns (one
-tensor_reduce over the masked R tiles). Per row at the end: four accumulating
-matmuls complete ddA, the
-dt chain, and the scatters of dx, dz, ddt (one row per partition; masked rows
-go to the dump row), of dB / dC (the program's partial slab) and of dS0^T.
+masked R (into the block's tile), dx and the state-gradient update; then K^T
+of the next head, y_intra and (VectorE) y0, dz. Per block: the row dots V,
+DI, q', <dSe, S0> (one product and one tensor_reduce over the [rows, heads, P]
+view each) and the intra-chunk ddA columns (one tensor_reduce over the masked
+R tiles). Per row at the end: four accumulating matmuls complete ddA, the dt
+chain, and the scatters of dx, dz, ddt (one row per partition; masked rows go
+to the dump row), of dB / dC (the program's partial slab) and of dS0^T.
 
 PSUM (8 banks of 2 KiB per partition, allocated in each loop body that writes
 them): the chunk scratch (decay sums, group terms, then the ddA columns); dC |
 dB (2N <= 512 columns); per head, ring of 2: hA (seg, E, dy1^T, (dy1 e^c)^T,
-reused for dy1 (x dt')^T, Z^T, R), hB (the other transposes; in stage B the dS tiles),
-hC (y_intra, y_off, the two dx terms; loop F's states of up to 512 / P heads).
+reused for dy1 (x dt')^T, Z^T, R), hB (the other transposes; in stage B the dS
+tiles), hC (y_intra, y_off, the two dx terms; loop F's states of up to 512 / P
+heads).
 
 dstate: N > 128 is two partition tiles (n0 = 0, 128; the second may be partial):
 the states S^T, dSe^T and the per-group B^T, C^T are one SBUF tile per dstate
@@ -137,19 +138,19 @@ TensorE 1,774 instructions (22 per head), ScalarE 1,220, VectorE 920, GpSimd
 -m simulate --op ssd_backward --range-samples 2 --no-calibration``): 2.08 ms
 at LNC=1 (TensorE 56 %, VectorE 56 %, ScalarE 60 %, GpSimd 36 %, DMA 14 %
 busy), 1.09 ms at LNC=2 (0.53x); program size 2,076 per program at LNC=2
-(4,031 at LNC=1). Closer to the roof needs fewer
-fp32 TensorE passes (bf16 operands where the 5e-3 budget allows) and fewer
-instructions per head (several heads per PSUM eviction and per VectorE pass),
-not more overlap.
+(4,031 at LNC=1). Closer to the roof needs fewer fp32 TensorE passes (bf16
+operands where the 5e-3 budget allows) and fewer instructions per head
+(several heads per PSUM eviction and per VectorE pass), not more overlap.
 
 LNC: program p of 2 takes heads [p H/2, (p+1) H/2) (H even; odd H: both
 programs take every head, ``scaffold.program_share``, and the launcher keeps
 program 0's outputs), so both run the same loops and trip counts: one control
-flow. Every output and the scratch exist once per program (each program allocates all of them in the same order
-and writes only its own: dx, dz, ddt, dA, dD, ddt_bias, d_init for its heads,
+flow. Every output and the scratch exist once per program (each program
+allocates all of them in the same order and writes only its own: dx, dz, ddt, dA, dD, ddt_bias, d_init for its heads,
 a partial dB / dC over its heads for every token); the launcher joins the head
 columns and the groups' dB / dC columns, adding the two partials of the group
-whose heads sit in both programs. No HBM tensor is written by both programs: no sync.
+whose heads sit in both programs. No HBM tensor is written by both programs: no
+sync.
 
 Layouts: token-major, heads on the free dim (x ``[T+Q, H*P]``); states in
 the S^T layout ``[N, H*P]`` (dstate on partitions), transposed per head on
@@ -160,9 +161,9 @@ write); every decay is exp of a sum <= 0.
 Limits: N <= 256 (two dstate tiles: dC | dB share one PSUM bank), P <= 128
 (a head's [Q, P] operands are transposed to P partitions; the launcher splits
 heads of P > 128 into k heads of P / k, the recurrence being independent along
-P), Q <= 128 (a multiple of 16); the program's per-partition SBUF (about 20
-fp32 [Q, _BLOCK_COLS] or [128, .] tiles, two of those per state at N > 128, and
-the [Q, H/lnc*P] dD accumulator).
+P), Q <= 128 (a multiple of 16); the program's per-partition SBUF (about 25
+fp32 [Q, _BLOCK_COLS] or [128, .] tiles, two of those per state at N > 128, the
+block's [Q, heads*Q] masked-R tile and the [Q, H/lnc*P] dD accumulator).
 
 Constructs: those of ``chunk.py`` (the forward) and ``scaffold.py`` (device
 scalars, the work-row loops, the LNC split), plus ``nisa.tensor_reduce`` over the
