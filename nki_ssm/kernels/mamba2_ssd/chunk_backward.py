@@ -69,10 +69,10 @@ S. per sequence: its initial state (S^T layout) -> the scratch block of its
    empty sequence's gradient passes through).
 F. per chunk, forward order: S^T <- scratch[row] (loop S or the previous
    row wrote it), S_end^T = e^{c_end} S^T + B^T (x dt' e^{c_end-c}) ->
-   scratch[next]: per head block one VectorE pass per dstate tile for e^{c_end} S^T (e^{c_end}
-   broadcast along each head's P columns), per head ScalarE x dt' e^{c_end-c} and
-   a TensorE matmul into one PSUM bank of up to 512 / P heads, one VectorE add per
-   bank.
+   scratch[next]: per head block one VectorE pass per dstate tile for
+   e^{c_end} S^T (e^{c_end} broadcast along each head's P columns), per head
+   ScalarE x dt' e^{c_end-c} and a TensorE matmul into one PSUM bank of up to
+   512 / P heads, one VectorE add per bank.
 B. per chunk, reverse order: dSe^T <- the sequence's d-state block (loop S or
    the previous row wrote it), S0^T <- scratch[row]; the work below; dS0^T ->
    the same block. After a sequence's first chunk it holds d_initial_states.
@@ -146,8 +146,9 @@ LNC: program p of 2 takes heads [p H/2, (p+1) H/2) (H even; odd H: both
 programs take every head, ``scaffold.program_share``, and the launcher keeps
 program 0's outputs), so both run the same loops and trip counts: one control
 flow. Every output and the scratch exist once per program (each program
-allocates all of them in the same order and writes only its own: dx, dz, ddt, dA, dD, ddt_bias, d_init for its heads,
-a partial dB / dC over its heads for every token); the launcher joins the head
+allocates all of them in the same order and writes only its own: dx, dz, ddt,
+dA, dD, ddt_bias, d_init for its heads, a partial dB / dC over its heads for
+every token); the launcher joins the head
 columns and the groups' dB / dC columns, adding the two partials of the group
 whose heads sit in both programs. No HBM tensor is written by both programs: no
 sync.
