@@ -22,7 +22,8 @@ dy silu(z) (0 on masked rows), CB_ij = C_i.B_j, K = E o CB, Z_ij = E_ij dt'_j
 
 with q_j = dt'_j e^{c_end-c_j} x_j.(dSe B_j). ddA_k = dL/d(dt'_k A): every term is a
 sum over its own index range (the intra-chunk term is the cross sum over
-i >= k > j, computed as (M Us) masked to i >= k and summed over i; the state term
+i >= k > j, computed as R = Li^T M, R_kj = sum_{i>=k} M_ij, masked to j < k and
+summed over j; the state term
 the exclusive prefix sum of q), never a difference of two long sums, which in
 float32 cancels (dA = sum dt' ddA cancels ~10x on realistic gates already).
 Then ddt'_k = A ddA_k + x_k.dxr_k (dxr the bracket of dx), dA += dt' ddA,
@@ -35,8 +36,8 @@ Design note
 What the forward saves: nothing (the host API's backward gets the forward's
 inputs). The kernel recomputes the chunk-boundary states (loop F) into an
 fp32 HBM scratch ``[R + 1, N, H*P]`` (``nl.private_hbm``): 4*H*P*N/Q bytes
-per token (20 KiB at Mamba-2 2.7B, Q = 128; 335 MB at 16K tokens; twice that per
-head channel at N = 256), plus one d-state block per sequence (the
+per token (20 KiB at Mamba-2 2.7B, Q = 128; 335 MB at 16K tokens; twice that
+per head channel at N = 256), plus one d-state block per sequence (the
 d_initial_states output).
 
 One compiled program per shape bucket: compile-time arguments are shapes
@@ -67,8 +68,11 @@ S. per sequence: its initial state (S^T layout) -> the scratch block of its
    first chunk; its d_final_states block -> its d_initial_states block (an
    empty sequence's gradient passes through).
 F. per chunk, forward order: S^T <- scratch[row] (loop S or the previous
-   row wrote it), S_end^T = e^{c_end} S^T + B^T (x dt' e^{c_end-c}) (TensorE
-   per head, VectorE combine) -> scratch[next].
+   row wrote it), S_end^T = e^{c_end} S^T + B^T (x dt' e^{c_end-c}) ->
+   scratch[next]: per head block one VectorE pass per dstate tile for
+   e^{c_end} S^T (e^{c_end} broadcast along each head's P columns), per head
+   ScalarE x dt' e^{c_end-c} and a TensorE matmul into one PSUM bank of up to
+   512 / P heads, one VectorE add per bank.
 B. per chunk, reverse order: dSe^T <- the sequence's d-state block (loop S or
    the previous row wrote it), S0^T <- scratch[row]; the work below; dS0^T ->
    the same block. After a sequence's first chunk it holds d_initial_states.
@@ -87,20 +91,28 @@ head block (at most _BLOCK_COLS columns: x, dy, z loaded in their dtype and
 widened by GpSimd; dy1, silu'(z), the dD accumulation on ScalarE / VectorE)
 the heads run as a two-stage software pipeline (stage A of head k+1 issued
 before stage B of head k; per-head SBUF temporaries and PSUM banks are rings
-of 2). Stage A: ScalarE per-token scalings, GpSimd the segment-sum operand,
-TensorE segment sum / y_intra / y_off / 7 transposes, ScalarE exp and PSUM
-evacuations, VectorE the decay masks, K, K^T, y0, dz. Stage B: TensorE Z,
-Z^T, M Us, a ones column sum, dC x2, dB x2, dx x2, dS; VectorE the masked
-products, row dots (product + tensor_reduce), dx and the state-gradient
-update. Per row at the end: three accumulating matmuls complete ddA, the dt
-chain, and the scatters of dx, dz, ddt (one row per partition; masked rows
-go to the dump row), of dB / dC (the program's partial slab) and of dS0^T.
+of 2, x dt' of 3), each in-order engine queue ordered so that work waiting on
+another engine's result comes after work that does not (``_block_grads``).
+Stage A: ScalarE per-token scalings, GpSimd the segment-sum operand and D x,
+TensorE y_off / segment sum / 6 transposes, ScalarE exp and the PSUM
+evictions. Then E (a transpose, ScalarE eviction) and K on GpSimd. Stage B:
+TensorE dy1 (x dt')^T, dx x2, dS, the state terms of dC and dB, then R = Li^T
+M (a 0/1 stationary), the Z term of dB, Z^T (a transpose, ScalarE eviction),
+the Z^T term of dC; VectorE M (from the PSUM product and K), Z = E o it, the
+masked R (into the block's tile), dx and the state-gradient update; then K^T
+of the next head, y_intra and (VectorE) y0, dz. Per block: the row dots V,
+DI, q', <dSe, S0> (one product and one tensor_reduce over the [rows, heads, P]
+view each) and the intra-chunk ddA columns (one tensor_reduce over the masked
+R tiles). Per row at the end: four accumulating matmuls complete ddA, the dt
+chain, and the scatters of dx, dz, ddt (one row per partition; masked rows go
+to the dump row), of dB / dC (the program's partial slab) and of dS0^T.
 
 PSUM (8 banks of 2 KiB per partition, allocated in each loop body that writes
 them): the chunk scratch (decay sums, group terms, then the ddA columns); dC |
 dB (2N <= 512 columns); per head, ring of 2: hA (seg, E, dy1^T, (dy1 e^c)^T,
-reused for Z, Z^T, M Us), hB (the other transposes; in stage B the dS tiles),
-hC (y_intra, y_off, the two dx terms; loop F's state update).
+reused for dy1 (x dt')^T, Z^T, R), hB (the other transposes; in stage B the dS
+tiles), hC (y_intra, y_off, the two dx terms; loop F's states of up to 512 / P
+heads).
 
 dstate: N > 128 is two partition tiles (n0 = 0, 128; the second may be partial):
 the states S^T, dSe^T and the per-group B^T, C^T are one SBUF tile per dstate
@@ -117,26 +129,29 @@ extra columns of dB / dC), so LNC=1 and LNC=2 add the same partials in the same
 order: bit-identical gradients.
 
 What binds (modeled, trn2, ``nki_ssm.perf`` as of this commit; Mamba-2 2.7B,
-bf16 I/O, one sequence): VectorE, which carries about a dozen full [Q, Q] /
-[Q, P] fp32 passes per head and chunk (Z, Z^T, the masked M Us, K^T, the row
-dots, y0, dx, the state update) and sits on the critical path (~46 % busy,
-the rest cross-engine waits of the two-stage pipeline); TensorE ~31 %,
-ScalarE ~22 %, GpSimd ~22 %, DMA < 10 %. 512 tokens (``python -m simulate
---op ssd_backward``): 4.27 ms at LNC=1, 2.17 ms at LNC=2; 2K tokens: 16.9 ms
-at LNC=1, 8.59 ms at LNC=2 (0.51x). Program size 2,440 per program at LNC=2
-(4,770 at LNC=1). Closer to the roof needs fewer VectorE
-passes (bf16 operands and perf modes where the 5e-3 budget allows, Z / Z^T / M
-fused into fewer passes, several heads per instruction) and a deeper
-pipeline (PSUM allows two heads in flight as laid out), not faster matmuls.
+bf16 I/O, one sequence): TensorE, along the per-head chain (its fp32 operands
+run at the quarter rate; the rest of each engine's time is cross-engine waits
+on exp -> E -> K -> M -> R). Per 128-token chunk (loops F and B, 80 heads,
+LNC=1; ``nki_ssm.perf.model`` of a 256-token trace minus a 128-token one):
+TensorE 1,774 instructions (22 per head), ScalarE 1,220, VectorE 920, GpSimd
+345, DMA 67; 577 us per chunk (546 us with float32 I/O). 512 tokens (``python
+-m simulate --op ssd_backward --range-samples 2 --no-calibration``): 2.08 ms
+at LNC=1 (TensorE 56 %, VectorE 56 %, ScalarE 60 %, GpSimd 36 %, DMA 14 %
+busy), 1.09 ms at LNC=2 (0.53x); program size 2,076 per program at LNC=2
+(4,031 at LNC=1). Closer to the roof needs fewer fp32 TensorE passes (bf16
+operands where the 5e-3 budget allows) and fewer instructions per head
+(several heads per PSUM eviction and per VectorE pass), not more overlap.
 
 LNC: program p of 2 takes heads [p H/2, (p+1) H/2) (H even; odd H: both
 programs take every head, ``scaffold.program_share``, and the launcher keeps
 program 0's outputs), so both run the same loops and trip counts: one control
-flow. Every output and the scratch exist once per program (each program allocates all of them in the same order
-and writes only its own: dx, dz, ddt, dA, dD, ddt_bias, d_init for its heads,
-a partial dB / dC over its heads for every token); the launcher joins the head
+flow. Every output and the scratch exist once per program (each program
+allocates all of them in the same order and writes only its own: dx, dz, ddt,
+dA, dD, ddt_bias, d_init for its heads, a partial dB / dC over its heads for
+every token); the launcher joins the head
 columns and the groups' dB / dC columns, adding the two partials of the group
-whose heads sit in both programs. No HBM tensor is written by both programs: no sync.
+whose heads sit in both programs. No HBM tensor is written by both programs: no
+sync.
 
 Layouts: token-major, heads on the free dim (x ``[T+Q, H*P]``); states in
 the S^T layout ``[N, H*P]`` (dstate on partitions), transposed per head on
@@ -147,14 +162,16 @@ write); every decay is exp of a sum <= 0.
 Limits: N <= 256 (two dstate tiles: dC | dB share one PSUM bank), P <= 128
 (a head's [Q, P] operands are transposed to P partitions; the launcher splits
 heads of P > 128 into k heads of P / k, the recurrence being independent along
-P), Q <= 128 (a multiple of 16); the program's per-partition SBUF (about 20
-fp32 [Q, _BLOCK_COLS] or [128, .] tiles, two of those per state at N > 128, and
-the [Q, H/lnc*P] dD accumulator).
+P), Q <= 128 (a multiple of 16); the program's per-partition SBUF (about 25
+fp32 [Q, _BLOCK_COLS] or [128, .] tiles, two of those per state at N > 128, the
+block's [Q, heads*Q] masked-R tile and the [Q, H/lnc*P] dD accumulator).
 
 Constructs: those of ``chunk.py`` (the forward) and ``scaffold.py`` (device
 scalars, the work-row loops, the LNC split), plus ``nisa.tensor_reduce`` over the
 last axis of a 3-D ``.ap`` view of a 2-D tile (the per-head row dots of a block: the
-trailing free axes, NKI 0.8 docs; the form of ``gated_delta/chunk.py``).
+trailing free axes, NKI 0.8 docs; the form of ``gated_delta/chunk.py``) and 3-D
+``.ap`` operands of ``nisa.tensor_tensor`` (loop F's e^{c_end} broadcast: a zero
+stride, as the segment-sum operand's ``.ap`` here).
 """
 from __future__ import annotations
 
@@ -277,6 +294,7 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
     for n0 in range(0, N, _PMAX):
         ntl.append((n0, min(_PMAX, N - n0)))
     NT = ntl[0][1]
+    hpp = max(1, _PSUM_F // (len(ntl) * P))    # loop F: heads per PSUM bank of states
     # dB / dC reduction order: the heads of a group accumulate in PSUM within each half of
     # the LNC=2 head split ([0, H/2), [H/2, H); H odd: one range), the host adds the two
     # halves' partials; at LNC=1 the second half's part of the group that straddles H/2
@@ -378,13 +396,16 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
         t["dST"].append(_sb((item[1], WB)))
     t["Dacc"] = _sb((Q, W))
     # per-head temporaries: rings of 2 (two heads in flight, _block_grads)
-    for name in ("xdt", "Xd", "dy1e", "y0", "y1"):
+    for name in ("Xd", "dy1e", "y0", "y1", "dD1"):
         t[name] = [_sb((Q, P)), _sb((Q, P))]
+    t["xdt"] = [_sb((Q, P)), _sb((Q, P)), _sb((Q, P))]   # read by y_intra a step later
     # per-block operands of the row dots (one product and one reduce per block, _rowdots)
     for name in ("yoffb", "dxrb", "dxSb"):
         t[name] = _sb((Q, WB))
     t["pB"] = _sb((_PMAX, WB))
-    for name in ("Wt", "ETm", "Em", "KT", "K", "Zt", "ZTt", "MT"):
+    t["Xb"] = _sb((Q, hbk * Q))     # the block's masked (Li^T M) [k, j], one [Q, Q] per head
+    t["Wc"] = _sb((Q, nhp))         # the intra-chunk ddA term, a column per head
+    for name in ("Wt", "ETm", "Em", "KT", "K", "Zt", "ZTt", "M"):
         t[name] = [_sb((Q, Q)), _sb((Q, Q))]
     for name in ("dy1T", "dy1eT", "xdtT", "XdT"):
         t[name] = [_sb((P, Q)), _sb((P, Q))]
@@ -454,21 +475,37 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
                 nisa.dma_copy(dst=t["ST0"][ti][:, 0:wb],
                               src=_block_view(scratch, i, ca - c0, wb, ntl[ti]))
             xw = _widen(t["xf"], t["x_raw"], wb)
-            for k in range(a, b):
-                cols = slice((k - a) * P, (k - a + 1) * P)
-                Xd = _r(t, "Xd", k)
-                nisa.tensor_scalar(dst=Xd, data=xw[:, cols], op0=nl.multiply,
-                                   operand0=t["wd"][:, k:k + 1])
-                g = (h0 + k) // HPG
+            # e^{c_end} S^T of the block's heads (one VectorE pass per dstate tile, e^{c_end}
+            # broadcast along each head's P columns), then per PSUM bank of hpp heads the
+            # B^T (x dt' e^{c_end - c}) matmuls and one add
+            for ti in range(len(ntl)):
+                nsz = ntl[ti][1]
+                nisa.tensor_tensor(dst=_heads_view(t["dST"][ti], nsz, 0, b - a, P),
+                                   data1=_heads_view(t["ST0"][ti], nsz, 0, b - a, P),
+                                   data2=t["elast"].ap(pattern=[[nhp, nsz], [1, b - a], [0, P]],
+                                                       offset=a),
+                                   op=nl.multiply)
+            for g0 in range(a, b, hpp):
+                g1 = min(b, g0 + hpp)
+                ps = _r(t, "hC", g0 // hpp)
+                for k in range(g0, g1):
+                    Xd = _r(t, "Xd", k)
+                    nisa.tensor_scalar(dst=Xd, data=xw[:, (k - a) * P:(k - a + 1) * P],
+                                       op0=nl.multiply, operand0=t["wd"][:, k:k + 1],
+                                       engine=nisa.engine.scalar)
+                    g = (h0 + k) // HPG
+                    for ti in range(len(ntl)):
+                        n0, nsz = ntl[ti]
+                        c = (ti * hpp + k - g0) * P
+                        nisa.nc_matmul(dst=ps[0:nsz, c:c + P],
+                                       stationary=t["Bw"][:, g * N + n0:g * N + n0 + nsz],
+                                       moving=Xd, accumulate=False)
                 for ti in range(len(ntl)):
-                    n0, nsz = ntl[ti]
-                    st = _r(t, "hC", k)[0:nsz, ti * P:(ti + 1) * P]
-                    nisa.nc_matmul(dst=st, stationary=t["Bw"][:, g * N + n0:g * N + n0 + nsz],
-                                   moving=Xd, accumulate=False)
-                    nisa.scalar_tensor_tensor(dst=t["dST"][ti][:, cols],
-                                              data=t["ST0"][ti][:, cols], op0=nl.multiply,
-                                              operand0=t["elast"][0:nsz, k:k + 1], op1=nl.add,
-                                              operand1=st)
+                    nsz = ntl[ti][1]
+                    dcols = t["dST"][ti][:, (g0 - a) * P:(g1 - a) * P]
+                    nisa.tensor_tensor(dst=dcols, data1=dcols,
+                                       data2=ps[0:nsz, ti * hpp * P:(ti * hpp + g1 - g0) * P],
+                                       op=nl.add)
             for ti in range(len(ntl)):
                 nisa.dma_copy(dst=_block_view(scratch, blk, ca - c0, wb, ntl[ti]),
                               src=t["dST"][ti][:, 0:wb])
@@ -505,6 +542,11 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
             _rowdots(t, t["V"][:, a:b], t["yoffb"][:, 0:wb], t["dy1"][:, 0:wb], P)
             _rowdots(t, t["DI"][:, a:b], t["xw"][:, 0:wb], t["dxrb"][:, 0:wb], P)
             _rowdots(t, t["qv"][:, a:b], t["xw"][:, 0:wb], t["dxSb"][:, 0:wb], P)
+            # the intra-chunk ddA terms: row sums of the masked Li^T M per head
+            xb = t["Xb"]
+            nisa.tensor_reduce(dst=t["Wc"][:, a:b], op=nl.add,
+                               data=xb.ap(pattern=[[xb.shape[1], Q], [Q, b - a], [1, Q]],
+                                          offset=0), axis=(2,))
             nisa.dma_copy(dst=_scatter_view(dx, yr, ca - c0, wb, 0), src=t["dxo"][:, 0:wb])
             if z != None:  # noqa: E711
                 nisa.dma_copy(dst=_scatter_view(dz, yr, ca - c0, wb, 0), src=t["dzo"][:, 0:wb])
@@ -659,6 +701,11 @@ def _group_terms(cfg, t):
         nisa.tensor_copy(dst=t["CB"][g], src=pc[0:Q, 3 * Q:4 * Q], engine=nisa.engine.scalar)
 
 
+def _heads_view(tile, rows, c0, nb, P):
+    """[rows, nb, P] view of the nb heads' columns from column c0 of a 2-D SBUF tile."""
+    return tile.ap(pattern=[[tile.shape[1], rows], [P, nb], [1, P]], offset=c0)
+
+
 def _rowdots(t, dst, a, b, P):
     """dst [rows, nb] = per head (P columns each) the sum over its columns of a o b, for
     the nb heads of a block: one VectorE product into the block's product tile and one
@@ -671,183 +718,260 @@ def _rowdots(t, dst, a, b, P):
 
 
 def _r(t, name, k):
-    """Head k's copy of a per-head temporary (rings of 2: heads k and k+1 are in flight)."""
-    return t[name][k % 2]
+    """Head k's copy of a per-head temporary (rings of 2: heads k and k+1 are in flight;
+    x dt' a ring of 3)."""
+    return t[name][k % len(t[name])]
 
 
 def _block_grads(cfg, t, a, b):
     """Loop B's per-head work for the program's heads a .. b-1, software-pipelined over
     two stages: stage A of head k+1 is issued before stage B of head k (every per-head
     temporary and PSUM region is a ring of 2), so each in-order engine queue holds work
-    of two heads and the engines overlap."""
+    of two heads and the engines overlap. Each engine queue is in order, so what waits on
+    another engine's result comes after work that does not: per step, stage A of head
+    k+1, stage B's first part of head k (matmuls on stage A's results), E and K of head
+    k+1 (after its exp), stage B's second part of head k (the matmuls waiting on VectorE),
+    K^T of head k+1, then y0 and dz of head k (y_intra reads K^T)."""
     for step in range(a, b + 1):
         if step < b:
             _head_a(cfg, t, a, step)
         if step > a:
             _head_b(cfg, t, a, step - 1)
+        if step < b:
+            _head_e(cfg, t, step)
+        if step > a:
+            _head_b2(cfg, t, a, step - 1)
+        if step < b:
+            nisa.tensor_tensor(dst=_r(t, "KT", step), data1=_r(t, "ETm", step),
+                               data2=t["CBTm"][(cfg["h0"] + step) // cfg["HPG"]],
+                               op=nl.multiply)
+        if step > a:
+            _head_y(cfg, t, a, step - 1)
 
 
 def _head_a(cfg, t, a, k):
-    """Stage A of head k: per-token scalings, the decay matrices E^T, E (masked), K^T, K,
-    y0 = y_intra + e^c y_off (dz and V = dy1 . e^c y_off), the transposes of dy1, dy1 e^c,
-    x dt', x dt' e^{c_end - c} ([P, Q]) and of S0, dSe ([P, N])."""
+    """Stage A of head k (no VectorE result needed): per-token scalings, e^c y_off, the
+    masked decay matrix E^T (exp on ScalarE), D x, the transposes of dy1, dy1 e^c, x dt',
+    x dt' e^{c_end - c} ([P, Q]) and of S0, dSe ([P, N])."""
     Q, P, HPG, h0 = cfg["Q"], cfg["P"], cfg["HPG"], cfg["h0"]
     ntl, NT = cfg["ntl"], cfg["NT"]
-    xw, dy1, dyz = t["xw"], t["dy1"], t["dyz"]
+    xw, dy1 = t["xw"], t["dy1"]
     dtp, ecs, wd = t["dtp"], t["ecs"], t["wd"]
     ST0, dST = t["ST0"], t["dST"]
     hA, hB, hC = _r(t, "hA", k), _r(t, "hB", k), _r(t, "hC", k)
     g = (h0 + k) // HPG
     cols = slice((k - a) * P, (k - a + 1) * P)
     xdt, Xd, dy1e = _r(t, "xdt", k), _r(t, "Xd", k), _r(t, "dy1e", k)
-    Wt, ETm, Em, KT, K = _r(t, "Wt", k), _r(t, "ETm", k), _r(t, "Em", k), _r(t, "KT", k), \
-        _r(t, "K", k)
-    y0, yoff = _r(t, "y0", k), t["yoffb"][:, cols]
+    Wt, ETm = _r(t, "Wt", k), _r(t, "ETm", k)
+    yoff = t["yoffb"][:, cols]
+    # in dependency order per engine queue: the work that needs only the block's inputs
+    # (y_off, the transposes of dy1, S0, dSe) first, so TensorE runs it while GpSimd builds
+    # the segment-sum operand
     nisa.tensor_scalar(dst=xdt, data=xw[:, cols], op0=nl.multiply, operand0=dtp[:, k:k + 1],
                        engine=nisa.engine.scalar)
     nisa.tensor_scalar(dst=Xd, data=xw[:, cols], op0=nl.multiply, operand0=wd[:, k:k + 1],
                        engine=nisa.engine.scalar)
     nisa.tensor_scalar(dst=dy1e, data=dy1[:, cols], op0=nl.multiply, operand0=ecs[:, k:k + 1],
                        engine=nisa.engine.scalar)
-    # decay matrix E^T [j, i] = exp(sum_{j<k'<=i} dt'A) masked to j <= i, and E
+    # decay matrix E^T [j, i] = exp(sum_{j<k'<=i} dt'A) masked to j <= i: its operand
     nisa.affine_select(dst=Wt, pattern=[[0, 1], [1, Q]], channel_multiplier=-1,
                        on_true_tile=t["dtA"].ap(pattern=[[cfg["nhp"], Q], [1, 1], [0, Q]],
                                                 offset=k),
                        on_false_value=0.0, cmp_op=nl.greater_equal, offset=0)
-    nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=t["Ls"], moving=Wt, accumulate=False,
-                   is_stationary_onezero=True)
-    # + _MASKED above the diagonal (an exact fp32 identity matmul into the same PSUM), so
-    # the exp is 0 there: the causal mask costs TensorE, not a VectorE pass
-    nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=t["I"], moving=t["NEG"], accumulate=True,
-                   is_stationary_onezero=True)
-    nisa.activation(dst=ETm, op=nl.exp, data=hA[0:Q, 0:Q])
-    nisa.nc_transpose(dst=hA[0:Q, Q:2 * Q], data=ETm)
-    nisa.tensor_copy(dst=Em, src=hA[0:Q, Q:2 * Q], engine=nisa.engine.scalar)
-    nisa.tensor_tensor(dst=KT, data1=ETm, data2=t["CBTm"][g], op=nl.multiply)
-    nisa.tensor_tensor(dst=K, data1=Em, data2=t["CB"][g], op=nl.multiply,
-                       engine=nisa.engine.gpsimd)
-    # y0 = y_intra + e^c y_off; V = dy1 . e^c y_off; dz = dy silu'(z) (y0 + D x)
-    yi, yo = hC[0:Q, 0:P], hC[0:Q, P:2 * P]
-    nisa.nc_matmul(dst=yi, stationary=KT, moving=xdt, accumulate=False)
+    if t["z_raw"] != None and t["D"] != None:  # noqa: E711
+        y1 = _r(t, "y1", k)             # D x (GpSimd, ahead of K in its queue)
+        nisa.tensor_tensor(dst=y1, data1=xw[:, cols], data2=t["D"][0:Q, k * P:(k + 1) * P],
+                           op=nl.multiply, engine=nisa.engine.gpsimd)
+    # e^c y_off (V = dy1 . e^c y_off: the block's row dots)
+    yo = hC[0:Q, P:2 * P]
     for ti in range(len(ntl)):
         nisa.nc_matmul(dst=yo, stationary=t["CT"][g][ti], moving=ST0[ti][:, cols],
                        accumulate=ti > 0)
     nisa.activation(dst=yoff, op=nl.copy, data=yo, scale=ecs[:, k:k + 1])
-    if t["z_raw"] != None:  # noqa: E711
-        nisa.tensor_tensor(dst=y0, data1=yoff, data2=yi, op=nl.add)
-        y1 = y0
-        if t["D"] != None:  # noqa: E711
-            y1 = _r(t, "y1", k)
-            dcols = slice(k * P, (k + 1) * P)
-            nisa.tensor_tensor(dst=y1, data1=xw[:, cols], data2=t["D"][0:Q, dcols],
-                               op=nl.multiply, engine=nisa.engine.gpsimd)
-            nisa.tensor_tensor(dst=y1, data1=y1, data2=y0, op=nl.add)
-        nisa.tensor_tensor(dst=t["dzo"][:, cols], data1=dyz[:, cols], data2=y1,
-                           op=nl.multiply)
-    # transposes: dy1, dy1 e^c, x dt', x dt' e^{c_end - c} -> [P, Q]; S0, dSe -> [P, N]
-    for item in ((dy1[:, cols], "dy1T", hA[0:P, 2 * Q:3 * Q]),
-                 (dy1e, "dy1eT", hA[0:P, 3 * Q:4 * Q]),
-                 (xdt, "xdtT", hB[0:P, 0:Q]),
-                 (Xd, "XdT", hB[0:P, Q:2 * Q])):
-        nisa.nc_transpose(dst=item[2], data=item[0])
-        nisa.tensor_copy(dst=_r(t, item[1], k), src=item[2], engine=nisa.engine.scalar)
-    # per dstate tile, through two PSUM regions in turn
+    # transposes: dy1 -> [P, Q]; S0, dSe -> [P, N] per dstate tile (two PSUM regions in turn)
+    nisa.nc_transpose(dst=hA[0:P, 2 * Q:3 * Q], data=dy1[:, cols])
+    nisa.tensor_copy(dst=_r(t, "dy1T", k), src=hA[0:P, 2 * Q:3 * Q], engine=nisa.engine.scalar)
     j = 0
     for item in ((ST0, "S0"), (dST, "dSe")):
         for ti in range(len(ntl)):
             n0, nsz = ntl[ti]
             reg = hB[0:P, 2 * Q + (j % 2) * NT:2 * Q + (j % 2) * NT + nsz]
             nisa.nc_transpose(dst=reg, data=item[0][ti][:, cols])
-            nisa.tensor_copy(dst=_r(t, item[1], k)[:, n0:n0 + nsz], src=reg)
+            nisa.tensor_copy(dst=_r(t, item[1], k)[:, n0:n0 + nsz], src=reg,
+                             engine=nisa.engine.scalar)
             j += 1
+    # E^T: the segment sums, + _MASKED above the diagonal (an exact fp32 identity matmul
+    # into the same PSUM), so the exp is 0 there: the causal mask costs TensorE, not a
+    # VectorE pass
+    nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=t["Ls"], moving=Wt, accumulate=False,
+                   is_stationary_onezero=True)
+    nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=t["I"], moving=t["NEG"], accumulate=True,
+                   is_stationary_onezero=True)
+    nisa.activation(dst=ETm, op=nl.exp, data=hA[0:Q, 0:Q])
+    # transposes: dy1 e^c, x dt', x dt' e^{c_end - c} -> [P, Q]
+    for item in ((dy1e, "dy1eT", hA[0:P, 3 * Q:4 * Q]),
+                 (xdt, "xdtT", hB[0:P, 0:Q]),
+                 (Xd, "XdT", hB[0:P, Q:2 * Q])):
+        nisa.nc_transpose(dst=item[2], data=item[0])
+        nisa.tensor_copy(dst=_r(t, item[1], k), src=item[2], engine=nisa.engine.scalar)
+
+
+def _head_e(cfg, t, k):
+    """E (the transpose of E^T: it waits on ScalarE's exp, so it is issued after the first
+    part of the previous head's stage B) and K = E o CB of head k."""
+    Q = cfg["Q"]
+    hA = _r(t, "hA", k)
+    Em = _r(t, "Em", k)
+    nisa.nc_transpose(dst=hA[0:Q, Q:2 * Q], data=_r(t, "ETm", k))
+    nisa.tensor_copy(dst=Em, src=hA[0:Q, Q:2 * Q], engine=nisa.engine.scalar)
+    nisa.tensor_tensor(dst=_r(t, "K", k), data1=Em,
+                       data2=t["CB"][(cfg["h0"] + k) // cfg["HPG"]], op=nl.multiply,
+                       engine=nisa.engine.gpsimd)
+
+
+def _head_y(cfg, t, a, k):
+    """y0 = y_intra + e^c y_off and dz = dy silu'(z) (y0 + D x) of head k (issued after
+    stage B of head k: y_intra waits on K^T, a VectorE result)."""
+    Q, P = cfg["Q"], cfg["P"]
+    dyz = t["dyz"]
+    cols = slice((k - a) * P, (k - a + 1) * P)
+    yi = _r(t, "hC", k)[0:Q, 0:P]
+    xdt, KT, y0 = _r(t, "xdt", k), _r(t, "KT", k), _r(t, "y0", k)
+    yoff = t["yoffb"][:, cols]
+    nisa.nc_matmul(dst=yi, stationary=KT, moving=xdt, accumulate=False)
+    if t["z_raw"] != None:  # noqa: E711
+        nisa.tensor_tensor(dst=y0, data1=yoff, data2=yi, op=nl.add)
+        y1 = y0
+        if t["D"] != None:  # noqa: E711
+            y1 = _r(t, "y1", k)
+            nisa.tensor_tensor(dst=y1, data1=y1, data2=y0, op=nl.add)
+        nisa.tensor_tensor(dst=t["dzo"][:, cols], data1=dyz[:, cols], data2=y1,
+                           op=nl.multiply)
 
 
 def _head_b(cfg, t, a, k):
-    """Stage B of head k: Z, Z^T and the intra-chunk ddA column, dC and dB (accumulated over
-    the group's heads in one PSUM bank), dx with its row dots, <dSe, S0>, and the state
-    gradient dS0^T = e^{c_end} dSe^T + C^T (dy1 e^c)."""
+    """Stage B of head k, first part (the matmuls that need only stage A's results, M and
+    the dx state term's scaling): Z, Z^T, the two dx terms, C^T (dy1 e^c). With the second
+    part (``_head_b2``): the intra-chunk ddA column, dC and dB (accumulated over the
+    group's heads in one PSUM bank), dx, and the state gradient dS0^T = e^{c_end} dSe^T +
+    C^T (dy1 e^c)."""
     Q, P, N, HPG, h0 = cfg["Q"], cfg["P"], cfg["N"], cfg["HPG"], cfg["h0"]
-    ntl, nhp = cfg["ntl"], cfg["nhp"]
-    xw, dy1, Bw, Cw = t["xw"], t["dy1"], t["Bw"], t["Cw"]
-    dtp, eex, elast = t["dtp"], t["eex"], t["elast"]
-    ST0, dST = t["ST0"], t["dST"]
+    ntl = cfg["ntl"]
+    dy1, Cw = t["dy1"], t["Cw"]
+    eex = t["eex"]
+    dST = t["dST"]
+    hA, hB, hC = _r(t, "hA", k), _r(t, "hB", k), _r(t, "hC", k)
+    g = (h0 + k) // HPG
+    n0 = g * N
+    cols = slice((k - a) * P, (k - a + 1) * P)
+    M = _r(t, "M", k)
+    dy1T, xdtT = _r(t, "dy1T", k), _r(t, "xdtT", k)
+    dxS = t["dxSb"][:, cols]
+    # TensorE first takes what only needs stage A's results (Z, Z^T, the two dx terms, dS),
+    # so the VectorE / ScalarE work between the dependent matmuls below overlaps them
+    # dy1 (x dt')^T (over seg's PSUM region, read by now); Z = E o it in the second part
+    nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=dy1T, moving=xdtT, accumulate=False)
+    # dx = dt' (K^T dy1 + e^{c_end - c} B dSe^T) + D dy1 (DI = x . dxr, q' = x . dxS: the
+    # block's row dots)
+    dxa, dxb = hC[0:Q, 2 * P:3 * P], hC[0:Q, 3 * P:4 * P]
+    nisa.nc_matmul(dst=dxa, stationary=_r(t, "K", k), moving=dy1[:, cols], accumulate=False)
+    for ti in range(len(ntl)):
+        nisa.nc_matmul(dst=dxb, stationary=t["BT"][g][ti], moving=dST[ti][:, cols],
+                       accumulate=ti > 0)
+    # C^T (dy1 e^c) per dstate tile into head k's hB region (its transposes were evacuated
+    # in stage A), for dS0^T = e^{c_end} dSe^T + C^T (dy1 e^c) at the end
+    for ti in range(len(ntl)):
+        m0, nsz = ntl[ti]
+        nisa.nc_matmul(dst=hB[0:nsz, ti * P:(ti + 1) * P],
+                       stationary=Cw[:, n0 + m0:n0 + m0 + nsz], moving=_r(t, "dy1e", k),
+                       accumulate=False)
+    # dC, dB: the group's heads in this half of the head split accumulate in one PSUM
+    # bank (both LNC configurations sum the same heads in the same order); the state
+    # terms here, the Z terms in the second part
+    lo, hi = _half(cfg, h0 + k)
+    first = h0 + k == max(lo, g * HPG)
+    nisa.nc_matmul(dst=t["dCB"][0:Q, 0:N], stationary=_r(t, "dy1eT", k), moving=_r(t, "S0", k),
+                   accumulate=not first)
+    nisa.nc_matmul(dst=t["dCB"][0:Q, N:2 * N], stationary=_r(t, "XdT", k),
+                   moving=_r(t, "dSe", k), accumulate=not first)
+    if t["D"] != None:  # noqa: E711
+        nisa.tensor_tensor(dst=_r(t, "dD1", k), data1=dy1[:, cols],
+                           data2=t["D"][0:Q, k * P:(k + 1) * P], op=nl.multiply,
+                           engine=nisa.engine.gpsimd)
+    # intra-chunk ddA_k' = sum_{j<k'} sum_{i>=k'} M_ij, M = Z o CB = (dy1 (x dt')^T) o K
+    nisa.tensor_tensor(dst=M, data1=hA[0:Q, 0:Q], data2=_r(t, "K", k), op=nl.multiply)
+    nisa.activation(dst=dxS, op=nl.copy, data=dxb, scale=eex[:, k:k + 1])
+
+
+def _half(cfg, h):
+    """The half of the LNC=2 head split head h is in: [lo, hi)."""
+    if h >= cfg["hsplit"]:
+        return cfg["hsplit"], cfg["H"]
+    return 0, cfg["hsplit"]
+
+
+def _head_b2(cfg, t, a, k):
+    """Stage B of head k, second part: the matmuls that wait on VectorE (R, the Z terms of
+    dC and dB), the masked R, dx and the state-gradient update."""
+    Q, P, N, HPG, h0 = cfg["Q"], cfg["P"], cfg["N"], cfg["HPG"], cfg["h0"]
+    ntl = cfg["ntl"]
+    Bw, Cw = t["Bw"], t["Cw"]
+    dtp, elast = t["dtp"], t["elast"]
+    dST = t["dST"]
     hA, hB, hC = _r(t, "hA", k), _r(t, "hB", k), _r(t, "hC", k)
     h = h0 + k
     g = h // HPG
     n0 = g * N
     cols = slice((k - a) * P, (k - a + 1) * P)
-    Zt, ZTt, MT, X = _r(t, "Zt", k), _r(t, "ZTt", k), _r(t, "MT", k), _r(t, "Wt", k)
-    dy1T, xdtT = _r(t, "dy1T", k), _r(t, "xdtT", k)
+    Zt, ZTt, M = _r(t, "Zt", k), _r(t, "ZTt", k), _r(t, "M", k)
     dxS, dxr = t["dxSb"][:, cols], t["dxrb"][:, cols]
-    # Z [i, j] = E o (dy1 (x dt')^T), Z^T (over seg / E^T's PSUM regions, read by now)
-    nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=dy1T, moving=xdtT, accumulate=False)
-    nisa.nc_matmul(dst=hA[0:Q, Q:2 * Q], stationary=xdtT, moving=dy1T, accumulate=False)
+    dxa = hC[0:Q, 2 * P:3 * P]
+    # R = Li^T M [k', j] = sum_{i>=k'} M_ij (a 0/1 stationary), masked to j < k' into the
+    # block's tile (its row sums, per head: the block's reduce); the Z / Z^T terms of dB /
+    # dC (VectorE does Z while TensorE does R)
+    nisa.nc_matmul(dst=hA[0:Q, 2 * Q:3 * Q], stationary=t["Li"], moving=M, accumulate=False,
+                   is_stationary_onezero=True)
     nisa.tensor_tensor(dst=Zt, data1=hA[0:Q, 0:Q], data2=_r(t, "Em", k), op=nl.multiply)
-    nisa.tensor_tensor(dst=ZTt, data1=hA[0:Q, Q:2 * Q], data2=_r(t, "ETm", k), op=nl.multiply)
-    # intra-chunk ddA_k' = sum_{i>=k', j<k'} M_ij: (M Us)[i, k'] masked to i >= k', summed
-    # over i (a ones matmul into column k of the chunk's ddA PSUM)
-    nisa.tensor_tensor(dst=MT, data1=hA[0:Q, Q:2 * Q], data2=_r(t, "KT", k), op=nl.multiply)
-    nisa.nc_matmul(dst=hA[0:Q, 2 * Q:3 * Q], stationary=MT, moving=t["Us"], accumulate=False)
-    nisa.tensor_tensor(dst=X, data1=hA[0:Q, 2 * Q:3 * Q], data2=t["Li"], op=nl.multiply)
-    nisa.nc_matmul(dst=t["pc"][0:Q, k:k + 1], stationary=X, moving=t["ones"][0:Q, 0:1],
-                   accumulate=False)
-    # dC, dB: the group's heads in this half of the head split accumulate in one PSUM
-    # bank (cfg["hsplit"]: both LNC configurations sum the same heads in the same order)
-    lo, hi = 0, cfg["hsplit"]
-    if h >= cfg["hsplit"]:
-        lo, hi = cfg["hsplit"], cfg["H"]
-    first = h == max(lo, g * HPG)
+    nisa.tensor_tensor(dst=t["Xb"][:, (k - a) * Q:(k - a + 1) * Q], data1=hA[0:Q, 2 * Q:3 * Q],
+                       data2=t["Ls"], op=nl.multiply)
     dCp, dBp = t["dCB"][0:Q, 0:N], t["dCB"][0:Q, N:2 * N]
-    nisa.nc_matmul(dst=dCp, stationary=_r(t, "dy1eT", k), moving=_r(t, "S0", k),
-                   accumulate=not first)
+    nisa.nc_matmul(dst=dBp, stationary=Zt, moving=Cw[:, n0:n0 + N], accumulate=True)
+    # Z^T: a transpose of Z (over E's PSUM region, evicted by now), ScalarE eviction
+    nisa.nc_transpose(dst=hA[0:Q, Q:2 * Q], data=Zt)
+    nisa.tensor_copy(dst=ZTt, src=hA[0:Q, Q:2 * Q], engine=nisa.engine.scalar)
     nisa.nc_matmul(dst=dCp, stationary=ZTt, moving=Bw[:, n0:n0 + N], accumulate=True)
-    nisa.nc_matmul(dst=dBp, stationary=Zt, moving=Cw[:, n0:n0 + N], accumulate=not first)
-    nisa.nc_matmul(dst=dBp, stationary=_r(t, "XdT", k), moving=_r(t, "dSe", k),
-                   accumulate=True)
+    lo, hi = _half(cfg, h)
     if h == min(hi, (g + 1) * HPG) - 1:
         o0 = n0
         if cfg["extra"] > 0 and g == cfg["gs"] and h >= cfg["hsplit"]:
             o0 = cfg["GN"]          # LNC=1: the straddling group's second-half partial
         nisa.tensor_copy(dst=t["dCt"][:, o0:o0 + N], src=dCp)
         nisa.tensor_copy(dst=t["dBt"][:, o0:o0 + N], src=dBp, engine=nisa.engine.scalar)
-    # dx = dt' (K^T dy1 + e^{c_end - c} B dSe^T) + D dy1; DI = x . dxr; q' = x . dxS
-    dxa, dxb = hC[0:Q, 2 * P:3 * P], hC[0:Q, 3 * P:4 * P]
-    nisa.nc_matmul(dst=dxa, stationary=_r(t, "K", k), moving=dy1[:, cols], accumulate=False)
-    for ti in range(len(ntl)):
-        nisa.nc_matmul(dst=dxb, stationary=t["BT"][g][ti], moving=dST[ti][:, cols],
-                       accumulate=ti > 0)
-    nisa.activation(dst=dxS, op=nl.copy, data=dxb, scale=eex[:, k:k + 1])
     nisa.tensor_tensor(dst=dxr, data1=dxa, data2=dxS, op=nl.add)
     if t["D"] != None:  # noqa: E711
-        dD1 = _r(t, "y1", k)
-        dcols = slice(k * P, (k + 1) * P)
-        nisa.tensor_tensor(dst=dD1, data1=dy1[:, cols], data2=t["D"][0:Q, dcols],
-                           op=nl.multiply, engine=nisa.engine.gpsimd)
         nisa.scalar_tensor_tensor(dst=t["dxo"][:, cols], data=dxr, op0=nl.multiply,
-                                  operand0=dtp[:, k:k + 1], op1=nl.add, operand1=dD1)
+                                  operand0=dtp[:, k:k + 1], op1=nl.add,
+                                  operand1=_r(t, "dD1", k))
     else:
         nisa.tensor_scalar(dst=t["dxo"][:, cols], data=dxr, op0=nl.multiply,
                            operand0=dtp[:, k:k + 1], engine=nisa.engine.scalar)
-    # dS0^T = e^{c_end} dSe^T + C^T (dy1 e^c) (dS per dstate tile into head k's hB region:
-    # its transposes were evacuated in stage A)
     for ti in range(len(ntl)):
-        m0, nsz = ntl[ti]
-        dSp = hB[0:nsz, ti * P:(ti + 1) * P]
-        nisa.nc_matmul(dst=dSp, stationary=Cw[:, n0 + m0:n0 + m0 + nsz],
-                       moving=_r(t, "dy1e", k), accumulate=False)
+        nsz = ntl[ti][1]
         nisa.scalar_tensor_tensor(dst=dST[ti][:, cols], data=dST[ti][:, cols],
                                   op0=nl.multiply, operand0=elast[0:nsz, k:k + 1], op1=nl.add,
-                                  operand1=dSp)
+                                  operand1=hB[0:nsz, ti * P:(ti + 1) * P])
 
 
 def _chunk_dt(cfg, t):
-    """ddA_k = sum_{i>=k} (V - Wc)_i + sum_{j<k} dt'_j q'_j + e^{c_end} <dSe, S0> (three
-    accumulating matmuls), then ddt' = A ddA + DI, dA += dt' ddA, ddt = ddt' gate,
+    """ddA_k = Wc_k + sum_{i>=k} V_i + sum_{j<k} dt'_j q'_j + e^{c_end} <dSe, S0> (Wc the
+    intra-chunk term; four accumulating matmuls), then ddt' = A ddA + DI, dA += dt' ddA, ddt = ddt' gate,
     ddt_bias += ddt."""
     Q, ntl, nhp = cfg["Q"], cfg["ntl"], cfg["nhp"]
     dtp = t["dtp"]
     nisa.tensor_tensor(dst=t["qv"], data1=t["qv"], data2=dtp, op=nl.multiply)
-    dps = t["pc"][0:Q, 0:nhp]      # holds the intra-chunk terms of every head
+    dps = t["pc"][0:Q, 0:nhp]
+    nisa.nc_matmul(dst=dps, stationary=t["I"], moving=t["Wc"], accumulate=False,
+                   is_stationary_onezero=True)
     nisa.nc_matmul(dst=dps, stationary=t["Li"], moving=t["V"], accumulate=True)
     nisa.nc_matmul(dst=dps, stationary=t["Us"], moving=t["qv"], accumulate=True)
     for ti in range(len(ntl)):
