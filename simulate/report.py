@@ -306,6 +306,8 @@ def verdict_lines(results: list[CaseResult], target: str, case_set: str) -> list
         for g in missed:
             op, model, layout = (g.case_id.split("/") + ["", "", ""])[:3]
             lines += _wrap(f"{g.name} at {model} {layout}: {g.value} (goal {g.goal})")
+    for line in training.step_lines(results):
+        lines += _wrap(line, indent="")
     not_measured = unmeasured(results, target=target)
     if not_measured:
         lines += _wrap(f"{len(not_measured)} goals not measured by this run (report.md lists each with "
@@ -456,10 +458,13 @@ def write_report(out_dir, results: list[CaseResult], *, target: str, case_set: s
                "accuracy, program-size and interval goals at every batch of the model shape "
                "(`simulate/goals.py`).", "",
                goals_markdown(ordered + not_measured), ""]
-    train_md = training.markdown(results)
+    train_md, step_md = training.markdown(results), training.step_markdown(results)
+    if train_md or step_md:
+        md += ["## Training step: forward + backward per NeuronCore and per trn2 chip against one H100", ""]
+    if step_md:
+        md += ["### At 16K tokens", "", training.STEP_NOTE, "", step_md, ""]
     if train_md:
-        md += ["## Training step: forward + backward per NeuronCore and per trn2 chip against one H100", "",
-               training.NOTE, "", train_md, ""]
+        md += ["### Every backward case of this run", "", training.NOTE, "", train_md, ""]
     md += ["## Per op: one trn2 chip against one H100, LNC=2", "",
            SUMMARY_NOTE, "", summary_markdown(results), ""]
     chunk_md = chunk_markdown(results)
@@ -505,6 +510,7 @@ def write_report(out_dir, results: list[CaseResult], *, target: str, case_set: s
         "hardware": {k: v for k, v in asdict(spec).items() if k != "extra"},
         "hardware_sources": SOURCES[spec.name], "calibrated_constants": CALIBRATED,
         "time_unit": "ns (modeled)", "cases": [r.to_dict() for r in results],
+        "training_step_16k": training.step_16k(results),
         "calibration": [c.to_dict() for c in calibration_rows] if calibration_rows is not None else None,
     }
     (out / "results.json").write_text(json.dumps(payload, indent=1, default=json_default))

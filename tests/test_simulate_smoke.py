@@ -706,3 +706,59 @@ def test_benchmark_reports_instructions_per_second(tmp_path, capsys):
     for r in rows:
         assert r["instructions"] > 0 and r["simulator_per_s"] > 0 and r["cost_model_per_s"] > 0
     assert capsys.readouterr().out.splitlines()[-2].startswith("all ")
+
+
+def test_training_step_at_16k_per_chip(monkeypatch, tmp_path):
+    """The 16K step per trn2 chip from the run's forward and backward: measured when both ran at
+    16K; a smaller backward scaled linearly in the chunks only when its design note says so (and
+    the row says so); an absent H100 figure is named, nothing derived from it."""
+    from simulate import h100, training
+    from simulate.report import terminal_summary
+
+    fwd_id = "gated_delta_prefill/qwen3-next/1x16384/bf16,state-fp32"
+    bwd_id = "gated_delta_backward/qwen3-next/1x16384/bf16,state-fp32"
+    small_id = "gated_delta_backward/qwen3-next/1x512/bf16,state-fp32"
+    fwd = _judged_result(fwd_id, "prefill", 16384, 4.2e6)
+    bwd = _judged_result(bwd_id, "backward", 16384, 33.0e6)
+    small = _judged_result(small_id, "backward", 512, 1.0e6)
+    for r in (fwd, bwd, small):
+        r.family = "gated_delta"
+    (row,) = training.step_16k([fwd, bwd, small])
+    assert row["missing"] is None and not row["extrapolated"] and row["backward_from"] == bwd_id
+    assert row["step_ns"] == pytest.approx(37.2e6) and row["chip_ns"] == pytest.approx(37.2e6 / 8)
+    assert row["h100_over_chip"] == pytest.approx(4.840e6 / 4.65e6)          # 1.04x
+    cells = dict(zip(training.STEP_HEADERS, training.step_cells(row)))
+    assert cells["H100 / chip (> 1: chip faster)"] == "1.04x"
+    assert cells["one trn2 chip (8 cores, LNC=1)"] == "4.65 ms"
+    assert "Training step 16K, gated_delta_backward qwen3-next: 37.2 ms per NeuronCore, 4.65 ms per " \
+           "trn2 chip, 1.04x one H100." in terminal_summary([fwd, bwd, small], target="trn2",
+                                                            case_set="judged").replace("\n  ", " ")
+    # no 16K backward: the 512-token one x 32 chunks, only if the design note says linear
+    (tmp_path / "note_linear.py").write_text('"""Per chunk ...: ~133 ms for 16K tokens, linear\nin the chunks)."""\n')
+    (tmp_path / "note_other.py").write_text('"""Per chunk 1 ms; linear algebra in the chunks."""\nX = "linear in the chunks"\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(training.BACKWARD_KERNEL_MODULES, "gated_delta", "note_linear")
+    monkeypatch.setitem(training.BACKWARD_KERNEL_MODULES, "mamba2_ssd", "note_other")
+    assert training.design_note_says_linear("gated_delta") and not training.design_note_says_linear("mamba2_ssd")
+    (row,) = training.step_16k([fwd, small])
+    assert row["extrapolated"]
+    monkeypatch.undo()
+    (row,) = training.step_16k([fwd, small], linear=lambda family: True)
+    assert row["extrapolated"] and row["backward_from"] == small_id
+    assert row["backward_ns"] == pytest.approx(32e6) and row["step_ns"] == pytest.approx(36.2e6)
+    assert f"extrapolated from {small_id}, linear in the chunks" in training.step_cells(row)[3]
+    (row,) = training.step_16k([fwd, small], linear=lambda family: False)
+    assert row["step_ns"] is None and "not say it is linear in the chunks" in row["missing"]
+    assert "--set judged --case gated_delta_backward/qwen3-next/1x16384/" in row["missing"]
+    # no 16K forward: not measured, with its command (a backward alone forms no step)
+    (row,) = training.step_16k([bwd])
+    assert row["step_ns"] is None and "--case gated_delta_prefill/qwen3-next/1x16384/" in row["missing"]
+    assert training.step_cells(row)[4].startswith("not measured: this run lacks the 16K forward")
+    # no H100 training figure at the shape: said, no ratio
+    monkeypatch.delitem(h100.H100_TRAINING_NS, ("gated_delta_backward", "qwen3-next", "1x16384"))
+    (row,) = training.step_16k([fwd, bwd])
+    assert row["step_ns"] == pytest.approx(37.2e6) and row["h100_over_chip"] is None
+    cells = training.step_cells(row)
+    assert cells[-1] == "—" and cells[-2].startswith("missing: simulate/h100.py has no measured")
+    # a run without the layer has no row
+    assert training.step_16k([_judged_result("ssd_decode/mamba2-2.7b/32seq/bf16,state-fp32", "decode", 32, 1e6)]) == []
