@@ -1,7 +1,7 @@
 """The main job: every op at model shapes, checked against float64, timed by the cost model.
 
     python -m simulate                      # default set (a few minutes), trn2, report in reports/<timestamp>
-    python -m simulate --set judged         # the 16K / 512-sequence shapes the performance goals are stated at
+    python -m simulate --set judged         # the 16K, 8 x 2K and 64 / 512-sequence shapes the speed goals are stated at
     python -m simulate --target trn3 --model qwen3 --op gated_delta
     python -m simulate --full               # 16K / 64K tokens, 512-sequence decode, every shape
     python -m simulate --smoke --out /tmp/r # tiny shapes (seconds)

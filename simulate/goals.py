@@ -193,7 +193,9 @@ def _interval_ratio(r):
 
 
 def _interval_context(r) -> str:
-    return f"{_ms(r.modeled_ns_p90)} vs {_ms(r.modeled_ns)}"
+    from nki_ssm.perf.calibration import fmt_ns
+
+    return f"{fmt_ns(r.modeled_ns_p90)} vs {fmt_ns(r.modeled_ns)}"
 
 
 def _program_size(r):

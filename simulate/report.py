@@ -273,7 +273,7 @@ COMPACT_NOTE = (
 
 
 # what the default set leaves to the judged set (time and memory measured on 2 idle cores)
-JUDGED_SET_NOTE = ("The speed goals stated at 16K tokens and 512 sequences are judged by "
+JUDGED_SET_NOTE = ("The speed goals stated at 16K tokens, 8 x 2K batches and 64 / 512 sequences are judged by "
                    "python -m simulate --set judged (roughly 40 minutes on 2 idle cores, more than 12 GB "
                    "of memory).")
 
