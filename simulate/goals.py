@@ -391,7 +391,9 @@ def _row(g: Goal, r, by_id: dict, target: str | None) -> GoalRow | None:
         if rb is None or rb.status != "kernel":
             return None
         v = g.value(r, rb)
-        ctx = None if g.context is None or v is None else g.context(r, rb)
+        if v is None:
+            return None      # the pair does not give the figure (e.g. a forward + backward not at LNC=1)
+        ctx = None if g.context is None else g.context(r, rb)
     else:
         v = g.value(r)
         ctx = None if g.context is None or v is None else g.context(r)

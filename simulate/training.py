@@ -107,7 +107,8 @@ BACKWARD_KERNEL_MODULES = {"short_conv": "nki_ssm.kernels.short_conv.backward",
                            "mamba2_ssd": "nki_ssm.kernels.mamba2_ssd.chunk_backward",
                            "gated_delta": "nki_ssm.kernels.gated_delta.chunk_backward"}
 _LINEAR = r"linear\s+in\s+the\s+chunks"
-STEP_CHUNK = 128     # a smaller backward is scaled only from whole 128-token chunks (any kernel chunk <= 128 divides it)
+# a smaller backward is scaled only from whole 128-token chunks (every kernel chunk <= 128 divides them)
+STEP_CHUNK = 128
 
 STEP_HEADERS = ["op", "model", "forward at 16K (LNC=1)", "backward at 16K (LNC=1)",
                 "forward + backward per NeuronCore", "one trn2 chip (8 cores, LNC=1)",

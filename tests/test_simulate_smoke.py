@@ -271,6 +271,9 @@ def test_training_step_goals_per_chip_against_h100():
         bwd.modeled_ns = per_core_ms * 1e6 - 4e6 - 0.02e6
         assert evaluate([bwd, fwd], [step])[0].status == "met"
         assert evaluate([bwd], [step]) == [] and len(unmeasured([bwd], [step])) == 1
+        fwd.lnc = 2                                              # --lnc 2: no LNC=1 step, not measured
+        assert evaluate([bwd, fwd], [step]) == []
+        fwd.lnc = 1
         assert evaluate([bwd], [own])[0].status == ("met" if bwd.modeled_ns <= bwd_ms * 1e6 else "not met")
     conv = [g for g in gl if g.case.op == "short_conv_backward" and not g.any_batch]
     total = next(g for g in conv if g.base is not None)
@@ -735,7 +738,8 @@ def test_training_step_at_16k_per_chip(monkeypatch, tmp_path):
                                                             case_set="judged").replace("\n  ", " ")
     # no 16K backward: the 512-token one x 32 chunks, only if the design note says linear
     (tmp_path / "note_linear.py").write_text('"""Per chunk ...: ~133 ms for 16K tokens, linear\nin the chunks)."""\n')
-    (tmp_path / "note_other.py").write_text('"""Per chunk 1 ms; linear algebra in the chunks."""\nX = "linear in the chunks"\n')
+    (tmp_path / "note_other.py").write_text('"""Per chunk 1 ms; linear algebra in the chunks."""\n'
+                                            'X = "linear in the chunks"\n')
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setitem(training.BACKWARD_KERNEL_MODULES, "gated_delta", "note_linear")
     monkeypatch.setitem(training.BACKWARD_KERNEL_MODULES, "mamba2_ssd", "note_other")
