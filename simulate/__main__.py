@@ -1,7 +1,7 @@
 """The main job: every op at model shapes, checked against float64, timed by the cost model.
 
     python -m simulate                      # default set (a few minutes), trn2, report in reports/<timestamp>
-    python -m simulate --set judged         # the 16K / 512-sequence shapes the performance goals are stated at
+    python -m simulate --set judged         # the 16K, 8 x 2K and 64 / 512-sequence shapes the speed goals are stated at
     python -m simulate --target trn3 --model qwen3 --op gated_delta
     python -m simulate --full               # 16K / 64K tokens, 512-sequence decode, every shape
     python -m simulate --smoke --out /tmp/r # tiny shapes (seconds)
@@ -31,6 +31,9 @@ def _parse(argv):
                    help="only cases whose model key contains this (repeatable), e.g. qwen3, mamba2, granite")
     p.add_argument("--op", action="append", default=None,
                    help="only these ops or families (repeatable), e.g. ssd_prefill, gated_delta, decode")
+    p.add_argument("--case", action="append", default=None,
+                   help="only cases whose id contains this (repeatable), e.g. ssd_prefill/mamba2-2.7b/8x2048/ "
+                        "(the report's goal rows name the command that measures each goal)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--set", dest="case_set", default=None, choices=["smoke", "judged", "default", "full"],
                    help="case set (default: default = every op at the judged model shapes, 2K-token prefill, "
@@ -140,6 +143,8 @@ def main(argv=None) -> int:
     lncs = {"1": (1,), "2": (2,), "both": (1, 2)}[args.lnc]
     selected = C.SETS[case_set]()
     selected = C.select(selected, models=args.model, ops=args.op)
+    if args.case:
+        selected = [c for c in selected if any(s in c.id for s in args.case)]
     if args.max_tokens is not None:
         selected = [c for c in selected if c.num_tokens <= args.max_tokens]
     if args.list:
@@ -147,7 +152,7 @@ def main(argv=None) -> int:
             print(c.id)
         return 0
     if not selected:
-        print("no case matches --model/--op", file=sys.stderr)
+        print("no case matches --model/--op/--case", file=sys.stderr)
         return 2
     missing = missing_optional()
     for name, what, install in missing:

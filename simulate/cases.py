@@ -10,8 +10,9 @@ Mamba-2 2.7B SSD and Qwen3-Next GDN TP1 and TP4, decode at 32 / 64 sequences, th
 backwards at 512 tokens (conv: 2K) with their forwards, and a 128-token prefill of the
 Mamba-2 conv, the Granite-4.0-H SSD and the Qwen3-Next GDN), ``judged`` (the shapes the performance goals
 are stated at: conv 16K x 1 and 8 x 2K ragged, conv decode at 32 / 512 sequences,
-Mamba-2 2.7B SSD 16K, SSD decode at 1 / 32 / 512 sequences, GDN prefill Qwen3-Next
-TP1 16K, 2K and 8 x 2K ragged, TP4 16K; the backward of conv, SSD and GDN TP1 at 16K),
+Mamba-2 2.7B SSD 16K and 8 x 2K ragged, SSD decode at 1 / 32 / 512 sequences, GDN
+prefill Qwen3-Next TP1 16K, 2K and 8 x 2K ragged, TP4 16K, GDN decode at 64 sequences;
+the backward of conv, SSD and GDN TP1 at 16K),
 ``full`` (every shape at 128 / 2K / 16K / 64K tokens, 8 x 2K ragged, decode batches
 1..512, backward at 2K / 16K / 8 x 2K).
 
@@ -338,6 +339,7 @@ def judged_cases() -> list[Case]:
         _decode("short_conv", "qwen3-next", conv, 32),
         _decode("short_conv", "qwen3-next", conv, 512),
         _prefill("mamba2_ssd", "mamba2-2.7b", m2, [16384]),
+        _prefill("mamba2_ssd", "mamba2-2.7b", m2, [2048] * 8),
         _decode("mamba2_ssd", "mamba2-2.7b", m2, 1),
         _decode("mamba2_ssd", "mamba2-2.7b", m2, 32),
         _decode("mamba2_ssd", "mamba2-2.7b", m2, 512),
@@ -345,6 +347,7 @@ def judged_cases() -> list[Case]:
         _prefill("gated_delta", "qwen3-next", q3, [2048]),
         _prefill("gated_delta", "qwen3-next", q3, [2048] * 8),
         _prefill("gated_delta", "qwen3-next-tp4", q3tp4, [16384]),
+        _decode("gated_delta", "qwen3-next", q3, 64),
     ] + backward_judged_cases()
 
 

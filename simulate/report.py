@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 
 from nki_ssm.perf.calibration import fmt_ns
-from simulate.goals import MISSED, verdict
+from simulate.goals import MISSED, unmeasured, verdict
 from simulate.goals import evaluate as evaluate_goals
 from simulate.goals import markdown as goals_markdown
 from simulate.h100 import NEURONCORES_PER_CHIP, chip_ns, h100_for
 from simulate.h100 import SOURCE as H100_SOURCE
 from simulate import training
-from simulate.run import NO_KERNEL, CaseResult
+from simulate.run import COUNT_CHUNK, ENGINES, NO_KERNEL, CaseResult
 
 
 def _si(x: float | None, unit: str) -> str:
@@ -211,6 +211,40 @@ def _vs_h100(r: CaseResult) -> str:
     return " / ".join(f"{peer[1] / chip_ns(t, n):.2f}x" for n, t in at)
 
 
+CHUNK_HEADERS = ["case", f"{COUNT_CHUNK}-token chunks"] + list(ENGINES) + ["all engines", "at LNC=2 (both programs)"]
+
+CHUNK_NOTE = (
+    f"Executed instructions per {COUNT_CHUNK}-token chunk on each engine, LNC=1: every instruction the "
+    f"launch ran on the engine (its fixed set-up and tail included) / the case's {COUNT_CHUNK}-token chunks "
+    f"(each sequence's tokens / {COUNT_CHUNK}, a partial chunk counted as one), whatever chunk the "
+    "kernel itself uses. \"dma\" counts DMA instructions (each may move many descriptors). The last "
+    "column is the same sum at LNC=2 over both programs. Counts per case: results.json "
+    "`engine_instructions`, `instructions_per_chunk`.")
+
+
+def _per_chunk(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:,.1f}"
+
+
+def chunk_cells(r: CaseResult) -> list[str]:
+    """One prefill / backward case's executed instructions per 128-token chunk on each engine."""
+    per = r.instructions_per_chunk
+    cells = [r.case_id, f"{r.chunks:,}"] + [_per_chunk(per.get(e, 0.0)) for e in ENGINES]
+    cells.append(_per_chunk(sum(per.values())))
+    x = r.lnc2
+    if x is not None and x.instructions_per_chunk:
+        cells.append(_per_chunk(sum(x.instructions_per_chunk.values())))
+    else:
+        cells.append("—")
+    return cells
+
+
+def chunk_markdown(results: list[CaseResult]) -> str:
+    """The per-chunk counts of every prefill / backward case that ran its kernel ("" when none)."""
+    rows = [chunk_cells(r) for r in results if r.chunks and r.instructions_per_chunk]
+    return md_table(CHUNK_HEADERS, rows) if rows else ""
+
+
 def compact_cells(r: CaseResult) -> list[str]:
     """One op at one model shape, what a user asks first (the report's first table)."""
     op, model, layout = (r.case_id.split("/") + ["", "", ""])[:3]
@@ -239,7 +273,7 @@ COMPACT_NOTE = (
 
 
 # what the default set leaves to the judged set (time and memory measured on 2 idle cores)
-JUDGED_SET_NOTE = ("The speed goals stated at 16K tokens and 512 sequences are judged by "
+JUDGED_SET_NOTE = ("The speed goals stated at 16K tokens, 8 x 2K batches and 64 / 512 sequences are judged by "
                    "python -m simulate --set judged (roughly 40 minutes on 2 idle cores, more than 12 GB "
                    "of memory).")
 
@@ -272,6 +306,12 @@ def verdict_lines(results: list[CaseResult], target: str, case_set: str) -> list
         for g in missed:
             op, model, layout = (g.case_id.split("/") + ["", "", ""])[:3]
             lines += _wrap(f"{g.name} at {model} {layout}: {g.value} (goal {g.goal})")
+    for line in training.step_lines(results):
+        lines += _wrap(line, indent="")
+    not_measured = unmeasured(results, target=target)
+    if not_measured:
+        lines += _wrap(f"{len(not_measured)} goals not measured by this run (report.md lists each with "
+                       "the command that measures it).", indent="")
     if case_set == "default":
         lines += _wrap(JUDGED_SET_NOTE, indent="")
     return lines
@@ -409,18 +449,28 @@ def write_report(out_dir, results: list[CaseResult], *, target: str, case_set: s
            f"on {platform.node() or 'this machine'} ({platform.machine()}, Python {platform.python_version()}"
            f"{_load()}).", ""]
     md += ["## Per op and model shape", "", COMPACT_NOTE, "", compact_markdown(results), ""]
-    if goal_rows:
+    not_measured = unmeasured(results, target=target)
+    if goal_rows or not_measured:
         md += ["## Goals", "",
-               f"Every goal this run measured, missed ones first: {met} of {judged} met. Speed goals are "
-               "stated for trn2, per NeuronCore, on the central figure, at the case named; accuracy and "
-               "program-size goals at every batch of the model shape.", "",
-               goals_markdown(ordered), ""]
-    train_md = training.markdown(results)
+               f"Every goal, missed ones first: {met} of {judged} measured by this run met, "
+               f"{len(not_measured)} not measured (each with the command that measures it). Speed goals "
+               "are stated for trn2, per NeuronCore (LNC=1), on the central figure, at the case named; "
+               "accuracy, program-size and interval goals at every batch of the model shape "
+               "(`simulate/goals.py`).", "",
+               goals_markdown(ordered + not_measured), ""]
+    train_md, step_md = training.markdown(results), training.step_markdown(results)
+    if train_md or step_md:
+        md += ["## Training step: forward + backward per NeuronCore and per trn2 chip against one H100", ""]
+    if step_md:
+        md += ["### At 16K tokens", "", training.STEP_NOTE, "", step_md, ""]
     if train_md:
-        md += ["## Training step: forward + backward per NeuronCore and per trn2 chip against one H100", "",
-               training.NOTE, "", train_md, ""]
+        md += ["### Every backward case of this run", "", training.NOTE, "", train_md, ""]
     md += ["## Per op: one trn2 chip against one H100, LNC=2", "",
            SUMMARY_NOTE, "", summary_markdown(results), ""]
+    chunk_md = chunk_markdown(results)
+    if chunk_md:
+        md += [f"## Per op: instructions per {COUNT_CHUNK}-token chunk on each engine", "",
+               CHUNK_NOTE, "", chunk_md, ""]
     md += ["## Results",
            "",
            markdown_table(results),
@@ -460,6 +510,7 @@ def write_report(out_dir, results: list[CaseResult], *, target: str, case_set: s
         "hardware": {k: v for k, v in asdict(spec).items() if k != "extra"},
         "hardware_sources": SOURCES[spec.name], "calibrated_constants": CALIBRATED,
         "time_unit": "ns (modeled)", "cases": [r.to_dict() for r in results],
+        "training_step_16k": training.step_16k(results),
         "calibration": [c.to_dict() for c in calibration_rows] if calibration_rows is not None else None,
     }
     (out / "results.json").write_text(json.dumps(payload, indent=1, default=json_default))

@@ -29,6 +29,27 @@ import numpy as np
 from simulate.cases import BACKWARD_GRADS, SSD_REFERENCE_CHUNK, Case
 
 NO_KERNEL = "reference only, no kernel yet"
+# the unit of the per-chunk instruction counts: every prefill / backward case, whatever its
+# kernel's chunk, is counted per 128 tokens of each sequence (a partial chunk counts as one)
+COUNT_CHUNK = 128
+ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
+
+
+def count_chunks(case: Case) -> int | None:
+    """128-token chunks of a prefill / backward case (sum over sequences of ceil(len / 128));
+    None for decode."""
+    if case.entry == "decode":
+        return None
+    return int(sum(-(-n // COUNT_CHUNK) for n in case.seqlens))
+
+
+def engine_counts(trace) -> dict:
+    """Executed instructions per engine of a recorded trace (every engine of ENGINES, 0 if unused;
+    an engine outside ENGINES gets its own key)."""
+    counts = dict.fromkeys(ENGINES, 0)
+    for inst in trace.instructions:
+        counts[inst.engine] = counts.get(inst.engine, 0) + 1
+    return counts
 
 
 @dataclass
@@ -83,6 +104,10 @@ class CaseResult:
     traceback: str | None = None
     top_ops: list = field(default_factory=list)   # [("engine:op", count, busy ns), ...]
     program_ns: list = field(default_factory=list)  # each program's end (LNC=2: two); modeled_ns the later
+    # executed instructions per engine (tensor, vector, scalar, gpsimd, dma; at LNC=2 both programs')
+    engine_instructions: dict = field(default_factory=dict)
+    chunks: int | None = None        # prefill / backward: 128-token chunks, sum of ceil(len / 128)
+    instructions_per_chunk: dict = field(default_factory=dict)   # engine_instructions / chunks
     forward_id: str | None = None    # backward: the case id of its forward (the prefill case)
     lnc2: "CaseResult | None" = None  # the same case at LNC=2 (run_case(lncs=(1, 2))), central figure only
 
@@ -267,7 +292,7 @@ def _new_result(case: Case, target: str, **kw) -> CaseResult:
         shape=repr(case.shape), num_tokens=case.num_tokens,
         num_seqs=case.num_seqs if case.entry == "decode" else len(case.seqlens),
         dtype=np.dtype(case.dtype).name, pool_dtype=np.dtype(case.pool_dtype).name, target=target,
-        config=case.config, min_flops=case.min_flops(),
+        config=case.config, min_flops=case.min_flops(), chunks=count_chunks(case),
         forward_id=case.forward().id if case.entry == "backward" else None, **kw)
 
 
@@ -316,6 +341,7 @@ def _run_kernel(case: Case, kw: dict, target: str, lnc: int, ranges: bool, keep_
     else:
         timing = perf.model(trace, target=target, keep_schedule=keep_timing)
     timing.program_instructions = program_instructions(trace)
+    timing.engine_instructions = engine_counts(trace)
     return out, new_slots, timing
 
 
@@ -403,6 +429,9 @@ def _fill(res: CaseResult, case: Case, timing, err_out, err_state) -> None:
     res.share = timing.share
     res.instructions = timing.num_instructions
     res.program_instructions = timing.program_instructions
+    res.engine_instructions = dict(getattr(timing, "engine_instructions", None) or {})
+    if res.chunks:
+        res.instructions_per_chunk = {e: n / res.chunks for e, n in res.engine_instructions.items()}
     res.loop_iterations, res.act_table_loads = timing.loop_iterations, timing.act_table_loads
     res.loop_overhead_ns = timing.loop_overhead_ns
     res.dma_bytes, res.dma_transfers = timing.dma_bytes, timing.dma_transfers

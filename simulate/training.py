@@ -97,3 +97,152 @@ def markdown(results: list) -> str:
     for r in backward:
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells(r, by_id)) + " |")
     return "\n".join(lines)
+
+
+# ---- the training step at 16K per trn2 chip ----------------------------------------------
+STEP_TOKENS = 16384
+# the backward kernel of each family, whose design note (module docstring) must say the time is
+# linear in the chunks before a smaller backward is scaled to 16K
+BACKWARD_KERNEL_MODULES = {"short_conv": "nki_ssm.kernels.short_conv.backward",
+                           "mamba2_ssd": "nki_ssm.kernels.mamba2_ssd.chunk_backward",
+                           "gated_delta": "nki_ssm.kernels.gated_delta.chunk_backward"}
+_LINEAR = r"linear\s+in\s+the\s+chunks"
+# a smaller backward is scaled only from whole 128-token chunks (every kernel chunk <= 128 divides them)
+STEP_CHUNK = 128
+
+STEP_HEADERS = ["op", "model", "forward at 16K (LNC=1)", "backward at 16K (LNC=1)",
+                "forward + backward per NeuronCore", "one trn2 chip (8 cores, LNC=1)",
+                "one H100, measured forward + backward", "H100 / chip (> 1: chip faster)"]
+
+STEP_NOTE = (
+    "The training step of one layer at 16K tokens (one sequence) from the cases this run measured: the "
+    "16K forward's modeled time + the 16K backward's, per NeuronCore at LNC=1, and one trn2 chip = that / 8 "
+    "(8 cores, perfect split) against one H100's measured forward + backward. Where the run has the backward "
+    "only at a smaller size, it is scaled linearly in the chunks (16,384 / its tokens, whole 128-token "
+    "chunks) only if the backward kernel's design note says its time is linear in the chunks, and the row "
+    "says \"extrapolated from\" that case; the goals are judged on measured figures only. A figure the run "
+    "lacks is named with the command that measures it.")
+
+
+def design_note_says_linear(family: str) -> bool:
+    """Whether the backward kernel's design note (its module docstring) says its time is linear in
+    the chunks. Read from the source, nothing imported."""
+    import ast
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec(BACKWARD_KERNEL_MODULES[family])
+    if spec is None or spec.origin is None:
+        return False
+    with open(spec.origin, encoding="utf-8") as f:
+        doc = ast.get_docstring(ast.parse(f.read())) or ""
+    return re.search(_LINEAR, doc) is not None
+
+
+def _same_layer(r, case) -> bool:
+    """A result of ``case``'s op, model and layer configuration (any batch)."""
+    a, b = r.case_id.split("/"), case.id.split("/")
+    return a[:2] == b[:2] and a[3:] == b[3:]
+
+
+def step_16k(results: list, linear=design_note_says_linear) -> list[dict]:
+    """The training step at 16K of each judged backward (``simulate.cases.backward_judged_cases``)
+    whose op family ran in this run: ``{"case", "forward_ns", "backward_ns", "backward_from",
+    "extrapolated", "step_ns", "chip_ns", "h100", "h100_over_chip", "missing"}`` (``missing``: what
+    the run lacks, with the command that measures it; None when the step was formed).
+    ``linear(family)``: whether the backward's design note says it is linear in the chunks."""
+    from simulate.cases import backward_judged_cases
+
+    ok = [r for r in results if r.status == "kernel" and r.lnc == 1 and r.modeled_ns]
+    rows = []
+    for case in backward_judged_cases():
+        fwd_case = case.forward()
+        # a row where the run has a prefill or backward of the layer (any batch)
+        if not any(_same_layer(r, c) for r in results for c in (case, fwd_case)):
+            continue
+        row = dict(case=case.id, forward=fwd_case.id, forward_ns=None, backward_ns=None, backward_from=None,
+                   extrapolated=False, step_ns=None, chip_ns=None, h100=None, h100_over_chip=None,
+                   missing=None)
+        fwd = next((r for r in ok if r.case_id == fwd_case.id), None)
+        bwd = next((r for r in ok if r.case_id == case.id), None)
+        missing = []
+        if fwd is not None:
+            row["forward_ns"] = fwd.modeled_ns
+        else:
+            missing.append(f"the 16K forward (`python -m simulate --set judged --case "
+                           f"{fwd_case.id.rsplit('/', 1)[0]}/`)")
+        if bwd is not None:
+            row["backward_ns"], row["backward_from"] = bwd.modeled_ns, bwd.case_id
+        else:
+            smaller = [r for r in ok if _same_layer(r, case) and r.num_seqs == 1
+                       and r.num_tokens < STEP_TOKENS and r.num_tokens % STEP_CHUNK == 0]
+            src = max(smaller, key=lambda r: r.num_tokens, default=None)
+            command = f"`python -m simulate --set judged --case {case.id.rsplit('/', 1)[0]}/`"
+            if src is not None and linear(case.family):
+                row["backward_ns"] = src.modeled_ns * STEP_TOKENS / src.num_tokens
+                row["backward_from"], row["extrapolated"] = src.case_id, True
+            elif src is not None:
+                missing.append(f"the 16K backward ({command}; {src.case_id} is not scaled: the kernel's "
+                               "design note does not say it is linear in the chunks)")
+            else:
+                missing.append(f"the 16K backward ({command})")
+        peer = h100_training_for(case.id)
+        if peer is not None:
+            row["h100"] = peer
+        if missing:
+            row["missing"] = "; ".join(missing)
+            rows.append(row)
+            continue
+        row["step_ns"] = row["forward_ns"] + row["backward_ns"]
+        row["chip_ns"] = chip_ns(row["step_ns"], 1)
+        if peer is not None:
+            row["h100_over_chip"] = peer[1] / row["chip_ns"]
+        rows.append(row)
+    return rows
+
+
+def step_cells(row: dict) -> list[str]:
+    op, model = row["case"].split("/")[:2]
+    bwd = _fmt(row["backward_ns"])
+    if row["extrapolated"]:
+        bwd += f" (extrapolated from {row['backward_from']}, linear in the chunks)"
+    if row["missing"] is not None:
+        return [op, model, _fmt(row["forward_ns"]), bwd,
+                f"not measured: this run lacks {row['missing']}", "—", _h100_cell(row, None), "—"]
+    return [op, model, _fmt(row["forward_ns"]), bwd, _fmt(row["step_ns"]), _fmt(row["chip_ns"]),
+            _h100_cell(row, row["chip_ns"]),
+            "—" if row["h100_over_chip"] is None else f"{row['h100_over_chip']:.2f}x"]
+
+
+def _h100_cell(row: dict, chip) -> str:
+    if row["h100"] is None:
+        op, model, layout = row["case"].split("/")[:3]
+        return (f"missing: simulate/h100.py has no measured forward + backward for ({op}, {model}, "
+                f"{layout}); nothing derived")
+    name, ns = row["h100"]
+    return f"{fmt_ns(ns)} ({name})"
+
+
+def step_markdown(results: list) -> str:
+    """The 16K training-step table ("" when the run has no case of a family with a backward)."""
+    rows = step_16k(results)
+    if not rows:
+        return ""
+    lines = ["| " + " | ".join(STEP_HEADERS) + " |", "|" + "---|" * len(STEP_HEADERS)]
+    for row in rows:
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in step_cells(row)) + " |")
+    return "\n".join(lines)
+
+
+def step_lines(results: list) -> list[str]:
+    """One plain line per family whose 16K step this run formed (the terminal summary)."""
+    out = []
+    for row in step_16k(results):
+        if row["missing"] is not None:
+            continue
+        op, model = row["case"].split("/")[:2]
+        vs = "" if row["h100_over_chip"] is None else f", {row['h100_over_chip']:.2f}x one H100"
+        how = " (backward extrapolated)" if row["extrapolated"] else ""
+        out.append(f"Training step 16K, {op} {model}: {_fmt(row['step_ns'])} per NeuronCore, "
+                   f"{_fmt(row['chip_ns'])} per trn2 chip{vs}{how}.")
+    return out
