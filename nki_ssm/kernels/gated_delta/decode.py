@@ -625,32 +625,41 @@ def _front(io, S, c0, H, HV, K, V):
     uT_ps = None
     urow = nl.ndarray((1, HV * V), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=urow, src=uT)
+    # the decay a_hv S_hv on ScalarE (a per-partition scale column), after the u row's
+    # eviction so that it does not wait behind them; it runs while the row moves
+    for hv in range(HV):
+        Sh = S[:, hv * V:(hv + 1) * V]
+        nisa.activation(dst=Sh, op=nl.copy, data=Sh,
+                        scale=io["dec"][0:K, c0 + hv:c0 + hv + 1])
     return urow
 
 
 def _back(io, S, krow, urow, c0, H, HV, K, V, out):
-    """S_hv = a_hv S_hv + k_h (rk u_hv)^T for every value head (in place); ``out``: None
-    or (pool, state dict): scatter each state part right after its last head."""
+    """S_hv += k_h (rk u_hv)^T for every value head (in place; S already decayed by
+    ``_front``): the outer products of the value heads of one PSUM bank (<= 512 fp32
+    columns, several q/k heads in disjoint column slices) and one VectorE add over them.
+    ``out``: None or (pool, state dict): scatter each state part right after its last
+    head."""
     rep = HV // H
-    step = (_MM_COLS // V) * V   # whole heads per PSUM bank
-    for h in range(H):
-        kst = krow[:, h * K:(h + 1) * K]
-        for g0 in range(0, rep * V, step):
-            wdt = min(step, rep * V - g0)
-            ku = nl.ndarray((K, wdt), dtype=nl.float32, buffer=nl.psum)
-            base = h * rep * V + g0
-            nisa.nc_matmul(dst=ku, stationary=kst, moving=urow[:, base:base + wdt],
+    gh = _MM_COLS // V   # value heads per PSUM bank
+    if gh < 1:
+        gh = 1
+    for hv0 in range(0, HV, gh):
+        hv1 = min(HV, hv0 + gh)
+        ku = nl.ndarray((K, (hv1 - hv0) * V), dtype=nl.float32, buffer=nl.psum)
+        for h in range(hv0 // rep, (hv1 - 1) // rep + 1):
+            a = max(h * rep, hv0)
+            b = min((h + 1) * rep, hv1)
+            # disjoint column slices of one PSUM bank: each matmul writes (not adds) its own
+            nisa.nc_matmul(dst=ku[:, (a - hv0) * V:(b - hv0) * V],
+                           stationary=krow[:, h * K:(h + 1) * K], moving=urow[:, a * V:b * V],
                            accumulate=False)
-            for e0 in range(0, wdt, V):
-                hv = (base + e0) // V
-                Sh = S[:, hv * V:(hv + 1) * V]
-                nisa.scalar_tensor_tensor(dst=Sh, data=Sh, op0=nl.multiply,
-                                          operand0=io["dec"][0:K, c0 + hv:c0 + hv + 1],
-                                          op1=nl.add, operand1=ku[:, e0:e0 + V])
-            ku = None
+        Sg = S[:, hv0 * V:hv1 * V]
+        nisa.tensor_tensor(dst=Sg, data1=Sg, data2=ku, op=nl.add)
+        ku = None
         if out != None:  # noqa: E711
             st = out[1]
             for k in range(st["parts"]):
                 h0, h1 = _part_heads(H, st["parts"], k)
-                if h == h1 - 1:
+                if hv0 < h1 * rep and h1 * rep <= hv1:
                     _scatter_heads(out[0], st, h0 * rep, h1 * rep, V)
