@@ -13,8 +13,9 @@ are applied to the small ``[V, HV]`` results (``kS``, ``qS``, ``k . q``) and
 to ``u`` before the outer product (``k u^T = k_raw (rk u)^T``): the state is
 never scaled by them.
 
-Layout (every reduction is a TensorE contraction over partitions and the
-delta update is one VectorE instruction per head):
+Layout (every reduction is a TensorE contraction over partitions; the decay is one
+ScalarE instruction per head, the delta update one VectorE instruction per PSUM bank
+of value heads):
 
 * state of one sequence in SBUF ``S [K, HV*V]`` float32: partition ``k``,
   free ``(hv, v)``; the pool ``[slots, HV*K*V]`` holds a slot as one
@@ -27,11 +28,14 @@ delta update is one VectorE instruction per head):
   two columns ``[k_h, q_h]``, disjoint columns of one bank, ``accumulate=False``);
   the gate/norm math runs on ``[V, HV]`` tiles; ``rk u`` is transposed on
   TensorE and flattened to one partition by an SBUF->SBUF DMA (``urow
-  [1, HV*V]``); the outer products ``k_h (rk u)^T`` for the heads of q/k
-  head h are one K=1 matmul each (stationary ``k_h`` row ``[1, K]``, moving
-  ``urow`` of those heads, <= 512 columns) and the update is one VectorE
-  ``scalar_tensor_tensor`` per head, ``S_hv = S_hv * a_hv + KU_hv`` (KU read
-  from PSUM);
+  [1, HV*V]``); the decay ``S_hv = a_hv S_hv`` is one ScalarE ``activation``
+  (copy, ``scale`` the per-partition column of ``a_hv``) per head, issued after
+  the u row's eviction and running while the row moves; the outer products
+  ``k_h (rk u)^T`` are one K=1 matmul per q/k head and bank (stationary ``k_h``
+  row ``[1, K]``, moving ``urow`` of its value heads), the value heads of one
+  PSUM bank (512 // V of them: 4 at V=128) in disjoint column slices of one
+  ``[K, 512]`` tile, and the update is one VectorE ``tensor_tensor`` add over
+  them, ``S_g += KU_g`` (KU read from PSUM);
 * gates and per-head parameters are broadcast over partitions on TensorE
   (ones ``[1, P]`` stationary, exact 0/1 matmul), sums of squares and
   ``k . q`` over K with a ones ``[K, P]`` stationary (fp32, exact products
@@ -96,23 +100,27 @@ of one or two sequences has no main loop.
 
 Per token and sequence at Qwen3-Next (HV=32, K=V=128): TensorE HV matmuls
 of 2 fp32 columns + H outer products of ``rep*V`` fp32 columns, one
-transpose and the gate broadcasts; VectorE HV ``scalar_tensor_tensor`` of V
-elements (two inputs) and ~10 small ``[V, HV]`` ops; ScalarE the PSUM
-evictions of the transpose, the activation functions of the gates and, for
-a bfloat16 pool, the widening / rounding of the state; DMA the state of
+transpose and the gate broadcasts; VectorE HV*V/512 = 8 ``tensor_tensor``
+adds of 512 elements (one input in PSUM) and ~10 small ``[V, HV]`` ops;
+ScalarE HV = 32 decays of V elements, the PSUM eviction of the transpose,
+the activation functions of the gates and, for a bfloat16 pool, the
+widening / rounding of the state; DMA the state of
 every sequence in and out (``2*HV*K*V*4`` bytes with a float32 pool), plus
 ``HV*K*V`` per token with ``want_inter``, and small input / output rows per
 iteration.
 
 What binds (modeled, trn2, nki_ssm.perf as of this commit, ``python -m simulate
 --op gated_delta_decode``; Qwen3-Next H=16 HV=32 K=V=128, T=1, raw gates, l2norm,
-float32 pool, bf16 q/k/v): moving the states. 64 sequences 1.12 ms (10-90 %:
-1.12-2.96), 241 GB/s (65 % of the core's DMA bandwidth; DMA queues 85 % busy,
-VectorE 76 %, TensorE 74 %) at LNC=1; at LNC=2 each program models 0.57 ms (its
-32 sequences on its own core; 0.51x). Gathering each main iteration's first
-batch in the iteration (no prefetch across iterations) costs +0.3 % at 64
-sequences (LNC=1; LNC=2 -0.5 %). Program: 2,022 static instructions per program
-(64-sequence bucket, every loop body and the spare batch once).
+float32 pool, bf16 q/k/v): moving the states, with TensorE close behind. 64
+sequences 1.11 ms (10-90 %: 1.11-2.57), 244 GB/s (66 % of the core's DMA
+bandwidth; DMA queues 85 % busy, TensorE 75 %, ScalarE 52 %, VectorE 49 %) at
+LNC=1; at LNC=2 each program models 0.55 ms (its 32 sequences on its own core;
+0.50x). 1 / 32 / 512 sequences: 29.6 us / 0.55 ms / 8.84 ms (66 % at 32 and
+512). Executed per 64-sequence call: 2,116 ScalarE activations, 964 VectorE
+tensor_tensor, 3,084 matmuls, 305 DMAs. Program: 2,104 static instructions per
+program (64-sequence bucket, every loop body and the spare batch once). Tried
+and slower: three state sets (gathers two batches ahead), the main loop's
+states moved in parts, half the decays back on VectorE.
 
 HBM arguments (prepared by the launcher, ``nki_ssm.ops.launch.gated_delta``),
 one row per loop iteration, for the main loop (``*_main``, width SPI, rows
@@ -137,8 +145,8 @@ width*T*HV*K, V]`` per loop in the pool dtype (state after each token, rows
 inter_tail])``, or the tail's alone without a main loop. Rows the loops do
 not reach are never written (the launcher zeroes padding sequences).
 
-Limits: K, V, HV <= 128; ``2*HV <= 512``; ``(HV // H) * V`` is split in
-<= 512-column pieces. Numerics: all float32 (state, gates, matmuls: fp32
+Limits: K, V, HV <= 128; ``2*HV <= 512``; the outer products and updates
+run over groups of ``max(1, 512 // V)`` value heads (one PSUM bank). Numerics: all float32 (state, gates, matmuls: fp32
 TensorE operands); a bfloat16 pool is widened on ScalarE after its
 same-dtype gather, and the pool and intermediates are rounded once (RNE)
 on ScalarE before their same-dtype store.
@@ -625,32 +633,41 @@ def _front(io, S, c0, H, HV, K, V):
     uT_ps = None
     urow = nl.ndarray((1, HV * V), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=urow, src=uT)
+    # the decay a_hv S_hv on ScalarE (a per-partition scale column), after the u row's
+    # eviction so that it does not wait behind them; it runs while the row moves
+    for hv in range(HV):
+        Sh = S[:, hv * V:(hv + 1) * V]
+        nisa.activation(dst=Sh, op=nl.copy, data=Sh,
+                        scale=io["dec"][0:K, c0 + hv:c0 + hv + 1])
     return urow
 
 
 def _back(io, S, krow, urow, c0, H, HV, K, V, out):
-    """S_hv = a_hv S_hv + k_h (rk u_hv)^T for every value head (in place); ``out``: None
-    or (pool, state dict): scatter each state part right after its last head."""
+    """S_hv += k_h (rk u_hv)^T for every value head (in place; S already decayed by
+    ``_front``): the outer products of the value heads of one PSUM bank (<= 512 fp32
+    columns, several q/k heads in disjoint column slices) and one VectorE add over them.
+    ``out``: None or (pool, state dict): scatter each state part right after its last
+    head."""
     rep = HV // H
-    step = (_MM_COLS // V) * V   # whole heads per PSUM bank
-    for h in range(H):
-        kst = krow[:, h * K:(h + 1) * K]
-        for g0 in range(0, rep * V, step):
-            wdt = min(step, rep * V - g0)
-            ku = nl.ndarray((K, wdt), dtype=nl.float32, buffer=nl.psum)
-            base = h * rep * V + g0
-            nisa.nc_matmul(dst=ku, stationary=kst, moving=urow[:, base:base + wdt],
+    gh = _MM_COLS // V   # value heads per PSUM bank
+    if gh < 1:
+        gh = 1
+    for hv0 in range(0, HV, gh):
+        hv1 = min(HV, hv0 + gh)
+        ku = nl.ndarray((K, (hv1 - hv0) * V), dtype=nl.float32, buffer=nl.psum)
+        for h in range(hv0 // rep, (hv1 - 1) // rep + 1):
+            a = max(h * rep, hv0)
+            b = min((h + 1) * rep, hv1)
+            # disjoint column slices of one PSUM bank: each matmul writes (not adds) its own
+            nisa.nc_matmul(dst=ku[:, (a - hv0) * V:(b - hv0) * V],
+                           stationary=krow[:, h * K:(h + 1) * K], moving=urow[:, a * V:b * V],
                            accumulate=False)
-            for e0 in range(0, wdt, V):
-                hv = (base + e0) // V
-                Sh = S[:, hv * V:(hv + 1) * V]
-                nisa.scalar_tensor_tensor(dst=Sh, data=Sh, op0=nl.multiply,
-                                          operand0=io["dec"][0:K, c0 + hv:c0 + hv + 1],
-                                          op1=nl.add, operand1=ku[:, e0:e0 + V])
-            ku = None
+        Sg = S[:, hv0 * V:hv1 * V]
+        nisa.tensor_tensor(dst=Sg, data1=Sg, data2=ku, op=nl.add)
+        ku = None
         if out != None:  # noqa: E711
             st = out[1]
             for k in range(st["parts"]):
                 h0, h1 = _part_heads(H, st["parts"], k)
-                if h == h1 - 1:
+                if hv0 < h1 * rep and h1 * rep <= hv1:
                     _scatter_heads(out[0], st, h0 * rep, h1 * rep, V)
