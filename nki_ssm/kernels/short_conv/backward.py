@@ -201,7 +201,7 @@ def _stage(bufs, red, st, j, W, silu):
     elif st == 5:
         nisa.tensor_copy(dst=out[:, :, cols],
                          src=pso.ap(pattern=[[BANK, TILE], [TILE, BLOCKS], [1, TILE]], offset=0),
-                         engine=nisa.engine.vector)
+                         engine=nisa.engine.scalar)
         # dweight products over the row's own tokens (dz window columns H .. H+T), two taps
         # per instruction (dz repeated by a zero stride, the x window at two shifts):
         # taps 0, 1 on GpSimd, the others on VectorE
@@ -222,8 +222,11 @@ def _stage(bufs, red, st, j, W, silu):
                             reduce_op=nl.add,
                             reduce_res=redw[:, j, k:k + 1],
                             reduce_cmd=nisa.reduce_cmd.reset_reduce)
-        nisa.activation(dst=junk, op=nl.copy, data=dzm[:, j, H:H + T], reduce_op=nl.add,
-                        reduce_res=redb[:, j:j + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        if has_bias:
+            # dbias (without a bias the launcher returns no dbias: not computed)
+            nisa.activation(dst=junk, op=nl.copy, data=dzm[:, j, H:H + T], reduce_op=nl.add,
+                            reduce_res=redb[:, j:j + 1],
+                            reduce_cmd=nisa.reduce_cmd.reset_reduce)
 
 
 STAGES = 7
@@ -286,8 +289,9 @@ def _rows(first, count, rows, sets, xsrc, dysrc, dxo, dx_off, bufs, red, acc, c0
                           src=out[:, b, 0:gw])
         nisa.tensor_tensor(dst=acc_w[:, 0:n, :], data1=acc_w[:, 0:n, :],
                            data2=redw[:, 0:n, :], op=nl.add)
-        nisa.tensor_tensor(dst=acc_b[:, 0:n], data1=acc_b[:, 0:n], data2=redb[:, 0:n],
-                           op=nl.add)
+        if has_bias:
+            nisa.tensor_tensor(dst=acc_b[:, 0:n], data1=acc_b[:, 0:n], data2=redb[:, 0:n],
+                               op=nl.add)
         if j + 2 < count:
             _load_row(first + j + 2, rows, sets[j % 2], xsrc, dysrc, c0, gw, H)
 
