@@ -160,12 +160,17 @@ def _stage(bufs, red, st, j, W, silu):
     cols = slice(j * TILE, (j + 1) * TILE)
     psx, psd, psz, pso = banks[j % 2], banks[2 + j % 2], banks[4 + j % 2], banks[6 + j % 2]
     s, u = sg[j % 2], uv[j % 2]
+    tdma = xg == None  # noqa: E711  (windows gather-transposed: channel-major already)
     if st == 0:
-        _transpose_in(psx, xg, cols, ident, 2 * H)
+        if not tdma:
+            _transpose_in(psx, xg, cols, ident, 2 * H)
     elif st == 1:
+        if tdma:
+            return
         nisa.tensor_copy(dst=xw[:, j, :], src=psx[:, 0:T + 2 * H], engine=nisa.engine.scalar)
     elif st == 2:
-        _transpose_in(psd, dg, cols, ident, H)
+        if not tdma:
+            _transpose_in(psd, dg, cols, ident, H)
         if silu:
             for k in range(W):
                 nisa.nc_matmul(dst=psz[:, 0:D], stationary=diag[:, j, k, :],
@@ -176,8 +181,11 @@ def _stage(bufs, red, st, j, W, silu):
                 nisa.activation(dst=zb[j % 2], op=nl.copy, data=psz[:, 0:D],
                                 bias=bcol[:, j:j + 1])
     elif st == 3:
+        dyv = psd[:, 0:D]
+        if tdma:
+            dyv = dg[:, j, 0:D]
         if not silu:
-            nisa.tensor_copy(dst=dzm[:, j, :], src=psd[:, 0:D], engine=nisa.engine.vector)
+            nisa.tensor_copy(dst=dzm[:, j, :], src=dyv, engine=nisa.engine.vector)
             return
         z = psz[:, 0:D]
         if has_bias:
@@ -188,7 +196,7 @@ def _stage(bufs, red, st, j, W, silu):
         nisa.scalar_tensor_tensor(dst=u, data=u, op0=nl.subtract, operand0=1.0,
                                   op1=nl.multiply, operand1=s)
         nisa.scalar_tensor_tensor(dst=dzm[:, j, :], data=u, op0=nl.multiply, operand0=-1.0,
-                                  op1=nl.multiply, operand1=psd[:, 0:D])
+                                  op1=nl.multiply, operand1=dyv)
     elif st == 4:
         for b in range(BLOCKS):
             for k in range(W):
@@ -205,7 +213,7 @@ def _stage(bufs, red, st, j, W, silu):
         # dweight products over the row's own tokens (dz window columns H .. H+T), two taps
         # per instruction (dz repeated by a zero stride, the x window at two shifts):
         # taps 0, 1 on GpSimd, the others on VectorE
-        F = T + 2 * H
+        F = xw.shape[2]
         for k0 in range(0, W, 2):
             nk = min(2, W - k0)
             engine = nisa.engine.gpsimd if k0 == 0 else nisa.engine.vector
@@ -244,13 +252,33 @@ def _gather_windows(xsrc, dysrc, xg, dg, idx, c0, gw, H):
     _gather(dysrc, dg[:, BLOCKS, :], idx, 2 * BLOCKS + 1, H, c0, gw)
 
 
+def _gather_transpose(src, dst, idx, rows, c0, n):
+    """``dst[:, 0:n, 0:rows]`` (channel-major, x's 2-byte dtype) = the HBM rows of ``src``
+    listed column-major in ``idx [128, 4]`` (uint32), channels c0 + j*128 + p: one
+    indirect ``dma_transpose`` (gather transpose, software DGE)."""
+    RB = dst.shape[2]
+    row = dst.shape[1] * RB
+    nisa.dma_transpose(dst=dst.ap(pattern=[[row, TILE], [RB, n], [1, 1], [1, rows]], offset=0),
+                       src=src.ap(pattern=[[src.shape[1], rows], [TILE, n], [1, 1], [1, TILE]],
+                                  offset=c0, vector_offset=idx, indirect_dim=0),
+                       axes=(3, 1, 2, 0))
+
+
 def _load_row(i, rows, rset, xsrc, dysrc, c0, gw, H):
     """Work row i's table row (gather indices and dx rows) and windows into the buffer set
-    ``rset = (idx, xg, dg, out)``."""
-    idx, xg, dg, out = rset
+    ``rset = (idx, xg, dg, out, xt, idxu)``: 2-byte x by two gather transposes (x window
+    into ``xt``, dy window into ``dg``, both channel-major; their indices as uint32 in
+    ``idxu``), float32 x by token-major row gathers into ``xg`` / ``dg``."""
+    idx, xg, dg, out, xt, idxu = rset
     nisa.dma_copy(dst=idx, src=rows.ap(pattern=[[TABLE_COLUMNS, TILE], [1, TABLE_COLUMNS]],
                                        offset=0, scalar_offset=i, indirect_dim=0))
-    _gather_windows(xsrc, dysrc, xg, dg, idx, c0, gw, H)
+    if xg != None:  # noqa: E711
+        _gather_windows(xsrc, dysrc, xg, dg, idx, c0, gw, H)
+        return
+    n = gw // TILE
+    nisa.tensor_copy(dst=idxu, src=idx[:, 0:2 * BLOCKS + 2], engine=nisa.engine.gpsimd)
+    _gather_transpose(xsrc, xt, idxu[:, 0:BLOCKS + 1], xt.shape[2], c0, n)
+    _gather_transpose(dysrc, dg, idxu[:, BLOCKS + 1:2 * BLOCKS + 2], dg.shape[2], c0, n)
 
 
 def _rows(first, count, rows, sets, xsrc, dysrc, dxo, dx_off, bufs, red, acc, c0, n, W, silu):
@@ -272,7 +300,9 @@ def _rows(first, count, rows, sets, xsrc, dysrc, dxo, dx_off, bufs, red, acc, c0
     for j in range(min(2, count)):
         _load_row(first + j, rows, sets[j], xsrc, dysrc, c0, gw, H)
     for j in range(count):
-        idx, xg, dg, out = sets[j % 2]
+        idx, xg, dg, out, xt, idxu = sets[j % 2]
+        if xt != None:  # noqa: E711
+            xw = xt
         rbufs = (ident, xg, dg, xw, dzm, sg, zb, uv, out, banks, diag, bcol, has_bias)
         # the tiles' stages as a wavefront: at step t, stage q of tile t - q (oldest first),
         # so each engine's in-order queue holds work of several tiles at once
@@ -354,13 +384,27 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
     # two buffer sets of a work row (rows alternate them inside an iteration): its table
     # row, its gathered windows (token-major: BLOCKS blocks of 128 rows, then the tail
     # rows) and its dx tile
+    # rows) and its dx tile; 2-byte x: the x / dy windows gather-transposed to
+    # channel-major ``[128 ch, G, rows]`` (rows rounded up to 16: the gather transpose
+    # takes a multiple of 16 rows, 32-byte aligned tile rows; the extra rows are zero rows)
     sets = []
+    tdma = xdt != nl.float32
+    XR = (T + 2 * H + 15) // 16 * 16
+    DR = (T + H + 15) // 16 * 16
     for i in range(2):
-        sets.append((nl.ndarray((TILE, TABLE_COLUMNS), dtype=nl.int32, buffer=nl.sbuf),
-                     nl.ndarray((TILE, BLOCKS + 1, GW), dtype=xdt, buffer=nl.sbuf),
-                     nl.ndarray((TILE, BLOCKS + 1, GW), dtype=xdt, buffer=nl.sbuf),
-                     nl.ndarray((TILE, BLOCKS, GW), dtype=xdt, buffer=nl.sbuf)))
-    xw = nl.ndarray((TILE, G, T + 2 * H), dtype=xdt, buffer=nl.sbuf)
+        idx = nl.ndarray((TILE, TABLE_COLUMNS), dtype=nl.int32, buffer=nl.sbuf)
+        out = nl.ndarray((TILE, BLOCKS, GW), dtype=xdt, buffer=nl.sbuf)
+        if tdma:
+            sets.append((idx, None, nl.ndarray((TILE, G, DR), dtype=xdt, buffer=nl.sbuf), out,
+                         nl.ndarray((TILE, G, XR), dtype=xdt, buffer=nl.sbuf),
+                         nl.ndarray((TILE, 2 * BLOCKS + 2), dtype=nl.uint32, buffer=nl.sbuf)))
+        else:
+            sets.append((idx, nl.ndarray((TILE, BLOCKS + 1, GW), dtype=xdt, buffer=nl.sbuf),
+                         nl.ndarray((TILE, BLOCKS + 1, GW), dtype=xdt, buffer=nl.sbuf), out,
+                         None, None))
+    xw = None
+    if not tdma:
+        xw = nl.ndarray((TILE, G, T + 2 * H), dtype=xdt, buffer=nl.sbuf)
     dzm = nl.ndarray((TILE, G, T + H), dtype=xdt, buffer=nl.sbuf)
     sg, zb, uv = [], [], []
     for i in range(2):
