@@ -111,7 +111,7 @@ GROUP_TILES = 16    # channel tiles per group (one loop each; 8 for float32 x)
 BANK = 512          # float32 columns of one PSUM bank
 TABLE_COLUMNS = 3 * BLOCKS + 2   # index columns of a work row (x, dy, dx blocks)
 FS_COLUMNS = 2048   # channels per d_final read-modify-write block
-ROWS_PER_ITERATION = 4   # work rows per iteration of the first row loop (its first waits)
+ROWS_PER_ITERATION = 6   # work rows per iteration of the first row loop (its first waits)
 
 
 def _group_weights(weight, bias, wcol, bcol, diag, ident, c0, n, W):
