@@ -825,9 +825,11 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     groups = _channel_groups(Dp, gt, cb)
     GW = gt * TILE
     # every vec_every-th channel tile of a chunk runs on VectorE (+ a TensorE transpose)
-    # so TensorE and VectorE finish together: per 128 x 128 block TensorE needs W (x parts)
-    # matmuls of 128 cycles (x4 for float32), VectorE ~1000-1200 cycles at 0.4 of its clock
-    vec_every = 7
+    # when TensorE would bind alone: per 128 x 128 block TensorE needs W (x parts) matmuls
+    # of 128 cycles (x4 for float32), VectorE ~1000-1200 cycles at 0.4 of its clock.
+    # bfloat16 unsplit: none (TensorE 80 % busy at 16K with the DMA queues at 86 %; a
+    # VectorE tile every 7 made the 16K / 8 x 2K / 2K cases 4 / 4 / 12 % slower)
+    vec_every = 0
     if mm_fp32:
         vec_every = 2
     elif w_split:
