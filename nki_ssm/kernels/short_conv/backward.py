@@ -35,19 +35,22 @@ Design note
 -----------
 Loops: per channel group (16 tiles of 128 channels for bfloat16 x, 8 for float32) two
 top-level ``nl.fori_loop`` s over the work rows (the same list for every group: a group's
-channels are compile-time offsets), the first ROWS_PER_ITERATION = 4 rows per iteration,
+channels are compile-time offsets), the first ROWS_PER_ITERATION = 6 rows per iteration,
 the second the rows left, one per iteration; then, with d_final_states, one top-level
 loop over sequences. No loop inside another; bounds are ``NkiScalar`` s loaded
 (``scaffold.trip_counts``) from an SBUF copy of ``counts`` before the loops; everything
 unrolled in a body is bounded by the group and W. Program size depends on DP, W, dtypes
-and flags only (12,417 static instructions at dim 8192, W 4, bfloat16, LNC=1: the first
-row loop's body holds 4 rows).
+and flags only (12,617 static instructions at dim 8192, W 4, bfloat16, LNC=1: the first
+row loop's body holds 6 rows).
 
 Per work row and group: one DMA loads the table row (the row's ``NkiScalar`` index as
-``scalar_offset``), then the row's windows: ``vector_offset`` gathers (one xsrc / dysrc row
-per partition) of the x window (T + 2H positions) and the dy window (T + H tokens),
-token-major; positions outside the sequence read the zero row, so no masks and no
-conditionals. The rows of an iteration alternate two buffer sets (table row, windows, dx
+``scalar_offset``), then the row's windows, the x window (T + 2H positions) and the dy
+window (T + H tokens): for 2-byte x one indirect ``dma_transpose`` (gather transpose,
+software DGE; the table's gather columns copied to uint32 by GpSimd) each, straight to
+channel-major ``[128 ch, tiles, rows]`` (rows rounded up to 16: zero rows); for float32
+x (the gather transpose takes 2-byte dtypes only) ``vector_offset`` gathers (one xsrc /
+dysrc row per partition), token-major. Positions outside the sequence read the zero row,
+so no masks and no conditionals. The rows of an iteration alternate two buffer sets (table row, windows, dx
 tile): row r + 2's loads are issued as soon as row r is done with its set, so they
 arrive under row r + 1's stages. The iteration loads all it reads (no SBUF prefetch
 across iterations: nki-library turns it off for dynamic loops, NKI-1582), so only its
@@ -55,19 +58,21 @@ first row waits for its windows, and it allocates its PSUM banks. Each 128-chann
 runs seven stages, issued as a wavefront (stage q of tile t - q at step t) so every
 engine's in-order queue holds several tiles' work:
 
-0. TensorE: the x window transposed to channel-major (matmuls against an identity);
-1. ScalarE: its PSUM eviction (``xw``, x's dtype);
-2. TensorE: the dy window transposed; with SiLU the W taps of z (``diag(w_k)``
+0. float32 x only: TensorE transposes the x window to channel-major (matmuls against
+   an identity);
+1. float32 x only: ScalarE evicts it (``xw``);
+2. TensorE: (float32 x: the dy window transposed;) with SiLU the W taps of z (``diag(w_k)``
    stationary, the shifted x window moving); ScalarE ``s = sigmoid(z + b)`` (the only
    ScalarE function: no activation-table switches), ``z + b`` with a bias;
 3. VectorE: ``dz = dy * s * (1 + z (1 - s))`` by three fused ``scalar_tensor_tensor``
    ops (x's dtype);
 4. TensorE: the W dx taps per 128-position block (the shifted dz window stationary,
    ``diag(w_k)`` moving: dx comes out token-major);
-5. VectorE: dx's PSUM eviction; the dweight products ``dz * xx[. + k]`` over the row's
-   own tokens, two taps per instruction (GpSimd taps 0-1, VectorE the rest);
-6. ScalarE: the products and dz summed over tokens (activation accumulate) into the
-   tile's dweight / dbias columns.
+5. ScalarE: dx's PSUM eviction; GpSimd (taps 0-1) and VectorE (the rest): the dweight
+   products ``dz * xx[. + k]`` over the row's own tokens, two taps per instruction;
+6. ScalarE: the products (and, with a bias, dz) summed over tokens (activation
+   accumulate) into the tile's dweight (/ dbias) columns. Without a bias the launcher
+   returns no dbias: it is not computed (the kernel's dbias output is zeros).
 
 The row's dx blocks go out by ``vector_offset`` scatters; the
 per-row sums are added into float32 accumulators, stored after the group's loop. A
@@ -79,13 +84,14 @@ Saved vs recomputed: the forward saves nothing beyond its inputs (x, weight, bia
 the initial states the caller holds); z and sigmoid(z) are recomputed here (W TensorE
 taps per tile), so training costs 0 extra bytes per token of activation memory.
 
-What binds (modeled, trn2, the cost model of this commit): the elementwise engines,
-VectorE first (per tile and work row: three fused dz ops over T + H columns, the dx
-eviction, two product instructions) with ScalarE (two evictions, sigmoid, W + 1
-accumulating sums) and GpSimd (products, gather descriptors) close behind; TensorE
-(~35 % busy) and the HBM traffic (x, dy in, dx out: ~23 % of the time) do not bind: at
-dim 8192 x 16K tokens, bfloat16, 12.7 ms at LNC=1 and 6.3 ms at LNC=2, 17 % of the HBM
-roofline (figures and command in ``nki_ssm.ops.launch.short_conv_backward``). Moving the
+What binds (modeled, trn2, the cost model of this commit): the elementwise engines, in
+balance -- VectorE (per tile and work row: three fused dz ops over T + H columns, one
+product instruction), ScalarE (the dx eviction, sigmoid, W accumulating sums) and
+GpSimd (two taps' products, gather descriptors), each ~75 % busy; TensorE (~30 %) and
+the HBM traffic (x, dy in, dx out: ~30 %) do not bind. Dim 8192, bfloat16, no bias:
+1x2048 1.57 ms at LNC=1 (``python -m simulate --op short_conv_backward
+--no-calibration``); 16K tokens: figures and command in
+``nki_ssm.ops.launch.short_conv_backward``. Moving the
 dweight reductions to TensorE (token-major dz against shifted x gathers) is the next
 step; it needs PSUM room this layout does not leave.
 

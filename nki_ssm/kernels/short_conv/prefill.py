@@ -92,8 +92,8 @@ across iteration boundaries.
    heads; every other token's window lies inside its own sequence. TensorE does
    the W taps as accumulating matmuls on the whole PE array ``psum[tok, ch] +=
    xw[:, k:k+128].T @ diag(weight[:, k])`` (``accumulate`` given on every matmul
-   into a bank), every 7th channel tile (2nd fp32, 4th split) on VectorE plus a
-   TensorE transpose; ScalarE applies SiLU / copy evicting each bank; a chunk is
+   into a bank) -- with float32 operands every 2nd channel tile, with split
+   weights every 4th, on VectorE plus a TensorE transpose instead; ScalarE applies SiLU / copy evicting each bank; a chunk is
    stored by ONE ``scalar_offset`` DMA of its CH token rows, the offset a (1, 1)
    int32 SBUF tile VectorE computes (stores with run-time addresses are ordered
    after each other, so few large ones). Past the bucket the chunk start is
