@@ -117,6 +117,7 @@ GROUP_TILES = 16    # channel tiles per group (one loop each; 8 for float32 x)
 BANK = 512          # float32 columns of one PSUM bank
 TABLE_COLUMNS = 3 * BLOCKS + 2   # index columns of a work row (x, dy, dx blocks)
 FS_COLUMNS = 2048   # channels per d_final read-modify-write block
+GPSIMD_TAPS = 0     # dweight product taps on GpSimd (the rest on VectorE)
 ROWS_PER_ITERATION = 6   # work rows per iteration of the first row loop (its first waits)
 
 
@@ -181,11 +182,9 @@ def _stage(bufs, red, st, j, W, silu):
             for k in range(W):
                 nisa.nc_matmul(dst=psz[:, 0:D], stationary=diag[:, j, k, :],
                                moving=xw[:, j, k:k + D], accumulate=k > 0)
-            # s = sigmoid(z + b): the one ScalarE function (no activation-table switches)
-            nisa.activation(dst=s, op=nl.sigmoid, data=psz[:, 0:D], bias=bcol[:, j:j + 1])
-            if has_bias:
-                nisa.activation(dst=zb[j % 2], op=nl.copy, data=psz[:, 0:D],
-                                bias=bcol[:, j:j + 1])
+            # s = silu'(z + b) (nl.silu_dx: the one ScalarE function, no activation-table
+            # switches)
+            nisa.activation(dst=s, op=nl.silu_dx, data=psz[:, 0:D], bias=bcol[:, j:j + 1])
     elif st == 3:
         dyv = psd[:, 0:D]
         if tdma:
@@ -193,16 +192,9 @@ def _stage(bufs, red, st, j, W, silu):
         if not silu:
             nisa.tensor_copy(dst=dzm[:, j, :], src=dyv, engine=nisa.engine.vector)
             return
-        z = psz[:, 0:D]
-        if has_bias:
-            z = zb[j % 2]
-        # silu'(z) = s (1 + z (1 - s)): u = (s - 1) z; v = (u - 1) s = -silu'(z); dz = -v dy
-        nisa.scalar_tensor_tensor(dst=u, data=s, op0=nl.subtract, operand0=1.0,
-                                  op1=nl.multiply, operand1=z)
-        nisa.scalar_tensor_tensor(dst=u, data=u, op0=nl.subtract, operand0=1.0,
-                                  op1=nl.multiply, operand1=s)
-        nisa.scalar_tensor_tensor(dst=dzm[:, j, :], data=u, op0=nl.multiply, operand0=-1.0,
-                                  op1=nl.multiply, operand1=dyv)
+        # dz = dy * silu'(z + b) (x's dtype)
+        nisa.tensor_tensor(dst=dzm[:, j, :], data1=s, data2=dyv, op=nl.multiply,
+                           engine=nisa.engine.vector)
     elif st == 4:
         for b in range(BLOCKS):
             for k in range(W):
@@ -216,23 +208,24 @@ def _stage(bufs, red, st, j, W, silu):
         nisa.tensor_copy(dst=out[:, :, cols],
                          src=pso.ap(pattern=[[BANK, TILE], [TILE, BLOCKS], [1, TILE]], offset=0),
                          engine=nisa.engine.scalar)
-        # dweight products over the row's own tokens (dz window columns H .. H+T), two taps
-        # per instruction (dz repeated by a zero stride, the x window at two shifts):
-        # taps 0, 1 on GpSimd, the others on VectorE
+        # dweight products over the row's own tokens (dz window columns H .. H+T): dz
+        # repeated by a zero stride against the x window at several shifts, tap 0 on
+        # GpSimd (a quarter of VectorE's rate), the others in one VectorE instruction
         F = xw.shape[2]
-        for k0 in range(0, W, 2):
-            nk = min(2, W - k0)
-            engine = nisa.engine.gpsimd if k0 == 0 else nisa.engine.vector
-            nisa.tensor_tensor(
-                dst=prods[(j % 2) * W + k0][:, 0:nk, :],
-                data1=dzm.ap(pattern=[[dzm.shape[1] * D, TILE], [0, nk], [1, T]], offset=j * D + H),
-                data2=xw.ap(pattern=[[xw.shape[1] * F, TILE], [1, nk], [1, T]],
-                            offset=j * F + H + k0),
-                op=nl.multiply, engine=engine)
+        for part in ((0, GPSIMD_TAPS, nisa.engine.gpsimd),
+                     (GPSIMD_TAPS, W - GPSIMD_TAPS, nisa.engine.vector)):
+            k0, nk, engine = part
+            if nk > 0:
+                nisa.tensor_tensor(
+                    dst=prods[j % 2][:, k0:k0 + nk, :],
+                    data1=dzm.ap(pattern=[[dzm.shape[1] * D, TILE], [0, nk], [1, T]],
+                                 offset=j * D + H),
+                    data2=xw.ap(pattern=[[xw.shape[1] * F, TILE], [1, nk], [1, T]],
+                                offset=j * F + H + k0),
+                    op=nl.multiply, engine=engine)
     else:
         for k in range(W):
-            kk = k - k % 2
-            nisa.activation(dst=junk, op=nl.copy, data=prods[(j % 2) * W + kk][:, k % 2, :],
+            nisa.activation(dst=junk, op=nl.copy, data=prods[j % 2][:, k, :],
                             reduce_op=nl.add,
                             reduce_res=redw[:, j, k:k + 1],
                             reduce_cmd=nisa.reduce_cmd.reset_reduce)
@@ -421,8 +414,8 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
     bcol = nl.ndarray((TILE, G), dtype=nl.float32, buffer=nl.sbuf)
     diag = nl.ndarray((TILE, G, W, TILE), dtype=xdt, buffer=nl.sbuf)
     prods = []
-    for i in range(2 * W):
-        prods.append(nl.ndarray((TILE, 2, T), dtype=nl.float32, buffer=nl.sbuf))
+    for i in range(2):
+        prods.append(nl.ndarray((TILE, W, T), dtype=nl.float32, buffer=nl.sbuf))
     red = (prods,
            nl.ndarray((TILE, T), dtype=nl.float32, buffer=nl.sbuf),
            nl.ndarray((TILE, G, W), dtype=nl.float32, buffer=nl.sbuf),
