@@ -194,7 +194,7 @@ def _stage(bufs, red, st, j, W, silu):
             return
         # dz = dy * silu'(z + b) (x's dtype)
         nisa.tensor_tensor(dst=dzm[:, j, :], data1=s, data2=dyv, op=nl.multiply,
-                           engine=nisa.engine.vector)
+                           engine=nisa.engine.gpsimd if tdma else nisa.engine.vector)
     elif st == 4:
         for b in range(BLOCKS):
             for k in range(W):
@@ -207,7 +207,7 @@ def _stage(bufs, red, st, j, W, silu):
     elif st == 5:
         nisa.tensor_copy(dst=out[:, :, cols],
                          src=pso.ap(pattern=[[BANK, TILE], [TILE, BLOCKS], [1, TILE]], offset=0),
-                         engine=nisa.engine.scalar)
+                         engine=nisa.engine.vector)
         # dweight products over the row's own tokens (dz window columns H .. H+T): dz
         # repeated by a zero stride against the x window at several shifts, tap 0 on
         # GpSimd (a quarter of VectorE's rate), the others in one VectorE instruction
