@@ -62,14 +62,15 @@ engine's in-order queue holds several tiles' work:
    an identity);
 1. float32 x only: ScalarE evicts it (``xw``);
 2. TensorE: (float32 x: the dy window transposed;) with SiLU the W taps of z (``diag(w_k)``
-   stationary, the shifted x window moving); ScalarE ``s = sigmoid(z + b)`` (the only
-   ScalarE function: no activation-table switches), ``z + b`` with a bias;
-3. VectorE: ``dz = dy * s * (1 + z (1 - s))`` by three fused ``scalar_tensor_tensor``
-   ops (x's dtype);
+   stationary, the shifted x window moving); ScalarE ``s = silu'(z + b)`` by
+   ``nl.silu_dx`` (float32; the only ScalarE function: no activation-table switches);
+3. GpSimd (float32 x: VectorE, dy in PSUM): ``dz = dy * s`` (x's dtype);
 4. TensorE: the W dx taps per 128-position block (the shifted dz window stationary,
    ``diag(w_k)`` moving: dx comes out token-major);
-5. ScalarE: dx's PSUM eviction; GpSimd (taps 0-1) and VectorE (the rest): the dweight
-   products ``dz * xx[. + k]`` over the row's own tokens, two taps per instruction;
+5. VectorE: dx's PSUM eviction; the dweight products ``dz * xx[. + k]`` over the row's
+   own tokens, all W taps in one instruction (dz repeated by a zero stride, the x
+   window at W shifts; GPSIMD_TAPS of them can go to GpSimd, at a quarter of VectorE's
+   rate);
 6. ScalarE: the products (and, with a bias, dz) summed over tokens (activation
    accumulate) into the tile's dweight (/ dbias) columns. Without a bias the launcher
    returns no dbias: it is not computed (the kernel's dbias output is zeros).
@@ -81,17 +82,16 @@ The d_final loop then reads back the H dxo rows of positions L .. L+H-1 of each
 sequence, adds d_final (VectorE) and writes them again.
 
 Saved vs recomputed: the forward saves nothing beyond its inputs (x, weight, bias and
-the initial states the caller holds); z and sigmoid(z) are recomputed here (W TensorE
+the initial states the caller holds); z and silu'(z) are recomputed here (W TensorE
 taps per tile), so training costs 0 extra bytes per token of activation memory.
 
-What binds (modeled, trn2, the cost model of this commit): the elementwise engines, in
-balance -- VectorE (per tile and work row: three fused dz ops over T + H columns, one
-product instruction), ScalarE (the dx eviction, sigmoid, W accumulating sums) and
-GpSimd (two taps' products, gather descriptors), each ~75 % busy; TensorE (~30 %) and
-the HBM traffic (x, dy in, dx out: ~30 %) do not bind. Dim 8192, bfloat16, no bias:
-1x2048 1.57 ms at LNC=1 (``python -m simulate --op short_conv_backward
---no-calibration``); 16K tokens: figures and command in
-``nki_ssm.ops.launch.short_conv_backward``. Moving the
+What binds (modeled, trn2, the cost model of this commit): the elementwise engines --
+VectorE (per tile and work row: the dx eviction and the W products over T columns,
+~76 % busy) and ScalarE (silu_dx, W accumulating sums, ~73 %), GpSimd (dz, gather
+descriptors, ~46 %) behind; TensorE (~35 %) and the HBM traffic (x, dy in, dx out:
+~32 %) do not bind. Dim 8192, bfloat16, no bias: 1x2048 1.40 ms at LNC=1 (``python -m
+simulate --op short_conv_backward --no-calibration``); 16K tokens: figures and command
+in ``nki_ssm.ops.launch.short_conv_backward``. Moving the
 dweight reductions to TensorE (token-major dz against shifted x gathers) is the next
 step; it needs PSUM room this layout does not leave.
 
@@ -155,7 +155,8 @@ def _transpose_in(ps, g, cols, ident, tail):
 
 def _stage(bufs, red, st, j, W, silu):
     """Stage ``st`` of channel tile j of a work row (module design note): 0 x window
-    transposes; 1 its ScalarE eviction; 2 dy transposes, z taps, sigmoid; 3 dz; 4 dx taps;
+    transposes, 1 its ScalarE eviction (both float32 x only); 2 dy transposes (float32 x),
+    z taps, silu_dx; 3 dz; 4 dx taps;
     5 dx eviction and the dweight products; 6 the dweight / dbias sums. Each stage's PSUM
     and SBUF buffers alternate by tile (two of each), which the one-step skew between
     consecutive stages allows."""
@@ -166,7 +167,7 @@ def _stage(bufs, red, st, j, W, silu):
     D = T + H
     cols = slice(j * TILE, (j + 1) * TILE)
     psx, psd, psz, pso = banks[j % 2], banks[2 + j % 2], banks[4 + j % 2], banks[6 + j % 2]
-    s, u = sg[j % 2], uv[j % 2]
+    s = sg[j % 2]
     tdma = xg == None  # noqa: E711  (windows gather-transposed: channel-major already)
     if st == 0:
         if not tdma:
@@ -405,11 +406,10 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
     if not tdma:
         xw = nl.ndarray((TILE, G, T + 2 * H), dtype=xdt, buffer=nl.sbuf)
     dzm = nl.ndarray((TILE, G, T + H), dtype=xdt, buffer=nl.sbuf)
-    sg, zb, uv = [], [], []
+    sg = []
     for i in range(2):
         sg.append(nl.ndarray((TILE, T + H), dtype=nl.float32, buffer=nl.sbuf))
-        zb.append(nl.ndarray((TILE, T + H), dtype=nl.float32, buffer=nl.sbuf))
-        uv.append(nl.ndarray((TILE, T + H), dtype=nl.float32, buffer=nl.sbuf))
+    zb, uv = None, None
     wcol = nl.ndarray((TILE, G, W), dtype=nl.float32, buffer=nl.sbuf)
     bcol = nl.ndarray((TILE, G), dtype=nl.float32, buffer=nl.sbuf)
     diag = nl.ndarray((TILE, G, W, TILE), dtype=xdt, buffer=nl.sbuf)
