@@ -40,7 +40,7 @@ the second the rows left, one per iteration; then, with d_final_states, one top-
 loop over sequences. No loop inside another; bounds are ``NkiScalar`` s loaded
 (``scaffold.trip_counts``) from an SBUF copy of ``counts`` before the loops; everything
 unrolled in a body is bounded by the group and W. Program size depends on DP, W, dtypes
-and flags only (12,617 static instructions at dim 8192, W 4, bfloat16, LNC=1: the first
+and flags only (11,273 static instructions at dim 8192, W 4, bfloat16, LNC=1: the first
 row loop's body holds 6 rows).
 
 Per work row and group: one DMA loads the table row (the row's ``NkiScalar`` index as
