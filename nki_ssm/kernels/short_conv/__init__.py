@@ -31,8 +31,9 @@ token stream, each window one indirect (gather) ``dma_transpose`` of up to 16
 channel tiles x 528 tokens by an index tile computed on chip; TensorE does the
 W taps as accumulating matmuls with the shifted x window as stationary and
 ``diag(weight[:, k])`` as moving, which also turns the result token-major
-(every 7th channel tile instead runs its taps on VectorE in float32 and is
-transposed by TensorE, to share the load); ScalarE applies SiLU (or copy)
+(with float32 operands every 2nd channel tile, with split weights every 4th,
+instead runs its taps on VectorE in float32 and is transposed by TensorE, to
+share the load; bfloat16 operands keep every tile on TensorE); ScalarE applies SiLU (or copy)
 while evicting each PSUM bank; one ``scalar_offset`` DMA stores a chunk's
 rows. Sequence boundaries are handled afterwards by a head loop over live
 sequences: the first W-1 outputs are recomputed from the old state (VectorE
@@ -76,7 +77,7 @@ built by a few vectorised array ops in the launcher, and every loop that grows
 with tokens or sequences is a runtime loop whose bound is an ``NkiScalar``
 (``nisa.scalar_load`` of an SBUF copy of the counts row; design notes in prefill.py
 and decode.py). One
-program per bucket: prefill 16,407 static instructions at 16K x 1 and 8 x 2K
+program per bucket: prefill 15,959 static instructions at 16K x 1 and 8 x 2K
 (dim 8192, W 4, bf16, LNC=1; the first stream loop's body holds 5 chunk pairs);
 decode 1,276, 672 per program at LNC=2 (``Trace.program_instructions``, every loop
 body and both sides of every ``nl.if_else`` counted once).
@@ -95,17 +96,18 @@ written for trn2 limits (PSUM N <= 512, 8 banks) and run unchanged on trn3.
 Performance (modeled, trn2, one NeuronCore, LNC=1)
 --------------------------------------------------
 Command: ``PYTHONPATH=. python -m simulate --op short_conv --no-calibration``
+(16K and 8 x 2K: ``--set judged --op short_conv_prefill --model qwen3``)
 (Qwen3-Next conv shape: dim 8192, W 4, bfloat16 x / weight / pool, no bias,
 SiLU; the bound is the minimal HBM bytes -- x, y and the named slots' state in
 and out -- over the core's 368 GB/s DMA bandwidth; central figure and 10-90 %
 interval of nki_ssm.perf as of this commit; prefill: central figures).
 
-- prefill 16K tokens, one sequence: 2.27 ms, 237 GB/s = 64.3 % of DMA
-  bandwidth; DMA-bound (the windows and the stores), TensorE and VectorE
-  behind. Each stream-loop iteration loads its own first windows (nothing is
-  prefetched across iterations, NKI-1582): +8 % against the former
-  cross-iteration prefetch (2.10 ms), with 5 chunk pairs per iteration.
-- prefill 8 x 2K ragged: 2.43 ms, 60.0 % of DMA bandwidth (+7 % against 2.28 ms).
+- prefill 16K tokens, one sequence: 2.18 ms, 246 GB/s = 66.9 % of DMA
+  bandwidth; DMA queues 86 % busy (the windows and the stores), TensorE 80 %
+  (32,768 matmuls), ScalarE 56 % (the evictions). Each stream-loop iteration
+  loads its own first windows (nothing is prefetched across iterations,
+  NKI-1582), with 5 chunk pairs per iteration.
+- prefill 8 x 2K ragged: 2.34 ms, 62.4 % of DMA bandwidth; 1 x 2K: 393 us (46.5 %).
 - decode 512 sequences x 1 token: 313 us (306-381) = 1.71x the bytes-moved
   bound; DMA (77 %) with VectorE (59 %: the taps' PSUM evictions) behind.
 - decode 32 sequences x 1 token: 87 us (71-154) = 7.5x the bound (wide layout,
@@ -116,8 +118,9 @@ command: ``PYTHONPATH=. python tests/kernels/short_conv_perf.py judged``, the ju
 cases of ``simulate.cases``): each program timed alone on its own core (the cost model
 over that program's instructions), against LNC=1:
 
-- prefill 16K x 1: 1139 us = 0.501x LNC=1; 8 x 2K: 1282 us = 0.527x (the head loop's
-  per-sequence DMA latencies do not halve);
+- prefill 16K x 1: 1.10 ms = 0.50x LNC=1; 8 x 2K: 1.24 ms = 0.53x (the head loop's
+  per-sequence DMA latencies do not halve; the same figures from ``python -m simulate
+  --set judged --op short_conv_prefill --model qwen3``);
 - decode 32 sequences: 39.8 us = 0.456x; 512 sequences: 168 us = 0.537x.
 
 Timed as one trace, today's cost model also makes program 1's first run-time-addressed

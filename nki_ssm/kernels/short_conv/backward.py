@@ -35,19 +35,22 @@ Design note
 -----------
 Loops: per channel group (16 tiles of 128 channels for bfloat16 x, 8 for float32) two
 top-level ``nl.fori_loop`` s over the work rows (the same list for every group: a group's
-channels are compile-time offsets), the first ROWS_PER_ITERATION = 4 rows per iteration,
+channels are compile-time offsets), the first ROWS_PER_ITERATION = 6 rows per iteration,
 the second the rows left, one per iteration; then, with d_final_states, one top-level
 loop over sequences. No loop inside another; bounds are ``NkiScalar`` s loaded
 (``scaffold.trip_counts``) from an SBUF copy of ``counts`` before the loops; everything
 unrolled in a body is bounded by the group and W. Program size depends on DP, W, dtypes
-and flags only (12,417 static instructions at dim 8192, W 4, bfloat16, LNC=1: the first
-row loop's body holds 4 rows).
+and flags only (11,273 static instructions at dim 8192, W 4, bfloat16, LNC=1: the first
+row loop's body holds 6 rows).
 
 Per work row and group: one DMA loads the table row (the row's ``NkiScalar`` index as
-``scalar_offset``), then the row's windows: ``vector_offset`` gathers (one xsrc / dysrc row
-per partition) of the x window (T + 2H positions) and the dy window (T + H tokens),
-token-major; positions outside the sequence read the zero row, so no masks and no
-conditionals. The rows of an iteration alternate two buffer sets (table row, windows, dx
+``scalar_offset``), then the row's windows, the x window (T + 2H positions) and the dy
+window (T + H tokens): for 2-byte x one indirect ``dma_transpose`` (gather transpose,
+software DGE; the table's gather columns copied to uint32 by GpSimd) each, straight to
+channel-major ``[128 ch, tiles, rows]`` (rows rounded up to 16: zero rows); for float32
+x (the gather transpose takes 2-byte dtypes only) ``vector_offset`` gathers (one xsrc /
+dysrc row per partition), token-major. Positions outside the sequence read the zero row,
+so no masks and no conditionals. The rows of an iteration alternate two buffer sets (table row, windows, dx
 tile): row r + 2's loads are issued as soon as row r is done with its set, so they
 arrive under row r + 1's stages. The iteration loads all it reads (no SBUF prefetch
 across iterations: nki-library turns it off for dynamic loops, NKI-1582), so only its
@@ -55,19 +58,22 @@ first row waits for its windows, and it allocates its PSUM banks. Each 128-chann
 runs seven stages, issued as a wavefront (stage q of tile t - q at step t) so every
 engine's in-order queue holds several tiles' work:
 
-0. TensorE: the x window transposed to channel-major (matmuls against an identity);
-1. ScalarE: its PSUM eviction (``xw``, x's dtype);
-2. TensorE: the dy window transposed; with SiLU the W taps of z (``diag(w_k)``
-   stationary, the shifted x window moving); ScalarE ``s = sigmoid(z + b)`` (the only
-   ScalarE function: no activation-table switches), ``z + b`` with a bias;
-3. VectorE: ``dz = dy * s * (1 + z (1 - s))`` by three fused ``scalar_tensor_tensor``
-   ops (x's dtype);
+0. float32 x only: TensorE transposes the x window to channel-major (matmuls against
+   an identity);
+1. float32 x only: ScalarE evicts it (``xw``);
+2. TensorE: (float32 x: the dy window transposed;) with SiLU the W taps of z (``diag(w_k)``
+   stationary, the shifted x window moving); ScalarE ``s = silu'(z + b)`` by
+   ``nl.silu_dx`` (float32; the only ScalarE function: no activation-table switches);
+3. GpSimd (float32 x: VectorE, dy in PSUM): ``dz = dy * s`` (x's dtype);
 4. TensorE: the W dx taps per 128-position block (the shifted dz window stationary,
    ``diag(w_k)`` moving: dx comes out token-major);
 5. VectorE: dx's PSUM eviction; the dweight products ``dz * xx[. + k]`` over the row's
-   own tokens, two taps per instruction (GpSimd taps 0-1, VectorE the rest);
-6. ScalarE: the products and dz summed over tokens (activation accumulate) into the
-   tile's dweight / dbias columns.
+   own tokens, all W taps in one instruction (dz repeated by a zero stride, the x
+   window at W shifts; GPSIMD_TAPS of them can go to GpSimd, at a quarter of VectorE's
+   rate);
+6. ScalarE: the products (and, with a bias, dz) summed over tokens (activation
+   accumulate) into the tile's dweight (/ dbias) columns. Without a bias the launcher
+   returns no dbias: it is not computed (the kernel's dbias output is zeros).
 
 The row's dx blocks go out by ``vector_offset`` scatters; the
 per-row sums are added into float32 accumulators, stored after the group's loop. A
@@ -76,16 +82,16 @@ The d_final loop then reads back the H dxo rows of positions L .. L+H-1 of each
 sequence, adds d_final (VectorE) and writes them again.
 
 Saved vs recomputed: the forward saves nothing beyond its inputs (x, weight, bias and
-the initial states the caller holds); z and sigmoid(z) are recomputed here (W TensorE
+the initial states the caller holds); z and silu'(z) are recomputed here (W TensorE
 taps per tile), so training costs 0 extra bytes per token of activation memory.
 
-What binds (modeled, trn2, the cost model of this commit): the elementwise engines,
-VectorE first (per tile and work row: three fused dz ops over T + H columns, the dx
-eviction, two product instructions) with ScalarE (two evictions, sigmoid, W + 1
-accumulating sums) and GpSimd (products, gather descriptors) close behind; TensorE
-(~35 % busy) and the HBM traffic (x, dy in, dx out: ~23 % of the time) do not bind: at
-dim 8192 x 16K tokens, bfloat16, 12.7 ms at LNC=1 and 6.3 ms at LNC=2, 17 % of the HBM
-roofline (figures and command in ``nki_ssm.ops.launch.short_conv_backward``). Moving the
+What binds (modeled, trn2, the cost model of this commit): the elementwise engines --
+VectorE (per tile and work row: the dx eviction and the W products over T columns,
+~76 % busy) and ScalarE (silu_dx, W accumulating sums, ~73 %), GpSimd (dz, gather
+descriptors, ~46 %) behind; TensorE (~35 %) and the HBM traffic (x, dy in, dx out:
+~32 %) do not bind. Dim 8192, bfloat16, no bias: 1x2048 1.40 ms at LNC=1 (``python -m
+simulate --op short_conv_backward --no-calibration``); 16K tokens: figures and command
+in ``nki_ssm.ops.launch.short_conv_backward``. Moving the
 dweight reductions to TensorE (token-major dz against shifted x gathers) is the next
 step; it needs PSUM room this layout does not leave.
 
@@ -111,7 +117,8 @@ GROUP_TILES = 16    # channel tiles per group (one loop each; 8 for float32 x)
 BANK = 512          # float32 columns of one PSUM bank
 TABLE_COLUMNS = 3 * BLOCKS + 2   # index columns of a work row (x, dy, dx blocks)
 FS_COLUMNS = 2048   # channels per d_final read-modify-write block
-ROWS_PER_ITERATION = 4   # work rows per iteration of the first row loop (its first waits)
+GPSIMD_TAPS = 0     # dweight product taps on GpSimd (the rest on VectorE)
+ROWS_PER_ITERATION = 6   # work rows per iteration of the first row loop (its first waits)
 
 
 def _group_weights(weight, bias, wcol, bcol, diag, ident, c0, n, W):
@@ -148,7 +155,8 @@ def _transpose_in(ps, g, cols, ident, tail):
 
 def _stage(bufs, red, st, j, W, silu):
     """Stage ``st`` of channel tile j of a work row (module design note): 0 x window
-    transposes; 1 its ScalarE eviction; 2 dy transposes, z taps, sigmoid; 3 dz; 4 dx taps;
+    transposes, 1 its ScalarE eviction (both float32 x only); 2 dy transposes (float32 x),
+    z taps, silu_dx; 3 dz; 4 dx taps;
     5 dx eviction and the dweight products; 6 the dweight / dbias sums. Each stage's PSUM
     and SBUF buffers alternate by tile (two of each), which the one-step skew between
     consecutive stages allows."""
@@ -159,36 +167,35 @@ def _stage(bufs, red, st, j, W, silu):
     D = T + H
     cols = slice(j * TILE, (j + 1) * TILE)
     psx, psd, psz, pso = banks[j % 2], banks[2 + j % 2], banks[4 + j % 2], banks[6 + j % 2]
-    s, u = sg[j % 2], uv[j % 2]
+    s = sg[j % 2]
+    tdma = xg == None  # noqa: E711  (windows gather-transposed: channel-major already)
     if st == 0:
-        _transpose_in(psx, xg, cols, ident, 2 * H)
+        if not tdma:
+            _transpose_in(psx, xg, cols, ident, 2 * H)
     elif st == 1:
+        if tdma:
+            return
         nisa.tensor_copy(dst=xw[:, j, :], src=psx[:, 0:T + 2 * H], engine=nisa.engine.scalar)
     elif st == 2:
-        _transpose_in(psd, dg, cols, ident, H)
+        if not tdma:
+            _transpose_in(psd, dg, cols, ident, H)
         if silu:
             for k in range(W):
                 nisa.nc_matmul(dst=psz[:, 0:D], stationary=diag[:, j, k, :],
                                moving=xw[:, j, k:k + D], accumulate=k > 0)
-            # s = sigmoid(z + b): the one ScalarE function (no activation-table switches)
-            nisa.activation(dst=s, op=nl.sigmoid, data=psz[:, 0:D], bias=bcol[:, j:j + 1])
-            if has_bias:
-                nisa.activation(dst=zb[j % 2], op=nl.copy, data=psz[:, 0:D],
-                                bias=bcol[:, j:j + 1])
+            # s = silu'(z + b) (nl.silu_dx: the one ScalarE function, no activation-table
+            # switches)
+            nisa.activation(dst=s, op=nl.silu_dx, data=psz[:, 0:D], bias=bcol[:, j:j + 1])
     elif st == 3:
+        dyv = psd[:, 0:D]
+        if tdma:
+            dyv = dg[:, j, 0:D]
         if not silu:
-            nisa.tensor_copy(dst=dzm[:, j, :], src=psd[:, 0:D], engine=nisa.engine.vector)
+            nisa.tensor_copy(dst=dzm[:, j, :], src=dyv, engine=nisa.engine.vector)
             return
-        z = psz[:, 0:D]
-        if has_bias:
-            z = zb[j % 2]
-        # silu'(z) = s (1 + z (1 - s)): u = (s - 1) z; v = (u - 1) s = -silu'(z); dz = -v dy
-        nisa.scalar_tensor_tensor(dst=u, data=s, op0=nl.subtract, operand0=1.0,
-                                  op1=nl.multiply, operand1=z)
-        nisa.scalar_tensor_tensor(dst=u, data=u, op0=nl.subtract, operand0=1.0,
-                                  op1=nl.multiply, operand1=s)
-        nisa.scalar_tensor_tensor(dst=dzm[:, j, :], data=u, op0=nl.multiply, operand0=-1.0,
-                                  op1=nl.multiply, operand1=psd[:, 0:D])
+        # dz = dy * silu'(z + b) (x's dtype)
+        nisa.tensor_tensor(dst=dzm[:, j, :], data1=s, data2=dyv, op=nl.multiply,
+                           engine=nisa.engine.gpsimd if tdma else nisa.engine.vector)
     elif st == 4:
         for b in range(BLOCKS):
             for k in range(W):
@@ -202,28 +209,32 @@ def _stage(bufs, red, st, j, W, silu):
         nisa.tensor_copy(dst=out[:, :, cols],
                          src=pso.ap(pattern=[[BANK, TILE], [TILE, BLOCKS], [1, TILE]], offset=0),
                          engine=nisa.engine.vector)
-        # dweight products over the row's own tokens (dz window columns H .. H+T), two taps
-        # per instruction (dz repeated by a zero stride, the x window at two shifts):
-        # taps 0, 1 on GpSimd, the others on VectorE
-        F = T + 2 * H
-        for k0 in range(0, W, 2):
-            nk = min(2, W - k0)
-            engine = nisa.engine.gpsimd if k0 == 0 else nisa.engine.vector
-            nisa.tensor_tensor(
-                dst=prods[(j % 2) * W + k0][:, 0:nk, :],
-                data1=dzm.ap(pattern=[[dzm.shape[1] * D, TILE], [0, nk], [1, T]], offset=j * D + H),
-                data2=xw.ap(pattern=[[xw.shape[1] * F, TILE], [1, nk], [1, T]],
-                            offset=j * F + H + k0),
-                op=nl.multiply, engine=engine)
+        # dweight products over the row's own tokens (dz window columns H .. H+T): dz
+        # repeated by a zero stride against the x window at several shifts, tap 0 on
+        # GpSimd (a quarter of VectorE's rate), the others in one VectorE instruction
+        F = xw.shape[2]
+        for part in ((0, GPSIMD_TAPS, nisa.engine.gpsimd),
+                     (GPSIMD_TAPS, W - GPSIMD_TAPS, nisa.engine.vector)):
+            k0, nk, engine = part
+            if nk > 0:
+                nisa.tensor_tensor(
+                    dst=prods[j % 2][:, k0:k0 + nk, :],
+                    data1=dzm.ap(pattern=[[dzm.shape[1] * D, TILE], [0, nk], [1, T]],
+                                 offset=j * D + H),
+                    data2=xw.ap(pattern=[[xw.shape[1] * F, TILE], [1, nk], [1, T]],
+                                offset=j * F + H + k0),
+                    op=nl.multiply, engine=engine)
     else:
         for k in range(W):
-            kk = k - k % 2
-            nisa.activation(dst=junk, op=nl.copy, data=prods[(j % 2) * W + kk][:, k % 2, :],
+            nisa.activation(dst=junk, op=nl.copy, data=prods[j % 2][:, k, :],
                             reduce_op=nl.add,
                             reduce_res=redw[:, j, k:k + 1],
                             reduce_cmd=nisa.reduce_cmd.reset_reduce)
-        nisa.activation(dst=junk, op=nl.copy, data=dzm[:, j, H:H + T], reduce_op=nl.add,
-                        reduce_res=redb[:, j:j + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        if has_bias:
+            # dbias (without a bias the launcher returns no dbias: not computed)
+            nisa.activation(dst=junk, op=nl.copy, data=dzm[:, j, H:H + T], reduce_op=nl.add,
+                            reduce_res=redb[:, j:j + 1],
+                            reduce_cmd=nisa.reduce_cmd.reset_reduce)
 
 
 STAGES = 7
@@ -241,13 +252,33 @@ def _gather_windows(xsrc, dysrc, xg, dg, idx, c0, gw, H):
     _gather(dysrc, dg[:, BLOCKS, :], idx, 2 * BLOCKS + 1, H, c0, gw)
 
 
+def _gather_transpose(src, dst, idx, rows, c0, n):
+    """``dst[:, 0:n, 0:rows]`` (channel-major, x's 2-byte dtype) = the HBM rows of ``src``
+    listed column-major in ``idx [128, 4]`` (uint32), channels c0 + j*128 + p: one
+    indirect ``dma_transpose`` (gather transpose, software DGE)."""
+    RB = dst.shape[2]
+    row = dst.shape[1] * RB
+    nisa.dma_transpose(dst=dst.ap(pattern=[[row, TILE], [RB, n], [1, 1], [1, rows]], offset=0),
+                       src=src.ap(pattern=[[src.shape[1], rows], [TILE, n], [1, 1], [1, TILE]],
+                                  offset=c0, vector_offset=idx, indirect_dim=0),
+                       axes=(3, 1, 2, 0))
+
+
 def _load_row(i, rows, rset, xsrc, dysrc, c0, gw, H):
     """Work row i's table row (gather indices and dx rows) and windows into the buffer set
-    ``rset = (idx, xg, dg, out)``."""
-    idx, xg, dg, out = rset
+    ``rset = (idx, xg, dg, out, xt, idxu)``: 2-byte x by two gather transposes (x window
+    into ``xt``, dy window into ``dg``, both channel-major; their indices as uint32 in
+    ``idxu``), float32 x by token-major row gathers into ``xg`` / ``dg``."""
+    idx, xg, dg, out, xt, idxu = rset
     nisa.dma_copy(dst=idx, src=rows.ap(pattern=[[TABLE_COLUMNS, TILE], [1, TABLE_COLUMNS]],
                                        offset=0, scalar_offset=i, indirect_dim=0))
-    _gather_windows(xsrc, dysrc, xg, dg, idx, c0, gw, H)
+    if xg != None:  # noqa: E711
+        _gather_windows(xsrc, dysrc, xg, dg, idx, c0, gw, H)
+        return
+    n = gw // TILE
+    nisa.tensor_copy(dst=idxu, src=idx[:, 0:2 * BLOCKS + 2], engine=nisa.engine.gpsimd)
+    _gather_transpose(xsrc, xt, idxu[:, 0:BLOCKS + 1], xt.shape[2], c0, n)
+    _gather_transpose(dysrc, dg, idxu[:, BLOCKS + 1:2 * BLOCKS + 2], dg.shape[2], c0, n)
 
 
 def _rows(first, count, rows, sets, xsrc, dysrc, dxo, dx_off, bufs, red, acc, c0, n, W, silu):
@@ -269,7 +300,9 @@ def _rows(first, count, rows, sets, xsrc, dysrc, dxo, dx_off, bufs, red, acc, c0
     for j in range(min(2, count)):
         _load_row(first + j, rows, sets[j], xsrc, dysrc, c0, gw, H)
     for j in range(count):
-        idx, xg, dg, out = sets[j % 2]
+        idx, xg, dg, out, xt, idxu = sets[j % 2]
+        if xt != None:  # noqa: E711
+            xw = xt
         rbufs = (ident, xg, dg, xw, dzm, sg, zb, uv, out, banks, diag, bcol, has_bias)
         # the tiles' stages as a wavefront: at step t, stage q of tile t - q (oldest first),
         # so each engine's in-order queue holds work of several tiles at once
@@ -286,8 +319,9 @@ def _rows(first, count, rows, sets, xsrc, dysrc, dxo, dx_off, bufs, red, acc, c0
                           src=out[:, b, 0:gw])
         nisa.tensor_tensor(dst=acc_w[:, 0:n, :], data1=acc_w[:, 0:n, :],
                            data2=redw[:, 0:n, :], op=nl.add)
-        nisa.tensor_tensor(dst=acc_b[:, 0:n], data1=acc_b[:, 0:n], data2=redb[:, 0:n],
-                           op=nl.add)
+        if has_bias:
+            nisa.tensor_tensor(dst=acc_b[:, 0:n], data1=acc_b[:, 0:n], data2=redb[:, 0:n],
+                               op=nl.add)
         if j + 2 < count:
             _load_row(first + j + 2, rows, sets[j % 2], xsrc, dysrc, c0, gw, H)
 
@@ -350,25 +384,38 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
     # two buffer sets of a work row (rows alternate them inside an iteration): its table
     # row, its gathered windows (token-major: BLOCKS blocks of 128 rows, then the tail
     # rows) and its dx tile
+    # rows) and its dx tile; 2-byte x: the x / dy windows gather-transposed to
+    # channel-major ``[128 ch, G, rows]`` (rows rounded up to 16: the gather transpose
+    # takes a multiple of 16 rows, 32-byte aligned tile rows; the extra rows are zero rows)
     sets = []
+    tdma = xdt != nl.float32
+    XR = (T + 2 * H + 15) // 16 * 16
+    DR = (T + H + 15) // 16 * 16
     for i in range(2):
-        sets.append((nl.ndarray((TILE, TABLE_COLUMNS), dtype=nl.int32, buffer=nl.sbuf),
-                     nl.ndarray((TILE, BLOCKS + 1, GW), dtype=xdt, buffer=nl.sbuf),
-                     nl.ndarray((TILE, BLOCKS + 1, GW), dtype=xdt, buffer=nl.sbuf),
-                     nl.ndarray((TILE, BLOCKS, GW), dtype=xdt, buffer=nl.sbuf)))
-    xw = nl.ndarray((TILE, G, T + 2 * H), dtype=xdt, buffer=nl.sbuf)
+        idx = nl.ndarray((TILE, TABLE_COLUMNS), dtype=nl.int32, buffer=nl.sbuf)
+        out = nl.ndarray((TILE, BLOCKS, GW), dtype=xdt, buffer=nl.sbuf)
+        if tdma:
+            sets.append((idx, None, nl.ndarray((TILE, G, DR), dtype=xdt, buffer=nl.sbuf), out,
+                         nl.ndarray((TILE, G, XR), dtype=xdt, buffer=nl.sbuf),
+                         nl.ndarray((TILE, 2 * BLOCKS + 2), dtype=nl.uint32, buffer=nl.sbuf)))
+        else:
+            sets.append((idx, nl.ndarray((TILE, BLOCKS + 1, GW), dtype=xdt, buffer=nl.sbuf),
+                         nl.ndarray((TILE, BLOCKS + 1, GW), dtype=xdt, buffer=nl.sbuf), out,
+                         None, None))
+    xw = None
+    if not tdma:
+        xw = nl.ndarray((TILE, G, T + 2 * H), dtype=xdt, buffer=nl.sbuf)
     dzm = nl.ndarray((TILE, G, T + H), dtype=xdt, buffer=nl.sbuf)
-    sg, zb, uv = [], [], []
+    sg = []
     for i in range(2):
         sg.append(nl.ndarray((TILE, T + H), dtype=nl.float32, buffer=nl.sbuf))
-        zb.append(nl.ndarray((TILE, T + H), dtype=nl.float32, buffer=nl.sbuf))
-        uv.append(nl.ndarray((TILE, T + H), dtype=nl.float32, buffer=nl.sbuf))
+    zb, uv = None, None
     wcol = nl.ndarray((TILE, G, W), dtype=nl.float32, buffer=nl.sbuf)
     bcol = nl.ndarray((TILE, G), dtype=nl.float32, buffer=nl.sbuf)
     diag = nl.ndarray((TILE, G, W, TILE), dtype=xdt, buffer=nl.sbuf)
     prods = []
-    for i in range(2 * W):
-        prods.append(nl.ndarray((TILE, 2, T), dtype=nl.float32, buffer=nl.sbuf))
+    for i in range(2):
+        prods.append(nl.ndarray((TILE, W, T), dtype=nl.float32, buffer=nl.sbuf))
     red = (prods,
            nl.ndarray((TILE, T), dtype=nl.float32, buffer=nl.sbuf),
            nl.ndarray((TILE, G, W), dtype=nl.float32, buffer=nl.sbuf),

@@ -92,8 +92,8 @@ across iteration boundaries.
    heads; every other token's window lies inside its own sequence. TensorE does
    the W taps as accumulating matmuls on the whole PE array ``psum[tok, ch] +=
    xw[:, k:k+128].T @ diag(weight[:, k])`` (``accumulate`` given on every matmul
-   into a bank), every 7th channel tile (2nd fp32, 4th split) on VectorE plus a
-   TensorE transpose; ScalarE applies SiLU / copy evicting each bank; a chunk is
+   into a bank) -- with float32 operands every 2nd channel tile, with split
+   weights every 4th, on VectorE plus a TensorE transpose instead; ScalarE applies SiLU / copy evicting each bank; a chunk is
    stored by ONE ``scalar_offset`` DMA of its CH token rows, the offset a (1, 1)
    int32 SBUF tile VectorE computes (stores with run-time addresses are ordered
    after each other, so few large ones). Past the bucket the chunk start is
@@ -825,9 +825,11 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     groups = _channel_groups(Dp, gt, cb)
     GW = gt * TILE
     # every vec_every-th channel tile of a chunk runs on VectorE (+ a TensorE transpose)
-    # so TensorE and VectorE finish together: per 128 x 128 block TensorE needs W (x parts)
-    # matmuls of 128 cycles (x4 for float32), VectorE ~1000-1200 cycles at 0.4 of its clock
-    vec_every = 7
+    # when TensorE would bind alone: per 128 x 128 block TensorE needs W (x parts) matmuls
+    # of 128 cycles (x4 for float32), VectorE ~1000-1200 cycles at 0.4 of its clock.
+    # bfloat16 unsplit: none (TensorE 80 % busy at 16K with the DMA queues at 86 %; a
+    # VectorE tile every 7 made the 16K / 8 x 2K / 2K cases 4 / 4 / 12 % slower)
+    vec_every = 0
     if mm_fp32:
         vec_every = 2
     elif w_split:
