@@ -259,14 +259,13 @@ faster matmuls. A short batch pays the fixed HBM traffic of the S^T blocks
 state loaded: ~5 x 4 MB at H*P = 8192).
 
 LNC=2 (same model, each program's instructions timed on its own core;
-the programs never synchronise): 785 us per program at 2K tokens, 0.66 x
-LNC=1 (10 blocks per program: the two chunks share one pipeline without the
-TensorE balancing, so VectorE keeps y_off + y_intra and the per-head state
-update; the fixed costs, constants and the pipeline fill, are paid by both
-programs).
+the programs never synchronise): 684 us per program at 2K tokens, 0.58 x
+LNC=1 (10 blocks per program: the two chunks share one pipeline, with the
+TensorE balancing; the fixed costs, constants and the pipeline fill, are
+paid by both programs).
 
 Program size (static instructions, ``Trace.program_instructions()``):
-1,377 at 2K tokens; at LNC=2 747 per program (both programs).
+1,377 at 2K tokens; at LNC=2 727 per program (both programs).
 """
 from __future__ import annotations
 
@@ -393,14 +392,14 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     ctxs = [c0, c0]
     if double:
         ctxs[1] = _ctx_tiles(cst, G, n_tiles)
-    # long pipelines (more blocks than stages, two contexts, the chunk-state PSUM pair in
+    # long pipelines (at least as many blocks as stages, two contexts, the chunk-state PSUM pair in
     # one bank) balance the engines through TensorE: y_off * exp(cs) is added to y_intra
     # by an identity matmul into its PSUM bank instead of on VectorE, which carries the
     # float products, with the 4 y banks that longer PSUM lifetime needs
     nb = len(blocks)
-    cst["pe_add"] = double and nb > len(_STAGES) and 2 * n_tiles * hb * P <= _PSUM_F
+    cst["pe_add"] = double and nb >= len(_STAGES) and 2 * n_tiles * hb * P <= _PSUM_F
     rings = _item_rings(cst, hb)
-    # ... and the state update of most blocks goes the same way: ScalarE e*S,
+    # ... and the state update of every block goes the same way: VectorE e*S,
     # TensorE accumulates it into the chunk-state PSUM, ScalarE copies back
     cst["pe_state"] = cst["pe_add"] and n_tiles == 1
     cst["nb"] = nb
