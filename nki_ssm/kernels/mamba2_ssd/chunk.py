@@ -164,9 +164,10 @@ n_tiles*hb*P <= 512: one PSUM bank per tile; hb = 4 at Q = 128, P = 64).
             exactly 0 for j >= i), one matmul for the block
  2 ScalarE  Dm = exp(seg), one instruction for the block (in [0, 1])
  3 VectorE  one instruction each for the block: Mt = Dm * CBmask in place
-            (CBmask repeated over the heads by a zero stride), xf = x_j dt'_j
-            (fp32, stage 4's moving operand), x_h D_h (D [H]); ScalarE: bf16
-            copy of the block's S^T (bf16 mode)
+            (CBmask repeated over the heads by a zero stride); xf = x_j dt'_j
+            (fp32, stage 4's moving operand) and x_h D_h (D [H]) together
+            (x read twice by a zero stride, the factors from the context's
+            [dt' | D] tile); ScalarE: bf16 copy of the block's S^T (bf16 mode)
  4 TensorE  y_intra = Mt^T xf_h + I^T (x_h D_h) per head, fp32; y_off =
             C S^T for the block (one matmul per N tile), both in one PSUM bank
  5 ScalarE  y_off * exp(cs_i) per head; silu(z). GpSimd: Xd = x_j dt'_j
@@ -240,15 +241,15 @@ Engine budget and what binds
 Modeled (trn2, nki_ssm.perf as of this commit; ``python -m simulate --op
 ssd_prefill --model mamba2-2.7b --range-samples 2 --no-calibration``;
 Mamba-2 2.7B, bf16 I/O, float32 pool, one 2K-token sequence): 1.18 ms
-(10-90 %: 1.18-1.29) = 1.73 M tokens/s, VectorE-bound (80 %; GpSimd 83 %,
-TensorE 74 %, ScalarE 67 %, DMA 27 %); 512 tokens 353 us. Per 128-token
+(10-90 %: 1.18-1.23) = 1.73 M tokens/s, GpSimd-bound (83 %; VectorE 75 %,
+TensorE 74 %, ScalarE 67 %, DMA 27 %); 512 tokens 354 us. Per 128-token
 chunk (trace of 256 tokens at H 80, P 64, N 128, 20 blocks of 4 heads):
-~129 VectorE, ~186 ScalarE, ~46 GpSimd, ~306 TensorE instructions; busy
-~71 us VectorE, ~60 us GpSimd, ~59 us ScalarE, ~58 us TensorE. The
+~110 VectorE, ~186 ScalarE, ~46 GpSimd, ~306 TensorE instructions; busy
+~67 us VectorE, ~60 us GpSimd, ~59 us ScalarE, ~58 us TensorE. The
 engines are balanced: what binds is the elementwise work per block, half
 of it over the Q x hb*Q decay matrix (W on GpSimd at a quarter element
 per cycle, exp on ScalarE, Mt on VectorE) and the rest the block's [Q,
-hb*P] passes (x dt', x D, e^tot S^T, y * silu(z) on VectorE; Xd on
+hb*P] passes (x [dt' | D], e^tot S^T, y * silu(z) on VectorE; Xd on
 GpSimd; y_off * exp(cs) and the state copy-back on ScalarE). y_off +
 y_intra and the state update run on TensorE identity matmuls (fp32, 0/1
 stationary: exact). Closer to the roof needs fewer elementwise passes
@@ -259,13 +260,13 @@ faster matmuls. A short batch pays the fixed HBM traffic of the S^T blocks
 state loaded: ~5 x 4 MB at H*P = 8192).
 
 LNC=2 (same model, each program's instructions timed on its own core;
-the programs never synchronise): 684 us per program at 2K tokens, 0.58 x
+the programs never synchronise): 668 us per program at 2K tokens, 0.57 x
 LNC=1 (10 blocks per program: the two chunks share one pipeline, with the
 TensorE balancing; the fixed costs, constants and the pipeline fill, are
 paid by both programs).
 
 Program size (static instructions, ``Trace.program_instructions()``):
-1,377 at 2K tokens; at LNC=2 727 per program (both programs).
+1,339 at 2K tokens; at LNC=2 709 per program (both programs).
 """
 from __future__ import annotations
 
@@ -385,13 +386,16 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
         braw = braw + _itemsize(C.dtype)
     ctx_bytes = (HP * (xbytes + zbytes) + GN * (8 + braw) + H * 4 * (6 + n_tiles)
                  + G * Q * (n_tiles * mdb + 4))
-    # state + transfer piece + item rings (W, Dm; yb, sz, Xd, xd, xD, xf) + constants
+    # state + transfer piece + item rings (W, Dm; yb, sz, Xd, xd, xfD) + constants
     fixed = n_tiles * HP * 4 + _NAT_BYTES + 6 * hb * Q * 4 + 16 * hb * P * 4 + 10 * _PMAX * 4
     double = fixed + 2 * ctx_bytes <= _SBUF_BUDGET
     c0 = _ctx_tiles(cst, G, n_tiles)
     ctxs = [c0, c0]
     if double:
         ctxs[1] = _ctx_tiles(cst, G, n_tiles)
+    if cst["Dh"] != None:  # noqa: E711
+        for c in ctxs:
+            nisa.tensor_copy(dst=c["fac"][:, H:2 * H], src=cst["Dh"][0:Q, :])
     # long pipelines (at least as many blocks as stages, two contexts, the chunk-state PSUM pair in
     # one bank) balance the engines through TensorE: y_off * exp(cs) is added to y_intra
     # by an identity matmul into its PSUM bank instead of on VectorE, which carries the
@@ -403,6 +407,7 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     # TensorE accumulates it into the chunk-state PSUM, ScalarE copies back
     cst["pe_state"] = cst["pe_add"] and n_tiles == 1
     cst["nb"] = nb
+    cst["hb"] = hb
     if cst["pe_state"]:
         rings["eS"] = _ring(4, (N, hb * P), nl.float32, nl.sbuf)
         cst["ident_n"] = cst["ident"]
@@ -663,8 +668,12 @@ def _ctx_tiles(cst, G, n_tiles):
         c["B_raw"] = nl.ndarray((Q, GN), dtype=cst["B"].dtype, buffer=nl.sbuf)
     if cst["C"].dtype != f32:
         c["C_raw"] = nl.ndarray((Q, GN), dtype=cst["C"].dtype, buffer=nl.sbuf)
-    for name in ("dtp", "dtA", "ecs", "wd"):
+    for name in ("dtA", "ecs", "wd"):
         c[name] = nl.ndarray((Q, H), dtype=f32, buffer=nl.sbuf)
+    # dt' in columns [0, H), D per head in [H, 2H) (written once, before the loops):
+    # the per-head factors of x in stage 3's one instruction (x dt', x D)
+    c["fac"] = nl.ndarray((Q, 2 * H), dtype=f32, buffer=nl.sbuf)
+    c["dtp"] = c["fac"][:, 0:H]
     if cst["z"] != None:  # noqa: E711
         # y is written over z's columns once silu(z) of the block is taken (SBUF:
         # H*P*2 bytes per partition and context); the chunk's y store is issued
@@ -694,9 +703,8 @@ def _item_rings(cst, hb):
     f32 = nl.float32
     r = {"W": _ring(2, (Q, hb * Q), f32, nl.sbuf), "Dm": _ring(3, (Q, hb * Q), f32, nl.sbuf),
          "yb": _ring(3, (Q, hb * P), f32, nl.sbuf), "sz": _ring(3, (Q, hb * P), f32, nl.sbuf),
-         "Xd": _ring(4, (Q, hb * P), f32, nl.sbuf), "xD": _ring(2, (Q, hb * P), f32, nl.sbuf),
+         "Xd": _ring(4, (Q, hb * P), f32, nl.sbuf), "xfD": _ring(2, (Q, 2 * hb * P), f32, nl.sbuf),
          "xd": _ring(2, (Q, hb * P), f32, nl.sbuf), "S": []}
-    r["xf"] = _ring(2, (Q, hb * P), f32, nl.sbuf)
     if md != f32:
         for i in range(2):
             S = []
@@ -986,21 +994,23 @@ def _st_mt(cst, ctx, blk, w, r):
                        data2=cbm.ap(pattern=[[Q, Q], [0, nh], [1, Q]], offset=0),
                        op=nl.multiply, engine=nisa.engine.vector)
     c0, c1 = h0 * P, (h0 + nh) * P
-    nisa.tensor_tensor(dst=_heads3(_pick(r["xf"], w), 0, nh, P),
-                       data1=_heads3(ctx["x_in"], c0, nh, P),
-                       data2=_per_head(ctx["dtp"], h0, nh, P), op=nl.multiply,
-                       engine=nisa.engine.vector)
+    # xf = x dt' (and, D [H], x D after it at column hb*P): the block's x read twice by
+    # a zero stride, the factors from the context's [dt' | D] tile
+    H, hb, fac = cst["H"], cst["hb"], ctx["fac"]
+    nf = 1
+    if cst["Dh"] != None:  # noqa: E711
+        nf = 2
+    xfD = _pick(r["xfD"], w)
+    nisa.tensor_tensor(dst=xfD.ap(pattern=[[2 * hb * P, Q], [hb * P, nf], [P, nh], [1, P]],
+                                  offset=0),
+                       data1=ctx["x_in"].ap(pattern=[[H * P, Q], [0, nf], [P, nh], [1, P]],
+                                            offset=c0),
+                       data2=fac.ap(pattern=[[2 * H, Q], [H, nf], [1, nh], [0, P]], offset=h0),
+                       op=nl.multiply, engine=nisa.engine.vector)
     if md != nl.float32:
         for t in range(cst["n_tiles"]):
             nisa.tensor_copy(dst=_pick(r["S"], w)[t][:, 0:nh * P], src=ST[t][:, c0:c1],
                              engine=nisa.engine.scalar)
-    if cst["Dh"] != None:  # noqa: E711
-        # x_h D_h for stage 4's identity matmul (fp32; a stage ahead, so VectorE
-        # never waits for the matmul that frees the buffer)
-        nisa.tensor_tensor(dst=_heads3(_pick(r["xD"], w), 0, nh, P),
-                           data1=_heads3(ctx["x_in"], c0, nh, P),
-                           data2=_per_head(cst["Dh"], h0, nh, P), op=nl.multiply,
-                           engine=nisa.engine.vector)
 
 
 def _st_out_mm(cst, ctx, blk, w, r):
@@ -1008,16 +1018,17 @@ def _st_out_mm(cst, ctx, blk, w, r):
     mode), into one PSUM bank: y_intra at columns [0, nh*P), y_off after."""
     g, h0, nh = blk
     Q, P, x_in, md = cst["Q"], cst["P"], ctx["x_in"], cst["md"]
-    Mt, yps = _pick(r["Dm"], w), _pick(r["yps"], w)
+    Mt, yps, hb = _pick(r["Dm"], w), _pick(r["yps"], w), cst["hb"]
     for k in range(nh):
         h = h0 + k
         yi = yps[:, k * P:(k + 1) * P]
-        xh = _pick(r["xf"], w)[:, k * P:(k + 1) * P]
+        xh = _pick(r["xfD"], w)[:, k * P:(k + 1) * P]
         nisa.nc_matmul(dst=yi, stationary=Mt[:, k * Q:(k + 1) * Q], moving=xh, accumulate=False)
         if cst["Dh"] != None:  # noqa: E711
             # + D_h x_i: identity stationary, moving x_h D_h (stage 3)
             nisa.nc_matmul(dst=yi, stationary=cst["ident"][0:Q, 0:Q],
-                           moving=_pick(r["xD"], w)[:, k * P:(k + 1) * P], accumulate=True,
+                           moving=_pick(r["xfD"], w)[:, (hb + k) * P:(hb + k + 1) * P],
+                           accumulate=True,
                            is_stationary_onezero=True)
     yo = yps[:, nh * P:2 * nh * P]
     c0, c1 = h0 * P, (h0 + nh) * P
