@@ -123,7 +123,7 @@ rows, so every loaded value is finite (NaN * 0 cannot arise). Masked rows
 get dt' = 0 (dt' times the 0/1 valid flag): decay exp(0) = 1 and input
 x dt' = 0 exactly, so a masked row adds exactly 0 to the state and to the
 valid outputs (CB is causally masked, and masked rows are the last of a
-chunk; ln dt' is clamped to 1e-18, which only feeds masked outputs). A
+chunk). A
 ragged batch therefore equals separate calls bit for bit. Every y row is
 written exactly once: a live token's row by its chunk's scatter (masked
 partitions write the dump row, sliced off by the host), a padding token's
@@ -145,7 +145,7 @@ Per chunk (prologue: loads, then compute)
 Loads (in the inputs' dtypes: a DMA never converts): the chunk's rows, dt
 (fp32), B, C (the compute's inputs first), x and z. Compute: B and C widened to fp32
 (GpSimd copies, bf16 inputs), dt' = clip(softplus(dt + dt_bias)) * valid,
-dtA = dt' A, ln dt' ([Q, H]). TensorE (fp32, 0/1 stationaries flagged
+dtA = dt' A ([Q, H]). TensorE (fp32, 0/1 stationaries flagged
 onezero): cs = U^T dtA (inclusive cumsum), ex = Ls^T dtA (sum over the
 chunk's later tokens), tot = 1^T dtA (chunk total, broadcast on the N
 partitions); ScalarE exp of each. Per group: C^T and B^T (TensorE
@@ -162,14 +162,17 @@ n_tiles*hb*P <= 512: one PSUM bank per tile; hb = 4 at Q = 128, P = 64).
  0 GpSimd   W[k, (h,i)] = dtA[k,h] U[k,i] (one affine_select for the block)
  1 TensorE  seg = Ls^T W -> seg[j,(h,i)] = sum_{j<k<=i} dtA[k,h] (fp32;
             exactly 0 for j >= i), one matmul for the block
- 2 ScalarE  Dm = exp(seg + ln dt'_j) (dt'_j as the exponent bias)
- 3 VectorE  Mt = Dm * CBmask per head, in place; the block's x widened to
-            fp32 (bf16 x: stage 4's moving operand); ScalarE: bf16 copy of the
-            block's S^T (bf16 mode), x_h D_h per head (D [H])
- 4 TensorE  y_intra = Mt^T x_h + I^T (x_h D_h) per head, fp32; y_off =
+ 2 ScalarE  Dm = exp(seg), one instruction for the block (in [0, 1])
+ 3 VectorE  one instruction each for the block: Mt = Dm * CBmask in place
+            (CBmask repeated over the heads by a zero stride); xf = x_j dt'_j
+            (fp32, stage 4's moving operand) and x_h D_h (D [H]) together
+            (x read twice by a zero stride, the factors from the context's
+            [dt' | D] tile); ScalarE: bf16 copy of the block's S^T (bf16 mode)
+ 4 TensorE  y_intra = Mt^T xf_h + I^T (x_h D_h) per head, fp32; y_off =
             C S^T for the block (one matmul per N tile), both in one PSUM bank
- 5 ScalarE  y_off * exp(cs_i) per head; silu(z); Xd = x_h dt'_j exp(ex_j);
-            e^tot S^T (blocks on the TensorE state path)
+ 5 ScalarE  y_off * exp(cs_i) per head; silu(z). GpSimd: Xd = x_j dt'_j
+            exp(ex_j); VectorE: e^tot S^T (blocks on the TensorE state path),
+            one instruction each for the block
  6 VectorE  y = y_off + y_intra (PSUM operand); long pipelines (``pe_add``):
             TensorE identity matmul accumulating y_off * exp(cs) into
             y_intra's PSUM bank (y ring of 4 banks)
@@ -178,8 +181,9 @@ n_tiles*hb*P <= 512: one PSUM bank per tile; hb = 4 at Q = 128, P = 64).
  8 TensorE  chunk state B^T Xd per N tile (fp32); TensorE state path: +
             I^T (e^tot S^T) into the same PSUM bank
  9 VectorE  S^T <- exp(tot) S^T + chunk state, per head (fp32); TensorE
-            state path (every second block with ``pe_add``): ScalarE copies
-            the PSUM sum back. Chunk 1 of a pair: the block's S^T store
+            state path (every block with ``pe_add`` and one dstate tile):
+            ScalarE copies the PSUM sum back. Chunk 1 of a pair: the block's
+            S^T store
 A chunk's y tile is scattered to its token rows once its items are done
 (chunk 1's in two halves, so little is left in flight at the iteration
 end). Item (1, j) reads the state item (0, j) writes: more than 6 blocks
@@ -206,7 +210,10 @@ dt processing, decay sums, exps, Mt, state and all accumulation in float32.
 Decays are always exp of a segment sum computed directly as a masked sum of
 per-token dt'A terms (never exp(c_i) * exp(-c_j), never a difference of two
 cumsums): no overflow and no cancellation for any gate values (dt' 1e4 with
-A = -16 is tested). ``exact=True`` (precision "fp32"): every matmul operand
+A = -16 is tested). Every exponent is <= 0 (A <= 0, dt' >= 0), so each
+decay factor lies in [0, 1]; the input weight dt'_j multiplies x_j (xf, Xd)
+rather than entering an exponent, so the intra-chunk term is exp(seg) *
+CB * (x dt'): bounded by |CB| |x| dt' and exactly 0 on masked rows. ``exact=True`` (precision "fp32"): every matmul operand
 float32. ``exact=False`` (precision "bf16", the default): only the
 state-to-output matmul y_off = C S^T takes bfloat16 operands (C exact for
 bf16 models, the fp32 state rounded once); y_intra, D x, CB, the decay sums
@@ -232,33 +239,34 @@ on the whole PE array only; no DMA converts a dtype.
 Engine budget and what binds
 ----------------------------
 Modeled (trn2, nki_ssm.perf as of this commit; ``python -m simulate --op
-ssd_prefill --no-calibration``; Mamba-2 2.7B, bf16 I/O, float32 pool, one
-16K-token sequence): 13.9 ms (10-90 %: 11.8-15.5) = 1.18 M tokens/s,
-ScalarE-bound (92 %; VectorE 56 %, TensorE 48 %, GpSimd 37 %, DMA 17 %; 66
-loop iterations: 64 pairs, one initial and one final state). Of a pair's
-~217 us, ~10 us are its boundary: the engines drain, and its first loads
-queue behind the previous pair's last stores (an iteration prefetches
-nothing for the next). What binds is the
-elementwise work over the Q x Q decay matrix per chunk and head (W on GpSimd, exp on ScalarE, Mt on
-VectorE) and ScalarE's per-block passes (y_off * exp(cs), silu(z), Xd),
-not the matmuls; the rest is balanced by moving y_off + y_intra and every
-second block's state update to TensorE identity matmuls (fp32, 0/1
+ssd_prefill --model mamba2-2.7b --range-samples 2 --no-calibration``;
+Mamba-2 2.7B, bf16 I/O, float32 pool, one 2K-token sequence): 1.18 ms
+(10-90 %: 1.18-1.23) = 1.73 M tokens/s, GpSimd-bound (83 %; VectorE 75 %,
+TensorE 74 %, ScalarE 67 %, DMA 27 %); 512 tokens 354 us. Per 128-token
+chunk (trace of 256 tokens at H 80, P 64, N 128, 20 blocks of 4 heads):
+~110 VectorE, ~186 ScalarE, ~46 GpSimd, ~306 TensorE instructions; busy
+~67 us VectorE, ~60 us GpSimd, ~59 us ScalarE, ~58 us TensorE. The
+engines are balanced: what binds is the elementwise work per block, half
+of it over the Q x hb*Q decay matrix (W on GpSimd at a quarter element
+per cycle, exp on ScalarE, Mt on VectorE) and the rest the block's [Q,
+hb*P] passes (x [dt' | D], e^tot S^T, y * silu(z) on VectorE; Xd on
+GpSimd; y_off * exp(cs) and the state copy-back on ScalarE). y_off +
+y_intra and the state update run on TensorE identity matmuls (fp32, 0/1
 stationary: exact). Closer to the roof needs fewer elementwise passes
-(trn3's VectorE exponential, bf16 perf modes where the precision budget
-allows), not faster matmuls. Same model, other batches: 2.7B 2K tokens
-1.80 ms; Granite-like 128 tokens 471 us: a short batch pays the fixed HBM
-traffic of the S^T blocks (zero block, initial state stored and loaded, one
-pair's round trip, final state loaded: ~5 x 4 MB at H*P = 8192).
+(the per-head ScalarE instructions of stage 5; W off GpSimd; trn3's VectorE
+exponential, bf16 perf modes where the precision budget allows), not
+faster matmuls. A short batch pays the fixed HBM traffic of the S^T blocks
+(zero block, initial state stored and loaded, one pair's round trip, final
+state loaded: ~5 x 4 MB at H*P = 8192).
 
 LNC=2 (same model, each program's instructions timed on its own core;
-the programs never synchronise): 6.87 ms per program at 16K tokens, 0.49 x
-LNC=1 (10 blocks per program: the two chunks share one pipeline without the
+the programs never synchronise): 668 us per program at 2K tokens, 0.57 x
+LNC=1 (10 blocks per program: the two chunks share one pipeline, with the
 TensorE balancing; the fixed costs, constants and the pipeline fill, are
 paid by both programs).
 
 Program size (static instructions, ``Trace.program_instructions()``):
-1,941 at 16K tokens and at 1K; at LNC=2 991 per program (both programs);
-Granite-like 3,155.
+1,339 at 2K tokens; at LNC=2 709 per program (both programs).
 """
 from __future__ import annotations
 
@@ -269,7 +277,7 @@ from nki_ssm.kernels.scaffold import (at_row, destination, for_each_row, lnc_gri
 
 _PSUM_F = 512      # fp32 elements of one PSUM bank per partition
 _PMAX = 128
-_PE_STATE_CYCLE = 2   # one block in this many updates the state on TensorE (pe_state)
+_PE_STATE_CYCLE = 1   # one block in this many updates the state on TensorE (pe_state)
 _SBUF_BUDGET = 200 * 1024   # bytes per partition the tile estimate may plan for (of 208 KiB)
 _NAT_BYTES = 4 * 1024   # bytes per partition of one piece of a state gather / scatter
 
@@ -378,24 +386,28 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
         braw = braw + _itemsize(C.dtype)
     ctx_bytes = (HP * (xbytes + zbytes) + GN * (8 + braw) + H * 4 * (6 + n_tiles)
                  + G * Q * (n_tiles * mdb + 4))
-    # state + transfer piece + item rings (W, Dm; yb, sz, Xd, xd, xD, xf) + constants
+    # state + transfer piece + item rings (W, Dm; yb, sz, Xd, xd, xfD) + constants
     fixed = n_tiles * HP * 4 + _NAT_BYTES + 6 * hb * Q * 4 + 16 * hb * P * 4 + 10 * _PMAX * 4
     double = fixed + 2 * ctx_bytes <= _SBUF_BUDGET
     c0 = _ctx_tiles(cst, G, n_tiles)
     ctxs = [c0, c0]
     if double:
         ctxs[1] = _ctx_tiles(cst, G, n_tiles)
-    # long pipelines (more blocks than stages, two contexts, the chunk-state PSUM pair in
+    if cst["Dh"] != None:  # noqa: E711
+        for c in ctxs:
+            nisa.tensor_copy(dst=c["fac"][:, H:2 * H], src=cst["Dh"][0:Q, :])
+    # long pipelines (at least as many blocks as stages, two contexts, the chunk-state PSUM pair in
     # one bank) balance the engines through TensorE: y_off * exp(cs) is added to y_intra
     # by an identity matmul into its PSUM bank instead of on VectorE, which carries the
     # float products, with the 4 y banks that longer PSUM lifetime needs
     nb = len(blocks)
-    cst["pe_add"] = double and nb > len(_STAGES) and 2 * n_tiles * hb * P <= _PSUM_F
+    cst["pe_add"] = double and nb >= len(_STAGES) and 2 * n_tiles * hb * P <= _PSUM_F
     rings = _item_rings(cst, hb)
-    # ... and the state update of most blocks goes the same way: ScalarE e*S,
+    # ... and the state update of every block goes the same way: VectorE e*S,
     # TensorE accumulates it into the chunk-state PSUM, ScalarE copies back
     cst["pe_state"] = cst["pe_add"] and n_tiles == 1
     cst["nb"] = nb
+    cst["hb"] = hb
     if cst["pe_state"]:
         rings["eS"] = _ring(4, (N, hb * P), nl.float32, nl.sbuf)
         cst["ident_n"] = cst["ident"]
@@ -656,8 +668,12 @@ def _ctx_tiles(cst, G, n_tiles):
         c["B_raw"] = nl.ndarray((Q, GN), dtype=cst["B"].dtype, buffer=nl.sbuf)
     if cst["C"].dtype != f32:
         c["C_raw"] = nl.ndarray((Q, GN), dtype=cst["C"].dtype, buffer=nl.sbuf)
-    for name in ("dtp", "dtA", "lndt", "ecs", "wd"):
+    for name in ("dtA", "ecs", "wd"):
         c[name] = nl.ndarray((Q, H), dtype=f32, buffer=nl.sbuf)
+    # dt' in columns [0, H), D per head in [H, 2H) (written once, before the loops):
+    # the per-head factors of x in stage 3's one instruction (x dt', x D)
+    c["fac"] = nl.ndarray((Q, 2 * H), dtype=f32, buffer=nl.sbuf)
+    c["dtp"] = c["fac"][:, 0:H]
     if cst["z"] != None:  # noqa: E711
         # y is written over z's columns once silu(z) of the block is taken (SBUF:
         # H*P*2 bytes per partition and context); the chunk's y store is issued
@@ -687,10 +703,8 @@ def _item_rings(cst, hb):
     f32 = nl.float32
     r = {"W": _ring(2, (Q, hb * Q), f32, nl.sbuf), "Dm": _ring(3, (Q, hb * Q), f32, nl.sbuf),
          "yb": _ring(3, (Q, hb * P), f32, nl.sbuf), "sz": _ring(3, (Q, hb * P), f32, nl.sbuf),
-         "Xd": _ring(4, (Q, hb * P), f32, nl.sbuf), "xD": _ring(2, (Q, hb * P), f32, nl.sbuf),
+         "Xd": _ring(4, (Q, hb * P), f32, nl.sbuf), "xfD": _ring(2, (Q, 2 * hb * P), f32, nl.sbuf),
          "xd": _ring(2, (Q, hb * P), f32, nl.sbuf), "S": []}
-    if cst["x"].dtype != f32:
-        r["xf"] = _ring(2, (Q, hb * P), f32, nl.sbuf)
     if md != f32:
         for i in range(2):
             S = []
@@ -774,13 +788,9 @@ def _prologue_compute(cst, c):
     # ---- dt' (0 on masked rows: decay 1, no input) and dt'*A, fp32
     dtp0 = dt_prime(c["dt_in"], cst["bias"], Q, H, cst["dt_softplus"], cst["dt_lo"],
                     cst["dt_hi"])
-    dtp, dtA, lndt = c["dtp"], c["dtA"], c["lndt"]
+    dtp, dtA = c["dtp"], c["dtA"]
     nisa.tensor_scalar(dst=dtp, data=dtp0, op0=nl.multiply, operand0=c["mask"][:, 0:1])
     nisa.tensor_tensor(dst=dtA, data1=dtp, data2=cst["A"][0:Q, :], op=nl.multiply)
-    # ln dt' (clamped into the ScalarE log range; a dt' below 1e-18 contributes
-    # < 1e-18 of its term instead of 0: masked rows only feed masked outputs)
-    nisa.tensor_scalar(dst=lndt, data=dtp, op0=nl.maximum, operand0=1.0e-18)
-    nisa.activation(dst=lndt, op=nl.log, data=lndt)
 
     # ---- decay sums for all heads (fp32 matmuls with 0/1 operators), then exp
     # each sum in its own PSUM columns while they fit the bank (TensorE then
@@ -950,44 +960,57 @@ def _st_seg(cst, ctx, blk, w, r):
 
 
 def _st_exp(cst, ctx, blk, w, r):
-    """ScalarE: Dm = exp(seg + ln dt'_j) (dt'_j enters as the exponent bias)."""
+    """ScalarE: Dm = exp(seg), one instruction for the block (seg <= 0: Dm in [0, 1];
+    dt'_j enters through stage 4's moving operand x_j dt'_j)."""
     g, h0, nh = blk
     Q = cst["Q"]
     Dm, seg = _pick(r["Dm"], w), _pick(r["seg"], w)
-    for k in range(nh):
-        nisa.activation(dst=Dm[:, k * Q:(k + 1) * Q], op=nl.exp, data=seg[:, k * Q:(k + 1) * Q],
-                        bias=ctx["lndt"][:, h0 + k:h0 + k + 1])
+    nisa.activation(dst=Dm[:, 0:nh * Q], op=nl.exp, data=seg[:, 0:nh * Q])
+
+
+def _heads3(t, c0, nh, m):
+    """Columns [c0, c0 + nh*m) of tile ``t [rows, F]`` as a ``[rows, nh, m]`` view."""
+    rows, F = t.shape
+    return t.ap(pattern=[[F, rows], [m, nh], [1, m]], offset=c0)
+
+
+def _per_head(t, h0, nh, m):
+    """Columns [h0, h0 + nh) of a per-head tile ``t [rows, H]`` repeated m times each
+    (zero stride) as a ``[rows, nh, m]`` view: one operand value per (partition, head)."""
+    rows, F = t.shape
+    return t.ap(pattern=[[F, rows], [1, nh], [0, m]], offset=h0)
 
 
 def _st_mt(cst, ctx, blk, w, r):
-    """VectorE: Mt = Dm * CBmask per head;
-    ScalarE: bf16 copy of the block's state (bf16 mode)."""
+    """VectorE, one instruction each for the block: Mt = Dm * CBmask (CBmask repeated
+    over the heads by a zero stride), xf = x_j dt'_j (fp32, stage 4's moving operand),
+    x_h D_h (D [H]); ScalarE: bf16 copy of the block's state (bf16 mode)."""
     g, h0, nh = blk
     Q, P, md, ST = cst["Q"], cst["P"], cst["md"], cst["ST"]
     Dm = _pick(r["Dm"], w)
     Mt = Dm            # in place: the Dm buffer carries Mt to stage 4
-    for k in range(nh):
-        nisa.tensor_tensor(dst=Mt[:, k * Q:(k + 1) * Q], data1=Dm[:, k * Q:(k + 1) * Q],
-                           data2=ctx["cbms"][g], op=nl.multiply, engine=nisa.engine.vector)
+    cbm = ctx["cbms"][g]
+    nisa.tensor_tensor(dst=_heads3(Mt, 0, nh, Q), data1=_heads3(Dm, 0, nh, Q),
+                       data2=cbm.ap(pattern=[[Q, Q], [0, nh], [1, Q]], offset=0),
+                       op=nl.multiply, engine=nisa.engine.vector)
     c0, c1 = h0 * P, (h0 + nh) * P
-    if cst["x"].dtype != nl.float32:
-        # the block's x widened to fp32 for stage 4's y_intra matmul
-        nisa.tensor_copy(dst=_pick(r["xf"], w)[:, 0:nh * P], src=ctx["x_in"][:, c0:c1],
-                         engine=nisa.engine.vector)
+    # xf = x dt' (and, D [H], x D after it at column hb*P): the block's x read twice by
+    # a zero stride, the factors from the context's [dt' | D] tile
+    H, hb, fac = cst["H"], cst["hb"], ctx["fac"]
+    nf = 1
+    if cst["Dh"] != None:  # noqa: E711
+        nf = 2
+    xfD = _pick(r["xfD"], w)
+    nisa.tensor_tensor(dst=xfD.ap(pattern=[[2 * hb * P, Q], [hb * P, nf], [P, nh], [1, P]],
+                                  offset=0),
+                       data1=ctx["x_in"].ap(pattern=[[H * P, Q], [0, nf], [P, nh], [1, P]],
+                                            offset=c0),
+                       data2=fac.ap(pattern=[[2 * H, Q], [H, nf], [1, nh], [0, P]], offset=h0),
+                       op=nl.multiply, engine=nisa.engine.vector)
     if md != nl.float32:
         for t in range(cst["n_tiles"]):
             nisa.tensor_copy(dst=_pick(r["S"], w)[t][:, 0:nh * P], src=ST[t][:, c0:c1],
                              engine=nisa.engine.scalar)
-    if cst["Dh"] != None:  # noqa: E711
-        # x_h D_h for stage 4's identity matmul (ScalarE, fp32; a stage ahead,
-        # so ScalarE never waits for the matmul that frees the buffer)
-        xD = _pick(r["xD"], w)
-        Q = cst["Q"]
-        for k in range(nh):
-            h = h0 + k
-            nisa.tensor_scalar(dst=xD[:, k * P:(k + 1) * P], data=ctx["x_in"][:, h * P:(h + 1) * P],
-                               op0=nl.multiply, operand0=cst["Dh"][0:Q, h:h + 1],
-                               engine=nisa.engine.scalar)
 
 
 def _st_out_mm(cst, ctx, blk, w, r):
@@ -995,18 +1018,17 @@ def _st_out_mm(cst, ctx, blk, w, r):
     mode), into one PSUM bank: y_intra at columns [0, nh*P), y_off after."""
     g, h0, nh = blk
     Q, P, x_in, md = cst["Q"], cst["P"], ctx["x_in"], cst["md"]
-    Mt, yps = _pick(r["Dm"], w), _pick(r["yps"], w)
+    Mt, yps, hb = _pick(r["Dm"], w), _pick(r["yps"], w), cst["hb"]
     for k in range(nh):
         h = h0 + k
         yi = yps[:, k * P:(k + 1) * P]
-        xh = x_in[:, h * P:(h + 1) * P]
-        if cst["x"].dtype != nl.float32:
-            xh = _pick(r["xf"], w)[:, k * P:(k + 1) * P]
+        xh = _pick(r["xfD"], w)[:, k * P:(k + 1) * P]
         nisa.nc_matmul(dst=yi, stationary=Mt[:, k * Q:(k + 1) * Q], moving=xh, accumulate=False)
         if cst["Dh"] != None:  # noqa: E711
             # + D_h x_i: identity stationary, moving x_h D_h (stage 3)
             nisa.nc_matmul(dst=yi, stationary=cst["ident"][0:Q, 0:Q],
-                           moving=_pick(r["xD"], w)[:, k * P:(k + 1) * P], accumulate=True,
+                           moving=_pick(r["xfD"], w)[:, (hb + k) * P:(hb + k + 1) * P],
+                           accumulate=True,
                            is_stationary_onezero=True)
     yo = yps[:, nh * P:2 * nh * P]
     c0, c1 = h0 * P, (h0 + nh) * P
@@ -1018,7 +1040,10 @@ def _st_out_mm(cst, ctx, blk, w, r):
 
 
 def _st_scalar(cst, ctx, blk, w, r):
-    """ScalarE: y_off * exp(cs_i) per head, silu(z), chunk-state operand Xd = x dt' exp(ex)."""
+    """ScalarE: y_off * exp(cs_i) per head, silu(z); GpSimd: the chunk-state operand
+    Xd = x dt' exp(ex); VectorE: e^tot S^T (blocks on the TensorE state path). Xd and
+    e^tot S^T one instruction each for the block (the per-head factor repeated over P
+    by a zero stride)."""
     g, h0, nh = blk
     P, x_in = cst["P"], ctx["x_in"]
     c0, c1 = h0 * P, (h0 + nh) * P
@@ -1030,20 +1055,16 @@ def _st_scalar(cst, ctx, blk, w, r):
     if ctx["z"] != None:  # noqa: E711
         nisa.activation(dst=_pick(r["sz"], w)[:, 0:nh * P], op=nl.silu,
                         data=ctx["z"][:, c0:c1])
-    Xd = _pick(r["Xd"], w)
-    for k in range(nh):
-        h = h0 + k
-        nisa.tensor_scalar(dst=Xd[:, k * P:(k + 1) * P], data=x_in[:, h * P:(h + 1) * P],
-                           op0=nl.multiply, operand0=ctx["wd"][:, h:h + 1],
-                           engine=nisa.engine.scalar)
+    nisa.tensor_tensor(dst=_heads3(_pick(r["Xd"], w), 0, nh, P),
+                       data1=_heads3(x_in, c0, nh, P),
+                       data2=_per_head(ctx["wd"], h0, nh, P), op=nl.multiply,
+                       engine=nisa.engine.gpsimd)
     if _pe_state(cst, w):
         # e^tot * S (the block's state, final since the previous chunk's stage 9)
-        eS = _pick(r["eS"], w)
-        for k in range(nh):
-            h = h0 + k
-            nisa.activation(dst=eS[:, k * P:(k + 1) * P], op=nl.copy,
-                            data=cst["ST"][0][:, h * P:(h + 1) * P],
-                            scale=ctx["elast"][0][:, h:h + 1])
+        nisa.tensor_tensor(dst=_heads3(_pick(r["eS"], w), 0, nh, P),
+                           data1=_heads3(cst["ST"][0], c0, nh, P),
+                           data2=_per_head(ctx["elast"][0], h0, nh, P), op=nl.multiply,
+                           engine=nisa.engine.vector)
 
 
 def _st_yadd(cst, ctx, blk, w, r):
