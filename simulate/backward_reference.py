@@ -11,7 +11,10 @@ token at Qwen3-Next TP1), far beyond this machine's memory at 2K-16K tokens. So:
   segments' backwards run last to first, each with its start state as
   ``initial_states`` and the next segment's ``d_initial_states`` as its
   ``d_final_states`` -- the chain rule through the state, exact (the
-  continuation property the backward kernels are tested on).
+  continuation property the backward kernels are tested on). When the start states
+  exceed :data:`STARTS_BYTES` (1.8 GB at 16K tokens of Mamba-2 2.7B), every k-th is kept
+  and a block's others are recomputed from it before its backwards run: the same calls
+  on the same inputs, so the same values.
 * the short conv runs in blocks of channels (depthwise: channels are independent).
 
 Per-token gradients are placed at their tokens / channels; parameter gradients
@@ -19,10 +22,14 @@ Per-token gradients are placed at their tokens / channels; parameter gradients
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 # float64 state bytes held by one reference backward call
 SEGMENT_BYTES = 256e6
+# float64 bytes of segment start states kept at once (beyond: every k-th, the rest recomputed)
+STARTS_BYTES = 256e6
 # conv: channels per reference call (~3x faster than one call at 16K x 8192, as the forward)
 CONV_CHANNELS = 512
 
@@ -91,22 +98,45 @@ def _sequence(family: str, kw: dict, t0: int, t1: int, s: int, out: dict, seg: i
         return dict(sub, cu_seqlens=one.copy(), **extra)
 
     fwd_names = {n for n in kw if n not in ("dy", "do", "d_final_states")}
-    for a, b in zip(bounds[:-2], bounds[1:-1]):   # the state at each later segment's start
-        sub = {n: v for n, v in piece(a, b, initial_states=starts[-1]).items() if n in fwd_names}
-        starts.append(getattr(ops, _FORWARD[family])(**sub, backend="reference")[1])
+
+    def forward(i, start):
+        """The state at segment i + 1's start, from segment i's start state."""
+        sub = {n: v for n, v in piece(bounds[i], bounds[i + 1], initial_states=start).items()
+               if n in fwd_names}
+        return getattr(ops, _FORWARD[family])(**sub, backend="reference")[1]
+
+    # the segments' start states: every one when they fit in STARTS_BYTES, else every k-th
+    # (k ~ sqrt(segments)) and the rest recomputed per block (the same calls: the same values)
+    nseg = len(bounds) - 1
+    every = 1
+    if nseg * starts[0].size * 8 > STARTS_BYTES:
+        every = max(1, math.isqrt(nseg - 1) + 1)
+    kept = {0: starts[0]}
+    start = starts[0]
+    for i in range(nseg - 1):
+        start = forward(i, start)
+        if (i + 1) % every == 0:
+            kept[i + 1] = start
+    del start, starts
     d_final = kw["d_final_states"][s:s + 1]
-    for (a, b), start in reversed(list(zip(zip(bounds[:-1], bounds[1:]), starts))):
-        grads = getattr(ops, _BACKWARD[family])(**piece(a, b, initial_states=start,
-                                                        d_final_states=d_final),
-                                                backend="reference")
-        for name, g in grads.items():
-            if g is None or name == "d_initial_states":
-                continue
-            if name[1:] in _TOKEN_ARGS[family]:     # dx of x, ddt of dt, ...: per token
-                out[name][a:b] = g
-            else:
-                out[name] += g
-        d_final = grads["d_initial_states"]
+    for c0 in reversed(range(0, nseg, every)):
+        block = [kept.pop(c0)]
+        for i in range(c0, min(c0 + every, nseg) - 1):
+            block.append(forward(i, block[-1]))
+        for i in reversed(range(c0, c0 + len(block))):
+            a, b = bounds[i], bounds[i + 1]
+            grads = getattr(ops, _BACKWARD[family])(**piece(a, b, initial_states=block[i - c0],
+                                                            d_final_states=d_final),
+                                                    backend="reference")
+            for name, g in grads.items():
+                if g is None or name == "d_initial_states":
+                    continue
+                if name[1:] in _TOKEN_ARGS[family]:     # dx of x, ddt of dt, ...: per token
+                    out[name][a:b] = g
+                else:
+                    out[name] += g
+            d_final = grads["d_initial_states"]
+        del block
     out["d_initial_states"][s] = d_final[0]
 
 

@@ -36,8 +36,9 @@ programs touched and at least one wrote, first the covering byte spans
 per-unit mask (units of the greatest common itemsize of the views, so a
 ``.view(dtype)`` bitcast is still exact) over the intersecting span: direct
 views mark it through strided NumPy views, indirect ones through their
-element indices; a span over 128 Mi units is checked in windows to bound
-memory. The error (:class:`NkiRaceError`) names the tensor,
+element indices (a row gather's kept as its row starts and one row pattern); a span
+over 128 Mi units is checked in windows to bound memory. The error
+(:class:`NkiRaceError`) names the tensor,
 both programs, the first overlapping element (as an index of the tensor's
 shape), what each did (write/write or write/read) and both instructions with
 their source lines.
@@ -79,6 +80,9 @@ class _Access:
 
     def elements(self) -> np.ndarray:
         """Flat element indices (in units of ``itemsize``) of the storage it touched."""
+        if isinstance(self.elems, tuple):           # compact rows: row start + one pattern
+            rows, pattern = self.elems
+            return (rows[:, None] + pattern[None, :]).reshape(-1)
         if self.elems is not None:
             return self.elems
         shape = self.shape
@@ -146,10 +150,9 @@ class HbmLog:
                     valid = ind.valid()
                     if ind.kind == "vector" and valid.shape[0] == e.shape[0] and not valid.all():
                         e = e[valid]           # skipped rows (oob_mode.skip) touch nothing
-                    e = e.reshape(-1).copy()
                     if not e.size:
                         continue
-                    acc = _Access(write, 0, None, None, e, isz, int(e.min()) * isz,
+                    acc = _Access(write, 0, None, None, _compact(e), isz, int(e.min()) * isz,
                                   (int(e.max()) + 1) * isz, op, site)
                 self.storages[st.id] = st
                 self._acc[pid].setdefault(st.id, []).append(acc)
@@ -245,6 +248,19 @@ class HbmLog:
             "physical cores run at once, so the value is timing-dependent on hardware: give "
             "each program disjoint HBM, or synchronise between the write and the other "
             "program's access")
+
+
+def _compact(e: np.ndarray):
+    """A gather/scatter's element indices ``e`` [rows, per row], kept small: ``(row starts,
+    pattern)`` when every row is its start plus the same pattern (a row gather: rows x row
+    length indices would be 8 bytes per element moved, GBs over a 512-sequence state pool),
+    else the flat indices (a copy: the index tile may change later)."""
+    if e.ndim == 2 and e.shape[1] > 1:
+        rows = e[:, 0].copy()
+        pattern = e[0] - e[0, 0]
+        if np.array_equal(e - rows[:, None], np.broadcast_to(pattern, e.shape)):
+            return rows, pattern.copy()
+    return e.reshape(-1).copy()
 
 
 def _merged(accs) -> list:

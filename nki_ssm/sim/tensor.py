@@ -43,16 +43,25 @@ _new = object.__new__
 
 
 def _make_region(buffer, storage_id, p0, nparts, b0, b1) -> Region:
-    """Region(...) without the frozen-dataclass __init__ (2x faster; same object)."""
+    """Region(...) without the frozen-dataclass __init__ (faster; same object)."""
     r = _new(Region)
-    d = r.__dict__
-    d["buffer"] = buffer
-    d["storage_id"] = storage_id
-    d["partition_start"] = p0
-    d["num_partitions"] = nparts
-    d["byte_start"] = b0
-    d["byte_stop"] = b1
+    _slot_buffer(r, buffer)
+    _slot_storage_id(r, storage_id)
+    _slot_partition_start(r, p0)
+    _slot_num_partitions(r, nparts)
+    _slot_byte_start(r, b0)
+    _slot_byte_stop(r, b1)
     return r
+
+
+# Region has __slots__ (one small record per operand of every traced instruction): its
+# frozen fields are set through the slot descriptors
+_slot_buffer = Region.buffer.__set__
+_slot_storage_id = Region.storage_id.__set__
+_slot_partition_start = Region.partition_start.__set__
+_slot_num_partitions = Region.num_partitions.__set__
+_slot_byte_start = Region.byte_start.__set__
+_slot_byte_stop = Region.byte_stop.__set__
 
 
 # --------------------------------------------------------------------------- buffers

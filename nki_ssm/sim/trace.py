@@ -27,7 +27,7 @@ from typing import Iterator
 ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Region:
     """A contiguous span of memory an instruction reads or writes.
 
@@ -57,7 +57,7 @@ class Region:
         return self.byte_start < other.byte_stop and other.byte_start < self.byte_stop
 
 
-@dataclass
+@dataclass(slots=True)
 class Instruction:
     """One executed ISA instruction.
 
