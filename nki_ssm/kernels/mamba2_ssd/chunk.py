@@ -242,7 +242,9 @@ Modeled (trn2, nki_ssm.perf as of this commit; ``python -m simulate --op
 ssd_prefill --model mamba2-2.7b --range-samples 2 --no-calibration``;
 Mamba-2 2.7B, bf16 I/O, float32 pool, one 2K-token sequence): 1.18 ms
 (10-90 %: 1.18-1.23) = 1.73 M tokens/s, GpSimd-bound (83 %; VectorE 75 %,
-TensorE 74 %, ScalarE 67 %, DMA 27 %); 512 tokens 354 us. Per 128-token
+TensorE 74 %, ScalarE 67 %, DMA 27 %); 512 tokens 354 us; 16K tokens
+(``python -m simulate --set judged --case ssd_prefill/mamba2-2.7b/1x16384/``) 8.90 ms
+(10-90 %: 8.34-9.66) = 1.84 M tokens/s, GpSimd 87 % busy. Per 128-token
 chunk (trace of 256 tokens at H 80, P 64, N 128, 20 blocks of 4 heads):
 ~110 VectorE, ~186 ScalarE, ~46 GpSimd, ~306 TensorE instructions; busy
 ~67 us VectorE, ~60 us GpSimd, ~59 us ScalarE, ~58 us TensorE. The
@@ -261,7 +263,7 @@ state loaded: ~5 x 4 MB at H*P = 8192).
 
 LNC=2 (same model, each program's instructions timed on its own core;
 the programs never synchronise): 668 us per program at 2K tokens, 0.57 x
-LNC=1 (10 blocks per program: the two chunks share one pipeline, with the
+LNC=1 (16K: 5.04 ms per program, 0.57 x) (10 blocks per program: the two chunks share one pipeline, with the
 TensorE balancing; the fixed costs, constants and the pipeline fill, are
 paid by both programs).
 
