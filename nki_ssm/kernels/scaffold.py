@@ -99,8 +99,8 @@ the form)
 - an ``NkiScalar`` as a ``nl.fori_loop`` bound (32-bit), as the loop's iteration value and
   as an access pattern's ``scalar_offset`` (int32 on SBUF / PSUM, signed on HBM), with
   traced ``+ - *``: RTD v2.34.0 nki.isa.NkiScalar.html (operations table); v2.33.0
-  nki.language.fori_loop.html ("i is a NkiScalar unless either lower or upper is a
-  VirtualRegister").
+  nki.language.fori_loop.html (the iteration value is an NkiScalar when neither bound is
+  a register).
 - ``nl.if_else(cond, then_fn, else_fn=None)`` with ``cond = nisa.scalar_load(flag) > 0``
   (an int32 0/1 scalar "available on all engines"): RTD v2.34.0
   nki.language.if_else.html; nki/deep-dives/nki-control-flow.html.

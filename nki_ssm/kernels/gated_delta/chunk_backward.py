@@ -127,10 +127,9 @@ from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
 from nki_ssm.kernels.gated_delta._common import consecutive_groups
-from nki_ssm.kernels.gated_delta.chunk_utils import state_block, table_rows
+from nki_ssm.kernels.gated_delta.chunk_utils import BLOCK, mm, state_block, table_rows
 from nki_ssm.kernels.scaffold import at_row, for_each_row, lnc_grid, trip_counts
 
-BLOCK = 32          # rows per exactly-inverted diagonal block (DESIGN.md Numerics)
 _GROUP = 4           # heads whose phases interleave (SBUF: their tiles live at once)
 _ROUNDS = 4          # doubling rounds after I + N: N^2, N^4, N^8, N^16 cover 32 rows
 
@@ -164,7 +163,7 @@ def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, d_final, init_tab, seq_ro
     dss = nl.ndarray((Nb * K, w), dtype=nl.float32, buffer=nl.private_hbm)
     # and every chunk's T per head (the forward recompute solves it, the backward reads it)
     tstore = nl.ndarray((E1 * C, nh * C), dtype=nl.float32, buffer=nl.private_hbm)
-    cst = constants(C)
+    cst = _constants(C)
     # trip counts: the one counts row both programs read
     n_init, n_fwd, n_bwd, n_seq = trip_counts(counts)
     sv0 = heads[0] * V
@@ -271,7 +270,7 @@ def _head_dicts(grp):
     return ds
 
 
-def constants(C):
+def _constants(C):
     """0/1 operators and masks [C, C] (float32): tri_up [p <= f] (cumsum), tri_lo [p > f]
     (segment sums over m > j; the strictly lower mask), tri_li [p >= f] (reverse cumsum;
     the inclusive lower mask), tri_su [p < f] (exclusive cumsum), ident, bd / off (the
@@ -314,15 +313,6 @@ def _gather(rows, specs, heads, C):
                                         vector_offset=rows, indirect_dim=0))
         x[spec[0]] = t
     return x
-
-
-def mm(st, mv, M, N):
-    """SBUF [M, N] = st^T @ mv (float32, through PSUM, evicted by ScalarE)."""
-    ps = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=st, moving=mv, accumulate=False)
-    out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=out, src=ps, engine=nisa.engine.scalar)
-    return out
 
 
 def _transpose(src, P, F):
