@@ -94,12 +94,9 @@ LAST_PRE_08_RELEASE = "0.1.0 (git checkout 11f53ce)"
 def kernels_refusal(profile: SdkProfile) -> str | None:
     """Why this checkout's kernels cannot compile on ``profile``'s NKI (None: they can): they
     need ``nki_ssm.backend.MIN_NKI``."""
-    from nki_ssm.backend import MIN_NKI, MIN_SDK
+    from nki_ssm.backend import MIN_NKI, MIN_SDK, nki_too_old
 
-    def release(v):
-        return tuple(int(x) for x in v.split(".")[:3])
-
-    if release(profile.nki) >= release(MIN_NKI):
+    if not nki_too_old(profile.nki):
         return None
     return (f"Neuron SDK {profile.release} has NKI {profile.nki}, and this release's kernels need "
             f"NKI >= {MIN_NKI} (Neuron SDK >= {MIN_SDK}: NkiScalar trip counts, nl.if_else); "

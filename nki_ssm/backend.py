@@ -51,11 +51,17 @@ def _release(version: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+def nki_too_old(version: str) -> bool:
+    """Whether NKI release ``version`` ("0.7.0", "0.8.0+31049202112.g85070674") is older
+    than ``MIN_NKI`` (an empty version is not)."""
+    return bool(version) and _release(version) < _release(MIN_NKI)
+
+
 def sdk_too_old(sdk) -> str | None:
     """Why the SDK's ``nki`` module is older than ``MIN_NKI`` (None when it is new enough or
     reports no version)."""
     found = str(getattr(sdk, "__version__", "") or "")
-    if found and _release(found) < _release(MIN_NKI):
+    if nki_too_old(found):
         return (f"the installed Neuron SDK has NKI {found}; nki_ssm's kernels need NKI >= "
                 f"{MIN_NKI} (Neuron SDK >= {MIN_SDK}: NkiScalar, nl.if_else)")
     return None
@@ -190,5 +196,5 @@ def run(kernel, *args, backend: str | None = None, lnc: int | None = None, **kwa
     raise ValueError(f"backend: expected 'sim', 'neuron' or None, got {backend!r}")
 
 
-__all__ = ["nki", "nl", "nisa", "name", "default_op_backend", "choice_from_env", "run", "logical_nc_config", "LNC_ENV_VAR", "resolve", "sdk_too_old", "ENV_VAR", "CHOICES",
+__all__ = ["nki", "nl", "nisa", "name", "default_op_backend", "choice_from_env", "run", "logical_nc_config", "LNC_ENV_VAR", "resolve", "nki_too_old", "sdk_too_old", "ENV_VAR", "CHOICES",
            "MIN_NKI", "MIN_SDK"]
