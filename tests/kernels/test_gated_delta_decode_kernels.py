@@ -182,7 +182,7 @@ def test_decode_dmas_never_convert_dtype(lnc):
 
 def test_decode_tables_layout():
     """Launcher tables, one row per loop iteration: k / q interleaved columns with k on
-    partitions, k as one row, v on partitions, g / beta rows; columns run over position,
+    partitions, k / q in the state layout, v on partitions, g / beta rows; columns run over position,
     token, head; all float32."""
     from nki_ssm.ops.launch._arrays import NUMPY
     from nki_ssm.ops.launch.gated_delta import decode_tables
@@ -199,7 +199,17 @@ def test_decode_tables_layout():
     s = i * width + j
     assert kq[i, kk, ((j * T + t) * H + h) * 2] == k[s, t, h, kk]
     assert kq[i, kk, ((j * T + t) * H + h) * 2 + 1] == q[s, t, h, kk]
-    assert kr[i, ((j * T + t) * H + h) * K + kk] == k[s, t, h, kk]
+    # kx: the state layout (partition (g, kb), column (position, token, G, i, k|q))
+    from nki_ssm.kernels.gated_delta.decode import state_layout
+    R, NG = state_layout(K, V, HV)
+    QP, NGR = K // R, HV // NG
+    assert kr.shape == (rows, NG * QP, width * T * NGR * R * 2)
+    for hv_ in range(HV):
+        G, gg = divmod(hv_, NG)
+        kb, r = divmod(kk, R)
+        col = (((j * T + t) * NGR + G) * R + r) * 2
+        assert kr[i, gg * QP + kb, col] == k[s, t, hv_ // (HV // H), kk]
+        assert kr[i, gg * QP + kb, col + 1] == q[s, t, hv_ // (HV // H), kk]
     assert vt[i, vv, (j * T + t) * HV + hv] == v[s, t, hv, vv]
     assert gates[i, 0, (j * T + t) * HV + hv] == np.float32(g[s, t, hv])
     assert gates[i, 1, (j * T + t) * HV + hv] == np.float32(beta[s, t, hv])

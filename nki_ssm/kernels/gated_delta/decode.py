@@ -172,11 +172,12 @@ _STREAMS = 2          # sequences whose per-token instruction streams are interl
 _PARTS = 4            # state DMAs per sequence in the tail loop (one batch per iteration: latency)
 _L2NORM_EPS = 1e-6    # FLA / transformers: x / sqrt(sum x^2 + eps)
 _MM_COLS = 512        # moving columns of one fp32 matmul (one PSUM bank on trn2)
+_RUN_BYTES = 2048     # DMA run the state layout aims at (a partition's contiguous bytes per head group)
 
 
 @nki.jit
-def gdn_decode_step(kq_main, k_main, v_main, gate_main, slots_main, kq_tail, k_tail, v_tail,
-                    gate_tail, slots_tail, head_params, pool, counts, T, H, raw_gates,
+def gdn_decode_step(kq_main, kx_main, v_main, gate_main, slots_main, kq_tail, kx_tail, v_tail,
+                    gate_tail, slots_tail, head_params, blk, sel, pool, counts, T, H, raw_gates,
                     use_qk_l2norm, scale, want_inter):
     """Recurrent gated delta rule for T tokens per sequence (layouts in the module docstring).
 
@@ -193,10 +194,13 @@ def gdn_decode_step(kq_main, k_main, v_main, gate_main, slots_main, kq_tail, k_t
     V = v_tail.shape[1]
     W = slots_tail.shape[1]
     HV = v_tail.shape[2] // (W * T)
+    lay = _layout(K, V, HV, blk.shape[0], blk.shape[1])
     PB = K
-    if V > K:
+    if V > PB:
         PB = V
-    cst = _constants(head_params, HV, K, PB, raw_gates)
+    if lay["P"] > PB:
+        PB = lay["P"]
+    cst = _constants(head_params, blk, sel, HV, K, PB, raw_gates)
     has_main = kq_main != None  # noqa: E711  (NKI has no `is`)
 
     # trip counts and the spare flag: device scalars of the one counts row both programs
@@ -205,7 +209,7 @@ def gdn_decode_step(kq_main, k_main, v_main, gate_main, slots_main, kq_tail, k_t
 
     o_tail, inter_tail = _outputs(n_prog * n_tail_rows, W, T, HV, K, V, pool.dtype, want_inter)
     tail_at = pid * n_tail_rows
-    parts = min(_PARTS, H)
+    parts = min(_PARTS, lay["NGR"])
     tail_states = None
     o_main = None
     inter_main = None
@@ -222,31 +226,18 @@ def gdn_decode_step(kq_main, k_main, v_main, gate_main, slots_main, kq_tail, k_t
         # starts (nothing is prefetched across iterations: nki-library turns that off for
         # dynamic loops, NKI-1582). Two state sets alternate. Every position of a main
         # iteration is live.
-        sets = (_new_states(_STREAMS, pool, HV, V, K, 1), _new_states(_STREAMS, pool, HV, V, K, 1))
-        # T == 1: each batch's k rows in one small DMA issued ahead of its state gather;
-        # longer steps load them per token (the rows would not fit one partition twice)
-        bsz = _STREAMS * T * H * K
-        krs = [None, None]
-        if T == 1:
-            for q in range(2):
-                krs[q] = nl.ndarray((1, bsz), dtype=nl.float32, buffer=nl.sbuf)
+        sets = (_new_states(_STREAMS, pool, lay, 1), _new_states(_STREAMS, pool, lay, 1))
 
         def main_body(it):
             at = (it, main_at)
-            io = _load_group(kq_main, v_main, gate_main, cst, at, SPI, T, H, HV, K, V, PB,
-                             raw_gates, use_qk_l2norm, scale)
-            if T == 1:
-                _load_krow(krs[0], k_main, at, batches[0], T, H, K)
-            _gather(sets[0], pool, slots_main, at, 0, batches[0], H, HV, K, V)
+            io = _load_group(kq_main, kx_main, v_main, gate_main, cst, lay, at, SPI, T, H, HV,
+                             K, V, PB, raw_gates, use_qk_l2norm, scale)
+            _gather(sets[0], pool, slots_main, at, 0, batches[0], lay)
             for bi in range(NB):
                 if bi + 1 < NB:
-                    if T == 1:
-                        # inputs first: a small DMA issued after a state transfer waits for it
-                        _load_krow(krs[(bi + 1) % 2], k_main, at, batches[bi + 1], T, H, K)
-                    _gather(sets[(bi + 1) % 2], pool, slots_main, at, 0, batches[bi + 1], H,
-                            HV, K, V)
-                _run_batch(io, k_main, krs[bi % 2], inter_main, sets[bi % 2], at, batches[bi],
-                           T, H, HV, K, V, want_inter, pool)
+                    _gather(sets[(bi + 1) % 2], pool, slots_main, at, 0, batches[bi + 1], lay)
+                _run_batch(io, cst, lay, inter_main, sets[bi % 2], at, batches[bi], T, HV, K, V,
+                           want_inter, pool)
             _store_o(o_main, io, at)
 
         work_loop(n_main, main_body)
@@ -256,28 +247,23 @@ def gdn_decode_step(kq_main, k_main, v_main, gate_main, slots_main, kq_tail, k_t
             tail_states.append({"slot": sets[0][j]["slot"], "nat": sets[0][j]["nat"],
                                 "parts": parts})
     else:
-        tail_states = _new_states(W, pool, HV, V, K, parts)
+        tail_states = _new_states(W, pool, lay, parts)
 
     # one batch of W positions per iteration (the live positions after the last full
     # group; a second position past the live count mirrors the first: same slot, same
     # inputs, bit-identical bytes written after both gathers). Each state moves in
-    # parts (by q/k head) so the first heads' reductions overlap the rest of the
+    # parts (by head group) so the first groups' reductions overlap the rest of the
     # gather, and their scatter the rest of the update.
     tail_batch = []
     for j in range(W):
         tail_batch.append(j)
-    kr_tail = None
-    if T == 1:
-        kr_tail = nl.ndarray((1, W * T * H * K), dtype=nl.float32, buffer=nl.sbuf)
 
     def batch_at(at, batch_pool):
-        io = _load_group(kq_tail, v_tail, gate_tail, cst, at, W, T, H, HV, K, V, PB,
-                         raw_gates, use_qk_l2norm, scale)
-        if T == 1:
-            _load_krow(kr_tail, k_tail, at, tail_batch, T, H, K)
-        _gather(tail_states, batch_pool, slots_tail, at, 0, tail_batch, H, HV, K, V)
-        _run_batch(io, k_tail, kr_tail, inter_tail, tail_states, at, tail_batch, T, H, HV, K,
-                   V, want_inter, batch_pool)
+        io = _load_group(kq_tail, kx_tail, v_tail, gate_tail, cst, lay, at, W, T, H, HV, K, V,
+                         PB, raw_gates, use_qk_l2norm, scale)
+        _gather(tail_states, batch_pool, slots_tail, at, 0, tail_batch, lay)
+        _run_batch(io, cst, lay, inter_tail, tail_states, at, tail_batch, T, HV, K, V,
+                   want_inter, batch_pool)
         _store_o(o_tail, io, at)
 
     def tail_body(it):
@@ -306,14 +292,41 @@ def gdn_decode_step(kq_main, k_main, v_main, gate_main, slots_main, kq_tail, k_t
     return o_tail
 
 
-def _constants(head_params, HV, K, PB, raw_gates):
-    """Ones for the partition broadcasts and sums; with raw gates -exp(A_log) and dt_bias
-    ``[PB, HV]`` on every partition (from ``head_params [1, 2*HV]`` float32)."""
+def state_layout(K, V, HV):
+    """(R, NG): the state's SBUF layout (module docstring, "Layout"). R rows of one head per
+    partition (the largest power of two dividing K with ``R*V*4 <= 2048`` bytes, a DMA run),
+    NG heads sharing the partitions (the largest divisor of HV with ``NG*K/R <= 128``)."""
+    R = 1
+    while K % (R * 2) == 0 and R * 2 * V * 4 <= _RUN_BYTES:
+        R = R * 2
+    NG = 1
+    for d in range(1, HV + 1):
+        if HV % d == 0 and d * (K // R) <= 128:
+            NG = d
+    return R, NG
+
+
+def _layout(K, V, HV, P, NG):
+    """The layout figures: R rows per partition, QP = K/R partitions per head, NG heads per
+    partition group (P = NG*QP partitions), NGR = HV/NG groups."""
+    QP = P // NG
+    return {"R": K // QP, "QP": QP, "NG": NG, "P": P, "NGR": HV // NG}
+
+
+def _constants(head_params, blk, sel, HV, K, PB, raw_gates):
+    """Ones for the partition broadcasts and sums; the layout's 0/1 tables (``blk [P, NG]``:
+    partition p belongs to head g of its group; ``sel [HV, NGR*P]``: head hv of group G lands
+    on partition p); with raw gates -exp(A_log) and dt_bias ``[PB, HV]`` on every partition
+    (from ``head_params [1, 2*HV]`` float32)."""
     cst = {}
     cst["ones_row"] = nl.ndarray((1, PB), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=cst["ones_row"], value=1.0)
     cst["ones_kp"] = nl.ndarray((K, PB), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=cst["ones_kp"], value=1.0)
+    cst["blk"] = nl.ndarray(blk.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=cst["blk"], src=blk)
+    cst["sel"] = nl.ndarray(sel.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=cst["sel"], src=sel)
     if raw_gates:
         hp = nl.ndarray((1, 2 * HV), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=hp, src=head_params)
@@ -353,53 +366,51 @@ def _row_ap(tab, at, pattern, offset):
     return at_row(tab, it, pattern, base * row + offset)
 
 
-def _load_krow(dst, k_rows, at, seqs, T, H, K):
-    """k of every token of the batch's positions as one row on partition 0 (the outer
-    products' stationary): row ``at`` of ``k_rows [rows, width]``."""
-    rows, width = k_rows.shape
-    per = T * H * K
-    nisa.dma_copy(dst=dst, src=_row_ap(k_rows, at, [[width, 1], [1, len(seqs) * per]],
-                                       seqs[0] * per))
-
-
 def _store_o(o, io, at):
     """o row ``at`` ``[V, width]`` in one DMA."""
     rows, V, width = o.shape
     nisa.dma_copy(dst=_row_ap(o, at, [[width, V], [1, width]], 0), src=io["ot"])
 
 
-def _pool_view(pool, slot, hv0, nh, K, V):
-    """Heads [hv0, hv0+nh) of one sequence's state in the pool ``[slots, HV*K*V]``: the
-    slot's contiguous block at a run-time start (``slot``: an NkiScalar),
-    partition k -> elements ``hv*K*V + k*V + v`` (a static pattern, no per-partition
-    indices)."""
-    return pool.ap(pattern=[[V, K], [K * V, nh], [1, V]], offset=hv0 * K * V,
-                   scalar_offset=slot, indirect_dim=0)
+def _state_pattern(lay, V, ng):
+    """Partition p = (g, kb) -> R*V contiguous elements at ``p*R*V``, for ``ng`` head
+    groups of ``NG*K*V`` elements each."""
+    RV = lay["R"] * V
+    return [[RV, lay["P"]], [lay["NG"] * lay["QP"] * RV, ng], [1, RV]]
 
 
-def _part_heads(H, parts, k):
-    """q/k heads [a, b) of state part k of ``parts``."""
-    return (k * H) // parts, ((k + 1) * H) // parts
+def _pool_view(pool, slot, lay, G0, ng, V):
+    """Head groups [G0, G0+ng) of one sequence's state in the pool ``[slots, HV*K*V]``: the
+    slot's contiguous block at a run-time start (``slot``: an NkiScalar), runs of R*V
+    contiguous elements (a static pattern, no per-partition indices)."""
+    GKV = lay["NG"] * lay["QP"] * lay["R"] * V
+    return pool.ap(pattern=_state_pattern(lay, V, ng), offset=G0 * GKV, scalar_offset=slot,
+                   indirect_dim=0)
 
 
-def _new_states(n, pool, HV, V, K, parts):
+def _part_groups(NGR, parts, k):
+    """Head groups [a, b) of state part k of ``parts``."""
+    return (k * NGR) // parts, ((k + 1) * NGR) // parts
+
+
+def _new_states(n, pool, lay, parts):
     """Per sequence of a batch: {slot [1, 1] int32 (the slot, DMA'd from the table, then
-    loaded as the NkiScalar ``at``), nat [K, HV*V] pool dtype, parts}."""
+    loaded as the NkiScalar ``at``), nat [P, HV*K*V/P] pool dtype, parts}."""
     out = []
+    F = lay["NGR"] * pool.shape[1] // (lay["NGR"] * lay["P"])
     for j in range(n):
         st = {}
         st["slot"] = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
-        st["nat"] = nl.ndarray((K, HV * V), dtype=pool.dtype, buffer=nl.sbuf)
+        st["nat"] = nl.ndarray((lay["P"], F), dtype=pool.dtype, buffer=nl.sbuf)
         st["parts"] = parts
         out.append(st)
     return out
 
 
-def _gather(states, pool, pool_slots, at, ahead, seqs, H, HV, K, V):
+def _gather(states, pool, pool_slots, at, ahead, seqs, lay):
     """Gather the states of positions ``seqs`` of slot row ``at`` + ``ahead`` (``at = (it,
     base)``; ``it`` None: the static row ``base``) into ``states``, each in its ``parts``
     DMAs."""
-    rep = HV // H
     n_rows, spi = pool_slots.shape
     it, base = at
     for j in range(len(seqs)):
@@ -411,27 +422,29 @@ def _gather(states, pool, pool_slots, at, ahead, seqs, H, HV, K, V):
             src = _row_ap(pool_slots, at, [[spi, 1], [1, 1]], ahead * spi + seqs[j])
         nisa.dma_copy(dst=st["slot"], src=src)
         st["at"] = nisa.scalar_load(st["slot"])
-        parts = st["parts"]
-        for k in range(parts):
-            h0, h1 = _part_heads(H, parts, k)
-            a, b = h0 * rep, h1 * rep
-            nisa.dma_copy(dst=st["nat"][:, a * V:b * V],
-                          src=_pool_view(pool, st["at"], a, b - a, K, V))
+        GF = st["nat"].shape[1] // lay["NGR"]
+        V = GF // lay["R"]
+        for k in range(st["parts"]):
+            a, b = _part_groups(lay["NGR"], st["parts"], k)
+            nisa.dma_copy(dst=st["nat"][:, a * GF:b * GF],
+                          src=_pool_view(pool, st["at"], lay, a, b - a, V))
 
 
-def _scatter_heads(pool, st, a, b, V):
-    """Value heads [a, b) of one sequence's updated state back to its slot (rounded once
+def _scatter_groups(pool, st, lay, a, b):
+    """Head groups [a, b) of one sequence's updated state back to its slot (rounded once
     to the pool dtype)."""
-    K = st["nat"].shape[0]
+    GF = st["nat"].shape[1] // lay["NGR"]
+    V = GF // lay["R"]
     if pool.dtype != nl.float32:
-        nisa.tensor_copy(dst=st["nat"][:, a * V:b * V], src=st["S"][:, a * V:b * V],
+        nisa.tensor_copy(dst=st["nat"][:, a * GF:b * GF], src=st["S"][:, a * GF:b * GF],
                          engine=nisa.engine.scalar)
-    nisa.dma_copy(dst=_pool_view(pool, st["at"], a, b - a, K, V), src=st["nat"][:, a * V:b * V])
+    nisa.dma_copy(dst=_pool_view(pool, st["at"], lay, a, b - a, V),
+                  src=st["nat"][:, a * GF:b * GF])
 
 
-def _store_state(inter, S, at, row0, HV, K, V):
-    """S [K, HV*V] (inter's dtype) -> inter row ``at``, its rows row0 + hv*K + k."""
-    nisa.dma_copy(dst=_row_ap(inter, at, [[V, K], [K * V, HV], [1, V]], row0 * V), src=S)
+def _store_state(inter, S, lay, at, row0, V):
+    """S [P, HV*K*V/P] (inter's dtype) -> inter row ``at``, its rows row0 + hv*K + k."""
+    nisa.dma_copy(dst=_row_ap(inter, at, _state_pattern(lay, V, lay["NGR"]), row0 * V), src=S)
 
 
 def _partition_sums(dst, data, ones_kp, width):
@@ -459,19 +472,38 @@ def _per_value_head(dst, src, n, rep):
     nisa.tensor_copy(dst=dst.reshape((P, n, rep)), src=view)
 
 
-def _load_group(kq_tab, v_tab, gate_tab, cst, at, n, T, H, HV, K, V, PB,
+def _load_group(kq_tab, kx_tab, v_tab, gate_tab, cst, lay, at, n, T, H, HV, K, V, PB,
                 raw_gates, use_qk_l2norm, scale):
     """Inputs of the n sequence positions of loop row ``at`` (``(it, base)``: row ``base +
     it`` of each float32 table) in one DMA each, and everything that does not depend on the
-    state: gates (dec = exp(g), beta), k.q and the l2norm factors, per value head. Column
-    of (position j, token t, value head hv): (j*T + t)*HV + hv."""
+    state: gates (dec = exp(g), beta), k.q and the l2norm factors, per value head; the
+    decay per partition of the state layout and the block-diagonal moving operands of the
+    reductions. Column of (position j, token t, value head hv): (j*T + t)*HV + hv."""
     THV = T * HV
     NT = n * T          # (sequence, token) pairs of the iteration
     NTH = NT * H
+    P = lay["P"]
+    NG = lay["NG"]
+    NGR = lay["NGR"]
+    R = lay["R"]
     io = {}
     kq = nl.ndarray((K, NTH * 2), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=kq, src=_row_ap(kq_tab, at, [[NTH * 2, K], [1, NTH * 2]], 0))
-    io["kq"] = kq
+    # k / q in the state layout: partition (g, kb), column ((jt*NGR + G)*R + i)*2 + c
+    XW = NT * NGR * R * 2
+    kx = nl.ndarray((P, XW), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=kx, src=_row_ap(kx_tab, at, [[XW, P], [1, XW]], 0))
+    io["kx"] = kx
+    # the reductions' moving operands: block-diagonal over the heads of a group,
+    # mx[(g, kb), (jt, G, i), g', c] = kx[(g, kb), (jt, G, i), c] * (g == g')
+    mx = nl.ndarray((P, NT * NGR * R * NG * 2), dtype=nl.float32, buffer=nl.sbuf)
+    NX = NT * NGR * R
+    nisa.tensor_tensor(dst=mx.reshape((P, NX, NG, 2)),
+                       data1=kx.ap(pattern=[[XW, P], [2, NX], [0, NG], [1, 2]], offset=0),
+                       data2=cst["blk"].ap(pattern=[[NG, P], [0, NX], [1, NG], [0, 2]],
+                                           offset=0),
+                       op=nl.multiply)
+    io["mx"] = mx
     io["vt"] = nl.ndarray((V, n * THV), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=io["vt"], src=_row_ap(v_tab, at, [[n * THV, V], [1, n * THV]], 0))
     # g and beta (or a and b) rows are contiguous in the row: one DMA to one partition
@@ -501,6 +533,16 @@ def _load_group(kq_tab, v_tab, gate_tab, cst, at, n, T, H, HV, K, V, PB,
         nisa.tensor_copy(dst=beta, src=gb[:, n * THV:2 * n * THV])
     io["dec"] = dec
     io["beta"] = beta
+    # the decay of head (G, g) on partitions (g, kb): decp [P, (jt, G)] = sum over g' of
+    # dec[jt, G*NG + g'] * (g == g') (one nonzero term: exact)
+    dsel = nl.ndarray((P, NT * NGR * NG), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=dsel.reshape((P, NT * NGR, NG)),
+                       data1=dec.ap(pattern=[[n * THV, P], [NG, NT * NGR], [1, NG]], offset=0),
+                       data2=cst["blk"].ap(pattern=[[NG, P], [0, NT * NGR], [1, NG]], offset=0),
+                       op=nl.multiply)
+    io["decp"] = nl.ndarray((P, NT * NGR), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=io["decp"], op=nl.add, data=dsel.reshape((P, NT * NGR, NG)),
+                       axis=2)
 
     # per (sequence, token, q/k head): k.q and the l2norm factors, on every partition
     rep = HV // H
@@ -538,70 +580,65 @@ def _load_group(kq_tab, v_tab, gate_tab, cst, at, n, T, H, HV, K, V, PB,
     return io
 
 
-def _run_batch(io, k_rows, krow, inter, got, at, seqs, T, H, HV, K, V, want_inter, pool):
+def _run_batch(io, cst, lay, inter, got, at, seqs, T, HV, K, V, want_inter, pool):
     """All T tokens of the batch's sequences, their instruction streams interleaved:
-    per token, every sequence's front half (reductions, o, u row) is issued before any
-    back half (outer products and state update), so one sequence's matmuls and vector
-    work fill the other's waits."""
+    per token, every sequence's front half (reductions, o, u, decay) is issued before any
+    back half (u broadcast and state update), so one sequence's matmuls and vector work
+    fill the other's waits."""
+    GF = lay["R"] * V
     for j in range(len(seqs)):
         st = got[j]
         if st["nat"].dtype == nl.float32:
             st["S"] = st["nat"]
         else:
-            st["S"] = nl.ndarray((K, HV * V), dtype=nl.float32, buffer=nl.sbuf)
+            st["S"] = nl.ndarray(st["nat"].shape, dtype=nl.float32, buffer=nl.sbuf)
             for k in range(st["parts"]):
-                h0, h1 = _part_heads(H, st["parts"], k)
-                a, b = h0 * (HV // H) * V, h1 * (HV // H) * V
-                nisa.tensor_copy(dst=st["S"][:, a:b], src=st["nat"][:, a:b],
+                a, b = _part_groups(lay["NGR"], st["parts"], k)
+                nisa.tensor_copy(dst=st["S"][:, a * GF:b * GF], src=st["nat"][:, a * GF:b * GF],
                                  engine=nisa.engine.scalar)
     for t in range(T):
-        urows = []
-        krows = []
+        uts = []
         for j in range(len(seqs)):
-            # k of this token as one row on partition 0 (the outer products' stationary)
-            if krow == None:  # noqa: E711  (T > 1: one small DMA per token)
-                r0 = (seqs[j] * T + t) * H * K
-                kr = nl.ndarray((1, H * K), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.dma_copy(dst=kr, src=_row_ap(k_rows, at, [[k_rows.shape[1], 1], [1, H * K]],
-                                                  r0))
-                krows.append(kr)
-            else:
-                r0 = ((seqs[j] - seqs[0]) * T + t) * H * K
-                krows.append(krow[:, r0:r0 + H * K])
-        for j in range(len(seqs)):
-            c0 = (seqs[j] * T + t) * HV
-            urows.append(_front(io, got[j]["S"], c0, H, HV, K, V))
+            jt = seqs[j] * T + t
+            uts.append(_front(io, lay, got[j]["S"], jt, HV, K, V))
         for j in range(len(seqs)):
             s = seqs[j]
-            c0 = (s * T + t) * HV
-            # the last token scatters each state part as soon as its heads are updated
+            jt = s * T + t
+            # the last token scatters each state part as soon as its groups are updated
             out = None
             if t == T - 1:
                 out = (pool, got[j])
-            _back(io, got[j]["S"], krows[j], urows[j], c0, H, HV, K, V, out)
+            _back(io, cst, lay, got[j]["S"], uts[j], jt, HV, V, out)
             if want_inter:
-                row0 = (s * T + t) * HV * K
+                row0 = jt * HV * K
                 if inter.dtype == nl.float32:
-                    _store_state(inter, got[j]["S"], at, row0, HV, K, V)
+                    _store_state(inter, got[j]["S"], lay, at, row0, V)
                 else:
-                    Sc = nl.ndarray((K, HV * V), dtype=inter.dtype, buffer=nl.sbuf)
+                    Sc = nl.ndarray(got[j]["S"].shape, dtype=inter.dtype, buffer=nl.sbuf)
                     nisa.tensor_copy(dst=Sc, src=got[j]["S"], engine=nisa.engine.scalar)
-                    _store_state(inter, Sc, at, row0, HV, K, V)
+                    _store_state(inter, Sc, lay, at, row0, V)
 
 
-def _front(io, S, c0, H, HV, K, V):
-    """One token of one sequence up to the state update: writes o columns [c0, c0+HV) of
-    io["ot"]; returns rk*u as a row [1, HV*V] on partition 0."""
+def _front(io, lay, S, jt, HV, K, V):
+    """One token (sequence, token) ``jt`` of one sequence up to the state update: writes o
+    columns [jt*HV, (jt+1)*HV) of io["ot"], decays S in place; returns rk*u transposed,
+    ``[HV, V]`` (SBUF)."""
+    c0 = jt * HV
     c1 = c0 + HV
-    rep = HV // H
-    jt = c0 // HV                                              # (sequence, token) index
-    # [kS | qS] of the old state, v on partitions
+    NG = lay["NG"]
+    NGR = lay["NGR"]
+    R = lay["R"]
+    GF = R * V
+    # [kS | qS] of the old state, v on partitions: per head group, R matmuls (one per row
+    # i of the partition's run) accumulate over the K rows; the moving operand is
+    # block-diagonal over the group's heads, so each head only sums its own partitions
     p1 = nl.ndarray((V, 2 * HV), dtype=nl.float32, buffer=nl.psum)
-    for hv in range(HV):
-        col = (jt * H + hv // rep) * 2
-        # disjoint column slices of one PSUM bank: each matmul writes (not adds) its own
-        nisa.nc_matmul(dst=p1[:, 2 * hv:2 * hv + 2], stationary=S[:, hv * V:(hv + 1) * V],
-                       moving=io["kq"][:, col:col + 2], accumulate=False)
+    for G in range(NGR):
+        for i in range(R):
+            col = ((jt * NGR + G) * R + i) * NG * 2
+            nisa.nc_matmul(dst=p1[:, 2 * NG * G:2 * NG * (G + 1)],
+                           stationary=S[:, G * GF + i * V:G * GF + (i + 1) * V],
+                           moving=io["mx"][:, col:col + 2 * NG], accumulate=i > 0)
     # kS and qS as strided [V, HV] views of the PSUM tile
     ks = p1.ap(pattern=[[2 * HV, V], [2, HV]], offset=0)
     qs = p1.ap(pattern=[[2 * HV, V], [2, HV]], offset=1)
@@ -623,7 +660,7 @@ def _front(io, S, c0, H, HV, K, V):
     nisa.tensor_tensor(dst=w, data1=u, data2=io["dotv"][0:V, c0:c1], op=nl.multiply)
     nisa.tensor_tensor(dst=ot, data1=ot, data2=w, op=nl.add)
     p1 = None
-    # rk u as one row on partition 0: TensorE transpose, then an SBUF->SBUF DMA
+    # rk u with heads on partitions: TensorE transpose, evicted on ScalarE
     if io["rkv"] != None:  # noqa: E711
         nisa.tensor_tensor(dst=u, data1=u, data2=io["rkv"][0:V, c0:c1], op=nl.multiply)
     uT_ps = nl.ndarray((HV, V), dtype=nl.float32, buffer=nl.psum)
@@ -631,43 +668,47 @@ def _front(io, S, c0, H, HV, K, V):
     uT = nl.ndarray((HV, V), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=uT, op=nl.copy, data=uT_ps)
     uT_ps = None
-    urow = nl.ndarray((1, HV * V), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=urow, src=uT)
-    # the decay a_hv S_hv on ScalarE (a per-partition scale column), after the u row's
-    # eviction so that it does not wait behind them; it runs while the row moves
-    for hv in range(HV):
-        Sh = S[:, hv * V:(hv + 1) * V]
-        nisa.activation(dst=Sh, op=nl.copy, data=Sh,
-                        scale=io["dec"][0:K, c0 + hv:c0 + hv + 1])
-    return urow
+    # the decay a S on ScalarE, one instruction per head group (a per-partition scale
+    # column: partition (g, kb) holds head G*NG + g), after the u eviction
+    for G in range(NGR):
+        Sg = S[:, G * GF:(G + 1) * GF]
+        d = jt * NGR + G
+        nisa.activation(dst=Sg, op=nl.copy, data=Sg, scale=io["decp"][:, d:d + 1])
+    return uT
 
 
-def _back(io, S, krow, urow, c0, H, HV, K, V, out):
-    """S_hv += k_h (rk u_hv)^T for every value head (in place; S already decayed by
-    ``_front``): the outer products of the value heads of one PSUM bank (<= 512 fp32
-    columns, several q/k heads in disjoint column slices) and one VectorE add over them.
+def _back(io, cst, lay, S, uT, jt, HV, V, out):
+    """S += k (rk u)^T for every value head (in place; S already decayed by ``_front``):
+    per head group, rk u of its heads broadcast to their partitions (a 0/1 matmul,
+    stationary ``sel``), then one VectorE ``scalar_tensor_tensor`` per row i of the
+    partition's run, ``S_i += k_i * ub`` (k_i: a per-partition column of ``kx``).
     ``out``: None or (pool, state dict): scatter each state part right after its last
-    head."""
-    rep = HV // H
-    gh = _MM_COLS // V   # value heads per PSUM bank
-    if gh < 1:
-        gh = 1
-    for hv0 in range(0, HV, gh):
-        hv1 = min(HV, hv0 + gh)
-        ku = nl.ndarray((K, (hv1 - hv0) * V), dtype=nl.float32, buffer=nl.psum)
-        for h in range(hv0 // rep, (hv1 - 1) // rep + 1):
-            a = max(h * rep, hv0)
-            b = min((h + 1) * rep, hv1)
-            # disjoint column slices of one PSUM bank: each matmul writes (not adds) its own
-            nisa.nc_matmul(dst=ku[:, (a - hv0) * V:(b - hv0) * V],
-                           stationary=krow[:, h * K:(h + 1) * K], moving=urow[:, a * V:b * V],
-                           accumulate=False)
-        Sg = S[:, hv0 * V:hv1 * V]
-        nisa.tensor_tensor(dst=Sg, data1=Sg, data2=ku, op=nl.add)
-        ku = None
-        if out != None:  # noqa: E711
-            st = out[1]
-            for k in range(st["parts"]):
-                h0, h1 = _part_heads(H, st["parts"], k)
-                if hv0 < h1 * rep and h1 * rep <= hv1:
-                    _scatter_heads(out[0], st, h0 * rep, h1 * rep, V)
+    group."""
+    P = lay["P"]
+    NGR = lay["NGR"]
+    R = lay["R"]
+    GF = R * V
+    gpb = _MM_COLS // V   # head groups per PSUM bank
+    if gpb < 1:
+        gpb = 1
+    for G0 in range(0, NGR, gpb):
+        G1 = min(NGR, G0 + gpb)
+        ub = nl.ndarray((P, (G1 - G0) * V), dtype=nl.float32, buffer=nl.psum)
+        for G in range(G0, G1):
+            nisa.nc_matmul(dst=ub[:, (G - G0) * V:(G - G0 + 1) * V],
+                           stationary=cst["sel"][:, G * P:(G + 1) * P], moving=uT,
+                           is_stationary_onezero=True, accumulate=False)
+        for G in range(G0, G1):
+            for i in range(R):
+                col = ((jt * NGR + G) * R + i) * 2
+                Si = S[:, G * GF + i * V:G * GF + (i + 1) * V]
+                nisa.scalar_tensor_tensor(dst=Si, data=ub[:, (G - G0) * V:(G - G0 + 1) * V],
+                                          op0=nl.multiply, operand0=io["kx"][:, col:col + 1],
+                                          op1=nl.add, operand1=Si)
+            if out != None:  # noqa: E711
+                st = out[1]
+                for k in range(st["parts"]):
+                    a, b = _part_groups(NGR, st["parts"], k)
+                    if b == G + 1:
+                        _scatter_groups(out[0], st, lay, a, b)
+        ub = None

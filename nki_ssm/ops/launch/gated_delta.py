@@ -144,23 +144,49 @@ def decode_order(state_indices, num_seqs: int, T: int = 1, programs: int = 1):
 
 
 def decode_tables(xp, q, k, v, first, second, rows, width):
-    """(kq, k_rows, v, gates) of ``gdn_decode_step`` for ``rows * width`` positions (q, k, v,
+    """(kq, kx, v, gates) of ``gdn_decode_step`` for ``rows * width`` positions (q, k, v,
     gates already in kernel-position order), one row per loop iteration, all float32
     (widened here: the kernel's DMAs do not convert): ``kq [rows, K, width*T*H*2]``
     (k on partitions, k / q columns interleaved per head; columns run over position,
-    token, head), ``k_rows [rows, width*T*H*K]``, ``v [rows, V, width*T*HV]`` (v on
-    partitions), ``gates [rows, 2, width*T*HV]`` (g and beta, or a and b)."""
+    token, head), ``kx [rows, P, width*T*HV/NG*R*2]`` (k / q in the state layout,
+    ``decode.state_layout``: partition (g, kb), column (position, token, G, i, k|q) holds
+    row ``kb*R + i`` of value head ``G*NG + g``'s q/k head), ``v [rows, V, width*T*HV]``
+    (v on partitions), ``gates [rows, 2, width*T*HV]`` (g and beta, or a and b)."""
+    from nki_ssm.kernels.gated_delta.decode import state_layout
+
     S, T, H, K = q.shape
     HV, V = v.shape[2:]
-    kq = xp.permute(xp.stack([xp.f32(k), xp.f32(q)], axis=-1).reshape(rows, width, T, H, K, 2),
+    R, NG = state_layout(K, V, HV)
+    QP = K // R
+    kq2 = xp.stack([xp.f32(k), xp.f32(q)], axis=-1)          # [S, T, H, K, 2]
+    kq = xp.permute(kq2.reshape(rows, width, T, H, K, 2),
                     (0, 4, 1, 2, 3, 5)).reshape(rows, K, width * T * H * 2)
-    k_rows = xp.contiguous(xp.f32(k)).reshape(rows, width * T * H * K)
+    kx = xp.repeat(kq2, HV // H, axis=2).reshape(rows, width, T, HV // NG, NG, QP, R, 2)
+    kx = xp.permute(kx, (0, 4, 5, 1, 2, 3, 6, 7)).reshape(rows, NG * QP,
+                                                          width * T * (HV // NG) * R * 2)
     v_tab = xp.permute(xp.f32(v).reshape(rows, width, T, HV, V),
                        (0, 4, 1, 2, 3)).reshape(rows, V, width * T * HV)
     gates = xp.stack([xp.f32(first).reshape(S, T * HV), xp.f32(second).reshape(S, T * HV)],
                      axis=1).reshape(rows, width, 2, T * HV)
     gates = xp.permute(gates, (0, 2, 1, 3)).reshape(rows, 2, width * T * HV)
-    return kq, k_rows, v_tab, gates
+    return kq, kx, v_tab, gates
+
+
+def layout_tables(K, V, HV):
+    """The 0/1 tables of the state layout (host NumPy, float32): ``blk [P, NG]`` (partition
+    p serves head ``p // (K/R)`` of its group) and ``sel [HV, HV/NG * P]`` (value head hv
+    lands on partition p of group G: ``hv == G*NG + p // (K/R)``)."""
+    from nki_ssm.kernels.gated_delta.decode import state_layout
+
+    R, NG = state_layout(K, V, HV)
+    QP = K // R
+    P = NG * QP
+    g_of = np.arange(P) // QP
+    blk = (g_of[:, None] == np.arange(NG)[None, :]).astype(np.float32)
+    hv = np.arange(HV)[:, None, None]
+    G = np.arange(HV // NG)[None, :, None]
+    sel = (hv == G * NG + g_of[None, None, :]).astype(np.float32).reshape(HV, (HV // NG) * P)
+    return blk, sel
 
 
 def _kernel_positions(xp, out, rows, width, T, HV, V):
@@ -230,8 +256,10 @@ def decode_call(xp, call, *, q, k, v, g, beta, a, b, A_log, dt_bias, scale, use_
     head_params = None
     if raw:
         head_params = xp.cat([xp.f32(A_log), xp.f32(dt_bias)]).reshape(1, 2 * HV)
+    blk, sel = layout_tables(K, V, HV)
     pool = xp.pool_view(ssm_states, (slots, HV * K * V))
-    out = call(decode_kernel(), *main, *tail, head_params, pool, xp.table(counts), int(T),
+    out = call(decode_kernel(), *main, *tail, head_params, xp.table(blk), xp.table(sel), pool,
+               xp.table(counts), int(T),
                int(H), bool(raw), bool(use_qk_l2norm), float(scale),
                bool(return_intermediate_states))
     xp.commit(pool, ssm_states)
