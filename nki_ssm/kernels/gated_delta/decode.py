@@ -621,7 +621,7 @@ def _run_batch(io, cst, lay, inter, got, at, seqs, T, HV, K, V, want_inter, pool
 
 def _front(io, lay, S, jt, HV, K, V):
     """One token (sequence, token) ``jt`` of one sequence up to the state update: writes o
-    columns [jt*HV, (jt+1)*HV) of io["ot"], decays S in place; returns rk*u transposed,
+    columns [jt*HV, (jt+1)*HV) of io["ot"]; returns rk*u transposed,
     ``[HV, V]`` (SBUF)."""
     c0 = jt * HV
     c1 = c0 + HV
@@ -668,12 +668,6 @@ def _front(io, lay, S, jt, HV, K, V):
     uT = nl.ndarray((HV, V), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=uT, op=nl.copy, data=uT_ps)
     uT_ps = None
-    # the decay a S on ScalarE, one instruction per head group (a per-partition scale
-    # column: partition (g, kb) holds head G*NG + g), after the u eviction
-    for G in range(NGR):
-        Sg = S[:, G * GF:(G + 1) * GF]
-        d = jt * NGR + G
-        nisa.activation(dst=Sg, op=nl.copy, data=Sg, scale=io["decp"][:, d:d + 1])
     return uT
 
 
@@ -699,12 +693,21 @@ def _back(io, cst, lay, S, uT, jt, HV, V, out):
                            stationary=cst["sel"][:, G * P:(G + 1) * P], moving=uT,
                            is_stationary_onezero=True, accumulate=False)
         for G in range(G0, G1):
+            # k_i (rk u)^T on ScalarE: the broadcast rows scaled by the per-partition column
+            # of k row kb*R + i (PSUM -> SBUF)
+            kub = nl.ndarray((P, GF), dtype=nl.float32, buffer=nl.sbuf)
             for i in range(R):
                 col = ((jt * NGR + G) * R + i) * 2
-                Si = S[:, G * GF + i * V:G * GF + (i + 1) * V]
-                nisa.scalar_tensor_tensor(dst=Si, data=ub[:, (G - G0) * V:(G - G0 + 1) * V],
-                                          op0=nl.multiply, operand0=io["kx"][:, col:col + 1],
-                                          op1=nl.add, operand1=Si)
+                nisa.activation(dst=kub[:, i * V:(i + 1) * V], op=nl.copy,
+                                data=ub[:, (G - G0) * V:(G - G0 + 1) * V],
+                                scale=io["kx"][:, col:col + 1])
+            # decay and update in one VectorE pass: S_G = a S_G + kub (a: the per-partition
+            # column of head G*NG + g)
+            SG = S[:, G * GF:(G + 1) * GF]
+            d = jt * NGR + G
+            nisa.scalar_tensor_tensor(dst=SG, data=SG, op0=nl.multiply,
+                                      operand0=io["decp"][:, d:d + 1], op1=nl.add, operand1=kub)
+            kub = None
             if out != None:  # noqa: E711
                 st = out[1]
                 for k in range(st["parts"]):
