@@ -169,6 +169,7 @@ from nki_ssm.kernels.scaffold import (at_row, dump_rows, lnc_grid, run_if, trip_
                                       work_loop)
 
 _STREAMS = 2          # sequences whose per-token instruction streams are interleaved (a batch)
+_SETS = 3             # state sets of the main loop (gathers run _SETS - 1 batches ahead)
 _PARTS = 4            # state DMAs per sequence in the tail loop (one batch per iteration: latency)
 _L2NORM_EPS = 1e-6    # FLA / transformers: x / sqrt(sum x^2 + eps)
 _MM_COLS = 512        # moving columns of one fp32 matmul (one PSUM bank on trn2)
@@ -226,18 +227,22 @@ def gdn_decode_step(kq_main, kx_main, v_main, gate_main, slots_main, kq_tail, kx
         # starts (nothing is prefetched across iterations: nki-library turns that off for
         # dynamic loops, NKI-1582). Two state sets alternate. Every position of a main
         # iteration is live.
-        sets = (_new_states(_STREAMS, pool, lay, 1), _new_states(_STREAMS, pool, lay, 1))
+        sets = []
+        for q in range(_SETS):
+            sets.append(_new_states(_STREAMS, pool, lay, 1))
 
         def main_body(it):
             at = (it, main_at)
             io = _load_group(kq_main, kx_main, v_main, gate_main, cst, lay, at, SPI, T, H, HV,
                              K, V, PB, raw_gates, use_qk_l2norm, scale)
-            _gather(sets[0], pool, slots_main, at, 0, batches[0], lay)
+            for bi in range(min(_SETS - 1, NB)):
+                _gather(sets[bi], pool, slots_main, at, 0, batches[bi], lay)
             for bi in range(NB):
-                if bi + 1 < NB:
-                    _gather(sets[(bi + 1) % 2], pool, slots_main, at, 0, batches[bi + 1], lay)
-                _run_batch(io, cst, lay, inter_main, sets[bi % 2], at, batches[bi], T, HV, K, V,
-                           want_inter, pool)
+                if bi + _SETS - 1 < NB:
+                    _gather(sets[(bi + _SETS - 1) % _SETS], pool, slots_main, at, 0,
+                            batches[bi + _SETS - 1], lay)
+                _run_batch(io, cst, lay, inter_main, sets[bi % _SETS], at, batches[bi], T, HV,
+                           K, V, want_inter, pool)
             _store_o(o_main, io, at)
 
         work_loop(n_main, main_body)
