@@ -235,12 +235,13 @@ def gdn_decode_step(kq_main, kx_main, v_main, gate_main, slots_main, kq_tail, kx
             at = (it, main_at)
             io = _load_group(kq_main, kx_main, v_main, gate_main, cst, lay, at, SPI, T, H, HV,
                              K, V, PB, raw_gates, use_qk_l2norm, scale)
+            sl = _load_slots(slots_main, at)
             for bi in range(min(_SETS - 1, NB)):
-                _gather(sets[bi], pool, slots_main, at, 0, batches[bi], lay)
+                _gather(sets[bi], pool, sl, batches[bi], lay)
             for bi in range(NB):
                 if bi + _SETS - 1 < NB:
-                    _gather(sets[(bi + _SETS - 1) % _SETS], pool, slots_main, at, 0,
-                            batches[bi + _SETS - 1], lay)
+                    _gather(sets[(bi + _SETS - 1) % _SETS], pool, sl, batches[bi + _SETS - 1],
+                            lay)
                 _run_batch(io, cst, lay, inter_main, sets[bi % _SETS], at, batches[bi], T, HV,
                            K, V, want_inter, pool)
             _store_o(o_main, io, at)
@@ -249,8 +250,7 @@ def gdn_decode_step(kq_main, kx_main, v_main, gate_main, slots_main, kq_tail, kx
         # the tail reuses the first state set's tiles, moved in parts
         tail_states = []
         for j in range(W):
-            tail_states.append({"slot": sets[0][j]["slot"], "nat": sets[0][j]["nat"],
-                                "parts": parts})
+            tail_states.append({"nat": sets[0][j]["nat"], "parts": parts})
     else:
         tail_states = _new_states(W, pool, lay, parts)
 
@@ -266,7 +266,7 @@ def gdn_decode_step(kq_main, kx_main, v_main, gate_main, slots_main, kq_tail, kx
     def batch_at(at, batch_pool):
         io = _load_group(kq_tail, kx_tail, v_tail, gate_tail, cst, lay, at, W, T, H, HV, K, V,
                          PB, raw_gates, use_qk_l2norm, scale)
-        _gather(tail_states, batch_pool, slots_tail, at, 0, tail_batch, lay)
+        _gather(tail_states, batch_pool, _load_slots(slots_tail, at), tail_batch, lay)
         _run_batch(io, cst, lay, inter_tail, tail_states, at, tail_batch, T, HV, K, V,
                    want_inter, batch_pool)
         _store_o(o_tail, io, at)
@@ -405,28 +405,33 @@ def _new_states(n, pool, lay, parts):
     F = lay["NGR"] * pool.shape[1] // (lay["NGR"] * lay["P"])
     for j in range(n):
         st = {}
-        st["slot"] = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
         st["nat"] = nl.ndarray((lay["P"], F), dtype=pool.dtype, buffer=nl.sbuf)
         st["parts"] = parts
         out.append(st)
     return out
 
 
-def _gather(states, pool, pool_slots, at, ahead, seqs, lay):
-    """Gather the states of positions ``seqs`` of slot row ``at`` + ``ahead`` (``at = (it,
-    base)``; ``it`` None: the static row ``base``) into ``states``, each in its ``parts``
-    DMAs."""
+def _load_slots(pool_slots, at):
+    """The pool slots of slot row ``at`` (``(it, base)``; ``it`` None: the static row
+    ``base``) as one ``[1, width]`` int32 tile, in one small DMA issued with the inputs
+    (ahead of the state transfers, so no gather waits behind a state DMA for its slot)."""
     n_rows, spi = pool_slots.shape
     it, base = at
+    sl = nl.ndarray((1, spi), dtype=nl.int32, buffer=nl.sbuf)
+    if it == None:  # noqa: E711  (NKI has no `is`)
+        src = pool_slots[base:base + 1, 0:spi]
+    else:
+        src = _row_ap(pool_slots, at, [[spi, 1], [1, spi]], 0)
+    nisa.dma_copy(dst=sl, src=src)
+    return sl
+
+
+def _gather(states, pool, slots, seqs, lay):
+    """Gather the states of positions ``seqs`` (pool slots: columns of ``slots [1, width]``,
+    ``_load_slots``) into ``states``, each in its ``parts`` DMAs."""
     for j in range(len(seqs)):
         st = states[j]
-        if it == None:  # noqa: E711  (NKI has no `is`)
-            r = base + ahead
-            src = pool_slots[r:r + 1, seqs[j]:seqs[j] + 1]
-        else:
-            src = _row_ap(pool_slots, at, [[spi, 1], [1, 1]], ahead * spi + seqs[j])
-        nisa.dma_copy(dst=st["slot"], src=src)
-        st["at"] = nisa.scalar_load(st["slot"])
+        st["at"] = nisa.scalar_load(slots[0:1, seqs[j]:seqs[j] + 1])
         GF = st["nat"].shape[1] // lay["NGR"]
         V = GF // lay["R"]
         for k in range(st["parts"]):
