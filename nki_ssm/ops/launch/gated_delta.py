@@ -23,9 +23,11 @@ gather / scatter happens in the kernel:
   one row of trip counts: they split the value heads (the kernel's design note);
 - decode, per loop iteration (``decode_tables``, all float32): q and k become
   one ``[K, width*T*H*2]`` column block (k on partitions, k / q columns
-  interleaved per head) plus k as one row ``[width*T*H*K]``; v becomes
-  ``[V, width*T*HV]`` (v on partitions); gates ``[2, width*T*HV]``; A_log /
-  dt_bias one float32 row;
+  interleaved per head) plus k / q in the kernel's state layout ``[P,
+  width*T*HV/NG*R*2]`` (``decode.state_layout``: partition (g, kb), each q/k head
+  repeated for its value heads); v becomes ``[V, width*T*HV]`` (v on partitions);
+  gates ``[2, width*T*HV]``; A_log / dt_bias one float32 row; the layout's two 0/1
+  tables (``layout_tables``) once per call;
 - prefill and decode: run-time tables only (padding sequences: zero output, no
   instructions on the pool);
 - decode: the kernel's v-major outputs ``[rows, V, width*T*HV]`` are transposed
