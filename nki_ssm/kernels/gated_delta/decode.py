@@ -13,33 +13,47 @@ are applied to the small ``[V, HV]`` results (``kS``, ``qS``, ``k . q``) and
 to ``u`` before the outer product (``k u^T = k_raw (rk u)^T``): the state is
 never scaled by them.
 
-Layout (every reduction is a TensorE contraction over partitions; the decay is one
-ScalarE instruction per head, the delta update one VectorE instruction per PSUM bank
-of value heads):
+Layout (every reduction is a TensorE contraction over partitions; the state's
+decay and delta update are one VectorE instruction per head group; the DMA
+moves the state in runs of 2 KiB):
 
-* state of one sequence in SBUF ``S [K, HV*V]`` float32: partition ``k``,
-  free ``(hv, v)``; the pool ``[slots, HV*K*V]`` holds a slot as one
-  contiguous block, moved by one DMA per sequence (or per part) with a
-  run-time start: ``scalar_offset`` = the slot, a (1, 1) int32 SBUF tile,
-  ``indirect_dim=0``, and a static pattern (partition k -> elements
-  ``hv*K*V + k*V + v``);
+* state of one sequence in SBUF ``S [P, HV*K*V/P]`` float32, R consecutive
+  rows of one head per partition (``state_layout``: R the largest power of two
+  dividing K with ``R*V*4 <= 2048`` bytes, 4 at V=128; NG heads share the
+  partitions, the largest divisor of HV with ``NG*K/R <= 128``, 4 at K=128;
+  QP = K/R partitions per head, P = NG*QP, NGR = HV/NG head groups):
+  partition ``p = g*QP + kb`` holds, for each group G, rows ``kb*R + i``
+  (i < R) of head ``hv = G*NG + g``: free ``(G, i, v)``. In the pool ``[slots,
+  HV*K*V]`` (a slot one contiguous block) that is elements ``G*NG*K*V +
+  p*R*V + i*V + v``: each partition reads NGR runs of ``R*V`` contiguous
+  elements (2 KiB at V=128; a run of one row, 512 B, streams at a quarter of
+  the rate when descriptors need 2 KiB, the slow end of ``dma_min_run_bytes``).
+  A slot moves by one DMA per sequence (or per part, by head groups) with a
+  run-time start: ``scalar_offset`` = the slot (``nisa.scalar_load`` of a
+  column of the iteration's ``[1, width]`` int32 slot row, loaded with the
+  inputs), ``indirect_dim=0``, a static pattern;
 * per token: ``[kS | qS]`` for all heads lands in one PSUM tile ``[V, 2*HV]``
-  (v on partitions) from HV matmuls (stationary ``S_hv [K, V]``, moving the
-  two columns ``[k_h, q_h]``, disjoint columns of one bank, ``accumulate=False``);
-  the gate/norm math runs on ``[V, HV]`` tiles; ``rk u`` is transposed on
-  TensorE and flattened to one partition by an SBUF->SBUF DMA (``urow
-  [1, HV*V]``); the decay ``S_hv = a_hv S_hv`` is one ScalarE ``activation``
-  (copy, ``scale`` the per-partition column of ``a_hv``) per head, issued after
-  the u row's eviction and running while the row moves; the outer products
-  ``k_h (rk u)^T`` are one K=1 matmul per q/k head and bank (stationary ``k_h``
-  row ``[1, K]``, moving ``urow`` of its value heads), the value heads of one
-  PSUM bank (512 // V of them: 4 at V=128) in disjoint column slices of one
-  ``[K, 512]`` tile, and the update is one VectorE ``tensor_tensor`` add over
-  them, ``S_g += KU_g`` (KU read from PSUM);
+  (v on partitions) from HV matmuls: per group G, R matmuls (stationary the
+  ``[P, V]`` slice of row i of every partition, moving ``[P, 2*NG]``)
+  accumulating into the group's ``2*NG`` columns; the moving operand is
+  block-diagonal over the group's heads (``mx[(g, kb), (g', c)] = kq_c[kb*R+i]
+  * (g == g')``, built once per iteration on VectorE from the ``kx`` table and
+  the 0/1 ``blk [P, NG]``), so each head sums only its own partitions. The
+  gate/norm math runs on ``[V, HV]`` tiles; ``rk u`` is transposed on TensorE
+  (``[HV, V]``, evicted on ScalarE); per group, the rows ``rk u_hv`` go to
+  their partitions by a 0/1 matmul (stationary ``sel[:, G] [HV, P]``,
+  ``sel[hv, p] = (hv == G*NG + g)``, moving ``uT``; 512 // V groups per PSUM
+  bank); ScalarE scales them by ``k`` (``activation`` copy, ``scale`` the
+  per-partition column of row ``kb*R + i``: R instructions of V elements per
+  group, PSUM -> SBUF ``kub [P, R*V]``) and VectorE applies decay and update in
+  one pass, ``S_G = a_G S_G + kub`` (``scalar_tensor_tensor``, ``a_G`` the
+  per-partition decay column ``decp``: partition (g, kb) holds head G*NG + g's);
 * gates and per-head parameters are broadcast over partitions on TensorE
   (ones ``[1, P]`` stationary, exact 0/1 matmul), sums of squares and
   ``k . q`` over K with a ones ``[K, P]`` stationary (fp32, exact products
-  summed in fp32).
+  summed in fp32); the decay per partition of the state layout, ``decp [P,
+  (jt, G)]``, is the broadcast decay masked by ``blk`` and summed over the
+  group's heads (one nonzero term: exact).
 
 Work list and loops
 -------------------
@@ -86,41 +100,49 @@ of one or two sequences has no main loop.
   dim 0 of every per-iteration table): the inputs of SPI positions in one DMA
   each; the gate math for all of them; then NB = SPI / 2 batches of two
   sequences whose per-token instruction streams are interleaved (one
-  sequence's matmuls fill the other's waits). Software pipeline over two
-  state sets allocated before the loop: batch b+1's states are gathered
-  while batch b runs; the iteration's first batch is gathered when it
+  sequence's matmuls fill the other's waits). Software pipeline over three
+  state sets allocated before the loop: batch b+2's states are gathered
+  while batch b runs; the iteration's first two batches are gathered when it
   starts (nothing is prefetched across iterations: nki-library turns that
-  off for dynamic loops, NKI-1582). A gather issued after a scatter to the
-  pool waits for it (slots are run-time data). Every position of a main
+  off for dynamic loops, NKI-1582). Every pool access has a run-time start,
+  so each spans the whole pool for the dependencies: a gather issued after a
+  scatter waits for it, a scatter for every earlier gather and scatter (each
+  such hand-over leaves the DMA queues idle for the completion and fixed
+  latencies, ~1.2 us; reads after reads overlap). Every position of a main
   iteration is live: no run-time conditional.
 * Tail loop: one batch per iteration, each state gathered and scattered in
-  ``min(4, H)`` parts by q/k head so the first heads' reductions overlap the
-  rest of the gather and their scatter the rest of the update; it reuses
+  ``min(4, NGR)`` parts by head group so the first groups' reductions overlap
+  the rest of the gather and their scatter the rest of the update; it reuses
   the main loop's first state set. The spare batch is one more such batch.
 
-Per token and sequence at Qwen3-Next (HV=32, K=V=128): TensorE HV matmuls
-of 2 fp32 columns + H outer products of ``rep*V`` fp32 columns, one
-transpose and the gate broadcasts; VectorE HV*V/512 = 8 ``tensor_tensor``
-adds of 512 elements (one input in PSUM) and ~10 small ``[V, HV]`` ops;
-ScalarE HV = 32 decays of V elements, the PSUM eviction of the transpose,
-the activation functions of the gates and, for a bfloat16 pool, the
-widening / rounding of the state; DMA the state of
-every sequence in and out (``2*HV*K*V*4`` bytes with a float32 pool), plus
-``HV*K*V`` per token with ``want_inter``, and small input / output rows per
-iteration.
+Per token and sequence at Qwen3-Next (HV=32, K=V=128; R=4, NG=4, P=128,
+NGR=8): TensorE HV = 32 reduction matmuls (fp32, moving 8 columns), NGR = 8
+broadcast matmuls (0/1 stationary, 128 columns), one transpose and the gate
+broadcasts; ScalarE HV*R/NG = 32 k-scalings of V elements and the transpose's
+eviction (plus the gates' activation functions per iteration and, for a
+bfloat16 pool, the widening / rounding of the state); VectorE NGR = 8
+``scalar_tensor_tensor`` of R*V = 512 elements (decay and update) and ~10
+small ``[V, HV]`` ops; DMA the state of every sequence in and out
+(``2*HV*K*V*4`` bytes with a float32 pool) in 2 KiB runs, plus ``HV*K*V`` per
+token with ``want_inter``, and small input / output rows per iteration.
 
 What binds (modeled, trn2, nki_ssm.perf as of this commit, ``python -m simulate
 --op gated_delta_decode``; Qwen3-Next H=16 HV=32 K=V=128, T=1, raw gates, l2norm,
-float32 pool, bf16 q/k/v): moving the states, with TensorE close behind. 64
-sequences 1.11 ms (10-90 %: 1.11-2.57), 244 GB/s (66 % of the core's DMA
-bandwidth; DMA queues 85 % busy, TensorE 75 %, ScalarE 52 %, VectorE 49 %) at
-LNC=1; at LNC=2 each program models 0.55 ms (its 32 sequences on its own core;
-0.50x). 1 / 32 / 512 sequences: 29.6 us / 0.55 ms / 8.84 ms (66 % at 32 and
-512). Executed per 64-sequence call: 2,116 ScalarE activations, 964 VectorE
-tensor_tensor, 3,084 matmuls, 305 DMAs. Program: 2,104 static instructions per
-program (64-sequence bucket, every loop body and the spare batch once). Tried
-and slower: three state sets (gathers two batches ahead), the main loop's
-states moved in parts, half the decays back on VectorE.
+float32 pool, bf16 q/k/v): moving the states. 64 sequences 975 us (10-90 %:
+948 us-1.21 ms, 1.24x), 277 GB/s (75 % of the core's DMA bandwidth; DMA queues
+90 % busy, ScalarE 59 %, VectorE 58 %, TensorE 43 %) at LNC=1; at LNC=2 0.50x.
+The idle 10 % of the queues is the pool hand-overs (~80 of ~1.2 us: one per
+scatter and one per gather-after-scatter); the slow end of the interval is
+``dma_sustained``. 1 / 32 / 512 sequences: 29.5 us / 489 us / 7.78 ms; 16
+sequences of T=2 tokens 484 us. Executed per 64-sequence call: 2,116 ScalarE
+activations, 1,010 VectorE instructions, 2,636 TensorE, 155 DMAs. Program:
+1,911 static instructions per program (64-sequence bucket, every loop body and
+the spare batch once; the same at 512). Tried and slower: the update as one
+``scalar_tensor_tensor`` per row i with k as the scalar operand (4x the VectorE
+instructions: VectorE binds at 1.11 ms); two state sets (1.015 ms: every
+gather waits for the scatter before it). Not tried, estimated slower: the outer
+products ``k u^T`` on TensorE (fp32, one matmul of V moving columns per group
+and row i: ~20K TensorE cycles per sequence, TensorE would bind).
 
 HBM arguments (prepared by the launcher, ``nki_ssm.ops.launch.gated_delta``),
 one row per loop iteration, for the main loop (``*_main``, width SPI, rows
@@ -130,12 +152,16 @@ first; columns run over (position j of the row, token t, head), head fastest;
 all float32 (the launcher widens q/k/v: no DMA converts a dtype):
   kq     ``[rows, K, width*T*H*2]``: row i, partition k, column
          ``((j*T + t)*H + h)*2 + c`` holds ``k`` (c=0) / ``q`` (c=1);
-  k      ``[rows, width*T*H*K]``: k, token-major;
+  kx     ``[rows, P, width*T*NGR*R*2]``: k / q in the state layout, partition
+         ``g*QP + kb``, column ``(((j*T + t)*NGR + G)*R + i)*2 + c`` holds row
+         ``kb*R + i`` of ``k`` / ``q`` of value head ``G*NG + g``'s q/k head;
   v      ``[rows, V, width*T*HV]``: partition v, column ``(j*T + t)*HV + hv``;
   gate   ``[rows, 2, width*T*HV]``: g and beta (raw: a and b), columns as v;
   slots  int32 ``[rows, width]``: pool slot of each position (the tail tables
          hold one spare row per program after its tail rows);
   head_params ``[1, 2*HV]`` (A_log then dt_bias) or None (g / beta given);
+  blk    ``[P, NG]`` 0/1: ``blk[p, g'] = (p // QP == g')``;
+  sel    ``[HV, NGR*P]`` 0/1: ``sel[hv, G*P + p] = (hv == G*NG + p // QP)``;
   pool   ``[slots, HV*K*V]`` float32 or bfloat16, updated in place;
   counts int32 ``[1, 3]``: main and tail trip counts and the spare flag.
 Returns ``o [rows, V, width*T*HV]`` float32 per loop (v-major; the launcher
@@ -145,21 +171,21 @@ width*T*HV*K, V]`` per loop in the pool dtype (state after each token, rows
 inter_tail])``, or the tail's alone without a main loop. Rows the loops do
 not reach are never written (the launcher zeroes padding sequences).
 
-Limits: K, V, HV <= 128; ``2*HV <= 512``; the outer products and updates
-run over groups of ``max(1, 512 // V)`` value heads (one PSUM bank). Numerics: all float32 (state, gates, matmuls: fp32
-TensorE operands); a bfloat16 pool is widened on ScalarE after its
+Limits: K, V, HV <= 128; ``2*HV <= 512``; the broadcasts of ``rk u`` run over
+``max(1, 512 // V)`` head groups per PSUM bank. Numerics: all float32 (state,
+gates, matmuls: fp32 TensorE operands; the reductions sum R partial matmuls
+in PSUM); a bfloat16 pool is widened on ScalarE after its
 same-dtype gather, and the pool and intermediates are rounded once (RNE)
 on ScalarE before their same-dtype store.
 
 Constructs whose evidence is documentation only: the scaffolding of
 ``nki_ssm.kernels.scaffold`` (its docstring: ``nl.fori_loop`` with an
 inner-function body and ``NkiScalar`` bounds, the iteration value and table
-cells as ``scalar_offset`` with ``indirect_dim=0``, ``nisa.scalar_load``,
+cells as ``scalar_offset`` with ``indirect_dim=0``, ``nisa.scalar_load`` (of a
+``[1, 1]`` slice of a tile: the ``scalar_store`` page),
 ``nl.if_else``; NKI 0.8.0 docs); ``nl.softplus`` as an
 ``activation`` function (nki.api.shared.rst, "Supported Activation
-Functions"); an SBUF -> SBUF ``dma_copy`` between tiles of different shape
-and equal element count (the ``dma_copy`` docstring: "Memory types", "Tile
-size"). Everything else follows released nki-library kernels.
+Functions"). Everything else follows released nki-library kernels.
 """
 from __future__ import annotations
 
@@ -399,10 +425,10 @@ def _part_groups(NGR, parts, k):
 
 
 def _new_states(n, pool, lay, parts):
-    """Per sequence of a batch: {slot [1, 1] int32 (the slot, DMA'd from the table, then
-    loaded as the NkiScalar ``at``), nat [P, HV*K*V/P] pool dtype, parts}."""
+    """Per sequence of a batch: {nat [P, HV*K*V/P] pool dtype (the state layout), parts};
+    ``_gather`` adds ``at``, the slot as an NkiScalar."""
     out = []
-    F = lay["NGR"] * pool.shape[1] // (lay["NGR"] * lay["P"])
+    F = pool.shape[1] // lay["P"]
     for j in range(n):
         st = {}
         st["nat"] = nl.ndarray((lay["P"], F), dtype=pool.dtype, buffer=nl.sbuf)
