@@ -191,6 +191,9 @@ def _channel_columns(src, cb, R, D, width, dst):
     nsub = (D + SUB - 1) // SUB
     nfull = D // SUB
     inner = width
+    if nfull == nsub and R * nsub <= PMAX and R * nsub * width <= BANK_BYTES // 4:
+        _channel_columns_rows(src, cb, R * nsub, width, dst)
+        return
     stage = dst
     if src.dtype != dst.dtype:
         stage = nl.ndarray(dst.shape, dtype=src.dtype, buffer=nl.sbuf)
@@ -207,6 +210,30 @@ def _channel_columns(src, cb, R, D, width, dst):
                                  offset=(cb + nfull * SUB) * inner))
         if src.dtype != dst.dtype:
             nisa.tensor_copy(dst=dst[0:wl, :, nfull, :], src=stage[0:wl, :, nfull, :])
+
+
+def _channel_columns_rows(src, cb, NQ, width, dst):
+    """dst[p, q, :] = src[cb + q*128 + p, :] for NQ full 128-channel tiles (dst
+    ``[128, R, nsub, width]`` float32 viewed as ``[128, (q, width)]``, q = r * nsub + s):
+    read channel-on-partition the source is one ``width``-element run per channel (8-byte
+    descriptors at W = 4 bfloat16), so instead one DMA brings tile q's ``128 * width``
+    contiguous elements to partition q, VectorE converts them to float32, one TensorE
+    transpose per column k turns ``[NQ, 128 ch]`` into ``[128 ch, NQ]`` (exact for
+    float32) and one VectorE copy interleaves the PSUM columns into dst."""
+    rows_raw = nl.ndarray((NQ, SUB * width), dtype=src.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=rows_raw, src=src.ap(pattern=[[SUB * width, NQ], [1, SUB * width]],
+                                           offset=cb * width))
+    rows32 = rows_raw
+    if src.dtype != nl.float32:
+        rows32 = nl.ndarray((NQ, SUB * width), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=rows32, src=rows_raw)
+    ps = nl.ndarray((PMAX, width * NQ), dtype=nl.float32, buffer=nl.psum)
+    for k in range(width):
+        nisa.nc_transpose(dst=ps[0:SUB, k * NQ:(k + 1) * NQ],
+                          data=rows32.ap(pattern=[[SUB * width, NQ], [width, SUB]], offset=k))
+    # dst element (p, q, k) <- psum [p, k * NQ + q]
+    nisa.tensor_copy(dst=dst.ap(pattern=[[NQ * width, SUB], [width, NQ], [1, width]], offset=0),
+                     src=ps.ap(pattern=[[ps.shape[1], SUB], [1, NQ], [NQ, width]], offset=0))
 
 
 def _window_tiles(st, xs, P, j0, w, H, t0, tn):
@@ -262,20 +289,66 @@ def _psum_plan(st_bytes, x_bytes, same, H, T):
         tn = (tn + 1) // 2
 
 
-def _front(unit, j_list, w_all, b_all, has_bias, R, Pn, s0, H, t0, tn):
+def _window_run(win, n):
+    """(psum tile, first slot) when window columns 0 .. n-1 sit in consecutive slots of
+    one PSUM tile, else None."""
+    ps, slot = win[0]
+    for i in range(1, n):
+        same = win[i][0] == ps
+        if not same or win[i][1] != slot + i:
+            return None
+    return (ps, slot)
+
+
+def _front(unit, j_list, w_all, b_all, has_bias, R, Pn, s0, H, t0, tn, prods):
     """Pipeline stage 1 of a step: TensorE transposes of the window columns of each
-    sub-tile, ScalarE first tap plus bias (scaled copy out of PSUM) into float32
-    accumulators."""
+    sub-tile into float32 accumulators. When a token's W window columns sit in one PSUM
+    tile (every bank-sized step), VectorE takes all W taps of all R blocks at once: one
+    multiply by the weights (``w_all`` read with a zero stride over the Pn rows of a
+    block, so block r's rows get block r's channels' weights) into ``prods [128, W,
+    rows]`` and one reduction over the taps (plus the bias, if any); otherwise ScalarE
+    applies the first tap and the bias (scaled copy out of PSUM) and ``_middle`` the
+    others."""
     st, xs = unit
     P = R * Pn
+    W = H + 1
+    nsub = w_all.shape[2]
+    wrow = R * nsub * W
     subs = []
     for entry in j_list:
         j0, w = entry
         s = s0 + j0 // SUB
         win = _window_tiles(st, xs, P, j0, w, H, t0, tn)
         accs = []
+        fused = True
+        for t in range(tn):
+            if _window_run(win[t:t + W], W) == None:  # noqa: E711
+                fused = False
         for t in range(tn):
             acc = nl.ndarray((SUB, PMAX), dtype=nl.float32, buffer=nl.sbuf)
+            if fused:
+                ps, slot = win[t]
+                pb = ps.shape[1] * ps.shape[2]
+                prod = prods[(len(subs) + t) % 2]
+                # prod[c, k, (r, i)] = window column t + k of row (r, i) x weight[r*D + c, k]
+                nisa.tensor_tensor(
+                    dst=prod.ap(pattern=[[W * PMAX, w], [PMAX, W], [Pn, R], [1, Pn]], offset=0),
+                    data1=ps.ap(pattern=[[pb, w], [PMAX, W], [Pn, R], [1, Pn]],
+                                offset=slot * PMAX),
+                    data2=w_all.ap(pattern=[[wrow, w], [1, W], [nsub * W, R], [0, Pn]],
+                                   offset=s * W),
+                    op=nl.multiply)
+                nisa.tensor_reduce(dst=acc[0:w, 0:P], op=nl.add,
+                                   data=prod.ap(pattern=[[W * PMAX, w], [1, P], [PMAX, W]],
+                                                offset=0),
+                                   axis=2)
+                if has_bias:
+                    nisa.tensor_tensor(dst=acc[0:w, 0:P], data1=acc[0:w, 0:P],
+                                       data2=b_all.ap(pattern=[[R * nsub, w], [nsub, R], [0, Pn]],
+                                                      offset=s),
+                                       op=nl.add)
+                accs.append(acc)
+                continue
             ps, slot = win[t]
             for r in range(R):
                 a, b = r * Pn, (r + 1) * Pn         # block r's rows
@@ -287,17 +360,20 @@ def _front(unit, j_list, w_all, b_all, has_bias, R, Pn, s0, H, t0, tn):
                     nisa.activation(dst=acc[0:w, a:b], op=nl.copy, data=ps[0:w, slot, a:b],
                                     scale=w_all[0:w, r, s, 0:1])
             accs.append(acc)
-        subs.append((j0, w, s, win, accs))
+        subs.append((j0, w, s, win, accs, fused))
     return subs
 
 
 def _middle(subs, w_all, R, Pn, tn, W):
-    """Stage 2: VectorE multiply-adds of the other taps; independent accumulators are
-    interleaved so no instruction waits on the one just before it."""
+    """Stage 2: VectorE multiply-adds of the other taps (sub-tiles whose taps ``_front``
+    did not fuse); independent accumulators are interleaved so no instruction waits on
+    the one just before it."""
     for k in range(1, W):
         for t in range(tn):
             for entry in subs:
-                j0, w, s, win, accs = entry
+                j0, w, s, win, accs, fused = entry
+                if fused:
+                    continue
                 ps, slot = win[t + k]
                 for r in range(R):
                     a, b = r * Pn, (r + 1) * Pn
@@ -314,7 +390,7 @@ def _back(subs, yt, P, t0, tn, act_op):
     span = 0
     ps_y = nl.ndarray((PMAX, tn, len(subs) * SUB), dtype=nl.float32, buffer=nl.psum)
     for entry in subs:
-        j0, w, s, win, accs = entry
+        j0, w, s, win, accs, fused = entry
         for t in range(tn):
             nisa.nc_transpose(dst=ps_y[0:P, t, j0 - j_first:j0 - j_first + w],
                               data=accs[t][0:w, 0:P])
@@ -502,6 +578,12 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
     batch, tn = _psum_plan(pool_bytes, x_bytes, pool_flat.dtype == x.dtype, H, T)
     steps = _plan_steps(chunks, batch, tn, T)
 
+    # the fused taps' float32 products [128 ch, W, rows], two alternating
+    prods = []
+    if not tensor_taps:
+        for i in range(2):
+            prods.append(nl.ndarray((SUB, W, PMAX), dtype=nl.float32, buffer=nl.sbuf))
+
     def group_body(g):
         # this group's pool rows: P * K entries from position g of pool_rows [N, RB] (the
         # launcher's [groups, R * Pn, K] table, block-major inside a group)
@@ -535,7 +617,7 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
                     front = _front_mm((st, xs), j_list, P, chunks[ci][0] // SUB, H, t0, n)
                 else:
                     front = _front((st, xs), j_list, w_all, b_all, has_bias, R, Pn,
-                                   chunks[ci][0] // SUB, H, t0, n)
+                                   chunks[ci][0] // SUB, H, t0, n, prods)
                 nxt = (ci, t0, n, last, front)
             if prev != None:  # noqa: E711
                 pci, pt0, pn, plast, subs = prev
