@@ -131,6 +131,8 @@ from nki_ssm.kernels.short_conv.split import program_channels
 
 PMAX = 128
 SUB = 128                   # channels per transposed sub-tile
+FUSED_BATCH = 4             # sub-tiles per step of the fused taps (a 512-channel chunk)
+PROD_BYTES = 16 * 1024      # bytes per partition of the fused taps' float32 products
 BATCH = 2                   # sub-tiles per pipeline step (2 steps of windows + outputs fit PSUM)
 LOAD_BUDGET = 96 * 1024     # bytes per partition for in-flight chunk loads (state + x)
 PSUM_BANKS = 8
@@ -272,6 +274,22 @@ def _window_banks(st_bytes, x_bytes, same, H, tn):
     return (H + pb_s - 1) // pb_s + (H + tn + pb_x - 1) // pb_x
 
 
+def _psum_plan_fused(nbytes, H, T):
+    """(sub-tiles per step, tokens per step) of the fused taps (``_front_fused``: one
+    window tile of ``nb * (H + tn)`` columns per step), or None when no step of at least
+    one token fits: two steps' window tiles and one float32 output tile within the 8
+    PSUM banks, the float32 products within PROD_BYTES per partition."""
+    for tn in (T, 1):
+        batch = FUSED_BATCH
+        while batch >= 1:
+            wb = (batch * (H + tn) * PMAX * nbytes + BANK_BYTES - 1) // BANK_BYTES
+            ybanks = (tn * batch * SUB * 4 + BANK_BYTES - 1) // BANK_BYTES
+            if 2 * wb + ybanks <= PSUM_BANKS and batch * (H + 1) * PMAX * 4 <= PROD_BYTES:
+                return (batch, tn)
+            batch = batch - 1
+    return None
+
+
 def _psum_plan(st_bytes, x_bytes, same, H, T):
     """(sub-tiles per pipeline step, tokens per step) so that two steps' window tiles
     and one float32 output tile fit the 8 PSUM banks: the batch shrinks first, then the
@@ -289,85 +307,101 @@ def _psum_plan(st_bytes, x_bytes, same, H, T):
         tn = (tn + 1) // 2
 
 
-def _window_run(win, n):
-    """(psum tile, first slot) when window columns 0 .. n-1 sit in consecutive slots of
-    one PSUM tile, else None."""
-    ps, slot = win[0]
-    for i in range(1, n):
-        same = win[i][0] == ps
-        if not same or win[i][1] != slot + i:
-            return None
-    return (ps, slot)
-
-
-def _front(unit, j_list, w_all, b_all, has_bias, R, Pn, s0, H, t0, tn, prods):
+def _front(unit, j_list, w_all, b_all, has_bias, R, Pn, s0, H, t0, tn):
     """Pipeline stage 1 of a step: TensorE transposes of the window columns of each
-    sub-tile into float32 accumulators. When a token's W window columns sit in one PSUM
-    tile (every bank-sized step), VectorE takes all W taps of all R blocks at once: one
-    multiply by the weights (``w_all`` read with a zero stride over the Pn rows of a
-    block, so block r's rows get block r's channels' weights) into ``prods [128, W,
-    rows]`` and one reduction over the taps (plus the bias, if any); otherwise ScalarE
-    applies the first tap and the bias (scaled copy out of PSUM) and ``_middle`` the
-    others."""
+    sub-tile, ScalarE first tap plus bias (scaled copy out of PSUM) into float32
+    accumulators (``(tile [128, 1, rows], 0)`` per token)."""
     st, xs = unit
     P = R * Pn
-    W = H + 1
-    nsub = w_all.shape[2]
-    wrow = R * nsub * W
     subs = []
     for entry in j_list:
         j0, w = entry
         s = s0 + j0 // SUB
         win = _window_tiles(st, xs, P, j0, w, H, t0, tn)
         accs = []
-        fused = True
         for t in range(tn):
-            if _window_run(win[t:t + W], W) == None:  # noqa: E711
-                fused = False
-        for t in range(tn):
-            acc = nl.ndarray((SUB, PMAX), dtype=nl.float32, buffer=nl.sbuf)
-            if fused:
-                ps, slot = win[t]
-                pb = ps.shape[1] * ps.shape[2]
-                prod = prods[(len(subs) + t) % 2]
-                # prod[c, k, (r, i)] = window column t + k of row (r, i) x weight[r*D + c, k]
-                nisa.tensor_tensor(
-                    dst=prod.ap(pattern=[[W * PMAX, w], [PMAX, W], [Pn, R], [1, Pn]], offset=0),
-                    data1=ps.ap(pattern=[[pb, w], [PMAX, W], [Pn, R], [1, Pn]],
-                                offset=slot * PMAX),
-                    data2=w_all.ap(pattern=[[wrow, w], [1, W], [nsub * W, R], [0, Pn]],
-                                   offset=s * W),
-                    op=nl.multiply)
-                nisa.tensor_reduce(dst=acc[0:w, 0:P], op=nl.add,
-                                   data=prod.ap(pattern=[[W * PMAX, w], [1, P], [PMAX, W]],
-                                                offset=0),
-                                   axis=2)
-                if has_bias:
-                    nisa.tensor_tensor(dst=acc[0:w, 0:P], data1=acc[0:w, 0:P],
-                                       data2=b_all.ap(pattern=[[R * nsub, w], [nsub, R], [0, Pn]],
-                                                      offset=s),
-                                       op=nl.add)
-                accs.append(acc)
-                continue
+            acc = nl.ndarray((SUB, 1, PMAX), dtype=nl.float32, buffer=nl.sbuf)
             ps, slot = win[t]
             for r in range(R):
                 a, b = r * Pn, (r + 1) * Pn         # block r's rows
                 # acc = x_0 * w_0 (+ bias): the bias rides on the first tap for free
                 if has_bias:
-                    nisa.activation(dst=acc[0:w, a:b], op=nl.copy, data=ps[0:w, slot, a:b],
+                    nisa.activation(dst=acc[0:w, 0, a:b], op=nl.copy, data=ps[0:w, slot, a:b],
                                     scale=w_all[0:w, r, s, 0:1], bias=b_all[0:w, r, s, 0:1])
                 else:
-                    nisa.activation(dst=acc[0:w, a:b], op=nl.copy, data=ps[0:w, slot, a:b],
+                    nisa.activation(dst=acc[0:w, 0, a:b], op=nl.copy, data=ps[0:w, slot, a:b],
                                     scale=w_all[0:w, r, s, 0:1])
-            accs.append(acc)
-        subs.append((j0, w, s, win, accs, fused))
+            accs.append((acc, 0))
+        subs.append((j0, w, s, win, accs, False))
+    return subs
+
+
+def _front_fused(unit, j_list, w_all, b_all, has_bias, R, Pn, s0, H, t0, tn, prods):
+    """Pipeline stage 1 of a step when its window columns share one dtype and its nb
+    sub-tiles are full: TensorE transposes every window column of every sub-tile into ONE
+    PSUM tile ``[128 ch, nb, H + tn, rows]``; then per token VectorE takes all W taps of
+    all R blocks of all nb sub-tiles at once: one multiply by the weights (``w_all`` read
+    with a zero stride over the Pn rows of a block, so block r's rows get block r's
+    channels' weights) into ``prods [128, nb, W, rows]`` and one reduction over the taps
+    into the accumulator ``[128, nb, rows]`` (plus one add of the bias, if any)."""
+    st, xs = unit
+    P = R * Pn
+    W = H + 1
+    nb = len(j_list)
+    NC = H + tn
+    nsub = w_all.shape[2]
+    wrow = R * nsub * W
+    ps = nl.ndarray((PMAX, nb, NC, PMAX), dtype=st.dtype, buffer=nl.psum)
+    for e in range(nb):
+        j0, w = j_list[e]
+        for i in range(t0, t0 + NC):
+            if i < H:
+                data = st[0:P, j0:j0 + w, i]
+            else:
+                data = xs[0:P, i - H, j0:j0 + w]
+            nisa.nc_transpose(dst=ps[0:w, e, i - t0, 0:P], data=data)
+    s = s0 + j_list[0][0] // SUB
+    pst = nb * NC * PMAX
+    nbm = prods[0].shape[1]
+    prow = nbm * W * PMAX
+    accs = []
+    for t in range(tn):
+        acc = nl.ndarray((SUB, nb, PMAX), dtype=nl.float32, buffer=nl.sbuf)
+        prod = prods[t % len(prods)]
+        # prod[c, e, k, (r, i)] = window column t + k of row (r, i) x weight[r*D + c, k]
+        # (sub-tile s + e)
+        nisa.tensor_tensor(
+            dst=prod.ap(pattern=[[prow, SUB], [W * PMAX, nb], [PMAX, W], [Pn, R], [1, Pn]],
+                        offset=0),
+            data1=ps.ap(pattern=[[pst, SUB], [NC * PMAX, nb], [PMAX, W], [Pn, R], [1, Pn]],
+                        offset=t * PMAX),
+            data2=w_all.ap(pattern=[[wrow, SUB], [W, nb], [1, W], [nsub * W, R], [0, Pn]],
+                           offset=s * W),
+            op=nl.multiply)
+        nisa.tensor_reduce(dst=acc[0:SUB, 0:nb, 0:P], op=nl.add,
+                           data=prod.ap(pattern=[[prow, SUB], [W * PMAX, nb], [1, P],
+                                                 [PMAX, W]], offset=0),
+                           axis=3)
+        if has_bias:
+            nisa.tensor_tensor(dst=acc[0:SUB, 0:nb, 0:P], data1=acc[0:SUB, 0:nb, 0:P],
+                               data2=b_all.ap(pattern=[[R * nsub, SUB], [1, nb], [nsub, R],
+                                                       [0, Pn]], offset=s),
+                               op=nl.add)
+        accs.append(acc)
+    subs = []
+    for e in range(nb):
+        j0, w = j_list[e]
+        eaccs = []
+        for t in range(tn):
+            eaccs.append((accs[t], e))
+        subs.append((j0, w, s + e, None, eaccs, True))
     return subs
 
 
 def _middle(subs, w_all, R, Pn, tn, W):
-    """Stage 2: VectorE multiply-adds of the other taps (sub-tiles whose taps ``_front``
-    did not fuse); independent accumulators are interleaved so no instruction waits on
-    the one just before it."""
+    """Stage 2: VectorE multiply-adds of the other taps (not for fused steps);
+    independent accumulators are interleaved so no instruction waits on the one just
+    before it."""
     for k in range(1, W):
         for t in range(tn):
             for entry in subs:
@@ -375,12 +409,13 @@ def _middle(subs, w_all, R, Pn, tn, W):
                 if fused:
                     continue
                 ps, slot = win[t + k]
+                acc, e = accs[t]
                 for r in range(R):
                     a, b = r * Pn, (r + 1) * Pn
-                    nisa.scalar_tensor_tensor(dst=accs[t][0:w, a:b], data=ps[0:w, slot, a:b],
+                    nisa.scalar_tensor_tensor(dst=acc[0:w, e, a:b], data=ps[0:w, slot, a:b],
                                               op0=nl.multiply,
                                               operand0=w_all[0:w, r, s, k:k + 1],
-                                              op1=nl.add, operand1=accs[t][0:w, a:b])
+                                              op1=nl.add, operand1=acc[0:w, e, a:b])
 
 
 def _back(subs, yt, P, t0, tn, act_op):
@@ -392,8 +427,9 @@ def _back(subs, yt, P, t0, tn, act_op):
     for entry in subs:
         j0, w, s, win, accs, fused = entry
         for t in range(tn):
+            acc, e = accs[t]
             nisa.nc_transpose(dst=ps_y[0:P, t, j0 - j_first:j0 - j_first + w],
-                              data=accs[t][0:w, 0:P])
+                              data=acc[0:w, e, 0:P])
         span = j0 - j_first + w
     nisa.activation(dst=yt[0:P, t0:t0 + tn, j_first:j_first + span], op=act_op,
                     data=ps_y[0:P, :, 0:span])
@@ -478,16 +514,10 @@ def _plan_steps(chunks, batch, tn, T):
     return steps
 
 
-def _store_chunk(y, pool_flat, yt, st, xs, g, prow, c0, cd, R, Pn, D, H, CD, base):
-    """y rows of the group starting at position g (an NkiScalar) for the chunk and the new
-    state (window columns T .. T+W-2, assembled contiguous) back to the pool rows (one row
-    per partition); ``base`` as in ``_load_group``."""
-    N, T, dim = y.shape
-    P = R * Pn
-    cb, pbase = base
-    nisa.dma_copy(dst=y.ap(pattern=[[D, R], [T * dim, Pn], [dim, T], [1, cd]], offset=cb + c0,
-                           scalar_offset=g, indirect_dim=0),
-                  src=yt[0:P, :, 0:cd])
+def _new_state(pool_flat, st, xs, P, cd, T, H, CD):
+    """The chunk's new state (window columns T .. T+W-2) assembled contiguous per
+    channel by ScalarE copies, ``[P, cd, H]`` in the pool dtype: issued when the chunk's
+    loads are taken, so it runs under the chunk's arithmetic, not after it."""
     ns = nl.ndarray((PMAX, CD, H), dtype=pool_flat.dtype, buffer=nl.sbuf)
     for jj in range(H):
         col = T + jj
@@ -496,6 +526,19 @@ def _store_chunk(y, pool_flat, yt, st, xs, g, prow, c0, cd, R, Pn, D, H, CD, bas
         else:
             src = xs[0:P, col - H, 0:cd]
         nisa.tensor_copy(dst=ns[0:P, 0:cd, jj], src=src, engine=nisa.engine.scalar)
+    return ns
+
+
+def _store_chunk(y, pool_flat, yt, ns, g, prow, c0, cd, R, Pn, D, H, base):
+    """y rows of the group starting at position g (an NkiScalar) for the chunk and the new
+    state ``ns`` (``_new_state``) back to the pool rows (one row per partition); ``base``
+    as in ``_load_group``."""
+    N, T, dim = y.shape
+    P = R * Pn
+    cb, pbase = base
+    nisa.dma_copy(dst=y.ap(pattern=[[D, R], [T * dim, Pn], [dim, T], [1, cd]], offset=cb + c0,
+                           scalar_offset=g, indirect_dim=0),
+                  src=yt[0:P, :, 0:cd])
     col, pc0 = _pool_column(pool_flat, c0, H)
     nisa.dma_copy(dst=pool_flat.ap(pattern=[[pool_flat.shape[1], P], [H, cd], [1, H]],
                                    offset=pbase + pc0 * H, vector_offset=prow[0:P, col:col + 1],
@@ -532,12 +575,22 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
             chunks.append((c * DP + c0, min(CD, DP - c0)))
 
     # channel-major weights / bias of every block: w_all[p, r, s, k] = weight[r*D + s*128 + p, k]
+    # (the wide layout loads them in each group iteration, ahead of the iteration's first
+    # loads, whose state gathers wait for the table row anyway: before the loop they would
+    # delay its start, which waits for every engine; it runs one or two groups)
     w_all = nl.ndarray((SUB, R, nsub, W), dtype=nl.float32, buffer=nl.sbuf)
-    _channel_columns(weight, cb, R, D, W, w_all)
     b_all = None
     if has_bias:
         b_all = nl.ndarray((SUB, R, nsub, 1), dtype=nl.float32, buffer=nl.sbuf)
-        _channel_columns(bias, cb, R, D, 1, b_all)
+    weights_in_body = R > 1
+
+    def load_weights():
+        _channel_columns(weight, cb, R, D, W, w_all)
+        if has_bias:
+            _channel_columns(bias, cb, R, D, 1, b_all)
+
+    if not weights_in_body:
+        load_weights()
 
     ident = None
     ones = None
@@ -575,14 +628,18 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
 
     chunk_bytes = CD * (H * pool_bytes + T * x_bytes)
     PD = max(1, min(len(chunks) - 1, LOAD_BUDGET // chunk_bytes - 1))
-    batch, tn = _psum_plan(pool_bytes, x_bytes, pool_flat.dtype == x.dtype, H, T)
-    steps = _plan_steps(chunks, batch, tn, T)
-
-    # the fused taps' float32 products [128 ch, W, rows], two alternating
+    fused = None
+    if not tensor_taps and pool_flat.dtype == x.dtype:
+        fused = _psum_plan_fused(x_bytes, H, T)
     prods = []
-    if not tensor_taps:
+    if fused != None:  # noqa: E711
+        batch, tn = fused
+        # the fused taps' float32 products [128 ch, nb, W, rows], two alternating
         for i in range(2):
-            prods.append(nl.ndarray((SUB, W, PMAX), dtype=nl.float32, buffer=nl.sbuf))
+            prods.append(nl.ndarray((SUB, batch, W, PMAX), dtype=nl.float32, buffer=nl.sbuf))
+    else:
+        batch, tn = _psum_plan(pool_bytes, x_bytes, pool_flat.dtype == x.dtype, H, T)
+    steps = _plan_steps(chunks, batch, tn, T)
 
     def group_body(g):
         # this group's pool rows: P * K entries from position g of pool_rows [N, RB] (the
@@ -590,6 +647,8 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
         prow = nl.ndarray((PMAX, K), dtype=nl.int32, buffer=nl.sbuf)
         nisa.dma_copy(dst=prow[0:P, :], src=pool_rows.ap(pattern=[[K, P], [1, K]], offset=0,
                                                           scalar_offset=g, indirect_dim=0))
+        if weights_in_body:
+            load_weights()
         loads = []
         units = []                 # per chunk: (state, x, output tile), while live
         for ci in range(len(chunks)):
@@ -610,19 +669,24 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
                                                      chunks[ci + PD][0], chunks[ci + PD][1],
                                                      R, Pn, D, H, CD, base)
                     yt = nl.ndarray((PMAX, T, CD), dtype=x.dtype, buffer=nl.sbuf)
-                    units[ci] = (loads[ci][0], loads[ci][1], yt)
+                    ns = _new_state(pool_flat, loads[ci][0], loads[ci][1], P, chunks[ci][1],
+                                    T, H, CD)
+                    units[ci] = (loads[ci][0], loads[ci][1], yt, ns)
                     loads[ci] = None
-                st, xs, yt = units[ci]
+                st, xs, yt, ns = units[ci]
                 if tensor_taps:
                     front = _front_mm((st, xs), j_list, P, chunks[ci][0] // SUB, H, t0, n)
+                elif fused != None and j_list[-1][1] == SUB:  # noqa: E711
+                    front = _front_fused((st, xs), j_list, w_all, b_all, has_bias, R, Pn,
+                                         chunks[ci][0] // SUB, H, t0, n, prods)
                 else:
                     front = _front((st, xs), j_list, w_all, b_all, has_bias, R, Pn,
-                                   chunks[ci][0] // SUB, H, t0, n, prods)
+                                   chunks[ci][0] // SUB, H, t0, n)
                 nxt = (ci, t0, n, last, front)
             if prev != None:  # noqa: E711
                 pci, pt0, pn, plast, subs = prev
                 c0, cd = chunks[pci]
-                st, xs, yt = units[pci]
+                st, xs, yt, ns = units[pci]
                 if tensor_taps:
                     ps_o = _middle_mm(subs, diags[pci], c0 // SUB, b_row, ones, P, pn, W,
                                       has_bias)
@@ -634,8 +698,7 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
                     _middle(subs, w_all, R, Pn, pn, W)
                     _back(subs, yt, P, pt0, pn, act_op)
                 if plast:
-                    _store_chunk(y, pool_flat, yt, st, xs, g, prow, c0, cd, R, Pn, D, H, CD,
-                                 base)
+                    _store_chunk(y, pool_flat, yt, ns, g, prow, c0, cd, R, Pn, D, H, base)
                     units[pci] = None     # the chunk's buffers die here
                 subs = None               # step i-1's PSUM windows die before step i+1's
             prev = nxt
