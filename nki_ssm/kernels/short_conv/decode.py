@@ -132,7 +132,8 @@ from nki_ssm.kernels.short_conv.split import program_channels
 PMAX = 128
 SUB = 128                   # channels per transposed sub-tile
 FUSED_BATCH = 4             # sub-tiles per step of the fused taps (a 512-channel chunk)
-PROD_BYTES = 16 * 1024      # bytes per partition of the fused taps' float32 products
+PE_TAP_SUMS = True          # half the fused sub-tiles sum their taps on TensorE
+PROD_BYTES = 32 * 1024      # bytes per partition of the fused taps' float32 products
 BATCH = 2                   # sub-tiles per pipeline step (2 steps of windows + outputs fit PSUM)
 LOAD_BUDGET = 96 * 1024     # bytes per partition for in-flight chunk loads (state + x)
 PSUM_BANKS = 8
@@ -284,7 +285,8 @@ def _psum_plan_fused(nbytes, H, T):
         while batch >= 1:
             wb = (batch * (H + tn) * PMAX * nbytes + BANK_BYTES - 1) // BANK_BYTES
             ybanks = (tn * batch * SUB * 4 + BANK_BYTES - 1) // BANK_BYTES
-            if 2 * wb + ybanks <= PSUM_BANKS and batch * (H + 1) * PMAX * 4 <= PROD_BYTES:
+            prod_bytes = 2 * tn * batch * (H + 1) * PMAX * 4
+            if 2 * wb + ybanks <= PSUM_BANKS and prod_bytes <= PROD_BYTES:
                 return (batch, tn)
             batch = batch - 1
     return None
@@ -332,11 +334,12 @@ def _front(unit, j_list, w_all, b_all, has_bias, R, Pn, s0, H, t0, tn):
                     nisa.activation(dst=acc[0:w, 0, a:b], op=nl.copy, data=ps[0:w, slot, a:b],
                                     scale=w_all[0:w, r, s, 0:1])
             accs.append((acc, 0))
-        subs.append((j0, w, s, win, accs, False))
+        subs.append((j0, w, s, win, accs, False, None))
     return subs
 
 
-def _front_fused(unit, j_list, w_all, b_all, has_bias, R, Pn, s0, H, t0, tn, prods):
+def _front_fused(unit, j_list, w_all, b_all, has_bias, R, Pn, s0, H, t0, tn, prods,
+                 pe_ident):
     """Pipeline stage 1 of a step when its window columns share one dtype and its nb
     sub-tiles are full: TensorE transposes every window column of every sub-tile into ONE
     PSUM tile ``[128 ch, nb, H + tn, rows]``; then per token VectorE takes all W taps of
@@ -362,12 +365,20 @@ def _front_fused(unit, j_list, w_all, b_all, has_bias, R, Pn, s0, H, t0, tn, pro
             nisa.nc_transpose(dst=ps[0:w, e, i - t0, 0:P], data=data)
     s = s0 + j_list[0][0] // SUB
     pst = nb * NC * PMAX
-    nbm = prods[0].shape[1]
+    nbm = prods[0][0].shape[1]
     prow = nbm * W * PMAX
+    npe = 0
+    if pe_ident != None:  # noqa: E711
+        npe = nb // 2
+    pend = []
     accs = []
     for t in range(tn):
         acc = nl.ndarray((SUB, nb, PMAX), dtype=nl.float32, buffer=nl.sbuf)
-        prod = prods[t % len(prods)]
+        # the products rotate over the steps (a step's TensorE tap sums read them after
+        # the next step's multiply)
+        tiles, used = prods
+        prod = tiles[used[0] % len(tiles)]
+        used[0] = used[0] + 1
         # prod[c, e, k, (r, i)] = window column t + k of row (r, i) x weight[r*D + c, k]
         # (sub-tile s + e)
         nisa.tensor_tensor(
@@ -378,15 +389,14 @@ def _front_fused(unit, j_list, w_all, b_all, has_bias, R, Pn, s0, H, t0, tn, pro
             data2=w_all.ap(pattern=[[wrow, SUB], [W, nb], [1, W], [nsub * W, R], [0, Pn]],
                            offset=s * W),
             op=nl.multiply)
-        nisa.tensor_reduce(dst=acc[0:SUB, 0:nb, 0:P], op=nl.add,
-                           data=prod.ap(pattern=[[prow, SUB], [W * PMAX, nb], [1, P],
-                                                 [PMAX, W]], offset=0),
+        # the tap sums: sub-tiles npe .. nb by one VectorE reduction, the first npe on
+        # TensorE (``_middle``)
+        nisa.tensor_reduce(dst=acc[0:SUB, npe:nb, 0:P], op=nl.add,
+                           data=prod.ap(pattern=[[prow, SUB], [W * PMAX, nb - npe], [1, P],
+                                                 [PMAX, W]], offset=npe * W * PMAX),
                            axis=3)
-        if has_bias:
-            nisa.tensor_tensor(dst=acc[0:SUB, 0:nb, 0:P], data1=acc[0:SUB, 0:nb, 0:P],
-                               data2=b_all.ap(pattern=[[R * nsub, SUB], [1, nb], [nsub, R],
-                                                       [0, Pn]], offset=s),
-                               op=nl.add)
+        if npe > 0:
+            pend.append((prod, acc, t))
         accs.append(acc)
     subs = []
     for e in range(nb):
@@ -394,18 +404,55 @@ def _front_fused(unit, j_list, w_all, b_all, has_bias, R, Pn, s0, H, t0, tn, pro
         eaccs = []
         for t in range(tn):
             eaccs.append((accs[t], e))
-        subs.append((j0, w, s + e, None, eaccs, True))
+        pe = None
+        if e == 0 and npe > 0:
+            pe = (pend, pe_ident, npe, P, W, b_all, has_bias, R, Pn, nsub, s, nb)
+        subs.append((j0, w, s + e, None, eaccs, True, pe))
+    if npe == 0 and has_bias:
+        for t in range(tn):
+            _add_bias(accs[t], b_all, R, Pn, nsub, s, nb, P)
     return subs
+
+
+def _add_bias(acc, b_all, R, Pn, nsub, s, nb, P):
+    """acc[c, e, (r, i)] += bias[r*D + (s + e)*128 + c] (zero stride over the Pn rows)."""
+    nisa.tensor_tensor(dst=acc[0:SUB, 0:nb, 0:P], data1=acc[0:SUB, 0:nb, 0:P],
+                       data2=b_all.ap(pattern=[[R * nsub, SUB], [1, nb], [nsub, R], [0, Pn]],
+                                      offset=s),
+                       op=nl.add)
+
+
+def _tap_sums_pe(pe):
+    """The fused step's TensorE tap sums (issued after the next step's window
+    transposes): per token, sub-tiles 0 .. npe: out = sum_k I.T @ prod_k accumulated in
+    one PSUM bank (the identity as stationary), evicted by ScalarE into the accumulator;
+    then the bias, if any."""
+    pend, ident32, npe, P, W, b_all, has_bias, R, Pn, nsub, s, nb = pe
+    for item in pend:
+        prod, acc, t = item
+        pacc = nl.ndarray((PMAX, npe, PMAX), dtype=nl.float32, buffer=nl.psum)
+        for e in range(npe):
+            for k in range(W):
+                nisa.nc_matmul(dst=pacc[0:SUB, e, 0:P], stationary=ident32[0:SUB, 0:SUB],
+                               moving=prod[0:SUB, e, k, 0:P], is_stationary_onezero=True,
+                               accumulate=k > 0)
+        nisa.tensor_copy(dst=acc[0:SUB, 0:npe, 0:P], src=pacc[0:SUB, 0:npe, 0:P],
+                         engine=nisa.engine.scalar)
+        if has_bias:
+            _add_bias(acc, b_all, R, Pn, nsub, s, nb, P)
 
 
 def _middle(subs, w_all, R, Pn, tn, W):
     """Stage 2: VectorE multiply-adds of the other taps (not for fused steps);
     independent accumulators are interleaved so no instruction waits on the one just
     before it."""
+    for entry in subs:
+        if entry[6] != None:  # noqa: E711
+            _tap_sums_pe(entry[6])
     for k in range(1, W):
         for t in range(tn):
             for entry in subs:
-                j0, w, s, win, accs, fused = entry
+                j0, w, s, win, accs, fused, pe = entry
                 if fused:
                     continue
                 ps, slot = win[t + k]
@@ -425,7 +472,7 @@ def _back(subs, yt, P, t0, tn, act_op):
     span = 0
     ps_y = nl.ndarray((PMAX, tn, len(subs) * SUB), dtype=nl.float32, buffer=nl.psum)
     for entry in subs:
-        j0, w, s, win, accs, fused = entry
+        j0, w, s, win, accs, fused, pe = entry
         for t in range(tn):
             acc, e = accs[t]
             nisa.nc_transpose(dst=ps_y[0:P, t, j0 - j_first:j0 - j_first + w],
@@ -437,12 +484,17 @@ def _back(subs, yt, P, t0, tn, act_op):
 
 def _identity(dtype):
     """[128, 128] identity built on GpSimd (ones where partition == column)."""
+    ident = nl.ndarray((SUB, SUB), dtype=dtype, buffer=nl.sbuf)
+    _identity_into(ident)
+    return ident
+
+
+def _identity_into(ident):
+    """ident [128, 128] <- the identity (GpSimd: ones where partition == column)."""
     ones = nl.ndarray((SUB, SUB), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ones, value=1.0)
-    ident = nl.ndarray((SUB, SUB), dtype=dtype, buffer=nl.sbuf)
     nisa.affine_select(dst=ident, pattern=[[-1, SUB]], channel_multiplier=1,
                        on_true_tile=ones, on_false_value=0.0, cmp_op=nl.equal)
-    return ident
 
 
 def _chunk_diagonals(d, ident, w_all, s0, nsc, D, W):
@@ -631,12 +683,18 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
     fused = None
     if not tensor_taps and pool_flat.dtype == x.dtype:
         fused = _psum_plan_fused(x_bytes, H, T)
-    prods = []
+    prods = None
+    pe_ident = None
     if fused != None:  # noqa: E711
         batch, tn = fused
-        # the fused taps' float32 products [128 ch, nb, W, rows], two alternating
-        for i in range(2):
-            prods.append(nl.ndarray((SUB, batch, W, PMAX), dtype=nl.float32, buffer=nl.sbuf))
+        # the fused taps' float32 products [128 ch, nb, W, rows], one per token of two
+        # consecutive steps, rotating (a use counter, restarted by each group iteration)
+        tiles = []
+        for i in range(2 * tn):
+            tiles.append(nl.ndarray((SUB, batch, W, PMAX), dtype=nl.float32, buffer=nl.sbuf))
+        prods = (tiles, [0])
+        if PE_TAP_SUMS and batch > 1:
+            pe_ident = nl.ndarray((SUB, SUB), dtype=nl.float32, buffer=nl.sbuf)
     else:
         batch, tn = _psum_plan(pool_bytes, x_bytes, pool_flat.dtype == x.dtype, H, T)
     steps = _plan_steps(chunks, batch, tn, T)
@@ -649,6 +707,8 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
                                                           scalar_offset=g, indirect_dim=0))
         if weights_in_body:
             load_weights()
+        if prods != None:  # noqa: E711
+            prods[1][0] = 0
         loads = []
         units = []                 # per chunk: (state, x, output tile), while live
         for ci in range(len(chunks)):
@@ -657,6 +717,10 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
         for ci in range(min(PD, len(chunks))):
             loads[ci] = _load_group(x, pool_flat, g, prow, chunks[ci][0], chunks[ci][1],
                                     R, Pn, D, H, CD, base)
+        if pe_ident != None:  # noqa: E711
+            # the identity of the TensorE tap sums, built under the first loads (after
+            # their gathers' descriptors on GpSimd)
+            _identity_into(pe_ident)
         prev = None
         for i in range(len(steps) + 1):
             nxt = None
@@ -678,7 +742,7 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
                     front = _front_mm((st, xs), j_list, P, chunks[ci][0] // SUB, H, t0, n)
                 elif fused != None and j_list[-1][1] == SUB:  # noqa: E711
                     front = _front_fused((st, xs), j_list, w_all, b_all, has_bias, R, Pn,
-                                         chunks[ci][0] // SUB, H, t0, n, prods)
+                                         chunks[ci][0] // SUB, H, t0, n, prods, pe_ident)
                 else:
                     front = _front((st, xs), j_list, w_all, b_all, has_bias, R, Pn,
                                    chunks[ci][0] // SUB, H, t0, n)
