@@ -641,48 +641,56 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
         if has_bias:
             _channel_columns(bias, cb, R, D, 1, b_all)
 
-    if not weights_in_body:
-        load_weights()
-
     ident = None
     ones = None
     b_row = None
+    b_raw = None
     diags = []
     for ci in range(len(chunks)):
         diags.append(None)
     if tensor_taps:
-        ident = _identity(nl.bfloat16)
+        ident = nl.ndarray((SUB, SUB), dtype=nl.bfloat16, buffer=nl.sbuf)
         ones = nl.ndarray((1, PMAX), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.memset(dst=ones, value=1.0)
         if has_bias:
             b_row = nl.ndarray((1, D), dtype=nl.bfloat16, buffer=nl.sbuf)
-            if bias.dtype == nl.bfloat16:
-                nisa.dma_copy(dst=b_row, src=bias.ap(pattern=[[D, 1], [1, D]], offset=cb))
-            else:
-                # DMA in the bias dtype; VectorE rounds (exact: the launcher checked the
-                # values are bfloat16 values)
+            if bias.dtype != nl.bfloat16:
                 b_raw = nl.ndarray((1, D), dtype=bias.dtype, buffer=nl.sbuf)
-                nisa.dma_copy(dst=b_raw, src=bias.ap(pattern=[[D, 1], [1, D]], offset=cb))
-                nisa.tensor_copy(dst=b_row, src=b_raw)
-        # the diagonals, built once by VectorE when this layout runs (``setup`` 1) and not
-        # when the other one does (built unconditionally they would cost the launches of
-        # the other layout their whole VectorE time; built per group, every group)
         for ci in range(len(chunks)):
             diags[ci] = nl.ndarray((SUB, (chunks[ci][1] + SUB - 1) // SUB, W, SUB),
                                    dtype=nl.bfloat16, buffer=nl.sbuf)
 
-        def build_diagonals():
+    def layout_setup():
+        """The one-block layout's weight columns and, with TensorE taps, its identity,
+        ones row, bias row and diagonals (VectorE): run when this layout runs (``setup``
+        1) and not when the other one does (they would cost the launches of the other
+        layout their time; built per group, every group)."""
+        load_weights()
+        if tensor_taps:
+            _identity_into(ident)
+            nisa.memset(dst=ones, value=1.0)
+            if has_bias:
+                if b_raw == None:  # noqa: E711
+                    nisa.dma_copy(dst=b_row, src=bias.ap(pattern=[[D, 1], [1, D]], offset=cb))
+                else:
+                    # DMA in the bias dtype; VectorE rounds (exact: the launcher checked
+                    # the values are bfloat16 values)
+                    nisa.dma_copy(dst=b_raw, src=bias.ap(pattern=[[D, 1], [1, D]], offset=cb))
+                    nisa.tensor_copy(dst=b_row, src=b_raw)
             for ci in range(len(chunks)):
                 _chunk_diagonals(diags[ci], ident, w_all, chunks[ci][0] // SUB,
                                  (chunks[ci][1] + SUB - 1) // SUB, D, W)
 
-        run_if(setup, build_diagonals)
+    if not weights_in_body:
+        run_if(setup, layout_setup)
 
     chunk_bytes = CD * (H * pool_bytes + T * x_bytes)
     PD = max(1, min(len(chunks) - 1, LOAD_BUDGET // chunk_bytes - 1))
     fused = None
     if not tensor_taps and pool_flat.dtype == x.dtype:
         fused = _psum_plan_fused(x_bytes, H, T)
+    warm = None
+    if weights_in_body and act_op != nl.copy:
+        warm = nl.ndarray((1, 2), dtype=nl.float32, buffer=nl.sbuf)
     prods = None
     pe_ident = None
     if fused != None:  # noqa: E711
@@ -705,6 +713,15 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
         prow = nl.ndarray((PMAX, K), dtype=nl.int32, buffer=nl.sbuf)
         nisa.dma_copy(dst=prow[0:P, :], src=pool_rows.ap(pattern=[[K, P], [1, K]], offset=0,
                                                           scalar_offset=g, indirect_dim=0))
+        if warm != None:  # noqa: E711
+            # one tiny activation while the first loads are in flight: ScalarE loads the
+            # activation's table here instead of before the first step's outputs
+            nisa.memset(dst=warm[0:1, 0:1], value=0.0)
+            nisa.activation(dst=warm[0:1, 1:2], op=act_op, data=warm[0:1, 0:1])
+        if pe_ident != None:  # noqa: E711
+            # the identity of the TensorE tap sums, built while the table row loads (GpSimd
+            # is free until it generates the state gathers' descriptors)
+            _identity_into(pe_ident)
         if weights_in_body:
             load_weights()
         if prods != None:  # noqa: E711
@@ -717,10 +734,6 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
         for ci in range(min(PD, len(chunks))):
             loads[ci] = _load_group(x, pool_flat, g, prow, chunks[ci][0], chunks[ci][1],
                                     R, Pn, D, H, CD, base)
-        if pe_ident != None:  # noqa: E711
-            # the identity of the TensorE tap sums, built under the first loads (after
-            # their gathers' descriptors on GpSimd)
-            _identity_into(pe_ident)
         prev = None
         for i in range(len(steps) + 1):
             nxt = None
