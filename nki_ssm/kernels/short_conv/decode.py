@@ -339,7 +339,7 @@ def _front(unit, j_list, w_all, b_all, has_bias, R, Pn, s0, H, t0, tn):
 
 
 def _front_fused(unit, j_list, w_all, b_all, has_bias, R, Pn, s0, H, t0, tn, prods,
-                 pe_ident):
+                 pe_ident, pe_subs):
     """Pipeline stage 1 of a step when its window columns share one dtype and its nb
     sub-tiles are full: TensorE transposes every window column of every sub-tile into ONE
     PSUM tile ``[128 ch, nb, H + tn, rows]``; then per token VectorE takes all W taps of
@@ -369,7 +369,7 @@ def _front_fused(unit, j_list, w_all, b_all, has_bias, R, Pn, s0, H, t0, tn, pro
     prow = nbm * W * PMAX
     npe = 0
     if pe_ident != None:  # noqa: E711
-        npe = nb // 2
+        npe = pe_subs
     pend = []
     accs = []
     for t in range(tn):
@@ -412,6 +412,18 @@ def _front_fused(unit, j_list, w_all, b_all, has_bias, R, Pn, s0, H, t0, tn, pro
         for t in range(tn):
             _add_bias(accs[t], b_all, R, Pn, nsub, s, nb, P)
     return subs
+
+
+def _pe_subs(nb, i, nsteps):
+    """Sub-tiles of fused step i (of nsteps, nb sub-tiles) whose tap sums go to TensorE:
+    3/4 and 1/2 of them on alternate steps (TensorE and VectorE about equally busy), 1/4
+    on the last step (its TensorE sums, eviction and transposes back make the launch's
+    tail)."""
+    if i + 1 == nsteps:
+        return nb // 4
+    if i % 2 == 0:
+        return 3 * nb // 4
+    return nb // 2
 
 
 def _add_bias(acc, b_all, R, Pn, nsub, s, nb, P):
@@ -755,7 +767,8 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
                     front = _front_mm((st, xs), j_list, P, chunks[ci][0] // SUB, H, t0, n)
                 elif fused != None and j_list[-1][1] == SUB:  # noqa: E711
                     front = _front_fused((st, xs), j_list, w_all, b_all, has_bias, R, Pn,
-                                         chunks[ci][0] // SUB, H, t0, n, prods, pe_ident)
+                                         chunks[ci][0] // SUB, H, t0, n, prods, pe_ident,
+                                         _pe_subs(len(j_list), i, len(steps)))
                 else:
                     front = _front((st, xs), j_list, w_all, b_all, has_bias, R, Pn,
                                    chunks[ci][0] // SUB, H, t0, n)
