@@ -355,14 +355,16 @@ def _front_fused(unit, j_list, w_all, b_all, has_bias, R, Pn, s0, H, t0, tn, pro
     nsub = w_all.shape[2]
     wrow = R * nsub * W
     ps = nl.ndarray((PMAX, nb, NC, PMAX), dtype=st.dtype, buffer=nl.psum)
-    for e in range(nb):
-        j0, w = j_list[e]
-        for i in range(t0, t0 + NC):
-            if i < H:
-                data = st[0:P, j0:j0 + w, i]
-            else:
-                data = xs[0:P, i - H, j0:j0 + w]
-            nisa.nc_transpose(dst=ps[0:w, e, i - t0, 0:P], data=data)
+    # the x columns first: x arrives before the state, whose gather waits for the table row
+    for part in range(2):
+        for e in range(nb):
+            j0, w = j_list[e]
+            for i in range(t0, t0 + NC):
+                if i < H and part == 1:
+                    nisa.nc_transpose(dst=ps[0:w, e, i - t0, 0:P], data=st[0:P, j0:j0 + w, i])
+                elif i >= H and part == 0:
+                    nisa.nc_transpose(dst=ps[0:w, e, i - t0, 0:P],
+                                      data=xs[0:P, i - H, j0:j0 + w])
     s = s0 + j_list[0][0] // SUB
     pst = nb * NC * PMAX
     nbm = prods[0][0].shape[1]
@@ -583,13 +585,14 @@ def _new_state(pool_flat, st, xs, P, cd, T, H, CD):
     channel by ScalarE copies, ``[P, cd, H]`` in the pool dtype: issued when the chunk's
     loads are taken, so it runs under the chunk's arithmetic, not after it."""
     ns = nl.ndarray((PMAX, CD, H), dtype=pool_flat.dtype, buffer=nl.sbuf)
-    for jj in range(H):
-        col = T + jj
-        if col < H:
-            src = st[0:P, 0:cd, col]
-        else:
-            src = xs[0:P, col - H, 0:cd]
-        nisa.tensor_copy(dst=ns[0:P, 0:cd, jj], src=src, engine=nisa.engine.scalar)
+    ko = max(0, H - T)              # new-state columns taken from the old state
+    if ko > 0:
+        # ns[:, c, 0:ko] <- st[:, c, T:H] (one copy of all ko columns)
+        nisa.tensor_copy(dst=ns[0:P, 0:cd, 0:ko], src=st[0:P, 0:cd, T:H],
+                         engine=nisa.engine.scalar)
+    for jj in range(ko, H):
+        nisa.tensor_copy(dst=ns[0:P, 0:cd, jj], src=xs[0:P, T + jj - H, 0:cd],
+                         engine=nisa.engine.scalar)
     return ns
 
 
