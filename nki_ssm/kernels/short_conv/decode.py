@@ -63,10 +63,11 @@ setup (straight-line code) and ONE top-level runtime loop over its groups,
 first position, the scalar offset of its x / y rows and of its table rows. The
 stops are ``NkiScalar`` s loaded (``nisa.scalar_load``) from an SBUF copy of
 ``counts``. No runtime loop runs inside another: the layout not picked
-runs zero iterations (its setup, weight-column DMAs, still runs; the one-block
-TensorE taps' diagonal weights are built once by VectorE under an ``nl.if_else``
-on the flag, taken when that layout runs, so a launch of the wide layout does not
-pay for them). The launcher picks
+runs zero iterations (the one-block layout's setup -- weight columns and, for its
+TensorE taps, identity and diagonal weights built once by VectorE -- sits under an
+``nl.if_else`` on the flag, taken when that layout runs, so a launch of the wide
+layout does not pay for it; the wide layout loads its weight columns in its group
+iterations). The launcher picks
 the wide layout when the live rows fit two groups (``num_live * R <= 256``, i.e.
 at most 64 live sequences at R = 4: the measured crossover,
 ``use_wide_layout``), else the one-block layout: one program (the same size at
@@ -86,16 +87,38 @@ y rows of padding sequences (``where(live, y, 0)``). Everything unrolled in
 the loop body is bounded by the layer shape: channel chunks of D, 128-channel
 sub-tiles, taps W and the T tokens (in PSUM-sized token slices).
 
-Engine plan, per group, per 128-channel sub-tile of a chunk (general path):
-- TensorE transposes every window column (W-1 state columns and the new
-  tokens of the step's token slice) to channel-major ``[128 ch, rows]`` in
-  PSUM, so each channel's weight becomes a per-partition scalar;
-- ScalarE applies the first tap and the bias (``activation(copy, scale=w[:, 0],
-  bias=b)`` from PSUM), VectorE fuses the other taps as multiply-adds
-  (``scalar_tensor_tensor`` with the weight column, reading PSUM), all in
-  float32;
-- TensorE transposes the float32 result back to rows, and one ScalarE
-  instruction per step applies SiLU (or copy) while evicting.
+Weights: the per-partition weight (and bias) columns ``w_all[p, r, s, k] =
+weight[r*D + s*128 + p, k]`` come from ONE DMA of 128 * W contiguous elements per
+128-channel tile (tile on partition: 1 KiB runs at W = 4 bfloat16; read
+channel-on-partition the weight is one 8-byte run per channel, 64x slower), a
+VectorE conversion to float32, one TensorE transpose per tap and one VectorE copy
+out of PSUM (``_channel_columns_rows``). The wide layout does this at the start of
+each group iteration, beside its table-row load (before the loop it would delay the
+loop's start, which waits for every engine); the one-block layout once, under the
+``nl.if_else`` on ``setup``, with its diagonals.
+
+Engine plan, per group, per step of the wide layout (the *fused* taps: window columns
+of one dtype, full 128-channel sub-tiles; a step is a chunk of up to FUSED_BATCH = 4
+sub-tiles x the token slice):
+- TensorE transposes every window column (W-1 state columns and the step's tokens;
+  the x columns first, as x lands before the state gathers) of every sub-tile to
+  channel-major into ONE PSUM tile ``[128 ch, nb, H + tn, rows]``;
+- VectorE, per token: one multiply of the W window columns of all nb sub-tiles by the
+  weights (``w_all`` read with a zero stride over a block's Pn rows, so block r's rows
+  get block r's channels' weights) into float32 products ``[128, nb, W, rows]``, then
+  the tap sums: ``_pe_subs`` sub-tiles on TensorE (per tap an accumulating matmul
+  with the float32 identity as stationary, ``is_stationary_onezero``; ScalarE evicts),
+  issued after the next step's transposes, the rest by one VectorE ``tensor_reduce``
+  over the taps (3/4 and 1/2 of the sub-tiles on TensorE on alternate steps, 1/4 on
+  the last one: TensorE and VectorE about equally busy, a short tail); a bias is one
+  more VectorE add;
+- TensorE transposes the float32 sums back to rows, and one ScalarE instruction per
+  step applies SiLU (or copy) while evicting (its activation table is loaded by a tiny
+  activation at the start of each group iteration, under the first loads).
+General path (mixed state / x dtypes, partial sub-tiles): per 128-channel sub-tile
+the window transposes, ScalarE's first tap and bias (``activation(copy,
+scale=w[:, 0], bias=b)`` from PSUM) and VectorE's multiply-adds of the other taps
+(``scalar_tensor_tensor`` per tap and block: Pn columns each), then as above.
 TensorE-taps path (the one-block layout, and bfloat16 x / pool /
 weight values): the transposed window columns are evicted to SBUF by VectorE
 and the W taps (+ a K=1 bias matmul) accumulate in PSUM as
@@ -104,7 +127,8 @@ row-major, so no transpose back; ScalarE applies SiLU on eviction. The
 diagonals (``diag(weight[:, k])`` per 128-channel sub-tile, bfloat16) are
 built once per launch by VectorE, before the group loop.
 The new state (window columns T .. T+W-2) is assembled row-major by ScalarE
-copies and scattered back with one DMA per group and chunk. Gathers run PD
+copies (two per chunk: the old-state columns, then the x columns) when the chunk's
+loads are taken, and scattered back with one DMA per group and chunk. Gathers run PD
 chunks ahead of the scatters inside a group (software pipeline); a scatter
 into the pool orders every later pool read, as the slots are run-time data,
 so the next group's gathers follow this group's scatters.
@@ -116,10 +140,13 @@ steps (T >= 15 at W = 4) the tokens are processed in slices (``_psum_plan``).
 Limits: any T >= 1, any dim, W >= 2, any number of sequences (groups of up
 to 128 rows); x, pool float32 or bfloat16, weight / bias any float dtype (DMA'd
 in their dtype, VectorE converts). What binds (modeled, trn2, dim 8192, bf16,
-one token; ``python -m simulate --op short_conv_decode``): DMA (77 % busy) with
-VectorE behind (59 %: the PSUM evictions of the transposed windows) for 512
-sequences (one-block layout, 4 groups, TensorE taps); VectorE and the pipeline
-latency for 32 (wide layout R = 4, one group); figures in
+one token; ``python -m simulate --op short_conv_decode``): DMA (75 % busy) with
+VectorE behind (64 %: the PSUM evictions of the transposed windows and the
+diagonals) for 512 sequences (one-block layout, 4 groups, TensorE taps); for 32
+(wide layout R = 4, one group, 4 fused steps of 4 sub-tiles) VectorE (the
+multiplies and tap reductions, ~15 us) with the latency chains around it: ~4 us
+before the first step (table row -> state gather -> transposes) and ~3 us after the
+last (transposes back, activation, store); figures in
 ``nki_ssm/kernels/short_conv/__init__.py``. At R = 1 and 32 sequences what
 binds is the DMA (every load / store spans 32 partitions, so 4 of the 16 DMA
 engines) and ScalarE's new-state assembly; a single layout would need each
