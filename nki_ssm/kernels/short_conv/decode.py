@@ -420,10 +420,11 @@ def _front_fused(unit, j_list, w_all, b_all, has_bias, R, Pn, s0, H, t0, tn, pro
             op=nl.multiply)
         # the tap sums: sub-tiles npe .. nb by one VectorE reduction, the first npe on
         # TensorE (``_middle``)
-        nisa.tensor_reduce(dst=acc[0:SUB, npe:nb, 0:P], op=nl.add,
-                           data=prod.ap(pattern=[[prow, SUB], [W * PMAX, nb - npe], [1, P],
-                                                 [PMAX, W]], offset=npe * W * PMAX),
-                           axis=3)
+        if npe < nb:
+            nisa.tensor_reduce(dst=acc[0:SUB, npe:nb, 0:P], op=nl.add,
+                               data=prod.ap(pattern=[[prow, SUB], [W * PMAX, nb - npe],
+                                                     [1, P], [PMAX, W]], offset=npe * W * PMAX),
+                               axis=3)
         if npe > 0:
             pend.append((prod, acc, t))
         accs.append(acc)
