@@ -159,7 +159,7 @@ from nki_ssm.kernels.short_conv.split import program_channels
 PMAX = 128
 SUB = 128                   # channels per transposed sub-tile
 FUSED_BATCH = 4             # sub-tiles per step of the fused taps (a 512-channel chunk)
-PE_TAP_SUMS = True          # half the fused sub-tiles sum their taps on TensorE
+PE_TAP_SUMS = True          # part of the fused sub-tiles sum their taps on TensorE (_pe_subs)
 PROD_BYTES = 32 * 1024      # bytes per partition of the fused taps' float32 products
 BATCH = 2                   # sub-tiles per pipeline step (2 steps of windows + outputs fit PSUM)
 LOAD_BUDGET = 96 * 1024     # bytes per partition for in-flight chunk loads (state + x)
