@@ -452,6 +452,21 @@ def test_decode_row_split_and_groups(rng, monkeypatch, num_seqs, dim, T, pool_dt
     _run_decode_and_check(inp, BF16)
 
 
+@pytest.mark.parametrize("num_seqs,dim,T,W,dtype,bias", [
+    (24, 2048, 1, 4, BF16, False),     # wide R = 4, 2-sub-tile fused steps, TensorE tap sums
+    (24, 2048, 1, 4, BF16, True),      # the same with a bias
+    (9, 4096, 2, 3, np.float32, True),  # float32, a 2-token step, 4-sub-tile fused steps
+    (5, 2176, 1, 4, BF16, True),       # a partial sub-tile per block: per-sub-tile taps too
+])
+def test_decode_wide_fused_taps(rng, num_seqs, dim, T, W, dtype, bias, lnc):
+    """The wide layout's fused taps (one multiply by zero-stride weights and one tap
+    reduction per step, half the sub-tiles summed on TensorE) and the weight columns
+    loaded as rows and transposed on TensorE."""
+    inp = make_short_conv_decode_inputs(rng, num_seqs=num_seqs, T=T, dim=dim, W=W,
+                                        dtype=dtype, pool_dtype=dtype, padding=1, bias=bias)
+    _run_decode_and_check(inp, dtype)
+
+
 @pytest.mark.slow
 def test_model_dim_prefill_and_decode(rng, lnc):
     """Qwen3-Next conv dim 8192 (4 channel groups): a ragged prefill across a chunk

@@ -44,12 +44,13 @@ by a DMA offset.
 
 Decode (``decode.py``): (sequence, channel block) rows on partitions for
 every HBM stream (contiguous per-row gathers/scatters of the pool), TensorE
-transposes of the window to channel-major so weights are per-partition
-scalars, ScalarE first tap + bias, VectorE fused multiply-adds, TensorE
+transposes of the window to channel-major, then (wide layout) per step of up to 4
+sub-tiles ONE VectorE multiply of all taps by zero-stride weights and the tap sums
+split between a VectorE reduction and TensorE identity matmuls (general path:
+ScalarE first tap + bias and VectorE multiply-adds per sub-tile), TensorE
 transpose back, ScalarE SiLU on eviction, three-stage software pipeline;
 for one channel block of bfloat16 data (batches >= 65 sequences) the taps
-run on TensorE instead (diagonal weights built by VectorE in each group
-iteration). Each row layout is one top-level ``nl.fori_loop`` over its groups;
+run on TensorE instead (diagonal weights built by VectorE once per launch). Each row layout is one top-level ``nl.fori_loop`` over its groups;
 the layout the launcher did not pick gets a stop of 0.
 
 LNC (two programs per logical core)
@@ -79,7 +80,7 @@ with tokens or sequences is a runtime loop whose bound is an ``NkiScalar``
 and decode.py). One
 program per bucket: prefill 15,959 static instructions at 16K x 1 and 8 x 2K
 (dim 8192, W 4, bf16, LNC=1; the first stream loop's body holds 5 chunk pairs);
-decode 1,276, 672 per program at LNC=2 (``Trace.program_instructions``, every loop
+decode 1,068, 571 per program at LNC=2 (``Trace.program_instructions``, every loop
 body and both sides of every ``nl.if_else`` counted once).
 
 Limits
@@ -108,10 +109,14 @@ interval of nki_ssm.perf as of this commit; prefill: central figures).
   loads its own first windows (nothing is prefetched across iterations,
   NKI-1582), with 5 chunk pairs per iteration.
 - prefill 8 x 2K ragged: 2.34 ms, 62.4 % of DMA bandwidth; 1 x 2K: 393 us (46.5 %).
-- decode 512 sequences x 1 token: 313 us (306-381) = 1.71x the bytes-moved
-  bound; DMA (77 %) with VectorE (59 %: the taps' PSUM evictions) behind.
-- decode 32 sequences x 1 token: 87 us (71-154) = 7.5x the bound (wide layout,
-  one group): VectorE (56 %) and the pipeline latency.
+- decode 512 sequences x 1 token: 288 us (276-338) = 1.58x the bytes-moved
+  bound (63.5 % of DMA bandwidth); DMA (75 %) with VectorE (64 %: the taps' PSUM
+  evictions and the diagonals) behind.
+- decode 32 sequences x 1 token: 23.1 us (23.1-28.2) = 1.99x the bound (50.2 %;
+  wide layout, one group, 4 fused steps): VectorE (72 %: one multiply and one tap
+  reduction per step) with ~4 us of table-row -> state-gather latency before the
+  first step and ~3 us of tail after the last (``python -m simulate --set judged
+  --case short_conv_decode --no-calibration``).
 
 Performance at LNC=2 (modeled, trn2, one logical core = two physical cores;
 command: ``PYTHONPATH=. python tests/kernels/short_conv_perf.py judged``, the judged
@@ -121,7 +126,8 @@ over that program's instructions), against LNC=1:
 - prefill 16K x 1: 1.10 ms = 0.50x LNC=1; 8 x 2K: 1.24 ms = 0.53x (the head loop's
   per-sequence DMA latencies do not halve; the same figures from ``python -m simulate
   --set judged --op short_conv_prefill --model qwen3``);
-- decode 32 sequences: 39.8 us = 0.456x; 512 sequences: 168 us = 0.537x.
+- decode 32 sequences: 15.8 us = 0.69x (the ~7 us of latency chains at the start and
+  the end of the group iteration do not halve); 512 sequences: 153 us = 0.53x.
 
 Timed as one trace, today's cost model also makes program 1's first run-time-addressed
 stores and pool gathers wait for program 0's last writes to the same tensor (their

@@ -63,10 +63,11 @@ setup (straight-line code) and ONE top-level runtime loop over its groups,
 first position, the scalar offset of its x / y rows and of its table rows. The
 stops are ``NkiScalar`` s loaded (``nisa.scalar_load``) from an SBUF copy of
 ``counts``. No runtime loop runs inside another: the layout not picked
-runs zero iterations (its setup, weight-column DMAs, still runs; the one-block
-TensorE taps' diagonal weights are built once by VectorE under an ``nl.if_else``
-on the flag, taken when that layout runs, so a launch of the wide layout does not
-pay for them). The launcher picks
+runs zero iterations (the one-block layout's setup -- weight columns and, for its
+TensorE taps, identity and diagonal weights built once by VectorE -- sits under an
+``nl.if_else`` on the flag, taken when that layout runs, so a launch of the wide
+layout does not pay for it; the wide layout loads its weight columns in its group
+iterations). The launcher picks
 the wide layout when the live rows fit two groups (``num_live * R <= 256``, i.e.
 at most 64 live sequences at R = 4: the measured crossover,
 ``use_wide_layout``), else the one-block layout: one program (the same size at
@@ -86,16 +87,38 @@ y rows of padding sequences (``where(live, y, 0)``). Everything unrolled in
 the loop body is bounded by the layer shape: channel chunks of D, 128-channel
 sub-tiles, taps W and the T tokens (in PSUM-sized token slices).
 
-Engine plan, per group, per 128-channel sub-tile of a chunk (general path):
-- TensorE transposes every window column (W-1 state columns and the new
-  tokens of the step's token slice) to channel-major ``[128 ch, rows]`` in
-  PSUM, so each channel's weight becomes a per-partition scalar;
-- ScalarE applies the first tap and the bias (``activation(copy, scale=w[:, 0],
-  bias=b)`` from PSUM), VectorE fuses the other taps as multiply-adds
-  (``scalar_tensor_tensor`` with the weight column, reading PSUM), all in
-  float32;
-- TensorE transposes the float32 result back to rows, and one ScalarE
-  instruction per step applies SiLU (or copy) while evicting.
+Weights: the per-partition weight (and bias) columns ``w_all[p, r, s, k] =
+weight[r*D + s*128 + p, k]`` come from ONE DMA of 128 * W contiguous elements per
+128-channel tile (tile on partition: 1 KiB runs at W = 4 bfloat16; read
+channel-on-partition the weight is one 8-byte run per channel, 64x slower), a
+VectorE conversion to float32, one TensorE transpose per tap and one VectorE copy
+out of PSUM (``_channel_columns_rows``). The wide layout does this at the start of
+each group iteration, beside its table-row load (before the loop it would delay the
+loop's start, which waits for every engine); the one-block layout once, under the
+``nl.if_else`` on ``setup``, with its diagonals.
+
+Engine plan, per group, per step of the wide layout (the *fused* taps: window columns
+of one dtype, full 128-channel sub-tiles; a step is a chunk of up to FUSED_BATCH = 4
+sub-tiles x the token slice):
+- TensorE transposes every window column (W-1 state columns and the step's tokens;
+  the x columns first, as x lands before the state gathers) of every sub-tile to
+  channel-major into ONE PSUM tile ``[128 ch, nb, H + tn, rows]``;
+- VectorE, per token: one multiply of the W window columns of all nb sub-tiles by the
+  weights (``w_all`` read with a zero stride over a block's Pn rows, so block r's rows
+  get block r's channels' weights) into float32 products ``[128, nb, W, rows]``, then
+  the tap sums: ``_pe_subs`` sub-tiles on TensorE (per tap an accumulating matmul
+  with the float32 identity as stationary, ``is_stationary_onezero``; ScalarE evicts),
+  issued after the next step's transposes, the rest by one VectorE ``tensor_reduce``
+  over the taps (3/4 and 1/2 of the sub-tiles on TensorE on alternate steps, 1/4 on
+  the last one: TensorE and VectorE about equally busy, a short tail); a bias is one
+  more VectorE add;
+- TensorE transposes the float32 sums back to rows, and one ScalarE instruction per
+  step applies SiLU (or copy) while evicting (its activation table is loaded by a tiny
+  activation at the start of each group iteration, under the first loads).
+General path (mixed state / x dtypes, partial sub-tiles): per 128-channel sub-tile
+the window transposes, ScalarE's first tap and bias (``activation(copy,
+scale=w[:, 0], bias=b)`` from PSUM) and VectorE's multiply-adds of the other taps
+(``scalar_tensor_tensor`` per tap and block: Pn columns each), then as above.
 TensorE-taps path (the one-block layout, and bfloat16 x / pool /
 weight values): the transposed window columns are evicted to SBUF by VectorE
 and the W taps (+ a K=1 bias matmul) accumulate in PSUM as
@@ -104,7 +127,8 @@ row-major, so no transpose back; ScalarE applies SiLU on eviction. The
 diagonals (``diag(weight[:, k])`` per 128-channel sub-tile, bfloat16) are
 built once per launch by VectorE, before the group loop.
 The new state (window columns T .. T+W-2) is assembled row-major by ScalarE
-copies and scattered back with one DMA per group and chunk. Gathers run PD
+copies (two per chunk: the old-state columns, then the x columns) when the chunk's
+loads are taken, and scattered back with one DMA per group and chunk. Gathers run PD
 chunks ahead of the scatters inside a group (software pipeline); a scatter
 into the pool orders every later pool read, as the slots are run-time data,
 so the next group's gathers follow this group's scatters.
@@ -116,10 +140,13 @@ steps (T >= 15 at W = 4) the tokens are processed in slices (``_psum_plan``).
 Limits: any T >= 1, any dim, W >= 2, any number of sequences (groups of up
 to 128 rows); x, pool float32 or bfloat16, weight / bias any float dtype (DMA'd
 in their dtype, VectorE converts). What binds (modeled, trn2, dim 8192, bf16,
-one token; ``python -m simulate --op short_conv_decode``): DMA (77 % busy) with
-VectorE behind (59 %: the PSUM evictions of the transposed windows) for 512
-sequences (one-block layout, 4 groups, TensorE taps); VectorE and the pipeline
-latency for 32 (wide layout R = 4, one group); figures in
+one token; ``python -m simulate --op short_conv_decode``): DMA (75 % busy) with
+VectorE behind (64 %: the PSUM evictions of the transposed windows and the
+diagonals) for 512 sequences (one-block layout, 4 groups, TensorE taps); for 32
+(wide layout R = 4, one group, 4 fused steps of 4 sub-tiles) VectorE (the
+multiplies and tap reductions, ~15 us) with the latency chains around it: ~4 us
+before the first step (table row -> state gather -> transposes) and ~3 us after the
+last (transposes back, activation, store); figures in
 ``nki_ssm/kernels/short_conv/__init__.py``. At R = 1 and 32 sequences what
 binds is the DMA (every load / store spans 32 partitions, so 4 of the 16 DMA
 engines) and ScalarE's new-state assembly; a single layout would need each
@@ -131,6 +158,9 @@ from nki_ssm.kernels.short_conv.split import program_channels
 
 PMAX = 128
 SUB = 128                   # channels per transposed sub-tile
+FUSED_BATCH = 4             # sub-tiles per step of the fused taps (a 512-channel chunk)
+PE_TAP_SUMS = True          # part of the fused sub-tiles sum their taps on TensorE (_pe_subs)
+PROD_BYTES = 32 * 1024      # bytes per partition of the fused taps' float32 products
 BATCH = 2                   # sub-tiles per pipeline step (2 steps of windows + outputs fit PSUM)
 LOAD_BUDGET = 96 * 1024     # bytes per partition for in-flight chunk loads (state + x)
 PSUM_BANKS = 8
@@ -191,6 +221,9 @@ def _channel_columns(src, cb, R, D, width, dst):
     nsub = (D + SUB - 1) // SUB
     nfull = D // SUB
     inner = width
+    if nfull == nsub and R * nsub <= PMAX and R * nsub * width <= BANK_BYTES // 4:
+        _channel_columns_rows(src, cb, R * nsub, width, dst)
+        return
     stage = dst
     if src.dtype != dst.dtype:
         stage = nl.ndarray(dst.shape, dtype=src.dtype, buffer=nl.sbuf)
@@ -207,6 +240,30 @@ def _channel_columns(src, cb, R, D, width, dst):
                                  offset=(cb + nfull * SUB) * inner))
         if src.dtype != dst.dtype:
             nisa.tensor_copy(dst=dst[0:wl, :, nfull, :], src=stage[0:wl, :, nfull, :])
+
+
+def _channel_columns_rows(src, cb, NQ, width, dst):
+    """dst[p, q, :] = src[cb + q*128 + p, :] for NQ full 128-channel tiles (dst
+    ``[128, R, nsub, width]`` float32 viewed as ``[128, (q, width)]``, q = r * nsub + s):
+    read channel-on-partition the source is one ``width``-element run per channel (8-byte
+    descriptors at W = 4 bfloat16), so instead one DMA brings tile q's ``128 * width``
+    contiguous elements to partition q, VectorE converts them to float32, one TensorE
+    transpose per column k turns ``[NQ, 128 ch]`` into ``[128 ch, NQ]`` (exact for
+    float32) and one VectorE copy interleaves the PSUM columns into dst."""
+    rows_raw = nl.ndarray((NQ, SUB * width), dtype=src.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=rows_raw, src=src.ap(pattern=[[SUB * width, NQ], [1, SUB * width]],
+                                           offset=cb * width))
+    rows32 = rows_raw
+    if src.dtype != nl.float32:
+        rows32 = nl.ndarray((NQ, SUB * width), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=rows32, src=rows_raw)
+    ps = nl.ndarray((PMAX, width * NQ), dtype=nl.float32, buffer=nl.psum)
+    for k in range(width):
+        nisa.nc_transpose(dst=ps[0:SUB, k * NQ:(k + 1) * NQ],
+                          data=rows32.ap(pattern=[[SUB * width, NQ], [width, SUB]], offset=k))
+    # dst element (p, q, k) <- psum [p, k * NQ + q]
+    nisa.tensor_copy(dst=dst.ap(pattern=[[NQ * width, SUB], [width, NQ], [1, width]], offset=0),
+                     src=ps.ap(pattern=[[ps.shape[1], SUB], [1, NQ], [NQ, width]], offset=0))
 
 
 def _window_tiles(st, xs, P, j0, w, H, t0, tn):
@@ -245,6 +302,23 @@ def _window_banks(st_bytes, x_bytes, same, H, tn):
     return (H + pb_s - 1) // pb_s + (H + tn + pb_x - 1) // pb_x
 
 
+def _psum_plan_fused(nbytes, H, T):
+    """(sub-tiles per step, tokens per step) of the fused taps (``_front_fused``: one
+    window tile of ``nb * (H + tn)`` columns per step), or None when no step of at least
+    one token fits: two steps' window tiles and one float32 output tile within the 8
+    PSUM banks, the float32 products within PROD_BYTES per partition."""
+    for tn in (T, 1):
+        batch = FUSED_BATCH
+        while batch >= 1:
+            wb = (batch * (H + tn) * PMAX * nbytes + BANK_BYTES - 1) // BANK_BYTES
+            ybanks = (tn * batch * SUB * 4 + BANK_BYTES - 1) // BANK_BYTES
+            prod_bytes = 2 * tn * batch * (H + 1) * PMAX * 4
+            if 2 * wb + ybanks <= PSUM_BANKS and prod_bytes <= PROD_BYTES:
+                return (batch, tn)
+            batch = batch - 1
+    return None
+
+
 def _psum_plan(st_bytes, x_bytes, same, H, T):
     """(sub-tiles per pipeline step, tokens per step) so that two steps' window tiles
     and one float32 output tile fit the 8 PSUM banks: the batch shrinks first, then the
@@ -265,7 +339,7 @@ def _psum_plan(st_bytes, x_bytes, same, H, T):
 def _front(unit, j_list, w_all, b_all, has_bias, R, Pn, s0, H, t0, tn):
     """Pipeline stage 1 of a step: TensorE transposes of the window columns of each
     sub-tile, ScalarE first tap plus bias (scaled copy out of PSUM) into float32
-    accumulators."""
+    accumulators (``(tile [128, 1, rows], 0)`` per token)."""
     st, xs = unit
     P = R * Pn
     subs = []
@@ -275,36 +349,162 @@ def _front(unit, j_list, w_all, b_all, has_bias, R, Pn, s0, H, t0, tn):
         win = _window_tiles(st, xs, P, j0, w, H, t0, tn)
         accs = []
         for t in range(tn):
-            acc = nl.ndarray((SUB, PMAX), dtype=nl.float32, buffer=nl.sbuf)
+            acc = nl.ndarray((SUB, 1, PMAX), dtype=nl.float32, buffer=nl.sbuf)
             ps, slot = win[t]
             for r in range(R):
                 a, b = r * Pn, (r + 1) * Pn         # block r's rows
                 # acc = x_0 * w_0 (+ bias): the bias rides on the first tap for free
                 if has_bias:
-                    nisa.activation(dst=acc[0:w, a:b], op=nl.copy, data=ps[0:w, slot, a:b],
+                    nisa.activation(dst=acc[0:w, 0, a:b], op=nl.copy, data=ps[0:w, slot, a:b],
                                     scale=w_all[0:w, r, s, 0:1], bias=b_all[0:w, r, s, 0:1])
                 else:
-                    nisa.activation(dst=acc[0:w, a:b], op=nl.copy, data=ps[0:w, slot, a:b],
+                    nisa.activation(dst=acc[0:w, 0, a:b], op=nl.copy, data=ps[0:w, slot, a:b],
                                     scale=w_all[0:w, r, s, 0:1])
-            accs.append(acc)
-        subs.append((j0, w, s, win, accs))
+            accs.append((acc, 0))
+        subs.append((j0, w, s, win, accs, False, None))
     return subs
 
 
+def _front_fused(unit, j_list, w_all, b_all, has_bias, R, Pn, s0, H, t0, tn, prods,
+                 pe_ident, pe_subs):
+    """Pipeline stage 1 of a step when its window columns share one dtype and its nb
+    sub-tiles are full: TensorE transposes every window column of every sub-tile into ONE
+    PSUM tile ``[128 ch, nb, H + tn, rows]``; then per token VectorE takes all W taps of
+    all R blocks of all nb sub-tiles at once: one multiply by the weights (``w_all`` read
+    with a zero stride over the Pn rows of a block, so block r's rows get block r's
+    channels' weights) into ``prods [128, nb, W, rows]`` and one reduction over the taps
+    into the accumulator ``[128, nb, rows]`` (plus one add of the bias, if any)."""
+    st, xs = unit
+    P = R * Pn
+    W = H + 1
+    nb = len(j_list)
+    NC = H + tn
+    nsub = w_all.shape[2]
+    wrow = R * nsub * W
+    ps = nl.ndarray((PMAX, nb, NC, PMAX), dtype=st.dtype, buffer=nl.psum)
+    # the x columns first: x arrives before the state, whose gather waits for the table row
+    for part in range(2):
+        for e in range(nb):
+            j0, w = j_list[e]
+            for i in range(t0, t0 + NC):
+                if i < H and part == 1:
+                    nisa.nc_transpose(dst=ps[0:w, e, i - t0, 0:P], data=st[0:P, j0:j0 + w, i])
+                elif i >= H and part == 0:
+                    nisa.nc_transpose(dst=ps[0:w, e, i - t0, 0:P],
+                                      data=xs[0:P, i - H, j0:j0 + w])
+    s = s0 + j_list[0][0] // SUB
+    pst = nb * NC * PMAX
+    nbm = prods[0][0].shape[1]
+    prow = nbm * W * PMAX
+    npe = 0
+    if pe_ident != None:  # noqa: E711
+        npe = pe_subs
+    pend = []
+    accs = []
+    for t in range(tn):
+        acc = nl.ndarray((SUB, nb, PMAX), dtype=nl.float32, buffer=nl.sbuf)
+        # the products rotate over the steps (a step's TensorE tap sums read them after
+        # the next step's multiply)
+        tiles, used = prods
+        prod = tiles[used[0] % len(tiles)]
+        used[0] = used[0] + 1
+        # prod[c, e, k, (r, i)] = window column t + k of row (r, i) x weight[r*D + c, k]
+        # (sub-tile s + e)
+        nisa.tensor_tensor(
+            dst=prod.ap(pattern=[[prow, SUB], [W * PMAX, nb], [PMAX, W], [Pn, R], [1, Pn]],
+                        offset=0),
+            data1=ps.ap(pattern=[[pst, SUB], [NC * PMAX, nb], [PMAX, W], [Pn, R], [1, Pn]],
+                        offset=t * PMAX),
+            data2=w_all.ap(pattern=[[wrow, SUB], [W, nb], [1, W], [nsub * W, R], [0, Pn]],
+                           offset=s * W),
+            op=nl.multiply)
+        # the tap sums: sub-tiles npe .. nb by one VectorE reduction, the first npe on
+        # TensorE (``_middle``)
+        if npe < nb:
+            nisa.tensor_reduce(dst=acc[0:SUB, npe:nb, 0:P], op=nl.add,
+                               data=prod.ap(pattern=[[prow, SUB], [W * PMAX, nb - npe],
+                                                     [1, P], [PMAX, W]], offset=npe * W * PMAX),
+                               axis=3)
+        if npe > 0:
+            pend.append((prod, acc, t))
+        accs.append(acc)
+    subs = []
+    for e in range(nb):
+        j0, w = j_list[e]
+        eaccs = []
+        for t in range(tn):
+            eaccs.append((accs[t], e))
+        pe = None
+        if e == 0 and npe > 0:
+            pe = (pend, pe_ident, npe, P, W, b_all, has_bias, R, Pn, nsub, s, nb)
+        subs.append((j0, w, s + e, None, eaccs, True, pe))
+    if npe == 0 and has_bias:
+        for t in range(tn):
+            _add_bias(accs[t], b_all, R, Pn, nsub, s, nb, P)
+    return subs
+
+
+def _pe_subs(nb, i, nsteps):
+    """Sub-tiles of fused step i (of nsteps, nb sub-tiles) whose tap sums go to TensorE:
+    3/4 and 1/2 of them on alternate steps (TensorE and VectorE about equally busy), 1/4
+    on the last step (its TensorE sums, eviction and transposes back make the launch's
+    tail)."""
+    if i + 1 == nsteps:
+        return nb // 4
+    if i % 2 == 0:
+        return 3 * nb // 4
+    return nb // 2
+
+
+def _add_bias(acc, b_all, R, Pn, nsub, s, nb, P):
+    """acc[c, e, (r, i)] += bias[r*D + (s + e)*128 + c] (zero stride over the Pn rows)."""
+    nisa.tensor_tensor(dst=acc[0:SUB, 0:nb, 0:P], data1=acc[0:SUB, 0:nb, 0:P],
+                       data2=b_all.ap(pattern=[[R * nsub, SUB], [1, nb], [nsub, R], [0, Pn]],
+                                      offset=s),
+                       op=nl.add)
+
+
+def _tap_sums_pe(pe):
+    """The fused step's TensorE tap sums (issued after the next step's window
+    transposes): per token, sub-tiles 0 .. npe: out = sum_k I.T @ prod_k accumulated in
+    one PSUM bank (the identity as stationary), evicted by ScalarE into the accumulator;
+    then the bias, if any."""
+    pend, ident32, npe, P, W, b_all, has_bias, R, Pn, nsub, s, nb = pe
+    for item in pend:
+        prod, acc, t = item
+        pacc = nl.ndarray((PMAX, npe, PMAX), dtype=nl.float32, buffer=nl.psum)
+        for e in range(npe):
+            for k in range(W):
+                nisa.nc_matmul(dst=pacc[0:SUB, e, 0:P], stationary=ident32[0:SUB, 0:SUB],
+                               moving=prod[0:SUB, e, k, 0:P], is_stationary_onezero=True,
+                               accumulate=k > 0)
+        nisa.tensor_copy(dst=acc[0:SUB, 0:npe, 0:P], src=pacc[0:SUB, 0:npe, 0:P],
+                         engine=nisa.engine.scalar)
+        if has_bias:
+            _add_bias(acc, b_all, R, Pn, nsub, s, nb, P)
+
+
 def _middle(subs, w_all, R, Pn, tn, W):
-    """Stage 2: VectorE multiply-adds of the other taps; independent accumulators are
-    interleaved so no instruction waits on the one just before it."""
+    """Stage 2: VectorE multiply-adds of the other taps (not for fused steps);
+    independent accumulators are interleaved so no instruction waits on the one just
+    before it."""
+    for entry in subs:
+        if entry[6] != None:  # noqa: E711
+            _tap_sums_pe(entry[6])
     for k in range(1, W):
         for t in range(tn):
             for entry in subs:
-                j0, w, s, win, accs = entry
+                j0, w, s, win, accs, fused, pe = entry
+                if fused:
+                    continue
                 ps, slot = win[t + k]
+                acc, e = accs[t]
                 for r in range(R):
                     a, b = r * Pn, (r + 1) * Pn
-                    nisa.scalar_tensor_tensor(dst=accs[t][0:w, a:b], data=ps[0:w, slot, a:b],
+                    nisa.scalar_tensor_tensor(dst=acc[0:w, e, a:b], data=ps[0:w, slot, a:b],
                                               op0=nl.multiply,
                                               operand0=w_all[0:w, r, s, k:k + 1],
-                                              op1=nl.add, operand1=accs[t][0:w, a:b])
+                                              op1=nl.add, operand1=acc[0:w, e, a:b])
 
 
 def _back(subs, yt, P, t0, tn, act_op):
@@ -314,10 +514,11 @@ def _back(subs, yt, P, t0, tn, act_op):
     span = 0
     ps_y = nl.ndarray((PMAX, tn, len(subs) * SUB), dtype=nl.float32, buffer=nl.psum)
     for entry in subs:
-        j0, w, s, win, accs = entry
+        j0, w, s, win, accs, fused, pe = entry
         for t in range(tn):
+            acc, e = accs[t]
             nisa.nc_transpose(dst=ps_y[0:P, t, j0 - j_first:j0 - j_first + w],
-                              data=accs[t][0:w, 0:P])
+                              data=acc[0:w, e, 0:P])
         span = j0 - j_first + w
     nisa.activation(dst=yt[0:P, t0:t0 + tn, j_first:j_first + span], op=act_op,
                     data=ps_y[0:P, :, 0:span])
@@ -325,12 +526,17 @@ def _back(subs, yt, P, t0, tn, act_op):
 
 def _identity(dtype):
     """[128, 128] identity built on GpSimd (ones where partition == column)."""
+    ident = nl.ndarray((SUB, SUB), dtype=dtype, buffer=nl.sbuf)
+    _identity_into(ident)
+    return ident
+
+
+def _identity_into(ident):
+    """ident [128, 128] <- the identity (GpSimd: ones where partition == column)."""
     ones = nl.ndarray((SUB, SUB), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ones, value=1.0)
-    ident = nl.ndarray((SUB, SUB), dtype=dtype, buffer=nl.sbuf)
     nisa.affine_select(dst=ident, pattern=[[-1, SUB]], channel_multiplier=1,
                        on_true_tile=ones, on_false_value=0.0, cmp_op=nl.equal)
-    return ident
 
 
 def _chunk_diagonals(d, ident, w_all, s0, nsc, D, W):
@@ -402,24 +608,32 @@ def _plan_steps(chunks, batch, tn, T):
     return steps
 
 
-def _store_chunk(y, pool_flat, yt, st, xs, g, prow, c0, cd, R, Pn, D, H, CD, base):
+def _new_state(pool_flat, st, xs, P, cd, T, H, CD):
+    """The chunk's new state (window columns T .. T+W-2) assembled contiguous per
+    channel by ScalarE copies, ``[P, cd, H]`` in the pool dtype: issued when the chunk's
+    loads are taken, so it runs under the chunk's arithmetic, not after it."""
+    ns = nl.ndarray((PMAX, CD, H), dtype=pool_flat.dtype, buffer=nl.sbuf)
+    ko = max(0, H - T)              # new-state columns taken from the old state
+    if ko > 0:
+        # ns[:, c, 0:ko] <- st[:, c, T:H] (one copy of all ko columns)
+        nisa.tensor_copy(dst=ns[0:P, 0:cd, 0:ko], src=st[0:P, 0:cd, T:H],
+                         engine=nisa.engine.scalar)
+    for jj in range(ko, H):
+        nisa.tensor_copy(dst=ns[0:P, 0:cd, jj], src=xs[0:P, T + jj - H, 0:cd],
+                         engine=nisa.engine.scalar)
+    return ns
+
+
+def _store_chunk(y, pool_flat, yt, ns, g, prow, c0, cd, R, Pn, D, H, base):
     """y rows of the group starting at position g (an NkiScalar) for the chunk and the new
-    state (window columns T .. T+W-2, assembled contiguous) back to the pool rows (one row
-    per partition); ``base`` as in ``_load_group``."""
+    state ``ns`` (``_new_state``) back to the pool rows (one row per partition); ``base``
+    as in ``_load_group``."""
     N, T, dim = y.shape
     P = R * Pn
     cb, pbase = base
     nisa.dma_copy(dst=y.ap(pattern=[[D, R], [T * dim, Pn], [dim, T], [1, cd]], offset=cb + c0,
                            scalar_offset=g, indirect_dim=0),
                   src=yt[0:P, :, 0:cd])
-    ns = nl.ndarray((PMAX, CD, H), dtype=pool_flat.dtype, buffer=nl.sbuf)
-    for jj in range(H):
-        col = T + jj
-        if col < H:
-            src = st[0:P, 0:cd, col]
-        else:
-            src = xs[0:P, col - H, 0:cd]
-        nisa.tensor_copy(dst=ns[0:P, 0:cd, jj], src=src, engine=nisa.engine.scalar)
     col, pc0 = _pool_column(pool_flat, c0, H)
     nisa.dma_copy(dst=pool_flat.ap(pattern=[[pool_flat.shape[1], P], [H, cd], [1, H]],
                                    offset=pbase + pc0 * H, vector_offset=prow[0:P, col:col + 1],
@@ -456,50 +670,84 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
             chunks.append((c * DP + c0, min(CD, DP - c0)))
 
     # channel-major weights / bias of every block: w_all[p, r, s, k] = weight[r*D + s*128 + p, k]
+    # (the wide layout loads them in each group iteration, ahead of the iteration's first
+    # loads, whose state gathers wait for the table row anyway: before the loop they would
+    # delay its start, which waits for every engine; it runs one or two groups)
     w_all = nl.ndarray((SUB, R, nsub, W), dtype=nl.float32, buffer=nl.sbuf)
-    _channel_columns(weight, cb, R, D, W, w_all)
     b_all = None
     if has_bias:
         b_all = nl.ndarray((SUB, R, nsub, 1), dtype=nl.float32, buffer=nl.sbuf)
-        _channel_columns(bias, cb, R, D, 1, b_all)
+    weights_in_body = R > 1
+
+    def load_weights():
+        _channel_columns(weight, cb, R, D, W, w_all)
+        if has_bias:
+            _channel_columns(bias, cb, R, D, 1, b_all)
 
     ident = None
     ones = None
     b_row = None
+    b_raw = None
     diags = []
     for ci in range(len(chunks)):
         diags.append(None)
     if tensor_taps:
-        ident = _identity(nl.bfloat16)
+        ident = nl.ndarray((SUB, SUB), dtype=nl.bfloat16, buffer=nl.sbuf)
         ones = nl.ndarray((1, PMAX), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.memset(dst=ones, value=1.0)
         if has_bias:
             b_row = nl.ndarray((1, D), dtype=nl.bfloat16, buffer=nl.sbuf)
-            if bias.dtype == nl.bfloat16:
-                nisa.dma_copy(dst=b_row, src=bias.ap(pattern=[[D, 1], [1, D]], offset=cb))
-            else:
-                # DMA in the bias dtype; VectorE rounds (exact: the launcher checked the
-                # values are bfloat16 values)
+            if bias.dtype != nl.bfloat16:
                 b_raw = nl.ndarray((1, D), dtype=bias.dtype, buffer=nl.sbuf)
-                nisa.dma_copy(dst=b_raw, src=bias.ap(pattern=[[D, 1], [1, D]], offset=cb))
-                nisa.tensor_copy(dst=b_row, src=b_raw)
-        # the diagonals, built once by VectorE when this layout runs (``setup`` 1) and not
-        # when the other one does (built unconditionally they would cost the launches of
-        # the other layout their whole VectorE time; built per group, every group)
         for ci in range(len(chunks)):
             diags[ci] = nl.ndarray((SUB, (chunks[ci][1] + SUB - 1) // SUB, W, SUB),
                                    dtype=nl.bfloat16, buffer=nl.sbuf)
 
-        def build_diagonals():
+    def layout_setup():
+        """The one-block layout's weight columns and, with TensorE taps, its identity,
+        ones row, bias row and diagonals (VectorE): run when this layout runs (``setup``
+        1) and not when the other one does (they would cost the launches of the other
+        layout their time; built per group, every group)."""
+        load_weights()
+        if tensor_taps:
+            _identity_into(ident)
+            nisa.memset(dst=ones, value=1.0)
+            if has_bias:
+                if b_raw == None:  # noqa: E711
+                    nisa.dma_copy(dst=b_row, src=bias.ap(pattern=[[D, 1], [1, D]], offset=cb))
+                else:
+                    # DMA in the bias dtype; VectorE rounds (exact: the launcher checked
+                    # the values are bfloat16 values)
+                    nisa.dma_copy(dst=b_raw, src=bias.ap(pattern=[[D, 1], [1, D]], offset=cb))
+                    nisa.tensor_copy(dst=b_row, src=b_raw)
             for ci in range(len(chunks)):
                 _chunk_diagonals(diags[ci], ident, w_all, chunks[ci][0] // SUB,
                                  (chunks[ci][1] + SUB - 1) // SUB, D, W)
 
-        run_if(setup, build_diagonals)
+    if not weights_in_body:
+        run_if(setup, layout_setup)
 
     chunk_bytes = CD * (H * pool_bytes + T * x_bytes)
     PD = max(1, min(len(chunks) - 1, LOAD_BUDGET // chunk_bytes - 1))
-    batch, tn = _psum_plan(pool_bytes, x_bytes, pool_flat.dtype == x.dtype, H, T)
+    fused = None
+    if not tensor_taps and pool_flat.dtype == x.dtype:
+        fused = _psum_plan_fused(x_bytes, H, T)
+    warm = None
+    if weights_in_body and act_op != nl.copy:
+        warm = nl.ndarray((1, 2), dtype=nl.float32, buffer=nl.sbuf)
+    prods = None
+    pe_ident = None
+    if fused != None:  # noqa: E711
+        batch, tn = fused
+        # the fused taps' float32 products [128 ch, nb, W, rows], one per token of two
+        # consecutive steps, rotating (a use counter, restarted by each group iteration)
+        tiles = []
+        for i in range(2 * tn):
+            tiles.append(nl.ndarray((SUB, batch, W, PMAX), dtype=nl.float32, buffer=nl.sbuf))
+        prods = (tiles, [0])
+        if PE_TAP_SUMS and batch > 1:
+            pe_ident = nl.ndarray((SUB, SUB), dtype=nl.float32, buffer=nl.sbuf)
+    else:
+        batch, tn = _psum_plan(pool_bytes, x_bytes, pool_flat.dtype == x.dtype, H, T)
     steps = _plan_steps(chunks, batch, tn, T)
 
     def group_body(g):
@@ -508,6 +756,19 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
         prow = nl.ndarray((PMAX, K), dtype=nl.int32, buffer=nl.sbuf)
         nisa.dma_copy(dst=prow[0:P, :], src=pool_rows.ap(pattern=[[K, P], [1, K]], offset=0,
                                                           scalar_offset=g, indirect_dim=0))
+        if warm != None:  # noqa: E711
+            # one tiny activation while the first loads are in flight: ScalarE loads the
+            # activation's table here instead of before the first step's outputs
+            nisa.memset(dst=warm[0:1, 0:1], value=0.0)
+            nisa.activation(dst=warm[0:1, 1:2], op=act_op, data=warm[0:1, 0:1])
+        if pe_ident != None:  # noqa: E711
+            # the identity of the TensorE tap sums, built while the table row loads (GpSimd
+            # is free until it generates the state gathers' descriptors)
+            _identity_into(pe_ident)
+        if weights_in_body:
+            load_weights()
+        if prods != None:  # noqa: E711
+            prods[1][0] = 0
         loads = []
         units = []                 # per chunk: (state, x, output tile), while live
         for ci in range(len(chunks)):
@@ -528,11 +789,17 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
                                                      chunks[ci + PD][0], chunks[ci + PD][1],
                                                      R, Pn, D, H, CD, base)
                     yt = nl.ndarray((PMAX, T, CD), dtype=x.dtype, buffer=nl.sbuf)
-                    units[ci] = (loads[ci][0], loads[ci][1], yt)
+                    ns = _new_state(pool_flat, loads[ci][0], loads[ci][1], P, chunks[ci][1],
+                                    T, H, CD)
+                    units[ci] = (loads[ci][0], loads[ci][1], yt, ns)
                     loads[ci] = None
-                st, xs, yt = units[ci]
+                st, xs, yt, ns = units[ci]
                 if tensor_taps:
                     front = _front_mm((st, xs), j_list, P, chunks[ci][0] // SUB, H, t0, n)
+                elif fused != None and j_list[-1][1] == SUB:  # noqa: E711
+                    front = _front_fused((st, xs), j_list, w_all, b_all, has_bias, R, Pn,
+                                         chunks[ci][0] // SUB, H, t0, n, prods, pe_ident,
+                                         _pe_subs(len(j_list), i, len(steps)))
                 else:
                     front = _front((st, xs), j_list, w_all, b_all, has_bias, R, Pn,
                                    chunks[ci][0] // SUB, H, t0, n)
@@ -540,7 +807,7 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
             if prev != None:  # noqa: E711
                 pci, pt0, pn, plast, subs = prev
                 c0, cd = chunks[pci]
-                st, xs, yt = units[pci]
+                st, xs, yt, ns = units[pci]
                 if tensor_taps:
                     ps_o = _middle_mm(subs, diags[pci], c0 // SUB, b_row, ones, P, pn, W,
                                       has_bias)
@@ -552,8 +819,7 @@ def _layout(x, weight, bias, y, pool_flat, pool_rows, stop, setup, act_op, has_b
                     _middle(subs, w_all, R, Pn, pn, W)
                     _back(subs, yt, P, pt0, pn, act_op)
                 if plast:
-                    _store_chunk(y, pool_flat, yt, st, xs, g, prow, c0, cd, R, Pn, D, H, CD,
-                                 base)
+                    _store_chunk(y, pool_flat, yt, ns, g, prow, c0, cd, R, Pn, D, H, base)
                     units[pci] = None     # the chunk's buffers die here
                 subs = None               # step i-1's PSUM windows die before step i+1's
             prev = nxt
