@@ -164,25 +164,26 @@ from nki_ssm.kernels.scaffold import at_row, dump_rows, lnc_grid, run_if, trip_c
 
 @nki.jit
 def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, has_z, has_bias,
-                    has_D, dt_softplus, dt_lo, dt_hi):
+                    has_D, dt_softplus, dt_lo, dt_hi, head_dim):
     """Selective state update; returns y ``[num_seqs, T*pr, nt]`` float32 (row layout; rows
     of sequences no entry names, padding ones included, are not written).
 
-    Row layout: state row ``r = h*P + p`` of a sequence sits at partition
-    ``r // nt``, column ``r % nt`` (``pr * nt = H*P``), so each partition
-    holds ``nt`` consecutive pool rows = one row of the ``pool`` view.
+    Row layout (``decode_segments(nt, head_dim, pr)``): the nt columns of a
+    partition are cut into segments ``(o, e)``; state row ``pr*o + q*(e-o) + k``
+    sits at partition q, column ``o + k`` (k < e - o), so a partition's rows
+    of one segment are consecutive rows of one head.
     HBM arrays (prepared by the launcher; ``num_seqs`` is the padded bucket):
       xdt_rows ``[num_seqs, T*pr, k*nt]`` float32: x, raw dt (per row's
       head) and, if has_z, z, as consecutive ``nt``-column blocks;
       params ``[pr, k*nt]`` float32: A, then dt_bias if has_bias, then D if
       has_D (per row); BC ``[num_seqs, T*G, 2*N]``: B then C;
-      group_sel ``[G, pr]`` (BC's dtype, 1 where partition q's rows are in
-      group g); pool ``[slots*pr, nt*N]`` float32 or bfloat16 (the pool
-      ``[slots, H, P, N]``, updated in place by the kernel's scatters);
-      seq_table ``[programs * rows, 128, 2*per]`` and counts ``[1, 3]`` int32
-      (the batch composition: module docstring).
+      group_sel ``[G, nseg*pr]`` (BC's dtype, 1 where partition q's rows of
+      segment j are in group g, at column j*pr + q); pool ``[slots*pr, nt*N]``
+      float32 or bfloat16 (the pool ``[slots, H, P, N]``, updated in place by
+      the kernel's scatters); seq_table ``[programs * rows, 128, 2*per]`` and
+      counts ``[1, 3]`` int32 (the batch composition: module docstring).
     Compile-time: has_z, has_bias, has_D, dt_softplus, dt_lo, dt_hi (layer
-      configuration) and the shapes.
+      configuration), head_dim (P) and the shapes.
     """
     num_seqs = xdt_rows.shape[0]
     pr = params.shape[0]
@@ -195,6 +196,7 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, ha
     G = group_sel.shape[0]
     y = nl.ndarray((num_seqs, T * pr, nt), dtype=nl.float32, buffer=nl.shared_hbm)
 
+    segs = decode_segments(nt, head_dim, pr)
     spans = _unit_spans(nt, N, pool.dtype == nl.float32)
     per = entries_per_iteration(T)
     parts = 1
@@ -204,7 +206,7 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, ha
     # ---- constants and buffers (SBUF, allocated outside the runtime loops)
     prm = nl.ndarray((pr, params.shape[1]), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=prm, src=params)
-    sel = nl.ndarray((G, pr), dtype=group_sel.dtype, buffer=nl.sbuf)
+    sel = nl.ndarray((G, group_sel.shape[1]), dtype=group_sel.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=sel, src=group_sel)
     ident = _identity(pr)
     # this program's block of table rows (the program id is a Python int at trace time:
@@ -222,18 +224,23 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, ha
         span_max = max(span_max, spans[j][1] - spans[j][0])
     nats = []
     work = []
+    inps = []
     for b in range(2):
         nats.append(nl.ndarray((pr, span_max * N), dtype=pool.dtype, buffer=nl.sbuf))
         if pool.dtype != nl.float32:
             work.append(nl.ndarray((pr, span_max * N), dtype=nl.float32, buffer=nl.sbuf))
         else:
             work.append(nats[b])
+        inps.append(nl.ndarray((pr, span_max * N), dtype=nl.float32, buffer=nl.sbuf))
     tab = nl.ndarray((128, w), dtype=nl.int32, buffer=nl.sbuf)
     toks = []
     for e in range(per):
         toks.append(_tok_tiles(xdt_rows.shape[2], BC.dtype, pr, nt, T, G, N))
-    rings = _rings(pr, N)
-    bufs = (tab, toks, nats, work, spans, rings)
+    nbc = 1
+    if G > 1:
+        nbc = len(segs)
+    rings = {"n_bc": [0], "n_ps": [0], "nbc": nbc, "segs": segs}
+    bufs = (tab, toks, nats, work, inps, spans, rings)
     args = (xdt_rows, BC, pool, y, sel, ident, prm, T, pr, nt, N, G, parts, has_z, has_bias,
             has_D, dt_softplus, dt_lo, dt_hi)
     pattern = [[w, 128], [1, w]]
@@ -266,54 +273,94 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, ha
     return y
 
 
+def decode_segments(nt, P, pr):
+    """Column segments ``(o, e)`` of the row layout (trace time; the launcher lays the
+    rows out by them): partition q, column ``o + k`` holds state row ``pr*o + q*(e-o) +
+    k``. Each width ``e - o`` divides P and ``pr*o``, so a partition's rows of one segment
+    lie in one head (one decay factor, one group); greedy, widest first (Mamba-2 2.7B,
+    nt 40, P 64: (0, 32), (32, 40))."""
+    segs = []
+    o = 0
+    while o < nt:
+        c = 1
+        for d in range(1, min(P, nt - o) + 1):
+            if P % d == 0 and (pr * o) % d == 0:
+                c = d
+        segs.append((o, o + c))
+        o = o + c
+    return segs
+
+
 def _iteration(args, bufs, row_view, n):
     """One loop iteration: the table row ``row_view`` (n entries), then every entry's
     token inputs and state units (``_units_of``). All it reads is loaded here (no SBUF
     prefetch across the runtime loop's iterations: nki-library turns it off for dynamic
     loops, NKI-1582), and its PSUM tiles are allocated here."""
-    tab, toks, nats, work, spans, rings = bufs
+    tab, toks, nats, work, inps, spans, rings = bufs
     nisa.dma_copy(dst=tab, src=row_view)
     _psum_rings(rings, args[8], args[10])
     seqs = []
-    tabs = []
+    slots = []
     for e in range(n):
         # the entry's batch sequence (partition 0 of its second column): the token DMAs'
-        # scalar offset
+        # scalar offset; its first pool row slot*pr (partition 0 of its first column): the
+        # state DMAs' scalar offset
         seqs.append(nisa.scalar_load(tab[0:1, 2 * e + 1:2 * e + 2]))
-        tabs.append(tab[:, 2 * e:2 * e + 2])
-    _units_of(args, tabs, seqs, toks, nats, work, spans, rings, n)
+        slots.append(nisa.scalar_load(tab[0:1, 2 * e:2 * e + 1]))
+    _units_of(args, slots, seqs, toks, nats, work, inps, spans, rings, n)
 
 
-def _units_of(args, tabs, seqs, toks, nats, work, spans, rings, n):
-    """The units of the n entries of an iteration: unit m's update follows the gather of
-    unit m + 1 (and, for the next entry's first unit, its token loads), so the pool
-    traffic and the updates overlap inside the iteration; the units alternate the two
-    buffers."""
+def _units_of(args, slots, seqs, toks, nats, work, inps, spans, rings, n):
+    """The units of the n entries of an iteration, software-pipelined: unit m's update
+    (``_unit``), then the y reduction of unit m - 1 (deferred so VectorE's product and
+    reduction overlap the next unit's decay and TensorE adds), then the gather of unit
+    m + 1 into the buffer unit m - 1 used (and, for the next entry's first unit, its
+    token loads); the units alternate the two buffers."""
     (xdt_rows, BC, pool, y, sel, ident, prm, T, pr, nt, N, G, parts, has_z, has_bias,
      has_D, dt_softplus, dt_lo, dt_hi) = args
     nu = len(spans)
     K = n * nu
     _tok_load(xdt_rows, BC, seqs[0], toks[0], T, pr, G)
-    _gather(pool, tabs[0], nats[0], pr, nt, N, spans[0], parts)
+    _gather(pool, slots[0], nats[0], pr, N, spans[0], parts, rings["segs"])
+    pending = None
     for m in range(K):
         e, j = m // nu, m % nu
+        last_unit = j == nu - 1
+        if j == 0:
+            _tok_prep_all(toks[e], prm, T, pr, nt, has_bias, dt_softplus, dt_lo, dt_hi)
+        late = _unit(toks[e], slots[e], sel, ident, pool, nats[m % 2], work[m % 2],
+                     inps[m % 2], spans[j], rings, T, pr, N, G, parts)
+        if pending != None:  # noqa: E711
+            _finish(pending, prm, y, T, pr, nt, has_z, has_bias, has_D)
+        pending = (late, toks[e], seqs[e], last_unit)
+        if T > 1:
+            # the broadcast ring holds two tokens: no deferral across units
+            _finish(pending, prm, y, T, pr, nt, has_z, has_bias, has_D)
+            pending = None
         m1 = m + 1
         if m1 < K:
             e1, j1 = m1 // nu, m1 % nu
             if j1 == 0:
                 _tok_load(xdt_rows, BC, seqs[e1], toks[e1], T, pr, G)
-            _gather(pool, tabs[e1], nats[m1 % 2], pr, nt, N, spans[j1], parts)
-        _unit(toks[e], tabs[e], seqs[e], y, sel, ident, pool, nats[m % 2], work[m % 2], spans[j],
-              j == nu - 1, rings, T, pr, nt, N, parts, prm, has_z, has_bias, has_D,
-              j == 0, dt_softplus, dt_lo, dt_hi)
+            _gather(pool, slots[e1], nats[m1 % 2], pr, N, spans[j1], parts, rings["segs"])
+    if pending != None:  # noqa: E711
+        _finish(pending, prm, y, T, pr, nt, has_z, has_bias, has_D)
 
 
-_PARTS = 4            # state DMAs per unit when the bucket holds one or two sequences
+def _finish(pending, prm, y, T, pr, nt, has_z, has_bias, has_D):
+    """The deferred y reduction of a unit's last token; the entry's y rows after its
+    last unit."""
+    late, tl, seq, last_unit = pending
+    _reduce_y(late)
+    if last_unit:
+        for tok in range(T):
+            _tok_out(tl[tok], prm, y, seq, tok, pr, nt, has_z, has_bias, has_D)
+
+
+_PARTS = 4            # state DMAs per segment when the bucket holds one or two sequences
 _ENTRIES = 8          # sequences per full iteration (fewer for long speculative steps)
-_SCATTER_LAG = 4      # blocks between a part's last update and its scatter (parts > 1)
-_PE_CYCLE = 1       # blocks t % _PE_CYCLE != 0 take the TensorE input path (1: none; module doc)
 _UNIT_BYTES = 48 * 1024   # SBUF bytes per partition of one state unit (fp32 state + pool copy)
-_RING = 3           # buffers per pipeline-stage temporary (write-to-last-read distance + 1)
+_PS_RING = 3        # PSUM sum tiles (one bank each) in flight between TensorE and ScalarE
 
 
 def _unit_spans(nt, N, f32_pool):
@@ -343,29 +390,22 @@ def entries_per_iteration(T):
     return max(1, min(_ENTRIES, 16 // T))
 
 
-def _rings(pr, N):
-    """Pipeline temporaries of the row-block update, reused round-robin: SBUF tmp / inp /
-    prod (allocated once); the PSUM sums and [B | C] broadcasts are allocated in each
-    loop body (``_psum_rings``)."""
-    r = {"tmp": [], "inp": [], "prod": [], "ps": [], "bc": []}
-    for i in range(_RING):
-        r["tmp"].append(nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf))
-        r["inp"].append(nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf))
-        r["prod"].append(nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.sbuf))
-    r["n_bc"] = [0]
-    return r
-
-
 def _psum_rings(r, pr, N):
-    """Fresh PSUM tiles of the rings (PSUM sums, [B | C] broadcasts) for one loop body."""
+    """Fresh PSUM tiles for one loop body: the TensorE sums (one bank each) and two sets
+    of [B | C] broadcasts (one tile per segment when G > 1)."""
     ps = []
+    for i in range(_PS_RING):
+        ps.append(nl.ndarray((pr, 512), dtype=nl.float32, buffer=nl.psum))
     bc = []
     for i in range(2):
-        ps.append(nl.ndarray((pr, N), dtype=nl.float32, buffer=nl.psum))
-        bc.append(nl.ndarray((pr, 2 * N), dtype=nl.float32, buffer=nl.psum))
+        one = []
+        for j in range(r["nbc"]):
+            one.append(nl.ndarray((pr, 2 * N), dtype=nl.float32, buffer=nl.psum))
+        bc.append(one)
     r["ps"] = ps
     r["bc"] = bc
     r["n_bc"][0] = 0
+    r["n_ps"][0] = 0
 
 
 def _part_bounds(n, parts, k):
@@ -374,23 +414,39 @@ def _part_bounds(n, parts, k):
     return min(n, k * tp), min(n, (k + 1) * tp)
 
 
-def _gather(pool, tab, nat, pr, nt, N, span, parts):
-    """Row blocks span = [a, b) of an entry's state -> ``nat`` (pool dtype; ``parts``
-    DMAs; pool rows from column 0 of the entry's table tile)."""
+def _pieces(segs, span, parts):
+    """Column ranges ``(s, e, o, c)`` of the unit ``span`` = [a, b), each inside segment
+    ``(o, o + c)``, the segment's share cut in ``parts``."""
     a, b = span
-    for k in range(parts):
-        pa, pe = _part_bounds(b - a, parts, k)
-        if pe > pa:
-            view = pool.ap(pattern=[[nt * N, pr], [1, (pe - pa) * N]], offset=(a + pa) * N,
-                           vector_offset=tab[0:pr, 0:1], indirect_dim=0)
-            nisa.dma_copy(dst=nat[:, pa * N:pe * N], src=view)
+    out = []
+    for j in range(len(segs)):
+        o, oe = segs[j]
+        s0 = max(a, o)
+        e0 = min(b, oe)
+        if e0 > s0:
+            for k in range(parts):
+                pa, pe = _part_bounds(e0 - s0, parts, k)
+                if pe > pa:
+                    out.append((s0 + pa, s0 + pe, o, oe - o))
+    return out
 
 
-def _scatter(pool, tab, nat, pr, nt, N, a, pa, pe):
-    """Local blocks [pa, pe) of the unit at block a back to the pool (one DMA)."""
-    view = pool.ap(pattern=[[nt * N, pr], [1, (pe - pa) * N]], offset=(a + pa) * N,
-                   vector_offset=tab[0:pr, 0:1], indirect_dim=0)
-    nisa.dma_copy(dst=view, src=nat[:, pa * N:pe * N])
+def _pool_view(pool, slot, pr, N, s, e, o, c):
+    """Columns [s, e) of segment (o, o + c) of the state at pool row ``slot`` (an
+    NkiScalar, slot*pr): partition q reads ``(e - s)*N`` contiguous pool elements."""
+    return pool.ap(pattern=[[c * N, pr], [1, (e - s) * N]], offset=(pr * o + s - o) * N,
+                   scalar_offset=slot, indirect_dim=0)
+
+
+def _gather(pool, slot, nat, pr, N, span, parts, segs):
+    """Row blocks span = [a, b) of an entry's state -> ``nat`` (pool dtype; one DMA per
+    piece, ``_pieces``)."""
+    a = span[0]
+    pcs = _pieces(segs, span, parts)
+    for i in range(len(pcs)):
+        s, e, o, c = pcs[i]
+        nisa.dma_copy(dst=nat[:, (s - a) * N:(e - a) * N],
+                      src=_pool_view(pool, slot, pr, N, s, e, o, c))
 
 
 def _tok_tiles(width, bc_dtype, pr, nt, T, G, N):
@@ -432,7 +488,7 @@ def _tok_prep_all(tl, prm, T, pr, nt, has_bias, dt_softplus, dt_lo, dt_hi):
 
 
 def _identity(pr):
-    """fp32 identity [pr, pr] (the TensorE add of the input path)."""
+    """fp32 identity [pr, pr] (the TensorE add of decay and input)."""
     ones = nl.ndarray((pr, pr), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ones, value=1.0)
     ident = nl.ndarray((pr, pr), dtype=nl.float32, buffer=nl.sbuf)
@@ -441,115 +497,108 @@ def _identity(pr):
     return ident
 
 
-def _unit(tl, tab, seq, y, sel, ident, pool, nat, S, span, last_unit, rings, T, pr, nt, N, parts,
-          prm, has_z, has_bias, has_D, prep, dt_softplus, dt_lo, dt_hi):
-    """All T tokens on one state unit (row blocks ``span``) of an entry; the
-    pool scatter on the last token; the entry's y rows after its last unit.
-    ``prep``: first prepare the entry's per-row token quantities."""
-    if prep:
-        _tok_prep_all(tl, prm, T, pr, nt, has_bias, dt_softplus, dt_lo, dt_hi)
+def _runs(rings, a, b):
+    """Column runs of [a, b) that share one [B | C] broadcast: the whole range when G = 1
+    (one broadcast), else its parts in each segment, as ``(s, e, bc index)``."""
+    if rings["nbc"] == 1:
+        return [(a, b, 0)]
+    out = []
+    segs = rings["segs"]
+    for j in range(len(segs)):
+        s0 = max(a, segs[j][0])
+        e0 = min(b, segs[j][1])
+        if e0 > s0:
+            out.append((s0, e0, j))
+    return out
+
+
+def _unit(tl, slot, sel, ident, pool, nat, S, inp, span, rings, T, pr, N, G, parts):
+    """All T tokens on one state unit (columns ``span``) of an entry; the pool scatter
+    on the last token. Returns the last token's deferred y reduction (``_reduce_y``
+    arguments); earlier tokens' reductions run before the next token's decay.
+
+    Per token: [B | C] broadcasts (TensorE, 0/1 selection); ScalarE decay
+    ``S = S_in * exp(dt' A)`` per piece (one head per partition and segment: a
+    per-partition scale); VectorE ``inp = B (x) dt'x`` over the unit (broadcast
+    operands); TensorE ``PSUM = I S + I inp`` per bank (512 fp32); ScalarE ``S = PSUM``.
+    """
     a, b = span
-    Su = S[:, 0:(b - a) * N]
+    nb = b - a
+    pieces = _pieces(rings["segs"], span, parts)
+    narrow = nat.dtype != nl.float32
+    cb = max(1, 512 // N)          # row blocks per PSUM bank
+    late = None
     for tok in range(T):
-        out = None
-        if tok == T - 1:
-            out = (pool, tab, nat, parts)
-        S_in = Su
+        tk = tl[tok]
+        dA, dtx, yc = tk["dA"], tk["dtx"], tk["y"]
+        S_in = S
         if tok == 0:
             S_in = nat
-        _tok_update(tl[tok], sel, ident, S_in, Su, a, b, pr, nt, N, rings, out)
-    if last_unit:
-        for tok in range(T):
-            _tok_out(tl[tok], prm, y, seq, tok, pr, nt, has_z, has_bias, has_D)
-
-
-def _tok_update(tk, sel, ident, S_in, S, a, b, pr, nt, N, rings, out):
-    """One token on row blocks [a, b): S [pr, (b-a)*N] fp32 <- update of S_in
-    (S itself, or the pool-dtype tile on the first token), y columns [a, b).
-
-    ``out``: None, or (pool, tab, nat, parts) on the last token: each part
-    of the unit is scattered (``_SCATTER_LAG`` blocks) after its last row
-    block is final; a non-fp32 pool tile ``nat`` is first rounded from S
-    block by block on ScalarE. Temporaries come from ``rings`` (round-robin).
-    """
-    narrow = False
-    if out != None:  # noqa: E711
-        narrow = out[2].dtype != nl.float32
-    dA, dtx, yc = tk["dA"], tk["dtx"], tk["y"]
-    # B and C of each partition's group on every partition (exact 0/1 matmul,
-    # K = G, one PSUM bank for [B | C] up to N = 256)
-    nb = rings["n_bc"][0]
-    rings["n_bc"][0] = nb + 1
-    bc = rings["bc"][nb % 2]
-    nisa.nc_matmul(dst=bc, stationary=sel, moving=tk["bc"], accumulate=False)
-    bb = bc[:, 0:N]
-    cc = bc[:, N:2 * N]
-    tmps, inps, prods, pss = rings["tmp"], rings["inp"], rings["prod"], rings["ps"]
-    R = _RING
-
-    # per row block u, five stages, software-pipelined (step i: stage k on
-    # block i-k) so each engine's in-order queue never waits on work issued
-    # in the same step:
-    #   0 ScalarE decay tmp = S_in dA (and, TensorE path, inp = B dt'x)
-    #   1 input: VectorE S = B dt'x + tmp, or TensorE PSUM = I tmp + I inp
-    #   2 ScalarE S = PSUM (TensorE path)
-    #   3 VectorE prod = S C
-    #   4 ScalarE y = sum prod (and the bf16 pool copy of S)
-    # The TensorE path (blocks t % _PE_CYCLE != 0) moves one 2-input fp32
-    # pass per element from VectorE to ScalarE / TensorE (engine balance).
-    # Ring sizes: a temporary written in stage k and last read in stage k'
-    # needs k' - k + 1 buffers for program order to keep every read before
-    # the next write (tmp / inp 0 -> 1, PSUM 1 -> 2, prod 3 -> 4).
-    nu = b - a
-    for i in range(nu + 4):
-        u = i
-        if u < nu:
-            t = a + u
-            nisa.activation(dst=tmps[u % R], op=nl.copy, data=S_in[:, u * N:(u + 1) * N],
-                            scale=dA[:, t:t + 1])
-            if t % _PE_CYCLE != 0:
-                nisa.activation(dst=inps[u % R], op=nl.copy, data=bb, scale=dtx[:, t:t + 1])
-        u = i - 1
-        if 0 <= u < nu:
-            t = a + u
-            if t % _PE_CYCLE != 0:
-                ps = pss[u % 2]
-                nisa.nc_matmul(dst=ps, stationary=ident, moving=tmps[u % R], accumulate=False,
+        # B and C of each partition's group on every partition (exact 0/1 matmul, K = G)
+        nb_i = rings["n_bc"][0]
+        rings["n_bc"][0] = nb_i + 1
+        bcs = rings["bc"][nb_i % 2]
+        for j in range(len(bcs)):
+            nisa.nc_matmul(dst=bcs[j], stationary=sel[:, j * pr:(j + 1) * pr], moving=tk["bc"],
+                           accumulate=False)
+        if late != None:  # noqa: E711
+            _reduce_y(late)
+        # decay, one ScalarE instruction per piece (per-partition factor of its head)
+        for i in range(len(pieces)):
+            s, e, o, c = pieces[i]
+            nisa.activation(dst=S[:, (s - a) * N:(e - a) * N], op=nl.copy,
+                            data=S_in[:, (s - a) * N:(e - a) * N], scale=dA[:, o:o + 1])
+        # input term B[n] * dt'x[row] over the unit (stride-0 broadcasts)
+        rs = _runs(rings, a, b)
+        for i in range(len(rs)):
+            s, e, jb = rs[i]
+            w = e - s
+            nisa.tensor_tensor(
+                dst=inp[:, (s - a) * N:(e - a) * N].reshape((pr, w, N)),
+                data1=bcs[jb][:, 0:N].reshape((pr, 1, N)).broadcast(1, w),
+                data2=dtx[:, s:e].reshape((pr, w, 1)).broadcast(2, N), op=nl.multiply)
+        # S = I S + I inp on TensorE, one PSUM bank at a time, evicted by ScalarE
+        for i in range(len(pieces)):
+            s, e, o, c = pieces[i]
+            for c0 in range(s, e, cb):
+                c1 = min(e, c0 + cb)
+                f0 = (c0 - a) * N
+                f1 = (c1 - a) * N
+                np_i = rings["n_ps"][0]
+                rings["n_ps"][0] = np_i + 1
+                ps = rings["ps"][np_i % _PS_RING][:, 0:f1 - f0]
+                nisa.nc_matmul(dst=ps, stationary=ident, moving=S[:, f0:f1], accumulate=False,
                                is_stationary_onezero=True)
-                nisa.nc_matmul(dst=ps, stationary=ident, moving=inps[u % R], accumulate=True,
+                nisa.nc_matmul(dst=ps, stationary=ident, moving=inp[:, f0:f1], accumulate=True,
                                is_stationary_onezero=True)
-            else:
-                nisa.scalar_tensor_tensor(dst=S[:, u * N:(u + 1) * N], data=bb,
-                                          op0=nl.multiply, operand0=dtx[:, t:t + 1],
-                                          op1=nl.add, operand1=tmps[u % R])
-        u = i - 2
-        if 0 <= u < nu:
-            if (a + u) % _PE_CYCLE != 0:
-                nisa.activation(dst=S[:, u * N:(u + 1) * N], op=nl.copy, data=pss[u % 2])
-            if out != None and not narrow:  # noqa: E711
-                _scatter_due(out, u, nu, pr, nt, N, a)
-        u = i - 3
-        if 0 <= u < nu:
-            nisa.tensor_tensor(dst=prods[u % R], data1=S[:, u * N:(u + 1) * N], data2=cc,
-                               op=nl.multiply, engine=nisa.engine.vector)
-        u = i - 4
-        if 0 <= u < nu:
-            t = a + u
-            nisa.activation(dst=prods[u % R], op=nl.copy, data=prods[u % R], reduce_op=nl.add,
-                            reduce_res=yc[:, t:t + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
-            if narrow:
-                nisa.activation(dst=out[2][:, u * N:(u + 1) * N], op=nl.copy,
-                                data=S[:, u * N:(u + 1) * N])
-                _scatter_due(out, u, nu, pr, nt, N, a)
+                nisa.activation(dst=S[:, f0:f1], op=nl.copy, data=ps)
+            if tok == T - 1:
+                f0 = (s - a) * N
+                f1 = (e - a) * N
+                if narrow:
+                    nisa.activation(dst=nat[:, f0:f1], op=nl.copy, data=S[:, f0:f1])
+                nisa.dma_copy(dst=_pool_view(pool, slot, pr, N, s, e, o, c), src=nat[:, f0:f1])
+        late = (S, inp, yc, bcs, rings, a, b, pr, N)
+    return late
 
 
-def _scatter_due(out, u, nu, pr, nt, N, a):
-    """Scatter the part of ``out`` = (pool, tab, nat, parts) that is due once
-    local block u is final (``_SCATTER_LAG`` blocks after the part's last)."""
-    for k in range(out[3]):
-        pa, pe = _part_bounds(nu, out[3], k)
-        if pe > pa and u == min(pe - 1 + _SCATTER_LAG, nu - 1):
-            _scatter(out[0], out[1], out[2], pr, nt, N, a, pa, pe)
+def _reduce_y(late):
+    """y columns [a, b) of a token (``late`` = (S, prod, yc, bcs, rings, a, b, pr, N)):
+    prod = S * C (VectorE, C broadcast over the rows), then the sum over n (VectorE
+    tensor_reduce); ``prod`` reuses the input-term tile."""
+    S, prod, yc, bcs, rings, a, b, pr, N = late
+    rs = _runs(rings, a, b)
+    for i in range(len(rs)):
+        s, e, jb = rs[i]
+        w = e - s
+        f0 = (s - a) * N
+        f1 = (e - a) * N
+        nisa.tensor_tensor(dst=prod[:, f0:f1].reshape((pr, w, N)),
+                           data1=S[:, f0:f1].reshape((pr, w, N)),
+                           data2=bcs[jb][:, N:2 * N].reshape((pr, 1, N)).broadcast(1, w),
+                           op=nl.multiply)
+        nisa.tensor_reduce(dst=yc[:, s:e], op=nl.add, data=prod[:, f0:f1].reshape((pr, w, N)),
+                           axis=2)
 
 
 def _tok_out(tk, prm, y, seq, tok, pr, nt, has_z, has_bias, has_D):

@@ -343,7 +343,7 @@ def decode_call(xp, call, *, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limi
     ``xp``: the array namespace of x ... ssm_states (``_arrays``); state_indices is
     a host array. The batch is padded to its sequence bucket (zero sequences).
     """
-    from nki_ssm.kernels.mamba2_ssd.decode import entries_per_iteration
+    from nki_ssm.kernels.mamba2_ssd.decode import decode_segments, entries_per_iteration
 
     single = x.ndim == 3
     S = x.shape[0]
@@ -356,12 +356,15 @@ def decode_call(xp, call, *, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limi
         raise ValueError(f"ssm_states must have slots*{pr} <= {_INT32_MAX} (int32 row indices), "
                          f"got {slots * pr}")
     Sb = seq_bucket(S)                    # sequences the kernel is compiled for
-    # partition q of the B/C broadcast takes group (q*nt) // (H/G*P)
-    group_of = (np.arange(pr) * nt) // ((H // G) * P)
-    sel = (group_of[None, :] == np.arange(G)[:, None]).astype(np.float32)
+    segs = decode_segments(nt, P, pr)
+    # partition q of segment (o, e) holds rows pr*o + q*(e-o) .. (one head): its group
+    sel = np.concatenate([(((pr * o + np.arange(pr) * (e - o)) // P) // (H // G))[None, :]
+                          == np.arange(G)[:, None] for o, e in segs], axis=1).astype(np.float32)
 
-    def rows(a, lead):  # [..., H*P] -> [lead*pr, nt], row r at [r // nt, r % nt]
-        return xp.f32(a).reshape(lead * pr, nt)
+    def rows(a, lead):  # [..., H*P] -> [lead*pr, nt]: segment (o, e) rows at [q, o:e]
+        a = xp.f32(a).reshape(lead, H * P)
+        return xp.cat([a[:, pr * o:pr * e].reshape(lead, pr, e - o) for o, e in segs],
+                      axis=2).reshape(lead * pr, nt)
 
     def per_head(a, lead):  # [lead, H] -> per-row values [lead*pr, nt]
         return rows(xp.repeat(xp.f32(a).reshape(lead, H), P, 1), lead)
@@ -389,8 +392,12 @@ def decode_call(xp, call, *, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limi
              xp.cat(xdt, axis=1).reshape(Sb, T * pr, -1), xp.cat(params, axis=1),
              BC.reshape(Sb, T * G, 2 * N), xp.cast_like(xp.table(sel), BC), pool,
              *(xp.table(t) for t in tables), z is not None, dt_bias is not None, D is not None,
-             bool(dt_softplus), lo, hi)
+             bool(dt_softplus), lo, hi, P)
     xp.commit(pool, ssm_states)
+    # the kernel's row layout back to [S, T*H*P] (segment (o, e): rows pr*o .. pr*e)
+    yk = xp.f32(y)[:S].reshape(S * T, pr, nt)
+    y = xp.cat([yk[:, :, o:e].reshape(S * T, pr * (e - o)) for o, e in segs],
+               axis=1).reshape(S, T * H * P)
     # y rows of padding sequences are zeros (the kernel gives them no entry: torch.where)
-    y = xp.where_rows(np.asarray(state_indices) >= 0, xp.f32(y)[:S])
+    y = xp.where_rows(np.asarray(state_indices) >= 0, y)
     return xp.cast_like(y.reshape(x.shape), x)
