@@ -225,12 +225,19 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, ha
     nats = []
     work = []
     inps = []
-    for b in range(2):
+    unit_bytes = span_max * N * 4
+    if pool.dtype != nl.float32:
+        unit_bytes = span_max * N * 6
+    nbuf = 2
+    if 3 * unit_bytes + 2 * span_max * N * 4 <= _SBUF_STATE_BYTES:
+        nbuf = 3
+    for b in range(nbuf):
         nats.append(nl.ndarray((pr, span_max * N), dtype=pool.dtype, buffer=nl.sbuf))
         if pool.dtype != nl.float32:
             work.append(nl.ndarray((pr, span_max * N), dtype=nl.float32, buffer=nl.sbuf))
         else:
             work.append(nats[b])
+    for b in range(2):
         inps.append(nl.ndarray((pr, span_max * N), dtype=nl.float32, buffer=nl.sbuf))
     tab = nl.ndarray((128, w), dtype=nl.int32, buffer=nl.sbuf)
     toks = []
@@ -322,27 +329,30 @@ def _units_of(args, slots, seqs, toks, nats, work, inps, spans, rings, n):
     K = n * nu
     _tok_load(xdt_rows, BC, seqs[0], toks[0], T, pr, G)
     _gather(pool, slots[0], nats[0], pr, N, spans[0], parts, rings["segs"])
+    nb = len(nats)
+    # defer a unit's y reduction past the next unit's update when a third state buffer
+    # keeps the next gather off the deferred unit's buffer (and one token per unit keeps
+    # the two-slot broadcast ring free)
+    defer = nb == 3 and T == 1
     pending = None
     for m in range(K):
         e, j = m // nu, m % nu
-        last_unit = j == nu - 1
-        if j == 0:
-            _tok_prep_all(toks[e], prm, T, pr, nt, has_bias, dt_softplus, dt_lo, dt_hi)
-        late = _unit(toks[e], slots[e], sel, ident, pool, nats[m % 2], work[m % 2],
-                     inps[m % 2], spans[j], rings, T, pr, N, G, parts)
-        if pending != None:  # noqa: E711
-            _finish(pending, prm, y, T, pr, nt, has_z, has_bias, has_D)
-        pending = (late, toks[e], seqs[e], last_unit)
-        if T > 1:
-            # the broadcast ring holds two tokens: no deferral across units
-            _finish(pending, prm, y, T, pr, nt, has_z, has_bias, has_D)
-            pending = None
         m1 = m + 1
         if m1 < K:
             e1, j1 = m1 // nu, m1 % nu
             if j1 == 0:
                 _tok_load(xdt_rows, BC, seqs[e1], toks[e1], T, pr, G)
-            _gather(pool, slots[e1], nats[m1 % 2], pr, N, spans[j1], parts, rings["segs"])
+            _gather(pool, slots[e1], nats[m1 % nb], pr, N, spans[j1], parts, rings["segs"])
+        if j == 0:
+            _tok_prep_all(toks[e], prm, T, pr, nt, has_bias, dt_softplus, dt_lo, dt_hi)
+        late = _unit(toks[e], slots[e], sel, ident, pool, nats[m % nb], work[m % nb],
+                     inps[m % 2], spans[j], rings, T, pr, N, G, parts)
+        if pending != None:  # noqa: E711
+            _finish(pending, prm, y, T, pr, nt, has_z, has_bias, has_D)
+        pending = (late, toks[e], seqs[e], j == nu - 1)
+        if not defer:
+            _finish(pending, prm, y, T, pr, nt, has_z, has_bias, has_D)
+            pending = None
     if pending != None:  # noqa: E711
         _finish(pending, prm, y, T, pr, nt, has_z, has_bias, has_D)
 
@@ -360,6 +370,7 @@ def _finish(pending, prm, y, T, pr, nt, has_z, has_bias, has_D):
 _PARTS = 4            # state DMAs per segment when the bucket holds one or two sequences
 _ENTRIES = 8          # sequences per full iteration (fewer for long speculative steps)
 _UNIT_BYTES = 48 * 1024   # SBUF bytes per partition of one state unit (fp32 state + pool copy)
+_SBUF_STATE_BYTES = 160 * 1024   # state unit buffers (3 when they fit, else 2) + input terms
 _PS_RING = 3        # PSUM sum tiles (one bank each) in flight between TensorE and ScalarE
 
 
