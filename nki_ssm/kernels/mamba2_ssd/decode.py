@@ -246,7 +246,31 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, ha
     nbc = 1
     if G > 1:
         nbc = len(segs)
-    rings = {"n_bc": [0], "n_ps": [0], "nbc": nbc, "segs": segs}
+    rings = {"n_bc": [0], "n_ps": [0], "n_pe": [0], "nbc": nbc, "segs": segs}
+    # the input term on TensorE (G = 1, its PSUM fits): per PSUM bank of cb row blocks,
+    # stationary dt'x^T [cb, pr] (TensorE transposes) and moving the block-diagonal
+    # [cb, cb*N] of B (GpSimd affine_select)
+    cb = max(1, 512 // N)
+    nch = 0
+    for j in range(len(spans)):
+        nc_j = 0
+        pcs = _pieces(segs, spans[j], parts)
+        for i in range(len(pcs)):
+            nc_j = nc_j + (pcs[i][1] - pcs[i][0] + cb - 1) // cb
+        nch = max(nch, nc_j)
+    pe_banks = (nch * pr * 4 + 2047) // 2048
+    bc_banks = (2 * 2 * N * 4 + 2047) // 2048
+    rings["pe"] = G == 1 and _PS_RING + pe_banks + bc_banks <= 8
+    if rings["pe"]:
+        rings["cb"] = cb
+        rings["nch"] = nch
+        rings["bsb"] = []
+        rings["bd"] = []
+        rings["dxT"] = []
+        for b in range(2):
+            rings["bsb"].append(nl.ndarray((cb, N), dtype=nl.float32, buffer=nl.sbuf))
+            rings["bd"].append(nl.ndarray((cb, cb * N), dtype=nl.float32, buffer=nl.sbuf))
+            rings["dxT"].append(nl.ndarray((cb, nch * pr), dtype=nl.float32, buffer=nl.sbuf))
     bufs = (tab, toks, nats, work, inps, spans, rings)
     args = (xdt_rows, BC, pool, y, sel, ident, prm, T, pr, nt, N, G, parts, has_z, has_bias,
             has_D, dt_softplus, dt_lo, dt_hi)
@@ -415,6 +439,8 @@ def _psum_rings(r, pr, N):
         bc.append(one)
     r["ps"] = ps
     r["bc"] = bc
+    if r["pe"]:
+        r["psT"] = nl.ndarray((r["cb"], r["nch"] * pr), dtype=nl.float32, buffer=nl.psum)
     r["n_bc"][0] = 0
     r["n_ps"][0] = 0
 
@@ -559,8 +585,33 @@ def _unit(tl, slot, sel, ident, pool, nat, S, inp, span, rings, T, pr, N, G, par
             s, e, o, c = pieces[i]
             nisa.activation(dst=S[:, (s - a) * N:(e - a) * N], op=nl.copy,
                             data=S_in[:, (s - a) * N:(e - a) * N], scale=dA[:, o:o + 1])
+        chunks = []
+        for i in range(len(pieces)):
+            s, e, o, c = pieces[i]
+            for c0 in range(s, e, cb):
+                chunks.append((c0, min(e, c0 + cb)))
+        pe = rings["pe"]
+        if pe:
+            # TensorE input term: the block-diagonal of B (GpSimd) and dt'x^T per bank
+            k_i = rings["n_pe"][0]
+            rings["n_pe"][0] = k_i + 1
+            bsb = rings["bsb"][k_i % 2]
+            bd = rings["bd"][k_i % 2]
+            dxT = rings["dxT"][k_i % 2]
+            psT = rings["psT"]
+            nisa.activation(dst=bsb, op=nl.copy, data=bcs[0][0:cb, 0:N])
+            nisa.affine_select(dst=bd.reshape((cb, cb, N)), pattern=[[1, cb], [0, N]],
+                               channel_multiplier=-1,
+                               on_true_tile=bsb.reshape((cb, 1, N)).broadcast(1, cb),
+                               on_false_value=0.0, cmp_op=nl.equal, offset=0)
+            for k in range(len(chunks)):
+                c0, c1 = chunks[k]
+                nisa.nc_transpose(dst=psT[0:c1 - c0, k * pr:(k + 1) * pr], data=dtx[:, c0:c1])
+            nisa.tensor_copy(dst=dxT[:, 0:len(chunks) * pr], src=psT[:, 0:len(chunks) * pr])
         # input term B[n] * dt'x[row] over the unit (stride-0 broadcasts)
         rs = _runs(rings, a, b)
+        if pe:
+            rs = []
         for i in range(len(rs)):
             s, e, jb = rs[i]
             w = e - s
@@ -568,7 +619,8 @@ def _unit(tl, slot, sel, ident, pool, nat, S, inp, span, rings, T, pr, N, G, par
                 dst=inp[:, (s - a) * N:(e - a) * N].reshape((pr, w, N)),
                 data1=bcs[jb][:, 0:N].reshape((pr, 1, N)).broadcast(1, w),
                 data2=dtx[:, s:e].reshape((pr, w, 1)).broadcast(2, N), op=nl.multiply)
-        # S = I S + I inp on TensorE, one PSUM bank at a time, evicted by ScalarE
+        # S = I S + inp on TensorE, one PSUM bank at a time, evicted by ScalarE
+        kk = 0
         for i in range(len(pieces)):
             s, e, o, c = pieces[i]
             for c0 in range(s, e, cb):
@@ -580,9 +632,14 @@ def _unit(tl, slot, sel, ident, pool, nat, S, inp, span, rings, T, pr, N, G, par
                 ps = rings["ps"][np_i % _PS_RING][:, 0:f1 - f0]
                 nisa.nc_matmul(dst=ps, stationary=ident, moving=S[:, f0:f1], accumulate=False,
                                is_stationary_onezero=True)
-                nisa.nc_matmul(dst=ps, stationary=ident, moving=inp[:, f0:f1], accumulate=True,
-                               is_stationary_onezero=True)
+                if pe:
+                    nisa.nc_matmul(dst=ps, stationary=dxT[0:c1 - c0, kk * pr:(kk + 1) * pr],
+                                   moving=bd[0:c1 - c0, 0:f1 - f0], accumulate=True)
+                else:
+                    nisa.nc_matmul(dst=ps, stationary=ident, moving=inp[:, f0:f1],
+                                   accumulate=True, is_stationary_onezero=True)
                 nisa.activation(dst=S[:, f0:f1], op=nl.copy, data=ps)
+                kk = kk + 1
             if tok == T - 1:
                 f0 = (s - a) * N
                 f1 = (e - a) * N
