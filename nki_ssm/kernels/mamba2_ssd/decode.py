@@ -206,6 +206,12 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, ha
     # ---- constants and buffers (SBUF, allocated outside the runtime loops)
     prm = nl.ndarray((pr, params.shape[1]), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=prm, src=params)
+    # the per-row parameters repeated for the per entries of an iteration: [pr, kp, per*nt]
+    kp = params.shape[1] // nt
+    prm_rep = nl.ndarray((pr, kp * per * nt), dtype=nl.float32, buffer=nl.sbuf)
+    for b in range(kp):
+        nisa.tensor_copy(dst=prm_rep[:, b * per * nt:(b + 1) * per * nt].reshape((pr, per, nt)),
+                         src=prm[:, b * nt:(b + 1) * nt].reshape((pr, 1, nt)).broadcast(1, per))
     sel = nl.ndarray((G, group_sel.shape[1]), dtype=group_sel.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=sel, src=group_sel)
     ident = _identity(pr)
@@ -229,8 +235,9 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, ha
     if pool.dtype != nl.float32:
         unit_bytes = span_max * N * 6
     nbuf = 2
-    if 3 * unit_bytes + 2 * span_max * N * 4 <= _SBUF_STATE_BYTES:
-        nbuf = 3
+    for cand in (3, 4):
+        if cand * unit_bytes + 2 * span_max * N * 4 <= _SBUF_STATE_BYTES:
+            nbuf = cand
     for b in range(nbuf):
         nats.append(nl.ndarray((pr, span_max * N), dtype=pool.dtype, buffer=nl.sbuf))
         if pool.dtype != nl.float32:
@@ -240,17 +247,23 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, ha
     for b in range(2):
         inps.append(nl.ndarray((pr, span_max * N), dtype=nl.float32, buffer=nl.sbuf))
     tab = nl.ndarray((128, w), dtype=nl.int32, buffer=nl.sbuf)
-    toks = []
-    for e in range(per):
-        toks.append(_tok_tiles(xdt_rows.shape[2], BC.dtype, pr, nt, T, G, N))
+    toks = _tok_tiles(xdt_rows.shape[2], BC.dtype, pr, nt, T, G, N, per)
     nbc = 1
     if G > 1:
         nbc = len(segs)
-    rings = {"n_bc": [0], "n_ps": [0], "n_pe": [0], "nbc": nbc, "segs": segs}
+    # one token per unit and three state buffers: the next unit's preparation is issued
+    # before this unit's update and this unit's y reduction after the next one's update
+    pipe = nbuf >= 3 and T == 1
+    n_slots = 2
+    if pipe:
+        n_slots = 3
+    rings = {"n_bc": [0], "n_ps": [0], "n_pe": [0], "nbc": nbc, "segs": segs, "pipe": pipe,
+             "n_slots": n_slots}
     # the input term on TensorE (G = 1, its PSUM fits): per PSUM bank of cb row blocks,
     # stationary dt'x^T [cb, pr] (TensorE transposes) and moving the block-diagonal
     # [cb, cb*N] of B (GpSimd affine_select)
-    cb = max(1, 512 // N)
+    cb = max(1, min(512 // N, pr))
+    rings["cb"] = cb
     nch = 0
     for j in range(len(spans)):
         nc_j = 0
@@ -259,10 +272,12 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, ha
             nc_j = nc_j + (pcs[i][1] - pcs[i][0] + cb - 1) // cb
         nch = max(nch, nc_j)
     pe_banks = (nch * pr * 4 + 2047) // 2048
-    bc_banks = (2 * 2 * N * 4 + 2047) // 2048
-    rings["pe"] = G == 1 and _PS_RING + pe_banks + bc_banks <= 8
+    bc_banks = n_slots * nbc * ((2 * N * 4 + 2047) // 2048)
+    rings["n_acc"] = min(_PS_RING, 8 - bc_banks - pe_banks)
+    rings["pe"] = _PE_INPUT and G == 1 and rings["n_acc"] >= 2
+    if not rings["pe"]:
+        rings["n_acc"] = min(_PS_RING, 8 - bc_banks)
     if rings["pe"]:
-        rings["cb"] = cb
         rings["nch"] = nch
         rings["bsb"] = []
         rings["bd"] = []
@@ -272,8 +287,8 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, ha
             rings["bd"].append(nl.ndarray((cb, cb * N), dtype=nl.float32, buffer=nl.sbuf))
             rings["dxT"].append(nl.ndarray((cb, nch * pr), dtype=nl.float32, buffer=nl.sbuf))
     bufs = (tab, toks, nats, work, inps, spans, rings)
-    args = (xdt_rows, BC, pool, y, sel, ident, prm, T, pr, nt, N, G, parts, has_z, has_bias,
-            has_D, dt_softplus, dt_lo, dt_hi)
+    args = (xdt_rows, BC, pool, y, sel, ident, prm_rep, T, pr, nt, N, G, parts, has_z,
+            has_bias, has_D, dt_softplus, dt_lo, dt_hi, per)
     pattern = [[w, 128], [1, w]]
 
     # full iterations: per entries each (main row it)
@@ -294,8 +309,9 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, ha
     real = pid == 0
     spare_args = args
     if not real:
-        spare_args = (xdt_rows, BC, dump_rows(pool, pr), dump_rows(y, 1), sel, ident, prm, T,
-                      pr, nt, N, G, parts, has_z, has_bias, has_D, dt_softplus, dt_lo, dt_hi)
+        spare_args = (xdt_rows, BC, dump_rows(pool, pr), dump_rows(y, 1), sel, ident, prm_rep,
+                      T, pr, nt, N, G, parts, has_z, has_bias, has_D, dt_softplus, dt_lo, dt_hi,
+                      per)
 
     def spare_entry():
         _iteration(spare_args, bufs, at_row(seq_table, None, pattern, block), 1)
@@ -323,13 +339,16 @@ def decode_segments(nt, P, pr):
 
 
 def _iteration(args, bufs, row_view, n):
-    """One loop iteration: the table row ``row_view`` (n entries), then every entry's
-    token inputs and state units (``_units_of``). All it reads is loaded here (no SBUF
-    prefetch across the runtime loop's iterations: nki-library turns it off for dynamic
-    loops, NKI-1582), and its PSUM tiles are allocated here."""
+    """One loop iteration: the table row ``row_view`` (n entries), the token inputs of
+    all n entries and their per-row quantities (one instruction over the n entries),
+    the state units (``_units_of``), then the y rows. All it reads is loaded here (no
+    SBUF prefetch across the runtime loop's iterations: nki-library turns it off for
+    dynamic loops, NKI-1582), and its PSUM tiles are allocated here."""
     tab, toks, nats, work, inps, spans, rings = bufs
+    (xdt_rows, BC, pool, y, sel, ident, prm_rep, T, pr, nt, N, G, parts, has_z, has_bias,
+     has_D, dt_softplus, dt_lo, dt_hi, per) = args
     nisa.dma_copy(dst=tab, src=row_view)
-    _psum_rings(rings, args[8], args[10])
+    _psum_rings(rings, pr, N)
     seqs = []
     slots = []
     for e in range(n):
@@ -338,63 +357,59 @@ def _iteration(args, bufs, row_view, n):
         # state DMAs' scalar offset
         seqs.append(nisa.scalar_load(tab[0:1, 2 * e + 1:2 * e + 2]))
         slots.append(nisa.scalar_load(tab[0:1, 2 * e:2 * e + 1]))
-    _units_of(args, slots, seqs, toks, nats, work, inps, spans, rings, n)
+    _gather(pool, slots[0], nats[0], pr, N, spans[0], parts, rings["segs"])
+    for e in range(n):
+        _tok_load(xdt_rows, BC, seqs[e], toks, e, T, pr, G, nt, per)
+    _tok_prep_all(toks, prm_rep, T, pr, nt, n, per, has_bias, dt_softplus, dt_lo, dt_hi)
+    _units_of(args, slots, toks, nats, work, inps, spans, rings, n)
+    _tok_out_all(toks, prm_rep, y, seqs, T, pr, nt, n, per, has_z, has_bias, has_D)
 
 
-def _units_of(args, slots, seqs, toks, nats, work, inps, spans, rings, n):
-    """The units of the n entries of an iteration, software-pipelined: unit m's update
-    (``_unit``), then the y reduction of unit m - 1 (deferred so VectorE's product and
-    reduction overlap the next unit's decay and TensorE adds), then the gather of unit
-    m + 1 into the buffer unit m - 1 used (and, for the next entry's first unit, its
-    token loads); the units alternate the two buffers."""
-    (xdt_rows, BC, pool, y, sel, ident, prm, T, pr, nt, N, G, parts, has_z, has_bias,
-     has_D, dt_softplus, dt_lo, dt_hi) = args
+def _units_of(args, slots, toks, nats, work, inps, spans, rings, n):
+    """The units of the n entries of an iteration, software-pipelined: the gather of
+    unit m + 1, the preparation of unit m + 1 (broadcasts, TensorE operands: ``pipe``),
+    unit m's update, then unit m - 1's y reduction (deferred so VectorE's product and
+    reduction overlap the next update); the units cycle through the state buffers."""
+    (xdt_rows, BC, pool, y, sel, ident, prm_rep, T, pr, nt, N, G, parts, has_z, has_bias,
+     has_D, dt_softplus, dt_lo, dt_hi, per) = args
     nu = len(spans)
     K = n * nu
-    _tok_load(xdt_rows, BC, seqs[0], toks[0], T, pr, G)
-    _gather(pool, slots[0], nats[0], pr, N, spans[0], parts, rings["segs"])
     nb = len(nats)
-    # defer a unit's y reduction past the next unit's update when a third state buffer
-    # keeps the next gather off the deferred unit's buffer (and one token per unit keeps
-    # the two-slot broadcast ring free)
-    defer = nb == 3 and T == 1
+    pipe = rings["pipe"]
     pending = None
+    nxt = None
+    if pipe:
+        nxt = _unit_prep(toks, 0, sel, spans[0], rings, inps[0], T, pr, nt, N, parts)
     for m in range(K):
         e, j = m // nu, m % nu
         m1 = m + 1
         if m1 < K:
-            e1, j1 = m1 // nu, m1 % nu
-            if j1 == 0:
-                _tok_load(xdt_rows, BC, seqs[e1], toks[e1], T, pr, G)
-            _gather(pool, slots[e1], nats[m1 % nb], pr, N, spans[j1], parts, rings["segs"])
-        if j == 0:
-            _tok_prep_all(toks[e], prm, T, pr, nt, has_bias, dt_softplus, dt_lo, dt_hi)
-        late = _unit(toks[e], slots[e], sel, ident, pool, nats[m % nb], work[m % nb],
-                     inps[m % 2], spans[j], rings, T, pr, N, G, parts)
+            _gather(pool, slots[m1 // nu], nats[m1 % nb], pr, N, spans[m1 % nu], parts,
+                    rings["segs"])
+        cur = nxt
+        if pipe:
+            if m1 < K:
+                nxt = _unit_prep(toks, m1 // nu, sel, spans[m1 % nu], rings, inps[m1 % 2], T,
+                                 pr, nt, N, parts)
+        else:
+            cur = _unit_prep(toks, e, sel, spans[j], rings, inps[m % 2], T, pr, nt, N, parts)
+        late = _unit_main(cur, toks, e, slots[e], ident, pool, nats[m % nb], work[m % nb],
+                          inps[m % 2], spans[j], rings, T, pr, nt, N, parts)
         if pending != None:  # noqa: E711
-            _finish(pending, prm, y, T, pr, nt, has_z, has_bias, has_D)
-        pending = (late, toks[e], seqs[e], j == nu - 1)
-        if not defer:
-            _finish(pending, prm, y, T, pr, nt, has_z, has_bias, has_D)
+            _reduce_y(pending)
+        pending = late
+        if not pipe:
+            _reduce_y(pending)
             pending = None
     if pending != None:  # noqa: E711
-        _finish(pending, prm, y, T, pr, nt, has_z, has_bias, has_D)
-
-
-def _finish(pending, prm, y, T, pr, nt, has_z, has_bias, has_D):
-    """The deferred y reduction of a unit's last token; the entry's y rows after its
-    last unit."""
-    late, tl, seq, last_unit = pending
-    _reduce_y(late)
-    if last_unit:
-        for tok in range(T):
-            _tok_out(tl[tok], prm, y, seq, tok, pr, nt, has_z, has_bias, has_D)
+        _reduce_y(pending)
 
 
 _PARTS = 4            # state DMAs per segment when the bucket holds one or two sequences
 _ENTRIES = 8          # sequences per full iteration (fewer for long speculative steps)
 _UNIT_BYTES = 48 * 1024   # SBUF bytes per partition of one state unit (fp32 state + pool copy)
 _SBUF_STATE_BYTES = 160 * 1024   # state unit buffers (3 when they fit, else 2) + input terms
+_PE_INPUT = True    # the input term on TensorE where it applies (G = 1, PSUM room)
 _PS_RING = 3        # PSUM sum tiles (one bank each) in flight between TensorE and ScalarE
 
 
@@ -426,13 +441,13 @@ def entries_per_iteration(T):
 
 
 def _psum_rings(r, pr, N):
-    """Fresh PSUM tiles for one loop body: the TensorE sums (one bank each) and two sets
-    of [B | C] broadcasts (one tile per segment when G > 1)."""
+    """Fresh PSUM tiles for one loop body: the TensorE sums (one bank each), the
+    [B | C] broadcast slots (one tile per segment when G > 1) and the transposes."""
     ps = []
-    for i in range(_PS_RING):
+    for i in range(r["n_acc"]):
         ps.append(nl.ndarray((pr, 512), dtype=nl.float32, buffer=nl.psum))
     bc = []
-    for i in range(2):
+    for i in range(r["n_slots"]):
         one = []
         for j in range(r["nbc"]):
             one.append(nl.ndarray((pr, 2 * N), dtype=nl.float32, buffer=nl.psum))
@@ -486,42 +501,52 @@ def _gather(pool, slot, nat, pr, N, span, parts, segs):
                       src=_pool_view(pool, slot, pr, N, s, e, o, c))
 
 
-def _tok_tiles(width, bc_dtype, pr, nt, T, G, N):
-    """Per-token tiles of one entry: inputs (x | dt | z, B | C) and prepared rows."""
+def _tok_tiles(width, bc_dtype, pr, nt, T, G, N, per):
+    """Per-token tiles of the per entries of an iteration: inputs x | dt | z as
+    ``[pr, k, per*nt]`` blocks (entry e at columns e*nt of each block), B | C
+    ``[G, per*2N]``, and the prepared rows dA, dt'x, y ``[pr, per*nt]``."""
     tl = []
     for tok in range(T):
-        tl.append({"xdt": nl.ndarray((pr, width), dtype=nl.float32, buffer=nl.sbuf),
-                   "bc": nl.ndarray((G, 2 * N), dtype=bc_dtype, buffer=nl.sbuf),
-                   "dA": nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf),
-                   "dtx": nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf),
-                   "y": nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)})
+        tl.append({"xdt": nl.ndarray((pr, width * per), dtype=nl.float32, buffer=nl.sbuf),
+                   "bc": nl.ndarray((G, per * 2 * N), dtype=bc_dtype, buffer=nl.sbuf),
+                   "dA": nl.ndarray((pr, per * nt), dtype=nl.float32, buffer=nl.sbuf),
+                   "dtx": nl.ndarray((pr, per * nt), dtype=nl.float32, buffer=nl.sbuf),
+                   "y": nl.ndarray((pr, per * nt), dtype=nl.float32, buffer=nl.sbuf),
+                   "tmp": nl.ndarray((pr, per * nt), dtype=nl.float32, buffer=nl.sbuf)})
     return tl
 
 
-def _tok_load(xdt_rows, BC, seq, tl, T, pr, G):
-    """Loads of an entry's token inputs: x | dt | z rows and B | C, one DMA each per
+def _tok_load(xdt_rows, BC, seq, tl, e, T, pr, G, nt, per):
+    """Loads of entry e's token inputs: x | dt | z rows and B | C, one DMA each per
     token, rows of batch sequence ``seq`` (an NkiScalar)."""
     w = xdt_rows.shape[2]
+    k = w // nt
     n2 = BC.shape[2]
     for tok in range(T):
-        nisa.dma_copy(dst=tl[tok]["xdt"], src=xdt_rows.ap(
-            pattern=[[w, pr], [1, w]], offset=tok * pr * w, scalar_offset=seq, indirect_dim=0))
-        nisa.dma_copy(dst=tl[tok]["bc"], src=BC.ap(
+        dst = tl[tok]["xdt"].reshape((pr, k, per * nt))[:, :, e * nt:(e + 1) * nt]
+        nisa.dma_copy(dst=dst, src=xdt_rows.ap(
+            pattern=[[w, pr], [nt, k], [1, nt]], offset=tok * pr * w, scalar_offset=seq,
+            indirect_dim=0))
+        nisa.dma_copy(dst=tl[tok]["bc"][:, e * n2:(e + 1) * n2], src=BC.ap(
             pattern=[[n2, G], [1, n2]], offset=tok * G * n2, scalar_offset=seq, indirect_dim=0))
 
 
-def _tok_prep_all(tl, prm, T, pr, nt, has_bias, dt_softplus, dt_lo, dt_hi):
-    """Per-row quantities of each token: decay exp(dt' A) and dt' x (fp32 [pr, nt])."""
+def _tok_prep_all(tl, prm_rep, T, pr, nt, n, per, has_bias, dt_softplus, dt_lo, dt_hi):
+    """Per-row quantities of each token of the n entries (one instruction over all of
+    them): decay exp(dt' A) and dt' x (fp32 [pr, n*nt])."""
+    W = n * nt
+    P = per * nt
     bias = None
     if has_bias:
-        bias = prm[:, nt:2 * nt]
+        bias = prm_rep[:, P:P + W]
     for tok in range(T):
         tk = tl[tok]
         xdt = tk["xdt"]
-        dtp = dt_prime(xdt[:, nt:2 * nt], bias, pr, nt, dt_softplus, dt_lo, dt_hi)
-        nisa.tensor_tensor(dst=tk["dA"], data1=dtp, data2=prm[:, 0:nt], op=nl.multiply)
-        nisa.activation(dst=tk["dA"], op=nl.exp, data=tk["dA"])
-        nisa.tensor_tensor(dst=tk["dtx"], data1=dtp, data2=xdt[:, 0:nt], op=nl.multiply)
+        dtp = dt_prime(xdt[:, P:P + W], bias, pr, W, dt_softplus, dt_lo, dt_hi)
+        nisa.tensor_tensor(dst=tk["dA"][:, 0:W], data1=dtp, data2=prm_rep[:, 0:W],
+                           op=nl.multiply)
+        nisa.activation(dst=tk["dA"][:, 0:W], op=nl.exp, data=tk["dA"][:, 0:W])
+        nisa.tensor_tensor(dst=tk["dtx"][:, 0:W], data1=dtp, data2=xdt[:, 0:W], op=nl.multiply)
 
 
 def _identity(pr):
@@ -549,50 +574,38 @@ def _runs(rings, a, b):
     return out
 
 
-def _unit(tl, slot, sel, ident, pool, nat, S, inp, span, rings, T, pr, N, G, parts):
-    """All T tokens on one state unit (columns ``span``) of an entry; the pool scatter
-    on the last token. Returns the last token's deferred y reduction (``_reduce_y``
-    arguments); earlier tokens' reductions run before the next token's decay.
+def _chunks(pieces, cb):
+    """Column ranges of at most cb row blocks (one PSUM bank), inside the pieces."""
+    out = []
+    for i in range(len(pieces)):
+        s, e, o, c = pieces[i]
+        for c0 in range(s, e, cb):
+            out.append((c0, min(e, c0 + cb), i))
+    return out
 
-    Per token: [B | C] broadcasts (TensorE, 0/1 selection); ScalarE decay
-    ``S = S_in * exp(dt' A)`` per piece (one head per partition and segment: a
-    per-partition scale); VectorE ``inp = B (x) dt'x`` over the unit (broadcast
-    operands); TensorE ``PSUM = I S + I inp`` per bank (512 fp32); ScalarE ``S = PSUM``.
-    """
+
+def _unit_prep(tl, e, sel, span, rings, inp, T, pr, nt, N, parts):
+    """What entry e's unit ``span`` needs besides its state, per token: the [B | C]
+    broadcasts (TensorE, exact 0/1 selection, K = G), and the input term's operands:
+    on the TensorE path the block-diagonal of B (ScalarE copy, GpSimd affine_select)
+    and dt'x^T per PSUM bank (TensorE transposes, one VectorE copy); else the input
+    term itself, ``inp = B (x) dt'x`` (VectorE, stride-0 broadcasts; one token only)."""
     a, b = span
-    nb = b - a
     pieces = _pieces(rings["segs"], span, parts)
-    narrow = nat.dtype != nl.float32
-    cb = max(1, 512 // N)          # row blocks per PSUM bank
-    late = None
+    cb = rings["cb"]
+    chunks = _chunks(pieces, cb)
+    n2 = 2 * N
+    out = []
     for tok in range(T):
         tk = tl[tok]
-        dA, dtx, yc = tk["dA"], tk["dtx"], tk["y"]
-        S_in = S
-        if tok == 0:
-            S_in = nat
-        # B and C of each partition's group on every partition (exact 0/1 matmul, K = G)
         nb_i = rings["n_bc"][0]
         rings["n_bc"][0] = nb_i + 1
-        bcs = rings["bc"][nb_i % 2]
+        bcs = rings["bc"][nb_i % rings["n_slots"]]
         for j in range(len(bcs)):
-            nisa.nc_matmul(dst=bcs[j], stationary=sel[:, j * pr:(j + 1) * pr], moving=tk["bc"],
-                           accumulate=False)
-        if late != None:  # noqa: E711
-            _reduce_y(late)
-        # decay, one ScalarE instruction per piece (per-partition factor of its head)
-        for i in range(len(pieces)):
-            s, e, o, c = pieces[i]
-            nisa.activation(dst=S[:, (s - a) * N:(e - a) * N], op=nl.copy,
-                            data=S_in[:, (s - a) * N:(e - a) * N], scale=dA[:, o:o + 1])
-        chunks = []
-        for i in range(len(pieces)):
-            s, e, o, c = pieces[i]
-            for c0 in range(s, e, cb):
-                chunks.append((c0, min(e, c0 + cb)))
-        pe = rings["pe"]
-        if pe:
-            # TensorE input term: the block-diagonal of B (GpSimd) and dt'x^T per bank
+            nisa.nc_matmul(dst=bcs[j], stationary=sel[:, j * pr:(j + 1) * pr],
+                           moving=tk["bc"][:, e * n2:(e + 1) * n2], accumulate=False)
+        prep = {"bcs": bcs, "pieces": pieces, "chunks": chunks, "cb": cb}
+        if rings["pe"]:
             k_i = rings["n_pe"][0]
             rings["n_pe"][0] = k_i + 1
             bsb = rings["bsb"][k_i % 2]
@@ -604,57 +617,96 @@ def _unit(tl, slot, sel, ident, pool, nat, S, inp, span, rings, T, pr, N, G, par
                                channel_multiplier=-1,
                                on_true_tile=bsb.reshape((cb, 1, N)).broadcast(1, cb),
                                on_false_value=0.0, cmp_op=nl.equal, offset=0)
-            for k in range(len(chunks)):
-                c0, c1 = chunks[k]
-                nisa.nc_transpose(dst=psT[0:c1 - c0, k * pr:(k + 1) * pr], data=dtx[:, c0:c1])
+            for kk in range(len(chunks)):
+                c0, c1, i = chunks[kk]
+                nisa.nc_transpose(dst=psT[0:c1 - c0, kk * pr:(kk + 1) * pr],
+                                  data=tk["dtx"][:, e * nt + c0:e * nt + c1])
             nisa.tensor_copy(dst=dxT[:, 0:len(chunks) * pr], src=psT[:, 0:len(chunks) * pr])
-        # input term B[n] * dt'x[row] over the unit (stride-0 broadcasts)
-        rs = _runs(rings, a, b)
-        if pe:
-            rs = []
-        for i in range(len(rs)):
-            s, e, jb = rs[i]
-            w = e - s
-            nisa.tensor_tensor(
-                dst=inp[:, (s - a) * N:(e - a) * N].reshape((pr, w, N)),
-                data1=bcs[jb][:, 0:N].reshape((pr, 1, N)).broadcast(1, w),
-                data2=dtx[:, s:e].reshape((pr, w, 1)).broadcast(2, N), op=nl.multiply)
-        # S = I S + inp on TensorE, one PSUM bank at a time, evicted by ScalarE
-        kk = 0
+            prep["bd"] = bd
+            prep["dxT"] = dxT
+        else:
+            rs = _runs(rings, a, b)
+            for i in range(len(rs)):
+                s, f, jb = rs[i]
+                w = f - s
+                nisa.tensor_tensor(
+                    dst=inp[:, (s - a) * N:(f - a) * N].reshape((pr, w, N)),
+                    data1=bcs[jb][:, 0:N].reshape((pr, 1, N)).broadcast(1, w),
+                    data2=tk["dtx"][:, e * nt + s:e * nt + f].reshape((pr, w, 1)).broadcast(2, N),
+                    op=nl.multiply)
+        out.append(prep)
+    return out
+
+
+def _unit_main(preps, tl, e, slot, ident, pool, nat, S, inp, span, rings, T, pr, nt, N, parts):
+    """All T tokens on one state unit (columns ``span``) of entry e; the pool scatter on
+    the last token. Returns the last token's deferred y reduction (``_reduce_y``);
+    earlier tokens' reductions run before the next token's decay. With T > 1 the input
+    term of token t (VectorE path) is made after token t - 1's sums have read ``inp``.
+
+    Per token: ScalarE decay ``S = S_in * exp(dt' A)`` per piece (one head per
+    partition and segment: a per-partition scale); TensorE ``PSUM = I S + inp`` per bank
+    (512 fp32; inp a K = cb matmul on the TensorE path); ScalarE ``S = PSUM``.
+    """
+    a, b = span
+    narrow = nat.dtype != nl.float32
+    late = None
+    for tok in range(T):
+        prep = preps[tok]
+        tk = tl[tok]
+        dA = tk["dA"]
+        pieces = prep["pieces"]
+        chunks = prep["chunks"]
+        S_in = S
+        if tok == 0:
+            S_in = nat
+        if late != None:  # noqa: E711
+            _reduce_y(late)
+        # decay, one ScalarE instruction per piece (per-partition factor of its head)
         for i in range(len(pieces)):
-            s, e, o, c = pieces[i]
-            for c0 in range(s, e, cb):
-                c1 = min(e, c0 + cb)
-                f0 = (c0 - a) * N
-                f1 = (c1 - a) * N
-                np_i = rings["n_ps"][0]
-                rings["n_ps"][0] = np_i + 1
-                ps = rings["ps"][np_i % _PS_RING][:, 0:f1 - f0]
-                nisa.nc_matmul(dst=ps, stationary=ident, moving=S[:, f0:f1], accumulate=False,
-                               is_stationary_onezero=True)
-                if pe:
-                    nisa.nc_matmul(dst=ps, stationary=dxT[0:c1 - c0, kk * pr:(kk + 1) * pr],
-                                   moving=bd[0:c1 - c0, 0:f1 - f0], accumulate=True)
-                else:
-                    nisa.nc_matmul(dst=ps, stationary=ident, moving=inp[:, f0:f1],
-                                   accumulate=True, is_stationary_onezero=True)
-                nisa.activation(dst=S[:, f0:f1], op=nl.copy, data=ps)
-                kk = kk + 1
-            if tok == T - 1:
-                f0 = (s - a) * N
-                f1 = (e - a) * N
+            s, f, o, c = pieces[i]
+            nisa.activation(dst=S[:, (s - a) * N:(f - a) * N], op=nl.copy,
+                            data=S_in[:, (s - a) * N:(f - a) * N],
+                            scale=dA[:, e * nt + o:e * nt + o + 1])
+        # S = I S + inp on TensorE, one PSUM bank at a time, evicted by ScalarE
+        last = []
+        for i in range(len(pieces)):
+            last.append(-1)
+        for kk in range(len(chunks)):
+            last[chunks[kk][2]] = kk
+        for kk in range(len(chunks)):
+            c0, c1, i = chunks[kk]
+            f0 = (c0 - a) * N
+            f1 = (c1 - a) * N
+            np_i = rings["n_ps"][0]
+            rings["n_ps"][0] = np_i + 1
+            ps = rings["ps"][np_i % len(rings["ps"])][:, 0:f1 - f0]
+            nisa.nc_matmul(dst=ps, stationary=ident, moving=S[:, f0:f1], accumulate=False,
+                           is_stationary_onezero=True)
+            if rings["pe"]:
+                nisa.nc_matmul(dst=ps, stationary=prep["dxT"][0:c1 - c0, kk * pr:(kk + 1) * pr],
+                               moving=prep["bd"][0:c1 - c0, 0:f1 - f0], accumulate=True)
+            else:
+                nisa.nc_matmul(dst=ps, stationary=ident, moving=inp[:, f0:f1],
+                               accumulate=True, is_stationary_onezero=True)
+            nisa.activation(dst=S[:, f0:f1], op=nl.copy, data=ps)
+            if tok == T - 1 and last[i] == kk:
+                s, f, o, c = pieces[i]
+                g0 = (s - a) * N
+                g1 = (f - a) * N
                 if narrow:
-                    nisa.activation(dst=nat[:, f0:f1], op=nl.copy, data=S[:, f0:f1])
-                nisa.dma_copy(dst=_pool_view(pool, slot, pr, N, s, e, o, c), src=nat[:, f0:f1])
-        late = (S, inp, yc, bcs, rings, a, b, pr, N)
+                    nisa.activation(dst=nat[:, g0:g1], op=nl.copy, data=S[:, g0:g1])
+                nisa.dma_copy(dst=_pool_view(pool, slot, pr, N, s, f, o, c), src=nat[:, g0:g1])
+        late = (S, inp, tk["y"], prep["bcs"], rings, a, b, pr, N, e * nt)
     return late
 
 
 def _reduce_y(late):
-    """y columns [a, b) of a token (``late`` = (S, prod, yc, bcs, rings, a, b, pr, N)):
-    prod = S * C (VectorE, C broadcast over the rows), then the sum over n (VectorE
-    tensor_reduce); ``prod`` reuses the input-term tile."""
-    S, prod, yc, bcs, rings, a, b, pr, N = late
+    """y columns [a, b) of a token (``late`` = (S, prod, y, bcs, rings, a, b, pr, N,
+    y0), the entry's y columns from y0): prod = S * C (VectorE, C broadcast over the
+    rows), then the sum over n (VectorE tensor_reduce); ``prod`` reuses the input-term
+    tile."""
+    S, prod, yc, bcs, rings, a, b, pr, N, y0 = late
     rs = _runs(rings, a, b)
     for i in range(len(rs)):
         s, e, jb = rs[i]
@@ -665,24 +717,31 @@ def _reduce_y(late):
                            data1=S[:, f0:f1].reshape((pr, w, N)),
                            data2=bcs[jb][:, N:2 * N].reshape((pr, 1, N)).broadcast(1, w),
                            op=nl.multiply)
-        nisa.tensor_reduce(dst=yc[:, s:e], op=nl.add, data=prod[:, f0:f1].reshape((pr, w, N)),
-                           axis=2)
+        nisa.tensor_reduce(dst=yc[:, y0 + s:y0 + e], op=nl.add,
+                           data=prod[:, f0:f1].reshape((pr, w, N)), axis=2)
 
 
-def _tok_out(tk, prm, y, seq, tok, pr, nt, has_z, has_bias, has_D):
-    """y rows of one token: (sum_n S C + D x) * silu(z), stored at the entry's
-    batch sequence (``seq``, an NkiScalar)."""
-    yc, xdt = tk["y"], tk["xdt"]
-    if has_D:
-        d0 = nt
-        if has_bias:
-            d0 = 2 * nt
-        xd = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=xd, data1=xdt[:, 0:nt], data2=prm[:, d0:d0 + nt], op=nl.multiply)
-        nisa.tensor_tensor(dst=yc, data1=yc, data2=xd, op=nl.add)
-    if has_z:
-        sz = nl.ndarray((pr, nt), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=sz, op=nl.silu, data=xdt[:, 2 * nt:3 * nt])
-        nisa.tensor_tensor(dst=yc, data1=yc, data2=sz, op=nl.multiply)
-    nisa.dma_copy(dst=y.ap(pattern=[[nt, pr], [1, nt]], offset=tok * pr * nt,
-                           scalar_offset=seq, indirect_dim=0), src=yc)
+def _tok_out_all(tl, prm_rep, y, seqs, T, pr, nt, n, per, has_z, has_bias, has_D):
+    """y rows of each token of the n entries: (sum_n S C + D x) * silu(z) (one
+    instruction over the n entries), stored at each entry's batch sequence (``seqs``,
+    NkiScalars)."""
+    W = n * nt
+    P = per * nt
+    for tok in range(T):
+        tk = tl[tok]
+        yc, xdt, tmp = tk["y"], tk["xdt"], tk["tmp"]
+        if has_D:
+            d0 = P
+            if has_bias:
+                d0 = 2 * P
+            nisa.tensor_tensor(dst=tmp[:, 0:W], data1=xdt[:, 0:W], data2=prm_rep[:, d0:d0 + W],
+                               op=nl.multiply)
+            nisa.tensor_tensor(dst=yc[:, 0:W], data1=yc[:, 0:W], data2=tmp[:, 0:W], op=nl.add)
+        if has_z:
+            nisa.activation(dst=tmp[:, 0:W], op=nl.silu, data=xdt[:, 2 * P:2 * P + W])
+            nisa.tensor_tensor(dst=yc[:, 0:W], data1=yc[:, 0:W], data2=tmp[:, 0:W],
+                               op=nl.multiply)
+        for e in range(n):
+            nisa.dma_copy(dst=y.ap(pattern=[[nt, pr], [1, nt]], offset=tok * pr * nt,
+                                   scalar_offset=seqs[e], indirect_dim=0),
+                          src=yc[:, e * nt:(e + 1) * nt])
