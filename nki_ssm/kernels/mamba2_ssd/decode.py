@@ -158,7 +158,6 @@ array; no DMA converts a dtype (the launcher passes x | dt | z in float32).
 from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
-from nki_ssm.kernels.mamba2_ssd._common import dt_prime
 from nki_ssm.kernels.scaffold import at_row, dump_rows, lnc_grid, run_if, trip_counts, work_loop
 
 
@@ -194,11 +193,14 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, ha
     T = xdt_rows.shape[1] // pr
     N = pool.shape[1] // nt
     G = group_sel.shape[0]
-    y = nl.ndarray((num_seqs, T * pr, nt), dtype=nl.float32, buffer=nl.shared_hbm)
+    programs, pid = lnc_grid()
+    rows = seq_table.shape[0] // programs
+    per = entries_per_iteration(T)
+    # y by table row and entry (the launcher maps them back to batch sequences)
+    y = nl.ndarray((programs * rows, T * pr, per * nt), dtype=nl.float32, buffer=nl.shared_hbm)
 
     segs = decode_segments(nt, head_dim, pr)
     spans = _unit_spans(nt, N, pool.dtype == nl.float32)
-    per = entries_per_iteration(T)
     parts = 1
     if num_seqs <= 2:
         parts = _PARTS
@@ -217,8 +219,6 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, ha
     ident = _identity(pr)
     # this program's block of table rows (the program id is a Python int at trace time:
     # a static offset): row 0 its spare entry, then its main rows and its tail rows
-    programs, pid = lnc_grid()
-    rows = seq_table.shape[0] // programs
     w = seq_table.shape[2]
     block = pid * rows * 128 * w             # first element of this program's rows
     # full iterations, single-entry iterations, the spare entry (0/1): device scalars of the
@@ -244,7 +244,10 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, ha
             work.append(nl.ndarray((pr, span_max * N), dtype=nl.float32, buffer=nl.sbuf))
         else:
             work.append(nats[b])
-    for b in range(2):
+    n_inp = 1
+    if nbuf >= 3 and T == 1:
+        n_inp = 2           # the deferred reduction's product tile and the next unit's
+    for b in range(n_inp):
         inps.append(nl.ndarray((pr, span_max * N), dtype=nl.float32, buffer=nl.sbuf))
     tab = nl.ndarray((128, w), dtype=nl.int32, buffer=nl.sbuf)
     toks = _tok_tiles(xdt_rows.shape[2], BC.dtype, pr, nt, T, G, N, per)
@@ -293,13 +296,15 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, ha
 
     # full iterations: per entries each (main row it)
     def main_body(it):
-        _iteration(args, bufs, at_row(seq_table, it, pattern, block + 128 * w), per)
+        _iteration(args, bufs, at_row(seq_table, it, pattern, block + 128 * w), per,
+                   (it, pid * rows + 1))
 
     work_loop(n_main, main_body)
 
     # single-entry iterations (tail row i, after the main rows)
     def tail_body(i):
-        _iteration(args, bufs, at_row(seq_table, n_main + i, pattern, block + 128 * w), 1)
+        _iteration(args, bufs, at_row(seq_table, n_main + i, pattern, block + 128 * w), 1,
+                   (n_main + i, pid * rows + 1))
 
     work_loop(n_tail, tail_body)
 
@@ -309,12 +314,13 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, ha
     real = pid == 0
     spare_args = args
     if not real:
-        spare_args = (xdt_rows, BC, dump_rows(pool, pr), dump_rows(y, 1), sel, ident, prm_rep,
+        spare_args = (xdt_rows, BC, dump_rows(pool, pr), y, sel, ident, prm_rep,
                       T, pr, nt, N, G, parts, has_z, has_bias, has_D, dt_softplus, dt_lo, dt_hi,
                       per)
 
     def spare_entry():
-        _iteration(spare_args, bufs, at_row(seq_table, None, pattern, block), 1)
+        _iteration(spare_args, bufs, at_row(seq_table, None, pattern, block), 1,
+                   (None, pid * rows))
 
     run_if(spare, spare_entry)
     return y
@@ -323,22 +329,21 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, ha
 def decode_segments(nt, P, pr):
     """Column segments ``(o, e)`` of the row layout (trace time; the launcher lays the
     rows out by them): partition q, column ``o + k`` holds state row ``pr*o + q*(e-o) +
-    k``. Each width ``e - o`` divides P and ``pr*o``, so a partition's rows of one segment
-    lie in one head (one decay factor, one group); greedy, widest first (Mamba-2 2.7B,
-    nt 40, P 64: (0, 32), (32, 40))."""
+    k``. Every segment has the width c, the largest divisor of both P and nt, so a
+    partition's rows of one segment lie in one head (one decay factor, one group) and a
+    state's segments are one access pattern (partition step c*N, segment step pr*c*N;
+    Mamba-2 2.7B, nt 40, P 64: five segments of 8 rows)."""
+    c = 1
+    for d in range(1, min(P, nt) + 1):
+        if P % d == 0 and nt % d == 0:
+            c = d
     segs = []
-    o = 0
-    while o < nt:
-        c = 1
-        for d in range(1, min(P, nt - o) + 1):
-            if P % d == 0 and (pr * o) % d == 0:
-                c = d
+    for o in range(0, nt, c):
         segs.append((o, o + c))
-        o = o + c
     return segs
 
 
-def _iteration(args, bufs, row_view, n):
+def _iteration(args, bufs, row_view, n, yrow):
     """One loop iteration: the table row ``row_view`` (n entries), the token inputs of
     all n entries and their per-row quantities (one instruction over the n entries),
     the state units (``_units_of``), then the y rows. All it reads is loaded here (no
@@ -357,12 +362,12 @@ def _iteration(args, bufs, row_view, n):
         # state DMAs' scalar offset
         seqs.append(nisa.scalar_load(tab[0:1, 2 * e + 1:2 * e + 2]))
         slots.append(nisa.scalar_load(tab[0:1, 2 * e:2 * e + 1]))
-    _gather(pool, slots[0], nats[0], pr, N, spans[0], parts, rings["segs"])
     for e in range(n):
         _tok_load(xdt_rows, BC, seqs[e], toks, e, T, pr, G, nt, per)
+    _gather(pool, slots[0], nats[0], pr, N, spans[0], parts, rings["segs"])
     _tok_prep_all(toks, prm_rep, T, pr, nt, n, per, has_bias, dt_softplus, dt_lo, dt_hi)
     _units_of(args, slots, toks, nats, work, inps, spans, rings, n)
-    _tok_out_all(toks, prm_rep, y, seqs, T, pr, nt, n, per, has_z, has_bias, has_D)
+    _tok_out_all(toks, prm_rep, y, yrow, T, pr, nt, n, per, has_z, has_bias, has_D)
 
 
 def _units_of(args, slots, toks, nats, work, inps, spans, rings, n):
@@ -379,7 +384,7 @@ def _units_of(args, slots, toks, nats, work, inps, spans, rings, n):
     pending = None
     nxt = None
     if pipe:
-        nxt = _unit_prep(toks, 0, sel, spans[0], rings, inps[0], T, pr, nt, N, parts)
+        nxt = _unit_prep(toks, 0, sel, spans[0], rings, inps[0], [0], pr, nt, N, parts)
     for m in range(K):
         e, j = m // nu, m % nu
         m1 = m + 1
@@ -389,12 +394,10 @@ def _units_of(args, slots, toks, nats, work, inps, spans, rings, n):
         cur = nxt
         if pipe:
             if m1 < K:
-                nxt = _unit_prep(toks, m1 // nu, sel, spans[m1 % nu], rings, inps[m1 % 2], T,
-                                 pr, nt, N, parts)
-        else:
-            cur = _unit_prep(toks, e, sel, spans[j], rings, inps[m % 2], T, pr, nt, N, parts)
-        late = _unit_main(cur, toks, e, slots[e], ident, pool, nats[m % nb], work[m % nb],
-                          inps[m % 2], spans[j], rings, T, pr, nt, N, parts)
+                nxt = _unit_prep(toks, m1 // nu, sel, spans[m1 % nu], rings,
+                                 inps[m1 % len(inps)], [0], pr, nt, N, parts)
+        late = _unit_main(cur, toks, e, slots[e], sel, ident, pool, nats[m % nb], work[m % nb],
+                          inps[m % len(inps)], spans[j], rings, T, pr, nt, N, parts)
         if pending != None:  # noqa: E711
             _reduce_y(pending)
         pending = late
@@ -490,10 +493,27 @@ def _pool_view(pool, slot, pr, N, s, e, o, c):
                    scalar_offset=slot, indirect_dim=0)
 
 
+def _whole_view(pool, slot, pr, N, span, parts, segs):
+    """The unit ``span`` = [a, b) as one access pattern when it is whole segments and
+    one part (partition q: ``(b - a) / c`` runs of c*N contiguous elements), else None."""
+    a, b = span
+    c = segs[0][1] - segs[0][0]
+    if parts != 1 or a % c != 0 or b % c != 0:
+        return None
+    return pool.ap(pattern=[[c * N, pr], [pr * c * N, (b - a) // c], [1, c * N]],
+                   offset=pr * a * N, scalar_offset=slot, indirect_dim=0)
+
+
 def _gather(pool, slot, nat, pr, N, span, parts, segs):
-    """Row blocks span = [a, b) of an entry's state -> ``nat`` (pool dtype; one DMA per
-    piece, ``_pieces``)."""
+    """Row blocks span = [a, b) of an entry's state -> ``nat`` (pool dtype; one DMA, or
+    one per piece, ``_pieces``)."""
     a = span[0]
+    whole = _whole_view(pool, slot, pr, N, span, parts, segs)
+    if whole != None:  # noqa: E711
+        c = segs[0][1] - segs[0][0]
+        nu = (span[1] - a) // c
+        nisa.dma_copy(dst=nat[:, 0:(span[1] - a) * N].reshape((pr, nu, c * N)), src=whole)
+        return
     pcs = _pieces(segs, span, parts)
     for i in range(len(pcs)):
         s, e, o, c = pcs[i]
@@ -502,9 +522,10 @@ def _gather(pool, slot, nat, pr, N, span, parts, segs):
 
 
 def _tok_tiles(width, bc_dtype, pr, nt, T, G, N, per):
-    """Per-token tiles of the per entries of an iteration: inputs x | dt | z as
-    ``[pr, k, per*nt]`` blocks (entry e at columns e*nt of each block), B | C
-    ``[G, per*2N]``, and the prepared rows dA, dt'x, y ``[pr, per*nt]``."""
+    """Per-token tiles of the per entries of an iteration: inputs x | dt | z
+    ``[pr, per*k*nt]`` (entry e at columns e*k*nt, as its row in HBM), B | C
+    ``[G, per*2N]``, and the prepared rows dA, dt'x, y ``[pr, per*nt]`` (entry e at
+    columns e*nt)."""
     tl = []
     for tok in range(T):
         tl.append({"xdt": nl.ndarray((pr, width * per), dtype=nl.float32, buffer=nl.sbuf),
@@ -520,33 +541,52 @@ def _tok_load(xdt_rows, BC, seq, tl, e, T, pr, G, nt, per):
     """Loads of entry e's token inputs: x | dt | z rows and B | C, one DMA each per
     token, rows of batch sequence ``seq`` (an NkiScalar)."""
     w = xdt_rows.shape[2]
-    k = w // nt
     n2 = BC.shape[2]
     for tok in range(T):
-        dst = tl[tok]["xdt"].reshape((pr, k, per * nt))[:, :, e * nt:(e + 1) * nt]
-        nisa.dma_copy(dst=dst, src=xdt_rows.ap(
-            pattern=[[w, pr], [nt, k], [1, nt]], offset=tok * pr * w, scalar_offset=seq,
-            indirect_dim=0))
+        nisa.dma_copy(dst=tl[tok]["xdt"][:, e * w:(e + 1) * w], src=xdt_rows.ap(
+            pattern=[[w, pr], [1, w]], offset=tok * pr * w, scalar_offset=seq, indirect_dim=0))
         nisa.dma_copy(dst=tl[tok]["bc"][:, e * n2:(e + 1) * n2], src=BC.ap(
             pattern=[[n2, G], [1, n2]], offset=tok * G * n2, scalar_offset=seq, indirect_dim=0))
 
 
+def _col(t, pr, n, w, c0, nt):
+    """Columns [c0, c0 + nt) of each of the n entry blocks of width w of tile t:
+    a [pr, n, nt] view."""
+    return t[:, 0:n * w].reshape((pr, n, w))[:, :, c0:c0 + nt]
+
+
 def _tok_prep_all(tl, prm_rep, T, pr, nt, n, per, has_bias, dt_softplus, dt_lo, dt_hi):
     """Per-row quantities of each token of the n entries (one instruction over all of
-    them): decay exp(dt' A) and dt' x (fp32 [pr, n*nt])."""
+    them): dt' = clip(softplus(dt + dt_bias)), decay exp(dt' A) and dt' x (fp32
+    [pr, n*nt], entry e at columns e*nt)."""
     W = n * nt
     P = per * nt
-    bias = None
-    if has_bias:
-        bias = prm_rep[:, P:P + W]
     for tok in range(T):
         tk = tl[tok]
         xdt = tk["xdt"]
-        dtp = dt_prime(xdt[:, P:P + W], bias, pr, W, dt_softplus, dt_lo, dt_hi)
-        nisa.tensor_tensor(dst=tk["dA"][:, 0:W], data1=dtp, data2=prm_rep[:, 0:W],
+        w = xdt.shape[1] // per
+        dtp = tk["tmp"]
+        dt3 = _col(xdt, pr, n, w, nt, nt)
+        src = dt3
+        if has_bias:
+            nisa.tensor_tensor(dst=dtp[:, 0:W].reshape((pr, n, nt)), data1=dt3,
+                               data2=prm_rep[:, P:P + W].reshape((pr, n, nt)), op=nl.add)
+            src = dtp[:, 0:W].reshape((pr, n, nt))
+        if dt_softplus:
+            nisa.activation(dst=dtp[:, 0:W].reshape((pr, n, nt)), op=nl.softplus, data=src)
+            src = dtp[:, 0:W].reshape((pr, n, nt))
+        if dt_hi < 3.0e38:
+            nisa.tensor_scalar(dst=dtp[:, 0:W].reshape((pr, n, nt)), data=src, op0=nl.maximum,
+                               operand0=dt_lo, op1=nl.minimum, operand1=dt_hi)
+        else:
+            nisa.tensor_scalar(dst=dtp[:, 0:W].reshape((pr, n, nt)), data=src, op0=nl.maximum,
+                               operand0=dt_lo)
+        nisa.tensor_tensor(dst=tk["dA"][:, 0:W], data1=dtp[:, 0:W], data2=prm_rep[:, 0:W],
                            op=nl.multiply)
         nisa.activation(dst=tk["dA"][:, 0:W], op=nl.exp, data=tk["dA"][:, 0:W])
-        nisa.tensor_tensor(dst=tk["dtx"][:, 0:W], data1=dtp, data2=xdt[:, 0:W], op=nl.multiply)
+        nisa.tensor_tensor(dst=tk["dtx"][:, 0:W].reshape((pr, n, nt)),
+                           data1=dtp[:, 0:W].reshape((pr, n, nt)),
+                           data2=_col(xdt, pr, n, w, 0, nt), op=nl.multiply)
 
 
 def _identity(pr):
@@ -584,7 +624,7 @@ def _chunks(pieces, cb):
     return out
 
 
-def _unit_prep(tl, e, sel, span, rings, inp, T, pr, nt, N, parts):
+def _unit_prep(tl, e, sel, span, rings, inp, toks, pr, nt, N, parts):
     """What entry e's unit ``span`` needs besides its state, per token: the [B | C]
     broadcasts (TensorE, exact 0/1 selection, K = G), and the input term's operands:
     on the TensorE path the block-diagonal of B (ScalarE copy, GpSimd affine_select)
@@ -596,8 +636,8 @@ def _unit_prep(tl, e, sel, span, rings, inp, T, pr, nt, N, parts):
     chunks = _chunks(pieces, cb)
     n2 = 2 * N
     out = []
-    for tok in range(T):
-        tk = tl[tok]
+    for ti in range(len(toks)):
+        tk = tl[toks[ti]]
         nb_i = rings["n_bc"][0]
         rings["n_bc"][0] = nb_i + 1
         bcs = rings["bc"][nb_i % rings["n_slots"]]
@@ -638,7 +678,8 @@ def _unit_prep(tl, e, sel, span, rings, inp, T, pr, nt, N, parts):
     return out
 
 
-def _unit_main(preps, tl, e, slot, ident, pool, nat, S, inp, span, rings, T, pr, nt, N, parts):
+def _unit_main(preps, tl, e, slot, sel, ident, pool, nat, S, inp, span, rings, T, pr, nt, N,
+               parts):
     """All T tokens on one state unit (columns ``span``) of entry e; the pool scatter on
     the last token. Returns the last token's deferred y reduction (``_reduce_y``);
     earlier tokens' reductions run before the next token's decay. With T > 1 the input
@@ -650,9 +691,18 @@ def _unit_main(preps, tl, e, slot, ident, pool, nat, S, inp, span, rings, T, pr,
     """
     a, b = span
     narrow = nat.dtype != nl.float32
+    whole = _whole_view(pool, slot, pr, N, span, parts, rings["segs"])
+    cs = rings["segs"][0][1] - rings["segs"][0][0]
     late = None
     for tok in range(T):
-        prep = preps[tok]
+        if late != None:  # noqa: E711
+            _reduce_y(late)
+            late = None
+        if preps == None:  # noqa: E711
+            # no pipelining (T > 1 or two state buffers): this token's operands now
+            prep = _unit_prep(tl, e, sel, span, rings, inp, [tok], pr, nt, N, parts)[0]
+        else:
+            prep = preps[tok]
         tk = tl[tok]
         dA = tk["dA"]
         pieces = prep["pieces"]
@@ -660,8 +710,6 @@ def _unit_main(preps, tl, e, slot, ident, pool, nat, S, inp, span, rings, T, pr,
         S_in = S
         if tok == 0:
             S_in = nat
-        if late != None:  # noqa: E711
-            _reduce_y(late)
         # decay, one ScalarE instruction per piece (per-partition factor of its head)
         for i in range(len(pieces)):
             s, f, o, c = pieces[i]
@@ -690,7 +738,12 @@ def _unit_main(preps, tl, e, slot, ident, pool, nat, S, inp, span, rings, T, pr,
                 nisa.nc_matmul(dst=ps, stationary=ident, moving=inp[:, f0:f1],
                                accumulate=True, is_stationary_onezero=True)
             nisa.activation(dst=S[:, f0:f1], op=nl.copy, data=ps)
-            if tok == T - 1 and last[i] == kk:
+            if tok == T - 1 and whole != None and kk == len(chunks) - 1:  # noqa: E711
+                g1 = (b - a) * N
+                if narrow:
+                    nisa.activation(dst=nat[:, 0:g1], op=nl.copy, data=S[:, 0:g1])
+                nisa.dma_copy(dst=whole, src=nat[:, 0:g1].reshape((pr, (b - a) // cs, cs * N)))
+            if tok == T - 1 and whole == None and last[i] == kk:  # noqa: E711
                 s, f, o, c = pieces[i]
                 g0 = (s - a) * N
                 g1 = (f - a) * N
@@ -721,27 +774,29 @@ def _reduce_y(late):
                            data=prod[:, f0:f1].reshape((pr, w, N)), axis=2)
 
 
-def _tok_out_all(tl, prm_rep, y, seqs, T, pr, nt, n, per, has_z, has_bias, has_D):
+def _tok_out_all(tl, prm_rep, y, yrow, T, pr, nt, n, per, has_z, has_bias, has_D):
     """y rows of each token of the n entries: (sum_n S C + D x) * silu(z) (one
-    instruction over the n entries), stored at each entry's batch sequence (``seqs``,
-    NkiScalars)."""
+    instruction over the n entries), stored by one DMA per token at the iteration's
+    y row: ``yrow`` = (row, first), row an NkiScalar (or None) added to the static row
+    ``first`` of y ``[rows, T*pr, per*nt]``."""
     W = n * nt
     P = per * nt
     for tok in range(T):
         tk = tl[tok]
         yc, xdt, tmp = tk["y"], tk["xdt"], tk["tmp"]
+        w = xdt.shape[1] // per
+        y3 = yc[:, 0:W].reshape((pr, n, nt))
+        t3 = tmp[:, 0:W].reshape((pr, n, nt))
         if has_D:
             d0 = P
             if has_bias:
                 d0 = 2 * P
-            nisa.tensor_tensor(dst=tmp[:, 0:W], data1=xdt[:, 0:W], data2=prm_rep[:, d0:d0 + W],
-                               op=nl.multiply)
+            nisa.tensor_tensor(dst=t3, data1=_col(xdt, pr, n, w, 0, nt),
+                               data2=prm_rep[:, d0:d0 + W].reshape((pr, n, nt)), op=nl.multiply)
             nisa.tensor_tensor(dst=yc[:, 0:W], data1=yc[:, 0:W], data2=tmp[:, 0:W], op=nl.add)
         if has_z:
-            nisa.activation(dst=tmp[:, 0:W], op=nl.silu, data=xdt[:, 2 * P:2 * P + W])
+            nisa.activation(dst=t3, op=nl.silu, data=_col(xdt, pr, n, w, 2 * nt, nt))
             nisa.tensor_tensor(dst=yc[:, 0:W], data1=yc[:, 0:W], data2=tmp[:, 0:W],
                                op=nl.multiply)
-        for e in range(n):
-            nisa.dma_copy(dst=y.ap(pattern=[[nt, pr], [1, nt]], offset=tok * pr * nt,
-                                   scalar_offset=seqs[e], indirect_dim=0),
-                          src=yc[:, e * nt:(e + 1) * nt])
+        off = (yrow[1] * T + tok) * pr * per * nt
+        nisa.dma_copy(dst=at_row(y, yrow[0], [[per * nt, pr], [1, W]], off), src=yc[:, 0:W])

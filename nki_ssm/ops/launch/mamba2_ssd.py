@@ -328,6 +328,33 @@ def decode_tables(state_indices, num_seqs: int, pr: int, per: int, programs: int
                                  dtype=np.int32), counts)
 
 
+def decode_y_index(state_indices, num_seqs: int, per: int, programs: int = 1):
+    """Where ``ssd_decode_step`` leaves each sequence's y: ``[len(state_indices)]`` int64
+    rows of its y viewed as ``[programs * rows * per, T*pr*nt]`` (table row r of program p,
+    entry e: ``(p*rows + r)*per + e``), the placement ``decode_tables`` gives the live
+    sequences; padding sequences get 0 (their y is zeroed)."""
+    from nki_ssm.kernels.scaffold import padded_split
+
+    idx = np.asarray(state_indices, dtype=np.int64)
+    live_all = np.flatnonzero(idx >= 0)
+    E = live_all.size // programs
+    n_main = E // per
+    rows = 1 + -(-(-(-num_seqs // programs)) // per) + per
+    out = np.zeros(idx.size, dtype=np.int64)
+    _, spans = padded_split(E * programs, programs)
+    for prog in range(programs):
+        first, count = spans[prog]
+        run = live_all[first:first + count]
+        i = np.arange(run.size)
+        main = i < n_main * per
+        r = np.where(main, 1 + i // per, 1 + n_main + (i - n_main * per))
+        e = np.where(main, i % per, 0)
+        out[run] = (prog * rows + r) * per + e
+    if live_all.size - E * programs:
+        out[live_all[-1]] = 0
+    return out
+
+
 def decode(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states, state_indices,
            backend):
     """Launch ``ssd_decode_step`` on the host path (``decode_call`` with NumPy)."""
@@ -395,7 +422,10 @@ def decode_call(xp, call, *, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limi
              bool(dt_softplus), lo, hi, P)
     xp.commit(pool, ssm_states)
     # the kernel's row layout back to [S, T*H*P] (segment (o, e): rows pr*o .. pr*e)
-    yk = xp.f32(y)[:S].reshape(S * T, pr, nt)
+    yk = xp.f32(y)
+    R = yk.shape[0]
+    yk = xp.permute(yk.reshape(R, T, pr, per, nt), (0, 3, 1, 2, 4)).reshape(R * per, T * pr * nt)
+    yk = xp.take(yk, decode_y_index(state_indices, Sb, per, call.lnc)).reshape(S * T, pr, nt)
     y = xp.cat([yk[:, :, o:e].reshape(S * T, pr * (e - o)) for o, e in segs],
                axis=1).reshape(S, T * H * P)
     # y rows of padding sequences are zeros (the kernel gives them no entry: torch.where)
