@@ -184,13 +184,12 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, ha
     Compile-time: has_z, has_bias, has_D, dt_softplus, dt_lo, dt_hi (layer
       configuration), head_dim (P) and the shapes.
     """
-    num_seqs = xdt_rows.shape[0]
     pr = params.shape[0]
     k = 2
     if has_z:
         k = 3
-    nt = xdt_rows.shape[2] // k
     T = xdt_rows.shape[1] // pr
+    nt = xdt_rows.shape[2] // (k * entries_per_iteration(T))
     N = pool.shape[1] // nt
     G = group_sel.shape[0]
     programs, pid = lnc_grid()
@@ -202,7 +201,7 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, ha
     segs = decode_segments(nt, head_dim, pr)
     spans = _unit_spans(nt, N, pool.dtype == nl.float32)
     parts = 1
-    if num_seqs <= 2:
+    if rows <= per + 2 and seq_table.shape[0] <= 2 * programs * per:
         parts = _PARTS
 
     # ---- constants and buffers (SBUF, allocated outside the runtime loops)
@@ -250,7 +249,7 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, ha
     for b in range(n_inp):
         inps.append(nl.ndarray((pr, span_max * N), dtype=nl.float32, buffer=nl.sbuf))
     tab = nl.ndarray((128, w), dtype=nl.int32, buffer=nl.sbuf)
-    toks = _tok_tiles(xdt_rows.shape[2], BC.dtype, pr, nt, T, G, N, per)
+    toks = _tok_tiles(xdt_rows.shape[2] // per, BC.dtype, pr, nt, T, G, N, per)
     nbc = 1
     if G > 1:
         nbc = len(segs)
@@ -354,16 +353,12 @@ def _iteration(args, bufs, row_view, n, yrow):
      has_D, dt_softplus, dt_lo, dt_hi, per) = args
     nisa.dma_copy(dst=tab, src=row_view)
     _psum_rings(rings, pr, N)
-    seqs = []
     slots = []
     for e in range(n):
-        # the entry's batch sequence (partition 0 of its second column): the token DMAs'
-        # scalar offset; its first pool row slot*pr (partition 0 of its first column): the
-        # state DMAs' scalar offset
-        seqs.append(nisa.scalar_load(tab[0:1, 2 * e + 1:2 * e + 2]))
+        # the entry's first pool row slot*pr (partition 0 of its first column): the state
+        # DMAs' scalar offset
         slots.append(nisa.scalar_load(tab[0:1, 2 * e:2 * e + 1]))
-    for e in range(n):
-        _tok_load(xdt_rows, BC, seqs[e], toks, e, T, pr, G, nt, per)
+    _tok_load(xdt_rows, BC, yrow, toks, n, T, pr, G, nt, per)
     _gather(pool, slots[0], nats[0], pr, N, spans[0], parts, rings["segs"])
     _tok_prep_all(toks, prm_rep, T, pr, nt, n, per, has_bias, dt_softplus, dt_lo, dt_hi)
     _units_of(args, slots, toks, nats, work, inps, spans, rings, n)
@@ -381,6 +376,13 @@ def _units_of(args, slots, toks, nats, work, inps, spans, rings, n):
     K = n * nu
     nb = len(nats)
     pipe = rings["pipe"]
+    # gathers run L units ahead: a buffer for the unit being reduced (pipe), the one
+    # being updated, and L in flight
+    L = 1
+    if pipe:
+        L = nb - 2
+    for m in range(1, min(L, K)):
+        _gather(pool, slots[m // nu], nats[m % nb], pr, N, spans[m % nu], parts, rings["segs"])
     pending = None
     nxt = None
     if pipe:
@@ -388,8 +390,9 @@ def _units_of(args, slots, toks, nats, work, inps, spans, rings, n):
     for m in range(K):
         e, j = m // nu, m % nu
         m1 = m + 1
-        if m1 < K:
-            _gather(pool, slots[m1 // nu], nats[m1 % nb], pr, N, spans[m1 % nu], parts,
+        mL = m + L
+        if mL < K:
+            _gather(pool, slots[mL // nu], nats[mL % nb], pr, N, spans[mL % nu], parts,
                     rings["segs"])
         cur = nxt
         if pipe:
@@ -537,16 +540,17 @@ def _tok_tiles(width, bc_dtype, pr, nt, T, G, N, per):
     return tl
 
 
-def _tok_load(xdt_rows, BC, seq, tl, e, T, pr, G, nt, per):
-    """Loads of entry e's token inputs: x | dt | z rows and B | C, one DMA each per
-    token, rows of batch sequence ``seq`` (an NkiScalar)."""
+def _tok_load(xdt_rows, BC, yrow, tl, n, T, pr, G, nt, per):
+    """Loads of the iteration's token inputs, laid out by the launcher in table order:
+    x | dt | z of its n entries and their B | C, one DMA each per token, at table row
+    ``yrow`` = (row, first) (row an NkiScalar or None, plus the static row first)."""
     w = xdt_rows.shape[2]
     n2 = BC.shape[2]
     for tok in range(T):
-        nisa.dma_copy(dst=tl[tok]["xdt"][:, e * w:(e + 1) * w], src=xdt_rows.ap(
-            pattern=[[w, pr], [1, w]], offset=tok * pr * w, scalar_offset=seq, indirect_dim=0))
-        nisa.dma_copy(dst=tl[tok]["bc"][:, e * n2:(e + 1) * n2], src=BC.ap(
-            pattern=[[n2, G], [1, n2]], offset=tok * G * n2, scalar_offset=seq, indirect_dim=0))
+        nisa.dma_copy(dst=tl[tok]["xdt"][:, 0:n * (w // per)], src=at_row(
+            xdt_rows, yrow[0], [[w, pr], [1, n * (w // per)]], (yrow[1] * T + tok) * pr * w))
+        nisa.dma_copy(dst=tl[tok]["bc"][:, 0:n * (n2 // per)], src=at_row(
+            BC, yrow[0], [[n2, G], [1, n * (n2 // per)]], (yrow[1] * T + tok) * G * n2))
 
 
 def _col(t, pr, n, w, c0, nt):

@@ -415,9 +415,24 @@ def decode_call(xp, call, *, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limi
     pool = xp.pool_view(ssm_states, (slots * pr, nt * N))
     per = entries_per_iteration(T)
     tables = decode_tables(state_indices, Sb, pr, per, call.lnc)
+    # token inputs in table order (row r, entry e: the sequence decode_y_index places
+    # there; a zero sequence in the empty places): one DMA per iteration and token
+    yx = decode_y_index(state_indices, Sb, per, call.lnc)
+    R = tables[0].shape[0]
+    order = np.full(R * per, Sb, dtype=np.int64)
+    live = np.flatnonzero(np.asarray(state_indices) >= 0)
+    order[yx[live]] = live
+
+    def by_table(a, inner):  # [Sb, T, inner...] -> [R, T*rows, per*width]
+        a = xp.take(xp.pad_rows(a, Sb + 1, math.prod(a.shape[1:])), order)
+        a = xp.permute(a.reshape((R, per, T) + inner), (0, 2, 3, 1, 4))
+        return a.reshape(R, T * inner[0], per * inner[1])
+
     y = call(decode_kernel(),
-             xp.cat(xdt, axis=1).reshape(Sb, T * pr, -1), xp.cat(params, axis=1),
-             BC.reshape(Sb, T * G, 2 * N), xp.cast_like(xp.table(sel), BC), pool,
+             by_table(xp.cat(xdt, axis=1).reshape(Sb, T, pr, -1), (pr, len(xdt) * nt)),
+             xp.cat(params, axis=1),
+             by_table(BC.reshape(Sb, T, G, 2 * N), (G, 2 * N)), xp.cast_like(xp.table(sel), BC),
+             pool,
              *(xp.table(t) for t in tables), z is not None, dt_bias is not None, D is not None,
              bool(dt_softplus), lo, hi, P)
     xp.commit(pool, ssm_states)
