@@ -344,8 +344,8 @@ def test_decode_units_cover_each_state_once():
     assert _unit_spans(64, 256, True) == [(0, 32), (32, 64)]
     assert _unit_spans(64, 256, False) == [(0, 32), (32, 64)]
     assert _unit_spans(40, 128, False) == [(0, 40)]
-    # entries per full iteration: 8, fewer for long speculative steps (token tiles)
-    assert [entries_per_iteration(T) for T in (1, 2, 4, 8, 16, 20)] == [8, 8, 4, 2, 1, 1]
+    # entries per full iteration: 16, fewer for long speculative steps (token tiles)
+    assert [entries_per_iteration(T) for T in (1, 2, 4, 8, 16, 20)] == [16, 8, 4, 2, 1, 1]
     with _unit_bytes(1):          # never below one row block per unit
         assert _unit_spans(3, 8, True) == [(0, 1), (1, 2), (2, 3)]
 

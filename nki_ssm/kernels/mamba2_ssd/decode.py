@@ -189,12 +189,17 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, ha
     if has_z:
         k = 3
     T = xdt_rows.shape[1] // pr
-    nt = xdt_rows.shape[2] // (k * entries_per_iteration(T))
+    kp = 1
+    if has_bias:
+        kp = kp + 1
+    if has_D:
+        kp = kp + 1
+    nt = params.shape[1] // kp
     N = pool.shape[1] // nt
     G = group_sel.shape[0]
     programs, pid = lnc_grid()
     rows = seq_table.shape[0] // programs
-    per = entries_per_iteration(T)
+    per = entries_per_iteration(T, nt * N * 4)
     # y by table row and entry (the launcher maps them back to batch sequences)
     y = nl.ndarray((programs * rows, T * pr, per * nt), dtype=nl.float32, buffer=nl.shared_hbm)
 
@@ -208,7 +213,6 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, ha
     prm = nl.ndarray((pr, params.shape[1]), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=prm, src=params)
     # the per-row parameters repeated for the per entries of an iteration: [pr, kp, per*nt]
-    kp = params.shape[1] // nt
     prm_rep = nl.ndarray((pr, kp * per * nt), dtype=nl.float32, buffer=nl.sbuf)
     for b in range(kp):
         nisa.tensor_copy(dst=prm_rep[:, b * per * nt:(b + 1) * per * nt].reshape((pr, per, nt)),
@@ -233,9 +237,12 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, ha
     unit_bytes = span_max * N * 4
     if pool.dtype != nl.float32:
         unit_bytes = span_max * N * 6
+    # SBUF per partition: token tiles (x | dt | z, B | C, dA, dt'x, y, temp per token),
+    # the input-term / product tiles, the state buffers (2..4, as many as fit)
+    tok_bytes = T * per * (xdt_rows.shape[2] // per * 4 + 2 * N * 4 + 4 * nt * 4)
     nbuf = 2
     for cand in (3, 4):
-        if cand * unit_bytes + 2 * span_max * N * 4 <= _SBUF_STATE_BYTES:
+        if cand * unit_bytes + 2 * span_max * N * 4 + tok_bytes <= _SBUF_BYTES:
             nbuf = cand
     for b in range(nbuf):
         nats.append(nl.ndarray((pr, span_max * N), dtype=pool.dtype, buffer=nl.sbuf))
@@ -412,9 +419,9 @@ def _units_of(args, slots, toks, nats, work, inps, spans, rings, n):
 
 
 _PARTS = 4            # state DMAs per segment when the bucket holds one or two sequences
-_ENTRIES = 8          # sequences per full iteration (fewer for long speculative steps)
+_ENTRIES = 16         # sequences per full iteration (fewer for long speculative steps)
 _UNIT_BYTES = 48 * 1024   # SBUF bytes per partition of one state unit (fp32 state + pool copy)
-_SBUF_STATE_BYTES = 160 * 1024   # state unit buffers (3 when they fit, else 2) + input terms
+_SBUF_BYTES = 180 * 1024   # state buffers (3 or 4 when they fit, else 2), input terms, tokens
 _PE_INPUT = True    # the input term on TensorE where it applies (G = 1, PSUM room)
 _PS_RING = 3        # PSUM sum tiles (one bank each) in flight between TensorE and ScalarE
 
@@ -438,12 +445,16 @@ def _unit_spans(nt, N, f32_pool):
     return spans
 
 
-def entries_per_iteration(T):
+def entries_per_iteration(T, state_bytes=0):
     """Sequences per full iteration of the main loop (the launcher's trip counts are
-    ``E // per`` full and ``E % per`` single-entry iterations): only an iteration's first
-    gather waits (nothing is prefetched across iterations), so more entries per iteration
-    hide more of it; the token tiles of per entries stay within ~24 KiB per partition."""
-    return max(1, min(_ENTRIES, 16 // T))
+    ``E // per`` full and ``E % per`` single-entry iterations): an iteration fills and
+    drains its pipeline once (nothing is prefetched across iterations), so more entries
+    per iteration hide more of it; 16 // T, halved for states over 32 KiB per partition
+    (``state_bytes``: their SBUF buffers leave less room for the token tiles)."""
+    per = max(1, min(_ENTRIES, 16 // T))
+    if state_bytes > 32 * 1024:
+        per = max(1, per // 2)
+    return per
 
 
 def _psum_rings(r, pr, N):

@@ -413,7 +413,7 @@ def decode_call(xp, call, *, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limi
     BC = xp.cat([pad_seqs(B).reshape(n * G, N), pad_seqs(C).reshape(n * G, N)], axis=1)
     lo, hi = _dt_limit(dt_limit)
     pool = xp.pool_view(ssm_states, (slots * pr, nt * N))
-    per = entries_per_iteration(T)
+    per = entries_per_iteration(T, nt * N * 4)
     tables = decode_tables(state_indices, Sb, pr, per, call.lnc)
     # token inputs in table order (row r, entry e: the sequence decode_y_index places
     # there; a zero sequence in the empty places): one DMA per iteration and token
