@@ -241,7 +241,7 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, ha
     # the input-term / product tiles, the state buffers (2..4, as many as fit)
     tok_bytes = T * per * (xdt_rows.shape[2] // per * 4 + 2 * N * 4 + 4 * nt * 4)
     nbuf = 2
-    for cand in (3, 4):
+    for cand in (3, 4, 5):
         if cand * unit_bytes + 2 * span_max * N * 4 + tok_bytes <= _SBUF_BYTES:
             nbuf = cand
     for b in range(nbuf):
@@ -383,11 +383,15 @@ def _units_of(args, slots, toks, nats, work, inps, spans, rings, n):
     K = n * nu
     nb = len(nats)
     pipe = rings["pipe"]
-    # gathers run L units ahead: a buffer for the unit being reduced (pipe), the one
-    # being updated, and L in flight
+    # gathers run L units ahead, g at a time (consecutive gathers move in parallel; each
+    # switch between pool reads and writes waits for the other's completion): buffers for
+    # the unit being reduced (pipe), the one being updated and L + g - 1 in flight
     L = 1
+    g = 1
     if pipe:
-        L = nb - 2
+        if nb >= 5:
+            g = 2
+        L = nb - g - 1
     for m in range(1, min(L, K)):
         _gather(pool, slots[m // nu], nats[m % nb], pr, N, spans[m % nu], parts, rings["segs"])
     pending = None
@@ -397,10 +401,10 @@ def _units_of(args, slots, toks, nats, work, inps, spans, rings, n):
     for m in range(K):
         e, j = m // nu, m % nu
         m1 = m + 1
-        mL = m + L
-        if mL < K:
-            _gather(pool, slots[mL // nu], nats[mL % nb], pr, N, spans[mL % nu], parts,
-                    rings["segs"])
+        if m % g == 0:
+            for mL in range(m + L, min(K, m + L + g)):
+                _gather(pool, slots[mL // nu], nats[mL % nb], pr, N, spans[mL % nu], parts,
+                        rings["segs"])
         cur = nxt
         if pipe:
             if m1 < K:
