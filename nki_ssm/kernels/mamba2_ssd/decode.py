@@ -205,9 +205,7 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, ha
 
     segs = decode_segments(nt, head_dim, pr)
     spans = _unit_spans(nt, N, pool.dtype == nl.float32)
-    parts = 1
-    if rows <= per + 2 and seq_table.shape[0] <= 2 * programs * per:
-        parts = _PARTS
+    parts = 1       # state DMAs per segment run (_pieces); one: each extra pool DMA waits
 
     # ---- constants and buffers (SBUF, allocated outside the runtime loops)
     prm = nl.ndarray((pr, params.shape[1]), dtype=nl.float32, buffer=nl.sbuf)
@@ -434,7 +432,6 @@ def _units_of(args, slots, toks, nats, work, inps, spans, rings, n):
         _reduce_y(pending)
 
 
-_PARTS = 4            # state DMAs per segment when the bucket holds one or two sequences
 _ENTRIES = 16         # sequences per full iteration (fewer for long speculative steps)
 _UNIT_BYTES = 48 * 1024   # SBUF bytes per partition of one state unit (fp32 state + pool copy)
 _SBUF_BYTES = 180 * 1024   # state buffers (3 or 4 when they fit, else 2), input terms, tokens
