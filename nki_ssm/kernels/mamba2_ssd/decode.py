@@ -2,21 +2,26 @@
 
 One compiled program per shape bucket
 -------------------------------------
-Compile-time arguments are shapes (the padded ``num_seqs`` bucket, T, H, P,
-N, G) and layer flags only. The batch composition is run-time int32 data
-built by the launcher (``nki_ssm/ops/launch/mamba2_ssd.py``):
+Compile-time arguments are shapes (the padded sequence bucket, T, H, P, N,
+G; P as ``head_dim``) and layer flags only. The batch composition is
+run-time int32 data built by the launcher
+(``nki_ssm/ops/launch/mamba2_ssd.py``):
 
 - ``seq_table [programs * rows, 128, 2*per]``: a block of ``rows`` table
   rows per program (LNC below): row 0 the program's spare entry, then one
   row per full iteration of the main loop (``per`` entries: live sequences,
   in order), then one row per single-entry iteration (the entry in columns
-  0, 1). An entry is two columns: the first holds the pool row ``slot*pr +
-  q`` of partition q (q < pr), the second at partition 0 the sequence's
-  index in the batch (for its x / B / C / y rows);
+  0, 1). An entry is two columns; partition 0 of the first holds the
+  sequence's first pool row ``slot*pr`` (its state DMAs' ``scalar_offset``);
 - ``counts [1, 3]``, the one row every program reads: full iterations,
   single-entry iterations, the spare entry (0 / 1).
 
-Padding sequences get no entry: the launcher zeroes their y rows.
+The token inputs come in table order (row r, entry e: the sequence the
+table places there, zeros where no entry is; ``decode_y_index``) and y
+leaves in table order ``[programs * rows, T*pr, per*nt]``, so an
+iteration's x | dt | z, B | C and y each move in one DMA per token, at the
+iteration's table row (the loop index as ``scalar_offset``); the launcher
+maps y back to the batch and zeroes padding sequences' rows.
 
 LNC: two programs split the sequences. Launched as ``kernel[2]`` the kernel
 runs as two programs (one per physical core, never synchronised); the
@@ -24,136 +29,112 @@ launcher gives each program a run of E = n_live // 2 live sequences, in
 order, so both run the same trip counts (``scaffold.trip_counts`` of the one
 counts row). With an odd n_live the last live sequence is program 0's spare
 entry, run under ``nl.if_else`` on the spare flag; program 1 takes the same
-branch on a dump entry (pool rows 0 .. pr-1 and sequence 0) whose writes go
-to private dumps of the pool and of y (``scaffold.dump_rows``: the program
-id is a Python int at trace time, so program 1's branch has other static
-destinations), so a lone live sequence runs on program 0 while program 1
-computes garbage nothing reads. Each program reads its own block of table
-rows at a static offset. Sequences are independent and own their pool
-slots, y rows and token rows, so no HBM byte one program writes is read or
-written by the other. Both programs have the same instructions (equal
-program sizes) and the results equal LNC=1's bit for bit (the same
-per-sequence operations). The split balances at the judged batches (32 and
-512 sequences: 16 and 256 per program); splitting the heads instead would
-halve each state DMA and keep the per-sequence fixed costs on both cores.
+branch on a dump entry (pool rows 0 .. pr-1 of a private dump of the pool,
+``scaffold.dump_rows``, and its own y row 0, which nothing reads), so a lone
+live sequence runs on program 0 while program 1 computes garbage nothing
+reads. Each program reads and writes its own block of table rows (static
+offsets). Sequences are independent and own their pool slots, so no HBM
+byte one program writes is read or written by the other. Both programs have
+the same instructions and the results equal LNC=1's bit for bit (the same
+per-sequence operations).
 
 Loops. Every loop that grows with the batch is a runtime loop,
 ``nl.fori_loop(0, n, body)`` with ``body`` an inner ``def`` of the kernel
-(``scaffold.work_loop``), its bound an ``NkiScalar`` (``nisa.scalar_load``
-of an SBUF copy of ``counts``). No runtime loop runs inside another; what is
-unrolled inside a body is bounded by the layer shape (row blocks of the
-state, the T tokens, the state units, the entries of an iteration). One
-after the other:
+(``scaffold.work_loop``), its bound an ``NkiScalar``. No runtime loop runs
+inside another; what is unrolled inside a body is bounded by the layer
+shape (segments, PSUM banks of the state, T, the entries of an iteration).
+One after the other: the main loop (``per`` sequences per iteration,
+``entries_per_iteration``: 16, 8 for states over 32 KiB per partition,
+fewer for long speculative steps), the single-entry loop (the ``E mod per``
+left), the spare entry. An iteration loads everything it reads and
+allocates its PSUM tiles: nothing is prefetched across iterations
+(nki-library turns that off for dynamic loops, NKI-1582), so each iteration
+fills and drains its pipeline once.
 
-1. main loop (full iterations): ``per`` sequences per iteration
-   (``entries_per_iteration``: 8, fewer for long speculative steps); the
-   gather of the next state unit (DMA) is issued before the update of the
-   current one, and the units alternate between two SBUF buffers, so the
-   pool traffic and the updates overlap inside the iteration. An iteration
-   loads everything it reads -- its table row (the loop index as
-   ``scalar_offset``), its entries' token inputs and units -- and allocates
-   its PSUM tiles: nothing is prefetched across iterations (nki-library
-   turns that off for dynamic loops, NKI-1582), so only an iteration's first
-   table row, token and state loads wait, once per ``per`` sequences;
-2. single-entry loop: the ``E mod per`` sequences left, one per iteration
-   (its table row: the main trip count plus the loop index);
-3. the spare entry (``nl.if_else`` on the spare flag; LNC above).
+Layout (``decode_segments``). Decode is bound by moving the state
+(``H*P*N`` floats per sequence, read and written once per call). The state
+``[H*P, N]`` of a sequence sits on ``pr`` partitions x ``nt`` row blocks
+of N; the nt columns are cut into segments of width c (the largest divisor
+of both P and nt) and column ``o + k`` of segment ``(o, o + c)`` at
+partition q holds state row ``pr*o + q*c + k``. A partition's rows of one
+segment are consecutive rows of one head, so the decay ``exp(dt' A)`` is a
+per-partition scalar per segment, and a state moves in one DMA each way
+(partition step c*N, segment step pr*c*N, runs of c*N*4 bytes: 4 KiB at
+Mamba-2 2.7B, pr 128, nt 40, five segments of 8 rows). Per-row quantities
+(dt, x, z, A, D, dt_bias) are ``[pr, nt]`` tiles in the same layout (the
+launcher lays them out).
 
-x / B / C / y rows are addressed by the entry's batch index, an
-``NkiScalar`` (``nisa.scalar_load`` of partition 0 of the entry's second
-column): the DMAs' ``scalar_offset``; pool rows by ``vector_offset`` (one
-pool row per partition).
+Per token and sequence (Mamba-2 2.7B: 10 PSUM banks of 4 row blocks):
+  TensorE  [B | C] on every partition (K = G 0/1 selection matmul, exact)
+  ScalarE  B row copy; GpSimd its block diagonal ``BD [cb, cb*N]``
+           (affine_select, cb = 512 / N row blocks per bank)
+  TensorE  dt'x^T per bank (transposes), one VectorE copy out of PSUM
+  ScalarE  S = S * exp(dt' A)       one activation per segment (scale column)
+  TensorE  PSUM = I S + (dt'x^T)^T BD   per bank: the decayed state plus the
+           input term dt'x[row] * B[n] (K = cb matmul), accumulated in PSUM
+  ScalarE  S = PSUM                 one copy per bank
+  DMA      the state back to the pool (last token), one DMA
+  VectorE  prod = S * C, y = sum_n prod   (C a stride-0 broadcast operand;
+           tensor_tensor and tensor_reduce over the whole state)
+The prepared per-row quantities (dt', exp(dt' A), dt'x) and y's D and z
+terms run once per iteration over all its entries (VectorE / ScalarE,
+[pr, per*nt]), so ScalarE loads its softplus / exp / silu tables once per
+iteration. Units are software-pipelined: the next unit's broadcasts and
+TensorE operands are prepared before the current update, a unit's y
+reduction runs after the next unit's update, and gathers run two units
+ahead, two at a time (up to five state buffers, by an SBUF budget).
 
-Layout. Decode is bound by moving the state (``H*P*N`` floats per sequence,
-read and written once per call), so the layout is chosen for the DMA. The
-state of one sequence is gathered by indirect DMA: row ``r = h*P + p`` of
-``[H*P, N]`` goes to partition ``r // nt``, column block ``r % nt``, so each
-partition reads ``nt*N`` contiguous pool elements (one row of the
-``[slots*pr, nt*N]`` view: 20 KiB per partition at Mamba-2 2.7B, the DMA's
-efficient regime), and partitions never straddle a group. Per-row
-quantities (dt, x, z, A, D, dt_bias) are then ``[pr, nt]`` tiles and every
-update is a per-partition-scalar instruction over N free elements, in a
-five-stage pipeline per row block t:
-
-    ScalarE  tmp = S * exp(dt' A)               (activation copy, column scale)
-    input, alternating by block (engine balance):
-      t even: VectorE  S = B_bcast * (dt' x) + tmp        (scalar_tensor_tensor)
-      t odd:  ScalarE  inp = B_bcast * (dt' x); TensorE PSUM = I tmp + I inp
-              (fp32 identity matmuls, 0/1 stationary, accumulate explicit);
-              ScalarE S = PSUM
-    VectorE  prod = S * C_bcast                 (tensor_tensor)
-    ScalarE  y   = sum_n prod                   (activation copy, add-reduce)
-    ScalarE  pool tile = S                      (bf16 pool, last token only)
-
-The TensorE path (blocks with ``t % _PE_CYCLE != 0``) moves half of one
-VectorE pass to ScalarE and TensorE; ScalarE binds at the model shapes, so
-every block takes the VectorE path (``_PE_CYCLE = 1``); the switch stays
-for cost figures where VectorE binds. The TensorE path takes fp32 products
-and PSUM accumulation as exact (0/1 stationary: 1.0 * tmp + 1.0 * inp).
-
-No float ``tensor_tensor`` runs on GpSimd (the ISA routes float
-binary ops to VectorE); GpSimd generates the descriptors of the indirect
-(vector_offset, software-DGE) pool gathers and scatters and does the
-integer counter adds.
+With G > 1 (a partition's segments may lie in different groups) or no PSUM
+room the input term is made by VectorE instead (``inp = B (x) dt'x``, two
+stride-0 broadcast operands) and added by a second identity matmul.
 
 State units (SBUF): a sequence's state is cut into as few equal units of
 row blocks as keep a unit within ``_UNIT_BYTES`` (48 KiB) per partition,
 counting the fp32 working copy and, for a bfloat16 pool, the pool-dtype
-tile. Mamba-2 2.7B (20 KiB fp32) and Granite-like (32 KiB fp32, 48 KiB
-with a bf16 pool) use one unit; Falcon-H1-like (N = 256: 64 KiB fp32,
-96 KiB with a bf16 pool) two. Two unit buffers are allocated (before the
-loops: tiles allocated in a dynamic loop body are live for the whole loop),
-<= 96 KiB whatever the dstate. Units are independent (rows are), so the
-results do not depend on the cut (tested bit for bit).
+tile (Falcon-H1-like, N = 256: two units). Units are independent (rows
+are), so the results do not depend on the cut (tested bit for bit).
 
-With a bucket of one or two sequences (compile time: a shape), each unit
-moves in up to 4 DMAs so the first row blocks update while the rest
-arrives; each part is scattered ``_SCATTER_LAG`` blocks after its last
-update.
-
-B and C rows of each partition's group are broadcast to the ``pr``
-partitions on TensorE (one K=G 0/1 selection matmul for [B | C], exact)
-and read straight from PSUM. T tokens keep the state in SBUF (float32);
-it is written back once. Small DMAs cost ~1 us each in the model (latency,
-low efficiency at < 512 B per partition), so the launcher packs x | dt | z
-per token, A | dt_bias | D, and B | C into one array each; a sequence's
-token inputs are loaded with the gather of its first unit (DMA queues are
-FIFO) into a staging set, copied to the working set when its update starts.
+What binds: the pool traffic. Every pool DMA has a run-time offset, so the
+dependency rules order a scatter after every earlier pool access and a
+gather after every earlier scatter: each switch between reads and writes
+waits for the other's completion and the DMA latency (~1.2 us modeled);
+gathering two units at a time leaves about 1.5 switches per sequence.
 
 Limits: N <= 256 (the [B | C] broadcast is one PSUM bank of 2N fp32; the
-host API rejects N > 256 up front); pr <= 128 partitions for any H*P (pr is
-the largest divisor of H*P <= 128 keeping partitions inside one group); T
+host API rejects N > 256 up front); pr <= 128 partitions for any H*P; T
 tokens per sequence (a shape: unrolled, program size grows with T); any
 number of sequences (run time); slots*pr < 2^31 (int32 pool rows).
 
 Modeled (trn2, nki_ssm.perf as of this commit; ``python -m simulate --op
-ssd_decode --no-calibration``; Mamba-2 2.7B, float32 state, bf16 I/O; share
-of the 368 GB/s core DMA bandwidth): 1 sequence 38.9 us (36.8 %), 32
-sequences 1.16 ms (39.3 %), 512 sequences 18.6 ms (39.3 %); VectorE and
-ScalarE bind: the per-element update passes over the state (decay, input, C
-product, y reduction). Each main-loop iteration waits for its first table
-row, tokens and state unit once (nothing is prefetched across iterations):
-+2 % at 32 and +3 % at 512 sequences against the former cross-iteration
-prefetch. Program size: 1,748 static instructions (every runtime-loop body
-and both sides of the spare's ``nl.if_else`` once; the main body holds 8
-entries). LNC=2 (each program's instructions timed on its own core): 32
-sequences 583 us per program (0.50 x LNC=1), 512 sequences 9.31 ms (0.50
-x); one sequence 37.6 us (program 0's spare entry, program 1 a dump entry);
-1,748 static instructions per program.
+ssd_decode --no-calibration``, the 512-sequence case with ``--set judged``;
+Mamba-2 2.7B, float32 state, bf16 I/O; share of the 368 GB/s core DMA
+bandwidth): 1 sequence 43.2 us (33 %; one sequence fills and drains the
+pipeline alone), 32 sequences 603 us (75.9 %, 10-90 %: 603-708 us), 512
+sequences 9.55 ms (76.7 %, 10-90 %: 8.84-11.83 ms); the DMA queues bind
+(91 % busy at 512: the state traffic plus ~1.5 read/write switches per
+sequence), VectorE 73 %, ScalarE 62 %, TensorE 55 %. Per sequence and token:
+VectorE ~4 instructions, ScalarE ~16, TensorE ~51, GpSimd 1, DMA ~2.3.
+Program size: 1,367 static instructions (every runtime-loop body and both
+sides of the spare's ``nl.if_else`` once; the main body holds 16 entries).
+LNC=2 (each program's instructions timed on its own core): 32 sequences
+305 us per program (0.51 x LNC=1), 512 sequences 4.78 ms (0.50 x); one
+sequence 37.9 us (program 0's spare entry, program 1 a dump entry); 1,367
+static instructions per program.
 
-Numerics: all float32 (no matmul precision choice: the only matmul is the
-exact 0/1 broadcast). A bfloat16 pool is widened by the first token's
-decay (ScalarE reads the bf16 tile, writes fp32: no separate widening
-pass) and rounded once (RNE) by a per-block ScalarE copy on the last
-token, pipelined with the update.
+Numerics: the state and every update are float32. The TensorE sums are
+exact (identity stationary, 0/1) but for the input term: with bf16 B
+(bf16 I/O) dt'x is split into bf16 hi + lo (|dt'x - hi - lo| <= 2^-17
+|dt'x|) and the two bf16 matmuls against the exact bf16 block diagonal of B
+sum in fp32 PSUM; with fp32 B the matmul is fp32. A bfloat16 pool is
+widened by the first token's decay (ScalarE reads the bf16 tile, writes
+fp32) and rounded once (RNE) by a ScalarE copy on the last token.
 
 Constructs and their evidence: the scaffolding of ``nki_ssm.kernels.scaffold``
 (its docstring: ``nl.fori_loop`` with an inner-``def`` body and ``NkiScalar``
 bounds, ``nisa.scalar_load`` of DMA-filled SBUF tiles, ``nl.if_else``, DMA
-``scalar_offset`` an ``NkiScalar``); ``vector_offset`` gathers and scatters
-with one pool row per partition (nki-library ``bwmm_shard_on_I.py``;
-``nisa.dma_copy`` docs, indirect scatter example); matmuls on the whole PE
-array; no DMA converts a dtype (the launcher passes x | dt | z in float32).
+``scalar_offset`` an ``NkiScalar``); stride-0 ``.broadcast`` operands
+(nkilib TensorView, NkiTensor docs); matmuls on the whole PE array; no DMA
+converts a dtype (the launcher passes x | dt | z in float32).
 """
 from __future__ import annotations
 

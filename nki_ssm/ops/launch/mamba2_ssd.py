@@ -21,7 +21,8 @@ compiled program per (bucket, layer shape, dtypes):
   partition (``.ap(vector_offset=...)``) and update it in place;
 - LNC=2 (``call.lnc``): prefill splits the heads over the two programs
   (two parts: an odd H first becomes 2H heads of P/2 channels; the pool
-  view then has ``2*pr`` rows per slot, part 1's ``pr`` after part 0's),
+  view then has ``2*pr`` rows per slot, part 1's ``pr`` after part 0's;
+  decode moves a slot by one ``scalar_offset`` DMA, row ``slot*pr``),
   decode splits the live sequences in order into equal runs (one counts row
   for both programs, a spare entry under ``nl.if_else``: ``decode_tables``;
   decode's tables get a block of rows per program). Prefill's tables, counts
@@ -30,8 +31,11 @@ compiled program per (bucket, layer shape, dtypes):
   writing into private dumps;
 - per-head parameters are repeated on 128 rows (prefill; D [H] goes to the
   TensorE identity path, D [H, P] to the per-channel path) or arranged as
-  per-row ``[pr, nt]`` tiles (decode); dt is widened to float32; tensors are
-  flattened to 2-D (contiguous reshapes).
+  per-row ``[pr, nt]`` tiles in the decode kernel's segment layout
+  (``decode_segments``; slices, reshapes, a concatenation); decode's token
+  inputs are put in table order and its y read back from it
+  (``decode_y_index``: a row gather and a permute); dt is widened to
+  float32; tensors are flattened to 2-D (contiguous reshapes).
 
 The layout work lives in ``prefill_call`` / ``decode_call``, shared with the
 torch device path (package docstring).
@@ -262,10 +266,11 @@ def prefill_call(xp, call, *, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_lim
 
 
 def decode_layout(H: int, P: int, G: int) -> tuple[int, int]:
-    """(pr, nt) of the decode kernel: state rows r = h*P + p sit at partition
-    ``r // nt``, column ``r % nt`` (nt consecutive rows per partition, one
-    pool row each of the ``[slots*pr, nt*N]`` view). pr is the largest divisor
-    of H*P that is <= 128 and keeps each partition inside one group."""
+    """(pr, nt) of the decode kernel: a sequence's H*P state rows on pr
+    partitions x nt columns (``pr*nt = H*P``; which row sits where:
+    ``decode_segments``). pr is the largest divisor of H*P that is <= 128 and
+    keeps ``nt`` consecutive rows inside one group (the prefill's head parts
+    use the same rule)."""
     HP, group_rows = H * P, (H // G) * P
     for pr in range(min(_PMAX, HP), 0, -1):
         if HP % pr == 0 and group_rows % (HP // pr) == 0:
