@@ -109,7 +109,7 @@ Modeled (trn2, nki_ssm.perf as of this commit; ``python -m simulate --op
 ssd_decode --no-calibration``, the 512-sequence case with ``--set judged``;
 Mamba-2 2.7B, float32 state, bf16 I/O; share of the 368 GB/s core DMA
 bandwidth): 1 sequence 43.2 us (33 %; one sequence fills and drains the
-pipeline alone), 32 sequences 603 us (75.9 %, 10-90 %: 603-708 us), 512
+pipeline alone), 32 sequences 603 us (75.9 %, 10-90 %: 559-745 us), 512
 sequences 9.55 ms (76.7 %, 10-90 %: 8.84-11.83 ms); the DMA queues bind
 (91 % busy at 512: the state traffic plus ~1.5 read/write switches per
 sequence), VectorE 73 %, ScalarE 62 %, TensorE 55 %. Per sequence and token:
