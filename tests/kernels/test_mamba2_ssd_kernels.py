@@ -324,6 +324,38 @@ def test_decode_step_continues_a_prefill(lnc):
     assert rel_fro(pool, pool_all) <= 1e-6
 
 
+def test_decode_segments_one_head_per_partition_and_segment():
+    from nki_ssm.kernels.mamba2_ssd.decode import decode_segments
+    # Mamba-2 2.7B: nt 40 rows per partition, P 64 -> five segments of 8 rows
+    assert decode_segments(40, 64, 128) == [(0, 8), (8, 16), (16, 24), (24, 32), (32, 40)]
+    assert decode_segments(64, 64, 128) == [(0, 64)]          # Granite / Falcon-H1: one head
+    assert decode_segments(3, 24, 48) == [(0, 3)]
+    assert decode_segments(3, 64, 128) == [(0, 1), (1, 2), (2, 3)]
+    for nt, P, pr in [(40, 64, 128), (6, 64, 128), (3, 24, 48), (2, 8, 8)]:
+        for o, e in decode_segments(nt, P, pr):
+            for q in range(pr):              # rows pr*o + q*(e-o) + k, k < e-o: one head
+                assert len({(pr * o + q * (e - o) + k) // P for k in range(e - o)}) == 1
+
+
+@pytest.mark.parametrize("T, pool_dtype", [(None, np.float32), (2, BF16)])
+def test_decode_bf16_io_tensor_input_term_matches_reference(T, pool_dtype, lnc):
+    # bf16 I/O, G = 1: the input term dt'x * B on TensorE (dt'x split in bf16 hi + lo);
+    # H 12, P 64 -> pr 128, nt 6: three segments of two rows
+    rng = np.random.default_rng(21)
+    inp = make_ssd_decode_inputs(rng, num_seqs=5, T=T, H=12, P=64, N=32, G=1, z=True,
+                                 D="H", dtype=BF16, pool_dtype=pool_dtype, padding=1)
+    y_ref, pool_ref = ssd_decode(**inp)
+    y, after, before = _decode(inp)
+    assert rel_fro(y, y_ref) <= BF16_MODE_TOL
+    named = _named(inp["state_indices"])
+    unnamed = np.setdiff1d(np.arange(before.shape[0]), named)
+    assert after[unnamed].tobytes() == before[unnamed].tobytes()
+    tol = BF16_MODE_TOL if pool_dtype == np.float32 else 2.0**-9 + BF16_MODE_TOL
+    assert rel_fro(after[named], pool_ref[named]) <= tol
+    for s in np.flatnonzero(np.asarray(inp["state_indices"]) < 0):
+        assert not np.any(y[s])
+
+
 @contextlib.contextmanager
 def _unit_bytes(value):
     """Decode state-unit budget set to ``value`` (small shapes then take the
@@ -344,8 +376,8 @@ def test_decode_units_cover_each_state_once():
     assert _unit_spans(64, 256, True) == [(0, 32), (32, 64)]
     assert _unit_spans(64, 256, False) == [(0, 32), (32, 64)]
     assert _unit_spans(40, 128, False) == [(0, 40)]
-    # entries per full iteration: 8, fewer for long speculative steps (token tiles)
-    assert [entries_per_iteration(T) for T in (1, 2, 4, 8, 16, 20)] == [8, 8, 4, 2, 1, 1]
+    # entries per full iteration: 16, fewer for long speculative steps (token tiles)
+    assert [entries_per_iteration(T) for T in (1, 2, 4, 8, 16, 20)] == [16, 8, 4, 2, 1, 1]
     with _unit_bytes(1):          # never below one row block per unit
         assert _unit_spans(3, 8, True) == [(0, 1), (1, 2), (2, 3)]
 

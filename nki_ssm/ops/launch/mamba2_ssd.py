@@ -21,7 +21,8 @@ compiled program per (bucket, layer shape, dtypes):
   partition (``.ap(vector_offset=...)``) and update it in place;
 - LNC=2 (``call.lnc``): prefill splits the heads over the two programs
   (two parts: an odd H first becomes 2H heads of P/2 channels; the pool
-  view then has ``2*pr`` rows per slot, part 1's ``pr`` after part 0's),
+  view then has ``2*pr`` rows per slot, part 1's ``pr`` after part 0's;
+  decode moves a slot by one ``scalar_offset`` DMA, row ``slot*pr``),
   decode splits the live sequences in order into equal runs (one counts row
   for both programs, a spare entry under ``nl.if_else``: ``decode_tables``;
   decode's tables get a block of rows per program). Prefill's tables, counts
@@ -30,8 +31,11 @@ compiled program per (bucket, layer shape, dtypes):
   writing into private dumps;
 - per-head parameters are repeated on 128 rows (prefill; D [H] goes to the
   TensorE identity path, D [H, P] to the per-channel path) or arranged as
-  per-row ``[pr, nt]`` tiles (decode); dt is widened to float32; tensors are
-  flattened to 2-D (contiguous reshapes).
+  per-row ``[pr, nt]`` tiles in the decode kernel's segment layout
+  (``decode_segments``; slices, reshapes, a concatenation); decode's token
+  inputs are put in table order and its y read back from it
+  (``decode_y_index``: a row gather and a permute); dt is widened to
+  float32; tensors are flattened to 2-D (contiguous reshapes).
 
 The layout work lives in ``prefill_call`` / ``decode_call``, shared with the
 torch device path (package docstring).
@@ -262,10 +266,11 @@ def prefill_call(xp, call, *, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_lim
 
 
 def decode_layout(H: int, P: int, G: int) -> tuple[int, int]:
-    """(pr, nt) of the decode kernel: state rows r = h*P + p sit at partition
-    ``r // nt``, column ``r % nt`` (nt consecutive rows per partition, one
-    pool row each of the ``[slots*pr, nt*N]`` view). pr is the largest divisor
-    of H*P that is <= 128 and keeps each partition inside one group."""
+    """(pr, nt) of the decode kernel: a sequence's H*P state rows on pr
+    partitions x nt columns (``pr*nt = H*P``; which row sits where:
+    ``decode_segments``). pr is the largest divisor of H*P that is <= 128 and
+    keeps ``nt`` consecutive rows inside one group (the prefill's head parts
+    use the same rule)."""
     HP, group_rows = H * P, (H // G) * P
     for pr in range(min(_PMAX, HP), 0, -1):
         if HP % pr == 0 and group_rows % (HP // pr) == 0:
@@ -328,6 +333,33 @@ def decode_tables(state_indices, num_seqs: int, pr: int, per: int, programs: int
                                  dtype=np.int32), counts)
 
 
+def decode_y_index(state_indices, num_seqs: int, per: int, programs: int = 1):
+    """Where ``ssd_decode_step`` leaves each sequence's y: ``[len(state_indices)]`` int64
+    rows of its y viewed as ``[programs * rows * per, T*pr*nt]`` (table row r of program p,
+    entry e: ``(p*rows + r)*per + e``), the placement ``decode_tables`` gives the live
+    sequences; padding sequences get 0 (their y is zeroed)."""
+    from nki_ssm.kernels.scaffold import padded_split
+
+    idx = np.asarray(state_indices, dtype=np.int64)
+    live_all = np.flatnonzero(idx >= 0)
+    E = live_all.size // programs
+    n_main = E // per
+    rows = 1 + -(-(-(-num_seqs // programs)) // per) + per
+    out = np.zeros(idx.size, dtype=np.int64)
+    _, spans = padded_split(E * programs, programs)
+    for prog in range(programs):
+        first, count = spans[prog]
+        run = live_all[first:first + count]
+        i = np.arange(run.size)
+        main = i < n_main * per
+        r = np.where(main, 1 + i // per, 1 + n_main + (i - n_main * per))
+        e = np.where(main, i % per, 0)
+        out[run] = (prog * rows + r) * per + e
+    if live_all.size - E * programs:
+        out[live_all[-1]] = 0
+    return out
+
+
 def decode(*, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_states, state_indices,
            backend):
     """Launch ``ssd_decode_step`` on the host path (``decode_call`` with NumPy)."""
@@ -343,7 +375,7 @@ def decode_call(xp, call, *, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limi
     ``xp``: the array namespace of x ... ssm_states (``_arrays``); state_indices is
     a host array. The batch is padded to its sequence bucket (zero sequences).
     """
-    from nki_ssm.kernels.mamba2_ssd.decode import entries_per_iteration
+    from nki_ssm.kernels.mamba2_ssd.decode import decode_segments, entries_per_iteration
 
     single = x.ndim == 3
     S = x.shape[0]
@@ -356,12 +388,15 @@ def decode_call(xp, call, *, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limi
         raise ValueError(f"ssm_states must have slots*{pr} <= {_INT32_MAX} (int32 row indices), "
                          f"got {slots * pr}")
     Sb = seq_bucket(S)                    # sequences the kernel is compiled for
-    # partition q of the B/C broadcast takes group (q*nt) // (H/G*P)
-    group_of = (np.arange(pr) * nt) // ((H // G) * P)
-    sel = (group_of[None, :] == np.arange(G)[:, None]).astype(np.float32)
+    segs = decode_segments(nt, P, pr)
+    # partition q of segment (o, e) holds rows pr*o + q*(e-o) .. (one head): its group
+    sel = np.concatenate([(((pr * o + np.arange(pr) * (e - o)) // P) // (H // G))[None, :]
+                          == np.arange(G)[:, None] for o, e in segs], axis=1).astype(np.float32)
 
-    def rows(a, lead):  # [..., H*P] -> [lead*pr, nt], row r at [r // nt, r % nt]
-        return xp.f32(a).reshape(lead * pr, nt)
+    def rows(a, lead):  # [..., H*P] -> [lead*pr, nt]: segment (o, e) rows at [q, o:e]
+        a = xp.f32(a).reshape(lead, H * P)
+        return xp.cat([a[:, pr * o:pr * e].reshape(lead, pr, e - o) for o, e in segs],
+                      axis=2).reshape(lead * pr, nt)
 
     def per_head(a, lead):  # [lead, H] -> per-row values [lead*pr, nt]
         return rows(xp.repeat(xp.f32(a).reshape(lead, H), P, 1), lead)
@@ -383,14 +418,36 @@ def decode_call(xp, call, *, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limi
     BC = xp.cat([pad_seqs(B).reshape(n * G, N), pad_seqs(C).reshape(n * G, N)], axis=1)
     lo, hi = _dt_limit(dt_limit)
     pool = xp.pool_view(ssm_states, (slots * pr, nt * N))
-    per = entries_per_iteration(T)
+    per = entries_per_iteration(T, nt * N * 4)
     tables = decode_tables(state_indices, Sb, pr, per, call.lnc)
+    # token inputs in table order (row r, entry e: the sequence decode_y_index places
+    # there; a zero sequence in the empty places): one DMA per iteration and token
+    yx = decode_y_index(state_indices, Sb, per, call.lnc)
+    R = tables[0].shape[0]
+    order = np.full(R * per, Sb, dtype=np.int64)
+    live = np.flatnonzero(np.asarray(state_indices) >= 0)
+    order[yx[live]] = live
+
+    def by_table(a, inner):  # [Sb, T, inner...] -> [R, T*rows, per*width]
+        a = xp.take(xp.pad_rows(a, Sb + 1, math.prod(a.shape[1:])), order)
+        a = xp.permute(a.reshape((R, per, T) + inner), (0, 2, 3, 1, 4))
+        return a.reshape(R, T * inner[0], per * inner[1])
+
     y = call(decode_kernel(),
-             xp.cat(xdt, axis=1).reshape(Sb, T * pr, -1), xp.cat(params, axis=1),
-             BC.reshape(Sb, T * G, 2 * N), xp.cast_like(xp.table(sel), BC), pool,
+             by_table(xp.cat(xdt, axis=1).reshape(Sb, T, pr, -1), (pr, len(xdt) * nt)),
+             xp.cat(params, axis=1),
+             by_table(BC.reshape(Sb, T, G, 2 * N), (G, 2 * N)), xp.cast_like(xp.table(sel), BC),
+             pool,
              *(xp.table(t) for t in tables), z is not None, dt_bias is not None, D is not None,
-             bool(dt_softplus), lo, hi)
+             bool(dt_softplus), lo, hi, P)
     xp.commit(pool, ssm_states)
+    # the kernel's row layout back to [S, T*H*P] (segment (o, e): rows pr*o .. pr*e)
+    yk = xp.f32(y)
+    R = yk.shape[0]
+    yk = xp.permute(yk.reshape(R, T, pr, per, nt), (0, 3, 1, 2, 4)).reshape(R * per, T * pr * nt)
+    yk = xp.take(yk, decode_y_index(state_indices, Sb, per, call.lnc)).reshape(S * T, pr, nt)
+    y = xp.cat([yk[:, :, o:e].reshape(S * T, pr * (e - o)) for o, e in segs],
+               axis=1).reshape(S, T * H * P)
     # y rows of padding sequences are zeros (the kernel gives them no entry: torch.where)
-    y = xp.where_rows(np.asarray(state_indices) >= 0, xp.f32(y)[:S])
+    y = xp.where_rows(np.asarray(state_indices) >= 0, y)
     return xp.cast_like(y.reshape(x.shape), x)
