@@ -333,11 +333,14 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     Q = chunk_size
     n_tiles = (N + _PMAX - 1) // _PMAX
     md = nl.float32 if exact else nl.bfloat16
+    fast = not exact
+    lean = False
     y = nl.ndarray((T1, HP_all), dtype=x.dtype, buffer=nl.shared_hbm)
     y_out = destination(y, real)
     pool = destination(pool, real)
 
     ones, U, Ls = _tri_consts(Q)
+    sb, Lpre, Lin, Uloc = _seg_consts(Q, ones, U, Ls)
     A_sb = load_f32(A_rows[:, h_base:h_base + H], _PMAX, H)
     bias_sb = None
     if bias_rows != None:  # noqa: E711
@@ -354,7 +357,8 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     hb = max(1, min(min(HPG, _PSUM_F // Q), min((_PSUM_F // 2) // P, (_PSUM_F // n_tiles) // P)))
     blocks = _head_blocks(G, g_lo, HPG, h_base, H, hb)
 
-    cst = {"ones": ones, "U": U, "Ls": Ls, "A": A_sb, "bias": bias_sb, "D_sb": D_sb,
+    cst = {"ones": ones, "U": U, "Ls": Ls, "sb": sb, "Lpre": Lpre, "Lin": Lin, "Uloc": Uloc,
+           "fast": fast, "lean": lean, "A": A_sb, "bias": bias_sb, "D_sb": D_sb,
            "Dh": None, "ident": None, "H": H, "P": P, "N": N, "G": G, "Q": Q,
            "n_tiles": n_tiles, "md": md, "dt_softplus": dt_softplus, "dt_lo": dt_lo,
            "dt_hi": dt_hi, "x": x, "dt": dt, "B": B, "C": C, "z": z, "y": y_out,
@@ -365,7 +369,6 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     else:
         cst["ident"] = _identity(ones, Q)
     # prologue temporaries (the PSUM scratch bank: _new_psum in each loop body)
-    cst["CTf"] = nl.ndarray((_PMAX, Q), dtype=nl.float32, buffer=nl.sbuf)
     cst["BT"] = nl.ndarray((_PMAX, Q), dtype=nl.float32, buffer=nl.sbuf)
 
     # running state S^T, fp32, one tile per 128 of N (persistent)
@@ -379,7 +382,6 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     zbytes = _itemsize(x.dtype)
     if z != None:  # noqa: E711
         zbytes = _itemsize(z.dtype)
-    mdb = _itemsize(md)
     xbytes = _itemsize(x.dtype)
     braw = 0                                # B and C as loaded, when not fp32
     if B.dtype != nl.float32:
@@ -387,9 +389,10 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     if C.dtype != nl.float32:
         braw = braw + _itemsize(C.dtype)
     ctx_bytes = (HP * (xbytes + zbytes) + GN * (8 + braw) + H * 4 * (6 + n_tiles)
-                 + G * Q * (n_tiles * mdb + 4))
+                 + G * Q * (n_tiles * 4 + 4) + 2 * H * sb * 4 + 6 * H)
     # state + transfer piece + item rings (W, Dm; yb, sz, Xd, xd, xfD) + constants
-    fixed = n_tiles * HP * 4 + _NAT_BYTES + 6 * hb * Q * 4 + 16 * hb * P * 4 + 10 * _PMAX * 4
+    fixed = (n_tiles * HP * 4 + _NAT_BYTES + 6 * hb * Q * 4 + 16 * hb * P * 4 + 10 * _PMAX * 4
+             + 2 * (Q // sb) * Q * 4)
     double = fixed + 2 * ctx_bytes <= _SBUF_BUDGET
     c0 = _ctx_tiles(cst, G, n_tiles)
     ctxs = [c0, c0]
@@ -397,7 +400,7 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
         ctxs[1] = _ctx_tiles(cst, G, n_tiles)
     if cst["Dh"] != None:  # noqa: E711
         for c in ctxs:
-            nisa.tensor_copy(dst=c["fac"][:, H:2 * H], src=cst["Dh"][0:Q, :])
+            nisa.tensor_copy(dst=c["fac"][:, 2 * H:3 * H], src=cst["Dh"][0:Q, :])
     # long pipelines (at least as many blocks as stages, two contexts, the chunk-state PSUM pair in
     # one bank) balance the engines through TensorE: y_off * exp(cs) is added to y_intra
     # by an identity matmul into its PSUM bank instead of on VectorE, which carries the
@@ -558,6 +561,47 @@ def _tri_consts(Q):
     return ones, U, Ls
 
 
+def _seg_consts(Q, ones, U, Ls):
+    """Constants of the segment-sum matmuls (fp32, 0/1), sub-blocks of sb tokens (32, or
+    16 when Q is not a multiple of 32): Lpre[b][k, j] = Ls[k, j] (k < b*sb) for b >= 1
+    (None for b = 0), Lin[b][k, j] = Ls[k, j] (b*sb <= k < (b+1)*sb), Uloc [Q, sb]
+    [k, i'] = ((k mod sb) <= i'). Returns (sb, Lpre, Lin, Uloc)."""
+    sb = 32
+    if Q % 32 != 0:
+        sb = 16
+    nsb = Q // sb
+    Lpre = [None]
+    for b in range(1, nsb + 1):
+        if b == nsb:
+            Lpre.append(Ls)
+        else:
+            t = nl.ndarray((Q, Q), dtype=nl.float32, buffer=nl.sbuf)
+            # keep where b*sb - 1 - k >= 0
+            nisa.affine_select(dst=t, pattern=[[0, Q]], channel_multiplier=-1, on_true_tile=Ls,
+                               on_false_value=0.0, cmp_op=nl.greater_equal, offset=b * sb - 1)
+            Lpre.append(t)
+    Lin = []
+    for b in range(nsb):
+        t = nl.ndarray((Q, Q), dtype=nl.float32, buffer=nl.sbuf)
+        # keep where k - b*sb >= 0 (of Lpre[b + 1]: k < (b+1)*sb)
+        nisa.affine_select(dst=t, pattern=[[0, Q]], channel_multiplier=1, on_true_tile=Lpre[b + 1],
+                           on_false_value=0.0, cmp_op=nl.greater_equal, offset=-b * sb)
+        Lin.append(t)
+    Lpre = Lpre[0:nsb]
+    # Uloc[k, i'] = sum_c U[k, c*sb + i'] (k in sub-block c): the group indicator G[k, c]
+    G = nl.ndarray((Q, nsb), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.affine_select(dst=G, pattern=[[-sb, nsb]], channel_multiplier=1, on_true_tile=ones[:, 0:nsb],
+                       on_false_value=0.0, cmp_op=nl.greater_equal, offset=0)
+    nisa.affine_select(dst=G, pattern=[[sb, nsb]], channel_multiplier=-1, on_true_tile=G,
+                       on_false_value=0.0, cmp_op=nl.greater_equal, offset=sb - 1)
+    tmp = nl.ndarray((Q, sb, nsb), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=tmp, data1=U.ap(pattern=[[Q, Q], [1, sb], [sb, nsb]], offset=0),
+                       data2=G.ap(pattern=[[nsb, Q], [0, sb], [1, nsb]], offset=0), op=nl.multiply)
+    Uloc = nl.ndarray((Q, sb), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=Uloc, op=nl.add, data=tmp, axis=(2,))
+    return sb, Lpre, Lin, Uloc
+
+
 def _identity(ones, Q):
     """fp32 identity [Q, Q] (TensorE adds: the D x term, y_off into y_intra)."""
     ident = nl.ndarray((Q, Q), dtype=nl.float32, buffer=nl.sbuf)
@@ -670,12 +714,17 @@ def _ctx_tiles(cst, G, n_tiles):
         c["B_raw"] = nl.ndarray((Q, GN), dtype=cst["B"].dtype, buffer=nl.sbuf)
     if cst["C"].dtype != f32:
         c["C_raw"] = nl.ndarray((Q, GN), dtype=cst["C"].dtype, buffer=nl.sbuf)
-    for name in ("dtA", "ecs", "wd"):
+    for name in ("dtA", "ecs"):
         c[name] = nl.ndarray((Q, H), dtype=f32, buffer=nl.sbuf)
-    # dt' in columns [0, H), D per head in [H, 2H) (written once, before the loops):
-    # the per-head factors of x in stage 3's one instruction (x dt', x D)
-    c["fac"] = nl.ndarray((Q, 2 * H), dtype=f32, buffer=nl.sbuf)
+    # the segment sums' moving operands for all heads [Q, (part, h, i')]: part 0 dtA
+    # repeated over the sb columns of a sub-block, part 1 dtA masked by Uloc
+    sb = cst["sb"]
+    c["WB"] = nl.ndarray((Q, 2 * H * sb), dtype=f32, buffer=nl.sbuf)
+    # dt' in columns [0, H), dt' exp(ex) in [H, 2H), D per head in [2H, 3H) (written
+    # once, before the loops): the per-head factors of x in stage 3's one instruction
+    c["fac"] = nl.ndarray((Q, 3 * H), dtype=f32, buffer=nl.sbuf)
     c["dtp"] = c["fac"][:, 0:H]
+    c["wd"] = c["fac"][:, H:2 * H]
     if cst["z"] != None:  # noqa: E711
         # y is written over z's columns once silu(z) of the block is taken (SBUF:
         # H*P*2 bytes per partition and context); the chunk's y store is issued
@@ -691,7 +740,7 @@ def _ctx_tiles(cst, G, n_tiles):
         CT = []
         for t in range(n_tiles):
             ntile = min(_PMAX, N - t * _PMAX)
-            CT.append(nl.ndarray((ntile, Q), dtype=md, buffer=nl.sbuf))
+            CT.append(nl.ndarray((ntile, Q), dtype=f32, buffer=nl.sbuf))
         c["CTs"].append(CT)
         c["cbms"].append(nl.ndarray((Q, Q), dtype=f32, buffer=nl.sbuf))
     return c
@@ -703,17 +752,11 @@ def _item_rings(cst, hb):
     then keeps every read before the next write). The PSUM rings: ``_new_psum_rings``."""
     Q, P, n_tiles, md, N = cst["Q"], cst["P"], cst["n_tiles"], cst["md"], cst["N"]
     f32 = nl.float32
-    r = {"W": _ring(2, (Q, hb * Q), f32, nl.sbuf), "Dm": _ring(3, (Q, hb * Q), f32, nl.sbuf),
+    r = {"Dm": _ring(2, (Q, hb * Q), f32, nl.sbuf), "Mt": _ring(2, (Q, hb * Q), f32, nl.sbuf),
          "yb": _ring(3, (Q, hb * P), f32, nl.sbuf), "sz": _ring(3, (Q, hb * P), f32, nl.sbuf),
-         "Xd": _ring(4, (Q, hb * P), f32, nl.sbuf), "xfD": _ring(2, (Q, 2 * hb * P), f32, nl.sbuf),
-         "xd": _ring(2, (Q, hb * P), f32, nl.sbuf), "S": []}
-    if md != f32:
-        for i in range(2):
-            S = []
-            for t in range(n_tiles):
-                S.append(nl.ndarray((min(_PMAX, N - t * _PMAX), hb * P), dtype=md,
-                                    buffer=nl.sbuf))
-            r["S"].append(S)
+         "xd": _ring(2, (Q, hb * P), f32, nl.sbuf),
+         # [xf | Xd | xD], written in stage 3, read in stages 4 (xf, xD) and 8 (Xd)
+         "xfD": _ring(6, (Q, 3 * hb * P), f32, nl.sbuf)}
     return r
 
 
@@ -793,6 +836,15 @@ def _prologue_compute(cst, c):
     dtp, dtA = c["dtp"], c["dtA"]
     nisa.tensor_scalar(dst=dtp, data=dtp0, op0=nl.multiply, operand0=c["mask"][:, 0:1])
     nisa.tensor_tensor(dst=dtA, data1=dtp, data2=cst["A"][0:Q, :], op=nl.multiply)
+    # the segment sums' moving operands for every head at once: dtA repeated over a
+    # sub-block's sb columns (ScalarE), dtA * Uloc (GpSimd)
+    sb, WB = cst["sb"], c["WB"]
+    dtA_rep = dtA.ap(pattern=[[H, Q], [1, H], [0, sb]], offset=0)
+    nisa.tensor_copy(dst=WB.ap(pattern=[[2 * H * sb, Q], [sb, H], [1, sb]], offset=0), src=dtA_rep,
+                     engine=nisa.engine.scalar)
+    nisa.tensor_tensor(dst=WB.ap(pattern=[[2 * H * sb, Q], [sb, H], [1, sb]], offset=H * sb),
+                       data1=dtA_rep, data2=cst["Uloc"].ap(pattern=[[sb, Q], [0, H], [1, sb]], offset=0),
+                       op=nl.multiply, engine=nisa.engine.gpsimd)
 
     # ---- decay sums for all heads (fp32 matmuls with 0/1 operators), then exp
     # each sum in its own PSUM columns while they fit the bank (TensorE then
@@ -821,9 +873,6 @@ def _prologue_compute(cst, c):
             CT = c["CTs"][g][t]
             nisa.tensor_copy(dst=CT, src=ct_ps, engine=nisa.engine.scalar)
             CTf = CT
-            if md != nl.float32:
-                CTf = cst["CTf"][0:ntile, :]
-                nisa.tensor_copy(dst=CTf, src=ct_ps)
             bt_ps = tp[0:ntile, Q:2 * Q]
             nisa.nc_transpose(dst=bt_ps, data=c["B_mm"][:, n0:n0 + ntile])
             BT = cst["BT"][0:ntile, :]
@@ -941,29 +990,42 @@ def _pair(cst, ctxs, blocks, rings, i, cells, double):
 # (mostly), so in a pipeline step every engine's queue holds work whose
 # inputs were produced in earlier steps.
 
+def _tf(t, fast):
+    """A float32 operand as tfloat32 (bf16 mode: the BF16 rate) or itself (exact mode)."""
+    if fast:
+        return t.view(nl.tfloat32)
+    return t
+
+
 def _st_w(cst, ctx, blk, w, r):
-    """GpSimd: W[k, (h,i)] = dtA[k,h] U[k,i] (fp32), one affine_select for the block
-    (dtA broadcast along i by a zero-step access pattern, kept where i >= k)."""
-    g, h0, nh = blk
-    Q, dtA, H = cst["Q"], ctx["dtA"], cst["H"]
-    W = _pick(r["W"], w)
-    nisa.affine_select(dst=W[:, 0:nh * Q], pattern=[[0, nh], [1, Q]], channel_multiplier=-1,
-                       on_true_tile=dtA.ap(pattern=[[H, Q], [1, nh], [0, Q]], offset=h0),
-                       on_false_value=0.0, cmp_op=nl.greater_equal, offset=0)
+    """(No work: the segment sums' operands are built per chunk in the prologue.)"""
+    return
 
 
 def _st_seg(cst, ctx, blk, w, r):
-    """TensorE: seg[j, (h,i)] = sum_{j<k<=i} dtA[k,h] = Ls^T W (fp32, exactly 0 for j >= i)."""
+    """TensorE: seg[j, (b, h, i')] = sum_{j<k<=i} dtA[k, h], i = b*sb + i', for the block's
+    heads: per sub-block b of sb tokens, the tokens of earlier sub-blocks (Lpre[b]
+    against dtA repeated over the sub-block's columns) plus those of b itself up to i
+    (Lin[b] against dtA * Uloc). Every term is a dt'A <= 0, so the sum is a direct
+    segment sum (no difference of running sums), exactly 0 for j >= i."""
     g, h0, nh = blk
-    Q = cst["Q"]
-    nisa.nc_matmul(dst=_pick(r["seg"], w)[:, 0:nh * Q], stationary=cst["Ls"][0:Q, 0:Q],
-                   moving=_pick(r["W"], w)[:, 0:nh * Q], accumulate=False,
-                   is_stationary_onezero=True)
+    Q, sb, H, fast = cst["Q"], cst["sb"], cst["H"], cst["fast"]
+    seg, WB = _pick(r["seg"], w), ctx["WB"]
+    wsb = nh * sb
+    for b in range(Q // sb):
+        dst = seg[:, b * wsb:(b + 1) * wsb]
+        if b > 0:
+            nisa.nc_matmul(dst=dst, stationary=_tf(cst["Lpre"][b], fast),
+                           moving=_tf(WB, fast)[:, h0 * sb:h0 * sb + wsb], accumulate=False,
+                           is_stationary_onezero=True)
+        nisa.nc_matmul(dst=dst, stationary=_tf(cst["Lin"][b], fast),
+                       moving=_tf(WB, fast)[:, (H + h0) * sb:(H + h0) * sb + wsb],
+                       accumulate=(b > 0), is_stationary_onezero=True)
 
 
 def _st_exp(cst, ctx, blk, w, r):
     """ScalarE: Dm = exp(seg), one instruction for the block (seg <= 0: Dm in [0, 1];
-    dt'_j enters through stage 4's moving operand x_j dt'_j)."""
+    bf16 in lean mode; dt'_j enters through stage 4's moving operand x_j dt'_j)."""
     g, h0, nh = blk
     Q = cst["Q"]
     Dm, seg = _pick(r["Dm"], w), _pick(r["seg"], w)
@@ -984,61 +1046,63 @@ def _per_head(t, h0, nh, m):
 
 
 def _st_mt(cst, ctx, blk, w, r):
-    """VectorE, one instruction each for the block: Mt = Dm * CBmask (CBmask repeated
-    over the heads by a zero stride), xf = x_j dt'_j (fp32, stage 4's moving operand),
-    x_h D_h (D [H]); ScalarE: bf16 copy of the block's state (bf16 mode)."""
+    """VectorE, one instruction each for the block: Mt[j, (h, i)] = Dm[j, (b, h, i')] *
+    CBmask[j, i] (CBmask repeated over the heads by a zero stride; the head-major Mt is
+    stage 4's per-head stationary); the x products: lean mode [xf | Xd | xD] = x *
+    [dt' | dt' exp(ex) | D] in bf16 (perf mode), else [xf | xD] = x * [dt' | D] fp32 (x
+    read nf times by a zero stride)."""
     g, h0, nh = blk
-    Q, P, md, ST = cst["Q"], cst["P"], cst["md"], cst["ST"]
-    Dm = _pick(r["Dm"], w)
-    Mt = Dm            # in place: the Dm buffer carries Mt to stage 4
+    Q, P, sb, hb, H = cst["Q"], cst["P"], cst["sb"], cst["hb"], cst["H"]
+    nsb = Q // sb
+    Dm, Mt = _pick(r["Dm"], w), _pick(r["Mt"], w)
+    F = Dm.shape[1]
     cbm = ctx["cbms"][g]
-    nisa.tensor_tensor(dst=_heads3(Mt, 0, nh, Q), data1=_heads3(Dm, 0, nh, Q),
-                       data2=cbm.ap(pattern=[[Q, Q], [0, nh], [1, Q]], offset=0),
+    nisa.tensor_tensor(dst=Mt.ap(pattern=[[F, Q], [sb, nsb], [Q, nh], [1, sb]], offset=0),
+                       data1=Dm.ap(pattern=[[F, Q], [nh * sb, nsb], [sb, nh], [1, sb]], offset=0),
+                       data2=cbm.ap(pattern=[[Q, Q], [sb, nsb], [0, nh], [1, sb]], offset=0),
                        op=nl.multiply, engine=nisa.engine.vector)
-    c0, c1 = h0 * P, (h0 + nh) * P
-    # xf = x dt' (and, D [H], x D after it at column hb*P): the block's x read twice by
-    # a zero stride, the factors from the context's [dt' | D] tile
-    H, hb, fac = cst["H"], cst["hb"], ctx["fac"]
-    nf = 1
-    if cst["Dh"] != None:  # noqa: E711
-        nf = 2
+    c0 = h0 * P
     xfD = _pick(r["xfD"], w)
-    nisa.tensor_tensor(dst=xfD.ap(pattern=[[2 * hb * P, Q], [hb * P, nf], [P, nh], [1, P]],
-                                  offset=0),
+    XF = xfD.shape[1]
+    nf, fac, nfac = 2, ctx["fac"], 3
+    if cst["Dh"] != None:  # noqa: E711
+        nf = nf + 1
+    nisa.tensor_tensor(dst=xfD.ap(pattern=[[XF, Q], [hb * P, nf], [P, nh], [1, P]], offset=0),
                        data1=ctx["x_in"].ap(pattern=[[H * P, Q], [0, nf], [P, nh], [1, P]],
                                             offset=c0),
-                       data2=fac.ap(pattern=[[2 * H, Q], [H, nf], [1, nh], [0, P]], offset=h0),
+                       data2=fac.ap(pattern=[[nfac * H, Q], [H, nf], [1, nh], [0, P]], offset=h0),
                        op=nl.multiply, engine=nisa.engine.vector)
-    if md != nl.float32:
-        for t in range(cst["n_tiles"]):
-            nisa.tensor_copy(dst=_pick(r["S"], w)[t][:, 0:nh * P], src=ST[t][:, c0:c1],
-                             engine=nisa.engine.scalar)
+
+
+def _xD(cst, w, r, k):
+    """Head k's x D columns of the block's x-products tile."""
+    hb, P = cst["hb"], cst["P"]
+    return _pick(r["xfD"], w)[:, (2 * hb + k) * P:(2 * hb + k + 1) * P]
 
 
 def _st_out_mm(cst, ctx, blk, w, r):
-    """TensorE: y_intra (+ D x) fp32 matmuls per head, y_off per N tile (precision
-    mode), into one PSUM bank: y_intra at columns [0, nh*P), y_off after."""
+    """TensorE: y_intra (+ D x) matmuls per head (bf16 in lean mode), y_off = C S^T per N
+    tile (tfloat32 views in bf16 mode), into one PSUM bank: y_intra at columns [0, nh*P),
+    y_off after."""
     g, h0, nh = blk
-    Q, P, x_in, md = cst["Q"], cst["P"], ctx["x_in"], cst["md"]
-    Mt, yps, hb = _pick(r["Dm"], w), _pick(r["yps"], w), cst["hb"]
+    Q, P, fast, lean = cst["Q"], cst["P"], cst["fast"], cst["lean"]
+    Mt, yps, hb = _pick(r["Mt"], w), _pick(r["yps"], w), cst["hb"]
+    xfD = _pick(r["xfD"], w)
+    ident = _tf(cst["ident"], fast)
+    mfast = fast
     for k in range(nh):
-        h = h0 + k
         yi = yps[:, k * P:(k + 1) * P]
-        xh = _pick(r["xfD"], w)[:, k * P:(k + 1) * P]
-        nisa.nc_matmul(dst=yi, stationary=Mt[:, k * Q:(k + 1) * Q], moving=xh, accumulate=False)
+        nisa.nc_matmul(dst=yi, stationary=_tf(Mt, mfast)[:, k * Q:(k + 1) * Q],
+                       moving=_tf(xfD, mfast)[:, k * P:(k + 1) * P], accumulate=False)
         if cst["Dh"] != None:  # noqa: E711
             # + D_h x_i: identity stationary, moving x_h D_h (stage 3)
-            nisa.nc_matmul(dst=yi, stationary=cst["ident"][0:Q, 0:Q],
-                           moving=_pick(r["xfD"], w)[:, (hb + k) * P:(hb + k + 1) * P],
-                           accumulate=True,
-                           is_stationary_onezero=True)
+            nisa.nc_matmul(dst=yi, stationary=ident[0:Q, 0:Q], moving=_tf(_xD(cst, w, r, k), mfast),
+                           accumulate=True, is_stationary_onezero=True)
     yo = yps[:, nh * P:2 * nh * P]
     c0, c1 = h0 * P, (h0 + nh) * P
     for t in range(cst["n_tiles"]):
-        S = cst["ST"][t][:, c0:c1]
-        if md != nl.float32:
-            S = _pick(r["S"], w)[t][:, 0:nh * P]
-        nisa.nc_matmul(dst=yo, stationary=ctx["CTs"][g][t], moving=S, accumulate=(t > 0))
+        nisa.nc_matmul(dst=yo, stationary=_tf(ctx["CTs"][g][t], fast),
+                       moving=_tf(cst["ST"][t], fast)[:, c0:c1], accumulate=(t > 0))
 
 
 def _st_scalar(cst, ctx, blk, w, r):
@@ -1057,16 +1121,12 @@ def _st_scalar(cst, ctx, blk, w, r):
     if ctx["z"] != None:  # noqa: E711
         nisa.activation(dst=_pick(r["sz"], w)[:, 0:nh * P], op=nl.silu,
                         data=ctx["z"][:, c0:c1])
-    nisa.tensor_tensor(dst=_heads3(_pick(r["Xd"], w), 0, nh, P),
-                       data1=_heads3(x_in, c0, nh, P),
-                       data2=_per_head(ctx["wd"], h0, nh, P), op=nl.multiply,
-                       engine=nisa.engine.gpsimd)
     if _pe_state(cst, w):
         # e^tot * S (the block's state, final since the previous chunk's stage 9)
         nisa.tensor_tensor(dst=_heads3(_pick(r["eS"], w), 0, nh, P),
                            data1=_heads3(cst["ST"][0], c0, nh, P),
                            data2=_per_head(ctx["elast"][0], h0, nh, P), op=nl.multiply,
-                           engine=nisa.engine.vector)
+                           engine=nisa.engine.gpsimd)
 
 
 def _st_yadd(cst, ctx, blk, w, r):
@@ -1077,7 +1137,8 @@ def _st_yadd(cst, ctx, blk, w, r):
     yb = _pick(r["yb"], w)[:, 0:nh * P]
     yi = _pick(r["yps"], w)[:, 0:nh * P]
     if _pe_add(cst, w):
-        nisa.nc_matmul(dst=yi, stationary=cst["ident"][0:Q, 0:Q], moving=yb, accumulate=True,
+        nisa.nc_matmul(dst=yi, stationary=_tf(cst["ident"], cst["fast"])[0:Q, 0:Q],
+                       moving=_tf(_pick(r["yb"], w), cst["fast"])[:, 0:nh * P], accumulate=True,
                        is_stationary_onezero=True)
     else:
         nisa.tensor_tensor(dst=yb, data1=yb, data2=yi, op=nl.add)
@@ -1114,15 +1175,16 @@ def _st_state_mm(cst, ctx, blk, w, r):
     g, h0, nh = blk
     P, N, B_mm = cst["P"], cst["N"], ctx["B_mm"]
     st = _pick(r["st"], w)
+    fast, hb = cst["fast"], cst["hb"]
+    Bs, Xd = _tf(B_mm, fast), _tf(_pick(r["xfD"], w), fast)[:, hb * P:(hb + nh) * P]
     for t in range(cst["n_tiles"]):
         n0 = g * N + t * _PMAX
         ntile = min(_PMAX, N - t * _PMAX)
         nisa.nc_matmul(dst=st[0:ntile, t * nh * P:(t + 1) * nh * P],
-                       stationary=B_mm[:, n0:n0 + ntile],
-                       moving=_pick(r["Xd"], w)[:, 0:nh * P], accumulate=False)
+                       stationary=Bs[:, n0:n0 + ntile], moving=Xd, accumulate=False)
     if _pe_state(cst, w):
-        nisa.nc_matmul(dst=st[0:N, 0:nh * P], stationary=cst["ident_n"][0:N, 0:N],
-                       moving=_pick(r["eS"], w)[:, 0:nh * P], accumulate=True,
+        nisa.nc_matmul(dst=st[0:N, 0:nh * P], stationary=_tf(cst["ident_n"], fast)[0:N, 0:N],
+                       moving=_tf(_pick(r["eS"], w), fast)[:, 0:nh * P], accumulate=True,
                        is_stationary_onezero=True)
 
 
@@ -1167,5 +1229,5 @@ _STAGES = (_st_w, _st_seg, _st_exp, _st_mt, _st_out_mm, _st_scalar, _st_yadd, _s
            _st_state_mm, _st_state)
 # stage reading the state (the bf16 copy / fp32 view in _st_mt / _st_out_mm) and
 # the stage writing it: item (1, j) may only read after item (0, j) wrote
-_S_READ, _S_WRITE = 3, 9
+_S_READ, _S_WRITE = 4, 9
 _S_YOUT = 7        # the stage writing the chunk's y tile
