@@ -389,11 +389,16 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     if C.dtype != nl.float32:
         braw = braw + _itemsize(C.dtype)
     ctx_bytes = (HP * (xbytes + zbytes) + GN * (8 + braw) + H * 4 * (6 + n_tiles)
-                 + G * Q * (n_tiles * 4 + 4) + 2 * H * sb * 4 + 6 * H)
+                 + G * Q * (n_tiles * 4 + 4) + 6 * H)
     # state + transfer piece + item rings (W, Dm; yb, sz, Xd, xd, xfD) + constants
-    fixed = (n_tiles * HP * 4 + _NAT_BYTES + 6 * hb * Q * 4 + 16 * hb * P * 4 + 10 * _PMAX * 4
-             + 2 * (Q // sb) * Q * 4)
+    fixed = (n_tiles * HP * 4 + _NAT_BYTES + 4 * hb * Q * 4 + 30 * hb * P * 4 + 10 * _PMAX * 4
+             + 2 * (Q // sb) * Q * 4 + 4 * hb * sb * 4)
+    # the segment sums' operands per chunk for all heads when they fit, else per block
+    wbytes = 2 * H * sb * 4
     double = fixed + 2 * ctx_bytes <= _SBUF_BUDGET
+    cst["wbc"] = fixed + ctx_bytes + wbytes <= _SBUF_BUDGET
+    if double:
+        cst["wbc"] = fixed + 2 * (ctx_bytes + wbytes) <= _SBUF_BUDGET
     c0 = _ctx_tiles(cst, G, n_tiles)
     ctxs = [c0, c0]
     if double:
@@ -719,7 +724,8 @@ def _ctx_tiles(cst, G, n_tiles):
     # the segment sums' moving operands for all heads [Q, (part, h, i')]: part 0 dtA
     # repeated over the sb columns of a sub-block, part 1 dtA masked by Uloc
     sb = cst["sb"]
-    c["WB"] = nl.ndarray((Q, 2 * H * sb), dtype=f32, buffer=nl.sbuf)
+    if cst["wbc"]:
+        c["WB"] = nl.ndarray((Q, 2 * H * sb), dtype=f32, buffer=nl.sbuf)
     # dt' in columns [0, H), dt' exp(ex) in [H, 2H), D per head in [2H, 3H) (written
     # once, before the loops): the per-head factors of x in stage 3's one instruction
     c["fac"] = nl.ndarray((Q, 3 * H), dtype=f32, buffer=nl.sbuf)
@@ -757,6 +763,8 @@ def _item_rings(cst, hb):
          "xd": _ring(2, (Q, hb * P), f32, nl.sbuf),
          # [xf | Xd | xD], written in stage 3, read in stages 4 (xf, xD) and 8 (Xd)
          "xfD": _ring(6, (Q, 3 * hb * P), f32, nl.sbuf)}
+    if not cst["wbc"]:
+        r["WB"] = _ring(2, (Q, 2 * hb * cst["sb"]), f32, nl.sbuf)
     return r
 
 
@@ -838,13 +846,8 @@ def _prologue_compute(cst, c):
     nisa.tensor_tensor(dst=dtA, data1=dtp, data2=cst["A"][0:Q, :], op=nl.multiply)
     # the segment sums' moving operands for every head at once: dtA repeated over a
     # sub-block's sb columns (ScalarE), dtA * Uloc (GpSimd)
-    sb, WB = cst["sb"], c["WB"]
-    dtA_rep = dtA.ap(pattern=[[H, Q], [1, H], [0, sb]], offset=0)
-    nisa.tensor_copy(dst=WB.ap(pattern=[[2 * H * sb, Q], [sb, H], [1, sb]], offset=0), src=dtA_rep,
-                     engine=nisa.engine.scalar)
-    nisa.tensor_tensor(dst=WB.ap(pattern=[[2 * H * sb, Q], [sb, H], [1, sb]], offset=H * sb),
-                       data1=dtA_rep, data2=cst["Uloc"].ap(pattern=[[sb, Q], [0, H], [1, sb]], offset=0),
-                       op=nl.multiply, engine=nisa.engine.gpsimd)
+    if cst["wbc"]:
+        _seg_operands(cst, c["WB"], dtA, 0, H)
 
     # ---- decay sums for all heads (fp32 matmuls with 0/1 operators), then exp
     # each sum in its own PSUM columns while they fit the bank (TensorE then
@@ -997,9 +1000,25 @@ def _tf(t, fast):
     return t
 
 
+def _seg_operands(cst, WB, dtA, h0, nh):
+    """WB [Q, (part, h, i')] for heads h0 .. h0+nh-1 of dtA [Q, H]: part 0 dtA repeated
+    over a sub-block's sb columns (ScalarE), part 1 dtA * Uloc (GpSimd), one instruction
+    each for all the heads."""
+    Q, sb, H = cst["Q"], cst["sb"], cst["H"]
+    F = WB.shape[1]
+    dtA_rep = dtA.ap(pattern=[[H, Q], [1, nh], [0, sb]], offset=h0)
+    nisa.tensor_copy(dst=WB.ap(pattern=[[F, Q], [sb, nh], [1, sb]], offset=0), src=dtA_rep,
+                     engine=nisa.engine.scalar)
+    nisa.tensor_tensor(dst=WB.ap(pattern=[[F, Q], [sb, nh], [1, sb]], offset=F // 2),
+                       data1=dtA_rep, data2=cst["Uloc"].ap(pattern=[[sb, Q], [0, nh], [1, sb]], offset=0),
+                       op=nl.multiply, engine=nisa.engine.gpsimd)
+
+
 def _st_w(cst, ctx, blk, w, r):
-    """(No work: the segment sums' operands are built per chunk in the prologue.)"""
-    return
+    """The segment sums' operands of the block when they are not built per chunk (SBUF)."""
+    g, h0, nh = blk
+    if not cst["wbc"]:
+        _seg_operands(cst, _pick(r["WB"], w), ctx["dtA"], h0, nh)
 
 
 def _st_seg(cst, ctx, blk, w, r):
@@ -1010,16 +1029,20 @@ def _st_seg(cst, ctx, blk, w, r):
     segment sum (no difference of running sums), exactly 0 for j >= i."""
     g, h0, nh = blk
     Q, sb, H, fast = cst["Q"], cst["sb"], cst["H"], cst["fast"]
-    seg, WB = _pick(r["seg"], w), ctx["WB"]
+    seg = _pick(r["seg"], w)
     wsb = nh * sb
+    if cst["wbc"]:
+        WB, m0, m1 = ctx["WB"], h0 * sb, (H + h0) * sb
+    else:
+        WB, m0, m1 = _pick(r["WB"], w), 0, cst["hb"] * sb
     for b in range(Q // sb):
         dst = seg[:, b * wsb:(b + 1) * wsb]
         if b > 0:
             nisa.nc_matmul(dst=dst, stationary=_tf(cst["Lpre"][b], fast),
-                           moving=_tf(WB, fast)[:, h0 * sb:h0 * sb + wsb], accumulate=False,
+                           moving=_tf(WB, fast)[:, m0:m0 + wsb], accumulate=False,
                            is_stationary_onezero=True)
         nisa.nc_matmul(dst=dst, stationary=_tf(cst["Lin"][b], fast),
-                       moving=_tf(WB, fast)[:, (H + h0) * sb:(H + h0) * sb + wsb],
+                       moving=_tf(WB, fast)[:, m1:m1 + wsb],
                        accumulate=(b > 0), is_stationary_onezero=True)
 
 
