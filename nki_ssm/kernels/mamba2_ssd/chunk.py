@@ -826,9 +826,11 @@ def _prologue_loads(cst, c, which, i, t0):
         _load_rows(c["z"], cst["z"], t0, h_base * P)
 
 
-def _prologue_compute(cst, c):
+def _prologue_compute(cst, c, weng):
     """dt' (masked: 0 past the sequence end), decay sums, C^T and the masked CB per
-    group, from the context's loaded tiles."""
+    group, from the context's loaded tiles. ``weng``: the engine of the segment sums'
+    masked operand (VectorE at an iteration's start, where the pipeline is empty; GpSimd
+    for chunk 1, whose prologue runs beside chunk 0's items)."""
     Q, H, N, G, md, n_tiles = cst["Q"], cst["H"], cst["N"], cst["G"], cst["md"], cst["n_tiles"]
     nisa.tensor_copy(dst=c["mask"], src=c["rows"][:, 1:2], engine=nisa.engine.gpsimd)
     # the y store's rows: the next chunk's rows may land in c["rows"] before it
@@ -847,7 +849,7 @@ def _prologue_compute(cst, c):
     # the segment sums' moving operands for every head at once: dtA repeated over a
     # sub-block's sb columns (ScalarE), dtA * Uloc (GpSimd)
     if cst["wbc"]:
-        _seg_operands(cst, c["WB"], dtA, 0, H)
+        _seg_operands(cst, c["WB"], dtA, 0, H, weng)
 
     # ---- decay sums for all heads (fp32 matmuls with 0/1 operators), then exp
     # each sum in its own PSUM columns while they fit the bank (TensorE then
@@ -970,7 +972,7 @@ def _pair(cst, ctxs, blocks, rings, i, cells, double):
     _prologue_loads(cst, ctxs[0], 0, i, t0s[0])
     for blk in blocks:
         _state_dma(cst, cells[3], blk[1] * cst["P"], (blk[1] + blk[2]) * cst["P"], False)
-    _prologue_compute(cst, ctxs[0])
+    _prologue_compute(cst, ctxs[0], nisa.engine.vector)
     for si in range(len(steps)):
         # y stores: context 0's once its last item is done (before chunk 1's loads with
         # one context: z's tile is y's), context 1's after the last step
@@ -979,7 +981,7 @@ def _pair(cst, ctxs, blocks, rings, i, cells, double):
         if si == pro1[0]:
             _prologue_loads(cst, ctxs[1], 1, i, t0s[1])
         if si == pro1[1]:
-            _prologue_compute(cst, ctxs[1])
+            _prologue_compute(cst, ctxs[1], nisa.engine.gpsimd)
         for e in range(len(steps[si])):
             k, item = steps[si][e]
             c, j = item // nb, item % nb
@@ -1000,9 +1002,9 @@ def _tf(t, fast):
     return t
 
 
-def _seg_operands(cst, WB, dtA, h0, nh):
+def _seg_operands(cst, WB, dtA, h0, nh, eng):
     """WB [Q, (part, h, i')] for heads h0 .. h0+nh-1 of dtA [Q, H]: part 0 dtA repeated
-    over a sub-block's sb columns (ScalarE), part 1 dtA * Uloc (GpSimd), one instruction
+    over a sub-block's sb columns (ScalarE), part 1 dtA * Uloc (``eng``), one instruction
     each for all the heads."""
     Q, sb, H = cst["Q"], cst["sb"], cst["H"]
     F = WB.shape[1]
@@ -1011,14 +1013,14 @@ def _seg_operands(cst, WB, dtA, h0, nh):
                      engine=nisa.engine.scalar)
     nisa.tensor_tensor(dst=WB.ap(pattern=[[F, Q], [sb, nh], [1, sb]], offset=F // 2),
                        data1=dtA_rep, data2=cst["Uloc"].ap(pattern=[[sb, Q], [0, nh], [1, sb]], offset=0),
-                       op=nl.multiply, engine=nisa.engine.gpsimd)
+                       op=nl.multiply, engine=eng)
 
 
 def _st_w(cst, ctx, blk, w, r):
     """The segment sums' operands of the block when they are not built per chunk (SBUF)."""
     g, h0, nh = blk
     if not cst["wbc"]:
-        _seg_operands(cst, _pick(r["WB"], w), ctx["dtA"], h0, nh)
+        _seg_operands(cst, _pick(r["WB"], w), ctx["dtA"], h0, nh, nisa.engine.gpsimd)
 
 
 def _st_seg(cst, ctx, blk, w, r):
@@ -1188,7 +1190,11 @@ def _st_yout(cst, ctx, blk, w, r):
         nisa.tensor_tensor(dst=y_b, data1=ysum, data2=_pick(r["sz"], w)[:, 0:nh * P],
                            op=nl.multiply, engine=nisa.engine.vector)
     elif _pe_add(cst, w):
-        nisa.tensor_copy(dst=y_b, src=ysum, engine=nisa.engine.vector)
+        # PSUM -> the y tile: ScalarE on odd blocks (VectorE / ScalarE balance)
+        eng = nisa.engine.vector
+        if w["i"] % 2 == 1:
+            eng = nisa.engine.scalar
+        nisa.tensor_copy(dst=y_b, src=ysum, engine=eng)
     else:
         nisa.tensor_copy(dst=y_b, src=ysum, engine=nisa.engine.gpsimd)
 
