@@ -395,10 +395,21 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
              + 2 * (Q // sb) * Q * 4 + 4 * hb * sb * 4)
     # the segment sums' operands per chunk for all heads when they fit, else per block
     wbytes = 2 * H * sb * 4
+    # bf16 mode, bf16 x, D per head: the D x term as a TensorE matmul against D_h I (bf16,
+    # built once) instead of an x D product per block
+    cst["dib"] = fast and x.dtype == nl.bfloat16 and cst["Dh"] != None  # noqa: E711
+    if cst["dib"]:
+        fixed = fixed + H * Q * 2
     double = fixed + 2 * ctx_bytes <= _SBUF_BUDGET
     cst["wbc"] = fixed + ctx_bytes + wbytes <= _SBUF_BUDGET
     if double:
         cst["wbc"] = fixed + 2 * (ctx_bytes + wbytes) <= _SBUF_BUDGET
+    if cst["dib"]:
+        cst["DIb"] = nl.ndarray((Q, H * Q), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=cst["DIb"].ap(pattern=[[H * Q, Q], [Q, H], [1, Q]], offset=0),
+                           data1=cst["ident"].ap(pattern=[[Q, Q], [0, H], [1, Q]], offset=0),
+                           data2=cst["Dh"].ap(pattern=[[H, Q], [1, H], [0, Q]], offset=0),
+                           op=nl.multiply)
     c0 = _ctx_tiles(cst, G, n_tiles)
     ctxs = [c0, c0]
     if double:
@@ -1090,7 +1101,7 @@ def _st_mt(cst, ctx, blk, w, r):
     xfD = _pick(r["xfD"], w)
     XF = xfD.shape[1]
     nf, fac, nfac = 2, ctx["fac"], 3
-    if cst["Dh"] != None:  # noqa: E711
+    if cst["Dh"] != None and not cst["dib"]:  # noqa: E711
         nf = nf + 1
     nisa.tensor_tensor(dst=xfD.ap(pattern=[[XF, Q], [hb * P, nf], [P, nh], [1, P]], offset=0),
                        data1=ctx["x_in"].ap(pattern=[[H * P, Q], [0, nf], [P, nh], [1, P]],
@@ -1119,7 +1130,12 @@ def _st_out_mm(cst, ctx, blk, w, r):
         yi = yps[:, k * P:(k + 1) * P]
         nisa.nc_matmul(dst=yi, stationary=_tf(Mt, mfast)[:, k * Q:(k + 1) * Q],
                        moving=_tf(xfD, mfast)[:, k * P:(k + 1) * P], accumulate=False)
-        if cst["Dh"] != None:  # noqa: E711
+        if cst["dib"]:
+            # + D_h x_i: stationary D_h I (bf16), moving x_h
+            h = h0 + k
+            nisa.nc_matmul(dst=yi, stationary=cst["DIb"][:, h * Q:(h + 1) * Q],
+                           moving=ctx["x_in"][:, h * P:(h + 1) * P], accumulate=True)
+        elif cst["Dh"] != None:  # noqa: E711
             # + D_h x_i: identity stationary, moving x_h D_h (stage 3)
             nisa.nc_matmul(dst=yi, stationary=ident[0:Q, 0:Q], moving=_tf(_xD(cst, w, r, k), mfast),
                            accumulate=True, is_stationary_onezero=True)
@@ -1139,10 +1155,16 @@ def _st_scalar(cst, ctx, blk, w, r):
     P, x_in = cst["P"], ctx["x_in"]
     c0, c1 = h0 * P, (h0 + nh) * P
     yps, yb = _pick(r["yps"], w), _pick(r["yb"], w)
-    for k in range(nh):
-        nisa.activation(dst=yb[:, k * P:(k + 1) * P], op=nl.copy,
-                        data=yps[:, (nh + k) * P:(nh + k + 1) * P],
-                        scale=ctx["ecs"][:, h0 + k:h0 + k + 1])
+    if w["i"] % 2 == 0:
+        # even blocks: one VectorE instruction (exp(cs) repeated over P by a zero stride)
+        nisa.tensor_tensor(dst=_heads3(yb, 0, nh, P), data1=_heads3(yps, nh * P, nh, P),
+                           data2=_per_head(ctx["ecs"], h0, nh, P), op=nl.multiply,
+                           engine=nisa.engine.vector)
+    else:
+        for k in range(nh):
+            nisa.activation(dst=yb[:, k * P:(k + 1) * P], op=nl.copy,
+                            data=yps[:, (nh + k) * P:(nh + k + 1) * P],
+                            scale=ctx["ecs"][:, h0 + k:h0 + k + 1])
     if ctx["z"] != None:  # noqa: E711
         nisa.activation(dst=_pick(r["sz"], w)[:, 0:nh * P], op=nl.silu,
                         data=ctx["z"][:, c0:c1])
@@ -1191,10 +1213,7 @@ def _st_yout(cst, ctx, blk, w, r):
                            op=nl.multiply, engine=nisa.engine.vector)
     elif _pe_add(cst, w):
         # PSUM -> the y tile: ScalarE on odd blocks (VectorE / ScalarE balance)
-        eng = nisa.engine.vector
-        if w["i"] % 2 == 1:
-            eng = nisa.engine.scalar
-        nisa.tensor_copy(dst=y_b, src=ysum, engine=eng)
+        nisa.tensor_copy(dst=y_b, src=ysum, engine=nisa.engine.scalar)
     else:
         nisa.tensor_copy(dst=y_b, src=ysum, engine=nisa.engine.gpsimd)
 
