@@ -281,6 +281,7 @@ _PSUM_F = 512      # fp32 elements of one PSUM bank per partition
 _PMAX = 128
 _PE_STATE_CYCLE = 1   # one block in this many updates the state on TensorE (pe_state)
 _SBUF_BUDGET = 200 * 1024   # bytes per partition the tile estimate may plan for (of 208 KiB)
+_WB_SLACK = 12 * 1024   # bytes per partition kept free when planning the per-chunk WB tiles
 _NAT_BYTES = 4 * 1024   # bytes per partition of one piece of a state gather / scatter
 
 
@@ -401,9 +402,10 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     if cst["dib"]:
         fixed = fixed + H * Q * 2
     double = fixed + 2 * ctx_bytes <= _SBUF_BUDGET
-    cst["wbc"] = fixed + ctx_bytes + wbytes <= _SBUF_BUDGET
+    # (with _WB_SLACK: the estimate leaves out small tiles, up to ~20 KiB at P = 128)
+    cst["wbc"] = fixed + ctx_bytes + wbytes <= _SBUF_BUDGET - _WB_SLACK
     if double:
-        cst["wbc"] = fixed + 2 * (ctx_bytes + wbytes) <= _SBUF_BUDGET
+        cst["wbc"] = fixed + 2 * (ctx_bytes + wbytes) <= _SBUF_BUDGET - _WB_SLACK
     if cst["dib"]:
         cst["DIb"] = nl.ndarray((Q, H * Q), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=cst["DIb"].ap(pattern=[[H * Q, Q], [Q, H], [1, Q]], offset=0),
@@ -429,6 +431,18 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     cst["pe_state"] = cst["pe_add"] and n_tiles == 1
     cst["nb"] = nb
     cst["hb"] = hb
+    # blocks whose y_off * exp(cs) runs on VectorE (one instruction) rather than ScalarE
+    # (one per head): partial blocks and every other full one (the same count of each
+    # engine's instructions in both LNC programs, whose partial blocks may sit elsewhere)
+    vec = []
+    nfull = 0
+    for blk in blocks:
+        if blk[2] < hb:
+            vec.append(True)
+        else:
+            vec.append(nfull % 2 == 0)
+            nfull = nfull + 1
+    cst["vec_ecs"] = vec
     if cst["pe_state"]:
         rings["eS"] = _ring(4, (N, hb * P), nl.float32, nl.sbuf)
         cst["ident_n"] = cst["ident"]
@@ -1155,8 +1169,8 @@ def _st_scalar(cst, ctx, blk, w, r):
     P, x_in = cst["P"], ctx["x_in"]
     c0, c1 = h0 * P, (h0 + nh) * P
     yps, yb = _pick(r["yps"], w), _pick(r["yb"], w)
-    if w["i"] % 2 == 0:
-        # even blocks: one VectorE instruction (exp(cs) repeated over P by a zero stride)
+    if cst["vec_ecs"][w["i"] % cst["nb"]]:
+        # one VectorE instruction (exp(cs) repeated over P by a zero stride)
         nisa.tensor_tensor(dst=_heads3(yb, 0, nh, P), data1=_heads3(yps, nh * P, nh, P),
                            data2=_per_head(ctx["ecs"], h0, nh, P), op=nl.multiply,
                            engine=nisa.engine.vector)
