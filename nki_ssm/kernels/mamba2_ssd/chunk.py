@@ -986,13 +986,20 @@ def _pair(cst, ctxs, blocks, rings, i, cells, double):
     pro1 = (min(1, len(steps)), max(min(1, len(steps)), nb - pre))
     if not double:
         pro1 = (last0, last0)
-    # context 1's y: the first half of its blocks stored once their stage 7 has run, the
-    # rest after the last step (so little of it is left in flight at the iteration end)
-    half1 = -1
+    # context 1's y in pieces (quarters of its blocks, halves below 8 blocks), each stored
+    # once its blocks' stage 7 has run, the last after the last step (so little of it is
+    # left in flight at the iteration end, where the next iteration waits for it)
+    ystore = []          # (step, first column, end column) of each piece
     ysplit = 0
     if double and nb > _S_WRITE - _S_READ and nb >= 4:
-        half1 = nb + nb // 2 - 1 + _S_YOUT
-        ysplit = blocks[nb // 2][1] * cst["P"]
+        npc = 2
+        if nb >= 8:
+            npc = 4
+        for q in range(1, npc):
+            bq = q * nb // npc
+            col = blocks[bq][1] * cst["P"]
+            ystore.append((nb + bq - 1 + _S_YOUT, ysplit, col))
+            ysplit = col
     # chunk 0's prologue and the state come first
     _prologue_loads(cst, ctxs[0], 0, i, t0s[0])
     for blk in blocks:
@@ -1011,8 +1018,9 @@ def _pair(cst, ctxs, blocks, rings, i, cells, double):
             k, item = steps[si][e]
             c, j = item // nb, item % nb
             _STAGES[k](cst, ctxs[c], blocks[j], {"i": item, "c": c}, rings)
-        if si == half1:
-            _store_y(cst, ctxs[1], 0, ysplit)
+        for piece in ystore:
+            if piece[0] == si:
+                _store_y(cst, ctxs[1], piece[1], piece[2])
     _store_y(cst, ctxs[1], ysplit)
 
 
