@@ -466,6 +466,12 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
             vec.append(nfull % 2 == 0)
             nfull = nfull + 1
     cst["vec_ecs"] = vec
+    # the state's HBM transfers in pieces of blocks (each DMA pays a descriptor issue and
+    # a fixed latency): loads [block 0 | to nb/4 | to nb/2 | rest], stores of chunk 1's
+    # blocks [to nb/4 | to nb/2 | to 3nb/4 | to nb-1 | last block], each issued after
+    # its last block's stage 9 (piece: (last block, first column, end column))
+    cst["st_loads"] = _state_pieces(blocks, P, [1, nb // 4, nb // 2, nb])
+    cst["st_stores"] = _state_pieces(blocks, P, [nb // 4, nb // 2, 3 * nb // 4, nb - 1, nb])
     if cst["pe_state"]:
         rings["eS"] = _ring(4, (N, hb * P), nl.float32, nl.sbuf)
         cst["ident_n"] = cst["ident"]
@@ -543,6 +549,18 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
 
     work_loop(n_zero, zero_body)
     return y
+
+
+def _state_pieces(blocks, P, ends):
+    """Pieces of consecutive blocks ending before the (increasing) block counts ``ends``
+    (empty ones dropped): (last block, first column, end column) of S^T."""
+    out = []
+    b0 = 0
+    for e in ends:
+        if e > b0:
+            out.append((e - 1, blocks[b0][1] * P, (blocks[e - 1][1] + blocks[e - 1][2]) * P))
+            b0 = e
+    return out
 
 
 def _head_blocks(G, g_lo, HPG, h_base, H, hb):
@@ -1025,8 +1043,8 @@ def _pair(cst, ctxs, blocks, rings, i, cells, double):
             ysplit = col
     # chunk 0's prologue and the state come first
     _prologue_loads(cst, ctxs[0], 0, i, t0s[0])
-    for blk in blocks:
-        _state_dma(cst, cells[3], blk[1] * cst["P"], (blk[1] + blk[2]) * cst["P"], False)
+    for piece in cst["st_loads"]:
+        _state_dma(cst, cells[3], piece[1], piece[2], False)
     _prologue_compute(cst, ctxs[0], nisa.engine.vector)
     for si in range(len(steps)):
         # y stores: context 0's once its last item is done (before chunk 1's loads with
@@ -1302,7 +1320,9 @@ def _st_state(cst, ctx, blk, w, r):
                                           operand1=st[0:ntile,
                                                       (t * nh + k) * P:(t * nh + k + 1) * P])
     if w["c"] == 1:
-        _state_dma(cst, cst["dst"], h0 * P, (h0 + nh) * P, True)
+        for piece in cst["st_stores"]:
+            if piece[0] == w["i"] % cst["nb"]:
+                _state_dma(cst, cst["dst"], piece[1], piece[2], True)
 
 
 def _pe_state(cst, w):
