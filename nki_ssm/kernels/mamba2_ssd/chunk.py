@@ -154,9 +154,10 @@ instruction each (``_seg_operands``; sub-blocks of sb = 32 tokens, 16 when
 Q is not a multiple of 32): WB [Q, (2, H, sb)], part 0 dtA repeated over
 sb columns (ScalarE), part 1 dtA * Uloc, Uloc[k, i'] = (k mod sb <= i')
 (VectorE for chunk 0, whose prologue opens the iteration on empty engines;
-GpSimd for chunk 1, beside chunk 0's items). When the two contexts' WB do
-not fit SBUF (Falcon-H1-like shapes), stage 0 builds the block's own WB
-instead. Per group: C^T and B^T (TensorE transposes, fp32), CB^T [Q, Q]
+GpSimd for chunk 1, beside chunk 0's items), when the contexts' WB fit SBUF
+(``wbc``); else stage 0 builds the block's own WB [Q, (2, hb, sb)] (ScalarE
+copy, GpSimd product: [Q, 128] each at Q = 128): so at Mamba-2 2.7B in bf16
+mode, where D_h I takes the room, and at Falcon-H1-like shapes. Per group: C^T and B^T (TensorE transposes, fp32), CB^T [Q, Q]
 (fp32, contract N, accumulate N tiles), causal mask (VectorE product with
 the 0/1 matrix U, from PSUM). Chunk 0's
 prologue opens the iteration; chunk 1 loads in its first step and computes
@@ -169,7 +170,7 @@ Blocks hold ``hb`` heads of one group (hb*Q <= 512, 2*hb*P <= 512 and
 n_tiles*hb*P <= 512: one PSUM bank per tile; hb = 4 at Q = 128, P = 64).
 No 128 x 128 work runs on GpSimd. "tf32" below: in bf16 mode the fp32
 tile is read as tfloat32 (the BF16 rate); in exact mode as float32.
- 0 (only without per-chunk WB: ScalarE / GpSimd build the block's WB)
+ 0 without per-chunk WB: the block's WB (ScalarE copy, GpSimd product)
  1 TensorE  seg[j, (b, h, i')] = sum_{j<k<=b*sb+i'} dtA[k, h]: per
             sub-block b, Lpre[b]^T WB part 0 (the tokens of earlier
             sub-blocks, Lpre[b] = Ls on rows k < b*sb) + Lin[b]^T WB part 1
@@ -264,36 +265,38 @@ on the whole PE array only; no DMA converts a dtype.
 Engine budget and what binds
 ----------------------------
 Modeled (trn2, nki_ssm.perf as of this commit; ``python -m simulate --op
-ssd_prefill --model mamba2-2.7b --range-samples 2 --no-calibration``;
-Mamba-2 2.7B, bf16 I/O, float32 pool, one 2K-token sequence): 1.18 ms
-(10-90 %: 1.18-1.23) = 1.73 M tokens/s, GpSimd-bound (83 %; VectorE 75 %,
-TensorE 74 %, ScalarE 67 %, DMA 27 %); 512 tokens 354 us; 16K tokens
-(``python -m simulate --set judged --case ssd_prefill/mamba2-2.7b/1x16384/``) 8.90 ms
-(10-90 %: 8.34-9.66) = 1.84 M tokens/s, GpSimd 87 % busy. Per 128-token
-chunk (trace of 256 tokens at H 80, P 64, N 128, 20 blocks of 4 heads):
-~110 VectorE, ~186 ScalarE, ~46 GpSimd, ~306 TensorE instructions; busy
-~67 us VectorE, ~60 us GpSimd, ~59 us ScalarE, ~58 us TensorE. The
-engines are balanced: what binds is the elementwise work per block, half
-of it over the Q x hb*Q decay matrix (W on GpSimd at a quarter element
-per cycle, exp on ScalarE, Mt on VectorE) and the rest the block's [Q,
-hb*P] passes (x [dt' | D], e^tot S^T, y * silu(z) on VectorE; Xd on
-GpSimd; y_off * exp(cs) and the state copy-back on ScalarE). y_off +
-y_intra and the state update run on TensorE identity matmuls (fp32, 0/1
-stationary: exact). Closer to the roof needs fewer elementwise passes
-(the per-head ScalarE instructions of stage 5; W off GpSimd; trn3's VectorE
-exponential, bf16 perf modes where the precision budget allows), not
-faster matmuls. A short batch pays the fixed HBM traffic of the S^T blocks
-(zero block, initial state stored and loaded, one pair's round trip, final
-state loaded: ~5 x 4 MB at H*P = 8192).
+ssd_prefill --model mamba2-2.7b --range-samples 12 --no-calibration``;
+Mamba-2 2.7B, bf16 I/O, float32 pool, one 2K-token sequence): 920 us
+(10-90 %: 874-1101) = 2.23 M tokens/s, VectorE-bound (busy: ScalarE 75 %,
+VectorE 74 %, GpSimd 50 %, TensorE 38 %, DMA 35 %); 512 tokens 303 us; 16K
+tokens (``python -m simulate --set judged --case
+ssd_prefill/mamba2-2.7b/1x16384 --range-samples 12 --no-calibration``)
+6.68 ms (10-90 %: 6.35-8.06) = 2.45 M tokens/s, 20 % of the roofline. Per
+128-token chunk (the 16K trace over its 128 chunks): ~57 VectorE, ~107
+ScalarE, ~25 GpSimd, ~387 TensorE instructions. Per 4-head block: VectorE
+Mt and [xf | Xd] (~0.8 us each) and, on every other block, y_off * exp(cs)
+(0.5 us); ScalarE Dm = exp(seg) (0.6 us), y_off * exp(cs) per head on the
+other blocks (0.9 us), the y eviction and the state copy-back (0.4 us
+each), WB part 0 (0.3 us); GpSimd e^tot S^T (1.0 us) and WB part 1 (0.6
+us); TensorE ~0.6 us (tfloat32 / bf16 rates). What binds: VectorE and
+ScalarE in step at ~1.8-2 us per block, plus ~20 us per chunk pair at the
+iteration boundary (the previous pair's last y and state stores, then
+chunk 0's prologue chain with two activation-table loads, softplus and
+exp). Closer to the roof needs fewer [Q, hb*P] elementwise passes per block
+(y_off * exp(cs), the y eviction, the state copy-back, e^tot S^T) and more
+chunks per runtime-loop iteration (the boundary is paid per pair). A
+short batch pays the fixed HBM traffic of the S^T blocks (zero block,
+initial state stored and loaded, one pair's round trip, final state
+loaded: ~5 x 4 MB at H*P = 8192).
 
 LNC=2 (same model, each program's instructions timed on its own core;
-the programs never synchronise): 668 us per program at 2K tokens, 0.57 x
-LNC=1 (16K: 5.04 ms per program, 0.57 x) (10 blocks per program: the two chunks share one pipeline, with the
-TensorE balancing; the fixed costs, constants and the pipeline fill, are
-paid by both programs).
+the programs never synchronise): 557 us per program at 2K tokens, 0.61 x
+LNC=1 (16K: 4.07 ms per program, 0.61 x) (10 blocks per program: the two
+chunks share one pipeline; the per-pair boundary, the constants and the
+pipeline fill are paid by both programs).
 
 Program size (static instructions, ``Trace.program_instructions()``):
-1,339 at 2K tokens; at LNC=2 709 per program (both programs).
+1,384 at 2K tokens; at LNC=2 744 per program (both programs).
 """
 from __future__ import annotations
 
