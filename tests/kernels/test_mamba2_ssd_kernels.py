@@ -632,6 +632,30 @@ def test_prefill_strong_then_weak_decay_in_one_chunk(chunk, lnc):
     assert rel_fro(after[named], pool_ref[named]) <= EXACT_TOL
 
 
+@pytest.mark.parametrize("chunk", [48, 128])
+def test_prefill_bf16_mode_sub_block_segment_sums(chunk, lnc):
+    """bf16 mode with bf16 I/O and D per head (the tfloat32 segment sums over 16- or
+    32-token sub-blocks, D x against a bf16 D_h I): strong-then-weak decays inside one
+    chunk and huge gates (dt' ~1e4, A = -16) stay finite and within the bf16-mode
+    budget."""
+    rng = np.random.default_rng(23)
+    inp = make_ssd_inputs(rng, seqlens=[2 * chunk + 5, 37], H=8, P=16, N=16, dtype=BF16,
+                          has_initial_state=True, gate_pattern="strong_then_weak")
+    y_ref, pool_ref = ssd_recurrent(**inp)
+    y, after, _ = _prefill(inp, precision="bf16", chunk_size=chunk)
+    assert rel_fro(y, y_ref) <= BF16_MODE_TOL
+    named = _named(inp["state_indices"])
+    assert rel_fro(after[named], pool_ref[named]) <= BF16_MODE_TOL
+    big = make_ssd_inputs(np.random.default_rng(24), seqlens=[chunk + 7], H=8, P=16, N=16,
+                          dtype=BF16, dt_mode="raw")
+    big["dt"] = (big["dt"] * 1e4).astype(np.float32)
+    big["A"] = np.full_like(big["A"], -16.0)
+    y_ref, pool_ref = ssd_recurrent(**big)
+    y, after, _ = _prefill(big, precision="bf16", chunk_size=chunk)
+    assert np.all(np.isfinite(np.asarray(y, np.float32))) and np.all(np.isfinite(after))
+    assert rel_fro(y, y_ref) <= BF16_MODE_TOL
+
+
 @pytest.mark.parametrize("precision, tol", [("fp32", EXACT_TOL), ("bf16", BF16_MODE_TOL)])
 def test_prefill_long_pipeline_pair_loop(precision, tol, lnc):
     # 12 head blocks (H 48, P 64 -> 4 heads per block) > 10 stages: the chunk-pair loop

@@ -148,9 +148,18 @@ Loads (in the inputs' dtypes: a DMA never converts): the chunk's rows, dt
 dtA = dt' A ([Q, H]). TensorE (fp32, 0/1 stationaries flagged
 onezero): cs = U^T dtA (inclusive cumsum), ex = Ls^T dtA (sum over the
 chunk's later tokens), tot = 1^T dtA (chunk total, broadcast on the N
-partitions); ScalarE exp of each. Per group: C^T and B^T (TensorE
-transposes, fp32), CB^T [Q, Q] (fp32, contract N, accumulate N tiles),
-causal mask (VectorE product with the 0/1 matrix U, from PSUM). Chunk 0's
+partitions); ScalarE exp of each; the x factors [dt' | dt' exp(ex) | D]
+([Q, 3H]). The segment sums' moving operands for all heads, one
+instruction each (``_seg_operands``; sub-blocks of sb = 32 tokens, 16 when
+Q is not a multiple of 32): WB [Q, (2, H, sb)], part 0 dtA repeated over
+sb columns (ScalarE), part 1 dtA * Uloc, Uloc[k, i'] = (k mod sb <= i')
+(VectorE for chunk 0, whose prologue opens the iteration on empty engines;
+GpSimd for chunk 1, beside chunk 0's items), when the contexts' WB fit SBUF
+(``wbc``); else stage 0 builds the block's own WB [Q, (2, hb, sb)] (ScalarE
+copy, GpSimd product: [Q, 128] each at Q = 128): so at Mamba-2 2.7B in bf16
+mode, where D_h I takes the room, and at Falcon-H1-like shapes. Per group: C^T and B^T (TensorE transposes, fp32), CB^T [Q, Q]
+(fp32, contract N, accumulate N tiles), causal mask (VectorE product with
+the 0/1 matrix U, from PSUM). Chunk 0's
 prologue opens the iteration; chunk 1 loads in its first step and computes
 nb/2 steps later (DMA queues and engines are in order: an engine reaching
 the compute earlier would wait for the loads).
@@ -159,35 +168,46 @@ Per (chunk, head block) item: ten stages, one engine each (mostly)
 -----------------------------------------------------------------
 Blocks hold ``hb`` heads of one group (hb*Q <= 512, 2*hb*P <= 512 and
 n_tiles*hb*P <= 512: one PSUM bank per tile; hb = 4 at Q = 128, P = 64).
- 0 GpSimd   W[k, (h,i)] = dtA[k,h] U[k,i] (one affine_select for the block)
- 1 TensorE  seg = Ls^T W -> seg[j,(h,i)] = sum_{j<k<=i} dtA[k,h] (fp32;
-            exactly 0 for j >= i), one matmul for the block
+No 128 x 128 work runs on GpSimd. "tf32" below: in bf16 mode the fp32
+tile is read as tfloat32 (the BF16 rate); in exact mode as float32.
+ 0 without per-chunk WB: the block's WB (ScalarE copy, GpSimd product)
+ 1 TensorE  seg[j, (b, h, i')] = sum_{j<k<=b*sb+i'} dtA[k, h]: per
+            sub-block b, Lpre[b]^T WB part 0 (the tokens of earlier
+            sub-blocks, Lpre[b] = Ls on rows k < b*sb) + Lin[b]^T WB part 1
+            (sub-block b itself, Lin[b] = Ls on its rows), accumulated in
+            one PSUM bank: 2*Q/sb - 1 matmuls of N = hb*sb (tf32, 0/1
+            stationaries); exactly 0 for j >= i
  2 ScalarE  Dm = exp(seg), one instruction for the block (in [0, 1])
- 3 VectorE  one instruction each for the block: Mt = Dm * CBmask in place
-            (CBmask repeated over the heads by a zero stride); xf = x_j dt'_j
-            (fp32, stage 4's moving operand) and x_h D_h (D [H]) together
-            (x read twice by a zero stride, the factors from the context's
-            [dt' | D] tile); ScalarE: bf16 copy of the block's S^T (bf16 mode)
- 4 TensorE  y_intra = Mt^T xf_h + I^T (x_h D_h) per head, fp32; y_off =
-            C S^T for the block (one matmul per N tile), both in one PSUM bank
- 5 ScalarE  y_off * exp(cs_i) per head; silu(z). GpSimd: Xd = x_j dt'_j
-            exp(ex_j); VectorE: e^tot S^T (blocks on the TensorE state path),
-            one instruction each for the block
+ 3 VectorE  one instruction each for the block: Mt[j, (h, i)] = Dm *
+            CBmask (CBmask repeated over the heads by a zero stride, Mt
+            written head-major); [xf | Xd | xD] = x * [dt' | dt' exp(ex) |
+            D] (x read two or three times by a zero stride; no xD with
+            ``dib``)
+ 4 TensorE  y_intra = Mt^T xf per head (tf32); + D x: with ``dib`` (bf16
+            mode, bf16 x, D per head) a bf16 matmul of D_h I (built once,
+            [Q, H*Q] bf16) against x, else I^T (x D) (tf32); y_off = C S^T
+            for the block (tf32, one matmul per N tile), both in one PSUM bank
+ 5 y_off * exp(cs_i): VectorE, one instruction for the block (exp(cs)
+            repeated over P by a zero stride), on every other full block
+            and on partial ones; ScalarE per head on the others. ScalarE:
+            silu(z). GpSimd: e^tot S^T (blocks on the TensorE state path)
  6 VectorE  y = y_off + y_intra (PSUM operand); long pipelines (``pe_add``):
-            TensorE identity matmul accumulating y_off * exp(cs) into
+            TensorE identity matmul (tf32) accumulating y_off * exp(cs) into
             y_intra's PSUM bank (y ring of 4 banks)
- 7 VectorE  (+ x*D for D [H, P]) * silu(z) -> the chunk's y tile (written
-            over z's columns: z's SBUF tile doubles as y's)
- 8 TensorE  chunk state B^T Xd per N tile (fp32); TensorE state path: +
-            I^T (e^tot S^T) into the same PSUM bank
+ 7 (+ x*D for D [H, P]) * silu(z) on VectorE -> the chunk's y tile (written
+            over z's columns: z's SBUF tile doubles as y's); without z and
+            with ``pe_add`` the PSUM sum is copied to the y tile on ScalarE
+ 8 TensorE  chunk state B^T Xd per N tile (tf32); TensorE state path: +
+            I^T (e^tot S^T) into the same PSUM bank (tf32)
  9 VectorE  S^T <- exp(tot) S^T + chunk state, per head (fp32); TensorE
             state path (every block with ``pe_add`` and one dstate tile):
             ScalarE copies the PSUM sum back. Chunk 1 of a pair: the block's
             S^T store
 A chunk's y tile is scattered to its token rows once its items are done
-(chunk 1's in two halves, so little is left in flight at the iteration
-end). Item (1, j) reads the state item (0, j) writes: more than 6 blocks
-keep them apart in a shared pipeline.
+(chunk 1's in quarters, halves below 8 blocks, so little is left in flight
+at the iteration end). Item (1, j) reads the state item (0, j) writes
+(stages 4 and 5 read, 9 writes): more than 5 blocks keep them apart in a
+shared pipeline.
 
 SBUF / PSUM budget
 ------------------
@@ -209,16 +229,22 @@ Numerics
 dt processing, decay sums, exps, Mt, state and all accumulation in float32.
 Decays are always exp of a segment sum computed directly as a masked sum of
 per-token dt'A terms (never exp(c_i) * exp(-c_j), never a difference of two
-cumsums): no overflow and no cancellation for any gate values (dt' 1e4 with
-A = -16 is tested). Every exponent is <= 0 (A <= 0, dt' >= 0), so each
-decay factor lies in [0, 1]; the input weight dt'_j multiplies x_j (xf, Xd)
-rather than entering an exponent, so the intra-chunk term is exp(seg) *
-CB * (x dt'): bounded by |CB| |x| dt' and exactly 0 on masked rows. ``exact=True`` (precision "fp32"): every matmul operand
-float32. ``exact=False`` (precision "bf16", the default): only the
-state-to-output matmul y_off = C S^T takes bfloat16 operands (C exact for
-bf16 models, the fp32 state rounded once); y_intra, D x, CB, the decay sums
-and the chunk-state matmul stay fp32. The state's HBM round trips are fp32:
-exact.
+cumsums): the sub-block form adds, for each (j, i), the dt'A of the tokens
+j < k <= i only (earlier sub-blocks through Lpre, the own sub-block through
+Lin and Uloc), all <= 0, so no overflow and no cancellation for any gate
+values (dt' 1e4 with A = -16, strong-then-weak decays in one chunk: tested).
+Each decay factor lies in [0, 1]; the input weight dt'_j multiplies x_j (xf,
+Xd) rather than entering an exponent, so the intra-chunk term is exp(seg) *
+CB * (x dt'): bounded by |CB| |x| dt' and exactly 0 on masked rows.
+``exact=True`` (precision "fp32"): every matmul operand float32.
+``exact=False`` (precision "bf16", the default): the segment sums, y_intra,
+y_off, the chunk state and the identity adds read their fp32 tiles as
+tfloat32 (10 mantissa bits: dt'A, Mt, x dt', C, the fp32 state, B, Xd
+rounded once, 2^-11 relative; 0/1 stationaries exact); with bf16 x and D
+per head the D x term is a bf16 matmul of D_h I (D rounded to bf16) against
+x (exact). CB and the decay sums cs / ex / tot stay fp32. Measured at
+Mamba-2 2.7B (bf16 I/O, 2K tokens): 1.69e-3 output, 2.1e-4 state (float64
+reference). The state's HBM round trips are fp32: exact.
 
 Constructs and their evidence
 -----------------------------
@@ -239,36 +265,38 @@ on the whole PE array only; no DMA converts a dtype.
 Engine budget and what binds
 ----------------------------
 Modeled (trn2, nki_ssm.perf as of this commit; ``python -m simulate --op
-ssd_prefill --model mamba2-2.7b --range-samples 2 --no-calibration``;
-Mamba-2 2.7B, bf16 I/O, float32 pool, one 2K-token sequence): 1.18 ms
-(10-90 %: 1.18-1.23) = 1.73 M tokens/s, GpSimd-bound (83 %; VectorE 75 %,
-TensorE 74 %, ScalarE 67 %, DMA 27 %); 512 tokens 354 us; 16K tokens
-(``python -m simulate --set judged --case ssd_prefill/mamba2-2.7b/1x16384/``) 8.90 ms
-(10-90 %: 8.34-9.66) = 1.84 M tokens/s, GpSimd 87 % busy. Per 128-token
-chunk (trace of 256 tokens at H 80, P 64, N 128, 20 blocks of 4 heads):
-~110 VectorE, ~186 ScalarE, ~46 GpSimd, ~306 TensorE instructions; busy
-~67 us VectorE, ~60 us GpSimd, ~59 us ScalarE, ~58 us TensorE. The
-engines are balanced: what binds is the elementwise work per block, half
-of it over the Q x hb*Q decay matrix (W on GpSimd at a quarter element
-per cycle, exp on ScalarE, Mt on VectorE) and the rest the block's [Q,
-hb*P] passes (x [dt' | D], e^tot S^T, y * silu(z) on VectorE; Xd on
-GpSimd; y_off * exp(cs) and the state copy-back on ScalarE). y_off +
-y_intra and the state update run on TensorE identity matmuls (fp32, 0/1
-stationary: exact). Closer to the roof needs fewer elementwise passes
-(the per-head ScalarE instructions of stage 5; W off GpSimd; trn3's VectorE
-exponential, bf16 perf modes where the precision budget allows), not
-faster matmuls. A short batch pays the fixed HBM traffic of the S^T blocks
-(zero block, initial state stored and loaded, one pair's round trip, final
-state loaded: ~5 x 4 MB at H*P = 8192).
+ssd_prefill --model mamba2-2.7b --range-samples 12 --no-calibration``;
+Mamba-2 2.7B, bf16 I/O, float32 pool, one 2K-token sequence): 920 us
+(10-90 %: 874-1101) = 2.23 M tokens/s, VectorE-bound (busy: ScalarE 75 %,
+VectorE 74 %, GpSimd 50 %, TensorE 38 %, DMA 35 %); 512 tokens 303 us; 16K
+tokens (``python -m simulate --set judged --case
+ssd_prefill/mamba2-2.7b/1x16384 --range-samples 12 --no-calibration``)
+6.68 ms (10-90 %: 6.35-8.06) = 2.45 M tokens/s, 20 % of the roofline. Per
+128-token chunk (the 16K trace over its 128 chunks): ~57 VectorE, ~107
+ScalarE, ~25 GpSimd, ~387 TensorE instructions. Per 4-head block: VectorE
+Mt and [xf | Xd] (~0.8 us each) and, on every other block, y_off * exp(cs)
+(0.5 us); ScalarE Dm = exp(seg) (0.6 us), y_off * exp(cs) per head on the
+other blocks (0.9 us), the y eviction and the state copy-back (0.4 us
+each), WB part 0 (0.3 us); GpSimd e^tot S^T (1.0 us) and WB part 1 (0.6
+us); TensorE ~0.6 us (tfloat32 / bf16 rates). What binds: VectorE and
+ScalarE in step at ~1.8-2 us per block, plus ~20 us per chunk pair at the
+iteration boundary (the previous pair's last y and state stores, then
+chunk 0's prologue chain with two activation-table loads, softplus and
+exp). Closer to the roof needs fewer [Q, hb*P] elementwise passes per block
+(y_off * exp(cs), the y eviction, the state copy-back, e^tot S^T) and more
+chunks per runtime-loop iteration (the boundary is paid per pair). A
+short batch pays the fixed HBM traffic of the S^T blocks (zero block,
+initial state stored and loaded, one pair's round trip, final state
+loaded: ~5 x 4 MB at H*P = 8192).
 
 LNC=2 (same model, each program's instructions timed on its own core;
-the programs never synchronise): 668 us per program at 2K tokens, 0.57 x
-LNC=1 (16K: 5.04 ms per program, 0.57 x) (10 blocks per program: the two chunks share one pipeline, with the
-TensorE balancing; the fixed costs, constants and the pipeline fill, are
-paid by both programs).
+the programs never synchronise): 557 us per program at 2K tokens, 0.61 x
+LNC=1 (16K: 4.07 ms per program, 0.61 x) (10 blocks per program: the two
+chunks share one pipeline; the per-pair boundary, the constants and the
+pipeline fill are paid by both programs).
 
 Program size (static instructions, ``Trace.program_instructions()``):
-1,339 at 2K tokens; at LNC=2 709 per program (both programs).
+1,384 at 2K tokens; at LNC=2 744 per program (both programs).
 """
 from __future__ import annotations
 
@@ -281,6 +309,7 @@ _PSUM_F = 512      # fp32 elements of one PSUM bank per partition
 _PMAX = 128
 _PE_STATE_CYCLE = 1   # one block in this many updates the state on TensorE (pe_state)
 _SBUF_BUDGET = 200 * 1024   # bytes per partition the tile estimate may plan for (of 208 KiB)
+_WB_SLACK = 12 * 1024   # bytes per partition kept free when planning the per-chunk WB tiles
 _NAT_BYTES = 4 * 1024   # bytes per partition of one piece of a state gather / scatter
 
 
@@ -332,12 +361,13 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     GN = G * N
     Q = chunk_size
     n_tiles = (N + _PMAX - 1) // _PMAX
-    md = nl.float32 if exact else nl.bfloat16
+    fast = not exact
     y = nl.ndarray((T1, HP_all), dtype=x.dtype, buffer=nl.shared_hbm)
     y_out = destination(y, real)
     pool = destination(pool, real)
 
     ones, U, Ls = _tri_consts(Q)
+    sb, Lpre, Lin, Uloc = _seg_consts(Q, ones, U, Ls)
     A_sb = load_f32(A_rows[:, h_base:h_base + H], _PMAX, H)
     bias_sb = None
     if bias_rows != None:  # noqa: E711
@@ -354,9 +384,10 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     hb = max(1, min(min(HPG, _PSUM_F // Q), min((_PSUM_F // 2) // P, (_PSUM_F // n_tiles) // P)))
     blocks = _head_blocks(G, g_lo, HPG, h_base, H, hb)
 
-    cst = {"ones": ones, "U": U, "Ls": Ls, "A": A_sb, "bias": bias_sb, "D_sb": D_sb,
+    cst = {"ones": ones, "U": U, "Ls": Ls, "sb": sb, "Lpre": Lpre, "Lin": Lin, "Uloc": Uloc,
+           "fast": fast, "A": A_sb, "bias": bias_sb, "D_sb": D_sb,
            "Dh": None, "ident": None, "H": H, "P": P, "N": N, "G": G, "Q": Q,
-           "n_tiles": n_tiles, "md": md, "dt_softplus": dt_softplus, "dt_lo": dt_lo,
+           "n_tiles": n_tiles, "dt_softplus": dt_softplus, "dt_lo": dt_lo,
            "dt_hi": dt_hi, "x": x, "dt": dt, "B": B, "C": C, "z": z, "y": y_out,
            "h_base": h_base, "g_lo": g_lo}
     if DI != None:  # noqa: E711
@@ -365,7 +396,6 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     else:
         cst["ident"] = _identity(ones, Q)
     # prologue temporaries (the PSUM scratch bank: _new_psum in each loop body)
-    cst["CTf"] = nl.ndarray((_PMAX, Q), dtype=nl.float32, buffer=nl.sbuf)
     cst["BT"] = nl.ndarray((_PMAX, Q), dtype=nl.float32, buffer=nl.sbuf)
 
     # running state S^T, fp32, one tile per 128 of N (persistent)
@@ -379,7 +409,6 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     zbytes = _itemsize(x.dtype)
     if z != None:  # noqa: E711
         zbytes = _itemsize(z.dtype)
-    mdb = _itemsize(md)
     xbytes = _itemsize(x.dtype)
     braw = 0                                # B and C as loaded, when not fp32
     if B.dtype != nl.float32:
@@ -387,17 +416,35 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     if C.dtype != nl.float32:
         braw = braw + _itemsize(C.dtype)
     ctx_bytes = (HP * (xbytes + zbytes) + GN * (8 + braw) + H * 4 * (6 + n_tiles)
-                 + G * Q * (n_tiles * mdb + 4))
+                 + G * Q * (n_tiles * 4 + 4) + 6 * H)
     # state + transfer piece + item rings (W, Dm; yb, sz, Xd, xd, xfD) + constants
-    fixed = n_tiles * HP * 4 + _NAT_BYTES + 6 * hb * Q * 4 + 16 * hb * P * 4 + 10 * _PMAX * 4
+    fixed = (n_tiles * HP * 4 + _NAT_BYTES + 4 * hb * Q * 4 + 30 * hb * P * 4 + 10 * _PMAX * 4
+             + 2 * (Q // sb) * Q * 4 + 4 * hb * sb * 4)
+    # the segment sums' operands per chunk for all heads when they fit, else per block
+    wbytes = 2 * H * sb * 4
+    # bf16 mode, bf16 x, D per head: the D x term as a TensorE matmul against D_h I (bf16,
+    # built once) instead of an x D product per block
+    cst["dib"] = fast and x.dtype == nl.bfloat16 and cst["Dh"] != None  # noqa: E711
+    if cst["dib"]:
+        fixed = fixed + H * Q * 2
     double = fixed + 2 * ctx_bytes <= _SBUF_BUDGET
+    # (with _WB_SLACK: the estimate leaves out small tiles, up to ~20 KiB at P = 128)
+    cst["wbc"] = fixed + ctx_bytes + wbytes <= _SBUF_BUDGET - _WB_SLACK
+    if double:
+        cst["wbc"] = fixed + 2 * (ctx_bytes + wbytes) <= _SBUF_BUDGET - _WB_SLACK
+    if cst["dib"]:
+        cst["DIb"] = nl.ndarray((Q, H * Q), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=cst["DIb"].ap(pattern=[[H * Q, Q], [Q, H], [1, Q]], offset=0),
+                           data1=cst["ident"].ap(pattern=[[Q, Q], [0, H], [1, Q]], offset=0),
+                           data2=cst["Dh"].ap(pattern=[[H, Q], [1, H], [0, Q]], offset=0),
+                           op=nl.multiply)
     c0 = _ctx_tiles(cst, G, n_tiles)
     ctxs = [c0, c0]
     if double:
         ctxs[1] = _ctx_tiles(cst, G, n_tiles)
     if cst["Dh"] != None:  # noqa: E711
         for c in ctxs:
-            nisa.tensor_copy(dst=c["fac"][:, H:2 * H], src=cst["Dh"][0:Q, :])
+            nisa.tensor_copy(dst=c["fac"][:, 2 * H:3 * H], src=cst["Dh"][0:Q, :])
     # long pipelines (at least as many blocks as stages, two contexts, the chunk-state PSUM pair in
     # one bank) balance the engines through TensorE: y_off * exp(cs) is added to y_intra
     # by an identity matmul into its PSUM bank instead of on VectorE, which carries the
@@ -410,6 +457,24 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     cst["pe_state"] = cst["pe_add"] and n_tiles == 1
     cst["nb"] = nb
     cst["hb"] = hb
+    # blocks whose y_off * exp(cs) runs on VectorE (one instruction) rather than ScalarE
+    # (one per head): partial blocks and every other full one (the same count of each
+    # engine's instructions in both LNC programs, whose partial blocks may sit elsewhere)
+    vec = []
+    nfull = 0
+    for blk in blocks:
+        if blk[2] < hb:
+            vec.append(True)
+        else:
+            vec.append(nfull % 2 == 0)
+            nfull = nfull + 1
+    cst["vec_ecs"] = vec
+    # the state's HBM transfers in pieces of blocks (each DMA pays a descriptor issue and
+    # a fixed latency): loads [block 0 | to nb/4 | to nb/2 | rest], stores of chunk 1's
+    # blocks [to nb/4 | to nb/2 | to 3nb/4 | to nb-1 | last block], each issued after
+    # its last block's stage 9 (piece: (last block, first column, end column))
+    cst["st_loads"] = _state_pieces(blocks, P, [1, nb // 4, nb // 2, nb])
+    cst["st_stores"] = _state_pieces(blocks, P, [nb // 4, nb // 2, 3 * nb // 4, nb - 1, nb])
     if cst["pe_state"]:
         rings["eS"] = _ring(4, (N, hb * P), nl.float32, nl.sbuf)
         cst["ident_n"] = cst["ident"]
@@ -489,6 +554,18 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     return y
 
 
+def _state_pieces(blocks, P, ends):
+    """Pieces of consecutive blocks ending before the (increasing) block counts ``ends``
+    (empty ones dropped): (last block, first column, end column) of S^T."""
+    out = []
+    b0 = 0
+    for e in ends:
+        if e > b0:
+            out.append((e - 1, blocks[b0][1] * P, (blocks[e - 1][1] + blocks[e - 1][2]) * P))
+            b0 = e
+    return out
+
+
 def _head_blocks(G, g_lo, HPG, h_base, H, hb):
     """Head blocks ``(local group, first local head, heads)`` of the program's heads
     h_base .. h_base+H-1: up to hb heads of one group each."""
@@ -556,6 +633,47 @@ def _tri_consts(Q):
     nisa.affine_select(dst=Ls, pattern=[[-1, Q]], channel_multiplier=1, on_true_tile=ones[:, 0:Q],
                        on_false_value=0.0, cmp_op=nl.greater_equal, offset=-1)
     return ones, U, Ls
+
+
+def _seg_consts(Q, ones, U, Ls):
+    """Constants of the segment-sum matmuls (fp32, 0/1), sub-blocks of sb tokens (32, or
+    16 when Q is not a multiple of 32): Lpre[b][k, j] = Ls[k, j] (k < b*sb) for b >= 1
+    (None for b = 0), Lin[b][k, j] = Ls[k, j] (b*sb <= k < (b+1)*sb), Uloc [Q, sb]
+    [k, i'] = ((k mod sb) <= i'). Returns (sb, Lpre, Lin, Uloc)."""
+    sb = 32
+    if Q % 32 != 0:
+        sb = 16
+    nsb = Q // sb
+    Lpre = [None]
+    for b in range(1, nsb + 1):
+        if b == nsb:
+            Lpre.append(Ls)
+        else:
+            t = nl.ndarray((Q, Q), dtype=nl.float32, buffer=nl.sbuf)
+            # keep where b*sb - 1 - k >= 0
+            nisa.affine_select(dst=t, pattern=[[0, Q]], channel_multiplier=-1, on_true_tile=Ls,
+                               on_false_value=0.0, cmp_op=nl.greater_equal, offset=b * sb - 1)
+            Lpre.append(t)
+    Lin = []
+    for b in range(nsb):
+        t = nl.ndarray((Q, Q), dtype=nl.float32, buffer=nl.sbuf)
+        # keep where k - b*sb >= 0 (of Lpre[b + 1]: k < (b+1)*sb)
+        nisa.affine_select(dst=t, pattern=[[0, Q]], channel_multiplier=1, on_true_tile=Lpre[b + 1],
+                           on_false_value=0.0, cmp_op=nl.greater_equal, offset=-b * sb)
+        Lin.append(t)
+    Lpre = Lpre[0:nsb]
+    # Uloc[k, i'] = sum_c U[k, c*sb + i'] (k in sub-block c): the group indicator G[k, c]
+    G = nl.ndarray((Q, nsb), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.affine_select(dst=G, pattern=[[-sb, nsb]], channel_multiplier=1, on_true_tile=ones[:, 0:nsb],
+                       on_false_value=0.0, cmp_op=nl.greater_equal, offset=0)
+    nisa.affine_select(dst=G, pattern=[[sb, nsb]], channel_multiplier=-1, on_true_tile=G,
+                       on_false_value=0.0, cmp_op=nl.greater_equal, offset=sb - 1)
+    tmp = nl.ndarray((Q, sb, nsb), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=tmp, data1=U.ap(pattern=[[Q, Q], [1, sb], [sb, nsb]], offset=0),
+                       data2=G.ap(pattern=[[nsb, Q], [0, sb], [1, nsb]], offset=0), op=nl.multiply)
+    Uloc = nl.ndarray((Q, sb), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=Uloc, op=nl.add, data=tmp, axis=(2,))
+    return sb, Lpre, Lin, Uloc
 
 
 def _identity(ones, Q):
@@ -649,7 +767,7 @@ def _state_out(pool, tab, nat, cst, pr, nt, jb):
 
 def _ctx_tiles(cst, G, n_tiles):
     """SBUF tiles of one chunk context (allocated once; two contexts alternate)."""
-    Q, H, P, N, md = cst["Q"], cst["H"], cst["P"], cst["N"], cst["md"]
+    Q, H, P, N = cst["Q"], cst["H"], cst["P"], cst["N"]
     HP, GN = H * P, G * N
     f32 = nl.float32
     c = {"rows": nl.ndarray((Q, 2), dtype=nl.int32, buffer=nl.sbuf),
@@ -670,12 +788,18 @@ def _ctx_tiles(cst, G, n_tiles):
         c["B_raw"] = nl.ndarray((Q, GN), dtype=cst["B"].dtype, buffer=nl.sbuf)
     if cst["C"].dtype != f32:
         c["C_raw"] = nl.ndarray((Q, GN), dtype=cst["C"].dtype, buffer=nl.sbuf)
-    for name in ("dtA", "ecs", "wd"):
+    for name in ("dtA", "ecs"):
         c[name] = nl.ndarray((Q, H), dtype=f32, buffer=nl.sbuf)
-    # dt' in columns [0, H), D per head in [H, 2H) (written once, before the loops):
-    # the per-head factors of x in stage 3's one instruction (x dt', x D)
-    c["fac"] = nl.ndarray((Q, 2 * H), dtype=f32, buffer=nl.sbuf)
+    # the segment sums' moving operands for all heads [Q, (part, h, i')]: part 0 dtA
+    # repeated over the sb columns of a sub-block, part 1 dtA masked by Uloc
+    sb = cst["sb"]
+    if cst["wbc"]:
+        c["WB"] = nl.ndarray((Q, 2 * H * sb), dtype=f32, buffer=nl.sbuf)
+    # dt' in columns [0, H), dt' exp(ex) in [H, 2H), D per head in [2H, 3H) (written
+    # once, before the loops): the per-head factors of x in stage 3's one instruction
+    c["fac"] = nl.ndarray((Q, 3 * H), dtype=f32, buffer=nl.sbuf)
     c["dtp"] = c["fac"][:, 0:H]
+    c["wd"] = c["fac"][:, H:2 * H]
     if cst["z"] != None:  # noqa: E711
         # y is written over z's columns once silu(z) of the block is taken (SBUF:
         # H*P*2 bytes per partition and context); the chunk's y store is issued
@@ -691,7 +815,7 @@ def _ctx_tiles(cst, G, n_tiles):
         CT = []
         for t in range(n_tiles):
             ntile = min(_PMAX, N - t * _PMAX)
-            CT.append(nl.ndarray((ntile, Q), dtype=md, buffer=nl.sbuf))
+            CT.append(nl.ndarray((ntile, Q), dtype=f32, buffer=nl.sbuf))
         c["CTs"].append(CT)
         c["cbms"].append(nl.ndarray((Q, Q), dtype=f32, buffer=nl.sbuf))
     return c
@@ -701,19 +825,15 @@ def _item_rings(cst, hb):
     """Per-item SBUF temporaries, reused round-robin by item index (``_pick``): a buffer
     written in stage k and last read in stage k' needs k' - k + 1 of them (program order
     then keeps every read before the next write). The PSUM rings: ``_new_psum_rings``."""
-    Q, P, n_tiles, md, N = cst["Q"], cst["P"], cst["n_tiles"], cst["md"], cst["N"]
+    Q, P, n_tiles, N = cst["Q"], cst["P"], cst["n_tiles"], cst["N"]
     f32 = nl.float32
-    r = {"W": _ring(2, (Q, hb * Q), f32, nl.sbuf), "Dm": _ring(3, (Q, hb * Q), f32, nl.sbuf),
+    r = {"Dm": _ring(2, (Q, hb * Q), f32, nl.sbuf), "Mt": _ring(2, (Q, hb * Q), f32, nl.sbuf),
          "yb": _ring(3, (Q, hb * P), f32, nl.sbuf), "sz": _ring(3, (Q, hb * P), f32, nl.sbuf),
-         "Xd": _ring(4, (Q, hb * P), f32, nl.sbuf), "xfD": _ring(2, (Q, 2 * hb * P), f32, nl.sbuf),
-         "xd": _ring(2, (Q, hb * P), f32, nl.sbuf), "S": []}
-    if md != f32:
-        for i in range(2):
-            S = []
-            for t in range(n_tiles):
-                S.append(nl.ndarray((min(_PMAX, N - t * _PMAX), hb * P), dtype=md,
-                                    buffer=nl.sbuf))
-            r["S"].append(S)
+         "xd": _ring(2, (Q, hb * P), f32, nl.sbuf),
+         # [xf | Xd | xD], written in stage 3, read in stages 4 (xf, xD) and 8 (Xd)
+         "xfD": _ring(6, (Q, 3 * hb * P), f32, nl.sbuf)}
+    if not cst["wbc"]:
+        r["WB"] = _ring(2, (Q, 2 * hb * cst["sb"]), f32, nl.sbuf)
     return r
 
 
@@ -775,10 +895,12 @@ def _prologue_loads(cst, c, which, i, t0):
         _load_rows(c["z"], cst["z"], t0, h_base * P)
 
 
-def _prologue_compute(cst, c):
+def _prologue_compute(cst, c, weng):
     """dt' (masked: 0 past the sequence end), decay sums, C^T and the masked CB per
-    group, from the context's loaded tiles."""
-    Q, H, N, G, md, n_tiles = cst["Q"], cst["H"], cst["N"], cst["G"], cst["md"], cst["n_tiles"]
+    group, from the context's loaded tiles. ``weng``: the engine of the segment sums'
+    masked operand (VectorE at an iteration's start, where the pipeline is empty; GpSimd
+    for chunk 1, whose prologue runs beside chunk 0's items)."""
+    Q, H, N, G, n_tiles = cst["Q"], cst["H"], cst["N"], cst["G"], cst["n_tiles"]
     nisa.tensor_copy(dst=c["mask"], src=c["rows"][:, 1:2], engine=nisa.engine.gpsimd)
     # the y store's rows: the next chunk's rows may land in c["rows"] before it
     nisa.tensor_copy(dst=c["yrows"], src=c["rows"][:, 0:1], engine=nisa.engine.gpsimd)
@@ -793,6 +915,10 @@ def _prologue_compute(cst, c):
     dtp, dtA = c["dtp"], c["dtA"]
     nisa.tensor_scalar(dst=dtp, data=dtp0, op0=nl.multiply, operand0=c["mask"][:, 0:1])
     nisa.tensor_tensor(dst=dtA, data1=dtp, data2=cst["A"][0:Q, :], op=nl.multiply)
+    # the segment sums' moving operands for every head at once: dtA repeated over a
+    # sub-block's sb columns (ScalarE), dtA * Uloc (GpSimd)
+    if cst["wbc"]:
+        _seg_operands(cst, c["WB"], dtA, 0, H, weng)
 
     # ---- decay sums for all heads (fp32 matmuls with 0/1 operators), then exp
     # each sum in its own PSUM columns while they fit the bank (TensorE then
@@ -821,9 +947,6 @@ def _prologue_compute(cst, c):
             CT = c["CTs"][g][t]
             nisa.tensor_copy(dst=CT, src=ct_ps, engine=nisa.engine.scalar)
             CTf = CT
-            if md != nl.float32:
-                CTf = cst["CTf"][0:ntile, :]
-                nisa.tensor_copy(dst=CTf, src=ct_ps)
             bt_ps = tp[0:ntile, Q:2 * Q]
             nisa.nc_transpose(dst=bt_ps, data=c["B_mm"][:, n0:n0 + ntile])
             BT = cst["BT"][0:ntile, :]
@@ -907,18 +1030,25 @@ def _pair(cst, ctxs, blocks, rings, i, cells, double):
     pro1 = (min(1, len(steps)), max(min(1, len(steps)), nb - pre))
     if not double:
         pro1 = (last0, last0)
-    # context 1's y: the first half of its blocks stored once their stage 7 has run, the
-    # rest after the last step (so little of it is left in flight at the iteration end)
-    half1 = -1
+    # context 1's y in pieces (quarters of its blocks, halves below 8 blocks), each stored
+    # once its blocks' stage 7 has run, the last after the last step (so little of it is
+    # left in flight at the iteration end, where the next iteration waits for it)
+    ystore = []          # (step, first column, end column) of each piece
     ysplit = 0
     if double and nb > _S_WRITE - _S_READ and nb >= 4:
-        half1 = nb + nb // 2 - 1 + _S_YOUT
-        ysplit = blocks[nb // 2][1] * cst["P"]
+        npc = 2
+        if nb >= 8:
+            npc = 4
+        for q in range(1, npc):
+            bq = q * nb // npc
+            col = blocks[bq][1] * cst["P"]
+            ystore.append((nb + bq - 1 + _S_YOUT, ysplit, col))
+            ysplit = col
     # chunk 0's prologue and the state come first
     _prologue_loads(cst, ctxs[0], 0, i, t0s[0])
-    for blk in blocks:
-        _state_dma(cst, cells[3], blk[1] * cst["P"], (blk[1] + blk[2]) * cst["P"], False)
-    _prologue_compute(cst, ctxs[0])
+    for piece in cst["st_loads"]:
+        _state_dma(cst, cells[3], piece[1], piece[2], False)
+    _prologue_compute(cst, ctxs[0], nisa.engine.vector)
     for si in range(len(steps)):
         # y stores: context 0's once its last item is done (before chunk 1's loads with
         # one context: z's tile is y's), context 1's after the last step
@@ -927,13 +1057,14 @@ def _pair(cst, ctxs, blocks, rings, i, cells, double):
         if si == pro1[0]:
             _prologue_loads(cst, ctxs[1], 1, i, t0s[1])
         if si == pro1[1]:
-            _prologue_compute(cst, ctxs[1])
+            _prologue_compute(cst, ctxs[1], nisa.engine.gpsimd)
         for e in range(len(steps[si])):
             k, item = steps[si][e]
             c, j = item // nb, item % nb
             _STAGES[k](cst, ctxs[c], blocks[j], {"i": item, "c": c}, rings)
-        if si == half1:
-            _store_y(cst, ctxs[1], 0, ysplit)
+        for piece in ystore:
+            if piece[0] == si:
+                _store_y(cst, ctxs[1], piece[1], piece[2])
     _store_y(cst, ctxs[1], ysplit)
 
 
@@ -941,24 +1072,57 @@ def _pair(cst, ctxs, blocks, rings, i, cells, double):
 # (mostly), so in a pipeline step every engine's queue holds work whose
 # inputs were produced in earlier steps.
 
+def _tf(t, fast):
+    """A float32 operand as tfloat32 (bf16 mode: the BF16 rate) or itself (exact mode)."""
+    if fast:
+        return t.view(nl.tfloat32)
+    return t
+
+
+def _seg_operands(cst, WB, dtA, h0, nh, eng):
+    """WB [Q, (part, h, i')] for heads h0 .. h0+nh-1 of dtA [Q, H]: part 0 dtA repeated
+    over a sub-block's sb columns (ScalarE), part 1 dtA * Uloc (``eng``), one instruction
+    each for all the heads."""
+    Q, sb, H = cst["Q"], cst["sb"], cst["H"]
+    F = WB.shape[1]
+    dtA_rep = dtA.ap(pattern=[[H, Q], [1, nh], [0, sb]], offset=h0)
+    nisa.tensor_copy(dst=WB.ap(pattern=[[F, Q], [sb, nh], [1, sb]], offset=0), src=dtA_rep,
+                     engine=nisa.engine.scalar)
+    nisa.tensor_tensor(dst=WB.ap(pattern=[[F, Q], [sb, nh], [1, sb]], offset=F // 2),
+                       data1=dtA_rep, data2=cst["Uloc"].ap(pattern=[[sb, Q], [0, nh], [1, sb]], offset=0),
+                       op=nl.multiply, engine=eng)
+
+
 def _st_w(cst, ctx, blk, w, r):
-    """GpSimd: W[k, (h,i)] = dtA[k,h] U[k,i] (fp32), one affine_select for the block
-    (dtA broadcast along i by a zero-step access pattern, kept where i >= k)."""
+    """The segment sums' operands of the block when they are not built per chunk (SBUF)."""
     g, h0, nh = blk
-    Q, dtA, H = cst["Q"], ctx["dtA"], cst["H"]
-    W = _pick(r["W"], w)
-    nisa.affine_select(dst=W[:, 0:nh * Q], pattern=[[0, nh], [1, Q]], channel_multiplier=-1,
-                       on_true_tile=dtA.ap(pattern=[[H, Q], [1, nh], [0, Q]], offset=h0),
-                       on_false_value=0.0, cmp_op=nl.greater_equal, offset=0)
+    if not cst["wbc"]:
+        _seg_operands(cst, _pick(r["WB"], w), ctx["dtA"], h0, nh, nisa.engine.gpsimd)
 
 
 def _st_seg(cst, ctx, blk, w, r):
-    """TensorE: seg[j, (h,i)] = sum_{j<k<=i} dtA[k,h] = Ls^T W (fp32, exactly 0 for j >= i)."""
+    """TensorE: seg[j, (b, h, i')] = sum_{j<k<=i} dtA[k, h], i = b*sb + i', for the block's
+    heads: per sub-block b of sb tokens, the tokens of earlier sub-blocks (Lpre[b]
+    against dtA repeated over the sub-block's columns) plus those of b itself up to i
+    (Lin[b] against dtA * Uloc). Every term is a dt'A <= 0, so the sum is a direct
+    segment sum (no difference of running sums), exactly 0 for j >= i."""
     g, h0, nh = blk
-    Q = cst["Q"]
-    nisa.nc_matmul(dst=_pick(r["seg"], w)[:, 0:nh * Q], stationary=cst["Ls"][0:Q, 0:Q],
-                   moving=_pick(r["W"], w)[:, 0:nh * Q], accumulate=False,
-                   is_stationary_onezero=True)
+    Q, sb, H, fast = cst["Q"], cst["sb"], cst["H"], cst["fast"]
+    seg = _pick(r["seg"], w)
+    wsb = nh * sb
+    if cst["wbc"]:
+        WB, m0, m1 = ctx["WB"], h0 * sb, (H + h0) * sb
+    else:
+        WB, m0, m1 = _pick(r["WB"], w), 0, cst["hb"] * sb
+    for b in range(Q // sb):
+        dst = seg[:, b * wsb:(b + 1) * wsb]
+        if b > 0:
+            nisa.nc_matmul(dst=dst, stationary=_tf(cst["Lpre"][b], fast),
+                           moving=_tf(WB, fast)[:, m0:m0 + wsb], accumulate=False,
+                           is_stationary_onezero=True)
+        nisa.nc_matmul(dst=dst, stationary=_tf(cst["Lin"][b], fast),
+                       moving=_tf(WB, fast)[:, m1:m1 + wsb],
+                       accumulate=(b > 0), is_stationary_onezero=True)
 
 
 def _st_exp(cst, ctx, blk, w, r):
@@ -984,61 +1148,67 @@ def _per_head(t, h0, nh, m):
 
 
 def _st_mt(cst, ctx, blk, w, r):
-    """VectorE, one instruction each for the block: Mt = Dm * CBmask (CBmask repeated
-    over the heads by a zero stride), xf = x_j dt'_j (fp32, stage 4's moving operand),
-    x_h D_h (D [H]); ScalarE: bf16 copy of the block's state (bf16 mode)."""
+    """VectorE, one instruction each for the block: Mt[j, (h, i)] = Dm[j, (b, h, i')] *
+    CBmask[j, i] (CBmask repeated over the heads by a zero stride; the head-major Mt is
+    stage 4's per-head stationary); the x products [xf | Xd | xD] = x *
+    [dt' | dt' exp(ex) | D] (fp32; no xD with ``dib``; x read nf times by a zero
+    stride)."""
     g, h0, nh = blk
-    Q, P, md, ST = cst["Q"], cst["P"], cst["md"], cst["ST"]
-    Dm = _pick(r["Dm"], w)
-    Mt = Dm            # in place: the Dm buffer carries Mt to stage 4
+    Q, P, sb, hb, H = cst["Q"], cst["P"], cst["sb"], cst["hb"], cst["H"]
+    nsb = Q // sb
+    Dm, Mt = _pick(r["Dm"], w), _pick(r["Mt"], w)
+    F = Dm.shape[1]
     cbm = ctx["cbms"][g]
-    nisa.tensor_tensor(dst=_heads3(Mt, 0, nh, Q), data1=_heads3(Dm, 0, nh, Q),
-                       data2=cbm.ap(pattern=[[Q, Q], [0, nh], [1, Q]], offset=0),
+    nisa.tensor_tensor(dst=Mt.ap(pattern=[[F, Q], [sb, nsb], [Q, nh], [1, sb]], offset=0),
+                       data1=Dm.ap(pattern=[[F, Q], [nh * sb, nsb], [sb, nh], [1, sb]], offset=0),
+                       data2=cbm.ap(pattern=[[Q, Q], [sb, nsb], [0, nh], [1, sb]], offset=0),
                        op=nl.multiply, engine=nisa.engine.vector)
-    c0, c1 = h0 * P, (h0 + nh) * P
-    # xf = x dt' (and, D [H], x D after it at column hb*P): the block's x read twice by
-    # a zero stride, the factors from the context's [dt' | D] tile
-    H, hb, fac = cst["H"], cst["hb"], ctx["fac"]
-    nf = 1
-    if cst["Dh"] != None:  # noqa: E711
-        nf = 2
+    c0 = h0 * P
     xfD = _pick(r["xfD"], w)
-    nisa.tensor_tensor(dst=xfD.ap(pattern=[[2 * hb * P, Q], [hb * P, nf], [P, nh], [1, P]],
-                                  offset=0),
+    XF = xfD.shape[1]
+    nf, fac, nfac = 2, ctx["fac"], 3
+    if cst["Dh"] != None and not cst["dib"]:  # noqa: E711
+        nf = nf + 1
+    nisa.tensor_tensor(dst=xfD.ap(pattern=[[XF, Q], [hb * P, nf], [P, nh], [1, P]], offset=0),
                        data1=ctx["x_in"].ap(pattern=[[H * P, Q], [0, nf], [P, nh], [1, P]],
                                             offset=c0),
-                       data2=fac.ap(pattern=[[2 * H, Q], [H, nf], [1, nh], [0, P]], offset=h0),
+                       data2=fac.ap(pattern=[[nfac * H, Q], [H, nf], [1, nh], [0, P]], offset=h0),
                        op=nl.multiply, engine=nisa.engine.vector)
-    if md != nl.float32:
-        for t in range(cst["n_tiles"]):
-            nisa.tensor_copy(dst=_pick(r["S"], w)[t][:, 0:nh * P], src=ST[t][:, c0:c1],
-                             engine=nisa.engine.scalar)
+
+
+def _xD(cst, w, r, k):
+    """Head k's x D columns of the block's x-products tile."""
+    hb, P = cst["hb"], cst["P"]
+    return _pick(r["xfD"], w)[:, (2 * hb + k) * P:(2 * hb + k + 1) * P]
 
 
 def _st_out_mm(cst, ctx, blk, w, r):
-    """TensorE: y_intra (+ D x) fp32 matmuls per head, y_off per N tile (precision
-    mode), into one PSUM bank: y_intra at columns [0, nh*P), y_off after."""
+    """TensorE: y_intra (+ D x) matmuls per head, y_off = C S^T per N tile (tfloat32
+    views of the fp32 tiles in bf16 mode; D x in bf16 with ``dib``), into one PSUM bank: y_intra at columns [0, nh*P),
+    y_off after."""
     g, h0, nh = blk
-    Q, P, x_in, md = cst["Q"], cst["P"], ctx["x_in"], cst["md"]
-    Mt, yps, hb = _pick(r["Dm"], w), _pick(r["yps"], w), cst["hb"]
+    Q, P, fast = cst["Q"], cst["P"], cst["fast"]
+    Mt, yps, hb = _pick(r["Mt"], w), _pick(r["yps"], w), cst["hb"]
+    xfD = _pick(r["xfD"], w)
+    ident = _tf(cst["ident"], fast)
     for k in range(nh):
-        h = h0 + k
         yi = yps[:, k * P:(k + 1) * P]
-        xh = _pick(r["xfD"], w)[:, k * P:(k + 1) * P]
-        nisa.nc_matmul(dst=yi, stationary=Mt[:, k * Q:(k + 1) * Q], moving=xh, accumulate=False)
-        if cst["Dh"] != None:  # noqa: E711
+        nisa.nc_matmul(dst=yi, stationary=_tf(Mt, fast)[:, k * Q:(k + 1) * Q],
+                       moving=_tf(xfD, fast)[:, k * P:(k + 1) * P], accumulate=False)
+        if cst["dib"]:
+            # + D_h x_i: stationary D_h I (bf16), moving x_h
+            h = h0 + k
+            nisa.nc_matmul(dst=yi, stationary=cst["DIb"][:, h * Q:(h + 1) * Q],
+                           moving=ctx["x_in"][:, h * P:(h + 1) * P], accumulate=True)
+        elif cst["Dh"] != None:  # noqa: E711
             # + D_h x_i: identity stationary, moving x_h D_h (stage 3)
-            nisa.nc_matmul(dst=yi, stationary=cst["ident"][0:Q, 0:Q],
-                           moving=_pick(r["xfD"], w)[:, (hb + k) * P:(hb + k + 1) * P],
-                           accumulate=True,
-                           is_stationary_onezero=True)
+            nisa.nc_matmul(dst=yi, stationary=ident[0:Q, 0:Q], moving=_tf(_xD(cst, w, r, k), fast),
+                           accumulate=True, is_stationary_onezero=True)
     yo = yps[:, nh * P:2 * nh * P]
     c0, c1 = h0 * P, (h0 + nh) * P
     for t in range(cst["n_tiles"]):
-        S = cst["ST"][t][:, c0:c1]
-        if md != nl.float32:
-            S = _pick(r["S"], w)[t][:, 0:nh * P]
-        nisa.nc_matmul(dst=yo, stationary=ctx["CTs"][g][t], moving=S, accumulate=(t > 0))
+        nisa.nc_matmul(dst=yo, stationary=_tf(ctx["CTs"][g][t], fast),
+                       moving=_tf(cst["ST"][t], fast)[:, c0:c1], accumulate=(t > 0))
 
 
 def _st_scalar(cst, ctx, blk, w, r):
@@ -1050,23 +1220,25 @@ def _st_scalar(cst, ctx, blk, w, r):
     P, x_in = cst["P"], ctx["x_in"]
     c0, c1 = h0 * P, (h0 + nh) * P
     yps, yb = _pick(r["yps"], w), _pick(r["yb"], w)
-    for k in range(nh):
-        nisa.activation(dst=yb[:, k * P:(k + 1) * P], op=nl.copy,
-                        data=yps[:, (nh + k) * P:(nh + k + 1) * P],
-                        scale=ctx["ecs"][:, h0 + k:h0 + k + 1])
+    if cst["vec_ecs"][w["i"] % cst["nb"]]:
+        # one VectorE instruction (exp(cs) repeated over P by a zero stride)
+        nisa.tensor_tensor(dst=_heads3(yb, 0, nh, P), data1=_heads3(yps, nh * P, nh, P),
+                           data2=_per_head(ctx["ecs"], h0, nh, P), op=nl.multiply,
+                           engine=nisa.engine.vector)
+    else:
+        for k in range(nh):
+            nisa.activation(dst=yb[:, k * P:(k + 1) * P], op=nl.copy,
+                            data=yps[:, (nh + k) * P:(nh + k + 1) * P],
+                            scale=ctx["ecs"][:, h0 + k:h0 + k + 1])
     if ctx["z"] != None:  # noqa: E711
         nisa.activation(dst=_pick(r["sz"], w)[:, 0:nh * P], op=nl.silu,
                         data=ctx["z"][:, c0:c1])
-    nisa.tensor_tensor(dst=_heads3(_pick(r["Xd"], w), 0, nh, P),
-                       data1=_heads3(x_in, c0, nh, P),
-                       data2=_per_head(ctx["wd"], h0, nh, P), op=nl.multiply,
-                       engine=nisa.engine.gpsimd)
     if _pe_state(cst, w):
         # e^tot * S (the block's state, final since the previous chunk's stage 9)
         nisa.tensor_tensor(dst=_heads3(_pick(r["eS"], w), 0, nh, P),
                            data1=_heads3(cst["ST"][0], c0, nh, P),
                            data2=_per_head(ctx["elast"][0], h0, nh, P), op=nl.multiply,
-                           engine=nisa.engine.vector)
+                           engine=nisa.engine.gpsimd)
 
 
 def _st_yadd(cst, ctx, blk, w, r):
@@ -1077,7 +1249,8 @@ def _st_yadd(cst, ctx, blk, w, r):
     yb = _pick(r["yb"], w)[:, 0:nh * P]
     yi = _pick(r["yps"], w)[:, 0:nh * P]
     if _pe_add(cst, w):
-        nisa.nc_matmul(dst=yi, stationary=cst["ident"][0:Q, 0:Q], moving=yb, accumulate=True,
+        nisa.nc_matmul(dst=yi, stationary=_tf(cst["ident"], cst["fast"])[0:Q, 0:Q],
+                       moving=_tf(_pick(r["yb"], w), cst["fast"])[:, 0:nh * P], accumulate=True,
                        is_stationary_onezero=True)
     else:
         nisa.tensor_tensor(dst=yb, data1=yb, data2=yi, op=nl.add)
@@ -1104,7 +1277,8 @@ def _st_yout(cst, ctx, blk, w, r):
         nisa.tensor_tensor(dst=y_b, data1=ysum, data2=_pick(r["sz"], w)[:, 0:nh * P],
                            op=nl.multiply, engine=nisa.engine.vector)
     elif _pe_add(cst, w):
-        nisa.tensor_copy(dst=y_b, src=ysum, engine=nisa.engine.vector)
+        # PSUM -> the y tile: ScalarE on odd blocks (VectorE / ScalarE balance)
+        nisa.tensor_copy(dst=y_b, src=ysum, engine=nisa.engine.scalar)
     else:
         nisa.tensor_copy(dst=y_b, src=ysum, engine=nisa.engine.gpsimd)
 
@@ -1114,15 +1288,16 @@ def _st_state_mm(cst, ctx, blk, w, r):
     g, h0, nh = blk
     P, N, B_mm = cst["P"], cst["N"], ctx["B_mm"]
     st = _pick(r["st"], w)
+    fast, hb = cst["fast"], cst["hb"]
+    Bs, Xd = _tf(B_mm, fast), _tf(_pick(r["xfD"], w), fast)[:, hb * P:(hb + nh) * P]
     for t in range(cst["n_tiles"]):
         n0 = g * N + t * _PMAX
         ntile = min(_PMAX, N - t * _PMAX)
         nisa.nc_matmul(dst=st[0:ntile, t * nh * P:(t + 1) * nh * P],
-                       stationary=B_mm[:, n0:n0 + ntile],
-                       moving=_pick(r["Xd"], w)[:, 0:nh * P], accumulate=False)
+                       stationary=Bs[:, n0:n0 + ntile], moving=Xd, accumulate=False)
     if _pe_state(cst, w):
-        nisa.nc_matmul(dst=st[0:N, 0:nh * P], stationary=cst["ident_n"][0:N, 0:N],
-                       moving=_pick(r["eS"], w)[:, 0:nh * P], accumulate=True,
+        nisa.nc_matmul(dst=st[0:N, 0:nh * P], stationary=_tf(cst["ident_n"], fast)[0:N, 0:N],
+                       moving=_tf(_pick(r["eS"], w), fast)[:, 0:nh * P], accumulate=True,
                        is_stationary_onezero=True)
 
 
@@ -1148,7 +1323,9 @@ def _st_state(cst, ctx, blk, w, r):
                                           operand1=st[0:ntile,
                                                       (t * nh + k) * P:(t * nh + k + 1) * P])
     if w["c"] == 1:
-        _state_dma(cst, cst["dst"], h0 * P, (h0 + nh) * P, True)
+        for piece in cst["st_stores"]:
+            if piece[0] == w["i"] % cst["nb"]:
+                _state_dma(cst, cst["dst"], piece[1], piece[2], True)
 
 
 def _pe_state(cst, w):
@@ -1167,5 +1344,5 @@ _STAGES = (_st_w, _st_seg, _st_exp, _st_mt, _st_out_mm, _st_scalar, _st_yadd, _s
            _st_state_mm, _st_state)
 # stage reading the state (the bf16 copy / fp32 view in _st_mt / _st_out_mm) and
 # the stage writing it: item (1, j) may only read after item (0, j) wrote
-_S_READ, _S_WRITE = 3, 9
+_S_READ, _S_WRITE = 4, 9
 _S_YOUT = 7        # the stage writing the chunk's y tile
