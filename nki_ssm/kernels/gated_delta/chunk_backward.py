@@ -127,7 +127,7 @@ from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
 from nki_ssm.kernels.gated_delta._common import consecutive_groups
-from nki_ssm.kernels.gated_delta.chunk_utils import BLOCK, mm, state_block, table_rows
+from nki_ssm.kernels.gated_delta.chunk_utils import BLOCK, mm, state_block, table_rows, tf32_view
 from nki_ssm.kernels.scaffold import at_row, for_each_row, lnc_grid, trip_counts
 
 _GROUP = 4           # heads whose phases interleave (SBUF: their tiles live at once)
@@ -136,7 +136,7 @@ _ROUNDS = 4          # doubling rounds after I + N: N^2, N^4, N^8, N^16 cover 32
 
 @nki.jit
 def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, d_final, init_tab, seq_rows, fwd_rows,
-                       fwd_state, bwd_rows, bwd_state, counts, chunk):
+                       fwd_state, bwd_rows, bwd_state, counts, chunk, fast=False):
     """Gradients of the chunked gated delta rule (layouts in the module docstring)."""
     T1 = q2.shape[0]
     HVp = g2.shape[1]
@@ -190,7 +190,7 @@ def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, d_final, init_tab, seq_ro
         S = nl.ndarray((K, nh * V), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=S, src=_block(hstore, cells[0], 0, K, w))
         c = _context(x, _decays(x, cst, nh, C, K), cst, S, None, None, C, K, V, tstore,
-                     cells[2])
+                     cells[2], fast)
         for grp in consecutive_groups(nh, _GROUP):
             ds = _head_dicts(grp)
             _run_phases(c, ds, False)
@@ -213,7 +213,7 @@ def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, d_final, init_tab, seq_ro
         out["dg"] = nl.ndarray((C, nh), dtype=nl.float32, buffer=nl.sbuf)
         out["dbeta"] = nl.ndarray((C, nh), dtype=nl.float32, buffer=nl.sbuf)
         c = _context(x, _decays(x, cst, nh, C, K), cst, S, dS, out, C, K, V, tstore,
-                     cells[2])
+                     cells[2], fast)
         for grp in consecutive_groups(nh, _GROUP):
             ds = _head_dicts(grp)
             _run_phases(c, ds, True)
@@ -241,12 +241,13 @@ def _block(t, cell, base, K, w):
     return at_row(t, cell, [[w, K], [1, w]], base)
 
 
-def _context(x, ch, cst, S, dS, out, C, K, V, tstore, trow):
+def _context(x, ch, cst, S, dS, out, C, K, V, tstore, trow, fast):
     """What every phase of a chunk reads: its input tiles x, decays ch, constants, entry
     state S, state gradient dS and output tiles (None in the forward recompute), the T
     scratch and the chunk's row in it (an NkiScalar, a table cell)."""
     c = {}
     c["tstore"] = tstore
+    c["fast"] = fast
     c["trow"] = trow
     c["x"] = x
     c["ch"] = ch
@@ -494,7 +495,7 @@ def _r_decay(c, d):
     nisa.tensor_tensor(dst=d["Dl"], data1=D, data2=cst["tri_lo"],
                        op=nl.multiply, engine=nisa.engine.gpsimd)
     kk = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=kk, stationary=d["kT"], moving=d["kT"], accumulate=False)
+    nisa.nc_matmul(dst=kk, stationary=_tf(c, d["kT"]), moving=_tf(c, d["kT"]), accumulate=False)
     d["KKD"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=d["KKD"], data1=kk, data2=d["Dl"], op=nl.multiply)
 
@@ -516,11 +517,11 @@ def _r_solve_setup(c, d):
 def _r_doubling(c, d, rnd):
     """Round rnd of the doubling: T <- (I + N^{2^(rnd+1)}) T (N^2 kept while needed)."""
     C = c["C"]
-    N2T = mm(d["N"], d["NT"], C, C)                 # (N^2)^T = N^T N^T
+    N2T = mm(_tf(c, d["N"]), _tf(c, d["NT"]), C, C)                 # (N^2)^T = N^T N^T
     if 4 << rnd < BLOCK:
-        d["N"] = mm(d["NT"], d["N"], C, C)          # N^2
+        d["N"] = mm(_tf(c, d["NT"]), _tf(c, d["N"]), C, C)          # N^2
     d["NT"] = N2T
-    d["T"] = _plus_product(N2T, d["T"], C, nl.add)
+    d["T"] = _plus_product(c, N2T, d["T"], C, nl.add)
 
 
 def _r_blocks(c, d):
@@ -530,23 +531,23 @@ def _r_blocks(c, d):
     nisa.tensor_tensor(dst=Aoff, data1=d["A"], data2=c["cst"]["off"],
                        op=nl.multiply, engine=nisa.engine.gpsimd)
     TbT = _transpose(d["T"], C, C)
-    d["M"] = mm(TbT, Aoff, C, C)
-    d["MT"] = mm(Aoff, TbT, C, C)
+    d["M"] = mm(_tf(c, TbT), _tf(c, Aoff), C, C)
+    d["MT"] = mm(_tf(c, Aoff), _tf(c, TbT), C, C)
 
 
 def _r_substitute(c, d):
     """T = (I - M)(I + M^2) Tb (M^2 = 0 with 2 blocks)."""
     C = c["C"]
     if C > 2 * BLOCK:
-        d["T"] = _plus_product(mm(d["M"], d["MT"], C, C), d["T"], C, nl.add)
-    d["T"] = _plus_product(d["MT"], d["T"], C, nl.subtract)
+        d["T"] = _plus_product(c, mm(_tf(c, d["M"]), _tf(c, d["MT"]), C, C), d["T"], C, nl.add)
+    d["T"] = _plus_product(c, d["MT"], d["T"], C, nl.subtract)
 
 
 def _r_rhs(c, d):
     """r = beta (v - e^c (k h))."""
     C, V, j = c["C"], c["V"], d["j"]
     ps = nl.ndarray((C, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=d["kT"], moving=c["S"][:, j * V:(j + 1) * V],
+    nisa.nc_matmul(dst=ps, stationary=_tf(c, d["kT"]), moving=_tf(c, c["S"][:, j * V:(j + 1) * V]),
                    accumulate=False)
     d["r"] = nl.ndarray((C, V), dtype=nl.float32, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=d["r"], data=ps, op0=nl.multiply,
@@ -569,7 +570,7 @@ def _r_grad_operands(c, d):
                        op=nl.multiply, engine=nisa.engine.gpsimd)
     d["DTi"] = DT
     qk = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=qk, stationary=d["qT"], moving=d["kT"], accumulate=False)
+    nisa.nc_matmul(dst=qk, stationary=_tf(c, d["qT"]), moving=_tf(c, d["kT"]), accumulate=False)
     d["QKD"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=d["QKD"], data1=qk, data2=d["Di"], op=nl.multiply)
 
@@ -577,19 +578,25 @@ def _r_grad_operands(c, d):
 def _state_update(c, d):
     """h' = e^{c_L} h + (e^{c_L - c} k)^T vn, vn = T r, into S (head d["j"]'s columns)."""
     C, K, V, j, ch = c["C"], c["K"], c["V"], d["j"], c["ch"]
-    vn = mm(d["TT"], d["r"], C, V)
+    vn = mm(_tf(c, d["TT"]), _tf(c, d["r"]), C, V)
     kd = _scaled(d["k"], ch["el"][:, j:j + 1], C, K)
     ps = nl.ndarray((K, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=kd, moving=vn, accumulate=False)
+    nisa.nc_matmul(dst=ps, stationary=_tf(c, kd), moving=_tf(c, vn), accumulate=False)
     Sh = c["S"][:, j * V:(j + 1) * V]
     nisa.scalar_tensor_tensor(dst=Sh, data=Sh, op0=nl.multiply, operand0=ch["ecL"][:, j:j + 1],
                               op1=nl.add, operand1=ps)
 
 
-def _plus_product(st, X, C, op):
+def _tf(c, t):
+    """t as a TensorE operand: its tfloat32 view for bf16 callers (c["fast"]), else itself
+    (chunk_utils.tf32_view)."""
+    return tf32_view(t, c["fast"])
+
+
+def _plus_product(c, st, X, C, op):
     """X op st^T X ([C, C]; op add or subtract), the product through PSUM."""
     ps = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=st, moving=X, accumulate=False)
+    nisa.nc_matmul(dst=ps, stationary=_tf(c, st), moving=_tf(c, X), accumulate=False)
     out = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=out, data1=X, data2=ps, op=op)
     return out
@@ -612,13 +619,13 @@ def _scaled(a, col, C, w):
 def _g_dvn(c, d):
     """vn^T = (T r)^T and dvn = QKD^T do + e^{c_L - c} (k dh')."""
     C, V, j = c["C"], c["V"], d["j"]
-    d["vnT"] = mm(d["r"], d["TT"], V, C)
+    d["vnT"] = mm(_tf(c, d["r"]), _tf(c, d["TT"]), V, C)
     d["do"] = c["x"]["do"][:, j * V:(j + 1) * V]
     d["dSh"] = c["dS"][:, j * V:(j + 1) * V]
     d["h"] = c["S"][:, j * V:(j + 1) * V]
     pk = nl.ndarray((C, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pk, stationary=d["kT"], moving=d["dSh"], accumulate=False)
-    pa = mm(d["QKD"], d["do"], C, V)
+    nisa.nc_matmul(dst=pk, stationary=_tf(c, d["kT"]), moving=_tf(c, d["dSh"]), accumulate=False)
+    pa = mm(_tf(c, d["QKD"]), _tf(c, d["do"]), C, V)
     d["dvn"] = nl.ndarray((C, V), dtype=nl.float32, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=d["dvn"], data=pk, op0=nl.multiply,
                               operand0=c["ch"]["el"][:, j:j + 1], op1=nl.add, operand1=pa)
@@ -627,8 +634,8 @@ def _g_dvn(c, d):
 def _g_z(c, d):
     """z = T^T dvn, z^T, dv = beta z."""
     C, V, j = c["C"], c["V"], d["j"]
-    d["z"] = mm(d["T"], d["dvn"], C, V)
-    d["zT"] = mm(d["dvn"], d["T"], V, C)
+    d["z"] = mm(_tf(c, d["T"]), _tf(c, d["dvn"]), C, V)
+    d["zT"] = mm(_tf(c, d["dvn"]), _tf(c, d["T"]), V, C)
     nisa.activation(dst=c["out"]["dv"][:, j * V:(j + 1) * V], op=nl.copy, data=d["z"],
                     scale=d["beta"])
 
@@ -646,13 +653,13 @@ def _g_dp(c, d):
     the decays' gradient)."""
     C = c["C"]
     pp = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pp, stationary=d["doT"], moving=d["vnT"], accumulate=False)
+    nisa.nc_matmul(dst=pp, stationary=_tf(c, d["doT"]), moving=_tf(c, d["vnT"]), accumulate=False)
     d["dPD"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=d["dPD"], data1=pp, data2=d["Di"], op=nl.multiply)
     d["G"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=d["G"], data1=pp, data2=d["QKD"], op=nl.multiply)
     ppt = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ppt, stationary=d["vnT"], moving=d["doT"], accumulate=False)
+    nisa.nc_matmul(dst=ppt, stationary=_tf(c, d["vnT"]), moving=_tf(c, d["doT"]), accumulate=False)
     d["dPDT"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=d["dPDT"], data1=ppt, data2=d["DTi"], op=nl.multiply)
 
@@ -661,7 +668,7 @@ def _g_da(c, d):
     """dA = -z vn^T (strictly lower): W1 = (z vn^T) KKD, E = dA beta D and E^T, G -= beta W1
     (dA A)."""
     C = c["C"]
-    zv = mm(d["zT"], d["vnT"], C, C)
+    zv = mm(_tf(c, d["zT"]), _tf(c, d["vnT"]), C, C)
     d["W1"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=d["W1"], data1=zv, data2=d["KKD"],
                        op=nl.multiply, engine=nisa.engine.gpsimd)
@@ -678,11 +685,11 @@ def _g_state_products(c, d):
     """e^c do h^T (dq's inter-chunk part), y = z h^T, dkS = e^{c_L - c} vn dh'^T."""
     C, K, j, ch = c["C"], c["K"], d["j"], c["ch"]
     doh = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=doh, stationary=d["doT"], moving=d["hT"], accumulate=False)
+    nisa.nc_matmul(dst=doh, stationary=_tf(c, d["doT"]), moving=_tf(c, d["hT"]), accumulate=False)
     d["dq_int"] = _scaled(doh, ch["ec"][:, j:j + 1], C, K)
-    d["y"] = mm(d["zT"], d["hT"], C, K)
+    d["y"] = mm(_tf(c, d["zT"]), _tf(c, d["hT"]), C, K)
     pvs = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pvs, stationary=d["vnT"], moving=d["dST"], accumulate=False)
+    nisa.nc_matmul(dst=pvs, stationary=_tf(c, d["vnT"]), moving=_tf(c, d["dST"]), accumulate=False)
     d["dkS"] = _scaled(pvs, ch["el"][:, j:j + 1], C, K)
 
 
@@ -691,13 +698,13 @@ def _g_dq_dk(c, d):
     C, K, j, out = c["C"], c["K"], d["j"], c["out"]
     k = d["k"]
     pq = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pq, stationary=d["dPDT"], moving=k, accumulate=False)
+    nisa.nc_matmul(dst=pq, stationary=_tf(c, d["dPDT"]), moving=_tf(c, k), accumulate=False)
     nisa.tensor_tensor(dst=out["dq"][:, j * K:(j + 1) * K], data1=pq, data2=d["dq_int"],
                        op=nl.add)
     pkk = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pkk, stationary=d["dPD"], moving=d["q"], accumulate=False)
-    nisa.nc_matmul(dst=pkk, stationary=d["ET"], moving=k, accumulate=True)
-    nisa.nc_matmul(dst=pkk, stationary=d["Em"], moving=k, accumulate=True)
+    nisa.nc_matmul(dst=pkk, stationary=_tf(c, d["dPD"]), moving=_tf(c, d["q"]), accumulate=False)
+    nisa.nc_matmul(dst=pkk, stationary=_tf(c, d["ET"]), moving=_tf(c, k), accumulate=True)
+    nisa.nc_matmul(dst=pkk, stationary=_tf(c, d["Em"]), moving=_tf(c, k), accumulate=True)
     dk1 = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=dk1, data1=pkk, data2=d["dkS"], op=nl.add)
     nisa.scalar_tensor_tensor(dst=out["dk"][:, j * K:(j + 1) * K], data=d["y"], op0=nl.multiply,
@@ -750,7 +757,7 @@ def _g_dh(c, d):
     eq = _scaled(d["q"], ch["ec"][:, j:j + 1], C, K)
     bek = _scaled(d["k"], ch["nbec"][:, j:j + 1], C, K)
     ph = nl.ndarray((K, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ph, stationary=eq, moving=d["do"], accumulate=False)
-    nisa.nc_matmul(dst=ph, stationary=bek, moving=d["z"], accumulate=True)
+    nisa.nc_matmul(dst=ph, stationary=_tf(c, eq), moving=_tf(c, d["do"]), accumulate=False)
+    nisa.nc_matmul(dst=ph, stationary=_tf(c, bek), moving=_tf(c, d["z"]), accumulate=True)
     nisa.scalar_tensor_tensor(dst=d["dSh"], data=d["dSh"], op0=nl.multiply,
                               operand0=ch["ecL"][:, j:j + 1], op1=nl.add, operand1=ph)
