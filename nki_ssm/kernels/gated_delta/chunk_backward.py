@@ -127,7 +127,7 @@ from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
 from nki_ssm.kernels.gated_delta._common import consecutive_groups
-from nki_ssm.kernels.gated_delta.chunk_utils import BLOCK, mm, state_block, table_rows, tf32_view
+from nki_ssm.kernels.gated_delta.chunk_utils import BLOCK, state_block, table_rows, tf32_view
 from nki_ssm.kernels.scaffold import at_row, for_each_row, lnc_grid, trip_counts
 
 _GROUP = 4           # heads whose phases interleave (SBUF: their tiles live at once)
@@ -267,6 +267,7 @@ def _head_dicts(grp):
     for j in grp:
         d = {}
         d["j"] = j
+        d["i"] = len(ds)
         ds.append(d)
     return ds
 
@@ -316,15 +317,6 @@ def _gather(rows, specs, heads, C):
     return x
 
 
-def _transpose(src, P, F):
-    """SBUF [F, P] = src [P, F]^T (TensorE, float32 bit-exact)."""
-    ps = nl.ndarray((F, P), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_transpose(dst=ps, data=src, engine=nisa.engine.tensor)
-    out = nl.ndarray((F, P), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=out, src=ps, engine=nisa.engine.vector)
-    return out
-
-
 def _rowsum(a, b, C, w):
     """[C, 1] = sum over the free axis of a * b."""
     prod = nl.ndarray((C, w), dtype=nl.float32, buffer=nl.sbuf)
@@ -359,73 +351,91 @@ def _decays(x, cst, nh, C, K):
 
 
 def _run_phases(c, ds, grads):
-    """Every phase (_phases) of the heads ``ds`` (one dict each, key "j"), each phase issued
-    for every head before the next: independent heads fill the in-order engine queues
-    between one head's dependent steps. ``grads``: the backward, else the forward
-    recompute with its state update."""
-    names, args = _phases(c["C"], grads)
-    for p in range(len(names)):
+    """Every step (_steps) of the heads ``ds`` (one dict each, keys "j" and "i"), each step
+    issued for every head before the next: independent heads fill the in-order engine
+    queues between one head's dependent steps, and a step's matmuls / transposes of the
+    group share one PSUM bank and one eviction (_gmm, _gT), read from the next step on.
+    ``grads``: the backward, else the forward recompute with its state update."""
+    c["group"] = ds
+    c["bank"] = {}
+    for st in _steps(c["C"], grads):
         for d in ds:
-            _phase(c, d, names[p], args[p], grads)
+            st[0](c, d, st[1])
 
 
-def _phases(C, grads):
-    """The phases of a head, in order, as names and their arguments: operands, decays; the
+def _steps(C, grads):
+    """The steps of a head, in order, as (function, argument): operands, decays; the
     forward recompute then solves for T (setup, _ROUNDS doubling rounds, the block
     substitution when C > 32), keeps it in tstore and goes on with T^T, r and the state
     update; the backward reads T back (issued with the operands) and goes on with T^T, r,
-    the gradient operands and 10 gradient phases."""
-    names = ["operands", "decay"]
-    args = [0, 0]
+    the gradient operands and the gradient steps."""
+    st = [(_r_operands, grads), (_r_decay_a, 0), (_r_decay_b, 0)]
     if not grads:
-        names.append("setup")
-        args.append(0)
+        st.append((_r_solve_setup, 0))
         for r in range(_ROUNDS):
-            names.append("round")
-            args.append(r)
+            st = st + [(_r_doubling_a, r), (_r_doubling_b, r)]
         if C > BLOCK:
-            names = names + ["blocks", "substitute"]
-            args = args + [0, 0]
-    names = names + ["transpose", "rhs"]
-    args = args + [0, 0]
+            st = st + [(_r_blocks_a, 0), (_r_blocks_b, 0), (_r_substitute_a, 0),
+                       (_r_substitute_b, 0)]
+    st = st + [(_r_transpose, grads), (_r_rhs, 0)]
     if grads:
-        for q in range(11):
-            names.append("grad")
-            args.append(q)
+        st = st + [(_r_grad_operands_a, 0), (_r_grad_operands_b, 0), (_g_dvn_a, 0),
+                   (_g_dvn_b, 0), (_g_z, 0), (_g_transposes, 0), (_g_dp, 0), (_g_da_a, 0),
+                   (_g_da_b, 0), (_g_state_products, 0), (_g_dq_dk, 0), (_g_dbeta, 0),
+                   (_g_dg_a, 0), (_g_dg_b, 0), (_g_dh, 0)]
     else:
-        names.append("state")
-        args.append(0)
-    return names, args
+        st = st + [(_state_update_a, 0), (_state_update_b, 0)]
+    return st
 
 
-def _phase(c, d, name, arg, grads):
-    """Phase ``name`` (argument ``arg``) of head d (_phases): the forward's chunk quantities
-    kT, D, KKD = kk D (strictly lower), T (solved, or read back) and T^T, r = beta (v - e^c
-    k h), then the state update or the gradients."""
-    if name == "operands":
-        _r_operands(c, d)
-        if grads:
-            _t_load(c, d)
-    elif name == "decay":
-        _r_decay(c, d)
-    elif name == "setup":
-        _r_solve_setup(c, d)
-    elif name == "blocks":
-        _r_blocks(c, d)
-    elif name == "substitute":
-        _r_substitute(c, d)
-    elif name == "transpose":
-        d["TT"] = _transpose(d["T"], c["C"], c["C"])
-        if not grads:
-            _t_store(c, d)
-    elif name == "rhs":
-        _r_rhs(c, d)
-    elif name == "state":
-        _state_update(c, d)
-    elif name == "round":
-        _r_doubling(c, d, arg)
-    else:
-        _grad_phase(c, d, arg)
+def _gmm(c, d, key, st, mv, M, N, tf=True, op=None):
+    """Head d's st^T mv ([M, N]) into its slice of the group's PSUM bank ``key``; the
+    group's last head evicts the bank once (ScalarE; ``op``: an activation instead of a
+    copy) to an ``[M, heads, N]`` tile and gives each head its view d[key]. ``tf``: the
+    operands as tfloat32 for 16-bit callers (_tf)."""
+    ds = c["group"]
+    n = len(ds)
+    i = d["i"]
+    if i == 0:
+        c["bank"][key] = nl.ndarray((M, n * N), dtype=nl.float32, buffer=nl.psum)
+    ps = c["bank"][key]
+    if tf:
+        st = _tf(c, st)
+        mv = _tf(c, mv)
+    nisa.nc_matmul(dst=ps[:, i * N:(i + 1) * N], stationary=st, moving=mv, accumulate=False)
+    if i == n - 1:
+        out = nl.ndarray((M, n, N), dtype=nl.float32, buffer=nl.sbuf)
+        if op is None:
+            nisa.tensor_copy(dst=out.reshape((M, n * N)), src=ps, engine=nisa.engine.scalar)
+        else:
+            nisa.activation(dst=out.reshape((M, n * N)), op=op, data=ps)
+        for e in range(n):
+            ds[e][key] = out[:, e, :]
+
+
+def _gT(c, d, key, src, P, F):
+    """Head d's src [P, F]^T into its slice of the group's PSUM bank ``key`` (TensorE,
+    float32 bit-exact); the group's last head evicts the bank once (VectorE) to an
+    ``[F, heads, P]`` tile and gives each head its view d[key]."""
+    ds = c["group"]
+    n = len(ds)
+    i = d["i"]
+    if i == 0:
+        c["bank"][key] = nl.ndarray((F, n * P), dtype=nl.float32, buffer=nl.psum)
+    ps = c["bank"][key]
+    nisa.nc_transpose(dst=ps[:, i * P:(i + 1) * P], data=src, engine=nisa.engine.tensor)
+    if i == n - 1:
+        out = nl.ndarray((F, n, P), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=out.reshape((F, n * P)), src=ps, engine=nisa.engine.vector)
+        for e in range(n):
+            ds[e][key] = out[:, e, :]
+
+
+def _r_transpose(c, d, grads):
+    """T^T (and in the forward recompute T to tstore)."""
+    _gT(c, d, "TT", d["T"], c["C"], c["C"])
+    if not grads:
+        _t_store(c, d)
 
 
 def _t_view(c, d):
@@ -445,54 +455,31 @@ def _t_load(c, d):
     nisa.dma_copy(dst=d["T"], src=_t_view(c, d))
 
 
-def _grad_phase(c, d, q):
-    """Backward phase q (0..10) of head d (module docstring): the gradient operands (q^T,
-    masked decays, QKD), then dvn, z, transposes, dP, dA, the state products, dq / dk,
-    dbeta, dg, dh (c["dS"]'s columns of the head become the entry state's gradient)."""
-    if q == 0:
-        _r_grad_operands(c, d)
-    elif q == 1:
-        _g_dvn(c, d)
-    elif q == 2:
-        _g_z(c, d)
-    elif q == 3:
-        _g_transposes(c, d)
-    elif q == 4:
-        _g_dp(c, d)
-    elif q == 5:
-        _g_da(c, d)
-    elif q == 6:
-        _g_state_products(c, d)
-    elif q == 7:
-        _g_dq_dk(c, d)
-    elif q == 8:
-        _g_dbeta(c, d)
-    elif q == 9:
-        _g_dg(c, d)
-    else:
-        _g_dh(c, d)
-
-
-def _r_operands(c, d):
-    """k, k^T and gU[m, i] = g_m (m <= i) of head d["j"]."""
+def _r_operands(c, d, grads):
+    """k, k^T and gU[m, i] = g_m (m <= i) of head d["j"]; T from tstore (the backward)."""
     C, K, j = c["C"], c["K"], d["j"]
     d["k"] = c["x"]["k"][:, j * K:(j + 1) * K]
     d["beta"] = c["x"]["beta"][:, j:j + 1]
-    d["kT"] = _transpose(d["k"], C, K)
+    _gT(c, d, "kT", d["k"], C, K)
     d["gU"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=d["gU"], op=nl.copy, data=c["cst"]["tri_up"],
                     scale=c["x"]["g"][:, j:j + 1])
+    if grads:
+        _t_load(c, d)
 
 
-def _r_decay(c, d):
-    """D[i, j] = exp(seg(j, i]) from direct segment sums (fp32 matmul with a 0/1 operator),
-    Dl its strictly lower part, KKD = (k k^T) Dl."""
+def _r_decay_a(c, d, arg):
+    """D[i, j] = exp(seg(j, i]) from direct segment sums (fp32 matmul with a 0/1 operator;
+    the exp evicts the group's bank)."""
+    C = c["C"]
+    _gmm(c, d, "D", d["gU"], c["cst"]["tri_lo"], C, C, tf=False, op=nl.exp)
+
+
+def _r_decay_b(c, d, arg):
+    """Dl, the strictly lower part of D, and KKD = (k k^T) Dl."""
     C, cst = c["C"], c["cst"]
-    D = mm(d["gU"], cst["tri_lo"], C, C)
-    nisa.activation(dst=D, op=nl.exp, data=D)
-    d["D"] = D
     d["Dl"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)       # [i, j], i > j
-    nisa.tensor_tensor(dst=d["Dl"], data1=D, data2=cst["tri_lo"],
+    nisa.tensor_tensor(dst=d["Dl"], data1=d["D"], data2=cst["tri_lo"],
                        op=nl.multiply, engine=nisa.engine.gpsimd)
     kk = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=kk, stationary=_tf(c, d["kT"]), moving=_tf(c, d["kT"]), accumulate=False)
@@ -500,7 +487,7 @@ def _r_decay(c, d):
     nisa.tensor_tensor(dst=d["KKD"], data1=kk, data2=d["Dl"], op=nl.multiply)
 
 
-def _r_solve_setup(c, d):
+def _r_solve_setup(c, d, arg):
     """A = beta_i KKD; N = -A_bd (the 32-row diagonal blocks), N^T, T = I + N."""
     C, cst = c["C"], c["cst"]
     d["A"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
@@ -509,41 +496,57 @@ def _r_solve_setup(c, d):
     nisa.scalar_tensor_tensor(dst=N, data=d["A"], op0=nl.multiply, operand0=-1.0,
                               op1=nl.multiply, operand1=cst["bd"])
     d["N"] = N
-    d["NT"] = _transpose(N, C, C)
     d["T"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=d["T"], data1=N, data2=cst["ident"], op=nl.add)
+    _gT(c, d, "NT", N, C, C)
 
 
-def _r_doubling(c, d, rnd):
-    """Round rnd of the doubling: T <- (I + N^{2^(rnd+1)}) T (N^2 kept while needed)."""
+def _r_doubling_a(c, d, rnd):
+    """Round rnd of the doubling, its products: (N^2)^T = N^T N^T and N^2 (while needed)."""
     C = c["C"]
-    N2T = mm(_tf(c, d["N"]), _tf(c, d["NT"]), C, C)                 # (N^2)^T = N^T N^T
+    _gmm(c, d, "N2T", d["N"], d["NT"], C, C)
     if 4 << rnd < BLOCK:
-        d["N"] = mm(_tf(c, d["NT"]), _tf(c, d["N"]), C, C)          # N^2
-    d["NT"] = N2T
-    d["T"] = _plus_product(c, N2T, d["T"], C, nl.add)
+        _gmm(c, d, "N", d["NT"], d["N"], C, C)
 
 
-def _r_blocks(c, d):
-    """M = Tb A_off and M^T (A_off: A outside the diagonal blocks)."""
+def _r_doubling_b(c, d, rnd):
+    """T <- (I + N^{2^(rnd+1)}) T."""
+    d["NT"] = d["N2T"]
+    d["T"] = _plus_product(c, d["N2T"], d["T"], c["C"], nl.add)
+
+
+def _r_blocks_a(c, d, arg):
+    """A_off (A outside the diagonal blocks) and Tb^T."""
     C = c["C"]
-    Aoff = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=Aoff, data1=d["A"], data2=c["cst"]["off"],
+    d["Aoff"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=d["Aoff"], data1=d["A"], data2=c["cst"]["off"],
                        op=nl.multiply, engine=nisa.engine.gpsimd)
-    TbT = _transpose(d["T"], C, C)
-    d["M"] = mm(_tf(c, TbT), _tf(c, Aoff), C, C)
-    d["MT"] = mm(_tf(c, Aoff), _tf(c, TbT), C, C)
+    _gT(c, d, "TbT", d["T"], C, C)
 
 
-def _r_substitute(c, d):
-    """T = (I - M)(I + M^2) Tb (M^2 = 0 with 2 blocks)."""
+def _r_blocks_b(c, d, arg):
+    """M = Tb A_off and M^T."""
+    C = c["C"]
+    _gmm(c, d, "M", d["TbT"], d["Aoff"], C, C)
+    _gmm(c, d, "MT", d["Aoff"], d["TbT"], C, C)
+
+
+def _r_substitute_a(c, d, arg):
+    """M^2 (C > 64; M^2 = 0 with 2 blocks)."""
     C = c["C"]
     if C > 2 * BLOCK:
-        d["T"] = _plus_product(c, mm(_tf(c, d["M"]), _tf(c, d["MT"]), C, C), d["T"], C, nl.add)
+        _gmm(c, d, "M2", d["M"], d["MT"], C, C)
+
+
+def _r_substitute_b(c, d, arg):
+    """T = (I - M)(I + M^2) Tb."""
+    C = c["C"]
+    if C > 2 * BLOCK:
+        d["T"] = _plus_product(c, d["M2"], d["T"], C, nl.add)
     d["T"] = _plus_product(c, d["MT"], d["T"], C, nl.subtract)
 
 
-def _r_rhs(c, d):
+def _r_rhs(c, d, arg):
     """r = beta (v - e^c (k h))."""
     C, V, j = c["C"], c["V"], d["j"]
     ps = nl.ndarray((C, V), dtype=nl.float32, buffer=nl.psum)
@@ -556,29 +559,38 @@ def _r_rhs(c, d):
                                                C, V))
 
 
-def _r_grad_operands(c, d):
-    """q, q^T, Di (D, i >= j), DTi ([j, i] layout, i >= j), QKD = (q k^T) Di."""
+def _r_grad_operands_a(c, d, arg):
+    """q, q^T, Di (D, i >= j), DT = exp of the [j, i] segment sums."""
     C, K, j, cst = c["C"], c["K"], d["j"], c["cst"]
     d["q"] = c["x"]["q"][:, j * K:(j + 1) * K]
-    d["qT"] = _transpose(d["q"], C, K)
+    _gT(c, d, "qT", d["q"], C, K)
     d["Di"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=d["Di"], data1=d["D"], data2=cst["tri_li"],
                        op=nl.multiply, engine=nisa.engine.gpsimd)
-    DT = mm(cst["tri_lo"], d["gU"], C, C)
-    nisa.activation(dst=DT, op=nl.exp, data=DT)
-    nisa.tensor_tensor(dst=DT, data1=DT, data2=cst["tri_up"],
+    _gmm(c, d, "DT", cst["tri_lo"], d["gU"], C, C, tf=False, op=nl.exp)
+
+
+def _r_grad_operands_b(c, d, arg):
+    """DTi ([j, i] layout, i >= j), QKD = (q k^T) Di."""
+    C, cst = c["C"], c["cst"]
+    d["DTi"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=d["DTi"], data1=d["DT"], data2=cst["tri_up"],
                        op=nl.multiply, engine=nisa.engine.gpsimd)
-    d["DTi"] = DT
     qk = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=qk, stationary=_tf(c, d["qT"]), moving=_tf(c, d["kT"]), accumulate=False)
     d["QKD"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=d["QKD"], data1=qk, data2=d["Di"], op=nl.multiply)
 
 
-def _state_update(c, d):
-    """h' = e^{c_L} h + (e^{c_L - c} k)^T vn, vn = T r, into S (head d["j"]'s columns)."""
+def _state_update_a(c, d, arg):
+    """vn = T r."""
+    _gmm(c, d, "vn", d["TT"], d["r"], c["C"], c["V"])
+
+
+def _state_update_b(c, d, arg):
+    """h' = e^{c_L} h + (e^{c_L - c} k)^T vn, into S (head d["j"]'s columns)."""
     C, K, V, j, ch = c["C"], c["K"], c["V"], d["j"], c["ch"]
-    vn = mm(_tf(c, d["TT"]), _tf(c, d["r"]), C, V)
+    vn = d["vn"]
     kd = _scaled(d["k"], ch["el"][:, j:j + 1], C, K)
     ps = nl.ndarray((K, V), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=ps, stationary=_tf(c, kd), moving=_tf(c, vn), accumulate=False)
@@ -616,39 +628,44 @@ def _scaled(a, col, C, w):
     return t
 
 
-def _g_dvn(c, d):
-    """vn^T = (T r)^T and dvn = QKD^T do + e^{c_L - c} (k dh')."""
+def _g_dvn_a(c, d, arg):
+    """vn^T = (T r)^T and QKD^T do."""
     C, V, j = c["C"], c["V"], d["j"]
-    d["vnT"] = mm(_tf(c, d["r"]), _tf(c, d["TT"]), V, C)
     d["do"] = c["x"]["do"][:, j * V:(j + 1) * V]
     d["dSh"] = c["dS"][:, j * V:(j + 1) * V]
     d["h"] = c["S"][:, j * V:(j + 1) * V]
+    _gmm(c, d, "vnT", d["r"], d["TT"], V, C)
+    _gmm(c, d, "pa", d["QKD"], d["do"], C, V)
+
+
+def _g_dvn_b(c, d, arg):
+    """dvn = QKD^T do + e^{c_L - c} (k dh')."""
+    C, V, j = c["C"], c["V"], d["j"]
     pk = nl.ndarray((C, V), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=pk, stationary=_tf(c, d["kT"]), moving=_tf(c, d["dSh"]), accumulate=False)
-    pa = mm(_tf(c, d["QKD"]), _tf(c, d["do"]), C, V)
     d["dvn"] = nl.ndarray((C, V), dtype=nl.float32, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=d["dvn"], data=pk, op0=nl.multiply,
-                              operand0=c["ch"]["el"][:, j:j + 1], op1=nl.add, operand1=pa)
+                              operand0=c["ch"]["el"][:, j:j + 1], op1=nl.add, operand1=d["pa"])
 
 
-def _g_z(c, d):
-    """z = T^T dvn, z^T, dv = beta z."""
-    C, V, j = c["C"], c["V"], d["j"]
-    d["z"] = mm(_tf(c, d["T"]), _tf(c, d["dvn"]), C, V)
-    d["zT"] = mm(_tf(c, d["dvn"]), _tf(c, d["T"]), V, C)
+def _g_z(c, d, arg):
+    """z = T^T dvn, z^T."""
+    C, V = c["C"], c["V"]
+    _gmm(c, d, "z", d["T"], d["dvn"], C, V)
+    _gmm(c, d, "zT", d["dvn"], d["T"], V, C)
+
+
+def _g_transposes(c, d, arg):
+    """dv = beta z; do^T, h^T, dh'^T."""
+    C, K, V, j = c["C"], c["K"], c["V"], d["j"]
     nisa.activation(dst=c["out"]["dv"][:, j * V:(j + 1) * V], op=nl.copy, data=d["z"],
                     scale=d["beta"])
+    _gT(c, d, "doT", d["do"], C, V)
+    _gT(c, d, "hT", d["h"], K, V)
+    _gT(c, d, "dST", d["dSh"], K, V)
 
 
-def _g_transposes(c, d):
-    """do^T, h^T, dh'^T."""
-    C, K, V = c["C"], c["K"], c["V"]
-    d["doT"] = _transpose(d["do"], C, V)
-    d["hT"] = _transpose(d["h"], K, V)
-    d["dST"] = _transpose(d["dSh"], K, V)
-
-
-def _g_dp(c, d):
+def _g_dp(c, d, arg):
     """dP = do vn^T masked by D: dPD [i, j], dPDT [j, i]; G = dP QKD (the attention part of
     the decays' gradient)."""
     C = c["C"]
@@ -664,36 +681,41 @@ def _g_dp(c, d):
     nisa.tensor_tensor(dst=d["dPDT"], data1=ppt, data2=d["DTi"], op=nl.multiply)
 
 
-def _g_da(c, d):
+def _g_da_a(c, d, arg):
+    """z vn^T."""
+    _gmm(c, d, "zv", d["zT"], d["vnT"], c["C"], c["C"])
+
+
+def _g_da_b(c, d, arg):
     """dA = -z vn^T (strictly lower): W1 = (z vn^T) KKD, E = dA beta D and E^T, G -= beta W1
     (dA A)."""
     C = c["C"]
-    zv = mm(_tf(c, d["zT"]), _tf(c, d["vnT"]), C, C)
+    zv = d["zv"]
     d["W1"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=d["W1"], data1=zv, data2=d["KKD"],
                        op=nl.multiply, engine=nisa.engine.gpsimd)
     d["Em"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=d["Em"], data=zv, op0=nl.multiply,
                               operand0=_neg(d["beta"], C), op1=nl.multiply, operand1=d["Dl"])
-    d["ET"] = _transpose(d["Em"], C, C)
     bW1 = _scaled(d["W1"], d["beta"], C, C)
     nisa.tensor_tensor(dst=d["G"], data1=d["G"], data2=bW1,
                        op=nl.subtract, engine=nisa.engine.gpsimd)
+    _gT(c, d, "ET", d["Em"], C, C)
 
 
-def _g_state_products(c, d):
+def _g_state_products(c, d, arg):
     """e^c do h^T (dq's inter-chunk part), y = z h^T, dkS = e^{c_L - c} vn dh'^T."""
     C, K, j, ch = c["C"], c["K"], d["j"], c["ch"]
     doh = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=doh, stationary=_tf(c, d["doT"]), moving=_tf(c, d["hT"]), accumulate=False)
     d["dq_int"] = _scaled(doh, ch["ec"][:, j:j + 1], C, K)
-    d["y"] = mm(_tf(c, d["zT"]), _tf(c, d["hT"]), C, K)
+    _gmm(c, d, "y", d["zT"], d["hT"], C, K)
     pvs = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=pvs, stationary=_tf(c, d["vnT"]), moving=_tf(c, d["dST"]), accumulate=False)
     d["dkS"] = _scaled(pvs, ch["el"][:, j:j + 1], C, K)
 
 
-def _g_dq_dk(c, d):
+def _g_dq_dk(c, d, arg):
     """dq = e^c do h^T + dPD k; dk = dPD^T q + E k + E^T k + dkS - beta e^c y."""
     C, K, j, out = c["C"], c["K"], d["j"], c["out"]
     k = d["k"]
@@ -711,7 +733,7 @@ def _g_dq_dk(c, d):
                               operand0=c["ch"]["nbec"][:, j:j + 1], op1=nl.add, operand1=dk1)
 
 
-def _g_dbeta(c, d):
+def _g_dbeta(c, d, arg):
     """dbeta = <v, z> - e^c <k, y> - rowsum(W1)."""
     C, K, V, j = c["C"], c["K"], c["V"], d["j"]
     d["ky"] = _rowsum(d["k"], d["y"], C, K)
@@ -725,7 +747,7 @@ def _g_dbeta(c, d):
     nisa.tensor_tensor(dst=c["out"]["dbeta"][:, j:j + 1], data1=db, data2=w1, op=nl.subtract)
 
 
-def _g_dg(c, d):
+def _g_dg_a(c, d, arg):
     """dg_m = sum_{i >= m} X_i + sum_{j < m} Q_j + e^{c_L} <dh', h> + sum_{i >= m > j} G[i, j]
     (module docstring): the straddling pairs of G summed directly, never rowsum G - colsum G
     reverse-summed (that cancels the pairs inside [m, C) and loses the small straddling
@@ -737,9 +759,20 @@ def _g_dg(c, d):
     kS = _rowsum(d["k"], d["dkS"], C, K)
     hs = _rowsum(d["dSh"], d["h"], K, V)
     nisa.tensor_tensor(dst=hs, data1=hs, data2=ch["ecL"][:, j:j + 1], op=nl.multiply)
-    GT = _transpose(d["G"], C, C)
+    d["X"] = X
+    d["kS"] = kS
+    d["hs"] = hs
+    _gT(c, d, "GT", d["G"], C, C)
+
+
+def _g_dg_b(c, d, arg):
+    """dg from the row sums of _g_dg_a and the straddling sums of G (G^T against tri_su)."""
+    C, K, j, cst = c["C"], c["K"], d["j"], c["cst"]
+    X = d["X"]
+    kS = d["kS"]
+    hs = d["hs"]
     ps = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=GT, moving=cst["tri_su"], accumulate=False)
+    nisa.nc_matmul(dst=ps, stationary=d["GT"], moving=cst["tri_su"], accumulate=False)
     Hm = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)      # [i, m]: sum_{j < m} G
     nisa.tensor_tensor(dst=Hm, data1=ps, data2=cst["tri_li"], op=nl.multiply)
     pg = nl.ndarray((C, 1), dtype=nl.float32, buffer=nl.psum)
@@ -750,7 +783,7 @@ def _g_dg(c, d):
     nisa.tensor_copy(dst=c["out"]["dg"][:, j:j + 1], src=pg, engine=nisa.engine.vector)
 
 
-def _g_dh(c, d):
+def _g_dh(c, d, arg):
     """dh = e^{c_L} dh' + (e^c q)^T do - (beta e^c k)^T z, into dS (after every reader of
     this head's dh')."""
     C, K, V, j, ch = c["C"], c["K"], c["V"], d["j"], c["ch"]
