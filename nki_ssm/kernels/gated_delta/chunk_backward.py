@@ -131,6 +131,7 @@ from nki_ssm.kernels.gated_delta.chunk_utils import BLOCK, state_block, table_ro
 from nki_ssm.kernels.scaffold import at_row, for_each_row, lnc_grid, trip_counts
 
 _GROUP = 4           # heads whose phases interleave (SBUF: their tiles live at once)
+_PIPE = 2            # head groups in flight at once (lockstep)
 _ROUNDS = 4          # doubling rounds after I + N: N^2, N^4, N^8, N^16 cover 32 rows
 
 
@@ -191,9 +192,7 @@ def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, d_final, init_tab, seq_ro
         nisa.dma_copy(dst=S, src=_block(hstore, cells[0], 0, K, w))
         c = _context(x, _decays(x, cst, nh, C, K), cst, S, None, None, C, K, V, tstore,
                      cells[2], fast)
-        for grp in consecutive_groups(nh, _GROUP):
-            ds = _head_dicts(grp)
-            _run_phases(c, ds, False)
+        _run_groups(c, consecutive_groups(nh, _GROUP), False)
         nisa.dma_copy(dst=_block(hstore, cells[1], 0, K, w), src=S)
 
     for_each_row(n_fwd, fwd_state, fwd_body)
@@ -214,9 +213,7 @@ def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, d_final, init_tab, seq_ro
         out["dbeta"] = nl.ndarray((C, nh), dtype=nl.float32, buffer=nl.sbuf)
         c = _context(x, _decays(x, cst, nh, C, K), cst, S, dS, out, C, K, V, tstore,
                      cells[2], fast)
-        for grp in consecutive_groups(nh, _GROUP):
-            ds = _head_dicts(grp)
-            _run_phases(c, ds, True)
+        _run_groups(c, consecutive_groups(nh, _GROUP), True)
         nisa.dma_copy(dst=_block(dss, cells[1], 0, K, w), src=dS)
         for spec in (("dq", dq), ("dk", dk), ("dv", dv), ("dg", dg), ("dbeta", dbeta)):
             dst = spec[1]
@@ -317,6 +314,40 @@ def _gather(rows, specs, heads, C):
     return x
 
 
+def _gtile(c, d, key, P, F):
+    """Head d's ``[P, F]`` slice of the group's SBUF tile ``key`` ``[P, heads, F]`` (the
+    group's first head allocates it; c["gt"] keeps the whole tile)."""
+    if d["i"] == 0:
+        c["gt"][key] = nl.ndarray((P, len(c["group"]), F), dtype=nl.float32, buffer=nl.sbuf)
+    return c["gt"][key][:, d["i"], :]
+
+
+def _row_dots(c):
+    """The group's row dots, each one VectorE product over the group's [rows, heads*w]
+    columns and one reduce over its [rows, heads, w] view: ky = <k, y>, vz = <v, z>, qdq =
+    <q, e^c do h^T>, kS = <k, dkS> ([C, heads]) and hs = <dh', h> ([K, heads])."""
+    C, K, V, x, gt = c["C"], c["K"], c["V"], c["x"], c["gt"]
+    n = len(c["group"])
+    j0 = c["group"][0]["j"]
+    rd = {}
+    for spec in (("ky", x["k"], gt["y"], C, K), ("vz", x["v"], gt["z"], C, V),
+                 ("qdq", x["q"], gt["dq_int"], C, K), ("kS", x["k"], gt["dkS"], C, K),
+                 ("hs", c["dS"], c["S"], K, V)):
+        P, w = spec[3], spec[4]
+        b = spec[2]
+        if len(b.shape) == 3:
+            b = b.reshape((P, n * w))
+        else:
+            b = b[:, j0 * w:(j0 + n) * w]
+        prod = nl.ndarray((P, n * w), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=prod, data1=spec[1][:, j0 * w:(j0 + n) * w], data2=b,
+                           op=nl.multiply)
+        r = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=r, op=nl.add, data=prod.reshape((P, n, w)), axis=(2,))
+        rd[spec[0]] = r
+    c["rd"] = rd
+
+
 def _rowsum(a, b, C, w):
     """[C, 1] = sum over the free axis of a * b."""
     prod = nl.ndarray((C, w), dtype=nl.float32, buffer=nl.sbuf)
@@ -350,17 +381,25 @@ def _decays(x, cst, nh, C, K):
     return ch
 
 
-def _run_phases(c, ds, grads):
-    """Every step (_steps) of the heads ``ds`` (one dict each, keys "j" and "i"), each step
-    issued for every head before the next: independent heads fill the in-order engine
-    queues between one head's dependent steps, and a step's matmuls / transposes of the
-    group share one PSUM bank and one eviction (_gmm, _gT), read from the next step on.
-    ``grads``: the backward, else the forward recompute with its state update."""
-    c["group"] = ds
-    c["bank"] = {}
-    for st in _steps(c["C"], grads):
-        for d in ds:
-            st[0](c, d, st[1])
+def _run_groups(c, groups, grads):
+    """Every step (_steps) of the head groups, _PIPE groups at a time in lockstep: each step
+    issued for every head of those groups before the next step, so independent heads fill
+    the in-order engine queues between one head's dependent steps; a step's matmuls /
+    transposes of one group share one PSUM bank and one eviction (_gmm, _gT), read from
+    the next step on. ``grads``: the backward, else the forward recompute with its state
+    update."""
+    for w0 in range(0, len(groups), _PIPE):
+        cgs = []
+        for grp in groups[w0:min(w0 + _PIPE, len(groups))]:
+            cg = dict(c)
+            cg["group"] = _head_dicts(grp)
+            cg["bank"] = {}
+            cg["gt"] = {}
+            cgs.append(cg)
+        for st in _steps(c["C"], grads):
+            for cg in cgs:
+                for d in cg["group"]:
+                    st[0](cg, d, st[1])
 
 
 def _steps(C, grads):
@@ -409,13 +448,14 @@ def _gmm(c, d, key, st, mv, M, N, tf=True, op=None):
             nisa.tensor_copy(dst=out.reshape((M, n * N)), src=ps, engine=nisa.engine.scalar)
         else:
             nisa.activation(dst=out.reshape((M, n * N)), op=op, data=ps)
+        c["gt"][key] = out
         for e in range(n):
             ds[e][key] = out[:, e, :]
 
 
 def _gT(c, d, key, src, P, F):
     """Head d's src [P, F]^T into its slice of the group's PSUM bank ``key`` (TensorE,
-    float32 bit-exact); the group's last head evicts the bank once (VectorE) to an
+    float32 bit-exact); the group's last head evicts the bank once (ScalarE) to an
     ``[F, heads, P]`` tile and gives each head its view d[key]."""
     ds = c["group"]
     n = len(ds)
@@ -426,7 +466,7 @@ def _gT(c, d, key, src, P, F):
     nisa.nc_transpose(dst=ps[:, i * P:(i + 1) * P], data=src, engine=nisa.engine.tensor)
     if i == n - 1:
         out = nl.ndarray((F, n, P), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=out.reshape((F, n * P)), src=ps, engine=nisa.engine.vector)
+        nisa.tensor_copy(dst=out.reshape((F, n * P)), src=ps, engine=nisa.engine.scalar)
         for e in range(n):
             ds[e][key] = out[:, e, :]
 
@@ -708,11 +748,13 @@ def _g_state_products(c, d, arg):
     C, K, j, ch = c["C"], c["K"], d["j"], c["ch"]
     doh = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=doh, stationary=_tf(c, d["doT"]), moving=_tf(c, d["hT"]), accumulate=False)
-    d["dq_int"] = _scaled(doh, ch["ec"][:, j:j + 1], C, K)
+    d["dq_int"] = _gtile(c, d, "dq_int", C, K)
+    nisa.activation(dst=d["dq_int"], op=nl.copy, data=doh, scale=ch["ec"][:, j:j + 1])
     _gmm(c, d, "y", d["zT"], d["hT"], C, K)
     pvs = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=pvs, stationary=_tf(c, d["vnT"]), moving=_tf(c, d["dST"]), accumulate=False)
-    d["dkS"] = _scaled(pvs, ch["el"][:, j:j + 1], C, K)
+    d["dkS"] = _gtile(c, d, "dkS", C, K)
+    nisa.activation(dst=d["dkS"], op=nl.copy, data=pvs, scale=ch["el"][:, j:j + 1])
 
 
 def _g_dq_dk(c, d, arg):
@@ -734,10 +776,13 @@ def _g_dq_dk(c, d, arg):
 
 
 def _g_dbeta(c, d, arg):
-    """dbeta = <v, z> - e^c <k, y> - rowsum(W1)."""
-    C, K, V, j = c["C"], c["K"], c["V"], d["j"]
-    d["ky"] = _rowsum(d["k"], d["y"], C, K)
-    vz = _rowsum(c["x"]["v"][:, j * V:(j + 1) * V], d["z"], C, V)
+    """dbeta = <v, z> - e^c <k, y> - rowsum(W1); the group's row dots first (_row_dots)."""
+    C, K, V, j, i = c["C"], c["K"], c["V"], d["j"], d["i"]
+    if i == 0:
+        _row_dots(c)
+    rd = c["rd"]
+    d["ky"] = rd["ky"][:, i:i + 1]
+    vz = rd["vz"][:, i:i + 1]
     w1 = nl.ndarray((C, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_reduce(dst=w1, op=nl.add, data=d["W1"], axis=(1,))
     db = nl.ndarray((C, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -753,12 +798,15 @@ def _g_dg_a(c, d, arg):
     reverse-summed (that cancels the pairs inside [m, C) and loses the small straddling
     ones under strong decays); X = <q, e^c do h^T> - beta e^c <k, y>, Q = <k, dkS>."""
     C, K, V, j, cst, ch = c["C"], c["K"], c["V"], d["j"], c["cst"], c["ch"]
-    X = _rowsum(d["q"], d["dq_int"], C, K)
+    rd, i = c["rd"], d["i"]
+    X = nl.ndarray((C, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=X, data=d["ky"], op0=nl.multiply,
-                              operand0=ch["nbec"][:, j:j + 1], op1=nl.add, operand1=X)
-    kS = _rowsum(d["k"], d["dkS"], C, K)
-    hs = _rowsum(d["dSh"], d["h"], K, V)
-    nisa.tensor_tensor(dst=hs, data1=hs, data2=ch["ecL"][:, j:j + 1], op=nl.multiply)
+                              operand0=ch["nbec"][:, j:j + 1], op1=nl.add,
+                              operand1=rd["qdq"][:, i:i + 1])
+    kS = rd["kS"][:, i:i + 1]
+    hs = nl.ndarray((K, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=hs, data1=rd["hs"][:, i:i + 1], data2=ch["ecL"][:, j:j + 1],
+                       op=nl.multiply)
     d["X"] = X
     d["kS"] = kS
     d["hs"] = hs
