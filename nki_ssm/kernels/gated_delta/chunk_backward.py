@@ -294,6 +294,8 @@ def _constants(C):
     cst["off"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=cst["off"], data1=cst["tri_lo"], data2=cst["bd"], op=nl.multiply)
     nisa.tensor_tensor(dst=cst["off"], data1=cst["tri_lo"], data2=cst["off"], op=nl.subtract)
+    cst["noff"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=cst["noff"], data=cst["off"], op0=nl.multiply, operand0=-1.0)
     return cst
 
 
@@ -415,7 +417,7 @@ def _steps(C, grads):
             st = st + [(_r_doubling_a, r), (_r_doubling_b, r)]
         if C > BLOCK:
             st = st + [(_r_blocks_a, 0), (_r_blocks_b, 0), (_r_substitute_a, 0),
-                       (_r_substitute_b, 0)]
+                       (_r_substitute_b, 0), (_r_substitute_c, 0)]
     st = st + [(_r_transpose, grads), (_r_rhs, 0)]
     if grads:
         st = st + [(_r_grad_operands_a, 0), (_r_grad_operands_b, 0), (_g_dvn_a, 0),
@@ -432,16 +434,40 @@ def _gmm(c, d, key, st, mv, M, N, tf=True, op=None):
     group's last head evicts the bank once (ScalarE; ``op``: an activation instead of a
     copy) to an ``[M, heads, N]`` tile and gives each head its view d[key]. ``tf``: the
     operands as tfloat32 for 16-bit callers (_tf)."""
+    mode = "fp32"
+    if tf:
+        mode = "tf"
+    _gacc(c, d, key, [(st, mv, mode)], M, N, op)
+
+
+def _gplus(c, d, key, st, X, C):
+    """Head d's X + st^T X ([C, C]) as _gacc: the identity product (float32, exact) and
+    st^T X accumulated in the group's bank, one eviction for the group."""
+    _gacc(c, d, key, [(c["cst"]["ident"][0:C, 0:C], X, "01"), (st, X, "tf")], C, C, None)
+
+
+def _gacc(c, d, key, prods, M, N, op):
+    """Head d's sum of st^T mv over prods ((st, mv, mode) each, accumulated in PSUM; mode
+    "tf": tfloat32 operands for 16-bit callers, "fp32", or "01": st holds only 0 / 1) into
+    its slice of the group's PSUM bank ``key``, evicted as in _gmm."""
     ds = c["group"]
     n = len(ds)
     i = d["i"]
     if i == 0:
         c["bank"][key] = nl.ndarray((M, n * N), dtype=nl.float32, buffer=nl.psum)
     ps = c["bank"][key]
-    if tf:
-        st = _tf(c, st)
-        mv = _tf(c, mv)
-    nisa.nc_matmul(dst=ps[:, i * N:(i + 1) * N], stationary=st, moving=mv, accumulate=False)
+    for t in range(len(prods)):
+        st = prods[t][0]
+        mv = prods[t][1]
+        if prods[t][2] == "tf":
+            nisa.nc_matmul(dst=ps[:, i * N:(i + 1) * N], stationary=_tf(c, st),
+                           moving=_tf(c, mv), accumulate=t > 0)
+        elif prods[t][2] == "01":
+            nisa.nc_matmul(dst=ps[:, i * N:(i + 1) * N], stationary=st, moving=mv,
+                           is_stationary_onezero=True, accumulate=t > 0)
+        else:
+            nisa.nc_matmul(dst=ps[:, i * N:(i + 1) * N], stationary=st, moving=mv,
+                           accumulate=t > 0)
     if i == n - 1:
         out = nl.ndarray((M, n, N), dtype=nl.float32, buffer=nl.sbuf)
         if op is None:
@@ -552,38 +578,42 @@ def _r_doubling_a(c, d, rnd):
 def _r_doubling_b(c, d, rnd):
     """T <- (I + N^{2^(rnd+1)}) T."""
     d["NT"] = d["N2T"]
-    d["T"] = _plus_product(c, d["N2T"], d["T"], c["C"], nl.add)
+    _gplus(c, d, "T", d["N2T"], d["T"], c["C"])
 
 
 def _r_blocks_a(c, d, arg):
-    """A_off (A outside the diagonal blocks) and Tb^T."""
+    """-A_off (A outside the diagonal blocks, negated) and Tb^T."""
     C = c["C"]
-    d["Aoff"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=d["Aoff"], data1=d["A"], data2=c["cst"]["off"],
+    d["nAoff"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=d["nAoff"], data1=d["A"], data2=c["cst"]["noff"],
                        op=nl.multiply, engine=nisa.engine.gpsimd)
     _gT(c, d, "TbT", d["T"], C, C)
 
 
 def _r_blocks_b(c, d, arg):
-    """M = Tb A_off and M^T."""
+    """-M = -Tb A_off and -M^T."""
     C = c["C"]
-    _gmm(c, d, "M", d["TbT"], d["Aoff"], C, C)
-    _gmm(c, d, "MT", d["Aoff"], d["TbT"], C, C)
+    _gmm(c, d, "nM", d["TbT"], d["nAoff"], C, C)
+    _gmm(c, d, "nMT", d["nAoff"], d["TbT"], C, C)
 
 
 def _r_substitute_a(c, d, arg):
-    """M^2 (C > 64; M^2 = 0 with 2 blocks)."""
+    """M^2 = (-M)(-M) (C > 64; M^2 = 0 with 2 blocks)."""
     C = c["C"]
     if C > 2 * BLOCK:
-        _gmm(c, d, "M2", d["M"], d["MT"], C, C)
+        _gmm(c, d, "M2", d["nM"], d["nMT"], C, C)
 
 
 def _r_substitute_b(c, d, arg):
-    """T = (I - M)(I + M^2) Tb."""
+    """T <- (I + M^2) Tb."""
     C = c["C"]
     if C > 2 * BLOCK:
-        d["T"] = _plus_product(c, d["M2"], d["T"], C, nl.add)
-    d["T"] = _plus_product(c, d["MT"], d["T"], C, nl.subtract)
+        _gplus(c, d, "T", d["M2"], d["T"], C)
+
+
+def _r_substitute_c(c, d, arg):
+    """T <- (I - M) T."""
+    _gplus(c, d, "T", d["nMT"], d["T"], c["C"])
 
 
 def _r_rhs(c, d, arg):
@@ -643,15 +673,6 @@ def _tf(c, t):
     """t as a TensorE operand: its tfloat32 view for bf16 callers (c["fast"]), else itself
     (chunk_utils.tf32_view)."""
     return tf32_view(t, c["fast"])
-
-
-def _plus_product(c, st, X, C, op):
-    """X op st^T X ([C, C]; op add or subtract), the product through PSUM."""
-    ps = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=_tf(c, st), moving=_tf(c, X), accumulate=False)
-    out = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=out, data1=X, data2=ps, op=op)
-    return out
 
 
 def _neg(col, C):
