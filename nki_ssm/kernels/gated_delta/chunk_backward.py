@@ -301,19 +301,31 @@ def _constants(C):
 
 def _gather(rows, specs, heads, C):
     """The chunk's token rows of each (name, tensor, width per head) for this program's
-    heads, one DMA each: ``[C, nh*width]`` float32 tiles."""
+    heads: ``[C, nh*width]`` float32 tiles. The per-head gates (width 1) first, one DMA
+    each, then the wide inputs in pieces of _GROUP * _PIPE heads, piece by piece (the first
+    head groups start on their columns while the rest arrive)."""
     x = {}
+    nh = heads[1] - heads[0]
     for spec in specs:
-        src = spec[1]
-        w = spec[2]
-        HVp = src.shape[1] // w
-        c0 = heads[0] * w
-        c1 = heads[1] * w
-        t = nl.ndarray((C, c1 - c0), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=t, src=src.ap(pattern=[[HVp * w, C], [1, c1 - c0]], offset=c0,
-                                        vector_offset=rows, indirect_dim=0))
-        x[spec[0]] = t
+        x[spec[0]] = nl.ndarray((C, nh * spec[2]), dtype=nl.float32, buffer=nl.sbuf)
+    for spec in specs:
+        if spec[2] == 1:
+            _gather_cols(x[spec[0]], spec[1], rows, heads[0], 0, nh, 1, C)
+    for h0 in range(0, nh, _GROUP * _PIPE):
+        h1 = min(h0 + _GROUP * _PIPE, nh)
+        for spec in specs:
+            if spec[2] > 1:
+                _gather_cols(x[spec[0]], spec[1], rows, heads[0], h0, h1, spec[2], C)
     return x
+
+
+def _gather_cols(t, src, rows, p0, h0, h1, w, C):
+    """Heads h0 .. h1 - 1 (of the program's, which start at head p0) of the token rows of
+    src into their columns of t (one DMA)."""
+    HVp = src.shape[1] // w
+    nisa.dma_copy(dst=t[:, h0 * w:h1 * w], src=src.ap(pattern=[[HVp * w, C], [1, (h1 - h0) * w]],
+                                                        offset=(p0 + h0) * w,
+                                                        vector_offset=rows, indirect_dim=0))
 
 
 def _gtile(c, d, key, P, F):
