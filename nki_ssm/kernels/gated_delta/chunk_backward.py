@@ -491,6 +491,49 @@ def _gacc(c, d, key, prods, M, N, op):
             ds[e][key] = out[:, e, :]
 
 
+def _bank(c, d, key, prods, M, N):
+    """Head d's sum of products (as _gacc) into its slice of the group's PSUM bank ``key``
+    (c["bank"][key], ``[M, heads*N]``), left in PSUM: True at the group's last head (the
+    bank complete, for one instruction over the group)."""
+    ds = c["group"]
+    i = d["i"]
+    if i == 0:
+        c["bank"][key] = nl.ndarray((M, len(ds) * N), dtype=nl.float32, buffer=nl.psum)
+    ps = c["bank"][key]
+    for t in range(len(prods)):
+        st = prods[t][0]
+        mv = prods[t][1]
+        if prods[t][2] == "tf":
+            nisa.nc_matmul(dst=ps[:, i * N:(i + 1) * N], stationary=_tf(c, st),
+                           moving=_tf(c, mv), accumulate=t > 0)
+        else:
+            nisa.nc_matmul(dst=ps[:, i * N:(i + 1) * N], stationary=st, moving=mv,
+                           is_stationary_onezero=True, accumulate=t > 0)
+    return i == len(ds) - 1
+
+
+def _gnew(c, key, P, F):
+    """A new ``[P, heads, F]`` SBUF tile of the group (c["gt"][key]; each head's view in
+    its d[key])."""
+    ds = c["group"]
+    t = nl.ndarray((P, len(ds), F), dtype=nl.float32, buffer=nl.sbuf)
+    c["gt"][key] = t
+    for e in range(len(ds)):
+        ds[e][key] = t[:, e, :]
+    return t
+
+
+def _flat(t):
+    """A ``[P, heads, F]`` tile as ``[P, heads*F]``."""
+    return t.reshape((t.shape[0], t.shape[1] * t.shape[2]))
+
+
+def _rep(t, n):
+    """A ``[P, F]`` constant as the ``[P, n, F]`` operand repeating it for n heads (a zero
+    stride, as in mamba2_ssd/chunk.py)."""
+    return t.ap(pattern=[[t.shape[1], t.shape[0]], [0, n], [1, t.shape[1]]], offset=0)
+
+
 def _gT(c, d, key, src, P, F):
     """Head d's src [P, F]^T into its slice of the group's PSUM bank ``key`` (TensorE,
     float32 bit-exact); the group's last head evicts the bank once (ScalarE) to an
@@ -554,15 +597,18 @@ def _r_decay_a(c, d, arg):
 
 
 def _r_decay_b(c, d, arg):
-    """Dl, the strictly lower part of D, and KKD = (k k^T) Dl."""
+    """Dl, the strictly lower part of D ([i, j], i > j), and KKD = (k k^T) Dl: one GpSimd
+    and one VectorE instruction for the group."""
     C, cst = c["C"], c["cst"]
-    d["Dl"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)       # [i, j], i > j
-    nisa.tensor_tensor(dst=d["Dl"], data1=d["D"], data2=cst["tri_lo"],
-                       op=nl.multiply, engine=nisa.engine.gpsimd)
-    kk = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=kk, stationary=_tf(c, d["kT"]), moving=_tf(c, d["kT"]), accumulate=False)
-    d["KKD"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=d["KKD"], data1=kk, data2=d["Dl"], op=nl.multiply)
+    n = len(c["group"])
+    if d["i"] == 0:
+        Dl = _gnew(c, "Dl", C, C)
+        nisa.tensor_tensor(dst=Dl, data1=c["gt"]["D"], data2=_rep(cst["tri_lo"], n),
+                           op=nl.multiply, engine=nisa.engine.gpsimd)
+    if _bank(c, d, "kk", [(d["kT"], d["kT"], "tf")], C, C):
+        KKD = _gnew(c, "KKD", C, C)
+        nisa.tensor_tensor(dst=_flat(KKD), data1=c["bank"]["kk"], data2=_flat(c["gt"]["Dl"]),
+                           op=nl.multiply)
 
 
 def _r_solve_setup(c, d, arg):
@@ -646,22 +692,24 @@ def _r_grad_operands_a(c, d, arg):
     C, K, j, cst = c["C"], c["K"], d["j"], c["cst"]
     d["q"] = c["x"]["q"][:, j * K:(j + 1) * K]
     _gT(c, d, "qT", d["q"], C, K)
-    d["Di"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=d["Di"], data1=d["D"], data2=cst["tri_li"],
-                       op=nl.multiply, engine=nisa.engine.gpsimd)
+    if d["i"] == 0:
+        Di = _gnew(c, "Di", C, C)
+        nisa.tensor_tensor(dst=Di, data1=c["gt"]["D"], data2=_rep(cst["tri_li"], len(c["group"])),
+                           op=nl.multiply, engine=nisa.engine.gpsimd)
     _gmm(c, d, "DT", cst["tri_lo"], d["gU"], C, C, tf=False, op=nl.exp)
 
 
 def _r_grad_operands_b(c, d, arg):
     """DTi ([j, i] layout, i >= j), QKD = (q k^T) Di."""
     C, cst = c["C"], c["cst"]
-    d["DTi"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=d["DTi"], data1=d["DT"], data2=cst["tri_up"],
-                       op=nl.multiply, engine=nisa.engine.gpsimd)
-    qk = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=qk, stationary=_tf(c, d["qT"]), moving=_tf(c, d["kT"]), accumulate=False)
-    d["QKD"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=d["QKD"], data1=qk, data2=d["Di"], op=nl.multiply)
+    if d["i"] == 0:
+        DTi = _gnew(c, "DTi", C, C)
+        nisa.tensor_tensor(dst=DTi, data1=c["gt"]["DT"], data2=_rep(cst["tri_up"], len(c["group"])),
+                           op=nl.multiply, engine=nisa.engine.gpsimd)
+    if _bank(c, d, "qk", [(d["qT"], d["kT"], "tf")], C, C):
+        QKD = _gnew(c, "QKD", C, C)
+        nisa.tensor_tensor(dst=_flat(QKD), data1=c["bank"]["qk"], data2=_flat(c["gt"]["Di"]),
+                           op=nl.multiply)
 
 
 def _state_update_a(c, d, arg):
@@ -742,16 +790,15 @@ def _g_dp(c, d, arg):
     """dP = do vn^T masked by D: dPD [i, j], dPDT [j, i]; G = dP QKD (the attention part of
     the decays' gradient)."""
     C = c["C"]
-    pp = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pp, stationary=_tf(c, d["doT"]), moving=_tf(c, d["vnT"]), accumulate=False)
-    d["dPD"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=d["dPD"], data1=pp, data2=d["Di"], op=nl.multiply)
-    d["G"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=d["G"], data1=pp, data2=d["QKD"], op=nl.multiply)
-    ppt = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ppt, stationary=_tf(c, d["vnT"]), moving=_tf(c, d["doT"]), accumulate=False)
-    d["dPDT"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=d["dPDT"], data1=ppt, data2=d["DTi"], op=nl.multiply)
+    if _bank(c, d, "pp", [(d["doT"], d["vnT"], "tf")], C, C):
+        pp, gt = c["bank"]["pp"], c["gt"]
+        nisa.tensor_tensor(dst=_flat(_gnew(c, "dPD", C, C)), data1=pp, data2=_flat(gt["Di"]),
+                           op=nl.multiply)
+        nisa.tensor_tensor(dst=_flat(_gnew(c, "G", C, C)), data1=pp, data2=_flat(gt["QKD"]),
+                           op=nl.multiply)
+    if _bank(c, d, "ppt", [(d["vnT"], d["doT"], "tf")], C, C):
+        nisa.tensor_tensor(dst=_flat(_gnew(c, "dPDT", C, C)), data1=c["bank"]["ppt"],
+                           data2=_flat(c["gt"]["DTi"]), op=nl.multiply)
 
 
 def _g_da_a(c, d, arg):
@@ -794,18 +841,20 @@ def _g_dq_dk(c, d, arg):
     """dq = e^c do h^T + dPD k; dk = dPD^T q + E k + E^T k + dkS - beta e^c y."""
     C, K, j, out = c["C"], c["K"], d["j"], c["out"]
     k = d["k"]
-    pq = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pq, stationary=_tf(c, d["dPDT"]), moving=_tf(c, k), accumulate=False)
-    nisa.tensor_tensor(dst=out["dq"][:, j * K:(j + 1) * K], data1=pq, data2=d["dq_int"],
-                       op=nl.add)
+    ident = c["cst"]["ident"][0:C, 0:C]
+    if _bank(c, d, "pq", [(d["dPDT"], k, "tf"), (ident, d["dq_int"], "01")], C, K):
+        j0 = c["group"][0]["j"]
+        n = len(c["group"])
+        nisa.tensor_copy(dst=out["dq"][:, j0 * K:(j0 + n) * K], src=c["bank"]["pq"],
+                         engine=nisa.engine.scalar)
     pkk = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=pkk, stationary=_tf(c, d["dPD"]), moving=_tf(c, d["q"]), accumulate=False)
     nisa.nc_matmul(dst=pkk, stationary=_tf(c, d["ET"]), moving=_tf(c, k), accumulate=True)
     nisa.nc_matmul(dst=pkk, stationary=_tf(c, d["Em"]), moving=_tf(c, k), accumulate=True)
-    dk1 = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=dk1, data1=pkk, data2=d["dkS"], op=nl.add)
+    nisa.nc_matmul(dst=pkk, stationary=ident, moving=d["dkS"], is_stationary_onezero=True,
+                   accumulate=True)
     nisa.scalar_tensor_tensor(dst=out["dk"][:, j * K:(j + 1) * K], data=d["y"], op0=nl.multiply,
-                              operand0=c["ch"]["nbec"][:, j:j + 1], op1=nl.add, operand1=dk1)
+                              operand0=c["ch"]["nbec"][:, j:j + 1], op1=nl.add, operand1=pkk)
 
 
 def _g_dbeta(c, d, arg):
