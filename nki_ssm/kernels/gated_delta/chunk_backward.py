@@ -392,6 +392,10 @@ def _decays(x, cst, nh, C, K):
     ch["nbec"] = nl.ndarray((C, nh), dtype=nl.float32, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=ch["nbec"], data=ch["ec"], op0=nl.multiply, operand0=-1.0,
                               op1=nl.multiply, operand1=x["beta"])
+    ch["nec"] = nl.ndarray((C, nh), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=ch["nec"], data=ch["ec"], op0=nl.multiply, operand0=-1.0)
+    ch["nbeta"] = nl.ndarray((C, nh), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=ch["nbeta"], data=x["beta"], op0=nl.multiply, operand0=-1.0)
     return ch
 
 
@@ -506,9 +510,12 @@ def _bank(c, d, key, prods, M, N):
         if prods[t][2] == "tf":
             nisa.nc_matmul(dst=ps[:, i * N:(i + 1) * N], stationary=_tf(c, st),
                            moving=_tf(c, mv), accumulate=t > 0)
-        else:
+        elif prods[t][2] == "01":
             nisa.nc_matmul(dst=ps[:, i * N:(i + 1) * N], stationary=st, moving=mv,
                            is_stationary_onezero=True, accumulate=t > 0)
+        else:
+            nisa.nc_matmul(dst=ps[:, i * N:(i + 1) * N], stationary=st, moving=mv,
+                           accumulate=t > 0)
     return i == len(ds) - 1
 
 
@@ -532,6 +539,20 @@ def _rep(t, n):
     """A ``[P, F]`` constant as the ``[P, n, F]`` operand repeating it for n heads (a zero
     stride, as in mamba2_ssd/chunk.py)."""
     return t.ap(pattern=[[t.shape[1], t.shape[0]], [0, n], [1, t.shape[1]]], offset=0)
+
+
+def _cols(t, c):
+    """The group's columns of a per-head ``[P, nh]`` tile: ``[P, heads]``."""
+    j0 = c["group"][0]["j"]
+    return t[:, j0:j0 + len(c["group"])]
+
+
+def _colb(t, c, F):
+    """The group's columns of a per-head ``[P, nh]`` tile, each repeated F times along the
+    free axis: the ``[P, heads, F]`` operand scaling each head's rows (a zero stride, as in
+    mamba2_ssd/chunk.py)."""
+    return t.ap(pattern=[[t.shape[1], t.shape[0]], [1, len(c["group"])], [0, F]],
+                offset=c["group"][0]["j"])
 
 
 def _gT(c, d, key, src, P, F):
@@ -735,13 +756,6 @@ def _tf(c, t):
     return tf32_view(t, c["fast"])
 
 
-def _neg(col, C):
-    """-col ([C, 1])."""
-    t = nl.ndarray((C, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=t, data=col, op0=nl.multiply, operand0=-1.0)
-    return t
-
-
 def _scaled(a, col, C, w):
     """a [C, w] times the per-row column col [C, 1]."""
     t = nl.ndarray((C, w), dtype=nl.float32, buffer=nl.sbuf)
@@ -809,17 +823,22 @@ def _g_da_a(c, d, arg):
 def _g_da_b(c, d, arg):
     """dA = -z vn^T (strictly lower): W1 = (z vn^T) KKD, E = dA beta D and E^T, G -= beta W1
     (dA A)."""
-    C = c["C"]
+    C, j = c["C"], d["j"]
     zv = d["zv"]
-    d["W1"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=d["W1"], data1=zv, data2=d["KKD"],
-                       op=nl.multiply, engine=nisa.engine.gpsimd)
+    if d["i"] == 0:
+        gt = c["gt"]
+        W1 = _gnew(c, "W1", C, C)
+        nisa.tensor_tensor(dst=_flat(W1), data1=_flat(gt["zv"]), data2=_flat(gt["KKD"]),
+                           op=nl.multiply, engine=nisa.engine.gpsimd)
+        bW1 = nl.ndarray((C, len(c["group"]), C), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=bW1, data1=W1, data2=_colb(c["x"]["beta"], c, C),
+                           op=nl.multiply)
+        nisa.tensor_tensor(dst=_flat(gt["G"]), data1=_flat(gt["G"]), data2=_flat(bW1),
+                           op=nl.subtract, engine=nisa.engine.gpsimd)
     d["Em"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=d["Em"], data=zv, op0=nl.multiply,
-                              operand0=_neg(d["beta"], C), op1=nl.multiply, operand1=d["Dl"])
-    bW1 = _scaled(d["W1"], d["beta"], C, C)
-    nisa.tensor_tensor(dst=d["G"], data1=d["G"], data2=bW1,
-                       op=nl.subtract, engine=nisa.engine.gpsimd)
+                              operand0=c["ch"]["nbeta"][:, j:j + 1], op1=nl.multiply,
+                              operand1=d["Dl"])
     _gT(c, d, "ET", d["Em"], C, C)
 
 
@@ -859,58 +878,61 @@ def _g_dq_dk(c, d, arg):
 
 def _g_dbeta(c, d, arg):
     """dbeta = <v, z> - e^c <k, y> - rowsum(W1); the group's row dots first (_row_dots)."""
-    C, K, V, j, i = c["C"], c["K"], c["V"], d["j"], d["i"]
-    if i == 0:
-        _row_dots(c)
+    C = c["C"]
+    n = len(c["group"])
+    if d["i"] > 0:
+        return
+    _row_dots(c)
     rd = c["rd"]
-    d["ky"] = rd["ky"][:, i:i + 1]
-    vz = rd["vz"][:, i:i + 1]
-    w1 = nl.ndarray((C, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=w1, op=nl.add, data=d["W1"], axis=(1,))
-    db = nl.ndarray((C, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=db, data=d["ky"], op0=nl.multiply,
-                              operand0=_neg(c["ch"]["ec"][:, j:j + 1], C), op1=nl.add,
-                              operand1=vz)
-    nisa.tensor_tensor(dst=c["out"]["dbeta"][:, j:j + 1], data1=db, data2=w1, op=nl.subtract)
+    w1 = nl.ndarray((C, n), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=w1, op=nl.add, data=c["gt"]["W1"], axis=(2,))
+    db = nl.ndarray((C, n), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=db, data1=rd["ky"], data2=_cols(c["ch"]["nec"], c), op=nl.multiply)
+    nisa.tensor_tensor(dst=db, data1=db, data2=rd["vz"], op=nl.add)
+    nisa.tensor_tensor(dst=_cols(c["out"]["dbeta"], c), data1=db, data2=w1, op=nl.subtract)
 
 
 def _g_dg_a(c, d, arg):
     """dg_m = sum_{i >= m} X_i + sum_{j < m} Q_j + e^{c_L} <dh', h> + sum_{i >= m > j} G[i, j]
     (module docstring): the straddling pairs of G summed directly, never rowsum G - colsum G
     reverse-summed (that cancels the pairs inside [m, C) and loses the small straddling
-    ones under strong decays); X = <q, e^c do h^T> - beta e^c <k, y>, Q = <k, dkS>."""
-    C, K, V, j, cst, ch = c["C"], c["K"], c["V"], d["j"], c["cst"], c["ch"]
-    rd, i = c["rd"], d["i"]
-    X = nl.ndarray((C, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=X, data=d["ky"], op0=nl.multiply,
-                              operand0=ch["nbec"][:, j:j + 1], op1=nl.add,
-                              operand1=rd["qdq"][:, i:i + 1])
-    kS = rd["kS"][:, i:i + 1]
-    hs = nl.ndarray((K, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=hs, data1=rd["hs"][:, i:i + 1], data2=ch["ecL"][:, j:j + 1],
-                       op=nl.multiply)
-    d["X"] = X
-    d["kS"] = kS
-    d["hs"] = hs
+    ones under strong decays); X = <q, e^c do h^T> - beta e^c <k, y>, Q = <k, dkS> (the
+    group's [C, heads] columns, from _row_dots); then G^T."""
+    C, ch = c["C"], c["ch"]
+    if d["i"] == 0:
+        rd = c["rd"]
+        n = len(c["group"])
+        X = nl.ndarray((C, n), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=X, data1=rd["ky"], data2=_cols(ch["nbec"], c), op=nl.multiply)
+        nisa.tensor_tensor(dst=X, data1=X, data2=rd["qdq"], op=nl.add)
+        hs = nl.ndarray((c["K"], n), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=hs, data1=rd["hs"], data2=_cols(ch["ecL"], c), op=nl.multiply)
+        rd["X"] = X
+        rd["hsL"] = hs
     _gT(c, d, "GT", d["G"], C, C)
 
 
 def _g_dg_b(c, d, arg):
-    """dg from the row sums of _g_dg_a and the straddling sums of G (G^T against tri_su)."""
-    C, K, j, cst = c["C"], c["K"], d["j"], c["cst"]
-    X = d["X"]
-    kS = d["kS"]
-    hs = d["hs"]
-    ps = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=d["GT"], moving=cst["tri_su"], accumulate=False)
-    Hm = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)      # [i, m]: sum_{j < m} G
-    nisa.tensor_tensor(dst=Hm, data1=ps, data2=cst["tri_li"], op=nl.multiply)
-    pg = nl.ndarray((C, 1), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pg, stationary=cst["tri_li"], moving=X, accumulate=False)
-    nisa.nc_matmul(dst=pg, stationary=cst["tri_su"], moving=kS, accumulate=True)
-    nisa.nc_matmul(dst=pg, stationary=cst["ones"][0:K, 0:C], moving=hs, accumulate=True)
-    nisa.nc_matmul(dst=pg, stationary=Hm, moving=cst["ones"][0:C, 0:1], accumulate=True)
-    nisa.tensor_copy(dst=c["out"]["dg"][:, j:j + 1], src=pg, engine=nisa.engine.vector)
+    """dg of the group: per head the straddling sums Hm[i, m] = sum_{j < m} G[i, j] (i >= m;
+    G^T against tri_su, float32) summed over i, then the group's X, Q and state terms
+    (one matmul each over the group's columns), one eviction."""
+    C, K, cst = c["C"], c["K"], c["cst"]
+    if not _bank(c, d, "Hps", [(d["GT"], cst["tri_su"], "fp32")], C, C):
+        return
+    n = len(c["group"])
+    ds = c["group"]
+    rd = c["rd"]
+    Hm = _gnew(c, "Hm", C, C)                       # [i, m]: sum_{j < m} G, i >= m
+    nisa.tensor_tensor(dst=Hm, data1=c["bank"]["Hps"].reshape((C, n, C)),
+                       data2=_rep(cst["tri_li"], n), op=nl.multiply)
+    pg = nl.ndarray((C, n), dtype=nl.float32, buffer=nl.psum)
+    for e in range(n):
+        nisa.nc_matmul(dst=pg[:, e:e + 1], stationary=ds[e]["Hm"], moving=cst["ones"][0:C, 0:1],
+                       accumulate=False)
+    nisa.nc_matmul(dst=pg, stationary=cst["tri_li"], moving=rd["X"], accumulate=True)
+    nisa.nc_matmul(dst=pg, stationary=cst["tri_su"], moving=rd["kS"], accumulate=True)
+    nisa.nc_matmul(dst=pg, stationary=cst["ones"][0:K, 0:C], moving=rd["hsL"], accumulate=True)
+    nisa.tensor_copy(dst=_cols(c["out"]["dg"], c), src=pg, engine=nisa.engine.vector)
 
 
 def _g_dh(c, d, arg):
