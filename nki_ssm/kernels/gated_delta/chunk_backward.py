@@ -131,7 +131,7 @@ from nki_ssm.kernels.gated_delta.chunk_utils import BLOCK, state_block, table_ro
 from nki_ssm.kernels.scaffold import at_row, for_each_row, lnc_grid, trip_counts
 
 _GROUP = 4           # heads whose phases interleave (SBUF: their tiles live at once)
-_PIPE = 2            # head groups in flight at once (lockstep)
+_PIPE = 3            # head groups in flight at once (SBUF: 4 do not fit)
 _ROUNDS = 4          # doubling rounds after I + N: N^2, N^4, N^8, N^16 cover 32 rows
 
 
@@ -400,24 +400,31 @@ def _decays(x, cst, nh, C, K):
 
 
 def _run_groups(c, groups, grads):
-    """Every step (_steps) of the head groups, _PIPE groups at a time in lockstep: each step
-    issued for every head of those groups before the next step, so independent heads fill
-    the in-order engine queues between one head's dependent steps; a step's matmuls /
-    transposes of one group share one PSUM bank and one eviction (_gmm, _gT), read from
-    the next step on. ``grads``: the backward, else the forward recompute with its state
-    update."""
-    for w0 in range(0, len(groups), _PIPE):
-        cgs = []
-        for grp in groups[w0:min(w0 + _PIPE, len(groups))]:
-            cg = dict(c)
-            cg["group"] = _head_dicts(grp)
-            cg["bank"] = {}
-            cg["gt"] = {}
-            cgs.append(cg)
-        for st in _steps(c["C"], grads):
-            for cg in cgs:
-                for d in cg["group"]:
-                    st[0](cg, d, st[1])
+    """Every step (_steps) of the head groups, software-pipelined: group g starts its steps
+    g * off steps after the first (off = ceil(steps / _PIPE), so at most _PIPE groups are
+    in flight: their SBUF tiles live at once); at each pipeline tick the groups in flight
+    issue one step each, the oldest group first (its step waits on the longest chain), so
+    each in-order engine queue holds independent work of several groups between one
+    group's dependent steps. Within a step every head of the group is issued
+    before the next step; a step's matmuls / transposes of the group share one PSUM bank
+    and one eviction (_gmm, _gT), read from the next step on. ``grads``: the backward,
+    else the forward recompute with its state update."""
+    steps = _steps(c["C"], grads)
+    ns = len(steps)
+    off = -(-ns // _PIPE)
+    cgs = []
+    for grp in groups:
+        cg = dict(c)
+        cg["group"] = _head_dicts(grp)
+        cg["bank"] = {}
+        cg["gt"] = {}
+        cgs.append(cg)
+    for t in range((len(groups) - 1) * off + ns):
+        for g in range(len(groups)):
+            k = t - g * off
+            if k >= 0 and k < ns:
+                for d in cgs[g]["group"]:
+                    steps[k][0](cgs[g], d, steps[k][1])
 
 
 def _steps(C, grads):
@@ -575,6 +582,10 @@ def _gT(c, d, key, src, P, F):
 
 def _r_transpose(c, d, grads):
     """T^T (and in the forward recompute T to tstore)."""
+    if d["i"] == 0:
+        _gscaled(c, "bv", c["x"]["v"], c["x"]["beta"], c["V"])
+        if not grads:
+            _gscaled(c, "kd", c["x"]["k"], c["ch"]["el"], c["K"])
     _gT(c, d, "TT", d["T"], c["C"], c["C"])
     if not grads:
         _t_store(c, d)
@@ -704,8 +715,7 @@ def _r_rhs(c, d, arg):
     d["r"] = nl.ndarray((C, V), dtype=nl.float32, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=d["r"], data=ps, op0=nl.multiply,
                               operand0=c["ch"]["nbec"][:, j:j + 1], op1=nl.add,
-                              operand1=_scaled(c["x"]["v"][:, j * V:(j + 1) * V], d["beta"],
-                                               C, V))
+                              operand1=d["bv"])
 
 
 def _r_grad_operands_a(c, d, arg):
@@ -742,7 +752,7 @@ def _state_update_b(c, d, arg):
     """h' = e^{c_L} h + (e^{c_L - c} k)^T vn, into S (head d["j"]'s columns)."""
     C, K, V, j, ch = c["C"], c["K"], c["V"], d["j"], c["ch"]
     vn = d["vn"]
-    kd = _scaled(d["k"], ch["el"][:, j:j + 1], C, K)
+    kd = d["kd"]
     ps = nl.ndarray((K, V), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=ps, stationary=_tf(c, kd), moving=_tf(c, vn), accumulate=False)
     Sh = c["S"][:, j * V:(j + 1) * V]
@@ -754,6 +764,17 @@ def _tf(c, t):
     """t as a TensorE operand: its tfloat32 view for bf16 callers (c["fast"]), else itself
     (chunk_utils.tf32_view)."""
     return tf32_view(t, c["fast"])
+
+
+def _gscaled(c, key, a, col, w):
+    """The group's columns of a ``[C, nh*w]`` times each head's per-row column of col
+    ``[C, nh]``: a new group tile ``key`` ``[C, heads, w]``, one GpSimd instruction (it
+    reads only the chunk's inputs, so it runs ahead of the group's chains)."""
+    n = len(c["group"])
+    j0 = c["group"][0]["j"]
+    t = _gnew(c, key, c["C"], w)
+    nisa.tensor_tensor(dst=t, data1=a[:, j0 * w:(j0 + n) * w].reshape((c["C"], n, w)),
+                       data2=_colb(col, c, w), op=nl.multiply, engine=nisa.engine.gpsimd)
 
 
 def _scaled(a, col, C, w):
@@ -882,6 +903,8 @@ def _g_dbeta(c, d, arg):
     n = len(c["group"])
     if d["i"] > 0:
         return
+    _gscaled(c, "eq", c["x"]["q"], c["ch"]["ec"], c["K"])
+    _gscaled(c, "bek", c["x"]["k"], c["ch"]["nbec"], c["K"])
     _row_dots(c)
     rd = c["rd"]
     w1 = nl.ndarray((C, n), dtype=nl.float32, buffer=nl.sbuf)
@@ -939,8 +962,8 @@ def _g_dh(c, d, arg):
     """dh = e^{c_L} dh' + (e^c q)^T do - (beta e^c k)^T z, into dS (after every reader of
     this head's dh')."""
     C, K, V, j, ch = c["C"], c["K"], c["V"], d["j"], c["ch"]
-    eq = _scaled(d["q"], ch["ec"][:, j:j + 1], C, K)
-    bek = _scaled(d["k"], ch["nbec"][:, j:j + 1], C, K)
+    eq = d["eq"]
+    bek = d["bek"]
     ph = nl.ndarray((K, V), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=ph, stationary=_tf(c, eq), moving=_tf(c, d["do"]), accumulate=False)
     nisa.nc_matmul(dst=ph, stationary=_tf(c, bek), moving=_tf(c, d["z"]), accumulate=True)
