@@ -131,7 +131,7 @@ from nki_ssm.kernels.gated_delta.chunk_utils import BLOCK, state_block, table_ro
 from nki_ssm.kernels.scaffold import at_row, for_each_row, lnc_grid, trip_counts
 
 _GROUP = 4           # heads whose phases interleave (SBUF: their tiles live at once)
-_PIPE = 3            # head groups in flight at once (SBUF: 4 do not fit)
+_PIPE = 4            # head groups in flight at once (SBUF: 5 gain nothing)
 _ROUNDS = 4          # doubling rounds after I + N: N^2, N^4, N^8, N^16 cover 32 rows
 
 
@@ -206,16 +206,16 @@ def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, d_final, init_tab, seq_ro
         dS = nl.ndarray((K, nh * V), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=dS, src=_block(dss, cells[1], 0, K, w))
         out = {}
-        out["dq"] = nl.ndarray((C, nh * K), dtype=nl.float32, buffer=nl.sbuf)
-        out["dk"] = nl.ndarray((C, nh * K), dtype=nl.float32, buffer=nl.sbuf)
-        out["dv"] = nl.ndarray((C, nh * V), dtype=nl.float32, buffer=nl.sbuf)
+        out["rows"] = rows
+        out["base"] = pid * T1
+        out["hbm"] = {"dq": dq, "dk": dk, "dv": dv}
         out["dg"] = nl.ndarray((C, nh), dtype=nl.float32, buffer=nl.sbuf)
         out["dbeta"] = nl.ndarray((C, nh), dtype=nl.float32, buffer=nl.sbuf)
         c = _context(x, _decays(x, cst, nh, C, K), cst, S, dS, out, C, K, V, tstore,
                      cells[2], fast)
         _run_groups(c, consecutive_groups(nh, _GROUP), True)
         nisa.dma_copy(dst=_block(dss, cells[1], 0, K, w), src=dS)
-        for spec in (("dq", dq), ("dk", dk), ("dv", dv), ("dg", dg), ("dbeta", dbeta)):
+        for spec in (("dg", dg), ("dbeta", dbeta)):
             dst = spec[1]
             ow = dst.shape[1]
             nisa.dma_copy(dst=dst.ap(pattern=[[ow, C], [1, ow]], offset=pid * T1 * ow,
@@ -814,7 +814,7 @@ def _g_z(c, d, arg):
 def _g_transposes(c, d, arg):
     """dv = beta z; do^T, h^T, dh'^T."""
     C, K, V, j = c["C"], c["K"], c["V"], d["j"]
-    nisa.activation(dst=c["out"]["dv"][:, j * V:(j + 1) * V], op=nl.copy, data=d["z"],
+    nisa.activation(dst=_gtile(c, d, "dv", C, V), op=nl.copy, data=d["z"],
                     scale=d["beta"])
     _gT(c, d, "doT", d["do"], C, V)
     _gT(c, d, "hT", d["h"], K, V)
@@ -885,7 +885,7 @@ def _g_dq_dk(c, d, arg):
     if _bank(c, d, "pq", [(d["dPDT"], k, "tf"), (ident, d["dq_int"], "01")], C, K):
         j0 = c["group"][0]["j"]
         n = len(c["group"])
-        nisa.tensor_copy(dst=out["dq"][:, j0 * K:(j0 + n) * K], src=c["bank"]["pq"],
+        nisa.tensor_copy(dst=_flat(_gnew(c, "dq", C, K)), src=c["bank"]["pq"],
                          engine=nisa.engine.scalar)
     pkk = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=pkk, stationary=_tf(c, d["dPD"]), moving=_tf(c, d["q"]), accumulate=False)
@@ -893,8 +893,24 @@ def _g_dq_dk(c, d, arg):
     nisa.nc_matmul(dst=pkk, stationary=_tf(c, d["Em"]), moving=_tf(c, k), accumulate=True)
     nisa.nc_matmul(dst=pkk, stationary=ident, moving=d["dkS"], is_stationary_onezero=True,
                    accumulate=True)
-    nisa.scalar_tensor_tensor(dst=out["dk"][:, j * K:(j + 1) * K], data=d["y"], op0=nl.multiply,
+    nisa.scalar_tensor_tensor(dst=_gtile(c, d, "dk", C, K), data=d["y"], op0=nl.multiply,
                               operand0=c["ch"]["nbec"][:, j:j + 1], op1=nl.add, operand1=pkk)
+    if d["i"] == len(c["group"]) - 1:
+        for name in ("dq", "dk", "dv"):
+            _scatter(c, name)
+
+
+def _scatter(c, name):
+    """The group's ``[C, heads*w]`` tile of output ``name`` to its token rows and columns of
+    the program's part (one row per partition)."""
+    out = c["out"]
+    dst = out["hbm"][name]
+    ow = dst.shape[1]
+    t = _flat(c["gt"][name])
+    w = t.shape[1]
+    nisa.dma_copy(dst=dst.ap(pattern=[[ow, c["C"]], [1, w]],
+                             offset=out["base"] * ow + c["group"][0]["j"] * (w // len(c["group"])),
+                             vector_offset=out["rows"], indirect_dim=0), src=t)
 
 
 def _g_dbeta(c, d, arg):
