@@ -336,30 +336,28 @@ def _gtile(c, d, key, P, F):
     return c["gt"][key][:, d["i"], :]
 
 
-def _row_dots(c):
-    """The group's row dots, each one VectorE product over the group's [rows, heads*w]
-    columns and one reduce over its [rows, heads, w] view: ky = <k, y>, vz = <v, z>, qdq =
-    <q, e^c do h^T>, kS = <k, dkS> ([C, heads]) and hs = <dh', h> ([K, heads])."""
-    C, K, V, x, gt = c["C"], c["K"], c["V"], c["x"], c["gt"]
+def _row_dot(c, key, engine):
+    """A row dot of the group into c["rd"][key] ``[rows, heads]``: one product over the
+    group's ``[rows, heads*w]`` columns (on ``engine``) and one VectorE reduce over its
+    ``[rows, heads, w]`` view. hs = <dh', h> ([K, heads]), vz = <v, z>, ky = <k, y>, qdq =
+    <q, e^c do h^T>, kS = <k, dkS> ([C, heads]); issued where the group's operands are
+    complete (_steps)."""
+    x, gt = c["x"], c["gt"]
     n = len(c["group"])
     j0 = c["group"][0]["j"]
-    rd = {}
-    for spec in (("ky", x["k"], gt["y"], C, K), ("vz", x["v"], gt["z"], C, V),
-                 ("qdq", x["q"], gt["dq_int"], C, K), ("kS", x["k"], gt["dkS"], C, K),
-                 ("hs", c["dS"], c["S"], K, V)):
-        P, w = spec[3], spec[4]
-        b = spec[2]
-        if len(b.shape) == 3:
-            b = b.reshape((P, n * w))
-        else:
-            b = b[:, j0 * w:(j0 + n) * w]
-        prod = nl.ndarray((P, n * w), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=prod, data1=spec[1][:, j0 * w:(j0 + n) * w], data2=b,
-                           op=nl.multiply)
-        r = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_reduce(dst=r, op=nl.add, data=prod.reshape((P, n, w)), axis=(2,))
-        rd[spec[0]] = r
-    c["rd"] = rd
+    if key == "hs":
+        P, w = c["K"], c["V"]
+        ops = [c["dS"][:, j0 * w:(j0 + n) * w], c["S"][:, j0 * w:(j0 + n) * w]]
+    else:
+        specs = {"vz": ("v", "z"), "ky": ("k", "y"), "qdq": ("q", "dq_int"), "kS": ("k", "dkS")}
+        spec = specs[key]
+        P, w = c["C"], gt[spec[1]].shape[2]
+        ops = [x[spec[0]][:, j0 * w:(j0 + n) * w], _flat(gt[spec[1]])]
+    prod = nl.ndarray((P, n * w), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=prod, data1=ops[0], data2=ops[1], op=nl.multiply, engine=engine)
+    r = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=r, op=nl.add, data=prod.reshape((P, n, w)), axis=(2,))
+    c["rd"][key] = r
 
 
 def _rowsum(a, b, C, w):
@@ -418,6 +416,7 @@ def _run_groups(c, groups, grads):
         cg["group"] = _head_dicts(grp)
         cg["bank"] = {}
         cg["gt"] = {}
+        cg["rd"] = {}
         cgs.append(cg)
     for t in range((len(groups) - 1) * off + ns):
         for g in range(len(groups)):
@@ -721,6 +720,8 @@ def _r_rhs(c, d, arg):
 def _r_grad_operands_a(c, d, arg):
     """q, q^T, Di (D, i >= j), DT = exp of the [j, i] segment sums."""
     C, K, j, cst = c["C"], c["K"], d["j"], c["cst"]
+    if d["i"] == 0:
+        _row_dot(c, "hs", nisa.engine.vector)
     d["q"] = c["x"]["q"][:, j * K:(j + 1) * K]
     _gT(c, d, "qT", d["q"], C, K)
     if d["i"] == 0:
@@ -814,6 +815,8 @@ def _g_z(c, d, arg):
 def _g_transposes(c, d, arg):
     """dv = beta z; do^T, h^T, dh'^T."""
     C, K, V, j = c["C"], c["K"], c["V"], d["j"]
+    if d["i"] == 0:
+        _row_dot(c, "vz", nisa.engine.vector)
     nisa.activation(dst=_gtile(c, d, "dv", C, V), op=nl.copy, data=d["z"],
                     scale=d["beta"])
     _gT(c, d, "doT", d["do"], C, V)
@@ -921,7 +924,9 @@ def _g_dbeta(c, d, arg):
         return
     _gscaled(c, "eq", c["x"]["q"], c["ch"]["ec"], c["K"])
     _gscaled(c, "bek", c["x"]["k"], c["ch"]["nbec"], c["K"])
-    _row_dots(c)
+    _row_dot(c, "ky", nisa.engine.vector)
+    _row_dot(c, "qdq", nisa.engine.vector)
+    _row_dot(c, "kS", nisa.engine.vector)
     rd = c["rd"]
     w1 = nl.ndarray((C, n), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_reduce(dst=w1, op=nl.add, data=c["gt"]["W1"], axis=(2,))
