@@ -50,7 +50,10 @@ token rows (past a sequence end: Tb) of every chunk in order / in reverse order 
 sequence; fwd_state ``[E + 1, 3]`` (hstore row of the chunk, hstore row of the next chunk or
 the trash block, tstore row of the chunk); bwd_state ``[E + 1, 3]`` (hstore row of the
 chunk, dS row of its sequence, tstore row of the chunk); counts ``[1, 4]`` (sequences with
-chunks, chunks, chunks, sequences). Compile-time: chunk (a multiple of 32 up to 128).
+chunks, chunks, chunks, sequences). Compile-time: chunk (a multiple of 32 up to 128) and fast
+(16-bit callers: the TensorE operands of the non-0/1 products as tfloat32 views, 10
+mantissa bits at the bf16 rate, within the 5e-3 gradient budget; float32 callers: exact
+float32, 1e-5; the segment sums, the transposes and the dg straddle sums stay float32).
 Returns, program-major (program p's part is rows p*rows..), dq, dk ``[n*(Tb + 1), nh*K]``,
 dv ``[n*(Tb + 1), nh*V]``, dg, dbeta ``[n*(Tb + 1), nh]`` float32 per value head (row Tb of
 each part is trash; the launcher puts the parts side by side and sums dq / dk over the value
@@ -74,12 +77,30 @@ tiles an iteration writes are allocated in its body.
    above, dh -> the same dS block;
 5. each sequence: its dS block (an empty sequence's d_final) -> d_initial.
 Scratch (``nl.private_hbm``, one per program): hstore ``[E*K, nh*V]`` (every chunk's entry
-state), tstore ``[E*C, nh*C]`` (every chunk's T per head) and dS ``[Nb*K, nh*V]``. In
-loops 3 and 4 the heads go in groups of _GROUP, each group phase by phase (_phases:
-operands, decays, in loop 3 the solve setup, doubling rounds and block substitution,
-then T^T, r, the state update or the gradient phases), a phase issued for every head of
-the group before the next, so independent heads sit between one head's dependent steps
-in the engine queues.
+state), tstore ``[E*C, nh*C]`` (every chunk's T per head) and dS ``[Nb*K, nh*V]``.
+
+Head groups and the software pipeline (``_run_groups``, ``_steps``). In loops 3 and 4 the
+program's heads go in groups of _GROUP = 4 (one PSUM bank holds 4 heads' [C, 128] fp32
+products). A head's work is a list of steps (loop 3: operands, decays, the solve setup,
+two steps per doubling round, block products and three substitution steps, T^T, r, the
+state update; loop 4: operands, decays, then 15 gradient steps); within a step each head
+of the group issues its matmuls / transposes into its slice of the group's bank and the
+group's last head evicts the bank once (``_gmm``, ``_gacc``, ``_gT``: one [C, 512]
+ScalarE instruction instead of four [C, 128] ones, the 199-cycle fixed cost paid once),
+or one VectorE / GpSimd instruction takes the whole group (``_bank`` + ``_gnew``: the
+masked products Dl, KKD, Di, DTi, QKD, dPD, G, dPDT, W1, Hm read the bank with the mask
+repeated by a zero-stride ``.ap``; the per-row scalings by beta, e^c, e^{c_L - c}
+broadcast each head's column the same way; the row dots are one product over the group's
+[C, 512] columns and one reduce over its [C, 4, 128] view). Results a step evicts are read
+from the next step on. The groups are software-pipelined: group g starts g * off steps
+after group 0 (off = ceil(steps / _PIPE), _PIPE = 4, so at most 4 groups are in flight;
+5 gain nothing and SBUF bounds it), and at each tick the groups in flight issue one step
+each, the oldest first, so each in-order engine queue holds independent work of several
+groups between one group's dependent steps. Updates that would be a VectorE add of a
+product to SBUF are accumulated in PSUM instead (an exact float32 identity product: T's
+doubling and substitution updates (I + P) T, dq's and dk's state terms). The wide inputs
+are gathered in pieces of _GROUP * _PIPE heads (the first groups start on their columns
+while the rest arrive) and dq, dk, dv are scattered per group (their SBUF freed early).
 
 LNC: program p of n owns value heads [p*nh, (p+1)*nh) statically (``scaffold.lnc_grid``).
 The launcher pads HV with zero heads to a multiple of n, so every program has nh heads
@@ -89,30 +110,38 @@ counts (one control flow) and trace the same instructions. Each has its own scra
 (private HBM) and writes only its own part of every output, so no HBM byte is written by
 two programs and neither reads what the other writes.
 
-Engines per (chunk, value head) of loop 4: TensorE 7 transposes (k, q, do, h, dh', E, G, T)
-and ~24 matmuls (kk, q k^T, 2 segment sums, k h, vn^T, k dh', dvn, z, z^T, do vn^T both
-layouts, z vn^T, do h^T, z h^T, vn dh'^T, dq, dk (3 accumulated), G's straddle sums and dg
-(1 + 4), dh (2)), all float32 operands; VectorE / ScalarE the masked evictions, per-row
-scalings and row sums on [C, <= 128] tiles; GpSimd the masks and products that read only
-SBUF (decay masks, W1, G, the row sums' products: VectorE binds); DMA: the chunk's gathers
-(q, k, v, do, g, beta: one each), T (C x C per head), h and dh' blocks in, dh' out, the five
-gradient scatters. Loop 3 solves T (the solve setup, 7 matmuls for the diagonal blocks'
-doubling, 4 for the block substitution, N and T^T transposes) and stores it, then vn and h'.
+Engines per chunk of 128 tokens (both loops, 32 value heads, LNC=1; before the head
+groups: TensorE 1,926, VectorE 1,572, ScalarE 1,126, GpSimd 385): TensorE ~2,110 (per
+head ~66: the transposes of k, q, do, h, dh', E, G, N, Tb, T and the products, tfloat32
+for bf16 callers), VectorE ~490 and ScalarE ~510 (per group of 4 heads ~61 / ~64: the
+group evictions, the masked products, the per-head STT combinations that read PSUM: r,
+N, dvn, E, dk, dh, h'), GpSimd ~120 (group masks, the x-scalings of the inputs), DMA ~124
+(gathers in pieces, T per head out and in, state blocks, per-group scatters).
 
 What binds (modeled trn2, ``nki_ssm.perf``, Qwen3-Next TP1 shape: 32 value heads, K = V =
-128, bf16 I/O, C = 128, one sequence): 1.04 ms per chunk of 128 tokens at LNC=1 (512 tokens,
-``python -m simulate --op gated_delta_backward``: 4.17 ms; ~133 ms for 16K tokens, linear
-in the chunks); VectorE (50 % busy), TensorE (42 %), ScalarE (29 %) and GpSimd (23 %) mostly
-take turns: the critical path runs through VectorE and TensorE alike (each head's 12
-dependent phases in loop 3, 15 in loop 4, fp32 operands on TensorE, [128, 128] fp32 tiles
-on VectorE); HBM traffic is small (DMA 11 %, T's round trip included). LNC=2: 2.11 ms at
-512 tokens (0.51x). Program size 5,117 instructions at LNC=1, 2,589 per program at LNC=2.
+128, bf16 I/O, C = 128, one sequence; ``python -m simulate --op backward --model
+qwen3-next --range-samples 2 --no-calibration --lnc 1``): 512 tokens 1.84 ms (4.17 ms
+before the head groups); 16K tokens (``--set judged --case 1x16384``) 57.5 ms, 10-90 %
+55.8-60.8 (~132 ms before), 0.45 ms per chunk: loop 3 (the forward recompute and solve)
+~188 us and loop 4 ~276 us. No engine is saturated (16K: ScalarE 53 % busy, VectorE 52 %,
+GpSimd 47 %, TensorE 43 %, DMA 24 %): the critical path is each group's chain of
+cross-engine steps (TensorE product -> ScalarE / VectorE eviction -> the next product),
+about 20 per group per loop, with 4 groups in flight; the row dots and evictions on the
+path are VectorE / ScalarE queue time. Faster needs fewer steps per head (the forward
+kernel's packed 32-row block solve instead of the [C, C] doubling in loop 3; merging the
+doubling rounds' steps made the schedule worse, 2.06 against 1.84 ms at 512 tokens), or
+more groups in flight (SBUF: the chunk-wide q, k, v, do, h, dh' tiles take ~96 KiB per
+partition). Program size 3,381 instructions at LNC=1.
 
 Memory per token (HBM scratch, float32, for the kernel's duration): hstore holds every
 chunk's entry state, 4*HVp*K*V/C bytes per token, and tstore every chunk's T, 4*HVp*C
-bytes per token (16 + 16 KiB at Qwen3-Next TP1 with C = 128: 512 MiB for 16K tokens);
-nothing is saved by the forward (the backward recomputes it; T once, in loop 3). Limits: K, V <=
-128; C a multiple of 32 up to 128 (the launcher's ``backward_chunk``; default 128).
+bytes per token (16 + 16 KiB at Qwen3-Next TP1 with C = 128: 512 MiB for 16K tokens).
+Nothing is saved by the forward: the backward reads only the forward's inputs and
+recomputes, per chunk, the entry state h (loop 3, kept in hstore), T (loop 3, kept in
+tstore and read by loop 4, not solved again), and in loop 4 again D, KKD, k^T, r = beta
+(v - e^c k h) and T^T (cheaper to recompute than to store: ~5 instructions per group).
+Limits: K, V <= 128; C a multiple of 32 up to 128 (the launcher's ``backward_chunk``;
+default 128).
 
 Constructs: those of ``scaffold.py`` (trip counts and table cells as ``NkiScalar`` s from
 ``nisa.scalar_load``, ``nl.fori_loop`` bodies through ``for_each_row``, the LNC grid as
@@ -121,7 +150,11 @@ Python ints) and of the forward kernel ``chunk.py``: ``.ap`` with ``scalar_offse
 element ``offset`` for the program's part); one-row-per-partition ``vector_offset``
 gathers / scatters with a static ``offset``; kernel-allocated ``nl.private_hbm`` scratch
 and ``shared_hbm`` outputs; whole-array matmuls with explicit ``accumulate``;
-``nc_transpose`` on TensorE; ``memset`` on 32-partition blocks.
+``nc_transpose`` on TensorE; ``memset`` on 32-partition blocks; matmuls / transposes into
+column slices of one PSUM bank (``dst=ps[:, a:b]``) and instructions reading the bank or a
+``[P, n, F]`` tile whole (``.reshape``); zero-stride ``.ap`` operands repeating a constant
+or a per-head column (as ``mamba2_ssd/chunk.py``); ``.view(nl.tfloat32)`` operands (as
+``chunk_block_solve.py``); ``tensor_reduce`` over the last axis of a 3-D view.
 """
 from __future__ import annotations
 
