@@ -111,11 +111,11 @@ counts (one control flow) and trace the same instructions. Each has its own scra
 two programs and neither reads what the other writes.
 
 Engines per chunk of 128 tokens (both loops, 32 value heads, LNC=1; before the head
-groups: TensorE 1,926, VectorE 1,572, ScalarE 1,126, GpSimd 385): TensorE ~2,110 (per
+groups: TensorE 1,926, VectorE 1,572, ScalarE 1,126, GpSimd 385): TensorE 2,110 (per
 head ~66: the transposes of k, q, do, h, dh', E, G, N, Tb, T and the products, tfloat32
-for bf16 callers), VectorE ~490 and ScalarE ~510 (per group of 4 heads ~61 / ~64: the
+for bf16 callers), VectorE ~504 and ScalarE 510 (per group of 4 heads ~63 / ~64: the
 group evictions, the masked products, the per-head STT combinations that read PSUM: r,
-N, dvn, E, dk, dh, h'), GpSimd ~120 (group masks, the x-scalings of the inputs), DMA ~124
+N, dvn, E, dk, dh, h'), GpSimd ~121 (group masks, the x-scalings of the inputs), DMA ~118
 (gathers in pieces, T per head out and in, state blocks, per-group scatters).
 
 What binds (modeled trn2, ``nki_ssm.perf``, Qwen3-Next TP1 shape: 32 value heads, K = V =
@@ -131,7 +131,8 @@ path are VectorE / ScalarE queue time. Faster needs fewer steps per head (the fo
 kernel's packed 32-row block solve instead of the [C, C] doubling in loop 3; merging the
 doubling rounds' steps made the schedule worse, 2.06 against 1.84 ms at 512 tokens), or
 more groups in flight (SBUF: the chunk-wide q, k, v, do, h, dh' tiles take ~96 KiB per
-partition). Program size 3,381 instructions at LNC=1.
+partition). Program size 3,381 instructions at LNC=1. LNC=2: 0.99 ms at 512 tokens (0.54x),
+1,719 instructions per program.
 
 Memory per token (HBM scratch, float32, for the kernel's duration): hstore holds every
 chunk's entry state, 4*HVp*K*V/C bytes per token, and tstore every chunk's T, 4*HVp*C
