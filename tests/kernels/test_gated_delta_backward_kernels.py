@@ -176,6 +176,21 @@ def test_lnc2_equals_lnc1_and_program_size(rng, monkeypatch):
     assert [trace2.program_instructions(pid) for pid in (0, 1)] == sizes
 
 
+@pytest.mark.parametrize("dtype", [np.float32, BF16])
+def test_lnc2_equals_lnc1_with_head_groups(rng, monkeypatch, dtype):
+    """Several pipelined head groups (HV = 10: groups of 4, 4, 2 at LNC=1, of 4, 1 per
+    program at LNC=2), float32 and tfloat32 operands: the gradients agree bit for bit and
+    stay within the float64 targets."""
+    args = _case(rng, [150, 33], H=2, HV=10, raw=True, l2=True, dtype=dtype)
+    one, _ = _traced(args, monkeypatch, 1)
+    two, _ = _traced(args, monkeypatch, 2)
+    for name in GRADS:
+        if one[name] is not None:
+            np.testing.assert_array_equal(one[name], two[name], err_msg=name)
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "1")
+    _check(args, 1e-5 if dtype == np.float32 else 5e-3)
+
+
 def test_work_lists_name_each_chunk_once_in_both_orders():
     """backward_tables: every chunk's hstore row (chunk e: e*K) and tstore row (e*C) in
     order in fwd_state and reversed within each sequence in bwd_state, so the backward

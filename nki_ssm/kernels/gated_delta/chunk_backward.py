@@ -50,7 +50,10 @@ token rows (past a sequence end: Tb) of every chunk in order / in reverse order 
 sequence; fwd_state ``[E + 1, 3]`` (hstore row of the chunk, hstore row of the next chunk or
 the trash block, tstore row of the chunk); bwd_state ``[E + 1, 3]`` (hstore row of the
 chunk, dS row of its sequence, tstore row of the chunk); counts ``[1, 4]`` (sequences with
-chunks, chunks, chunks, sequences). Compile-time: chunk (a multiple of 32 up to 128).
+chunks, chunks, chunks, sequences). Compile-time: chunk (a multiple of 32 up to 128) and fast
+(16-bit callers: the TensorE operands of the non-0/1 products as tfloat32 views, 10
+mantissa bits at the bf16 rate, within the 5e-3 gradient budget; float32 callers: exact
+float32, 1e-5; the segment sums, the transposes and the dg straddle sums stay float32).
 Returns, program-major (program p's part is rows p*rows..), dq, dk ``[n*(Tb + 1), nh*K]``,
 dv ``[n*(Tb + 1), nh*V]``, dg, dbeta ``[n*(Tb + 1), nh]`` float32 per value head (row Tb of
 each part is trash; the launcher puts the parts side by side and sums dq / dk over the value
@@ -74,12 +77,30 @@ tiles an iteration writes are allocated in its body.
    above, dh -> the same dS block;
 5. each sequence: its dS block (an empty sequence's d_final) -> d_initial.
 Scratch (``nl.private_hbm``, one per program): hstore ``[E*K, nh*V]`` (every chunk's entry
-state), tstore ``[E*C, nh*C]`` (every chunk's T per head) and dS ``[Nb*K, nh*V]``. In
-loops 3 and 4 the heads go in groups of _GROUP, each group phase by phase (_phases:
-operands, decays, in loop 3 the solve setup, doubling rounds and block substitution,
-then T^T, r, the state update or the gradient phases), a phase issued for every head of
-the group before the next, so independent heads sit between one head's dependent steps
-in the engine queues.
+state), tstore ``[E*C, nh*C]`` (every chunk's T per head) and dS ``[Nb*K, nh*V]``.
+
+Head groups and the software pipeline (``_run_groups``, ``_steps``). In loops 3 and 4 the
+program's heads go in groups of _GROUP = 4 (one PSUM bank holds 4 heads' [C, 128] fp32
+products). A head's work is a list of steps (loop 3: operands, decays, the solve setup,
+two steps per doubling round, block products and three substitution steps, T^T, r, the
+state update; loop 4: operands, decays, then 15 gradient steps); within a step each head
+of the group issues its matmuls / transposes into its slice of the group's bank and the
+group's last head evicts the bank once (``_gmm``, ``_gacc``, ``_gT``: one [C, 512]
+ScalarE instruction instead of four [C, 128] ones, the 199-cycle fixed cost paid once),
+or one VectorE / GpSimd instruction takes the whole group (``_bank`` + ``_gnew``: the
+masked products Dl, KKD, Di, DTi, QKD, dPD, G, dPDT, W1, Hm read the bank with the mask
+repeated by a zero-stride ``.ap``; the per-row scalings by beta, e^c, e^{c_L - c}
+broadcast each head's column the same way; the row dots are one product over the group's
+[C, 512] columns and one reduce over its [C, 4, 128] view). Results a step evicts are read
+from the next step on. The groups are software-pipelined: group g starts g * off steps
+after group 0 (off = ceil(steps / _PIPE), _PIPE = 4, so at most 4 groups are in flight;
+5 gain nothing and SBUF bounds it), and at each tick the groups in flight issue one step
+each, the oldest first, so each in-order engine queue holds independent work of several
+groups between one group's dependent steps. Updates that would be a VectorE add of a
+product to SBUF are accumulated in PSUM instead (an exact float32 identity product: T's
+doubling and substitution updates (I + P) T, dq's and dk's state terms). The wide inputs
+are gathered in pieces of _GROUP * _PIPE heads (the first groups start on their columns
+while the rest arrive) and dq, dk, dv are scattered per group (their SBUF freed early).
 
 LNC: program p of n owns value heads [p*nh, (p+1)*nh) statically (``scaffold.lnc_grid``).
 The launcher pads HV with zero heads to a multiple of n, so every program has nh heads
@@ -89,30 +110,39 @@ counts (one control flow) and trace the same instructions. Each has its own scra
 (private HBM) and writes only its own part of every output, so no HBM byte is written by
 two programs and neither reads what the other writes.
 
-Engines per (chunk, value head) of loop 4: TensorE 7 transposes (k, q, do, h, dh', E, G, T)
-and ~24 matmuls (kk, q k^T, 2 segment sums, k h, vn^T, k dh', dvn, z, z^T, do vn^T both
-layouts, z vn^T, do h^T, z h^T, vn dh'^T, dq, dk (3 accumulated), G's straddle sums and dg
-(1 + 4), dh (2)), all float32 operands; VectorE / ScalarE the masked evictions, per-row
-scalings and row sums on [C, <= 128] tiles; GpSimd the masks and products that read only
-SBUF (decay masks, W1, G, the row sums' products: VectorE binds); DMA: the chunk's gathers
-(q, k, v, do, g, beta: one each), T (C x C per head), h and dh' blocks in, dh' out, the five
-gradient scatters. Loop 3 solves T (the solve setup, 7 matmuls for the diagonal blocks'
-doubling, 4 for the block substitution, N and T^T transposes) and stores it, then vn and h'.
+Engines per chunk of 128 tokens (both loops, 32 value heads, LNC=1; before the head
+groups: TensorE 1,926, VectorE 1,572, ScalarE 1,126, GpSimd 385): TensorE 2,110 (per
+head ~66: the transposes of k, q, do, h, dh', E, G, N, Tb, T and the products, tfloat32
+for bf16 callers), VectorE ~504 and ScalarE 510 (per group of 4 heads ~63 / ~64: the
+group evictions, the masked products, the per-head STT combinations that read PSUM: r,
+N, dvn, E, dk, dh, h'), GpSimd ~121 (group masks, the x-scalings of the inputs), DMA ~118
+(gathers in pieces, T per head out and in, state blocks, per-group scatters).
 
 What binds (modeled trn2, ``nki_ssm.perf``, Qwen3-Next TP1 shape: 32 value heads, K = V =
-128, bf16 I/O, C = 128, one sequence): 1.04 ms per chunk of 128 tokens at LNC=1 (512 tokens,
-``python -m simulate --op gated_delta_backward``: 4.17 ms; ~133 ms for 16K tokens, linear
-in the chunks); VectorE (50 % busy), TensorE (42 %), ScalarE (29 %) and GpSimd (23 %) mostly
-take turns: the critical path runs through VectorE and TensorE alike (each head's 12
-dependent phases in loop 3, 15 in loop 4, fp32 operands on TensorE, [128, 128] fp32 tiles
-on VectorE); HBM traffic is small (DMA 11 %, T's round trip included). LNC=2: 2.11 ms at
-512 tokens (0.51x). Program size 5,117 instructions at LNC=1, 2,589 per program at LNC=2.
+128, bf16 I/O, C = 128, one sequence; ``python -m simulate --op backward --model
+qwen3-next --range-samples 2 --no-calibration --lnc 1``): 512 tokens 1.84 ms (4.17 ms
+before the head groups); 16K tokens (``--set judged --case 1x16384``) 57.5 ms, 10-90 %
+55.8-60.8 (~132 ms before), 0.45 ms per chunk: loop 3 (the forward recompute and solve)
+~188 us and loop 4 ~276 us. No engine is saturated (16K: ScalarE 53 % busy, VectorE 52 %,
+GpSimd 47 %, TensorE 43 %, DMA 24 %): the critical path is each group's chain of
+cross-engine steps (TensorE product -> ScalarE / VectorE eviction -> the next product),
+about 20 per group per loop, with 4 groups in flight; the row dots and evictions on the
+path are VectorE / ScalarE queue time. Faster needs fewer steps per head (the forward
+kernel's packed 32-row block solve instead of the [C, C] doubling in loop 3; merging the
+doubling rounds' steps made the schedule worse, 2.06 against 1.84 ms at 512 tokens), or
+more groups in flight (SBUF: the chunk-wide q, k, v, do, h, dh' tiles take ~96 KiB per
+partition). Program size 3,381 instructions at LNC=1. LNC=2: 0.99 ms at 512 tokens (0.54x),
+1,719 instructions per program.
 
 Memory per token (HBM scratch, float32, for the kernel's duration): hstore holds every
 chunk's entry state, 4*HVp*K*V/C bytes per token, and tstore every chunk's T, 4*HVp*C
-bytes per token (16 + 16 KiB at Qwen3-Next TP1 with C = 128: 512 MiB for 16K tokens);
-nothing is saved by the forward (the backward recomputes it; T once, in loop 3). Limits: K, V <=
-128; C a multiple of 32 up to 128 (the launcher's ``backward_chunk``; default 128).
+bytes per token (16 + 16 KiB at Qwen3-Next TP1 with C = 128: 512 MiB for 16K tokens).
+Nothing is saved by the forward: the backward reads only the forward's inputs and
+recomputes, per chunk, the entry state h (loop 3, kept in hstore), T (loop 3, kept in
+tstore and read by loop 4, not solved again), and in loop 4 again D, KKD, k^T, r = beta
+(v - e^c k h) and T^T (cheaper to recompute than to store: ~5 instructions per group).
+Limits: K, V <= 128; C a multiple of 32 up to 128 (the launcher's ``backward_chunk``;
+default 128).
 
 Constructs: those of ``scaffold.py`` (trip counts and table cells as ``NkiScalar`` s from
 ``nisa.scalar_load``, ``nl.fori_loop`` bodies through ``for_each_row``, the LNC grid as
@@ -121,22 +151,27 @@ Python ints) and of the forward kernel ``chunk.py``: ``.ap`` with ``scalar_offse
 element ``offset`` for the program's part); one-row-per-partition ``vector_offset``
 gathers / scatters with a static ``offset``; kernel-allocated ``nl.private_hbm`` scratch
 and ``shared_hbm`` outputs; whole-array matmuls with explicit ``accumulate``;
-``nc_transpose`` on TensorE; ``memset`` on 32-partition blocks.
+``nc_transpose`` on TensorE; ``memset`` on 32-partition blocks; matmuls / transposes into
+column slices of one PSUM bank (``dst=ps[:, a:b]``) and instructions reading the bank or a
+``[P, n, F]`` tile whole (``.reshape``); zero-stride ``.ap`` operands repeating a constant
+or a per-head column (as ``mamba2_ssd/chunk.py``); ``.view(nl.tfloat32)`` operands (as
+``chunk_block_solve.py``); ``tensor_reduce`` over the last axis of a 3-D view.
 """
 from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
 from nki_ssm.kernels.gated_delta._common import consecutive_groups
-from nki_ssm.kernels.gated_delta.chunk_utils import BLOCK, mm, state_block, table_rows
+from nki_ssm.kernels.gated_delta.chunk_utils import BLOCK, state_block, table_rows, tf32_view
 from nki_ssm.kernels.scaffold import at_row, for_each_row, lnc_grid, trip_counts
 
 _GROUP = 4           # heads whose phases interleave (SBUF: their tiles live at once)
+_PIPE = 4            # head groups in flight at once (SBUF: 5 gain nothing)
 _ROUNDS = 4          # doubling rounds after I + N: N^2, N^4, N^8, N^16 cover 32 rows
 
 
 @nki.jit
 def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, d_final, init_tab, seq_rows, fwd_rows,
-                       fwd_state, bwd_rows, bwd_state, counts, chunk):
+                       fwd_state, bwd_rows, bwd_state, counts, chunk, fast=False):
     """Gradients of the chunked gated delta rule (layouts in the module docstring)."""
     T1 = q2.shape[0]
     HVp = g2.shape[1]
@@ -190,10 +225,8 @@ def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, d_final, init_tab, seq_ro
         S = nl.ndarray((K, nh * V), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=S, src=_block(hstore, cells[0], 0, K, w))
         c = _context(x, _decays(x, cst, nh, C, K), cst, S, None, None, C, K, V, tstore,
-                     cells[2])
-        for grp in consecutive_groups(nh, _GROUP):
-            ds = _head_dicts(grp)
-            _run_phases(c, ds, False)
+                     cells[2], fast)
+        _run_groups(c, consecutive_groups(nh, _GROUP), False)
         nisa.dma_copy(dst=_block(hstore, cells[1], 0, K, w), src=S)
 
     for_each_row(n_fwd, fwd_state, fwd_body)
@@ -207,18 +240,16 @@ def gdn_chunk_backward(q2, k2, v2, do2, g2, beta2, h0, d_final, init_tab, seq_ro
         dS = nl.ndarray((K, nh * V), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=dS, src=_block(dss, cells[1], 0, K, w))
         out = {}
-        out["dq"] = nl.ndarray((C, nh * K), dtype=nl.float32, buffer=nl.sbuf)
-        out["dk"] = nl.ndarray((C, nh * K), dtype=nl.float32, buffer=nl.sbuf)
-        out["dv"] = nl.ndarray((C, nh * V), dtype=nl.float32, buffer=nl.sbuf)
+        out["rows"] = rows
+        out["base"] = pid * T1
+        out["hbm"] = {"dq": dq, "dk": dk, "dv": dv}
         out["dg"] = nl.ndarray((C, nh), dtype=nl.float32, buffer=nl.sbuf)
         out["dbeta"] = nl.ndarray((C, nh), dtype=nl.float32, buffer=nl.sbuf)
         c = _context(x, _decays(x, cst, nh, C, K), cst, S, dS, out, C, K, V, tstore,
-                     cells[2])
-        for grp in consecutive_groups(nh, _GROUP):
-            ds = _head_dicts(grp)
-            _run_phases(c, ds, True)
+                     cells[2], fast)
+        _run_groups(c, consecutive_groups(nh, _GROUP), True)
         nisa.dma_copy(dst=_block(dss, cells[1], 0, K, w), src=dS)
-        for spec in (("dq", dq), ("dk", dk), ("dv", dv), ("dg", dg), ("dbeta", dbeta)):
+        for spec in (("dg", dg), ("dbeta", dbeta)):
             dst = spec[1]
             ow = dst.shape[1]
             nisa.dma_copy(dst=dst.ap(pattern=[[ow, C], [1, ow]], offset=pid * T1 * ow,
@@ -241,12 +272,13 @@ def _block(t, cell, base, K, w):
     return at_row(t, cell, [[w, K], [1, w]], base)
 
 
-def _context(x, ch, cst, S, dS, out, C, K, V, tstore, trow):
+def _context(x, ch, cst, S, dS, out, C, K, V, tstore, trow, fast):
     """What every phase of a chunk reads: its input tiles x, decays ch, constants, entry
     state S, state gradient dS and output tiles (None in the forward recompute), the T
     scratch and the chunk's row in it (an NkiScalar, a table cell)."""
     c = {}
     c["tstore"] = tstore
+    c["fast"] = fast
     c["trow"] = trow
     c["x"] = x
     c["ch"] = ch
@@ -266,6 +298,7 @@ def _head_dicts(grp):
     for j in grp:
         d = {}
         d["j"] = j
+        d["i"] = len(ds)
         ds.append(d)
     return ds
 
@@ -295,33 +328,70 @@ def _constants(C):
     cst["off"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=cst["off"], data1=cst["tri_lo"], data2=cst["bd"], op=nl.multiply)
     nisa.tensor_tensor(dst=cst["off"], data1=cst["tri_lo"], data2=cst["off"], op=nl.subtract)
+    cst["noff"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=cst["noff"], data=cst["off"], op0=nl.multiply, operand0=-1.0)
     return cst
 
 
 def _gather(rows, specs, heads, C):
     """The chunk's token rows of each (name, tensor, width per head) for this program's
-    heads, one DMA each: ``[C, nh*width]`` float32 tiles."""
+    heads: ``[C, nh*width]`` float32 tiles. The per-head gates (width 1) first, one DMA
+    each, then the wide inputs in pieces of _GROUP * _PIPE heads, piece by piece (the first
+    head groups start on their columns while the rest arrive)."""
     x = {}
+    nh = heads[1] - heads[0]
     for spec in specs:
-        src = spec[1]
-        w = spec[2]
-        HVp = src.shape[1] // w
-        c0 = heads[0] * w
-        c1 = heads[1] * w
-        t = nl.ndarray((C, c1 - c0), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=t, src=src.ap(pattern=[[HVp * w, C], [1, c1 - c0]], offset=c0,
-                                        vector_offset=rows, indirect_dim=0))
-        x[spec[0]] = t
+        x[spec[0]] = nl.ndarray((C, nh * spec[2]), dtype=nl.float32, buffer=nl.sbuf)
+    for spec in specs:
+        if spec[2] == 1:
+            _gather_cols(x[spec[0]], spec[1], rows, heads[0], 0, nh, 1, C)
+    for h0 in range(0, nh, _GROUP * _PIPE):
+        h1 = min(h0 + _GROUP * _PIPE, nh)
+        for spec in specs:
+            if spec[2] > 1:
+                _gather_cols(x[spec[0]], spec[1], rows, heads[0], h0, h1, spec[2], C)
     return x
 
 
-def _transpose(src, P, F):
-    """SBUF [F, P] = src [P, F]^T (TensorE, float32 bit-exact)."""
-    ps = nl.ndarray((F, P), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_transpose(dst=ps, data=src, engine=nisa.engine.tensor)
-    out = nl.ndarray((F, P), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=out, src=ps, engine=nisa.engine.vector)
-    return out
+def _gather_cols(t, src, rows, p0, h0, h1, w, C):
+    """Heads h0 .. h1 - 1 (of the program's, which start at head p0) of the token rows of
+    src into their columns of t (one DMA)."""
+    HVp = src.shape[1] // w
+    nisa.dma_copy(dst=t[:, h0 * w:h1 * w], src=src.ap(pattern=[[HVp * w, C], [1, (h1 - h0) * w]],
+                                                        offset=(p0 + h0) * w,
+                                                        vector_offset=rows, indirect_dim=0))
+
+
+def _gtile(c, d, key, P, F):
+    """Head d's ``[P, F]`` slice of the group's SBUF tile ``key`` ``[P, heads, F]`` (the
+    group's first head allocates it; c["gt"] keeps the whole tile)."""
+    if d["i"] == 0:
+        c["gt"][key] = nl.ndarray((P, len(c["group"]), F), dtype=nl.float32, buffer=nl.sbuf)
+    return c["gt"][key][:, d["i"], :]
+
+
+def _row_dot(c, key, engine):
+    """A row dot of the group into c["rd"][key] ``[rows, heads]``: one product over the
+    group's ``[rows, heads*w]`` columns (on ``engine``) and one VectorE reduce over its
+    ``[rows, heads, w]`` view. hs = <dh', h> ([K, heads]), vz = <v, z>, ky = <k, y>, qdq =
+    <q, e^c do h^T>, kS = <k, dkS> ([C, heads]); issued where the group's operands are
+    complete (_steps)."""
+    x, gt = c["x"], c["gt"]
+    n = len(c["group"])
+    j0 = c["group"][0]["j"]
+    if key == "hs":
+        P, w = c["K"], c["V"]
+        ops = [c["dS"][:, j0 * w:(j0 + n) * w], c["S"][:, j0 * w:(j0 + n) * w]]
+    else:
+        specs = {"vz": ("v", "z"), "ky": ("k", "y"), "qdq": ("q", "dq_int"), "kS": ("k", "dkS")}
+        spec = specs[key]
+        P, w = c["C"], gt[spec[1]].shape[2]
+        ops = [x[spec[0]][:, j0 * w:(j0 + n) * w], _flat(gt[spec[1]])]
+    prod = nl.ndarray((P, n * w), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=prod, data1=ops[0], data2=ops[1], op=nl.multiply, engine=engine)
+    r = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=r, op=nl.add, data=prod.reshape((P, n, w)), axis=(2,))
+    c["rd"][key] = r
 
 
 def _rowsum(a, b, C, w):
@@ -354,77 +424,204 @@ def _decays(x, cst, nh, C, K):
     ch["nbec"] = nl.ndarray((C, nh), dtype=nl.float32, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=ch["nbec"], data=ch["ec"], op0=nl.multiply, operand0=-1.0,
                               op1=nl.multiply, operand1=x["beta"])
+    ch["nec"] = nl.ndarray((C, nh), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=ch["nec"], data=ch["ec"], op0=nl.multiply, operand0=-1.0)
+    ch["nbeta"] = nl.ndarray((C, nh), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=ch["nbeta"], data=x["beta"], op0=nl.multiply, operand0=-1.0)
     return ch
 
 
-def _run_phases(c, ds, grads):
-    """Every phase (_phases) of the heads ``ds`` (one dict each, key "j"), each phase issued
-    for every head before the next: independent heads fill the in-order engine queues
-    between one head's dependent steps. ``grads``: the backward, else the forward
-    recompute with its state update."""
-    names, args = _phases(c["C"], grads)
-    for p in range(len(names)):
-        for d in ds:
-            _phase(c, d, names[p], args[p], grads)
+def _run_groups(c, groups, grads):
+    """Every step (_steps) of the head groups, software-pipelined: group g starts its steps
+    g * off steps after the first (off = ceil(steps / _PIPE), so at most _PIPE groups are
+    in flight: their SBUF tiles live at once); at each pipeline tick the groups in flight
+    issue one step each, the oldest group first (its step waits on the longest chain), so
+    each in-order engine queue holds independent work of several groups between one
+    group's dependent steps. Within a step every head of the group is issued
+    before the next step; a step's matmuls / transposes of the group share one PSUM bank
+    and one eviction (_gmm, _gT), read from the next step on. ``grads``: the backward,
+    else the forward recompute with its state update."""
+    steps = _steps(c["C"], grads)
+    ns = len(steps)
+    off = -(-ns // _PIPE)
+    cgs = []
+    for grp in groups:
+        cg = dict(c)
+        cg["group"] = _head_dicts(grp)
+        cg["bank"] = {}
+        cg["gt"] = {}
+        cg["rd"] = {}
+        cgs.append(cg)
+    for t in range((len(groups) - 1) * off + ns):
+        for g in range(len(groups)):
+            k = t - g * off
+            if k >= 0 and k < ns:
+                for d in cgs[g]["group"]:
+                    steps[k][0](cgs[g], d, steps[k][1])
 
 
-def _phases(C, grads):
-    """The phases of a head, in order, as names and their arguments: operands, decays; the
+def _steps(C, grads):
+    """The steps of a head, in order, as (function, argument): operands, decays; the
     forward recompute then solves for T (setup, _ROUNDS doubling rounds, the block
     substitution when C > 32), keeps it in tstore and goes on with T^T, r and the state
     update; the backward reads T back (issued with the operands) and goes on with T^T, r,
-    the gradient operands and 10 gradient phases."""
-    names = ["operands", "decay"]
-    args = [0, 0]
+    the gradient operands and the gradient steps."""
+    st = [(_r_operands, grads), (_r_decay_a, 0), (_r_decay_b, 0)]
     if not grads:
-        names.append("setup")
-        args.append(0)
+        st.append((_r_solve_setup, 0))
         for r in range(_ROUNDS):
-            names.append("round")
-            args.append(r)
+            st = st + [(_r_doubling_a, r), (_r_doubling_b, r)]
         if C > BLOCK:
-            names = names + ["blocks", "substitute"]
-            args = args + [0, 0]
-    names = names + ["transpose", "rhs"]
-    args = args + [0, 0]
+            st = st + [(_r_blocks_a, 0), (_r_blocks_b, 0), (_r_substitute_a, 0),
+                       (_r_substitute_b, 0), (_r_substitute_c, 0)]
+    st = st + [(_r_transpose, grads), (_r_rhs, 0)]
     if grads:
-        for q in range(11):
-            names.append("grad")
-            args.append(q)
+        st = st + [(_r_grad_operands_a, 0), (_r_grad_operands_b, 0), (_g_dvn_a, 0),
+                   (_g_dvn_b, 0), (_g_z, 0), (_g_transposes, 0), (_g_dp, 0), (_g_da_a, 0),
+                   (_g_da_b, 0), (_g_state_products, 0), (_g_dq_dk, 0), (_g_dbeta, 0),
+                   (_g_dg_a, 0), (_g_dg_b, 0), (_g_dh, 0)]
     else:
-        names.append("state")
-        args.append(0)
-    return names, args
+        st = st + [(_state_update_a, 0), (_state_update_b, 0)]
+    return st
 
 
-def _phase(c, d, name, arg, grads):
-    """Phase ``name`` (argument ``arg``) of head d (_phases): the forward's chunk quantities
-    kT, D, KKD = kk D (strictly lower), T (solved, or read back) and T^T, r = beta (v - e^c
-    k h), then the state update or the gradients."""
-    if name == "operands":
-        _r_operands(c, d)
-        if grads:
-            _t_load(c, d)
-    elif name == "decay":
-        _r_decay(c, d)
-    elif name == "setup":
-        _r_solve_setup(c, d)
-    elif name == "blocks":
-        _r_blocks(c, d)
-    elif name == "substitute":
-        _r_substitute(c, d)
-    elif name == "transpose":
-        d["TT"] = _transpose(d["T"], c["C"], c["C"])
+def _gmm(c, d, key, st, mv, M, N, tf=True, op=None):
+    """Head d's st^T mv ([M, N]) into its slice of the group's PSUM bank ``key``; the
+    group's last head evicts the bank once (ScalarE; ``op``: an activation instead of a
+    copy) to an ``[M, heads, N]`` tile and gives each head its view d[key]. ``tf``: the
+    operands as tfloat32 for 16-bit callers (_tf)."""
+    mode = "fp32"
+    if tf:
+        mode = "tf"
+    _gacc(c, d, key, [(st, mv, mode)], M, N, op)
+
+
+def _gplus(c, d, key, st, X, C):
+    """Head d's X + st^T X ([C, C]) as _gacc: the identity product (float32, exact) and
+    st^T X accumulated in the group's bank, one eviction for the group."""
+    _gacc(c, d, key, [(c["cst"]["ident"][0:C, 0:C], X, "01"), (st, X, "tf")], C, C, None)
+
+
+def _gacc(c, d, key, prods, M, N, op):
+    """Head d's sum of st^T mv over prods ((st, mv, mode) each, accumulated in PSUM; mode
+    "tf": tfloat32 operands for 16-bit callers, "fp32", or "01": st holds only 0 / 1) into
+    its slice of the group's PSUM bank ``key``, evicted as in _gmm."""
+    ds = c["group"]
+    n = len(ds)
+    i = d["i"]
+    if i == 0:
+        c["bank"][key] = nl.ndarray((M, n * N), dtype=nl.float32, buffer=nl.psum)
+    ps = c["bank"][key]
+    for t in range(len(prods)):
+        st = prods[t][0]
+        mv = prods[t][1]
+        if prods[t][2] == "tf":
+            nisa.nc_matmul(dst=ps[:, i * N:(i + 1) * N], stationary=_tf(c, st),
+                           moving=_tf(c, mv), accumulate=t > 0)
+        elif prods[t][2] == "01":
+            nisa.nc_matmul(dst=ps[:, i * N:(i + 1) * N], stationary=st, moving=mv,
+                           is_stationary_onezero=True, accumulate=t > 0)
+        else:
+            nisa.nc_matmul(dst=ps[:, i * N:(i + 1) * N], stationary=st, moving=mv,
+                           accumulate=t > 0)
+    if i == n - 1:
+        out = nl.ndarray((M, n, N), dtype=nl.float32, buffer=nl.sbuf)
+        if op is None:
+            nisa.tensor_copy(dst=out.reshape((M, n * N)), src=ps, engine=nisa.engine.scalar)
+        else:
+            nisa.activation(dst=out.reshape((M, n * N)), op=op, data=ps)
+        c["gt"][key] = out
+        for e in range(n):
+            ds[e][key] = out[:, e, :]
+
+
+def _bank(c, d, key, prods, M, N):
+    """Head d's sum of products (as _gacc) into its slice of the group's PSUM bank ``key``
+    (c["bank"][key], ``[M, heads*N]``), left in PSUM: True at the group's last head (the
+    bank complete, for one instruction over the group)."""
+    ds = c["group"]
+    i = d["i"]
+    if i == 0:
+        c["bank"][key] = nl.ndarray((M, len(ds) * N), dtype=nl.float32, buffer=nl.psum)
+    ps = c["bank"][key]
+    for t in range(len(prods)):
+        st = prods[t][0]
+        mv = prods[t][1]
+        if prods[t][2] == "tf":
+            nisa.nc_matmul(dst=ps[:, i * N:(i + 1) * N], stationary=_tf(c, st),
+                           moving=_tf(c, mv), accumulate=t > 0)
+        elif prods[t][2] == "01":
+            nisa.nc_matmul(dst=ps[:, i * N:(i + 1) * N], stationary=st, moving=mv,
+                           is_stationary_onezero=True, accumulate=t > 0)
+        else:
+            nisa.nc_matmul(dst=ps[:, i * N:(i + 1) * N], stationary=st, moving=mv,
+                           accumulate=t > 0)
+    return i == len(ds) - 1
+
+
+def _gnew(c, key, P, F):
+    """A new ``[P, heads, F]`` SBUF tile of the group (c["gt"][key]; each head's view in
+    its d[key])."""
+    ds = c["group"]
+    t = nl.ndarray((P, len(ds), F), dtype=nl.float32, buffer=nl.sbuf)
+    c["gt"][key] = t
+    for e in range(len(ds)):
+        ds[e][key] = t[:, e, :]
+    return t
+
+
+def _flat(t):
+    """A ``[P, heads, F]`` tile as ``[P, heads*F]``."""
+    return t.reshape((t.shape[0], t.shape[1] * t.shape[2]))
+
+
+def _rep(t, n):
+    """A ``[P, F]`` constant as the ``[P, n, F]`` operand repeating it for n heads (a zero
+    stride, as in mamba2_ssd/chunk.py)."""
+    return t.ap(pattern=[[t.shape[1], t.shape[0]], [0, n], [1, t.shape[1]]], offset=0)
+
+
+def _cols(t, c):
+    """The group's columns of a per-head ``[P, nh]`` tile: ``[P, heads]``."""
+    j0 = c["group"][0]["j"]
+    return t[:, j0:j0 + len(c["group"])]
+
+
+def _colb(t, c, F):
+    """The group's columns of a per-head ``[P, nh]`` tile, each repeated F times along the
+    free axis: the ``[P, heads, F]`` operand scaling each head's rows (a zero stride, as in
+    mamba2_ssd/chunk.py)."""
+    return t.ap(pattern=[[t.shape[1], t.shape[0]], [1, len(c["group"])], [0, F]],
+                offset=c["group"][0]["j"])
+
+
+def _gT(c, d, key, src, P, F):
+    """Head d's src [P, F]^T into its slice of the group's PSUM bank ``key`` (TensorE,
+    float32 bit-exact); the group's last head evicts the bank once (ScalarE) to an
+    ``[F, heads, P]`` tile and gives each head its view d[key]."""
+    ds = c["group"]
+    n = len(ds)
+    i = d["i"]
+    if i == 0:
+        c["bank"][key] = nl.ndarray((F, n * P), dtype=nl.float32, buffer=nl.psum)
+    ps = c["bank"][key]
+    nisa.nc_transpose(dst=ps[:, i * P:(i + 1) * P], data=src, engine=nisa.engine.tensor)
+    if i == n - 1:
+        out = nl.ndarray((F, n, P), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=out.reshape((F, n * P)), src=ps, engine=nisa.engine.scalar)
+        for e in range(n):
+            ds[e][key] = out[:, e, :]
+
+
+def _r_transpose(c, d, grads):
+    """T^T (and in the forward recompute T to tstore)."""
+    if d["i"] == 0:
+        _gscaled(c, "bv", c["x"]["v"], c["x"]["beta"], c["V"])
         if not grads:
-            _t_store(c, d)
-    elif name == "rhs":
-        _r_rhs(c, d)
-    elif name == "state":
-        _state_update(c, d)
-    elif name == "round":
-        _r_doubling(c, d, arg)
-    else:
-        _grad_phase(c, d, arg)
+            _gscaled(c, "kd", c["x"]["k"], c["ch"]["el"], c["K"])
+    _gT(c, d, "TT", d["T"], c["C"], c["C"])
+    if not grads:
+        _t_store(c, d)
 
 
 def _t_view(c, d):
@@ -444,62 +641,42 @@ def _t_load(c, d):
     nisa.dma_copy(dst=d["T"], src=_t_view(c, d))
 
 
-def _grad_phase(c, d, q):
-    """Backward phase q (0..10) of head d (module docstring): the gradient operands (q^T,
-    masked decays, QKD), then dvn, z, transposes, dP, dA, the state products, dq / dk,
-    dbeta, dg, dh (c["dS"]'s columns of the head become the entry state's gradient)."""
-    if q == 0:
-        _r_grad_operands(c, d)
-    elif q == 1:
-        _g_dvn(c, d)
-    elif q == 2:
-        _g_z(c, d)
-    elif q == 3:
-        _g_transposes(c, d)
-    elif q == 4:
-        _g_dp(c, d)
-    elif q == 5:
-        _g_da(c, d)
-    elif q == 6:
-        _g_state_products(c, d)
-    elif q == 7:
-        _g_dq_dk(c, d)
-    elif q == 8:
-        _g_dbeta(c, d)
-    elif q == 9:
-        _g_dg(c, d)
-    else:
-        _g_dh(c, d)
-
-
-def _r_operands(c, d):
-    """k, k^T and gU[m, i] = g_m (m <= i) of head d["j"]."""
+def _r_operands(c, d, grads):
+    """k, k^T and gU[m, i] = g_m (m <= i) of head d["j"]; T from tstore (the backward)."""
     C, K, j = c["C"], c["K"], d["j"]
     d["k"] = c["x"]["k"][:, j * K:(j + 1) * K]
     d["beta"] = c["x"]["beta"][:, j:j + 1]
-    d["kT"] = _transpose(d["k"], C, K)
+    _gT(c, d, "kT", d["k"], C, K)
     d["gU"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=d["gU"], op=nl.copy, data=c["cst"]["tri_up"],
                     scale=c["x"]["g"][:, j:j + 1])
+    if grads:
+        _t_load(c, d)
 
 
-def _r_decay(c, d):
-    """D[i, j] = exp(seg(j, i]) from direct segment sums (fp32 matmul with a 0/1 operator),
-    Dl its strictly lower part, KKD = (k k^T) Dl."""
+def _r_decay_a(c, d, arg):
+    """D[i, j] = exp(seg(j, i]) from direct segment sums (fp32 matmul with a 0/1 operator;
+    the exp evicts the group's bank)."""
+    C = c["C"]
+    _gmm(c, d, "D", d["gU"], c["cst"]["tri_lo"], C, C, tf=False, op=nl.exp)
+
+
+def _r_decay_b(c, d, arg):
+    """Dl, the strictly lower part of D ([i, j], i > j), and KKD = (k k^T) Dl: one GpSimd
+    and one VectorE instruction for the group."""
     C, cst = c["C"], c["cst"]
-    D = mm(d["gU"], cst["tri_lo"], C, C)
-    nisa.activation(dst=D, op=nl.exp, data=D)
-    d["D"] = D
-    d["Dl"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)       # [i, j], i > j
-    nisa.tensor_tensor(dst=d["Dl"], data1=D, data2=cst["tri_lo"],
-                       op=nl.multiply, engine=nisa.engine.gpsimd)
-    kk = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=kk, stationary=d["kT"], moving=d["kT"], accumulate=False)
-    d["KKD"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=d["KKD"], data1=kk, data2=d["Dl"], op=nl.multiply)
+    n = len(c["group"])
+    if d["i"] == 0:
+        Dl = _gnew(c, "Dl", C, C)
+        nisa.tensor_tensor(dst=Dl, data1=c["gt"]["D"], data2=_rep(cst["tri_lo"], n),
+                           op=nl.multiply, engine=nisa.engine.gpsimd)
+    if _bank(c, d, "kk", [(d["kT"], d["kT"], "tf")], C, C):
+        KKD = _gnew(c, "KKD", C, C)
+        nisa.tensor_tensor(dst=_flat(KKD), data1=c["bank"]["kk"], data2=_flat(c["gt"]["Dl"]),
+                           op=nl.multiply)
 
 
-def _r_solve_setup(c, d):
+def _r_solve_setup(c, d, arg):
     """A = beta_i KKD; N = -A_bd (the 32-row diagonal blocks), N^T, T = I + N."""
     C, cst = c["C"], c["cst"]
     d["A"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
@@ -508,98 +685,131 @@ def _r_solve_setup(c, d):
     nisa.scalar_tensor_tensor(dst=N, data=d["A"], op0=nl.multiply, operand0=-1.0,
                               op1=nl.multiply, operand1=cst["bd"])
     d["N"] = N
-    d["NT"] = _transpose(N, C, C)
     d["T"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=d["T"], data1=N, data2=cst["ident"], op=nl.add)
+    _gT(c, d, "NT", N, C, C)
 
 
-def _r_doubling(c, d, rnd):
-    """Round rnd of the doubling: T <- (I + N^{2^(rnd+1)}) T (N^2 kept while needed)."""
+def _r_doubling_a(c, d, rnd):
+    """Round rnd of the doubling, its products: (N^2)^T = N^T N^T and N^2 (while needed)."""
     C = c["C"]
-    N2T = mm(d["N"], d["NT"], C, C)                 # (N^2)^T = N^T N^T
+    _gmm(c, d, "N2T", d["N"], d["NT"], C, C)
     if 4 << rnd < BLOCK:
-        d["N"] = mm(d["NT"], d["N"], C, C)          # N^2
-    d["NT"] = N2T
-    d["T"] = _plus_product(N2T, d["T"], C, nl.add)
+        _gmm(c, d, "N", d["NT"], d["N"], C, C)
 
 
-def _r_blocks(c, d):
-    """M = Tb A_off and M^T (A_off: A outside the diagonal blocks)."""
+def _r_doubling_b(c, d, rnd):
+    """T <- (I + N^{2^(rnd+1)}) T."""
+    d["NT"] = d["N2T"]
+    _gplus(c, d, "T", d["N2T"], d["T"], c["C"])
+
+
+def _r_blocks_a(c, d, arg):
+    """-A_off (A outside the diagonal blocks, negated) and Tb^T."""
     C = c["C"]
-    Aoff = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=Aoff, data1=d["A"], data2=c["cst"]["off"],
+    d["nAoff"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=d["nAoff"], data1=d["A"], data2=c["cst"]["noff"],
                        op=nl.multiply, engine=nisa.engine.gpsimd)
-    TbT = _transpose(d["T"], C, C)
-    d["M"] = mm(TbT, Aoff, C, C)
-    d["MT"] = mm(Aoff, TbT, C, C)
+    _gT(c, d, "TbT", d["T"], C, C)
 
 
-def _r_substitute(c, d):
-    """T = (I - M)(I + M^2) Tb (M^2 = 0 with 2 blocks)."""
+def _r_blocks_b(c, d, arg):
+    """-M = -Tb A_off and -M^T."""
+    C = c["C"]
+    _gmm(c, d, "nM", d["TbT"], d["nAoff"], C, C)
+    _gmm(c, d, "nMT", d["nAoff"], d["TbT"], C, C)
+
+
+def _r_substitute_a(c, d, arg):
+    """M^2 = (-M)(-M) (C > 64; M^2 = 0 with 2 blocks)."""
     C = c["C"]
     if C > 2 * BLOCK:
-        d["T"] = _plus_product(mm(d["M"], d["MT"], C, C), d["T"], C, nl.add)
-    d["T"] = _plus_product(d["MT"], d["T"], C, nl.subtract)
+        _gmm(c, d, "M2", d["nM"], d["nMT"], C, C)
 
 
-def _r_rhs(c, d):
+def _r_substitute_b(c, d, arg):
+    """T <- (I + M^2) Tb."""
+    C = c["C"]
+    if C > 2 * BLOCK:
+        _gplus(c, d, "T", d["M2"], d["T"], C)
+
+
+def _r_substitute_c(c, d, arg):
+    """T <- (I - M) T."""
+    _gplus(c, d, "T", d["nMT"], d["T"], c["C"])
+
+
+def _r_rhs(c, d, arg):
     """r = beta (v - e^c (k h))."""
     C, V, j = c["C"], c["V"], d["j"]
     ps = nl.ndarray((C, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=d["kT"], moving=c["S"][:, j * V:(j + 1) * V],
+    nisa.nc_matmul(dst=ps, stationary=_tf(c, d["kT"]), moving=_tf(c, c["S"][:, j * V:(j + 1) * V]),
                    accumulate=False)
     d["r"] = nl.ndarray((C, V), dtype=nl.float32, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=d["r"], data=ps, op0=nl.multiply,
                               operand0=c["ch"]["nbec"][:, j:j + 1], op1=nl.add,
-                              operand1=_scaled(c["x"]["v"][:, j * V:(j + 1) * V], d["beta"],
-                                               C, V))
+                              operand1=d["bv"])
 
 
-def _r_grad_operands(c, d):
-    """q, q^T, Di (D, i >= j), DTi ([j, i] layout, i >= j), QKD = (q k^T) Di."""
+def _r_grad_operands_a(c, d, arg):
+    """q, q^T, Di (D, i >= j), DT = exp of the [j, i] segment sums."""
     C, K, j, cst = c["C"], c["K"], d["j"], c["cst"]
+    if d["i"] == 0:
+        _row_dot(c, "hs", nisa.engine.vector)
     d["q"] = c["x"]["q"][:, j * K:(j + 1) * K]
-    d["qT"] = _transpose(d["q"], C, K)
-    d["Di"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=d["Di"], data1=d["D"], data2=cst["tri_li"],
-                       op=nl.multiply, engine=nisa.engine.gpsimd)
-    DT = mm(cst["tri_lo"], d["gU"], C, C)
-    nisa.activation(dst=DT, op=nl.exp, data=DT)
-    nisa.tensor_tensor(dst=DT, data1=DT, data2=cst["tri_up"],
-                       op=nl.multiply, engine=nisa.engine.gpsimd)
-    d["DTi"] = DT
-    qk = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=qk, stationary=d["qT"], moving=d["kT"], accumulate=False)
-    d["QKD"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=d["QKD"], data1=qk, data2=d["Di"], op=nl.multiply)
+    _gT(c, d, "qT", d["q"], C, K)
+    if d["i"] == 0:
+        Di = _gnew(c, "Di", C, C)
+        nisa.tensor_tensor(dst=Di, data1=c["gt"]["D"], data2=_rep(cst["tri_li"], len(c["group"])),
+                           op=nl.multiply, engine=nisa.engine.gpsimd)
+    _gmm(c, d, "DT", cst["tri_lo"], d["gU"], C, C, tf=False, op=nl.exp)
 
 
-def _state_update(c, d):
-    """h' = e^{c_L} h + (e^{c_L - c} k)^T vn, vn = T r, into S (head d["j"]'s columns)."""
+def _r_grad_operands_b(c, d, arg):
+    """DTi ([j, i] layout, i >= j), QKD = (q k^T) Di."""
+    C, cst = c["C"], c["cst"]
+    if d["i"] == 0:
+        DTi = _gnew(c, "DTi", C, C)
+        nisa.tensor_tensor(dst=DTi, data1=c["gt"]["DT"], data2=_rep(cst["tri_up"], len(c["group"])),
+                           op=nl.multiply, engine=nisa.engine.gpsimd)
+    if _bank(c, d, "qk", [(d["qT"], d["kT"], "tf")], C, C):
+        QKD = _gnew(c, "QKD", C, C)
+        nisa.tensor_tensor(dst=_flat(QKD), data1=c["bank"]["qk"], data2=_flat(c["gt"]["Di"]),
+                           op=nl.multiply)
+
+
+def _state_update_a(c, d, arg):
+    """vn = T r."""
+    _gmm(c, d, "vn", d["TT"], d["r"], c["C"], c["V"])
+
+
+def _state_update_b(c, d, arg):
+    """h' = e^{c_L} h + (e^{c_L - c} k)^T vn, into S (head d["j"]'s columns)."""
     C, K, V, j, ch = c["C"], c["K"], c["V"], d["j"], c["ch"]
-    vn = mm(d["TT"], d["r"], C, V)
-    kd = _scaled(d["k"], ch["el"][:, j:j + 1], C, K)
+    vn = d["vn"]
+    kd = d["kd"]
     ps = nl.ndarray((K, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=kd, moving=vn, accumulate=False)
+    nisa.nc_matmul(dst=ps, stationary=_tf(c, kd), moving=_tf(c, vn), accumulate=False)
     Sh = c["S"][:, j * V:(j + 1) * V]
     nisa.scalar_tensor_tensor(dst=Sh, data=Sh, op0=nl.multiply, operand0=ch["ecL"][:, j:j + 1],
                               op1=nl.add, operand1=ps)
 
 
-def _plus_product(st, X, C, op):
-    """X op st^T X ([C, C]; op add or subtract), the product through PSUM."""
-    ps = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=st, moving=X, accumulate=False)
-    out = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=out, data1=X, data2=ps, op=op)
-    return out
+def _tf(c, t):
+    """t as a TensorE operand: its tfloat32 view for bf16 callers (c["fast"]), else itself
+    (chunk_utils.tf32_view)."""
+    return tf32_view(t, c["fast"])
 
 
-def _neg(col, C):
-    """-col ([C, 1])."""
-    t = nl.ndarray((C, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=t, data=col, op0=nl.multiply, operand0=-1.0)
-    return t
+def _gscaled(c, key, a, col, w):
+    """The group's columns of a ``[C, nh*w]`` times each head's per-row column of col
+    ``[C, nh]``: a new group tile ``key`` ``[C, heads, w]``, one GpSimd instruction (it
+    reads only the chunk's inputs, so it runs ahead of the group's chains)."""
+    n = len(c["group"])
+    j0 = c["group"][0]["j"]
+    t = _gnew(c, key, c["C"], w)
+    nisa.tensor_tensor(dst=t, data1=a[:, j0 * w:(j0 + n) * w].reshape((c["C"], n, w)),
+                       data2=_colb(col, c, w), op=nl.multiply, engine=nisa.engine.gpsimd)
 
 
 def _scaled(a, col, C, w):
@@ -609,148 +819,208 @@ def _scaled(a, col, C, w):
     return t
 
 
-def _g_dvn(c, d):
-    """vn^T = (T r)^T and dvn = QKD^T do + e^{c_L - c} (k dh')."""
+def _g_dvn_a(c, d, arg):
+    """vn^T = (T r)^T and QKD^T do."""
     C, V, j = c["C"], c["V"], d["j"]
-    d["vnT"] = mm(d["r"], d["TT"], V, C)
     d["do"] = c["x"]["do"][:, j * V:(j + 1) * V]
     d["dSh"] = c["dS"][:, j * V:(j + 1) * V]
     d["h"] = c["S"][:, j * V:(j + 1) * V]
+    _gmm(c, d, "vnT", d["r"], d["TT"], V, C)
+    _gmm(c, d, "pa", d["QKD"], d["do"], C, V)
+
+
+def _g_dvn_b(c, d, arg):
+    """dvn = QKD^T do + e^{c_L - c} (k dh')."""
+    C, V, j = c["C"], c["V"], d["j"]
     pk = nl.ndarray((C, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pk, stationary=d["kT"], moving=d["dSh"], accumulate=False)
-    pa = mm(d["QKD"], d["do"], C, V)
+    nisa.nc_matmul(dst=pk, stationary=_tf(c, d["kT"]), moving=_tf(c, d["dSh"]), accumulate=False)
     d["dvn"] = nl.ndarray((C, V), dtype=nl.float32, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=d["dvn"], data=pk, op0=nl.multiply,
-                              operand0=c["ch"]["el"][:, j:j + 1], op1=nl.add, operand1=pa)
+                              operand0=c["ch"]["el"][:, j:j + 1], op1=nl.add, operand1=d["pa"])
 
 
-def _g_z(c, d):
-    """z = T^T dvn, z^T, dv = beta z."""
-    C, V, j = c["C"], c["V"], d["j"]
-    d["z"] = mm(d["T"], d["dvn"], C, V)
-    d["zT"] = mm(d["dvn"], d["T"], V, C)
-    nisa.activation(dst=c["out"]["dv"][:, j * V:(j + 1) * V], op=nl.copy, data=d["z"],
+def _g_z(c, d, arg):
+    """z = T^T dvn, z^T."""
+    C, V = c["C"], c["V"]
+    _gmm(c, d, "z", d["T"], d["dvn"], C, V)
+    _gmm(c, d, "zT", d["dvn"], d["T"], V, C)
+
+
+def _g_transposes(c, d, arg):
+    """dv = beta z; do^T, h^T, dh'^T."""
+    C, K, V, j = c["C"], c["K"], c["V"], d["j"]
+    if d["i"] == 0:
+        _row_dot(c, "vz", nisa.engine.vector)
+    nisa.activation(dst=_gtile(c, d, "dv", C, V), op=nl.copy, data=d["z"],
                     scale=d["beta"])
+    _gT(c, d, "doT", d["do"], C, V)
+    _gT(c, d, "hT", d["h"], K, V)
+    _gT(c, d, "dST", d["dSh"], K, V)
 
 
-def _g_transposes(c, d):
-    """do^T, h^T, dh'^T."""
-    C, K, V = c["C"], c["K"], c["V"]
-    d["doT"] = _transpose(d["do"], C, V)
-    d["hT"] = _transpose(d["h"], K, V)
-    d["dST"] = _transpose(d["dSh"], K, V)
-
-
-def _g_dp(c, d):
+def _g_dp(c, d, arg):
     """dP = do vn^T masked by D: dPD [i, j], dPDT [j, i]; G = dP QKD (the attention part of
     the decays' gradient)."""
     C = c["C"]
-    pp = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pp, stationary=d["doT"], moving=d["vnT"], accumulate=False)
-    d["dPD"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=d["dPD"], data1=pp, data2=d["Di"], op=nl.multiply)
-    d["G"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=d["G"], data1=pp, data2=d["QKD"], op=nl.multiply)
-    ppt = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ppt, stationary=d["vnT"], moving=d["doT"], accumulate=False)
-    d["dPDT"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=d["dPDT"], data1=ppt, data2=d["DTi"], op=nl.multiply)
+    if _bank(c, d, "pp", [(d["doT"], d["vnT"], "tf")], C, C):
+        pp, gt = c["bank"]["pp"], c["gt"]
+        nisa.tensor_tensor(dst=_flat(_gnew(c, "dPD", C, C)), data1=pp, data2=_flat(gt["Di"]),
+                           op=nl.multiply)
+        nisa.tensor_tensor(dst=_flat(_gnew(c, "G", C, C)), data1=pp, data2=_flat(gt["QKD"]),
+                           op=nl.multiply)
+    if _bank(c, d, "ppt", [(d["vnT"], d["doT"], "tf")], C, C):
+        nisa.tensor_tensor(dst=_flat(_gnew(c, "dPDT", C, C)), data1=c["bank"]["ppt"],
+                           data2=_flat(c["gt"]["DTi"]), op=nl.multiply)
 
 
-def _g_da(c, d):
+def _g_da_a(c, d, arg):
+    """z vn^T."""
+    _gmm(c, d, "zv", d["zT"], d["vnT"], c["C"], c["C"])
+
+
+def _g_da_b(c, d, arg):
     """dA = -z vn^T (strictly lower): W1 = (z vn^T) KKD, E = dA beta D and E^T, G -= beta W1
     (dA A)."""
-    C = c["C"]
-    zv = mm(d["zT"], d["vnT"], C, C)
-    d["W1"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=d["W1"], data1=zv, data2=d["KKD"],
-                       op=nl.multiply, engine=nisa.engine.gpsimd)
+    C, j = c["C"], d["j"]
+    zv = d["zv"]
+    if d["i"] == 0:
+        gt = c["gt"]
+        W1 = _gnew(c, "W1", C, C)
+        nisa.tensor_tensor(dst=_flat(W1), data1=_flat(gt["zv"]), data2=_flat(gt["KKD"]),
+                           op=nl.multiply, engine=nisa.engine.gpsimd)
+        bW1 = nl.ndarray((C, len(c["group"]), C), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=bW1, data1=W1, data2=_colb(c["x"]["beta"], c, C),
+                           op=nl.multiply)
+        nisa.tensor_tensor(dst=_flat(gt["G"]), data1=_flat(gt["G"]), data2=_flat(bW1),
+                           op=nl.subtract, engine=nisa.engine.gpsimd)
     d["Em"] = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=d["Em"], data=zv, op0=nl.multiply,
-                              operand0=_neg(d["beta"], C), op1=nl.multiply, operand1=d["Dl"])
-    d["ET"] = _transpose(d["Em"], C, C)
-    bW1 = _scaled(d["W1"], d["beta"], C, C)
-    nisa.tensor_tensor(dst=d["G"], data1=d["G"], data2=bW1,
-                       op=nl.subtract, engine=nisa.engine.gpsimd)
+                              operand0=c["ch"]["nbeta"][:, j:j + 1], op1=nl.multiply,
+                              operand1=d["Dl"])
+    _gT(c, d, "ET", d["Em"], C, C)
 
 
-def _g_state_products(c, d):
+def _g_state_products(c, d, arg):
     """e^c do h^T (dq's inter-chunk part), y = z h^T, dkS = e^{c_L - c} vn dh'^T."""
     C, K, j, ch = c["C"], c["K"], d["j"], c["ch"]
     doh = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=doh, stationary=d["doT"], moving=d["hT"], accumulate=False)
-    d["dq_int"] = _scaled(doh, ch["ec"][:, j:j + 1], C, K)
-    d["y"] = mm(d["zT"], d["hT"], C, K)
+    nisa.nc_matmul(dst=doh, stationary=_tf(c, d["doT"]), moving=_tf(c, d["hT"]), accumulate=False)
+    d["dq_int"] = _gtile(c, d, "dq_int", C, K)
+    nisa.activation(dst=d["dq_int"], op=nl.copy, data=doh, scale=ch["ec"][:, j:j + 1])
+    _gmm(c, d, "y", d["zT"], d["hT"], C, K)
     pvs = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pvs, stationary=d["vnT"], moving=d["dST"], accumulate=False)
-    d["dkS"] = _scaled(pvs, ch["el"][:, j:j + 1], C, K)
+    nisa.nc_matmul(dst=pvs, stationary=_tf(c, d["vnT"]), moving=_tf(c, d["dST"]), accumulate=False)
+    d["dkS"] = _gtile(c, d, "dkS", C, K)
+    nisa.activation(dst=d["dkS"], op=nl.copy, data=pvs, scale=ch["el"][:, j:j + 1])
 
 
-def _g_dq_dk(c, d):
+def _g_dq_dk(c, d, arg):
     """dq = e^c do h^T + dPD k; dk = dPD^T q + E k + E^T k + dkS - beta e^c y."""
     C, K, j, out = c["C"], c["K"], d["j"], c["out"]
     k = d["k"]
-    pq = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pq, stationary=d["dPDT"], moving=k, accumulate=False)
-    nisa.tensor_tensor(dst=out["dq"][:, j * K:(j + 1) * K], data1=pq, data2=d["dq_int"],
-                       op=nl.add)
+    ident = c["cst"]["ident"][0:C, 0:C]
+    if _bank(c, d, "pq", [(d["dPDT"], k, "tf"), (ident, d["dq_int"], "01")], C, K):
+        j0 = c["group"][0]["j"]
+        n = len(c["group"])
+        nisa.tensor_copy(dst=_flat(_gnew(c, "dq", C, K)), src=c["bank"]["pq"],
+                         engine=nisa.engine.scalar)
     pkk = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pkk, stationary=d["dPD"], moving=d["q"], accumulate=False)
-    nisa.nc_matmul(dst=pkk, stationary=d["ET"], moving=k, accumulate=True)
-    nisa.nc_matmul(dst=pkk, stationary=d["Em"], moving=k, accumulate=True)
-    dk1 = nl.ndarray((C, K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=dk1, data1=pkk, data2=d["dkS"], op=nl.add)
-    nisa.scalar_tensor_tensor(dst=out["dk"][:, j * K:(j + 1) * K], data=d["y"], op0=nl.multiply,
-                              operand0=c["ch"]["nbec"][:, j:j + 1], op1=nl.add, operand1=dk1)
+    nisa.nc_matmul(dst=pkk, stationary=_tf(c, d["dPD"]), moving=_tf(c, d["q"]), accumulate=False)
+    nisa.nc_matmul(dst=pkk, stationary=_tf(c, d["ET"]), moving=_tf(c, k), accumulate=True)
+    nisa.nc_matmul(dst=pkk, stationary=_tf(c, d["Em"]), moving=_tf(c, k), accumulate=True)
+    nisa.nc_matmul(dst=pkk, stationary=ident, moving=d["dkS"], is_stationary_onezero=True,
+                   accumulate=True)
+    nisa.scalar_tensor_tensor(dst=_gtile(c, d, "dk", C, K), data=d["y"], op0=nl.multiply,
+                              operand0=c["ch"]["nbec"][:, j:j + 1], op1=nl.add, operand1=pkk)
+    if d["i"] == len(c["group"]) - 1:
+        for name in ("dq", "dk", "dv"):
+            _scatter(c, name)
 
 
-def _g_dbeta(c, d):
-    """dbeta = <v, z> - e^c <k, y> - rowsum(W1)."""
-    C, K, V, j = c["C"], c["K"], c["V"], d["j"]
-    d["ky"] = _rowsum(d["k"], d["y"], C, K)
-    vz = _rowsum(c["x"]["v"][:, j * V:(j + 1) * V], d["z"], C, V)
-    w1 = nl.ndarray((C, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=w1, op=nl.add, data=d["W1"], axis=(1,))
-    db = nl.ndarray((C, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=db, data=d["ky"], op0=nl.multiply,
-                              operand0=_neg(c["ch"]["ec"][:, j:j + 1], C), op1=nl.add,
-                              operand1=vz)
-    nisa.tensor_tensor(dst=c["out"]["dbeta"][:, j:j + 1], data1=db, data2=w1, op=nl.subtract)
+def _scatter(c, name):
+    """The group's ``[C, heads*w]`` tile of output ``name`` to its token rows and columns of
+    the program's part (one row per partition)."""
+    out = c["out"]
+    dst = out["hbm"][name]
+    ow = dst.shape[1]
+    t = _flat(c["gt"][name])
+    w = t.shape[1]
+    nisa.dma_copy(dst=dst.ap(pattern=[[ow, c["C"]], [1, w]],
+                             offset=out["base"] * ow + c["group"][0]["j"] * (w // len(c["group"])),
+                             vector_offset=out["rows"], indirect_dim=0), src=t)
 
 
-def _g_dg(c, d):
+def _g_dbeta(c, d, arg):
+    """dbeta = <v, z> - e^c <k, y> - rowsum(W1); the group's row dots first (_row_dots)."""
+    C = c["C"]
+    n = len(c["group"])
+    if d["i"] > 0:
+        return
+    _gscaled(c, "eq", c["x"]["q"], c["ch"]["ec"], c["K"])
+    _gscaled(c, "bek", c["x"]["k"], c["ch"]["nbec"], c["K"])
+    _row_dot(c, "ky", nisa.engine.vector)
+    _row_dot(c, "qdq", nisa.engine.vector)
+    _row_dot(c, "kS", nisa.engine.vector)
+    rd = c["rd"]
+    w1 = nl.ndarray((C, n), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=w1, op=nl.add, data=c["gt"]["W1"], axis=(2,))
+    db = nl.ndarray((C, n), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=db, data1=rd["ky"], data2=_cols(c["ch"]["nec"], c), op=nl.multiply)
+    nisa.tensor_tensor(dst=db, data1=db, data2=rd["vz"], op=nl.add)
+    nisa.tensor_tensor(dst=_cols(c["out"]["dbeta"], c), data1=db, data2=w1, op=nl.subtract)
+
+
+def _g_dg_a(c, d, arg):
     """dg_m = sum_{i >= m} X_i + sum_{j < m} Q_j + e^{c_L} <dh', h> + sum_{i >= m > j} G[i, j]
     (module docstring): the straddling pairs of G summed directly, never rowsum G - colsum G
     reverse-summed (that cancels the pairs inside [m, C) and loses the small straddling
-    ones under strong decays); X = <q, e^c do h^T> - beta e^c <k, y>, Q = <k, dkS>."""
-    C, K, V, j, cst, ch = c["C"], c["K"], c["V"], d["j"], c["cst"], c["ch"]
-    X = _rowsum(d["q"], d["dq_int"], C, K)
-    nisa.scalar_tensor_tensor(dst=X, data=d["ky"], op0=nl.multiply,
-                              operand0=ch["nbec"][:, j:j + 1], op1=nl.add, operand1=X)
-    kS = _rowsum(d["k"], d["dkS"], C, K)
-    hs = _rowsum(d["dSh"], d["h"], K, V)
-    nisa.tensor_tensor(dst=hs, data1=hs, data2=ch["ecL"][:, j:j + 1], op=nl.multiply)
-    GT = _transpose(d["G"], C, C)
-    ps = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ps, stationary=GT, moving=cst["tri_su"], accumulate=False)
-    Hm = nl.ndarray((C, C), dtype=nl.float32, buffer=nl.sbuf)      # [i, m]: sum_{j < m} G
-    nisa.tensor_tensor(dst=Hm, data1=ps, data2=cst["tri_li"], op=nl.multiply)
-    pg = nl.ndarray((C, 1), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pg, stationary=cst["tri_li"], moving=X, accumulate=False)
-    nisa.nc_matmul(dst=pg, stationary=cst["tri_su"], moving=kS, accumulate=True)
-    nisa.nc_matmul(dst=pg, stationary=cst["ones"][0:K, 0:C], moving=hs, accumulate=True)
-    nisa.nc_matmul(dst=pg, stationary=Hm, moving=cst["ones"][0:C, 0:1], accumulate=True)
-    nisa.tensor_copy(dst=c["out"]["dg"][:, j:j + 1], src=pg, engine=nisa.engine.vector)
+    ones under strong decays); X = <q, e^c do h^T> - beta e^c <k, y>, Q = <k, dkS> (the
+    group's [C, heads] columns, from _row_dots); then G^T."""
+    C, ch = c["C"], c["ch"]
+    if d["i"] == 0:
+        rd = c["rd"]
+        n = len(c["group"])
+        X = nl.ndarray((C, n), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=X, data1=rd["ky"], data2=_cols(ch["nbec"], c), op=nl.multiply)
+        nisa.tensor_tensor(dst=X, data1=X, data2=rd["qdq"], op=nl.add)
+        hs = nl.ndarray((c["K"], n), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=hs, data1=rd["hs"], data2=_cols(ch["ecL"], c), op=nl.multiply)
+        rd["X"] = X
+        rd["hsL"] = hs
+    _gT(c, d, "GT", d["G"], C, C)
 
 
-def _g_dh(c, d):
+def _g_dg_b(c, d, arg):
+    """dg of the group: per head the straddling sums Hm[i, m] = sum_{j < m} G[i, j] (i >= m;
+    G^T against tri_su, float32) summed over i, then the group's X, Q and state terms
+    (one matmul each over the group's columns), one eviction."""
+    C, K, cst = c["C"], c["K"], c["cst"]
+    if not _bank(c, d, "Hps", [(d["GT"], cst["tri_su"], "fp32")], C, C):
+        return
+    n = len(c["group"])
+    ds = c["group"]
+    rd = c["rd"]
+    Hm = _gnew(c, "Hm", C, C)                       # [i, m]: sum_{j < m} G, i >= m
+    nisa.tensor_tensor(dst=Hm, data1=c["bank"]["Hps"].reshape((C, n, C)),
+                       data2=_rep(cst["tri_li"], n), op=nl.multiply)
+    pg = nl.ndarray((C, n), dtype=nl.float32, buffer=nl.psum)
+    for e in range(n):
+        nisa.nc_matmul(dst=pg[:, e:e + 1], stationary=ds[e]["Hm"], moving=cst["ones"][0:C, 0:1],
+                       accumulate=False)
+    nisa.nc_matmul(dst=pg, stationary=cst["tri_li"], moving=rd["X"], accumulate=True)
+    nisa.nc_matmul(dst=pg, stationary=cst["tri_su"], moving=rd["kS"], accumulate=True)
+    nisa.nc_matmul(dst=pg, stationary=cst["ones"][0:K, 0:C], moving=rd["hsL"], accumulate=True)
+    nisa.tensor_copy(dst=_cols(c["out"]["dg"], c), src=pg, engine=nisa.engine.vector)
+
+
+def _g_dh(c, d, arg):
     """dh = e^{c_L} dh' + (e^c q)^T do - (beta e^c k)^T z, into dS (after every reader of
     this head's dh')."""
     C, K, V, j, ch = c["C"], c["K"], c["V"], d["j"], c["ch"]
-    eq = _scaled(d["q"], ch["ec"][:, j:j + 1], C, K)
-    bek = _scaled(d["k"], ch["nbec"][:, j:j + 1], C, K)
+    eq = d["eq"]
+    bek = d["bek"]
     ph = nl.ndarray((K, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=ph, stationary=eq, moving=d["do"], accumulate=False)
-    nisa.nc_matmul(dst=ph, stationary=bek, moving=d["z"], accumulate=True)
+    nisa.nc_matmul(dst=ph, stationary=_tf(c, eq), moving=_tf(c, d["do"]), accumulate=False)
+    nisa.nc_matmul(dst=ph, stationary=_tf(c, bek), moving=_tf(c, d["z"]), accumulate=True)
     nisa.scalar_tensor_tensor(dst=d["dSh"], data=d["dSh"], op0=nl.multiply,
                               operand0=ch["ecL"][:, j:j + 1], op1=nl.add, operand1=ph)

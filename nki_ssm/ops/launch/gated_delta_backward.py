@@ -85,6 +85,12 @@ def backward(**kw):
     return backward_call(NUMPY, host_call(backend), **kw)
 
 
+def _fast(q):
+    """tfloat32 TensorE operands for 16-bit callers (their 5e-3 gradient budget), float32
+    for float32 callers (1e-5)."""
+    return np.dtype(q.dtype).itemsize < 4
+
+
 def _l2norm(xp, x):
     """(x / n, n) with n = sqrt(sum x^2 + eps) over the last axis."""
     n = xp.sqrt(xp.sum(x * x, -1, keepdims=True) + L2NORM_EPS)
@@ -159,7 +165,8 @@ def backward_call(xp, call, *, q, k, v, do, g, beta, a, b, A_log, dt_bias, scale
                              num_seqs_bucket=Nb)
     dq, dk, dv, dg, dbeta, d_init = call(backward_kernel(), tokens(qe, K), tokens(ke, K),
                                  tokens(v, V), tokens(do, V), tokens(gf, 1), tokens(bf, 1),
-                                 h0, d_final, *(xp.table(t) for t in tables), C)
+                                 h0, d_final, *(xp.table(t) for t in tables), C,
+                                 _fast(q))
 
     def heads(x, w):
         return _column_major(xp, x, n)[:T].reshape(T, HVp, w)[:, :HV]
