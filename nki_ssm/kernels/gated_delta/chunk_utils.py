@@ -43,7 +43,9 @@ def table_rows(table, r, C, plus):
     return t
 
 
-INPUTS = ("q", "k", "v", "g", "beta")
+# in the order the chunk's first jobs read them: the transposes k and q, the decays g and beta,
+# the right-hand sides v (so the first jobs start while v is still in flight)
+INPUTS = ("k", "q", "g", "beta", "v")
 
 
 def gather_chunk(buf, io, table, r, plus, C):
