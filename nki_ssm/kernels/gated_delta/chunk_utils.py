@@ -102,6 +102,12 @@ def constants(C, K, mdt):
             nisa.tensor_copy(dst=cst["cIb"][q0:q0 + BLOCK, b, :],
                              src=cst["ident"][0:BLOCK, 0:BLOCK])
         nisa.memset(dst=cst["bd"][q0:q0 + BLOCK, h, :], value=1.0)
+    # the block-row selections sel [(b, m), j, p] = [p == 32 j + m] (float32): a 32-row row
+    # tile of it moves a block row b to head j's quadrant (chunk_block_solve._place_off_tensor)
+    cst["sel"] = nl.ndarray((128, nq, 128), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=cst["sel"], value=0.0)
+    for j in range(nq):
+        nisa.tensor_copy(dst=cst["sel"][:, j, j * BLOCK:(j + 1) * BLOCK], src=cst["cIb"][:, 0, :])
     return cst
 
 
@@ -167,18 +173,20 @@ def qk_transposes(kc, qc, h, L, K, fast):
     return d
 
 
-def qk_products(cst, d, L):
+def qk_products(cst, d, L, mask="kkq_mask"):
     """The masked products of a q/k head (into ``d``): kk[j, i] = k_j . k_i (j < i) and
     kq[j, i] = k_j . q_i (j <= i), float32, both in [j, i] layout, from one matmul and one
-    masked eviction (k^T against [k^T | q^T]). The masks ride on the eviction, so no decay
-    matrix needs one."""
+    masked eviction (k^T against [k^T | q^T]), also as ``d["kkq"]`` ``[L, 2, L]``. The masks
+    (cst[mask]: kkq_mask, or kkq_mask_s with the output scale on the kq half) ride on the
+    eviction, so no decay matrix needs one."""
     K = d["kqT"].shape[0]
     ps = nl.ndarray((L, 2 * L), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=ps, stationary=tf32_view(d["kT"], d["fast"]),
                    moving=tf32_view(d["kqT"].reshape((K, 2 * L)), d["fast"]), accumulate=False)
     kkq = nl.ndarray((L, 2, L), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=kkq.reshape((L, 2 * L)), data1=ps,
-                       data2=cst["kkq_mask"][0:L, :, 0:L].reshape((L, 2 * L)), op=nl.multiply)
+                       data2=cst[mask][0:L, :, 0:L].reshape((L, 2 * L)), op=nl.multiply)
+    d["kkq"] = kkq
     d["kk"] = kkq[:, 0, :]
     d["kq"] = kkq[:, 1, :]
 
@@ -191,7 +199,7 @@ def head_gu(gU, cst, g, hv, L):
 
 def group_decay(cst, ds, gU, L):
     """DT[j, i] = e^{seg(j, i]} ([j, i] layout; 1 where j >= i) of each head of a group (into
-    ``ds``) from direct segment sums seg(j, i] = sum_{j < m <= i} g_m (an fp32 matmul with a
+    ``ds``; returned as ``[L, heads, L]``) from direct segment sums seg(j, i] = sum_{j < m <= i} g_m (an fp32 matmul with a
     0/1 operator), never c_i - c_j of two running sums (that cancels): the heads' gU side
     by side (``[L, heads, L]``, one PSUM bank for 4 heads at L = 128), so one matmul and
     one exp serve the group."""
@@ -200,6 +208,7 @@ def group_decay(cst, ds, gU, L):
     DT = DT.reshape((L, nh, L))
     for i in range(nh):
         ds[i]["DT"] = DT[:, i, :]
+    return DT
 
 
 def head_at(qk, d, beta, hv, L):
