@@ -233,7 +233,7 @@ from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
 from nki_ssm.kernels.gated_delta.chunk_pipeline import run_body
-from nki_ssm.kernels.gated_delta.chunk_block_solve import solve_tiles, zero_solve
+from nki_ssm.kernels.gated_delta.chunk_block_solve import selections, solve_tiles, zero_solve
 from nki_ssm.kernels.gated_delta.chunk_utils import (constants, few_groups, head_groups,
                                                      rows_view, state_block, table_rows)
 from nki_ssm.kernels.scaffold import (at_row, destination, for_each_row, lnc_grid,
@@ -278,11 +278,13 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, body_rows, bo
         mdt = nl.bfloat16
     cst = constants(C, K, mdt)
     if not win["few"]:
-        # [tri_su | scale tri_up]: M^T takes the output scale from the kq eviction
+        # [tri_su | scale tri_up]: M^T takes the output scale from the kq eviction; the
+        # selections that place the solve's off-diagonal blocks by TensorE
         cst["kkq_mask_s"] = nl.ndarray((C, 2, C), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_copy(dst=cst["kkq_mask_s"][:, 0, :], src=cst["tri_su"])
         nisa.tensor_scalar(dst=cst["kkq_mask_s"][:, 1, :], data=cst["tri_up"], op0=nl.multiply,
                            operand0=scale)
+        selections(cst)
     compact = compact_inputs(H, win["HV"], bf16)
     nsub = chunks_per_iteration(HV, compact)
     # the packed solve's tiles, one set per chunk of a body and head group, zeroed once: the

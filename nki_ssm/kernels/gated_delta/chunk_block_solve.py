@@ -68,6 +68,18 @@ def solve_place(ATs, L, tiles, diag, off, off_dma=False, sel=None, tf=False):
                          src=pso[i], engine=nisa.engine.scalar)
 
 
+def selections(cst):
+    """The block-row selections cst["sel"] ``[128, PACK, 128]`` float32, sel[(b, m), j, p] =
+    [p == 32 j + m] (from the compact identity cst["cIb"]): a 32-row row tile of it, at the
+    partitions of block row b, moves that block row to head j's quadrant
+    (_place_off_tensor)."""
+    nq = cst["cIb"].shape[1]
+    cst["sel"] = nl.ndarray((128, nq, 128), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=cst["sel"], value=0.0)
+    for j in range(nq):
+        nisa.tensor_copy(dst=cst["sel"][:, j, j * BLOCK:(j + 1) * BLOCK], src=cst["cIb"][:, 0, :])
+
+
 def _place_off_tensor(AT, j, b, nblk, sel, pso, tf):
     """The off-diagonal blocks (b, c > b) of head j's A^T into the PSUM slots ``pso`` (4 per
     bank) by TensorE: one 32-row row-tile matmul per block with the selection

@@ -11,8 +11,8 @@ from nki_ssm.kernels.gated_delta.chunk_block_solve import (block_rows, pack_rhs,
                                                            solve_rhs_block, solve_round,
                                                            solve_setup, solve_update)
 from nki_ssm.kernels.gated_delta.chunk_state_rhs import (group_at_mt, group_beta_decay,
-                                                          group_kd, group_oq, group_out, head_kd, head_mt, head_oq,
-                                                          head_out, head_rhs, head_state)
+                                                          group_kd, head_oq, head_out, head_rhs,
+                                                          head_state)
 from nki_ssm.kernels.gated_delta.chunk_wy import (group_out_wy, group_wy, head_qd, head_rhs_wy,
                                                   head_state_wy)
 from nki_ssm.kernels.gated_delta.chunk_utils import (BLOCK, exp_of_mm, gather_chunk,
@@ -25,12 +25,6 @@ from nki_ssm.kernels.scaffold import row_cells
 
 _CHUNK_STEP = 6       # steps between the starts of a body's chunks (chunk_stride)
 _ONE_GROUP_STEP = 2   # ... with one head group and compact tiles: the whole body in flight
-_MERGE = True
-_KD = True
-_OQ = False
-_KD_EARLY = True
-_OUT = True
-_DTB_ENGINE = "gpsimd"
 _FIRST_LEAD = 2       # extra steps chunk 0 runs alone in a body of 4 or more chunks (_body_plan)
 
 
@@ -256,7 +250,9 @@ def _group_jobs(few, L):
         if not few and b == min(1, nblk - 1):
             jobs.append("oq")
             jarg.append(0)
-    tail = ["post_ops", "out", "state"]
+    # >= 8 groups: M^T comes with A^T (group_at_mt) and kd in the place job; one step of
+    # slack before the outputs, for the SBUF-to-SBUF DMAs that unpack the last block's solution
+    tail = ["slack", "out", "state"]
     if few:
         tail = ["post_ops", "wy", "out", "state"]
     for name in tail:
@@ -298,7 +294,7 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, K, 
             d = qk[str(qk_of[hv])]
             if d["group"] == u and d.get("kk") == None:  # noqa: E711 (once per q/k head)
                 mask = "kkq_mask_s"     # the output scale on the kq half (group_at_mt)
-                if few or not _MERGE:
+                if few:
                     mask = "kkq_mask"
                 qk_products(cst, d, L, mask)
     elif job == "gu":
@@ -307,15 +303,16 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, K, 
             head_gu(gdat[key]["gU"][:, i, :], cst, buf["g"], hvs[i], L)
     elif job == "decay":
         gdat[key]["DT"] = group_decay(cst, pres[key], gdat[key]["gU"], L)
-        if not few and _MERGE:
+        if not few:
             gdat[key]["DTb"] = group_beta_decay(gdat[key]["DT"], buf["beta"], hvs, L)
-    elif job == "at" and not few and _MERGE:
+    elif job == "at" and not few:
         group_at_mt(qk, pres[key], gdat[key]["DTb"], hvs, qk_of, L)
     elif job == "at":
         for i in range(len(hvs)):
             head_at(qk[str(qk_of[hvs[i]])], pres[key][i], buf["beta"], hvs[i], L)
     elif job == "place":
-        if not few and _KD and _KD_EARLY:
+        if not few:
+            # the decayed keys here: GpSimd's, off the late stages that VectorE binds
             group_kd(pres[key], buf["k"], ch["dlb"], hvs, qk_of, L, K)
         ATs = []
         for d in pres[key]:
@@ -346,8 +343,6 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, K, 
         gdat[key]["Rp"] = None
         if solve[u]["G"] == None:  # noqa: E711  (packed unless place_g moves the inverses)
             gdat[key]["Rp"] = pack_rhs(Rs, L, V)
-    elif job == "oq" and _OQ:
-        group_oq(pres[key], qk, ch["qs"], S, hvs, qk_of, V)
     elif job == "oq":
         for i in range(len(hvs)):
             head_oq(pres[key][i], qk[str(qk_of[hvs[i]])], ch["qs"], S, hvs[i], V)
@@ -358,17 +353,8 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, K, 
             for i in range(len(hvs)):
                 gdat[key]["X"].append(nl.ndarray((L, N), dtype=nl.float32, buffer=nl.sbuf))
         solve_apply_block(items[key], gdat[key]["X"], x, N, gdat[key]["Rs"])
-    elif job == "post_ops" and not few and (_MERGE or _KD):
-        if _KD and _KD_EARLY:
-            pass
-        elif _KD:
-            group_kd(pres[key], buf["k"], ch["dlb"], hvs, qk_of, L, K)
-        else:
-            for i in range(len(hvs)):
-                head_kd(pres[key][i], qk[str(qk_of[hvs[i]])], ch["dlb"], hvs[i])
-        if not _MERGE:
-            for i in range(len(hvs)):
-                head_mt(qk[str(qk_of[hvs[i]])], pres[key][i], ch["bs"], hvs[i], L)
+    elif job == "slack":
+        pass
     elif job == "post_ops":
         for i in range(len(hvs)):
             head_post_ops(qk[str(qk_of[hvs[i]])], pres[key][i], ch["bs"], ch["dlb"], hvs[i],
@@ -381,9 +367,6 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, K, 
         if few:
             group_out_wy(pres[key], gdat[key]["X"], S, ch["oc"][:, c0:c1], hvs, V,
                           xdt != nl.float32)
-        elif _OUT:
-            group_out(pres[key], gdat[key]["X"], ch["oc"], cst["ident"], hvs, V,
-                      xdt != nl.float32)
         else:
             for i in range(len(hvs)):
                 head_out(pres[key][i], gdat[key]["X"][i], ch["oc"], cst["ident"], hvs[i], V,

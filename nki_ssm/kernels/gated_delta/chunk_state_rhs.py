@@ -1,6 +1,8 @@
-"""The Gated DeltaNet chunked prefill's per-head steps of the form with the state in the
-right-hand side (>= 8 head groups, Qwen3-Next TP1): R = v - e^c (k S) solved for Y, o =
-scale e^c (q S) + M Y, S <- e^{c_last} S + kd^T Y (the design note in ``chunk.py``).
+"""The Gated DeltaNet chunked prefill's steps of the form with the state in the right-hand
+side (>= 8 head groups, Qwen3-Next TP1): R = v - e^c (k S) solved for Y, o = scale e^c
+(q S) + M Y, S <- e^{c_last} S + kd^T Y (the design note in ``chunk.py``); the per-head
+scalars beta and beta e^{c_last - c} go into operands a whole head group shares (the
+decays, the keys) by GpSimd, so A^T and M^T of two value heads take one VectorE pass.
 Plain functions: NKI inlines the calls."""
 from __future__ import annotations
 
@@ -71,8 +73,8 @@ def group_at_mt(qks, ds, DTb, hvs, qk_of, L):
     """A^T = beta_j kk DT and M^T = scale beta_j kq DT ([j, i] layout) of a head group's value
     heads ``hvs`` (into ``ds``; ``qks`` the q/k heads' products, the kq half scaled by the
     output scale: qk_products with kkq_mask_s; DTb ``[L, heads, L]`` the group's decays
-    with beta in, group_beta_decay): each q/k head's [kk | kq] meets the DTb of the value heads that read it in one
-    VectorE multiply ``[L, heads of the q/k head, 2, L]``: no per-head scalar left, so one
+    with beta in, group_beta_decay): each q/k head's [kk | kq] meets the DTb of the value
+    heads that read it in one VectorE multiply ``[L, heads of the q/k head, 2, L]``: no per-head scalar left, so one
     instruction serves two value heads' A^T and M^T (Qwen3-Next: HV / H = 2)."""
     n = len(hvs)
     i0 = 0
@@ -90,13 +92,6 @@ def group_at_mt(qks, ds, DTb, hvs, qk_of, L):
             ds[i0 + j]["AT"] = am[:, j, 0, :]
             ds[i0 + j]["MT"] = am[:, j, 1, :]
         i0 = i0 + r
-
-
-def head_kd(d, qk, dlb, hv):
-    """The decayed keys kd = beta e^{c_last - c} k of value head hv (into ``d``)."""
-    L, K = qk["kh"].shape
-    d["kd"] = nl.ndarray((L, K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=d["kd"], op=nl.copy, data=qk["kh"], scale=dlb[:, hv:hv + 1])
 
 
 def group_kd(ds, kc, dlb, hvs, qk_of, L, K):
@@ -120,53 +115,3 @@ def group_kd(ds, kc, dlb, hvs, qk_of, L, K):
         for j in range(r):
             ds[i0 + j]["kd"] = kd[:, i0 + j, :]
         i0 = i0 + r
-
-
-def group_out(ds, Ys, oc, ident, hvs, V, fast):
-    """o columns of a head group's value heads ``hvs`` (head_out), their PSUM accumulations
-    side by side in one bank ``[L, heads * V]``, so one ScalarE eviction serves the group
-    (bf16 callers; float32 callers add oq per head on VectorE)."""
-    L = Ys[0].shape[0]
-    n = len(hvs)
-    pm = nl.ndarray((L, n * V), dtype=nl.float32, buffer=nl.psum)
-    for i in range(n):
-        nisa.nc_matmul(dst=pm[:, i * V:(i + 1) * V], stationary=tf32_view(ds[i]["MT"], fast),
-                       moving=tf32_view(Ys[i], fast), accumulate=False)
-        if fast:
-            nisa.nc_matmul(dst=pm[:, i * V:(i + 1) * V], stationary=tf32_view(ident[0:L, 0:L], fast),
-                           moving=tf32_view(ds[i]["oq"], fast), accumulate=True)
-    c0 = hvs[0] * V
-    if fast:
-        nisa.tensor_copy(dst=oc[:, c0:c0 + n * V], src=pm, engine=nisa.engine.scalar)
-    else:
-        for i in range(n):
-            nisa.tensor_tensor(dst=oc[:, c0 + i * V:c0 + (i + 1) * V], data1=pm[:, i * V:(i + 1) * V],
-                               data2=ds[i]["oq"], op=nl.add)
-
-
-def head_mt(qk, d, bs, hv, L):
-    """MT = scale beta_j tril(q k^T) D ([j, i] layout) of value head hv (into ``d``)."""
-    d["MT"] = nl.ndarray((L, L), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=d["MT"], data=qk["kq"], op0=nl.multiply,
-                              operand0=bs[:, hv:hv + 1], op1=nl.multiply, operand1=d["DT"])
-
-
-def group_oq(ds, qks, qs, S, hvs, qk_of, V):
-    """oq = scale e^c (q S) of a head group's value heads ``hvs`` (into ``ds``): their q S
-    side by side in one PSUM bank ``[L, heads * V]``, scaled by one VectorE multiply (the
-    per-head scale e^c a zero-stride operand) instead of one ScalarE eviction per head."""
-    n = len(hvs)
-    L = qks[str(qk_of[hvs[0]])]["kh"].shape[0]
-    fast = qks[str(qk_of[hvs[0]])]["fast"]
-    pq = nl.ndarray((L, n * V), dtype=nl.float32, buffer=nl.psum)
-    for i in range(n):
-        hv = hvs[i]
-        nisa.nc_matmul(dst=pq[:, i * V:(i + 1) * V],
-                       stationary=tf32_view(qks[str(qk_of[hv])]["qT"], fast),
-                       moving=tf32_view(S[:, hv * V:(hv + 1) * V], fast), accumulate=False)
-    oq = nl.ndarray((L, n, V), dtype=nl.float32, buffer=nl.sbuf)
-    hv0 = hvs[0]
-    nisa.tensor_tensor(dst=oq, data1=pq.reshape((L, n, V)),
-                       data2=qs[:, hv0:hv0 + n].reshape((L, n, 1)).broadcast(2, V), op=nl.multiply)
-    for i in range(n):
-        ds[i]["oq"] = oq[:, i, :]

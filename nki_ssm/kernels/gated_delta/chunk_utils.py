@@ -102,12 +102,6 @@ def constants(C, K, mdt):
             nisa.tensor_copy(dst=cst["cIb"][q0:q0 + BLOCK, b, :],
                              src=cst["ident"][0:BLOCK, 0:BLOCK])
         nisa.memset(dst=cst["bd"][q0:q0 + BLOCK, h, :], value=1.0)
-    # the block-row selections sel [(b, m), j, p] = [p == 32 j + m] (float32): a 32-row row
-    # tile of it moves a block row b to head j's quadrant (chunk_block_solve._place_off_tensor)
-    cst["sel"] = nl.ndarray((128, nq, 128), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=cst["sel"], value=0.0)
-    for j in range(nq):
-        nisa.tensor_copy(dst=cst["sel"][:, j, j * BLOCK:(j + 1) * BLOCK], src=cst["cIb"][:, 0, :])
     return cst
 
 
@@ -199,7 +193,8 @@ def head_gu(gU, cst, g, hv, L):
 
 def group_decay(cst, ds, gU, L):
     """DT[j, i] = e^{seg(j, i]} ([j, i] layout; 1 where j >= i) of each head of a group (into
-    ``ds``; returned as ``[L, heads, L]``) from direct segment sums seg(j, i] = sum_{j < m <= i} g_m (an fp32 matmul with a
+    ``ds``; returned as ``[L, heads, L]``) from direct segment sums seg(j, i] =
+    sum_{j < m <= i} g_m (an fp32 matmul with a
     0/1 operator), never c_i - c_j of two running sums (that cancels): the heads' gU side
     by side (``[L, heads, L]``, one PSUM bank for 4 heads at L = 128), so one matmul and
     one exp serve the group."""
