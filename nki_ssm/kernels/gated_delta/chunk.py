@@ -125,11 +125,12 @@ the layer (heads, 32-row blocks, n), so the program size does not depend on the 
 A body: software pipeline over head groups and chunks
 -----------------------------------------------------
 Each group of 4 value heads has a list of jobs, one per dependent step (``chunk_pipeline._group_jobs``:
-q/k transposes; their masked products; gU; the decays; A^T; the packed solve's layout
-moves; the right-hand sides (k S, or < 8 groups [v | -e^c k]); q S (>= 8 groups); the
+q/k transposes; their masked products; gU; the decays; A^T (>= 8 groups: with M^T); the
+packed solve's layout moves (>= 8 groups: with kd); the right-hand sides (k S, or < 8 groups [v | -e^c k]); q S (>= 8 groups); the
 solve setup; per doubling round the squaring and the inverse update; per 32-row block its
-substitution and its application; the product operands (< 8 groups: and nw^T kd,
-qd^T + (M nw)^T); the outputs; the state update), and step t issues job s of group t - s
+substitution and its application; < 8 groups the product operands, nw^T kd and
+qd^T + (M nw)^T, >= 8 groups one step of slack (the last block's unpacking DMAs); the
+outputs; the state update), and step t issues job s of group t - s
 for every s, the later stages first, so every in-order engine queue holds work of
 several groups between one group's dependent steps. With n chunks per body
 (``chunk_pipeline._body_plan``), chunk k > 0 starts its state-independent jobs 6 steps after chunk
@@ -142,8 +143,8 @@ state chain runs a chunk every two steps.
 
 Engines, per (chunk, value head) at C = 128 (tokens on partitions)
 ------------------------------------------------------------------
-- DMA: the row gathers of q, k, v, g, beta (indirect, one token row per partition, at the
-  start of the body) and the output scatter (per head group); the state in and out of the scratch block (per head group,
+- DMA: the row gathers of k, q, g, beta, v (indirect, one token row per partition, at the
+  start of the body, in the order the first jobs read them) and the output scatter (per head group); the state in and out of the scratch block (per head group,
   once per row); the packed solve's layout moves as SBUF-to-SBUF DMAs: the diagonal
   blocks into P^T, the right-hand sides into the packed R (< 8 head groups: instead the
   block inverses into G and the off-diagonal blocks into their slots) and the solutions
@@ -153,23 +154,30 @@ Engines, per (chunk, value head) at C = 128 (tokens on partitions)
   one matmul for a group's 4 heads, side by side in one PSUM bank);
   k S, q S; the doubling on the whole array, one matmul per 32-row block of the pack: P
   from P^T (transposes), P P and P^T P^T up to N^8, then compact products with N^8, and
-  the compact inverse updates; per block the off-diagonal products and the application
+  the compact inverse updates; >= 8 head groups the off-diagonal blocks' placements (per
+  head and block pair one 32-row row-tile matmul with a block-row selection, 2 PSUM banks
+  and 2 ScalarE evictions per group; tfloat32 for bf16 callers, which read the blocks as
+  tfloat32 anyway); per block the off-diagonal products and the application
   (< 8 head groups: plus one 32-row row-tile product with G per head); M Y and kd^T Y; bf16 callers: q S into the output's accumulation (an identity matmul).
   < 8 head groups instead of k S, q S, M Y, kd^T Y: nw^T [kd | M^T] and qd^T (identity
   matmul; two heads per PSUM bank), M u + (qd + M nw) S (a group's 4 heads in one bank),
   kd^T u + (nw^T kd)^T S.
-- VectorE: the masked eviction of k k^T | k q^T, A^T, R, M, the state update (and o for
+- VectorE: the masked eviction of k k^T | k q^T (>= 8 head groups: the output scale on the
+  k q^T half), A^T and M (< 8 head groups per head; >= 8 one multiply per q/k head for its
+  two value heads' A^T | M^T, beta already in the decays), R, the state update (and o for
   float32 callers); per group the P eviction, the compact inverse updates and their
   expansion, the substitution's subtractions (< 8 head groups: ScalarE negates instead,
   and the last block's solutions leave PSUM half on VectorE, half on ScalarE); the zeroing of the packed tiles once per
   launch (the placements write the same elements every chunk, so the zeros persist).
 - ScalarE: transpose evictions, the exps (the decays: one per group), the doubling's
-  evictions and its chained product, q S, the packed solutions, the decayed keys, o (bf16
+  evictions and its chained product, q S, the packed solutions, the decayed keys (< 8 head
+  groups), the off-diagonal placements' evictions (>= 8), o (bf16
   callers; < 8 head groups: one per group); < 8 head groups the operands [nw^T kd | qd^T +
   (M nw)^T] of a group's first two heads (VectorE the other two).
-- GpSimd: the off-diagonal blocks' placements (>= 8 head groups: a row strip per head
-  and block row), < 8 head groups the right-hand sides [v | -e^c k] and qd (SBUF only,
-  off the busier engines), and the software descriptors of the indirect gathers and
+- GpSimd (whole-tile multiplies on 128 partitions, zero-stride operands for the per-head
+  scalars; SBUF only, off the busier engines): >= 8 head groups beta into the decays (one
+  per group) and the decayed keys kd (one per q/k head); < 8 head groups the right-hand
+  sides [v | -e^c k] and qd; the software descriptors of the indirect gathers and
   scatters.
 
 Operand precision: float32 callers get fp32 operands everywhere (the exact mode, tests
