@@ -288,12 +288,11 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, body_rows, bo
     if not win["few"]:
         # [tri_su | scale tri_up]: M^T takes the output scale from the kq eviction; the
         # selections that place the solve's off-diagonal blocks by TensorE
-        cst["kkq_mask_s"] = nl.ndarray((C, 2, C), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=cst["kkq_mask_s"][:, 0, :], src=cst["tri_su"])
-        nisa.tensor_scalar(dst=cst["kkq_mask_s"][:, 1, :], data=cst["tri_up"], op0=nl.multiply,
-                           operand0=scale)
+        nisa.tensor_scalar(dst=cst["kkq_mask"][:, 1, :], data=cst["kkq_mask"][:, 1, :],
+                           op0=nl.multiply, operand0=scale)
         selections(cst)
     compact = compact_inputs(H, win["HV"], bf16)
+    win["compact"] = compact
     nsub = chunks_per_iteration(HV, compact)
     # the packed solve's tiles, one set per chunk of a body and head group, zeroed once: the
     # placements write the same elements every chunk, so the zeros persist

@@ -69,31 +69,31 @@ def solve_place(ATs, L, tiles, diag, off, off_dma=False, sel=None, tf=False):
 
 
 def selections(cst):
-    """The block-row selections cst["sel"] ``[128, PACK, 128]`` float32, sel[(b, m), j, p] =
-    [p == 32 j + m] (from the compact identity cst["cIb"]): a 32-row row tile of it, at the
-    partitions of block row b, moves that block row to head j's quadrant
-    (_place_off_tensor)."""
-    nq = cst["cIb"].shape[1]
-    cst["sel"] = nl.ndarray((128, nq, 128), dtype=nl.float32, buffer=nl.sbuf)
+    """The block-row selections cst["sel"] ``[128, 224]`` float32, sel[(b, m), x] =
+    [x == 96 + m] (from the compact identity cst["cIb"]): the window of columns
+    96 - 32 j .. 224 - 32 j is [p == 32 j + m], whose 32-row row tile at the partitions of
+    block row b moves that block row to head j's quadrant (_place_off_tensor)."""
+    cst["sel"] = nl.ndarray((128, 7 * BLOCK), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=cst["sel"], value=0.0)
-    for j in range(nq):
-        nisa.tensor_copy(dst=cst["sel"][:, j, j * BLOCK:(j + 1) * BLOCK], src=cst["cIb"][:, 0, :])
+    nisa.tensor_copy(dst=cst["sel"][:, 3 * BLOCK:4 * BLOCK], src=cst["cIb"][:, 0, :])
 
 
 def _place_off_tensor(AT, j, b, nblk, sel, pso, tf):
     """The off-diagonal blocks (b, c > b) of head j's A^T into the PSUM slots ``pso`` (4 per
     bank) by TensorE: one 32-row row-tile matmul per block with the selection
-    sel[32 b + m, j, p] = [p == 32 j + m] as the stationary, which moves block row b (the
+    [p == 32 j + m] (a window of sel, selections) as the stationary, which moves block row b (the
     partitions 32 b ..) to head j's quadrant (32 j ..) and writes zeros to the other heads'
     rows of the block's columns, so the slot comes out block-diagonal over the heads."""
     r0 = b * BLOCK
-    W = sel.shape[2]
+    W = pso[0].shape[0]         # the pack's partitions (its heads' quadrants)
     q0 = j * BLOCK
+    s0 = 3 * BLOCK - q0
     for c in range(b + 1, nblk):
         pr = _pair(b, c, nblk)
         ps = pso[pr // 4]
         c0 = (pr % 4) * W + q0
-        nisa.nc_matmul(dst=ps[:, c0:c0 + BLOCK], stationary=tf32_view(sel[r0:r0 + BLOCK, j, 0:W], tf),
+        nisa.nc_matmul(dst=ps[:, c0:c0 + BLOCK],
+                       stationary=tf32_view(sel[r0:r0 + BLOCK, s0:s0 + W], tf),
                        moving=tf32_view(AT[r0:r0 + BLOCK, c * BLOCK:(c + 1) * BLOCK], tf),
                        accumulate=False,
                        tile_position=(r0, 0), tile_size=(BLOCK, 128))

@@ -293,10 +293,7 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, K, 
         for hv in hvs:
             d = qk[str(qk_of[hv])]
             if d["group"] == u and d.get("kk") == None:  # noqa: E711 (once per q/k head)
-                mask = "kkq_mask_s"     # the output scale on the kq half (group_at_mt)
-                if few:
-                    mask = "kkq_mask"
-                qk_products(cst, d, L, mask)
+                qk_products(cst, d, L)
     elif job == "gu":
         gdat[key]["gU"] = nl.ndarray((L, len(hvs), L), dtype=nl.float32, buffer=nl.sbuf)
         for i in range(len(hvs)):
@@ -311,8 +308,9 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, K, 
         for i in range(len(hvs)):
             head_at(qk[str(qk_of[hvs[i]])], pres[key][i], buf["beta"], hvs[i], L)
     elif job == "place":
-        if not few:
-            # the decayed keys here: GpSimd's, off the late stages that VectorE binds
+        if not few and win["compact"]:
+            # the decayed keys here: GpSimd's, off the late stages that VectorE binds (in
+            # the slack step without compact tiles: SBUF)
             group_kd(pres[key], buf["k"], ch["dlb"], hvs, qk_of, L, K)
         ATs = []
         for d in pres[key]:
@@ -354,7 +352,8 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, K, 
                 gdat[key]["X"].append(nl.ndarray((L, N), dtype=nl.float32, buffer=nl.sbuf))
         solve_apply_block(items[key], gdat[key]["X"], x, N, gdat[key]["Rs"])
     elif job == "slack":
-        pass
+        if not win["compact"]:
+            group_kd(pres[key], buf["k"], ch["dlb"], hvs, qk_of, L, K)
     elif job == "post_ops":
         for i in range(len(hvs)):
             head_post_ops(qk[str(qk_of[hvs[i]])], pres[key][i], ch["bs"], ch["dlb"], hvs[i],

@@ -167,19 +167,19 @@ def qk_transposes(kc, qc, h, L, K, fast):
     return d
 
 
-def qk_products(cst, d, L, mask="kkq_mask"):
+def qk_products(cst, d, L):
     """The masked products of a q/k head (into ``d``): kk[j, i] = k_j . k_i (j < i) and
     kq[j, i] = k_j . q_i (j <= i), float32, both in [j, i] layout, from one matmul and one
     masked eviction (k^T against [k^T | q^T]), also as ``d["kkq"]`` ``[L, 2, L]``. The masks
-    (cst[mask]: kkq_mask, or kkq_mask_s with the output scale on the kq half) ride on the
-    eviction, so no decay matrix needs one."""
+    (cst["kkq_mask"]; the prefill with >= 8 head groups puts the output scale on its kq
+    half) ride on the eviction, so no decay matrix needs one."""
     K = d["kqT"].shape[0]
     ps = nl.ndarray((L, 2 * L), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=ps, stationary=tf32_view(d["kT"], d["fast"]),
                    moving=tf32_view(d["kqT"].reshape((K, 2 * L)), d["fast"]), accumulate=False)
     kkq = nl.ndarray((L, 2, L), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=kkq.reshape((L, 2 * L)), data1=ps,
-                       data2=cst[mask][0:L, :, 0:L].reshape((L, 2 * L)), op=nl.multiply)
+                       data2=cst["kkq_mask"][0:L, :, 0:L].reshape((L, 2 * L)), op=nl.multiply)
     d["kkq"] = kkq
     d["kk"] = kkq[:, 0, :]
     d["kq"] = kkq[:, 1, :]
