@@ -11,7 +11,7 @@ from nki_ssm.kernels.gated_delta.chunk_block_solve import (block_rows, pack_rhs,
                                                            solve_rhs_block, solve_round,
                                                            solve_setup, solve_update)
 from nki_ssm.kernels.gated_delta.chunk_state_rhs import (group_at_mt, group_beta_decay,
-                                                          group_kd, head_oq, head_out, head_rhs,
+                                                          group_kd, group_out, head_oq, head_rhs,
                                                           head_state)
 from nki_ssm.kernels.gated_delta.chunk_wy import (group_out_wy, group_wy, head_qd, head_rhs_wy,
                                                   head_state_wy)
@@ -367,9 +367,8 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, K, 
             group_out_wy(pres[key], gdat[key]["X"], S, ch["oc"][:, c0:c1], hvs, V,
                           xdt != nl.float32)
         else:
-            for i in range(len(hvs)):
-                head_out(pres[key][i], gdat[key]["X"][i], ch["oc"], cst["ident"], hvs[i], V,
-                          xdt != nl.float32)
+            group_out(pres[key], gdat[key]["X"], ch["oc"], cst["ident"], hvs, V,
+                      xdt != nl.float32)
         # each group's o columns leave as soon as they are done
         nisa.dma_copy(dst=rows_view(o, ch["rows"], C, win["hv0"] * V + c0, c1 - c0),
                       src=ch["oc"][:, c0:c1])

@@ -32,21 +32,6 @@ def head_oq(d, qk, qs, S, hv, V):
     nisa.activation(dst=d["oq"], op=nl.copy, data=pq, scale=qs[:, hv:hv + 1])
 
 
-def head_out(d, Y, oc, ident, hv, V, fast):
-    """o columns of value head hv: oq + (scale tril(q k^T) D diag(beta)) Y. ``fast`` (bf16
-    callers): oq joins the product's PSUM accumulation through an identity matmul
-    (tfloat32: its rounding, 2^-11, is a quarter of the bf16 output's), so the eviction is
-    a plain copy ScalarE can do (modeled: VectorE was the busiest engine)."""
-    L = Y.shape[0]
-    pm = nl.ndarray((L, V), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=pm, stationary=tf32_view(d["MT"], fast), moving=tf32_view(Y, fast), accumulate=False)
-    if fast:
-        nisa.nc_matmul(dst=pm, stationary=tf32_view(ident[0:L, 0:L], fast), moving=tf32_view(d["oq"], fast),
-                       accumulate=True)
-        nisa.tensor_copy(dst=oc[:, hv * V:(hv + 1) * V], src=pm, engine=nisa.engine.scalar)
-    else:
-        nisa.tensor_tensor(dst=oc[:, hv * V:(hv + 1) * V], data1=pm, data2=d["oq"], op=nl.add)
-
 
 def head_state(S, kd, Y, el, hv, K, V, fast):
     """S <- e^{c_last} S + kd^T Y for value head hv."""
@@ -115,3 +100,28 @@ def group_kd(ds, kc, dlb, hvs, qk_of, L, K):
         for j in range(r):
             ds[i0 + j]["kd"] = kd[:, i0 + j, :]
         i0 = i0 + r
+
+
+def group_out(ds, Ys, oc, ident, hvs, V, fast):
+    """o columns of a head group's value heads ``hvs``: oq + (scale tril(q k^T) D diag(beta))
+    Y, the heads' PSUM accumulations side by side in one bank ``[L, heads * V]``. ``fast``
+    (bf16 callers): oq joins each accumulation through an identity matmul (tfloat32: its
+    rounding, 2^-11, is a quarter of the bf16 output's), so one ScalarE copy evicts the
+    group; float32 callers add oq per head on VectorE."""
+    L = Ys[0].shape[0]
+    n = len(hvs)
+    pm = nl.ndarray((L, n * V), dtype=nl.float32, buffer=nl.psum)
+    for i in range(n):
+        nisa.nc_matmul(dst=pm[:, i * V:(i + 1) * V], stationary=tf32_view(ds[i]["MT"], fast),
+                       moving=tf32_view(Ys[i], fast), accumulate=False)
+        if fast:
+            nisa.nc_matmul(dst=pm[:, i * V:(i + 1) * V],
+                           stationary=tf32_view(ident[0:L, 0:L], fast),
+                           moving=tf32_view(ds[i]["oq"], fast), accumulate=True)
+    c0 = hvs[0] * V
+    if fast:
+        nisa.tensor_copy(dst=oc[:, c0:c0 + n * V], src=pm, engine=nisa.engine.scalar)
+    else:
+        for i in range(n):
+            nisa.tensor_tensor(dst=oc[:, c0 + i * V:c0 + (i + 1) * V],
+                               data1=pm[:, i * V:(i + 1) * V], data2=ds[i]["oq"], op=nl.add)
