@@ -191,9 +191,13 @@ writes fp32); all decays, segment sums and the state stay fp32.
 
 What binds (modeled trn2 by nki_ssm.perf, bf16 I/O, fp32 pool, chunk 128; ``python -m
 simulate --set judged --op gated_delta_prefill``). Qwen3-Next TP1 (32 value heads, 8
-groups, one chunk per body; 16K tokens 13.9 ms, 10-90 %: 13.4-15.7, 1.18 M tokens/s):
-VectorE (82 % busy), with ScalarE (74 %) close behind, DMA 41 %, GpSimd 41 %, TensorE
-34 %: a chunk moves its inputs (~2 MB), its outputs (1 MB), the packing moves of its solves
+groups, one chunk per body; 16K tokens 12.8 ms, 10-90 %: 12.3-14.9, 1.28 M tokens/s):
+VectorE (80 % busy), with ScalarE (76 %) close behind, DMA 45 %, TensorE 43 %, GpSimd
+39 %; per chunk 180 VectorE, 196 ScalarE, 24 GpSimd, 875 TensorE instructions. A body's
+one chunk sweeps its 8 groups through the job list, so the early jobs (products, A^T,
+R, the solve set-up) bind VectorE, the doubling and the applications ScalarE, the state
+update VectorE again: a per-head scalar folded away (beta into the decays, kd on GpSimd)
+or a per-head pass batched over a group counts only where its engine binds. A chunk moves its inputs (~2 MB), its outputs (1 MB), the packing moves of its solves
 and the state in and out of its scratch block (2 x 2 MB, the price of one loop level: the
 state cannot stay in SBUF from one row to the next when a row may start another sequence);
 each body gathers its own chunks, so its first steps wait for those DMAs (about 6 % of the
@@ -206,8 +210,8 @@ would, which is the price of taking it off the chain. Figures: the README's "Mod
 performance" table and ``python -m simulate``.
 
 At LNC=2 (``python -m simulate --lnc both``: the two programs on their own physical
-cores, sharing HBM; 16K tokens): TP1 7.12 ms per program against 13.9 ms at LNC=1
-(0.51x): each program has half the work, still throughput-bound. TP4 1.80 ms against
+cores, sharing HBM; 16K tokens; measured before the TP1 folds above): TP1 7.12 ms per
+program against 13.9 ms at LNC=1 (0.51x): each program has half the work, still throughput-bound. TP4 1.80 ms against
 3.85 ms (0.47x): a program's 4 value heads are one head group, one solve, 8 chunks per
 body, started 2 steps apart (``chunk_pipeline.chunk_stride``), so the body's 8 chunks are
 in flight at once and each chunk's own dependent steps (doubling, substitution, outputs:
