@@ -125,11 +125,12 @@ the layer (heads, 32-row blocks, n), so the program size does not depend on the 
 A body: software pipeline over head groups and chunks
 -----------------------------------------------------
 Each group of 4 value heads has a list of jobs, one per dependent step (``chunk_pipeline._group_jobs``:
-q/k transposes; their masked products; gU; the decays; A^T; the packed solve's layout
-moves; the right-hand sides (k S, or < 8 groups [v | -e^c k]); q S (>= 8 groups); the
+q/k transposes; their masked products; gU; the decays; A^T (>= 8 groups: with M^T); the
+packed solve's layout moves (>= 8 groups: with kd); the right-hand sides (k S, or < 8 groups [v | -e^c k]); q S (>= 8 groups); the
 solve setup; per doubling round the squaring and the inverse update; per 32-row block its
-substitution and its application; the product operands (< 8 groups: and nw^T kd,
-qd^T + (M nw)^T); the outputs; the state update), and step t issues job s of group t - s
+substitution and its application; < 8 groups the product operands, nw^T kd and
+qd^T + (M nw)^T, >= 8 groups one step of slack (the last block's unpacking DMAs); the
+outputs; the state update), and step t issues job s of group t - s
 for every s, the later stages first, so every in-order engine queue holds work of
 several groups between one group's dependent steps. With n chunks per body
 (``chunk_pipeline._body_plan``), chunk k > 0 starts its state-independent jobs 6 steps after chunk
@@ -142,8 +143,8 @@ state chain runs a chunk every two steps.
 
 Engines, per (chunk, value head) at C = 128 (tokens on partitions)
 ------------------------------------------------------------------
-- DMA: the row gathers of q, k, v, g, beta (indirect, one token row per partition, at the
-  start of the body) and the output scatter (per head group); the state in and out of the scratch block (per head group,
+- DMA: the row gathers of k, q, g, beta, v (indirect, one token row per partition, at the
+  start of the body, in the order the first jobs read them) and the output scatter (per head group); the state in and out of the scratch block (per head group,
   once per row); the packed solve's layout moves as SBUF-to-SBUF DMAs: the diagonal
   blocks into P^T, the right-hand sides into the packed R (< 8 head groups: instead the
   block inverses into G and the off-diagonal blocks into their slots) and the solutions
@@ -153,23 +154,30 @@ Engines, per (chunk, value head) at C = 128 (tokens on partitions)
   one matmul for a group's 4 heads, side by side in one PSUM bank);
   k S, q S; the doubling on the whole array, one matmul per 32-row block of the pack: P
   from P^T (transposes), P P and P^T P^T up to N^8, then compact products with N^8, and
-  the compact inverse updates; per block the off-diagonal products and the application
+  the compact inverse updates; >= 8 head groups the off-diagonal blocks' placements (per
+  head and block pair one 32-row row-tile matmul with a block-row selection, 2 PSUM banks
+  and 2 ScalarE evictions per group; tfloat32 for bf16 callers, which read the blocks as
+  tfloat32 anyway); per block the off-diagonal products and the application
   (< 8 head groups: plus one 32-row row-tile product with G per head); M Y and kd^T Y; bf16 callers: q S into the output's accumulation (an identity matmul).
   < 8 head groups instead of k S, q S, M Y, kd^T Y: nw^T [kd | M^T] and qd^T (identity
   matmul; two heads per PSUM bank), M u + (qd + M nw) S (a group's 4 heads in one bank),
   kd^T u + (nw^T kd)^T S.
-- VectorE: the masked eviction of k k^T | k q^T, A^T, R, M, the state update (and o for
+- VectorE: the masked eviction of k k^T | k q^T (>= 8 head groups: the output scale on the
+  k q^T half), A^T and M (< 8 head groups per head; >= 8 one multiply per q/k head for its
+  two value heads' A^T | M^T, beta already in the decays), R, the state update (and o for
   float32 callers); per group the P eviction, the compact inverse updates and their
   expansion, the substitution's subtractions (< 8 head groups: ScalarE negates instead,
   and the last block's solutions leave PSUM half on VectorE, half on ScalarE); the zeroing of the packed tiles once per
   launch (the placements write the same elements every chunk, so the zeros persist).
 - ScalarE: transpose evictions, the exps (the decays: one per group), the doubling's
-  evictions and its chained product, q S, the packed solutions, the decayed keys, o (bf16
+  evictions and its chained product, q S, the packed solutions, the decayed keys (< 8 head
+  groups), the off-diagonal placements' evictions (>= 8), o (bf16
   callers; < 8 head groups: one per group); < 8 head groups the operands [nw^T kd | qd^T +
   (M nw)^T] of a group's first two heads (VectorE the other two).
-- GpSimd: the off-diagonal blocks' placements (>= 8 head groups: a row strip per head
-  and block row), < 8 head groups the right-hand sides [v | -e^c k] and qd (SBUF only,
-  off the busier engines), and the software descriptors of the indirect gathers and
+- GpSimd (whole-tile multiplies on 128 partitions, zero-stride operands for the per-head
+  scalars; SBUF only, off the busier engines): >= 8 head groups beta into the decays (one
+  per group) and the decayed keys kd (one per q/k head); < 8 head groups the right-hand
+  sides [v | -e^c k] and qd; the software descriptors of the indirect gathers and
   scatters.
 
 Operand precision: float32 callers get fp32 operands everywhere (the exact mode, tests
@@ -183,9 +191,13 @@ writes fp32); all decays, segment sums and the state stay fp32.
 
 What binds (modeled trn2 by nki_ssm.perf, bf16 I/O, fp32 pool, chunk 128; ``python -m
 simulate --set judged --op gated_delta_prefill``). Qwen3-Next TP1 (32 value heads, 8
-groups, one chunk per body; 16K tokens 13.9 ms, 10-90 %: 13.4-15.7, 1.18 M tokens/s):
-VectorE (82 % busy), with ScalarE (74 %) close behind, DMA 41 %, GpSimd 41 %, TensorE
-34 %: a chunk moves its inputs (~2 MB), its outputs (1 MB), the packing moves of its solves
+groups, one chunk per body; 16K tokens 12.8 ms, 10-90 %: 12.3-14.9, 1.28 M tokens/s):
+VectorE (80 % busy), with ScalarE (76 %) close behind, DMA 45 %, TensorE 43 %, GpSimd
+39 %; per chunk 180 VectorE, 196 ScalarE, 24 GpSimd, 875 TensorE instructions. A body's
+one chunk sweeps its 8 groups through the job list, so the early jobs (products, A^T,
+R, the solve set-up) bind VectorE, the doubling and the applications ScalarE, the state
+update VectorE again: a per-head scalar folded away (beta into the decays, kd on GpSimd)
+or a per-head pass batched over a group counts only where its engine binds. A chunk moves its inputs (~2 MB), its outputs (1 MB), the packing moves of its solves
 and the state in and out of its scratch block (2 x 2 MB, the price of one loop level: the
 state cannot stay in SBUF from one row to the next when a row may start another sequence);
 each body gathers its own chunks, so its first steps wait for those DMAs (about 6 % of the
@@ -198,8 +210,8 @@ would, which is the price of taking it off the chain. Figures: the README's "Mod
 performance" table and ``python -m simulate``.
 
 At LNC=2 (``python -m simulate --lnc both``: the two programs on their own physical
-cores, sharing HBM; 16K tokens): TP1 7.12 ms per program against 13.9 ms at LNC=1
-(0.51x): each program has half the work, still throughput-bound. TP4 1.80 ms against
+cores, sharing HBM; 16K tokens; measured before the TP1 folds above): TP1 7.12 ms per
+program against 13.9 ms at LNC=1 (0.51x): each program has half the work, still throughput-bound. TP4 1.80 ms against
 3.85 ms (0.47x): a program's 4 value heads are one head group, one solve, 8 chunks per
 body, started 2 steps apart (``chunk_pipeline.chunk_stride``), so the body's 8 chunks are
 in flight at once and each chunk's own dependent steps (doubling, substitution, outputs:
@@ -233,7 +245,7 @@ from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
 from nki_ssm.kernels.gated_delta.chunk_pipeline import run_body
-from nki_ssm.kernels.gated_delta.chunk_block_solve import solve_tiles, zero_solve
+from nki_ssm.kernels.gated_delta.chunk_block_solve import selections, solve_tiles, zero_solve
 from nki_ssm.kernels.gated_delta.chunk_utils import (constants, few_groups, head_groups,
                                                      rows_view, state_block, table_rows)
 from nki_ssm.kernels.scaffold import (at_row, destination, for_each_row, lnc_grid,
@@ -277,7 +289,14 @@ def gdn_chunk_prefill(q2, k2, v2, gate1, gate2, head_params, pool, body_rows, bo
     if bf16:
         mdt = nl.bfloat16
     cst = constants(C, K, mdt)
+    if not win["few"]:
+        # [tri_su | scale tri_up]: M^T takes the output scale from the kq eviction; the
+        # selections that place the solve's off-diagonal blocks by TensorE
+        nisa.tensor_scalar(dst=cst["kkq_mask"][:, 1, :], data=cst["kkq_mask"][:, 1, :],
+                           op0=nl.multiply, operand0=scale)
+        selections(cst)
     compact = compact_inputs(H, win["HV"], bf16)
+    win["compact"] = compact
     nsub = chunks_per_iteration(HV, compact)
     # the packed solve's tiles, one set per chunk of a body and head group, zeroed once: the
     # placements write the same elements every chunk, so the zeros persist

@@ -12,7 +12,7 @@ from nki_ssm.kernels.gated_delta.chunk_utils import BLOCK, tf32_view
 _SQUARED = 8          # the doubling squares up to N^8, then chains compact products with it
 
 
-def solve_place(ATs, L, tiles, diag, off, off_dma=False):
+def solve_place(ATs, L, tiles, diag, off, off_dma=False, sel=None, tf=False):
     """The layout moves of a pack's solve: from the transposes ATs[i] ([j, i] layout) of the
     strictly-lower A_i [L, L] of up to PACK heads, the diagonal BLOCK-row blocks A_bb^T into
     slot b of tiles["PT"] and the off-diagonal blocks A_kb^T (k < b) into slot pair(k, b) of
@@ -29,6 +29,14 @@ def solve_place(ATs, L, tiles, diag, off, off_dma=False):
     products block-diagonal persist."""
     nbs = block_rows(L)
     nblk = len(nbs)
+    W = len(ATs) * BLOCK
+    pso = []
+    if off and not off_dma and sel != None and nbs[nblk - 1] == BLOCK and nblk > 1:  # noqa: E711
+        # the off-diagonal slots in PSUM, up to 4 per bank (W = 128 floats per slot)
+        npair = nblk * (nblk - 1) // 2
+        for p0 in range(0, npair, 4):
+            pso.append(nl.ndarray((W, min(4, npair - p0) * W), dtype=nl.float32,
+                                  buffer=nl.psum))
     for j in range(len(ATs)):
         q0 = j * BLOCK
         for b in range(nblk):
@@ -37,7 +45,10 @@ def solve_place(ATs, L, tiles, diag, off, off_dma=False):
             if diag:
                 nisa.dma_copy(dst=tiles["PT"][q0:q0 + nb, b, q0:q0 + nb],
                               src=ATs[j][r0:r0 + nb, r0:r0 + nb])
-            if off and not off_dma and b + 1 < nblk and nbs[nblk - 1] == BLOCK:
+            if off and not off_dma and sel != None and nbs[nblk - 1] == BLOCK:  # noqa: E711
+                if b + 1 < nblk:
+                    _place_off_tensor(ATs[j], j, b, nblk, sel, pso, tf)
+            elif off and not off_dma and b + 1 < nblk and nbs[nblk - 1] == BLOCK:
                 # the row strip of blocks (b, c > b): one GpSimd copy
                 p0 = _pair(b, b + 1, nblk)
                 n = nblk - 1 - b
@@ -50,6 +61,42 @@ def solve_place(ATs, L, tiles, diag, off, off_dma=False):
                     nc = nbs[c]
                     nisa.dma_copy(dst=tiles["OT"][q0:q0 + nb, _pair(b, c, nblk), q0:q0 + nc],
                                   src=ATs[j][r0:r0 + nb, c0:c0 + nc])
+
+    for i in range(len(pso)):
+        n = pso[i].shape[1] // W
+        nisa.tensor_copy(dst=tiles["OT"][0:W, 4 * i:4 * i + n, :].reshape((W, n * W)),
+                         src=pso[i], engine=nisa.engine.scalar)
+
+
+def selections(cst):
+    """The block-row selections cst["sel"] ``[128, 224]`` float32, sel[(b, m), x] =
+    [x == 96 + m] (from the compact identity cst["cIb"]): the window of columns
+    96 - 32 j .. 224 - 32 j is [p == 32 j + m], whose 32-row row tile at the partitions of
+    block row b moves that block row to head j's quadrant (_place_off_tensor)."""
+    cst["sel"] = nl.ndarray((128, 7 * BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=cst["sel"], value=0.0)
+    nisa.tensor_copy(dst=cst["sel"][:, 3 * BLOCK:4 * BLOCK], src=cst["cIb"][:, 0, :])
+
+
+def _place_off_tensor(AT, j, b, nblk, sel, pso, tf):
+    """The off-diagonal blocks (b, c > b) of head j's A^T into the PSUM slots ``pso`` (4 per
+    bank) by TensorE: one 32-row row-tile matmul per block with the selection
+    [p == 32 j + m] (a window of sel, selections) as the stationary, which moves block row b (the
+    partitions 32 b ..) to head j's quadrant (32 j ..) and writes zeros to the other heads'
+    rows of the block's columns, so the slot comes out block-diagonal over the heads."""
+    r0 = b * BLOCK
+    W = pso[0].shape[0]         # the pack's partitions (its heads' quadrants)
+    q0 = j * BLOCK
+    s0 = 3 * BLOCK - q0
+    for c in range(b + 1, nblk):
+        pr = _pair(b, c, nblk)
+        ps = pso[pr // 4]
+        c0 = (pr % 4) * W + q0
+        nisa.nc_matmul(dst=ps[:, c0:c0 + BLOCK],
+                       stationary=tf32_view(sel[r0:r0 + BLOCK, s0:s0 + W], tf),
+                       moving=tf32_view(AT[r0:r0 + BLOCK, c * BLOCK:(c + 1) * BLOCK], tf),
+                       accumulate=False,
+                       tile_position=(r0, 0), tile_size=(BLOCK, 128))
 
 
 def block_rows(L):

@@ -10,7 +10,9 @@ from nki_ssm.kernels.gated_delta.chunk_block_solve import (block_rows, pack_rhs,
                                                            solve_apply_block, solve_place,
                                                            solve_rhs_block, solve_round,
                                                            solve_setup, solve_update)
-from nki_ssm.kernels.gated_delta.chunk_state_rhs import head_oq, head_out, head_rhs, head_state
+from nki_ssm.kernels.gated_delta.chunk_state_rhs import (group_at_mt, group_beta_decay,
+                                                          group_kd, group_out, head_oq, head_rhs,
+                                                          head_state)
 from nki_ssm.kernels.gated_delta.chunk_wy import (group_out_wy, group_wy, head_qd, head_rhs_wy,
                                                   head_state_wy)
 from nki_ssm.kernels.gated_delta.chunk_utils import (BLOCK, exp_of_mm, gather_chunk,
@@ -248,7 +250,9 @@ def _group_jobs(few, L):
         if not few and b == min(1, nblk - 1):
             jobs.append("oq")
             jarg.append(0)
-    tail = ["post_ops", "out", "state"]
+    # >= 8 groups: M^T comes with A^T (group_at_mt) and kd in the place job; one step of
+    # slack before the outputs, for the SBUF-to-SBUF DMAs that unpack the last block's solution
+    tail = ["slack", "out", "state"]
     if few:
         tail = ["post_ops", "wy", "out", "state"]
     for name in tail:
@@ -295,15 +299,23 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, K, 
         for i in range(len(hvs)):
             head_gu(gdat[key]["gU"][:, i, :], cst, buf["g"], hvs[i], L)
     elif job == "decay":
-        group_decay(cst, pres[key], gdat[key]["gU"], L)
+        gdat[key]["DT"] = group_decay(cst, pres[key], gdat[key]["gU"], L)
+        if not few:
+            gdat[key]["DTb"] = group_beta_decay(gdat[key]["DT"], buf["beta"], hvs, L)
+    elif job == "at" and not few:
+        group_at_mt(qk, pres[key], gdat[key]["DTb"], hvs, qk_of, L)
     elif job == "at":
         for i in range(len(hvs)):
             head_at(qk[str(qk_of[hvs[i]])], pres[key][i], buf["beta"], hvs[i], L)
     elif job == "place":
+        if not few and win["compact"]:
+            # the decayed keys here: GpSimd's, off the late stages that VectorE binds (in
+            # the slack step without compact tiles: SBUF)
+            group_kd(pres[key], buf["k"], ch["dlb"], hvs, qk_of, L, K)
         ATs = []
         for d in pres[key]:
             ATs.append(d["AT"])
-        solve_place(ATs, L, solve[u], True, x == 1)
+        solve_place(ATs, L, solve[u], True, x == 1, False, cst.get("sel"), xdt != nl.float32)
     elif job == "place_off":
         ATs = []
         for d in pres[key]:
@@ -339,6 +351,9 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, K, 
             for i in range(len(hvs)):
                 gdat[key]["X"].append(nl.ndarray((L, N), dtype=nl.float32, buffer=nl.sbuf))
         solve_apply_block(items[key], gdat[key]["X"], x, N, gdat[key]["Rs"])
+    elif job == "slack":
+        if not win["compact"]:
+            group_kd(pres[key], buf["k"], ch["dlb"], hvs, qk_of, L, K)
     elif job == "post_ops":
         for i in range(len(hvs)):
             head_post_ops(qk[str(qk_of[hvs[i]])], pres[key][i], ch["bs"], ch["dlb"], hvs[i],
@@ -352,9 +367,8 @@ def _group_job(job, x, u, hvs, ch, buf, pres, gdat, items, o, cst, solve, S, K, 
             group_out_wy(pres[key], gdat[key]["X"], S, ch["oc"][:, c0:c1], hvs, V,
                           xdt != nl.float32)
         else:
-            for i in range(len(hvs)):
-                head_out(pres[key][i], gdat[key]["X"][i], ch["oc"], cst["ident"], hvs[i], V,
-                          xdt != nl.float32)
+            group_out(pres[key], gdat[key]["X"], ch["oc"], cst["ident"], hvs, V,
+                      xdt != nl.float32)
         # each group's o columns leave as soon as they are done
         nisa.dma_copy(dst=rows_view(o, ch["rows"], C, win["hv0"] * V + c0, c1 - c0),
                       src=ch["oc"][:, c0:c1])

@@ -43,7 +43,9 @@ def table_rows(table, r, C, plus):
     return t
 
 
-INPUTS = ("q", "k", "v", "g", "beta")
+# in the order the chunk's first jobs read them: the transposes k and q, the decays g and beta,
+# the right-hand sides v (so the first jobs start while v is still in flight)
+INPUTS = ("k", "q", "g", "beta", "v")
 
 
 def gather_chunk(buf, io, table, r, plus, C):
@@ -168,8 +170,9 @@ def qk_transposes(kc, qc, h, L, K, fast):
 def qk_products(cst, d, L):
     """The masked products of a q/k head (into ``d``): kk[j, i] = k_j . k_i (j < i) and
     kq[j, i] = k_j . q_i (j <= i), float32, both in [j, i] layout, from one matmul and one
-    masked eviction (k^T against [k^T | q^T]). The masks ride on the eviction, so no decay
-    matrix needs one."""
+    masked eviction (k^T against [k^T | q^T]), also as ``d["kkq"]`` ``[L, 2, L]``. The masks
+    (cst["kkq_mask"]; the prefill with >= 8 head groups puts the output scale on its kq
+    half) ride on the eviction, so no decay matrix needs one."""
     K = d["kqT"].shape[0]
     ps = nl.ndarray((L, 2 * L), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=ps, stationary=tf32_view(d["kT"], d["fast"]),
@@ -177,6 +180,7 @@ def qk_products(cst, d, L):
     kkq = nl.ndarray((L, 2, L), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=kkq.reshape((L, 2 * L)), data1=ps,
                        data2=cst["kkq_mask"][0:L, :, 0:L].reshape((L, 2 * L)), op=nl.multiply)
+    d["kkq"] = kkq
     d["kk"] = kkq[:, 0, :]
     d["kq"] = kkq[:, 1, :]
 
@@ -189,7 +193,8 @@ def head_gu(gU, cst, g, hv, L):
 
 def group_decay(cst, ds, gU, L):
     """DT[j, i] = e^{seg(j, i]} ([j, i] layout; 1 where j >= i) of each head of a group (into
-    ``ds``) from direct segment sums seg(j, i] = sum_{j < m <= i} g_m (an fp32 matmul with a
+    ``ds``; returned as ``[L, heads, L]``) from direct segment sums seg(j, i] =
+    sum_{j < m <= i} g_m (an fp32 matmul with a
     0/1 operator), never c_i - c_j of two running sums (that cancels): the heads' gU side
     by side (``[L, heads, L]``, one PSUM bank for 4 heads at L = 128), so one matmul and
     one exp serve the group."""
@@ -198,6 +203,7 @@ def group_decay(cst, ds, gU, L):
     DT = DT.reshape((L, nh, L))
     for i in range(nh):
         ds[i]["DT"] = DT[:, i, :]
+    return DT
 
 
 def head_at(qk, d, beta, hv, L):
