@@ -231,6 +231,15 @@ def _tri(Q, ones, channel_multiplier, step, offset, cmp_op=nl.greater_equal):
     return t
 
 
+def _tf(t, x):
+    """A float32 tile as a TensorE operand: its tfloat32 view for bfloat16 callers (10
+    mantissa bits, streamed at the BF16 rate instead of float32's quarter rate), itself for
+    float32 callers (exact)."""
+    if t["fast"]:
+        return x.view(nl.tfloat32)
+    return x
+
+
 def _widen(dst, src, width):
     """fp32 copy of columns [0, width) of a loaded tile (bf16 inputs); an fp32 tile is
     used as it is."""
@@ -349,7 +358,7 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
          "Ls": _tri(Q, ones, 1, -1, -1),    # Ls[k, j] = (k > j)
          "Li": _tri(Q, ones, 1, -1, 0),     # Li[i, k] = (i >= k)
          "Us": _tri(Q, ones, -1, 1, -1),    # Us[j, k] = (j < k)
-         "ones": ones}
+         "ones": ones, "fast": x.dtype != nl.float32}
     t["I"] = _tri(Q, ones, 1, -1, 0, nl.equal)     # identity
     negs = _sb((Q, Q))
     nisa.memset(dst=negs, value=_MASKED)
@@ -498,8 +507,8 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
                         n0, nsz = ntl[ti]
                         c = (ti * hpp + k - g0) * P
                         nisa.nc_matmul(dst=ps[0:nsz, c:c + P],
-                                       stationary=t["Bw"][:, g * N + n0:g * N + n0 + nsz],
-                                       moving=Xd, accumulate=False)
+                                       stationary=_tf(t, t["Bw"][:, g * N + n0:g * N + n0 + nsz]),
+                                       moving=_tf(t, Xd), accumulate=False)
                 for ti in range(len(ntl)):
                     nsz = ntl[ti][1]
                     dcols = t["dST"][ti][:, (g0 - a) * P:(g1 - a) * P]
@@ -691,13 +700,13 @@ def _group_terms(cfg, t):
                              engine=nisa.engine.scalar)
         # CB^T and CB contract over dstate: one accumulating matmul per tile
         for ti in range(len(ntl)):
-            nisa.nc_matmul(dst=pc[0:Q, 2 * Q:3 * Q], stationary=t["BT"][g][ti],
-                           moving=t["CT"][g][ti], accumulate=ti > 0)
+            nisa.nc_matmul(dst=pc[0:Q, 2 * Q:3 * Q], stationary=_tf(t, t["BT"][g][ti]),
+                           moving=_tf(t, t["CT"][g][ti]), accumulate=ti > 0)
         nisa.tensor_tensor(dst=t["CBTm"][g], data1=pc[0:Q, 2 * Q:3 * Q], data2=t["U"],
                            op=nl.multiply)
         for ti in range(len(ntl)):
-            nisa.nc_matmul(dst=pc[0:Q, 3 * Q:4 * Q], stationary=t["CT"][g][ti],
-                           moving=t["BT"][g][ti], accumulate=ti > 0)
+            nisa.nc_matmul(dst=pc[0:Q, 3 * Q:4 * Q], stationary=_tf(t, t["CT"][g][ti]),
+                           moving=_tf(t, t["BT"][g][ti]), accumulate=ti > 0)
         nisa.tensor_copy(dst=t["CB"][g], src=pc[0:Q, 3 * Q:4 * Q], engine=nisa.engine.scalar)
 
 
@@ -785,7 +794,7 @@ def _head_a(cfg, t, a, k):
     # e^c y_off (V = dy1 . e^c y_off: the block's row dots)
     yo = hC[0:Q, P:2 * P]
     for ti in range(len(ntl)):
-        nisa.nc_matmul(dst=yo, stationary=t["CT"][g][ti], moving=ST0[ti][:, cols],
+        nisa.nc_matmul(dst=yo, stationary=_tf(t, t["CT"][g][ti]), moving=_tf(t, ST0[ti][:, cols]),
                        accumulate=ti > 0)
     nisa.activation(dst=yoff, op=nl.copy, data=yo, scale=ecs[:, k:k + 1])
     # transposes: dy1 -> [P, Q]; S0, dSe -> [P, N] per dstate tile (two PSUM regions in turn)
@@ -803,9 +812,9 @@ def _head_a(cfg, t, a, k):
     # E^T: the segment sums, + _MASKED above the diagonal (an exact fp32 identity matmul
     # into the same PSUM), so the exp is 0 there: the causal mask costs TensorE, not a
     # VectorE pass
-    nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=t["Ls"], moving=Wt, accumulate=False,
+    nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=_tf(t, t["Ls"]), moving=_tf(t, Wt), accumulate=False,
                    is_stationary_onezero=True)
-    nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=t["I"], moving=t["NEG"], accumulate=True,
+    nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=_tf(t, t["I"]), moving=_tf(t, t["NEG"]), accumulate=True,
                    is_stationary_onezero=True)
     nisa.activation(dst=ETm, op=nl.exp, data=hA[0:Q, 0:Q])
     # transposes: dy1 e^c, x dt', x dt' e^{c_end - c} -> [P, Q]
@@ -838,7 +847,7 @@ def _head_y(cfg, t, a, k):
     yi = _r(t, "hC", k)[0:Q, 0:P]
     xdt, KT, y0 = _r(t, "xdt", k), _r(t, "KT", k), _r(t, "y0", k)
     yoff = t["yoffb"][:, cols]
-    nisa.nc_matmul(dst=yi, stationary=KT, moving=xdt, accumulate=False)
+    nisa.nc_matmul(dst=yi, stationary=_tf(t, KT), moving=_tf(t, xdt), accumulate=False)
     if t["z_raw"] != None:  # noqa: E711
         nisa.tensor_tensor(dst=y0, data1=yoff, data2=yi, op=nl.add)
         y1 = y0
@@ -870,30 +879,30 @@ def _head_b(cfg, t, a, k):
     # TensorE first takes what only needs stage A's results (Z, Z^T, the two dx terms, dS),
     # so the VectorE / ScalarE work between the dependent matmuls below overlaps them
     # dy1 (x dt')^T (over seg's PSUM region, read by now); Z = E o it in the second part
-    nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=dy1T, moving=xdtT, accumulate=False)
+    nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=_tf(t, dy1T), moving=_tf(t, xdtT), accumulate=False)
     # dx = dt' (K^T dy1 + e^{c_end - c} B dSe^T) + D dy1 (DI = x . dxr, q' = x . dxS: the
     # block's row dots)
     dxa, dxb = hC[0:Q, 2 * P:3 * P], hC[0:Q, 3 * P:4 * P]
-    nisa.nc_matmul(dst=dxa, stationary=_r(t, "K", k), moving=dy1[:, cols], accumulate=False)
+    nisa.nc_matmul(dst=dxa, stationary=_tf(t, _r(t, "K", k)), moving=_tf(t, dy1[:, cols]), accumulate=False)
     for ti in range(len(ntl)):
-        nisa.nc_matmul(dst=dxb, stationary=t["BT"][g][ti], moving=dST[ti][:, cols],
+        nisa.nc_matmul(dst=dxb, stationary=_tf(t, t["BT"][g][ti]), moving=_tf(t, dST[ti][:, cols]),
                        accumulate=ti > 0)
     # C^T (dy1 e^c) per dstate tile into head k's hB region (its transposes were evacuated
     # in stage A), for dS0^T = e^{c_end} dSe^T + C^T (dy1 e^c) at the end
     for ti in range(len(ntl)):
         m0, nsz = ntl[ti]
         nisa.nc_matmul(dst=hB[0:nsz, ti * P:(ti + 1) * P],
-                       stationary=Cw[:, n0 + m0:n0 + m0 + nsz], moving=_r(t, "dy1e", k),
+                       stationary=_tf(t, Cw[:, n0 + m0:n0 + m0 + nsz]), moving=_tf(t, _r(t, "dy1e", k)),
                        accumulate=False)
     # dC, dB: the group's heads in this half of the head split accumulate in one PSUM
     # bank (both LNC configurations sum the same heads in the same order); the state
     # terms here, the Z terms in the second part
     lo, hi = _half(cfg, h0 + k)
     first = h0 + k == max(lo, g * HPG)
-    nisa.nc_matmul(dst=t["dCB"][0:Q, 0:N], stationary=_r(t, "dy1eT", k), moving=_r(t, "S0", k),
+    nisa.nc_matmul(dst=t["dCB"][0:Q, 0:N], stationary=_tf(t, _r(t, "dy1eT", k)), moving=_tf(t, _r(t, "S0", k)),
                    accumulate=not first)
-    nisa.nc_matmul(dst=t["dCB"][0:Q, N:2 * N], stationary=_r(t, "XdT", k),
-                   moving=_r(t, "dSe", k), accumulate=not first)
+    nisa.nc_matmul(dst=t["dCB"][0:Q, N:2 * N], stationary=_tf(t, _r(t, "XdT", k)),
+                   moving=_tf(t, _r(t, "dSe", k)), accumulate=not first)
     if t["D"] != None:  # noqa: E711
         nisa.tensor_tensor(dst=_r(t, "dD1", k), data1=dy1[:, cols],
                            data2=t["D"][0:Q, k * P:(k + 1) * P], op=nl.multiply,
@@ -929,17 +938,17 @@ def _head_b2(cfg, t, a, k):
     # R = Li^T M [k', j] = sum_{i>=k'} M_ij (a 0/1 stationary), masked to j < k' into the
     # block's tile (its row sums, per head: the block's reduce); the Z / Z^T terms of dB /
     # dC (VectorE does Z while TensorE does R)
-    nisa.nc_matmul(dst=hA[0:Q, 2 * Q:3 * Q], stationary=t["Li"], moving=M, accumulate=False,
+    nisa.nc_matmul(dst=hA[0:Q, 2 * Q:3 * Q], stationary=_tf(t, t["Li"]), moving=_tf(t, M), accumulate=False,
                    is_stationary_onezero=True)
     nisa.tensor_tensor(dst=Zt, data1=hA[0:Q, 0:Q], data2=_r(t, "Em", k), op=nl.multiply)
     nisa.tensor_tensor(dst=t["Xb"][:, (k - a) * Q:(k - a + 1) * Q], data1=hA[0:Q, 2 * Q:3 * Q],
                        data2=t["Ls"], op=nl.multiply)
     dCp, dBp = t["dCB"][0:Q, 0:N], t["dCB"][0:Q, N:2 * N]
-    nisa.nc_matmul(dst=dBp, stationary=Zt, moving=Cw[:, n0:n0 + N], accumulate=True)
+    nisa.nc_matmul(dst=dBp, stationary=_tf(t, Zt), moving=_tf(t, Cw[:, n0:n0 + N]), accumulate=True)
     # Z^T: a transpose of Z (over E's PSUM region, evicted by now), ScalarE eviction
     nisa.nc_transpose(dst=hA[0:Q, Q:2 * Q], data=Zt)
     nisa.tensor_copy(dst=ZTt, src=hA[0:Q, Q:2 * Q], engine=nisa.engine.scalar)
-    nisa.nc_matmul(dst=dCp, stationary=ZTt, moving=Bw[:, n0:n0 + N], accumulate=True)
+    nisa.nc_matmul(dst=dCp, stationary=_tf(t, ZTt), moving=_tf(t, Bw[:, n0:n0 + N]), accumulate=True)
     lo, hi = _half(cfg, h)
     if h == min(hi, (g + 1) * HPG) - 1:
         o0 = n0
