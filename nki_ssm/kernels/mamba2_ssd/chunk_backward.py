@@ -386,7 +386,7 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
         t["z_raw"] = _sb((Q, WB), z.dtype)
     t["dxo"] = _sb((Q, WB), x.dtype)
     t["dzo"] = _sb((Q, WB), x.dtype)
-    for name in ("xf", "dyf", "zf", "dy1", "dyz", "sig", "prod"):
+    for name in ("dy1", "dyz", "sig", "prod"):
         t[name] = _sb((Q, WB))
     t["dt_in"] = _sb((Q, nhp))
     t["B_raw"] = _sb((Q, GN), B.dtype)
@@ -483,7 +483,7 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
             for ti in range(len(ntl)):
                 nisa.dma_copy(dst=t["ST0"][ti][:, 0:wb],
                               src=_block_view(scratch, i, ca - c0, wb, ntl[ti]))
-            xw = _widen(t["xf"], t["x_raw"], wb)
+            xw = t["x_raw"]
             # e^{c_end} S^T of the block's heads (one VectorE pass per dstate tile, e^{c_end}
             # broadcast along each head's P columns), then per PSUM bank of hpp heads the
             # B^T (x dt' e^{c_end - c}) matmuls and one add
@@ -617,13 +617,15 @@ def _load_block(cfg, t, ca, wb):
     nisa.dma_copy(dst=t["dy_raw"][:, 0:wb], src=_rows_view(cfg["dy"], t0, ca, wb, Q))
     if t["z_raw"] != None:  # noqa: E711
         nisa.dma_copy(dst=t["z_raw"][:, 0:wb], src=_rows_view(cfg["z"], t0, ca, wb, Q))
-    xw = _widen(t["xf"], t["x_raw"], wb)
-    dyw = _widen(t["dyf"], t["dy_raw"], wb)
+    # x, dy, z stay in their dtype: every reader is a VectorE / ScalarE / GpSimd
+    # instruction (widened on read), none a TensorE operand
+    xw = t["x_raw"]
+    dyw = t["dy_raw"]
     t["xw"] = xw
     mask = t["mask"][:, 0:1]
     dy1, dyz = t["dy1"][:, 0:wb], t["dyz"][:, 0:wb]
     if t["z_raw"] != None:  # noqa: E711
-        zw = _widen(t["zf"], t["z_raw"], wb)[:, 0:wb]
+        zw = t["z_raw"][:, 0:wb]
         sig, silu = t["sig"][:, 0:wb], t["prod"][:, 0:wb]
         nisa.activation(dst=sig, op=nl.sigmoid, data=zw)
         nisa.tensor_tensor(dst=silu, data1=zw, data2=sig, op=nl.multiply)
