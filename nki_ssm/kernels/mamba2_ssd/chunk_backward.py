@@ -416,10 +416,11 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
     t["Wc"] = _sb((Q, nhp))         # the intra-chunk ddA term, a column per head
     for name in ("Wt", "ETm", "Em", "KT", "K", "Zt", "ZTt", "M"):
         t[name] = [_sb((Q, Q)), _sb((Q, Q))]
-    for name in ("dy1T", "dy1eT", "xdtT", "XdT"):
-        t[name] = [_sb((P, Q)), _sb((P, Q))]
-    for name in ("S0", "dSe"):
-        t[name] = [_sb((P, N)), _sb((P, N))]
+    # per-head transposes, two to an SBUF tile (one PSUM eviction each): dy1^T | (dy1 e^c)^T,
+    # (x dt')^T | (x dt' e^{c_end - c})^T ([P, 2Q]), S0 | dSe ([P, 2N])
+    for name in ("dTT", "xTT"):
+        t[name] = [_sb((P, 2 * Q)), _sb((P, 2 * Q))]
+    t["SD"] = [_sb((P, 2 * N)), _sb((P, 2 * N))]
     t["CT"] = []
     t["BT"] = []
     t["CBTm"] = []
@@ -799,18 +800,24 @@ def _head_a(cfg, t, a, k):
         nisa.nc_matmul(dst=yo, stationary=_tf(t, t["CT"][g][ti]), moving=_tf(t, ST0[ti][:, cols]),
                        accumulate=ti > 0)
     nisa.activation(dst=yoff, op=nl.copy, data=yo, scale=ecs[:, k:k + 1])
-    # transposes: dy1 -> [P, Q]; S0, dSe -> [P, N] per dstate tile (two PSUM regions in turn)
+    # transposes: dy1 -> [P, Q]; S0, dSe -> [P, N] per dstate tile (two PSUM regions side by
+    # side, one eviction per pair of tiles into S0 | dSe)
     nisa.nc_transpose(dst=hA[0:P, 2 * Q:3 * Q], data=dy1[:, cols])
-    nisa.tensor_copy(dst=_r(t, "dy1T", k), src=hA[0:P, 2 * Q:3 * Q], engine=nisa.engine.scalar)
-    j = 0
-    for item in ((ST0, "S0"), (dST, "dSe")):
+    SD = _r(t, "SD", k)
+    tiles = []
+    for item in (ST0, dST):
         for ti in range(len(ntl)):
-            n0, nsz = ntl[ti]
-            reg = hB[0:P, 2 * Q + (j % 2) * NT:2 * Q + (j % 2) * NT + nsz]
-            nisa.nc_transpose(dst=reg, data=item[0][ti][:, cols])
-            nisa.tensor_copy(dst=_r(t, item[1], k)[:, n0:n0 + nsz], src=reg,
-                             engine=nisa.engine.scalar)
-            j += 1
+            tiles.append((item[ti][:, cols], ntl[ti][1]))
+    d0 = 0
+    for j in range(0, len(tiles), 2):
+        w = 0
+        for e in range(2):
+            nisa.nc_transpose(dst=hB[0:P, 2 * Q + e * NT:2 * Q + e * NT + tiles[j + e][1]],
+                              data=tiles[j + e][0])
+            w = e * NT + tiles[j + e][1]
+        nisa.tensor_copy(dst=SD[:, d0:d0 + w], src=hB[0:P, 2 * Q:2 * Q + w],
+                         engine=nisa.engine.scalar)
+        d0 += w
     # E^T: the segment sums, + _MASKED above the diagonal (an exact fp32 identity matmul
     # into the same PSUM), so the exp is 0 there: the causal mask costs TensorE, not a
     # VectorE pass
@@ -819,12 +826,12 @@ def _head_a(cfg, t, a, k):
     nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=_tf(t, t["I"]), moving=_tf(t, t["NEG"]), accumulate=True,
                    is_stationary_onezero=True)
     nisa.activation(dst=ETm, op=nl.exp, data=hA[0:Q, 0:Q])
-    # transposes: dy1 e^c, x dt', x dt' e^{c_end - c} -> [P, Q]
-    for item in ((dy1e, "dy1eT", hA[0:P, 3 * Q:4 * Q]),
-                 (xdt, "xdtT", hB[0:P, 0:Q]),
-                 (Xd, "XdT", hB[0:P, Q:2 * Q])):
-        nisa.nc_transpose(dst=item[2], data=item[0])
-        nisa.tensor_copy(dst=_r(t, item[1], k), src=item[2], engine=nisa.engine.scalar)
+    # transposes: dy1 e^c, x dt', x dt' e^{c_end - c} -> [P, Q]; one eviction per pair
+    nisa.nc_transpose(dst=hA[0:P, 3 * Q:4 * Q], data=dy1e)
+    nisa.tensor_copy(dst=_r(t, "dTT", k), src=hA[0:P, 2 * Q:4 * Q], engine=nisa.engine.scalar)
+    nisa.nc_transpose(dst=hB[0:P, 0:Q], data=xdt)
+    nisa.nc_transpose(dst=hB[0:P, Q:2 * Q], data=Xd)
+    nisa.tensor_copy(dst=_r(t, "xTT", k), src=hB[0:P, 0:2 * Q], engine=nisa.engine.scalar)
 
 
 def _head_e(cfg, t, k):
@@ -876,7 +883,7 @@ def _head_b(cfg, t, a, k):
     n0 = g * N
     cols = slice((k - a) * P, (k - a + 1) * P)
     M = _r(t, "M", k)
-    dy1T, xdtT = _r(t, "dy1T", k), _r(t, "xdtT", k)
+    dy1T, xdtT = _r(t, "dTT", k)[:, 0:Q], _r(t, "xTT", k)[:, 0:Q]
     dxS = t["dxSb"][:, cols]
     # TensorE first takes what only needs stage A's results (Z, Z^T, the two dx terms, dS),
     # so the VectorE / ScalarE work between the dependent matmuls below overlaps them
@@ -901,10 +908,11 @@ def _head_b(cfg, t, a, k):
     # terms here, the Z terms in the second part
     lo, hi = _half(cfg, h0 + k)
     first = h0 + k == max(lo, g * HPG)
-    nisa.nc_matmul(dst=t["dCB"][0:Q, 0:N], stationary=_tf(t, _r(t, "dy1eT", k)), moving=_tf(t, _r(t, "S0", k)),
+    nisa.nc_matmul(dst=t["dCB"][0:Q, 0:N], stationary=_tf(t, _r(t, "dTT", k)[:, Q:2 * Q]),
+                   moving=_tf(t, _r(t, "SD", k)[:, 0:N]),
                    accumulate=not first)
-    nisa.nc_matmul(dst=t["dCB"][0:Q, N:2 * N], stationary=_tf(t, _r(t, "XdT", k)),
-                   moving=_tf(t, _r(t, "dSe", k)), accumulate=not first)
+    nisa.nc_matmul(dst=t["dCB"][0:Q, N:2 * N], stationary=_tf(t, _r(t, "xTT", k)[:, Q:2 * Q]),
+                   moving=_tf(t, _r(t, "SD", k)[:, N:2 * N]), accumulate=not first)
     if t["D"] != None:  # noqa: E711
         nisa.tensor_tensor(dst=_r(t, "dD1", k), data1=dy1[:, cols],
                            data2=t["D"][0:Q, k * P:(k + 1) * P], op=nl.multiply,
