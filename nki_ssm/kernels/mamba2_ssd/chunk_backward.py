@@ -701,12 +701,14 @@ def _group_terms(cfg, t):
             nisa.nc_transpose(dst=pc[0:nsz, Q:2 * Q], data=t["Bw"][:, n0:n0 + nsz])
             nisa.tensor_copy(dst=t["BT"][g][ti], src=pc[0:nsz, Q:2 * Q],
                              engine=nisa.engine.scalar)
-        # CB^T and CB contract over dstate: one accumulating matmul per tile
-        for ti in range(len(ntl)):
-            nisa.nc_matmul(dst=pc[0:Q, 2 * Q:3 * Q], stationary=_tf(t, t["BT"][g][ti]),
-                           moving=_tf(t, t["CT"][g][ti]), accumulate=ti > 0)
-        nisa.tensor_tensor(dst=t["CBTm"][g], data1=pc[0:Q, 2 * Q:3 * Q], data2=t["U"],
-                           op=nl.multiply)
+        # CB^T and CB contract over dstate: one accumulating matmul per tile (CB^T only
+        # feeds K^T: y_intra, dz; not computed without z)
+        if t["z_raw"] != None:  # noqa: E711
+            for ti in range(len(ntl)):
+                nisa.nc_matmul(dst=pc[0:Q, 2 * Q:3 * Q], stationary=_tf(t, t["BT"][g][ti]),
+                               moving=_tf(t, t["CT"][g][ti]), accumulate=ti > 0)
+            nisa.tensor_tensor(dst=t["CBTm"][g], data1=pc[0:Q, 2 * Q:3 * Q], data2=t["U"],
+                               op=nl.multiply)
         for ti in range(len(ntl)):
             nisa.nc_matmul(dst=pc[0:Q, 3 * Q:4 * Q], stationary=_tf(t, t["CT"][g][ti]),
                            moving=_tf(t, t["BT"][g][ti]), accumulate=ti > 0)
@@ -753,11 +755,12 @@ def _block_grads(cfg, t, a, b):
             _head_e(cfg, t, step)
         if step > a:
             _head_b2(cfg, t, a, step - 1)
-        if step < b:
+        # y_intra (K^T and its matmul) only feeds dz: without z nothing of it is needed
+        if step < b and t["z_raw"] != None:  # noqa: E711
             nisa.tensor_tensor(dst=_r(t, "KT", step), data1=_r(t, "ETm", step),
                                data2=t["CBTm"][(cfg["h0"] + step) // cfg["HPG"]],
                                op=nl.multiply)
-        if step > a:
+        if step > a and t["z_raw"] != None:  # noqa: E711
             _head_y(cfg, t, a, step - 1)
 
 
