@@ -379,14 +379,7 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
     # ---- SBUF tiles (allocated once, before the loops; PSUM: _psum_tiles in each body)
     t["rows"] = _sb((Q, 2), nl.int32)
     t["mask"] = _sb((Q, 1))
-    t["x_raw"] = _sb((Q, WB), x.dtype)
-    t["dy_raw"] = _sb((Q, WB), x.dtype)
-    t["z_raw"] = None
-    if z != None:  # noqa: E711
-        t["z_raw"] = _sb((Q, WB), z.dtype)
-    t["dxo"] = _sb((Q, WB), x.dtype)
-    t["dzo"] = _sb((Q, WB), x.dtype)
-    for name in ("dy1", "dyz", "sig", "prod"):
+    for name in ("sig", "prod"):
         t[name] = _sb((Q, WB))
     t["dt_in"] = _sb((Q, nhp))
     t["B_raw"] = _sb((Q, GN), B.dtype)
@@ -398,21 +391,11 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
         t[name] = _sb((Q, nhp))
     t["elast"] = _sb((NT, nhp))
     t["Tn"] = _sb((NT, len(ntl) * nhp))
-    t["ST0"] = []
-    t["dST"] = []
-    for item in ntl:
-        t["ST0"].append(_sb((item[1], WB)))
-        t["dST"].append(_sb((item[1], WB)))
     t["Dacc"] = _sb((Q, W))
     # per-head temporaries: rings of 2 (two heads in flight, _block_grads)
     for name in ("Xd", "dy1e", "y0", "y1", "dD1"):
         t[name] = [_sb((Q, P)), _sb((Q, P))]
     t["xdt"] = [_sb((Q, P)), _sb((Q, P)), _sb((Q, P))]   # read by y_intra a step later
-    # per-block operands of the row dots (one product and one reduce per block, _rowdots)
-    for name in ("yoffb", "dxrb", "dxSb"):
-        t[name] = _sb((Q, WB))
-    t["pB"] = _sb((_PMAX, WB))
-    t["Xb"] = _sb((Q, hbk * Q))     # the block's masked (Li^T M) [k, j], one [Q, Q] per head
     t["Wc"] = _sb((Q, nhp))         # the intra-chunk ddA term, a column per head
     for name in ("Wt", "ETm", "Em", "KT", "K", "Zt", "ZTt", "M"):
         t[name] = [_sb((Q, Q)), _sb((Q, Q))]
@@ -443,10 +426,31 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
     nisa.memset(dst=t["accA"], value=0.0)
     nisa.memset(dst=t["accB"], value=0.0)
     nisa.memset(dst=t["Dacc"], value=0.0)
+    for name in _BLOCK_SET:
+        for par in range(2):
+            if name in ("ST0", "dST"):
+                lst = []
+                for item in ntl:
+                    lst.append(_sb((item[1], WB)))
+                t[name + "#" + str(par)] = lst
+            elif name in ("x_raw", "dy_raw", "dxo", "dzo"):
+                t[name + "#" + str(par)] = _sb((Q, WB), x.dtype)
+            elif name == "z_raw":
+                t[name + "#" + str(par)] = None
+                if z != None:  # noqa: E711
+                    t[name + "#" + str(par)] = _sb((Q, WB), z.dtype)
+            elif name == "Xb":
+                t[name + "#" + str(par)] = _sb((Q, hbk * Q))
+            elif name == "pB":
+                t[name + "#" + str(par)] = _sb((_PMAX, WB))
+            else:
+                t[name + "#" + str(par)] = _sb((Q, WB))
+        t[name] = t[name + "#0"]    # loops S, F and the first block of loop B: set 0
     cfg = {"Q": Q, "P": P, "N": N, "G": G, "HPG": HPG, "h0": h0, "nhp": nhp, "c0": c0,
            "ntl": ntl, "NT": NT, "hsplit": hsplit, "gs": gs, "extra": extra, "GN": GN,
            "W": W, "H": H, "x": x, "dt": dt, "B": B, "C": C, "z": z, "dy": dy,
-           "soft": dt_softplus, "lo": dt_lo, "hi": dt_hi, "groups": groups, "blocks": blocks}
+           "soft": dt_softplus, "lo": dt_lo, "hi": dt_hi, "groups": groups, "blocks": blocks,
+           "dx": dx, "dz": dz, "dinit": dinit}
 
     # trip counts: live sequences, chunk rows (the one counts row both programs read)
     n_seqs, n_rows = trip_counts(counts)
@@ -532,10 +536,15 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
         _chunk_decays(cfg, t)
         _group_terms(cfg, t)
         yr = t["rows"][:, 0:1]
-        for item in blocks:
-            a = item[0]
-            b = item[1]
+        pending = [None]
+        for bi in range(len(blocks)):
+            a = blocks[bi][0]
+            b = blocks[bi][1]
             ca, wb = c0 + a * P, (b - a) * P
+            # the block's tiles: one of two sets in turn, so the previous block's tail (row
+            # dots, scatters; issued inside this block's pipeline) reads its own
+            for name in _BLOCK_SET:
+                t[name] = t[name + "#" + str(bi % 2)]
             _load_block(cfg, t, ca, wb)
             for ti in range(len(ntl)):
                 nisa.dma_copy(dst=t["ST0"][ti][:, 0:wb],
@@ -545,24 +554,14 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
             # <dSe, S0> per state row and head, before stage B updates dSe
             for ti in range(len(ntl)):
                 nsz = ntl[ti][1]
-                _rowdots(t, t["Tn"][0:nsz, ti * nhp + a:ti * nhp + b], t["dST"][ti][:, 0:wb],
+                _rowdots(t["pB"], t["Tn"][0:nsz, ti * nhp + a:ti * nhp + b], t["dST"][ti][:, 0:wb],
                          t["ST0"][ti][:, 0:wb], P)
-            _block_grads(cfg, t, a, b)
-            # V = dy1 . e^c y_off, DI = x . dxr, q' = x . dxS: per token and head
-            _rowdots(t, t["V"][:, a:b], t["yoffb"][:, 0:wb], t["dy1"][:, 0:wb], P)
-            _rowdots(t, t["DI"][:, a:b], t["xw"][:, 0:wb], t["dxrb"][:, 0:wb], P)
-            _rowdots(t, t["qv"][:, a:b], t["xw"][:, 0:wb], t["dxSb"][:, 0:wb], P)
-            # the intra-chunk ddA terms: row sums of the masked Li^T M per head
-            xb = t["Xb"]
-            nisa.tensor_reduce(dst=t["Wc"][:, a:b], op=nl.add,
-                               data=xb.ap(pattern=[[xb.shape[1], Q], [Q, b - a], [1, Q]],
-                                          offset=0), axis=(2,))
-            nisa.dma_copy(dst=_scatter_view(dx, yr, ca - c0, wb, 0), src=t["dxo"][:, 0:wb])
-            if z != None:  # noqa: E711
-                nisa.dma_copy(dst=_scatter_view(dz, yr, ca - c0, wb, 0), src=t["dzo"][:, 0:wb])
-            for ti in range(len(ntl)):
-                nisa.dma_copy(dst=_block_view(dinit, seq, ca - c0, wb, ntl[ti]),
-                              src=t["dST"][ti][:, 0:wb])
+            _block_grads(cfg, t, a, b, pending)
+            tail = {"a": a, "b": b, "yr": yr, "seq": seq}
+            for name in _BLOCK_SET:
+                tail[name] = t[name]
+            pending[0] = tail
+        _block_tail(cfg, t, pending)
         _chunk_dt(cfg, t)
         nisa.dma_copy(dst=_scatter_view(ddt, yr, 0, nhp, 0), src=t["ddt"])
         nisa.dma_copy(dst=_scatter_view(dB, yr, 0, GN + extra, 0), src=t["dBt"])
@@ -720,15 +719,50 @@ def _heads_view(tile, rows, c0, nb, P):
     return tile.ap(pattern=[[tile.shape[1], rows], [P, nb], [1, P]], offset=c0)
 
 
-def _rowdots(t, dst, a, b, P):
+def _rowdots(prod, dst, a, b, P):
     """dst [rows, nb] = per head (P columns each) the sum over its columns of a o b, for
     the nb heads of a block: one VectorE product into the block's product tile and one
     reduce over the last axis of its [rows, nb, P] view."""
     rows, w = a.shape[0], a.shape[1]
-    prod = t["pB"]
     nisa.tensor_tensor(dst=prod[0:rows, 0:w], data1=a, data2=b, op=nl.multiply)
     view = prod.ap(pattern=[[prod.shape[1], rows], [P, w // P], [1, P]], offset=0)
     nisa.tensor_reduce(dst=dst, op=nl.add, data=view, axis=(2,))
+
+
+# the per-block tiles, two sets used by turns (bwd loop): the block's inputs and the operands
+# of its tail (row dots, intra-chunk ddA reduce, scatters)
+_BLOCK_SET = ("x_raw", "dy_raw", "z_raw", "dxo", "dzo", "dy1", "dyz", "yoffb", "dxrb", "dxSb",
+              "Xb", "pB", "ST0", "dST")
+
+
+def _block_tail(cfg, t, pending):
+    """The tail of the block in ``pending[0]`` (its tiles saved when it was issued), if any:
+    V = dy1 . e^c y_off, DI = x . dxr, q' = x . dxS (per token and head), the intra-chunk
+    ddA columns (row sums of the masked Li^T M per head), the scatters of dx, dz and the
+    block's dS0^T. Issued inside the next block's pipeline, so its VectorE passes and DMAs
+    do not hold up the next block's first heads."""
+    tail = pending[0]
+    if tail == None:  # noqa: E711
+        return
+    pending[0] = None
+    Q, P, c0, ntl = cfg["Q"], cfg["P"], cfg["c0"], cfg["ntl"]
+    a, b, yr = tail["a"], tail["b"], tail["yr"]
+    ca, wb = c0 + a * P, (b - a) * P
+    pB = tail["pB"]
+    _rowdots(pB, t["V"][:, a:b], tail["yoffb"][:, 0:wb], tail["dy1"][:, 0:wb], P)
+    _rowdots(pB, t["DI"][:, a:b], tail["x_raw"][:, 0:wb], tail["dxrb"][:, 0:wb], P)
+    _rowdots(pB, t["qv"][:, a:b], tail["x_raw"][:, 0:wb], tail["dxSb"][:, 0:wb], P)
+    xb = tail["Xb"]
+    nisa.tensor_reduce(dst=t["Wc"][:, a:b], op=nl.add,
+                       data=xb.ap(pattern=[[xb.shape[1], Q], [Q, b - a], [1, Q]], offset=0),
+                       axis=(2,))
+    nisa.dma_copy(dst=_scatter_view(cfg["dx"], yr, ca - c0, wb, 0), src=tail["dxo"][:, 0:wb])
+    if tail["z_raw"] != None:  # noqa: E711
+        nisa.dma_copy(dst=_scatter_view(cfg["dz"], yr, ca - c0, wb, 0),
+                      src=tail["dzo"][:, 0:wb])
+    for ti in range(len(ntl)):
+        nisa.dma_copy(dst=_block_view(cfg["dinit"], tail["seq"], ca - c0, wb, ntl[ti]),
+                      src=tail["dST"][ti][:, 0:wb])
 
 
 def _r(t, name, k):
@@ -737,7 +771,7 @@ def _r(t, name, k):
     return t[name][k % len(t[name])]
 
 
-def _block_grads(cfg, t, a, b):
+def _block_grads(cfg, t, a, b, pending):
     """Loop B's per-head work for the program's heads a .. b-1, software-pipelined over
     two stages: stage A of head k+1 is issued before stage B of head k (every per-head
     temporary and PSUM region is a ring of 2), so each in-order engine queue holds work
@@ -762,6 +796,8 @@ def _block_grads(cfg, t, a, b):
                                op=nl.multiply)
         if step > a and t["z_raw"] != None:  # noqa: E711
             _head_y(cfg, t, a, step - 1)
+        if step == min(b, a + 2):
+            _block_tail(cfg, t, pending)
 
 
 def _head_a(cfg, t, a, k):
@@ -892,6 +928,10 @@ def _head_b(cfg, t, a, k):
     # so the VectorE / ScalarE work between the dependent matmuls below overlaps them
     # dy1 (x dt')^T (over seg's PSUM region, read by now); Z = E o it in the second part
     nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=_tf(t, dy1T), moving=_tf(t, xdtT), accumulate=False)
+    # its transpose (x dt') dy1^T directly (over E's PSUM region, evicted by now): Z^T =
+    # E^T o it needs no transpose of Z
+    nisa.nc_matmul(dst=hA[0:Q, Q:2 * Q], stationary=_tf(t, xdtT), moving=_tf(t, dy1T),
+                   accumulate=False)
     # dx = dt' (K^T dy1 + e^{c_end - c} B dSe^T) + D dy1 (DI = x . dxr, q' = x . dxS: the
     # block's row dots)
     dxa, dxb = hC[0:Q, 2 * P:3 * P], hC[0:Q, 3 * P:4 * P]
@@ -958,9 +998,7 @@ def _head_b2(cfg, t, a, k):
                        data2=t["Ls"], op=nl.multiply)
     dCp, dBp = t["dCB"][0:Q, 0:N], t["dCB"][0:Q, N:2 * N]
     nisa.nc_matmul(dst=dBp, stationary=_tf(t, Zt), moving=_tf(t, Cw[:, n0:n0 + N]), accumulate=True)
-    # Z^T: a transpose of Z (over E's PSUM region, evicted by now), ScalarE eviction
-    nisa.nc_transpose(dst=hA[0:Q, Q:2 * Q], data=Zt)
-    nisa.tensor_copy(dst=ZTt, src=hA[0:Q, Q:2 * Q], engine=nisa.engine.scalar)
+    nisa.tensor_tensor(dst=ZTt, data1=hA[0:Q, Q:2 * Q], data2=_r(t, "ETm", k), op=nl.multiply)
     nisa.nc_matmul(dst=dCp, stationary=_tf(t, ZTt), moving=_tf(t, Bw[:, n0:n0 + N]), accumulate=True)
     lo, hi = _half(cfg, h)
     if h == min(hi, (g + 1) * HPG) - 1:
