@@ -396,8 +396,9 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
     for name in ("Xd", "dy1e", "y0", "y1", "dD1"):
         t[name] = [_sb((Q, P)), _sb((Q, P))]
     t["xdt"] = [_sb((Q, P)), _sb((Q, P)), _sb((Q, P))]   # read by y_intra a step later
+    t["Wtb"] = _sb((Q, hbk * Q))    # the block's segment-sum operands, one [Q, Q] per head
     t["Wc"] = _sb((Q, nhp))         # the intra-chunk ddA term, a column per head
-    for name in ("Wt", "ETm", "Em", "KT", "K", "Zt", "ZTt", "M"):
+    for name in ("ETm", "Em", "KT", "K", "Zt", "ZTt", "M"):
         t[name] = [_sb((Q, Q)), _sb((Q, Q))]
     # per-head transposes, two to an SBUF tile (one PSUM eviction each): dy1^T | (dy1 e^c)^T,
     # (x dt')^T | (x dt' e^{c_end - c})^T ([P, 2Q]), S0 | dSe ([P, 2N])
@@ -556,6 +557,7 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
                 nsz = ntl[ti][1]
                 _rowdots(t["pB"], t["Tn"][0:nsz, ti * nhp + a:ti * nhp + b], t["dST"][ti][:, 0:wb],
                          t["ST0"][ti][:, 0:wb], P)
+            _block_decay_operand(cfg, t, a, b)
             _block_grads(cfg, t, a, b, pending)
             tail = {"a": a, "b": b, "yr": yr, "seq": seq}
             for name in _BLOCK_SET:
@@ -800,6 +802,17 @@ def _block_grads(cfg, t, a, b, pending):
             _block_tail(cfg, t, pending)
 
 
+def _block_decay_operand(cfg, t, a, b):
+    """Wtb[k', (h, i)] = dt'A[k', h] (k' <= i), the segment-sum operand of the block's heads:
+    one VectorE pass (the constant 0/1 mask U broadcast over the heads, dt'A along i)."""
+    Q, nhp = cfg["Q"], cfg["nhp"]
+    wt, U = t["Wtb"], t["U"]
+    nisa.tensor_tensor(dst=wt.ap(pattern=[[wt.shape[1], Q], [Q, b - a], [1, Q]], offset=0),
+                       data1=U.ap(pattern=[[U.shape[1], Q], [0, b - a], [1, Q]], offset=0),
+                       data2=t["dtA"].ap(pattern=[[nhp, Q], [1, b - a], [0, Q]], offset=a),
+                       op=nl.multiply, engine=nisa.engine.gpsimd)
+
+
 def _head_a(cfg, t, a, k):
     """Stage A of head k (no VectorE result needed): per-token scalings, e^c y_off, the
     masked decay matrix E^T (exp on ScalarE), D x, the transposes of dy1, dy1 e^c, x dt',
@@ -813,7 +826,7 @@ def _head_a(cfg, t, a, k):
     g = (h0 + k) // HPG
     cols = slice((k - a) * P, (k - a + 1) * P)
     xdt, Xd, dy1e = _r(t, "xdt", k), _r(t, "Xd", k), _r(t, "dy1e", k)
-    Wt, ETm = _r(t, "Wt", k), _r(t, "ETm", k)
+    ETm = _r(t, "ETm", k)
     yoff = t["yoffb"][:, cols]
     # in dependency order per engine queue: the work that needs only the block's inputs
     # (y_off, the transposes of dy1, S0, dSe) first, so TensorE runs it while GpSimd builds
@@ -824,11 +837,9 @@ def _head_a(cfg, t, a, k):
                        engine=nisa.engine.scalar)
     nisa.tensor_scalar(dst=dy1e, data=dy1[:, cols], op0=nl.multiply, operand0=ecs[:, k:k + 1],
                        engine=nisa.engine.scalar)
-    # decay matrix E^T [j, i] = exp(sum_{j<k'<=i} dt'A) masked to j <= i: its operand
-    nisa.affine_select(dst=Wt, pattern=[[0, 1], [1, Q]], channel_multiplier=-1,
-                       on_true_tile=t["dtA"].ap(pattern=[[cfg["nhp"], Q], [1, 1], [0, Q]],
-                                                offset=k),
-                       on_false_value=0.0, cmp_op=nl.greater_equal, offset=0)
+    # decay matrix E^T [j, i] = exp(sum_{j<k'<=i} dt'A) masked to j <= i: its operand is
+    # head k's [Q, Q] of the block's Wtb (_block_decay_operand)
+    Wt = t["Wtb"][:, (k - a) * Q:(k - a + 1) * Q]
     if t["z_raw"] != None and t["D"] != None:  # noqa: E711
         y1 = _r(t, "y1", k)             # D x (GpSimd, ahead of K in its queue)
         nisa.tensor_tensor(dst=y1, data1=xw[:, cols], data2=t["D"][0:Q, k * P:(k + 1) * P],
