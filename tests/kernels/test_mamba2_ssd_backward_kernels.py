@@ -240,6 +240,16 @@ def test_model_shape_program_size():
     assert sizes[0] == sizes[1] <= 20_000, sizes
 
 
+@pytest.mark.parametrize("H, P, N, G", [(128, 64, 256, 1), (128, 64, 128, 8)])
+def test_model_shapes_fit_the_sbuf_at_lnc1(monkeypatch, H, P, N, G):
+    """Falcon-H1 (N = 256) and Granite-4.0-H (G = 8) heads at LNC=1, the widest program:
+    the block tiles fall back to one set where two do not fit (no capacity error)."""
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "1")
+    rng = np.random.default_rng(11)
+    trace = _trace(_case(rng, [5], H=H, P=P, N=N, G=G, pattern="realistic"), 128)
+    assert 0 < trace.program_instructions(0) <= 20_000
+
+
 def test_kernel_limits_are_a_value_error():
     rng = np.random.default_rng(10)
     inp = _case(rng, [5], H=2, P=4, N=384, G=1)

@@ -427,8 +427,17 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
     nisa.memset(dst=t["accA"], value=0.0)
     nisa.memset(dst=t["accB"], value=0.0)
     nisa.memset(dst=t["Dacc"], value=0.0)
+    # two sets of block tiles when they fit the SBUF (an estimate of the per-partition bytes
+    # of every tile; the simulator checks the real figure), else one (the tail then follows
+    # its block's pipeline instead of running inside the next one)
+    per_set = WB * (2 * 5 + 4 * 6 + 4 * 2 * len(ntl)) + hbk * Q * 4
+    fixed = (8 * W + G * (len(ntl) + 1) * 2 * Q * 4 + 16 * GN + 2 * WB * 4 + hbk * Q * 4
+             + 24 * 1024)
+    nsets = 1
+    if fixed + 2 * per_set <= 190 * 1024:
+        nsets = 2
     for name in _BLOCK_SET:
-        for par in range(2):
+        for par in range(nsets):
             if name in ("ST0", "dST"):
                 lst = []
                 for item in ntl:
@@ -446,12 +455,14 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
                 t[name + "#" + str(par)] = _sb((_PMAX, WB))
             else:
                 t[name + "#" + str(par)] = _sb((Q, WB))
+        if nsets == 1:
+            t[name + "#1"] = t[name + "#0"]
         t[name] = t[name + "#0"]    # loops S, F and the first block of loop B: set 0
     cfg = {"Q": Q, "P": P, "N": N, "G": G, "HPG": HPG, "h0": h0, "nhp": nhp, "c0": c0,
            "ntl": ntl, "NT": NT, "hsplit": hsplit, "gs": gs, "extra": extra, "GN": GN,
            "W": W, "H": H, "x": x, "dt": dt, "B": B, "C": C, "z": z, "dy": dy,
            "soft": dt_softplus, "lo": dt_lo, "hi": dt_hi, "groups": groups, "blocks": blocks,
-           "dx": dx, "dz": dz, "dinit": dinit}
+           "dx": dx, "dz": dz, "dinit": dinit, "nsets": nsets}
 
     # trip counts: live sequences, chunk rows (the one counts row both programs read)
     n_seqs, n_rows = trip_counts(counts)
@@ -563,6 +574,8 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
             for name in _BLOCK_SET:
                 tail[name] = t[name]
             pending[0] = tail
+            if nsets == 1:
+                _block_tail(cfg, t, pending)
         _block_tail(cfg, t, pending)
         _chunk_dt(cfg, t)
         nisa.dma_copy(dst=_scatter_view(ddt, yr, 0, nhp, 0), src=t["ddt"])
