@@ -34,7 +34,8 @@ Design note
 ===========
 
 What the forward saves: nothing (the host API's backward gets the forward's
-inputs). The kernel recomputes the chunk-boundary states (loop F) into an
+inputs, and reads only those). Recomputed here: per chunk dt', its cumsums and
+decays, CB, and y0 (for dz, only with z); the chunk-boundary states (loop F) into an
 fp32 HBM scratch ``[R + 1, N, H*P]`` (``nl.private_hbm``): 4*H*P*N/Q bytes
 per token (20 KiB at Mamba-2 2.7B, Q = 128; 335 MB at 16K tokens; twice that
 per head channel at N = 256), plus one d-state block per sequence (the
@@ -87,32 +88,41 @@ and ddt_bias.
 Per row of loop B: loads of dt (fp32), B, C (their dtype); the chunk-wide
 dt' and gate (ScalarE softplus / sigmoid, VectorE compares), the decay sums
 (TensorE 0/1 matmuls, ScalarE exp), per group C^T, B^T, CB, CB^T. Then per
-head block (at most _BLOCK_COLS columns: x, dy, z loaded in their dtype and
-widened by GpSimd; dy1, silu'(z), the dD accumulation on ScalarE / VectorE)
+head block (at most _BLOCK_COLS columns, half that at N > 128: x, dy, z loaded
+in their dtype and read so by VectorE / ScalarE, never widened; dy1, silu'(z),
+the dD accumulation on ScalarE / VectorE; the block's segment-sum operands
+Wtb[k', (h, i)] = dt'A[k', h] (k' <= i), one GpSimd multiply of the constant
+0/1 mask broadcast over the heads)
 the heads run as a two-stage software pipeline (stage A of head k+1 issued
 before stage B of head k; per-head SBUF temporaries and PSUM banks are rings
 of 2, x dt' of 3), each in-order engine queue ordered so that work waiting on
 another engine's result comes after work that does not (``_block_grads``).
-Stage A: ScalarE per-token scalings, GpSimd the segment-sum operand and D x,
-TensorE y_off / segment sum / 6 transposes, ScalarE exp and the PSUM
-evictions. Then E (a transpose, ScalarE eviction) and K on GpSimd. Stage B:
-TensorE dy1 (x dt')^T, dx x2, dS, the state terms of dC and dB, then R = Li^T
-M (a 0/1 stationary), the Z term of dB, Z^T (a transpose, ScalarE eviction),
-the Z^T term of dC; VectorE M (from the PSUM product and K), Z = E o it, the
-masked R (into the block's tile), dx and the state-gradient update; then K^T
-of the next head, y_intra and (VectorE) y0, dz. Per block: the row dots V,
+Stage A: ScalarE per-token scalings, TensorE y_off / segment sum / 7
+transposes, ScalarE exp and the PSUM evictions (the transposes two to a PSUM
+bank and one eviction: dy1^T | (dy1 e^c)^T, (x dt')^T | (x dt' e^{c_end-c})^T,
+S0 | dSe). Then E (a transpose, ScalarE eviction) and K on GpSimd. Stage B:
+TensorE dy1 (x dt')^T and (x dt') dy1^T, dx x2, dS, the state terms of dC and
+dB, then R = Li^T M (a 0/1 stationary), the Z term of dB, the Z^T term of dC;
+VectorE M (from the PSUM product and K), Z = E o it, Z^T = E^T o (x dt')
+dy1^T (no transpose of Z), the masked R (into the block's tile), dx and the
+state-gradient update; with z, K^T of the next head, y_intra and (VectorE)
+y0, dz (without z none of it: it feeds dz alone). Per block: the row dots V,
 DI, q', <dSe, S0> (one product and one tensor_reduce over the [rows, heads, P]
 view each) and the intra-chunk ddA columns (one tensor_reduce over the masked
-R tiles). Per row at the end: four accumulating matmuls complete ddA, the dt
+R tiles). The block's tail (those row dots but <dSe, S0>, the ddA columns, the
+scatters of dx, dz and its dS0^T) is issued inside the next block's pipeline,
+after its first two steps: the block tiles are two sets used by turns (one
+set, the tail right after its block, where two do not fit the SBUF: Falcon-H1
+and Granite heads at LNC=1). Per row at the end: four accumulating matmuls complete ddA, the dt
 chain, and the scatters of dx, dz, ddt (one row per partition; masked rows go
 to the dump row), of dB / dC (the program's partial slab) and of dS0^T.
 
 PSUM (8 banks of 2 KiB per partition, allocated in each loop body that writes
 them): the chunk scratch (decay sums, group terms, then the ddA columns); dC |
 dB (2N <= 512 columns); per head, ring of 2: hA (seg, E, dy1^T, (dy1 e^c)^T,
-reused for dy1 (x dt')^T, Z^T, R), hB (the other transposes; in stage B the dS
-tiles), hC (y_intra, y_off, the two dx terms; loop F's states of up to 512 / P
-heads).
+reused for dy1 (x dt')^T, (x dt') dy1^T, R), hB (the other transposes; in
+stage B the dS tiles), hC (y_intra, y_off, the two dx terms; loop F's states of
+up to 512 / P heads).
 
 dstate: N > 128 is two partition tiles (n0 = 0, 128; the second may be partial):
 the states S^T, dSe^T and the per-group B^T, C^T are one SBUF tile per dstate
@@ -129,18 +139,22 @@ extra columns of dB / dC), so LNC=1 and LNC=2 add the same partials in the same
 order: bit-identical gradients.
 
 What binds (modeled, trn2, ``nki_ssm.perf`` as of this commit; Mamba-2 2.7B,
-bf16 I/O, one sequence): TensorE, along the per-head chain (its fp32 operands
-run at the quarter rate; the rest of each engine's time is cross-engine waits
-on exp -> E -> K -> M -> R). Per 128-token chunk (loops F and B, 80 heads,
-LNC=1; ``nki_ssm.perf.model`` of a 256-token trace minus a 128-token one):
-TensorE 1,774 instructions (22 per head), ScalarE 1,220, VectorE 920, GpSimd
-345, DMA 67; 577 us per chunk (546 us with float32 I/O). 512 tokens (``python
--m simulate --op ssd_backward --range-samples 2 --no-calibration``): 2.08 ms
-at LNC=1 (TensorE 56 %, VectorE 56 %, ScalarE 60 %, GpSimd 36 %, DMA 14 %
-busy), 1.09 ms at LNC=2 (0.53x); program size 2,076 per program at LNC=2
-(4,031 at LNC=1). Closer to the roof needs fewer fp32 TensorE passes (bf16
-operands where the 5e-3 budget allows) and fewer instructions per head
-(several heads per PSUM eviction and per VectorE pass), not more overlap.
+bf16 I/O, one sequence, no z): the per-head cross-engine chain exp -> E -> K
+-> M -> R -> masked R, now led by VectorE (70 % busy; M, Z, Z^T, the masked R,
+dx, dx out and the dS update are 7 [Q, <=128] VectorE passes per head) and
+ScalarE (60 %: 3 scalings, y_off, 3 paired evictions, exp, E, the dx state
+term per head); TensorE is 27 % busy (tfloat32 operands at the bf16 rate).
+Per 128-token chunk (512-token run / 4, loops F and B, 80 heads, LNC=1):
+TensorE 1,696 instructions, ScalarE 895, VectorE 664, GpSimd 172, DMA 64.
+512 tokens (``python -m simulate --op backward --model mamba2-2.7b
+--range-samples 2 --no-calibration --lnc 1``): 1.66 ms at LNC=1 (1.60-1.76
+ms 10-90 %), 0.89 ms at LNC=2; program size 3,539 at LNC=1. 16K tokens
+(``--set judged --case 1x16384``): see the commit log. Next: several heads
+per PSUM bank for the PSUM-reading VectorE passes (M, Z, Z^T, masked R: one
+[Q, 4Q] pass per 4 heads) and the per-head ScalarE PSUM reads (y_off, the dx
+state term) as one matmul of up to 512 columns and one broadcast pass per
+bank, with the pipeline skewed so that the block work does not stall the
+first heads.
 
 LNC: program p of 2 takes heads [p H/2, (p+1) H/2) (H even; odd H: both
 programs take every head, ``scaffold.program_share``, and the launcher keeps
@@ -156,8 +170,13 @@ sync.
 Layouts: token-major, heads on the free dim (x ``[T+Q, H*P]``); states in
 the S^T layout ``[N, H*P]`` (dstate on partitions), transposed per head on
 TensorE where a contraction over P needs ``[P, N]``. Numerics: fp32
-throughout (bfloat16 inputs widened after the load; outputs rounded once on
-write); every decay is exp of a sum <= 0.
+throughout (bfloat16 inputs widened on read; outputs rounded once on write),
+with float32 accumulation in PSUM; bfloat16 callers read the per-head and
+per-group TensorE operands as tfloat32 views (10 mantissa bits, rounding 2^-11,
+a quarter of the bf16 outputs'; B and C exact): worst gradient 1.69e-3 against
+float64 at 512 tokens and 16K (the 5e-3 budget); float32 callers keep exact
+float32 operands (1e-5); the chunk-level decay sums and the ddA / dt chain
+matmuls stay float32. Every decay is exp of a sum <= 0.
 
 Limits: N <= 256 (two dstate tiles: dC | dB share one PSUM bank), P <= 128
 (a head's [Q, P] operands are transposed to P partitions; the launcher splits
