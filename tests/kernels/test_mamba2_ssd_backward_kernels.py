@@ -198,6 +198,21 @@ def test_lnc2_equals_lnc1(monkeypatch, H, G, P, N):
         assert two[key].tobytes() == one[key].tobytes(), key
 
 
+@pytest.mark.parametrize("H, G, P, N, z", [(4, 1, 8, 16, False), (6, 3, 8, 16, True),
+                                           (6, 1, 8, 256, True)])
+def test_lnc2_equals_lnc1_bf16(monkeypatch, H, G, P, N, z):
+    """bfloat16 callers (tfloat32 TensorE operands, no widening copies, with and without
+    z): every gradient, dB / dC included, equals LNC=1 bit for bit."""
+    rng = np.random.default_rng(12)
+    inp = _case(rng, [40, 0, 1, 19], H=H, G=G, P=P, N=N, dtype=BF16, z=z, pattern="realistic")
+    one = _run_lnc(monkeypatch, 1, inp, 16)
+    two = _run_lnc(monkeypatch, 2, inp, 16)
+    for key in KEYS:
+        assert (one[key] is None) == (two[key] is None), key
+        if one[key] is not None:
+            assert two[key].tobytes() == one[key].tobytes(), key
+
+
 def _trace(inp, chunk):
     from nki_ssm.sim.trace import record
     with record() as trace:
