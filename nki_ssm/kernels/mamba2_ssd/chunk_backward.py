@@ -147,9 +147,11 @@ term per head); TensorE is 27 % busy (tfloat32 operands at the bf16 rate).
 Per 128-token chunk (512-token run / 4, loops F and B, 80 heads, LNC=1):
 TensorE 1,696 instructions, ScalarE 895, VectorE 664, GpSimd 172, DMA 64.
 512 tokens (``python -m simulate --op backward --model mamba2-2.7b
---range-samples 2 --no-calibration --lnc 1``): 1.66 ms at LNC=1 (1.60-1.76
+--range-samples 12 --no-calibration --lnc 1``): 1.66 ms at LNC=1 (1.50-1.83
 ms 10-90 %), 0.89 ms at LNC=2; program size 3,539 at LNC=1. 16K tokens
-(``--set judged --case 1x16384``): see the commit log. Next: several heads
+(``--set judged --case 1x16384``, 12 samples): 51.1 ms at LNC=1 (46.0-56.3 ms;
+VectorE 72 %, ScalarE 63 %, TensorE 28 %, GpSimd 30 %, DMA 15 % busy; worst
+gradient 1.69e-3). Next: several heads
 per PSUM bank for the PSUM-reading VectorE passes (M, Z, Z^T, masked R: one
 [Q, 4Q] pass per 4 heads) and the per-head ScalarE PSUM reads (y_off, the dx
 state term) as one matmul of up to 512 columns and one broadcast pass per
