@@ -97,7 +97,7 @@ the heads run as a two-stage software pipeline (stage A of head k+1 issued
 before stage B of head k; per-head SBUF temporaries and PSUM banks are rings
 of 2, x dt' of 3), each in-order engine queue ordered so that work waiting on
 another engine's result comes after work that does not (``_block_grads``).
-Stage A: ScalarE per-token scalings, TensorE y_off / segment sum / 7
+Stage A: ScalarE per-token scalings, TensorE y_off / segment sum / 6
 transposes, ScalarE exp and the PSUM evictions (the transposes two to a PSUM
 bank and one eviction: dy1^T | (dy1 e^c)^T, (x dt')^T | (x dt' e^{c_end-c})^T,
 S0 | dSe). Then E (a transpose, ScalarE eviction) and K on GpSimd. Stage B:
