@@ -198,6 +198,21 @@ def test_lnc2_equals_lnc1(monkeypatch, H, G, P, N):
         assert two[key].tobytes() == one[key].tobytes(), key
 
 
+@pytest.mark.parametrize("H, G, P, N, z", [(4, 1, 8, 16, False), (6, 3, 8, 16, True),
+                                           (6, 1, 8, 256, True)])
+def test_lnc2_equals_lnc1_bf16(monkeypatch, H, G, P, N, z):
+    """bfloat16 callers (tfloat32 TensorE operands, no widening copies, with and without
+    z): every gradient, dB / dC included, equals LNC=1 bit for bit."""
+    rng = np.random.default_rng(12)
+    inp = _case(rng, [40, 0, 1, 19], H=H, G=G, P=P, N=N, dtype=BF16, z=z, pattern="realistic")
+    one = _run_lnc(monkeypatch, 1, inp, 16)
+    two = _run_lnc(monkeypatch, 2, inp, 16)
+    for key in KEYS:
+        assert (one[key] is None) == (two[key] is None), key
+        if one[key] is not None:
+            assert two[key].tobytes() == one[key].tobytes(), key
+
+
 def _trace(inp, chunk):
     from nki_ssm.sim.trace import record
     with record() as trace:
@@ -238,6 +253,16 @@ def test_model_shape_program_size():
             os.environ["NEURON_LOGICAL_NC_CONFIG"] = old
     sizes = [trace.program_instructions(p) for p in range(2)]
     assert sizes[0] == sizes[1] <= 20_000, sizes
+
+
+@pytest.mark.parametrize("H, P, N, G", [(128, 64, 256, 1), (128, 64, 128, 8)])
+def test_model_shapes_fit_the_sbuf_at_lnc1(monkeypatch, H, P, N, G):
+    """Falcon-H1 (N = 256) and Granite-4.0-H (G = 8) heads at LNC=1, the widest program:
+    the block tiles fall back to one set where two do not fit (no capacity error)."""
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "1")
+    rng = np.random.default_rng(11)
+    trace = _trace(_case(rng, [5], H=H, P=P, N=N, G=G, pattern="realistic"), 128)
+    assert 0 < trace.program_instructions(0) <= 20_000
 
 
 def test_kernel_limits_are_a_value_error():

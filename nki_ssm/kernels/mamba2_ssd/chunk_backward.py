@@ -34,7 +34,8 @@ Design note
 ===========
 
 What the forward saves: nothing (the host API's backward gets the forward's
-inputs). The kernel recomputes the chunk-boundary states (loop F) into an
+inputs, and reads only those). Recomputed here: per chunk dt', its cumsums and
+decays, CB, and y0 (for dz, only with z); the chunk-boundary states (loop F) into an
 fp32 HBM scratch ``[R + 1, N, H*P]`` (``nl.private_hbm``): 4*H*P*N/Q bytes
 per token (20 KiB at Mamba-2 2.7B, Q = 128; 335 MB at 16K tokens; twice that
 per head channel at N = 256), plus one d-state block per sequence (the
@@ -87,32 +88,41 @@ and ddt_bias.
 Per row of loop B: loads of dt (fp32), B, C (their dtype); the chunk-wide
 dt' and gate (ScalarE softplus / sigmoid, VectorE compares), the decay sums
 (TensorE 0/1 matmuls, ScalarE exp), per group C^T, B^T, CB, CB^T. Then per
-head block (at most _BLOCK_COLS columns: x, dy, z loaded in their dtype and
-widened by GpSimd; dy1, silu'(z), the dD accumulation on ScalarE / VectorE)
+head block (at most _BLOCK_COLS columns, half that at N > 128: x, dy, z loaded
+in their dtype and read so by VectorE / ScalarE, never widened; dy1, silu'(z),
+the dD accumulation on ScalarE / VectorE; the block's segment-sum operands
+Wtb[k', (h, i)] = dt'A[k', h] (k' <= i), one GpSimd multiply of the constant
+0/1 mask broadcast over the heads)
 the heads run as a two-stage software pipeline (stage A of head k+1 issued
 before stage B of head k; per-head SBUF temporaries and PSUM banks are rings
 of 2, x dt' of 3), each in-order engine queue ordered so that work waiting on
 another engine's result comes after work that does not (``_block_grads``).
-Stage A: ScalarE per-token scalings, GpSimd the segment-sum operand and D x,
-TensorE y_off / segment sum / 6 transposes, ScalarE exp and the PSUM
-evictions. Then E (a transpose, ScalarE eviction) and K on GpSimd. Stage B:
-TensorE dy1 (x dt')^T, dx x2, dS, the state terms of dC and dB, then R = Li^T
-M (a 0/1 stationary), the Z term of dB, Z^T (a transpose, ScalarE eviction),
-the Z^T term of dC; VectorE M (from the PSUM product and K), Z = E o it, the
-masked R (into the block's tile), dx and the state-gradient update; then K^T
-of the next head, y_intra and (VectorE) y0, dz. Per block: the row dots V,
+Stage A: ScalarE per-token scalings, TensorE y_off / segment sum / 6
+transposes, ScalarE exp and the PSUM evictions (the transposes two to a PSUM
+bank and one eviction: dy1^T | (dy1 e^c)^T, (x dt')^T | (x dt' e^{c_end-c})^T,
+S0 | dSe). Then E (a transpose, ScalarE eviction) and K on GpSimd. Stage B:
+TensorE dy1 (x dt')^T and (x dt') dy1^T, dx x2, dS, the state terms of dC and
+dB, then R = Li^T M (a 0/1 stationary), the Z term of dB, the Z^T term of dC;
+VectorE M (from the PSUM product and K), Z = E o it, Z^T = E^T o (x dt')
+dy1^T (no transpose of Z), the masked R (into the block's tile), dx and the
+state-gradient update; with z, K^T of the next head, y_intra and (VectorE)
+y0, dz (without z none of it: it feeds dz alone). Per block: the row dots V,
 DI, q', <dSe, S0> (one product and one tensor_reduce over the [rows, heads, P]
 view each) and the intra-chunk ddA columns (one tensor_reduce over the masked
-R tiles). Per row at the end: four accumulating matmuls complete ddA, the dt
+R tiles). The block's tail (those row dots but <dSe, S0>, the ddA columns, the
+scatters of dx, dz and its dS0^T) is issued inside the next block's pipeline,
+after its first two steps: the block tiles are two sets used by turns (one
+set, the tail right after its block, where two do not fit the SBUF: Falcon-H1
+and Granite heads at LNC=1). Per row at the end: four accumulating matmuls complete ddA, the dt
 chain, and the scatters of dx, dz, ddt (one row per partition; masked rows go
 to the dump row), of dB / dC (the program's partial slab) and of dS0^T.
 
 PSUM (8 banks of 2 KiB per partition, allocated in each loop body that writes
 them): the chunk scratch (decay sums, group terms, then the ddA columns); dC |
 dB (2N <= 512 columns); per head, ring of 2: hA (seg, E, dy1^T, (dy1 e^c)^T,
-reused for dy1 (x dt')^T, Z^T, R), hB (the other transposes; in stage B the dS
-tiles), hC (y_intra, y_off, the two dx terms; loop F's states of up to 512 / P
-heads).
+reused for dy1 (x dt')^T, (x dt') dy1^T, R), hB (the other transposes; in
+stage B the dS tiles), hC (y_intra, y_off, the two dx terms; loop F's states of
+up to 512 / P heads).
 
 dstate: N > 128 is two partition tiles (n0 = 0, 128; the second may be partial):
 the states S^T, dSe^T and the per-group B^T, C^T are one SBUF tile per dstate
@@ -129,18 +139,24 @@ extra columns of dB / dC), so LNC=1 and LNC=2 add the same partials in the same
 order: bit-identical gradients.
 
 What binds (modeled, trn2, ``nki_ssm.perf`` as of this commit; Mamba-2 2.7B,
-bf16 I/O, one sequence): TensorE, along the per-head chain (its fp32 operands
-run at the quarter rate; the rest of each engine's time is cross-engine waits
-on exp -> E -> K -> M -> R). Per 128-token chunk (loops F and B, 80 heads,
-LNC=1; ``nki_ssm.perf.model`` of a 256-token trace minus a 128-token one):
-TensorE 1,774 instructions (22 per head), ScalarE 1,220, VectorE 920, GpSimd
-345, DMA 67; 577 us per chunk (546 us with float32 I/O). 512 tokens (``python
--m simulate --op ssd_backward --range-samples 2 --no-calibration``): 2.08 ms
-at LNC=1 (TensorE 56 %, VectorE 56 %, ScalarE 60 %, GpSimd 36 %, DMA 14 %
-busy), 1.09 ms at LNC=2 (0.53x); program size 2,076 per program at LNC=2
-(4,031 at LNC=1). Closer to the roof needs fewer fp32 TensorE passes (bf16
-operands where the 5e-3 budget allows) and fewer instructions per head
-(several heads per PSUM eviction and per VectorE pass), not more overlap.
+bf16 I/O, one sequence, no z): the per-head cross-engine chain exp -> E -> K
+-> M -> R -> masked R, now led by VectorE (70 % busy; M, Z, Z^T, the masked R,
+dx, dx out and the dS update are 7 [Q, <=128] VectorE passes per head) and
+ScalarE (60 %: 3 scalings, y_off, 3 paired evictions, exp, E, the dx state
+term per head); TensorE is 27 % busy (tfloat32 operands at the bf16 rate).
+Per 128-token chunk (512-token run / 4, loops F and B, 80 heads, LNC=1):
+TensorE 1,696 instructions, ScalarE 895, VectorE 664, GpSimd 172, DMA 64.
+512 tokens (``python -m simulate --op backward --model mamba2-2.7b
+--range-samples 12 --no-calibration --lnc 1``): 1.66 ms at LNC=1 (1.50-1.83
+ms 10-90 %), 0.89 ms at LNC=2; program size 3,539 at LNC=1. 16K tokens
+(``--set judged --case 1x16384``, 12 samples): 51.1 ms at LNC=1 (46.0-56.3 ms;
+VectorE 72 %, ScalarE 63 %, TensorE 28 %, GpSimd 30 %, DMA 15 % busy; worst
+gradient 1.69e-3). Next: several heads
+per PSUM bank for the PSUM-reading VectorE passes (M, Z, Z^T, masked R: one
+[Q, 4Q] pass per 4 heads) and the per-head ScalarE PSUM reads (y_off, the dx
+state term) as one matmul of up to 512 columns and one broadcast pass per
+bank, with the pipeline skewed so that the block work does not stall the
+first heads.
 
 LNC: program p of 2 takes heads [p H/2, (p+1) H/2) (H even; odd H: both
 programs take every head, ``scaffold.program_share``, and the launcher keeps
@@ -156,8 +172,13 @@ sync.
 Layouts: token-major, heads on the free dim (x ``[T+Q, H*P]``); states in
 the S^T layout ``[N, H*P]`` (dstate on partitions), transposed per head on
 TensorE where a contraction over P needs ``[P, N]``. Numerics: fp32
-throughout (bfloat16 inputs widened after the load; outputs rounded once on
-write); every decay is exp of a sum <= 0.
+throughout (bfloat16 inputs widened on read; outputs rounded once on write),
+with float32 accumulation in PSUM; bfloat16 callers read the per-head and
+per-group TensorE operands as tfloat32 views (10 mantissa bits, rounding 2^-11,
+a quarter of the bf16 outputs'; B and C exact): worst gradient 1.69e-3 against
+float64 at 512 tokens and 16K (the 5e-3 budget); float32 callers keep exact
+float32 operands (1e-5); the chunk-level decay sums and the ddA / dt chain
+matmuls stay float32. Every decay is exp of a sum <= 0.
 
 Limits: N <= 256 (two dstate tiles: dC | dB share one PSUM bank), P <= 128
 (a head's [Q, P] operands are transposed to P partitions; the launcher splits
@@ -229,6 +250,15 @@ def _tri(Q, ones, channel_multiplier, step, offset, cmp_op=nl.greater_equal):
                        on_true_tile=ones[0:Q, 0:Q], on_false_value=0.0,
                        cmp_op=cmp_op, offset=offset)
     return t
+
+
+def _tf(t, x):
+    """A float32 tile as a TensorE operand: its tfloat32 view for bfloat16 callers (10
+    mantissa bits, streamed at the BF16 rate instead of float32's quarter rate), itself for
+    float32 callers (exact)."""
+    if t["fast"]:
+        return x.view(nl.tfloat32)
+    return x
 
 
 def _widen(dst, src, width):
@@ -349,7 +379,7 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
          "Ls": _tri(Q, ones, 1, -1, -1),    # Ls[k, j] = (k > j)
          "Li": _tri(Q, ones, 1, -1, 0),     # Li[i, k] = (i >= k)
          "Us": _tri(Q, ones, -1, 1, -1),    # Us[j, k] = (j < k)
-         "ones": ones}
+         "ones": ones, "fast": x.dtype != nl.float32}
     t["I"] = _tri(Q, ones, 1, -1, 0, nl.equal)     # identity
     negs = _sb((Q, Q))
     nisa.memset(dst=negs, value=_MASKED)
@@ -370,14 +400,7 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
     # ---- SBUF tiles (allocated once, before the loops; PSUM: _psum_tiles in each body)
     t["rows"] = _sb((Q, 2), nl.int32)
     t["mask"] = _sb((Q, 1))
-    t["x_raw"] = _sb((Q, WB), x.dtype)
-    t["dy_raw"] = _sb((Q, WB), x.dtype)
-    t["z_raw"] = None
-    if z != None:  # noqa: E711
-        t["z_raw"] = _sb((Q, WB), z.dtype)
-    t["dxo"] = _sb((Q, WB), x.dtype)
-    t["dzo"] = _sb((Q, WB), x.dtype)
-    for name in ("xf", "dyf", "zf", "dy1", "dyz", "sig", "prod"):
+    for name in ("sig", "prod"):
         t[name] = _sb((Q, WB))
     t["dt_in"] = _sb((Q, nhp))
     t["B_raw"] = _sb((Q, GN), B.dtype)
@@ -389,28 +412,20 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
         t[name] = _sb((Q, nhp))
     t["elast"] = _sb((NT, nhp))
     t["Tn"] = _sb((NT, len(ntl) * nhp))
-    t["ST0"] = []
-    t["dST"] = []
-    for item in ntl:
-        t["ST0"].append(_sb((item[1], WB)))
-        t["dST"].append(_sb((item[1], WB)))
     t["Dacc"] = _sb((Q, W))
     # per-head temporaries: rings of 2 (two heads in flight, _block_grads)
     for name in ("Xd", "dy1e", "y0", "y1", "dD1"):
         t[name] = [_sb((Q, P)), _sb((Q, P))]
     t["xdt"] = [_sb((Q, P)), _sb((Q, P)), _sb((Q, P))]   # read by y_intra a step later
-    # per-block operands of the row dots (one product and one reduce per block, _rowdots)
-    for name in ("yoffb", "dxrb", "dxSb"):
-        t[name] = _sb((Q, WB))
-    t["pB"] = _sb((_PMAX, WB))
-    t["Xb"] = _sb((Q, hbk * Q))     # the block's masked (Li^T M) [k, j], one [Q, Q] per head
+    t["Wtb"] = _sb((Q, hbk * Q))    # the block's segment-sum operands, one [Q, Q] per head
     t["Wc"] = _sb((Q, nhp))         # the intra-chunk ddA term, a column per head
-    for name in ("Wt", "ETm", "Em", "KT", "K", "Zt", "ZTt", "M"):
+    for name in ("ETm", "Em", "KT", "K", "Zt", "ZTt", "M"):
         t[name] = [_sb((Q, Q)), _sb((Q, Q))]
-    for name in ("dy1T", "dy1eT", "xdtT", "XdT"):
-        t[name] = [_sb((P, Q)), _sb((P, Q))]
-    for name in ("S0", "dSe"):
-        t[name] = [_sb((P, N)), _sb((P, N))]
+    # per-head transposes, two to an SBUF tile (one PSUM eviction each): dy1^T | (dy1 e^c)^T,
+    # (x dt')^T | (x dt' e^{c_end - c})^T ([P, 2Q]), S0 | dSe ([P, 2N])
+    for name in ("dTT", "xTT"):
+        t[name] = [_sb((P, 2 * Q)), _sb((P, 2 * Q))]
+    t["SD"] = [_sb((P, 2 * N)), _sb((P, 2 * N))]
     t["CT"] = []
     t["BT"] = []
     t["CBTm"] = []
@@ -433,10 +448,42 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
     nisa.memset(dst=t["accA"], value=0.0)
     nisa.memset(dst=t["accB"], value=0.0)
     nisa.memset(dst=t["Dacc"], value=0.0)
+    # two sets of block tiles when they fit the SBUF (an estimate of the per-partition bytes
+    # of every tile; the simulator checks the real figure), else one (the tail then follows
+    # its block's pipeline instead of running inside the next one)
+    per_set = WB * (2 * 5 + 4 * 6 + 4 * 2 * len(ntl)) + hbk * Q * 4
+    fixed = (8 * W + G * (len(ntl) + 1) * 2 * Q * 4 + 16 * GN + 2 * WB * 4 + hbk * Q * 4
+             + 24 * 1024)
+    nsets = 1
+    if fixed + 2 * per_set <= 190 * 1024:
+        nsets = 2
+    for name in _BLOCK_SET:
+        for par in range(nsets):
+            if name in ("ST0", "dST"):
+                lst = []
+                for item in ntl:
+                    lst.append(_sb((item[1], WB)))
+                t[name + "#" + str(par)] = lst
+            elif name in ("x_raw", "dy_raw", "dxo", "dzo"):
+                t[name + "#" + str(par)] = _sb((Q, WB), x.dtype)
+            elif name == "z_raw":
+                t[name + "#" + str(par)] = None
+                if z != None:  # noqa: E711
+                    t[name + "#" + str(par)] = _sb((Q, WB), z.dtype)
+            elif name == "Xb":
+                t[name + "#" + str(par)] = _sb((Q, hbk * Q))
+            elif name == "pB":
+                t[name + "#" + str(par)] = _sb((_PMAX, WB))
+            else:
+                t[name + "#" + str(par)] = _sb((Q, WB))
+        if nsets == 1:
+            t[name + "#1"] = t[name + "#0"]
+        t[name] = t[name + "#0"]    # loops S, F and the first block of loop B: set 0
     cfg = {"Q": Q, "P": P, "N": N, "G": G, "HPG": HPG, "h0": h0, "nhp": nhp, "c0": c0,
            "ntl": ntl, "NT": NT, "hsplit": hsplit, "gs": gs, "extra": extra, "GN": GN,
            "W": W, "H": H, "x": x, "dt": dt, "B": B, "C": C, "z": z, "dy": dy,
-           "soft": dt_softplus, "lo": dt_lo, "hi": dt_hi, "groups": groups, "blocks": blocks}
+           "soft": dt_softplus, "lo": dt_lo, "hi": dt_hi, "groups": groups, "blocks": blocks,
+           "dx": dx, "dz": dz, "dinit": dinit, "nsets": nsets}
 
     # trip counts: live sequences, chunk rows (the one counts row both programs read)
     n_seqs, n_rows = trip_counts(counts)
@@ -474,7 +521,7 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
             for ti in range(len(ntl)):
                 nisa.dma_copy(dst=t["ST0"][ti][:, 0:wb],
                               src=_block_view(scratch, i, ca - c0, wb, ntl[ti]))
-            xw = _widen(t["xf"], t["x_raw"], wb)
+            xw = t["x_raw"]
             # e^{c_end} S^T of the block's heads (one VectorE pass per dstate tile, e^{c_end}
             # broadcast along each head's P columns), then per PSUM bank of hpp heads the
             # B^T (x dt' e^{c_end - c}) matmuls and one add
@@ -498,8 +545,8 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
                         n0, nsz = ntl[ti]
                         c = (ti * hpp + k - g0) * P
                         nisa.nc_matmul(dst=ps[0:nsz, c:c + P],
-                                       stationary=t["Bw"][:, g * N + n0:g * N + n0 + nsz],
-                                       moving=Xd, accumulate=False)
+                                       stationary=_tf(t, t["Bw"][:, g * N + n0:g * N + n0 + nsz]),
+                                       moving=_tf(t, Xd), accumulate=False)
                 for ti in range(len(ntl)):
                     nsz = ntl[ti][1]
                     dcols = t["dST"][ti][:, (g0 - a) * P:(g1 - a) * P]
@@ -522,10 +569,15 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
         _chunk_decays(cfg, t)
         _group_terms(cfg, t)
         yr = t["rows"][:, 0:1]
-        for item in blocks:
-            a = item[0]
-            b = item[1]
+        pending = [None]
+        for bi in range(len(blocks)):
+            a = blocks[bi][0]
+            b = blocks[bi][1]
             ca, wb = c0 + a * P, (b - a) * P
+            # the block's tiles: one of two sets in turn, so the previous block's tail (row
+            # dots, scatters; issued inside this block's pipeline) reads its own
+            for name in _BLOCK_SET:
+                t[name] = t[name + "#" + str(bi % 2)]
             _load_block(cfg, t, ca, wb)
             for ti in range(len(ntl)):
                 nisa.dma_copy(dst=t["ST0"][ti][:, 0:wb],
@@ -535,24 +587,17 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
             # <dSe, S0> per state row and head, before stage B updates dSe
             for ti in range(len(ntl)):
                 nsz = ntl[ti][1]
-                _rowdots(t, t["Tn"][0:nsz, ti * nhp + a:ti * nhp + b], t["dST"][ti][:, 0:wb],
+                _rowdots(t["pB"], t["Tn"][0:nsz, ti * nhp + a:ti * nhp + b], t["dST"][ti][:, 0:wb],
                          t["ST0"][ti][:, 0:wb], P)
-            _block_grads(cfg, t, a, b)
-            # V = dy1 . e^c y_off, DI = x . dxr, q' = x . dxS: per token and head
-            _rowdots(t, t["V"][:, a:b], t["yoffb"][:, 0:wb], t["dy1"][:, 0:wb], P)
-            _rowdots(t, t["DI"][:, a:b], t["xw"][:, 0:wb], t["dxrb"][:, 0:wb], P)
-            _rowdots(t, t["qv"][:, a:b], t["xw"][:, 0:wb], t["dxSb"][:, 0:wb], P)
-            # the intra-chunk ddA terms: row sums of the masked Li^T M per head
-            xb = t["Xb"]
-            nisa.tensor_reduce(dst=t["Wc"][:, a:b], op=nl.add,
-                               data=xb.ap(pattern=[[xb.shape[1], Q], [Q, b - a], [1, Q]],
-                                          offset=0), axis=(2,))
-            nisa.dma_copy(dst=_scatter_view(dx, yr, ca - c0, wb, 0), src=t["dxo"][:, 0:wb])
-            if z != None:  # noqa: E711
-                nisa.dma_copy(dst=_scatter_view(dz, yr, ca - c0, wb, 0), src=t["dzo"][:, 0:wb])
-            for ti in range(len(ntl)):
-                nisa.dma_copy(dst=_block_view(dinit, seq, ca - c0, wb, ntl[ti]),
-                              src=t["dST"][ti][:, 0:wb])
+            _block_decay_operand(cfg, t, a, b)
+            _block_grads(cfg, t, a, b, pending)
+            tail = {"a": a, "b": b, "yr": yr, "seq": seq}
+            for name in _BLOCK_SET:
+                tail[name] = t[name]
+            pending[0] = tail
+            if nsets == 1:
+                _block_tail(cfg, t, pending)
+        _block_tail(cfg, t, pending)
         _chunk_dt(cfg, t)
         nisa.dma_copy(dst=_scatter_view(ddt, yr, 0, nhp, 0), src=t["ddt"])
         nisa.dma_copy(dst=_scatter_view(dB, yr, 0, GN + extra, 0), src=t["dBt"])
@@ -608,13 +653,15 @@ def _load_block(cfg, t, ca, wb):
     nisa.dma_copy(dst=t["dy_raw"][:, 0:wb], src=_rows_view(cfg["dy"], t0, ca, wb, Q))
     if t["z_raw"] != None:  # noqa: E711
         nisa.dma_copy(dst=t["z_raw"][:, 0:wb], src=_rows_view(cfg["z"], t0, ca, wb, Q))
-    xw = _widen(t["xf"], t["x_raw"], wb)
-    dyw = _widen(t["dyf"], t["dy_raw"], wb)
+    # x, dy, z stay in their dtype: every reader is a VectorE / ScalarE / GpSimd
+    # instruction (widened on read), none a TensorE operand
+    xw = t["x_raw"]
+    dyw = t["dy_raw"]
     t["xw"] = xw
     mask = t["mask"][:, 0:1]
     dy1, dyz = t["dy1"][:, 0:wb], t["dyz"][:, 0:wb]
     if t["z_raw"] != None:  # noqa: E711
-        zw = _widen(t["zf"], t["z_raw"], wb)[:, 0:wb]
+        zw = t["z_raw"][:, 0:wb]
         sig, silu = t["sig"][:, 0:wb], t["prod"][:, 0:wb]
         nisa.activation(dst=sig, op=nl.sigmoid, data=zw)
         nisa.tensor_tensor(dst=silu, data1=zw, data2=sig, op=nl.multiply)
@@ -689,15 +736,17 @@ def _group_terms(cfg, t):
             nisa.nc_transpose(dst=pc[0:nsz, Q:2 * Q], data=t["Bw"][:, n0:n0 + nsz])
             nisa.tensor_copy(dst=t["BT"][g][ti], src=pc[0:nsz, Q:2 * Q],
                              engine=nisa.engine.scalar)
-        # CB^T and CB contract over dstate: one accumulating matmul per tile
+        # CB^T and CB contract over dstate: one accumulating matmul per tile (CB^T only
+        # feeds K^T: y_intra, dz; not computed without z)
+        if t["z_raw"] != None:  # noqa: E711
+            for ti in range(len(ntl)):
+                nisa.nc_matmul(dst=pc[0:Q, 2 * Q:3 * Q], stationary=_tf(t, t["BT"][g][ti]),
+                               moving=_tf(t, t["CT"][g][ti]), accumulate=ti > 0)
+            nisa.tensor_tensor(dst=t["CBTm"][g], data1=pc[0:Q, 2 * Q:3 * Q], data2=t["U"],
+                               op=nl.multiply)
         for ti in range(len(ntl)):
-            nisa.nc_matmul(dst=pc[0:Q, 2 * Q:3 * Q], stationary=t["BT"][g][ti],
-                           moving=t["CT"][g][ti], accumulate=ti > 0)
-        nisa.tensor_tensor(dst=t["CBTm"][g], data1=pc[0:Q, 2 * Q:3 * Q], data2=t["U"],
-                           op=nl.multiply)
-        for ti in range(len(ntl)):
-            nisa.nc_matmul(dst=pc[0:Q, 3 * Q:4 * Q], stationary=t["CT"][g][ti],
-                           moving=t["BT"][g][ti], accumulate=ti > 0)
+            nisa.nc_matmul(dst=pc[0:Q, 3 * Q:4 * Q], stationary=_tf(t, t["CT"][g][ti]),
+                           moving=_tf(t, t["BT"][g][ti]), accumulate=ti > 0)
         nisa.tensor_copy(dst=t["CB"][g], src=pc[0:Q, 3 * Q:4 * Q], engine=nisa.engine.scalar)
 
 
@@ -706,15 +755,50 @@ def _heads_view(tile, rows, c0, nb, P):
     return tile.ap(pattern=[[tile.shape[1], rows], [P, nb], [1, P]], offset=c0)
 
 
-def _rowdots(t, dst, a, b, P):
+def _rowdots(prod, dst, a, b, P):
     """dst [rows, nb] = per head (P columns each) the sum over its columns of a o b, for
     the nb heads of a block: one VectorE product into the block's product tile and one
     reduce over the last axis of its [rows, nb, P] view."""
     rows, w = a.shape[0], a.shape[1]
-    prod = t["pB"]
     nisa.tensor_tensor(dst=prod[0:rows, 0:w], data1=a, data2=b, op=nl.multiply)
     view = prod.ap(pattern=[[prod.shape[1], rows], [P, w // P], [1, P]], offset=0)
     nisa.tensor_reduce(dst=dst, op=nl.add, data=view, axis=(2,))
+
+
+# the per-block tiles, two sets used by turns (bwd loop): the block's inputs and the operands
+# of its tail (row dots, intra-chunk ddA reduce, scatters)
+_BLOCK_SET = ("x_raw", "dy_raw", "z_raw", "dxo", "dzo", "dy1", "dyz", "yoffb", "dxrb", "dxSb",
+              "Xb", "pB", "ST0", "dST")
+
+
+def _block_tail(cfg, t, pending):
+    """The tail of the block in ``pending[0]`` (its tiles saved when it was issued), if any:
+    V = dy1 . e^c y_off, DI = x . dxr, q' = x . dxS (per token and head), the intra-chunk
+    ddA columns (row sums of the masked Li^T M per head), the scatters of dx, dz and the
+    block's dS0^T. Issued inside the next block's pipeline, so its VectorE passes and DMAs
+    do not hold up the next block's first heads."""
+    tail = pending[0]
+    if tail == None:  # noqa: E711
+        return
+    pending[0] = None
+    Q, P, c0, ntl = cfg["Q"], cfg["P"], cfg["c0"], cfg["ntl"]
+    a, b, yr = tail["a"], tail["b"], tail["yr"]
+    ca, wb = c0 + a * P, (b - a) * P
+    pB = tail["pB"]
+    _rowdots(pB, t["V"][:, a:b], tail["yoffb"][:, 0:wb], tail["dy1"][:, 0:wb], P)
+    _rowdots(pB, t["DI"][:, a:b], tail["x_raw"][:, 0:wb], tail["dxrb"][:, 0:wb], P)
+    _rowdots(pB, t["qv"][:, a:b], tail["x_raw"][:, 0:wb], tail["dxSb"][:, 0:wb], P)
+    xb = tail["Xb"]
+    nisa.tensor_reduce(dst=t["Wc"][:, a:b], op=nl.add,
+                       data=xb.ap(pattern=[[xb.shape[1], Q], [Q, b - a], [1, Q]], offset=0),
+                       axis=(2,))
+    nisa.dma_copy(dst=_scatter_view(cfg["dx"], yr, ca - c0, wb, 0), src=tail["dxo"][:, 0:wb])
+    if tail["z_raw"] != None:  # noqa: E711
+        nisa.dma_copy(dst=_scatter_view(cfg["dz"], yr, ca - c0, wb, 0),
+                      src=tail["dzo"][:, 0:wb])
+    for ti in range(len(ntl)):
+        nisa.dma_copy(dst=_block_view(cfg["dinit"], tail["seq"], ca - c0, wb, ntl[ti]),
+                      src=tail["dST"][ti][:, 0:wb])
 
 
 def _r(t, name, k):
@@ -723,7 +807,7 @@ def _r(t, name, k):
     return t[name][k % len(t[name])]
 
 
-def _block_grads(cfg, t, a, b):
+def _block_grads(cfg, t, a, b, pending):
     """Loop B's per-head work for the program's heads a .. b-1, software-pipelined over
     two stages: stage A of head k+1 is issued before stage B of head k (every per-head
     temporary and PSUM region is a ring of 2), so each in-order engine queue holds work
@@ -741,12 +825,26 @@ def _block_grads(cfg, t, a, b):
             _head_e(cfg, t, step)
         if step > a:
             _head_b2(cfg, t, a, step - 1)
-        if step < b:
+        # y_intra (K^T and its matmul) only feeds dz: without z nothing of it is needed
+        if step < b and t["z_raw"] != None:  # noqa: E711
             nisa.tensor_tensor(dst=_r(t, "KT", step), data1=_r(t, "ETm", step),
                                data2=t["CBTm"][(cfg["h0"] + step) // cfg["HPG"]],
                                op=nl.multiply)
-        if step > a:
+        if step > a and t["z_raw"] != None:  # noqa: E711
             _head_y(cfg, t, a, step - 1)
+        if step == min(b, a + 2):
+            _block_tail(cfg, t, pending)
+
+
+def _block_decay_operand(cfg, t, a, b):
+    """Wtb[k', (h, i)] = dt'A[k', h] (k' <= i), the segment-sum operand of the block's heads:
+    one VectorE pass (the constant 0/1 mask U broadcast over the heads, dt'A along i)."""
+    Q, nhp = cfg["Q"], cfg["nhp"]
+    wt, U = t["Wtb"], t["U"]
+    nisa.tensor_tensor(dst=wt.ap(pattern=[[wt.shape[1], Q], [Q, b - a], [1, Q]], offset=0),
+                       data1=U.ap(pattern=[[U.shape[1], Q], [0, b - a], [1, Q]], offset=0),
+                       data2=t["dtA"].ap(pattern=[[nhp, Q], [1, b - a], [0, Q]], offset=a),
+                       op=nl.multiply, engine=nisa.engine.gpsimd)
 
 
 def _head_a(cfg, t, a, k):
@@ -762,7 +860,7 @@ def _head_a(cfg, t, a, k):
     g = (h0 + k) // HPG
     cols = slice((k - a) * P, (k - a + 1) * P)
     xdt, Xd, dy1e = _r(t, "xdt", k), _r(t, "Xd", k), _r(t, "dy1e", k)
-    Wt, ETm = _r(t, "Wt", k), _r(t, "ETm", k)
+    ETm = _r(t, "ETm", k)
     yoff = t["yoffb"][:, cols]
     # in dependency order per engine queue: the work that needs only the block's inputs
     # (y_off, the transposes of dy1, S0, dSe) first, so TensorE runs it while GpSimd builds
@@ -773,11 +871,9 @@ def _head_a(cfg, t, a, k):
                        engine=nisa.engine.scalar)
     nisa.tensor_scalar(dst=dy1e, data=dy1[:, cols], op0=nl.multiply, operand0=ecs[:, k:k + 1],
                        engine=nisa.engine.scalar)
-    # decay matrix E^T [j, i] = exp(sum_{j<k'<=i} dt'A) masked to j <= i: its operand
-    nisa.affine_select(dst=Wt, pattern=[[0, 1], [1, Q]], channel_multiplier=-1,
-                       on_true_tile=t["dtA"].ap(pattern=[[cfg["nhp"], Q], [1, 1], [0, Q]],
-                                                offset=k),
-                       on_false_value=0.0, cmp_op=nl.greater_equal, offset=0)
+    # decay matrix E^T [j, i] = exp(sum_{j<k'<=i} dt'A) masked to j <= i: its operand is
+    # head k's [Q, Q] of the block's Wtb (_block_decay_operand)
+    Wt = t["Wtb"][:, (k - a) * Q:(k - a + 1) * Q]
     if t["z_raw"] != None and t["D"] != None:  # noqa: E711
         y1 = _r(t, "y1", k)             # D x (GpSimd, ahead of K in its queue)
         nisa.tensor_tensor(dst=y1, data1=xw[:, cols], data2=t["D"][0:Q, k * P:(k + 1) * P],
@@ -785,35 +881,41 @@ def _head_a(cfg, t, a, k):
     # e^c y_off (V = dy1 . e^c y_off: the block's row dots)
     yo = hC[0:Q, P:2 * P]
     for ti in range(len(ntl)):
-        nisa.nc_matmul(dst=yo, stationary=t["CT"][g][ti], moving=ST0[ti][:, cols],
+        nisa.nc_matmul(dst=yo, stationary=_tf(t, t["CT"][g][ti]), moving=_tf(t, ST0[ti][:, cols]),
                        accumulate=ti > 0)
     nisa.activation(dst=yoff, op=nl.copy, data=yo, scale=ecs[:, k:k + 1])
-    # transposes: dy1 -> [P, Q]; S0, dSe -> [P, N] per dstate tile (two PSUM regions in turn)
+    # transposes: dy1 -> [P, Q]; S0, dSe -> [P, N] per dstate tile (two PSUM regions side by
+    # side, one eviction per pair of tiles into S0 | dSe)
     nisa.nc_transpose(dst=hA[0:P, 2 * Q:3 * Q], data=dy1[:, cols])
-    nisa.tensor_copy(dst=_r(t, "dy1T", k), src=hA[0:P, 2 * Q:3 * Q], engine=nisa.engine.scalar)
-    j = 0
-    for item in ((ST0, "S0"), (dST, "dSe")):
+    SD = _r(t, "SD", k)
+    tiles = []
+    for item in (ST0, dST):
         for ti in range(len(ntl)):
-            n0, nsz = ntl[ti]
-            reg = hB[0:P, 2 * Q + (j % 2) * NT:2 * Q + (j % 2) * NT + nsz]
-            nisa.nc_transpose(dst=reg, data=item[0][ti][:, cols])
-            nisa.tensor_copy(dst=_r(t, item[1], k)[:, n0:n0 + nsz], src=reg,
-                             engine=nisa.engine.scalar)
-            j += 1
+            tiles.append((item[ti][:, cols], ntl[ti][1]))
+    d0 = 0
+    for j in range(0, len(tiles), 2):
+        w = 0
+        for e in range(2):
+            nisa.nc_transpose(dst=hB[0:P, 2 * Q + e * NT:2 * Q + e * NT + tiles[j + e][1]],
+                              data=tiles[j + e][0])
+            w = e * NT + tiles[j + e][1]
+        nisa.tensor_copy(dst=SD[:, d0:d0 + w], src=hB[0:P, 2 * Q:2 * Q + w],
+                         engine=nisa.engine.scalar)
+        d0 += w
     # E^T: the segment sums, + _MASKED above the diagonal (an exact fp32 identity matmul
     # into the same PSUM), so the exp is 0 there: the causal mask costs TensorE, not a
     # VectorE pass
-    nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=t["Ls"], moving=Wt, accumulate=False,
+    nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=_tf(t, t["Ls"]), moving=_tf(t, Wt), accumulate=False,
                    is_stationary_onezero=True)
-    nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=t["I"], moving=t["NEG"], accumulate=True,
+    nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=_tf(t, t["I"]), moving=_tf(t, t["NEG"]), accumulate=True,
                    is_stationary_onezero=True)
     nisa.activation(dst=ETm, op=nl.exp, data=hA[0:Q, 0:Q])
-    # transposes: dy1 e^c, x dt', x dt' e^{c_end - c} -> [P, Q]
-    for item in ((dy1e, "dy1eT", hA[0:P, 3 * Q:4 * Q]),
-                 (xdt, "xdtT", hB[0:P, 0:Q]),
-                 (Xd, "XdT", hB[0:P, Q:2 * Q])):
-        nisa.nc_transpose(dst=item[2], data=item[0])
-        nisa.tensor_copy(dst=_r(t, item[1], k), src=item[2], engine=nisa.engine.scalar)
+    # transposes: dy1 e^c, x dt', x dt' e^{c_end - c} -> [P, Q]; one eviction per pair
+    nisa.nc_transpose(dst=hA[0:P, 3 * Q:4 * Q], data=dy1e)
+    nisa.tensor_copy(dst=_r(t, "dTT", k), src=hA[0:P, 2 * Q:4 * Q], engine=nisa.engine.scalar)
+    nisa.nc_transpose(dst=hB[0:P, 0:Q], data=xdt)
+    nisa.nc_transpose(dst=hB[0:P, Q:2 * Q], data=Xd)
+    nisa.tensor_copy(dst=_r(t, "xTT", k), src=hB[0:P, 0:2 * Q], engine=nisa.engine.scalar)
 
 
 def _head_e(cfg, t, k):
@@ -838,7 +940,7 @@ def _head_y(cfg, t, a, k):
     yi = _r(t, "hC", k)[0:Q, 0:P]
     xdt, KT, y0 = _r(t, "xdt", k), _r(t, "KT", k), _r(t, "y0", k)
     yoff = t["yoffb"][:, cols]
-    nisa.nc_matmul(dst=yi, stationary=KT, moving=xdt, accumulate=False)
+    nisa.nc_matmul(dst=yi, stationary=_tf(t, KT), moving=_tf(t, xdt), accumulate=False)
     if t["z_raw"] != None:  # noqa: E711
         nisa.tensor_tensor(dst=y0, data1=yoff, data2=yi, op=nl.add)
         y1 = y0
@@ -865,35 +967,40 @@ def _head_b(cfg, t, a, k):
     n0 = g * N
     cols = slice((k - a) * P, (k - a + 1) * P)
     M = _r(t, "M", k)
-    dy1T, xdtT = _r(t, "dy1T", k), _r(t, "xdtT", k)
+    dy1T, xdtT = _r(t, "dTT", k)[:, 0:Q], _r(t, "xTT", k)[:, 0:Q]
     dxS = t["dxSb"][:, cols]
     # TensorE first takes what only needs stage A's results (Z, Z^T, the two dx terms, dS),
     # so the VectorE / ScalarE work between the dependent matmuls below overlaps them
     # dy1 (x dt')^T (over seg's PSUM region, read by now); Z = E o it in the second part
-    nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=dy1T, moving=xdtT, accumulate=False)
+    nisa.nc_matmul(dst=hA[0:Q, 0:Q], stationary=_tf(t, dy1T), moving=_tf(t, xdtT), accumulate=False)
+    # its transpose (x dt') dy1^T directly (over E's PSUM region, evicted by now): Z^T =
+    # E^T o it needs no transpose of Z
+    nisa.nc_matmul(dst=hA[0:Q, Q:2 * Q], stationary=_tf(t, xdtT), moving=_tf(t, dy1T),
+                   accumulate=False)
     # dx = dt' (K^T dy1 + e^{c_end - c} B dSe^T) + D dy1 (DI = x . dxr, q' = x . dxS: the
     # block's row dots)
     dxa, dxb = hC[0:Q, 2 * P:3 * P], hC[0:Q, 3 * P:4 * P]
-    nisa.nc_matmul(dst=dxa, stationary=_r(t, "K", k), moving=dy1[:, cols], accumulate=False)
+    nisa.nc_matmul(dst=dxa, stationary=_tf(t, _r(t, "K", k)), moving=_tf(t, dy1[:, cols]), accumulate=False)
     for ti in range(len(ntl)):
-        nisa.nc_matmul(dst=dxb, stationary=t["BT"][g][ti], moving=dST[ti][:, cols],
+        nisa.nc_matmul(dst=dxb, stationary=_tf(t, t["BT"][g][ti]), moving=_tf(t, dST[ti][:, cols]),
                        accumulate=ti > 0)
     # C^T (dy1 e^c) per dstate tile into head k's hB region (its transposes were evacuated
     # in stage A), for dS0^T = e^{c_end} dSe^T + C^T (dy1 e^c) at the end
     for ti in range(len(ntl)):
         m0, nsz = ntl[ti]
         nisa.nc_matmul(dst=hB[0:nsz, ti * P:(ti + 1) * P],
-                       stationary=Cw[:, n0 + m0:n0 + m0 + nsz], moving=_r(t, "dy1e", k),
+                       stationary=_tf(t, Cw[:, n0 + m0:n0 + m0 + nsz]), moving=_tf(t, _r(t, "dy1e", k)),
                        accumulate=False)
     # dC, dB: the group's heads in this half of the head split accumulate in one PSUM
     # bank (both LNC configurations sum the same heads in the same order); the state
     # terms here, the Z terms in the second part
     lo, hi = _half(cfg, h0 + k)
     first = h0 + k == max(lo, g * HPG)
-    nisa.nc_matmul(dst=t["dCB"][0:Q, 0:N], stationary=_r(t, "dy1eT", k), moving=_r(t, "S0", k),
+    nisa.nc_matmul(dst=t["dCB"][0:Q, 0:N], stationary=_tf(t, _r(t, "dTT", k)[:, Q:2 * Q]),
+                   moving=_tf(t, _r(t, "SD", k)[:, 0:N]),
                    accumulate=not first)
-    nisa.nc_matmul(dst=t["dCB"][0:Q, N:2 * N], stationary=_r(t, "XdT", k),
-                   moving=_r(t, "dSe", k), accumulate=not first)
+    nisa.nc_matmul(dst=t["dCB"][0:Q, N:2 * N], stationary=_tf(t, _r(t, "xTT", k)[:, Q:2 * Q]),
+                   moving=_tf(t, _r(t, "SD", k)[:, N:2 * N]), accumulate=not first)
     if t["D"] != None:  # noqa: E711
         nisa.tensor_tensor(dst=_r(t, "dD1", k), data1=dy1[:, cols],
                            data2=t["D"][0:Q, k * P:(k + 1) * P], op=nl.multiply,
@@ -929,17 +1036,15 @@ def _head_b2(cfg, t, a, k):
     # R = Li^T M [k', j] = sum_{i>=k'} M_ij (a 0/1 stationary), masked to j < k' into the
     # block's tile (its row sums, per head: the block's reduce); the Z / Z^T terms of dB /
     # dC (VectorE does Z while TensorE does R)
-    nisa.nc_matmul(dst=hA[0:Q, 2 * Q:3 * Q], stationary=t["Li"], moving=M, accumulate=False,
+    nisa.nc_matmul(dst=hA[0:Q, 2 * Q:3 * Q], stationary=_tf(t, t["Li"]), moving=_tf(t, M), accumulate=False,
                    is_stationary_onezero=True)
     nisa.tensor_tensor(dst=Zt, data1=hA[0:Q, 0:Q], data2=_r(t, "Em", k), op=nl.multiply)
     nisa.tensor_tensor(dst=t["Xb"][:, (k - a) * Q:(k - a + 1) * Q], data1=hA[0:Q, 2 * Q:3 * Q],
                        data2=t["Ls"], op=nl.multiply)
     dCp, dBp = t["dCB"][0:Q, 0:N], t["dCB"][0:Q, N:2 * N]
-    nisa.nc_matmul(dst=dBp, stationary=Zt, moving=Cw[:, n0:n0 + N], accumulate=True)
-    # Z^T: a transpose of Z (over E's PSUM region, evicted by now), ScalarE eviction
-    nisa.nc_transpose(dst=hA[0:Q, Q:2 * Q], data=Zt)
-    nisa.tensor_copy(dst=ZTt, src=hA[0:Q, Q:2 * Q], engine=nisa.engine.scalar)
-    nisa.nc_matmul(dst=dCp, stationary=ZTt, moving=Bw[:, n0:n0 + N], accumulate=True)
+    nisa.nc_matmul(dst=dBp, stationary=_tf(t, Zt), moving=_tf(t, Cw[:, n0:n0 + N]), accumulate=True)
+    nisa.tensor_tensor(dst=ZTt, data1=hA[0:Q, Q:2 * Q], data2=_r(t, "ETm", k), op=nl.multiply)
+    nisa.nc_matmul(dst=dCp, stationary=_tf(t, ZTt), moving=_tf(t, Bw[:, n0:n0 + N]), accumulate=True)
     lo, hi = _half(cfg, h)
     if h == min(hi, (g + 1) * HPG) - 1:
         o0 = n0
