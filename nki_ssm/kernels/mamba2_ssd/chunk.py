@@ -503,6 +503,7 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     # has its own
     cst["scratch"] = nl.ndarray((num_seqs + 1, N, HP), dtype=nl.float32, buffer=nl.private_hbm)
     cst["pair_rows"] = pair_rows
+    cst["K"] = pair_vals.shape[1] - 2        # chunks per loop-B iteration (2 or 4)
     tab = nl.ndarray((_PMAX, 2), dtype=nl.int32, buffer=nl.sbuf)       # a sequence's pool rows
 
     for t in range(n_tiles):
@@ -885,7 +886,8 @@ def _prologue_loads(cst, c, which, i, t0):
     hold the next sequence's tokens or zeros (the launcher zeroes padding sequences'
     tokens and pads the inputs with Q zero rows): finite values, masked by dt' = 0."""
     Q, P, N = cst["Q"], cst["P"], cst["N"]
-    nisa.dma_copy(dst=c["rows"], src=at_row(cst["pair_rows"], i, [[4, Q], [1, 2]], 2 * which))
+    nisa.dma_copy(dst=c["rows"], src=at_row(cst["pair_rows"], i, [[2 * cst["K"], Q], [1, 2]],
+                                            2 * which))
     h_base, g0 = cst["h_base"], cst["g_lo"] * N
     _load_rows(c["dt_in"], cst["dt"], t0, h_base)
     _load_rows(c["B_raw"], cst["B"], t0, g0)
@@ -1002,70 +1004,91 @@ def _pair(cst, ctxs, blocks, rings, i, cells, double):
     the two chunks share one pipeline, else it drains between them. The
     pipeline drains at the end of the iteration.
     """
-    t0s = (cells[0], cells[1])
-    cst["dst"] = cells[2]
+    K = cst["K"]
+    t0s = cells[0:K]
+    cst["dst"] = cells[K]
     nb = len(blocks)
     ns = len(_STAGES)
     pre = max(1, nb // 2)
     steps = []        # lists of (stage, item)
-    last0 = nb + ns - 1               # first step after context 0's last item
-    if double and nb > _S_WRITE - _S_READ:
-        for b in range(2 * nb + ns - 1):
+    shared = double and nb > _S_WRITE - _S_READ
+    if shared:
+        for b in range(K * nb + ns - 1):
             step = []
             for k in range(ns):
-                if 0 <= b - k < 2 * nb:
+                if 0 <= b - k < K * nb:
                     step.append((k, b - k))
             steps.append(step)
     else:
-        for c in range(2):
+        for c in range(K):
             for b in range(nb + ns - 1):
                 step = []
                 for k in range(ns):
                     if 0 <= b - k < nb:
                         step.append((k, c * nb + b - k))
                 steps.append(step)
-    # chunk 1's prologue: (step of its loads, step of its compute). Two contexts: it
-    # loads at step 1 and computes at nb - pre; one: once chunk 0's items are done (the
-    # drained pipelines meet at last0)
-    pro1 = (min(1, len(steps)), max(min(1, len(steps)), nb - pre))
-    if not double:
-        pro1 = (last0, last0)
-    # context 1's y in pieces (quarters of its blocks, halves below 8 blocks), each stored
-    # once its blocks' stage 7 has run, the last after the last step (so little of it is
-    # left in flight at the iteration end, where the next iteration waits for it)
+    # chunk c's first item step and the first step after its last item
+    start = []
+    done = []
+    for c in range(K):
+        if shared:
+            start.append(c * nb)
+            done.append((c + 1) * nb + ns - 1)
+        else:
+            start.append(c * (nb + ns - 1))
+            done.append((c + 1) * (nb + ns - 1))
+    # chunk c's prologue (c >= 1): (step of its loads, step of its compute). Two
+    # contexts: chunk 1 loads at step 1 and computes at nb - pre; chunk c >= 2 loads once
+    # chunk c - 2 (its context's previous chunk) is done and its y stored, and computes
+    # pre steps before its items (not before its loads). One context: once the previous
+    # chunk's items are done (the drained pipelines meet there)
+    pro = [(0, 0)]
+    for c in range(1, K):
+        if not double:
+            pro.append((done[c - 1], done[c - 1]))
+        elif c == 1:
+            pro.append((min(1, len(steps)), max(min(1, len(steps)), nb - pre)))
+        else:
+            pro.append((done[c - 2], max(done[c - 2], start[c] - pre)))
+    # the last chunk's y in pieces (quarters of its blocks, halves below 8 blocks), each
+    # stored once its blocks' stage 7 has run, the last after the last step (so little
+    # of it is left in flight at the iteration end, where the next iteration waits for
+    # it); the other chunks' y once their items are done (before their context's next
+    # loads: z's tile is y's)
     ystore = []          # (step, first column, end column) of each piece
     ysplit = 0
-    if double and nb > _S_WRITE - _S_READ and nb >= 4:
+    if shared and nb >= 4:
         npc = 2
         if nb >= 8:
             npc = 4
         for q in range(1, npc):
             bq = q * nb // npc
             col = blocks[bq][1] * cst["P"]
-            ystore.append((nb + bq - 1 + _S_YOUT, ysplit, col))
+            ystore.append((start[K - 1] + bq - 1 + _S_YOUT, ysplit, col))
             ysplit = col
     # chunk 0's prologue and the state come first
     _prologue_loads(cst, ctxs[0], 0, i, t0s[0])
     for piece in cst["st_loads"]:
-        _state_dma(cst, cells[3], piece[1], piece[2], False)
+        _state_dma(cst, cells[K + 1], piece[1], piece[2], False)
     _prologue_compute(cst, ctxs[0], nisa.engine.vector)
     for si in range(len(steps)):
-        # y stores: context 0's once its last item is done (before chunk 1's loads with
-        # one context: z's tile is y's), context 1's after the last step
-        if si == last0:
-            _store_y(cst, ctxs[0])
-        if si == pro1[0]:
-            _prologue_loads(cst, ctxs[1], 1, i, t0s[1])
-        if si == pro1[1]:
-            _prologue_compute(cst, ctxs[1], nisa.engine.gpsimd)
+        for c in range(K - 1):
+            if si == done[c]:
+                _store_y(cst, ctxs[c % 2])
+        for c in range(1, K):
+            if si == pro[c][0]:
+                _prologue_loads(cst, ctxs[c % 2], c, i, t0s[c])
+        for c in range(1, K):
+            if si == pro[c][1]:
+                _prologue_compute(cst, ctxs[c % 2], nisa.engine.gpsimd)
         for e in range(len(steps[si])):
             k, item = steps[si][e]
             c, j = item // nb, item % nb
-            _STAGES[k](cst, ctxs[c], blocks[j], {"i": item, "c": c}, rings)
+            _STAGES[k](cst, ctxs[c % 2], blocks[j], {"i": item, "c": c}, rings)
         for piece in ystore:
             if piece[0] == si:
-                _store_y(cst, ctxs[1], piece[1], piece[2])
-    _store_y(cst, ctxs[1], ysplit)
+                _store_y(cst, ctxs[(K - 1) % 2], piece[1], piece[2])
+    _store_y(cst, ctxs[(K - 1) % 2], ysplit)
 
 
 # Stages of one (chunk, head block) item. Each stage runs on one engine
@@ -1322,7 +1345,7 @@ def _st_state(cst, ctx, blk, w, r):
                                           operand0=elast[t][:, h:h + 1], op1=nl.add,
                                           operand1=st[0:ntile,
                                                       (t * nh + k) * P:(t * nh + k + 1) * P])
-    if w["c"] == 1:
+    if w["c"] == cst["K"] - 1:
         for piece in cst["st_stores"]:
             if piece[0] == w["i"] % cst["nb"]:
                 _state_dma(cst, cst["dst"], piece[1], piece[2], True)
