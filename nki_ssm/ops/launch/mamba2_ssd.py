@@ -168,11 +168,16 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens: int
 
 
 def prefill_per(num_tokens: int, num_seqs: int, chunk_size: int) -> int:
-    """Chunks per loop-B iteration of ``ssd_chunk_prefill`` for the buckets: 4 when the
-    token bucket holds at least 4 chunks per sequence of the sequence bucket (long
-    sequences: the iteration boundary is paid half as often), else 2 (short sequences
-    would pad more all-masked chunks)."""
-    return 4 if num_tokens >= 4 * chunk_size * num_seqs else 2
+    """Chunks per loop-B iteration of ``ssd_chunk_prefill`` for the buckets: the largest
+    of 2, 4, 8 whose groups the token bucket holds for every sequence of the sequence
+    bucket (``num_tokens >= per * Q * num_seqs``). Long sequences pay the iteration
+    boundary (the previous group's last stores, chunk 0's prologue chain) once per
+    ``per`` chunks; short ones would pad more all-masked chunks. Capped at 8: the
+    program grows by one chunk's items per chunk (~600 instructions at Mamba-2 2.7B)."""
+    per = 2
+    while per < 8 and num_tokens >= 2 * per * chunk_size * num_seqs:
+        per = 2 * per
+    return per
 
 
 _MAX_KERNEL_P = 256   # the prefill kernel packs y_intra | y_off ([Q, 2P] fp32) in one PSUM bank
