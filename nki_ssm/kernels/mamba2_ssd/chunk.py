@@ -1010,33 +1010,30 @@ def _pair(cst, ctxs, blocks, rings, i, cells, double):
     nb = len(blocks)
     ns = len(_STAGES)
     pre = max(1, nb // 2)
-    steps = []        # lists of (stage, item)
     shared = double and nb > _S_WRITE - _S_READ
-    if shared:
-        for b in range(K * nb + ns - 1):
-            step = []
-            for k in range(ns):
-                if 0 <= b - k < K * nb:
-                    step.append((k, b - k))
-            steps.append(step)
-    else:
-        for c in range(K):
-            for b in range(nb + ns - 1):
-                step = []
-                for k in range(ns):
-                    if 0 <= b - k < nb:
-                        step.append((k, c * nb + b - k))
-                steps.append(step)
-    # chunk c's first item step and the first step after its last item
+    # chunk c's first item step and the first step after its last item. Shared
+    # pipeline: chunk c follows chunk c - 1 directly, but not before _LEAD steps after
+    # chunk c - 2 (its context's previous chunk) is done (its loads and prologue go
+    # between); drained: one pipeline after the other
     start = []
     done = []
     for c in range(K):
-        if shared:
-            start.append(c * nb)
-            done.append((c + 1) * nb + ns - 1)
-        else:
+        if not shared:
             start.append(c * (nb + ns - 1))
-            done.append((c + 1) * (nb + ns - 1))
+        elif c < 2:
+            start.append(c * nb)
+        else:
+            start.append(max(start[c - 1] + nb, done[c - 2] + _LEAD))
+        done.append(start[c] + nb + ns - 1)
+    steps = []        # lists of (stage, item): stage k of chunk c's item j at step start[c]+j+k
+    for b in range(done[K - 1]):
+        step = []
+        for k in range(ns):
+            for c in range(K):
+                j = b - k - start[c]
+                if 0 <= j < nb:
+                    step.append((k, c * nb + j))
+        steps.append(step)
     # chunk c's prologue (c >= 1): (step of its loads, step of its compute). Two
     # contexts: chunk 1 loads at step 1 and computes at nb - pre; chunk c >= 2 loads once
     # chunk c - 2 (its context's previous chunk) is done and its y stored, and computes
@@ -1369,3 +1366,4 @@ _STAGES = (_st_w, _st_seg, _st_exp, _st_mt, _st_out_mm, _st_scalar, _st_yadd, _s
 # the stage writing it: item (1, j) may only read after item (0, j) wrote
 _S_READ, _S_WRITE = 4, 9
 _S_YOUT = 7        # the stage writing the chunk's y tile
+_LEAD = 1          # steps between a context's chunk done and its next chunk's first item
