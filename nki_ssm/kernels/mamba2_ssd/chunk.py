@@ -15,15 +15,17 @@ S, H, P, N, G, chunk_size Q) and layer configuration (dt_softplus, dt
 limits, precision) only. The batch composition is run-time int32 data, the
 same tables for every program of the launch:
 
-- the work list, every pair of chunks of every live sequence in batch order
-  (padding sequences are left out by the launcher), then all-masked rows:
-  ``pair_rows [ceil(T / 2Q) + S, Q, 4]`` holds per pair, for each of its
-  2Q token positions, the token row (partition q: chunk 0 in column 0, chunk
-  1 in column 2) and a 0/1 valid flag (columns 1, 3); ``pair_vals [.., 4]``
-  the first token row of chunk 0 and of chunk 1, the pair's S^T block and
-  the block its state starts from. Chunk k of a sequence covers its tokens
-  ``k*Q ..``; a sequence with an odd number of chunks ends in an all-masked
-  chunk. Masked positions name row T (the inputs' zero rows, y's dump row);
+- the work list, every group of K consecutive chunks (K = 2, 4 or 8, the
+  launcher's ``prefill_per`` from the buckets: the largest with T >= K*Q*S;
+  the kernel reads it off the table's width) of every live sequence in batch
+  order (padding sequences are left out by the launcher), then all-masked
+  rows: ``pair_rows [ceil(T / KQ) + S, Q, 2K]`` holds per group, for each of
+  its KQ token positions, the token row (partition q: chunk c in column 2c)
+  and a 0/1 valid flag (column 2c + 1); ``pair_vals [.., K + 2]`` the first
+  token row of each chunk, the group's S^T block and the block its state
+  starts from. Chunk k of a sequence covers its tokens ``k*Q ..``; a
+  sequence whose chunk count is not a multiple of K ends in all-masked
+  chunks. Masked positions name row T (the inputs' zero rows, y's dump row);
 - ``init_table [S, 128, 2]``: the live sequences with an initial state, in
   order: the pool row ``slot*parts*pr + q`` of partition q (column 0, q <
   pr; part 0's rows, see LNC) and (partition 0 of column 1) the sequence's
@@ -91,18 +93,22 @@ A. Initial states (trip count: sequences with an initial state): gather
    the slot's state from the pool, transpose it on TensorE into S^T (SBUF,
    fp32) and store S^T to the sequence's block. Block S is zeroed before
    the loop. An uninitialised slot is never read.
-B. Pairs (trip count: all pairs of all sequences): two chunks per
-   iteration in contexts 0 and 1 (``_pair``). An iteration loads chunk 0,
-   its state source block (within a sequence the block the previous pair
-   stored: an exact fp32 round trip; at a sequence start its initial state
-   or zeros) into S^T in SBUF, block by block, and chunk 1; after its chunk
-   1 has updated a head block of S^T (stage 9), that block is stored to the
-   pair's S^T block. So a sequence boundary is data (the source block), not
-   a branch, and every pair runs the same instructions. The two chunks of
-   an iteration share one pipeline (more than 6 blocks) or drain between
-   them; the pipeline drains at the iteration end. An all-masked chunk
-   leaves the state exactly unchanged (decay exp(0) = 1, zero input); its y
-   rows go to the dump row.
+B. Groups (trip count: all K-chunk groups of all sequences): K chunks per
+   iteration, chunk c in context c mod 2 (``_pair``). An iteration loads
+   chunk 0, its state source block (within a sequence the block the
+   previous group stored: an exact fp32 round trip; at a sequence start its
+   initial state or zeros) into S^T in SBUF, block by block, then chunks 1
+   .. K-1 (chunk c >= 2 once chunk c - 2, its context's previous chunk, is
+   done and its y stored); after its last chunk has updated a head block of
+   S^T (stage 9), that block is stored to the group's S^T block. So a
+   sequence boundary is data (the source block), not a branch, and every
+   group runs the same instructions. The chunks of an iteration share one
+   pipeline (more than 5 blocks; chunk c starts nb steps after chunk c - 1,
+   and at least one step after chunk c - 2 is done) or drain between them;
+   the pipeline drains at the iteration end. An all-masked chunk adds
+   exactly 0 (decay exp(0) = 1, zero input; exact mode: the state is
+   unchanged bit for bit, bf16 mode with the TensorE state path: rounded
+   to tfloat32 once more); its y rows go to the dump row.
 C. Final states (trip count: live sequences): load the sequence's final
    block into S^T, transpose it back and scatter it to the slot (the
    kernel's own writes to its HBM input are the pool update).
@@ -110,8 +116,8 @@ D. Padding tokens (trip count: zero_table rows in use): zero rows of y.
 
 The S^T round trip costs DMA only (2 x H*P*N*4 bytes per pair: 5.2 MB at
 Mamba-2 2.7B, ~20 us of the core's DMA bandwidth against ~200 us of compute
-per pair); a pair's loads wait for the previous pair's last stores (the
-iteration boundary, ~10 us per pair at Mamba-2 2.7B).
+per pair); a group's loads wait for the previous group's last stores (the
+iteration boundary, ~10-20 us at Mamba-2 2.7B, paid once per K chunks).
 
 Masking
 -------
