@@ -272,12 +272,13 @@ Engine budget and what binds
 ----------------------------
 Modeled (trn2, nki_ssm.perf as of this commit; ``python -m simulate --op
 ssd_prefill --model mamba2-2.7b --range-samples 12 --no-calibration``;
-Mamba-2 2.7B, bf16 I/O, float32 pool, one 2K-token sequence): 920 us
-(10-90 %: 874-1101) = 2.23 M tokens/s, VectorE-bound (busy: ScalarE 75 %,
-VectorE 74 %, GpSimd 50 %, TensorE 38 %, DMA 35 %); 512 tokens 303 us; 16K
+Mamba-2 2.7B, bf16 I/O, float32 pool, one 2K-token sequence): 861 us
+(10-90 %: 825-1039) = 2.38 M tokens/s, VectorE-bound (busy: ScalarE 80 %,
+VectorE 77 %, GpSimd 59 %, TensorE 40 %, DMA 26 %); 512 tokens 293 us; 16K
 tokens (``python -m simulate --set judged --case
 ssd_prefill/mamba2-2.7b/1x16384 --range-samples 12 --no-calibration``)
-6.68 ms (10-90 %: 6.35-8.06) = 2.45 M tokens/s, 20 % of the roofline. Per
+6.21 ms (10-90 %: 5.95-7.56) = 2.64 M tokens/s, 22 % of the roofline (K = 8
+chunks per iteration; K = 2 was 6.68 ms). Per
 128-token chunk (the 16K trace over its 128 chunks): ~57 VectorE, ~107
 ScalarE, ~25 GpSimd, ~387 TensorE instructions. Per 4-head block: VectorE
 Mt and [xf | Xd] (~0.8 us each) and, on every other block, y_off * exp(cs)
@@ -285,24 +286,26 @@ Mt and [xf | Xd] (~0.8 us each) and, on every other block, y_off * exp(cs)
 other blocks (0.9 us), the y eviction and the state copy-back (0.4 us
 each), WB part 0 (0.3 us); GpSimd e^tot S^T (1.0 us) and WB part 1 (0.6
 us); TensorE ~0.6 us (tfloat32 / bf16 rates). What binds: VectorE and
-ScalarE in step at ~1.8-2 us per block, plus ~20 us per chunk pair at the
-iteration boundary (the previous pair's last y and state stores, then
-chunk 0's prologue chain with two activation-table loads, softplus and
-exp). Closer to the roof needs fewer [Q, hb*P] elementwise passes per block
-(y_off * exp(cs), the y eviction, the state copy-back, e^tot S^T) and more
-chunks per runtime-loop iteration (the boundary is paid per pair). A
-short batch pays the fixed HBM traffic of the S^T blocks (zero block,
+ScalarE in step at ~1.8-2 us per block, plus ~10-20 us per loop-B iteration
+(K chunks) at its boundary (the previous group's last y and state
+stores, then chunk 0's prologue chain). Every chunk loads two
+activation tables (softplus, exp: 256 loads at 16K). Closer to the roof
+needs fewer [Q, hb*P] elementwise passes per block (y_off * exp(cs), the y
+eviction, the state copy-back, e^tot S^T) and the softplus work of all K
+chunks before their exps (one load of each table per iteration). A short
+batch pays the fixed HBM traffic of the S^T blocks (zero block,
 initial state stored and loaded, one pair's round trip, final state
 loaded: ~5 x 4 MB at H*P = 8192).
 
 LNC=2 (same model, each program's instructions timed on its own core;
-the programs never synchronise): 557 us per program at 2K tokens, 0.61 x
-LNC=1 (16K: 4.07 ms per program, 0.61 x) (10 blocks per program: the two
-chunks share one pipeline; the per-pair boundary, the constants and the
+the programs never synchronise): 505 us per program at 2K tokens, 0.59 x
+LNC=1 (16K: 3.65 ms per program, 0.59 x) (10 blocks per program: the K
+chunks share one pipeline; the per-iteration boundary, the constants and the
 pipeline fill are paid by both programs).
 
 Program size (static instructions, ``Trace.program_instructions()``):
-1,384 at 2K tokens; at LNC=2 744 per program (both programs).
+4,864 at 2K and 16K tokens (K = 8), 2,544 at 512 (K = 4); at LNC=2 2,574 /
+1,354 per program (both programs).
 """
 from __future__ import annotations
 
