@@ -342,7 +342,7 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
       state rows per slot, parts = 2 when the launch's programs split the
       heads, else 1, ``pr*nt = H*P / parts``, pr <= 128; updated in place by
       the kernel's scatters),
-      pair_rows ``[pairs, Q, 4]``, pair_vals ``[pairs, 4]``, init_table and
+      pair_rows ``[groups, Q, 2K]``, pair_vals ``[groups, K + 2]``, init_table and
       final_table ``[num_seqs, 128, 2]``, zero_table ``[ceil(num_tokens / Q),
       Q, 1]``, counts ``[1, 4]`` int32: the batch composition (module
       docstring), the same for every program.
@@ -491,7 +491,7 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
             cst["ident_n"] = _identity(_ones_n(N), N)
 
     # trip counts (the one counts row every program reads): live sequences with an
-    # initial state, chunk pairs of all live sequences, live sequences, zero_table rows
+    # initial state, K-chunk groups of all live sequences, live sequences, zero_table rows
     n_init, n_pairs, n_live, n_zero = trip_counts(counts)
     num_seqs = init_table.shape[0]
     nt_rows = pool.shape[1] // N            # state rows per pool row
@@ -528,8 +528,8 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
 
     work_loop(n_init, init_body)
 
-    # ---- loop B: every chunk pair of every live sequence, two chunks per iteration
-    # (contexts 0 and 1). Each iteration loads its own chunks and its state source
+    # ---- loop B: every K-chunk group of every live sequence, K chunks per iteration
+    # (contexts 0 and 1 alternate). Each iteration loads its own chunks and its state source
     # block and stores its state block, block by block (_st_state)
     def pair_body(i, cells):
         _new_psum(cst)
