@@ -683,6 +683,40 @@ def test_prefill_single_context_equals_double_bitwise(monkeypatch, lnc):
     assert y1.tobytes() == y2.tobytes() and after1.tobytes() == after2.tobytes()
 
 
+@pytest.mark.parametrize("H, P, N, chunk, budget", [
+    (2, 16, 16, 16, None),       # two contexts, drained pipelines (2 blocks)
+    (48, 64, 16, 32, None),      # two contexts, one shared pipeline (12 blocks, pe_add)
+    (4, 16, 32, 16, 0),          # one context
+])
+def test_prefill_chunks_per_iteration_equal_bitwise(monkeypatch, H, P, N, chunk, budget, lnc):
+    """2, 4 or 8 chunks per loop-B iteration (``prefill_per``): the same arithmetic per
+    chunk, the state's HBM round trips exact, so bit-identical results in exact mode (in
+    bf16 mode an all-masked chunk on the TensorE state path rounds the state to tfloat32
+    once more); a ragged batch with initial states, an empty sequence, padding and
+    groups ending in masked chunks."""
+    from nki_ssm.kernels.mamba2_ssd import chunk as chunk_kernel
+    from nki_ssm.ops.launch import mamba2_ssd as launch
+    if budget is not None:
+        monkeypatch.setattr(chunk_kernel, "_SBUF_BUDGET", budget)
+    inp = make_ssd_inputs(np.random.default_rng(23), seqlens=[5 * chunk + 3, 0, 2 * chunk, 7],
+                          H=H, P=P, N=N, G=1, z=True, slots=6, padding=1)
+    out = {}
+    for per in (2, 4, 8):
+        monkeypatch.setattr(launch, "prefill_per", lambda *a, _p=per: _p)
+        y, after, before = _prefill(inp, precision="fp32", chunk_size=chunk)
+        out[per] = (y.tobytes(), after.tobytes())
+    assert out[4] == out[2] and out[8] == out[2]
+    y_ref, pool_ref = ssd_recurrent(**inp)
+    _check(y, after, before, y_ref, pool_ref, inp["state_indices"], EXACT_TOL, inp["cu_seqlens"])
+
+
+def test_prefill_per_by_bucket():
+    from nki_ssm.ops.launch.mamba2_ssd import prefill_per
+    assert prefill_per(16384, 1, 128) == 8 and prefill_per(512, 1, 128) == 4
+    assert prefill_per(256, 1, 128) == 2 and prefill_per(16384, 64, 128) == 2
+    assert prefill_per(16384, 8, 128) == 8 and prefill_per(16384, 16, 128) == 8
+
+
 # ------------------------------------------------------------- one runtime loop level (issue 25)
 
 def _loop_depths(fn):
@@ -752,6 +786,26 @@ def test_prefill_tables_work_list():
         *_, zt, c = prefill_tables(np.array([0, 100, 101]), np.array([-1, 0]), [False, False],
                                    128, 2, q, pr)
         assert zt.shape[0] * q >= 100 and c[0, 3] * q >= 100
+
+
+def test_prefill_tables_four_chunks_per_row():
+    """per = 4: a row holds four chunks (token rows / valid flags in columns 2c, 2c + 1,
+    first token rows in pair_vals[:, c]), then the S^T block and the state source."""
+    from nki_ssm.ops.launch.mamba2_ssd import prefill_tables
+    T, S, Q, pr = 256, 4, 16, 3
+    cu = np.array([0, 70, 70, 103, 200])
+    idx = np.array([0, 2, -1, 1])
+    rows, vals, _, _, _, counts = prefill_tables(cu, idx, np.array([False, True, False, False]),
+                                                 T, S, Q, pr, per=4)
+    assert rows.shape == (T // 64 + S, Q, 8) and vals.shape == (T // 64 + S, 6)
+    # sequence 0 (70 tokens): 2 rows; sequence 1 (empty): none; sequence 3 (97): 2 rows
+    assert counts[0, 1] == 4
+    assert vals[:4, 0:4].tolist() == [[0, 16, 32, 48], [64, T, T, T], [103, 119, 135, 151],
+                                      [167, 183, 199, T]]
+    assert vals[:4, 4].tolist() == [0, 0, 2, 2] and vals[:4, 5].tolist() == [S, 0, S, 2]
+    assert rows[1, :, 1].tolist() == [1] * 6 + [0] * 10 and not rows[1, :, 3::2].any()
+    assert rows[3, :, 4].tolist() == [199] + [T] * 15
+    assert np.all(vals[4:, 0:4] == T) and np.all(vals[4:, 4:] == S)
 
 
 def test_prefill_tables_two_programs():

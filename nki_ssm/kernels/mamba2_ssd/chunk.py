@@ -15,15 +15,17 @@ S, H, P, N, G, chunk_size Q) and layer configuration (dt_softplus, dt
 limits, precision) only. The batch composition is run-time int32 data, the
 same tables for every program of the launch:
 
-- the work list, every pair of chunks of every live sequence in batch order
-  (padding sequences are left out by the launcher), then all-masked rows:
-  ``pair_rows [ceil(T / 2Q) + S, Q, 4]`` holds per pair, for each of its
-  2Q token positions, the token row (partition q: chunk 0 in column 0, chunk
-  1 in column 2) and a 0/1 valid flag (columns 1, 3); ``pair_vals [.., 4]``
-  the first token row of chunk 0 and of chunk 1, the pair's S^T block and
-  the block its state starts from. Chunk k of a sequence covers its tokens
-  ``k*Q ..``; a sequence with an odd number of chunks ends in an all-masked
-  chunk. Masked positions name row T (the inputs' zero rows, y's dump row);
+- the work list, every group of K consecutive chunks (K = 2, 4 or 8, the
+  launcher's ``prefill_per`` from the buckets: the largest with T >= K*Q*S;
+  the kernel reads it off the table's width) of every live sequence in batch
+  order (padding sequences are left out by the launcher), then all-masked
+  rows: ``pair_rows [ceil(T / KQ) + S, Q, 2K]`` holds per group, for each of
+  its KQ token positions, the token row (partition q: chunk c in column 2c)
+  and a 0/1 valid flag (column 2c + 1); ``pair_vals [.., K + 2]`` the first
+  token row of each chunk, the group's S^T block and the block its state
+  starts from. Chunk k of a sequence covers its tokens ``k*Q ..``; a
+  sequence whose chunk count is not a multiple of K ends in all-masked
+  chunks. Masked positions name row T (the inputs' zero rows, y's dump row);
 - ``init_table [S, 128, 2]``: the live sequences with an initial state, in
   order: the pool row ``slot*parts*pr + q`` of partition q (column 0, q <
   pr; part 0's rows, see LNC) and (partition 0 of column 1) the sequence's
@@ -91,18 +93,22 @@ A. Initial states (trip count: sequences with an initial state): gather
    the slot's state from the pool, transpose it on TensorE into S^T (SBUF,
    fp32) and store S^T to the sequence's block. Block S is zeroed before
    the loop. An uninitialised slot is never read.
-B. Pairs (trip count: all pairs of all sequences): two chunks per
-   iteration in contexts 0 and 1 (``_pair``). An iteration loads chunk 0,
-   its state source block (within a sequence the block the previous pair
-   stored: an exact fp32 round trip; at a sequence start its initial state
-   or zeros) into S^T in SBUF, block by block, and chunk 1; after its chunk
-   1 has updated a head block of S^T (stage 9), that block is stored to the
-   pair's S^T block. So a sequence boundary is data (the source block), not
-   a branch, and every pair runs the same instructions. The two chunks of
-   an iteration share one pipeline (more than 6 blocks) or drain between
-   them; the pipeline drains at the iteration end. An all-masked chunk
-   leaves the state exactly unchanged (decay exp(0) = 1, zero input); its y
-   rows go to the dump row.
+B. Groups (trip count: all K-chunk groups of all sequences): K chunks per
+   iteration, chunk c in context c mod 2 (``_pair``). An iteration loads
+   chunk 0, its state source block (within a sequence the block the
+   previous group stored: an exact fp32 round trip; at a sequence start its
+   initial state or zeros) into S^T in SBUF, block by block, then chunks 1
+   .. K-1 (chunk c >= 2 once chunk c - 2, its context's previous chunk, is
+   done and its y stored); after its last chunk has updated a head block of
+   S^T (stage 9), that block is stored to the group's S^T block. So a
+   sequence boundary is data (the source block), not a branch, and every
+   group runs the same instructions. The chunks of an iteration share one
+   pipeline (more than 5 blocks; chunk c starts nb steps after chunk c - 1,
+   and at least one step after chunk c - 2 is done) or drain between them;
+   the pipeline drains at the iteration end. An all-masked chunk adds
+   exactly 0 (decay exp(0) = 1, zero input; exact mode: the state is
+   unchanged bit for bit, bf16 mode with the TensorE state path: rounded
+   to tfloat32 once more); its y rows go to the dump row.
 C. Final states (trip count: live sequences): load the sequence's final
    block into S^T, transpose it back and scatter it to the slot (the
    kernel's own writes to its HBM input are the pool update).
@@ -110,8 +116,8 @@ D. Padding tokens (trip count: zero_table rows in use): zero rows of y.
 
 The S^T round trip costs DMA only (2 x H*P*N*4 bytes per pair: 5.2 MB at
 Mamba-2 2.7B, ~20 us of the core's DMA bandwidth against ~200 us of compute
-per pair); a pair's loads wait for the previous pair's last stores (the
-iteration boundary, ~10 us per pair at Mamba-2 2.7B).
+per pair); a group's loads wait for the previous group's last stores (the
+iteration boundary, ~10-20 us at Mamba-2 2.7B, paid once per K chunks).
 
 Masking
 -------
@@ -266,12 +272,13 @@ Engine budget and what binds
 ----------------------------
 Modeled (trn2, nki_ssm.perf as of this commit; ``python -m simulate --op
 ssd_prefill --model mamba2-2.7b --range-samples 12 --no-calibration``;
-Mamba-2 2.7B, bf16 I/O, float32 pool, one 2K-token sequence): 920 us
-(10-90 %: 874-1101) = 2.23 M tokens/s, VectorE-bound (busy: ScalarE 75 %,
-VectorE 74 %, GpSimd 50 %, TensorE 38 %, DMA 35 %); 512 tokens 303 us; 16K
+Mamba-2 2.7B, bf16 I/O, float32 pool, one 2K-token sequence): 861 us
+(10-90 %: 825-1039) = 2.38 M tokens/s, VectorE-bound (busy: ScalarE 80 %,
+VectorE 77 %, GpSimd 59 %, TensorE 40 %, DMA 26 %); 512 tokens 293 us; 16K
 tokens (``python -m simulate --set judged --case
 ssd_prefill/mamba2-2.7b/1x16384 --range-samples 12 --no-calibration``)
-6.68 ms (10-90 %: 6.35-8.06) = 2.45 M tokens/s, 20 % of the roofline. Per
+6.21 ms (10-90 %: 5.95-7.56) = 2.64 M tokens/s, 22 % of the roofline (K = 8
+chunks per iteration; K = 2 was 6.68 ms). Per
 128-token chunk (the 16K trace over its 128 chunks): ~57 VectorE, ~107
 ScalarE, ~25 GpSimd, ~387 TensorE instructions. Per 4-head block: VectorE
 Mt and [xf | Xd] (~0.8 us each) and, on every other block, y_off * exp(cs)
@@ -279,24 +286,26 @@ Mt and [xf | Xd] (~0.8 us each) and, on every other block, y_off * exp(cs)
 other blocks (0.9 us), the y eviction and the state copy-back (0.4 us
 each), WB part 0 (0.3 us); GpSimd e^tot S^T (1.0 us) and WB part 1 (0.6
 us); TensorE ~0.6 us (tfloat32 / bf16 rates). What binds: VectorE and
-ScalarE in step at ~1.8-2 us per block, plus ~20 us per chunk pair at the
-iteration boundary (the previous pair's last y and state stores, then
-chunk 0's prologue chain with two activation-table loads, softplus and
-exp). Closer to the roof needs fewer [Q, hb*P] elementwise passes per block
-(y_off * exp(cs), the y eviction, the state copy-back, e^tot S^T) and more
-chunks per runtime-loop iteration (the boundary is paid per pair). A
-short batch pays the fixed HBM traffic of the S^T blocks (zero block,
+ScalarE in step at ~1.8-2 us per block, plus ~10-20 us per loop-B iteration
+(K chunks) at its boundary (the previous group's last y and state
+stores, then chunk 0's prologue chain). Every chunk loads two
+activation tables (softplus, exp: 256 loads at 16K). Closer to the roof
+needs fewer [Q, hb*P] elementwise passes per block (y_off * exp(cs), the y
+eviction, the state copy-back, e^tot S^T) and the softplus work of all K
+chunks before their exps (one load of each table per iteration). A short
+batch pays the fixed HBM traffic of the S^T blocks (zero block,
 initial state stored and loaded, one pair's round trip, final state
 loaded: ~5 x 4 MB at H*P = 8192).
 
 LNC=2 (same model, each program's instructions timed on its own core;
-the programs never synchronise): 557 us per program at 2K tokens, 0.61 x
-LNC=1 (16K: 4.07 ms per program, 0.61 x) (10 blocks per program: the two
-chunks share one pipeline; the per-pair boundary, the constants and the
+the programs never synchronise): 505 us per program at 2K tokens, 0.59 x
+LNC=1 (16K: 3.65 ms per program, 0.59 x) (10 blocks per program: the K
+chunks share one pipeline; the per-iteration boundary, the constants and the
 pipeline fill are paid by both programs).
 
 Program size (static instructions, ``Trace.program_instructions()``):
-1,384 at 2K tokens; at LNC=2 744 per program (both programs).
+4,864 at 2K and 16K tokens (K = 8), 2,544 at 512 (K = 4); at LNC=2 2,574 /
+1,354 per program (both programs).
 """
 from __future__ import annotations
 
@@ -333,7 +342,7 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
       state rows per slot, parts = 2 when the launch's programs split the
       heads, else 1, ``pr*nt = H*P / parts``, pr <= 128; updated in place by
       the kernel's scatters),
-      pair_rows ``[pairs, Q, 4]``, pair_vals ``[pairs, 4]``, init_table and
+      pair_rows ``[groups, Q, 2K]``, pair_vals ``[groups, K + 2]``, init_table and
       final_table ``[num_seqs, 128, 2]``, zero_table ``[ceil(num_tokens / Q),
       Q, 1]``, counts ``[1, 4]`` int32: the batch composition (module
       docstring), the same for every program.
@@ -482,7 +491,7 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
             cst["ident_n"] = _identity(_ones_n(N), N)
 
     # trip counts (the one counts row every program reads): live sequences with an
-    # initial state, chunk pairs of all live sequences, live sequences, zero_table rows
+    # initial state, K-chunk groups of all live sequences, live sequences, zero_table rows
     n_init, n_pairs, n_live, n_zero = trip_counts(counts)
     num_seqs = init_table.shape[0]
     nt_rows = pool.shape[1] // N            # state rows per pool row
@@ -503,6 +512,7 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
     # has its own
     cst["scratch"] = nl.ndarray((num_seqs + 1, N, HP), dtype=nl.float32, buffer=nl.private_hbm)
     cst["pair_rows"] = pair_rows
+    cst["K"] = pair_vals.shape[1] - 2        # chunks per loop-B iteration (2 or 4)
     tab = nl.ndarray((_PMAX, 2), dtype=nl.int32, buffer=nl.sbuf)       # a sequence's pool rows
 
     for t in range(n_tiles):
@@ -518,8 +528,8 @@ def ssd_chunk_prefill(x, dt, A_rows, B, C, D_heads, D_rows, z, bias_rows, pool, 
 
     work_loop(n_init, init_body)
 
-    # ---- loop B: every chunk pair of every live sequence, two chunks per iteration
-    # (contexts 0 and 1). Each iteration loads its own chunks and its state source
+    # ---- loop B: every K-chunk group of every live sequence, K chunks per iteration
+    # (contexts 0 and 1 alternate). Each iteration loads its own chunks and its state source
     # block and stores its state block, block by block (_st_state)
     def pair_body(i, cells):
         _new_psum(cst)
@@ -885,7 +895,8 @@ def _prologue_loads(cst, c, which, i, t0):
     hold the next sequence's tokens or zeros (the launcher zeroes padding sequences'
     tokens and pads the inputs with Q zero rows): finite values, masked by dt' = 0."""
     Q, P, N = cst["Q"], cst["P"], cst["N"]
-    nisa.dma_copy(dst=c["rows"], src=at_row(cst["pair_rows"], i, [[4, Q], [1, 2]], 2 * which))
+    nisa.dma_copy(dst=c["rows"], src=at_row(cst["pair_rows"], i, [[2 * cst["K"], Q], [1, 2]],
+                                            2 * which))
     h_base, g0 = cst["h_base"], cst["g_lo"] * N
     _load_rows(c["dt_in"], cst["dt"], t0, h_base)
     _load_rows(c["B_raw"], cst["B"], t0, g0)
@@ -1002,70 +1013,88 @@ def _pair(cst, ctxs, blocks, rings, i, cells, double):
     the two chunks share one pipeline, else it drains between them. The
     pipeline drains at the end of the iteration.
     """
-    t0s = (cells[0], cells[1])
-    cst["dst"] = cells[2]
+    K = cst["K"]
+    t0s = cells[0:K]
+    cst["dst"] = cells[K]
     nb = len(blocks)
     ns = len(_STAGES)
     pre = max(1, nb // 2)
-    steps = []        # lists of (stage, item)
-    last0 = nb + ns - 1               # first step after context 0's last item
-    if double and nb > _S_WRITE - _S_READ:
-        for b in range(2 * nb + ns - 1):
-            step = []
-            for k in range(ns):
-                if 0 <= b - k < 2 * nb:
-                    step.append((k, b - k))
-            steps.append(step)
-    else:
-        for c in range(2):
-            for b in range(nb + ns - 1):
-                step = []
-                for k in range(ns):
-                    if 0 <= b - k < nb:
-                        step.append((k, c * nb + b - k))
-                steps.append(step)
-    # chunk 1's prologue: (step of its loads, step of its compute). Two contexts: it
-    # loads at step 1 and computes at nb - pre; one: once chunk 0's items are done (the
-    # drained pipelines meet at last0)
-    pro1 = (min(1, len(steps)), max(min(1, len(steps)), nb - pre))
-    if not double:
-        pro1 = (last0, last0)
-    # context 1's y in pieces (quarters of its blocks, halves below 8 blocks), each stored
-    # once its blocks' stage 7 has run, the last after the last step (so little of it is
-    # left in flight at the iteration end, where the next iteration waits for it)
+    shared = double and nb > _S_WRITE - _S_READ
+    # chunk c's first item step and the first step after its last item. Shared
+    # pipeline: chunk c follows chunk c - 1 directly, but not before _LEAD steps after
+    # chunk c - 2 (its context's previous chunk) is done (its loads and prologue go
+    # between); drained: one pipeline after the other
+    start = []
+    done = []
+    for c in range(K):
+        if not shared:
+            start.append(c * (nb + ns - 1))
+        elif c < 2:
+            start.append(c * nb)
+        else:
+            start.append(max(start[c - 1] + nb, done[c - 2] + _LEAD))
+        done.append(start[c] + nb + ns - 1)
+    steps = []        # lists of (stage, item): stage k of chunk c's item j at step start[c]+j+k
+    for b in range(done[K - 1]):
+        step = []
+        for k in range(ns):
+            for c in range(K):
+                j = b - k - start[c]
+                if 0 <= j < nb:
+                    step.append((k, c * nb + j))
+        steps.append(step)
+    # chunk c's prologue (c >= 1): (step of its loads, step of its compute). Two
+    # contexts: chunk 1 loads at step 1 and computes at nb - pre; chunk c >= 2 loads once
+    # chunk c - 2 (its context's previous chunk) is done and its y stored, and computes
+    # pre steps before its items (not before its loads). One context: once the previous
+    # chunk's items are done (the drained pipelines meet there)
+    pro = [(0, 0)]
+    for c in range(1, K):
+        if not double:
+            pro.append((done[c - 1], done[c - 1]))
+        elif c == 1:
+            pro.append((min(1, len(steps)), max(min(1, len(steps)), nb - pre)))
+        else:
+            pro.append((done[c - 2], max(done[c - 2], start[c] - pre)))
+    # the last chunk's y in pieces (quarters of its blocks, halves below 8 blocks), each
+    # stored once its blocks' stage 7 has run, the last after the last step (so little
+    # of it is left in flight at the iteration end, where the next iteration waits for
+    # it); the other chunks' y once their items are done (before their context's next
+    # loads: z's tile is y's)
     ystore = []          # (step, first column, end column) of each piece
     ysplit = 0
-    if double and nb > _S_WRITE - _S_READ and nb >= 4:
+    if shared and nb >= 4:
         npc = 2
         if nb >= 8:
             npc = 4
         for q in range(1, npc):
             bq = q * nb // npc
             col = blocks[bq][1] * cst["P"]
-            ystore.append((nb + bq - 1 + _S_YOUT, ysplit, col))
+            ystore.append((start[K - 1] + bq - 1 + _S_YOUT, ysplit, col))
             ysplit = col
     # chunk 0's prologue and the state come first
     _prologue_loads(cst, ctxs[0], 0, i, t0s[0])
     for piece in cst["st_loads"]:
-        _state_dma(cst, cells[3], piece[1], piece[2], False)
+        _state_dma(cst, cells[K + 1], piece[1], piece[2], False)
     _prologue_compute(cst, ctxs[0], nisa.engine.vector)
     for si in range(len(steps)):
-        # y stores: context 0's once its last item is done (before chunk 1's loads with
-        # one context: z's tile is y's), context 1's after the last step
-        if si == last0:
-            _store_y(cst, ctxs[0])
-        if si == pro1[0]:
-            _prologue_loads(cst, ctxs[1], 1, i, t0s[1])
-        if si == pro1[1]:
-            _prologue_compute(cst, ctxs[1], nisa.engine.gpsimd)
+        for c in range(K - 1):
+            if si == done[c]:
+                _store_y(cst, ctxs[c % 2])
+        for c in range(1, K):
+            if si == pro[c][0]:
+                _prologue_loads(cst, ctxs[c % 2], c, i, t0s[c])
+        for c in range(1, K):
+            if si == pro[c][1]:
+                _prologue_compute(cst, ctxs[c % 2], nisa.engine.gpsimd)
         for e in range(len(steps[si])):
             k, item = steps[si][e]
             c, j = item // nb, item % nb
-            _STAGES[k](cst, ctxs[c], blocks[j], {"i": item, "c": c}, rings)
+            _STAGES[k](cst, ctxs[c % 2], blocks[j], {"i": item, "c": c}, rings)
         for piece in ystore:
             if piece[0] == si:
-                _store_y(cst, ctxs[1], piece[1], piece[2])
-    _store_y(cst, ctxs[1], ysplit)
+                _store_y(cst, ctxs[(K - 1) % 2], piece[1], piece[2])
+    _store_y(cst, ctxs[(K - 1) % 2], ysplit)
 
 
 # Stages of one (chunk, head block) item. Each stage runs on one engine
@@ -1322,7 +1351,7 @@ def _st_state(cst, ctx, blk, w, r):
                                           operand0=elast[t][:, h:h + 1], op1=nl.add,
                                           operand1=st[0:ntile,
                                                       (t * nh + k) * P:(t * nh + k + 1) * P])
-    if w["c"] == 1:
+    if w["c"] == cst["K"] - 1:
         for piece in cst["st_stores"]:
             if piece[0] == w["i"] % cst["nb"]:
                 _state_dma(cst, cst["dst"], piece[1], piece[2], True)
@@ -1346,3 +1375,4 @@ _STAGES = (_st_w, _st_seg, _st_exp, _st_mt, _st_out_mm, _st_scalar, _st_yadd, _s
 # the stage writing it: item (1, j) may only read after item (0, j) wrote
 _S_READ, _S_WRITE = 4, 9
 _S_YOUT = 7        # the stage writing the chunk's y tile
+_LEAD = 1          # steps between a context's chunk done and its next chunk's first item

@@ -90,12 +90,14 @@ def _D_per_row(xp, D, H, P):
 
 
 def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens: int,
-                   num_seqs: int, chunk_size: int, pr: int, slot_rows: int | None = None):
+                   num_seqs: int, chunk_size: int, pr: int, slot_rows: int | None = None,
+                   per: int = 2):
     """Run-time batch tables of ``ssd_chunk_prefill`` (its module docstring):
-    ``(pair_rows [pair_count, Q, 4], pair_vals [pair_count, 4], init_table [num_seqs, 128, 2],
-    final_table [num_seqs, 128, 2], zero_table [ceil(num_tokens / Q), Q, 1],
-    counts [1, 4])`` int32, ``pair_count = ceil(num_tokens / 2Q) + num_seqs``.
+    ``(pair_rows [pair_count, Q, 2*per], pair_vals [pair_count, per + 2], init_table
+    [num_seqs, 128, 2], final_table [num_seqs, 128, 2], zero_table [ceil(num_tokens / Q),
+    Q, 1], counts [1, 4])`` int32, ``pair_count = ceil(num_tokens / (per*Q)) + num_seqs``.
 
+    ``per`` (2 or 4): chunks per work-list row (per loop-B iteration; ``prefill_per``).
     Pool rows of slot s are ``s * slot_rows + q`` (q < pr; slot_rows defaults to pr).
     Every program of the launch reads all of them (the one control flow of LNC=2):
     the programs split the heads, each running the whole work list on its heads
@@ -103,13 +105,13 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens: int
 
     ``num_tokens`` / ``num_seqs`` are the buckets; row ``num_tokens`` is the
     zero (inputs) / dump (y) row that masked chunk rows name; scratch block
-    ``num_seqs`` is the kernel's zero state. The work list is every pair of
+    ``num_seqs`` is the kernel's zero state. The work list is every group of ``per``
     chunks of every live sequence, in order (unused rows: all masked). Shapes
-    depend only on the buckets and Q. Built with vectorised array ops only, each a
-    torch op on device: ``diff`` / integer ceil-division (lengths, pairs),
+    depend only on the buckets, Q and per. Built with vectorised array ops only, each a
+    torch op on device: ``diff`` / integer ceil-division (lengths, groups),
     ``nonzero`` of ``state_indices >= 0`` and of has_initial_state (live and
-    init order), an exclusive ``cumsum`` (pair bases), ``repeat_interleave``
-    (pair -> sequence, token -> sequence), ``arange`` broadcast adds,
+    init order), an exclusive ``cumsum`` (group bases), ``repeat_interleave``
+    (group -> sequence, token -> sequence), ``arange`` broadcast adds,
     comparisons and ``where`` (token rows, valid flags, state blocks),
     indexed writes into constant tables.
     """
@@ -122,31 +124,29 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens: int
     lens_l = lens[live]
     init = np.asarray(has_initial_state, dtype=bool)[live]
     zero_block = num_seqs                            # the scratch block of zeros
-    pairs = (lens_l + 2 * Q - 1) // (2 * Q)
+    pairs = (lens_l + per * Q - 1) // (per * Q)
     total = int(pairs.sum())
-    pair_count = -(-num_tokens // (2 * Q)) + num_seqs
-    pair_rows = np.zeros((pair_count, Q, 4), dtype=np.int32)
+    pair_count = -(-num_tokens // (per * Q)) + num_seqs
+    pair_rows = np.zeros((pair_count, Q, 2 * per), dtype=np.int32)
     pair_rows[:, :, 0::2] = num_tokens
-    pair_vals = np.full((pair_count, 4), num_tokens, dtype=np.int32)
-    pair_vals[:, 2:] = zero_block
+    pair_vals = np.full((pair_count, per + 2), num_tokens, dtype=np.int32)
+    pair_vals[:, per:] = zero_block
     if total:
         seq_of_pair = np.repeat(np.arange(n_live), pairs)
         base = np.concatenate([[0], np.cumsum(pairs)[:-1]])
-        local = np.arange(total) - base[seq_of_pair]               # pair index in its sequence
-        offs = local[:, None] * (2 * Q) + np.arange(2 * Q)[None, :]  # token offset in the sequence
+        local = np.arange(total) - base[seq_of_pair]               # group index in its sequence
+        offs = local[:, None] * (per * Q) + np.arange(per * Q)[None, :]  # offset in the sequence
         valid = offs < lens_l[seq_of_pair][:, None]
         tok = np.where(valid, cu[live][seq_of_pair][:, None] + offs, num_tokens)
-        pair_rows[:total, :, 0] = tok[:, :Q]
-        pair_rows[:total, :, 1] = valid[:, :Q]
-        pair_rows[:total, :, 2] = tok[:, Q:]
-        pair_rows[:total, :, 3] = valid[:, Q:]
-        # state source of each pair: its sequence's block (the previous pair's
+        for c in range(per):
+            pair_rows[:total, :, 2 * c] = tok[:, c * Q:(c + 1) * Q]
+            pair_rows[:total, :, 2 * c + 1] = valid[:, c * Q:(c + 1) * Q]
+            pair_vals[:total, c] = tok[:, c * Q]
+        # state source of each group: its sequence's block (the previous group's
         # result, or the initial state loop A put there) or the zero block
         src = np.where((local > 0) | init[seq_of_pair], seq_of_pair, zero_block)
-        pair_vals[:total, 0] = tok[:, 0]
-        pair_vals[:total, 1] = tok[:, Q]
-        pair_vals[:total, 2] = seq_of_pair
-        pair_vals[:total, 3] = src
+        pair_vals[:total, per] = seq_of_pair
+        pair_vals[:total, per + 1] = src
     pool_rows = idx[live][:, None] * (slot_rows or pr) + np.arange(pr)[None, :]
     init_table = np.zeros((num_seqs, _PMAX, 2), dtype=np.int32)
     n_init = int(init.sum())
@@ -165,6 +165,19 @@ def prefill_tables(cu_seqlens, state_indices, has_initial_state, num_tokens: int
     counts = np.array([[n_init, total, n_live, -(-pad_tok.size // Q)]], dtype=np.int32)
     return (pair_rows, pair_vals, init_table, final_table, zero_table.reshape(zero_rows, Q, 1),
             counts)
+
+
+def prefill_per(num_tokens: int, num_seqs: int, chunk_size: int) -> int:
+    """Chunks per loop-B iteration of ``ssd_chunk_prefill`` for the buckets: the largest
+    of 2, 4, 8 whose groups the token bucket holds for every sequence of the sequence
+    bucket (``num_tokens >= per * Q * num_seqs``). Long sequences pay the iteration
+    boundary (the previous group's last stores, chunk 0's prologue chain) once per
+    ``per`` chunks; short ones would pad more all-masked chunks. Capped at 8: the
+    program grows by one chunk's items per chunk (~600 instructions at Mamba-2 2.7B)."""
+    per = 2
+    while per < 8 and num_tokens >= 2 * per * chunk_size * num_seqs:
+        per = 2 * per
+    return per
 
 
 _MAX_KERNEL_P = 256   # the prefill kernel packs y_intra | y_off ([Q, 2P] fp32) in one PSUM bank
@@ -231,7 +244,7 @@ def prefill_call(xp, call, *, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_lim
     parts = 2 if call.lnc == 2 and H % 2 == 0 else 1
     pr, nt = decode_layout(H // parts, P, 1)   # pr partitions x nt state rows, per part
     tables = prefill_tables(cu_seqlens, state_indices, has_initial_state, Tb, Sb,
-                            int(chunk_size), pr, parts * pr)
+                            int(chunk_size), pr, parts * pr, prefill_per(Tb, Sb, int(chunk_size)))
 
     # tokens of padding sequences are zeroed (a masked fill): a chunk reads the Q
     # rows from its first token on, so rows past a sequence's end must be finite
