@@ -120,7 +120,7 @@ FS_COLUMNS = 2048   # channels per d_final read-modify-write block
 GPSIMD_TAPS = 0     # dweight product taps on GpSimd (the rest on VectorE)
 SUM_TILES = 4       # 2-byte x, W <= 4: channel tiles per group (one PSUM sum bank each)
 DZ_VECTOR = 3       # 2-byte x, W <= 4: every third unit's dz on VectorE (the rest GpSimd)
-SUM_SETS = 4        # 2-byte x, W <= 4: work-row buffer sets (a row's loads go S rows ahead)
+SUM_SETS = 6        # 2-byte x, W <= 4: work-row buffer sets (one per row of an iteration)
 ROWS_PER_ITERATION = 6   # work rows per iteration of the first row loop (its first waits)
 
 
