@@ -33,14 +33,15 @@ sequence bucket, T = 384 window positions per work row in BLOCKS = 3 blocks of 1
 
 Design note
 -----------
-Loops: per channel group (16 tiles of 128 channels for bfloat16 x, 8 for float32) two
+Loops: per channel group (SUM_TILES = 4 tiles of 128 channels for 2-byte x with W <= 4,
+16 for other 2-byte x, 8 for float32) two
 top-level ``nl.fori_loop`` s over the work rows (the same list for every group: a group's
 channels are compile-time offsets), the first ROWS_PER_ITERATION = 6 rows per iteration,
 the second the rows left, one per iteration; then, with d_final_states, one top-level
 loop over sequences. No loop inside another; bounds are ``NkiScalar`` s loaded
 (``scaffold.trip_counts``) from an SBUF copy of ``counts`` before the loops; everything
 unrolled in a body is bounded by the group and W. Program size depends on DP, W, dtypes
-and flags only (11,273 static instructions at dim 8192, W 4, bfloat16, LNC=1: the first
+and flags only (15,894 static instructions at dim 8192, W 4, bfloat16, LNC=1: the first
 row loop's body holds 6 rows).
 
 Per work row and group: one DMA loads the table row (the row's ``NkiScalar`` index as
@@ -75,6 +76,22 @@ engine's in-order queue holds several tiles' work:
    accumulate) into the tile's dweight (/ dbias) columns. Without a bias the launcher
    returns no dbias: it is not computed (the kernel's dbias output is zeros).
 
+2-byte x with W <= 4 (the model convs) moves the dweight sums to TensorE instead
+(``tsum``): the products are bfloat16 (VectorE perf mode) and stage 6 folds them onto
+the partitions -- per 128-token block and tap a TensorE transpose (the products
+stationary, the identity moving) accumulating in the tile's PSUM sum bank
+``[128 q, W * 128]`` over the blocks and the iteration's rows (the first row opens it:
+PSUM is allocated and written inside the loop body only); after the iteration VectorE
+adds each bank into the group's float32 ``fsum``, and after the group's loops a float32
+matmul per tile and tap against a ones column sums ``fsum`` over the 128 partitions
+(dweight[c, k] = sum_q fsum[q, k*128 + c]; a fixed order, the same at LNC=1 and 2).
+W sum banks per group leave 4 banks for z and dx, so a group is 4 tiles; the
+iteration's (row, tile) units then run as one wavefront (SUM_STEPS: a free step after
+silu_dx and after dz, so the TensorE -> ScalarE -> GpSimd -> TensorE chain has slack),
+with one buffer set per row (SUM_SETS = 6: the next iteration's loads wait on nothing
+of this one), dz rotating over 4 buffers, dx evicted by ScalarE and every DZ_VECTOR-th
+unit's dz on VectorE (GpSimd also generates the four times more gather descriptors).
+
 The row's dx blocks go out by ``vector_offset`` scatters; the
 per-row sums are added into float32 accumulators, stored after the group's loop. A
 token's products are counted by the one row whose window holds it at columns H .. H+T.
@@ -85,15 +102,15 @@ Saved vs recomputed: the forward saves nothing beyond its inputs (x, weight, bia
 the initial states the caller holds); z and silu'(z) are recomputed here (W TensorE
 taps per tile), so training costs 0 extra bytes per token of activation memory.
 
-What binds (modeled, trn2, the cost model of this commit): the elementwise engines --
-VectorE (per tile and work row: the dx eviction and the W products over T columns,
-~76 % busy) and ScalarE (silu_dx, W accumulating sums, ~73 %), GpSimd (dz, gather
-descriptors, ~46 %) behind; TensorE (~35 %) and the HBM traffic (x, dy in, dx out:
-~32 %) do not bind. Dim 8192, bfloat16, no bias: 1x2048 1.40 ms at LNC=1 (``python -m
-simulate --op short_conv_backward --no-calibration``); 16K tokens: figures and command
-in ``nki_ssm.ops.launch.short_conv_backward``. Moving the
-dweight reductions to TensorE (token-major dz against shifted x gathers) is the next
-step; it needs PSUM room this layout does not leave.
+What binds (modeled, trn2, the cost model of this commit; dim 8192, W 4, bfloat16, no
+bias, 16K tokens, LNC=1, the TensorE sums): VectorE (per unit: the bf16 products over
+W x T columns, a third of the dz products, the iteration's sum-bank adds; ~80 % busy),
+TensorE (z taps, dx taps, the product transposes: ~70 %), GpSimd (dz, the gather
+descriptors of 4-tile groups: ~65 %), DMA (~40 %), ScalarE (silu_dx, dx eviction:
+~35 %); the rest is pipeline latency (each iteration's first loads, fill and drain).
+16K: 7.5 ms (figures and command in ``nki_ssm.ops.launch.short_conv_backward``). Next:
+fewer VectorE elements per unit (the products are the floor of this layout) and fewer
+software-DGE DMAs per row (the dx scatters, 3 per row and group).
 
 LNC: the channel tiles split evenly between the programs (DP is padded to 128 * programs
 channels): program ``nl.program_id(0)`` takes tiles ``pid * NTP .. (pid + 1) * NTP``, runs
@@ -119,7 +136,7 @@ TABLE_COLUMNS = 3 * BLOCKS + 2   # index columns of a work row (x, dy, dx blocks
 FS_COLUMNS = 2048   # channels per d_final read-modify-write block
 GPSIMD_TAPS = 0     # dweight product taps on GpSimd (the rest on VectorE)
 SUM_TILES = 4       # 2-byte x, W <= 4: channel tiles per group (one PSUM sum bank each)
-DZ_VECTOR = 3       # 2-byte x, W <= 4: every third unit's dz on VectorE (the rest GpSimd)
+DZ_VECTOR = 4       # 2-byte x, W <= 4: every fourth unit's dz on VectorE (the rest GpSimd)
 SUM_SETS = 6        # 2-byte x, W <= 4: work-row buffer sets (one per row of an iteration)
 ROWS_PER_ITERATION = 6   # work rows per iteration of the first row loop (its first waits)
 
@@ -353,8 +370,10 @@ def _rows(first, count, rows, sets, xsrc, dysrc, dxo, dx_off, bufs, red, acc, c0
         if xt != None:  # noqa: E711
             xwr = xt
         dzr = dzm[0]
-        if sums != None:  # noqa: E711  (one wavefront over the rows: dz by row parity)
-            dzr = dzm[r % 2]
+        if sums != None:  # noqa: E711
+            # one wavefront over the rows: dz rotates over 4 buffers (row r + 4's dz is
+            # written after row r's last reader, the dbias sum, even with 1 tile)
+            dzr = dzm[r % len(dzm)]
         rbufs.append((ident, xg, dg, xwr, dzr, sg, zb, uv, out, banks, diag, bcol, has_bias))
 
     def finish(r):
@@ -488,7 +507,8 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
         xw = nl.ndarray((TILE, G, T + 2 * H), dtype=xdt, buffer=nl.sbuf)
     dzm = [nl.ndarray((TILE, G, T + H), dtype=xdt, buffer=nl.sbuf)]
     if tsum:
-        dzm.append(nl.ndarray((TILE, G, T + H), dtype=xdt, buffer=nl.sbuf))
+        for i in range(3):
+            dzm.append(nl.ndarray((TILE, G, T + H), dtype=xdt, buffer=nl.sbuf))
     sg = []
     for i in range(4 if tsum else 2):
         sg.append(nl.ndarray((TILE, T + H), dtype=nl.float32, buffer=nl.sbuf))
