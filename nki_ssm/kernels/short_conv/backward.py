@@ -104,7 +104,7 @@ taps per tile), so training costs 0 extra bytes per token of activation memory.
 
 What binds (modeled, trn2, the cost model of this commit; dim 8192, W 4, bfloat16, no
 bias, 16K tokens, LNC=1, the TensorE sums): VectorE (per unit: the bf16 products over
-W x T columns, a third of the dz products, the iteration's sum-bank adds; ~80 % busy),
+W x T columns, a quarter of the dz products, the iteration's sum-bank adds; ~80 % busy),
 TensorE (z taps, dx taps, the product transposes: ~70 %), GpSimd (dz, the gather
 descriptors of 4-tile groups: ~65 %), DMA (~40 %), ScalarE (silu_dx, dx eviction:
 ~35 %); the rest is pipeline latency (each iteration's first loads, fill and drain).
