@@ -81,6 +81,16 @@ def test_bfloat16_gradients(rng, lnc, bf16_weights):
     _assert_close(got, b, "silu", 5e-3)
 
 
+@pytest.mark.parametrize("W, bias", [(4, True), (2, False), (3, True), (5, False)])
+def test_bfloat16_groups_and_row_loops(rng, lnc, W, bias):
+    # 5 channel tiles (2-byte x, W <= 4: groups of 4 tiles and a 1-tile group, the
+    # dweight sums folded on TensorE; W 5: the ScalarE sums) and 11 work rows (a main
+    # loop iteration of 6 rows, then the row loop over the 5 left)
+    b = _batch(rng, [2400, 7, 0, 500], 640, W, dtype=BF16, bias=bias)
+    got = _grads(b, "silu")
+    _assert_close(got, b, "silu", 5e-3)
+
+
 def test_ragged_batch_equals_separate_calls(rng):
     b = _batch(rng, EDGE_LENGTHS, 130, 4)
     whole = _grads(b, "silu")

@@ -33,14 +33,15 @@ sequence bucket, T = 384 window positions per work row in BLOCKS = 3 blocks of 1
 
 Design note
 -----------
-Loops: per channel group (16 tiles of 128 channels for bfloat16 x, 8 for float32) two
+Loops: per channel group (SUM_TILES = 4 tiles of 128 channels for 2-byte x with W <= 4,
+16 for other 2-byte x, 8 for float32) two
 top-level ``nl.fori_loop`` s over the work rows (the same list for every group: a group's
 channels are compile-time offsets), the first ROWS_PER_ITERATION = 6 rows per iteration,
 the second the rows left, one per iteration; then, with d_final_states, one top-level
 loop over sequences. No loop inside another; bounds are ``NkiScalar`` s loaded
 (``scaffold.trip_counts``) from an SBUF copy of ``counts`` before the loops; everything
 unrolled in a body is bounded by the group and W. Program size depends on DP, W, dtypes
-and flags only (11,273 static instructions at dim 8192, W 4, bfloat16, LNC=1: the first
+and flags only (15,894 static instructions at dim 8192, W 4, bfloat16, LNC=1: the first
 row loop's body holds 6 rows).
 
 Per work row and group: one DMA loads the table row (the row's ``NkiScalar`` index as
@@ -75,6 +76,22 @@ engine's in-order queue holds several tiles' work:
    accumulate) into the tile's dweight (/ dbias) columns. Without a bias the launcher
    returns no dbias: it is not computed (the kernel's dbias output is zeros).
 
+2-byte x with W <= 4 (the model convs) moves the dweight sums to TensorE instead
+(``tsum``): the products are bfloat16 (VectorE perf mode) and stage 6 folds them onto
+the partitions -- per 128-token block and tap a TensorE transpose (the products
+stationary, the identity moving) accumulating in the tile's PSUM sum bank
+``[128 q, W * 128]`` over the blocks and the iteration's rows (the first row opens it:
+PSUM is allocated and written inside the loop body only); after the iteration VectorE
+adds each bank into the group's float32 ``fsum``, and after the group's loops a float32
+matmul per tile and tap against a ones column sums ``fsum`` over the 128 partitions
+(dweight[c, k] = sum_q fsum[q, k*128 + c]; a fixed order, the same at LNC=1 and 2).
+W sum banks per group leave 4 banks for z and dx, so a group is 4 tiles; the
+iteration's (row, tile) units then run as one wavefront (SUM_STEPS: a free step after
+silu_dx and after dz, so the TensorE -> ScalarE -> GpSimd -> TensorE chain has slack),
+with one buffer set per row (SUM_SETS = 6: the next iteration's loads wait on nothing
+of this one), dz rotating over 4 buffers, dx evicted by ScalarE and every DZ_VECTOR-th
+unit's dz on VectorE (GpSimd also generates the four times more gather descriptors).
+
 The row's dx blocks go out by ``vector_offset`` scatters; the
 per-row sums are added into float32 accumulators, stored after the group's loop. A
 token's products are counted by the one row whose window holds it at columns H .. H+T.
@@ -85,15 +102,15 @@ Saved vs recomputed: the forward saves nothing beyond its inputs (x, weight, bia
 the initial states the caller holds); z and silu'(z) are recomputed here (W TensorE
 taps per tile), so training costs 0 extra bytes per token of activation memory.
 
-What binds (modeled, trn2, the cost model of this commit): the elementwise engines --
-VectorE (per tile and work row: the dx eviction and the W products over T columns,
-~76 % busy) and ScalarE (silu_dx, W accumulating sums, ~73 %), GpSimd (dz, gather
-descriptors, ~46 %) behind; TensorE (~35 %) and the HBM traffic (x, dy in, dx out:
-~32 %) do not bind. Dim 8192, bfloat16, no bias: 1x2048 1.40 ms at LNC=1 (``python -m
-simulate --op short_conv_backward --no-calibration``); 16K tokens: figures and command
-in ``nki_ssm.ops.launch.short_conv_backward``. Moving the
-dweight reductions to TensorE (token-major dz against shifted x gathers) is the next
-step; it needs PSUM room this layout does not leave.
+What binds (modeled, trn2, the cost model of this commit; dim 8192, W 4, bfloat16, no
+bias, 16K tokens, LNC=1, the TensorE sums): VectorE (per unit: the bf16 products over
+W x T columns, a quarter of the dz products, the iteration's sum-bank adds; ~80 % busy),
+TensorE (z taps, dx taps, the product transposes: ~70 %), GpSimd (dz, the gather
+descriptors of 4-tile groups: ~65 %), DMA (~40 %), ScalarE (silu_dx, dx eviction:
+~35 %); the rest is pipeline latency (each iteration's first loads, fill and drain).
+16K: 7.5 ms (figures and command in ``nki_ssm.ops.launch.short_conv_backward``). Next:
+fewer VectorE elements per unit (the products are the floor of this layout) and fewer
+software-DGE DMAs per row (the dx scatters, 3 per row and group).
 
 LNC: the channel tiles split evenly between the programs (DP is padded to 128 * programs
 channels): program ``nl.program_id(0)`` takes tiles ``pid * NTP .. (pid + 1) * NTP``, runs
@@ -118,6 +135,9 @@ BANK = 512          # float32 columns of one PSUM bank
 TABLE_COLUMNS = 3 * BLOCKS + 2   # index columns of a work row (x, dy, dx blocks)
 FS_COLUMNS = 2048   # channels per d_final read-modify-write block
 GPSIMD_TAPS = 0     # dweight product taps on GpSimd (the rest on VectorE)
+SUM_TILES = 4       # 2-byte x, W <= 4: channel tiles per group (one PSUM sum bank each)
+DZ_VECTOR = 4       # 2-byte x, W <= 4: every fourth unit's dz on VectorE (the rest GpSimd)
+SUM_SETS = 6        # 2-byte x, W <= 4: work-row buffer sets (one per row of an iteration)
 ROWS_PER_ITERATION = 6   # work rows per iteration of the first row loop (its first waits)
 
 
@@ -153,7 +173,18 @@ def _transpose_in(ps, g, cols, ident, tail):
                    moving=ident[0:tail, 0:tail], accumulate=False)
 
 
-def _stage(bufs, red, st, j, W, silu):
+def _dz_engine(tdma, sums, u):
+    """The engine of unit u's dz product: float32 x VectorE; 2-byte x GpSimd, and with the
+    folded dweight sums every DZ_VECTOR-th unit's on VectorE (GpSimd also generates the
+    gather descriptors of the smaller groups)."""
+    if not tdma:
+        return nisa.engine.vector
+    if sums != None and u % DZ_VECTOR == DZ_VECTOR - 1:  # noqa: E711
+        return nisa.engine.vector
+    return nisa.engine.gpsimd
+
+
+def _stage(bufs, red, st, j, W, silu, u=None, n=0):
     """Stage ``st`` of channel tile j of a work row (module design note): 0 x window
     transposes, 1 its ScalarE eviction (both float32 x only); 2 dy transposes (float32 x),
     z taps, silu_dx; 3 dz; 4 dx taps;
@@ -161,13 +192,16 @@ def _stage(bufs, red, st, j, W, silu):
     and SBUF buffers alternate by tile (two of each), which the one-step skew between
     consecutive stages allows."""
     (ident, xg, dg, xw, dzm, sg, zb, uv, out, banks, diag, bcol, has_bias) = bufs
-    prods, junk, redw, redb = red
+    prods, junk, redw, redb, sums = red
     H = W - 1
     T = ROW
     D = T + H
     cols = slice(j * TILE, (j + 1) * TILE)
-    psx, psd, psz, pso = banks[j % 2], banks[2 + j % 2], banks[4 + j % 2], banks[6 + j % 2]
-    s = sg[j % 2]
+    if u == None:  # noqa: E711
+        u = j
+    # buffers alternate by the unit's parity (u: its place in the iteration's wavefront)
+    psx, psd, psz, pso = banks[u % 2], banks[2 + u % 2], banks[4 + u % 2], banks[6 + u % 2]
+    s = sg[u % len(sg)]
     tdma = xg == None  # noqa: E711  (windows gather-transposed: channel-major already)
     if st == 0:
         if not tdma:
@@ -187,15 +221,16 @@ def _stage(bufs, red, st, j, W, silu):
             # switches)
             nisa.activation(dst=s, op=nl.silu_dx, data=psz[:, 0:D], bias=bcol[:, j:j + 1])
     elif st == 3:
-        dyv = psd[:, 0:D]
         if tdma:
             dyv = dg[:, j, 0:D]
+        else:
+            dyv = psd[:, 0:D]
         if not silu:
             nisa.tensor_copy(dst=dzm[:, j, :], src=dyv, engine=nisa.engine.vector)
             return
         # dz = dy * silu'(z + b) (x's dtype)
         nisa.tensor_tensor(dst=dzm[:, j, :], data1=s, data2=dyv, op=nl.multiply,
-                           engine=nisa.engine.gpsimd if tdma else nisa.engine.vector)
+                           engine=_dz_engine(tdma, sums, u))
     elif st == 4:
         for b in range(BLOCKS):
             for k in range(W):
@@ -208,7 +243,8 @@ def _stage(bufs, red, st, j, W, silu):
     elif st == 5:
         nisa.tensor_copy(dst=out[:, :, cols],
                          src=pso.ap(pattern=[[BANK, TILE], [TILE, BLOCKS], [1, TILE]], offset=0),
-                         engine=nisa.engine.vector)
+                         engine=nisa.engine.vector if sums == None  # noqa: E711
+                         else nisa.engine.scalar)
         # dweight products over the row's own tokens (dz window columns H .. H+T): dz
         # repeated by a zero stride against the x window at several shifts, tap 0 on
         # GpSimd (a quarter of VectorE's rate), the others in one VectorE instruction
@@ -218,15 +254,30 @@ def _stage(bufs, red, st, j, W, silu):
             k0, nk, engine = part
             if nk > 0:
                 nisa.tensor_tensor(
-                    dst=prods[j % 2][:, k0:k0 + nk, :],
+                    dst=prods[u % 2][:, k0:k0 + nk, :],
                     data1=dzm.ap(pattern=[[dzm.shape[1] * D, TILE], [0, nk], [1, T]],
                                  offset=j * D + H),
                     data2=xw.ap(pattern=[[xw.shape[1] * F, TILE], [1, nk], [1, T]],
                                 offset=j * F + H + k0),
                     op=nl.multiply, engine=engine)
+    elif sums != None:  # noqa: E711
+        # the products (bfloat16) folded onto the partitions: TensorE transposes them a
+        # 128-token block at a time, accumulating in the tile's PSUM sum bank over the
+        # blocks and the iteration's work rows (sums[j][q, k*128 + c] = sum of the
+        # products of tap k, channel c at tokens = q mod 128); the iteration's first
+        # row opens the bank
+        for b in range(BLOCKS):
+            for k in range(W):
+                nisa.nc_matmul(dst=sums[j][:, k * TILE:(k + 1) * TILE],
+                               stationary=prods[u % 2][:, k, b * TILE:(b + 1) * TILE],
+                               moving=ident, accumulate=u >= n or b > 0)
+        if has_bias:
+            nisa.activation(dst=junk, op=nl.copy, data=dzm[:, j, H:H + T], reduce_op=nl.add,
+                            reduce_res=redb[:, j:j + 1],
+                            reduce_cmd=nisa.reduce_cmd.reset_reduce)
     else:
         for k in range(W):
-            nisa.activation(dst=junk, op=nl.copy, data=prods[j % 2][:, k, :],
+            nisa.activation(dst=junk, op=nl.copy, data=prods[u % 2][:, k, :],
                             reduce_op=nl.add,
                             reduce_res=redw[:, j, k:k + 1],
                             reduce_cmd=nisa.reduce_cmd.reset_reduce)
@@ -240,6 +291,9 @@ def _stage(bufs, red, st, j, W, silu):
 STAGES = 7
 # stages issued together for one tile (one wavefront step each)
 STEPS = ((0,), (1,), (2,), (3,), (4,), (5,), (6,))
+# 2-byte x, W <= 4 (one wavefront over the rows): a free step after silu_dx and after dz,
+# so the TensorE -> ScalarE -> GpSimd -> TensorE chain has a step of slack each
+SUM_STEPS = ((0,), (1,), (2,), (), (3,), (), (4,), (5,), (6,))
 
 
 def _gather_windows(xsrc, dysrc, xg, dg, idx, c0, gw, H):
@@ -291,39 +345,82 @@ def _rows(first, count, rows, sets, xsrc, dysrc, dxo, dx_off, bufs, red, acc, c0
     allocated here, in the loop body."""
     (ident, xg, dg, xw, dzm, sg, zb, uv, out, banks, diag, bcol, has_bias) = bufs
     acc_w, acc_b = acc
-    prods, junk, redw, redb = red
+    prods, junk, redw, redb, facc = red
     H = W - 1
     gw = n * TILE
     banks = []
+    sums = None
+    if facc != None:  # noqa: E711  (no transposes in: their banks hold the folded sums)
+        sums = []
+        for j in range(n):
+            sums.append(nl.ndarray((TILE, BANK), dtype=nl.float32, buffer=nl.psum))
     for b in range(8):
-        banks.append(nl.ndarray((TILE, BANK), dtype=nl.float32, buffer=nl.psum))
-    for j in range(min(2, count)):
+        if sums != None and b < 4:  # noqa: E711
+            banks.append(None)
+        else:
+            banks.append(nl.ndarray((TILE, BANK), dtype=nl.float32, buffer=nl.psum))
+    red = (prods, junk, redw, redb, sums)
+    S = len(sets)
+    for j in range(min(S, count)):
         _load_row(first + j, rows, sets[j], xsrc, dysrc, c0, gw, H)
-    for j in range(count):
-        idx, xg, dg, out, xt, idxu = sets[j % 2]
+    rbufs = []
+    for r in range(count):
+        idx, xg, dg, out, xt, idxu = sets[r % S]
+        xwr = xw
         if xt != None:  # noqa: E711
-            xw = xt
-        rbufs = (ident, xg, dg, xw, dzm, sg, zb, uv, out, banks, diag, bcol, has_bias)
-        # the tiles' stages as a wavefront: at step t, stage q of tile t - q (oldest first),
-        # so each engine's in-order queue holds work of several tiles at once
-        for t in range(n + len(STEPS) - 1):
-            for q in range(len(STEPS) - 1, -1, -1):
-                if 0 <= t - q < n:
-                    for st in STEPS[q]:
-                        _stage(rbufs, red, st, t - q, W, silu)
+            xwr = xt
+        dzr = dzm[0]
+        if sums != None:  # noqa: E711
+            # one wavefront over the rows: dz rotates over 4 buffers (row r + 4's dz is
+            # written after row r's last reader, the dbias sum, even with 1 tile)
+            dzr = dzm[r % len(dzm)]
+        rbufs.append((ident, xg, dg, xwr, dzr, sg, zb, uv, out, banks, diag, bcol, has_bias))
+
+    def finish(r):
+        idx, xg, dg, out, xt, idxu = sets[r % S]
         for b in range(BLOCKS):
             # dxo: this program's own tensor, its channels from the program's first
             nisa.dma_copy(dst=dxo.ap(pattern=[[dxo.shape[1], TILE], [1, gw]], offset=dx_off,
                                      vector_offset=idx[:, 2 * BLOCKS + 2 + b:2 * BLOCKS + 3 + b],
                                      indirect_dim=0),
                           src=out[:, b, 0:gw])
-        nisa.tensor_tensor(dst=acc_w[:, 0:n, :], data1=acc_w[:, 0:n, :],
-                           data2=redw[:, 0:n, :], op=nl.add)
+        if sums == None:  # noqa: E711
+            nisa.tensor_tensor(dst=acc_w[:, 0:n, :], data1=acc_w[:, 0:n, :],
+                               data2=redw[:, 0:n, :], op=nl.add)
         if has_bias:
             nisa.tensor_tensor(dst=acc_b[:, 0:n], data1=acc_b[:, 0:n], data2=redb[:, 0:n],
                                op=nl.add)
-        if j + 2 < count:
-            _load_row(first + j + 2, rows, sets[j % 2], xsrc, dysrc, c0, gw, H)
+        if r + S < count:
+            _load_row(first + r + S, rows, sets[r % S], xsrc, dysrc, c0, gw, H)
+
+    if sums == None:  # noqa: E711
+        for r in range(count):
+            # the tiles' stages as a wavefront: at step t, stage q of tile t - q (oldest
+            # first), so each engine's in-order queue holds work of several tiles at once
+            for t in range(n + len(STEPS) - 1):
+                for q in range(len(STEPS) - 1, -1, -1):
+                    if 0 <= t - q < n:
+                        for st in STEPS[q]:
+                            _stage(rbufs[r], red, st, t - q, W, silu)
+            finish(r)
+        return
+    # one wavefront over all the iteration's (row, tile) units, u = r*n + j: at step t,
+    # stage q of unit t - q; a row finishes (dx out, its buffer set reloaded S rows
+    # ahead) once its last unit is through
+    U = count * n
+    for t in range(U + len(SUM_STEPS) - 1):
+        for q in range(len(SUM_STEPS) - 1, -1, -1):
+            u = t - q
+            if 0 <= u < U:
+                for st in SUM_STEPS[q]:
+                    _stage(rbufs[u // n], red, st, u % n, W, silu, u, n)
+        u = t - (len(SUM_STEPS) - 1)
+        if 0 <= u < U and u % n == n - 1:
+            finish(u // n)
+    # the iteration's folded sums into the group's float32 accumulator (VectorE)
+    for j in range(n):
+        nisa.tensor_tensor(dst=facc[:, j, :], data1=facc[:, j, :],
+                           data2=sums[j][:, 0:W * TILE], op=nl.add)
 
 
 def _final_state_grads(f, fs_rows, dfsrc, dxo, dx_off, fbufs, cp0, H):
@@ -365,7 +462,10 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
     programs, pid = lnc_grid()
     NTP = DP // TILE // programs           # channel tiles of each program
     cp0 = pid * NTP * TILE
+    tsum = xdt != nl.float32 and W * TILE <= BANK
     G = min(GROUP_TILES if xdt != nl.float32 else GROUP_TILES // 2, NTP)
+    if tsum:
+        G = min(SUM_TILES, NTP)
 
     # one dx tensor per program (its channels only): the programs' run-time-addressed
     # writes go to different tensors
@@ -391,7 +491,7 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
     tdma = xdt != nl.float32
     XR = (T + 2 * H + 15) // 16 * 16
     DR = (T + H + 15) // 16 * 16
-    for i in range(2):
+    for i in range(SUM_SETS if tsum else 2):
         idx = nl.ndarray((TILE, TABLE_COLUMNS), dtype=nl.int32, buffer=nl.sbuf)
         out = nl.ndarray((TILE, BLOCKS, GW), dtype=xdt, buffer=nl.sbuf)
         if tdma:
@@ -405,9 +505,12 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
     xw = None
     if not tdma:
         xw = nl.ndarray((TILE, G, T + 2 * H), dtype=xdt, buffer=nl.sbuf)
-    dzm = nl.ndarray((TILE, G, T + H), dtype=xdt, buffer=nl.sbuf)
+    dzm = [nl.ndarray((TILE, G, T + H), dtype=xdt, buffer=nl.sbuf)]
+    if tsum:
+        for i in range(3):
+            dzm.append(nl.ndarray((TILE, G, T + H), dtype=xdt, buffer=nl.sbuf))
     sg = []
-    for i in range(2):
+    for i in range(4 if tsum else 2):
         sg.append(nl.ndarray((TILE, T + H), dtype=nl.float32, buffer=nl.sbuf))
     zb, uv = None, None
     wcol = nl.ndarray((TILE, G, W), dtype=nl.float32, buffer=nl.sbuf)
@@ -415,11 +518,22 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
     diag = nl.ndarray((TILE, G, W, TILE), dtype=xdt, buffer=nl.sbuf)
     prods = []
     for i in range(2):
-        prods.append(nl.ndarray((TILE, W, T), dtype=nl.float32, buffer=nl.sbuf))
+        prods.append(nl.ndarray((TILE, W, T), dtype=xdt if tsum else nl.float32,
+                                buffer=nl.sbuf))
+    fsum = None
+    if tsum:
+        # per tile of the group the folded dweight sums (fsum[q, j, k*128 + c]: the
+        # products of tap k, channel c at tokens = q mod 128), float32, added from the
+        # iterations' PSUM sum banks; reduced over the partitions after the group's loops
+        # by matmuls against a ones column
+        fsum = nl.ndarray((TILE, G, W * TILE), dtype=nl.float32, buffer=nl.sbuf)
+        ones = nl.ndarray((TILE, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=ones, value=1.0)
     red = (prods,
            nl.ndarray((TILE, T), dtype=nl.float32, buffer=nl.sbuf),
            nl.ndarray((TILE, G, W), dtype=nl.float32, buffer=nl.sbuf),
-           nl.ndarray((TILE, G), dtype=nl.float32, buffer=nl.sbuf))
+           nl.ndarray((TILE, G), dtype=nl.float32, buffer=nl.sbuf),
+           fsum)
     acc = (nl.ndarray((TILE, G, W), dtype=nl.float32, buffer=nl.sbuf),
            nl.ndarray((TILE, G), dtype=nl.float32, buffer=nl.sbuf))
     bufs = (ident, None, None, xw, dzm, sg, zb, uv, None, None, diag, bcol,
@@ -437,6 +551,8 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
         _group_weights(weight, bias, wcol, bcol, diag, ident, c0, n, W)
         nisa.memset(dst=acc[0], value=0.0)
         nisa.memset(dst=acc[1], value=0.0)
+        if tsum:
+            nisa.memset(dst=fsum, value=0.0)
 
         def main_body(i):
             _rows(i * ROWS_PER_ITERATION, ROWS_PER_ITERATION, rows, sets, xsrc, dysrc, dxo,
@@ -449,6 +565,19 @@ def short_conv_backward_kernel(xsrc, dysrc, weight, bias, dfsrc, rows, fs_rows, 
                   dx_base + g0 * TILE, bufs, red, acc, c0, n, W, silu)
 
         work_loop(n_tail, tail_body)
+        if tsum:
+            # dweight[c, k] = sum over q of fsum[q, j, k*128 + c]: per tile and tap a
+            # float32 matmul (the folded sums stationary, a ones column moving) into
+            # column j*W + k of a PSUM bank
+            dws = nl.ndarray((TILE, BANK), dtype=nl.float32, buffer=nl.psum)
+            for j in range(n):
+                for k in range(W):
+                    nisa.nc_matmul(dst=dws[:, j * W + k:j * W + k + 1],
+                                   stationary=fsum[:, j, k * TILE:(k + 1) * TILE],
+                                   moving=ones, accumulate=False)
+            nisa.tensor_copy(dst=acc[0][:, 0:n, :],
+                             src=dws.ap(pattern=[[BANK, TILE], [W, n], [1, W]], offset=0),
+                             engine=nisa.engine.vector)
         nisa.dma_copy(dst=dwo.ap(pattern=[[W, TILE], [TILE * W, n], [1, W]], offset=c0 * W),
                       src=acc[0][:, 0:n, :])
         nisa.dma_copy(dst=dbo.ap(pattern=[[1, TILE], [TILE, n]], offset=c0),

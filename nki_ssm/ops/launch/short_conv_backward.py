@@ -12,18 +12,19 @@ the dx rows of its own channels, placed side by side here.
 Performance (modeled, trn2, central figure of nki_ssm.perf at this commit; ``PYTHONPATH=.
 python -m simulate --set judged --op short_conv_backward --model qwen3 --no-calibration``):
 the judged conv shape -- dim 8192, W 4, bfloat16, SiLU, no bias, one sequence of 16,384
-tokens with initial state and d_final_states -- takes 9.48 ms at LNC=1 (one NeuronCore)
-and 4.75 ms at LNC=2 (0.50x; two cores of a logical core). The bound (x and dy read, dx
+tokens with initial state and d_final_states -- takes 7.48 ms at LNC=1 (one NeuronCore;
+10-90 % 7.48-8.54 ms) and 3.74 ms at LNC=2 (0.50x; two cores of a logical core). The bound (x and dy read, dx
 written once: 805 MB over 368 GB/s per core; FLOPs are negligible) is 2.19 ms / 1.09 ms:
-23 % of the roofline. What binds is the elementwise work of the channel-major
-formulation -- VectorE 76 % busy (dx PSUM evictions, W dweight products), ScalarE 77 %
-(silu_dx, W accumulating sums), GpSimd 48 % (dz, gather descriptors); TensorE 37 %, DMA
-queues 31 %. Program size 11,273 static instructions (LNC=1; 6 work rows per iteration
+29 % of the roofline. What binds is the elementwise work of the channel-major
+formulation -- VectorE 80 % busy (the bf16 dweight products, a quarter of the dz
+products, the sum-bank adds), GpSimd 70 % (dz, gather descriptors), TensorE 71 % (z and
+dx taps, the dweight sums folded by transposes); ScalarE 36 % (silu_dx, dx evictions),
+DMA queues 41 %. Program size 15,894 static instructions (LNC=1; 6 work rows per iteration
 of the first row loop). For comparison, one H100
 runs FLA's Triton causal_conv1d + SiLU forward + backward at this shape in 1.769 ms
 (forward 0.219 ms; measured, the project's H100 reference figures): per chip, 8 trn2
 cores running forward (2.18 ms modeled) + this backward on a 16K sequence each are
-11.2 M tokens/s modeled against the H100's 9.26 M.
+13.6 M tokens/s modeled against the H100's 9.26 M.
 """
 from __future__ import annotations
 
