@@ -151,12 +151,17 @@ TensorE 1,696 instructions, ScalarE 895, VectorE 664, GpSimd 172, DMA 64.
 ms 10-90 %), 0.89 ms at LNC=2; program size 3,539 at LNC=1. 16K tokens
 (``--set judged --case 1x16384``, 12 samples): 51.1 ms at LNC=1 (46.0-56.3 ms;
 VectorE 72 %, ScalarE 63 %, TensorE 28 %, GpSimd 30 %, DMA 15 % busy; worst
-gradient 1.69e-3). Next: several heads
-per PSUM bank for the PSUM-reading VectorE passes (M, Z, Z^T, masked R: one
-[Q, 4Q] pass per 4 heads) and the per-head ScalarE PSUM reads (y_off, the dx
-state term) as one matmul of up to 512 columns and one broadcast pass per
-bank, with the pipeline skewed so that the block work does not stall the
-first heads.
+gradient 1.69e-3). The per-head chain's latency binds, not one engine's
+throughput: at 512 tokens, dropping the three passes off the chain (masked R,
+dx's add, the dS update) outright would save 6 % (ScalarE then binds), those
+and the three per-token scalings 13 %; moving work to another engine in a way
+that adds a cross-engine step to a head's chain (dxS summed into dx's PSUM by an
+identity matmul and evicted on ScalarE, M = Z o CB on GpSimd) costs 8-14 %, and
+the scalings as broadcast passes per block or per 4 heads (VectorE, GpSimd) cost
+2-8 %. Next: several heads per PSUM bank (the off-chain passes and the ScalarE
+PSUM reads as one [Q, 512] pass per bank) together with a deeper pipeline
+(three heads in flight), the PSUM budget freed by packing hC's four [Q, P]
+regions of two heads into one bank.
 
 LNC: program p of 2 takes heads [p H/2, (p+1) H/2) (H even; odd H: both
 programs take every head, ``scaffold.program_share``, and the launcher keeps
