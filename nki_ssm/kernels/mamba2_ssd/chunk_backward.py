@@ -518,14 +518,17 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
         nisa.dma_copy(dst=t["rows"], src=at_row(frows, i, [[2, Q], [1, 2]]))
         _load_common(cfg, t, False)
         _chunk_decays(cfg, t)
-        for item in blocks:
-            a = item[0]
-            b = item[1]
+        # the block tile sets by turns, the next block's loads issued before this block's
+        # work (each DMA queue is in order: not behind this block's stores)
+        _fwd_block_loads(cfg, t, scratch, i, 0)
+        for bi in range(len(blocks)):
+            a = blocks[bi][0]
+            b = blocks[bi][1]
             ca, wb = c0 + a * P, (b - a) * P
-            nisa.dma_copy(dst=t["x_raw"][:, 0:wb], src=_rows_view(x, t["t0"], ca, wb, Q))
-            for ti in range(len(ntl)):
-                nisa.dma_copy(dst=t["ST0"][ti][:, 0:wb],
-                              src=_block_view(scratch, i, ca - c0, wb, ntl[ti]))
+            if bi + 1 < len(blocks):
+                _fwd_block_loads(cfg, t, scratch, i, bi + 1)
+            for name in ("x_raw", "ST0", "dST"):
+                t[name] = t[name + "#" + str(bi % 2)]
             xw = t["x_raw"]
             # e^{c_end} S^T of the block's heads (one VectorE pass per dstate tile, e^{c_end}
             # broadcast along each head's P columns), then per PSUM bank of hpp heads the
@@ -631,6 +634,18 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
                 outs[6][0], outs[6][1], outs[7][0], outs[7][1], outs[8][0], outs[8][1])
     return (outs[0][0], outs[1][0], outs[2][0], outs[3][0], outs[4][0], outs[5][0], outs[6][0],
             outs[7][0], outs[8][0])
+
+
+def _fwd_block_loads(cfg, t, scratch, i, bi):
+    """Loop F: x and the state S^T of block bi into its tile set (bi % 2)."""
+    Q, P, c0, ntl = cfg["Q"], cfg["P"], cfg["c0"], cfg["ntl"]
+    a, b = cfg["blocks"][bi][0], cfg["blocks"][bi][1]
+    ca, wb = c0 + a * P, (b - a) * P
+    par = str(bi % 2)
+    nisa.dma_copy(dst=t["x_raw#" + par][:, 0:wb], src=_rows_view(cfg["x"], t["t0"], ca, wb, Q))
+    for ti in range(len(ntl)):
+        nisa.dma_copy(dst=t["ST0#" + par][ti][:, 0:wb],
+                      src=_block_view(scratch, i, ca - c0, wb, ntl[ti]))
 
 
 def _load_common(cfg, t, backward):
