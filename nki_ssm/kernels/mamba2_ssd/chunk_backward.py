@@ -540,18 +540,14 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
                                    data2=t["elast"].ap(pattern=[[nhp, nsz], [1, b - a], [0, P]],
                                                        offset=a),
                                    op=nl.multiply)
-            # x dt' e^{c_end - c} of the block's heads: one VectorE pass (the per-head column
-            # broadcast along P)
-            Xdb = t["pB#" + str(bi % 2)]
-            nisa.tensor_tensor(dst=_heads_view(Xdb, Q, 0, b - a, P),
-                               data1=_heads_view(xw, Q, 0, b - a, P),
-                               data2=t["wd"].ap(pattern=[[nhp, Q], [1, b - a], [0, P]], offset=a),
-                               op=nl.multiply)
             for g0 in range(a, b, hpp):
                 g1 = min(b, g0 + hpp)
                 ps = _r(t, "hC", g0 // hpp)
                 for k in range(g0, g1):
-                    Xd = Xdb[0:Q, (k - a) * P:(k - a + 1) * P]
+                    Xd = _r(t, "Xd", k)
+                    nisa.tensor_scalar(dst=Xd, data=xw[:, (k - a) * P:(k - a + 1) * P],
+                                       op0=nl.multiply, operand0=t["wd"][:, k:k + 1],
+                                       engine=nisa.engine.scalar)
                     g = (h0 + k) // HPG
                     for ti in range(len(ntl)):
                         n0, nsz = ntl[ti]
