@@ -73,7 +73,9 @@ F. per chunk, forward order: S^T <- scratch[row] (loop S or the previous
    scratch[next]: per head block one VectorE pass per dstate tile for
    e^{c_end} S^T (e^{c_end} broadcast along each head's P columns), per head
    ScalarE x dt' e^{c_end-c} and a TensorE matmul into one PSUM bank of up to
-   512 / P heads, one VectorE add per bank.
+   512 / P heads, one VectorE add per bank. The blocks use the two block tile
+   sets by turns and the next block's loads are issued before this block's work
+   (each DMA queue is in order), so they overlap its compute and stores.
 B. per chunk, reverse order: dSe^T <- the sequence's d-state block (loop S or
    the previous row wrote it), S0^T <- scratch[row]; the work below; dS0^T ->
    the same block. After a sequence's first chunk it holds d_initial_states.
