@@ -142,17 +142,17 @@ order: bit-identical gradients.
 
 What binds (modeled, trn2, ``nki_ssm.perf`` as of this commit; Mamba-2 2.7B,
 bf16 I/O, one sequence, no z): the per-head cross-engine chain exp -> E -> K
--> M -> R -> masked R, now led by VectorE (70 % busy; M, Z, Z^T, the masked R,
+-> M -> R -> masked R, now led by VectorE (73 % busy; M, Z, Z^T, the masked R,
 dx, dx out and the dS update are 7 [Q, <=128] VectorE passes per head) and
-ScalarE (60 %: 3 scalings, y_off, 3 paired evictions, exp, E, the dx state
-term per head); TensorE is 27 % busy (tfloat32 operands at the bf16 rate).
+ScalarE (63 %: 3 scalings, y_off, 3 paired evictions, exp, E, the dx state
+term per head); TensorE is 28 % busy (tfloat32 operands at the bf16 rate).
 Per 128-token chunk (512-token run / 4, loops F and B, 80 heads, LNC=1):
 TensorE 1,696 instructions, ScalarE 895, VectorE 664, GpSimd 172, DMA 64.
 512 tokens (``python -m simulate --op backward --model mamba2-2.7b
---range-samples 12 --no-calibration --lnc 1``): 1.66 ms at LNC=1 (1.50-1.83
-ms 10-90 %), 0.89 ms at LNC=2; program size 3,539 at LNC=1. 16K tokens
-(``--set judged --case 1x16384``, 12 samples): 51.1 ms at LNC=1 (46.0-56.3 ms;
-VectorE 72 %, ScalarE 63 %, TensorE 28 %, GpSimd 30 %, DMA 15 % busy; worst
+--range-samples 12 --no-calibration --lnc 1``): 1.60 ms at LNC=1 (1.46-1.76
+ms 10-90 %), 0.85 ms at LNC=2; program size 3,539 at LNC=1. 16K tokens
+(``--set judged --case 1x16384``, 12 samples): 49.1 ms at LNC=1 (44.7-54.1 ms;
+VectorE 75 %, ScalarE 66 %, TensorE 29 %, GpSimd 31 %, DMA 16 % busy; worst
 gradient 1.69e-3). The per-head chain's latency binds, not one engine's
 throughput: at 512 tokens, dropping the three passes off the chain (masked R,
 dx's add, the dS update) outright would save 6 % (ScalarE then binds), those
