@@ -73,7 +73,9 @@ F. per chunk, forward order: S^T <- scratch[row] (loop S or the previous
    scratch[next]: per head block one VectorE pass per dstate tile for
    e^{c_end} S^T (e^{c_end} broadcast along each head's P columns), per head
    ScalarE x dt' e^{c_end-c} and a TensorE matmul into one PSUM bank of up to
-   512 / P heads, one VectorE add per bank.
+   512 / P heads, one VectorE add per bank. The blocks use the two block tile
+   sets by turns and the next block's loads are issued before this block's work
+   (each DMA queue is in order), so they overlap its compute and stores.
 B. per chunk, reverse order: dSe^T <- the sequence's d-state block (loop S or
    the previous row wrote it), S0^T <- scratch[row]; the work below; dS0^T ->
    the same block. After a sequence's first chunk it holds d_initial_states.
@@ -140,23 +142,28 @@ order: bit-identical gradients.
 
 What binds (modeled, trn2, ``nki_ssm.perf`` as of this commit; Mamba-2 2.7B,
 bf16 I/O, one sequence, no z): the per-head cross-engine chain exp -> E -> K
--> M -> R -> masked R, now led by VectorE (70 % busy; M, Z, Z^T, the masked R,
+-> M -> R -> masked R, now led by VectorE (73 % busy; M, Z, Z^T, the masked R,
 dx, dx out and the dS update are 7 [Q, <=128] VectorE passes per head) and
-ScalarE (60 %: 3 scalings, y_off, 3 paired evictions, exp, E, the dx state
-term per head); TensorE is 27 % busy (tfloat32 operands at the bf16 rate).
+ScalarE (63 %: 3 scalings, y_off, 3 paired evictions, exp, E, the dx state
+term per head); TensorE is 28 % busy (tfloat32 operands at the bf16 rate).
 Per 128-token chunk (512-token run / 4, loops F and B, 80 heads, LNC=1):
 TensorE 1,696 instructions, ScalarE 895, VectorE 664, GpSimd 172, DMA 64.
 512 tokens (``python -m simulate --op backward --model mamba2-2.7b
---range-samples 12 --no-calibration --lnc 1``): 1.66 ms at LNC=1 (1.50-1.83
-ms 10-90 %), 0.89 ms at LNC=2; program size 3,539 at LNC=1. 16K tokens
-(``--set judged --case 1x16384``, 12 samples): 51.1 ms at LNC=1 (46.0-56.3 ms;
-VectorE 72 %, ScalarE 63 %, TensorE 28 %, GpSimd 30 %, DMA 15 % busy; worst
-gradient 1.69e-3). Next: several heads
-per PSUM bank for the PSUM-reading VectorE passes (M, Z, Z^T, masked R: one
-[Q, 4Q] pass per 4 heads) and the per-head ScalarE PSUM reads (y_off, the dx
-state term) as one matmul of up to 512 columns and one broadcast pass per
-bank, with the pipeline skewed so that the block work does not stall the
-first heads.
+--range-samples 12 --no-calibration --lnc 1``): 1.60 ms at LNC=1 (1.46-1.76
+ms 10-90 %), 0.85 ms at LNC=2; program size 3,539 at LNC=1. 16K tokens
+(``--set judged --case 1x16384``, 12 samples): 49.1 ms at LNC=1 (44.7-54.1 ms;
+VectorE 75 %, ScalarE 66 %, TensorE 29 %, GpSimd 31 %, DMA 16 % busy; worst
+gradient 1.69e-3). The per-head chain's latency binds, not one engine's
+throughput: at 512 tokens, dropping the three passes off the chain (masked R,
+dx's add, the dS update) outright would save 6 % (ScalarE then binds), those
+and the three per-token scalings 13 %; moving work to another engine in a way
+that adds a cross-engine step to a head's chain (dxS summed into dx's PSUM by an
+identity matmul and evicted on ScalarE, M = Z o CB on GpSimd) costs 8-14 %, and
+the scalings as broadcast passes per block or per 4 heads (VectorE, GpSimd) cost
+2-8 %. Next: several heads per PSUM bank (the off-chain passes and the ScalarE
+PSUM reads as one [Q, 512] pass per bank) together with a deeper pipeline
+(three heads in flight), the PSUM budget freed by packing hC's four [Q, P]
+regions of two heads into one bank.
 
 LNC: program p of 2 takes heads [p H/2, (p+1) H/2) (H even; odd H: both
 programs take every head, ``scaffold.program_share``, and the launcher keeps
@@ -513,14 +520,17 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
         nisa.dma_copy(dst=t["rows"], src=at_row(frows, i, [[2, Q], [1, 2]]))
         _load_common(cfg, t, False)
         _chunk_decays(cfg, t)
-        for item in blocks:
-            a = item[0]
-            b = item[1]
+        # the block tile sets by turns, the next block's loads issued before this block's
+        # work (each DMA queue is in order: not behind this block's stores)
+        _fwd_block_loads(cfg, t, scratch, i, 0)
+        for bi in range(len(blocks)):
+            a = blocks[bi][0]
+            b = blocks[bi][1]
             ca, wb = c0 + a * P, (b - a) * P
-            nisa.dma_copy(dst=t["x_raw"][:, 0:wb], src=_rows_view(x, t["t0"], ca, wb, Q))
-            for ti in range(len(ntl)):
-                nisa.dma_copy(dst=t["ST0"][ti][:, 0:wb],
-                              src=_block_view(scratch, i, ca - c0, wb, ntl[ti]))
+            if bi + 1 < len(blocks):
+                _fwd_block_loads(cfg, t, scratch, i, bi + 1)
+            for name in ("x_raw", "ST0", "dST"):
+                t[name] = t[name + "#" + str(bi % 2)]
             xw = t["x_raw"]
             # e^{c_end} S^T of the block's heads (one VectorE pass per dstate tile, e^{c_end}
             # broadcast along each head's P columns), then per PSUM bank of hpp heads the
@@ -626,6 +636,18 @@ def ssd_chunk_backward(x, dt, A_rows, B, C, D_rows, z, bias_rows, dy, init_st, d
                 outs[6][0], outs[6][1], outs[7][0], outs[7][1], outs[8][0], outs[8][1])
     return (outs[0][0], outs[1][0], outs[2][0], outs[3][0], outs[4][0], outs[5][0], outs[6][0],
             outs[7][0], outs[8][0])
+
+
+def _fwd_block_loads(cfg, t, scratch, i, bi):
+    """Loop F: x and the state S^T of block bi into its tile set (bi % 2)."""
+    Q, P, c0, ntl = cfg["Q"], cfg["P"], cfg["c0"], cfg["ntl"]
+    a, b = cfg["blocks"][bi][0], cfg["blocks"][bi][1]
+    ca, wb = c0 + a * P, (b - a) * P
+    par = str(bi % 2)
+    nisa.dma_copy(dst=t["x_raw#" + par][:, 0:wb], src=_rows_view(cfg["x"], t["t0"], ca, wb, Q))
+    for ti in range(len(ntl)):
+        nisa.dma_copy(dst=t["ST0#" + par][ti][:, 0:wb],
+                      src=_block_view(scratch, i, ca - c0, wb, ntl[ti]))
 
 
 def _load_common(cfg, t, backward):
