@@ -506,33 +506,19 @@ def _gacc(c, d, key, prods, M, N, op):
     """Head d's sum of st^T mv over prods ((st, mv, mode) each, accumulated in PSUM; mode
     "tf": tfloat32 operands for 16-bit callers, "fp32", or "01": st holds only 0 / 1) into
     its slice of the group's PSUM bank ``key``, evicted as in _gmm."""
+    if not _bank(c, d, key, prods, M, N):
+        return
     ds = c["group"]
     n = len(ds)
-    i = d["i"]
-    if i == 0:
-        c["bank"][key] = nl.ndarray((M, n * N), dtype=nl.float32, buffer=nl.psum)
     ps = c["bank"][key]
-    for t in range(len(prods)):
-        st = prods[t][0]
-        mv = prods[t][1]
-        if prods[t][2] == "tf":
-            nisa.nc_matmul(dst=ps[:, i * N:(i + 1) * N], stationary=_tf(c, st),
-                           moving=_tf(c, mv), accumulate=t > 0)
-        elif prods[t][2] == "01":
-            nisa.nc_matmul(dst=ps[:, i * N:(i + 1) * N], stationary=st, moving=mv,
-                           is_stationary_onezero=True, accumulate=t > 0)
-        else:
-            nisa.nc_matmul(dst=ps[:, i * N:(i + 1) * N], stationary=st, moving=mv,
-                           accumulate=t > 0)
-    if i == n - 1:
-        out = nl.ndarray((M, n, N), dtype=nl.float32, buffer=nl.sbuf)
-        if op is None:
-            nisa.tensor_copy(dst=out.reshape((M, n * N)), src=ps, engine=nisa.engine.scalar)
-        else:
-            nisa.activation(dst=out.reshape((M, n * N)), op=op, data=ps)
-        c["gt"][key] = out
-        for e in range(n):
-            ds[e][key] = out[:, e, :]
+    out = nl.ndarray((M, n, N), dtype=nl.float32, buffer=nl.sbuf)
+    if op is None:
+        nisa.tensor_copy(dst=out.reshape((M, n * N)), src=ps, engine=nisa.engine.scalar)
+    else:
+        nisa.activation(dst=out.reshape((M, n * N)), op=op, data=ps)
+    c["gt"][key] = out
+    for e in range(n):
+        ds[e][key] = out[:, e, :]
 
 
 def _bank(c, d, key, prods, M, N):

@@ -54,6 +54,21 @@ def group_beta_decay(DT, beta, hvs, L):
     return DTb
 
 
+def qk_runs(hvs, qk_of):
+    """The runs of consecutive value heads in ``hvs`` that read one q/k head: (first index,
+    length, q/k head) each (trace-time Python: the runs are fixed by the layer's shape)."""
+    runs = []
+    i0 = 0
+    while i0 < len(hvs):
+        h = qk_of[hvs[i0]]
+        r = 1
+        while i0 + r < len(hvs) and qk_of[hvs[i0 + r]] == h:
+            r = r + 1
+        runs.append((i0, r, h))
+        i0 = i0 + r
+    return runs
+
+
 def group_at_mt(qks, ds, DTb, hvs, qk_of, L):
     """A^T = beta_j kk DT and M^T = scale beta_j kq DT ([j, i] layout) of a head group's value
     heads ``hvs`` (into ``ds``; ``qks`` the q/k heads' products, the kq half scaled by the
@@ -61,13 +76,8 @@ def group_at_mt(qks, ds, DTb, hvs, qk_of, L):
     with beta in, group_beta_decay): each q/k head's [kk | kq] meets the DTb of the value
     heads that read it in one VectorE multiply ``[L, heads of the q/k head, 2, L]``: no per-head scalar left, so one
     instruction serves two value heads' A^T and M^T (Qwen3-Next: HV / H = 2)."""
-    n = len(hvs)
-    i0 = 0
-    while i0 < n:
-        h = qk_of[hvs[i0]]
-        r = 1
-        while i0 + r < n and qk_of[hvs[i0 + r]] == h:
-            r = r + 1
+    for run in qk_runs(hvs, qk_of):
+        i0, r, h = run
         kkq = qks[str(h)]["kkq"]
         am = nl.ndarray((L, r, 2, L), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=am, data1=kkq.reshape((L, 1, 2, L)).broadcast(1, r),
@@ -76,7 +86,6 @@ def group_at_mt(qks, ds, DTb, hvs, qk_of, L):
         for j in range(r):
             ds[i0 + j]["AT"] = am[:, j, 0, :]
             ds[i0 + j]["MT"] = am[:, j, 1, :]
-        i0 = i0 + r
 
 
 def group_kd(ds, kc, dlb, hvs, qk_of, L, K):
@@ -86,12 +95,8 @@ def group_kd(ds, kc, dlb, hvs, qk_of, L, K):
     VectorE."""
     n = len(hvs)
     kd = nl.ndarray((L, n, K), dtype=nl.float32, buffer=nl.sbuf)
-    i0 = 0
-    while i0 < n:
-        h = qk_of[hvs[i0]]
-        r = 1
-        while i0 + r < n and qk_of[hvs[i0 + r]] == h:
-            r = r + 1
+    for run in qk_runs(hvs, qk_of):
+        i0, r, h = run
         hv = hvs[i0]
         nisa.tensor_tensor(dst=kd[:, i0:i0 + r, :],
                            data1=kc[:, h * K:(h + 1) * K].reshape((L, 1, K)).broadcast(1, r),
@@ -99,7 +104,6 @@ def group_kd(ds, kc, dlb, hvs, qk_of, L, K):
                            op=nl.multiply, engine=nisa.engine.gpsimd)
         for j in range(r):
             ds[i0 + j]["kd"] = kd[:, i0 + j, :]
-        i0 = i0 + r
 
 
 def group_out(ds, Ys, oc, ident, hvs, V, fast):
