@@ -598,9 +598,12 @@ def _program_size(fn):
 
 
 def test_program_size_does_not_grow_with_the_batch(lnc):
-    """The compiled program is the same size for a short and an 8x longer prefill and
-    for a 4- and a 32-sequence decode (every batch-sized loop is a runtime loop), and
-    at LNC=2 the same for both programs."""
+    """The compiled program does not grow with the batch (every batch-sized loop is a
+    runtime loop) and at LNC=2 is the same for both programs: the prefill's is one size
+    for every bucket that runs 8 chunks per iteration (here 1K and 4K tokens: the second
+    runs ~3x the loop instructions), and a bucket with fewer chunks per iteration
+    (``prefill_per``: short buckets) compiles a smaller one; the decode's is one size
+    for 4 and 32 sequences."""
     def prefill(lens):
         inp = make_ssd_inputs(np.random.default_rng(1), seqlens=lens, H=2, P=16, N=16,
                               z=True, has_initial_state=True)
@@ -611,8 +614,13 @@ def test_program_size_does_not_grow_with_the_batch(lnc):
                                      z=True, padding=1)
         return lambda: _decode(inp)
 
-    short, long_ = _program_size(prefill([100, 20])), _program_size(prefill([700, 100, 3]))
-    assert short[0] == long_[0] == (short[0][0],) * lnc and long_[1] > 4 * short[1]
+    from nki_ssm.ops.launch.mamba2_ssd import prefill_per
+
+    assert [prefill_per(t, s, 32) for t, s in ((128, 2), (1024, 4), (4096, 4))] == [2, 8, 8]
+    short = _program_size(prefill([100, 20]))
+    long_, longer = _program_size(prefill([700, 100, 3])), _program_size(prefill([2000, 300, 3]))
+    assert long_[0] == longer[0] == (long_[0][0],) * lnc and longer[1] > 2 * long_[1]
+    assert short[0] == (short[0][0],) * lnc and short[0][0] < long_[0][0]
     few, many = _program_size(decode(4)), _program_size(decode(32))
     assert few[0] == many[0] == (few[0][0],) * lnc and many[1] > 4 * few[1]
 

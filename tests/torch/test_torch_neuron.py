@@ -224,8 +224,8 @@ def test_layouts_of_gated_delta_decode(device, monkeypatch):
     spi, w, main_rows, tail_rows = launch.decode_plan(nb, T)
     order, _, _, counts = launch.decode_order(idx, nb, T)
     src = torch.as_tensor(np.minimum(order, S - 1))
-    kq_m, k_m, v_m, gate_m, slots_m, kq_t, k_t, v_t, gate_t, slots_t = args[:10]
-    head_params, pool_view, counts_arg = args[10:13]
+    kq_m, kx_m, v_m, gate_m, slots_m, kq_t, kx_t, v_t, gate_t, slots_t = args[:10]
+    head_params, blk, sel, pool_view, counts_arg = args[10:15]
     n_main = main_rows * spi
     # kernel-position order (live sequences first), k / q interleaved per head, K on
     # partitions, one row per loop iteration, float32
@@ -234,7 +234,15 @@ def test_layouts_of_gated_delta_decode(device, monkeypatch):
     assert torch.equal(kq_m, want_kq_m.reshape(main_rows, K, -1))
     want_kq_t = kq[n_main:].reshape(tail_rows + 1, w, T, H, K, 2).permute(0, 4, 1, 2, 3, 5)
     assert torch.equal(kq_t, want_kq_t.reshape(tail_rows + 1, K, -1))
-    assert torch.equal(k_t.reshape(-1), k[src][n_main:].float().reshape(-1))
+    # k / q in the state layout: as the host launcher lays them out (its layout is
+    # tested on NumPy in tests/kernels/test_gated_delta_decode_kernels.py)
+    from nki_ssm.ops.launch._arrays import NUMPY
+    gates = (tkw["g"], tkw["beta"]) if tkw.get("g") is not None else (tkw["a"], tkw["b"])
+    host = [x[src].numpy() for x in (q, k, v, *gates)]
+    want_kx_t = launch.decode_tables(NUMPY, *[x[n_main:] for x in host], tail_rows + 1, w)[1]
+    assert torch.equal(kx_t, torch.as_tensor(want_kx_t))
+    want_blk, want_sel = launch.layout_tables(K, V, HV)
+    assert torch.equal(blk, torch.as_tensor(want_blk)) and torch.equal(sel, torch.as_tensor(want_sel))
     want_v = v[src][n_main:].float().reshape(tail_rows + 1, w, T, HV, V).permute(0, 4, 1, 2, 3)
     assert torch.equal(v_t, want_v.reshape(tail_rows + 1, V, -1))
     assert gate_m.dtype == gate_t.dtype == torch.float32 and head_params is None

@@ -88,7 +88,7 @@ def backward(**kw):
 def _fast(q):
     """tfloat32 TensorE operands for 16-bit callers (their 5e-3 gradient budget), float32
     for float32 callers (1e-5)."""
-    return np.dtype(q.dtype).itemsize < 4
+    return q.dtype.itemsize < 4     # a NumPy or a torch dtype
 
 
 def _l2norm(xp, x):
