@@ -203,16 +203,18 @@ state cannot stay in SBUF from one row to the next when a row may start another 
 each body gathers its own chunks, so its first steps wait for those DMAs (about 6 % of the
 16K time against gathering the next body's chunks during this one, a form no released
 runtime-loop kernel uses). TP4 (8 value heads, 2 groups, 4 chunks per body; the WY
-variant; 16K tokens 3.85 ms, 4.26 M tokens/s): ScalarE (75 % busy) and VectorE (71 %),
+variant; 16K tokens 3.81 ms, 4.30 M tokens/s): ScalarE (75 % busy) and VectorE (71 %),
 GpSimd 61 %, TensorE 49 %, DMA 41 %: the state chain is short, the engines are
 throughput-bound; the solve of width V + K costs more engine time than a width-V solve
 would, which is the price of taking it off the chain. Figures: the README's "Modeled
 performance" table and ``python -m simulate``.
 
 At LNC=2 (``python -m simulate --lnc both``: the two programs on their own physical
-cores, sharing HBM; 16K tokens; measured before the TP1 folds above): TP1 7.12 ms per
-program against 13.9 ms at LNC=1 (0.51x): each program has half the work, still throughput-bound. TP4 1.80 ms against
-3.85 ms (0.47x): a program's 4 value heads are one head group, one solve, 8 chunks per
+cores, sharing HBM; 16K tokens): TP1 7.31 ms per program against 12.8 ms at LNC=1
+(0.57x): each program has half the work and 4 head groups, so it runs the form with
+fewer than 8 groups, which the TP1 folds above (A^T / M^T per q/k head, kd on GpSimd,
+the placements on TensorE) do not reach yet. TP4 1.79 ms against
+3.81 ms (0.47x): a program's 4 value heads are one head group, one solve, 8 chunks per
 body, started 2 steps apart (``chunk_pipeline.chunk_stride``), so the body's 8 chunks are
 in flight at once and each chunk's own dependent steps (doubling, substitution, outputs:
 ~30 cross-engine hand-offs) hide behind the 7 others. That takes ~200 KB per partition of
