@@ -211,9 +211,16 @@ performance" table and ``python -m simulate``.
 
 At LNC=2 (``python -m simulate --lnc both``: the two programs on their own physical
 cores, sharing HBM; 16K tokens): TP1 7.31 ms per program against 12.8 ms at LNC=1
-(0.57x): each program has half the work and 4 head groups, so it runs the form with
-fewer than 8 groups, which the TP1 folds above (A^T / M^T per q/k head, kd on GpSimd,
-the placements on TensorE) do not reach yet. TP4 1.79 ms against
+(0.57x): each program has half the work in 4 head groups but runs the layer's form (8
+groups: the state in the right-hand side, with the folds above), so a body's one chunk
+sweeps only 4 groups through the job list and fewer groups' jobs hide each group's
+dependent steps; its critical path (2K tokens) is ScalarE's (38 %: the doubling's
+chained products, the segment sums' gU, q S, the applications and the placements'
+evictions), VectorE's (29 %) and the DMAs' (23 %). The same folds in the WY form (A^T |
+M^T per head or per q/k head with beta in the decays, kd per q/k head on GpSimd, gU per
+group) move work between ScalarE, VectorE and GpSimd, which are all ~70 % busy there and
+element-bound, not instruction-bound: TP4 2K within -5 % .. +7 % at LNC=1 and up to
++38 % at LNC=2, so that form keeps its per-head passes. TP4 1.79 ms against
 3.81 ms (0.47x): a program's 4 value heads are one head group, one solve, 8 chunks per
 body, started 2 steps apart (``chunk_pipeline.chunk_stride``), so the body's 8 chunks are
 in flight at once and each chunk's own dependent steps (doubling, substitution, outputs:
