@@ -69,14 +69,19 @@ def _named(state_indices):
     return idx[idx >= 0]
 
 
-def _check(y, after, before, y_ref, pool_ref, state_indices, tol, cu_seqlens=None):
+def _check(y, after, before, y_ref, pool_ref, state_indices, tol, cu_seqlens=None,
+           state_tol=None):
+    """y within ``tol`` of the reference, the named slots within ``state_tol`` (default
+    ``tol``), every other slot untouched, padding sequences' outputs exact zeros."""
+    state_tol = tol if state_tol is None else state_tol
     assert y.shape == y_ref.shape
     named = _named(state_indices)
     unnamed = np.setdiff1d(np.arange(before.shape[0]), named)
     assert after[unnamed].tobytes() == before[unnamed].tobytes()
     assert rel_fro(y, y_ref) <= tol, rel_fro(y, y_ref)
     if named.size:
-        assert rel_fro(after[named], pool_ref[named]) <= tol, rel_fro(after[named], pool_ref[named])
+        err = rel_fro(after[named], pool_ref[named])
+        assert err <= state_tol, err
     # padding sequences output exact zeros
     idx = np.asarray(state_indices)
     for s in np.flatnonzero(idx < 0):
@@ -346,14 +351,9 @@ def test_decode_bf16_io_tensor_input_term_matches_reference(T, pool_dtype, lnc):
                                  D="H", dtype=BF16, pool_dtype=pool_dtype, padding=1)
     y_ref, pool_ref = ssd_decode(**inp)
     y, after, before = _decode(inp)
-    assert rel_fro(y, y_ref) <= BF16_MODE_TOL
-    named = _named(inp["state_indices"])
-    unnamed = np.setdiff1d(np.arange(before.shape[0]), named)
-    assert after[unnamed].tobytes() == before[unnamed].tobytes()
     tol = BF16_MODE_TOL if pool_dtype == np.float32 else 2.0**-9 + BF16_MODE_TOL
-    assert rel_fro(after[named], pool_ref[named]) <= tol
-    for s in np.flatnonzero(np.asarray(inp["state_indices"]) < 0):
-        assert not np.any(y[s])
+    _check(y, after, before, y_ref, pool_ref, inp["state_indices"], BF16_MODE_TOL,
+           state_tol=tol)
 
 
 @contextlib.contextmanager
@@ -463,13 +463,9 @@ def test_decode_falcon_h1_shape(pool_dtype, lnc):
                                  pool_dtype=pool_dtype, padding=1)
     y_ref, pool_ref = ssd_decode(**inp)
     y, after, before = _decode(inp)
-    assert rel_fro(y, y_ref) <= EXACT_TOL
-    named = _named(inp["state_indices"])
-    unnamed = np.setdiff1d(np.arange(before.shape[0]), named)
-    assert after[unnamed].tobytes() == before[unnamed].tobytes()
     # a bf16 pool holds the float32 state rounded once (RNE: <= 2^-9 relative)
     tol = EXACT_TOL if pool_dtype == np.float32 else 2.0**-9 + EXACT_TOL
-    assert rel_fro(after[named], pool_ref[named]) <= tol
+    _check(y, after, before, y_ref, pool_ref, inp["state_indices"], EXACT_TOL, state_tol=tol)
 
 
 @pytest.mark.slow
