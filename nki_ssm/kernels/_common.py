@@ -13,3 +13,12 @@ def identity(dtype):
     nisa.affine_select(dst=ident, pattern=[[-1, 128]], channel_multiplier=1,
                        on_true_tile=ones, on_false_value=0.0, cmp_op=nl.equal)
     return ident
+
+
+def tf32_view(t, fast):
+    """A float32 tile as a TensorE operand: its tfloat32 view when ``fast`` (bf16 callers:
+    10 mantissa bits, streamed at the BF16 rate instead of float32's quarter rate, nki_spec
+    §8.1), else itself (float32 callers: the exact mode)."""
+    if fast:
+        return t.view(nl.tfloat32)
+    return t

@@ -160,8 +160,9 @@ or a per-head column (as ``mamba2_ssd/chunk.py``); ``.view(nl.tfloat32)`` operan
 from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
+from nki_ssm.kernels._common import tf32_view
 from nki_ssm.kernels.gated_delta._common import consecutive_groups
-from nki_ssm.kernels.gated_delta.chunk_utils import BLOCK, state_block, table_rows, tf32_view
+from nki_ssm.kernels.gated_delta.chunk_utils import BLOCK, state_block, table_rows
 from nki_ssm.kernels.scaffold import at_row, for_each_row, lnc_grid, trip_counts
 
 _GROUP = 4           # heads whose phases interleave (SBUF: their tiles live at once)
@@ -783,7 +784,7 @@ def _state_update_b(c, d, arg):
 
 def _tf(c, t):
     """t as a TensorE operand: its tfloat32 view for bf16 callers (c["fast"]), else itself
-    (chunk_utils.tf32_view)."""
+    (_common.tf32_view)."""
     return tf32_view(t, c["fast"])
 
 

@@ -6,7 +6,8 @@ inlines the calls."""
 from __future__ import annotations
 
 from nki_ssm.backend import nl, nisa
-from nki_ssm.kernels.gated_delta.chunk_utils import BLOCK, tf32_view
+from nki_ssm.kernels._common import tf32_view
+from nki_ssm.kernels.gated_delta.chunk_utils import BLOCK
 
 
 _SQUARED = 8          # the doubling squares up to N^8, then chains compact products with it

@@ -7,7 +7,7 @@ Plain functions: NKI inlines the calls."""
 from __future__ import annotations
 
 from nki_ssm.backend import nl, nisa
-from nki_ssm.kernels.gated_delta.chunk_utils import tf32_view
+from nki_ssm.kernels._common import tf32_view
 
 
 def head_rhs(d, qk, vc, nec, S, hv, V):

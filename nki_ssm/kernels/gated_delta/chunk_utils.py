@@ -5,6 +5,7 @@ keys). Plain functions: NKI inlines the calls."""
 from __future__ import annotations
 
 from nki_ssm.backend import nl, nisa
+from nki_ssm.kernels._common import tf32_view
 from nki_ssm.kernels.gated_delta._common import consecutive_groups
 from nki_ssm.kernels.scaffold import at_row
 
@@ -125,15 +126,6 @@ def l2norm_rows(x, L, H, K):
     nisa.activation(dst=ss, op=nl.rsqrt, data=ss)
     nisa.tensor_tensor(dst=x.reshape((L, H, K)), data1=x.reshape((L, H, K)),
                        data2=ss.reshape((L, H, 1)).broadcast(2, K), op=nl.multiply)
-
-
-def tf32_view(t, fast):
-    """A float32 tile as a TensorE operand: its tfloat32 view when ``fast`` (bf16 callers:
-    10 mantissa bits, streamed at the BF16 rate instead of float32's quarter rate, nki_spec
-    §8.1), else itself (float32 callers: the exact mode)."""
-    if fast:
-        return t.view(nl.tfloat32)
-    return t
 
 
 def exp_of_mm(st, mv, M, N):

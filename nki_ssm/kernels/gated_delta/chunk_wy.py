@@ -5,7 +5,7 @@ note in ``chunk.py``). Plain functions: NKI inlines the calls."""
 from __future__ import annotations
 
 from nki_ssm.backend import nl, nisa
-from nki_ssm.kernels.gated_delta.chunk_utils import tf32_view
+from nki_ssm.kernels._common import tf32_view
 
 
 def head_qd(d, qc, qs, h, hv, K):

@@ -310,6 +310,7 @@ Program size (static instructions, ``Trace.program_instructions()``):
 from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
+from nki_ssm.kernels._common import tf32_view
 from nki_ssm.kernels.mamba2_ssd._common import dt_prime, load_f32
 from nki_ssm.kernels.scaffold import (at_row, destination, for_each_row, lnc_grid,
                                       program_share, trip_counts, work_loop)
@@ -1101,13 +1102,6 @@ def _pair(cst, ctxs, blocks, rings, i, cells, double):
 # (mostly), so in a pipeline step every engine's queue holds work whose
 # inputs were produced in earlier steps.
 
-def _tf(t, fast):
-    """A float32 operand as tfloat32 (bf16 mode: the BF16 rate) or itself (exact mode)."""
-    if fast:
-        return t.view(nl.tfloat32)
-    return t
-
-
 def _seg_operands(cst, WB, dtA, h0, nh, eng):
     """WB [Q, (part, h, i')] for heads h0 .. h0+nh-1 of dtA [Q, H]: part 0 dtA repeated
     over a sub-block's sb columns (ScalarE), part 1 dtA * Uloc (``eng``), one instruction
@@ -1146,11 +1140,11 @@ def _st_seg(cst, ctx, blk, w, r):
     for b in range(Q // sb):
         dst = seg[:, b * wsb:(b + 1) * wsb]
         if b > 0:
-            nisa.nc_matmul(dst=dst, stationary=_tf(cst["Lpre"][b], fast),
-                           moving=_tf(WB, fast)[:, m0:m0 + wsb], accumulate=False,
+            nisa.nc_matmul(dst=dst, stationary=tf32_view(cst["Lpre"][b], fast),
+                           moving=tf32_view(WB, fast)[:, m0:m0 + wsb], accumulate=False,
                            is_stationary_onezero=True)
-        nisa.nc_matmul(dst=dst, stationary=_tf(cst["Lin"][b], fast),
-                       moving=_tf(WB, fast)[:, m1:m1 + wsb],
+        nisa.nc_matmul(dst=dst, stationary=tf32_view(cst["Lin"][b], fast),
+                       moving=tf32_view(WB, fast)[:, m1:m1 + wsb],
                        accumulate=(b > 0), is_stationary_onezero=True)
 
 
@@ -1219,11 +1213,11 @@ def _st_out_mm(cst, ctx, blk, w, r):
     Q, P, fast = cst["Q"], cst["P"], cst["fast"]
     Mt, yps, hb = _pick(r["Mt"], w), _pick(r["yps"], w), cst["hb"]
     xfD = _pick(r["xfD"], w)
-    ident = _tf(cst["ident"], fast)
+    ident = tf32_view(cst["ident"], fast)
     for k in range(nh):
         yi = yps[:, k * P:(k + 1) * P]
-        nisa.nc_matmul(dst=yi, stationary=_tf(Mt, fast)[:, k * Q:(k + 1) * Q],
-                       moving=_tf(xfD, fast)[:, k * P:(k + 1) * P], accumulate=False)
+        nisa.nc_matmul(dst=yi, stationary=tf32_view(Mt, fast)[:, k * Q:(k + 1) * Q],
+                       moving=tf32_view(xfD, fast)[:, k * P:(k + 1) * P], accumulate=False)
         if cst["dib"]:
             # + D_h x_i: stationary D_h I (bf16), moving x_h
             h = h0 + k
@@ -1231,13 +1225,13 @@ def _st_out_mm(cst, ctx, blk, w, r):
                            moving=ctx["x_in"][:, h * P:(h + 1) * P], accumulate=True)
         elif cst["Dh"] != None:  # noqa: E711
             # + D_h x_i: identity stationary, moving x_h D_h (stage 3)
-            nisa.nc_matmul(dst=yi, stationary=ident[0:Q, 0:Q], moving=_tf(_xD(cst, w, r, k), fast),
+            nisa.nc_matmul(dst=yi, stationary=ident[0:Q, 0:Q], moving=tf32_view(_xD(cst, w, r, k), fast),
                            accumulate=True, is_stationary_onezero=True)
     yo = yps[:, nh * P:2 * nh * P]
     c0, c1 = h0 * P, (h0 + nh) * P
     for t in range(cst["n_tiles"]):
-        nisa.nc_matmul(dst=yo, stationary=_tf(ctx["CTs"][g][t], fast),
-                       moving=_tf(cst["ST"][t], fast)[:, c0:c1], accumulate=(t > 0))
+        nisa.nc_matmul(dst=yo, stationary=tf32_view(ctx["CTs"][g][t], fast),
+                       moving=tf32_view(cst["ST"][t], fast)[:, c0:c1], accumulate=(t > 0))
 
 
 def _st_scalar(cst, ctx, blk, w, r):
@@ -1278,8 +1272,8 @@ def _st_yadd(cst, ctx, blk, w, r):
     yb = _pick(r["yb"], w)[:, 0:nh * P]
     yi = _pick(r["yps"], w)[:, 0:nh * P]
     if _pe_add(cst, w):
-        nisa.nc_matmul(dst=yi, stationary=_tf(cst["ident"], cst["fast"])[0:Q, 0:Q],
-                       moving=_tf(_pick(r["yb"], w), cst["fast"])[:, 0:nh * P], accumulate=True,
+        nisa.nc_matmul(dst=yi, stationary=tf32_view(cst["ident"], cst["fast"])[0:Q, 0:Q],
+                       moving=tf32_view(_pick(r["yb"], w), cst["fast"])[:, 0:nh * P], accumulate=True,
                        is_stationary_onezero=True)
     else:
         nisa.tensor_tensor(dst=yb, data1=yb, data2=yi, op=nl.add)
@@ -1318,15 +1312,15 @@ def _st_state_mm(cst, ctx, blk, w, r):
     P, N, B_mm = cst["P"], cst["N"], ctx["B_mm"]
     st = _pick(r["st"], w)
     fast, hb = cst["fast"], cst["hb"]
-    Bs, Xd = _tf(B_mm, fast), _tf(_pick(r["xfD"], w), fast)[:, hb * P:(hb + nh) * P]
+    Bs, Xd = tf32_view(B_mm, fast), tf32_view(_pick(r["xfD"], w), fast)[:, hb * P:(hb + nh) * P]
     for t in range(cst["n_tiles"]):
         n0 = g * N + t * _PMAX
         ntile = min(_PMAX, N - t * _PMAX)
         nisa.nc_matmul(dst=st[0:ntile, t * nh * P:(t + 1) * nh * P],
                        stationary=Bs[:, n0:n0 + ntile], moving=Xd, accumulate=False)
     if _pe_state(cst, w):
-        nisa.nc_matmul(dst=st[0:N, 0:nh * P], stationary=_tf(cst["ident_n"], fast)[0:N, 0:N],
-                       moving=_tf(_pick(r["eS"], w), fast)[:, 0:nh * P], accumulate=True,
+        nisa.nc_matmul(dst=st[0:N, 0:nh * P], stationary=tf32_view(cst["ident_n"], fast)[0:N, 0:N],
+                       moving=tf32_view(_pick(r["eS"], w), fast)[:, 0:nh * P], accumulate=True,
                        is_stationary_onezero=True)
 
 

@@ -204,6 +204,7 @@ stride, as the segment-sum operand's ``.ap`` here).
 from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
+from nki_ssm.kernels._common import tf32_view
 from nki_ssm.kernels.scaffold import (at_row, for_each_row, lnc_grid, program_share,
                                       trip_counts)
 
@@ -260,12 +261,9 @@ def _tri(Q, ones, channel_multiplier, step, offset, cmp_op=nl.greater_equal):
 
 
 def _tf(t, x):
-    """A float32 tile as a TensorE operand: its tfloat32 view for bfloat16 callers (10
-    mantissa bits, streamed at the BF16 rate instead of float32's quarter rate), itself for
-    float32 callers (exact)."""
-    if t["fast"]:
-        return x.view(nl.tfloat32)
-    return x
+    """x as a TensorE operand: its tfloat32 view for bfloat16 callers (t["fast"]), else
+    itself (_common.tf32_view)."""
+    return tf32_view(x, t["fast"])
 
 
 def _widen(dst, src, width):
