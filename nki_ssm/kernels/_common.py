@@ -5,12 +5,12 @@ from __future__ import annotations
 from nki_ssm.backend import nl, nisa
 
 
-def identity(dtype):
-    """[128, 128] identity in ``dtype`` (ones where partition == column), built on GpSimd."""
-    ones = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+def identity(dtype, n=128):
+    """[n, n] identity in ``dtype`` (ones where partition == column), built on GpSimd."""
+    ones = nl.ndarray((n, n), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ones, value=1.0)
-    ident = nl.ndarray((128, 128), dtype=dtype, buffer=nl.sbuf)
-    nisa.affine_select(dst=ident, pattern=[[-1, 128]], channel_multiplier=1,
+    ident = nl.ndarray((n, n), dtype=dtype, buffer=nl.sbuf)
+    nisa.affine_select(dst=ident, pattern=[[-1, n]], channel_multiplier=1,
                        on_true_tile=ones, on_false_value=0.0, cmp_op=nl.equal)
     return ident
 

@@ -139,6 +139,7 @@ converts a dtype (the launcher passes x | dt | z in float32).
 from __future__ import annotations
 
 from nki_ssm.backend import nki, nl, nisa
+from nki_ssm.kernels._common import identity
 from nki_ssm.kernels.scaffold import at_row, dump_rows, lnc_grid, run_if, trip_counts, work_loop
 
 
@@ -198,7 +199,7 @@ def ssd_decode_step(xdt_rows, params, BC, group_sel, pool, seq_table, counts, ha
                          src=prm[:, b * nt:(b + 1) * nt].reshape((pr, 1, nt)).broadcast(1, per))
     sel = nl.ndarray((G, group_sel.shape[1]), dtype=group_sel.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=sel, src=group_sel)
-    ident = _identity(pr)
+    ident = identity(nl.float32, pr)   # the TensorE add of decay and input
     # this program's block of table rows (the program id is a Python int at trace time:
     # a static offset): row 0 its spare entry, then its main rows and its tail rows
     w = seq_table.shape[2]
@@ -604,16 +605,6 @@ def _tok_prep_all(tl, prm_rep, T, pr, nt, n, per, has_bias, dt_softplus, dt_lo, 
             nisa.tensor_tensor(dst=dtp[:, 0:W], data1=tk["dtx"][:, 0:W], data2=h[:, 0:W],
                                op=nl.subtract)
             nisa.tensor_copy(dst=h[:, P:P + W], src=dtp[:, 0:W])
-
-
-def _identity(pr):
-    """fp32 identity [pr, pr] (the TensorE add of decay and input)."""
-    ones = nl.ndarray((pr, pr), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=ones, value=1.0)
-    ident = nl.ndarray((pr, pr), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.affine_select(dst=ident, pattern=[[-1, pr]], channel_multiplier=1, on_true_tile=ones,
-                       on_false_value=0.0, cmp_op=nl.equal, offset=0)
-    return ident
 
 
 def _runs(rings, a, b):

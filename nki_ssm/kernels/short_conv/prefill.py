@@ -148,6 +148,7 @@ values pass through exactly), else bfloat16 (hi + lo split of float32
 weights / bias that bfloat16 does not hold).
 """
 from nki_ssm.backend import nki, nl, nisa
+from nki_ssm.kernels._common import identity
 from nki_ssm.kernels.scaffold import (destination, for_each_row, lnc_grid, row_cells,
                                       trip_counts, work_loop)
 from nki_ssm.kernels.short_conv.split import program_channels
@@ -215,16 +216,6 @@ def _channel_groups(dim, gt, cb):
     if dim % TILE:
         groups.append((cb + n_full * TILE, 1, dim % TILE))
     return groups
-
-
-def _identity(dtype):
-    """[128, 128] identity built on GpSimd (ones where partition == column)."""
-    ones = nl.ndarray((TILE, TILE), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=ones, value=1.0)
-    ident = nl.ndarray((TILE, TILE), dtype=dtype, buffer=nl.sbuf)
-    nisa.affine_select(dst=ident, pattern=[[-1, TILE]], channel_multiplier=1,
-                       on_true_tile=ones, on_false_value=0.0, cmp_op=nl.equal)
-    return ident
 
 
 def _weight_tiles(group, W, mm_dtype, has_bias, w_split, b_split, w_dtype, b_dtype):
@@ -835,7 +826,7 @@ def short_conv_prefill_kernel(x, weight, bias, pool, win_base, seq_rows, seq_yro
     elif w_split:
         vec_every = 4
 
-    ident = _identity(mm_dtype)
+    ident = identity(mm_dtype, TILE)
     ones = nl.ndarray((1, TILE), dtype=mm_dtype, buffer=nl.sbuf)
     nisa.memset(dst=ones, value=1.0)
 
